@@ -1,0 +1,16 @@
+"""``reference`` backend of every kind: :mod:`attn_zoo.reference` (fp32, dense mask)."""
+
+from ..reference import attention_reference
+from ..registry import register_backend
+from ..spec import KINDS
+
+
+def _supports(q, k, v, spec, return_lse):
+    if return_lse and not spec.is_softmax:
+        return "return_lse is only defined for softmax kinds"
+    return None
+
+
+@register_backend(KINDS, "reference", supports=_supports)
+def reference_backend(q, k, v, spec, return_lse=False):
+    return attention_reference(q, k, v, spec, return_lse=return_lse)

@@ -1,0 +1,84 @@
+"""Feature maps phi for linear attention: ``softmax(q k^T) ~ phi(q) phi(k)^T``.
+
+All maps take ``x`` of shape ``(..., N, D)`` and return ``(..., N, F)`` in the dtype of ``x`` (computed in
+fp32 internally). ``F`` is given by :func:`feature_dim`.
+
+* ``elu1``: ``elu(x) + 1`` (Katharopoulos et al. 2020, eq. 7), ``F = D``.
+* ``relu``: ``relu(x)``, ``F = D`` (rows of zeros are possible: the ``eps`` of the normaliser handles them).
+* ``favor``: FAVOR+ positive random features (Choromanski et al. 2021, Lemma 1):
+  ``phi(x) = exp(w_r . x' - |x'|^2 / 2 - c) / sqrt(m)``, ``x' = x * D^(-1/4)``, ``w_r`` orthogonal Gaussian
+  rows drawn from ``seed``, ``F = m = num_features``; ``c`` is a stabiliser (row max for queries, global max
+  for keys) that cancels between numerator and normaliser.
+* ``taylor``: 2nd-order Taylor expansion of ``exp(q.k / sqrt(D))`` (Arora et al. 2024, "Based"):
+  ``phi(x) = [1, x', vec(x' x'^T) / sqrt(2)]`` with ``x' = x * D^(-1/4)`` so that
+  ``phi(q).phi(k) = 1 + s + s^2 / 2 >= 1/2`` with ``s = q.k / sqrt(D)``; ``F = 1 + D + D^2``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from .spec import FEATURE_MAPS
+
+
+def feature_dim(feature_map: str, head_dim: int, num_features: int = 64) -> int:
+    """Output width ``F`` of a feature map for input width ``head_dim``."""
+    if feature_map in ("elu1", "relu"):
+        return head_dim
+    if feature_map == "favor":
+        return num_features
+    if feature_map == "taylor":
+        return 1 + head_dim + head_dim * head_dim
+    raise ValueError(f"feature_map={feature_map!r} is not supported; allowed values: {', '.join(FEATURE_MAPS)}")
+
+
+@lru_cache(maxsize=32)
+def _favor_cpu(head_dim: int, num_features: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    blocks, rows = [], 0
+    while rows < num_features:  # stacked orthogonal blocks (Choromanski et al. 2021, section 2.4)
+        a = torch.randn(head_dim, head_dim, generator=g, dtype=torch.float64)
+        qm, _ = torch.linalg.qr(a)
+        blocks.append(qm.T)
+        rows += head_dim
+    w = torch.cat(blocks, 0)[:num_features]
+    norms = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64).norm(dim=1, keepdim=True)
+    return (w * norms).to(torch.float32)  # (m, D), rows ~ N(0, I) marginally
+
+
+def favor_projection(head_dim: int, num_features: int, seed: int = 0, device=None) -> torch.Tensor:
+    """Random feature matrix ``(num_features, head_dim)`` fp32, deterministic in ``seed``; redraw = new seed."""
+    return _favor_cpu(int(head_dim), int(num_features), int(seed)).to(device)
+
+
+def apply_feature_map(x: torch.Tensor, feature_map: str, *, is_query: bool, num_features: int = 64, seed: int = 0) -> torch.Tensor:
+    """``phi(x)``: ``(..., N, D) -> (..., N, F)``, fp32 math, returned in ``x.dtype``.
+
+    Raises ``ValueError`` for an unknown ``feature_map``.
+    """
+    xf = x.float()
+    d = x.shape[-1]
+    if feature_map == "elu1":
+        out = F.elu(xf) + 1.0
+    elif feature_map == "relu":
+        out = F.relu(xf)
+    elif feature_map == "favor":
+        xs = xf * d ** -0.25
+        w = favor_projection(d, num_features, seed, x.device)
+        proj = xs @ w.T  # (..., N, m)
+        sq = 0.5 * (xs * xs).sum(-1, keepdim=True)
+        if is_query:
+            stab = proj.amax(-1, keepdim=True)
+        else:
+            stab = proj.amax(dim=(-2, -1), keepdim=True)
+        out = torch.exp(proj - sq - stab.detach()) * num_features ** -0.5
+    elif feature_map == "taylor":
+        xs = xf * d ** -0.25
+        outer = (xs.unsqueeze(-1) * xs.unsqueeze(-2)).flatten(-2) * 0.5 ** 0.5
+        out = torch.cat([torch.ones_like(xs[..., :1]), xs, outer], dim=-1)
+    else:
+        raise ValueError(f"feature_map={feature_map!r} is not supported; allowed values: {', '.join(FEATURE_MAPS)}")
+    return out.to(x.dtype)

@@ -1,0 +1,91 @@
+"""The one interface: :func:`attention`."""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import BACKENDS, get_backends
+from .spec import AttentionSpec
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> None:
+    """Validate shapes, dtypes and devices; raises ``ValueError`` / ``TypeError`` naming the argument."""
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, float32, float64")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
+    B, Hq, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q={B}, k={k.shape[0]}, v={v.shape[0]}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (B, Hkv, Nk)")
+    if k.shape[3] != D:
+        raise ValueError(f"q and k head dims differ: q D={D}, k D={k.shape[3]}")
+    Hkv = k.shape[1]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k.shape[1]) for grouped-query attention")
+    if spec.is_softmax and v.shape[3] != D:
+        pass  # softmax attention allows Dv != D; kernels that do not say so in supports()
+    if min(Nq, k.shape[2]) < 1 or D < 1:
+        raise ValueError(f"sequence lengths and head dim must be >= 1, got Nq={Nq}, Nk={k.shape[2]}, D={D}")
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, backend: str = "auto",
+    return_lse: bool = False,
+):
+    """Attention of any registered variant through one call.
+
+    Args:
+        q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32 (float64 on ``reference``).
+        k: ``(B, Hkv, Nk, D)``; ``Hkv`` must divide ``Hq`` (GQA: query head ``h`` uses K/V head
+           ``h // (Hq // Hkv)``; MQA is ``Hkv = 1``).
+        v: ``(B, Hkv, Nk, Dv)``.
+        spec: :class:`attn_zoo.AttentionSpec` (kind, causal, window_size, block layout, feature map, ...).
+        backend: ``"auto"`` (our Triton kernel on CUDA where it supports the input, else ``"torch"``, else
+            ``"reference"``), or one of ``"triton"``, ``"torch"``, ``"reference"``.
+        return_lse: also return the fp32 log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log).
+
+    Returns:
+        ``(B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse`` if asked). Rows that see no key are 0.
+
+    Raises:
+        ValueError / TypeError: bad shapes, dtypes, devices, ``Hq % Hkv != 0``, unknown backend, or a backend
+        that cannot run this input (the message says why).
+    """
+    check_inputs(q, k, v, spec)
+    regs = get_backends(spec.kind)
+    if backend == "auto":
+        reasons = []
+        for name in BACKENDS:
+            b = regs.get(name)
+            if b is None:
+                continue
+            if name == "triton" and q.device.type != "cuda":
+                reasons.append("triton: auto uses it on CUDA only")
+                continue
+            why = b.supports(q, k, v, spec, return_lse)
+            if why is None:
+                return b.fn(q, k, v, spec, return_lse=return_lse)
+            reasons.append(f"{name}: {why}")
+        raise ValueError(f"no backend supports this input for kind={spec.kind!r}: " + "; ".join(reasons))
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(BACKENDS)}")
+    b = regs.get(backend)
+    if b is None:
+        raise ValueError(f"backend={backend!r} is not registered for kind={spec.kind!r}; available: {', '.join(n for n in BACKENDS if n in regs)}")
+    why = b.supports(q, k, v, spec, return_lse)
+    if why is not None:
+        raise ValueError(f"backend={backend!r} cannot run this input for kind={spec.kind!r}: {why}")
+    return b.fn(q, k, v, spec, return_lse=return_lse)

@@ -1,0 +1,211 @@
+"""One mask description for every softmax backend.
+
+A :class:`MaskInfo` answers the two questions every backend asks:
+
+* "is element (i, j) allowed?"  -> :meth:`MaskInfo.allowed` / :meth:`MaskInfo.dense` (reference, SDPA mask,
+  FlexAttention ``mask_mod``, and the element rule the Triton kernel applies on partial blocks);
+* "which key blocks does query block m visit, and is the block full or partial?" ->
+  :meth:`MaskInfo.block_table` (the Triton kernel loops over visited blocks only; FlexAttention's
+  ``BlockMask`` is built from the same rule).
+
+Positions are absolute: query row ``i`` is at ``i' = i + offset`` with ``offset = Nk - Nq`` (bottom-right
+alignment, the FlashAttention convention). The element rule is the conjunction of
+``causal: j <= i'``, ``window: i' - left <= j <= i' + right`` and ``layout[i' // bs, j // bs]`` (block-sparse);
+rows with ``i' < 0`` see nothing under a block layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple, Optional
+
+import torch
+
+from .spec import AttentionSpec
+
+_M64 = (1 << 63) - 1
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A small integer hash (xorshift-multiply) on int64 tensors; deterministic on every device."""
+    x = x & 0xFFFFFFFF
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+@lru_cache(maxsize=64)
+def _layout_cached(pattern: str, nb: int, causal: bool, local: int, glob: int, rand: int, stride: int, seed: int):
+    qb = torch.arange(nb).view(-1, 1)
+    kb = torch.arange(nb).view(1, -1)
+    if pattern == "strided":
+        # Child et al. 2019 ("fixed" pattern): own stride window, plus the summary (last) block of every window.
+        layout = (qb // stride == kb // stride) | (kb % stride == stride - 1)
+    else:  # bigbird, Zaheer et al. 2020 section 2: window + global + random blocks
+        layout = ((qb - kb).abs() <= local) | (qb < glob) | (kb < glob)
+        if rand > 0:
+            # Random blocks drawn per query block from a hash of (seed, qb, kb): deterministic and
+            # prefix-consistent (block row qb's choice does not depend on the sequence length when causal).
+            cand = ~layout
+            if causal:
+                cand &= kb <= qb
+            score = _mix(qb * 1_000_003 + kb * 7919 + seed * 104_729 + 1).to(torch.float64)
+            score = torch.where(cand, score, torch.full_like(score, -1.0))
+            k = min(rand, nb)
+            top = score.topk(k, dim=1)
+            pick = torch.zeros(nb, nb, dtype=torch.bool)
+            pick.scatter_(1, top.indices, top.values >= 0)
+            layout |= pick
+    if causal:
+        layout &= kb <= qb
+    return layout
+
+
+def sparse_layout(spec: AttentionSpec, n_blocks: int) -> torch.Tensor:
+    """Block layout ``(n_blocks, n_blocks)`` bool, over absolute-position blocks of ``spec.block_size``.
+
+    ``layout[a, b]`` is True when query positions in block ``a`` may attend keys in block ``b``.
+    BigBird (Zaheer et al. 2020): ``|a - b| <= num_local_blocks`` or ``a < g`` or ``b < g`` or one of
+    ``num_random_blocks`` random blocks of row ``a`` (among blocks ``<= a`` when causal). Strided (Child et
+    al. 2019, fixed): ``a // s == b // s`` or ``b % s == s - 1``. Causal layouts are lower-triangular.
+    """
+    return _layout_cached(
+        spec.sparse_pattern, int(n_blocks), spec.causal, spec.num_local_blocks, spec.num_global_blocks,
+        spec.num_random_blocks, spec.stride_blocks, spec.seed,
+    ).clone()
+
+
+class BlockTable(NamedTuple):
+    """Key blocks visited by each query block, for kernels that skip fully-masked blocks.
+
+    kv_idx: int32 ``(n_q_blocks, max_visits)``, key-block indices in increasing order, padded with 0.
+    kv_count: int32 ``(n_q_blocks,)``, number of valid entries per row.
+    kv_full: int8 ``(n_q_blocks, max_visits)``, 1 where every element of the block is allowed (no element
+        mask needed), 0 for partial blocks (apply :meth:`MaskInfo.allowed`).
+    visited: bool ``(n_q_blocks, n_k_blocks)``; full: bool ``(n_q_blocks, n_k_blocks)``.
+    """
+
+    kv_idx: torch.Tensor
+    kv_count: torch.Tensor
+    kv_full: torch.Tensor
+    visited: torch.Tensor
+    full: torch.Tensor
+
+
+@dataclass(frozen=True)
+class MaskInfo:
+    """Mask of a softmax variant for ``Nq`` queries and ``Nk`` keys (see module docstring).
+
+    window_left / window_right: ``None`` = unbounded. layout: bool ``(nb, nb)`` at ``block_size`` or None.
+    """
+
+    Nq: int
+    Nk: int
+    causal: bool
+    window_left: Optional[int] = None
+    window_right: Optional[int] = None
+    layout: Optional[torch.Tensor] = None
+    block_size: int = 0
+
+    @property
+    def offset(self) -> int:
+        return self.Nk - self.Nq
+
+    @property
+    def is_full(self) -> bool:
+        """True when every (i, j) is allowed (plain non-causal attention)."""
+        return not self.causal and self.window_left is None and self.window_right is None and self.layout is None
+
+    def allowed(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Element rule: bool tensor, broadcast of query row indices ``i`` and key indices ``j``."""
+        ia = i + self.offset
+        ok = (j >= 0) & (j < self.Nk) & (i >= 0) & (i < self.Nq)
+        if self.causal:
+            ok = ok & (j <= ia)
+        if self.window_left is not None:
+            ok = ok & (j >= ia - self.window_left)
+        if self.window_right is not None:
+            ok = ok & (j <= ia + self.window_right)
+        if self.layout is not None:
+            lay = self.layout.to(i.device)
+            nb = lay.shape[0]
+            qb = (ia // self.block_size).clamp(0, nb - 1)
+            kb = (j // self.block_size).clamp(0, nb - 1)
+            ok = ok & (ia >= 0) & lay[qb, kb]
+        return ok
+
+    def dense(self, device=None) -> torch.Tensor:
+        """Materialised mask, bool ``(Nq, Nk)``, True = attend."""
+        i = torch.arange(self.Nq, device=device).view(-1, 1)
+        j = torch.arange(self.Nk, device=device).view(1, -1)
+        return self.allowed(i, j)
+
+    def block_table(self, block_m: int, block_n: int, device=None) -> BlockTable:
+        """Visited / full key blocks per query block at the kernel's tile sizes ``(block_m, block_n)``.
+
+        Computed in block coordinates (never materialises ``Nq x Nk``), conservatively: a block marked
+        visited may still contain no allowed element (the element rule then masks it), but a block not
+        visited never contains one, and a block marked full contains no masked element.
+        """
+        nqb = -(-self.Nq // block_m)
+        nkb = -(-self.Nk // block_n)
+        r0 = torch.arange(nqb).view(-1, 1) * block_m  # first row of each query block
+        r1 = torch.minimum(r0 + block_m, torch.tensor(self.Nq)) - 1  # last row
+        c0 = torch.arange(nkb).view(1, -1) * block_n
+        c1 = torch.minimum(c0 + block_n, torch.tensor(self.Nk)) - 1
+        a0, a1 = r0 + self.offset, r1 + self.offset  # absolute positions
+        visited = torch.ones(nqb, nkb, dtype=torch.bool)
+        full = (r1 - r0 + 1 == block_m) & (c1 - c0 + 1 == block_n)  # ragged tails are partial
+        if self.causal:
+            visited &= c0 <= a1
+            full &= c1 <= a0
+        if self.window_left is not None:
+            visited &= c1 >= a0 - self.window_left
+            full &= c0 >= a1 - self.window_left
+        if self.window_right is not None:
+            visited &= c0 <= a1 + self.window_right
+            full &= c1 <= a0 + self.window_right
+        if self.layout is not None:
+            bs, nb = self.block_size, self.layout.shape[0]
+            # integral image of the layout: count of True cells in any rectangle in O(1)
+            ii = torch.zeros(nb + 1, nb + 1, dtype=torch.int64)
+            ii[1:, 1:] = self.layout.to(torch.int64).cumsum(0).cumsum(1)
+            qa = (a0.clamp(min=0) // bs).clamp(max=nb - 1)
+            qz = (a1.clamp(min=0) // bs).clamp(max=nb - 1)
+            ka, kz = c0 // bs, (c1 // bs).clamp(max=nb - 1)
+            cnt = ii[qz + 1, kz + 1] - ii[qa, kz + 1] - ii[qz + 1, ka] + ii[qa, ka]
+            area = (qz - qa + 1) * (kz - ka + 1)
+            visited &= (cnt > 0) & (a1 >= 0)
+            full &= (cnt == area) & (a0 >= 0)
+        full &= visited
+        kv_count = visited.sum(1).to(torch.int32)
+        max_visits = max(int(kv_count.max()) if nqb else 0, 1)
+        # stable sort puts visited blocks first, in increasing key-block order
+        order = torch.sort((~visited).to(torch.int8), dim=1, stable=True).indices[:, :max_visits]
+        kv_idx = torch.where(torch.arange(max_visits).view(1, -1) < kv_count.view(-1, 1), order, 0)
+        kv_full = torch.gather(full, 1, order).to(torch.int8) * (kv_idx >= 0)
+        kv_full = torch.where(torch.arange(max_visits).view(1, -1) < kv_count.view(-1, 1), kv_full, 0)
+        dev = device
+        return BlockTable(
+            kv_idx.to(torch.int32).to(dev), kv_count.to(dev), kv_full.to(torch.int8).to(dev),
+            visited.to(dev), full.to(dev),
+        )
+
+
+def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
+    """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys."""
+    if not spec.is_softmax:
+        raise ValueError(f"mask_info needs a softmax kind {('flash', 'sliding_window', 'sparse')}, got kind={spec.kind!r}")
+    left = right = None
+    layout = None
+    if spec.kind == "sliding_window":
+        left, right = spec.window_size
+    if spec.kind == "sparse":
+        nb = max(-(-Nk // spec.block_size), 1)
+        layout = sparse_layout(spec, nb)
+    if spec.causal and right is not None:
+        right = min(right, 0)
+    if spec.causal and right is None:
+        right = None  # causal rule already bounds the right side
+    return MaskInfo(Nq, Nk, spec.causal, left, right, layout, spec.block_size if layout is not None else 0)

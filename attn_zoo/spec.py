@@ -1,0 +1,181 @@
+"""The attention specification: one frozen dataclass that describes a variant.
+
+A spec says *what* is computed (softmax over which keys, or which feature map); it never says how.
+Every backend (``reference``, ``torch``, ``triton``) reads the same spec, and the softmax variants read
+their mask from :mod:`attn_zoo.masks`, so semantics cannot drift between backends.
+
+Position convention (FlashAttention's, "bottom-right alignment"): with ``Nq`` queries and ``Nk`` keys,
+query row ``i`` sits at absolute position ``i' = i + Nk - Nq``. Every mask rule (causal, window, block
+layout) is written in absolute positions, so a decoding step (``Nq = 1``) sees what the last row of the
+full sequence sees.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Optional, Tuple
+
+SOFTMAX_KINDS = ("flash", "sliding_window", "sparse")
+LINEAR_KINDS = ("linear",)
+KINDS = SOFTMAX_KINDS + LINEAR_KINDS
+SPARSE_PATTERNS = ("bigbird", "strided")
+FEATURE_MAPS = ("elu1", "relu", "favor", "taylor")
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed values: {', '.join(map(str, allowed))}")
+
+
+def _nonneg_int(name: str, value, minimum: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Description of one attention variant (validated on construction; raises ``ValueError``).
+
+    Common fields
+        kind: ``"flash"`` (exact softmax attention, Dao et al. 2022), ``"sliding_window"`` (local
+            attention, Beltagy et al. 2020 "Longformer"), ``"sparse"`` (block-sparse softmax: BigBird,
+            Zaheer et al. 2020, or the fixed strided pattern of Child et al. 2019), ``"linear"``
+            (kernelized attention, Katharopoulos et al. 2020, eq. 4-6).
+        causal: query at absolute position ``i'`` sees keys ``j <= i'`` (bottom-right alignment when
+            ``Nq != Nk``). Rows that see no key output exactly 0.
+        softmax_scale: multiplier of ``q @ k^T``; ``None`` means ``D ** -0.5``.
+        n_kv_heads / kv_group_size: K/V head sharing (GQA, Ainslie et al. 2023; MQA, Shazeer 2019) for
+            the model layer. At most one may be set; ``resolve_kv_heads(n_heads)`` turns them into a
+            count. The functional :func:`attn_zoo.attention` reads ``Hkv`` from ``k.shape`` instead.
+
+    ``sliding_window``
+        window_size: ``(left, right)``, inclusive, in tokens: query ``i'`` sees keys in
+            ``[i' - left, i' + right]``. ``None`` on one side means unbounded on that side. A causal
+            window of ``W`` tokens (the query and ``W - 1`` before it) is ``window_size=(W - 1, 0)``
+            (``causal=True`` additionally clips ``right`` to 0).
+
+    ``sparse``
+        sparse_pattern: ``"bigbird"`` (local window blocks + global blocks + random blocks) or
+            ``"strided"`` (Sparse Transformer "fixed": own stride window + the last block of every
+            stride window as a summary column).
+        block_size: tokens per block of the block layout.
+        num_local_blocks: bigbird, key blocks on each side of the query's own block.
+        num_global_blocks: bigbird, the first ``g`` blocks attend to / are attended by everything.
+        num_random_blocks: bigbird, extra key blocks per query block drawn with ``seed``.
+        stride_blocks: strided, the stride ``l`` in blocks.
+        seed: random-block / random-feature seed (deterministic).
+
+    ``linear``
+        feature_map: ``"elu1"`` (elu(x)+1), ``"relu"``, ``"favor"`` (Performer FAVOR+ positive random
+            features, Choromanski et al. 2021, Lemma 1) with ``num_features``, or ``"taylor"``
+            (2nd-order Taylor of exp, Arora et al. 2024 "Based": ``1 + x + x^2/2``).
+        eps: added to the normaliser ``phi(q) . z``.
+        chunk_size: chunk length of the chunked causal form (kernel / torch backend tuning only).
+    """
+
+    kind: str = "flash"
+    causal: bool = True
+    softmax_scale: Optional[float] = None
+    n_kv_heads: Optional[int] = None
+    kv_group_size: Optional[int] = None
+    # sliding window
+    window_size: Optional[Tuple[Optional[int], Optional[int]]] = None
+    # block-sparse
+    sparse_pattern: str = "bigbird"
+    block_size: int = 64
+    num_local_blocks: int = 1
+    num_global_blocks: int = 1
+    num_random_blocks: int = 1
+    stride_blocks: int = 4
+    seed: int = 0
+    # linear
+    feature_map: str = "elu1"
+    num_features: int = 64
+    eps: float = 1e-6
+    chunk_size: int = 64
+    # free-form name for logs (e.g. "gqa"); does not change the math
+    name: Optional[str] = field(default=None, compare=False)
+
+    def __post_init__(self):
+        _choice("kind", self.kind, KINDS)
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be a bool, got {self.causal!r}")
+        if self.softmax_scale is not None and not (
+            isinstance(self.softmax_scale, (int, float)) and math.isfinite(self.softmax_scale) and self.softmax_scale > 0
+        ):
+            raise ValueError(f"softmax_scale must be a positive finite float or None, got {self.softmax_scale!r}")
+        if self.n_kv_heads is not None and self.kv_group_size is not None:
+            raise ValueError("set at most one of n_kv_heads and kv_group_size")
+        if self.n_kv_heads is not None:
+            _nonneg_int("n_kv_heads", self.n_kv_heads, 1)
+        if self.kv_group_size is not None:
+            _nonneg_int("kv_group_size", self.kv_group_size, 1)
+
+        if self.window_size is not None:
+            ws = tuple(self.window_size)
+            if len(ws) != 2:
+                raise ValueError(f"window_size must be a pair (left, right), got {self.window_size!r}")
+            for side, w in zip(("left", "right"), ws):
+                if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
+                    raise ValueError(
+                        f"window_size {side}={w!r} must be an integer >= 0 or None (unbounded); "
+                        f"a causal window of W tokens is window_size=(W - 1, 0)"
+                    )
+            object.__setattr__(self, "window_size", ws)
+        if self.kind == "sliding_window" and self.window_size is None:
+            raise ValueError("kind='sliding_window' needs window_size=(left, right)")
+        if self.kind != "sliding_window" and self.window_size is not None:
+            raise ValueError(f"window_size is only used by kind='sliding_window', got kind={self.kind!r}")
+
+        if self.kind == "sparse":
+            _choice("sparse_pattern", self.sparse_pattern, SPARSE_PATTERNS)
+            _nonneg_int("block_size", self.block_size, 1)
+            _nonneg_int("num_local_blocks", self.num_local_blocks)
+            _nonneg_int("num_global_blocks", self.num_global_blocks)
+            _nonneg_int("num_random_blocks", self.num_random_blocks)
+            _nonneg_int("stride_blocks", self.stride_blocks, 1)
+        if self.kind == "linear":
+            _choice("feature_map", self.feature_map, FEATURE_MAPS)
+            _nonneg_int("num_features", self.num_features, 1)
+            if not (isinstance(self.eps, (int, float)) and self.eps >= 0):
+                raise ValueError(f"eps must be a float >= 0, got {self.eps!r}")
+        _nonneg_int("chunk_size", self.chunk_size, 1)
+        _nonneg_int("seed", self.seed)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def is_softmax(self) -> bool:
+        return self.kind in SOFTMAX_KINDS
+
+    @property
+    def label(self) -> str:
+        """Short human-readable name for logs and plots."""
+        return self.name or self.kind
+
+    def scale(self, head_dim: int) -> float:
+        return float(self.softmax_scale) if self.softmax_scale is not None else head_dim ** -0.5
+
+    def resolve_kv_heads(self, n_heads: int) -> int:
+        """Number of K/V heads for a layer with ``n_heads`` query heads; raises ``ValueError``."""
+        if self.n_kv_heads is not None:
+            hkv = self.n_kv_heads
+        elif self.kv_group_size is not None:
+            if n_heads % self.kv_group_size:
+                raise ValueError(f"kv_group_size={self.kv_group_size} must divide n_heads={n_heads}")
+            hkv = n_heads // self.kv_group_size
+        else:
+            hkv = n_heads
+        if n_heads % hkv:
+            raise ValueError(f"n_kv_heads={hkv} must divide n_heads={n_heads} (Hq % Hkv == 0)")
+        return hkv
+
+    def replace(self, **changes) -> "AttentionSpec":
+        return replace(self, **changes)
+
+
+def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
+    """Hydra-friendly constructor (lists from YAML become tuples)."""
+    if kwargs.get("window_size") is not None:
+        kwargs["window_size"] = tuple(kwargs["window_size"])
+    return AttentionSpec(kind=kind, **kwargs)
