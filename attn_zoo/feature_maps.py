@@ -59,7 +59,7 @@ def apply_feature_map(x: torch.Tensor, feature_map: str, *, is_query: bool, num_
 
     Raises ``ValueError`` for an unknown ``feature_map``.
     """
-    xf = x.float()
+    xf = x if x.dtype == torch.float64 else x.float()
     d = x.shape[-1]
     if feature_map == "elu1":
         out = F.elu(xf) + 1.0
@@ -67,7 +67,7 @@ def apply_feature_map(x: torch.Tensor, feature_map: str, *, is_query: bool, num_
         out = F.relu(xf)
     elif feature_map == "favor":
         xs = xf * d ** -0.25
-        w = favor_projection(d, num_features, seed, x.device)
+        w = favor_projection(d, num_features, seed, x.device).to(xf.dtype)
         proj = xs @ w.T  # (..., N, m)
         sq = 0.5 * (xs * xs).sum(-1, keepdim=True)
         if is_query:

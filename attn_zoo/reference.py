@@ -1,4 +1,5 @@
 """Reference backend: plain PyTorch, fp32, the full mask materialised. Ground truth for every kernel.
+(float64 inputs are computed in float64.)
 
 Shapes: ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; ``Hkv`` divides ``Hq`` and query
 head ``h`` reads K/V head ``h // (Hq // Hkv)``. Output ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
@@ -14,6 +15,11 @@ import torch
 from .feature_maps import apply_feature_map
 from .masks import mask_info
 from .spec import AttentionSpec
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp32 for half / single precision inputs, fp64 kept as fp64 (the accumulation dtype of the references)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -34,7 +40,7 @@ def softmax_attention_reference(
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     n_rep = Hq // k.shape[1]
-    qf, kf, vf = q.float(), repeat_kv(k.float(), n_rep), repeat_kv(v.float(), n_rep)
+    qf, kf, vf = upcast(q), repeat_kv(upcast(k), n_rep), repeat_kv(upcast(v), n_rep)
     s = (qf @ kf.transpose(-1, -2)) * spec.scale(D)  # (B, Hq, Nq, Nk)
     allowed = mask_info(spec, Nq, Nk).dense(q.device)  # (Nq, Nk)
     s = s.masked_fill(~allowed, float("-inf"))
@@ -56,9 +62,9 @@ def linear_attention_reference(
     """
     Hq, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
     n_rep = Hq // k.shape[1]
-    fq = feature_q if feature_q is not None else apply_feature_map(q.float(), spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
-    fk = feature_k if feature_k is not None else apply_feature_map(k.float(), spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
-    fq, fk, vf = fq.float(), repeat_kv(fk.float(), n_rep), repeat_kv(v.float(), n_rep)
+    fq = feature_q if feature_q is not None else apply_feature_map(upcast(q), spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = feature_k if feature_k is not None else apply_feature_map(upcast(k), spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    fq, fk, vf = upcast(fq), repeat_kv(upcast(fk), n_rep), repeat_kv(upcast(v), n_rep)
     a = fq @ fk.transpose(-1, -2)  # (B, Hq, Nq, Nk)
     if spec.causal:
         i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)

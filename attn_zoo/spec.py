@@ -138,8 +138,8 @@ class AttentionSpec:
         if self.kind == "linear":
             _choice("feature_map", self.feature_map, FEATURE_MAPS)
             _nonneg_int("num_features", self.num_features, 1)
-            if not (isinstance(self.eps, (int, float)) and self.eps >= 0):
-                raise ValueError(f"eps must be a float >= 0, got {self.eps!r}")
+            if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
+                raise ValueError(f"eps must be a finite float > 0 (rows whose normaliser is 0 would be NaN), got {self.eps!r}")
         _nonneg_int("chunk_size", self.chunk_size, 1)
         _nonneg_int("seed", self.seed)
 

@@ -1,4 +1,4 @@
-"""``reference`` backend of every kind: :mod:`attn_zoo.reference` (fp32, dense mask)."""
+"""``reference`` backend of every kind: :mod:`attn_zoo.reference` (fp32, or fp64 for fp64 inputs; dense mask)."""
 
 from ..reference import attention_reference
 from ..registry import register_backend

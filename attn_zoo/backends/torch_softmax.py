@@ -1,0 +1,98 @@
+"""``torch`` backend of the softmax kinds: what a user would pick instead of our kernels.
+
+* Plain causal / full attention (any device): ``F.scaled_dot_product_attention`` with ``enable_gqa``;
+  causal with ``Nq < Nk`` uses the bottom-right mask ``causal_lower_right``; with ``Nq > Nk`` the top
+  ``Nq - Nk`` rows see nothing and are 0.
+* Window and block-sparse on CUDA: FlexAttention (Guessous et al. 2024) with a ``BlockMask`` built from the
+  same element rule (:meth:`attn_zoo.masks.MaskInfo.allowed`); compiled once per process.
+* Window and block-sparse elsewhere: SDPA with the dense boolean mask (O(Nq * Nk) memory).
+
+Rows that see no key output 0 with zero gradient (SDPA alone would give NaN there).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from ..masks import MaskInfo, mask_info
+from ..registry import register_backend
+from ..spec import SOFTMAX_KINDS
+
+
+def _supports(q, k, v, spec, return_lse):
+    if return_lse and not (q.is_cuda and not mask_info(spec, q.shape[2], k.shape[2]).is_full):
+        return "return_lse needs the FlexAttention path (CUDA, masked kinds); use backend='reference' or 'triton'"
+    if q.dtype == torch.float64 and q.is_cuda:
+        return "float64 is not supported by SDPA / FlexAttention on CUDA"
+    return None
+
+
+def _sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+
+
+def _sdpa_dense_mask(q, k, v, scale, mi: MaskInfo):
+    allowed = mi.dense(q.device)  # (Nq, Nk)
+    empty = ~allowed.any(-1, keepdim=True)  # (Nq, 1)
+    out = _sdpa(q, k, v, scale, attn_mask=allowed | empty)  # empty rows attend everything, then are zeroed
+    return out.masked_fill(empty, 0.0) if bool(empty.any()) else out
+
+
+_flex_compiled = None
+
+
+def _flex():
+    global _flex_compiled
+    if _flex_compiled is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        import torch._dynamo
+
+        # one compile per (shape, mask) is expected; without this dynamo falls back to eager, which
+        # materialises N x N
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    return _flex_compiled
+
+
+@lru_cache(maxsize=32)
+def _block_mask(spec, Nq: int, Nk: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mi = mask_info(spec, Nq, Nk)
+    if mi.layout is not None:
+        mi = MaskInfo(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(device), mi.block_size)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return mi.allowed(q_idx, kv_idx)
+
+    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=device)
+
+
+@register_backend(SOFTMAX_KINDS, "torch", supports=_supports)
+def torch_softmax_attention(q, k, v, spec, return_lse=False):
+    """SDPA / FlexAttention with the spec's mask; shapes as :func:`attn_zoo.attention`."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    scale = spec.scale(D)
+    mi = mask_info(spec, Nq, Nk)
+    if mi.is_full and not return_lse:
+        return _sdpa(q, k, v, scale)
+    plain_causal = mi.causal and mi.layout is None and mi.window_left is None and mi.window_right in (None, 0)
+    if plain_causal and not return_lse:
+        if Nq == Nk:
+            return _sdpa(q, k, v, scale, is_causal=True)
+        if Nq < Nk:
+            from torch.nn.attention.bias import causal_lower_right
+
+            return _sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
+        top = torch.zeros_like(q[:, :, : Nq - Nk, :v.shape[-1]])  # rows with i' < 0 see nothing
+        return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
+    if q.is_cuda:
+        bm = _block_mask(spec, Nq, Nk, str(q.device))
+        res = _flex()(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
+        return res
+    return _sdpa_dense_mask(q, k, v, scale, mi)

@@ -1,0 +1,75 @@
+"""Bad input gets a clear error naming the argument."""
+
+import pytest
+import torch
+
+from attn_zoo import AttentionSpec, attention, available_backends, make_spec
+
+
+def qkv(Hq=4, Hkv=2, Nq=8, Nk=8, D=8, dtype=torch.float32):
+    return torch.randn(1, Hq, Nq, D, dtype=dtype), torch.randn(1, Hkv, Nk, D, dtype=dtype), torch.randn(1, Hkv, Nk, D, dtype=dtype)
+
+
+def test_hq_not_multiple_of_hkv():
+    q, k, v = qkv(Hq=4, Hkv=3)
+    with pytest.raises(ValueError, match=r"Hq=4 must be a multiple of Hkv=3"):
+        attention(q, k, v, AttentionSpec())
+
+
+def test_shape_dtype_device_mismatch():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        attention(q[0], k, v, AttentionSpec())
+    with pytest.raises(TypeError, match="share one dtype"):
+        attention(q, k.double(), v, AttentionSpec())
+    with pytest.raises(TypeError, match="q.dtype=torch.int64"):
+        attention(q.long(), k.long(), v.long(), AttentionSpec())
+    with pytest.raises(ValueError, match="head dims differ"):
+        attention(q, k[..., :4], v, AttentionSpec())
+    with pytest.raises(ValueError, match=r"must agree in \(B, Hkv, Nk\)"):
+        attention(q, k, v[:, :, :5], AttentionSpec())
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        attention(q, torch.cat([k, k]), torch.cat([v, v]), AttentionSpec())
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one device"):
+            attention(q.cuda(), k, v, AttentionSpec())
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="window_size left=-1"):
+        AttentionSpec(kind="sliding_window", window_size=(-1, 0))
+    with pytest.raises(ValueError, match="window_size right=-3"):
+        AttentionSpec(kind="sliding_window", window_size=(4, -3))
+    with pytest.raises(ValueError, match="needs window_size"):
+        AttentionSpec(kind="sliding_window")
+    with pytest.raises(ValueError, match=r"kind='rnn' is not supported; allowed values: flash, sliding_window, sparse, linear"):
+        AttentionSpec(kind="rnn")
+    with pytest.raises(ValueError, match="feature_map='cosine' is not supported; allowed values: elu1, relu, favor, taylor"):
+        AttentionSpec(kind="linear", feature_map="cosine")
+    with pytest.raises(ValueError, match="sparse_pattern="):
+        AttentionSpec(kind="sparse", sparse_pattern="dilated")
+    with pytest.raises(ValueError, match="block_size"):
+        AttentionSpec(kind="sparse", block_size=0)
+    with pytest.raises(ValueError, match="eps"):
+        AttentionSpec(kind="linear", eps=0.0)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        AttentionSpec(softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="n_kv_heads=3 must divide n_heads=4"):
+        AttentionSpec(n_kv_heads=3).resolve_kv_heads(4)
+    assert AttentionSpec(kv_group_size=2).resolve_kv_heads(8) == 4
+    assert make_spec("sliding_window", window_size=[3, 0]).window_size == (3, 0)
+
+
+def test_unknown_backend_and_unsupported_request():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="backend='cuda' is not supported; allowed values: auto, triton, torch, reference"):
+        attention(q, k, v, AttentionSpec(), backend="cuda")
+    with pytest.raises(ValueError, match="return_lse"):
+        attention(q, k, v, AttentionSpec(kind="linear"), backend="reference", return_lse=True)
+    assert "reference" in available_backends("linear") and "torch" in available_backends("flash")
+
+
+def test_auto_on_cpu_never_silently_wrong():
+    q, k, v = qkv(Nq=5, Nk=11)
+    for spec in (AttentionSpec(), AttentionSpec(kind="sparse", block_size=4), AttentionSpec(kind="linear")):
+        torch.testing.assert_close(attention(q, k, v, spec), attention(q, k, v, spec, backend="reference"), atol=1e-5, rtol=1e-4)

@@ -1,0 +1,59 @@
+"""The ``torch`` backend (SDPA / FlexAttention / chunked PyTorch) equals ``reference`` where it applies."""
+
+import pytest
+import torch
+
+from attn_zoo import AttentionSpec, attention
+from attn_zoo.backends.torch_linear import chunked_linear_attention
+
+SPECS = [
+    AttentionSpec(kind="flash", causal=True),
+    AttentionSpec(kind="flash", causal=False),
+    AttentionSpec(kind="sliding_window", window_size=(4, 0)),
+    AttentionSpec(kind="sliding_window", window_size=(3, 2), causal=False),
+    AttentionSpec(kind="sparse", block_size=4, num_random_blocks=1),
+    AttentionSpec(kind="sparse", block_size=4, sparse_pattern="strided", stride_blocks=2, causal=False),
+    AttentionSpec(kind="linear", feature_map="elu1", chunk_size=8),
+    AttentionSpec(kind="linear", feature_map="relu", chunk_size=5),
+    AttentionSpec(kind="linear", feature_map="favor", num_features=16, chunk_size=8),
+    AttentionSpec(kind="linear", feature_map="taylor", chunk_size=8),
+    AttentionSpec(kind="linear", feature_map="elu1", causal=False),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.causal}-{s.feature_map if s.kind == 'linear' else s.sparse_pattern}")
+@pytest.mark.parametrize("Nq,Nk", [(21, 21), (7, 21), (21, 7), (1, 13)])
+def test_torch_backend_equals_reference(spec, Nq, Nk):
+    g = torch.Generator().manual_seed(Nq * 100 + Nk)
+    # float64: relu features make some normalisers tiny, which is ill-conditioned in fp32
+    q = torch.randn(2, 4, Nq, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, Nk, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, Nk, 6 if spec.kind == "linear" else 8, generator=g, dtype=torch.float64, requires_grad=True)
+    ref = attention(q, k, v, spec, backend="reference")
+    out = attention(q, k, v, spec, backend="torch")
+    torch.testing.assert_close(out, ref, atol=1e-9, rtol=1e-7)
+    do = torch.randn_like(ref)
+    g_ref = torch.autograd.grad(ref, (q, k, v), do)
+    g_out = torch.autograd.grad(out, (q, k, v), do)
+    for a, b in zip(g_out, g_ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-6)
+
+
+def test_bf16_torch_backend_close_to_fp32_reference():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
+    for spec in (AttentionSpec(kind="flash"), AttentionSpec(kind="linear", chunk_size=8)):
+        ref = attention(q, k, v, spec, backend="reference")
+        out = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), spec, backend="torch")
+        assert out.dtype == torch.bfloat16
+        assert (out.float() - ref).abs().max() < 5e-2
+
+
+def test_chunked_linear_independent_of_chunk_size():
+    g = torch.Generator().manual_seed(1)
+    fq, fk = torch.rand(1, 2, 37, 5, generator=g), torch.rand(1, 2, 37, 5, generator=g)
+    v = torch.randn(1, 2, 37, 3, generator=g)
+    a = chunked_linear_attention(fq, fk, v, causal=True, eps=1e-6, chunk_size=1)  # pure recurrence
+    for c in (4, 16, 64):
+        torch.testing.assert_close(chunked_linear_attention(fq, fk, v, causal=True, eps=1e-6, chunk_size=c), a)
