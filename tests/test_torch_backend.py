@@ -57,3 +57,33 @@ def test_chunked_linear_independent_of_chunk_size():
     a = chunked_linear_attention(fq, fk, v, causal=True, eps=1e-6, chunk_size=1)  # pure recurrence
     for c in (4, 16, 64):
         torch.testing.assert_close(chunked_linear_attention(fq, fk, v, causal=True, eps=1e-6, chunk_size=c), a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", SPECS[:6], ids=lambda s: f"{s.kind}-{s.causal}-{s.sparse_pattern}")
+@pytest.mark.parametrize("Nq,Nk", [(256, 256), (100, 300), (300, 100)])
+def test_torch_backend_cuda_bf16(spec, Nq, Nk):
+    """SDPA / compiled FlexAttention on CUDA in bf16 vs the fp32 reference (FlashAttention's 2x/3x rule)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, Nq, 64, device="cuda", generator=g, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 2, Nk, 64, device="cuda", generator=g, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 2, Nk, 64, device="cuda", generator=g, dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(2, 8, Nq, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = attention(*ref_in, spec, backend="reference")
+    g_ref = torch.autograd.grad(ref, ref_in, do.float())
+    naive_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]  # plain PyTorch in bf16
+    from attn_zoo.masks import mask_info
+    from attn_zoo.reference import repeat_kv
+
+    s = (naive_in[0] @ repeat_kv(naive_in[1], 4).transpose(-1, -2)) * 64 ** -0.5
+    s = s.masked_fill(~mask_info(spec, Nq, Nk).dense("cuda"), float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, -1))
+    naive = p @ repeat_kv(naive_in[2], 4)
+    g_naive = torch.autograd.grad(naive, naive_in, do)
+    out = attention(q, k, v, spec, backend="torch")
+    g_out = torch.autograd.grad(out, (q, k, v), do)
+    assert (out.float() - ref).abs().max() <= 2 * (naive.float() - ref).abs().max() + 1e-3
+    for a, b, c in zip(g_out, g_naive, g_ref):
+        assert torch.isfinite(a).all()
+        assert (a.float() - c).abs().max() <= 3 * (b.float() - c).abs().max() + 1e-3
