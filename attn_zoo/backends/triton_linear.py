@@ -1,0 +1,76 @@
+"""``triton`` backend of ``linear``: the fused chunked kernel of :mod:`kernels.linear`.
+
+Feature maps: ``elu1`` and ``relu`` are applied inside the kernels (no ``phi(q)``/``phi(k)`` tensors are
+written, and the backward multiplies by ``phi'`` in-kernel); ``favor`` and ``taylor`` are computed in PyTorch
+by :func:`attn_zoo.feature_maps.apply_feature_map` (autograd through them) and the kernel runs on the
+features. ``F = feature_dim(...)`` and ``Dv`` must be <= 256 (Taylor features with ``D >= 16`` are not).
+
+Bottom-right causal alignment (``i' = i + Nk - Nq``): with ``Nk > Nq`` the first ``Nk - Nq`` keys are
+summed into an initial state ``(S0, z0)`` (fp32, differentiable) and the kernel runs causally on the last
+``Nq`` keys; with ``Nq > Nk`` the first ``Nq - Nk`` query rows see no key and output 0.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..feature_maps import apply_feature_map, feature_dim
+from ..registry import register_backend
+
+_FUSED = ("elu1", "relu")
+MAX_DIM = 256
+
+
+def _supports(q, k, v, spec, return_lse):
+    if return_lse:
+        return "return_lse is only defined for softmax kinds"
+    if q.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
+        return f"needs a CUDA device (got {q.device.type}; set TRITON_INTERPRET=1 to run the interpreter on CPU)"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {q.dtype} is not supported (float16, bfloat16, float32)"
+    fdim = feature_dim(spec.feature_map, q.shape[-1], spec.num_features)
+    if fdim > MAX_DIM:
+        return f"feature dim F={fdim} ({spec.feature_map}, D={q.shape[-1]}) exceeds the kernel's limit of {MAX_DIM}"
+    if v.shape[-1] > MAX_DIM:
+        return f"value dim Dv={v.shape[-1]} exceeds the kernel's limit of {MAX_DIM}"
+    try:
+        import kernels.linear  # noqa: F401
+    except Exception as e:  # pragma: no cover - triton missing / broken
+        return f"kernels.linear cannot be imported ({type(e).__name__}: {e})"
+    return None
+
+
+def _phi(x: torch.Tensor, spec, is_query: bool) -> torch.Tensor:
+    return apply_feature_map(x, spec.feature_map, is_query=is_query, num_features=spec.num_features, seed=spec.seed)
+
+
+@register_backend("linear", "triton", supports=_supports)
+def triton_linear(q, k, v, spec, return_lse=False):
+    """Linear attention of ``spec`` through the Triton kernel; ``(B, Hq, Nq, Dv)`` in ``q.dtype``."""
+    from kernels.linear import linear_attention
+
+    fused = spec.feature_map in _FUSED
+    fm = spec.feature_map if fused else None
+    if not fused:
+        q = _phi(q, spec, True)
+        k = _phi(k, spec, False)
+    Nq, Nk = q.shape[2], k.shape[2]
+    kw = dict(eps=spec.eps, feature_map=fm, chunk_size=spec.chunk_size)
+    if not spec.causal:
+        return linear_attention(q, k, v, causal=False, **kw)
+    if Nk > Nq:  # keys before the first query position: fold into the initial state (fp32)
+        p = Nk - Nq
+        kp = k[:, :, :p].float()
+        if fused:
+            kp = _phi(kp, spec, False)
+        s0 = kp.transpose(-1, -2) @ v[:, :, :p].float()  # (B, Hkv, F, Dv)
+        z0 = kp.sum(2)
+        return linear_attention(q, k[:, :, p:], v[:, :, p:], causal=True, initial_state=(s0, z0), **kw)
+    if Nq > Nk:  # the first Nq - Nk query rows see no key: exact zeros
+        p = Nq - Nk
+        out = linear_attention(q[:, :, p:], k, v, causal=True, **kw)
+        top = out.new_zeros(out.shape[0], out.shape[1], p, out.shape[3])
+        return torch.cat([top, out], dim=2)
+    return linear_attention(q, k, v, causal=True, **kw)

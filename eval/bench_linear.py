@@ -1,0 +1,295 @@
+"""Benchmark: fused Triton linear attention vs flash-linear-attention, plain PyTorch and exact causal attention.
+
+Plain Python (no Hydra): ``python eval/bench_linear.py --out results/h200``. Needs CUDA.
+
+All timings come from one run: median of CUDA events (:func:`eval.bench_common.time_cuda`), forward and
+forward+backward, and the peak extra memory of one forward+backward. Workload: causal, bf16, ``H = 16``,
+``D = Dv = 128``, ``B * N = --tokens`` (16k; ``B = 1`` once ``N`` exceeds it), ``N = 512 .. 64k``.
+
+Methods
+* ``ours``: :func:`kernels.linear.linear_attention` on positive features (``elu1`` applied once outside
+  the timed region, so every linear method gets the same feature tensors), normalised (``/ (phi(q).z + eps)``).
+* ``ours_fused_elu1`` / ``ours_torch_elu1`` (one N): raw q/k with the map fused in-kernel vs PyTorch
+  ``elu(x) + 1`` before the kernel (the feature-map fusion decision).
+* ``fla_linear``: ``fla.ops.linear_attn.chunk_linear_attn(normalize=True, scale=1)`` (fla-core, carried as
+  a wheel; inputs already in its ``(B, T, H, D)`` layout, so no transposes are timed).
+* ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla`` with a per-head scalar log-decay ``g``
+  (unnormalised; the gated relative).
+* ``torch``: the project's ``torch`` backend (plain PyTorch chunked form, fp32 states).
+* ``sdpa_cudnn``: exact causal attention through ``scaled_dot_product_attention`` with the cuDNN backend;
+  ``flash_triton``: the project's Triton flash kernel (:mod:`kernels.flash`) when it imports.
+
+Prints the table, the speedup over ``fla_linear``, the flatness ratio ``t(64k) / t(16k)`` at fixed
+``B * N = 64k`` and the crossover length where linear attention beats exact causal attention.
+Writes ``linear_bench.csv`` and ``linear_bench.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as Fn  # noqa: E402
+
+from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, write_csv, write_json  # noqa: E402
+
+DATE = "2026-11-29"
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a failing method must not kill the run
+        traceback.print_exc(limit=2)
+        return f"error: {type(e).__name__}: {str(e)[:120]}"
+
+
+def make_methods(B, H, N, D, dtype, dev, only=None):
+    """Returns {name: (fwd_fn, inputs needing grad)} for one shape."""
+    g = torch.Generator(device=dev).manual_seed(N)
+    q = torch.randn(B, H, N, D, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(B, H, N, D, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(B, H, N, D, device=dev, dtype=dtype, generator=g)
+    fq, fk = (Fn.elu(q.float()) + 1).to(dtype), (Fn.elu(k.float()) + 1).to(dtype)
+    M = {}
+
+    def leaf(*ts):
+        return [t.detach().clone().requires_grad_() for t in ts]
+
+    from kernels.linear import linear_attention
+
+    a = leaf(fq, fk, v)
+    M["ours"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True), a)
+    if only is None or "fusion" in only:
+        a = leaf(q, k, v)
+        M["ours_fused_elu1"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, feature_map="elu1"), a)
+        a = leaf(q, k, v)
+        M["ours_torch_elu1"] = (lambda a=a: linear_attention(Fn.elu(a[0]) + 1, Fn.elu(a[1]) + 1, a[2], causal=True), a)
+        for C in (32, 128):
+            a = leaf(fq, fk, v)
+            M[f"ours_C{C}"] = (lambda a=a, C=C: linear_attention(a[0], a[1], a[2], causal=True, chunk_size=C), a)
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        bt = [t.transpose(1, 2).contiguous() for t in (fq, fk, v)]
+        a = leaf(*bt)
+        M["fla_linear"] = (lambda a=a: chunk_linear_attn(a[0], a[1], a[2], scale=1.0, normalize=True)[0], a)
+        if only is None or "fla_simple_gla" in only:
+            gl = Fn.logsigmoid(torch.randn(B, N, H, device=dev, dtype=torch.float32, generator=g)) / 16
+            a = leaf(*bt)
+            M["fla_simple_gla"] = (lambda a=a: chunk_simple_gla(a[0], a[1], a[2], g=gl, scale=1.0)[0], a)
+    except Exception as e:  # noqa: BLE001
+        print(f"fla unavailable: {type(e).__name__}: {e}")
+    if only is None or "torch" in only:
+        import attn_zoo
+
+        spec = attn_zoo.AttentionSpec(kind="linear", causal=True, feature_map="elu1")
+        a = leaf(q, k, v)
+        M["torch"] = (lambda a=a: attn_zoo.attention(a[0], a[1], a[2], spec, backend="torch"), a)
+    if only is None or "exact" in only:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        a = leaf(q, k, v)
+
+        def sdpa(a=a):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return Fn.scaled_dot_product_attention(a[0], a[1], a[2], is_causal=True)
+
+        M["sdpa_cudnn"] = (sdpa, a)
+        try:
+            from kernels.flash import flash_attn
+
+            a = leaf(q, k, v)
+            M["flash_triton"] = (lambda a=a: flash_attn(a[0], a[1], a[2], causal=True), a)
+        except Exception as e:  # noqa: BLE001
+            print(f"kernels.flash unavailable: {type(e).__name__}: {e}")
+    return M, (fq, fk, v)
+
+
+def bench_one(name, fn, leaves, B, H, N, D):
+    row = {"method": name, "B": B, "H": H, "N": N, "D": D, "tokens": B * N}
+    do = None
+
+    def fwd():
+        with torch.no_grad():
+            return fn()
+
+    def fwd_bwd():
+        out = fn()
+        out.backward(do)
+        return out
+
+    r = _try(lambda: time_cuda(fwd))
+    row["fwd_ms"] = r if isinstance(r, float) else float("nan")
+    if isinstance(r, str):
+        row["error"] = r
+        return row
+    out = fn()
+    do = torch.randn_like(out)
+    del out
+    r = _try(lambda: time_cuda(fwd_bwd, grad_to_none=leaves))
+    row["fwd_bwd_ms"] = r if isinstance(r, float) else float("nan")
+    if isinstance(r, str):
+        row["error"] = r
+    for t in leaves:
+        t.grad = None
+    m = _try(lambda: peak_memory(fwd_bwd))
+    row["peak_mib"] = m / 2**20 if isinstance(m, int) else float("nan")
+    for t in leaves:
+        t.grad = None
+    if not name.startswith(("sdpa", "flash")):
+        row["fwd_bwd_tflops"] = tflops(linear_flops(B, H, N, D, mode="fwd_bwd"), row["fwd_bwd_ms"])
+    return row
+
+
+def check_correctness(dev):
+    """ours vs the fp32 reference (small) and vs fla (large, bf16); returns rows of rel errors."""
+    import attn_zoo
+    from attn_zoo.reference import linear_attention_reference
+    from kernels.linear import linear_attention
+
+    rows = []
+    spec = attn_zoo.AttentionSpec(kind="linear", causal=True, feature_map="elu1")
+    for N in (1000, 4096):
+        q, k, v = (torch.randn(1, 4, N, 128, device=dev) for _ in range(3))
+        ref = linear_attention_reference(q, k, v, spec)
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            out = attn_zoo.attention(q.to(dt), k.to(dt), v.to(dt), spec, backend="triton")
+            e = ((out.float() - ref).norm() / ref.norm()).item()
+            rows.append({"check": f"ours_vs_fp32_ref_N{N}", "dtype": str(dt).split(".")[-1], "rel_err": e})
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+
+        N = 8192
+        fq, fk = (Fn.elu(torch.randn(1, 8, N, 128, device=dev)) + 1 for _ in range(2))
+        v = torch.randn(1, 8, N, 128, device=dev)
+        ref = linear_attention_reference(fq, fk, v, spec, feature_q=fq, feature_k=fk)
+        b = torch.bfloat16
+        ours = linear_attention(fq.to(b), fk.to(b), v.to(b))
+        fla = chunk_linear_attn(*(t.to(b).transpose(1, 2).contiguous() for t in (fq, fk, v)), scale=1.0, normalize=True)[0].transpose(1, 2)
+        for name, o in (("ours", ours), ("fla_linear", fla)):
+            rows.append({"check": f"{name}_vs_fp32_ref_N{N}", "dtype": "bfloat16",
+                         "rel_err": ((o.float() - ref).norm() / ref.norm()).item()})
+    except Exception as e:  # noqa: BLE001
+        print(f"fla check skipped: {e}")
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="results/h200")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--ns", default="512,1024,2048,4096,8192,16384,32768,65536")
+    p.add_argument("--flat-tokens", type=int, default=65536)
+    p.add_argument("--prefix", default="linear")
+    p.add_argument("--methods", default="all",
+                   help="comma list to keep (ours,fla_linear,fla_simple_gla,torch,sdpa_cudnn,flash_triton,ours_*) or 'all'")
+    p.add_argument("--no-flat", action="store_true", help="skip the fixed B*N=64k flatness rows")
+    args = p.parse_args(argv)
+    t_start = time.time()
+    keep = None if args.methods == "all" else set(args.methods.split(","))
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_linear needs CUDA")
+    dev, dtype, H, D = "cuda", torch.bfloat16, args.heads, args.dim
+    env = env_info(DATE)
+    try:
+        import fla
+
+        env["fla_core"] = getattr(fla, "__version__", "?")
+    except Exception:  # noqa: BLE001
+        env["fla_core"] = None
+    print(env)
+    checks = check_correctness(dev)
+    print(f"[{time.time() - t_start:6.1f}s] checks done", flush=True)
+    print(format_table(checks, ["check", "dtype", "rel_err"], "{:.2e}"))
+    rows = []
+    os.makedirs(args.out, exist_ok=True)
+    ns = [int(x) for x in args.ns.split(",")]
+    for N in ns:
+        B = max(1, args.tokens // N)
+        only = None if N == 4096 else ("exact", "torch", "fla_simple_gla")
+        M, _ = make_methods(B, H, N, D, dtype, dev, only=only)
+        for name, (fn, leaves) in M.items():
+            if keep is not None and name not in keep:
+                continue
+            rows.append(bench_one(name, fn, leaves, B, H, N, D))
+            r = rows[-1]
+            print(f"[{time.time() - t_start:6.1f}s] N={N:6d} B={B:3d} {name:18s} fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms"
+                  f"  peak {r.get('peak_mib', float('nan')):8.1f} MiB {r.get('error', '')}", flush=True)
+        del M
+        torch.cuda.empty_cache()
+        write_csv(rows, os.path.join(args.out, f"{args.prefix}_bench_partial.csv"))
+    # flatness at fixed B*N
+    flat = []
+    for N in (() if args.no_flat else (16384, 32768, 65536)):
+        B = max(1, args.flat_tokens // N)
+        M, _ = make_methods(B, H, N, D, dtype, dev, only=())
+        for name in ("ours", "fla_linear"):
+            if name in M:
+                r = bench_one(name, *M[name], B, H, N, D)
+                r["set"] = "flat"
+                flat.append(r)
+        del M
+        torch.cuda.empty_cache()
+    for r in rows:
+        r["set"] = "sweep"
+        r["ms_per_16k_tokens_fwd_bwd"] = r.get("fwd_bwd_ms", float("nan")) * 16384 / r["tokens"]
+    allrows = rows + flat
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(allrows, os.path.join(args.out, f"{args.prefix}_bench.csv"))
+    write_json(allrows, os.path.join(args.out, f"{args.prefix}_bench.json"), env=dict(env, checks=checks))
+
+    # summary
+    by = {(r["method"], r["N"]): r for r in rows}
+    summ = []
+    for N in ns:
+        o, f = by.get(("ours", N)), by.get(("fla_linear", N))
+        s = {"N": N}
+        for name in ("ours", "fla_linear", "fla_simple_gla", "torch", "sdpa_cudnn", "flash_triton"):
+            r = by.get((name, N))
+            s[name] = r.get("fwd_bwd_ms") if r else None
+        if o and f:
+            s["speedup_fwd_bwd"] = f["fwd_bwd_ms"] / o["fwd_bwd_ms"]
+            s["speedup_fwd"] = f["fwd_ms"] / o["fwd_ms"]
+        summ.append(s)
+    print("\nfwd+bwd ms (B*N = %d, H=%d, D=%d, bf16, causal)" % (args.tokens, H, D))
+    print(format_table(summ, ["N", "ours", "fla_linear", "fla_simple_gla", "torch", "sdpa_cudnn", "flash_triton",
+                              "speedup_fwd", "speedup_fwd_bwd"], "{:.3f}"))
+    for name in ("ours", "fla_linear"):
+        t = {r["N"]: r["fwd_bwd_ms"] for r in flat if r["method"] == name}
+        if 16384 in t and 65536 in t:
+            print(f"flatness {name}: t(64k)/t(16k) at B*N={args.flat_tokens}: {t[65536] / t[16384]:.3f}  ({t})")
+
+    def crossover(lin, exact):
+        prev = None
+        for N in ns:
+            a, b = by.get((lin, N)), by.get((exact, N))
+            if not a or not b or not (a.get("fwd_bwd_ms", math.nan) > 0) or not (b.get("fwd_bwd_ms", math.nan) > 0):
+                continue
+            if a["fwd_bwd_ms"] < b["fwd_bwd_ms"]:
+                if prev is None:
+                    return f"<= {N}"
+                # log-log interpolation between prev and N of the time ratio
+                (n0, r0), r1 = prev, a["fwd_bwd_ms"] / b["fwd_bwd_ms"]
+                x = math.log(n0) + (math.log(N) - math.log(n0)) * math.log(r0) / (math.log(r0) - math.log(r1))
+                return f"~{math.exp(x):.0f} (between {n0} and {N})"
+            prev = (N, a["fwd_bwd_ms"] / b["fwd_bwd_ms"])
+        return "not reached"
+
+    for lin in ("ours", "fla_linear"):
+        for ex in ("sdpa_cudnn", "flash_triton"):
+            print(f"crossover fwd+bwd {lin} vs {ex}: N {crossover(lin, ex)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Triton linear attention (kernels/linear.py, backend ``triton`` of ``linear``) against the fp32 references.
+
+CPU: run under ``TRITON_INTERPRET=1`` (set by tests/conftest.py before triton is imported), small shapes.
+Two ground truths: the masked quadratic form :func:`attn_zoo.reference.linear_attention_reference` and the
+step-by-step recurrence :func:`kernels.linear.linear_attention_recurrent`, both fp32. Metric: relative RMS
+error ``||x - ref|| / ||ref||``. 16-bit inputs follow the FlashAttention rule: our error against the fp32
+reference is at most 2x (gradients 3x) the error of a plain PyTorch implementation run in that dtype.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as Fn
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from attn_zoo import AttentionSpec, attention  # noqa: E402
+from attn_zoo.feature_maps import apply_feature_map  # noqa: E402
+from attn_zoo.reference import linear_attention_reference  # noqa: E402
+from kernels.linear import linear_attention, linear_attention_recurrent  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+
+
+def rel(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _inputs(B, Hq, Hkv, Nq, Nk, D, Dv, dtype=torch.float32, seed=0, kscale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, Nq, D, generator=g)
+    k = torch.randn(B, Hkv, Nk, D, generator=g) * kscale
+    v = torch.randn(B, Hkv, Nk, Dv, generator=g)
+    do = torch.randn(B, Hq, Nq, Dv, generator=g)
+    return [t.to(DEV, dtype) for t in (q, k, v, do)]
+
+
+def _grads(fn, q, k, v, do):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    return out, dq, dk, dv
+
+
+def _plain_torch(q, k, v, spec):
+    """What a user would write, entirely in the input dtype (the FlashAttention-rule baseline)."""
+    fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = apply_feature_map(k, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    n_rep = q.shape[1] // k.shape[1]
+    fk, v = fk.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    a = fq @ fk.transpose(-1, -2)
+    if spec.causal:
+        Nq, Nk = q.shape[2], k.shape[2]
+        i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
+        a = a.masked_fill(torch.arange(Nk, device=q.device).view(1, -1) > i, 0.0)
+    return (a @ v) / (a.sum(-1, keepdim=True) + spec.eps)
+
+
+# ------------------------------------------------------------------------------------- fp32 vs both references
+@pytest.mark.parametrize(
+    "N,Hq,Hkv,D,Dv,fmap,chunk",
+    [
+        (1, 2, 1, 16, 32, "elu1", 64),
+        (63, 2, 2, 16, 32, "elu1", 64),
+        (64, 4, 2, 32, 16, "relu", 64),
+        (65, 4, 1, 16, 32, "elu1", 64),
+        (200, 4, 2, 16, 24, "elu1", 16),
+    ],
+)
+def test_causal_fp32_vs_references(N, Hq, Hkv, D, Dv, fmap, chunk):
+    spec = AttentionSpec(kind="linear", causal=True, feature_map=fmap, chunk_size=chunk)
+    q, k, v, do = _inputs(2, Hq, Hkv, N, N, D, Dv, seed=N)
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), q, k, v, do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+
+    def rec(a, b, c):
+        fq = apply_feature_map(a, fmap, is_query=True)
+        fk = apply_feature_map(b, fmap, is_query=False)
+        return linear_attention_recurrent(fq, fk, c, eps=spec.eps)[0]
+
+    rcr = _grads(rec, q, k, v, do)
+    scale = ref[3].norm()  # dv is never degenerate; with N = 1, dq = dk = 0 exactly (out = v)
+    for name, x, r, s in zip(("out", "dq", "dk", "dv"), got, ref, rcr):
+        assert torch.isfinite(x).all(), name
+        if N == 1 and name in ("dq", "dk"):
+            assert (x - r).norm() <= 1e-4 * scale, name
+            continue
+        assert rel(x, r) <= 1e-3, (name, rel(x, r))
+        assert rel(x, s) <= 1e-3, (name, rel(x, s))
+
+
+@pytest.mark.parametrize("fmap", ["favor", "taylor"])
+def test_pytorch_feature_maps_noncausal_gqa(fmap):
+    """favor / taylor go through PyTorch features; non-causal with Nq != Nk; GQA grads summed over the group."""
+    spec = AttentionSpec(kind="linear", causal=False, feature_map=fmap, num_features=32)
+    q, k, v, do = _inputs(1, 4, 2, 37, 70, 8, 12, seed=3)
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), q, k, v, do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert rel(x, r) <= 1e-3, (name, rel(x, r))
+
+
+@pytest.mark.parametrize("Nq,Nk", [(20, 90), (90, 20)])
+def test_causal_bottom_right_nq_ne_nk(Nq, Nk):
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
+    q, k, v, do = _inputs(1, 2, 1, Nq, Nk, 16, 16, seed=Nq)
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), q, k, v, do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert rel(x, r) <= 1e-3, (name, rel(x, r))
+    if Nq > Nk:
+        assert (got[0][:, :, : Nq - Nk] == 0).all()
+
+
+def test_initial_and_final_state_chain_and_grads():
+    """Two calls chained through the state equal one call; gradients flow through (S0, z0) and (S, z)."""
+    q, k, v, do = _inputs(1, 4, 2, 50, 50, 16, 8, seed=7)
+    fq, fk = Fn.elu(q) + 1, Fn.elu(k) + 1
+    s0 = torch.rand(1, 2, 16, 8, device=DEV)
+    z0 = torch.rand(1, 2, 16, device=DEV) + 1.0
+    ws = torch.randn(1, 2, 16, 8, device=DEV)
+    wz = torch.randn(1, 2, 16, device=DEV)
+
+    def loss(fn, a, b, c, s, z):
+        out, (st, zt) = fn(a, b, c, s, z)
+        return (out * do).sum() + (st * ws).sum() + (zt * wz).sum(), out
+
+    def ker(a, b, c, s, z):
+        return linear_attention(a, b, c, causal=True, initial_state=(s, z), output_final_state=True, chunk_size=16)
+
+    def rec(a, b, c, s, z):
+        return linear_attention_recurrent(a, b, c, initial_state=(s, z))
+
+    leaves = [t.detach().clone().requires_grad_() for t in (fq, fk, v, s0, z0)]
+    lk, ok = loss(ker, *leaves)
+    gk = torch.autograd.grad(lk, leaves)
+    leaves2 = [t.detach().clone().requires_grad_() for t in (fq, fk, v, s0, z0)]
+    lr, orr = loss(rec, *leaves2)
+    gr = torch.autograd.grad(lr, leaves2)
+    assert rel(ok, orr) <= 1e-3
+    for name, a, b in zip(("dq", "dk", "dv", "dS0", "dz0"), gk, gr):
+        assert rel(a, b) <= 1e-3, (name, rel(a, b))
+    # chaining: [0:30) then [30:50) from its final state == one call
+    o1, st1 = linear_attention(fq[:, :, :30], fk[:, :, :30], v[:, :, :30], output_final_state=True, chunk_size=16)
+    o2 = linear_attention(fq[:, :, 30:], fk[:, :, 30:], v[:, :, 30:], initial_state=st1, chunk_size=16)
+    full = linear_attention(fq, fk, v, chunk_size=16)
+    assert rel(torch.cat([o1, o2], 2), full) <= 1e-5
+
+
+# ------------------------------------------------------------------------------------- 16-bit inputs
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_flash_rule(dtype):
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
+    q, k, v, do = _inputs(1, 2, 1, 65, 65, 32, 16, seed=11)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    lo = [t.to(dtype) for t in (q, k, v, do)]
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), *lo)
+    base = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), *lo)
+    for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), got, ref, base)):
+        assert x.dtype == dtype and torch.isfinite(x).all(), name
+        factor = 2.0 if i == 0 else 3.0
+        assert rel(x, r) <= factor * rel(p, r) + 1e-4, (name, rel(x, r), rel(p, r))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_large_keys_no_overflow(dtype):
+    """Keys x30 before elu1 (features up to ~100, sums of ~1e4): finite and close to the fp32 reference."""
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
+    q, k, v, do = _inputs(1, 2, 2, 80, 80, 16, 16, seed=5, kscale=30.0)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), *(t.to(dtype) for t in (q, k, v, do)))
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(x).all(), name
+        assert rel(x, r) <= tol, (name, rel(x, r))
+
+
+# ------------------------------------------------------------------------------------- interface
+def test_supports_reasons(monkeypatch):
+    from attn_zoo.registry import get_backends
+
+    sup = get_backends("linear")["triton"].supports
+    q = torch.zeros(1, 1, 4, 16)
+    spec = AttentionSpec(kind="linear")
+    assert sup(q, q, q, spec, False) is None or DEV == "cpu" and not os.environ.get("TRITON_INTERPRET")
+    assert "float64" in sup(q.double(), q.double(), q.double(), spec, False)
+    assert "256" in sup(q, q, q, spec.replace(feature_map="taylor"), False)  # F = 1 + 16 + 256
+    assert "lse" in sup(q, q, q, spec, True)
+    if DEV == "cpu":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        assert "CUDA" in sup(q, q, q, spec, False)
+    with pytest.raises(ValueError, match="feature_map"):
+        linear_attention(q, q, q, feature_map="taylor")
+    with pytest.raises(ValueError, match="Nq == Nk"):
+        linear_attention(q, q[:, :, :3], q[:, :, :3])
+    with pytest.raises(ValueError, match="256"):
+        big = torch.zeros(1, 1, 2, 300)
+        linear_attention(big, big, big)
+
+
+# ------------------------------------------------------------------------------------- GPU, real sizes
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("N,Hq,Hkv,D,Dv", [(4096, 16, 16, 128, 128), (2000, 8, 2, 64, 128), (1025, 4, 4, 256, 64)])
+def test_gpu_real_sizes(N, Hq, Hkv, D, Dv, dtype):
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1")
+    q, k, v, do = _inputs(1, Hq, Hkv, N, N, D, Dv, dtype=torch.float32, seed=N)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    lo = [t.to(dtype) for t in (q, k, v, do)]
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), *lo)
+    base = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), *lo)
+    for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), got, ref, base)):
+        assert torch.isfinite(x).all(), name
+        factor = 2.0 if i == 0 else 3.0
+        assert rel(x, r) <= factor * max(rel(p, r), 1e-3), (name, rel(x, r), rel(p, r))
+
+
+@gpu
+def test_gpu_fp32_and_large_keys():
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1")
+    q, k, v, do = _inputs(2, 8, 4, 3000, 3000, 128, 128, seed=1, kscale=30.0)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    got32 = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), q, k, v, do)
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got32, ref):
+        assert rel(x, r) <= 1e-3, (name, rel(x, r))
+    for dtype in (torch.float16, torch.bfloat16):
+        got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), *(t.to(dtype) for t in (q, k, v, do)))
+        for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+            assert torch.isfinite(x).all(), (dtype, name)
+            assert rel(x, r) <= 3e-2, (dtype, name, rel(x, r))
