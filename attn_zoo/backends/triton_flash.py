@@ -1,0 +1,65 @@
+"""``triton`` backend of the softmax kinds (``flash``, ``sliding_window``, ``sparse``): :func:`kernels.flash_attn`.
+
+The mask comes from :func:`attn_zoo.masks.mask_info`: causal / window bounds are passed as numbers (the kernel
+enumerates the visited tiles analytically with the same rule as :meth:`MaskInfo.block_table`), the block-sparse
+layout and its block tables (:meth:`MaskInfo.block_table` at the kernel's tiles) are passed as tensors. GQA / MQA
+run natively (``Hkv = k.shape[1]``). Inputs it cannot run are reported by :func:`_supports` (``auto`` then falls
+back to ``torch``).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+from ..masks import mask_info
+from ..registry import register_backend
+from ..spec import SOFTMAX_KINDS
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _supports(q, k, v, spec, return_lse):
+    if not (q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"):
+        return "needs a CUDA tensor (or TRITON_INTERPRET=1 for the CPU interpreter)"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if q.dtype not in _DTYPES:
+        return f"dtype {q.dtype} is not supported (float16, bfloat16, float32)"
+    D = q.shape[-1]
+    if D > 256:
+        return f"head dim D={D} > 256 is not supported"
+    if v.shape[-1] != D:
+        return f"Dv={v.shape[-1]} != D={D} is not supported"
+    return None
+
+
+@lru_cache(maxsize=32)
+def _sparse_tables(spec, Nq, Nk, D, device):
+    """Block tables of a sparse spec at the kernel's tiles, built once per (spec, Nq, Nk, D, device)."""
+    from kernels import build_sparse_tables
+
+    mi = mask_info(spec, Nq, Nk)
+    return build_sparse_tables(lambda bm, bn: mi.block_table(bm, bn), D, device)
+
+
+@register_backend(SOFTMAX_KINDS, "triton", supports=_supports)
+def triton_softmax_attention(q, k, v, spec, return_lse=False):
+    """Exact masked softmax attention through the fused Triton kernel (forward + backward, autograd)."""
+    from kernels import flash_attn
+
+    Nq, Nk = q.shape[2], k.shape[2]
+    mi = mask_info(spec, Nq, Nk)
+    window = None
+    if mi.window_left is not None or mi.window_right is not None:
+        window = (mi.window_left, mi.window_right)
+    kw = {}
+    if mi.layout is not None:
+        kw = dict(block_layout=mi.layout, block_size=mi.block_size,
+                  block_tables=_sparse_tables(spec, Nq, Nk, q.shape[-1], q.device))
+    return flash_attn(q, k, v, causal=mi.causal, window_size=window, softmax_scale=spec.scale(q.shape[-1]),
+                      return_lse=return_lse, **kw)

@@ -1,0 +1,212 @@
+"""Shared helpers for the GPU benchmarks (plain Python: runs on a bare GPU image, no Hydra).
+
+* :func:`time_cuda` -- median of CUDA-event timings (``triton.testing.do_bench`` when available).
+* :func:`peak_memory` -- peak extra CUDA memory of a callable (bytes above the allocated baseline).
+* FLOP formulas: :func:`flash_flops` (FlashAttention convention: forward ``4 * B * H * Nq * Nk * D``
+  times the visited fraction of the mask, ``/ 2`` causal; backward ``2.5 x`` forward),
+  :func:`linear_flops` (chunked linear attention), :func:`tflops`.
+* :func:`env_info` -- date, GPU name, torch / triton / CUDA versions (every results file records it).
+* :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import platform
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+BWD_FACTOR = 2.5  # FlashAttention convention: backward costs 2.5x the forward matmul FLOPs
+
+
+# --------------------------------------------------------------------------------------------- timing
+def time_cuda(fn: Callable[[], object], warmup: int = 5, rep: int = 30, use_do_bench: bool = True,
+              grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
+    """Median wall time of ``fn()`` in milliseconds, measured with CUDA events.
+
+    Uses ``triton.testing.do_bench(return_mode="median")`` (it flushes the L2 cache between calls) when
+    triton is importable and ``use_do_bench``; otherwise times ``rep`` calls with ``torch.cuda.Event`` pairs
+    after ``warmup`` calls and returns the median. ``warmup``/``rep`` are counts for the fallback and
+    milliseconds for ``do_bench`` (its own convention). Raises ``RuntimeError`` without CUDA.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_cuda needs a CUDA device")
+    if use_do_bench:
+        try:
+            import triton.testing as tt
+
+            return float(tt.do_bench(fn, warmup=max(warmup, 25), rep=max(rep, 100), grad_to_none=grad_to_none,
+                                     return_mode="median"))
+        except ImportError:
+            pass
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        if grad_to_none is not None:
+            for t in grad_to_none:
+                t.grad = None
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return float(times[len(times) // 2])
+
+
+def peak_memory(fn: Callable[[], object]) -> int:
+    """Peak CUDA memory allocated while running ``fn()`` once, minus the memory allocated before (bytes).
+
+    The result of ``fn`` is kept alive until the peak is read, so outputs and saved activations count.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("peak_memory needs a CUDA device")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return int(peak - base)
+
+
+# --------------------------------------------------------------------------------------------- FLOPs
+def flash_flops(B: int, H: int, Nq: int, D: int, Nk: Optional[int] = None, causal: bool = False,
+                visited_fraction: Optional[float] = None, mode: str = "fwd", Dv: Optional[int] = None) -> float:
+    """Matmul FLOPs of exact attention by the FlashAttention formula.
+
+    Forward: ``2 * B * H * Nq * Nk * (D + Dv)`` (= ``4 * B * H * N^2 * D`` for ``Dv = D``), scaled by the
+    fraction of (query, key) pairs the mask keeps: ``visited_fraction`` when given (window / block-sparse:
+    e.g. ``mask.sum() / (Nq * Nk)``), else ``1/2`` for ``causal`` (the FlashAttention convention) and 1
+    otherwise. ``mode``: ``"fwd"``, ``"bwd"`` (2.5 x fwd) or ``"fwd_bwd"`` (3.5 x fwd).
+    """
+    Nk = Nq if Nk is None else Nk
+    Dv = D if Dv is None else Dv
+    f = 2.0 * B * H * Nq * Nk * (D + Dv)
+    if visited_fraction is not None:
+        f *= float(visited_fraction)
+    elif causal:
+        f *= 0.5
+    mult = {"fwd": 1.0, "bwd": BWD_FACTOR, "fwd_bwd": 1.0 + BWD_FACTOR}
+    if mode not in mult:
+        raise ValueError(f"mode={mode!r} is not supported; allowed values: {', '.join(mult)}")
+    return f * mult[mode]
+
+
+def linear_flops(B: int, H: int, N: int, D: int, F: Optional[int] = None, chunk_size: int = 64,
+                 causal: bool = True, mode: str = "fwd", Dv: Optional[int] = None) -> float:
+    """Matmul FLOPs of chunked linear attention (feature dim ``F``, default ``D``).
+
+    Per chunk of ``C`` tokens: state update ``2*C*F*Dv`` (+ normaliser ``2*C*F``), inter-chunk read
+    ``2*C*F*Dv``; causal adds the intra-chunk quadratic part ``2*C*C*F + 2*C*C*Dv``. Non-causal is
+    ``4*N*F*Dv``. Backward counted as ``2 x`` forward (two matmuls per forward matmul).
+    """
+    F = D if F is None else F
+    Dv = D if Dv is None else Dv
+    if causal:
+        C = chunk_size
+        f = B * H * N * (2 * F * Dv + 2 * F * Dv + 2 * C * F + 2 * C * Dv + 2 * F)
+    else:
+        f = B * H * N * (4 * F * Dv + 2 * F)
+    mult = {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}
+    if mode not in mult:
+        raise ValueError(f"mode={mode!r} is not supported; allowed values: {', '.join(mult)}")
+    return float(f) * mult[mode]
+
+
+def tflops(flops: float, ms: float) -> float:
+    """TFLOP/s from a FLOP count and a time in milliseconds (nan for non-positive / nan times)."""
+    if ms is None or not (ms > 0) or math.isnan(ms):
+        return float("nan")
+    return flops / (ms * 1e-3) / 1e12
+
+
+# --------------------------------------------------------------------------------------------- env / io
+def env_info(date: Optional[str] = None) -> Dict[str, object]:
+    """Environment description recorded with every result: date, GPU, torch / triton / CUDA versions."""
+    info: Dict[str, object] = {
+        "date": date or _dt.date.today().isoformat(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info["gpu"] = p.name
+        info["gpu_mem_gib"] = round(p.total_memory / 2**30, 1)
+        info["sm_count"] = p.multi_processor_count
+        info["capability"] = f"{p.major}.{p.minor}"
+        try:
+            info["cudnn"] = torch.backends.cudnn.version()
+        except Exception:  # pragma: no cover
+            info["cudnn"] = None
+    else:
+        info["gpu"] = None
+    return info
+
+
+def write_csv(rows: Iterable[Dict[str, object]], path: str) -> str:
+    """Write dict rows to ``path`` (union of keys as header, first-seen order); returns the path."""
+    rows = list(rows)
+    keys: List[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    return path
+
+
+def _json_safe(x):
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_json(rows: Iterable[Dict[str, object]], path: str, env: Optional[Dict[str, object]] = None) -> str:
+    """Write ``{"env": env, "rows": rows}`` to ``path`` (nan/inf become null); returns the path."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(_json_safe({"env": env if env is not None else env_info(), "rows": list(rows)}), f, indent=1)
+    return path
+
+
+def format_table(rows: Sequence[Dict[str, object]], cols: Sequence[str], floatfmt: str = "{:.2f}") -> str:
+    """Fixed-width text table of ``cols`` from dict rows (missing -> '-')."""
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return "-" if math.isnan(v) else floatfmt.format(v)
+        return str(v)
+
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

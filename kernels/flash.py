@@ -1,0 +1,868 @@
+"""Fused exact softmax attention in Triton: one kernel family for full, causal, sliding-window and
+block-sparse masks, with native GQA / MQA. FlashAttention-2 algorithm (Dao 2023, Alg. 1 forward, Alg. 2
+backward) on top of FlashAttention (Dao et al. 2022).
+
+Shapes: ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` with ``Hq % Hkv == 0`` (query head ``h`` reads K/V head
+``h // (Hq // Hkv)``); any strides (each tensor is read through its own strides, no copies). Output
+``(B, Hq, Nq, D)`` in ``q.dtype``; ``lse`` fp32 ``(B, Hq, Nq)``, natural log, ``-inf`` on rows that see no key
+(those rows output 0 and get zero gradients).
+
+Mask (bottom-right aligned: query row ``i`` sits at ``i' = i + Nk - Nq``), the conjunction of
+  * ``window_size = (left, right)``: ``i' - left <= j <= i' + right`` (``None`` = unbounded side); causal is
+    ``right = 0`` (``causal=True`` clips ``right`` to ``min(right, 0)``);
+  * block-sparse: ``layout[i' // block_size, j // block_size]`` and ``i' >= 0``, with the visited key
+    blocks of every query tile given by a block table (``kv_idx``, ``kv_count``, ``kv_full`` per query tile,
+    and the transposed table per key tile for the dK/dV pass).
+Causal / window tiles are enumerated analytically in-kernel (same rule as ``MaskInfo.block_table``). Tiles
+are split into *full* tiles (no element mask, no bounds checks) and *partial* tiles (element rule
+applied); fully-masked tiles are never visited, so a causal window of ``w`` costs ``O(N * w)``.
+
+Forward: online softmax in base 2 (``log2(e)`` folded into the scale), output normalised once, lse saved.
+Backward: ``delta = rowsum(dO * O)`` (minus ``dlse`` when the lse is differentiated), then one kernel per key
+tile for dK/dV that loops over the query heads of its GQA group (dK/dV summed in registers, K/V never
+repeated) and one kernel per query tile for dQ (no atomics, deterministic).
+
+Public API: :func:`flash_attn` (autograd-aware, a ``torch.library`` custom op so ``torch.compile`` traces
+through it), :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+# ============================================================================================ configs
+def _cfg(bm, bn, w, s):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+
+
+if INTERPRET:
+    # the interpreter runs every program in numpy: one small config, BLOCK_M != BLOCK_N to exercise both paths
+    _FWD_CONFIGS = [_cfg(32, 16, 4, 1)]
+    _DQ_CONFIGS = [_cfg(32, 16, 4, 1)]
+    _DKDV_CONFIGS = [_cfg(16, 32, 4, 1)]
+else:
+    _FWD_CONFIGS = [
+        _cfg(128, 128, 8, 2), _cfg(128, 64, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 2),
+    ]
+    _DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 2)]
+    _DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 2)]
+
+_SMEM_BUDGET = 220 * 1024
+
+
+def sparse_tiles(head_dim: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """Fixed tiles of the block-sparse mode: ``((BLOCK_M, BLOCK_N) of forward and dQ, (BLOCK_M, BLOCK_N) of dK/dV)``.
+
+    The caller builds the block tables at these tiles (a table depends on the tile, so the sparse mode autotunes
+    warps / stages only).
+    """
+    if INTERPRET:
+        return (32, 16), (16, 32)
+    if head_dim <= 128:
+        return (128, 64), (64, 128)
+    return (64, 32), (32, 64)
+
+
+def _smem_bytes(cfg, block_d, elt, kind):
+    bm, bn, s = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], max(cfg.num_stages, 1)
+    if kind == "fwd":  # q resident, k and v pipelined
+        return elt * block_d * (bm + 2 * bn * s)
+    if kind == "dq":  # q, do resident; k, v pipelined
+        return elt * block_d * (2 * bm + 2 * bn * s)
+    return elt * block_d * (2 * bn + 2 * bm * s)  # dkdv: k, v resident; q, do pipelined
+
+
+def _make_prune(kind: str):
+    def prune(configs, named_args, **kwargs):
+        args = dict(named_args)
+        args.update(kwargs)
+        block_d = int(args.get("BLOCK_D", 64))
+        sparse = bool(args.get("SPARSE", False))
+        elt = 4 if args.get("DOT_PREC", "tf32") == "ieee" else 2
+        out = []
+        for c in configs:
+            if sparse:
+                f, b = sparse_tiles(block_d)
+                want = b if kind == "dkdv" else f
+                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != want:
+                    continue
+            if not INTERPRET and _smem_bytes(c, block_d, elt, kind) > _SMEM_BUDGET:
+                continue
+            out.append(c)
+        if not out:  # never empty: smallest tile, fewest stages
+            if sparse:
+                f, b = sparse_tiles(block_d)
+                bm, bn = b if kind == "dkdv" else f
+                out = [_cfg(bm, bn, 4, 1)]
+            else:
+                out = [min(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_stages))]
+                out = [_cfg(out[0].kwargs["BLOCK_M"], out[0].kwargs["BLOCK_N"], 4, 1)]
+        return out
+
+    return prune
+
+
+def _sparse_configs(kind):
+    if INTERPRET:
+        return _DKDV_CONFIGS if kind == "dkdv" else _FWD_CONFIGS
+    res = []
+    for d in (64, 256):
+        f, b = sparse_tiles(d)
+        bm, bn = b if kind == "dkdv" else f
+        res += [_cfg(bm, bn, 8, 2), _cfg(bm, bn, 4, 3)]
+    return res
+
+
+_KEY = ["N_BUCKET", "BLOCK_D", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC"]
+
+
+# ============================================================================================ jit helpers
+@triton.jit
+def _allowed(i2, j2, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr):
+    """Element rule of MaskInfo.allowed on broadcastable row / column index tensors."""
+    ia = i2 + offset
+    ok = (j2 < Nk) & (i2 < Nq)
+    if HAS_RIGHT:
+        ok = ok & (j2 <= ia + win_right)
+    if HAS_LEFT:
+        ok = ok & (j2 >= ia - win_left)
+    if SPARSE:
+        qb = tl.minimum(tl.maximum(ia, 0) // lay_bs, lay_nb - 1)
+        kb = tl.minimum(j2 // lay_bs, lay_nb - 1)
+        ok = ok & (ia >= 0)
+        lay = tl.load(LAYOUT + qb * lay_nb + kb, mask=ok, other=0)
+        ok = ok & (lay != 0)
+    return ok
+
+
+@triton.jit
+def _kv_range(start_m, Nq, Nk, offset, win_left, win_right,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key tiles [lo, hi) visited by query tile ``start_m`` and the full sub-range [flo, fhi)."""
+    r1 = tl.minimum(start_m + BLOCK_M, Nq) - 1
+    a0 = start_m + offset
+    a1 = r1 + offset
+    lo_key = a0 * 0
+    hi_key = lo_key + Nk - 1
+    flo = lo_key
+    fhi = lo_key + Nk // BLOCK_N
+    if HAS_LEFT:
+        lo_key = tl.maximum(a0 - win_left, 0)
+        flo = (tl.maximum(a1 - win_left, 0) + BLOCK_N - 1) // BLOCK_N
+    if HAS_RIGHT:
+        hi_key = tl.minimum(a1 + win_right, Nk - 1)
+        fhi = tl.minimum(fhi, tl.maximum(a0 + win_right + 1, 0) // BLOCK_N)
+    lo = lo_key // BLOCK_N
+    hi = tl.where(hi_key >= lo_key, tl.maximum(hi_key, 0) // BLOCK_N + 1, lo)
+    fhi = tl.where(r1 - start_m + 1 == BLOCK_M, fhi, 0)
+    flo = tl.minimum(tl.maximum(flo, lo), hi)
+    fhi = tl.minimum(tl.maximum(fhi, flo), hi)
+    return lo, hi, flo, fhi
+
+
+@triton.jit
+def _q_range(start_n, Nq, Nk, offset, win_left, win_right,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Query tiles [lo, hi) that see key tile ``start_n`` and the full sub-range [flo, fhi)."""
+    c1 = tl.minimum(start_n + BLOCK_N, Nk) - 1
+    lo_row = start_n * 0
+    hi_row = lo_row + Nq - 1
+    flo = lo_row
+    fhi = lo_row + Nq // BLOCK_M
+    if HAS_RIGHT:  # j <= i' + right  ->  i >= j - right - offset
+        lo_row = tl.maximum(start_n - win_right - offset, 0)
+        flo = (tl.maximum(c1 - win_right - offset, 0) + BLOCK_M - 1) // BLOCK_M
+    if HAS_LEFT:  # j >= i' - left  ->  i <= j + left - offset
+        hi_row = tl.minimum(c1 + win_left - offset, Nq - 1)
+        fhi = tl.minimum(fhi, tl.maximum(start_n + win_left - offset + 1, 0) // BLOCK_M)
+    lo = lo_row // BLOCK_M
+    hi = tl.where(hi_row >= lo_row, tl.maximum(hi_row, 0) // BLOCK_M + 1, lo)
+    fhi = tl.where(c1 - start_n + 1 == BLOCK_N, fhi, 0)
+    flo = tl.minimum(tl.maximum(flo, lo), hi)
+    fhi = tl.minimum(tl.maximum(fhi, flo), hi)
+    return lo, hi, flo, fhi
+
+
+# ============================================================================================ forward
+@triton.jit
+def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
+              offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+              BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
+    v_ptrs = Vb + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
+    if MASKED:
+        k = tl.load(k_ptrs, mask=(offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D), other=0.0)
+        v = tl.load(v_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D), other=0.0)
+    elif BLOCK_D != HEAD_D:
+        k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    qk = tl.dot(q, k, input_precision=DOT_PREC)
+    if MASKED:
+        ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+                      HAS_LEFT, HAS_RIGHT, SPARSE)
+        qk = tl.where(ok, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_use[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Out, Lse,
+                stride_qb, stride_qh, stride_qn, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_ob, stride_oh, stride_on, stride_od,
+                Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right,
+                KV_IDX, KV_CNT, KV_FULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    n_mblocks = tl.cdiv(Nq, BLOCK_M)
+    mblk = n_mblocks - 1 - tl.program_id(0)  # heaviest (causal) tiles first
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    hk = h // group
+    start_m = mblk * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    Qb = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    Kb = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    Vb = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    q = tl.load(Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D), other=0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if SPARSE:
+        cnt = tl.load(KV_CNT + mblk)
+        for t in range(0, cnt):
+            nblk = tl.load(KV_IDX + mblk * stride_tbl + t)
+            full = tl.load(KV_FULL + mblk * stride_tbl + t)
+            if full != 0:
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                          win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+            else:
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                          win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+    else:
+        lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
+                                     HAS_LEFT, HAS_RIGHT)
+        for nblk in range(lo, flo):  # partial tiles left of the full band
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                                      LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+        for nblk in range(flo, fhi):  # full tiles: no element mask, no bounds checks
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                                      LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+        for nblk in range(fhi, hi):  # partial tiles right of the band (causal diagonal, ragged tail)
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                                      LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    acc = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    Ob = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    tl.store(Ob + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D))
+    tl.store(Lse + bh.to(tl.int64) * Nq + offs_m, lse, mask=offs_m < Nq)
+
+
+# ============================================================================================ backward
+@triton.jit
+def _bwd_preprocess(O, DO, DLSE, Lse, Delta, Lse2, Hq, Nq,
+                    stride_ob, stride_oh, stride_on, stride_od,
+                    stride_db, stride_dh, stride_dn, stride_dd,
+                    HAS_DLSE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO * O) - dlse; lse2 = lse * log2(e) with -inf (empty rows) mapped to +inf (p = 0)."""
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    msk = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
+    o = tl.load(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on
+                + offs_d[None, :] * stride_od, mask=msk, other=0.0).to(tl.float32)
+    do = tl.load(DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn
+                 + offs_d[None, :] * stride_dd, mask=msk, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    row = bh.to(tl.int64) * Nq + offs_m
+    if HAS_DLSE:
+        delta = delta - tl.load(DLSE + row, mask=offs_m < Nq, other=0.0)
+    lse = tl.load(Lse + row, mask=offs_m < Nq, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(Delta + row, delta, mask=offs_m < Nq)
+    tl.store(Lse2 + row, lse2, mask=offs_m < Nq)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, stride_qn, stride_qd, stride_dn, stride_dd, start_m,
+               offs_n, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+               BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_ptrs = Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_d[None, :] * stride_dd
+    if MASKED:
+        mq = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
+        q = tl.load(q_ptrs, mask=mq, other=0.0)
+        do = tl.load(do_ptrs, mask=mq, other=0.0)
+        lse2 = tl.load(Lse2b + offs_m, mask=offs_m < Nq, other=float("inf"))
+        delta = tl.load(Deltab + offs_m, mask=offs_m < Nq, other=0.0)
+    elif BLOCK_D != HEAD_D:
+        q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
+        do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
+        lse2 = tl.load(Lse2b + offs_m)
+        delta = tl.load(Deltab + offs_m)
+    else:
+        q = tl.load(q_ptrs)
+        do = tl.load(do_ptrs)
+        lse2 = tl.load(Lse2b + offs_m)
+        delta = tl.load(Deltab + offs_m)
+    qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
+    pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+    if MASKED:
+        ok = _allowed(offs_m[None, :], offs_n[:, None], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+                      HAS_LEFT, HAS_RIGHT, SPARSE)
+        pT = tl.where(ok, pT, 0.0)
+    dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
+    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV,
+                     stride_qb, stride_qh, stride_qn, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_db, stride_dh, stride_dn, stride_dd,
+                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                     Hq, Hkv, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
+                     Q_IDX, Q_CNT, Q_FULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                     SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    nblk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    hk = bh % Hkv
+    start_n = nblk * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mk = (offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D)
+    k = tl.load(K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=mk, other=0.0)
+    v = tl.load(V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn
+                + offs_d[None, :] * stride_vd, mask=mk, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if not SPARSE:
+        lo, hi, flo, fhi = _q_range(start_n, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
+                                    HAS_LEFT, HAS_RIGHT)
+    for g in range(0, group):  # query heads sharing this K/V head: dK/dV summed in registers
+        h = hk * group + g
+        Qb = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        DOb = DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh
+        row0 = (b * Hq + h).to(tl.int64) * Nq
+        if SPARSE:
+            cnt = tl.load(Q_CNT + nblk)
+            for t in range(0, cnt):
+                mblk = tl.load(Q_IDX + nblk * stride_tbl + t)
+                full = tl.load(Q_FULL + nblk * stride_tbl + t)
+                if full != 0:
+                    dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
+                                        stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                                        offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
+                                        HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                else:
+                    dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
+                                        stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                                        offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
+                                        HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+        else:
+            for mblk in range(lo, flo):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                                    offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
+                                    HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+            for mblk in range(flo, fhi):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                                    offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
+                                    HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+            for mblk in range(fhi, hi):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                                    offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
+                                    HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+    dk = dk * sm_scale
+    tl.store(DK + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh + offs_n[:, None] * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
+    tl.store(DV + b.to(tl.int64) * stride_dvb + hk.to(tl.int64) * stride_dvh + offs_n[:, None] * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mk)
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
+             offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+             MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+             BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kT_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
+    vT_ptrs = Vb + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+    if MASKED:
+        mkT = (offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D)
+        kT = tl.load(kT_ptrs, mask=mkT, other=0.0)
+        vT = tl.load(vT_ptrs, mask=mkT, other=0.0)
+    elif BLOCK_D != HEAD_D:
+        kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
+        vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
+    else:
+        kT = tl.load(kT_ptrs)
+        vT = tl.load(vT_ptrs)
+    qk = tl.dot(q, kT, input_precision=DOT_PREC)
+    p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+    if MASKED:
+        ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+                      HAS_LEFT, HAS_RIGHT, SPARSE)
+        p = tl.where(ok, p, 0.0)
+    dp = tl.dot(do, vT, input_precision=DOT_PREC)
+    ds = p * (dp - delta[:, None])
+    dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
+                   stride_qb, stride_qh, stride_qn, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_db, stride_dh, stride_dn, stride_dd,
+                   stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+                   Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
+                   KV_IDX, KV_CNT, KV_FULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                   HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                   SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    n_mblocks = tl.cdiv(Nq, BLOCK_M)
+    mblk = n_mblocks - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    hk = h // group
+    start_m = mblk * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mq = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qn
+                + offs_d[None, :] * stride_qd, mask=mq, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn
+                 + offs_d[None, :] * stride_dd, mask=mq, other=0.0)
+    row = bh.to(tl.int64) * Nq + offs_m
+    lse2 = tl.load(Lse2 + row, mask=offs_m < Nq, other=float("inf"))
+    delta = tl.load(Delta + row, mask=offs_m < Nq, other=0.0)
+    Kb = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    Vb = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if SPARSE:
+        cnt = tl.load(KV_CNT + mblk)
+        for t in range(0, cnt):
+            nblk = tl.load(KV_IDX + mblk * stride_tbl + t)
+            full = tl.load(KV_FULL + mblk * stride_tbl + t)
+            if full != 0:
+                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                              LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                              DOT_PREC)
+            else:
+                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                              LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                              DOT_PREC)
+    else:
+        lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
+                                     HAS_LEFT, HAS_RIGHT)
+        for nblk in range(lo, flo):
+            dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                          LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                          DOT_PREC)
+        for nblk in range(flo, fhi):
+            dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                          LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                          DOT_PREC)
+        for nblk in range(fhi, hi):
+            dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                          LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                          DOT_PREC)
+    dq = dq * sm_scale
+    tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqn
+             + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mq)
+
+
+# Launch policy. Default: one heuristic config per (kernel, head dim, mode, dtype) -- the first of a preference
+# list that fits shared memory (ordered by the H200 autotune results in docs/kernels.md), so a new shape costs one
+# compile. ATTN_ZOO_AUTOTUNE=1 autotunes over the whole list instead (the sparse mode fixes the tile and tunes
+# warps / stages only, because its block table depends on the tile).
+AUTOTUNE = os.environ.get("ATTN_ZOO_AUTOTUNE", "0") == "1" and not INTERPRET
+_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel}
+_CONFIGS = {"fwd": _FWD_CONFIGS, "dq": _DQ_CONFIGS, "dkdv": _DKDV_CONFIGS}
+_TUNED = {}
+
+
+def _tuned(kind: str, sparse: bool):
+    key = (kind, sparse)
+    if key not in _TUNED:
+        configs = _sparse_configs(kind) if sparse else _CONFIGS[kind]
+        _TUNED[key] = triton.autotune(configs, key=_KEY, prune_configs_by={"early_config_prune": _make_prune(kind)})(
+            _KERNELS[kind])
+    return _TUNED[key]
+
+
+def _candidates(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool):
+    """Heuristic configs in preference order, pruned to those that fit shared memory (first is used)."""
+    if sparse:
+        prefs = _sparse_configs(kind)
+    else:
+        prefs = _HEURISTIC.get((kind, masked), _HEURISTIC.get((kind, False)))
+    return _make_prune(kind)(prefs, {"BLOCK_D": block_d, "SPARSE": sparse, "DOT_PREC": dot_prec})
+
+
+def pick_config(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool = False):
+    """The heuristic config ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` used without autotuning."""
+    c = _candidates(kind, block_d, sparse, dot_prec, masked)[0]
+    return dict(BLOCK_M=c.kwargs["BLOCK_M"], BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps,
+                num_stages=c.num_stages)
+
+
+if INTERPRET:
+    _HEURISTIC = {(k, False): _CONFIGS[k] for k in _CONFIGS}
+else:
+    # (kind, masked-mode) -> preference list; from the H200 autotune at D=128, N=8192 (docs/kernels.md)
+    _HEURISTIC = {
+        ("fwd", False): [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2),
+                         _cfg(32, 32, 4, 1)],
+        ("fwd", True): [_cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
+        ("dq", False): [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2),
+                        _cfg(32, 32, 4, 1)],
+        ("dkdv", False): [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 2), _cfg(32, 32, 4, 1)],
+    }
+
+_CHOSEN = {}
+
+
+def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta):
+    """Launch kernel ``kind`` over ``(cdiv(n_rows, tile), grid_axis1)`` programs (tile = BLOCK_N for dkdv).
+
+    Without autotuning the first heuristic candidate is used; a candidate the compiler rejects for lack of
+    shared memory / registers (``OutOfResources``) is dropped and the next one is tried, once per key.
+    """
+    tile = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
+    grid = lambda m: (triton.cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
+    if AUTOTUNE:
+        _tuned(kind, meta["SPARSE"])[grid](*args, **meta)
+        return
+    masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
+    key = (kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked, args[0].dtype)
+    if key in _CHOSEN:
+        _KERNELS[kind][grid](*args, **meta, **_CHOSEN[key])
+        return
+    err = None
+    for c in _candidates(kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked):
+        cfg = dict(BLOCK_M=c.kwargs["BLOCK_M"], BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps,
+                   num_stages=c.num_stages)
+        try:
+            _KERNELS[kind][grid](*args, **meta, **cfg)
+        except Exception as e:  # OutOfResources (shared memory / registers): try a smaller config
+            if "out of resource" not in str(e).lower() and type(e).__name__ != "OutOfResources":
+                raise
+            err = e
+            continue
+        _CHOSEN[key] = cfg
+        return
+    raise err
+
+
+# ============================================================================================ host side
+def _bucket(n: int) -> int:
+    return 1 << max(int(n - 1).bit_length(), 4)
+
+
+def _check(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(f"{name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, Hq, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)} in (B, Hkv, Nk)")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(f"head dims must agree (q D={D}, k D={k.shape[3]}, v Dv={v.shape[3]}); Dv != D is not supported")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported; allowed values: 1..{MAX_HEAD_DIM}")
+    Hkv = k.shape[1]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k.shape[1]) for grouped-query attention")
+    if Nq < 1 or k.shape[2] < 1:
+        raise ValueError(f"sequence lengths must be >= 1, got Nq={Nq}, Nk={k.shape[2]}")
+
+
+def _mode_args(q, win_left, win_right, layout, tables):
+    dummy_i32 = torch.zeros(1, dtype=torch.int32, device=q.device)
+    dummy_i8 = torch.zeros(1, dtype=torch.int8, device=q.device)
+    sparse = layout is not None
+    if sparse:
+        idx, cnt, full = tables
+        lay = layout.to(device=q.device, dtype=torch.int8).contiguous()
+        return dict(sparse=True, idx=idx, cnt=cnt, full=full, stride_tbl=idx.stride(0), lay=lay, lay_nb=lay.shape[0])
+    return dict(sparse=False, idx=dummy_i32, cnt=dummy_i32, full=dummy_i8, stride_tbl=0, lay=dummy_i8, lay_nb=1)
+
+
+def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
+                   layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
+                   kv_idx: Optional[torch.Tensor] = None, kv_cnt: Optional[torch.Tensor] = None,
+                   kv_full: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward launch. ``win_left`` / ``win_right`` < 0 mean unbounded (causal is ``win_right = 0``).
+
+    Block-sparse: ``layout`` bool/int ``(nb, nb)`` at ``layout_bs`` tokens and the query-tile block table
+    (``kv_idx`` int32 ``(n_q_tiles, max_visits)``, ``kv_cnt`` int32, ``kv_full`` int8) built at
+    ``sparse_tiles(D)[0]``. Returns ``(out (B, Hq, Nq, D) q.dtype, lse (B, Hq, Nq) fp32)``.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    out = torch.empty_like(q) if _dense(q) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    m = _mode_args(q, win_left, win_right, layout, (kv_idx, kv_cnt, kv_full))
+    block_d = max(16, triton.next_power_of_2(D))
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    _launch("fwd", B * Hq, Nq, (
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0),
+        m["idx"], m["cnt"], m["full"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
+        dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, SPARSE=m["sparse"],
+             DOT_PREC=prec))
+    return out, lse
+
+
+def _dense(t):
+    """True when ``t`` is non-overlapping and dense (``empty_like`` then keeps its strides)."""
+    try:
+        return t.is_non_overlapping_and_dense()
+    except AttributeError:  # pragma: no cover
+        return False
+
+
+def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = -1, win_right: int = -1,
+                   layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
+                   kv_idx=None, kv_cnt=None, kv_full=None, q_idx=None, q_cnt=None, q_full=None,
+                   dlse: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launches: preprocess (delta, lse2), dK/dV (per key tile, GQA group summed), dQ (per query tile).
+
+    Block-sparse needs the query-tile table (``kv_*`` at ``sparse_tiles(D)[0]``) and the key-tile table
+    (``q_*``: for each key tile the visited query tiles, at ``sparse_tiles(D)[1]``). Returns ``(dq, dk, dv)``.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    block_d = max(16, triton.next_power_of_2(D))
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    pm = 64 if not INTERPRET else 32
+    has_dlse = dlse is not None
+    dl = dlse.contiguous().float() if has_dlse else delta
+    _bwd_preprocess[(triton.cdiv(Nq, pm), B * Hq)](
+        out, do, dl, lse.contiguous(), delta, lse2, Hq, Nq, *out.stride(), *do.stride(),
+        HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=pm,
+    )
+    dq = torch.empty_like(q) if _dense(q) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty_like(k) if _dense(k) else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty_like(v) if _dense(v) else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    sparse = layout is not None
+    mk = _mode_args(q, win_left, win_right, layout, (kv_idx, kv_cnt, kv_full))
+    mq = _mode_args(q, win_left, win_right, layout, (q_idx, q_cnt, q_full))
+    common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, SPARSE=sparse,
+                  DOT_PREC=prec)
+    wl, wr = max(win_left, 0), max(win_right, 0)
+    _launch("dkdv", B * Hkv, Nk, (
+        q, k, v, do, lse2, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
+        *dv.stride(), Hq, Hkv, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
+        mq["idx"], mq["cnt"], mq["full"], mq["stride_tbl"], mq["lay"], mq["lay_nb"], max(layout_bs, 1), _bucket(Nk)),
+        common)
+    _launch("dq", B * Hq, Nq, (
+        q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
+        mk["idx"], mk["cnt"], mk["full"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
+        common)
+    return dq, dk, dv
+
+
+# ============================================================================================ custom op + autograd
+@torch.library.custom_op("attn_zoo_kernels::flash_fwd", mutates_args=())
+def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, win_left: int,
+                  win_right: int, layout: Optional[torch.Tensor], layout_bs: int, kv_idx: Optional[torch.Tensor],
+                  kv_cnt: Optional[torch.Tensor], kv_full: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
+                  q_cnt: Optional[torch.Tensor], q_full: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    return flash_attn_fwd(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_full)
+
+
+@_flash_fwd_op.register_fake
+def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full):
+    B, Hq, Nq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("attn_zoo_kernels::flash_bwd", mutates_args=())
+def _flash_bwd_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
+                  layout: Optional[torch.Tensor], layout_bs: int, kv_idx: Optional[torch.Tensor],
+                  kv_cnt: Optional[torch.Tensor], kv_full: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
+                  q_cnt: Optional[torch.Tensor], q_full: Optional[torch.Tensor]
+                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return flash_attn_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
+                          kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full, dlse=dlse)
+
+
+@_flash_bwd_op.register_fake
+def _(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_full,
+      q_idx, q_cnt, q_full):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, wl, wr, layout, bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.cfg = (scale, wl, wr, layout, bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    scale, wl, wr, layout, bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full = ctx.cfg
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _flash_bwd_op(dout, dlse, q, k, v, out, lse, scale, wl, wr, layout, bs,
+                               kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+
+
+_flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ============================================================================================ public entry
+def build_sparse_tables(table_fn: Callable, D: int, device) -> Tuple[torch.Tensor, ...]:
+    """Block tables of the sparse mode at :func:`sparse_tiles`: ``(kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full)``.
+
+    ``table_fn(block_m, block_n)`` returns ``(kv_idx, kv_count, kv_full, visited, full)`` per query tile (e.g.
+    ``MaskInfo.block_table``); the per-key-tile table of the dK/dV pass is its transpose. Cache the result when the
+    same mask is used many times (the adapter does).
+    """
+    (fm, fn), (bm, bn) = sparse_tiles(D)
+    t = table_fn(fm, fn)
+    kv_idx, kv_cnt, kv_full = (x.to(device).contiguous() for x in t[:3])
+    tb = table_fn(bm, bn)
+    visited, full = tb[3].t().cpu(), tb[4].t().cpu()  # (n_k_tiles, n_q_tiles)
+    cnt = visited.sum(1).to(torch.int32)
+    mv = max(int(cnt.max()) if cnt.numel() else 0, 1)
+    order = torch.sort((~visited).to(torch.int8), dim=1, stable=True).indices[:, :mv]
+    valid = torch.arange(mv).view(1, -1) < cnt.view(-1, 1)
+    q_idx = torch.where(valid, order, 0).to(torch.int32)
+    q_full = torch.where(valid, torch.gather(full, 1, order), False).to(torch.int8)
+    return kv_idx.to(torch.int32), kv_cnt.to(torch.int32), kv_full.to(torch.int8), \
+        q_idx.to(device).contiguous(), cnt.to(device).contiguous(), q_full.to(device).contiguous()
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+               window_size: Optional[Sequence[Optional[int]]] = None, softmax_scale: Optional[float] = None,
+               block_layout: Optional[torch.Tensor] = None, block_size: int = 0,
+               block_table_fn: Optional[Callable] = None, return_lse: bool = False,
+               block_tables: Optional[Sequence[torch.Tensor]] = None):
+    """Exact attention ``softmax(scale * q k^T + mask) v`` (FlashAttention-2, Dao 2023), differentiable.
+
+    Args:
+        q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32 (any strides), ``1 <= D <= 256``.
+        k, v: ``(B, Hkv, Nk, D)``, ``Hq % Hkv == 0`` (GQA / MQA: query head ``h`` uses K/V head ``h // (Hq // Hkv)``).
+        causal: key ``j`` visible to query row ``i`` only if ``j <= i + Nk - Nq`` (bottom-right alignment).
+        window_size: ``(left, right)`` inclusive, ``None`` entries unbounded; causal clips ``right`` to 0.
+        softmax_scale: default ``D ** -0.5``.
+        block_layout: bool ``(nb, nb)`` block-sparse layout over absolute positions at ``block_size`` tokens
+            (rows with ``i + Nk - Nq < 0`` see nothing). Needs ``block_table_fn(block_m, block_n)`` returning
+            ``(kv_idx, kv_count, kv_full, visited, full)`` (e.g. ``MaskInfo.block_table``) for the visited tiles.
+        block_tables: precomputed :func:`build_sparse_tables` output (skips ``block_table_fn``).
+        return_lse: also return ``lse`` fp32 ``(B, Hq, Nq)`` (natural log, ``-inf`` on empty rows); it is
+            differentiable.
+
+    Returns:
+        ``out (B, Hq, Nq, D)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
+
+    Raises:
+        ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv != D``, a layout without
+        ``block_table_fn``.
+    """
+    _check(q, k, v)
+    D = q.shape[-1]
+    scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
+    left = right = None
+    if window_size is not None:
+        if len(window_size) != 2:
+            raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+        left, right = window_size
+        for side, w in (("left", left), ("right", right)):
+            if w is not None and (not isinstance(w, int) or w < 0):
+                raise ValueError(f"window_size {side}={w!r} must be an integer >= 0 or None")
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    wl = -1 if left is None else int(left)
+    wr = -1 if right is None else int(right)
+    tables = (None,) * 6
+    layout = None
+    if block_layout is not None:
+        if block_table_fn is None and block_tables is None:
+            raise ValueError("block_layout needs block_table_fn(block_m, block_n) (e.g. MaskInfo.block_table)")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1 with a block_layout, got {block_size!r}")
+        layout = block_layout.to(device=q.device, dtype=torch.int8).contiguous()
+        tables = block_tables if block_tables is not None else build_sparse_tables(block_table_fn, D, q.device)
+    out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,276 @@
+"""Fused Triton exact-attention kernel (kernels/flash.py) against the fp32 reference.
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1 is set below, before ``kernels`` is
+imported; the interpreter is chosen when the kernels are decorated), so the CPU matrix uses small shapes.
+With CUDA the same matrix runs compiled, and the ``gpu`` tests add real sizes in bf16 / fp16.
+
+Accuracy rule (FlashAttention's tests): max |kernel - ref| <= 2x (gradients 3x) the max error of a plain PyTorch
+implementation in the same dtype, with the fp32 reference ``softmax_attention_reference`` as truth (plus a
+tiny absolute floor for fp32, where both errors are at rounding level).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import attn_zoo  # noqa: E402
+from attn_zoo import AttentionSpec, mask_info, softmax_attention_reference  # noqa: E402
+from attn_zoo.reference import repeat_kv  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _plain_torch(q, k, v, spec):
+    """Plain PyTorch attention in the inputs' dtype (scores, softmax and PV products in q.dtype)."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+    allowed = mask_info(spec, Nq, Nk).dense(q.device)
+    s = (q @ k.transpose(-1, -2)) * spec.scale(D)
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    p = torch.nan_to_num(p, nan=0.0)
+    return p @ v
+
+
+def _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, device=DEV, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    return mk(B, Hq, Nq, D), mk(B, Hkv, Nk, D), mk(B, Hkv, Nk, D), mk(B, Hq, Nq, D)
+
+
+def _grads(fn, q, k, v, do):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    return out.detach(), dq, dk, dv
+
+
+def check_against_reference(spec, B=1, Hq=2, Hkv=2, Nq=64, Nk=64, D=32, dtype=torch.float32, device=DEV, seed=0):
+    q, k, v, do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, device, seed)
+    ours = _grads(lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton"), q, k, v, do)
+    ref = _grads(lambda a, b, c: softmax_attention_reference(a, b, c, spec), q.float(), k.float(), v.float(), do.float())
+    pt = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), q, k, v, do)
+    floor = 2e-5 if dtype == torch.float32 else 1e-4
+    for name, o, r, p, mult in zip(("out", "dq", "dk", "dv"), ours, ref, pt, (2, 3, 3, 3)):
+        assert o.dtype == dtype and o.shape == r.shape, name
+        assert torch.isfinite(o).all(), f"{name} has non-finite values"
+        err = (o.float() - r).abs().max().item()
+        err_pt = (p.float() - r).abs().max().item()
+        scale = max(r.abs().max().item(), 1.0)
+        assert err <= mult * err_pt + floor * scale, f"{name}: err {err:.3g} > {mult} x torch err {err_pt:.3g}"
+    return ours, ref
+
+
+# ------------------------------------------------------------------------------------------- CPU matrix
+@pytest.mark.parametrize("D", [40, 64, 80, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_head_dims(D, causal):
+    check_against_reference(AttentionSpec(kind="flash", causal=causal), Nq=70, Nk=70, D=D, seed=D)
+
+
+def test_causal_more_queries_than_keys_top_rows_zero():
+    spec = AttentionSpec(kind="flash", causal=True)
+    (out, dq, dk, dv), _ = check_against_reference(spec, Nq=96, Nk=48, D=32)
+    assert torch.equal(out[:, :, :48], torch.zeros_like(out[:, :, :48]))  # rows i' = i - 48 < 0 see nothing
+    assert torch.equal(dq[:, :, :48], torch.zeros_like(dq[:, :, :48]))
+    assert out[:, :, 48:].abs().sum() > 0
+    for t in (dq, dk, dv):
+        assert torch.isfinite(t).all()
+    q, k, v, _ = _inputs(1, 2, 2, 96, 48, 32, torch.float32)
+    _, lse = attn_zoo.attention(q, k, v, spec, backend="triton", return_lse=True)
+    assert torch.isneginf(lse[:, :, :48]).all() and torch.isfinite(lse[:, :, 48:]).all()
+
+
+def test_causal_more_keys_than_queries():
+    check_against_reference(AttentionSpec(kind="flash", causal=True), Nq=48, Nk=96, D=32)
+
+
+def test_non_causal_ragged_and_scale():
+    check_against_reference(AttentionSpec(kind="flash", causal=False, softmax_scale=0.3), Nq=37, Nk=83, D=24, Hq=3,
+                            Hkv=3)
+
+
+@pytest.mark.parametrize("W", [1, 16, 23])
+def test_window_row_counts(W):
+    """window (W-1, 0): with q = 0 every visible key has the same score, so exp(lse) counts the keys."""
+    N = 80
+    spec = AttentionSpec(kind="sliding_window", causal=True, window_size=(W - 1, 0))
+    q = torch.zeros(1, 1, N, 16, device=DEV)
+    k = torch.randn(1, 1, N, 16, device=DEV)
+    _, lse = attn_zoo.attention(q, k, k, spec, backend="triton", return_lse=True)
+    counts = lse.exp().round().long().view(-1).cpu()
+    want = torch.minimum(torch.arange(N) + 1, torch.tensor(W))
+    assert torch.equal(counts, want)
+
+
+def test_window_grads_against_reference():
+    check_against_reference(AttentionSpec(kind="sliding_window", causal=True, window_size=(20, 0)), Nq=90, Nk=90, D=32)
+    check_against_reference(AttentionSpec(kind="sliding_window", causal=False, window_size=(9, 17)), Nq=50, Nk=77,
+                            D=32)
+
+
+def test_window_at_least_n_equals_causal():
+    N = 64
+    q, k, v, do = _inputs(1, 2, 2, N, N, 32, torch.float32)
+    a = _grads(lambda *x: attn_zoo.attention(*x, AttentionSpec(kind="flash", causal=True), backend="triton"),
+               q, k, v, do)
+    b = _grads(lambda *x: attn_zoo.attention(*x, AttentionSpec(kind="sliding_window", causal=True,
+                                                                window_size=(N + 5, 0)), backend="triton"), q, k, v, do)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+
+
+def test_fully_empty_rows_window_and_sparse():
+    # window (2, 0) causal with Nq > Nk: the first Nq - Nk rows see nothing
+    spec = AttentionSpec(kind="sliding_window", causal=True, window_size=(2, 0))
+    (out, dq, dk, dv), _ = check_against_reference(spec, Nq=72, Nk=40, D=16)
+    assert torch.equal(out[:, :, :32], torch.zeros_like(out[:, :, :32]))
+    # non-causal window that lies entirely right of the keys for the last rows: (0, 0) with Nq > Nk is causal-like
+    spec = AttentionSpec(kind="sparse", causal=True, block_size=16, num_random_blocks=0, num_global_blocks=0,
+                         num_local_blocks=0)
+    (out, *_), _ = check_against_reference(spec, Nq=80, Nk=48, D=16)
+    assert torch.equal(out[:, :, :32], torch.zeros_like(out[:, :, :32]))
+
+
+@pytest.mark.parametrize("pattern,causal,Nq,Nk,Hq,Hkv", [
+    ("bigbird", True, 100, 100, 4, 2), ("bigbird", False, 64, 96, 2, 2), ("strided", False, 60, 100, 3, 1),
+])
+def test_block_sparse(pattern, causal, Nq, Nk, Hq, Hkv):
+    spec = AttentionSpec(kind="sparse", causal=causal, sparse_pattern=pattern, block_size=16, stride_blocks=2)
+    check_against_reference(spec, Nq=Nq, Nk=Nk, Hq=Hq, Hkv=Hkv, D=32)
+
+
+def test_strided_views_equal_contiguous():
+    B, H, N, D = 1, 2, 50, 40
+    q, k, v, do = _inputs(B, H, H, N, N, D, torch.float32)
+    spec = AttentionSpec(kind="flash", causal=True)
+    q_bnhd = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, D) storage viewed as (B, H, N, D)
+    big = torch.randn(B, H, 2 * N, D, device=DEV)
+    big[:, :, ::2] = k
+    k_strided = big[:, :, ::2]  # every other row of a larger buffer
+    assert not q_bnhd.is_contiguous() and not k_strided.is_contiguous()
+    a = _grads(lambda *x: attn_zoo.attention(*x, spec, backend="triton"), q, k, v, do)
+    b = _grads(lambda *x: attn_zoo.attention(*x, spec, backend="triton"), q_bnhd, k_strided, v, do.transpose(2, 3)
+               .contiguous().transpose(2, 3))
+    for x, y in zip(a, b):  # same tiles, same accumulation order: equal up to (at most) last-bit rounding
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+        assert x.shape == y.shape
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(12, 3), (8, 2), (8, 1)])
+def test_gqa_grads_equal_group_sum_of_mha(Hq, Hkv):
+    rep = Hq // Hkv
+    q, k, v, do = _inputs(1, Hq, Hkv, 40, 40, 16, torch.float32, seed=Hq + Hkv)
+    spec = AttentionSpec(kind="flash", causal=True)
+    out_g, dq_g, dk_g, dv_g = _grads(lambda *x: attn_zoo.attention(*x, spec, backend="triton"), q, k, v, do)
+    out_m, dq_m, dk_m, dv_m = _grads(lambda *x: attn_zoo.attention(*x, spec, backend="triton"), q,
+                                     repeat_kv(k, rep), repeat_kv(v, rep), do)
+    torch.testing.assert_close(out_g, out_m, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dq_g, dq_m, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dk_g, dk_m.view(1, Hkv, rep, 40, 16).sum(2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dv_g, dv_m.view(1, Hkv, rep, 40, 16).sum(2), rtol=1e-5, atol=1e-5)
+
+
+def test_gqa_against_reference():
+    check_against_reference(AttentionSpec(kind="sliding_window", causal=True, window_size=(15, 0)), Hq=6, Hkv=2,
+                            Nq=45, Nk=45, D=16)
+
+
+def test_bad_inputs_raise():
+    from kernels import flash_attn
+
+    q = torch.randn(1, 4, 16, 16, device=DEV)
+    k = torch.randn(1, 3, 16, 16, device=DEV)
+    with pytest.raises(ValueError, match="Hkv"):
+        flash_attn(q, k, k)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        attn_zoo.attention(q, k, k, AttentionSpec(kind="flash"), backend="triton")
+    with pytest.raises(ValueError, match="head dim"):
+        flash_attn(torch.randn(1, 1, 4, 300, device=DEV), torch.randn(1, 1, 4, 300, device=DEV),
+                   torch.randn(1, 1, 4, 300, device=DEV))
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attn(q.double(), q.double(), q.double())
+    from attn_zoo.backends.triton_flash import _supports
+
+    assert "float64" in _supports(q.double(), q.double(), q.double(), AttentionSpec(), False)
+    assert "Dv" in _supports(q, q, q[..., :8], AttentionSpec(), False)
+
+
+def test_lse_is_differentiable():
+    spec = AttentionSpec(kind="flash", causal=True)
+    q, k, v, do = _inputs(1, 2, 2, 40, 40, 16, torch.float32)
+    dl = torch.randn(1, 2, 40, device=DEV)
+
+    def run(fn, *x):
+        x = [t.detach().clone().requires_grad_(True) for t in x]
+        out, lse = fn(*x)
+        return torch.autograd.grad((out * do).sum() + (lse * dl).sum(), x)
+
+    a = run(lambda *x: attn_zoo.attention(*x, spec, backend="triton", return_lse=True), q, k, v)
+    b = run(lambda *x: softmax_attention_reference(*x, spec, return_lse=True), q, k, v)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- GPU, real sizes
+GPU_CASES = [
+    ("flash", dict(causal=False), 1024, 1024, 16, 16, 64),
+    ("flash", dict(causal=True), 1024, 1024, 16, 16, 128),
+    ("flash", dict(causal=True), 2048, 1000, 8, 8, 128),
+    ("flash", dict(causal=True), 1000, 2048, 8, 8, 80),
+    ("flash", dict(causal=True), 1000, 1000, 12, 3, 40),
+    ("flash", dict(causal=False), 777, 777, 8, 1, 96),
+    ("sliding_window", dict(causal=True, window_size=(255, 0)), 2048, 2048, 8, 2, 128),
+    ("sliding_window", dict(causal=False, window_size=(100, 37)), 1500, 1300, 8, 8, 64),
+    ("sparse", dict(causal=True, block_size=64), 2048, 2048, 8, 8, 128),
+    ("sparse", dict(causal=False, block_size=128, sparse_pattern="strided"), 2048, 2048, 8, 4, 64),
+    ("flash", dict(causal=True), 512, 512, 4, 4, 256),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind,kw,Nq,Nk,Hq,Hkv,D,dtype", [c + (torch.bfloat16,) for c in GPU_CASES]
+                         + [c + (torch.float16,) for c in GPU_CASES[1:11:3]])
+def test_gpu_real_sizes(kind, kw, Nq, Nk, Hq, Hkv, D, dtype):
+    check_against_reference(AttentionSpec(kind=kind, **kw), B=2, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_torch_compile_traces_custom_op():
+    from kernels import flash_attn
+
+    q, k, v, do = _inputs(2, 8, 2, 512, 512, 64, torch.bfloat16)
+    f = torch.compile(lambda a, b, c: flash_attn(a, b, c, causal=True), fullgraph=True)
+    a = _grads(f, q, k, v, do)
+    b = _grads(lambda a_, b_, c_: flash_attn(a_, b_, c_, causal=True), q, k, v, do)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_no_quadratic_memory():
+    """Causal window at N = 32k: peak extra memory stays O(N * D) (an N x N fp32 tile alone would be 4 GiB)."""
+    B, H, N, D = 1, 4, 32768, 128
+    q, k, v, do = _inputs(B, H, H, N, N, D, torch.bfloat16)
+    spec = AttentionSpec(kind="sliding_window", causal=True, window_size=(1023, 0))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = attn_zoo.attention(q, k, v, spec, backend="triton")
+    out.backward(do)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra < 16 * B * H * N * D * 2, extra
