@@ -1,0 +1,339 @@
+"""Crossover detection: at which sequence length does a variant start to beat the exact baseline?
+
+For each variant / backend curve against the baseline curve (``baseline:`` in the sweep config, e.g. our exact
+kernel) and against naive standard attention (``naive:``), on time (per mode) and on peak memory:
+
+* ``n*`` (interpolated): the length where ``log t_variant - log t_baseline`` changes sign, linearly
+  interpolated in ``(log n, log t)`` between the two bracketing measured lengths. The first crossing after
+  which the variant is faster is reported; if there is none: ``"variant faster in whole range"``,
+  ``"no crossover in range (baseline faster)"`` or ``"insufficient data"``, stated explicitly.
+* ``n*`` (constants): per-token time of the exact baseline grows like ``c2 * n`` (quadratic total time at
+  fixed tokens), a linear / windowed variant's per-token time is a constant ``c_lin``. We fit
+  ``t/token = c0 + c2 n`` to the baseline (least squares on relative error, over ``fit_min_seq_len`` and up)
+  and ``c_lin`` = the median per-token time of the variant over the upper half of its lengths, and report
+  ``n*_const = c_lin / c2`` (the idealised crossing, no overhead) and ``n*_fit = (c_lin - c0) / c2``, for
+  the sub-quadratic kinds (linear, sliding window, block-sparse: constant per-token work).
+
+Hydra entry (runs the sweep first, resumable; then detection, plots, W&B)::
+
+    python -m eval.crossover sweep=speed_h200
+    python -m eval.crossover sweep=cpu_tiny run_sweep=false      # re-analyse an existing CSV
+
+Writes ``<out_dir>/{kernel.csv, model.csv, crossover.csv, crossover.json, fits.csv}`` and the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+STATUS_CROSS = "crossover"
+STATUS_ALWAYS = "variant faster in whole range"
+STATUS_NEVER = "no crossover in range (baseline faster)"
+STATUS_NODATA = "insufficient data"
+SUBQUADRATIC = ("linear", "sliding_window", "sparse")  # kinds with ~constant per-token time: c_lin is defined
+
+
+# --------------------------------------------------------------------------------------------- detection
+def _clean(n: Sequence[float], t: Sequence[float]) -> Dict[float, float]:
+    out = {}
+    for a, b in zip(n, t):
+        try:
+            a, b = float(a), float(b)
+        except (TypeError, ValueError):
+            continue
+        if a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b):
+            out[a] = b
+    return out
+
+
+def find_crossover(n_a: Sequence[float], t_a: Sequence[float], n_b: Sequence[float], t_b: Sequence[float]) -> dict:
+    """Where curve ``a`` (a variant) crosses curve ``b`` (the baseline), interpolated in log-log space.
+
+    Args:
+        n_a, t_a: lengths and values (time or memory; positive) of the variant; NaN / non-positive dropped.
+        n_b, t_b: the same for the baseline. Only lengths present in both are compared.
+
+    Returns a dict: ``status`` (one of :data:`STATUS_CROSS`, :data:`STATUS_ALWAYS`, :data:`STATUS_NEVER`,
+    :data:`STATUS_NODATA`), ``n_star`` (the first length above which the variant is faster, NaN unless
+    ``status == "crossover"``), ``crossings`` (every sign change: ``(n, "variant_wins" | "baseline_wins")``),
+    ``n_min`` / ``n_max`` (common range), ``ratio_at_max`` (``t_a / t_b`` at the largest common length).
+    """
+    a, b = _clean(n_a, t_a), _clean(n_b, t_b)
+    common = sorted(set(a) & set(b))
+    res = {"status": STATUS_NODATA, "n_star": float("nan"), "crossings": [], "n_min": float("nan"),
+           "n_max": float("nan"), "ratio_at_max": float("nan"), "points": len(common)}
+    if not common:
+        return res
+    res["n_min"], res["n_max"] = common[0], common[-1]
+    r = [math.log(a[n]) - math.log(b[n]) for n in common]
+    res["ratio_at_max"] = math.exp(r[-1])
+    if len(common) < 2:
+        res["status"] = STATUS_ALWAYS if r[0] < 0 else STATUS_NEVER
+        return res
+    crossings = []
+    for i in range(len(common) - 1):
+        r0, r1 = r[i], r[i + 1]
+        if (r0 > 0 >= r1) or (r0 < 0 <= r1) or (r0 == 0 and r1 != 0 and i == 0):
+            x0, x1 = math.log(common[i]), math.log(common[i + 1])
+            frac = r0 / (r0 - r1) if r0 != r1 else 0.0
+            ns = math.exp(x0 + frac * (x1 - x0))
+            crossings.append((ns, "variant_wins" if r1 < r0 else "baseline_wins"))
+    res["crossings"] = crossings
+    wins = [c for c in crossings if c[1] == "variant_wins"]
+    if r[-1] < 0 and wins:
+        # the crossing after which the variant stays faster: the last "variant_wins" one
+        res["status"], res["n_star"] = STATUS_CROSS, wins[-1][0]
+    elif all(x < 0 for x in r):
+        res["status"] = STATUS_ALWAYS
+    elif wins:  # crosses to win and back: report the first winning crossing
+        res["status"], res["n_star"] = STATUS_CROSS, wins[0][0]
+    else:
+        res["status"] = STATUS_NEVER
+    return res
+
+
+def fit_quadratic_per_token(n: Sequence[float], t_per_token: Sequence[float]) -> Tuple[float, float]:
+    """Fit ``t/token = c0 + c2 * n`` (least squares on relative error); returns ``(c0, c2)``.
+
+    Relative weights make every length count alike (otherwise the largest ``n`` dominates). Raises
+    ``ValueError`` with fewer than two points.
+    """
+    d = _clean(n, t_per_token)
+    if len(d) < 2:
+        raise ValueError(f"need at least two (n, t) points to fit c2, got {len(d)}")
+    x = np.array(sorted(d), dtype=np.float64)
+    y = np.array([d[v] for v in x], dtype=np.float64)
+    A = np.stack([np.ones_like(x), x], 1) / y[:, None]
+    c0, c2 = np.linalg.lstsq(A, np.ones_like(y), rcond=None)[0]
+    return float(c0), float(c2)
+
+
+def fit_constant_per_token(n: Sequence[float], t_per_token: Sequence[float], upper_fraction: float = 0.5) -> float:
+    """``c_lin``: the median per-token time over the upper ``upper_fraction`` of the lengths (at least one)."""
+    d = _clean(n, t_per_token)
+    if not d:
+        raise ValueError("need at least one (n, t) point to fit c_lin")
+    xs = sorted(d)
+    k = max(1, int(math.ceil(len(xs) * upper_fraction)))
+    return float(np.median([d[v] for v in xs[-k:]]))
+
+
+def constants_crossover(n_b, tpt_b, n_v, tpt_v, fit_min_seq_len: float = 0) -> dict:
+    """``c2``, ``c0`` of the baseline, ``c_lin`` of the variant, ``n*_const = c_lin / c2`` and
+    ``n*_fit = (c_lin - c0) / c2`` (NaN where undefined: fewer than two baseline points or ``c2 <= 0``)."""
+    out = {"c0": float("nan"), "c2": float("nan"), "c_lin": float("nan"), "n_star_const": float("nan"),
+           "n_star_fit": float("nan")}
+    nb = [a for a in n_b if float(a) >= fit_min_seq_len]
+    tb = [t for a, t in zip(n_b, tpt_b) if float(a) >= fit_min_seq_len]
+    try:
+        c0, c2 = fit_quadratic_per_token(nb, tb)
+        c_lin = fit_constant_per_token(n_v, tpt_v)
+    except ValueError:
+        return out
+    out.update(c0=c0, c2=c2, c_lin=c_lin)
+    if c2 > 0:
+        out["n_star_const"] = c_lin / c2
+        out["n_star_fit"] = (c_lin - c0) / c2 if c_lin > c0 else float("nan")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- tables
+def _f(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _b(x) -> bool:
+    return x if isinstance(x, bool) else str(x).lower() in ("true", "1")
+
+
+def series(rows: Iterable[dict]) -> Dict[tuple, List[dict]]:
+    """Group ok rows by ``(variant, backend, head_dim, causal, n_kv_heads)``, sorted by ``seq_len``."""
+    out: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        key = (r["variant"], r["backend"], int(_f(r["head_dim"])), _b(r["causal"]), int(_f(r["n_kv_heads"])))
+        out.setdefault(key, []).append(r)
+    for v in out.values():
+        v.sort(key=lambda r: _f(r["seq_len"]))
+    return out
+
+
+def memory_metric(rows: Sequence[dict]) -> str:
+    """``peak_mem_bytes`` when measured (CUDA), else the cost model's ``model_footprint_bytes``."""
+    if any(math.isfinite(_f(r.get("peak_mem_bytes"))) and _f(r.get("peak_mem_bytes")) > 0 for r in rows):
+        return "peak_mem_bytes"
+    return "model_footprint_bytes"
+
+
+def _pick_baseline(ser: Dict[tuple, List[dict]], ref: dict, D: int, causal: bool, hkv: int) -> Optional[tuple]:
+    cands = [k for k in ser if k[0] == ref["variant"] and k[1] == ref["backend"] and k[2] == D and k[3] == causal]
+    if not cands:
+        return None
+    same = [k for k in cands if k[4] == hkv]
+    return same[0] if same else max(cands, key=lambda k: k[4])  # else the MHA baseline
+
+
+def detect_crossovers(rows: Sequence[dict], baselines: Dict[str, dict],
+                      modes: Sequence[str] = ("fwd", "bwd", "fwd_bwd"), fit_min_seq_len: float = 0) -> List[dict]:
+    """Crossover table: one row per (reference, variant curve, metric).
+
+    ``baselines``: ``{"exact": {"variant": "flash", "backend": "triton"}, "naive": {...}, ...}`` (the sweep
+    config's ``baseline``, ``naive`` and ``extra_baselines``); a curve is compared
+    with each reference at the same head dim and causality (same ``n_kv_heads`` when the reference has it,
+    else the reference's MHA curve). Metrics: ``<mode>_ms`` for each mode (with the ``c2`` / ``c_lin`` fit on
+    per-token times) and the memory metric (:func:`memory_metric`).
+    """
+    ser = series(rows)
+    mem = memory_metric(rows)
+    out = []
+    for ref_name, ref in baselines.items():
+        if not ref:
+            continue
+        for key, pts in sorted(ser.items()):
+            if key[0] == ref["variant"] and key[1] == ref["backend"]:
+                continue
+            bkey = _pick_baseline(ser, ref, key[2], key[3], key[4])
+            if bkey is None:
+                continue
+            bpts = ser[bkey]
+            base = {"reference": ref_name, "baseline": f"{bkey[0]}/{bkey[1]}", "variant": key[0], "backend": key[1],
+                    "head_dim": key[2], "causal": key[3], "n_kv_heads": key[4], "baseline_n_kv_heads": bkey[4]}
+            for metric in [f"{m}_ms" for m in modes] + [mem]:
+                na = [_f(r["seq_len"]) for r in pts]
+                ta = [_f(r.get(metric)) for r in pts]
+                nb = [_f(r["seq_len"]) for r in bpts]
+                tb = [_f(r.get(metric)) for r in bpts]
+                res = find_crossover(na, ta, nb, tb)
+                row = dict(base, metric=metric, status=res["status"], n_star=res["n_star"], n_min=res["n_min"],
+                           n_max=res["n_max"], ratio_at_max=res["ratio_at_max"], points=res["points"],
+                           crossings=";".join(f"{n:.0f}:{d}" for n, d in res["crossings"]))
+                if metric.endswith("_ms") and pts[0].get("kind", "linear") in SUBQUADRATIC:
+                    tok_a = [_f(r["tokens"]) for r in pts]
+                    tok_b = [_f(r["tokens"]) for r in bpts]
+                    fit = constants_crossover(nb, [t / k for t, k in zip(tb, tok_b)], na,
+                                              [t / k for t, k in zip(ta, tok_a)], fit_min_seq_len)
+                    row.update({k: (v * 1e3 if k in ("c0", "c2", "c_lin") else v) for k, v in fit.items()})
+                    # c0, c_lin in us/token; c2 in us/token per token of context
+                out.append(row)
+    return out
+
+
+CROSSOVER_COLUMNS = ("reference", "baseline", "variant", "backend", "head_dim", "causal", "n_kv_heads",
+                     "baseline_n_kv_heads", "metric", "status", "n_star", "n_star_const", "n_star_fit", "c0", "c2",
+                     "c_lin", "n_min", "n_max", "ratio_at_max", "points", "crossings")
+
+
+def format_crossovers(rows: Sequence[dict], metric: str = "fwd_bwd_ms", reference: str = "exact") -> str:
+    """Short text table of the crossovers for one metric and reference."""
+    sel = [r for r in rows if r["metric"] == metric and r["reference"] == reference]
+    lines = [f"crossovers vs {reference} ({metric}):",
+             f"{'variant/backend':32s} {'D':>4s} {'Hkv':>4s} {'n* (interp)':>12s} {'n*=c_lin/c2':>12s}  status"]
+    for r in sel:
+        ns = "-" if not math.isfinite(r["n_star"]) else f"{r['n_star']:.0f}"
+        nc = r.get("n_star_const", float("nan"))
+        nc = "-" if not (isinstance(nc, float) and math.isfinite(nc)) else f"{nc:.0f}"
+        lines.append(f"{r['variant'] + '/' + r['backend']:32s} {r['head_dim']:>4d} {r['n_kv_heads']:>4d} {ns:>12s} "
+                     f"{nc:>12s}  {r['status']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- pipeline
+def analyse(out_dir: str, sweep_cfg: dict, env: Optional[dict] = None) -> Dict[str, object]:
+    """Crossover detection on ``<out_dir>/kernel.csv``; writes ``crossover.csv`` and ``crossover.json``."""
+    from eval.bench_common import write_csv, write_json
+    from eval.sweep import latest_rows, read_rows
+
+    rows = latest_rows(read_rows(os.path.join(out_dir, "kernel.csv")))
+    baselines = {"exact": dict(sweep_cfg.get("baseline") or {}), "naive": dict(sweep_cfg.get("naive") or {})}
+    for name, ref in (sweep_cfg.get("extra_baselines") or {}).items():  # e.g. {fa2: {variant: flash, ...}}
+        baselines[str(name)] = dict(ref)
+    modes = [m for m in (sweep_cfg.get("modes") or ("fwd", "bwd", "fwd_bwd"))]
+    cross = detect_crossovers(rows, baselines, modes, float(sweep_cfg.get("fit_min_seq_len") or 0))
+    write_csv([{c: r.get(c) for c in CROSSOVER_COLUMNS} for r in cross] or [{c: None for c in CROSSOVER_COLUMNS}],
+              os.path.join(out_dir, "crossover.csv"))
+    counts = {}
+    for r in rows:
+        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    write_json(cross, os.path.join(out_dir, "crossover.json"),
+               env=dict(env or {}, sweep=sweep_cfg.get("name"), status_counts=counts, baselines=baselines))
+    return {"rows": rows, "crossovers": cross, "status_counts": counts}
+
+
+def run(cfg: dict) -> Dict[str, object]:
+    """The whole pipeline from a plain config dict (what the Hydra ``main`` passes; usable without Hydra).
+
+    Keys: ``sweep`` (the sweep config), ``out_dir``, ``resume``, ``retry_failed``, ``progress``, ``run_sweep``,
+    ``model_sweep``, ``plots``, ``figures_dir``, ``figures_prefix``, ``formats``, ``machine``, ``wandb``
+    (``enabled``, ``project``, ``group``, ``mode``).
+    """
+    from eval.bench_common import env_info, write_json
+    from eval.sweep import run_model_sweep, run_sweep
+
+    sw = dict(cfg["sweep"])
+    out_dir = cfg.get("out_dir") or os.path.join("results", sw.get("name", "sweep"))
+    os.makedirs(out_dir, exist_ok=True)
+    env = env_info(date=cfg.get("date"))
+    env_path = os.path.join(out_dir, "env.json")
+    if not cfg.get("run_sweep", True) and os.path.exists(env_path):  # re-analysis: keep where it was measured
+        with open(env_path) as f:
+            env = {k: v for k, v in (json.load(f).get("env") or {}).items() if k != "sweep"}
+    kcsv, mcsv = os.path.join(out_dir, "kernel.csv"), os.path.join(out_dir, "model.csv")
+    if cfg.get("run_sweep", True):
+        run_sweep(sw, kcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True),
+                  retry_failed=cfg.get("retry_failed", False))
+        ms = sw.get("model_sweep") or {}
+        if cfg.get("model_sweep", True) and ms and ms.get("enabled", True):
+            mc = dict(ms)
+            mc.setdefault("name", sw.get("name", "sweep") + "_model")
+            mc.setdefault("device", sw.get("device"))
+            run_model_sweep(mc, mcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True))
+    write_json([], os.path.join(out_dir, "env.json"), env=dict(env, sweep=sw))
+    res = analyse(out_dir, sw, env)
+    print(format_crossovers(res["crossovers"], "fwd_bwd_ms" if "fwd_bwd" in (sw.get("modes") or ["fwd_bwd"]) else
+                            f"{(sw.get('modes') or ['fwd'])[0]}_ms"))
+    figs: Dict[str, List[str]] = {}
+    if cfg.get("plots", True):
+        from eval import plots
+
+        figs = plots.sweep_figures(out_dir, cfg.get("figures_dir") or out_dir, machine=cfg.get("machine"),
+                                   title=sw.get("name"), prefix=cfg.get("figures_prefix") or "",
+                                   formats=cfg.get("formats") or ("png", "svg"))
+    res["figures"] = figs
+    wb = cfg.get("wandb") or {}
+    if wb.get("enabled", False):
+        from eval.wandb_log import log_results
+
+        from eval.sweep import read_rows
+
+        tables = {"kernel": res["rows"], "crossover": res["crossovers"]}
+        if os.path.exists(mcsv):
+            tables["model"] = read_rows(mcsv)
+        res["wandb_dir"] = log_results(
+            name=sw.get("name", "sweep"), group=wb.get("group", "crossover"), project=wb.get("project", "attn-zoo"),
+            tables=tables, images={k: v[0] for k, v in figs.items() if v}, config=dict(sweep=sw, env=env),
+            mode=wb.get("mode", "auto"), dir=wb.get("dir") or out_dir, job_type="sweep")
+    return res
+
+
+def _hydra_main():  # pragma: no cover - exercised through the CLI
+    import hydra
+    from omegaconf import OmegaConf
+
+    @hydra.main(config_path="../conf", config_name="crossover", version_base="1.3")
+    def main(cfg):
+        run(OmegaConf.to_container(cfg, resolve=True))
+
+    main()
+
+
+if __name__ == "__main__":
+    _hydra_main()

@@ -1,0 +1,312 @@
+"""Quality join: finished training runs -> quality per variant per context length, joined with speed / memory.
+
+Reads ``train.py`` run folders (``<run>/.hydra/config.yaml`` + ``<run>/csv/metrics.csv``, found recursively
+under the given roots, e.g. ``multirun/2026-11-29/10-00-00``) and, when ``wandb_project`` is given and
+``WANDB_API_KEY`` is set, the summaries of W&B runs. Per run: dataset (``mqar`` / ``text``), variant
+(``attention.name``, or ``a+b`` for per-layer hybrids), ``seq_len``, the last ``val/loss``, ``val/bpb``,
+``val/acc`` (MQAR: accuracy on the query positions), the median training ``perf/tokens_per_s`` and step time,
+and the largest ``perf/peak_mem_mb``.
+
+Outputs (``<out_dir>/``): ``runs.csv`` (one row per run), ``quality.csv`` (long form: dataset, variant,
+seq_len, metric, value), ``leaders.csv`` (per dataset and length: the variant with the best quality per unit
+time, and the lengths where the leader changes, interpolated in log-log space like :mod:`eval.crossover`),
+and the figures ``quality_vs_n`` and ``bubble_<dataset>``.
+
+Quality per unit time: MQAR ``acc / step_time``; text ``(log2(vocab) - bpb) / step_time`` (bits per byte saved
+against a uniform guess, per second of training step): both "higher is better", both 0 for a model that
+learned nothing.
+
+    python -m eval.quality runs=[multirun/2026-11-29/10-00-00] out_dir=results/cpu/crossover_quality
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from eval.crossover import _f, find_crossover
+
+QUALITY_METRICS = {"mqar": ("val_acc", "val_loss"), "text": ("val_bpb", "val_loss")}
+
+
+# --------------------------------------------------------------------------------------------- reading runs
+def find_runs(roots: Iterable[str]) -> List[str]:
+    """Run folders (holding ``csv/metrics.csv`` or ``metrics.csv`` next to ``.hydra/``) under ``roots``."""
+    out = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in ("wandb", "checkpoints")]
+            if "metrics.csv" in filenames:
+                run = os.path.dirname(dirpath) if os.path.basename(dirpath) == "csv" else dirpath
+                if os.path.exists(os.path.join(run, ".hydra", "config.yaml")) and run not in out:
+                    out.append(run)
+    return sorted(out)
+
+
+def _last(rows: List[dict], key: str) -> float:
+    for r in reversed(rows):
+        v = _f(r.get(key))
+        if math.isfinite(v):
+            return v
+    return float("nan")
+
+
+def _variant_name(cfg: dict) -> str:
+    layers = (cfg.get("model") or {}).get("layers")
+    if layers:
+        names = [(x if isinstance(x, str) else (x.get("name") or x.get("kind"))) for x in layers]
+        return "+".join(names)
+    att = cfg.get("attention") or {}
+    return str(att.get("name") or att.get("kind") or "unknown")
+
+
+def _dataset(cfg: dict) -> str:
+    target = str((cfg.get("data") or {}).get("_target_", ""))
+    if "MQAR" in target:
+        return "mqar"
+    if "Text" in target:
+        d = cfg["data"]
+        return "text" if not d.get("hub_name") else f"text:{d['hub_name']}"
+    return target.rsplit(".", 1)[-1].lower() or "unknown"
+
+
+def load_run(run_dir: str) -> dict:
+    """One run's summary row (see module docstring); raises ``FileNotFoundError`` for a non-run folder."""
+    import yaml
+
+    with open(os.path.join(run_dir, ".hydra", "config.yaml")) as f:
+        cfg = yaml.safe_load(f) or {}
+    mpath = os.path.join(run_dir, "csv", "metrics.csv")
+    if not os.path.exists(mpath):
+        mpath = os.path.join(run_dir, "metrics.csv")
+    with open(mpath, newline="") as f:
+        rows = list(csv.DictReader(f))
+    tps = [_f(r.get("perf/tokens_per_s")) for r in rows if math.isfinite(_f(r.get("perf/tokens_per_s")))]
+    stt = [_f(r.get("perf/step_time_s")) for r in rows if math.isfinite(_f(r.get("perf/step_time_s")))]
+    skip = min(len(tps) // 5, 3)  # first steps include compilation / warm-up
+    mem = [_f(r.get("perf/peak_mem_mb")) for r in rows if math.isfinite(_f(r.get("perf/peak_mem_mb")))]
+    steps = [_f(r.get("step")) for r in rows if math.isfinite(_f(r.get("step")))]
+    data = cfg.get("data") or {}
+    return {
+        "run_dir": run_dir, "dataset": _dataset(cfg), "variant": _variant_name(cfg),
+        "seq_len": int(_f(data.get("seq_len"))) if math.isfinite(_f(data.get("seq_len"))) else -1,
+        "vocab_size": int(_f(data.get("vocab_size"))) if math.isfinite(_f(data.get("vocab_size"))) else 256,
+        "experiment": cfg.get("experiment_name"), "seed": cfg.get("seed"),
+        "val_loss": _last(rows, "val/loss"), "val_bpb": _last(rows, "val/bpb"), "val_acc": _last(rows, "val/acc"),
+        "tokens_per_s": statistics.median(tps[skip:]) if tps[skip:] else float("nan"),
+        "step_time_s": statistics.median(stt[skip:]) if stt[skip:] else float("nan"),
+        "peak_mem_mb": max(mem) if mem else float("nan"),
+        "steps": int(max(steps)) if steps else 0, "source": "csv",
+    }
+
+
+def load_wandb_runs(project: str, group: Optional[str] = None, entity: Optional[str] = None) -> List[dict]:
+    """Summaries of W&B runs (needs ``WANDB_API_KEY`` and network; returns ``[]`` otherwise)."""
+    if not os.environ.get("WANDB_API_KEY"):
+        return []
+    try:
+        import wandb
+
+        api = wandb.Api(timeout=20)
+        path = f"{entity}/{project}" if entity else project
+        runs = api.runs(path, filters={"group": group} if group else None)
+    except Exception:  # noqa: BLE001 - W&B is optional
+        return []
+    out = []
+    for r in runs:
+        c, s = r.config or {}, r.summary or {}
+        data = c.get("data") or {}
+        out.append({
+            "run_dir": f"wandb:{r.path}", "dataset": _dataset(c), "variant": _variant_name(c),
+            "seq_len": int(_f(data.get("seq_len"))) if math.isfinite(_f(data.get("seq_len"))) else -1,
+            "vocab_size": int(_f(data.get("vocab_size"))) if math.isfinite(_f(data.get("vocab_size"))) else 256,
+            "experiment": r.group, "seed": c.get("seed"), "val_loss": _f(s.get("val/loss")),
+            "val_bpb": _f(s.get("val/bpb")), "val_acc": _f(s.get("val/acc")),
+            "tokens_per_s": _f(s.get("perf/tokens_per_s")), "step_time_s": _f(s.get("perf/step_time_s")),
+            "peak_mem_mb": _f(s.get("perf/peak_mem_mb")), "steps": int(_f(s.get("trainer/global_step")) or 0),
+            "source": "wandb"})
+    return out
+
+
+# --------------------------------------------------------------------------------------------- tables
+def aggregate(runs: Sequence[dict]) -> List[dict]:
+    """Mean over seeds / repeats of the same (dataset, variant, seq_len)."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in runs:
+        if r["seq_len"] > 0:
+            groups.setdefault((r["dataset"], r["variant"], r["seq_len"]), []).append(r)
+    out = []
+    for (ds, v, n), rs in sorted(groups.items()):
+        row = {"dataset": ds, "variant": v, "seq_len": n, "runs": len(rs), "vocab_size": rs[0]["vocab_size"]}
+        for k in ("val_loss", "val_bpb", "val_acc", "tokens_per_s", "step_time_s", "peak_mem_mb"):
+            vals = [_f(r.get(k)) for r in rs if math.isfinite(_f(r.get(k)))]
+            row[k] = sum(vals) / len(vals) if vals else float("nan")
+        row["quality_per_s"] = quality_per_time(row)
+        out.append(row)
+    return out
+
+
+def quality_per_time(row: dict) -> float:
+    """MQAR: ``acc / step_time``; text: ``(log2(vocab) - bpb) / step_time`` (higher is better)."""
+    t = _f(row.get("step_time_s"))
+    if not (t > 0):
+        return float("nan")
+    if row["dataset"] == "mqar":
+        return _f(row.get("val_acc")) / t
+    bpb = _f(row.get("val_bpb"))
+    if not math.isfinite(bpb):
+        bpb = _f(row.get("val_loss")) / math.log(2)
+    return (math.log2(_f(row.get("vocab_size")) or 256) - bpb) / t
+
+
+def long_form(agg: Sequence[dict]) -> List[dict]:
+    """``(dataset, variant, seq_len, metric, value)`` rows of the quality metrics (for plots / W&B)."""
+    out = []
+    for r in agg:
+        for m in QUALITY_METRICS.get(r["dataset"].split(":")[0], ("val_loss",)):
+            if math.isfinite(_f(r.get(m))):
+                out.append({"dataset": r["dataset"], "variant": r["variant"], "seq_len": r["seq_len"], "metric": m,
+                            "value": r[m]})
+    return out
+
+
+def leaders(agg: Sequence[dict]) -> List[dict]:
+    """Per dataset and length, the variant with the highest quality per unit time; then each change of leader
+    between consecutive lengths as a crossover (``kind="crossover"``, interpolated in log-log space on
+    ``1 / quality_per_s``; ``"no crossover in range"`` when one variant leads everywhere)."""
+    out = []
+    for ds in sorted({r["dataset"] for r in agg}):
+        rows = [r for r in agg if r["dataset"] == ds and math.isfinite(_f(r["quality_per_s"]))]
+        lens = sorted({r["seq_len"] for r in rows})
+        lead = []
+        for n in lens:
+            cands = [r for r in rows if r["seq_len"] == n]
+            best = max(cands, key=lambda r: r["quality_per_s"])
+            lead.append(best["variant"])
+            out.append({"dataset": ds, "kind": "leader", "seq_len": n, "leader": best["variant"],
+                        "quality_per_s": best["quality_per_s"], "n_star": float("nan"), "status": ""})
+        changes = 0
+        for i in range(1, len(lens)):
+            a, b = lead[i - 1], lead[i]
+            if a == b:
+                continue
+            changes += 1
+            ca = {r["seq_len"]: r["quality_per_s"] for r in rows if r["variant"] == a}
+            cb = {r["seq_len"]: r["quality_per_s"] for r in rows if r["variant"] == b}
+            ns = [n for n in lens[max(0, i - 1): i + 1] if n in ca and n in cb]
+            res = find_crossover(ns, [1 / max(cb[n], 1e-30) for n in ns], ns, [1 / max(ca[n], 1e-30) for n in ns])
+            out.append({"dataset": ds, "kind": "crossover", "seq_len": float("nan"), "leader": f"{a} -> {b}",
+                        "quality_per_s": float("nan"), "n_star": res["n_star"], "status": res["status"]})
+        if lens and not changes:
+            out.append({"dataset": ds, "kind": "crossover", "seq_len": float("nan"), "leader": lead[0],
+                        "quality_per_s": float("nan"), "n_star": float("nan"),
+                        "status": f"no crossover in range ({lead[0]} leads at every length)"})
+    return out
+
+
+def join_speed(agg: Sequence[dict], speed_rows: Optional[Sequence[dict]] = None) -> List[dict]:
+    """Bubble-chart rows: quality joined with speed / memory. With ``speed_rows`` (``eval.sweep`` model CSV:
+    ``variant``, ``seq_len``, ``train_tokens_per_s``, ``train_peak_mem_bytes``) those replace the runs' own
+    throughput and memory where (variant, seq_len) match (e.g. GPU speed for CPU-trained quality)."""
+    sp = {}
+    for r in speed_rows or []:
+        if r.get("status", "ok") == "ok":
+            sp[(r["variant"], int(_f(r["seq_len"])))] = r
+    out = []
+    for r in agg:
+        row = dict(r)
+        s = sp.get((r["variant"], r["seq_len"]))
+        if s is not None:
+            row["tokens_per_s"] = _f(s.get("train_tokens_per_s"))
+            m = _f(s.get("train_peak_mem_bytes"))
+            row["peak_mem_mb"] = m / 2**20 if math.isfinite(m) else row["peak_mem_mb"]
+            row["speed_source"] = "sweep"
+        out.append(row)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- figures / io
+def _write(rows: Sequence[dict], path: str) -> str:
+    from eval.bench_common import write_csv
+
+    return write_csv(rows, path)
+
+
+def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str] = None, prefix: str = "",
+                    title: Optional[str] = None) -> Dict[str, List[str]]:
+    """Quality-vs-N and one bubble chart per dataset from ``runs_agg.csv`` next to ``quality_csv``."""
+    from eval import plots
+    from eval.sweep import read_rows
+
+    qdir = os.path.dirname(quality_csv)
+    agg = [dict(r, seq_len=int(_f(r["seq_len"]))) for r in read_rows(os.path.join(qdir, "runs_agg.csv"))]
+    long = read_rows(quality_csv)
+    figs = {"quality_vs_n": plots.plot_quality_vs_n(long, os.path.join(figures_dir, f"{prefix}quality_vs_n"), title)}
+    rows = join_speed(agg, read_rows(speed_csv) if speed_csv else None)
+    for ds in sorted({r["dataset"] for r in rows}):
+        q = QUALITY_METRICS.get(ds.split(":")[0], ("val_loss",))[0]
+        figs[f"bubble_{ds}"] = plots.plot_bubble([r for r in rows if r["dataset"] == ds],
+                                                 os.path.join(figures_dir, f"{prefix}bubble_{ds.replace(':', '_')}"),
+                                                 quality=q, title=f"{ds}" + (f" — {title}" if title else ""))
+    return figs
+
+
+def run(cfg: dict) -> dict:
+    """Collect runs (``runs``: list of roots; ``wandb_project`` / ``wandb_group`` optional), write the tables to
+    ``out_dir``, draw the figures (``plots``), log to W&B (``wandb.enabled``). Returns the tables."""
+    roots = cfg.get("runs") or []
+    roots = [roots] if isinstance(roots, str) else list(roots)
+    runs = [load_run(d) for d in find_runs(roots)]
+    if cfg.get("wandb_project"):
+        runs += load_wandb_runs(cfg["wandb_project"], cfg.get("wandb_group"), cfg.get("wandb_entity"))
+    if not runs:
+        raise FileNotFoundError(f"no finished training runs (.hydra/config.yaml + csv/metrics.csv) under {roots}")
+    out_dir = cfg.get("out_dir") or "results/quality"
+    os.makedirs(out_dir, exist_ok=True)
+    agg = aggregate(runs)
+    long = long_form(agg)
+    lead = leaders(agg)
+    _write(runs, os.path.join(out_dir, "runs.csv"))
+    _write(agg, os.path.join(out_dir, "runs_agg.csv"))
+    qcsv = _write(long, os.path.join(out_dir, "quality.csv"))
+    _write(lead, os.path.join(out_dir, "leaders.csv"))
+    figs = {}
+    if cfg.get("plots", True):
+        from eval.plots import set_formats
+
+        set_formats(cfg.get("formats"))
+        figs = quality_figures(qcsv, cfg.get("figures_dir") or out_dir, speed_csv=cfg.get("speed_csv"),
+                               prefix=cfg.get("prefix") or "", title=cfg.get("title"))
+    wb = cfg.get("wandb") or {}
+    wdir = None
+    if wb.get("enabled", False):
+        from eval.wandb_log import log_results
+
+        wdir = log_results(name=cfg.get("name") or "quality", group=wb.get("group", "crossover"),
+                           project=wb.get("project", "attn-zoo"),
+                           tables={"runs": agg, "quality": long, "leaders": lead},
+                           images={k: v[0] for k, v in figs.items()}, config={"roots": roots},
+                           mode=wb.get("mode", "auto"), dir=wb.get("dir") or out_dir, job_type="quality")
+    for r in lead:
+        if r["kind"] == "crossover":
+            ns = "-" if not math.isfinite(_f(r["n_star"])) else f"{_f(r['n_star']):.0f}"
+            print(f"[{r['dataset']}] {r['leader']}: n*={ns} {r['status']}")
+    return {"runs": runs, "agg": agg, "quality": long, "leaders": lead, "figures": figs, "wandb_dir": wdir}
+
+
+def _hydra_main():  # pragma: no cover - exercised through the CLI
+    import hydra
+    from omegaconf import OmegaConf
+
+    @hydra.main(config_path="../conf", config_name="quality", version_base="1.3")
+    def main(cfg):
+        run(OmegaConf.to_container(cfg, resolve=True))
+
+    main()
+
+
+if __name__ == "__main__":
+    _hydra_main()

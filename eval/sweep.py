@@ -1,0 +1,717 @@
+"""Speed / memory sweep: variants x backends x N x D x causal x Hkv, and a layer/model-level sweep.
+
+Every point is one row of a CSV (:data:`COLUMNS`) appended as soon as it is measured, so an interrupted sweep
+loses nothing: with ``resume=True`` finished points (any status) are skipped. A point that runs out of memory
+(``status="oom"``), fails (``"error"``, message in ``error``), is not supported by the backend
+(``"unsupported"``) or is skipped because the same series already failed / got too slow at a smaller N
+(``"skipped"``) is recorded as a row and the sweep continues.
+
+Timing: forward (under ``no_grad``), backward (``retain_graph`` backward of one forward; where a compiled
+backward refuses the repeat, ``fwd_bwd - fwd``, noted in ``error``) and forward+backward
+medians, from CUDA events on a GPU (:func:`eval.bench_common.time_cuda`) and ``time.perf_counter`` on a CPU.
+Peak memory: extra CUDA memory of one forward (no grad) and of one forward+backward
+(:func:`eval.bench_common.peak_memory`); on a CPU it is not measured (NaN) and the model columns
+(:mod:`attn_zoo.cost_model`) stand in. Achieved TFLOP/s use the FLOPs of the cost model (the FA2 convention
+for softmax kinds: ``4 N^2 D`` forward times the visited fraction; backward ``2.5 x``).
+
+Backends (``backends:`` in the sweep config):
+    ``triton`` / ``torch`` / ``reference``: :func:`attn_zoo.attention` with that backend (``triton`` = ours).
+    ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` / ``sdpa_math``: ``F.scaled_dot_product_attention``
+        pinned to one SDPA kernel (exact causal / full attention; windows and layouts are not expressible).
+    ``flex``: ``torch.compile(flex_attention)`` with a ``BlockMask`` built from the spec's
+        :class:`attn_zoo.MaskInfo` element rule (softmax kinds).
+    ``naive``: standard attention in the input dtype that materialises S and P ([FA1] Algorithm 0); for the
+        linear kind the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
+
+Plain-Python entry (no Hydra needed): ``python -m eval.sweep --config conf/sweep/cpu_tiny.yaml --out DIR``.
+The Hydra entry that also detects crossovers, plots and logs to W&B is :mod:`eval.crossover`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gc
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from attn_zoo import AttentionSpec, attention, make_spec, mask_info
+from attn_zoo import cost_model as cm
+from attn_zoo.registry import get_backends
+
+DATE = "2026-11-29"
+MODES = ("fwd", "bwd", "fwd_bwd")
+POINT_KEYS = ("variant", "backend", "seq_len", "head_dim", "causal", "n_kv_heads")
+COLUMNS = (
+    "sweep", "variant", "kind", "backend", "seq_len", "head_dim", "causal", "n_kv_heads", "n_heads", "batch",
+    "dtype", "device", "status", "error",
+    "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_peak_mem_bytes", "peak_mem_bytes",
+    "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "flops_fwd", "flops_fwd_bwd",
+    "model_hbm_bytes", "model_min_bytes", "model_footprint_bytes", "visited_fraction", "tokens",
+    "us_per_token", "timestamp",
+)
+MODEL_COLUMNS = (
+    "sweep", "variant", "backend", "seq_len", "batch", "d_model", "n_layer", "n_heads", "params", "dtype", "device",
+    "status", "error", "train_step_ms", "train_tokens_per_s", "train_peak_mem_bytes",
+    "infer_ms", "infer_tokens_per_s", "infer_peak_mem_bytes", "timestamp",
+)
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class Unsupported(Exception):
+    """A backend cannot run this point (recorded as ``status="unsupported"``)."""
+
+
+def is_oom(e: BaseException) -> bool:
+    """True for CUDA / CPU out-of-memory errors (``torch.OutOfMemoryError`` or an OOM ``RuntimeError``)."""
+    if isinstance(e, getattr(torch, "OutOfMemoryError", ())) or isinstance(e, MemoryError):
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
+# --------------------------------------------------------------------------------------------- bench backends
+@dataclass
+class BenchBackend:
+    """``build(spec, q, k, v) -> fn(q, k, v) -> out``; raises :class:`Unsupported` when it cannot run."""
+
+    name: str
+    build: Callable
+
+
+BENCH_BACKENDS: Dict[str, BenchBackend] = {}
+
+
+def register_bench_backend(name: str):
+    """Decorator: register a sweep backend ``build(spec, q, k, v) -> callable(q, k, v)``."""
+
+    def deco(fn):
+        BENCH_BACKENDS[name] = BenchBackend(name, fn)
+        return fn
+
+    return deco
+
+
+def _registry_backend(name: str):
+    def build(spec, q, k, v):
+        regs = get_backends(spec.kind)
+        if name not in regs:
+            raise Unsupported(f"backend {name!r} is not registered for kind {spec.kind!r}")
+        if name == "triton" and q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            raise Unsupported("triton needs CUDA (or TRITON_INTERPRET=1)")
+        why = regs[name].supports(q, k, v, spec, False)
+        if why is not None:
+            raise Unsupported(why)
+        return lambda q, k, v: attention(q, k, v, spec, backend=name)
+
+    return build
+
+
+for _n in ("triton", "torch", "reference"):
+    register_bench_backend(_n)(_registry_backend(_n))
+
+
+def _sdpa(kernel_name: str):
+    def build(spec, q, k, v):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if spec.kind != "flash":
+            raise Unsupported(f"SDPA runs exact full/causal attention only, not kind {spec.kind!r}")
+        if q.shape[2] != k.shape[2] and spec.causal:
+            raise Unsupported("SDPA is_causal is top-left aligned; needs Nq == Nk")
+        backend = getattr(SDPBackend, kernel_name)
+        gqa = q.shape[1] != k.shape[1]
+        scale = spec.scale(q.shape[-1])
+
+        def fn(q, k, v):
+            with sdpa_kernel([backend]):
+                if gqa:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, scale=scale, enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, scale=scale)
+
+        return fn
+
+    return build
+
+
+for _n, _k in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
+               ("sdpa_efficient", "EFFICIENT_ATTENTION"), ("sdpa_math", "MATH")):
+    register_bench_backend(_n)(_sdpa(_k))
+
+_FLEX_COMPILED = {}
+
+
+@register_bench_backend("flex")
+def _flex(spec, q, k, v):
+    if not spec.is_softmax:
+        raise Unsupported(f"flex_attention runs softmax kinds, not {spec.kind!r}")
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:  # pragma: no cover - old torch
+        raise Unsupported(f"flex_attention unavailable: {e}")
+    Nq, Nk = q.shape[2], k.shape[2]
+    mi = mask_info(spec, Nq, Nk)
+    if mi.layout is not None:
+        mi = type(mi)(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(q.device), mi.block_size)
+
+    def mask_mod(b, h, qi, kj):
+        return mi.allowed(qi, kj)
+
+    compile_on = q.device.type == "cuda"
+    bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=str(q.device), _compile=compile_on)
+    key = q.device.type
+    if key not in _FLEX_COMPILED:
+        _FLEX_COMPILED[key] = torch.compile(flex_attention, dynamic=False) if compile_on else flex_attention
+    fa = _FLEX_COMPILED[key]
+    gqa = q.shape[1] != k.shape[1]
+    scale = spec.scale(q.shape[-1])
+    return lambda q, k, v: fa(q, k, v, block_mask=bm, scale=scale, enable_gqa=gqa)
+
+
+@register_bench_backend("naive")
+def _naive(spec, q, k, v):
+    """Standard attention in the input dtype, S and P materialised (what FlashAttention replaces)."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    rep = q.shape[1] // k.shape[1]
+    scale = spec.scale(q.shape[-1])
+    if spec.is_softmax:
+        mi = mask_info(spec, Nq, Nk)
+        allowed = None if mi.is_full else mi.dense(q.device)
+        empty_rows = allowed is not None and bool((~allowed).all(-1).any())
+
+        def fn(q, k, v):  # S = (scale Q) K^T; masked_fill; softmax; P V: the passes of cost_model's standard
+            kk = k.repeat_interleave(rep, 1) if rep > 1 else k
+            vv = v.repeat_interleave(rep, 1) if rep > 1 else v
+            s = (q * scale) @ kk.transpose(-1, -2)
+            if allowed is not None:
+                s = s.masked_fill(~allowed, float("-inf"))
+            p = torch.softmax(s, dim=-1)
+            if empty_rows:
+                p = torch.nan_to_num(p, nan=0.0)  # rows with no allowed key output 0
+            return p @ vv
+
+        return fn
+    from attn_zoo.feature_maps import apply_feature_map
+
+    def fn_lin(q, k, v):
+        kk = k.repeat_interleave(rep, 1) if rep > 1 else k
+        vv = v.repeat_interleave(rep, 1) if rep > 1 else v
+        fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+        fk = apply_feature_map(kk, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+        a = fq @ fk.transpose(-1, -2)
+        if spec.causal:
+            i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
+            j = torch.arange(Nk, device=q.device).view(1, -1)
+            a = a.masked_fill(j > i, 0.0)
+        return (a @ vv) / (a.sum(-1, keepdim=True) + spec.eps)
+
+    return fn_lin
+
+
+# --------------------------------------------------------------------------------------------- config
+def variant_specs(variants) -> Dict[str, AttentionSpec]:
+    """``{name: spec}`` from the sweep config's ``variants`` mapping (``name: {kind: ..., ...}``) or list of
+    names of ``conf/attention/<name>.yaml``-like dicts. ``_target_`` keys are ignored."""
+    out = {}
+    items = variants.items() if hasattr(variants, "items") else [(v["name"], v) for v in variants]
+    for name, kw in items:
+        kw = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(kw).items() if k != "_target_"}
+        kw.setdefault("name", name)
+        out[name] = make_spec(**kw)
+    return out
+
+
+def _as_list(x) -> list:
+    if x is None:
+        return [None]
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    try:  # omegaconf ListConfig
+        return list(x)
+    except TypeError:
+        return [x]
+
+
+def _matches(rule: dict, point: dict) -> bool:
+    for k, v in rule.items():
+        pv = point.get(k)
+        if isinstance(v, (list, tuple)):
+            if pv not in list(v):
+                return False
+        elif k.startswith("min_"):
+            if not point.get(k[4:], 0) >= v:
+                return False
+        elif k.startswith("max_"):
+            if not point.get(k[4:], 0) <= v:
+                return False
+        elif pv != v:
+            return False
+    return True
+
+
+def expand_points(cfg: dict) -> List[dict]:
+    """All sweep points of a config, in run order (series by series, N increasing).
+
+    Axes: ``variants`` x ``backends`` x ``head_dims`` x ``causal`` x ``kv_heads`` x ``seq_lens``. A variant
+    whose spec sets ``n_kv_heads`` / ``kv_group_size`` (GQA / MQA) uses that instead of the ``kv_heads`` axis
+    (``null`` = ``n_heads``). ``exclude``: list of rules (``{backend: flex, head_dim: 64}``; list values mean
+    "any of"; ``min_seq_len`` / ``max_seq_len`` bounds) that drop points. ``run_last``: backends whose points
+    run after all others, in that order (e.g. ``[naive, flex]``: slow / compile-heavy ones last).
+    """
+    specs = variant_specs(cfg["variants"])
+    H = int(cfg.get("n_heads", 1))
+    pts, seen = [], set()
+    for vname, spec in specs.items():
+        for backend in _as_list(cfg["backends"]):
+            for D in _as_list(cfg.get("head_dims", [64])):
+                for causal in _as_list(cfg.get("causal", [True])):
+                    for hkv in _as_list(cfg.get("kv_heads", [None])):
+                        if spec.n_kv_heads is not None or spec.kv_group_size is not None:
+                            hkv = spec.resolve_kv_heads(H)
+                        hkv = H if hkv is None else int(hkv)
+                        for N in sorted(int(n) for n in _as_list(cfg["seq_lens"])):
+                            p = {"variant": vname, "backend": backend, "seq_len": N, "head_dim": int(D),
+                                 "causal": bool(causal), "n_kv_heads": hkv}
+                            if any(_matches(dict(r), p) for r in (cfg.get("exclude") or [])):
+                                continue
+                            key = point_key(p)
+                            if key not in seen:
+                                seen.add(key)
+                                pts.append(p)
+    last = list(_as_list(cfg.get("run_last") or []))
+    if last:  # stable: these backends' points go to the end (compile-heavy / slow ones, for deadlines)
+        pts.sort(key=lambda p: last.index(p["backend"]) + 1 if p["backend"] in last else 0)
+    return pts
+
+
+def point_key(row: dict) -> tuple:
+    """Identity of a point (what ``resume`` compares)."""
+    def norm(k, v):
+        if k in ("seq_len", "head_dim", "n_kv_heads"):
+            return int(float(v))
+        if k == "causal":
+            return v if isinstance(v, bool) else str(v).lower() in ("true", "1")
+        return str(v)
+
+    return tuple(norm(k, row[k]) for k in POINT_KEYS)
+
+
+def batch_for(cfg: dict, N: int) -> int:
+    """``batch`` if set, else ``max(1, tokens // N)`` (constant tokens per step, the FlashAttention setup)."""
+    if cfg.get("batch"):
+        return int(cfg["batch"])
+    return max(1, int(cfg.get("tokens", 16384)) // N)
+
+
+# --------------------------------------------------------------------------------------------- csv io
+def read_rows(path: str) -> List[dict]:
+    """Rows of a results CSV as dicts of strings (empty list when the file does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def latest_rows(rows: Iterable[dict]) -> List[dict]:
+    """One row per point (the last one written: ``retry_failed`` appends re-measured points)."""
+    out: Dict[tuple, dict] = {}
+    for r in rows:
+        try:
+            out[point_key(r)] = r
+        except (KeyError, ValueError):
+            continue
+    return list(out.values())
+
+
+def append_row(path: str, row: dict, columns: Sequence[str] = COLUMNS) -> None:
+    """Append one row (header written when the file is new); flushed immediately."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow({c: _fmt(row.get(c)) for c in columns})
+        f.flush()
+
+
+def _fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if math.isnan(v) else repr(v)
+    return v
+
+
+# --------------------------------------------------------------------------------------------- timing
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, rep: int = 5,
+            grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
+    """Median time of ``fn()`` in ms: CUDA events (``eval.bench_common.time_cuda``) on CUDA, otherwise
+    ``time.perf_counter`` around ``rep`` calls after ``warmup`` calls."""
+    if device.type == "cuda":
+        from eval.bench_common import time_cuda
+
+        return time_cuda(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none)
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(max(rep, 1)):
+        if grad_to_none is not None:
+            for t in grad_to_none:
+                t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(ts))
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> float:
+    """Peak extra device memory of one ``fn()`` (CUDA); NaN on a CPU (not measurable cheaply)."""
+    if device.type != "cuda":
+        fn()
+        return float("nan")
+    from eval.bench_common import peak_memory
+
+    return float(peak_memory(fn))
+
+
+def _cleanup(device: torch.device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------- model columns
+def element_fraction(spec: AttentionSpec, N: int) -> float:
+    """Fraction of the ``N x N`` (query, key) pairs a softmax spec keeps (Nq = Nk = N), without an N^2 mask
+    for causal / window specs; block-sparse layouts use the mask's block table (exact for N <= 4096)."""
+    if spec.kind == "flash":
+        return (N + 1) / (2 * N) if spec.causal else 1.0
+    if spec.kind == "sliding_window":
+        left, right = spec.window_size
+        left = N if left is None else left
+        right = 0 if spec.causal else (N if right is None else right)
+        kept = sum(min(N - 1, i + right) - max(0, i - left) + 1 for i in range(N))
+        return kept / (N * N)
+    if N <= 4096:
+        return cm.mask_fractions(spec, N, spec.block_size, spec.block_size)["element_fraction"]
+    return cm.mask_fractions(spec, N, spec.block_size, spec.block_size, elements=False)["visited_fraction"]
+
+
+def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes: int, backend: str) -> dict:
+    """FLOPs (fwd / fwd+bwd), modelled HBM bytes, compulsory bytes and footprint of one point."""
+    if spec.kind == "linear":
+        from attn_zoo.feature_maps import feature_dim
+
+        Fd = feature_dim(spec.feature_map, D, spec.num_features)
+        f1 = cm.linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
+                                      dtype_bytes=dtype_bytes, mode="fwd")
+        f2 = cm.linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
+                                      dtype_bytes=dtype_bytes, mode="fwd_bwd")
+        frac = float("nan")
+        if backend in ("naive", "reference"):
+            f2s = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd")
+            return {"flops_fwd": f1.flops, "flops_fwd_bwd": f2.flops, "model_hbm_bytes": f2s.hbm_bytes,
+                    "model_min_bytes": f2.compulsory_bytes, "model_footprint_bytes": f2s.footprint_bytes,
+                    "visited_fraction": frac}
+    else:
+        frac = element_fraction(spec, N)
+        f1 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd", visited_fraction=frac)
+        f2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=frac)
+        if backend in ("naive", "reference", "sdpa_math"):
+            std = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd",
+                                             mask_pass=spec.causal or spec.kind != "flash")
+            return {"flops_fwd": f1.flops, "flops_fwd_bwd": f2.flops, "model_hbm_bytes": std.hbm_bytes,
+                    "model_min_bytes": f2.compulsory_bytes, "model_footprint_bytes": std.footprint_bytes,
+                    "visited_fraction": frac}
+    return {"flops_fwd": f1.flops, "flops_fwd_bwd": f2.flops, "model_hbm_bytes": f2.hbm_bytes,
+            "model_min_bytes": f2.compulsory_bytes, "model_footprint_bytes": f2.footprint_bytes,
+            "visited_fraction": frac}
+
+
+# --------------------------------------------------------------------------------------------- one point
+def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device) -> dict:
+    """Measure one point; never raises (failures become the row's ``status`` / ``error``)."""
+    H, N, D, hkv = int(cfg.get("n_heads", 1)), p["seq_len"], p["head_dim"], p["n_kv_heads"]
+    B = batch_for(cfg, N)
+    dtype = _DTYPES[str(cfg.get("dtype", "float32"))]
+    spec = spec.replace(causal=p["causal"])
+    row = dict(p, kind=spec.kind, n_heads=H, batch=B, dtype=str(dtype).replace("torch.", ""), device=str(device),
+               tokens=B * N, status="ok", error="", timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
+    try:
+        row.update(model_costs(spec, B, H, N, D, torch.empty((), dtype=dtype).element_size(), p["backend"]))
+    except Exception as e:  # noqa: BLE001 - model columns are optional
+        row["error"] = f"cost model: {type(e).__name__}: {e}"[:200]
+    modes = [m for m in _as_list(cfg.get("modes", list(MODES))) if m in MODES]
+    warmup, rep = int(cfg.get("warmup", 2)), int(cfg.get("rep", 5))
+    q = k = v = dout = out = None
+    try:
+        g = torch.Generator(device=device).manual_seed(int(cfg.get("seed", 0)) + N)
+
+        def rnd(*shape):  # drawn on the device: fresh random data, no host-to-device copy
+            return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+        q, k, v = rnd(B, H, N, D), rnd(B, hkv, N, D), rnd(B, hkv, N, D)
+        backend = BENCH_BACKENDS.get(p["backend"])
+        if backend is None:
+            raise Unsupported(f"unknown sweep backend {p['backend']!r}; known: {', '.join(sorted(BENCH_BACKENDS))}")
+        fn = backend.build(spec, q, k, v)
+        if "fwd" in modes:
+            with torch.no_grad():
+                row["fwd_ms"] = time_ms(lambda: fn(q, k, v), device, warmup, rep)
+                row["fwd_peak_mem_bytes"] = peak_bytes(lambda: fn(q, k, v), device)
+        if "bwd" in modes or "fwd_bwd" in modes:
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            dout = rnd(B, H, N, D)
+
+            def fwd_bwd():
+                o = fn(q, k, v)
+                o.backward(dout)
+                return o
+
+            if "fwd_bwd" in modes:
+                row["fwd_bwd_ms"] = time_ms(fwd_bwd, device, warmup, rep, grad_to_none=(q, k, v))
+                for t in (q, k, v):
+                    t.grad = None
+                row["peak_mem_bytes"] = peak_bytes(fwd_bwd, device)
+            if "bwd" in modes:
+                try:
+                    out = fn(q, k, v)
+                    row["bwd_ms"] = time_ms(lambda: out.backward(dout, retain_graph=True), device, warmup, rep,
+                                            grad_to_none=(q, k, v))
+                except Exception as e:  # noqa: BLE001 - some compiled backwards refuse retain_graph
+                    if is_oom(e) or not (row.get("fwd_bwd_ms") and row.get("fwd_ms")):
+                        raise
+                    row["bwd_ms"] = row["fwd_bwd_ms"] - row["fwd_ms"]
+                    row["error"] = (f"bwd_ms = fwd_bwd_ms - fwd_ms (repeated backward failed: "
+                                    f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})")
+    except Unsupported as e:
+        row.update(status="unsupported", error=str(e)[:300])
+    except BaseException as e:  # noqa: BLE001 - record, continue
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        row.update(status="oom" if is_oom(e) else "error", error=f"{type(e).__name__}: {first}"[:300])
+        if row["status"] == "error" and cfg.get("verbose_errors", False):
+            traceback.print_exc(limit=3)
+    finally:
+        q = k = v = dout = out = None
+        _cleanup(device)
+    for m in ("fwd", "bwd", "fwd_bwd"):
+        ms = row.get(f"{m}_ms")
+        f1, f2 = row.get("flops_fwd"), row.get("flops_fwd_bwd")
+        fl = f1 if m == "fwd" else ((f2 - f1) if (m == "bwd" and f1 and f2) else f2)
+        if ms and fl:
+            row[f"{m}_tflops"] = fl / (ms * 1e-3) / 1e12
+    main = row.get("fwd_bwd_ms") or row.get("fwd_ms")
+    if main:
+        row["us_per_token"] = main * 1e3 / (B * N)
+    return row
+
+
+# --------------------------------------------------------------------------------------------- the sweep
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr)
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True, retry_failed: bool = False,
+              deadline_s: Optional[float] = None) -> List[dict]:
+    """Run (or resume) the kernel sweep described by ``cfg`` and append rows to ``out_csv``.
+
+    Returns all rows of the CSV afterwards (as parsed dicts; a re-measured point appears again further down:
+    readers keep the last row of a point, see :func:`latest_rows`). Series (same variant / backend / D / causal /
+    Hkv) stop growing N after an OOM or error (later points: ``status="skipped"``) and after a point whose
+    forward+backward took longer than ``max_point_s`` seconds. ``deadline_s`` (or ``cfg.deadline_s``):
+    wall-clock budget; points not reached are left for a later ``resume``.
+    """
+    device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("sweep config asks for device=cuda but CUDA is not available")
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    try:  # compiled backwards (flex, torch.compile) donate buffers and then refuse the timed repeated backward
+        import torch._functorch.config as _fc
+
+        _fc.donated_buffer = False
+    except (ImportError, AttributeError):  # pragma: no cover - older torch
+        pass
+    specs = variant_specs(cfg["variants"])
+    points = expand_points(cfg)
+    done = {}
+    if resume:
+        for r in read_rows(out_csv):
+            if retry_failed and r.get("status") in ("error", "oom", "skipped"):
+                continue
+            done[point_key(r)] = r
+    elif os.path.exists(out_csv):
+        os.remove(out_csv)
+    todo = [p for p in points if point_key(p) not in done]
+    bar = _progress(len(todo), progress, f"sweep {cfg.get('name', '')}")
+    if bar is not None and len(points) != len(todo):
+        bar.write(f"resume: {len(points) - len(todo)} of {len(points)} points already in {out_csv}")
+    deadline_s = deadline_s if deadline_s is not None else cfg.get("deadline_s")
+    t_start = time.time()
+    max_point_s = float(cfg.get("max_point_s") or math.inf)
+    stopped: Dict[tuple, str] = {}
+    for r in done.values():  # a resumed series that already failed stays stopped
+        if r.get("status") in ("oom", "error") or r.get("status") == "skipped":
+            stopped[point_key(r)[:2] + point_key(r)[3:]] = f"{r.get('status')} at N={r.get('seq_len')}"
+    name = cfg.get("name", "sweep")
+    for p in todo:
+        if deadline_s and time.time() - t_start > float(deadline_s):
+            if bar is not None:
+                bar.write(f"deadline of {deadline_s}s reached; {name}: resume later to finish")
+            break
+        series = point_key(p)[:2] + point_key(p)[3:]
+        if series in stopped:
+            row = dict(p, kind=specs[p["variant"]].kind, status="skipped", error=f"series stopped: {stopped[series]}",
+                       n_heads=cfg.get("n_heads"), batch=batch_for(cfg, p["seq_len"]), sweep=name,
+                       timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
+        else:
+            t0 = time.time()
+            row = measure_point(p, specs[p["variant"]], cfg, device)
+            row["sweep"] = name
+            took = time.time() - t0
+            if row["status"] in ("oom", "error"):
+                stopped[series] = f"{row['status']} at N={p['seq_len']}"
+            elif took > max_point_s:
+                stopped[series] = f"point took {took:.1f}s > max_point_s={max_point_s} at N={p['seq_len']}"
+        append_row(out_csv, row)
+        if bar is not None:
+            bar.set_postfix_str(f"{p['variant']}/{p['backend']} N={p['seq_len']} {row['status']}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return latest_rows(read_rows(out_csv))
+
+
+# --------------------------------------------------------------------------------------------- model sweep
+def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True) -> List[dict]:
+    """Layer/model-level sweep: tokens/s and peak memory of the GPT (:mod:`attn_zoo.model`) with each variant.
+
+    ``cfg`` keys: ``variants`` (as in the kernel sweep), ``backends`` (``auto`` / ``triton`` / ``torch`` /
+    ``reference``), ``seq_lens``, ``tokens`` (batch = tokens // N) or ``batch``, ``d_model``, ``n_layer``,
+    ``n_heads``, ``vocab_size``, ``dtype``, ``warmup``, ``rep``. Measures one training step (forward + loss +
+    backward, no optimiser) and one inference forward. Rows go to ``out_csv`` (:data:`MODEL_COLUMNS`).
+    """
+    from attn_zoo.model import GPT, GPTConfig
+
+    device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    specs = variant_specs(cfg["variants"])
+    dtype = _DTYPES[str(cfg.get("dtype", "float32"))]
+    done = {(r["variant"], r["backend"], int(float(r["seq_len"]))) for r in read_rows(out_csv)} if resume else set()
+    if not resume and os.path.exists(out_csv):
+        os.remove(out_csv)
+    pts = [(vn, be, int(N)) for vn in specs for be in _as_list(cfg.get("backends", ["auto"]))
+           for N in sorted(int(n) for n in _as_list(cfg["seq_lens"]))]
+    todo = [p for p in pts if p not in done]
+    bar = _progress(len(todo), progress, f"model sweep {cfg.get('name', '')}")
+    stopped = set()
+    warmup, rep = int(cfg.get("warmup", 1)), int(cfg.get("rep", 3))
+    for vn, be, N in todo:
+        B = batch_for(cfg, N)
+        row = {"sweep": cfg.get("name", "model"), "variant": vn, "backend": be, "seq_len": N, "batch": B,
+               "d_model": cfg.get("d_model"), "n_layer": cfg.get("n_layer"), "n_heads": cfg.get("n_heads"),
+               "dtype": str(dtype).replace("torch.", ""), "device": str(device), "status": "ok", "error": "",
+               "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
+        if (vn, be) in stopped:
+            row.update(status="skipped", error="series stopped after a failure at a smaller N")
+        else:
+            model = idx = None
+            try:
+                gc_ = GPTConfig(vocab_size=int(cfg.get("vocab_size", 256)), n_layer=int(cfg.get("n_layer", 2)),
+                                n_head=int(cfg.get("n_heads", 4)), d_model=int(cfg.get("d_model", 64)),
+                                max_seq_len=N)
+                model = GPT(gc_, specs[vn], backend=be).to(device=device, dtype=dtype)
+                row["params"] = model.num_params()
+                g = torch.Generator().manual_seed(N)
+                idx = torch.randint(0, gc_.vocab_size, (B, N), generator=g).to(device)
+
+                def train_step():
+                    _, loss = model(idx, idx)
+                    loss.backward()
+                    return loss
+
+                def infer():
+                    with torch.no_grad():
+                        return model(idx)
+
+                params = list(model.parameters())
+                row["train_step_ms"] = time_ms(train_step, device, warmup, rep, grad_to_none=params)
+                row["train_peak_mem_bytes"] = peak_bytes(train_step, device)
+                row["infer_ms"] = time_ms(infer, device, warmup, rep)
+                row["infer_peak_mem_bytes"] = peak_bytes(infer, device)
+                row["train_tokens_per_s"] = B * N / (row["train_step_ms"] * 1e-3)
+                row["infer_tokens_per_s"] = B * N / (row["infer_ms"] * 1e-3)
+            except BaseException as e:  # noqa: BLE001
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                row.update(status="oom" if is_oom(e) else "error", error=f"{type(e).__name__}: {e}"[:300])
+                stopped.add((vn, be))
+            finally:
+                model = idx = None
+                _cleanup(device)
+        append_row(out_csv, row, MODEL_COLUMNS)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return read_rows(out_csv)
+
+
+# --------------------------------------------------------------------------------------------- plain entry
+def load_config(path: str) -> dict:
+    """Read a sweep YAML (``conf/sweep/*.yaml``) without Hydra: plain ``yaml.safe_load``; a top-level
+    ``# @package`` line and ``defaults`` are ignored."""
+    import yaml
+
+    with open(path) as f:
+        cfg = yaml.safe_load(f) or {}
+    cfg.pop("defaults", None)
+    return cfg
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="sweep YAML, e.g. conf/sweep/cpu_tiny.yaml")
+    ap.add_argument("--out", required=True, help="output folder (kernel.csv, model.csv)")
+    ap.add_argument("--no-resume", action="store_true", help="start over (delete existing CSV rows)")
+    ap.add_argument("--retry-failed", action="store_true", help="re-run points recorded as error / oom")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    cfg = load_config(a.config)
+    os.makedirs(a.out, exist_ok=True)
+    rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,
+                     retry_failed=a.retry_failed)
+    if cfg.get("model_sweep") and cfg["model_sweep"].get("enabled", True):
+        mcfg = dict(cfg["model_sweep"], name=cfg.get("name", "sweep") + "_model")
+        mcfg.setdefault("device", cfg.get("device"))
+        run_model_sweep(mcfg, os.path.join(a.out, "model.csv"), resume=not a.no_resume, progress=not a.no_progress)
+    ok = sum(r["status"] == "ok" for r in rows)
+    print(f"{ok}/{len(rows)} points ok -> {os.path.join(a.out, 'kernel.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Weights & Biases logging of sweep / quality results, offline-safe.
+
+Each call is one W&B run (``job_type`` ``sweep`` or ``quality``) in a ``group`` so sweeps of several machines
+or dates sit side by side; every table is a ``wandb.Table`` and every figure a ``wandb.Image``. Mode ``auto``
+is ``offline`` unless ``WANDB_API_KEY`` is set (and ``WANDB_MODE`` does not say otherwise): nothing needs the
+network, and an offline run can be uploaded later with ``wandb sync <dir>/wandb/offline-run-*``. Without the
+``wandb`` package the call logs nothing and returns ``None`` (the CSV / JSON results never depend on W&B).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Dict, Optional, Sequence
+
+
+def resolve_mode(mode: str = "auto") -> str:
+    """``online`` / ``offline`` / ``disabled``; ``auto`` = offline unless ``WANDB_API_KEY`` is set."""
+    if mode not in ("auto", "online", "offline", "disabled"):
+        raise ValueError(f"wandb mode={mode!r} is not supported; allowed values: auto, online, offline, disabled")
+    if mode != "auto":
+        return mode
+    env = os.environ.get("WANDB_MODE")
+    if env in ("offline", "disabled", "dryrun"):
+        return "offline" if env == "dryrun" else env
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def _table(rows: Sequence[dict]):
+    import wandb
+
+    cols = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+
+    def cell(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, (list, tuple, dict)):
+            return str(v)
+        return v
+
+    # CSV rows are strings: numbers become floats where the whole column parses, else the column is text
+    # (mixed types in one column break wandb.Table typing)
+    data = [[cell(r.get(c)) for c in cols] for r in rows]
+    for j in range(len(cols)):
+        vals = [row[j] for row in data if row[j] not in (None, "")]
+        try:
+            [float(v) for v in vals if not isinstance(v, bool)]
+            numeric = bool(vals) and not any(isinstance(v, bool) for v in vals)
+        except (TypeError, ValueError):
+            numeric = False
+        for row in data:
+            v = row[j]
+            if v in (None, ""):
+                row[j] = None
+            elif numeric:
+                row[j] = float(v)
+            else:
+                row[j] = str(v)
+    return wandb.Table(columns=cols, data=data)
+
+
+def log_results(name: str, group: str, tables: Dict[str, Sequence[dict]], images: Optional[Dict[str, str]] = None,
+                config: Optional[dict] = None, project: str = "attn-zoo", mode: str = "auto",
+                dir: Optional[str] = None, job_type: str = "sweep", summary: Optional[dict] = None) -> Optional[str]:
+    """Log ``tables`` (name -> list of row dicts) and ``images`` (name -> PNG path) as one run.
+
+    Returns the run's local directory (``<dir>/wandb/<offline-|>run-...``) or ``None`` when W&B is missing or
+    the run could not start (a warning says why; results on disk are unaffected).
+    """
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn("wandb is not installed: skipping W&B logging (results are in CSV / JSON)")
+        return None
+    m = resolve_mode(mode)
+    if m == "disabled":
+        return None
+    os.makedirs(dir or ".", exist_ok=True)
+    try:
+        run = wandb.init(project=project, group=group, name=name, job_type=job_type, dir=dir, mode=m,
+                         config=config or {}, reinit="finish_previous", settings=wandb.Settings(silent=True))
+    except Exception as e:  # noqa: BLE001 - never lose a sweep to a logging failure
+        warnings.warn(f"wandb.init failed ({type(e).__name__}: {e}); skipping W&B logging")
+        return None
+    try:
+        payload = {}
+        for tname, rows in tables.items():
+            rows = list(rows)
+            if rows:
+                payload[f"{tname}_table"] = _table(rows)
+        for iname, path in (images or {}).items():
+            if path and os.path.exists(path):
+                payload[f"fig/{iname}"] = wandb.Image(path)
+        run.log(payload)
+        for k, v in (summary or {}).items():
+            run.summary[k] = v
+        run_dir = os.path.dirname(run.dir)  # .../wandb/<run>/files -> .../wandb/<run>
+    finally:
+        run.finish()
+    return run_dir

@@ -1,0 +1,122 @@
+"""Crossover detection on synthetic curves with known n*, and the c2 / c_lin fit."""
+
+import math
+
+import numpy as np
+import pytest
+
+from eval.crossover import (STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER, STATUS_NODATA, constants_crossover,
+                            detect_crossovers, find_crossover, fit_constant_per_token, fit_quadratic_per_token)
+
+NS = [2**i for i in range(8, 16)]  # 256 .. 32768
+
+
+def _power(ns, c, p):
+    return [c * n**p for n in ns]
+
+
+@pytest.mark.parametrize("n_star", [300.0, 1200.0, 5000.0, 20000.0])
+def test_power_laws_cross_exactly_in_log_log(n_star):
+    # baseline ~ n^2, variant ~ n: straight lines in log-log, so log-log interpolation is exact
+    base = _power(NS, 1.0, 2)
+    var = _power(NS, n_star, 1)  # equal at n = n_star
+    res = find_crossover(NS, var, NS, base)
+    assert res["status"] == STATUS_CROSS
+    assert res["n_star"] == pytest.approx(n_star, rel=1e-9)
+    assert res["crossings"][-1][1] == "variant_wins"
+
+
+def test_no_crossover_cases_are_explicit():
+    base = _power(NS, 1.0, 2)
+    slower = [2 * b for b in base]
+    res = find_crossover(NS, slower, NS, base)
+    assert res["status"] == STATUS_NEVER and math.isnan(res["n_star"])
+    assert res["ratio_at_max"] == pytest.approx(2.0)
+    faster = [0.5 * b for b in base]
+    res = find_crossover(NS, faster, NS, base)
+    assert res["status"] == STATUS_ALWAYS and math.isnan(res["n_star"])
+    assert find_crossover([], [], NS, base)["status"] == STATUS_NODATA
+    # disjoint lengths -> nothing to compare
+    assert find_crossover([3, 5], [1, 1], [2, 4], [1, 1])["status"] == STATUS_NODATA
+
+
+def test_nan_and_failed_points_are_dropped():
+    base = _power(NS, 1.0, 2)
+    var = _power(NS, 1200.0, 1)
+    var[-1] = float("nan")  # e.g. an OOM at the largest N
+    var[0] = -1.0
+    res = find_crossover(NS, var, NS, base)
+    assert res["status"] == STATUS_CROSS and res["n_star"] == pytest.approx(1200.0, rel=1e-9)
+    assert res["points"] == len(NS) - 2
+
+
+def test_crossing_and_crossing_back():
+    # variant wins only in the middle of the range: the winning crossing is reported, both are listed
+    ns = [256, 512, 1024, 2048, 4096]
+    base = [1.0, 1.0, 1.0, 1.0, 1.0]
+    var = [2.0, 0.5, 0.5, 0.5, 2.0]
+    res = find_crossover(ns, var, ns, base)
+    assert res["status"] == STATUS_CROSS
+    assert [d for _, d in res["crossings"]] == ["variant_wins", "baseline_wins"]
+    assert 256 < res["n_star"] < 512
+    assert res["n_star"] == pytest.approx(math.exp(math.log(256) + 0.5 * math.log(2)), rel=1e-9)
+
+
+def test_fit_c2_c_lin_recovers_constants():
+    c0, c2, c_lin = 3e-3, 2e-6, 7e-3  # per-token: exact c0 + c2 n, linear c_lin
+    ns = [512, 1024, 2048, 4096, 8192]
+    tb = [c0 + c2 * n for n in ns]
+    a0, a2 = fit_quadratic_per_token(ns, tb)
+    assert a0 == pytest.approx(c0, rel=1e-9) and a2 == pytest.approx(c2, rel=1e-9)
+    tl = [c_lin * (1 + 0.3 / (n / 512)) for n in ns]  # overhead that decays with n
+    assert fit_constant_per_token(ns, tl) == pytest.approx(c_lin * (1 + 0.3 / 8), rel=1e-9)  # median of upper half
+    fit = constants_crossover(ns, tb, ns, [c_lin] * len(ns))
+    assert fit["n_star_const"] == pytest.approx(c_lin / c2)
+    assert fit["n_star_fit"] == pytest.approx((c_lin - c0) / c2)
+    # the interpolated crossing of the total times agrees with the fitted one
+    res = find_crossover(ns, [c_lin] * len(ns), ns, tb)
+    assert res["status"] == STATUS_CROSS
+    assert res["n_star"] == pytest.approx((c_lin - c0) / c2, rel=0.05)
+    with pytest.raises(ValueError, match="two"):
+        fit_quadratic_per_token([1024], [1.0])
+
+
+def test_noisy_fit_is_close():
+    rng = np.random.default_rng(0)
+    ns = np.array([256, 512, 1024, 2048, 4096, 8192, 16384])
+    c2 = 1e-6
+    tb = c2 * ns * (1 + 0.03 * rng.standard_normal(len(ns)))
+    _, a2 = fit_quadratic_per_token(ns, tb)
+    assert a2 == pytest.approx(c2, rel=0.1)
+
+
+def _rows(variant, backend, ns, times, mem=None, hkv=2, status="ok"):
+    kind = "linear" if variant == "linear" else "flash"
+    return [{"variant": variant, "kind": kind, "backend": backend, "seq_len": str(n), "head_dim": "64",
+             "causal": "True", "n_kv_heads": str(hkv), "status": status, "fwd_ms": repr(t), "bwd_ms": repr(2 * t),
+             "fwd_bwd_ms": repr(3 * t), "tokens": "16384",
+             "peak_mem_bytes": repr(m) if m is not None else "", "model_footprint_bytes": "1"}
+            for n, t, m in zip(ns, times, mem or [None] * len(ns))]
+
+
+def test_detect_crossovers_table():
+    # fixed tokens per step (B * N = const, as in the sweep): exact time ~ n, linear time constant
+    ns = [512, 1024, 2048, 4096, 8192]
+    rows = (_rows("flash", "triton", ns, [n * 1e-3 for n in ns], [n * 1.0 for n in ns])
+            + _rows("linear", "triton", ns, [1.5 for n in ns], [n * 0.5 for n in ns])
+            + _rows("flash", "naive", ns, [2 * n * 1e-3 for n in ns], [n * n * 1.0 for n in ns])
+            + _rows("gqa", "triton", ns, [0.9 * n * 1e-3 for n in ns], hkv=1)
+            + _rows("linear", "torch", ns[:2], [1.0, 1.0], status="oom"))
+    out = detect_crossovers(rows, {"exact": {"variant": "flash", "backend": "triton"},
+                                   "naive": {"variant": "flash", "backend": "naive"}})
+    get = {(r["reference"], r["variant"], r["backend"], r["metric"]): r for r in out}
+    lin = get[("exact", "linear", "triton", "fwd_bwd_ms")]
+    assert lin["status"] == STATUS_CROSS and lin["n_star"] == pytest.approx(1500, rel=1e-6)
+    assert lin["n_star_const"] == pytest.approx(1500, rel=0.05)  # per-token constants give the same n*
+    assert get[("exact", "linear", "triton", "peak_mem_bytes")]["status"] == STATUS_ALWAYS
+    assert get[("exact", "flash", "naive", "fwd_ms")]["status"] == STATUS_NEVER
+    assert "n_star_const" not in get[("exact", "flash", "naive", "fwd_ms")]  # c_lin only for sub-quadratic kinds
+    assert get[("naive", "flash", "triton", "fwd_ms")]["status"] == STATUS_ALWAYS
+    g = get[("exact", "gqa", "triton", "fwd_ms")]
+    assert g["status"] == STATUS_ALWAYS and g["baseline_n_kv_heads"] == 2  # GQA compared with the MHA curve
+    assert not any(r["backend"] == "torch" for r in out)  # failed series have no ok points

@@ -1,0 +1,226 @@
+"""sweep -> CSV -> crossover -> plots -> W&B (offline), end to end on tiny CPU sizes; failures recorded; resume."""
+
+import glob
+import json
+import os
+
+import pytest
+import torch
+
+from eval import sweep as sw
+from eval.crossover import run as crossover_run
+
+TINY = {
+    "name": "tiny",
+    "device": "cpu",
+    "dtype": "float32",
+    "n_heads": 2,
+    "tokens": 64,
+    "seq_lens": [16, 32, 64],
+    "head_dims": [8],
+    "causal": [True],
+    "kv_heads": [None],
+    "modes": ["fwd", "bwd", "fwd_bwd"],
+    "warmup": 0,
+    "rep": 1,
+    "variants": {"flash": {"kind": "flash"}, "linear": {"kind": "linear", "chunk_size": 8},
+                 "sliding_window": {"kind": "sliding_window", "window_size": [7, 0]}},
+    "backends": ["torch", "naive"],
+    "exclude": [{"variant": "sliding_window", "backend": "naive"}],
+    "baseline": {"variant": "flash", "backend": "torch"},
+    "naive": {"variant": "flash", "backend": "naive"},
+}
+
+CALLS = {"count": 0}
+
+
+@sw.register_bench_backend("test_oom")
+def _oom_backend(spec, q, k, v):
+    def fn(q, k, v):
+        if q.shape[2] >= 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB (simulated)")
+        return attn_torch(q, k, v, spec)
+
+    return fn
+
+
+@sw.register_bench_backend("test_broken")
+def _broken_backend(spec, q, k, v):
+    raise RuntimeError("backend exploded (simulated)")
+
+
+@sw.register_bench_backend("test_counting")
+def _counting_backend(spec, q, k, v):
+    CALLS["count"] += 1
+    return lambda q, k, v: attn_torch(q, k, v, spec)
+
+
+def attn_torch(q, k, v, spec):
+    from attn_zoo import attention
+
+    return attention(q, k, v, spec, backend="torch")
+
+
+@pytest.fixture(autouse=True)
+def _wandb_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb_cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+
+
+def test_failures_are_rows_and_the_sweep_continues(tmp_path):
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_oom", "test_broken", "torch"],
+               seq_lens=[16, 32, 64])
+    rows = sw.run_sweep(cfg, str(tmp_path / "k.csv"), progress=False)
+    by = {(r["backend"], int(r["seq_len"])): r for r in rows}
+    assert by[("test_oom", 16)]["status"] == "ok"
+    assert by[("test_oom", 32)]["status"] == "oom" and "out of memory" in by[("test_oom", 32)]["error"]
+    assert by[("test_oom", 64)]["status"] == "skipped"  # the series stops growing after an OOM
+    assert all(by[("test_broken", n)]["status"] in ("error", "skipped") for n in (16, 32, 64))
+    assert "exploded" in by[("test_broken", 16)]["error"]
+    assert all(by[("torch", n)]["status"] == "ok" for n in (16, 32, 64))  # later backends still ran
+    assert float(by[("torch", 64)]["fwd_bwd_ms"]) > 0
+
+
+def test_resume_skips_finished_points(tmp_path):
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_counting"], seq_lens=[16, 32])
+    path = str(tmp_path / "k.csv")
+    CALLS["count"] = 0
+    sw.run_sweep(cfg, path, progress=False)
+    assert CALLS["count"] == 2
+    rows1 = sw.read_rows(path)
+    cfg2 = dict(cfg, seq_lens=[16, 32, 64])  # extend the sweep: only the new point runs
+    rows2 = sw.run_sweep(cfg2, path, progress=False)
+    assert CALLS["count"] == 3
+    assert len(rows2) == len(rows1) + 1
+    sw.run_sweep(cfg2, path, progress=False, resume=False)  # start over: everything runs again
+    assert CALLS["count"] == 6 and len(sw.read_rows(path)) == 3
+    # retry_failed re-runs error / oom / skipped points only; readers keep the last row of a point
+    broken = dict(cfg2, backends=["test_broken"])
+    sw.run_sweep(broken, path, progress=False)
+    assert sum(r["backend"] == "test_broken" for r in sw.read_rows(path)) == 3
+    rows = sw.run_sweep(broken, path, progress=False, retry_failed=True)
+    assert sum(r["backend"] == "test_broken" for r in sw.read_rows(path)) == 6
+    assert len([r for r in rows if r["backend"] == "test_broken"]) == 3 and CALLS["count"] == 6
+
+
+def test_end_to_end_pipeline(tmp_path):
+    out = tmp_path / "res"
+    res = crossover_run({"sweep": TINY, "out_dir": str(out), "progress": False, "machine": "a100",
+                         "model_sweep": False, "wandb": {"enabled": True, "mode": "offline", "group": "test"}})
+    # CSV / JSON results
+    rows = sw.read_rows(str(out / "kernel.csv"))
+    assert len(rows) == 3 * 2 * 3 - 3  # variants x backends x N minus the excluded points
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
+    assert all(float(r["fwd_ms"]) > 0 and float(r["bwd_ms"]) > 0 and float(r["fwd_bwd_ms"]) > 0 for r in rows)
+    assert all(float(r["fwd_bwd_tflops"]) > 0 and float(r["model_footprint_bytes"]) > 0 for r in rows)
+    cross = json.load(open(out / "crossover.json"))
+    assert cross["env"]["torch"] == torch.__version__
+    metrics = {(c["reference"], c["variant"], c["backend"], c["metric"]) for c in cross["rows"]}
+    assert ("exact", "linear", "torch", "fwd_bwd_ms") in metrics
+    assert ("naive", "flash", "torch", "fwd_ms") in metrics
+    assert ("exact", "sliding_window", "torch", "model_footprint_bytes") in metrics  # CPU: modelled memory
+    for c in cross["rows"]:
+        assert c["status"] in ("crossover", "variant faster in whole range",
+                               "no crossover in range (baseline faster)")
+    assert (out / "crossover.csv").stat().st_size > 0
+    # figures: PNG + SVG, non-empty
+    for name in ("time_vs_n_fwd_bwd", "time_vs_n_fwd", "memory_vs_n", "roofline"):
+        for ext in ("png", "svg"):
+            p = out / f"{name}.{ext}"
+            assert p.exists() and p.stat().st_size > 2000, p
+    # W&B offline run holds the tables and the images
+    wdir = res["wandb_dir"]
+    assert wdir and os.path.basename(wdir).startswith("offline-run-")
+    tables = glob.glob(os.path.join(wdir, "files", "media", "table", "*.table.json"))
+    kt = [t for t in tables if os.path.basename(t).startswith("kernel_table")]
+    assert kt and any(os.path.basename(t).startswith("crossover_table") for t in tables)
+    tab = json.load(open(kt[0]))
+    assert "fwd_bwd_ms" in tab["columns"] and len(tab["data"]) == len(rows)
+    assert glob.glob(os.path.join(wdir, "files", "media", "images", "**", "*.png"), recursive=True)
+
+
+def test_hydra_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        for name in ("cpu_tiny", "speed_h200"):
+            cfg = compose(config_name="crossover", overrides=[f"sweep={name}"])
+            assert cfg.sweep.name == name and cfg.out_dir == f"results/{name}"
+            pts = sw.expand_points(dict(cfg.sweep))
+            assert pts and all(p["seq_len"] in list(cfg.sweep.seq_lens) for p in pts)
+        pc = compose(config_name="plots", overrides=["results_dir=x"])
+        assert pc.results_dir == "x"
+        qc = compose(config_name="quality")
+        assert qc.wandb.mode == "auto"
+
+
+def _fake_run(root, i, data, variant, seq_len, acc, bpb, step_time):
+    run = root / f"{i}_{data}_{variant}_{seq_len}"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "csv").mkdir()
+    target = "attn_zoo.data.MQARDataModule" if data == "mqar" else "attn_zoo.data.TextDataModule"
+    (run / ".hydra" / "config.yaml").write_text(
+        f"data:\n  _target_: {target}\n  seq_len: {seq_len}\n  vocab_size: {128 if data == 'mqar' else 256}\n"
+        f"attention:\n  name: {variant}\n  kind: flash\nmodel:\n  layers: null\nexperiment_name: cq\nseed: 0\n")
+    lines = ["epoch,perf/peak_mem_mb,perf/step_time_s,perf/tokens_per_s,step,val/acc,val/bpb,val/loss"]
+    for s in range(1, 6):
+        lines.append(f"0,{100 + seq_len},{step_time},{seq_len * 16 / step_time},{s},,,")
+    lines.append(f"0,,,,5,{acc},{'' if data == 'mqar' else bpb},{bpb * 0.69}")
+    (run / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_quality_join_leaders_and_figures(tmp_path):
+    from eval.quality import run as quality_run
+
+    root = tmp_path / "multirun"
+    i = 0
+    # MQAR: exact is accurate but slow (time ~ n); linear is fast and mediocre: the leader per second changes
+    for n in (64, 128, 256, 512):
+        _fake_run(root, i, "mqar", "flash", n, 0.9, 1.0, 0.001 * n); i += 1
+        _fake_run(root, i, "mqar", "linear", n, 0.3, 1.0, 0.08); i += 1
+        _fake_run(root, i, "text", "flash", n, 0.5, 2.0, 0.001 * n); i += 1
+        _fake_run(root, i, "text", "linear", n, 0.5, 2.5, 0.2); i += 1
+    res = quality_run({"runs": [str(root)], "out_dir": str(tmp_path / "q"),
+                       "wandb": {"enabled": True, "mode": "offline"}})
+    assert len(res["runs"]) == 16 and len(res["agg"]) == 16
+    mqar = [r for r in res["leaders"] if r["dataset"] == "mqar"]
+    assert [r["leader"] for r in mqar if r["kind"] == "leader"] == ["flash", "flash", "linear", "linear"]
+    cross = [r for r in mqar if r["kind"] == "crossover"]
+    # flash: 0.9 / (0.001 n) = linear: 0.3 / 0.08 at n = 240
+    assert len(cross) == 1 and cross[0]["leader"] == "flash -> linear"
+    assert cross[0]["n_star"] == pytest.approx(240, rel=1e-6)
+    text = [r for r in res["leaders"] if r["dataset"] == "text" and r["kind"] == "crossover"]
+    # text quality per second: flash (8 - 2) / (0.001 n) = linear (8 - 2.5) / 0.2 at n = 218.2
+    assert len(text) == 1 and text[0]["status"] == "crossover"
+    assert text[0]["n_star"] == pytest.approx(6.0 / 0.001 / 27.5, rel=1e-6)
+    for name in ("quality_vs_n", "bubble_mqar", "bubble_text"):
+        png = tmp_path / "q" / f"{name}.png"
+        assert png.exists() and png.stat().st_size > 2000
+    assert res["wandb_dir"] and glob.glob(os.path.join(res["wandb_dir"], "files", "media", "table", "leaders*.json"))
+
+
+@pytest.mark.parametrize("variant", [{"kind": "flash"}, {"kind": "sliding_window", "window_size": (5, 0)},
+                                     {"kind": "sparse", "block_size": 8}, {"kind": "linear"},
+                                     {"kind": "flash", "causal": False}])
+def test_bench_backends_compute_the_variant(variant):
+    """The sweep's own baselines (naive, SDPA) compute the same function as the reference."""
+    from attn_zoo import attention, make_spec
+
+    spec = make_spec(**variant)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 32, 8, generator=g)
+    k = torch.randn(2, 2, 32, 8, generator=g)  # GQA, Hkv = 2
+    v = torch.randn(2, 2, 32, 8, generator=g)
+    ref = attention(q, k, v, spec, backend="reference")
+    for name in ("naive", "sdpa_math"):
+        try:
+            fn = sw.BENCH_BACKENDS[name].build(spec, q, k, v)
+        except sw.Unsupported:
+            assert name.startswith("sdpa") and spec.kind != "flash"
+            continue
+        torch.testing.assert_close(fn(q, k, v), ref, atol=1e-5, rtol=1e-5)
