@@ -5,13 +5,15 @@
   ``Nq - Nk`` rows see nothing and are 0.
 * Window and block-sparse on CUDA: FlexAttention (Guessous et al. 2024) with a ``BlockMask`` built from the
   same element rule (:meth:`attn_zoo.masks.MaskInfo.allowed`); compiled once per process.
-* Window and block-sparse elsewhere: SDPA with the dense boolean mask (O(Nq * Nk) memory).
+* Window and block-sparse elsewhere, or where compiling FlexAttention fails (a warning says so): SDPA with
+  the dense boolean mask (O(Nq * Nk) memory).
 
 Rows that see no key output 0 with zero gradient (SDPA alone would give NaN there).
 """
 
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 
 import torch
@@ -43,6 +45,7 @@ def _sdpa_dense_mask(q, k, v, scale, mi: MaskInfo):
 
 
 _flex_compiled = None
+_FLEX_FAILED = set()  # (spec, Nq, Nk) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
 def _flex():
@@ -91,8 +94,16 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
             return _sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
         top = torch.zeros_like(q[:, :, : Nq - Nk, :v.shape[-1]])  # rows with i' < 0 see nothing
         return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
-    if q.is_cuda:
+    if q.is_cuda and (spec, Nq, Nk) not in _FLEX_FAILED:
         bm = _block_mask(spec, Nq, Nk, str(q.device))
-        res = _flex()(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
-        return res
+        try:
+            return _flex()(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # compile / lowering failures (seen: ragged Nq != Nk shapes on torch 2.11)
+            if return_lse:
+                raise
+            _FLEX_FAILED.add((spec, Nq, Nk))
+            warnings.warn(f"compiled FlexAttention failed for kind={spec.kind!r}, Nq={Nq}, Nk={Nk} "
+                          f"({type(e).__name__}); using SDPA with a dense mask (O(Nq * Nk) memory) instead")
     return _sdpa_dense_mask(q, k, v, scale, mi)
