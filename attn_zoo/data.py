@@ -1,0 +1,268 @@
+"""Lightning data modules: real text (byte-level, packed) and synthetic MQAR.
+
+* :class:`TextDataModule`: a local text file through ``datasets.load_dataset("text", ...)`` or a Hugging Face
+  hub dataset, tokenised to UTF-8 bytes (vocab 256, nothing to download), packed into ``seq_len + 1``
+  windows (inputs and next-token targets), contiguous tail held out for validation, token array cached.
+* :class:`MQARDataModule`: multi-query associative recall (Arora et al. 2023, "Zoology", section 3), generated
+  from a seed: the embedded default task, no files and no network.
+
+Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100`` are ignored by the loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+TOKENIZERS = ("byte",)
+
+
+# ---------------------------------------------------------------------------------------------- text
+class PackedDataset(Dataset):
+    """Windows ``tokens[i*seq_len : i*seq_len + seq_len + 1]`` -> ``(x, y)`` with ``y`` shifted by one."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int):
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.n = max((tokens.numel() - 1) // seq_len, 0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        s = i * self.seq_len
+        w = self.tokens[s: s + self.seq_len + 1].long()
+        return w[:-1], w[1:]
+
+
+def byte_tokenize(text: str) -> np.ndarray:
+    """UTF-8 bytes as tokens, uint8 ``(n_bytes,)``; vocab 256, one byte per token."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def unigram_entropy_bits(tokens: torch.Tensor, vocab_size: int = 256) -> float:
+    """Entropy of the empirical token distribution, bits per token (the unigram baseline)."""
+    counts = torch.bincount(tokens.long().flatten(), minlength=vocab_size).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log2()).sum())
+
+
+class TextDataModule(L.LightningDataModule):
+    """Byte-level language modelling on a text corpus.
+
+    Args:
+        path: local text file (or list of files). Missing -> ``FileNotFoundError`` naming ``data.path``.
+        hub_name / hub_config / hub_split / text_column: a hub dataset (used when ``path`` is None; needs
+            network on first use, then ``datasets``' cache).
+        seq_len: tokens per training window (each window holds ``seq_len + 1`` tokens for the shift).
+        val_fraction: fraction of the token stream (its contiguous tail) held out for validation.
+        tokenizer: ``"byte"`` (UTF-8 bytes, vocab 256).
+        cache_dir: where the token array is cached, keyed by path, size, mtime and tokenizer
+            (None: no ``.pt`` cache; ``datasets`` still caches the parsed text).
+        max_bytes: optional cap on the corpus size (quick runs).
+
+    Attributes after :meth:`setup`: ``bytes_per_token`` (1.0 for bytes; for bits-per-byte
+    ``bpb = loss_nats / ln 2 / bytes_per_token``), ``train_tokens``, ``val_tokens``, ``vocab_size``.
+    """
+
+    def __init__(self, path=None, hub_name: Optional[str] = None, hub_config: Optional[str] = None,
+                 hub_split: str = "train", text_column: str = "text", seq_len: int = 256, batch_size: int = 32,
+                 val_fraction: float = 0.1, tokenizer: str = "byte", cache_dir: Optional[str] = None,
+                 max_bytes: Optional[int] = None, num_workers: int = 0, shuffle: bool = True, seed: int = 0,
+                 vocab_size: int = 256):
+        super().__init__()
+        if tokenizer not in TOKENIZERS:
+            raise ValueError(f"data.tokenizer={tokenizer!r} is not supported; allowed values: {', '.join(TOKENIZERS)}")
+        if not 0.0 < float(val_fraction) < 1.0:
+            raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction!r}")
+        if path is None and hub_name is None:
+            raise ValueError("set data.path (a local text file) or data.hub_name (a hub dataset)")
+        if vocab_size != 256:
+            raise ValueError(f"data.vocab_size must be 256 for the byte tokenizer, got {vocab_size}")
+        self.path = path
+        self.hub_name, self.hub_config, self.hub_split, self.text_column = hub_name, hub_config, hub_split, text_column
+        self.seq_len, self.batch_size, self.val_fraction = int(seq_len), int(batch_size), float(val_fraction)
+        self.tokenizer, self.cache_dir, self.max_bytes = tokenizer, cache_dir, max_bytes
+        self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
+        self.vocab_size = 256
+        self.bytes_per_token = 1.0
+        self.train_tokens: Optional[torch.Tensor] = None
+        self.val_tokens: Optional[torch.Tensor] = None
+        self._check_paths()
+
+    # -- loading
+    def _paths(self) -> Sequence[str]:
+        if self.path is None:
+            return []
+        return [str(p) for p in (self.path if isinstance(self.path, (list, tuple)) else [self.path])]
+
+    def _check_paths(self):
+        for p in self._paths():
+            if not os.path.isfile(p):
+                raise FileNotFoundError(
+                    f"data.path={p!r} does not exist or is not a file (absolute: {os.path.abspath(p)}); "
+                    f"pass data.path=<text file>, e.g. data.path=../shared/data/tinyshakespeare/input.txt"
+                )
+
+    def _cache_file(self) -> Optional[Path]:
+        if self.cache_dir is None or not self._paths():
+            return None
+        h = hashlib.sha1()
+        for p in self._paths():
+            st = os.stat(p)
+            h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}|".encode())
+        h.update(f"{self.tokenizer}|{self.max_bytes}".encode())
+        return Path(self.cache_dir) / f"tokens-{h.hexdigest()[:16]}.pt"
+
+    def _load_text(self) -> str:
+        import datasets
+
+        if self._paths():
+            ds = datasets.load_dataset("text", data_files=list(self._paths()), sample_by="document", split="train")
+        else:  # hub dataset (network on first use)
+            ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split)
+        if self.text_column not in ds.column_names:
+            raise ValueError(f"data.text_column={self.text_column!r} not in dataset columns {ds.column_names}")
+        return "\n".join(ds[self.text_column])
+
+    def load_tokens(self) -> torch.Tensor:
+        """The whole corpus as a token tensor (uint8 for bytes), from the cache when valid."""
+        cache = self._cache_file()
+        if cache is not None and cache.exists():
+            blob = torch.load(cache, weights_only=True)
+            return blob["tokens"]
+        text = self._load_text()
+        data = byte_tokenize(text)
+        if self.max_bytes:
+            data = data[: int(self.max_bytes)]
+        tokens = torch.from_numpy(data.copy())
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".tmp{os.getpid()}")
+            torch.save({"tokens": tokens, "paths": list(self._paths())}, tmp)
+            os.replace(tmp, cache)
+        return tokens
+
+    def setup(self, stage: Optional[str] = None):
+        if self.train_tokens is not None:
+            return
+        tokens = self.load_tokens()
+        n_val = int(round(tokens.numel() * self.val_fraction))
+        if n_val < self.seq_len + 1 or tokens.numel() - n_val < self.seq_len + 1:
+            raise ValueError(
+                f"corpus of {tokens.numel()} tokens is too small for seq_len={self.seq_len} with "
+                f"val_fraction={self.val_fraction}: each split needs at least seq_len + 1 tokens"
+            )
+        self.train_tokens = tokens[: tokens.numel() - n_val]
+        self.val_tokens = tokens[tokens.numel() - n_val:]  # contiguous tail
+        self.bytes_per_token = 1.0  # byte tokenizer; a subword tokenizer would report bytes / tokens
+        self.train_set = PackedDataset(self.train_tokens, self.seq_len)
+        self.val_set = PackedDataset(self.val_tokens, self.seq_len)
+
+    def unigram_bits_per_byte(self) -> float:
+        """Unigram entropy of the train split, bits per byte (the baseline a model must beat)."""
+        self.setup()
+        return unigram_entropy_bits(self.train_tokens, self.vocab_size) / self.bytes_per_token
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, drop_last=True,
+                          num_workers=self.num_workers, generator=g)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+
+
+# ---------------------------------------------------------------------------------------------- MQAR
+def generate_mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs: int, power_a: float = 0.01,
+                  seed: int = 0, random_non_queries: bool = True):
+    """Multi-query associative recall (Arora et al. 2023, "Zoology", section 3 and appendix).
+
+    Each example starts with ``num_kv_pairs`` key-value pairs ``k1 v1 k2 v2 ...`` (keys distinct, drawn from
+    ``1 .. vocab_size/2 - 1``; values drawn from ``vocab_size/2 .. vocab_size - 1``). The rest of the
+    sequence holds every key once more as a query, at gap ``g`` (in token pairs) drawn without
+    replacement with ``P(g) ~ a * g^(a-1)`` (power law, ``a = power_a``; small ``a`` favours short gaps).
+    The target at a query position is the value bound to that key; every other target is ``-100``.
+    Non-query slots hold random tokens when ``random_non_queries`` (else 0).
+
+    Returns ``(inputs, targets)``: int64 ``(num_examples, seq_len)``. Deterministic in ``seed``.
+    Raises ``ValueError`` when the sizes do not fit (names the argument).
+    """
+    if seq_len % 2:
+        raise ValueError(f"data.seq_len must be even for MQAR, got {seq_len}")
+    if num_kv_pairs < 1 or 4 * num_kv_pairs > seq_len:
+        raise ValueError(f"data.num_kv_pairs={num_kv_pairs} must be in [1, seq_len/4={seq_len // 4}]")
+    key_vocab = vocab_size // 2
+    if key_vocab - 1 < num_kv_pairs or vocab_size - key_vocab < num_kv_pairs:
+        raise ValueError(f"data.vocab_size={vocab_size} too small for num_kv_pairs={num_kv_pairs} distinct keys/values")
+    if power_a <= 0:
+        raise ValueError(f"data.power_a must be > 0, got {power_a}")
+    g = torch.Generator().manual_seed(int(seed))
+    E, P = int(num_examples), int(num_kv_pairs)
+    ctx = 2 * P
+    # distinct keys / values per example: first P of a random permutation
+    keys = torch.argsort(torch.rand(E, key_vocab - 1, generator=g), dim=1)[:, :P] + 1  # (E, P) in [1, V/2)
+    values = torch.argsort(torch.rand(E, vocab_size - key_vocab, generator=g), dim=1)[:, :P] + key_vocab
+    seq = torch.zeros(E, seq_len + 1, dtype=torch.long)
+    seq[:, 0:ctx:2] = keys
+    seq[:, 1:ctx:2] = values
+    space = (seq_len - ctx) // 2  # query slots at even offsets 0, 2, ... of the query region
+    gaps_p = power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
+    gaps = torch.multinomial(gaps_p.expand(E, space), P, replacement=False, generator=g)  # (E, P) in [0, space)
+    qpos = ctx + 2 * gaps  # absolute query positions
+    is_query = torch.zeros(E, seq_len + 1, dtype=torch.bool)
+    is_query.scatter_(1, qpos, True)
+    if random_non_queries:
+        filler = torch.randint(0, vocab_size, (E, seq_len + 1), generator=g)
+        region = torch.zeros_like(is_query)
+        region[:, ctx:] = True
+        seq = torch.where(region & ~is_query, filler, seq)
+    seq.scatter_(1, qpos, keys)
+    # a query token's target (next-token label) is its value; labels[t] = target of inputs[t]
+    targets = torch.full((E, seq_len + 1), -100, dtype=torch.long)
+    targets.scatter_(1, qpos, values)
+    return seq[:, :seq_len].contiguous(), targets[:, :seq_len].contiguous()
+
+
+class MQARDataModule(L.LightningDataModule):
+    """MQAR train / val sets (different seeds), see :func:`generate_mqar`.
+
+    ``vocab_size`` is the model vocabulary; ``bytes_per_token`` is None (no bits-per-byte for MQAR).
+    """
+
+    def __init__(self, vocab_size: int = 128, seq_len: int = 64, num_kv_pairs: int = 8, num_train: int = 20000,
+                 num_val: int = 1000, power_a: float = 0.01, random_non_queries: bool = True, batch_size: int = 64,
+                 seed: int = 0, num_workers: int = 0):
+        super().__init__()
+        self.vocab_size, self.seq_len, self.num_kv_pairs = int(vocab_size), int(seq_len), int(num_kv_pairs)
+        self.num_train, self.num_val, self.power_a = int(num_train), int(num_val), float(power_a)
+        self.random_non_queries, self.batch_size, self.seed = random_non_queries, int(batch_size), int(seed)
+        self.num_workers = num_workers
+        self.bytes_per_token = None
+        # validate sizes early (cheap, 1 example)
+        generate_mqar(1, self.seq_len, self.vocab_size, self.num_kv_pairs, self.power_a, self.seed)
+        self.train_set = self.val_set = None
+
+    def setup(self, stage: Optional[str] = None):
+        if self.train_set is not None:
+            return
+        args = (self.seq_len, self.vocab_size, self.num_kv_pairs, self.power_a)
+        self.train_set = TensorDataset(*generate_mqar(self.num_train, *args, seed=self.seed,
+                                                      random_non_queries=self.random_non_queries))
+        self.val_set = TensorDataset(*generate_mqar(self.num_val, *args, seed=self.seed + 1_000_003,
+                                                    random_non_queries=self.random_non_queries))
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
+                          num_workers=self.num_workers, generator=g)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)

@@ -1,0 +1,165 @@
+"""``LitLM``: the Lightning module that trains :class:`attn_zoo.model.GPT`.
+
+Optimiser: AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (``p.dim() >= 2``),
+linear warmup then cosine decay to ``min_lr_ratio * lr``. Gradient clipping and precision (bf16-mixed
+on GPU) are Trainer settings.
+
+Logged metrics
+    train/loss, train/lr, perf/tokens_per_s, perf/step_time_s, perf/peak_mem_mb (CUDA max allocated, else
+    process RSS), model/n_params (once, also in hparams);
+    val/loss, val/ppl, val/acc (next-token accuracy on scored positions; MQAR: accuracy on query positions),
+    val/bpb (text: ``loss / ln 2 / bytes_per_token``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import List, Optional
+
+import lightning as L
+import torch
+
+from .model import GPT, config_from_dict, spec_to_dict
+from .spec import AttentionSpec, make_spec
+
+
+def _peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except Exception:  # pragma: no cover - psutil missing
+        return float("nan")
+
+
+def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier: ``step / warmup`` during warmup, then cosine from 1 to ``min_lr_ratio`` at ``total_steps``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if total_steps <= warmup_steps:
+        return 1.0
+    t = min(max((step - warmup_steps) / (total_steps - warmup_steps), 0.0), 1.0)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+class LitLM(L.LightningModule):
+    """Language-model training around a :class:`GPT`; the module builds the model from plain dicts so a
+    checkpoint is self-contained (``LitLM.load_from_checkpoint(path)``).
+
+    Args:
+        model_config: :class:`attn_zoo.model.GPTConfig` fields.
+        layer_specs: one spec dict per layer (``attn_zoo.make_spec`` keyword arguments).
+        backend: attention backend for every layer.
+        redraw_interval: FAVOR feature redraw period in steps (0 = never).
+        lr, weight_decay, betas, warmup_steps, min_lr_ratio: optimiser / schedule.
+        total_steps: schedule length; None = the Trainer's ``estimated_stepping_batches``.
+        bytes_per_token: text data; enables ``val/bpb``. None for synthetic tasks.
+        task: free-form label (``"text"`` / ``"mqar"``) kept in hparams.
+    """
+
+    def __init__(self, model_config: dict, layer_specs: List[dict], backend: str = "auto", redraw_interval: int = 0,
+                 lr: float = 1e-3, weight_decay: float = 0.1, betas=(0.9, 0.95), warmup_steps: int = 100,
+                 min_lr_ratio: float = 0.1, total_steps: Optional[int] = None,
+                 bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        specs = [make_spec(**dict(s)) for s in layer_specs]
+        self.model = GPT(config_from_dict(dict(model_config)), specs, backend=backend, redraw_interval=redraw_interval)
+        self.hparams["n_params"] = self.model.num_params()
+        self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
+        self._t0: Optional[float] = None
+        self._val_sum = self._val_cnt = self._val_correct = 0.0
+        if compile:
+            self.model = torch.compile(self.model)
+
+    @staticmethod
+    def specs_to_dicts(specs: List[AttentionSpec]) -> List[dict]:
+        return [spec_to_dict(s) for s in specs]
+
+    @property
+    def gpt(self) -> GPT:
+        return getattr(self.model, "_orig_mod", self.model)
+
+    def forward(self, idx, targets=None):
+        return self.model(idx, targets)
+
+    # ------------------------------------------------------------------ training
+    def on_train_start(self):
+        n = self.gpt.num_params()
+        for lg in self.loggers:
+            lg.log_metrics({"model/n_params": float(n)}, step=self.global_step)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.gpt.redraw_features(self.global_step)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._t0 = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch  # (B, N), (B, N)
+        _, loss = self.model(x, y)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self._t0 is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - self._t0
+        x = batch[0]
+        world = self.trainer.world_size if self.trainer is not None else 1
+        self.log_dict({
+            "perf/step_time_s": dt,
+            "perf/tokens_per_s": x.numel() * world / max(dt, 1e-9),
+            "perf/peak_mem_mb": _peak_mem_mb(self.device),
+            "train/lr": self.optimizers().param_groups[0]["lr"],
+        }, on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------ validation
+    def on_validation_epoch_start(self):
+        self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        self._val_cnt = torch.zeros((), device=self.device, dtype=torch.float64)
+        self._val_correct = torch.zeros((), device=self.device, dtype=torch.float64)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x)  # (B, N, V)
+        mask = y != -100
+        lf = logits.float()[mask]
+        tgt = y[mask]
+        self._val_sum += torch.nn.functional.cross_entropy(lf, tgt, reduction="sum").double()
+        self._val_cnt += mask.sum().double()
+        self._val_correct += (lf.argmax(-1) == tgt).sum().double()
+
+    def on_validation_epoch_end(self):
+        s, c, ok = self._val_sum, self._val_cnt, self._val_correct
+        if self.trainer is not None and self.trainer.world_size > 1:
+            s, c, ok = (self.all_gather(t).sum() for t in (s, c, ok))
+        loss = (s / c.clamp(min=1)).float()
+        metrics = {"val/loss": loss, "val/ppl": torch.exp(loss.clamp(max=50)), "val/acc": (ok / c.clamp(min=1)).float()}
+        if self.hparams.bytes_per_token:
+            metrics["val/bpb"] = loss / math.log(2) / float(self.hparams.bytes_per_token)
+        # already summed over ranks above: identical on every rank, sync_dist only silences Lightning's warning
+        self.log_dict(metrics, prog_bar=True, sync_dist=self.trainer is not None and self.trainer.world_size > 1)
+
+    # ------------------------------------------------------------------ optimiser
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for _, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (decay if p.dim() >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas),
+                                fused=self.device.type == "cuda" or None)
+        total = self.hparams.total_steps
+        if not total:
+            total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
+        warm, mlr = int(self.hparams.warmup_steps), float(self.hparams.min_lr_ratio)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, warm, total, mlr))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

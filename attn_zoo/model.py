@@ -1,0 +1,318 @@
+"""A small decoder-only GPT whose attention layers are any attn-zoo variant.
+
+Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre-norm blocks
+(``x + attn(norm(x))``, ``x + mlp(norm(x))``) -> final norm -> tied output projection.
+
+* Positions: rotary embeddings (RoPE, Su et al. 2021) applied to q and k inside every attention layer.
+* Norm: ``layernorm`` or ``rmsnorm`` (Zhang & Sennrich 2019).
+* MLP: ``gelu`` (GPT-2) or ``swiglu`` (Shazeer 2020, hidden width ``2/3 * 4 * d_model`` rounded to 8).
+* Attention: q/k/v/o projections; K/V have ``spec.resolve_kv_heads(n_head)`` heads (GQA / MQA), and the
+  core is :func:`attn_zoo.attention` with ``(B, H, N, D)`` tensors, so every variant and backend plugs in.
+* Hybrids: one :class:`~attn_zoo.spec.AttentionSpec` per layer (``GPT(config, [lin, lin, flash, lin])``).
+* FAVOR+ (Performer) random features can be redrawn: :meth:`GPT.redraw_features` sets a new seed for every
+  ``favor`` layer (deterministic in ``(base seed, step // redraw_interval)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import List, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .functional import attention
+from .spec import AttentionSpec
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+
+
+@dataclass
+class GPTConfig:
+    """Model hyper-parameters (the attention variant lives in the per-layer specs, incl. ``n_kv_heads``).
+
+    Raises ``ValueError`` naming the field on bad values.
+    """
+
+    vocab_size: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 64
+    max_seq_len: int = 256
+    dropout: float = 0.0
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    bias: bool = False
+    rope_base: float = 10000.0
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_head={self.n_head}")
+        if (self.d_model // self.n_head) % 2:
+            raise ValueError(f"head_dim=d_model/n_head={self.d_model // self.n_head} must be even for RoPE")
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp={self.mlp!r} is not supported; allowed values: {', '.join(MLPS)}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r} is not supported; allowed values: {', '.join(NORMS)}")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+def resolve_layer_specs(specs: Union[AttentionSpec, Sequence[AttentionSpec]], n_layer: int) -> List[AttentionSpec]:
+    """One spec for every layer: a single spec is repeated; a list must have ``n_layer`` entries."""
+    if isinstance(specs, AttentionSpec):
+        return [specs] * n_layer
+    specs = list(specs)
+    if len(specs) != n_layer:
+        raise ValueError(f"layer specs: got {len(specs)} specs for n_layer={n_layer}; give one per layer or a single spec")
+    for i, s in enumerate(specs):
+        if not isinstance(s, AttentionSpec):
+            raise TypeError(f"layer specs[{i}] must be an AttentionSpec, got {type(s).__name__}")
+    return specs
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model)
+    return nn.LayerNorm(config.d_model, bias=config.bias)
+
+
+class Rotary(nn.Module):
+    """RoPE tables for positions ``0 .. max_seq_len-1`` (rotate-half form), applied to ``(B, H, N, D)``."""
+
+    def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (D/2,)
+        t = torch.arange(max_seq_len, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # (N, D/2)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-2]
+        cos = self.cos[:n].to(x.dtype)  # (N, D/2)
+        sin = self.sin[:n].to(x.dtype)
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Multi-head attention layer with q/k/v/o projections around :func:`attn_zoo.attention`.
+
+    ``n_kv_heads = spec.resolve_kv_heads(n_head)``: K and V get ``n_kv_heads * head_dim`` output features
+    (GQA / MQA shrink ``k_proj`` and ``v_proj``); query head ``h`` reads K/V head ``h // (n_head // n_kv_heads)``.
+    """
+
+    def __init__(self, config: GPTConfig, spec: AttentionSpec, rotary: Rotary, backend: str = "auto"):
+        super().__init__()
+        self.spec = spec
+        self.backend = backend
+        self.n_head = config.n_head
+        self.n_kv_heads = spec.resolve_kv_heads(config.n_head)
+        self.head_dim = config.head_dim
+        d, hd = config.d_model, config.head_dim
+        self.q_proj = nn.Linear(d, self.n_head * hd, bias=config.bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.bias)
+        self.o_proj = nn.Linear(self.n_head * hd, d, bias=config.bias)
+        self.o_proj.residual_proj = True  # GPT-2 scaled init
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.rotary = rotary
+        self.favor_seed: Optional[int] = None  # set by GPT.redraw_features for FAVOR layers
+
+    @property
+    def uses_favor(self) -> bool:
+        return self.spec.kind == "linear" and self.spec.feature_map == "favor"
+
+    def current_spec(self) -> AttentionSpec:
+        if self.favor_seed is not None and self.uses_favor:
+            return self.spec.replace(seed=self.favor_seed)
+        return self.spec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape  # (B, N, d_model)
+        q = self.q_proj(x).view(B, N, self.n_head, self.head_dim).transpose(1, 2)  # (B, Hq, N, D)
+        k = self.k_proj(x).view(B, N, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, D)
+        v = self.v_proj(x).view(B, N, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, D)
+        q, k = self.rotary(q), self.rotary(k)
+        y = attention(q, k, v, self.current_spec(), backend=self.backend)  # (B, Hq, N, D)
+        y = y.transpose(1, 2).reshape(B, N, self.n_head * self.head_dim)  # (B, N, Hq*D)
+        return self.resid_dropout(self.o_proj(y))  # (B, N, d_model)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        d = config.d_model
+        self.kind = config.mlp
+        if config.mlp == "swiglu":
+            hidden = int(2 * 4 * d / 3)
+            hidden = 8 * ((hidden + 7) // 8)
+            self.gate = nn.Linear(d, hidden, bias=config.bias)
+            self.up = nn.Linear(d, hidden, bias=config.bias)
+        else:
+            hidden = 4 * d
+            self.up = nn.Linear(d, hidden, bias=config.bias)
+        self.down = nn.Linear(hidden, d, bias=config.bias)
+        self.down.residual_proj = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):  # (B, N, d_model)
+        if self.kind == "swiglu":
+            h = F.silu(self.gate(x)) * self.up(x)
+        else:
+            h = F.gelu(self.up(x))
+        return self.dropout(self.down(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, spec: AttentionSpec, rotary: Rotary, backend: str):
+        super().__init__()
+        self.norm1 = make_norm(config)
+        self.attn = Attention(config, spec, rotary, backend)
+        self.norm2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """Decoder-only language model.
+
+    Args:
+        config: :class:`GPTConfig`.
+        specs: one :class:`AttentionSpec` for every layer, or a list of ``n_layer`` specs (hybrids).
+        backend: attention backend for every layer (``"auto"``, ``"triton"``, ``"torch"``, ``"reference"``).
+        redraw_interval: FAVOR layers get a new random-feature seed every ``redraw_interval`` training steps
+            (0 = never; see :meth:`redraw_features`).
+
+    ``forward(idx, targets=None)``: ``idx`` int64 ``(B, N)`` with ``N <= max_seq_len`` (else ``ValueError``);
+    returns logits ``(B, N, vocab_size)`` and, with ``targets`` ``(B, N)`` (``-100`` = ignored), the mean
+    cross-entropy in nats.
+    """
+
+    def __init__(self, config: GPTConfig, specs: Union[AttentionSpec, Sequence[AttentionSpec]],
+                 backend: str = "auto", redraw_interval: int = 0):
+        super().__init__()
+        self.config = config
+        self.specs = resolve_layer_specs(specs, config.n_layer)
+        self.backend = backend
+        self.redraw_interval = int(redraw_interval)
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        rotary = Rotary(config.head_dim, config.max_seq_len, config.rope_base)
+        self.blocks = nn.ModuleList(Block(config, s, rotary, backend) for s in self.specs)
+        self.norm_f = make_norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_proj", False):
+                std = 0.02 / math.sqrt(2 * self.config.n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # ------------------------------------------------------------------ helpers
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (tied weights counted once); ``non_embedding`` drops the token embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel()
+        return n
+
+    @property
+    def layer_labels(self) -> List[str]:
+        return [s.label for s in self.specs]
+
+    def redraw_features(self, step: int) -> bool:
+        """Give FAVOR layers seed ``spec.seed + 1000 * layer + step // redraw_interval``; True if any changed."""
+        if self.redraw_interval <= 0:
+            return False
+        changed = False
+        epoch = int(step) // self.redraw_interval
+        for i, blk in enumerate(self.blocks):
+            a = blk.attn
+            if a.uses_favor:
+                seed = a.spec.seed + 1000 * i + epoch
+                changed |= seed != a.favor_seed
+                a.favor_seed = seed
+        return changed
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (B, N) token ids, got shape {tuple(idx.shape)}")
+        B, N = idx.shape
+        if N > self.config.max_seq_len:
+            raise ValueError(
+                f"input seq_len={N} exceeds the model's max_seq_len={self.config.max_seq_len}; "
+                f"raise model.max_seq_len or lower data.seq_len"
+            )
+        x = self.drop(self.wte(idx))  # (B, N, d_model)
+        for blk in self.blocks:
+            x = blk(x)
+        x = self.norm_f(x)
+        logits = self.lm_head(x)  # (B, N, vocab_size)
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens (no KV cache: re-runs the cropped context each step)."""
+        for _ in range(max_new_tokens):
+            ctx = idx[:, -self.config.max_seq_len:]
+            logits = self(ctx)[:, -1, :] / max(temperature, 1e-6)
+            nxt = torch.multinomial(F.softmax(logits.float(), dim=-1), 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+
+
+def config_from_dict(d: dict) -> GPTConfig:
+    """:class:`GPTConfig` from a plain dict (unknown keys raise ``ValueError`` naming them)."""
+    known = set(GPTConfig.__dataclass_fields__)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown model config keys {unknown}; allowed: {sorted(known)}")
+    return GPTConfig(**d)
+
+
+def spec_to_dict(spec: AttentionSpec) -> dict:
+    """Plain dict of a spec (for checkpoints / hparams); :func:`attn_zoo.make_spec` inverts it."""
+    d = asdict(spec)
+    if d.get("window_size") is not None:
+        d["window_size"] = list(d["window_size"])
+    return d

@@ -1,0 +1,137 @@
+"""Data modules: MQAR construction (Zoology) and byte-level packed text."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from attn_zoo.data import MQARDataModule, PackedDataset, TextDataModule, generate_mqar, unigram_entropy_bits
+
+
+# ---------------------------------------------------------------------------------------------- MQAR
+def test_mqar_structure():
+    V, N, P = 64, 64, 8
+    x, y = generate_mqar(200, N, V, P, seed=1)
+    assert x.shape == y.shape == (200, N) and x.dtype == y.dtype == torch.long
+    assert x.min() >= 0 and x.max() < V
+    for b in range(200):
+        keys, values = x[b, 0:2 * P:2], x[b, 1:2 * P:2]
+        assert ((keys >= 1) & (keys < V // 2)).all(), "keys come from the lower half (0 reserved)"
+        assert ((values >= V // 2) & (values < V)).all(), "values come from the upper half"
+        assert len(set(keys.tolist())) == P, "keys are distinct"
+        assert (y[b, :2 * P] == -100).all(), "no loss inside the kv context"
+        kv = dict(zip(keys.tolist(), values.tolist()))
+        qpos = (y[b] != -100).nonzero().flatten()
+        assert len(qpos) == P, "every key is queried once; loss only there"
+        assert set(x[b, qpos].tolist()) == set(kv), "queries refer to the context's keys"
+        for p in qpos.tolist():
+            assert p >= 2 * P and (p - 2 * P) % 2 == 0
+            assert y[b, p].item() == kv[x[b, p].item()], "label at a query is the value bound to its key"
+
+
+def test_mqar_gaps_follow_power_law():
+    x, y = generate_mqar(3000, 64, 64, 4, power_a=0.01, seed=0)
+    qpos = (y != -100).nonzero()[:, 1] - 8
+    counts = torch.bincount(qpos // 2, minlength=28).float()
+    assert counts[0] > counts[5] > counts[20], "short gaps are more frequent than long ones"
+    # a larger exponent flattens the distribution
+    _, y2 = generate_mqar(3000, 64, 64, 4, power_a=1.0, seed=0)
+    c2 = torch.bincount(((y2 != -100).nonzero()[:, 1] - 8) // 2, minlength=28).float()
+    assert c2[0] / c2[20] < counts[0] / counts[20]
+
+
+def test_mqar_deterministic_by_seed():
+    a = generate_mqar(50, 32, 32, 4, seed=7)
+    b = generate_mqar(50, 32, 32, 4, seed=7)
+    c = generate_mqar(50, 32, 32, 4, seed=8)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+    dm1, dm2 = MQARDataModule(32, 32, 4, num_train=64, num_val=16, seed=3), MQARDataModule(32, 32, 4, num_train=64, num_val=16, seed=3)
+    dm1.setup(), dm2.setup()
+    assert torch.equal(dm1.train_set.tensors[0], dm2.train_set.tensors[0])
+    assert not torch.equal(dm1.train_set.tensors[0][:16], dm1.val_set.tensors[0]), "val differs from train"
+    xb, yb = next(iter(dm1.train_dataloader()))
+    assert xb.shape == (dm1.batch_size, 32)
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(seq_len=33), "seq_len"), (dict(num_kv_pairs=20), "num_kv_pairs"), (dict(vocab_size=8), "vocab_size"),
+    (dict(power_a=0.0), "power_a"),
+])
+def test_mqar_bad_sizes(kw, name):
+    args = dict(vocab_size=64, seq_len=64, num_kv_pairs=8)
+    args.update(kw)
+    with pytest.raises(ValueError, match=name):
+        MQARDataModule(**args)
+
+
+# ---------------------------------------------------------------------------------------------- text
+@pytest.fixture
+def text_file(tmp_path):
+    text = "".join(f"line {i}: the quick brown fox é{i % 7}\n" for i in range(300))
+    p = tmp_path / "corpus.txt"
+    p.write_text(text, encoding="utf-8")
+    return p, text
+
+
+def test_text_packing_split_and_bytes(text_file, tmp_path):
+    path, text = text_file
+    raw = text.encode("utf-8")
+    dm = TextDataModule(path=str(path), seq_len=32, batch_size=4, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    n_val = round(len(raw) * 0.2)
+    assert dm.bytes_per_token == 1.0 and dm.vocab_size == 256
+    all_tokens = torch.cat([dm.train_tokens, dm.val_tokens])
+    assert all_tokens.numel() == len(raw), "one token per UTF-8 byte (é is two tokens)"
+    assert bytes(all_tokens.tolist()) == raw
+    assert dm.val_tokens.numel() == n_val and bytes(dm.val_tokens.tolist()) == raw[-n_val:], "val is the contiguous tail"
+    assert len(dm.train_set) == (dm.train_tokens.numel() - 1) // 32
+    x, y = dm.train_set[3]
+    assert x.shape == y.shape == (32,)
+    assert torch.equal(x[1:], y[:-1]), "targets are inputs shifted by one"
+    assert bytes(x.tolist()) == raw[3 * 32: 4 * 32]
+    xb, yb = next(iter(dm.train_dataloader()))
+    assert xb.shape == (4, 32) and xb.dtype == torch.long
+    # cached token array is reused, and invalidated when the file changes
+    files = list((tmp_path / "cache").glob("tokens-*.pt"))
+    assert len(files) == 1
+    dm2 = TextDataModule(path=str(path), seq_len=16, batch_size=4, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    dm2.setup()
+    assert torch.equal(torch.cat([dm2.train_tokens, dm2.val_tokens]), all_tokens)
+    path.write_text(text + "more text\n", encoding="utf-8")
+    os.utime(path, (1e9, 1e9))
+    dm3 = TextDataModule(path=str(path), seq_len=16, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    dm3.setup()
+    assert dm3.train_tokens.numel() + dm3.val_tokens.numel() == len(raw) + 10
+    assert len(list((tmp_path / "cache").glob("tokens-*.pt"))) == 2
+
+
+def test_text_missing_path_names_data_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        TextDataModule(path=str(tmp_path / "nope.txt"))
+    with pytest.raises(ValueError, match="data.path"):
+        TextDataModule(path=None)
+    with pytest.raises(ValueError, match="tokenizer"):
+        TextDataModule(path=str(tmp_path), tokenizer="gpt2")
+
+
+def test_text_too_small_for_seq_len(tmp_path):
+    p = tmp_path / "small.txt"
+    p.write_text("abc" * 10)
+    dm = TextDataModule(path=str(p), seq_len=64)
+    with pytest.raises(ValueError, match="seq_len"):
+        dm.setup()
+
+
+def test_unigram_entropy():
+    t = torch.arange(8).repeat(100)
+    assert math.isclose(unigram_entropy_bits(t), 3.0, rel_tol=1e-9)
+    assert unigram_entropy_bits(torch.zeros(10, dtype=torch.long)) == 0.0
+
+
+def test_packed_dataset_drops_partial_tail():
+    ds = PackedDataset(torch.arange(10), 4)
+    assert len(ds) == 2  # windows [0..4], [4..8]; 8..10 cannot hold 5 tokens
+    x, y = ds[1]
+    assert x.tolist() == [4, 5, 6, 7] and y.tolist() == [5, 6, 7, 8]
