@@ -24,8 +24,6 @@ import torch
 
 from .spec import AttentionSpec
 
-_M64 = (1 << 63) - 1
-
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """A small integer hash (xorshift-multiply) on int64 tensors; deterministic on every device."""
@@ -183,14 +181,10 @@ class MaskInfo:
         max_visits = max(int(kv_count.max()) if nqb else 0, 1)
         # stable sort puts visited blocks first, in increasing key-block order
         order = torch.sort((~visited).to(torch.int8), dim=1, stable=True).indices[:, :max_visits]
-        kv_idx = torch.where(torch.arange(max_visits).view(1, -1) < kv_count.view(-1, 1), order, 0)
-        kv_full = torch.gather(full, 1, order).to(torch.int8) * (kv_idx >= 0)
-        kv_full = torch.where(torch.arange(max_visits).view(1, -1) < kv_count.view(-1, 1), kv_full, 0)
-        dev = device
-        return BlockTable(
-            kv_idx.to(torch.int32).to(dev), kv_count.to(dev), kv_full.to(torch.int8).to(dev),
-            visited.to(dev), full.to(dev),
-        )
+        valid = torch.arange(max_visits).view(1, -1) < kv_count.view(-1, 1)
+        kv_idx = torch.where(valid, order, 0).to(torch.int32)
+        kv_full = (torch.gather(full, 1, order) & valid).to(torch.int8)
+        return BlockTable(kv_idx.to(device), kv_count.to(device), kv_full.to(device), visited.to(device), full.to(device))
 
 
 def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
@@ -205,7 +199,5 @@ def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
         nb = max(-(-Nk // spec.block_size), 1)
         layout = sparse_layout(spec, nb)
     if spec.causal and right is not None:
-        right = min(right, 0)
-    if spec.causal and right is None:
-        right = None  # causal rule already bounds the right side
+        right = min(right, 0)  # (None stays None: the causal rule bounds the right side)
     return MaskInfo(Nq, Nk, spec.causal, left, right, layout, spec.block_size if layout is not None else 0)
