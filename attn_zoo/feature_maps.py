@@ -7,8 +7,9 @@ fp32 internally). ``F`` is given by :func:`feature_dim`.
 * ``relu``: ``relu(x)``, ``F = D`` (rows of zeros are possible: the ``eps`` of the normaliser handles them).
 * ``favor``: FAVOR+ positive random features (Choromanski et al. 2021, Lemma 1):
   ``phi(x) = exp(w_r . x' - |x'|^2 / 2 - c) / sqrt(m)``, ``x' = x * D^(-1/4)``, ``w_r`` orthogonal Gaussian
-  rows drawn from ``seed``, ``F = m = num_features``; ``c`` is a stabiliser (row max for queries, global max
-  for keys) that cancels between numerator and normaliser.
+  rows drawn from ``seed``, ``F = m = num_features``; ``c`` is the row max for queries (it cancels between
+  numerator and normaliser of that row) and 0 for keys (a max over keys would leak future keys into past
+  rows through ``eps``). Key features are bounded by ``exp(|w|^2 / 2)``: keep them in fp32 / bf16, not fp16.
 * ``taylor``: 2nd-order Taylor expansion of ``exp(q.k / sqrt(D))`` (Arora et al. 2024, "Based"):
   ``phi(x) = [1, x', vec(x' x'^T) / sqrt(2)]`` with ``x' = x * D^(-1/4)`` so that
   ``phi(q).phi(k) = 1 + s + s^2 / 2 >= 1/2`` with ``s = q.k / sqrt(D)``; ``F = 1 + D + D^2``.
@@ -68,13 +69,14 @@ def apply_feature_map(x: torch.Tensor, feature_map: str, *, is_query: bool, num_
     elif feature_map == "favor":
         xs = xf * d ** -0.25
         w = favor_projection(d, num_features, seed, x.device).to(xf.dtype)
-        proj = xs @ w.T  # (..., N, m)
-        sq = 0.5 * (xs * xs).sum(-1, keepdim=True)
+        logits = xs @ w.T - 0.5 * (xs * xs).sum(-1, keepdim=True)  # (..., N, m)
         if is_query:
-            stab = proj.amax(-1, keepdim=True)
-        else:
-            stab = proj.amax(dim=(-2, -1), keepdim=True)
-        out = torch.exp(proj - sq - stab.detach()) * num_features ** -0.5
+            # per-row stabiliser: scales phi(q_i) by one constant, which cancels between numerator and
+            # normaliser of row i and uses no other position (causality is kept)
+            logits = logits - logits.amax(-1, keepdim=True).detach()
+        # keys: no data-dependent stabiliser (a max over keys would let future keys rescale past ones through
+        # eps); w.k' - |k'|^2 / 2 <= |w|^2 / 2 bounds the exponent, finite in fp32 / bf16 for D <= 128
+        out = torch.exp(logits) * num_features ** -0.5
     elif feature_map == "taylor":
         xs = xf * d ** -0.25
         outer = (xs.unsqueeze(-1) * xs.unsqueeze(-2)).flatten(-2) * 0.5 ** 0.5

@@ -55,7 +55,8 @@ def attention(
         spec: :class:`attn_zoo.AttentionSpec` (kind, causal, window_size, block layout, feature map, ...).
         backend: ``"auto"`` (our Triton kernel on CUDA where it supports the input, else ``"torch"``, else
             ``"reference"``), or one of ``"triton"``, ``"torch"``, ``"reference"``.
-        return_lse: also return the fp32 log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log).
+        return_lse: also return the log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log; fp32, fp64 for
+            fp64 inputs on ``reference``).
 
     Returns:
         ``(B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse`` if asked). Rows that see no key are 0.

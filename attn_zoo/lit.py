@@ -86,6 +86,24 @@ class LitLM(L.LightningModule):
     def forward(self, idx, targets=None):
         return self.model(idx, targets)
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse to resume a checkpoint of another architecture (attention specs or model config)."""
+        saved = checkpoint.get("hyper_parameters") or {}
+        if "layer_specs" in saved:
+            old = [make_spec(**dict(d)) for d in saved["layer_specs"]]
+            new = [make_spec(**dict(d)) for d in self.hparams.layer_specs]
+            if old != new:
+                raise ValueError(
+                    "ckpt_path: the checkpoint was trained with attention "
+                    f"{[s.label for s in old]} ({old}) but this run builds {[s.label for s in new]} ({new}); "
+                    "resume with the same attention / model.layers overrides"
+                )
+        if "model_config" in saved and dict(saved["model_config"]) != dict(self.hparams.model_config):
+            raise ValueError(
+                f"ckpt_path: model config differs from the checkpoint's: {dict(saved['model_config'])} vs "
+                f"{dict(self.hparams.model_config)}"
+            )
+
     # ------------------------------------------------------------------ training
     def on_train_start(self):
         n = self.gpt.num_params()

@@ -113,9 +113,12 @@ class AttentionSpec:
             _nonneg_int("kv_group_size", self.kv_group_size, 1)
 
         if self.window_size is not None:
+            if not isinstance(self.window_size, (tuple, list)) or len(self.window_size) != 2:
+                raise ValueError(
+                    f"window_size must be a pair (left, right), got {self.window_size!r}; "
+                    f"a causal window of W tokens is window_size=(W - 1, 0)"
+                )
             ws = tuple(self.window_size)
-            if len(ws) != 2:
-                raise ValueError(f"window_size must be a pair (left, right), got {self.window_size!r}")
             for side, w in zip(("left", "right"), ws):
                 if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
                     raise ValueError(
@@ -176,6 +179,7 @@ class AttentionSpec:
 
 def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
     """Hydra-friendly constructor (lists from YAML become tuples)."""
-    if kwargs.get("window_size") is not None:
-        kwargs["window_size"] = tuple(kwargs["window_size"])
+    ws = kwargs.get("window_size")
+    if ws is not None and not isinstance(ws, (int, float, str)):  # ListConfig / list from YAML
+        kwargs["window_size"] = tuple(ws)
     return AttentionSpec(kind=kind, **kwargs)

@@ -62,11 +62,11 @@ def _phi(x, mask, FM: tl.constexpr):
     """Feature map applied to a loaded tile (fp32 math, result in x.dtype); out-of-range entries -> 0."""
     if FM == 1:
         xf = x.to(tl.float32)
-        y = tl.where(xf > 0, xf + 1.0, tl.exp(tl.minimum(xf, 0.0)))
+        y = tl.where(xf > 0, xf + 1.0, tl.exp(tl.where(xf > 0, 0.0, xf)))  # NaN stays NaN (tl.minimum drops it)
         return tl.where(mask, y, 0.0).to(x.dtype)
     elif FM == 2:
         xf = x.to(tl.float32)
-        return tl.where(mask, tl.maximum(xf, 0.0), 0.0).to(x.dtype)
+        return tl.where(mask, tl.where(xf < 0, 0.0, xf), 0.0).to(x.dtype)  # NaN stays NaN
     else:
         return x
 
@@ -76,9 +76,9 @@ def _phi_grad(x, FM: tl.constexpr):
     """d phi / d x (fp32)."""
     xf = x.to(tl.float32)
     if FM == 1:
-        return tl.where(xf > 0, 1.0, tl.exp(tl.minimum(xf, 0.0)))
+        return tl.where(xf > 0, 1.0, tl.exp(tl.where(xf > 0, 0.0, xf)))
     else:
-        return tl.where(xf > 0, 1.0, 0.0)
+        return tl.where(xf < 0, 0.0, tl.where(xf > 0, 1.0, xf * 0.0))  # relu'(0) = 0; NaN stays NaN
 
 
 @triton.jit

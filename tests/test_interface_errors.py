@@ -73,3 +73,14 @@ def test_auto_on_cpu_never_silently_wrong():
     q, k, v = qkv(Nq=5, Nk=11)
     for spec in (AttentionSpec(), AttentionSpec(kind="sparse", block_size=4), AttentionSpec(kind="linear")):
         torch.testing.assert_close(attention(q, k, v, spec), attention(q, k, v, spec, backend="reference"), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter behaviour")
+def test_triton_backend_refuses_what_the_interpreter_gets_wrong(monkeypatch):
+    q, k, v = qkv(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 is not supported by the CPU interpreter"):
+        attention(q, k, v, AttentionSpec(), backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for kind in ("flash", "linear"):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            attention(q.float(), k.float(), v.float(), AttentionSpec(kind=kind), backend="triton")

@@ -186,11 +186,14 @@ def test_supports_reasons(monkeypatch):
     sup = get_backends("linear")["triton"].supports
     q = torch.zeros(1, 1, 4, 16)
     spec = AttentionSpec(kind="linear")
-    assert sup(q, q, q, spec, False) is None or DEV == "cpu" and not os.environ.get("TRITON_INTERPRET")
+    assert sup(q, q, q, spec, False) is None  # CUDA, or the interpreter (tests/conftest.py sets it on CPU)
     assert "float64" in sup(q.double(), q.double(), q.double(), spec, False)
     assert "256" in sup(q, q, q, spec.replace(feature_map="taylor"), False)  # F = 1 + 16 + 256
     assert "lse" in sup(q, q, q, spec, True)
+    assert "float16" in sup(q.half(), q.half(), q.half(), spec.replace(feature_map="favor"), False)
     if DEV == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert "CUDA" in sup(q, q, q, spec, False)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         assert "CUDA" in sup(q, q, q, spec, False)
     with pytest.raises(ValueError, match="feature_map"):

@@ -148,6 +148,8 @@ def test_resume_steps_strictly_increase(tmp_path):
     assert len(steps_a) == 10 and len(steps_b) == 10, "the resumed run trains only the remaining steps"
     steps = steps_a + steps_b
     assert all(x < y for x, y in zip(steps, steps[1:])), f"logged steps not strictly increasing: {steps}"
+    with pytest.raises(ValueError, match="ckpt_path: the checkpoint was trained with attention"):
+        train_mod.train(make_cfg(tmp_path / "c", FAST + ["attention=linear", "trainer.max_steps=12", f"ckpt_path={ckpt}"]))
 
 
 def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):

@@ -64,9 +64,11 @@ def chunked_linear_attention(
     tril = torch.ones(C, C, dtype=torch.bool, device=fq.device).tril()
     a = (qc @ kc.transpose(-1, -2)).masked_fill(~tril, 0.0)  # (B, H, nc, C, C)
     kv = kc.transpose(-1, -2) @ vc  # (B, H, nc, F, Dv)
-    s_prev = kv.cumsum(2) - kv + s0.unsqueeze(2)  # state before each chunk
+    # exclusive prefix sums (state before each chunk), without the cumsum - x subtraction that loses precision
+    # and lets a NaN / inf of chunk c reach earlier chunks
+    s_prev = torch.cat([s0.unsqueeze(2), kv[:, :, :-1]], dim=2).cumsum(2)  # (B, H, nc, F, Dv)
     zc = kc.sum(3)  # (B, H, nc, F)
-    z_prev = zc.cumsum(2) - zc + z0.unsqueeze(2)
+    z_prev = torch.cat([z0.unsqueeze(2), zc[:, :, :-1]], dim=2).cumsum(2)
     num = a @ vc + qc @ s_prev
     den = a.sum(-1) + (qc * z_prev.unsqueeze(3)).sum(-1) + eps
     out = (num / den.unsqueeze(-1)).reshape(B, H, nc * C, Dv)[:, :, :n]

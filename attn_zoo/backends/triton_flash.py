@@ -9,7 +9,6 @@ back to ``torch``).
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import torch
@@ -17,19 +16,15 @@ import torch
 from ..masks import mask_info
 from ..registry import register_backend
 from ..spec import SOFTMAX_KINDS
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from ._triton import triton_input_reason
 
 
 def _supports(q, k, v, spec, return_lse):
-    if not (q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"):
-        return "needs a CUDA tensor (or TRITON_INTERPRET=1 for the CPU interpreter)"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    if q.dtype not in _DTYPES:
-        return f"dtype {q.dtype} is not supported (float16, bfloat16, float32)"
+    why = triton_input_reason(q)
+    if why is not None:
+        return why
+    if q.dtype == torch.bfloat16 and q.device.type != "cuda":
+        return "bfloat16 is not supported by the CPU interpreter (its bf16 tl.dot is wrong); use float16 / float32"
     D = q.shape[-1]
     if D > 256:
         return f"head dim D={D} > 256 is not supported"

@@ -12,12 +12,11 @@ summed into an initial state ``(S0, z0)`` (fp32, differentiable) and the kernel 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..feature_maps import apply_feature_map, feature_dim
 from ..registry import register_backend
+from ._triton import triton_input_reason
 
 _FUSED = ("elu1", "relu")
 MAX_DIM = 256
@@ -26,10 +25,11 @@ MAX_DIM = 256
 def _supports(q, k, v, spec, return_lse):
     if return_lse:
         return "return_lse is only defined for softmax kinds"
-    if q.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
-        return f"needs a CUDA device (got {q.device.type}; set TRITON_INTERPRET=1 to run the interpreter on CPU)"
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return f"dtype {q.dtype} is not supported (float16, bfloat16, float32)"
+    why = triton_input_reason(q)
+    if why is not None:
+        return why
+    if spec.feature_map == "favor" and q.dtype == torch.float16:
+        return "favor key features can exceed the float16 range (they have no data-dependent stabiliser); use bfloat16 / float32"
     fdim = feature_dim(spec.feature_map, q.shape[-1], spec.num_features)
     if fdim > MAX_DIM:
         return f"feature dim F={fdim} ({spec.feature_map}, D={q.shape[-1]}) exceeds the kernel's limit of {MAX_DIM}"

@@ -1,0 +1,54 @@
+"""Non-finite inputs never become finite outputs in the rows that see them (reference, torch, triton).
+
+NaN in ``q`` row ``i`` makes output row ``i`` NaN; NaN in key ``p`` makes every row that sees ``p`` NaN. Rows
+that do not see a bad position may also become NaN (a kernel tile or chunk multiplies masked weights of 0 by
+the bad value); they are never required to stay finite.
+"""
+
+import pytest
+import torch
+
+from attn_zoo import AttentionSpec, attention, mask_info
+
+CASES = [
+    (AttentionSpec(kind="flash"), ["reference", "torch", "triton"]),
+    (AttentionSpec(kind="sliding_window", window_size=(5, 0)), ["reference", "triton"]),
+    (AttentionSpec(kind="linear", feature_map="elu1", chunk_size=16), ["reference", "torch", "triton"]),
+    (AttentionSpec(kind="linear", feature_map="relu", chunk_size=16), ["reference", "torch", "triton"]),
+]
+
+
+@pytest.mark.parametrize("spec,backends", CASES, ids=lambda x: x.label if isinstance(x, AttentionSpec) else "")
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_nan_reaches_every_row_that_sees_it(spec, backends, where):
+    N, p = 40, 21
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, N, 16, generator=g) for _ in range(3))
+    if where == "q":
+        q[0, 0, p, 3] = float("nan")
+        must = torch.zeros(N, dtype=torch.bool)
+        must[p] = True
+    else:
+        k[0, :, p, 3] = float("nan")
+        must = mask_info(spec, N, N).dense()[:, p] if spec.is_softmax else torch.arange(N) >= p
+    for backend in backends:
+        out = attention(q, k, v, spec, backend=backend)[0, 0]  # (N, D)
+        assert torch.isnan(out[must]).all(), (backend, "a row that sees the NaN came out finite")
+        if where == "q":  # other rows never depend on q row p
+            assert torch.isfinite(out[~must]).all(), backend
+
+
+def test_causal_linear_never_reads_the_future():
+    """Changing future keys leaves past outputs unchanged, for every feature map and backend on CPU."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 48, 8, generator=g) for _ in range(3))
+    k2 = k.clone()
+    k2[:, :, 40:] *= 6.0  # large future keys
+    for fm in ("elu1", "relu", "favor", "taylor"):
+        spec = AttentionSpec(kind="linear", feature_map=fm, num_features=32, chunk_size=16)
+        for backend in ("reference", "torch", "triton"):
+            if backend == "triton" and fm == "taylor":
+                continue  # F = 1 + 8 + 64 = 73 is fine, but keep the interpreter case count small
+            a = attention(q, k, v, spec, backend=backend)[:, :, :40]
+            b = attention(q, k2, v, spec, backend=backend)[:, :, :40]
+            torch.testing.assert_close(a, b, msg=f"{fm}/{backend}: past rows changed with future keys")
