@@ -1,7 +1,7 @@
 """Feature maps phi for linear attention: ``softmax(q k^T) ~ phi(q) phi(k)^T``.
 
 All maps take ``x`` of shape ``(..., N, D)`` and return ``(..., N, F)`` in the dtype of ``x`` (computed in
-fp32 internally). ``F`` is given by :func:`feature_dim`.
+fp32 internally, fp64 for fp64 inputs). ``F`` is given by :func:`feature_dim`.
 
 * ``elu1``: ``elu(x) + 1`` (Katharopoulos et al. 2020, eq. 7), ``F = D``.
 * ``relu``: ``relu(x)``, ``F = D`` (rows of zeros are possible: the ``eps`` of the normaliser handles them).
@@ -50,9 +50,15 @@ def _favor_cpu(head_dim: int, num_features: int, seed: int) -> torch.Tensor:
     return (w * norms).to(torch.float32)  # (m, D), rows ~ N(0, I) marginally
 
 
-def favor_projection(head_dim: int, num_features: int, seed: int = 0, device=None) -> torch.Tensor:
-    """Random feature matrix ``(num_features, head_dim)`` fp32, deterministic in ``seed``; redraw = new seed."""
-    return _favor_cpu(int(head_dim), int(num_features), int(seed)).to(device)
+@lru_cache(maxsize=64)
+def _favor_on(head_dim: int, num_features: int, seed: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    return _favor_cpu(head_dim, num_features, seed).to(device=device, dtype=dtype)
+
+
+def favor_projection(head_dim: int, num_features: int, seed: int = 0, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Random feature matrix ``(num_features, head_dim)``, deterministic in ``seed`` (redraw = new seed);
+    cached per device and dtype (no host-to-device copy per forward). Do not modify the returned tensor."""
+    return _favor_on(int(head_dim), int(num_features), int(seed), str(torch.device(device or "cpu")), dtype)
 
 
 def apply_feature_map(x: torch.Tensor, feature_map: str, *, is_query: bool, num_features: int = 64, seed: int = 0) -> torch.Tensor:
@@ -68,7 +74,7 @@ def apply_feature_map(x: torch.Tensor, feature_map: str, *, is_query: bool, num_
         out = F.relu(xf)
     elif feature_map == "favor":
         xs = xf * d ** -0.25
-        w = favor_projection(d, num_features, seed, x.device).to(xf.dtype)
+        w = favor_projection(d, num_features, seed, x.device, xf.dtype)
         logits = xs @ w.T - 0.5 * (xs * xs).sum(-1, keepdim=True)  # (..., N, m)
         if is_query:
             # per-row stabiliser: scales phi(q_i) by one constant, which cancels between numerator and

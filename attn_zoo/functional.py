@@ -35,8 +35,6 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Attent
     Hkv = k.shape[1]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k.shape[1]) for grouped-query attention")
-    if spec.is_softmax and v.shape[3] != D:
-        pass  # softmax attention allows Dv != D; kernels that do not say so in supports()
     if min(Nq, k.shape[2]) < 1 or D < 1:
         raise ValueError(f"sequence lengths and head dim must be >= 1, got Nq={Nq}, Nk={k.shape[2]}, D={D}")
 

@@ -75,10 +75,6 @@ class LitLM(L.LightningModule):
         if compile:
             self.model = torch.compile(self.model)
 
-    @staticmethod
-    def specs_to_dicts(specs: List[AttentionSpec]) -> List[dict]:
-        return [spec_to_dict(s) for s in specs]
-
     @property
     def gpt(self) -> GPT:
         return getattr(self.model, "_orig_mod", self.model)

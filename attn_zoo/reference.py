@@ -35,7 +35,7 @@ def softmax_attention_reference(
     """Exact masked softmax attention (Vaswani et al. 2017, eq. 1) with the spec's mask.
 
     Rows with no allowed key output 0 and have ``lse = -inf``. ``lse`` is fp32 ``(B, Hq, Nq)``, natural log
-    of ``sum_j exp(scale * q_i . k_j)`` over allowed ``j``.
+    of ``sum_j exp(scale * q_i . k_j)`` over allowed ``j`` (fp64 for fp64 inputs).
     """
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]

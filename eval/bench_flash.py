@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from attn_zoo import AttentionSpec, mask_info  # noqa: E402
+from attn_zoo import AttentionSpec, MaskInfo, mask_info  # noqa: E402
 from eval.bench_common import env_info, flash_flops, format_table, peak_memory, tflops, time_cuda  # noqa: E402
 from eval.bench_common import write_csv, write_json  # noqa: E402
 
@@ -92,26 +92,19 @@ def flex_fn():
 
 
 def flex_block_mask(name: str, N: int, device):
+    """FlexAttention ``BlockMask`` of a variant, from the same element rule as every backend
+    (:meth:`attn_zoo.masks.MaskInfo.allowed`); ``None`` for full attention."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    v = VARIANTS[name]
-    if v["kind"] == "flash" and not v["causal"]:
+    mi = mask_info(AttentionSpec(**VARIANTS[name]), N, N)
+    if mi.is_full:
         return None
-    if v["kind"] == "flash":
-        def mask_mod(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx
-    elif v["kind"] == "sliding_window":
-        left = v["window_size"][0]
+    if mi.layout is not None:
+        mi = MaskInfo(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(device), mi.block_size)
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx) & (q_idx - kv_idx <= left)
-    else:
-        mi = mask_info(AttentionSpec(**v), N, N)
-        lay = mi.layout.to(device)
-        bs = mi.block_size
+    def mask_mod(b, h, q_idx, kv_idx):
+        return mi.allowed(q_idx, kv_idx)
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx) & lay[q_idx // bs, kv_idx // bs]
     return create_block_mask(mask_mod, None, None, N, N, device=device, BLOCK_SIZE=128)
 
 

@@ -40,7 +40,6 @@ import torch.nn.functional as Fn  # noqa: E402
 
 from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, write_csv, write_json  # noqa: E402
 
-DATE = "2026-11-29"
 
 
 def _try(fn):
@@ -201,7 +200,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("bench_linear needs CUDA")
     dev, dtype, H, D = "cuda", torch.bfloat16, args.heads, args.dim
-    env = env_info(DATE)
+    env = env_info()  # today's date
     try:
         import fla
 

@@ -310,9 +310,8 @@ def run(cfg: dict) -> Dict[str, object]:
     res["figures"] = figs
     wb = cfg.get("wandb") or {}
     if wb.get("enabled", False):
-        from eval.wandb_log import log_results
-
         from eval.sweep import read_rows
+        from eval.wandb_log import log_results
 
         tables = {"kernel": res["rows"], "crossover": res["crossovers"]}
         if os.path.exists(mcsv):

@@ -49,7 +49,6 @@ from attn_zoo import AttentionSpec, attention, make_spec, mask_info
 from attn_zoo import cost_model as cm
 from attn_zoo.registry import get_backends
 
-DATE = "2026-11-29"
 MODES = ("fwd", "bwd", "fwd_bwd")
 POINT_KEYS = ("variant", "backend", "seq_len", "head_dim", "causal", "n_kv_heads")
 COLUMNS = (

@@ -410,7 +410,7 @@ def _dkdv(
 
 # ----------------------------------------------------------------------------------------------- launcher
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _pow2(n: int, lo: int = 16, hi: int = 128) -> int:

@@ -87,3 +87,13 @@ def test_torch_backend_cuda_bf16(spec, Nq, Nk):
     for a, b, c in zip(g_out, g_naive, g_ref):
         assert torch.isfinite(a).all()
         assert (a.float() - c).abs().max() <= 3 * (b.float() - c).abs().max() + 1e-3
+
+
+def test_value_dim_larger_than_head_dim_with_empty_rows():
+    """Dv != D, causal with Nq > Nk (top rows see nothing): torch equals reference."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 2, 8, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g), torch.randn(1, 2, 5, 6, generator=g)
+    spec = AttentionSpec(kind="flash", causal=True)
+    out = attention(q, k, v, spec, backend="torch")
+    assert out.shape == (1, 2, 8, 6)
+    torch.testing.assert_close(out, attention(q, k, v, spec, backend="reference"))

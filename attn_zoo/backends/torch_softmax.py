@@ -37,15 +37,22 @@ def _sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
 
 
-def _sdpa_dense_mask(q, k, v, scale, mi: MaskInfo):
-    allowed = mi.dense(q.device)  # (Nq, Nk)
+@lru_cache(maxsize=32)
+def _dense_mask(spec, Nq: int, Nk: int, device: str):
+    """``(attn_mask, empty_rows or None)`` for SDPA: empty rows attend everything and are zeroed afterwards."""
+    allowed = mask_info(spec, Nq, Nk).dense(device)  # (Nq, Nk)
     empty = ~allowed.any(-1, keepdim=True)  # (Nq, 1)
-    out = _sdpa(q, k, v, scale, attn_mask=allowed | empty)  # empty rows attend everything, then are zeroed
-    return out.masked_fill(empty, 0.0) if bool(empty.any()) else out
+    return allowed | empty, (empty if bool(empty.any()) else None)
+
+
+def _sdpa_dense_mask(q, k, v, scale, spec):
+    attn_mask, empty = _dense_mask(spec, q.shape[2], k.shape[2], str(q.device))
+    out = _sdpa(q, k, v, scale, attn_mask=attn_mask)
+    return out if empty is None else out.masked_fill(empty, 0.0)
 
 
 _flex_compiled = None
-_FLEX_FAILED = set()  # (spec, Nq, Nk) whose compiled FlexAttention failed: SDPA dense mask instead
+_FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
 def _flex():
@@ -92,9 +99,9 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
             from torch.nn.attention.bias import causal_lower_right
 
             return _sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
-        top = torch.zeros_like(q[:, :, : Nq - Nk, :v.shape[-1]])  # rows with i' < 0 see nothing
+        top = q.new_zeros(q.shape[0], q.shape[1], Nq - Nk, v.shape[-1])  # rows with i' < 0 see nothing
         return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
-    if q.is_cuda and (spec, Nq, Nk) not in _FLEX_FAILED:
+    if q.is_cuda and (spec, Nq, Nk, D, q.dtype) not in _FLEX_FAILED:
         bm = _block_mask(spec, Nq, Nk, str(q.device))
         try:
             return _flex()(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
@@ -103,7 +110,7 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
         except Exception as e:  # compile / lowering failures (seen: ragged Nq != Nk shapes on torch 2.11)
             if return_lse:
                 raise
-            _FLEX_FAILED.add((spec, Nq, Nk))
+            _FLEX_FAILED.add((spec, Nq, Nk, D, q.dtype))
             warnings.warn(f"compiled FlexAttention failed for kind={spec.kind!r}, Nq={Nq}, Nk={Nk} "
                           f"({type(e).__name__}); using SDPA with a dense mask (O(Nq * Nk) memory) instead")
-    return _sdpa_dense_mask(q, k, v, scale, mi)
+    return _sdpa_dense_mask(q, k, v, scale, spec)

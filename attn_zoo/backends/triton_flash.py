@@ -25,9 +25,11 @@ def _supports(q, k, v, spec, return_lse):
         return why
     if q.dtype == torch.bfloat16 and q.device.type != "cuda":
         return "bfloat16 is not supported by the CPU interpreter (its bf16 tl.dot is wrong); use float16 / float32"
+    from kernels.flash import MAX_HEAD_DIM
+
     D = q.shape[-1]
-    if D > 256:
-        return f"head dim D={D} > 256 is not supported"
+    if D > MAX_HEAD_DIM:
+        return f"head dim D={D} > {MAX_HEAD_DIM} is not supported"
     if v.shape[-1] != D:
         return f"Dv={v.shape[-1]} != D={D} is not supported"
     return None

@@ -19,7 +19,6 @@ from ..registry import register_backend
 from ._triton import triton_input_reason
 
 _FUSED = ("elu1", "relu")
-MAX_DIM = 256
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -28,6 +27,10 @@ def _supports(q, k, v, spec, return_lse):
     why = triton_input_reason(q)
     if why is not None:
         return why
+    try:
+        from kernels.linear import MAX_DIM
+    except Exception as e:  # pragma: no cover - triton missing / broken
+        return f"kernels.linear cannot be imported ({type(e).__name__}: {e})"
     if spec.feature_map == "favor" and q.dtype == torch.float16:
         return "favor key features can exceed the float16 range (they have no data-dependent stabiliser); use bfloat16 / float32"
     fdim = feature_dim(spec.feature_map, q.shape[-1], spec.num_features)
@@ -35,10 +38,6 @@ def _supports(q, k, v, spec, return_lse):
         return f"feature dim F={fdim} ({spec.feature_map}, D={q.shape[-1]}) exceeds the kernel's limit of {MAX_DIM}"
     if v.shape[-1] > MAX_DIM:
         return f"value dim Dv={v.shape[-1]} exceeds the kernel's limit of {MAX_DIM}"
-    try:
-        import kernels.linear  # noqa: F401
-    except Exception as e:  # pragma: no cover - triton missing / broken
-        return f"kernels.linear cannot be imported ({type(e).__name__}: {e})"
     return None
 
 
