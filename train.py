@@ -101,12 +101,8 @@ def build_datamodule(cfg: DictConfig):
     target = kw.pop("_target_")
     path = kw.get("path")
     if "path" in kw and path is not None:
-        paths = path if isinstance(path, list) else [path]
-        absolute = [_abs(p) for p in paths]
-        for p, a in zip(paths, absolute):
-            if not os.path.isfile(a):
-                raise FileNotFoundError(f"data.path={p!r} does not exist or is not a file (resolved to {a}); "
-                                        f"pass data.path=<text file>, e.g. data.path=../shared/data/tinyshakespeare/input.txt")
+        # relative to the launch directory; TextDataModule raises FileNotFoundError naming data.path
+        absolute = [_abs(p) for p in (path if isinstance(path, list) else [path])]
         kw["path"] = absolute if isinstance(path, list) else absolute[0]
     if kw.get("cache_dir"):
         kw["cache_dir"] = _abs(kw["cache_dir"])
