@@ -37,11 +37,13 @@ def _supports(q, k, v, spec, return_lse):
 
 @lru_cache(maxsize=32)
 def _sparse_tables(spec, Nq, Nk, D, device):
-    """Block tables of a sparse spec at the kernel's tiles, built once per (spec, Nq, Nk, D, device)."""
+    """``(layout, tables)`` of a sparse spec on ``device``: the int8 block layout and the block tables at the
+    kernel's tiles, built once per (spec, Nq, Nk, D, device) so a training step copies nothing to the GPU."""
     from kernels import build_sparse_tables
 
     mi = mask_info(spec, Nq, Nk)
-    return build_sparse_tables(lambda bm, bn: mi.block_table(bm, bn), D, device)
+    layout = mi.layout.to(device=device, dtype=torch.int8).contiguous()
+    return layout, build_sparse_tables(lambda bm, bn: mi.block_table(bm, bn), D, device)
 
 
 @register_backend(SOFTMAX_KINDS, "triton", supports=_supports)
@@ -56,7 +58,7 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False):
         window = (mi.window_left, mi.window_right)
     kw = {}
     if mi.layout is not None:
-        kw = dict(block_layout=mi.layout, block_size=mi.block_size,
-                  block_tables=_sparse_tables(spec, Nq, Nk, q.shape[-1], q.device))
+        layout, tables = _sparse_tables(spec, Nq, Nk, q.shape[-1], q.device)
+        kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
     return flash_attn(q, k, v, causal=mi.causal, window_size=window, softmax_scale=spec.scale(q.shape[-1]),
                       return_lse=return_lse, **kw)
