@@ -173,3 +173,15 @@ def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
         assert len(runs) == 1, f"expected one offline W&B run in {job}/wandb, found {runs}"
         run_ids.add(runs[0].name.rsplit("-", 1)[-1])
     assert len(run_ids) == 2, "the two jobs share a W&B run id"
+
+
+def test_ddp_two_cpu_processes(tmp_path):
+    """trainer=ddp: Lightning DDP with 2 gloo processes on CPU trains and logs from rank 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    args = FAST + ["trainer=ddp", "trainer.max_steps=4", "trainer.val_check_interval=4",
+                   f"paths.cache_dir={tmp_path / 'c'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "MEMBER: 2/2" in r.stdout + r.stderr, "the second DDP process did not start"
+    steps = [s for s, _ in column(read_csv(tmp_path / "run"), "train/loss")]
+    assert steps == [0, 1, 2, 3], steps  # one logger (rank 0), every optimizer step once
