@@ -15,8 +15,6 @@ composed config), ``csv/`` (metrics.csv, hparams.yaml), ``checkpoints/`` (``last
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -29,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from attn_zoo.lit import LitLM
 from attn_zoo.model import spec_to_dict
 from attn_zoo.spec import AttentionSpec
+from attn_zoo.tracking import wandb_mode
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -39,20 +38,6 @@ def _abs(path: str) -> str:
     from hydra.utils import to_absolute_path
 
     return to_absolute_path(str(path))
-
-
-def wandb_should_be_offline(timeout: float = 1.0) -> bool:
-    """Offline unless ``WANDB_API_KEY`` is set, ``WANDB_MODE`` is not offline/disabled and api.wandb.ai answers
-    within ``timeout`` seconds (no probe at all without a key, so nothing hangs on a machine without network)."""
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled"):
-        return True
-    if not os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        socket.create_connection(("api.wandb.ai", 443), timeout=timeout).close()
-        return False
-    except OSError:
-        return True
 
 
 def _spec_from_cfg(node) -> AttentionSpec:
@@ -119,7 +104,7 @@ def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str]):
         extra = {}
         if str(lcfg.get("_target_", "")).endswith("WandbLogger"):
             offline = lcfg.get("offline", "auto")
-            extra["offline"] = wandb_should_be_offline() if offline in ("auto", None) else bool(offline)
+            extra["offline"] = wandb_mode("auto") != "online" if offline in ("auto", None) else bool(offline)
             extra["tags"] = sorted(set(list(lcfg.get("tags") or []) + variant_tags))
             if lcfg.get("name") is None:
                 extra["name"] = f"{cfg.experiment_name}/{'+'.join(variant_tags)}"

@@ -46,6 +46,7 @@ SOFTMAX_BWD_FLOPS = 4  # dS = P * (dP - rowsum(P * dP)): multiply, add (row sum)
 FLASH_RECOMPUTE_FLOPS = 3  # backward: P = exp(scale * S - lse): scale, subtract, exp
 FLASH_BWD_DS_FLOPS = 2  # dS = P * (dP - Delta): subtract, multiply (Delta = rowsum(dO * O) is O(N d))
 DROPOUT_FLOPS = 1  # multiply by mask / (1 - p), forward and backward each
+BWD_FACTOR = 2.5  # benchmark convention (FlashAttention papers): backward = 2.5x the forward matmul FLOPs
 
 
 def _check_mode(mode: str) -> None:
@@ -430,6 +431,50 @@ def linear_attention_cost(
 
 
 # --------------------------------------------------------------------------------------------- KV cache
+# ------------------------------------------------------------------ benchmark FLOP conventions (TFLOP/s)
+def flash_flops(B: int, H: int, Nq: int, D: int, Nk: Optional[int] = None, causal: bool = False,
+                visited_fraction: Optional[float] = None, mode: str = "fwd", Dv: Optional[int] = None) -> float:
+    """Matmul FLOPs of exact attention by the FlashAttention formula.
+
+    Forward: ``2 * B * H * Nq * Nk * (D + Dv)`` (= ``4 * B * H * N^2 * D`` for ``Dv = D``), scaled by the
+    fraction of (query, key) pairs the mask keeps: ``visited_fraction`` when given (window / block-sparse:
+    e.g. ``mask.sum() / (Nq * Nk)``), else ``1/2`` for ``causal`` (the FlashAttention convention) and 1
+    otherwise. ``mode``: ``"fwd"``, ``"bwd"`` (2.5 x fwd) or ``"fwd_bwd"`` (3.5 x fwd).
+    """
+    Nk = Nq if Nk is None else Nk
+    Dv = D if Dv is None else Dv
+    f = 2.0 * B * H * Nq * Nk * (D + Dv)
+    if visited_fraction is not None:
+        f *= float(visited_fraction)
+    elif causal:
+        f *= 0.5
+    mult = {"fwd": 1.0, "bwd": BWD_FACTOR, "fwd_bwd": 1.0 + BWD_FACTOR}
+    if mode not in mult:
+        raise ValueError(f"mode={mode!r} is not supported; allowed values: {', '.join(mult)}")
+    return f * mult[mode]
+
+
+def linear_flops(B: int, H: int, N: int, D: int, F: Optional[int] = None, chunk_size: int = 64,
+                 causal: bool = True, mode: str = "fwd", Dv: Optional[int] = None) -> float:
+    """Matmul FLOPs of chunked linear attention (feature dim ``F``, default ``D``).
+
+    Per chunk of ``C`` tokens: state update ``2*C*F*Dv`` (+ normaliser ``2*C*F``), inter-chunk read
+    ``2*C*F*Dv``; causal adds the intra-chunk quadratic part ``2*C*C*F + 2*C*C*Dv``. Non-causal is
+    ``4*N*F*Dv``. Backward counted as ``2 x`` forward (two matmuls per forward matmul).
+    """
+    F = D if F is None else F
+    Dv = D if Dv is None else Dv
+    if causal:
+        C = chunk_size
+        f = B * H * N * (2 * F * Dv + 2 * F * Dv + 2 * C * F + 2 * C * Dv + 2 * F)
+    else:
+        f = B * H * N * (4 * F * Dv + 2 * F)
+    mult = {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}
+    if mode not in mult:
+        raise ValueError(f"mode={mode!r} is not supported; allowed values: {', '.join(mult)}")
+    return float(f) * mult[mode]
+
+
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
     """KV-cache bytes per token: ``2 (K and V) * n_layers * n_kv_heads * head_dim * dtype_bytes``.
 

@@ -4,7 +4,7 @@
 * :func:`peak_memory` -- peak extra CUDA memory of a callable (bytes above the allocated baseline).
 * FLOP formulas: :func:`flash_flops` (FlashAttention convention: forward ``4 * B * H * Nq * Nk * D``
   times the visited fraction of the mask, ``/ 2`` causal; backward ``2.5 x`` forward),
-  :func:`linear_flops` (chunked linear attention), :func:`tflops`.
+  :func:`linear_flops` (chunked linear attention; both defined in :mod:`attn_zoo.cost_model`), :func:`tflops`.
 * :func:`env_info` -- date, GPU name, torch / triton / CUDA versions (every results file records it).
 * :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout.
 """
@@ -21,7 +21,6 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-BWD_FACTOR = 2.5  # FlashAttention convention: backward costs 2.5x the forward matmul FLOPs
 
 
 # --------------------------------------------------------------------------------------------- timing
@@ -80,47 +79,8 @@ def peak_memory(fn: Callable[[], object]) -> int:
 
 
 # --------------------------------------------------------------------------------------------- FLOPs
-def flash_flops(B: int, H: int, Nq: int, D: int, Nk: Optional[int] = None, causal: bool = False,
-                visited_fraction: Optional[float] = None, mode: str = "fwd", Dv: Optional[int] = None) -> float:
-    """Matmul FLOPs of exact attention by the FlashAttention formula.
-
-    Forward: ``2 * B * H * Nq * Nk * (D + Dv)`` (= ``4 * B * H * N^2 * D`` for ``Dv = D``), scaled by the
-    fraction of (query, key) pairs the mask keeps: ``visited_fraction`` when given (window / block-sparse:
-    e.g. ``mask.sum() / (Nq * Nk)``), else ``1/2`` for ``causal`` (the FlashAttention convention) and 1
-    otherwise. ``mode``: ``"fwd"``, ``"bwd"`` (2.5 x fwd) or ``"fwd_bwd"`` (3.5 x fwd).
-    """
-    Nk = Nq if Nk is None else Nk
-    Dv = D if Dv is None else Dv
-    f = 2.0 * B * H * Nq * Nk * (D + Dv)
-    if visited_fraction is not None:
-        f *= float(visited_fraction)
-    elif causal:
-        f *= 0.5
-    mult = {"fwd": 1.0, "bwd": BWD_FACTOR, "fwd_bwd": 1.0 + BWD_FACTOR}
-    if mode not in mult:
-        raise ValueError(f"mode={mode!r} is not supported; allowed values: {', '.join(mult)}")
-    return f * mult[mode]
-
-
-def linear_flops(B: int, H: int, N: int, D: int, F: Optional[int] = None, chunk_size: int = 64,
-                 causal: bool = True, mode: str = "fwd", Dv: Optional[int] = None) -> float:
-    """Matmul FLOPs of chunked linear attention (feature dim ``F``, default ``D``).
-
-    Per chunk of ``C`` tokens: state update ``2*C*F*Dv`` (+ normaliser ``2*C*F``), inter-chunk read
-    ``2*C*F*Dv``; causal adds the intra-chunk quadratic part ``2*C*C*F + 2*C*C*Dv``. Non-causal is
-    ``4*N*F*Dv``. Backward counted as ``2 x`` forward (two matmuls per forward matmul).
-    """
-    F = D if F is None else F
-    Dv = D if Dv is None else Dv
-    if causal:
-        C = chunk_size
-        f = B * H * N * (2 * F * Dv + 2 * F * Dv + 2 * C * F + 2 * C * Dv + 2 * F)
-    else:
-        f = B * H * N * (4 * F * Dv + 2 * F)
-    mult = {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}
-    if mode not in mult:
-        raise ValueError(f"mode={mode!r} is not supported; allowed values: {', '.join(mult)}")
-    return float(f) * mult[mode]
+# The benchmark FLOP conventions live in the cost model (one definition for benchmarks, sweep and model).
+from attn_zoo.cost_model import BWD_FACTOR, flash_flops, linear_flops  # noqa: E402,F401
 
 
 def tflops(flops: float, ms: float) -> float:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from attn_zoo import AttentionSpec, MaskInfo, mask_info  # noqa: E402
+from attn_zoo import AttentionSpec, mask_info  # noqa: E402
 from eval.bench_common import env_info, flash_flops, format_table, peak_memory, tflops, time_cuda  # noqa: E402
 from eval.bench_common import write_csv, write_json  # noqa: E402
 
@@ -69,43 +69,19 @@ def heads(name: str, D: int):
     return H, H
 
 
-_FLEX = None
-
-
 def flex_fn():
-    global _FLEX
-    if _FLEX is None:
-        import torch._dynamo
-        from torch.nn.attention.flex_attention import flex_attention
+    """The process-wide compiled FlexAttention (recompile limits raised; backward re-runnable for timing)."""
+    from attn_zoo.flex import allow_retain_graph, compiled_flex_attention
 
-        for attr in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-            if hasattr(torch._dynamo.config, attr):
-                setattr(torch._dynamo.config, attr, 4096)
-        try:  # compiled backward with donated buffers refuses retain_graph=True (used to time backward alone)
-            import torch._functorch.config as fconf
-
-            fconf.donated_buffer = False
-        except (ImportError, AttributeError):
-            pass
-        _FLEX = torch.compile(flex_attention, dynamic=False)
-    return _FLEX
+    allow_retain_graph()
+    return compiled_flex_attention("cuda")
 
 
 def flex_block_mask(name: str, N: int, device):
-    """FlexAttention ``BlockMask`` of a variant, from the same element rule as every backend
-    (:meth:`attn_zoo.masks.MaskInfo.allowed`); ``None`` for full attention."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """FlexAttention ``BlockMask`` of a variant (:func:`attn_zoo.flex.flex_block_mask`); ``None`` for full attention."""
+    from attn_zoo.flex import flex_block_mask as _bm
 
-    mi = mask_info(AttentionSpec(**VARIANTS[name]), N, N)
-    if mi.is_full:
-        return None
-    if mi.layout is not None:
-        mi = MaskInfo(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(device), mi.block_size)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return mi.allowed(q_idx, kv_idx)
-
-    return create_block_mask(mask_mod, None, None, N, N, device=device, BLOCK_SIZE=128)
+    return _bm(AttentionSpec(**VARIANTS[name]), N, N, str(device))
 
 
 def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec):

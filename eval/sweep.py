@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
@@ -146,31 +146,16 @@ for _n, _k in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTIO
                ("sdpa_efficient", "EFFICIENT_ATTENTION"), ("sdpa_math", "MATH")):
     register_bench_backend(_n)(_sdpa(_k))
 
-_FLEX_COMPILED = {}
-
-
 @register_bench_backend("flex")
 def _flex(spec, q, k, v):
     if not spec.is_softmax:
         raise Unsupported(f"flex_attention runs softmax kinds, not {spec.kind!r}")
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from attn_zoo.flex import compiled_flex_attention, flex_block_mask
     except ImportError as e:  # pragma: no cover - old torch
         raise Unsupported(f"flex_attention unavailable: {e}")
-    Nq, Nk = q.shape[2], k.shape[2]
-    mi = mask_info(spec, Nq, Nk)
-    if mi.layout is not None:
-        mi = type(mi)(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(q.device), mi.block_size)
-
-    def mask_mod(b, h, qi, kj):
-        return mi.allowed(qi, kj)
-
-    compile_on = q.device.type == "cuda"
-    bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=str(q.device), _compile=compile_on)
-    key = q.device.type
-    if key not in _FLEX_COMPILED:
-        _FLEX_COMPILED[key] = torch.compile(flex_attention, dynamic=False) if compile_on else flex_attention
-    fa = _FLEX_COMPILED[key]
+    bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
+    fa = compiled_flex_attention(q.device.type)
     gqa = q.shape[1] != k.shape[1]
     scale = spec.scale(q.shape[-1])
     return lambda q, k, v: fa(q, k, v, block_mask=bm, scale=scale, enable_gqa=gqa)
@@ -431,6 +416,12 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
         frac = element_fraction(spec, N)
         f1 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd", visited_fraction=frac)
         f2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=frac)
+        if spec.kind != "flash" or spec.causal:  # HBM traffic follows the visited tiles, not the kept elements
+            bm, bn = int(f2.detail["block_m"]), int(f2.detail["block_n"])
+            tiles = cm.mask_fractions(spec, N, bm, bn, elements=False)["visited_fraction"]
+            t2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=tiles,
+                                         block_m=bm, block_n=bn)
+            f2 = replace(f2, hbm_read=t2.hbm_read, hbm_write=t2.hbm_write)
         if backend in ("naive", "reference", "sdpa_math"):
             std = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd",
                                              mask_pass=spec.causal or spec.kind != "flash")
@@ -440,6 +431,18 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
     return {"flops_fwd": f1.flops, "flops_fwd_bwd": f2.flops, "model_hbm_bytes": f2.hbm_bytes,
             "model_min_bytes": f2.compulsory_bytes, "model_footprint_bytes": f2.footprint_bytes,
             "visited_fraction": frac}
+
+
+def convention_flops(spec: AttentionSpec, B: int, H: int, N: int, D: int, mode: str) -> float:
+    """FLOPs behind the ``*_tflops`` columns: :func:`attn_zoo.cost_model.flash_flops` (FlashAttention formula,
+    kept pairs only) for softmax kinds, :func:`attn_zoo.cost_model.linear_flops` for linear -- the same
+    convention as ``eval/bench_flash.py`` / ``bench_linear.py``, so their TFLOP/s compare directly."""
+    if spec.kind == "linear":
+        from attn_zoo.feature_maps import feature_dim
+
+        Fd = feature_dim(spec.feature_map, D, spec.num_features)
+        return cm.linear_flops(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal, mode=mode)
+    return cm.flash_flops(B, H, N, D, visited_fraction=element_fraction(spec, N), mode=mode)
 
 
 # --------------------------------------------------------------------------------------------- one point
@@ -511,10 +514,9 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
     finally:
         q = k = v = dout = out = None
         _cleanup(device)
-    for m in ("fwd", "bwd", "fwd_bwd"):
+    for m in ("fwd", "bwd", "fwd_bwd"):  # TFLOP/s by the benchmarks' convention (matmul FLOPs, bwd = 2.5x fwd)
         ms = row.get(f"{m}_ms")
-        f1, f2 = row.get("flops_fwd"), row.get("flops_fwd_bwd")
-        fl = f1 if m == "fwd" else ((f2 - f1) if (m == "bwd" and f1 and f2) else f2)
+        fl = convention_flops(spec, B, H, N, D, m)
         if ms and fl:
             row[f"{m}_tflops"] = fl / (ms * 1e-3) / 1e12
     main = row.get("fwd_bwd_ms") or row.get("fwd_ms")

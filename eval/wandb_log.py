@@ -2,7 +2,7 @@
 
 Each call is one W&B run (``job_type`` ``sweep`` or ``quality``) in a ``group`` so sweeps of several machines
 or dates sit side by side; every table is a ``wandb.Table`` and every figure a ``wandb.Image``. Mode ``auto``
-is ``offline`` unless ``WANDB_API_KEY`` is set (and ``WANDB_MODE`` does not say otherwise): nothing needs the
+is ``offline`` unless ``WANDB_API_KEY`` is set and the W&B server answers (``WANDB_MODE`` can force it; :func:`attn_zoo.tracking.wandb_mode`): nothing needs the
 network, and an offline run can be uploaded later with ``wandb sync <dir>/wandb/offline-run-*``. Without the
 ``wandb`` package the call logs nothing and returns ``None`` (the CSV / JSON results never depend on W&B).
 """
@@ -16,15 +16,10 @@ from typing import Dict, Optional, Sequence
 
 
 def resolve_mode(mode: str = "auto") -> str:
-    """``online`` / ``offline`` / ``disabled``; ``auto`` = offline unless ``WANDB_API_KEY`` is set."""
-    if mode not in ("auto", "online", "offline", "disabled"):
-        raise ValueError(f"wandb mode={mode!r} is not supported; allowed values: auto, online, offline, disabled")
-    if mode != "auto":
-        return mode
-    env = os.environ.get("WANDB_MODE")
-    if env in ("offline", "disabled", "dryrun"):
-        return "offline" if env == "dryrun" else env
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    """``online`` / ``offline`` / ``disabled`` by the project's one rule (:func:`attn_zoo.tracking.wandb_mode`)."""
+    from attn_zoo.tracking import wandb_mode
+
+    return wandb_mode(mode)
 
 
 def _table(rows: Sequence[dict]):

@@ -19,7 +19,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from ..masks import MaskInfo, mask_info
+from ..flex import compiled_flex_attention, flex_block_mask
+from ..masks import mask_info
 from ..registry import register_backend
 from ..spec import SOFTMAX_KINDS
 
@@ -51,36 +52,7 @@ def _sdpa_dense_mask(q, k, v, scale, spec):
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-_flex_compiled = None
 _FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
-
-
-def _flex():
-    global _flex_compiled
-    if _flex_compiled is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        import torch._dynamo
-
-        # one compile per (shape, mask) is expected; without this dynamo falls back to eager, which
-        # materialises N x N
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        _flex_compiled = torch.compile(flex_attention, dynamic=False)
-    return _flex_compiled
-
-
-@lru_cache(maxsize=32)
-def _block_mask(spec, Nq: int, Nk: int, device: str):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    mi = mask_info(spec, Nq, Nk)
-    if mi.layout is not None:
-        mi = MaskInfo(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(device), mi.block_size)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return mi.allowed(q_idx, kv_idx)
-
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=device)
 
 
 @register_backend(SOFTMAX_KINDS, "torch", supports=_supports)
@@ -102,9 +74,9 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
         top = q.new_zeros(q.shape[0], q.shape[1], Nq - Nk, v.shape[-1])  # rows with i' < 0 see nothing
         return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
     if q.is_cuda and (spec, Nq, Nk, D, q.dtype) not in _FLEX_FAILED:
-        bm = _block_mask(spec, Nq, Nk, str(q.device))
+        bm = flex_block_mask(spec, Nq, Nk, str(q.device))
         try:
-            return _flex()(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
+            return compiled_flex_attention("cuda")(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # compile / lowering failures (seen: ragged Nq != Nk shapes on torch 2.11)

@@ -1,0 +1,79 @@
+"""FlexAttention (Guessous et al. 2024, ``torch.nn.attention.flex_attention``) set up once for the project.
+
+Used by the ``torch`` backend (window / block-sparse on CUDA) and by the benchmarks as an anchor, so all of
+them run the same compiled function and the same block mask:
+
+* :func:`compiled_flex_attention` -- ``torch.compile(flex_attention, dynamic=False)``, created once per
+  process (CUDA) with dynamo's recompile limits raised: every ``(shape, mask)`` compiles once, and without
+  the raise dynamo silently falls back to eager FlexAttention, which materialises the ``Nq x Nk`` scores.
+  Off CUDA it returns the eager function (what ``create_block_mask`` / tests on CPU can run).
+* :func:`flex_block_mask` -- a ``BlockMask`` from :meth:`attn_zoo.masks.MaskInfo.allowed`, the element rule
+  every backend shares (bottom-right alignment when ``Nq != Nk``); ``None`` for full attention. Cached.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from .masks import MaskInfo, mask_info
+
+__all__ = ["compiled_flex_attention", "flex_block_mask", "allow_retain_graph"]
+
+_COMPILED = {}
+_LIMITS = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
+
+
+def compiled_flex_attention(device_type: str = "cuda"):
+    """The process-wide FlexAttention callable for ``device_type`` (compiled on CUDA, eager elsewhere).
+
+    Raises:
+        ImportError: this torch has no FlexAttention.
+    """
+    if device_type not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if device_type == "cuda":
+            import torch._dynamo
+
+            for attr in _LIMITS:
+                if hasattr(torch._dynamo.config, attr):
+                    setattr(torch._dynamo.config, attr, max(getattr(torch._dynamo.config, attr), 4096))
+            _COMPILED[device_type] = torch.compile(flex_attention, dynamic=False)
+        else:
+            _COMPILED[device_type] = flex_attention
+    return _COMPILED[device_type]
+
+
+def allow_retain_graph() -> None:
+    """Let compiled backwards run twice on one graph (``retain_graph=True``), as benchmarks that time the
+    backward alone need: turns off AOTAutograd's donated buffers (a memory optimisation) for this process."""
+    try:
+        import torch._functorch.config as fconf
+
+        fconf.donated_buffer = False
+    except (ImportError, AttributeError):  # pragma: no cover - older / newer torch without the flag
+        pass
+
+
+@lru_cache(maxsize=64)
+def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
+    """``BlockMask`` of ``spec`` for ``Nq`` queries and ``Nk`` keys on ``device`` (``None`` if nothing is masked).
+
+    Built from :meth:`attn_zoo.masks.MaskInfo.allowed` (compiled ``create_block_mask`` on CUDA);
+    ``block_size`` is FlexAttention's tile (128 is its default and the sparse layouts' block).
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mi: MaskInfo = mask_info(spec, Nq, Nk)
+    if mi.is_full:
+        return None
+    if mi.layout is not None:
+        mi = MaskInfo(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(device), mi.block_size)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return mi.allowed(q_idx, kv_idx)
+
+    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=device, BLOCK_SIZE=block_size,
+                             _compile=torch.device(device).type == "cuda")
