@@ -230,9 +230,9 @@ def main(argv=None):
                 print(f"{name:9s} N={N:6d} D={D:3d} ours fwd+bwd {o.get('fwd_bwd_tflops', float('nan')):7.1f} TF/s "
                       + " ".join(f"{i}={r.get('fwd_bwd_tflops', float('nan')):.1f}" for i, r in res.items() if i != "ours")
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    write_csv(rows, os.path.join(a.out, f"{a.tag}.csv"))
-    write_json(rows, os.path.join(a.out, f"{a.tag}.json"), env=env)
+                os.makedirs(a.out, exist_ok=True)  # rewritten after every case: a killed run keeps what it measured
+                write_csv(rows, os.path.join(a.out, f"{a.tag}.csv"))
+                write_json(rows, os.path.join(a.out, f"{a.tag}.json"), env=env)
     ours = [r for r in rows if r["impl"] == "ours" and "fwd_ms" in r]
     cols = ["variant", "N", "D", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"]
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_sdpa_flash_fwd",

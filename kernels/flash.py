@@ -11,8 +11,9 @@ Mask (bottom-right aligned: query row ``i`` sits at ``i' = i + Nk - Nq``), the c
   * ``window_size = (left, right)``: ``i' - left <= j <= i' + right`` (``None`` = unbounded side); causal is
     ``right = 0`` (``causal=True`` clips ``right`` to ``min(right, 0)``);
   * block-sparse: ``layout[i' // block_size, j // block_size]`` and ``i' >= 0``, with the visited key
-    blocks of every query tile given by a block table (``kv_idx``, ``kv_count``, ``kv_full`` per query tile,
-    and the transposed table per key tile for the dK/dV pass).
+    blocks of every query tile given by a block table (``kv_idx``, ``kv_cnt``, ``kv_nfull`` per query tile,
+    each row listing its ``kv_nfull`` full tiles first, and the transposed table per key tile for the dK/dV
+    pass), so the kernels run two branch-free loops (full tiles unmasked, then partial tiles masked).
 Causal / window tiles are enumerated analytically in-kernel (same rule as ``MaskInfo.block_table``). Tiles
 are split into *full* tiles (no element mask, no bounds checks) and *partial* tiles (element rule
 applied); fully-masked tiles are never visited, so a causal window of ``w`` costs ``O(N * w)``.
@@ -20,14 +21,18 @@ applied); fully-masked tiles are never visited, so a causal window of ``w`` cost
 Forward: online softmax in base 2 (``log2(e)`` folded into the scale), output normalised once, lse saved.
 Backward: ``delta = rowsum(dO * O)`` (minus ``dlse`` when the lse is differentiated), then one kernel per key
 tile for dK/dV that loops over the query heads of its GQA group (dK/dV summed in registers, K/V never
-repeated) and one kernel per query tile for dQ (no atomics, deterministic).
+repeated; when that grid is small the group is split over ``n_split`` programs whose fp32 partial dK/dV are
+summed after) and one kernel per query tile for dQ (no atomics, deterministic). Optional FA2 variant
+(``dq_mode="atomic"`` / env ``ATTN_ZOO_FLASH_DQ=atomic``): dQ accumulated in the dK/dV kernel with fp32
+atomics (5 matmuls per tile pair instead of 7; not bitwise deterministic).
 
 Public API: :func:`flash_attn` (autograd-aware, a ``torch.library`` custom op so ``torch.compile`` traces
-through it), :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`.
+through it), :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`, :func:`build_sparse_tables`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -126,6 +131,7 @@ def _sparse_configs(kind):
 
 
 _KEY = ["N_BUCKET", "BLOCK_D", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC"]
+_KEY_DKDV = _KEY + ["ATOMIC_DQ"]
 
 
 # ============================================================================================ jit helpers
@@ -240,11 +246,14 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_ob, stride_oh, stride_on, stride_od,
                 Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right,
-                KV_IDX, KV_CNT, KV_FULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
                 HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
-    mblk = n_mblocks - 1 - tl.program_id(0)  # heaviest (causal) tiles first
+    if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
+        mblk = tl.load(KV_IDX + tl.program_id(0) * stride_tbl)
+    else:
+        mblk = n_mblocks - 1 - tl.program_id(0)  # heaviest (causal) tiles first
     bh = tl.program_id(1)
     b = bh // Hq
     h = bh % Hq
@@ -260,21 +269,22 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if SPARSE:
-        cnt = tl.load(KV_CNT + mblk)
-        for t in range(0, cnt):
-            nblk = tl.load(KV_IDX + mblk * stride_tbl + t)
-            full = tl.load(KV_FULL + mblk * stride_tbl + t)
-            if full != 0:
-                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
-                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
-                                          win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
-            else:
-                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
-                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
-                                          win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+    if SPARSE:  # table row ordered full tiles first: two branch-free loops
+        cnt = tl.load(KV_CNT + tl.program_id(0))
+        nfull = tl.load(KV_NFULL + tl.program_id(0))
+        tbl = KV_IDX + tl.program_id(0) * stride_tbl + 1
+        for t in range(0, nfull):
+            nblk = tl.load(tbl + t)
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                      win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+        for t in range(nfull, cnt):
+            nblk = tl.load(tbl + t)
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                      win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
@@ -331,10 +341,11 @@ def _bwd_preprocess(O, DO, DLSE, Lse, Delta, Lse2, Hq, Nq,
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, stride_qn, stride_qd, stride_dn, stride_dd, start_m,
-               offs_n, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd, stride_dn, stride_dd, start_m,
+               offs_n, offs_d, qk_scale, sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-               BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+               DOT_PREC: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_ptrs = Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
     do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_d[None, :] * stride_dd
@@ -362,27 +373,48 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, stride_qn, stride_qd, strid
         pT = tl.where(ok, pT, 0.0)
     dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
     dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
-    dsT = pT * (dpT - delta[None, :])
-    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+    dk = tl.dot(dsT, q, dk, input_precision=DOT_PREC)
+    if ATOMIC_DQ:  # FA2's fused dQ: fp32 atomics into the (B, Hq, Nq, D) accumulator, 5 matmuls per tile pair
+        dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PREC) * sm_scale  # (BLOCK_M, BLOCK_D)
+        dq_ptrs = DQAb + offs_m[:, None] * HEAD_D + offs_d[None, :]
+        if MASKED:
+            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D), sem="relaxed")
+        elif BLOCK_D != HEAD_D:
+            tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_D, sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV,
+def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_db, stride_dh, stride_dn, stride_dd,
-                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     Hq, Hkv, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
-                     Q_IDX, Q_CNT, Q_FULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                     stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                     stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                     Hq, Hkv, Nq, Nk, offset, group, n_split, qk_scale, sm_scale, win_left, win_right,
+                     Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
                      HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    nblk = tl.program_id(0)
-    bh = tl.program_id(1)
+                     SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """One program per (key tile, batch, K/V head, split): the ``group // n_split`` query heads of split ``s``.
+
+    With ``n_split > 1`` DK / DV point at fp32 partial buffers ``(n_split, B, Hkv, Nk, D)`` (split stride
+    ``stride_dks``), summed on the host; with ``n_split == 1`` they are the outputs (split stride 0).
+    """
+    if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the key tile
+        nblk = tl.load(Q_IDX + tl.program_id(0) * stride_tbl)
+    else:
+        nblk = tl.program_id(0)
+    pid = tl.program_id(1)
+    s = pid % n_split
+    bh = pid // n_split
     b = bh // Hkv
     hk = bh % Hkv
+    heads = group // n_split
     start_n = nblk * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -393,50 +425,53 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV,
                 + offs_d[None, :] * stride_vd, mask=mk, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    if not SPARSE:
+    if SPARSE:  # table row ordered full tiles first: two branch-free loops
+        cnt = tl.load(Q_CNT + tl.program_id(0))
+        nfull = tl.load(Q_NFULL + tl.program_id(0))
+        tbl = Q_IDX + tl.program_id(0) * stride_tbl + 1
+    else:
         lo, hi, flo, fhi = _q_range(start_n, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                     HAS_LEFT, HAS_RIGHT)
-    for g in range(0, group):  # query heads sharing this K/V head: dK/dV summed in registers
-        h = hk * group + g
+    for g in range(0, heads):  # query heads sharing this K/V head: dK/dV summed in registers
+        h = hk * group + s * heads + g
         Qb = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         DOb = DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh
         row0 = (b * Hq + h).to(tl.int64) * Nq
+        DQAb = DQA + row0 * HEAD_D
         if SPARSE:
-            cnt = tl.load(Q_CNT + nblk)
-            for t in range(0, cnt):
-                mblk = tl.load(Q_IDX + nblk * stride_tbl + t)
-                full = tl.load(Q_FULL + nblk * stride_tbl + t)
-                if full != 0:
-                    dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
-                                        stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
-                                        offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
-                                        HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
-                else:
-                    dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
-                                        stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
-                                        offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
-                                        HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+            for t in range(0, nfull):
+                mblk = tl.load(tbl + t)
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
+                                    offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+            for t in range(nfull, cnt):
+                mblk = tl.load(tbl + t)
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
+                                    offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
         else:
             for mblk in range(lo, flo):
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
-                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
             for mblk in range(flo, fhi):
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
-                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
             for mblk in range(fhi, hi):
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, stride_qn, stride_qd,
-                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, Nq, Nk,
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
+                                    stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
     dk = dk * sm_scale
-    tl.store(DK + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh + offs_n[:, None] * stride_dkn
-             + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
-    tl.store(DV + b.to(tl.int64) * stride_dvb + hk.to(tl.int64) * stride_dvh + offs_n[:, None] * stride_dvn
-             + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mk)
+    tl.store(DK + s.to(tl.int64) * stride_dks + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
+    tl.store(DV + s.to(tl.int64) * stride_dvs + b.to(tl.int64) * stride_dvb + hk.to(tl.int64) * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mk)
 
 
 @triton.jit
@@ -477,11 +512,14 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                    stride_db, stride_dh, stride_dn, stride_dd,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                    Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
-                   KV_IDX, KV_CNT, KV_FULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                   KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
                    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                    SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
-    mblk = n_mblocks - 1 - tl.program_id(0)
+    if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
+        mblk = tl.load(KV_IDX + tl.program_id(0) * stride_tbl)
+    else:
+        mblk = n_mblocks - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hq
     h = bh % Hq
@@ -500,21 +538,22 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
     Kb = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     Vb = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if SPARSE:
-        cnt = tl.load(KV_CNT + mblk)
-        for t in range(0, cnt):
-            nblk = tl.load(KV_IDX + mblk * stride_tbl + t)
-            full = tl.load(KV_FULL + mblk * stride_tbl + t)
-            if full != 0:
-                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
-                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
-                              LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                              DOT_PREC)
-            else:
-                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
-                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
-                              LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                              DOT_PREC)
+    if SPARSE:  # table row ordered full tiles first: two branch-free loops
+        cnt = tl.load(KV_CNT + tl.program_id(0))
+        nfull = tl.load(KV_NFULL + tl.program_id(0))
+        tbl = KV_IDX + tl.program_id(0) * stride_tbl + 1
+        for t in range(0, nfull):
+            nblk = tl.load(tbl + t)
+            dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                          LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                          DOT_PREC)
+        for t in range(nfull, cnt):
+            nblk = tl.load(tbl + t)
+            dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                          LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                          DOT_PREC)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
@@ -552,8 +591,10 @@ def _tuned(kind: str, sparse: bool):
     key = (kind, sparse)
     if key not in _TUNED:
         configs = _sparse_configs(kind) if sparse else _CONFIGS[kind]
-        _TUNED[key] = triton.autotune(configs, key=_KEY, prune_configs_by={"early_config_prune": _make_prune(kind)})(
-            _KERNELS[kind])
+        # dK/dV with the atomic dQ accumulates into DQA: restore it after every benchmarked run
+        extra = dict(key=_KEY_DKDV, restore_value=["DQA"]) if kind == "dkdv" else dict(key=_KEY)
+        _TUNED[key] = triton.autotune(configs, prune_configs_by={"early_config_prune": _make_prune(kind)},
+                                      **extra)(_KERNELS[kind])
     return _TUNED[key]
 
 
@@ -576,17 +617,51 @@ def pick_config(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bo
 if INTERPRET:
     _HEURISTIC = {(k, False): _CONFIGS[k] for k in _CONFIGS}
 else:
-    # (kind, masked-mode) -> preference list; from the H200 autotune at D=128, N=8192 (docs/kernels.md)
+    # (kind, masked-mode) -> preference list; H200 autotune at D=128: fwd at N=8192, dq / dkdv at causal N=16384
+    # (eval/probe_flash.py --autotune, 2026-11-29; docs/kernels.md)
     _HEURISTIC = {
         ("fwd", False): [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2),
                          _cfg(32, 32, 4, 1)],
         ("fwd", True): [_cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
-        ("dq", False): [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2),
-                        _cfg(32, 32, 4, 1)],
-        ("dkdv", False): [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 2), _cfg(32, 32, 4, 1)],
+        ("dq", False): [_cfg(128, 64, 8, 4), _cfg(128, 64, 8, 3), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2),
+                        _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
+        ("dkdv", False): [_cfg(64, 128, 8, 3), _cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 2),
+                          _cfg(32, 32, 4, 1)],
     }
 
 _CHOSEN = {}
+# Fixed config per kernel kind, set by set_config_override() (probes / tuning scripts); not used by the sparse mode
+_OVERRIDE = {}
+
+
+def set_config_override(kind: str, cfg: Optional[dict] = None) -> None:
+    """Force ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` for kernel ``kind`` ("fwd", "dq", "dkdv") in
+    the causal / window / full modes (``None`` clears it). For tuning scripts; no shared-memory check."""
+    if kind not in _KERNELS:
+        raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(_KERNELS)}")
+    if cfg is None:
+        _OVERRIDE.pop(kind, None)
+    else:
+        _OVERRIDE[kind] = dict(cfg)
+
+
+def _launch_key(kind, meta, dtype):
+    return (kind, dtype) + tuple(sorted(meta.items()))
+
+
+def _block_n_dkdv(meta, dtype) -> int:
+    """BLOCK_N the dK/dV launch will use (exact unless autotuning, where 128 is the estimate)."""
+    if meta["SPARSE"]:
+        return sparse_tiles(meta["BLOCK_D"])[1][1]
+    if "dkdv" in _OVERRIDE:
+        return int(_OVERRIDE["dkdv"]["BLOCK_N"])
+    if AUTOTUNE:
+        return 128
+    key = _launch_key("dkdv", meta, dtype)
+    if key in _CHOSEN:
+        return _CHOSEN[key]["BLOCK_N"]
+    masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
+    return _candidates("dkdv", meta["BLOCK_D"], False, meta["DOT_PREC"], masked)[0].kwargs["BLOCK_N"]
 
 
 def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta):
@@ -597,11 +672,14 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta):
     """
     tile = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
     grid = lambda m: (triton.cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
+    if kind in _OVERRIDE and not meta["SPARSE"]:
+        _KERNELS[kind][grid](*args, **meta, **_OVERRIDE[kind])
+        return
     if AUTOTUNE:
         _tuned(kind, meta["SPARSE"])[grid](*args, **meta)
         return
     masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
-    key = (kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked, args[0].dtype)
+    key = _launch_key(kind, meta, args[0].dtype)
     if key in _CHOSEN:
         _KERNELS[kind][grid](*args, **meta, **_CHOSEN[key])
         return
@@ -648,38 +726,39 @@ def _check(q, k, v):
         raise ValueError(f"sequence lengths must be >= 1, got Nq={Nq}, Nk={k.shape[2]}")
 
 
-def _mode_args(q, win_left, win_right, layout, tables):
+def _mode_args(q, layout, tables):
     dummy_i32 = torch.zeros(1, dtype=torch.int32, device=q.device)
     dummy_i8 = torch.zeros(1, dtype=torch.int8, device=q.device)
-    sparse = layout is not None
-    if sparse:
-        idx, cnt, full = tables
+    if layout is not None:
+        idx, cnt, nfull = tables
         lay = layout.to(device=q.device, dtype=torch.int8).contiguous()
-        return dict(sparse=True, idx=idx, cnt=cnt, full=full, stride_tbl=idx.stride(0), lay=lay, lay_nb=lay.shape[0])
-    return dict(sparse=False, idx=dummy_i32, cnt=dummy_i32, full=dummy_i8, stride_tbl=0, lay=dummy_i8, lay_nb=1)
+        return dict(sparse=True, idx=idx, cnt=cnt, nfull=nfull, stride_tbl=idx.stride(0), lay=lay,
+                    lay_nb=lay.shape[0])
+    return dict(sparse=False, idx=dummy_i32, cnt=dummy_i32, nfull=dummy_i32, stride_tbl=0, lay=dummy_i8, lay_nb=1)
 
 
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
                    kv_idx: Optional[torch.Tensor] = None, kv_cnt: Optional[torch.Tensor] = None,
-                   kv_full: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                   kv_nfull: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward launch. ``win_left`` / ``win_right`` < 0 mean unbounded (causal is ``win_right = 0``).
 
     Block-sparse: ``layout`` bool/int ``(nb, nb)`` at ``layout_bs`` tokens and the query-tile block table
-    (``kv_idx`` int32 ``(n_q_tiles, max_visits)``, ``kv_cnt`` int32, ``kv_full`` int8) built at
-    ``sparse_tiles(D)[0]``. Returns ``(out (B, Hq, Nq, D) q.dtype, lse (B, Hq, Nq) fp32)``.
+    built by :func:`build_sparse_tables` at ``sparse_tiles(D)[0]``: ``kv_idx`` int32 ``(n_q_tiles, max_visits)``
+    (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
+    ``(n_q_tiles,)`` full tiles. Returns ``(out (B, Hq, Nq, D) q.dtype, lse (B, Hq, Nq) fp32)``.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     out = torch.empty_like(q) if _dense(q) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    m = _mode_args(q, win_left, win_right, layout, (kv_idx, kv_cnt, kv_full))
+    m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     block_d = max(16, triton.next_power_of_2(D))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _launch("fwd", B * Hq, Nq, (
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0),
-        m["idx"], m["cnt"], m["full"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
+        m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
         dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, SPARSE=m["sparse"],
              DOT_PREC=prec))
     return out, lse
@@ -693,20 +772,80 @@ def _dense(t):
         return False
 
 
+def _empty_like(t, dtype=None):
+    dtype = t.dtype if dtype is None else dtype
+    return torch.empty_like(t, dtype=dtype) if _dense(t) else torch.empty(t.shape, dtype=dtype, device=t.device)
+
+
+DQ_MODES = ("separate", "atomic")
+
+
+def resolve_dq_mode(dq_mode: Optional[str] = None) -> str:
+    """``dq_mode`` if given, else env ``ATTN_ZOO_FLASH_DQ`` (read at call time), else ``"separate"``.
+
+    ``"separate"``: dQ in its own kernel per query tile (deterministic, 7 matmuls per tile pair in the backward);
+    ``"atomic"``: dQ fused into the dK/dV kernel with fp32 atomics (FA2; 5 matmuls, not deterministic).
+    """
+    mode = dq_mode or os.environ.get("ATTN_ZOO_FLASH_DQ", "") or "separate"
+    if mode not in DQ_MODES:
+        src = "dq_mode" if dq_mode else "ATTN_ZOO_FLASH_DQ"
+        raise ValueError(f"{src}={mode!r} is not supported; allowed values: {', '.join(DQ_MODES)}")
+    return mode
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def choose_dkdv_split(group: int, n_programs: int, target: int) -> int:
+    """Heads of a GQA group split over ``s`` dK/dV programs: the smallest power of two ``s`` dividing ``group``
+    with ``n_programs * s >= target`` (or the largest such power of two if none reaches it); 1 when ``group``
+    is odd or the grid is already large enough."""
+    s = 1
+    while group % (2 * s) == 0 and n_programs * s < target:
+        s *= 2
+    return s
+
+
+def _resolve_split(dkdv_split: Optional[int], group: int, n_programs: int, device) -> int:
+    n = dkdv_split
+    if not n:
+        env = os.environ.get("ATTN_ZOO_FLASH_DKDV_SPLIT", "").strip().lower()
+        if env not in ("", "0", "auto"):
+            try:
+                n = int(env)
+            except ValueError:
+                raise ValueError(f"ATTN_ZOO_FLASH_DKDV_SPLIT={env!r} must be an integer or 'auto'") from None
+    if not n:
+        return choose_dkdv_split(group, n_programs, 2 * _sm_count(device))
+    if n < 1 or group % n:
+        raise ValueError(f"dkdv_split={n} must be >= 1 and divide the GQA group size Hq // Hkv = {group}")
+    return int(n)
+
+
 def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = -1, win_right: int = -1,
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
-                   kv_idx=None, kv_cnt=None, kv_full=None, q_idx=None, q_cnt=None, q_full=None,
-                   dlse: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   kv_idx=None, kv_cnt=None, kv_nfull=None, q_idx=None, q_cnt=None, q_nfull=None,
+                   dlse: Optional[torch.Tensor] = None, dq_mode: Optional[str] = None,
+                   dkdv_split: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launches: preprocess (delta, lse2), dK/dV (per key tile, GQA group summed), dQ (per query tile).
 
     Block-sparse needs the query-tile table (``kv_*`` at ``sparse_tiles(D)[0]``) and the key-tile table
-    (``q_*``: for each key tile the visited query tiles, at ``sparse_tiles(D)[1]``). Returns ``(dq, dk, dv)``.
+    (``q_*``: for each key tile the visited query tiles, full ones first, at ``sparse_tiles(D)[1]``), both from
+    :func:`build_sparse_tables`. ``dq_mode``: see :func:`resolve_dq_mode` (``"atomic"`` skips the dQ kernel).
+    ``dkdv_split``: number of programs a GQA group's query heads are split over in the dK/dV pass (must divide
+    ``Hq // Hkv``; partial fp32 dK/dV summed after); ``None`` / 0: env ``ATTN_ZOO_FLASH_DKDV_SPLIT``, else
+    :func:`choose_dkdv_split` with a target of 2 programs per SM. Returns ``(dq, dk, dv)``.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     block_d = max(16, triton.next_power_of_2(D))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    atomic = resolve_dq_mode(dq_mode) == "atomic"
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
     pm = 64 if not INTERPRET else 32
@@ -716,39 +855,57 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         out, do, dl, lse.contiguous(), delta, lse2, Hq, Nq, *out.stride(), *do.stride(),
         HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=pm,
     )
-    dq = torch.empty_like(q) if _dense(q) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty_like(k) if _dense(k) else torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty_like(v) if _dense(v) else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     sparse = layout is not None
-    mk = _mode_args(q, win_left, win_right, layout, (kv_idx, kv_cnt, kv_full))
-    mq = _mode_args(q, win_left, win_right, layout, (q_idx, q_cnt, q_full))
+    mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
+    mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull))
     common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, SPARSE=sparse,
                   DOT_PREC=prec)
+    meta_dkdv = dict(common, ATOMIC_DQ=atomic)
     wl, wr = max(win_left, 0), max(win_right, 0)
-    _launch("dkdv", B * Hkv, Nk, (
-        q, k, v, do, lse2, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
-        *dv.stride(), Hq, Hkv, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
-        mq["idx"], mq["cnt"], mq["full"], mq["stride_tbl"], mq["lay"], mq["lay_nb"], max(layout_bs, 1), _bucket(Nk)),
-        common)
+    n_tiles = triton.cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
+    n_split = _resolve_split(dkdv_split, group, n_tiles * B * Hkv, q.device)
+    if n_split > 1:  # fp32 partial dK / dV per split, summed below
+        dk_t = torch.empty((n_split, B, Hkv, Nk, D), dtype=torch.float32, device=q.device)
+        dv_t = torch.empty_like(dk_t)
+        dk_strides, dv_strides = dk_t.stride(), dv_t.stride()
+    else:
+        dk_t, dv_t = dk, dv
+        dk_strides, dv_strides = (0, *dk.stride()), (0, *dv.stride())
+    dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if atomic else delta
+    _launch("dkdv", B * Hkv * n_split, Nk, (
+        q, k, v, do, lse2, delta, dk_t, dv_t, dqa, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dk_strides, *dv_strides, Hq, Hkv, Nq, Nk, Nk - Nq, group, n_split, softmax_scale * LOG2E, softmax_scale,
+        wl, wr, mq["idx"], mq["cnt"], mq["nfull"], mq["stride_tbl"], mq["lay"], mq["lay_nb"], max(layout_bs, 1),
+        _bucket(Nk)), meta_dkdv)
+    if n_split > 1:
+        dk.copy_(dk_t.sum(0))
+        dv.copy_(dv_t.sum(0))
+    if atomic:
+        dq.copy_(dqa)
+        return dq, dk, dv
     _launch("dq", B * Hq, Nq, (
         q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
-        mk["idx"], mk["cnt"], mk["full"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
-        common)
+        mk["idx"], mk["cnt"], mk["nfull"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1),
+        _bucket(Nq)), common)
     return dq, dk, dv
 
 
 # ============================================================================================ custom op + autograd
+# dq_mode "" and dkdv_split 0 mean "decide at backward time" (env, then default / heuristic).
 @torch.library.custom_op("attn_zoo_kernels::flash_fwd", mutates_args=())
 def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, win_left: int,
                   win_right: int, layout: Optional[torch.Tensor], layout_bs: int, kv_idx: Optional[torch.Tensor],
-                  kv_cnt: Optional[torch.Tensor], kv_full: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
-                  q_cnt: Optional[torch.Tensor], q_full: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    return flash_attn_fwd(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_full)
+                  kv_cnt: Optional[torch.Tensor], kv_nfull: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
+                  q_cnt: Optional[torch.Tensor], q_nfull: Optional[torch.Tensor], dq_mode: str,
+                  dkdv_split: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    return flash_attn_fwd(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull)
 
 
 @_flash_fwd_op.register_fake
-def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full):
+def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
+      q_nfull, dq_mode, dkdv_split):
     B, Hq, Nq, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
@@ -757,67 +914,96 @@ def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv
 def _flash_bwd_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
                   layout: Optional[torch.Tensor], layout_bs: int, kv_idx: Optional[torch.Tensor],
-                  kv_cnt: Optional[torch.Tensor], kv_full: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
-                  q_cnt: Optional[torch.Tensor], q_full: Optional[torch.Tensor]
+                  kv_cnt: Optional[torch.Tensor], kv_nfull: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
+                  q_cnt: Optional[torch.Tensor], q_nfull: Optional[torch.Tensor], dq_mode: str, dkdv_split: int
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return flash_attn_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
-                          kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full, dlse=dlse)
+                          kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dlse=dlse, dq_mode=dq_mode or None,
+                          dkdv_split=dkdv_split or None)
 
 
 @_flash_bwd_op.register_fake
-def _(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_full,
-      q_idx, q_cnt, q_full):
+def _(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull,
+      q_idx, q_cnt, q_nfull, dq_mode, dkdv_split):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, wl, wr, layout, bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full = inputs
+    q, k, v = inputs[:3]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.cfg = (scale, wl, wr, layout, bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full)
+    ctx.cfg = tuple(inputs[3:])  # scale, wl, wr, layout, bs, 6 tables, dq_mode, dkdv_split
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    scale, wl, wr, layout, bs, kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full = ctx.cfg
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _flash_bwd_op(dout, dlse, q, k, v, out, lse, scale, wl, wr, layout, bs,
-                               kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = _flash_bwd_op(dout, dlse, q, k, v, out, lse, *ctx.cfg)
+    return (dq, dk, dv) + (None,) * len(ctx.cfg)
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ============================================================================================ public entry
+def _full_first_table(visited: torch.Tensor, full: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(idx, cnt, nfull)`` of a bool ``(rows, cols)`` visited / full matrix, in schedule order.
+
+    Rows (one per program) are sorted by decreasing visit count (stable), so the heaviest tiles start first
+    (BigBird's global rows visit every tile; launched last they would run alone at the end). Row ``r``:
+    ``idx[r, 0]`` is the tile it computes, ``idx[r, 1:1 + cnt[r]]`` its visited tiles, the ``nfull[r]`` full ones
+    first, then the partial ones (each group in increasing order), padded with 0 to the longest row."""
+    visited = visited.cpu().bool()
+    full = full.cpu().bool() & visited
+    rank = torch.where(full, 0, torch.where(visited, 1, 2)).to(torch.int8)
+    cnt = visited.sum(1).to(torch.int32)
+    nfull = full.sum(1).to(torch.int32)
+    mv = max(int(cnt.max()) if cnt.numel() else 0, 1)
+    order = torch.sort(rank, dim=1, stable=True).indices[:, :mv]
+    valid = torch.arange(mv).view(1, -1) < cnt.view(-1, 1)
+    idx = torch.where(valid, order, 0).to(torch.int32)
+    sched = torch.sort(-cnt.to(torch.int64), stable=True).indices
+    idx = torch.cat([sched.view(-1, 1).to(torch.int32), idx[sched]], 1)
+    return idx, cnt[sched], nfull[sched]
+
+
 def build_sparse_tables(table_fn: Callable, D: int, device) -> Tuple[torch.Tensor, ...]:
-    """Block tables of the sparse mode at :func:`sparse_tiles`: ``(kv_idx, kv_cnt, kv_full, q_idx, q_cnt, q_full)``.
+    """Block tables of the sparse mode at :func:`sparse_tiles`: ``(kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
+    q_nfull)``, int32 on ``device``.
 
     ``table_fn(block_m, block_n)`` returns ``(kv_idx, kv_count, kv_full, visited, full)`` per query tile (e.g.
-    ``MaskInfo.block_table``); the per-key-tile table of the dK/dV pass is its transpose. Cache the result when the
-    same mask is used many times (the adapter does).
+    ``MaskInfo.block_table``; only ``visited`` / ``full`` bool ``(n_q_tiles, n_k_tiles)`` are read). Per query
+    tile (forward, dQ): row ``r`` of ``kv_idx`` ``(n_q_tiles, 1 + max_visits)`` is run by program ``r``; its column 0
+    is the query tile, then the visited key tiles, the ``kv_nfull[r]`` full ones first (no element mask
+    needed), then the partial ones (``kv_cnt[r]`` in all). Rows are sorted by decreasing ``kv_cnt`` (heaviest
+    tiles start first: load balance for global rows). Per key tile (dK/dV): the same for the transposed
+    matrices at the dK/dV tiles. Full-first rows let the kernels run two branch-free loops. Cache the result when the same mask is used many times (the adapter does).
     """
     (fm, fn), (bm, bn) = sparse_tiles(D)
     t = table_fn(fm, fn)
-    kv_idx, kv_cnt, kv_full = (x.to(device).contiguous() for x in t[:3])
+    kv = _full_first_table(t[3], t[4])
     tb = table_fn(bm, bn)
-    visited, full = tb[3].t().cpu(), tb[4].t().cpu()  # (n_k_tiles, n_q_tiles)
-    cnt = visited.sum(1).to(torch.int32)
-    mv = max(int(cnt.max()) if cnt.numel() else 0, 1)
-    order = torch.sort((~visited).to(torch.int8), dim=1, stable=True).indices[:, :mv]
-    valid = torch.arange(mv).view(1, -1) < cnt.view(-1, 1)
-    q_idx = torch.where(valid, order, 0).to(torch.int32)
-    q_full = torch.where(valid, torch.gather(full, 1, order), False).to(torch.int8)
-    return kv_idx.to(torch.int32), kv_cnt.to(torch.int32), kv_full.to(torch.int8), \
-        q_idx.to(device).contiguous(), cnt.to(device).contiguous(), q_full.to(device).contiguous()
+    qt = _full_first_table(tb[3].t(), tb[4].t())  # (n_k_tiles, n_q_tiles)
+    return tuple(x.to(device).contiguous() for x in kv + qt)
+
+
+def _check_tables(tables):
+    if len(tables) != 6:
+        raise ValueError(f"block_tables must be the 6 tensors of build_sparse_tables, got {len(tables)}")
+    for name, t in zip(("kv_idx", "kv_cnt", "kv_nfull", "q_idx", "q_cnt", "q_nfull"), tables):
+        want = 2 if name.endswith("idx") else 1
+        if not isinstance(t, torch.Tensor) or t.dim() != want or t.dtype != torch.int32:
+            raise ValueError(f"block_tables {name} must be an int32 {want}-D tensor (see build_sparse_tables), got "
+                             f"{getattr(t, 'dtype', type(t))} of shape {tuple(getattr(t, 'shape', ()))}")
 
 
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                window_size: Optional[Sequence[Optional[int]]] = None, softmax_scale: Optional[float] = None,
                block_layout: Optional[torch.Tensor] = None, block_size: int = 0,
                block_table_fn: Optional[Callable] = None, return_lse: bool = False,
-               block_tables: Optional[Sequence[torch.Tensor]] = None):
+               block_tables: Optional[Sequence[torch.Tensor]] = None, dq_mode: Optional[str] = None,
+               dkdv_split: Optional[int] = None):
     """Exact attention ``softmax(scale * q k^T + mask) v`` (FlashAttention-2, Dao 2023), differentiable.
 
     Args:
@@ -832,13 +1018,18 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         block_tables: precomputed :func:`build_sparse_tables` output (skips ``block_table_fn``).
         return_lse: also return ``lse`` fp32 ``(B, Hq, Nq)`` (natural log, ``-inf`` on empty rows); it is
             differentiable.
+        dq_mode: backward dQ algorithm, ``"separate"`` (deterministic dQ kernel) or ``"atomic"`` (fused into the
+            dK/dV kernel with fp32 atomics); ``None``: env ``ATTN_ZOO_FLASH_DQ`` at backward time, default
+            ``"separate"``.
+        dkdv_split: programs per GQA group in the dK/dV pass (divides ``Hq // Hkv``); ``None``: env
+            ``ATTN_ZOO_FLASH_DKDV_SPLIT`` or the grid-size heuristic (:func:`choose_dkdv_split`).
 
     Returns:
         ``out (B, Hq, Nq, D)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
 
     Raises:
         ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv != D``, a layout without
-        ``block_table_fn``.
+        ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group.
     """
     _check(q, k, v)
     D = q.shape[-1]
@@ -855,6 +1046,11 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         right = 0 if right is None else min(right, 0)
     wl = -1 if left is None else int(left)
     wr = -1 if right is None else int(right)
+    if dq_mode is not None:
+        resolve_dq_mode(dq_mode)
+    group = q.shape[1] // k.shape[1]
+    if dkdv_split is not None and (int(dkdv_split) < 1 or group % int(dkdv_split)):
+        raise ValueError(f"dkdv_split={dkdv_split} must be >= 1 and divide the GQA group size Hq // Hkv = {group}")
     tables = (None,) * 6
     layout = None
     if block_layout is not None:
@@ -863,6 +1059,11 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1 with a block_layout, got {block_size!r}")
         layout = block_layout.to(device=q.device, dtype=torch.int8).contiguous()
-        tables = block_tables if block_tables is not None else build_sparse_tables(block_table_fn, D, q.device)
-    out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables)
+        if block_tables is not None:
+            _check_tables(block_tables)
+            tables = tuple(block_tables)
+        else:
+            tables = build_sparse_tables(block_table_fn, D, q.device)
+    out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, dq_mode or "",
+                             int(dkdv_split or 0))
     return (out, lse) if return_lse else out

@@ -205,7 +205,9 @@ def test_bad_inputs_raise():
     assert "Dv" in _supports(q, q, q[..., :8], AttentionSpec(), False)
 
 
-def test_lse_is_differentiable():
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_lse_is_differentiable(dq_mode, monkeypatch):
+    monkeypatch.setenv("ATTN_ZOO_FLASH_DQ", dq_mode)
     spec = AttentionSpec(kind="flash", causal=True)
     q, k, v, do = _inputs(1, 2, 2, 40, 40, 16, torch.float32)
     dl = torch.randn(1, 2, 40, device=DEV)
@@ -219,6 +221,154 @@ def test_lse_is_differentiable():
     b = run(lambda *x: softmax_attention_reference(*x, spec, return_lse=True), q, k, v)
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
+
+# ------------------------------------------------------------------------------------------- sparse tables
+# 6 x 6 blocks of 16 tokens, N = 96. With the interpreter tiles (forward / dQ 32 x 16, dK/dV 16 x 32) the rows
+# mix full and partial tiles (a full tile after partial ones in index order), query tile 1 (rows 32..63, block
+# rows 2-3) visits nothing, and key tile 2 (keys 64..95, block columns 4-5) is seen by no query.
+_LAYOUT = torch.tensor([
+    [1, 1, 0, 1, 0, 0],
+    [1, 1, 1, 0, 0, 0],
+    [0, 0, 0, 0, 0, 0],
+    [0, 0, 0, 0, 0, 0],
+    [1, 0, 1, 1, 0, 0],
+    [1, 1, 0, 1, 0, 0],
+], dtype=torch.bool)
+
+
+def _layout_mask_info(N=96):
+    from attn_zoo import MaskInfo
+
+    return MaskInfo(N, N, False, None, None, _LAYOUT.clone(), 16)
+
+
+def test_sparse_tables_full_tiles_first():
+    from kernels import build_sparse_tables, sparse_tiles
+
+    mi = _layout_mask_info()
+    D = 32
+    kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull = build_sparse_tables(mi.block_table, D, "cpu")
+    (fm, fn), (bm, bn) = sparse_tiles(D)
+    for (idx, cnt, nfull), tb, transpose in (((kv_idx, kv_cnt, kv_nfull), mi.block_table(fm, fn), False),
+                                            ((q_idx, q_cnt, q_nfull), mi.block_table(bm, bn), True)):
+        for t in (idx, cnt, nfull):
+            assert t.dtype == torch.int32
+        visited, full = (tb.visited.t(), tb.full.t()) if transpose else (tb.visited, tb.full)
+        assert idx.shape[0] == visited.shape[0] == cnt.shape[0] == nfull.shape[0]
+        assert sorted(idx[:, 0].tolist()) == list(range(visited.shape[0])), "every tile scheduled once"
+        assert (cnt[:-1] >= cnt[1:]).all(), "heaviest rows first"
+        for r in range(visited.shape[0]):
+            tile, c, nf = int(idx[r, 0]), int(cnt[r]), int(nfull[r])
+            row = idx[r, 1:1 + c].tolist()
+            want_full = torch.nonzero(full[tile]).view(-1).tolist()
+            want_part = torch.nonzero(visited[tile] & ~full[tile]).view(-1).tolist()
+            assert c == len(want_full) + len(want_part) and nf == len(want_full)
+            assert row == want_full + want_part, (tile, row)
+        assert (cnt == 0).any(), "the layout has an empty row"
+        assert ((nfull > 0) & (nfull < cnt)).any(), "some row mixes full and partial tiles"
+    # a full tile listed after partial ones in index order is moved to the front
+    r2 = int((kv_idx[:, 0] == 2).nonzero())
+    assert kv_idx[r2, 1:5].tolist() == [0, 3, 1, 2] and int(kv_nfull[r2]) == 2
+    assert int(kv_cnt[kv_idx[:, 0] == 1]) == 0 and int(q_cnt[q_idx[:, 0] == 2]) == 0
+
+
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_sparse_custom_layout_grads(dq_mode):
+    """Full-first tables with full, partial and empty rows: grads equal the fp32 dense-mask reference."""
+    from kernels import flash_attn
+
+    mi = _layout_mask_info()
+    q, k, v, do = _inputs(1, 4, 2, 96, 96, 24, torch.float32, seed=3)
+
+    def ref(a, b, c):
+        rep = a.shape[1] // b.shape[1]
+        s = (a @ repeat_kv(b, rep).transpose(-1, -2)) * 24 ** -0.5
+        s = s.masked_fill(~mi.dense(a.device), float("-inf"))
+        return torch.nan_to_num(torch.softmax(s, -1), nan=0.0) @ repeat_kv(c, rep)
+
+    ours = _grads(lambda a, b, c: flash_attn(a, b, c, block_layout=mi.layout, block_size=16,
+                                             block_table_fn=mi.block_table, dq_mode=dq_mode), q, k, v, do)
+    want = _grads(ref, q, k, v, do)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), ours, want):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
+    out, dq, dk, dv = ours
+    assert torch.equal(out[:, :, 32:64], torch.zeros_like(out[:, :, 32:64]))
+    assert torch.equal(dq[:, :, 32:64], torch.zeros_like(dq[:, :, 32:64]))
+    assert torch.equal(dk[:, :, 64:], torch.zeros_like(dk[:, :, 64:]))
+    assert torch.equal(dv[:, :, 64:], torch.zeros_like(dv[:, :, 64:]))
+
+
+def test_block_tables_old_format_rejected():
+    from kernels import flash_attn
+
+    q = torch.randn(1, 1, 32, 16, device=DEV)
+    mi = _layout_mask_info(32)
+    bad = list(mi.block_table(32, 16)[:3]) * 2  # int8 per-entry flags instead of per-row counts
+    with pytest.raises(ValueError, match="block_tables"):
+        flash_attn(q, q, q, block_layout=mi.layout, block_size=16, block_tables=bad)
+
+
+# ------------------------------------------------------------------------------------------- MQA / GQA split
+def test_choose_dkdv_split():
+    from kernels.flash import choose_dkdv_split
+
+    assert choose_dkdv_split(16, 128, 264) == 4  # MQA, N = 16k, B = 1: 128 -> 512 programs
+    assert choose_dkdv_split(16, 132, 264) == 2
+    assert choose_dkdv_split(16, 1024, 264) == 1  # grid already large
+    assert choose_dkdv_split(1, 8, 264) == 1  # MHA: nothing to split
+    assert choose_dkdv_split(6, 4, 264) == 2  # largest power of two dividing the group
+    assert choose_dkdv_split(3, 4, 264) == 1
+
+
+def test_dkdv_split_equals_unsplit(monkeypatch):
+    """MQA (8 query heads on 1 K/V head): the group split over 2 / 8 programs gives the unsplit gradients."""
+    from kernels import flash_attn
+
+    q, k, v, do = _inputs(1, 8, 1, 40, 56, 16, torch.float32, seed=5)
+    f = lambda s: (lambda a, b, c: flash_attn(a, b, c, causal=True, dkdv_split=s))  # noqa: E731
+    base = _grads(f(1), q, k, v, do)
+    for s in (2, 8):
+        got = _grads(f(s), q, k, v, do)
+        torch.testing.assert_close(got[0], base[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1], base[1], rtol=0, atol=0)  # dQ does not depend on the split
+        for x, y in zip(got[2:], base[2:]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "4")
+    got = _grads(f(None), q, k, v, do)
+    for x, y in zip(got[2:], base[2:]):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="dkdv_split"):
+        flash_attn(q, k, v, dkdv_split=3)
+    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "3")
+    with pytest.raises(ValueError, match="dkdv_split"):
+        _grads(f(None), q, k, v, do)
+
+
+# ------------------------------------------------------------------------------------------- atomic dQ
+@pytest.mark.parametrize("kind,kw,Nq,Nk,Hq,Hkv,D", [
+    ("flash", dict(causal=True), 48, 96, 2, 2, 32),
+    ("flash", dict(causal=True), 70, 70, 8, 1, 24),  # MQA: group split over programs, D padded
+    ("sliding_window", dict(causal=False, window_size=(9, 17)), 50, 77, 4, 2, 32),
+    ("sparse", dict(causal=True, sparse_pattern="bigbird", block_size=16), 100, 100, 4, 2, 32),
+])
+def test_atomic_dq_against_reference(kind, kw, Nq, Nk, Hq, Hkv, D, monkeypatch):
+    monkeypatch.setenv("ATTN_ZOO_FLASH_DQ", "atomic")
+    check_against_reference(AttentionSpec(kind=kind, **kw), Nq=Nq, Nk=Nk, Hq=Hq, Hkv=Hkv, D=D)
+
+
+def test_dq_mode_errors(monkeypatch):
+    from kernels import flash_attn
+
+    q = torch.randn(1, 1, 16, 16, device=DEV)
+    with pytest.raises(ValueError, match="dq_mode"):
+        flash_attn(q, q, q, dq_mode="fused")
+    monkeypatch.setenv("ATTN_ZOO_FLASH_DQ", "fused")
+    x = q.clone().requires_grad_(True)
+    out = flash_attn(x, q, q)  # the env is read at backward time
+    with pytest.raises(ValueError, match="ATTN_ZOO_FLASH_DQ"):
+        out.sum().backward()
 
 
 # ------------------------------------------------------------------------------------------- GPU, real sizes

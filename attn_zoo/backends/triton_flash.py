@@ -2,9 +2,12 @@
 
 The mask comes from :func:`attn_zoo.masks.mask_info`: causal / window bounds are passed as numbers (the kernel
 enumerates the visited tiles analytically with the same rule as :meth:`MaskInfo.block_table`), the block-sparse
-layout and its block tables (:meth:`MaskInfo.block_table` at the kernel's tiles) are passed as tensors. GQA / MQA
-run natively (``Hkv = k.shape[1]``). Inputs it cannot run are reported by :func:`_supports` (``auto`` then falls
-back to ``torch``).
+layout and its block tables (:func:`kernels.build_sparse_tables` from :meth:`MaskInfo.block_table` at the kernel's
+tiles, rows ordered full tiles first; cached per spec and shape) are passed as tensors. GQA / MQA run natively
+(``Hkv = k.shape[1]``). Backward options are read from the environment at backward time:
+``ATTN_ZOO_FLASH_DQ=separate|atomic`` (dQ kernel or fp32-atomic dQ fused into the dK/dV kernel; default
+``separate``) and ``ATTN_ZOO_FLASH_DKDV_SPLIT=auto|s`` (GQA group split of the dK/dV pass). Inputs it cannot run
+are reported by :func:`_supports` (``auto`` then falls back to ``torch``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ def _supports(q, k, v, spec, return_lse):
 
 @lru_cache(maxsize=32)
 def _sparse_tables(spec, Nq, Nk, D, device):
-    """``(layout, tables)`` of a sparse spec on ``device``: the int8 block layout and the block tables at the
-    kernel's tiles, built once per (spec, Nq, Nk, D, device) so a training step copies nothing to the GPU."""
+    """``(layout, tables)`` of a sparse spec on ``device``: the int8 block layout and the six int32 block tables of
+    :func:`kernels.build_sparse_tables` (full tiles first per row), built once per (spec, Nq, Nk, D, device) so a
+    training step copies nothing to the GPU."""
     from kernels import build_sparse_tables
 
     mi = mask_info(spec, Nq, Nk)
