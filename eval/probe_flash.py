@@ -253,6 +253,37 @@ def autotune_sweep(out_dir, budget_s):
             or "none ran"))
 
 
+def fwd_sweep(out_dir, budget_s):
+    """Forward TF/s per forced forward config for the masked modes (causal N=4096, causal window 1024 N=16384)."""
+    import kernels.flash as kf
+
+    mk = lambda bm, bn, w, s: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
+    cfgs = [mk(64, 64, 4, 3), mk(64, 64, 4, 4), mk(128, 64, 8, 3), mk(128, 64, 4, 3), mk(128, 128, 8, 2),
+            mk(64, 128, 4, 3), mk(128, 32, 4, 3)]
+    rows, t_start = [], time.time()
+    for name, N, wl in (("causal", 4096, -1), ("win1024", 16384, 1023)):
+        B = max(TOKENS // N, 1)
+        q, k, v, _ = (t.detach() for t in inputs(N, H))
+        fl = flash_flops(B, H, N, D, visited_fraction=visited_fraction(name, N), mode="fwd")
+        for cfg in cfgs:
+            if time.time() - t_start > budget_s:
+                break
+            kf.set_config_override("fwd", cfg)
+            try:
+                f = lambda: kf.flash_attn_fwd(q, k, v, D ** -0.5, wl, 0)  # noqa: E731
+                f()
+                torch.cuda.synchronize()
+                ms = time_cuda(f)
+                row = dict(variant=name, N=N, **cfg, fwd_ms=round(ms, 4), fwd_tflops=round(tflops(fl, ms), 1))
+            except Exception as e:  # noqa: BLE001
+                row = dict(variant=name, N=N, **cfg, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            finally:
+                kf.set_config_override("fwd", None)
+            rows.append(row)
+            log(f"fwd-sweep {name} N={N} {cfg} -> {row.get('fwd_tflops', row.get('error'))}")
+    write_csv(rows, os.path.join(out_dir, "probe_flash_fwd_sweep.csv"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -261,7 +292,8 @@ def main(argv=None):
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-check", action="store_true", help="skip the error check vs fp32 SDPA")
     ap.add_argument("--autotune", action="store_true", help="also sweep dK/dV and dQ configs at causal N=16384")
-    ap.add_argument("--skip-main", action="store_true", help="only the --autotune sweep")
+    ap.add_argument("--skip-main", action="store_true", help="only the --autotune / --fwd-sweep sweeps")
+    ap.add_argument("--fwd-sweep", action="store_true", help="forward configs for causal / window (masked modes)")
     ap.add_argument("--time-budget-s", type=float, default=200.0,
                     help="do not start Flex cases / further sweep configs after this many seconds")
     a = ap.parse_args(argv)
@@ -314,6 +346,8 @@ def main(argv=None):
                 save()
                 del q, k, v, do
                 torch.cuda.empty_cache()
+    if a.fwd_sweep:
+        fwd_sweep(a.out, 60.0)
     if a.autotune:
         autotune_sweep(a.out, max(a.time_budget_s - (time.time() - T0), 30.0) if not a.skip_main else a.time_budget_s)
     save()

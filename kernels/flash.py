@@ -126,7 +126,9 @@ def _sparse_configs(kind):
     for d in (64, 256):
         f, b = sparse_tiles(d)
         bm, bn = b if kind == "dkdv" else f
-        res += [_cfg(bm, bn, 8, 2), _cfg(bm, bn, 4, 3)]
+        # warps / stages in preference order: the dense H200 winners at the same tiles first (docs/kernels.md)
+        stages = (4, 3, 2) if kind == "dq" else (3, 2)
+        res += [_cfg(bm, bn, 8, st) for st in stages] + [_cfg(bm, bn, 4, 3)]
     return res
 
 
