@@ -18,7 +18,8 @@ best (timing the whole backward: the other kernel is fixed). ``--skip-main`` run
 ``--time-budget-s 400``; after the main part it gets what is left of the budget, at least 30 s).
 
 Usage (GPU): ``PYTHONPATH=$PWD python3 eval/probe_flash.py --out $OUT [--autotune] [--skip-main] [--no-flex]``
-Writes ``probe_flash.csv`` / ``probe_flash.json`` (rows + environment) and ``probe_flash_autotune.csv``.
+Writes ``probe_flash.csv`` / ``probe_flash.json`` (rows + environment) and ``probe_flash_autotune.csv``;
+``--fwd-sweep`` / ``--sparse-sweep`` time forced forward configs (causal, window) and BigBird tile configs.
 """
 
 from __future__ import annotations
@@ -284,6 +285,55 @@ def fwd_sweep(out_dir, budget_s):
     write_csv(rows, os.path.join(out_dir, "probe_flash_fwd_sweep.csv"))
 
 
+def sparse_sweep(out_dir, Ns, budget_s):
+    """BigBird (causal) forward / backward / fwd+bwd TF/s per forced sparse tile config, with a max-error
+    check of out / dq / dk / dv against the default config (same inputs)."""
+    import kernels.flash as kf
+
+    mk = lambda bm, bn, w, s: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
+    cands = {  # name -> (fwd, dq, dkdv)
+        "default": None,
+        "f64x64w4": (mk(64, 64, 4, 3), mk(64, 64, 4, 2), mk(64, 128, 8, 3)),
+        "f64x64w4_kv64": (mk(64, 64, 4, 3), mk(64, 64, 4, 2), mk(64, 64, 4, 2)),
+        "f128x64w8s2": (mk(128, 64, 8, 2), mk(128, 64, 8, 2), mk(64, 128, 8, 2)),
+        "f64x128w4": (mk(64, 128, 4, 2), mk(64, 128, 4, 2), mk(128, 64, 8, 2)),
+    }
+    rows, t_start, name = [], time.time(), "bigbird"
+    for N in Ns:
+        B = max(TOKENS // N, 1)
+        frac = visited_fraction(name, N)
+        q, k, v, do = inputs(N, H)
+        ref = None
+        for cname, cfg in cands.items():
+            if time.time() - t_start > budget_s:
+                log(f"sparse-sweep budget spent: {cname} N={N} skipped")
+                continue
+            for kind in ("fwd", "dq", "dkdv"):
+                kf.set_sparse_override(kind, None)
+            if cfg is not None:
+                for kind, c in zip(("fwd", "dq", "dkdv"), cfg):
+                    kf.set_sparse_override(kind, c)
+            row = dict(variant=name, N=N, B=B, config=cname)
+            try:
+                f = ours_fn(name, N, None)
+                q.grad = k.grad = v.grad = None
+                out = f(q, k, v)
+                out.backward(do)
+                got = [t.detach().float() for t in (out, q.grad, k.grad, v.grad)]
+                if ref is None:
+                    ref = got
+                row["max_diff_vs_default"] = max(float((a - b).abs().max()) for a, b in zip(got, ref))
+                add_times(row, time_impl(f, q, k, v, do), B, frac)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            rows.append(row)
+            log(f"sparse-sweep N={N} {cname:14s} fwd {row.get('fwd_tflops')} bwd {row.get('bwd_tflops')} "
+                f"fwd+bwd {row.get('fwd_bwd_tflops')} TF/s diff {row.get('max_diff_vs_default')} {row.get('error', '')}")
+    for kind in ("fwd", "dq", "dkdv"):
+        kf.set_sparse_override(kind, None)
+    write_csv(rows, os.path.join(out_dir, "probe_flash_sparse_sweep.csv"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -294,6 +344,7 @@ def main(argv=None):
     ap.add_argument("--autotune", action="store_true", help="also sweep dK/dV and dQ configs at causal N=16384")
     ap.add_argument("--skip-main", action="store_true", help="only the --autotune / --fwd-sweep sweeps")
     ap.add_argument("--fwd-sweep", action="store_true", help="forward configs for causal / window (masked modes)")
+    ap.add_argument("--sparse-sweep", action="store_true", help="BigBird tile / warp configs (forced, all kernels)")
     ap.add_argument("--time-budget-s", type=float, default=200.0,
                     help="do not start Flex cases / further sweep configs after this many seconds")
     a = ap.parse_args(argv)
@@ -348,6 +399,8 @@ def main(argv=None):
                 torch.cuda.empty_cache()
     if a.fwd_sweep:
         fwd_sweep(a.out, 60.0)
+    if a.sparse_sweep:
+        sparse_sweep(a.out, Ns, 90.0)
     if a.autotune:
         autotune_sweep(a.out, max(a.time_budget_s - (time.time() - T0), 30.0) if not a.skip_main else a.time_budget_s)
     save()

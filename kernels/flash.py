@@ -74,10 +74,38 @@ def sparse_tiles(head_dim: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
     warps / stages only).
     """
     if INTERPRET:
-        return (32, 16), (16, 32)
-    if head_dim <= 128:
-        return (128, 64), (64, 128)
-    return (64, 32), (32, 64)
+        f, b = (32, 16), (16, 32)
+    elif head_dim <= 128:  # H200 BigBird sweep (eval/probe_flash.py --sparse-sweep): 64x64 everywhere beat
+        f, b = (64, 64), (64, 64)  # 128x64 / 64x128 by 23-26% fwd+bwd (short table rows: 2+ programs per SM)
+    else:
+        f, b = (64, 32), (32, 64)
+    if "fwd" in _SPARSE_OVERRIDE:
+        f = (_SPARSE_OVERRIDE["fwd"]["BLOCK_M"], _SPARSE_OVERRIDE["fwd"]["BLOCK_N"])
+    if "dkdv" in _SPARSE_OVERRIDE:
+        b = (_SPARSE_OVERRIDE["dkdv"]["BLOCK_M"], _SPARSE_OVERRIDE["dkdv"]["BLOCK_N"])
+    return f, b
+
+
+_SPARSE_OVERRIDE = {}
+
+
+def set_sparse_override(kind: str, cfg: Optional[dict] = None) -> None:
+    """Force ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` for kernel ``kind`` of the block-sparse mode
+    (``None`` clears it). ``fwd`` and ``dq`` share one block table, so their tiles must agree; tables built
+    with :func:`build_sparse_tables` after the call use the forced tiles. For tuning scripts (no checks of
+    shared memory / registers)."""
+    if kind not in ("fwd", "dq", "dkdv"):
+        raise ValueError(f"kind={kind!r} is not supported; allowed values: fwd, dq, dkdv")
+    if cfg is None:
+        _SPARSE_OVERRIDE.pop(kind, None)
+        return
+    other = {"fwd": "dq", "dq": "fwd"}.get(kind)
+    if other in _SPARSE_OVERRIDE and (_SPARSE_OVERRIDE[other]["BLOCK_M"], _SPARSE_OVERRIDE[other]["BLOCK_N"]) != \
+            (cfg["BLOCK_M"], cfg["BLOCK_N"]):
+        raise ValueError(f"sparse {kind} tiles {cfg['BLOCK_M']}x{cfg['BLOCK_N']} must equal the {other} tiles")
+    _SPARSE_OVERRIDE[kind] = dict(cfg)
+    if kind == "dq" and "fwd" not in _SPARSE_OVERRIDE:  # the table is keyed by the forward's tiles
+        _SPARSE_OVERRIDE["fwd"] = dict(cfg)
 
 
 def _smem_bytes(cfg, block_d, elt, kind):
@@ -126,9 +154,10 @@ def _sparse_configs(kind):
     for d in (64, 256):
         f, b = sparse_tiles(d)
         bm, bn = b if kind == "dkdv" else f
-        # warps / stages in preference order: the dense H200 winners at the same tiles first (docs/kernels.md)
-        stages = (4, 3, 2) if kind == "dq" else (3, 2)
-        res += [_cfg(bm, bn, 8, st) for st in stages] + [_cfg(bm, bn, 4, 3)]
+        # warps / stages in preference order (H200 sparse sweep: 4 warps, fwd 3 stages, dq / dkdv 2)
+        ws = {"fwd": ((4, 3), (4, 2), (8, 3), (8, 2)), "dq": ((4, 2), (4, 3), (8, 3), (8, 2))}.get(
+            kind, ((4, 2), (4, 3), (8, 3), (8, 2)))
+        res += [_cfg(bm, bn, w, st) for w, st in ws]
     return res
 
 
@@ -676,6 +705,9 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta):
     grid = lambda m: (triton.cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
     if kind in _OVERRIDE and not meta["SPARSE"]:
         _KERNELS[kind][grid](*args, **meta, **_OVERRIDE[kind])
+        return
+    if meta["SPARSE"] and kind in _SPARSE_OVERRIDE:
+        _KERNELS[kind][grid](*args, **meta, **_SPARSE_OVERRIDE[kind])
         return
     if AUTOTUNE:
         _tuned(kind, meta["SPARSE"])[grid](*args, **meta)

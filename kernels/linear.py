@@ -13,30 +13,47 @@ Chunked causal form (Yang et al. 2024, "Gated Linear Attention", sec. 2.2; chunk
 
     num_c = phi(Q_c) S_t + (phi(Q_c) phi(K_c)^T * M) V_c,   den_c = phi(Q_c) z_t + rowsum(phi(Q_c) phi(K_c)^T * M) + eps.
 
-Kernels (``C`` = chunk, ``NT`` = number of chunks):
+**Segmented single pass.** The sequence is cut into segments of ``L`` tokens (``L`` a multiple of ``C``,
+``NS = cdiv(N, L)`` segments). A program owns one segment of one head (and one block of ``Dv`` or ``F``),
+carries the state in fp32 *registers* across the segment's chunks and never writes per-chunk states:
 
-* ``_state_fwd``: one program per (F block, Dv block, B*Hkv), sequential over chunks; carries ``S`` and
-  ``z`` in **fp32** registers, writes the chunk-start states ``S_t, z_t`` (fp32) and optionally the final state.
-* ``_out_fwd``: one program per (chunk, B*Hq, Dv block), fully parallel; the intra-chunk quadratic part,
-  the inter-chunk read of ``S_t``, the denominator, the division and (fused) the feature map. The
-  intra-chunk weights are divided by the denominator *before* they are rounded to the input dtype, so
-  they lie in [0, 1] (no fp16 overflow however large the keys are). Stores ``den`` (fp32, one per row).
-* backward, with ``g_i = dout_i / den_i`` and ``c_i = -(dout_i . out_i) / den_i``:
-  ``dq_i = S_i g_i + c_i z_i`` (inclusive prefix), ``dk_j = dS_j v_j + dz_j`` and ``dv_j = dS_j^T k_j`` with the
-  suffix sums ``dS_j = sum_{i >= j} q_i g_i^T``, ``dz_j = sum_{i >= j} c_i q_i`` (summed over the query heads
-  of a K/V group, so GQA needs no atomics). Kernels: ``_bwd_pre`` (``1/den`` and ``c``), ``_state_fwd``
-  again (recompute), ``_state_bwd`` (reverse recurrence, fp32), ``_dq`` and ``_dkdv`` (chunk-parallel).
+* ``_seg_state`` (grid ``NS x B*Hkv x F/BK*Dv/BV``): per-segment sums ``phi(K)^T V`` and ``sum phi(K)`` (fp32,
+  ``NS * F * Dv`` numbers per head: small). Skipped when ``NS == 1`` (causal).
+* ``_seg_fwd`` (grid ``NS x B*Hq x Dv/BV``): builds its segment's start state (full ``F`` x ``BV``) as ``S0`` plus
+  the sums of the segments before it (an exclusive prefix, added in-kernel: no PyTorch pass) and sweeps
+  the chunks: output (inter + intra part, denominator, division, fused feature map), then
+  ``S += phi(K_c)^T V_c``, ``z += sum phi(K_c)``. Stores ``den`` (fp32, one per row); the last segment's
+  programs store the final state. Non-causal: the same kernel without the intra part and the update, on
+  the totals (``S0`` plus all key segments).
+* backward, with ``g_i = dout_i / den_i`` and ``c_i = -(dout_i . out_i) / den_i`` (``_bwd_pre`` computes ``c``):
+  ``dq_i = S_i g_i + c_i z_i`` (inclusive prefix), ``dk_j = dS_j v_j + dz_j``, ``dv_j = dS_j^T phi(k_j)`` with the
+  suffix sums ``dS_j = sum_{i >= j} phi(q_i)^T g_i``, ``dz_j = sum_{i >= j} c_i phi(q_i)`` (summed over the
+  query heads of a K/V group, so GQA needs no atomics). Kernels: ``_seg_dstate`` (per-segment sums of
+  ``phi(Q)^T G`` and ``sum c phi(Q)``; ``_seg_dkdv`` adds the later segments' sums and the final-state
+  gradients in-kernel to get its segment's suffix), ``_seg_dq`` (forward sweep, prefix ``S`` of a ``BK`` block of ``F`` in
+  registers) and ``_seg_dkdv`` (backward sweep carrying the suffix ``dS``, ``dz`` in registers; ``F/BK``
+  programs compute ``dk`` blocks, ``Dv/BV`` programs ``dv`` blocks). The segment-0 ``dk`` programs end
+  with the initial-state gradients.
 
-Recompute vs store: the backward **recomputes** the chunk-start states with ``_state_fwd`` instead of
-saving them from the forward. The states are ``NT * F * Dv`` fp32 numbers per K/V head, i.e.
-``4 * F * Dv / (C * 2 * F) = 4x`` (D = 128, C = 64) the bytes of ``phi(k)`` itself: keeping them alive between
-forward and backward would more than double the activation memory of the layer, while recomputing costs
-one extra read of ``k`` and ``v`` and one write of the states (a small share of the backward's traffic).
-Only the saved tensors ``q, k, v, out`` and ``den`` (fp32, ``B*Hq*Nq`` numbers) stay alive.
+Segment length: the launcher halves ``L`` from ``next_pow2(N)`` while ``L > 4 C`` and the forward has fewer
+than ``2 x #SMs`` programs, so short sequences run as one pass (``NS = 1``) and long ones get enough
+programs to fill the GPU at a per-program sweep length that does not grow with ``N`` (time flat in ``N``
+at fixed ``B * N``). ``segment_size=`` forces ``L`` (tests, tuning).
+
+Saved for backward: ``q, k, v, out``, ``den`` (fp32, ``B*Hq*Nq`` numbers) and the per-segment key sums
+(``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer than per-chunk states); nothing is recomputed
+except the in-register sweeps.
 
 Precision: inputs fp16 / bf16 / fp32; every accumulator, ``S``, ``z``, ``den`` and the backward states are
-fp32. Products with fp32 states use tf32 tensor-core inputs (16-bit inputs; fp16 and bf16 values are exact
-in tf32) or full fp32 (``ieee``, fp32 inputs); ``phi(q) phi(k)^T`` and ``phi(k)^T v`` use the input dtype.
+fp32 (carried in fp32 registers). bf16 (``_OPTS["lowp_bf16"]``, default on): every product takes bf16
+operands with fp32 accumulation; the fp32 state, ``dA`` and ``P`` are rounded to bf16 right before their
+product only (as in fla), ``g = dout / den`` is factored out of products where possible. fp16: products with
+fp32 states / ``g`` use tf32 tensor-core inputs (fp16 range: ``g`` and the states can exceed 65504 with large
+keys; fp16 values are exact in tf32); fp32: full fp32 (``ieee``). ``phi(q) phi(k)^T`` and ``phi(k)^T v`` use
+the input dtype.
+The intra-chunk weights are divided by the denominator *before* they are rounded to the input dtype, so
+they lie in [0, 1] (no fp16 overflow however large the keys are). ``_OPTS["state_16bit"] = True`` (a
+tuning switch, off by default) rounds ``S`` to the input dtype for the forward's ``phi(q) S`` product.
 Limits: ``F <= 256`` and ``Dv <= 256`` (``ValueError`` above; e.g. the Taylor map with ``D >= 16`` gives
 ``F = 1 + D + D^2 > 256``: use a PyTorch implementation for it). The chunk size is a power of two in [16, 128].
 """
@@ -91,38 +108,45 @@ def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
         return tl.dot(a, b, input_precision=PREC)
 
 
+@triton.jit
+def _mm(a, b, P, LOWP: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr):
+    """a @ b with fp32 accumulation for operands that may be fp32 (states, g = dout / den, dA). LOWP: both
+    operands rounded to P's element type (the input dtype: 16-bit tensor-core product); else fp32 operands at
+    SPREC (tf32 / ieee). The rounding happens before any interpreter upcast (UP), so CPU tests see it."""
+    if LOWP:
+        return _dot(a.to(P.dtype.element_ty), b.to(P.dtype.element_ty), SPREC, UP)
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=SPREC)
+
+
 # ----------------------------------------------------------------------------------------------- forward
 @triton.jit
-def _state_fwd(
-    K, V, S0, Z0, HS, ZS, ST, ZT,
-    NK, F, DV, NT,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr,
-    HAS_S0: tl.constexpr, STORE_H: tl.constexpr, STORE_T: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+def _seg_state(
+    K, V, SS, ZS,
+    NK, F, DV, L, NS,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
 ):
-    pk = tl.program_id(0)
-    pv = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
+    """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32)."""
+    NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
+    pid = tl.program_id(0) % NB  # fastest: the blocks of one (segment, head) run together (shared tiles in L2)
+    bkv = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
+    NVB = tl.cdiv(DV, BV)
+    pk = pid // NVB
+    pv = pid % NVB
     ok = pk * BK + tl.arange(0, BK)
     ov = pv * BV + tl.arange(0, BV)
     oc = tl.arange(0, C)
     mk = ok < F
     mv = ov < DV
-    mz = mk & ((ok * 0 + pv) == 0)
-    mkv = mk[:, None] & mv[None, :]
-    soff = ok[:, None] * DV + ov[None, :]
-    if HAS_S0:
-        S = tl.load(S0 + bh * F * DV + soff, mask=mkv, other=0.0).to(tl.float32)
-        z = tl.load(Z0 + bh * F + ok, mask=mk, other=0.0).to(tl.float32)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-        z = tl.zeros([BK], dtype=tl.float32)
-    kbase = K + bh * NK * F
-    vbase = V + bh * NK * DV
-    for t in range(NT):
-        if STORE_H:
-            tl.store(HS + (bh * NT + t) * F * DV + soff, S, mask=mkv)
-            tl.store(ZS + (bh * NT + t) * F + ok, z, mask=mz)
-        rows = t * C + oc
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    z = tl.zeros([BK], dtype=tl.float32)
+    kbase = K + bkv * NK * F
+    vbase = V + bkv * NK * DV
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NK - start), C)
+    for i in range(nt):
+        rows = start + i * C + oc
         mr = rows < NK
         mrk = mr[:, None] & mk[None, :]
         k = tl.load(kbase + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
@@ -130,72 +154,94 @@ def _state_fwd(
         v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         S += _dot(tl.trans(k), v, PREC, UP)
         z += tl.sum(k.to(tl.float32), 0)
-    if STORE_T:
-        tl.store(ST + bh * F * DV + soff, S, mask=mkv)
-        tl.store(ZT + bh * F + ok, z, mask=mz)
+    sidx = bkv * NS + s
+    tl.store(SS + sidx * F * DV + ok[:, None] * DV + ov[None, :], S, mask=mk[:, None] & mv[None, :])
+    tl.store(ZS + sidx * F + ok, z, mask=mk & ((ok * 0 + pv) == 0))
 
 
 @triton.jit
-def _out_fwd(
-    Q, K, V, HS, ZS, O, DEN,
-    NQ, NK, F, DV, NT, HQ, G, eps,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr,
-    CAUSAL: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr,
+def _seg_fwd(
+    Q, K, V, SS, ZS, S0, Z0, O, DEN, ST, ZT,
+    NQ, NK, F, DV, L, HQ, G, NSS, eps,
+    C: tl.constexpr, FP: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_T: tl.constexpr, S16: tl.constexpr, PREC: tl.constexpr,
+    SPREC: tl.constexpr, UP: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    pv = tl.program_id(2)
+    """One segment of one query head, one BV block of Dv: start state (S0 plus the segment sums before it) in
+    registers, sweep the chunks."""
+    NB = tl.cdiv(DV, BV)
+    pv = tl.program_id(0) % NB  # fastest: the Dv blocks of one (segment, head) share q, k tiles in L2
+    bh = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
     HKV = HQ // G
     bkv = (bh // HQ) * HKV + (bh % HQ) // G
-    oc = tl.arange(0, C)
+    of = tl.arange(0, FP)
+    mf = of < F
     ov = pv * BV + tl.arange(0, BV)
     mv = ov < DV
-    rows = t * C + oc
-    mr = rows < NQ
+    oc = tl.arange(0, C)
+    causal_m = oc[:, None] >= oc[None, :]
+    mfv = mf[:, None] & mv[None, :]
+    soff = of[:, None] * DV + ov[None, :]
+    S = tl.zeros([FP, BV], dtype=tl.float32)
+    z = tl.zeros([FP], dtype=tl.float32)
+    if HAS_0:
+        S += tl.load(S0 + bkv * F * DV + soff, mask=mfv, other=0.0)
+        z += tl.load(Z0 + bkv * F + of, mask=mf, other=0.0)
+    if HAS_SS:  # exclusive prefix over the segments (causal) / all key segments (non-causal)
+        if CAUSAL:
+            nsum = s
+        else:
+            nsum = NSS
+        for j in range(nsum):
+            S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=mfv, other=0.0)
+            z += tl.load(ZS + (bkv * NSS + j) * F + of, mask=mf, other=0.0)
     qbase = Q + bh * NQ * F
     kbase = K + bkv * NK * F
-    if CAUSAL:
-        hbase = HS + (bkv * NT + t) * F * DV
-        zbase = ZS + (bkv * NT + t) * F
-    else:
-        hbase = HS + bkv * F * DV
-        zbase = ZS + bkv * F
-    acc = tl.zeros([C, BV], dtype=tl.float32)
-    den = tl.zeros([C], dtype=tl.float32)
-    A = tl.zeros([C, C], dtype=tl.float32)
-    for kb in range(0, F, BK):
-        ok = kb + tl.arange(0, BK)
-        mk = ok < F
-        mrk = mr[:, None] & mk[None, :]
-        q = tl.load(qbase + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-        q = _phi(q, mrk, FM)
-        s = tl.load(hbase + ok[:, None] * DV + ov[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
-        z = tl.load(zbase + ok, mask=mk, other=0.0)
-        qf = q.to(tl.float32)
-        acc += tl.dot(qf, s, input_precision=SPREC)
-        den += tl.sum(qf * z[None, :], 1)
+    vbase = V + bkv * NK * DV
+    obase = O + bh * NQ * DV
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NQ - start), C)
+    for i in range(nt):
+        rows = start + i * C + oc
+        mr = rows < NQ
+        mrf = mr[:, None] & mf[None, :]
+        mrv = mr[:, None] & mv[None, :]
+        q = tl.load(qbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+        q = _phi(q, mrf, FM)
+        if S16:
+            acc = _dot(q, S.to(q.dtype), PREC, UP)
+        else:
+            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
         if CAUSAL:
-            k = tl.load(kbase + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-            k = _phi(k, mrk, FM)
-            A += _dot(q, tl.trans(k), PREC, UP)
-    if CAUSAL:
-        A = tl.where(oc[:, None] >= oc[None, :], A, 0.0)
-        den += tl.sum(A, 1)
-    den = den + eps
-    rden = 1.0 / den
-    acc = acc * rden[:, None]
-    if CAUSAL:
-        v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
-        P = A * rden[:, None]  # in [0, 1]: safe in fp16
-        acc += _dot(P.to(v.dtype), v, PREC, UP)
-    tl.store(O + bh * NQ * DV + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mr[:, None] & mv[None, :])
-    tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
+            k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+            k = _phi(k, mrf, FM)
+            v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
+            A = _dot(q, tl.trans(k), PREC, UP)
+            A = tl.where(causal_m, A, 0.0)
+            den += tl.sum(A, 1)
+            den = den + eps
+            rden = 1.0 / den
+            P = A * rden[:, None]  # in [0, 1]: safe in fp16
+            acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
+            S += _dot(tl.trans(k), v, PREC, UP)
+            z += tl.sum(k.to(tl.float32), 0)
+        else:
+            den = den + eps
+            acc = acc / den[:, None]
+        tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
+        tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
+    if STORE_T:  # final state: written by the last segment's programs of the group's first query head
+        if ((bh % HQ) % G == 0) & (s == tl.num_programs(1) - 1):
+            tl.store(ST + bkv * F * DV + soff, S, mask=mfv)
+            tl.store(ZT + bkv * F + of, z, mask=mf & ((of * 0 + pv) == 0))
 
 
 # ----------------------------------------------------------------------------------------------- backward
 @triton.jit
-def _bwd_pre(O, DO, DEN, RINV, CD, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr):
-    """rinv = 1 / den, c = -(dout . out) / den, per row (fp32)."""
+def _bwd_pre(O, DO, DEN, CD, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr):
+    """c = -(dout . out) / den, per row (fp32)."""
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BM + tl.arange(0, BM)
     mr = rows < NROWS
@@ -207,22 +253,24 @@ def _bwd_pre(O, DO, DEN, RINV, CD, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr
         do = tl.load(DO + rows[:, None] * DV + ov[None, :], mask=m, other=0.0).to(tl.float32)
         dot += tl.sum(o * do, 1)
     den = tl.load(DEN + rows, mask=mr, other=1.0)
-    rinv = 1.0 / den
-    tl.store(RINV + rows, rinv, mask=mr)
-    tl.store(CD + rows, -dot * rinv, mask=mr)
+    tl.store(CD + rows, -dot / den, mask=mr)
 
 
 @triton.jit
-def _state_bwd(
-    Q, DO, RINV, CD, DST, DZT, DHS, DZS, DS0, DZ0,
-    NQ, F, DV, NT, HQ, G,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr,
-    HAS_DST: tl.constexpr, STORE_H: tl.constexpr, STORE_0: tl.constexpr, SPREC: tl.constexpr,
+def _seg_dstate(
+    Q, DO, DEN, CD, DSS, DZS,
+    NQ, F, DV, L, HQ, G, NS,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, SPREC: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr,
 ):
-    """Reverse recurrence: dS_t = dS_T + sum over chunks > t (causal: stored per chunk) of q^T g, dz likewise."""
-    pk = tl.program_id(0)
-    pv = tl.program_id(1)
-    bkv = tl.program_id(2).to(tl.int64)
+    """Per-segment sums over the K/V group's query heads of phi(Q)^T G and sum c phi(Q) (fp32)."""
+    NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
+    pid = tl.program_id(0) % NB  # fastest: the blocks of one (segment, head) run together (shared tiles in L2)
+    bkv = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
+    NVB = tl.cdiv(DV, BV)
+    pk = pid // NVB
+    pv = pid % NVB
     HKV = HQ // G
     b = bkv // HKV
     hk = bkv % HKV
@@ -231,181 +279,207 @@ def _state_bwd(
     oc = tl.arange(0, C)
     mk = ok < F
     mv = ov < DV
-    mz = mk & ((ok * 0 + pv) == 0)
-    mkv = mk[:, None] & mv[None, :]
-    soff = ok[:, None] * DV + ov[None, :]
-    if HAS_DST:
-        dS = tl.load(DST + bkv * F * DV + soff, mask=mkv, other=0.0).to(tl.float32)
-        dz = tl.load(DZT + bkv * F + ok, mask=mk, other=0.0).to(tl.float32)
-    else:
-        dS = tl.zeros([BK, BV], dtype=tl.float32)
-        dz = tl.zeros([BK], dtype=tl.float32)
-    for i in range(NT):
-        t = NT - 1 - i
-        if STORE_H:
-            tl.store(DHS + (bkv * NT + t) * F * DV + soff, dS, mask=mkv)
-            tl.store(DZS + (bkv * NT + t) * F + ok, dz, mask=mz)
-        rows = t * C + oc
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    dz = tl.zeros([BK], dtype=tl.float32)
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NQ - start), C)
+    for i in range(nt):
+        rows = start + i * C + oc
         mr = rows < NQ
         mrk = mr[:, None] & mk[None, :]
         for g in range(G):
             bq = b * HQ + hk * G + g
             q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-            qf = _phi(q, mrk, FM).to(tl.float32)
+            q = _phi(q, mrk, FM)
             do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
-            rinv = tl.load(RINV + bq * NQ + rows, mask=mr, other=0.0)
+            den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
             cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-            gm = do.to(tl.float32) * rinv[:, None]
-            dS += tl.dot(tl.trans(qf), gm, input_precision=SPREC)
-            dz += tl.sum(qf * cd[:, None], 0)
-    if STORE_0:
-        tl.store(DS0 + bkv * F * DV + soff, dS, mask=mkv)
-        tl.store(DZ0 + bkv * F + ok, dz, mask=mz)
+            gm = do.to(tl.float32) / den[:, None]
+            dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+            dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+    sidx = bkv * NS + s
+    tl.store(DSS + sidx * F * DV + ok[:, None] * DV + ov[None, :], dS, mask=mk[:, None] & mv[None, :])
+    tl.store(DZS + sidx * F + ok, dz, mask=mk & ((ok * 0 + pv) == 0))
 
 
 @triton.jit
-def _dq(
-    Q, K, V, DO, RINV, CD, HS, ZS, DQ,
-    NQ, NK, F, DV, NT, HQ, G,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr,
-    CAUSAL: tl.constexpr, SPREC: tl.constexpr,
+def _seg_dq(
+    Q, K, V, DO, DEN, CD, SS, ZS, S0, Z0, DQ,
+    NQ, NK, F, DV, L, HQ, G, NSS,
+    C: tl.constexpr, BK: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+    UP: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    pk = tl.program_id(2)
+    """dq of one segment, one query head, one BK block of F: prefix S (BK x Dv), z in registers, forward sweep."""
+    NB = tl.cdiv(F, BK)
+    pk = tl.program_id(0) % NB
+    bh = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
     HKV = HQ // G
     bkv = (bh // HQ) * HKV + (bh % HQ) // G
-    oc = tl.arange(0, C)
     ok = pk * BK + tl.arange(0, BK)
     mk = ok < F
-    rows = t * C + oc
-    mr = rows < NQ
-    mrk = mr[:, None] & mk[None, :]
-    if CAUSAL:
-        hbase = HS + (bkv * NT + t) * F * DV
-        zbase = ZS + (bkv * NT + t) * F
-    else:
-        hbase = HS + bkv * F * DV
-        zbase = ZS + bkv * F
-    rinv = tl.load(RINV + bh * NQ + rows, mask=mr, other=0.0)
-    cd = tl.load(CD + bh * NQ + rows, mask=mr, other=0.0)
-    dq = tl.zeros([C, BK], dtype=tl.float32)
-    dA = tl.zeros([C, C], dtype=tl.float32)
-    for vb in range(0, DV, BV):
-        ov = vb + tl.arange(0, BV)
-        mv = ov < DV
-        mrv = mr[:, None] & mv[None, :]
-        do = tl.load(DO + bh * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-        gm = do.to(tl.float32) * rinv[:, None]
-        s = tl.load(hbase + ok[:, None] * DV + ov[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
-        dq += tl.dot(gm, tl.trans(s), input_precision=SPREC)
+    od = tl.arange(0, DVP)
+    md = od < DV
+    oc = tl.arange(0, C)
+    causal_m = oc[:, None] >= oc[None, :]
+    soff = ok[:, None] * DV + od[None, :]
+    msk = mk[:, None] & md[None, :]
+    S = tl.zeros([BK, DVP], dtype=tl.float32)
+    z = tl.zeros([BK], dtype=tl.float32)
+    if HAS_0:
+        S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
+        z += tl.load(Z0 + bkv * F + ok, mask=mk, other=0.0)
+    if HAS_SS:  # same start state as the forward
         if CAUSAL:
-            v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-            dA += tl.dot(gm, tl.trans(v.to(tl.float32)), input_precision=SPREC)
-    z = tl.load(zbase + ok, mask=mk, other=0.0)
-    dq += cd[:, None] * z[None, :]
-    if CAUSAL:
-        dA = tl.where(oc[:, None] >= oc[None, :], dA + cd[:, None], 0.0)
-        k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-        k = _phi(k, mrk, FM)
-        dq += tl.dot(dA, k.to(tl.float32), input_precision=SPREC)
-    if FM != 0:
-        q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-        dq = dq * _phi_grad(q, FM)
-    tl.store(DQ + bh * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
+            nsum = s
+        else:
+            nsum = NSS
+        for j in range(nsum):
+            S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+            z += tl.load(ZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NQ - start), C)
+    for i in range(nt):
+        rows = start + i * C + oc
+        mr = rows < NQ
+        mrk = mr[:, None] & mk[None, :]
+        mrd = mr[:, None] & md[None, :]
+        do = tl.load(DO + bh * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+        den = tl.load(DEN + bh * NQ + rows, mask=mr, other=1.0)
+        cd = tl.load(CD + bh * NQ + rows, mask=mr, other=0.0)
+        if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
+            dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) / den[:, None] + cd[:, None] * z[None, :]
+        else:
+            gm = do.to(tl.float32) / den[:, None]
+            dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
+        if CAUSAL:
+            v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+            k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+            k = _phi(k, mrk, FM)
+            dA = _dot(do, tl.trans(v), PREC, UP) / den[:, None]  # g . v: exact 16-bit products, fp32 sums
+            dA = tl.where(causal_m, dA + cd[:, None], 0.0)
+            dq += _mm(dA, k, Q, LOWP, SPREC, UP)
+            S += _dot(tl.trans(k), v, PREC, UP)
+            z += tl.sum(k.to(tl.float32), 0)
+        if FM != 0:
+            q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+            dq = dq * _phi_grad(q, FM)
+        tl.store(DQ + bh * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
 
 
 @triton.jit
-def _dkdv(
-    Q, K, V, DO, RINV, CD, DHS, DZS, DK, DV_,
-    NQ, NK, F, DV, NT, HQ, G,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr,
-    CAUSAL: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr,
+def _seg_dkdv(
+    Q, K, V, DO, DEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
+    NQ, NK, F, DV, L, HQ, G, NSS,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
+    FM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_0: tl.constexpr,
+    PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr,
 ):
-    """Programs 0..NKB-1 of axis 2 compute a BK column block of dk, the others a BV column block of dv."""
-    t = tl.program_id(0)
-    bkv = tl.program_id(1).to(tl.int64)
-    pid = tl.program_id(2)
-    HKV = HQ // G
+    """dk / dv of one segment of one K/V head, sweeping its chunks backwards with the suffix dS, dz (strictly
+    later positions) in registers. Programs 0..F/BK-1 of axis 2: a BK block of dk (carry dS (BK x Dv), dz);
+    the others: a BV block of dv (carry dS (F x BV)). Start: the final-state gradient DT0 plus the query-side
+    segment sums DSS of the later segments (causal) / of all query segments (non-causal)."""
     NKB = tl.cdiv(F, BK)
+    NB = NKB + tl.cdiv(DV, BV)
+    pid = tl.program_id(0) % NB
+    bkv = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
+    HKV = HQ // G
     b = bkv // HKV
     hk = bkv % HKV
     oc = tl.arange(0, C)
-    rows = t * C + oc
-    mr = rows < NK
-    causal_m = oc[:, None] >= oc[None, :]  # (i, j): query row i sees key row j
+    causal_t = oc[:, None] <= oc[None, :]  # (j, i): key row j is seen by query row i
     if CAUSAL:
-        hbase = DHS + (bkv * NT + t) * F * DV
-        zbase = DZS + (bkv * NT + t) * F
+        j0 = s + 1
     else:
-        hbase = DHS + bkv * F * DV
-        zbase = DZS + bkv * F
+        j0 = 0
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NK - start), C)
     if pid < NKB:
         ok = pid * BK + tl.arange(0, BK)
         mk = ok < F
-        mrk = mr[:, None] & mk[None, :]
-        dk = tl.zeros([C, BK], dtype=tl.float32)
-        for vb in range(0, DV, BV):
-            ov = vb + tl.arange(0, BV)
-            mv = ov < DV
-            v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
-            s = tl.load(hbase + ok[:, None] * DV + ov[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
-            dk += tl.dot(v.to(tl.float32), tl.trans(s), input_precision=SPREC)
-        dz = tl.load(zbase + ok, mask=mk, other=0.0)
-        dk += tl.where(mr[:, None], dz[None, :], 0.0)
-        if CAUSAL:
-            for g in range(G):
-                bq = b * HQ + hk * G + g
-                rinv = tl.load(RINV + bq * NQ + rows, mask=mr, other=0.0)
-                cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-                dA = tl.zeros([C, C], dtype=tl.float32)
-                for vb in range(0, DV, BV):
-                    ov = vb + tl.arange(0, BV)
-                    mrv = mr[:, None] & (ov < DV)[None, :]
-                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                    v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                    gm = do.to(tl.float32) * rinv[:, None]
-                    dA += tl.dot(gm, tl.trans(v.to(tl.float32)), input_precision=SPREC)
-                dA = tl.where(causal_m, dA + cd[:, None], 0.0)
-                q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                q = _phi(q, mrk, FM)
-                dk += tl.dot(tl.trans(dA), q.to(tl.float32), input_precision=SPREC)
-        if FM != 0:
-            k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-            dk = dk * _phi_grad(k, FM)
-        tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
+        od = tl.arange(0, DVP)
+        md = od < DV
+        soff = ok[:, None] * DV + od[None, :]
+        msk = mk[:, None] & md[None, :]
+        dSk = tl.zeros([BK, DVP], dtype=tl.float32)
+        dz = tl.zeros([BK], dtype=tl.float32)
+        if HAS_0:
+            dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
+            dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
+        if HAS_SS:
+            for j in range(j0, NSS):
+                dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+                dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
+        for i in range(nt):
+            rows = start + (nt - 1 - i) * C + oc
+            mr = rows < NK
+            mrk = mr[:, None] & mk[None, :]
+            mrd = mr[:, None] & md[None, :]
+            v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+            dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
+            if CAUSAL:
+                for g in range(G):
+                    bq = b * HQ + hk * G + g
+                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+                    q = _phi(q, mrk, FM)
+                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+                    den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
+                    cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
+                    gm = do.to(tl.float32) / den[:, None]
+                    dAt = _dot(v, tl.trans(do), PREC, UP) / den[None, :]  # (j, i) = v_j . g_i
+                    dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
+                    dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
+                    dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+                    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+            if FM != 0:
+                k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+                dk = dk * _phi_grad(k, FM)
+            tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
+        if STORE_0:  # segment 0 ends with the sums over all positions (non-causal: its start): dS0, dz0
+            if s == 0:
+                tl.store(DS0 + bkv * F * DV + ok[:, None] * DV + od[None, :], dSk, mask=mk[:, None] & md[None, :])
+                tl.store(DZ0 + bkv * F + ok, dz, mask=mk)
     else:
         ov = (pid - NKB) * BV + tl.arange(0, BV)
         mv = ov < DV
-        mrv = mr[:, None] & mv[None, :]
-        dv = tl.zeros([C, BV], dtype=tl.float32)
-        for kb in range(0, F, BK):
-            ok = kb + tl.arange(0, BK)
-            mk = ok < F
-            mrk = mr[:, None] & mk[None, :]
-            k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-            k = _phi(k, mrk, FM)
-            s = tl.load(hbase + ok[:, None] * DV + ov[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
-            dv += tl.dot(k.to(tl.float32), s, input_precision=SPREC)
-        if CAUSAL:
-            for g in range(G):
-                bq = b * HQ + hk * G + g
-                A = tl.zeros([C, C], dtype=tl.float32)
-                for kb in range(0, F, BK):
-                    ok = kb + tl.arange(0, BK)
-                    mk = ok < F
-                    mrk = mr[:, None] & mk[None, :]
-                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                    q = _phi(q, mrk, FM)
-                    k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                    k = _phi(k, mrk, FM)
-                    A += _dot(q, tl.trans(k), PREC, UP)
-                A = tl.where(causal_m, A, 0.0)
-                rinv = tl.load(RINV + bq * NQ + rows, mask=mr, other=0.0)
-                do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                gm = do.to(tl.float32) * rinv[:, None]
-                dv += tl.dot(tl.trans(A), gm, input_precision=SPREC)
-        tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
+        of = tl.arange(0, FP)
+        mf = of < F
+        soffv = of[:, None] * DV + ov[None, :]
+        mskv = mf[:, None] & mv[None, :]
+        dSv = tl.zeros([FP, BV], dtype=tl.float32)
+        if HAS_0:
+            dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
+        if HAS_SS:
+            for j in range(j0, NSS):
+                dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
+        for i in range(nt):
+            rows = start + (nt - 1 - i) * C + oc
+            mr = rows < NK
+            mrf = mr[:, None] & mf[None, :]
+            mrv = mr[:, None] & mv[None, :]
+            k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+            k = _phi(k, mrf, FM)
+            dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
+            if CAUSAL:
+                for g in range(G):
+                    bq = b * HQ + hk * G + g
+                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+                    q = _phi(q, mrf, FM)
+                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
+                    den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
+                    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+                    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
+                        Pt = tl.where(causal_t, At / den[None, :], 0.0)
+                        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
+                        dSv += _mm(tl.trans(q), do.to(tl.float32) / den[:, None], Q, LOWP, SPREC, UP)
+                    else:
+                        gm = do.to(tl.float32) / den[:, None]
+                        At = tl.where(causal_t, At, 0.0)
+                        dv += tl.dot(At, gm, input_precision=SPREC)
+                        dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
+            tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
 # ----------------------------------------------------------------------------------------------- launcher
@@ -425,34 +499,108 @@ def _cfg(F: int, Dv: int, chunk_size: int, dtype: torch.dtype):
     return C, prec, prec
 
 
-# Tile configurations (BK, BV, num_warps, num_stages), tried in order; the first that compiles within the
-# device's shared memory is remembered per (kernel, F, Dv, C, dtype). F and Dv blocks are capped at 64: the
-# parallel kernels hold fp32 state tiles next to 16-bit tiles, and the sequential state kernels gain
-# parallelism (programs per head = (F / BK) * (Dv / BV)).
+# Tuning switches (read at launch; the GPU probe flips them). state_16bit: round the fp32 state to the input
+# dtype for the forward's phi(q) S product (16-bit tensor-core product instead of tf32; off by default).
+# lowp_bf16 (default on): for bfloat16 inputs every product takes 16-bit operands (states, g, dA rounded to
+# bf16 right before the product; state, z, den and all accumulators stay fp32). Off for float16 (g = dout / den
+# and the states can exceed the fp16 range with large keys: tf32 there) and float32 (ieee).
+# progs_per_sm: the segment length is halved until the forward has this many programs per SM (see _seg_len).
+_OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 2}
+
+# Tile configurations (BK, BV, num_warps, num_stages, chunk), tried in order; the first that compiles within the
+# device's shared memory / registers is remembered per (kernel, F, Dv, C, dtype). ``seg_fwd`` holds the full
+# (padded) F of a chunk and a BV block of Dv (BK unused); ``seg_dq`` a BK block of F and the full Dv (BV
+# unused); ``seg_dkdv`` both kinds of programs. With F or Dv > 128 the blocks are capped at 32 (registers).
+# ``chunk`` (0: the caller's C) lowers a kernel's own chunk below C (it still divides L): the defaults were
+# chosen from offline sm_90 compiles (ptxas register / spill counts, bf16, F = Dv = 128) so that no kernel
+# spills; the GPU probe (eval/probe_linear.py) times alternatives.
 _TILES = {
-    "state": [(64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1)],
-    "out": [(64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1)],
-    "dq": [(64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1)],
-    "dkdv": [(64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1)],
+    "seg_state": [(64, 64, 4, 2, 0), (64, 64, 4, 1, 0), (32, 32, 4, 1, 0)],
+    "seg_fwd": [(0, 64, 8, 2, 0), (0, 32, 4, 2, 0), (0, 32, 4, 1, 0)],
+    "seg_dstate": [(64, 64, 4, 2, 0), (64, 64, 4, 1, 0), (32, 32, 4, 1, 0)],
+    "seg_dq": [(32, 0, 4, 2, 0), (64, 0, 8, 2, 0), (32, 0, 4, 1, 32)],
+    "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
+}
+# bf16 with 16-bit products (LOWP): the dk/dv kernel runs the caller's 64-token chunk (no spill on the H200 with
+# triton 3.6: 255 registers; 0.17 ms of 2.0 faster than 32-token chunks at 16k tokens, eval/probe_linear.py,
+# 2026-11-29). The tf32 path (fp16) keeps 32-token chunks (64 spilled ~650 bytes/thread offline).
+_TILES_LOWP = {
+    "seg_dkdv": [(64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
+}
+# fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
+# operand slices, and so the spills, small; correctness path rather than a tuned one.
+_TILES_FP32 = {
+    "seg_fwd": [(0, 32, 8, 1, 16)],
+    "seg_dstate": [(32, 32, 8, 1, 16)],
+    "seg_dq": [(32, 0, 8, 1, 16)],
+    "seg_dkdv": [(32, 32, 8, 1, 16)],
 }
 _CHOSEN = {}
+_STATS = {}  # kind -> (config used, registers, spilled bytes) of the latest launch (GPU; for the probe)
+
+
+def _blocks(cfg, F: int, Dv: int):
+    bk, bv = cfg[0], cfg[1]
+    FP, DVP = _pow2(F, 16, MAX_DIM), _pow2(Dv, 16, MAX_DIM)
+    BK, BV = min(bk or 64, FP), min(bv or 64, DVP)
+    if max(FP, DVP) > 128:
+        BK, BV = min(BK, 32), min(BV, 32)
+    return BK, BV
 
 
 def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
-    """Launch ``kernel[grid_fn(BK, BV)](*args, BK=, BV=, **const)`` with the first tile config that fits."""
-    key = (kind, F, Dv, chunk, dtype)
-    cfgs = _TILES[kind]
+    """Launch ``kernel[grid_fn(BK, BV)](*args, BK=/BV=, **const)`` with the first tile config that fits."""
+    key = (kind, F, Dv, chunk, dtype, bool(const.get("LOWP")))
+    if dtype == torch.float32 and kind in _TILES_FP32:
+        cfgs = _TILES_FP32[kind]
+    elif const.get("LOWP") and kind in _TILES_LOWP:
+        cfgs = _TILES_LOWP[kind]
+    else:
+        cfgs = _TILES[kind]
     i0 = _CHOSEN.get(key, 0)
+    if i0 >= len(cfgs):
+        i0 = 0
+    names = kernel.arg_names if hasattr(kernel, "arg_names") else ()
     for i in range(i0, len(cfgs)):
-        bk, bv, w, st = cfgs[i]
-        BK, BV = min(bk, _pow2(F)), min(bv, _pow2(Dv))
+        BK, BV = _blocks(cfgs[i], F, Dv)
+        w, st = cfgs[i][2], cfgs[i][3]
+        if kind == "seg_fwd" and const.get("S16") and BV <= 32 and w > 4 and not _interpreting():
+            # triton 3.6 on sm_90 computed wrong outputs (rel. error ~0.5, H200 2026-11-29) for the 16-bit
+            # q @ S product with 8 warps and BV = 32; 4 warps and BV = 64 are right (eval/probe_linear.py)
+            w = 4
+        kw = dict(const)
+        if len(cfgs[i]) > 4 and cfgs[i][4]:  # the kernel's own chunk (a power of two <= C: divides L)
+            kw["C"] = min(kw["C"], cfgs[i][4])
+        if not names or "BK" in names:
+            kw["BK"] = BK
+        if not names or "BV" in names:
+            kw["BV"] = BV
         try:
-            kernel[grid_fn(BK, BV)](*args, BK=BK, BV=BV, num_warps=w, num_stages=st, **const)
+            ck = kernel[grid_fn(BK, BV)](*args, num_warps=w, num_stages=st, **kw)
             _CHOSEN[key] = i
+            _STATS[kind] = (tuple(cfgs[i]), getattr(ck, "n_regs", None), getattr(ck, "n_spills", None))
             return
         except triton.runtime.errors.OutOfResources:
             if i == len(cfgs) - 1:
                 raise
+
+
+def _sm_count(dev: torch.device) -> int:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).multi_processor_count
+    return 132
+
+
+def _seg_len(N: int, C: int, progs_per_seg: int, segment_size: Optional[int], sms: int) -> int:
+    """Segment length L (multiple of C): forced by ``segment_size`` (rounded up to a multiple of C), else the
+    largest power of two that still gives the kernel >= ``_OPTS["progs_per_sm"]`` (2) programs per SM, but not
+    below 4 C (or N)."""
+    if segment_size is not None:
+        return max(C, triton.cdiv(int(segment_size), C) * C)
+    L = max(C, triton.next_power_of_2(N))
+    while L > 4 * C and triton.cdiv(N, L) * progs_per_seg < int(_OPTS["progs_per_sm"]) * sms:
+        L //= 2
+    return L
 
 
 def _check(q, k, v, s0, z0, causal):
@@ -486,99 +634,114 @@ def _check(q, k, v, s0, z0, causal):
     return B, Hq, Hkv, Nq, Nk, F, Dv
 
 
+def _seg_sums(kind, kernel, x, y, extra, N, L, F, Dv, chunk, dt, BHkv, heads=(), **const):
+    """Run a per-segment sum kernel; returns (sums (BHkv, NS, F, Dv), zsums (BHkv, NS, F)) in fp32."""
+    NS = triton.cdiv(N, L)
+    SS = torch.empty(BHkv, NS, F, Dv, device=x.device, dtype=torch.float32)
+    ZS = torch.empty(BHkv, NS, F, device=x.device, dtype=torch.float32)
+    _launch(kind, kernel, lambda BK, BV: (triton.cdiv(F, BK) * triton.cdiv(Dv, BV) * BHkv, NS), F, Dv, chunk, dt,
+            (x, y, *extra, SS, ZS, N, F, Dv, L, *heads, NS), **const)
+    return SS, ZS
+
+
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, s0, z0, causal, eps, fm, chunk_size):
+    def forward(ctx, q, k, v, s0, z0, causal, eps, fm, chunk_size, segment_size, want_state):
         B, Hq, Hkv, Nq, Nk, F, Dv = _check(q, k, v, s0, z0, causal)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         C, SPREC, PREC = _cfg(F, Dv, chunk_size, q.dtype)
         up = q.dtype == torch.bfloat16 and _interpreting()
+        lowp = q.dtype == torch.bfloat16 and bool(_OPTS["lowp_bf16"])
         G = Hq // Hkv
-        NTq, NTk = triton.cdiv(Nq, C), triton.cdiv(Nk, C)
+        BHkv = B * Hkv
         dev, dt = q.device, q.dtype
+        sms = _sm_count(dev)
         has_s0 = s0 is not None
         if has_s0:
-            s0 = s0.float().contiguous()
-            z0 = z0.float().contiguous()
-        ST = torch.empty(B, Hkv, F, Dv, device=dev, dtype=torch.float32)
-        ZT = torch.empty(B, Hkv, F, device=dev, dtype=torch.float32)
+            s0 = s0.float().contiguous().view(BHkv, F, Dv)
+            z0 = z0.float().contiguous().view(BHkv, F)
+        fbv = _blocks(_TILES["seg_fwd"][0], F, Dv)[1]
+        Lq = _seg_len(Nq, C, B * Hq * triton.cdiv(Dv, fbv), segment_size, sms)
+        NSq = triton.cdiv(Nq, Lq)
+        st_const = dict(C=C, FM=fm, PREC=PREC, UP=up)
+        SS = ZS = None  # per-segment key sums; the kernels add the ones before their segment to S0 themselves
         if causal:
-            HS = torch.empty(B * Hkv, NTk, F, Dv, device=dev, dtype=torch.float32)
-            ZS = torch.empty(B * Hkv, NTk, F, device=dev, dtype=torch.float32)
+            Lk = Lq
+            if NSq > 1:
+                SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, **st_const)
         else:
-            HS, ZS = ST, ZT
-        _launch("state", _state_fwd, lambda BK, BV: (triton.cdiv(F, BK), triton.cdiv(Dv, BV), B * Hkv), F, Dv, C, dt,
-                (k, v, s0 if has_s0 else ST, z0 if has_s0 else ZT, HS, ZS, ST, ZT, Nk, F, Dv, NTk),
-                C=C, FM=fm, HAS_S0=has_s0, STORE_H=causal, STORE_T=True, PREC=PREC, UP=up)
+            Lk = _seg_len(Nk, C, BHkv * triton.cdiv(F, 64) * triton.cdiv(Dv, 64), segment_size, sms)
+            SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, **st_const)
+        has_ss = SS is not None
+        ST = ZT = None
+        if want_state:  # written by the last segment's programs (non-causal: the unchanged total)
+            ST = torch.empty(BHkv, F, Dv, device=dev, dtype=torch.float32)
+            ZT = torch.empty(BHkv, F, device=dev, dtype=torch.float32)
         o = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=dt)
         den = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32)
-        _launch("out", _out_fwd, lambda BK, BV: (NTq, B * Hq, triton.cdiv(Dv, BV)), F, Dv, C, dt,
-                (q, k, v, HS, ZS, o, den, Nq, Nk, F, Dv, NTk, Hq, G, float(eps)),
-                C=C, FM=fm, CAUSAL=causal, PREC=PREC, SPREC=SPREC, UP=up)
-        del HS, ZS
-        ctx.save_for_backward(q, k, v, o, den, s0 if has_s0 else None, z0 if has_s0 else None,
-                              None if causal else ST, None if causal else ZT)
-        ctx.cfg = (causal, fm, C, SPREC, PREC, has_s0, up)
+        _launch("seg_fwd", _seg_fwd, lambda BK, BV: (triton.cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt,
+                (q, k, v, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den, z0 if has_s0 else den,
+                 o, den, ST if want_state else den, ZT if want_state else den,
+                 Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps)),
+                C=C, FP=_pow2(F, 16, MAX_DIM), FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, STORE_T=want_state,
+                S16=bool(_OPTS["state_16bit"]) or lowp, PREC=PREC, SPREC=SPREC, UP=up)
+        ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0)
+        ctx.cfg = (causal, fm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp)
+        if ST is not None:
+            ST, ZT = ST.view(B, Hkv, F, Dv), ZT.view(B, Hkv, F)
         return o, ST, ZT
 
     @staticmethod
     def backward(ctx, do, dST, dZT):
-        q, k, v, o, den, s0, z0, ST, ZT = ctx.saved_tensors
-        causal, fm, C, SPREC, PREC, has_s0, up = ctx.cfg
+        q, k, v, o, den, SS, ZS, s0, z0 = ctx.saved_tensors
+        causal, fm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp = ctx.cfg
         B, Hq, Nq, F = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
         G = Hq // Hkv
-        NTq, NTk = triton.cdiv(Nq, C), triton.cdiv(Nk, C)
+        BHkv = B * Hkv
+        NSq, NSk = triton.cdiv(Nq, Lq), triton.cdiv(Nk, Lk)
         dev, dt = q.device, q.dtype
+        FP, DVP = _pow2(F, 16, MAX_DIM), _pow2(Dv, 16, MAX_DIM)
         do = do.contiguous()
-        rinv = torch.empty_like(den)
         cd = torch.empty_like(den)
         nrows = B * Hq * Nq
-        _bwd_pre[(triton.cdiv(nrows, 64),)](o, do, den, rinv, cd, nrows, Dv, BM=64, BV=min(64, _pow2(Dv)), num_warps=4)
-        if causal:  # recompute the chunk-start states (see module docstring)
-            HS = torch.empty(B * Hkv, NTk, F, Dv, device=dev, dtype=torch.float32)
-            ZS = torch.empty(B * Hkv, NTk, F, device=dev, dtype=torch.float32)
-            _launch("state", _state_fwd, lambda BK, BV: (triton.cdiv(F, BK), triton.cdiv(Dv, BV), B * Hkv), F, Dv, C, dt,
-                    (k, v, s0 if has_s0 else HS, z0 if has_s0 else ZS, HS, ZS, HS, ZS, Nk, F, Dv, NTk),
-                    C=C, FM=fm, HAS_S0=has_s0, STORE_H=True, STORE_T=False, PREC=PREC, UP=up)
-            DHS = torch.empty_like(HS)
-            DZS = torch.empty_like(ZS)
-        else:
-            HS, ZS = ST, ZT
-            DHS = torch.empty(B, Hkv, F, Dv, device=dev, dtype=torch.float32)
-            DZS = torch.empty(B, Hkv, F, device=dev, dtype=torch.float32)
+        _bwd_pre[(triton.cdiv(nrows, 64),)](o, do, den, cd, nrows, Dv, BM=64, BV=min(64, _pow2(Dv)), num_warps=4)
         has_dst = dST is not None or dZT is not None
         if has_dst:
             dST = (dST if dST is not None else torch.zeros(B, Hkv, F, Dv, device=dev)).float().contiguous()
             dZT = (dZT if dZT is not None else torch.zeros(B, Hkv, F, device=dev)).float().contiguous()
         need_s0 = has_s0 and (ctx.needs_input_grad[3] or ctx.needs_input_grad[4])
-        DS0 = torch.empty(B, Hkv, F, Dv, device=dev, dtype=torch.float32) if need_s0 else None
-        DZ0 = torch.empty(B, Hkv, F, device=dev, dtype=torch.float32) if need_s0 else None
-        if not causal:
-            DS0, DZ0 = DHS, DZS  # the total is both the per-chunk suffix (stride 0) and the initial-state grad
-        _launch("state", _state_bwd, lambda BK, BV: (triton.cdiv(F, BK), triton.cdiv(Dv, BV), B * Hkv), F, Dv, C, dt,
-                (q, do, rinv, cd, dST if has_dst else DHS, dZT if has_dst else DZS, DHS, DZS,
-                 DS0 if DS0 is not None else DHS, DZ0 if DZ0 is not None else DZS, Nq, F, Dv, NTq, Hq, G),
-                C=C, FM=fm, HAS_DST=has_dst, STORE_H=causal, STORE_0=(DS0 is not None), SPREC=SPREC)
+        ds0 = dz0 = None
+        if need_s0:  # written by the segment-0 dk programs
+            ds0 = torch.empty(B, Hkv, F, Dv, device=dev, dtype=torch.float32)
+            dz0 = torch.empty(B, Hkv, F, device=dev, dtype=torch.float32)
+        DSS = DZS = None  # per-segment query-side sums; dk/dv programs add the later ones (causal) themselves
+        if not causal or NSq > 1:
+            DSS, DZS = _seg_sums("seg_dstate", _seg_dstate, q, do, (den, cd), Nq, Lq, F, Dv, C, dt, BHkv,
+                                 heads=(Hq, G), C=C, FM=fm, SPREC=SPREC, LOWP=lowp, UP=up)
         dq = torch.empty_like(q)
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
-        _launch("dq", _dq, lambda BK, BV: (NTq, B * Hq, triton.cdiv(F, BK)), F, Dv, C, dt,
-                (q, k, v, do, rinv, cd, HS, ZS, dq, Nq, Nk, F, Dv, NTk, Hq, G),
-                C=C, FM=fm, CAUSAL=causal, SPREC=SPREC)
-        _launch("dkdv", _dkdv, lambda BK, BV: (NTk, B * Hkv, triton.cdiv(F, BK) + triton.cdiv(Dv, BV)), F, Dv, C, dt,
-                (q, k, v, do, rinv, cd, DHS, DZS, dk, dv, Nq, Nk, F, Dv, NTk, Hq, G),
-                C=C, FM=fm, CAUSAL=causal, PREC=PREC, SPREC=SPREC, UP=up)
-        ds0 = dz0 = None
-        if need_s0:
-            ds0, dz0 = DS0, DZ0
-        return dq, dk, dv, ds0, dz0, None, None, None, None
+        has_ss = SS is not None
+        _launch("seg_dq", _seg_dq, lambda BK, BV: (triton.cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt,
+                (q, k, v, do, den, cd, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den,
+                 z0 if has_s0 else den, dq, Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1),
+                C=C, DVP=DVP, FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
+                LOWP=lowp, UP=up)
+        has_dss = DSS is not None
+        _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((triton.cdiv(F, BK) + triton.cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt,
+                (q, k, v, do, den, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
+                 dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
+                 Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
+                C=C, FP=FP, DVP=DVP, FM=fm, CAUSAL=causal, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
+                PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up)
+        return dq, dk, dv, ds0, dz0, None, None, None, None, None, None
 
 
 def linear_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, eps: float = 1e-6,
     feature_map: Optional[str] = None, initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    output_final_state: bool = False, chunk_size: int = 64,
+    output_final_state: bool = False, chunk_size: int = 64, segment_size: Optional[int] = None,
 ):
     """Linear attention, Triton forward + backward (see the module docstring for the algorithm).
 
@@ -594,20 +757,25 @@ def linear_attention(
             before the first one (differentiable).
         output_final_state: also return ``(S, z)`` after the last key (fp32, differentiable).
         chunk_size: power of two in [16, 128] (clamped).
+        segment_size: tuning / testing knob: tokens per program sweep (rounded up to a multiple of the
+            chunk size). ``None`` (default) picks it from the shape and the GPU's SM count.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype``; with ``output_final_state`` also ``(S (B, Hkv, F, Dv), z (B, Hkv, F))``.
 
     Raises:
         ValueError / TypeError: bad shapes or dtypes, ``F`` or ``Dv`` > 256, causal with ``Nq != Nk``, unknown
-        ``feature_map``.
+        ``feature_map``, ``segment_size < 1``.
     """
     if feature_map not in FUSED_FEATURE_MAPS:
         raise ValueError(f"feature_map={feature_map!r} is not supported in-kernel; allowed values: None, elu1, relu "
                          "(compute favor / taylor features before the call)")
+    if segment_size is not None and int(segment_size) < 1:
+        raise ValueError(f"segment_size={segment_size} must be a positive number of tokens or None")
     s0, z0 = initial_state if initial_state is not None else (None, None)
     o, st, zt = _LinearAttention.apply(q, k, v, s0, z0, bool(causal), float(eps), FUSED_FEATURE_MAPS[feature_map],
-                                       int(chunk_size))
+                                       int(chunk_size), None if segment_size is None else int(segment_size),
+                                       bool(output_final_state))
     return (o, (st, zt)) if output_final_state else o
 
 

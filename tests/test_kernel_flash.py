@@ -300,6 +300,33 @@ def test_sparse_custom_layout_grads(dq_mode):
     assert torch.equal(dv[:, :, 64:], torch.zeros_like(dv[:, :, 64:]))
 
 
+def test_sparse_override_tiles_give_the_same_grads():
+    """Forced sparse tiles (a tuning knob: tables are built at them) change nothing but speed."""
+    import kernels.flash as kf
+    from kernels import flash_attn
+
+    mi = _layout_mask_info()
+    q, k, v, do = _inputs(1, 2, 1, 96, 96, 16, torch.float32, seed=5)
+    run = lambda a, b, c: flash_attn(a, b, c, block_layout=mi.layout, block_size=16,  # noqa: E731
+                                     block_table_fn=mi.block_table)
+    base = _grads(run, q, k, v, do)
+    cfg = lambda bm, bn: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)  # noqa: E731
+    try:
+        kf.set_sparse_override("fwd", cfg(16, 16))
+        kf.set_sparse_override("dq", cfg(16, 16))
+        kf.set_sparse_override("dkdv", cfg(32, 16))
+        assert kf.sparse_tiles(16) == ((16, 16), (32, 16))
+        with pytest.raises(ValueError, match="must equal the fwd tiles"):
+            kf.set_sparse_override("dq", cfg(32, 16))
+        forced = _grads(run, q, k, v, do)
+    finally:
+        for kind in ("fwd", "dq", "dkdv"):
+            kf.set_sparse_override(kind, None)
+    assert kf.sparse_tiles(16) != ((16, 16), (32, 16))
+    for name, x, y in zip(("out", "dq", "dk", "dv"), forced, base):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_block_tables_old_format_rejected():
     from kernels import flash_attn
 

@@ -151,6 +151,66 @@ def test_initial_and_final_state_chain_and_grads():
     assert rel(torch.cat([o1, o2], 2), full) <= 1e-5
 
 
+# ------------------------------------------------------------------------------------- segments
+def _ref_with_state(fq, fk, v, s0, z0, causal, eps):
+    """fp32 reference with an initial state: the recurrence (causal) or the totals (non-causal)."""
+    if causal:
+        return linear_attention_recurrent(fq, fk, v, eps=eps, initial_state=(s0, z0))
+    n_rep = fq.shape[1] // fk.shape[1]
+    S = s0 + fk.transpose(-1, -2) @ v
+    z = z0 + fk.sum(2)
+    Sg, zg = S.repeat_interleave(n_rep, 1), z.repeat_interleave(n_rep, 1)
+    out = (fq @ Sg) / ((fq * zg[:, :, None, :]).sum(-1, keepdim=True) + eps)
+    return out, (S, z)
+
+
+@pytest.mark.parametrize(
+    "causal,Nq,Nk,seg",
+    [(True, 65, 65, 32), (True, 100, 100, 48), (False, 65, 100, 32), (False, 100, 37, 32)],
+)
+def test_multi_segment_vs_reference(causal, Nq, Nk, seg):
+    """Several segments (L = 2-3 chunks of 16, N not a multiple of C or L), GQA 4/2, F != Dv, fused elu1,
+    initial state and final state: out and the gradients of q, k, v, S0, z0 against the fp32 reference."""
+    q, k, v, do = _inputs(1, 4, 2, Nq, Nk, 16, 24, seed=Nq + Nk)
+    s0 = torch.rand(1, 2, 16, 24, device=DEV)
+    z0 = torch.rand(1, 2, 16, device=DEV) + 1.0
+    ws = torch.randn(1, 2, 16, 24, device=DEV)
+    wz = torch.randn(1, 2, 16, device=DEV)
+    eps = 1e-6
+
+    def ker(a, b, c, s, z):
+        return linear_attention(a, b, c, causal=causal, feature_map="elu1", initial_state=(s, z),
+                                output_final_state=True, chunk_size=16, segment_size=seg)
+
+    def ref(a, b, c, s, z):
+        return _ref_with_state(Fn.elu(a) + 1, Fn.elu(b) + 1, c, s, z, causal, eps)
+
+    res = []
+    for fn in (ker, ref):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, s0, z0)]
+        out, (st, zt) = fn(*leaves)
+        loss = (out * do).sum() + (st * ws).sum() + (zt * wz).sum()
+        res.append((out, st, zt) + torch.autograd.grad(loss, leaves))
+    for name, x, r in zip(("out", "S", "z", "dq", "dk", "dv", "dS0", "dz0"), *res):
+        assert torch.isfinite(x).all(), name
+        assert rel(x, r) <= 1e-4, (name, rel(x, r))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_segmentation_does_not_change_results(causal):
+    """fp32: forced short segments (4 segments, ragged tail) vs one segment, out and grads within 1e-5."""
+    q, k, v, do = _inputs(2, 2, 1, 70, 70, 16, 16, seed=21)
+    got = []
+    for seg in (16, 1024):
+        fn = lambda a, b, c: linear_attention(a, b, c, causal=causal, feature_map="relu", chunk_size=16,  # noqa: E731
+                                               segment_size=seg)
+        got.append(_grads(fn, q, k, v, do))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *got):
+        assert rel(a, b) <= 1e-5, (name, rel(a, b))
+    with pytest.raises(ValueError, match="segment_size"):
+        linear_attention(q, k, v, segment_size=0)
+
+
 # ------------------------------------------------------------------------------------- 16-bit inputs
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_flash_rule(dtype):
@@ -177,6 +237,30 @@ def test_large_keys_no_overflow(dtype):
     for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
         assert torch.isfinite(x).all(), name
         assert rel(x, r) <= tol, (name, rel(x, r))
+
+
+@pytest.mark.parametrize("kscale", [1.0, 30.0])
+def test_bf16_lowp_products_gqa(kscale, monkeypatch):
+    """bf16 16-bit-product path (``_OPTS["lowp_bf16"]``, states / g / dA rounded to bf16 before each product),
+    causal GQA 4/2 over several segments: the 2x / 3x rule against plain bf16 PyTorch and finite with keys x30;
+    the switch must change the result (the rounding is exercised, also under the CPU interpreter)."""
+    import kernels.linear as L
+
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
+    q, k, v, do = _inputs(1, 4, 2, 70, 70, 32, 16, seed=3, kscale=kscale)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    lo = [t.to(torch.bfloat16) for t in (q, k, v, do)]
+    base = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), *lo)
+    res = {}
+    for lowp in (True, False):
+        monkeypatch.setitem(L._OPTS, "lowp_bf16", lowp)
+        res[lowp] = _grads(lambda a, b, c: linear_attention(a, b, c, feature_map="elu1", chunk_size=16,
+                                                             segment_size=32), *lo)
+    for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), res[True], ref, base)):
+        assert x.dtype == torch.bfloat16 and torch.isfinite(x).all(), name
+        factor = 2.0 if i == 0 else 3.0
+        assert rel(x, r) <= factor * rel(p, r) + 1e-4, (name, rel(x, r), rel(p, r))
+    assert any(not torch.equal(a, b) for a, b in zip(res[True], res[False]))
 
 
 # ------------------------------------------------------------------------------------- interface

@@ -1,0 +1,420 @@
+"""GPU probe: the segmented single-pass linear-attention kernel (kernels/linear.py) vs fla and cuDNN SDPA.
+
+Plain Python (torch / triton + this repo; fla-core optional): ``PYTHONPATH=$PWD python3 eval/probe_linear.py --out DIR``.
+Needs CUDA. ``--budget`` seconds: later cases are skipped, and say so, once it is spent. ``--no-fla`` skips fla
+(its first-call compile takes minutes), ``--no-anchors`` skips fla and cuDNN; ``--shapes 4096x4,16384x1``
+picks the (N x B) shapes, ``--variants a,b`` the variants, ``--check-shape`` the per-variant accuracy shape.
+
+Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kernel (raw q, k), shapes
+``(N, B)``: 16k tokens at N = 512 / 4096 / 16384, and ``B * N = 65536`` at N = 16384 / 65536 (flatness).
+
+1. Correctness per shape (default config): rel. RMS error of out, dq, dk, dv vs an fp32 PyTorch chunked
+   reference (autograd, same elu1 features), finiteness, and the segment count ``NS`` the launcher chose;
+   each variant again at ``--check-shape``.
+2. Timings (median of ``triton.testing.do_bench``, ms): fwd and fwd+bwd of ``ours`` (default tiles, bf16
+   16-bit products), the anchors ``fla_linear`` (``fla.ops.linear_attn.chunk_linear_attn(normalize=True)`` on
+   precomputed elu1 features, (B, T, H, D) layout) and ``sdpa_cudnn`` (exact causal attention), then the tile /
+   chunk / precision ``VARIANTS`` (tf32 products, forward BV 64 / 128, 4-warp kernels, backward chunk 64,
+   C = 128, best guesses), each with the config / registers / spill bytes of every kernel it launched, and a
+   per-kernel breakdown (torch.profiler) of the default and of the ``BEST`` variant.
+Prints one line per case with the elapsed time, then a table (one row per method, one column per shape),
+fla / ours and the flatness ``t(N=65536, B=1) / t(N=16384, B=4)``. Writes ``probe_linear.csv`` /
+``probe_linear.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as Fn  # noqa: E402
+
+from eval.bench_common import env_info, format_table, write_csv, write_json  # noqa: E402
+
+H, D = 16, 128
+SHAPES = [(512, 32), (4096, 4), (16384, 1), (16384, 4), (65536, 1)]  # (N, B)
+
+# name -> (tile overrides {kind: [cfg, ...]}, _OPTS overrides, linear_attention kwargs). cfg = (BK, BV, num_warps,
+# num_stages, chunk) as in kernels.linear._TILES; a single cfg per kind, so a variant that does not fit the GPU
+# fails (reported) instead of silently falling back. "ours" is the default (bf16: 16-bit products, lowp_bf16;
+# since the H200 probe of 2026-11-29: fwd (0,64,8,2), dq (32,0,4,2) -- the old fwd (0,32,8,2) computed wrong outputs
+# with 16-bit products on triton 3.6, see kernels/linear.py); "lp_*" keep it and change tiles. Offline sm_90 compiles (triton 3.9 ptxas, bf16, lowp, F = Dv = 128), registers
+# / spill bytes per thread / shared memory: fwd (0,32,8,2) 216/0/90K [default], (0,32,4,2) 252/0/90K,
+# (0,64,8,2) 255/136/82K, (0,64,4,2) 255/168/82K, (0,128,8,2) 255/288/115K; dq (64,0,8,2) 255/0/91K [default],
+# (64,0,4,2) 255/64/91K, (32,0,4,2) 234/0/62K; dkdv (64,64,8,2,32) 210/0/37K [default], (64,64,4,2,32)
+# 255/208/33K, (32,32,4,2,32) 255/40/35K, (64,64,8,2,0) 255/144/74K; dstate (64,64,4,2) 188/0/33K [default],
+# (64,64,8,2) 132/0/33K. A 4-warp program under 256 registers and ~113K shared memory leaves room for a second
+# one on the SM (the 8-warp defaults run one per SM).
+_FWD_W4 = {"seg_fwd": [(0, 32, 4, 2, 0)]}
+_DQ_W4 = {"seg_dq": [(32, 0, 4, 2, 0)]}
+_DKDV_W4 = {"seg_dkdv": [(32, 32, 4, 2, 32)]}
+VARIANTS = {
+    "ours": ({}, {}, {}),
+    "tf32": ({}, {"lowp_bf16": False}, {}),  # the previous default: fp32 operands (tf32) for state / g / dA products
+    "lp_bv64": ({"seg_fwd": [(0, 64, 8, 2, 0)]}, {}, {}),
+    "lp_bv128": ({"seg_fwd": [(0, 128, 8, 2, 0)]}, {}, {}),
+    "lp_fwd_w4": (_FWD_W4, {}, {}),
+    "lp_fwd64_w4": ({"seg_fwd": [(0, 64, 4, 2, 0)]}, {}, {}),
+    "lp_fwd_w4_st1": ({"seg_fwd": [(0, 32, 4, 1, 0)]}, {}, {}),
+    "lp_dq_w4": (_DQ_W4, {}, {}),
+    "lp_dq64_w4": ({"seg_dq": [(64, 0, 4, 2, 0)]}, {}, {}),
+    "lp_dkdv_w4": (_DKDV_W4, {}, {}),
+    "lp_dkdv64_w4": ({"seg_dkdv": [(64, 64, 4, 2, 32)]}, {}, {}),
+    "lp_dkdv_c64": ({"seg_dkdv": [(64, 64, 8, 2, 0)]}, {}, {}),
+    "lp_dstate_w8": ({"seg_dstate": [(64, 64, 8, 2, 0)]}, {}, {}),
+    "c64_bv128": ({"seg_dkdv": [(64, 64, 8, 2, 0)], "seg_fwd": [(0, 128, 8, 2, 0)]}, {}, {}),
+    "c64_C128": ({"seg_dkdv": [(64, 64, 8, 2, 0)]}, {}, {"chunk_size": 128}),
+    "c64_dq64": ({"seg_dkdv": [(64, 64, 8, 2, 0)], "seg_dq": [(64, 0, 8, 2, 0)]}, {}, {}),
+    "c64_dstate_w8": ({"seg_dkdv": [(64, 64, 8, 2, 0)], "seg_dstate": [(64, 64, 8, 2, 0)]}, {}, {}),
+    "lp_C128": ({}, {}, {"chunk_size": 128}),
+    "lp_w4_all": ({**_FWD_W4, **_DQ_W4, **_DKDV_W4}, {}, {}),  # best guess: two programs per SM everywhere
+    "lp_best_b": ({"seg_fwd": [(0, 64, 8, 2, 0)], **_DQ_W4}, {}, {}),  # best guess b: wide forward (measured
+    # best before), 4-warp dq, default dk/dv
+    "lp_w4_all_pps4": ({**_FWD_W4, **_DQ_W4, **_DKDV_W4}, {"progs_per_sm": 4}, {}),  # + shorter segments (long N)
+}
+BEST = "lp_dkdv_c64"  # the variant that also gets the per-kernel profile
+
+
+def rel(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def ref_chunked(fq, fk, v, eps=1e-6, C=64):
+    """fp32 chunked causal linear attention (same heads), differentiable: reference for out and grads."""
+    B, Hh, N, F = fq.shape
+    Dv = v.shape[-1]
+    pad = (-N) % C
+    if pad:
+        fq, fk, v = (Fn.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
+    NT = (N + pad) // C
+    q = fq.reshape(B, Hh, NT, C, F)
+    k = fk.reshape(B, Hh, NT, C, F)
+    vv = v.reshape(B, Hh, NT, C, Dv)
+    kv = k.transpose(-1, -2) @ vv  # (B, H, NT, F, Dv)
+    S = torch.cumsum(kv, 2) - kv
+    ks = k.sum(3)
+    z = torch.cumsum(ks, 2) - ks
+    A = (q @ k.transpose(-1, -2)).tril()
+    num = q @ S + A @ vv
+    den = (q * z[:, :, :, None, :]).sum(-1) + A.sum(-1) + eps
+    return (num / den[..., None]).reshape(B, Hh, NT * C, Dv)[:, :, :N]
+
+
+def make_inputs(B, N, dev, seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
+    return q, k, v, do
+
+
+class Variant:
+    """Context manager applying a variant's tile table / options to kernels.linear."""
+
+    def __init__(self, name):
+        import kernels.linear as L
+
+        self.L = L
+        self.tiles, self.opts, self.kw = VARIANTS[name]
+
+    def __enter__(self):
+        L = self.L
+        self.saved = (copy.deepcopy(L._TILES), dict(L._OPTS), copy.deepcopy(L._TILES_LOWP))
+        L._TILES.update({k: list(v) for k, v in self.tiles.items()})
+        L._TILES_LOWP.update({k: list(v) for k, v in self.tiles.items() if k in L._TILES_LOWP})
+        L._OPTS.update(self.opts)
+        L._CHOSEN.clear()
+        return self
+
+    def __exit__(self, *a):
+        L = self.L
+        L._TILES.clear()
+        L._TILES.update(self.saved[0])
+        L._OPTS.clear()
+        L._OPTS.update(self.saved[1])
+        L._TILES_LOWP.clear()
+        L._TILES_LOWP.update(self.saved[2])
+        L._CHOSEN.clear()
+
+
+def bench(fn, leaves, do, warmup, rep):
+    import triton.testing as tt
+
+    def fwd():
+        with torch.no_grad():
+            return fn()
+
+    def fwd_bwd():
+        out = fn()
+        out.backward(do)
+
+    r = {}
+    r["fwd_ms"] = float(tt.do_bench(fwd, warmup=warmup, rep=rep, return_mode="median"))
+    r["fwd_bwd_ms"] = float(tt.do_bench(fwd_bwd, warmup=warmup, rep=rep, grad_to_none=leaves, return_mode="median"))
+    for t in leaves:
+        t.grad = None
+    return r
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="results/h200")
+    p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases are skipped once spent")
+    p.add_argument("--variants", default="all", help="comma list of VARIANTS names (ours always runs) or 'all'")
+    p.add_argument("--no-anchors", action="store_true", help="skip the fla and cuDNN anchors")
+    p.add_argument("--no-fla", action="store_true", help="do not import / run fla (its first compile is slow)")
+    p.add_argument("--shapes", default=",".join(f"{n}x{b}" for n, b in SHAPES),
+                   help="comma list of NxB (sequence length x batch), default %(default)s")
+    p.add_argument("--check-shape", default="2048x2", help="NxB of the per-variant accuracy check ('' to skip)")
+    p.add_argument("--warmup", type=int, default=10, help="do_bench warmup (ms)")
+    p.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
+    args = p.parse_args(argv)
+    try:
+        shapes = [tuple(int(x) for x in sh.lower().split("x")) for sh in args.shapes.split(",") if sh]
+        assert shapes and all(len(sh) == 2 and min(sh) > 0 for sh in shapes)
+    except (ValueError, AssertionError):
+        raise SystemExit(f"--shapes={args.shapes!r}: expected a comma list of NxB, e.g. 4096x4,16384x1")
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_linear needs CUDA")
+    dev = torch.device("cuda")
+    t0 = time.time()
+    env = env_info()
+    env["fla_core"] = None
+    if not args.no_fla:
+        try:
+            import fla
+
+            env["fla_core"] = getattr(fla, "__version__", "?")
+        except Exception as e:  # noqa: BLE001
+            print(f"fla not importable: {type(e).__name__}: {e}")
+    print("env:", env, flush=True)
+    import kernels.linear as L
+    from kernels.linear import linear_attention
+
+    rows = []
+
+    def left():
+        return args.budget - (time.time() - t0)
+
+    def log(row):
+        rows.append(row)
+        keys = [k for k in ("kind", "method", "N", "B", "NS", "fwd_ms", "fwd_bwd_ms", "out", "dq", "dk", "dv", "finite",
+                            "peak_mib", "kernels", "error") if k in row]
+        print(f"[{time.time() - t0:6.1f}s] " + "  ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
+                                                    for k in keys), flush=True)
+
+    # ------------------------------------------------------------------ 1. correctness (default config)
+    def check(method, N, B):
+        row = {"kind": "check", "method": method, "N": N, "B": B}
+        try:
+            q, k, v, do = make_inputs(B, N, dev, seed=N)
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            kw = VARIANTS[method][2]
+            C = L._pow2(kw.get("chunk_size", 64), 16, 128)
+            fbv = L._blocks(L._TILES["seg_fwd"][0], D, D)[1]
+            row["NS"] = -(-N // L._seg_len(N, C, B * H * -(-D // fbv), None, sms))
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            out = linear_attention(*leaves, causal=True, feature_map="elu1", **kw)
+            out.backward(do)
+            got = [out.detach()] + [t.grad for t in leaves]
+            rl = [t.detach().float().requires_grad_() for t in (q, k, v)]
+            ro = ref_chunked(Fn.elu(rl[0]) + 1, Fn.elu(rl[1]) + 1, rl[2])
+            ro.backward(do.float())
+            ref = [ro.detach()] + [t.grad for t in rl]
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+                row[name] = rel(a, b)
+            row["finite"] = all(bool(torch.isfinite(t).all()) for t in got)
+            del leaves, rl, ro, got, ref, out
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc(limit=3)
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        log(row)
+        torch.cuda.empty_cache()
+
+    for N, B in shapes:
+        with Variant("ours"):
+            check("ours", N, B)
+
+    # ------------------------------------------------------------------ 2. timings
+    def run_case(method, N, B, build):
+        row = {"kind": "time", "method": method, "N": N, "B": B}
+        if left() < 0:
+            row["error"] = "skipped (budget spent)"
+            log(row)
+            return
+        try:
+            fn, leaves, do = build()
+            L._STATS.clear()
+            r = bench(fn, leaves, do, args.warmup, args.rep)
+            row.update(r)
+            if L._STATS:  # config / registers / spill bytes of each kernel actually launched
+                row["kernels"] = " ".join(f"{k[4:]}{list(c)}:r{nr}/s{ns}" for k, (c, nr, ns) in sorted(L._STATS.items()))
+            with torch.no_grad():
+                row["finite"] = bool(torch.isfinite(fn()).all())
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc(limit=3)
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        log(row)
+        torch.cuda.empty_cache()
+
+    def build_ours(N, B, kw):
+        def b():
+            q, k, v, do = make_inputs(B, N, dev)
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            return (lambda: linear_attention(*leaves, causal=True, feature_map="elu1", **kw)), leaves, do
+        return b
+
+    def build_fla(N, B):
+        def b():
+            from fla.ops.linear_attn import chunk_linear_attn
+
+            q, k, v, do = make_inputs(B, N, dev)
+            fq, fk = ((Fn.elu(t.float()) + 1).to(t.dtype) for t in (q, k))
+            leaves = [t.transpose(1, 2).contiguous().requires_grad_() for t in (fq, fk, v)]
+            dob = do.transpose(1, 2).contiguous()
+            return (lambda: chunk_linear_attn(leaves[0], leaves[1], leaves[2], scale=1.0, normalize=True)[0]), leaves, dob
+        return b
+
+    def build_sdpa(N, B):
+        def b():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            q, k, v, do = make_inputs(B, N, dev)
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+            def f():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return Fn.scaled_dot_product_attention(*leaves, is_causal=True)
+            return f, leaves, do
+        return b
+
+    for N, B in shapes:  # default config first (the result that matters), with its peak memory
+        with Variant("ours") as var:
+            run_case("ours", N, B, build_ours(N, B, var.kw))
+            if rows[-1].get("fwd_bwd_ms") is not None and left() > 0:
+                try:
+                    fn, leaves, do = build_ours(N, B, var.kw)()
+                    fn().backward(do)
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    fn().backward(do)
+                    torch.cuda.synchronize()
+                    rows[-1]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+                    del fn, leaves, do
+                except Exception as e:  # noqa: BLE001
+                    print(f"peak memory failed: {e}")
+    if not args.no_anchors:
+        if not args.no_fla:
+            for N, B in shapes:
+                run_case("fla_linear", N, B, build_fla(N, B))
+        for N, B in shapes:
+            run_case("sdpa_cudnn", N, B, build_sdpa(N, B))
+
+    def profile_variant(name, N, B):
+        """Per-kernel breakdown (torch.profiler, CUDA ms per fwd+bwd and calls of each kernel)."""
+        if left() < 0:
+            return
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            with Variant(name) as var:
+                fn, leaves, do = build_ours(N, B, var.kw)()
+                for _ in range(2):
+                    fn().backward(do)
+                torch.cuda.synchronize()
+                reps = 5
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(reps):
+                        fn().backward(do)
+                    torch.cuda.synchronize()
+            parts = {}
+            for e in prof.key_averages():
+                t = getattr(e, "device_time_total", None)
+                if t is None:
+                    t = getattr(e, "cuda_time_total", 0.0)
+                if t and e.count:
+                    parts[e.key] = (t / reps / 1e3, e.count // reps)
+            top = sorted(parts.items(), key=lambda kv: -kv[1][0])[:10]
+            print(f"kernels {name} N={N} B={B} (ms per fwd+bwd, calls):",
+                  ", ".join(f"{k[:40]}={v[0]:.3f}x{v[1]}" for k, v in top), flush=True)
+            rows.append({"kind": "profile", "method": name, "N": N, "B": B,
+                         "parts": "; ".join(f"{k}={v[0]:.4f}" for k, v in top)})
+            del fn, leaves, do
+        except Exception as e:  # noqa: BLE001
+            print(f"profile {name} N={N} failed: {type(e).__name__}: {e}")
+
+    prof_shapes = [sh for sh in ((4096, 4), (65536, 1)) if sh in shapes] or shapes[:1]
+    for N, B in prof_shapes:
+        profile_variant("ours", N, B)
+    names = [n for n in VARIANTS if n != "ours"] if args.variants == "all" else \
+        [n for n in args.variants.split(",") if n in VARIANTS and n != "ours"]
+    chk = tuple(int(x) for x in args.check_shape.lower().split("x")) if args.check_shape else None
+    for name in names:
+        if chk and left() > 0:  # accuracy of the variant (precision / chunk changes), one small shape
+            with Variant(name):
+                check(name, *chk)
+        for N, B in shapes:
+            with Variant(name) as var:
+                run_case(name, N, B, build_ours(N, B, var.kw))
+        if name == BEST:
+            for N, B in prof_shapes:
+                profile_variant(name, N, B)
+    if chk and "ours" not in [r["method"] for r in rows if r["kind"] == "check" and (r["N"], r["B"]) == chk]:
+        with Variant("ours"):
+            check("ours", *chk)
+
+    # ------------------------------------------------------------------ summary
+    out_dir = args.out
+    os.makedirs(out_dir, exist_ok=True)
+    write_csv(rows, os.path.join(out_dir, "probe_linear.csv"))
+    write_json(rows, os.path.join(out_dir, "probe_linear.json"), env=env)
+    checks = [r for r in rows if r["kind"] == "check"]
+    print("\ncorrectness (rel. error vs fp32 chunked reference, bf16 inputs):")
+    print(format_table(checks, ["method", "N", "B", "NS", "out", "dq", "dk", "dv", "finite", "error"], floatfmt="{:.2e}"))
+    tim = {(r["method"], r["N"], r["B"]): r for r in rows if r["kind"] == "time"}
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["kind"] == "time"))
+    summ = []
+    for m in methods:  # one row per method: fwd+bwd ms per shape, then forward-only ms (*_f)
+        s = {"method": m}
+        for N, B in shapes:
+            r = tim.get((m, N, B), {})
+            s[f"{N}x{B}"] = r.get("fwd_bwd_ms")
+        for N, B in shapes:
+            s[f"{N}x{B}_f"] = tim.get((m, N, B), {}).get("fwd_ms")
+        errs = [tim.get((m, N, B), {}).get("error") for N, B in shapes]
+        s["error"] = next((e for e in errs if e), None)
+        summ.append(s)
+    print("\nfwd+bwd ms per NxB (columns *_f: forward only):")
+    cols = ["method"] + [f"{N}x{B}" for N, B in shapes] + [f"{N}x{B}_f" for N, B in shapes] + ["error"]
+    print(format_table(summ, cols, floatfmt="{:.3f}"))
+    fla = {(N, B): tim.get(("fla_linear", N, B), {}).get("fwd_bwd_ms") for N, B in shapes}
+    if any(fla.values()):
+        print("fla / ours (fwd+bwd):", {f"{N}x{B}": round(fla[(N, B)] / tim[("ours", N, B)]["fwd_bwd_ms"], 3)
+                                         for N, B in shapes if fla[(N, B)] and tim.get(("ours", N, B), {}).get("fwd_bwd_ms")})
+    best = {}
+    for (m, N, B), r in tim.items():
+        if m in ("fla_linear", "sdpa_cudnn") or r.get("fwd_bwd_ms") is None:
+            continue
+        if (N, B) not in best or r["fwd_bwd_ms"] < best[(N, B)][1]:
+            best[(N, B)] = (m, r["fwd_bwd_ms"])
+    print("best ours-variant per shape (fwd+bwd):", {f"{N}x{B}": f"{m} {t:.3f}" for (N, B), (m, t) in best.items()})
+    for m in methods:
+        a, b = tim.get((m, 16384, 4), {}).get("fwd_bwd_ms"), tim.get((m, 65536, 1), {}).get("fwd_bwd_ms")
+        if a and b:
+            print(f"flatness {m}: t(N=65536,B=1)/t(N=16384,B=4) = {b / a:.3f}")
+    kern = {r["method"]: r.get("kernels") for r in rows if r["kind"] == "time" and r.get("kernels")}
+    print("kernel configs (cfg:registers/spill bytes):")
+    for m, kv in kern.items():
+        print(f"  {m}: {kv}")
+    print(f"total {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
