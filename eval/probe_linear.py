@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 
+from attn_zoo.backends.torch_linear import chunked_linear_attention  # noqa: E402
 from eval.bench_common import env_info, format_table, write_csv, write_json  # noqa: E402
 
 H, D = 16, 128
@@ -85,27 +86,6 @@ BEST = "lp_dkdv_c64"  # the variant that also gets the per-kernel profile
 def rel(x, ref):
     x, ref = x.double(), ref.double()
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def ref_chunked(fq, fk, v, eps=1e-6, C=64):
-    """fp32 chunked causal linear attention (same heads), differentiable: reference for out and grads."""
-    B, Hh, N, F = fq.shape
-    Dv = v.shape[-1]
-    pad = (-N) % C
-    if pad:
-        fq, fk, v = (Fn.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
-    NT = (N + pad) // C
-    q = fq.reshape(B, Hh, NT, C, F)
-    k = fk.reshape(B, Hh, NT, C, F)
-    vv = v.reshape(B, Hh, NT, C, Dv)
-    kv = k.transpose(-1, -2) @ vv  # (B, H, NT, F, Dv)
-    S = torch.cumsum(kv, 2) - kv
-    ks = k.sum(3)
-    z = torch.cumsum(ks, 2) - ks
-    A = (q @ k.transpose(-1, -2)).tril()
-    num = q @ S + A @ vv
-    den = (q * z[:, :, :, None, :]).sum(-1) + A.sum(-1) + eps
-    return (num / den[..., None]).reshape(B, Hh, NT * C, Dv)[:, :, :N]
 
 
 def make_inputs(B, N, dev, seed=0):
@@ -224,7 +204,7 @@ def main(argv=None):
             out.backward(do)
             got = [out.detach()] + [t.grad for t in leaves]
             rl = [t.detach().float().requires_grad_() for t in (q, k, v)]
-            ro = ref_chunked(Fn.elu(rl[0]) + 1, Fn.elu(rl[1]) + 1, rl[2])
+            ro = chunked_linear_attention(Fn.elu(rl[0]) + 1, Fn.elu(rl[1]) + 1, rl[2], causal=True, eps=1e-6)
             ro.backward(do.float())
             ref = [ro.detach()] + [t.grad for t in rl]
             for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
