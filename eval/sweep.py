@@ -433,16 +433,19 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
             "visited_fraction": frac}
 
 
-def convention_flops(spec: AttentionSpec, B: int, H: int, N: int, D: int, mode: str) -> float:
-    """FLOPs behind the ``*_tflops`` columns: :func:`attn_zoo.cost_model.flash_flops` (FlashAttention formula,
-    kept pairs only) for softmax kinds, :func:`attn_zoo.cost_model.linear_flops` for linear -- the same
-    convention as ``eval/bench_flash.py`` / ``bench_linear.py``, so their TFLOP/s compare directly."""
+def convention_flops(spec: AttentionSpec, B: int, H: int, N: int, D: int) -> Dict[str, float]:
+    """FLOPs behind the ``*_tflops`` columns, per mode (``fwd``, ``bwd``, ``fwd_bwd``):
+    :func:`attn_zoo.cost_model.flash_flops` (FlashAttention formula, kept pairs only) for softmax kinds,
+    :func:`attn_zoo.cost_model.linear_flops` for linear -- the same convention as ``eval/bench_flash.py`` /
+    ``bench_linear.py``, so their TFLOP/s compare directly."""
     if spec.kind == "linear":
         from attn_zoo.feature_maps import feature_dim
 
         Fd = feature_dim(spec.feature_map, D, spec.num_features)
-        return cm.linear_flops(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal, mode=mode)
-    return cm.flash_flops(B, H, N, D, visited_fraction=element_fraction(spec, N), mode=mode)
+        return {m: cm.linear_flops(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal, mode=m)
+                for m in MODES}
+    frac = element_fraction(spec, N)
+    return {m: cm.flash_flops(B, H, N, D, visited_fraction=frac, mode=m) for m in MODES}
 
 
 # --------------------------------------------------------------------------------------------- one point
@@ -514,9 +517,13 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
     finally:
         q = k = v = dout = out = None
         _cleanup(device)
-    for m in ("fwd", "bwd", "fwd_bwd"):  # TFLOP/s by the benchmarks' convention (matmul FLOPs, bwd = 2.5x fwd)
-        ms = row.get(f"{m}_ms")
-        fl = convention_flops(spec, B, H, N, D, m)
+    try:  # TFLOP/s by the benchmarks' convention (matmul FLOPs; bwd 2.5x fwd exact, 2x linear)
+        conv = convention_flops(spec, B, H, N, D)
+    except Exception as e:  # noqa: BLE001 - derived columns are optional; this function never raises
+        conv = {}
+        row["error"] = (row.get("error") or "") + f" flops: {type(e).__name__}: {e}"[:200]
+    for m in ("fwd", "bwd", "fwd_bwd"):
+        ms, fl = row.get(f"{m}_ms"), conv.get(m)
         if ms and fl:
             row[f"{m}_tflops"] = fl / (ms * 1e-3) / 1e12
     main = row.get("fwd_bwd_ms") or row.get("fwd_ms")

@@ -96,9 +96,18 @@ def set_sparse_override(kind: str, cfg: Optional[dict] = None) -> None:
     shared memory / registers)."""
     if kind not in ("fwd", "dq", "dkdv"):
         raise ValueError(f"kind={kind!r} is not supported; allowed values: fwd, dq, dkdv")
-    if cfg is None:
-        _SPARSE_OVERRIDE.pop(kind, None)
+    if cfg is None:  # fwd and dq share one table: clearing either clears both
+        for kk in (("fwd", "dq") if kind in ("fwd", "dq") else (kind,)):
+            _SPARSE_OVERRIDE.pop(kk, None)
         return
+    for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"):
+        val = cfg.get(key)
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ValueError(f"sparse override {kind}: {key}={val!r} must be a positive integer "
+                             "(cfg needs BLOCK_M, BLOCK_N, num_warps, num_stages)")
+    for key in ("BLOCK_M", "BLOCK_N"):
+        if cfg[key] < 16 or cfg[key] & (cfg[key] - 1):
+            raise ValueError(f"sparse override {kind}: {key}={cfg[key]} must be a power of two >= 16")
     other = {"fwd": "dq", "dq": "fwd"}.get(kind)
     if other in _SPARSE_OVERRIDE and (_SPARSE_OVERRIDE[other]["BLOCK_M"], _SPARSE_OVERRIDE[other]["BLOCK_N"]) != \
             (cfg["BLOCK_M"], cfg["BLOCK_N"]):
@@ -1022,7 +1031,8 @@ def build_sparse_tables(table_fn: Callable, D: int, device) -> Tuple[torch.Tenso
     return tuple(x.to(device).contiguous() for x in kv + qt)
 
 
-def _check_tables(tables):
+def _check_tables(tables, Nq: int, Nk: int, D: int):
+    """Types and shapes of user-given tables against the current sparse tiles (shape-only: no device sync)."""
     if len(tables) != 6:
         raise ValueError(f"block_tables must be the 6 tensors of build_sparse_tables, got {len(tables)}")
     for name, t in zip(("kv_idx", "kv_cnt", "kv_nfull", "q_idx", "q_cnt", "q_nfull"), tables):
@@ -1030,6 +1040,13 @@ def _check_tables(tables):
         if not isinstance(t, torch.Tensor) or t.dim() != want or t.dtype != torch.int32:
             raise ValueError(f"block_tables {name} must be an int32 {want}-D tensor (see build_sparse_tables), got "
                              f"{getattr(t, 'dtype', type(t))} of shape {tuple(getattr(t, 'shape', ()))}")
+    (fm, _), (_, bn) = sparse_tiles(D)
+    for side, (idx, cnt, nfull), rows in (("query", tables[:3], triton.cdiv(Nq, fm)),
+                                          ("key", tables[3:], triton.cdiv(Nk, bn))):
+        if idx.shape[0] != rows or cnt.numel() != rows or nfull.numel() != rows or idx.shape[1] < 2:
+            raise ValueError(f"block_tables do not fit this call: {rows} {side} tiles at the sparse tiles "
+                             f"{sparse_tiles(D)} (Nq={Nq}, Nk={Nk}, D={D}) need {rows} rows of >= 2 columns, got "
+                             f"{tuple(idx.shape)}; rebuild them with build_sparse_tables")
 
 
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -1083,8 +1100,10 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     if dq_mode is not None:
         resolve_dq_mode(dq_mode)
     group = q.shape[1] // k.shape[1]
-    if dkdv_split is not None and (int(dkdv_split) < 1 or group % int(dkdv_split)):
-        raise ValueError(f"dkdv_split={dkdv_split} must be >= 1 and divide the GQA group size Hq // Hkv = {group}")
+    if dkdv_split is not None and (not isinstance(dkdv_split, int) or isinstance(dkdv_split, bool)
+                                   or dkdv_split < 1 or group % dkdv_split):
+        raise ValueError(f"dkdv_split={dkdv_split!r} must be an integer >= 1 dividing the GQA group size "
+                         f"Hq // Hkv = {group}")
     tables = (None,) * 6
     layout = None
     if block_layout is not None:
@@ -1094,7 +1113,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             raise ValueError(f"block_size must be >= 1 with a block_layout, got {block_size!r}")
         layout = block_layout.to(device=q.device, dtype=torch.int8).contiguous()
         if block_tables is not None:
-            _check_tables(block_tables)
+            _check_tables(block_tables, q.shape[2], k.shape[2], D)
             tables = tuple(block_tables)
         else:
             tables = build_sparse_tables(block_table_fn, D, q.device)

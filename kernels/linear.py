@@ -67,10 +67,11 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["linear_attention", "linear_attention_recurrent", "MAX_DIM", "FUSED_FEATURE_MAPS"]
+__all__ = ["linear_attention", "linear_attention_recurrent", "MAX_DIM", "FUSED_FEATURE_MAPS", "CHUNK_SIZES"]
 
 MAX_DIM = 256
 FUSED_FEATURE_MAPS = {None: 0, "none": 0, "elu1": 1, "relu": 2}
+CHUNK_SIZES = (16, 32, 64, 128)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -756,7 +757,7 @@ def linear_attention(
         initial_state: optional ``(S0 (B, Hkv, F, Dv), z0 (B, Hkv, F))`` (cast to fp32), the sums over keys
             before the first one (differentiable).
         output_final_state: also return ``(S, z)`` after the last key (fp32, differentiable).
-        chunk_size: power of two in [16, 128] (clamped).
+        chunk_size: power of two in [16, 128] (``CHUNK_SIZES``).
         segment_size: tuning / testing knob: tokens per program sweep (rounded up to a multiple of the
             chunk size). ``None`` (default) picks it from the shape and the GPU's SM count.
 
@@ -765,8 +766,11 @@ def linear_attention(
 
     Raises:
         ValueError / TypeError: bad shapes or dtypes, ``F`` or ``Dv`` > 256, causal with ``Nq != Nk``, unknown
-        ``feature_map``, ``segment_size < 1``.
+        ``feature_map``, ``segment_size < 1``, ``chunk_size`` not in ``CHUNK_SIZES``.
     """
+    if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size={chunk_size!r} is not supported by the Triton kernel; allowed values: "
+                         f"{', '.join(map(str, CHUNK_SIZES))}")
     if feature_map not in FUSED_FEATURE_MAPS:
         raise ValueError(f"feature_map={feature_map!r} is not supported in-kernel; allowed values: None, elu1, relu "
                          "(compute favor / taylor features before the call)")

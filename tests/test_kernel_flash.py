@@ -327,6 +327,46 @@ def test_sparse_override_tiles_give_the_same_grads():
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
 
 
+def test_adapter_tables_follow_the_sparse_tiles():
+    """The triton adapter's table cache is keyed by the kernel's current sparse tiles (a tuning override)."""
+    import kernels.flash as kf
+
+    spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=16)
+    q, k, v, do = _inputs(1, 2, 2, 96, 96, 16, torch.float32, seed=9)
+    want = softmax_attention_reference(q, k, v, spec)
+    before = attn_zoo.attention(q, k, v, spec, backend="triton")
+    try:
+        kf.set_sparse_override("fwd", dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1))
+        kf.set_sparse_override("dq", dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1))
+        after = attn_zoo.attention(q, k, v, spec, backend="triton")
+        kf.set_sparse_override("fwd", None)  # fwd and dq share one table: clearing one clears both
+        assert "dq" not in kf._SPARSE_OVERRIDE
+    finally:
+        for kind in ("fwd", "dq", "dkdv"):
+            kf.set_sparse_override(kind, None)
+    for out in (before, after):
+        torch.testing.assert_close(out, want.to(out.dtype), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_tables_and_knobs_raise():
+    import kernels.flash as kf
+    from kernels import build_sparse_tables, flash_attn
+
+    mi32, mi96 = _layout_mask_info(32), _layout_mask_info(96)
+    q = torch.randn(1, 2, 96, 16, device=DEV)
+    small = build_sparse_tables(mi32.block_table, 16, DEV)  # tables of a 32-token mask for a 96-token call
+    with pytest.raises(ValueError, match="do not fit this call"):
+        flash_attn(q, q, q, block_layout=mi96.layout, block_size=16, block_tables=small)
+    for bad in (2.5, "2", True, 0, 3):
+        with pytest.raises(ValueError, match="dkdv_split"):
+            flash_attn(q, q[:, :1], q[:, :1], causal=True, dkdv_split=bad)
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        kf.set_sparse_override("fwd", {"BLOCK_M": 16})
+    with pytest.raises(ValueError, match="power of two"):
+        kf.set_sparse_override("dkdv", dict(BLOCK_M=24, BLOCK_N=16, num_warps=4, num_stages=1))
+    assert not kf._SPARSE_OVERRIDE
+
+
 def test_block_tables_old_format_rejected():
     from kernels import flash_attn
 

@@ -319,3 +319,18 @@ def test_gpu_fp32_and_large_keys():
         for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
             assert torch.isfinite(x).all(), (dtype, name)
             assert rel(x, r) <= 3e-2, (dtype, name, rel(x, r))
+
+
+def test_chunk_size_outside_the_kernel_set_raises_and_auto_falls_back():
+    from kernels.linear import CHUNK_SIZES
+
+    q, k, v, _ = _inputs(1, 2, 2, 20, 20, 8, 8)
+    for bad in (0, 8, 48, 256, True):
+        with pytest.raises(ValueError, match="chunk_size"):
+            linear_attention(q, k, v, chunk_size=bad)
+    spec = AttentionSpec(kind="linear", feature_map="elu1", chunk_size=8)
+    assert 8 not in CHUNK_SIZES
+    with pytest.raises(Exception, match="chunk_size=8"):
+        attention(q, k, v, spec, backend="triton")
+    ref = attention(q, k, v, spec, backend="reference")
+    torch.testing.assert_close(attention(q, k, v, spec, backend="auto"), ref.to(q.dtype), rtol=1e-4, atol=1e-4)

@@ -38,8 +38,15 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-@lru_cache(maxsize=32)
 def _sparse_tables(spec, Nq, Nk, D, device):
+    """Cached per (spec, Nq, Nk, D, device) and the kernel's current sparse tiles (a tuning override changes them)."""
+    from kernels.flash import sparse_tiles
+
+    return _sparse_tables_at(spec, Nq, Nk, D, device, sparse_tiles(D))
+
+
+@lru_cache(maxsize=32)
+def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
     """``(layout, tables)`` of a sparse spec on ``device``: the int8 block layout and the six int32 block tables of
     :func:`kernels.build_sparse_tables` (full tiles first per row), built once per (spec, Nq, Nk, D, device) so a
     training step copies nothing to the GPU."""

@@ -28,9 +28,11 @@ def _supports(q, k, v, spec, return_lse):
     if why is not None:
         return why
     try:
-        from kernels.linear import MAX_DIM
+        from kernels.linear import CHUNK_SIZES, MAX_DIM
     except Exception as e:  # pragma: no cover - triton missing / broken
         return f"kernels.linear cannot be imported ({type(e).__name__}: {e})"
+    if spec.chunk_size not in CHUNK_SIZES:
+        return f"chunk_size={spec.chunk_size} is not one of the kernel's {CHUNK_SIZES} (the torch backend takes any)"
     if spec.feature_map == "favor" and q.dtype == torch.float16:
         return "favor key features can exceed the float16 range (they have no data-dependent stabiliser); use bfloat16 / float32"
     fdim = feature_dim(spec.feature_map, q.shape[-1], spec.num_features)
