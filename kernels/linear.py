@@ -522,7 +522,7 @@ _TILES = {
     "seg_dq": [(32, 0, 4, 2, 0), (64, 0, 8, 2, 0), (32, 0, 4, 1, 32)],
     "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
 }
-# bf16 with 16-bit products (LOWP): the dk/dv kernel runs the caller's 64-token chunk (no spill on the H200 with
+# bf16 with 16-bit products (LOWP) and F, Dv <= 128: the dk/dv kernel runs the caller's 64-token chunk (no spill on the H200 with
 # triton 3.6: 255 registers; 0.17 ms of 2.0 faster than 32-token chunks at 16k tokens, eval/probe_linear.py,
 # 2026-11-29). The tf32 path (fp16) keeps 32-token chunks (64 spilled ~650 bytes/thread offline).
 _TILES_LOWP = {
@@ -554,7 +554,7 @@ def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
     key = (kind, F, Dv, chunk, dtype, bool(const.get("LOWP")))
     if dtype == torch.float32 and kind in _TILES_FP32:
         cfgs = _TILES_FP32[kind]
-    elif const.get("LOWP") and kind in _TILES_LOWP:
+    elif const.get("LOWP") and kind in _TILES_LOWP and max(F, Dv) <= 128:  # measured there only
         cfgs = _TILES_LOWP[kind]
     else:
         cfgs = _TILES[kind]
