@@ -90,15 +90,16 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec):
 
     v = VARIANTS[name]
     if impl == "ours":
-        from kernels import build_sparse_tables, flash_attn
+        from attn_zoo.backends.triton_flash import _sparse_tables
+        from kernels import flash_attn
 
         mi = mask_info(spec, N, N)
         window = (mi.window_left, mi.window_right) if (mi.window_left is not None or mi.window_right is not None) \
             else None
         kw = {}
-        if mi.layout is not None:
-            kw = dict(block_layout=mi.layout, block_size=mi.block_size,
-                      block_tables=build_sparse_tables(lambda bm, bn: mi.block_table(bm, bn), D, "cuda"))
+        if mi.layout is not None:  # the adapter's cached device layout and tables (no host copy per call)
+            layout, tables = _sparse_tables(spec, N, N, D, torch.device("cuda"))
+            kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
         return lambda q, k, vv: flash_attn(q, k, vv, causal=mi.causal, window_size=window, **kw)
     if impl in ("sdpa_flash", "sdpa_cudnn"):
         backend = SDPBackend.FLASH_ATTENTION if impl == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION

@@ -51,16 +51,18 @@ def log(msg):
 
 
 def ours_fn(name, N, dq_mode, dkdv_split=None):
-    from kernels import build_sparse_tables, flash_attn
+    from attn_zoo.backends.triton_flash import _sparse_tables
+    from kernels import flash_attn
 
-    mi = mask_info(AttentionSpec(**VARIANTS[name]), N, N)
+    spec = AttentionSpec(**VARIANTS[name])
+    mi = mask_info(spec, N, N)
     window = None
     if mi.window_left is not None or mi.window_right is not None:
         window = (mi.window_left, mi.window_right)
     kw = {}
-    if mi.layout is not None:
-        kw = dict(block_layout=mi.layout, block_size=mi.block_size,
-                  block_tables=build_sparse_tables(mi.block_table, D, "cuda"))
+    if mi.layout is not None:  # cached device layout and tables at the current sparse tiles (no host copy per call)
+        layout, tables = _sparse_tables(spec, N, N, D, torch.device("cuda"))
+        kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
     return lambda q, k, v: flash_attn(q, k, v, causal=mi.causal, window_size=window, dq_mode=dq_mode,
                                       dkdv_split=dkdv_split, **kw)
 

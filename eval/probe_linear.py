@@ -3,7 +3,7 @@
 Plain Python (torch / triton + this repo; fla-core optional): ``PYTHONPATH=$PWD python3 eval/probe_linear.py --out DIR``.
 Needs CUDA. ``--budget`` seconds: later cases are skipped, and say so, once it is spent. ``--no-fla`` skips fla
 (its first-call compile takes minutes), ``--no-anchors`` skips fla and cuDNN; ``--shapes 4096x4,16384x1``
-picks the (N x B) shapes, ``--variants a,b`` the variants, ``--check-shape`` the per-variant accuracy shape.
+picks the (N x B) shapes, ``--variants a,b`` the variants, ``--variant-shapes`` their shapes, ``--check-shape`` the per-variant accuracy shape.
 
 Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kernel (raw q, k), shapes
 ``(N, B)``: 16k tokens at N = 512 / 4096 / 16384, and ``B * N = 65536`` at N = 16384 / 65536 (flatness).
@@ -14,8 +14,7 @@ Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kern
 2. Timings (median of ``triton.testing.do_bench``, ms): fwd and fwd+bwd of ``ours`` (default tiles, bf16
    16-bit products), the anchors ``fla_linear`` (``fla.ops.linear_attn.chunk_linear_attn(normalize=True)`` on
    precomputed elu1 features, (B, T, H, D) layout) and ``sdpa_cudnn`` (exact causal attention), then the tile /
-   chunk / precision ``VARIANTS`` (tf32 products, forward BV 64 / 128, 4-warp kernels, backward chunk 64,
-   C = 128, best guesses), each with the config / registers / spill bytes of every kernel it launched, and a
+   chunk / precision / pipelining ``VARIANTS`` (at ``--variant-shapes``), each with the config / registers / spill bytes of every kernel it launched, and a
    per-kernel breakdown (torch.profiler) of the default and of the ``BEST`` variant.
 Prints one line per case with the elapsed time, then a table (one row per method, one column per shape),
 fla / ours and the flatness ``t(N=65536, B=1) / t(N=16384, B=4)``. Writes ``probe_linear.csv`` /
@@ -43,44 +42,35 @@ H, D = 16, 128
 SHAPES = [(512, 32), (4096, 4), (16384, 1), (16384, 4), (65536, 1)]  # (N, B)
 
 # name -> (tile overrides {kind: [cfg, ...]}, _OPTS overrides, linear_attention kwargs). cfg = (BK, BV, num_warps,
-# num_stages, chunk) as in kernels.linear._TILES; a single cfg per kind, so a variant that does not fit the GPU
-# fails (reported) instead of silently falling back. "ours" is the default (bf16: 16-bit products, lowp_bf16;
-# since the H200 probe of 2026-11-29: fwd (0,64,8,2), dq (32,0,4,2) -- the old fwd (0,32,8,2) computed wrong outputs
-# with 16-bit products on triton 3.6, see kernels/linear.py); "lp_*" keep it and change tiles. Offline sm_90 compiles (triton 3.9 ptxas, bf16, lowp, F = Dv = 128), registers
-# / spill bytes per thread / shared memory: fwd (0,32,8,2) 216/0/90K [default], (0,32,4,2) 252/0/90K,
-# (0,64,8,2) 255/136/82K, (0,64,4,2) 255/168/82K, (0,128,8,2) 255/288/115K; dq (64,0,8,2) 255/0/91K [default],
-# (64,0,4,2) 255/64/91K, (32,0,4,2) 234/0/62K; dkdv (64,64,8,2,32) 210/0/37K [default], (64,64,4,2,32)
-# 255/208/33K, (32,32,4,2,32) 255/40/35K, (64,64,8,2,0) 255/144/74K; dstate (64,64,4,2) 188/0/33K [default],
-# (64,64,8,2) 132/0/33K. A 4-warp program under 256 registers and ~113K shared memory leaves room for a second
-# one on the SM (the 8-warp defaults run one per SM).
-_FWD_W4 = {"seg_fwd": [(0, 32, 4, 2, 0)]}
-_DQ_W4 = {"seg_dq": [(32, 0, 4, 2, 0)]}
-_DKDV_W4 = {"seg_dkdv": [(32, 32, 4, 2, 32)]}
+# num_stages, chunk) as in kernels.linear._TILES / _TILES_LOWP; a single cfg per kind, so a variant that does not
+# fit the GPU fails (reported) instead of silently falling back. "ours" is the default (bf16: 16-bit products;
+# fwd (0,128,8,2), dq (32,0,4,3), dk/dv (64,64,8,3) with the caller's 64-token chunk, seg_state / seg_dstate
+# (128,128,8,3); segments sized for one forward program per SM). num_stages is also each chunk loop's own
+# prefetch depth (tl.range).
+# Offline sm_90a compiles with triton 3.6 (bf16, F = Dv = 128; registers / stack bytes / shared memory): fwd
+# BV 64 255/0/82K (stages 3: 255/0/123K), BV 128 255/176/115K (the GPU reported 44 spill bytes); dq 228/0/67K
+# (BK 64, 8 warps, stages 3: 255/0/148K); dk/dv stages 2 255/0/91K, stages 3 255/0/141K (BK = BV = 128: 480
+# stack bytes); seg_state 125/0/29K; seg_dstate 147/0/33K. 16 warps cap registers at 128 and spill 500+ bytes.
+# Older variants (tile / warp / chunk sweeps): results/h200/probe/ and docs/linear_kernel.md.
 VARIANTS = {
     "ours": ({}, {}, {}),
-    "tf32": ({}, {"lowp_bf16": False}, {}),  # the previous default: fp32 operands (tf32) for state / g / dA products
-    "lp_bv64": ({"seg_fwd": [(0, 64, 8, 2, 0)]}, {}, {}),
-    "lp_bv128": ({"seg_fwd": [(0, 128, 8, 2, 0)]}, {}, {}),
-    "lp_fwd_w4": (_FWD_W4, {}, {}),
-    "lp_fwd64_w4": ({"seg_fwd": [(0, 64, 4, 2, 0)]}, {}, {}),
-    "lp_fwd_w4_st1": ({"seg_fwd": [(0, 32, 4, 1, 0)]}, {}, {}),
-    "lp_dq_w4": (_DQ_W4, {}, {}),
-    "lp_dq64_w4": ({"seg_dq": [(64, 0, 4, 2, 0)]}, {}, {}),
-    "lp_dkdv_w4": (_DKDV_W4, {}, {}),
-    "lp_dkdv64_w4": ({"seg_dkdv": [(64, 64, 4, 2, 32)]}, {}, {}),
-    "lp_dkdv_c64": ({"seg_dkdv": [(64, 64, 8, 2, 0)]}, {}, {}),
-    "lp_dstate_w8": ({"seg_dstate": [(64, 64, 8, 2, 0)]}, {}, {}),
-    "c64_bv128": ({"seg_dkdv": [(64, 64, 8, 2, 0)], "seg_fwd": [(0, 128, 8, 2, 0)]}, {}, {}),
-    "c64_C128": ({"seg_dkdv": [(64, 64, 8, 2, 0)]}, {}, {"chunk_size": 128}),
-    "c64_dq64": ({"seg_dkdv": [(64, 64, 8, 2, 0)], "seg_dq": [(64, 0, 8, 2, 0)]}, {}, {}),
-    "c64_dstate_w8": ({"seg_dkdv": [(64, 64, 8, 2, 0)], "seg_dstate": [(64, 64, 8, 2, 0)]}, {}, {}),
-    "lp_C128": ({}, {}, {"chunk_size": 128}),
-    "lp_w4_all": ({**_FWD_W4, **_DQ_W4, **_DKDV_W4}, {}, {}),  # best guess: two programs per SM everywhere
-    "lp_best_b": ({"seg_fwd": [(0, 64, 8, 2, 0)], **_DQ_W4}, {}, {}),  # best guess b: wide forward (measured
-    # best before), 4-warp dq, default dk/dv
-    "lp_w4_all_pps4": ({**_FWD_W4, **_DQ_W4, **_DKDV_W4}, {"progs_per_sm": 4}, {}),  # + shorter segments (long N)
+    "tf32": ({}, {"lowp_bf16": False}, {}),  # fp32 operands (tf32) for the state / g / dA products
+    "st1": ({"seg_fwd": [(0, 128, 8, 1, 0)], "seg_dq": [(32, 0, 4, 1, 0)], "seg_dkdv": [(64, 64, 8, 1, 0)],
+             "seg_state": [(128, 128, 8, 1, 0)], "seg_dstate": [(128, 128, 8, 1, 0)]}, {}, {}),  # no prefetch
+    "st2": ({"seg_dq": [(32, 0, 4, 2, 0)], "seg_dkdv": [(64, 64, 8, 2, 0)], "seg_state": [(128, 128, 8, 2, 0)],
+             "seg_dstate": [(128, 128, 8, 2, 0)]}, {}, {}),
+    "fwd_bv64": ({"seg_fwd": [(0, 64, 8, 3, 0)]}, {}, {}),  # Dv in two forward programs
+    "sums64": ({"seg_state": [(64, 64, 4, 2, 0)], "seg_dstate": [(64, 64, 4, 3, 0)]}, {}, {}),
+    "dq64": ({"seg_dq": [(64, 0, 8, 3, 0)]}, {}, {}),
+    "pps0.5": ({}, {"progs_per_sm": 0.5}, {}),
+    "pps2": ({}, {"progs_per_sm": 2}, {}),  # the previous segment heuristic (two forward programs per SM)
+    "C128": ({}, {}, {"chunk_size": 128}),
+    "prev": ({"seg_fwd": [(0, 64, 8, 2, 0)], "seg_dq": [(32, 0, 4, 2, 0)], "seg_dkdv": [(64, 64, 8, 2, 0)],
+              "seg_state": [(64, 64, 4, 2, 0)], "seg_dstate": [(64, 64, 4, 2, 0)]},
+             {"progs_per_sm": 2}, {}),
+    # ^ the configuration of the previous results (same kernels, with the chunk-loop prefetch of every load)
 }
-BEST = "lp_dkdv_c64"  # the variant that also gets the per-kernel profile
+BEST = "prev"  # the variant that also gets the per-kernel profile
 
 
 def rel(x, ref):
@@ -151,6 +141,7 @@ def main(argv=None):
     p.add_argument("--no-fla", action="store_true", help="do not import / run fla (its first compile is slow)")
     p.add_argument("--shapes", default=",".join(f"{n}x{b}" for n, b in SHAPES),
                    help="comma list of NxB (sequence length x batch), default %(default)s")
+    p.add_argument("--variant-shapes", default="", help="NxB list for the variants (default: --shapes)")
     p.add_argument("--check-shape", default="2048x2", help="NxB of the per-variant accuracy check ('' to skip)")
     p.add_argument("--warmup", type=int, default=10, help="do_bench warmup (ms)")
     p.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
@@ -160,6 +151,11 @@ def main(argv=None):
         assert shapes and all(len(sh) == 2 and min(sh) > 0 for sh in shapes)
     except (ValueError, AssertionError):
         raise SystemExit(f"--shapes={args.shapes!r}: expected a comma list of NxB, e.g. 4096x4,16384x1")
+    try:
+        vshapes = [tuple(int(x) for x in sh.lower().split("x")) for sh in args.variant_shapes.split(",") if sh] or shapes
+        assert all(len(sh) == 2 and min(sh) > 0 for sh in vshapes)
+    except (ValueError, AssertionError):
+        raise SystemExit(f"--variant-shapes={args.variant_shapes!r}: expected a comma list of NxB")
     if not torch.cuda.is_available():
         raise SystemExit("probe_linear needs CUDA")
     dev = torch.device("cuda")
@@ -185,7 +181,7 @@ def main(argv=None):
     def log(row):
         rows.append(row)
         keys = [k for k in ("kind", "method", "N", "B", "NS", "fwd_ms", "fwd_bwd_ms", "out", "dq", "dk", "dv", "finite",
-                            "peak_mib", "kernels", "error") if k in row]
+                            "peak_mib", "kernels", "skipped", "error") if k in row]
         print(f"[{time.time() - t0:6.1f}s] " + "  ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
                                                     for k in keys), flush=True)
 
@@ -197,7 +193,7 @@ def main(argv=None):
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             kw = VARIANTS[method][2]
             C = L._pow2(kw.get("chunk_size", 64), 16, 128)
-            fbv = L._blocks(L._TILES["seg_fwd"][0], D, D)[1]
+            fbv = L._blocks(L._tiles("seg_fwd", torch.bfloat16, True, D, D)[0], D, D)[1]
             row["NS"] = -(-N // L._seg_len(N, C, B * H * -(-D // fbv), None, sms))
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
             out = linear_attention(*leaves, causal=True, feature_map="elu1", **kw)
@@ -235,6 +231,9 @@ def main(argv=None):
             row.update(r)
             if L._STATS:  # config / registers / spill bytes of each kernel actually launched
                 row["kernels"] = " ".join(f"{k[4:]}{list(c)}:r{nr}/s{ns}" for k, (c, nr, ns) in sorted(L._STATS.items()))
+            if L._SKIPPED:  # configs that did not fit (the launcher fell back to the next one)
+                row["skipped"] = "; ".join(f"{k[4:]}{list(c)}: {why}" for k, v in sorted(L._SKIPPED.items()) for c, why in v)
+                L._SKIPPED.clear()
             with torch.no_grad():
                 row["finite"] = bool(torch.isfinite(fn()).all())
         except Exception as e:  # noqa: BLE001
@@ -312,6 +311,8 @@ def main(argv=None):
                 reps = 5
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(reps):
+                        for t in leaves:  # no gradient accumulation kernels in the breakdown
+                            t.grad = None
                         fn().backward(do)
                     torch.cuda.synchronize()
             parts = {}
@@ -340,7 +341,7 @@ def main(argv=None):
         if chk and left() > 0:  # accuracy of the variant (precision / chunk changes), one small shape
             with Variant(name):
                 check(name, *chk)
-        for N, B in shapes:
+        for N, B in vshapes:
             with Variant(name) as var:
                 run_case(name, N, B, build_ours(N, B, var.kw))
         if name == BEST:
@@ -361,6 +362,7 @@ def main(argv=None):
     tim = {(r["method"], r["N"], r["B"]): r for r in rows if r["kind"] == "time"}
     methods = list(dict.fromkeys(r["method"] for r in rows if r["kind"] == "time"))
     summ = []
+    shapes = list(dict.fromkeys(list(shapes) + list(vshapes)))
     for m in methods:  # one row per method: fwd+bwd ms per shape, then forward-only ms (*_f)
         s = {"method": m}
         for N, B in shapes:

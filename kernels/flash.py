@@ -1064,7 +1064,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         window_size: ``(left, right)`` inclusive, ``None`` entries unbounded; causal clips ``right`` to 0.
         softmax_scale: default ``D ** -0.5``.
         block_layout: bool ``(nb, nb)`` block-sparse layout over absolute positions at ``block_size`` tokens
-            (rows with ``i + Nk - Nq < 0`` see nothing). Needs ``block_table_fn(block_m, block_n)`` returning
+            (rows with ``i + Nk - Nq < 0`` see nothing); pass it as int8 on ``q``'s device when calling in a loop
+            (a CPU layout is copied to the device on every call, a copy that waits for the GPU). Needs ``block_table_fn(block_m, block_n)`` returning
             ``(kv_idx, kv_count, kv_full, visited, full)`` (e.g. ``MaskInfo.block_table``) for the visited tiles.
         block_tables: precomputed :func:`build_sparse_tables` output (skips ``block_table_fn``).
         return_lse: also return ``lse`` fp32 ``(B, Hq, Nq)`` (natural log, ``-inf`` on empty rows); it is

@@ -36,9 +36,11 @@ carries the state in fp32 *registers* across the segment's chunks and never writ
   with the initial-state gradients.
 
 Segment length: the launcher halves ``L`` from ``next_pow2(N)`` while ``L > 4 C`` and the forward has fewer
-than ``2 x #SMs`` programs, so short sequences run as one pass (``NS = 1``) and long ones get enough
+than ``#SMs`` programs (``_OPTS["progs_per_sm"]``), so short sequences run as one pass (``NS = 1``) and long ones get enough
 programs to fill the GPU at a per-program sweep length that does not grow with ``N`` (time flat in ``N``
-at fixed ``B * N``). ``segment_size=`` forces ``L`` (tests, tuning).
+at fixed ``B * N``). ``segment_size=`` forces ``L`` (tests, tuning). Each sweep is a ``tl.range`` loop whose ``num_stages`` is the
+tile config's: every load of the next chunks (also those that go through the feature map, and ``G = 1``
+query-head loops, which are compile-time constants and vanish) is prefetched.
 
 Saved for backward: ``q, k, v, out``, ``den`` (fp32, ``B*Hq*Nq`` numbers) and the per-segment key sums
 (``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer than per-chunk states); nothing is recomputed
@@ -126,6 +128,7 @@ def _seg_state(
     K, V, SS, ZS,
     NK, F, DV, L, NS,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+    STG: tl.constexpr,
 ):
     """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32)."""
     NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
@@ -146,7 +149,7 @@ def _seg_state(
     vbase = V + bkv * NK * DV
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NK - start), C)
-    for i in range(nt):
+    for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NK
         mrk = mr[:, None] & mk[None, :]
@@ -166,7 +169,7 @@ def _seg_fwd(
     NQ, NK, F, DV, L, HQ, G, NSS, eps,
     C: tl.constexpr, FP: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_T: tl.constexpr, S16: tl.constexpr, PREC: tl.constexpr,
-    SPREC: tl.constexpr, UP: tl.constexpr,
+    SPREC: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
     """One segment of one query head, one BV block of Dv: start state (S0 plus the segment sums before it) in
     registers, sweep the chunks."""
@@ -203,7 +206,7 @@ def _seg_fwd(
     obase = O + bh * NQ * DV
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NQ - start), C)
-    for i in range(nt):
+    for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NQ
         mrf = mr[:, None] & mf[None, :]
@@ -260,9 +263,9 @@ def _bwd_pre(O, DO, DEN, CD, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr):
 @triton.jit
 def _seg_dstate(
     Q, DO, DEN, CD, DSS, DZS,
-    NQ, F, DV, L, HQ, G, NS,
+    NQ, F, DV, L, HQ, G: tl.constexpr, NS,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, SPREC: tl.constexpr,
-    LOWP: tl.constexpr, UP: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
     """Per-segment sums over the K/V group's query heads of phi(Q)^T G and sum c phi(Q) (fp32)."""
     NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
@@ -284,7 +287,7 @@ def _seg_dstate(
     dz = tl.zeros([BK], dtype=tl.float32)
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NQ - start), C)
-    for i in range(nt):
+    for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NQ
         mrk = mr[:, None] & mk[None, :]
@@ -309,7 +312,7 @@ def _seg_dq(
     NQ, NK, F, DV, L, HQ, G, NSS,
     C: tl.constexpr, BK: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
-    UP: tl.constexpr,
+    UP: tl.constexpr, STG: tl.constexpr,
 ):
     """dq of one segment, one query head, one BK block of F: prefix S (BK x Dv), z in registers, forward sweep."""
     NB = tl.cdiv(F, BK)
@@ -341,7 +344,7 @@ def _seg_dq(
             z += tl.load(ZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NQ - start), C)
-    for i in range(nt):
+    for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NQ
         mrk = mr[:, None] & mk[None, :]
@@ -372,10 +375,10 @@ def _seg_dq(
 @triton.jit
 def _seg_dkdv(
     Q, K, V, DO, DEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
-    NQ, NK, F, DV, L, HQ, G, NSS,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
     FM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_0: tl.constexpr,
-    PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr,
+    PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
     """dk / dv of one segment of one K/V head, sweeping its chunks backwards with the suffix dS, dz (strictly
     later positions) in registers. Programs 0..F/BK-1 of axis 2: a BK block of dk (carry dS (BK x Dv), dz);
@@ -413,7 +416,7 @@ def _seg_dkdv(
             for j in range(j0, NSS):
                 dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
                 dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
-        for i in range(nt):
+        for i in tl.range(nt, num_stages=STG):
             rows = start + (nt - 1 - i) * C + oc
             mr = rows < NK
             mrk = mr[:, None] & mk[None, :]
@@ -455,7 +458,7 @@ def _seg_dkdv(
         if HAS_SS:
             for j in range(j0, NSS):
                 dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
-        for i in range(nt):
+        for i in tl.range(nt, num_stages=STG):
             rows = start + (nt - 1 - i) * C + oc
             mr = rows < NK
             mrf = mr[:, None] & mf[None, :]
@@ -506,7 +509,7 @@ def _cfg(F: int, Dv: int, chunk_size: int, dtype: torch.dtype):
 # bf16 right before the product; state, z, den and all accumulators stay fp32). Off for float16 (g = dout / den
 # and the states can exceed the fp16 range with large keys: tf32 there) and float32 (ieee).
 # progs_per_sm: the segment length is halved until the forward has this many programs per SM (see _seg_len).
-_OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 2}
+_OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 1}
 
 # Tile configurations (BK, BV, num_warps, num_stages, chunk), tried in order; the first that compiles within the
 # device's shared memory / registers is remembered per (kernel, F, Dv, C, dtype). ``seg_fwd`` holds the full
@@ -516,21 +519,27 @@ _OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 2}
 # chosen from offline sm_90 compiles (ptxas register / spill counts, bf16, F = Dv = 128) so that no kernel
 # spills; the GPU probe (eval/probe_linear.py) times alternatives.
 _TILES = {
-    "seg_state": [(64, 64, 4, 2, 0), (64, 64, 4, 1, 0), (32, 32, 4, 1, 0)],
+    "seg_state": [(128, 128, 8, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_fwd": [(0, 64, 8, 2, 0), (0, 32, 4, 2, 0), (0, 32, 4, 1, 0)],
-    "seg_dstate": [(64, 64, 4, 2, 0), (64, 64, 4, 1, 0), (32, 32, 4, 1, 0)],
-    "seg_dq": [(32, 0, 4, 2, 0), (64, 0, 8, 2, 0), (32, 0, 4, 1, 32)],
+    "seg_dstate": [(64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
+    "seg_dq": [(32, 0, 4, 3, 0), (32, 0, 4, 2, 0), (32, 0, 4, 1, 32)],
     "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
 }
-# bf16 with 16-bit products (LOWP) and F, Dv <= 128: the dk/dv kernel runs the caller's 64-token chunk (no spill on the H200 with
-# triton 3.6: 255 registers; 0.17 ms of 2.0 faster than 32-token chunks at 16k tokens, eval/probe_linear.py,
-# 2026-11-29). The tf32 path (fp16) keeps 32-token chunks (64 spilled ~650 bytes/thread offline).
+# bf16 with 16-bit products (LOWP / S16) and F, Dv <= 128, the case measured on the H200 (eval/probe_linear.py,
+# 2026-11-29, 16k tokens, fwd+bwd): the forward runs the full Dv in one program (BV = 128: q k^T once instead of
+# once per Dv block; forward 0.46 vs 0.57 ms), the dk/dv kernel the caller's 64-token chunk with a 3-deep
+# prefetch (no spill with triton 3.6: 255 registers), the query-side segment sums the full F x Dv block (q and
+# dout read once). The tf32 path (fp16) keeps 32-token dk/dv chunks (64 spilled ~650 bytes/thread offline) and
+# BV = 64 (an fp32 128 x 128 state operand would spill).
 _TILES_LOWP = {
-    "seg_dkdv": [(64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
+    "seg_fwd": [(0, 128, 8, 2, 0), (0, 64, 8, 2, 0), (0, 32, 4, 1, 0)],
+    "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (32, 32, 4, 1, 0)],
+    "seg_dkdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
 }
 # fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
 # operand slices, and so the spills, small; correctness path rather than a tuned one.
 _TILES_FP32 = {
+    "seg_state": [(64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_fwd": [(0, 32, 8, 1, 16)],
     "seg_dstate": [(32, 32, 8, 1, 16)],
     "seg_dq": [(32, 0, 8, 1, 16)],
@@ -538,6 +547,7 @@ _TILES_FP32 = {
 }
 _CHOSEN = {}
 _STATS = {}  # kind -> (config used, registers, spilled bytes) of the latest launch (GPU; for the probe)
+_SKIPPED = {}  # kind -> [(config, reason)] of configs that did not fit the device (OutOfResources), in order
 
 
 def _blocks(cfg, F: int, Dv: int):
@@ -549,15 +559,21 @@ def _blocks(cfg, F: int, Dv: int):
     return BK, BV
 
 
+def _tiles(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int):
+    """The tile configurations tried for one kernel: fp32 inputs, 16-bit products with F, Dv <= 128 (the measured
+    case), or the general list."""
+    if dtype == torch.float32 and kind in _TILES_FP32:
+        return _TILES_FP32[kind]
+    if lowp and kind in _TILES_LOWP and max(F, Dv) <= 128:
+        return _TILES_LOWP[kind]
+    return _TILES[kind]
+
+
 def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
     """Launch ``kernel[grid_fn(BK, BV)](*args, BK=/BV=, **const)`` with the first tile config that fits."""
-    key = (kind, F, Dv, chunk, dtype, bool(const.get("LOWP")))
-    if dtype == torch.float32 and kind in _TILES_FP32:
-        cfgs = _TILES_FP32[kind]
-    elif const.get("LOWP") and kind in _TILES_LOWP and max(F, Dv) <= 128:  # measured there only
-        cfgs = _TILES_LOWP[kind]
-    else:
-        cfgs = _TILES[kind]
+    lowp = bool(const.get("LOWP") or const.get("S16"))
+    key = (kind, F, Dv, chunk, dtype, lowp)
+    cfgs = _tiles(kind, dtype, lowp, F, Dv)
     i0 = _CHOSEN.get(key, 0)
     if i0 >= len(cfgs):
         i0 = 0
@@ -576,12 +592,15 @@ def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
             kw["BK"] = BK
         if not names or "BV" in names:
             kw["BV"] = BV
+        if not names or "STG" in names:  # the chunk loop's own pipelining depth: every load in it is prefetched
+            kw["STG"] = st
         try:
             ck = kernel[grid_fn(BK, BV)](*args, num_warps=w, num_stages=st, **kw)
             _CHOSEN[key] = i
             _STATS[kind] = (tuple(cfgs[i]), getattr(ck, "n_regs", None), getattr(ck, "n_spills", None))
             return
-        except triton.runtime.errors.OutOfResources:
+        except triton.runtime.errors.OutOfResources as e:
+            _SKIPPED.setdefault(kind, []).append((tuple(cfgs[i]), str(e)[:120]))
             if i == len(cfgs) - 1:
                 raise
 
@@ -594,12 +613,12 @@ def _sm_count(dev: torch.device) -> int:
 
 def _seg_len(N: int, C: int, progs_per_seg: int, segment_size: Optional[int], sms: int) -> int:
     """Segment length L (multiple of C): forced by ``segment_size`` (rounded up to a multiple of C), else the
-    largest power of two that still gives the kernel >= ``_OPTS["progs_per_sm"]`` (2) programs per SM, but not
+    largest power of two that still gives the kernel >= ``_OPTS["progs_per_sm"]`` (1) programs per SM, but not
     below 4 C (or N)."""
     if segment_size is not None:
         return max(C, triton.cdiv(int(segment_size), C) * C)
     L = max(C, triton.next_power_of_2(N))
-    while L > 4 * C and triton.cdiv(N, L) * progs_per_seg < int(_OPTS["progs_per_sm"]) * sms:
+    while L > 4 * C and triton.cdiv(N, L) * progs_per_seg < float(_OPTS["progs_per_sm"]) * sms:
         L //= 2
     return L
 
@@ -661,7 +680,8 @@ class _LinearAttention(torch.autograd.Function):
         if has_s0:
             s0 = s0.float().contiguous().view(BHkv, F, Dv)
             z0 = z0.float().contiguous().view(BHkv, F)
-        fbv = _blocks(_TILES["seg_fwd"][0], F, Dv)[1]
+        s16 = bool(_OPTS["state_16bit"]) or lowp
+        fbv = _blocks(_tiles("seg_fwd", q.dtype, s16, F, Dv)[0], F, Dv)[1]
         Lq = _seg_len(Nq, C, B * Hq * triton.cdiv(Dv, fbv), segment_size, sms)
         NSq = triton.cdiv(Nq, Lq)
         st_const = dict(C=C, FM=fm, PREC=PREC, UP=up)
@@ -685,7 +705,7 @@ class _LinearAttention(torch.autograd.Function):
                  o, den, ST if want_state else den, ZT if want_state else den,
                  Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps)),
                 C=C, FP=_pow2(F, 16, MAX_DIM), FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, STORE_T=want_state,
-                S16=bool(_OPTS["state_16bit"]) or lowp, PREC=PREC, SPREC=SPREC, UP=up)
+                S16=s16, PREC=PREC, SPREC=SPREC, UP=up)
         ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0)
         ctx.cfg = (causal, fm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp)
         if ST is not None:
