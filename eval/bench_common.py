@@ -25,13 +25,15 @@ import torch
 
 # --------------------------------------------------------------------------------------------- timing
 def time_cuda(fn: Callable[[], object], warmup: int = 5, rep: int = 30, use_do_bench: bool = True,
-              grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
+              grad_to_none: Optional[Sequence[torch.Tensor]] = None, at_least: bool = True) -> float:
     """Median wall time of ``fn()`` in milliseconds, measured with CUDA events.
 
     Uses ``triton.testing.do_bench(return_mode="median")`` (it flushes the L2 cache between calls) when
     triton is importable and ``use_do_bench``; otherwise times ``rep`` calls with ``torch.cuda.Event`` pairs
     after ``warmup`` calls and returns the median. ``warmup``/``rep`` are counts for the fallback and
-    milliseconds for ``do_bench`` (its own convention). Raises ``RuntimeError`` without CUDA.
+    milliseconds for ``do_bench`` (its own convention), where ``at_least`` raises them to 25 / 100 ms (pass
+    ``False`` to time for exactly ``warmup`` / ``rep`` ms, e.g. in a probe with a device-time budget).
+    ``grad_to_none`` tensors get ``.grad = None`` before every call. Raises ``RuntimeError`` without CUDA.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device")
@@ -39,8 +41,8 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, rep: int = 30, use_do_b
         try:
             import triton.testing as tt
 
-            return float(tt.do_bench(fn, warmup=max(warmup, 25), rep=max(rep, 100), grad_to_none=grad_to_none,
-                                     return_mode="median"))
+            wu, rp = (max(warmup, 25), max(rep, 100)) if at_least else (warmup, rep)
+            return float(tt.do_bench(fn, warmup=wu, rep=rp, grad_to_none=grad_to_none, return_mode="median"))
         except ImportError:
             pass
     for _ in range(warmup):

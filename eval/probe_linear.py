@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 
 from attn_zoo.backends.torch_linear import chunked_linear_attention  # noqa: E402
-from eval.bench_common import env_info, format_table, write_csv, write_json  # noqa: E402
+from eval.bench_common import env_info, format_table, time_cuda, write_csv, write_json  # noqa: E402
 
 H, D = 16, 128
 SHAPES = [(512, 32), (4096, 4), (16384, 1), (16384, 4), (65536, 1)]  # (N, B)
@@ -114,19 +114,13 @@ class Variant:
 
 
 def bench(fn, leaves, do, warmup, rep):
-    import triton.testing as tt
-
+    """fwd (no autograd) and fwd+bwd ms of ``fn`` (``eval.bench_common.time_cuda``, ``warmup`` / ``rep`` ms)."""
     def fwd():
         with torch.no_grad():
             return fn()
 
-    def fwd_bwd():
-        out = fn()
-        out.backward(do)
-
-    r = {}
-    r["fwd_ms"] = float(tt.do_bench(fwd, warmup=warmup, rep=rep, return_mode="median"))
-    r["fwd_bwd_ms"] = float(tt.do_bench(fwd_bwd, warmup=warmup, rep=rep, grad_to_none=leaves, return_mode="median"))
+    r = {"fwd_ms": time_cuda(fwd, warmup, rep, at_least=False),
+         "fwd_bwd_ms": time_cuda(lambda: fn().backward(do), warmup, rep, grad_to_none=leaves, at_least=False)}
     for t in leaves:
         t.grad = None
     return r

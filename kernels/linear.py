@@ -122,6 +122,32 @@ def _mm(a, b, P, LOWP: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=SPREC)
 
 
+# ----------------------------------------------------------------------------------------------- segment sums
+@triton.jit
+def _sum_block(F, DV, L, N, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr):
+    """Program -> (K/V head, segment, F block, Dv block) of the segment-sum kernels (grid axis 0: the F x Dv blocks
+    of one (segment, head) fastest, so they share their tiles in L2; axis 1: the segment). Returns the head
+    ``bkv`` (int64), the segment ``s``, the block's F / Dv offsets and masks, its first row and chunk count."""
+    NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
+    pid = tl.program_id(0) % NB
+    bkv = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
+    NVB = tl.cdiv(DV, BV)
+    ok = (pid // NVB) * BK + tl.arange(0, BK)
+    ov = (pid % NVB) * BV + tl.arange(0, BV)
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, N - start), C)
+    return bkv, s, ok, ov, ok < F, ov < DV, pid % NVB, start, nt
+
+
+@triton.jit
+def _store_sums(SS, ZS, S, z, bkv, s, NS, F, DV, ok, ov, mk, mv, pv):
+    """Store one block of a segment's sums: ``S`` (BK x BV) and, from the first Dv block only, ``z`` (BK)."""
+    sidx = bkv * NS + s
+    tl.store(SS + sidx * F * DV + ok[:, None] * DV + ov[None, :], S, mask=mk[:, None] & mv[None, :])
+    tl.store(ZS + sidx * F + ok, z, mask=mk & ((ok * 0 + pv) == 0))
+
+
 # ----------------------------------------------------------------------------------------------- forward
 @triton.jit
 def _seg_state(
@@ -131,24 +157,12 @@ def _seg_state(
     STG: tl.constexpr,
 ):
     """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32)."""
-    NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
-    pid = tl.program_id(0) % NB  # fastest: the blocks of one (segment, head) run together (shared tiles in L2)
-    bkv = (tl.program_id(0) // NB).to(tl.int64)
-    s = tl.program_id(1)
-    NVB = tl.cdiv(DV, BV)
-    pk = pid // NVB
-    pv = pid % NVB
-    ok = pk * BK + tl.arange(0, BK)
-    ov = pv * BV + tl.arange(0, BV)
+    bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NK, BK, BV, C)
     oc = tl.arange(0, C)
-    mk = ok < F
-    mv = ov < DV
     S = tl.zeros([BK, BV], dtype=tl.float32)
     z = tl.zeros([BK], dtype=tl.float32)
     kbase = K + bkv * NK * F
     vbase = V + bkv * NK * DV
-    start = s * L
-    nt = tl.cdiv(tl.minimum(L, NK - start), C)
     for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NK
@@ -158,9 +172,7 @@ def _seg_state(
         v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         S += _dot(tl.trans(k), v, PREC, UP)
         z += tl.sum(k.to(tl.float32), 0)
-    sidx = bkv * NS + s
-    tl.store(SS + sidx * F * DV + ok[:, None] * DV + ov[None, :], S, mask=mk[:, None] & mv[None, :])
-    tl.store(ZS + sidx * F + ok, z, mask=mk & ((ok * 0 + pv) == 0))
+    _store_sums(SS, ZS, S, z, bkv, s, NS, F, DV, ok, ov, mk, mv, pv)
 
 
 @triton.jit
@@ -268,25 +280,13 @@ def _seg_dstate(
     LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
     """Per-segment sums over the K/V group's query heads of phi(Q)^T G and sum c phi(Q) (fp32)."""
-    NB = tl.cdiv(F, BK) * tl.cdiv(DV, BV)
-    pid = tl.program_id(0) % NB  # fastest: the blocks of one (segment, head) run together (shared tiles in L2)
-    bkv = (tl.program_id(0) // NB).to(tl.int64)
-    s = tl.program_id(1)
-    NVB = tl.cdiv(DV, BV)
-    pk = pid // NVB
-    pv = pid % NVB
+    bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NQ, BK, BV, C)
     HKV = HQ // G
     b = bkv // HKV
     hk = bkv % HKV
-    ok = pk * BK + tl.arange(0, BK)
-    ov = pv * BV + tl.arange(0, BV)
     oc = tl.arange(0, C)
-    mk = ok < F
-    mv = ov < DV
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     dz = tl.zeros([BK], dtype=tl.float32)
-    start = s * L
-    nt = tl.cdiv(tl.minimum(L, NQ - start), C)
     for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NQ
@@ -301,9 +301,7 @@ def _seg_dstate(
             gm = do.to(tl.float32) / den[:, None]
             dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
             dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-    sidx = bkv * NS + s
-    tl.store(DSS + sidx * F * DV + ok[:, None] * DV + ov[None, :], dS, mask=mk[:, None] & mv[None, :])
-    tl.store(DZS + sidx * F + ok, dz, mask=mk & ((ok * 0 + pv) == 0))
+    _store_sums(DSS, DZS, dS, dz, bkv, s, NS, F, DV, ok, ov, mk, mv, pv)
 
 
 @triton.jit
