@@ -299,6 +299,10 @@ def sparse_sweep(out_dir, Ns, budget_s):
         "f64x64w4_kv64": (mk(64, 64, 4, 3), mk(64, 64, 4, 2), mk(64, 64, 4, 2)),
         "f128x64w8s2": (mk(128, 64, 8, 2), mk(128, 64, 8, 2), mk(64, 128, 8, 2)),
         "f64x128w4": (mk(64, 128, 4, 2), mk(64, 128, 4, 2), mk(128, 64, 8, 2)),
+        # forward shared memory (eval/inspect_kernels.py, triton 3.6): 64x64 / 3 stages 114 KiB (one 4-warp
+        # program per SM), 2 stages 82 KiB (two), 64x32 / 3 stages 66 KiB (three)
+        "f64x64w4s2_kv64": (mk(64, 64, 4, 2), mk(64, 64, 4, 2), mk(64, 64, 4, 2)),
+        "f64x32w4_kv64": (mk(64, 32, 4, 3), mk(64, 32, 4, 2), mk(64, 64, 4, 2)),
     }
     rows, t_start, name = [], time.time(), "bigbird"
     for N in Ns:
