@@ -179,6 +179,13 @@ def main(argv=None):
         print(f"[{time.time() - t0:6.1f}s] " + "  ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
                                                     for k in keys), flush=True)
 
+    def take_skipped(row):
+        """Configs that did not fit since the last call (the launcher fell back to the next one; it remembers the
+        fallback per variant, so a variant reports it on its first row)."""
+        if L._SKIPPED:
+            row["skipped"] = "; ".join(f"{k[4:]}{list(c)}: {why}" for k, v in sorted(L._SKIPPED.items()) for c, why in v)
+            L._SKIPPED.clear()
+
     # ------------------------------------------------------------------ 1. correctness (default config)
     def check(method, N, B):
         row = {"kind": "check", "method": method, "N": N, "B": B}
@@ -187,11 +194,14 @@ def main(argv=None):
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             kw = VARIANTS[method][2]
             C = L._pow2(kw.get("chunk_size", 64), 16, 128)
-            fbv = L._blocks(L._tiles("seg_fwd", torch.bfloat16, True, D, D)[0], D, D)[1]
-            row["NS"] = -(-N // L._seg_len(N, C, B * H * -(-D // fbv), None, sms))
+            L._SKIPPED.clear()
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
             out = linear_attention(*leaves, causal=True, feature_map="elu1", **kw)
             out.backward(do)
+            s16 = bool(L._OPTS["state_16bit"]) or bool(L._OPTS["lowp_bf16"])  # as the launcher decides (bf16)
+            fbv = L._blocks(L._tile_in_use("seg_fwd", D, D, C, torch.bfloat16, s16), D, D)[1]
+            row["NS"] = -(-N // L._seg_len(N, C, B * H * -(-D // fbv), None, sms))
+            take_skipped(row)
             got = [out.detach()] + [t.grad for t in leaves]
             rl = [t.detach().float().requires_grad_() for t in (q, k, v)]
             ro = chunked_linear_attention(Fn.elu(rl[0]) + 1, Fn.elu(rl[1]) + 1, rl[2], causal=True, eps=1e-6)
@@ -204,6 +214,7 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001
             traceback.print_exc(limit=3)
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            take_skipped(row)
         log(row)
         torch.cuda.empty_cache()
 
@@ -221,18 +232,17 @@ def main(argv=None):
         try:
             fn, leaves, do = build()
             L._STATS.clear()
+            L._SKIPPED.clear()
             r = bench(fn, leaves, do, args.warmup, args.rep)
             row.update(r)
             if L._STATS:  # config / registers / spill bytes of each kernel actually launched
                 row["kernels"] = " ".join(f"{k[4:]}{list(c)}:r{nr}/s{ns}" for k, (c, nr, ns) in sorted(L._STATS.items()))
-            if L._SKIPPED:  # configs that did not fit (the launcher fell back to the next one)
-                row["skipped"] = "; ".join(f"{k[4:]}{list(c)}: {why}" for k, v in sorted(L._SKIPPED.items()) for c, why in v)
-                L._SKIPPED.clear()
             with torch.no_grad():
                 row["finite"] = bool(torch.isfinite(fn()).all())
         except Exception as e:  # noqa: BLE001
             traceback.print_exc(limit=3)
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        take_skipped(row)
         log(row)
         torch.cuda.empty_cache()
 

@@ -39,8 +39,10 @@ Segment length: the launcher halves ``L`` from ``next_pow2(N)`` while ``L > 4 C`
 than ``#SMs`` programs (``_OPTS["progs_per_sm"]``), so short sequences run as one pass (``NS = 1``) and long ones get enough
 programs to fill the GPU at a per-program sweep length that does not grow with ``N`` (time flat in ``N``
 at fixed ``B * N``). ``segment_size=`` forces ``L`` (tests, tuning). Each sweep is a ``tl.range`` loop whose ``num_stages`` is the
-tile config's: every load of the next chunks (also those that go through the feature map, and ``G = 1``
-query-head loops, which are compile-time constants and vanish) is prefetched.
+tile config's: every load of the next chunks (also those that go through the feature map) is prefetched. The
+K/V-side kernels loop over the ``G`` query heads of a K/V head (``G`` a compile-time constant): ``_seg_dstate``
+outside its chunk loop, ``_seg_dkdv`` inside it (its suffix carry needs chunk order), where only ``G = 1``
+folds the loop away; with ``G > 1`` Triton pipelines that inner loop instead of the chunk loop.
 
 Saved for backward: ``q, k, v, out``, ``den`` (fp32, ``B*Hq*Nq`` numbers) and the per-segment key sums
 (``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer than per-chunk states); nothing is recomputed
@@ -287,15 +289,16 @@ def _seg_dstate(
     oc = tl.arange(0, C)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     dz = tl.zeros([BK], dtype=tl.float32)
-    for i in tl.range(nt, num_stages=STG):
-        rows = start + i * C + oc
-        mr = rows < NQ
-        mrk = mr[:, None] & mk[None, :]
-        for g in range(G):
-            bq = b * HQ + hk * G + g
+    for g in range(G):  # outside the chunk loop (the sums commute): the chunk loop stays innermost, prefetched
+        bq = b * HQ + hk * G + g
+        for i in tl.range(nt, num_stages=STG):
+            rows = start + i * C + oc
+            mr = rows < NQ
+            mrk = mr[:, None] & mk[None, :]
             q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             q = _phi(q, mrk, FM)
-            do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
+            do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :],
+                         other=0.0)
             den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
             cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
             gm = do.to(tl.float32) / den[:, None]
@@ -531,7 +534,7 @@ _TILES = {
 # BV = 64 (an fp32 128 x 128 state operand would spill).
 _TILES_LOWP = {
     "seg_fwd": [(0, 128, 8, 2, 0), (0, 64, 8, 2, 0), (0, 32, 4, 1, 0)],
-    "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (32, 32, 4, 1, 0)],
+    "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dkdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
 }
 # fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
@@ -567,6 +570,14 @@ def _tiles(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int):
     return _TILES[kind]
 
 
+def _tile_in_use(kind: str, F: int, Dv: int, chunk: int, dtype: torch.dtype, lowp: bool):
+    """The tile config ``_launch`` will use for this kernel and shape: the one remembered after a fallback, else
+    the first of its list (the launcher's own key)."""
+    cfgs = _tiles(kind, dtype, lowp, F, Dv)
+    i = _CHOSEN.get((kind, F, Dv, chunk, dtype, lowp), 0)
+    return cfgs[i if i < len(cfgs) else 0]
+
+
 def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
     """Launch ``kernel[grid_fn(BK, BV)](*args, BK=/BV=, **const)`` with the first tile config that fits."""
     lowp = bool(const.get("LOWP") or const.get("S16"))
@@ -598,7 +609,9 @@ def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
             _STATS[kind] = (tuple(cfgs[i]), getattr(ck, "n_regs", None), getattr(ck, "n_spills", None))
             return
         except triton.runtime.errors.OutOfResources as e:
-            _SKIPPED.setdefault(kind, []).append((tuple(cfgs[i]), str(e)[:120]))
+            skipped = _SKIPPED.setdefault(kind, [])
+            skipped.append((tuple(cfgs[i]), str(e)[:120]))
+            del skipped[:-16]  # the latest only (a shape that fits nothing raises on every call)
             if i == len(cfgs) - 1:
                 raise
 
@@ -679,7 +692,7 @@ class _LinearAttention(torch.autograd.Function):
             s0 = s0.float().contiguous().view(BHkv, F, Dv)
             z0 = z0.float().contiguous().view(BHkv, F)
         s16 = bool(_OPTS["state_16bit"]) or lowp
-        fbv = _blocks(_tiles("seg_fwd", q.dtype, s16, F, Dv)[0], F, Dv)[1]
+        fbv = _blocks(_tile_in_use("seg_fwd", F, Dv, C, q.dtype, s16), F, Dv)[1]
         Lq = _seg_len(Nq, C, B * Hq * triton.cdiv(Dv, fbv), segment_size, sms)
         NSq = triton.cdiv(Nq, Lq)
         st_const = dict(C=C, FM=fm, PREC=PREC, UP=up)
@@ -689,7 +702,8 @@ class _LinearAttention(torch.autograd.Function):
             if NSq > 1:
                 SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, **st_const)
         else:
-            Lk = _seg_len(Nk, C, BHkv * triton.cdiv(F, 64) * triton.cdiv(Dv, 64), segment_size, sms)
+            sk, sv = _blocks(_tile_in_use("seg_state", F, Dv, C, q.dtype, False), F, Dv)
+            Lk = _seg_len(Nk, C, BHkv * triton.cdiv(F, sk) * triton.cdiv(Dv, sv), segment_size, sms)
             SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, **st_const)
         has_ss = SS is not None
         ST = ZT = None
