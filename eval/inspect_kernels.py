@@ -12,6 +12,7 @@ Usage::
     python eval/inspect_kernels.py                       # linear kernels at their bf16 default tiles, flash fwd
     python eval/inspect_kernels.py --kernels seg_dkdv --tile 64,64,8,3,0
     python eval/inspect_kernels.py --kernels flash_fwd --sparse --tile 64,64,4,2
+    python eval/inspect_kernels.py --sass                # + instruction mix of each kernel's main loop
 
 Shapes are the benchmark's: F = Dv = D = 128, bf16, chunk 64; ``G`` (query heads per K/V head) 1.
 """
@@ -41,10 +42,38 @@ LINEAR = ("seg_state", "seg_fwd", "seg_dstate", "seg_dq", "seg_dkdv")
 KERNELS = LINEAR + ("flash_fwd",)
 
 
-def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int) -> dict:
+SASS_OPS = ("HGMMA", "BAR", "SHFL", "LDS", "STS", "LDL", "STL", "MUFU", "F2F")
+
+
+def _sass_loop(sass: str) -> dict:
+    """Instruction counts of the largest loop (backward branch) in a SASS dump: its length per warp and per
+    iteration, and the ops in ``SASS_OPS`` (tensor-core products, barriers, warp shuffles, shared-memory and
+    spill traffic, special functions, conversions)."""
+    rows = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*)", line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2)))
+    best = None
+    for addr, ins in rows:
+        if "BRA" in ins:
+            t = re.search(r"0x([0-9a-f]+)", ins.split("BRA", 1)[1])
+            if t and int(t.group(1), 16) < addr and (best is None or addr - int(t.group(1), 16) > best[1] - best[0]):
+                best = (int(t.group(1), 16), addr)
+    if best is None:
+        return {"loop_instr": 0}
+    body = [re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0] for a, ins in rows if best[0] <= a <= best[1]]
+    out = {"loop_instr": len(body)}
+    for op in SASS_OPS:
+        out[op] = sum(1 for o in body if o.split(".")[0] == op)
+    return out
+
+
+def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, sass: bool = False) -> dict:
     """Compile ``fn`` for sm_90a. ``types``: arg name -> Triton type ("*bf16", "i32", ...); pointers and i32
     arguments are marked 16-divisible (as the launcher specialises aligned tensors and sizes); ``const``: the
-    constexpr values. Returns the counts printed by this script."""
+    constexpr values. Returns the counts printed by this script (with ``sass``: also the instruction mix of the
+    largest loop, see ``_sass_loop``)."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in const:
@@ -66,9 +95,13 @@ def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int) 
         with open(path, "wb") as f:
             f.write(ck.asm["cubin"])
         res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True)
+        if sass:
+            dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True).stdout
     for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
         m = re.search(pat, res.stdout)
         out[key] = int(m.group(1)) if m else None
+    if sass:
+        out.update(_sass_loop(dump))
     return out
 
 
@@ -123,6 +156,8 @@ def main(argv=None):
     p.add_argument("--tile", default="", help="linear: BK,BV,warps,stages[,chunk]; flash_fwd: BLOCK_M,BLOCK_N,"
                                                "warps,stages (default: the kernel's default)")
     p.add_argument("--sparse", action="store_true", help="flash_fwd: the block-sparse variant (table loops)")
+    p.add_argument("--sass", action="store_true", help="also the instruction mix of the largest loop (per warp and "
+                                                        "iteration: HGMMA, barriers, shuffles, shared / spill traffic)")
     args = p.parse_args(argv)
     names = [k for k in args.kernels.split(",") if k]
     bad = [k for k in names if k not in KERNELS]
@@ -139,7 +174,7 @@ def main(argv=None):
         else:
             cfg = tile or LN._tiles(name, torch.bfloat16, name != "seg_state", D, D)[0]
             fn, types, const = _linear(name, cfg)
-        r = compile_sm90(fn, types, const, cfg[2], cfg[3])
+        r = compile_sm90(fn, types, const, cfg[2], cfg[3], sass=args.sass)
         print(f"{name:10s} tile={cfg}: " + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
 
 
