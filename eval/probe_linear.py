@@ -3,7 +3,8 @@
 Plain Python (torch / triton + this repo; fla-core optional): ``PYTHONPATH=$PWD python3 eval/probe_linear.py --out DIR``.
 Needs CUDA. ``--budget`` seconds: later cases are skipped, and say so, once it is spent. ``--no-fla`` skips fla
 (its first-call compile takes minutes), ``--no-anchors`` skips fla and cuDNN; ``--shapes 4096x4,16384x1``
-picks the (N x B) shapes, ``--variants a,b`` the variants, ``--variant-shapes`` their shapes, ``--check-shape`` the per-variant accuracy shape.
+picks the (N x B) shapes, ``--variants a,b`` the variants, ``--variant-shapes`` their shapes, ``--check-shape``
+the per-variant accuracy shape.
 
 Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kernel (raw q, k), shapes
 ``(N, B)``: 16k tokens at N = 512 / 4096 / 16384, and ``B * N = 65536`` at N = 16384 / 65536 (flatness).
@@ -14,8 +15,8 @@ Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kern
 2. Timings (median of ``triton.testing.do_bench``, ms): fwd and fwd+bwd of ``ours`` (default tiles, bf16
    16-bit products), the anchors ``fla_linear`` (``fla.ops.linear_attn.chunk_linear_attn(normalize=True)`` on
    precomputed elu1 features, (B, T, H, D) layout) and ``sdpa_cudnn`` (exact causal attention), then the tile /
-   chunk / precision / pipelining ``VARIANTS`` (at ``--variant-shapes``), each with the config / registers / spill bytes of every kernel it launched, and a
-   per-kernel breakdown (torch.profiler) of the default and of the ``BEST`` variant.
+   chunk / precision / pipelining ``VARIANTS`` (at ``--variant-shapes``), each with the config / registers /
+   spill bytes of every kernel it launched (and the configs that did not fit), and a per-kernel breakdown (torch.profiler) of the default and of the ``BEST`` variant.
 Prints one line per case with the elapsed time, then a table (one row per method, one column per shape),
 fla / ours and the flatness ``t(N=65536, B=1) / t(N=16384, B=4)``. Writes ``probe_linear.csv`` /
 ``probe_linear.json`` under ``--out``.
