@@ -16,7 +16,8 @@ Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kern
    16-bit products), the anchors ``fla_linear`` (``fla.ops.linear_attn.chunk_linear_attn(normalize=True)`` on
    precomputed elu1 features, (B, T, H, D) layout) and ``sdpa_cudnn`` (exact causal attention), then the tile /
    chunk / precision / pipelining ``VARIANTS`` (at ``--variant-shapes``), each with the config / registers /
-   spill bytes of every kernel it launched (and the configs that did not fit), and a per-kernel breakdown (torch.profiler) of the default and of the ``BEST`` variant.
+   spill bytes of every kernel it launched (and the configs that did not fit), and a per-kernel breakdown
+   (torch.profiler) of the default and of the ``BEST`` variant.
 Prints one line per case with the elapsed time, then a table (one row per method, one column per shape),
 fla / ours and the flatness ``t(N=65536, B=1) / t(N=16384, B=4)``. Writes ``probe_linear.csv`` /
 ``probe_linear.json`` under ``--out``.
