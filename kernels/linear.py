@@ -150,6 +150,25 @@ def _store_sums(SS, ZS, S, z, bkv, s, NS, F, DV, ok, ov, mk, mv, pv):
     tl.store(ZS + sidx * F + ok, z, mask=mk & ((ok * 0 + pv) == 0))
 
 
+@triton.jit
+def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf,
+                 HAS_0: tl.constexpr, HAS_SS: tl.constexpr, CAUSAL: tl.constexpr):
+    """A sweep's start state (a block of ``S`` at offsets ``soff`` and ``z`` at ``offs_f``): the initial state
+    plus the segment sums before segment ``s`` (causal) or of all key segments (non-causal), added in-kernel."""
+    if HAS_0:
+        S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
+        z += tl.load(Z0 + bkv * F + offs_f, mask=mf, other=0.0)
+    if HAS_SS:
+        if CAUSAL:
+            nsum = s
+        else:
+            nsum = NSS
+        for j in range(nsum):
+            S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+            z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf, other=0.0)
+    return S, z
+
+
 # ----------------------------------------------------------------------------------------------- forward
 @triton.jit
 def _seg_state(
@@ -203,17 +222,7 @@ def _seg_fwd(
     soff = of[:, None] * DV + ov[None, :]
     S = tl.zeros([FP, BV], dtype=tl.float32)
     z = tl.zeros([FP], dtype=tl.float32)
-    if HAS_0:
-        S += tl.load(S0 + bkv * F * DV + soff, mask=mfv, other=0.0)
-        z += tl.load(Z0 + bkv * F + of, mask=mf, other=0.0)
-    if HAS_SS:  # exclusive prefix over the segments (causal) / all key segments (non-causal)
-        if CAUSAL:
-            nsum = s
-        else:
-            nsum = NSS
-        for j in range(nsum):
-            S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=mfv, other=0.0)
-            z += tl.load(ZS + (bkv * NSS + j) * F + of, mask=mf, other=0.0)
+    S, z = _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, mfv, of, mf, HAS_0, HAS_SS, CAUSAL)
     qbase = Q + bh * NQ * F
     kbase = K + bkv * NK * F
     vbase = V + bkv * NK * DV
@@ -332,17 +341,7 @@ def _seg_dq(
     msk = mk[:, None] & md[None, :]
     S = tl.zeros([BK, DVP], dtype=tl.float32)
     z = tl.zeros([BK], dtype=tl.float32)
-    if HAS_0:
-        S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
-        z += tl.load(Z0 + bkv * F + ok, mask=mk, other=0.0)
-    if HAS_SS:  # same start state as the forward
-        if CAUSAL:
-            nsum = s
-        else:
-            nsum = NSS
-        for j in range(nsum):
-            S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
-            z += tl.load(ZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
+    S, z = _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, ok, mk, HAS_0, HAS_SS, CAUSAL)
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NQ - start), C)
     for i in tl.range(nt, num_stages=STG):
