@@ -105,7 +105,7 @@ def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, 
     return out
 
 
-def _linear(kind: str, cfg):
+def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False):
     """Types and constexprs of one linear kernel at a tile config (BK, BV, warps, stages, chunk)."""
     BK, BV = LN._blocks(cfg, D, D)
     C = min(64, cfg[4]) if len(cfg) > 4 and cfg[4] else 64
@@ -114,7 +114,7 @@ def _linear(kind: str, cfg):
     fn = getattr(LN, "_" + kind)
     types = {n: ("i32" if n in ints else "*fp32" if n in fp32 else "fp32" if n == "eps" else "*bf16")
              for n in fn.arg_names}
-    base = dict(C=C, FM=1, PREC="tf32", SPREC="tf32", UP=False, STG=cfg[3])
+    base = dict(C=C, FM=fm if in_loop else 0, DFM=0 if in_loop else fm, PREC="tf32", SPREC="tf32", UP=False, STG=cfg[3])
     extra = {
         "seg_state": dict(BK=BK, BV=BV),
         "seg_fwd": dict(FP=D, BV=BV, CAUSAL=True, HAS_SS=True, HAS_0=False, STORE_T=False, S16=True),
@@ -156,6 +156,10 @@ def main(argv=None):
     p.add_argument("--tile", default="", help="linear: BK,BV,warps,stages[,chunk]; flash_fwd: BLOCK_M,BLOCK_N,"
                                                "warps,stages (default: the kernel's default)")
     p.add_argument("--sparse", action="store_true", help="flash_fwd: the block-sparse variant (table loops)")
+    p.add_argument("--fm", type=int, default=1, choices=(0, 1, 2),
+                   help="linear: feature map (0 none, 1 elu1, 2 relu; default 1): its chain rule in dq / dk")
+    p.add_argument("--phi-in-loop", action="store_true",
+                   help="linear: the map applied in every chunk loop (_OPTS['phi_in_loop']) instead of a pre-pass")
     p.add_argument("--sass", action="store_true", help="also the instruction mix of the largest loop (per warp and "
                                                         "iteration: HGMMA, barriers, shuffles, shared / spill traffic)")
     args = p.parse_args(argv)
@@ -173,7 +177,7 @@ def main(argv=None):
             fn, types, const = _flash_fwd(cfg, args.sparse)
         else:
             cfg = tile or LN._tiles(name, torch.bfloat16, name != "seg_state", D, D)[0]
-            fn, types, const = _linear(name, cfg)
+            fn, types, const = _linear(name, cfg, args.fm, args.phi_in_loop)
         r = compile_sm90(fn, types, const, cfg[2], cfg[3], sass=args.sass)
         print(f"{name:10s} tile={cfg}: " + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
 

@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._host import cdiv, next_pow2
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -711,7 +713,7 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta):
     shared memory / registers (``OutOfResources``) is dropped and the next one is tried, once per key.
     """
     tile = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
-    grid = lambda m: (triton.cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
+    grid = lambda m: (cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
     if kind in _OVERRIDE and not meta["SPARSE"]:
         _KERNELS[kind][grid](*args, **meta, **_OVERRIDE[kind])
         return
@@ -796,7 +798,7 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     out = torch.empty_like(q) if _dense(q) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_pow2(D))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _launch("fwd", B * Hq, Nq, (
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -886,7 +888,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_pow2(D))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     atomic = resolve_dq_mode(dq_mode) == "atomic"
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
@@ -894,7 +896,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     pm = 64 if not INTERPRET else 32
     has_dlse = dlse is not None
     dl = dlse.contiguous().float() if has_dlse else delta
-    _bwd_preprocess[(triton.cdiv(Nq, pm), B * Hq)](
+    _bwd_preprocess[(cdiv(Nq, pm), B * Hq)](
         out, do, dl, lse.contiguous(), delta, lse2, Hq, Nq, *out.stride(), *do.stride(),
         HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=pm,
     )
@@ -906,7 +908,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
                   DOT_PREC=prec)
     meta_dkdv = dict(common, ATOMIC_DQ=atomic)
     wl, wr = max(win_left, 0), max(win_right, 0)
-    n_tiles = triton.cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
+    n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
     n_split = _resolve_split(dkdv_split, group, n_tiles * B * Hkv, q.device)
     if n_split > 1:  # fp32 partial dK / dV per split, summed below
         dk_t = torch.empty((n_split, B, Hkv, Nk, D), dtype=torch.float32, device=q.device)
@@ -989,6 +991,31 @@ def _backward(ctx, dout, dlse):
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _FlashFn(torch.autograd.Function):
+    """Eager path of :func:`flash_attn`: the same forward / backward as the custom ops, without the dispatcher
+    (the custom-op call costs ~0.1-0.2 ms of host time per call, as much as a short sparse forward on the GPU).
+    ``torch.compile`` traces the custom ops instead."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *cfg):
+        out, lse = flash_attn_fwd(q, k, v, *cfg[:8])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.cfg = cfg
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # double backward raises (as through the custom op)
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq_mode, dkdv_split = ctx.cfg[11], ctx.cfg[12]
+        dq, dk, dv = flash_attn_bwd(dout, q, k, v, out, lse, *ctx.cfg[:11], dlse=dlse, dq_mode=dq_mode or None,
+                                    dkdv_split=dkdv_split or None)
+        return (dq, dk, dv) + (None,) * len(ctx.cfg)
+
+
 # ============================================================================================ public entry
 def _full_first_table(visited: torch.Tensor, full: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(idx, cnt, nfull)`` of a bool ``(rows, cols)`` visited / full matrix, in schedule order.
@@ -1041,8 +1068,8 @@ def _check_tables(tables, Nq: int, Nk: int, D: int):
             raise ValueError(f"block_tables {name} must be an int32 {want}-D tensor (see build_sparse_tables), got "
                              f"{getattr(t, 'dtype', type(t))} of shape {tuple(getattr(t, 'shape', ()))}")
     (fm, _), (_, bn) = sparse_tiles(D)
-    for side, (idx, cnt, nfull), rows in (("query", tables[:3], triton.cdiv(Nq, fm)),
-                                          ("key", tables[3:], triton.cdiv(Nk, bn))):
+    for side, (idx, cnt, nfull), rows in (("query", tables[:3], cdiv(Nq, fm)),
+                                          ("key", tables[3:], cdiv(Nk, bn))):
         if idx.shape[0] != rows or cnt.numel() != rows or nfull.numel() != rows or idx.shape[1] < 2:
             raise ValueError(f"block_tables do not fit this call: {rows} {side} tiles at the sparse tiles "
                              f"{sparse_tiles(D)} (Nq={Nq}, Nk={Nk}, D={D}) need {rows} rows of >= 2 columns, got "
@@ -1118,6 +1145,6 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             tables = tuple(block_tables)
         else:
             tables = build_sparse_tables(block_table_fn, D, q.device)
-    out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, dq_mode or "",
-                             int(dkdv_split or 0))
+    args = (q, k, v, scale, wl, wr, layout, int(block_size), *tables, dq_mode or "", int(dkdv_split or 0))
+    out, lse = _flash_fwd_op(*args) if torch.compiler.is_compiling() else _FlashFn.apply(*args)
     return (out, lse) if return_lse else out

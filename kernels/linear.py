@@ -2,8 +2,11 @@
 
 Inputs are feature tensors ``phi(q) (B, Hq, Nq, F)``, ``phi(k) (B, Hkv, Nk, F)`` and ``v (B, Hkv, Nk, Dv)``
 (``Hkv`` divides ``Hq``; query head ``h`` reads K/V head ``h // (Hq // Hkv)``), or raw ``q``/``k`` with the
-cheap feature maps ``elu1`` (``elu(x) + 1``) / ``relu`` applied inside the kernels (``feature_map=``). The
-output is
+cheap feature maps ``elu1`` (``elu(x) + 1``) / ``relu`` (``feature_map=``), applied by one Triton pre-pass
+(``_phi_map``: reads ``q``/``k`` at any strides, writes contiguous features); the backward multiplies ``dq``, ``dk``
+by ``phi'`` when it stores them, computed from the saved features (elu1' = min(phi, 1), relu' = [phi > 0]).
+``_OPTS["phi_in_loop"]`` instead maps every loaded tile inside the chunk loops (measured slower: the map
+doubled the forward's per-chunk instructions). The output is
 
     out_i = sum_{j <= i} (phi_i . phi_j) v_j / (sum_{j <= i} phi_i . phi_j + eps)      (causal, Nq == Nk)
     out_i = phi_i S / (phi_i . z + eps),  S = S0 + sum_j phi_j^T v_j,  z = z0 + sum_j phi_j    (non-causal)
@@ -21,7 +24,7 @@ carries the state in fp32 *registers* across the segment's chunks and never writ
   ``NS * F * Dv`` numbers per head: small). Skipped when ``NS == 1`` (causal).
 * ``_seg_fwd`` (grid ``NS x B*Hq x Dv/BV``): builds its segment's start state (full ``F`` x ``BV``) as ``S0`` plus
   the sums of the segments before it (an exclusive prefix, added in-kernel: no PyTorch pass) and sweeps
-  the chunks: output (inter + intra part, denominator, division, fused feature map), then
+  the chunks: output (inter + intra part, denominator, division), then
   ``S += phi(K_c)^T V_c``, ``z += sum phi(K_c)``. Stores ``den`` (fp32, one per row); the last segment's
   programs store the final state. Non-causal: the same kernel without the intra part and the update, on
   the totals (``S0`` plus all key segments).
@@ -44,7 +47,7 @@ K/V-side kernels loop over the ``G`` query heads of a K/V head (``G`` a compile-
 outside its chunk loop, ``_seg_dkdv`` inside it (its suffix carry needs chunk order), where only ``G = 1``
 folds the loop away; with ``G > 1`` Triton pipelines that inner loop instead of the chunk loop.
 
-Saved for backward: ``q, k, v, out``, ``den`` (fp32, ``B*Hq*Nq`` numbers) and the per-segment key sums
+Saved for backward: ``q, k`` (the features when a feature map is given), ``v, out``, ``den`` (fp32, ``B*Hq*Nq`` numbers) and the per-segment key sums
 (``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer than per-chunk states); nothing is recomputed
 except the in-register sweeps.
 
@@ -71,6 +74,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._host import cdiv, next_pow2
+
 __all__ = ["linear_attention", "linear_attention_recurrent", "MAX_DIM", "FUSED_FEATURE_MAPS", "CHUNK_SIZES"]
 
 MAX_DIM = 256
@@ -94,13 +99,45 @@ def _phi(x, mask, FM: tl.constexpr):
 
 
 @triton.jit
-def _phi_grad(x, FM: tl.constexpr):
-    """d phi / d x (fp32)."""
+def _phi_grad(x, FM: tl.constexpr, DFM: tl.constexpr):
+    """d phi / d x (fp32) of feature map ``FM`` from the raw input ``x``, or (``FM == 0``) of feature map ``DFM``
+    from its output ``x = phi(x_raw)``: elu1' = 1 where phi > 1 (x > 0), else phi = exp(x); relu' = [phi > 0]."""
     xf = x.to(tl.float32)
     if FM == 1:
         return tl.where(xf > 0, 1.0, tl.exp(tl.where(xf > 0, 0.0, xf)))
-    else:
+    elif FM == 2:
         return tl.where(xf < 0, 0.0, tl.where(xf > 0, 1.0, xf * 0.0))  # relu'(0) = 0; NaN stays NaN
+    elif DFM == 1:
+        return tl.where(xf > 1.0, 1.0, xf)  # NaN stays NaN
+    else:
+        return tl.where(xf > 0, 1.0, xf * 0.0)  # phi = relu(x) >= 0; NaN stays NaN
+
+
+@triton.jit
+def _phi_rows(X, Y, pid, NROWS, H, N, F, sxb, sxh, sxn, sxf, FM: tl.constexpr, BR: tl.constexpr, FP: tl.constexpr):
+    """Rows ``pid * BR ...`` of Y = phi(X), X (B, H, N, F) at any strides, Y contiguous (fp32 math, X's dtype)."""
+    rows = pid.to(tl.int64) * BR + tl.arange(0, BR)
+    of = tl.arange(0, FP)
+    mr = rows < NROWS
+    m = mr[:, None] & (of < F)[None, :]
+    b = rows // (H * N)
+    h = (rows // N) % H
+    n = rows % N
+    src = X + (b * sxb + h * sxh + n * sxn)[:, None] + of[None, :].to(tl.int64) * sxf
+    x = tl.load(src, mask=m, other=0.0)
+    tl.store(Y + rows[:, None] * F + of[None, :], _phi(x, m, FM), mask=m)
+
+
+@triton.jit
+def _phi_map(X1, Y1, NR1, H1, N1, s1b, s1h, s1n, s1f, X2, Y2, NR2, H2, N2, s2b, s2h, s2n, s2f, F,
+             FM: tl.constexpr, BR: tl.constexpr, FP: tl.constexpr):
+    """The feature pre-pass: phi of two tensors (q and k) in one launch, programs of X1 first."""
+    P1 = tl.cdiv(NR1, BR)
+    pid = tl.program_id(0)
+    if pid < P1:
+        _phi_rows(X1, Y1, pid, NR1, H1, N1, F, s1b, s1h, s1n, s1f, FM, BR, FP)
+    else:
+        _phi_rows(X2, Y2, pid - P1, NR2, H2, N2, F, s2b, s2h, s2n, s2f, FM, BR, FP)
 
 
 @triton.jit
@@ -267,8 +304,9 @@ def _seg_fwd(
 
 # ----------------------------------------------------------------------------------------------- backward
 @triton.jit
-def _bwd_pre(O, DO, DEN, CD, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr):
-    """c = -(dout . out) / den, per row (fp32)."""
+def _bwd_pre(O, DO, DEN, CD, RDEN, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr):
+    """c = -(dout . out) / den and 1 / den, per row (fp32): the sweeps multiply by 1 / den (a division per
+    element costs ~10 instructions)."""
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BM + tl.arange(0, BM)
     mr = rows < NROWS
@@ -280,12 +318,14 @@ def _bwd_pre(O, DO, DEN, CD, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr):
         do = tl.load(DO + rows[:, None] * DV + ov[None, :], mask=m, other=0.0).to(tl.float32)
         dot += tl.sum(o * do, 1)
     den = tl.load(DEN + rows, mask=mr, other=1.0)
-    tl.store(CD + rows, -dot / den, mask=mr)
+    rden = 1.0 / den
+    tl.store(CD + rows, -dot * rden, mask=mr)
+    tl.store(RDEN + rows, rden, mask=mr)
 
 
 @triton.jit
 def _seg_dstate(
-    Q, DO, DEN, CD, DSS, DZS,
+    Q, DO, RDEN, CD, DSS, DZS,
     NQ, F, DV, L, HQ, G: tl.constexpr, NS,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, SPREC: tl.constexpr,
     LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
@@ -308,9 +348,9 @@ def _seg_dstate(
             q = _phi(q, mrk, FM)
             do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :],
                          other=0.0)
-            den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
+            rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
             cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-            gm = do.to(tl.float32) / den[:, None]
+            gm = do.to(tl.float32) * rden[:, None]
             dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
             dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
     _store_sums(DSS, DZS, dS, dz, bkv, s, NS, F, DV, ok, ov, mk, mv, pv)
@@ -318,11 +358,11 @@ def _seg_dstate(
 
 @triton.jit
 def _seg_dq(
-    Q, K, V, DO, DEN, CD, SS, ZS, S0, Z0, DQ,
+    Q, K, V, DO, RDEN, CD, SS, ZS, S0, Z0, DQ,
     NQ, NK, F, DV, L, HQ, G, NSS,
-    C: tl.constexpr, BK: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
-    UP: tl.constexpr, STG: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, DFM: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
     """dq of one segment, one query head, one BK block of F: prefix S (BK x Dv), z in registers, forward sweep."""
     NB = tl.cdiv(F, BK)
@@ -350,35 +390,35 @@ def _seg_dq(
         mrk = mr[:, None] & mk[None, :]
         mrd = mr[:, None] & md[None, :]
         do = tl.load(DO + bh * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-        den = tl.load(DEN + bh * NQ + rows, mask=mr, other=1.0)
+        rden = tl.load(RDEN + bh * NQ + rows, mask=mr, other=1.0)
         cd = tl.load(CD + bh * NQ + rows, mask=mr, other=0.0)
         if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
-            dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) / den[:, None] + cd[:, None] * z[None, :]
+            dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rden[:, None] + cd[:, None] * z[None, :]
         else:
-            gm = do.to(tl.float32) / den[:, None]
+            gm = do.to(tl.float32) * rden[:, None]
             dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
         if CAUSAL:
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             k = _phi(k, mrk, FM)
-            dA = _dot(do, tl.trans(v), PREC, UP) / den[:, None]  # g . v: exact 16-bit products, fp32 sums
+            dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
             dA = tl.where(causal_m, dA + cd[:, None], 0.0)
             dq += _mm(dA, k, Q, LOWP, SPREC, UP)
             S += _dot(tl.trans(k), v, PREC, UP)
             z += tl.sum(k.to(tl.float32), 0)
-        if FM != 0:
+        if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
             q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-            dq = dq * _phi_grad(q, FM)
+            dq = dq * _phi_grad(q, FM, DFM)
         tl.store(DQ + bh * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
 
 
 @triton.jit
 def _seg_dkdv(
-    Q, K, V, DO, DEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
+    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
     NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
-    FM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_0: tl.constexpr,
-    PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
+    FM: tl.constexpr, DFM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr,
+    STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
     """dk / dv of one segment of one K/V head, sweeping its chunks backwards with the suffix dS, dz (strictly
     later positions) in registers. Programs 0..F/BK-1 of axis 2: a BK block of dk (carry dS (BK x Dv), dz);
@@ -429,17 +469,17 @@ def _seg_dkdv(
                     q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
                     q = _phi(q, mrk, FM)
                     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-                    den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
+                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
                     cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-                    gm = do.to(tl.float32) / den[:, None]
-                    dAt = _dot(v, tl.trans(do), PREC, UP) / den[None, :]  # (j, i) = v_j . g_i
+                    gm = do.to(tl.float32) * rden[:, None]
+                    dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
                     dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
                     dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
                     dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
                     dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-            if FM != 0:
+            if FM + DFM != 0:
                 k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                dk = dk * _phi_grad(k, FM)
+                dk = dk * _phi_grad(k, FM, DFM)
             tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
         if STORE_0:  # segment 0 ends with the sums over all positions (non-causal: its start): dS0, dz0
             if s == 0:
@@ -472,14 +512,14 @@ def _seg_dkdv(
                     q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
                     q = _phi(q, mrf, FM)
                     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                    den = tl.load(DEN + bq * NQ + rows, mask=mr, other=1.0)
+                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
                     At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
                     if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
-                        Pt = tl.where(causal_t, At / den[None, :], 0.0)
+                        Pt = tl.where(causal_t, At * rden[None, :], 0.0)
                         dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-                        dSv += _mm(tl.trans(q), do.to(tl.float32) / den[:, None], Q, LOWP, SPREC, UP)
+                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
                     else:
-                        gm = do.to(tl.float32) / den[:, None]
+                        gm = do.to(tl.float32) * rden[:, None]
                         At = tl.where(causal_t, At, 0.0)
                         dv += tl.dot(At, gm, input_precision=SPREC)
                         dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
@@ -492,7 +532,7 @@ def _interpreting() -> bool:
 
 
 def _pow2(n: int, lo: int = 16, hi: int = 128) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(n)))
+    return max(lo, min(hi, next_pow2(n)))
 
 
 def _cfg(F: int, Dv: int, chunk_size: int, dtype: torch.dtype):
@@ -509,7 +549,11 @@ def _cfg(F: int, Dv: int, chunk_size: int, dtype: torch.dtype):
 # bf16 right before the product; state, z, den and all accumulators stay fp32). Off for float16 (g = dout / den
 # and the states can exceed the fp16 range with large keys: tf32 there) and float32 (ieee).
 # progs_per_sm: the segment length is halved until the forward has this many programs per SM (see _seg_len).
-_OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 1}
+# phi_in_loop: apply elu1 / relu inside every chunk loop (recomputed in each kernel) instead of once, in a
+# pre-pass (_phi_map), whose output the kernels read and the backward chain rule uses (off by default: the
+# pre-pass costs two extra tensor reads and writes; in-loop, the map doubled the forward's per-chunk
+# instructions, see docs/linear_kernel.md).
+_OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 1, "phi_in_loop": False}
 
 # Tile configurations (BK, BV, num_warps, num_stages, chunk), tried in order; the first that compiles within the
 # device's shared memory / registers is remembered per (kernel, F, Dv, C, dtype). ``seg_fwd`` holds the full
@@ -626,9 +670,9 @@ def _seg_len(N: int, C: int, progs_per_seg: int, segment_size: Optional[int], sm
     largest power of two that still gives the kernel >= ``_OPTS["progs_per_sm"]`` (1) programs per SM, but not
     below 4 C (or N)."""
     if segment_size is not None:
-        return max(C, triton.cdiv(int(segment_size), C) * C)
-    L = max(C, triton.next_power_of_2(N))
-    while L > 4 * C and triton.cdiv(N, L) * progs_per_seg < float(_OPTS["progs_per_sm"]) * sms:
+        return max(C, cdiv(int(segment_size), C) * C)
+    L = max(C, next_pow2(N))
+    while L > 4 * C and cdiv(N, L) * progs_per_seg < float(_OPTS["progs_per_sm"]) * sms:
         L //= 2
     return L
 
@@ -666,18 +710,36 @@ def _check(q, k, v, s0, z0, causal):
 
 def _seg_sums(kind, kernel, x, y, extra, N, L, F, Dv, chunk, dt, BHkv, heads=(), **const):
     """Run a per-segment sum kernel; returns (sums (BHkv, NS, F, Dv), zsums (BHkv, NS, F)) in fp32."""
-    NS = triton.cdiv(N, L)
+    NS = cdiv(N, L)
     SS = torch.empty(BHkv, NS, F, Dv, device=x.device, dtype=torch.float32)
     ZS = torch.empty(BHkv, NS, F, device=x.device, dtype=torch.float32)
-    _launch(kind, kernel, lambda BK, BV: (triton.cdiv(F, BK) * triton.cdiv(Dv, BV) * BHkv, NS), F, Dv, chunk, dt,
+    _launch(kind, kernel, lambda BK, BV: (cdiv(F, BK) * cdiv(Dv, BV) * BHkv, NS), F, Dv, chunk, dt,
             (x, y, *extra, SS, ZS, N, F, Dv, L, *heads, NS), **const)
     return SS, ZS
 
 
+def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
+    """(phi(q), phi(k)) for a fused feature map id, contiguous, in one launch."""
+    F = q.shape[3]
+    fq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    fk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    FP = _pow2(F, 16, MAX_DIM)
+    BR = max(1, 4096 // FP)
+    nq, nk = q.numel() // F, k.numel() // F
+    _phi_map[(cdiv(nq, BR) + cdiv(nk, BR),)](
+        q, fq, nq, q.shape[1], q.shape[2], *q.stride(), k, fk, nk, k.shape[1], k.shape[2], *k.stride(), F,
+        FM=fm, BR=BR, FP=FP, num_warps=4)
+    return fq, fk
+
+
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, s0, z0, causal, eps, fm, chunk_size, segment_size, want_state):
+    def forward(ctx, q, k, v, s0, z0, causal, eps, fmap, chunk_size, segment_size, want_state):
         B, Hq, Hkv, Nq, Nk, F, Dv = _check(q, k, v, s0, z0, causal)
+        if fmap != 0 and not _OPTS["phi_in_loop"]:  # features once: the kernels read phi(q), phi(k)
+            (q, k), fm, dfm = _features(q, k, fmap), 0, fmap
+        else:
+            fm, dfm = fmap, 0
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         C, SPREC, PREC = _cfg(F, Dv, chunk_size, q.dtype)
         up = q.dtype == torch.bfloat16 and _interpreting()
@@ -692,8 +754,8 @@ class _LinearAttention(torch.autograd.Function):
             z0 = z0.float().contiguous().view(BHkv, F)
         s16 = bool(_OPTS["state_16bit"]) or lowp
         fbv = _blocks(_tile_in_use("seg_fwd", F, Dv, C, q.dtype, s16), F, Dv)[1]
-        Lq = _seg_len(Nq, C, B * Hq * triton.cdiv(Dv, fbv), segment_size, sms)
-        NSq = triton.cdiv(Nq, Lq)
+        Lq = _seg_len(Nq, C, B * Hq * cdiv(Dv, fbv), segment_size, sms)
+        NSq = cdiv(Nq, Lq)
         st_const = dict(C=C, FM=fm, PREC=PREC, UP=up)
         SS = ZS = None  # per-segment key sums; the kernels add the ones before their segment to S0 themselves
         if causal:
@@ -702,7 +764,7 @@ class _LinearAttention(torch.autograd.Function):
                 SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, **st_const)
         else:
             sk, sv = _blocks(_tile_in_use("seg_state", F, Dv, C, q.dtype, False), F, Dv)
-            Lk = _seg_len(Nk, C, BHkv * triton.cdiv(F, sk) * triton.cdiv(Dv, sv), segment_size, sms)
+            Lk = _seg_len(Nk, C, BHkv * cdiv(F, sk) * cdiv(Dv, sv), segment_size, sms)
             SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, **st_const)
         has_ss = SS is not None
         ST = ZT = None
@@ -711,14 +773,14 @@ class _LinearAttention(torch.autograd.Function):
             ZT = torch.empty(BHkv, F, device=dev, dtype=torch.float32)
         o = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=dt)
         den = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32)
-        _launch("seg_fwd", _seg_fwd, lambda BK, BV: (triton.cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt,
+        _launch("seg_fwd", _seg_fwd, lambda BK, BV: (cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt,
                 (q, k, v, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den, z0 if has_s0 else den,
                  o, den, ST if want_state else den, ZT if want_state else den,
                  Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps)),
                 C=C, FP=_pow2(F, 16, MAX_DIM), FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, STORE_T=want_state,
                 S16=s16, PREC=PREC, SPREC=SPREC, UP=up)
         ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0)
-        ctx.cfg = (causal, fm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp)
+        ctx.cfg = (causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp)
         if ST is not None:
             ST, ZT = ST.view(B, Hkv, F, Dv), ZT.view(B, Hkv, F)
         return o, ST, ZT
@@ -726,18 +788,20 @@ class _LinearAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dST, dZT):
         q, k, v, o, den, SS, ZS, s0, z0 = ctx.saved_tensors
-        causal, fm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp = ctx.cfg
+        causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp = ctx.cfg
         B, Hq, Nq, F = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
         G = Hq // Hkv
         BHkv = B * Hkv
-        NSq, NSk = triton.cdiv(Nq, Lq), triton.cdiv(Nk, Lk)
+        NSq, NSk = cdiv(Nq, Lq), cdiv(Nk, Lk)
         dev, dt = q.device, q.dtype
         FP, DVP = _pow2(F, 16, MAX_DIM), _pow2(Dv, 16, MAX_DIM)
         do = do.contiguous()
         cd = torch.empty_like(den)
+        rden = torch.empty_like(den)
         nrows = B * Hq * Nq
-        _bwd_pre[(triton.cdiv(nrows, 64),)](o, do, den, cd, nrows, Dv, BM=64, BV=min(64, _pow2(Dv)), num_warps=4)
+        _bwd_pre[(cdiv(nrows, 64),)](o, do, den, cd, rden, nrows, Dv, BM=64, BV=min(64, _pow2(Dv)),
+                                            num_warps=4)
         has_dst = dST is not None or dZT is not None
         if has_dst:
             dST = (dST if dST is not None else torch.zeros(B, Hkv, F, Dv, device=dev)).float().contiguous()
@@ -749,23 +813,23 @@ class _LinearAttention(torch.autograd.Function):
             dz0 = torch.empty(B, Hkv, F, device=dev, dtype=torch.float32)
         DSS = DZS = None  # per-segment query-side sums; dk/dv programs add the later ones (causal) themselves
         if not causal or NSq > 1:
-            DSS, DZS = _seg_sums("seg_dstate", _seg_dstate, q, do, (den, cd), Nq, Lq, F, Dv, C, dt, BHkv,
+            DSS, DZS = _seg_sums("seg_dstate", _seg_dstate, q, do, (rden, cd), Nq, Lq, F, Dv, C, dt, BHkv,
                                  heads=(Hq, G), C=C, FM=fm, SPREC=SPREC, LOWP=lowp, UP=up)
         dq = torch.empty_like(q)
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         has_ss = SS is not None
-        _launch("seg_dq", _seg_dq, lambda BK, BV: (triton.cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt,
-                (q, k, v, do, den, cd, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den,
+        _launch("seg_dq", _seg_dq, lambda BK, BV: (cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt,
+                (q, k, v, do, rden, cd, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den,
                  z0 if has_s0 else den, dq, Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1),
-                C=C, DVP=DVP, FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
+                C=C, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
                 LOWP=lowp, UP=up)
         has_dss = DSS is not None
-        _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((triton.cdiv(F, BK) + triton.cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt,
-                (q, k, v, do, den, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
+        _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt,
+                (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
                  dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
                  Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
-                C=C, FP=FP, DVP=DVP, FM=fm, CAUSAL=causal, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
+                C=C, FP=FP, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
                 PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up)
         return dq, dk, dv, ds0, dz0, None, None, None, None, None, None
 
@@ -784,7 +848,8 @@ def linear_attention(
         causal: chunked causal form (needs ``Nq == Nk``; prefix keys go into ``initial_state``) or the
             non-causal form (any ``Nq``, ``Nk``).
         eps: added to the normaliser ``phi(q) . z``.
-        feature_map: ``None`` (inputs are features), ``"elu1"`` or ``"relu"`` (applied in-kernel, ``F = D``).
+        feature_map: ``None`` (inputs are features), ``"elu1"`` or ``"relu"`` (applied by the kernels' pre-pass,
+            ``F = D``).
         initial_state: optional ``(S0 (B, Hkv, F, Dv), z0 (B, Hkv, F))`` (cast to fp32), the sums over keys
             before the first one (differentiable).
         output_final_state: also return ``(S, z)`` after the last key (fp32, differentiable).

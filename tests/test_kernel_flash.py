@@ -462,6 +462,27 @@ def test_gpu_real_sizes(kind, kw, Nq, Nk, Hq, Hkv, D, dtype):
     check_against_reference(AttentionSpec(kind=kind, **kw), B=2, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, dtype=dtype)
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_custom_op_path_matches_eager_path(return_lse, monkeypatch):
+    """flash_attn runs an autograd.Function eagerly and the torch.library custom ops under torch.compile; both
+    give the same out, lse and grads (custom ops forced here by faking ``is_compiling``), with a window."""
+    from kernels import flash_attn
+
+    q, k, v, do = _inputs(1, 4, 2, 40, 40, 16, torch.float32)
+
+    def run(a, b, c):
+        res = flash_attn(a, b, c, causal=True, window_size=(9, None), return_lse=return_lse)
+        if return_lse:  # a loss through lse too: its gradient (dlse) reaches the backward
+            return res[0] + res[1][..., None].sin()
+        return res
+
+    eager = _grads(run, q, k, v, do)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    op = _grads(run, q, k, v, do)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), eager, op):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_torch_compile_traces_custom_op():

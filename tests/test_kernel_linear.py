@@ -211,6 +211,40 @@ def test_segmentation_does_not_change_results(causal):
         linear_attention(q, k, v, segment_size=0)
 
 
+@pytest.mark.parametrize("fmap", ["elu1", "relu"])
+def test_feature_map_prepass_strided_and_in_loop(fmap, monkeypatch):
+    """The feature-map pre-pass (default) reads strided q / k directly and its chain rule (phi' from phi) gives
+    the same out and grads as contiguous inputs, as the in-loop map (``_OPTS["phi_in_loop"]``) and as the fp32
+    reference; q has exact zeros (relu'(0) = 0, elu1'(0) = 1) and the GQA group is 2."""
+    import kernels.linear as L
+
+    q, k, v, do = _inputs(1, 4, 2, 40, 40, 16, 8, seed=5)
+    q[..., :3] = 0.0
+    qs = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, D) memory, viewed as (B, H, N, D)
+    kbig = torch.zeros(1, 2, 80, 16, device=DEV)
+    kbig[:, :, ::2] = k
+    ks = kbig[:, :, ::2]  # every other row of a larger buffer
+    assert not qs.is_contiguous() and not ks.is_contiguous()
+    fn = lambda a, b, c: linear_attention(a, b, c, feature_map=fmap, chunk_size=16, segment_size=16)  # noqa: E731
+    got = {"contiguous": _grads(fn, q, k, v, do)}
+    # the views themselves (clone() would make the every-other-row view of k contiguous)
+    qs_, ks_ = qs.detach().requires_grad_(), ks.detach().requires_grad_()
+    v_ = v.detach().clone().requires_grad_()
+    out = fn(qs_, ks_, v_)
+    got["strided"] = (out,) + torch.autograd.grad(out, (qs_, ks_, v_), do)
+    monkeypatch.setitem(L._OPTS, "phi_in_loop", True)
+    got["in_loop"] = _grads(fn, q, k, v, do)
+    phi = (lambda x: Fn.elu(x) + 1) if fmap == "elu1" else torch.relu
+    got["reference"] = _grads(lambda a, b, c: _ref_with_state(phi(a), phi(b), c, torch.zeros(1, 2, 16, 8, device=DEV),
+                                                              torch.zeros(1, 2, 16, device=DEV), True, 1e-6)[0],
+                              q, k, v, do)
+    for case in ("strided", "in_loop", "reference"):
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got[case], got["contiguous"]):
+            assert rel(a, b) <= 1e-5, (case, name, rel(a, b))
+    if fmap == "relu":  # the zero inputs get exactly zero gradient
+        assert (got["contiguous"][1][..., :3] == 0).all()
+
+
 # ------------------------------------------------------------------------------------- 16-bit inputs
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_flash_rule(dtype):
