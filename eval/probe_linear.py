@@ -6,7 +6,7 @@ Needs CUDA. ``--budget`` seconds: later cases are skipped, and say so, once it i
 picks the (N x B) shapes, ``--variants a,b`` the variants, ``--variant-shapes`` their shapes, ``--check-shape``
 the per-variant accuracy shape.
 
-Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kernel (raw q, k), shapes
+Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``feature_map="elu1"`` (raw q, k in), shapes
 ``(N, B)``: 16k tokens at N = 512 / 4096 / 16384, and ``B * N = 65536`` at N = 16384 / 65536 (flatness).
 
 1. Correctness per shape (default config): rel. RMS error of out, dq, dk, dv vs an fp32 PyTorch chunked
@@ -17,7 +17,8 @@ Workload: causal, bf16, ``H = 16``, ``D = F = Dv = 128``, ``elu1`` fused in-kern
    precomputed elu1 features, (B, T, H, D) layout) and ``sdpa_cudnn`` (exact causal attention), then the tile /
    chunk / precision / pipelining ``VARIANTS`` (at ``--variant-shapes``), each with the config / registers /
    spill bytes of every kernel it launched (and the configs that did not fit), and a per-kernel breakdown
-   (torch.profiler) of the default and of the ``BEST`` variant.
+   (torch.profiler) of the default and of the ``BEST`` variant. ``cpu_ms``: host time to enqueue one fwd+bwd
+   on an idle GPU (median of 15); near ``fwd_bwd_ms`` the timing is launch-bound.
 Prints one line per case with the elapsed time, then a table (one row per method, one column per shape),
 fla / ours and the flatness ``t(N=65536, B=1) / t(N=16384, B=4)``. Writes ``probe_linear.csv`` /
 ``probe_linear.json`` under ``--out``.
@@ -187,10 +188,10 @@ def main(argv=None):
 
     def log(row):
         rows.append(row)
-        keys = [k for k in ("kind", "method", "N", "B", "NS", "fwd_ms", "fwd_bwd_ms", "cpu_ms", "out", "dq", "dk", "dv", "finite",
-                            "peak_mib", "kernels", "skipped", "error") if k in row]
-        print(f"[{time.time() - t0:6.1f}s] " + "  ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
-                                                    for k in keys), flush=True)
+        keys = [k for k in ("kind", "method", "N", "B", "NS", "fwd_ms", "fwd_bwd_ms", "cpu_ms", "out", "dq", "dk", "dv",
+                            "finite", "peak_mib", "kernels", "skipped", "error") if k in row]
+        print(f"[{time.time() - t0:6.1f}s] " + "  ".join(
+            f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in keys), flush=True)
 
     def take_skipped(row):
         """Configs that did not fit since the last call (the launcher fell back to the next one; it remembers the
@@ -198,6 +199,10 @@ def main(argv=None):
         if L._SKIPPED:
             row["skipped"] = "; ".join(f"{k[4:]}{list(c)}: {why}" for k, v in sorted(L._SKIPPED.items()) for c, why in v)
             L._SKIPPED.clear()
+
+    def record_error(row, e):
+        traceback.print_exc(limit=3)
+        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
 
     # ------------------------------------------------------------------ 1. correctness (default config)
     def check(method, N, B):
@@ -225,8 +230,7 @@ def main(argv=None):
             row["finite"] = all(bool(torch.isfinite(t).all()) for t in got)
             del leaves, rl, ro, got, ref, out
         except Exception as e:  # noqa: BLE001
-            traceback.print_exc(limit=3)
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            record_error(row, e)
             take_skipped(row)
         log(row)
         torch.cuda.empty_cache()
@@ -253,8 +257,7 @@ def main(argv=None):
             with torch.no_grad():
                 row["finite"] = bool(torch.isfinite(fn()).all())
         except Exception as e:  # noqa: BLE001
-            traceback.print_exc(limit=3)
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            record_error(row, e)
         take_skipped(row)
         log(row)
         torch.cuda.empty_cache()
