@@ -26,8 +26,8 @@ summed after) and one kernel per query tile for dQ (no atomics, deterministic). 
 (``dq_mode="atomic"`` / env ``ATTN_ZOO_FLASH_DQ=atomic``): dQ accumulated in the dK/dV kernel with fp32
 atomics (5 matmuls per tile pair instead of 7; not bitwise deterministic).
 
-Public API: :func:`flash_attn` (autograd-aware, a ``torch.library`` custom op so ``torch.compile`` traces
-through it), :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`, :func:`build_sparse_tables`.
+Public API: :func:`flash_attn` (autograd-aware: an ``autograd.Function`` in eager mode, ``torch.library`` custom
+ops under ``torch.compile`` so it traces through them), :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`, :func:`build_sparse_tables`.
 """
 
 from __future__ import annotations

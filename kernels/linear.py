@@ -47,9 +47,9 @@ K/V-side kernels loop over the ``G`` query heads of a K/V head (``G`` a compile-
 outside its chunk loop, ``_seg_dkdv`` inside it (its suffix carry needs chunk order), where only ``G = 1``
 folds the loop away; with ``G > 1`` Triton pipelines that inner loop instead of the chunk loop.
 
-Saved for backward: ``q, k`` (the features when a feature map is given), ``v, out``, ``den`` (fp32, ``B*Hq*Nq`` numbers) and the per-segment key sums
-(``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer than per-chunk states); nothing is recomputed
-except the in-register sweeps.
+Saved for backward: ``q, k`` (the features when a feature map is given), ``v, out``, ``den`` (fp32,
+``B*Hq*Nq`` numbers) and the per-segment key sums (``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer
+than per-chunk states); nothing is recomputed except the in-register sweeps.
 
 Precision: inputs fp16 / bf16 / fp32; every accumulator, ``S``, ``z``, ``den`` and the backward states are
 fp32 (carried in fp32 registers). bf16 (``_OPTS["lowp_bf16"]``, default on): every product takes bf16
@@ -418,7 +418,8 @@ def _seg_dkdv(
     NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
     FM: tl.constexpr, DFM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr,
-    STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
+    STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr,
+    STG: tl.constexpr,
 ):
     """dk / dv of one segment of one K/V head, sweeping its chunks backwards with the suffix dS, dz (strictly
     later positions) in registers. Programs 0..F/BK-1 of axis 2: a BK block of dk (carry dS (BK x Dv), dz);
