@@ -12,6 +12,7 @@ Usage::
     python eval/inspect_kernels.py                       # linear kernels at their bf16 default tiles, flash fwd
     python eval/inspect_kernels.py --kernels seg_dkdv --tile 64,64,8,3,0
     python eval/inspect_kernels.py --kernels flash_fwd --sparse --tile 64,64,4,2
+    python eval/inspect_kernels.py --kernels flash_fwd --sparse --aligned --sass   # no per-element layout gather
     python eval/inspect_kernels.py --sass                # + instruction mix of each kernel's main loop
 
 Shapes are the benchmark's: F = Dv = D = 128, bf16, chunk 64; ``G`` (query heads per K/V head) 1.
@@ -127,7 +128,7 @@ def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False):
     return fn, types, const
 
 
-def _flash_fwd(cfg, sparse: bool):
+def _flash_fwd(cfg, sparse: int):
     """Types and constexprs of the exact forward kernel at (BLOCK_M, BLOCK_N, warps, stages)."""
     fn = FL._fwd_kernel
     types = {}
@@ -145,7 +146,7 @@ def _flash_fwd(cfg, sparse: bool):
         else:
             types[n] = "i32"
     const = {n: 1 for n in fn.arg_names if re.fullmatch(r"stride_[qkvo]d", n)}  # unit strides specialise to 1
-    const.update(HEAD_D=D, BLOCK_D=D, HAS_LEFT=False, HAS_RIGHT=not sparse, SPARSE=sparse, DOT_PREC="tf32",
+    const.update(HEAD_D=D, BLOCK_D=D, HAS_LEFT=False, HAS_RIGHT=True, SPARSE=sparse, DOT_PREC="tf32",
                  BLOCK_M=cfg[0], BLOCK_N=cfg[1])
     return fn, types, const
 
@@ -156,6 +157,8 @@ def main(argv=None):
     p.add_argument("--tile", default="", help="linear: BK,BV,warps,stages[,chunk]; flash_fwd: BLOCK_M,BLOCK_N,"
                                                "warps,stages (default: the kernel's default)")
     p.add_argument("--sparse", action="store_true", help="flash_fwd: the block-sparse variant (table loops)")
+    p.add_argument("--aligned", action="store_true", help="flash_fwd --sparse: tiles inside one layout block (no "
+                                                          "per-element layout gather, kernels.flash._OPTS)")
     p.add_argument("--fm", type=int, default=1, choices=(0, 1, 2),
                    help="linear: feature map (0 none, 1 elu1, 2 relu; default 1): its chain rule in dq / dk")
     p.add_argument("--phi-in-loop", action="store_true",
@@ -174,7 +177,7 @@ def main(argv=None):
     for name in names:
         if name == "flash_fwd":
             cfg = tile or ((64, 64, 4, 3) if args.sparse else (128, 64, 8, 3))
-            fn, types, const = _flash_fwd(cfg, args.sparse)
+            fn, types, const = _flash_fwd(cfg, (2 if args.aligned else 1) if args.sparse else 0)
         else:
             cfg = tile or LN._tiles(name, torch.bfloat16, name != "seg_state", D, D)[0]
             fn, types, const = _linear(name, cfg, args.fm, args.phi_in_loop)

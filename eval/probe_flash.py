@@ -305,6 +305,9 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
         "f64x64w4s2_kv64": (mk(64, 64, 4, 2), mk(64, 64, 4, 2), mk(64, 64, 4, 2)),
         "f64x32w4_kv64": (mk(64, 32, 4, 3), mk(64, 32, 4, 2), mk(64, 64, 4, 2)),
         "f64x32w4s2_kv64": (mk(64, 32, 4, 2), mk(64, 32, 4, 2), mk(64, 64, 4, 2)),  # 48 KiB: four per SM
+        # default tiles, partial tiles without the per-element layout gather (kernels.flash._OPTS; BigBird's
+        # 128-token blocks hold whole 64 x 64 tiles)
+        "default_nogather": "nogather",
     }
     rows, t_start, name = [], time.time(), "bigbird"
     for N in Ns:
@@ -318,7 +321,8 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
                 continue
             for kind in ("fwd", "dq", "dkdv"):
                 kf.set_sparse_override(kind, None)
-            if cfg is not None:
+            kf._OPTS["sparse_aligned_no_gather"] = cfg == "nogather"
+            if isinstance(cfg, tuple):
                 for kind, c in zip(("fwd", "dq", "dkdv"), cfg):
                     kf.set_sparse_override(kind, c)
             row = dict(variant=name, N=N, B=B, config=cname, round=rnd)
@@ -339,6 +343,7 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
                 f"fwd+bwd {row.get('fwd_bwd_tflops')} TF/s diff {row.get('max_diff_vs_default')} {row.get('error', '')}")
     for kind in ("fwd", "dq", "dkdv"):
         kf.set_sparse_override(kind, None)
+    kf._OPTS["sparse_aligned_no_gather"] = False
     if rounds > 1:
         for N in Ns:
             for cname in cands:

@@ -180,14 +180,18 @@ _KEY_DKDV = _KEY + ["ATOMIC_DQ"]
 @triton.jit
 def _allowed(i2, j2, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr):
-    """Element rule of MaskInfo.allowed on broadcastable row / column index tensors."""
+    """Element rule of MaskInfo.allowed on broadcastable row / column index tensors. ``SPARSE``: 0 no layout; 1
+    the layout byte of every element (gathered); 2 the tile lies inside one layout block, whose bit the block
+    table's visit already implies (the launcher checks the alignment): no gather."""
     ia = i2 + offset
     ok = (j2 < Nk) & (i2 < Nq)
     if HAS_RIGHT:
         ok = ok & (j2 <= ia + win_right)
     if HAS_LEFT:
         ok = ok & (j2 >= ia - win_left)
-    if SPARSE:
+    if SPARSE == 2:
+        ok = ok & (ia >= 0)
+    elif SPARSE:
         qb = tl.minimum(tl.maximum(ia, 0) // lay_bs, lay_nb - 1)
         kb = tl.minimum(j2 // lay_bs, lay_nb - 1)
         ok = ok & (ia >= 0)
@@ -771,9 +775,30 @@ def _check(q, k, v):
         raise ValueError(f"sequence lengths must be >= 1, got Nq={Nq}, Nk={k.shape[2]}")
 
 
+# Tuning switch (read at launch): sparse_aligned_no_gather: when the layout's block size is a multiple of a
+# kernel's tiles (and Nk - Nq of its query tile), partial tiles skip the per-element layout gather (SPARSE = 2 in
+# _allowed). Off by default until measured on the GPU (offline, sm_90a: the sparse forward's partial-tile loop
+# is 846 instructions with 33 global gathers and 31 barriers per warp and tile, its full-tile loop 384).
+_OPTS = {"sparse_aligned_no_gather": False}
+_DUMMIES = {}
+
+
+def _sparse_mode(layout, layout_bs: int, tile, Nq: int, Nk: int) -> int:
+    """The ``SPARSE`` constexpr of a kernel with tiles ``tile = (BLOCK_M, BLOCK_N)``: 0 without a layout, 2 when
+    every tile lies inside one layout block and the switch is on, else 1."""
+    if layout is None:
+        return 0
+    bm, bn = tile
+    if _OPTS["sparse_aligned_no_gather"] and layout_bs % bm == 0 and layout_bs % bn == 0 and (Nk - Nq) % bm == 0:
+        return 2
+    return 1
+
+
 def _mode_args(q, layout, tables):
-    dummy_i32 = torch.zeros(1, dtype=torch.int32, device=q.device)
-    dummy_i8 = torch.zeros(1, dtype=torch.int8, device=q.device)
+    if q.device not in _DUMMIES:  # placeholder pointers of the dense modes (never read), one pair per device
+        _DUMMIES[q.device] = (torch.zeros(1, dtype=torch.int32, device=q.device),
+                              torch.zeros(1, dtype=torch.int8, device=q.device))
+    dummy_i32, dummy_i8 = _DUMMIES[q.device]
     if layout is not None:
         idx, cnt, nfull = tables
         lay = layout.to(device=q.device, dtype=torch.int8).contiguous()
@@ -804,8 +829,8 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0),
         m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
-        dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, SPARSE=m["sparse"],
-             DOT_PREC=prec))
+        dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+             SPARSE=_sparse_mode(layout, layout_bs, sparse_tiles(D)[0], Nq, Nk), DOT_PREC=prec))
     return out, lse
 
 
@@ -901,12 +926,12 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=pm,
     )
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
-    sparse = layout is not None
     mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull))
-    common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, SPARSE=sparse,
-                  DOT_PREC=prec)
-    meta_dkdv = dict(common, ATOMIC_DQ=atomic)
+    f_tile, b_tile = sparse_tiles(D) if layout is not None else ((1, 1), (1, 1))
+    common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+                  SPARSE=_sparse_mode(layout, layout_bs, f_tile, Nq, Nk), DOT_PREC=prec)
+    meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=_sparse_mode(layout, layout_bs, b_tile, Nq, Nk))
     wl, wr = max(win_left, 0), max(win_right, 0)
     n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
     n_split = _resolve_split(dkdv_split, group, n_tiles * B * Hkv, q.device)

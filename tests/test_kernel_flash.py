@@ -149,6 +149,30 @@ def test_block_sparse(pattern, causal, Nq, Nk, Hq, Hkv):
     check_against_reference(spec, Nq=Nq, Nk=Nk, Hq=Hq, Hkv=Hkv, D=32)
 
 
+@pytest.mark.parametrize("Nq,Nk,bs,mode_fwd,mode_dkdv", [
+    (100, 100, 32, 2, 2), (64, 96, 32, 2, 2), (80, 96, 32, 1, 2), (100, 100, 16, 1, 1),
+])
+def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv, monkeypatch):
+    """The opt-in switch ``_OPTS["sparse_aligned_no_gather"]``: when a kernel's tiles lie inside one layout block
+    (block size a multiple of both tiles, ``Nk - Nq`` of the query tile) its partial tiles skip the per-element
+    layout gather. Out and grads equal the gathering path exactly and pass the reference check; layouts or
+    offsets that do not align keep the gather (interpreter tiles: forward 32 x 16, dK/dV 16 x 32)."""
+    import kernels.flash as kf
+
+    spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=bs)
+    q, k, v, do = _inputs(1, 4, 2, Nq, Nk, 32, torch.float32, seed=Nq + bs)
+    run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
+    base = _grads(run, q, k, v, do)
+    monkeypatch.setitem(kf._OPTS, "sparse_aligned_no_gather", True)
+    f_tile, b_tile = kf.sparse_tiles(32)
+    assert kf._sparse_mode(torch.ones(1), bs, f_tile, Nq, Nk) == mode_fwd
+    assert kf._sparse_mode(torch.ones(1), bs, b_tile, Nq, Nk) == mode_dkdv
+    assert kf._sparse_mode(None, bs, f_tile, Nq, Nk) == 0
+    ours, _ = check_against_reference(spec, Nq=Nq, Nk=Nk, Hq=4, Hkv=2, D=32, seed=Nq + bs)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), ours, base):
+        assert torch.equal(x, y), name
+
+
 def test_strided_views_equal_contiguous():
     B, H, N, D = 1, 2, 50, 40
     q, k, v, do = _inputs(B, H, H, N, N, D, torch.float32)
