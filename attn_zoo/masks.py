@@ -171,7 +171,7 @@ class MaskInfo:
             ii[1:, 1:] = self.layout.to(torch.int64).cumsum(0).cumsum(1)
             qa = (a0.clamp(min=0) // bs).clamp(max=nb - 1)
             qz = (a1.clamp(min=0) // bs).clamp(max=nb - 1)
-            ka, kz = c0 // bs, (c1 // bs).clamp(max=nb - 1)
+            ka, kz = (c0 // bs).clamp(max=nb - 1), (c1 // bs).clamp(max=nb - 1)  # keys past the layout: last block
             cnt = ii[qz + 1, kz + 1] - ii[qa, kz + 1] - ii[qz + 1, ka] + ii[qa, ka]
             area = (qz - qa + 1) * (kz - ka + 1)
             visited &= (cnt > 0) & (a1 >= 0)

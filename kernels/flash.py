@@ -692,7 +692,10 @@ def set_config_override(kind: str, cfg: Optional[dict] = None) -> None:
 
 
 def _launch_key(kind, meta, dtype):
-    return (kind, dtype) + tuple(sorted(meta.items()))
+    """Key of a remembered config: the sparse mode's tiles are part of it (a tuning override changes them, and a
+    config of other tiles would not match the block table)."""
+    tiles = sparse_tiles(meta["BLOCK_D"]) if meta["SPARSE"] else None
+    return (kind, dtype, tiles) + tuple(sorted(meta.items()))
 
 
 def _block_n_dkdv(meta, dtype) -> int:
@@ -777,8 +780,11 @@ def _check(q, k, v):
 
 # Tuning switch (read at launch): sparse_aligned_no_gather: when the layout's block size is a multiple of a
 # kernel's tiles (and Nk - Nq of its query tile), partial tiles skip the per-element layout gather (SPARSE = 2 in
-# _allowed). Off by default until measured on the GPU (offline, sm_90a: the sparse forward's partial-tile loop
-# is 846 instructions with 33 global gathers and 31 barriers per warp and tile, its full-tile loop 384).
+# _allowed). Off by default until measured on the GPU (offline, sm_90a, causal: the sparse forward's partial-tile
+# loop is 1397 instructions with 33 global gathers and 31 barriers per warp and tile, 641 with 2 without the
+# gather; its full-tile loop 384). It trusts the block table: a tile marked visited must lie in a layout block
+# that is on (true for tables from MaskInfo.block_table at aligned tiles, which the triton backend builds; a
+# hand-made table that visits extra tiles would let their masked blocks through).
 _OPTS = {"sparse_aligned_no_gather": False}
 _DUMMIES = {}
 
@@ -1119,7 +1125,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             (rows with ``i + Nk - Nq < 0`` see nothing); pass it as int8 on ``q``'s device when calling in a loop
             (a CPU layout is copied to the device on every call, a copy that waits for the GPU). Needs ``block_table_fn(block_m, block_n)`` returning
             ``(kv_idx, kv_count, kv_full, visited, full)`` (e.g. ``MaskInfo.block_table``) for the visited tiles.
-        block_tables: precomputed :func:`build_sparse_tables` output (skips ``block_table_fn``).
+        block_tables: precomputed :func:`build_sparse_tables` output (skips ``block_table_fn``). With the tuning
+            switch ``_OPTS["sparse_aligned_no_gather"]`` on, a tile the table visits must lie in a layout block that
+            is on (tables from ``MaskInfo.block_table`` do; see the switch's comment).
         return_lse: also return ``lse`` fp32 ``(B, Hq, Nq)`` (natural log, ``-inf`` on empty rows); it is
             differentiable.
         dq_mode: backward dQ algorithm, ``"separate"`` (deterministic dQ kernel) or ``"atomic"`` (fused into the

@@ -351,6 +351,27 @@ def test_sparse_override_tiles_give_the_same_grads():
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
 
 
+def test_sparse_override_sequence_remembers_configs_per_tiles():
+    """A remembered launch config belongs to the sparse tiles it was chosen at: forcing the forward tiles (dQ
+    follows them, from the shared table), running, then forcing other tiles must not reuse the first dQ
+    config against the second table. Every run equals the reference."""
+    import kernels.flash as kf
+
+    spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=32)
+    cfg = lambda bm, bn: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)  # noqa: E731
+    try:
+        for f, b in (((16, 16), (32, 16)), ((64, 32), (64, 64))):
+            kf.set_sparse_override("fwd", cfg(*f))
+            kf.set_sparse_override("dkdv", cfg(*b))
+            assert kf.sparse_tiles(16) == (f, b)
+            check_against_reference(spec, Nq=100, Nk=100, D=16, seed=f[0])
+            kf.set_sparse_override("fwd", None)
+            kf.set_sparse_override("dkdv", None)
+    finally:
+        for kind in ("fwd", "dq", "dkdv"):
+            kf.set_sparse_override(kind, None)
+
+
 def test_adapter_tables_follow_the_sparse_tiles():
     """The triton adapter's table cache is keyed by the kernel's current sparse tiles (a tuning override)."""
     import kernels.flash as kf

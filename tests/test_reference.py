@@ -126,8 +126,29 @@ def test_sparse_reference_matches_loop(pattern, causal, Nq, Nk):
 @pytest.mark.parametrize("Nq,Nk", [(40, 40), (17, 40), (40, 23)])
 def test_block_table_consistent_with_dense(spec, Nq, Nk):
     mi = mask_info(spec, Nq, Nk)
+    _check_block_table(mi, [(8, 8), (16, 4), (4, 16)])
+    if spec.kind == "sliding_window" and spec.causal:
+        # a causal window visits O(w) blocks per row, not O(N)
+        assert int(mi.block_table(8, 8).kv_count.max()) <= -(-(spec.window_size[0] + 8) // 8) + 1
+
+
+@pytest.mark.parametrize("N,nb,bs,causal", [(129, 2, 32, False), (100, 1, 64, True), (70, 3, 16, True)])
+def test_block_table_layout_shorter_than_sequence(N, nb, bs, causal):
+    """A layout with fewer blocks than cdiv(N, block_size): positions past it use its last block (as the element
+    rule and the kernels do); the table neither raises nor skips a block with an allowed element."""
+    from attn_zoo import MaskInfo
+
+    g = torch.Generator().manual_seed(N)
+    layout = torch.rand(nb, nb, generator=g) < 0.6
+    layout[-1, -1] = True
+    mi = MaskInfo(N, N, causal, None, None, layout, bs)
+    assert mi.dense()[:, nb * bs:].any()  # the keys past the layout are visible somewhere
+    _check_block_table(mi, [(16, 16), (32, 16), (16, 64)])
+
+
+def _check_block_table(mi, tiles):
     dense = mi.dense()
-    for bm, bn in [(8, 8), (16, 4), (4, 16)]:
+    for bm, bn in tiles:
         bt = mi.block_table(bm, bn)
         for a in range(bt.visited.shape[0]):
             for b in range(bt.visited.shape[1]):
@@ -139,9 +160,6 @@ def test_block_table_consistent_with_dense(spec, Nq, Nk):
             cnt = int(bt.kv_count[a])
             assert bt.kv_idx[a, :cnt].tolist() == bt.visited[a].nonzero().flatten().tolist()
             assert bt.kv_full[a, :cnt].bool().tolist() == bt.full[a, bt.kv_idx[a, :cnt].long()].tolist()
-    if spec.kind == "sliding_window" and spec.causal:
-        # a causal window visits O(w) blocks per row, not O(N)
-        assert int(mi.block_table(8, 8).kv_count.max()) <= -(-(spec.window_size[0] + 8) // 8) + 1
 
 
 @pytest.mark.parametrize("fm", ["elu1", "relu", "favor", "taylor"])
