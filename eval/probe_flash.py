@@ -378,6 +378,8 @@ def main(argv=None):
     ap.add_argument("--time-budget-s", type=float, default=200.0,
                     help="do not start Flex cases / further sweep configs after this many seconds")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        raise SystemExit(f"--rounds={a.rounds}: must be >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("probe_flash needs a CUDA device")
     os.makedirs(a.out, exist_ok=True)
