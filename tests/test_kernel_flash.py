@@ -557,3 +557,15 @@ def test_gpu_no_quadratic_memory():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra < 16 * B * H * N * D * 2, extra
+
+
+def test_host_helpers_match_triton():
+    """kernels._host (plain-Python launch arithmetic) agrees with triton.cdiv / triton.next_power_of_2."""
+    import triton
+
+    from kernels._host import cdiv, next_pow2
+
+    for n in list(range(1, 300)) + [4095, 4096, 4097, 65535, 65537, 2 ** 31 - 1]:  # sizes are >= 1
+        assert next_pow2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 16, 64, 128):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
