@@ -201,6 +201,14 @@ def _allowed(i2, j2, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs
 
 
 @triton.jit
+def _table_row(IDX, CNT, NFULL, stride_tbl):
+    """This program's block-table row: visited tile count, full tile count (listed first) and a pointer to the
+    tile indices (column 0 of the row holds the program's own tile)."""
+    row = tl.program_id(0)
+    return tl.load(CNT + row), tl.load(NFULL + row), IDX + row * stride_tbl + 1
+
+
+@triton.jit
 def _kv_range(start_m, Nq, Nk, offset, win_left, win_right,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
     """Key tiles [lo, hi) visited by query tile ``start_m`` and the full sub-range [flo, fhi)."""
@@ -316,9 +324,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     if SPARSE:  # table row ordered full tiles first: two branch-free loops
-        cnt = tl.load(KV_CNT + tl.program_id(0))
-        nfull = tl.load(KV_NFULL + tl.program_id(0))
-        tbl = KV_IDX + tl.program_id(0) * stride_tbl + 1
+        cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
         for t in range(0, nfull):
             nblk = tl.load(tbl + t)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -472,9 +478,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     if SPARSE:  # table row ordered full tiles first: two branch-free loops
-        cnt = tl.load(Q_CNT + tl.program_id(0))
-        nfull = tl.load(Q_NFULL + tl.program_id(0))
-        tbl = Q_IDX + tl.program_id(0) * stride_tbl + 1
+        cnt, nfull, tbl = _table_row(Q_IDX, Q_CNT, Q_NFULL, stride_tbl)
     else:
         lo, hi, flo, fhi = _q_range(start_n, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                     HAS_LEFT, HAS_RIGHT)
@@ -585,9 +589,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
     Vb = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if SPARSE:  # table row ordered full tiles first: two branch-free loops
-        cnt = tl.load(KV_CNT + tl.program_id(0))
-        nfull = tl.load(KV_NFULL + tl.program_id(0))
-        tbl = KV_IDX + tl.program_id(0) * stride_tbl + 1
+        cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
         for t in range(0, nfull):
             nblk = tl.load(tbl + t)
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -993,6 +995,13 @@ def _flash_bwd_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tenso
                   kv_cnt: Optional[torch.Tensor], kv_nfull: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
                   q_cnt: Optional[torch.Tensor], q_nfull: Optional[torch.Tensor], dq_mode: str, dkdv_split: int
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _flash_bwd_impl(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
+                           kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dq_mode, dkdv_split)
+
+
+def _flash_bwd_impl(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx,
+                    kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dq_mode, dkdv_split):
+    """The backward in the custom op's argument order (the eager ``_FlashFn`` calls it directly)."""
     return flash_attn_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
                           kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dlse=dlse, dq_mode=dq_mode or None,
                           dkdv_split=dkdv_split or None)
@@ -1011,12 +1020,17 @@ def _setup_context(ctx, inputs, output):
     ctx.cfg = tuple(inputs[3:])  # scale, wl, wr, layout, bs, 6 tables, dq_mode, dkdv_split
 
 
-def _backward(ctx, dout, dlse):
+def _run_backward(ctx, dout, dlse, bwd):
+    """Gradients of both autograd paths: ``bwd`` is the custom op (compile) or its implementation (eager)."""
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _flash_bwd_op(dout, dlse, q, k, v, out, lse, *ctx.cfg)
+    dq, dk, dv = bwd(dout, dlse, q, k, v, out, lse, *ctx.cfg)
     return (dq, dk, dv) + (None,) * len(ctx.cfg)
+
+
+def _backward(ctx, dout, dlse):
+    return _run_backward(ctx, dout, dlse, _flash_bwd_op)
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1038,13 +1052,7 @@ class _FlashFn(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # double backward raises (as through the custom op)
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq_mode, dkdv_split = ctx.cfg[11], ctx.cfg[12]
-        dq, dk, dv = flash_attn_bwd(dout, q, k, v, out, lse, *ctx.cfg[:11], dlse=dlse, dq_mode=dq_mode or None,
-                                    dkdv_split=dkdv_split or None)
-        return (dq, dk, dv) + (None,) * len(ctx.cfg)
+        return _run_backward(ctx, dout, dlse, _flash_bwd_impl)
 
 
 # ============================================================================================ public entry
