@@ -149,8 +149,8 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget):
             ms_f = time_cuda(lambda: f(q, k, vv))
             out = f(q, k, vv)
             ms_b = time_cuda(lambda: out.backward(do, retain_graph=True), grad_to_none=[q, k, vv])
+            del out  # the fwd+bwd timing runs without the retained graph
             ms_fb = time_cuda(lambda: f(q, k, vv).backward(do), grad_to_none=[q, k, vv])
-            del out
             q.grad = k.grad = vv.grad = None
             mem = peak_memory(lambda: f(q, k, vv).backward(do))
             q.grad = k.grad = vv.grad = None

@@ -13,6 +13,7 @@ Usage::
     python eval/inspect_kernels.py --kernels seg_dkdv --tile 64,64,8,3,0
     python eval/inspect_kernels.py --kernels flash_fwd --sparse --tile 64,64,4,2
     python eval/inspect_kernels.py --kernels flash_fwd --sparse --aligned --sass   # no per-element layout gather
+    python eval/inspect_kernels.py --kernels flash_fwd --tma --tile 128,64,4,2   # TMA-streamed K / V
     python eval/inspect_kernels.py --sass                # + instruction mix of each kernel's main loop
 
 Shapes are the benchmark's: F = Dv = D = 128, bf16, chunk 64; ``G`` (query heads per K/V head) 1.
@@ -128,12 +129,15 @@ def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False):
     return fn, types, const
 
 
-def _flash_fwd(cfg, sparse: int):
-    """Types and constexprs of the exact forward kernel at (BLOCK_M, BLOCK_N, warps, stages)."""
+def _flash_fwd(cfg, sparse: int, tma: bool = False):
+    """Types and constexprs of the exact forward kernel at (BLOCK_M, BLOCK_N, warps, stages); ``tma``: K / V
+    streamed through TMA descriptors (Kd, Vd), else pointer loads."""
     fn = FL._fwd_kernel
     types = {}
     for n in fn.arg_names:
-        if n in ("Q", "K", "V", "Out"):
+        if n in ("Kd", "Vd"):
+            types[n] = f"tensordesc<bf16[1, 1, {cfg[1]}, {D}]>" if tma else "*bf16"
+        elif n in ("Q", "K", "V", "Out"):
             types[n] = "*bf16"
         elif n == "Lse":
             types[n] = "*fp32"
@@ -146,7 +150,7 @@ def _flash_fwd(cfg, sparse: int):
         else:
             types[n] = "i32"
     const = {n: 1 for n in fn.arg_names if re.fullmatch(r"stride_[qkvo]d", n)}  # unit strides specialise to 1
-    const.update(HEAD_D=D, BLOCK_D=D, HAS_LEFT=False, HAS_RIGHT=True, SPARSE=sparse, DOT_PREC="tf32",
+    const.update(HEAD_D=D, BLOCK_D=D, HAS_LEFT=False, HAS_RIGHT=True, SPARSE=sparse, DOT_PREC="tf32", TMA=tma,
                  BLOCK_M=cfg[0], BLOCK_N=cfg[1])
     return fn, types, const
 
@@ -163,6 +167,7 @@ def main(argv=None):
                    help="linear: feature map (0 none, 1 elu1, 2 relu; default 1): its chain rule in dq / dk")
     p.add_argument("--phi-in-loop", action="store_true",
                    help="linear: the map applied in every chunk loop (_OPTS['phi_in_loop']) instead of a pre-pass")
+    p.add_argument("--tma", action="store_true", help="flash_fwd: K / V streamed through TMA descriptors")
     p.add_argument("--sass", action="store_true", help="also the instruction mix of the largest loop (per warp and "
                                                         "iteration: HGMMA, barriers, shuffles, shared / spill traffic)")
     args = p.parse_args(argv)
@@ -177,7 +182,7 @@ def main(argv=None):
     for name in names:
         if name == "flash_fwd":
             cfg = tile or ((64, 64, 4, 3) if args.sparse else (128, 64, 8, 3))
-            fn, types, const = _flash_fwd(cfg, (2 if args.aligned else 1) if args.sparse else 0)
+            fn, types, const = _flash_fwd(cfg, (2 if args.aligned else 1) if args.sparse else 0, args.tma)
         else:
             cfg = tile or LN._tiles(name, torch.bfloat16, name != "seg_state", D, D)[0]
             fn, types, const = _linear(name, cfg, args.fm, args.phi_in_loop)

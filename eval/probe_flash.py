@@ -19,7 +19,8 @@ best (timing the whole backward: the other kernel is fixed). ``--skip-main`` run
 
 Usage (GPU): ``PYTHONPATH=$PWD python3 eval/probe_flash.py --out $OUT [--autotune] [--skip-main] [--no-flex]``
 Writes ``probe_flash.csv`` / ``probe_flash.json`` (rows + environment) and ``probe_flash_autotune.csv``;
-``--fwd-sweep`` / ``--sparse-sweep`` time forced forward configs (causal, window) and BigBird tile configs.
+``--fwd-sweep`` / ``--sparse-sweep`` time forced forward configs (causal, window) and BigBird tile configs;
+``--tma-sweep N`` per-kernel configs with TMA-streamed operands vs pointer loads (non-causal, causal).
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def time_impl(f, q, k, v, do):
     ms_f = time_cuda(lambda: f(q, k, v))
     out = f(q, k, v)
     ms_b = time_cuda(lambda: out.backward(do, retain_graph=True), grad_to_none=[q, k, v])
+    out = None  # noqa: F841  (the fwd+bwd timing runs without the retained graph)
     ms_fb = time_cuda(lambda: f(q, k, v).backward(do), grad_to_none=[q, k, v])
-    out = None  # noqa: F841
     q.grad = k.grad = v.grad = None
     return ms_f, ms_b, ms_fb, first
 
@@ -287,6 +288,79 @@ def fwd_sweep(out_dir, budget_s):
     write_csv(rows, os.path.join(out_dir, "probe_flash_fwd_sweep.csv"))
 
 
+def tma_sweep(out_dir, N, budget_s):
+    """Per-kernel configs with TMA-streamed operands vs pointer loads (``kernels.flash._OPTS["tma"]``), non-causal
+    and causal at one N. Forward: forward time per forced forward config. Backward: whole-backward time with
+    the dK/dV config forced (dQ at its default) and with the dQ config forced (dK/dV at its default). Every row
+    also has the max |difference| of its outputs from the pointer-load default (same inputs) and the SDPA-cuDNN
+    time of the same pass (``x_cudnn`` = cuDNN ms / ours ms)."""
+    import kernels.flash as kf
+
+    mk = lambda bm, bn, w, s: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
+    cfgs = {
+        "fwd": [None, mk(128, 64, 8, 3), mk(128, 64, 8, 2), mk(128, 64, 4, 2), mk(128, 128, 8, 2), mk(64, 64, 4, 3),
+                mk(64, 64, 4, 2), mk(128, 64, 4, 3)],
+        "dkdv": [None, mk(64, 128, 8, 3), mk(64, 128, 8, 2), mk(64, 64, 4, 2), mk(64, 64, 4, 3), mk(32, 128, 4, 2),
+                 mk(128, 128, 8, 2)],
+        "dq": [None, mk(128, 64, 8, 4), mk(128, 64, 8, 3), mk(128, 64, 8, 2), mk(64, 64, 4, 2), mk(128, 128, 8, 2),
+               mk(64, 64, 4, 3)],
+    }
+    rows, t_start = [], time.time()
+    defaults = dict(kf._OPTS)
+    B = max(TOKENS // N, 1)
+    scale = D ** -0.5
+    for name in ("noncausal", "causal"):
+        causal = name == "causal"
+        wr = 0 if causal else -1
+        frac = visited_fraction(name, N)
+        q, k, v, do = (t.detach() for t in inputs(N, H))
+        cud = sdpa_fn("sdpa_cudnn", causal)
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o = cud(qq, kk, vv)
+        anchor = {"fwd": time_cuda(lambda: cud(q, k, v)),
+                  "bwd": time_cuda(lambda: o.backward(do, retain_graph=True), grad_to_none=[qq, kk, vv])}
+        del o, qq, kk, vv
+        kf._OPTS.update(defaults, tma=False)
+        out, lse = kf.flash_attn_fwd(q, k, v, scale, -1, wr)
+        ref = [out.float()] + [t.float() for t in kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, wr)]
+        for kind, lst in cfgs.items():
+            for tma in (False, "auto"):
+                for cfg in lst:
+                    if time.time() - t_start > budget_s:
+                        break
+                    kf._OPTS.update(defaults, tma=tma)
+                    row = dict(variant=name, N=N, B=B, kernel=kind, tma=bool(tma),
+                               config="default" if cfg is None else
+                               f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}/w{cfg['num_warps']}/s{cfg['num_stages']}")
+                    if cfg is not None:
+                        kf.set_config_override(kind, cfg)
+                    try:
+                        if kind == "fwd":
+                            f = lambda: kf.flash_attn_fwd(q, k, v, scale, -1, wr)  # noqa: E731
+                            got = [f()[0].float()]
+                            mode = "fwd"
+                        else:
+                            f = lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, wr)  # noqa: E731
+                            got = [None] + [t.float() for t in f()]
+                            mode = "bwd"
+                        torch.cuda.synchronize()
+                        row["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, ref) if a is not None)
+                        ms = time_cuda(f)
+                        row[f"{mode}_ms"] = round(ms, 4)
+                        row["tflops"] = round(tflops(flash_flops(B, H, N, D, visited_fraction=frac, mode=mode), ms), 1)
+                        row["x_cudnn"] = round(anchor[mode] / ms, 3)
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    finally:
+                        kf.set_config_override(kind, None)
+                    rows.append(row)
+                    log(f"tma-sweep {name} N={N} {kind} tma={int(bool(tma))} {row['config']:14s} "
+                        f"{row.get('tflops', row.get('error'))} TF/s x_cudnn {row.get('x_cudnn')} "
+                        f"diff {row.get('max_diff')}")
+    kf._OPTS.update(defaults)
+    write_csv(rows, os.path.join(out_dir, "probe_flash_tma_sweep.csv"))
+
+
 def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
     """BigBird (causal) forward / backward / fwd+bwd TF/s per forced sparse tile config, with a max-error
     check of out / dq / dk / dv against the default config (same inputs). ``rounds`` > 1 times every config
@@ -295,21 +369,21 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
     import kernels.flash as kf
 
     mk = lambda bm, bn, w, s: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
-    # name -> (fwd, dq, dkdv). Dropped after losing in every H200 sweep (results/h200/probe/): 64x64 fwd with
-    # 64x128 dk/dv, 128x64 / 8 warps, 64x128 forward.
+    # name -> ((fwd, dq, dkdv) tiles or None for the defaults, kernels.flash._OPTS changes). Dropped after losing
+    # in every H200 sweep (results/h200/probe/): 64x64 fwd with 64x128 dk/dv, 128x64 / 8 warps, 64x128 forward,
+    # 64x32 tiles (-5% vs 64x64 at 2 stages), partial tiles with the per-element layout gather (-20-25%).
+    s2 = (mk(64, 64, 4, 2), mk(64, 64, 4, 2), mk(64, 64, 4, 2))
     cands = {
-        "default": None,
-        "f64x64w4_kv64": (mk(64, 64, 4, 3), mk(64, 64, 4, 2), mk(64, 64, 4, 2)),
+        "default": (None, {}),
         # forward shared memory (eval/inspect_kernels.py, triton 3.6): 64x64 / 3 stages 114 KiB (one 4-warp
-        # program per SM), 2 stages 82 KiB (two), 64x32 / 3 stages 66 KiB (three)
-        "f64x64w4s2_kv64": (mk(64, 64, 4, 2), mk(64, 64, 4, 2), mk(64, 64, 4, 2)),
-        "f64x32w4_kv64": (mk(64, 32, 4, 3), mk(64, 32, 4, 2), mk(64, 64, 4, 2)),
-        "f64x32w4s2_kv64": (mk(64, 32, 4, 2), mk(64, 32, 4, 2), mk(64, 64, 4, 2)),  # 48 KiB: four per SM
-        # default tiles, partial tiles without the per-element layout gather (kernels.flash._OPTS; BigBird's
-        # 128-token blocks hold whole 64 x 64 tiles)
-        "default_nogather": "nogather",
+        # program per SM), 2 stages 82 KiB (two)
+        "f64x64w4s2_kv64": (s2, {}),
+        "ptr": (None, {"tma": False}),  # pointer loads instead of TMA descriptors
+        "f64x64w4s2_kv64_ptr": (s2, {"tma": False}),
+        "gather": (None, {"sparse_aligned_no_gather": False}),  # partial tiles gather the layout per element
     }
     rows, t_start, name = [], time.time(), "bigbird"
+    defaults = dict(kf._OPTS)
     for N in Ns:
         B = max(TOKENS // N, 1)
         frac = visited_fraction(name, N)
@@ -321,9 +395,10 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
                 continue
             for kind in ("fwd", "dq", "dkdv"):
                 kf.set_sparse_override(kind, None)
-            kf._OPTS["sparse_aligned_no_gather"] = cfg == "nogather"
-            if isinstance(cfg, tuple):
-                for kind, c in zip(("fwd", "dq", "dkdv"), cfg):
+            tiles, opts = cfg
+            kf._OPTS.update(defaults, **opts)
+            if tiles is not None:
+                for kind, c in zip(("fwd", "dq", "dkdv"), tiles):
                     kf.set_sparse_override(kind, c)
             row = dict(variant=name, N=N, B=B, config=cname, round=rnd)
             try:
@@ -343,7 +418,7 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
                 f"fwd+bwd {row.get('fwd_bwd_tflops')} TF/s diff {row.get('max_diff_vs_default')} {row.get('error', '')}")
     for kind in ("fwd", "dq", "dkdv"):
         kf.set_sparse_override(kind, None)
-    kf._OPTS["sparse_aligned_no_gather"] = False
+    kf._OPTS.update(defaults)
     if rounds > 1:
         for N in Ns:
             for cname in cands:
@@ -372,6 +447,8 @@ def main(argv=None):
     ap.add_argument("--autotune", action="store_true", help="also sweep dK/dV and dQ configs at causal N=16384")
     ap.add_argument("--skip-main", action="store_true", help="only the --autotune / --fwd-sweep sweeps")
     ap.add_argument("--fwd-sweep", action="store_true", help="forward configs for causal / window (masked modes)")
+    ap.add_argument("--tma-sweep", type=int, default=0, metavar="N",
+                    help="per-kernel configs with TMA vs pointer loads, non-causal and causal at this N")
     ap.add_argument("--sparse-sweep", action="store_true", help="BigBird tile / warp configs (forced, all kernels)")
     ap.add_argument("--rounds", type=int, default=1, help="--sparse-sweep: time every config this many times, "
                                                            "round-robin, and report the medians")
@@ -431,6 +508,8 @@ def main(argv=None):
                 torch.cuda.empty_cache()
     if a.fwd_sweep:
         fwd_sweep(a.out, 60.0)
+    if a.tma_sweep:
+        tma_sweep(a.out, a.tma_sweep, a.time_budget_s)
     if a.sparse_sweep:
         sparse_sweep(a.out, Ns, 90.0 * a.rounds, a.rounds)
     if a.autotune:

@@ -18,6 +18,11 @@ Causal / window tiles are enumerated analytically in-kernel (same rule as ``Mask
 are split into *full* tiles (no element mask, no bounds checks) and *partial* tiles (element rule
 applied); fully-masked tiles are never visited, so a causal window of ``w`` costs ``O(N * w)``.
 
+Loads: on Hopper (compute capability >= 9) the operands each loop streams (forward and dQ: K / V tiles; dK/dV:
+Q / dO tiles) are read with TMA descriptors over the whole ``(B, H, N, D)`` tensors (rows past the sequence end
+arrive as zeros) for large dense / causal / window problems; otherwise, and for block-sparse masks, head dims
+that are not powers of two or strides TMA cannot express, by pointer loads (see ``_tma_ok``; same results).
+
 Forward: online softmax in base 2 (``log2(e)`` folded into the scale), output normalised once, lse saved.
 Backward: ``delta = rowsum(dO * O)`` (minus ``dlse`` when the lse is differentiated), then one kernel per key
 tile for dK/dV that loops over the query heads of its GQA group (dK/dV summed in registers, K/V never
@@ -34,11 +39,17 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import triton
 import triton.language as tl
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older triton: pointer loads only
+    TensorDescriptor = None
 
 from ._host import cdiv, next_pow2
 
@@ -261,11 +272,15 @@ def _q_range(start_n, Nq, Nk, offset, win_left, win_right,
 def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
               offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-              BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+              BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+              Kd, Vd, b, hk, TMA: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = Vb + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
-    if MASKED:
+    if TMA:  # tensor-memory-accelerator copies (Hopper); rows past Nk arrive as zeros
+        k = tl.trans(Kd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
+        v = Vd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+    elif MASKED:
         k = tl.load(k_ptrs, mask=(offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D), other=0.0)
         v = tl.load(v_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D), other=0.0)
     elif BLOCK_D != HEAD_D:
@@ -300,9 +315,10 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_ob, stride_oh, stride_on, stride_od,
                 Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right,
-                KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
                 HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
         mblk = tl.load(KV_IDX + tl.program_id(0) * stride_tbl)
@@ -330,31 +346,32 @@ def _fwd_kernel(Q, K, V, Out, Lse,
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
-        for nblk in range(lo, flo):  # partial tiles left of the full band
-            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
-                                      nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
-                                      LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+        if HAS_LEFT:  # partial tiles left of the full band (none without a left window edge)
+            for nblk in range(lo, flo):
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                          win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA)
         for nblk in range(flo, fhi):  # full tiles: no element mask, no bounds checks
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA)
         for nblk in range(fhi, hi):  # partial tiles right of the band (causal diagonal, ragged tail)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
@@ -397,11 +414,20 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
                offs_n, offs_d, qk_scale, sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+               DOT_PREC: tl.constexpr, Qd, DOd, b, h, TMA: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_ptrs = Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
     do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_d[None, :] * stride_dd
-    if MASKED:
+    if TMA:  # rows past Nq arrive as zeros
+        q = Qd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        do = DOd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        if MASKED:
+            lse2 = tl.load(Lse2b + offs_m, mask=offs_m < Nq, other=float("inf"))
+            delta = tl.load(Deltab + offs_m, mask=offs_m < Nq, other=0.0)
+        else:
+            lse2 = tl.load(Lse2b + offs_m)
+            delta = tl.load(Deltab + offs_m)
+    elif MASKED:
         mq = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
         q = tl.load(q_ptrs, mask=mq, other=0.0)
         do = tl.load(do_ptrs, mask=mq, other=0.0)
@@ -448,10 +474,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                      stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                      Hq, Hkv, Nq, Nk, offset, group, n_split, qk_scale, sm_scale, win_left, win_right,
-                     Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                     Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Qd, DOd,
                      HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, batch, K/V head, split): the ``group // n_split`` query heads of split ``s``.
 
     With ``n_split > 1`` DK / DV point at fp32 partial buffers ``(n_split, B, Hkv, Nk, D)`` (split stride
@@ -494,29 +520,34 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
+                                    Qd, DOd, b, h, TMA)
             for t in range(nfull, cnt):
                 mblk = tl.load(tbl + t)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
+                                    Qd, DOd, b, h, TMA)
         else:
             for mblk in range(lo, flo):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
+                                    Qd, DOd, b, h, TMA)
             for mblk in range(flo, fhi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, False, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
+                                    Qd, DOd, b, h, TMA)
             for mblk in range(fhi, hi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
-                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC)
+                                    HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
+                                    Qd, DOd, b, h, TMA)
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * stride_dks + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
@@ -528,11 +559,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
 def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
              offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-             BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+             BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+             Kd, Vd, b, hk, TMA: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kT_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     vT_ptrs = Vb + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
-    if MASKED:
+    if TMA:  # rows past Nk arrive as zeros
+        kT = tl.trans(Kd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
+        vT = tl.trans(Vd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
+    elif MASKED:
         mkT = (offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D)
         kT = tl.load(kT_ptrs, mask=mkT, other=0.0)
         vT = tl.load(vT_ptrs, mask=mkT, other=0.0)
@@ -562,9 +597,10 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                    stride_db, stride_dh, stride_dn, stride_dd,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                    Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
-                   KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET,
+                   KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
                    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                   SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
         mblk = tl.load(KV_IDX + tl.program_id(0) * stride_tbl)
@@ -595,31 +631,32 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC)
+                          DOT_PREC, Kd, Vd, b, hk, TMA)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC)
+                          DOT_PREC, Kd, Vd, b, hk, TMA)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
-        for nblk in range(lo, flo):
-            dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
-                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
-                          LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC)
+        if HAS_LEFT:  # partial tiles left of the full band (none without a left window edge)
+            for nblk in range(lo, flo):
+                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                              LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                              DOT_PREC, Kd, Vd, b, hk, TMA)
         for nblk in range(flo, fhi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, False, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC)
+                          DOT_PREC, Kd, Vd, b, hk, TMA)
         for nblk in range(fhi, hi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC)
+                          DOT_PREC, Kd, Vd, b, hk, TMA)
     dq = dq * sm_scale
     tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqn
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mq)
@@ -646,24 +683,26 @@ def _tuned(kind: str, sparse: bool):
     return _TUNED[key]
 
 
-def _candidates(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool):
+def _candidates(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool, tma: bool = False):
     """Heuristic configs in preference order, pruned to those that fit shared memory (first is used)."""
     if sparse:
         prefs = _sparse_configs(kind)
     else:
-        prefs = _HEURISTIC.get((kind, masked), _HEURISTIC.get((kind, False)))
+        table = _HEURISTIC_TMA if tma else _HEURISTIC
+        prefs = table.get((kind, masked), table.get((kind, False)))
     return _make_prune(kind)(prefs, {"BLOCK_D": block_d, "SPARSE": sparse, "DOT_PREC": dot_prec})
 
 
-def pick_config(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool = False):
+def pick_config(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool = False, tma: bool = False):
     """The heuristic config ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` used without autotuning."""
-    c = _candidates(kind, block_d, sparse, dot_prec, masked)[0]
+    c = _candidates(kind, block_d, sparse, dot_prec, masked, tma)[0]
     return dict(BLOCK_M=c.kwargs["BLOCK_M"], BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps,
                 num_stages=c.num_stages)
 
 
 if INTERPRET:
     _HEURISTIC = {(k, False): _CONFIGS[k] for k in _CONFIGS}
+    _HEURISTIC_TMA = _HEURISTIC
 else:
     # (kind, masked-mode) -> preference list; H200 autotune at D=128: fwd at N=8192, dq / dkdv at causal N=16384
     # (eval/probe_flash.py --autotune, 2026-11-29; docs/kernels.md)
@@ -673,9 +712,20 @@ else:
         ("fwd", True): [_cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
         ("dq", False): [_cfg(128, 64, 8, 4), _cfg(128, 64, 8, 3), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2),
                         _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
-        ("dkdv", False): [_cfg(64, 128, 8, 3), _cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 2),
+        # 64x64 / 4 warps / 2 stages: 3-4% over 64x128 / 8 / 3 in the TMA sweep at N = 8192 (a tie at causal
+        # N = 16384 in the autotune before)
+        ("dkdv", False): [_cfg(64, 64, 4, 2), _cfg(64, 128, 8, 3), _cfg(64, 128, 8, 2), _cfg(32, 64, 4, 2),
                           _cfg(32, 32, 4, 1)],
     }
+    # with TMA-streamed operands (fewer registers per program: the 4-warp 128 x 64 forward no longer spills much);
+    # H200 sweep at N = 8192, D = 128 (eval/probe_flash.py --tma-sweep, 2026-11-29; docs/kernels.md)
+    _HEURISTIC_TMA = dict(_HEURISTIC)
+    _HEURISTIC_TMA.update({
+        ("fwd", False): [_cfg(128, 64, 4, 2), _cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2),
+                         _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
+        ("dq", False): [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2),
+                        _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
+    })
 
 _CHOSEN = {}
 # Fixed config per kernel kind, set by set_config_override() (probes / tuning scripts); not used by the sparse mode
@@ -712,42 +762,64 @@ def _block_n_dkdv(meta, dtype) -> int:
     if key in _CHOSEN:
         return _CHOSEN[key]["BLOCK_N"]
     masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
-    return _candidates("dkdv", meta["BLOCK_D"], False, meta["DOT_PREC"], masked)[0].kwargs["BLOCK_N"]
+    return _candidates("dkdv", meta["BLOCK_D"], False, meta["DOT_PREC"], masked, meta["TMA"])[0].kwargs["BLOCK_N"]
 
 
-def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta):
+def _descs(kind: str, tensors, meta, cfg):
+    """The kernel's two streamed operands: TMA descriptors over the whole ``(B, H, N, D)`` tensors with a
+    ``(1, 1, rows, D)`` box (rows = the tile streamed by the loop) when ``meta["TMA"]``, else the tensors
+    themselves (unused placeholders of the pointer-load build)."""
+    if not meta["TMA"]:
+        return tuple(tensors)
+    rows = cfg["BLOCK_M"] if kind == "dkdv" else cfg["BLOCK_N"]
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, meta["BLOCK_D"]]) for t in tensors)
+
+
+def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
     """Launch kernel ``kind`` over ``(cdiv(n_rows, tile), grid_axis1)`` programs (tile = BLOCK_N for dkdv).
 
-    Without autotuning the first heuristic candidate is used; a candidate the compiler rejects for lack of
-    shared memory / registers (``OutOfResources``) is dropped and the next one is tried, once per key.
+    ``streamed``: the two tensors the kernel's loop streams (fwd / dq: k, v; dkdv: q, do), passed after ``args``
+    as TMA descriptors when ``meta["TMA"]`` (see :func:`_descs`). Without autotuning the first heuristic
+    candidate is used; a candidate the compiler rejects for lack of shared memory / registers
+    (``OutOfResources``) is dropped and the next one is tried, once per key.
     """
     tile = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
     grid = lambda m: (cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
     if kind in _OVERRIDE and not meta["SPARSE"]:
-        _KERNELS[kind][grid](*args, **meta, **_OVERRIDE[kind])
+        _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, _OVERRIDE[kind]), **meta, **_OVERRIDE[kind])
         return
     if meta["SPARSE"] and kind in _SPARSE_OVERRIDE:
-        _KERNELS[kind][grid](*args, **meta, **_SPARSE_OVERRIDE[kind])
+        cfg = _SPARSE_OVERRIDE[kind]
+        _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
         return
-    if AUTOTUNE:
-        _tuned(kind, meta["SPARSE"])[grid](*args, **meta)
+    if AUTOTUNE:  # the launcher makes TMA off under autotuning (descriptor boxes depend on the config)
+        _tuned(kind, meta["SPARSE"])[grid](*args, *streamed, **meta)
         return
     masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
     key = _launch_key(kind, meta, args[0].dtype)
     if key in _CHOSEN:
-        _KERNELS[kind][grid](*args, **meta, **_CHOSEN[key])
+        cfg = _CHOSEN[key]
+        if cfg is None:  # the TMA build of this key failed: pointer loads
+            return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
+        _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
         return
     err = None
-    for c in _candidates(kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked):
+    for c in _candidates(kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked, meta["TMA"]):
         cfg = dict(BLOCK_M=c.kwargs["BLOCK_M"], BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps,
                    num_stages=c.num_stages)
         try:
-            _KERNELS[kind][grid](*args, **meta, **cfg)
+            _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
         except Exception as e:  # OutOfResources (shared memory / registers): try a smaller config
-            if "out of resource" not in str(e).lower() and type(e).__name__ != "OutOfResources":
+            if "out of resource" in str(e).lower() or type(e).__name__ == "OutOfResources":
+                err = e
+                continue
+            if not meta["TMA"]:
                 raise
-            err = e
-            continue
+            # a TMA build the compiler rejects (seen: ptxas crashes on some loop structures): pointer loads
+            warnings.warn(f"attn_zoo flash: the TMA build of the {kind!r} kernel failed ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''}); using pointer loads", RuntimeWarning)
+            _CHOSEN[key] = None
+            return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
         _CHOSEN[key] = cfg
         return
     raise err
@@ -780,15 +852,55 @@ def _check(q, k, v):
         raise ValueError(f"sequence lengths must be >= 1, got Nq={Nq}, Nk={k.shape[2]}")
 
 
-# Tuning switch (read at launch): sparse_aligned_no_gather: when the layout's block size is a multiple of a
-# kernel's tiles (and Nk - Nq of its query tile), partial tiles skip the per-element layout gather (SPARSE = 2 in
-# _allowed). Off by default until measured on the GPU (offline, sm_90a, causal: the sparse forward's partial-tile
-# loop is 1397 instructions with 33 global gathers and 31 barriers per warp and tile, 641 with 2 without the
-# gather; its full-tile loop 384). It trusts the block table: a tile marked visited must lie in a layout block
-# that is on (true for tables from MaskInfo.block_table at aligned tiles, which the triton backend builds; a
-# hand-made table that visits extra tiles would let their masked blocks through).
-_OPTS = {"sparse_aligned_no_gather": False}
+# Tuning switches (read at launch).
+# sparse_aligned_no_gather (default on): when the layout's block size is a multiple of a kernel's tiles (and
+# Nk - Nq of its query tile), partial tiles skip the per-element layout gather (SPARSE = 2 in _allowed). Offline
+# (sm_90a, causal) the sparse forward's partial-tile loop drops from 1397 instructions with 33 global gathers and
+# 31 barriers per warp and tile to 641 with 2; on the H200 BigBird fwd+bwd +24% / +23% at N = 4k / 16k
+# (forward 177 -> 305 TF/s). It trusts the block table: a tile marked visited must lie in a layout block that is
+# on (true for tables from MaskInfo.block_table at aligned tiles, which the triton backend builds; a hand-made
+# table that visits extra tiles would let their masked blocks through).
+# tma / tma_min_pairs: TMA descriptors for the streamed operands, see _tma_ok.
+_OPTS = {"sparse_aligned_no_gather": True, "tma": "auto", "tma_min_pairs": 1 << 28}
 _DUMMIES = {}
+_CAPABILITY = {}
+
+
+def _tma_ok(D: int, block_d: int, pairs: int, sparse: bool, *tensors) -> bool:
+    """Whether the kernels stream ``tensors`` with TMA descriptors (``TMA`` constexpr). ``_OPTS["tma"]``:
+    ``"auto"`` (default) on a CUDA device of compute capability >= 9 (Hopper) for dense / causal / window masks
+    whose visited query-key ``pairs`` (an estimate) reach ``_OPTS["tma_min_pairs"]``; ``True`` always (also
+    under the interpreter, for tests); ``False`` never. Descriptors cost host time at every launch (~0.1 ms per
+    kernel on the H200 machine, ``eval/experiments/host_time.py``): below that size and for the short block-sparse
+    kernels they cost more than they save. Either way only when the head dim is a power of two >= 16
+    (``D == block_d``), not autotuning, and every tensor meets TMA's layout rules: unit last stride, 16-byte
+    aligned base and other strides. Otherwise the kernels use pointer loads (same results)."""
+    mode = _OPTS["tma"]
+    if mode is False or TensorDescriptor is None or AUTOTUNE or D != block_d:
+        return False
+    dev = tensors[0].device
+    if mode == "auto":
+        if INTERPRET or dev.type != "cuda" or sparse or pairs < _OPTS["tma_min_pairs"]:
+            return False
+        if dev not in _CAPABILITY:
+            _CAPABILITY[dev] = torch.cuda.get_device_capability(dev)[0]
+        if _CAPABILITY[dev] < 9:
+            return False
+    for t in tensors:
+        el = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st <= 0 or (st * el) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _pairs(B: int, Hq: int, Nq: int, Nk: int, win_left: int, win_right: int) -> int:
+    """Visited query-key pairs of a dense / causal / window problem, upper estimate (for :func:`_tma_ok`)."""
+    width = Nk
+    if win_left >= 0 and win_right >= 0:
+        width = min(Nk, win_left + win_right + 1)
+    elif win_left >= 0 or win_right >= 0:
+        width = max(1, min(Nk, Nk // 2 + max(win_left, win_right)))
+    return B * Hq * Nq * width
 
 
 def _sparse_mode(layout, layout_bs: int, tile, Nq: int, Nk: int) -> int:
@@ -833,12 +945,14 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     block_d = max(16, next_pow2(D))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    pairs = _pairs(B, Hq, Nq, Nk, win_left, win_right)
     _launch("fwd", B * Hq, Nq, (
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0),
         m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
         dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
-             SPARSE=_sparse_mode(layout, layout_bs, sparse_tiles(D)[0], Nq, Nk), DOT_PREC=prec))
+             SPARSE=_sparse_mode(layout, layout_bs, sparse_tiles(D)[0], Nq, Nk), DOT_PREC=prec,
+             TMA=_tma_ok(D, block_d, pairs, layout is not None, k, v)), streamed=(k, v))
     return out, lse
 
 
@@ -897,8 +1011,10 @@ def _resolve_split(dkdv_split: Optional[int], group: int, n_programs: int, devic
                 n = int(env)
             except ValueError:
                 raise ValueError(f"ATTN_ZOO_FLASH_DKDV_SPLIT={env!r} must be an integer or 'auto'") from None
-    if not n:
-        return choose_dkdv_split(group, n_programs, 2 * _sm_count(device))
+    if not n:  # target programs: 2 per SM; 8 per SM for groups of >= 8 heads (MQA-like: each program's group
+        # loop is long, so finer programs even out the waves; H200, MQA N = 4096: split 8 vs 2 -10% backward,
+        # N = 16384 equal; GQA-4 lost 2-4% with more splits, eval/experiments/diag.py)
+        return choose_dkdv_split(group, n_programs, (8 if group >= 8 else 2) * _sm_count(device))
     if n < 1 or group % n:
         raise ValueError(f"dkdv_split={n} must be >= 1 and divide the GQA group size Hq // Hkv = {group}")
     return int(n)
@@ -924,6 +1040,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     block_d = max(16, next_pow2(D))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     atomic = resolve_dq_mode(dq_mode) == "atomic"
+    pairs = _pairs(B, Hq, Nq, Nk, win_left, win_right)
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
     pm = 64 if not INTERPRET else 32
@@ -939,7 +1056,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     f_tile, b_tile = sparse_tiles(D) if layout is not None else ((1, 1), (1, 1))
     common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
                   SPARSE=_sparse_mode(layout, layout_bs, f_tile, Nq, Nk), DOT_PREC=prec)
-    meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=_sparse_mode(layout, layout_bs, b_tile, Nq, Nk))
+    meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=_sparse_mode(layout, layout_bs, b_tile, Nq, Nk),
+                     TMA=_tma_ok(D, block_d, pairs, layout is not None, q, do))
     wl, wr = max(win_left, 0), max(win_right, 0)
     n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
     n_split = _resolve_split(dkdv_split, group, n_tiles * B * Hkv, q.device)
@@ -955,7 +1073,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         q, k, v, do, lse2, delta, dk_t, dv_t, dqa, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk_strides, *dv_strides, Hq, Hkv, Nq, Nk, Nk - Nq, group, n_split, softmax_scale * LOG2E, softmax_scale,
         wl, wr, mq["idx"], mq["cnt"], mq["nfull"], mq["stride_tbl"], mq["lay"], mq["lay_nb"], max(layout_bs, 1),
-        _bucket(Nk)), meta_dkdv)
+        _bucket(Nk)), meta_dkdv, streamed=(q, do))
     if n_split > 1:
         dk.copy_(dk_t.sum(0))
         dv.copy_(dv_t.sum(0))
@@ -966,7 +1084,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
         mk["idx"], mk["cnt"], mk["nfull"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1),
-        _bucket(Nq)), common)
+        _bucket(Nq)), dict(common, TMA=_tma_ok(D, block_d, pairs, layout is not None, k, v)), streamed=(k, v))
     return dq, dk, dv
 
 

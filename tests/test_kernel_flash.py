@@ -153,15 +153,18 @@ def test_block_sparse(pattern, causal, Nq, Nk, Hq, Hkv):
     (100, 100, 32, 2, 2), (64, 96, 32, 2, 2), (80, 96, 32, 1, 2), (100, 100, 16, 1, 1),
 ])
 def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv, monkeypatch):
-    """The opt-in switch ``_OPTS["sparse_aligned_no_gather"]``: when a kernel's tiles lie inside one layout block
-    (block size a multiple of both tiles, ``Nk - Nq`` of the query tile) its partial tiles skip the per-element
-    layout gather. Out and grads equal the gathering path exactly and pass the reference check; layouts or
-    offsets that do not align keep the gather (interpreter tiles: forward 32 x 16, dK/dV 16 x 32)."""
+    """The switch ``_OPTS["sparse_aligned_no_gather"]`` (on by default): when a kernel's tiles lie inside one
+    layout block (block size a multiple of both tiles, ``Nk - Nq`` of the query tile) its partial tiles skip the
+    per-element layout gather. Out and grads equal the gathering path (switch off) exactly and pass the
+    reference check; layouts or offsets that do not align keep the gather (interpreter tiles: forward 32 x 16,
+    dK/dV 16 x 32)."""
     import kernels.flash as kf
 
     spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=bs)
     q, k, v, do = _inputs(1, 4, 2, Nq, Nk, 32, torch.float32, seed=Nq + bs)
     run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
+    monkeypatch.setitem(kf._OPTS, "sparse_aligned_no_gather", False)
+    assert kf._sparse_mode(torch.ones(1), bs, kf.sparse_tiles(32)[0], Nq, Nk) == 1
     base = _grads(run, q, k, v, do)
     monkeypatch.setitem(kf._OPTS, "sparse_aligned_no_gather", True)
     f_tile, b_tile = kf.sparse_tiles(32)
@@ -171,6 +174,101 @@ def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv, monkeypatch):
     ours, _ = check_against_reference(spec, Nq=Nq, Nk=Nk, Hq=4, Hkv=2, D=32, seed=Nq + bs)
     for name, x, y in zip(("out", "dq", "dk", "dv"), ours, base):
         assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("kind,kw,Nq,Nk,Hq,Hkv", [
+    ("flash", dict(causal=True), 96, 48, 4, 2),           # more queries than keys: empty top rows
+    ("flash", dict(causal=True), 40, 72, 2, 2),           # ragged tiles, Nk > Nq
+    ("sliding_window", dict(window_size=(20, 3)), 70, 70, 4, 1),
+    ("sparse", dict(causal=True, sparse_pattern="bigbird", block_size=32), 100, 100, 4, 2),
+])
+def test_tma_path_equals_pointer_path(kind, kw, Nq, Nk, Hq, Hkv, monkeypatch):
+    """TMA descriptors for the streamed operands (``_OPTS["tma"] = True`` forces them, also in the interpreter)
+    give the pointer-load results: out and every gradient, with q a transposed ``(B, N, H, D)`` view and k every
+    other row of a larger buffer (TMA zero-fills rows past the sequence end)."""
+    import kernels.flash as kf
+
+    spec = AttentionSpec(kind=kind, **kw)
+    D = 32
+    q, k, v, do = _inputs(1, Hq, Hkv, Nq, Nk, D, torch.float32, seed=Nq + Nk)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    big = torch.zeros(1, Hkv, 2 * Nk, D, device=DEV)
+    big[:, :, ::2] = k
+    k = big[:, :, ::2]
+    run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
+    monkeypatch.setitem(kf._OPTS, "tma", False)
+    base = _grads(run, q, k, v, do)
+    monkeypatch.setitem(kf._OPTS, "tma", True)
+    assert kf._tma_ok(D, D, 1, kind == "sparse", q, do) and kf._tma_ok(D, D, 1, kind == "sparse", k, v)
+    got = _grads(run, q, k, v, do)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, base):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
+    if Nq > Nk and kw.get("causal"):
+        assert torch.equal(got[0][:, :, : Nq - Nk], torch.zeros_like(got[0][:, :, : Nq - Nk]))
+
+
+def test_tma_rules(monkeypatch):
+    """``_tma_ok``: off for non-power-of-two head dims, a non-unit last stride, strides or bases that are not
+    16-byte aligned and ``_OPTS["tma"] = False``; in ``"auto"`` mode also off for block-sparse masks, below
+    ``tma_min_pairs`` and off the GPU."""
+    import kernels.flash as kf
+
+    x = torch.randn(1, 2, 8, 32)
+    monkeypatch.setitem(kf._OPTS, "tma", True)
+    assert kf._tma_ok(32, 32, 1, False, x, x)
+    assert not kf._tma_ok(40, 64, 1, False, x, x)
+    assert not kf._tma_ok(32, 32, 1, False, x.transpose(2, 3).contiguous().transpose(2, 3), x)  # last stride != 1
+    odd = torch.randn(1, 2, 8, 33)[..., :32]  # row stride 33 floats = 132 bytes
+    assert not kf._tma_ok(32, 32, 1, False, x, odd)
+    shifted = torch.randn(1 * 2 * 8 * 32 + 1)[1:].view(1, 2, 8, 32)  # base 4 bytes past an aligned one
+    assert shifted.data_ptr() % 16 and not kf._tma_ok(32, 32, 1, False, shifted, x)
+    monkeypatch.setitem(kf._OPTS, "tma", False)
+    assert not kf._tma_ok(32, 32, 1, False, x, x)
+    monkeypatch.setitem(kf._OPTS, "tma", "auto")
+    if x.device.type != "cuda":
+        assert not kf._tma_ok(32, 32, 1 << 40, False, x, x)
+    xd = x.to(DEV)
+    assert not kf._tma_ok(32, 32, 1 << 40, True, xd, xd)
+    assert not kf._tma_ok(32, 32, kf._OPTS["tma_min_pairs"] - 1, False, xd, xd)
+    assert kf._pairs(2, 4, 100, 100, -1, -1) == 2 * 4 * 100 * 100
+    assert kf._pairs(1, 1, 100, 100, 9, 0) == 100 * 10
+    assert kf._pairs(1, 1, 100, 100, -1, 0) == 100 * 50
+
+
+def test_tma_build_failure_falls_back_to_pointer_loads(monkeypatch):
+    """A TMA build the compiler rejects (ptxas crashed on some loop structures with triton 3.6) is not fatal: the
+    launcher warns once per key and uses pointer loads, with the same results."""
+    import kernels.flash as kf
+
+    class Failing:  # stands in for the forward kernel: TMA builds raise, pointer builds run the real kernel
+        def __init__(self, fn):
+            self.fn, self.calls = fn, []
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                self.calls.append(kw["TMA"])
+                if kw["TMA"]:
+                    raise RuntimeError("PTXAS error: ptxas failed with error code -11")
+                return self.fn[grid](*args, **kw)
+            return launch
+
+    q, k, v, do = _inputs(1, 2, 2, 40, 40, 32, torch.float32, seed=3)
+    spec = AttentionSpec(kind="flash", causal=True)
+    run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
+    monkeypatch.setitem(kf._OPTS, "tma", False)
+    base = _grads(run, q, k, v, do)
+    fake = Failing(kf._KERNELS["fwd"])
+    monkeypatch.setitem(kf._KERNELS, "fwd", fake)
+    monkeypatch.setitem(kf._OPTS, "tma", True)
+    monkeypatch.setattr(kf, "_CHOSEN", {})
+    with pytest.warns(RuntimeWarning, match="TMA build of the 'fwd' kernel failed"):
+        got = _grads(run, q, k, v, do)
+    assert fake.calls == [True, False]
+    got2 = _grads(run, q, k, v, do)  # remembered: straight to pointer loads, no second warning
+    assert fake.calls == [True, False, False]
+    for x, y, z in zip(got, got2, base):
+        torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
+        assert torch.equal(x, y)
 
 
 def test_strided_views_equal_contiguous():
@@ -432,6 +530,12 @@ def test_choose_dkdv_split():
     assert choose_dkdv_split(1, 8, 264) == 1  # MHA: nothing to split
     assert choose_dkdv_split(6, 4, 264) == 2  # largest power of two dividing the group
     assert choose_dkdv_split(3, 4, 264) == 1
+    # the default target: 2 programs per SM, 8 for groups of >= 8 heads (132 SMs off the GPU)
+    from kernels.flash import _resolve_split
+    cpu = torch.device("cpu")
+    assert _resolve_split(None, 16, 256, cpu) == 8  # MQA: 256 -> 2048 >= 8 * 132 programs
+    assert _resolve_split(None, 4, 1024, cpu) == 1  # GQA-4: 1024 >= 2 * 132 already
+    assert _resolve_split(None, 4, 100, cpu) == 4
 
 
 def test_dkdv_split_equals_unsplit(monkeypatch):

@@ -1,0 +1,32 @@
+"""GPU: host time to enqueue one fwd+bwd with TMA descriptors vs pointer loads (``kernels.flash._OPTS["tma"]``),
+and the fwd+bwd time of each, interleaved over 3 rounds (BigBird N = 4096 / 16384, causal N = 1024; bf16, D = 128,
+H = 16, 16k tokens). Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/host_time.py``."""
+import os, sys, time
+import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import kernels.flash as kf
+from eval.probe_flash import ours_fn, inputs
+from eval.bench_common import time_cuda
+
+def host_us(f, n=200):
+    for _ in range(10):
+        f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    cpu = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return cpu
+
+for name, N in (("bigbird", 4096), ("causal", 1024), ("bigbird", 16384)):
+    q, k, v, do = inputs(N, 16)
+    f = ours_fn(name, N, None)
+    for rnd in range(3):
+        for tma in ("auto", False):
+            kf._OPTS["tma"] = tma
+            fb = lambda: f(q, k, v).backward(do)
+            ms = time_cuda(fb, grad_to_none=[q, k, v])
+            us = host_us(fb, 50)
+            print(f"{name} N={N} round {rnd} tma={tma}: fwd+bwd {ms:.4f} ms, host enqueue {us:.0f} us/call", flush=True)
+kf._OPTS["tma"] = "auto"
