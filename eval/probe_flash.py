@@ -378,8 +378,8 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
         # forward shared memory (eval/inspect_kernels.py, triton 3.6): 64x64 / 3 stages 114 KiB (one 4-warp
         # program per SM), 2 stages 82 KiB (two)
         "f64x64w4s2_kv64": (s2, {}),
-        "ptr": (None, {"tma": False}),  # pointer loads instead of TMA descriptors
-        "f64x64w4s2_kv64_ptr": (s2, {"tma": False}),
+        "tma": (None, {"tma": True}),  # TMA descriptors forced (the default keeps pointer loads for sparse)
+        "f64x64w4s2_kv64_tma": (s2, {"tma": True}),
         "gather": (None, {"sparse_aligned_no_gather": False}),  # partial tiles gather the layout per element
     }
     rows, t_start, name = [], time.time(), "bigbird"

@@ -760,6 +760,8 @@ def _block_n_dkdv(meta, dtype) -> int:
         return 128
     key = _launch_key("dkdv", meta, dtype)
     if key in _CHOSEN:
+        if _CHOSEN[key] is None:  # its TMA build failed: the launch will use pointer loads
+            return _block_n_dkdv(dict(meta, TMA=False), dtype)
         return _CHOSEN[key]["BLOCK_N"]
     masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
     return _candidates("dkdv", meta["BLOCK_D"], False, meta["DOT_PREC"], masked, meta["TMA"])[0].kwargs["BLOCK_N"]
@@ -773,6 +775,19 @@ def _descs(kind: str, tensors, meta, cfg):
         return tuple(tensors)
     rows = cfg["BLOCK_M"] if kind == "dkdv" else cfg["BLOCK_N"]
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, meta["BLOCK_D"]]) for t in tensors)
+
+
+def _is_build_error(e: Exception) -> bool:
+    """A compiler failure (Triton front end, an MLIR pass, ptxas), as opposed to a launch / runtime error."""
+    msg = str(e).lower()
+    return type(e).__name__ in ("CompilationError", "PTXASError") or "ptxas" in msg or "passmanager" in msg
+
+
+def _tma_build_failed(kind: str, key, e: Exception) -> None:
+    """Warn that the TMA build of ``kind`` failed and remember to use pointer loads for ``key``."""
+    warnings.warn(f"attn_zoo flash: the TMA build of the {kind!r} kernel failed ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:120] if str(e) else ''}); using pointer loads", RuntimeWarning)
+    _CHOSEN[key] = None
 
 
 def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
@@ -801,7 +816,13 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
         cfg = _CHOSEN[key]
         if cfg is None:  # the TMA build of this key failed: pointer loads
             return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
-        _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
+        try:  # a new specialisation (alignment / unit-stride properties of the arguments) compiles again
+            _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
+        except Exception as e:
+            if not (meta["TMA"] and _is_build_error(e)):
+                raise
+            _tma_build_failed(kind, key, e)
+            return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
         return
     err = None
     for c in _candidates(kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked, meta["TMA"]):
@@ -813,12 +834,9 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
             if "out of resource" in str(e).lower() or type(e).__name__ == "OutOfResources":
                 err = e
                 continue
-            if not meta["TMA"]:
+            if not (meta["TMA"] and _is_build_error(e)):
                 raise
-            # a TMA build the compiler rejects (seen: ptxas crashes on some loop structures): pointer loads
-            warnings.warn(f"attn_zoo flash: the TMA build of the {kind!r} kernel failed ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:120] if str(e) else ''}); using pointer loads", RuntimeWarning)
-            _CHOSEN[key] = None
+            _tma_build_failed(kind, key, e)
             return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
         _CHOSEN[key] = cfg
         return
@@ -894,13 +912,18 @@ def _tma_ok(D: int, block_d: int, pairs: int, sparse: bool, *tensors) -> bool:
 
 
 def _pairs(B: int, Hq: int, Nq: int, Nk: int, win_left: int, win_right: int) -> int:
-    """Visited query-key pairs of a dense / causal / window problem, upper estimate (for :func:`_tma_ok`)."""
-    width = Nk
+    """Visited query-key pairs of a dense / causal / window problem, estimated (for :func:`_tma_ok`): rows see
+    ``left + right + 1`` keys with both window edges, on average ``Nk - Nq / 2 + right`` with only a right edge
+    (causal: ``right = 0``), ``Nq / 2 + left`` with only a left edge, each clipped to ``[1, Nk]``."""
     if win_left >= 0 and win_right >= 0:
-        width = min(Nk, win_left + win_right + 1)
-    elif win_left >= 0 or win_right >= 0:
-        width = max(1, min(Nk, Nk // 2 + max(win_left, win_right)))
-    return B * Hq * Nq * width
+        width = win_left + win_right + 1
+    elif win_right >= 0:
+        width = Nk - Nq // 2 + win_right
+    elif win_left >= 0:
+        width = Nq // 2 + win_left
+    else:
+        width = Nk
+    return B * Hq * Nq * max(1, min(Nk, width))
 
 
 def _sparse_mode(layout, layout_bs: int, tile, Nq: int, Nk: int) -> int:
@@ -1032,7 +1055,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     :func:`build_sparse_tables`. ``dq_mode``: see :func:`resolve_dq_mode` (``"atomic"`` skips the dQ kernel).
     ``dkdv_split``: number of programs a GQA group's query heads are split over in the dK/dV pass (must divide
     ``Hq // Hkv``; partial fp32 dK/dV summed after); ``None`` / 0: env ``ATTN_ZOO_FLASH_DKDV_SPLIT``, else
-    :func:`choose_dkdv_split` with a target of 2 programs per SM. Returns ``(dq, dk, dv)``.
+    :func:`choose_dkdv_split` with a target of 2 programs per SM (8 for groups of >= 8 heads). Returns
+    ``(dq, dk, dv)``.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]

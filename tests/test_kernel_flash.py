@@ -232,23 +232,27 @@ def test_tma_rules(monkeypatch):
     assert not kf._tma_ok(32, 32, kf._OPTS["tma_min_pairs"] - 1, False, xd, xd)
     assert kf._pairs(2, 4, 100, 100, -1, -1) == 2 * 4 * 100 * 100
     assert kf._pairs(1, 1, 100, 100, 9, 0) == 100 * 10
-    assert kf._pairs(1, 1, 100, 100, -1, 0) == 100 * 50
+    assert kf._pairs(1, 1, 100, 100, -1, 0) == 100 * 50  # causal: half the square
+    assert kf._pairs(1, 1, 1, 100, -1, 0) == 100  # causal decoding: the last row sees every key
+    assert kf._pairs(1, 1, 100, 100, 20, -1) == 100 * 70
 
 
-def test_tma_build_failure_falls_back_to_pointer_loads(monkeypatch):
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+def test_tma_build_failure_falls_back_to_pointer_loads(kind, monkeypatch):
     """A TMA build the compiler rejects (ptxas crashed on some loop structures with triton 3.6) is not fatal: the
-    launcher warns once per key and uses pointer loads, with the same results."""
+    launcher warns once per key and uses pointer loads, with the same results, also on later calls (the dK/dV
+    launch reads the remembered tile before launching). Errors that are not compiler failures still raise."""
     import kernels.flash as kf
 
-    class Failing:  # stands in for the forward kernel: TMA builds raise, pointer builds run the real kernel
-        def __init__(self, fn):
-            self.fn, self.calls = fn, []
+    class Failing:  # stands in for one kernel: TMA builds fail, pointer builds run the real kernel
+        def __init__(self, fn, msg):
+            self.fn, self.msg, self.calls = fn, msg, []
 
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 self.calls.append(kw["TMA"])
                 if kw["TMA"]:
-                    raise RuntimeError("PTXAS error: ptxas failed with error code -11")
+                    raise RuntimeError(self.msg)
                 return self.fn[grid](*args, **kw)
             return launch
 
@@ -257,11 +261,12 @@ def test_tma_build_failure_falls_back_to_pointer_loads(monkeypatch):
     run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
     monkeypatch.setitem(kf._OPTS, "tma", False)
     base = _grads(run, q, k, v, do)
-    fake = Failing(kf._KERNELS["fwd"])
-    monkeypatch.setitem(kf._KERNELS, "fwd", fake)
+    real = kf._KERNELS[kind]
+    fake = Failing(real, "PTXAS error: ptxas failed with error code -11")
+    monkeypatch.setitem(kf._KERNELS, kind, fake)
     monkeypatch.setitem(kf._OPTS, "tma", True)
     monkeypatch.setattr(kf, "_CHOSEN", {})
-    with pytest.warns(RuntimeWarning, match="TMA build of the 'fwd' kernel failed"):
+    with pytest.warns(RuntimeWarning, match=f"TMA build of the '{kind}' kernel failed"):
         got = _grads(run, q, k, v, do)
     assert fake.calls == [True, False]
     got2 = _grads(run, q, k, v, do)  # remembered: straight to pointer loads, no second warning
@@ -269,6 +274,10 @@ def test_tma_build_failure_falls_back_to_pointer_loads(monkeypatch):
     for x, y, z in zip(got, got2, base):
         torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
         assert torch.equal(x, y)
+    monkeypatch.setattr(kf, "_CHOSEN", {})
+    monkeypatch.setitem(kf._KERNELS, kind, Failing(real, "CUDA error: an illegal memory access"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _grads(run, q, k, v, do)
 
 
 def test_strided_views_equal_contiguous():
