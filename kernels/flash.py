@@ -421,26 +421,20 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
     if TMA:  # rows past Nq arrive as zeros
         q = Qd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
         do = DOd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-        if MASKED:
-            lse2 = tl.load(Lse2b + offs_m, mask=offs_m < Nq, other=float("inf"))
-            delta = tl.load(Deltab + offs_m, mask=offs_m < Nq, other=0.0)
-        else:
-            lse2 = tl.load(Lse2b + offs_m)
-            delta = tl.load(Deltab + offs_m)
     elif MASKED:
         mq = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
         q = tl.load(q_ptrs, mask=mq, other=0.0)
         do = tl.load(do_ptrs, mask=mq, other=0.0)
-        lse2 = tl.load(Lse2b + offs_m, mask=offs_m < Nq, other=float("inf"))
-        delta = tl.load(Deltab + offs_m, mask=offs_m < Nq, other=0.0)
     elif BLOCK_D != HEAD_D:
         q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
         do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
-        lse2 = tl.load(Lse2b + offs_m)
-        delta = tl.load(Deltab + offs_m)
     else:
         q = tl.load(q_ptrs)
         do = tl.load(do_ptrs)
+    if MASKED:
+        lse2 = tl.load(Lse2b + offs_m, mask=offs_m < Nq, other=float("inf"))
+        delta = tl.load(Deltab + offs_m, mask=offs_m < Nq, other=0.0)
+    else:
         lse2 = tl.load(Lse2b + offs_m)
         delta = tl.load(Deltab + offs_m)
     qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
