@@ -51,7 +51,7 @@ try:
 except ImportError:  # older triton: pointer loads only
     TensorDescriptor = None
 
-from ._host import cdiv, next_pow2
+from ._host import CompiledLaunch, cdiv, next_pow2
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
@@ -109,6 +109,7 @@ def set_sparse_override(kind: str, cfg: Optional[dict] = None) -> None:
     shared memory / registers)."""
     if kind not in ("fwd", "dq", "dkdv"):
         raise ValueError(f"kind={kind!r} is not supported; allowed values: fwd, dq, dkdv")
+    clear_plans()
     if cfg is None:  # fwd and dq share one table: clearing either clears both
         for kk in (("fwd", "dq") if kind in ("fwd", "dq") else (kind,)):
             _SPARSE_OVERRIDE.pop(kk, None)
@@ -731,6 +732,7 @@ def set_config_override(kind: str, cfg: Optional[dict] = None) -> None:
     the causal / window / full modes (``None`` clears it). For tuning scripts; no shared-memory check."""
     if kind not in _KERNELS:
         raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(_KERNELS)}")
+    clear_plans()
     if cfg is None:
         _OVERRIDE.pop(kind, None)
     else:
@@ -796,14 +798,14 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
     grid = lambda m: (cdiv(n_rows, m[tile]), grid_axis1)  # noqa: E731
     if kind in _OVERRIDE and not meta["SPARSE"]:
         _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, _OVERRIDE[kind]), **meta, **_OVERRIDE[kind])
-        return
+        return None
     if meta["SPARSE"] and kind in _SPARSE_OVERRIDE:
         cfg = _SPARSE_OVERRIDE[kind]
         _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
-        return
+        return None
     if AUTOTUNE:  # the launcher makes TMA off under autotuning (descriptor boxes depend on the config)
         _tuned(kind, meta["SPARSE"])[grid](*args, *streamed, **meta)
-        return
+        return None
     masked = bool(meta["HAS_LEFT"] or meta["HAS_RIGHT"])
     key = _launch_key(kind, meta, args[0].dtype)
     if key in _CHOSEN:
@@ -811,19 +813,19 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
         if cfg is None:  # the TMA build of this key failed: pointer loads
             return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
         try:  # a new specialisation (alignment / unit-stride properties of the arguments) compiles again
-            _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
+            compiled = _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
         except Exception as e:
             if not (meta["TMA"] and _is_build_error(e)):
                 raise
             _tma_build_failed(kind, key, e)
             return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
-        return
+        return compiled, cfg, meta
     err = None
     for c in _candidates(kind, meta["BLOCK_D"], meta["SPARSE"], meta["DOT_PREC"], masked, meta["TMA"]):
         cfg = dict(BLOCK_M=c.kwargs["BLOCK_M"], BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps,
                    num_stages=c.num_stages)
         try:
-            _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
+            compiled = _KERNELS[kind][grid](*args, *_descs(kind, streamed, meta, cfg), **meta, **cfg)
         except Exception as e:  # OutOfResources (shared memory / registers): try a smaller config
             if "out of resource" in str(e).lower() or type(e).__name__ == "OutOfResources":
                 err = e
@@ -833,8 +835,69 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
             _tma_build_failed(kind, key, e)
             return _launch(kind, grid_axis1, n_rows, args, dict(meta, TMA=False), streamed)
         _CHOSEN[key] = cfg
-        return
+        return compiled, cfg, meta
     raise err
+
+
+# Launch plans. A call's plan holds everything that follows from its signature -- shapes, strides, dtype, device,
+# scale, window, sparse table shapes, pointer alignment and the tuning switches -- namely the kernels' constexpr
+# options, the dK/dV split and, once the first call has compiled them, the kernels themselves as
+# ``CompiledLaunch`` objects. A repeated call (a training step, a benchmark loop) then allocates its outputs and
+# launches, and nothing else: no checks, no config choice, no Triton argument binding (H200 machine: host time
+# of a causal fwd+bwd at N = 512 went from ~570-810 us to ~XXX us, eval/experiments/host_profile.py).
+class _Plan:
+    __slots__ = ("meta", "fast")
+
+    def __init__(self, meta):
+        self.meta = meta  # kind -> constexpr options (fwd / dkdv / dq) and the plan's own values
+        self.fast = {}  # kind -> CompiledLaunch, or None where the normal path must run (override, interpreter)
+
+
+_PLANS = {}
+_MAX_PLANS = 512
+
+
+def _aligned(*tensors) -> tuple:
+    """Triton specialises pointers on 16-byte alignment: part of a plan's key."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _get_plan(key, build) -> _Plan:
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(build())
+    return plan
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (tuning switches, overrides and remembered configs are read again)."""
+    _PLANS.clear()
+
+
+def _plan_launch(plan: _Plan, kind: str, grid_axis1: int, n_rows: int, args, meta, streamed, device):
+    """Launch ``kind`` through the plan's compiled kernel, or through :func:`_launch` (first call, overrides,
+    autotuning, interpreter, launch hooks), keeping what it compiled for the next call."""
+    fast = plan.fast.get(kind)
+    if fast is not None and fast[0].ready():
+        launch, cfg, used = fast
+        launch(*args, *(_descs(kind, streamed, used, cfg) if used.get("TMA") else streamed))
+        return
+    if kind == "pre":  # the backward's preprocess: one fixed config
+        res = (_bwd_preprocess[(cdiv(n_rows, meta["BLOCK_M"]), grid_axis1)](*args, **meta), {}, meta)
+    else:
+        res = _launch(kind, grid_axis1, n_rows, args, meta, streamed)
+    if kind in plan.fast or INTERPRET or res is None or device.type != "cuda":
+        plan.fast.setdefault(kind, None)
+        return
+    compiled, cfg, used = res
+    values = dict(used, **cfg)
+    tile = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
+    fn = _bwd_preprocess if kind == "pre" else _KERNELS[kind]
+    launch = CompiledLaunch.capture(fn, compiled, len(args) + len(streamed), values,
+                                    (cdiv(n_rows, values[tile]), grid_axis1), device.index or 0)
+    plan.fast[kind] = None if launch is None else (launch, cfg, used)
 
 
 # ============================================================================================ host side
@@ -944,6 +1007,28 @@ def _mode_args(q, layout, tables):
     return dict(sparse=False, idx=dummy_i32, cnt=dummy_i32, nfull=dummy_i32, stride_tbl=0, lay=dummy_i8, lay_nb=1)
 
 
+def _opts_key() -> tuple:
+    return tuple(_OPTS.values())
+
+
+def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs):
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    block_d = max(16, next_pow2(D))
+    pairs = _pairs(B, Hq, Nq, Nk, win_left, win_right)
+    return dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+                SPARSE=_sparse_mode(layout, layout_bs, sparse_tiles(D)[0], Nq, Nk),
+                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                TMA=_tma_ok(D, block_d, pairs, layout is not None, k, v))
+
+
+def _bnhd_empty(B: int, H: int, N: int, D: int, dtype, device) -> torch.Tensor:
+    """An uninitialised ``(B, H, N, D)`` tensor stored as ``(B, N, H, D)``: the layout of the model's projections,
+    so the attention output / gradients turn into ``(B, N, H * D)`` without a copy (the layout FlashAttention and
+    SDPA return too). Every output of the kernels, and of the custom ops' fake implementations, uses it."""
+    return torch.empty_strided((B, H, N, D), (N * H * D, D, H * D, 1), dtype=dtype, device=device)
+
+
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
                    kv_idx: Optional[torch.Tensor] = None, kv_cnt: Optional[torch.Tensor] = None,
@@ -953,37 +1038,25 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     Block-sparse: ``layout`` bool/int ``(nb, nb)`` at ``layout_bs`` tokens and the query-tile block table
     built by :func:`build_sparse_tables` at ``sparse_tiles(D)[0]``: ``kv_idx`` int32 ``(n_q_tiles, max_visits)``
     (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
-    ``(n_q_tiles,)`` full tiles. Returns ``(out (B, Hq, Nq, D) q.dtype, lse (B, Hq, Nq) fp32)``.
+    ``(n_q_tiles,)`` full tiles. Returns ``(out (B, Hq, Nq, D) q.dtype, stored as (B, Nq, Hq, D), lse (B, Hq, Nq)
+    fp32)``.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    out = torch.empty_like(q) if _dense(q) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)
+    key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale, win_left,
+           win_right, sparse_key, _aligned(q, k, v), _opts_key())
+    plan = _PLANS.get(key) or _get_plan(key, lambda: {"fwd": _fwd_meta(q, k, v, win_left, win_right, layout,
+                                                                        layout_bs)})
+    out = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
-    block_d = max(16, next_pow2(D))
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    pairs = _pairs(B, Hq, Nq, Nk, win_left, win_right)
-    _launch("fwd", B * Hq, Nq, (
+    _plan_launch(plan, "fwd", B * Hq, Nq, (
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0),
         m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
-        dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
-             SPARSE=_sparse_mode(layout, layout_bs, sparse_tiles(D)[0], Nq, Nk), DOT_PREC=prec,
-             TMA=_tma_ok(D, block_d, pairs, layout is not None, k, v)), streamed=(k, v))
+        plan.meta["fwd"], (k, v), q.device)
     return out, lse
-
-
-def _dense(t):
-    """True when ``t`` is non-overlapping and dense (``empty_like`` then keeps its strides)."""
-    try:
-        return t.is_non_overlapping_and_dense()
-    except AttributeError:  # pragma: no cover
-        return False
-
-
-def _empty_like(t, dtype=None):
-    dtype = t.dtype if dtype is None else dtype
-    return torch.empty_like(t, dtype=dtype) if _dense(t) else torch.empty(t.shape, dtype=dtype, device=t.device)
 
 
 DQ_MODES = ("separate", "atomic")
@@ -1054,31 +1127,25 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    group = Hq // Hkv
-    block_d = max(16, next_pow2(D))
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    atomic = resolve_dq_mode(dq_mode) == "atomic"
-    pairs = _pairs(B, Hq, Nq, Nk, win_left, win_right)
+    mode = resolve_dq_mode(dq_mode)
+    has_dlse = dlse is not None
+    sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape, q_idx.shape)
+    key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device,
+           softmax_scale, win_left, win_right, sparse_key, _aligned(q, k, v, do, out), mode,
+           dkdv_split or os.environ.get("ATTN_ZOO_FLASH_DKDV_SPLIT"), has_dlse, _opts_key())
+    plan = _PLANS.get(key) or _get_plan(key, lambda: _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs,
+                                                                mode, dkdv_split, has_dlse))
+    pm = plan.meta
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
-    pm = 64 if not INTERPRET else 32
-    has_dlse = dlse is not None
     dl = dlse.contiguous().float() if has_dlse else delta
-    _bwd_preprocess[(cdiv(Nq, pm), B * Hq)](
-        out, do, dl, lse.contiguous(), delta, lse2, Hq, Nq, *out.stride(), *do.stride(),
-        HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=pm,
-    )
-    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    _plan_launch(plan, "pre", B * Hq, Nq, (out, do, dl, lse, delta, lse2, Hq, Nq, *out.stride(), *do.stride()),
+                 pm["pre"], (), q.device)
+    dq, dk, dv = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), \
+        _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull))
-    f_tile, b_tile = sparse_tiles(D) if layout is not None else ((1, 1), (1, 1))
-    common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
-                  SPARSE=_sparse_mode(layout, layout_bs, f_tile, Nq, Nk), DOT_PREC=prec)
-    meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=_sparse_mode(layout, layout_bs, b_tile, Nq, Nk),
-                     TMA=_tma_ok(D, block_d, pairs, layout is not None, q, do))
-    wl, wr = max(win_left, 0), max(win_right, 0)
-    n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
-    n_split = _resolve_split(dkdv_split, group, n_tiles * B * Hkv, q.device)
+    n_split, atomic = pm["n_split"], pm["atomic"]
     if n_split > 1:  # fp32 partial dK / dV per split, summed below
         dk_t = torch.empty((n_split, B, Hkv, Nk, D), dtype=torch.float32, device=q.device)
         dv_t = torch.empty_like(dk_t)
@@ -1087,17 +1154,46 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         dk_t, dv_t = dk, dv
         dk_strides, dv_strides = (0, *dk.stride()), (0, *dv.stride())
     dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if atomic else delta
-    _launch("dkdv", B * Hkv * n_split, Nk, (
+    wl, wr = max(win_left, 0), max(win_right, 0)
+    group = Hq // Hkv
+    _plan_launch(plan, "dkdv", B * Hkv * n_split, Nk, (
         q, k, v, do, lse2, delta, dk_t, dv_t, dqa, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk_strides, *dv_strides, Hq, Hkv, Nq, Nk, Nk - Nq, group, n_split, softmax_scale * LOG2E, softmax_scale,
         wl, wr, mq["idx"], mq["cnt"], mq["nfull"], mq["stride_tbl"], mq["lay"], mq["lay_nb"], max(layout_bs, 1),
-        _bucket(Nk)), meta_dkdv, streamed=(q, do))
+        _bucket(Nk)), pm["dkdv"], (q, do), q.device)
     if n_split > 1:
         dk.copy_(dk_t.sum(0))
         dv.copy_(dv_t.sum(0))
     if atomic:
         dq.copy_(dqa)
         return dq, dk, dv
+    _plan_launch(plan, "dq", B * Hq, Nq, (
+        q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
+        mk["idx"], mk["cnt"], mk["nfull"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1),
+        _bucket(Nq)), pm["dq"], (k, v), q.device)
+    return dq, dk, dv
+
+
+def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, mode, dkdv_split, has_dlse):
+    """The backward's launch options (a plan's ``meta``): preprocess, dK/dV and dQ constexprs, the split."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    block_d = max(16, next_pow2(D))
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    pairs = _pairs(B, Hq, Nq, Nk, win_left, win_right)
+    f_tile, b_tile = sparse_tiles(D) if layout is not None else ((1, 1), (1, 1))
+    common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+                  SPARSE=_sparse_mode(layout, layout_bs, f_tile, Nq, Nk), DOT_PREC=prec)
+    atomic = mode == "atomic"
+    meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=_sparse_mode(layout, layout_bs, b_tile, Nq, Nk),
+                     TMA=_tma_ok(D, block_d, pairs, layout is not None, q, do))
+    n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype))
+    n_split = _resolve_split(dkdv_split, group, n_tiles * B * Hkv, q.device)
+    return {"pre": dict(HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=64 if not INTERPRET else 32),
+            "dkdv": meta_dkdv, "dq": dict(common, TMA=_tma_ok(D, block_d, pairs, layout is not None, k, v)),
+            "n_split": n_split, "atomic": atomic}
     _launch("dq", B * Hq, Nq, (
         q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr,
@@ -1120,8 +1216,8 @@ def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sca
 @_flash_fwd_op.register_fake
 def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
       q_nfull, dq_mode, dkdv_split):
-    B, Hq, Nq, _ = q.shape
-    return torch.empty_like(q), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    B, Hq, Nq, D = q.shape
+    return _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
 
 @torch.library.custom_op("attn_zoo_kernels::flash_bwd", mutates_args=())
@@ -1146,7 +1242,9 @@ def _flash_bwd_impl(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_ri
 @_flash_bwd_op.register_fake
 def _(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull,
       q_idx, q_cnt, q_nfull, dq_mode, dkdv_split):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    (B, Hq, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
+    return (_bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device),
+            _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device))
 
 
 def _setup_context(ctx, inputs, output):
@@ -1178,7 +1276,7 @@ class _FlashFn(torch.autograd.Function):
     ``torch.compile`` traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, *cfg):
+    def forward(ctx, q, k, v, cfg):  # cfg: the custom op's other arguments, one tuple (apply checks each argument)
         out, lse = flash_attn_fwd(q, k, v, *cfg[:8])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = cfg
@@ -1188,7 +1286,7 @@ class _FlashFn(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # double backward raises (as through the custom op)
     def backward(ctx, dout, dlse):
-        return _run_backward(ctx, dout, dlse, _flash_bwd_impl)
+        return _run_backward(ctx, dout, dlse, _flash_bwd_impl)[:3] + (None,)
 
 
 # ============================================================================================ public entry
@@ -1251,6 +1349,9 @@ def _check_tables(tables, Nq: int, Nk: int, D: int):
                              f"{tuple(idx.shape)}; rebuild them with build_sparse_tables")
 
 
+_CHECKED = set()  # (shapes, dtypes) that passed _check
+
+
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                window_size: Optional[Sequence[Optional[int]]] = None, softmax_scale: Optional[float] = None,
                block_layout: Optional[torch.Tensor] = None, block_size: int = 0,
@@ -1287,7 +1388,10 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv != D``, a layout without
         ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group.
     """
-    _check(q, k, v)
+    sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+    if sig not in _CHECKED:
+        _check(q, k, v)
+        _CHECKED.add(sig)
     D = q.shape[-1]
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     left = right = None
@@ -1323,5 +1427,5 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         else:
             tables = build_sparse_tables(block_table_fn, D, q.device)
     args = (q, k, v, scale, wl, wr, layout, int(block_size), *tables, dq_mode or "", int(dkdv_split or 0))
-    out, lse = _flash_fwd_op(*args) if torch.compiler.is_compiling() else _FlashFn.apply(*args)
+    out, lse = _flash_fwd_op(*args) if torch.compiler.is_compiling() else _FlashFn.apply(q, k, v, args[3:])
     return (out, lse) if return_lse else out

@@ -682,3 +682,87 @@ def test_host_helpers_match_triton():
         assert next_pow2(n) == triton.next_power_of_2(n), n
         for d in (1, 3, 16, 64, 128):
             assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+# ------------------------------------------------------------------------------------------- batch > 1, GQA loop
+@pytest.mark.parametrize("kind,kw", [("flash", dict(causal=True)), ("sliding_window", dict(causal=True, window_size=(9, 0))),
+                                     ("sparse", dict(causal=True, block_size=16, sparse_pattern="bigbird"))])
+def test_batch_two_gqa_against_reference(kind, kw, monkeypatch):
+    """B = 2 with GQA 4:1 and the dK/dV group loop over all 4 heads in one program (split 1): a kernel that reads
+    batch 0's rows (lse, delta, K/V) for every batch, or drops a head of the group loop, fails here."""
+    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "1")
+    check_against_reference(AttentionSpec(kind=kind, **kw), B=2, Hq=4, Hkv=1, Nq=48, Nk=48, D=16, seed=7)
+
+
+def test_dlse_term_of_delta():
+    """A loss on lse alone: its gradient is ``dlse * softmax``, which only the ``-dlse`` term of delta carries."""
+    from kernels import flash_attn
+
+    q, k, v, _ = _inputs(2, 2, 2, 24, 24, 16, torch.float32, seed=3)
+    w = torch.randn(2, 2, 24, generator=torch.Generator().manual_seed(4)).to(DEV)
+
+    def grads(fn):
+        a, b = (t.detach().clone().requires_grad_(True) for t in (q, k))
+        return torch.autograd.grad((fn(a, b) * w).sum(), (a, b))
+
+    ours = grads(lambda a, b: flash_attn(a, b, v, causal=True, return_lse=True)[1])
+    spec = AttentionSpec(kind="flash", causal=True)
+    ref = grads(lambda a, b: softmax_attention_reference(a, b, v, spec, return_lse=True)[1])
+    for x, y in zip(ours, ref):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- launch plans
+def test_launch_plans_cached_per_signature():
+    """A repeated call reuses its launch plan; another stride pattern or alignment gets its own; outputs and
+    gradients come back stored as (B, N, H, D) (free reshape to (B, N, H * D)) and stay right on every path."""
+    import kernels.flash as kf
+
+    kf.clear_plans()
+    spec = AttentionSpec(kind="flash", causal=True)
+    q, k, v, do = _inputs(1, 2, 2, 32, 32, 16, torch.float32, seed=11)
+    ref = _grads(lambda a, b, c: softmax_attention_reference(a, b, c, spec), q, k, v, do)
+    f = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
+    first = _grads(f, q, k, v, do)
+    n = len(kf._PLANS)
+    assert n == 2  # one forward and one backward plan
+    again = _grads(f, q, k, v, do)
+    assert len(kf._PLANS) == n
+    for x, y, r in zip(first, again, ref):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+        torch.testing.assert_close(x, r, rtol=1e-4, atol=2e-5)
+    out = first[0]
+    assert out.transpose(1, 2).is_contiguous(), "outputs are stored as (B, N, H, D)"
+    # (B, N, H, D) views as inputs: new strides, a new plan, same values
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    for x, r in zip(_grads(f, qt, kt, vt, do), ref):
+        torch.testing.assert_close(x, r, rtol=1e-4, atol=2e-5)
+    assert len(kf._PLANS) == n + 2
+    # a 4-byte offset: misaligned for Triton's 16-byte pointer specialisation, its own plan
+    buf = torch.randn(q.numel() + 1, device=DEV)
+    qm = buf[1:].view_as(q).copy_(q)
+    assert qm.data_ptr() % 16
+    torch.testing.assert_close(f(qm, k, v), ref[0], rtol=1e-4, atol=2e-5)  # _grads would clone (realign) it
+    assert len(kf._PLANS) == n + 3
+    kf.set_config_override("fwd", None)  # any override change forgets the plans
+    assert not kf._PLANS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind,kw,N,Hq,Hkv", [("flash", dict(causal=True), 1024, 8, 2),
+                                              ("flash", dict(causal=True), 4096, 16, 16),  # TMA-sized
+                                              ("sliding_window", dict(causal=True, window_size=(255, 0)), 2048, 8, 8),
+                                              ("sparse", dict(causal=True, block_size=128, sparse_pattern="bigbird"),
+                                               2048, 8, 8)])
+def test_gpu_compiled_launches_on_fresh_inputs(kind, kw, N, Hq, Hkv):
+    """After the first call a plan launches its compiled kernels directly: three more calls on fresh random inputs
+    (same signature) must each match the reference, and the plan's kernels must be the direct launches."""
+    import kernels.flash as kf
+
+    kf.clear_plans()
+    spec = AttentionSpec(kind=kind, **kw)
+    for seed in range(4):
+        check_against_reference(spec, B=2, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=128, dtype=torch.bfloat16, seed=100 + seed)
+    fast = [p.fast for p in kf._PLANS.values()]
+    assert fast and all(v is not None for f in fast for v in f.values()), fast

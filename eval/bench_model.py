@@ -1,0 +1,248 @@
+"""Model-level training speed: the GPT trained for a fixed number of steps in one process, per variant x backend x
+seq_len, after warm-up.
+
+What one step is (the same as ``train.py trainer=gpu``): bf16 autocast forward of :class:`attn_zoo.model.GPT` on
+random byte tokens, cross-entropy, backward, gradient-norm clipping at 1.0, the AdamW ``LitLM`` uses on CUDA
+(:func:`attn_zoo.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
+number of tokens per step is constant (``B = tokens // seq_len``).
+
+Backends, timed in the same process:
+  * ``triton``: our kernels (every variant);
+  * ``torch``: what a user picks instead: SDPA with PyTorch's default choice (flash / GQA / MQA), compiled
+    FlexAttention (window, BigBird), the chunked PyTorch form (linear);
+  * ``sdpa_flash`` / ``sdpa_cudnn``: the ``torch`` backend with SDPA forced to FlashAttention-2 / cuDNN (exact
+    kinds only). The SDPA backend PyTorch picks by default is recorded in the ``sdpa_default`` column.
+
+Model sizes: ``large`` = d_model 1024, 8 layers, 8 heads (D = 128), SwiGLU, RMSNorm; ``small`` = ``conf/model/small``
+(d_model 128, 4 layers, 4 heads, D = 32). Variants: ``conf/attention/<name>.yaml`` except the window (1024 tokens,
+causal) and BigBird (block 128, 2 local / 1 global / 2 random blocks), sized as in ``eval/bench_flash.py``.
+
+Columns: ``tokens_per_s`` (median step), ``step_ms`` (median), ``step_ms_min``, ``peak_mem_mib``
+(``max_memory_allocated`` over the timed steps: weights, AdamW state, activations), ``ratio_vs_<backend>``
+(tokens/s of the row over that backend's at the same size / variant / seq_len).
+
+Usage (GPU): ``python -m eval.bench_model --out results/h200/model_speed [--sizes large,small]
+[--seq-lens 512,1024,2048,4096,8192,16384] [--variants flash,sliding_window,sparse,linear,gqa,mqa]
+[--backends triton,torch,sdpa_flash,sdpa_cudnn] [--tokens 16384] [--steps 10] [--warmup 3] [--profile]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import time
+import traceback
+from typing import Dict, List, Optional
+
+import torch
+
+from attn_zoo import make_spec
+from attn_zoo.lit import adamw_impl, clip_gradients_
+from attn_zoo.model import GPT, GPTConfig
+
+SIZES = {
+    "large": dict(d_model=1024, n_layer=8, n_head=8, mlp="swiglu", norm="rmsnorm"),
+    "small": dict(d_model=128, n_layer=4, n_head=4, mlp="swiglu", norm="rmsnorm"),
+}
+VARIANTS = {
+    "flash": dict(kind="flash", causal=True),
+    "sliding_window": dict(kind="sliding_window", causal=True, window_size=(1023, 0)),
+    "sparse": dict(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=128, num_local_blocks=2,
+                   num_global_blocks=1, num_random_blocks=2),
+    "linear": dict(kind="linear", causal=True, feature_map="elu1", chunk_size=64),
+    "gqa": dict(kind="flash", causal=True, kv_group_size=2),
+    "mqa": dict(kind="flash", causal=True, n_kv_heads=1),
+}
+BACKENDS = ("triton", "torch", "sdpa_flash", "sdpa_cudnn")
+EXACT = ("flash", "gqa", "mqa")
+
+
+def _sdpa_context(backend: str):
+    if backend not in ("sdpa_flash", "sdpa_cudnn"):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION if backend == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION)
+
+
+def sdpa_default_backend(B: int, H: int, N: int, D: int, Hkv: Optional[int] = None) -> str:
+    """The SDPA backend PyTorch picks for causal bf16 ``(B, H, N, D)`` on this GPU, read from the kernel names of
+    one profiled forward + backward (``flash``, ``cudnn``, ``efficient``, ``math`` or ``unknown``)."""
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    Hkv = Hkv or H
+    q = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H).sum().backward()
+        torch.cuda.synchronize()
+    names = " ".join(e.key.lower() for e in prof.key_averages())
+    for tag, keys in (("cudnn", ("cudnn", "sm90_flash", "fprop", "dprop")), ("flash", ("flash",)),
+                      ("efficient", ("fmha", "efficient", "cutlass")), ("math", ("bmm", "softmax"))):
+        if any(key in names for key in keys):
+            return tag
+    return "unknown"
+
+
+def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int = 256) -> GPT:
+    cfg = GPTConfig(vocab_size=vocab, max_seq_len=seq_len, **SIZES[size])
+    spec = make_spec(**VARIANTS[variant])
+    torch.manual_seed(0)
+    return GPT(cfg, spec, backend="torch" if backend.startswith("sdpa_") else backend).cuda()
+
+
+def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):
+    """AdamW as :meth:`attn_zoo.lit.LitLM.configure_optimizers` builds it on CUDA (bf16-mixed: no scaler)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    impl = adamw_impl("cuda", None)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), **({} if impl == "default" else {impl: True}))
+
+
+def train_steps(model: GPT, opt, x: torch.Tensor, y: torch.Tensor, n: int, clip: float = 1.0) -> List[float]:
+    """Run ``n`` training steps; returns each step's wall time in ms (synchronised before and after)."""
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        clip_gradients_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if not math.isfinite(float(loss)):
+            raise FloatingPointError(f"loss is {float(loss)}")
+    return times
+
+
+def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, steps: int, warmup: int,
+              profile_dir: Optional[str] = None) -> Dict[str, object]:
+    B = max(1, tokens // seq_len)
+    model = make_model(size, variant, seq_len, backend)
+    opt = make_optimizer(model)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
+    y = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
+    with _sdpa_context(backend):
+        train_steps(model, opt, x, y, warmup)
+        torch.cuda.reset_peak_memory_stats()
+        times = train_steps(model, opt, x, y, steps)
+        peak = torch.cuda.max_memory_allocated() / 2**20
+        if profile_dir:
+            _profile(model, opt, x, y, os.path.join(profile_dir, f"profile_{size}_{variant}_{seq_len}_{backend}.txt"))
+    times.sort()
+    med = times[len(times) // 2]
+    row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend, batch=B, tokens_per_step=B * seq_len,
+               step_ms=round(med, 3), step_ms_min=round(times[0], 3), tokens_per_s=round(B * seq_len / med * 1e3),
+               peak_mem_mib=round(peak, 1), n_params=model.num_params())
+    del model, opt
+    torch.cuda.empty_cache()
+    return row
+
+
+def _profile(model, opt, x, y, path: str) -> None:
+    """torch.profiler table of 3 steps (CPU and CUDA time per op) to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        train_steps(model, opt, x, y, 3)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+        f.write("\n\n")
+        f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+
+
+def add_ratios(rows: List[Dict[str, object]], backends) -> None:
+    """``ratio_vs_<b>``: tokens/s of each row over backend ``b``'s at the same size, variant and seq_len."""
+    index = {(r["size"], r["variant"], r["seq_len"], r["backend"]): r for r in rows if "tokens_per_s" in r}
+    for r in rows:
+        if "tokens_per_s" not in r:
+            continue
+        for b in backends:
+            o = index.get((r["size"], r["variant"], r["seq_len"], b))
+            if o is not None and o is not r:
+                r[f"ratio_vs_{b}"] = round(r["tokens_per_s"] / o["tokens_per_s"], 3)
+
+
+def parse_list(s: str, allowed=None, name: str = "") -> List[str]:
+    items = [x.strip() for x in s.split(",") if x.strip()]
+    if allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise SystemExit(f"--{name}: {bad} not supported; allowed values: {', '.join(allowed)}")
+    return items
+
+
+def main(argv=None) -> List[Dict[str, object]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output folder (model_speed.csv / .json)")
+    ap.add_argument("--sizes", default="large,small")
+    ap.add_argument("--seq-lens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens per step (batch = tokens // seq_len)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also write a torch.profiler table per row")
+    ap.add_argument("--name", default="model_speed", help="file stem of the results")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_model needs a CUDA GPU")
+    if a.steps < 1 or a.warmup < 1 or a.tokens < 1:
+        raise SystemExit("--steps, --warmup and --tokens must be >= 1")
+    from eval.bench_common import env_info, format_table, write_csv, write_json
+
+    sizes = parse_list(a.sizes, SIZES, "sizes")
+    variants = parse_list(a.variants, VARIANTS, "variants")
+    backends = parse_list(a.backends, BACKENDS, "backends")
+    try:
+        seq_lens = [int(x) for x in parse_list(a.seq_lens)]
+    except ValueError:
+        raise SystemExit(f"--seq-lens must be a comma-separated list of integers, got {a.seq_lens!r}") from None
+    env = env_info()
+    rows: List[Dict[str, object]] = []
+    default_backend = {}
+    for size in sizes:
+        for variant in variants:
+            for n in seq_lens:
+                for backend in backends:
+                    if backend.startswith("sdpa_") and variant not in EXACT:
+                        continue
+                    try:
+                        row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
+                                        a.out if a.profile else None)
+                    except Exception as e:  # a failed row is recorded, the sweep goes on
+                        traceback.print_exc()
+                        row = dict(size=size, variant=variant, seq_len=n, backend=backend,
+                                   error=f"{type(e).__name__}: {str(e)[:200]}")
+                        torch.cuda.empty_cache()
+                    if variant in EXACT and backend == "torch":
+                        H = SIZES[size]["n_head"]
+                        hkv = {"gqa": H // 2, "mqa": 1}.get(variant, H)
+                        key = (size, variant, n)
+                        default_backend[key] = sdpa_default_backend(max(1, a.tokens // n), H, n,
+                                                                    SIZES[size]["d_model"] // H, hkv)
+                        row["sdpa_default"] = default_backend[key]
+                    rows.append(row)
+                    print({k: row.get(k) for k in ("size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms",
+                                                   "peak_mem_mib", "sdpa_default", "error")}, flush=True)
+    add_ratios(rows, backends)
+    write_csv(rows, os.path.join(a.out, f"{a.name}.csv"))
+    write_json(rows, os.path.join(a.out, f"{a.name}.json"), env)
+    cols = ["size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms", "peak_mem_mib"]
+    cols += [f"ratio_vs_{b}" for b in backends if b != "triton"]
+    print(format_table([r for r in rows if r["backend"] == "triton"], cols, "{:.3f}"))
+    print(f"wrote {os.path.join(a.out, a.name)}.csv / .json")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

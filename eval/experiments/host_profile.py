@@ -1,0 +1,120 @@
+"""GPU: where the host time of one exact-attention fwd+bwd goes, and what the GPU alone takes.
+
+For causal bf16 attention (16k tokens, H = 16, D = 128) at N = 512 / 1024 / 4096 it reports, for our kernel and
+SDPA's flash and cuDNN backends, in one process:
+  * ``host_us``: host time to enqueue one fwd+bwd (loop of calls, no sync inside);
+  * ``bench_ms``: ``do_bench`` median (what the benchmarks report: host-bound when host > GPU);
+  * ``graph_ms``: the same fwd+bwd captured in a CUDA graph and replayed (GPU time alone).
+Then the pieces of one Triton launch (binder, direct CompiledKernel launch, TMA descriptors) and a cProfile of
+our fwd+bwd. Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/host_profile.py``.
+"""
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import kernels.flash as kf
+
+
+def host_us(f, n=100):
+    for _ in range(5):
+        f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    us = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def graph_ms(f, n=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        f()
+    g.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(n):
+        g.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / n
+
+
+def main():
+    H, D = 16, 128
+    rows = []
+    for N in (512, 1024, 4096):
+        B = 16384 // N
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        do = torch.randn_like(q)
+        impls = {
+            "ours": lambda: kf.flash_attn(q, k, v, causal=True),
+            "sdpa_flash": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "sdpa_cudnn": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        }
+        ctx = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+        for name, fn in impls.items():
+            def fb(fn=fn):
+                q.grad = k.grad = v.grad = None
+                fn().backward(do)
+            if name in ctx:
+                with sdpa_kernel(ctx[name]):
+                    r = dict(impl=name, N=N, host_us=host_us(fb), bench_ms=triton.testing.do_bench(fb, return_mode="median"),
+                             graph_ms=graph_ms(fb))
+            else:
+                r = dict(impl=name, N=N, host_us=host_us(fb), bench_ms=triton.testing.do_bench(fb, return_mode="median"),
+                         graph_ms=graph_ms(fb))
+            r["fwd_host_us"] = host_us(lambda fn=fn: fn().detach() if name == "ours" else fn())
+            rows.append(r)
+            print(r, flush=True)
+
+    # the same fwd+bwd at N = 512 without the plans' compiled launches (every launch through Triton's binder)
+    N = 512
+    B = 16384 // N
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    CL = kf.CompiledLaunch
+    ready = CL.ready
+    CL.ready = staticmethod(lambda: False)
+    slow = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
+    CL.ready = ready
+    fast = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
+    orig = kf._plan_launch
+    kf._plan_launch = lambda *a, **kw: None
+    py = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
+    kf._plan_launch = orig
+    print(dict(N=N, host_us_triton_launch=slow, host_us_compiled_launch=fast, host_us_no_launch=py), flush=True)
+    pr = cProfile.Profile()
+    fb = lambda: kf.flash_attn(q, k, v, causal=True).backward(do)  # noqa: E731
+    for _ in range(5):
+        fb()
+    torch.cuda.synchronize()
+    pr.enable()
+    for _ in range(100):
+        fb()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+    print(s.getvalue()[-6000:])
+    print(f"{'impl':12s} {'N':>6s} {'host_us':>8s} {'bench_ms':>9s} {'graph_ms':>9s} {'fwd_host':>9s}")
+    for r in rows:
+        print(f"{r['impl']:12s} {r['N']:6d} {r['host_us']:8.0f} {r['bench_ms']:9.3f} {r['graph_ms']:9.3f} {r['fwd_host_us']:9.0f}")
+
+
+if __name__ == "__main__":
+    main()
