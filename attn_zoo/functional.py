@@ -26,6 +26,10 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Attent
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
     B, Hq, Nq, D = q.shape
+    if B < 1:
+        raise ValueError(f"batch size must be >= 1, got B={B} (q.shape[0])")
+    if Hq < 1:
+        raise ValueError(f"number of query heads must be >= 1, got Hq={Hq} (q.shape[1])")
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"batch sizes differ: q={B}, k={k.shape[0]}, v={v.shape[0]}")
     if k.shape[:3] != v.shape[:3]:
@@ -35,8 +39,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Attent
     Hkv = k.shape[1]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k.shape[1]) for grouped-query attention")
-    if min(Nq, k.shape[2]) < 1 or D < 1:
-        raise ValueError(f"sequence lengths and head dim must be >= 1, got Nq={Nq}, Nk={k.shape[2]}, D={D}")
+    if min(Nq, k.shape[2]) < 1 or D < 1 or v.shape[3] < 1:
+        raise ValueError(f"sequence lengths and head dims must be >= 1, got Nq={Nq}, Nk={k.shape[2]}, D={D}, "
+                         f"Dv={v.shape[3]} (v.shape[3])")
 
 
 def attention(
@@ -60,8 +65,8 @@ def attention(
         ``(B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse`` if asked). Rows that see no key are 0.
 
     Raises:
-        ValueError / TypeError: bad shapes, dtypes, devices, ``Hq % Hkv != 0``, unknown backend, or a backend
-        that cannot run this input (the message says why).
+        ValueError / TypeError: bad shapes (any of ``B, Hq, Hkv, Nq, Nk, D, Dv`` zero), dtypes, devices,
+        ``Hq % Hkv != 0``, unknown backend, or a backend that cannot run this input (the message says why).
     """
     check_inputs(q, k, v, spec)
     regs = get_backends(spec.kind)

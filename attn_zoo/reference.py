@@ -4,6 +4,12 @@
 Shapes: ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; ``Hkv`` divides ``Hq`` and query
 head ``h`` reads K/V head ``h // (Hq // Hkv)``. Output ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
 Memory is O(B * Hq * Nq * Nk): use it for tests and small models only.
+
+Masked pairs contribute nothing, in the forward and in every gradient: a product of a masked weight (exactly
+0) with a non-finite query / key / value row is never formed (:class:`_MaskedMatmul`, :class:`_MaskedScores`),
+so a NaN or inf at key ``j`` reaches exactly the rows that see ``j`` (and the gradients of what those rows
+see), a NaN in query row ``i`` exactly row ``i`` (and the gradients of the keys it sees). The softmax subtracts
+the row maximum (never ``exp(s - lse)``: at large logits that form lost ~1e-2 of relative accuracy in dq / dk).
 """
 
 from __future__ import annotations
@@ -29,25 +35,107 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.repeat_interleave(n_rep, dim=1)
 
 
+# ----------------------------------------------------------------------------------------- masked products
+def _masked_contract(a: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` over the index ``j`` for ``a (..., M, K)`` and ``x (..., K, P)``, where the entries of ``a`` at
+    ``~allowed`` ``(M, K)`` are treated as exact zeros that never multiply ``x``: rows of ``x`` holding a NaN or
+    inf are added only where allowed (per element, in chunks no larger than ``a``), the others by one matmul."""
+    a = torch.where(allowed, a, 0.0)
+    bad = ~torch.isfinite(x).all(-1)  # (..., K)
+    bad = bad.reshape(-1, bad.shape[-1]).any(0)  # (K,): one row set for every batch / head
+    if not bool(bad.any()):
+        return a @ x
+    out = a @ x.masked_fill(bad[:, None], 0.0)
+    idx = bad.nonzero().flatten()
+    step = max(1, a.shape[-1] // max(1, x.shape[-1]))  # the (..., M, step, P) product stays <= a's size
+    for c in range(0, idx.numel(), step):
+        j = idx[c:c + step]
+        prod = a[..., :, j].unsqueeze(-1) * x[..., j, :].unsqueeze(-3)  # (..., M, c, P)
+        out = out + torch.where(allowed[:, j].unsqueeze(-1), prod, 0.0).sum(-2)
+    return out
+
+
+class _MaskedMatmul(torch.autograd.Function):
+    """``where(allowed, a, 0) @ x`` whose forward and backward never form ``0 * x_j`` or ``0 * g_i`` at a masked
+    pair (``allowed (M, K)`` broadcasts over the batch dims): ``da = where(allowed, g x^T, 0)``, ``dx = a^T g``."""
+
+    @staticmethod
+    def forward(ctx, a, x, allowed):
+        ctx.save_for_backward(a, x, allowed)
+        return _masked_contract(a, x, allowed)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, x, allowed = ctx.saved_tensors
+        da = dx = None
+        if ctx.needs_input_grad[0]:
+            da = torch.where(allowed, g @ x.transpose(-1, -2), 0.0)  # entries, not sums: masked ones dropped
+        if ctx.needs_input_grad[1]:
+            dx = _masked_contract(a.transpose(-1, -2), g, allowed.transpose(-1, -2))
+        return da, dx, None
+
+
+class _MaskedScores(torch.autograd.Function):
+    """``where(allowed, q @ k^T, fill)``; the backward contracts the (masked-zero) score gradient with ``k`` /
+    ``q`` without touching a masked pair, so a non-finite key (query) reaches only the rows (keys) it pairs with."""
+
+    @staticmethod
+    def forward(ctx, q, k, allowed, fill):
+        ctx.save_for_backward(q, k, allowed)
+        return torch.where(allowed, q @ k.transpose(-1, -2), fill)
+
+    @staticmethod
+    def backward(ctx, ds):
+        q, k, allowed = ctx.saved_tensors
+        dq = dk = None
+        if ctx.needs_input_grad[0]:
+            dq = _masked_contract(ds, k, allowed)
+        if ctx.needs_input_grad[1]:
+            dk = _masked_contract(ds.transpose(-1, -2), q, allowed.transpose(-1, -2))
+        return dq, dk, None, None
+
+
+def _scores(q, k, allowed, fill):
+    if allowed is None:
+        return q @ k.transpose(-1, -2)
+    return _MaskedScores.apply(q, k, allowed, fill)
+
+
+def _matmul(a, x, allowed):
+    if allowed is None:
+        return a @ x
+    return _MaskedMatmul.apply(a, x, allowed)
+
+
+# ----------------------------------------------------------------------------------------- references
 def softmax_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, return_lse: bool = False
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact masked softmax attention (Vaswani et al. 2017, eq. 1) with the spec's mask.
 
-    Rows with no allowed key output 0 and have ``lse = -inf``. ``lse`` is fp32 ``(B, Hq, Nq)``, natural log
-    of ``sum_j exp(scale * q_i . k_j)`` over allowed ``j`` (fp64 for fp64 inputs).
+    Rows with no allowed key output 0 (zero gradients) and have ``lse = -inf``. ``lse`` is fp32 ``(B, Hq, Nq)``,
+    natural log of ``sum_j exp(scale * q_i . k_j)`` over allowed ``j`` (fp64 for fp64 inputs). The softmax
+    subtracts the row maximum of the scores; masked pairs contribute nothing (module docstring).
     """
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     n_rep = Hq // k.shape[1]
     qf, kf, vf = upcast(q), repeat_kv(upcast(k), n_rep), repeat_kv(upcast(v), n_rep)
-    s = (qf @ kf.transpose(-1, -2)) * spec.scale(D)  # (B, Hq, Nq, Nk)
-    allowed = mask_info(spec, Nq, Nk).dense(q.device)  # (Nq, Nk)
-    s = s.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # (B, Hq, Nq), -inf on empty rows
-    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).unsqueeze(-1))
-    out = (p @ vf).to(q.dtype)  # empty rows: p == 0 -> out == 0
-    return (out, lse) if return_lse else out
+    mi = mask_info(spec, Nq, Nk)
+    allowed = None if mi.is_full else mi.dense(q.device)  # (Nq, Nk)
+    s = _scores(qf, kf, allowed, float("-inf")) * spec.scale(D)  # (B, Hq, Nq, Nk), -inf where masked
+    m = s.detach().amax(-1, keepdim=True)  # row max: NaN / +inf rows stay so, empty rows (-inf) use 0
+    m = torch.where(m == float("-inf"), 0.0, m)
+    e = torch.exp(s - m)
+    if allowed is not None:
+        e = torch.where(allowed, e, 0.0)  # exact zeros (also where m is NaN), no gradient to masked pairs
+    l = e.sum(-1, keepdim=True)  # (B, Hq, Nq, 1), >= 1 on rows with an allowed key, 0 on empty rows
+    p = e / torch.where(l == 0, 1.0, l)  # empty rows: p == 0 -> out == 0
+    out = _matmul(p, vf, allowed).to(q.dtype)
+    if not return_lse:
+        return out
+    lse = (m + torch.log(l)).squeeze(-1)  # -inf on empty rows
+    return out, lse
 
 
 def linear_attention_reference(
@@ -57,7 +145,8 @@ def linear_attention_reference(
     """Kernelized attention, masked quadratic form (Katharopoulos et al. 2020, eq. 4 and 9):
 
     ``out_i = sum_j M_ij (phi(q_i).phi(k_j)) v_j / (sum_j M_ij phi(q_i).phi(k_j) + eps)``, with ``M`` the causal
-    mask (bottom-right aligned) or all-ones. Computed in fp32 with the ``(Nq, Nk)`` matrix materialised.
+    mask (bottom-right aligned) or all-ones. Computed in fp32 with the ``(Nq, Nk)`` matrix materialised; masked
+    pairs contribute nothing (module docstring).
     ``feature_q`` / ``feature_k`` may pass precomputed ``phi(q)``, ``phi(k)`` ``(B, H, N, F)``.
     """
     Hq, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
@@ -65,12 +154,12 @@ def linear_attention_reference(
     fq = feature_q if feature_q is not None else apply_feature_map(upcast(q), spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
     fk = feature_k if feature_k is not None else apply_feature_map(upcast(k), spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
     fq, fk, vf = upcast(fq), repeat_kv(upcast(fk), n_rep), repeat_kv(upcast(v), n_rep)
-    a = fq @ fk.transpose(-1, -2)  # (B, Hq, Nq, Nk)
+    allowed = None
     if spec.causal:
         i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
-        j = torch.arange(Nk, device=q.device).view(1, -1)
-        a = a.masked_fill(j > i, 0.0)
-    num = a @ vf
+        allowed = torch.arange(Nk, device=q.device).view(1, -1) <= i  # (Nq, Nk)
+    a = _scores(fq, fk, allowed, 0.0)  # (B, Hq, Nq, Nk), exact zeros where masked
+    num = _matmul(a, vf, allowed)
     den = a.sum(-1, keepdim=True) + spec.eps
     return (num / den).to(q.dtype)
 

@@ -28,6 +28,11 @@ def _choice(name: str, value, allowed) -> None:
         raise ValueError(f"{name}={value!r} is not supported; allowed values: {', '.join(map(str, allowed))}")
 
 
+def _real(value) -> bool:
+    """A real number that is not a bool (``True`` would otherwise pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _nonneg_int(name: str, value, minimum: int = 0) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -102,7 +107,7 @@ class AttentionSpec:
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal must be a bool, got {self.causal!r}")
         if self.softmax_scale is not None and not (
-            isinstance(self.softmax_scale, (int, float)) and math.isfinite(self.softmax_scale) and self.softmax_scale > 0
+            _real(self.softmax_scale) and math.isfinite(self.softmax_scale) and self.softmax_scale > 0
         ):
             raise ValueError(f"softmax_scale must be a positive finite float or None, got {self.softmax_scale!r}")
         if self.n_kv_heads is not None and self.kv_group_size is not None:
@@ -141,7 +146,7 @@ class AttentionSpec:
         if self.kind == "linear":
             _choice("feature_map", self.feature_map, FEATURE_MAPS)
             _nonneg_int("num_features", self.num_features, 1)
-            if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
+            if not (_real(self.eps) and math.isfinite(self.eps) and self.eps > 0):
                 raise ValueError(f"eps must be a finite float > 0 (rows whose normaliser is 0 would be NaN), got {self.eps!r}")
         _nonneg_int("chunk_size", self.chunk_size, 1)
         _nonneg_int("seed", self.seed)

@@ -84,3 +84,24 @@ def test_triton_backend_refuses_what_the_interpreter_gets_wrong(monkeypatch):
     for kind in ("flash", "linear"):
         with pytest.raises(ValueError, match="needs a CUDA device"):
             attention(q.float(), k.float(), v.float(), AttentionSpec(kind=kind), backend="triton")
+
+
+def test_empty_dimensions_raise_naming_the_argument():
+    """Zero query heads / batch / value dim used to give empty outputs (and interpreter warnings): now errors."""
+    q, k, v = qkv()
+    for backend in ("auto", "reference", "torch"):
+        with pytest.raises(ValueError, match=r"Hq=0 \(q.shape\[1\]\)"):
+            attention(q[:, :0], k, v, AttentionSpec(), backend=backend)
+        with pytest.raises(ValueError, match=r"B=0 \(q.shape\[0\]\)"):
+            attention(q[:0], k[:0], v[:0], AttentionSpec(kind="linear"), backend=backend)
+        with pytest.raises(ValueError, match=r"Dv=0 \(v.shape\[3\]\)"):
+            attention(q, k, v[..., :0], AttentionSpec(), backend=backend)
+
+
+@pytest.mark.parametrize("field,value", [("softmax_scale", True), ("softmax_scale", False), ("eps", True)])
+def test_bool_is_not_a_number(field, value):
+    """``softmax_scale=True`` was taken as 1.0 (bool is an int subclass); ``eps=True`` as 1."""
+    kw = {"kind": "linear"} if field == "eps" else {}
+    with pytest.raises(ValueError, match=rf"{field} must be .*got {value}"):
+        AttentionSpec(**kw, **{field: value})
+    assert AttentionSpec(**kw, **{field: 1}).scale(4) == (1.0 if field == "softmax_scale" else 0.5)

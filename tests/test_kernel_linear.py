@@ -368,3 +368,48 @@ def test_chunk_size_outside_the_kernel_set_raises_and_auto_falls_back():
         attention(q, k, v, spec, backend="triton")
     ref = attention(q, k, v, spec, backend="reference")
     torch.testing.assert_close(attention(q, k, v, spec, backend="auto"), ref.to(q.dtype), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_taylor_fp16_large_inputs_stay_finite(causal):
+    """Taylor features grow like x^2 / sqrt(2 D): with |x| ~ 300-1000 at D = 8 they (and their products) exceed
+    the float16 range. The triton backend computes the Taylor map in float32 for float16 inputs: output and
+    gradients finite, float16, and as close to the fp32 reference as the torch backend (which upcasts)."""
+    spec = AttentionSpec(kind="linear", causal=causal, feature_map="taylor", chunk_size=16)
+    q, k, v, do = _inputs(1, 2, 1, 24, 24, 8, 8, seed=9)
+    q, k = q * 300, k * 300
+    assert apply_feature_map(q, "taylor", is_query=True).abs().max() > 65504  # past the float16 range
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    lo = [t.half() for t in (q, k, v, do)]
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="triton"), *lo)
+    pt = _grads(lambda a, b, c: attention(a, b, c, spec, backend="torch"), *lo)
+    for name, x, r, p in zip(("out", "dq", "dk", "dv"), got, ref, pt):
+        assert x.dtype == torch.float16 and torch.isfinite(x).all(), name
+        assert rel(x, r) <= 2 * rel(p, r) + 1e-3, (name, rel(x, r), rel(p, r))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_zero_normaliser_rows_are_exact_zeros(causal):
+    """relu features: a query row with all-negative entries has phi(q) = 0, and (causal) the first rows see only
+    keys with phi(k) = 0, so their normaliser is 0 and only ``eps`` keeps ``0 / (0 + eps)`` from being NaN:
+    those rows are exactly 0 on every backend (and the other rows match the reference), gradients finite. A
+    large ``eps`` makes a backend that drops the spec's value (kernel default 1e-6) visible on the other rows."""
+    spec = AttentionSpec(kind="linear", causal=causal, feature_map="relu", chunk_size=16, eps=0.25)
+    q, k, v, do = _inputs(1, 2, 1, 40, 40, 8, 8, seed=13)
+    q, k = q.abs(), k.abs()
+    zero_q = [0, 17, 33]
+    q[:, :, zero_q] = -q[:, :, zero_q] - 0.5  # phi(q_i) = 0
+    k[:, :, :5] = -k[:, :, :5] - 0.5  # phi(k_j) = 0 for j < 5: causal rows 0..4 see only zero features
+    zero_rows = sorted(set(zero_q) | (set(range(5)) if causal else set()))
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    for backend in ("reference", "torch", "triton"):
+        got = _grads(lambda a, b, c: attention(a, b, c, spec, backend=backend), q, k, v, do)
+        for name, x in zip(("out", "dq", "dk", "dv"), got):
+            assert torch.isfinite(x).all(), (backend, name)
+        out = got[0]
+        assert (out[:, :, zero_rows] == 0).all(), (backend, out[:, :, zero_rows].abs().max())
+        others = [i for i in range(40) if i not in zero_rows]
+        assert out[:, :, others].abs().amax(-1).min() > 0  # the case is not all zeros
+        assert rel(out[:, :, others], ref[0][:, :, others]) <= 1e-4, backend
+        for name, x, r in zip(("dq", "dk", "dv"), got[1:], ref[1:]):
+            assert rel(x, r) <= 1e-3, (backend, name, rel(x, r))

@@ -1,14 +1,17 @@
 """Non-finite inputs never become finite outputs in the rows that see them (reference, torch, triton).
 
-NaN in ``q`` row ``i`` makes output row ``i`` NaN; NaN in key ``p`` makes every row that sees ``p`` NaN. Rows
-that do not see a bad position may also become NaN (a kernel tile or chunk multiplies masked weights of 0 by
-the bad value); they are never required to stay finite.
+NaN in ``q`` row ``i`` makes output row ``i`` NaN; NaN in key ``p`` makes every row that sees ``p`` NaN. Here,
+rows that do not see a bad position are not required to stay finite (a kernel tile or chunk multiplies masked
+weights of 0 by the bad value); ``reference`` keeps them exact and ``torch`` ignores keys that no query sees:
+tests/test_semantics.py.
 """
 
 import pytest
 import torch
 
 from attn_zoo import AttentionSpec, attention, mask_info
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 CASES = [
     (AttentionSpec(kind="flash"), ["reference", "torch", "triton"]),
@@ -23,7 +26,7 @@ CASES = [
 def test_nan_reaches_every_row_that_sees_it(spec, backends, where):
     N, p = 40, 21
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, N, 16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, N, 16, generator=g).to(DEV) for _ in range(3))
     if where == "q":
         q[0, 0, p, 3] = float("nan")
         must = torch.zeros(N, dtype=torch.bool)
@@ -31,6 +34,7 @@ def test_nan_reaches_every_row_that_sees_it(spec, backends, where):
     else:
         k[0, :, p, 3] = float("nan")
         must = mask_info(spec, N, N).dense()[:, p] if spec.is_softmax else torch.arange(N) >= p
+    must = must.to(DEV)
     for backend in backends:
         out = attention(q, k, v, spec, backend=backend)[0, 0]  # (N, D)
         assert torch.isnan(out[must]).all(), (backend, "a row that sees the NaN came out finite")
@@ -41,7 +45,7 @@ def test_nan_reaches_every_row_that_sees_it(spec, backends, where):
 def test_causal_linear_never_reads_the_future():
     """Changing future keys leaves past outputs unchanged, for every feature map and backend on CPU."""
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 2, 48, 8, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 48, 8, generator=g).to(DEV) for _ in range(3))
     k2 = k.clone()
     k2[:, :, 40:] *= 6.0  # large future keys
     for fm in ("elu1", "relu", "favor", "taylor"):

@@ -9,6 +9,15 @@
   the dense boolean mask (O(Nq * Nk) memory).
 
 Rows that see no key output 0 with zero gradient (SDPA alone would give NaN there).
+
+Non-finite inputs: keys / values that no query may see (e.g. keys left of every window when decoding with
+``Nq < Nk``, unvisited layout blocks) are zeroed before SDPA / Flex (a cached per-(spec, shape) column mask,
+one O(Nk * D) ``masked_fill`` of K and V, only on the masked paths and only when such keys exist), so a NaN or
+inf there changes no output and no gradient. A non-finite key / value that *some* row sees may still reach
+rows that do not see it, and their gradients: SDPA adds a boolean mask as ``-inf`` to the scores
+(``NaN + -inf = NaN``) and multiplies masked weights of 0 by the values (``0 * NaN``), and FlexAttention does
+the same inside partially masked 128 x 128 tiles; the same holds for rows that see no key (they attend
+everything inside SDPA and are zeroed afterwards). ``backend="reference"`` is exact for every pair.
 """
 
 from __future__ import annotations
@@ -52,6 +61,20 @@ def _sdpa_dense_mask(q, k, v, scale, spec):
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
+@lru_cache(maxsize=64)
+def _unseen_keys(spec, Nq: int, Nk: int, device: str):
+    """``(Nk, 1)`` bool, True at keys that no query row may see, or ``None`` when every key is seen by some row
+    (computed once per (spec, shape, device) in row chunks of at most ~16M elements: no ``Nq x Nk`` mask)."""
+    mi = mask_info(spec, Nq, Nk)
+    j = torch.arange(Nk, device=device).view(1, -1)
+    seen = torch.zeros(Nk, dtype=torch.bool, device=device)
+    step = max(1, (1 << 24) // max(Nk, 1))
+    for r in range(0, Nq, step):
+        i = torch.arange(r, min(Nq, r + step), device=device).view(-1, 1)
+        seen |= mi.allowed(i, j).any(0)
+    return None if bool(seen.all()) else (~seen).view(Nk, 1)
+
+
 _FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
@@ -73,6 +96,9 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
             return _sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
         top = q.new_zeros(q.shape[0], q.shape[1], Nq - Nk, v.shape[-1])  # rows with i' < 0 see nothing
         return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
+    unseen = _unseen_keys(spec, Nq, Nk, str(q.device))
+    if unseen is not None:  # keys no row may see contribute nothing, not even 0 * NaN (module docstring)
+        k, v = k.masked_fill(unseen, 0.0), v.masked_fill(unseen, 0.0)
     if q.is_cuda and (spec, Nq, Nk, D, q.dtype) not in _FLEX_FAILED:
         bm = flex_block_mask(spec, Nq, Nk, str(q.device))
         try:

@@ -5,6 +5,12 @@ written, and the backward multiplies by ``phi'`` in-kernel); ``favor`` and ``tay
 by :func:`attn_zoo.feature_maps.apply_feature_map` (autograd through them) and the kernel runs on the
 features. ``F = feature_dim(...)`` and ``Dv`` must be <= 256 (Taylor features with ``D >= 16`` are not).
 
+Range: Taylor features grow like ``x^2 / sqrt(2 D)`` and overflow float16 (65504) from ``|x| ~ 500`` at
+``D = 8``, so with float16 inputs the Taylor map runs in float32 end to end (features, ``v``, kernel; output
+cast back to float16, which is safe: Taylor weights ``1 + s + s^2 / 2 >= 1/2`` are positive, so every output
+row is a convex combination of ``v`` rows). bfloat16 keeps the float32 exponent range and runs as is; elu1 /
+relu are unaffected. FAVOR in float16 is refused (``supports``).
+
 Bottom-right causal alignment (``i' = i + Nk - Nq``): with ``Nk > Nq`` the first ``Nk - Nq`` keys are
 summed into an initial state ``(S0, z0)`` (fp32, differentiable) and the kernel runs causally on the last
 ``Nq`` keys; with ``Nq > Nk`` the first ``Nq - Nk`` query rows see no key and output 0.
@@ -52,6 +58,8 @@ def triton_linear(q, k, v, spec, return_lse=False):
     """Linear attention of ``spec`` through the Triton kernel; ``(B, Hq, Nq, Dv)`` in ``q.dtype``."""
     from kernels.linear import linear_attention
 
+    if spec.feature_map == "taylor" and q.dtype == torch.float16:  # fp16 range (module docstring): fp32 run
+        return triton_linear(q.float(), k.float(), v.float(), spec).to(q.dtype)
     fused = spec.feature_map in _FUSED
     fm = spec.feature_map if fused else None
     if not fused:
