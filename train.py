@@ -4,17 +4,29 @@
     python train.py attention=linear                  # any of conf/attention/*.yaml
     python train.py data=text data.path=../shared/data/tinyshakespeare/input.txt model=small
     python train.py model.layers=[linear,flash]       # per-layer hybrid (one entry per layer)
-    python train.py -m attention=flash,linear         # sweep: one output dir (and W&B run) per job
+    python train.py -m attention=flash,linear         # sweep: one output dir (and W&B run) per job, then a table
     python train.py trainer=ddp                       # Lightning DDP (2 CPU processes with gloo)
-    python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt trainer.max_steps=2000   # resume
+    python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt trainer.max_steps=2000   # resume / extend
+    python train.py ckpt_path=last trainer.max_steps=2000                                          # the latest run
 
-Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<job>/`` for sweeps) with ``.hydra/`` (the
-composed config), ``csv/`` (metrics.csv, hparams.yaml), ``checkpoints/`` (``last.ckpt``) and ``wandb/``.
+Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for sweeps, e.g.
+``attention=flash``) with ``.hydra/`` (the composed config), ``csv/`` (metrics.csv, hparams.yaml), ``checkpoints/``
+(``last.ckpt``: written at validation, at the end of training and on Ctrl-C), ``wandb/`` (the run and its id,
+``run_id.txt``) and ``final_metrics.json`` (the final table; a multirun prints all jobs' in one table).
+
+Resume (:mod:`attn_zoo.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
+(CSV continued, same W&B run id, the resumed config in ``.hydra/resume-<time>/``) up to ``trainer.max_steps`` total
+steps, which must exceed the checkpoint's step; the LR schedule stays the original run's (past its end:
+``lr * min_lr_ratio``).
+
+W&B is optional: not installed, ``WANDB_MODE=disabled``, or a run that cannot start: CSV only, said in one line.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -22,14 +34,20 @@ from typing import Dict, List, Optional
 import hydra
 import lightning as L
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from attn_zoo.callbacks import StepProgressBar
 from attn_zoo.lit import LitLM
 from attn_zoo.model import spec_to_dict
+from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, register_resolvers, resolve_ckpt_path, run_dir_of,
+                           write_final_metrics)
 from attn_zoo.spec import AttentionSpec
-from attn_zoo.tracking import wandb_mode
+from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+log = logging.getLogger("attn_zoo.train")
+register_resolvers()  # conf/train.yaml's hydra node (run dir of a resumed checkpoint, job folder names)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -94,23 +112,71 @@ def build_datamodule(cfg: DictConfig):
     return get_class(target)(**kw)
 
 
-def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str]):
-    from hydra.utils import instantiate
+def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], resume_step: Optional[int] = None):
+    """The ``logger`` group's loggers. W&B is optional: when it is not installed, ``WANDB_MODE=disabled`` or its run
+    cannot start, the run goes on with CSV (added if the group has none) and says so in one log line. A resumed run
+    (``resume_step``: the checkpoint's step) continues the CSV and the W&B run whose id is kept in the run dir."""
+    from hydra.utils import get_class, instantiate
 
-    loggers = []
+    loggers, note = [], None
     for name, lcfg in (cfg.get("logger") or {}).items():
         if lcfg is None:
             continue
+        target = str(lcfg.get("_target_", ""))
+        if target.endswith("WandbLogger"):
+            lg, note = _wandb_logger(cfg, lcfg, output_dir, variant_tags, resume_step)
+            if lg is not None:
+                loggers.append(lg)
+            continue
         extra = {}
-        if str(lcfg.get("_target_", "")).endswith("WandbLogger"):
-            offline = lcfg.get("offline", "auto")
-            extra["offline"] = wandb_mode("auto") != "online" if offline in ("auto", None) else bool(offline)
-            extra["tags"] = sorted(set(list(lcfg.get("tags") or []) + variant_tags))
-            if lcfg.get("name") is None:
-                extra["name"] = f"{cfg.experiment_name}/{'+'.join(variant_tags)}"
-            Path(lcfg.save_dir).mkdir(parents=True, exist_ok=True)
+        if isinstance(get_class(target), type) and issubclass(get_class(target), ContinuedCSVLogger):
+            extra["resume_step"] = resume_step
         loggers.append(instantiate(lcfg, **extra))
+    if note is not None and rank_zero_only.rank == 0:
+        csv = [lg for lg in loggers if type(lg).__name__.endswith("CSVLogger")]
+        if not csv and not any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+            csv = [ContinuedCSVLogger(save_dir=output_dir, name="csv", version="", resume_step=resume_step)]
+            loggers += csv
+        where = f"metrics go to {os.path.join(csv[0].log_dir, 'metrics.csv')}" if csv else "no CSV logger"
+        log.warning(f"{note}; {where}")
     return loggers
+
+
+def _wandb_logger(cfg, lcfg, output_dir: str, variant_tags: List[str], resume_step: Optional[int]):
+    """``(WandbLogger or None, one-line note or None)``."""
+    from hydra.utils import instantiate
+
+    offline = lcfg.get("offline", "auto")
+    if wandb_disabled_by_env():
+        return None, "W&B off (WANDB_MODE=disabled)"
+    wandb = import_wandb()
+    if wandb is None:
+        return None, "W&B off (wandb is not installed: pip install wandb)"
+    note = None
+    if offline in ("auto", None):
+        mode, reason = resolve_wandb_mode("auto")
+        offline = mode != "online"
+        if "unreachable" in reason:
+            note = f"W&B offline ({reason}): the run is written to {output_dir}/wandb, upload it later with wandb sync"
+    rank0 = rank_zero_only.rank == 0
+    run_id, _ = wandb_run_id(output_dir, resume=resume_step is not None, write=rank0)
+    extra = {"offline": bool(offline), "id": run_id, "resume": "allow",
+             "tags": sorted(set(list(lcfg.get("tags") or []) + variant_tags))}
+    if lcfg.get("name") is None:
+        extra["name"] = f"{cfg.experiment_name}/{'+'.join(variant_tags)}"
+    Path(lcfg.save_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        lg = instantiate(lcfg, **extra)
+        if rank0:
+            _ = lg.experiment  # starts the W&B run now: a failure here leaves the run to CSV
+    except Exception as e:  # noqa: BLE001 - any W&B failure (network, auth, service) must not end the run
+        try:
+            if wandb.run is not None:
+                wandb.finish(exit_code=1)
+        except Exception:  # noqa: BLE001
+            pass
+        return None, f"W&B off (the W&B run could not start: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return lg, note
 
 
 def _finish_wandb(loggers) -> None:
@@ -146,29 +212,68 @@ def print_table(title: str, rows: Dict[str, object]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- main
+def _job_info() -> Dict[str, object]:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    return {"num": int(hc.job.num) if hc.job.get("num") is not None else None,
+            "overrides": list(hc.overrides.task), "override_dirname": hc.job.override_dirname}
+
+
 def train(cfg: DictConfig) -> Dict[str, float]:
-    """Build data, model, loggers and Trainer from ``cfg``, fit, validate; returns the final metrics."""
+    """Build data, model, loggers and Trainer from ``cfg``, fit, validate; returns the final metrics.
+
+    ``ckpt_path`` resumes a run (see :mod:`attn_zoo.runs`): outputs go to the checkpoint's run directory,
+    ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
+
+    Raises:
+        ValueError: sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
+            architecture, or ``trainer.max_steps`` not past the checkpoint's step.
+        RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
+    """
     t_start = time.time()
     L.seed_everything(int(cfg.seed), workers=True)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
+    resume = checkpoint_info(ckpt_path) if ckpt_path else None
     output_dir = str(cfg.paths.output_dir)
+    run_dir = run_dir_of(ckpt_path)
+    if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):
+        log.info(f"ckpt_path: resuming {ckpt_path} in its run directory {run_dir}")
+        cfg.paths.output_dir = output_dir = run_dir  # checkpoints, CSV, W&B of the resumed run go there
     Path(output_dir).mkdir(parents=True, exist_ok=True)
 
     dm = build_datamodule(cfg)
+    dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
     specs = layer_specs(cfg)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("layers", None)
     redraw = int(model_cfg.pop("redraw_interval", 0) or 0)
     if model_cfg.get("vocab_size") != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
+    max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
+    # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
+    total_steps = (resume.total_steps if resume is not None and resume.total_steps else None) or \
+        (max_steps if max_steps > 0 else None)
     o = cfg.optim
     lit = LitLM(
         model_config=model_cfg, layer_specs=[spec_to_dict(s) for s in specs], backend=cfg.attention_backend,
         redraw_interval=redraw, lr=o.lr, weight_decay=o.weight_decay, betas=list(o.betas),
         warmup_steps=o.warmup_steps, min_lr_ratio=o.min_lr_ratio, bytes_per_token=dm.bytes_per_token,
-        task=type(dm).__name__, compile=bool(cfg.get("compile", False)),
+        task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
     )
+    start_step = 0
+    if resume is not None:
+        lit.check_checkpoint_hparams(resume.hparams)
+        start_step = resume.step
+        if 0 <= max_steps <= resume.step:
+            raise ValueError(
+                f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
+                f"leaves nothing to train (max_steps counts all steps, not further ones); pass "
+                f"trainer.max_steps > {resume.step} to extend it")
     variant_tags = sorted({s.label for s in specs})
-    loggers = build_loggers(cfg, output_dir, variant_tags)
+    loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
         lg.log_hyperparams({"config": full_cfg, "n_params": lit.gpt.num_params(), "variant": "+".join(lit.gpt.layer_labels)})
@@ -179,13 +284,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     tcfg.pop("_target_", None)
     tcfg["precision"] = resolve_precision(tcfg.get("precision"))
+    if tcfg.get("enable_progress_bar", True) and not any(isinstance(c, L.pytorch.callbacks.ProgressBar) for c in callbacks):
+        callbacks.append(StepProgressBar())
     trainer = L.Trainer(**tcfg, logger=loggers or False, callbacks=callbacks, default_root_dir=output_dir)
 
-    ckpt_path = cfg.get("ckpt_path")
-    if ckpt_path:
-        ckpt_path = _abs(ckpt_path) if ckpt_path != "last" else ckpt_path
     try:
         trainer.fit(lit, datamodule=dm, ckpt_path=ckpt_path)
+        if max_steps > 0 and trainer.global_step <= start_step:
+            raise RuntimeError(
+                f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
+                f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
@@ -200,9 +308,18 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         rows.update({k: metrics[k] for k in sorted(metrics)})
         if getattr(dm, "unigram_bits_per_byte", None) is not None:
             rows["unigram_baseline_bpb"] = dm.unigram_bits_per_byte()
+        if getattr(dm, "chance_levels", None) is not None:
+            chance = dm.chance_levels()
+            rows["chance val/acc: 1/kv pairs"] = chance["context"]
+            rows["chance val/acc: uniform value"] = chance["uniform"]
         rows["wall_s"] = round(time.time() - t_start, 1)
         rows["output_dir"] = output_dir
         print_table(f"attn-zoo: {cfg.experiment_name}", rows)
+        write_final_metrics(output_dir, {
+            "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
+            "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
+            "resumed_from": ckpt_path,
+        })
     return metrics
 
 

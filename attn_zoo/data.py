@@ -54,6 +54,17 @@ def unigram_entropy_bits(tokens: torch.Tensor, vocab_size: int = 256) -> float:
     return float(-(p * p.log2()).sum())
 
 
+def max_text_seq_len(n_train_tokens: int, n_val_tokens: int, batch_size: int) -> int:
+    """The longest ``seq_len`` that trains on these splits (0: none does).
+
+    Windows of ``seq_len + 1`` tokens start every ``seq_len`` tokens (:class:`PackedDataset`), so a split of ``n``
+    tokens holds ``(n - 1) // seq_len`` of them. Training drops the last partial batch, so the train split must
+    hold ``batch_size`` windows (``seq_len <= (n_train - 1) // batch_size``); validation needs one window
+    (``seq_len <= n_val - 1``).
+    """
+    return max(min((int(n_train_tokens) - 1) // max(int(batch_size), 1), int(n_val_tokens) - 1), 0)
+
+
 class TextDataModule(L.LightningDataModule):
     """Byte-level language modelling on a text corpus.
 
@@ -61,7 +72,9 @@ class TextDataModule(L.LightningDataModule):
         path: local text file (or list of files). Missing -> ``FileNotFoundError`` naming ``data.path``.
         hub_name / hub_config / hub_split / text_column: a hub dataset (used when ``path`` is None; needs
             network on first use, then ``datasets``' cache).
-        seq_len: tokens per training window (each window holds ``seq_len + 1`` tokens for the shift).
+        seq_len: tokens per training window (each window holds ``seq_len + 1`` tokens for the shift). At most
+            :func:`max_text_seq_len` of the splits: :meth:`setup` raises ``ValueError`` naming ``data.seq_len`` and
+            that limit when the train split cannot fill one batch or the validation split one window.
         val_fraction: fraction of the token stream (its contiguous tail) held out for validation.
         tokenizer: ``"byte"`` (UTF-8 bytes, vocab 256).
         cache_dir: where the token array is cached, keyed by path, size, mtime and tokenizer
@@ -155,10 +168,14 @@ class TextDataModule(L.LightningDataModule):
             return
         tokens = self.load_tokens()
         n_val = int(round(tokens.numel() * self.val_fraction))
-        if n_val < self.seq_len + 1 or tokens.numel() - n_val < self.seq_len + 1:
+        limit = max_text_seq_len(tokens.numel() - n_val, n_val, self.batch_size)
+        if self.seq_len > limit:
             raise ValueError(
-                f"corpus of {tokens.numel()} tokens is too small for seq_len={self.seq_len} with "
-                f"val_fraction={self.val_fraction}: each split needs at least seq_len + 1 tokens"
+                f"data.seq_len={self.seq_len} is too long for this corpus: the longest data.seq_len it can train is "
+                f"{limit} (the train split, {tokens.numel() - n_val} tokens, must fill one batch of "
+                f"data.batch_size={self.batch_size} windows of seq_len + 1 tokens, and the validation split, "
+                f"{n_val} tokens at data.val_fraction={self.val_fraction}, one window); pass data.seq_len<={limit}, "
+                f"a smaller data.batch_size or a larger corpus"
             )
         self.train_tokens = tokens[: tokens.numel() - n_val]
         self.val_tokens = tokens[tokens.numel() - n_val:]  # contiguous tail
@@ -231,24 +248,73 @@ def generate_mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs
     return seq[:, :seq_len].contiguous(), targets[:, :seq_len].contiguous()
 
 
+MQAR_BYTES_PER_TOKEN = 48
+"""Memory bound used by :class:`MQARDataModule`'s size check, bytes per token of ``(num_train + num_val) * seq_len``:
+the sets keep int64 inputs and targets (16 bytes a token) and :func:`generate_mqar` peaks at about 46 bytes a token of
+the set it is generating (measured on CPU)."""
+
+
+def mqar_memory_bytes(num_train: int, num_val: int, seq_len: int) -> int:
+    """Upper bound of the host memory that generating and keeping the MQAR train and val sets takes."""
+    return MQAR_BYTES_PER_TOKEN * (int(num_train) + int(num_val)) * int(seq_len)
+
+
 class MQARDataModule(L.LightningDataModule):
     """MQAR train / val sets (different seeds), see :func:`generate_mqar`.
 
     ``vocab_size`` is the model vocabulary; ``bytes_per_token`` is None (no bits-per-byte for MQAR).
+
+    Sizes are checked in the constructor (``ValueError`` naming the argument and its limit): ``seq_len`` even and at
+    least ``4 * num_kv_pairs``, ``num_kv_pairs`` distinct keys below ``vocab_size / 2`` and values above it,
+    ``num_train >= batch_size`` (training drops a partial last batch, so fewer examples train nothing), and the sets
+    must fit in ``max_memory_gb``: :func:`mqar_memory_bytes` (``48 * (num_train + num_val) * seq_len`` bytes) at most
+    ``max_memory_gb * 2**30``, i.e. ``seq_len <= max_memory_gb * 2**30 / (48 * (num_train + num_val))``
+    (8 GiB: seq_len up to 8520 at the default 20,000 + 1,000 examples).
+
+    :meth:`chance_levels` gives the accuracy of guessing on the query positions.
     """
 
     def __init__(self, vocab_size: int = 128, seq_len: int = 64, num_kv_pairs: int = 8, num_train: int = 20000,
                  num_val: int = 1000, power_a: float = 0.01, random_non_queries: bool = True, batch_size: int = 64,
-                 seed: int = 0, num_workers: int = 0):
+                 seed: int = 0, num_workers: int = 0, max_memory_gb: float = 8.0):
         super().__init__()
         self.vocab_size, self.seq_len, self.num_kv_pairs = int(vocab_size), int(seq_len), int(num_kv_pairs)
         self.num_train, self.num_val, self.power_a = int(num_train), int(num_val), float(power_a)
         self.random_non_queries, self.batch_size, self.seed = random_non_queries, int(batch_size), int(seed)
         self.num_workers = num_workers
+        self.max_memory_gb = float(max_memory_gb)
         self.bytes_per_token = None
         # validate sizes early (cheap, 1 example)
         generate_mqar(1, self.seq_len, self.vocab_size, self.num_kv_pairs, self.power_a, self.seed)
+        if self.batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+        if self.num_train < self.batch_size:
+            raise ValueError(
+                f"data.num_train={self.num_train} is smaller than data.batch_size={self.batch_size}: training drops the "
+                f"partial last batch, so no step would run; pass data.num_train>={self.batch_size}"
+            )
+        if self.num_val < 1:
+            raise ValueError(f"data.num_val must be >= 1, got {self.num_val}")
+        need, budget = mqar_memory_bytes(self.num_train, self.num_val, self.seq_len), self.max_memory_gb * 2**30
+        if need > budget:
+            longest = int(budget // (MQAR_BYTES_PER_TOKEN * (self.num_train + self.num_val))) // 2 * 2
+            raise ValueError(
+                f"data.seq_len={self.seq_len} is too long for MQAR with data.num_train={self.num_train} + "
+                f"data.num_val={self.num_val} examples: generating them takes about {need / 2**30:.1f} GiB "
+                f"({MQAR_BYTES_PER_TOKEN} bytes per token), over data.max_memory_gb={self.max_memory_gb:g}; the longest "
+                f"data.seq_len that fits is {longest}. Pass data.seq_len<={longest}, fewer data.num_train examples or "
+                f"a larger data.max_memory_gb"
+            )
         self.train_set = self.val_set = None
+
+    def chance_levels(self) -> dict:
+        """Accuracy of guessing at the query positions (``val/acc`` is measured there).
+
+        ``context``: ``1 / num_kv_pairs``, a model that knows the answer is one of the example's ``num_kv_pairs``
+        values (distinct, all in the key-value context) but not which; ``uniform``: ``1 / (vocab_size - vocab_size // 2)``,
+        a uniform guess over the value vocabulary (the upper half of the tokens).
+        """
+        return {"context": 1.0 / self.num_kv_pairs, "uniform": 1.0 / (self.vocab_size - self.vocab_size // 2)}
 
     def setup(self, stage: Optional[str] = None):
         if self.train_set is not None:

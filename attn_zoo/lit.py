@@ -2,7 +2,8 @@
 
 Optimiser: AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (``p.dim() >= 2``),
 linear warmup then cosine decay to ``min_lr_ratio * lr``. Gradient clipping and precision (bf16-mixed
-on GPU) are Trainer settings.
+on GPU) are Trainer settings; on CUDA the AdamW is the fused one and clipping works with it
+(:func:`adamw_impl`, :meth:`LitLM.configure_gradient_clipping`).
 
 Logged metrics
     train/loss, train/lr, perf/tokens_per_s, perf/step_time_s, perf/peak_mem_mb (CUDA max allocated, else
@@ -45,6 +46,28 @@ def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_lr_ra
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
+def adamw_impl(device_type: str, precision_plugin=None) -> str:
+    """The AdamW implementation a run uses: ``"fused"`` (one kernel for every parameter) on CUDA, ``"foreach"`` on
+    CUDA when the precision plugin keeps a gradient scaler (``16-mixed``: Lightning must unscale the gradients
+    before it clips them, and a fused AdamW unscales inside its own step), ``"default"`` (PyTorch's choice)
+    elsewhere."""
+    if device_type != "cuda":
+        return "default"
+    return "foreach" if getattr(precision_plugin, "scaler", None) is not None else "fused"
+
+
+def clip_gradients_(parameters, clip_val: float, algorithm: str = "norm") -> None:
+    """Clip gradients in place: total 2-norm to ``clip_val`` (``algorithm="norm"``) or each value to
+    ``[-clip_val, clip_val]`` (``"value"``). Raises ``ValueError`` naming ``gradient_clip_algorithm``."""
+    params = [p for p in parameters if p.grad is not None]
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(params, clip_val)
+    elif algorithm == "value":
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+    else:
+        raise ValueError(f"trainer.gradient_clip_algorithm={algorithm!r} is not supported; allowed values: norm, value")
+
+
 class LitLM(L.LightningModule):
     """Language-model training around a :class:`GPT`; the module builds the model from plain dicts so a
     checkpoint is self-contained (``LitLM.load_from_checkpoint(path)``).
@@ -55,7 +78,9 @@ class LitLM(L.LightningModule):
         backend: attention backend for every layer.
         redraw_interval: FAVOR feature redraw period in steps (0 = never).
         lr, weight_decay, betas, warmup_steps, min_lr_ratio: optimiser / schedule.
-        total_steps: schedule length; None = the Trainer's ``estimated_stepping_batches``.
+        total_steps: schedule length (``train.py``: ``trainer.max_steps`` of the run that started it); None = the
+            Trainer's ``estimated_stepping_batches``. Saved in the hparams; a resumed checkpoint's value wins
+            (:meth:`on_load_checkpoint`), steps past it run at ``lr * min_lr_ratio``.
         bytes_per_token: text data; enables ``val/bpb``. None for synthetic tasks.
         task: free-form label (``"text"`` / ``"mqar"``) kept in hparams.
     """
@@ -82,9 +107,9 @@ class LitLM(L.LightningModule):
     def forward(self, idx, targets=None):
         return self.model(idx, targets)
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Refuse to resume a checkpoint of another architecture (attention specs or model config)."""
-        saved = checkpoint.get("hyper_parameters") or {}
+    def check_checkpoint_hparams(self, saved: dict) -> None:
+        """Raise ``ValueError`` (starting ``ckpt_path:``) when checkpoint hparams ``saved`` are of another
+        architecture (attention specs or model config) than this module."""
         if "layer_specs" in saved:
             old = [make_spec(**dict(d)) for d in saved["layer_specs"]]
             new = [make_spec(**dict(d)) for d in self.hparams.layer_specs]
@@ -99,6 +124,19 @@ class LitLM(L.LightningModule):
                 f"ckpt_path: model config differs from the checkpoint's: {dict(saved['model_config'])} vs "
                 f"{dict(self.hparams.model_config)}"
             )
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse to resume a checkpoint of another architecture; keep the checkpoint's LR schedule.
+
+        A resumed run keeps the schedule length it was started with (``total_steps`` in the checkpoint's hparams),
+        so extending a run with a larger ``trainer.max_steps`` continues at ``lr * min_lr_ratio`` past the original
+        end instead of stretching the cosine again (which would raise the LR). Lightning restores the module before
+        it calls :meth:`configure_optimizers` (strategies without ``restore_checkpoint_after_setup``).
+        """
+        saved = checkpoint.get("hyper_parameters") or {}
+        self.check_checkpoint_hparams(saved)
+        if saved.get("total_steps"):
+            self.hparams.total_steps = int(saved["total_steps"])
 
     # ------------------------------------------------------------------ training
     def on_train_start(self):
@@ -161,6 +199,21 @@ class LitLM(L.LightningModule):
         self.log_dict(metrics, prog_bar=True, sync_dist=self.trainer is not None and self.trainer.world_size > 1)
 
     # ------------------------------------------------------------------ optimiser
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Clip with ``trainer.gradient_clip_val`` also for the fused AdamW. Lightning's mixed-precision plugin
+        refuses to clip for any optimiser that unscales inside its step (the fused AdamW), even under
+        ``bf16-mixed``, which keeps no loss scale. With no scaler the gradients are the true gradients, so they
+        are clipped here directly; a run with a scaler (``16-mixed``) gets the foreach AdamW (:func:`adamw_impl`)
+        and Lightning's own clipping, which unscales first."""
+        if not gradient_clip_val:
+            return
+        if getattr(optimizer, "_step_supports_amp_scaling", False) and \
+                getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            clip_gradients_(self.parameters(), float(gradient_clip_val), str(gradient_clip_algorithm or "norm"))
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
     def configure_optimizers(self):
         decay, no_decay = [], []
         for _, p in self.named_parameters():
@@ -169,8 +222,9 @@ class LitLM(L.LightningModule):
             (decay if p.dim() >= 2 else no_decay).append(p)
         groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
+        impl = adamw_impl(self.device.type, self.trainer.precision_plugin if self.trainer is not None else None)
         opt = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas),
-                                fused=self.device.type == "cuda" or None)
+                                **({} if impl == "default" else {impl: True}))
         total = self.hparams.total_steps
         if not total:
             total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1

@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from attn_zoo.data import MQARDataModule, PackedDataset, TextDataModule, generate_mqar, unigram_entropy_bits
+from attn_zoo.data import (MQARDataModule, PackedDataset, TextDataModule, generate_mqar, max_text_seq_len,
+                           mqar_memory_bytes, unigram_entropy_bits)
 
 
 # ---------------------------------------------------------------------------------------------- MQAR
@@ -64,6 +65,41 @@ def test_mqar_bad_sizes(kw, name):
     args.update(kw)
     with pytest.raises(ValueError, match=name):
         MQARDataModule(**args)
+
+
+def test_mqar_size_limits_name_argument_and_limit():
+    # memory: the message names data.seq_len and the longest seq_len that fits; that one is accepted
+    with pytest.raises(ValueError, match=r"data.seq_len=100000 .*data.max_memory_gb=8.*longest data.seq_len that fits is (\d+)") as e:
+        MQARDataModule(seq_len=100000, num_train=20000, num_val=1000)
+    longest = int(e.value.args[0].split("fits is ")[1].split(".")[0])
+    assert mqar_memory_bytes(20000, 1000, longest) <= 8 * 2**30 < mqar_memory_bytes(20000, 1000, longest + 2)
+    MQARDataModule(seq_len=longest, num_train=20000, num_val=1000)  # no error, nothing generated yet
+    with pytest.raises(ValueError, match="data.max_memory_gb=0.001"):
+        MQARDataModule(vocab_size=32, seq_len=64, num_kv_pairs=4, num_train=4096, max_memory_gb=0.001)
+    # fewer examples than one batch: no training step at all
+    with pytest.raises(ValueError, match=r"data.num_train=16 .*data.batch_size=32"):
+        MQARDataModule(vocab_size=32, seq_len=32, num_kv_pairs=4, num_train=16, batch_size=32)
+
+
+def test_mqar_chance_levels_match_the_generator():
+    V, N, P = 64, 64, 8
+    dm = MQARDataModule(V, N, P, num_train=64, num_val=400, batch_size=8, seed=5)
+    dm.setup()
+    x, y = dm.val_set.tensors
+    chance = dm.chance_levels()
+    assert chance == {"context": 1 / P, "uniform": 1 / (V - V // 2)}
+    # every query's answer is one of the example's P distinct context values, and the value vocabulary has V - V//2
+    g = torch.Generator().manual_seed(0)
+    hits_ctx = hits_uni = n = 0
+    for b in range(x.shape[0]):
+        values = x[b, 1:2 * P:2]
+        assert len(set(values.tolist())) == P
+        for p in (y[b] != -100).nonzero().flatten().tolist():
+            assert y[b, p] in values
+            hits_ctx += int(values[torch.randint(P, (1,), generator=g)] == y[b, p])
+            hits_uni += int(torch.randint(V // 2, V, (1,), generator=g) == y[b, p])
+            n += 1
+    assert abs(hits_ctx / n - chance["context"]) < 0.03 and abs(hits_uni / n - chance["uniform"]) < 0.015
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -135,3 +171,16 @@ def test_packed_dataset_drops_partial_tail():
     assert len(ds) == 2  # windows [0..4], [4..8]; 8..10 cannot hold 5 tokens
     x, y = ds[1]
     assert x.tolist() == [4, 5, 6, 7] and y.tolist() == [5, 6, 7, 8]
+
+
+def test_text_longest_seq_len_is_exact(text_file, tmp_path):
+    path, text = text_file
+    n = len(text.encode("utf-8"))
+    n_val = round(n * 0.2)
+    limit = max_text_seq_len(n - n_val, n_val, 8)
+    assert limit == min((n - n_val - 1) // 8, n_val - 1) > 0
+    ok = TextDataModule(path=str(path), seq_len=limit, batch_size=8, val_fraction=0.2)
+    ok.setup()
+    assert len(ok.train_dataloader()) >= 1 and len(ok.val_dataloader()) >= 1
+    with pytest.raises(ValueError, match=rf"data.seq_len={limit + 1} .* longest data.seq_len it can train is {limit} "):
+        TextDataModule(path=str(path), seq_len=limit + 1, batch_size=8, val_fraction=0.2).setup()

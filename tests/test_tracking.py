@@ -41,3 +41,44 @@ def test_auto_with_key_probes_the_server(monkeypatch):
     assert wandb_mode() == "offline"
     monkeypatch.setattr(socket, "create_connection", lambda *a, **kw: _Conn())
     assert wandb_mode() == "online" == resolve_mode()
+
+
+def test_mode_reason_names_the_cause(monkeypatch):
+    from attn_zoo.tracking import resolve_wandb_mode
+
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+
+    def unreachable(*a, **kw):
+        raise OSError("no network")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    mode, reason = resolve_wandb_mode()
+    assert mode == "offline" and "unreachable" in reason and "no network" in reason
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_wandb_mode() == ("disabled", "WANDB_MODE=disabled")
+
+
+def test_import_wandb_optional(monkeypatch):
+    import sys
+
+    from attn_zoo.tracking import import_wandb
+
+    assert import_wandb() is not None
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees when it is not installed
+    assert import_wandb() is None
+
+
+def test_run_id_kept_in_run_dir_for_resumes(tmp_path):
+    import re
+
+    from attn_zoo.tracking import RUN_ID_FILE, new_run_id, wandb_run_id
+
+    assert re.fullmatch(r"[a-z0-9]{8}", new_run_id()) and new_run_id() != new_run_id()
+    first, resumed = wandb_run_id(tmp_path, resume=False)
+    assert not resumed and (tmp_path / RUN_ID_FILE).read_text().strip() == first
+    assert wandb_run_id(tmp_path, resume=True) == (first, True), "a resumed run continues the stored W&B run"
+    again, resumed = wandb_run_id(tmp_path, resume=False)
+    assert not resumed and again != first, "a new run in the same folder starts a new W&B run"
+    other, resumed = wandb_run_id(tmp_path / "fresh", resume=True)
+    assert not resumed and (tmp_path / "fresh" / RUN_ID_FILE).read_text().strip() == other

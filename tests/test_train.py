@@ -1,12 +1,15 @@
 """Training end to end: Hydra configs, every variant learns a little, CSV metrics, multirun + W&B offline, resume."""
 
 import csv
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -134,27 +137,167 @@ def test_errors_name_the_argument(tmp_path):
 
 
 def test_resume_steps_strictly_increase(tmp_path):
+    """Resuming continues the checkpoint's run dir (not the new output dir), logs every step once, keeps the
+    original LR schedule, refuses a finished run and a checkpoint of another architecture."""
     a, b = tmp_path / "a", tmp_path / "b"
     train_mod.train(make_cfg(a, FAST + ["trainer.max_steps=10", "trainer.val_check_interval=5"]))
     ckpt = a / "checkpoints" / "last.ckpt"
     assert ckpt.exists()
     from attn_zoo.lit import LitLM
+    from attn_zoo.runs import checkpoint_info
 
     lit = LitLM.load_from_checkpoint(ckpt)  # self-contained: model config + layer specs in hparams
     assert lit.gpt.config.d_model == 32 and lit.gpt.layer_labels == ["flash", "flash"]
+    assert checkpoint_info(ckpt).step == 10 and checkpoint_info(ckpt).total_steps == 10
     train_mod.train(make_cfg(b, FAST + ["trainer.max_steps=20", "trainer.val_check_interval=5", f"ckpt_path={ckpt}"]))
-    steps_a = [s for s, _ in column(read_csv(a), "train/loss")]
-    steps_b = [s for s, _ in column(read_csv(b), "train/loss")]
-    assert len(steps_a) == 10 and len(steps_b) == 10, "the resumed run trains only the remaining steps"
-    steps = steps_a + steps_b
-    assert all(x < y for x, y in zip(steps, steps[1:])), f"logged steps not strictly increasing: {steps}"
+    assert not (b / "csv").exists() and not (b / "checkpoints").exists(), "the resumed run wrote to a new directory"
+    steps = [s for s, _ in column(read_csv(a), "train/loss")]
+    assert steps == list(range(20)), f"each step logged once, strictly increasing: {steps}"
+    info = checkpoint_info(ckpt)
+    assert info.step == 20 and info.total_steps == 10, "the schedule length stays the original run's"
+    lr = dict(column(read_csv(a), "train/lr"))
+    floor = 1e-2 * 0.1  # optim.lr * optim.min_lr_ratio
+    assert all(math.isclose(lr[s], floor, rel_tol=1e-5) for s in range(10, 20)), \
+        f"past the original 10 steps the LR stays at lr*min_lr_ratio: {[lr[s] for s in range(10, 20)]}"
+    with pytest.raises(ValueError, match=r"reached step 20.*trainer.max_steps > 20"):
+        train_mod.train(make_cfg(b, FAST + ["trainer.max_steps=20", f"ckpt_path={ckpt}"]))
+    hp_before = (a / "csv" / "hparams.yaml").read_text()
     with pytest.raises(ValueError, match="ckpt_path: the checkpoint was trained with attention"):
-        train_mod.train(make_cfg(tmp_path / "c", FAST + ["attention=linear", "trainer.max_steps=12", f"ckpt_path={ckpt}"]))
+        train_mod.train(make_cfg(tmp_path / "c", FAST + ["attention=linear", "trainer.max_steps=30", f"ckpt_path={ckpt}"]))
+    assert (a / "csv" / "hparams.yaml").read_text() == hp_before, "a refused resume must not touch the run"
+    with pytest.raises(FileNotFoundError, match="ckpt_path="):
+        train_mod.train(make_cfg(b, FAST + [f"ckpt_path={a / 'checkpoints' / 'nope.ckpt'}"]))
+
+
+class InterruptAt(L.Callback):
+    """Raises KeyboardInterrupt (what Ctrl-C raises) as the batch after optimizer step ``step`` starts."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_saves_last_checkpoint_that_resumes(tmp_path):
+    import signal
+
+    from attn_zoo.runs import checkpoint_info
+
+    handler = signal.getsignal(signal.SIGINT)
+    try:  # Lightning exits with status 1 after an interrupt (and ignores further Ctrl-C): restore the handler
+        with pytest.raises(SystemExit) as exc:
+            train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=12", "trainer.val_check_interval=10",
+                                                       "+callbacks.interrupt._target_=test_train.InterruptAt",
+                                                       "+callbacks.interrupt.step=7"]))
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert exc.value.code == 1
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert ckpt.exists(), "no checkpoint after Ctrl-C (the first periodic one would come at step 10)"
+    assert checkpoint_info(ckpt).step == 7
+    assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(7))
+    metrics = train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=12", "trainer.val_check_interval=10",
+                                                         f"ckpt_path={ckpt}"]))
+    assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(12))
+    assert checkpoint_info(ckpt).step == 12 and math.isfinite(metrics["val/loss"])
+
+
+def test_runs_that_train_nothing_fail_early(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"To be or not to be, line {i}.\n" for i in range(400)))
+    n = corpus.stat().st_size
+    n_val = round(n * 0.1)
+    limit = min((n - n_val - 1) // 16, n_val - 1)  # one batch of 16 windows of seq_len + 1 tokens; one val window
+    text = COMMON + ["data=text", f"data.path={corpus}"]
+    with pytest.raises(ValueError, match=rf"data.seq_len={limit + 1} .*longest data.seq_len it can train is {limit}\b"):
+        train_mod.train(make_cfg(tmp_path, text + [f"data.seq_len={limit + 1}"]))
+    assert not (tmp_path / "csv").exists(), "the size error must come before anything is written"
+    with pytest.raises(ValueError, match=r"data.seq_len=100000 .*data.max_memory_gb=8.*longest data.seq_len that fits is \d+"):
+        train_mod.train(make_cfg(tmp_path, FAST + ["data.seq_len=100000", "data.num_train=20000"]))
+    with pytest.raises(ValueError, match=r"data.num_train=8 .*data.batch_size=16"):
+        train_mod.train(make_cfg(tmp_path, FAST + ["data.num_train=8"]))
+    # whatever else makes fit end without a step (here: no training batches allowed) is an error, not exit 0
+    with pytest.raises(RuntimeError, match=r"0 optimizer steps \(trainer.max_steps=3"):
+        train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=3", "+trainer.limit_train_batches=0"]))
+
+
+def _wandb_lines(caplog):
+    return [r.getMessage() for r in caplog.records if "W&B" in r.getMessage()]
+
+
+def test_wandb_optional_falls_back_to_csv(tmp_path, monkeypatch, caplog):
+    many = [a for a in FAST if not a.startswith("logger=")] + ["logger=many", "trainer.max_steps=2"]
+    # not installed: `import wandb` fails
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with caplog.at_level("WARNING"):
+        train_mod.train(make_cfg(tmp_path / "a", many))
+    assert len(_wandb_lines(caplog)) == 1 and "not installed" in _wandb_lines(caplog)[0]
+    assert column(read_csv(tmp_path / "a"), "train/loss") and not (tmp_path / "a" / "wandb").exists()
+    monkeypatch.delitem(sys.modules, "wandb")
+    caplog.clear()
+    # WANDB_MODE=disabled: no W&B run written, offline or not (even with logger.wandb.offline=true)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    with caplog.at_level("WARNING"):
+        train_mod.train(make_cfg(tmp_path / "b", many + ["logger.wandb.offline=true"]))
+    assert len(_wandb_lines(caplog)) == 1 and "WANDB_MODE=disabled" in _wandb_lines(caplog)[0]
+    assert not list((tmp_path / "b").rglob("offline-run-*")) and column(read_csv(tmp_path / "b"), "train/loss")
+    caplog.clear()
+    # the W&B run cannot start (server unreachable, bad key, ...): CSV only (added for logger=wandb), one line
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    import wandb
+
+    def unreachable(*a, **kw):
+        raise wandb.errors.CommError("api.wandb.ai is unreachable")
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    with caplog.at_level("WARNING"):
+        metrics = train_mod.train(make_cfg(tmp_path / "c", many + ["logger=wandb"]))
+    lines = _wandb_lines(caplog)
+    assert len(lines) == 1 and "could not start" in lines[0] and "metrics.csv" in lines[0], lines
+    assert column(read_csv(tmp_path / "c"), "train/loss") and math.isfinite(metrics["val/loss"])
+
+
+def _bar_counts(out):
+    return [(int(x), int(y)) for x, y in re.findall(r"step:[^|]*\|[^|]*\| (\d+)/(\d+)", out)]
+
+
+def test_cli_resume_same_dir_same_wandb_run_and_step_progress_bar(tmp_path):
+    """Through Hydra: the resumed run's directory is the checkpoint's, its W&B run id is reused, the bar counts steps."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    run = tmp_path / "run"
+    base = [a for a in FAST if not a.startswith(("logger=", "trainer.enable_progress_bar"))] + [
+        "logger=many", "trainer.val_check_interval=3", f"paths.cache_dir={tmp_path / 'c'}"]
+    r1 = subprocess.run([sys.executable, "train.py", *base, "trainer.max_steps=4", f"hydra.run.dir={run}"], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=240)
+    assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    r2 = subprocess.run([sys.executable, "train.py", *base, "trainer.max_steps=6", f"ckpt_path={ckpt}"], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=240)
+    assert r2.returncode == 0, r2.stdout[-3000:] + r2.stderr[-3000:]
+    assert len(list((run / ".hydra").glob("resume-*/config.yaml"))) == 1, "Hydra's run dir was not the checkpoint's"
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").trainer.max_steps == 4, "the original config was replaced"
+    assert [s for s, _ in column(read_csv(run), "train/loss")] == list(range(6))
+    runs = sorted((run / "wandb").glob("offline-run-*"))
+    ids = {p.name.rsplit("-", 1)[-1] for p in runs}
+    assert len(runs) == 2 and ids == {(run / "wandb" / "run_id.txt").read_text().strip()}, runs
+    # progress bar: optimizer steps against trainer.max_steps; a resumed run starts at its step
+    for out, start, total in ((r1.stdout, 0, 4), (r2.stdout, 4, 6)):
+        counts = _bar_counts(out)
+        assert counts and counts[-1] == (total, total), counts[-3:]
+        assert all(y == total and start <= x <= y for x, y in counts), counts
+        assert not re.search(r"Epoch \d+/-", out)
+    r3 = subprocess.run([sys.executable, "train.py", *base, "trainer.max_steps=6", f"ckpt_path={ckpt}"], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=240)
+    assert r3.returncode != 0 and "trainer.max_steps > 6" in r3.stderr + r3.stdout
 
 
 def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["WANDB_SILENT"] = "true"
+    env["COLUMNS"] = "400"  # rich: the summary table on one line per job
     sweep = tmp_path / "sweep"
     args = [a for a in FAST if not a.startswith("logger=")] + [
         "logger=many", "trainer.max_steps=3", "trainer.val_check_interval=3", f"paths.cache_dir={tmp_path / 'c'}",
@@ -163,8 +306,9 @@ def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
     r = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
-    assert [p.name for p in jobs] == ["0", "1"]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    # folders named after the job's swept overrides (not the 0, 1 of Hydra's default)
+    assert [p.name for p in jobs] == ["attention=flash", "attention=linear"], [p.name for p in jobs]
     run_ids = set()
     for job, variant in zip(jobs, ["flash", "linear"]):
         assert OmegaConf.load(job / ".hydra" / "config.yaml").attention.name == variant
@@ -173,6 +317,45 @@ def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
         assert len(runs) == 1, f"expected one offline W&B run in {job}/wandb, found {runs}"
         run_ids.add(runs[0].name.rsplit("-", 1)[-1])
     assert len(run_ids) == 2, "the two jobs share a W&B run id"
+    # one table of every job's final metrics at the end (also written as summary.csv)
+    with open(sweep / "summary.csv") as f:
+        summary = list(csv.DictReader(f))
+    assert [row["overrides"] for row in summary] == [p.name for p in jobs]
+    for row, job in zip(summary, jobs):
+        final = json.loads((job / "final_metrics.json").read_text())
+        assert row["variant"] == final["variant"] and int(row["steps"]) == final["steps"] == 3
+        assert math.isclose(float(row["val/loss"]), final["metrics"]["val/loss"], rel_tol=1e-3)
+    table = r.stdout[r.stdout.index("attn-zoo multirun: 2 jobs"):]
+    assert all(p.name in table for p in jobs) and "val/loss" in table
+
+
+def test_job_dirname_and_ckpt_path_last(tmp_path, monkeypatch):
+    from attn_zoo.runs import SWEPT_KEYS_ENV, _run_dir_resolver, job_dirname, resolve_ckpt_path, swept_keys
+
+    assert swept_keys(["attention=flash,linear", "model.n_layer=2", "optim.lr=range(1,3)"], {"seed": "0,1"}) == \
+        ["attention", "optim.lr", "seed"]
+    job = ["model.n_layer=2", "+trainer.enable_checkpointing=true", "optim.lr=0.001", "attention=flash",
+           "paths.cache_dir=/tmp/x"]
+    monkeypatch.setenv(SWEPT_KEYS_ENV, "attention,optim.lr")
+    assert job_dirname(job, [], 3) == "attention=flash,optim.lr=0.001", "only the swept keys, in sweep order"
+    monkeypatch.delenv(SWEPT_KEYS_ENV)
+    assert job_dirname(job, ["paths.cache_dir", "trainer.enable_checkpointing"], 3) == \
+        "attention=flash,model.n_layer=2,optim.lr=0.001", "no sweep info: every override but the excluded ones"
+    assert "/" not in job_dirname(["data.path=../shared/x y.txt"]) and job_dirname([], [], 5) == "5"
+    na, nb = job_dirname(["a=1", "b=" + "x" * 200]), job_dirname(["a=2", "b=" + "x" * 200])
+    assert len(na) <= 96 and na.startswith("a=1,b=xx") and na != nb
+    # ckpt_path=last: the most recently written outputs/*/*/checkpoints/last.ckpt under the launch directory
+    with pytest.raises(FileNotFoundError, match="ckpt_path=last"):
+        resolve_ckpt_path("last", base_dir=tmp_path)
+    old, new = (tmp_path / "outputs" / "d" / t / "checkpoints" / "last.ckpt" for t in ("10-00-00", "09-00-00"))
+    for i, p in enumerate((old, new)):
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"x")
+        os.utime(p, (1e9 + i, 1e9 + i))
+    assert resolve_ckpt_path("last", base_dir=tmp_path) == str(new)
+    assert _run_dir_resolver(str(new), "default") == str(new.parent.parent)
+    assert _run_dir_resolver(None, "default") == "default"
+    assert _run_dir_resolver(str(tmp_path / "missing.ckpt"), "default") == "default"
 
 
 def test_ddp_two_cpu_processes(tmp_path):

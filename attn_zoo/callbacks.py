@@ -1,0 +1,197 @@
+"""Lightning and Hydra callbacks of ``train.py``.
+
+* :class:`ModelCheckpoint`: Lightning's, plus ``last.ckpt`` when a run is interrupted (Ctrl-C) and at the end of
+  training, so that ``ckpt_path=<run dir>/checkpoints/last.ckpt`` always resumes from the latest step.
+* :class:`StepProgressBar`: the training bar counts optimizer steps up to ``trainer.max_steps`` (``step 120/1000``),
+  not batches of an epoch against ``max_epochs`` (``Epoch 1/-2`` with ``max_epochs: null``).
+* :class:`MultirunJobs`: a Hydra callback; job folders named after the swept overrides, and one table of every job's
+  final metrics after a multirun.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import lightning as L
+from hydra.experimental.callback import Callback as HydraCallback
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from .runs import SWEPT_KEYS_ENV, read_sweep, swept_keys
+
+__all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs"]
+
+
+def _restore_adds_a_step(loop) -> bool:
+    """Whether Lightning (2.6, ``_TrainingEpochLoop.reset``) adds 1 to the restored ``_batches_that_stepped``.
+
+    Lightning's own checkpoints are written before the loop counts the step just taken, so a restore adds it.
+    A checkpoint written on an interrupt in the middle of the next batch has counted it already; it is saved
+    with the count one lower so the resumed run logs its metrics at the right steps (no gap, nothing past
+    ``max_steps``).
+    """
+    bp = loop.batch_progress.total
+    on_batch_end = bp.ready == bp.started == bp.processed == bp.completed + 1
+    on_last = bp.ready == bp.started == bp.processed == bp.completed
+    return not loop._should_accumulate() and (on_batch_end or not on_last)
+
+
+class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` that also keeps ``last.ckpt`` (``save_last``) current when training stops early.
+
+    * Ctrl-C during ``fit`` (Lightning 2.6 catches the ``KeyboardInterrupt`` in ``_call_and_handle_interrupt``, calls
+      every callback's ``on_exception``, then exits with status 1): ``last.ckpt`` is written at the step reached
+      (nothing when no step was trained), so the run resumes with ``ckpt_path=.../last.ckpt``. Other exceptions
+      keep Lightning's behaviour (``save_on_exception``, off by default): a crashed run does not overwrite a good
+      ``last.ckpt`` with the state it crashed in.
+    * End of training at a step without a checkpoint (``max_steps`` not a multiple of ``val_check_interval``):
+      ``last.ckpt`` is written at the final step.
+
+    ``enable_version_counter`` defaults to False: a resumed run writes into the same ``checkpoints/`` folder and
+    must overwrite ``last.ckpt`` rather than start ``last-v1.ckpt``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(*args, **kwargs)
+
+    def on_exception(self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException) -> None:
+        if not isinstance(exception, KeyboardInterrupt):
+            return super().on_exception(trainer, pl_module, exception)
+        if not self.save_last or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking \
+                or trainer.global_step <= 0:
+            return
+        loop = trainer.fit_loop.epoch_loop
+        shift = _restore_adds_a_step(loop) and loop._batches_that_stepped == trainer.global_step
+        loop._batches_that_stepped -= int(shift)
+        try:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        finally:
+            loop._batches_that_stepped += int(shift)
+        rank_zero_info(f"Interrupted at step {trainer.global_step}: saved {self.last_model_path}; resume with "
+                       f"ckpt_path={self.last_model_path} (and trainer.max_steps > {trainer.global_step})")
+
+    def on_train_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        if self.save_last and trainer.global_step > 0 and self._last_global_step_saved != trainer.global_step \
+                and not trainer.fast_dev_run:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            return
+        super().on_train_end(trainer, pl_module)
+
+
+class StepProgressBar(TQDMProgressBar):
+    """TQDM bar of optimizer steps: ``epoch 1, step: 45%|...| 450/1000``; a resumed run starts at its step.
+
+    Without ``trainer.max_steps`` (``-1``) the total is unknown and the bar counts up.
+    """
+
+    @staticmethod
+    def _total(trainer) -> Optional[int]:
+        return int(trainer.max_steps) if trainer.max_steps is not None and trainer.max_steps > 0 else None
+
+    @staticmethod
+    def _set_n(bar, n: int) -> None:
+        if not bar.disable:
+            bar.n = n
+            bar.refresh()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        bar, step = self.train_progress_bar, int(trainer.global_step)
+        bar.reset(total=self._total(trainer))
+        bar.initial = bar.n = bar.last_print_n = step  # the rate counts this run's steps only
+
+    def on_train_epoch_start(self, trainer, *_: Any) -> None:
+        if self._leave:  # one bar per epoch, as Lightning's with leave=True
+            self.on_train_start(trainer, None)
+        self.train_progress_bar.set_description(f"epoch {trainer.current_epoch}, step")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        bar, n = self.train_progress_bar, int(trainer.global_step)
+        if bar is not None and self._should_update(n, bar.total):
+            self._set_n(bar, n)
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4f}"
+    return "" if v is None else str(v)
+
+
+class MultirunJobs(HydraCallback):
+    """Hydra callback for ``python train.py -m ...``.
+
+    * Start: the swept keys (:func:`attn_zoo.runs.swept_keys`) go to the environment (:data:`SWEPT_KEYS_ENV`), so
+      ``hydra.sweep.subdir`` (:func:`attn_zoo.runs.job_dirname`) names each job's folder after its swept overrides
+      only, e.g. ``attention=flash,optim.lr=0.001``.
+    * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
+      ``train.py``), also saved as ``<sweep dir>/summary.csv``.
+
+    Args:
+        columns: metric keys to show (default: ``steps``, every ``val/*`` metric, ``train/loss``, ``wall_s``).
+        filename: the CSV written next to the jobs (None: none).
+    """
+
+    def __init__(self, columns: Optional[Sequence[str]] = None, filename: Optional[str] = "summary.csv"):
+        self.columns = list(columns) if columns else None
+        self.filename = filename
+
+    def on_multirun_start(self, config, **kwargs: Any) -> None:
+        keys = swept_keys(config.hydra.overrides.task, config.hydra.sweeper.get("params"))
+        os.environ[SWEPT_KEYS_ENV] = ",".join(keys)
+
+    def _columns(self, records: List[Dict]) -> List[str]:
+        if self.columns:
+            return self.columns
+        keys = set().union(*(r.get("metrics", {}) for r in records))
+        return (["steps"] + sorted(k for k in keys if k.startswith("val/"))
+                + [k for k in ("train/loss",) if k in keys] + ["wall_s"])
+
+    def table_rows(self, sweep_dir) -> Tuple[List[str], List[List[str]]]:
+        records = read_sweep(sweep_dir)
+        cols = self._columns(records) if records else []
+        rows = []
+        for r in records:
+            m = dict(r.get("metrics", {}))
+            m.update({k: r[k] for k in ("steps", "wall_s") if k in r})
+            rows.append([str(r.get("job", {}).get("num", "")), r["dir"], r.get("variant", "")]
+                        + [_fmt(m.get(c)) for c in cols])
+        return ["job", "overrides", "variant"] + cols, rows
+
+    def on_multirun_end(self, config, **kwargs: Any) -> None:
+        os.environ.pop(SWEPT_KEYS_ENV, None)
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        header, rows = self.table_rows(sweep_dir)
+        title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
+        if not rows:
+            print(f"{title} (no final_metrics.json found)")
+            return
+        if self.filename:
+            with open(sweep_dir / self.filename, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(header)
+                w.writerows(rows)
+        try:
+            from rich.console import Console
+            from rich.table import Table
+
+            t = Table(title=title)
+            for i, h in enumerate(header):
+                t.add_column(h, justify="right" if i >= 3 else "left", overflow="fold")
+            for row in rows:
+                t.add_row(*row)
+            console = Console()
+            if not console.is_terminal:  # a log file: no 80-column wrapping
+                console.width = max(console.width, 200)
+            console.print(t)
+        except ImportError:  # pragma: no cover
+            print(title)
+            print("\t".join(header))
+            for row in rows:
+                print("\t".join(row))

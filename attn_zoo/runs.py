@@ -1,0 +1,234 @@
+"""Run directories of ``train.py``: where a run writes, how a checkpoint resumes it, how a multirun names and
+summarises its jobs.
+
+Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=last``)
+    * the run continues in the checkpoint's run directory (the folder above ``checkpoints/``): Hydra's run dir
+      is that folder (resolver ``attn_zoo.run_dir`` in ``conf/train.yaml``), the resumed run's composed config
+      goes to ``.hydra/resume-<time>/`` (the original ``.hydra/`` stays), ``csv/metrics.csv`` is continued
+      (:class:`ContinuedCSVLogger`: rows of steps the checkpoint had not reached are dropped, new rows appended),
+      checkpoints are written next to the old ones and the W&B run id stored in the run dir is reused;
+    * ``trainer.max_steps`` is the total step count, not the number of further steps; it must be larger than the
+      checkpoint's step, else ``ValueError`` (``pass trainer.max_steps > N to extend``);
+    * the LR schedule is the original run's (``LitLM`` keeps ``total_steps`` in the checkpoint hparams): steps past
+      its end run at ``lr * min_lr_ratio``, the cosine is not stretched again;
+    * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
+      directory. A checkpoint outside a ``checkpoints/`` folder starts a new run directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+__all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
+           "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
+           "ContinuedCSVLogger", "register_resolvers"]
+
+RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
+CKPT_DIR = "checkpoints"
+FINAL_METRICS = "final_metrics.json"
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def find_last_checkpoint(root=RUNS_ROOT) -> Optional[Path]:
+    """The most recently written ``<root>/*/*/checkpoints/last.ckpt`` (None: there is none)."""
+    found = [p for p in Path(root).glob(f"*/*/{CKPT_DIR}/last.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def resolve_ckpt_path(ckpt_path, base_dir=None) -> Optional[str]:
+    """``ckpt_path`` as an absolute path (relative paths and ``last`` against ``base_dir``, default the cwd).
+
+    Raises:
+        FileNotFoundError: naming ``ckpt_path``: the file does not exist, or ``last`` finds no run.
+    """
+    if ckpt_path is None or str(ckpt_path) == "":
+        return None
+    base = Path(base_dir or os.getcwd())
+    if str(ckpt_path) == "last":
+        found = find_last_checkpoint(base / RUNS_ROOT)
+        if found is None:
+            raise FileNotFoundError(
+                f"ckpt_path=last: no run under {base / RUNS_ROOT} has {CKPT_DIR}/last.ckpt; "
+                f"pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt")
+        return os.path.abspath(found)
+    path = Path(str(ckpt_path))
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"ckpt_path={str(ckpt_path)!r} does not exist or is not a file (absolute: {os.path.abspath(path)}); "
+            f"pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt or ckpt_path=last")
+    return os.path.abspath(path)
+
+
+def run_dir_of(ckpt_path) -> Optional[str]:
+    """The run directory a checkpoint belongs to (the folder above ``checkpoints/``), else None."""
+    if not ckpt_path:
+        return None
+    p = Path(os.path.abspath(str(ckpt_path)))
+    return str(p.parent.parent) if p.parent.name == CKPT_DIR else None
+
+
+@dataclass
+class CheckpointInfo:
+    path: str
+    step: int                       # optimizer steps the checkpoint has trained (trainer.global_step)
+    total_steps: Optional[int]      # length of its LR schedule (LitLM hparams), None for old checkpoints
+    hparams: Dict = field(default_factory=dict)
+
+
+def checkpoint_info(path) -> CheckpointInfo:
+    """Step, schedule length and hparams of a Lightning checkpoint (memory-mapped, weights not read)."""
+    import torch
+
+    ck = torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
+    hp = dict(ck.get("hyper_parameters") or {})
+    total = hp.get("total_steps")
+    return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp)
+
+
+def _run_dir_resolver(ckpt_path, default):
+    try:
+        ckpt = resolve_ckpt_path(ckpt_path)
+    except FileNotFoundError:  # train.py raises the error naming ckpt_path; Hydra only needs a directory
+        return default
+    return run_dir_of(ckpt) or default
+
+
+def _hydra_subdir_resolver(ckpt_path, stamp):
+    return f".hydra/resume-{stamp}" if _run_dir_resolver(ckpt_path, None) else ".hydra"
+
+
+# ---------------------------------------------------------------------------------------------- multirun
+_UNSAFE = re.compile(r"[^A-Za-z0-9=,._+\-\[\]@%]")
+SWEPT_KEYS_ENV = "ATTN_ZOO_SWEPT_KEYS"
+"""Environment variable with the swept keys of the running multirun (comma-separated), set by
+:class:`attn_zoo.callbacks.MultirunJobs` when the multirun starts (inherited by launched jobs)."""
+
+
+def swept_keys(overrides, sweeper_params=None) -> List[str]:
+    """The keys a multirun sweeps: command-line sweep overrides (``a=1,2``, ``range(...)``, ``choice(...)``)
+    and the keys of ``hydra.sweeper.params`` (sweeps defined in a config), in that order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = [o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides or []))
+            if o.is_sweep_override()]
+    keys += [str(k) for k in (sweeper_params or {}).keys()]
+    return list(dict.fromkeys(keys))
+
+
+def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
+    """A multirun job's folder name from its overrides (``hydra.overrides.task``), e.g. ``attention=flash,optim.lr=0.001``.
+
+    When the swept keys are known (:data:`SWEPT_KEYS_ENV`) only the swept overrides name the folder, in the order
+    they were given; otherwise every override (sorted) but ``exclude_keys``. Characters that are not safe in a file
+    name (``/``, spaces, quotes, ...) become ``_``; a name longer than ``max_len`` is cut and ends in ``-`` and 8 hex
+    digits of its hash (distinct names stay distinct); no overrides: the job number.
+    """
+    if isinstance(overrides, str):  # an override_dirname
+        overrides = [overrides] if overrides else []
+    items = []
+    for line in overrides or []:
+        line = str(line).lstrip("+~")
+        key = line.split("=", 1)[0]
+        if key not in set(exclude_keys or ()):
+            items.append((key, line))
+    swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
+    chosen = sorted((swept.index(k), line) for k, line in items if k in swept)
+    lines = [line for _, line in chosen] if chosen else sorted(line for _, line in items)
+    name = _UNSAFE.sub("_", ",".join(lines)).strip("._") or str(num)
+    if len(name) > max_len:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[: max_len - 9].rstrip('._')}-{digest}"
+    return name
+
+
+def write_final_metrics(run_dir, record: Dict) -> Path:
+    """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`)."""
+    path = Path(run_dir) / FINAL_METRICS
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def read_sweep(sweep_dir) -> List[Dict]:
+    """Every job's ``final_metrics.json`` under ``sweep_dir``, in job order (``job.num``), each with its ``dir``."""
+    records = []
+    for path in Path(sweep_dir).rglob(FINAL_METRICS):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        rec["dir"] = os.path.relpath(path.parent, sweep_dir)
+        records.append(rec)
+    return sorted(records, key=lambda r: (r.get("job", {}).get("num", 1 << 30), r["dir"]))
+
+
+# ---------------------------------------------------------------------------------------------- CSV
+class _ContinuedWriter(ExperimentWriter):
+    def __init__(self, log_dir: str, keep_before: Optional[int]):
+        self._keep_before = keep_before
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        if self._keep_before is None or not self._fs.isfile(self.metrics_file_path):
+            return super()._check_log_dir_exists()
+        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [r for r in reader if _step(r) < self._keep_before]
+        with self._fs.open(self.metrics_file_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.metrics_keys = header  # later rows are appended under this header (rewritten if keys are added)
+
+
+def _step(row) -> float:
+    try:
+        return float(row.get("step") or "nan")
+    except ValueError:
+        return float("nan")
+
+
+class ContinuedCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger`` that continues ``metrics.csv`` when a run is resumed.
+
+    ``resume_step`` None (a new run): Lightning's behaviour, an existing ``metrics.csv`` is replaced. An int (the
+    checkpoint's step): the rows of steps ``< resume_step`` are kept, later rows (steps the checkpoint had not
+    reached, trained again now) are dropped, and the resumed run appends.
+    """
+
+    def __init__(self, *args, resume_step: Optional[int] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is not None:
+            return self._experiment
+        self._fs.makedirs(self.root_dir, exist_ok=True)
+        self._experiment = _ContinuedWriter(self.log_dir, self.resume_step)
+        return self._experiment
+
+
+# ---------------------------------------------------------------------------------------------- resolvers
+def register_resolvers() -> None:
+    """OmegaConf resolvers used by ``conf/train.yaml``'s ``hydra`` node (call before Hydra composes it)."""
+    from omegaconf import OmegaConf
+
+    for name, fn in (("attn_zoo.run_dir", _run_dir_resolver), ("attn_zoo.hydra_subdir", _hydra_subdir_resolver),
+                     ("attn_zoo.job_dirname", job_dirname)):
+        OmegaConf.register_new_resolver(name, fn, replace=True)
