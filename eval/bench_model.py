@@ -123,10 +123,13 @@ def train_steps(model: GPT, opt, x: torch.Tensor, y: torch.Tensor, n: int, clip:
 
 
 def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, steps: int, warmup: int,
-              profile_dir: Optional[str] = None) -> Dict[str, object]:
+              profile_dir: Optional[str] = None, compile: bool = False) -> Dict[str, object]:
     B = max(1, tokens // seq_len)
     model = make_model(size, variant, seq_len, backend)
     opt = make_optimizer(model)
+    n_params = model.num_params()
+    if compile:  # as train.py compile=true: the model, not the optimiser step
+        model = torch.compile(model)
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
     y = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
@@ -139,9 +142,9 @@ def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, 
             _profile(model, opt, x, y, os.path.join(profile_dir, f"profile_{size}_{variant}_{seq_len}_{backend}.txt"))
     times.sort()
     med = times[len(times) // 2]
-    row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend, batch=B, tokens_per_step=B * seq_len,
-               step_ms=round(med, 3), step_ms_min=round(times[0], 3), tokens_per_s=round(B * seq_len / med * 1e3),
-               peak_mem_mib=round(peak, 1), n_params=model.num_params())
+    row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend + ("+compile" if compile else ""), batch=B,
+               tokens_per_step=B * seq_len, step_ms=round(med, 3), step_ms_min=round(times[0], 3),
+               tokens_per_s=round(B * seq_len / med * 1e3), peak_mem_mib=round(peak, 1), n_params=n_params)
     del model, opt
     torch.cuda.empty_cache()
     return row
@@ -193,6 +196,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler table per row")
     ap.add_argument("--name", default="model_speed", help="file stem of the results")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (backend names get +compile)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_model needs a CUDA GPU")
@@ -218,7 +222,7 @@ def main(argv=None) -> List[Dict[str, object]]:
                         continue
                     try:
                         row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
-                                        a.out if a.profile else None)
+                                        a.out if a.profile else None, a.compile)
                     except Exception as e:  # a failed row is recorded, the sweep goes on
                         traceback.print_exc()
                         row = dict(size=size, variant=variant, seq_len=n, backend=backend,
@@ -234,12 +238,13 @@ def main(argv=None) -> List[Dict[str, object]]:
                     rows.append(row)
                     print({k: row.get(k) for k in ("size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms",
                                                    "peak_mem_mib", "sdpa_default", "error")}, flush=True)
-    add_ratios(rows, backends)
+    add_ratios(rows, [b + ("+compile" if a.compile else "") for b in backends])
     write_csv(rows, os.path.join(a.out, f"{a.name}.csv"))
     write_json(rows, os.path.join(a.out, f"{a.name}.json"), env)
     cols = ["size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms", "peak_mem_mib"]
     cols += [f"ratio_vs_{b}" for b in backends if b != "triton"]
-    print(format_table([r for r in rows if r["backend"] == "triton"], cols, "{:.3f}"))
+    cols = cols[:7] + [c.replace("ratio_vs_", "ratio_vs_") + ("+compile" if a.compile else "") for c in cols[7:]]
+    print(format_table([r for r in rows if r["backend"].startswith("triton")], cols, "{:.3f}"))
     print(f"wrote {os.path.join(a.out, a.name)}.csv / .json")
     return rows
 

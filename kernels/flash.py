@@ -682,6 +682,8 @@ def _candidates(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bo
     """Heuristic configs in preference order, pruned to those that fit shared memory (first is used)."""
     if sparse:
         prefs = _sparse_configs(kind)
+    elif block_d <= 64 and kind in _HEURISTIC_SMALL_D:
+        prefs = _HEURISTIC_SMALL_D[kind]
     else:
         table = _HEURISTIC_TMA if tma else _HEURISTIC
         prefs = table.get((kind, masked), table.get((kind, False)))
@@ -721,6 +723,14 @@ else:
         ("dq", False): [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2),
                         _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
     })
+
+# head dims <= 64 (the small models' D = 32 / 64): dQ on 64 x 64 tiles, 4 warps, 3 stages -- 5-10% faster than the
+# D = 128 choice (128 x 64, 8 warps) at causal N = 1024 / 4096, 16k tokens, H = 4 (H200 2026-12-01,
+# eval/experiments/tile_sweep.py, results/h200/tile_sweep.csv); the forward's and dK/dV's D = 128 choices were
+# within 2-5% of the best there and stay.
+_HEURISTIC_SMALL_D = {} if INTERPRET else {
+    "dq": [_cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3), _cfg(32, 32, 4, 1)],
+}
 
 _CHOSEN = {}
 # Fixed config per kernel kind, set by set_config_override() (probes / tuning scripts); not used by the sparse mode
@@ -1114,7 +1124,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
                    kv_idx=None, kv_cnt=None, kv_nfull=None, q_idx=None, q_cnt=None, q_nfull=None,
                    dlse: Optional[torch.Tensor] = None, dq_mode: Optional[str] = None,
-                   dkdv_split: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   dkdv_split: Optional[int] = None, grads_like_inputs: bool = True
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launches: preprocess (delta, lse2), dK/dV (per key tile, GQA group summed), dQ (per query tile).
 
     Block-sparse needs the query-tile table (``kv_*`` at ``sparse_tiles(D)[0]``) and the key-tile table
@@ -1122,8 +1133,10 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     :func:`build_sparse_tables`. ``dq_mode``: see :func:`resolve_dq_mode` (``"atomic"`` skips the dQ kernel).
     ``dkdv_split``: number of programs a GQA group's query heads are split over in the dK/dV pass (must divide
     ``Hq // Hkv``; partial fp32 dK/dV summed after); ``None`` / 0: env ``ATTN_ZOO_FLASH_DKDV_SPLIT``, else
-    :func:`choose_dkdv_split` with a target of 2 programs per SM (8 for groups of >= 8 heads). Returns
-    ``(dq, dk, dv)``.
+    :func:`choose_dkdv_split` with a target of 2 programs per SM (8 for groups of >= 8 heads).
+    ``grads_like_inputs``: ``dq`` / ``dk`` / ``dv`` take the layouts of ``q`` / ``k`` / ``v`` (a leaf tensor's
+    gradient of another layout would be copied by autograd); ``False``: stored as ``(B, N, H, D)`` (the custom
+    op, whose fake kernel cannot see the runtime strides). Returns ``(dq, dk, dv)``.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -1132,7 +1145,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape, q_idx.shape)
     key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device,
            softmax_scale, win_left, win_right, sparse_key, _aligned(q, k, v, do, out), mode,
-           dkdv_split or os.environ.get("ATTN_ZOO_FLASH_DKDV_SPLIT"), has_dlse, _opts_key())
+           dkdv_split or os.environ.get("ATTN_ZOO_FLASH_DKDV_SPLIT"), has_dlse, grads_like_inputs, _opts_key())
     plan = _PLANS.get(key) or _get_plan(key, lambda: _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs,
                                                                 mode, dkdv_split, has_dlse))
     pm = plan.meta
@@ -1141,8 +1154,11 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     dl = dlse.contiguous().float() if has_dlse else delta
     _plan_launch(plan, "pre", B * Hq, Nq, (out, do, dl, lse, delta, lse2, Hq, Nq, *out.stride(), *do.stride()),
                  pm["pre"], (), q.device)
-    dq, dk, dv = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), \
-        _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
+    if grads_like_inputs:  # eager: the layout of q / k / v (autograd copies a leaf's gradient of another layout)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # dense inputs keep their strides
+    else:  # custom op: one fixed layout, whatever strides Inductor hands it (its fake kernel must agree)
+        dq, dk, dv = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), \
+            _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull))
     n_split, atomic = pm["n_split"], pm["atomic"]
@@ -1232,11 +1248,16 @@ def _flash_bwd_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tenso
 
 
 def _flash_bwd_impl(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx,
-                    kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dq_mode, dkdv_split):
-    """The backward in the custom op's argument order (the eager ``_FlashFn`` calls it directly)."""
+                    kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dq_mode, dkdv_split, grads_like_inputs=False):
+    """The backward in the custom op's argument order (the eager ``_FlashFn`` calls it with
+    ``grads_like_inputs=True``)."""
     return flash_attn_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
                           kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dlse=dlse, dq_mode=dq_mode or None,
-                          dkdv_split=dkdv_split or None)
+                          dkdv_split=dkdv_split or None, grads_like_inputs=grads_like_inputs)
+
+
+def _flash_bwd_eager(*args):
+    return _flash_bwd_impl(*args, grads_like_inputs=True)
 
 
 @_flash_bwd_op.register_fake
@@ -1286,7 +1307,7 @@ class _FlashFn(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # double backward raises (as through the custom op)
     def backward(ctx, dout, dlse):
-        return _run_backward(ctx, dout, dlse, _flash_bwd_impl)[:3] + (None,)
+        return _run_backward(ctx, dout, dlse, _flash_bwd_eager)[:3] + (None,)
 
 
 # ============================================================================================ public entry

@@ -88,7 +88,7 @@ def main():
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     CL = kf.CompiledLaunch
-    ready = CL.ready
+    ready = CL.__dict__["ready"]
     CL.ready = staticmethod(lambda: False)
     slow = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
     CL.ready = ready
@@ -96,10 +96,40 @@ def main():
     orig = kf._plan_launch
     kf._plan_launch = lambda *a, **kw: None
     py = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
+    py_fwd = host_us(lambda: kf.flash_attn(q, k, v, causal=True), 200)
     kf._plan_launch = orig
-    print(dict(N=N, host_us_triton_launch=slow, host_us_compiled_launch=fast, host_us_no_launch=py), flush=True)
+    print(dict(N=N, host_us_triton_launch=slow, host_us_compiled_launch=fast, host_us_no_launch=py,
+               fwd_host_us_no_launch=py_fwd), flush=True)
+
+    # pieces, each alone
+    class Ident(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x = q.detach().requires_grad_(True)
+    pieces = dict(
+        trivial_function_fwd_bwd=lambda: Ident.apply(x).backward(do),
+        cuda_empty=lambda: torch.empty(B, N, H, D, device="cuda", dtype=torch.bfloat16),
+        fwd_impl=lambda: kf.flash_attn_fwd(q, k, v, D ** -0.5, -1, 0),
+        tensor_descriptor=lambda: kf.TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, 64, D]),
+    )
+    plan = next(p for key, p in kf._PLANS.items() if key[0] == "fwd" and key[1] == q.shape)
+    launch, cfg, used = plan.fast["fwd"]
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, N, device="cuda")
+    m = kf._mode_args(q, None, (None, None, None))
+    args = (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, N, N, 0, 1, 0.1, 0, 0,
+            m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], 1, 512, k, v)
+    pieces["compiled_launch_alone"] = lambda: launch(*args)
+    print({name: round(host_us(f, 300), 1) for name, f in pieces.items()}, flush=True)
     pr = cProfile.Profile()
     fb = lambda: kf.flash_attn(q, k, v, causal=True).backward(do)  # noqa: E731
+    q.requires_grad_(True)
     for _ in range(5):
         fb()
     torch.cuda.synchronize()
