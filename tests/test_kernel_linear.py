@@ -302,7 +302,7 @@ def test_supports_reasons(monkeypatch):
     from attn_zoo.registry import get_backends
 
     sup = get_backends("linear")["triton"].supports
-    q = torch.zeros(1, 1, 4, 16)
+    q = torch.zeros(1, 1, 4, 16, device=DEV)
     spec = AttentionSpec(kind="linear")
     assert sup(q, q, q, spec, False) is None  # CUDA, or the interpreter (tests/conftest.py sets it on CPU)
     assert "float64" in sup(q.double(), q.double(), q.double(), spec, False)
@@ -319,7 +319,7 @@ def test_supports_reasons(monkeypatch):
     with pytest.raises(ValueError, match="Nq == Nk"):
         linear_attention(q, q[:, :, :3], q[:, :, :3])
     with pytest.raises(ValueError, match="256"):
-        big = torch.zeros(1, 1, 2, 300)
+        big = torch.zeros(1, 1, 2, 300, device=DEV)
         linear_attention(big, big, big)
 
 
