@@ -57,14 +57,35 @@ class CompiledLaunch:
 
     @staticmethod
     def ready() -> bool:
-        """False while a Triton launch hook is installed (the normal launch path reports to it)."""
-        try:
-            from triton import knobs
-
-            return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
-        except (ImportError, AttributeError):  # pragma: no cover - a Triton without knobs
+        """False while a Triton launch hook is installed (the normal launch path reports to it). Triton 3.6+ keeps
+        the hooks as ``HookChain`` objects (never ``None``): installed means a non-empty chain."""
+        rt = _runtime_knobs()
+        if rt is None:
             return False
+        return not (_hook_set(rt.launch_enter_hook) or _hook_set(rt.launch_exit_hook))
 
     def __call__(self, *args) -> None:
         g0, g1, g2 = self.grid
         self.run(g0, g1, g2, self.stream(self.device), self.function, self.packed, None, None, None, *args, *self.tail)
+
+
+_KNOBS = []
+
+
+def _runtime_knobs():
+    if not _KNOBS:
+        try:
+            from triton import knobs
+
+            _KNOBS.append(knobs.runtime)
+        except (ImportError, AttributeError):  # pragma: no cover - a Triton without knobs
+            _KNOBS.append(None)
+    return _KNOBS[0]
+
+
+def _hook_set(hook) -> bool:
+    """Whether a launch hook is installed: a callable, or a Triton ``HookChain`` with calls in it."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True

@@ -759,10 +759,39 @@ def test_gpu_compiled_launches_on_fresh_inputs(kind, kw, N, Hq, Hkv):
     """After the first call a plan launches its compiled kernels directly: three more calls on fresh random inputs
     (same signature) must each match the reference, and the plan's kernels must be the direct launches."""
     import kernels.flash as kf
+    from kernels._host import CompiledLaunch
 
     kf.clear_plans()
-    spec = AttentionSpec(kind=kind, **kw)
-    for seed in range(4):
-        check_against_reference(spec, B=2, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=128, dtype=torch.bfloat16, seed=100 + seed)
+    calls = []
+    orig = CompiledLaunch.__call__
+    CompiledLaunch.__call__ = lambda self, *a: (calls.append(1), orig(self, *a))[1]
+    try:
+        spec = AttentionSpec(kind=kind, **kw)
+        for seed in range(4):
+            check_against_reference(spec, B=2, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=128, dtype=torch.bfloat16,
+                                    seed=100 + seed)
+    finally:
+        CompiledLaunch.__call__ = orig
     fast = [p.fast for p in kf._PLANS.values()]
     assert fast and all(v is not None for f in fast for v in f.values()), fast
+    assert len(calls) >= 3 * 4, f"the plans' compiled launches ran {len(calls)} times"  # 3 calls x 4 kernels
+
+
+def test_compiled_launch_steps_aside_for_launch_hooks():
+    """Launch hooks (profilers) see every launch: while one is installed the plans use Triton's own path.
+    Triton keeps hooks in ``HookChain`` objects that are never ``None``: an empty chain means no hook."""
+    from kernels._host import CompiledLaunch, _hook_set
+
+    assert not _hook_set(None)
+    knobs = pytest.importorskip("triton.knobs")
+    chain = knobs.runtime.launch_enter_hook
+    if chain is None or not hasattr(chain, "add"):
+        pytest.skip("this Triton has no HookChain")
+    assert CompiledLaunch.ready()
+    hook = lambda *a: None  # noqa: E731
+    chain.add(hook)
+    try:
+        assert not CompiledLaunch.ready()
+    finally:
+        chain.remove(hook)
+    assert CompiledLaunch.ready()
