@@ -726,7 +726,7 @@ else:
 
 # head dims <= 64 (the small models' D = 32 / 64): dQ on 64 x 64 tiles, 4 warps, 3 stages -- 5-10% faster than the
 # D = 128 choice (128 x 64, 8 warps) at causal N = 1024 / 4096, 16k tokens, H = 4 (H200 2026-12-01,
-# eval/experiments/tile_sweep.py, results/h200/tile_sweep.csv); the forward's and dK/dV's D = 128 choices were
+# eval/experiments/tile_sweep.py, results/h200/2026-12-01/tile_sweep.csv); the forward's and dK/dV's D = 128 choices were
 # within 2-5% of the best there and stay.
 _HEURISTIC_SMALL_D = {} if INTERPRET else {
     "dq": [_cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3), _cfg(32, 32, 4, 1)],
@@ -853,8 +853,9 @@ def _launch(kind: str, grid_axis1: int, n_rows: int, args, meta, streamed=()):
 # scale, window, sparse table shapes, pointer alignment and the tuning switches -- namely the kernels' constexpr
 # options, the dK/dV split and, once the first call has compiled them, the kernels themselves as
 # ``CompiledLaunch`` objects. A repeated call (a training step, a benchmark loop) then allocates its outputs and
-# launches, and nothing else: no checks, no config choice, no Triton argument binding (H200 machine: host time
-# of a causal fwd+bwd at N = 512 went from ~570-810 us to ~XXX us, eval/experiments/host_profile.py).
+# launches, and nothing else: no checks, no config choice, no Triton argument binding (H200 machine, triton 3.6:
+# host time of a causal bf16 fwd+bwd at N = 512 went from 702 us through Triton's launcher to 271 us, the
+# forward's launch function from 81 to 23 us; results/h200/2026-12-01/host_profile.txt).
 class _Plan:
     __slots__ = ("meta", "fast")
 
