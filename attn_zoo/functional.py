@@ -68,6 +68,39 @@ def attention(
         ValueError / TypeError: bad shapes (any of ``B, Hq, Hkv, Nq, Nk, D, Dv`` zero), dtypes, devices,
         ``Hq % Hkv != 0``, unknown backend, or a backend that cannot run this input (the message says why).
     """
+    try:
+        key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+               v.device)
+        b = _DISPATCH.get(key)
+    except TypeError:  # an unhashable spec (a custom layout tensor): no cache
+        key, b = None, None
+    if b is None:
+        b = resolve_backend(q, k, v, spec, backend, return_lse)
+        if key is not None:
+            if len(_DISPATCH) >= 1024:
+                _DISPATCH.clear()
+            _DISPATCH[key] = b
+    return b.fn(q, k, v, spec, return_lse=return_lse)
+
+
+# A call signature (spec, backend, shapes, dtypes, devices) whose inputs passed check_inputs and whose backend's
+# supports() accepted them: every check reads nothing else, so a repeated call (each layer of each training step)
+# goes straight to the implementation. register_backend clears it.
+_DISPATCH = {}
+
+
+def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, backend: str = "auto",
+                    return_lse: bool = False):
+    """The registered :class:`~attn_zoo.registry.Backend` that :func:`attention` runs for these inputs.
+
+    ``backend="auto"`` tries ``triton`` (CUDA tensors only: our kernels; under ``TRITON_INTERPRET=1`` on the CPU
+    only when asked for by name), then ``torch``, then ``reference``, and takes the first whose ``supports()``
+    accepts the input. On CUDA that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with
+    fp16 / bf16 / fp32, ``D <= 256`` and ``Dv == D``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
+    dim <= 256 and no FAVOR in fp16 -- else ``torch`` (SDPA / FlexAttention / chunked PyTorch); the reasons of the
+    backends it passed over are in the error when none fits. Raises ``ValueError`` / ``TypeError`` as
+    :func:`attention`.
+    """
     check_inputs(q, k, v, spec)
     regs = get_backends(spec.kind)
     if backend == "auto":
@@ -81,15 +114,16 @@ def attention(
                 continue
             why = b.supports(q, k, v, spec, return_lse)
             if why is None:
-                return b.fn(q, k, v, spec, return_lse=return_lse)
+                return b
             reasons.append(f"{name}: {why}")
         raise ValueError(f"no backend supports this input for kind={spec.kind!r}: " + "; ".join(reasons))
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(BACKENDS)}")
     b = regs.get(backend)
     if b is None:
-        raise ValueError(f"backend={backend!r} is not registered for kind={spec.kind!r}; available: {', '.join(n for n in BACKENDS if n in regs)}")
+        raise ValueError(f"backend={backend!r} is not registered for kind={spec.kind!r}; available: "
+                         f"{', '.join(n for n in BACKENDS if n in regs)}")
     why = b.supports(q, k, v, spec, return_lse)
     if why is not None:
         raise ValueError(f"backend={backend!r} cannot run this input for kind={spec.kind!r}: {why}")
-    return b.fn(q, k, v, spec, return_lse=return_lse)
+    return b

@@ -38,6 +38,9 @@ def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional
     def deco(fn):
         for kind in kinds:
             _REGISTRY.setdefault(kind, {})[name] = Backend(kind, name, fn, supports or _always)
+        from .functional import _DISPATCH
+
+        _DISPATCH.clear()  # remembered dispatch decisions may name the replaced backend
         return fn
 
     return deco
