@@ -5,6 +5,7 @@
 >>> out = attn_zoo.attention(q, k, v, attn_zoo.AttentionSpec(kind="flash", causal=True))
 """
 
+from .decode import KVCache, LinearState, append_kv, decode_attention, linear_decode, linear_prefill
 from .functional import attention, check_inputs
 from .masks import BlockTable, MaskInfo, mask_info, sparse_layout
 from .reference import attention_reference, linear_attention_reference, softmax_attention_reference
@@ -16,4 +17,5 @@ __all__ = [
     "MaskInfo", "BlockTable", "mask_info", "sparse_layout",
     "attention_reference", "softmax_attention_reference", "linear_attention_reference",
     "register_backend", "get_backends", "available_backends",
+    "decode_attention", "append_kv", "KVCache", "LinearState", "linear_prefill", "linear_decode",
 ]

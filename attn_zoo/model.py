@@ -11,6 +11,12 @@ Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre
 * Hybrids: one :class:`~attn_zoo.spec.AttentionSpec` per layer (``GPT(config, [lin, lin, flash, lin])``).
 * FAVOR+ (Performer) random features can be redrawn: :meth:`GPT.redraw_features` sets a new seed for every
   ``favor`` layer (deterministic in ``(base seed, step // redraw_interval)``).
+* Generation with a cache (:meth:`GPT.generate`, ``use_cache=True``): every layer keeps its variant's decode
+  state (:meth:`GPT.init_cache`): a :class:`~attn_zoo.decode.KVCache` for exact / sparse layers (contiguous or
+  paged), a window-sized one for causal sliding-window layers, a :class:`~attn_zoo.decode.LinearState` (O(1))
+  for linear layers. The prompt is prefilled with :func:`attn_zoo.attention` /
+  :func:`attn_zoo.decode.linear_prefill`, each new token attends through :func:`attn_zoo.decode_attention` /
+  :func:`attn_zoo.decode.linear_decode`. Greedy decoding with the cache equals greedy decoding without it.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
 from .spec import AttentionSpec
+
+LayerCache = Union[KVCache, LinearState]
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
@@ -111,10 +120,13 @@ class Rotary(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Rotate ``x (B, H, N, D)`` whose rows sit at positions ``offset .. offset + N - 1``."""
         n = x.shape[-2]
-        cos = self.cos[:n].to(x.dtype)  # (N, D/2)
-        sin = self.sin[:n].to(x.dtype)
+        if offset + n > self.cos.shape[0]:
+            raise ValueError(f"positions up to {offset + n - 1} exceed the rotary table of {self.cos.shape[0]} (max_seq_len)")
+        cos = self.cos[offset: offset + n].to(x.dtype)  # (N, D/2)
+        sin = self.sin[offset: offset + n].to(x.dtype)
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -152,13 +164,42 @@ class Attention(nn.Module):
             return self.spec.replace(seed=self.favor_seed)
         return self.spec
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape  # (B, N, d_model)
+    def new_cache(self, batch_size: int, capacity: int, dtype: torch.dtype, device, page_size: Optional[int] = None,
+                  shuffle_pages: bool = False) -> LayerCache:
+        """This layer's decode state: linear -> :class:`LinearState`; causal window of ``W`` tokens -> a
+        :class:`KVCache` keeping the last ``W`` tokens (``2 W`` slots, compacted when full); else a full
+        :class:`KVCache` of ``capacity`` tokens (paged when ``page_size`` is set)."""
+        spec = self.current_spec()
+        if spec.kind == "linear":
+            return LinearState.for_spec(spec, batch_size, self.n_kv_heads, self.head_dim, device)
+        if spec.kind == "sliding_window" and spec.causal and spec.window_size[0] is not None:
+            keep = min(spec.window_size[0] + 1, capacity)
+            return KVCache(batch_size, self.n_kv_heads, self.head_dim, min(capacity, 2 * keep), dtype=dtype,
+                           device=device, keep_last=keep)
+        return KVCache(batch_size, self.n_kv_heads, self.head_dim, capacity, dtype=dtype, device=device,
+                       page_size=page_size, shuffle_pages=shuffle_pages)
+
+    def forward(self, x: torch.Tensor, cache: Optional[LayerCache] = None, pos: int = 0) -> torch.Tensor:
+        B, N, C = x.shape  # (B, N, d_model); the N tokens sit at positions pos .. pos + N - 1
         q = self.q_proj(x).view(B, N, self.n_head, self.head_dim).transpose(1, 2)  # (B, Hq, N, D)
         k = self.k_proj(x).view(B, N, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, D)
         v = self.v_proj(x).view(B, N, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, D)
-        q, k = self.rotary(q), self.rotary(k)
-        y = attention(q, k, v, self.current_spec(), backend=self.backend)  # (B, Hq, N, D)
+        q, k = self.rotary(q, pos), self.rotary(k, pos)
+        spec = self.current_spec()
+        if cache is None:  # training / no-cache inference: the whole sequence at once
+            y = attention(q, k, v, spec, backend=self.backend)  # (B, Hq, N, D)
+        elif isinstance(cache, LinearState):  # O(1) state: chunked prefill, recurrent decode
+            if N == 1 and cache.n > 0:
+                y, new = linear_decode(q, k, v, cache, spec)
+            else:
+                y, new = linear_prefill(q, k, v, spec, cache if cache.n > 0 else None, backend=self.backend)
+            cache.S, cache.z, cache.n = new.S, new.z, new.n
+        elif max(cache.lengths) == 0:  # prefill: ordinary attention over the prompt, then fill the cache
+            y = attention(q, k, v, spec, backend=self.backend)
+            cache.append(k, v)  # (B, Hkv, N, D) after RoPE, so cached keys keep their absolute positions
+        else:  # decode: write the new keys / values, attend over the cache
+            cache.append(k, v)
+            y = cache.attend(q, spec, backend=self.backend)  # (B, Hq, N, D)
         y = y.transpose(1, 2).reshape(B, N, self.n_head * self.head_dim)  # (B, N, Hq*D)
         return self.resid_dropout(self.o_proj(y))  # (B, N, d_model)
 
@@ -196,8 +237,8 @@ class Block(nn.Module):
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x, cache: Optional[LayerCache] = None, pos: int = 0):
+        x = x + self.attn(self.norm1(x), cache, pos)
         x = x + self.mlp(self.norm2(x))
         return x
 
@@ -212,9 +253,10 @@ class GPT(nn.Module):
         redraw_interval: FAVOR layers get a new random-feature seed every ``redraw_interval`` training steps
             (0 = never; see :meth:`redraw_features`).
 
-    ``forward(idx, targets=None)``: ``idx`` int64 ``(B, N)`` with ``N <= max_seq_len`` (else ``ValueError``);
-    returns logits ``(B, N, vocab_size)`` and, with ``targets`` ``(B, N)`` (``-100`` = ignored), the mean
-    cross-entropy in nats.
+    ``forward(idx, targets=None, caches=None, pos=0)``: ``idx`` int64 ``(B, N)`` with ``pos + N <= max_seq_len``
+    (else ``ValueError``); returns logits ``(B, N, vocab_size)`` and, with ``targets`` ``(B, N)`` (``-100`` =
+    ignored), the mean cross-entropy in nats. With ``caches`` (from :meth:`init_cache`) the tokens sit at
+    positions ``pos ..`` and every layer reads / extends its cache (incremental decoding).
     """
 
     def __init__(self, config: GPTConfig, specs: Union[AttentionSpec, Sequence[AttentionSpec]],
@@ -271,18 +313,21 @@ class GPT(nn.Module):
                 a.favor_seed = seed
         return changed
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                caches: Optional[List[LayerCache]] = None, pos: int = 0):
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, N) token ids, got shape {tuple(idx.shape)}")
         B, N = idx.shape
-        if N > self.config.max_seq_len:
+        if pos + N > self.config.max_seq_len:
             raise ValueError(
-                f"input seq_len={N} exceeds the model's max_seq_len={self.config.max_seq_len}; "
+                f"input seq_len={pos + N} exceeds the model's max_seq_len={self.config.max_seq_len}; "
                 f"raise model.max_seq_len or lower data.seq_len"
             )
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"caches: got {len(caches)} layer caches for n_layer={len(self.blocks)}")
         x = self.drop(self.wte(idx))  # (B, N, d_model)
-        for blk in self.blocks:
-            x = blk(x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, None if caches is None else caches[i], pos)
         x = self.norm_f(x)
         logits = self.lm_head(x)  # (B, N, vocab_size)
         if targets is None:
@@ -290,14 +335,51 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         return logits, loss
 
+    def init_cache(self, batch_size: int, capacity: Optional[int] = None, dtype: Optional[torch.dtype] = None,
+                   device=None, page_size: Optional[int] = None, shuffle_pages: bool = False) -> List[LayerCache]:
+        """One decode state per layer (see :meth:`Attention.new_cache`); ``capacity`` defaults to ``max_seq_len``,
+        ``dtype`` / ``device`` to the parameters'. ``page_size`` makes the full caches paged."""
+        p = self.wte.weight
+        capacity = min(int(capacity or self.config.max_seq_len), self.config.max_seq_len)
+        return [blk.attn.new_cache(batch_size, capacity, dtype or p.dtype, device or p.device, page_size, shuffle_pages)
+                for blk in self.blocks]
+
+    @staticmethod
+    def _next_token(logits: torch.Tensor, temperature: float, greedy: bool) -> torch.Tensor:
+        """``(B, vocab)`` logits -> ``(B, 1)`` token ids (argmax, or a sample at ``temperature``)."""
+        if greedy:
+            return logits.argmax(-1, keepdim=True)
+        return torch.multinomial(F.softmax(logits.float() / max(temperature, 1e-6), dim=-1), 1)
+
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0) -> torch.Tensor:
-        """Sample ``max_new_tokens`` tokens (no KV cache: re-runs the cropped context each step)."""
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False,
+                 use_cache: bool = True, page_size: Optional[int] = None) -> torch.Tensor:
+        """Extend ``idx (B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
+
+        ``greedy`` takes the argmax, else samples at ``temperature``. ``use_cache=False`` re-runs the context
+        (cropped to the last ``max_seq_len`` tokens) every step. ``use_cache=True`` prefills the layer caches
+        (:meth:`init_cache`; ``page_size`` = paged KV caches) once and feeds one token per step; once the
+        sequence is longer than ``max_seq_len`` the context slides and RoPE positions restart, so each later
+        step re-prefills the cropped context (same tokens as without the cache). Needs causal layers
+        (``ValueError`` otherwise).
+        """
+        if not use_cache:
+            for _ in range(max_new_tokens):
+                logits = self(idx[:, -self.config.max_seq_len:])[:, -1, :]  # (B, vocab)
+                idx = torch.cat([idx, self._next_token(logits, temperature, greedy)], dim=1)
+            return idx
+        if not all(s.causal for s in self.specs):
+            raise ValueError("generate(use_cache=True) needs causal layers (a non-causal layer sees future tokens)")
+        L = self.config.max_seq_len
+        caches = None
         for _ in range(max_new_tokens):
-            ctx = idx[:, -self.config.max_seq_len:]
-            logits = self(ctx)[:, -1, :] / max(temperature, 1e-6)
-            nxt = torch.multinomial(F.softmax(logits.float(), dim=-1), 1)
-            idx = torch.cat([idx, nxt], dim=1)
+            if caches is None or idx.shape[1] > L:  # (re)prefill the cropped context
+                ctx = idx[:, -L:]  # (B, T)
+                caches = self.init_cache(idx.shape[0], min(L, ctx.shape[1] + max_new_tokens), page_size=page_size)
+                logits = self(ctx, caches=caches, pos=0)[:, -1, :]  # (B, vocab)
+            else:  # one new token at position T - 1
+                logits = self(idx[:, -1:], caches=caches, pos=idx.shape[1] - 1)[:, -1, :]
+            idx = torch.cat([idx, self._next_token(logits, temperature, greedy)], dim=1)
         return idx
 
 

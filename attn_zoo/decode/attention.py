@@ -1,0 +1,226 @@
+"""Decode attention: :func:`decode_attention`, the decode-phase counterpart of :func:`attn_zoo.attention`.
+
+``decode_attention(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, backend="auto")`` follows
+FlashAttention's ``flash_attn_with_kvcache`` (Dao 2023, FlashAttention 2.x API) in the ``(B, H, N, D)`` layout:
+the ``Nq`` new tokens are already in the cache (:func:`attn_zoo.decode.append_kv`), and query ``i`` of sequence
+``b`` sits at absolute position ``cache_seqlens[b] - Nq + i``. The mask of sequence ``b`` is exactly
+``attn_zoo.masks.mask_info(spec, Nq, cache_seqlens[b])`` (bottom-right alignment: positions counted from the
+end of each sequence's cache), so a decode step sees what the last rows of a full forward see.
+
+Backends (``"auto"``: ``triton`` on CUDA where it supports the input, else ``torch``, else ``reference``):
+
+* ``reference``: plain PyTorch, fp32, per sequence, the mask of :func:`attn_zoo.masks.mask_info` materialised
+  and :func:`attn_zoo.softmax_attention_reference` (the ground truth of the kernel tests).
+* ``torch``: the cache gathered to ``(B, Hkv, L, D)`` (``L = max seqlen``) and one
+  ``F.scaled_dot_product_attention`` call with a ``(B, 1, Nq, L)`` boolean mask built from the same rule (no mask
+  at all for a single query of a causal spec with equal lengths). What a user would write; the SDPA anchor.
+* ``triton``: the fused split-K kernel :func:`kernels.decode.decode_attn` (FlashDecoding + PagedAttention).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..masks import mask_info, sparse_layout
+from ..reference import softmax_attention_reference
+from ..spec import AttentionSpec
+from .cache import _check_seqlens, cache_capacity, cdiv, check_cache_layout, check_cache_values, gather_kv
+
+DECODE_BACKENDS = ("triton", "torch", "reference")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, check_values: bool = True) -> None:
+    """Validate the arguments of :func:`decode_attention`; raises ``ValueError`` / ``TypeError`` naming the argument.
+
+    ``check_values`` also checks ``Nq <= cache_seqlens[b] <= capacity`` and the page indices in use (one host
+    sync).
+    """
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+    if not spec.is_softmax:
+        raise ValueError(f"decode_attention needs a softmax kind (flash, sliding_window, sparse), got kind={spec.kind!r}; "
+                         f"linear attention decodes from an O(1) state: attn_zoo.decode.linear_prefill / linear_decode")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be a 4-D tensor (B, Hq, Nq, D), got {getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q.dtype={q.dtype} is not supported; allowed values: float16, bfloat16, float32, float64")
+    B, Hq, Nq, D = q.shape
+    if min(B, Hq, Nq, D) < 1:
+        raise ValueError(f"q must have B, Hq, Nq, D >= 1, got shape {tuple(q.shape)}")
+    check_cache_layout(k_cache, v_cache, block_table, B, head_dim=D, dtype=q.dtype)
+    if k_cache.device != q.device:
+        raise ValueError(f"q is on {q.device}, k_cache on {k_cache.device}")
+    Hkv = k_cache.shape[1]
+    if Hq % Hkv:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k_cache.shape[1]) for grouped-query attention")
+    _check_seqlens(cache_seqlens, B, q.device)
+    cap = cache_capacity(k_cache, block_table)
+    if Nq > cap:
+        raise ValueError(f"Nq={Nq} new tokens exceed the cache capacity of {cap} tokens")
+    if check_values:
+        check_cache_values(cache_seqlens, cap, block_table, k_cache.shape[0], k_cache.shape[2], min_len=Nq)
+
+
+# --------------------------------------------------------------------------------------------- reference
+def decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False):
+    """Ground truth: per sequence, keys ``0 .. cache_seqlens[b] - 1`` gathered and
+    :func:`attn_zoo.softmax_attention_reference` run with ``Nk = cache_seqlens[b]`` (fp32, dense mask of
+    :func:`attn_zoo.masks.mask_info`). Output ``(B, Hq, Nq, D)`` in ``q.dtype``; lse fp32 ``(B, Hq, Nq)``."""
+    outs, lses = [], []
+    lens = cache_seqlens.tolist()
+    for b, L in enumerate(lens):
+        if block_table is None:
+            kb, vb = k_cache[b: b + 1, :, :L], v_cache[b: b + 1, :, :L]
+        else:
+            kb, vb = gather_kv(k_cache, v_cache, block_table[b: b + 1], L, cache_seqlens[b: b + 1])
+        o, lse = softmax_attention_reference(q[b: b + 1], kb, vb, spec, return_lse=True)
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs)
+    return (out, torch.cat(lses)) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------- torch (SDPA)
+@lru_cache(maxsize=256)
+def _rows_mask(spec: AttentionSpec, Nq: int, L: int, width: int, device: str) -> torch.Tensor:
+    """``(Nq, width)`` bool: the ``mask_info(spec, Nq, L)`` rule, False past ``L``."""
+    m = torch.zeros(Nq, width, dtype=torch.bool, device=device)
+    m[:, :L] = mask_info(spec, Nq, L).dense(device)
+    return m
+
+
+def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table=None):
+    """SDPA over the gathered cache with the per-sequence mask (see the module docstring)."""
+    B, Hq, Nq, D = q.shape
+    lens = cache_seqlens.tolist()
+    L = max(lens)
+    k, v = gather_kv(k_cache, v_cache, block_table, L, cache_seqlens)
+    gqa = Hq != k.shape[1]
+    scale = spec.scale(D)
+    mi = mask_info(spec, Nq, L)
+    plain = mi.causal and mi.layout is None and mi.window_left is None
+    if plain and Nq == 1 and all(n == L for n in lens):  # one query at the end sees every key
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    dev = str(q.device)
+    mask = torch.stack([_rows_mask(spec, Nq, n, L, dev) for n in lens]).unsqueeze(1)  # (B, 1, Nq, L)
+    empty = ~mask.any(-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, scale=scale, enable_gqa=gqa)
+    return out.masked_fill(empty, 0.0) if bool(empty.any()) else out
+
+
+# --------------------------------------------------------------------------------------------- triton
+def _triton_reason(q, k_cache, spec) -> Optional[str]:
+    from ..backends._triton import triton_input_reason
+
+    why = triton_input_reason(q)
+    if why is not None:
+        return why
+    if q.dtype == torch.bfloat16 and q.device.type != "cuda":
+        return "bfloat16 is not supported by the CPU interpreter (its bf16 tl.dot is wrong); use float16 / float32"
+    if q.shape[-1] > 256:
+        return f"head dim D={q.shape[-1]} > 256 is not supported"
+    if k_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        return "the head dim of q and the cache must be contiguous"
+    return None
+
+
+@lru_cache(maxsize=32)
+def _causal_sparse(spec: AttentionSpec, nb: int, block_n: int, device: str):
+    """Layout (int8 ``(nb, nb)``) and tile tables of a causal sparse spec; causal layouts are prefix-consistent, so
+    one layout covering the capacity serves every sequence length (``mask_info`` builds ``cdiv(L, bs)`` blocks)."""
+    from kernels.decode import decode_sparse_tables
+
+    lay = sparse_layout(spec, nb).to(device=device, dtype=torch.int8)
+    return lay, decode_sparse_tables(lay, spec.block_size, block_n)
+
+
+def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False,
+                            **kernel_options):
+    """:func:`kernels.decode.decode_attn` with the spec's mask (window bounds as numbers, block layout + tiles)."""
+    from kernels.decode import DecodeSparse, decode_attn, decode_block_n, decode_sparse_tables
+
+    D = q.shape[-1]
+    cap = cache_capacity(k_cache, block_table)
+    mi = mask_info(spec, 1, 1) if spec.kind != "sparse" else None
+    window = None
+    if mi is not None and (mi.window_left is not None or mi.window_right is not None):
+        window = (mi.window_left, mi.window_right)
+    sparse = None
+    if spec.kind == "sparse":
+        bs = spec.block_size
+        bn = kernel_options.get("block_n") or decode_block_n(D, k_cache.shape[2] if block_table is not None else None)
+        nb = max(cdiv(cap, bs), 1)
+        if spec.causal:
+            lay, tables = _causal_sparse(spec, nb, bn, str(q.device))
+        else:  # non-causal layouts depend on each sequence's block count: one layout per sequence
+            lay = torch.zeros(q.shape[0], nb, nb, dtype=torch.int8)
+            for b, n in enumerate(cache_seqlens.tolist()):
+                nbb = max(cdiv(n, bs), 1)
+                lay[b, :nbb, :nbb] = sparse_layout(spec, nbb).to(torch.int8)
+            lay = lay.to(q.device)
+            tables = decode_sparse_tables(lay, bs, bn)
+        sparse = DecodeSparse(lay, bs, tables)
+        kernel_options = dict(kernel_options, block_n=bn)
+    return decode_attn(q, k_cache, v_cache, cache_seqlens, block_table, causal=spec.causal, window_size=window,
+                       softmax_scale=spec.scale(D), sparse=sparse, return_lse=return_lse, **kernel_options)
+
+
+# --------------------------------------------------------------------------------------------- interface
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spec: AttentionSpec, cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor] = None, backend: str = "auto", *, return_lse: bool = False,
+    check_values: bool = True, **kernel_options,
+):
+    """Attention of ``Nq`` new queries over a KV cache (decode phase), any softmax variant.
+
+    Args:
+        q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32 (float64: reference / torch), ``Nq >= 1``.
+        k_cache, v_cache: contiguous ``(B, Hkv, N_max, D)`` or paged ``(num_pages, Hkv, page_size, D)``, ``q``'s
+            dtype; ``Hkv`` divides ``Hq`` (GQA: query head ``h`` reads K/V head ``h // (Hq // Hkv)``; MQA ``Hkv = 1``).
+        spec: softmax :class:`attn_zoo.AttentionSpec` (``flash``, ``sliding_window``, ``sparse``; the block layout
+            is over absolute positions).
+        cache_seqlens: int32 ``(B,)``, valid tokens per sequence *including* the ``Nq`` new ones (ragged).
+        block_table: int32 ``(B, max_pages)`` for a paged cache (vLLM PagedAttention), else ``None``.
+        backend: ``"auto"``, ``"triton"``, ``"torch"`` or ``"reference"`` (see the module docstring).
+        return_lse: also return the fp32 natural-log lse ``(B, Hq, Nq)`` (``triton`` / ``reference``).
+        check_values: validate ``Nq <= cache_seqlens[b] <= capacity`` and the page indices in use (one host
+            sync; callers that maintain the cache themselves, e.g. :class:`attn_zoo.decode.KVCache`, pass False).
+        kernel_options: ``triton`` only: ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``.
+
+    Returns:
+        ``(B, Hq, Nq, D)`` in ``q.dtype`` (and ``lse``). Rows that see no key are 0.
+
+    Raises:
+        ValueError / TypeError: bad shapes or dtypes, ``Hq % Hkv != 0``, ``cache_seqlens`` past the cache or below
+        ``Nq``, a page index out of range, a linear spec, an unknown backend or one that cannot run the input.
+    """
+    check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, check_values)
+    why = None
+    if backend == "auto":
+        why = _triton_reason(q, k_cache, spec) if q.device.type == "cuda" else "auto uses it on CUDA only"
+        if why is None:
+            backend = "triton"
+        elif return_lse or (q.dtype == torch.float64 and q.is_cuda):
+            backend = "reference"
+        else:
+            backend = "torch"
+    elif backend == "triton":
+        why = _triton_reason(q, k_cache, spec)
+    if backend not in DECODE_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(DECODE_BACKENDS)}")
+    if kernel_options and backend != "triton":
+        raise ValueError(f"kernel options {sorted(kernel_options)} are only used by backend='triton'")
+    if backend == "triton":
+        if why is not None:
+            raise ValueError(f"backend='triton' cannot run this input: {why}")
+        return decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse, **kernel_options)
+    if backend == "torch":
+        if return_lse:
+            raise ValueError("backend='torch' (SDPA) does not return the lse; use 'triton' or 'reference'")
+        return decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table)
+    return decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse)

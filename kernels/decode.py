@@ -1,0 +1,491 @@
+"""Fused Triton decode attention over a KV cache (contiguous or paged), split-K with a log-sum-exp merge.
+
+Algorithm: FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"): the keys
+of the cache are split over ``S`` programs per (sequence, K/V head); each runs the FlashAttention online softmax
+over its share and writes a normalised partial output and its log-sum-exp; a second small kernel merges the
+``S`` partials (``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``). With ``S == 1`` the first
+kernel writes the output directly. Conventions follow ``flash_attn_with_kvcache`` (FlashAttention 2.x) in the
+``(B, H, N, D)`` layout; the paged layout and the per-tile page-table lookup follow vLLM's PagedAttention
+(Kwon et al. 2023).
+
+Shapes (every tensor is read through its own strides; the last dim must be contiguous):
+
+* ``q (B, Hq, Nq, D)``: ``Nq >= 1`` new tokens per sequence (already written to the cache).
+* contiguous cache: ``k_cache, v_cache (B, Hkv, N_max, D)``;
+  paged cache: ``k_cache, v_cache (num_pages, Hkv, page_size, D)`` and ``block_table (B, max_pages)`` int32
+  (logical page ``p`` of sequence ``b`` is physical page ``block_table[b, p]``; pages may be in any order).
+* ``cache_seqlens (B,)`` int32: valid tokens of each sequence (ragged), the ``Nq`` new tokens included.
+  Query ``i`` of sequence ``b`` sits at absolute position ``cache_seqlens[b] - Nq + i``.
+
+GQA / MQA: the ``G = Hq / Hkv`` query heads of a K/V group and the ``Nq`` queries are packed as the ``M``
+dimension of one tile (row ``r = hh * Nq + i``), so every K/V tile is read from memory once per group.
+
+Mask (the rule of ``attn_zoo.masks.MaskInfo.allowed`` with ``Nk = cache_seqlens[b]``), the conjunction of
+``j < seqlen``, causal ``j <= i'``, window ``i' - left <= j <= i' + right`` and the block layout
+``layout[i' // bs, j // bs]``. Tiles outside ``[i'_first - left, i'_last + right]`` are never visited (window
+block skipping); block-sparse visits only the key tiles listed for the query's layout row
+(:func:`decode_sparse_tables`; a query span that crosses a layout-block boundary makes one pass per layout
+row, each pass restricted to that row's queries, so every (query, key) pair is counted once).
+
+Precision: products in the input dtype with fp32 accumulation (fp32 inputs: ``ieee``), online softmax in
+base 2 (``log2 e`` folded into the scale), partials and lse in fp32. Rows that see no key output 0 and have
+``lse = -inf``.
+
+Public API: :func:`decode_attn` (forward only, no autograd), :func:`decode_sparse_tables`, :func:`decode_block_n`,
+:func:`decode_num_splits`, and the plain-PyTorch references :func:`decode_attn_reference` and
+:func:`merge_partials_reference` beside the kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._host import cdiv, next_pow2
+
+__all__ = ["decode_attn", "decode_attn_reference", "decode_sparse_tables", "decode_block_n", "decode_num_splits",
+           "merge_partials_reference", "DecodeSparse", "MAX_HEAD_DIM"]
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, pos, row_ok, qb_pass,
+                 skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
+                 sparse_bs, D,
+                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+                 BN: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``."""
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    j = start + offs_n  # absolute key positions (BN,)
+    kv_ok = j < seqlen
+    if PAGED:
+        if PAGE_TILE:  # the tile lies inside one page: one page-table lookup per tile
+            page = tl.load(BT + b * sbt_b + start // PAGE_SIZE).to(tl.int64)
+            slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
+            k_row = page * skb + slot * skn
+            v_row = page * svb + slot * svn
+        else:  # pages smaller than the tile: one lookup per key
+            pages = tl.load(BT + b * sbt_b + j // PAGE_SIZE, mask=kv_ok, other=0).to(tl.int64)
+            slot = (j % PAGE_SIZE).to(tl.int64)
+            k_row = pages * skb + slot * skn
+            v_row = pages * svb + slot * svn
+    else:
+        k_row = b.to(tl.int64) * skb + j.to(tl.int64) * skn
+        v_row = b.to(tl.int64) * svb + j.to(tl.int64) * svn
+    dmask = offs_d < D
+    kvm = kv_ok[:, None] & dmask[None, :]
+    k = tl.load(K + (k_row + g * skh)[:, None] + offs_d[None, :], mask=kvm, other=0.0)  # (BN, BD)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BM, BN), log2 units
+    ok = row_ok[:, None] & kv_ok[None, :]
+    if CAUSAL:
+        ok = ok & (j[None, :] <= pos[:, None])
+    if HAS_LEFT:
+        ok = ok & (j[None, :] >= pos[:, None] - window_left)
+    if HAS_RIGHT:
+        ok = ok & (j[None, :] <= pos[:, None] + window_right)
+    if SPARSE:
+        qbr = pos // sparse_bs
+        lay = tl.load(LAY + b * slay_b + qbr[:, None] * slay_q + (j // sparse_bs)[None, :], mask=ok, other=0)
+        ok = ok & (lay != 0) & (qbr == qb_pass)[:, None]
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + (v_row + g * svh)[:, None] + offs_d[None, :], mask=kvm, other=0.0)  # (BN, BD)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _decode_fwd(
+    Q, K, V, SEQ, BT, LAY, TIDX, TCNT, O, LSE, OP, LP,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, stab_b, stab_q, scnt_b,
+    Hq, Hkv, Nq, D, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, SPLIT: tl.constexpr,
+    STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Grid ``(S, B * Hkv, cdiv(G * Nq, BM))``: split ``s`` of the visited key tiles of one K/V head of one
+    sequence, for ``BM`` packed (query head, query) rows. Writes the output (``S == 1``) or fp32 partials
+    ``OP (S, R, D)`` normalised by their own sum and ``LP (S, R)`` their lse in log2 units, ``R = B*Hq*Nq``."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    b = pid_bh // Hkv
+    g = pid_bh % Hkv
+    seqlen = tl.load(SEQ + b)
+    r = pid_m * BM + tl.arange(0, BM)
+    row_ok = r < G * Nq
+    hh = r // Nq
+    qi = r % Nq
+    h = g * G + hh
+    pos = seqlen - Nq + qi  # absolute position of each row's query
+    offs_d = tl.arange(0, BD)
+    qmask = row_ok[:, None] & (offs_d[None, :] < D)
+    q_ptr = Q + b.to(tl.int64) * sqb + (h * sqh + qi * sqn)[:, None] + offs_d[None, :]
+    q = tl.load(q_ptr, mask=qmask, other=0.0)  # (BM, BD)
+
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    first = seqlen - Nq  # position of the first query
+    hi = seqlen  # (a right window never ends before the last query's position, seqlen - 1)
+    if SPARSE:
+        qb0 = first // sparse_bs
+        qb1 = (seqlen - 1) // sparse_bs
+        for qb in range(qb0, qb1 + 1):
+            cnt = tl.load(TCNT + b * scnt_b + qb)
+            per = tl.cdiv(cnt, n_splits)
+            e0 = pid_s * per
+            e1 = tl.minimum(e0 + per, cnt)
+            for e in range(e0, e1):
+                t = tl.load(TIDX + b * stab_b + qb * stab_q + e)
+                if t * BN < hi:
+                    acc, m_i, l_i = _attend_tile(
+                        acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, pos, row_ok, qb,
+                        skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
+                        sparse_bs, D, PAGED, PAGE_SIZE, PAGE_TILE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, BN, BD,
+                        DOT_PREC)
+    else:
+        lo = 0
+        if HAS_LEFT:
+            lo = tl.maximum(first - window_left, 0)
+        t0 = lo // BN
+        t1 = tl.cdiv(hi, BN)
+        per = tl.cdiv(tl.maximum(t1 - t0, 0), n_splits)
+        ta = t0 + pid_s * per
+        tb = tl.minimum(ta + per, t1)
+        for t in range(ta, tb):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, pos, row_ok, 0,
+                skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
+                sparse_bs, D, PAGED, PAGE_SIZE, PAGE_TILE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, BN, BD, DOT_PREC)
+
+    has = l_i > 0
+    inv = 1.0 / tl.where(has, l_i, 1.0)
+    o = acc * inv[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    row = ((b * Hq + h) * Nq + qi).to(tl.int64)  # row of the (B, Hq, Nq) output
+    if SPLIT:
+        prow = pid_s.to(tl.int64) * R + row
+        tl.store(OP + prow[:, None] * D + offs_d[None, :], o, mask=qmask)
+        tl.store(LP + prow, lse2, mask=row_ok)
+    else:
+        tl.store(O + row[:, None] * D + offs_d[None, :], o.to(O.dtype.element_ty), mask=qmask)
+        if STORE_LSE:
+            tl.store(LSE + row, lse2 * 0.6931471805599453, mask=row_ok)
+
+
+@triton.jit
+def _decode_merge(OP, LP, O, LSE, R, S, D, BS: tl.constexpr, BD: tl.constexpr, STORE_LSE: tl.constexpr):
+    """One output row: ``out = sum_s w_s o_s / sum_s w_s`` with ``w_s = exp2(lse_s - max lse)``."""
+    r = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BS)
+    offs_d = tl.arange(0, BD)
+    sm = offs_s < S
+    lse = tl.load(LP + offs_s.to(tl.int64) * R + r, mask=sm, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    w = tl.math.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
+    tot = tl.sum(w, 0)
+    om = sm[:, None] & (offs_d[None, :] < D)
+    o = tl.load(OP + (offs_s.to(tl.int64) * R + r)[:, None] * D + offs_d[None, :], mask=om, other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(tot > 0, tot, 1.0)
+    tl.store(O + r * D + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D)
+    if STORE_LSE:
+        tl.store(LSE + r, tl.where(tot > 0, (mx + tl.math.log2(tl.where(tot > 0, tot, 1.0))) * 0.6931471805599453, float("-inf")))
+
+
+# --------------------------------------------------------------------------------------------- host side
+class DecodeSparse(NamedTuple):
+    """Block-sparse description for :func:`decode_attn`.
+
+    layout: ``(nb, nb)`` (one layout for every sequence; causal layouts are prefix-consistent) or
+        ``(B, nb, nb)`` (one per sequence), bool / int8, over absolute-position blocks of ``block_size``
+        tokens; ``nb * block_size`` must cover the cache capacity.
+    block_size: tokens per layout block.
+    tables: ``(tile_idx, tile_cnt)`` from :func:`decode_sparse_tables` at the kernel's ``block_n`` (built when
+        ``None``).
+    """
+
+    layout: torch.Tensor
+    block_size: int
+    tables: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+
+def decode_block_n(head_dim: int, page_size: Optional[int] = None) -> int:
+    """Key-tile size of the decode kernel: 64 (32 for ``head_dim > 128``), reduced to the page size for
+    power-of-two pages of at least 16 tokens so that a tile never straddles a page (one page lookup per tile)."""
+    bn = 64 if head_dim <= 128 else 32
+    if page_size is not None and page_size >= 16 and page_size & (page_size - 1) == 0:
+        bn = min(bn, page_size)
+    return bn
+
+
+def decode_sparse_tables(layout: torch.Tensor, block_size: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Visited key tiles of every layout row, at the kernel's tile size ``block_n`` (plain PyTorch).
+
+    Args:
+        layout: bool / int ``(..., nb, nb)``; ``layout[a, c]``: query block ``a`` may attend key block ``c``.
+        block_size: tokens per layout block; block_n: keys per kernel tile.
+
+    Returns:
+        ``tile_idx`` int32 ``(..., nb, max_visits)``: for layout row ``a`` the tiles ``t`` (keys
+        ``[t * block_n, (t + 1) * block_n)``) that overlap an allowed key block, increasing, padded with 0;
+        ``tile_cnt`` int32 ``(..., nb)``: number of valid entries. Computed from a prefix sum over key blocks
+        (``O(nb * n_tiles)``), never at token granularity.
+    """
+    lay = layout.to(torch.bool)
+    nb = lay.shape[-1]
+    nt = cdiv(nb * block_size, block_n)
+    t = torch.arange(nt, device=lay.device)
+    kb0 = (t * block_n) // block_size
+    kb1 = torch.clamp((t * block_n + block_n - 1) // block_size, max=nb - 1)
+    cs = torch.nn.functional.pad(lay.to(torch.int32).cumsum(-1), (1, 0))  # (..., nb, nb + 1)
+    vis = (cs[..., kb1 + 1] - cs[..., kb0]) > 0  # (..., nb, nt)
+    cnt = vis.sum(-1)
+    maxv = max(int(cnt.max()) if cnt.numel() else 0, 1)
+    order = torch.sort((~vis).to(torch.int8), dim=-1, stable=True).indices[..., :maxv]
+    valid = torch.arange(maxv, device=lay.device) < cnt.unsqueeze(-1)
+    idx = torch.where(valid, order, torch.zeros_like(order))
+    return idx.to(torch.int32).contiguous(), cnt.to(torch.int32).contiguous()
+
+
+_SMS = {}
+_DUMMY = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    key = str(device)
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return _SMS[key]
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """A one-element int32 tensor for unused pointer arguments (allocated once per device)."""
+    key = str(device)
+    if key not in _DUMMY:
+        _DUMMY[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _DUMMY[key]
+
+
+def decode_num_splits(n_programs: int, max_tiles: int, sm_count: int, min_tiles_per_split: int = 4,
+                      max_splits: int = 64) -> int:
+    """FlashDecoding split count: enough programs for two waves of ``sm_count`` SMs, at least
+    ``min_tiles_per_split`` key tiles per split, at most ``max_splits`` (``>= 1``)."""
+    want = cdiv(2 * sm_count, max(n_programs, 1))
+    cap = max(cdiv(max(max_tiles, 1), min_tiles_per_split), 1)
+    return int(max(1, min(want, cap, max_splits)))
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, block_table):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, float32")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head) dim, got strides {t.stride()}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
+    B, Hq, Nq, D = q.shape
+    if k_cache.shape[3] != D:
+        raise ValueError(f"head dims differ: q D={D}, k_cache D={k_cache.shape[3]}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} > {MAX_HEAD_DIM} is not supported")
+    Hkv = k_cache.shape[1]
+    if Hq % Hkv:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k_cache.shape[1])")
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (B,):
+        raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"contiguous k_cache batch {k_cache.shape[0]} != q batch {B}")
+    elif block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must be int32 of shape ({B}, max_pages), got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+
+
+def decode_attn(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor] = None, *, causal: bool = True,
+    window_size: Optional[Tuple[Optional[int], Optional[int]]] = None, softmax_scale: Optional[float] = None,
+    sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
+    return_lse: bool = False, num_warps: int = 4, num_stages: int = 2,
+):
+    """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
+
+    Args:
+        q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32.
+        k_cache, v_cache: contiguous ``(B, Hkv, N_max, D)`` or paged ``(num_pages, Hkv, page_size, D)``; ``q``'s dtype;
+            ``Hkv`` divides ``Hq``.
+        cache_seqlens: int32 ``(B,)``, valid tokens per sequence (new tokens included); not checked against
+            the cache here (``attn_zoo.decode_attention`` validates values).
+        block_table: int32 ``(B, max_pages)`` for a paged cache, else ``None``.
+        causal: ``j <= i'``. window_size: ``(left, right)``, ``None`` = unbounded side (causal clips ``right``
+            to 0). softmax_scale: default ``D ** -0.5``.
+        sparse: :class:`DecodeSparse` block layout (and its tile tables) or ``None``.
+        num_splits: split-K factor ``S`` (default :func:`decode_num_splits`); block_n: key tile (default
+            :func:`decode_block_n`; a paged cache needs ``page_size % block_n == 0`` or ``block_n % page_size == 0``).
+        return_lse: also return fp32 ``(B, Hq, Nq)`` natural-log lse (``-inf`` on rows that see no key).
+
+    Returns:
+        ``out (B, Hq, Nq, D)`` in ``q.dtype`` (and ``lse``).
+
+    Raises:
+        ValueError / TypeError: shapes, dtypes, strides, ``Hq % Hkv``, head dim > 256, bad tile / page sizes.
+    """
+    _check(q, k_cache, v_cache, cache_seqlens, block_table)
+    B, Hq, Nq, D = q.shape
+    Hkv = k_cache.shape[1]
+    G = Hq // Hkv
+    paged = block_table is not None
+    page_size = k_cache.shape[2] if paged else 1
+    BN = int(block_n) if block_n is not None else decode_block_n(D, page_size if paged else None)
+    if BN < 16 or BN & (BN - 1):
+        raise ValueError(f"block_n={BN} must be a power of two >= 16")
+    page_tile = paged and page_size % BN == 0
+    if paged and not page_tile and BN % page_size:
+        raise ValueError(f"page_size={page_size} and block_n={BN}: one must divide the other")
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    left = right = None
+    if window_size is not None:
+        left, right = window_size
+    if causal:
+        right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
+    BD = max(16, next_pow2(D))
+    BM = min(max(16, next_pow2(G * Nq)), 64)
+    n_m = cdiv(G * Nq, BM)
+    dev = q.device
+    dummy_i = _dummy(dev)
+    lay = tidx = tcnt = dummy_i
+    slay_b = slay_q = stab_b = stab_q = scnt_b = 0
+    bs = 1
+    if sparse is not None:
+        bs = int(sparse.block_size)
+        lay = sparse.layout.to(device=dev, dtype=torch.int8)
+        if lay.shape[-1] * bs < capacity:
+            raise ValueError(f"sparse layout covers {lay.shape[-1]} blocks of {bs} tokens < cache capacity {capacity}")
+        tables = sparse.tables if sparse.tables is not None else decode_sparse_tables(lay, bs, BN)
+        tidx, tcnt = (t.to(device=dev, dtype=torch.int32) for t in tables)
+        if lay.dim() == 3:
+            slay_b, stab_b, scnt_b = lay.stride(0), tidx.stride(0), tcnt.stride(0)
+        slay_q, stab_q = lay.stride(-2), tidx.stride(-2)
+        max_tiles = tidx.shape[-1]
+    else:
+        max_tiles = cdiv(capacity, BN)
+        if left is not None:
+            max_tiles = min(max_tiles, cdiv(left + Nq + (right or 0), BN) + 1)
+    S = int(num_splits) if num_splits is not None else decode_num_splits(B * Hkv * n_m, max_tiles, _sm_count(dev))
+    if S < 1:
+        raise ValueError(f"num_splits={num_splits} must be >= 1")
+    scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
+    R = B * Hq * Nq
+    out = torch.empty(B, Hq, Nq, D, device=dev, dtype=q.dtype)
+    lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32) if return_lse else out
+    if S > 1:
+        op = torch.empty(S, R, D, device=dev, dtype=torch.float32)
+        lp = torch.empty(S, R, device=dev, dtype=torch.float32)
+    else:
+        op = lp = out
+    bt = block_table if paged else dummy_i
+    seq = cache_seqlens.contiguous()
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_fwd[(S, B * Hkv, n_m)](
+        q, k_cache, v_cache, seq, bt, lay, tidx, tcnt, out, lse, op, lp,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        bt.stride(0) if paged else 0, slay_b, slay_q, stab_b, stab_q, scnt_b,
+        Hq, Hkv, Nq, D, G, R, S, scale * LOG2E, left if left is not None else 0, right if right is not None else 0, bs,
+        PAGED=paged, PAGE_SIZE=page_size, PAGE_TILE=page_tile, CAUSAL=bool(causal), HAS_LEFT=left is not None,
+        HAS_RIGHT=right is not None, SPARSE=sparse is not None, SPLIT=S > 1, STORE_LSE=bool(return_lse),
+        BM=BM, BN=BN, BD=BD, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
+    )
+    if S > 1:
+        _decode_merge[(R,)](op, lp, out, lse, R, S, D, BS=max(2, next_pow2(S)), BD=BD, STORE_LSE=bool(return_lse),
+                            num_warps=4 if BD >= 128 else 2)
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------- references
+def merge_partials_reference(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Plain-PyTorch log-sum-exp merge of split-K partials (the reference of :func:`_decode_merge`).
+
+    ``o_parts (S, ..., D)`` each normalised by its own softmax sum, ``lse_parts (S, ...)`` natural log (``-inf``
+    for empty splits). Returns ``(out (..., D), lse (...))`` in fp32; rows with every split empty give 0 / -inf.
+    """
+    lse = torch.logsumexp(lse_parts.float(), dim=0)
+    w = torch.exp(lse_parts.float() - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    w = torch.where(torch.isfinite(lse_parts), w, torch.zeros_like(w))
+    return (w.unsqueeze(-1) * o_parts.float()).sum(0), lse
+
+
+def decode_attn_reference(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor] = None, *, causal: bool = True,
+    window_size: Optional[Tuple[Optional[int], Optional[int]]] = None, softmax_scale: Optional[float] = None,
+    sparse: Optional[DecodeSparse] = None, return_lse: bool = False,
+):
+    """Plain-PyTorch fp32 reference of :func:`decode_attn` (same arguments; dense mask per sequence).
+
+    Gathers each sequence's keys (through the page table when paged), materialises the ``(Nq, seqlen)`` mask
+    of the rule in the module docstring and runs softmax attention. O(B * Hq * Nq * N) memory: tests only.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv = k_cache.shape[1]
+    scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
+    left = right = None
+    if window_size is not None:
+        left, right = window_size
+    outs, lses = [], []
+    for b in range(B):
+        L = int(cache_seqlens[b])
+        if block_table is not None:
+            ps = k_cache.shape[2]
+            pages = block_table[b, : cdiv(L, ps)].long()
+            kb = k_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+            vb = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+        else:
+            kb, vb = k_cache[b, :, :L], v_cache[b, :, :L]
+        kb = kb.float().repeat_interleave(Hq // Hkv, 0)
+        vb = vb.float().repeat_interleave(Hq // Hkv, 0)
+        s = (q[b].float() @ kb.transpose(-1, -2)) * scale  # (Hq, Nq, L)
+        i = (torch.arange(Nq, device=q.device) + L - Nq).view(-1, 1)
+        j = torch.arange(L, device=q.device).view(1, -1)
+        ok = torch.ones(Nq, L, dtype=torch.bool, device=q.device)
+        if causal:
+            ok &= j <= i
+        if left is not None:
+            ok &= j >= i - left
+        if right is not None:
+            ok &= j <= i + (min(right, 0) if causal else right)
+        if sparse is not None:
+            lay = sparse.layout[b] if sparse.layout.dim() == 3 else sparse.layout
+            ok &= lay.to(device=q.device, dtype=torch.bool)[i // sparse.block_size, j // sparse.block_size]
+        s = s.masked_fill(~ok, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).unsqueeze(-1))
+        outs.append(p @ vb)
+        lses.append(lse)
+    out = torch.stack(outs).to(q.dtype)
+    return (out, torch.stack(lses)) if return_lse else out
