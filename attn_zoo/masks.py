@@ -201,3 +201,20 @@ def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     if spec.causal and right is not None:
         right = min(right, 0)  # (None stays None: the causal rule bounds the right side)
     return MaskInfo(Nq, Nk, spec.causal, left, right, layout, spec.block_size if layout is not None else 0)
+
+
+@lru_cache(maxsize=64)
+def unseen_keys(spec: AttentionSpec, Nq: int, Nk: int, device: str = "cpu") -> Optional[torch.Tensor]:
+    """``(Nk, 1)`` bool on ``device``, True at the keys that no query row may see under ``spec``'s mask, or ``None``
+    when every key is seen by some row (no causal training shape has any; decoding-like ``Nq < Nk`` windows and
+    layouts with empty block columns do). The backends zero those K / V rows, so a NaN / inf there contributes
+    nothing, not even ``0 * NaN``. Computed once per (spec, shape, device), in row chunks of at most ~16M
+    elements (no ``Nq x Nk`` mask)."""
+    mi = mask_info(spec, Nq, Nk)
+    j = torch.arange(Nk, device=device).view(1, -1)
+    seen = torch.zeros(Nk, dtype=torch.bool, device=device)
+    step = max(1, (1 << 24) // max(Nk, 1))
+    for r in range(0, Nq, step):
+        i = torch.arange(r, min(Nq, r + step), device=device).view(-1, 1)
+        seen |= mi.allowed(i, j).any(0)
+    return None if bool(seen.all()) else (~seen).view(Nk, 1)

@@ -320,6 +320,11 @@ def run(cfg: dict) -> Dict[str, object]:
             name=sw.get("name", "sweep"), group=wb.get("group", "crossover"), project=wb.get("project", "attn-zoo"),
             tables=tables, images={k: v[0] for k, v in figs.items() if v}, config=dict(sweep=sw, env=env),
             mode=wb.get("mode", "auto"), dir=wb.get("dir") or out_dir, job_type="sweep")
+    n_figs = sum(len(v) for v in figs.values())
+    print(f"results: {os.path.abspath(out_dir)} (kernel.csv{', model.csv' if os.path.exists(mcsv) else ''}, "
+          f"crossover.csv, crossover.json, env.json); {n_figs} figure files in "
+          f"{os.path.abspath(cfg.get('figures_dir') or out_dir)}"
+          + (f"; W&B run in {res['wandb_dir']}" if res.get("wandb_dir") else ""))
     return res
 
 
@@ -327,7 +332,7 @@ def _hydra_main():  # pragma: no cover - exercised through the CLI
     import hydra
     from omegaconf import OmegaConf
 
-    @hydra.main(config_path="../conf", config_name="crossover", version_base="1.3")
+    @hydra.main(config_path="conf", config_name="crossover", version_base="1.3")
     def main(cfg):
         run(OmegaConf.to_container(cfg, resolve=True))
 

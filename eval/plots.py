@@ -367,7 +367,7 @@ def _hydra_main():  # pragma: no cover - exercised through the CLI
     import hydra
     from omegaconf import OmegaConf
 
-    @hydra.main(config_path="../conf", config_name="plots", version_base="1.3")
+    @hydra.main(config_path="conf", config_name="plots", version_base="1.3")
     def main(cfg):
         main_from_cfg(OmegaConf.to_container(cfg, resolve=True))
 

@@ -301,7 +301,7 @@ def _hydra_main():  # pragma: no cover - exercised through the CLI
     import hydra
     from omegaconf import OmegaConf
 
-    @hydra.main(config_path="../conf", config_name="quality", version_base="1.3")
+    @hydra.main(config_path="conf", config_name="quality", version_base="1.3")
     def main(cfg):
         run(OmegaConf.to_container(cfg, resolve=True))
 

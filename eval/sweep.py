@@ -23,7 +23,7 @@ Backends (``backends:`` in the sweep config):
     ``naive``: standard attention in the input dtype that materialises S and P ([FA1] Algorithm 0); for the
         linear kind the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
 
-Plain-Python entry (no Hydra needed): ``python -m eval.sweep --config conf/sweep/cpu_tiny.yaml --out DIR``.
+Plain-Python entry (no Hydra needed): ``python -m eval.sweep --config eval/conf/sweep/cpu_tiny.yaml --out DIR``.
 The Hydra entry that also detects crossovers, plots and logs to W&B is :mod:`eval.crossover`.
 """
 
@@ -690,7 +690,7 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
 
 # --------------------------------------------------------------------------------------------- plain entry
 def load_config(path: str) -> dict:
-    """Read a sweep YAML (``conf/sweep/*.yaml``) without Hydra: plain ``yaml.safe_load``; a top-level
+    """Read a sweep YAML (``eval/conf/sweep/*.yaml``) without Hydra: plain ``yaml.safe_load``; a top-level
     ``# @package`` line and ``defaults`` are ignored."""
     import yaml
 
@@ -702,7 +702,7 @@ def load_config(path: str) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True, help="sweep YAML, e.g. conf/sweep/cpu_tiny.yaml")
+    ap.add_argument("--config", required=True, help="sweep YAML, e.g. eval/conf/sweep/cpu_tiny.yaml")
     ap.add_argument("--out", required=True, help="output folder (kernel.csv, model.csv)")
     ap.add_argument("--no-resume", action="store_true", help="start over (delete existing CSV rows)")
     ap.add_argument("--retry-failed", action="store_true", help="re-run points recorded as error / oom")

@@ -146,7 +146,7 @@ def test_end_to_end_pipeline(tmp_path):
 def test_hydra_config_composes():
     from hydra import compose, initialize_config_dir
 
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval", "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         for name in ("cpu_tiny", "speed_h200"):
             cfg = compose(config_name="crossover", overrides=[f"sweep={name}"])

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..flex import compiled_flex_attention, flex_block_mask
-from ..masks import mask_info
+from ..masks import mask_info, unseen_keys
 from ..registry import register_backend
 from ..spec import SOFTMAX_KINDS
 
@@ -61,20 +61,6 @@ def _sdpa_dense_mask(q, k, v, scale, spec):
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-@lru_cache(maxsize=64)
-def _unseen_keys(spec, Nq: int, Nk: int, device: str):
-    """``(Nk, 1)`` bool, True at keys that no query row may see, or ``None`` when every key is seen by some row
-    (computed once per (spec, shape, device) in row chunks of at most ~16M elements: no ``Nq x Nk`` mask)."""
-    mi = mask_info(spec, Nq, Nk)
-    j = torch.arange(Nk, device=device).view(1, -1)
-    seen = torch.zeros(Nk, dtype=torch.bool, device=device)
-    step = max(1, (1 << 24) // max(Nk, 1))
-    for r in range(0, Nq, step):
-        i = torch.arange(r, min(Nq, r + step), device=device).view(-1, 1)
-        seen |= mi.allowed(i, j).any(0)
-    return None if bool(seen.all()) else (~seen).view(Nk, 1)
-
-
 _FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
@@ -96,7 +82,7 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
             return _sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
         top = q.new_zeros(q.shape[0], q.shape[1], Nq - Nk, v.shape[-1])  # rows with i' < 0 see nothing
         return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
-    unseen = _unseen_keys(spec, Nq, Nk, str(q.device))
+    unseen = unseen_keys(spec, Nq, Nk, str(q.device))
     if unseen is not None:  # keys no row may see contribute nothing, not even 0 * NaN (module docstring)
         k, v = k.masked_fill(unseen, 0.0), v.masked_fill(unseen, 0.0)
     if q.is_cuda and (spec, Nq, Nk, D, q.dtype) not in _FLEX_FAILED:

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import torch
 
-from ..masks import mask_info
+from ..masks import mask_info, unseen_keys
 from ..registry import register_backend
 from ..spec import SOFTMAX_KINDS
 from ._triton import triton_input_reason
@@ -64,6 +64,9 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False):
 
     Nq, Nk = q.shape[2], k.shape[2]
     mi = mask_info(spec, Nq, Nk)
+    unseen = unseen_keys(spec, Nq, Nk, str(q.device))
+    if unseen is not None:  # keys no row may see: zeroed, so a NaN there cannot reach a tile that loads it
+        k, v = k.masked_fill(unseen, 0.0), v.masked_fill(unseen, 0.0)
     window = None
     if mi.window_left is not None or mi.window_right is not None:
         window = (mi.window_left, mi.window_right)
