@@ -6,14 +6,14 @@
 """
 
 from .decode import KVCache, LinearState, append_kv, decode_attention, linear_decode, linear_prefill
-from .functional import attention, check_inputs
+from .functional import attention, check_inputs, resolve_backend
 from .masks import BlockTable, MaskInfo, mask_info, sparse_layout
 from .reference import attention_reference, linear_attention_reference, softmax_attention_reference
 from .registry import available_backends, get_backends, register_backend
 from .spec import FEATURE_MAPS, KINDS, AttentionSpec, make_spec
 
 __all__ = [
-    "attention", "check_inputs", "AttentionSpec", "make_spec", "KINDS", "FEATURE_MAPS",
+    "attention", "check_inputs", "resolve_backend", "AttentionSpec", "make_spec", "KINDS", "FEATURE_MAPS",
     "MaskInfo", "BlockTable", "mask_info", "sparse_layout",
     "attention_reference", "softmax_attention_reference", "linear_attention_reference",
     "register_backend", "get_backends", "available_backends",
