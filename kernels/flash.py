@@ -4,7 +4,7 @@ backward) on top of FlashAttention (Dao et al. 2022).
 
 Shapes: ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` with ``Hq % Hkv == 0`` (query head ``h`` reads K/V head
 ``h // (Hq // Hkv)``); any strides (each tensor is read through its own strides, no copies). Output
-``(B, Hq, Nq, D)`` in ``q.dtype``; ``lse`` fp32 ``(B, Hq, Nq)``, natural log, ``-inf`` on rows that see no key
+``(B, Hq, Nq, D)`` in ``q.dtype``, stored as ``(B, Nq, Hq, D)``; ``lse`` fp32 ``(B, Hq, Nq)``, natural log, ``-inf`` on rows that see no key
 (those rows output 0 and get zero gradients).
 
 Mask (bottom-right aligned: query row ``i`` sits at ``i' = i + Nk - Nq``), the conjunction of
@@ -1035,8 +1035,8 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs):
 
 def _bnhd_empty(B: int, H: int, N: int, D: int, dtype, device) -> torch.Tensor:
     """An uninitialised ``(B, H, N, D)`` tensor stored as ``(B, N, H, D)``: the layout of the model's projections,
-    so the attention output / gradients turn into ``(B, N, H * D)`` without a copy (the layout FlashAttention and
-    SDPA return too). Every output of the kernels, and of the custom ops' fake implementations, uses it."""
+    so the attention output turns into ``(B, N, H * D)`` without a copy (the layout FlashAttention and SDPA return
+    too). The forward's output always uses it, the gradients on the custom-op path too (see ``flash_attn_bwd``)."""
     return torch.empty_strided((B, H, N, D), (N * H * D, D, H * D, 1), dtype=dtype, device=device)
 
 
