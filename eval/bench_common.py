@@ -1,6 +1,7 @@
 """Shared helpers for the GPU benchmarks (plain Python: runs on a bare GPU image, no Hydra).
 
-* :func:`time_cuda` -- median of CUDA-event timings (``triton.testing.do_bench`` when available).
+* :func:`time_cuda` -- median of CUDA-event timings (``triton.testing.do_bench`` when available);
+  :func:`time_cuda_graph` -- the same for a CUDA-graph replay (GPU time without host launch overhead).
 * :func:`peak_memory` -- peak extra CUDA memory of a callable (bytes above the allocated baseline).
 * FLOP formulas: :func:`flash_flops` (FlashAttention convention: forward ``4 * B * H * Nq * Nk * D``
   times the visited fraction of the mask, ``/ 2`` causal; backward ``2.5 x`` forward),
@@ -61,6 +62,27 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, rep: int = 30, use_do_b
         times.append(s.elapsed_time(e))
     times.sort()
     return float(times[len(times) // 2])
+
+
+def time_cuda_graph(fn: Callable[[], object], warmup: int = 2) -> float:
+    """Median time (ms) of one replay of ``fn`` captured in a CUDA graph: the GPU time of ``fn`` without the host's
+    launch overhead. ``fn`` runs ``warmup`` times on a side stream first (compiles, allocator pools), then once under
+    capture. Raises ``RuntimeError`` without CUDA, and whatever capture raises for ``fn``."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_cuda_graph needs a CUDA device")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    ms = time_cuda(g.replay)
+    del g
+    return ms
 
 
 def peak_memory(fn: Callable[[], object]) -> int:

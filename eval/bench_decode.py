@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets  # noqa: E402
-from eval.bench_common import env_info, format_table, time_cuda, write_csv, write_json  # noqa: E402
+from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, write_csv, write_json  # noqa: E402
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
              flex_points=2, flex_budget_s=60.0)
@@ -135,24 +135,6 @@ def copy_bandwidth(gib: float = 1.0) -> float:
     ms = time_cuda(lambda: dst.copy_(src))
     del src, dst
     return 2 * n * 2 / (ms * 1e-3) / 1e9
-
-
-def time_graph(fn) -> float:
-    """Median time (ms) of one replay of ``fn`` captured in a CUDA graph: the GPU time of the step without the
-    host's launch overhead (what a CUDA-graph decode loop, as in vLLM / SGLang, pays). Raises if capture fails."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    ms = time_cuda(g.replay)
-    del g
-    return ms
 
 
 def make_cache(B: int, Hkv: int, N: int, D: int, dtype, paged: bool, page_size: int, gen: torch.Generator):
@@ -242,7 +224,7 @@ def bench_kernel(args, cfg, copy_gbps: float) -> List[dict]:
                         else:
                             err = float((out.float() - ref).abs().max())
                         ms = _try(lambda: time_cuda(fn))
-                        msg = _try(lambda: time_graph(fn)) if name != "flex" or args.flex_graph else "off"
+                        msg = _try(lambda: time_cuda_graph(fn)) if name != "flex" or args.flex_graph else "off"
                         if name == "flex":
                             flex_left -= 1
                             flex_spent += time.time() - t0
@@ -291,7 +273,7 @@ def bench_variants(args, cfg) -> List[dict]:
             k, v, bt, sl = make_cache(B, Hkv, N, D, dtype, False, 0, gen)
             q = torch.empty(B, Hq, 1, D, device="cuda", dtype=dtype).normal_(generator=gen)
             fn = lambda: decode_attention(q, k, v, spec, sl, backend="triton", check_values=False)  # noqa: E731
-            rows.append(_variant_row(base, _try(lambda: time_cuda(fn)), _try(lambda: time_graph(fn))))
+            rows.append(_variant_row(base, _try(lambda: time_cuda(fn)), _try(lambda: time_cuda_graph(fn))))
             del k, v, q
             torch.cuda.empty_cache()
         # linear: O(1) state, same cost at every context (measured at each to show it)
@@ -303,7 +285,7 @@ def bench_variants(args, cfg) -> List[dict]:
         fn = lambda: linear_decode(q, kk, kk, st, lin)  # noqa: E731
         rows.append(_variant_row(dict(variant="linear", Hq=Hq, Hkv=Hq, batch=B, context=N, D=D,
                                       bytes_per_step=linear_state_bytes_per_step(B, Hq, fdim, D)),
-                                 _try(lambda: time_cuda(fn)), _try(lambda: time_graph(fn))))
+                                 _try(lambda: time_cuda(fn)), _try(lambda: time_cuda_graph(fn))))
     for r in rows:
         print(f"  {r['variant']:12s} N={r['context']:6d} step {(r['ms'] or math.nan) * 1e3:9.1f} us "
               f"(eager {(r.get('ms_eager') or math.nan) * 1e3:9.1f} us) {r.get('tokens_per_s', math.nan):10.0f} tok/s",

@@ -21,6 +21,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny CPU ops run much faster single-threaded on a shared machine (restored after the module)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda:
         return

@@ -27,13 +27,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny CPU ops run much faster single-threaded on a shared machine (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _randn(g, *shape, dtype=torch.float32):

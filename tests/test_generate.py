@@ -28,12 +28,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(name, backend="reference", max_seq_len=40, seed=0):

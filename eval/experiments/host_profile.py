@@ -19,6 +19,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels.flash as kf
+from eval.bench_common import time_cuda_graph
 
 
 def host_us(f, n=100):
@@ -31,27 +32,6 @@ def host_us(f, n=100):
     us = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
     return us
-
-
-def graph_ms(f, n=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        f()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(n):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / n
 
 
 def main():
@@ -74,10 +54,10 @@ def main():
             if name in ctx:
                 with sdpa_kernel(ctx[name]):
                     r = dict(impl=name, N=N, host_us=host_us(fb), bench_ms=triton.testing.do_bench(fb, return_mode="median"),
-                             graph_ms=graph_ms(fb))
+                             graph_ms=time_cuda_graph(fb))
             else:
                 r = dict(impl=name, N=N, host_us=host_us(fb), bench_ms=triton.testing.do_bench(fb, return_mode="median"),
-                         graph_ms=graph_ms(fb))
+                         graph_ms=time_cuda_graph(fb))
             r["fwd_host_us"] = host_us(lambda fn=fn: fn().detach() if name == "ours" else fn())
             rows.append(r)
             print(r, flush=True)

@@ -13,6 +13,7 @@ import os
 import torch
 
 import kernels.flash as kf
+from eval.bench_common import time_cuda_graph
 
 FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 4, 2),
        (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 2),
@@ -21,24 +22,6 @@ DQ = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64
       (64, 128, 4, 2), (128, 128, 8, 2), (64, 32, 4, 3), (128, 32, 4, 3)]
 DKDV = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3),
         (32, 128, 4, 2), (32, 128, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 8, 2)]
-
-
-def graph_ms(f, n=20):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        f()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(n):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / n
 
 
 def main():
@@ -60,13 +43,13 @@ def main():
                      "dkdv": lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0)}
             for kind, cfgs in (("fwd", FWD), ("dq", DQ), ("dkdv", DKDV)):
                 kf.set_config_override(kind, None)
-                base = graph_ms(calls[kind])
+                base = time_cuda_graph(calls[kind])
                 default = kf.pick_config(kind, max(16, D), False, "tf32", masked=True)
                 for bm, bn, w, s in cfgs:
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
                     kf.set_config_override(kind, cfg)
                     try:
-                        ms = graph_ms(calls[kind])
+                        ms = time_cuda_graph(calls[kind])
                         err = ""
                     except Exception as e:  # out of resources, compile failures
                         ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:80]}"
