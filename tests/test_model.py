@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import attn_zoo
+from attn_zoo import AttentionSpec
 from attn_zoo.model import GPT, GPTConfig
 
 VARIANTS = {
@@ -127,3 +128,42 @@ def test_generate_extends_sequence():
     model = GPT(tiny(max_seq_len=8), attn_zoo.make_spec("flash"))
     out = model.generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=10)
     assert out.shape == (1, 13)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_attention_layer_equals_hand_written(n_kv_heads):
+    """One attention layer against a hand-written computation: q / k / v projections, RoPE (rotate-half, base
+    10000) on q and k only, causal softmax attention with GQA head sharing, output projection. Applying RoPE to v,
+    or to the wrong positions, or sharing K/V heads the wrong way, fails here."""
+    import math
+
+    from attn_zoo.model import Attention, GPTConfig, Rotary
+
+    torch.manual_seed(3)
+    cfg = GPTConfig(vocab_size=16, n_layer=1, n_head=4, d_model=32, max_seq_len=16)
+    spec = AttentionSpec(kind="flash", causal=True, n_kv_heads=n_kv_heads)
+    layer = Attention(cfg, spec, Rotary(cfg.head_dim, cfg.max_seq_len), backend="reference")
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    B, N, H, D = 2, 11, 4, 8
+    x = torch.randn(B, N, cfg.d_model)
+    pos = torch.arange(N, dtype=torch.float64)
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = pos[:, None] * inv[None, :]  # (N, D/2)
+
+    def rope(t):  # (B, H, N, D): pairs (i, i + D/2) rotated by the position's angles
+        a, b = t[..., : D // 2], t[..., D // 2:]
+        return torch.cat([a * ang.cos() - b * ang.sin(), a * ang.sin() + b * ang.cos()], -1)
+
+    xd = x.double()
+    W = {n: getattr(layer, n).weight.double() for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    q = (xd @ W["q_proj"].T).view(B, N, H, D).transpose(1, 2)
+    k = (xd @ W["k_proj"].T).view(B, N, n_kv_heads, D).transpose(1, 2)
+    v = (xd @ W["v_proj"].T).view(B, N, n_kv_heads, D).transpose(1, 2)
+    q, k = rope(q), rope(k)
+    group = H // n_kv_heads
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # head h reads K/V head h // group
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    s = s.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf"))
+    y = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, N, H * D) @ W["o_proj"].T
+    torch.testing.assert_close(layer(x).double(), y, rtol=1e-4, atol=1e-5)
