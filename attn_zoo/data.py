@@ -102,6 +102,10 @@ class TextDataModule(L.LightningDataModule):
         self.path = path
         self.hub_name, self.hub_config, self.hub_split, self.text_column = hub_name, hub_config, hub_split, text_column
         self.seq_len, self.batch_size, self.val_fraction = int(seq_len), int(batch_size), float(val_fraction)
+        if self.seq_len < 1:
+            raise ValueError(f"data.seq_len must be >= 1, got {self.seq_len}")
+        if self.batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
         self.tokenizer, self.cache_dir, self.max_bytes = tokenizer, cache_dir, max_bytes
         self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
         self.vocab_size = 256
@@ -212,8 +216,8 @@ def generate_mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs
     Returns ``(inputs, targets)``: int64 ``(num_examples, seq_len)``. Deterministic in ``seed``.
     Raises ``ValueError`` when the sizes do not fit (names the argument).
     """
-    if seq_len % 2:
-        raise ValueError(f"data.seq_len must be even for MQAR, got {seq_len}")
+    if seq_len < 4 or seq_len % 2:
+        raise ValueError(f"data.seq_len must be an even number >= 4 for MQAR, got {seq_len}")
     if num_kv_pairs < 1 or 4 * num_kv_pairs > seq_len:
         raise ValueError(f"data.num_kv_pairs={num_kv_pairs} must be in [1, seq_len/4={seq_len // 4}]")
     key_vocab = vocab_size // 2

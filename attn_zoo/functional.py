@@ -72,7 +72,7 @@ def attention(
         key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
                v.device)
         b = _DISPATCH.get(key)
-    except TypeError:  # an unhashable spec (a custom layout tensor): no cache
+    except (TypeError, AttributeError):  # an unhashable spec, or q / k / v not tensors: check_inputs names it
         key, b = None, None
     if b is None:
         b = resolve_backend(q, k, v, spec, backend, return_lse)

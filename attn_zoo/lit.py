@@ -120,9 +120,12 @@ class LitLM(L.LightningModule):
                     "resume with the same attention / model.layers overrides"
                 )
         if "model_config" in saved and dict(saved["model_config"]) != dict(self.hparams.model_config):
+            old, new = dict(saved["model_config"]), dict(self.hparams.model_config)
+            diff = ", ".join(f"model.{k}: checkpoint {old.get(k)!r}, this run {new.get(k)!r}"
+                             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
             raise ValueError(
-                f"ckpt_path: model config differs from the checkpoint's: {dict(saved['model_config'])} vs "
-                f"{dict(self.hparams.model_config)}"
+                f"ckpt_path: model config differs from the checkpoint's ({diff}); resume with the same model / data "
+                f"overrides as the run that wrote it (vocab_size and max_seq_len follow data.*)"
             )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

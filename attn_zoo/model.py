@@ -363,6 +363,12 @@ class GPT(nn.Module):
         step re-prefills the cropped context (same tokens as without the cache). Needs causal layers
         (``ValueError`` otherwise).
         """
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 1 \
+                or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise ValueError(f"idx must be (B, T) integer token ids with B, T >= 1, got "
+                             f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not use_cache:
             for _ in range(max_new_tokens):
                 logits = self(idx[:, -self.config.max_seq_len:])[:, -1, :]  # (B, vocab)

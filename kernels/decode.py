@@ -79,7 +79,7 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, pos, row_
             slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
             k_row = page * skb + slot * skn
             v_row = page * svb + slot * svn
-        else:  # pages smaller than the tile: one lookup per key
+        else:  # pages smaller than the tile, or not a multiple of it: one lookup per key
             pages = tl.load(BT + b * sbt_b + j // PAGE_SIZE, mask=kv_ok, other=0).to(tl.int64)
             slot = (j % PAGE_SIZE).to(tl.int64)
             k_row = pages * skb + slot * skn
@@ -345,7 +345,8 @@ def decode_attn(
             to 0). softmax_scale: default ``D ** -0.5``.
         sparse: :class:`DecodeSparse` block layout (and its tile tables) or ``None``.
         num_splits: split-K factor ``S`` (default :func:`decode_num_splits`); block_n: key tile (default
-            :func:`decode_block_n`; a paged cache needs ``page_size % block_n == 0`` or ``block_n % page_size == 0``).
+            :func:`decode_block_n`; any page size: one page-table lookup per tile when ``page_size % block_n == 0``,
+            else one per key).
         return_lse: also return fp32 ``(B, Hq, Nq)`` natural-log lse (``-inf`` on rows that see no key).
 
     Returns:
@@ -363,9 +364,7 @@ def decode_attn(
     BN = int(block_n) if block_n is not None else decode_block_n(D, page_size if paged else None)
     if BN < 16 or BN & (BN - 1):
         raise ValueError(f"block_n={BN} must be a power of two >= 16")
-    page_tile = paged and page_size % BN == 0
-    if paged and not page_tile and BN % page_size:
-        raise ValueError(f"page_size={page_size} and block_n={BN}: one must divide the other")
+    page_tile = paged and page_size % BN == 0  # else one page-table lookup per key (any page size)
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     left = right = None
     if window_size is not None:

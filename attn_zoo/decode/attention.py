@@ -107,6 +107,10 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
     if plain and Nq == 1 and all(n == L for n in lens):  # one query at the end sees every key
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     dev = str(q.device)
+    if any(n != L for n in lens):  # slots past a shorter sequence's end are not its tokens (stale / NaN / empty
+        # memory, another sequence's page): zeroed, else SDPA's additive mask turns a NaN there into NaN rows
+        valid = (torch.arange(L, device=q.device).view(1, L) < cache_seqlens.to(q.device).view(B, 1)).view(B, 1, L, 1)
+        k, v = k.masked_fill(~valid, 0.0), v.masked_fill(~valid, 0.0)
     mask = torch.stack([_rows_mask(spec, Nq, n, L, dev) for n in lens]).unsqueeze(1)  # (B, 1, Nq, L)
     empty = ~mask.any(-1, keepdim=True)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, scale=scale, enable_gqa=gqa)

@@ -39,8 +39,9 @@ def cache_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor] = 
 
 
 def check_cache_layout(k_cache, v_cache, block_table, batch: int, n_kv_heads: Optional[int] = None,
-                       head_dim: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> None:
-    """Shape / dtype / device checks of a cache; raises ``ValueError`` / ``TypeError`` naming the argument."""
+                       head_dim: Optional[int] = None, dtype: Optional[torch.dtype] = None, of: str = "q") -> None:
+    """Shape / dtype / device checks of a cache; raises ``ValueError`` / ``TypeError`` naming the argument
+    (``of``: the argument ``batch`` / ``n_kv_heads`` / ``head_dim`` / ``dtype`` come from, e.g. ``q`` or ``k_new``)."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -50,25 +51,27 @@ def check_cache_layout(k_cache, v_cache, block_table, batch: int, n_kv_heads: Op
         if t.dtype not in _DTYPES:
             raise TypeError(f"{name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, float32, float64")
         if dtype is not None and t.dtype != dtype:
-            raise TypeError(f"{name}.dtype={t.dtype} must match q's dtype {dtype}")
+            raise TypeError(f"{name}.dtype={t.dtype} must match {of}'s dtype {dtype}")
+        if min(t.shape) < 1:
+            raise ValueError(f"{name} must have every dimension >= 1, got shape {tuple(t.shape)}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same shape")
     if k_cache.device != v_cache.device:
         raise ValueError(f"k_cache and v_cache must be on one device, got {k_cache.device} and {v_cache.device}")
     if n_kv_heads is not None and k_cache.shape[1] != n_kv_heads:
-        raise ValueError(f"k_cache has {k_cache.shape[1]} K/V heads (shape[1]), expected {n_kv_heads}")
+        raise ValueError(f"k_cache has {k_cache.shape[1]} K/V heads (shape[1]), {of} has {n_kv_heads}")
     if head_dim is not None and k_cache.shape[3] != head_dim:
-        raise ValueError(f"head dims differ: expected D={head_dim}, k_cache D={k_cache.shape[3]}")
+        raise ValueError(f"head dims differ: {of} D={head_dim}, k_cache D={k_cache.shape[3]}")
     if block_table is None:
         if k_cache.shape[0] != batch:
             raise ValueError(f"contiguous k_cache batch k_cache.shape[0]={k_cache.shape[0]} != B={batch} "
-                             f"(a paged cache needs block_table)")
+                             f"({of}.shape[0]; a paged cache needs block_table)")
         return
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
         raise TypeError(f"block_table must be an int32 tensor (B, max_pages), got "
                         f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
-        raise ValueError(f"block_table must have shape (B={batch}, max_pages), got {tuple(block_table.shape)}")
+        raise ValueError(f"block_table must have shape (B={batch}, max_pages) ({of}.shape[0]), got {tuple(block_table.shape)}")
     if block_table.device != k_cache.device:
         raise ValueError(f"block_table is on {block_table.device}, the cache on {k_cache.device}")
 
@@ -131,7 +134,7 @@ def append_kv(
     if k_new.shape != v_new.shape:
         raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
     B, Hkv, n_new, D = k_new.shape
-    check_cache_layout(k_cache, v_cache, block_table, B, Hkv, D, k_new.dtype)
+    check_cache_layout(k_cache, v_cache, block_table, B, Hkv, D, k_new.dtype, of="k_new")
     _check_seqlens(cache_seqlens, B, k_cache.device)
     if check_values:
         end = cache_seqlens.to(torch.int64) + n_new
@@ -267,6 +270,8 @@ class KVCache:
 
     def release(self, b: int) -> None:
         """Forget sequence ``b`` (its pages go back to the pool)."""
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < self.batch:
+            raise ValueError(f"b={b!r} must be a sequence index in [0, batch={self.batch})")
         if self.page_size is not None:
             self._free.extend(int(p) for p in self._table[b, : self._n_pages[b]].tolist())
             self._n_pages[b] = 0
@@ -320,6 +325,11 @@ class KVCache:
         left extent is below ``keep_last`` (``ValueError`` otherwise)."""
         from .attention import decode_attention
 
+        nq = q.shape[2] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
+        if nq is not None and min(self.lengths) < nq:  # host lengths: no device sync
+            b = min(range(self.batch), key=lambda i: self.lengths[i])
+            raise ValueError(f"q has Nq={nq} new tokens but sequence {b} of the cache holds {self.lengths[b]}: "
+                             f"append the new keys / values (KVCache.append) before attend")
         if self.keep_last is not None and any(self.dropped):
             ok = spec.kind == "sliding_window" and spec.causal and spec.window_size[0] is not None \
                 and spec.window_size[0] < self.keep_last
