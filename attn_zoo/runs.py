@@ -88,10 +88,24 @@ class CheckpointInfo:
 
 
 def checkpoint_info(path) -> CheckpointInfo:
-    """Step, schedule length and hparams of a Lightning checkpoint (memory-mapped, weights not read)."""
+    """Step, schedule length and hparams of a Lightning checkpoint (memory-mapped, weights not read).
+
+    Raises:
+        ValueError: naming ``ckpt_path``: the file is not a checkpoint ``torch.load`` can read, or not a Lightning
+            checkpoint (no ``state_dict`` / ``global_step``).
+    """
     import torch
 
-    ck = torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
+    hint = f"pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt or ckpt_path=last"
+    try:
+        ck = torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file (JSON, text, truncated, old format)
+        msg = str(e).splitlines()[0][:160] if str(e) else ""
+        raise ValueError(f"ckpt_path={str(path)!r} is not a checkpoint torch.load can read ({type(e).__name__}: "
+                         f"{msg}); {hint}") from e
+    if not isinstance(ck, dict) or "state_dict" not in ck or "global_step" not in ck:
+        raise ValueError(f"ckpt_path={str(path)!r} is not a Lightning checkpoint of train.py (no state_dict / "
+                         f"global_step); {hint}")
     hp = dict(ck.get("hyper_parameters") or {})
     total = hp.get("total_steps")
     return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp)

@@ -171,3 +171,19 @@ def test_resume_model_config_error_names_the_differing_keys():
     with pytest.raises(ValueError, match=r"model.vocab_size: checkpoint 32, this run 16") as e:
         lit.check_checkpoint_hparams({"model_config": dict(cfg, vocab_size=32)})
     assert "n_layer" not in str(e.value)
+
+
+def test_ckpt_path_of_a_file_that_is_not_a_checkpoint_raises_naming_it(tmp_path):
+    """``ckpt_path=<run>/final_metrics.json`` raised torch.load's ``RuntimeError: mmap can only be used with files
+    saved with torch.save(..., _use_new_zipfile_serialization=True)``; a torch.save'd dict that is not a Lightning
+    checkpoint went on to Lightning."""
+    from attn_zoo.runs import checkpoint_info
+
+    js = tmp_path / "final_metrics.json"
+    js.write_text('{"steps": 3}')
+    with pytest.raises(ValueError, match=r"ckpt_path=.*final_metrics.json.* is not a checkpoint torch.load can read"):
+        checkpoint_info(js)
+    sd = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, sd)
+    with pytest.raises(ValueError, match=r"is not a Lightning checkpoint of train.py"):
+        checkpoint_info(sd)
