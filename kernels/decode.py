@@ -108,7 +108,11 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, pos, row_
     p = tl.math.exp2(s - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + (v_row + g * svh)[:, None] + offs_d[None, :], mask=kvm, other=0.0)  # (BN, BD)
+    # keys no row of this tile sees (outside the window / layout, past the sequence) are not loaded: a NaN / inf
+    # there would reach acc as 0 * NaN through the p @ v product (K needs nothing: their scores are set to -inf)
+    seen = tl.max(ok.to(tl.int32), 0) > 0  # (BN,)
+    v = tl.load(V + (v_row + g * svh)[:, None] + offs_d[None, :], mask=seen[:, None] & dmask[None, :],
+                other=0.0)  # (BN, BD)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return acc, m_new, l_i
 

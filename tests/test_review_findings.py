@@ -187,3 +187,25 @@ def test_ckpt_path_of_a_file_that_is_not_a_checkpoint_raises_naming_it(tmp_path)
     torch.save({"w": torch.zeros(2)}, sd)
     with pytest.raises(ValueError, match=r"is not a Lightning checkpoint of train.py"):
         checkpoint_info(sd)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("spec", [AttentionSpec(kind="sliding_window", window_size=(3, 0)),
+                                  AttentionSpec(kind="sparse", sparse_pattern="strided", block_size=4,
+                                                stride_blocks=2)], ids=["window", "strided"])
+def test_decode_nan_in_a_key_no_query_sees_changes_nothing(backend, spec):
+    """Prefill zeroes keys that no query may see (README: they "contribute nothing on every backend"), decode did
+    not: a NaN key / value left of a sliding window (inside a visited key tile) made every decode output NaN on
+    triton (``0 * NaN`` in ``p @ v``) and on torch (SDPA's additive mask), while reference and prefill stayed
+    finite."""
+    g = torch.Generator().manual_seed(3)
+    kc, vc = (torch.randn(2, 1, 32, 16, generator=g) for _ in range(2))
+    q = torch.randn(2, 2, 2, 16, generator=g)
+    sl = torch.tensor([32, 27], dtype=torch.int32)
+    kc[:, :, 1], vc[:, :, 1] = float("nan"), float("inf")  # position 1: outside both masks for the last 2 queries
+    kc, vc, q, sl = kc.to(DEV), vc.to(DEV), q.to(DEV), sl.to(DEV)
+    assert not any(attn_zoo.mask_info(spec, 2, n).dense("cpu")[:, 1].any() for n in (32, 27))
+    out = attn_zoo.decode_attention(q, kc, vc, spec, sl, backend=backend)
+    ref = attn_zoo.decode_attention(q, kc, vc, spec, sl, backend="reference")
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)

@@ -94,6 +94,12 @@ def _rows_mask(spec: AttentionSpec, Nq: int, L: int, width: int, device: str) ->
     return m
 
 
+@lru_cache(maxsize=256)
+def _sees_all(spec: AttentionSpec, Nq: int, L: int, width: int) -> bool:
+    """Whether the ``Nq`` queries of a sequence of ``L`` tokens see every one of ``width`` cache slots."""
+    return L == width and bool(mask_info(spec, Nq, L).dense("cpu").any(0).all())
+
+
 def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table=None):
     """SDPA over the gathered cache with the per-sequence mask (see the module docstring)."""
     B, Hq, Nq, D = q.shape
@@ -107,11 +113,13 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
     if plain and Nq == 1 and all(n == L for n in lens):  # one query at the end sees every key
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     dev = str(q.device)
-    if any(n != L for n in lens):  # slots past a shorter sequence's end are not its tokens (stale / NaN / empty
-        # memory, another sequence's page): zeroed, else SDPA's additive mask turns a NaN there into NaN rows
-        valid = (torch.arange(L, device=q.device).view(1, L) < cache_seqlens.to(q.device).view(B, 1)).view(B, 1, L, 1)
-        k, v = k.masked_fill(~valid, 0.0), v.masked_fill(~valid, 0.0)
     mask = torch.stack([_rows_mask(spec, Nq, n, L, dev) for n in lens]).unsqueeze(1)  # (B, 1, Nq, L)
+    # keys no query of a sequence sees (outside its window / layout, slots past a shorter sequence's end: stale,
+    # NaN or another sequence's page) are zeroed, as the prefill backends do (attn_zoo.masks.unseen_keys): SDPA's
+    # additive mask would turn a NaN there into NaN rows
+    if not all(_sees_all(spec, Nq, n, L) for n in lens):  # host-side rule (cached): no device sync
+        seen = mask.any(2).unsqueeze(-1)  # (B, 1, L, 1)
+        k, v = k.masked_fill(~seen, 0.0), v.masked_fill(~seen, 0.0)
     empty = ~mask.any(-1, keepdim=True)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, scale=scale, enable_gqa=gqa)
     return out.masked_fill(empty, 0.0) if bool(empty.any()) else out
