@@ -1104,9 +1104,10 @@ def choose_dkdv_split(group: int, n_programs: int, target: int) -> int:
 
 
 def _resolve_split(dkdv_split: Optional[int], group: int, n_programs: int, device) -> int:
-    n = dkdv_split
+    n, src = dkdv_split, "dkdv_split"
     if not n:
         env = os.environ.get("ATTN_ZOO_FLASH_DKDV_SPLIT", "").strip().lower()
+        src = "ATTN_ZOO_FLASH_DKDV_SPLIT (the dkdv_split default)"
         if env not in ("", "0", "auto"):
             try:
                 n = int(env)
@@ -1117,7 +1118,9 @@ def _resolve_split(dkdv_split: Optional[int], group: int, n_programs: int, devic
         # N = 16384 equal; GQA-4 lost 2-4% with more splits, eval/experiments/diag.py)
         return choose_dkdv_split(group, n_programs, (8 if group >= 8 else 2) * _sm_count(device))
     if n < 1 or group % n:
-        raise ValueError(f"dkdv_split={n} must be >= 1 and divide the GQA group size Hq // Hkv = {group}")
+        name, _, why = src.partition(" ")
+        raise ValueError(f"{name}={n} {why + ' ' if why else ''}must be >= 1 and divide the GQA group size "
+                         f"Hq // Hkv = {group}")
     return int(n)
 
 
