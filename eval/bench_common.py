@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
@@ -62,6 +63,20 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, rep: int = 30, use_do_b
         times.append(s.elapsed_time(e))
     times.sort()
     return float(times[len(times) // 2])
+
+
+def host_us(fn: Callable[[], object], n: int = 100, warmup: int = 5) -> float:
+    """Host time (us) to enqueue one ``fn()``: ``n`` calls in a loop with no synchronisation inside (after ``warmup``
+    calls and a sync). GPU-bound callables saturate the launch queue and measure GPU time instead."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return us
 
 
 def time_cuda_graph(fn: Callable[[], object], warmup: int = 2) -> float:

@@ -1284,12 +1284,11 @@ def _run_backward(ctx, dout, dlse, bwd):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = bwd(dout, dlse, q, k, v, out, lse, *ctx.cfg)
-    return (dq, dk, dv) + (None,) * len(ctx.cfg)
+    return bwd(dout, dlse, q, k, v, out, lse, *ctx.cfg)  # (dq, dk, dv)
 
 
 def _backward(ctx, dout, dlse):
-    return _run_backward(ctx, dout, dlse, _flash_bwd_op)
+    return _run_backward(ctx, dout, dlse, _flash_bwd_op) + (None,) * len(ctx.cfg)
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1311,7 +1310,7 @@ class _FlashFn(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # double backward raises (as through the custom op)
     def backward(ctx, dout, dlse):
-        return _run_backward(ctx, dout, dlse, _flash_bwd_eager)[:3] + (None,)
+        return _run_backward(ctx, dout, dlse, _flash_bwd_eager) + (None,)
 
 
 # ============================================================================================ public entry

@@ -19,19 +19,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels.flash as kf
-from eval.bench_common import time_cuda_graph
-
-
-def host_us(f, n=100):
-    for _ in range(5):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return us
+from eval.bench_common import host_us, time_cuda_graph
 
 
 def main():

@@ -6,18 +6,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kernels.flash as kf
 from eval.probe_flash import ours_fn, inputs
-from eval.bench_common import time_cuda
-
-def host_us(f, n=200):
-    for _ in range(10):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    cpu = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return cpu
+from eval.bench_common import host_us, time_cuda
 
 for name, N in (("bigbird", 4096), ("causal", 1024), ("bigbird", 16384)):
     q, k, v, do = inputs(N, 16)
@@ -27,6 +16,6 @@ for name, N in (("bigbird", 4096), ("causal", 1024), ("bigbird", 16384)):
             kf._OPTS["tma"] = tma
             fb = lambda: f(q, k, v).backward(do)
             ms = time_cuda(fb, grad_to_none=[q, k, v])
-            us = host_us(fb, 50)
+            us = host_us(fb, 50, warmup=10)
             print(f"{name} N={N} round {rnd} tma={tma}: fwd+bwd {ms:.4f} ms, host enqueue {us:.0f} us/call", flush=True)
 kf._OPTS["tma"] = "auto"
