@@ -13,6 +13,7 @@ them run the same compiled function and the same block mask:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import torch
@@ -70,7 +71,7 @@ def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
     if mi.is_full:
         return None
     if mi.layout is not None:
-        mi = MaskInfo(mi.Nq, mi.Nk, mi.causal, mi.window_left, mi.window_right, mi.layout.to(device), mi.block_size)
+        mi = replace(mi, layout=mi.layout.to(device))
 
     def mask_mod(b, h, q_idx, kv_idx):
         return mi.allowed(q_idx, kv_idx)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import BACKENDS, get_backends
+from .registry import auto_order, backend_names, get_backends
 from .spec import AttentionSpec
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -57,7 +57,10 @@ def attention(
         v: ``(B, Hkv, Nk, Dv)``.
         spec: :class:`attn_zoo.AttentionSpec` (kind, causal, window_size, block layout, feature map, ...).
         backend: ``"auto"`` (our Triton kernel on CUDA where it supports the input, else ``"torch"``, else
-            ``"reference"``), or one of ``"triton"``, ``"torch"``, ``"reference"``.
+            ``"reference"``: the registered backends by priority), or any registered name
+            (:func:`attn_zoo.registry.backend_names`): ``"triton"``, ``"torch"``, ``"reference"``, the anchors
+            ``"sdpa_flash"``, ``"sdpa_cudnn"``, ``"sdpa_efficient"``, ``"sdpa_math"``, ``"flex"``, ``"naive"``,
+            ``"fa2"``, ``"fa3"``, ``"fla"``, and any plugin's.
         return_lse: also return the log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log; fp32, fp64 for
             fp64 inputs on ``reference``).
 
@@ -93,9 +96,9 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
                     return_lse: bool = False):
     """The registered :class:`~attn_zoo.registry.Backend` that :func:`attention` runs for these inputs.
 
-    ``backend="auto"`` tries ``triton`` (CUDA tensors only: our kernels; under ``TRITON_INTERPRET=1`` on the CPU
-    only when asked for by name), then ``torch``, then ``reference``, and takes the first whose ``supports()``
-    accepts the input. On CUDA that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with
+    ``backend="auto"`` tries the registered backends that have a priority, highest first -- ``triton`` (CUDA
+    tensors only: our kernels; under ``TRITON_INTERPRET=1`` on the CPU only when asked for by name), then ``torch``,
+    then ``reference`` -- and takes the first that is available and whose ``supports()`` accepts the input. On CUDA that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with
     fp16 / bf16 / fp32, ``D <= 256`` and ``Dv == D``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
     dim <= 256 and no FAVOR in fp16 -- else ``torch`` (SDPA / FlexAttention / chunked PyTorch); the reasons of the
     backends it passed over are in the error when none fits. Raises ``ValueError`` / ``TypeError`` as
@@ -105,25 +108,24 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
     regs = get_backends(spec.kind)
     if backend == "auto":
         reasons = []
-        for name in BACKENDS:
-            b = regs.get(name)
-            if b is None:
+        for b in auto_order(regs):
+            if b.devices is not None and q.device.type not in b.devices:
+                where = " / ".join("CUDA" if d == "cuda" else d for d in b.devices)
+                reasons.append(f"{b.name}: auto uses it on {where} only")
                 continue
-            if name == "triton" and q.device.type != "cuda":
-                reasons.append("triton: auto uses it on CUDA only")
-                continue
-            why = b.supports(q, k, v, spec, return_lse)
+            why = b.why_not(q, k, v, spec, return_lse)
             if why is None:
                 return b
-            reasons.append(f"{name}: {why}")
+            reasons.append(f"{b.name}: {why}")
         raise ValueError(f"no backend supports this input for kind={spec.kind!r}: " + "; ".join(reasons))
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(BACKENDS)}")
-    b = regs.get(backend)
+    b = regs.get(backend) if isinstance(backend, str) else None
     if b is None:
+        names = backend_names()
+        if backend not in names:
+            raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(names)}")
         raise ValueError(f"backend={backend!r} is not registered for kind={spec.kind!r}; available: "
-                         f"{', '.join(n for n in BACKENDS if n in regs)}")
-    why = b.supports(q, k, v, spec, return_lse)
+                         f"{', '.join(backend_names(spec.kind))}")
+    why = b.why_not(q, k, v, spec, return_lse)
     if why is not None:
         raise ValueError(f"backend={backend!r} cannot run this input for kind={spec.kind!r}: {why}")
     return b

@@ -21,7 +21,7 @@ from typing import List, Optional
 import lightning as L
 import torch
 
-from .model import GPT, config_from_dict, spec_to_dict
+from .model import GPT, config_from_dict, layer_from_dict, spec_to_dict
 from .spec import AttentionSpec, make_spec
 
 
@@ -91,7 +91,7 @@ class LitLM(L.LightningModule):
                  bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False):
         super().__init__()
         self.save_hyperparameters()
-        specs = [make_spec(**dict(s)) for s in layer_specs]
+        specs = [layer_from_dict(s) for s in layer_specs]
         self.model = GPT(config_from_dict(dict(model_config)), specs, backend=backend, redraw_interval=redraw_interval)
         self.hparams["n_params"] = self.model.num_params()
         self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
@@ -111,8 +111,8 @@ class LitLM(L.LightningModule):
         """Raise ``ValueError`` (starting ``ckpt_path:``) when checkpoint hparams ``saved`` are of another
         architecture (attention specs or model config) than this module."""
         if "layer_specs" in saved:
-            old = [make_spec(**dict(d)) for d in saved["layer_specs"]]
-            new = [make_spec(**dict(d)) for d in self.hparams.layer_specs]
+            old = [layer_from_dict(d) for d in saved["layer_specs"]]
+            new = [layer_from_dict(d) for d in self.hparams.layer_specs]
             if old != new:
                 raise ValueError(
                     "ckpt_path: the checkpoint was trained with attention "

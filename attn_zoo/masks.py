@@ -10,8 +10,12 @@ A :class:`MaskInfo` answers the two questions every backend asks:
 
 Positions are absolute: query row ``i`` is at ``i' = i + offset`` with ``offset = Nk - Nq`` (bottom-right
 alignment, the FlashAttention convention). The element rule is the conjunction of
-``causal: j <= i'``, ``window: i' - left <= j <= i' + right`` and ``layout[i' // bs, j // bs]`` (block-sparse);
-rows with ``i' < 0`` see nothing under a block layout.
+``causal: j <= i'``, ``window: i' - left <= j <= i' + right``, ``dilation: (i' - j) % dilation == 0`` (dilated
+window, Beltagy et al. 2020) and ``layout[i' // bs, j // bs]`` (block-sparse); rows with ``i' < 0`` see nothing
+under a block layout.
+
+Which terms a kind uses is its variant's mask rule (:mod:`attn_zoo.variants`, ``mask(spec, Nq, Nk)``);
+:func:`mask_info` asks the registry and adds the causal clip.
 """
 
 from __future__ import annotations
@@ -25,53 +29,18 @@ import torch
 from .spec import AttentionSpec
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A small integer hash (xorshift-multiply) on int64 tensors; deterministic on every device."""
-    x = x & 0xFFFFFFFF
-    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
-    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
-    return (x >> 16) ^ x
-
-
-@lru_cache(maxsize=64)
-def _layout_cached(pattern: str, nb: int, causal: bool, local: int, glob: int, rand: int, stride: int, seed: int):
-    qb = torch.arange(nb).view(-1, 1)
-    kb = torch.arange(nb).view(1, -1)
-    if pattern == "strided":
-        # Child et al. 2019 ("fixed" pattern): own stride window, plus the summary (last) block of every window.
-        layout = (qb // stride == kb // stride) | (kb % stride == stride - 1)
-    else:  # bigbird, Zaheer et al. 2020 section 2: window + global + random blocks
-        layout = ((qb - kb).abs() <= local) | (qb < glob) | (kb < glob)
-        if rand > 0:
-            # Random blocks drawn per query block from a hash of (seed, qb, kb): deterministic and
-            # prefix-consistent (block row qb's choice does not depend on the sequence length when causal).
-            cand = ~layout
-            if causal:
-                cand &= kb <= qb
-            score = _mix(qb * 1_000_003 + kb * 7919 + seed * 104_729 + 1).to(torch.float64)
-            score = torch.where(cand, score, torch.full_like(score, -1.0))
-            k = min(rand, nb)
-            top = score.topk(k, dim=1)
-            pick = torch.zeros(nb, nb, dtype=torch.bool)
-            pick.scatter_(1, top.indices, top.values >= 0)
-            layout |= pick
-    if causal:
-        layout &= kb <= qb
-    return layout
-
-
 def sparse_layout(spec: AttentionSpec, n_blocks: int) -> torch.Tensor:
-    """Block layout ``(n_blocks, n_blocks)`` bool, over absolute-position blocks of ``spec.block_size``.
+    """Block layout ``(n_blocks, n_blocks)`` bool of a ``sparse`` spec, over absolute-position blocks of
+    ``spec.block_size`` (the rule lives with the variant: :func:`attn_zoo.variants.sparse.sparse_layout`).
 
     ``layout[a, b]`` is True when query positions in block ``a`` may attend keys in block ``b``.
     BigBird (Zaheer et al. 2020): ``|a - b| <= num_local_blocks`` or ``a < g`` or ``b < g`` or one of
     ``num_random_blocks`` random blocks of row ``a`` (among blocks ``<= a`` when causal). Strided (Child et
     al. 2019, fixed): ``a // s == b // s`` or ``b % s == s - 1``. Causal layouts are lower-triangular.
     """
-    return _layout_cached(
-        spec.sparse_pattern, int(n_blocks), spec.causal, spec.num_local_blocks, spec.num_global_blocks,
-        spec.num_random_blocks, spec.stride_blocks, spec.seed,
-    ).clone()
+    from .variants.sparse import sparse_layout as _layout
+
+    return _layout(spec, n_blocks)
 
 
 class BlockTable(NamedTuple):
@@ -95,7 +64,8 @@ class BlockTable(NamedTuple):
 class MaskInfo:
     """Mask of a softmax variant for ``Nq`` queries and ``Nk`` keys (see module docstring).
 
-    window_left / window_right: ``None`` = unbounded. layout: bool ``(nb, nb)`` at ``block_size`` or None.
+    window_left / window_right: ``None`` = unbounded, in tokens. layout: bool ``(nb, nb)`` at ``block_size`` or
+    None. dilation: keys every ``dilation`` tokens from the query (``(i' - j) % dilation == 0``); 1 = every key.
     """
 
     Nq: int
@@ -105,6 +75,11 @@ class MaskInfo:
     window_right: Optional[int] = None
     layout: Optional[torch.Tensor] = None
     block_size: int = 0
+    dilation: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.dilation, int) or isinstance(self.dilation, bool) or self.dilation < 1:
+            raise ValueError(f"dilation must be an integer >= 1, got {self.dilation!r}")
 
     @property
     def offset(self) -> int:
@@ -113,7 +88,14 @@ class MaskInfo:
     @property
     def is_full(self) -> bool:
         """True when every (i, j) is allowed (plain non-causal attention)."""
-        return not self.causal and self.window_left is None and self.window_right is None and self.layout is None
+        return (not self.causal and self.window_left is None and self.window_right is None and self.layout is None
+                and self.dilation == 1)
+
+    @property
+    def is_plain_causal(self) -> bool:
+        """True for the plain causal mask (no window on the left, no layout, no dilation): SDPA's ``is_causal``."""
+        return (self.causal and self.layout is None and self.window_left is None and self.window_right in (None, 0)
+                and self.dilation == 1)
 
     def allowed(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Element rule: bool tensor, broadcast of query row indices ``i`` and key indices ``j``."""
@@ -125,6 +107,8 @@ class MaskInfo:
             ok = ok & (j >= ia - self.window_left)
         if self.window_right is not None:
             ok = ok & (j <= ia + self.window_right)
+        if self.dilation != 1:
+            ok = ok & ((ia - j) % self.dilation == 0)
         if self.layout is not None:
             lay = self.layout.to(i.device)
             nb = lay.shape[0]
@@ -176,6 +160,8 @@ class MaskInfo:
             area = (qz - qa + 1) * (kz - ka + 1)
             visited &= (cnt > 0) & (a1 >= 0)
             full &= (cnt == area) & (a0 >= 0)
+        if self.dilation != 1:  # every tile of the window bounds is visited (conservative), none is full
+            full &= False
         full &= visited
         kv_count = visited.sum(1).to(torch.int32)
         max_visits = max(int(kv_count.max()) if nqb else 0, 1)
@@ -187,20 +173,23 @@ class MaskInfo:
         return BlockTable(kv_idx.to(device), kv_count.to(device), kv_full.to(device), visited.to(device), full.to(device))
 
 
+@lru_cache(maxsize=256)
 def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
-    """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys."""
-    if not spec.is_softmax:
-        raise ValueError(f"mask_info needs a softmax kind {('flash', 'sliding_window', 'sparse')}, got kind={spec.kind!r}")
-    left = right = None
-    layout = None
-    if spec.kind == "sliding_window":
-        left, right = spec.window_size
-    if spec.kind == "sparse":
-        nb = max(-(-Nk // spec.block_size), 1)
-        layout = sparse_layout(spec, nb)
+    """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys: the terms of its variant's mask
+    rule (:mod:`attn_zoo.variants`), with ``causal`` clipping a window's right side to 0. Cached per
+    (spec, Nq, Nk): treat the result (and its ``layout``) as read-only."""
+    from .variants import get_variant, kinds_of
+
+    v = get_variant(spec.kind)
+    if v.family != "softmax":
+        raise ValueError(f"mask_info needs a softmax kind {kinds_of('softmax')}, got kind={spec.kind!r}")
+    terms = dict(v.mask(spec, Nq, Nk))
+    right = terms.get("window_right")
     if spec.causal and right is not None:
-        right = min(right, 0)  # (None stays None: the causal rule bounds the right side)
-    return MaskInfo(Nq, Nk, spec.causal, left, right, layout, spec.block_size if layout is not None else 0)
+        terms["window_right"] = min(right, 0)  # (None stays None: the causal rule bounds the right side)
+    if terms.get("layout") is None:
+        terms["block_size"] = 0
+    return MaskInfo(Nq, Nk, spec.causal, **terms)
 
 
 @lru_cache(maxsize=64)

@@ -8,7 +8,10 @@ Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre
 * MLP: ``gelu`` (GPT-2) or ``swiglu`` (Shazeer 2020, hidden width ``2/3 * 4 * d_model`` rounded to 8).
 * Attention: q/k/v/o projections; K/V have ``spec.resolve_kv_heads(n_head)`` heads (GQA / MQA), and the
   core is :func:`attn_zoo.attention` with ``(B, H, N, D)`` tensors, so every variant and backend plugs in.
-* Hybrids: one :class:`~attn_zoo.spec.AttentionSpec` per layer (``GPT(config, [lin, lin, flash, lin])``).
+* Hybrids: one layer spec per layer (``GPT(config, [lin, lin, flash, lin])``): an
+  :class:`~attn_zoo.spec.AttentionSpec` (the ``attention`` mixer, :class:`Attention`) or a
+  :class:`~attn_zoo.mixers.MixerSpec` of any registered sequence mixer (:mod:`attn_zoo.mixers`: a module
+  ``(B, N, d_model) -> (B, N, d_model)``, e.g. a convolution or a state-space layer).
 * FAVOR+ (Performer) random features can be redrawn: :meth:`GPT.redraw_features` sets a new seed for every
   ``favor`` layer (deterministic in ``(base seed, step // redraw_interval)``).
 * Generation with a cache (:meth:`GPT.generate`, ``use_cache=True``): every layer keeps its variant's decode
@@ -22,7 +25,7 @@ Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 
 from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
+from .mixers import LayerSpec, MixerSpec, build_mixer, layer_from_dict, layer_to_dict, register_mixer  # noqa: F401
 from .spec import AttentionSpec
 
 LayerCache = Union[KVCache, LinearState]
@@ -79,16 +83,17 @@ class GPTConfig:
         return self.d_model // self.n_head
 
 
-def resolve_layer_specs(specs: Union[AttentionSpec, Sequence[AttentionSpec]], n_layer: int) -> List[AttentionSpec]:
-    """One spec for every layer: a single spec is repeated; a list must have ``n_layer`` entries."""
-    if isinstance(specs, AttentionSpec):
+def resolve_layer_specs(specs: Union[LayerSpec, Sequence[LayerSpec]], n_layer: int) -> List[LayerSpec]:
+    """One layer spec (:class:`AttentionSpec` or :class:`~attn_zoo.mixers.MixerSpec`) for every layer: a single
+    spec is repeated; a list must have ``n_layer`` entries."""
+    if isinstance(specs, (AttentionSpec, MixerSpec)):
         return [specs] * n_layer
     specs = list(specs)
     if len(specs) != n_layer:
         raise ValueError(f"layer specs: got {len(specs)} specs for n_layer={n_layer}; give one per layer or a single spec")
     for i, s in enumerate(specs):
-        if not isinstance(s, AttentionSpec):
-            raise TypeError(f"layer specs[{i}] must be an AttentionSpec, got {type(s).__name__}")
+        if not isinstance(s, (AttentionSpec, MixerSpec)):
+            raise TypeError(f"layer specs[{i}] must be an AttentionSpec or a MixerSpec, got {type(s).__name__}")
     return specs
 
 
@@ -229,16 +234,33 @@ class MLP(nn.Module):
         return self.dropout(self.down(h))
 
 
+@register_mixer("attention")
+def _attention_mixer(spec: AttentionSpec, config: GPTConfig, rotary: Rotary, backend: str = "auto") -> Attention:
+    """The ``attention`` sequence mixer: :class:`Attention` of an :class:`AttentionSpec`."""
+    return Attention(config, spec, rotary, backend)
+
+
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, spec: AttentionSpec, rotary: Rotary, backend: str):
+    """Pre-norm block ``x + mixer(norm(x))``, ``x + mlp(norm(x))``; the mixer is built from the layer spec by the
+    mixer registry (:func:`attn_zoo.mixers.build_mixer`). It is kept as ``attn`` (the checkpoints' key)."""
+
+    def __init__(self, config: GPTConfig, spec: LayerSpec, rotary: Rotary, backend: str, layer_idx: int = 0):
         super().__init__()
         self.norm1 = make_norm(config)
-        self.attn = Attention(config, spec, rotary, backend)
+        self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
+        self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
 
+    @property
+    def mixer(self) -> nn.Module:
+        return self.attn
+
     def forward(self, x, cache: Optional[LayerCache] = None, pos: int = 0):
-        x = x + self.attn(self.norm1(x), cache, pos)
+        if self.stateful:
+            x = x + self.attn(self.norm1(x), cache, pos)
+        else:
+            x = x + self.attn(self.norm1(x))
         x = x + self.mlp(self.norm2(x))
         return x
 
@@ -248,7 +270,8 @@ class GPT(nn.Module):
 
     Args:
         config: :class:`GPTConfig`.
-        specs: one :class:`AttentionSpec` for every layer, or a list of ``n_layer`` specs (hybrids).
+        specs: one layer spec for every layer, or a list of ``n_layer`` of them (hybrids): an
+            :class:`AttentionSpec` or a :class:`~attn_zoo.mixers.MixerSpec` (any registered sequence mixer).
         backend: attention backend for every layer (``"auto"``, ``"triton"``, ``"torch"``, ``"reference"``).
         redraw_interval: FAVOR layers get a new random-feature seed every ``redraw_interval`` training steps
             (0 = never; see :meth:`redraw_features`).
@@ -259,7 +282,7 @@ class GPT(nn.Module):
     positions ``pos ..`` and every layer reads / extends its cache (incremental decoding).
     """
 
-    def __init__(self, config: GPTConfig, specs: Union[AttentionSpec, Sequence[AttentionSpec]],
+    def __init__(self, config: GPTConfig, specs: Union[LayerSpec, Sequence[LayerSpec]],
                  backend: str = "auto", redraw_interval: int = 0):
         super().__init__()
         self.config = config
@@ -269,7 +292,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         rotary = Rotary(config.head_dim, config.max_seq_len, config.rope_base)
-        self.blocks = nn.ModuleList(Block(config, s, rotary, backend) for s in self.specs)
+        self.blocks = nn.ModuleList(Block(config, s, rotary, backend, i) for i, s in enumerate(self.specs))
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -307,7 +330,7 @@ class GPT(nn.Module):
         epoch = int(step) // self.redraw_interval
         for i, blk in enumerate(self.blocks):
             a = blk.attn
-            if a.uses_favor:
+            if getattr(a, "uses_favor", False):
                 seed = a.spec.seed + 1000 * i + epoch
                 changed |= seed != a.favor_seed
                 a.favor_seed = seed
@@ -332,7 +355,12 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, N, vocab_size)
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        flat, tgt = logits.view(-1, logits.size(-1)), targets.reshape(-1)
+        if not torch.compiler.is_compiling():
+            scored = tgt != -100
+            if not bool(scored.all()):  # e.g. MQAR, where only the query positions are scored: the fp32 upcast of
+                flat, tgt = flat[scored], tgt[scored]  # the other rows is skipped (same loss, far less traffic)
+        loss = F.cross_entropy(flat.float(), tgt, ignore_index=-100)
         return logits, loss
 
     def init_cache(self, batch_size: int, capacity: Optional[int] = None, dtype: Optional[torch.dtype] = None,
@@ -341,6 +369,10 @@ class GPT(nn.Module):
         ``dtype`` / ``device`` to the parameters'. ``page_size`` makes the full caches paged."""
         p = self.wte.weight
         capacity = min(int(capacity or self.config.max_seq_len), self.config.max_seq_len)
+        for i, blk in enumerate(self.blocks):
+            if not blk.stateful:
+                raise ValueError(f"layer {i} ({self.specs[i].label}) is a {type(blk.attn).__name__} mixer without a decode "
+                                 f"state (new_cache); use generate(..., use_cache=False)")
         return [blk.attn.new_cache(batch_size, capacity, dtype or p.dtype, device or p.device, page_size, shuffle_pages)
                 for blk in self.blocks]
 
@@ -398,9 +430,7 @@ def config_from_dict(d: dict) -> GPTConfig:
     return GPTConfig(**d)
 
 
-def spec_to_dict(spec: AttentionSpec) -> dict:
-    """Plain dict of a spec (for checkpoints / hparams); :func:`attn_zoo.make_spec` inverts it."""
-    d = asdict(spec)
-    if d.get("window_size") is not None:
-        d["window_size"] = list(d["window_size"])
-    return d
+def spec_to_dict(spec: LayerSpec) -> dict:
+    """Plain dict of a layer spec (for checkpoints / hparams); :func:`layer_from_dict` inverts it (and
+    :func:`attn_zoo.make_spec` for an :class:`AttentionSpec`)."""
+    return layer_to_dict(spec)

@@ -1,17 +1,40 @@
-"""Registry: variant kind -> backend name -> implementation.
+"""The open backend registry: variant kind -> backend name -> implementation.
 
-A backend implementation is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out, lse)``, plus
-a ``supports(q, k, v, spec, return_lse) -> Optional[str]`` predicate that returns ``None`` when it can run the
-input and otherwise a one-line reason (shown in the error of an explicit ``backend=`` request and used by
-``backend="auto"`` to fall through ``triton -> torch -> reference``).
+A backend is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out, lse)``, registered with
+:func:`register_backend` for some kinds (or a whole family: :class:`family`) under a name, with
+
+* ``supports(q, k, v, spec, return_lse) -> Optional[str]``: ``None`` when it can run the input, else a one-line
+  reason (shown in the error of an explicit ``backend=`` request, collected by ``auto``);
+* ``available() -> Optional[str]``: ``None`` when it can run in this process at all (its package imports, a GPU is
+  present), else the reason; asked once per process;
+* ``priority``: ``auto`` tries the backends with a priority, highest first, and takes the first that is available
+  and supports the input; ``None`` = never picked by ``auto`` (the anchors: a benchmark or an explicit
+  ``backend=`` runs them). ``devices``: device types ``auto`` uses it for (``None`` = any).
+
+Built in (:mod:`attn_zoo.backends`): the product backends ``triton`` (300, CUDA only under ``auto``), ``torch``
+(200) and ``reference`` (100), which fix ``auto``'s order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``,
+``sdpa_efficient``, ``sdpa_math``, ``flex``, ``naive``, ``fa2``, ``fa3`` and ``fla`` (no priority; the ones whose
+package is missing say so through ``available()``). Sweeps and benchmarks iterate this registry
+(:func:`backend_names`), so a backend registered by a plugin module (:func:`load_plugins`) is timed with no edit
+to ``eval/``::
+
+    import attn_zoo
+
+    @attn_zoo.register_backend("flash", "mine", supports=lambda q, k, v, spec, lse: None if q.is_cuda else "CUDA only")
+    def mine(q, k, v, spec, return_lse=False):
+        ...
+
+Registering clears the dispatch cache of :func:`attn_zoo.attention` (nothing is checked per call).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-BACKENDS = ("triton", "torch", "reference")  # "auto" tries them in this order
+BACKENDS = ("triton", "torch", "reference")  # the product backends, in auto order (their default priorities below)
+PRODUCT_DEFAULTS = {"triton": (300, ("cuda",)), "torch": (200, None), "reference": (100, None)}
 
 
 def _always(*args, **kwargs) -> Optional[str]:
@@ -19,42 +42,202 @@ def _always(*args, **kwargs) -> Optional[str]:
 
 
 @dataclass(frozen=True)
+class family:
+    """Selects every kind of a variant family (``family("softmax")``, ``family("linear")``), present and future, in
+    :func:`register_backend`; a backend registered for a kind itself overrides the family's of the same name."""
+
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"family:{self.name}"
+
+
+class Unsupported(ValueError):
+    """A backend cannot run an input (:meth:`Backend.bind`); the message is the reason."""
+
+
+@dataclass(frozen=True)
 class Backend:
+    """One registered implementation (see the module docstring). ``kind``: the kind or ``family:<name>`` it was
+    registered for; ``origin``: the module that registered it (what ``--plugins`` selects)."""
+
     kind: str
     name: str
     fn: Callable
     supports: Callable[..., Optional[str]] = _always
+    priority: Optional[int] = None
+    available: Callable[[], Optional[str]] = _always
+    devices: Optional[Tuple[str, ...]] = None
+    origin: str = ""
+
+    def unavailable(self) -> Optional[str]:
+        """``available()``'s reason, asked once per process (``None`` = available)."""
+        key = (self.kind, self.name)
+        if key not in _AVAILABLE:
+            try:
+                _AVAILABLE[key] = self.available()
+            except Exception as e:  # noqa: BLE001 - a broken optional package must not break dispatch
+                _AVAILABLE[key] = f"{type(e).__name__}: {e}"
+        return _AVAILABLE[key]
+
+    def why_not(self, q, k, v, spec, return_lse: bool = False) -> Optional[str]:
+        """``None`` when this backend can run the input, else the reason (availability, then ``supports``)."""
+        why = self.unavailable()
+        if why is not None:
+            return f"not available here ({why})"
+        return self.supports(q, k, v, spec, return_lse)
+
+    def bind(self, spec, q, k, v, return_lse: bool = False) -> Callable:
+        """``f(q, k, v)`` running this backend on inputs shaped like these (what benchmarks time: the
+        implementation itself, no dispatch); raises :class:`Unsupported` with the reason when it cannot."""
+        why = self.why_not(q, k, v, spec, return_lse)
+        if why is not None:
+            raise Unsupported(f"{self.name}: {why}")
+        fn = self.fn
+        if return_lse:
+            return lambda q, k, v: fn(q, k, v, spec, return_lse=True)
+        return lambda q, k, v: fn(q, k, v, spec)
 
 
 _REGISTRY: Dict[str, Dict[str, Backend]] = {}
+_AVAILABLE: Dict[Tuple[str, str], Optional[str]] = {}
 
 
-def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional[str]]] = None):
-    """Decorator: register ``fn`` as backend ``name`` of each kind in ``kinds`` (a str or a tuple)."""
-    if name not in BACKENDS:
-        raise ValueError(f"backend name={name!r} is not supported; allowed values: {', '.join(BACKENDS)}")
-    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not name or name == "auto" or any(c in name for c in " ,/="):
+        raise ValueError(f"backend name={name!r} must be a non-empty string without spaces, ',', '/' or '=' "
+                         f"and not 'auto'")
 
-    def deco(fn):
-        for kind in kinds:
-            _REGISTRY.setdefault(kind, {})[name] = Backend(kind, name, fn, supports or _always)
+
+def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional[str]]] = None, *,
+                     priority: Optional[int] = -1, available: Optional[Callable[[], Optional[str]]] = None,
+                     devices: Optional[Sequence[str]] = (), fn: Optional[Callable] = None, origin: Optional[str] = None):
+    """Register ``fn`` as backend ``name`` for ``kinds``; a decorator unless ``fn`` is given.
+
+    Args:
+        kinds: a kind (``"flash"``), a :class:`family`, or a tuple of them. Kinds need not be registered yet.
+        name: any name but ``"auto"``; registering an existing (kind, name) replaces it.
+        supports: ``supports(q, k, v, spec, return_lse) -> Optional[str]`` (default: everything).
+        priority: ``auto``'s order (higher first); ``None`` = never picked by ``auto``. Default: 300 / 200 / 100
+            for ``triton`` / ``torch`` / ``reference``, ``None`` for any other name.
+        available: ``available() -> Optional[str]`` (default: always available).
+        devices: device types ``auto`` picks it for; default ``("cuda",)`` for ``triton``, else any.
+        origin: the registering module (default ``fn.__module__``), for :func:`backends_from`.
+
+    Raises:
+        ValueError: a bad ``name`` or ``kinds``.
+    """
+    _check_name(name)
+    _ensure_builtin()  # the built-in backends first: listings keep their order
+    items = (kinds,) if isinstance(kinds, (str, family)) or not isinstance(kinds, (tuple, list)) else tuple(kinds)
+    keys = []
+    for k in items:
+        if isinstance(k, family):
+            keys.append(k.key)
+        elif isinstance(k, str) and k:
+            keys.append(k)
+        else:
+            raise ValueError(f"kinds must be kind names or attn_zoo.registry.family(...) selectors, got {k!r}")
+    default_priority, default_devices = PRODUCT_DEFAULTS.get(name, (None, None))
+    prio = default_priority if priority == -1 else priority
+    devs = default_devices if devices == () else (tuple(devices) if devices is not None else None)
+
+    def deco(f):
+        for key in keys:
+            _REGISTRY.setdefault(key, {})[name] = Backend(key, name, f, supports or _always, prio,
+                                                          available or _always, devs, origin or f.__module__)
+            _AVAILABLE.pop((key, name), None)
         from .functional import _DISPATCH
 
         _DISPATCH.clear()  # remembered dispatch decisions may name the replaced backend
-        return fn
+        return f
 
-    return deco
+    return deco(fn) if fn is not None else deco
+
+
+def unregister_backend(kinds, name: str) -> None:
+    """Remove backend ``name`` of ``kinds`` (kinds / :class:`family` as in :func:`register_backend`; missing ones
+    are ignored)."""
+    items = (kinds,) if isinstance(kinds, (str, family)) else tuple(kinds)
+    for k in items:
+        _REGISTRY.get(k.key if isinstance(k, family) else k, {}).pop(name, None)
+    from .functional import _DISPATCH
+
+    _DISPATCH.clear()
+
+
+def _ensure_builtin() -> None:
+    from . import backends  # noqa: F401  (importing registers the built-in backends)
 
 
 def get_backends(kind: str) -> Dict[str, Backend]:
-    from . import backends  # noqa: F401  (importing registers the built-in backends)
+    """``{name: Backend}`` that can serve ``kind``: its family's backends overridden by the kind's own.
 
-    if kind not in _REGISTRY:
-        raise ValueError(f"unknown attention kind={kind!r}; registered kinds: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[kind]
+    Raises ``ValueError`` for an unregistered kind (naming the registered ones)."""
+    from .variants import get_variant
+
+    _ensure_builtin()
+    v = get_variant(kind)
+    regs = dict(_REGISTRY.get(family(v.family).key, {}))
+    regs.update(_REGISTRY.get(kind, {}))
+    return regs
 
 
-def available_backends(kind: str):
-    """Names of the backends registered for ``kind``, in ``auto`` order."""
-    regs = get_backends(kind)
-    return [b for b in BACKENDS if b in regs]
+def auto_order(regs: Dict[str, Backend]) -> List[Backend]:
+    """The backends ``auto`` tries, highest priority first (registration order among equals)."""
+    return sorted((b for b in regs.values() if b.priority is not None), key=lambda b: -b.priority)
+
+
+def available_backends(kind: str) -> List[str]:
+    """Names of the backends ``auto`` may pick for ``kind``, in ``auto`` order."""
+    return [b.name for b in auto_order(get_backends(kind))]
+
+
+def backend_names(kind: Optional[str] = None) -> List[str]:
+    """Every registered backend name (for ``kind`` when given): ``auto``'s in its order, then the others in
+    registration order. What sweeps and benchmarks iterate."""
+    _ensure_builtin()
+    if kind is not None:
+        regs = get_backends(kind)
+    else:
+        regs = {}
+        for per in _REGISTRY.values():
+            for n, b in per.items():
+                if n not in regs or (b.priority or -1) > (regs[n].priority or -1):
+                    regs[n] = b
+    auto = [b.name for b in auto_order(regs)]
+    return auto + [n for n in regs if n not in auto]
+
+
+def backends_from(modules: Iterable[str]) -> List[str]:
+    """Names of the backends registered by ``modules`` (or their submodules), in registration order."""
+    mods = [m for m in modules if m]
+    _ensure_builtin()
+    out = []
+    for per in _REGISTRY.values():
+        for n, b in per.items():
+            if n not in out and any(b.origin == m or b.origin.startswith(m + ".") for m in mods):
+                out.append(n)
+    return out
+
+
+def load_plugins(modules) -> List[str]:
+    """Import plugin modules (a name, a comma-separated string or a list; ``None`` = none): importing registers
+    their variants, mixers and backends. Returns the module names. Raises ``ImportError`` naming a missing one."""
+    if modules is None:
+        return []
+    if isinstance(modules, str):
+        modules = [m for m in (x.strip() for x in modules.split(",")) if m]
+    names = []
+    for m in modules:
+        m = str(m).strip()
+        if not m:
+            continue
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise ImportError(f"plugins: cannot import {m!r} ({e}); pass importable module names "
+                              f"(e.g. plugins=[my_package.my_backends])") from e
+        names.append(m)
+    return names

@@ -1,8 +1,13 @@
 """The attention specification: one frozen dataclass that describes a variant.
 
 A spec says *what* is computed (softmax over which keys, or which feature map); it never says how.
-Every backend (``reference``, ``torch``, ``triton``) reads the same spec, and the softmax variants read
+Every backend (``reference``, ``torch``, ``triton``, the anchors) reads the same spec, and the softmax variants read
 their mask from :mod:`attn_zoo.masks`, so semantics cannot drift between backends.
+
+The ``kind`` is a registered variant (:mod:`attn_zoo.variants`): its folder says which fields it reads, validates
+them and gives its mask rule. A variant with fields of its own registers a frozen subclass of
+:class:`AttentionSpec`; ``AttentionSpec(kind=<that kind>, ...)`` builds the subclass, so one constructor (and
+:func:`make_spec`, the Hydra target) serves every variant.
 
 Position convention (FlashAttention's, "bottom-right alignment"): with ``Nq`` queries and ``Nk`` keys,
 query row ``i`` sits at absolute position ``i' = i + Nk - Nq``. Every mask rule (causal, window, block
@@ -16,11 +21,19 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple
 
+# The built-in kinds (the registry holds these and every plugin's: attn_zoo.variants.variant_kinds() / kinds_of()).
 SOFTMAX_KINDS = ("flash", "sliding_window", "sparse")
 LINEAR_KINDS = ("linear",)
-KINDS = SOFTMAX_KINDS + LINEAR_KINDS
 SPARSE_PATTERNS = ("bigbird", "strided")
 FEATURE_MAPS = ("elu1", "relu", "favor", "taylor")
+
+
+def __getattr__(name):  # KINDS: every registered kind (built-ins and plugins), read when asked
+    if name == "KINDS":
+        from .variants import variant_kinds
+
+        return variant_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -43,10 +56,11 @@ class AttentionSpec:
     """Description of one attention variant (validated on construction; raises ``ValueError``).
 
     Common fields
-        kind: ``"flash"`` (exact softmax attention, Dao et al. 2022), ``"sliding_window"`` (local
-            attention, Beltagy et al. 2020 "Longformer"), ``"sparse"`` (block-sparse softmax: BigBird,
-            Zaheer et al. 2020, or the fixed strided pattern of Child et al. 2019), ``"linear"``
-            (kernelized attention, Katharopoulos et al. 2020, eq. 4-6).
+        kind: a registered variant (:func:`attn_zoo.variants.variant_kinds`). Built in: ``"flash"`` (exact
+            softmax attention, Dao et al. 2022), ``"sliding_window"`` (local attention, Beltagy et al. 2020
+            "Longformer"), ``"sparse"`` (block-sparse softmax: BigBird, Zaheer et al. 2020, or the fixed strided
+            pattern of Child et al. 2019), ``"linear"`` (kernelized attention, Katharopoulos et al. 2020, eq.
+            4-6), ``"dilated_window"`` (Longformer's dilated window; adds the field ``dilation``).
         causal: query at absolute position ``i'`` sees keys ``j <= i'`` (bottom-right alignment when
             ``Nq != Nk``). Rows that see no key output exactly 0.
         softmax_scale: multiplier of ``q @ k^T``; ``None`` means ``D ** -0.5``.
@@ -102,8 +116,27 @@ class AttentionSpec:
     # free-form name for logs (e.g. "gqa"); does not change the math
     name: Optional[str] = field(default=None, compare=False)
 
+    def __new__(cls, *args, **kwargs):
+        # AttentionSpec(kind=k, ...) of a variant with its own fields builds that variant's subclass
+        if cls is AttentionSpec:
+            kind = kwargs["kind"] if "kind" in kwargs else (args[0] if args else "flash")
+            if isinstance(kind, str):
+                from .variants import spec_class_of
+
+                sub = spec_class_of(kind)
+                if sub is not None and sub is not cls:
+                    return object.__new__(sub)
+        return object.__new__(cls)
+
     def __post_init__(self):
-        _choice("kind", self.kind, KINDS)
+        from .variants import get_variant
+
+        if not isinstance(self.kind, str):
+            get_variant("")  # raises, naming the registered kinds
+        v = get_variant(self.kind)
+        if type(self) is not v.spec_class:
+            raise ValueError(f"kind={self.kind!r} is built by {v.spec_class.__name__}, not {type(self).__name__}; "
+                             f"use AttentionSpec(kind={self.kind!r}, ...) or attn_zoo.make_spec")
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal must be a bool, got {self.causal!r}")
         if self.softmax_scale is not None and not (
@@ -131,30 +164,27 @@ class AttentionSpec:
                         f"a causal window of W tokens is window_size=(W - 1, 0)"
                     )
             object.__setattr__(self, "window_size", ws)
-        if self.kind == "sliding_window" and self.window_size is None:
-            raise ValueError("kind='sliding_window' needs window_size=(left, right)")
-        if self.kind != "sliding_window" and self.window_size is not None:
-            raise ValueError(f"window_size is only used by kind='sliding_window', got kind={self.kind!r}")
+            if "window_size" not in v.fields:
+                from .variants import variant_kinds
 
-        if self.kind == "sparse":
-            _choice("sparse_pattern", self.sparse_pattern, SPARSE_PATTERNS)
-            _nonneg_int("block_size", self.block_size, 1)
-            _nonneg_int("num_local_blocks", self.num_local_blocks)
-            _nonneg_int("num_global_blocks", self.num_global_blocks)
-            _nonneg_int("num_random_blocks", self.num_random_blocks)
-            _nonneg_int("stride_blocks", self.stride_blocks, 1)
-        if self.kind == "linear":
-            _choice("feature_map", self.feature_map, FEATURE_MAPS)
-            _nonneg_int("num_features", self.num_features, 1)
-            if not (_real(self.eps) and math.isfinite(self.eps) and self.eps > 0):
-                raise ValueError(f"eps must be a finite float > 0 (rows whose normaliser is 0 would be NaN), got {self.eps!r}")
+                users = [k for k in variant_kinds() if "window_size" in get_variant(k).fields]
+                raise ValueError(f"window_size is only used by kind={' / '.join(map(repr, users))}, got kind={self.kind!r}")
         _nonneg_int("chunk_size", self.chunk_size, 1)
         _nonneg_int("seed", self.seed)
+        if v.validate is not None:
+            v.validate(self)
 
     # ------------------------------------------------------------------ helpers
     @property
+    def family(self) -> str:
+        """The variant's family: ``"softmax"`` (a mask, :func:`attn_zoo.mask_info`) or ``"linear"``."""
+        from .variants import get_variant
+
+        return get_variant(self.kind).family
+
+    @property
     def is_softmax(self) -> bool:
-        return self.kind in SOFTMAX_KINDS
+        return self.family == "softmax"
 
     @property
     def label(self) -> str:
@@ -183,8 +213,19 @@ class AttentionSpec:
 
 
 def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
-    """Hydra-friendly constructor (lists from YAML become tuples)."""
-    ws = kwargs.get("window_size")
-    if ws is not None and not isinstance(ws, (int, float, str)):  # ListConfig / list from YAML
-        kwargs["window_size"] = tuple(ws)
+    """Hydra-friendly constructor (lists from YAML become tuples); the spec class of ``kind``'s variant (fields of
+    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them."""
+    for key, val in kwargs.items():
+        if val is not None and not isinstance(val, (int, float, str, bool, tuple)):  # ListConfig / list from YAML
+            try:
+                kwargs[key] = tuple(val)
+            except TypeError:
+                pass
+    from .variants import get_variant
+
+    cls = get_variant(kind).spec_class if isinstance(kind, str) else AttentionSpec
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown} for kind={kind!r}; allowed: {', '.join(sorted(known - {'kind'}))}")
     return AttentionSpec(kind=kind, **kwargs)

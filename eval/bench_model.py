@@ -10,8 +10,10 @@ Backends, timed in the same process:
   * ``triton``: our kernels (every variant);
   * ``torch``: what a user picks instead: SDPA with PyTorch's default choice (flash / GQA / MQA), compiled
     FlexAttention (window, BigBird), the chunked PyTorch form (linear);
-  * ``sdpa_flash`` / ``sdpa_cudnn``: the ``torch`` backend with SDPA forced to FlashAttention-2 / cuDNN (exact
+  * ``sdpa_flash`` / ``sdpa_cudnn``: the registry's SDPA anchors, SDPA forced to FlashAttention-2 / cuDNN (exact
     kinds only). The SDPA backend PyTorch picks by default is recorded in the ``sdpa_default`` column.
+  * any other registered backend by name (``--backends``), and every backend a ``--plugins`` module registers; a
+    backend whose ``supports()`` refuses a variant's layer is skipped for it.
 
 Model sizes: ``large`` = d_model 1024, 8 layers, 8 heads (D = 128), SwiGLU, RMSNorm; ``small`` = ``conf/model/small``
 (d_model 128, 4 layers, 4 heads, D = 32). Variants: ``conf/attention/<name>.yaml`` except the window (1024 tokens,
@@ -23,13 +25,13 @@ Columns: ``tokens_per_s`` (median step), ``step_ms`` (median), ``step_ms_min``, 
 
 Usage (GPU): ``python -m eval.bench_model --out results/h200/model_speed [--sizes large,small]
 [--seq-lens 512,1024,2048,4096,8192,16384] [--variants flash,sliding_window,sparse,linear,gqa,mqa]
-[--backends triton,torch,sdpa_flash,sdpa_cudnn] [--tokens 16384] [--steps 10] [--warmup 3] [--profile]``
+[--backends triton,torch,sdpa_flash,sdpa_cudnn] [--plugins my_module] [--tokens 16384] [--steps 10] [--warmup 3]
+[--profile]``
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import time
@@ -55,16 +57,34 @@ VARIANTS = {
     "gqa": dict(kind="flash", causal=True, kv_group_size=2),
     "mqa": dict(kind="flash", causal=True, n_kv_heads=1),
 }
-BACKENDS = ("triton", "torch", "sdpa_flash", "sdpa_cudnn")
 EXACT = ("flash", "gqa", "mqa")
 
 
-def _sdpa_context(backend: str):
-    if backend not in ("sdpa_flash", "sdpa_cudnn"):
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def default_backends() -> List[str]:
+    """The default ``--backends``: the product backends ``auto`` picks on a GPU (``triton``, ``torch``) and the
+    registry's SDPA anchors that run exact attention in a model (``sdpa_flash``, ``sdpa_cudnn``); any registered
+    backend (:func:`attn_zoo.registry.backend_names`, plugins' included) can be named."""
+    from attn_zoo.registry import backend_names
 
-    return sdpa_kernel(SDPBackend.FLASH_ATTENTION if backend == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION)
+    names = backend_names()
+    return [b for b in ("triton", "torch", "sdpa_flash", "sdpa_cudnn") if b in names]
+
+
+def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: int) -> bool:
+    """Whether registry backend ``backend`` can run ``variant``'s attention at this size (its ``supports()`` on
+    tensors of the layer's shapes, bf16 on CUDA): the anchors that cannot (SDPA for windows / layouts) are skipped."""
+    from attn_zoo.registry import get_backends
+
+    spec = make_spec(**VARIANTS[variant])
+    b = get_backends(spec.kind).get(backend)
+    if b is None:
+        return False
+    H = SIZES[size]["n_head"]
+    D = SIZES[size]["d_model"] // H
+    hkv = spec.resolve_kv_heads(H)
+    B = max(1, tokens // seq_len)
+    mk = lambda h: torch.empty(B, h, seq_len, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    return b.why_not(mk(H), mk(hkv), mk(hkv), spec) is None
 
 
 def sdpa_default_backend(B: int, H: int, N: int, D: int, Hkv: Optional[int] = None) -> str:
@@ -91,7 +111,7 @@ def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int =
     cfg = GPTConfig(vocab_size=vocab, max_seq_len=seq_len, **SIZES[size])
     spec = make_spec(**VARIANTS[variant])
     torch.manual_seed(0)
-    return GPT(cfg, spec, backend="torch" if backend.startswith("sdpa_") else backend).cuda()
+    return GPT(cfg, spec, backend=backend).cuda()
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):
@@ -133,13 +153,12 @@ def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, 
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
     y = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
-    with _sdpa_context(backend):
-        train_steps(model, opt, x, y, warmup)
-        torch.cuda.reset_peak_memory_stats()
-        times = train_steps(model, opt, x, y, steps)
-        peak = torch.cuda.max_memory_allocated() / 2**20
-        if profile_dir:
-            _profile(model, opt, x, y, os.path.join(profile_dir, f"profile_{size}_{variant}_{seq_len}_{backend}.txt"))
+    train_steps(model, opt, x, y, warmup)
+    torch.cuda.reset_peak_memory_stats()
+    times = train_steps(model, opt, x, y, steps)
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    if profile_dir:
+        _profile(model, opt, x, y, os.path.join(profile_dir, f"profile_{size}_{variant}_{seq_len}_{backend}.txt"))
     times.sort()
     med = times[len(times) // 2]
     row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend + ("+compile" if compile else ""), batch=B,
@@ -190,7 +209,9 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--sizes", default="large,small")
     ap.add_argument("--seq-lens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--backends", default=None, help="registry backend names (default: triton,torch,sdpa_flash,"
+                                                       "sdpa_cudnn) plus every backend of --plugins")
+    ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too)")
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per step (batch = tokens // seq_len)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -206,7 +227,11 @@ def main(argv=None) -> List[Dict[str, object]]:
 
     sizes = parse_list(a.sizes, SIZES, "sizes")
     variants = parse_list(a.variants, VARIANTS, "variants")
-    backends = parse_list(a.backends, BACKENDS, "backends")
+    from attn_zoo.registry import backend_names, backends_from, load_plugins
+
+    plugins = load_plugins(a.plugins)
+    backends = parse_list(a.backends, backend_names(), "backends") if a.backends else default_backends()
+    backends += [b for b in backends_from(plugins) if b not in backends]
     try:
         seq_lens = [int(x) for x in parse_list(a.seq_lens)]
     except ValueError:
@@ -218,7 +243,7 @@ def main(argv=None) -> List[Dict[str, object]]:
         for variant in variants:
             for n in seq_lens:
                 for backend in backends:
-                    if backend.startswith("sdpa_") and variant not in EXACT:
+                    if not runs_variant(backend, variant, size, n, a.tokens):
                         continue
                     try:
                         row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,

@@ -35,7 +35,14 @@ STATUS_CROSS = "crossover"
 STATUS_ALWAYS = "variant faster in whole range"
 STATUS_NEVER = "no crossover in range (baseline faster)"
 STATUS_NODATA = "insufficient data"
-SUBQUADRATIC = ("linear", "sliding_window", "sparse")  # kinds with ~constant per-token time: c_lin is defined
+
+
+def _is_subquadratic(kind: str) -> bool:
+    """Kinds with ~constant per-token time (c_lin is defined): the variant registry's ``subquadratic`` entry
+    (linear, sliding window, block-sparse, dilated window, and any plugin that says so)."""
+    from attn_zoo.variants import is_subquadratic
+
+    return is_subquadratic(kind)
 
 
 # --------------------------------------------------------------------------------------------- detection
@@ -216,7 +223,7 @@ def detect_crossovers(rows: Sequence[dict], baselines: Dict[str, dict],
                 row = dict(base, metric=metric, status=res["status"], n_star=res["n_star"], n_min=res["n_min"],
                            n_max=res["n_max"], ratio_at_max=res["ratio_at_max"], points=res["points"],
                            crossings=";".join(f"{n:.0f}:{d}" for n, d in res["crossings"]))
-                if metric.endswith("_ms") and pts[0].get("kind", "linear") in SUBQUADRATIC:
+                if metric.endswith("_ms") and _is_subquadratic(pts[0].get("kind", "linear")):
                     tok_a = [_f(r["tokens"]) for r in pts]
                     tok_b = [_f(r["tokens"]) for r in bpts]
                     fit = constants_crossover(nb, [t / k for t, k in zip(tb, tok_b)], na,

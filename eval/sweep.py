@@ -14,14 +14,22 @@ Peak memory: extra CUDA memory of one forward (no grad) and of one forward+backw
 (:mod:`attn_zoo.cost_model`) stand in. Achieved TFLOP/s use the FLOPs of the cost model (the FA2 convention
 for softmax kinds: ``4 N^2 D`` forward times the visited fraction; backward ``2.5 x``).
 
-Backends (``backends:`` in the sweep config):
-    ``triton`` / ``torch`` / ``reference``: :func:`attn_zoo.attention` with that backend (``triton`` = ours).
+Backends (``backends:`` in the sweep config): names in the backend registry (:mod:`attn_zoo.registry`), timed
+through the registered implementation (:meth:`attn_zoo.registry.Backend.bind`: availability and ``supports()``
+first; a backend that cannot run a point records ``status="unsupported"`` with the reason). ``all`` (or no
+``backends:`` key) = every registered backend. Built in:
+    ``triton`` / ``torch`` / ``reference``: the product backends (``triton`` = ours).
     ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` / ``sdpa_math``: ``F.scaled_dot_product_attention``
         pinned to one SDPA kernel (exact causal / full attention; windows and layouts are not expressible).
     ``flex``: ``torch.compile(flex_attention)`` with a ``BlockMask`` built from the spec's
         :class:`attn_zoo.MaskInfo` element rule (softmax kinds).
     ``naive``: standard attention in the input dtype that materialises S and P ([FA1] Algorithm 0); for the
         linear kind the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
+    ``fa2`` / ``fa3`` / ``fla``: FlashAttention-2 / -3 and flash-linear-attention where installed.
+
+Plugins (``plugins:`` in the sweep config, ``--plugins a,b`` on the command line, ``+sweep.plugins=[a]`` for
+:mod:`eval.crossover`): modules imported before the sweep; every backend they register
+(``attn_zoo.register_backend``) is added to the backends axis of the kernel and model sweeps, with no edit here.
 
 Plain-Python entry (no Hydra needed): ``python -m eval.sweep --config eval/conf/sweep/cpu_tiny.yaml --out DIR``.
 The Hydra entry that also detects crossovers, plots and logs to W&B is :mod:`eval.crossover`.
@@ -40,14 +48,16 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from attn_zoo import AttentionSpec, attention, make_spec, mask_info
+from attn_zoo import AttentionSpec, make_spec, mask_info
 from attn_zoo import cost_model as cm
-from attn_zoo.registry import get_backends
+from attn_zoo.registry import Unsupported as _RegistryUnsupported
+from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 POINT_KEYS = ("variant", "backend", "seq_len", "head_dim", "causal", "n_kv_heads")
@@ -87,118 +97,64 @@ class BenchBackend:
     build: Callable
 
 
-BENCH_BACKENDS: Dict[str, BenchBackend] = {}
+def registry_build(name: str) -> Callable:
+    """``build(spec, q, k, v)`` of registry backend ``name``: its implementation bound to the point
+    (:meth:`attn_zoo.registry.Backend.bind`), or :class:`Unsupported` with the reason."""
+
+    def build(spec, q, k, v):
+        b = get_backends(spec.kind).get(name)
+        if b is None:
+            raise Unsupported(f"backend {name!r} is not registered for kind {spec.kind!r}")
+        try:
+            return b.bind(spec, q, k, v)
+        except _RegistryUnsupported as e:
+            raise Unsupported(str(e)) from None
+
+    return build
+
+
+class _BenchBackends(Mapping):
+    """``name -> BenchBackend``: every registry backend, plus sweep-only builders (:func:`register_bench_backend`,
+    e.g. the test doubles of the pipeline tests), which win on a name clash."""
+
+    def __init__(self):
+        self.extra: Dict[str, BenchBackend] = {}
+
+    def __getitem__(self, name: str) -> BenchBackend:
+        if name in self.extra:
+            return self.extra[name]
+        if name in backend_names():
+            return BenchBackend(name, registry_build(name))
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(list(dict.fromkeys(backend_names() + list(self.extra))))
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+BENCH_BACKENDS = _BenchBackends()
 
 
 def register_bench_backend(name: str):
-    """Decorator: register a sweep backend ``build(spec, q, k, v) -> callable(q, k, v)``."""
+    """Decorator: a sweep-only backend ``build(spec, q, k, v) -> callable(q, k, v)`` (test doubles; a real backend
+    is registered with ``attn_zoo.register_backend`` and so runs everywhere: ``attention()``, sweeps, benchmarks)."""
 
     def deco(fn):
-        BENCH_BACKENDS[name] = BenchBackend(name, fn)
+        BENCH_BACKENDS.extra[name] = BenchBackend(name, fn)
         return fn
 
     return deco
 
 
-def _registry_backend(name: str):
-    def build(spec, q, k, v):
-        regs = get_backends(spec.kind)
-        if name not in regs:
-            raise Unsupported(f"backend {name!r} is not registered for kind {spec.kind!r}")
-        if name == "triton" and q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-            raise Unsupported("triton needs CUDA (or TRITON_INTERPRET=1)")
-        why = regs[name].supports(q, k, v, spec, False)
-        if why is not None:
-            raise Unsupported(why)
-        return lambda q, k, v: attention(q, k, v, spec, backend=name)
-
-    return build
-
-
-for _n in ("triton", "torch", "reference"):
-    register_bench_backend(_n)(_registry_backend(_n))
-
-
-def _sdpa(kernel_name: str):
-    def build(spec, q, k, v):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        if spec.kind != "flash":
-            raise Unsupported(f"SDPA runs exact full/causal attention only, not kind {spec.kind!r}")
-        if q.shape[2] != k.shape[2] and spec.causal:
-            raise Unsupported("SDPA is_causal is top-left aligned; needs Nq == Nk")
-        backend = getattr(SDPBackend, kernel_name)
-        gqa = q.shape[1] != k.shape[1]
-        scale = spec.scale(q.shape[-1])
-
-        def fn(q, k, v):
-            with sdpa_kernel([backend]):
-                if gqa:
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, scale=scale, enable_gqa=True)
-                return F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, scale=scale)
-
-        return fn
-
-    return build
-
-
-for _n, _k in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
-               ("sdpa_efficient", "EFFICIENT_ATTENTION"), ("sdpa_math", "MATH")):
-    register_bench_backend(_n)(_sdpa(_k))
-
-@register_bench_backend("flex")
-def _flex(spec, q, k, v):
-    if not spec.is_softmax:
-        raise Unsupported(f"flex_attention runs softmax kinds, not {spec.kind!r}")
-    try:
-        from attn_zoo.flex import compiled_flex_attention, flex_block_mask
-    except ImportError as e:  # pragma: no cover - old torch
-        raise Unsupported(f"flex_attention unavailable: {e}")
-    bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
-    fa = compiled_flex_attention(q.device.type)
-    gqa = q.shape[1] != k.shape[1]
-    scale = spec.scale(q.shape[-1])
-    return lambda q, k, v: fa(q, k, v, block_mask=bm, scale=scale, enable_gqa=gqa)
-
-
-@register_bench_backend("naive")
-def _naive(spec, q, k, v):
-    """Standard attention in the input dtype, S and P materialised (what FlashAttention replaces)."""
-    Nq, Nk = q.shape[2], k.shape[2]
-    rep = q.shape[1] // k.shape[1]
-    scale = spec.scale(q.shape[-1])
-    if spec.is_softmax:
-        mi = mask_info(spec, Nq, Nk)
-        allowed = None if mi.is_full else mi.dense(q.device)
-        empty_rows = allowed is not None and bool((~allowed).all(-1).any())
-
-        def fn(q, k, v):  # S = (scale Q) K^T; masked_fill; softmax; P V: the passes of cost_model's standard
-            kk = k.repeat_interleave(rep, 1) if rep > 1 else k
-            vv = v.repeat_interleave(rep, 1) if rep > 1 else v
-            s = (q * scale) @ kk.transpose(-1, -2)
-            if allowed is not None:
-                s = s.masked_fill(~allowed, float("-inf"))
-            p = torch.softmax(s, dim=-1)
-            if empty_rows:
-                p = torch.nan_to_num(p, nan=0.0)  # rows with no allowed key output 0
-            return p @ vv
-
-        return fn
-    from attn_zoo.feature_maps import apply_feature_map
-
-    def fn_lin(q, k, v):
-        kk = k.repeat_interleave(rep, 1) if rep > 1 else k
-        vv = v.repeat_interleave(rep, 1) if rep > 1 else v
-        fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
-        fk = apply_feature_map(kk, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
-        a = fq @ fk.transpose(-1, -2)
-        if spec.causal:
-            i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
-            j = torch.arange(Nk, device=q.device).view(1, -1)
-            a = a.masked_fill(j > i, 0.0)
-        return (a @ vv) / (a.sum(-1, keepdim=True) + spec.eps)
-
-    return fn_lin
+def sweep_backends(cfg: dict) -> List[str]:
+    """The backends axis: ``cfg["backends"]`` (``all`` / missing = every registered backend), then every backend
+    registered by ``cfg["plugins"]`` (imported here) that is not listed yet."""
+    plugins = load_plugins(cfg.get("plugins"))
+    listed = cfg.get("backends", "all")
+    names = backend_names() if listed in (None, "all") else [str(b) for b in _as_list(listed)]
+    return names + [n for n in backends_from(plugins) if n not in names]
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -245,7 +201,8 @@ def _matches(rule: dict, point: dict) -> bool:
 def expand_points(cfg: dict) -> List[dict]:
     """All sweep points of a config, in run order (series by series, N increasing).
 
-    Axes: ``variants`` x ``backends`` x ``head_dims`` x ``causal`` x ``kv_heads`` x ``seq_lens``. A variant
+    Axes: ``variants`` x ``backends`` (:func:`sweep_backends`: the listed ones and the plugins') x ``head_dims`` x
+    ``causal`` x ``kv_heads`` x ``seq_lens``. A variant
     whose spec sets ``n_kv_heads`` / ``kv_group_size`` (GQA / MQA) uses that instead of the ``kv_heads`` axis
     (``null`` = ``n_heads``). ``exclude``: list of rules (``{backend: flex, head_dim: 64}``; list values mean
     "any of"; ``min_seq_len`` / ``max_seq_len`` bounds) that drop points. ``run_last``: backends whose points
@@ -254,8 +211,9 @@ def expand_points(cfg: dict) -> List[dict]:
     specs = variant_specs(cfg["variants"])
     H = int(cfg.get("n_heads", 1))
     pts, seen = [], set()
+    backends = sweep_backends(cfg)
     for vname, spec in specs.items():
-        for backend in _as_list(cfg["backends"]):
+        for backend in backends:
             for D in _as_list(cfg.get("head_dims", [64])):
                 for causal in _as_list(cfg.get("causal", [True])):
                     for hkv in _as_list(cfg.get("kv_heads", [None])):
@@ -381,24 +339,17 @@ def _cleanup(device: torch.device):
 
 # --------------------------------------------------------------------------------------------- model columns
 def element_fraction(spec: AttentionSpec, N: int) -> float:
-    """Fraction of the ``N x N`` (query, key) pairs a softmax spec keeps (Nq = Nk = N), without an N^2 mask
-    for causal / window specs; block-sparse layouts use the mask's block table (exact for N <= 4096)."""
-    if spec.kind == "flash":
-        return (N + 1) / (2 * N) if spec.causal else 1.0
-    if spec.kind == "sliding_window":
-        left, right = spec.window_size
-        left = N if left is None else left
-        right = 0 if spec.causal else (N if right is None else right)
-        kept = sum(min(N - 1, i + right) - max(0, i - left) + 1 for i in range(N))
-        return kept / (N * N)
-    if N <= 4096:
-        return cm.mask_fractions(spec, N, spec.block_size, spec.block_size)["element_fraction"]
-    return cm.mask_fractions(spec, N, spec.block_size, spec.block_size, elements=False)["visited_fraction"]
+    """Fraction of the ``N x N`` (query, key) pairs a softmax spec keeps (Nq = Nk = N): the variant's cost entry
+    (:func:`attn_zoo.variants.element_fraction`: a formula for causal / window kinds, counted from the mask's block
+    table for layouts, exact for N <= 4096)."""
+    from attn_zoo.variants import element_fraction as fraction
+
+    return fraction(spec, N)
 
 
 def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes: int, backend: str) -> dict:
     """FLOPs (fwd / fwd+bwd), modelled HBM bytes, compulsory bytes and footprint of one point."""
-    if spec.kind == "linear":
+    if not spec.is_softmax:
         from attn_zoo.feature_maps import feature_dim
 
         Fd = feature_dim(spec.feature_map, D, spec.num_features)
@@ -416,15 +367,15 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
         frac = element_fraction(spec, N)
         f1 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd", visited_fraction=frac)
         f2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=frac)
-        if spec.kind != "flash" or spec.causal:  # HBM traffic follows the visited tiles, not the kept elements
+        masked = not mask_info(spec, N, N).is_full
+        if masked:  # HBM traffic follows the visited tiles, not the kept elements
             bm, bn = int(f2.detail["block_m"]), int(f2.detail["block_n"])
             tiles = cm.mask_fractions(spec, N, bm, bn, elements=False)["visited_fraction"]
             t2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=tiles,
                                          block_m=bm, block_n=bn)
             f2 = replace(f2, hbm_read=t2.hbm_read, hbm_write=t2.hbm_write)
         if backend in ("naive", "reference", "sdpa_math"):
-            std = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd",
-                                             mask_pass=spec.causal or spec.kind != "flash")
+            std = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", mask_pass=masked)
             return {"flops_fwd": f1.flops, "flops_fwd_bwd": f2.flops, "model_hbm_bytes": std.hbm_bytes,
                     "model_min_bytes": f2.compulsory_bytes, "model_footprint_bytes": std.footprint_bytes,
                     "visited_fraction": frac}
@@ -438,7 +389,7 @@ def convention_flops(spec: AttentionSpec, B: int, H: int, N: int, D: int) -> Dic
     :func:`attn_zoo.cost_model.flash_flops` (FlashAttention formula, kept pairs only) for softmax kinds,
     :func:`attn_zoo.cost_model.linear_flops` for linear -- the same convention as ``eval/bench_flash.py`` /
     ``bench_linear.py``, so their TFLOP/s compare directly."""
-    if spec.kind == "linear":
+    if not spec.is_softmax:
         from attn_zoo.feature_maps import feature_dim
 
         Fd = feature_dim(spec.feature_map, D, spec.num_features)
@@ -473,7 +424,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         q, k, v = rnd(B, H, N, D), rnd(B, hkv, N, D), rnd(B, hkv, N, D)
         backend = BENCH_BACKENDS.get(p["backend"])
         if backend is None:
-            raise Unsupported(f"unknown sweep backend {p['backend']!r}; known: {', '.join(sorted(BENCH_BACKENDS))}")
+            raise Unsupported(f"unknown sweep backend {p['backend']!r}; known: {', '.join(BENCH_BACKENDS)}")
         fn = backend.build(spec, q, k, v)
         if "fwd" in modes:
             with torch.no_grad():
@@ -618,8 +569,8 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
 def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True) -> List[dict]:
     """Layer/model-level sweep: tokens/s and peak memory of the GPT (:mod:`attn_zoo.model`) with each variant.
 
-    ``cfg`` keys: ``variants`` (as in the kernel sweep), ``backends`` (``auto`` / ``triton`` / ``torch`` /
-    ``reference``), ``seq_lens``, ``tokens`` (batch = tokens // N) or ``batch``, ``d_model``, ``n_layer``,
+    ``cfg`` keys: ``variants`` (as in the kernel sweep), ``backends`` (``auto`` or registered names; ``plugins``'
+    backends are added), ``plugins``, ``seq_lens``, ``tokens`` (batch = tokens // N) or ``batch``, ``d_model``, ``n_layer``,
     ``n_heads``, ``vocab_size``, ``dtype``, ``warmup``, ``rep``. Measures one training step (forward + loss +
     backward, no optimiser) and one inference forward. Rows go to ``out_csv`` (:data:`MODEL_COLUMNS`).
     """
@@ -631,7 +582,10 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
     done = {(r["variant"], r["backend"], int(float(r["seq_len"]))) for r in read_rows(out_csv)} if resume else set()
     if not resume and os.path.exists(out_csv):
         os.remove(out_csv)
-    pts = [(vn, be, int(N)) for vn in specs for be in _as_list(cfg.get("backends", ["auto"]))
+    plugins = load_plugins(cfg.get("plugins"))
+    backends = [str(b) for b in _as_list(cfg.get("backends", ["auto"]))]
+    backends += [n for n in backends_from(plugins) if n not in backends]
+    pts = [(vn, be, int(N)) for vn in specs for be in backends
            for N in sorted(int(n) for n in _as_list(cfg["seq_lens"]))]
     todo = [p for p in pts if p not in done]
     bar = _progress(len(todo), progress, f"model sweep {cfg.get('name', '')}")
@@ -645,6 +599,8 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
                "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
         if (vn, be) in stopped:
             row.update(status="skipped", error="series stopped after a failure at a smaller N")
+        elif be != "auto" and be not in get_backends(specs[vn].kind):
+            row.update(status="unsupported", error=f"backend {be!r} is not registered for kind {specs[vn].kind!r}")
         else:
             model = idx = None
             try:
@@ -707,14 +663,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-resume", action="store_true", help="start over (delete existing CSV rows)")
     ap.add_argument("--retry-failed", action="store_true", help="re-run points recorded as error / oom")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends / variants "
+                                                      "(their backends join every sweep)")
     a = ap.parse_args(argv)
     cfg = load_config(a.config)
+    if a.plugins:
+        cfg["plugins"] = list(_as_list(cfg.get("plugins") or [])) + [m for m in a.plugins.split(",") if m.strip()]
     os.makedirs(a.out, exist_ok=True)
     rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,
                      retry_failed=a.retry_failed)
     if cfg.get("model_sweep") and cfg["model_sweep"].get("enabled", True):
         mcfg = dict(cfg["model_sweep"], name=cfg.get("name", "sweep") + "_model")
         mcfg.setdefault("device", cfg.get("device"))
+        mcfg.setdefault("plugins", cfg.get("plugins"))
         run_model_sweep(mcfg, os.path.join(a.out, "model.csv"), resume=not a.no_resume, progress=not a.no_progress)
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"{ok}/{len(rows)} points ok -> {os.path.join(a.out, 'kernel.csv')}")

@@ -1,8 +1,8 @@
-"""``reference`` backend of every kind: :mod:`attn_zoo.reference` (fp32, or fp64 for fp64 inputs; dense mask)."""
+"""``reference`` backend of every softmax kind and of ``linear``: :mod:`attn_zoo.reference` (fp32, or fp64 for
+fp64 inputs; dense mask)."""
 
 from ..reference import attention_reference
-from ..registry import register_backend
-from ..spec import KINDS
+from ..registry import family, register_backend
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -11,6 +11,6 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-@register_backend(KINDS, "reference", supports=_supports)
+@register_backend((family("softmax"), "linear"), "reference", supports=_supports)
 def reference_backend(q, k, v, spec, return_lse=False):
     return attention_reference(q, k, v, spec, return_lse=return_lse)

@@ -1,4 +1,5 @@
-"""``torch`` backend of the softmax kinds: what a user would pick instead of our kernels.
+"""``torch`` backend of every softmax kind (any variant whose mask is a ``MaskInfo``): what a user would pick
+instead of our kernels.
 
 * Plain causal / full attention (any device): ``F.scaled_dot_product_attention`` with ``enable_gqa``;
   causal with ``Nq < Nk`` uses the bottom-right mask ``causal_lower_right``; with ``Nq > Nk`` the top
@@ -30,8 +31,7 @@ import torch.nn.functional as F
 
 from ..flex import compiled_flex_attention, flex_block_mask
 from ..masks import mask_info, unseen_keys
-from ..registry import register_backend
-from ..spec import SOFTMAX_KINDS
+from ..registry import family, register_backend
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -64,7 +64,7 @@ def _sdpa_dense_mask(q, k, v, scale, spec):
 _FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
-@register_backend(SOFTMAX_KINDS, "torch", supports=_supports)
+@register_backend(family("softmax"), "torch", supports=_supports)
 def torch_softmax_attention(q, k, v, spec, return_lse=False):
     """SDPA / FlexAttention with the spec's mask; shapes as :func:`attn_zoo.attention`."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
@@ -72,8 +72,7 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False):
     mi = mask_info(spec, Nq, Nk)
     if mi.is_full and not return_lse:
         return _sdpa(q, k, v, scale)
-    plain_causal = mi.causal and mi.layout is None and mi.window_left is None and mi.window_right in (None, 0)
-    if plain_causal and not return_lse:
+    if mi.is_plain_causal and not return_lse:
         if Nq == Nk:
             return _sdpa(q, k, v, scale, is_causal=True)
         if Nq < Nk:

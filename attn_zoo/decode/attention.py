@@ -109,7 +109,7 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
     gqa = Hq != k.shape[1]
     scale = spec.scale(D)
     mi = mask_info(spec, Nq, L)
-    plain = mi.causal and mi.layout is None and mi.window_left is None
+    plain = mi.is_plain_causal
     if plain and Nq == 1 and all(n == L for n in lens):  # one query at the end sees every key
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     dev = str(q.device)
@@ -138,6 +138,8 @@ def _triton_reason(q, k_cache, spec) -> Optional[str]:
         return f"head dim D={q.shape[-1]} > 256 is not supported"
     if k_cache.stride(-1) != 1 or q.stride(-1) != 1:
         return "the head dim of q and the cache must be contiguous"
+    if mask_info(spec, 1, 1).dilation != 1:
+        return "the decode kernel has no dilation rule (dilated window); use backend='torch' or 'reference'"
     return None
 
 

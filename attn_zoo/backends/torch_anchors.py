@@ -1,0 +1,250 @@
+"""The anchors: what a user would run instead of our kernels, registered as backends without a priority (``auto``
+never picks them; benchmarks and sweeps time them, ``attention(..., backend=<name>)`` runs them).
+
+* ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` / ``sdpa_math``: ``F.scaled_dot_product_attention`` pinned
+  to one SDPA kernel (FlashAttention-2, cuDNN, memory-efficient, math). Exact full / causal attention only
+  (``MaskInfo.is_full`` or plain causal with ``Nq == Nk``: SDPA's ``is_causal`` is top-left aligned); windows,
+  layouts and dilation are not expressible.
+* ``flex``: FlexAttention (Guessous et al. 2024), compiled on CUDA (:func:`attn_zoo.flex.compiled_flex_attention`,
+  eager elsewhere), with the ``BlockMask`` of the spec's :class:`attn_zoo.MaskInfo` element rule: every softmax
+  kind. No zeroing of keys no query sees (the raw library call).
+* ``naive``: standard attention in the input dtype with S and P materialised ([FA1] Algorithm 0: ``S = (scale Q)
+  K^T``, masked_fill, softmax, ``P V``); for ``linear`` the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
+* ``fa2`` / ``fa3``: ``flash_attn.flash_attn_func`` (FlashAttention-2, Dao 2023) / ``flash_attn_interface``
+  (FlashAttention-3, Shah et al. 2024) where installed: full, causal (bottom-right) and sliding windows, fp16 /
+  bf16 on CUDA.
+* ``fla``: ``fla.ops.linear_attn.chunk_linear_attn`` (flash-linear-attention, Yang et al.) for causal ``linear``
+  with ``Nq == Nk`` on CUDA where installed (feature map applied in PyTorch, ``normalize=True``; its own eps).
+
+Rows that see no key: ``naive`` outputs 0; the SDPA anchors never have such rows (full / causal ``Nq == Nk``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..masks import mask_info
+from ..registry import family, register_backend
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _cuda_available() -> Optional[str]:
+    return None if torch.cuda.is_available() else "no CUDA device"
+
+
+def _importable(module: str):
+    def available() -> Optional[str]:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - ImportError, or a package broken against this torch / triton
+            return f"{module} cannot be imported ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return None
+
+    return available
+
+
+def _all(*checks):
+    def available() -> Optional[str]:
+        for c in checks:
+            why = c()
+            if why is not None:
+                return why
+        return None
+
+    return available
+
+
+# --------------------------------------------------------------------------------------------- SDPA
+_SDPA = {  # name -> (SDPBackend member, dtypes or None = any, needs CUDA)
+    "sdpa_flash": ("FLASH_ATTENTION", _HALF, True),
+    "sdpa_cudnn": ("CUDNN_ATTENTION", _HALF, True),
+    "sdpa_efficient": ("EFFICIENT_ATTENTION", None, True),
+    "sdpa_math": ("MATH", None, False),
+}
+
+
+def _exact_reason(q, k, spec) -> Optional[str]:
+    """``None`` when the spec's mask is full attention or plain causal with ``Nq == Nk`` (SDPA's flags)."""
+    mi = mask_info(spec, q.shape[2], k.shape[2])
+    if mi.is_full:
+        return None
+    if not mi.is_plain_causal:
+        return f"SDPA runs exact full / causal attention only, not kind={spec.kind!r} (a window, layout or dilation)"
+    if q.shape[2] != k.shape[2]:
+        return "SDPA's is_causal is top-left aligned: causal needs Nq == Nk"
+    return None
+
+
+def _sdpa_anchor(name: str):
+    member, dtypes, needs_cuda = _SDPA[name]
+
+    def supports(q, k, v, spec, return_lse):
+        if return_lse:
+            return "SDPA does not return the lse"
+        if needs_cuda and not q.is_cuda:
+            return f"the SDPA {member} kernel needs CUDA tensors"
+        if dtypes is not None and q.dtype not in dtypes:
+            return f"dtype {q.dtype} is not supported (float16, bfloat16)"
+        if q.dtype == torch.float64 and q.is_cuda:
+            return "float64 is not supported on CUDA"
+        return _exact_reason(q, k, spec)
+
+    def fn(q, k, v, spec, return_lse=False):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        causal = mask_info(spec, q.shape[2], k.shape[2]).causal
+        scale = spec.scale(q.shape[-1])
+        with sdpa_kernel([getattr(SDPBackend, member)]):
+            if q.shape[1] != k.shape[1]:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+    fn.__name__ = fn.__qualname__ = f"{name}_attention"
+    available = _cuda_available if needs_cuda else None
+    register_backend(family("softmax"), name, supports=supports, priority=None, available=available, fn=fn)
+
+
+for _name in _SDPA:
+    _sdpa_anchor(_name)
+
+
+# --------------------------------------------------------------------------------------------- FlexAttention
+def _flex_available() -> Optional[str]:
+    return _importable("torch.nn.attention.flex_attention")()
+
+
+def _flex_supports(q, k, v, spec, return_lse):
+    if q.dtype == torch.float64 and q.is_cuda:
+        return "float64 is not supported on CUDA"
+    return None
+
+
+@register_backend(family("softmax"), "flex", supports=_flex_supports, priority=None, available=_flex_available)
+def flex_attention(q, k, v, spec, return_lse=False):
+    """Compiled FlexAttention (eager off CUDA) with the spec's ``BlockMask``."""
+    from ..flex import compiled_flex_attention, flex_block_mask
+
+    bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
+    fa = compiled_flex_attention(q.device.type)
+    kw = {"return_lse": True} if return_lse else {}
+    return fa(q, k, v, block_mask=bm, scale=spec.scale(q.shape[-1]), enable_gqa=q.shape[1] != k.shape[1], **kw)
+
+
+# --------------------------------------------------------------------------------------------- naive
+@lru_cache(maxsize=32)
+def _naive_mask(spec, Nq: int, Nk: int, device: str):
+    """``(allowed or None, has empty rows)`` of the spec's mask on ``device``."""
+    mi = mask_info(spec, Nq, Nk)
+    if mi.is_full:
+        return None, False
+    allowed = mi.dense(device)
+    return allowed, bool((~allowed).all(-1).any())
+
+
+def _naive_supports(q, k, v, spec, return_lse):
+    return "naive returns no lse" if return_lse else None
+
+
+@register_backend((family("softmax"), "linear"), "naive", supports=_naive_supports, priority=None)
+def naive_attention(q, k, v, spec, return_lse=False):
+    """Standard attention in the input dtype (S and P materialised); linear: the masked quadratic form."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    rep = q.shape[1] // k.shape[1]
+    kk = k.repeat_interleave(rep, 1) if rep > 1 else k
+    vv = v.repeat_interleave(rep, 1) if rep > 1 else v
+    if spec.is_softmax:
+        allowed, empty_rows = _naive_mask(spec, Nq, Nk, str(q.device))
+        s = (q * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
+        if allowed is not None:
+            s = s.masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        if empty_rows:
+            p = torch.nan_to_num(p, nan=0.0)  # rows with no allowed key output 0
+        return p @ vv
+    from ..feature_maps import apply_feature_map
+
+    fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = apply_feature_map(kk, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    a = fq @ fk.transpose(-1, -2)
+    if spec.causal:
+        i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
+        j = torch.arange(Nk, device=q.device).view(1, -1)
+        a = a.masked_fill(j > i, 0.0)
+    return (a @ vv) / (a.sum(-1, keepdim=True) + spec.eps)
+
+
+# --------------------------------------------------------------------------------------------- FlashAttention 2 / 3
+_FA = {"fa2": "flash_attn", "fa3": "flash_attn_interface"}
+
+
+def _fa_anchor(name: str):
+    module = _FA[name]
+
+    def supports(q, k, v, spec, return_lse):
+        if return_lse:
+            return f"{name} is registered without the lse"
+        if not q.is_cuda:
+            return "needs CUDA tensors"
+        if q.dtype not in _HALF:
+            return f"dtype {q.dtype} is not supported (float16, bfloat16)"
+        if q.shape[-1] > 256 or v.shape[-1] != q.shape[-1]:
+            return f"head dims D={q.shape[-1]}, Dv={v.shape[-1]}: needs D <= 256 and Dv == D"
+        mi = mask_info(spec, q.shape[2], k.shape[2])
+        if mi.layout is not None or mi.dilation != 1:
+            return f"kind={spec.kind!r}: a block layout / dilation is not expressible in {name}'s window_size"
+        return None
+
+    def fn(q, k, v, spec, return_lse=False):
+        mod = importlib.import_module(module)
+        mi = mask_info(spec, q.shape[2], k.shape[2])
+        window = (-1 if mi.window_left is None else mi.window_left, -1 if mi.window_right is None else mi.window_right)
+        out = mod.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                  softmax_scale=spec.scale(q.shape[-1]), causal=mi.causal, window_size=window)
+        out = out[0] if isinstance(out, tuple) else out  # some versions return (out, lse)
+        return out.transpose(1, 2)
+
+    fn.__name__ = fn.__qualname__ = f"{name}_attention"
+    register_backend(family("softmax"), name, supports=supports, priority=None,
+                     available=_all(_cuda_available, _importable(module)), fn=fn)
+
+
+for _name in _FA:
+    _fa_anchor(_name)
+
+
+# --------------------------------------------------------------------------------------------- fla
+def _fla_supports(q, k, v, spec, return_lse):
+    if return_lse:
+        return "fla returns no lse"
+    if not q.is_cuda:
+        return "needs CUDA tensors"
+    if not spec.causal or q.shape[2] != k.shape[2]:
+        return "fla's chunk_linear_attn is causal with Nq == Nk"
+    if q.dtype == torch.float64:
+        return "float64 is not supported"
+    return None
+
+
+@register_backend("linear", "fla", supports=_fla_supports, priority=None,
+                  available=_all(_cuda_available, _importable("fla.ops.linear_attn")))
+def fla_linear_attention(q, k, v, spec, return_lse=False):
+    """``fla.ops.linear_attn.chunk_linear_attn(phi(q), phi(k), v, scale=1, normalize=True)`` in fla's ``(B, N, H, D)``
+    layout (K/V heads repeated for GQA)."""
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    from ..feature_maps import apply_feature_map
+
+    rep = q.shape[1] // k.shape[1]
+    fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = apply_feature_map(k, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    if rep > 1:
+        fk, v = fk.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = chunk_linear_attn(*(t.transpose(1, 2).contiguous() for t in (fq, fk, v)), scale=1.0, normalize=True)
+    out = out[0] if isinstance(out, tuple) else out
+    return out.transpose(1, 2).to(q.dtype)

@@ -1,0 +1,221 @@
+"""Sequence mixers: the layer of a block that mixes positions, attention being one of them.
+
+A mixer is an ``nn.Module`` mapping ``x (B, N, d_model) -> (B, N, d_model)`` (``forward(x)``). A mixer that can
+decode from a state also has ``new_cache(batch_size, capacity, dtype, device, page_size, shuffle_pages)`` and
+``forward(x, cache, pos)`` (the attention mixer does); the others run in training and ``generate(use_cache=False)``.
+
+Registry (zoology's ``sequence_mixer``, Arora et al. 2023, in spirit): :func:`register_mixer` names a factory (a class
+or a callable); :func:`build_mixer` calls it with the options of a :class:`MixerSpec` as keyword arguments plus the
+context arguments its signature names: ``d_model``, ``n_head``, ``head_dim``, ``max_seq_len``, ``dropout``,
+``bias``, ``layer_idx``, ``backend``, ``config`` (the :class:`~attn_zoo.model.GPTConfig`), ``rotary``. A mixer need
+not be registered: ``MixerSpec("my_pkg.layers.MyMixer", ...)`` (or ``_target_: my_pkg.layers.MyMixer`` in a
+config) imports it by path.
+
+The ``attention`` mixer (:class:`attn_zoo.model.Attention`) is built from an :class:`~attn_zoo.AttentionSpec`; every
+other mixer from a :class:`MixerSpec`. In configs (``model.layers`` of ``train.py``) a layer is the name of a
+``conf/attention/<name>.yaml``, the name of a registered mixer, or a dict: spec fields (attention), or
+``{mixer: <name or path>, <option>: ...}`` / ``{_target_: <path>, <option>: ...}``::
+
+    import torch.nn as nn
+    from attn_zoo.mixers import register_mixer
+
+    @register_mixer("conv", causal=True)
+    class CausalConv(nn.Module):
+        def __init__(self, d_model, kernel_size=4):
+            ...
+        def forward(self, x):           # (B, N, d_model) -> (B, N, d_model)
+            ...
+
+    # python train.py +plugins=[my_module] model.layers=[conv,flash]
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from .spec import AttentionSpec, make_spec
+
+_ATTENTION_TARGETS = (None, "attn_zoo.make_spec", "attn_zoo.spec.make_spec", "attn_zoo.AttentionSpec",
+                      "attn_zoo.spec.AttentionSpec")
+CONTEXT = ("d_model", "n_head", "head_dim", "max_seq_len", "dropout", "bias", "layer_idx", "backend", "config", "rotary")
+
+
+@dataclass(frozen=True)
+class MixerEntry:
+    """A registered mixer: ``factory`` builds the module; ``causal``: position ``t``'s output depends on positions
+    ``<= t`` only (``GPT.generate`` needs it)."""
+
+    name: str
+    factory: Callable
+    causal: bool = True
+
+
+_MIXERS: Dict[str, MixerEntry] = {}
+
+
+def register_mixer(name: str, factory: Optional[Callable] = None, *, causal: bool = True):
+    """Register ``factory`` (a class or callable) as mixer ``name``; a decorator unless ``factory`` is given.
+
+    Raises ``ValueError`` for a name that is not an identifier (dotted names are import paths)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"mixer name={name!r} must be an identifier (a dotted name is read as an import path)")
+
+    def deco(f):
+        _MIXERS[name] = MixerEntry(name, f, bool(causal))
+        return f
+
+    return deco(factory) if factory is not None else deco
+
+
+def mixer_names() -> List[str]:
+    """The registered mixer names (``attention`` included once :mod:`attn_zoo.model` is imported)."""
+    return list(_MIXERS)
+
+
+def _freeze(key: str, value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(key, x) for x in value)
+    if isinstance(value, dict) or (value is not None and not isinstance(value, (int, float, str, bool))):
+        try:  # ListConfig
+            return tuple(_freeze(key, x) for x in list(value))
+        except TypeError:
+            pass
+        raise ValueError(f"mixer option {key}={value!r}: options must be numbers, strings, bools, None or lists")
+    return value
+
+
+def _thaw(value):
+    return [_thaw(x) for x in value] if isinstance(value, tuple) else value
+
+
+def _import_path(path: str):
+    mod, _, attr = path.rpartition(".")
+    if not mod:
+        raise ValueError(f"mixer={path!r} is not registered; registered mixers: {', '.join(_MIXERS) or '(none)'} "
+                         f"(or give an import path, e.g. my_package.layers.MyMixer)")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"mixer={path!r} cannot be imported ({type(e).__name__}: {e}); registered mixers: "
+                         f"{', '.join(_MIXERS) or '(none)'}") from e
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """One non-attention layer of a model: ``mixer`` (a registered name or an import path of a class / factory),
+    its ``options`` (keyword arguments, a tuple of ``(name, value)`` pairs or a dict) and an optional ``name`` for
+    logs. Frozen and hashable like :class:`~attn_zoo.AttentionSpec`; raises ``ValueError`` for an unknown name."""
+
+    mixer: str
+    options: Tuple[Tuple[str, Any], ...] = ()
+    name: Optional[str] = None
+
+    def __post_init__(self):
+        if not isinstance(self.mixer, str) or not self.mixer:
+            raise ValueError(f"mixer must be a mixer name or an import path, got {self.mixer!r}")
+        if self.mixer == "attention":
+            raise ValueError("the attention mixer is described by an AttentionSpec (attn_zoo.make_spec), not a MixerSpec")
+        if "." not in self.mixer and self.mixer not in _MIXERS:
+            raise ValueError(f"mixer={self.mixer!r} is not supported; allowed values: "
+                             f"{', '.join(n for n in _MIXERS if n != 'attention') or '(none registered)'} "
+                             f"(register one with attn_zoo.register_mixer, or give an import path)")
+        opts = dict(self.options) if not isinstance(self.options, dict) else dict(self.options)
+        object.__setattr__(self, "options", tuple(sorted((str(k), _freeze(str(k), v)) for k, v in opts.items())))
+
+    @property
+    def label(self) -> str:
+        """Short name for logs: ``name``, else the mixer name (last part of an import path)."""
+        return self.name or self.mixer.rsplit(".", 1)[-1]
+
+    @property
+    def causal(self) -> bool:
+        entry = _MIXERS.get(self.mixer)
+        return entry.causal if entry is not None else bool(dict(self.options).get("causal", True))
+
+    def kwargs(self) -> dict:
+        return {k: _thaw(v) for k, v in self.options}
+
+    def to_dict(self) -> dict:
+        """Plain dict (checkpoints / hparams); :func:`make_layer_spec` inverts it."""
+        d = {"mixer": self.mixer, **self.kwargs()}
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+    def factory(self) -> Callable:
+        entry = _MIXERS.get(self.mixer)
+        return entry.factory if entry is not None else _import_path(self.mixer)
+
+
+LayerSpec = Union[AttentionSpec, MixerSpec]
+
+
+def make_layer_spec(**kwargs) -> LayerSpec:
+    """A layer from config fields: ``mixer: <name or path>`` (or a ``_target_`` other than ``attn_zoo.make_spec``)
+    gives a :class:`MixerSpec` of the remaining fields, anything else (``mixer: attention`` or none) an
+    :class:`~attn_zoo.AttentionSpec` via :func:`attn_zoo.make_spec`."""
+    target = kwargs.pop("_target_", None)
+    mixer = kwargs.pop("mixer", None)
+    if mixer is None and target not in _ATTENTION_TARGETS and target != f"{__name__}.make_layer_spec":
+        mixer = target
+    if mixer is None or mixer == "attention":
+        return make_spec(**kwargs)
+    name = kwargs.pop("name", None)
+    return MixerSpec(str(mixer), tuple(kwargs.items()), name)
+
+
+def layer_to_dict(spec: LayerSpec) -> dict:
+    """Plain dict of a layer (:func:`make_layer_spec` inverts it)."""
+    if isinstance(spec, MixerSpec):
+        return spec.to_dict()
+    from dataclasses import asdict
+
+    d = asdict(spec)
+    if d.get("window_size") is not None:
+        d["window_size"] = list(d["window_size"])
+    return d
+
+
+def layer_from_dict(d) -> LayerSpec:
+    return make_layer_spec(**dict(d))
+
+
+def _call(factory: Callable, what: str, context: dict, options: dict):
+    """``factory(**options, **<the context arguments its signature names>)``; errors name the mixer."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins / C extensions: options only
+        params, var_kw = {}, True
+    else:
+        params = sig.parameters
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kw = {k: v for k, v in context.items() if k in params and k not in options}
+    if var_kw and "d_model" not in kw and "d_model" not in options:
+        kw["d_model"] = context["d_model"]
+    try:
+        return factory(**options, **kw)
+    except TypeError as e:
+        accepted = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise ValueError(f"{what} cannot be built with options {sorted(options)} ({e}); its parameters: "
+                         f"{', '.join(accepted)} (context arguments given by name: {', '.join(CONTEXT)})") from e
+
+
+def build_mixer(spec: LayerSpec, config, layer_idx: int = 0, backend: str = "auto", rotary=None):
+    """The ``nn.Module`` of one layer: the ``attention`` mixer for an :class:`~attn_zoo.AttentionSpec`, else the
+    :class:`MixerSpec`'s factory. Raises ``ValueError`` / ``TypeError`` naming the mixer."""
+    context = {"d_model": config.d_model, "n_head": config.n_head, "head_dim": config.head_dim,
+               "max_seq_len": config.max_seq_len, "dropout": config.dropout, "bias": config.bias,
+               "layer_idx": layer_idx, "backend": backend, "config": config, "rotary": rotary}
+    if isinstance(spec, AttentionSpec):
+        entry = _MIXERS.get("attention")
+        if entry is None:
+            from . import model  # noqa: F401  (registers the attention mixer)
+
+            entry = _MIXERS["attention"]
+        return _call(entry.factory, "mixer 'attention'", dict(context, spec=spec), {})
+    if not isinstance(spec, MixerSpec):
+        raise TypeError(f"a layer must be an AttentionSpec or a MixerSpec, got {type(spec).__name__}")
+    return _call(spec.factory(), f"mixer {spec.mixer!r}", context, spec.kwargs())

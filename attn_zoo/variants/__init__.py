@@ -1,0 +1,178 @@
+"""Variant registry: every attention variant (a spec ``kind``) is a plugin that registers itself.
+
+A variant is one folder, ``attn_zoo/variants/<kind>/__init__.py``, that calls :func:`register_variant` with
+
+* ``family``: ``"softmax"`` (exact softmax over a mask: the mask is a :class:`attn_zoo.masks.MaskInfo`, so the
+  generic ``reference`` / ``torch`` (SDPA, FlexAttention) / ``triton`` backends and the anchors run it) or
+  ``"linear"`` (kernelized attention);
+* its spec fields: ``fields`` names the :class:`~attn_zoo.spec.AttentionSpec` fields it reads (a field it does not
+  read, e.g. ``window_size``, is refused), and ``spec_class`` a frozen subclass of ``AttentionSpec`` when it adds
+  fields of its own (``AttentionSpec(kind=<kind>, ...)`` and :func:`attn_zoo.make_spec` build that subclass);
+* ``validate(spec)``: raises ``ValueError`` naming the field and the allowed values;
+* ``mask(spec, Nq, Nk) -> dict``: the :class:`~attn_zoo.masks.MaskInfo` terms of the variant (``window_left``,
+  ``window_right``, ``layout``, ``block_size``, ``dilation``); :func:`attn_zoo.masks.mask_info` adds ``Nq``,
+  ``Nk``, ``causal`` and the causal clip. Softmax family only;
+* cost entries: ``element_fraction(spec, N)`` (kept (query, key) pairs over ``N^2``; default: counted from the
+  mask) and ``subquadratic`` (about constant time per token at fixed tokens: the crossover analysis fits
+  ``c_lin`` for it);
+* optionally its own backends (``attn_zoo.register_backend(<kind>, name, ...)`` in the same folder: a torch form
+  or a Triton adapter that the family's generic ones do not cover; a kind-specific backend overrides the
+  family's of the same name).
+
+The built-in folders (``flash``, ``sliding_window``, ``sparse``, ``linear``, then every other folder in
+alphabetical order) are imported on first use; a variant outside this package registers by being imported
+(:func:`attn_zoo.load_plugins`). Lookups: :func:`get_variant`, :func:`variant_kinds`, :func:`element_fraction`,
+:func:`is_subquadratic`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+FAMILIES = ("softmax", "linear")
+BUILTIN = ("flash", "sliding_window", "sparse", "linear")  # imported first, in this order (error messages list them)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One registered attention variant (see the module docstring)."""
+
+    kind: str
+    family: str
+    spec_class: type
+    fields: Tuple[str, ...] = ()
+    validate: Optional[Callable] = None
+    mask: Optional[Callable] = None
+    element_fraction: Optional[Callable] = None
+    subquadratic: bool = False
+    doc: str = ""
+
+
+_VARIANTS: Dict[str, Variant] = {}
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    """Import the variant folders of this package once (built-ins first, then the others alphabetically)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True  # set first: a folder that looks a variant up while importing sees the partial registry
+    names = [m.name for m in pkgutil.iter_modules(__path__) if m.ispkg]
+    for name in list(BUILTIN) + sorted(n for n in names if n not in BUILTIN):
+        importlib.import_module(f"{__name__}.{name}")
+
+
+def register_variant(kind: str, family: str, *, spec_class: Optional[type] = None, fields=(), validate=None,
+                     mask=None, element_fraction=None, subquadratic: bool = False, doc: str = "") -> Variant:
+    """Register (or replace) the variant ``kind``; returns its :class:`Variant`.
+
+    Raises:
+        ValueError: an empty / non-identifier ``kind``, an unknown ``family``, a softmax variant without ``mask``.
+        TypeError: ``spec_class`` that is not a subclass of :class:`attn_zoo.AttentionSpec`.
+    """
+    from ..spec import AttentionSpec
+
+    _load_builtin()  # the built-ins first (a no-op while they load)
+    if not isinstance(kind, str) or not kind.isidentifier():
+        raise ValueError(f"variant kind={kind!r} must be a non-empty identifier string")
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r} is not supported; allowed values: {', '.join(FAMILIES)}")
+    if family == "softmax" and mask is None:
+        raise ValueError(f"softmax variant {kind!r} needs mask(spec, Nq, Nk) -> MaskInfo terms")
+    spec_class = spec_class or AttentionSpec
+    if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)):
+        raise TypeError(f"spec_class of variant {kind!r} must be a subclass of AttentionSpec, got {spec_class!r}")
+    v = Variant(kind, family, spec_class, tuple(fields), validate, mask, element_fraction, bool(subquadratic), doc)
+    _VARIANTS[kind] = v
+    _forget_cached_decisions()
+    return v
+
+
+def _forget_cached_decisions() -> None:
+    """A (re)registered variant may change the mask or the backends of a kind: clear the mask cache and the
+    dispatch cache of :func:`attn_zoo.attention` (modules not imported yet have nothing cached)."""
+    masks, functional = sys.modules.get("attn_zoo.masks"), sys.modules.get("attn_zoo.functional")
+    if masks is not None and hasattr(masks, "mask_info"):
+        masks.mask_info.cache_clear()
+    if functional is not None and hasattr(functional, "_DISPATCH"):
+        functional._DISPATCH.clear()
+
+
+def variant_kinds() -> Tuple[str, ...]:
+    """Every registered kind, in registration order (built-ins first)."""
+    _load_builtin()
+    return tuple(_VARIANTS)
+
+
+def get_variant(kind: str) -> Variant:
+    """The :class:`Variant` of ``kind``; raises ``ValueError`` naming the registered kinds."""
+    v = _VARIANTS.get(kind)
+    if v is None:
+        _load_builtin()
+        v = _VARIANTS.get(kind)
+        if v is None:
+            raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(_VARIANTS)}")
+    return v
+
+
+def kinds_of(family: str) -> Tuple[str, ...]:
+    """Registered kinds of one family (``"softmax"`` / ``"linear"``)."""
+    _load_builtin()
+    return tuple(k for k, v in _VARIANTS.items() if v.family == family)
+
+
+def spec_class_of(kind) -> Optional[type]:
+    """The spec class of ``kind`` (``None`` for an unknown kind: the spec's validation names it)."""
+    try:
+        return get_variant(kind).spec_class
+    except (ValueError, TypeError):
+        return None
+
+
+def is_subquadratic(kind: str) -> bool:
+    """Whether ``kind`` has ~constant time per token (``False`` for unknown kinds, e.g. an old CSV's)."""
+    try:
+        return get_variant(kind).subquadratic
+    except ValueError:
+        return False
+
+
+def element_fraction(spec, N: int) -> float:
+    """Fraction of the ``N x N`` (query, key) pairs a spec keeps (``Nq = Nk = N``; linear kinds: the causal
+    fraction). The variant's own formula when it has one, else counted from the mask in row chunks (block-sparse
+    layouts above ``N = 4096``: the visited-tile fraction at ``block_size`` tiles, no element count)."""
+    v = get_variant(spec.kind)
+    if v.element_fraction is not None:
+        return float(v.element_fraction(spec, N))
+    if v.family != "softmax":
+        return (N + 1) / (2 * N) if spec.causal else 1.0
+    from .. import cost_model as cm
+
+    bs = getattr(spec, "block_size", 64) or 64
+    if N <= 4096:
+        return cm.mask_fractions(spec, N, bs, bs)["element_fraction"]
+    return cm.mask_fractions(spec, N, bs, bs, elements=False)["visited_fraction"]
+
+
+def window_element_fraction(N: int, left: Optional[int], right: Optional[int], causal: bool, dilation: int = 1) -> float:
+    """Kept fraction of an ``N x N`` window mask (``left`` / ``right`` in tokens, ``None`` unbounded, keys every
+    ``dilation`` tokens), in O(N) without a mask."""
+    left = N if left is None else left
+    right = 0 if causal else (N if right is None else right)
+    d = max(int(dilation), 1)
+    kept = 0
+    for i in range(N):
+        kept += min(left, i) // d + min(right, N - 1 - i) // d + 1
+    return kept / (N * N)
+
+
+def describe() -> List[dict]:
+    """One row per registered variant (kind, family, fields, subquadratic, spec class): for docs and ``--help``."""
+    _load_builtin()
+    return [{"kind": v.kind, "family": v.family, "fields": ",".join(v.fields), "subquadratic": v.subquadratic,
+             "spec_class": v.spec_class.__name__} for v in _VARIANTS.values()]

@@ -1,0 +1,148 @@
+"""A sequence mixer that is not attention: a causal depthwise convolution registered from this file trains through
+``train.py`` with ``model.layers=[conv, flash]`` (Hydra compose in process, and the CLI with ``+plugins=[...]``)."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from lightning.pytorch.callbacks import Callback
+from omegaconf import open_dict
+
+import attn_zoo
+from attn_zoo.mixers import MixerSpec, build_mixer, make_layer_spec, register_mixer
+from attn_zoo.model import GPT, GPTConfig, layer_from_dict, spec_to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import train as train_mod  # noqa: E402
+
+
+@register_mixer("conv", causal=True)
+class CausalDepthwiseConv(nn.Module):
+    """``y_t = W_o (sum_{s < kernel_size} w_s * x_{t - s})``: a per-channel causal convolution (H3 / Mamba's short
+    conv), ``(B, N, d_model) -> (B, N, d_model)``."""
+
+    def __init__(self, d_model: int, kernel_size: int = 4, bias: bool = False):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model, bias=True)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, x):  # (B, N, d_model)
+        h = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # left padding only: causal
+        return self.out(self.conv(h).transpose(1, 2))
+
+
+GRADS = []  # per optimizer step: gradient norm of the conv layer's kernel
+
+
+class ConvGradProbe(Callback):
+    def on_after_backward(self, trainer, pl_module):
+        g = pl_module.gpt.blocks[0].attn.conv.weight.grad
+        GRADS.append(float(g.norm()) if g is not None else 0.0)
+
+
+MQAR = ["data.vocab_size=32", "data.num_kv_pairs=4", "data.num_train=512", "data.num_val=64"]
+FAST = ["logger=csv", "model.d_model=32", "model.n_layer=2", "model.n_head=4", "data.seq_len=32", "data.batch_size=16",
+        "trainer.max_steps=30", "trainer.val_check_interval=15", "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "optim.lr=1e-2", "optim.warmup_steps=5"] + MQAR
+
+
+def test_conv_mixer_in_the_model_is_causal_and_gets_gradients():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=4, d_model=32, max_seq_len=32)
+    model = GPT(cfg, [MixerSpec("conv", {"kernel_size": 3}), attn_zoo.make_spec("flash")], backend="reference")
+    assert isinstance(model.blocks[0].attn, CausalDepthwiseConv) and model.blocks[0].attn.kernel_size == 3
+    assert model.layer_labels == ["conv", "flash"]
+    idx = torch.randint(0, 50, (2, 24))
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert model.blocks[0].attn.conv.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        idx2 = idx.clone()
+        idx2[:, 15] = (idx2[:, 15] + 1) % 50
+        a, b = model(idx), model(idx2)
+    torch.testing.assert_close(a[:, :15], b[:, :15], atol=1e-5, rtol=1e-5)
+    assert model.generate(idx[:, :4], 2, greedy=True, use_cache=False).shape == (2, 6)
+    with pytest.raises(ValueError, match=r"layer 0 \(conv\) is a CausalDepthwiseConv mixer without a decode state"):
+        model.generate(idx[:, :4], 2)
+
+
+def test_layer_specs_round_trip_and_errors():
+    conv = make_layer_spec(mixer="conv", kernel_size=5)
+    assert conv == MixerSpec("conv", (("kernel_size", 5),)) and hash(conv) == hash(MixerSpec("conv", {"kernel_size": 5}))
+    assert layer_from_dict(spec_to_dict(conv)) == conv
+    by_path = make_layer_spec(_target_=f"{__name__}.CausalDepthwiseConv", kernel_size=2)
+    assert by_path.label == "CausalDepthwiseConv"
+    m = build_mixer(by_path, GPTConfig(d_model=16, n_head=2))
+    assert isinstance(m, CausalDepthwiseConv) and m.conv.in_channels == 16
+    assert isinstance(make_layer_spec(_target_="attn_zoo.make_spec", kind="flash"), attn_zoo.AttentionSpec)
+    with pytest.raises(ValueError, match=r"mixer='nope' is not supported; allowed values: .*conv"):
+        MixerSpec("nope")
+    with pytest.raises(ValueError, match=r"mixer 'conv' cannot be built with options \['width'\].*parameters: d_model, "
+                                         r"kernel_size, bias"):
+        build_mixer(MixerSpec("conv", {"width": 3}), GPTConfig())
+    with pytest.raises(ValueError, match="mixer='no_such_pkg.Mixer' cannot be imported"):
+        build_mixer(MixerSpec("no_such_pkg.Mixer"), GPTConfig())
+
+
+def _cfg(tmp_path, overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+        cfg.paths.cache_dir = str(tmp_path / "cache")
+    return cfg
+
+
+def test_conv_and_flash_train_through_train_py(tmp_path):
+    """Demo: ``model.layers=[conv,flash]`` through Hydra: the loss falls and the conv layer receives gradients."""
+    GRADS.clear()
+    cfg = _cfg(tmp_path, FAST + ["model.layers=[conv,flash]",
+                                 f"+callbacks.probe._target_={__name__}.ConvGradProbe"])
+    specs = train_mod.layer_specs(cfg)
+    assert specs[0] == MixerSpec("conv") and specs[1].kind == "flash"
+    metrics = train_mod.train(cfg)
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        import csv
+
+        loss = [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert len(loss) == 30
+    first, last = sum(loss[:5]) / 5, sum(loss[-5:]) / 5
+    assert last < first - 0.2, f"train loss did not decrease ({first:.3f} -> {last:.3f})"
+    assert math.isfinite(metrics["val/loss"]) and metrics["val/loss"] < math.log(32)
+    assert len(GRADS) == 30 and all(g > 0 and math.isfinite(g) for g in GRADS)
+    from omegaconf import OmegaConf
+
+    hp = OmegaConf.load(tmp_path / "csv" / "hparams.yaml")
+    assert hp.variant == "conv+flash"
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert list(ckpt["hyper_parameters"]["layer_specs"][0]) == ["mixer"]
+    assert "model.blocks.0.attn.conv.weight" in ckpt["state_dict"]
+
+
+def test_unknown_layer_name_lists_mixers(tmp_path):
+    cfg = _cfg(tmp_path, FAST + ["model.layers=[conv,nope]"])
+    with pytest.raises(ValueError, match=r"model.layers\[1\]='nope' is not an attention config or a registered "
+                                         r"mixer; allowed values: .*flash.*conv"):
+        train_mod.layer_specs(cfg)
+
+
+def test_cli_plugins_register_the_mixer(tmp_path):
+    """``python train.py +plugins=[test_mixer_conv] model.layers=[conv,flash]``: the plugin module registers it."""
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    args = [a for a in FAST if not a.startswith("trainer.max_steps")] + [
+        "trainer.max_steps=3", "trainer.val_check_interval=3", "model.layers=[conv,flash]", "+plugins=[test_mixer_conv]",
+        f"hydra.run.dir={tmp_path / 'run'}", f"paths.cache_dir={tmp_path / 'c'}"]
+    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "conv+flash" in r.stdout
