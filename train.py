@@ -60,10 +60,9 @@ def _abs(path: str) -> str:
 
 def _spec_from_cfg(node) -> AttentionSpec:
     node = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
-    node.pop("_target_", None)
-    from attn_zoo import make_spec
+    from attn_zoo.mixers import make_layer_spec  # an attention spec, or a mixer (`mixer:` / another `_target_`)
 
-    return make_spec(**node)
+    return make_layer_spec(**node)
 
 
 def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
@@ -73,6 +72,9 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     entries, each the name of a ``conf/attention/<name>.yaml`` (the selected ``attention`` group, including
     command-line overrides, when the name matches ``attention.name``) or an inline dict of spec fields.
     """
+    from attn_zoo import load_plugins
+
+    load_plugins(cfg.get("plugins"))  # modules that register variants / mixers / backends (+plugins=[...])
     base = _spec_from_cfg(cfg.attention)
     layers = cfg.model.get("layers")
     n_layer = int(cfg.model.n_layer)
@@ -89,8 +91,15 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
                 continue
             f = CONF_DIR / "attention" / f"{entry}.yaml"
             if not f.exists():
+                from attn_zoo.mixers import MixerSpec, mixer_names
+
+                if entry in mixer_names() and entry != "attention":  # a registered sequence mixer, default options
+                    specs.append(MixerSpec(entry))
+                    continue
                 names = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
-                raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config; allowed values: {', '.join(names)}")
+                names += [m for m in mixer_names() if m != "attention"]
+                raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config or a registered mixer; "
+                                 f"allowed values: {', '.join(names)}")
             specs.append(_spec_from_cfg(OmegaConf.load(f)))
         else:
             specs.append(_spec_from_cfg(entry))
