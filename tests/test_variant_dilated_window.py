@@ -214,3 +214,33 @@ def test_decode_attention_uses_the_dilated_rule():
     from attn_zoo.decode.attention import _triton_reason
 
     assert "no dilation rule" in (_triton_reason(q.half(), k.half(), spec) or "no dilation rule")
+
+
+def test_trains_through_train_py_with_the_yaml(tmp_path):
+    """``python train.py attention=dilated_window``: the one yaml is all the training path needs."""
+    import csv
+    import sys
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    sys.path.insert(0, str(ROOT))
+    import train as train_mod
+
+    over = ["attention=dilated_window", "attention.window_size=[7,0]", "logger=csv", "model.d_model=32",
+            "model.n_head=4", "data.seq_len=32", "data.batch_size=16", "data.vocab_size=32", "data.num_kv_pairs=4",
+            "data.num_train=512", "data.num_val=64", "trainer.max_steps=20", "trainer.val_check_interval=20",
+            "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+            "optim.lr=1e-2", "optim.warmup_steps=5"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=over)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+        cfg.paths.cache_dir = str(tmp_path / "cache")
+    specs = train_mod.layer_specs(cfg)
+    assert specs[0] == spec_of(7, 0, 2) and specs[0].label == "dilated_window"
+    metrics = train_mod.train(cfg)
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        loss = [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert len(loss) == 20 and sum(loss[-5:]) / 5 < sum(loss[:5]) / 5
+    assert metrics["val/loss"] < 10
