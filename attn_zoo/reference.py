@@ -164,6 +164,39 @@ def linear_attention_reference(
     return (num / den).to(q.dtype)
 
 
+def linear_attention_recurrent(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
+    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+):
+    """Step-by-step recurrent causal form in fp32 (Katharopoulos et al. 2020, eq. 18-20): the naive form the
+    Triton linear kernel (:func:`kernels.linear.linear_attention`) is tested against.
+
+    ``S_i = S_{i-1} + phi(k_i)^T v_i``, ``z_i = z_{i-1} + phi(k_i)``, ``out_i = phi(q_i) S_i / (phi(q_i) . z_i + eps)``;
+    features ``fq (B, Hq, N, F)``, ``fk (B, Hkv, N, F)``, ``v (B, Hkv, N, Dv)``. Returns fp32 ``out`` and ``(S, z)``.
+    Differentiable (plain autograd); O(N) Python steps: small N only.
+    """
+    B, Hq, N, F = fq.shape
+    Hkv, Dv = fk.shape[1], v.shape[3]
+    G = Hq // Hkv
+    fq, fk, v = fq.float(), fk.float(), v.float()
+    if initial_state is None:
+        S = fq.new_zeros(B, Hkv, F, Dv)
+        z = fq.new_zeros(B, Hkv, F)
+    else:
+        S, z = initial_state[0].float(), initial_state[1].float()
+    outs = []
+    for i in range(N):
+        S = S + fk[:, :, i, :, None] * v[:, :, i, None, :]
+        z = z + fk[:, :, i]
+        Sg = S.repeat_interleave(G, dim=1)
+        zg = z.repeat_interleave(G, dim=1)
+        qi = fq[:, :, i]
+        num = torch.einsum("bhf,bhfd->bhd", qi, Sg)
+        den = (qi * zg).sum(-1, keepdim=True) + eps
+        outs.append(num / den)
+    return torch.stack(outs, 2), (S, z)
+
+
 def attention_reference(q, k, v, spec: AttentionSpec, return_lse: bool = False):
     """Dispatch to the softmax or linear reference by ``spec.kind``."""
     if spec.is_softmax:

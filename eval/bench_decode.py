@@ -3,9 +3,9 @@ per variant, and decode tokens/s of exact vs GQA / MQA vs window vs linear atten
 
 Plain Python (no Hydra), runs on a bare GPU image (torch, triton, numpy, matplotlib)::
 
-    python eval/bench_decode.py --quick --out results/decode_quick     # < 3 minutes
-    python eval/bench_decode.py --out results/decode                   # full grid (< 10 minutes on an H200)
-    python eval/bench_decode.py --memory-only --out /tmp/dec           # CPU: the cache-memory table and plot
+    python -m eval.bench_decode --quick --out results/decode_quick     # < 3 minutes
+    python -m eval.bench_decode --out results/decode                   # full grid (< 10 minutes on an H200)
+    python -m eval.bench_decode --memory-only --out /tmp/dec           # CPU: the cache-memory table and plot
 
 Sections (all timings in one run, median of CUDA events with the L2 flushed between calls,
 :func:`eval.bench_common.time_cuda`; bf16, ``D = 128``, one new token per sequence, ``Hq = 32``):
@@ -40,18 +40,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 import traceback
 from typing import Dict, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets  # noqa: E402
-from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, write_csv, write_json  # noqa: E402
+from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets
+from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, write_csv, write_json
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
              flex_points=2, flex_budget_s=60.0)

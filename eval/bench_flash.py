@@ -8,26 +8,24 @@ bf16, 16k tokens per batch (B = 16384 // N), hidden 2048 (H = 2048 // D). FLOPs 
 (4 B H N^2 D times the visited fraction; causal 1/2; backward 2.5x). SDPA cannot skip window / sparse tiles:
 for those variants its anchor runs dense causal attention (what SDPA's fast paths can run), marked in the row.
 
-Usage (GPU): ``python eval/bench_flash.py --out results/h200 [--quick] [--variants causal,win1024] [--N 4096]
-[--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--flex-max-cases 12] [--check]``
+Usage (GPU, from the repo root): ``python -m eval.bench_flash --out results/h200 [--quick] [--variants
+causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--flex-max-cases 12] [--check]
+[--tune]``. Our kernel runs with ``kernels.FlashConfig()`` (``--tune``: ``FlashConfig(autotune=True)``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attn_zoo import AttentionSpec, mask_info  # noqa: E402
-from eval.bench_common import env_info, flash_flops, format_table, peak_memory, tflops, time_cuda  # noqa: E402
-from eval.bench_common import write_csv, write_json  # noqa: E402
+from attn_zoo import AttentionSpec, mask_info
+from eval.bench_common import env_info, flash_flops, format_table, peak_memory, tflops, time_cuda
+from eval.bench_common import write_csv, write_json
 
 VARIANTS = {
     "noncausal": dict(kind="flash", causal=False),
@@ -84,23 +82,25 @@ def flex_block_mask(name: str, N: int, device):
     return _bm(AttentionSpec(**VARIANTS[name]), N, N, str(device))
 
 
-def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec):
-    """A callable ``f(q, k, v) -> out`` for one implementation, or raise if it cannot run the case."""
+def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=None):
+    """A callable ``f(q, k, v) -> out`` for one implementation, or raise if it cannot run the case. ``config``: the
+    :class:`kernels.FlashConfig` of ours (default ``FlashConfig()``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     v = VARIANTS[name]
     if impl == "ours":
-        from attn_zoo.backends.triton_flash import _sparse_tables
-        from kernels import flash_attn
+        from attn_zoo.backends.triton_flash import sparse_tables
+        from kernels import FlashConfig, flash_attn
 
+        config = config if config is not None else FlashConfig()
         mi = mask_info(spec, N, N)
         window = (mi.window_left, mi.window_right) if (mi.window_left is not None or mi.window_right is not None) \
             else None
         kw = {}
         if mi.layout is not None:  # the adapter's cached device layout and tables (no host copy per call)
-            layout, tables = _sparse_tables(spec, N, N, D, torch.device("cuda"))
+            layout, tables = sparse_tables(spec, N, N, D, torch.device("cuda"), config)
             kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
-        return lambda q, k, vv: flash_attn(q, k, vv, causal=mi.causal, window_size=window, **kw)
+        return lambda q, k, vv: flash_attn(q, k, vv, causal=mi.causal, window_size=window, config=config, **kw)
     if impl in ("sdpa_flash", "sdpa_cudnn"):
         backend = SDPBackend.FLASH_ATTENTION if impl == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
         causal = v["causal"]
@@ -116,7 +116,7 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec):
     raise ValueError(f"impl={impl!r}; allowed values: {', '.join(IMPLS)}")
 
 
-def bench_case(name, N, D, impls, tokens, check, rows, flex_budget):
+def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None):
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D)
     spec = AttentionSpec(**VARIANTS[name])
@@ -139,7 +139,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget):
             flex_budget[0] -= 1
         t0 = time.time()
         try:
-            f = make_impl(impl, name, N, D, spec)
+            f = make_impl(impl, name, N, D, spec, config)
             out = f(q, k, vv)
             out.backward(do)
             torch.cuda.synchronize()
@@ -200,14 +200,15 @@ def main(argv=None):
     ap.add_argument("--flex-max-cases", type=int, default=1000, help="compile FlexAttention for at most this many cases")
     ap.add_argument("--flex-min-n", type=int, default=0, help="run Flex only for N >= this")
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--tune", action="store_true", help="ATTN_ZOO_AUTOTUNE=1 and print the winning configs")
+    ap.add_argument("--tune", action="store_true", help="ours with FlashConfig(autotune=True); print the winning configs")
     ap.add_argument("--date", default=None)
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_flash needs a CUDA device")
-    if a.tune:
-        os.environ["ATTN_ZOO_AUTOTUNE"] = "1"
+    from kernels import FlashConfig
+
+    config = FlashConfig(autotune=a.tune)
     variants = a.variants.split(",")
     Ns = [int(x) for x in a.N.split(",")]
     Ds = [int(x) for x in a.D.split(",")]
@@ -226,7 +227,7 @@ def main(argv=None):
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
-                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget)
+                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config)
                 o = res.get("ours", {})
                 print(f"{name:9s} N={N:6d} D={D:3d} ours fwd+bwd {o.get('fwd_bwd_tflops', float('nan')):7.1f} TF/s "
                       + " ".join(f"{i}={r.get('fwd_bwd_tflops', float('nan')):.1f}" for i, r in res.items() if i != "ours")
@@ -240,10 +241,10 @@ def main(argv=None):
                          "x_flex_fwd") if any(c in r for r in ours)]
     print(format_table(ours, cols))
     if a.tune:
-        import kernels.flash as kf
+        from kernels.flash import autotune_results
 
-        for key, tuner in kf._TUNED.items():
-            for k, cfg in getattr(tuner, "cache", {}).items():
+        for key, cache in autotune_results().items():
+            for k, cfg in cache.items():
                 print("tuned", key, k, cfg)
     errs = [r for r in rows if "error" in r]
     if errs:

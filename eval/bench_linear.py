@@ -1,6 +1,6 @@
 """Benchmark: fused Triton linear attention vs flash-linear-attention, plain PyTorch and exact causal attention.
 
-Plain Python (no Hydra): ``python eval/bench_linear.py --out results/h200``. Needs CUDA.
+Plain Python (no Hydra), from the repo root: ``python -m eval.bench_linear --out results/h200``. Needs CUDA.
 
 All timings come from one run: median of CUDA events (:func:`eval.bench_common.time_cuda`), forward and
 forward+backward, and the peak extra memory of one forward+backward. Workload: causal, bf16, ``H = 16``,
@@ -29,16 +29,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as Fn
 
-import torch  # noqa: E402
-import torch.nn.functional as Fn  # noqa: E402
-
-from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, write_csv, write_json  # noqa: E402
+from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, write_csv, write_json
 
 
 

@@ -1,74 +1,22 @@
 """Fused Triton linear attention (Katharopoulos et al. 2020), chunked causal and non-causal, forward + backward.
 
-Inputs are feature tensors ``phi(q) (B, Hq, Nq, F)``, ``phi(k) (B, Hkv, Nk, F)`` and ``v (B, Hkv, Nk, Dv)``
-(``Hkv`` divides ``Hq``; query head ``h`` reads K/V head ``h // (Hq // Hkv)``), or raw ``q``/``k`` with the
-cheap feature maps ``elu1`` (``elu(x) + 1``) / ``relu`` (``feature_map=``), applied by one Triton pre-pass
-(``_phi_map``: reads ``q``/``k`` at any strides, writes contiguous features); the backward multiplies ``dq``, ``dk``
-by ``phi'`` when it stores them, computed from the saved features (elu1' = min(phi, 1), relu' = [phi > 0]).
-``_OPTS["phi_in_loop"]`` instead maps every loaded tile inside the chunk loops (measured slower: the map
-doubled the forward's per-chunk instructions). The output is
+:func:`linear_attention` takes feature tensors ``phi(q) (B, Hq, Nq, F)``, ``phi(k) (B, Hkv, Nk, F)`` and
+``v (B, Hkv, Nk, Dv)`` (``Hkv`` divides ``Hq``), or raw ``q`` / ``k`` with the feature maps ``elu1`` / ``relu``
+applied in-kernel; ``F, Dv <= 256``, chunk size a power of two in [16, 128]. The algorithm (segmented single pass,
+fp32 states in registers, precision rules) is described in docs/linear_kernel.md; the step-by-step recurrence it
+is tested against is :func:`attn_zoo.reference.linear_attention_recurrent`.
 
-    out_i = sum_{j <= i} (phi_i . phi_j) v_j / (sum_{j <= i} phi_i . phi_j + eps)      (causal, Nq == Nk)
-    out_i = phi_i S / (phi_i . z + eps),  S = S0 + sum_j phi_j^T v_j,  z = z0 + sum_j phi_j    (non-causal)
-
-Chunked causal form (Yang et al. 2024, "Gated Linear Attention", sec. 2.2; chunk ``C`` tokens): with
-``S_t`` (F x Dv) and ``z_t`` (F) the sums over all keys before chunk ``t`` (plus the initial state),
-
-    num_c = phi(Q_c) S_t + (phi(Q_c) phi(K_c)^T * M) V_c,   den_c = phi(Q_c) z_t + rowsum(phi(Q_c) phi(K_c)^T * M) + eps.
-
-**Segmented single pass.** The sequence is cut into segments of ``L`` tokens (``L`` a multiple of ``C``,
-``NS = cdiv(N, L)`` segments). A program owns one segment of one head (and one block of ``Dv`` or ``F``),
-carries the state in fp32 *registers* across the segment's chunks and never writes per-chunk states:
-
-* ``_seg_state`` (grid ``NS x B*Hkv x F/BK*Dv/BV``): per-segment sums ``phi(K)^T V`` and ``sum phi(K)`` (fp32,
-  ``NS * F * Dv`` numbers per head: small). Skipped when ``NS == 1`` (causal).
-* ``_seg_fwd`` (grid ``NS x B*Hq x Dv/BV``): builds its segment's start state (full ``F`` x ``BV``) as ``S0`` plus
-  the sums of the segments before it (an exclusive prefix, added in-kernel: no PyTorch pass) and sweeps
-  the chunks: output (inter + intra part, denominator, division), then
-  ``S += phi(K_c)^T V_c``, ``z += sum phi(K_c)``. Stores ``den`` (fp32, one per row); the last segment's
-  programs store the final state. Non-causal: the same kernel without the intra part and the update, on
-  the totals (``S0`` plus all key segments).
-* backward, with ``g_i = dout_i / den_i`` and ``c_i = -(dout_i . out_i) / den_i`` (``_bwd_pre`` computes ``c``):
-  ``dq_i = S_i g_i + c_i z_i`` (inclusive prefix), ``dk_j = dS_j v_j + dz_j``, ``dv_j = dS_j^T phi(k_j)`` with the
-  suffix sums ``dS_j = sum_{i >= j} phi(q_i)^T g_i``, ``dz_j = sum_{i >= j} c_i phi(q_i)`` (summed over the
-  query heads of a K/V group, so GQA needs no atomics). Kernels: ``_seg_dstate`` (per-segment sums of
-  ``phi(Q)^T G`` and ``sum c phi(Q)``; ``_seg_dkdv`` adds the later segments' sums and the final-state
-  gradients in-kernel to get its segment's suffix), ``_seg_dq`` (forward sweep, prefix ``S`` of a ``BK`` block of ``F`` in
-  registers) and ``_seg_dkdv`` (backward sweep carrying the suffix ``dS``, ``dz`` in registers; ``F/BK``
-  programs compute ``dk`` blocks, ``Dv/BV`` programs ``dv`` blocks). The segment-0 ``dk`` programs end
-  with the initial-state gradients.
-
-Segment length: the launcher halves ``L`` from ``next_pow2(N)`` while ``L > 4 C`` and the forward has fewer
-than ``#SMs`` programs (``_OPTS["progs_per_sm"]``), so short sequences run as one pass (``NS = 1``) and long ones get enough
-programs to fill the GPU at a per-program sweep length that does not grow with ``N`` (time flat in ``N``
-at fixed ``B * N``). ``segment_size=`` forces ``L`` (tests, tuning). Each sweep is a ``tl.range`` loop whose ``num_stages`` is the
-tile config's: every load of the next chunks (also those that go through the feature map) is prefetched. The
-K/V-side kernels loop over the ``G`` query heads of a K/V head (``G`` a compile-time constant): ``_seg_dstate``
-outside its chunk loop, ``_seg_dkdv`` inside it (its suffix carry needs chunk order), where only ``G = 1``
-folds the loop away; with ``G > 1`` Triton pipelines that inner loop instead of the chunk loop.
-
-Saved for backward: ``q, k`` (the features when a feature map is given), ``v, out``, ``den`` (fp32,
-``B*Hq*Nq`` numbers) and the per-segment key sums (``NS * F * Dv`` fp32 per K/V head, ``L / C`` times fewer
-than per-chunk states); nothing is recomputed except the in-register sweeps.
-
-Precision: inputs fp16 / bf16 / fp32; every accumulator, ``S``, ``z``, ``den`` and the backward states are
-fp32 (carried in fp32 registers). bf16 (``_OPTS["lowp_bf16"]``, default on): every product takes bf16
-operands with fp32 accumulation; the fp32 state, ``dA`` and ``P`` are rounded to bf16 right before their
-product only (as in fla), ``g = dout / den`` is factored out of products where possible. fp16: products with
-fp32 states / ``g`` use tf32 tensor-core inputs (fp16 range: ``g`` and the states can exceed 65504 with large
-keys; fp16 values are exact in tf32); fp32: full fp32 (``ieee``). ``phi(q) phi(k)^T`` and ``phi(k)^T v`` use
-the input dtype.
-The intra-chunk weights are divided by the denominator *before* they are rounded to the input dtype, so
-they lie in [0, 1] (no fp16 overflow however large the keys are). ``_OPTS["state_16bit"] = True`` (a
-tuning switch, off by default) rounds ``S`` to the input dtype for the forward's ``phi(q) S`` product.
-Limits: ``F <= 256`` and ``Dv <= 256`` (``ValueError`` above; e.g. the Taylor map with ``D >= 16`` gives
-``F = 1 + D + D^2 > 256``: use a PyTorch implementation for it). The chunk size is a power of two in [16, 128].
+Settings are passed explicitly: :class:`LinearConfig` (``config=``) or :func:`linear_settings` for a block of
+calls; :func:`record_launches` reports the tile config, registers and spills of each kernel launched in a block.
 """
-
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import os
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import triton
@@ -76,7 +24,9 @@ import triton.language as tl
 
 from ._host import cdiv, next_pow2
 
-__all__ = ["linear_attention", "linear_attention_recurrent", "MAX_DIM", "FUSED_FEATURE_MAPS", "CHUNK_SIZES"]
+__all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
+           "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
+           "CHUNK_SIZES"]
 
 MAX_DIM = 256
 FUSED_FEATURE_MAPS = {None: 0, "none": 0, "elu1": 1, "relu": 2}
@@ -544,17 +494,103 @@ def _cfg(F: int, Dv: int, chunk_size: int, dtype: torch.dtype):
     return C, prec, prec
 
 
-# Tuning switches (read at launch; the GPU probe flips them). state_16bit: round the fp32 state to the input
-# dtype for the forward's phi(q) S product (16-bit tensor-core product instead of tf32; off by default).
-# lowp_bf16 (default on): for bfloat16 inputs every product takes 16-bit operands (states, g, dA rounded to
-# bf16 right before the product; state, z, den and all accumulators stay fp32). Off for float16 (g = dout / den
-# and the states can exceed the fp16 range with large keys: tf32 there) and float32 (ieee).
-# progs_per_sm: the segment length is halved until the forward has this many programs per SM (see _seg_len).
-# phi_in_loop: apply elu1 / relu inside every chunk loop (recomputed in each kernel) instead of once, in a
-# pre-pass (_phi_map), whose output the kernels read and the backward chain rule uses (off by default: the
-# pre-pass costs two extra tensor reads and writes; in-loop, the map doubled the forward's per-chunk
-# instructions, see docs/linear_kernel.md).
-_OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 1, "phi_in_loop": False}
+@dataclass(frozen=True)
+class LinearConfig:
+    """Settings of :func:`linear_attention` (frozen, hashable; the defaults are the tuned ones).
+
+    Attributes:
+        state_16bit: round the fp32 state to the input dtype for the forward's ``phi(q) S`` product (16-bit
+            tensor-core product instead of tf32; off by default).
+        lowp_bf16: for bfloat16 inputs every product takes 16-bit operands (states, ``g``, ``dA`` rounded to bf16
+            right before the product; state, ``z``, ``den`` and all accumulators stay fp32). Not used for float16
+            (``g = dout / den`` and the states can exceed the fp16 range with large keys: tf32 there) or float32
+            (ieee).
+        progs_per_sm: the segment length is halved until the forward has this many programs per SM.
+        phi_in_loop: apply elu1 / relu inside every chunk loop (recomputed in each kernel) instead of once, in a
+            pre-pass whose output the kernels read and the backward chain rule uses (off: in-loop, the map doubled
+            the forward's per-chunk instructions, docs/linear_kernel.md).
+        tiles: ``{kind: [(BK, BV, num_warps, num_stages, chunk), ...]}`` replacing a kernel's tile list (tried in
+            order, the first that fits the device is used; kinds: seg_state, seg_fwd, seg_dstate, seg_dq,
+            seg_dkdv). For tuning scripts (lab/probe_linear.py).
+    """
+
+    state_16bit: bool = False
+    lowp_bf16: bool = True
+    progs_per_sm: float = 1.0
+    phi_in_loop: bool = False
+    tiles: Tuple = ()
+
+    def __post_init__(self):
+        for name in ("state_16bit", "lowp_bf16", "phi_in_loop"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+        if isinstance(self.progs_per_sm, bool) or not isinstance(self.progs_per_sm, (int, float)) \
+                or not self.progs_per_sm > 0:
+            raise ValueError(f"progs_per_sm={self.progs_per_sm!r} must be a number > 0")
+        items = self.tiles.items() if isinstance(self.tiles, dict) else self.tiles
+        norm = []
+        for kind, cfgs in items:
+            if kind not in KERNELS:
+                raise ValueError(f"tiles: kind={kind!r} is not supported; allowed values: {', '.join(KERNELS)}")
+            cfgs = tuple(tuple(int(x) for x in c) for c in cfgs)
+            if not cfgs or any(len(c) not in (4, 5) for c in cfgs):
+                raise ValueError(f"tiles[{kind!r}] must be a non-empty list of (BK, BV, num_warps, num_stages[, "
+                                 f"chunk]) tuples, got {cfgs!r}")
+            norm.append((kind, cfgs))
+        object.__setattr__(self, "tiles", tuple(sorted(norm)))
+        object.__setattr__(self, "_hash", hash((self.state_16bit, self.lowp_bf16, self.progs_per_sm,
+                                                self.phi_in_loop, self.tiles)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def replace(self, **changes) -> "LinearConfig":
+        """A copy with ``changes`` (validated)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("attn_zoo_linear_config", default=None)
+
+
+def current_linear_config() -> "LinearConfig":
+    """The settings a call without ``config=`` uses: the innermost :func:`linear_settings`, else ``LinearConfig()``."""
+    return _CURRENT.get() or _DEFAULT
+
+
+@contextlib.contextmanager
+def linear_settings(config: Optional[LinearConfig] = None, **changes) -> Iterator[LinearConfig]:
+    """Run the block with ``config`` (default: the current settings) with ``changes`` as the settings of every
+    :func:`linear_attention` call that passes no ``config=`` (a context variable, restored when the block ends)."""
+    cfg = (config if config is not None else current_linear_config()).replace(**changes)
+    token = _CURRENT.set(cfg)
+    try:
+        yield cfg
+    finally:
+        _CURRENT.reset(token)
+
+
+@dataclass
+class LaunchRecord:
+    """What :func:`record_launches` saw: ``kernels[kind] = (tile config, registers, spilled bytes)`` of the latest
+    launch of each kernel (registers / spills on the GPU only), ``skipped[kind] = [(tile config, reason)]`` of the
+    configs that did not fit the device (``OutOfResources``), in order."""
+
+    kernels: Dict[str, tuple] = dataclasses.field(default_factory=dict)
+    skipped: Dict[str, List[tuple]] = dataclasses.field(default_factory=dict)
+
+
+_RECORD: contextvars.ContextVar = contextvars.ContextVar("attn_zoo_linear_record", default=None)
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[LaunchRecord]:
+    """Record the tile config, registers and spills of each kernel launched in the block (for probes)."""
+    rec = LaunchRecord()
+    token = _RECORD.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORD.reset(token)
 
 # Tile configurations (BK, BV, num_warps, num_stages, chunk), tried in order; the first that compiles within the
 # device's shared memory / registers is remembered per (kernel, F, Dv, C, dtype). ``seg_fwd`` holds the full
@@ -562,7 +598,7 @@ _OPTS = {"state_16bit": False, "lowp_bf16": True, "progs_per_sm": 1, "phi_in_loo
 # unused); ``seg_dkdv`` both kinds of programs. With F or Dv > 128 the blocks are capped at 32 (registers).
 # ``chunk`` (0: the caller's C) lowers a kernel's own chunk below C (it still divides L): the defaults were
 # chosen from offline sm_90 compiles (ptxas register / spill counts, bf16, F = Dv = 128) so that no kernel
-# spills; the GPU probe (eval/probe_linear.py) times alternatives.
+# spills; the GPU probe (lab/probe_linear.py) times alternatives. LinearConfig(tiles=...) replaces a kernel's list.
 _TILES = {
     "seg_state": [(128, 128, 8, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_fwd": [(0, 64, 8, 2, 0), (0, 32, 4, 2, 0), (0, 32, 4, 1, 0)],
@@ -570,7 +606,7 @@ _TILES = {
     "seg_dq": [(32, 0, 4, 3, 0), (32, 0, 4, 2, 0), (32, 0, 4, 1, 32)],
     "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
 }
-# bf16 with 16-bit products (LOWP / S16) and F, Dv <= 128, the case measured on the H200 (eval/probe_linear.py,
+# bf16 with 16-bit products (LOWP / S16) and F, Dv <= 128, the case measured on the H200 (lab/probe_linear.py,
 # 2026-11-29, 16k tokens, fwd+bwd): the forward runs the full Dv in one program (BV = 128: q k^T once instead of
 # once per Dv block; forward 0.46 vs 0.57 ms), the dk/dv kernel the caller's 64-token chunk with a 3-deep
 # prefetch (no spill with triton 3.6: 255 registers), the query-side segment sums the full F x Dv block (q and
@@ -590,12 +626,12 @@ _TILES_FP32 = {
     "seg_dq": [(32, 0, 8, 1, 16)],
     "seg_dkdv": [(32, 32, 8, 1, 16)],
 }
-_CHOSEN = {}
-_STATS = {}  # kind -> (config used, registers, spilled bytes) of the latest launch (GPU; for the probe)
-_SKIPPED = {}  # kind -> [(config, reason)] of configs that did not fit the device (OutOfResources), in order
+_CHOSEN = {}  # cache: (kind, F, Dv, chunk, dtype, 16-bit products, tile list) -> index of the config that fit
 
 
-def _blocks(cfg, F: int, Dv: int):
+def tile_blocks(cfg, F: int, Dv: int) -> Tuple[int, int]:
+    """``(BK, BV)`` of a tile config ``(BK, BV, num_warps, num_stages, chunk)`` at feature dim ``F`` / value dim
+    ``Dv`` (0 entries: 64; padded dims; capped at 32 above 128)."""
     bk, bv = cfg[0], cfg[1]
     FP, DVP = _pow2(F, 16, MAX_DIM), _pow2(Dv, 16, MAX_DIM)
     BK, BV = min(bk or 64, FP), min(bv or 64, DVP)
@@ -604,9 +640,13 @@ def _blocks(cfg, F: int, Dv: int):
     return BK, BV
 
 
-def _tiles(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int):
-    """The tile configurations tried for one kernel: fp32 inputs, 16-bit products with F, Dv <= 128 (the measured
-    case), or the general list."""
+def tile_configs(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int, config: "LinearConfig" = None):
+    """The tile configurations tried for one kernel, in order: ``config.tiles``'s list for ``kind`` if it has one,
+    else fp32 inputs, 16-bit products with F, Dv <= 128 (the measured case), or the general list."""
+    if config is not None and config.tiles:
+        forced = dict(config.tiles).get(kind)
+        if forced is not None:
+            return list(forced)
     if dtype == torch.float32 and kind in _TILES_FP32:
         return _TILES_FP32[kind]
     if lowp and kind in _TILES_LOWP and max(F, Dv) <= 128:
@@ -614,29 +654,33 @@ def _tiles(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int):
     return _TILES[kind]
 
 
-def _tile_in_use(kind: str, F: int, Dv: int, chunk: int, dtype: torch.dtype, lowp: bool):
+def _chosen_key(kind, F, Dv, chunk, dtype, lowp, config):
+    return kind, F, Dv, chunk, dtype, lowp, dict(config.tiles).get(kind) if config.tiles else None
+
+
+def _tile_in_use(kind: str, F: int, Dv: int, chunk: int, dtype: torch.dtype, lowp: bool, config: "LinearConfig"):
     """The tile config ``_launch`` will use for this kernel and shape: the one remembered after a fallback, else
     the first of its list (the launcher's own key)."""
-    cfgs = _tiles(kind, dtype, lowp, F, Dv)
-    i = _CHOSEN.get((kind, F, Dv, chunk, dtype, lowp), 0)
+    cfgs = tile_configs(kind, dtype, lowp, F, Dv, config)
+    i = _CHOSEN.get(_chosen_key(kind, F, Dv, chunk, dtype, lowp, config), 0)
     return cfgs[i if i < len(cfgs) else 0]
 
 
-def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
+def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, config, args, **const):
     """Launch ``kernel[grid_fn(BK, BV)](*args, BK=/BV=, **const)`` with the first tile config that fits."""
     lowp = bool(const.get("LOWP") or const.get("S16"))
-    key = (kind, F, Dv, chunk, dtype, lowp)
-    cfgs = _tiles(kind, dtype, lowp, F, Dv)
+    key = _chosen_key(kind, F, Dv, chunk, dtype, lowp, config)
+    cfgs = tile_configs(kind, dtype, lowp, F, Dv, config)
     i0 = _CHOSEN.get(key, 0)
     if i0 >= len(cfgs):
         i0 = 0
     names = kernel.arg_names if hasattr(kernel, "arg_names") else ()
     for i in range(i0, len(cfgs)):
-        BK, BV = _blocks(cfgs[i], F, Dv)
+        BK, BV = tile_blocks(cfgs[i], F, Dv)
         w, st = cfgs[i][2], cfgs[i][3]
         if kind == "seg_fwd" and const.get("S16") and BV <= 32 and w > 4 and not _interpreting():
             # triton 3.6 on sm_90 computed wrong outputs (rel. error ~0.5, H200 2026-11-29) for the 16-bit
-            # q @ S product with 8 warps and BV = 32; 4 warps and BV = 64 are right (eval/probe_linear.py)
+            # q @ S product with 8 warps and BV = 32; 4 warps and BV = 64 are right (lab/probe_linear.py)
             w = 4
         kw = dict(const)
         if len(cfgs[i]) > 4 and cfgs[i][4]:  # the kernel's own chunk (a power of two <= C: divides L)
@@ -650,12 +694,14 @@ def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, args, **const):
         try:
             ck = kernel[grid_fn(BK, BV)](*args, num_warps=w, num_stages=st, **kw)
             _CHOSEN[key] = i
-            _STATS[kind] = (tuple(cfgs[i]), getattr(ck, "n_regs", None), getattr(ck, "n_spills", None))
+            rec = _RECORD.get()
+            if rec is not None:
+                rec.kernels[kind] = (tuple(cfgs[i]), getattr(ck, "n_regs", None), getattr(ck, "n_spills", None))
             return
         except triton.runtime.errors.OutOfResources as e:
-            skipped = _SKIPPED.setdefault(kind, [])
-            skipped.append((tuple(cfgs[i]), str(e)[:120]))
-            del skipped[:-16]  # the latest only (a shape that fits nothing raises on every call)
+            rec = _RECORD.get()
+            if rec is not None:
+                rec.skipped.setdefault(kind, []).append((tuple(cfgs[i]), str(e)[:120]))
             if i == len(cfgs) - 1:
                 raise
 
@@ -666,14 +712,15 @@ def _sm_count(dev: torch.device) -> int:
     return 132
 
 
-def _seg_len(N: int, C: int, progs_per_seg: int, segment_size: Optional[int], sms: int) -> int:
+def _seg_len(N: int, C: int, progs_per_seg: int, segment_size: Optional[int], sms: int,
+             progs_per_sm: float = 1.0) -> int:
     """Segment length L (multiple of C): forced by ``segment_size`` (rounded up to a multiple of C), else the
-    largest power of two that still gives the kernel >= ``_OPTS["progs_per_sm"]`` (1) programs per SM, but not
-    below 4 C (or N)."""
+    largest power of two that still gives the kernel >= ``progs_per_sm`` (``LinearConfig``, default 1) programs
+    per SM, but not below 4 C (or N)."""
     if segment_size is not None:
         return max(C, cdiv(int(segment_size), C) * C)
     L = max(C, next_pow2(N))
-    while L > 4 * C and cdiv(N, L) * progs_per_seg < float(_OPTS["progs_per_sm"]) * sms:
+    while L > 4 * C and cdiv(N, L) * progs_per_seg < float(progs_per_sm) * sms:
         L //= 2
     return L
 
@@ -709,12 +756,12 @@ def _check(q, k, v, s0, z0, causal):
     return B, Hq, Hkv, Nq, Nk, F, Dv
 
 
-def _seg_sums(kind, kernel, x, y, extra, N, L, F, Dv, chunk, dt, BHkv, heads=(), **const):
+def _seg_sums(kind, kernel, x, y, extra, N, L, F, Dv, chunk, dt, BHkv, config, heads=(), **const):
     """Run a per-segment sum kernel; returns (sums (BHkv, NS, F, Dv), zsums (BHkv, NS, F)) in fp32."""
     NS = cdiv(N, L)
     SS = torch.empty(BHkv, NS, F, Dv, device=x.device, dtype=torch.float32)
     ZS = torch.empty(BHkv, NS, F, device=x.device, dtype=torch.float32)
-    _launch(kind, kernel, lambda BK, BV: (cdiv(F, BK) * cdiv(Dv, BV) * BHkv, NS), F, Dv, chunk, dt,
+    _launch(kind, kernel, lambda BK, BV: (cdiv(F, BK) * cdiv(Dv, BV) * BHkv, NS), F, Dv, chunk, dt, config,
             (x, y, *extra, SS, ZS, N, F, Dv, L, *heads, NS), **const)
     return SS, ZS
 
@@ -733,18 +780,38 @@ def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
     return fq, fk
 
 
+KERNELS = {"seg_state": _seg_state, "seg_fwd": _seg_fwd, "seg_dstate": _seg_dstate, "seg_dq": _seg_dq,
+           "seg_dkdv": _seg_dkdv}
+_DEFAULT = LinearConfig()
+
+
+def _query_seg_len(B, Hq, Nq, F, Dv, C, dtype, s16, segment_size, sms, config) -> int:
+    fbv = tile_blocks(_tile_in_use("seg_fwd", F, Dv, C, dtype, s16, config), F, Dv)[1]
+    return _seg_len(Nq, C, B * Hq * cdiv(Dv, fbv), segment_size, sms, config.progs_per_sm)
+
+
+def query_segment_len(B: int, Hq: int, Nq: int, F: int, Dv: int, chunk_size: int, dtype: torch.dtype, device,
+                      config: Optional[LinearConfig] = None, segment_size: Optional[int] = None) -> int:
+    """The query-side segment length ``L`` the forward of these shapes uses (``cdiv(Nq, L)`` segments)."""
+    config = config if config is not None else current_linear_config()
+    lowp = dtype == torch.bfloat16 and config.lowp_bf16
+    C = _pow2(chunk_size, 16, 128)
+    return _query_seg_len(B, Hq, Nq, F, Dv, C, dtype, config.state_16bit or lowp, segment_size, _sm_count(device),
+                          config)
+
+
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, s0, z0, causal, eps, fmap, chunk_size, segment_size, want_state):
+    def forward(ctx, q, k, v, s0, z0, causal, eps, fmap, chunk_size, segment_size, want_state, config):
         B, Hq, Hkv, Nq, Nk, F, Dv = _check(q, k, v, s0, z0, causal)
-        if fmap != 0 and not _OPTS["phi_in_loop"]:  # features once: the kernels read phi(q), phi(k)
+        if fmap != 0 and not config.phi_in_loop:  # features once: the kernels read phi(q), phi(k)
             (q, k), fm, dfm = _features(q, k, fmap), 0, fmap
         else:
             fm, dfm = fmap, 0
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         C, SPREC, PREC = _cfg(F, Dv, chunk_size, q.dtype)
         up = q.dtype == torch.bfloat16 and _interpreting()
-        lowp = q.dtype == torch.bfloat16 and bool(_OPTS["lowp_bf16"])
+        lowp = q.dtype == torch.bfloat16 and config.lowp_bf16
         G = Hq // Hkv
         BHkv = B * Hkv
         dev, dt = q.device, q.dtype
@@ -753,20 +820,19 @@ class _LinearAttention(torch.autograd.Function):
         if has_s0:
             s0 = s0.float().contiguous().view(BHkv, F, Dv)
             z0 = z0.float().contiguous().view(BHkv, F)
-        s16 = bool(_OPTS["state_16bit"]) or lowp
-        fbv = _blocks(_tile_in_use("seg_fwd", F, Dv, C, q.dtype, s16), F, Dv)[1]
-        Lq = _seg_len(Nq, C, B * Hq * cdiv(Dv, fbv), segment_size, sms)
+        s16 = config.state_16bit or lowp
+        Lq = _query_seg_len(B, Hq, Nq, F, Dv, C, q.dtype, s16, segment_size, sms, config)
         NSq = cdiv(Nq, Lq)
         st_const = dict(C=C, FM=fm, PREC=PREC, UP=up)
         SS = ZS = None  # per-segment key sums; the kernels add the ones before their segment to S0 themselves
         if causal:
             Lk = Lq
             if NSq > 1:
-                SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, **st_const)
+                SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, config, **st_const)
         else:
-            sk, sv = _blocks(_tile_in_use("seg_state", F, Dv, C, q.dtype, False), F, Dv)
-            Lk = _seg_len(Nk, C, BHkv * cdiv(F, sk) * cdiv(Dv, sv), segment_size, sms)
-            SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, **st_const)
+            sk, sv = tile_blocks(_tile_in_use("seg_state", F, Dv, C, q.dtype, False, config), F, Dv)
+            Lk = _seg_len(Nk, C, BHkv * cdiv(F, sk) * cdiv(Dv, sv), segment_size, sms, config.progs_per_sm)
+            SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, config, **st_const)
         has_ss = SS is not None
         ST = ZT = None
         if want_state:  # written by the last segment's programs (non-causal: the unchanged total)
@@ -774,14 +840,14 @@ class _LinearAttention(torch.autograd.Function):
             ZT = torch.empty(BHkv, F, device=dev, dtype=torch.float32)
         o = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=dt)
         den = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32)
-        _launch("seg_fwd", _seg_fwd, lambda BK, BV: (cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt,
+        _launch("seg_fwd", _seg_fwd, lambda BK, BV: (cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt, config,
                 (q, k, v, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den, z0 if has_s0 else den,
                  o, den, ST if want_state else den, ZT if want_state else den,
                  Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps)),
                 C=C, FP=_pow2(F, 16, MAX_DIM), FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, STORE_T=want_state,
                 S16=s16, PREC=PREC, SPREC=SPREC, UP=up)
         ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0)
-        ctx.cfg = (causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp)
+        ctx.cfg = (causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp, config)
         if ST is not None:
             ST, ZT = ST.view(B, Hkv, F, Dv), ZT.view(B, Hkv, F)
         return o, ST, ZT
@@ -789,7 +855,7 @@ class _LinearAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dST, dZT):
         q, k, v, o, den, SS, ZS, s0, z0 = ctx.saved_tensors
-        causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp = ctx.cfg
+        causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp, config = ctx.cfg
         B, Hq, Nq, F = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
         G = Hq // Hkv
@@ -814,31 +880,32 @@ class _LinearAttention(torch.autograd.Function):
             dz0 = torch.empty(B, Hkv, F, device=dev, dtype=torch.float32)
         DSS = DZS = None  # per-segment query-side sums; dk/dv programs add the later ones (causal) themselves
         if not causal or NSq > 1:
-            DSS, DZS = _seg_sums("seg_dstate", _seg_dstate, q, do, (rden, cd), Nq, Lq, F, Dv, C, dt, BHkv,
+            DSS, DZS = _seg_sums("seg_dstate", _seg_dstate, q, do, (rden, cd), Nq, Lq, F, Dv, C, dt, BHkv, config,
                                  heads=(Hq, G), C=C, FM=fm, SPREC=SPREC, LOWP=lowp, UP=up)
         dq = torch.empty_like(q)
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         has_ss = SS is not None
-        _launch("seg_dq", _seg_dq, lambda BK, BV: (cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt,
+        _launch("seg_dq", _seg_dq, lambda BK, BV: (cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den,
                  z0 if has_s0 else den, dq, Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1),
                 C=C, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
                 LOWP=lowp, UP=up)
         has_dss = DSS is not None
-        _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt,
+        _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
                  dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
                  Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
                 C=C, FP=FP, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
                 PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up)
-        return dq, dk, dv, ds0, dz0, None, None, None, None, None, None
+        return dq, dk, dv, ds0, dz0, None, None, None, None, None, None, None
 
 
 def linear_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, eps: float = 1e-6,
     feature_map: Optional[str] = None, initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     output_final_state: bool = False, chunk_size: int = 64, segment_size: Optional[int] = None,
+    config: Optional["LinearConfig"] = None,
 ):
     """Linear attention, Triton forward + backward (see the module docstring for the algorithm).
 
@@ -857,6 +924,8 @@ def linear_attention(
         chunk_size: power of two in [16, 128] (``CHUNK_SIZES``).
         segment_size: tuning / testing knob: tokens per program sweep (rounded up to a multiple of the
             chunk size). ``None`` (default) picks it from the shape and the GPU's SM count.
+        config: a :class:`LinearConfig` (precision / pipelining switches, tile lists); default the current
+            settings (``LinearConfig()`` or the innermost :func:`linear_settings`). The backward uses the forward's.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype``; with ``output_final_state`` also ``(S (B, Hkv, F, Dv), z (B, Hkv, F))``.
@@ -873,40 +942,13 @@ def linear_attention(
                          "(compute favor / taylor features before the call)")
     if segment_size is not None and int(segment_size) < 1:
         raise ValueError(f"segment_size={segment_size} must be a positive number of tokens or None")
+    if config is None:
+        config = current_linear_config()
+    elif not isinstance(config, LinearConfig):
+        raise TypeError(f"config must be a kernels.LinearConfig, got {type(config).__name__}")
     s0, z0 = initial_state if initial_state is not None else (None, None)
     o, st, zt = _LinearAttention.apply(q, k, v, s0, z0, bool(causal), float(eps), FUSED_FEATURE_MAPS[feature_map],
                                        int(chunk_size), None if segment_size is None else int(segment_size),
-                                       bool(output_final_state))
+                                       bool(output_final_state), config)
     return (o, (st, zt)) if output_final_state else o
 
-
-def linear_attention_recurrent(
-    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
-    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-):
-    """Step-by-step recurrent causal form in fp32 (Katharopoulos et al. 2020, eq. 18-20), for tests.
-
-    ``S_i = S_{i-1} + phi(k_i)^T v_i``, ``z_i = z_{i-1} + phi(k_i)``, ``out_i = phi(q_i) S_i / (phi(q_i) . z_i + eps)``;
-    features ``fq (B, Hq, N, F)``, ``fk (B, Hkv, N, F)``, ``v (B, Hkv, N, Dv)``. Returns fp32 ``out`` and ``(S, z)``.
-    Differentiable (plain autograd); O(N) Python steps: small N only.
-    """
-    B, Hq, N, F = fq.shape
-    Hkv, Dv = fk.shape[1], v.shape[3]
-    G = Hq // Hkv
-    fq, fk, v = fq.float(), fk.float(), v.float()
-    if initial_state is None:
-        S = fq.new_zeros(B, Hkv, F, Dv)
-        z = fq.new_zeros(B, Hkv, F)
-    else:
-        S, z = initial_state[0].float(), initial_state[1].float()
-    outs = []
-    for i in range(N):
-        S = S + fk[:, :, i, :, None] * v[:, :, i, None, :]
-        z = z + fk[:, :, i]
-        Sg = S.repeat_interleave(G, dim=1)
-        zg = z.repeat_interleave(G, dim=1)
-        qi = fq[:, :, i]
-        num = torch.einsum("bhf,bhfd->bhd", qi, Sg)
-        den = (qi * zg).sum(-1, keepdim=True) + eps
-        outs.append(num / den)
-    return torch.stack(outs, 2), (S, z)

@@ -17,8 +17,7 @@ from omegaconf import open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-sys.path.insert(0, str(ROOT))
-import train as train_mod  # noqa: E402
+import train as train_mod  # noqa: E402  (the repo root is on sys.path: conftest.py there)
 from attn_zoo.lit import LitLM, adamw_impl  # noqa: E402
 
 VARIANTS = ["flash", "sliding_window", "sparse", "linear", "gqa", "mqa"]

@@ -152,8 +152,8 @@ def test_block_sparse(pattern, causal, Nq, Nk, Hq, Hkv):
 @pytest.mark.parametrize("Nq,Nk,bs,mode_fwd,mode_dkdv", [
     (100, 100, 32, 2, 2), (64, 96, 32, 2, 2), (80, 96, 32, 1, 2), (100, 100, 16, 1, 1),
 ])
-def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv, monkeypatch):
-    """The switch ``_OPTS["sparse_aligned_no_gather"]`` (on by default): when a kernel's tiles lie inside one
+def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv):
+    """The setting ``FlashConfig.sparse_aligned_no_gather`` (on by default): when a kernel's tiles lie inside one
     layout block (block size a multiple of both tiles, ``Nk - Nq`` of the query tile) its partial tiles skip the
     per-element layout gather. Out and grads equal the gathering path (switch off) exactly and pass the
     reference check; layouts or offsets that do not align keep the gather (interpreter tiles: forward 32 x 16,
@@ -163,14 +163,14 @@ def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv, monkeypatch):
     spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=bs)
     q, k, v, do = _inputs(1, 4, 2, Nq, Nk, 32, torch.float32, seed=Nq + bs)
     run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
-    monkeypatch.setitem(kf._OPTS, "sparse_aligned_no_gather", False)
-    assert kf._sparse_mode(torch.ones(1), bs, kf.sparse_tiles(32)[0], Nq, Nk) == 1
-    base = _grads(run, q, k, v, do)
-    monkeypatch.setitem(kf._OPTS, "sparse_aligned_no_gather", True)
+    gather, default = kf.FlashConfig(sparse_aligned_no_gather=False), kf.FlashConfig()
+    assert kf.sparse_mode(torch.ones(1), bs, kf.sparse_tiles(32)[0], Nq, Nk, gather) == 1
+    with kf.flash_settings(gather):
+        base = _grads(run, q, k, v, do)
     f_tile, b_tile = kf.sparse_tiles(32)
-    assert kf._sparse_mode(torch.ones(1), bs, f_tile, Nq, Nk) == mode_fwd
-    assert kf._sparse_mode(torch.ones(1), bs, b_tile, Nq, Nk) == mode_dkdv
-    assert kf._sparse_mode(None, bs, f_tile, Nq, Nk) == 0
+    assert kf.sparse_mode(torch.ones(1), bs, f_tile, Nq, Nk, default) == mode_fwd
+    assert kf.sparse_mode(torch.ones(1), bs, b_tile, Nq, Nk, default) == mode_dkdv
+    assert kf.sparse_mode(None, bs, f_tile, Nq, Nk, default) == 0
     ours, _ = check_against_reference(spec, Nq=Nq, Nk=Nk, Hq=4, Hkv=2, D=32, seed=Nq + bs)
     for name, x, y in zip(("out", "dq", "dk", "dv"), ours, base):
         assert torch.equal(x, y), name
@@ -182,8 +182,8 @@ def test_sparse_aligned_no_gather(Nq, Nk, bs, mode_fwd, mode_dkdv, monkeypatch):
     ("sliding_window", dict(window_size=(20, 3)), 70, 70, 4, 1),
     ("sparse", dict(causal=True, sparse_pattern="bigbird", block_size=32), 100, 100, 4, 2),
 ])
-def test_tma_path_equals_pointer_path(kind, kw, Nq, Nk, Hq, Hkv, monkeypatch):
-    """TMA descriptors for the streamed operands (``_OPTS["tma"] = True`` forces them, also in the interpreter)
+def test_tma_path_equals_pointer_path(kind, kw, Nq, Nk, Hq, Hkv):
+    """TMA descriptors for the streamed operands (``FlashConfig(tma=True)`` forces them, also in the interpreter)
     give the pointer-load results: out and every gradient, with q a transposed ``(B, N, H, D)`` view and k every
     other row of a larger buffer (TMA zero-fills rows past the sequence end)."""
     import kernels.flash as kf
@@ -196,45 +196,44 @@ def test_tma_path_equals_pointer_path(kind, kw, Nq, Nk, Hq, Hkv, monkeypatch):
     big[:, :, ::2] = k
     k = big[:, :, ::2]
     run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
-    monkeypatch.setitem(kf._OPTS, "tma", False)
-    base = _grads(run, q, k, v, do)
-    monkeypatch.setitem(kf._OPTS, "tma", True)
-    assert kf._tma_ok(D, D, 1, kind == "sparse", q, do) and kf._tma_ok(D, D, 1, kind == "sparse", k, v)
-    got = _grads(run, q, k, v, do)
+    with kf.flash_settings(tma=False):
+        base = _grads(run, q, k, v, do)
+    with kf.flash_settings(tma=True) as cfg:
+        assert kf.tma_ok(D, D, 1, kind == "sparse", cfg, q, do) and kf.tma_ok(D, D, 1, kind == "sparse", cfg, k, v)
+        got = _grads(run, q, k, v, do)
     for name, x, y in zip(("out", "dq", "dk", "dv"), got, base):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
     if Nq > Nk and kw.get("causal"):
         assert torch.equal(got[0][:, :, : Nq - Nk], torch.zeros_like(got[0][:, :, : Nq - Nk]))
 
 
-def test_tma_rules(monkeypatch):
-    """``_tma_ok``: off for non-power-of-two head dims, a non-unit last stride, strides or bases that are not
-    16-byte aligned and ``_OPTS["tma"] = False``; in ``"auto"`` mode also off for block-sparse masks, below
+def test_tma_rules():
+    """``tma_ok``: off for non-power-of-two head dims, a non-unit last stride, strides or bases that are not
+    16-byte aligned and ``tma=False``; in ``"auto"`` mode also off for block-sparse masks, below
     ``tma_min_pairs`` and off the GPU."""
     import kernels.flash as kf
 
     x = torch.randn(1, 2, 8, 32)
-    monkeypatch.setitem(kf._OPTS, "tma", True)
-    assert kf._tma_ok(32, 32, 1, False, x, x)
-    assert not kf._tma_ok(40, 64, 1, False, x, x)
-    assert not kf._tma_ok(32, 32, 1, False, x.transpose(2, 3).contiguous().transpose(2, 3), x)  # last stride != 1
+    on, off, auto = kf.FlashConfig(tma=True), kf.FlashConfig(tma=False), kf.FlashConfig()
+    assert kf.tma_ok(32, 32, 1, False, on, x, x)
+    assert not kf.tma_ok(40, 64, 1, False, on, x, x)
+    assert not kf.tma_ok(32, 32, 1, False, on, x.transpose(2, 3).contiguous().transpose(2, 3), x)  # last stride != 1
     odd = torch.randn(1, 2, 8, 33)[..., :32]  # row stride 33 floats = 132 bytes
-    assert not kf._tma_ok(32, 32, 1, False, x, odd)
+    assert not kf.tma_ok(32, 32, 1, False, on, x, odd)
     shifted = torch.randn(1 * 2 * 8 * 32 + 1)[1:].view(1, 2, 8, 32)  # base 4 bytes past an aligned one
-    assert shifted.data_ptr() % 16 and not kf._tma_ok(32, 32, 1, False, shifted, x)
-    monkeypatch.setitem(kf._OPTS, "tma", False)
-    assert not kf._tma_ok(32, 32, 1, False, x, x)
-    monkeypatch.setitem(kf._OPTS, "tma", "auto")
+    assert shifted.data_ptr() % 16 and not kf.tma_ok(32, 32, 1, False, on, shifted, x)
+    assert not kf.tma_ok(32, 32, 1, False, off, x, x)
+    assert auto.tma == "auto"
     if x.device.type != "cuda":
-        assert not kf._tma_ok(32, 32, 1 << 40, False, x, x)
+        assert not kf.tma_ok(32, 32, 1 << 40, False, auto, x, x)
     xd = x.to(DEV)
-    assert not kf._tma_ok(32, 32, 1 << 40, True, xd, xd)
-    assert not kf._tma_ok(32, 32, kf._OPTS["tma_min_pairs"] - 1, False, xd, xd)
-    assert kf._pairs(2, 4, 100, 100, -1, -1) == 2 * 4 * 100 * 100
-    assert kf._pairs(1, 1, 100, 100, 9, 0) == 100 * 10
-    assert kf._pairs(1, 1, 100, 100, -1, 0) == 100 * 50  # causal: half the square
-    assert kf._pairs(1, 1, 1, 100, -1, 0) == 100  # causal decoding: the last row sees every key
-    assert kf._pairs(1, 1, 100, 100, 20, -1) == 100 * 70
+    assert not kf.tma_ok(32, 32, 1 << 40, True, auto, xd, xd)
+    assert not kf.tma_ok(32, 32, auto.tma_min_pairs - 1, False, auto, xd, xd)
+    assert kf.visited_pairs(2, 4, 100, 100, -1, -1) == 2 * 4 * 100 * 100
+    assert kf.visited_pairs(1, 1, 100, 100, 9, 0) == 100 * 10
+    assert kf.visited_pairs(1, 1, 100, 100, -1, 0) == 100 * 50  # causal: half the square
+    assert kf.visited_pairs(1, 1, 1, 100, -1, 0) == 100  # causal decoding: the last row sees every key
+    assert kf.visited_pairs(1, 1, 100, 100, 20, -1) == 100 * 70
 
 
 @pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
@@ -259,25 +258,28 @@ def test_tma_build_failure_falls_back_to_pointer_loads(kind, monkeypatch):
     q, k, v, do = _inputs(1, 2, 2, 40, 40, 32, torch.float32, seed=3)
     spec = AttentionSpec(kind="flash", causal=True)
     run = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
-    monkeypatch.setitem(kf._OPTS, "tma", False)
-    base = _grads(run, q, k, v, do)
-    real = kf._KERNELS[kind]
+    with kf.flash_settings(tma=False):
+        base = _grads(run, q, k, v, do)
+    real = kf.KERNELS[kind]
     fake = Failing(real, "PTXAS error: ptxas failed with error code -11")
-    monkeypatch.setitem(kf._KERNELS, kind, fake)
-    monkeypatch.setitem(kf._OPTS, "tma", True)
-    monkeypatch.setattr(kf, "_CHOSEN", {})
-    with pytest.warns(RuntimeWarning, match=f"TMA build of the '{kind}' kernel failed"):
-        got = _grads(run, q, k, v, do)
-    assert fake.calls == [True, False]
-    got2 = _grads(run, q, k, v, do)  # remembered: straight to pointer loads, no second warning
-    assert fake.calls == [True, False, False]
-    for x, y, z in zip(got, got2, base):
-        torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
-        assert torch.equal(x, y)
-    monkeypatch.setattr(kf, "_CHOSEN", {})
-    monkeypatch.setitem(kf._KERNELS, kind, Failing(real, "CUDA error: an illegal memory access"))
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        _grads(run, q, k, v, do)
+    monkeypatch.setitem(kf.KERNELS, kind, fake)
+    kf.clear_caches()  # remembered candidates and plans of earlier tests
+    try:
+        with kf.flash_settings(tma=True):
+            with pytest.warns(RuntimeWarning, match=f"TMA build of the '{kind}' kernel failed"):
+                got = _grads(run, q, k, v, do)
+            assert fake.calls == [True, False]
+            got2 = _grads(run, q, k, v, do)  # remembered: straight to pointer loads, no second warning
+            assert fake.calls == [True, False, False]
+            for x, y, z in zip(got, got2, base):
+                torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
+                assert torch.equal(x, y)
+            kf.clear_caches()
+            monkeypatch.setitem(kf.KERNELS, kind, Failing(real, "CUDA error: an illegal memory access"))
+            with pytest.raises(RuntimeError, match="illegal memory access"):
+                _grads(run, q, k, v, do)
+    finally:
+        kf.clear_caches()  # nothing the fake kernels compiled or failed may outlive the test
 
 
 def test_strided_views_equal_contiguous():
@@ -337,8 +339,9 @@ def test_bad_inputs_raise():
 
 
 @pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
-def test_lse_is_differentiable(dq_mode, monkeypatch):
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DQ", dq_mode)
+def test_lse_is_differentiable(dq_mode):
+    from kernels import flash_settings
+
     spec = AttentionSpec(kind="flash", causal=True)
     q, k, v, do = _inputs(1, 2, 2, 40, 40, 16, torch.float32)
     dl = torch.randn(1, 2, 40, device=DEV)
@@ -348,11 +351,11 @@ def test_lse_is_differentiable(dq_mode, monkeypatch):
         out, lse = fn(*x)
         return torch.autograd.grad((out * do).sum() + (lse * dl).sum(), x)
 
-    a = run(lambda *x: attn_zoo.attention(*x, spec, backend="triton", return_lse=True), q, k, v)
+    with flash_settings(dq_mode=dq_mode):
+        a = run(lambda *x: attn_zoo.attention(*x, spec, backend="triton", return_lse=True), q, k, v)
     b = run(lambda *x: softmax_attention_reference(*x, spec, return_lse=True), q, k, v)
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
-
 
 
 # ------------------------------------------------------------------------------------------- sparse tables
@@ -438,22 +441,16 @@ def test_sparse_override_tiles_give_the_same_grads():
 
     mi = _layout_mask_info()
     q, k, v, do = _inputs(1, 2, 1, 96, 96, 16, torch.float32, seed=5)
-    run = lambda a, b, c: flash_attn(a, b, c, block_layout=mi.layout, block_size=16,  # noqa: E731
-                                     block_table_fn=mi.block_table)
-    base = _grads(run, q, k, v, do)
-    cfg = lambda bm, bn: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)  # noqa: E731
-    try:
-        kf.set_sparse_override("fwd", cfg(16, 16))
-        kf.set_sparse_override("dq", cfg(16, 16))
-        kf.set_sparse_override("dkdv", cfg(32, 16))
-        assert kf.sparse_tiles(16) == ((16, 16), (32, 16))
-        with pytest.raises(ValueError, match="must equal the fwd tiles"):
-            kf.set_sparse_override("dq", cfg(32, 16))
-        forced = _grads(run, q, k, v, do)
-    finally:
-        for kind in ("fwd", "dq", "dkdv"):
-            kf.set_sparse_override(kind, None)
-    assert kf.sparse_tiles(16) != ((16, 16), (32, 16))
+    run = lambda cfg: (lambda a, b, c: flash_attn(a, b, c, block_layout=mi.layout, block_size=16,  # noqa: E731
+                                                  block_table_fn=mi.block_table, config=cfg))
+    base = _grads(run(None), q, k, v, do)
+    tile = lambda bm, bn: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)  # noqa: E731
+    forced_cfg = kf.FlashConfig(sparse_fwd=tile(16, 16), sparse_dq=tile(16, 16), sparse_dkdv=tile(32, 16))
+    assert kf.sparse_tiles(16, forced_cfg) == ((16, 16), (32, 16))
+    assert kf.sparse_tiles(16) != ((16, 16), (32, 16))  # the default settings are untouched
+    with pytest.raises(ValueError, match="must equal the sparse_fwd tiles"):
+        kf.FlashConfig(sparse_fwd=tile(16, 16), sparse_dq=tile(32, 16))
+    forced = _grads(run(forced_cfg), q, k, v, do)
     for name, x, y in zip(("out", "dq", "dk", "dv"), forced, base):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
 
@@ -465,37 +462,25 @@ def test_sparse_override_sequence_remembers_configs_per_tiles():
     import kernels.flash as kf
 
     spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=32)
-    cfg = lambda bm, bn: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)  # noqa: E731
-    try:
-        for f, b in (((16, 16), (32, 16)), ((64, 32), (64, 64))):
-            kf.set_sparse_override("fwd", cfg(*f))
-            kf.set_sparse_override("dkdv", cfg(*b))
-            assert kf.sparse_tiles(16) == (f, b)
+    tile = lambda bm, bn: (bm, bn, 4, 1)  # noqa: E731
+    for f, b in (((16, 16), (32, 16)), ((64, 32), (64, 64))):
+        with kf.flash_settings(sparse_fwd=tile(*f), sparse_dkdv=tile(*b)) as cfg:
+            assert kf.sparse_tiles(16) == (f, b) == kf.sparse_tiles(16, cfg)
             check_against_reference(spec, Nq=100, Nk=100, D=16, seed=f[0])
-            kf.set_sparse_override("fwd", None)
-            kf.set_sparse_override("dkdv", None)
-    finally:
-        for kind in ("fwd", "dq", "dkdv"):
-            kf.set_sparse_override(kind, None)
 
 
 def test_adapter_tables_follow_the_sparse_tiles():
-    """The triton adapter's table cache is keyed by the kernel's current sparse tiles (a tuning override)."""
+    """The triton adapter's table cache is keyed by the sparse tiles of the call's settings."""
     import kernels.flash as kf
 
     spec = AttentionSpec(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=16)
     q, k, v, do = _inputs(1, 2, 2, 96, 96, 16, torch.float32, seed=9)
     want = softmax_attention_reference(q, k, v, spec)
     before = attn_zoo.attention(q, k, v, spec, backend="triton")
-    try:
-        kf.set_sparse_override("fwd", dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1))
-        kf.set_sparse_override("dq", dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1))
+    dq_only = kf.FlashConfig(sparse_dq=dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1))
+    assert dq_only.sparse_fwd == dq_only.sparse_dq  # fwd and dq share one table: dq alone sets both
+    with kf.flash_settings(dq_only):
         after = attn_zoo.attention(q, k, v, spec, backend="triton")
-        kf.set_sparse_override("fwd", None)  # fwd and dq share one table: clearing one clears both
-        assert "dq" not in kf._SPARSE_OVERRIDE
-    finally:
-        for kind in ("fwd", "dq", "dkdv"):
-            kf.set_sparse_override(kind, None)
     for out in (before, after):
         torch.testing.assert_close(out, want.to(out.dtype), rtol=1e-5, atol=1e-5)
 
@@ -513,10 +498,11 @@ def test_bad_tables_and_knobs_raise():
         with pytest.raises(ValueError, match="dkdv_split"):
             flash_attn(q, q[:, :1], q[:, :1], causal=True, dkdv_split=bad)
     with pytest.raises(ValueError, match="BLOCK_N"):
-        kf.set_sparse_override("fwd", {"BLOCK_M": 16})
+        kf.FlashConfig(sparse_fwd={"BLOCK_M": 16})
     with pytest.raises(ValueError, match="power of two"):
-        kf.set_sparse_override("dkdv", dict(BLOCK_M=24, BLOCK_N=16, num_warps=4, num_stages=1))
-    assert not kf._SPARSE_OVERRIDE
+        kf.FlashConfig(sparse_dkdv=dict(BLOCK_M=24, BLOCK_N=16, num_warps=4, num_stages=1))
+    with pytest.raises(TypeError, match="FlashConfig"):
+        flash_attn(q, q, q, config={"dq_mode": "atomic"})
 
 
 def test_block_tables_old_format_rejected():
@@ -540,16 +526,19 @@ def test_choose_dkdv_split():
     assert choose_dkdv_split(6, 4, 264) == 2  # largest power of two dividing the group
     assert choose_dkdv_split(3, 4, 264) == 1
     # the default target: 2 programs per SM, 8 for groups of >= 8 heads (132 SMs off the GPU)
-    from kernels.flash import _resolve_split
+    from kernels.flash import resolve_dkdv_split
     cpu = torch.device("cpu")
-    assert _resolve_split(None, 16, 256, cpu) == 8  # MQA: 256 -> 2048 >= 8 * 132 programs
-    assert _resolve_split(None, 4, 1024, cpu) == 1  # GQA-4: 1024 >= 2 * 132 already
-    assert _resolve_split(None, 4, 100, cpu) == 4
+    assert resolve_dkdv_split(None, 16, 256, cpu) == 8  # MQA: 256 -> 2048 >= 8 * 132 programs
+    assert resolve_dkdv_split(None, 4, 1024, cpu) == 1  # GQA-4: 1024 >= 2 * 132 already
+    assert resolve_dkdv_split(None, 4, 100, cpu) == 4
+    assert resolve_dkdv_split(2, 4, 100, cpu) == 2
+    with pytest.raises(ValueError, match="dkdv_split=3"):
+        resolve_dkdv_split(3, 4, 100, cpu)
 
 
-def test_dkdv_split_equals_unsplit(monkeypatch):
+def test_dkdv_split_equals_unsplit():
     """MQA (8 query heads on 1 K/V head): the group split over 2 / 8 programs gives the unsplit gradients."""
-    from kernels import flash_attn
+    from kernels import FlashConfig, flash_attn, flash_settings
 
     q, k, v, do = _inputs(1, 8, 1, 40, 56, 16, torch.float32, seed=5)
     f = lambda s: (lambda a, b, c: flash_attn(a, b, c, causal=True, dkdv_split=s))  # noqa: E731
@@ -560,15 +549,14 @@ def test_dkdv_split_equals_unsplit(monkeypatch):
         torch.testing.assert_close(got[1], base[1], rtol=0, atol=0)  # dQ does not depend on the split
         for x, y in zip(got[2:], base[2:]):
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "4")
-    got = _grads(f(None), q, k, v, do)
+    with flash_settings(dkdv_split=4):  # the split from the settings of a block
+        got = _grads(f(None), q, k, v, do)
     for x, y in zip(got[2:], base[2:]):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="dkdv_split"):
         flash_attn(q, k, v, dkdv_split=3)
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "3")
-    with pytest.raises(ValueError, match="dkdv_split"):
-        _grads(f(None), q, k, v, do)
+    with pytest.raises(ValueError, match="dkdv_split=3 must be an integer >= 1 dividing"):  # at the call
+        flash_attn(q, k, v, config=FlashConfig(dkdv_split=3))
 
 
 # ------------------------------------------------------------------------------------------- atomic dQ
@@ -578,22 +566,38 @@ def test_dkdv_split_equals_unsplit(monkeypatch):
     ("sliding_window", dict(causal=False, window_size=(9, 17)), 50, 77, 4, 2, 32),
     ("sparse", dict(causal=True, sparse_pattern="bigbird", block_size=16), 100, 100, 4, 2, 32),
 ])
-def test_atomic_dq_against_reference(kind, kw, Nq, Nk, Hq, Hkv, D, monkeypatch):
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DQ", "atomic")
-    check_against_reference(AttentionSpec(kind=kind, **kw), Nq=Nq, Nk=Nk, Hq=Hq, Hkv=Hkv, D=D)
+def test_atomic_dq_against_reference(kind, kw, Nq, Nk, Hq, Hkv, D):
+    from kernels import flash_settings
+
+    with flash_settings(dq_mode="atomic"):
+        check_against_reference(AttentionSpec(kind=kind, **kw), Nq=Nq, Nk=Nk, Hq=Hq, Hkv=Hkv, D=D)
 
 
-def test_dq_mode_errors(monkeypatch):
-    from kernels import flash_attn
+def test_dq_mode_errors_and_the_backward_uses_the_forward_settings():
+    """Bad settings raise at the call; the backward runs with the settings its forward was given, whatever the
+    settings are when it runs (nothing is read at backward time)."""
+    import kernels.flash as kf
+    from kernels import FlashConfig, flash_attn, flash_settings
 
     q = torch.randn(1, 1, 16, 16, device=DEV)
     with pytest.raises(ValueError, match="dq_mode"):
         flash_attn(q, q, q, dq_mode="fused")
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DQ", "fused")
+    with pytest.raises(ValueError, match="dq_mode"):
+        FlashConfig(dq_mode="fused")
+    with pytest.raises(ValueError, match="deterministic"):
+        flash_attn(q, q, q, dq_mode="atomic", deterministic=True)
+    with pytest.raises(ValueError, match="deterministic"):
+        flash_attn(q, q, q, config=FlashConfig(dq_mode="atomic"), deterministic=True)
+    flash_attn(q, q, q, deterministic=True)
+    kf.clear_plans()
     x = q.clone().requires_grad_(True)
-    out = flash_attn(x, q, q)  # the env is read at backward time
-    with pytest.raises(ValueError, match="ATTN_ZOO_FLASH_DQ"):
+    with flash_settings(dq_mode="atomic"):
+        out = flash_attn(x, q, q)
+    with flash_settings(dq_mode="separate"):
         out.sum().backward()
+    bwd = [p for key, p in kf.launch_plans().items() if key[0] == "bwd"]
+    assert len(bwd) == 1 and bwd[0].meta["atomic"]
+    assert kf.current_flash_config() == FlashConfig()  # every block restored the settings
 
 
 # ------------------------------------------------------------------------------------------- GPU, real sizes
@@ -687,11 +691,13 @@ def test_host_helpers_match_triton():
 # ------------------------------------------------------------------------------------------- batch > 1, GQA loop
 @pytest.mark.parametrize("kind,kw", [("flash", dict(causal=True)), ("sliding_window", dict(causal=True, window_size=(9, 0))),
                                      ("sparse", dict(causal=True, block_size=16, sparse_pattern="bigbird"))])
-def test_batch_two_gqa_against_reference(kind, kw, monkeypatch):
+def test_batch_two_gqa_against_reference(kind, kw):
     """B = 2 with GQA 4:1 and the dK/dV group loop over all 4 heads in one program (split 1): a kernel that reads
     batch 0's rows (lse, delta, K/V) for every batch, or drops a head of the group loop, fails here."""
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "1")
-    check_against_reference(AttentionSpec(kind=kind, **kw), B=2, Hq=4, Hkv=1, Nq=48, Nk=48, D=16, seed=7)
+    from kernels import flash_settings
+
+    with flash_settings(dkdv_split=1):
+        check_against_reference(AttentionSpec(kind=kind, **kw), B=2, Hq=4, Hkv=1, Nq=48, Nk=48, D=16, seed=7)
 
 
 def test_dlse_term_of_delta():
@@ -724,10 +730,10 @@ def test_launch_plans_cached_per_signature():
     ref = _grads(lambda a, b, c: softmax_attention_reference(a, b, c, spec), q, k, v, do)
     f = lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="triton")  # noqa: E731
     first = _grads(f, q, k, v, do)
-    n = len(kf._PLANS)
+    n = len(kf.launch_plans())
     assert n == 2  # one forward and one backward plan
     again = _grads(f, q, k, v, do)
-    assert len(kf._PLANS) == n
+    assert len(kf.launch_plans()) == n
     for x, y, r in zip(first, again, ref):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
         torch.testing.assert_close(x, r, rtol=1e-4, atol=2e-5)
@@ -737,15 +743,21 @@ def test_launch_plans_cached_per_signature():
     qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     for x, r in zip(_grads(f, qt, kt, vt, do), ref):
         torch.testing.assert_close(x, r, rtol=1e-4, atol=2e-5)
-    assert len(kf._PLANS) == n + 2
+    assert len(kf.launch_plans()) == n + 2
     # a 4-byte offset: misaligned for Triton's 16-byte pointer specialisation, its own plan
     buf = torch.randn(q.numel() + 1, device=DEV)
     qm = buf[1:].view_as(q).copy_(q)
     assert qm.data_ptr() % 16
     torch.testing.assert_close(f(qm, k, v), ref[0], rtol=1e-4, atol=2e-5)  # _grads would clone (realign) it
-    assert len(kf._PLANS) == n + 3
-    kf.set_config_override("fwd", None)  # any override change forgets the plans
-    assert not kf._PLANS
+    assert len(kf.launch_plans()) == n + 3
+    # other settings: a plan of their own (the config is part of the key), the same values
+    torch.testing.assert_close(attn_zoo.attention(q, k, v, spec, backend="triton"), ref[0], rtol=1e-4, atol=2e-5)
+    assert len(kf.launch_plans()) == n + 3
+    with kf.flash_settings(tma=False):
+        torch.testing.assert_close(attn_zoo.attention(q, k, v, spec, backend="triton"), ref[0], rtol=1e-4, atol=2e-5)
+    assert len(kf.launch_plans()) == n + 4
+    kf.clear_plans()
+    assert not kf.launch_plans()
 
 
 @pytest.mark.gpu
@@ -772,7 +784,7 @@ def test_gpu_compiled_launches_on_fresh_inputs(kind, kw, N, Hq, Hkv):
                                     seed=100 + seed)
     finally:
         CompiledLaunch.__call__ = orig
-    fast = [p.fast for p in kf._PLANS.values()]
+    fast = [p.fast for p in kf.launch_plans().values()]
     assert fast and all(v is not None for f in fast for v in f.values()), fast
     assert len(calls) >= 3 * 4, f"the plans' compiled launches ran {len(calls)} times"  # 3 calls x 4 kernels
 

@@ -2,7 +2,7 @@
 
 CPU: run under ``TRITON_INTERPRET=1`` (set by tests/conftest.py before triton is imported), small shapes.
 Two ground truths: the masked quadratic form :func:`attn_zoo.reference.linear_attention_reference` and the
-step-by-step recurrence :func:`kernels.linear.linear_attention_recurrent`, both fp32. Metric: relative RMS
+step-by-step recurrence :func:`attn_zoo.reference.linear_attention_recurrent`, both fp32. Metric: relative RMS
 error ``||x - ref|| / ||ref||``. 16-bit inputs follow the FlashAttention rule: our error against the fp32
 reference is at most 2x (gradients 3x) the error of a plain PyTorch implementation run in that dtype.
 """
@@ -19,7 +19,8 @@ if not torch.cuda.is_available():
 from attn_zoo import AttentionSpec, attention  # noqa: E402
 from attn_zoo.feature_maps import apply_feature_map  # noqa: E402
 from attn_zoo.reference import linear_attention_reference  # noqa: E402
-from kernels.linear import linear_attention, linear_attention_recurrent  # noqa: E402
+from attn_zoo.reference import linear_attention_recurrent  # noqa: E402
+from kernels.linear import LinearConfig, linear_attention  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -212,12 +213,10 @@ def test_segmentation_does_not_change_results(causal):
 
 
 @pytest.mark.parametrize("fmap", ["elu1", "relu"])
-def test_feature_map_prepass_strided_and_in_loop(fmap, monkeypatch):
+def test_feature_map_prepass_strided_and_in_loop(fmap):
     """The feature-map pre-pass (default) reads strided q / k directly and its chain rule (phi' from phi) gives
-    the same out and grads as contiguous inputs, as the in-loop map (``_OPTS["phi_in_loop"]``) and as the fp32
-    reference; q has exact zeros (relu'(0) = 0, elu1'(0) = 1) and the GQA group is 2."""
-    import kernels.linear as L
-
+    the same out and grads as contiguous inputs, as the in-loop map (``LinearConfig(phi_in_loop=True)``) and as
+    the fp32 reference; q has exact zeros (relu'(0) = 0, elu1'(0) = 1) and the GQA group is 2."""
     q, k, v, do = _inputs(1, 4, 2, 40, 40, 16, 8, seed=5)
     q[..., :3] = 0.0
     qs = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, D) memory, viewed as (B, H, N, D)
@@ -232,8 +231,8 @@ def test_feature_map_prepass_strided_and_in_loop(fmap, monkeypatch):
     v_ = v.detach().clone().requires_grad_()
     out = fn(qs_, ks_, v_)
     got["strided"] = (out,) + torch.autograd.grad(out, (qs_, ks_, v_), do)
-    monkeypatch.setitem(L._OPTS, "phi_in_loop", True)
-    got["in_loop"] = _grads(fn, q, k, v, do)
+    got["in_loop"] = _grads(lambda a, b, c: linear_attention(a, b, c, feature_map=fmap, chunk_size=16, segment_size=16,
+                                                             config=LinearConfig(phi_in_loop=True)), q, k, v, do)
     phi = (lambda x: Fn.elu(x) + 1) if fmap == "elu1" else torch.relu
     got["reference"] = _grads(lambda a, b, c: _ref_with_state(phi(a), phi(b), c, torch.zeros(1, 2, 16, 8, device=DEV),
                                                               torch.zeros(1, 2, 16, device=DEV), True, 1e-6)[0],
@@ -274,12 +273,10 @@ def test_large_keys_no_overflow(dtype):
 
 
 @pytest.mark.parametrize("kscale", [1.0, 30.0])
-def test_bf16_lowp_products_gqa(kscale, monkeypatch):
-    """bf16 16-bit-product path (``_OPTS["lowp_bf16"]``, states / g / dA rounded to bf16 before each product),
+def test_bf16_lowp_products_gqa(kscale):
+    """bf16 16-bit-product path (``LinearConfig.lowp_bf16``, states / g / dA rounded to bf16 before each product),
     causal GQA 4/2 over several segments: the 2x / 3x rule against plain bf16 PyTorch and finite with keys x30;
     the switch must change the result (the rounding is exercised, also under the CPU interpreter)."""
-    import kernels.linear as L
-
     spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
     q, k, v, do = _inputs(1, 4, 2, 70, 70, 32, 16, seed=3, kscale=kscale)
     ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
@@ -287,9 +284,9 @@ def test_bf16_lowp_products_gqa(kscale, monkeypatch):
     base = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), *lo)
     res = {}
     for lowp in (True, False):
-        monkeypatch.setitem(L._OPTS, "lowp_bf16", lowp)
         res[lowp] = _grads(lambda a, b, c: linear_attention(a, b, c, feature_map="elu1", chunk_size=16,
-                                                             segment_size=32), *lo)
+                                                             segment_size=32, config=LinearConfig(lowp_bf16=lowp)),
+                           *lo)
     for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), res[True], ref, base)):
         assert x.dtype == torch.bfloat16 and torch.isfinite(x).all(), name
         factor = 2.0 if i == 0 else 3.0

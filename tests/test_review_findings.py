@@ -211,15 +211,15 @@ def test_decode_nan_in_a_key_no_query_sees_changes_nothing(backend, spec):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
-def test_dkdv_split_env_error_names_the_environment_variable(monkeypatch):
-    """A bad ``ATTN_ZOO_FLASH_DKDV_SPLIT`` (not dividing the GQA group) said ``dkdv_split=3 must ...``, naming an
-    argument the caller never passed."""
-    from kernels import flash_attn
+def test_dkdv_split_error_at_the_call_names_the_setting():
+    """A ``dkdv_split`` that does not divide the GQA group was read from the environment at backward time; it is a
+    setting now (``FlashConfig`` / ``flash_settings``) and the forward call raises, naming it."""
+    from kernels import flash_attn, flash_settings
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 16, 16, generator=g).to(DEV).requires_grad_(True)
     k, v = (torch.randn(1, 1, 16, 16, generator=g).to(DEV) for _ in range(2))
-    monkeypatch.setenv("ATTN_ZOO_FLASH_DKDV_SPLIT", "3")
-    out = flash_attn(q, k, v, causal=True)
-    with pytest.raises(ValueError, match=r"ATTN_ZOO_FLASH_DKDV_SPLIT=3 \(the dkdv_split default\) must be >= 1"):
-        out.sum().backward()
+    with flash_settings(dkdv_split=3):
+        with pytest.raises(ValueError, match=r"dkdv_split=3 must be an integer >= 1 dividing the GQA group size "
+                                             r"Hq // Hkv = 4"):
+            flash_attn(q, k, v, causal=True)

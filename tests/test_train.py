@@ -17,8 +17,7 @@ from omegaconf import OmegaConf, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-sys.path.insert(0, str(ROOT))
-import train as train_mod  # noqa: E402
+import train as train_mod  # noqa: E402  (the repo root is on sys.path: conftest.py there)
 
 VARIANTS = ["flash", "sliding_window", "sparse", "linear", "gqa", "mqa"]
 # tiny and fast: 2 layers, d_model 32, seq_len 32, 4 kv pairs

@@ -4,10 +4,10 @@ The mask comes from :func:`attn_zoo.masks.mask_info`: causal / window bounds are
 enumerates the visited tiles analytically with the same rule as :meth:`MaskInfo.block_table`), the block-sparse
 layout and its block tables (:func:`kernels.build_sparse_tables` from :meth:`MaskInfo.block_table` at the kernel's
 tiles, rows ordered full tiles first; cached per spec and shape) are passed as tensors. GQA / MQA run natively
-(``Hkv = k.shape[1]``). Backward options are read from the environment at backward time:
-``ATTN_ZOO_FLASH_DQ=separate|atomic`` (dQ kernel or fp32-atomic dQ fused into the dK/dV kernel; default
-``separate``) and ``ATTN_ZOO_FLASH_DKDV_SPLIT=auto|s`` (GQA group split of the dK/dV pass). Inputs it cannot run
-are reported by :func:`_supports` (``auto`` then falls back to ``torch``).
+(``Hkv = k.shape[1]``). Kernel settings (:class:`kernels.FlashConfig`: dQ mode, dK/dV split, tiles, TMA) come
+from ``config=``, else a ``flash_config`` field of the spec if it has one, else the current settings
+(``FlashConfig()``, or the innermost :func:`kernels.flash_settings` block, e.g. around a training step). Inputs it
+cannot run are reported by :func:`_supports` (``auto`` then falls back to ``torch``).
 """
 
 from __future__ import annotations
@@ -38,29 +38,40 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-def _sparse_tables(spec, Nq, Nk, D, device):
-    """Cached per (spec, Nq, Nk, D, device) and the kernel's current sparse tiles (a tuning override changes them)."""
-    from kernels.flash import sparse_tiles
+def sparse_tables(spec, Nq, Nk, D, device, config=None):
+    """``(layout, tables)`` of a sparse spec on ``device`` at the sparse tiles of ``config`` (default: the current
+    settings): the int8 block layout and the six int32 block tables of :func:`kernels.build_sparse_tables` (full
+    tiles first per row), built once per (spec, Nq, Nk, D, device, tiles) so a training step copies nothing to the
+    GPU. Pass the same ``config`` to the :func:`kernels.flash_attn` call that uses them."""
+    from kernels.flash import current_flash_config, sparse_tiles
 
-    return _sparse_tables_at(spec, Nq, Nk, D, device, sparse_tiles(D))
+    config = config if config is not None else current_flash_config()
+    return _sparse_tables_at(spec, Nq, Nk, D, device, sparse_tiles(D, config))
 
 
 @lru_cache(maxsize=32)
 def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
-    """``(layout, tables)`` of a sparse spec on ``device``: the int8 block layout and the six int32 block tables of
-    :func:`kernels.build_sparse_tables` (full tiles first per row), built once per (spec, Nq, Nk, D, device) so a
-    training step copies nothing to the GPU."""
     from kernels import build_sparse_tables
+    from kernels.flash import FlashConfig, TileConfig
 
+    (fm, fn), (bm, bn) = tiles  # the tables depend on the tiles only
+    cfg = FlashConfig(sparse_fwd=TileConfig(fm, fn), sparse_dkdv=TileConfig(bm, bn))
     mi = mask_info(spec, Nq, Nk)
     layout = mi.layout.to(device=device, dtype=torch.int8).contiguous()
-    return layout, build_sparse_tables(lambda bm, bn: mi.block_table(bm, bn), D, device)
+    return layout, build_sparse_tables(lambda bm_, bn_: mi.block_table(bm_, bn_), D, device, cfg)
+
+
+_sparse_tables = sparse_tables  # the name eval/ and the tests used
 
 
 @register_backend(SOFTMAX_KINDS, "triton", supports=_supports)
-def triton_softmax_attention(q, k, v, spec, return_lse=False):
-    """Exact masked softmax attention through the fused Triton kernel (forward + backward, autograd)."""
+def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
+    """Exact masked softmax attention through the fused Triton kernel (forward + backward, autograd).
+
+    ``config``: a :class:`kernels.FlashConfig`; default ``spec.flash_config`` if the spec has that field and it is
+    set, else the current settings (:func:`kernels.flash_settings`)."""
     from kernels import flash_attn
+    from kernels.flash import current_flash_config
 
     Nq, Nk = q.shape[2], k.shape[2]
     mi = mask_info(spec, Nq, Nk)
@@ -70,9 +81,11 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False):
     window = None
     if mi.window_left is not None or mi.window_right is not None:
         window = (mi.window_left, mi.window_right)
+    if config is None:
+        config = getattr(spec, "flash_config", None) or current_flash_config()
     kw = {}
     if mi.layout is not None:
-        layout, tables = _sparse_tables(spec, Nq, Nk, q.shape[-1], q.device)
+        layout, tables = sparse_tables(spec, Nq, Nk, q.shape[-1], q.device, config)
         kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
     return flash_attn(q, k, v, causal=mi.causal, window_size=window, softmax_scale=spec.scale(q.shape[-1]),
-                      return_lse=return_lse, **kw)
+                      return_lse=return_lse, config=config, **kw)

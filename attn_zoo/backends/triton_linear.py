@@ -14,6 +14,9 @@ relu are unaffected. FAVOR in float16 is refused (``supports``).
 Bottom-right causal alignment (``i' = i + Nk - Nq``): with ``Nk > Nq`` the first ``Nk - Nq`` keys are
 summed into an initial state ``(S0, z0)`` (fp32, differentiable) and the kernel runs causally on the last
 ``Nq`` keys; with ``Nq > Nk`` the first ``Nq - Nk`` query rows see no key and output 0.
+
+Kernel settings (:class:`kernels.LinearConfig`) come from ``config=``, else a ``linear_config`` field of the spec
+if it has one, else the current settings (``LinearConfig()`` or the innermost :func:`kernels.linear_settings`).
 """
 
 from __future__ import annotations
@@ -54,19 +57,22 @@ def _phi(x: torch.Tensor, spec, is_query: bool) -> torch.Tensor:
 
 
 @register_backend("linear", "triton", supports=_supports)
-def triton_linear(q, k, v, spec, return_lse=False):
-    """Linear attention of ``spec`` through the Triton kernel; ``(B, Hq, Nq, Dv)`` in ``q.dtype``."""
+def triton_linear(q, k, v, spec, return_lse=False, config=None):
+    """Linear attention of ``spec`` through the Triton kernel; ``(B, Hq, Nq, Dv)`` in ``q.dtype``. ``config``: a
+    :class:`kernels.LinearConfig` (default: module docstring)."""
     from kernels.linear import linear_attention
 
     if spec.feature_map == "taylor" and q.dtype == torch.float16:  # fp16 range (module docstring): fp32 run
-        return triton_linear(q.float(), k.float(), v.float(), spec).to(q.dtype)
+        return triton_linear(q.float(), k.float(), v.float(), spec, config=config).to(q.dtype)
+    if config is None:
+        config = getattr(spec, "linear_config", None)
     fused = spec.feature_map in _FUSED
     fm = spec.feature_map if fused else None
     if not fused:
         q = _phi(q, spec, True)
         k = _phi(k, spec, False)
     Nq, Nk = q.shape[2], k.shape[2]
-    kw = dict(eps=spec.eps, feature_map=fm, chunk_size=spec.chunk_size)
+    kw = dict(eps=spec.eps, feature_map=fm, chunk_size=spec.chunk_size, config=config)
     if not spec.causal:
         return linear_attention(q, k, v, causal=False, **kw)
     if Nk > Nq:  # keys before the first query position: fold into the initial state (fp32)

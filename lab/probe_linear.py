@@ -1,6 +1,7 @@
 """GPU probe: the segmented single-pass linear-attention kernel (kernels/linear.py) vs fla and cuDNN SDPA.
 
-Plain Python (torch / triton + this repo; fla-core optional): ``PYTHONPATH=$PWD python3 eval/probe_linear.py --out DIR``.
+Plain Python (torch / triton + this repo; fla-core optional), from the repo root: ``python -m lab.probe_linear --out
+DIR``.
 Needs CUDA. ``--budget`` seconds: later cases are skipped, and say so, once it is spent. ``--no-fla`` skips fla
 (its first-call compile takes minutes), ``--no-anchors`` skips fla and cuDNN; ``--shapes 4096x4,16384x1``
 picks the (N x B) shapes, ``--variants a,b`` the variants, ``--variant-shapes`` their shapes, ``--check-shape``
@@ -27,25 +28,22 @@ fla / ours and the flatness ``t(N=65536, B=1) / t(N=16384, B=4)``. Writes ``prob
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
 import os
-import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as Fn
 
-import torch  # noqa: E402
-import torch.nn.functional as Fn  # noqa: E402
-
-from attn_zoo.backends.torch_linear import chunked_linear_attention  # noqa: E402
-from eval.bench_common import env_info, format_table, time_cuda, write_csv, write_json  # noqa: E402
+from attn_zoo.backends.torch_linear import chunked_linear_attention
+from eval.bench_common import env_info, format_table, time_cuda, write_csv, write_json
 
 H, D = 16, 128
 SHAPES = [(512, 32), (4096, 4), (16384, 1), (16384, 4), (65536, 1)]  # (N, B)
 
-# name -> (tile overrides {kind: [cfg, ...]}, _OPTS overrides, linear_attention kwargs). cfg = (BK, BV, num_warps,
-# num_stages, chunk) as in kernels.linear._TILES / _TILES_LOWP; a single cfg per kind, so a variant that does not
+# name -> (tile overrides {kind: [cfg, ...]}, other LinearConfig fields, linear_attention kwargs). cfg = (BK, BV,
+# num_warps, num_stages, chunk) as in kernels.linear.tile_configs; a single cfg per kind, so a variant that does not
 # fit the GPU fails (reported) instead of silently falling back. "ours" is the default (bf16: 16-bit products;
 # fwd (0,128,8,2), dq (32,0,4,3), dk/dv (64,64,8,3) with the caller's 64-token chunk, seg_state / seg_dstate
 # (128,128,8,3); segments sized for one forward program per SM). num_stages is also each chunk loop's own
@@ -90,32 +88,25 @@ def make_inputs(B, N, dev, seed=0):
 
 
 class Variant:
-    """Context manager applying a variant's tile table / options to kernels.linear."""
+    """Context manager running a variant: its ``kernels.LinearConfig`` as the settings of the block
+    (``kernels.linear_settings``); ``kw``: its ``linear_attention`` arguments."""
 
     def __init__(self, name):
-        import kernels.linear as L
+        from kernels.linear import LinearConfig
 
-        self.L = L
-        self.tiles, self.opts, self.kw = VARIANTS[name]
+        tiles, opts, self.kw = VARIANTS[name]
+        self.config = LinearConfig(tiles=tiles, **opts)
+        self._stack = None
 
     def __enter__(self):
-        L = self.L
-        self.saved = (copy.deepcopy(L._TILES), dict(L._OPTS), copy.deepcopy(L._TILES_LOWP))
-        L._TILES.update({k: list(v) for k, v in self.tiles.items()})
-        L._TILES_LOWP.update({k: list(v) for k, v in self.tiles.items() if k in L._TILES_LOWP})
-        L._OPTS.update(self.opts)
-        L._CHOSEN.clear()
+        from kernels.linear import linear_settings
+
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(linear_settings(self.config))
         return self
 
     def __exit__(self, *a):
-        L = self.L
-        L._TILES.clear()
-        L._TILES.update(self.saved[0])
-        L._OPTS.clear()
-        L._OPTS.update(self.saved[1])
-        L._TILES_LOWP.clear()
-        L._TILES_LOWP.update(self.saved[2])
-        L._CHOSEN.clear()
+        self._stack.close()
 
 
 def bench(fn, leaves, do, warmup, rep):
@@ -178,8 +169,7 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001
             print(f"fla not importable: {type(e).__name__}: {e}")
     print("env:", env, flush=True)
-    import kernels.linear as L
-    from kernels.linear import linear_attention
+    from kernels.linear import linear_attention, query_segment_len, record_launches
 
     rows = []
 
@@ -193,12 +183,11 @@ def main(argv=None):
         print(f"[{time.time() - t0:6.1f}s] " + "  ".join(
             f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in keys), flush=True)
 
-    def take_skipped(row):
-        """Configs that did not fit since the last call (the launcher fell back to the next one; it remembers the
-        fallback per variant, so a variant reports it on its first row)."""
-        if L._SKIPPED:
-            row["skipped"] = "; ".join(f"{k[4:]}{list(c)}: {why}" for k, v in sorted(L._SKIPPED.items()) for c, why in v)
-            L._SKIPPED.clear()
+    def take_skipped(row, rec):
+        """Configs that did not fit in the recorded block (the launcher fell back to the next one; it remembers
+        the fallback per variant, so a variant reports it on its first row)."""
+        if rec.skipped:
+            row["skipped"] = "; ".join(f"{k[4:]}{list(c)}: {why}" for k, v in sorted(rec.skipped.items()) for c, why in v)
 
     def record_error(row, e):
         traceback.print_exc(limit=3)
@@ -207,19 +196,16 @@ def main(argv=None):
     # ------------------------------------------------------------------ 1. correctness (default config)
     def check(method, N, B):
         row = {"kind": "check", "method": method, "N": N, "B": B}
+        rec = None
         try:
             q, k, v, do = make_inputs(B, N, dev, seed=N)
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count
             kw = VARIANTS[method][2]
-            C = L._pow2(kw.get("chunk_size", 64), 16, 128)
-            L._SKIPPED.clear()
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            out = linear_attention(*leaves, causal=True, feature_map="elu1", **kw)
-            out.backward(do)
-            s16 = bool(L._OPTS["state_16bit"]) or bool(L._OPTS["lowp_bf16"])  # as the launcher decides (bf16)
-            fbv = L._blocks(L._tile_in_use("seg_fwd", D, D, C, torch.bfloat16, s16), D, D)[1]
-            row["NS"] = -(-N // L._seg_len(N, C, B * H * -(-D // fbv), None, sms))
-            take_skipped(row)
+            with record_launches() as rec:
+                out = linear_attention(*leaves, causal=True, feature_map="elu1", **kw)
+                out.backward(do)
+            row["NS"] = -(-N // query_segment_len(B, H, N, D, D, kw.get("chunk_size", 64), torch.bfloat16, dev))
+            take_skipped(row, rec)
             got = [out.detach()] + [t.grad for t in leaves]
             rl = [t.detach().float().requires_grad_() for t in (q, k, v)]
             ro = chunked_linear_attention(Fn.elu(rl[0]) + 1, Fn.elu(rl[1]) + 1, rl[2], causal=True, eps=1e-6)
@@ -231,7 +217,8 @@ def main(argv=None):
             del leaves, rl, ro, got, ref, out
         except Exception as e:  # noqa: BLE001
             record_error(row, e)
-            take_skipped(row)
+            if rec is not None:
+                take_skipped(row, rec)
         log(row)
         torch.cuda.empty_cache()
 
@@ -246,19 +233,19 @@ def main(argv=None):
             row["error"] = "skipped (budget spent)"
             log(row)
             return
-        try:
-            fn, leaves, do = build()
-            L._STATS.clear()
-            L._SKIPPED.clear()
-            r = bench(fn, leaves, do, args.warmup, args.rep)
-            row.update(r)
-            if L._STATS:  # config / registers / spill bytes of each kernel actually launched
-                row["kernels"] = " ".join(f"{k[4:]}{list(c)}:r{nr}/s{ns}" for k, (c, nr, ns) in sorted(L._STATS.items()))
-            with torch.no_grad():
-                row["finite"] = bool(torch.isfinite(fn()).all())
-        except Exception as e:  # noqa: BLE001
-            record_error(row, e)
-        take_skipped(row)
+        with record_launches() as rec:
+            try:
+                fn, leaves, do = build()
+                r = bench(fn, leaves, do, args.warmup, args.rep)
+                row.update(r)
+                if rec.kernels:  # config / registers / spill bytes of each kernel actually launched
+                    row["kernels"] = " ".join(f"{k[4:]}{list(c)}:r{nr}/s{ns}"
+                                              for k, (c, nr, ns) in sorted(rec.kernels.items()))
+                with torch.no_grad():
+                    row["finite"] = bool(torch.isfinite(fn()).all())
+            except Exception as e:  # noqa: BLE001
+                record_error(row, e)
+        take_skipped(row, rec)
         log(row)
         torch.cuda.empty_cache()
 

@@ -1,4 +1,4 @@
-"""GPU probe of the fused Triton attention kernel's backward options (kernels/flash.py), with anchors.
+"""GPU probe of the fused Triton attention kernel's backward options (kernels/flash/), with anchors.
 
 One process, one run (target < 4 minutes including compiles). bf16, D = 128, H = 16, 16k tokens per batch
 (B = 16384 // N), N in {4096, 16384}. Variants (masks from the repo's specs, as in eval/bench_flash.py):
@@ -17,7 +17,7 @@ SDPA reference (out, dq, dk, dv; both dQ modes) for one case per variant at the 
 best (timing the whole backward: the other kernel is fixed). ``--skip-main`` runs only that sweep (give it
 ``--time-budget-s 400``; after the main part it gets what is left of the budget, at least 30 s).
 
-Usage (GPU): ``PYTHONPATH=$PWD python3 eval/probe_flash.py --out $OUT [--autotune] [--skip-main] [--no-flex]``
+Usage (GPU, from the repo root): ``python -m lab.probe_flash --out $OUT [--autotune] [--skip-main] [--no-flex]``
 Writes ``probe_flash.csv`` / ``probe_flash.json`` (rows + environment) and ``probe_flash_autotune.csv``;
 ``--fwd-sweep`` / ``--sparse-sweep`` time forced forward configs (causal, window) and BigBird tile configs;
 ``--tma-sweep N`` per-kernel configs with TMA-streamed operands vs pointer loads (non-causal, causal).
@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attn_zoo import AttentionSpec, mask_info  # noqa: E402
-from eval.bench_common import env_info, flash_flops, format_table, tflops, time_cuda, write_csv, write_json  # noqa: E402
-from eval.bench_flash import VARIANTS, flex_block_mask, flex_fn, visited_fraction  # noqa: E402
+from attn_zoo import AttentionSpec, mask_info
+from eval.bench_common import env_info, flash_flops, format_table, tflops, time_cuda, write_csv, write_json
+from eval.bench_flash import VARIANTS, flex_block_mask, flex_fn, visited_fraction
+from kernels import FlashConfig
 
 D, H, TOKENS = 128, 16, 16384
 PROBE_VARIANTS = ("noncausal", "causal", "win1024", "bigbird", "mqa")
@@ -51,21 +49,24 @@ def log(msg):
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def ours_fn(name, N, dq_mode, dkdv_split=None):
-    from attn_zoo.backends.triton_flash import _sparse_tables
+def ours_fn(name, N, dq_mode, dkdv_split=None, config=None):
+    """Our kernel on variant ``name`` with ``config`` (default ``FlashConfig()``) and the call arguments
+    ``dq_mode`` / ``dkdv_split`` (``None``: the config's)."""
+    from attn_zoo.backends.triton_flash import sparse_tables
     from kernels import flash_attn
 
+    config = config if config is not None else FlashConfig()
     spec = AttentionSpec(**VARIANTS[name])
     mi = mask_info(spec, N, N)
     window = None
     if mi.window_left is not None or mi.window_right is not None:
         window = (mi.window_left, mi.window_right)
     kw = {}
-    if mi.layout is not None:  # cached device layout and tables at the current sparse tiles (no host copy per call)
-        layout, tables = _sparse_tables(spec, N, N, D, torch.device("cuda"))
+    if mi.layout is not None:  # cached device layout and tables at the config's sparse tiles (no host copy per call)
+        layout, tables = sparse_tables(spec, N, N, D, torch.device("cuda"), config)
         kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
     return lambda q, k, v: flash_attn(q, k, v, causal=mi.causal, window_size=window, dq_mode=dq_mode,
-                                      dkdv_split=dkdv_split, **kw)
+                                      dkdv_split=dkdv_split, config=config, **kw)
 
 
 def sdpa_fn(backend_name, causal):
@@ -218,17 +219,15 @@ def autotune_sweep(out_dir, budget_s):
     rows = []
 
     def bench(kind, cfg, dq_mode):
-        kf.set_config_override(kind, cfg)
+        forced = FlashConfig(dq_mode=dq_mode, **{kind: cfg})
         try:
-            f = lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, D ** -0.5, -1, 0, dq_mode=dq_mode)  # noqa: E731
+            f = lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, D ** -0.5, -1, 0, config=forced)  # noqa: E731
             f()
             torch.cuda.synchronize()
             ms = time_cuda(f)
             row = dict(kind=kind, dq_mode=dq_mode, **cfg, bwd_ms=round(ms, 4), bwd_tflops=round(tflops(fl, ms), 1))
         except Exception as e:  # noqa: BLE001 (OutOfResources, compile errors)
             row = dict(kind=kind, dq_mode=dq_mode, **cfg, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-        finally:
-            kf.set_config_override(kind, None)
         rows.append(row)
         log(f"autotune {kind:4s} {dq_mode:8s} {cfg} -> {row.get('bwd_tflops', row.get('error'))}")
         return row
@@ -272,24 +271,22 @@ def fwd_sweep(out_dir, budget_s):
         for cfg in cfgs:
             if time.time() - t_start > budget_s:
                 break
-            kf.set_config_override("fwd", cfg)
+            forced = FlashConfig(fwd=cfg)
             try:
-                f = lambda: kf.flash_attn_fwd(q, k, v, D ** -0.5, wl, 0)  # noqa: E731
+                f = lambda: kf.flash_attn_fwd(q, k, v, D ** -0.5, wl, 0, config=forced)  # noqa: E731
                 f()
                 torch.cuda.synchronize()
                 ms = time_cuda(f)
                 row = dict(variant=name, N=N, **cfg, fwd_ms=round(ms, 4), fwd_tflops=round(tflops(fl, ms), 1))
             except Exception as e:  # noqa: BLE001
                 row = dict(variant=name, N=N, **cfg, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-            finally:
-                kf.set_config_override("fwd", None)
             rows.append(row)
             log(f"fwd-sweep {name} N={N} {cfg} -> {row.get('fwd_tflops', row.get('error'))}")
     write_csv(rows, os.path.join(out_dir, "probe_flash_fwd_sweep.csv"))
 
 
 def tma_sweep(out_dir, N, budget_s):
-    """Per-kernel configs with TMA-streamed operands vs pointer loads (``kernels.flash._OPTS["tma"]``), non-causal
+    """Per-kernel configs with TMA-streamed operands vs pointer loads (``FlashConfig.tma``), non-causal
     and causal at one N. Forward: forward time per forced forward config. Backward: whole-backward time with
     the dK/dV config forced (dQ at its default) and with the dQ config forced (dK/dV at its default). Every row
     also has the max |difference| of its outputs from the pointer-load default (same inputs) and the SDPA-cuDNN
@@ -306,7 +303,6 @@ def tma_sweep(out_dir, N, budget_s):
                mk(64, 64, 4, 3)],
     }
     rows, t_start = [], time.time()
-    defaults = dict(kf._OPTS)
     B = max(TOKENS // N, 1)
     scale = D ** -0.5
     for name in ("noncausal", "causal"):
@@ -320,27 +316,27 @@ def tma_sweep(out_dir, N, budget_s):
         anchor = {"fwd": time_cuda(lambda: cud(q, k, v)),
                   "bwd": time_cuda(lambda: o.backward(do, retain_graph=True), grad_to_none=[qq, kk, vv])}
         del o, qq, kk, vv
-        kf._OPTS.update(defaults, tma=False)
-        out, lse = kf.flash_attn_fwd(q, k, v, scale, -1, wr)
-        ref = [out.float()] + [t.float() for t in kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, wr)]
+        pointer = FlashConfig(tma=False)
+        out, lse = kf.flash_attn_fwd(q, k, v, scale, -1, wr, config=pointer)
+        ref = [out.float()] + [t.float() for t in kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, wr,
+                                                                      config=pointer)]
         for kind, lst in cfgs.items():
             for tma in (False, "auto"):
                 for cfg in lst:
                     if time.time() - t_start > budget_s:
                         break
-                    kf._OPTS.update(defaults, tma=tma)
+                    forced = FlashConfig(tma=tma, **({} if cfg is None else {kind: cfg}))
                     row = dict(variant=name, N=N, B=B, kernel=kind, tma=bool(tma),
                                config="default" if cfg is None else
                                f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}/w{cfg['num_warps']}/s{cfg['num_stages']}")
-                    if cfg is not None:
-                        kf.set_config_override(kind, cfg)
                     try:
                         if kind == "fwd":
-                            f = lambda: kf.flash_attn_fwd(q, k, v, scale, -1, wr)  # noqa: E731
+                            f = lambda: kf.flash_attn_fwd(q, k, v, scale, -1, wr, config=forced)  # noqa: E731
                             got = [f()[0].float()]
                             mode = "fwd"
                         else:
-                            f = lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, wr)  # noqa: E731
+                            f = lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, wr,  # noqa: E731
+                                                          config=forced)
                             got = [None] + [t.float() for t in f()]
                             mode = "bwd"
                         torch.cuda.synchronize()
@@ -351,13 +347,10 @@ def tma_sweep(out_dir, N, budget_s):
                         row["x_cudnn"] = round(anchor[mode] / ms, 3)
                     except Exception as e:  # noqa: BLE001
                         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                    finally:
-                        kf.set_config_override(kind, None)
                     rows.append(row)
                     log(f"tma-sweep {name} N={N} {kind} tma={int(bool(tma))} {row['config']:14s} "
                         f"{row.get('tflops', row.get('error'))} TF/s x_cudnn {row.get('x_cudnn')} "
                         f"diff {row.get('max_diff')}")
-    kf._OPTS.update(defaults)
     write_csv(rows, os.path.join(out_dir, "probe_flash_tma_sweep.csv"))
 
 
@@ -366,16 +359,14 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
     check of out / dq / dk / dv against the default config (same inputs). ``rounds`` > 1 times every config
     that many times, round-robin (a drifting clock hits all configs alike), and adds a row per config with
     the median time of each kind (``round = "median"``)."""
-    import kernels.flash as kf
-
     mk = lambda bm, bn, w, s: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)  # noqa: E731
-    # name -> ((fwd, dq, dkdv) tiles or None for the defaults, kernels.flash._OPTS changes). Dropped after losing
+    # name -> ((fwd, dq, dkdv) tiles or None for the defaults, FlashConfig changes). Dropped after losing
     # in every H200 sweep (results/h200/probe/): 64x64 fwd with 64x128 dk/dv, 128x64 / 8 warps, 64x128 forward,
     # 64x32 tiles (-5% vs 64x64 at 2 stages), partial tiles with the per-element layout gather (-20-25%).
     s2 = (mk(64, 64, 4, 2), mk(64, 64, 4, 2), mk(64, 64, 4, 2))
     cands = {
         "default": (None, {}),
-        # forward shared memory (eval/inspect_kernels.py, triton 3.6): 64x64 / 3 stages 114 KiB (one 4-warp
+        # forward shared memory (lab/inspect_kernels.py, triton 3.6): 64x64 / 3 stages 114 KiB (one 4-warp
         # program per SM), 2 stages 82 KiB (two)
         "f64x64w4s2_kv64": (s2, {}),
         "tma": (None, {"tma": True}),  # TMA descriptors forced (the default keeps pointer loads for sparse)
@@ -383,7 +374,6 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
         "gather": (None, {"sparse_aligned_no_gather": False}),  # partial tiles gather the layout per element
     }
     rows, t_start, name = [], time.time(), "bigbird"
-    defaults = dict(kf._OPTS)
     for N in Ns:
         B = max(TOKENS // N, 1)
         frac = visited_fraction(name, N)
@@ -393,16 +383,12 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
             if time.time() - t_start > budget_s:
                 log(f"sparse-sweep budget spent: {cname} N={N} round {rnd} skipped")
                 continue
-            for kind in ("fwd", "dq", "dkdv"):
-                kf.set_sparse_override(kind, None)
             tiles, opts = cfg
-            kf._OPTS.update(defaults, **opts)
             if tiles is not None:
-                for kind, c in zip(("fwd", "dq", "dkdv"), tiles):
-                    kf.set_sparse_override(kind, c)
+                opts = dict(opts, **{f"sparse_{kind}": c for kind, c in zip(("fwd", "dq", "dkdv"), tiles)})
             row = dict(variant=name, N=N, B=B, config=cname, round=rnd)
             try:
-                f = ours_fn(name, N, None)
+                f = ours_fn(name, N, None, config=FlashConfig(**opts))
                 q.grad = k.grad = v.grad = None
                 out = f(q, k, v)
                 out.backward(do)
@@ -416,9 +402,6 @@ def sparse_sweep(out_dir, Ns, budget_s, rounds=1):
             rows.append(row)
             log(f"sparse-sweep N={N} {cname:14s} fwd {row.get('fwd_tflops')} bwd {row.get('bwd_tflops')} "
                 f"fwd+bwd {row.get('fwd_bwd_tflops')} TF/s diff {row.get('max_diff_vs_default')} {row.get('error', '')}")
-    for kind in ("fwd", "dq", "dkdv"):
-        kf.set_sparse_override(kind, None)
-    kf._OPTS.update(defaults)
     if rounds > 1:
         for N in Ns:
             for cname in cands:

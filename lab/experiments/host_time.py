@@ -1,21 +1,16 @@
-"""GPU: host time to enqueue one fwd+bwd with TMA descriptors vs pointer loads (``kernels.flash._OPTS["tma"]``),
+"""GPU: host time to enqueue one fwd+bwd with TMA descriptors vs pointer loads (``kernels.FlashConfig(tma=...)``),
 and the fwd+bwd time of each, interleaved over 3 rounds (BigBird N = 4096 / 16384, causal N = 1024; bf16, D = 128,
-H = 16, 16k tokens). Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/host_time.py``."""
-import os, sys, time
-import torch
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-import kernels.flash as kf
-from eval.probe_flash import ours_fn, inputs
+H = 16, 16k tokens). Usage (GPU, from the repo root): ``python -m lab.experiments.host_time``."""
+from kernels import FlashConfig
+from lab.probe_flash import ours_fn, inputs
 from eval.bench_common import host_us, time_cuda
 
 for name, N in (("bigbird", 4096), ("causal", 1024), ("bigbird", 16384)):
     q, k, v, do = inputs(N, 16)
-    f = ours_fn(name, N, None)
     for rnd in range(3):
         for tma in ("auto", False):
-            kf._OPTS["tma"] = tma
+            f = ours_fn(name, N, None, config=FlashConfig(tma=tma))
             fb = lambda: f(q, k, v).backward(do)
             ms = time_cuda(fb, grad_to_none=[q, k, v])
             us = host_us(fb, 50, warmup=10)
             print(f"{name} N={N} round {rnd} tma={tma}: fwd+bwd {ms:.4f} ms, host enqueue {us:.0f} us/call", flush=True)
-kf._OPTS["tma"] = "auto"

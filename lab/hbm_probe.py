@@ -5,8 +5,8 @@ range ``measure``), so that ``ncu --profile-from-start off`` sums the DRAM bytes
 
     ncu --clock-control none --profile-from-start off \\
         --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \\
-        python -m eval.hbm_probe --method naive --B 4 --H 16 --N 2048 --D 64 > ncu_naive.csv
-    python -m eval.hbm_probe --parse ncu_naive.csv ncu_triton.csv --B 4 --H 16 --N 2048 --D 64
+        python -m lab.hbm_probe --method naive --B 4 --H 16 --N 2048 --D 64 > ncu_naive.csv
+    python -m lab.hbm_probe --parse ncu_naive.csv ncu_triton.csv --B 4 --H 16 --N 2048 --D 64
 
 ``--parse`` sums each file's DRAM bytes and prints them beside the cost model
 (:func:`attn_zoo.cost_model.standard_attention_cost` for ``naive``: S and P materialised, the causal mask as

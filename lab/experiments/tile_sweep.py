@@ -4,7 +4,7 @@ bf16, 16k tokens, H = 4 (the small model's heads) -- the heuristic tables were t
 Each kernel is timed alone through a CUDA graph of the call that contains it (forward: ``flash_attn_fwd``; dQ /
 dK/dV: ``flash_attn_bwd`` with the other kernel at its default), so host time is out of the numbers. Prints the
 best configs per (kernel, D, N) and writes ``tile_sweep.csv`` to ``--out``.
-Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/tile_sweep.py --out $OUT [--D 32,64] [--N 1024,4096]``
+Usage (GPU, from the repo root): ``python -m lab.experiments.tile_sweep --out $OUT [--D 32,64] [--N 1024,4096]``
 """
 import argparse
 import csv
@@ -38,22 +38,19 @@ def main():
             q, k, v, do = (torch.randn(B, a.H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             scale = D ** -0.5
             out, lse = kf.flash_attn_fwd(q, k, v, scale, -1, 0)
-            calls = {"fwd": lambda: kf.flash_attn_fwd(q, k, v, scale, -1, 0),
-                     "dq": lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0),
-                     "dkdv": lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0)}
+            calls = {"fwd": lambda cfg: (lambda: kf.flash_attn_fwd(q, k, v, scale, -1, 0, config=cfg)),
+                     "dq": lambda cfg: (lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0, config=cfg)),
+                     "dkdv": lambda cfg: (lambda: kf.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0, config=cfg))}
             for kind, cfgs in (("fwd", FWD), ("dq", DQ), ("dkdv", DKDV)):
-                kf.set_config_override(kind, None)
-                base = time_cuda_graph(calls[kind])
+                base = time_cuda_graph(calls[kind](kf.FlashConfig()))
                 default = kf.pick_config(kind, max(16, D), False, "tf32", masked=True)
                 for bm, bn, w, s in cfgs:
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
-                    kf.set_config_override(kind, cfg)
                     try:
-                        ms = time_cuda_graph(calls[kind])
+                        ms = time_cuda_graph(calls[kind](kf.FlashConfig(**{kind: cfg})))
                         err = ""
                     except Exception as e:  # out of resources, compile failures
                         ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:80]}"
-                    kf.set_config_override(kind, None)
                     rows.append(dict(D=D, N=N, kind=kind, cfg=f"{bm}x{bn}/{w}w/{s}s", ms=ms, default_ms=base,
                                      default=f"{default['BLOCK_M']}x{default['BLOCK_N']}/{default['num_warps']}w/"
                                              f"{default['num_stages']}s", err=err))

@@ -1,12 +1,9 @@
 """GPU diagnostics: (1) non-causal N=16384 fwd+bwd timed with longer do_bench windows (ours vs cuDNN);
 (2) MQA / GQA-4 dK/dV group split sweep at N = 4096 / 16384 (backward time). bf16, D = 128, H = 16.
-Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/diag.py``."""
-import os, sys
-import torch
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+Usage (GPU, from the repo root): ``python -m lab.experiments.diag``."""
 import triton.testing as tt
 from kernels import flash_attn
-from eval.probe_flash import inputs, sdpa_fn
+from lab.probe_flash import inputs, sdpa_fn
 
 q, k, v, do = inputs(16384, 16)
 cud = sdpa_fn("sdpa_cudnn", False)

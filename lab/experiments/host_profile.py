@@ -6,7 +6,7 @@ SDPA's flash and cuDNN backends, in one process:
   * ``bench_ms``: ``do_bench`` median (what the benchmarks report: host-bound when host > GPU);
   * ``graph_ms``: the same fwd+bwd captured in a CUDA graph and replayed (GPU time alone).
 Then the pieces of one Triton launch (binder, direct CompiledKernel launch, TMA descriptors) and a cProfile of
-our fwd+bwd. Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/host_profile.py``.
+our fwd+bwd. Usage (GPU, from the repo root): ``python -m lab.experiments.host_profile``.
 """
 import cProfile
 import io
@@ -19,7 +19,10 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels.flash as kf
+import kernels.flash.fwd as kf_fwd
+import kernels.flash.launch as kf_launch
 from eval.bench_common import host_us, time_cuda_graph
+from kernels._host import CompiledLaunch
 
 
 def main():
@@ -55,17 +58,19 @@ def main():
     B = 16384 // N
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
-    CL = kf.CompiledLaunch
+    CL = CompiledLaunch
     ready = CL.__dict__["ready"]
     CL.ready = staticmethod(lambda: False)
     slow = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
     CL.ready = ready
     fast = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
-    orig = kf._plan_launch
-    kf._plan_launch = lambda *a, **kw: None
+    import kernels.flash.bwd as kf_bwd
+
+    orig = kf_launch._plan_launch  # the host work of a call without its launches (fwd.py / bwd.py call it)
+    kf_fwd._plan_launch = kf_bwd._plan_launch = lambda *a, **kw: None
     py = host_us(lambda: kf.flash_attn(q, k, v, causal=True).backward(do), 200)
     py_fwd = host_us(lambda: kf.flash_attn(q, k, v, causal=True), 200)
-    kf._plan_launch = orig
+    kf_fwd._plan_launch = kf_bwd._plan_launch = orig
     print(dict(N=N, host_us_triton_launch=slow, host_us_compiled_launch=fast, host_us_no_launch=py,
                fwd_host_us_no_launch=py_fwd), flush=True)
 
@@ -84,14 +89,14 @@ def main():
         trivial_function_fwd_bwd=lambda: Ident.apply(x).backward(do),
         cuda_empty=lambda: torch.empty(B, N, H, D, device="cuda", dtype=torch.bfloat16),
         fwd_impl=lambda: kf.flash_attn_fwd(q, k, v, D ** -0.5, -1, 0),
-        tensor_descriptor=lambda: kf.TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, 64, D]),
+        tensor_descriptor=lambda: kf_launch.TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, 64, D]),
     )
-    plan = next(p for key, p in kf._PLANS.items() if key[0] == "fwd" and key[1] == q.shape)
+    plan = next(p for key, p in kf.launch_plans().items() if key[0] == "fwd" and key[1] == q.shape)
     launch, cfg, used = plan.fast["fwd"]
     out = torch.empty_like(q)
     lse = torch.empty(B, H, N, device="cuda")
-    m = kf._mode_args(q, None, (None, None, None))
-    args = (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, N, N, 0, 1, 0.1, 0, 0,
+    m = kf_launch._mode_args(q, None, (None, None, None))
+    args = (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, N, N, 0, 1, 0.1, 0, 0, 1,
             m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], 1, 512, k, v)
     pieces["compiled_launch_alone"] = lambda: launch(*args)
     print({name: round(host_us(f, 300), 1) for name, f in pieces.items()}, flush=True)

@@ -1,19 +1,17 @@
 """GPU probe: do TMA descriptors + Triton's Hopper warp specialisation beat our pointer-load kernels?
 
-Non-causal, bf16, D=128, H=16, 16k tokens. Times mini single-loop kernels (eval/experiments/ws_mini.py) with WS on/off
+Non-causal, bf16, D=128, H=16, 16k tokens. Times mini single-loop kernels (lab/experiments/ws_mini.py) with WS on/off
 against ours and SDPA flash/cuDNN in one process; checks the mini kernels' outputs. Per-kernel split of our
 backward from torch.profiler.
 
-Usage (GPU): ``PYTHONPATH=$PWD python3 eval/experiments/probe_ws.py $OUT/ws`` (~3 minutes).
+Usage (GPU, from the repo root): ``python -m lab.experiments.probe_ws $OUT/ws`` (~3 minutes).
 """
 import json, os, sys, time, traceback
 import torch, triton
 import torch.nn.functional as F
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from eval.bench_common import time_cuda, env_info
 from kernels import flash as FL
-import ws_mini as M
+from lab.experiments import ws_mini as M
 
 triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 out_dir = sys.argv[1]

@@ -6,7 +6,7 @@ needs ``triton.set_allocator``); ``WS`` turns on Triton's automatic warp special
 (``tl.range(..., warp_specialize=True)``). q, k, v: ``(B*H, N, D)`` rows, ``N`` a multiple of the tiles.
 H200 result (``results/h200/probe/probe_ws.json``, docs/kernels.md): warp specialisation compiled only at 4 warps
 and gave wrong results (NaN) in several configs with triton 3.6; the TMA loads alone were faster than our
-pointer loads, which led to the TMA path of ``kernels/flash.py``.
+pointer loads, which led to the TMA path of ``kernels/flash/``.
 """
 import triton, triton.language as tl
 @triton.jit

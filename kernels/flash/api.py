@@ -1,0 +1,127 @@
+"""The public entry :func:`flash_attn`: checks, mask arguments, settings, and the autograd path."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .autograd import _flash_fwd_op, _FlashFn
+from .config import _CURRENT, FlashConfig
+from .launch import _check
+from .sparse import build_sparse_tables, check_tables
+
+_CHECKED = set()  # cache: (shapes, dtypes) that passed _check
+_DERIVED = {}  # cache: (config, dq_mode, dkdv_split, deterministic) -> the config with those call arguments
+
+
+def _call_config(config: Optional[FlashConfig], dq_mode, dkdv_split, deterministic) -> FlashConfig:
+    """The config a call runs with: ``config`` or the current settings, with the call's explicit arguments."""
+    if config is None:
+        config = _CURRENT.get()
+    elif not isinstance(config, FlashConfig):
+        raise TypeError(f"config must be a kernels.FlashConfig, got {type(config).__name__}")
+    if dq_mode is None and dkdv_split is None and deterministic is None:
+        return config
+    key = (config, dq_mode, dkdv_split, deterministic)
+    try:
+        got = _DERIVED.get(key)
+    except TypeError:  # an unhashable argument: let the config's checks name it
+        got, key = None, None
+    if got is None:
+        changes = {name: val for name, val in (("dq_mode", dq_mode), ("dkdv_split", dkdv_split),
+                                                ("deterministic", deterministic)) if val is not None}
+        got = config.replace(**changes)
+        if key is not None:
+            if len(_DERIVED) >= 256:
+                _DERIVED.clear()
+            _DERIVED[key] = got
+    return got
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+               window_size: Optional[Sequence[Optional[int]]] = None, softmax_scale: Optional[float] = None,
+               block_layout: Optional[torch.Tensor] = None, block_size: int = 0,
+               block_table_fn: Optional[Callable] = None, return_lse: bool = False,
+               block_tables: Optional[Sequence[torch.Tensor]] = None, dq_mode: Optional[str] = None,
+               dkdv_split: Optional[int] = None, deterministic: Optional[bool] = None, dilation: int = 1,
+               config: Optional[FlashConfig] = None):
+    """Exact attention ``softmax(scale * q k^T + mask) v`` (FlashAttention-2, Dao 2023), differentiable.
+
+    Args:
+        q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32 (any strides), ``1 <= D <= 256``.
+        k, v: ``(B, Hkv, Nk, D)``, ``Hq % Hkv == 0`` (GQA / MQA: query head ``h`` uses K/V head ``h // (Hq // Hkv)``).
+        causal: key ``j`` visible to query row ``i`` only if ``j <= i + Nk - Nq`` (bottom-right alignment).
+        window_size: ``(left, right)`` inclusive, ``None`` entries unbounded; causal clips ``right`` to 0. In
+            positions: with ``dilation`` the window of ``w`` dilated keys is ``left = w * dilation``.
+        softmax_scale: default ``D ** -0.5``.
+        block_layout: bool ``(nb, nb)`` block-sparse layout over absolute positions at ``block_size`` tokens
+            (rows with ``i + Nk - Nq < 0`` see nothing); pass it as int8 on ``q``'s device when calling in a loop
+            (a CPU layout is copied to the device on every call, a copy that waits for the GPU). Needs
+            ``block_table_fn(block_m, block_n)`` returning ``(kv_idx, kv_count, kv_full, visited, full)`` (e.g.
+            ``MaskInfo.block_table``) for the visited tiles.
+        block_tables: precomputed :func:`build_sparse_tables` output at this call's config (skips
+            ``block_table_fn``). With ``config.sparse_aligned_no_gather`` (default on), a tile the table visits
+            must lie in a layout block that is on (tables from ``MaskInfo.block_table`` do).
+        return_lse: also return ``lse`` fp32 ``(B, Hq, Nq)`` (natural log, ``-inf`` on empty rows); it is
+            differentiable.
+        dq_mode, dkdv_split, deterministic: override those fields of ``config`` for this call (see
+            :class:`FlashConfig`: ``"separate"`` / ``"atomic"`` dQ, GQA group split of the dK/dV pass,
+            refuse non-deterministic settings).
+        dilation: ``>= 1``; keys with ``(i + Nk - Nq - j) % dilation != 0`` are masked too (a dilated window:
+            pass the window in positions). With ``dilation > 1`` every visited tile runs the element mask.
+        config: a :class:`FlashConfig` (tiles, dQ mode, split, TMA, ...); default the current settings
+            (``FlashConfig()`` or the innermost :func:`flash_settings`). The backward uses the forward's.
+
+    Returns:
+        ``out (B, Hq, Nq, D)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
+
+    Raises:
+        ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv != D``, a layout without
+        ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group,
+        ``deterministic`` with the atomic dQ, ``dilation < 1``.
+    """
+    sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+    if sig not in _CHECKED:
+        _check(q, k, v)
+        _CHECKED.add(sig)
+    cfg = _call_config(config, dq_mode, dkdv_split, deterministic)
+    D = q.shape[-1]
+    scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
+    left = right = None
+    if window_size is not None:
+        if len(window_size) != 2:
+            raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+        left, right = window_size
+        for side, w in (("left", left), ("right", right)):
+            if w is not None and (not isinstance(w, int) or w < 0):
+                raise ValueError(f"window_size {side}={w!r} must be an integer >= 0 or None")
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    wl = -1 if left is None else int(left)
+    wr = -1 if right is None else int(right)
+    if type(dilation) is not int or dilation < 1:
+        raise ValueError(f"dilation={dilation!r} must be an integer >= 1")
+    if cfg.dkdv_split is not None:
+        group = q.shape[1] // k.shape[1]
+        if group % cfg.dkdv_split:
+            raise ValueError(f"dkdv_split={cfg.dkdv_split!r} must be an integer >= 1 dividing the GQA group size "
+                             f"Hq // Hkv = {group}")
+    tables = (None,) * 6
+    layout = None
+    if block_layout is not None:
+        if block_table_fn is None and block_tables is None:
+            raise ValueError("block_layout needs block_table_fn(block_m, block_n) (e.g. MaskInfo.block_table)")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1 with a block_layout, got {block_size!r}")
+        layout = block_layout.to(device=q.device, dtype=torch.int8).contiguous()
+        if block_tables is not None:
+            check_tables(block_tables, q.shape[2], k.shape[2], D, cfg)
+            tables = tuple(block_tables)
+        else:
+            tables = build_sparse_tables(block_table_fn, D, q.device, cfg)
+    if torch.compiler.is_compiling():
+        out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key)
+    else:
+        out, lse = _FlashFn.apply(q, k, v, (scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg))
+    return (out, lse) if return_lse else out

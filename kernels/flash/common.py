@@ -1,0 +1,100 @@
+"""Constants and the ``@triton.jit`` mask helpers shared by the forward and backward kernels."""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+MAX_HEAD_DIM = 256
+
+
+def _cfg(bm, bn, w, s):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+
+
+@triton.jit
+def _allowed(i2, j2, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, dilation,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DILATED: tl.constexpr):
+    """Element rule of MaskInfo.allowed on broadcastable row / column index tensors. ``SPARSE``: 0 no layout; 1
+    the layout byte of every element (gathered); 2 the tile lies inside one layout block, whose bit the block
+    table's visit already implies (the launcher checks the alignment): no gather. ``DILATED``: also
+    ``(i' - j) % dilation == 0``."""
+    ia = i2 + offset
+    ok = (j2 < Nk) & (i2 < Nq)
+    if HAS_RIGHT:
+        ok = ok & (j2 <= ia + win_right)
+    if HAS_LEFT:
+        ok = ok & (j2 >= ia - win_left)
+    if DILATED:
+        ok = ok & ((ia - j2) % dilation == 0)
+    if SPARSE == 2:
+        ok = ok & (ia >= 0)
+    elif SPARSE:
+        qb = tl.minimum(tl.maximum(ia, 0) // lay_bs, lay_nb - 1)
+        kb = tl.minimum(j2 // lay_bs, lay_nb - 1)
+        ok = ok & (ia >= 0)
+        lay = tl.load(LAYOUT + qb * lay_nb + kb, mask=ok, other=0)
+        ok = ok & (lay != 0)
+    return ok
+
+
+@triton.jit
+def _table_row(IDX, CNT, NFULL, stride_tbl):
+    """This program's block-table row: visited tile count, full tile count (listed first) and a pointer to the
+    tile indices (column 0 of the row holds the program's own tile)."""
+    row = tl.program_id(0)
+    return tl.load(CNT + row), tl.load(NFULL + row), IDX + row * stride_tbl + 1
+
+
+@triton.jit
+def _kv_range(start_m, Nq, Nk, offset, win_left, win_right,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key tiles [lo, hi) visited by query tile ``start_m`` and the full sub-range [flo, fhi)."""
+    r1 = tl.minimum(start_m + BLOCK_M, Nq) - 1
+    a0 = start_m + offset
+    a1 = r1 + offset
+    lo_key = a0 * 0
+    hi_key = lo_key + Nk - 1
+    flo = lo_key
+    fhi = lo_key + Nk // BLOCK_N
+    if HAS_LEFT:
+        lo_key = tl.maximum(a0 - win_left, 0)
+        flo = (tl.maximum(a1 - win_left, 0) + BLOCK_N - 1) // BLOCK_N
+    if HAS_RIGHT:
+        hi_key = tl.minimum(a1 + win_right, Nk - 1)
+        fhi = tl.minimum(fhi, tl.maximum(a0 + win_right + 1, 0) // BLOCK_N)
+    lo = lo_key // BLOCK_N
+    hi = tl.where(hi_key >= lo_key, tl.maximum(hi_key, 0) // BLOCK_N + 1, lo)
+    fhi = tl.where(r1 - start_m + 1 == BLOCK_M, fhi, 0)
+    flo = tl.minimum(tl.maximum(flo, lo), hi)
+    fhi = tl.minimum(tl.maximum(fhi, flo), hi)
+    return lo, hi, flo, fhi
+
+
+@triton.jit
+def _q_range(start_n, Nq, Nk, offset, win_left, win_right,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Query tiles [lo, hi) that see key tile ``start_n`` and the full sub-range [flo, fhi)."""
+    c1 = tl.minimum(start_n + BLOCK_N, Nk) - 1
+    lo_row = start_n * 0
+    hi_row = lo_row + Nq - 1
+    flo = lo_row
+    fhi = lo_row + Nq // BLOCK_M
+    if HAS_RIGHT:  # j <= i' + right  ->  i >= j - right - offset
+        lo_row = tl.maximum(start_n - win_right - offset, 0)
+        flo = (tl.maximum(c1 - win_right - offset, 0) + BLOCK_M - 1) // BLOCK_M
+    if HAS_LEFT:  # j >= i' - left  ->  i <= j + left - offset
+        hi_row = tl.minimum(c1 + win_left - offset, Nq - 1)
+        fhi = tl.minimum(fhi, tl.maximum(start_n + win_left - offset + 1, 0) // BLOCK_M)
+    lo = lo_row // BLOCK_M
+    hi = tl.where(hi_row >= lo_row, tl.maximum(hi_row, 0) // BLOCK_M + 1, lo)
+    fhi = tl.where(c1 - start_n + 1 == BLOCK_N, fhi, 0)
+    flo = tl.minimum(tl.maximum(flo, lo), hi)
+    fhi = tl.minimum(tl.maximum(fhi, flo), hi)
+    return lo, hi, flo, fhi
+

@@ -1,0 +1,219 @@
+"""Settings of the exact-attention kernel, passed explicitly: :class:`FlashConfig` and :func:`flash_settings`.
+
+A :class:`FlashConfig` is frozen and hashable; :func:`~kernels.flash.flash_attn` takes one as ``config=`` (its
+``dq_mode=`` / ``dkdv_split=`` / ``deterministic=`` arguments override the matching fields for that call, as in
+FlashAttention's interface). A call without ``config=`` uses the current settings: :class:`FlashConfig()` (the
+defaults), or the config of the innermost :func:`flash_settings` block (a context variable, so threads and
+tasks do not see each other's settings). The backward runs with the config its forward was given: nothing is read
+at backward time.
+
+Tile overrides (``fwd`` / ``dq`` / ``dkdv`` for the dense, causal and window modes, ``sparse_*`` for the
+block-sparse mode) are for tuning scripts: no shared-memory or register check. They take a :class:`TileConfig`,
+a dict ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` or a tuple ``(BLOCK_M, BLOCK_N, num_warps,
+num_stages)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass
+from typing import Iterator, Optional, Union
+
+DQ_MODES = ("separate", "atomic")
+KINDS = ("fwd", "dq", "dkdv")
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One kernel launch's tile and schedule: ``BLOCK_M`` query rows x ``BLOCK_N`` key rows, warps, stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "num_warps", "num_stages"):
+            val = getattr(self, name)
+            if not _positive_int(val):
+                raise ValueError(f"TileConfig {name}={val!r} must be a positive integer")
+
+    @classmethod
+    def of(cls, value, what: str = "tile") -> Optional["TileConfig"]:
+        """``None``, a :class:`TileConfig`, a dict with ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` or a
+        tuple ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
+        if value is None or isinstance(value, TileConfig):
+            return value
+        if isinstance(value, dict):
+            missing = [key for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages") if key not in value]
+            if missing:
+                raise ValueError(f"{what}: {value!r} lacks {', '.join(missing)} (a tile needs BLOCK_M, BLOCK_N, "
+                                 "num_warps, num_stages)")
+            value = (value["BLOCK_M"], value["BLOCK_N"], value["num_warps"], value["num_stages"])
+        if isinstance(value, (tuple, list)) and len(value) == 4:
+            try:
+                return cls(*value)
+            except ValueError as e:
+                raise ValueError(f"{what}: {e}") from None
+        raise ValueError(f"{what}={value!r} must be a TileConfig, a dict (BLOCK_M, BLOCK_N, num_warps, num_stages) "
+                         "or a 4-tuple")
+
+    def meta(self) -> dict:
+        """The launch keywords ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``."""
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "num_warps": self.num_warps,
+                "num_stages": self.num_stages}
+
+
+_TILE_FIELDS = ("fwd", "dq", "dkdv", "sparse_fwd", "sparse_dq", "sparse_dkdv")
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    """Settings of one :func:`~kernels.flash.flash_attn` call (frozen, hashable; the defaults are the tuned ones).
+
+    Attributes:
+        dq_mode: backward dQ algorithm: ``"separate"`` (its own kernel per query tile; deterministic, 7 matmuls
+            per tile pair) or ``"atomic"`` (fused into the dK/dV kernel with fp32 atomics, FA2: 5 matmuls, not
+            bitwise deterministic).
+        dkdv_split: programs per GQA group in the dK/dV pass (must divide ``Hq // Hkv``; partial fp32 dK/dV summed
+            after); ``None``: :func:`~kernels.flash.choose_dkdv_split` with a target of 2 programs per SM (8 for
+            groups of >= 8 heads).
+        deterministic: refuse settings whose backward is not bitwise reproducible (``dq_mode="atomic"``).
+        tma: TMA descriptors for the streamed operands: ``"auto"`` (Hopper, dense / causal / window problems of at
+            least ``tma_min_pairs`` visited pairs), ``True`` (always where the layout allows, also in the
+            interpreter: tests), ``False`` (pointer loads).
+        tma_min_pairs: the ``"auto"`` threshold (descriptors cost ~0.1 ms of host time per launch).
+        sparse_aligned_no_gather: block-sparse partial tiles that lie inside one layout block skip the per-element
+            layout gather (trusts the block table: a visited tile must lie in a layout block that is on, true for
+            tables from ``MaskInfo.block_table``).
+        autotune: ``triton.autotune`` over the whole config list instead of the heuristic tables (a tuning aid;
+            ignored under the interpreter; TMA off).
+        fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no checks).
+        sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
+            (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
+            ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
+    """
+
+    dq_mode: str = "separate"
+    dkdv_split: Optional[int] = None
+    deterministic: bool = False
+    tma: Union[str, bool] = "auto"
+    tma_min_pairs: int = 1 << 28
+    sparse_aligned_no_gather: bool = True
+    autotune: bool = False
+    fwd: Optional[TileConfig] = None
+    dq: Optional[TileConfig] = None
+    dkdv: Optional[TileConfig] = None
+    sparse_fwd: Optional[TileConfig] = None
+    sparse_dq: Optional[TileConfig] = None
+    sparse_dkdv: Optional[TileConfig] = None
+
+    def __post_init__(self):
+        if self.dq_mode not in DQ_MODES:
+            raise ValueError(f"dq_mode={self.dq_mode!r} is not supported; allowed values: {', '.join(DQ_MODES)}")
+        if self.dkdv_split is not None and not _positive_int(self.dkdv_split):
+            raise ValueError(f"dkdv_split={self.dkdv_split!r} must be an integer >= 1 dividing the GQA group size "
+                             "Hq // Hkv, or None (heuristic)")
+        for name in ("deterministic", "sparse_aligned_no_gather", "autotune"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+        if self.deterministic and self.dq_mode == "atomic":
+            raise ValueError("deterministic=True needs dq_mode='separate' (the atomic dQ adds fp32 partial sums in "
+                             "an arbitrary order)")
+        if not (self.tma is True or self.tma is False or self.tma == "auto"):
+            raise ValueError(f"tma={self.tma!r} is not supported; allowed values: 'auto', True, False")
+        if not isinstance(self.tma_min_pairs, int) or isinstance(self.tma_min_pairs, bool) or self.tma_min_pairs < 0:
+            raise ValueError(f"tma_min_pairs={self.tma_min_pairs!r} must be an integer >= 0")
+        for name in _TILE_FIELDS:
+            object.__setattr__(self, name, TileConfig.of(getattr(self, name), name))
+        for name in ("sparse_fwd", "sparse_dq", "sparse_dkdv"):
+            t = getattr(self, name)
+            for side in ("block_m", "block_n"):
+                if t is not None and (getattr(t, side) < 16 or getattr(t, side) & (getattr(t, side) - 1)):
+                    raise ValueError(f"{name}: {side.upper()}={getattr(t, side)} must be a power of two >= 16")
+        if self.sparse_dq is not None:
+            if self.sparse_fwd is None:  # the table is keyed by the forward's tiles
+                object.__setattr__(self, "sparse_fwd", self.sparse_dq)
+            elif (self.sparse_fwd.block_m, self.sparse_fwd.block_n) != (self.sparse_dq.block_m, self.sparse_dq.block_n):
+                raise ValueError(f"sparse_dq tiles {self.sparse_dq.block_m}x{self.sparse_dq.block_n} must equal the "
+                                 f"sparse_fwd tiles {self.sparse_fwd.block_m}x{self.sparse_fwd.block_n} (one table)")
+        # hashed once: the launch plans' keys hold the config, and a hash per call would cost host time
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self))))
+        object.__setattr__(self, "_key", None)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def replace(self, **changes) -> "FlashConfig":
+        """A copy with ``changes`` (validated)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def tile(self, kind: str, sparse: bool) -> Optional[TileConfig]:
+        """The forced tile of kernel ``kind`` ("fwd", "dq", "dkdv") in the sparse or the dense modes, if any."""
+        return getattr(self, ("sparse_" if sparse else "") + kind)
+
+    @property
+    def key(self) -> str:
+        """A string that :meth:`from_key` turns back into this config (the custom op's argument)."""
+        if self._key is None:
+            d = {}
+            for f in dataclasses.fields(self):
+                v = getattr(self, f.name)
+                if v != f.default:
+                    d[f.name] = dataclasses.astuple(v) if isinstance(v, TileConfig) else v
+            object.__setattr__(self, "_key", json.dumps(d, sort_keys=True))
+        return self._key
+
+    @staticmethod
+    def from_key(key: str) -> "FlashConfig":
+        return _from_key(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _from_key(key: str) -> FlashConfig:
+    return FlashConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(key).items()})
+
+
+DEFAULT = FlashConfig()
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("attn_zoo_flash_config", default=DEFAULT)
+
+
+def current_flash_config() -> FlashConfig:
+    """The settings a call without ``config=`` uses: the innermost :func:`flash_settings`, else ``FlashConfig()``."""
+    return _CURRENT.get()
+
+
+def resolve_config(config: Optional[FlashConfig]) -> FlashConfig:
+    """``config``, or the current settings when ``None``."""
+    if config is None:
+        return _CURRENT.get()
+    if not isinstance(config, FlashConfig):
+        raise TypeError(f"config must be a kernels.FlashConfig, got {type(config).__name__}")
+    return config
+
+
+@contextlib.contextmanager
+def flash_settings(config: Optional[FlashConfig] = None, **changes) -> Iterator[FlashConfig]:
+    """Run the block with ``config`` (default: the current settings) with ``changes`` as the settings of every
+    :func:`~kernels.flash.flash_attn` call that passes no ``config=`` (benchmarks, a training run)::
+
+        with kernels.flash_settings(dq_mode="atomic", tma=False):
+            out = model(x)
+
+    The settings live in a context variable (per thread / task), restored when the block ends. Yields the config.
+    """
+    cfg = resolve_config(config).replace(**changes)
+    token = _CURRENT.set(cfg)
+    try:
+        yield cfg
+    finally:
+        _CURRENT.reset(token)
+
