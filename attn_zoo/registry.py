@@ -88,15 +88,18 @@ class Backend:
             return f"not available here ({why})"
         return self.supports(q, k, v, spec, return_lse)
 
-    def bind(self, spec, q, k, v, return_lse: bool = False) -> Callable:
+    def bind(self, spec, q, k, v, return_lse: bool = False, **options) -> Callable:
         """``f(q, k, v)`` running this backend on inputs shaped like these (what benchmarks time: the
-        implementation itself, no dispatch); raises :class:`Unsupported` with the reason when it cannot."""
+        implementation itself, no dispatch); ``options`` go to the implementation (e.g. ``config=`` of ``triton``).
+        Raises :class:`Unsupported` with the reason when it cannot run them."""
         why = self.why_not(q, k, v, spec, return_lse)
         if why is not None:
             raise Unsupported(f"{self.name}: {why}")
         fn = self.fn
         if return_lse:
-            return lambda q, k, v: fn(q, k, v, spec, return_lse=True)
+            return lambda q, k, v: fn(q, k, v, spec, return_lse=True, **options)
+        if options:
+            return lambda q, k, v: fn(q, k, v, spec, **options)
         return lambda q, k, v: fn(q, k, v, spec)
 
 

@@ -1,16 +1,20 @@
 """Benchmark of the fused Triton exact-attention kernel against the anchors a user would pick instead.
 
-In ONE process and run: ours (``kernels.flash_attn``), PyTorch SDPA with the flash backend (FlashAttention-2),
-SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with dynamo's
-recompile limit raised, else it falls back to eager and materialises N x N). Variants: non-causal, causal,
-causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA Hkv = 1 (causal).
-bf16, 16k tokens per batch (B = 16384 // N), hidden 2048 (H = 2048 // D). FLOPs by the FlashAttention formula
-(4 B H N^2 D times the visited fraction; causal 1/2; backward 2.5x). SDPA cannot skip window / sparse tiles:
-for those variants its anchor runs dense causal attention (what SDPA's fast paths can run), marked in the row.
+In ONE process and run: ours (the registry's ``triton`` backend: ``kernels.flash_attn`` through its adapter), and
+the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with the flash backend
+(FlashAttention-2), SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with
+dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
+registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too. Variants:
+non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
+Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
+(B = 16384 // N), hidden 2048 (H = 2048 // D). FLOPs by the FlashAttention formula (4 B H N^2 D times the visited
+fraction; causal 1/2; backward 2.5x). SDPA cannot skip window / sparse tiles: for those variants its anchor runs
+dense causal attention (what SDPA's fast paths can run), marked in the row.
 
 Usage (GPU, from the repo root): ``python -m eval.bench_flash --out results/h200 [--quick] [--variants
-causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--flex-max-cases 12] [--check]
-[--tune]``. Our kernel runs with ``kernels.FlashConfig()`` (``--tune``: ``FlashConfig(autotune=True)``).
+causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--plugins my_module]
+[--flex-max-cases 12] [--check] [--tune]``. Our kernel runs with ``kernels.FlashConfig()`` (``--tune``:
+``FlashConfig(autotune=True)``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
+from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
 from eval.bench_common import env_info, flash_flops, format_table, peak_memory, tflops, time_cuda
 from eval.bench_common import write_csv, write_json
 
@@ -36,26 +41,28 @@ VARIANTS = {
                     num_global_blocks=1, num_random_blocks=2),
     "gqa4": dict(kind="flash", causal=True),
     "mqa": dict(kind="flash", causal=True),
+    "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),
 }
-IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")
+IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
 
 
 def visited_fraction(name: str, N: int) -> float:
-    """Fraction of (query, key) pairs the mask keeps (causal counted as 1/2, the FlashAttention convention)."""
-    v = VARIANTS[name]
-    if v["kind"] == "flash":
-        return 0.5 if v["causal"] else 1.0
-    if v["kind"] == "sliding_window":
-        W = v["window_size"][0] + 1
-        W = min(W, N)
-        allowed = W * (W + 1) / 2 + (N - W) * W
-        return allowed / (N * N)
-    mi = mask_info(AttentionSpec(**v), N, N)
-    bs, lay = mi.block_size, mi.layout
-    nb = lay.shape[0]
-    off = int(lay.sum()) - int(lay.diagonal().sum())
-    allowed = off * bs * bs + nb * bs * (bs + 1) / 2  # N is a multiple of bs here
-    return allowed / (N * N)
+    """Fraction of (query, key) pairs the mask keeps (causal counted as 1/2, the FlashAttention convention; other
+    masks: the variant's cost entry, :func:`attn_zoo.variants.element_fraction`)."""
+    from attn_zoo.variants import element_fraction
+
+    spec = AttentionSpec(**VARIANTS[name])
+    mi = mask_info(spec, N, N)
+    if mi.is_full:
+        return 1.0
+    if mi.is_plain_causal:
+        return 0.5
+    return element_fraction(spec, N)
+
+
+def _exact(spec: AttentionSpec, N: int) -> bool:
+    mi = mask_info(spec, N, N)
+    return mi.is_full or mi.is_plain_causal
 
 
 def heads(name: str, D: int):
@@ -82,38 +89,31 @@ def flex_block_mask(name: str, N: int, device):
     return _bm(AttentionSpec(**VARIANTS[name]), N, N, str(device))
 
 
-def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=None):
-    """A callable ``f(q, k, v) -> out`` for one implementation, or raise if it cannot run the case. ``config``: the
-    :class:`kernels.FlashConfig` of ours (default ``FlashConfig()``)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=None, inputs=None):
+    """A callable ``f(q, k, v) -> out`` for one implementation, or raise if it cannot run the case.
 
-    v = VARIANTS[name]
-    if impl == "ours":
-        from attn_zoo.backends.triton_flash import sparse_tables
-        from kernels import FlashConfig, flash_attn
+    ``impl``: a registered backend name (``"ours"`` = ``"triton"``), bound through the registry
+    (:meth:`attn_zoo.registry.Backend.bind`: availability and ``supports()`` first). An SDPA anchor that cannot
+    express the mask runs the dense causal mask instead (see the module docstring). ``config``: the
+    :class:`kernels.FlashConfig` of ours (default ``FlashConfig()``). ``inputs``: ``(q, k, v)`` of the case (default:
+    empty bf16 CUDA tensors of its shapes, for the checks)."""
+    backend = "triton" if impl == "ours" else impl
+    b = get_backends(spec.kind).get(backend)
+    if b is None:
+        raise ValueError(f"impl={impl!r} is not a backend of kind={spec.kind!r}; allowed values: ours, "
+                         f"{', '.join(backend_names(spec.kind))}")
+    if inputs is None:
+        Hq, Hkv = heads(name, D)
+        mk = lambda h: torch.empty(1, h, N, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+        inputs = (mk(Hq), mk(Hkv), mk(Hkv))
+    opts = {}
+    if backend == "triton":
+        from kernels import FlashConfig
 
-        config = config if config is not None else FlashConfig()
-        mi = mask_info(spec, N, N)
-        window = (mi.window_left, mi.window_right) if (mi.window_left is not None or mi.window_right is not None) \
-            else None
-        kw = {}
-        if mi.layout is not None:  # the adapter's cached device layout and tables (no host copy per call)
-            layout, tables = sparse_tables(spec, N, N, D, torch.device("cuda"), config)
-            kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
-        return lambda q, k, vv: flash_attn(q, k, vv, causal=mi.causal, window_size=window, config=config, **kw)
-    if impl in ("sdpa_flash", "sdpa_cudnn"):
-        backend = SDPBackend.FLASH_ATTENTION if impl == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
-        causal = v["causal"]
-
-        def f(q, k, vv):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, vv, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-        return f
-    if impl == "flex":
-        bm = flex_block_mask(name, N, "cuda")
-        fl = flex_fn()
-        return lambda q, k, vv: fl(q, k, vv, block_mask=bm, enable_gqa=q.shape[1] != k.shape[1])
-    raise ValueError(f"impl={impl!r}; allowed values: {', '.join(IMPLS)}")
+        opts["config"] = config if config is not None else FlashConfig()
+    if backend.startswith("sdpa") and not _exact(spec, N):
+        spec = AttentionSpec(kind="flash", causal=spec.causal)  # dense causal: what SDPA's fast paths run
+    return b.bind(spec, *inputs, **opts)
 
 
 def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None):
@@ -129,7 +129,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None)
     res = {}
     for impl in impls:
         row = dict(variant=name, N=N, D=D, B=B, Hq=Hq, Hkv=Hkv, impl=impl, visited_fraction=round(frac, 5))
-        if impl.startswith("sdpa") and VARIANTS[name]["kind"] != "flash":
+        if impl.startswith("sdpa") and not _exact(spec, N):
             row["note"] = "dense causal (SDPA cannot skip masked tiles)"
         if impl == "flex":
             if flex_budget[0] <= 0:
@@ -139,7 +139,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None)
             flex_budget[0] -= 1
         t0 = time.time()
         try:
-            f = make_impl(impl, name, N, D, spec, config)
+            f = make_impl(impl, name, N, D, spec, config, inputs=(q, k, vv))
             out = f(q, k, vv)
             out.backward(do)
             torch.cuda.synchronize()
@@ -178,7 +178,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None)
 
 def _check_err(f, q, k, vv, name):
     """Max |ours - SDPA(math, fp32 upcast)| on a short slice of the batch (plain sanity check in the bench)."""
-    if VARIANTS[name]["kind"] != "flash":
+    if not _exact(AttentionSpec(**VARIANTS[name]), q.shape[2]):
         return None
     with torch.no_grad():
         o = f(q[:1], k[:1], vv[:1]).float()
@@ -194,7 +194,9 @@ def main(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--N", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--D", default="64,128")
-    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--impls", default=",".join(IMPLS), help="registered backend names (ours = triton); all = every "
+                                                               "registered backend")
+    ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too)")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="D=128, N in {4096, 16384}, causal/noncausal/win1024/bigbird")
     ap.add_argument("--flex-max-cases", type=int, default=1000, help="compile FlexAttention for at most this many cases")
@@ -206,15 +208,23 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_flash needs a CUDA device")
+    from attn_zoo.flex import allow_retain_graph
     from kernels import FlashConfig
 
+    allow_retain_graph()  # the compiled backwards (flex) are timed with retain_graph=True
     config = FlashConfig(autotune=a.tune)
     variants = a.variants.split(",")
     Ns = [int(x) for x in a.N.split(",")]
     Ds = [int(x) for x in a.D.split(",")]
     if a.quick:
         variants, Ns, Ds = ["noncausal", "causal", "win1024", "bigbird"], [4096, 16384], [128]
-    impls = a.impls.split(",")
+    plugins = load_plugins(a.plugins)
+    names = backend_names()
+    impls = ["ours"] + [n for n in names if n != "triton"] if a.impls == "all" else a.impls.split(",")
+    bad = [i for i in impls if i != "ours" and i not in names]
+    if bad:
+        raise SystemExit(f"--impls: {bad} not supported; allowed values: ours, {', '.join(names)}")
+    impls += [n for n in backends_from(plugins) if n not in impls]
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
     rows, t_start = [], time.time()

@@ -163,3 +163,23 @@ def test_crossover_prediction_is_finite():
         lo, hi = (mid, hi) if gap(int(mid)) < 0 else (lo, mid)
     assert 200 < lo < 600, lo
     assert math.isfinite(lo)
+
+
+@pytest.mark.parametrize("N", [1, 7, 50, 129])
+def test_variant_element_fractions_count_the_mask(N):
+    """The cost entry of every softmax variant (attn_zoo.variants.element_fraction) equals the kept fraction of its
+    mask, exactly: formulas (flash, windows) and the layout count (sparse, ragged last block)."""
+    import torch
+
+    from attn_zoo import AttentionSpec, mask_info
+    from attn_zoo.variants import element_fraction
+
+    specs = [AttentionSpec(kind="flash"), AttentionSpec(kind="flash", causal=False),
+             AttentionSpec(kind="sliding_window", window_size=(5, 0)),
+             AttentionSpec(kind="sliding_window", window_size=(3, 4), causal=False),
+             AttentionSpec(kind="sparse", block_size=8), AttentionSpec(kind="sparse", block_size=8, causal=False),
+             AttentionSpec(kind="sparse", block_size=7, sparse_pattern="strided", stride_blocks=2),
+             AttentionSpec(kind="dilated_window", window_size=(4, 0), dilation=3)]
+    for spec in specs:
+        want = float(mask_info(spec, N, N).dense().to(torch.float64).mean())
+        assert element_fraction(spec, N) == pytest.approx(want, rel=1e-12, abs=1e-15), spec

@@ -192,3 +192,26 @@ def test_bench_model_lists_backends_from_the_registry():
     assert bm.parse_list("torch,mine", backend_names(), "backends") == ["torch", "mine"]
     with pytest.raises(SystemExit, match=r"--backends: \['nope'\] not supported; allowed values: triton, torch"):
         bm.parse_list("nope", backend_names(), "backends")
+
+
+def test_bench_flash_binds_registry_backends():
+    """eval/bench_flash times registry backends: ours = triton (with its FlashConfig), the anchors, and the dense
+    causal fallback of SDPA for masks it cannot express (CPU: interpreter / eager shapes)."""
+    from attn_zoo.backends._triton import interpreting
+    from eval import bench_flash as bf
+
+    q, k, v = _qkv(N=32, D=16)
+    spec = AttentionSpec(**bf.VARIANTS["win1024"])
+    causal = attention(q, k, v, AttentionSpec(kind="flash"), backend="reference")
+    f = bf.make_impl("sdpa_math", "win1024", 32, 16, spec, inputs=(q, k, v))
+    torch.testing.assert_close(f(q, k, v), causal, atol=1e-5, rtol=1e-5)  # dense causal: the window covers N=32
+    dil = AttentionSpec(**bf.VARIANTS["dil512x2"])
+    ref = attention(q, k, v, dil, backend="reference")
+    torch.testing.assert_close(bf.make_impl("naive", "dil512x2", 32, 16, dil, inputs=(q, k, v))(q, k, v), ref,
+                               atol=1e-5, rtol=1e-5)
+    if interpreting():
+        torch.testing.assert_close(bf.make_impl("ours", "dil512x2", 32, 16, dil, inputs=(q, k, v))(q, k, v), ref,
+                                   atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="impl='nope' is not a backend of kind='flash'; allowed values: ours, triton"):
+        bf.make_impl("nope", "causal", 32, 16, AttentionSpec(kind="flash"), inputs=(q, k, v))
+    assert bf.visited_fraction("causal", 64) == 0.5 and 0 < bf.visited_fraction("dil512x2", 4096) < 0.11

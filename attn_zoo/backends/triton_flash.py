@@ -1,7 +1,8 @@
-"""``triton`` backend of the softmax kinds (``flash``, ``sliding_window``, ``sparse``): :func:`kernels.flash_attn`.
+"""``triton`` backend of every softmax kind (any variant whose mask is a ``MaskInfo``): :func:`kernels.flash_attn`.
 
 The mask comes from :func:`attn_zoo.masks.mask_info`: causal / window bounds are passed as numbers (the kernel
-enumerates the visited tiles analytically with the same rule as :meth:`MaskInfo.block_table`), the block-sparse
+enumerates the visited tiles analytically with the same rule as :meth:`MaskInfo.block_table`), a dilation as the
+element rule ``(i' - j) % dilation == 0`` applied inside the window's tiles (``dilation=``), the block-sparse
 layout and its block tables (:func:`kernels.build_sparse_tables` from :meth:`MaskInfo.block_table` at the kernel's
 tiles, rows ordered full tiles first; cached per spec and shape) are passed as tensors. GQA / MQA run natively
 (``Hkv = k.shape[1]``). Kernel settings (:class:`kernels.FlashConfig`: dQ mode, dK/dV split, tiles, TMA) come
@@ -17,8 +18,7 @@ from functools import lru_cache
 import torch
 
 from ..masks import mask_info, unseen_keys
-from ..registry import register_backend
-from ..spec import SOFTMAX_KINDS
+from ..registry import family, register_backend
 from ._triton import triton_input_reason
 
 
@@ -64,7 +64,7 @@ def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
 _sparse_tables = sparse_tables  # the name eval/ and the tests used
 
 
-@register_backend(SOFTMAX_KINDS, "triton", supports=_supports)
+@register_backend(family("softmax"), "triton", supports=_supports)
 def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
     """Exact masked softmax attention through the fused Triton kernel (forward + backward, autograd).
 
@@ -87,5 +87,7 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
     if mi.layout is not None:
         layout, tables = sparse_tables(spec, Nq, Nk, q.shape[-1], q.device, config)
         kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
+    if mi.dilation != 1:
+        kw["dilation"] = mi.dilation
     return flash_attn(q, k, v, causal=mi.causal, window_size=window, softmax_scale=spec.scale(q.shape[-1]),
                       return_lse=return_lse, config=config, **kw)

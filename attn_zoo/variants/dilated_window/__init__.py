@@ -62,5 +62,3 @@ def _element_fraction(spec: DilatedWindowSpec, N: int) -> float:
 register_variant("dilated_window", "softmax", spec_class=DilatedWindowSpec, fields=("window_size", "dilation"),
                  validate=_validate, mask=_mask, element_fraction=_element_fraction, subquadratic=True,
                  doc="sliding window with keys every `dilation` tokens (Longformer)")
-
-from . import triton_adapter  # noqa: E402,F401  (registers the variant's triton backend)

@@ -8,8 +8,8 @@ Patterns (``sparse_pattern``):
 * ``strided`` (Child et al. 2019, "fixed"): ``a // s == b // s`` or ``b % s == s - 1`` (``s = stride_blocks``).
 
 Mask terms: ``layout`` (bool ``(nb, nb)`` over absolute-position blocks, ``nb = ceil(Nk / block_size)``) and
-``block_size``; rows with ``i' < 0`` see nothing. Cost: counted from the layout; subquadratic (a constant number
-of blocks per row).
+``block_size``; rows with ``i' < 0`` see nothing. Cost: exact kept fraction from the layout
+(:func:`_element_fraction`); subquadratic (a constant number of blocks per row).
 """
 
 from functools import lru_cache
@@ -83,5 +83,19 @@ def _mask(spec, Nq, Nk):
     return {"layout": sparse_layout(spec, nb), "block_size": spec.block_size}
 
 
-register_variant("sparse", "softmax", fields=FIELDS, validate=_validate, mask=_mask, subquadratic=True,
-                 doc="block-sparse softmax (BigBird / strided)")
+def _element_fraction(spec, N):
+    """Exact kept fraction at ``Nq = Nk = N`` from the layout, O(nb^2): a block pair of the layout keeps all its
+    elements, except the diagonal blocks of a causal layout (lower triangles); the last block may be ragged."""
+    bs = spec.block_size
+    nb = max(-(-N // bs), 1)
+    lay = sparse_layout(spec, nb).to(torch.float64)
+    sizes = torch.full((nb,), float(bs), dtype=torch.float64)
+    sizes[-1] = N - bs * (nb - 1)
+    kept = float((lay * sizes.view(-1, 1) * sizes.view(1, -1)).sum())
+    if spec.causal:
+        kept -= float((lay.diagonal() * (sizes * sizes - sizes * (sizes + 1) / 2)).sum())
+    return kept / (N * N)
+
+
+register_variant("sparse", "softmax", fields=FIELDS, validate=_validate, mask=_mask,
+                 element_fraction=_element_fraction, subquadratic=True, doc="block-sparse softmax (BigBird / strided)")
