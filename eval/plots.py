@@ -1,17 +1,25 @@
 """Figures (matplotlib, PNG + SVG) of the sweep, crossover, quality and cost-model results.
 
-* ``time_vs_n_<mode>``: time vs N, log-log, one line per variant / backend, ``n*`` against the exact baseline
-  marked (dotted vertical line + label).
-* ``memory_vs_n``: peak memory vs N (measured on CUDA; the cost model's footprint otherwise), with the
-  cost model's ``n^2`` (S and P materialised) and ``n d`` (flash) curves dashed.
-* ``roofline``: the machine's roofs (peak FLOP/s, bandwidth, ridge) and every kernel point placed at its
-  modelled arithmetic intensity and measured TFLOP/s.
-* ``model_tokens_per_s``: the GPT's training / inference tokens/s vs context length.
-* ``quality_vs_n`` and ``bubble`` (Long Range Arena Fig. 3 style: y quality, x speed, bubble area memory).
+Every figure answers one question, named in its title, with the setup (GPU, dtype, heads, head dim, tokens per
+step, date) on the second title line. Small multiples: one panel per attention variant holding its backends; a
+backend keeps one colour and marker in every panel (:data:`BACKEND_STYLE`), a variant one colour, marker and line
+style in the quality figures (:data:`VARIANT_STYLE`); the exact baseline is the thick black curve of every panel.
+
+* ``time_vs_n_<mode>``: "where does each variant become faster than exact attention?" Time vs N, log-log.
+  ``n*`` against the exact baseline: a star on the curve, a dotted vertical line, the value in the series'
+  legend label (no text on the plot), and a table panel of every ``n*``; star and dotted line in the legend.
+* ``memory_vs_n``: peak memory per sequence vs N (measured on CUDA; the cost model's footprint otherwise), with
+  the cost model's ``n^2`` (S and P materialised) and ``n d`` (flash) curves; curves equal within 2 % are drawn
+  once and labelled ``a = b``.
+* ``roofline``: the machine's roof in each panel and every kernel point at its modelled arithmetic intensity and
+  measured TFLOP/s.
+* ``model_tokens_per_s``: the GPT's training / inference tokens/s and peak memory vs context length, a panel each.
+* ``quality_vs_n`` and ``bubble`` (Long Range Arena Fig. 3 style: y quality, x speed, bubble area memory, one
+  panel per seq_len, a key of bubble sizes).
 
 One command per figure set::
 
-    python -m eval.plots results_dir=results/h200/crossover_speed_h200 figures_dir=docs/figures
+    python -m eval.plots results_dir=results/h200/crossover_speed_h200 figures_dir=docs/figures prefix=h200_
     python -m eval.plots quality_csv=results/cpu/quality/quality.csv figures_dir=docs/figures
 """
 
@@ -30,17 +38,89 @@ from attn_zoo import cost_model as cm  # noqa: E402
 
 from eval.crossover import _b, _f, series  # noqa: E402
 
-_MARKERS = "osD^v<>phX*"
 _MATERIALISING = ("naive", "reference", "sdpa_math")
 
-
 FORMATS = ["png", "svg"]  # set by the drivers' ``formats`` option
+
+# One colour and one marker per backend, the same in every panel of every figure.
+BACKEND_STYLE = {
+    "triton": ("tab:blue", "o", "ours (Triton)"),
+    "sdpa_flash": ("tab:orange", "s", "SDPA FlashAttention-2"),
+    "sdpa_cudnn": ("tab:green", "D", "SDPA cuDNN"),
+    "flex": ("tab:purple", "^", "FlexAttention (compiled)"),
+    "torch": ("tab:brown", "v", "torch backend"),
+    "naive": ("tab:red", "X", "naive (S, P materialised)"),
+    "reference": ("tab:gray", "P", "reference (fp32)"),
+    "sdpa_math": ("tab:pink", "h", "SDPA math"),
+    "sdpa_efficient": ("tab:olive", "<", "SDPA memory-efficient"),
+    "fa2": ("goldenrod", ">", "flash-attn 2"),
+    "fa3": ("darkkhaki", "p", "flash-attn 3"),
+    "fla": ("teal", "d", "flash-linear-attention"),
+    "auto": ("tab:cyan", "o", "auto"),
+}
+# One colour, marker and line style per attention variant (quality / recall figures); the line style says the family
+# (solid: exact softmax, dashed: sparse / windowed softmax, dotted: linear).
+VARIANT_STYLE = {
+    "flash": ("black", "o", "-"),
+    "gqa": ("tab:blue", "s", "-"),
+    "mqa": ("tab:cyan", "D", "-"),
+    "sliding_window": ("tab:orange", "^", "--"),
+    "dilated_window": ("tab:brown", "<", "--"),
+    "sparse": ("tab:green", "v", "--"),
+    "linear": ("tab:red", "X", ":"),
+    "linear_taylor": ("tab:purple", "P", ":"),
+    "linear_favor": ("tab:pink", "h", ":"),
+    "linear_relu": ("tab:olive", "p", ":"),
+}
+_EXTRA = [("#17becf", "*"), ("#bcbd22", "8"), ("#8c564b", "H"), ("#e377c2", "d"), ("#7f7f7f", ">"),
+          ("#1f77b4", "<"), ("#ff7f0e", "p"), ("#2ca02c", "h"), ("#d62728", "P"), ("#9467bd", "X")]
+_ASSIGNED: Dict[str, tuple] = {}  # names outside the tables get the next extra style, stable within a process
+STATUS_SHORT = {"variant faster in whole range": "faster at every N",
+                "no crossover in range (baseline faster)": "slower at every N", "insufficient data": "no common N"}
+
+
+def _extra(name: str) -> tuple:
+    if name not in _ASSIGNED:
+        _ASSIGNED[name] = _EXTRA[len(_ASSIGNED) % len(_EXTRA)]
+    return _ASSIGNED[name]
+
+
+def backend_style(backend: str) -> dict:
+    """Colour, marker and display label of a backend (fixed for the known ones, assigned in order otherwise)."""
+    base = str(backend).split("+", 1)[0]
+    if base in BACKEND_STYLE:
+        c, m, label = BACKEND_STYLE[base]
+        return {"color": c, "marker": m, "label": label + (backend[len(base):] if backend != base else "")}
+    c, m = _extra("backend:" + str(backend))
+    return {"color": c, "marker": m, "label": str(backend)}
+
+
+def variant_style(name: str) -> dict:
+    """Colour, marker and line style of a variant name (``linear (taylor)`` and ``linear_taylor`` share one)."""
+    n = str(name)
+    key = n.split(" ", 1)[0]
+    if n.startswith("linear"):
+        for fm in ("taylor", "favor", "relu"):
+            if fm in n:
+                key = f"linear_{fm}"
+    if key in VARIANT_STYLE:
+        c, m, ls = VARIANT_STYLE[key]
+        return {"color": c, "marker": m, "ls": ls}
+    c, m = _extra("variant:" + n)
+    return {"color": c, "marker": m, "ls": "-."}
+
+
+def _style(i: int):
+    """Style of the i-th series of a list (kept for callers outside this module)."""
+    cmap = plt.get_cmap("tab10")
+    return {"color": cmap(i % 10), "marker": "osD^v<>phX*"[i % 10], "ls": "-" if i < 10 else "--"}
 
 
 def _save(fig, base: str, dpi: int = 110) -> List[str]:
     """Save ``fig`` as ``base.<ext>`` for each of :data:`FORMATS` (PNG first); returns the paths."""
     os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     paths = []
     for ext in FORMATS:
         paths.append(f"{base}.{ext}")
@@ -58,129 +138,367 @@ def set_formats(formats) -> None:
     FORMATS[:] = ["png"] + [f for f in fm if f != "png"]
 
 
-def _style(i: int):
-    cmap = plt.get_cmap("tab20" if i >= 10 else "tab10")
-    return {"color": cmap((2 * (i - 10) + 1) % 20) if i >= 10 else cmap(i), "marker": _MARKERS[i % len(_MARKERS)],
-            "ls": "-" if i < 10 else "--"}
+def fmt_n(n: float) -> str:
+    """A length for a label: ``3.7k``, ``860``."""
+    n = _f(n)
+    if not math.isfinite(n):
+        return "-"
+    return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
 
 
-def _panels(keys) -> List[tuple]:
-    return sorted({(k[2], k[3]) for k in keys})
+MIN_FIG_W = 8.0  # inches: room for the title lines and the shared legend of a one-panel figure
+
+
+def suptitle(fig, text: str, fontsize: float = 9) -> None:
+    """The figure title, each line wrapped to the figure's width."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 72 / (fontsize * 0.55)))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in str(text).split("\n")), fontsize=fontsize)
+
+
+def grid(n_panels: int, ncols: int = 3, panel_w: float = 4.6, panel_h: float = 3.6, sharex: bool = False,
+         sharey: bool = False):
+    """A figure (constrained layout) with ``n_panels`` axes in rows of ``ncols``; returns ``(fig, [axes])``, the
+    unused cells removed."""
+    n = max(int(n_panels), 1)
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    fig = plt.figure(figsize=(max(panel_w * ncols + 0.4, MIN_FIG_W), panel_h * nrows + 1.5), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex, sharey=sharey).ravel().tolist()
+    for ax in axes[n:]:
+        ax.remove()
+    return fig, axes[:n]
+
+
+def setup_caption(rows: Sequence[dict], env: Optional[dict] = None, title: Optional[str] = None) -> str:
+    """The measurement setup in one line: GPU / device, dtype, causal, heads, head dim, tokens per step, date,
+    versions (from the result rows and the sweep's ``env``)."""
+    env = env or {}
+    r0 = rows[0] if rows else {}
+
+    def uniq(col, fmt=str):
+        vals = sorted({fmt(r[col]) for r in rows if r.get(col) not in (None, "")}, key=str)
+        return "/".join(vals) if vals else None
+
+    parts = []
+    dev = env.get("gpu") or (r0.get("device") or "").upper() or None
+    if dev:
+        parts.append(str(dev))
+    for col, fmt in (("dtype", str),):
+        u = uniq(col, fmt)
+        if u:
+            parts.append(u)
+    c = uniq("causal", lambda x: "causal" if _b(x) else "non-causal")
+    if c:
+        parts.append(c)
+    h = uniq("n_heads", lambda x: str(int(_f(x))))
+    d = uniq("head_dim", lambda x: str(int(_f(x))))
+    if h or d:
+        parts.append(", ".join(p for p in (f"H = {h}" if h else None, f"D = {d}" if d else None) if p))
+    toks: Dict[int, set] = {}
+    for r in rows:
+        if math.isfinite(_f(r.get("tokens"))):
+            toks.setdefault(int(_f(r["tokens"])), set()).add(int(_f(r.get("seq_len"))))
+    if toks:
+        main_t = max(toks, key=lambda t: len(toks[t]))
+        other = "; ".join(f"N = {', '.join(f'{n:,}' for n in sorted(ns))}: {t:,}" for t, ns in sorted(toks.items())
+                          if t != main_t)
+        parts.append(f"{main_t:,} tokens per step (batch = tokens / N" + (f"; {other})" if other else ")"))
+    date = env.get("date") or uniq("timestamp", lambda x: str(x)[:10])
+    if date:
+        parts.append(str(date))
+    if env.get("torch"):
+        parts.append(f"torch {env['torch']}" + (f", triton {env['triton']}" if env.get("triton") else ""))
+    line = " · ".join(parts)
+    return f"{title} — {line}" if title else line
+
+
+def _key_of(r: dict) -> tuple:
+    return (r["variant"], r["backend"], int(_f(r["head_dim"])), _b(r["causal"]), int(_f(r["n_kv_heads"])))
+
+
+def _failures(rows: Sequence[dict]) -> Dict[tuple, tuple]:
+    """First ``oom`` / ``error`` of each series: key -> (status, N)."""
+    failed: Dict[tuple, tuple] = {}
+    for r in sorted(rows, key=lambda r: _f(r.get("seq_len"))):
+        if r.get("status") in ("oom", "error"):
+            try:
+                failed.setdefault(_key_of(r), (r["status"], int(_f(r["seq_len"]))))
+            except (KeyError, ValueError):
+                continue
+    return failed
+
+
+def _baseline_key(keys: Sequence[tuple], baseline: Optional[Sequence[str]], D: int, causal: bool) -> Optional[tuple]:
+    if baseline is None:
+        return None
+    cands = [k for k in keys if (k[0], k[1]) == tuple(baseline) and k[2] == D and k[3] == causal]
+    return max(cands, key=lambda k: k[4]) if cands else None  # the MHA curve when there are several
+
+
+def family_panels(keys: Sequence[tuple], baseline: Optional[Sequence[str]] = None,
+                  max_series: int = 5) -> List[dict]:
+    """Small multiples: one panel per variant (and per head dim / causality when there are several), holding that
+    variant's backends; the baseline's variant comes first. A variant with more than ``max_series`` backends is
+    split over several panels. Returns dicts ``{variant, D, causal, keys, title}``."""
+    combos = sorted({(k[2], k[3]) for k in keys})
+    variants = sorted({k[0] for k in keys}, key=lambda v: (baseline is None or v != baseline[0], v))
+    out = []
+    for D, causal in combos:
+        for v in variants:
+            ks = sorted([k for k in keys if k[0] == v and k[2] == D and k[3] == causal],
+                        key=lambda k: (baseline is None or (k[0], k[1]) != tuple(baseline), k[1] != "triton", k[1],
+                                       k[4]))
+            for i in range(0, len(ks), max_series):
+                title = v + (f" (D={D}, {'causal' if causal else 'non-causal'})" if len(combos) > 1 else "")
+                if len(ks) > max_series:
+                    title += f" [{i // max_series + 1}]"
+                out.append({"variant": v, "D": D, "causal": causal, "keys": ks[i:i + max_series], "title": title})
+    return out
+
+
+def _series_label(k: tuple, multi_hkv: bool) -> str:
+    return backend_style(k[1])["label"] + (f" (Hkv={k[4]})" if multi_hkv else "")
+
+
+def _crossover_of(crossovers: Sequence[dict], k: tuple, metric: str, reference: str) -> Optional[dict]:
+    for c in crossovers:
+        if (c.get("metric") == metric and c.get("reference") == reference and c.get("variant") == k[0]
+                and c.get("backend") == k[1] and int(_f(c.get("head_dim"))) == k[2] and _b(c.get("causal")) == k[3]
+                and int(_f(c.get("n_kv_heads"))) == k[4]):
+            return c
+    return None
+
+
+def _loglog_y(xs, ys, x) -> float:
+    import numpy as np
+
+    return float(np.exp(np.interp(np.log(x), np.log(xs), np.log(ys))))
+
+
+def _proxy(**kw):
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], **kw)
+
+
+def _baseline_name(baseline) -> str:
+    return "/".join(baseline) if baseline else "baseline"
+
+
+def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str = "fwd_bwd",
+                     reference: str = "exact", title: Optional[str] = None,
+                     baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None):
+    """The figure of :func:`plot_time_vs_n` (not saved): one panel per variant with its backends (colour and marker
+    per backend, the same in every panel), the exact baseline thick black in every panel, ``n*`` against it as a
+    star on the curve, a dotted vertical line and the value in the series' legend label, and a table panel of all
+    ``n*``; the setup in the title."""
+    if baseline is None:
+        bl = [c["baseline"] for c in crossovers if c.get("reference") == reference]
+        baseline = tuple(bl[0].split("/", 1)) if bl else None
+    metric = f"{mode}_ms"
+    ser = {k: [r for r in v if math.isfinite(_f(r.get(metric)))] for k, v in series(rows).items()}
+    ser = {k: v for k, v in ser.items() if v}
+    failed = _failures(rows)
+    panels = family_panels(sorted(set(ser) | set(failed)), baseline)
+    cross_rows = [c for c in crossovers if c.get("metric") == metric and c.get("reference") == reference]
+    with_table = bool(cross_rows)
+    fig, axes = grid(len(panels) + with_table, sharex=True)
+    any_star = False
+    for ax, p in zip(axes, panels):
+        bkey = _baseline_key(list(ser), baseline, p["D"], p["causal"])
+        multi_hkv = len({k[4] for k in p["keys"]}) > 1
+        if bkey is not None and bkey not in p["keys"]:
+            xs = [_f(r["seq_len"]) for r in ser[bkey]]
+            ax.plot(xs, [_f(r[metric]) for r in ser[bkey]], color="k", lw=2.6, zorder=3)
+        for k in p["keys"]:
+            st = backend_style(k[1])
+            label = _series_label(k, multi_hkv)
+            if k not in ser:  # failed before any point was measured
+                s, n = failed[k]
+                ax.plot([], [], ls="none", marker=st["marker"], color=st["color"], mfc="none",
+                        label=f"{label}: {s.upper()} at N={n} (no points)")
+                continue
+            xs = [_f(r["seq_len"]) for r in ser[k]]
+            ys = [_f(r[metric]) for r in ser[k]]
+            if k in failed:
+                label += f" ({failed[k][0].upper()} at N={failed[k][1]})"
+            if k == bkey:
+                ax.plot(xs, ys, color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,
+                        label=f"{label}: exact baseline")
+                continue
+            c = _crossover_of(cross_rows, k, metric, reference)
+            ns = _f(c.get("n_star")) if c else float("nan")
+            if math.isfinite(ns):
+                label += f": n*≈{fmt_n(ns)}"
+            elif c and c.get("status") in STATUS_SHORT:
+                label += f": {STATUS_SHORT[c['status']]}"
+            ax.plot(xs, ys, color=st["color"], marker=st["marker"], lw=1.5, ms=4, label=label)
+            if math.isfinite(ns) and len(xs) > 1:
+                any_star = True
+                ax.axvline(ns, color=st["color"], ls=":", lw=1.2)
+                ax.plot([ns], [_loglog_y(xs, ys, ns)], marker="*", ms=14, color=st["color"], mec="k", zorder=5,
+                        ls="none")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis, [y for ln in ax.get_lines() for y in ln.get_ydata()])
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(f"{mode.replace('_', '+')} time (ms)")
+        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
+        ax.grid(True, which="both", alpha=0.25)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+    if with_table:
+        _crossover_table(axes[len(panels)], cross_rows, baseline, metric)
+    handles = [_proxy(color="k", lw=2.6,
+                      label=f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)")]
+    if any_star:
+        handles += [_proxy(ls="none", marker="*", ms=13, color="lightgray", mec="k",
+                           label="n*: length above which the variant is faster than the baseline"),
+                    _proxy(color="gray", ls=":", lw=1.2, label="dotted line: at n*")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False)
+    what = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}.get(mode, mode)
+    suptitle(fig, f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
+                  + setup_caption(rows, env, title), fontsize=10)
+    return fig
+
+
+def _crossover_table(ax, cross_rows: Sequence[dict], baseline, metric: str) -> None:
+    ax.axis("off")
+    cells, colours = [], []
+    for c in sorted(cross_rows, key=lambda c: (_f(c.get("n_star")) if math.isfinite(_f(c.get("n_star"))) else 1e18,
+                                               c["variant"], c["backend"])):
+        if baseline is not None and (c["variant"], c["backend"]) == tuple(baseline):
+            continue
+        ns = _f(c.get("n_star"))
+        val = f"{fmt_n(ns)}" if math.isfinite(ns) else STATUS_SHORT.get(c.get("status"), str(c.get("status")))
+        cells.append([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
+                      backend_style(c["backend"])["label"], val])
+        colours.append(backend_style(c["backend"])["color"])
+    if not cells:
+        ax.text(0.5, 0.5, "no crossover rows", ha="center", va="center")
+        return
+    tab = ax.table(cellText=cells, colLabels=["variant", "backend", "n*"], loc="upper center", cellLoc="left",
+                   colWidths=[0.27, 0.41, 0.32])
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(7)
+    for i, col in enumerate(colours):
+        tab[i + 1, 1].get_text().set_color(col)
+    ax.set_title(f"n* vs {_baseline_name(baseline)} ({metric})", fontsize=10, loc="left", fontweight="bold")
 
 
 def plot_time_vs_n(rows: Sequence[dict], crossovers: Sequence[dict], base: str, mode: str = "fwd_bwd",
                    reference: str = "exact", title: Optional[str] = None,
-                   baseline: Optional[Sequence[str]] = None) -> List[str]:
-    """Time vs N (log-log) per variant / backend, one panel per (head_dim, causal), ``n*`` marked; the
-    ``baseline`` curve (``(variant, backend)``, default: the crossovers' exact baseline) drawn thick black."""
-    if baseline is None:
-        bl = [c["baseline"] for c in crossovers if c.get("reference") == reference]
-        baseline = tuple(bl[0].split("/", 1)) if bl else None
-    ser = series(rows)
-    metric = f"{mode}_ms"
-    panels = _panels(ser) or [(0, True)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
-    failed = {}
-    for r in rows:
-        if r.get("status") in ("oom", "error"):
-            key = (r["variant"], r["backend"], int(_f(r["head_dim"])), _b(r["causal"]), int(_f(r["n_kv_heads"])))
-            failed.setdefault(key, (r["status"], int(_f(r["seq_len"]))))
-    for ax, (D, causal) in zip(axes[0], panels):
-        keys = [k for k in sorted(ser) if k[2] == D and k[3] == causal]
-        multi_hkv = {v for v in {k[0] for k in keys} if len({k[4] for k in keys if k[0] == v}) > 1}
-        for i, k in enumerate(keys):
-            xs = [_f(r["seq_len"]) for r in ser[k] if math.isfinite(_f(r.get(metric)))]
-            ys = [_f(r[metric]) for r in ser[k] if math.isfinite(_f(r.get(metric)))]
-            if not xs:
-                continue
-            st = _style(i)
-            label = f"{k[0]}/{k[1]}" + (f" Hkv={k[4]}" if k[0] in multi_hkv else "")
-            if k in failed:
-                label += f" ({failed[k][0].upper()} at {failed[k][1]})"
-            if baseline is not None and (k[0], k[1]) == tuple(baseline):
-                st = dict(st, color="k", ls="-")
-                ax.plot(xs, ys, label=label + " (baseline)", lw=3, ms=5, zorder=4, **st)
-            else:
-                ax.plot(xs, ys, label=label, lw=1.4, ms=4, **st)
-            for c in crossovers:
-                if (c["metric"] == metric and c["reference"] == reference and c["variant"] == k[0]
-                        and c["backend"] == k[1] and c["head_dim"] == D and c["causal"] == causal
-                        and c["n_kv_heads"] == k[4] and math.isfinite(_f(c["n_star"]))):
-                    ns = _f(c["n_star"])
-                    ax.axvline(ns, color=st["color"], ls=":", lw=1)
-                    # y on the line: interpolate in log space
-                    import numpy as np
-
-                    y = float(np.exp(np.interp(np.log(ns), np.log(xs), np.log(ys))))
-                    ax.plot([ns], [y], marker="*", ms=12, color=st["color"], mec="k", zorder=5)
-                    ax.annotate(f"n*≈{ns:.0f}", (ns, y), textcoords="offset points", xytext=(4, -12), fontsize=8,
-                                color=st["color"])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(f"{mode} time (ms)")
-        ax.set_title(f"D={D}, {'causal' if causal else 'non-causal'}" + (f" — {title}" if title else ""), fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, base)
+                   baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None) -> List[str]:
+    """Time vs N (log-log), small multiples per variant, ``n*`` against the exact ``baseline`` (``(variant,
+    backend)``, default: the crossovers' exact baseline) marked; see :func:`time_vs_n_figure`."""
+    return _save(time_vs_n_figure(rows, crossovers, mode, reference, title, baseline, env), base)
 
 
-def plot_memory_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None) -> List[str]:
-    """Peak memory vs N per variant / backend with the model's n^2 (standard) and n*d (flash) curves."""
+def group_identical(curves: Dict[tuple, Dict[float, float]], rtol: float = 0.02,
+                    first: Optional[tuple] = None) -> List[List[tuple]]:
+    """Curves (key -> {x: y}) that agree within ``rtol`` at every common x, grouped; ``first`` (e.g. the baseline)
+    leads its group, otherwise the curve with the most points does."""
+    order = sorted(curves, key=lambda k: (k != first, -len(curves[k]), str(k)))
+    groups: List[List[tuple]] = []
+    for k in order:
+        for g in groups:
+            ref = curves[g[0]]
+            common = set(ref) & set(curves[k])
+            if common and all(abs(curves[k][n] - ref[n]) <= rtol * max(abs(ref[n]), abs(curves[k][n]))
+                              for n in common):
+                g.append(k)
+                break
+        else:
+            groups.append([k])
+    return groups
+
+
+def _mem_label(k: tuple, bkey, multi_hkv: bool, panel_variant: str) -> str:
+    name = _series_label(k, multi_hkv)
+    if k[0] != panel_variant:
+        name = f"{k[0]}/{k[1]}"
+    return name + (" (exact baseline)" if k == bkey else "")
+
+
+def memory_vs_n_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
+                       baseline: Optional[Sequence[str]] = None, rtol: float = 0.02):
+    """The figure of :func:`plot_memory_vs_n`: per-sequence memory vs N, one panel per variant (its backends plus
+    the exact baseline), curves equal within ``rtol`` drawn once and labelled ``a = b``, the cost model's ``n^2``
+    and ``n d`` curves in every panel."""
     from eval.crossover import memory_metric
 
-    ser = series(rows)
     metric = memory_metric(rows)
-    panels = _panels(ser) or [(0, True)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
-    for ax, (D, causal) in zip(axes[0], panels):
-        keys = [k for k in sorted(ser) if k[2] == D and k[3] == causal]
-        ns_all = set()
-        any_row = None
-        for i, k in enumerate(keys):  # per sequence (the sweep holds B * N fixed): n^2 vs n*d shows directly
-            xs = [_f(r["seq_len"]) for r in ser[k] if _f(r.get(metric)) > 0]
-            ys = [_f(r[metric]) / max(_f(r.get("batch")), 1) / 2**20 for r in ser[k] if _f(r.get(metric)) > 0]
-            if xs:
-                ax.plot(xs, ys, label=f"{k[0]}/{k[1]}", lw=1.5, ms=4, **_style(i))
-                ns_all.update(xs)
-                any_row = ser[k][0]
-        if ns_all and any_row is not None:
-            ns = sorted(ns_all)
-            H = int(_f(any_row["n_heads"]))
-            e = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(any_row.get("dtype"), 2)
-            std = [cm.standard_attention_cost(1, H, int(n), D, dtype_bytes=e, mode="fwd_bwd").footprint_bytes / 2**20
-                   for n in ns]
-            fl = [cm.flash_attention_cost(1, H, int(n), D, dtype_bytes=e, mode="fwd_bwd").footprint_bytes / 2**20
-                  for n in ns]
-            ax.plot(ns, std, "k--", lw=1, label="model: standard (S, P: ∝ n²)")
-            ax.plot(ns, fl, "k:", lw=1, label="model: flash (∝ n·d)")
+    ser = series(rows)
+    curves: Dict[tuple, Dict[float, float]] = {}
+    for k, pts in ser.items():  # per sequence (the sweep holds B * N fixed): n^2 vs n*d shows directly
+        c = {_f(r["seq_len"]): _f(r[metric]) / max(_f(r.get("batch")), 1) / 2**20 for r in pts if _f(r.get(metric)) > 0}
+        if c:
+            curves[k] = c
+    panels = family_panels(sorted(curves), baseline, max_series=5)
+    fig, axes = grid(len(panels), sharex=True, sharey=True)
+    any_group = False
+    for ax, p in zip(axes, panels):
+        bkey = _baseline_key(list(curves), baseline, p["D"], p["causal"])
+        keys = list(p["keys"]) + ([bkey] if bkey is not None and bkey not in p["keys"] else [])
+        multi_hkv = len({k[4] for k in p["keys"]}) > 1
+        for g in group_identical({k: curves[k] for k in keys}, rtol, first=bkey):
+            lead = max(g, key=lambda k: len(curves[k]))
+            xs = sorted(curves[lead])
+            label = " = ".join(_mem_label(k, bkey, multi_hkv, p["variant"]) for k in g)
+            if len(g) > 1:
+                any_group = True
+                label += f" (equal within {rtol:.0%})"
+            st = backend_style(g[0][1])
+            if bkey in g:
+                ax.plot(xs, [curves[lead][x] for x in xs], color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,
+                        label=label)
+            else:
+                ax.plot(xs, [curves[lead][x] for x in xs], color=st["color"], marker=st["marker"], lw=1.5, ms=4,
+                        label=label)
+        ns = sorted({x for k in keys for x in curves[k]})
+        any_row = ser[keys[0]][0]
+        H = int(_f(any_row.get("n_heads")) or 1)
+        e = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(any_row.get("dtype"), 2)
+        ax.plot(ns, [cm.standard_attention_cost(1, H, int(n), p["D"], dtype_bytes=e, mode="fwd_bwd").footprint_bytes
+                     / 2**20 for n in ns], color="gray", ls="--", lw=1.2, zorder=5)
+        ax.plot(ns, [cm.flash_attention_cost(1, H, int(n), p["D"], dtype_bytes=e, mode="fwd_bwd").footprint_bytes
+                     / 2**20 for n in ns], color="0.6", ls=":", lw=1.6, zorder=5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length N")
         ax.set_ylabel(("peak memory" if metric == "peak_mem_bytes" else "modelled footprint") + " per sequence (MiB)")
-        ax.set_title(f"D={D}, {'causal' if causal else 'non-causal'}" + (f" — {title}" if title else ""), fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, base)
+        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7, loc="best")
+    handles = [_proxy(color="k", lw=2.6, label=f"{_baseline_name(baseline)}: exact baseline"),
+               _proxy(color="gray", ls="--", lw=1, label="cost model: standard attention (S, P: ∝ n²)"),
+               _proxy(color="0.6", ls=":", lw=1.6, label="cost model: flash (∝ n·d)")]
+    if any_group:
+        handles.append(_proxy(ls="none", label=f"a = b: curves equal within {rtol:.0%}, drawn once"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    src = "measured peak (CUDA)" if metric == "peak_mem_bytes" else "cost-model footprint (not measured off CUDA)"
+    suptitle(fig, f"How does attention memory grow with N? ({src}, forward + backward, per sequence)\n"
+                  + setup_caption(rows, env, title), fontsize=10)
+    return fig
 
 
-def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: str = "fwd_bwd",
-                  title: Optional[str] = None) -> List[str]:
-    """Roofline of ``machine`` with each measured kernel point at (modelled intensity, achieved TFLOP/s).
+def plot_memory_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None, env: Optional[dict] = None,
+                     baseline: Optional[Sequence[str]] = None) -> List[str]:
+    """Peak memory vs N per variant / backend with the model's n^2 (standard) and n*d (flash) curves; see
+    :func:`memory_vs_n_figure`."""
+    return _save(memory_vs_n_figure(rows, title, env, baseline), base)
 
-    Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
-    (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
-    for fused kernels, whose measured traffic is close to it (``eval/hbm_probe.py``: 1.8x compulsory for our
-    flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
-    fig, ax = plt.subplots(figsize=(7.2, 5.0))
-    xs = [10 ** (i / 20) for i in range(-20, 101)]
-    ax.plot(xs, [machine.attainable(x) / 1e12 for x in xs], "k-", lw=2, label=f"{machine.name} roof")
-    ax.axvline(machine.ridge, color="gray", ls=":", lw=1)
-    ax.annotate(f"ridge {machine.ridge:.0f} FLOP/B", (machine.ridge, machine.peak_flops / 1e12 / 3), fontsize=8)
+
+def roofline_figure(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_bwd",
+                    title: Optional[str] = None, env: Optional[dict] = None,
+                    baseline: Optional[Sequence[str]] = None):
+    """The figure of :func:`plot_roofline`: the roof in every panel, one panel per variant, colour / marker per
+    backend, marker size growing with log N."""
     ser = series(rows)
-    for i, (k, pts) in enumerate(sorted(ser.items())):
+    pts_of: Dict[tuple, tuple] = {}
+    for k, pts in ser.items():
         x, y, s = [], [], []
         for r in pts:
             fl = _f(r.get("flops_fwd_bwd" if mode == "fwd_bwd" else "flops_fwd"))
@@ -193,105 +511,278 @@ def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: 
                 y.append(t)
                 s.append(8 + 4 * math.log2(max(_f(r["seq_len"]), 2)))
         if x:
-            st = _style(i)
-            ax.scatter(x, y, s=s, color=st["color"], marker=st["marker"], alpha=0.8,
-                       label=f"{k[0]}/{k[1]} D={k[2]}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / HBM byte: compulsory for fused kernels, S/P traffic for naive)",
-                  fontsize=8)
-    ax.set_ylabel(f"achieved TFLOP/s ({mode})")
-    ax.set_title("Roofline" + (f" — {title}" if title else "") + " (marker size ∝ log N)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, loc="lower right", ncol=2)
-    return _save(fig, base)
+            pts_of[k] = (x, y, s)
+    panels = family_panels(sorted(pts_of), baseline)
+    fig, axes = grid(len(panels), sharex=True, sharey=True)
+    xs = [10 ** (i / 20) for i in range(-20, 101)]
+    for ax, p in zip(axes, panels):
+        ax.plot(xs, [machine.attainable(x) / 1e12 for x in xs], "k-", lw=1.6)
+        ax.axvline(machine.ridge, color="gray", ls=":", lw=1)
+        multi_hkv = len({k[4] for k in p["keys"]}) > 1
+        multi_d = len({k[2] for k in pts_of}) > 1
+        for k in p["keys"]:
+            x, y, s = pts_of[k]
+            st = backend_style(k[1])
+            ax.scatter(x, y, s=s, color=st["color"], marker=st["marker"], alpha=0.85, edgecolors="k", linewidths=0.4,
+                       label=_series_label(k, multi_hkv) + (f" D={k[2]}" if multi_d else ""))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("FLOP per HBM byte (modelled)", fontsize=8)
+        ax.set_ylabel(f"achieved TFLOP/s ({mode.replace('_', '+')})", fontsize=8)
+        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
+        ax.grid(True, which="both", alpha=0.25)
+        if ax.collections:
+            ax.legend(fontsize=7, loc="lower right")
+    handles = [_proxy(color="k", lw=1.6, label=f"{machine.name} roof: min(peak FLOP/s, intensity × bandwidth)"),
+               _proxy(color="gray", ls=":", lw=1, label=f"ridge {machine.ridge:.0f} FLOP/byte"),
+               _proxy(ls="none", marker="o", color="lightgray", mec="k",
+                      label="marker size grows with log N; intensity: compulsory traffic for fused kernels, "
+                            "S/P traffic for naive")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    suptitle(fig, "How close does each kernel get to the hardware limit? (roofline)\n"
+                  + setup_caption(rows, env, title), fontsize=10)
+    return fig
 
 
-def plot_model_sweep(rows: Sequence[dict], base: str, title: Optional[str] = None) -> List[str]:
-    """GPT tokens/s (train step, inference) and peak memory vs context length per variant."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: str = "fwd_bwd",
+                  title: Optional[str] = None, env: Optional[dict] = None,
+                  baseline: Optional[Sequence[str]] = None) -> List[str]:
+    """Roofline of ``machine`` with each measured kernel point at (modelled intensity, achieved TFLOP/s).
+
+    Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
+    (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
+    for fused kernels, whose measured traffic is close to it (``eval/hbm_probe.py``: 1.8x compulsory for our
+    flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
+    return _save(roofline_figure(rows, machine, mode, title, env, baseline), base)
+
+
+def model_setup_caption(rows: Sequence[dict], env: Optional[dict] = None, title: Optional[str] = None) -> str:
+    """Setup line of a GPT-level sweep (``model.csv``): device, dtype, model size, tokens per step, date."""
+    env = env or {}
+    r0 = rows[0] if rows else {}
+    parts = [str(env.get("gpu") or (r0.get("device") or "").upper() or "")]
+    if r0.get("dtype"):
+        parts.append(str(r0["dtype"]))
+    size = [f"{lab} {int(_f(r0[c]))}" for c, lab in (("d_model", "d_model"), ("n_layer", "layers"),
+                                                      ("n_heads", "heads")) if math.isfinite(_f(r0.get(c)))]
+    if size:
+        parts.append("GPT " + ", ".join(size))
+    backends = sorted({str(r.get("backend")) for r in rows if r.get("backend")})
+    if len(backends) == 1:
+        parts.append(f"backend {backends[0]}")
+    params = sorted({int(_f(r["params"])) for r in rows if math.isfinite(_f(r.get("params")))})
+    if params:
+        parts.append(f"{params[0] / 1e6:.1f}M params" if len(params) == 1 else
+                     f"{params[0] / 1e6:.1f}-{params[-1] / 1e6:.1f}M params")
+    toks = sorted({int(_f(r["batch"]) * _f(r["seq_len"])) for r in rows
+                   if math.isfinite(_f(r.get("batch")) * _f(r.get("seq_len")))})
+    if toks:
+        parts.append("/".join(f"{t:,}" for t in toks) + " tokens per step")
+    date = env.get("date") or next((str(r["timestamp"])[:10] for r in rows if r.get("timestamp")), None)
+    if date:
+        parts.append(str(date))
+    line = " · ".join(p for p in parts if p)
+    return f"{title} — {line}" if title else line
+
+
+def _si(x: float, _pos=None) -> str:
+    """Tick label: 950k, 1.2M, 2,350."""
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if abs(x) >= 1e4:
+        return f"{x / 1e3:.3g}k"
+    return f"{x:,.4g}"
+
+
+def _log_ticks(axis, values: Sequence[float]) -> None:
+    """Plain tick labels (950k, 1.2M) on a log axis; minor ticks labelled only when the values span < 1 decade."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    vals = [float(v) for v in values if math.isfinite(float(v)) and float(v) > 0]
+    axis.set_major_formatter(FuncFormatter(_si))
+    small = bool(vals) and max(vals) / min(vals) < 10
+    axis.set_minor_formatter(FuncFormatter(_si) if small else NullFormatter())
+
+
+def auto_scale(ax, values: Sequence[float], log_ratio: float = 8.0) -> None:
+    """Log y axis when the values span more than ``log_ratio``, else linear; readable tick labels either way."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    vals = [v for v in values if v > 0 and math.isfinite(v)]
+    if vals and max(vals) / min(vals) > log_ratio:
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(_si))
+
+
+def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
+                       rtol: float = 0.02):
+    """The figure of :func:`plot_model_sweep`: training tokens/s, inference tokens/s and training peak memory vs
+    context length, one panel each, one line per variant (colour per variant; the line style per backend when
+    there are several); equal memory curves drawn once."""
     groups: Dict[tuple, List[dict]] = {}
     for r in rows:
-        if r.get("status") == "ok":
+        if r.get("status", "ok") == "ok":
             groups.setdefault((r["variant"], r["backend"]), []).append(r)
-    for i, (k, pts) in enumerate(sorted(groups.items())):
+    for pts in groups.values():
         pts.sort(key=lambda r: _f(r["seq_len"]))
-        st = _style(i)
-        n = [_f(r["seq_len"]) for r in pts]
-        axes[0].plot(n, [_f(r["train_tokens_per_s"]) for r in pts], label=f"{k[0]}/{k[1]} train", **st)
-        axes[0].plot(n, [_f(r["infer_tokens_per_s"]) for r in pts], ls="--", color=st["color"], marker=st["marker"],
-                     label=f"{k[0]}/{k[1]} infer", alpha=0.6)
-        mem = [_f(r.get("train_peak_mem_bytes")) / 2**20 for r in pts]
-        if any(math.isfinite(m) for m in mem):
-            axes[1].plot(n, mem, label=f"{k[0]}/{k[1]}", **st)
-    for ax, yl in zip(axes, ("tokens / s", "train peak memory (MiB)")):
+    backends = sorted({k[1] for k in groups})
+    ls_of = {b: ls for b, ls in zip(backends, ["-", "--", "-.", ":"] * 4)}
+
+    def label(k):
+        return k[0] if len(backends) == 1 else f"{k[0]}/{k[1]}"
+
+    def style(k):
+        st = variant_style(k[0])
+        return {"color": st["color"], "marker": st["marker"], "ls": ls_of[k[1]] if len(backends) > 1 else "-"}
+
+    metrics = [("train_tokens_per_s", "training step: tokens / s", 1.0),
+               ("infer_tokens_per_s", "inference (forward): tokens / s", 1.0),
+               ("train_peak_mem_bytes", "training peak memory (MiB)", 2.0 ** -20)]
+    fig, axes = grid(3, ncols=3, sharex=True)
+    for ax, (col, ylabel, scale) in zip(axes, metrics):
+        curves = {}
+        for k, pts in sorted(groups.items()):
+            c = {_f(r["seq_len"]): _f(r.get(col)) * scale for r in pts if _f(r.get(col)) > 0}
+            if c:
+                curves[k] = c
+        if col == "train_peak_mem_bytes":
+            for g in group_identical(curves, rtol):
+                xs = sorted(curves[g[0]])
+                lab = " = ".join(label(k) for k in g) + (f" (equal within {rtol:.0%})" if len(g) > 1 else "")
+                ax.plot(xs, [curves[g[0]][x] for x in xs], lw=1.6, ms=5, label=lab, **style(g[0]))
+        else:
+            for k, c in curves.items():
+                xs = sorted(c)
+                ax.plot(xs, [c[x] for x in xs], lw=1.6, ms=5, label=label(k), **style(k))
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        auto_scale(ax, [y for c in curves.values() for y in c.values()])
         ax.set_xlabel("context length")
-        ax.set_ylabel(yl)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.25)
         if ax.lines:
             ax.legend(fontsize=7)
-    if not axes[1].lines:
-        axes[1].text(0.5, 0.5, "peak memory measured on CUDA only", ha="center", transform=axes[1].transAxes)
-    fig.suptitle("GPT with each attention variant" + (f" — {title}" if title else ""), fontsize=10)
-    return _save(fig, base)
+        else:
+            ax.text(0.5, 0.5, "not measured" + (" (CUDA only)" if "mem" in col else ""), ha="center",
+                    transform=ax.transAxes)
+    suptitle(fig, "How fast does the whole GPT train and infer with each attention variant?\n"
+                  + model_setup_caption(rows, env, title), fontsize=10)
+    return fig
+
+
+def plot_model_sweep(rows: Sequence[dict], base: str, title: Optional[str] = None,
+                     env: Optional[dict] = None) -> List[str]:
+    """GPT tokens/s (train step, inference) and peak memory vs context length per variant."""
+    return _save(model_sweep_figure(rows, title, env), base)
 
 
 def plot_quality_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None) -> List[str]:
-    """Quality vs context length per variant, one panel per (dataset, metric) (see :mod:`eval.quality`)."""
+    """Quality vs context length per variant, one panel per (dataset, metric) (see :mod:`eval.quality`); one
+    colour, marker and line style per variant, one legend for all panels."""
     panels = sorted({(r["dataset"], r["metric"]) for r in rows})
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.5 * max(len(panels), 1), 4.2), squeeze=False)
-    for ax, (ds, met) in zip(axes[0], panels):
-        vs = sorted({r["variant"] for r in rows if r["dataset"] == ds and r["metric"] == met})
-        for i, v in enumerate(vs):
+    fig, axes = grid(len(panels), ncols=2 if len(panels) in (2, 4) else 3, panel_w=5.0)
+    vs = sorted({r["variant"] for r in rows})
+    for ax, (ds, met) in zip(axes, panels):
+        for v in vs:
             pts = sorted([r for r in rows if r["dataset"] == ds and r["metric"] == met and r["variant"] == v],
                          key=lambda r: _f(r["seq_len"]))
-            ax.plot([_f(r["seq_len"]) for r in pts], [_f(r["value"]) for r in pts], label=v, **_style(i))
+            if pts:
+                ax.plot([_f(r["seq_len"]) for r in pts], [_f(r["value"]) for r in pts], lw=1.6, **variant_style(v))
+        lens = sorted({int(_f(r["seq_len"])) for r in rows if r["dataset"] == ds and r["metric"] == met})
         ax.set_xscale("log", base=2)
+        if lens:
+            ax.set_xticks(lens, [f"{n:,}" for n in lens])
         ax.set_xlabel("seq_len")
-        ax.set_ylabel(met)
-        ax.set_title(f"{ds}" + (f" — {title}" if title else ""), fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        better = "lower is better" if met in ("val_bpb", "val_loss") else "higher is better"
+        ax.set_ylabel(f"{met} ({better})")
+        ax.set_title(f"{ds}: {met}", fontsize=10, loc="left", fontweight="bold")
+        ax.grid(True, which="both", alpha=0.25)
+    fig.legend(handles=[_proxy(lw=1.6, label=v, **variant_style(v)) for v in vs], loc="outside lower center",
+               ncol=min(6, max(len(vs), 1)), fontsize=8, frameon=False)
+    suptitle(fig, "What does each variant cost in quality as the context grows?" + (f"\n{title}" if title else ""),
+                  fontsize=10)
     return _save(fig, base)
+
+
+def _nice(x: float) -> float:
+    """``x`` rounded to 2 significant digits (legend values of the bubble-size key)."""
+    if not (x > 0):
+        return x
+    p = 10 ** (math.floor(math.log10(x)) - 1)
+    return round(x / p) * p
+
+
+BUBBLE_MAX_AREA = 900.0  # points^2 of the largest memory
+
+
+def bubble_figure(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memory: str = "peak_mem_mb",
+                  title: Optional[str] = None, caption: Optional[str] = None):
+    """The figure of :func:`plot_bubble`: one panel per seq_len (shared axes), y quality, x speed (log), bubble
+    area proportional to memory, colour and marker per variant; a key of bubble sizes in MiB."""
+    pts = [r for r in rows if math.isfinite(_f(r.get(quality))) and _f(r.get(speed)) > 0]
+    lens = sorted({int(_f(r["seq_len"])) for r in pts}) or [0]
+    vs = sorted({r["variant"] for r in pts})
+    mems = [_f(r.get(memory)) for r in pts if _f(r.get(memory)) > 0]
+    mmax = max(mems) if mems else 1.0
+    fig, axes = grid(len(lens), ncols=4, panel_w=4.0, panel_h=3.6, sharex=True, sharey=True)
+    lower_better = quality in ("val_bpb", "val_loss")
+    no_mem = False
+    for ax, n in zip(axes, lens):
+        for v in vs:
+            sel = [r for r in pts if r["variant"] == v and int(_f(r["seq_len"])) == n]
+            if not sel:
+                continue
+            st = variant_style(v)
+            for r in sel:
+                m = _f(r.get(memory))
+                if m > 0:
+                    ax.scatter([_f(r[speed])], [_f(r[quality])], s=max(BUBBLE_MAX_AREA * m / mmax, 12),
+                               color=st["color"], marker=st["marker"], alpha=0.55, edgecolors="k", linewidths=0.6)
+                else:  # memory not known: a small hollow marker
+                    no_mem = True
+                    ax.scatter([_f(r[speed])], [_f(r[quality])], s=40, facecolors="none", edgecolors=st["color"],
+                               marker=st["marker"], linewidths=1.2)
+        ax.set_xscale("log")
+        ax.margins(0.15)  # room for the largest bubbles
+        _log_ticks(ax.xaxis, [_f(r[speed]) for r in pts])
+        ax.set_title(f"seq_len {n}", fontsize=10, loc="left", fontweight="bold")
+        ax.set_xlabel(f"training speed ({speed.replace('_', ' ')})", fontsize=8)
+        ax.set_ylabel(quality + (" (lower is better)" if lower_better else " (higher is better)"), fontsize=8)
+        ax.grid(True, which="both", alpha=0.25)
+    if lower_better:  # quality up, as in LRA Fig. 3 (shared y: once)
+        axes[0].invert_yaxis()
+    if not pts:
+        axes[0].text(0.5, 0.5, "no rows with both quality and speed", ha="center", transform=axes[0].transAxes)
+    var_handles = [_proxy(ls="none", marker=variant_style(v)["marker"], color=variant_style(v)["color"], mec="k",
+                          ms=9, alpha=0.7, label=v) for v in vs]
+    size_handles = []
+    if mems:
+        for frac in (0.25, 0.5, 1.0):
+            val = _nice(mmax * frac)
+            size_handles.append(_proxy(ls="none", marker="o", color="lightgray", mec="k",
+                                       ms=math.sqrt(max(BUBBLE_MAX_AREA * val / mmax, 12)),
+                                       label=f"{val:,.0f} MiB" if val >= 10 else f"{val:.2g} MiB"))
+    if no_mem:
+        size_handles.append(_proxy(ls="none", marker="o", mfc="none", mec="gray", ms=6, label="memory not measured"))
+    fig.legend(handles=var_handles, loc="outside lower center", ncol=min(6, max(len(var_handles), 1)), fontsize=8,
+               frameon=False)
+    if size_handles:
+        fig.legend(handles=size_handles, title="bubble area =\npeak memory", loc="outside right lower", fontsize=8,
+                   title_fontsize=8, labelspacing=2.4, borderpad=1.2, handlelength=3.2, handletextpad=1.2)
+    head = f"Which variant gives the best {quality} for its speed and memory? (one panel per seq_len)"
+    suptitle(fig, head + (f"\n{title}" if title else "") + (f"\n{caption}" if caption else ""), fontsize=9)
+    return fig
 
 
 def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tokens_per_s",
-                memory: str = "peak_mem_mb", title: Optional[str] = None) -> List[str]:
-    """LRA Fig. 3 style: y quality, x speed, bubble area memory; one colour per variant, labels = seq_len.
+                memory: str = "peak_mem_mb", title: Optional[str] = None, caption: Optional[str] = None) -> List[str]:
+    """LRA Fig. 3 style: y quality, x speed, bubble area memory; one colour and marker per variant, one panel
+    per seq_len, a key of bubble sizes.
 
-    ``rows``: the joined table of :func:`eval.quality.join_speed` (``variant``, ``seq_len``, ``dataset`` and the
-    named columns). Points without memory get a fixed size.
+    ``rows``: the joined table of :func:`eval.quality.join_speed` / :func:`eval.quality.join_bench_speed`
+    (``variant``, ``seq_len``, ``dataset`` and the named columns). Points without memory are drawn hollow.
     """
-    fig, ax = plt.subplots(figsize=(7.0, 5.0))
-    vs = sorted({r["variant"] for r in rows})
-    mems = [_f(r.get(memory)) for r in rows if _f(r.get(memory)) > 0]
-    mmax = max(mems) if mems else 1.0
-    for i, v in enumerate(vs):
-        pts = [r for r in rows if r["variant"] == v and math.isfinite(_f(r.get(quality))) and _f(r.get(speed)) > 0]
-        if not pts:
-            continue
-        st = _style(i)
-        size = [60 + 1200 * (_f(r.get(memory)) / mmax if _f(r.get(memory)) > 0 else 0.05) for r in pts]
-        ax.scatter([_f(r[speed]) for r in pts], [_f(r[quality]) for r in pts], s=size, color=st["color"], alpha=0.45,
-                   edgecolors="k", label=v)
-        for r in pts:
-            ax.annotate(str(int(_f(r["seq_len"]))), (_f(r[speed]), _f(r[quality])), fontsize=7, ha="center",
-                        va="center")
-    ax.set_xscale("log")
-    ax.set_xlabel(f"speed ({speed})")
-    ax.set_ylabel(quality)
-    if quality in ("val_bpb", "val_loss"):  # quality up, as in LRA Fig. 3
-        ax.invert_yaxis()
-        ax.set_ylabel(f"{quality} (lower is better; axis inverted)")
-    ax.set_title("quality × speed × memory (bubble area ∝ memory; labels = seq_len)"
-                 + (f" — {title}" if title else ""), fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    if ax.collections:
-        ax.legend(fontsize=7, markerscale=0.4)
-    return _save(fig, base)
+    return _save(bubble_figure(rows, quality, speed, memory, title, caption), base)
 
 
 # --------------------------------------------------------------------------------------------- drivers
@@ -307,6 +798,20 @@ def _machine(machine, env: dict) -> Optional["cm.Machine"]:
         return None
 
 
+def read_env(results_dir: str) -> dict:
+    """The sweep's environment (date, GPU, versions): ``crossover.json``'s ``env``, else ``env.json``'s."""
+    import json
+
+    for name in ("crossover.json", "env.json"):
+        path = os.path.join(results_dir, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                env = json.load(f).get("env") or {}
+            if env:
+                return {k: v for k, v in env.items() if k != "sweep"}
+    return {}
+
+
 def sweep_figures(results_dir: str, figures_dir: Optional[str] = None, machine=None, title: Optional[str] = None,
                   prefix: str = "", formats=("png", "svg")) -> Dict[str, List[str]]:
     """All sweep figures from ``<results_dir>/{kernel,crossover,model}.csv``; returns name -> [png, svg]."""
@@ -319,27 +824,30 @@ def sweep_figures(results_dir: str, figures_dir: Optional[str] = None, machine=N
     rows = latest_rows(read_rows(os.path.join(results_dir, "kernel.csv")))
     cross_path = os.path.join(results_dir, "crossover.json")
     cross = []
-    env = {}
     if os.path.exists(cross_path):
         with open(cross_path) as f:
             d = json.load(f)
         cross = [dict(c, n_star=_f(c.get("n_star"))) for c in d.get("rows", [])]
-        env = d.get("env") or {}
+    env = read_env(results_dir)
+    bl = [c["baseline"] for c in cross if c.get("reference") == "exact"]
+    baseline = tuple(bl[0].split("/", 1)) if bl else None
     out: Dict[str, List[str]] = {}
     modes = [m for m in ("fwd_bwd", "fwd", "bwd") if any(math.isfinite(_f(r.get(f"{m}_ms"))) for r in rows)]
     for m in modes[:2]:
         out[f"time_vs_n_{m}"] = plot_time_vs_n(rows, cross, os.path.join(figures_dir, f"{prefix}time_vs_n_{m}"), m,
-                                               title=title)
+                                               title=title, baseline=baseline, env=env)
     if rows:
-        out["memory_vs_n"] = plot_memory_vs_n(rows, os.path.join(figures_dir, f"{prefix}memory_vs_n"), title=title)
+        out["memory_vs_n"] = plot_memory_vs_n(rows, os.path.join(figures_dir, f"{prefix}memory_vs_n"), title=title,
+                                              env=env, baseline=baseline)
     mach = _machine(machine, env)
     if mach is not None and rows:
         out["roofline"] = plot_roofline(rows, os.path.join(figures_dir, f"{prefix}roofline"), mach,
-                                        mode=modes[0] if modes else "fwd_bwd", title=title)
+                                        mode=modes[0] if modes else "fwd_bwd", title=title, env=env,
+                                        baseline=baseline)
     mrows = read_rows(os.path.join(results_dir, "model.csv"))
     if mrows:
         out["model_tokens_per_s"] = plot_model_sweep(mrows, os.path.join(figures_dir, f"{prefix}model_tokens_per_s"),
-                                                     title=title)
+                                                     title=title, env=env)
     return out
 
 
@@ -357,7 +865,9 @@ def main_from_cfg(cfg: dict) -> Dict[str, List[str]]:
 
         figs.update(quality_figures(cfg["quality_csv"], fd or os.path.dirname(cfg["quality_csv"]),
                                     speed_csv=cfg.get("speed_csv"), prefix=cfg.get("prefix") or "",
-                                    title=cfg.get("title")))
+                                    title=cfg.get("title"), speed=cfg.get("speed"),
+                                    speed_backend=cfg.get("speed_backend") or "triton",
+                                    speed_size=cfg.get("speed_size")))
     for k, v in figs.items():
         print(f"{k}: {v[0]}")
     return figs

@@ -12,11 +12,20 @@ seq_len, metric, value), ``leaders.csv`` (per dataset and length: the variant wi
 time, and the lengths where the leader changes, interpolated in log-log space like :mod:`eval.crossover`),
 and the figures ``quality_vs_n`` and ``bubble_<dataset>``.
 
+Speed and memory: by default the runs' own median ``perf/tokens_per_s`` and largest ``perf/peak_mem_mb``. With
+``speed=<eval.bench_model CSV>`` they come from that serial model-level benchmark instead (runs trained in
+parallel on one GPU have meaningless throughput), matched on (variant, seq_len) for one ``speed_backend``
+(default ``triton``) and ``speed_size`` (needed when the CSV holds several sizes); the join goes to
+``quality_speed_memory.csv``, the leaders and the bubble chart use it, and the rows that match nothing are
+printed. (``speed_csv=<eval.sweep model.csv>`` is the older join with a sweep's ``train_tokens_per_s``.)
+
 Quality per unit time: MQAR ``acc / step_time``; text ``(log2(vocab) - bpb) / step_time`` (bits per byte saved
 against a uniform guess, per second of training step): both "higher is better", both 0 for a model that
 learned nothing.
 
     python -m eval.quality runs=[multirun/2026-11-29/10-00-00] out_dir=results/cpu/crossover_quality
+    python -m eval.quality runs=[multirun/crossover_quality] out_dir=DIR \
+        speed=results/h200/2026-12-01/model_speed_large.csv speed_backend=triton
 """
 
 from __future__ import annotations
@@ -207,6 +216,104 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
     return out
 
 
+BENCH_COLUMNS = ("variant", "seq_len", "backend", "tokens_per_s", "peak_mem_mib")
+
+
+def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = None):
+    """The rows of an ``eval.bench_model`` CSV (``size, variant, seq_len, backend, tokens_per_s, step_ms,
+    peak_mem_mib, n_params, ...``) for one ``backend`` and one model ``size``, as a pandas DataFrame with columns
+    ``variant, seq_len, tokens_per_s, step_time_s, peak_mem_mb, bench_n_params, bench_size, bench_backend``.
+    Failed rows (no ``tokens_per_s``) are dropped.
+
+    Raises ``FileNotFoundError`` / ``ValueError`` naming the option (``speed``, ``speed_backend``, ``speed_size``):
+    no such file, not a bench_model CSV, no row of that backend, several sizes and ``size`` not given.
+    """
+    import pandas as pd
+
+    if not os.path.isfile(str(path)):
+        raise FileNotFoundError(f"speed={path}: no such file (an eval.bench_model CSV, e.g. "
+                                f"results/h200/2026-12-01/model_speed_large.csv)")
+    df = pd.read_csv(path)
+    missing = [c for c in BENCH_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"speed={path} is not an eval.bench_model CSV: columns {missing} missing (has "
+                         f"{list(df.columns)}); a model sweep of eval.sweep (train_tokens_per_s) goes to speed_csv=")
+    df = df[pd.to_numeric(df["tokens_per_s"], errors="coerce") > 0]
+    if backend not in set(df["backend"]):
+        raise ValueError(f"speed_backend={backend!r}: no row of that backend in speed={path}; allowed values: "
+                         f"{', '.join(sorted(set(map(str, df['backend']))))}")
+    df = df[df["backend"] == backend]
+    if "size" not in df.columns:
+        df = df.assign(size="")
+    sizes = sorted(set(map(str, df["size"])))
+    if size is None:
+        if len(sizes) > 1:
+            raise ValueError(f"speed={path} holds the model sizes {sizes}; pick one with speed_size=<size>")
+        size = sizes[0]
+    if str(size) not in sizes:
+        raise ValueError(f"speed_size={size!r}: not in speed={path}; allowed values: {', '.join(sizes)}")
+    df = df[df["size"].astype(str) == str(size)]
+    step = df["step_ms"] / 1e3 if "step_ms" in df.columns else float("nan")
+    out = pd.DataFrame({"variant": df["variant"].astype(str), "seq_len": df["seq_len"].astype(int),
+                        "tokens_per_s": df["tokens_per_s"].astype(float), "step_time_s": step,
+                        "peak_mem_mb": df["peak_mem_mib"].astype(float),
+                        "bench_n_params": df["n_params"] if "n_params" in df.columns else float("nan"),
+                        "bench_size": str(size), "bench_backend": backend})
+    return out.drop_duplicates(["variant", "seq_len"], keep="last").reset_index(drop=True)
+
+
+def join_bench_speed(agg: Sequence[dict], bench) -> tuple:
+    """Quality x speed x memory: the aggregated runs joined on ``(variant, seq_len)`` with the serial model-level
+    benchmark (:func:`load_bench_speed`), whose tokens/s, step time and peak memory replace the runs' own (runs
+    trained in parallel on one GPU have meaningless throughput). The runs' own values stay in ``run_tokens_per_s``
+    / ``run_peak_mem_mb``; rows without a benchmark row get NaN speed / memory and ``speed_source="unmatched"``.
+
+    Returns ``(rows, unmatched_runs, unused_bench)``: the joined rows (``quality_per_s`` recomputed from the
+    benchmark's step time), the ``(dataset, variant, seq_len)`` of rows without a benchmark row, and the
+    ``(variant, seq_len)`` of benchmark rows no run matched.
+    """
+    import pandas as pd
+
+    runs = pd.DataFrame(list(agg))
+    if runs.empty:
+        return [], [], []
+    runs = runs.rename(columns={"tokens_per_s": "run_tokens_per_s", "peak_mem_mb": "run_peak_mem_mb",
+                                "step_time_s": "run_step_time_s"})
+    j = runs.merge(bench, on=["variant", "seq_len"], how="left", indicator=True)
+    matched = j["_merge"] == "both"
+    j["speed_source"] = ("bench_model:" + j["bench_backend"].astype(str) + "/" + j["bench_size"].astype(str)).where(
+        matched, "unmatched")
+    rows = j.drop(columns="_merge").to_dict("records")
+    for r in rows:
+        r["quality_per_s"] = quality_per_time(r)
+    unmatched = [(r["dataset"], r["variant"], int(r["seq_len"])) for r in rows if r["speed_source"] == "unmatched"]
+    used = set(zip(j.loc[matched, "variant"], j.loc[matched, "seq_len"]))
+    unused = [(v, int(n)) for v, n in zip(bench["variant"], bench["seq_len"]) if (v, n) not in used]
+    return rows, unmatched, unused
+
+
+def speed_caption(speed: Optional[str] = None, speed_csv: Optional[str] = None, backend: str = "triton",
+                  size: Optional[str] = None) -> str:
+    """Where the bubble chart's speed and memory come from, in one line."""
+    if speed:
+        return (f"speed, memory: eval.bench_model {os.path.basename(str(speed))} (serial, backend {backend}"
+                + (f", size {size}" if size else "") + ")")
+    if speed_csv:
+        return f"speed, memory: model sweep {os.path.basename(str(speed_csv))} where it has the row, else the runs' own"
+    return "speed, memory: the training runs' own perf/tokens_per_s, perf/peak_mem_mb (not comparable for runs " \
+           "that shared a GPU: use speed=<eval.bench_model csv>)"
+
+
+def report_unmatched(unmatched: Sequence[tuple], unused: Sequence[tuple], speed: str) -> None:
+    """Print the quality rows without a benchmark row and the benchmark rows without runs."""
+    if unmatched:
+        print(f"speed={speed}: no benchmark row for {len(unmatched)} quality row(s) (left out of the bubble chart "
+              f"and leaders): " + ", ".join(f"{d}/{v}@{n}" for d, v, n in unmatched))
+    if unused:
+        print(f"speed={speed}: {len(unused)} benchmark row(s) match no run: "
+              + ", ".join(f"{v}@{n}" for v, n in unused))
+
+
 def join_speed(agg: Sequence[dict], speed_rows: Optional[Sequence[dict]] = None) -> List[dict]:
     """Bubble-chart rows: quality joined with speed / memory. With ``speed_rows`` (``eval.sweep`` model CSV:
     ``variant``, ``seq_len``, ``train_tokens_per_s``, ``train_peak_mem_bytes``) those replace the runs' own
@@ -236,8 +343,11 @@ def _write(rows: Sequence[dict], path: str) -> str:
 
 
 def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str] = None, prefix: str = "",
-                    title: Optional[str] = None) -> Dict[str, List[str]]:
-    """Quality-vs-N and one bubble chart per dataset from ``runs_agg.csv`` next to ``quality_csv``."""
+                    title: Optional[str] = None, speed: Optional[str] = None, speed_backend: str = "triton",
+                    speed_size: Optional[str] = None) -> Dict[str, List[str]]:
+    """Quality-vs-N and one bubble chart per dataset from ``runs_agg.csv`` next to ``quality_csv``; speed and
+    memory from ``speed`` (an ``eval.bench_model`` CSV, :func:`join_bench_speed`), else from ``speed_csv`` (an
+    ``eval.sweep`` model CSV, :func:`join_speed`), else the runs' own."""
     from eval import plots
     from eval.sweep import read_rows
 
@@ -245,12 +355,17 @@ def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str]
     agg = [dict(r, seq_len=int(_f(r["seq_len"]))) for r in read_rows(os.path.join(qdir, "runs_agg.csv"))]
     long = read_rows(quality_csv)
     figs = {"quality_vs_n": plots.plot_quality_vs_n(long, os.path.join(figures_dir, f"{prefix}quality_vs_n"), title)}
-    rows = join_speed(agg, read_rows(speed_csv) if speed_csv else None)
+    if speed:
+        rows = join_bench_speed(agg, load_bench_speed(speed, speed_backend, speed_size))[0]
+    else:
+        rows = join_speed(agg, read_rows(speed_csv) if speed_csv else None)
+    caption = speed_caption(speed, speed_csv, speed_backend, speed_size)
     for ds in sorted({r["dataset"] for r in rows}):
         q = QUALITY_METRICS.get(ds.split(":")[0], ("val_loss",))[0]
         figs[f"bubble_{ds}"] = plots.plot_bubble([r for r in rows if r["dataset"] == ds],
                                                  os.path.join(figures_dir, f"{prefix}bubble_{ds.replace(':', '_')}"),
-                                                 quality=q, title=f"{ds}" + (f" — {title}" if title else ""))
+                                                 quality=q, title=f"dataset {ds}" + (f" — {title}" if title else ""),
+                                                 caption=caption)
     return figs
 
 
@@ -268,7 +383,13 @@ def run(cfg: dict) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     agg = aggregate(runs)
     long = long_form(agg)
-    lead = leaders(agg)
+    speed, sb, ss = cfg.get("speed"), cfg.get("speed_backend") or "triton", cfg.get("speed_size")
+    joined, unmatched = None, []
+    if speed:  # speed / memory of the serial model-level benchmark, not of the (possibly parallel) training runs
+        joined, unmatched, unused = join_bench_speed(agg, load_bench_speed(speed, sb, ss))
+        report_unmatched(unmatched, unused, speed)
+        _write(joined, os.path.join(out_dir, "quality_speed_memory.csv"))
+    lead = leaders(joined if joined is not None else agg)
     _write(runs, os.path.join(out_dir, "runs.csv"))
     _write(agg, os.path.join(out_dir, "runs_agg.csv"))
     qcsv = _write(long, os.path.join(out_dir, "quality.csv"))
@@ -279,7 +400,8 @@ def run(cfg: dict) -> dict:
 
         set_formats(cfg.get("formats"))
         figs = quality_figures(qcsv, cfg.get("figures_dir") or out_dir, speed_csv=cfg.get("speed_csv"),
-                               prefix=cfg.get("prefix") or "", title=cfg.get("title"))
+                               prefix=cfg.get("prefix") or "", title=cfg.get("title"), speed=speed,
+                               speed_backend=sb, speed_size=ss)
     wb = cfg.get("wandb") or {}
     wdir = None
     if wb.get("enabled", False):
@@ -294,7 +416,8 @@ def run(cfg: dict) -> dict:
         if r["kind"] == "crossover":
             ns = "-" if not math.isfinite(_f(r["n_star"])) else f"{_f(r['n_star']):.0f}"
             print(f"[{r['dataset']}] {r['leader']}: n*={ns} {r['status']}")
-    return {"runs": runs, "agg": agg, "quality": long, "leaders": lead, "figures": figs, "wandb_dir": wdir}
+    return {"runs": runs, "agg": agg, "quality": long, "leaders": lead, "figures": figs, "wandb_dir": wdir,
+            "joined": joined, "unmatched": unmatched}
 
 
 def _hydra_main():  # pragma: no cover - exercised through the CLI

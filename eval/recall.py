@@ -1,0 +1,776 @@
+"""Recall and language-modelling reports of issue 13, from finished ``train.py`` run folders.
+
+    python -m eval.recall <kind> runs=[<multirun dir>,...] out_dir=<dir> [select=best|last] [speed=<csv>]
+
+Each kind writes ``<out_dir>/<kind>.csv`` and ``<out_dir>/<kind>.png`` and prints where:
+
+* ``fig2`` (Zoology, Arora et al. 2023, Fig. 2): MQAR accuracy ``val/acc`` vs ``model.d_model`` (log2 axis), one
+  panel per ``data.seq_len``, one line per variant (``attention.name``; linear kinds with their
+  ``attention.feature_map``; window kinds with their left window), the **best over** ``optim.lr`` per (variant,
+  seq_len, d_model) (runs of one lr, e.g. seeds, averaged first); dashed line at the chance level
+  ``1 / data.num_kv_pairs``.
+* ``cliff``: the window recall cliff, ``val/acc_far`` / ``val/acc_near`` (queries whose key lies beyond / within
+  the sliding window, logged by :class:`attn_zoo.callbacks.RecallByDistance`) and ``val/acc`` vs the left window
+  ``attention.window_size[0]``, one panel per ``data.seq_len``; a vertical line at the median query-key distance
+  (where ``val/frac_far`` crosses 1/2, else from the MQAR generator with the runs' data config); full-attention
+  runs at the same length as a horizontal reference.
+* ``hybrid``: accuracy vs ``k``, the number of ``flash`` entries in ``model.layers``, one line per base mixer
+  (the non-flash entries); all-flash runs are the ``k = L`` end of every line. With ``speed=<eval.bench_model
+  CSV>`` a second row of panels shows that benchmark's tokens/s for the rows it has (``variant`` = the layers
+  joined by ``+``, or the pure variant at ``k = 0`` / ``k = L``); what it lacks is said in the caption, nothing is
+  interpolated.
+* ``lm``: ``val/bpb`` vs ``data.seq_len`` (log2 axis) per variant and text data set, best over ``optim.lr``,
+  the token budget ``trainer.max_steps * data.batch_size * data.seq_len`` in the title (a warning when it differs
+  between runs), every variant labelled with its parameter count (GQA / MQA vs MHA).
+
+Which validation: ``select=best`` (default) takes the validation with the highest ``val/acc`` (``lm``: lowest
+``val/bpb``), as Zoology reports the best; ``cliff`` reads ``val/acc_far`` / ``val/acc_near`` of that same
+validation. ``select=last``: the last validation. Runs are read with :func:`eval.quality.find_runs` and
+:func:`eval.quality.load_run` (``.hydra/config.yaml`` + ``csv/metrics.csv``), plus ``final_metrics.json`` (its
+metrics count as one more validation, its ``n_params`` as the parameter count) and the resolved config that
+``train.py`` logs to ``csv/hparams.yaml`` (``.hydra/config.yaml`` keeps Hydra's interpolations).
+
+No matching run raises ``ValueError`` naming the argument (``runs``, ``kind``, ``seq_len``): no silent empty plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+from eval.crossover import _f
+from eval.quality import find_runs, load_run
+
+KINDS = ("fig2", "cliff", "hybrid", "lm")
+FULL = "flash"  # the full-attention layer name of model.layers
+
+
+# --------------------------------------------------------------------------------------------- reading runs
+def _resolve_each(node):
+    """An OmegaConf node as plain containers, each interpolation resolved on its own (None where it cannot be
+    outside Hydra, e.g. ``${hydra:runtime.output_dir}``)."""
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(node, DictConfig):
+        out = {}
+        for k in node.keys():
+            try:
+                v = node[k]
+            except Exception:  # noqa: BLE001 - an unresolvable interpolation
+                v = None
+            out[str(k)] = _resolve_each(v)
+        return out
+    if isinstance(node, ListConfig):
+        out = []
+        for i in range(len(node)):
+            try:
+                v = node[i]
+            except Exception:  # noqa: BLE001
+                v = None
+            out.append(_resolve_each(v))
+        return out
+    return node
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    try:
+        from attn_zoo.runs import register_resolvers
+
+        register_resolvers()
+    except Exception:  # noqa: BLE001 - a report does not need lightning; the one resolver the configs use
+        if not OmegaConf.has_resolver("attn_zoo.div"):
+            OmegaConf.register_new_resolver("attn_zoo.div", lambda a, b: int(a) // int(b))
+
+
+def read_config(run_dir: str) -> dict:
+    """The run's resolved config: ``csv/hparams.yaml``'s ``config`` (what ``train.py`` logged, resolved), else
+    ``.hydra/config.yaml`` with each interpolation resolved where it can be."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    hp = os.path.join(run_dir, "csv", "hparams.yaml")
+    if os.path.exists(hp):
+        try:
+            with open(hp) as f:
+                d = yaml.safe_load(f) or {}
+            if isinstance(d.get("config"), dict):
+                return d["config"]
+        except yaml.YAMLError:
+            pass
+    _register_resolvers()
+    return _resolve_each(OmegaConf.load(os.path.join(run_dir, ".hydra", "config.yaml")))
+
+
+def _metrics_rows(run_dir: str) -> List[dict]:
+    path = os.path.join(run_dir, "csv", "metrics.csv")
+    if not os.path.exists(path):
+        path = os.path.join(run_dir, "metrics.csv")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def val_points(rows: Sequence[dict], final: Optional[dict] = None) -> List[dict]:
+    """One dict per validation (rows of the same ``step`` merged: Lightning may write a step's metrics in several
+    rows), with every finite ``val/*`` value, sorted by step; ``final`` (``final_metrics.json``) adds its metrics
+    as the validation at its ``steps`` when the CSV has none there."""
+    by_step: Dict[float, dict] = {}
+    for r in rows:
+        vals = {k: _f(v) for k, v in r.items() if k and k.startswith("val/") and math.isfinite(_f(v))}
+        if vals:
+            step = _f(r.get("step"))
+            by_step.setdefault(step if math.isfinite(step) else -1.0, {}).update(vals)
+    if final and final.get("metrics"):
+        vals = {k: _f(v) for k, v in final["metrics"].items() if k.startswith("val/") and math.isfinite(_f(v))}
+        step = float(_f(final.get("steps")))
+        step = step if math.isfinite(step) else max(by_step, default=0.0) + 1
+        if vals:
+            by_step[step] = {**vals, **by_step.get(step, {})}
+    return [dict(v, step=s) for s, v in sorted(by_step.items())]
+
+
+def pick(points: Sequence[dict], metric: str = "val/acc", select: str = "best", higher: bool = True) -> dict:
+    """The validation ``select``-ed on ``metric``: ``best`` (max, or min with ``higher=False``) or ``last``;
+    ``{}`` when no validation has it."""
+    have = [p for p in points if math.isfinite(_f(p.get(metric)))]
+    if not have:
+        return {}
+    if select == "last":
+        return have[-1]
+    if select != "best":
+        raise ValueError(f"select={select!r}: allowed values: best, last")
+    return (max if higher else min)(have, key=lambda p: _f(p[metric]))
+
+
+def _get(cfg: dict, path: str, default=None):
+    node = cfg
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def _layer_name(entry) -> str:
+    if isinstance(entry, dict):
+        return str(entry.get("name") or entry.get("kind") or entry.get("mixer") or "?")
+    return str(entry)
+
+
+def variant_label(cfg: dict) -> str:
+    """Line label of a run: ``model.layers`` joined by ``+`` for hybrids, else ``attention.name``, with the feature
+    map of linear kinds (``linear (elu1)``; a name that already says it, e.g. ``linear_taylor``, stays) and the left
+    window of window kinds (``sliding_window (w=31)``)."""
+    layers = _get(cfg, "model.layers")
+    if layers:
+        return "+".join(_layer_name(x) for x in layers)
+    att = _get(cfg, "attention", {}) or {}
+    name = str(att.get("name") or att.get("kind") or "unknown")
+    kind = str(att.get("kind") or name)
+    if kind == "linear" and att.get("feature_map") and str(att["feature_map"]) not in name:
+        name += f" ({att['feature_map']})"
+    ws = att.get("window_size")
+    if kind in ("sliding_window", "dilated_window") and isinstance(ws, (list, tuple)) and ws:
+        name += f" (w={ws[0]})"
+    return name
+
+
+def load_recall_run(run_dir: str) -> dict:
+    """One run for the reports: :func:`eval.quality.load_run`'s summary plus the resolved config, every validation
+    (:func:`val_points`), ``final_metrics.json`` and the settings the reports group by."""
+    base = load_run(run_dir)
+    cfg = read_config(run_dir)
+    final = {}
+    fpath = os.path.join(run_dir, "final_metrics.json")
+    if os.path.exists(fpath):
+        try:
+            with open(fpath) as f:
+                final = json.load(f) or {}
+        except (OSError, ValueError):
+            final = {}
+    rows = _metrics_rows(run_dir)
+    n_params = _f(final.get("n_params"))
+    if not math.isfinite(n_params):
+        n_params = next((_f(r.get("model/n_params")) for r in rows if math.isfinite(_f(r.get("model/n_params")))),
+                        float("nan"))
+    if not math.isfinite(n_params):
+        hp = os.path.join(run_dir, "csv", "hparams.yaml")
+        if os.path.exists(hp):
+            import yaml
+
+            with open(hp) as f:
+                n_params = _f((yaml.safe_load(f) or {}).get("n_params"))
+    seq_len = _f(_get(cfg, "data.seq_len"))
+    seq_len = int(seq_len) if math.isfinite(seq_len) else base["seq_len"]
+    layers = _get(cfg, "model.layers")
+    n_layer = len(layers) if layers else int(_f(_get(cfg, "model.n_layer", float("nan"))) or 0)
+    att = _get(cfg, "attention", {}) or {}
+    ws = att.get("window_size")
+    return dict(base, run_dir=run_dir, cfg=cfg, final=final, vals=val_points(rows, final),
+                seq_len=seq_len, label=variant_label(cfg), lr=_f(_get(cfg, "optim.lr")),
+                d_model=int(_f(_get(cfg, "model.d_model", float("nan")))) if math.isfinite(
+                    _f(_get(cfg, "model.d_model"))) else -1,
+                n_layer=n_layer, layers=[_layer_name(x) for x in layers] if layers else None,
+                attention=att.get("name") or att.get("kind"), attention_kind=att.get("kind"),
+                window=int(ws[0]) if isinstance(ws, (list, tuple)) and ws and ws[0] is not None else None,
+                num_kv_pairs=_f(_get(cfg, "data.num_kv_pairs")), n_params=n_params,
+                batch_size=_f(_get(cfg, "data.batch_size")), max_steps=_f(_get(cfg, "trainer.max_steps")),
+                steps_done=_f(final.get("steps")) if final else float(base.get("steps") or "nan"),
+                date=_run_date(run_dir))
+
+
+def _run_date(run_dir: str) -> str:
+    import datetime as dt
+
+    for name in ("final_metrics.json", os.path.join("csv", "metrics.csv"), "metrics.csv"):
+        p = os.path.join(run_dir, name)
+        if os.path.exists(p):
+            return dt.datetime.fromtimestamp(os.path.getmtime(p)).strftime("%Y-%m-%d")
+    return ""
+
+
+def load_runs(roots) -> List[dict]:
+    """Every run under ``roots`` (a path or a list); ``ValueError`` naming ``runs`` when there is none."""
+    if roots is None or roots == "" or roots == []:
+        raise ValueError("runs is empty: pass runs=[<multirun dir>,...] (folders holding train.py runs)")
+    roots = [roots] if isinstance(roots, str) else [str(r) for r in roots]
+    missing = [r for r in roots if not os.path.isdir(r)]
+    if missing:
+        raise ValueError(f"runs={roots}: {missing} not a directory")
+    dirs = find_runs(roots)
+    if not dirs:
+        raise ValueError(f"runs={roots}: no train.py run folder (.hydra/config.yaml + csv/metrics.csv) under them")
+    return [load_recall_run(d) for d in dirs]
+
+
+# --------------------------------------------------------------------------------------------- tables
+def best_over_lr(recs: Sequence[dict], keys: Sequence[str], value: str, higher: bool = True) -> List[dict]:
+    """Per group of ``keys``: runs of the same ``lr`` averaged (seeds), then the ``lr`` with the best mean ``value``
+    (max, or min with ``higher=False``). Rows: the keys, ``value``, ``best_lr``, ``lrs`` (tried, ``;``-joined),
+    ``n_runs``, and the other numeric columns of the records, averaged at the best lr."""
+    import pandas as pd
+
+    df = pd.DataFrame([{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in recs])
+    df = df[pd.to_numeric(df[value], errors="coerce").notna()] if value in df.columns else df.iloc[0:0]
+    if df.empty:
+        return []
+    keys = list(keys)
+    df = df.assign(lr=df["lr"].fillna(-1.0))
+    num = [c for c in df.columns if c not in keys + ["lr"] and pd.api.types.is_numeric_dtype(df[c])]
+    per_lr = df.groupby(keys + ["lr"], dropna=False)[num].mean().reset_index()
+    per_lr["n_runs"] = df.groupby(keys + ["lr"], dropna=False).size().values
+    lrs = df.groupby(keys, dropna=False)["lr"].apply(lambda s: ";".join(f"{x:g}" for x in sorted(set(s))))
+    idx = (per_lr.groupby(keys, dropna=False)[value].idxmax() if higher
+           else per_lr.groupby(keys, dropna=False)[value].idxmin())
+    best = per_lr.loc[idx.values].rename(columns={"lr": "best_lr"})
+    best = best.merge(lrs.rename("lrs").reset_index(), on=keys, how="left")
+    cols = keys + [value, "best_lr", "lrs", "n_runs"] + [c for c in best.columns if c not in keys + [
+        value, "best_lr", "lrs", "n_runs"]]
+    return best[cols].sort_values(keys).to_dict("records")
+
+
+def _write_csv(rows: Sequence[dict], path: str) -> str:
+    from eval.bench_common import write_csv
+
+    return write_csv(rows, path)
+
+
+def _setup(recs: Sequence[dict], extra: str = "") -> str:
+    """One line: data set, vocab, layers, d_model, batch, steps, lrs, number of runs, dates."""
+
+    def span(vals, fmt="{:g}"):
+        vals = sorted({v for v in vals if v is not None and not (isinstance(v, float) and not math.isfinite(v))})
+        if not vals:
+            return None
+        return fmt.format(vals[0]) if len(vals) == 1 else f"{fmt.format(vals[0])}-{fmt.format(vals[-1])}"
+
+    parts = []
+    ds = span([r["dataset"] for r in recs], "{}")
+    if ds:
+        parts.append(ds.replace("mqar", "MQAR"))
+    for lab, vals, fmt in (("vocab", [_f(_get(r["cfg"], "data.vocab_size")) for r in recs], "{:.0f}"),
+                           ("layers", [float(r["n_layer"]) for r in recs], "{:.0f}"),
+                           ("batch", [r["batch_size"] for r in recs], "{:.0f}"),
+                           ("max steps", [r["max_steps"] for r in recs], "{:,.0f}")):
+        s = span(vals, fmt)
+        if s:
+            parts.append(f"{lab} {s}")
+    lrs = sorted({r["lr"] for r in recs if math.isfinite(r["lr"])})
+    if lrs:
+        parts.append("lr ∈ {" + ", ".join(f"{x:g}" for x in lrs) + "}")
+    parts.append(f"{len(recs)} runs")
+    dates = span([r["date"] for r in recs if r["date"]], "{}")
+    if dates:
+        parts.append(dates)
+    return " · ".join(parts) + (f" · {extra}" if extra else "")
+
+
+def _mqar(recs: Sequence[dict], kind: str, roots) -> List[dict]:
+    out = [r for r in recs if r["dataset"] == "mqar"]
+    if not out:
+        raise ValueError(f"{kind}: no MQAR run (data=mqar) under runs={roots}; found data sets "
+                         f"{sorted({r['dataset'] for r in recs})}")
+    return out
+
+
+def _only_seq_len(recs: List[dict], seq_len, kind: str, roots) -> List[dict]:
+    if seq_len is None:
+        return recs
+    out = [r for r in recs if r["seq_len"] == int(seq_len)]
+    if not out:
+        raise ValueError(f"{kind}: seq_len={seq_len} matches no run under runs={roots}; lengths there: "
+                         f"{sorted({r['seq_len'] for r in recs})}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- fig2
+def fig2_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
+    """Zoology Fig. 2 rows: (variant, seq_len, d_model) -> accuracy, best over lr."""
+    flat = []
+    for r in recs:
+        p = pick(r["vals"], "val/acc", select)
+        if p:
+            flat.append({"variant": r["label"], "seq_len": r["seq_len"], "d_model": r["d_model"], "lr": r["lr"],
+                         "acc": p["val/acc"], "step": p["step"], "num_kv_pairs": r["num_kv_pairs"],
+                         "n_params": r["n_params"]})
+    rows = best_over_lr(flat, ["variant", "seq_len", "d_model"], "acc")
+    for row in rows:
+        row["chance"] = 1.0 / row["num_kv_pairs"] if _f(row.get("num_kv_pairs")) > 0 else float("nan")
+        row["acc_from"] = "max over validations" if select == "best" else "last validation"
+    return rows
+
+
+def _variant_handles(variants: Sequence[str]):
+    from eval.plots import _proxy, variant_style
+
+    return [_proxy(lw=1.6, label=v, **variant_style(v)) for v in variants]
+
+
+def plot_fig2(rows: Sequence[dict], base: str, caption: str, select: str = "best") -> List[str]:
+    from eval.plots import _proxy, _save, grid, suptitle, variant_style
+
+    lens = sorted({int(r["seq_len"]) for r in rows})
+    variants = sorted({r["variant"] for r in rows})
+    fig, axes = grid(len(lens), ncols=4, panel_w=3.9, panel_h=3.4, sharey=True)
+    for ax, n in zip(axes, lens):
+        sel = [r for r in rows if int(r["seq_len"]) == n]
+        for v in variants:
+            pts = sorted([r for r in sel if r["variant"] == v], key=lambda r: r["d_model"])
+            if pts:
+                ax.plot([r["d_model"] for r in pts], [r["acc"] for r in pts], lw=1.6, ms=5, **variant_style(v))
+        chance = sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))})
+        for c in chance:
+            ax.axhline(c, color="gray", ls="--", lw=1)
+        pairs = sorted({int(_f(r["num_kv_pairs"])) for r in sel if math.isfinite(_f(r["num_kv_pairs"]))})
+        ax.set_title(f"seq_len {n}" + (f", {'/'.join(map(str, pairs))} kv pairs" if pairs else ""), fontsize=10,
+                     loc="left", fontweight="bold")
+        ax.set_xscale("log", base=2)
+        ds = sorted({r["d_model"] for r in sel})
+        ax.set_xticks(ds, [str(d) for d in ds])
+        ax.set_ylim(0, 1.03)
+        ax.set_xlabel("model dimension (d_model)")
+        ax.set_ylabel("MQAR accuracy")
+        ax.grid(True, alpha=0.25)
+    handles = _variant_handles(variants) + [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), fontsize=8, frameon=False)
+    acc = "best validation (max, as Zoology)" if select == "best" else "last validation"
+    suptitle(fig, "Which variants solve associative recall, and at what model width? (Zoology Fig. 2)\n"
+                  f"accuracy: {acc}, best over optim.lr · " + caption, fontsize=9)
+    return _save(fig, base)
+
+
+# --------------------------------------------------------------------------------------------- cliff
+def median_key_distance(rows: Sequence[dict]) -> float:
+    """The window at which ``frac_far`` (share of queries beyond the window) crosses 1/2, linearly interpolated:
+    the median query-key distance. NaN when the rows do not bracket 1/2."""
+    pts = sorted((r["window"], _f(r.get("frac_far"))) for r in rows if math.isfinite(_f(r.get("frac_far"))))
+    for (w0, f0), (w1, f1) in zip(pts, pts[1:]):
+        if f0 >= 0.5 >= f1 and f0 != f1:
+            return w0 + (f0 - 0.5) * (w1 - w0) / (f0 - f1)
+    for w, f in pts:
+        if f == 0.5:
+            return float(w)
+    return float("nan")
+
+
+def generated_key_distance(cfg: dict, n: int = 256) -> float:
+    """Median query-key distance of ``n`` MQAR examples generated with the run's data config (NaN if that fails)."""
+    try:
+        import torch
+
+        from attn_zoo.callbacks import mqar_key_distance
+        from attn_zoo.data import generate_mqar
+
+        d = cfg.get("data") or {}
+        x, y = generate_mqar(n, int(d["seq_len"]), int(d["vocab_size"]), int(d["num_kv_pairs"]),
+                             float(d.get("power_a", 0.01)), 12345, bool(d.get("random_non_queries", True)))
+        mask, dist = mqar_key_distance(x, y, int(d["num_kv_pairs"]))
+        return float(torch.median(dist[mask].double()))
+    except Exception:  # noqa: BLE001 - the marker is optional
+        return float("nan")
+
+
+def cliff_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
+    """Window recall cliff rows: (seq_len, d_model, window) -> acc, acc_far, acc_near, frac_far of the selected
+    validation (best ``val/acc``), best over lr; full-attention runs as ``window = -1`` (``variant`` = their
+    name)."""
+    flat = []
+    for r in recs:
+        if r["window"] is None and r["attention_kind"] != FULL:
+            continue
+        if r["layers"] and any(x != r["layers"][0] for x in r["layers"]):
+            continue  # hybrids belong to the hybrid report
+        p = pick(r["vals"], "val/acc", select)
+        if not p:
+            continue
+        flat.append({"seq_len": r["seq_len"], "d_model": r["d_model"],
+                     "window": r["window"] if r["window"] is not None else -1, "lr": r["lr"],
+                     "variant": r["attention"], "acc": p["val/acc"], "acc_far": _f(p.get("val/acc_far")),
+                     "acc_near": _f(p.get("val/acc_near")), "frac_far": _f(p.get("val/frac_far")),
+                     "step": p["step"]})
+    return best_over_lr(flat, ["seq_len", "d_model", "window", "variant"], "acc")
+
+
+CLIFF_METRICS = (("acc_far", "val/acc_far: key beyond the window", "tab:red", "v", "-"),
+                 ("acc_near", "val/acc_near: key within the window", "tab:blue", "^", "-"),
+                 ("acc", "val/acc: all queries", "black", "o", "--"))
+
+
+def plot_cliff(rows: Sequence[dict], base: str, caption: str, recs: Sequence[dict]) -> List[str]:
+    from eval.plots import _proxy, _save, grid, suptitle
+
+    panels = sorted({(int(r["seq_len"]), int(r["d_model"])) for r in rows})
+    multi_d = len({d for _, d in panels}) > 1
+    fig, axes = grid(len(panels), ncols=3, panel_w=4.4, panel_h=3.5, sharey=True)
+    marks = {}
+    for ax, (n, d) in zip(axes, panels):
+        sel = sorted([r for r in rows if int(r["seq_len"]) == n and int(r["d_model"]) == d and r["window"] >= 0],
+                     key=lambda r: r["window"])
+        ws = [r["window"] for r in sel]
+        for col, _label, color, marker, ls in CLIFF_METRICS:
+            pts = [(r["window"], _f(r[col])) for r in sel if math.isfinite(_f(r.get(col)))]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker, ls=ls, lw=1.6, ms=5)
+        for r in rows:
+            if int(r["seq_len"]) == n and int(r["d_model"]) == d and r["window"] < 0:
+                ax.axhline(_f(r["acc"]), color="gray", ls=":", lw=1.4)
+        md = median_key_distance(sel)
+        if not math.isfinite(md):
+            cfgs = [x["cfg"] for x in recs if x["seq_len"] == n]
+            md = generated_key_distance(cfgs[0]) if cfgs else float("nan")
+        marks[(n, d)] = md
+        if math.isfinite(md):
+            ax.axvline(md, color="tab:green", ls="-.", lw=1.2)
+        if ws and min(ws) > 0:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ws, [str(w) for w in ws])
+        ax.set_ylim(0, 1.03)
+        ax.set_xlabel("left window size (attention.window_size[0])")
+        ax.set_ylabel("MQAR accuracy")
+        ax.set_title(f"seq_len {n}" + (f", d_model {d}" if multi_d else ""), fontsize=10, loc="left",
+                     fontweight="bold")
+        ax.grid(True, alpha=0.25)
+    handles = [_proxy(color=c, marker=m, ls=ls, lw=1.6, label=lab) for _, lab, c, m, ls in CLIFF_METRICS]
+    if any(r["window"] < 0 for r in rows):
+        handles.append(_proxy(color="gray", ls=":", lw=1.4, label="full attention (no window), val/acc"))
+    if any(math.isfinite(v) for v in marks.values()):
+        handles.append(_proxy(color="tab:green", ls="-.", lw=1.2,
+                              label="median query-key distance (larger windows see most keys)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    suptitle(fig, "How much recall does a sliding window lose for keys it cannot see? (window recall cliff)\n"
+                  "validation with the best val/acc, best over optim.lr · " + caption, fontsize=9)
+    for row in rows:
+        row["median_key_distance"] = marks.get((int(row["seq_len"]), int(row["d_model"])), float("nan"))
+    return _save(fig, base)
+
+
+# --------------------------------------------------------------------------------------------- hybrid
+def hybrid_layout(r: dict) -> Optional[dict]:
+    """``{k, L, base, layers}`` of a run: ``k`` = entries of ``model.layers`` equal to ``flash``, ``L`` = layers,
+    ``base`` = the other entries' name (``None`` when every layer is flash); a run without ``model.layers`` is
+    ``k = L`` (attention.name flash) or ``k = 0`` with base ``attention.name``."""
+    if r["layers"]:
+        k = sum(1 for x in r["layers"] if x == FULL)
+        others = sorted({x for x in r["layers"] if x != FULL})
+        return {"k": k, "L": len(r["layers"]), "base": "+".join(others) if others else None,
+                "layers": ",".join(r["layers"])}
+    name = r["attention"]
+    if not name or r["n_layer"] <= 0:
+        return None
+    full = name == FULL
+    return {"k": r["n_layer"] if full else 0, "L": r["n_layer"], "base": None if full else str(name),
+            "layers": ",".join([str(name)] * r["n_layer"])}
+
+
+def hybrid_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
+    """Hybrid rows: (base, seq_len, L, k, layers) -> accuracy, best over lr; the all-flash rows are repeated for
+    every base (``shared_endpoint``)."""
+    flat = []
+    for r in recs:
+        lay = hybrid_layout(r)
+        p = pick(r["vals"], "val/acc", select)
+        if lay is None or not p:
+            continue
+        flat.append({"base": lay["base"] or "", "seq_len": r["seq_len"], "n_layer": lay["L"], "k": lay["k"],
+                     "layers": lay["layers"], "lr": r["lr"], "acc": p["val/acc"], "step": p["step"]})
+    rows = best_over_lr(flat, ["base", "seq_len", "n_layer", "k", "layers"], "acc")
+    bases = sorted({r["base"] for r in rows if r["base"]})
+    out = [dict(r, shared_endpoint=False) for r in rows if r["base"]]
+    for r in rows:
+        if not r["base"]:
+            out += [dict(r, base=b, shared_endpoint=True) for b in bases]
+    return sorted(out, key=lambda r: (r["base"], r["seq_len"], r["n_layer"], r["k"], r["layers"]))
+
+
+def attach_speed(rows: List[dict], bench) -> List[str]:
+    """Tokens/s of the benchmark row of each hybrid row (``variant`` = the layers joined by ``+``; the pure base /
+    flash variant at ``k = 0`` / ``k = L``) at its seq_len; returns caption notes on what the CSV lacks."""
+    index = {(str(v), int(n)): (t, m) for v, n, t, m in zip(bench["variant"], bench["seq_len"], bench["tokens_per_s"],
+                                                           bench["peak_mem_mb"])}
+    for r in rows:
+        names = ["+".join(r["layers"].split(","))]
+        if r["k"] == 0:
+            names.append(r["base"])
+        if r["k"] == r["n_layer"]:
+            names.append(FULL)
+        hit = next((index[(nm, int(r["seq_len"]))] for nm in names if (nm, int(r["seq_len"])) in index), None)
+        r["tokens_per_s"], r["peak_mem_mb"] = hit if hit else (float("nan"), float("nan"))
+        r["speed_source"] = "bench_model" if hit else "none"
+    notes = []
+    mid = [r for r in rows if 0 < r["k"] < r["n_layer"]]
+    if mid and not any(math.isfinite(_f(r["tokens_per_s"])) for r in mid):
+        notes.append("the speed CSV has no hybrid rows (0 < k < L): speed shown only where it has the pure model")
+    if not any(math.isfinite(_f(r["tokens_per_s"])) for r in rows):
+        notes.append("the speed CSV has no row of these variants at these lengths: no speed shown")
+    return notes
+
+
+def plot_hybrid(rows: Sequence[dict], base: str, caption: str, with_speed: bool) -> List[str]:
+    from eval.plots import _log_ticks, _proxy, _save, grid, suptitle, variant_style
+
+    lens = sorted({int(r["seq_len"]) for r in rows})
+    bases = sorted({r["base"] for r in rows})
+    if with_speed:  # per seq_len: accuracy | speed
+        fig, axes = grid(2 * len(lens), ncols=2, panel_w=4.6, panel_h=3.4, sharex=True)
+        acc_axes, speed_axes = axes[0::2], axes[1::2]
+    else:
+        fig, axes = grid(len(lens), ncols=3, panel_w=4.4, panel_h=3.4, sharex=True)
+        acc_axes, speed_axes = axes, [None] * len(lens)
+    for j, n in enumerate(lens):
+        ax = acc_axes[j]
+        for b in bases:
+            sel = [r for r in rows if int(r["seq_len"]) == n and r["base"] == b]
+            ks = sorted({r["k"] for r in sel})
+            best = [max(_f(r["acc"]) for r in sel if r["k"] == k) for k in ks]  # best placement of the k layers
+            ax.plot(ks, best, lw=1.6, ms=6, **variant_style(b))
+            if with_speed:
+                sp = [(k, max(_f(r["tokens_per_s"]) for r in sel if r["k"] == k)) for k in ks]
+                xs, ys = [], []
+                for k, t in sp:  # measured points only; no line across a k without a row (nothing interpolated)
+                    if not math.isfinite(t):
+                        continue
+                    if xs and k - xs[-1] > 1:
+                        xs.append(float("nan"))
+                        ys.append(float("nan"))
+                    xs.append(k)
+                    ys.append(t)
+                if xs:
+                    speed_axes[j].plot(xs, ys, lw=1.6, ms=7, **variant_style(b))
+        Ls = sorted({int(r["n_layer"]) for r in rows if int(r["seq_len"]) == n})
+        ax.set_xticks(range(0, max(Ls) + 1))
+        ax.set_ylim(0, 1.03)
+        ax.set_ylabel("MQAR accuracy")
+        ax.set_title(f"seq_len {n}, L = {'/'.join(map(str, Ls))} layers", fontsize=10, loc="left", fontweight="bold")
+        ax.grid(True, alpha=0.25)
+        ax.set_xlabel("k = full-attention (flash) layers")
+        if with_speed:
+            sax = speed_axes[j]
+            sax.set_ylabel("training tokens / s (eval.bench_model)")
+            sax.set_xlabel("k = full-attention (flash) layers")
+            sax.grid(True, alpha=0.25)
+            if sax.lines:
+                _log_ticks(sax.yaxis, [y for ln in sax.lines for y in ln.get_ydata() if math.isfinite(y)])
+                sax.set_title(f"seq_len {n}: speed", fontsize=10, loc="left", fontweight="bold")
+            else:
+                sax.text(0.5, 0.5, "no speed rows at this length", ha="center", transform=sax.transAxes)
+    handles = [_proxy(lw=1.6, label=f"base: {b}", **variant_style(b)) for b in bases]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    suptitle(fig, "How many full-attention layers does a linear / window model need to recall? (hybrids)\n"
+                  "best placement of the k layers, best over optim.lr; k = L: all layers flash (shared by every "
+                  "line) · "
+                  + caption, fontsize=9)
+    return _save(fig, base)
+
+
+# --------------------------------------------------------------------------------------------- lm
+def _text_name(r: dict) -> str:
+    d = r["cfg"].get("data") or {}
+    if d.get("hub_name"):
+        return str(d["hub_name"]) + (f"/{d['hub_config']}" if d.get("hub_config") else "")
+    path = d.get("path")
+    if isinstance(path, (list, tuple)):
+        path = path[0] if path else None
+    if path:
+        p = os.path.normpath(str(path))
+        stem = os.path.splitext(os.path.basename(p))[0]
+        return os.path.basename(os.path.dirname(p)) if stem in ("input", "train", "data") else stem
+    return r["dataset"]
+
+
+def token_budget(r: dict) -> float:
+    """``trainer.max_steps * data.batch_size * data.seq_len`` (the steps trained when max_steps is not set)."""
+    steps = r["max_steps"] if _f(r["max_steps"]) > 0 else r["steps_done"]
+    return _f(steps) * _f(r["batch_size"]) * r["seq_len"]
+
+
+def lm_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
+    """LM rows: (data set, variant, seq_len) -> val/bpb (min over validations, or the last), best (lowest) over lr;
+    with the token budget and the parameter count."""
+    flat = []
+    for r in recs:
+        p = pick(r["vals"], "val/bpb", select, higher=False)
+        if p:
+            flat.append({"data": _text_name(r), "variant": r["label"], "seq_len": r["seq_len"], "lr": r["lr"],
+                         "bpb": p["val/bpb"], "step": p["step"], "n_params": r["n_params"],
+                         "tokens": token_budget(r)})
+    return best_over_lr(flat, ["data", "variant", "seq_len"], "bpb", higher=False)
+
+
+def _params_label(variant: str, params: Sequence[float]) -> str:
+    ps = sorted({int(p) for p in params if math.isfinite(_f(p))})
+    what = {"flash": "MHA, "}.get(variant, "")
+    if not ps:
+        return variant + (" (MHA)" if what else "")
+    num = f"{ps[0]:,}" if len(ps) == 1 else f"{ps[0]:,}-{ps[-1]:,}"
+    return f"{variant} ({what}{num} params)"
+
+
+def plot_lm(rows: Sequence[dict], base: str, caption: str) -> List[str]:
+    from eval.plots import _proxy, _save, grid, suptitle, variant_style
+
+    datas = sorted({r["data"] for r in rows})
+    variants = sorted({r["variant"] for r in rows})
+    fig, axes = grid(len(datas), ncols=2, panel_w=5.2, panel_h=3.8)
+    for ax, dname in zip(axes, datas):
+        for v in variants:
+            pts = sorted([r for r in rows if r["data"] == dname and r["variant"] == v], key=lambda r: r["seq_len"])
+            if pts:
+                ax.plot([r["seq_len"] for r in pts], [r["bpb"] for r in pts], lw=1.6, ms=5, **variant_style(v))
+        lens = sorted({r["seq_len"] for r in rows if r["data"] == dname})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lens, [f"{n:,}" for n in lens])
+        ax.set_xlabel("context length (data.seq_len)")
+        ax.set_ylabel("validation bits per byte (lower is better)")
+        ax.set_title(dname, fontsize=10, loc="left", fontweight="bold")
+        ax.grid(True, alpha=0.25)
+    handles = [_proxy(lw=1.6, label=_params_label(v, [r["n_params"] for r in rows if r["variant"] == v]),
+                      **variant_style(v)) for v in variants]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False)
+    suptitle(fig, "What does each variant cost in language-modelling quality as the context grows?\n" + caption,
+                  fontsize=9)
+    return _save(fig, base)
+
+
+# --------------------------------------------------------------------------------------------- driver
+def run(cfg: dict) -> dict:
+    """Make one report. ``cfg``: ``kind`` (fig2 | cliff | hybrid | lm), ``runs`` (roots), ``out_dir``,
+    ``select`` (best | last), ``seq_len`` (cliff / hybrid: only this length), ``speed`` / ``speed_backend`` /
+    ``speed_size`` (hybrid: an eval.bench_model CSV), ``formats``. Returns ``{rows, csv, png, figures}``."""
+    from eval import plots
+
+    kind = cfg.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: allowed values: {', '.join(KINDS)} (python -m eval.recall <kind> runs=[...])")
+    select = cfg.get("select") or "best"
+    if select not in ("best", "last"):
+        raise ValueError(f"select={select!r}: allowed values: best, last")
+    roots = cfg.get("runs")
+    recs = load_runs(roots)
+    out_dir = cfg.get("out_dir") or "results/recall"
+    plots.set_formats(cfg.get("formats") or ["png"])
+    base = os.path.join(out_dir, kind)
+    notes: List[str] = []
+    if kind == "fig2":
+        recs = _mqar(recs, kind, roots)
+        rows = fig2_table(recs, select)
+        if not rows:
+            raise ValueError(f"fig2: no MQAR run under runs={roots} logged val/acc")
+        paths = plot_fig2(rows, base, _setup(recs), select)
+    elif kind == "cliff":
+        recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
+        rows = cliff_table(recs, select)
+        if not any(r["window"] >= 0 for r in rows):
+            raise ValueError(f"cliff: no MQAR run with a sliding window (attention.window_size) and val/acc under "
+                             f"runs={roots}")
+        if not any(math.isfinite(_f(r["acc_far"])) for r in rows):
+            notes.append("no run logged val/acc_far (callback RecallByDistance): only val/acc / acc_near drawn")
+        paths = plot_cliff(rows, base, _setup(recs, "; ".join(notes)), recs)
+    elif kind == "hybrid":
+        recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
+        rows = hybrid_table(recs, select)
+        if not any(r["base"] for r in rows):
+            raise ValueError(f"hybrid: no MQAR run with a non-flash layer (model.layers=[linear, flash, ...] or "
+                             f"attention=linear / sliding_window) and val/acc under runs={roots}")
+        speed = cfg.get("speed")
+        if speed:
+            from eval.quality import load_bench_speed
+
+            notes += attach_speed(rows, load_bench_speed(speed, cfg.get("speed_backend") or "triton",
+                                                         cfg.get("speed_size")))
+            notes.insert(0, f"speed: {os.path.basename(str(speed))} (eval.bench_model, backend "
+                            f"{cfg.get('speed_backend') or 'triton'}; its model size, not the trained one)")
+        paths = plot_hybrid(rows, base, _setup(recs, "\n" + "; ".join(notes) if notes else ""), bool(speed))
+    else:
+        recs_t = [r for r in recs if str(r["dataset"]).startswith("text")]
+        if not recs_t:
+            raise ValueError(f"lm: no language-modelling run (data=text) under runs={roots}; found data sets "
+                             f"{sorted({r['dataset'] for r in recs})}")
+        rows = lm_table(recs_t, select)
+        if not rows:
+            raise ValueError(f"lm: no text run under runs={roots} logged val/bpb")
+        budgets = sorted({token_budget(r) for r in recs_t if math.isfinite(token_budget(r))})
+        if len(budgets) > 1:
+            msg = (f"token budget differs across runs: {budgets[0]:,.0f} ... {budgets[-1]:,.0f} tokens "
+                   f"(max_steps x batch_size x seq_len)")
+            warnings.warn(msg)
+            print(f"lm: warning: {msg}")
+            tb = f"UNEQUAL token budget {budgets[0] / 1e6:.1f}M-{budgets[-1] / 1e6:.1f}M tokens"
+        else:
+            tb = f"equal token budget {budgets[0] / 1e6:,.1f}M tokens per run" if budgets else "token budget unknown"
+        which = "lowest val/bpb over validations" if select == "best" else "last validation"
+        paths = plot_lm(rows, base, f"{tb} · {which}, best over optim.lr · " + _setup(recs_t))
+        notes.append(tb)
+    csv_path = _write_csv(rows, base + ".csv")
+    print(f"{kind}: wrote {csv_path} and {paths[0]}" + (f" ({'; '.join(notes)})" if notes else ""))
+    return {"rows": rows, "csv": csv_path, "png": paths[0], "figures": paths, "notes": notes}
+
+
+def argv_with_kind(argv: Sequence[str]) -> List[str]:
+    """``python -m eval.recall fig2 runs=[...]``: a first argument without ``=`` becomes ``kind=<it>``."""
+    argv = list(argv)
+    if len(argv) > 1 and "=" not in argv[1] and not argv[1].startswith("-"):
+        argv[1] = f"kind={argv[1]}"
+    return argv
+
+
+def _hydra_main():  # pragma: no cover - exercised through the CLI
+    import hydra
+    from omegaconf import OmegaConf
+
+    sys.argv = argv_with_kind(sys.argv)
+
+    @hydra.main(config_path="conf", config_name="recall", version_base="1.3")
+    def main(cfg):
+        run(OmegaConf.to_container(cfg, resolve=True))
+
+    main()
+
+
+if __name__ == "__main__":
+    _hydra_main()

@@ -1,0 +1,357 @@
+"""eval.recall (fig2 / cliff / hybrid / lm) and eval.quality's speed= join, on synthetic train.py run folders.
+
+The folders are laid out as train.py writes them: ``.hydra/config.yaml`` (Hydra's composed config, interpolations
+unresolved), ``csv/metrics.csv`` (Lightning's CSVLogger: training rows, validation rows) and ``final_metrics.json``
+(``attn_zoo.runs.write_final_metrics``).
+"""
+
+import csv
+import math
+import os
+
+import pytest
+import yaml
+
+from attn_zoo.runs import write_final_metrics
+from eval import recall
+
+COLUMNS = ["epoch", "model/n_params", "perf/peak_mem_mb", "perf/step_time_s", "perf/tokens_per_s", "step",
+           "train/loss", "val/acc", "val/acc_far", "val/acc_near", "val/frac_far", "val/bpb", "val/loss"]
+
+
+def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, attention="flash", kind=None,
+              feature_map=None, window=None, layers=None, n_layer=2, vals=(), final=None, batch_size=32,
+              max_steps=100, n_params=1000, seed=0, path="data/tinyshakespeare/input.txt", hparams=False):
+    """One run folder; ``vals``: [(step, {metric: value})] validation rows (metric names without ``val/``)."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / "csv").mkdir()
+    att = {"_target_": "attn_zoo.make_spec", "kind": kind or ("flash" if attention in ("flash", "gqa", "mqa")
+                                                              else attention), "name": attention, "causal": True}
+    if feature_map:
+        att["feature_map"] = feature_map
+    if window is not None:
+        att["window_size"] = [window, 0]
+    if data == "mqar":
+        d = {"_target_": "attn_zoo.data.MQARDataModule", "vocab_size": 128, "seq_len": seq_len,
+             "num_kv_pairs": "${attn_zoo.div:${data.seq_len},16}", "power_a": 0.01, "random_non_queries": False,
+             "batch_size": batch_size, "seed": "${seed}"}
+    else:
+        d = {"_target_": "attn_zoo.data.TextDataModule", "path": path, "hub_name": None, "seq_len": seq_len,
+             "vocab_size": 256, "batch_size": batch_size, "seed": "${seed}"}
+    cfg = {"seed": seed, "experiment_name": "t", "paths": {"output_dir": "${hydra:runtime.output_dir}"},
+           "optim": {"lr": lr, "weight_decay": 0.0}, "data": d,
+           "model": {"vocab_size": "${data.vocab_size}", "max_seq_len": "${data.seq_len}", "n_layer": n_layer,
+                     "n_head": 4, "d_model": d_model, "layers": layers},
+           "attention": att, "trainer": {"max_steps": max_steps, "val_check_interval": 10}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if hparams:  # train.py's logged config is resolved
+        res = yaml.safe_load(yaml.safe_dump(cfg))
+        res["data"]["num_kv_pairs"] = seq_len // 16
+        res["data"]["seed"] = seed
+        res["paths"]["output_dir"] = str(run)
+        (run / "csv" / "hparams.yaml").write_text(yaml.safe_dump({"config": res, "n_params": n_params}))
+    with open(run / "csv" / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerow({"model/n_params": n_params, "step": 0})
+        for step, m in vals:
+            w.writerow({"epoch": 0, "perf/peak_mem_mb": 100, "perf/step_time_s": 0.01, "perf/tokens_per_s": 1e5,
+                        "step": step - 1, "train/loss": 1.0})
+            w.writerow({"epoch": 0, "step": step, **{f"val/{k}": v for k, v in m.items()}})
+    if final is not None:
+        write_final_metrics(run, {"job": {"num": 0, "overrides": [], "override_dirname": ""}, "variant": attention,
+                                  "n_params": n_params, "steps": max_steps,
+                                  "metrics": {f"val/{k}": v for k, v in final.items()}, "wall_s": 1.0,
+                                  "output_dir": str(run), "resumed_from": None})
+    return run
+
+
+def _csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --------------------------------------------------------------------------------------------- fig2
+def test_fig2_best_over_lr_variants_and_chance(tmp_path, capsys):
+    root = tmp_path / "multirun"
+    # flash, seq 64, d 64: lr 1e-3 peaks at 0.6 (last 0.5); lr 3e-3 peaks at 0.9 (last 0.8) -> best 0.9 at 3e-3
+    write_run(root, "a", lr=1e-3, vals=[(10, {"acc": 0.3}), (20, {"acc": 0.6}), (30, {"acc": 0.5})])
+    write_run(root, "b", lr=3e-3, vals=[(10, {"acc": 0.9}), (20, {"acc": 0.8})])
+    # two seeds of one lr are averaged before the best lr is taken: (0.2 + 0.4) / 2 = 0.3 < 0.35
+    write_run(root, "c", lr=1e-3, d_model=128, seed=0, vals=[(10, {"acc": 0.2})])
+    write_run(root, "d", lr=1e-3, d_model=128, seed=1, vals=[(10, {"acc": 0.4})])
+    write_run(root, "e", lr=3e-3, d_model=128, vals=[(10, {"acc": 0.35})])
+    # linear kinds carry their feature map; a name that already says it keeps it; final_metrics.json counts
+    write_run(root, "f", attention="linear", feature_map="taylor", seq_len=128, vals=[(10, {"acc": 0.1})],
+              final={"acc": 0.15, "loss": 2.0})
+    write_run(root, "g", attention="linear_taylor", kind="linear", feature_map="taylor", seq_len=128,
+              vals=[(10, {"acc": 0.2})])
+    write_run(root, "h", attention="gqa", seq_len=128, vals=[(10, {"acc": 0.7})])
+    write_run(root, "i", data="text", vals=[(10, {"bpb": 2.0})])  # not MQAR: left out
+    res = recall.run({"kind": "fig2", "runs": [str(root)], "out_dir": str(tmp_path / "out")})
+    assert res["csv"] == str(tmp_path / "out" / "fig2.csv") and os.path.getsize(res["png"]) > 5000
+    assert "fig2: wrote" in capsys.readouterr().out
+    rows = {(r["variant"], int(r["seq_len"]), int(r["d_model"])): r for r in _csv(res["csv"])}
+    assert set(rows) == {("flash", 64, 64), ("flash", 64, 128), ("linear (taylor)", 128, 64),
+                         ("linear_taylor", 128, 64), ("gqa", 128, 64)}
+    r = rows[("flash", 64, 64)]
+    assert float(r["acc"]) == pytest.approx(0.9) and float(r["best_lr"]) == pytest.approx(3e-3)
+    assert r["lrs"] == "0.001;0.003" and r["acc_from"] == "max over validations"
+    assert float(r["chance"]) == pytest.approx(1 / 4)  # num_kv_pairs = ${attn_zoo.div:${data.seq_len},16} = 4
+    r = rows[("flash", 64, 128)]
+    assert float(r["acc"]) == pytest.approx(0.35) and float(r["best_lr"]) == pytest.approx(3e-3)
+    assert float(rows[("linear (taylor)", 128, 64)]["acc"]) == pytest.approx(0.15)  # final_metrics.json's
+    assert float(rows[("gqa", 128, 64)]["chance"]) == pytest.approx(1 / 8)
+    # select=last: the last validation of each run
+    res = recall.run({"kind": "fig2", "runs": [str(root)], "out_dir": str(tmp_path / "last"), "select": "last"})
+    r = {(x["variant"], x["seq_len"], x["d_model"]): x for x in res["rows"]}[("flash", 64, 64)]
+    assert r["acc"] == pytest.approx(0.8) and r["acc_from"] == "last validation"
+
+
+def test_resolved_config_from_hparams(tmp_path):
+    root = tmp_path / "r"
+    run = write_run(root, "a", seq_len=256, vals=[(10, {"acc": 0.5})], hparams=True)
+    cfg = recall.read_config(str(run))
+    assert cfg["data"]["num_kv_pairs"] == 16 and cfg["paths"]["output_dir"] == str(run)
+    (run / "csv" / "hparams.yaml").unlink()
+    cfg = recall.read_config(str(run))  # .hydra/config.yaml: each interpolation resolved where it can be
+    assert cfg["data"]["num_kv_pairs"] == 16 and cfg["model"]["max_seq_len"] == 256
+    assert cfg["paths"]["output_dir"] is None  # ${hydra:...} only resolves inside Hydra
+
+
+def test_val_points_merge_rows_of_one_step_and_final():
+    rows = [{"step": "10", "val/acc": "0.5", "val/loss": ""}, {"step": "10", "val/acc_far": "0.1"},
+            {"step": "11", "train/loss": "1"}, {"step": "20", "val/acc": "0.7"}]
+    pts = recall.val_points(rows, {"steps": 30, "metrics": {"val/acc": 0.75, "train/loss": 0.1}})
+    assert pts == [{"val/acc": 0.5, "val/acc_far": 0.1, "step": 10.0}, {"val/acc": 0.7, "step": 20.0},
+                   {"val/acc": 0.75, "step": 30.0}]
+    assert recall.pick(pts, "val/acc", "best")["step"] == 30.0
+    assert recall.pick(pts, "val/acc_far", "last")["val/acc_far"] == 0.1
+    assert recall.pick([], "val/acc") == {}
+    with pytest.raises(ValueError, match="select="):
+        recall.pick(pts, "val/acc", "median")
+
+
+# --------------------------------------------------------------------------------------------- cliff
+def test_cliff_uses_the_best_validation_and_marks_the_key_distance(tmp_path):
+    root = tmp_path / "m"
+    frac = {8: 0.9, 16: 0.7, 32: 0.3, 64: 0.0}
+    for w in (8, 16, 32, 64):
+        far = 0.1 if w < 32 else 0.8
+        # the best val/acc is the second validation: its acc_far / acc_near are reported, not the max acc_far
+        write_run(root, f"w{w}", attention="sliding_window", window=w,
+                  vals=[(10, {"acc": 0.3, "acc_far": 0.95, "acc_near": 0.2, "frac_far": frac[w]}),
+                        (20, {"acc": 0.6, "acc_far": far, "acc_near": 0.9, "frac_far": frac[w]})])
+    write_run(root, "w16_lr", attention="sliding_window", window=16, lr=3e-3,
+              vals=[(20, {"acc": 0.5, "acc_far": 0.5, "acc_near": 0.5, "frac_far": 0.7})])
+    write_run(root, "full", attention="flash", vals=[(20, {"acc": 0.97})])
+    write_run(root, "other_len", attention="sliding_window", window=8, seq_len=128, vals=[(20, {"acc": 0.2})])
+    res = recall.run({"kind": "cliff", "runs": [str(root)], "out_dir": str(tmp_path / "o"), "seq_len": 64})
+    rows = {r["window"]: r for r in res["rows"]}
+    assert set(rows) == {-1, 8, 16, 32, 64}  # -1: full attention reference; seq_len 128 left out
+    assert rows[8]["acc_far"] == pytest.approx(0.1) and rows[8]["acc_near"] == pytest.approx(0.9)
+    assert rows[16]["best_lr"] == pytest.approx(1e-3) and rows[16]["acc"] == pytest.approx(0.6)
+    assert rows[64]["acc_far"] == pytest.approx(0.8) and rows[-1]["acc"] == pytest.approx(0.97)
+    # frac_far crosses 1/2 between w = 16 (0.7) and 32 (0.3): median key distance 24
+    assert rows[8]["median_key_distance"] == pytest.approx(24.0)
+    assert float(_csv(res["csv"])[0]["median_key_distance"]) == pytest.approx(24.0)
+    assert os.path.getsize(res["png"]) > 5000
+
+
+def test_cliff_key_distance_from_the_generator(tmp_path):
+    root = tmp_path / "m"
+    for w in (4, 16):
+        write_run(root, f"w{w}", attention="sliding_window", window=w, seq_len=64,
+                  vals=[(20, {"acc": 0.5, "acc_near": 0.6})])  # no frac_far, no acc_far
+    res = recall.run({"kind": "cliff", "runs": [str(root)], "out_dir": str(tmp_path / "o")})
+    md = res["rows"][0]["median_key_distance"]
+    assert math.isfinite(md) and 1 <= md < 64
+    assert any("val/acc_far" in n for n in res["notes"])
+
+
+# --------------------------------------------------------------------------------------------- hybrid
+def test_hybrid_counts_full_layers_and_shares_the_all_flash_end(tmp_path):
+    root = tmp_path / "h"
+    write_run(root, "k0", attention="linear", layers=["linear", "linear", "linear", "linear"], n_layer=4,
+              vals=[(10, {"acc": 0.2})])
+    write_run(root, "k1", layers=["linear", "linear", "linear", "flash"], n_layer=4, vals=[(10, {"acc": 0.5})])
+    write_run(root, "k2a", layers=["linear", "linear", "flash", "flash"], n_layer=4, vals=[(10, {"acc": 0.8})])
+    write_run(root, "k2b", layers=["flash", "linear", "flash", "linear"], n_layer=4, vals=[(10, {"acc": 0.7})])
+    write_run(root, "k2c", layers=["linear", "linear", "flash", "flash"], n_layer=4, lr=3e-3,
+              vals=[(10, {"acc": 0.6})])
+    write_run(root, "w1", layers=[{"name": "sliding_window", "kind": "sliding_window", "window_size": [7, 0]},
+                                  "linear", "flash", "linear"], n_layer=4, vals=[(10, {"acc": 0.4})])
+    write_run(root, "w0", attention="sliding_window", window=7, n_layer=4, vals=[(10, {"acc": 0.3})])
+    write_run(root, "k4", attention="flash", n_layer=4, vals=[(10, {"acc": 0.99})])  # no model.layers: all flash
+    speed = tmp_path / "model_speed.csv"
+    speed.write_text("size,variant,seq_len,backend,batch,tokens_per_step,step_ms,tokens_per_s,peak_mem_mib,n_params\n"
+                     "small,flash,64,triton,256,16384,10,1638400,500,800000\n"
+                     "small,linear,64,triton,256,16384,8,2048000,450,800000\n"
+                     "small,linear,64,torch,256,16384,9,1820444,700,800000\n")
+    res = recall.run({"kind": "hybrid", "runs": [str(root)], "out_dir": str(tmp_path / "o"),
+                      "speed": str(speed)})
+    rows = res["rows"]
+    lin = {(r["k"], r["layers"]): r for r in rows if r["base"] == "linear"}
+    assert lin[(0, "linear,linear,linear,linear")]["acc"] == pytest.approx(0.2)
+    assert lin[(1, "linear,linear,linear,flash")]["acc"] == pytest.approx(0.5)
+    assert lin[(2, "linear,linear,flash,flash")]["acc"] == pytest.approx(0.8)  # best over lr (0.8 vs 0.6)
+    assert lin[(2, "flash,linear,flash,linear")]["acc"] == pytest.approx(0.7)
+    assert lin[(4, "flash,flash,flash,flash")]["shared_endpoint"] is True
+    mixed = [r for r in rows if r["base"] == "linear+sliding_window"]
+    assert [(r["k"], r["acc"]) for r in mixed if not r["shared_endpoint"]] == [(1, pytest.approx(0.4))]
+    sw = {r["k"]: r for r in rows if r["base"] == "sliding_window"}
+    assert set(sw) == {0, 4} and sw[4]["acc"] == pytest.approx(0.99)  # the all-flash end of every line
+    # speed: only the pure models have rows (triton): k = 0 linear, k = L flash; hybrids get none, and say so
+    assert lin[(0, "linear,linear,linear,linear")]["tokens_per_s"] == pytest.approx(2048000)
+    assert lin[(4, "flash,flash,flash,flash")]["tokens_per_s"] == pytest.approx(1638400)
+    assert math.isnan(lin[(1, "linear,linear,linear,flash")]["tokens_per_s"])
+    assert any("no hybrid rows" in n for n in res["notes"])
+    assert os.path.getsize(res["png"]) > 5000
+
+
+def test_hybrid_layout_rules():
+    base = {"layers": None, "attention": "flash", "n_layer": 3}
+    assert recall.hybrid_layout(base) == {"k": 3, "L": 3, "base": None, "layers": "flash,flash,flash"}
+    assert recall.hybrid_layout(dict(base, attention="linear"))["k"] == 0
+    lay = recall.hybrid_layout(dict(base, layers=["linear", "flash", "sliding_window", "flash"]))
+    assert lay["k"] == 2 and lay["L"] == 4 and lay["base"] == "linear+sliding_window"
+
+
+# --------------------------------------------------------------------------------------------- lm
+def test_lm_token_budget_params_and_best_bpb(tmp_path, capsys):
+    root = tmp_path / "lm"
+    for n, b in ((256, 32), (512, 16), (1024, 8)):  # equal budget: 100 * 8192 tokens
+        write_run(root, f"flash{n}", data="text", attention="flash", seq_len=n, batch_size=b, n_params=824448,
+                  vals=[(10, {"bpb": 3.0}), (20, {"bpb": 2.0 + 256 / n}), (30, {"bpb": 2.9})])
+        write_run(root, f"gqa{n}", data="text", attention="gqa", seq_len=n, batch_size=b, n_params=758912,
+                  vals=[(20, {"bpb": 2.2})], final={"bpb": 2.1, "loss": 1.5})
+    write_run(root, "flash256_lr", data="text", attention="flash", seq_len=256, batch_size=32, lr=3e-3,
+              n_params=824448, vals=[(20, {"bpb": 2.5})])
+    res = recall.run({"kind": "lm", "runs": [str(root)], "out_dir": str(tmp_path / "o")})
+    rows = {(r["variant"], r["seq_len"]): r for r in res["rows"]}
+    assert rows[("flash", 256)]["bpb"] == pytest.approx(2.5) and rows[("flash", 256)]["best_lr"] == pytest.approx(3e-3)
+    assert rows[("flash", 1024)]["bpb"] == pytest.approx(2.25)  # lowest over validations
+    assert rows[("gqa", 512)]["bpb"] == pytest.approx(2.1)  # final_metrics.json's validation
+    assert rows[("gqa", 512)]["n_params"] == 758912 and rows[("flash", 512)]["n_params"] == 824448
+    assert {r["data"] for r in res["rows"]} == {"tinyshakespeare"}
+    assert res["notes"] == ["equal token budget 0.8M tokens per run"]
+    assert recall._params_label("flash", [824448]) == "flash (MHA, 824,448 params)"
+    assert recall._params_label("gqa", [758912]) == "gqa (758,912 params)"
+    capsys.readouterr()
+    write_run(root, "odd", data="text", attention="mqa", seq_len=256, batch_size=64, vals=[(10, {"bpb": 2.4})])
+    with pytest.warns(UserWarning, match="token budget differs"):
+        res = recall.run({"kind": "lm", "runs": [str(root)], "out_dir": str(tmp_path / "o2")})
+    assert "UNEQUAL" in res["notes"][0] and "warning" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------- errors / CLI
+def test_no_matching_runs_raise_naming_the_argument(tmp_path):
+    with pytest.raises(ValueError, match="runs"):
+        recall.run({"kind": "fig2", "runs": [], "out_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="not a directory"):
+        recall.run({"kind": "fig2", "runs": [str(tmp_path / "nope")], "out_dir": str(tmp_path)})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"runs=.*no train.py run folder"):
+        recall.run({"kind": "fig2", "runs": [str(tmp_path / "empty")], "out_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="kind="):
+        recall.run({"kind": "fig3", "runs": [str(tmp_path)], "out_dir": str(tmp_path)})
+    text = tmp_path / "text"
+    write_run(text, "a", data="text", vals=[(10, {"bpb": 2.0})])
+    with pytest.raises(ValueError, match=r"fig2: no MQAR run .*runs="):
+        recall.run({"kind": "fig2", "runs": [str(text)], "out_dir": str(tmp_path / "o")})
+    mq = tmp_path / "mq"
+    write_run(mq, "a", vals=[(10, {"acc": 0.5})])
+    with pytest.raises(ValueError, match=r"lm: no language-modelling run"):
+        recall.run({"kind": "lm", "runs": [str(mq)], "out_dir": str(tmp_path / "o")})
+    with pytest.raises(ValueError, match=r"cliff: no MQAR run with a sliding window"):
+        recall.run({"kind": "cliff", "runs": [str(mq)], "out_dir": str(tmp_path / "o")})
+    with pytest.raises(ValueError, match=r"hybrid: no MQAR run with a non-flash layer"):
+        recall.run({"kind": "hybrid", "runs": [str(mq)], "out_dir": str(tmp_path / "o")})
+    with pytest.raises(ValueError, match=r"seq_len=999"):
+        recall.run({"kind": "cliff", "runs": [str(mq)], "out_dir": str(tmp_path / "o"), "seq_len": 999})
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").glob("*.png"))  # no silent empty plot
+
+
+def test_cli_kind_argument_and_config():
+    assert recall.argv_with_kind(["eval/recall.py", "fig2", "runs=[a]"]) == ["eval/recall.py", "kind=fig2",
+                                                                              "runs=[a]"]
+    assert recall.argv_with_kind(["x", "kind=lm"]) == ["x", "kind=lm"]
+    from hydra import compose, initialize_config_dir
+
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval", "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="recall", overrides=["kind=cliff", "runs=[multirun/a,multirun/b]", "out_dir=o",
+                                                       "seq_len=256"])
+        assert cfg.kind == "cliff" and list(cfg.runs) == ["multirun/a", "multirun/b"] and cfg.select == "best"
+        q = compose(config_name="quality", overrides=["speed=x.csv", "speed_size=small"])
+        assert q.speed == "x.csv" and q.speed_backend == "triton" and q.speed_size == "small"
+
+
+# --------------------------------------------------------------------------------------------- quality speed=
+def _quality_runs(root):
+    for n in (64, 128, 256):
+        write_run(root, f"flash{n}", seq_len=n, vals=[(10, {"acc": 0.9})])
+        write_run(root, f"linear{n}", attention="linear", seq_len=n, vals=[(10, {"acc": 0.3})])
+    write_run(root, "taylor64", attention="linear_taylor", kind="linear", seq_len=64, vals=[(10, {"acc": 0.5})])
+
+
+def test_quality_speed_from_bench_model(tmp_path, capsys):
+    from eval.quality import run as quality_run
+
+    root = tmp_path / "multirun"
+    _quality_runs(root)
+    speed = tmp_path / "model_speed.csv"
+    # bench_model's own layout; flash gets slower with n, linear is flat; sdpa rows and the large size ignored
+    lines = ["size,variant,seq_len,backend,batch,tokens_per_step,step_ms,step_ms_min,tokens_per_s,peak_mem_mib,"
+             "n_params,ratio_vs_torch"]
+    for n in (64, 128, 256, 4096):
+        lines.append(f"small,flash,{n},triton,1,16384,{n / 4},1,{16384 / (n / 4e3):.0f},{100 + n},800000,1.0")
+        lines.append(f"small,flash,{n},sdpa_cudnn,1,16384,1,1,9999999,1,800000,1.0")
+        lines.append(f"large,flash,{n},triton,1,16384,1,1,123,9000,100000000,1.0")
+        if n != 256:
+            lines.append(f"small,linear,{n},triton,1,16384,8,1,2048000,300,800000,1.0")
+    lines.append("small,linear,256,triton,,,,,,,,")  # a failed row (error): dropped
+    speed.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "q"
+    res = quality_run({"runs": [str(root)], "out_dir": str(out), "speed": str(speed), "speed_size": "small",
+                       "wandb": {"enabled": False}})
+    printed = capsys.readouterr().out
+    j = {(r["variant"], r["seq_len"]): r for r in res["joined"]}
+    assert j[("flash", 128)]["tokens_per_s"] == pytest.approx(16384 / 0.032, rel=1e-6)
+    assert j[("flash", 128)]["peak_mem_mb"] == pytest.approx(228)
+    assert j[("flash", 128)]["step_time_s"] == pytest.approx(0.032)
+    assert j[("flash", 128)]["run_tokens_per_s"] == pytest.approx(1e5)  # the run's own, kept aside
+    assert j[("flash", 128)]["speed_source"] == "bench_model:triton/small"
+    assert math.isnan(j[("linear", 256)]["tokens_per_s"]) and j[("linear", 256)]["speed_source"] == "unmatched"
+    assert sorted(res["unmatched"]) == [("mqar", "linear", 256), ("mqar", "linear_taylor", 64)]
+    assert "linear_taylor@64" in printed and "flash@4096" in printed  # both sides of the join reported
+    assert (out / "quality_speed_memory.csv").exists() and (out / "bubble_mqar.png").stat().st_size > 5000
+    # leaders use the benchmark's step time: flash 0.9 / (n / 4000) vs linear 0.3 / 0.008 -> flash leads at 64,
+    # linear at 128 (256: linear has no speed, flash leads alone); with the runs' own (equal) speed flash leads
+    lead = [r["leader"] for r in res["leaders"] if r["kind"] == "leader"]
+    assert lead == ["flash", "linear", "flash"]
+    # without speed=: the old behaviour (runs' own throughput)
+    res = quality_run({"runs": [str(root)], "out_dir": str(tmp_path / "q0"), "wandb": {"enabled": False}})
+    assert [r["leader"] for r in res["leaders"] if r["kind"] == "leader"] == ["flash", "flash", "flash"]
+    assert res["joined"] is None and not (tmp_path / "q0" / "quality_speed_memory.csv").exists()
+
+
+def test_quality_speed_errors_name_the_option(tmp_path):
+    from eval.quality import load_bench_speed
+
+    with pytest.raises(FileNotFoundError, match="speed="):
+        load_bench_speed(str(tmp_path / "nope.csv"))
+    bad = tmp_path / "model.csv"
+    bad.write_text("sweep,variant,backend,seq_len,train_tokens_per_s\nx,flash,auto,64,1\n")
+    with pytest.raises(ValueError, match="not an eval.bench_model CSV"):
+        load_bench_speed(str(bad))
+    two = tmp_path / "two.csv"
+    two.write_text("size,variant,seq_len,backend,tokens_per_s,peak_mem_mib\nsmall,flash,64,triton,1,1\n"
+                   "large,flash,64,triton,1,1\n")
+    with pytest.raises(ValueError, match="speed_size"):
+        load_bench_speed(str(two))
+    with pytest.raises(ValueError, match="speed_backend='flex'"):
+        load_bench_speed(str(two), backend="flex", size="small")
+    df = load_bench_speed(str(two), size="large")
+    assert list(df["bench_size"]) == ["large"] and list(df["variant"]) == ["flash"]
