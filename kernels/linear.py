@@ -16,6 +16,7 @@ import contextvars
 import dataclasses
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -553,8 +554,16 @@ _CURRENT: contextvars.ContextVar = contextvars.ContextVar("attn_zoo_linear_confi
 
 
 def current_linear_config() -> "LinearConfig":
-    """The settings a call without ``config=`` uses: the innermost :func:`linear_settings`, else ``LinearConfig()``."""
+    """The settings a call without ``config=`` uses: the innermost :func:`linear_settings`, else ``LinearConfig()``
+    (under ``torch.compile``: those at trace time)."""
+    if torch.compiler.is_compiling():
+        return _current_at_trace()
     return _CURRENT.get() or _DEFAULT
+
+
+@torch.compiler.assume_constant_result
+def _current_at_trace() -> "LinearConfig":
+    return _CURRENT.get() or _DEFAULT  # dynamo cannot trace ContextVar.get: a constant of the traced graph
 
 
 @contextlib.contextmanager
@@ -626,6 +635,9 @@ _TILES_FP32 = {
     "seg_dq": [(32, 0, 8, 1, 16)],
     "seg_dkdv": [(32, 32, 8, 1, 16)],
 }
+# read-only: a different tile list is a LinearConfig(tiles=...), never an edit of these tables
+_TILES, _TILES_LOWP, _TILES_FP32 = (MappingProxyType({k: tuple(v) for k, v in t.items()})
+                                    for t in (_TILES, _TILES_LOWP, _TILES_FP32))
 _CHOSEN = {}  # cache: (kind, F, Dv, chunk, dtype, 16-bit products, tile list) -> index of the config that fit
 
 

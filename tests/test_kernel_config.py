@@ -185,3 +185,26 @@ def test_linear_config_settings_and_launch_record():
     assert query_segment_len(1, 2, 48, 16, 16, 16, torch.float32, q.device) >= 16
     with pytest.raises(TypeError, match="LinearConfig"):
         linear_attention(q, k, v, config={"phi_in_loop": True})
+
+
+def test_settings_under_torch_compile_fullgraph():
+    """``torch.compile(fullgraph=True)`` traces through ``flash_attn`` with no config, an explicit config, call
+    arguments and dilation (dynamo cannot trace ``ContextVar.get``: the settings are read once while tracing), with
+    the eager results (``aot_eager``: no Inductor on the CPU)."""
+    from kernels import FlashConfig, flash_attn, flash_settings
+
+    q, k, v, do = _inputs(Hq=4, Hkv=2, seed=8)
+    cfg = FlashConfig(dq_mode="atomic")
+    calls = {
+        "default": lambda a, b, c: flash_attn(a, b, c, causal=True),
+        "config": lambda a, b, c: flash_attn(a, b, c, causal=True, config=cfg),
+        "arguments": lambda a, b, c: flash_attn(a, b, c, causal=True, dkdv_split=2, dilation=2),
+    }
+    for name, fn in calls.items():
+        torch._dynamo.reset()
+        want = _grads(fn, q, k, v, do)
+        with flash_settings(tma=False):  # read at trace time
+            got = _grads(torch.compile(fn, backend="aot_eager", fullgraph=True), q, k, v, do)
+        for x, y in zip(got, want):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
+    torch._dynamo.reset()

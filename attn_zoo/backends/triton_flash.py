@@ -52,13 +52,10 @@ def sparse_tables(spec, Nq, Nk, D, device, config=None):
 @lru_cache(maxsize=32)
 def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
     from kernels import build_sparse_tables
-    from kernels.flash import FlashConfig, TileConfig
 
-    (fm, fn), (bm, bn) = tiles  # the tables depend on the tiles only
-    cfg = FlashConfig(sparse_fwd=TileConfig(fm, fn), sparse_dkdv=TileConfig(bm, bn))
     mi = mask_info(spec, Nq, Nk)
     layout = mi.layout.to(device=device, dtype=torch.int8).contiguous()
-    return layout, build_sparse_tables(lambda bm_, bn_: mi.block_table(bm_, bn_), D, device, cfg)
+    return layout, build_sparse_tables(lambda bm, bn: mi.block_table(bm, bn), D, device, tiles=tiles)
 
 
 _sparse_tables = sparse_tables  # the name eval/ and the tests used
@@ -71,7 +68,6 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
     ``config``: a :class:`kernels.FlashConfig`; default ``spec.flash_config`` if the spec has that field and it is
     set, else the current settings (:func:`kernels.flash_settings`)."""
     from kernels import flash_attn
-    from kernels.flash import current_flash_config
 
     Nq, Nk = q.shape[2], k.shape[2]
     mi = mask_info(spec, Nq, Nk)
@@ -81,8 +77,8 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
     window = None
     if mi.window_left is not None or mi.window_right is not None:
         window = (mi.window_left, mi.window_right)
-    if config is None:
-        config = getattr(spec, "flash_config", None) or current_flash_config()
+    if config is None:  # None: the current settings (flash_attn and sparse_tables resolve them)
+        config = getattr(spec, "flash_config", None)
     kw = {}
     if mi.layout is not None:
         layout, tables = sparse_tables(spec, Nq, Nk, q.shape[-1], q.device, config)

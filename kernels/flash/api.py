@@ -39,6 +39,13 @@ def _call_config(config: Optional[FlashConfig], dq_mode, dkdv_split, determinist
     return got
 
 
+@torch.compiler.assume_constant_result
+def _call_config_at_trace(key: Optional[str], dq_mode, dkdv_split, deterministic) -> FlashConfig:
+    """:func:`_call_config` under ``torch.compile``: run once while tracing, its result a constant of the graph (the
+    config travels as its key: dynamo guards constant arguments, not arbitrary objects)."""
+    return _call_config(None if key is None else FlashConfig.from_key(key), dq_mode, dkdv_split, deterministic)
+
+
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                window_size: Optional[Sequence[Optional[int]]] = None, softmax_scale: Optional[float] = None,
                block_layout: Optional[torch.Tensor] = None, block_size: int = 0,
@@ -71,7 +78,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         dilation: ``>= 1``; keys with ``(i + Nk - Nq - j) % dilation != 0`` are masked too (a dilated window:
             pass the window in positions). With ``dilation > 1`` every visited tile runs the element mask.
         config: a :class:`FlashConfig` (tiles, dQ mode, split, TMA, ...); default the current settings
-            (``FlashConfig()`` or the innermost :func:`flash_settings`). The backward uses the forward's.
+            (``FlashConfig()`` or the innermost :func:`flash_settings`; under ``torch.compile`` those at trace
+            time). The backward uses the forward's.
 
     Returns:
         ``out (B, Hq, Nq, D)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
@@ -85,7 +93,13 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     if sig not in _CHECKED:
         _check(q, k, v)
         _CHECKED.add(sig)
-    cfg = _call_config(config, dq_mode, dkdv_split, deterministic)
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        if config is not None and not isinstance(config, FlashConfig):
+            raise TypeError(f"config must be a kernels.FlashConfig, got {type(config).__name__}")
+        cfg = _call_config_at_trace(None if config is None else config.key, dq_mode, dkdv_split, deterministic)
+    else:
+        cfg = _call_config(config, dq_mode, dkdv_split, deterministic)
     D = q.shape[-1]
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     left = right = None
@@ -120,7 +134,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             tables = tuple(block_tables)
         else:
             tables = build_sparse_tables(block_table_fn, D, q.device, cfg)
-    if torch.compiler.is_compiling():
+    if compiling:
         out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key)
     else:
         out, lse = _FlashFn.apply(q, k, v, (scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg))

@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
+import torch
+
 DQ_MODES = ("separate", "atomic")
 KINDS = ("fwd", "dq", "dkdv")
 
@@ -147,7 +149,12 @@ class FlashConfig:
                                  f"sparse_fwd tiles {self.sparse_fwd.block_m}x{self.sparse_fwd.block_n} (one table)")
         # hashed once: the launch plans' keys hold the config, and a hash per call would cost host time
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self))))
-        object.__setattr__(self, "_key", None)
+        d = {}
+        for f in dataclasses.fields(self):  # the key (custom-op argument) once too: an attribute read per call
+            v = getattr(self, f.name)
+            if v != f.default:
+                d[f.name] = dataclasses.astuple(v) if isinstance(v, TileConfig) else v
+        object.__setattr__(self, "_key", json.dumps(d, sort_keys=True))
 
     def __hash__(self) -> int:
         return self._hash
@@ -163,13 +170,6 @@ class FlashConfig:
     @property
     def key(self) -> str:
         """A string that :meth:`from_key` turns back into this config (the custom op's argument)."""
-        if self._key is None:
-            d = {}
-            for f in dataclasses.fields(self):
-                v = getattr(self, f.name)
-                if v != f.default:
-                    d[f.name] = dataclasses.astuple(v) if isinstance(v, TileConfig) else v
-            object.__setattr__(self, "_key", json.dumps(d, sort_keys=True))
         return self._key
 
     @staticmethod
@@ -187,14 +187,23 @@ _CURRENT: contextvars.ContextVar = contextvars.ContextVar("attn_zoo_flash_config
 
 
 def current_flash_config() -> FlashConfig:
-    """The settings a call without ``config=`` uses: the innermost :func:`flash_settings`, else ``FlashConfig()``."""
+    """The settings a call without ``config=`` uses: the innermost :func:`flash_settings`, else ``FlashConfig()``.
+    Under ``torch.compile`` they are read when the graph is traced (a compiled graph keeps them: pass ``config=``
+    to compiled code that must switch settings)."""
+    if torch.compiler.is_compiling():
+        return _current_at_trace()
     return _CURRENT.get()
+
+
+@torch.compiler.assume_constant_result
+def _current_at_trace() -> FlashConfig:
+    return _CURRENT.get()  # dynamo cannot trace ContextVar.get: called once while tracing, a constant of the graph
 
 
 def resolve_config(config: Optional[FlashConfig]) -> FlashConfig:
     """``config``, or the current settings when ``None``."""
     if config is None:
-        return _CURRENT.get()
+        return current_flash_config()
     if not isinstance(config, FlashConfig):
         raise TypeError(f"config must be a kernels.FlashConfig, got {type(config).__name__}")
     return config

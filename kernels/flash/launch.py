@@ -103,7 +103,7 @@ def _autotuning(config: FlashConfig) -> bool:
 def _tuned(kind: str, sparse: bool, config: FlashConfig):
     key = (kind, sparse, (sparse_tiles(64, config), sparse_tiles(256, config)) if sparse else None)
     if key not in _TUNED:
-        configs = _sparse_configs(kind, config, _CONFIGS[kind]) if sparse else _CONFIGS[kind]
+        configs = list(_sparse_configs(kind, config, _CONFIGS[kind]) if sparse else _CONFIGS[kind])
         # dK/dV with the atomic dQ accumulates into DQA: restore it after every benchmarked run
         extra = dict(key=_KEY_DKDV, restore_value=["DQA"]) if kind == "dkdv" else dict(key=_KEY)
         _TUNED[key] = triton.autotune(configs, prune_configs_by={"early_config_prune": _make_prune(kind, config)},
@@ -173,6 +173,10 @@ else:
 _HEURISTIC_SMALL_D = {} if INTERPRET else {
     "dq": [_cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3), _cfg(32, 32, 4, 1)],
 }
+# read-only: other tiles are a FlashConfig's forced tiles (or FlashConfig(autotune=True)), never an edit of these tables
+_HEURISTIC, _HEURISTIC_TMA, _HEURISTIC_SMALL_D, _CONFIGS = (
+    types.MappingProxyType({k: tuple(v) for k, v in t.items()})
+    for t in (_HEURISTIC, _HEURISTIC_TMA, _HEURISTIC_SMALL_D, _CONFIGS))
 _CHOSEN = {}  # cache: launch key (kind, dtype, sparse tiles, constexprs) -> the candidate that compiled (None: the
 # TMA build failed, pointer loads)
 

@@ -81,10 +81,11 @@ def _full_first_table(visited: torch.Tensor, full: torch.Tensor) -> Tuple[torch.
     return idx, cnt[sched], nfull[sched]
 
 
-def build_sparse_tables(table_fn: Callable, D: int, device, config: Optional[FlashConfig] = None
-                        ) -> Tuple[torch.Tensor, ...]:
-    """Block tables of the sparse mode at :func:`sparse_tiles` (of ``config``, default: the current settings):
-    ``(kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull)``, int32 on ``device``.
+def build_sparse_tables(table_fn: Callable, D: int, device, config: Optional[FlashConfig] = None,
+                        tiles: Optional[Tiles] = None) -> Tuple[torch.Tensor, ...]:
+    """Block tables of the sparse mode at :func:`sparse_tiles` (of ``config``, default: the current settings; or at
+    ``tiles``, a :func:`sparse_tiles` result): ``(kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull)``, int32 on
+    ``device``.
 
     ``table_fn(block_m, block_n)`` returns ``(kv_idx, kv_count, kv_full, visited, full)`` per query tile (e.g.
     ``MaskInfo.block_table``; only ``visited`` / ``full`` bool ``(n_q_tiles, n_k_tiles)`` are read). Per query
@@ -95,7 +96,7 @@ def build_sparse_tables(table_fn: Callable, D: int, device, config: Optional[Fla
     matrices at the dK/dV tiles. Full-first rows let the kernels run two branch-free loops. Cache the result when
     the same mask is used many times (the adapter does); pass the same ``config`` to the calls that use them.
     """
-    (fm, fn), (bm, bn) = sparse_tiles(D, config)
+    (fm, fn), (bm, bn) = tiles if tiles is not None else sparse_tiles(D, config)
     t = table_fn(fm, fn)
     kv = _full_first_table(t[3], t[4])
     tb = table_fn(bm, bn)
