@@ -18,7 +18,7 @@ class CompiledLaunch:
     ``kernel[grid](*args, **meta)`` binds and specialises every argument (alignment, ``== 1`` and divisibility of
     each integer), builds a cache key and looks the kernel up on every call: ~50-100 us of host time per launch
     for our ~50-argument kernels on the H200 machine, more than the GPU time of a short attention call. A launch
-    plan (one per call signature: shapes, strides, dtypes, pointer alignment and options, see ``kernels/flash.py``)
+    plan (one per call signature: shapes, strides, dtypes, pointer alignment and options, see ``kernels/flash/launch.py``)
     keeps the compiled kernel that the first call produced and calls its launcher directly, which is valid because
     every argument that Triton specialises on is fixed by that signature. Launch hooks (profilers such as proton)
     see nothing on this path, so :meth:`ready` sends calls back to the normal path while a hook is installed.

@@ -1,4 +1,4 @@
-"""Fused Triton exact-attention kernel (kernels/flash.py) against the fp32 reference.
+"""Fused Triton exact-attention kernel (kernels/flash/) against the fp32 reference.
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1 is set below, before ``kernels`` is
 imported; the interpreter is chosen when the kernels are decorated), so the CPU matrix uses small shapes.
