@@ -334,6 +334,15 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> Optional[float]:
+    if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
+        from attn_zoo.runs import finished_run
+
+        done = finished_run(cfg.paths.output_dir)
+        if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
+            log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")
+            metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}
+            value = metrics.get(cfg.get("optimized_metric", "val/loss"))
+            return None if value is None or math.isnan(value) else float(value)
     metrics = train(cfg)
     value = metrics.get(cfg.get("optimized_metric", "val/loss"))
     return None if value is None or math.isnan(value) else float(value)

@@ -6,6 +6,7 @@
   not batches of an epoch against ``max_epochs`` (``Epoch 1/-2`` with ``max_epochs: null``).
 * :class:`MultirunJobs`: a Hydra callback; job folders named after the swept overrides, and one table of every job's
   final metrics after a multirun.
+* :class:`RecallByDistance`: MQAR accuracy of queries whose key lies inside / beyond a sliding window.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .runs import SWEPT_KEYS_ENV, read_sweep, swept_keys
 
-__all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs"]
+__all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance"]
 
 
 def _restore_adds_a_step(loop) -> bool:
@@ -195,3 +196,91 @@ class MultirunJobs(HydraCallback):
             print("\t".join(header))
             for row in rows:
                 print("\t".join(row))
+
+
+# ---------------------------------------------------------------------------------------------- MQAR recall
+def mqar_key_distance(x, y, num_kv_pairs: int):
+    """Distance from each MQAR query to its key: ``(mask, dist)``, both ``(B, N)``.
+
+    ``x``: int64 ``(B, N)`` inputs, ``y``: int64 ``(B, N)`` targets (``-100`` off the query positions), as made by
+    :func:`attn_zoo.data.generate_mqar` (keys at the even positions ``0, 2, .., 2 P - 2`` of the context). ``mask``
+    is True at the query positions; ``dist[b, i] = i - j`` where ``j`` is the position of the key that the query at
+    ``i`` repeats (0 off the query positions), so a sliding window of left size ``w`` shows the key to the query's
+    own layer iff ``dist <= w``.
+    """
+    import torch
+
+    mask = y != -100
+    keys = x[:, 0:2 * num_kv_pairs:2]  # (B, P)
+    match = x.unsqueeze(-1) == keys.unsqueeze(1)  # (B, N, P)
+    key_pos = 2 * match.to(torch.int64).argmax(-1)  # (B, N)
+    pos = torch.arange(x.shape[1], device=x.device).view(1, -1)
+    dist = torch.where(mask, pos - key_pos, torch.zeros_like(key_pos))
+    return mask, dist
+
+
+class RecallByDistance(L.Callback):
+    """MQAR accuracy split by how far each query is from its key (the window recall cliff).
+
+    At every validation it logs ``val/acc_near`` (queries whose key is at most ``window`` positions back: inside
+    the sliding window of the query's own layer) and ``val/acc_far`` (keys further back), each only when such
+    queries exist, and ``val/frac_far`` (their share). ``window``: left window size in positions; ``None`` takes
+    the smallest left window of the model's sliding-window layers (Based, Arora et al. 2024, section 6: a window
+    recalls only what it sees).
+
+    Raises ``ValueError`` when ``window`` is None and no layer has a window, or the data module is not MQAR
+    (needs ``num_kv_pairs``).
+    """
+
+    def __init__(self, window: Optional[int] = None):
+        if window is not None and (isinstance(window, bool) or int(window) < 0):
+            raise ValueError(f"RecallByDistance: window must be an int >= 0 or null, got {window!r}")
+        self.window = None if window is None else int(window)
+        self._sums: Optional[list] = None
+
+    def _resolve(self, trainer, pl_module) -> Tuple[int, int]:
+        pairs = getattr(trainer.datamodule, "num_kv_pairs", None)
+        if pairs is None:
+            raise ValueError("RecallByDistance needs the MQAR data module (data=mqar: num_kv_pairs); got "
+                             f"{type(trainer.datamodule).__name__}")
+        if self.window is not None:
+            return int(pairs), self.window
+        lefts = [s.window_size[0] for s in getattr(pl_module.model, "specs", [])
+                 if getattr(s, "window_size", None) is not None and s.window_size[0] is not None]
+        if not lefts:
+            raise ValueError("RecallByDistance: window=null but no layer has a sliding window; pass "
+                             "callbacks.recall.window=<left window size>")
+        return int(pairs), int(min(lefts))
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self._sums = [0, 0, 0, 0]  # correct near, count near, correct far, count far
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        import torch
+
+        pairs, window = self._resolve(trainer, pl_module)
+        x, y = batch[0], batch[1]
+        with torch.no_grad():
+            pred = pl_module.model(x).argmax(-1)  # (B, N)
+        mask, dist = mqar_key_distance(x, y, pairs)
+        ok = (pred == y) & mask
+        far = mask & (dist > window)
+        near = mask & ~far
+        for i, v in enumerate((ok & near, near, ok & far, far)):
+            self._sums[i] += int(v.sum())
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        import torch
+
+        if not self._sums:
+            return
+        s = torch.tensor(self._sums, dtype=torch.float64, device=pl_module.device)
+        if trainer.world_size > 1:
+            s = pl_module.all_gather(s).sum(0)
+        cn, n, cf, f = (float(v) for v in s)
+        metrics = {"val/frac_far": f / max(n + f, 1.0)}
+        if n:
+            metrics["val/acc_near"] = cn / n
+        if f:
+            metrics["val/acc_far"] = cf / f
+        pl_module.log_dict(metrics, sync_dist=False)

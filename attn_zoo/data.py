@@ -202,6 +202,22 @@ class TextDataModule(L.LightningDataModule):
 
 
 # ---------------------------------------------------------------------------------------------- MQAR
+def _distinct_ints(rows: int, k: int, low: int, high: int, g: torch.Generator) -> torch.Tensor:
+    """``(rows, k)`` int64, each row ``k`` distinct integers drawn uniformly from ``[low, high)`` (needs
+    ``k <= high - low``). Rejection sampling: draw, then redraw the later copy of any repeated value until none is
+    left; memory ``O(rows * k)`` whatever the range. Deterministic in ``g``."""
+    out = torch.randint(low, high, (rows, k), generator=g)
+    for _ in range(10_000):
+        srt, order = out.sort(dim=1)
+        dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
+        dup_sorted[:, 1:] = srt[:, 1:] == srt[:, :-1]
+        if not bool(dup_sorted.any()):
+            return out
+        dup = torch.zeros_like(dup_sorted).scatter_(1, order, dup_sorted)  # back to the original slots
+        out = torch.where(dup, torch.randint(low, high, (rows, k), generator=g), out)
+    raise RuntimeError(f"could not draw {k} distinct values from [{low}, {high})")  # pragma: no cover
+
+
 def generate_mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs: int, power_a: float = 0.01,
                   seed: int = 0, random_non_queries: bool = True):
     """Multi-query associative recall (Arora et al. 2023, "Zoology", section 3 and appendix).
@@ -228,9 +244,9 @@ def generate_mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs
     g = torch.Generator().manual_seed(int(seed))
     E, P = int(num_examples), int(num_kv_pairs)
     ctx = 2 * P
-    # distinct keys / values per example: first P of a random permutation
-    keys = torch.argsort(torch.rand(E, key_vocab - 1, generator=g), dim=1)[:, :P] + 1  # (E, P) in [1, V/2)
-    values = torch.argsort(torch.rand(E, vocab_size - key_vocab, generator=g), dim=1)[:, :P] + key_vocab
+    # distinct keys / values per example, without an (E, vocab) matrix (Zoology's vocab is 8,192)
+    keys = _distinct_ints(E, P, 1, key_vocab, g)  # (E, P) in [1, V/2)
+    values = _distinct_ints(E, P, key_vocab, vocab_size, g)  # (E, P) in [V/2, V)
     seq = torch.zeros(E, seq_len + 1, dtype=torch.long)
     seq[:, 0:ctx:2] = keys
     seq[:, 1:ctx:2] = values

@@ -32,7 +32,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
-           "ContinuedCSVLogger", "register_resolvers"]
+           "ContinuedCSVLogger", "register_resolvers", "finished_run"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -239,10 +239,31 @@ class ContinuedCSVLogger(CSVLogger):
 
 
 # ---------------------------------------------------------------------------------------------- resolvers
+def _div_resolver(a, b) -> int:
+    """``${attn_zoo.div:a,b}``: integer division, e.g. MQAR key-value pairs ``${attn_zoo.div:${data.seq_len},16}``."""
+    a, b = int(a), int(b)
+    if b == 0:
+        raise ValueError("attn_zoo.div: division by zero")
+    return a // b
+
+
+def finished_run(output_dir) -> Optional[Dict]:
+    """The final metrics of a run that finished in ``output_dir`` (its ``final_metrics.json``, written last by
+    ``train.py``), or None. ``skip_finished=true`` uses it to make a multirun resumable: re-running the command
+    (same ``hydra.sweep.dir``) skips the jobs that finished and runs the others."""
+    f = Path(output_dir) / FINAL_METRICS
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None  # a truncated file: run the job again
+
+
 def register_resolvers() -> None:
     """OmegaConf resolvers used by ``conf/train.yaml``'s ``hydra`` node (call before Hydra composes it)."""
     from omegaconf import OmegaConf
 
     for name, fn in (("attn_zoo.run_dir", _run_dir_resolver), ("attn_zoo.hydra_subdir", _hydra_subdir_resolver),
-                     ("attn_zoo.job_dirname", job_dirname)):
+                     ("attn_zoo.job_dirname", job_dirname), ("attn_zoo.div", _div_resolver)):
         OmegaConf.register_new_resolver(name, fn, replace=True)

@@ -1,0 +1,147 @@
+"""MQAR recall: the generator at Zoology's sizes, the key-distance split of the window cliff, resumable multiruns,
+and a tiny model that really learns recall on the CPU (a regression of the recipe shows here)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attn_zoo.callbacks import RecallByDistance, mqar_key_distance
+from attn_zoo.data import MQARDataModule, _distinct_ints, generate_mqar
+from attn_zoo.lit import LitLM
+from attn_zoo.model import spec_to_dict
+from attn_zoo.runs import finished_run
+from attn_zoo.spec import AttentionSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_distinct_ints_are_distinct_in_range_and_deterministic():
+    g = torch.Generator().manual_seed(3)
+    a = _distinct_ints(2000, 16, 1, 4096, g)
+    assert a.shape == (2000, 16) and int(a.min()) >= 1 and int(a.max()) < 4096
+    assert all(len(set(r)) == 16 for r in a.tolist())
+    # dense draw (every value of the range): still distinct, a permutation per row
+    b = _distinct_ints(50, 7, 0, 7, torch.Generator().manual_seed(0))
+    assert all(sorted(r) == list(range(7)) for r in b.tolist())
+    c = _distinct_ints(2000, 16, 1, 4096, torch.Generator().manual_seed(3))
+    assert torch.equal(a, c)
+    # uniform-ish: no value of a small range is starved
+    counts = torch.bincount(_distinct_ints(4000, 4, 0, 8, torch.Generator().manual_seed(1)).flatten(), minlength=8)
+    assert counts.min() > 0.8 * counts.float().mean()
+
+
+def test_zoology_vocab_is_cheap_and_labels_point_at_bound_values():
+    x, y = generate_mqar(64, 256, 8192, 16, seed=0, random_non_queries=False)
+    assert x.shape == y.shape == (64, 256)
+    mask = y != -100
+    assert (mask.sum(1) == 16).all()
+    for b in range(4):
+        keys, values = x[b, 0:32:2], x[b, 1:32:2]
+        assert len(set(keys.tolist())) == 16 and (keys < 4096).all() and (values >= 4096).all()
+        for p in mask[b].nonzero().flatten().tolist():
+            assert y[b, p] == values[(keys == x[b, p]).nonzero()[0, 0]]
+        # filler-free query region: zeros except the queries
+        region = x[b, 32:]
+        assert set(region[region != 0].tolist()) <= set(keys.tolist())
+
+
+def test_key_distance_matches_a_brute_force_search():
+    x, y = generate_mqar(8, 64, 64, 4, seed=1, random_non_queries=True)
+    mask, dist = mqar_key_distance(x, y, 4)
+    assert torch.equal(mask, y != -100)
+    for b in range(8):
+        for p in range(64):
+            if not mask[b, p]:
+                assert dist[b, p] == 0
+                continue
+            j = next(j for j in range(0, 8, 2) if x[b, j] == x[b, p])
+            assert dist[b, p] == p - j > 0
+
+
+def _lit(window, n_layer=1):
+    spec = AttentionSpec(kind="sliding_window", causal=True, window_size=(window, 0))
+    cfg = dict(vocab_size=32, n_layer=n_layer, n_head=2, d_model=16, max_seq_len=32)
+    return LitLM(model_config=cfg, layer_specs=[spec_to_dict(spec)] * n_layer, backend="torch", lr=1e-3,
+                 total_steps=2, warmup_steps=1)
+
+
+def test_recall_by_distance_logs_the_split_at_the_window():
+    torch.manual_seed(0)
+    dm = MQARDataModule(vocab_size=32, seq_len=32, num_kv_pairs=4, num_train=64, num_val=48, batch_size=16)
+    lit = _lit(window=9)
+    cb = RecallByDistance()  # window from the model: 9
+    trainer = L.Trainer(max_steps=1, limit_val_batches=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb], accelerator="cpu")
+    trainer.fit(lit, datamodule=dm)
+    m = trainer.validate(lit, datamodule=dm, verbose=False)[0]
+    x, y = dm.val_set.tensors
+    mask, dist = mqar_key_distance(x, y, 4)
+    far = (mask & (dist > 9)).sum().item() / mask.sum().item()
+    assert m["val/frac_far"] == pytest.approx(far)
+    with torch.no_grad():
+        lit.eval()
+        pred = lit.model(x).argmax(-1)
+    ok = (pred == y) & mask
+    near_mask = mask & (dist <= 9)
+    assert m["val/acc_near"] == pytest.approx(ok[near_mask].float().mean().item(), abs=1e-6)
+    assert m["val/acc_far"] == pytest.approx(ok[mask & (dist > 9)].float().mean().item(), abs=1e-6)
+
+
+def test_recall_by_distance_errors_name_the_argument():
+    with pytest.raises(ValueError, match="window"):
+        RecallByDistance(window=-1)
+    lit = LitLM(model_config=dict(vocab_size=32, n_layer=1, n_head=2, d_model=16, max_seq_len=32),
+                layer_specs=[spec_to_dict(AttentionSpec(kind="flash", causal=True))], backend="torch")
+    dm = MQARDataModule(vocab_size=32, seq_len=32, num_kv_pairs=4, num_train=32, num_val=16, batch_size=16)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[RecallByDistance()], accelerator="cpu",
+                        limit_val_batches=1)
+    with pytest.raises(ValueError, match="callbacks.recall.window"):
+        trainer.validate(lit, datamodule=dm, verbose=False)
+
+
+def test_finished_run_reads_final_metrics_only(tmp_path):
+    assert finished_run(tmp_path) is None
+    (tmp_path / "final_metrics.json").write_text("{trunc")
+    assert finished_run(tmp_path) is None  # a truncated file: the job runs again
+    (tmp_path / "final_metrics.json").write_text(json.dumps({"steps": 5, "metrics": {"val/acc": 0.5}}))
+    assert finished_run(tmp_path)["steps"] == 5
+
+
+def test_experiment_configs_resolve_pairs_and_sweeps():
+    from hydra import compose, initialize_config_dir
+
+    import train  # noqa: F401  (registers the attn_zoo.* resolvers)
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for name in ("mqar_recall", "mqar_fig2", "mqar_window_cliff", "mqar_hybrid", "mqar_ablation"):
+            cfg = compose(config_name="train", overrides=[f"experiment={name}", "data.seq_len=128"],
+                          return_hydra_config=True)
+            assert cfg.data.num_kv_pairs == 8 and cfg.model.n_layer in (2, 4) and cfg.skip_finished
+            assert cfg.hydra.sweeper.params, name
+            assert cfg.data.vocab_size == 8192 and not cfg.data.random_non_queries
+        cfg = compose(config_name="train", overrides=["experiment=lm_wikitext", "data.seq_len=2048"])
+        assert cfg.data.batch_size * cfg.data.seq_len == 16384
+
+
+def test_multirun_skips_finished_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["train.py", "-m", "experiment=mqar_recall", "trainer=default", "data.vocab_size=64", "data.num_train=64",
+            "data.num_val=16", "data.batch_size=16", "model.d_model=16", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}", "data.seq_len=32", "optim.lr=1e-3"]
+    env = dict(os.environ, WANDB_MODE="disabled", COLUMNS="300")
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    job = next(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    first = (job / "final_metrics.json").read_text()
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "already finished" in r.stdout + r.stderr
+    assert (job / "final_metrics.json").read_text() == first  # not trained again
