@@ -551,7 +551,7 @@ def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: 
 
     Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
     (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
-    for fused kernels, whose measured traffic is close to it (``eval/hbm_probe.py``: 1.8x compulsory for our
+    for fused kernels, whose measured traffic is close to it (``lab/hbm_probe.py``: 1.8x compulsory for our
     flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
     return _save(roofline_figure(rows, machine, mode, title, env, baseline), base)
 
