@@ -20,8 +20,7 @@ from attn_zoo.mixers import MixerSpec, build_mixer, make_layer_spec, register_mi
 from attn_zoo.model import GPT, GPTConfig, layer_from_dict, spec_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import train as train_mod  # noqa: E402
+import train as train_mod  # noqa: E402  (the repo root is on sys.path: conftest.py there)
 
 
 @register_mixer("conv", causal=True)

@@ -210,13 +210,11 @@ def test_decode_attention_uses_the_dilated_rule():
 def test_trains_through_train_py_with_the_yaml(tmp_path):
     """``python train.py attention=dilated_window``: the one yaml is all the training path needs."""
     import csv
-    import sys
 
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    sys.path.insert(0, str(ROOT))
-    import train as train_mod
+    import train as train_mod  # the repo root is on sys.path: conftest.py there
 
     over = ["attention=dilated_window", "attention.window_size=[7,0]", "logger=csv", "model.d_model=32",
             "model.n_head=4", "data.seq_len=32", "data.batch_size=16", "data.vocab_size=32", "data.num_kv_pairs=4",
