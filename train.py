@@ -40,8 +40,8 @@ from omegaconf import DictConfig, OmegaConf
 from attn_zoo.callbacks import StepProgressBar
 from attn_zoo.lit import LitLM
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, register_resolvers, resolve_ckpt_path, run_dir_of,
-                           write_final_metrics)
+from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, register_resolvers, resolve_ckpt_path, result_config,
+                           run_dir_of, write_final_metrics)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
@@ -327,7 +327,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
-            "resumed_from": ckpt_path,
+            "resumed_from": ckpt_path, "result_config": result_config(cfg),
         })
     return metrics
 
@@ -337,7 +337,7 @@ def main(cfg: DictConfig) -> Optional[float]:
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         from attn_zoo.runs import finished_run
 
-        done = finished_run(cfg.paths.output_dir)
+        done = finished_run(cfg.paths.output_dir, cfg)
         if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
             log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")
             metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}

@@ -233,20 +233,32 @@ class RecallByDistance(L.Callback):
     """
 
     def __init__(self, window: Optional[int] = None):
-        if window is not None and (isinstance(window, bool) or int(window) < 0):
-            raise ValueError(f"RecallByDistance: window must be an int >= 0 or null, got {window!r}")
-        self.window = None if window is None else int(window)
+        ok = window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 0)
+        if not ok:
+            raise ValueError(f"callbacks.recall.window must be an int >= 0 or null (the layers' left window), got "
+                             f"{window!r}")
+        self.window = window
         self._sums: Optional[list] = None
+        self._checked = False
 
     def _resolve(self, trainer, pl_module) -> Tuple[int, int]:
         pairs = getattr(trainer.datamodule, "num_kv_pairs", None)
         if pairs is None:
             raise ValueError("RecallByDistance needs the MQAR data module (data=mqar: num_kv_pairs); got "
                              f"{type(trainer.datamodule).__name__}")
-        if self.window is not None:
-            return int(pairs), self.window
-        lefts = [s.window_size[0] for s in getattr(pl_module.model, "specs", [])
+        specs = list(getattr(getattr(pl_module, "gpt", pl_module.model), "specs", []))
+        dilated = [s for s in specs if int(getattr(s, "dilation", 1) or 1) > 1]
+        lefts = [s.window_size[0] for s in specs
                  if getattr(s, "window_size", None) is not None and s.window_size[0] is not None]
+        if self.window is not None:
+            if not self._checked and lefts and self.window != min(lefts) and not dilated:
+                rank_zero_info(f"RecallByDistance: callbacks.recall.window={self.window} differs from the layers' "
+                               f"smallest left window {min(lefts)}: near / far split at {self.window}")
+            self._checked = True
+            return int(pairs), self.window
+        if dilated:  # window_size counts keys spaced `dilation` apart: no single distance splits seen from unseen
+            raise ValueError(f"RecallByDistance: a dilated window (dilation={dilated[0].dilation}) sees keys at a "
+                             "stride, so its window_size is not a distance; pass callbacks.recall.window=<positions>")
         if not lefts:
             raise ValueError("RecallByDistance: window=null but no layer has a sliding window; pass "
                              "callbacks.recall.window=<left window size>")

@@ -32,7 +32,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
-           "ContinuedCSVLogger", "register_resolvers", "finished_run"]
+           "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -247,17 +247,66 @@ def _div_resolver(a, b) -> int:
     return a // b
 
 
-def finished_run(output_dir) -> Optional[Dict]:
+RESULT_FREE_KEYS = ("paths", "skip_finished", "ckpt_path", "experiment_name", "hydra")
+"""Top-level config keys that do not change a run's result (left out of :func:`result_config`)."""
+RESULT_FREE_TRAINER_KEYS = ("enable_progress_bar", "enable_model_summary", "log_every_n_steps")
+
+
+def result_config(cfg) -> Dict:
+    """The resolved config of a run without the keys that do not change its result (:data:`RESULT_FREE_KEYS`, the
+    progress bar / logging cadence, the loggers): what ``skip_finished`` compares."""
+    from omegaconf import DictConfig, OmegaConf
+
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg, default=str))
+    for k in RESULT_FREE_KEYS + ("logger",):
+        c.pop(k, None)
+    for k in RESULT_FREE_TRAINER_KEYS:
+        (c.get("trainer") or {}).pop(k, None)
+    for k in ("cache_dir", "num_workers"):
+        (c.get("data") or {}).pop(k, None)
+    return json.loads(json.dumps(c, sort_keys=True, default=str))
+
+
+def _diff_keys(a, b, prefix="") -> List[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def finished_run(output_dir, cfg=None) -> Optional[Dict]:
     """The final metrics of a run that finished in ``output_dir`` (its ``final_metrics.json``, written last by
     ``train.py``), or None. ``skip_finished=true`` uses it to make a multirun resumable: re-running the command
-    (same ``hydra.sweep.dir``) skips the jobs that finished and runs the others."""
+    (same ``hydra.sweep.dir``) skips the jobs that finished and runs the others.
+
+    With ``cfg`` (the job's config) the finished run counts only when it ran the same :func:`result_config`; a run
+    written without one (older runs) does not count (the job runs again).
+
+    Raises:
+        ValueError: the folder holds a finished run of another config (names the differing keys): a job never
+            reports another config's numbers as its own.
+    """
     f = Path(output_dir) / FINAL_METRICS
     if not f.is_file():
         return None
     try:
-        return json.loads(f.read_text())
+        done = json.loads(f.read_text())
     except (OSError, ValueError):
         return None  # a truncated file: run the job again
+    if cfg is None:
+        return done
+    stored = done.get("result_config")
+    if stored is None:
+        return None
+    diff = _diff_keys(stored, result_config(cfg))
+    if diff:
+        shown = ", ".join(diff[:8]) + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
+        raise ValueError(
+            f"skip_finished: {output_dir} holds a finished run of another config (differs in {shown}); pass "
+            f"hydra.sweep.dir=<a new folder> (or hydra.run.dir), delete that folder, or skip_finished=false")
+    return done
 
 
 def register_resolvers() -> None:

@@ -222,6 +222,7 @@ def load_recall_run(run_dir: str) -> dict:
                 num_kv_pairs=_f(_get(cfg, "data.num_kv_pairs")), n_params=n_params,
                 batch_size=_f(_get(cfg, "data.batch_size")), max_steps=_f(_get(cfg, "trainer.max_steps")),
                 steps_done=_f(final.get("steps")) if final else float(base.get("steps") or "nan"),
+                finished=bool(final), steps_run=max((_f(r.get("step")) for r in rows), default=float("nan")),
                 date=_run_date(run_dir))
 
 
@@ -330,6 +331,30 @@ def _only_seq_len(recs: List[dict], seq_len, kind: str, roots) -> List[dict]:
 
 
 # --------------------------------------------------------------------------------------------- fig2
+def _status(r: dict) -> dict:
+    """``finished``: 1.0 when the run wrote ``final_metrics.json`` (reached ``trainer.max_steps`` or stopped early),
+    0.0 when it was cut off (a time limit, a crash): its metrics stop at ``steps_run``. Averaged over the runs of a
+    row, so a row with ``finished < 1`` holds unfinished runs."""
+    return {"finished": 1.0 if r.get("finished") else 0.0, "steps_run": r.get("steps_run", float("nan"))}
+
+
+def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str) -> str:
+    """Caption note: runs cut off before the end, and runs dropped because they never validated."""
+    out = []
+    unfinished = [r for r in recs if not r.get("finished")]
+    if unfinished:
+        out.append(f"{len(unfinished)} of {len(recs)} runs unfinished (cut off before max_steps; column "
+                   f"'finished' < 1 in the CSV)")
+    silent = [r for r in recs if not any(math.isfinite(_f(v.get(metric))) for v in r["vals"])]
+    if silent:
+        names = ", ".join(os.path.basename(r["run_dir"]) for r in silent[:3])
+        out.append(f"{len(silent)} run(s) never logged {metric} and are not drawn ({names}"
+                   f"{', ...' if len(silent) > 3 else ''})")
+    for line in out:
+        print(f"warning: {line}")
+    return "; ".join(out)
+
+
 def fig2_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     """Zoology Fig. 2 rows: (variant, seq_len, d_model) -> accuracy, best over lr."""
     flat = []
@@ -337,9 +362,9 @@ def fig2_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
         p = pick(r["vals"], "val/acc", select)
         if p:
             flat.append({"variant": r["label"], "seq_len": r["seq_len"], "d_model": r["d_model"], "lr": r["lr"],
-                         "acc": p["val/acc"], "step": p["step"], "num_kv_pairs": r["num_kv_pairs"],
-                         "n_params": r["n_params"]})
-    rows = best_over_lr(flat, ["variant", "seq_len", "d_model"], "acc")
+                         "max_steps": r["max_steps"], "acc": p["val/acc"], "step": p["step"],
+                         "num_kv_pairs": r["num_kv_pairs"], "n_params": r["n_params"], **_status(r)})
+    rows = best_over_lr(flat, ["variant", "seq_len", "d_model", "max_steps"], "acc")
     for row in rows:
         row["chance"] = 1.0 / row["num_kv_pairs"] if _f(row.get("num_kv_pairs")) > 0 else float("nan")
         row["acc_from"] = "max over validations" if select == "best" else "last validation"
@@ -433,8 +458,8 @@ def cliff_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
                      "window": r["window"] if r["window"] is not None else -1, "lr": r["lr"],
                      "variant": r["attention"], "acc": p["val/acc"], "acc_far": _f(p.get("val/acc_far")),
                      "acc_near": _f(p.get("val/acc_near")), "frac_far": _f(p.get("val/frac_far")),
-                     "step": p["step"]})
-    return best_over_lr(flat, ["seq_len", "d_model", "window", "variant"], "acc")
+                     "step": p["step"], "max_steps": r["max_steps"], **_status(r)})
+    return best_over_lr(flat, ["seq_len", "d_model", "max_steps", "window", "variant"], "acc")
 
 
 CLIFF_METRICS = (("acc_far", "val/acc_far: key beyond the window", "tab:red", "v", "-"),
@@ -517,9 +542,10 @@ def hybrid_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
         p = pick(r["vals"], "val/acc", select)
         if lay is None or not p:
             continue
-        flat.append({"base": lay["base"] or "", "seq_len": r["seq_len"], "n_layer": lay["L"], "k": lay["k"],
-                     "layers": lay["layers"], "lr": r["lr"], "acc": p["val/acc"], "step": p["step"]})
-    rows = best_over_lr(flat, ["base", "seq_len", "n_layer", "k", "layers"], "acc")
+        flat.append({"base": lay["base"] or "", "seq_len": r["seq_len"], "d_model": r["d_model"],
+                     "max_steps": r["max_steps"], "n_layer": lay["L"], "k": lay["k"], "layers": lay["layers"],
+                     "lr": r["lr"], "acc": p["val/acc"], "step": p["step"], **_status(r)})
+    rows = best_over_lr(flat, ["base", "seq_len", "d_model", "max_steps", "n_layer", "k", "layers"], "acc")
     bases = sorted({r["base"] for r in rows if r["base"]})
     out = [dict(r, shared_endpoint=False) for r in rows if r["base"]]
     for r in rows:
@@ -638,8 +664,8 @@ def lm_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
         if p:
             flat.append({"data": _text_name(r), "variant": r["label"], "seq_len": r["seq_len"], "lr": r["lr"],
                          "bpb": p["val/bpb"], "step": p["step"], "n_params": r["n_params"],
-                         "tokens": token_budget(r)})
-    return best_over_lr(flat, ["data", "variant", "seq_len"], "bpb", higher=False)
+                         "tokens": token_budget(r), **_status(r)})
+    return best_over_lr(flat, ["data", "variant", "seq_len", "tokens"], "bpb", higher=False)
 
 
 def _params_label(variant: str, params: Sequence[float]) -> str:
@@ -701,7 +727,9 @@ def run(cfg: dict) -> dict:
         rows = fig2_table(recs, select)
         if not rows:
             raise ValueError(f"fig2: no MQAR run under runs={roots} logged val/acc")
-        paths = plot_fig2(rows, base, _setup(recs), select)
+        cov = _coverage(recs, rows, "val/acc")
+        notes += [cov] if cov else []
+        paths = plot_fig2(rows, base, _setup(recs, cov), select)
     elif kind == "cliff":
         recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
         rows = cliff_table(recs, select)
@@ -710,6 +738,8 @@ def run(cfg: dict) -> dict:
                              f"runs={roots}")
         if not any(math.isfinite(_f(r["acc_far"])) for r in rows):
             notes.append("no run logged val/acc_far (callback RecallByDistance): only val/acc / acc_near drawn")
+        cov = _coverage(recs, rows, "val/acc")
+        notes += [cov] if cov else []
         paths = plot_cliff(rows, base, _setup(recs, "; ".join(notes)), recs)
     elif kind == "hybrid":
         recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
@@ -717,6 +747,8 @@ def run(cfg: dict) -> dict:
         if not any(r["base"] for r in rows):
             raise ValueError(f"hybrid: no MQAR run with a non-flash layer (model.layers=[linear, flash, ...] or "
                              f"attention=linear / sliding_window) and val/acc under runs={roots}")
+        cov = _coverage(recs, rows, "val/acc")
+        notes += [cov] if cov else []
         speed = cfg.get("speed")
         if speed:
             from eval.quality import load_bench_speed
@@ -744,8 +776,10 @@ def run(cfg: dict) -> dict:
         else:
             tb = f"equal token budget {budgets[0] / 1e6:,.1f}M tokens per run" if budgets else "token budget unknown"
         which = "lowest val/bpb over validations" if select == "best" else "last validation"
-        paths = plot_lm(rows, base, f"{tb} · {which}, best over optim.lr · " + _setup(recs_t))
+        cov = _coverage(recs_t, rows, "val/bpb")
+        paths = plot_lm(rows, base, f"{tb} · {which}, best over optim.lr · " + _setup(recs_t, cov))
         notes.append(tb)
+        notes += [cov] if cov else []
     csv_path = _write_csv(rows, base + ".csv")
     print(f"{kind}: wrote {csv_path} and {paths[0]}" + (f" ({'; '.join(notes)})" if notes else ""))
     return {"rows": rows, "csv": csv_path, "png": paths[0], "figures": paths, "notes": notes}

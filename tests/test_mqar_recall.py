@@ -16,7 +16,7 @@ from attn_zoo.callbacks import RecallByDistance, mqar_key_distance
 from attn_zoo.data import MQARDataModule, _distinct_ints, generate_mqar
 from attn_zoo.lit import LitLM
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import finished_run
+from attn_zoo.runs import finished_run, result_config
 from attn_zoo.spec import AttentionSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +113,14 @@ def test_finished_run_reads_final_metrics_only(tmp_path):
     assert finished_run(tmp_path) is None  # a truncated file: the job runs again
     (tmp_path / "final_metrics.json").write_text(json.dumps({"steps": 5, "metrics": {"val/acc": 0.5}}))
     assert finished_run(tmp_path)["steps"] == 5
+    cfg = OmegaConf.create({"model": {"d_model": 16}, "paths": {"output_dir": "a"}, "trainer": {"max_steps": 5}})
+    assert finished_run(tmp_path, cfg) is None  # no stored config: the job runs again
+    rec = {"steps": 5, "result_config": result_config(cfg)}
+    (tmp_path / "final_metrics.json").write_text(json.dumps(rec))
+    moved = OmegaConf.create({"model": {"d_model": 16}, "paths": {"output_dir": "b"}, "trainer": {"max_steps": 5}})
+    assert finished_run(tmp_path, moved)["steps"] == 5  # paths do not change a result
+    with pytest.raises(ValueError, match=r"trainer\.max_steps"):
+        finished_run(tmp_path, OmegaConf.create({"model": {"d_model": 16}, "trainer": {"max_steps": 9}}))
 
 
 def test_experiment_configs_resolve_pairs_and_sweeps():
@@ -145,6 +153,11 @@ def test_multirun_skips_finished_jobs(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr
     assert (job / "final_metrics.json").read_text() == first  # not trained again
+    # the same folders with another config: refused, naming what differs (never another config's numbers)
+    r = subprocess.run([sys.executable, *args, "model.d_model=32"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode != 0 and "model.d_model" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (job / "final_metrics.json").read_text() == first
 
 
 def test_tiny_model_learns_recall_on_cpu(tmp_path):
@@ -174,3 +187,16 @@ def test_tiny_model_learns_recall_on_cpu(tmp_path):
         torch.set_num_threads(threads)
     final = json.loads((tmp_path / "final_metrics.json").read_text())
     assert metrics["val/acc"] >= 0.8, f"no recall: val/acc {metrics['val/acc']:.3f} after {final['steps']} steps"
+
+
+def test_recall_by_distance_refuses_a_dilated_window_without_an_explicit_distance():
+    from types import SimpleNamespace
+
+    spec = AttentionSpec(kind="dilated_window", causal=True, window_size=(15, 0), dilation=2)
+    module = SimpleNamespace(gpt=SimpleNamespace(specs=[spec]), model=None)
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(num_kv_pairs=4))
+    with pytest.raises(ValueError, match="callbacks.recall.window"):
+        RecallByDistance()._resolve(trainer, module)
+    assert RecallByDistance(window=30)._resolve(trainer, module) == (4, 30)
+    with pytest.raises(ValueError, match="callbacks.recall.window"):
+        RecallByDistance(window="abc")

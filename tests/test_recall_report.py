@@ -235,7 +235,8 @@ def test_lm_token_budget_params_and_best_bpb(tmp_path, capsys):
     assert rows[("gqa", 512)]["bpb"] == pytest.approx(2.1)  # final_metrics.json's validation
     assert rows[("gqa", 512)]["n_params"] == 758912 and rows[("flash", 512)]["n_params"] == 824448
     assert {r["data"] for r in res["rows"]} == {"tinyshakespeare"}
-    assert res["notes"] == ["equal token budget 0.8M tokens per run"]
+    assert res["notes"][0] == "equal token budget 0.8M tokens per run"
+    assert "unfinished" in " ".join(res["notes"][1:])  # runs without final_metrics.json are counted
     assert recall._params_label("flash", [824448]) == "flash (MHA, 824,448 params)"
     assert recall._params_label("gqa", [758912]) == "gqa (758,912 params)"
     capsys.readouterr()
@@ -355,3 +356,20 @@ def test_quality_speed_errors_name_the_option(tmp_path):
         load_bench_speed(str(two), backend="flex", size="small")
     df = load_bench_speed(str(two), size="large")
     assert list(df["bench_size"]) == ["large"] and list(df["variant"]) == ["flash"]
+
+
+def test_unfinished_runs_are_flagged_and_budgets_not_averaged(tmp_path):
+    """A run cut off before max_steps (no final_metrics.json) is flagged in the CSV and the caption, and runs of
+    another step budget are their own row, not averaged in as if they were seeds."""
+    from eval import recall
+
+    root = tmp_path / "runs"
+    write_run(root, "a", seq_len=64, d_model=64, lr=3e-3, max_steps=1500, vals=[(500, {"acc": 0.9})],
+              final={"acc": 0.9})
+    write_run(root, "b", seq_len=64, d_model=64, lr=3e-3, max_steps=6000, vals=[(500, {"acc": 0.5})])
+    res = recall.run({"kind": "fig2", "runs": [str(root)], "out_dir": str(tmp_path / "o")})
+    rows = {r["max_steps"]: r for r in res["rows"]}
+    assert set(rows) == {1500, 6000} and rows[1500]["n_runs"] == rows[6000]["n_runs"] == 1
+    assert rows[1500]["finished"] == 1.0 and rows[6000]["finished"] == 0.0
+    assert rows[1500]["acc"] == pytest.approx(0.9) and rows[6000]["acc"] == pytest.approx(0.5)
+    assert any("1 of 2 runs unfinished" in n for n in res["notes"])
