@@ -91,6 +91,7 @@ class LitLM(L.LightningModule):
                  bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False):
         super().__init__()
         self.save_hyperparameters()
+        self._sparse_targets = "mqar" in str(task).lower()  # loss on the query positions only (GPT.forward)
         specs = [layer_from_dict(s) for s in layer_specs]
         self.model = GPT(config_from_dict(dict(model_config)), specs, backend=backend, redraw_interval=redraw_interval)
         self.hparams["n_params"] = self.model.num_params()
@@ -155,7 +156,7 @@ class LitLM(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch  # (B, N), (B, N)
-        _, loss = self.model(x, y)
+        _, loss = self.model(x, y, sparse_targets=self._sparse_targets)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         return loss
 

@@ -276,9 +276,10 @@ class GPT(nn.Module):
         redraw_interval: FAVOR layers get a new random-feature seed every ``redraw_interval`` training steps
             (0 = never; see :meth:`redraw_features`).
 
-    ``forward(idx, targets=None, caches=None, pos=0)``: ``idx`` int64 ``(B, N)`` with ``pos + N <= max_seq_len``
-    (else ``ValueError``); returns logits ``(B, N, vocab_size)`` and, with ``targets`` ``(B, N)`` (``-100`` =
-    ignored), the mean cross-entropy in nats. With ``caches`` (from :meth:`init_cache`) the tokens sit at
+    ``forward(idx, targets=None, caches=None, pos=0, sparse_targets=False)``: ``idx`` int64 ``(B, N)`` with
+    ``pos + N <= max_seq_len`` (else ``ValueError``); returns logits ``(B, N, vocab_size)`` and, with ``targets``
+    ``(B, N)`` (``-100`` = ignored), the mean cross-entropy in nats (``sparse_targets``: computed on the scored rows
+    only, for tasks that score few positions such as MQAR; same value, one host sync). With ``caches`` (from :meth:`init_cache`) the tokens sit at
     positions ``pos ..`` and every layer reads / extends its cache (incremental decoding).
     """
 
@@ -337,7 +338,7 @@ class GPT(nn.Module):
         return changed
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                caches: Optional[List[LayerCache]] = None, pos: int = 0):
+                caches: Optional[List[LayerCache]] = None, pos: int = 0, sparse_targets: bool = False):
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, N) token ids, got shape {tuple(idx.shape)}")
         B, N = idx.shape
@@ -356,10 +357,11 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         flat, tgt = logits.view(-1, logits.size(-1)), targets.reshape(-1)
-        if not torch.compiler.is_compiling():
+        if sparse_targets and not torch.compiler.is_compiling():
+            # few scored positions (MQAR: the queries): the fp32 upcast of the other rows is skipped (same loss, far
+            # less traffic), at the price of one host sync for the indexing; dense targets never pay it
             scored = tgt != -100
-            if not bool(scored.all()):  # e.g. MQAR, where only the query positions are scored: the fp32 upcast of
-                flat, tgt = flat[scored], tgt[scored]  # the other rows is skipped (same loss, far less traffic)
+            flat, tgt = flat[scored], tgt[scored]
         loss = F.cross_entropy(flat.float(), tgt, ignore_index=-100)
         return logits, loss
 

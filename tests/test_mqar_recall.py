@@ -200,3 +200,19 @@ def test_recall_by_distance_refuses_a_dilated_window_without_an_explicit_distanc
     assert RecallByDistance(window=30)._resolve(trainer, module) == (4, 30)
     with pytest.raises(ValueError, match="callbacks.recall.window"):
         RecallByDistance(window="abc")
+
+
+def test_sparse_targets_loss_equals_the_dense_loss():
+    """GPT.forward(sparse_targets=True) (MQAR's training loss: scored rows only) gives the same loss and gradients
+    as the dense path, which skips the indexing (no host sync)."""
+    from attn_zoo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=32, n_layer=1, max_seq_len=16), AttentionSpec(kind="flash", causal=True),
+            backend="torch")
+    x, y = generate_mqar(4, 16, 32, 2, seed=0)
+    dense = m(x, y)[1]
+    g_dense = torch.autograd.grad(dense, m.lm_head.weight)[0]
+    sparse = m(x, y, sparse_targets=True)[1]
+    g_sparse = torch.autograd.grad(sparse, m.lm_head.weight)[0]
+    assert torch.allclose(dense, sparse, atol=1e-6) and torch.allclose(g_dense, g_sparse, atol=1e-6)
