@@ -7,20 +7,21 @@
   times the visited fraction of the mask, ``/ 2`` causal; backward ``2.5 x`` forward),
   :func:`linear_flops` (chunked linear attention; both defined in :mod:`attn_zoo.cost_model`), :func:`tflops`.
 * :func:`env_info` -- date, GPU name, torch / triton / CUDA versions (every results file records it).
-* :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout.
+* :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout
+  (the CSV and the text table through pandas).
 """
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import json
 import math
 import os
 import platform
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Optional, Sequence
 
+import pandas as pd
 import torch
 
 
@@ -160,20 +161,18 @@ def env_info(date: Optional[str] = None) -> Dict[str, object]:
     return info
 
 
-def write_csv(rows: Iterable[Dict[str, object]], path: str) -> str:
-    """Write dict rows to ``path`` (union of keys as header, first-seen order); returns the path."""
-    rows = list(rows)
-    keys: List[str] = []
-    for r in rows:
-        for k in r:
-            if k not in keys:
-                keys.append(k)
+def _is_nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def write_csv(rows: Iterable[Dict[str, object]], path: str, columns: Optional[Sequence[str]] = None) -> str:
+    """Write dict rows to ``path``; returns the path. Header: ``columns``, else the union of the keys in first-seen
+    order. Cells as the results always had them: ``str`` of each value (floats at full precision), an explicit NaN
+    as ``nan``, a missing key or ``None`` as an empty cell, CRLF line ends (what ``csv.DictWriter`` wrote)."""
+    cells = [{k: "nan" if _is_nan(v) else v for k, v in r.items()} for r in rows]
+    df = pd.DataFrame(cells, columns=list(columns) if columns is not None else None, dtype=object)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
+    df.to_csv(path, index=False, lineterminator="\r\n")
     return path
 
 
@@ -196,16 +195,6 @@ def write_json(rows: Iterable[Dict[str, object]], path: str, env: Optional[Dict[
 
 
 def format_table(rows: Sequence[Dict[str, object]], cols: Sequence[str], floatfmt: str = "{:.2f}") -> str:
-    """Fixed-width text table of ``cols`` from dict rows (missing -> '-')."""
-    def fmt(v):
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return "-" if math.isnan(v) else floatfmt.format(v)
-        return str(v)
-
-    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
+    """Fixed-width text table of ``cols`` from dict rows (floats with ``floatfmt``; missing / None / NaN -> '-')."""
+    df = pd.DataFrame(list(rows), columns=list(cols), dtype=object).fillna("-")
+    return df.to_string(index=False, float_format=floatfmt.format) if len(df) else "  ".join(cols)

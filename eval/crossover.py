@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -265,11 +266,8 @@ def analyse(out_dir: str, sweep_cfg: dict, env: Optional[dict] = None) -> Dict[s
         baselines[str(name)] = dict(ref)
     modes = [m for m in (sweep_cfg.get("modes") or ("fwd", "bwd", "fwd_bwd"))]
     cross = detect_crossovers(rows, baselines, modes, float(sweep_cfg.get("fit_min_seq_len") or 0))
-    write_csv([{c: r.get(c) for c in CROSSOVER_COLUMNS} for r in cross] or [{c: None for c in CROSSOVER_COLUMNS}],
-              os.path.join(out_dir, "crossover.csv"))
-    counts = {}
-    for r in rows:
-        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    write_csv(cross, os.path.join(out_dir, "crossover.csv"), columns=CROSSOVER_COLUMNS)
+    counts = dict(Counter(r.get("status") for r in rows))
     write_json(cross, os.path.join(out_dir, "crossover.json"),
                env=dict(env or {}, sweep=sweep_cfg.get("name"), status_counts=counts, baselines=baselines))
     return {"rows": rows, "crossovers": cross, "status_counts": counts}

@@ -30,11 +30,12 @@ learned nothing.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
-import statistics
 from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
 
 from eval.crossover import _f, find_crossover
 
@@ -53,14 +54,6 @@ def find_runs(roots: Iterable[str]) -> List[str]:
                 if os.path.exists(os.path.join(run, ".hydra", "config.yaml")) and run not in out:
                     out.append(run)
     return sorted(out)
-
-
-def _last(rows: List[dict], key: str) -> float:
-    for r in reversed(rows):
-        v = _f(r.get(key))
-        if math.isfinite(v):
-            return v
-    return float("nan")
 
 
 def _variant_name(cfg: dict) -> str:
@@ -82,33 +75,42 @@ def _dataset(cfg: dict) -> str:
     return target.rsplit(".", 1)[-1].lower() or "unknown"
 
 
+def read_metrics(run_dir: str) -> pd.DataFrame:
+    """A run's ``csv/metrics.csv`` (or ``metrics.csv``) as numbers, one row per logged row: a cell that is empty or
+    not a finite number is NaN."""
+    path = os.path.join(run_dir, "csv", "metrics.csv")
+    if not os.path.exists(path):
+        path = os.path.join(run_dir, "metrics.csv")
+    df = pd.read_csv(path).apply(pd.to_numeric, errors="coerce").astype(float)
+    return df.where(np.isfinite(df))
+
+
 def load_run(run_dir: str) -> dict:
     """One run's summary row (see module docstring); raises ``FileNotFoundError`` for a non-run folder."""
     import yaml
 
     with open(os.path.join(run_dir, ".hydra", "config.yaml")) as f:
         cfg = yaml.safe_load(f) or {}
-    mpath = os.path.join(run_dir, "csv", "metrics.csv")
-    if not os.path.exists(mpath):
-        mpath = os.path.join(run_dir, "metrics.csv")
-    with open(mpath, newline="") as f:
-        rows = list(csv.DictReader(f))
-    tps = [_f(r.get("perf/tokens_per_s")) for r in rows if math.isfinite(_f(r.get("perf/tokens_per_s")))]
-    stt = [_f(r.get("perf/step_time_s")) for r in rows if math.isfinite(_f(r.get("perf/step_time_s")))]
+    m = read_metrics(run_dir)
+
+    def col(name: str) -> pd.Series:  # the logged values of one metric, in order
+        return m[name].dropna() if name in m else pd.Series(dtype=float)
+
+    def last(name: str) -> float:
+        return float(col(name).iloc[-1]) if len(col(name)) else float("nan")
+
+    tps, stt, steps = col("perf/tokens_per_s"), col("perf/step_time_s"), col("step")
     skip = min(len(tps) // 5, 3)  # first steps include compilation / warm-up
-    mem = [_f(r.get("perf/peak_mem_mb")) for r in rows if math.isfinite(_f(r.get("perf/peak_mem_mb")))]
-    steps = [_f(r.get("step")) for r in rows if math.isfinite(_f(r.get("step")))]
     data = cfg.get("data") or {}
     return {
         "run_dir": run_dir, "dataset": _dataset(cfg), "variant": _variant_name(cfg),
         "seq_len": int(_f(data.get("seq_len"))) if math.isfinite(_f(data.get("seq_len"))) else -1,
         "vocab_size": int(_f(data.get("vocab_size"))) if math.isfinite(_f(data.get("vocab_size"))) else 256,
         "experiment": cfg.get("experiment_name"), "seed": cfg.get("seed"),
-        "val_loss": _last(rows, "val/loss"), "val_bpb": _last(rows, "val/bpb"), "val_acc": _last(rows, "val/acc"),
-        "tokens_per_s": statistics.median(tps[skip:]) if tps[skip:] else float("nan"),
-        "step_time_s": statistics.median(stt[skip:]) if stt[skip:] else float("nan"),
-        "peak_mem_mb": max(mem) if mem else float("nan"),
-        "steps": int(max(steps)) if steps else 0, "source": "csv",
+        "val_loss": last("val/loss"), "val_bpb": last("val/bpb"), "val_acc": last("val/acc"),
+        "tokens_per_s": float(tps.iloc[skip:].median()), "step_time_s": float(stt.iloc[skip:].median()),
+        "peak_mem_mb": float(col("perf/peak_mem_mb").max()),
+        "steps": int(steps.max()) if len(steps) else 0, "source": "csv",
     }
 
 
@@ -141,20 +143,21 @@ def load_wandb_runs(project: str, group: Optional[str] = None, entity: Optional[
 
 
 # --------------------------------------------------------------------------------------------- tables
+AGG_METRICS = ("val_loss", "val_bpb", "val_acc", "tokens_per_s", "step_time_s", "peak_mem_mb")
+
+
 def aggregate(runs: Sequence[dict]) -> List[dict]:
-    """Mean over seeds / repeats of the same (dataset, variant, seq_len)."""
-    groups: Dict[tuple, List[dict]] = {}
-    for r in runs:
-        if r["seq_len"] > 0:
-            groups.setdefault((r["dataset"], r["variant"], r["seq_len"]), []).append(r)
-    out = []
-    for (ds, v, n), rs in sorted(groups.items()):
-        row = {"dataset": ds, "variant": v, "seq_len": n, "runs": len(rs), "vocab_size": rs[0]["vocab_size"]}
-        for k in ("val_loss", "val_bpb", "val_acc", "tokens_per_s", "step_time_s", "peak_mem_mb"):
-            vals = [_f(r.get(k)) for r in rs if math.isfinite(_f(r.get(k)))]
-            row[k] = sum(vals) / len(vals) if vals else float("nan")
+    """Mean over seeds / repeats of the same (dataset, variant, seq_len) (NaN / inf left out of the mean)."""
+    df = pd.DataFrame(list(runs), columns=["dataset", "variant", "seq_len", "vocab_size", *AGG_METRICS])
+    df = df[df["seq_len"] > 0]
+    if df.empty:
+        return []
+    num = df[list(AGG_METRICS)].apply(pd.to_numeric, errors="coerce").astype(float)
+    g = num.where(np.isfinite(num)).groupby([df["dataset"], df["variant"], df["seq_len"]])
+    first = df.groupby(["dataset", "variant", "seq_len"])["vocab_size"].first()
+    out = pd.concat([g.size().rename("runs"), first, g.mean()], axis=1).reset_index().to_dict("records")
+    for row in out:
         row["quality_per_s"] = quality_per_time(row)
-        out.append(row)
     return out
 
 

@@ -35,16 +35,18 @@ No matching run raises ``ValueError`` naming the argument (``runs``, ``kind``, `
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
 import sys
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
 
 from eval.crossover import _f
-from eval.quality import find_runs, load_run
+from eval.quality import find_runs, load_run, read_metrics
 
 KINDS = ("fig2", "cliff", "hybrid", "lm")
 FULL = "flash"  # the full-attention layer name of model.layers
@@ -108,30 +110,24 @@ def read_config(run_dir: str) -> dict:
     return _resolve_each(OmegaConf.load(os.path.join(run_dir, ".hydra", "config.yaml")))
 
 
-def _metrics_rows(run_dir: str) -> List[dict]:
-    path = os.path.join(run_dir, "csv", "metrics.csv")
-    if not os.path.exists(path):
-        path = os.path.join(run_dir, "metrics.csv")
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def val_points(rows: Sequence[dict], final: Optional[dict] = None) -> List[dict]:
+def val_points(rows, final: Optional[dict] = None) -> List[dict]:
     """One dict per validation (rows of the same ``step`` merged: Lightning may write a step's metrics in several
     rows), with every finite ``val/*`` value, sorted by step; ``final`` (``final_metrics.json``) adds its metrics
-    as the validation at its ``steps`` when the CSV has none there."""
-    by_step: Dict[float, dict] = {}
-    for r in rows:
-        vals = {k: _f(v) for k, v in r.items() if k and k.startswith("val/") and math.isfinite(_f(v))}
-        if vals:
-            step = _f(r.get("step"))
-            by_step.setdefault(step if math.isfinite(step) else -1.0, {}).update(vals)
+    as the validation at its ``steps`` when the CSV has none there. ``rows``: the metrics table
+    (:func:`eval.quality.read_metrics`) or its rows as dicts."""
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    vals = df[[c for c in df.columns if str(c).startswith("val/")]].apply(pd.to_numeric, errors="coerce").astype(float)
+    vals = vals.where(np.isfinite(vals))
+    step = pd.to_numeric(df["step"], errors="coerce").astype(float) if "step" in df else pd.Series(np.nan, df.index)
+    merged = vals.groupby(step.where(np.isfinite(step), -1.0)).last()  # per step, the last value of each metric
+    merged = merged.dropna(how="all")
+    by_step = {float(s): r.dropna().to_dict() for s, r in merged.iterrows()}
     if final and final.get("metrics"):
-        vals = {k: _f(v) for k, v in final["metrics"].items() if k.startswith("val/") and math.isfinite(_f(v))}
-        step = float(_f(final.get("steps")))
-        step = step if math.isfinite(step) else max(by_step, default=0.0) + 1
-        if vals:
-            by_step[step] = {**vals, **by_step.get(step, {})}
+        fvals = {k: _f(v) for k, v in final["metrics"].items() if k.startswith("val/") and math.isfinite(_f(v))}
+        s = float(_f(final.get("steps")))
+        s = s if math.isfinite(s) else max(by_step, default=0.0) + 1
+        if fvals:
+            by_step[s] = {**fvals, **by_step.get(s, {})}
     return [dict(v, step=s) for s, v in sorted(by_step.items())]
 
 
@@ -194,11 +190,11 @@ def load_recall_run(run_dir: str) -> dict:
                 final = json.load(f) or {}
         except (OSError, ValueError):
             final = {}
-    rows = _metrics_rows(run_dir)
+    metrics = read_metrics(run_dir)
+    logged = metrics["model/n_params"].dropna() if "model/n_params" in metrics else []
     n_params = _f(final.get("n_params"))
-    if not math.isfinite(n_params):
-        n_params = next((_f(r.get("model/n_params")) for r in rows if math.isfinite(_f(r.get("model/n_params")))),
-                        float("nan"))
+    if not math.isfinite(n_params) and len(logged):
+        n_params = float(logged.iloc[0])
     if not math.isfinite(n_params):
         hp = os.path.join(run_dir, "csv", "hparams.yaml")
         if os.path.exists(hp):
@@ -212,7 +208,7 @@ def load_recall_run(run_dir: str) -> dict:
     n_layer = len(layers) if layers else int(_f(_get(cfg, "model.n_layer", float("nan"))) or 0)
     att = _get(cfg, "attention", {}) or {}
     ws = att.get("window_size")
-    return dict(base, run_dir=run_dir, cfg=cfg, final=final, vals=val_points(rows, final),
+    return dict(base, run_dir=run_dir, cfg=cfg, final=final, vals=val_points(metrics, final),
                 seq_len=seq_len, label=variant_label(cfg), lr=_f(_get(cfg, "optim.lr")),
                 d_model=int(_f(_get(cfg, "model.d_model", float("nan")))) if math.isfinite(
                     _f(_get(cfg, "model.d_model"))) else -1,
@@ -222,7 +218,7 @@ def load_recall_run(run_dir: str) -> dict:
                 num_kv_pairs=_f(_get(cfg, "data.num_kv_pairs")), n_params=n_params,
                 batch_size=_f(_get(cfg, "data.batch_size")), max_steps=_f(_get(cfg, "trainer.max_steps")),
                 steps_done=_f(final.get("steps")) if final else float(base.get("steps") or "nan"),
-                finished=bool(final), steps_run=max((_f(r.get("step")) for r in rows), default=float("nan")),
+                finished=bool(final), steps_run=float(metrics["step"].max()) if "step" in metrics else float("nan"),
                 date=_run_date(run_dir))
 
 

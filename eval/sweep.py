@@ -33,12 +33,23 @@ Plugins (``plugins:`` in the sweep config, ``--plugins a,b`` on the command line
 
 Plain-Python entry (no Hydra needed): ``python -m eval.sweep --config eval/conf/sweep/cpu_tiny.yaml --out DIR``.
 The Hydra entry that also detects crossovers, plots and logs to W&B is :mod:`eval.crossover`.
+
+Why the grid, the ``exclude`` rules, ``run_last``, ``resume`` and ``deadline_s`` are here and not Hydra's sweeper
+(``-m a=1,2 b=x,y`` / ``hydra.sweeper.params``): the basic sweeper makes the Cartesian product of its overrides and
+cannot leave combinations out (``speed_h200``: 210 combinations, 101 after its six ``exclude`` rules). Every
+combination would be a Hydra job: its own composed config and folder (``.hydra/``, a log), about 0.4 s even with the
+in-process basic launcher (a no-op app, 200 jobs: 88 s on 2 CPU cores), and under the joblib / submitit launchers
+other processes (each pays torch import, CUDA init, Triton compiles: seconds), against ~1 s of GPU work per point.
+And jobs share no state, while the sweep needs it: a series stops growing N after an OOM or a too-slow point,
+``deadline_s`` bounds the whole sweep with ``run_last`` backends cut first, ``resume`` skips the points already in
+the one CSV. Hydra composes and overrides the sweep config (``sweep=cpu_tiny 'sweep.seq_lens=[32,64]'
+'~sweep.variants.gqa'``) and ``-m`` runs whole sweeps (``-m sweep=cpu_tiny,speed_h200``: one job per sweep, each
+resumable in its own ``out_dir``). docs/crossover.md has the same reasons.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as _dt
 import gc
 import math
@@ -48,9 +59,11 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, replace
+from collections import abc
 from collections.abc import Mapping
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -181,19 +194,35 @@ def _as_list(x) -> list:
         return [x]
 
 
-def _matches(rule: dict, point: dict) -> bool:
+NUMERIC_AXES = ("seq_len", "head_dim", "n_kv_heads")
+
+
+def exclude_rules(cfg: dict) -> List[dict]:
+    """The ``exclude:`` rules of a sweep config as plain dicts. ``ValueError`` naming the rule for a key that is not
+    an axis (a misspelt key would otherwise drop nothing, silently)."""
+    allowed = set(POINT_KEYS) | {f"{b}_{a}" for b in ("min", "max") for a in NUMERIC_AXES}
+    rules = [dict(r) for r in (cfg.get("exclude") or [])]
+    for r in rules:
+        bad = sorted(set(r) - allowed)
+        if bad:
+            raise ValueError(f"exclude rule {r}: unknown key(s) {bad}; allowed: {', '.join(POINT_KEYS)}, "
+                             f"min_/max_ of {', '.join(NUMERIC_AXES)}")
+    return rules
+
+
+def rule_matches(rule: Mapping, point: dict) -> bool:
+    """True when ``point`` matches every key of the ``exclude:`` rule: a list value matches any of its items,
+    ``min_<axis>`` / ``max_<axis>`` are inclusive bounds, any other value must be equal. ``{}`` matches all."""
     for k, v in rule.items():
-        pv = point.get(k)
-        if isinstance(v, (list, tuple)):
-            if pv not in list(v):
-                return False
-        elif k.startswith("min_"):
-            if not point.get(k[4:], 0) >= v:
-                return False
+        if k.startswith("min_"):
+            ok = point[k[4:]] >= v
         elif k.startswith("max_"):
-            if not point.get(k[4:], 0) <= v:
-                return False
-        elif pv != v:
+            ok = point[k[4:]] <= v
+        elif isinstance(v, abc.Sequence) and not isinstance(v, str):  # list / tuple / OmegaConf ListConfig
+            ok = point[k] in list(v)
+        else:
+            ok = point[k] == v
+        if not ok:
             return False
     return True
 
@@ -204,14 +233,16 @@ def expand_points(cfg: dict) -> List[dict]:
     Axes: ``variants`` x ``backends`` (:func:`sweep_backends`: the listed ones and the plugins') x ``head_dims`` x
     ``causal`` x ``kv_heads`` x ``seq_lens``. A variant
     whose spec sets ``n_kv_heads`` / ``kv_group_size`` (GQA / MQA) uses that instead of the ``kv_heads`` axis
-    (``null`` = ``n_heads``). ``exclude``: list of rules (``{backend: flex, head_dim: 64}``; list values mean
-    "any of"; ``min_seq_len`` / ``max_seq_len`` bounds) that drop points. ``run_last``: backends whose points
-    run after all others, in that order (e.g. ``[naive, flex]``: slow / compile-heavy ones last).
+    (``null`` = ``n_heads``). ``exclude``: list of rules that drop points (:func:`rule_matches`: a point is dropped
+    when it matches every key of a rule, e.g. ``{backend: flex, seq_len: [512, 2048]}``; list values mean "any of";
+    ``min_seq_len`` / ``max_seq_len`` bounds). ``run_last``: backends whose points run after all others, in that
+    order (e.g. ``[naive, flex]``: slow / compile-heavy ones last, so a ``deadline_s`` cuts those first).
     """
     specs = variant_specs(cfg["variants"])
     H = int(cfg.get("n_heads", 1))
     pts, seen = [], set()
     backends = sweep_backends(cfg)
+    rules = exclude_rules(cfg)
     for vname, spec in specs.items():
         for backend in backends:
             for D in _as_list(cfg.get("head_dims", [64])):
@@ -223,7 +254,7 @@ def expand_points(cfg: dict) -> List[dict]:
                         for N in sorted(int(n) for n in _as_list(cfg["seq_lens"])):
                             p = {"variant": vname, "backend": backend, "seq_len": N, "head_dim": int(D),
                                  "causal": bool(causal), "n_kv_heads": hkv}
-                            if any(_matches(dict(r), p) for r in (cfg.get("exclude") or [])):
+                            if any(rule_matches(r, p) for r in rules):
                                 continue
                             key = point_key(p)
                             if key not in seen:
@@ -256,11 +287,11 @@ def batch_for(cfg: dict, N: int) -> int:
 
 # --------------------------------------------------------------------------------------------- csv io
 def read_rows(path: str) -> List[dict]:
-    """Rows of a results CSV as dicts of strings (empty list when the file does not exist)."""
-    if not os.path.exists(path):
+    """Rows of a results CSV as dicts of strings (an empty cell is ``""``; empty list when the file does not exist
+    or is empty). Strings, not parsed numbers: :func:`point_key` and the readers parse what they use."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
 
 
 def latest_rows(rows: Iterable[dict]) -> List[dict]:
@@ -275,23 +306,12 @@ def latest_rows(rows: Iterable[dict]) -> List[dict]:
 
 
 def append_row(path: str, row: dict, columns: Sequence[str] = COLUMNS) -> None:
-    """Append one row (header written when the file is new); flushed immediately."""
+    """Append one row (header written when the file is new); flushed immediately, so an interrupted sweep keeps
+    every measured point. Keys outside ``columns`` are dropped; None / NaN are written as empty cells."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow({c: _fmt(row.get(c)) for c in columns})
-        f.flush()
-
-
-def _fmt(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else repr(v)
-    return v
+    pd.DataFrame([row], columns=list(columns), dtype=object).to_csv(path, mode="a", header=new, index=False,
+                                                                    lineterminator="\r\n")
 
 
 # --------------------------------------------------------------------------------------------- timing

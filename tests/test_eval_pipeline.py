@@ -159,6 +159,62 @@ def test_hydra_config_composes():
         assert qc.wandb.mode == "auto"
 
 
+def _compose_sweep(overrides):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval", "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="crossover", overrides=overrides)
+    return cfg.sweep, OmegaConf.to_container(cfg.sweep, resolve=True)
+
+
+def test_exclude_rules_count_and_hydra_config_objects_give_the_same_points():
+    # list values inside an OmegaConf node (ListConfig) mean "any of" too: dict(cfg.sweep) == to_container
+    for name, n in (("cpu_tiny", 5 * 3 * 3 - 3 * 3), ("speed_h200", 101)):
+        node, plain = _compose_sweep([f"sweep={name}"])
+        assert sw.expand_points(dict(node)) == sw.expand_points(plain) and len(sw.expand_points(plain)) == n
+    assert len(sw.expand_points(dict(plain, exclude=[]))) == 5 * 6 * 7  # speed_h200 without its rules
+
+
+def test_exclude_rule_semantics():
+    p = {"variant": "flash", "backend": "flex", "seq_len": 1024, "head_dim": 64, "causal": True, "n_kv_heads": 4}
+    m = sw.rule_matches
+    assert m({}, p)  # an empty rule matches every point
+    assert m({"backend": "flex"}, p) and not m({"backend": "naive"}, p)
+    assert m({"backend": "flex", "head_dim": 64}, p) and not m({"backend": "flex", "head_dim": 128}, p)  # every key
+    assert m({"backend": ["naive", "flex"], "variant": ["flash"]}, p)  # list = any of
+    assert not m({"backend": ["naive", "flex"], "variant": ["linear", "sparse"]}, p)
+    assert m({"backend": ("flex",)}, p) and not m({"variant": "flash_x"}, p)  # a tuple is a list, a str is not
+    assert m({"min_seq_len": 1024, "max_seq_len": 1024}, p)  # inclusive bounds
+    assert not m({"min_seq_len": 1025}, p) and not m({"max_seq_len": 1023}, p)
+    assert m({"causal": True, "n_kv_heads": [1, 4]}, p) and not m({"causal": False}, p)
+    cfg = dict(TINY, backends=["torch", "naive"], exclude=[{"backend": "naive", "min_seq_len": 32},
+                                                          {"variant": ["linear", "sliding_window"], "seq_len": 16}])
+    got = {(q["variant"], q["backend"], q["seq_len"]) for q in sw.expand_points(cfg)}
+    assert ("flash", "naive", 16) in got and ("flash", "naive", 32) not in got
+    assert ("linear", "torch", 16) not in got and ("linear", "torch", 32) in got
+    assert len(got) == 3 * 2 * 3 - 3 * 2 - 2 * 2
+    with pytest.raises(ValueError, match="unknown key.*'seqlen'"):  # a misspelt key is an error, not a no-op
+        sw.expand_points(dict(TINY, exclude=[{"backend": "naive", "seqlen": 16}]))
+
+
+def test_run_last_moves_backends_to_the_end_in_order():
+    cfg = dict(TINY, exclude=[], backends=["naive", "torch"], seq_lens=[16, 32])
+    order = [q["backend"] for q in sw.expand_points(dict(cfg, run_last=["naive"]))]
+    assert order == ["torch"] * 6 + ["naive"] * 6
+    assert [q["backend"] for q in sw.expand_points(cfg)][:2] == ["naive", "naive"]  # without: config order
+
+
+def test_hydra_overrides_edit_the_grid():
+    # what docs/crossover.md shows: grid edits from the command line, exclude rules replaced
+    _, cfg = _compose_sweep(["sweep=cpu_tiny", "sweep.seq_lens=[32,64]", "sweep.backends=[torch,naive]",
+                             "~sweep.variants.gqa", "~sweep.variants.sparse",
+                             "sweep.exclude=[{backend:naive,variant:[linear,sliding_window]}]"])
+    pts = [(q["variant"], q["backend"], q["seq_len"]) for q in sw.expand_points(cfg)]
+    assert len(pts) == 3 * 2 * 2 - 2 * 2 and ("flash", "naive", 64) in pts and ("linear", "naive", 32) not in pts
+
+
 def _fake_run(root, i, data, variant, seq_len, acc, bpb, step_time):
     run = root / f"{i}_{data}_{variant}_{seq_len}"
     (run / ".hydra").mkdir(parents=True)
