@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from attn_zoo.callbacks import StepProgressBar
-from attn_zoo.lit import LitLM
+from attn_zoo.lit import LitLM, split_optim_config
 from attn_zoo.model import spec_to_dict
 from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, register_resolvers, resolve_ckpt_path, result_config,
                            run_dir_of, write_final_metrics)
@@ -107,18 +107,22 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
 
 
 def build_datamodule(cfg: DictConfig):
-    from hydra.utils import get_class
+    """The ``data`` group's data module: ``hydra.utils.instantiate(cfg.data)`` with ``data.path`` (a path or a list)
+    and ``data.cache_dir`` relative to the launch directory.
 
-    kw = OmegaConf.to_container(cfg.data, resolve=True)
-    target = kw.pop("_target_")
-    path = kw.get("path")
-    if "path" in kw and path is not None:
-        # relative to the launch directory; TextDataModule raises FileNotFoundError naming data.path
-        absolute = [_abs(p) for p in (path if isinstance(path, list) else [path])]
-        kw["path"] = absolute if isinstance(path, list) else absolute[0]
-    if kw.get("cache_dir"):
-        kw["cache_dir"] = _abs(kw["cache_dir"])
-    return get_class(target)(**kw)
+    Instantiated as a partial and called here, so the data module's own errors (``FileNotFoundError`` naming
+    ``data.path``, ``ValueError`` naming ``data.seq_len``, ...) reach the caller as they are, not wrapped in
+    Hydra's ``InstantiationException``.
+    """
+    from hydra.utils import instantiate
+
+    paths = {}
+    path = cfg.data.get("path")
+    if path is not None:
+        paths["path"] = [_abs(p) for p in path] if OmegaConf.is_list(path) else _abs(path)
+    if cfg.data.get("cache_dir"):
+        paths["cache_dir"] = _abs(cfg.data.cache_dir)
+    return instantiate(cfg.data, _partial_=True, _convert_="all", **paths)()
 
 
 def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], resume_step: Optional[int] = None):
@@ -149,6 +153,27 @@ def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], res
         where = f"metrics go to {os.path.join(csv[0].log_dir, 'metrics.csv')}" if csv else "no CSV logger"
         log.warning(f"{note}; {where}")
     return loggers
+
+
+def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
+    """``hydra.utils.instantiate(cfg.trainer)`` with the ``callbacks`` group's callbacks and ``loggers``.
+
+    ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``; the step progress bar
+    (:class:`StepProgressBar`) is added unless the bar is off or a callback is a progress bar; without a logger the
+    ``LearningRateMonitor`` (which raises then) is left out. The Trainer is instantiated as a partial and called
+    here, so its own errors (a bad ``trainer.accelerator``, an unknown key) are not wrapped by Hydra.
+    """
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    if not loggers:
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in callbacks):
+        callbacks.append(StepProgressBar())
+    make = instantiate(cfg.trainer, _partial_=True, _convert_="all")
+    return make(precision=resolve_precision(cfg.trainer.get("precision")), logger=loggers or False,
+                callbacks=callbacks, default_root_dir=output_dir)
 
 
 def _wandb_logger(cfg, lcfg, output_dir: str, variant_tags: List[str], resume_step: Optional[int]):
@@ -265,11 +290,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
     total_steps = (resume.total_steps if resume is not None and resume.total_steps else None) or \
         (max_steps if max_steps > 0 else None)
-    o = cfg.optim
+    # cfg.optim: the optimizer (hydra.utils.instantiate'd by LitLM, _partial_: true) + the LR schedule's keys
+    optimizer, schedule = split_optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
     lit = LitLM(
         model_config=model_cfg, layer_specs=[spec_to_dict(s) for s in specs], backend=cfg.attention_backend,
-        redraw_interval=redraw, lr=o.lr, weight_decay=o.weight_decay, betas=list(o.betas),
-        warmup_steps=o.warmup_steps, min_lr_ratio=o.min_lr_ratio, bytes_per_token=dm.bytes_per_token,
+        redraw_interval=redraw, optimizer=optimizer, **schedule, bytes_per_token=dm.bytes_per_token,
         task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
     )
     start_step = 0
@@ -287,15 +312,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     for lg in loggers:
         lg.log_hyperparams({"config": full_cfg, "n_params": lit.gpt.num_params(), "variant": "+".join(lit.gpt.layer_labels)})
 
-    from hydra.utils import instantiate
-
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    tcfg.pop("_target_", None)
-    tcfg["precision"] = resolve_precision(tcfg.get("precision"))
-    if tcfg.get("enable_progress_bar", True) and not any(isinstance(c, L.pytorch.callbacks.ProgressBar) for c in callbacks):
-        callbacks.append(StepProgressBar())
-    trainer = L.Trainer(**tcfg, logger=loggers or False, callbacks=callbacks, default_root_dir=output_dir)
+    trainer = build_trainer(cfg, loggers, output_dir)
 
     try:
         trainer.fit(lit, datamodule=dm, ckpt_path=ckpt_path)

@@ -1,28 +1,43 @@
 """``LitLM``: the Lightning module that trains :class:`attn_zoo.model.GPT`.
 
-Optimiser: AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (``p.dim() >= 2``),
-linear warmup then cosine decay to ``min_lr_ratio * lr``. Gradient clipping and precision (bf16-mixed
-on GPU) are Trainer settings; on CUDA the AdamW is the fused one and clipping works with it
+Optimiser: any ``torch.optim`` class built from the ``optim`` config with ``hydra.utils.instantiate``
+(``_partial_: true``: a callable that :meth:`LitLM.configure_optimizers` calls with the parameter groups), by
+default AdamW (Loshchilov & Hutter 2019); weight decay on matrices only (``p.dim() >= 2``); linear warmup then
+cosine decay to ``min_lr_ratio * lr``. Gradient clipping and precision (bf16-mixed on GPU) are Trainer settings;
+on CUDA the optimiser is the fused one when its class offers it, and clipping works with it
 (:func:`adamw_impl`, :meth:`LitLM.configure_gradient_clipping`).
 
 Logged metrics
-    train/loss, train/lr, perf/tokens_per_s, perf/step_time_s, perf/peak_mem_mb (CUDA max allocated, else
-    process RSS), model/n_params (once, also in hparams);
+    train/loss, perf/tokens_per_s, perf/step_time_s, perf/peak_mem_mb (CUDA max allocated, else process RSS),
+    model/n_params (once, also in hparams);
     val/loss, val/ppl, val/acc (next-token accuracy on scored positions; MQAR: accuracy on query positions),
-    val/bpb (text: ``loss / ln 2 / bytes_per_token``).
+    val/bpb (text: ``loss / ln 2 / bytes_per_token``);
+    train/lr, train/lr_no_decay: not logged here but by Lightning's ``LearningRateMonitor`` (``callbacks.lr_monitor``
+    in ``conf/train.yaml``), which names each learning rate ``<scheduler name>/<param group name>``: the scheduler
+    is named ``train`` and the groups :data:`PARAM_GROUP_NAMES`.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import lightning as L
 import torch
 
 from .model import GPT, config_from_dict, layer_from_dict, spec_to_dict
 from .spec import AttentionSpec, make_spec
+
+DEFAULT_OPTIMIZER: Dict[str, Any] = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3,
+                                     "weight_decay": 0.1, "betas": [0.9, 0.95]}
+"""The optimiser config :class:`LitLM` uses when it is given none (``conf/train.yaml``'s ``optim`` sets its own)."""
+SCHEDULE_KEYS = ("warmup_steps", "min_lr_ratio")
+"""Keys of ``cfg.optim`` that configure the LR schedule, not the optimiser (:func:`split_optim_config`)."""
+PARAM_GROUP_NAMES = ("lr", "lr_no_decay")
+"""Names of LitLM's parameter groups: matrices (weight decay) and vectors (none). ``LearningRateMonitor`` logs a group's
+learning rate as ``<scheduler name>/<group name>``; the scheduler is named ``train``, hence ``train/lr``."""
 
 
 def _peak_mem_mb(device: torch.device) -> float:
@@ -68,36 +83,129 @@ def clip_gradients_(parameters, clip_val: float, algorithm: str = "norm") -> Non
         raise ValueError(f"trainer.gradient_clip_algorithm={algorithm!r} is not supported; allowed values: norm, value")
 
 
+def split_optim_config(optim: Mapping) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Split ``cfg.optim`` into ``(optimizer config, schedule kwargs)``.
+
+    ``cfg.optim`` keeps every user-facing path in one node (``optim.lr``, ``optim.weight_decay``, ``optim.betas``,
+    ``optim.warmup_steps``, ``optim.min_lr_ratio``, ``optim._target_``); the schedule keys (:data:`SCHEDULE_KEYS`)
+    are not optimiser arguments, so they go to :class:`LitLM` separately and the rest to ``hydra.utils.instantiate``.
+    """
+    optim = dict(optim)
+    return {k: v for k, v in optim.items() if k not in SCHEDULE_KEYS}, {k: optim[k] for k in SCHEDULE_KEYS if k in optim}
+
+
+def optimizer_factory(config: Mapping) -> Callable[..., torch.optim.Optimizer]:
+    """``hydra.utils.instantiate(config)`` of an optimiser config with ``_partial_: true``: a callable that takes the
+    parameter groups (and keyword overrides) and returns the optimiser.
+
+    Raises:
+        ValueError: naming ``optim._partial_`` (not true), ``optim._target_`` (not importable) or ``optim.<key>``
+            (not an argument of the optimiser class; the message lists the allowed ones).
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    config = dict(config)
+    if config.get("_partial_") is not True:
+        raise ValueError(f"optim._partial_={config.get('_partial_')!r}: must be true (LitLM calls the optimizer with "
+                         "its parameter groups)")
+    target = config.get("_target_")
+    try:
+        make = instantiate(config, _convert_="all")
+    except InstantiationException as e:
+        raise ValueError(f"optim._target_={target!r} is not an optimizer class that can be imported (e.g. "
+                         f"torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD): {str(e).splitlines()[0]}") from e
+    params = _parameters(make.func)
+    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in make.keywords if k not in params]
+        if unknown:
+            allowed = ", ".join(k for k in params if k != "params")
+            raise ValueError(f"optim.{unknown[0]} is not an argument of {target}; allowed: {allowed} (plus the "
+                             f"schedule keys {', '.join(SCHEDULE_KEYS)})")
+    return make
+
+
+def _parameters(fn) -> Dict[str, inspect.Parameter]:
+    """``fn``'s signature parameters; empty when Python cannot tell (some builtins)."""
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def build_optimizer(config: Mapping, param_groups: List[dict], impl: str = "default") -> torch.optim.Optimizer:
+    """The optimiser of ``config`` (:func:`optimizer_factory`) over ``param_groups``.
+
+    ``impl`` (:func:`adamw_impl`): ``"fused"`` / ``"foreach"`` is passed as ``fused=True`` / ``foreach=True`` when the
+    class takes that argument and the config sets neither; ``"default"`` leaves PyTorch's choice.
+    """
+    make = optimizer_factory(config)
+    chosen = {"fused", "foreach"} & set(make.keywords)
+    extra = {}
+    if impl != "default" and not chosen and impl in _parameters(make.func):
+        extra[impl] = True
+    return make(param_groups, **extra)
+
+
 class LitLM(L.LightningModule):
-    """Language-model training around a :class:`GPT`; the module builds the model from plain dicts so a
-    checkpoint is self-contained (``LitLM.load_from_checkpoint(path)``).
+    """Language-model training around a :class:`GPT`; the module builds the model and the optimiser from plain dicts
+    so a checkpoint is self-contained (``LitLM.load_from_checkpoint(path)``).
 
     Args:
         model_config: :class:`attn_zoo.model.GPTConfig` fields.
         layer_specs: one spec dict per layer (``attn_zoo.make_spec`` keyword arguments).
         backend: attention backend for every layer.
         redraw_interval: FAVOR feature redraw period in steps (0 = never).
-        lr, weight_decay, betas, warmup_steps, min_lr_ratio: optimiser / schedule.
+        optimizer: the optimiser config, ``cfg.optim`` without the schedule keys (:func:`split_optim_config`):
+            ``_target_`` (a ``torch.optim`` class), ``_partial_: true`` and its keyword arguments, e.g. ``lr``,
+            ``weight_decay`` (applied to matrices only), ``betas``. Kept as a dict in the hparams (checkpoints stay
+            loadable); :meth:`configure_optimizers` instantiates it. None: :data:`DEFAULT_OPTIMIZER`.
+        lr, weight_decay, betas: shorthands that override ``optimizer``'s keys (calls and checkpoints from before the
+            optimiser was configurable); folded into ``hparams.optimizer``, not kept on their own.
+        warmup_steps, min_lr_ratio: LR schedule (:func:`cosine_with_warmup`).
         total_steps: schedule length (``train.py``: ``trainer.max_steps`` of the run that started it); None = the
             Trainer's ``estimated_stepping_batches``. Saved in the hparams; a resumed checkpoint's value wins
             (:meth:`on_load_checkpoint`), steps past it run at ``lr * min_lr_ratio``.
         bytes_per_token: text data; enables ``val/bpb``. None for synthetic tasks.
         task: free-form label (``"text"`` / ``"mqar"``) kept in hparams.
+
+    Raises:
+        ValueError: an optimiser config that cannot build an optimiser (:func:`optimizer_factory`), at construction.
+
+    Throughput (``perf/*``) is measured here rather than by Lightning's ``ThroughputMonitor``, which does not fit:
+    it reports rates only once its window (default 100 steps) is full, so short runs and every run's first window
+    log none; its names (``train|items_per_sec``, ...) and units (window averages of wall time between batch ends,
+    which include data loading, logging and checkpointing) are not ``perf/tokens_per_s`` / ``perf/step_time_s``,
+    whose per-step compute time (``on_train_batch_start`` to ``on_train_batch_end``, CUDA synchronised at both) the
+    committed results and ``eval/quality.py`` medians compare; it logs at ``total_batch_idx + 1``, not at the
+    optimizer step the other metrics use; and it has no peak memory. Learning rate: ``LearningRateMonitor``
+    (``train/lr``); validation means: ``torchmetrics`` (:meth:`validation_step`).
     """
 
     def __init__(self, model_config: dict, layer_specs: List[dict], backend: str = "auto", redraw_interval: int = 0,
-                 lr: float = 1e-3, weight_decay: float = 0.1, betas=(0.9, 0.95), warmup_steps: int = 100,
-                 min_lr_ratio: float = 0.1, total_steps: Optional[int] = None,
+                 optimizer: Optional[dict] = None, lr: Optional[float] = None, weight_decay: Optional[float] = None,
+                 betas=None, warmup_steps: int = 100, min_lr_ratio: float = 0.1, total_steps: Optional[int] = None,
                  bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False):
         super().__init__()
-        self.save_hyperparameters()
+        from torchmetrics.aggregation import MeanMetric
+
+        self.save_hyperparameters(ignore=["lr", "weight_decay", "betas"])
+        opt = dict(DEFAULT_OPTIMIZER if optimizer is None else optimizer)
+        for key, value in (("lr", lr), ("weight_decay", weight_decay), ("betas", betas)):
+            if value is not None:
+                opt[key] = list(value) if key == "betas" else value
+        optimizer_factory(opt)  # a bad optim.* fails now, not at the first step
+        self.hparams["optimizer"] = opt
         self._sparse_targets = "mqar" in str(task).lower()  # loss on the query positions only (GPT.forward)
         specs = [layer_from_dict(s) for s in layer_specs]
         self.model = GPT(config_from_dict(dict(model_config)), specs, backend=backend, redraw_interval=redraw_interval)
         self.hparams["n_params"] = self.model.num_params()
         self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
         self._t0: Optional[float] = None
-        self._val_sum = self._val_cnt = self._val_correct = 0.0
+        # token-weighted means over the scored positions; summed over DDP ranks by torchmetrics at compute();
+        # float64 sums as before; "disable": no NaN check (a host sync per batch), a NaN loss stays NaN
+        self.val_loss = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+        self.val_acc = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
         if compile:
             self.model = torch.compile(self.model)
 
@@ -141,6 +249,9 @@ class LitLM(L.LightningModule):
         self.check_checkpoint_hparams(saved)
         if saved.get("total_steps"):
             self.hparams.total_steps = int(saved["total_steps"])
+        for state in checkpoint.get("optimizer_states") or []:  # groups saved before they had names: keep train/lr
+            for group, name in zip(state.get("param_groups") or [], PARAM_GROUP_NAMES):
+                group.setdefault("name", name)
 
     # ------------------------------------------------------------------ training
     def on_train_start(self):
@@ -172,34 +283,38 @@ class LitLM(L.LightningModule):
             "perf/step_time_s": dt,
             "perf/tokens_per_s": x.numel() * world / max(dt, 1e-9),
             "perf/peak_mem_mb": _peak_mem_mb(self.device),
-            "train/lr": self.optimizers().param_groups[0]["lr"],
         }, on_step=True, on_epoch=False)
 
     # ------------------------------------------------------------------ validation
     def on_validation_epoch_start(self):
-        self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        self._val_cnt = torch.zeros((), device=self.device, dtype=torch.float64)
-        self._val_correct = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.val_loss.reset()
+        self.val_acc.reset()
 
     def validation_step(self, batch, batch_idx):
+        """Accumulate the cross-entropy and correctness of every scored position (targets ``!= -100``) of ``batch``
+        (``x``, ``y``: ``(B, N)`` int64) into :attr:`val_loss` / :attr:`val_acc` (torchmetrics ``MeanMetric``), so
+        the epoch's ``val/loss`` and ``val/acc`` are means over scored tokens, not over batches."""
         x, y = batch
         logits = self.model(x)  # (B, N, V)
         mask = y != -100
-        lf = logits.float()[mask]
-        tgt = y[mask]
-        self._val_sum += torch.nn.functional.cross_entropy(lf, tgt, reduction="sum").double()
-        self._val_cnt += mask.sum().double()
-        self._val_correct += (lf.argmax(-1) == tgt).sum().double()
+        lf = logits.float()[mask]  # (M, V), M scored positions
+        tgt = y[mask]  # (M,)
+        self.val_loss.update(torch.nn.functional.cross_entropy(lf, tgt, reduction="none"))
+        self.val_acc.update((lf.argmax(-1) == tgt).to(lf.dtype))
 
     def on_validation_epoch_end(self):
-        s, c, ok = self._val_sum, self._val_cnt, self._val_correct
-        if self.trainer is not None and self.trainer.world_size > 1:
-            s, c, ok = (self.all_gather(t).sum() for t in (s, c, ok))
-        loss = (s / c.clamp(min=1)).float()
-        metrics = {"val/loss": loss, "val/ppl": torch.exp(loss.clamp(max=50)), "val/acc": (ok / c.clamp(min=1)).float()}
+        """Log ``val/loss`` (nats per scored token), ``val/ppl``, ``val/acc`` and, for text, ``val/bpb``.
+
+        ``compute()`` sums the metric states over DDP ranks (the library's reduction); the values are then the same
+        on every rank, so ``sync_dist`` only silences Lightning's warning about epoch-level values in DDP. A
+        validation without scored positions logs NaN."""
+        loss = self.val_loss.compute().float()
+        acc = self.val_acc.compute().float()
+        self.val_loss.reset()
+        self.val_acc.reset()
+        metrics = {"val/loss": loss, "val/ppl": torch.exp(loss.clamp(max=50)), "val/acc": acc}
         if self.hparams.bytes_per_token:
             metrics["val/bpb"] = loss / math.log(2) / float(self.hparams.bytes_per_token)
-        # already summed over ranks above: identical on every rank, sync_dist only silences Lightning's warning
         self.log_dict(metrics, prog_bar=True, sync_dist=self.trainer is not None and self.trainer.world_size > 1)
 
     # ------------------------------------------------------------------ optimiser
@@ -219,19 +334,18 @@ class LitLM(L.LightningModule):
                             gradient_clip_algorithm=gradient_clip_algorithm)
 
     def configure_optimizers(self):
-        decay, no_decay = [], []
-        for _, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        """The optimiser of ``hparams.optimizer`` (:func:`build_optimizer`: fused / foreach on CUDA, see
+        :func:`adamw_impl`) over two parameter groups, matrices (``p.dim() >= 2``: the config's ``weight_decay``) and
+        vectors (no weight decay), named :data:`PARAM_GROUP_NAMES`; a per-step LambdaLR named ``train``
+        (:func:`cosine_with_warmup` over ``total_steps``), so ``LearningRateMonitor`` logs ``train/lr``."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"name": PARAM_GROUP_NAMES[0], "params": [p for p in params if p.dim() >= 2]},
+                  {"name": PARAM_GROUP_NAMES[1], "params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         impl = adamw_impl(self.device.type, self.trainer.precision_plugin if self.trainer is not None else None)
-        opt = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas),
-                                **({} if impl == "default" else {impl: True}))
+        opt = build_optimizer(self.hparams.optimizer, groups, impl)
         total = self.hparams.total_steps
         if not total:
             total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
         warm, mlr = int(self.hparams.warmup_steps), float(self.hparams.min_lr_ratio)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, warm, total, mlr))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "train"}}

@@ -250,11 +250,19 @@ def _div_resolver(a, b) -> int:
 RESULT_FREE_KEYS = ("paths", "skip_finished", "ckpt_path", "experiment_name", "hydra")
 """Top-level config keys that do not change a run's result (left out of :func:`result_config`)."""
 RESULT_FREE_TRAINER_KEYS = ("enable_progress_bar", "enable_model_summary", "log_every_n_steps")
+RESULT_FREE_CALLBACKS = ("lr_monitor",)
+"""``callbacks.<name>`` entries that only log (left out of :func:`result_config`)."""
+IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_partial_"): True,
+                     ("trainer", "_target_"): "lightning.pytorch.Trainer"}
+"""Instantiate-only keys at the value they had implicitly before the config named them (left out of
+:func:`result_config` at that value, so a run's result config stays what earlier runs stored; another value, e.g.
+``optim._target_=torch.optim.Adam``, is kept and differs)."""
 
 
 def result_config(cfg) -> Dict:
     """The resolved config of a run without the keys that do not change its result (:data:`RESULT_FREE_KEYS`, the
-    progress bar / logging cadence, the loggers): what ``skip_finished`` compares."""
+    progress bar / logging cadence, the loggers, logging-only callbacks, instantiate keys at their implicit
+    defaults): what ``skip_finished`` compares."""
     from omegaconf import DictConfig, OmegaConf
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg, default=str))
@@ -264,6 +272,12 @@ def result_config(cfg) -> Dict:
         (c.get("trainer") or {}).pop(k, None)
     for k in ("cache_dir", "num_workers"):
         (c.get("data") or {}).pop(k, None)
+    for k in RESULT_FREE_CALLBACKS:
+        (c.get("callbacks") or {}).pop(k, None)
+    for (node, key), value in IMPLICIT_DEFAULTS.items():
+        sub = c.get(node)
+        if isinstance(sub, dict) and key in sub and sub[key] == value:
+            del sub[key]
     return json.loads(json.dumps(c, sort_keys=True, default=str))
 
 

@@ -44,10 +44,12 @@ def _corpus(tmp_path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ CPU
-def test_fused_adamw_with_clipping_under_bf16_mixed(monkeypatch):
+@pytest.mark.parametrize("target", ["torch.optim.AdamW", "torch.optim.Adam"])
+def test_fused_adamw_with_clipping_under_bf16_mixed(monkeypatch, target):
     """What a CUDA run gets -- the fused AdamW, ``precision=bf16-mixed``, ``gradient_clip_val=1`` -- trains on the CPU
     (fused AdamW has a CPU kernel too). With Lightning's own clipping this combination raises ("does not allow for
-    gradient clipping because it performs unscaling of gradients internally"), at the first optimizer step."""
+    gradient clipping because it performs unscaling of gradients internally"), at the first optimizer step. The same
+    for another optimiser class from the config (``optim._target_=torch.optim.Adam``, also fused)."""
     import attn_zoo.lit as lit_mod
 
     assert adamw_impl("cuda", None) == "fused"
@@ -59,16 +61,16 @@ def test_fused_adamw_with_clipping_under_bf16_mixed(monkeypatch):
 
     class Spy(L.Callback):
         def on_before_optimizer_step(self, trainer, module, optimizer):
-            seen.append(optimizer.defaults.get("fused"))
+            seen.append((type(optimizer).__name__, optimizer.defaults.get("fused")))
 
     m = LitLM(dict(vocab_size=32, n_layer=1, n_head=2, d_model=16, max_seq_len=16), [dict(kind="flash", causal=True)],
-              backend="torch")
+              backend="torch", optimizer={"_target_": target, "_partial_": True, "lr": 1e-3, "weight_decay": 0.1})
     x = torch.randint(0, 32, (64, 16), generator=torch.Generator().manual_seed(1))
     dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x), batch_size=8)
     t = L.Trainer(accelerator="cpu", precision="bf16-mixed", gradient_clip_val=1.0, max_steps=3, logger=False,
                   enable_checkpointing=False, enable_progress_bar=False, callbacks=[Spy()])
     t.fit(m, dl)
-    assert t.global_step == 3 and seen == [True] * 3
+    assert t.global_step == 3 and seen == [(target.rsplit(".", 1)[1], True)] * 3
 
 
 def test_clipping_bounds_the_gradient_norm():
