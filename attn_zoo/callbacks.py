@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import lightning as L
+import torch
 from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
@@ -265,11 +266,15 @@ class RecallByDistance(L.Callback):
         return int(pairs), int(min(lefts))
 
     def on_validation_epoch_start(self, trainer, pl_module):
-        self._sums = [0, 0, 0, 0]  # correct near, count near, correct far, count far
+        from torchmetrics.aggregation import SumMetric
+
+        if self._sums is None:  # correct near, count near, correct far, count far; summed over DDP ranks at compute()
+            self._sums = [SumMetric(nan_strategy="disable").set_dtype(torch.float64) for _ in range(4)]
+        for m in self._sums:
+            m.reset()
+            m.to(pl_module.device)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        import torch
-
         pairs, window = self._resolve(trainer, pl_module)
         x, y = batch[0], batch[1]
         with torch.no_grad():
@@ -278,18 +283,13 @@ class RecallByDistance(L.Callback):
         ok = (pred == y) & mask
         far = mask & (dist > window)
         near = mask & ~far
-        for i, v in enumerate((ok & near, near, ok & far, far)):
-            self._sums[i] += int(v.sum())
+        for m, v in zip(self._sums, (ok & near, near, ok & far, far)):
+            m.update(v.sum())  # stays on the device: no host sync per batch
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        import torch
-
         if not self._sums:
             return
-        s = torch.tensor(self._sums, dtype=torch.float64, device=pl_module.device)
-        if trainer.world_size > 1:
-            s = pl_module.all_gather(s).sum(0)
-        cn, n, cf, f = (float(v) for v in s)
+        cn, n, cf, f = (float(m.compute()) for m in self._sums)
         metrics = {"val/frac_far": f / max(n + f, 1.0)}
         if n:
             metrics["val/acc_near"] = cn / n
