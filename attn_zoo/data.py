@@ -124,8 +124,9 @@ class TextDataModule(L.LightningDataModule):
         for p in self._paths():
             if not os.path.isfile(p):
                 raise FileNotFoundError(
-                    f"data.path={p!r} does not exist or is not a file (absolute: {os.path.abspath(p)}); "
-                    f"pass data.path=<text file>, e.g. data.path=../shared/data/tinyshakespeare/input.txt"
+                    f"data.path={p!r} does not exist or is not a file (absolute: {os.path.abspath(p)}; relative paths "
+                    f"are taken from the directory train.py was launched in); pass data.path=<your text file> (an "
+                    f"absolute path works from anywhere), or data.path=null data.hub_name=<dataset> for a hub dataset"
                 )
 
     def _cache_file(self) -> Optional[Path]:
