@@ -381,7 +381,9 @@ def run(cfg: dict) -> dict:
     if cfg.get("wandb_project"):
         runs += load_wandb_runs(cfg["wandb_project"], cfg.get("wandb_group"), cfg.get("wandb_entity"))
     if not runs:
-        raise FileNotFoundError(f"no finished training runs (.hydra/config.yaml + csv/metrics.csv) under {roots}")
+        raise FileNotFoundError(f"no finished training runs (.hydra/config.yaml + csv/metrics.csv) under {roots}; "
+                                f"train them first (e.g. python train.py -m experiment=crossover_quality writes "
+                                f"multirun/crossover_quality) or pass runs=[<multirun folder>, ...]")
     out_dir = cfg.get("out_dir") or "results/quality"
     os.makedirs(out_dir, exist_ok=True)
     agg = aggregate(runs)
