@@ -16,8 +16,11 @@ Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for
 
 Resume (:mod:`attn_zoo.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
 (CSV continued, same W&B run id, the resumed config in ``.hydra/resume-<time>/``) up to ``trainer.max_steps`` total
-steps, which must exceed the checkpoint's step; the LR schedule stays the original run's (past its end:
-``lr * min_lr_ratio``).
+steps, which must exceed the checkpoint's step; the optimizer and LR schedule stay the original run's (past its end:
+``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
+
+Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) fail before
+anything is written (:func:`validate_config`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
 
 W&B is optional: not installed, ``WANDB_MODE=disabled``, or a run that cannot start: CSV only, said in one line.
 """
@@ -38,10 +41,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from attn_zoo.callbacks import StepProgressBar
-from attn_zoo.lit import LitLM, split_optim_config
+from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, register_resolvers, resolve_ckpt_path, result_config,
-                           run_dir_of, write_final_metrics)
+from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers, resolve_ckpt_path,
+                           result_config, run_dir_of, write_final_metrics)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
@@ -106,6 +109,59 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     return specs
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check the values every run needs before anything is built or written (output dir, loggers, data caches):
+    ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
+    number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
+    ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``) and
+    ``trainer.enable_progress_bar`` (true, false or auto).
+
+    Raises:
+        ValueError: naming the key, its value and what to set.
+    """
+    validate_optim_config(OmegaConf.to_container(cfg.optim, resolve=True) if cfg.get("optim") is not None else {})
+    steps = cfg.trainer.get("max_steps")
+    epochs = cfg.trainer.get("max_epochs")
+    steps_rule = ("must be a positive integer, the total number of optimizer steps (e.g. trainer.max_steps=1000); "
+                  "-1 (no step limit) only together with trainer.max_epochs=<a positive integer>")
+    if epochs is not None and not (_is_int(epochs) and (epochs > 0 or epochs == -1)):
+        raise ValueError(f"trainer.max_epochs={epochs!r}: must be null, a positive integer, or -1 (no epoch limit, "
+                         f"with a positive trainer.max_steps)")
+    if steps is None or (_is_int(steps) and steps == -1):
+        if not (_is_int(epochs) and epochs > 0):
+            raise ValueError(f"trainer.max_steps={steps!r} sets no step limit and trainer.max_epochs={epochs!r} no "
+                             f"epoch limit (Lightning would train 1000 epochs): set trainer.max_steps=<N> (a positive "
+                             f"integer, the total number of optimizer steps, e.g. trainer.max_steps=1000), or "
+                             f"trainer.max_epochs=<N> to train N epochs")
+    elif not (_is_int(steps) and steps > 0):
+        raise ValueError(f"trainer.max_steps={steps!r}: {steps_rule}")
+    bar = cfg.trainer.get("enable_progress_bar", "auto")
+    if bar not in (True, False, "auto", None):
+        raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
+                         f"terminal)")
+
+
+def _stdout_is_tty() -> bool:
+    import sys
+
+    try:
+        return bool(sys.stdout.isatty())
+    except (AttributeError, ValueError):  # replaced or closed stdout
+        return False
+
+
+def progress_bar_enabled(setting) -> bool:
+    """``trainer.enable_progress_bar``: true / false as given; ``auto`` (the default) or null: on only when stdout is
+    a terminal, so ``python train.py > log.txt`` (or a SLURM log) does not get one carriage-return update per step."""
+    if setting in ("auto", None):
+        return _stdout_is_tty()
+    return bool(setting)
+
+
 def build_datamodule(cfg: DictConfig):
     """The ``data`` group's data module: ``hydra.utils.instantiate(cfg.data)`` with ``data.path`` (a path or a list)
     and ``data.cache_dir`` relative to the launch directory.
@@ -158,7 +214,8 @@ def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], res
 def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
     """``hydra.utils.instantiate(cfg.trainer)`` with the ``callbacks`` group's callbacks and ``loggers``.
 
-    ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``; the step progress bar
+    ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``; ``trainer.enable_progress_bar:
+    auto`` is on only when stdout is a terminal (:func:`progress_bar_enabled`); the step progress bar
     (:class:`StepProgressBar`) is added unless the bar is off or a callback is a progress bar; without a logger the
     ``LearningRateMonitor`` (which raises then) is left out. The Trainer is instantiated as a partial and called
     here, so its own errors (a bad ``trainer.accelerator``, an unknown key) are not wrapped by Hydra.
@@ -169,11 +226,12 @@ def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     if not loggers:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in callbacks):
+    bar = progress_bar_enabled(cfg.trainer.get("enable_progress_bar", "auto"))
+    if bar and not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks.append(StepProgressBar())
     make = instantiate(cfg.trainer, _partial_=True, _convert_="all")
     return make(precision=resolve_precision(cfg.trainer.get("precision")), logger=loggers or False,
-                callbacks=callbacks, default_root_dir=output_dir)
+                callbacks=callbacks, default_root_dir=output_dir, enable_progress_bar=bar)
 
 
 def _wandb_logger(cfg, lcfg, output_dir: str, variant_tags: List[str], resume_step: Optional[int]):
@@ -256,6 +314,21 @@ def _job_info() -> Dict[str, object]:
             "overrides": list(hc.overrides.task), "override_dirname": hc.job.override_dirname}
 
 
+def table_title(cfg: DictConfig) -> str:
+    """The final table's title: ``attn-zoo: <experiment_name>``, and in a multirun `` / <the job's overrides>`` (its
+    folder name, :func:`attn_zoo.runs.job_dirname`: the swept overrides), so each job's table says which job it is."""
+    title = f"attn-zoo: {cfg.experiment_name}"
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            exclude = list(hc.job.config.override_dirname.get("exclude_keys") or [])
+            title += f" / {job_dirname(list(hc.overrides.task), exclude, hc.job.get('num') or 0)}"
+    return title
+
+
 def train(cfg: DictConfig) -> Dict[str, float]:
     """Build data, model, loggers and Trainer from ``cfg``, fit, validate; returns the final metrics.
 
@@ -263,11 +336,14 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
 
     Raises:
-        ValueError: sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
-            architecture, or ``trainer.max_steps`` not past the checkpoint's step.
+        ValueError: a bad ``optim.*`` / ``trainer.max_steps`` value (:func:`validate_config`, before anything is
+            written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
+            architecture or other optimizer / LR-schedule settings, or ``trainer.max_steps`` not past the
+            checkpoint's step.
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
     """
     t_start = time.time()
+    validate_config(cfg)
     L.seed_everything(int(cfg.seed), workers=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
     resume = checkpoint_info(ckpt_path) if ckpt_path else None
@@ -340,17 +416,21 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             rows["chance val/acc: uniform value"] = chance["uniform"]
         rows["wall_s"] = round(time.time() - t_start, 1)
         rows["output_dir"] = output_dir
-        print_table(f"attn-zoo: {cfg.experiment_name}", rows)
+        print_table(table_title(cfg), rows)
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
             "resumed_from": ckpt_path, "result_config": result_config(cfg),
+            # the LR schedule that ran: a resumed run keeps the checkpoint's length (its first run's max_steps)
+            "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
+                            "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> Optional[float]:
+    validate_config(cfg)
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         from attn_zoo.runs import finished_run
 

@@ -51,13 +51,24 @@ def _peak_mem_mb(device: torch.device) -> float:
         return float("nan")
 
 
-def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier: ``step / warmup`` during warmup, then cosine from 1 to ``min_lr_ratio`` at ``total_steps``."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if total_steps <= warmup_steps:
-        return 1.0
-    t = min(max((step - warmup_steps) / (total_steps - warmup_steps), 0.0), 1.0)
+def cosine_with_warmup(step: int, warmup_steps: int, total_steps: Optional[int], min_lr_ratio: float) -> float:
+    """LR multiplier of optimizer step ``step`` (0-based) of a schedule of ``total_steps`` steps.
+
+    Linear warmup ``(step + 1) / warmup`` over the first ``warmup`` steps, then a cosine from 1 down to
+    ``min_lr_ratio``, which it reaches at ``step == total_steps``; every step ``>= total_steps`` (a resumed run
+    extended past the schedule's end) runs at ``min_lr_ratio``. ``warmup`` is ``warmup_steps`` capped at
+    ``total_steps``: a schedule shorter than its warmup ramps up to 1 over its own length (its last step runs at the
+    full LR) and continues at ``min_lr_ratio`` past it, never at the full LR. ``total_steps`` None or ``<= 0`` (no
+    known length): warmup, then 1.
+    """
+    if not total_steps or total_steps <= 0:
+        return (step + 1) / warmup_steps if 0 < warmup_steps and step < warmup_steps else 1.0
+    if step >= total_steps:
+        return min_lr_ratio
+    warm = min(max(int(warmup_steps), 0), int(total_steps))
+    if step < warm:
+        return (step + 1) / warm
+    t = (step - warm) / (total_steps - warm)  # step < total_steps, so total_steps > warm here
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
@@ -92,6 +103,70 @@ def split_optim_config(optim: Mapping) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """
     optim = dict(optim)
     return {k: v for k, v in optim.items() if k not in SCHEDULE_KEYS}, {k: optim[k] for k in SCHEDULE_KEYS if k in optim}
+
+
+RESUME_FREE_OPTIM_KEYS = ("_partial_", "fused", "foreach")
+"""``optim.*`` keys that may differ between a checkpoint and the run that resumes it (how the optimiser is called or
+implemented, not its hyperparameters); every other ``optim.*`` key must match (:meth:`LitLM.check_checkpoint_hparams`)."""
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def validate_optim_config(optim: Mapping) -> None:
+    """Check the values of ``cfg.optim`` (optimiser arguments and schedule keys) that every run uses, before anything
+    is built: ``optim.lr`` a positive number, ``optim.weight_decay`` a number ``>= 0``, ``optim.betas`` two numbers in
+    ``[0, 1)``, ``optim.warmup_steps`` an integer ``>= 0``, ``optim.min_lr_ratio`` a number in ``[0, 1]``. Keys the
+    config does not have are not checked (e.g. ``'~optim.betas'`` for SGD).
+
+    Raises:
+        ValueError: naming the key, its value and what it must be (``optim.lr='abc': must be a positive number``).
+    """
+    optim = dict(optim or {})
+
+    def bad(key, what):
+        raise ValueError(f"optim.{key}={optim[key]!r}: must be {what} (e.g. optim.{key}="
+                         f"{ {'lr': '3e-3', 'weight_decay': '0.1', 'betas': '[0.9,0.95]', 'warmup_steps': '50', 'min_lr_ratio': '0.1'}[key] })")
+
+    if "lr" in optim and not (_is_number(optim["lr"]) and math.isfinite(optim["lr"]) and optim["lr"] > 0):
+        bad("lr", "a positive number")
+    if "weight_decay" in optim and optim["weight_decay"] is not None and not (
+            _is_number(optim["weight_decay"]) and math.isfinite(optim["weight_decay"]) and optim["weight_decay"] >= 0):
+        bad("weight_decay", "a number >= 0")
+    if "betas" in optim and optim["betas"] is not None:
+        b = optim["betas"]
+        if isinstance(b, str) or not hasattr(b, "__len__") or len(b) != 2 or \
+                not all(_is_number(x) and 0 <= x < 1 for x in b):
+            bad("betas", "two numbers in [0, 1)")
+    if "warmup_steps" in optim and not (isinstance(optim["warmup_steps"], int) and
+                                        not isinstance(optim["warmup_steps"], bool) and optim["warmup_steps"] >= 0):
+        bad("warmup_steps", "an integer >= 0, the optimizer steps of linear warmup")
+    if "min_lr_ratio" in optim and not (_is_number(optim["min_lr_ratio"]) and 0 <= optim["min_lr_ratio"] <= 1):
+        bad("min_lr_ratio", "a number in [0, 1], the LR at the end of the cosine as a fraction of optim.lr")
+
+
+def _plain(v):
+    """Lists / tuples / ListConfigs as lists (recursively), so ``[0.9, 0.95]`` equals ``(0.9, 0.95)``."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or isinstance(v, Mapping):
+        return v
+    return [_plain(x) for x in v]
+
+
+def optim_settings(hparams: Mapping) -> Dict[str, Any]:
+    """The optimiser and LR-schedule settings of LitLM hparams (a module's or a checkpoint's) as ``{"optim.<key>":
+    value}``, without :data:`RESUME_FREE_OPTIM_KEYS`. Hparams of checkpoints from before the optimiser was a config
+    (flat ``lr`` / ``weight_decay`` / ``betas``) fold into :data:`DEFAULT_OPTIMIZER` as :class:`LitLM` does; hparams
+    without any optimiser key give only their schedule keys."""
+    out: Dict[str, Any] = {}
+    opt = hparams.get("optimizer")
+    flat = {k: hparams[k] for k in ("lr", "weight_decay", "betas") if hparams.get(k) is not None}
+    if opt is not None or flat:
+        opt = dict(DEFAULT_OPTIMIZER if opt is None else opt)
+        opt.update(flat)
+        out.update({f"optim.{k}": _plain(v) for k, v in opt.items() if k not in RESUME_FREE_OPTIM_KEYS})
+    out.update({f"optim.{k}": _plain(hparams[k]) for k in SCHEDULE_KEYS if hparams.get(k) is not None})
+    return out
 
 
 def optimizer_factory(config: Mapping) -> Callable[..., torch.optim.Optimizer]:
@@ -147,6 +222,13 @@ def build_optimizer(config: Mapping, param_groups: List[dict], impl: str = "defa
     return make(param_groups, **extra)
 
 
+def _override(v) -> str:
+    """``v`` as a Hydra command-line value (``[0.9,0.95]``, ``0.003``, ``torch.optim.AdamW``)."""
+    if isinstance(v, list):
+        return "[" + ",".join(_override(x) for x in v) + "]"
+    return str(v)
+
+
 class LitLM(L.LightningModule):
     """Language-model training around a :class:`GPT`; the module builds the model and the optimiser from plain dicts
     so a checkpoint is self-contained (``LitLM.load_from_checkpoint(path)``).
@@ -194,6 +276,7 @@ class LitLM(L.LightningModule):
         for key, value in (("lr", lr), ("weight_decay", weight_decay), ("betas", betas)):
             if value is not None:
                 opt[key] = list(value) if key == "betas" else value
+        validate_optim_config(dict(opt, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio))
         optimizer_factory(opt)  # a bad optim.* fails now, not at the first step
         self.hparams["optimizer"] = opt
         self._sparse_targets = "mqar" in str(task).lower()  # loss on the query positions only (GPT.forward)
@@ -202,6 +285,7 @@ class LitLM(L.LightningModule):
         self.hparams["n_params"] = self.model.num_params()
         self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
         self._t0: Optional[float] = None
+        self.schedule_total_steps: Optional[int] = None  # the LR schedule's length, set by configure_optimizers
         # token-weighted means over the scored positions; summed over DDP ranks by torchmetrics at compute();
         # float64 sums as before; "disable": no NaN check (a host sync per batch), a NaN loss stays NaN
         self.val_loss = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
@@ -218,7 +302,14 @@ class LitLM(L.LightningModule):
 
     def check_checkpoint_hparams(self, saved: dict) -> None:
         """Raise ``ValueError`` (starting ``ckpt_path:``) when checkpoint hparams ``saved`` are of another
-        architecture (attention specs or model config) than this module."""
+        architecture (attention specs or model config) than this module, or of other optimiser / LR-schedule settings
+        (:func:`optim_settings`: ``optim.lr``, ``optim.betas``, ``optim.weight_decay``, ``optim._target_``, any other
+        optimiser argument, ``optim.warmup_steps``, ``optim.min_lr_ratio``).
+
+        A resumed run continues the checkpoint's optimiser state (its parameter groups keep their ``lr``, ``betas``,
+        ``weight_decay``) and LR schedule, so another value in this run's config would not be used, only recorded;
+        it is refused instead, naming each key with the checkpoint's and this run's value. The schedule length
+        (``total_steps``) is not compared: the checkpoint's is kept (:meth:`on_load_checkpoint`)."""
         if "layer_specs" in saved:
             old = [layer_from_dict(d) for d in saved["layer_specs"]]
             new = [layer_from_dict(d) for d in self.hparams.layer_specs]
@@ -235,6 +326,19 @@ class LitLM(L.LightningModule):
             raise ValueError(
                 f"ckpt_path: model config differs from the checkpoint's ({diff}); resume with the same model / data "
                 f"overrides as the run that wrote it (vocab_size and max_seq_len follow data.*)"
+            )
+        old_opt, new_opt = optim_settings(saved), optim_settings(self.hparams)
+        has_opt = any(k[len("optim."):] not in SCHEDULE_KEYS for k in old_opt)
+        keys = sorted(k for k in set(old_opt) | set(new_opt)
+                      if k in old_opt or (has_opt and k[len("optim."):] not in SCHEDULE_KEYS))
+        diff = [k for k in keys if old_opt.get(k) != new_opt.get(k)]
+        if diff:
+            what = "; ".join(f"{k}: checkpoint {old_opt.get(k)!r}, this run {new_opt.get(k)!r}" for k in diff)
+            fix = " ".join(f"{k}={_override(old_opt[k])}" if k in old_opt else f"'~{k}'" for k in diff)
+            raise ValueError(
+                f"ckpt_path: the optimizer / LR schedule differs from the checkpoint's ({what}); a resumed run keeps "
+                f"the checkpoint's optimizer state and LR schedule, so these values would not be used. Resume with "
+                f"the checkpoint's values ({fix}), or start a new run to train with other ones"
             )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -347,5 +451,6 @@ class LitLM(L.LightningModule):
         if not total:
             total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
         warm, mlr = int(self.hparams.warmup_steps), float(self.hparams.min_lr_ratio)
+        self.schedule_total_steps = int(total)  # recorded in final_metrics.json (lr_schedule)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, warm, total, mlr))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "train"}}

@@ -11,6 +11,10 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
       checkpoint's step, else ``ValueError`` (``pass trainer.max_steps > N to extend``);
     * the LR schedule is the original run's (``LitLM`` keeps ``total_steps`` in the checkpoint hparams): steps past
       its end run at ``lr * min_lr_ratio``, the cosine is not stretched again;
+    * the optimizer is the checkpoint's (state and hyperparameters): an ``optim.*`` value (``lr``, ``betas``,
+      ``weight_decay``, ``_target_``, ``warmup_steps``, ``min_lr_ratio``, ...) that differs from the checkpoint's
+      hparams is refused (``ValueError: ckpt_path: ...``, :meth:`attn_zoo.lit.LitLM.check_checkpoint_hparams`), so
+      ``final_metrics.json``'s ``result_config`` records what ran;
     * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
       directory. A checkpoint outside a ``checkpoints/`` folder starts a new run directory.
 """

@@ -268,7 +268,8 @@ def test_cli_resume_same_dir_same_wandb_run_and_step_progress_bar(tmp_path):
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
     run = tmp_path / "run"
     base = [a for a in FAST if not a.startswith(("logger=", "trainer.enable_progress_bar"))] + [
-        "logger=many", "trainer.val_check_interval=3", f"paths.cache_dir={tmp_path / 'c'}"]
+        "logger=many", "trainer.val_check_interval=3", f"paths.cache_dir={tmp_path / 'c'}",
+        "trainer.enable_progress_bar=true"]  # captured stdout is not a terminal: the default (auto) would be off
     r1 = subprocess.run([sys.executable, "train.py", *base, "trainer.max_steps=4", f"hydra.run.dir={run}"], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=240)
     assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
@@ -326,6 +327,8 @@ def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
         assert math.isclose(float(row["val/loss"]), final["metrics"]["val/loss"], rel_tol=1e-3)
     table = r.stdout[r.stdout.index("attn-zoo multirun: 2 jobs"):]
     assert all(p.name in table for p in jobs) and "val/loss" in table
+    for p in jobs:  # each job's own final table is titled with its overrides, not only "attn-zoo: default"
+        assert f"attn-zoo: default / {p.name}" in r.stdout, r.stdout[-3000:]
 
 
 def test_job_dirname_and_ckpt_path_last(tmp_path, monkeypatch):

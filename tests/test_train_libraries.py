@@ -199,8 +199,10 @@ def test_checkpoint_of_an_older_run_loads_and_resumes(tmp_path):
     torch.save(ck, ckpt)
     lit = LitLM.load_from_checkpoint(ckpt)
     assert lit.hparams.optimizer["weight_decay"] == 0.05 and lit.hparams.optimizer["_target_"] == "torch.optim.AdamW"
+    with pytest.raises(ValueError, match=r"ckpt_path: .*optim.weight_decay: checkpoint 0.05, this run 0.1"):
+        train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=6", f"ckpt_path={ckpt}"]))
     train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=6", "trainer.val_check_interval=4",
-                                               f"ckpt_path={ckpt}"]))
+                                               f"ckpt_path={ckpt}", "optim.weight_decay=0.05"]))
     rows = read_csv(tmp_path)
     assert [s for s, _ in column(rows, "train/lr")] == list(range(6))
     assert not [k for k in rows[0] if "pg1" in k]

@@ -1,0 +1,206 @@
+"""Edges of ``train.py`` found by a new-user test: optimizer overrides on resume, a schedule shorter than its warmup,
+``trainer.max_steps`` of 0 / -1 / a string, ``optim.*`` values that are not numbers, the progress bar in a log file,
+the final table's title in a multirun."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import train as train_mod
+from attn_zoo.lit import LitLM, cosine_with_warmup
+from test_train import FAST, ROOT, column, make_cfg, read_csv
+
+TINY = dict(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
+FLASH = [dict(kind="flash", causal=True)]
+
+
+# ------------------------------------------------------------------------------------------ 2: LR multiplier edges
+def test_cosine_with_warmup_edges():
+    f = cosine_with_warmup
+    # the usual schedule: warmup 5, cosine from 1 to min_lr_ratio at total_steps, floor after
+    assert [f(s, 5, 20, 0.1) for s in range(5)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert f(5, 5, 20, 0.1) == pytest.approx(1.0)
+    assert f(19, 5, 20, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 14 / 15)))
+    assert f(20, 5, 20, 0.1) == pytest.approx(0.1) and f(10_000, 5, 20, 0.1) == pytest.approx(0.1)
+    # a schedule shorter than (or as long as) its warmup: the warmup is capped at total_steps, the floor after it;
+    # never the full LR past the end (was 1.0 for every step >= warmup_steps)
+    assert [f(s, 50, 10, 0.1) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert all(f(s, 50, 10, 0.1) == pytest.approx(0.1) for s in (10, 49, 50, 59, 999))
+    assert f(9, 10, 10, 0.1) == pytest.approx(1.0) and f(10, 10, 10, 0.1) == pytest.approx(0.1)
+    # no warmup
+    assert f(0, 0, 10, 0.1) == pytest.approx(1.0) and f(10, 0, 10, 0.1) == pytest.approx(0.1)
+    assert f(0, 0, 1, 0.0) == pytest.approx(1.0) and f(1, 0, 1, 0.0) == 0.0
+    # no known length: warmup then 1
+    assert f(2, 4, None, 0.1) == pytest.approx(0.75) and f(100, 4, None, 0.1) == 1.0
+    for total in (1, 2, 3, 10, 60):  # in (0, 1] everywhere, continuous ramp, floor from total on
+        vals = [f(s, 50, total, 0.1) for s in range(total + 5)]
+        assert all(0 < v <= 1 for v in vals) and vals[total:] == pytest.approx([0.1] * 5)
+
+
+# ------------------------------------------------------------------------------------------ 1 + 2: resume
+def test_resume_refuses_other_optimizer_settings_and_a_short_run_extends_at_the_floor(tmp_path):
+    """A 4-step run (shorter than its 5 warmup steps) extended to 8: steps 4-7 run at lr * min_lr_ratio (they ran at
+    the full LR); an override of optim.lr / warmup_steps / min_lr_ratio / betas / weight_decay / _target_ that
+    differs from the checkpoint is refused naming the key and both values (the checkpoint's value was used and the
+    override recorded); final_metrics.json records the optimizer and schedule that ran."""
+    run = tmp_path / "run"
+    train_mod.train(make_cfg(run, FAST + ["trainer.max_steps=4", "trainer.val_check_interval=4"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    hp_before = (run / "csv" / "hparams.yaml").read_text()
+    refused = [
+        (["optim.lr=1e-3"], r"optim.lr: checkpoint 0.01, this run 0.001"),
+        (["optim.warmup_steps=0"], r"optim.warmup_steps: checkpoint 5, this run 0"),
+        (["optim.min_lr_ratio=0.5"], r"optim.min_lr_ratio: checkpoint 0.1, this run 0.5"),
+        (["optim.betas=[0.8,0.9]"], r"optim.betas: checkpoint \[0.9, 0.95\], this run \[0.8, 0.9\]"),
+        (["optim.weight_decay=0.0"], r"optim.weight_decay: checkpoint 0.1, this run 0.0"),
+        (["optim._target_=torch.optim.Adam"], r"optim._target_: checkpoint 'torch.optim.AdamW', this run 'torch.optim.Adam'"),
+    ]
+    for extra, match in refused:
+        with pytest.raises(ValueError, match=r"^ckpt_path: the optimizer / LR schedule differs") as e:
+            train_mod.train(make_cfg(tmp_path / "x", FAST + ["trainer.max_steps=8", f"ckpt_path={ckpt}"] + extra))
+        assert __import__("re").search(match, str(e.value)), (extra, str(e.value))
+    with pytest.raises(ValueError, match=r"optim.lr: checkpoint 0.01, this run 0.001; optim.warmup_steps: "
+                                         r"checkpoint 5, this run 0\).*\(optim.lr=0.01 optim.warmup_steps=5\)"):
+        train_mod.train(make_cfg(tmp_path / "x", FAST + ["trainer.max_steps=8", f"ckpt_path={ckpt}", "optim.lr=1e-3",
+                                                         "optim.warmup_steps=0"]))
+    assert (run / "csv" / "hparams.yaml").read_text() == hp_before, "a refused resume must not touch the run"
+    assert not (run / "final_metrics.json").read_text().count("0.001")
+
+    # the same settings (and implementation-only keys such as foreach) resume; the extension runs at the floor
+    train_mod.train(make_cfg(tmp_path / "x", FAST + ["trainer.max_steps=8", "trainer.val_check_interval=4",
+                                                     f"ckpt_path={ckpt}", "+optim.foreach=false"]))
+    lr = dict(column(read_csv(run), "train/lr"))
+    assert sorted(lr) == list(range(8))
+    assert [lr[s] for s in range(4)] == pytest.approx([1e-2 * (s + 1) / 4 for s in range(4)], rel=1e-5)
+    assert [lr[s] for s in range(4, 8)] == pytest.approx([1e-2 * 0.1] * 4, rel=1e-5), \
+        "past the first run's 4 steps the LR is lr * min_lr_ratio, not the full LR"
+    final = json.loads((run / "final_metrics.json").read_text())
+    assert final["steps"] == 8 and final["result_config"]["optim"]["lr"] == 1e-2
+    assert final["lr_schedule"] == {"total_steps": 4, "warmup_steps": 5, "min_lr_ratio": 0.1}
+
+
+def test_checkpoint_hparams_of_an_older_run_compare_folded():
+    """Checkpoints from before the optimizer was a config keep flat lr / weight_decay / betas: compared as LitLM folds
+    them; a checkpoint without optimizer hparams compares only the architecture."""
+    lit = LitLM(TINY, FLASH, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=50)
+    saved = {"model_config": dict(TINY), "layer_specs": FLASH, "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95),
+             "warmup_steps": 50, "min_lr_ratio": 0.1}
+    lit.check_checkpoint_hparams(saved)
+    lit.check_checkpoint_hparams({"model_config": dict(TINY)})
+    with pytest.raises(ValueError, match=r"^ckpt_path: .*optim.lr: checkpoint 0.001, this run 0.003"):
+        lit.check_checkpoint_hparams(dict(saved, lr=1e-3))
+
+
+# ------------------------------------------------------------------------------------------ 3 + 4: bad values
+@pytest.mark.parametrize("override, match", [
+    ("trainer.max_steps=0", r"trainer.max_steps=0: must be a positive integer.*trainer.max_steps=1000"),
+    ("trainer.max_steps=-5", r"trainer.max_steps=-5: must be a positive integer"),
+    ("trainer.max_steps=abc", r"trainer.max_steps='abc': must be a positive integer"),
+    ("trainer.max_steps=2.5", r"trainer.max_steps=2.5: must be a positive integer"),
+    ("trainer.max_steps=-1", r"trainer.max_steps=-1 sets no step limit.*set trainer.max_steps=<N>.*trainer.max_epochs=<N>"),
+    ("trainer.max_steps=null", r"trainer.max_steps=None sets no step limit"),
+    ("trainer.max_epochs=0", r"trainer.max_epochs=0: must be null, a positive integer"),
+    ("optim.lr=abc", r"optim.lr='abc': must be a positive number"),
+    ("optim.lr=-1", r"optim.lr=-1: must be a positive number"),
+    ("optim.lr=0", r"optim.lr=0: must be a positive number"),
+    ("optim.weight_decay=-0.1", r"optim.weight_decay=-0.1: must be a number >= 0"),
+    ("optim.weight_decay=abc", r"optim.weight_decay='abc': must be a number >= 0"),
+    ("optim.warmup_steps=-1", r"optim.warmup_steps=-1: must be an integer >= 0"),
+    ("optim.warmup_steps=2.5", r"optim.warmup_steps=2.5: must be an integer >= 0"),
+    ("optim.min_lr_ratio=1.5", r"optim.min_lr_ratio=1.5: must be a number in \[0, 1\]"),
+    ("optim.min_lr_ratio=abc", r"optim.min_lr_ratio='abc': must be a number in \[0, 1\]"),
+    ("optim.betas=[0.9]", r"optim.betas=\[0.9\]: must be two numbers in \[0, 1\)"),
+    ("trainer.enable_progress_bar=maybe", r"trainer.enable_progress_bar='maybe': must be true, false or auto"),
+])
+def test_bad_values_fail_before_anything_is_written(tmp_path, override, match):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=match):
+        train_mod.train(make_cfg(out, FAST + [override]))
+    assert not out.exists(), "the error must come before the output dir, loggers or data caches are created"
+
+
+def test_max_steps_minus_one_with_max_epochs_trains_epochs(tmp_path):
+    """-1 (no step limit) is allowed with trainer.max_epochs: one epoch of 512 / 16 = 32 steps."""
+    metrics = train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=-1", "trainer.max_epochs=1",
+                                                         "trainer.val_check_interval=32"]))
+    assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(32))
+    assert math.isfinite(metrics["val/loss"])
+    assert json.loads((tmp_path / "final_metrics.json").read_text())["lr_schedule"]["total_steps"] == 32
+
+
+def test_cli_max_steps_zero_fails_naming_the_key(tmp_path):
+    env = dict(os.environ, WANDB_MODE="disabled")
+    r = subprocess.run([sys.executable, "train.py", "logger=csv", "trainer.max_steps=0",
+                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode != 0
+    assert "trainer.max_steps=0: must be a positive integer" in r.stderr + r.stdout
+    assert not (tmp_path / "run" / "final_metrics.json").exists() and not (tmp_path / "run" / "csv").exists()
+
+
+# ------------------------------------------------------------------------------------------ 5: progress bar
+def _bar_callbacks(tmp_path, monkeypatch, tty, extra=()):
+    from lightning.pytorch.callbacks import ProgressBar
+
+    monkeypatch.setattr(train_mod, "_stdout_is_tty", lambda: tty)
+    args = [a for a in FAST if not a.startswith("trainer.enable_progress_bar")] + list(extra)
+    trainer = train_mod.build_trainer(make_cfg(tmp_path, args), [], str(tmp_path))
+    return [type(c).__name__ for c in trainer.callbacks if isinstance(c, ProgressBar)]
+
+
+def test_progress_bar_is_off_by_default_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
+    assert make_cfg(tmp_path, []).trainer.enable_progress_bar == "auto"
+    assert _bar_callbacks(tmp_path, monkeypatch, tty=False) == [], "a log file would get one bar update per step"
+    assert _bar_callbacks(tmp_path, monkeypatch, tty=True) == ["StepProgressBar"]
+    # an explicit setting wins over the terminal check
+    assert _bar_callbacks(tmp_path, monkeypatch, tty=False, extra=["trainer.enable_progress_bar=true"]) == \
+        ["StepProgressBar"]
+    assert _bar_callbacks(tmp_path, monkeypatch, tty=True, extra=["trainer.enable_progress_bar=false"]) == []
+
+
+def test_cli_output_to_a_file_has_no_progress_bar(tmp_path):
+    env = dict(os.environ, WANDB_MODE="disabled")
+    args = [a for a in FAST if not a.startswith("trainer.enable_progress_bar")]
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, "train.py", *args, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                            f"paths.cache_dir={tmp_path / 'c'}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT,
+                           env=env, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=240)
+    text = log.read_text()
+    assert r.returncode == 0, text[-3000:]
+    assert "\r" not in text and "step:" not in text, text[-2000:]
+    assert "val/loss" in text  # the final table still prints
+
+
+# ------------------------------------------------------------------------------------------ 6: multirun title
+def test_final_table_title_names_the_multirun_job(tmp_path, monkeypatch):
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict, read_write
+
+    from attn_zoo.runs import SWEPT_KEYS_ENV
+
+    cfg = make_cfg(tmp_path, ["attention=linear", "optim.lr=1e-3", "trainer.enable_progress_bar=false"],
+                   return_hydra_config=True)
+    assert train_mod.table_title(cfg) == "attn-zoo: default"  # Hydra not running (train() called directly)
+    hc = HydraConfig.instance()
+    saved = hc.cfg
+    try:
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            cfg.hydra.mode = RunMode.RUN
+            cfg.hydra.job.num = 1
+        hc.set_config(cfg)
+        assert train_mod.table_title(cfg) == "attn-zoo: default"
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            cfg.hydra.mode = RunMode.MULTIRUN
+        hc.set_config(cfg)
+        monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)
+        assert train_mod.table_title(cfg) == "attn-zoo: default / attention=linear,optim.lr=1e-3"
+        monkeypatch.setenv(SWEPT_KEYS_ENV, "optim.lr")
+        assert train_mod.table_title(cfg) == "attn-zoo: default / optim.lr=1e-3"
+    finally:
+        hc.cfg = saved
