@@ -36,7 +36,7 @@ The Hydra entry that also detects crossovers, plots and logs to W&B is :mod:`eva
 
 Why the grid, the ``exclude`` rules, ``run_last``, ``resume`` and ``deadline_s`` are here and not Hydra's sweeper
 (``-m a=1,2 b=x,y`` / ``hydra.sweeper.params``): the basic sweeper makes the Cartesian product of its overrides and
-cannot leave combinations out (``speed_h200``: 210 combinations, 101 after its six ``exclude`` rules). Every
+cannot leave combinations out (``speed_h200``: 245 combinations, 108 after its seven ``exclude`` rules). Every
 combination would be a Hydra job: its own composed config and folder (``.hydra/``, a log), about 0.4 s even with the
 in-process basic launcher (a no-op app, 200 jobs: 88 s on 2 CPU cores), and under the joblib / submitit launchers
 other processes (each pays torch import, CUDA init, Triton compiles: seconds), against ~1 s of GPU work per point.
