@@ -135,13 +135,15 @@ SWEPT_KEYS_ENV = "ATTN_ZOO_SWEPT_KEYS"
 
 
 def swept_keys(overrides, sweeper_params=None) -> List[str]:
-    """The keys a multirun sweeps: command-line sweep overrides (``a=1,2``, ``range(...)``, ``choice(...)``)
-    and the keys of ``hydra.sweeper.params`` (sweeps defined in a config), in that order."""
+    """The keys a multirun sweeps: the keys of ``hydra.sweeper.params`` (sweeps defined in a config) in config
+    order, then the other command-line sweep overrides (``a=1,2``, ``range(...)``, ``choice(...)``) in the order
+    given. A command line that narrows a config's sweep (``data.seq_len=128`` or ``attention=flash,mqa``) therefore
+    names its job folders as the full sweep does, so ``skip_finished`` finds the jobs of either."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    keys = [o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides or []))
-            if o.is_sweep_override()]
-    keys += [str(k) for k in (sweeper_params or {}).keys()]
+    keys = [str(k) for k in (sweeper_params or {}).keys()]
+    keys += [o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides or []))
+             if o.is_sweep_override()]
     return list(dict.fromkeys(keys))
 
 

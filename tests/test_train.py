@@ -335,7 +335,11 @@ def test_job_dirname_and_ckpt_path_last(tmp_path, monkeypatch):
     from attn_zoo.runs import SWEPT_KEYS_ENV, _run_dir_resolver, job_dirname, resolve_ckpt_path, swept_keys
 
     assert swept_keys(["attention=flash,linear", "model.n_layer=2", "optim.lr=range(1,3)"], {"seed": "0,1"}) == \
-        ["attention", "optim.lr", "seed"]
+        ["seed", "attention", "optim.lr"]
+    # a command line narrowing a config's sweep keeps the config's key order (the same job folder names)
+    params = {"attention": "flash,mqa,linear", "model.d_model": "64,128", "data.seq_len": "64,128"}
+    assert swept_keys(["data.seq_len=128", "model.d_model=64,128", "attention=flash,mqa"], params) == \
+        ["attention", "model.d_model", "data.seq_len"]
     job = ["model.n_layer=2", "+trainer.enable_checkpointing=true", "optim.lr=0.001", "attention=flash",
            "paths.cache_dir=/tmp/x"]
     monkeypatch.setenv(SWEPT_KEYS_ENV, "attention,optim.lr")
