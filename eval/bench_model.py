@@ -2,9 +2,9 @@
 seq_len, after warm-up.
 
 What one step is (the same as ``train.py trainer=gpu``): bf16 autocast forward of :class:`attn_zoo.model.GPT` on
-random byte tokens, cross-entropy, backward, gradient-norm clipping at 1.0, the AdamW ``LitLM`` uses on CUDA
-(:func:`attn_zoo.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
-number of tokens per step is constant (``B = tokens // seq_len``).
+random tokens (ids ``< --vocab``), cross-entropy, backward, gradient-norm clipping at 1.0, the AdamW ``LitLM`` uses
+on CUDA (:func:`attn_zoo.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
+number of tokens per step is constant (``B = tokens // seq_len``; inputs ``(B, seq_len)`` int64).
 
 Backends, timed in the same process:
   * ``triton``: our kernels (every variant);
@@ -13,20 +13,40 @@ Backends, timed in the same process:
   * ``sdpa_flash`` / ``sdpa_cudnn``: the registry's SDPA anchors, SDPA forced to FlashAttention-2 / cuDNN (exact
     kinds only). The SDPA backend PyTorch picks by default is recorded in the ``sdpa_default`` column.
   * any other registered backend by name (``--backends``), and every backend a ``--plugins`` module registers; a
-    backend whose ``supports()`` refuses a variant's layer is skipped for it.
+    backend whose ``supports()`` refuses a layer of a variant is skipped for it (a hybrid runs on a backend only
+    when it supports every layer: no SDPA anchor for a hybrid with a window or linear layer).
 
 Model sizes: ``large`` = d_model 1024, 8 layers, 8 heads (D = 128), SwiGLU, RMSNorm; ``small`` = ``conf/model/small``
-(d_model 128, 4 layers, 4 heads, D = 32). Variants: ``conf/attention/<name>.yaml`` except the window (1024 tokens,
-causal) and BigBird (block 128, 2 local / 1 global / 2 random blocks), sized as in ``eval/bench_flash.py``.
+(d_model 128, 4 layers, 4 heads, D = 32). Vocabulary ``--vocab`` (default 256, bytes; the MQAR experiments use
+8192, where the tied embedding / LM head ``(vocab, d_model)`` is a large part of a small model's step).
 
-Columns: ``tokens_per_s`` (median step), ``step_ms`` (median), ``step_ms_min``, ``peak_mem_mib``
-(``max_memory_allocated`` over the timed steps: weights, AdamW state, activations), ``ratio_vs_<backend>``
-(tokens/s of the row over that backend's at the same size / variant / seq_len).
+Variants (``--variants``):
+  * a plain name: the same layer in every layer, ``conf/attention/<name>.yaml`` except the window (1024 tokens,
+    causal) and BigBird (block 128, 2 local / 1 global / 2 random blocks), sized as in ``eval/bench_flash.py``
+    (:data:`VARIANTS`);
+  * a hybrid ``a+b+...``: one layer name per layer (as many as the size's ``n_layer``), each resolved as
+    ``train.py model.layers=[a,b,...]`` resolves it (:func:`train.layer_specs`: ``conf/attention/<name>.yaml``
+    unchanged, e.g. ``sliding_window`` = a 32-token window, or a registered mixer), i.e. the model the hybrid
+    runs of ``conf/experiment/mqar_hybrid.yaml`` trained. The row's ``variant`` is the spec as given, also when
+    every layer is the same (``linear+linear+linear+linear``): what ``eval.recall hybrid speed=<csv>`` joins on.
+
+Columns: ``size``, ``variant``, ``seq_len``, ``backend``, ``batch``, ``tokens_per_step``, ``vocab``,
+``tokens_per_s`` (median step), ``step_ms`` (median), ``step_ms_min``, ``peak_mem_mib`` (MiB,
+``max_memory_allocated`` over the timed steps: weights, AdamW state, activations), ``n_params``,
+``ratio_vs_<backend>`` (tokens/s of the row over that backend's at the same size / variant / seq_len).
 
 Usage (GPU): ``python -m eval.bench_model --out results/h200/model_speed [--sizes large,small]
 [--seq-lens 512,1024,2048,4096,8192,16384] [--variants flash,sliding_window,sparse,linear,gqa,mqa]
 [--backends triton,torch,sdpa_flash,sdpa_cudnn] [--plugins my_module] [--tokens 16384] [--steps 10] [--warmup 3]
-[--profile]``
+[--vocab 256] [--profile]``
+
+The hybrids of ``conf/experiment/mqar_hybrid.yaml`` (small model, vocab 8192, batch 256 at seq_len 256), for
+``python -m eval.recall hybrid ... speed=results/h200/<date>/hybrid_speed/model_speed.csv``::
+
+    L=linear; W=sliding_window; F=flash
+    V=$L+$L+$L+$L,$L+$L+$L+$F,$L+$L+$F+$F,$L+$F+$F+$F,$W+$W+$W+$W,$W+$W+$W+$F,$W+$W+$F+$F,$W+$F+$F+$F,$F+$F+$F+$F
+    python -m eval.bench_model --out results/h200/<date>/hybrid_speed --sizes small --vocab 8192 --tokens 65536 \\
+        --seq-lens 256,2048 --backends triton --variants $V
 """
 
 from __future__ import annotations
@@ -42,7 +62,9 @@ import torch
 
 from attn_zoo import make_spec
 from attn_zoo.lit import adamw_impl, clip_gradients_
+from attn_zoo.mixers import LayerSpec
 from attn_zoo.model import GPT, GPTConfig
+from attn_zoo.spec import AttentionSpec
 
 SIZES = {
     "large": dict(d_model=1024, n_layer=8, n_head=8, mlp="swiglu", norm="rmsnorm"),
@@ -58,6 +80,38 @@ VARIANTS = {
     "mqa": dict(kind="flash", causal=True, n_kv_heads=1),
 }
 EXACT = ("flash", "gqa", "mqa")
+HYBRID_SEP = "+"  # a hybrid variant: one layer name per layer, "linear+linear+linear+flash"
+
+
+def variant_specs(size: str, variant: str) -> List[LayerSpec]:
+    """The ``n_layer`` layer specs of ``variant`` at model ``size``.
+
+    A plain name (:data:`VARIANTS`): that spec in every layer. A hybrid ``a+b+...``: one name per layer, resolved
+    by :func:`train.layer_specs` as ``train.py model.layers=[a,b,...]`` is (the ``attention`` group at its default,
+    flash, as in the MQAR hybrid runs), so the model is the one those runs trained.
+
+    Raises ``ValueError`` naming ``--variants``: an unknown plain name, a hybrid with another number of layers than
+    the size's ``n_layer``, an unknown layer name (the message lists the allowed ones).
+    """
+    n_layer = SIZES[size]["n_layer"]
+    if HYBRID_SEP not in variant:
+        if variant not in VARIANTS:
+            raise ValueError(f"--variants: {variant!r} not supported; allowed values: {', '.join(VARIANTS)}, or a "
+                             f"hybrid of one conf/attention name per layer joined by '{HYBRID_SEP}'")
+        return [make_spec(**VARIANTS[variant])] * n_layer
+    names = variant.split(HYBRID_SEP)
+    if len(names) != n_layer:
+        raise ValueError(f"--variants: hybrid {variant!r} has {len(names)} layers but --sizes {size} has "
+                         f"n_layer={n_layer}; give one layer name per layer")
+    import train  # the repository root's train.py (bench_model runs from there, as eval.bench_common needs)
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"attention": OmegaConf.load(train.CONF_DIR / "attention" / "flash.yaml"),
+                            "model": {"n_layer": n_layer, "layers": names}})
+    try:
+        return train.layer_specs(cfg)
+    except ValueError as e:  # "model.layers[i]='x' is not an attention config ...; allowed values: ..."
+        raise ValueError(f"--variants: hybrid {variant!r}: {e}") from None
 
 
 def default_backends() -> List[str]:
@@ -70,21 +124,25 @@ def default_backends() -> List[str]:
     return [b for b in ("triton", "torch", "sdpa_flash", "sdpa_cudnn") if b in names]
 
 
-def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: int) -> bool:
-    """Whether registry backend ``backend`` can run ``variant``'s attention at this size (its ``supports()`` on
-    tensors of the layer's shapes, bf16 on CUDA): the anchors that cannot (SDPA for windows / layouts) are skipped."""
+def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: int, device: str = "cuda") -> bool:
+    """Whether registry backend ``backend`` can run every attention layer of ``variant`` at this size (its
+    ``supports()`` on bf16 ``(B, H, seq_len, D)`` tensors of the layer's shapes on ``device``): the anchors that
+    cannot (SDPA for windows / layouts / linear layers, hybrids holding one) are skipped. Layers that are not
+    attention (mixers) do not go through the backend registry."""
     from attn_zoo.registry import get_backends
 
-    spec = make_spec(**VARIANTS[variant])
-    b = get_backends(spec.kind).get(backend)
-    if b is None:
-        return False
     H = SIZES[size]["n_head"]
     D = SIZES[size]["d_model"] // H
-    hkv = spec.resolve_kv_heads(H)
     B = max(1, tokens // seq_len)
-    mk = lambda h: torch.empty(B, h, seq_len, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    return b.why_not(mk(H), mk(hkv), mk(hkv), spec) is None
+    mk = lambda h: torch.empty(B, h, seq_len, D, device=device, dtype=torch.bfloat16)  # noqa: E731
+    for spec in dict.fromkeys(variant_specs(size, variant)):  # each distinct layer once
+        if not isinstance(spec, AttentionSpec):
+            continue
+        b = get_backends(spec.kind).get(backend)
+        hkv = spec.resolve_kv_heads(H)
+        if b is None or b.why_not(mk(H), mk(hkv), mk(hkv), spec) is not None:
+            return False
+    return True
 
 
 def sdpa_default_backend(B: int, H: int, N: int, D: int, Hkv: Optional[int] = None) -> str:
@@ -107,11 +165,13 @@ def sdpa_default_backend(B: int, H: int, N: int, D: int, Hkv: Optional[int] = No
     return "unknown"
 
 
-def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int = 256) -> GPT:
+def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int = 256, device: str = "cuda") -> GPT:
+    """The GPT of ``size`` with ``variant``'s layers (:func:`variant_specs`), ``vocab`` tokens, seed 0, on
+    ``device``."""
     cfg = GPTConfig(vocab_size=vocab, max_seq_len=seq_len, **SIZES[size])
-    spec = make_spec(**VARIANTS[variant])
+    specs = variant_specs(size, variant)
     torch.manual_seed(0)
-    return GPT(cfg, spec, backend=backend).cuda()
+    return GPT(cfg, specs, backend=backend).to(device)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):
@@ -143,16 +203,16 @@ def train_steps(model: GPT, opt, x: torch.Tensor, y: torch.Tensor, n: int, clip:
 
 
 def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, steps: int, warmup: int,
-              profile_dir: Optional[str] = None, compile: bool = False) -> Dict[str, object]:
+              profile_dir: Optional[str] = None, compile: bool = False, vocab: int = 256) -> Dict[str, object]:
     B = max(1, tokens // seq_len)
-    model = make_model(size, variant, seq_len, backend)
+    model = make_model(size, variant, seq_len, backend, vocab)
     opt = make_optimizer(model)
     n_params = model.num_params()
     if compile:  # as train.py compile=true: the model, not the optimiser step
         model = torch.compile(model)
     g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
-    y = torch.randint(0, 256, (B, seq_len), device="cuda", generator=g)
+    x = torch.randint(0, vocab, (B, seq_len), device="cuda", generator=g)
+    y = torch.randint(0, vocab, (B, seq_len), device="cuda", generator=g)
     train_steps(model, opt, x, y, warmup)
     torch.cuda.reset_peak_memory_stats()
     times = train_steps(model, opt, x, y, steps)
@@ -162,7 +222,7 @@ def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, 
     times.sort()
     med = times[len(times) // 2]
     row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend + ("+compile" if compile else ""), batch=B,
-               tokens_per_step=B * seq_len, step_ms=round(med, 3), step_ms_min=round(times[0], 3),
+               tokens_per_step=B * seq_len, vocab=vocab, step_ms=round(med, 3), step_ms_min=round(times[0], 3),
                tokens_per_s=round(B * seq_len / med * 1e3), peak_mem_mib=round(peak, 1), n_params=n_params)
     del model, opt
     torch.cuda.empty_cache()
@@ -208,34 +268,43 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--out", required=True, help="output folder (model_speed.csv / .json)")
     ap.add_argument("--sizes", default="large,small")
     ap.add_argument("--seq-lens", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"plain names ({', '.join(VARIANTS)}) or hybrids of one conf/attention name per layer "
+                         f"joined by '{HYBRID_SEP}' (e.g. linear+linear+linear+flash)")
     ap.add_argument("--backends", default=None, help="registry backend names (default: triton,torch,sdpa_flash,"
                                                        "sdpa_cudnn) plus every backend of --plugins")
-    ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too)")
+    ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too) "
+                                                      "or mixers (hybrid layer names)")
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per step (batch = tokens // seq_len)")
+    ap.add_argument("--vocab", type=int, default=256, help="vocabulary size (embedding / LM head rows; MQAR: 8192)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler table per row")
     ap.add_argument("--name", default="model_speed", help="file stem of the results")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (backend names get +compile)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_model needs a CUDA GPU")
-    if a.steps < 1 or a.warmup < 1 or a.tokens < 1:
-        raise SystemExit("--steps, --warmup and --tokens must be >= 1")
+    if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1:
+        raise SystemExit("--steps, --warmup, --tokens and --vocab must be >= 1")
+    from attn_zoo.registry import backend_names, backends_from, load_plugins
     from eval.bench_common import env_info, format_table, write_csv, write_json
 
+    plugins = load_plugins(a.plugins)  # before the variants: a hybrid may name a mixer a plugin registers
     sizes = parse_list(a.sizes, SIZES, "sizes")
-    variants = parse_list(a.variants, VARIANTS, "variants")
-    from attn_zoo.registry import backend_names, backends_from, load_plugins
-
-    plugins = load_plugins(a.plugins)
+    variants = parse_list(a.variants)
+    for size in sizes:  # every variant at every size, before any GPU work
+        for variant in variants:
+            try:
+                variant_specs(size, variant)
+            except ValueError as e:
+                raise SystemExit(str(e)) from None
     backends = parse_list(a.backends, backend_names(), "backends") if a.backends else default_backends()
     backends += [b for b in backends_from(plugins) if b not in backends]
     try:
         seq_lens = [int(x) for x in parse_list(a.seq_lens)]
     except ValueError:
         raise SystemExit(f"--seq-lens must be a comma-separated list of integers, got {a.seq_lens!r}") from None
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_model needs a CUDA GPU")
     env = env_info()
     rows: List[Dict[str, object]] = []
     default_backend = {}
@@ -247,7 +316,7 @@ def main(argv=None) -> List[Dict[str, object]]:
                         continue
                     try:
                         row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
-                                        a.out if a.profile else None, a.compile)
+                                        a.out if a.profile else None, a.compile, a.vocab)
                     except Exception as e:  # a failed row is recorded, the sweep goes on
                         traceback.print_exc()
                         row = dict(size=size, variant=variant, seq_len=n, backend=backend,
