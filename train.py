@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from attn_zoo.callbacks import StepProgressBar
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import (ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers, resolve_ckpt_path,
+from attn_zoo.runs import (FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers, resolve_ckpt_path,
                            result_config, run_dir_of, write_final_metrics)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
@@ -382,6 +382,15 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                 f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
                 f"leaves nothing to train (max_steps counts all steps, not further ones); pass "
                 f"trainer.max_steps > {resume.step} to extend it")
+    # a new run in the folder of a finished one rewrites metrics.csv: the old final table must not mark it finished
+    stale = Path(output_dir) / FINAL_METRICS
+    if resume is None and stale.is_file():
+        kept = stale.with_name(f"final_metrics.replaced-{time.strftime('%Y%m%d-%H%M%S')}.json")
+        try:
+            stale.rename(kept)
+        except FileNotFoundError:  # another DDP rank moved it first
+            pass
+        log.warning(f"{stale} of an earlier run in this folder moved to {kept.name}: this run starts over")
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)

@@ -204,3 +204,43 @@ def test_final_table_title_names_the_multirun_job(tmp_path, monkeypatch):
         assert train_mod.table_title(cfg) == "attn-zoo: default / optim.lr=1e-3"
     finally:
         hc.cfg = saved
+
+
+# ------------------------------------------------------------------------------------------ a new run over a finished one
+def test_a_new_run_in_a_finished_runs_folder_is_not_marked_finished_before_it_ends(tmp_path):
+    """A job re-run in the folder of a finished run (skip_finished found no matching result_config, or a reused
+    run dir) rewrites metrics.csv from step 0; the earlier final_metrics.json is moved aside as soon as training
+    starts, so a run cut off mid-way is not read as finished with the earlier run's final table."""
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "final_metrics.json").write_text(json.dumps({"steps": 999, "metrics": {"val/acc": 0.5}}))
+
+    class Cut(Exception):
+        pass
+
+    import lightning as L
+
+    class CutAtStep2(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step >= 2:
+                assert not (run / "final_metrics.json").exists(), "the earlier final table is still in place"
+                raise Cut
+
+    orig = train_mod.build_trainer
+
+    def with_cut(cfg, loggers, output_dir):
+        trainer = orig(cfg, loggers, output_dir)
+        trainer.callbacks.append(CutAtStep2())
+        return trainer
+
+    train_mod.build_trainer = with_cut
+    try:
+        with pytest.raises(Cut):
+            train_mod.train(make_cfg(run, FAST + ["trainer.max_steps=6"]))
+    finally:
+        train_mod.build_trainer = orig
+    kept = list(run.glob("final_metrics.replaced-*.json"))
+    assert not (run / "final_metrics.json").exists() and len(kept) == 1
+    assert json.loads(kept[0].read_text())["steps"] == 999
+    train_mod.train(make_cfg(run, FAST + ["trainer.max_steps=3", "trainer.val_check_interval=3"]))
+    assert json.loads((run / "final_metrics.json").read_text())["steps"] == 3
