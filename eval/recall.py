@@ -384,7 +384,11 @@ def plot_fig2(rows: Sequence[dict], base: str, caption: str, select: str = "best
         for v in variants:
             pts = sorted([r for r in sel if r["variant"] == v], key=lambda r: r["d_model"])
             if pts:
-                ax.plot([r["d_model"] for r in pts], [r["acc"] for r in pts], lw=1.6, ms=5, **variant_style(v))
+                ln, = ax.plot([r["d_model"] for r in pts], [r["acc"] for r in pts], lw=1.6, ms=5, **variant_style(v))
+                cut = [r for r in pts if _f(r.get("finished", 1)) < 1]  # cut off before max_steps: hollow marker
+                if cut:
+                    ax.plot([r["d_model"] for r in cut], [r["acc"] for r in cut], ls="none", ms=8, mew=1.4,
+                            marker=ln.get_marker(), mfc="white", mec=ln.get_color(), zorder=ln.get_zorder() + 1)
         chance = sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))})
         for c in chance:
             ax.axhline(c, color="gray", ls="--", lw=1)
@@ -399,6 +403,9 @@ def plot_fig2(rows: Sequence[dict], base: str, caption: str, select: str = "best
         ax.set_ylabel("MQAR accuracy")
         ax.grid(True, alpha=0.25)
     handles = _variant_handles(variants) + [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs")]
+    if any(_f(r.get("finished", 1)) < 1 for r in rows):
+        handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
+                              label="hollow: run cut off before max_steps"))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), fontsize=8, frameon=False)
     acc = "best validation (max, as Zoology)" if select == "best" else "last validation"
     suptitle(fig, "Which variants solve associative recall, and at what model width? (Zoology Fig. 2)\n"

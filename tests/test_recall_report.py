@@ -8,6 +8,7 @@ unresolved), ``csv/metrics.csv`` (Lightning's CSVLogger: training rows, validati
 import csv
 import math
 import os
+import shutil
 
 import pytest
 import yaml
@@ -373,3 +374,26 @@ def test_unfinished_runs_are_flagged_and_budgets_not_averaged(tmp_path):
     assert rows[1500]["finished"] == 1.0 and rows[6000]["finished"] == 0.0
     assert rows[1500]["acc"] == pytest.approx(0.9) and rows[6000]["acc"] == pytest.approx(0.5)
     assert any("1 of 2 runs unfinished" in n for n in res["notes"])
+
+
+def test_fig2_plot_marks_cut_off_runs_hollow(tmp_path, monkeypatch):
+    """A cell whose run stopped before max_steps is drawn with a hollow marker over its line, with a legend entry;
+    a grid of finished runs has neither."""
+    from matplotlib.figure import Figure
+
+    seen = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: seen.append(self))
+    root = tmp_path / "multirun"
+    write_run(root, "done", d_model=64, vals=[(100, {"acc": 0.9})], final={"acc": 0.9})
+    write_run(root, "cut", d_model=128, vals=[(40, {"acc": 0.5})])  # no final_metrics.json: cut off
+    recall.run({"kind": "fig2", "runs": [str(root)], "out_dir": str(tmp_path / "out")})
+    fig = seen[-1]
+    hollow = [ln for ax in fig.axes for ln in ax.lines if ln.get_markerfacecolor() == "white"]
+    assert [list(ln.get_xdata()) for ln in hollow] == [[128]]
+    assert any("cut off" in t.get_text() for lg in fig.legends for t in lg.get_texts())
+    seen.clear()
+    shutil.rmtree(root / "cut")
+    recall.run({"kind": "fig2", "runs": [str(root)], "out_dir": str(tmp_path / "out2")})
+    fig = seen[-1]
+    assert not [ln for ax in fig.axes for ln in ax.lines if ln.get_markerfacecolor() == "white"]
+    assert not any("cut off" in t.get_text() for lg in fig.legends for t in lg.get_texts())
