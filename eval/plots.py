@@ -168,6 +168,9 @@ def grid(n_panels: int, ncols: int = 3, panel_w: float = 4.6, panel_h: float = 3
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex, sharey=sharey).ravel().tolist()
     for ax in axes[n:]:
         ax.remove()
+    for i, ax in enumerate(axes[:n]):  # shared x: a panel with no panel below it keeps its tick labels
+        if sharex and i + ncols >= n:
+            ax.xaxis.set_tick_params(labelbottom=True)
     return fig, axes[:n]
 
 

@@ -557,6 +557,22 @@ def hybrid_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     return sorted(out, key=lambda r: (r["base"], r["seq_len"], r["n_layer"], r["k"], r["layers"]))
 
 
+def bench_setup(path: str, backend: str) -> str:
+    """What an ``eval.bench_model`` CSV measured, for a caption: backend, model size, vocabulary and tokens per step
+    of its rows of ``backend`` (a setting with several values lists them)."""
+    import pandas as pd
+
+    df = pd.read_csv(path)
+    df = df[df["backend"] == backend] if "backend" in df.columns else df
+    parts = [f"backend {backend}"]
+    for col, name in (("size", "size"), ("vocab", "vocab"), ("tokens_per_step", "tokens/step")):
+        if col in df.columns:
+            vals = sorted({str(v) for v in df[col].dropna()})
+            if vals:
+                parts.append(f"{name} {'/'.join(vals)}")
+    return ", ".join(parts)
+
+
 def attach_speed(rows: List[dict], bench) -> List[str]:
     """Tokens/s of the benchmark row of each hybrid row (``variant`` = the layers joined by ``+``; the pure base /
     flash variant at ``k = 0`` / ``k = L``) at its seq_len; returns caption notes on what the CSV lacks."""
@@ -758,8 +774,8 @@ def run(cfg: dict) -> dict:
 
             notes += attach_speed(rows, load_bench_speed(speed, cfg.get("speed_backend") or "triton",
                                                          cfg.get("speed_size")))
-            notes.insert(0, f"speed: {os.path.basename(str(speed))} (eval.bench_model, backend "
-                            f"{cfg.get('speed_backend') or 'triton'}; its model size, not the trained one)")
+            notes.insert(0, f"speed: {os.path.basename(str(speed))} (eval.bench_model, "
+                            f"{bench_setup(speed, cfg.get('speed_backend') or 'triton')})")
         paths = plot_hybrid(rows, base, _setup(recs, "\n" + "; ".join(notes) if notes else ""), bool(speed))
     else:
         recs_t = [r for r in recs if str(r["dataset"]).startswith("text")]

@@ -239,3 +239,19 @@ def test_sweep_figures_write_every_file(tmp_path):
     plt.close(fig)
     q = plots.plot_bubble(bubble_rows(), str(tmp_path / "b"), "val_acc")
     assert os.path.getsize(q[0]) > 20000 and math.isfinite(os.path.getmtime(q[0]))
+
+
+def test_grid_with_shared_x_labels_every_bottom_panel():
+    """Five panels in rows of four with a shared x axis: panels 2-4 of the first row have no panel below them and
+    must keep their x tick labels (else three columns show no scale); panel 1 (above panel 5) hides them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from eval.plots import grid
+
+    fig, axes = grid(5, ncols=4, sharex=True)
+    for ax in axes:
+        ax.plot([1e6, 7e6], [0, 1])
+    fig.canvas.draw()
+    shown = [any(t.get_visible() and t.get_text() for t in ax.get_xticklabels()) for ax in axes]
+    assert shown == [False, True, True, True, True]

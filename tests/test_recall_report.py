@@ -397,3 +397,14 @@ def test_fig2_plot_marks_cut_off_runs_hollow(tmp_path, monkeypatch):
     fig = seen[-1]
     assert not [ln for ax in fig.axes for ln in ax.lines if ln.get_markerfacecolor() == "white"]
     assert not any("cut off" in t.get_text() for lg in fig.legends for t in lg.get_texts())
+
+
+def test_bench_setup_caption_names_what_the_speed_csv_measured(tmp_path):
+    """The hybrid figure's speed caption states the benchmark's backend, size, vocabulary and tokens per step (of
+    that backend's rows), so a reader can compare them with the trained model."""
+    p = tmp_path / "model_speed.csv"
+    p.write_text("size,variant,seq_len,backend,vocab,tokens_per_step,tokens_per_s\n"
+                 "small,flash,256,triton,8192,262144,1\nsmall,flash,2048,triton,8192,262144,1\n"
+                 "large,flash,256,torch,256,16384,1\n")
+    assert recall.bench_setup(str(p), "triton") == "backend triton, size small, vocab 8192, tokens/step 262144"
+    assert recall.bench_setup(str(p), "torch") == "backend torch, size large, vocab 256, tokens/step 16384"
