@@ -168,9 +168,11 @@ def grid(n_panels: int, ncols: int = 3, panel_w: float = 4.6, panel_h: float = 3
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex, sharey=sharey).ravel().tolist()
     for ax in axes[n:]:
         ax.remove()
-    for i, ax in enumerate(axes[:n]):  # shared x: a panel with no panel below it keeps its tick labels
-        if sharex and i + ncols >= n:
+    for ax in axes[:n]:  # shared axes: every panel keeps its tick labels (a panel may sit above a table or nothing)
+        if sharex:
             ax.xaxis.set_tick_params(labelbottom=True)
+        if sharey:
+            ax.yaxis.set_tick_params(labelleft=True)
     return fig, axes[:n]
 
 
@@ -274,6 +276,25 @@ def _crossover_of(crossovers: Sequence[dict], k: tuple, metric: str, reference: 
     return None
 
 
+def crossover_note(c: Optional[dict], full_n_max: float = float("nan")) -> str:
+    """What a crossover row says, short, for a legend or table: ``n*≈1.2k``, ``faster at every N``, ``slower at
+    every N``; with the compared range when it is shorter than the baseline's (``N = 512 only``, ``N <= 2.0k``), and
+    how much faster the variant is at the largest length when a crossing wins by less than 5 % (``1 % faster at
+    32.8k``: a crossing of two nearly equal curves is not a win)."""
+    if not c:
+        return ""
+    ns, n_min, n_max = _f(c.get("n_star")), _f(c.get("n_min")), _f(c.get("n_max"))
+    text = f"n*≈{fmt_n(ns)}" if math.isfinite(ns) else STATUS_SHORT.get(c.get("status"), str(c.get("status") or ""))
+    ratio = _f(c.get("ratio_at_max"))
+    if math.isfinite(ns) and math.isfinite(ratio) and 0.95 < ratio < 1:
+        text += f" (only {100 * (1 - ratio):.0f} % faster at {fmt_n(n_max)})"
+    if math.isfinite(n_min) and n_min == n_max:
+        text += f" (N = {fmt_n(n_min)} only)"
+    elif math.isfinite(n_max) and math.isfinite(full_n_max) and n_max < full_n_max:
+        text += f" (N ≤ {fmt_n(n_max)})"
+    return text
+
+
 def _loglog_y(xs, ys, x) -> float:
     import numpy as np
 
@@ -307,6 +328,7 @@ def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str
     panels = family_panels(sorted(set(ser) | set(failed)), baseline)
     cross_rows = [c for c in crossovers if c.get("metric") == metric and c.get("reference") == reference]
     with_table = bool(cross_rows)
+    full_n_max = max((_f(r["seq_len"]) for v in ser.values() for r in v), default=float("nan"))
     fig, axes = grid(len(panels) + with_table, sharex=True)
     any_star = False
     for ax, p in zip(axes, panels):
@@ -333,10 +355,9 @@ def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str
                 continue
             c = _crossover_of(cross_rows, k, metric, reference)
             ns = _f(c.get("n_star")) if c else float("nan")
-            if math.isfinite(ns):
-                label += f": n*≈{fmt_n(ns)}"
-            elif c and c.get("status") in STATUS_SHORT:
-                label += f": {STATUS_SHORT[c['status']]}"
+            note = crossover_note(c, full_n_max)
+            if note:
+                label += f": {note}"
             ax.plot(xs, ys, color=st["color"], marker=st["marker"], lw=1.5, ms=4, label=label)
             if math.isfinite(ns) and len(xs) > 1:
                 any_star = True
@@ -353,7 +374,7 @@ def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")
     if with_table:
-        _crossover_table(axes[len(panels)], cross_rows, baseline, metric)
+        _crossover_table(axes[len(panels)], cross_rows, baseline, metric, full_n_max)
     handles = [_proxy(color="k", lw=2.6,
                       label=f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)")]
     if any_star:
@@ -367,15 +388,15 @@ def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str
     return fig
 
 
-def _crossover_table(ax, cross_rows: Sequence[dict], baseline, metric: str) -> None:
+def _crossover_table(ax, cross_rows: Sequence[dict], baseline, metric: str,
+                     full_n_max: float = float("nan")) -> None:
     ax.axis("off")
     cells, colours = [], []
     for c in sorted(cross_rows, key=lambda c: (_f(c.get("n_star")) if math.isfinite(_f(c.get("n_star"))) else 1e18,
                                                c["variant"], c["backend"])):
         if baseline is not None and (c["variant"], c["backend"]) == tuple(baseline):
             continue
-        ns = _f(c.get("n_star"))
-        val = f"{fmt_n(ns)}" if math.isfinite(ns) else STATUS_SHORT.get(c.get("status"), str(c.get("status")))
+        val = crossover_note(c, full_n_max).replace("n*≈", "")
         cells.append([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
                       backend_style(c["backend"])["label"], val])
         colours.append(backend_style(c["backend"])["color"])
@@ -383,7 +404,7 @@ def _crossover_table(ax, cross_rows: Sequence[dict], baseline, metric: str) -> N
         ax.text(0.5, 0.5, "no crossover rows", ha="center", va="center")
         return
     tab = ax.table(cellText=cells, colLabels=["variant", "backend", "n*"], loc="upper center", cellLoc="left",
-                   colWidths=[0.27, 0.41, 0.32])
+                   colWidths=[0.22, 0.34, 0.44])
     tab.auto_set_font_size(False)
     tab.set_fontsize(7)
     for i, col in enumerate(colours):
@@ -449,10 +470,10 @@ def memory_vs_n_figure(rows: Sequence[dict], title: Optional[str] = None, env: O
         for g in group_identical({k: curves[k] for k in keys}, rtol, first=bkey):
             lead = max(g, key=lambda k: len(curves[k]))
             xs = sorted(curves[lead])
-            label = " = ".join(_mem_label(k, bkey, multi_hkv, p["variant"]) for k in g)
+            label = "\n= ".join(_mem_label(k, bkey, multi_hkv, p["variant"]) for k in g)  # one name a line
             if len(g) > 1:
                 any_group = True
-                label += f" (equal within {rtol:.0%})"
+                label += f"\n(equal within {rtol:.0%})"
             st = backend_style(g[0][1])
             if bkey in g:
                 ax.plot(xs, [curves[lead][x] for x in xs], color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,

@@ -128,7 +128,7 @@ def test_memory_groups_identical_curves():
     panels = _panels(fig)
     assert set(panels) == {"flash", "gqa", "linear", "sliding_window"}
     sw = _legend_texts(panels["sliding_window"].get_legend())
-    assert sw == ["flash/triton (exact baseline) = ours (Triton) (equal within 2%)"]
+    assert sw == ["flash/triton (exact baseline)\n= ours (Triton)\n(equal within 2%)"]  # one name a line
     data_lines = [ln for ln in panels["sliding_window"].get_lines() if ln.get_label() and not
                   ln.get_label().startswith("_")]
     assert len(data_lines) == 1  # two series, one curve
@@ -241,9 +241,10 @@ def test_sweep_figures_write_every_file(tmp_path):
     assert os.path.getsize(q[0]) > 20000 and math.isfinite(os.path.getmtime(q[0]))
 
 
-def test_grid_with_shared_x_labels_every_bottom_panel():
-    """Five panels in rows of four with a shared x axis: panels 2-4 of the first row have no panel below them and
-    must keep their x tick labels (else three columns show no scale); panel 1 (above panel 5) hides them."""
+def test_grid_with_shared_x_labels_every_panel():
+    """Five panels in rows of four with a shared x axis: panels 2-4 of the first row have no panel below them (or
+    a table, in the crossover figure) and must keep their x tick labels, else those columns show no scale; every
+    panel keeps them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,4 +255,21 @@ def test_grid_with_shared_x_labels_every_bottom_panel():
         ax.plot([1e6, 7e6], [0, 1])
     fig.canvas.draw()
     shown = [any(t.get_visible() and t.get_text() for t in ax.get_xticklabels()) for ax in axes]
-    assert shown == [False, True, True, True, True]
+    assert shown == [True] * 5
+
+
+def test_crossover_note_gives_range_and_a_near_tie():
+    """Legend / table text of a crossover row: a series shorter than the baseline's range says so, and a crossing
+    that wins by under 5 % at the largest length says how little (the GQA case: 1 % at 32k is noise, not a win)."""
+    from eval.plots import crossover_note
+
+    base = dict(status="crossover", n_star=15500.0, n_min=512.0, n_max=32768.0, ratio_at_max=0.988)
+    assert crossover_note(base, 32768) == "n*≈15.5k (only 1 % faster at 32.8k)"
+    assert crossover_note(dict(base, ratio_at_max=0.5), 32768) == "n*≈15.5k"
+    one = dict(status="no crossover in range (baseline faster)", n_star=float("nan"), n_min=512.0, n_max=512.0,
+               ratio_at_max=5.6)
+    assert crossover_note(one, 32768) == "slower at every N (N = 512 only)"
+    short = dict(one, n_max=2048.0)
+    assert crossover_note(short, 32768) == "slower at every N (N ≤ 2.0k)"
+    assert crossover_note(dict(short, n_max=32768.0), 32768) == "slower at every N"
+    assert crossover_note(None) == ""
