@@ -288,9 +288,12 @@ def run(cfg: dict) -> Dict[str, object]:
     os.makedirs(out_dir, exist_ok=True)
     env = env_info(date=cfg.get("date"))
     env_path = os.path.join(out_dir, "env.json")
-    if not cfg.get("run_sweep", True) and os.path.exists(env_path):  # re-analysis: keep where it was measured
+    measured_sweep = sw
+    if not cfg.get("run_sweep", True) and os.path.exists(env_path):  # re-analysis: keep where and how it was measured
         with open(env_path) as f:
-            env = {k: v for k, v in (json.load(f).get("env") or {}).items() if k != "sweep"}
+            stored = json.load(f).get("env") or {}
+        env = {k: v for k, v in stored.items() if k != "sweep"}
+        measured_sweep = stored.get("sweep") or sw
     kcsv, mcsv = os.path.join(out_dir, "kernel.csv"), os.path.join(out_dir, "model.csv")
     if cfg.get("run_sweep", True):
         run_sweep(sw, kcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True),
@@ -301,7 +304,7 @@ def run(cfg: dict) -> Dict[str, object]:
             mc.setdefault("name", sw.get("name", "sweep") + "_model")
             mc.setdefault("device", sw.get("device"))
             run_model_sweep(mc, mcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True))
-    write_json([], os.path.join(out_dir, "env.json"), env=dict(env, sweep=sw))
+    write_json([], os.path.join(out_dir, "env.json"), env=dict(env, sweep=measured_sweep))
     res = analyse(out_dir, sw, env)
     print(format_crossovers(res["crossovers"], "fwd_bwd_ms" if "fwd_bwd" in (sw.get("modes") or ["fwd_bwd"]) else
                             f"{(sw.get('modes') or ['fwd'])[0]}_ms"))

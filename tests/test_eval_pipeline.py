@@ -280,3 +280,16 @@ def test_bench_backends_compute_the_variant(variant):
             assert name.startswith("sdpa") and spec.kind != "flash"
             continue
         torch.testing.assert_close(fn(q, k, v), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_reanalysis_keeps_the_measured_sweep_settings(tmp_path):
+    """``run_sweep=false`` re-analyses what ``out_dir`` holds: ``env.json`` keeps where (GPU, versions, date) and how
+    (the sweep config, e.g. its ``deadline_s``) the points were measured, not the settings of the re-analysis."""
+    out = tmp_path / "res"
+    measured = dict(TINY, deadline_s=175)
+    crossover_run({"sweep": measured, "out_dir": str(out), "progress": False, "model_sweep": False, "plots": False,
+                   "wandb": {"enabled": False}, "date": "2026-12-01"})
+    crossover_run({"sweep": dict(TINY, deadline_s=None), "out_dir": str(out), "progress": False, "plots": False,
+                   "run_sweep": False, "wandb": {"enabled": False}, "date": "2030-01-01"})
+    env = json.load(open(out / "env.json"))["env"]
+    assert env["sweep"]["deadline_s"] == 175 and env["date"] == "2026-12-01"
