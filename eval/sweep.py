@@ -320,6 +320,16 @@ def _sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
+def first_call_s(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one untimed call of ``fn`` (synchronised): the first call of a point pays for compilation and
+    autotuning (``torch.compile``, Triton autotune), which :func:`run_sweep` keeps out of ``max_point_s``."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, rep: int = 5,
             grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
     """Median time of ``fn()`` in ms: CUDA events (``eval.bench_common.time_cuda``) on CUDA, otherwise
@@ -435,6 +445,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
     modes = [m for m in _as_list(cfg.get("modes", list(MODES))) if m in MODES]
     warmup, rep = int(cfg.get("warmup", 2)), int(cfg.get("rep", 5))
     q = k = v = dout = out = None
+    setup_s = 0.0
     try:
         g = torch.Generator(device=device).manual_seed(int(cfg.get("seed", 0)) + N)
 
@@ -448,6 +459,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         fn = backend.build(spec, q, k, v)
         if "fwd" in modes:
             with torch.no_grad():
+                setup_s += first_call_s(lambda: fn(q, k, v), device)  # compile / autotune happen here
                 row["fwd_ms"] = time_ms(lambda: fn(q, k, v), device, warmup, rep)
                 row["fwd_peak_mem_bytes"] = peak_bytes(lambda: fn(q, k, v), device)
         if "bwd" in modes or "fwd_bwd" in modes:
@@ -461,6 +473,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
                 return o
 
             if "fwd_bwd" in modes:
+                setup_s += first_call_s(fwd_bwd, device)  # the backward's compile / autotune
                 row["fwd_bwd_ms"] = time_ms(fwd_bwd, device, warmup, rep, grad_to_none=(q, k, v))
                 for t in (q, k, v):
                     t.grad = None
@@ -487,6 +500,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
             traceback.print_exc(limit=3)
     finally:
         q = k = v = dout = out = None
+        row["_setup_s"] = setup_s  # not a CSV column: run_sweep leaves it out of max_point_s
         _cleanup(device)
     try:  # TFLOP/s by the benchmarks' convention (matmul FLOPs; bwd 2.5x fwd exact, 2x linear)
         conv = convention_flops(spec, B, H, N, D)
@@ -522,7 +536,8 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     Returns all rows of the CSV afterwards (as parsed dicts; a re-measured point appears again further down:
     readers keep the last row of a point, see :func:`latest_rows`). Series (same variant / backend / D / causal /
     Hkv) stop growing N after an OOM or error (later points: ``status="skipped"``) and after a point whose
-    forward+backward took longer than ``max_point_s`` seconds. ``deadline_s`` (or ``cfg.deadline_s``):
+    timed calls took longer than ``max_point_s`` seconds (the first, untimed call of each mode, where compilation
+    and autotuning happen, does not count: :func:`first_call_s`). ``deadline_s`` (or ``cfg.deadline_s``):
     wall-clock budget; points not reached are left for a later ``resume``.
     """
     device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -571,11 +586,13 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
             t0 = time.time()
             row = measure_point(p, specs[p["variant"]], cfg, device)
             row["sweep"] = name
-            took = time.time() - t0
+            setup = float(row.pop("_setup_s", 0.0) or 0.0)
+            took = time.time() - t0 - setup  # the timed calls: a one-off compile / autotune does not stop a series
             if row["status"] in ("oom", "error"):
                 stopped[series] = f"{row['status']} at N={p['seq_len']}"
             elif took > max_point_s:
-                stopped[series] = f"point took {took:.1f}s > max_point_s={max_point_s} at N={p['seq_len']}"
+                stopped[series] = (f"point took {took:.1f}s (+{setup:.1f}s first calls) > max_point_s={max_point_s} "
+                                   f"at N={p['seq_len']}")
         append_row(out_csv, row)
         if bar is not None:
             bar.set_postfix_str(f"{p['variant']}/{p['backend']} N={p['seq_len']} {row['status']}")

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -293,3 +294,33 @@ def test_reanalysis_keeps_the_measured_sweep_settings(tmp_path):
                    "run_sweep": False, "wandb": {"enabled": False}, "date": "2030-01-01"})
     env = json.load(open(out / "env.json"))["env"]
     assert env["sweep"]["deadline_s"] == 175 and env["date"] == "2026-12-01"
+
+
+FIRST_CALLS = {}
+
+
+@sw.register_bench_backend("test_slow_first_call")
+def _slow_first_call(spec, q, k, v):
+    """A backend whose first call on each shape is slow (as compilation / autotuning is), then fast."""
+
+    def fn(q, k, v):
+        key = tuple(q.shape)
+        if key not in FIRST_CALLS:
+            FIRST_CALLS[key] = True
+            time.sleep(0.6)
+        return attn_torch(q, k, v, spec)
+
+    return fn
+
+
+def test_max_point_s_does_not_count_the_first_call(tmp_path):
+    """A series whose first call per N is slow (fla's autotuning took 149 s on the H200) keeps growing N when its
+    timed calls are fast; a series whose timed calls are slow still stops."""
+    FIRST_CALLS.clear()
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_slow_first_call"], seq_lens=[16, 32, 64],
+               max_point_s=0.5)
+    rows = sw.run_sweep(cfg, str(tmp_path / "k.csv"), progress=False)
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"], [r["error"] for r in rows]
+    rows = sw.run_sweep(dict(cfg, backends=["torch"], max_point_s=1e-6), str(tmp_path / "t.csv"), progress=False)
+    assert [r["status"] for r in rows] == ["ok", "skipped", "skipped"]
+    assert "first calls" in rows[1]["error"] and "max_point_s" in rows[1]["error"]
