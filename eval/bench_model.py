@@ -23,14 +23,15 @@ Model sizes: ``large`` = d_model 1024, 8 layers, 8 heads (D = 128), SwiGLU, RMSN
 Variants (``--variants``):
   * a plain name: the same layer in every layer, ``conf/attention/<name>.yaml`` except the window (1024 tokens,
     causal) and BigBird (block 128, 2 local / 1 global / 2 random blocks), sized as in ``eval/bench_flash.py``
-    (:data:`VARIANTS`);
+    (:data:`VARIANTS`); with ``--specs conf`` exactly ``conf/attention/<name>.yaml`` (what ``train.py
+    attention=<name>`` trains: a speed to join with those runs in ``eval.quality speed=<csv>``);
   * a hybrid ``a+b+...``: one layer name per layer (as many as the size's ``n_layer``), each resolved as
     ``train.py model.layers=[a,b,...]`` resolves it (:func:`train.layer_specs`: ``conf/attention/<name>.yaml``
     unchanged, e.g. ``sliding_window`` = a 32-token window, or a registered mixer), i.e. the model the hybrid
     runs of ``conf/experiment/mqar_hybrid.yaml`` trained. The row's ``variant`` is the spec as given, also when
     every layer is the same (``linear+linear+linear+linear``): what ``eval.recall hybrid speed=<csv>`` joins on.
 
-Columns: ``size``, ``variant``, ``seq_len``, ``backend``, ``batch``, ``tokens_per_step``, ``vocab``,
+Columns: ``size``, ``variant``, ``seq_len``, ``backend``, ``batch``, ``tokens_per_step``, ``vocab``, ``specs``,
 ``tokens_per_s`` (median step), ``step_ms`` (median), ``step_ms_min``, ``peak_mem_mib`` (MiB,
 ``max_memory_allocated`` over the timed steps: weights, AdamW state, activations), ``n_params``,
 ``ratio_vs_<backend>`` (tokens/s of the row over that backend's at the same size / variant / seq_len).
@@ -38,7 +39,7 @@ Columns: ``size``, ``variant``, ``seq_len``, ``backend``, ``batch``, ``tokens_pe
 Usage (GPU): ``python -m eval.bench_model --out results/h200/model_speed [--sizes large,small]
 [--seq-lens 512,1024,2048,4096,8192,16384] [--variants flash,sliding_window,sparse,linear,gqa,mqa]
 [--backends triton,torch,sdpa_flash,sdpa_cudnn] [--plugins my_module] [--tokens 16384] [--steps 10] [--warmup 3]
-[--vocab 256] [--profile]``
+[--vocab 256] [--specs bench|conf] [--profile]``
 
 The hybrids of ``conf/experiment/mqar_hybrid.yaml`` (small model, vocab 8192, batch 256 at seq_len 256), for
 ``python -m eval.recall hybrid ... speed=results/h200/<date>/hybrid_speed/model_speed.csv``::
@@ -83,10 +84,15 @@ EXACT = ("flash", "gqa", "mqa")
 HYBRID_SEP = "+"  # a hybrid variant: one layer name per layer, "linear+linear+linear+flash"
 
 
-def variant_specs(size: str, variant: str) -> List[LayerSpec]:
+SPEC_SOURCES = ("bench", "conf")
+
+
+def variant_specs(size: str, variant: str, specs: str = "bench") -> List[LayerSpec]:
     """The ``n_layer`` layer specs of ``variant`` at model ``size``.
 
-    A plain name (:data:`VARIANTS`): that spec in every layer. A hybrid ``a+b+...``: one name per layer, resolved
+    A plain name: with ``specs="bench"`` its :data:`VARIANTS` spec (the speed sweep's sizes: a 1,024-token window,
+    128-token BigBird blocks), with ``specs="conf"`` its ``conf/attention/<name>.yaml`` (what ``train.py
+    attention=<name>`` trains, e.g. the 32-token window), in every layer. A hybrid ``a+b+...``: one name per layer, resolved
     by :func:`train.layer_specs` as ``train.py model.layers=[a,b,...]`` is (the ``attention`` group at its default,
     flash, as in the MQAR hybrid runs), so the model is the one those runs trained.
 
@@ -94,6 +100,10 @@ def variant_specs(size: str, variant: str) -> List[LayerSpec]:
     the size's ``n_layer``, an unknown layer name (the message lists the allowed ones).
     """
     n_layer = SIZES[size]["n_layer"]
+    if specs not in SPEC_SOURCES:
+        raise ValueError(f"--specs: {specs!r} not supported; allowed values: {', '.join(SPEC_SOURCES)}")
+    if HYBRID_SEP not in variant and specs == "conf":
+        return _conf_layer_specs(size, variant, [variant] * n_layer)
     if HYBRID_SEP not in variant:
         if variant not in VARIANTS:
             raise ValueError(f"--variants: {variant!r} not supported; allowed values: {', '.join(VARIANTS)}, or a "
@@ -103,6 +113,12 @@ def variant_specs(size: str, variant: str) -> List[LayerSpec]:
     if len(names) != n_layer:
         raise ValueError(f"--variants: hybrid {variant!r} has {len(names)} layers but --sizes {size} has "
                          f"n_layer={n_layer}; give one layer name per layer")
+    return _conf_layer_specs(size, variant, names)
+
+
+def _conf_layer_specs(size: str, variant: str, names: List[str]) -> List[LayerSpec]:
+    """One spec per layer name from ``conf/attention`` (:func:`train.layer_specs`, as ``model.layers=[...]``)."""
+    n_layer = len(names)
     import train  # the repository root's train.py (bench_model runs from there, as eval.bench_common needs)
     from omegaconf import OmegaConf
 
@@ -111,7 +127,8 @@ def variant_specs(size: str, variant: str) -> List[LayerSpec]:
     try:
         return train.layer_specs(cfg)
     except ValueError as e:  # "model.layers[i]='x' is not an attention config ...; allowed values: ..."
-        raise ValueError(f"--variants: hybrid {variant!r}: {e}") from None
+        kind = "hybrid " if HYBRID_SEP in variant else ""
+        raise ValueError(f"--variants: {kind}{variant!r}: {e}") from None
 
 
 def default_backends() -> List[str]:
@@ -124,7 +141,8 @@ def default_backends() -> List[str]:
     return [b for b in ("triton", "torch", "sdpa_flash", "sdpa_cudnn") if b in names]
 
 
-def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: int, device: str = "cuda") -> bool:
+def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: int, device: str = "cuda",
+                 specs: str = "bench") -> bool:
     """Whether registry backend ``backend`` can run every attention layer of ``variant`` at this size (its
     ``supports()`` on bf16 ``(B, H, seq_len, D)`` tensors of the layer's shapes on ``device``): the anchors that
     cannot (SDPA for windows / layouts / linear layers, hybrids holding one) are skipped. Layers that are not
@@ -135,7 +153,7 @@ def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: in
     D = SIZES[size]["d_model"] // H
     B = max(1, tokens // seq_len)
     mk = lambda h: torch.empty(B, h, seq_len, D, device=device, dtype=torch.bfloat16)  # noqa: E731
-    for spec in dict.fromkeys(variant_specs(size, variant)):  # each distinct layer once
+    for spec in dict.fromkeys(variant_specs(size, variant, specs)):  # each distinct layer once
         if not isinstance(spec, AttentionSpec):
             continue
         b = get_backends(spec.kind).get(backend)
@@ -165,13 +183,14 @@ def sdpa_default_backend(B: int, H: int, N: int, D: int, Hkv: Optional[int] = No
     return "unknown"
 
 
-def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int = 256, device: str = "cuda") -> GPT:
-    """The GPT of ``size`` with ``variant``'s layers (:func:`variant_specs`), ``vocab`` tokens, seed 0, on
-    ``device``."""
+def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int = 256, device: str = "cuda",
+               specs: str = "bench") -> GPT:
+    """The GPT of ``size`` with ``variant``'s layers (:func:`variant_specs` from ``specs``), ``vocab`` tokens,
+    seed 0, on ``device``."""
     cfg = GPTConfig(vocab_size=vocab, max_seq_len=seq_len, **SIZES[size])
-    specs = variant_specs(size, variant)
+    layers = variant_specs(size, variant, specs)
     torch.manual_seed(0)
-    return GPT(cfg, specs, backend=backend).to(device)
+    return GPT(cfg, layers, backend=backend).to(device)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):
@@ -203,9 +222,10 @@ def train_steps(model: GPT, opt, x: torch.Tensor, y: torch.Tensor, n: int, clip:
 
 
 def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, steps: int, warmup: int,
-              profile_dir: Optional[str] = None, compile: bool = False, vocab: int = 256) -> Dict[str, object]:
+              profile_dir: Optional[str] = None, compile: bool = False, vocab: int = 256,
+              specs: str = "bench") -> Dict[str, object]:
     B = max(1, tokens // seq_len)
-    model = make_model(size, variant, seq_len, backend, vocab)
+    model = make_model(size, variant, seq_len, backend, vocab, specs=specs)
     opt = make_optimizer(model)
     n_params = model.num_params()
     if compile:  # as train.py compile=true: the model, not the optimiser step
@@ -222,7 +242,7 @@ def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, 
     times.sort()
     med = times[len(times) // 2]
     row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend + ("+compile" if compile else ""), batch=B,
-               tokens_per_step=B * seq_len, vocab=vocab, step_ms=round(med, 3), step_ms_min=round(times[0], 3),
+               tokens_per_step=B * seq_len, vocab=vocab, specs=specs, step_ms=round(med, 3), step_ms_min=round(times[0], 3),
                tokens_per_s=round(B * seq_len / med * 1e3), peak_mem_mib=round(peak, 1), n_params=n_params)
     del model, opt
     torch.cuda.empty_cache()
@@ -282,6 +302,9 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler table per row")
     ap.add_argument("--name", default="model_speed", help="file stem of the results")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (backend names get +compile)")
+    ap.add_argument("--specs", default="bench", choices=SPEC_SOURCES,
+                    help="plain variant names: bench = the speed sweep's specs (VARIANTS), conf = "
+                         "conf/attention/<name>.yaml, what train.py trains (to join with training runs)")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1:
         raise SystemExit("--steps, --warmup, --tokens and --vocab must be >= 1")
@@ -294,7 +317,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     for size in sizes:  # every variant at every size, before any GPU work
         for variant in variants:
             try:
-                variant_specs(size, variant)
+                variant_specs(size, variant, a.specs)
             except ValueError as e:
                 raise SystemExit(str(e)) from None
     backends = parse_list(a.backends, backend_names(), "backends") if a.backends else default_backends()
@@ -312,11 +335,11 @@ def main(argv=None) -> List[Dict[str, object]]:
         for variant in variants:
             for n in seq_lens:
                 for backend in backends:
-                    if not runs_variant(backend, variant, size, n, a.tokens):
+                    if not runs_variant(backend, variant, size, n, a.tokens, specs=a.specs):
                         continue
                     try:
                         row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
-                                        a.out if a.profile else None, a.compile, a.vocab)
+                                        a.out if a.profile else None, a.compile, a.vocab, a.specs)
                     except Exception as e:  # a failed row is recorded, the sweep goes on
                         traceback.print_exc()
                         row = dict(size=size, variant=variant, seq_len=n, backend=backend,

@@ -134,7 +134,7 @@ def test_bench_model_csv_joins_the_hybrid_report(tmp_path, monkeypatch):
     calls = []
 
     def fake_bench_one(size, variant, seq_len, backend, tokens, steps, warmup, profile_dir=None, compile=False,
-                       vocab=256):  # bench_one's row, numbers made up
+                       vocab=256, specs="bench"):  # bench_one's row, numbers made up
         calls.append(dict(variant=variant, seq_len=seq_len, backend=backend, vocab=vocab))
         tps, mem = SPEED[variant]
         B = tokens // seq_len
@@ -167,3 +167,18 @@ def test_bench_model_csv_joins_the_hybrid_report(tmp_path, monkeypatch):
         assert by_k[k]["speed_source"] == "bench_model"
     assert math.isnan(by_k[2]["tokens_per_s"]) and by_k[2]["speed_source"] == "none"  # no row: nothing made up
     assert not any("no hybrid rows" in n for n in res["notes"])
+
+
+def test_plain_names_from_conf_match_what_train_py_trains():
+    """``--specs conf``: a plain name takes ``conf/attention/<name>.yaml`` in every layer (the 32-token window the
+    LM runs trained, not the speed sweep's 1,024), so its speed joins the training runs of that name; names outside
+    VARIANTS (conf-only ones) are allowed; a bad ``specs`` value names the option."""
+    win = bm.variant_specs("small", "sliding_window", "conf")
+    assert len(win) == 4 and win[0].window_size == (31, 0) and win[0] != bm.make_spec(**bm.VARIANTS["sliding_window"])
+    assert bm.variant_specs("small", "sliding_window", "conf") == bm.variant_specs(
+        "small", "+".join(["sliding_window"] * 4))
+    assert bm.variant_specs("small", "linear_taylor", "conf")[0].feature_map == "taylor"
+    with pytest.raises(ValueError, match=r"--specs: 'yaml' not supported; allowed values: bench, conf"):
+        bm.variant_specs("small", "flash", "yaml")
+    with pytest.raises(ValueError, match=r"--variants: 'nope'"):
+        bm.variant_specs("small", "nope", "conf")
