@@ -145,7 +145,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     out_root = os.path.abspath(args.out_root) if args.out_root else None
-    os.environ["WANDB_MODE"] = "disabled"
+    wandb_mode = os.environ.get("WANDB_MODE")
+    os.environ["WANDB_MODE"] = "disabled"  # rebuilding figures logs nothing; restored below for in-process callers
     cwd = os.getcwd()
     os.chdir(REPO)  # the table's paths are relative to the repository root
     times: Dict[str, float] = {}
@@ -163,6 +164,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"=== {j.name}: {'FAILED' if j.name in failed else 'ok'} in {times[j.name]:.1f} s", flush=True)
     finally:
         os.chdir(cwd)
+        if wandb_mode is None:
+            os.environ.pop("WANDB_MODE", None)
+        else:
+            os.environ["WANDB_MODE"] = wandb_mode
 
     print("\njob                          status   seconds")
     for j in jobs:

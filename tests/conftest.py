@@ -17,8 +17,12 @@ except Exception:  # pragma: no cover
 
 if not _cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
+# W&B: the tests set the mode they exercise. A caller's W&B settings (CI may export WANDB_MODE=disabled, a user
+# WANDB_PROJECT or WANDB_DIR) would change what they check, so none is inherited; the default is offline.
+for _key in [k for k in os.environ if k.startswith("WANDB_")]:
+    del os.environ[_key]
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_SILENT"] = "true"
 
 
 @pytest.fixture(scope="module")

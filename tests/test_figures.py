@@ -70,12 +70,14 @@ def test_every_job_moves_under_out_root():
     assert figures.with_out_root(["out_dir=a/b", "runs=[c]"], None) == ["out_dir=a/b", "runs=[c]"]
 
 
-def test_subset_under_out_root_writes_there_only(tmp_path, capsys):
+def test_subset_under_out_root_writes_there_only(tmp_path, capsys, monkeypatch):
     before = _snapshot([CLIFF, "docs/figures"])
     cwd = os.getcwd()
+    monkeypatch.setenv("WANDB_MODE", "offline")
     rc = figures.main(["--only", "mqar_window_cliff,h200_crossover_figures", "--out-root", str(tmp_path)])
     assert rc == 0
-    assert os.getcwd() == cwd
+    # the caller's working directory and W&B mode are back (a leaked WANDB_MODE=disabled changed later tests)
+    assert os.getcwd() == cwd and os.environ["WANDB_MODE"] == "offline"
     out = capsys.readouterr().out
     assert "mqar_window_cliff" in out and "h200_crossover_figures" in out and " s" in out
     expected = [tmp_path / CLIFF / "cliff.csv", tmp_path / CLIFF / "cliff.png"]
