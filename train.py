@@ -19,6 +19,10 @@ Resume (:mod:`attn_zoo.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continu
 steps, which must exceed the checkpoint's step; the optimizer and LR schedule stay the original run's (past its end:
 ``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
 
+Resumable multiruns (``skip_finished=true``, the experiment configs): re-running a sweep skips the finished jobs and
+resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only); ``stop_at=<unix time>`` stops
+the running jobs there with a checkpoint and starts no new ones (:mod:`attn_zoo.runs`, :class:`StopAt`).
+
 Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) fail before
 anything is written (:func:`validate_config`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
 
@@ -40,11 +44,12 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.callbacks import StepProgressBar
+from attn_zoo.callbacks import StepProgressBar, StopAt, early_stopped
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import (FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers, resolve_ckpt_path,
-                           result_config, run_dir_of, write_final_metrics)
+from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers,
+                           resolve_ckpt_path, result_config, resumable_checkpoint, run_dir_of, write_final_metrics,
+                           write_run_config)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
@@ -117,8 +122,8 @@ def validate_config(cfg: DictConfig) -> None:
     """Check the values every run needs before anything is built or written (output dir, loggers, data caches):
     ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
     number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
-    ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``) and
-    ``trainer.enable_progress_bar`` (true, false or auto).
+    ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
+    ``trainer.enable_progress_bar`` (true, false or auto) and ``stop_at`` (null or a number, :class:`StopAt`).
 
     Raises:
         ValueError: naming the key, its value and what to set.
@@ -139,6 +144,9 @@ def validate_config(cfg: DictConfig) -> None:
                              f"trainer.max_epochs=<N> to train N epochs")
     elif not (_is_int(steps) and steps > 0):
         raise ValueError(f"trainer.max_steps={steps!r}: {steps_rule}")
+    stop_at = cfg.get("stop_at")
+    if stop_at is not None:
+        StopAt(stop_at)  # raises ValueError naming stop_at
     bar = cfg.trainer.get("enable_progress_bar", "auto")
     if bar not in (True, False, "auto", None):
         raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
@@ -214,7 +222,7 @@ def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], res
 def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
     """``hydra.utils.instantiate(cfg.trainer)`` with the ``callbacks`` group's callbacks and ``loggers``.
 
-    ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``; ``trainer.enable_progress_bar:
+    ``stop_at`` adds :class:`StopAt`; ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``; ``trainer.enable_progress_bar:
     auto`` is on only when stdout is a terminal (:func:`progress_bar_enabled`); the step progress bar
     (:class:`StepProgressBar`) is added unless the bar is off or a callback is a progress bar; without a logger the
     ``LearningRateMonitor`` (which raises then) is left out. The Trainer is instantiated as a partial and called
@@ -224,6 +232,8 @@ def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
     from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    if cfg.get("stop_at") is not None:
+        callbacks.append(StopAt(cfg.stop_at))
     if not loggers:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     bar = progress_bar_enabled(cfg.trainer.get("enable_progress_bar", "auto"))
@@ -391,6 +401,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         except FileNotFoundError:  # another DDP rank moved it first
             pass
         log.warning(f"{stale} of an earlier run in this folder moved to {kept.name}: this run starts over")
+    # ... and its checkpoints must not be taken for this run's (skip_finished resumes from checkpoints/last.ckpt)
+    old_ckpts = Path(output_dir) / CKPT_DIR
+    if resume is None and (old_ckpts / "last.ckpt").is_file():
+        kept = old_ckpts.with_name(f"{CKPT_DIR}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            old_ckpts.rename(kept)
+            log.warning(f"{old_ckpts} of an earlier run in this folder moved to {kept.name}: this run starts over")
+        except FileNotFoundError:  # another DDP rank moved it first
+            pass
+    write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
@@ -399,12 +419,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     trainer = build_trainer(cfg, loggers, output_dir)
 
+    stopper = next((c for c in trainer.callbacks if isinstance(c, StopAt)), None)
     try:
         trainer.fit(lit, datamodule=dm, ckpt_path=ckpt_path)
         if max_steps > 0 and trainer.global_step <= start_step:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
                 f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
+        if stopper is not None and stopper.reached and not (0 < max_steps <= trainer.global_step) \
+                and not early_stopped(trainer):
+            return _stopped_unfinished(cfg, trainer, output_dir, max_steps)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
@@ -437,9 +461,36 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     return metrics
 
 
+def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, max_steps: int) -> Dict[str, float]:
+    """A run that ``stop_at`` stopped before ``trainer.max_steps``: no final validation and no ``final_metrics.json``
+    (it is not finished); says where its checkpoint is. Returns ``{}``."""
+    ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
+    if trainer.is_global_zero:
+        if ckpt.is_file():
+            how = (f"{ckpt} resumes it: run the same command again (skip_finished=true), or pass ckpt_path={ckpt} "
+                   f"with the same trainer.max_steps={max_steps}")
+        else:
+            how = "no checkpoint was written (callbacks.checkpoint is off), so a re-run starts it over"
+        print_table(f"{table_title(cfg)} (stopped at stop_at, unfinished)",
+                    {"steps": f"{trainer.global_step} of {max_steps if max_steps > 0 else '?'}", "resume": how})
+    return {}
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> Optional[float]:
+    """The Hydra entry point: :func:`train` one job, after the checks of a resumable multirun.
+
+    ``stop_at`` already passed: the job does not start (returns None). ``skip_finished=true`` (and no
+    ``ckpt_path``): a job whose folder holds a finished run of the same config is skipped (its stored metric is
+    returned); an unfinished one resumes from its ``checkpoints/last.ckpt`` when that was written under the same
+    config (:func:`attn_zoo.runs.resumable_checkpoint`), else it starts over (the log says why).
+    """
     validate_config(cfg)
+    stop_at = cfg.get("stop_at")
+    if stop_at is not None and time.time() >= float(stop_at):
+        log.warning(f"stop_at={stop_at}: that time passed {time.time() - float(stop_at):.0f} s ago; "
+                    f"{cfg.paths.output_dir} not started")
+        return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         from attn_zoo.runs import finished_run
 
@@ -449,7 +500,18 @@ def main(cfg: DictConfig) -> Optional[float]:
             metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}
             value = metrics.get(cfg.get("optimized_metric", "val/loss"))
             return None if value is None or math.isnan(value) else float(value)
+        ckpt, why_not = resumable_checkpoint(cfg.paths.output_dir, cfg)
+        if ckpt is not None:  # an unfinished run of this job (stopped at stop_at, interrupted): continue it
+            log.info(f"skip_finished: resuming the unfinished run in {cfg.paths.output_dir} from {ckpt}")
+            from omegaconf import open_dict
+
+            with open_dict(cfg):
+                cfg.ckpt_path = ckpt
+        elif why_not:
+            log.warning(f"skip_finished: {why_not}; the job starts over")
     metrics = train(cfg)
+    if not metrics:  # stopped at stop_at, unfinished
+        return None
     value = metrics.get(cfg.get("optimized_metric", "val/loss"))
     return None if value is None or math.isnan(value) else float(value)
 

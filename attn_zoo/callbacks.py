@@ -7,6 +7,7 @@
 * :class:`MultirunJobs`: a Hydra callback; job folders named after the swept overrides, and one table of every job's
   final metrics after a multirun.
 * :class:`RecallByDistance`: MQAR accuracy of queries whose key lies inside / beyond a sliding window.
+* :class:`StopAt`: stop training at a wall-clock time (``stop_at`` of ``train.py``), leaving a checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -26,7 +28,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .runs import SWEPT_KEYS_ENV, read_sweep, swept_keys
 
-__all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance"]
+__all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
+           "early_stopped"]
 
 
 def _restore_adds_a_step(loop) -> bool:
@@ -84,6 +87,58 @@ class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             return
         super().on_train_end(trainer, pl_module)
+
+
+def _clock() -> float:
+    """Seconds since the epoch (:class:`StopAt`'s clock; a function of its own so tests can move time)."""
+    return time.time()
+
+
+class StopAt(L.Callback):
+    """Stop training once the wall clock passes ``at`` (seconds since the epoch, e.g. ``$(date +%s)`` + a budget).
+
+    Checked every ``every`` optimizer steps (all DDP ranks agree: ``reduce_boolean_decision``). Lightning then ends
+    the step, runs a validation (it validates when training is asked to stop) and ``fit`` returns; the checkpoint
+    callback leaves ``checkpoints/last.ckpt`` at the step reached. ``train.py`` reports such a run as unfinished (no
+    ``final_metrics.json``) unless it reached ``trainer.max_steps`` or stopped early, and ``skip_finished=true``
+    resumes it from that checkpoint. For time-limited machines: cut a sweep into calls that each end on time and
+    lose no training.
+
+    Attributes: ``reached`` (True once this callback stopped the run), ``step`` (the optimizer step it stopped at).
+    Raises ``ValueError`` naming ``stop_at`` when ``at`` is not a number or ``every`` not a positive integer.
+    """
+
+    def __init__(self, at: float, every: int = 10):
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(float(at)):
+            raise ValueError(f"stop_at={at!r}: must be null or a number, a time in seconds since the epoch "
+                             f"(e.g. stop_at=$(( $(date +%s) + 540 )): stop 9 minutes from now)")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"StopAt(every={every!r}): must be a positive integer (optimizer steps between checks)")
+        self.at, self.every = float(at), int(every)
+        self.reached, self.step = False, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.reached or trainer.global_step % self.every:
+            return
+        if trainer.strategy.reduce_boolean_decision(_clock() >= self.at, all=False):
+            self.reached, self.step = True, int(trainer.global_step)
+            trainer.should_stop = True
+            rank_zero_info(f"stop_at: {time.strftime('%H:%M:%S', time.localtime(self.at))} reached at step "
+                           f"{trainer.global_step}: training stops here (checkpoints/last.ckpt resumes it)")
+
+
+def early_stopped(trainer) -> bool:
+    """Whether an ``EarlyStopping`` callback of ``trainer`` stopped the run (its ``stopping_reason``, Lightning >=
+    2.5; older versions: False, so such a run counts as unfinished and resumes, and its next validation stops it)."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    try:
+        from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+    except ImportError:  # pragma: no cover - Lightning < 2.5
+        return False
+    return any(isinstance(cb, EarlyStopping) and
+               getattr(cb, "stopping_reason", EarlyStoppingReason.NOT_STOPPED) != EarlyStoppingReason.NOT_STOPPED
+               for cb in trainer.callbacks)
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -171,6 +226,11 @@ class MultirunJobs(HydraCallback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         header, rows = self.table_rows(sweep_dir)
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
+        unfinished = sorted(p.parent.name for p in sweep_dir.glob("*/.hydra") if not (p.parent / "final_metrics.json").is_file())
+        if unfinished:
+            print(f"attn-zoo multirun: {len(unfinished)} job(s) in {sweep_dir} unfinished (no final_metrics.json: "
+                  f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "
+                  f"{', '.join(unfinished[:6])}{', ...' if len(unfinished) > 6 else ''}")
         if not rows:
             print(f"{title} (no final_metrics.json found)")
             return

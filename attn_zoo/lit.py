@@ -8,7 +8,8 @@ on CUDA the optimiser is the fused one when its class offers it, and clipping wo
 (:func:`adamw_impl`, :meth:`LitLM.configure_gradient_clipping`).
 
 Logged metrics
-    train/loss, perf/tokens_per_s, perf/step_time_s, perf/peak_mem_mb (CUDA max allocated, else process RSS),
+    train/loss, perf/tokens_per_s, perf/step_time_s, perf/peak_mem_mb (CUDA max allocated, else process RSS): on the
+    steps Lightning writes (every ``trainer.log_every_n_steps``), computed on those steps only;
     model/n_params (once, also in hparams);
     val/loss, val/ppl, val/acc (next-token accuracy on scored positions; MQAR: accuracy on query positions),
     val/bpb (text: ``loss / ln 2 / bytes_per_token``);
@@ -284,7 +285,8 @@ class LitLM(L.LightningModule):
         self.model = GPT(config_from_dict(dict(model_config)), specs, backend=backend, redraw_interval=redraw_interval)
         self.hparams["n_params"] = self.model.num_params()
         self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
-        self._t0: Optional[float] = None
+        self._t0: Optional[float] = None  # timer start of a logged step (on_train_batch_start)
+        self._log_step = True  # whether this step's metrics are written (on_train_batch_start)
         self.schedule_total_steps: Optional[int] = None  # the LR schedule's length, set by configure_optimizers
         # token-weighted means over the scored positions; summed over DDP ranks by torchmetrics at compute();
         # float64 sums as before; "disable": no NaN check (a host sync per batch), a NaN loss stays NaN
@@ -363,8 +365,26 @@ class LitLM(L.LightningModule):
         for lg in self.loggers:
             lg.log_metrics({"model/n_params": float(n)}, step=self.global_step)
 
+    def _writes_step_logs(self) -> bool:
+        """Whether Lightning writes this optimizer step's ``on_step`` metrics (every ``trainer.log_every_n_steps``
+        steps, and the last one): Lightning's own test (``should_update_logs``, the same in ``on_train_batch_start``
+        and ``on_train_batch_end``). Without a Trainer (a direct ``training_step`` call): True."""
+        trainer = self._trainer
+        connector = getattr(trainer, "_logger_connector", None) if trainer is not None else None
+        return bool(getattr(connector, "should_update_logs", True))
+
     def on_train_batch_start(self, batch, batch_idx):
+        """Redraw FAVOR features when due; on a step whose metrics are written, start its timer (CUDA synchronised).
+
+        The step metrics (``train/loss``, ``perf/*``) are computed and logged only on the steps Lightning writes
+        (:meth:`_writes_step_logs`): a ``self.log`` call costs about 1 ms of host time and the CUDA synchronisations
+        of the timer stop the host from queueing the next step, which is most of a small model's step time (many
+        MQAR jobs share one GPU). Every other step runs without a synchronisation."""
         self.gpt.redraw_features(self.global_step)
+        self._log_step = self._writes_step_logs()
+        self._t0 = None
+        if not self._log_step:
+            return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._t0 = time.perf_counter()
@@ -372,11 +392,12 @@ class LitLM(L.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch  # (B, N), (B, N)
         _, loss = self.model(x, y, sparse_targets=self._sparse_targets)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        if self._log_step:
+            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        if self._t0 is None:
+        if self._t0 is None:  # not a logged step
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -17,6 +17,12 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
       ``final_metrics.json``'s ``result_config`` records what ran;
     * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
       directory. A checkpoint outside a ``checkpoints/`` folder starts a new run directory.
+
+Resumable multiruns (``skip_finished=true``, a fixed ``hydra.sweep.dir``): re-running the command skips each job
+whose folder holds a finished run of the same config (:func:`finished_run`) and resumes each unfinished one from its
+``checkpoints/last.ckpt`` when that checkpoint was written under the same config (:func:`resumable_checkpoint`,
+which reads ``run_config.json``); other jobs start over. ``stop_at`` (a wall-clock deadline) stops the running jobs
+with a checkpoint and starts no new ones, so a sweep can be cut into time-limited calls.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
-           "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config"]
+           "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
+           "write_run_config", "resumable_checkpoint"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
 FINAL_METRICS = "final_metrics.json"
+RUN_CONFIG = "run_config.json"   # the result_config a run trains under, written when it starts (auto-resume checks it)
 
 
 # ---------------------------------------------------------------------------------------------- resume
@@ -253,11 +261,11 @@ def _div_resolver(a, b) -> int:
     return a // b
 
 
-RESULT_FREE_KEYS = ("paths", "skip_finished", "ckpt_path", "experiment_name", "hydra")
+RESULT_FREE_KEYS = ("paths", "skip_finished", "ckpt_path", "experiment_name", "hydra", "stop_at")
 """Top-level config keys that do not change a run's result (left out of :func:`result_config`)."""
-RESULT_FREE_TRAINER_KEYS = ("enable_progress_bar", "enable_model_summary", "log_every_n_steps")
-RESULT_FREE_CALLBACKS = ("lr_monitor",)
-"""``callbacks.<name>`` entries that only log (left out of :func:`result_config`)."""
+RESULT_FREE_TRAINER_KEYS = ("enable_progress_bar", "enable_model_summary", "log_every_n_steps", "enable_checkpointing")
+RESULT_FREE_CALLBACKS = ("lr_monitor", "checkpoint")
+"""``callbacks.<name>`` entries that only log or save (left out of :func:`result_config`)."""
 IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_partial_"): True,
                      ("trainer", "_target_"): "lightning.pytorch.Trainer"}
 """Instantiate-only keys at the value they had implicitly before the config named them (left out of
@@ -267,8 +275,9 @@ IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_par
 
 def result_config(cfg) -> Dict:
     """The resolved config of a run without the keys that do not change its result (:data:`RESULT_FREE_KEYS`, the
-    progress bar / logging cadence, the loggers, logging-only callbacks, instantiate keys at their implicit
-    defaults): what ``skip_finished`` compares."""
+    progress bar / logging / checkpoint cadence, the loggers, logging- and saving-only callbacks, instantiate keys at
+    their implicit defaults): what ``skip_finished`` compares. ``cfg``: a DictConfig or a plain dict (e.g. a stored
+    result config, so configs stored before a key became result-free compare equal: the function is idempotent)."""
     from omegaconf import DictConfig, OmegaConf
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg, default=str))
@@ -320,13 +329,51 @@ def finished_run(output_dir, cfg=None) -> Optional[Dict]:
     stored = done.get("result_config")
     if stored is None:
         return None
-    diff = _diff_keys(stored, result_config(cfg))
+    diff = _diff_keys(result_config(stored), result_config(cfg))
     if diff:
         shown = ", ".join(diff[:8]) + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
         raise ValueError(
             f"skip_finished: {output_dir} holds a finished run of another config (differs in {shown}); pass "
             f"hydra.sweep.dir=<a new folder> (or hydra.run.dir), delete that folder, or skip_finished=false")
     return done
+
+
+def write_run_config(run_dir, cfg) -> Path:
+    """``<run_dir>/run_config.json``: the :func:`result_config` a run trains under, written as it starts (a new run
+    or a resume), so that :func:`resumable_checkpoint` can tell whether its ``last.ckpt`` belongs to a job's config."""
+    path = Path(run_dir) / RUN_CONFIG
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(result_config(cfg), indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def resumable_checkpoint(output_dir, cfg):
+    """``(path, None)``: the ``<output_dir>/checkpoints/last.ckpt`` that an unfinished run of the same config left
+    (a run stopped at ``stop_at``, by Ctrl-C, or killed after a periodic checkpoint), which ``skip_finished=true``
+    resumes; ``(None, None)``: there is no checkpoint; ``(None, reason)``: there is one but it cannot continue this
+    job, because its :data:`RUN_CONFIG` is missing or holds another :func:`result_config` (the reason names the
+    differing keys), it is not a readable checkpoint (a kill while it was written), or it already reached
+    ``trainer.max_steps`` (the run was stopped during its final validation). The job then starts over."""
+    ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
+    if not ckpt.is_file():
+        return None, None
+    try:
+        stored = json.loads((Path(output_dir) / RUN_CONFIG).read_text())
+    except (OSError, ValueError):
+        return None, f"{ckpt} has no readable {RUN_CONFIG} beside it (written by an older train.py)"
+    diff = _diff_keys(result_config(stored), result_config(cfg))
+    if diff:
+        shown = ", ".join(diff[:8]) + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
+        return None, f"{ckpt} was trained under another config (differs in {shown})"
+    try:
+        info = checkpoint_info(ckpt)
+    except ValueError as e:
+        return None, f"{ckpt} cannot be read: {e}"
+    max_steps = (cfg.get("trainer") or {}).get("max_steps") if hasattr(cfg, "get") else None
+    if isinstance(max_steps, int) and 0 < max_steps <= info.step:
+        return None, f"{ckpt} is at step {info.step}, trainer.max_steps={max_steps}: nothing left to train"
+    return str(ckpt), None
 
 
 def register_resolvers() -> None:

@@ -148,7 +148,8 @@ def test_no_logger_leaves_the_lr_monitor_out(tmp_path):
 def test_result_config_ignores_instantiate_only_keys(tmp_path):
     rc = result_config(make_cfg(tmp_path, []))
     assert "_target_" not in rc["optim"] and "_partial_" not in rc["optim"] and "_target_" not in rc["trainer"]
-    assert "lr_monitor" not in rc["callbacks"] and "checkpoint" in rc["callbacks"]
+    assert "lr_monitor" not in rc["callbacks"] and "checkpoint" not in rc["callbacks"]  # logging / saving only
+    assert "early_stop" in result_config(make_cfg(tmp_path, ["experiment=mqar_recall"]))["callbacks"]  # a result
     assert rc["optim"] == {"lr": 3e-3, "weight_decay": 0.1, "betas": [0.9, 0.95], "warmup_steps": 50,
                            "min_lr_ratio": 0.1}
     rc = result_config(make_cfg(tmp_path, ["optim._target_=torch.optim.Adam", "trainer._target_=my.Trainer"]))

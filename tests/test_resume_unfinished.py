@@ -1,0 +1,152 @@
+"""Resumable multiruns: ``stop_at`` stops a job with a checkpoint, ``skip_finished=true`` resumes it from there (same
+config only) or starts over (another config, an unreadable checkpoint); step metrics only on the logged steps."""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+import train as train_mod
+from attn_zoo import callbacks as cb_mod
+from attn_zoo.runs import RUN_CONFIG, checkpoint_info, finished_run, result_config, resumable_checkpoint
+from test_train import FAST, column, make_cfg, read_csv
+
+# 30 steps, validation every 15, checkpoints/last.ckpt at each validation (the experiment configs' setting)
+JOB = FAST + ["trainer.max_steps=30", "trainer.val_check_interval=15", "skip_finished=true",
+              "callbacks.checkpoint.monitor=null", "callbacks.checkpoint.save_top_k=0"]
+main = train_mod.main.__wrapped__  # the job function under @hydra.main
+
+
+def _stop_now(monkeypatch):
+    """StopAt's clock says the deadline has passed: the run stops at its first check (optimizer step 10)."""
+    monkeypatch.setattr(cb_mod, "_clock", lambda: float("inf"))
+
+
+def _later():
+    return f"stop_at={time.time() + 3600:.0f}"  # the job starts (main() reads the real clock)
+
+
+def test_stop_at_leaves_a_checkpoint_and_skip_finished_resumes_it(tmp_path, monkeypatch):
+    _stop_now(monkeypatch)
+    assert main(make_cfg(tmp_path, JOB + [_later()])) is None, "a stopped job reports no result"
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert not (tmp_path / "final_metrics.json").exists(), "a run stopped at stop_at is not finished"
+    assert checkpoint_info(ckpt).step == 10
+    assert json.loads((tmp_path / RUN_CONFIG).read_text())["trainer"]["max_steps"] == 30
+    assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(10))
+
+    monkeypatch.setattr(cb_mod, "_clock", time.time)
+    cfg = make_cfg(tmp_path, JOB)  # the same command without the deadline (stop_at changes no result)
+    value = main(cfg)
+    done = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert done["steps"] == 30 and done["resumed_from"] == str(ckpt)
+    assert math.isclose(value, done["metrics"]["val/loss"], rel_tol=1e-6)
+    assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(30)), "each step logged once"
+    assert checkpoint_info(ckpt).total_steps == 30, "the LR schedule is the first launch's"
+    assert finished_run(tmp_path, make_cfg(tmp_path, JOB)) is not None
+    assert main(make_cfg(tmp_path, JOB)) == value, "a third launch skips the finished job"
+
+
+def test_another_config_or_a_broken_checkpoint_starts_over(tmp_path, monkeypatch, caplog):
+    _stop_now(monkeypatch)
+    main(make_cfg(tmp_path, JOB + [_later()]))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    other = make_cfg(tmp_path, JOB + ["optim.lr=3e-3"])
+    path, why = resumable_checkpoint(tmp_path, other)
+    assert path is None and "optim.lr" in why
+    assert resumable_checkpoint(tmp_path, make_cfg(tmp_path, JOB))[0] == str(ckpt)
+    short = make_cfg(tmp_path, JOB + ["trainer.max_steps=10"])
+    assert resumable_checkpoint(tmp_path, short)[0] is None  # another max_steps is another config
+
+    monkeypatch.setattr(cb_mod, "_clock", time.time)
+    with caplog.at_level("WARNING", logger="attn_zoo.train"):
+        main(other)
+    assert "starts over" in caplog.text and "optim.lr" in caplog.text
+    done = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert done["resumed_from"] is None and done["steps"] == 30
+    moved = list(tmp_path.glob("checkpoints.replaced-*/last.ckpt"))
+    assert len(moved) == 1 and checkpoint_info(moved[0]).step == 10, "the other config's checkpoint is kept aside"
+
+    ckpt.write_bytes(b"cut off while it was written")
+    (tmp_path / "final_metrics.json").unlink()
+    path, why = resumable_checkpoint(tmp_path, other)
+    assert path is None and "cannot be read" in why
+    (tmp_path / RUN_CONFIG).unlink()
+    assert "run_config.json" in resumable_checkpoint(tmp_path, other)[1]
+    ckpt.unlink()
+    assert resumable_checkpoint(tmp_path, other) == (None, None)
+
+
+def test_a_run_that_stops_early_at_the_deadlines_validation_is_finished(tmp_path, monkeypatch):
+    """stop_at asks Lightning to stop; the validation it then runs can trigger early stopping: that run is done."""
+    _stop_now(monkeypatch)
+    early = ["+callbacks.early_stop._target_=lightning.pytorch.callbacks.EarlyStopping",
+             "+callbacks.early_stop.monitor=val/loss", "+callbacks.early_stop.mode=min",
+             "+callbacks.early_stop.stopping_threshold=1e9", "+callbacks.early_stop.check_on_train_epoch_end=false"]
+    main(make_cfg(tmp_path, JOB + early + [_later()]))
+    done = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert done["steps"] == 10
+
+
+def test_stop_at_in_the_past_starts_nothing_and_bad_values_name_the_key(tmp_path):
+    assert main(make_cfg(tmp_path, JOB + [f"stop_at={time.time() - 5:.0f}"])) is None
+    assert not (tmp_path / "csv").exists() and not (tmp_path / RUN_CONFIG).exists()
+    for bad in ("soon", "true"):
+        with pytest.raises(ValueError, match=r"stop_at=.*seconds since the epoch"):
+            train_mod.validate_config(make_cfg(tmp_path, JOB + [f"stop_at={bad}"]))
+    with pytest.raises(ValueError, match="every"):
+        cb_mod.StopAt(time.time(), every=0)
+
+
+def test_checkpoint_settings_change_no_result_and_stored_configs_still_match(tmp_path):
+    """Runs stored before the experiments kept checkpoints (callbacks.checkpoint: null, enable_checkpointing: false)
+    are the same result as runs that keep them: skip_finished still skips them."""
+    new = make_cfg(tmp_path, JOB)
+    stored = result_config(new)
+    stored["callbacks"]["checkpoint"] = None
+    stored["trainer"]["enable_checkpointing"] = False
+    (tmp_path / "final_metrics.json").write_text(json.dumps({"steps": 30, "result_config": stored}))
+    assert finished_run(tmp_path, new)["steps"] == 30
+    assert result_config(result_config(new)) == result_config(new)
+    with open_dict(new):
+        new.trainer.max_steps = 31
+    with pytest.raises(ValueError, match=r"trainer\.max_steps"):
+        finished_run(tmp_path, new)
+
+
+def test_step_metrics_only_on_the_steps_lightning_writes(tmp_path):
+    """train/loss and perf/* are computed (CUDA synchronised, timed) and logged on every log_every_n_steps-th step only."""
+    cfg = make_cfg(tmp_path, FAST + ["trainer.max_steps=20", "trainer.log_every_n_steps=5"])
+    train_mod.train(cfg)
+    rows = read_csv(tmp_path)
+    logged = [4, 9, 14, 19]
+    for key in ("train/loss", "perf/step_time_s", "perf/tokens_per_s", "perf/peak_mem_mb"):
+        assert [s for s, _ in column(rows, key)] == logged, key
+    assert all(v > 0 for _, v in column(rows, "perf/step_time_s"))
+
+
+def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_them(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(train_mod.__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["COLUMNS"] = "400"
+    sweep = tmp_path / "sweep"
+    args = JOB + ["trainer.max_steps=3", "trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}",
+                  "attention=flash,linear"]
+    first = subprocess.run([sys.executable, "train.py", "-m", *args, f"stop_at={time.time() - 1:.0f}"], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "2 job(s)" in first.stdout and "unfinished" in first.stdout, first.stdout[-2000:]
+    assert not list(sweep.glob("*/final_metrics.json")) and not list(sweep.glob("*/csv"))
+    again = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=240)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert sorted(p.parent.name for p in sweep.glob("*/final_metrics.json")) == ["attention=flash", "attention=linear"]
+    assert "attn-zoo multirun: 2 jobs" in again.stdout and "unfinished" not in again.stdout
