@@ -299,13 +299,14 @@ def resolve_precision(p):
 def print_table(title: str, rows: Dict[str, object]) -> None:
     try:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
-        t = Table(title=title)
+        t = Table(title=escape(title))  # a multirun title holds "[...]" (model.layers=[a,b]): not rich markup
         t.add_column("metric")
         t.add_column("value", justify="right")
         for k, v in rows.items():
-            t.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+            t.add_row(escape(k), f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
         Console().print(t)
     except ImportError:  # pragma: no cover
         print(title)

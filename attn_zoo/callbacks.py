@@ -241,13 +241,14 @@ class MultirunJobs(HydraCallback):
                 w.writerows(rows)
         try:
             from rich.console import Console
+            from rich.markup import escape
             from rich.table import Table
 
-            t = Table(title=title)
+            t = Table(title=escape(title))  # folder names hold "[...]" (model.layers=[a,b]): not rich markup
             for i, h in enumerate(header):
-                t.add_column(h, justify="right" if i >= 3 else "left", overflow="fold")
+                t.add_column(escape(h), justify="right" if i >= 3 else "left", overflow="fold")
             for row in rows:
-                t.add_row(*row)
+                t.add_row(*(escape(c) for c in row))
             console = Console()
             if not console.is_terminal:  # a log file: no 80-column wrapping
                 console.width = max(console.width, 200)

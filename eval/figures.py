@@ -26,8 +26,10 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF_DIR = os.path.join(REPO, "eval", "conf")
 
-Q = "results/h200/2026-12-01/quality"  # the H200 quality runs of 2026-12-01 and their reports
-LM_SPEED = "results/h200/2026-12-01/model_speed_small_262k/model_speed_small_262k.csv"
+Q = "results/h200/quality"  # the H200 quality runs (2026-12-01 and 2026-12-02) and their reports
+# the small model's speed with the trained specs (conf/attention: 32-token window, 16-token BigBird blocks), 262k
+# tokens a step (GPU-bound), our kernels: eval.bench_model --specs conf of 2026-12-02
+LM_SPEED = "results/h200/2026-12-02/model_speed_small_conf/model_speed_small_conf.csv"
 HYBRID_SPEED = "results/h200/2026-12-01/hybrid_speed/model_speed.csv"
 
 
@@ -45,6 +47,8 @@ JOBS: List[Job] = [
         ["kind=fig2", f"runs=[{Q}/runs/mqar_fig2,{Q}/runs/mqar_fig2_based]", f"out_dir={Q}/mqar_fig2"]),
     Job("mqar_window_cliff", "eval.recall",
         ["kind=cliff", f"runs=[{Q}/runs/mqar_window_cliff]", f"out_dir={Q}/mqar_window_cliff"]),
+    Job("mqar_old_recipe", "eval.recall",
+        ["kind=ablation", f"runs=[{Q}/runs/mqar_old_recipe]", f"out_dir={Q}/mqar_old_recipe"]),
     Job("mqar_hybrid", "eval.recall",
         ["kind=hybrid", f"runs=[{Q}/runs/mqar_hybrid]", f"speed={HYBRID_SPEED}", f"out_dir={Q}/mqar_hybrid"]),
     Job("lm_wikitext", "eval.recall",

@@ -22,6 +22,14 @@ Each kind writes ``<out_dir>/<kind>.csv`` and ``<out_dir>/<kind>.png`` and print
 * ``lm``: ``val/bpb`` vs ``data.seq_len`` (log2 axis) per variant and text data set, best over ``optim.lr``,
   the token budget ``trainer.max_steps * data.batch_size * data.seq_len`` in the title (a warning when it differs
   between runs), every variant labelled with its parameter count (GQA / MQA vs MHA).
+* ``ablation`` (``experiment=mqar_old_recipe``): one row and one horizontal bar per option of the swept config group
+  ``mqar_change`` (``old``, the control, first; then by ``val/acc``, highest first). A run's option is
+  ``hydra.runtime.choices.mqar_change`` of its ``.hydra/hydra.yaml``, else the ``+mqar_change=<option>`` entry of
+  ``.hydra/overrides.yaml``; runs without one are left out. The change an option makes is what differs between its
+  resolved config and the ``old`` run's (``model.n_layer: 4 -> 2``; without an ``old`` run: the keys of
+  ``conf/mqar_change/<option>.yaml``); columns ``option, setting, old_value, value, change, label, acc, step,
+  steps_run, finished, max_steps, chance, delta_vs_old, lr, n_runs, acc_from``. The figure: the control bar grey,
+  unfinished runs hatched, dashed line at chance, solid line at the 0.99 target.
 
 Which validation: ``select=best`` (default) takes the validation with the highest ``val/acc`` (``lm``: lowest
 ``val/bpb``), as Zoology reports the best; ``cliff`` reads ``val/acc_far`` / ``val/acc_near`` of that same
@@ -30,7 +38,8 @@ validation. ``select=last``: the last validation. Runs are read with :func:`eval
 metrics count as one more validation, its ``n_params`` as the parameter count) and the resolved config that
 ``train.py`` logs to ``csv/hparams.yaml`` (``.hydra/config.yaml`` keeps Hydra's interpolations).
 
-No matching run raises ``ValueError`` naming the argument (``runs``, ``kind``, ``seq_len``): no silent empty plot.
+No matching run raises ``ValueError`` naming the argument (``runs``, ``kind``, ``seq_len``; ``ablation``: no run with
+a ``mqar_change`` option under ``runs``): no silent empty plot.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ import pandas as pd
 from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
-KINDS = ("fig2", "cliff", "hybrid", "lm")
+KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation")
 FULL = "flash"  # the full-attention layer name of model.layers
 
 
@@ -722,9 +731,201 @@ def plot_lm(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     return _save(fig, base)
 
 
+# --------------------------------------------------------------------------------------------- ablation
+ABLATION_GROUP = "mqar_change"  # the swept config group of experiment=mqar_old_recipe (conf/mqar_change/<option>.yaml)
+CONTROL = "old"                 # its option that changes nothing: the old recipe
+TARGET_ACC = 0.99               # the early-stop threshold of mqar_base: "learned recall"
+CHANGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", ABLATION_GROUP)
+# settings that do not change a result (conf/train.yaml's override_dirname exclude_keys): never "the change"
+RESULT_FREE = ("ckpt_path", "stop_at", "skip_finished", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+               "trainer.enable_checkpointing", "trainer.log_every_n_steps")
+
+
+def group_choice(run_dir: str, group: str = ABLATION_GROUP) -> Optional[str]:
+    """The option of config group ``group`` a run was composed with: ``hydra.runtime.choices.<group>`` of
+    ``.hydra/hydra.yaml``, else a ``+<group>=<option>`` / ``<group>=<option>`` entry of ``.hydra/overrides.yaml``;
+    ``None`` when neither names one (the run is not part of that sweep)."""
+    import yaml
+
+    def load(name):
+        try:
+            with open(os.path.join(run_dir, ".hydra", name)) as f:
+                return yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            return None
+
+    choice = _get(load("hydra.yaml") or {}, f"hydra.runtime.choices.{group}")
+    if choice is not None:
+        return str(choice)
+    for line in load("overrides.yaml") or []:
+        key, _, value = str(line).lstrip("+~").partition("=")
+        if key == group and value:
+            return value
+    return None
+
+
+def _flat(node, prefix: str = "") -> dict:
+    """A nested config as ``{"dotted.key": value}`` (lists are values)."""
+    if not isinstance(node, dict):
+        return {prefix: node} if prefix else {}
+    out = {}
+    for k, v in node.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
+def _settings(cfg: dict) -> dict:
+    """A run's settings for comparing runs: its flattened config without ``paths.*`` and :data:`RESULT_FREE`, its
+    own output folder in a value (a checkpoint or logger dir) written as ``${paths.output_dir}``."""
+    out_dir = _get(cfg, "paths.output_dir")
+    out = {}
+    for k, v in _flat(cfg).items():
+        if k.startswith("paths.") or k in RESULT_FREE:
+            continue
+        if isinstance(out_dir, str) and out_dir and isinstance(v, str):
+            v = v.replace(out_dir, "${paths.output_dir}")
+        out[k] = v
+    return out
+
+
+def _fmt_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return f"{v:g}"
+    return "null" if v is None else str(v)
+
+
+def setting_changes(cfg: dict, ref: dict, ignore=()) -> List[tuple]:
+    """``[(key, ref value, cfg value)]`` of the settings (:func:`_settings`) where ``cfg`` differs from ``ref``,
+    sorted by key; keys in ``ignore`` are left out."""
+    a, b = _settings(ref), _settings(cfg)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if k not in set(ignore) and a.get(k) != b.get(k)]
+
+
+def option_settings(option: str) -> Optional[dict]:
+    """The settings ``conf/mqar_change/<option>.yaml`` sets (``{dotted key: value}``); ``None`` without that file."""
+    import yaml
+
+    path = os.path.join(CHANGE_DIR, f"{option}.yaml")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return _flat(yaml.safe_load(f) or {})
+
+
+def describe_change(rec: dict, ref: Optional[dict], ignore=()) -> dict:
+    """What one option run changes: ``setting`` (keys), ``old_value`` / ``value`` (``;``-joined, in key order),
+    ``change`` (``model.n_layer: 4 -> 2``) and ``label`` (the figure's, ``n_layer 4 -> 2``). Against ``ref``, the
+    control run's config, when there is one; else the keys of ``conf/mqar_change/<option>.yaml`` with the run's
+    values (``old_value`` empty, ``change`` ``model.n_layer = 2``)."""
+    option = rec["option"]
+    if option == CONTROL:
+        return {"setting": "", "old_value": "", "value": "", "change": "none (control: the old recipe)",
+                "label": f"{CONTROL} (control)"}
+    if ref is not None:
+        diffs = setting_changes(rec["cfg"], ref, ignore)
+        if not diffs:
+            return {"setting": "", "old_value": "", "value": "", "change": f"no setting differs from {CONTROL}",
+                    "label": f"{option} (no change)"}
+    else:
+        keys = option_settings(option)
+        if keys is None:
+            return {"setting": "", "old_value": "", "value": "",
+                    "change": f"unknown: no {CONTROL} run and no conf/{ABLATION_GROUP}/{option}.yaml",
+                    "label": option}
+        diffs = [(k, None, _get(rec["cfg"], k)) for k in sorted(keys)]
+    keys = [k for k, _, _ in diffs]
+    old = [_fmt_value(o) if ref is not None else "" for _, o, _ in diffs]
+    new = [_fmt_value(n) for _, _, n in diffs]
+    says = [f"{o} -> {n}" if ref is not None else f"= {n}" for o, n in zip(old, new)]
+    change = [f"{k}: {x}" if ref is not None else f"{k} {x}" for k, x in zip(keys, says)]
+    labels = dict.fromkeys(f"{k.rsplit('.', 1)[-1]} {x}" for k, x in zip(keys, says))  # data. / model.vocab_size: one
+    return {"setting": "; ".join(keys), "old_value": "; ".join(old), "value": "; ".join(new),
+            "change": "; ".join(change), "label": ", ".join(labels)}
+
+
+def ablation_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
+    """One row per option of the ablation (``recs`` carry ``option``, see :func:`group_choice`): what it changes
+    (:func:`describe_change`, against the first control run; settings that differ between control runs, e.g.
+    seeds, do not count), ``acc`` (the selected validation's ``val/acc``; runs of one option averaged, as
+    :func:`best_over_lr` does), its ``step``, ``steps_run``, ``finished``, ``chance`` = 1 / ``num_kv_pairs`` and
+    ``delta_vs_old`` (NaN without a control row). Order: the control first, then by ``acc`` descending. Runs that
+    never logged ``val/acc`` have no row."""
+    controls = [r for r in recs if r["option"] == CONTROL]
+    ref = controls[0]["cfg"] if controls else None
+    varying = {k for r in controls[1:] for k, _, _ in setting_changes(r["cfg"], ref)}
+    changes = {}
+    for r in recs:
+        changes.setdefault(r["option"], describe_change(r, ref, varying))
+    flat = []
+    for r in recs:
+        p = pick(r["vals"], "val/acc", select)
+        if p:
+            flat.append({"option": r["option"], "lr": r["lr"], "acc": p["val/acc"], "step": p["step"],
+                         "max_steps": r["max_steps"], "num_kv_pairs": r["num_kv_pairs"], **_status(r)})
+    by_option = {r["option"]: r for r in best_over_lr(flat, ["option"], "acc")}
+    old_acc = _f(by_option[CONTROL]["acc"]) if CONTROL in by_option else float("nan")
+    rows = []
+    for option, r in by_option.items():
+        rows.append({"option": option, **changes[option], "acc": r["acc"], "step": r["step"],
+                     "steps_run": r["steps_run"], "finished": r["finished"], "max_steps": r["max_steps"],
+                     "chance": 1.0 / r["num_kv_pairs"] if _f(r["num_kv_pairs"]) > 0 else float("nan"),
+                     "delta_vs_old": _f(r["acc"]) - old_acc, "lr": r["best_lr"], "n_runs": r["n_runs"],
+                     "acc_from": "max over validations" if select == "best" else "last validation"})
+    return sorted(rows, key=lambda r: (r["option"] != CONTROL, -_f(r["acc"]), r["option"]))
+
+
+def plot_ablation(rows: Sequence[dict], base: str, caption: str, select: str = "best") -> List[str]:
+    """Horizontal bars of ``acc`` per option (:func:`ablation_table` order, top down), the control in its own
+    colour, unfinished runs hatched and hollow; dashed line at chance, solid at :data:`TARGET_ACC`."""
+    from matplotlib.patches import Patch
+
+    from eval.plots import _proxy, _save, grid, suptitle
+
+    colors = {"control": "tab:gray", "change": "tab:blue"}
+    fig, (ax,) = grid(1, ncols=1, panel_w=7.5, panel_h=max(2.6, 0.42 * len(rows) + 1.0))
+    for y, r in enumerate(rows):
+        color = colors["control" if r["option"] == CONTROL else "change"]
+        done = _f(r["finished"]) >= 1
+        ax.barh(y, _f(r["acc"]), height=0.65, color=color if done else "white", edgecolor=color, lw=1.4,
+                hatch=None if done else "//")
+        note = f"{_f(r['acc']):.3f}"
+        if r["option"] != CONTROL and math.isfinite(_f(r["delta_vs_old"])):
+            note += f" ({_f(r['delta_vs_old']):+.3f} vs {CONTROL})"
+        if not done:
+            note += f", cut at step {_f(r['steps_run']):,.0f}"
+        ax.text(_f(r["acc"]) + 0.01, y, note, va="center", fontsize=8)
+    for c in sorted({_f(r["chance"]) for r in rows if math.isfinite(_f(r["chance"]))}):
+        ax.axvline(c, color="gray", ls="--", lw=1)
+    ax.axvline(TARGET_ACC, color="tab:green", ls="-", lw=1.2)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=9)
+    ax.invert_yaxis()  # the control on top
+    ax.set_xlim(0, 1.55)  # room for the notes right of the bars
+    ax.set_xticks(np.linspace(0, 1, 6))
+    ax.set_xlabel("MQAR accuracy (val/acc)")
+    ax.set_title(f"one change of the old recipe per bar ({ABLATION_GROUP}=<option>)", fontsize=10, loc="left",
+                 fontweight="bold")
+    ax.grid(True, axis="x", alpha=0.25)
+    handles = [Patch(facecolor=colors["control"], edgecolor=colors["control"], label=f"{CONTROL}: the old recipe "
+                     "(control)"),
+               Patch(facecolor=colors["change"], edgecolor=colors["change"], label="one setting changed")]
+    if any(_f(r["finished"]) < 1 for r in rows):
+        handles.append(Patch(facecolor="white", edgecolor="gray", hatch="//", label="hatched: run cut off before "
+                             "max_steps"))
+    handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
+                _proxy(color="tab:green", ls="-", lw=1.2, label=f"target: val/acc {TARGET_ACC}")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    acc = "best validation (max)" if select == "best" else "last validation"
+    suptitle(fig, "Which single change makes the old MQAR recipe learn recall? (experiment mqar_old_recipe)\n"
+                  f"accuracy: {acc} · " + caption, fontsize=9)
+    return _save(fig, base)
+
+
 # --------------------------------------------------------------------------------------------- driver
 def run(cfg: dict) -> dict:
-    """Make one report. ``cfg``: ``kind`` (fig2 | cliff | hybrid | lm), ``runs`` (roots), ``out_dir``,
+    """Make one report. ``cfg``: ``kind`` (fig2 | cliff | hybrid | lm | ablation), ``runs`` (roots), ``out_dir``,
     ``select`` (best | last), ``seq_len`` (cliff / hybrid: only this length), ``speed`` / ``speed_backend`` /
     ``speed_size`` (hybrid: an eval.bench_model CSV), ``formats``. Returns ``{rows, csv, png, figures}``."""
     from eval import plots
@@ -777,6 +978,27 @@ def run(cfg: dict) -> dict:
             notes.insert(0, f"speed: {os.path.basename(str(speed))} (eval.bench_model, "
                             f"{bench_setup(speed, cfg.get('speed_backend') or 'triton')})")
         paths = plot_hybrid(rows, base, _setup(recs, "\n" + "; ".join(notes) if notes else ""), bool(speed))
+    elif kind == "ablation":
+        recs_a = [dict(r, option=group_choice(r["run_dir"])) for r in recs]
+        recs_a = [r for r in recs_a if r["option"] is not None]
+        if not recs_a:
+            raise ValueError(f"ablation: no {ABLATION_GROUP} run under runs={roots}: no run has "
+                             f"hydra.runtime.choices.{ABLATION_GROUP} in .hydra/hydra.yaml or "
+                             f"+{ABLATION_GROUP}=<option> in .hydra/overrides.yaml "
+                             f"(python train.py -m experiment=mqar_old_recipe)")
+        rows = ablation_table(recs_a, select)
+        if not rows:
+            raise ValueError(f"ablation: no {ABLATION_GROUP} run under runs={roots} logged val/acc")
+        if len(recs_a) < len(recs):
+            notes.append(f"{len(recs) - len(recs_a)} run(s) without a {ABLATION_GROUP} option left out")
+        if not any(r["option"] == CONTROL for r in recs_a):
+            notes.append(f"no '{CONTROL}' (control) run: no delta_vs_old; changes named from "
+                         f"conf/{ABLATION_GROUP}/<option>.yaml")
+        elif CONTROL not in {r["option"] for r in rows}:
+            notes.append(f"the '{CONTROL}' (control) run never logged val/acc: no delta_vs_old")
+        cov = _coverage(recs_a, rows, "val/acc")
+        notes += [cov] if cov else []
+        paths = plot_ablation(rows, base, _setup(recs_a, "; ".join(notes)), select)
     else:
         recs_t = [r for r in recs if str(r["dataset"]).startswith("text")]
         if not recs_t:

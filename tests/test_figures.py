@@ -15,10 +15,10 @@ from eval import figures  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXPECTED_JOBS = {
-    "mqar_recall", "mqar_fig2", "mqar_window_cliff", "mqar_hybrid", "lm_wikitext", "lm_shakespeare",
+    "mqar_recall", "mqar_fig2", "mqar_window_cliff", "mqar_old_recipe", "mqar_hybrid", "lm_wikitext", "lm_shakespeare",
     "join_lm_wikitext", "join_lm_shakespeare", "h200_crossover_figures", "cpu_quality_figures",
 }
-CLIFF = "results/h200/2026-12-01/quality/mqar_window_cliff"
+CLIFF = "results/h200/quality/mqar_window_cliff"
 H200_FIGS = ["h200_time_vs_n_fwd_bwd", "h200_time_vs_n_fwd", "h200_memory_vs_n", "h200_roofline",
              "h200_model_tokens_per_s"]
 
@@ -85,7 +85,7 @@ def test_subset_under_out_root_writes_there_only(tmp_path, capsys, monkeypatch):
     for p in expected:
         assert p.is_file() and p.stat().st_size > 0, p
     # only the two selected jobs ran
-    assert not (tmp_path / "results/h200/2026-12-01/quality/mqar_fig2").exists()
+    assert not (tmp_path / "results/h200/quality/mqar_fig2").exists()
     assert sorted(os.listdir(tmp_path / "docs" / "figures")) == sorted(f"{n}.png" for n in H200_FIGS)
     # nothing written in place
     assert _snapshot([CLIFF, "docs/figures"]) == before

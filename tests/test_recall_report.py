@@ -1,8 +1,10 @@
-"""eval.recall (fig2 / cliff / hybrid / lm) and eval.quality's speed= join, on synthetic train.py run folders.
+"""eval.recall (fig2 / cliff / hybrid / lm / ablation) and eval.quality's speed= join, on synthetic train.py run
+folders.
 
 The folders are laid out as train.py writes them: ``.hydra/config.yaml`` (Hydra's composed config, interpolations
 unresolved), ``csv/metrics.csv`` (Lightning's CSVLogger: training rows, validation rows) and ``final_metrics.json``
-(``attn_zoo.runs.write_final_metrics``).
+(``attn_zoo.runs.write_final_metrics``); a multirun job also has ``.hydra/overrides.yaml`` (its overrides) and
+``.hydra/hydra.yaml`` (``hydra.runtime.choices``: the option picked in each config group).
 """
 
 import csv
@@ -22,8 +24,10 @@ COLUMNS = ["epoch", "model/n_params", "perf/peak_mem_mb", "perf/step_time_s", "p
 
 def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, attention="flash", kind=None,
               feature_map=None, window=None, layers=None, n_layer=2, vals=(), final=None, batch_size=32,
-              max_steps=100, n_params=1000, seed=0, path="data/tinyshakespeare/input.txt", hparams=False):
-    """One run folder; ``vals``: [(step, {metric: value})] validation rows (metric names without ``val/``)."""
+              max_steps=100, n_params=1000, seed=0, path="data/tinyshakespeare/input.txt", hparams=False,
+              vocab_size=128, overrides=None, choices=None):
+    """One run folder; ``vals``: [(step, {metric: value})] validation rows (metric names without ``val/``);
+    ``overrides`` (a list) / ``choices`` (a dict) written to ``.hydra/overrides.yaml`` / ``.hydra/hydra.yaml``."""
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / "csv").mkdir()
@@ -34,7 +38,7 @@ def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, atten
     if window is not None:
         att["window_size"] = [window, 0]
     if data == "mqar":
-        d = {"_target_": "attn_zoo.data.MQARDataModule", "vocab_size": 128, "seq_len": seq_len,
+        d = {"_target_": "attn_zoo.data.MQARDataModule", "vocab_size": vocab_size, "seq_len": seq_len,
              "num_kv_pairs": "${attn_zoo.div:${data.seq_len},16}", "power_a": 0.01, "random_non_queries": False,
              "batch_size": batch_size, "seed": "${seed}"}
     else:
@@ -46,6 +50,11 @@ def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, atten
                      "n_head": 4, "d_model": d_model, "layers": layers},
            "attention": att, "trainer": {"max_steps": max_steps, "val_check_interval": 10}}
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if overrides is not None:
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if choices is not None:
+        (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
+            {"hydra": {"run": {"dir": "outputs/${now:%Y-%m-%d}"}, "runtime": {"choices": dict(choices)}}}))
     if hparams:  # train.py's logged config is resolved
         res = yaml.safe_load(yaml.safe_dump(cfg))
         res["data"]["num_kv_pairs"] = seq_len // 16
@@ -245,6 +254,124 @@ def test_lm_token_budget_params_and_best_bpb(tmp_path, capsys):
     with pytest.warns(UserWarning, match="token budget differs"):
         res = recall.run({"kind": "lm", "runs": [str(root)], "out_dir": str(tmp_path / "o2")})
     assert "UNEQUAL" in res["notes"][0] and "warning" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------- ablation
+def _ablation_runs(root, with_old=True):
+    """experiment=mqar_old_recipe in small: the old recipe (4 layers, vocab 128, lr 1e-3) and three one-change runs,
+    the option named in hydra.yaml and overrides.yaml, hydra.yaml only, overrides.yaml only (with and without +);
+    ``lr`` was cut off at step 200 (no final_metrics.json); a run of another experiment lies beside them."""
+    old = dict(n_layer=4, lr=1e-3, vocab_size=128, max_steps=300)
+    if with_old:
+        write_run(root, "mqar_change=old", **old, overrides=["+mqar_change=old"],
+                  choices={"mqar_change": "old", "data": "mqar"},
+                  vals=[(100, {"acc": 0.26}), (200, {"acc": 0.27}), (300, {"acc": 0.25})], final={"acc": 0.25})
+    write_run(root, "mqar_change=n_layer", **dict(old, n_layer=2), choices={"mqar_change": "n_layer"},
+              vals=[(100, {"acc": 0.5}), (200, {"acc": 0.995})], final={"acc": 0.995})  # early stop at 0.99
+    write_run(root, "mqar_change=vocab_size", **dict(old, vocab_size=8192), overrides=["+mqar_change=vocab_size"],
+              vals=[(100, {"acc": 0.4}), (200, {"acc": 0.6}), (300, {"acc": 0.55})], final={"acc": 0.55})
+    write_run(root, "mqar_change=lr", **dict(old, lr=3e-3), overrides=["mqar_change=lr", "trainer.max_steps=300"],
+              vals=[(100, {"acc": 0.3}), (200, {"acc": 0.45})])
+    write_run(root, "other", attention="linear", overrides=["attention=linear"], choices={"attention": "linear"},
+              vals=[(100, {"acc": 0.9})], final={"acc": 0.9})  # not part of the ablation
+
+
+def test_ablation_rows_changes_deltas_and_order(tmp_path, capsys):
+    root = tmp_path / "multirun" / "mqar_old_recipe"
+    _ablation_runs(root)
+    res = recall.run({"kind": "ablation", "runs": [str(root)], "out_dir": str(tmp_path / "out")})
+    assert res["csv"] == str(tmp_path / "out" / "ablation.csv") and res["png"] == str(tmp_path / "out" / "ablation.png")
+    assert os.path.getsize(res["png"]) > 5000
+    assert f"ablation: wrote {res['csv']} and {res['png']}" in capsys.readouterr().out
+    rows = _csv(res["csv"])
+    assert [r["option"] for r in rows] == ["old", "n_layer", "vocab_size", "lr"]  # control first, then acc desc
+    by = {r["option"]: r for r in rows}
+    assert by["old"]["change"] == "none (control: the old recipe)" and by["old"]["label"] == "old (control)"
+    assert by["n_layer"]["change"] == "model.n_layer: 4 -> 2" and by["n_layer"]["label"] == "n_layer 4 -> 2"
+    assert (by["n_layer"]["setting"], by["n_layer"]["old_value"], by["n_layer"]["value"]) == ("model.n_layer", "4",
+                                                                                            "2")
+    # model.vocab_size = ${data.vocab_size} changes with it: both keys in the CSV, one label
+    assert by["vocab_size"]["change"] == "data.vocab_size: 128 -> 8192; model.vocab_size: 128 -> 8192"
+    assert by["vocab_size"]["label"] == "vocab_size 128 -> 8192"
+    assert by["lr"]["change"] == "optim.lr: 0.001 -> 0.003" and by["lr"]["label"] == "lr 0.001 -> 0.003"
+    acc = {o: float(r["acc"]) for o, r in by.items()}
+    assert acc == pytest.approx({"old": 0.27, "n_layer": 0.995, "vocab_size": 0.6, "lr": 0.45})  # max over vals
+    assert {o: float(r["step"]) for o, r in by.items()} == {"old": 200, "n_layer": 200, "vocab_size": 200, "lr": 200}
+    delta = {o: float(r["delta_vs_old"]) for o, r in by.items()}
+    assert delta == pytest.approx({"old": 0.0, "n_layer": 0.725, "vocab_size": 0.33, "lr": 0.18})
+    assert {o: r["finished"] for o, r in by.items()} == {"old": "1.0", "n_layer": "1.0", "vocab_size": "1.0",
+                                                          "lr": "0.0"}
+    assert float(by["lr"]["steps_run"]) == 200 and float(by["old"]["steps_run"]) == 300
+    assert all(float(r["chance"]) == pytest.approx(0.25) for r in rows)  # 1 / (64 // 16) kv pairs
+    assert any("1 run(s) without a mqar_change option left out" in n for n in res["notes"])
+    assert any("1 of 4 runs unfinished" in n for n in res["notes"])
+    # select=last: the last validation of each run
+    res = recall.run({"kind": "ablation", "runs": [str(root)], "out_dir": str(tmp_path / "last"), "select": "last"})
+    last = {r["option"]: r for r in res["rows"]}
+    assert last["old"]["acc"] == pytest.approx(0.25) and last["vocab_size"]["acc"] == pytest.approx(0.55)
+    assert last["n_layer"]["delta_vs_old"] == pytest.approx(0.745) and last["old"]["acc_from"] == "last validation"
+
+
+def test_ablation_without_the_control_names_the_change_from_its_yaml(tmp_path):
+    root = tmp_path / "m"
+    _ablation_runs(root, with_old=False)
+    res = recall.run({"kind": "ablation", "runs": [str(root)], "out_dir": str(tmp_path / "o")})
+    rows = res["rows"]
+    assert [r["option"] for r in rows] == ["n_layer", "vocab_size", "lr"]
+    by = {r["option"]: r for r in rows}
+    # conf/mqar_change/<option>.yaml names the key, the run gives the value; nothing to subtract
+    assert by["n_layer"]["change"] == "model.n_layer = 2" and by["n_layer"]["old_value"] == ""
+    assert by["vocab_size"]["change"] == "data.vocab_size = 8192" and by["lr"]["label"] == "lr = 0.003"
+    assert all(math.isnan(r["delta_vs_old"]) for r in rows)
+    assert any("no 'old' (control) run" in n for n in res["notes"])
+
+
+def test_ablation_plot_bars_control_unfinished_chance_and_target(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    seen = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: seen.append(self))
+    _ablation_runs(tmp_path / "m")
+    recall.run({"kind": "ablation", "runs": [str(tmp_path / "m")], "out_dir": str(tmp_path / "o")})
+    ax = seen[-1].axes[0]
+    bars = ax.patches
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["old (control)", "n_layer 4 -> 2",
+                                                           "vocab_size 128 -> 8192", "lr 0.001 -> 0.003"]
+    assert [b.get_width() for b in bars] == pytest.approx([0.27, 0.995, 0.6, 0.45])
+    assert bars[0].get_facecolor() != bars[1].get_facecolor()  # the control stands apart
+    assert bars[1].get_facecolor() == bars[2].get_facecolor()
+    assert [b.get_hatch() for b in bars] == [None, None, None, "//"]  # lr: cut off, hatched and hollow
+    assert bars[3].get_facecolor()[:3] == (1.0, 1.0, 1.0)
+    vlines = sorted((ln.get_xdata()[0], ln.get_linestyle()) for ln in ax.lines)
+    assert vlines == [(pytest.approx(0.25), "--"), (pytest.approx(0.99), "-")]  # chance, target
+    legend = [t.get_text() for lg in seen[-1].legends for t in lg.get_texts()]
+    assert any("cut off" in t for t in legend) and any("chance" in t for t in legend)
+    caption = seen[-1]._suptitle.get_text()
+    assert "vocab 128-8192" in caption and "layers 2-4" in caption and "4 runs" in caption  # the _setup() line
+
+
+def test_setting_changes_ignore_run_folders_and_result_free_keys():
+    ref = {"seed": 0, "paths": {"output_dir": "/m/old"}, "stop_at": 1, "model": {"n_layer": 4},
+           "callbacks": {"checkpoint": {"dirpath": "/m/old/checkpoints"}}, "data": {"random_non_queries": True}}
+    cfg = {"seed": 0, "paths": {"output_dir": "/m/x"}, "stop_at": 2, "model": {"n_layer": 4},
+           "callbacks": {"checkpoint": {"dirpath": "/m/x/checkpoints"}}, "data": {"random_non_queries": False}}
+    assert recall.setting_changes(cfg, ref) == [("data.random_non_queries", True, False)]
+    rec = {"option": "random_non_queries", "cfg": cfg}
+    assert recall.describe_change(rec, ref)["label"] == "random_non_queries true -> false"
+    assert recall.setting_changes(dict(cfg, seed=1), ref, ignore={"seed"}) == [("data.random_non_queries", True,
+                                                                                 False)]
+
+
+def test_ablation_without_mqar_change_runs_raises(tmp_path):
+    root = tmp_path / "fig2"
+    write_run(root, "a", overrides=["attention=flash"], choices={"attention": "flash"}, vals=[(10, {"acc": 0.5})])
+    write_run(root, "b", vals=[(10, {"acc": 0.5})])  # no .hydra/overrides.yaml, no hydra.yaml
+    with pytest.raises(ValueError, match=r"ablation: no mqar_change run under runs=\[.*fig2"):
+        recall.run({"kind": "ablation", "runs": [str(root)], "out_dir": str(tmp_path / "o")})
+    assert not (tmp_path / "o").exists()
+    write_run(root, "c", overrides=["+mqar_change=old"])  # an option, but no validation
+    with pytest.raises(ValueError, match=r"ablation: no mqar_change run .* logged val/acc"):
+        recall.run({"kind": "ablation", "runs": [str(root)], "out_dir": str(tmp_path / "o")})
 
 
 # --------------------------------------------------------------------------------------------- errors / CLI

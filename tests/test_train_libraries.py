@@ -156,9 +156,9 @@ def test_result_config_ignores_instantiate_only_keys(tmp_path):
     assert rc["optim"]["_target_"] == "torch.optim.Adam" and rc["trainer"]["_target_"] == "my.Trainer"
 
 
-RUNS = ROOT / "results" / "h200" / "2026-12-01" / "quality" / "runs"
+RUNS = ROOT / "results" / "h200" / "quality" / "runs"
 COMMITTED = ["lm_wikitext/attention=flash,data.seq_len=1024", "mqar_recall", "mqar_window_cliff", "mqar_fig2",
-             "mqar_hybrid", "mqar_ablation"]
+             "mqar_hybrid", "mqar_ablation", "mqar_old_recipe"]
 
 
 def _committed_run(entry):
