@@ -150,3 +150,19 @@ def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert sorted(p.parent.name for p in sweep.glob("*/final_metrics.json")) == ["attention=flash", "attention=linear"]
     assert "attn-zoo multirun: 2 jobs" in again.stdout and "unfinished" not in again.stdout
+
+
+def test_multirun_table_prints_bracketed_job_names_and_names_unfinished_jobs(tmp_path, capsys):
+    """Job folders of list overrides (model.layers=[a,b]) are printed as they are, not read as rich markup; jobs
+    without final_metrics.json are named as unfinished."""
+    from attn_zoo.callbacks import MultirunJobs
+
+    done = tmp_path / "model.layers=[linear,flash]"
+    (done / ".hydra").mkdir(parents=True)
+    (done / "final_metrics.json").write_text(json.dumps({"job": {"num": 0}, "variant": "linear+flash", "steps": 3,
+                                                         "metrics": {"val/acc": 0.5}, "wall_s": 1.0}))
+    (tmp_path / "model.layers=[flash,flash]" / ".hydra").mkdir(parents=True)
+    MultirunJobs().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    out = capsys.readouterr().out
+    assert "model.layers=[linear,flash]" in out
+    assert "1 job(s)" in out and "unfinished" in out and "model.layers=[flash,flash]" in out
