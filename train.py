@@ -222,8 +222,8 @@ def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], res
 def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
     """``hydra.utils.instantiate(cfg.trainer)`` with the ``callbacks`` group's callbacks and ``loggers``.
 
-    ``stop_at`` adds :class:`StopAt`; ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``; ``trainer.enable_progress_bar:
-    auto`` is on only when stdout is a terminal (:func:`progress_bar_enabled`); the step progress bar
+    ``stop_at`` adds :class:`StopAt`; ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``;
+    ``trainer.enable_progress_bar: auto`` is on only when stdout is a terminal (:func:`progress_bar_enabled`); the step progress bar
     (:class:`StepProgressBar`) is added unless the bar is off or a callback is a progress bar; without a logger the
     ``LearningRateMonitor`` (which raises then) is left out. The Trainer is instantiated as a partial and called
     here, so its own errors (a bad ``trainer.accelerator``, an unknown key) are not wrapped by Hydra.
@@ -393,24 +393,13 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                 f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
                 f"leaves nothing to train (max_steps counts all steps, not further ones); pass "
                 f"trainer.max_steps > {resume.step} to extend it")
-    # a new run in the folder of a finished one rewrites metrics.csv: the old final table must not mark it finished
-    stale = Path(output_dir) / FINAL_METRICS
-    if resume is None and stale.is_file():
-        kept = stale.with_name(f"final_metrics.replaced-{time.strftime('%Y%m%d-%H%M%S')}.json")
-        try:
-            stale.rename(kept)
-        except FileNotFoundError:  # another DDP rank moved it first
-            pass
-        log.warning(f"{stale} of an earlier run in this folder moved to {kept.name}: this run starts over")
-    # ... and its checkpoints must not be taken for this run's (skip_finished resumes from checkpoints/last.ckpt)
-    old_ckpts = Path(output_dir) / CKPT_DIR
-    if resume is None and (old_ckpts / "last.ckpt").is_file():
-        kept = old_ckpts.with_name(f"{CKPT_DIR}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        try:
-            old_ckpts.rename(kept)
-            log.warning(f"{old_ckpts} of an earlier run in this folder moved to {kept.name}: this run starts over")
-        except FileNotFoundError:  # another DDP rank moved it first
-            pass
+    if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
+        # its final table must not mark this run finished, nor its checkpoints pass for this run's (skip_finished
+        # resumes from checkpoints/last.ckpt): both are kept aside
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        _move_aside(Path(output_dir) / FINAL_METRICS, f"final_metrics.replaced-{stamp}.json")
+        if (Path(output_dir) / CKPT_DIR / "last.ckpt").is_file():
+            _move_aside(Path(output_dir) / CKPT_DIR, f"{CKPT_DIR}.replaced-{stamp}")
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
@@ -460,6 +449,18 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
+
+
+def _move_aside(path: Path, new_name: str) -> None:
+    """Rename ``path`` (a file or folder of an earlier run) to ``new_name`` beside it, saying so; nothing when it is
+    not there (or another DDP rank moved it first)."""
+    if not path.exists():
+        return
+    try:
+        path.rename(path.with_name(new_name))
+    except FileNotFoundError:  # another DDP rank moved it first
+        return
+    log.warning(f"{path} of an earlier run in this folder moved to {new_name}: this run starts over")
 
 
 def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, max_steps: int) -> Dict[str, float]:
