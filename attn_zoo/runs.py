@@ -183,9 +183,13 @@ def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
 
 def write_final_metrics(run_dir, record: Dict) -> Path:
     """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`)."""
-    path = Path(run_dir) / FINAL_METRICS
+    return _write_json(Path(run_dir) / FINAL_METRICS, record)
+
+
+def _write_json(path: Path, obj) -> Path:
+    """``obj`` as JSON at ``path``, atomically (a temporary file renamed over it: a kill never leaves half a file)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
     os.replace(tmp, path)
     return path
 
@@ -305,6 +309,11 @@ def _diff_keys(a, b, prefix="") -> List[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
+def _shown(keys: List[str], most: int = 8) -> str:
+    """The first ``most`` differing keys, comma-separated, and how many more."""
+    return ", ".join(keys[:most]) + (f" (+{len(keys) - most} more)" if len(keys) > most else "")
+
+
 def finished_run(output_dir, cfg=None) -> Optional[Dict]:
     """The final metrics of a run that finished in ``output_dir`` (its ``final_metrics.json``, written last by
     ``train.py``), or None. ``skip_finished=true`` uses it to make a multirun resumable: re-running the command
@@ -331,9 +340,8 @@ def finished_run(output_dir, cfg=None) -> Optional[Dict]:
         return None
     diff = _diff_keys(result_config(stored), result_config(cfg))
     if diff:
-        shown = ", ".join(diff[:8]) + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
         raise ValueError(
-            f"skip_finished: {output_dir} holds a finished run of another config (differs in {shown}); pass "
+            f"skip_finished: {output_dir} holds a finished run of another config (differs in {_shown(diff)}); pass "
             f"hydra.sweep.dir=<a new folder> (or hydra.run.dir), delete that folder, or skip_finished=false")
     return done
 
@@ -341,11 +349,7 @@ def finished_run(output_dir, cfg=None) -> Optional[Dict]:
 def write_run_config(run_dir, cfg) -> Path:
     """``<run_dir>/run_config.json``: the :func:`result_config` a run trains under, written as it starts (a new run
     or a resume), so that :func:`resumable_checkpoint` can tell whether its ``last.ckpt`` belongs to a job's config."""
-    path = Path(run_dir) / RUN_CONFIG
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result_config(cfg), indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
-    return path
+    return _write_json(Path(run_dir) / RUN_CONFIG, result_config(cfg))
 
 
 def resumable_checkpoint(output_dir, cfg):
@@ -364,8 +368,7 @@ def resumable_checkpoint(output_dir, cfg):
         return None, f"{ckpt} has no readable {RUN_CONFIG} beside it (written by an older train.py)"
     diff = _diff_keys(result_config(stored), result_config(cfg))
     if diff:
-        shown = ", ".join(diff[:8]) + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
-        return None, f"{ckpt} was trained under another config (differs in {shown})"
+        return None, f"{ckpt} was trained under another config (differs in {_shown(diff)})"
     try:
         info = checkpoint_info(ckpt)
     except ValueError as e:
