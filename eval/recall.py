@@ -736,9 +736,6 @@ ABLATION_GROUP = "mqar_change"  # the swept config group of experiment=mqar_old_
 CONTROL = "old"                 # its option that changes nothing: the old recipe
 TARGET_ACC = 0.99               # the early-stop threshold of mqar_base: "learned recall"
 CHANGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", ABLATION_GROUP)
-# settings that do not change a result (conf/train.yaml's override_dirname exclude_keys): never "the change"
-RESULT_FREE = ("ckpt_path", "stop_at", "skip_finished", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-               "trainer.enable_checkpointing", "trainer.log_every_n_steps")
 
 
 def group_choice(run_dir: str, group: str = ABLATION_GROUP) -> Optional[str]:
@@ -775,13 +772,14 @@ def _flat(node, prefix: str = "") -> dict:
 
 
 def _settings(cfg: dict) -> dict:
-    """A run's settings for comparing runs: its flattened config without ``paths.*`` and :data:`RESULT_FREE`, its
-    own output folder in a value (a checkpoint or logger dir) written as ``${paths.output_dir}``."""
+    """A run's settings for comparing runs: its flattened :func:`attn_zoo.runs.result_config` (what changes a result:
+    no paths, loggers, checkpoint / logging cadence, deadlines), its own output folder in a value written as
+    ``${paths.output_dir}``."""
+    from attn_zoo.runs import result_config
+
     out_dir = _get(cfg, "paths.output_dir")
     out = {}
-    for k, v in _flat(cfg).items():
-        if k.startswith("paths.") or k in RESULT_FREE:
-            continue
+    for k, v in _flat(result_config(cfg)).items():
         if isinstance(out_dir, str) and out_dir and isinstance(v, str):
             v = v.replace(out_dir, "${paths.output_dir}")
         out[k] = v
