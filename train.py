@@ -44,7 +44,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.callbacks import StepProgressBar, StopAt, early_stopped
+from attn_zoo.callbacks import StepProgressBar, StopAt, StopTraining
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
 from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers,
@@ -409,16 +409,15 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     trainer = build_trainer(cfg, loggers, output_dir)
 
-    stopper = next((c for c in trainer.callbacks if isinstance(c, StopAt)), None)
     try:
-        trainer.fit(lit, datamodule=dm, ckpt_path=ckpt_path)
+        try:
+            trainer.fit(lit, datamodule=dm, ckpt_path=ckpt_path)
+        except StopTraining as stop:  # stop_at: not finished
+            return _stopped_unfinished(cfg, trainer, output_dir, max_steps, stop, start_step)
         if max_steps > 0 and trainer.global_step <= start_step:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
                 f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
-        if stopper is not None and stopper.reached and not (0 < max_steps <= trainer.global_step) \
-                and not early_stopped(trainer):
-            return _stopped_unfinished(cfg, trainer, output_dir, max_steps)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
@@ -463,16 +462,20 @@ def _move_aside(path: Path, new_name: str) -> None:
     log.warning(f"{path} of an earlier run in this folder moved to {new_name}: this run starts over")
 
 
-def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, max_steps: int) -> Dict[str, float]:
-    """A run that ``stop_at`` stopped before ``trainer.max_steps``: no final validation and no ``final_metrics.json``
-    (it is not finished); says where its checkpoint is. Returns ``{}``."""
+def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, max_steps: int, stop: StopTraining,
+                        start_step: int) -> Dict[str, float]:
+    """A run that ``stop_at`` stopped (:class:`StopTraining`) before ``trainer.max_steps``: no final validation and no
+    ``final_metrics.json`` (it is not finished); says where its checkpoint is. Returns ``{}``."""
+    if trainer.global_step <= start_step:
+        log.warning(f"stop_at={cfg.stop_at}: the deadline had passed when training started; no step trained")
+        return {}
     ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
     if trainer.is_global_zero:
-        if ckpt.is_file():
+        if ckpt.is_file() and checkpoint_info(ckpt).step == trainer.global_step:
             how = (f"{ckpt} resumes it: run the same command again (skip_finished=true), or pass ckpt_path={ckpt} "
                    f"with the same trainer.max_steps={max_steps}")
         else:
-            how = "no checkpoint was written (callbacks.checkpoint is off), so a re-run starts it over"
+            how = "no checkpoint of this step was written (callbacks.checkpoint is off): a re-run starts it over"
         print_table(f"{table_title(cfg)} (stopped at stop_at, unfinished)",
                     {"steps": f"{trainer.global_step} of {max_steps if max_steps > 0 else '?'}", "resume": how})
     return {}
@@ -489,7 +492,10 @@ def main(cfg: DictConfig) -> Optional[float]:
     """
     validate_config(cfg)
     stop_at = cfg.get("stop_at")
-    if stop_at is not None and time.time() >= float(stop_at):
+    # one process decides here (a DDP run's children, started by it, and peers of a launcher that set WORLD_SIZE go
+    # on to StopAt.on_train_start, where all ranks decide together: no rank waits for one that left)
+    alone = "LOCAL_RANK" not in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1
+    if stop_at is not None and alone and time.time() >= float(stop_at):
         log.warning(f"stop_at={stop_at}: that time passed {time.time() - float(stop_at):.0f} s ago; "
                     f"{cfg.paths.output_dir} not started")
         return None

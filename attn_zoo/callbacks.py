@@ -1,7 +1,7 @@
 """Lightning and Hydra callbacks of ``train.py``.
 
-* :class:`ModelCheckpoint`: Lightning's, plus ``last.ckpt`` when a run is interrupted (Ctrl-C) and at the end of
-  training, so that ``ckpt_path=<run dir>/checkpoints/last.ckpt`` always resumes from the latest step.
+* :class:`ModelCheckpoint`: Lightning's, plus ``last.ckpt`` at every validation, when a run is interrupted (Ctrl-C)
+  and at the end of training, so that ``ckpt_path=<run dir>/checkpoints/last.ckpt`` resumes from the latest step.
 * :class:`StepProgressBar`: the training bar counts optimizer steps up to ``trainer.max_steps`` (``step 120/1000``),
   not batches of an epoch against ``max_epochs`` (``Epoch 1/-2`` with ``max_epochs: null``).
 * :class:`MultirunJobs`: a Hydra callback; job folders named after the swept overrides, and one table of every job's
@@ -29,25 +29,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from .runs import SWEPT_KEYS_ENV, read_sweep, swept_keys
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
-           "early_stopped"]
-
-
-def _restore_adds_a_step(loop) -> bool:
-    """Whether Lightning (2.6, ``_TrainingEpochLoop.reset``) adds 1 to the restored ``_batches_that_stepped``.
-
-    Lightning's own checkpoints are written before the loop counts the step just taken, so a restore adds it.
-    A checkpoint written on an interrupt in the middle of the next batch has counted it already; it is saved
-    with the count one lower so the resumed run logs its metrics at the right steps (no gap, nothing past
-    ``max_steps``).
-    """
-    bp = loop.batch_progress.total
-    on_batch_end = bp.ready == bp.started == bp.processed == bp.completed + 1
-    on_last = bp.ready == bp.started == bp.processed == bp.completed
-    return not loop._should_accumulate() and (on_batch_end or not on_last)
+           "StopTraining"]
 
 
 class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint`` that also keeps ``last.ckpt`` (``save_last``) current when training stops early.
+    """Lightning's ``ModelCheckpoint`` that also keeps ``last.ckpt`` (``save_last``) current at every validation
+    (:meth:`on_validation_end`) and when training stops early.
 
     * Ctrl-C during ``fit`` (Lightning 2.6 catches the ``KeyboardInterrupt`` in ``_call_and_handle_interrupt``, calls
       every callback's ``on_exception``, then exits with status 1): ``last.ckpt`` is written at the step reached
@@ -66,20 +53,51 @@ class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
         super().__init__(*args, **kwargs)
 
     def on_exception(self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException) -> None:
-        if not isinstance(exception, KeyboardInterrupt):
+        if not isinstance(exception, (KeyboardInterrupt, StopTraining)):
             return super().on_exception(trainer, pl_module, exception)
         if not self.save_last or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking \
-                or trainer.global_step <= 0:
+                or trainer.global_step <= 0 or (isinstance(exception, StopTraining) and not exception.save):
             return
+        self._save_last_as_of_the_last_batch(trainer)
+        if isinstance(exception, StopTraining):
+            return
+        rank_zero_info(f"Interrupted at step {trainer.global_step}: saved {self.last_model_path}; resume with "
+                       f"ckpt_path={self.last_model_path} (and trainer.max_steps > {trainer.global_step})")
+
+    def _save_last_as_of_the_last_batch(self, trainer: "L.Trainer") -> None:
+        """``last.ckpt`` of a run interrupted as a batch starts (or runs): saved as Lightning saves at the end of the
+        last completed batch, so Lightning 2.6's restore continues on the uninterrupted schedule.
+
+        The batch that was fetched but not trained is left out of the loop's progress (``ready`` / ``started`` back
+        to ``completed``): kept, it moved every later validation one step early. The logging step count
+        (``_batches_that_stepped``) is what the restore turns into the optimizer step: one less when that last batch
+        ended with a scheduled validation (Lightning's restore then adds the step, as for its own checkpoints
+        written at a validation), else the step itself."""
         loop = trainer.fit_loop.epoch_loop
-        shift = _restore_adds_a_step(loop) and loop._batches_that_stepped == trainer.global_step
-        loop._batches_that_stepped -= int(shift)
+        trackers = (loop.batch_progress.total, loop.batch_progress.current)
+        kept = [(t.ready, t.started) for t in trackers] + [loop._batches_that_stepped]
+        for t in trackers:
+            if t.processed == t.completed:  # not inside a batch's end (Lightning restores that stage itself)
+                t.ready = t.started = t.completed
+        after_val = trainer.fit_loop._data_fetcher is not None and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+        loop._batches_that_stepped = trainer.global_step - int(after_val and not loop._should_accumulate())
         try:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         finally:
-            loop._batches_that_stepped += int(shift)
-        rank_zero_info(f"Interrupted at step {trainer.global_step}: saved {self.last_model_path}; resume with "
-                       f"ckpt_path={self.last_model_path} (and trainer.max_steps > {trainer.global_step})")
+            for t, (ready, started) in zip(trackers, kept):
+                t.ready, t.started = ready, started
+            loop._batches_that_stepped = kept[-1]
+
+    def on_validation_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        """Lightning's, then ``last.ckpt`` at the step reached when Lightning saved nothing at this validation.
+
+        Lightning 2.6 writes ``last.ckpt`` at a validation only when it saved a top-k checkpoint there: never with
+        ``save_top_k=0``, and only on an improvement of ``monitor`` otherwise, so a run killed later would resume
+        from an old step (or start over). Here it is current after every validation of training."""
+        skip = self._should_skip_saving_checkpoint(trainer) or self._should_save_on_train_epoch_end(trainer)
+        super().on_validation_end(trainer, pl_module)
+        if not skip and self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         if self.save_last and trainer.global_step > 0 and self._last_global_step_saved != trainer.global_step \
@@ -94,51 +112,56 @@ def _clock() -> float:
     return time.time()
 
 
+class StopTraining(Exception):
+    """Raised by :class:`StopAt` to end ``fit`` at a deadline: :class:`ModelCheckpoint` saves ``last.ckpt`` as on
+    Ctrl-C (``save``: False when no step was trained in this run), ``train.py`` reports the run as unfinished."""
+
+    def __init__(self, message: str, step: int, save: bool = True):
+        super().__init__(message)
+        self.step, self.save = int(step), bool(save)
+
+
 class StopAt(L.Callback):
     """Stop training once the wall clock passes ``at`` (seconds since the epoch, e.g. ``$(date +%s)`` + a budget).
 
-    Checked every ``every`` optimizer steps (all DDP ranks agree: ``reduce_boolean_decision``). Lightning then ends
-    the step, runs a validation (it validates when training is asked to stop) and ``fit`` returns; the checkpoint
-    callback leaves ``checkpoints/last.ckpt`` at the step reached. ``train.py`` reports such a run as unfinished (no
-    ``final_metrics.json``) unless it reached ``trainer.max_steps`` or stopped early, and ``skip_finished=true``
-    resumes it from that checkpoint. For time-limited machines: cut a sweep into calls that each end on time and
-    lose no training.
+    Checked when training starts and then every ``every`` optimizer steps, as the next batch starts (all DDP ranks
+    agree: ``reduce_boolean_decision``); past the deadline it raises :class:`StopTraining`, on every rank at once.
+    :class:`ModelCheckpoint` then writes ``checkpoints/last.ckpt`` at the step reached, as on Ctrl-C, and ``fit``
+    ends without another validation. ``train.py`` reports the run as unfinished (no ``final_metrics.json``) and
+    ``skip_finished=true`` resumes it from that checkpoint. For time-limited machines: cut a sweep into calls that
+    each end on time and lose no training.
 
-    Attributes: ``reached`` (True once this callback stopped the run), ``step`` (the optimizer step it stopped at).
-    Raises ``ValueError`` naming ``stop_at`` when ``at`` is not a number or ``every`` not a positive integer.
+    Raises ``ValueError`` naming ``stop_at`` when ``at`` is not a time in seconds since the epoch (a number >
+    :data:`EPOCH_MIN`: a small number is a duration or a typo) or ``every`` is not a positive integer.
     """
 
+    EPOCH_MIN = 1e9  # 2001-09-09
+
     def __init__(self, at: float, every: int = 10):
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(float(at)):
-            raise ValueError(f"stop_at={at!r}: must be null or a number, a time in seconds since the epoch "
-                             f"(e.g. stop_at=$(( $(date +%s) + 540 )): stop 9 minutes from now)")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(float(at)) \
+                or float(at) < self.EPOCH_MIN:
+            raise ValueError(f"stop_at={at!r}: must be null or a time in seconds since the epoch (> {self.EPOCH_MIN:.0e}"
+                             f", e.g. stop_at=$(( $(date +%s) + 540 )): stop 9 minutes from now), not a duration")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"StopAt(every={every!r}): must be a positive integer (optimizer steps between checks)")
         self.at, self.every = float(at), int(every)
-        self.reached, self.step = False, None
+        self._start_step = 0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.reached or trainer.global_step % self.every:
-            return
+    def _check(self, trainer, save: bool) -> None:
         if trainer.strategy.reduce_boolean_decision(_clock() >= self.at, all=False):
-            self.reached, self.step = True, int(trainer.global_step)
-            trainer.should_stop = True
-            rank_zero_info(f"stop_at: {time.strftime('%H:%M:%S', time.localtime(self.at))} reached at step "
-                           f"{trainer.global_step}: training stops here (checkpoints/last.ckpt resumes it)")
+            when = time.strftime('%H:%M:%S', time.localtime(self.at))
+            rank_zero_info(f"stop_at: {when} reached at step {trainer.global_step}: training stops here")
+            raise StopTraining(f"stop_at {when} reached at step {trainer.global_step}", trainer.global_step, save)
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        """Past the deadline already (a DDP rank that started late, a slow setup): train no step."""
+        self._start_step = int(trainer.global_step)
+        self._check(trainer, save=False)
 
-def early_stopped(trainer) -> bool:
-    """Whether an ``EarlyStopping`` callback of ``trainer`` stopped the run (its ``stopping_reason``, Lightning >=
-    2.5; older versions: False, so such a run counts as unfinished and resumes, and its next validation stops it)."""
-    from lightning.pytorch.callbacks import EarlyStopping
-
-    try:
-        from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
-    except ImportError:  # pragma: no cover - Lightning < 2.5
-        return False
-    return any(isinstance(cb, EarlyStopping) and
-               getattr(cb, "stopping_reason", EarlyStoppingReason.NOT_STOPPED) != EarlyStoppingReason.NOT_STOPPED
-               for cb in trainer.callbacks)
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        step = int(trainer.global_step)
+        if step > self._start_step and step % self.every == 0:
+            self._check(trainer, save=True)
 
 
 class StepProgressBar(TQDMProgressBar):

@@ -366,8 +366,8 @@ class LitLM(L.LightningModule):
             lg.log_metrics({"model/n_params": float(n)}, step=self.global_step)
 
     def _writes_step_logs(self) -> bool:
-        """Whether Lightning writes this optimizer step's ``on_step`` metrics (every ``trainer.log_every_n_steps``
-        steps, and the last one): Lightning's own test (``should_update_logs``, the same in ``on_train_batch_start``
+        """Whether Lightning writes this optimizer step's ``on_step`` metrics (every ``trainer.log_every_n_steps``-th
+        step, and the step training is asked to stop at; a run shorter than that logs none): Lightning's own test (``should_update_logs``, the same in ``on_train_batch_start``
         and ``on_train_batch_end``). Without a Trainer (a direct ``training_step`` call): True."""
         trainer = self._trainer
         connector = getattr(trainer, "_logger_connector", None) if trainer is not None else None

@@ -365,7 +365,8 @@ def resumable_checkpoint(output_dir, cfg):
     try:
         stored = json.loads((Path(output_dir) / RUN_CONFIG).read_text())
     except (OSError, ValueError):
-        return None, f"{ckpt} has no readable {RUN_CONFIG} beside it (written by an older train.py)"
+        return None, (f"{ckpt} has no readable {RUN_CONFIG} beside it (missing or damaged; train.py writes it when a "
+                      f"run starts), so its config is unknown")
     diff = _diff_keys(result_config(stored), result_config(cfg))
     if diff:
         return None, f"{ckpt} was trained under another config (differs in {_shown(diff)})"

@@ -21,9 +21,16 @@ JOB = FAST + ["trainer.max_steps=30", "trainer.val_check_interval=15", "skip_fin
 main = train_mod.main.__wrapped__  # the job function under @hydra.main
 
 
-def _stop_now(monkeypatch):
-    """StopAt's clock says the deadline has passed: the run stops at its first check (optimizer step 10)."""
-    monkeypatch.setattr(cb_mod, "_clock", lambda: float("inf"))
+def _stop_now(monkeypatch, at_start=False):
+    """StopAt's clock says the deadline has passed once training runs: the run stops at its first check in training
+    (optimizer step 10). ``at_start``: already when training starts (on_train_start's check)."""
+    calls = []
+
+    def clock():
+        calls.append(1)
+        return float("inf") if at_start or len(calls) > 1 else 0.0
+
+    monkeypatch.setattr(cb_mod, "_clock", clock)
 
 
 def _later():
@@ -81,21 +88,17 @@ def test_another_config_or_a_broken_checkpoint_starts_over(tmp_path, monkeypatch
     assert resumable_checkpoint(tmp_path, other) == (None, None)
 
 
-def test_a_run_that_stops_early_at_the_deadlines_validation_is_finished(tmp_path, monkeypatch):
-    """stop_at asks Lightning to stop; the validation it then runs can trigger early stopping: that run is done."""
+def test_a_deadline_at_the_last_step_leaves_a_finished_run(tmp_path, monkeypatch):
+    """The deadline is checked as a batch starts: a run whose last step comes first has finished."""
     _stop_now(monkeypatch)
-    early = ["+callbacks.early_stop._target_=lightning.pytorch.callbacks.EarlyStopping",
-             "+callbacks.early_stop.monitor=val/loss", "+callbacks.early_stop.mode=min",
-             "+callbacks.early_stop.stopping_threshold=1e9", "+callbacks.early_stop.check_on_train_epoch_end=false"]
-    main(make_cfg(tmp_path, JOB + early + [_later()]))
-    done = json.loads((tmp_path / "final_metrics.json").read_text())
-    assert done["steps"] == 10
+    main(make_cfg(tmp_path, JOB + ["trainer.max_steps=10", "trainer.val_check_interval=5", _later()]))
+    assert json.loads((tmp_path / "final_metrics.json").read_text())["steps"] == 10
 
 
 def test_stop_at_in_the_past_starts_nothing_and_bad_values_name_the_key(tmp_path):
     assert main(make_cfg(tmp_path, JOB + [f"stop_at={time.time() - 5:.0f}"])) is None
     assert not (tmp_path / "csv").exists() and not (tmp_path / RUN_CONFIG).exists()
-    for bad in ("soon", "true"):
+    for bad in ("soon", "true", "540", "-5"):  # 540: a duration, not a time
         with pytest.raises(ValueError, match=r"stop_at=.*seconds since the epoch"):
             train_mod.validate_config(make_cfg(tmp_path, JOB + [f"stop_at={bad}"]))
     with pytest.raises(ValueError, match="every"):
@@ -166,3 +169,54 @@ def test_multirun_table_prints_bracketed_job_names_and_names_unfinished_jobs(tmp
     out = capsys.readouterr().out
     assert "model.layers=[linear,flash]" in out
     assert "1 job(s)" in out and "unfinished" in out and "model.layers=[flash,flash]" in out
+
+
+class CrashAt(__import__("lightning").Callback):
+    """Raises (a crash or a kill: no Ctrl-C checkpoint) as the batch after optimizer step ``step`` starts."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise RuntimeError("killed")
+
+
+def test_last_checkpoint_is_current_after_every_validation(tmp_path):
+    """With the experiments' checkpoint settings (save_top_k 0) and with a monitor that stops improving, a run that
+    dies after a validation resumes from that validation's step, not from scratch or from the best step."""
+    for extra in ([], ["callbacks.checkpoint.monitor=val/acc", "callbacks.checkpoint.mode=max",
+                       "callbacks.checkpoint.save_top_k=1"]):
+        run = tmp_path / f"run{len(extra)}"
+        crash = ["+callbacks.crash._target_=test_resume_unfinished.CrashAt", "+callbacks.crash.step=25"]
+        with pytest.raises(RuntimeError, match="killed"):
+            train_mod.train(make_cfg(run, JOB + ["trainer.val_check_interval=10"] + extra + crash))
+        assert checkpoint_info(run / "checkpoints" / "last.ckpt").step == 20, extra
+
+
+@pytest.mark.parametrize("val_every", [10, 15])
+def test_a_stopped_run_resumes_on_the_uninterrupted_schedule(tmp_path, monkeypatch, val_every):
+    """The deadline's check (every 10 steps) lands on a validation step (10) or between two (15): the resumed run
+    logs its validations and steps where an uninterrupted run does, and ends at trainer.max_steps."""
+    cfg = JOB + [f"trainer.val_check_interval={val_every}"]
+    whole = tmp_path / "whole"
+    train_mod.train(make_cfg(whole, cfg))
+    _stop_now(monkeypatch)
+    cut = tmp_path / "cut"
+    main(make_cfg(cut, cfg + [_later()]))
+    assert checkpoint_info(cut / "checkpoints" / "last.ckpt").step == 10
+    monkeypatch.setattr(cb_mod, "_clock", time.time)
+    main(make_cfg(cut, cfg))
+    for key in ("val/loss", "train/loss"):
+        assert [s for s, _ in column(read_csv(cut), key)] == [s for s, _ in column(read_csv(whole), key)], key
+    assert json.loads((cut / "final_metrics.json").read_text())["steps"] == 30
+    assert checkpoint_info(cut / "checkpoints" / "last.ckpt").step == 30
+
+
+def test_a_deadline_passed_at_the_start_of_training_trains_no_step(tmp_path, monkeypatch):
+    """What a DDP rank started after the deadline does (main() leaves the decision to all ranks): no step, no
+    final table, no error."""
+    _stop_now(monkeypatch, at_start=True)
+    assert train_mod.train(make_cfg(tmp_path, JOB + [_later()])) == {}
+    assert not (tmp_path / "final_metrics.json").exists()
+    assert not (tmp_path / "csv" / "metrics.csv").exists() or not column(read_csv(tmp_path), "train/loss")
