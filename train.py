@@ -418,13 +418,14 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
                 f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
+        # the last logged train/* values, read before validate() resets the callback metrics
+        last_train = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
     metrics = {k: float(v) for k, v in (val[0] if val else {}).items()}
-    for k, v in trainer.callback_metrics.items():
-        if k.startswith("train/") and k not in metrics:
-            metrics[k] = float(v)
+    for k, v in last_train.items():
+        metrics.setdefault(k, v)
 
     if trainer.is_global_zero:
         rows = {"variant": "+".join(lit.gpt.layer_labels), "n_params": lit.gpt.num_params(),

@@ -51,6 +51,7 @@ def test_stop_at_leaves_a_checkpoint_and_skip_finished_resumes_it(tmp_path, monk
     value = main(cfg)
     done = json.loads((tmp_path / "final_metrics.json").read_text())
     assert done["steps"] == 30 and done["resumed_from"] == str(ckpt)
+    assert math.isfinite(done["metrics"]["train/loss"]), "the last logged train loss reaches the final table"
     assert math.isclose(value, done["metrics"]["val/loss"], rel_tol=1e-6)
     assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(30)), "each step logged once"
     assert checkpoint_info(ckpt).total_steps == 30, "the LR schedule is the first launch's"
