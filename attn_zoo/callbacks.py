@@ -79,7 +79,8 @@ class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
         for t in trackers:
             if t.processed == t.completed:  # not inside a batch's end (Lightning restores that stage itself)
                 t.ready = t.started = t.completed
-        after_val = trainer.fit_loop._data_fetcher is not None and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+        fetcher = trainer.fit_loop._data_fetcher
+        after_val = fetcher is not None and loop._should_check_val_fx(fetcher)
         loop._batches_that_stepped = trainer.global_step - int(after_val and not loop._should_accumulate())
         try:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
@@ -116,9 +117,9 @@ class StopTraining(Exception):
     """Raised by :class:`StopAt` to end ``fit`` at a deadline: :class:`ModelCheckpoint` saves ``last.ckpt`` as on
     Ctrl-C (``save``: False when no step was trained in this run), ``train.py`` reports the run as unfinished."""
 
-    def __init__(self, message: str, step: int, save: bool = True):
+    def __init__(self, message: str, save: bool = True):
         super().__init__(message)
-        self.step, self.save = int(step), bool(save)
+        self.save = bool(save)
 
 
 class StopAt(L.Callback):
@@ -151,7 +152,7 @@ class StopAt(L.Callback):
         if trainer.strategy.reduce_boolean_decision(_clock() >= self.at, all=False):
             when = time.strftime('%H:%M:%S', time.localtime(self.at))
             rank_zero_info(f"stop_at: {when} reached at step {trainer.global_step}: training stops here")
-            raise StopTraining(f"stop_at {when} reached at step {trainer.global_step}", trainer.global_step, save)
+            raise StopTraining(f"stop_at {when} reached at step {trainer.global_step}", save)
 
     def on_train_start(self, trainer, pl_module) -> None:
         """Past the deadline already (a DDP rank that started late, a slow setup): train no step."""
@@ -249,7 +250,8 @@ class MultirunJobs(HydraCallback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         header, rows = self.table_rows(sweep_dir)
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
-        unfinished = sorted(p.parent.name for p in sweep_dir.glob("*/.hydra") if not (p.parent / "final_metrics.json").is_file())
+        unfinished = sorted(p.parent.name for p in sweep_dir.glob("*/.hydra")
+                            if not (p.parent / "final_metrics.json").is_file())
         if unfinished:
             print(f"attn-zoo multirun: {len(unfinished)} job(s) in {sweep_dir} unfinished (no final_metrics.json: "
                   f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "
