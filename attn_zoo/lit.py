@@ -420,10 +420,12 @@ class LitLM(L.LightningModule):
         (``x``, ``y``: ``(B, N)`` int64) into :attr:`val_loss` / :attr:`val_acc` (torchmetrics ``MeanMetric``), so
         the epoch's ``val/loss`` and ``val/acc`` are means over scored tokens, not over batches."""
         x, y = batch
-        logits = self.model(x)  # (B, N, V)
         mask = y != -100
-        lf = logits.float()[mask]  # (M, V), M scored positions
-        tgt = y[mask]  # (M,)
+        tgt = y[mask]  # (M,), M scored positions
+        if self._sparse_targets and self.model is self.gpt:  # the head on the scored rows only (GPT.forward)
+            lf = self.model(x, y, sparse_targets=True)[0].float()  # (M, V)
+        else:
+            lf = self.model(x).float()[mask]  # (B, N, V) -> (M, V)
         self.val_loss.update(torch.nn.functional.cross_entropy(lf, tgt, reduction="none"))
         self.val_acc.update((lf.argmax(-1) == tgt).to(lf.dtype))
 

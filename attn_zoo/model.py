@@ -278,8 +278,10 @@ class GPT(nn.Module):
 
     ``forward(idx, targets=None, caches=None, pos=0, sparse_targets=False)``: ``idx`` int64 ``(B, N)`` with
     ``pos + N <= max_seq_len`` (else ``ValueError``); returns logits ``(B, N, vocab_size)`` and, with ``targets``
-    ``(B, N)`` (``-100`` = ignored), the mean cross-entropy in nats (``sparse_targets``: computed on the scored rows
-    only, for tasks that score few positions such as MQAR; same value, one host sync). With ``caches`` (from :meth:`init_cache`) the tokens sit at
+    ``(B, N)`` (``-100`` = ignored), the mean cross-entropy in nats over the scored positions. ``sparse_targets``
+    (tasks that score few positions, such as MQAR): the head runs on the scored rows only and the logits returned are
+    theirs, ``(M, vocab_size)`` in ``(B, N)`` row-major order (``M`` = targets ``!= -100``); same loss and gradients,
+    one host sync; ignored under ``torch.compile`` (all rows, ``(B, N, vocab_size)``). With ``caches`` (from :meth:`init_cache`) the tokens sit at
     positions ``pos ..`` and every layer reads / extends its cache (incremental decoding).
     """
 
@@ -352,17 +354,19 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx))  # (B, N, d_model)
         for i, blk in enumerate(self.blocks):
             x = blk(x, None if caches is None else caches[i], pos)
-        x = self.norm_f(x)
+        x = self.norm_f(x)  # (B, N, d_model)
+        if targets is not None and sparse_targets and not torch.compiler.is_compiling():
+            # few scored positions (MQAR: the queries, 1/16 of them): the head runs on those rows only. Same loss and
+            # gradients (an unscored row adds nothing to either); the (B, N, vocab) logits, their gradient and most
+            # of the head's FLOPs are never made, at the price of one host sync for the indexing
+            tgt = targets.reshape(-1)  # (B*N,)
+            scored = (tgt != -100).nonzero().squeeze(1)  # (M,)
+            logits = self.lm_head(x.reshape(-1, x.size(-1)).index_select(0, scored))  # (M, vocab_size)
+            return logits, F.cross_entropy(logits.float(), tgt.index_select(0, scored))
         logits = self.lm_head(x)  # (B, N, vocab_size)
         if targets is None:
             return logits
-        flat, tgt = logits.view(-1, logits.size(-1)), targets.reshape(-1)
-        if sparse_targets and not torch.compiler.is_compiling():
-            # few scored positions (MQAR: the queries): the fp32 upcast of the other rows is skipped (same loss, far
-            # less traffic), at the price of one host sync for the indexing; dense targets never pay it
-            scored = tgt != -100
-            flat, tgt = flat[scored], tgt[scored]
-        loss = F.cross_entropy(flat.float(), tgt, ignore_index=-100)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-100)
         return logits, loss
 
     def init_cache(self, batch_size: int, capacity: Optional[int] = None, dtype: Optional[torch.dtype] = None,

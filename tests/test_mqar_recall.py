@@ -203,16 +203,41 @@ def test_recall_by_distance_refuses_a_dilated_window_without_an_explicit_distanc
 
 
 def test_sparse_targets_loss_equals_the_dense_loss():
-    """GPT.forward(sparse_targets=True) (MQAR's training loss: scored rows only) gives the same loss and gradients
-    as the dense path, which skips the indexing (no host sync)."""
+    """GPT.forward(sparse_targets=True) (MQAR's training loss: the head on the scored rows only) gives the dense
+    path's loss, the dense logits of the scored rows, and the same gradient for every parameter."""
     from attn_zoo.model import GPT, GPTConfig
 
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=32, n_layer=1, max_seq_len=16), AttentionSpec(kind="flash", causal=True),
+    m = GPT(GPTConfig(vocab_size=32, n_layer=2, max_seq_len=16), AttentionSpec(kind="flash", causal=True),
             backend="torch")
     x, y = generate_mqar(4, 16, 32, 2, seed=0)
-    dense = m(x, y)[1]
-    g_dense = torch.autograd.grad(dense, m.lm_head.weight)[0]
-    sparse = m(x, y, sparse_targets=True)[1]
-    g_sparse = torch.autograd.grad(sparse, m.lm_head.weight)[0]
-    assert torch.allclose(dense, sparse, atol=1e-6) and torch.allclose(g_dense, g_sparse, atol=1e-6)
+    params = [p for p in m.parameters()]
+    logits, dense = m(x, y)
+    g_dense = torch.autograd.grad(dense, params)
+    rows, sparse = m(x, y, sparse_targets=True)
+    g_sparse = torch.autograd.grad(sparse, params)
+    scored = y != -100
+    assert rows.shape == (int(scored.sum()), 32) and 0 < rows.shape[0] < y.numel()
+    assert torch.allclose(rows, logits[scored], atol=1e-6)
+    assert torch.allclose(dense, sparse, atol=1e-6)
+    for p, a, b in zip(params, g_dense, g_sparse):
+        assert a.abs().sum() > 0 and torch.allclose(a, b, atol=1e-6), p.shape
+
+
+def test_mqar_validation_scores_the_scored_rows_like_the_dense_head():
+    """LitLM's MQAR validation (the head on the query rows only) gives the val/loss and val/acc of the dense head."""
+    from attn_zoo.lit import LitLM
+    from attn_zoo.model import spec_to_dict
+
+    torch.manual_seed(0)
+    lit = LitLM(model_config=dict(vocab_size=32, n_layer=1, max_seq_len=16, n_head=2, d_model=16),
+                layer_specs=[spec_to_dict(AttentionSpec(kind="flash", causal=True))], backend="torch", task="mqar")
+    assert lit._sparse_targets
+    x, y = generate_mqar(8, 16, 32, 2, seed=1)
+    out = {}
+    for sparse in (True, False):
+        lit._sparse_targets = sparse
+        lit.on_validation_epoch_start()
+        lit.validation_step((x, y), 0)
+        out[sparse] = (lit.val_loss.compute().item(), lit.val_acc.compute().item())
+    assert out[True] == pytest.approx(out[False], abs=1e-6)
