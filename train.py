@@ -123,6 +123,9 @@ def validate_config(cfg: DictConfig) -> None:
     ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
     number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
     ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
+    ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
+    Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
+    the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
     ``trainer.enable_progress_bar`` (true, false or auto) and ``stop_at`` (null or a number, :class:`StopAt`).
 
     Raises:
@@ -144,6 +147,18 @@ def validate_config(cfg: DictConfig) -> None:
                              f"trainer.max_epochs=<N> to train N epochs")
     elif not (_is_int(steps) and steps > 0):
         raise ValueError(f"trainer.max_steps={steps!r}: {steps_rule}")
+    accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
+    if not (_is_int(accumulate) and accumulate > 0):
+        raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r}: must be a positive integer (1: one batch "
+                         f"per optimizer step)")
+    val_every = cfg.trainer.get("val_check_interval")
+    if accumulate > 1 and _is_int(val_every):
+        raise ValueError(
+            f"trainer.accumulate_grad_batches={accumulate} with trainer.val_check_interval={val_every}: Lightning "
+            f"counts val_check_interval in training batches, not in optimizer steps as trainer.max_steps, so "
+            f"validations and the checkpoints written at them (which resumed runs continue from) would fall between "
+            f"optimizer steps; set trainer.accumulate_grad_batches=1 (the only value allowed with an integer "
+            f"trainer.val_check_interval) and a larger data.batch_size instead")
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at
