@@ -250,8 +250,8 @@ def test_a_new_run_in_a_finished_runs_folder_is_not_marked_finished_before_it_en
 
     orig = train_mod.build_trainer
 
-    def with_cut(cfg, loggers, output_dir):
-        trainer = orig(cfg, loggers, output_dir)
+    def with_cut(cfg, loggers, output_dir, **kwargs):
+        trainer = orig(cfg, loggers, output_dir, **kwargs)
         trainer.callbacks.append(CutAtStep2())
         return trainer
 
