@@ -20,8 +20,9 @@ steps, which must exceed the checkpoint's step; the optimizer and LR schedule st
 ``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
 
 Resumable multiruns (``skip_finished=true``, the experiment configs): re-running a sweep skips the finished jobs and
-resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only); ``stop_at=<unix time>`` stops
-the running jobs there with a checkpoint and starts no new ones (:mod:`attn_zoo.runs`, :class:`StopAt`).
+resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only; one whose training had ended is
+only validated and finalised); ``stop_at=<unix time>`` stops the running jobs there with a checkpoint and starts no
+new ones (:mod:`attn_zoo.runs`, :class:`StopAt`). ``wall_s`` of a resumed run: the total over its launches.
 
 Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) fail before
 anything is written (:func:`validate_config`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
@@ -44,12 +45,12 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.callbacks import StepProgressBar, StopAt, StopTraining
+from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, job_dirname, register_resolvers,
-                           resolve_ckpt_path, result_config, resumable_checkpoint, run_dir_of, write_final_metrics,
-                           write_run_config)
+from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
+                           register_resolvers, resolve_ckpt_path, result_config, resumable_checkpoint, run_dir_of,
+                           write_final_metrics, write_run_config)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
@@ -123,6 +124,9 @@ def validate_config(cfg: DictConfig) -> None:
     ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
     number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
     ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
+    ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
+    Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
+    the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
     ``trainer.enable_progress_bar`` (true, false or auto) and ``stop_at`` (null or a number, :class:`StopAt`).
 
     Raises:
@@ -144,6 +148,18 @@ def validate_config(cfg: DictConfig) -> None:
                              f"trainer.max_epochs=<N> to train N epochs")
     elif not (_is_int(steps) and steps > 0):
         raise ValueError(f"trainer.max_steps={steps!r}: {steps_rule}")
+    accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
+    if not (_is_int(accumulate) and accumulate > 0):
+        raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r}: must be a positive integer (1: one batch "
+                         f"per optimizer step)")
+    val_every = cfg.trainer.get("val_check_interval")
+    if accumulate > 1 and _is_int(val_every):
+        raise ValueError(
+            f"trainer.accumulate_grad_batches={accumulate} with trainer.val_check_interval={val_every}: Lightning "
+            f"counts val_check_interval in training batches, not in optimizer steps as trainer.max_steps, so "
+            f"validations and the checkpoints written at them (which resumed runs continue from) would fall between "
+            f"optimizer steps; set trainer.accumulate_grad_batches=1 (the only value allowed with an integer "
+            f"trainer.val_check_interval) and a larger data.batch_size instead")
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at
@@ -219,8 +235,9 @@ def build_loggers(cfg: DictConfig, output_dir: str, variant_tags: List[str], res
     return loggers
 
 
-def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
-    """``hydra.utils.instantiate(cfg.trainer)`` with the ``callbacks`` group's callbacks and ``loggers``.
+def build_trainer(cfg: DictConfig, loggers: list, output_dir: str, extra_callbacks=()) -> L.Trainer:
+    """``hydra.utils.instantiate(cfg.trainer)`` with the ``callbacks`` group's callbacks, ``extra_callbacks`` (e.g.
+    :class:`RunState`) and ``loggers``.
 
     ``stop_at`` adds :class:`StopAt`; ``trainer.precision: auto`` becomes ``bf16-mixed`` on CUDA, else ``32-true``;
     ``trainer.enable_progress_bar: auto`` is on only when stdout is a terminal (:func:`progress_bar_enabled`); the step progress bar
@@ -232,6 +249,7 @@ def build_trainer(cfg: DictConfig, loggers: list, output_dir: str) -> L.Trainer:
     from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks += list(extra_callbacks)
     if cfg.get("stop_at") is not None:
         callbacks.append(StopAt(cfg.stop_at))
     if not loggers:
@@ -345,12 +363,22 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     ``ckpt_path`` resumes a run (see :mod:`attn_zoo.runs`): outputs go to the checkpoint's run directory,
     ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
+    A checkpoint whose training is complete (its step at ``trainer.max_steps``, or stopped by a callback such as
+    EarlyStopping) in a run directory without ``final_metrics.json`` (the run was killed in its final validation)
+    trains no step: it is validated and ``final_metrics.json`` is written with the checkpoint's step.
+
+    ``final_metrics.json``: ``steps`` (optimizer steps trained), ``metrics`` (the final validation and the last
+    logged ``train/*`` values), ``wall_s`` (seconds of wall time of the run from the start of this function to its
+    final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
+    over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
+    checkpoint this launch resumed, else null), ``result_config`` and ``lr_schedule``.
 
     Raises:
-        ValueError: a bad ``optim.*`` / ``trainer.max_steps`` value (:func:`validate_config`, before anything is
+        ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
             written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
-            architecture or other optimizer / LR-schedule settings, or ``trainer.max_steps`` not past the
-            checkpoint's step.
+            architecture or other optimizer / LR-schedule settings, or a checkpoint of a finished run (or outside a
+            ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step, or stopped
+            by a callback).
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
     """
     t_start = time.time()
@@ -384,42 +412,56 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         redraw_interval=redraw, optimizer=optimizer, **schedule, bytes_per_token=dm.bytes_per_token,
         task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
     )
-    start_step = 0
+    start_step, complete = 0, False
     if resume is not None:
         lit.check_checkpoint_hparams(resume.hparams)
         start_step = resume.step
-        if 0 <= max_steps <= resume.step:
+        complete = max_steps == resume.step or resume.stopped  # its training ended: nothing left to train
+        # only a run's own checkpoint, of a run without a (readable) final table (killed in its final validation), is
+        # finalised
+        unfinished = run_dir is not None and finished_run(run_dir) is None
+        if (complete and not unfinished) or 0 <= max_steps < resume.step:
+            if resume.stopped and not 0 <= max_steps <= resume.step:
+                raise ValueError(
+                    f"ckpt_path={ckpt_path}: that run was stopped at step {resume.step} by a callback "
+                    f"(trainer.should_stop: EarlyStopping, ...) and leaves nothing to train; start a new run to train "
+                    f"further")
             raise ValueError(
                 f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
                 f"leaves nothing to train (max_steps counts all steps, not further ones); pass "
                 f"trainer.max_steps > {resume.step} to extend it")
-    if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
-        # its final table must not mark this run finished, nor its checkpoints pass for this run's (skip_finished
-        # resumes from checkpoints/last.ckpt): both are kept aside
-        stamp = time.strftime('%Y%m%d-%H%M%S')
-        _move_aside(Path(output_dir) / FINAL_METRICS, f"final_metrics.replaced-{stamp}.json")
-        if (Path(output_dir) / CKPT_DIR / "last.ckpt").is_file():
-            _move_aside(Path(output_dir) / CKPT_DIR, f"{CKPT_DIR}.replaced-{stamp}")
-    write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
+        if complete:
+            log.info(f"ckpt_path: {ckpt_path} ended training at step {resume.step} but the run has no {FINAL_METRICS} "
+                     f"(stopped in its final validation): no step is trained, it is validated and finalised")
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
+    if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
+        _keep_earlier_run_aside(output_dir, loggers)
+    write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
         lg.log_hyperparams({"config": full_cfg, "n_params": lit.gpt.num_params(), "variant": "+".join(lit.gpt.layer_labels)})
 
-    trainer = build_trainer(cfg, loggers, output_dir)
+    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0)
+    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
 
     try:
         try:
             trainer.fit(lit, datamodule=dm, ckpt_path=ckpt_path)
         except StopTraining as stop:  # stop_at: not finished
             return _stopped_unfinished(cfg, trainer, output_dir, max_steps, stop, start_step)
-        if max_steps > 0 and trainer.global_step <= start_step:
+        if max_steps > 0 and trainer.global_step <= start_step and not complete:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
                 f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
-        # the last logged train/* values, read before validate() resets the callback metrics
+        # the last logged train/* values, read before validate() resets the callback metrics (a complete checkpoint:
+        # fit logged none, they are the checkpoint's)
         last_train = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+        if complete:  # fit trained nothing: the final validation logs at the last step, as after an uninterrupted
+            # fit (a checkpoint written at a validation holds the logging step before the one its restore adds when
+            # training goes on; the same Lightning loop counter ModelCheckpoint._save_last_as_of_the_last_batch sets)
+            trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+            last_train = last_train or dict(resume.train_metrics)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
@@ -437,7 +479,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             chance = dm.chance_levels()
             rows["chance val/acc: 1/kv pairs"] = chance["context"]
             rows["chance val/acc: uniform value"] = chance["uniform"]
-        rows["wall_s"] = round(time.time() - t_start, 1)
+        rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
         write_final_metrics(output_dir, {
@@ -449,6 +491,29 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
+
+
+def _keep_earlier_run_aside(output_dir: str, loggers: list) -> None:
+    """A new run in the folder of an earlier one: the earlier run's final table must not mark this run finished, its
+    checkpoints must not pass for this run's (``skip_finished`` resumes from ``checkpoints/last.ckpt``) and its
+    metrics must not be overwritten, so each is moved aside (:func:`_move_aside`) with the same ``replaced-<time>``
+    stamp: ``final_metrics.replaced-<time>.json``, ``checkpoints.replaced-<time>/`` (when it holds ``last.ckpt``)
+    and the folder of each CSV logger's ``metrics.csv`` (``csv.replaced-<time>/``, with its ``hparams.yaml``).
+    Call it before the loggers write (their first ``log_hyperparams``)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    run = Path(output_dir)
+    _move_aside(run / FINAL_METRICS, f"final_metrics.replaced-{stamp}.json")
+    if (run / CKPT_DIR / "last.ckpt").is_file():
+        _move_aside(run / CKPT_DIR, f"{CKPT_DIR}.replaced-{stamp}")
+    for lg in loggers:
+        csv_dir = Path(lg.log_dir) if isinstance(lg, CSVLogger) else None
+        if csv_dir is not None and (csv_dir / "metrics.csv").is_file():
+            if csv_dir.resolve() == run.resolve():  # metrics.csv in the run folder itself: that file only
+                _move_aside(csv_dir / "metrics.csv", f"metrics.replaced-{stamp}.csv")
+            else:
+                _move_aside(csv_dir, f"{csv_dir.name}.replaced-{stamp}")
 
 
 def _move_aside(path: Path, new_name: str) -> None:
@@ -501,8 +566,6 @@ def main(cfg: DictConfig) -> Optional[float]:
                     f"{cfg.paths.output_dir} not started")
         return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
-        from attn_zoo.runs import finished_run
-
         done = finished_run(cfg.paths.output_dir, cfg)
         if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
             log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")

@@ -8,6 +8,8 @@
   final metrics after a multirun.
 * :class:`RecallByDistance`: MQAR accuracy of queries whose key lies inside / beyond a sliding window.
 * :class:`StopAt`: stop training at a wall-clock time (``stop_at`` of ``train.py``), leaving a checkpoint to resume.
+* :class:`RunState`: what a resumed run needs beyond Lightning's state (wall time so far, a callback's stop), kept in
+  every checkpoint.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import SWEPT_KEYS_ENV, read_sweep, swept_keys
+from .runs import RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
-           "StopTraining"]
+           "StopTraining", "RunState"]
 
 
 class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
@@ -163,6 +165,38 @@ class StopAt(L.Callback):
         step = int(trainer.global_step)
         if step > self._start_step and step % self.every == 0:
             self._check(trainer, save=True)
+
+
+class RunState(L.Callback):
+    """``train.py``'s own state of a run, written into every checkpoint as ``checkpoint[RUN_STATE_KEY]``
+    (:data:`attn_zoo.runs.RUN_STATE_KEY`, read back by :func:`attn_zoo.runs.checkpoint_info`):
+
+    * ``wall_s``: seconds of wall time the run has taken up to this checkpoint, over all its launches:
+      ``wall_s_before`` (what the checkpoint this launch resumed from stored; 0 for a new run) plus the seconds
+      since this launch started (``started_at``, seconds since the epoch). Time after the checkpoint a launch
+      resumed from (steps trained again after a kill) is not counted;
+    * ``stopped``: a callback had ended training (``trainer.should_stop``: EarlyStopping, Lightning's Timer), so the
+      run is complete before ``trainer.max_steps``. When such a checkpoint is resumed, ``trainer.should_stop`` is set
+      again (:meth:`on_load_checkpoint`) and Lightning trains no further step (``fit`` resets it before restoring);
+    * ``train_metrics``: the last logged ``train/*`` values (for the final table of a run resumed only to be
+      validated and finalised: ``fit`` logs nothing then).
+    """
+
+    def __init__(self, started_at: float, wall_s_before: float = 0.0):
+        self.started_at, self.wall_s_before = float(started_at), float(wall_s_before)
+
+    def elapsed(self) -> float:
+        """Seconds of wall time of the run so far, over all its launches."""
+        return self.wall_s_before + (time.time() - self.started_at)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        checkpoint[RUN_STATE_KEY] = {
+            "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop),
+            "train_metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}}
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        if (checkpoint.get(RUN_STATE_KEY) or {}).get("stopped"):
+            trainer.should_stop = True
 
 
 class StepProgressBar(TQDMProgressBar):

@@ -21,8 +21,11 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
 Resumable multiruns (``skip_finished=true``, a fixed ``hydra.sweep.dir``): re-running the command skips each job
 whose folder holds a finished run of the same config (:func:`finished_run`) and resumes each unfinished one from its
 ``checkpoints/last.ckpt`` when that checkpoint was written under the same config (:func:`resumable_checkpoint`,
-which reads ``run_config.json``); other jobs start over. ``stop_at`` (a wall-clock deadline) stops the running jobs
-with a checkpoint and starts no new ones, so a sweep can be cut into time-limited calls.
+which reads ``run_config.json``; a checkpoint whose training had ended is only validated and finalised); other jobs
+start over (the earlier run's checkpoints, ``csv/`` and final table kept aside as ``*.replaced-<time>``).
+``stop_at`` (a wall-clock deadline) stops the running jobs with a checkpoint and starts no new ones, so a sweep can
+be cut into time-limited calls. ``final_metrics.json``'s ``wall_s`` of a resumed run is the total over its launches
+(the checkpoints carry the time so far, :class:`attn_zoo.callbacks.RunState`).
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
-           "write_run_config", "resumable_checkpoint"]
+           "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
 FINAL_METRICS = "final_metrics.json"
 RUN_CONFIG = "run_config.json"   # the result_config a run trains under, written when it starts (auto-resume checks it)
+RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (attn_zoo.callbacks.RunState)
 
 
 # ---------------------------------------------------------------------------------------------- resume
@@ -97,10 +101,15 @@ class CheckpointInfo:
     step: int                       # optimizer steps the checkpoint has trained (trainer.global_step)
     total_steps: Optional[int]      # length of its LR schedule (LitLM hparams), None for old checkpoints
     hparams: Dict = field(default_factory=dict)
+    # train.py's resume state (attn_zoo.callbacks.RunState; checkpoints written before it: 0.0 / False / {})
+    wall_s: float = 0.0             # seconds of wall time the run had taken when it was written, over all launches
+    stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
+    train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
 
 
 def checkpoint_info(path) -> CheckpointInfo:
-    """Step, schedule length and hparams of a Lightning checkpoint (memory-mapped, weights not read).
+    """Step, schedule length, hparams and resume state (:data:`RUN_STATE_KEY`) of a Lightning checkpoint
+    (memory-mapped, weights not read).
 
     Raises:
         ValueError: naming ``ckpt_path``: the file is not a checkpoint ``torch.load`` can read, or not a Lightning
@@ -120,7 +129,10 @@ def checkpoint_info(path) -> CheckpointInfo:
                          f"global_step); {hint}")
     hp = dict(ck.get("hyper_parameters") or {})
     total = hp.get("total_steps")
-    return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp)
+    state = ck.get(RUN_STATE_KEY) or {}
+    return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp,
+                          wall_s=float(state.get("wall_s", 0.0)), stopped=bool(state.get("stopped", False)),
+                          train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()})
 
 
 def _run_dir_resolver(ckpt_path, default):
@@ -357,8 +369,11 @@ def resumable_checkpoint(output_dir, cfg):
     (a run stopped at ``stop_at``, by Ctrl-C, or killed after a periodic checkpoint), which ``skip_finished=true``
     resumes; ``(None, None)``: there is no checkpoint; ``(None, reason)``: there is one but it cannot continue this
     job, because its :data:`RUN_CONFIG` is missing or holds another :func:`result_config` (the reason names the
-    differing keys), it is not a readable checkpoint (a kill while it was written), or it already reached
-    ``trainer.max_steps`` (the run was stopped during its final validation). The job then starts over."""
+    differing keys) or it is not a readable checkpoint (a kill while it was written). The job then starts over.
+
+    A checkpoint whose training is complete (at ``trainer.max_steps``, or stopped by a callback such as
+    EarlyStopping) is returned too: its run was killed during its final validation, before ``final_metrics.json``,
+    and ``train.py`` resumes it without training (it validates it and writes the final table)."""
     ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
     if not ckpt.is_file():
         return None, None
@@ -371,12 +386,9 @@ def resumable_checkpoint(output_dir, cfg):
     if diff:
         return None, f"{ckpt} was trained under another config (differs in {_shown(diff)})"
     try:
-        info = checkpoint_info(ckpt)
+        checkpoint_info(ckpt)
     except ValueError as e:
         return None, f"{ckpt} cannot be read: {e}"
-    max_steps = (cfg.get("trainer") or {}).get("max_steps") if hasattr(cfg, "get") else None
-    if isinstance(max_steps, int) and 0 < max_steps <= info.step:
-        return None, f"{ckpt} is at step {info.step}, trainer.max_steps={max_steps}: nothing left to train"
     return str(ckpt), None
 
 

@@ -1,6 +1,7 @@
 """Resumable multiruns: ``stop_at`` stops a job with a checkpoint, ``skip_finished=true`` resumes it from there (same
 config only) or starts over (another config, an unreadable checkpoint); step metrics only on the logged steps."""
 
+import csv
 import json
 import math
 import time
@@ -221,3 +222,116 @@ def test_a_deadline_passed_at_the_start_of_training_trains_no_step(tmp_path, mon
     assert train_mod.train(make_cfg(tmp_path, JOB + [_later()])) == {}
     assert not (tmp_path / "final_metrics.json").exists()
     assert not (tmp_path / "csv" / "metrics.csv").exists() or not column(read_csv(tmp_path), "train/loss")
+
+
+EARLY_STOP = ["+callbacks.early_stop._target_=lightning.pytorch.callbacks.EarlyStopping",
+              "+callbacks.early_stop.monitor=val/loss", "+callbacks.early_stop.stopping_threshold=100.0",
+              "+callbacks.early_stop.check_on_train_epoch_end=false"]  # stops at the first validation (step 15)
+
+
+@pytest.mark.parametrize("extra, steps", [([], 30), (EARLY_STOP, 15)], ids=["max_steps", "early_stop"])
+def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tmp_path, monkeypatch, extra, steps):
+    """Training ended (trainer.max_steps reached, or EarlyStopping stopped it) and the process died in the final
+    validation, before final_metrics.json: the same command trains no step (it used to start over, or to train
+    past the early stop), validates the checkpoint and writes the final table an uninterrupted run writes."""
+    import lightning as L
+
+    from attn_zoo.lit import LitLM
+
+    whole = tmp_path / "whole"
+    main(make_cfg(whole, JOB + extra))
+    cut = tmp_path / "cut"
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed in the final validation")
+
+    with monkeypatch.context() as m:
+        m.setattr(L.Trainer, "validate", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            main(make_cfg(cut, JOB + extra))
+    ckpt = cut / "checkpoints" / "last.ckpt"
+    info = checkpoint_info(ckpt)
+    assert info.step == steps and info.stopped == bool(extra) and not (cut / "final_metrics.json").exists()
+    assert resumable_checkpoint(cut, make_cfg(cut, JOB + extra)) == (str(ckpt), None)
+    (cut / "final_metrics.json").write_text('{"steps": ')  # a final table cut off as it was written counts as none
+
+    trained = []
+    step = LitLM.training_step
+    monkeypatch.setattr(LitLM, "training_step", lambda self, *a, **k: trained.append(1) or step(self, *a, **k))
+    value = main(make_cfg(cut, JOB + extra))
+    assert trained == [], "a complete checkpoint is not trained further"
+    done, ref = (json.loads((d / "final_metrics.json").read_text()) for d in (cut, whole))
+    assert done["steps"] == ref["steps"] == steps and done["resumed_from"] == str(ckpt)
+    assert done["metrics"] == pytest.approx(ref["metrics"], rel=1e-6), "the final table of the uninterrupted run"
+    assert math.isclose(value, done["metrics"]["val/loss"], rel_tol=1e-6)
+    assert not list(cut.glob("*.replaced-*")), "nothing was started over"
+    for key in ("val/loss", "train/loss"):  # the same rows: the final validation logged at the last step too
+        got, want = column(read_csv(cut), key), column(read_csv(whole), key)
+        assert [s for s, _ in got] == [s for s, _ in want], key
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), key
+
+    # a finished run (final_metrics.json) is not finalised again: resuming it still asks for more steps
+    with pytest.raises(ValueError, match=rf"reached step {steps} and trainer.max_steps={steps} leaves nothing to "
+                                         rf"train.*trainer.max_steps > {steps}"):
+        train_mod.train(make_cfg(cut, JOB + extra + [f"ckpt_path={ckpt}", f"trainer.max_steps={steps}"]))
+    if extra:  # an early-stopped run is complete at any trainer.max_steps
+        with pytest.raises(ValueError, match=r"stopped at step 15 by a callback .*EarlyStopping.* nothing to train"):
+            train_mod.train(make_cfg(cut, JOB + extra + [f"ckpt_path={ckpt}", "trainer.max_steps=60"]))
+
+
+def test_wall_s_of_a_resumed_run_counts_every_launch(tmp_path, monkeypatch):
+    """wall_s in final_metrics.json: the first launch's time up to its checkpoint (stored in it) plus the resumed
+    launch's time, not the last launch's alone."""
+    build = train_mod.build_datamodule
+
+    def slow(cfg):
+        time.sleep(2.0)  # a slow first launch (data setup counts: wall_s runs from the start of train())
+        return build(cfg)
+
+    _stop_now(monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(train_mod, "build_datamodule", slow)
+        main(make_cfg(tmp_path, JOB + [_later()]))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    first = checkpoint_info(ckpt).wall_s
+    assert checkpoint_info(ckpt).step == 10 and first >= 2.0
+
+    monkeypatch.setattr(cb_mod, "_clock", time.time)
+    t0 = time.time()
+    main(make_cfg(tmp_path, JOB))
+    second = time.time() - t0
+    done = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert done["resumed_from"] == str(ckpt) and done["steps"] == 30
+    assert done["wall_s"] == pytest.approx(first + second, abs=0.5), (done["wall_s"], first, second)
+    assert checkpoint_info(ckpt).wall_s == pytest.approx(first + second, abs=0.5), "the total goes on in the checkpoint"
+
+
+def test_a_job_that_starts_over_keeps_the_earlier_metrics_aside(tmp_path, monkeypatch):
+    """Another config in a stopped job's folder starts over: the earlier csv/ (metrics.csv, hparams.yaml) is kept
+    aside with its checkpoints (same replaced-<time> stamp), not overwritten."""
+    _stop_now(monkeypatch)
+    main(make_cfg(tmp_path, JOB + [_later()]))
+    monkeypatch.setattr(cb_mod, "_clock", time.time)
+    main(make_cfg(tmp_path, JOB + ["optim.lr=3e-3"]))
+    kept = list(tmp_path.glob("csv.replaced-*"))
+    assert len(kept) == 1, sorted(p.name for p in tmp_path.iterdir())
+    stamp = kept[0].name.split("replaced-")[1]
+    assert (tmp_path / f"checkpoints.replaced-{stamp}" / "last.ckpt").is_file()
+    with open(kept[0] / "metrics.csv") as f:
+        earlier = list(csv.DictReader(f))
+    assert [s for s, _ in column(earlier, "train/loss")] == list(range(10)), "the earlier run's rows"
+    assert OmegaConf.load(kept[0] / "hparams.yaml").config.optim.lr == 1e-2
+    assert [s for s, _ in column(read_csv(tmp_path), "train/loss")] == list(range(30))
+    assert OmegaConf.load(tmp_path / "csv" / "hparams.yaml").config.optim.lr == 3e-3
+
+
+def test_metrics_csv_in_the_run_folder_itself_is_kept_aside_as_a_file(tmp_path):
+    """A CSV logger writing into the run folder (name and version empty): only its metrics.csv is moved aside."""
+    from attn_zoo.runs import ContinuedCSVLogger
+
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n0,1.0\n")
+    (tmp_path / "run_config.json").write_text("{}")
+    train_mod._keep_earlier_run_aside(str(tmp_path), [ContinuedCSVLogger(save_dir=str(tmp_path), name="", version="")])
+    kept = list(tmp_path.glob("metrics.replaced-*.csv"))
+    assert len(kept) == 1 and kept[0].read_text() == "step,train/loss\n0,1.0\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept[0].name, "run_config.json"])

@@ -115,12 +115,34 @@ def test_checkpoint_hparams_of_an_older_run_compare_folded():
     ("optim.min_lr_ratio=abc", r"optim.min_lr_ratio='abc': must be a number in \[0, 1\]"),
     ("optim.betas=[0.9]", r"optim.betas=\[0.9\]: must be two numbers in \[0, 1\)"),
     ("trainer.enable_progress_bar=maybe", r"trainer.enable_progress_bar='maybe': must be true, false or auto"),
+    ("trainer.accumulate_grad_batches=0", r"trainer.accumulate_grad_batches=0: must be a positive integer"),
+    ("trainer.accumulate_grad_batches=2", r"trainer.accumulate_grad_batches=2 with trainer.val_check_interval=15: "
+                                          r"Lightning counts val_check_interval in training batches.*set "
+                                          r"trainer.accumulate_grad_batches=1 \(the only value allowed"),
 ])
 def test_bad_values_fail_before_anything_is_written(tmp_path, override, match):
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=match):
         train_mod.train(make_cfg(out, FAST + [override]))
     assert not out.exists(), "the error must come before the output dir, loggers or data caches are created"
+
+
+def test_accumulation_is_refused_with_a_step_validation_interval_because_lightning_counts_batches(tmp_path,
+                                                                                                   monkeypatch):
+    """Why trainer.accumulate_grad_batches > 1 is refused with an integer trainer.val_check_interval: Lightning
+    validates (and ModelCheckpoint writes last.ckpt) every val_check_interval batches, here every 2 optimizer steps
+    instead of every 4, off the step schedule of trainer.max_steps that stop_at / resume keep. If Lightning ever
+    counts optimizer steps this fails and the refusal can go. Accumulation alone stays allowed."""
+    train_mod.validate_config(make_cfg(tmp_path, FAST + ["trainer.accumulate_grad_batches=2", "trainer.max_epochs=1",
+                                                         "trainer.check_val_every_n_epoch=1",
+                                                         "trainer.val_check_interval=1.0"]))
+    monkeypatch.setattr(train_mod, "validate_config", lambda cfg: None)
+    train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=4", "trainer.val_check_interval=4",
+                                               "trainer.accumulate_grad_batches=2"]))
+    rows = read_csv(tmp_path)
+    assert [s for s, _ in column(rows, "train/loss")] == [0, 1, 2, 3], "4 optimizer steps of 2 batches each"
+    # in-fit validations after optimizer steps 2 and 4 (logged at 1 and 3), then the final one at 4
+    assert [s for s, _ in column(rows, "val/loss")] == [1, 3, 4]
 
 
 def test_max_steps_minus_one_with_max_epochs_trains_epochs(tmp_path):
@@ -228,8 +250,8 @@ def test_a_new_run_in_a_finished_runs_folder_is_not_marked_finished_before_it_en
 
     orig = train_mod.build_trainer
 
-    def with_cut(cfg, loggers, output_dir):
-        trainer = orig(cfg, loggers, output_dir)
+    def with_cut(cfg, loggers, output_dir, **kwargs):
+        trainer = orig(cfg, loggers, output_dir, **kwargs)
         trainer.callbacks.append(CutAtStep2())
         return trainer
 
