@@ -184,3 +184,23 @@ def test_text_longest_seq_len_is_exact(text_file, tmp_path):
     assert len(ok.train_dataloader()) >= 1 and len(ok.val_dataloader()) >= 1
     with pytest.raises(ValueError, match=rf"data.seq_len={limit + 1} .* longest data.seq_len it can train is {limit} "):
         TextDataModule(path=str(path), seq_len=limit + 1, batch_size=8, val_fraction=0.2).setup()
+
+
+def test_mqar_loaders_give_the_per_example_loaders_batches():
+    """MQARDataModule's loaders (one gather per batch, BatchedTensorDataset) yield the batches of a plain
+    TensorDataset loader with the same seed, over two epochs (shuffle) and for validation (in order, partial tail)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    dm = MQARDataModule(vocab_size=64, seq_len=32, num_kv_pairs=4, num_train=100, num_val=30, batch_size=16, seed=3)
+    dm.setup()
+    plain = DataLoader(TensorDataset(*dm.train_set.tensors), batch_size=16, shuffle=True, drop_last=True,
+                       generator=torch.Generator().manual_seed(3))
+    ours = dm.train_dataloader()
+    for _ in range(2):
+        a, b = list(plain), list(ours)
+        assert len(a) == len(b) == 6
+        assert all(torch.equal(u, v) for x, y in zip(a, b) for u, v in zip(x, y))
+    a = list(DataLoader(TensorDataset(*dm.val_set.tensors), batch_size=16))
+    b = list(dm.val_dataloader())
+    assert [x[0].shape[0] for x in b] == [16, 14]
+    assert all(torch.equal(u, v) for x, y in zip(a, b) for u, v in zip(x, y))
