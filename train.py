@@ -124,6 +124,7 @@ def validate_config(cfg: DictConfig) -> None:
     ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
     number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
     ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
+    ``trainer.val_check_interval`` (a positive integer while ``trainer.check_val_every_n_epoch`` is null),
     ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
@@ -153,6 +154,12 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r}: must be a positive integer (1: one batch "
                          f"per optimizer step)")
     val_every = cfg.trainer.get("val_check_interval")
+    if cfg.trainer.get("check_val_every_n_epoch") is None and val_every is not None \
+            and not (_is_int(val_every) and val_every > 0):
+        raise ValueError(
+            f"trainer.val_check_interval={val_every!r}: with trainer.check_val_every_n_epoch=null (validation counted "
+            f"in steps across epochs) it must be a positive integer, the steps between validations (e.g. 250); a "
+            f"fraction of an epoch (0.5, 1.0) needs trainer.check_val_every_n_epoch=<N>")
     if accumulate > 1 and _is_int(val_every):
         raise ValueError(
             f"trainer.accumulate_grad_batches={accumulate} with trainer.val_check_interval={val_every}: Lightning "
@@ -435,15 +442,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                      f"(stopped in its final validation): no step is trained, it is validated and finalised")
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
+    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0)
+    # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
+    # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
+    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
     if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
         _keep_earlier_run_aside(output_dir, loggers)
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
         lg.log_hyperparams({"config": full_cfg, "n_params": lit.gpt.num_params(), "variant": "+".join(lit.gpt.layer_labels)})
-
-    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0)
-    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
 
     try:
         try:

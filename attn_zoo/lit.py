@@ -344,7 +344,8 @@ class LitLM(L.LightningModule):
             )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Refuse to resume a checkpoint of another architecture; keep the checkpoint's LR schedule.
+        """Refuse to resume a checkpoint of another architecture; keep the checkpoint's LR schedule; name the weights
+        as this module does (a checkpoint of a ``compile=true`` run resumes without it, and the other way round).
 
         A resumed run keeps the schedule length it was started with (``total_steps`` in the checkpoint's hparams),
         so extending a run with a larger ``trainer.max_steps`` continues at ``lr * min_lr_ratio`` past the original
@@ -353,11 +354,28 @@ class LitLM(L.LightningModule):
         """
         saved = checkpoint.get("hyper_parameters") or {}
         self.check_checkpoint_hparams(saved)
+        if "state_dict" in checkpoint:
+            checkpoint["state_dict"] = self._state_dict_for_this_module(checkpoint["state_dict"])
         if saved.get("total_steps"):
             self.hparams.total_steps = int(saved["total_steps"])
         for state in checkpoint.get("optimizer_states") or []:  # groups saved before they had names: keep train/lr
             for group, name in zip(state.get("param_groups") or [], PARAM_GROUP_NAMES):
                 group.setdefault("name", name)
+
+    def _state_dict_for_this_module(self, state: dict) -> dict:
+        """``state`` (a checkpoint's ``state_dict``) with the GPT's keys named as in this module: ``model.<name>``, or
+        ``model._orig_mod.<name>`` when this module's model is compiled (``compile=true`` wraps it), so a checkpoint of a
+        compiled run resumes without compiling and the other way round. Other keys are left as they are."""
+        compiled, wrapped = self.model is not self.gpt, "model._orig_mod."
+
+        def rename(key: str) -> str:
+            if compiled and key.startswith("model.") and not key.startswith(wrapped):
+                return wrapped + key[len("model."):]
+            if not compiled and key.startswith(wrapped):
+                return "model." + key[len(wrapped):]
+            return key
+
+        return {rename(k): v for k, v in state.items()}
 
     # ------------------------------------------------------------------ training
     def on_train_start(self):

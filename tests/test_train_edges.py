@@ -119,6 +119,10 @@ def test_checkpoint_hparams_of_an_older_run_compare_folded():
     ("trainer.accumulate_grad_batches=2", r"trainer.accumulate_grad_batches=2 with trainer.val_check_interval=15: "
                                           r"Lightning counts val_check_interval in training batches.*set "
                                           r"trainer.accumulate_grad_batches=1 \(the only value allowed"),
+    ("trainer.val_check_interval=0.5", r"trainer.val_check_interval=0.5: with trainer.check_val_every_n_epoch=null.*"
+                                       r"must be a positive integer.*trainer.check_val_every_n_epoch=<N>"),
+    ("trainer.val_check_interval=20.0", r"trainer.val_check_interval=20.0: with trainer.check_val_every_n_epoch=null"),
+    ("trainer.val_check_interval=0", r"trainer.val_check_interval=0: with trainer.check_val_every_n_epoch=null"),
 ])
 def test_bad_values_fail_before_anything_is_written(tmp_path, override, match):
     out = tmp_path / "out"
@@ -266,3 +270,39 @@ def test_a_new_run_in_a_finished_runs_folder_is_not_marked_finished_before_it_en
     assert json.loads(kept[0].read_text())["steps"] == 999
     train_mod.train(make_cfg(run, FAST + ["trainer.max_steps=3", "trainer.val_check_interval=3"]))
     assert json.loads((run / "final_metrics.json").read_text())["steps"] == 3
+
+
+def test_a_trainer_value_lightning_refuses_leaves_the_earlier_run_in_its_folder(tmp_path):
+    """A new run in the folder of a finished one, with a trainer.* value that only Lightning checks (here
+    trainer.precision), fails before the earlier run's final table, checkpoints and metrics are moved aside or its
+    run_config.json rewritten."""
+    run = tmp_path / "run"
+    train_mod.train(make_cfg(run, FAST + ["trainer.max_steps=4", "trainer.val_check_interval=4"]))
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(Exception, match="precision"):
+        train_mod.train(make_cfg(run, FAST + ["trainer.max_steps=4", "trainer.val_check_interval=4",
+                                              "trainer.precision=not-a-precision"]))
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert not [p for p in after if "replaced" in str(p)]
+    changed = [p for p in before if p.suffix != ".ckpt" and after.get(p) != before[p]]
+    assert not changed, changed
+
+
+def test_a_checkpoint_of_a_compiled_run_loads_without_compile_and_the_other_way_round():
+    """compile=true wraps the GPT (its weights are saved as model._orig_mod.*): LitLM.on_load_checkpoint names a
+    checkpoint's weights as the resuming module does, so either resumes the other's checkpoint, strictly."""
+    import torch
+
+    kw = dict(model_config=TINY, layer_specs=FLASH, backend="torch")
+    torch.manual_seed(0)
+    plain, compiled = LitLM(**kw), LitLM(**kw, compile=True)
+    assert compiled.model is not compiled.gpt and any(k.startswith("model._orig_mod.") for k in compiled.state_dict())
+    for src, dst in ((compiled, plain), (plain, compiled)):
+        with torch.no_grad():
+            for p in src.parameters():
+                p.add_(torch.randn_like(p))
+        ckpt = {"hyper_parameters": dict(src.hparams), "state_dict": src.state_dict()}
+        dst.on_load_checkpoint(ckpt)
+        dst.load_state_dict(ckpt["state_dict"], strict=True)
+        for (_, a), (_, b) in zip(sorted(src.gpt.state_dict().items()), sorted(dst.gpt.state_dict().items())):
+            assert torch.equal(a, b)
