@@ -8,7 +8,8 @@
 # does not exist yet (a fresh machine) is first seeded from SEED_DIR/<experiment> (the committed runs), so finished
 # jobs are skipped. All jobs stop at stop_at = now + BUDGET_S with checkpoints/last.ckpt, and jobs not started by
 # then are skipped: the next call on the same machine (multirun/ is kept while it stays warm) resumes them.
-# OVERRIDES: extra train.py arguments, space-separated (e.g. "optim.lr=1e-3 attention=linear").
+# OVERRIDES: extra train.py arguments, space-separated (e.g. "optim.lr=1e-3 attention=linear"). An experiment may
+# come twice with disjoint OVERRIDES: two pools over parts of one sweep (each writes its own launch log).
 # At the end: $OUT/runs.tgz (every multirun/<experiment> without checkpoints, with the launch logs) and one line per
 # experiment: jobs finished / job folders.
 set -u
@@ -21,23 +22,26 @@ fi
 export WANDB_MODE=disabled OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 stop_at=$(( $(date +%s) + budget ))
 stamp=$(date +%Y%m%d-%H%M%S)
-names=()
+names=(); logs=(); i=0
 for spec in "$@"; do
+  i=$((i + 1))
   IFS=: read -r name jobs extra <<< "$spec"
-  names+=("$name")
+  names+=("$name"); logs+=("multirun/$name/launch-$stamp-$i.log")  # one experiment may come twice (two pools)
   mkdir -p multirun
   if [ ! -d "multirun/$name" ] && [ -d "$seed/$name" ]; then cp -r "$seed/$name" "multirun/$name"; fi
   mkdir -p "multirun/$name"
   # shellcheck disable=SC2086  # $extra: several arguments
   python3 train.py -m "experiment=$name" hydra/launcher=joblib "hydra.launcher.n_jobs=$jobs" "stop_at=$stop_at" $extra \
-    > "multirun/$name/launch-$stamp.log" 2>&1 &
+    > "${logs[-1]}" 2>&1 &
 done
 wait
-for name in "${names[@]}"; do
+for j in "${!names[@]}"; do
+  name=${names[$j]}
   n_dirs=$(find "multirun/$name" -mindepth 2 -maxdepth 2 -name .hydra | wc -l)
   n_done=$(find "multirun/$name" -mindepth 2 -maxdepth 2 -name final_metrics.json | wc -l)
   echo "$name: $n_done finished of $n_dirs job folders; log tail:"
-  tail -n 3 "multirun/$name/launch-$stamp.log"
+  tail -n 3 "${logs[$j]}"
 done
-tar czf "$out/runs.tgz" --exclude='*.ckpt' "${names[@]/#/multirun/}"
+mapfile -t dirs < <(printf 'multirun/%s\n' "${names[@]}" | sort -u)
+tar czf "$out/runs.tgz" --exclude='*.ckpt' "${dirs[@]}"
 ls -la "$out/runs.tgz"
