@@ -1,0 +1,69 @@
+"""Merge the multirun folders of a GPU call (lab: not installed) into the committed runs.
+
+    python -m lab.merge_runs SRC_MULTIRUN DST_RUNS [EXPERIMENT ...]
+
+SRC_MULTIRUN: an extracted ``runs.tgz`` of ``lab/h200_quality.sh`` (``.../multirun``); DST_RUNS: the committed runs
+(``results/h200/quality/runs``). For each ``<experiment>/<job>`` folder of SRC:
+- a folder with no finished run and no logged step is left out (a job that never trained);
+- a job that is not in DST, or whose DST run is unfinished and shorter (fewer logged steps) or unfinished while
+  SRC's finished, replaces DST's folder; a finished DST run is kept (a seeded copy is skipped by the sweep anyway).
+Launch logs, ``multirun.yaml`` and ``summary.csv`` of the sweep folder are copied. Prints one line per change.
+"""
+from __future__ import annotations
+
+import csv
+import shutil
+import sys
+from pathlib import Path
+
+
+def _steps(job: Path) -> int:
+    """The last logged step of a job (0: none)."""
+    f = job / "csv" / "metrics.csv"
+    if not f.exists():
+        return 0
+    with f.open() as fh:
+        steps = [int(float(r["step"])) for r in csv.DictReader(fh) if r.get("step")]
+    return max(steps, default=0)
+
+
+def _finished(job: Path) -> bool:
+    return (job / "final_metrics.json").exists()
+
+
+def merge(src_root: Path, dst_root: Path, experiments=None) -> int:
+    changed = 0
+    exps = experiments or sorted(p.name for p in src_root.iterdir() if p.is_dir())
+    for exp in exps:
+        src_exp, dst_exp = src_root / exp, dst_root / exp
+        if not src_exp.is_dir():
+            raise SystemExit(f"{src_exp}: no such experiment folder in SRC_MULTIRUN")
+        dst_exp.mkdir(parents=True, exist_ok=True)
+        for item in sorted(src_exp.iterdir()):
+            if item.is_file():
+                if item.name.startswith("launch-") and not (dst_exp / item.name).exists() or \
+                        item.name in ("multirun.yaml", "summary.csv"):
+                    shutil.copy2(item, dst_exp / item.name)
+                continue
+            done, steps = _finished(item), _steps(item)
+            if not done and steps == 0:
+                continue
+            old = dst_exp / item.name
+            if old.exists():
+                if _finished(old) or (not done and steps <= _steps(old)):
+                    continue
+                why = f"unfinished at {_steps(old)} -> " + ("finished" if done else f"unfinished at {steps}")
+                shutil.rmtree(old)
+            else:
+                why = "new, " + ("finished" if done else f"unfinished at {steps}")
+            shutil.copytree(item, old, ignore=shutil.ignore_patterns("*.ckpt", "checkpoints"))
+            print(f"{exp}/{item.name}: {why}")
+            changed += 1
+    return changed
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    n = merge(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
+    print(f"{n} job folders changed")
