@@ -370,7 +370,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     ``ckpt_path`` resumes a run (see :mod:`attn_zoo.runs`): outputs go to the checkpoint's run directory,
     ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
-    A checkpoint whose training is complete (its step at ``trainer.max_steps``, or stopped by a callback such as
+    A checkpoint whose training is complete (its step at ``trainer.max_steps``, its epochs at a positive
+    ``trainer.max_epochs``, :attr:`attn_zoo.runs.CheckpointInfo.epochs`, or stopped by a callback such as
     EarlyStopping) in a run directory without ``final_metrics.json`` (the run was killed in its final validation)
     trains no step: it is validated and ``final_metrics.json`` is written with the checkpoint's step.
 
@@ -384,8 +385,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
             written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
             architecture or other optimizer / LR-schedule settings, or a checkpoint of a finished run (or outside a
-            ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step, or stopped
-            by a callback).
+            ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step,
+            ``trainer.max_epochs`` not past its epochs, or stopped by a callback).
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
     """
     t_start = time.time()
@@ -409,6 +410,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     if model_cfg.get("vocab_size") != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
+    max_epochs = int(cfg.trainer.get("max_epochs") if cfg.trainer.get("max_epochs") is not None else -1)
     # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
     total_steps = (resume.total_steps if resume is not None and resume.total_steps else None) or \
         (max_steps if max_steps > 0 else None)
@@ -423,16 +425,25 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     if resume is not None:
         lit.check_checkpoint_hparams(resume.hparams)
         start_step = resume.step
-        complete = max_steps == resume.step or resume.stopped  # its training ended: nothing left to train
+        # epochs: a checkpoint written before RunState kept them (None) is not known to have ended by epochs
+        epochs_ended = max_epochs > 0 and resume.epochs is not None and resume.epochs >= max_epochs
+        steps_ended = max_steps == resume.step
+        complete = steps_ended or epochs_ended or resume.stopped  # its training ended: nothing left to train
         # only a run's own checkpoint, of a run without a (readable) final table (killed in its final validation), is
         # finalised
         unfinished = run_dir is not None and finished_run(run_dir) is None
-        if (complete and not unfinished) or 0 <= max_steps < resume.step:
+        past_epochs = max_epochs > 0 and resume.epochs is not None and resume.epochs > max_epochs
+        if (complete and not unfinished) or 0 <= max_steps < resume.step or past_epochs:
             if resume.stopped and not 0 <= max_steps <= resume.step:
                 raise ValueError(
                     f"ckpt_path={ckpt_path}: that run was stopped at step {resume.step} by a callback "
                     f"(trainer.should_stop: EarlyStopping, ...) and leaves nothing to train; start a new run to train "
                     f"further")
+            if epochs_ended and not 0 <= max_steps <= resume.step:
+                raise ValueError(
+                    f"ckpt_path={ckpt_path}: that run already trained {resume.epochs} epoch(s) (step {resume.step}) "
+                    f"and trainer.max_epochs={max_epochs} leaves nothing to train (max_epochs counts all epochs, not "
+                    f"further ones); pass trainer.max_epochs > {resume.epochs} to extend it")
             raise ValueError(
                 f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
                 f"leaves nothing to train (max_steps counts all steps, not further ones); pass "

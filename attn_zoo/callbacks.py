@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from .runs import RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
-           "StopTraining", "RunState"]
+           "StopTraining", "RunState", "epochs_trained"]
 
 
 class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
@@ -167,6 +167,19 @@ class StopAt(L.Callback):
             self._check(trainer, save=True)
 
 
+def epochs_trained(trainer) -> int:
+    """The epochs of ``trainer``'s fit whose every training batch has trained: Lightning's processed epochs, plus the
+    running one when its last batch has trained (a checkpoint written at the validation that ends an epoch, before
+    Lightning counts the epoch). A batch that was fetched but not trained (a run stopped as it started) does not
+    count; an epoch of unknown length (an iterable without ``len``) counts only once Lightning has processed it."""
+    loop = trainer.fit_loop
+    epochs = int(loop.epoch_progress.current.processed)
+    if loop.epoch_progress.current.started > epochs \
+            and loop.epoch_loop.batch_progress.current.completed >= trainer.num_training_batches:
+        epochs += 1
+    return epochs
+
+
 class RunState(L.Callback):
     """``train.py``'s own state of a run, written into every checkpoint as ``checkpoint[RUN_STATE_KEY]``
     (:data:`attn_zoo.runs.RUN_STATE_KEY`, read back by :func:`attn_zoo.runs.checkpoint_info`):
@@ -179,7 +192,9 @@ class RunState(L.Callback):
       run is complete before ``trainer.max_steps``. When such a checkpoint is resumed, ``trainer.should_stop`` is set
       again (:meth:`on_load_checkpoint`) and Lightning trains no further step (``fit`` resets it before restoring);
     * ``train_metrics``: the last logged ``train/*`` values (for the final table of a run resumed only to be
-      validated and finalised: ``fit`` logs nothing then).
+      validated and finalised: ``fit`` logs nothing then);
+    * ``epochs``: the epochs whose every training batch has trained (:func:`epochs_trained`), so a run that trained
+      by ``trainer.max_epochs`` is recognised as complete when its checkpoint is resumed with the same value.
     """
 
     def __init__(self, started_at: float, wall_s_before: float = 0.0):
@@ -191,7 +206,7 @@ class RunState(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         checkpoint[RUN_STATE_KEY] = {
-            "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop),
+            "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop), "epochs": epochs_trained(trainer),
             "train_metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}}
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:

@@ -105,6 +105,7 @@ class CheckpointInfo:
     wall_s: float = 0.0             # seconds of wall time the run had taken when it was written, over all launches
     stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
     train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
+    epochs: Optional[int] = None    # epochs whose every batch had trained (None: written before RunState kept it)
 
 
 def checkpoint_info(path) -> CheckpointInfo:
@@ -132,7 +133,8 @@ def checkpoint_info(path) -> CheckpointInfo:
     state = ck.get(RUN_STATE_KEY) or {}
     return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp,
                           wall_s=float(state.get("wall_s", 0.0)), stopped=bool(state.get("stopped", False)),
-                          train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()})
+                          train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()},
+                          epochs=int(state["epochs"]) if state.get("epochs") is not None else None)
 
 
 def _run_dir_resolver(ckpt_path, default):
@@ -371,9 +373,10 @@ def resumable_checkpoint(output_dir, cfg):
     job, because its :data:`RUN_CONFIG` is missing or holds another :func:`result_config` (the reason names the
     differing keys) or it is not a readable checkpoint (a kill while it was written). The job then starts over.
 
-    A checkpoint whose training is complete (at ``trainer.max_steps``, or stopped by a callback such as
-    EarlyStopping) is returned too: its run was killed during its final validation, before ``final_metrics.json``,
-    and ``train.py`` resumes it without training (it validates it and writes the final table)."""
+    A checkpoint whose training is complete (at ``trainer.max_steps``, after ``trainer.max_epochs`` epochs, or stopped
+    by a callback such as EarlyStopping) is returned too: its run was killed during its final validation, before
+    ``final_metrics.json``, and ``train.py`` resumes it without training (it validates it and writes the final
+    table)."""
     ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
     if not ckpt.is_file():
         return None, None

@@ -227,13 +227,18 @@ def test_a_deadline_passed_at_the_start_of_training_trains_no_step(tmp_path, mon
 EARLY_STOP = ["+callbacks.early_stop._target_=lightning.pytorch.callbacks.EarlyStopping",
               "+callbacks.early_stop.monitor=val/loss", "+callbacks.early_stop.stopping_threshold=100.0",
               "+callbacks.early_stop.check_on_train_epoch_end=false"]  # stops at the first validation (step 15)
+# two epochs of 256 / 16 = 16 steps, no step limit; the last validation (step 32) ends the second epoch, so last.ckpt
+# is written there, before Lightning counts that epoch as done
+EPOCHS = ["trainer.max_steps=-1", "trainer.max_epochs=2", "data.num_train=256", "trainer.val_check_interval=16"]
 
 
-@pytest.mark.parametrize("extra, steps", [([], 30), (EARLY_STOP, 15)], ids=["max_steps", "early_stop"])
+@pytest.mark.parametrize("extra, steps", [([], 30), (EARLY_STOP, 15), (EPOCHS, 32)],
+                         ids=["max_steps", "early_stop", "max_epochs"])
 def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tmp_path, monkeypatch, extra, steps):
-    """Training ended (trainer.max_steps reached, or EarlyStopping stopped it) and the process died in the final
-    validation, before final_metrics.json: the same command trains no step (it used to start over, or to train
-    past the early stop), validates the checkpoint and writes the final table an uninterrupted run writes."""
+    """Training ended (trainer.max_steps reached, trainer.max_epochs trained, or EarlyStopping stopped it) and the
+    process died in the final validation, before final_metrics.json: the same command trains no step (it used to
+    start over, or to train past the early stop; an epoch run was validated without its train/* metrics and logged
+    its validation a step early), validates the checkpoint and writes the final table an uninterrupted run writes."""
     import lightning as L
 
     from attn_zoo.lit import LitLM
@@ -251,7 +256,9 @@ def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tm
             main(make_cfg(cut, JOB + extra))
     ckpt = cut / "checkpoints" / "last.ckpt"
     info = checkpoint_info(ckpt)
-    assert info.step == steps and info.stopped == bool(extra) and not (cut / "final_metrics.json").exists()
+    assert info.step == steps and info.stopped == (extra is EARLY_STOP) and not (cut / "final_metrics.json").exists()
+    if extra is EPOCHS:
+        assert info.epochs == 2, "both epochs trained, though Lightning had not counted the second one yet"
     assert resumable_checkpoint(cut, make_cfg(cut, JOB + extra)) == (str(ckpt), None)
     (cut / "final_metrics.json").write_text('{"steps": ')  # a final table cut off as it was written counts as none
 
@@ -270,7 +277,12 @@ def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tm
         assert [s for s, _ in got] == [s for s, _ in want], key
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), key
 
-    # a finished run (final_metrics.json) is not finalised again: resuming it still asks for more steps
+    # a finished run (final_metrics.json) is not finalised again: resuming it still asks for more steps (epochs)
+    if extra is EPOCHS:
+        with pytest.raises(ValueError, match=r"already trained 2 epoch\(s\) \(step 32\) and trainer.max_epochs=2 "
+                                             r"leaves nothing to train.*trainer.max_epochs > 2"):
+            train_mod.train(make_cfg(cut, JOB + extra + [f"ckpt_path={ckpt}"]))
+        return
     with pytest.raises(ValueError, match=rf"reached step {steps} and trainer.max_steps={steps} leaves nothing to "
                                          rf"train.*trainer.max_steps > {steps}"):
         train_mod.train(make_cfg(cut, JOB + extra + [f"ckpt_path={ckpt}", f"trainer.max_steps={steps}"]))
