@@ -376,7 +376,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     trains no step: it is validated and ``final_metrics.json`` is written with the checkpoint's step.
 
     ``final_metrics.json``: ``steps`` (optimizer steps trained), ``metrics`` (the final validation and the last
-    logged ``train/*`` values), ``wall_s`` (seconds of wall time of the run from the start of this function to its
+    logged ``train/*`` values: ``train/loss``, ``train/lr``, ``train/lr_no_decay``; a resumed launch that logged none,
+    e.g. an extension ending before its first ``trainer.log_every_n_steps`` step, carries the checkpoint's,
+    :meth:`RunState.last_train_metrics`), ``wall_s`` (seconds of wall time of the run from the start of this function to its
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
     checkpoint this launch resumed, else null), ``result_config`` and ``lr_schedule``.
@@ -453,7 +455,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                      f"(stopped in its final validation): no step is trained, it is validated and finalised")
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
-    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0)
+    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
+                         train_metrics=resume.train_metrics if resume is not None else None)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
     trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
@@ -473,14 +476,13 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
                 f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
-        # the last logged train/* values, read before validate() resets the callback metrics (a complete checkpoint:
-        # fit logged none, they are the checkpoint's)
-        last_train = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+        # the last logged train/* values, read before validate() resets the callback metrics (a launch that logged
+        # none, complete or ended before its first logged step: the checkpoint's)
+        last_train = run_state.last_train_metrics(trainer)
         if complete:  # fit trained nothing: the final validation logs at the last step, as after an uninterrupted
             # fit (a checkpoint written at a validation holds the logging step before the one its restore adds when
             # training goes on; the same Lightning loop counter ModelCheckpoint._save_last_as_of_the_last_batch sets)
             trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
-            last_train = last_train or dict(resume.train_metrics)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)

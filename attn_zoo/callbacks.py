@@ -191,14 +191,32 @@ class RunState(L.Callback):
     * ``stopped``: a callback had ended training (``trainer.should_stop``: EarlyStopping, Lightning's Timer), so the
       run is complete before ``trainer.max_steps``. When such a checkpoint is resumed, ``trainer.should_stop`` is set
       again (:meth:`on_load_checkpoint`) and Lightning trains no further step (``fit`` resets it before restoring);
-    * ``train_metrics``: the last logged ``train/*`` values (for the final table of a run resumed only to be
-      validated and finalised: ``fit`` logs nothing then);
+    * ``train_metrics``: the last logged ``train/*`` values over all launches (:meth:`last_train_metrics`:
+      ``train/loss`` and the learning rates ``LearningRateMonitor`` logs as ``train/lr``, ``train/lr_no_decay``), for
+      the final table of a resumed launch that logs none (one only validated and finalised, or an extension that
+      ends before its first ``trainer.log_every_n_steps`` step);
     * ``epochs``: the epochs whose every training batch has trained (:func:`epochs_trained`), so a run that trained
       by ``trainer.max_epochs`` is recognised as complete when its checkpoint is resumed with the same value.
     """
 
-    def __init__(self, started_at: float, wall_s_before: float = 0.0):
+    def __init__(self, started_at: float, wall_s_before: float = 0.0, train_metrics: Optional[Dict] = None):
         self.started_at, self.wall_s_before = float(started_at), float(wall_s_before)
+        self.train_metrics_before = {k: float(v) for k, v in (train_metrics or {}).items()}  # the resumed checkpoint's
+
+    def last_train_metrics(self, trainer) -> Dict[str, float]:
+        """The last logged ``train/*`` values of the run, over all its launches: this launch's (``train/loss`` from
+        ``trainer.callback_metrics``, the last learning rates a ``LearningRateMonitor`` logged under ``train/``),
+        else the ones the checkpoint this launch resumed from stored (``train_metrics``). Read it before
+        ``trainer.validate``, which resets the callback metrics."""
+        from lightning.pytorch.callbacks import LearningRateMonitor
+
+        out = dict(self.train_metrics_before)
+        out.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+        for cb in trainer.callbacks:
+            if isinstance(cb, LearningRateMonitor):
+                out.update({k: float(v[-1]) for k, v in (getattr(cb, "lrs", None) or {}).items()
+                            if k.startswith("train/") and v})
+        return out
 
     def elapsed(self) -> float:
         """Seconds of wall time of the run so far, over all its launches."""
@@ -207,7 +225,7 @@ class RunState(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         checkpoint[RUN_STATE_KEY] = {
             "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop), "epochs": epochs_trained(trainer),
-            "train_metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}}
+            "train_metrics": self.last_train_metrics(trainer)}
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         if (checkpoint.get(RUN_STATE_KEY) or {}).get("stopped"):

@@ -347,3 +347,22 @@ def test_metrics_csv_in_the_run_folder_itself_is_kept_aside_as_a_file(tmp_path):
     kept = list(tmp_path.glob("metrics.replaced-*.csv"))
     assert len(kept) == 1 and kept[0].read_text() == "step,train/loss\n0,1.0\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept[0].name, "run_config.json"])
+
+
+def test_an_extension_that_ends_before_its_next_logged_step_keeps_the_last_train_metrics(tmp_path):
+    """trainer.log_every_n_steps=5: 10 steps log train/* at steps 4 and 9; extended to 13 steps the run logs none (the
+    next would be step 14). final_metrics.json still holds the last logged train/loss and learning rates (step 9's,
+    kept in the checkpoint's RunState), as metrics.csv has them; it had none of them."""
+    log5 = FAST + ["trainer.log_every_n_steps=5", "trainer.val_check_interval=5"]
+    train_mod.train(make_cfg(tmp_path, log5 + ["trainer.max_steps=10"]))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    train_mod.train(make_cfg(tmp_path, log5 + ["trainer.max_steps=13", f"ckpt_path={ckpt}"]))
+    done = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert done["steps"] == 13 and done["resumed_from"] == str(ckpt)
+    rows = read_csv(tmp_path)
+    for key in ("train/loss", "train/lr", "train/lr_no_decay"):
+        step, value = column(rows, key)[-1]
+        assert step == 9, (key, column(rows, key))
+        assert done["metrics"][key] == pytest.approx(value, rel=1e-6), key
+    assert checkpoint_info(ckpt).train_metrics == pytest.approx({k: done["metrics"][k] for k in (
+        "train/loss", "train/lr", "train/lr_no_decay")}, rel=1e-6), "the next extension carries them on"
