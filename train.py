@@ -49,8 +49,8 @@ from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
 from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
-                           register_resolvers, resolve_ckpt_path, result_config, resumable_checkpoint, run_dir_of,
-                           write_final_metrics, write_run_config)
+                           mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
+                           resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
@@ -572,11 +572,14 @@ def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, ma
 def main(cfg: DictConfig) -> Optional[float]:
     """The Hydra entry point: :func:`train` one job, after the checks of a resumable multirun.
 
-    ``stop_at`` already passed: the job does not start (returns None). ``skip_finished=true`` (and no
+    ``stop_at`` already passed: the job does not start (returns None) and its folder gets ``not_started.json``
+    (:func:`attn_zoo.runs.mark_not_started`, removed when a later launch starts the job), which the multirun summary
+    reports apart from stopped or failed jobs. ``skip_finished=true`` (and no
     ``ckpt_path``): a job whose folder holds a finished run of the same config is skipped (its stored metric is
     returned); an unfinished one resumes from its ``checkpoints/last.ckpt`` when that was written under the same
     config (:func:`attn_zoo.runs.resumable_checkpoint`), else it starts over (the log says why).
     """
+    mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
     validate_config(cfg)
     stop_at = cfg.get("stop_at")
     # one process decides here (a DDP run's children, started by it, and peers of a launcher that set WORLD_SIZE go
@@ -585,6 +588,7 @@ def main(cfg: DictConfig) -> Optional[float]:
     if stop_at is not None and alone and time.time() >= float(stop_at):
         log.warning(f"stop_at={stop_at}: that time passed {time.time() - float(stop_at):.0f} s ago; "
                     f"{cfg.paths.output_dir} not started")
+        mark_not_started(cfg.paths.output_dir, stop_at)
         return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         done = finished_run(cfg.paths.output_dir, cfg)

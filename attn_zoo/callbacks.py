@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
+from .runs import FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -272,6 +272,10 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
+def _names(names: List[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 class MultirunJobs(HydraCallback):
     """Hydra callback for ``python train.py -m ...``.
 
@@ -279,7 +283,9 @@ class MultirunJobs(HydraCallback):
       ``hydra.sweep.subdir`` (:func:`attn_zoo.runs.job_dirname`) names each job's folder after its swept overrides
       only, e.g. ``attention=flash,optim.lr=0.001``.
     * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
-      ``train.py``), also saved as ``<sweep dir>/summary.csv``.
+      ``train.py``), also saved as ``<sweep dir>/summary.csv``. Jobs without one are listed, with their count, as
+      not started (``stop_at`` had passed when the job came: ``not_started.json``,
+      :func:`attn_zoo.runs.mark_not_started`) or unfinished (stopped at ``stop_at``, interrupted or failed).
 
     Args:
         columns: metric keys to show (default: ``steps``, every ``val/*`` metric, ``train/loss``, ``wall_s``).
@@ -317,12 +323,17 @@ class MultirunJobs(HydraCallback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         header, rows = self.table_rows(sweep_dir)
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
-        unfinished = sorted(p.parent.name for p in sweep_dir.glob("*/.hydra")
-                            if not (p.parent / "final_metrics.json").is_file())
+        jobs = {p.parent for pattern in ("*/.hydra", f"*/{NOT_STARTED}") for p in sweep_dir.glob(pattern)}
+        pending = sorted((d for d in jobs if not (d / FINAL_METRICS).is_file()), key=lambda d: d.name)
+        not_started = [d.name for d in pending if (d / NOT_STARTED).is_file()]
+        unfinished = [d.name for d in pending if not (d / NOT_STARTED).is_file()]
+        if not_started:
+            print(f"attn-zoo multirun: {len(not_started)} job(s) in {sweep_dir} not started (stop_at had passed; the "
+                  f"same command with a later stop_at, or none, runs them): {_names(not_started)}")
         if unfinished:
             print(f"attn-zoo multirun: {len(unfinished)} job(s) in {sweep_dir} unfinished (no final_metrics.json: "
                   f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "
-                  f"{', '.join(unfinished[:6])}{', ...' if len(unfinished) > 6 else ''}")
+                  f"{_names(unfinished)}")
         if not rows:
             print(f"{title} (no final_metrics.json found)")
             return

@@ -148,7 +148,8 @@ def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_
     first = subprocess.run([sys.executable, "train.py", "-m", *args, f"stop_at={time.time() - 1:.0f}"], cwd=root,
                            env=env, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "2 job(s)" in first.stdout and "unfinished" in first.stdout, first.stdout[-2000:]
+    assert "2 job(s)" in first.stdout and "not started (stop_at had passed" in first.stdout, first.stdout[-2000:]
+    assert "unfinished" not in first.stdout, "jobs that never started are not called stopped or failed"
     assert not list(sweep.glob("*/final_metrics.json")) and not list(sweep.glob("*/csv"))
     again = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True,
                            text=True, timeout=240)
@@ -171,6 +172,34 @@ def test_multirun_table_prints_bracketed_job_names_and_names_unfinished_jobs(tmp
     out = capsys.readouterr().out
     assert "model.layers=[linear,flash]" in out
     assert "1 job(s)" in out and "unfinished" in out and "model.layers=[flash,flash]" in out
+
+
+def test_multirun_summary_tells_jobs_not_started_from_unfinished_ones(tmp_path, capsys):
+    """A job that stop_at kept from starting is listed as not started, apart from the unfinished ones (stopped,
+    interrupted or failed), each list with its count; a later launch that starts the job (here it fails) removes
+    the mark, so a failure is not reported as not started."""
+    from attn_zoo.callbacks import MultirunJobs
+
+    late, failed = tmp_path / "attention=linear", tmp_path / "attention=flash"
+    for job in (late, failed):  # Hydra writes a job's .hydra/ before it calls main()
+        (job / ".hydra").mkdir(parents=True)
+    assert main(make_cfg(late, JOB + [f"stop_at={time.time() - 5:.0f}"])) is None
+    summary = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    MultirunJobs().on_multirun_end(summary)
+    lines = capsys.readouterr().out.splitlines()
+    [not_started] = [line for line in lines if "not started" in line]
+    [unfinished] = [line for line in lines if "unfinished" in line]
+    assert "1 job(s)" in not_started and "(stop_at had passed" in not_started
+    assert not_started.endswith(": attention=linear")
+    assert "1 job(s)" in unfinished and "interrupted or failed" in unfinished
+    assert unfinished.endswith(": attention=flash")
+
+    with pytest.raises(ValueError, match="trainer.max_steps=0"):
+        main(make_cfg(late, JOB + ["trainer.max_steps=0"]))
+    assert not (late / "not_started.json").exists()
+    MultirunJobs().on_multirun_end(summary)
+    out = capsys.readouterr().out
+    assert "not started" not in out and "2 job(s)" in out and "attention=flash, attention=linear" in out
 
 
 class CrashAt(__import__("lightning").Callback):
