@@ -49,8 +49,8 @@ from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import spec_to_dict
 from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
-                           register_resolvers, resolve_ckpt_path, result_config, resumable_checkpoint, run_dir_of,
-                           write_final_metrics, write_run_config)
+                           mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
+                           resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
 from attn_zoo.spec import AttentionSpec
 from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
@@ -370,12 +370,15 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     ``ckpt_path`` resumes a run (see :mod:`attn_zoo.runs`): outputs go to the checkpoint's run directory,
     ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
-    A checkpoint whose training is complete (its step at ``trainer.max_steps``, or stopped by a callback such as
+    A checkpoint whose training is complete (its step at ``trainer.max_steps``, its epochs at a positive
+    ``trainer.max_epochs``, :attr:`attn_zoo.runs.CheckpointInfo.epochs`, or stopped by a callback such as
     EarlyStopping) in a run directory without ``final_metrics.json`` (the run was killed in its final validation)
     trains no step: it is validated and ``final_metrics.json`` is written with the checkpoint's step.
 
     ``final_metrics.json``: ``steps`` (optimizer steps trained), ``metrics`` (the final validation and the last
-    logged ``train/*`` values), ``wall_s`` (seconds of wall time of the run from the start of this function to its
+    logged ``train/*`` values: ``train/loss``, ``train/lr``, ``train/lr_no_decay``; a resumed launch that logged none,
+    e.g. an extension ending before its first ``trainer.log_every_n_steps`` step, carries the checkpoint's,
+    :meth:`RunState.last_train_metrics`), ``wall_s`` (seconds of wall time of the run from the start of this function to its
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
     checkpoint this launch resumed, else null), ``result_config`` and ``lr_schedule``.
@@ -384,8 +387,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
             written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
             architecture or other optimizer / LR-schedule settings, or a checkpoint of a finished run (or outside a
-            ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step, or stopped
-            by a callback).
+            ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step,
+            ``trainer.max_epochs`` not past its epochs, or stopped by a callback).
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
     """
     t_start = time.time()
@@ -409,6 +412,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     if model_cfg.get("vocab_size") != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
+    max_epochs = int(cfg.trainer.get("max_epochs") if cfg.trainer.get("max_epochs") is not None else -1)
     # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
     total_steps = (resume.total_steps if resume is not None and resume.total_steps else None) or \
         (max_steps if max_steps > 0 else None)
@@ -423,16 +427,25 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     if resume is not None:
         lit.check_checkpoint_hparams(resume.hparams)
         start_step = resume.step
-        complete = max_steps == resume.step or resume.stopped  # its training ended: nothing left to train
+        # epochs: a checkpoint written before RunState kept them (None) is not known to have ended by epochs
+        epochs_ended = max_epochs > 0 and resume.epochs is not None and resume.epochs >= max_epochs
+        steps_ended = max_steps == resume.step
+        complete = steps_ended or epochs_ended or resume.stopped  # its training ended: nothing left to train
         # only a run's own checkpoint, of a run without a (readable) final table (killed in its final validation), is
         # finalised
         unfinished = run_dir is not None and finished_run(run_dir) is None
-        if (complete and not unfinished) or 0 <= max_steps < resume.step:
+        past_epochs = max_epochs > 0 and resume.epochs is not None and resume.epochs > max_epochs
+        if (complete and not unfinished) or 0 <= max_steps < resume.step or past_epochs:
             if resume.stopped and not 0 <= max_steps <= resume.step:
                 raise ValueError(
                     f"ckpt_path={ckpt_path}: that run was stopped at step {resume.step} by a callback "
                     f"(trainer.should_stop: EarlyStopping, ...) and leaves nothing to train; start a new run to train "
                     f"further")
+            if epochs_ended and not 0 <= max_steps <= resume.step:
+                raise ValueError(
+                    f"ckpt_path={ckpt_path}: that run already trained {resume.epochs} epoch(s) (step {resume.step}) "
+                    f"and trainer.max_epochs={max_epochs} leaves nothing to train (max_epochs counts all epochs, not "
+                    f"further ones); pass trainer.max_epochs > {resume.epochs} to extend it")
             raise ValueError(
                 f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
                 f"leaves nothing to train (max_steps counts all steps, not further ones); pass "
@@ -442,7 +455,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                      f"(stopped in its final validation): no step is trained, it is validated and finalised")
     variant_tags = sorted({s.label for s in specs})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
-    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0)
+    run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
+                         train_metrics=resume.train_metrics if resume is not None else None)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
     trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
@@ -462,14 +476,13 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
                 f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
-        # the last logged train/* values, read before validate() resets the callback metrics (a complete checkpoint:
-        # fit logged none, they are the checkpoint's)
-        last_train = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+        # the last logged train/* values, read before validate() resets the callback metrics (a launch that logged
+        # none, complete or ended before its first logged step: the checkpoint's)
+        last_train = run_state.last_train_metrics(trainer)
         if complete:  # fit trained nothing: the final validation logs at the last step, as after an uninterrupted
             # fit (a checkpoint written at a validation holds the logging step before the one its restore adds when
             # training goes on; the same Lightning loop counter ModelCheckpoint._save_last_as_of_the_last_batch sets)
             trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
-            last_train = last_train or dict(resume.train_metrics)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
@@ -559,11 +572,14 @@ def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, ma
 def main(cfg: DictConfig) -> Optional[float]:
     """The Hydra entry point: :func:`train` one job, after the checks of a resumable multirun.
 
-    ``stop_at`` already passed: the job does not start (returns None). ``skip_finished=true`` (and no
+    ``stop_at`` already passed: the job does not start (returns None) and its folder gets ``not_started.json``
+    (:func:`attn_zoo.runs.mark_not_started`, removed when a later launch starts the job), which the multirun summary
+    reports apart from stopped or failed jobs. ``skip_finished=true`` (and no
     ``ckpt_path``): a job whose folder holds a finished run of the same config is skipped (its stored metric is
     returned); an unfinished one resumes from its ``checkpoints/last.ckpt`` when that was written under the same
     config (:func:`attn_zoo.runs.resumable_checkpoint`), else it starts over (the log says why).
     """
+    mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
     validate_config(cfg)
     stop_at = cfg.get("stop_at")
     # one process decides here (a DDP run's children, started by it, and peers of a launcher that set WORLD_SIZE go
@@ -572,6 +588,7 @@ def main(cfg: DictConfig) -> Optional[float]:
     if stop_at is not None and alone and time.time() >= float(stop_at):
         log.warning(f"stop_at={stop_at}: that time passed {time.time() - float(stop_at):.0f} s ago; "
                     f"{cfg.paths.output_dir} not started")
+        mark_not_started(cfg.paths.output_dir, stop_at)
         return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         done = finished_run(cfg.paths.output_dir, cfg)

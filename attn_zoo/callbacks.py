@@ -28,10 +28,10 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
+from .runs import FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
-           "StopTraining", "RunState"]
+           "StopTraining", "RunState", "epochs_trained"]
 
 
 class ModelCheckpoint(L.pytorch.callbacks.ModelCheckpoint):
@@ -167,6 +167,19 @@ class StopAt(L.Callback):
             self._check(trainer, save=True)
 
 
+def epochs_trained(trainer) -> int:
+    """The epochs of ``trainer``'s fit whose every training batch has trained: Lightning's processed epochs, plus the
+    running one when its last batch has trained (a checkpoint written at the validation that ends an epoch, before
+    Lightning counts the epoch). A batch that was fetched but not trained (a run stopped as it started) does not
+    count; an epoch of unknown length (an iterable without ``len``) counts only once Lightning has processed it."""
+    loop = trainer.fit_loop
+    epochs = int(loop.epoch_progress.current.processed)
+    if loop.epoch_progress.current.started > epochs \
+            and loop.epoch_loop.batch_progress.current.completed >= trainer.num_training_batches:
+        epochs += 1
+    return epochs
+
+
 class RunState(L.Callback):
     """``train.py``'s own state of a run, written into every checkpoint as ``checkpoint[RUN_STATE_KEY]``
     (:data:`attn_zoo.runs.RUN_STATE_KEY`, read back by :func:`attn_zoo.runs.checkpoint_info`):
@@ -178,12 +191,32 @@ class RunState(L.Callback):
     * ``stopped``: a callback had ended training (``trainer.should_stop``: EarlyStopping, Lightning's Timer), so the
       run is complete before ``trainer.max_steps``. When such a checkpoint is resumed, ``trainer.should_stop`` is set
       again (:meth:`on_load_checkpoint`) and Lightning trains no further step (``fit`` resets it before restoring);
-    * ``train_metrics``: the last logged ``train/*`` values (for the final table of a run resumed only to be
-      validated and finalised: ``fit`` logs nothing then).
+    * ``train_metrics``: the last logged ``train/*`` values over all launches (:meth:`last_train_metrics`:
+      ``train/loss`` and the learning rates ``LearningRateMonitor`` logs as ``train/lr``, ``train/lr_no_decay``), for
+      the final table of a resumed launch that logs none (one only validated and finalised, or an extension that
+      ends before its first ``trainer.log_every_n_steps`` step);
+    * ``epochs``: the epochs whose every training batch has trained (:func:`epochs_trained`), so a run that trained
+      by ``trainer.max_epochs`` is recognised as complete when its checkpoint is resumed with the same value.
     """
 
-    def __init__(self, started_at: float, wall_s_before: float = 0.0):
+    def __init__(self, started_at: float, wall_s_before: float = 0.0, train_metrics: Optional[Dict] = None):
         self.started_at, self.wall_s_before = float(started_at), float(wall_s_before)
+        self.train_metrics_before = {k: float(v) for k, v in (train_metrics or {}).items()}  # the resumed checkpoint's
+
+    def last_train_metrics(self, trainer) -> Dict[str, float]:
+        """The last logged ``train/*`` values of the run, over all its launches: this launch's (``train/loss`` from
+        ``trainer.callback_metrics``, the last learning rates a ``LearningRateMonitor`` logged under ``train/``),
+        else the ones the checkpoint this launch resumed from stored (``train_metrics``). Read it before
+        ``trainer.validate``, which resets the callback metrics."""
+        from lightning.pytorch.callbacks import LearningRateMonitor
+
+        out = dict(self.train_metrics_before)
+        out.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+        for cb in trainer.callbacks:
+            if isinstance(cb, LearningRateMonitor):
+                out.update({k: float(v[-1]) for k, v in (getattr(cb, "lrs", None) or {}).items()
+                            if k.startswith("train/") and v})
+        return out
 
     def elapsed(self) -> float:
         """Seconds of wall time of the run so far, over all its launches."""
@@ -191,8 +224,8 @@ class RunState(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         checkpoint[RUN_STATE_KEY] = {
-            "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop),
-            "train_metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}}
+            "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop), "epochs": epochs_trained(trainer),
+            "train_metrics": self.last_train_metrics(trainer)}
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         if (checkpoint.get(RUN_STATE_KEY) or {}).get("stopped"):
@@ -239,6 +272,10 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
+def _names(names: List[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 class MultirunJobs(HydraCallback):
     """Hydra callback for ``python train.py -m ...``.
 
@@ -246,7 +283,9 @@ class MultirunJobs(HydraCallback):
       ``hydra.sweep.subdir`` (:func:`attn_zoo.runs.job_dirname`) names each job's folder after its swept overrides
       only, e.g. ``attention=flash,optim.lr=0.001``.
     * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
-      ``train.py``), also saved as ``<sweep dir>/summary.csv``.
+      ``train.py``), also saved as ``<sweep dir>/summary.csv``. Jobs without one are listed, with their count, as
+      not started (``stop_at`` had passed when the job came: ``not_started.json``,
+      :func:`attn_zoo.runs.mark_not_started`) or unfinished (stopped at ``stop_at``, interrupted or failed).
 
     Args:
         columns: metric keys to show (default: ``steps``, every ``val/*`` metric, ``train/loss``, ``wall_s``).
@@ -284,12 +323,17 @@ class MultirunJobs(HydraCallback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         header, rows = self.table_rows(sweep_dir)
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
-        unfinished = sorted(p.parent.name for p in sweep_dir.glob("*/.hydra")
-                            if not (p.parent / "final_metrics.json").is_file())
+        jobs = {p.parent for pattern in ("*/.hydra", f"*/{NOT_STARTED}") for p in sweep_dir.glob(pattern)}
+        pending = sorted((d for d in jobs if not (d / FINAL_METRICS).is_file()), key=lambda d: d.name)
+        not_started = [d.name for d in pending if (d / NOT_STARTED).is_file()]
+        unfinished = [d.name for d in pending if not (d / NOT_STARTED).is_file()]
+        if not_started:
+            print(f"attn-zoo multirun: {len(not_started)} job(s) in {sweep_dir} not started (stop_at had passed; the "
+                  f"same command with a later stop_at, or none, runs them): {_names(not_started)}")
         if unfinished:
             print(f"attn-zoo multirun: {len(unfinished)} job(s) in {sweep_dir} unfinished (no final_metrics.json: "
                   f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "
-                  f"{', '.join(unfinished[:6])}{', ...' if len(unfinished) > 6 else ''}")
+                  f"{_names(unfinished)}")
         if not rows:
             print(f"{title} (no final_metrics.json found)")
             return

@@ -7,6 +7,9 @@
   from a seed: the embedded default task, no files and no network.
 
 Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100`` are ignored by the loss.
+
+Validation in a distributed run (DDP) sees every example once (:func:`val_sampler`), so ``val/loss`` and ``val/acc``
+(sums over the ranks) equal the single-process values.
 """
 
 from __future__ import annotations
@@ -22,6 +25,30 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 TOKENIZERS = ("byte",)
+
+
+def val_sampler(datamodule: L.LightningDataModule, dataset, key: str):
+    """The sampler of ``datamodule``'s validation ``DataLoader``: None (in order) in one process; in a distributed run
+    (its Trainer's ``world_size > 1``) Lightning's ``UnrepeatedDistributedSampler``: rank ``r`` of ``w`` takes the
+    examples ``r, r + w, r + 2w, ...`` in order, none repeated. Without it Lightning inserts a ``DistributedSampler``,
+    which pads the last ranks' shares with the first examples when ``len(dataset)`` is not a multiple of ``w``, and
+    those were counted twice in ``val/loss`` / ``val/acc`` (torchmetrics sums over the ranks). Lightning keeps a
+    DataLoader's own ``DistributedSampler``.
+
+    Raises:
+        ValueError: naming ``key`` (the setting of the validation set's size) when the set has fewer examples than
+            ranks: a rank without a batch would leave the others waiting in DDP's first forward.
+    """
+    trainer = getattr(datamodule, "trainer", None)
+    kwargs = trainer.distributed_sampler_kwargs if trainer is not None and trainer.world_size > 1 else None
+    if not kwargs:
+        return None
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    if len(dataset) < kwargs["num_replicas"]:
+        raise ValueError(f"{key}: the validation set has {len(dataset)} examples, fewer than the "
+                         f"{kwargs['num_replicas']} processes (trainer.devices x trainer.num_nodes) that each need one")
+    return UnrepeatedDistributedSampler(dataset, shuffle=False, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -199,7 +226,9 @@ class TextDataModule(L.LightningDataModule):
                           num_workers=self.num_workers, generator=g)
 
     def val_dataloader(self):
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+        """The validation windows in order; in DDP each once over the ranks (:func:`val_sampler`)."""
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                          sampler=val_sampler(self, self.val_set, "data.val_fraction"))
 
 
 # ---------------------------------------------------------------------------------------------- MQAR
@@ -371,5 +400,6 @@ class MQARDataModule(L.LightningDataModule):
                           num_workers=self.num_workers, generator=g, collate_fn=collate_batched)
 
     def val_dataloader(self):
+        """The validation examples in order; in DDP each once over the ranks (:func:`val_sampler`)."""
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          collate_fn=collate_batched)
+                          collate_fn=collate_batched, sampler=val_sampler(self, self.val_set, "data.num_val"))

@@ -450,9 +450,11 @@ class LitLM(L.LightningModule):
     def on_validation_epoch_end(self):
         """Log ``val/loss`` (nats per scored token), ``val/ppl``, ``val/acc`` and, for text, ``val/bpb``.
 
-        ``compute()`` sums the metric states over DDP ranks (the library's reduction); the values are then the same
-        on every rank, so ``sync_dist`` only silences Lightning's warning about epoch-level values in DDP. A
-        validation without scored positions logs NaN."""
+        ``compute()`` sums the metric states (sums of losses / correct tokens and token counts) over DDP ranks (the
+        library's reduction); the values are then the same on every rank, so ``sync_dist`` only silences Lightning's
+        warning about epoch-level values in DDP. The data modules' validation sampler gives every example to one rank
+        once (:func:`attn_zoo.data.val_sampler`), so they equal the single-process values. A validation without scored
+        positions logs NaN."""
         loss = self.val_loss.compute().float()
         acc = self.val_acc.compute().float()
         self.val_loss.reset()

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -46,13 +47,14 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
-           "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY"]
+           "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
 FINAL_METRICS = "final_metrics.json"
 RUN_CONFIG = "run_config.json"   # the result_config a run trains under, written when it starts (auto-resume checks it)
 RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (attn_zoo.callbacks.RunState)
+NOT_STARTED = "not_started.json"  # a job folder whose job stop_at kept from starting in the latest launch
 
 
 # ---------------------------------------------------------------------------------------------- resume
@@ -105,6 +107,7 @@ class CheckpointInfo:
     wall_s: float = 0.0             # seconds of wall time the run had taken when it was written, over all launches
     stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
     train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
+    epochs: Optional[int] = None    # epochs whose every batch had trained (None: written before RunState kept it)
 
 
 def checkpoint_info(path) -> CheckpointInfo:
@@ -132,7 +135,8 @@ def checkpoint_info(path) -> CheckpointInfo:
     state = ck.get(RUN_STATE_KEY) or {}
     return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp,
                           wall_s=float(state.get("wall_s", 0.0)), stopped=bool(state.get("stopped", False)),
-                          train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()})
+                          train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()},
+                          epochs=int(state["epochs"]) if state.get("epochs") is not None else None)
 
 
 def _run_dir_resolver(ckpt_path, default):
@@ -196,6 +200,18 @@ def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
 def write_final_metrics(run_dir, record: Dict) -> Path:
     """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`)."""
     return _write_json(Path(run_dir) / FINAL_METRICS, record)
+
+
+def mark_not_started(run_dir, stop_at: Optional[float]) -> None:
+    """``stop_at=None``: remove ``<run_dir>/not_started.json`` (:data:`NOT_STARTED`), as ``train.py`` does when a job
+    starts. Else write it (the deadline and the time it was found passed), so the multirun summary
+    (:class:`attn_zoo.callbacks.MultirunJobs`) reports the job as not started, not as stopped or failed."""
+    path = Path(run_dir) / NOT_STARTED
+    if stop_at is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, {"stop_at": float(stop_at), "checked_at": time.time()})
 
 
 def _write_json(path: Path, obj) -> Path:
@@ -371,9 +387,10 @@ def resumable_checkpoint(output_dir, cfg):
     job, because its :data:`RUN_CONFIG` is missing or holds another :func:`result_config` (the reason names the
     differing keys) or it is not a readable checkpoint (a kill while it was written). The job then starts over.
 
-    A checkpoint whose training is complete (at ``trainer.max_steps``, or stopped by a callback such as
-    EarlyStopping) is returned too: its run was killed during its final validation, before ``final_metrics.json``,
-    and ``train.py`` resumes it without training (it validates it and writes the final table)."""
+    A checkpoint whose training is complete (at ``trainer.max_steps``, after ``trainer.max_epochs`` epochs, or stopped
+    by a callback such as EarlyStopping) is returned too: its run was killed during its final validation, before
+    ``final_metrics.json``, and ``train.py`` resumes it without training (it validates it and writes the final
+    table)."""
     ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
     if not ckpt.is_file():
         return None, None

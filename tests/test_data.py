@@ -204,3 +204,24 @@ def test_mqar_loaders_give_the_per_example_loaders_batches():
     b = list(dm.val_dataloader())
     assert [x[0].shape[0] for x in b] == [16, 14]
     assert all(torch.equal(u, v) for x, y in zip(a, b) for u, v in zip(x, y))
+
+
+def test_ddp_validation_sampler_repeats_no_example():
+    """In a distributed run the validation loader's sampler gives each example to one rank once (Lightning's
+    DistributedSampler padded 33 examples to 34, repeating example 0); a set smaller than the ranks is refused,
+    naming data.num_val. One process: no sampler (in order)."""
+    from types import SimpleNamespace
+
+    dm = MQARDataModule(vocab_size=32, seq_len=32, num_kv_pairs=4, num_train=64, num_val=33, batch_size=16)
+    dm.setup()
+    assert dm.val_dataloader().sampler.__class__.__name__ == "SequentialSampler"
+    seen = []
+    for rank in range(2):
+        dm.trainer = SimpleNamespace(world_size=2, distributed_sampler_kwargs={"num_replicas": 2, "rank": rank})
+        seen += [int(i) for i in dm.val_dataloader().sampler]
+    assert sorted(seen) == list(range(33))
+    small = MQARDataModule(vocab_size=32, seq_len=32, num_kv_pairs=4, num_train=64, num_val=1, batch_size=16)
+    small.setup()
+    small.trainer = SimpleNamespace(world_size=2, distributed_sampler_kwargs={"num_replicas": 2, "rank": 0})
+    with pytest.raises(ValueError, match=r"data.num_val: the validation set has 1 examples, fewer than the 2"):
+        small.val_dataloader()

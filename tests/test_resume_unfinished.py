@@ -148,7 +148,8 @@ def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_
     first = subprocess.run([sys.executable, "train.py", "-m", *args, f"stop_at={time.time() - 1:.0f}"], cwd=root,
                            env=env, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "2 job(s)" in first.stdout and "unfinished" in first.stdout, first.stdout[-2000:]
+    assert "2 job(s)" in first.stdout and "not started (stop_at had passed" in first.stdout, first.stdout[-2000:]
+    assert "unfinished" not in first.stdout, "jobs that never started are not called stopped or failed"
     assert not list(sweep.glob("*/final_metrics.json")) and not list(sweep.glob("*/csv"))
     again = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True,
                            text=True, timeout=240)
@@ -171,6 +172,34 @@ def test_multirun_table_prints_bracketed_job_names_and_names_unfinished_jobs(tmp
     out = capsys.readouterr().out
     assert "model.layers=[linear,flash]" in out
     assert "1 job(s)" in out and "unfinished" in out and "model.layers=[flash,flash]" in out
+
+
+def test_multirun_summary_tells_jobs_not_started_from_unfinished_ones(tmp_path, capsys):
+    """A job that stop_at kept from starting is listed as not started, apart from the unfinished ones (stopped,
+    interrupted or failed), each list with its count; a later launch that starts the job (here it fails) removes
+    the mark, so a failure is not reported as not started."""
+    from attn_zoo.callbacks import MultirunJobs
+
+    late, failed = tmp_path / "attention=linear", tmp_path / "attention=flash"
+    for job in (late, failed):  # Hydra writes a job's .hydra/ before it calls main()
+        (job / ".hydra").mkdir(parents=True)
+    assert main(make_cfg(late, JOB + [f"stop_at={time.time() - 5:.0f}"])) is None
+    summary = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    MultirunJobs().on_multirun_end(summary)
+    lines = capsys.readouterr().out.splitlines()
+    [not_started] = [line for line in lines if "not started" in line]
+    [unfinished] = [line for line in lines if "unfinished" in line]
+    assert "1 job(s)" in not_started and "(stop_at had passed" in not_started
+    assert not_started.endswith(": attention=linear")
+    assert "1 job(s)" in unfinished and "interrupted or failed" in unfinished
+    assert unfinished.endswith(": attention=flash")
+
+    with pytest.raises(ValueError, match="trainer.max_steps=0"):
+        main(make_cfg(late, JOB + ["trainer.max_steps=0"]))
+    assert not (late / "not_started.json").exists()
+    MultirunJobs().on_multirun_end(summary)
+    out = capsys.readouterr().out
+    assert "not started" not in out and "2 job(s)" in out and "attention=flash, attention=linear" in out
 
 
 class CrashAt(__import__("lightning").Callback):
@@ -227,13 +256,18 @@ def test_a_deadline_passed_at_the_start_of_training_trains_no_step(tmp_path, mon
 EARLY_STOP = ["+callbacks.early_stop._target_=lightning.pytorch.callbacks.EarlyStopping",
               "+callbacks.early_stop.monitor=val/loss", "+callbacks.early_stop.stopping_threshold=100.0",
               "+callbacks.early_stop.check_on_train_epoch_end=false"]  # stops at the first validation (step 15)
+# two epochs of 256 / 16 = 16 steps, no step limit; the last validation (step 32) ends the second epoch, so last.ckpt
+# is written there, before Lightning counts that epoch as done
+EPOCHS = ["trainer.max_steps=-1", "trainer.max_epochs=2", "data.num_train=256", "trainer.val_check_interval=16"]
 
 
-@pytest.mark.parametrize("extra, steps", [([], 30), (EARLY_STOP, 15)], ids=["max_steps", "early_stop"])
+@pytest.mark.parametrize("extra, steps", [([], 30), (EARLY_STOP, 15), (EPOCHS, 32)],
+                         ids=["max_steps", "early_stop", "max_epochs"])
 def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tmp_path, monkeypatch, extra, steps):
-    """Training ended (trainer.max_steps reached, or EarlyStopping stopped it) and the process died in the final
-    validation, before final_metrics.json: the same command trains no step (it used to start over, or to train
-    past the early stop), validates the checkpoint and writes the final table an uninterrupted run writes."""
+    """Training ended (trainer.max_steps reached, trainer.max_epochs trained, or EarlyStopping stopped it) and the
+    process died in the final validation, before final_metrics.json: the same command trains no step (it used to
+    start over, or to train past the early stop; an epoch run was validated without its train/* metrics and logged
+    its validation a step early), validates the checkpoint and writes the final table an uninterrupted run writes."""
     import lightning as L
 
     from attn_zoo.lit import LitLM
@@ -251,7 +285,9 @@ def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tm
             main(make_cfg(cut, JOB + extra))
     ckpt = cut / "checkpoints" / "last.ckpt"
     info = checkpoint_info(ckpt)
-    assert info.step == steps and info.stopped == bool(extra) and not (cut / "final_metrics.json").exists()
+    assert info.step == steps and info.stopped == (extra is EARLY_STOP) and not (cut / "final_metrics.json").exists()
+    if extra is EPOCHS:
+        assert info.epochs == 2, "both epochs trained, though Lightning had not counted the second one yet"
     assert resumable_checkpoint(cut, make_cfg(cut, JOB + extra)) == (str(ckpt), None)
     (cut / "final_metrics.json").write_text('{"steps": ')  # a final table cut off as it was written counts as none
 
@@ -270,7 +306,12 @@ def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tm
         assert [s for s, _ in got] == [s for s, _ in want], key
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), key
 
-    # a finished run (final_metrics.json) is not finalised again: resuming it still asks for more steps
+    # a finished run (final_metrics.json) is not finalised again: resuming it still asks for more steps (epochs)
+    if extra is EPOCHS:
+        with pytest.raises(ValueError, match=r"already trained 2 epoch\(s\) \(step 32\) and trainer.max_epochs=2 "
+                                             r"leaves nothing to train.*trainer.max_epochs > 2"):
+            train_mod.train(make_cfg(cut, JOB + extra + [f"ckpt_path={ckpt}"]))
+        return
     with pytest.raises(ValueError, match=rf"reached step {steps} and trainer.max_steps={steps} leaves nothing to "
                                          rf"train.*trainer.max_steps > {steps}"):
         train_mod.train(make_cfg(cut, JOB + extra + [f"ckpt_path={ckpt}", f"trainer.max_steps={steps}"]))
@@ -335,3 +376,22 @@ def test_metrics_csv_in_the_run_folder_itself_is_kept_aside_as_a_file(tmp_path):
     kept = list(tmp_path.glob("metrics.replaced-*.csv"))
     assert len(kept) == 1 and kept[0].read_text() == "step,train/loss\n0,1.0\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept[0].name, "run_config.json"])
+
+
+def test_an_extension_that_ends_before_its_next_logged_step_keeps_the_last_train_metrics(tmp_path):
+    """trainer.log_every_n_steps=5: 10 steps log train/* at steps 4 and 9; extended to 13 steps the run logs none (the
+    next would be step 14). final_metrics.json still holds the last logged train/loss and learning rates (step 9's,
+    kept in the checkpoint's RunState), as metrics.csv has them; it had none of them."""
+    log5 = FAST + ["trainer.log_every_n_steps=5", "trainer.val_check_interval=5"]
+    train_mod.train(make_cfg(tmp_path, log5 + ["trainer.max_steps=10"]))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    train_mod.train(make_cfg(tmp_path, log5 + ["trainer.max_steps=13", f"ckpt_path={ckpt}"]))
+    done = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert done["steps"] == 13 and done["resumed_from"] == str(ckpt)
+    rows = read_csv(tmp_path)
+    for key in ("train/loss", "train/lr", "train/lr_no_decay"):
+        step, value = column(rows, key)[-1]
+        assert step == 9, (key, column(rows, key))
+        assert done["metrics"][key] == pytest.approx(value, rel=1e-6), key
+    assert checkpoint_info(ckpt).train_metrics == pytest.approx({k: done["metrics"][k] for k in (
+        "train/loss", "train/lr", "train/lr_no_decay")}, rel=1e-6), "the next extension carries them on"

@@ -374,3 +374,28 @@ def test_ddp_two_cpu_processes(tmp_path):
     assert "MEMBER: 2/2" in r.stdout + r.stderr, "the second DDP process did not start"
     steps = [s for s, _ in column(read_csv(tmp_path / "run"), "train/loss")]
     assert steps == [0, 1, 2, 3], steps  # one logger (rank 0), every optimizer step once
+
+
+def test_ddp_validation_counts_every_example_once(tmp_path):
+    """data.num_val=33 over 2 DDP processes: Lightning's DistributedSampler padded the second rank's share with example
+    0, which was counted twice. One checkpoint, validated by 1 and by 2 gloo processes, has the same val/loss and
+    val/acc (the second run resumes the complete checkpoint in a copy of the run without its final table: validated
+    only, train.py's own DDP path)."""
+    import shutil
+
+    args = FAST + ["data.num_val=33", "trainer.limit_val_batches=1.0", "trainer.max_steps=4",
+                   "trainer.val_check_interval=4"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_mod.train(make_cfg(one, args))
+    shutil.copytree(one, two)
+    (two / "final_metrics.json").unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    r = subprocess.run([sys.executable, "train.py", *args, "trainer=ddp", f"paths.cache_dir={tmp_path / 'c'}",
+                        f"ckpt_path={two / 'checkpoints' / 'last.ckpt'}"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "MEMBER: 2/2" in r.stdout + r.stderr, "the second DDP process did not start"
+    ref, got = (json.loads((d / "final_metrics.json").read_text()) for d in (one, two))
+    assert got["resumed_from"] == str(two / "checkpoints" / "last.ckpt") and got["steps"] == ref["steps"] == 4
+    for key in ("val/loss", "val/acc"):
+        assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
