@@ -490,6 +490,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
+        _warn_if_diverged(cfg, metrics)
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
@@ -499,6 +500,17 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
+
+
+def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
+    """A run whose final loss is NaN / inf trained a broken model (its table and ``final_metrics.json`` say nan): say
+    so in one warning naming the learning rate, instead of ending like a good run. Returns the non-finite keys."""
+    bad = [k for k in ("train/loss", "val/loss") if k in metrics and not math.isfinite(metrics[k])]
+    if bad:
+        log.warning(f"training diverged: {', '.join(f'{k}={metrics[k]}' for k in bad)} (not finite); the metrics "
+                    f"above are of a broken model. Lower optim.lr (this run: {cfg.optim.get('lr')}) or raise "
+                    f"optim.warmup_steps (this run: {cfg.optim.get('warmup_steps')})")
+    return bad
 
 
 def _keep_earlier_run_aside(output_dir: str, loggers: list) -> None:

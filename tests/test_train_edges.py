@@ -306,3 +306,19 @@ def test_a_checkpoint_of_a_compiled_run_loads_without_compile_and_the_other_way_
         dst.load_state_dict(ckpt["state_dict"], strict=True)
         for (_, a), (_, b) in zip(sorted(src.gpt.state_dict().items()), sorted(dst.gpt.state_dict().items())):
             assert torch.equal(a, b)
+
+
+def test_a_diverged_run_says_so_naming_the_learning_rate(tmp_path, caplog):
+    """optim.lr=1e6 makes the loss NaN within a few steps: the run still writes its table and final_metrics.json
+    (a diverged lr is a data point of a sweep), but warns once, naming the non-finite metrics and optim.lr (it
+    used to end exactly like a good run)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        metrics = train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=6", "trainer.val_check_interval=6",
+                                                             "optim.lr=1e6"]))
+    assert math.isnan(metrics["val/loss"])
+    msgs = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert len(msgs) == 1 and "val/loss=nan" in msgs[0] and "optim.lr (this run: 1000000.0)" in msgs[0]
+    assert (tmp_path / "final_metrics.json").is_file()
+    assert train_mod._warn_if_diverged(make_cfg(tmp_path, FAST), {"val/loss": 1.0, "train/loss": 2.0}) == []
