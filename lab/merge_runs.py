@@ -8,7 +8,8 @@ existing folder). For each ``<experiment>/<job>`` folder of SRC:
 - a folder with no finished run and no logged step is left out (a job that never trained);
 - a job that is not in DST, or whose DST run is unfinished and shorter (fewer logged steps) or unfinished while
   SRC's finished, replaces DST's folder; a finished DST run is kept (a seeded copy is skipped by the sweep anyway).
-Launch logs, ``multirun.yaml`` and ``summary.csv`` of the sweep folder are copied. Prints one line per change.
+Launch logs and ``multirun.yaml`` of the sweep folder are copied; ``summary.csv`` is written anew from DST's
+merged job folders (SRC's lists SRC's finished jobs only, and DST may keep others). Prints one line per change.
 Bad arguments (a missing SRC or DST, SRC one level too deep, an EXPERIMENT not in SRC, an unreadable
 ``metrics.csv``) stop before anything is written.
 """
@@ -76,7 +77,7 @@ def merge(src_root: Path, dst_root: Path, experiments=None) -> int:
         for item in sorted(src_exp.iterdir()):
             if item.is_file():
                 if item.name.startswith("launch-") and not (dst_exp / item.name).exists() or \
-                        item.name in ("multirun.yaml", "summary.csv"):
+                        item.name == "multirun.yaml":
                     shutil.copy2(item, dst_exp / item.name)
                 continue
             done, steps = _finished(item), _steps(item)
@@ -93,7 +94,21 @@ def merge(src_root: Path, dst_root: Path, experiments=None) -> int:
             shutil.copytree(item, old, ignore=shutil.ignore_patterns("*.ckpt", "checkpoints"))
             print(f"{exp}/{item.name}: {why}")
             changed += 1
+        _write_summary(dst_exp)
     return changed
+
+
+def _write_summary(sweep: Path) -> None:
+    """``summary.csv`` of a merged sweep folder: every finished job in it (as ``train.py -m`` writes it)."""
+    from attn_zoo.callbacks import MultirunJobs
+
+    header, rows = MultirunJobs().table_rows(sweep)
+    if not rows:
+        return
+    with open(sweep / "summary.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,15 @@ def test_bad_arguments_write_nothing(tmp_path, case, match):
     with pytest.raises(SystemExit, match=match):
         merge(src, dst, exps)
     assert _tree(tmp_path) == before   # nothing written (no DST folder made, no junk experiment folders)
+
+
+def test_summary_is_written_from_the_merged_folders(tmp_path):
+    """DST keeps finished jobs that SRC lacks: its summary.csv lists them too (SRC's summary.csv was copied over it,
+    listing SRC's finished jobs only)."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _job(src, "e", "a=1", [10], finished=True)
+    _job(dst, "e", "a=2", [10], finished=True)
+    (src / "e" / "summary.csv").write_text("job,overrides\n0,a=1\n")
+    merge(src, dst)
+    text = (dst / "e" / "summary.csv").read_text()
+    assert "a=1" in text and "a=2" in text
