@@ -11,6 +11,7 @@ Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100``
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 from pathlib import Path
@@ -143,6 +144,13 @@ class TextDataModule(L.LightningDataModule):
         import datasets
 
         if self._paths():
+            for p in self._paths():  # datasets' text builder fails on other bytes with a DatasetGenerationError
+                with open(p, "rb") as f:  # that names neither the file nor the cause
+                    try:
+                        codecs.getincrementaldecoder("utf-8")().decode(f.read(), final=True)
+                    except UnicodeDecodeError as e:
+                        raise ValueError(f"data.path={p!r} is not UTF-8 text (byte {e.start}: {e.reason}); the byte "
+                                         f"tokenizer reads UTF-8 text files: pass a UTF-8 text file") from None
             ds = datasets.load_dataset("text", data_files=list(self._paths()), sample_by="document", split="train")
         else:  # hub dataset (network on first use)
             ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split)
@@ -174,6 +182,12 @@ class TextDataModule(L.LightningDataModule):
         tokens = self.load_tokens()
         n_val = int(round(tokens.numel() * self.val_fraction))
         limit = max_text_seq_len(tokens.numel() - n_val, n_val, self.batch_size)
+        if limit < 1:
+            raise ValueError(
+                f"data.path={self.path if self.path is not None else self.hub_name!r} is too small to train: "
+                f"{tokens.numel()} tokens, and no data.seq_len fills one batch of data.batch_size={self.batch_size} "
+                f"windows in the train split ({tokens.numel() - n_val} tokens) and one window in the validation split "
+                f"({n_val} tokens at data.val_fraction={self.val_fraction}); pass a larger corpus")
         if self.seq_len > limit:
             raise ValueError(
                 f"data.seq_len={self.seq_len} is too long for this corpus: the longest data.seq_len it can train is "

@@ -204,3 +204,18 @@ def test_mqar_loaders_give_the_per_example_loaders_batches():
     b = list(dm.val_dataloader())
     assert [x[0].shape[0] for x in b] == [16, 14]
     assert all(torch.equal(u, v) for x, y in zip(a, b) for u, v in zip(x, y))
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", r"data.path=.* is too small to train: 0 tokens.*pass a larger corpus"),
+    (b"hello\n", r"data.path=.* is too small to train: 6 tokens.*pass a larger corpus"),
+    (b"ok text " * 100 + b"\xff\xfe bad", r"data.path=.* is not UTF-8 text \(byte 800: invalid start byte\)"),
+])
+def test_text_file_that_cannot_train_names_data_path(tmp_path, content, match):
+    """An empty or tiny corpus said 'pass data.seq_len<=0'; a non-UTF-8 file failed inside datasets with a
+    DatasetGenerationError naming neither the file nor the cause."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
+    dm = TextDataModule(path=str(path), seq_len=32, batch_size=4, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=match):
+        dm.setup("fit")
