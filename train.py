@@ -128,7 +128,8 @@ def validate_config(cfg: DictConfig) -> None:
     ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
-    ``trainer.enable_progress_bar`` (true, false or auto) and ``stop_at`` (null or a number, :class:`StopAt`).
+    ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
+    (an integer in [0, 2**32 - 1]) and ``compile`` / ``skip_finished`` (true or false).
 
     Raises:
         ValueError: naming the key, its value and what to set.
@@ -170,6 +171,12 @@ def validate_config(cfg: DictConfig) -> None:
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at
+    seed = cfg.get("seed", 0)
+    if not (_is_int(seed) and 0 <= seed < 2 ** 32):
+        raise ValueError(f"seed={seed!r}: must be an integer in [0, 2**32 - 1] (e.g. seed=0)")
+    for key in ("compile", "skip_finished"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise ValueError(f"{key}={cfg.get(key)!r}: must be true or false")
     bar = cfg.trainer.get("enable_progress_bar", "auto")
     if bar not in (True, False, "auto", None):
         raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "

@@ -123,6 +123,13 @@ def test_checkpoint_hparams_of_an_older_run_compare_folded():
                                        r"must be a positive integer.*trainer.check_val_every_n_epoch=<N>"),
     ("trainer.val_check_interval=20.0", r"trainer.val_check_interval=20.0: with trainer.check_val_every_n_epoch=null"),
     ("trainer.val_check_interval=0", r"trainer.val_check_interval=0: with trainer.check_val_every_n_epoch=null"),
+    # a seed that is not an integer failed inside int() / numpy naming no key; a string compile / skip_finished
+    # counted as true
+    ("seed=abc", r"seed='abc': must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("seed=-1", r"seed=-1: must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("seed=1.5", r"seed=1.5: must be an integer"),
+    ("compile=maybe", r"compile='maybe': must be true or false"),
+    ("skip_finished=maybe", r"skip_finished='maybe': must be true or false"),
 ])
 def test_bad_values_fail_before_anything_is_written(tmp_path, override, match):
     out = tmp_path / "out"
