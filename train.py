@@ -412,7 +412,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     specs = layer_specs(cfg)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("layers", None)
-    redraw = int(model_cfg.pop("redraw_interval", 0) or 0)
+    redraw = model_cfg.pop("redraw_interval", 0) or 0  # GPT checks it (an integer >= 0)
     if model_cfg.get("vocab_size") != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)

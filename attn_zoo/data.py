@@ -338,6 +338,8 @@ class MQARDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.max_memory_gb = float(max_memory_gb)
         self.bytes_per_token = None
+        if not isinstance(random_non_queries, bool):
+            raise ValueError(f"data.random_non_queries must be true or false, got {random_non_queries!r}")
         # validate sizes early (cheap, 1 example)
         generate_mqar(1, self.seq_len, self.vocab_size, self.num_kv_pairs, self.power_a, self.seed)
         if self.batch_size < 1:

@@ -219,3 +219,9 @@ def test_text_file_that_cannot_train_names_data_path(tmp_path, content, match):
     dm = TextDataModule(path=str(path), seq_len=32, batch_size=4, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=match):
         dm.setup("fit")
+
+
+def test_mqar_random_non_queries_must_be_a_bool():
+    """data.random_non_queries=maybe counted as true."""
+    with pytest.raises(ValueError, match=r"data.random_non_queries must be true or false, got 'maybe'"):
+        MQARDataModule(32, 32, 4, num_train=64, num_val=16, random_non_queries="maybe")
