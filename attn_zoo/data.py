@@ -107,6 +107,9 @@ class TextDataModule(L.LightningDataModule):
             raise ValueError(f"data.seq_len must be >= 1, got {self.seq_len}")
         if self.batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            # -1 kept all but the last byte, 0 the whole corpus
+            raise ValueError(f"data.max_bytes must be null (the whole corpus) or an integer >= 1, got {max_bytes!r}")
         self.tokenizer, self.cache_dir, self.max_bytes = tokenizer, cache_dir, max_bytes
         self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
         self.vocab_size = 256

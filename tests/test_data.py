@@ -225,3 +225,12 @@ def test_mqar_random_non_queries_must_be_a_bool():
     """data.random_non_queries=maybe counted as true."""
     with pytest.raises(ValueError, match=r"data.random_non_queries must be true or false, got 'maybe'"):
         MQARDataModule(32, 32, 4, num_train=64, num_val=16, random_non_queries="maybe")
+
+
+@pytest.mark.parametrize("value", [-1, 0, 2.5, "abc"])
+def test_text_max_bytes_must_be_null_or_a_positive_integer(tmp_path, value):
+    """data.max_bytes=-1 silently dropped the corpus' last byte (data[:-1]); 0 kept the whole corpus."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("abc " * 100)
+    with pytest.raises(ValueError, match=r"data.max_bytes must be null \(the whole corpus\) or an integer >= 1"):
+        TextDataModule(path=str(path), seq_len=8, batch_size=2, max_bytes=value)
