@@ -594,6 +594,10 @@ def main(cfg: DictConfig) -> Optional[float]:
         return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         done = finished_run(cfg.paths.output_dir, cfg)
+        if done is None and (Path(cfg.paths.output_dir) / FINAL_METRICS).is_file():
+            log.warning(f"skip_finished: {cfg.paths.output_dir} holds a finished run whose config cannot be compared "
+                        f"(its {FINAL_METRICS} has no result_config: an older train.py wrote it, or it is unreadable); "
+                        f"it is not skipped and not refused: the job runs again, the earlier files kept aside")
         if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
             log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")
             metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}

@@ -329,3 +329,26 @@ def test_a_diverged_run_says_so_naming_the_learning_rate(tmp_path, caplog):
     assert len(msgs) == 1 and "val/loss=nan" in msgs[0] and "optim.lr (this run: 1000000.0)" in msgs[0]
     assert (tmp_path / "final_metrics.json").is_file()
     assert train_mod._warn_if_diverged(make_cfg(tmp_path, FAST), {"val/loss": 1.0, "train/loss": 2.0}) == []
+
+
+def test_skip_finished_says_why_an_old_finished_run_runs_again(tmp_path, caplog):
+    """A finished run written before final_metrics.json stored result_config (results/h200/quality/runs/mqar_recall)
+    can be neither skipped nor refused: the job ran again, even with another config, and the log only said that the
+    earlier files were moved aside. Now it says why."""
+    import logging
+
+    main = train_mod.main.__wrapped__
+    job = FAST + ["trainer.max_steps=4", "trainer.val_check_interval=4", "skip_finished=true"]
+    main(make_cfg(tmp_path, job))
+    f = tmp_path / "final_metrics.json"
+    rec = json.loads(f.read_text())
+    rec.pop("result_config")
+    f.write_text(json.dumps(rec))
+    import shutil  # as committed: no checkpoints, no run_config.json
+    shutil.rmtree(tmp_path / "checkpoints")
+    (tmp_path / "run_config.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        main(make_cfg(tmp_path, job))
+    msgs = [r.getMessage() for r in caplog.records if "cannot be compared" in r.getMessage()]
+    assert len(msgs) == 1 and "has no result_config" in msgs[0] and "the job runs again" in msgs[0]
+    assert "result_config" in json.loads(f.read_text())  # ran again, now comparable
