@@ -171,6 +171,11 @@ def validate_config(cfg: DictConfig) -> None:
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at
+    if str(cfg.trainer.get("accelerator", "")).lower() in ("gpu", "cuda") and not torch.cuda.is_available():
+        # Lightning's own error ("No supported gpu backend found!") names no setting
+        raise ValueError(f"trainer.accelerator={cfg.trainer.accelerator} (trainer=gpu, which the mqar_* / lm_* "
+                         f"experiments set) but no CUDA GPU is visible; on a CPU pass trainer=default (trainer=ddp "
+                         f"without trainer.accelerator=gpu for DDP)")
     seed = cfg.get("seed", 0)
     if not (_is_int(seed) and 0 <= seed < 2 ** 32):
         raise ValueError(f"seed={seed!r}: must be an integer in [0, 2**32 - 1] (e.g. seed=0)")

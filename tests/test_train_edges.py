@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import train as train_mod
 from attn_zoo.lit import LitLM, cosine_with_warmup
@@ -129,6 +130,8 @@ def test_checkpoint_hparams_of_an_older_run_compare_folded():
     ("seed=-1", r"seed=-1: must be an integer in \[0, 2\*\*32 - 1\]"),
     ("seed=1.5", r"seed=1.5: must be an integer"),
     ("compile=maybe", r"compile='maybe': must be true or false"),
+    pytest.param("trainer=gpu", r"trainer.accelerator=gpu \(trainer=gpu.*no CUDA GPU is visible; on a CPU pass "
+                                r"trainer=default", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CPU only")),
     ("skip_finished=maybe", r"skip_finished='maybe': must be true or false"),
 ])
 def test_bad_values_fail_before_anything_is_written(tmp_path, override, match):
