@@ -128,7 +128,8 @@ def validate_config(cfg: DictConfig) -> None:
     ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
-    ``trainer.enable_progress_bar`` (true, false or auto) and ``stop_at`` (null or a number, :class:`StopAt`).
+    ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
+    (an integer in [0, 2**32 - 1]) and ``compile`` / ``skip_finished`` (true or false).
 
     Raises:
         ValueError: naming the key, its value and what to set.
@@ -170,6 +171,17 @@ def validate_config(cfg: DictConfig) -> None:
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at
+    if str(cfg.trainer.get("accelerator", "")).lower() in ("gpu", "cuda") and not torch.cuda.is_available():
+        # Lightning's own error ("No supported gpu backend found!") names no setting
+        raise ValueError(f"trainer.accelerator={cfg.trainer.accelerator} (trainer=gpu, which the mqar_* / lm_* "
+                         f"experiments set) but no CUDA GPU is visible; on a CPU pass trainer=default (trainer=ddp "
+                         f"without trainer.accelerator=gpu for DDP)")
+    seed = cfg.get("seed", 0)
+    if not (_is_int(seed) and 0 <= seed < 2 ** 32):
+        raise ValueError(f"seed={seed!r}: must be an integer in [0, 2**32 - 1] (e.g. seed=0)")
+    for key in ("compile", "skip_finished"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise ValueError(f"{key}={cfg.get(key)!r}: must be true or false")
     bar = cfg.trainer.get("enable_progress_bar", "auto")
     if bar not in (True, False, "auto", None):
         raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
@@ -408,7 +420,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     specs = layer_specs(cfg)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("layers", None)
-    redraw = int(model_cfg.pop("redraw_interval", 0) or 0)
+    redraw = model_cfg.pop("redraw_interval", 0) or 0  # GPT checks it (an integer >= 0)
     if model_cfg.get("vocab_size") != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
@@ -503,6 +515,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
+        _warn_if_diverged(cfg, metrics)
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
@@ -512,6 +525,17 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
+
+
+def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
+    """A run whose final loss is NaN / inf trained a broken model (its table and ``final_metrics.json`` say nan): say
+    so in one warning naming the learning rate, instead of ending like a good run. Returns the non-finite keys."""
+    bad = [k for k in ("train/loss", "val/loss") if k in metrics and not math.isfinite(metrics[k])]
+    if bad:
+        log.warning(f"training diverged: {', '.join(f'{k}={metrics[k]}' for k in bad)} (not finite); the metrics "
+                    f"above are of a broken model. Lower optim.lr (this run: {cfg.optim.get('lr')}) or raise "
+                    f"optim.warmup_steps (this run: {cfg.optim.get('warmup_steps')})")
+    return bad
 
 
 def _keep_earlier_run_aside(output_dir: str, loggers: list) -> None:
@@ -592,6 +616,10 @@ def main(cfg: DictConfig) -> Optional[float]:
         return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
         done = finished_run(cfg.paths.output_dir, cfg)
+        if done is None and (Path(cfg.paths.output_dir) / FINAL_METRICS).is_file():
+            log.warning(f"skip_finished: {cfg.paths.output_dir} holds a finished run whose config cannot be compared "
+                        f"(its {FINAL_METRICS} has no result_config: an older train.py wrote it, or it is unreadable); "
+                        f"it is not skipped and not refused: the job runs again, the earlier files kept aside")
         if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
             log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")
             metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}

@@ -14,6 +14,7 @@ Validation in a distributed run (DDP) sees every example once (:func:`val_sample
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 from pathlib import Path
@@ -133,6 +134,9 @@ class TextDataModule(L.LightningDataModule):
             raise ValueError(f"data.seq_len must be >= 1, got {self.seq_len}")
         if self.batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            # -1 kept all but the last byte, 0 the whole corpus
+            raise ValueError(f"data.max_bytes must be null (the whole corpus) or an integer >= 1, got {max_bytes!r}")
         self.tokenizer, self.cache_dir, self.max_bytes = tokenizer, cache_dir, max_bytes
         self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
         self.vocab_size = 256
@@ -170,6 +174,13 @@ class TextDataModule(L.LightningDataModule):
         import datasets
 
         if self._paths():
+            for p in self._paths():  # datasets' text builder fails on other bytes with a DatasetGenerationError
+                with open(p, "rb") as f:  # that names neither the file nor the cause
+                    try:
+                        codecs.getincrementaldecoder("utf-8")().decode(f.read(), final=True)
+                    except UnicodeDecodeError as e:
+                        raise ValueError(f"data.path={p!r} is not UTF-8 text (byte {e.start}: {e.reason}); the byte "
+                                         f"tokenizer reads UTF-8 text files: pass a UTF-8 text file") from None
             ds = datasets.load_dataset("text", data_files=list(self._paths()), sample_by="document", split="train")
         else:  # hub dataset (network on first use)
             ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split)
@@ -201,6 +212,12 @@ class TextDataModule(L.LightningDataModule):
         tokens = self.load_tokens()
         n_val = int(round(tokens.numel() * self.val_fraction))
         limit = max_text_seq_len(tokens.numel() - n_val, n_val, self.batch_size)
+        if limit < 1:
+            raise ValueError(
+                f"data.path={self.path if self.path is not None else self.hub_name!r} is too small to train: "
+                f"{tokens.numel()} tokens, and no data.seq_len fills one batch of data.batch_size={self.batch_size} "
+                f"windows in the train split ({tokens.numel() - n_val} tokens) and one window in the validation split "
+                f"({n_val} tokens at data.val_fraction={self.val_fraction}); pass a larger corpus")
         if self.seq_len > limit:
             raise ValueError(
                 f"data.seq_len={self.seq_len} is too long for this corpus: the longest data.seq_len it can train is "
@@ -353,6 +370,8 @@ class MQARDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.max_memory_gb = float(max_memory_gb)
         self.bytes_per_token = None
+        if not isinstance(random_non_queries, bool):
+            raise ValueError(f"data.random_non_queries must be true or false, got {random_non_queries!r}")
         # validate sizes early (cheap, 1 example)
         generate_mqar(1, self.seq_len, self.vocab_size, self.num_kv_pairs, self.power_a, self.seed)
         if self.batch_size < 1:

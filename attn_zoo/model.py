@@ -77,6 +77,12 @@ class GPTConfig:
             raise ValueError(f"norm={self.norm!r} is not supported; allowed values: {', '.join(NORMS)}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        rb = self.rope_base
+        if isinstance(rb, bool) or not isinstance(rb, (int, float)) or not math.isfinite(rb) or rb <= 0:
+            raise ValueError(f"rope_base must be a positive number (e.g. 10000.0), got {rb!r}")
+        for name in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:
@@ -291,6 +297,8 @@ class GPT(nn.Module):
         self.config = config
         self.specs = resolve_layer_specs(specs, config.n_layer)
         self.backend = backend
+        if isinstance(redraw_interval, bool) or not isinstance(redraw_interval, int) or redraw_interval < 0:
+            raise ValueError(f"redraw_interval must be an integer >= 0 (0: never redraw), got {redraw_interval!r}")
         self.redraw_interval = int(redraw_interval)
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)

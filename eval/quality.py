@@ -77,11 +77,15 @@ def _dataset(cfg: dict) -> str:
 
 def read_metrics(run_dir: str) -> pd.DataFrame:
     """A run's ``csv/metrics.csv`` (or ``metrics.csv``) as numbers, one row per logged row: a cell that is empty or
-    not a finite number is NaN."""
+    not a finite number is NaN. An empty file (a job killed before its first log flush) has no rows."""
     path = os.path.join(run_dir, "csv", "metrics.csv")
     if not os.path.exists(path):
         path = os.path.join(run_dir, "metrics.csv")
-    df = pd.read_csv(path).apply(pd.to_numeric, errors="coerce").astype(float)
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:  # raised naming neither the file nor the run
+        df = pd.DataFrame({"step": []})
+    df = df.apply(pd.to_numeric, errors="coerce").astype(float)
     return df.where(np.isfinite(df))
 
 

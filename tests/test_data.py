@@ -225,3 +225,32 @@ def test_ddp_validation_sampler_repeats_no_example():
     small.trainer = SimpleNamespace(world_size=2, distributed_sampler_kwargs={"num_replicas": 2, "rank": 0})
     with pytest.raises(ValueError, match=r"data.num_val: the validation set has 1 examples, fewer than the 2"):
         small.val_dataloader()
+
+@pytest.mark.parametrize("content, match", [
+    (b"", r"data.path=.* is too small to train: 0 tokens.*pass a larger corpus"),
+    (b"hello\n", r"data.path=.* is too small to train: 6 tokens.*pass a larger corpus"),
+    (b"ok text " * 100 + b"\xff\xfe bad", r"data.path=.* is not UTF-8 text \(byte 800: invalid start byte\)"),
+])
+def test_text_file_that_cannot_train_names_data_path(tmp_path, content, match):
+    """An empty or tiny corpus said 'pass data.seq_len<=0'; a non-UTF-8 file failed inside datasets with a
+    DatasetGenerationError naming neither the file nor the cause."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
+    dm = TextDataModule(path=str(path), seq_len=32, batch_size=4, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=match):
+        dm.setup("fit")
+
+
+def test_mqar_random_non_queries_must_be_a_bool():
+    """data.random_non_queries=maybe counted as true."""
+    with pytest.raises(ValueError, match=r"data.random_non_queries must be true or false, got 'maybe'"):
+        MQARDataModule(32, 32, 4, num_train=64, num_val=16, random_non_queries="maybe")
+
+
+@pytest.mark.parametrize("value", [-1, 0, 2.5, "abc"])
+def test_text_max_bytes_must_be_null_or_a_positive_integer(tmp_path, value):
+    """data.max_bytes=-1 silently dropped the corpus' last byte (data[:-1]); 0 kept the whole corpus."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("abc " * 100)
+    with pytest.raises(ValueError, match=r"data.max_bytes must be null \(the whole corpus\) or an integer >= 1"):
+        TextDataModule(path=str(path), seq_len=8, batch_size=2, max_bytes=value)

@@ -167,3 +167,23 @@ def test_attention_layer_equals_hand_written(n_kv_heads):
     s = s.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf"))
     y = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, N, H * D) @ W["o_proj"].T
     torch.testing.assert_close(layer(x).double(), y, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("rope_base", -5.0, r"rope_base must be a positive number.*got -5.0"),  # trained to NaN
+    ("rope_base", 0, r"rope_base must be a positive number"),
+    ("rope_base", float("nan"), r"rope_base must be a positive number"),
+    ("tie_embeddings", "maybe", r"tie_embeddings must be true or false, got 'maybe'"),  # counted as true
+    ("bias", "maybe", r"bias must be true or false, got 'maybe'"),
+])
+def test_config_values_that_trained_silently_are_refused(field, value, match):
+    args = dict(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
+    with pytest.raises(ValueError, match=match):
+        GPTConfig(**{**args, field: value})
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "abc"])
+def test_redraw_interval_must_be_a_non_negative_integer(value):
+    cfg = GPTConfig(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
+    with pytest.raises(ValueError, match=r"redraw_interval must be an integer >= 0"):
+        GPT(cfg, AttentionSpec(kind="linear", feature_map="favor"), redraw_interval=value)

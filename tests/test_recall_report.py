@@ -535,3 +535,13 @@ def test_bench_setup_caption_names_what_the_speed_csv_measured(tmp_path):
                  "large,flash,256,torch,256,16384,1\n")
     assert recall.bench_setup(str(p), "triton") == "backend triton, size small, vocab 8192, tokens/step 262144"
     assert recall.bench_setup(str(p), "torch") == "backend torch, size large, vocab 256, tokens/step 16384"
+
+
+def test_an_empty_metrics_csv_reads_as_no_rows(tmp_path):
+    """A job killed before its first log flush leaves an empty csv/metrics.csv: eval.recall / eval.quality failed on
+    it with pandas' EmptyDataError, naming neither the file nor the run."""
+    from eval.quality import read_metrics
+
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("")
+    assert len(read_metrics(str(tmp_path))) == 0

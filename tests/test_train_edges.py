@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import train as train_mod
 from attn_zoo.lit import LitLM, cosine_with_warmup
@@ -123,6 +124,15 @@ def test_checkpoint_hparams_of_an_older_run_compare_folded():
                                        r"must be a positive integer.*trainer.check_val_every_n_epoch=<N>"),
     ("trainer.val_check_interval=20.0", r"trainer.val_check_interval=20.0: with trainer.check_val_every_n_epoch=null"),
     ("trainer.val_check_interval=0", r"trainer.val_check_interval=0: with trainer.check_val_every_n_epoch=null"),
+    # a seed that is not an integer failed inside int() / numpy naming no key; a string compile / skip_finished
+    # counted as true
+    ("seed=abc", r"seed='abc': must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("seed=-1", r"seed=-1: must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("seed=1.5", r"seed=1.5: must be an integer"),
+    ("compile=maybe", r"compile='maybe': must be true or false"),
+    pytest.param("trainer=gpu", r"trainer.accelerator=gpu \(trainer=gpu.*no CUDA GPU is visible; on a CPU pass "
+                                r"trainer=default", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CPU only")),
+    ("skip_finished=maybe", r"skip_finished='maybe': must be true or false"),
 ])
 def test_bad_values_fail_before_anything_is_written(tmp_path, override, match):
     out = tmp_path / "out"
@@ -306,3 +316,42 @@ def test_a_checkpoint_of_a_compiled_run_loads_without_compile_and_the_other_way_
         dst.load_state_dict(ckpt["state_dict"], strict=True)
         for (_, a), (_, b) in zip(sorted(src.gpt.state_dict().items()), sorted(dst.gpt.state_dict().items())):
             assert torch.equal(a, b)
+
+
+def test_a_diverged_run_says_so_naming_the_learning_rate(tmp_path, caplog):
+    """optim.lr=1e6 makes the loss NaN within a few steps: the run still writes its table and final_metrics.json
+    (a diverged lr is a data point of a sweep), but warns once, naming the non-finite metrics and optim.lr (it
+    used to end exactly like a good run)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        metrics = train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=6", "trainer.val_check_interval=6",
+                                                             "optim.lr=1e6"]))
+    assert math.isnan(metrics["val/loss"])
+    msgs = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert len(msgs) == 1 and "val/loss=nan" in msgs[0] and "optim.lr (this run: 1000000.0)" in msgs[0]
+    assert (tmp_path / "final_metrics.json").is_file()
+    assert train_mod._warn_if_diverged(make_cfg(tmp_path, FAST), {"val/loss": 1.0, "train/loss": 2.0}) == []
+
+
+def test_skip_finished_says_why_an_old_finished_run_runs_again(tmp_path, caplog):
+    """A finished run written before final_metrics.json stored result_config (results/h200/quality/runs/mqar_recall)
+    can be neither skipped nor refused: the job ran again, even with another config, and the log only said that the
+    earlier files were moved aside. Now it says why."""
+    import logging
+
+    main = train_mod.main.__wrapped__
+    job = FAST + ["trainer.max_steps=4", "trainer.val_check_interval=4", "skip_finished=true"]
+    main(make_cfg(tmp_path, job))
+    f = tmp_path / "final_metrics.json"
+    rec = json.loads(f.read_text())
+    rec.pop("result_config")
+    f.write_text(json.dumps(rec))
+    import shutil  # as committed: no checkpoints, no run_config.json
+    shutil.rmtree(tmp_path / "checkpoints")
+    (tmp_path / "run_config.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        main(make_cfg(tmp_path, job))
+    msgs = [r.getMessage() for r in caplog.records if "cannot be compared" in r.getMessage()]
+    assert len(msgs) == 1 and "has no result_config" in msgs[0] and "the job runs again" in msgs[0]
+    assert "result_config" in json.loads(f.read_text())  # ran again, now comparable
