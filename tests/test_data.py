@@ -226,6 +226,7 @@ def test_ddp_validation_sampler_repeats_no_example():
     with pytest.raises(ValueError, match=r"data.num_val: the validation set has 1 examples, fewer than the 2"):
         small.val_dataloader()
 
+
 @pytest.mark.parametrize("content, match", [
     (b"", r"data.path=.* is too small to train: 0 tokens.*pass a larger corpus"),
     (b"hello\n", r"data.path=.* is too small to train: 6 tokens.*pass a larger corpus"),
