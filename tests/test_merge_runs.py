@@ -23,7 +23,9 @@ def _tree(root):
 
 def test_merge_rules(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
-    _job(src, "e", "new", [10])
+    ck = _job(src, "e", "new", [10]) / "checkpoints"
+    ck.mkdir()
+    (ck / "last.ckpt").write_text("weights")           # checkpoints are never merged (not committed)
     _job(src, "e", "never")                      # no csv: never trained, left out
     _job(src, "e", "longer", [10, 20])
     _job(dst, "e", "longer", [10])
@@ -40,6 +42,8 @@ def test_merge_rules(tmp_path):
     assert "20" in (dst / "e" / "longer" / "csv" / "metrics.csv").read_text()
     assert "30" not in (dst / "e" / "done_dst" / "csv" / "metrics.csv").read_text()
     assert (dst / "e" / "multirun.yaml").exists()
+    assert (dst / "e" / "new").exists() and not (dst / "e" / "new" / "checkpoints").exists()
+    assert merge(src, dst) == 0  # a second merge of the same call changes nothing
 
 
 @pytest.mark.parametrize("case, match", [
