@@ -14,7 +14,6 @@ Validation in a distributed run (DDP) sees every example once (:func:`val_sample
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import os
 from pathlib import Path
@@ -177,7 +176,7 @@ class TextDataModule(L.LightningDataModule):
             for p in self._paths():  # datasets' text builder fails on other bytes with a DatasetGenerationError
                 with open(p, "rb") as f:  # that names neither the file nor the cause
                     try:
-                        codecs.getincrementaldecoder("utf-8")().decode(f.read(), final=True)
+                        f.read().decode("utf-8")
                     except UnicodeDecodeError as e:
                         raise ValueError(f"data.path={p!r} is not UTF-8 text (byte {e.start}: {e.reason}); the byte "
                                          f"tokenizer reads UTF-8 text files: pass a UTF-8 text file") from None

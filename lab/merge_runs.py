@@ -20,6 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from attn_zoo.runs import FINAL_METRICS
+
 
 def _steps(job: Path) -> int:
     """The last logged step of a job (0: none)."""
@@ -35,11 +37,11 @@ def _steps(job: Path) -> int:
 
 
 def _finished(job: Path) -> bool:
-    return (job / "final_metrics.json").exists()
+    return (job / FINAL_METRICS).exists()
 
 
 def _is_job(p: Path) -> bool:
-    return p.is_dir() and any((p / n).exists() for n in (".hydra", "csv", "final_metrics.json", "checkpoints"))
+    return p.is_dir() and any((p / n).exists() for n in (".hydra", "csv", FINAL_METRICS, "checkpoints"))
 
 
 def _check(src_root: Path, dst_root: Path, experiments) -> list:
