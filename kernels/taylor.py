@@ -1,0 +1,281 @@
+"""Linear attention with the 2nd-order Taylor feature map (Based) in its parallel (quadratic) form, fused in Triton.
+
+The Taylor map of :mod:`attn_zoo.feature_maps` has ``phi(q) . phi(k) = 1 + s + s^2 / 2`` with
+``s = q . k / sqrt(D)`` (Arora et al. 2024, "Simple linear attention language models balance the recall-throughput
+tradeoff", eq. 2), so the linear attention of Katharopoulos et al. 2020 (eq. 4) needs no feature vectors::
+
+    out_i = sum_j w_ij v_j / (sum_j w_ij + eps),    w_ij = 1 + s_ij + s_ij^2 / 2   (j <= i + Nk - Nq when causal)
+
+This module computes that sum as FlashAttention computes softmax attention: query tiles of ``BLOCK_M`` rows, key /
+value tiles of ``BLOCK_N`` rows streamed through SRAM, the ``(N, N)`` weights never written. ``w >= 1/2`` needs no
+running maximum; the row sums ``den_i = sum_j w_ij + eps`` are kept (fp32, ``(B, H, Nq)``) for the backward, which
+recomputes ``w`` (FlashAttention-2 Alg. 2 with these weights):
+
+    dp_ij = do_i . v_j,  g_ij = (dp_ij - do_i . out_i) / den_i * (1 + s_ij)
+    dq_i = sum_j g_ij k_j / sqrt(D),  dk_j = sum_i g_ij q_i / sqrt(D),  dv_j = sum_i w_ij / den_i do_i
+
+Cost: ``O(Nq Nk D)`` time like exact attention (the chunked forms take ``O(N F Dv)`` with ``F = 1 + D + D^2``
+features: 273 at ``D = 16``, past the chunked kernel's limit of 256 in :mod:`kernels.linear`), ``O(N)`` memory.
+Based trains with this form; fla calls it ``parallel_based``. Inputs ``(B, H, N, D)`` float16 / bfloat16 /
+float32 with ``D, Dv <= 256``; float16 runs in float32 (``w`` grows like ``s^2`` past the float16 range, as in the
+``triton`` backend of ``linear``). GQA: ``Hq`` a multiple of ``Hkv``; ``dk`` / ``dv`` are summed over each group.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._host import cdiv, next_pow2
+
+__all__ = ["taylor_parallel", "MAX_DIM"]
+
+MAX_DIM = 256
+"""Largest head dimension ``D`` and value dimension ``Dv`` (padded to a power of two in the kernels)."""
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
+    """tl.dot with fp32 accumulation. UP: upcast the operands first (the CPU interpreter's bfloat16 dot is wrong in
+    some Triton versions; bfloat16 values are exact in float32, so the product is the same)."""
+    if UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) mask of the pairs that count: both in range and, causal, key j <= query i + offset."""
+    ok = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
+    if CAUSAL:
+        ok = ok & (offs_n[None, :] <= offs_m[:, None] + offset)
+    return ok
+
+
+@triton.jit
+def _taylor_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+                H, n_rep, Nq, Nk, offset, scale, eps,
+                CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                UP: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // n_rep
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    Qb = Q + b * sq_b + h * sq_h
+    Kb = K + b * sk_b + hk * sk_h
+    Vb = V + b * sv_b + hk * sv_h
+    q = tl.load(Qb + offs_m[:, None] * sq_n + offs_d[None, :],
+                mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_M, BLOCK_D)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
+    den = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    hi = Nk
+    if CAUSAL:
+        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)  # the last key any row of this tile sees, + 1
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT = tl.load(Kb + offs_n[None, :] * sk_n + offs_d[:, None],
+                     mask=(offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D), other=0.0)  # (BLOCK_D, BLOCK_N)
+        v = tl.load(Vb + offs_n[:, None] * sv_n + offs_dv[None, :],
+                    mask=(offs_n[:, None] < Nk) & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_N, BLOCK_DV)
+        s = _dot(q, kT, PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
+        w = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL), 1.0 + s + 0.5 * s * s, 0.0)
+        den += tl.sum(w, 1)
+        acc += _dot(w.to(v.dtype), v, PREC, UP)
+    den = den + eps
+    out = acc * (1.0 / den)[:, None]
+    tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_dv[None, :], out.to(O.dtype.element_ty),
+             mask=(offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DV))
+    tl.store(DEN + bh * Nq + offs_m, den, mask=offs_m < Nq)
+
+
+@triton.jit
+def _taylor_bwd_dq(Q, K, V, DO, DEN, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                   sd_b, sd_h, sd_n, H, n_rep, Nq, Nk, offset, scale,
+                   CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                UP: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // n_rep
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row = offs_m < Nq
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
+                mask=row[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_M, BLOCK_D)
+    do = tl.load(DO + b * sd_b + h * sd_h + offs_m[:, None] * sd_n + offs_dv[None, :],
+                 mask=row[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_M, BLOCK_DV)
+    rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # one division per row, none in the loop
+    delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
+    Kb = K + b * sk_b + hk * sk_h
+    Vb = V + b * sv_b + hk * sv_h
+    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    hi = Nk
+    if CAUSAL:
+        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(Kb + offs_n[:, None] * sk_n + offs_d[None, :],
+                    mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_N, BLOCK_D)
+        vT = tl.load(Vb + offs_n[None, :] * sv_n + offs_dv[:, None],
+                     mask=(offs_n[None, :] < Nk) & (offs_dv[:, None] < HEAD_DV), other=0.0)  # (BLOCK_DV, BLOCK_N)
+        s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
+        dp = _dot(do, vT, PREC, UP)
+        g = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL),
+                     (dp - delta[:, None]) * rden[:, None] * (1.0 + s), 0.0)
+        dq += _dot(g.to(k.dtype), k, PREC, UP)
+    tl.store(DQ + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=row[:, None] & (offs_d[None, :] < HEAD_D))
+
+
+@triton.jit
+def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                     sd_b, sd_h, sd_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n, H, n_rep, Nq, Nk, offset, scale,
+                     CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                UP: tl.constexpr):
+    """dk / dv of one key tile for one query head ``h`` (DK / DV: (B, Hq, Nk, .) fp32; the host sums GQA groups)."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // n_rep
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    col = offs_n < Nk
+    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
+                mask=col[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_N, BLOCK_D)
+    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :],
+                mask=col[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_N, BLOCK_DV)
+    Qb = Q + b * sq_b + h * sq_h
+    DOb = DO + b * sd_b + h * sd_h
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
+    lo = 0
+    if CAUSAL:  # the first query row that sees this tile's first key: i + offset >= pid_n * BLOCK_N
+        lo = tl.maximum(pid_n * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M
+    for start_m in range(lo, Nq, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row = offs_m < Nq
+        q = tl.load(Qb + offs_m[:, None] * sq_n + offs_d[None, :],
+                    mask=row[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_M, BLOCK_D)
+        do = tl.load(DOb + offs_m[:, None] * sd_n + offs_dv[None, :],
+                     mask=row[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_M, BLOCK_DV)
+        rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # BLOCK_M divisions per tile
+        delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
+        keep = _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL)
+        s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
+        a = tl.where(keep, (1.0 + s + 0.5 * s * s) * rden[:, None], 0.0)  # normalised weights
+        dv += _dot(tl.trans(a).to(do.dtype), do, PREC, UP)
+        dp = _dot(do, tl.trans(v), PREC, UP)
+        g = tl.where(keep, (dp - delta[:, None]) * rden[:, None] * (1.0 + s), 0.0)
+        dk += _dot(tl.trans(g).to(q.dtype), q, PREC, UP)
+    tl.store(DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_n + offs_d[None, :], dk * scale,
+             mask=col[:, None] & (offs_d[None, :] < HEAD_D))
+    tl.store(DV + b * sdv_b + h * sdv_h + offs_n[:, None] * sdv_n + offs_dv[None, :], dv,
+             mask=col[:, None] & (offs_dv[None, :] < HEAD_DV))
+
+
+def _meta(q: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
+    bd, bdv = max(16, next_pow2(q.shape[-1])), max(16, next_pow2(v.shape[-1]))
+    block = 64 if max(bd, bdv) <= 64 else 32
+    return dict(CAUSAL=bool(causal), HEAD_D=q.shape[-1], HEAD_DV=v.shape[-1], BLOCK_D=bd, BLOCK_DV=bdv,
+                BLOCK_M=block, BLOCK_N=block, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                UP=q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+class _TaylorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, eps: float):
+        B, Hq, Nq, _ = q.shape
+        Nk = k.shape[2]
+        n_rep = Hq // k.shape[1]
+        meta = _meta(q, v, causal)
+        out = q.new_empty(B, Hq, Nq, v.shape[-1])
+        den = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
+        scale = q.shape[-1] ** -0.5
+        _taylor_fwd[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+            q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            Hq, n_rep, Nq, Nk, Nk - Nq, scale, float(eps), **meta)
+        ctx.save_for_backward(q, k, v, out, den)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, den = ctx.saved_tensors
+        B, Hq, Nq, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        n_rep = Hq // Hkv
+        meta = _meta(q, v, ctx.causal)
+        dout = dout.contiguous()
+        delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, Hq, Nq): do_i . out_i
+        scale = D ** -0.5
+        dq = torch.empty_like(q)
+        _taylor_bwd_dq[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+            q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
+        dk = torch.empty(B, Hq, Nk, D, device=q.device, dtype=torch.float32)  # per query head, summed below
+        dv = torch.empty(B, Hq, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
+        _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hq)](
+            q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
+        if n_rep > 1:
+            dk = dk.view(B, Hkv, n_rep, Nk, D).sum(2)
+            dv = dv.view(B, Hkv, n_rep, Nk, v.shape[-1]).sum(2)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """Taylor-map linear attention in the fused parallel form (module docstring), differentiable in q, k, v.
+
+    Args:
+        q: ``(B, Hq, Nq, D)``; k: ``(B, Hkv, Nk, D)``; v: ``(B, Hkv, Nk, Dv)``: one dtype (float16, bfloat16,
+            float32), one CUDA device (or the CPU under ``TRITON_INTERPRET=1``), ``Hq`` a multiple of ``Hkv``,
+            ``D, Dv <= 256``.
+        causal: query ``i`` sees keys ``j <= i + Nk - Nq`` (bottom-right aligned; rows that see no key are 0).
+        eps: added to the normaliser (finite, ``> 0``).
+
+    Returns:
+        ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
+
+    Raises:
+        ValueError: shapes, dtypes or ``eps`` outside the above (the message names the argument).
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, Hq, _, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k must be (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) for q {tuple(q.shape)}; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if Hq % k.shape[1]:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]}")
+    if D > MAX_DIM or v.shape[-1] > MAX_DIM:
+        raise ValueError(f"head dim D={D} and value dim Dv={v.shape[-1]} must be <= {MAX_DIM}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+    if q.dtype == torch.float16:  # w = 1 + s + s^2 / 2 leaves the float16 range from |s| ~ 360: float32 end to end
+        return _TaylorParallel.apply(q.float().contiguous(), k.float().contiguous(), v.float().contiguous(),
+                                     bool(causal), float(eps)).to(torch.float16)
+    return _TaylorParallel.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), float(eps))

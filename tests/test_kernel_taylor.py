@@ -1,0 +1,127 @@
+"""Taylor-map linear attention in the fused parallel form (kernels/taylor.py, backend ``parallel`` of ``linear``).
+
+Ground truth: the fp32 masked quadratic form on explicit features, :func:`attn_zoo.reference.linear_attention_reference`
+(the kernel never builds ``phi``: ``phi(q).phi(k) = 1 + s + s^2/2`` is what these tests check). CPU: the Triton
+interpreter (tests/conftest.py), small shapes. 16-bit inputs follow the FlashAttention rule of
+tests/test_kernel_linear.py: error against the fp32 reference at most 2x (gradients 3x) that of plain PyTorch in
+that dtype.
+"""
+
+import pytest
+import torch
+
+from attn_zoo import AttentionSpec, attention
+from attn_zoo.functional import resolve_backend
+from attn_zoo.reference import linear_attention_reference
+from kernels.taylor import taylor_parallel
+from tests.test_kernel_linear import DEV, _grads, _inputs, _plain_torch, rel
+
+TAYLOR = dict(kind="linear", feature_map="taylor")
+
+
+@pytest.mark.parametrize(
+    "Hq,Hkv,Nq,Nk,D,Dv,causal",
+    [
+        (2, 1, 1, 1, 16, 16, True),     # one token: out = v, dq = dk = 0
+        (2, 1, 70, 70, 16, 16, True),   # GQA, N past one 64-row tile
+        (4, 2, 65, 65, 16, 24, True),   # Dv != D (padded to 32)
+        (2, 2, 33, 50, 8, 16, True),    # Nk > Nq: bottom-right, the first 17 keys seen by every row
+        (2, 1, 50, 33, 16, 16, True),   # Nq > Nk: the top 17 rows see nothing and are 0
+        (4, 1, 40, 65, 16, 12, False),  # non-causal, MQA
+    ],
+)
+def test_fp32_outputs_and_every_gradient_vs_reference(Hq, Hkv, Nq, Nk, D, Dv, causal):
+    spec = AttentionSpec(causal=causal, **TAYLOR)
+    q, k, v, do = _inputs(2, Hq, Hkv, Nq, Nk, D, Dv, seed=Nq + Nk)
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="parallel"), q, k, v, do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert x.shape == r.shape and x.dtype == torch.float32, name
+        if Nq == 1 and name in ("dq", "dk"):
+            assert x.abs().max() <= 1e-5, name
+            continue
+        assert rel(x, r) <= 1e-5, (name, rel(x, r))
+    if causal and Nq > Nk:
+        assert (got[0][:, :, : Nq - Nk] == 0).all()
+
+
+def test_bf16_flash_attention_rule():
+    spec = AttentionSpec(causal=True, **TAYLOR)
+    q, k, v, do = _inputs(1, 2, 1, 80, 80, 16, 16, seed=5)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    lo = [t.bfloat16() for t in (q, k, v, do)]
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="parallel"), *lo)
+    plain = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), *lo)
+    for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), got, ref, plain)):
+        assert x.dtype == torch.bfloat16, name
+        assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (name, rel(x, r), rel(p, r))
+
+
+def test_fp16_large_inputs_stay_finite():
+    """``w = 1 + s + s^2/2`` passes 65504 from ``|s| ~ 360``: float16 inputs run in float32 and come back float16."""
+    spec = AttentionSpec(causal=True, **TAYLOR)
+    q, k, v, do = _inputs(1, 2, 1, 24, 24, 16, 16, seed=9)
+    q, k = q * 40, k * 40  # |s| up to ~ 40 * 40 * 4 / 4 = 1600
+    lo = [t.half() for t in (q, k, v, do)]
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), *(t.float() for t in lo[:3]), lo[3].float())
+    got = _grads(lambda a, b, c: taylor_parallel(a, b, c, causal=True, eps=spec.eps), *lo)
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert x.dtype == torch.float16 and torch.isfinite(x).all(), name
+        assert rel(x, r) <= 2e-3, (name, rel(x, r))
+
+
+def test_causal_never_reads_the_future_and_nan_reaches_its_rows():
+    spec = AttentionSpec(causal=True, **TAYLOR)
+    q, k, v, _ = _inputs(1, 2, 2, 72, 72, 16, 16, seed=11)
+    k2 = k.clone()
+    k2[:, :, 60:] *= 6.0
+    a = attention(q, k, v, spec, backend="parallel")
+    b = attention(q, k2, v, spec, backend="parallel")
+    assert torch.equal(a[:, :, :60], b[:, :, :60])
+    assert not torch.allclose(a[:, :, 60:], b[:, :, 60:])
+    k2[0, :, 30, 3] = float("nan")
+    c = attention(q, k2, v, spec, backend="parallel")[0]
+    assert torch.isnan(c[:, 30:]).all()  # every row that sees key 30
+    assert torch.equal(c[:, :30], a[0, :, :30])  # masked weights are 0 through where(), not 0 * NaN
+
+
+def test_supports_dispatch_and_bad_inputs():
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    b = resolve_backend(q, k, v, AttentionSpec(**TAYLOR), "parallel")
+    for spec, lse, want in [(AttentionSpec(kind="linear", feature_map="elu1"), False, "feature_map='taylor'"),
+                            (AttentionSpec(**TAYLOR), True, "return_lse")]:
+        assert want in b.why_not(q, k, v, spec, lse)
+    with pytest.raises(ValueError, match="backend='parallel' cannot run this input.*feature_map='taylor'"):
+        attention(q, k, v, AttentionSpec(kind="linear", feature_map="favor"), backend="parallel")
+    # auto: triton (chunked, F <= 256) first, parallel on CUDA only, then torch
+    from attn_zoo.registry import available_backends
+
+    order = available_backends("linear")
+    assert order.index("triton") < order.index("parallel") < order.index("torch")
+    if DEV == "cpu":
+        assert resolve_backend(q, k, v, AttentionSpec(**TAYLOR)).name == "torch"
+    for kw, arg in [(dict(eps=0.0), "eps"), (dict(eps=float("nan")), "eps")]:
+        with pytest.raises(ValueError, match=arg):
+            taylor_parallel(q, k, v, **kw)
+    with pytest.raises(ValueError, match="Hq=2 must be a multiple of Hkv=3"):
+        taylor_parallel(q, k.expand(1, 3, 8, 16), v.expand(1, 3, 8, 16))
+    with pytest.raises(ValueError, match="one dtype"):
+        taylor_parallel(q, k.double(), v)
+    with pytest.raises(ValueError, match="<= 256"):
+        taylor_parallel(q.new_zeros(1, 1, 4, 272), q.new_zeros(1, 1, 4, 272), q.new_zeros(1, 1, 4, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_picks_parallel_for_taylor_d16_on_cuda():
+    """A Based-sized Taylor layer (D = 16: 273 features, past the chunked kernel) runs the fused parallel form under
+    ``auto`` on a GPU, and matches the chunked PyTorch form in bf16 training shapes."""
+    spec = AttentionSpec(causal=True, **TAYLOR)
+    q, k, v, do = (t.bfloat16() for t in _inputs(4, 8, 8, 512, 512, 16, 16, seed=2))
+    assert resolve_backend(q, k, v, spec).name == "parallel"
+    assert resolve_backend(q[..., :8], k[..., :8], v, spec).name == "triton"  # F = 73: the chunked kernel
+    got = _grads(lambda a, b, c: attention(a, b, c, spec), q, k, v, do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), *(t.float() for t in (q, k, v, do)))
+    pt = _grads(lambda a, b, c: attention(a, b, c, spec, backend="torch"), q, k, v, do)
+    for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), got, ref, pt)):
+        assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (name, rel(x, r), rel(p, r))
