@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import atexit
 import csv
+import json
 import math
 import os
 import time
@@ -28,7 +30,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, SWEPT_KEYS_ENV, read_sweep, swept_keys
+from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, SWEPT_KEYS_ENV, mark_failed, read_sweep, swept_keys
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -272,6 +274,16 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
+def _error_of(path: Path, most: int = 300) -> str:
+    """The ``error`` of a ``failed.json``, cut to ``most`` characters (one line)."""
+    try:
+        err = str(json.loads(path.read_text()).get("error", "?"))
+    except (OSError, ValueError):
+        return "(unreadable)"
+    err = " ".join(err.split())
+    return err if len(err) <= most else err[: most - 3] + "..."
+
+
 def _names(names: List[str], most: int = 6) -> str:
     return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
@@ -285,7 +297,11 @@ class MultirunJobs(HydraCallback):
     * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
       ``train.py``), also saved as ``<sweep dir>/summary.csv``. Jobs without one are listed, with their count, as
       not started (``stop_at`` had passed when the job came: ``not_started.json``,
-      :func:`attn_zoo.runs.mark_not_started`) or unfinished (stopped at ``stop_at``, interrupted or failed).
+      :func:`attn_zoo.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
+      the job's end, :func:`attn_zoo.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
+      before Hydra could record a failure).
+    * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
+      without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
 
     Args:
         columns: metric keys to show (default: ``steps``, every ``val/*`` metric, ``train/loss``, ``wall_s``).
@@ -299,6 +315,34 @@ class MultirunJobs(HydraCallback):
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         keys = swept_keys(config.hydra.overrides.task, config.hydra.sweeper.get("params"))
         os.environ[SWEPT_KEYS_ENV] = ",".join(keys)
+        self._summarized = False
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
+
+    def on_job_end(self, config, job_return, **kwargs: Any) -> None:
+        """Record a failed job's error in its folder (``failed.json``); a job that returned clears an earlier one."""
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        try:
+            if config.hydra.mode != RunMode.MULTIRUN:  # the summary is the multirun's; a single run raises as is
+                return
+            run_dir = Path(str(config.hydra.runtime.output_dir))
+        except Exception:  # noqa: BLE001 - a config without the hydra runtime node (direct calls): nothing to mark
+            return
+
+        failed = getattr(job_return, "status", None) == JobStatus.FAILED
+        error = getattr(job_return, "_return_value", None) if failed else None
+        if failed and not isinstance(error, BaseException):
+            error = RuntimeError("the job failed (Hydra gave no exception)")
+        mark_failed(run_dir, error)
+
+    def _summary_at_exit(self, sweep_dir: Path) -> None:
+        if getattr(self, "_summarized", True):
+            return
+        print(f"attn-zoo multirun: a job failed and Hydra stopped before the end of the sweep; what the jobs in "
+              f"{sweep_dir} wrote:")
+        self._summarize(sweep_dir)
 
     def _columns(self, records: List[Dict]) -> List[str]:
         if self.columns:
@@ -320,16 +364,26 @@ class MultirunJobs(HydraCallback):
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         os.environ.pop(SWEPT_KEYS_ENV, None)
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._summarized = True
+        self._summarize(Path(str(config.hydra.sweep.dir)))
+
+    def _summarize(self, sweep_dir: Path) -> None:
+        self._summarized = True
         header, rows = self.table_rows(sweep_dir)
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
         jobs = {p.parent for pattern in ("*/.hydra", f"*/{NOT_STARTED}") for p in sweep_dir.glob(pattern)}
         pending = sorted((d for d in jobs if not (d / FINAL_METRICS).is_file()), key=lambda d: d.name)
         not_started = [d.name for d in pending if (d / NOT_STARTED).is_file()]
-        unfinished = [d.name for d in pending if not (d / NOT_STARTED).is_file()]
+        failed = [d for d in pending if (d / FAILED).is_file() and not (d / NOT_STARTED).is_file()]
+        unfinished = [d.name for d in pending if not (d / NOT_STARTED).is_file() and d not in failed]
         if not_started:
             print(f"attn-zoo multirun: {len(not_started)} job(s) in {sweep_dir} not started (stop_at had passed; the "
                   f"same command with a later stop_at, or none, runs them): {_names(not_started)}")
+        if failed:
+            print(f"attn-zoo multirun: {len(failed)} job(s) in {sweep_dir} failed (the error is in each folder's "
+                  f"{FAILED} and log):")
+            for d in failed:
+                print(f"  {d.name}: {_error_of(d / FAILED)}")
         if unfinished:
             print(f"attn-zoo multirun: {len(unfinished)} job(s) in {sweep_dir} unfinished (no final_metrics.json: "
                   f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "

@@ -47,7 +47,8 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
-           "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started"]
+           "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
+           "FAILED", "mark_failed"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -55,6 +56,7 @@ FINAL_METRICS = "final_metrics.json"
 RUN_CONFIG = "run_config.json"   # the result_config a run trains under, written when it starts (auto-resume checks it)
 RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (attn_zoo.callbacks.RunState)
 NOT_STARTED = "not_started.json"  # a job folder whose job stop_at kept from starting in the latest launch
+FAILED = "failed.json"            # a job folder whose job raised in the latest launch (the error, for the summary)
 
 
 # ---------------------------------------------------------------------------------------------- resume
@@ -212,6 +214,18 @@ def mark_not_started(run_dir, stop_at: Optional[float]) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_json(path, {"stop_at": float(stop_at), "checked_at": time.time()})
+
+
+def mark_failed(run_dir, error: Optional[BaseException]) -> None:
+    """``error=None``: remove ``<run_dir>/failed.json`` (:data:`FAILED`: the job ran to its end this launch). Else
+    write it with the error's type and message, so the multirun summary (:class:`attn_zoo.callbacks.MultirunJobs`)
+    names the failed jobs and why, apart from the stopped or interrupted ones."""
+    path = Path(run_dir) / FAILED
+    if error is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, {"error": f"{type(error).__name__}: {error}", "failed_at": time.time()})
 
 
 def _write_json(path: Path, obj) -> Path:

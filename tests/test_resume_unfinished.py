@@ -158,6 +158,40 @@ def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_
     assert "attn-zoo multirun: 2 jobs" in again.stdout and "unfinished" not in again.stdout
 
 
+def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path):
+    """Hydra runs every job, then raises the first failure (status 1) without calling on_multirun_end: the summary
+    (table, summary.csv) is still written, the failed job is named with its error (failed.json), and a later launch
+    where the job runs to its end removes the mark."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(train_mod.__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["COLUMNS"] = "400"
+    sweep = tmp_path / "sweep"
+    args = JOB + ["trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}", "trainer.max_steps=3,0"]
+    r = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    ok, bad = sweep / "trainer.max_steps=3", sweep / "trainer.max_steps=0"
+    assert (ok / "final_metrics.json").is_file() and not (ok / "failed.json").exists()
+    err = json.loads((bad / "failed.json").read_text())["error"]
+    assert err.startswith("ValueError: ") and "trainer.max_steps=0" in err
+    assert "a job failed and Hydra stopped" in r.stdout and "1 job(s)" in r.stdout and "failed" in r.stdout
+    assert f"trainer.max_steps=0: ValueError: " in r.stdout and "attn-zoo multirun: 1 jobs" in r.stdout
+    assert (sweep / "summary.csv").read_text().count("trainer.max_steps=3") == 1
+    assert "unfinished" not in r.stdout, "a failed job is not called unfinished"
+    # the same folder later runs to its end (here: a config that validates, in a single-job sweep)
+    from attn_zoo.callbacks import MultirunJobs
+    from attn_zoo.runs import mark_failed
+
+    mark_failed(bad, None)
+    assert not (bad / "failed.json").exists()
+    MultirunJobs().on_job_end(OmegaConf.create({"hydra": {"mode": "RUN", "runtime": {"output_dir": str(bad)}}}), None)
+    assert not (bad / "failed.json").exists()
+
+
 def test_multirun_table_prints_bracketed_job_names_and_names_unfinished_jobs(tmp_path, capsys):
     """Job folders of list overrides (model.layers=[a,b]) are printed as they are, not read as rich markup; jobs
     without final_metrics.json are named as unfinished."""
