@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
-from attn_zoo.model import spec_to_dict
+from attn_zoo.model import GPTConfig, config_from_dict, spec_to_dict
 from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
@@ -84,7 +84,7 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     from attn_zoo import load_plugins
 
     load_plugins(cfg.get("plugins"))  # modules that register variants / mixers / backends (+plugins=[...])
-    base = _spec_from_cfg(cfg.attention)
+    base = _qualified("attention", _spec_from_cfg, cfg.attention)
     layers = cfg.model.get("layers")
     n_layer = int(cfg.model.n_layer)
     if layers is None:
@@ -109,10 +109,39 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
                 names += [m for m in mixer_names() if m != "attention"]
                 raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config or a registered mixer; "
                                  f"allowed values: {', '.join(names)}")
-            specs.append(_spec_from_cfg(OmegaConf.load(f)))
+            where = f"model.layers[{i}] (conf/attention/{entry}.yaml)"
+            specs.append(_qualified(where, _spec_from_cfg, OmegaConf.load(f)))
         else:
-            specs.append(_spec_from_cfg(entry))
+            specs.append(_qualified(f"model.layers[{i}]", _spec_from_cfg, entry))
     return specs
+
+
+def _qualified(where: str, fn, *args):
+    """``fn(*args)``, with a ``ValueError`` re-raised naming the config node it came from (``attention: window_size
+    must be ...``): the spec and model classes name their own fields, not the key a user overrides."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+
+
+def check_model_config(model_cfg: Dict) -> None:
+    """``model.*`` as :class:`attn_zoo.model.GPTConfig` checks it (plus ``model.redraw_interval``), the errors naming
+    ``model.<key>``. Raises ``ValueError``."""
+    fields = dict(model_cfg)
+    redraw = fields.pop("redraw_interval", 0)
+    redraw = 0 if redraw is None else redraw
+    if isinstance(redraw, bool) or not isinstance(redraw, int) or redraw < 0:
+        raise ValueError(f"model.redraw_interval={redraw!r}: must be an integer >= 0 (0: never redraw the FAVOR+ "
+                         f"features)")
+    fields.pop("layers", None)
+    try:
+        config_from_dict(fields)
+    except ValueError as e:
+        msg = str(e)
+        known = sorted(GPTConfig.__dataclass_fields__, key=len, reverse=True)
+        lead = next((k for k in known if msg.startswith(k) and msg[len(k):len(k) + 1] in (" ", "=")), None)
+        raise ValueError(f"model.{msg}" if lead else f"model: {msg}") from e
 
 
 def _is_int(v) -> bool:
@@ -129,7 +158,8 @@ def validate_config(cfg: DictConfig) -> None:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
     ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
-    (an integer in [0, 2**32 - 1]) and ``compile`` / ``skip_finished`` (true or false).
+    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false) and ``model.*``
+    (:func:`check_model_config`).
 
     Raises:
         ValueError: naming the key, its value and what to set.
@@ -186,6 +216,8 @@ def validate_config(cfg: DictConfig) -> None:
     if bar not in (True, False, "auto", None):
         raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
                          f"terminal)")
+    if cfg.get("model") is not None:
+        check_model_config(OmegaConf.to_container(cfg.model, resolve=True))
 
 
 def _stdout_is_tty() -> bool:
@@ -420,7 +452,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     specs = layer_specs(cfg)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("layers", None)
-    redraw = model_cfg.pop("redraw_interval", 0) or 0  # GPT checks it (an integer >= 0)
+    redraw = model_cfg.pop("redraw_interval", 0) or 0
     if model_cfg.get("vocab_size") != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)

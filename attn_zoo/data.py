@@ -52,6 +52,13 @@ def val_sampler(datamodule: L.LightningDataModule, dataset, key: str):
 
 
 # ---------------------------------------------------------------------------------------------- text
+
+def _num_workers(n) -> int:
+    """``data.num_workers``: DataLoader worker processes, an integer >= 0 (0: load in the main process)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"data.num_workers must be an integer >= 0 (0: load in the main process), got {n!r}")
+    return n
+
 class PackedDataset(Dataset):
     """Windows ``tokens[i*seq_len : i*seq_len + seq_len + 1]`` -> ``(x, y)`` with ``y`` shifted by one."""
 
@@ -137,7 +144,7 @@ class TextDataModule(L.LightningDataModule):
             # -1 kept all but the last byte, 0 the whole corpus
             raise ValueError(f"data.max_bytes must be null (the whole corpus) or an integer >= 1, got {max_bytes!r}")
         self.tokenizer, self.cache_dir, self.max_bytes = tokenizer, cache_dir, max_bytes
-        self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
+        self.num_workers, self.shuffle, self.seed = _num_workers(num_workers), shuffle, seed
         self.vocab_size = 256
         self.bytes_per_token = 1.0
         self.train_tokens: Optional[torch.Tensor] = None
@@ -366,7 +373,7 @@ class MQARDataModule(L.LightningDataModule):
         self.vocab_size, self.seq_len, self.num_kv_pairs = int(vocab_size), int(seq_len), int(num_kv_pairs)
         self.num_train, self.num_val, self.power_a = int(num_train), int(num_val), float(power_a)
         self.random_non_queries, self.batch_size, self.seed = random_non_queries, int(batch_size), int(seed)
-        self.num_workers = num_workers
+        self.num_workers = _num_workers(num_workers)
         self.max_memory_gb = float(max_memory_gb)
         self.bytes_per_token = None
         if not isinstance(random_non_queries, bool):

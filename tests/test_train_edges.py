@@ -355,3 +355,28 @@ def test_skip_finished_says_why_an_old_finished_run_runs_again(tmp_path, caplog)
     msgs = [r.getMessage() for r in caplog.records if "cannot be compared" in r.getMessage()]
     assert len(msgs) == 1 and "has no result_config" in msgs[0] and "the job runs again" in msgs[0]
     assert "result_config" in json.loads(f.read_text())  # ran again, now comparable
+
+
+# ------------------------------------------------------------------------------- errors name the key a user sets
+@pytest.mark.parametrize("overrides,want", [
+    (["model.dropout=1.5"], r"^model\.dropout must be in \[0, 1\), got 1\.5"),
+    (["model.n_head=3"], r"^model\.d_model=64 must be divisible by n_head=3"),
+    (["model.mlp=foo"], r"^model\.mlp='foo' is not supported; allowed values: gelu, swiglu"),
+    (["model.redraw_interval=-2"], r"^model\.redraw_interval=-2: must be an integer >= 0"),
+])
+def test_model_config_errors_name_model_keys(tmp_path, overrides, want):
+    """GPTConfig names its own fields (``dropout``); the error a user sees names the key to override."""
+    with pytest.raises(ValueError, match=want):
+        train_mod.validate_config(make_cfg(tmp_path, overrides))
+
+
+def test_attention_and_data_errors_name_their_node(tmp_path):
+    cfg = make_cfg(tmp_path, ["attention=sliding_window", "attention.window_size=3"])
+    with pytest.raises(ValueError, match=r"^attention: window_size must be a pair"):
+        train_mod.layer_specs(cfg)
+    cfg = make_cfg(tmp_path, ["model.n_layer=2", "model.layers=[flash,{kind:sliding_window,window_size:3}]"])
+    with pytest.raises(ValueError, match=r"^model\.layers\[1\]: window_size must be a pair"):
+        train_mod.layer_specs(cfg)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=r"data\.num_workers must be an integer >= 0"):
+            train_mod.build_datamodule(make_cfg(tmp_path, [f"data.num_workers={str(bad).lower()}"]))
