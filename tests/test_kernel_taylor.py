@@ -178,3 +178,17 @@ def test_second_order_gradients_are_refused_not_silently_dropped():
     (gq,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         (gq.pow(2).sum() + q.sum()).backward()
+
+
+def test_model_on_the_parallel_backend_generates_with_a_cache():
+    """train.py attention_backend=parallel builds every layer with backend='parallel'; generate(use_cache=True)
+    passed it to linear_prefill, which refused it ("backend='parallel' is not supported"). The parallel form keeps
+    no state, so the prefill takes the chunked form; the tokens equal those of the no-cache path."""
+    from attn_zoo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, max_seq_len=32, n_layer=1, n_head=2, d_model=32),
+                AttentionSpec(causal=True, **TAYLOR), backend="parallel").eval().to(DEV)
+    idx = torch.randint(0, 32, (2, 9), device=DEV)
+    want = model.generate(idx, 4, greedy=True, use_cache=False)
+    assert torch.equal(model.generate(idx, 4, greedy=True, use_cache=True), want)
