@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._host import cdiv, next_pow2
 
-__all__ = ["taylor_parallel", "MAX_DIM"]
+__all__ = ["taylor_parallel", "eps_reason", "MAX_DIM"]
 
 MAX_DIM = 256
 """Largest head dimension ``D`` and value dimension ``Dv`` (padded to a power of two in the kernels)."""
@@ -219,6 +219,7 @@ class _TaylorParallel(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels' backward is not differentiable: refuse double backward
     def backward(ctx, dout):
         q, k, v, out, den = ctx.saved_tensors
         B, Hq, Nq, D = q.shape
@@ -243,6 +244,20 @@ class _TaylorParallel(torch.autograd.Function):
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
+_F32 = torch.finfo(torch.float32)
+
+
+def eps_reason(eps) -> "str | None":
+    """``None`` when ``eps`` can be the kernel's normaliser offset, else why not. The kernel adds ``eps`` in float32
+    and multiplies by ``1 / den``: below float32's smallest normal number (~1.2e-38) ``1 / eps`` overflows and a
+    row that sees no key would be ``0 * inf = NaN`` instead of 0; above its largest (~3.4e38) ``eps`` is ``inf``."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        return f"eps must be a finite float > 0, got {eps!r}"
+    if not _F32.tiny <= eps <= _F32.max:
+        return f"eps={eps!r} is outside float32's normal range [{_F32.tiny:.3g}, {_F32.max:.3g}] the kernel computes in"
+    return None
+
+
 def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     eps: float = 1e-6) -> torch.Tensor:
     """Taylor-map linear attention in the fused parallel form (module docstring), differentiable in q, k, v.
@@ -252,29 +267,44 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             float32), one CUDA device (or the CPU under ``TRITON_INTERPRET=1``), ``Hq`` a multiple of ``Hkv``,
             ``D, Dv <= 256``.
         causal: query ``i`` sees keys ``j <= i + Nk - Nq`` (bottom-right aligned; rows that see no key are 0).
-        eps: added to the normaliser (finite, ``> 0``).
+        eps: added to the normaliser: a float in float32's normal range (``1.2e-38 <= eps <= 3.4e38``).
 
     Returns:
         ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
 
     Raises:
-        ValueError: shapes, dtypes or ``eps`` outside the above (the message names the argument).
+        ValueError: shapes, dtypes, devices, ``causal`` (not a bool) or ``eps`` outside the above (the message
+            names the argument); zero-size ``B``, ``Nq``, ``Nk`` or ``Dv`` give empty (or, ``Nk = 0``, zero)
+            outputs. Double backward raises ``RuntimeError`` (the backward is not differentiable).
+        TypeError: ``q``, ``k`` or ``v`` not a tensor.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, Hq, _, D = q.shape
     if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k must be (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) for q {tuple(q.shape)}; "
                          f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if Hq % k.shape[1]:
-        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]}")
+    if Hq < 1 or k.shape[1] < 1 or Hq % k.shape[1]:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]} (q.shape[1], k.shape[1]; both >= 1)")
+    if D < 1:
+        raise ValueError(f"head dim D={D} (q.shape[3]) must be >= 1")
     if D > MAX_DIM or v.shape[-1] > MAX_DIM:
         raise ValueError(f"head dim D={D} and value dim Dv={v.shape[-1]} must be <= {MAX_DIM}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"the Triton kernel needs a CUDA device (got {q.device.type}; TRITON_INTERPRET=1 runs the "
+                         f"CPU interpreter)")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    if eps_reason(eps) is not None:
+        raise ValueError(eps_reason(eps))
     if q.dtype == torch.float16:  # w = 1 + s + s^2 / 2 leaves the float16 range from |s| ~ 360: float32 end to end
         return _TaylorParallel.apply(q.float().contiguous(), k.float().contiguous(), v.float().contiguous(),
                                      bool(causal), float(eps)).to(torch.float16)

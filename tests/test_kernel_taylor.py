@@ -125,3 +125,70 @@ def test_auto_picks_parallel_for_taylor_d16_on_cuda():
     pt = _grads(lambda a, b, c: attention(a, b, c, spec, backend="torch"), q, k, v, do)
     for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), got, ref, pt)):
         assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (name, rel(x, r), rel(p, r))
+
+
+def test_taylor_parallel_refuses_bad_arguments_naming_them():
+    """Each bad argument gives a ValueError / TypeError that names it (not a ZeroDivisionError or AttributeError from
+    inside, and not a silent reading of ``causal="no"`` as causal or of ``eps=True`` as 1)."""
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    for kw, arg in [(dict(eps=True), "eps"), (dict(eps=1e-40), "eps"), (dict(eps=1e39), "eps"),
+                    (dict(causal="no"), "causal"), (dict(causal=None), "causal")]:
+        with pytest.raises(ValueError, match=arg):
+            taylor_parallel(q, k, v, **kw)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        taylor_parallel(q.tolist(), k, v)
+    with pytest.raises(ValueError, match="Hkv=0"):
+        taylor_parallel(q, k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match="Hq=0"):
+        taylor_parallel(q[:, :0], k, v)
+    with pytest.raises(ValueError, match="D=0"):
+        taylor_parallel(q[..., :0], k[..., :0], v)
+    with pytest.raises(ValueError, match="one device"):
+        taylor_parallel(q, k.to("meta"), v)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+def test_taylor_parallel_on_cpu_without_the_interpreter_says_so(monkeypatch):
+    """Called directly on CPU tensors without TRITON_INTERPRET=1, Triton failed with '0 active drivers'."""
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA device.*TRITON_INTERPRET=1"):
+        taylor_parallel(q, k, v)
+
+
+def test_eps_below_the_float32_normal_range():
+    """eps = 1e-40 is 0 / subnormal in float32: a row that sees no key got 0 * (1 / eps) = NaN (reference and torch
+    give 0). The kernel refuses it and so does supports(), so auto takes the next backend."""
+    spec = AttentionSpec(causal=True, eps=1e-40, **TAYLOR)
+    q, k, v, _ = _inputs(1, 2, 1, 10, 4, 16, 16)
+    assert "eps" in resolve_backend(q, k, v, AttentionSpec(**TAYLOR), "parallel").why_not(q, k, v, spec, False)
+    with pytest.raises(ValueError, match="eps"):
+        attention(q, k, v, spec, backend="parallel")
+    ok = AttentionSpec(causal=True, eps=2e-38, **TAYLOR)
+    out = attention(q, k, v, ok, backend="parallel")
+    assert (out[:, :, :6] == 0).all() and torch.isfinite(out).all()
+
+
+def test_second_order_gradients_are_refused_not_silently_dropped():
+    """The backward is not differentiable: with create_graph=True the gradient through the kernel must not be
+    silently treated as a constant (a gradient penalty would lose its kernel term without any error)."""
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    q.requires_grad_()
+    out = taylor_parallel(q, k, v)
+    (gq,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (gq.pow(2).sum() + q.sum()).backward()
+
+
+def test_model_on_the_parallel_backend_generates_with_a_cache():
+    """train.py attention_backend=parallel builds every layer with backend='parallel'; generate(use_cache=True)
+    passed it to linear_prefill, which refused it ("backend='parallel' is not supported"). The parallel form keeps
+    no state, so the prefill takes the chunked form; the tokens equal those of the no-cache path."""
+    from attn_zoo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, max_seq_len=32, n_layer=1, n_head=2, d_model=32),
+                AttentionSpec(causal=True, **TAYLOR), backend="parallel").eval().to(DEV)
+    idx = torch.randint(0, 32, (2, 9), device=DEV)
+    want = model.generate(idx, 4, greedy=True, use_cache=False)
+    assert torch.equal(model.generate(idx, 4, greedy=True, use_cache=True), want)

@@ -26,8 +26,11 @@ def _supports(q, k, v, spec, return_lse):
     why = triton_input_reason(q)
     if why is not None:
         return why
-    from kernels.taylor import MAX_DIM
+    from kernels.taylor import MAX_DIM, eps_reason
 
+    why = eps_reason(spec.eps)
+    if why is not None:
+        return why
     if q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM:
         return f"head dim D={q.shape[-1]} / value dim Dv={v.shape[-1]} exceeds the kernel's limit of {MAX_DIM}"
     return None
