@@ -64,7 +64,7 @@ def _taylor_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                 UP: tl.constexpr):
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b * stride_b passes 2^31 for large tensors
     b = bh // H
     h = bh % H
     hk = h // n_rep
@@ -105,7 +105,7 @@ def _taylor_bwd_dq(Q, K, V, DO, DEN, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk
                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                 UP: tl.constexpr):
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b * stride_b passes 2^31 for large tensors
     b = bh // H
     h = bh % H
     hk = h // n_rep
@@ -148,7 +148,7 @@ def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
                 UP: tl.constexpr):
     """dk / dv of one key tile for one query head ``h`` (DK / DV: (B, Hq, Nk, .) fp32; the host sums GQA groups)."""
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b * stride_b passes 2^31 for large tensors
     b = bh // H
     h = bh % H
     hk = h // n_rep
