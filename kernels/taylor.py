@@ -58,36 +58,53 @@ def _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _tile(base, rows, cols, stride, n_rows, n_cols):
+    """The ``(len(rows), len(cols))`` tile of a matrix with row stride ``stride`` (columns contiguous) at ``base``;
+    zeros outside ``n_rows x n_cols``."""
+    return tl.load(base + rows[:, None] * stride + cols[None, :],
+                   mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+
+
+@triton.jit
+def _heads(H, n_rep):
+    """This program's (batch x query head) index ``bh`` (grid axis 1), batch ``b``, query head ``h`` and K/V head
+    ``hk``, int64 (``b * stride_b`` passes 2^31 for large tensors)."""
+    bh = tl.program_id(1).to(tl.int64)
+    h = bh % H
+    return bh, bh // H, h, h // n_rep
+
+
+@triton.jit
+def _key_end(pid_m, Nk, offset, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """One past the last key any row of query tile ``pid_m`` sees (causal: ``j <= i + offset``)."""
+    if CAUSAL:
+        return tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
+    else:
+        return Nk
+
+
+@triton.jit
 def _taylor_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
                 H, n_rep, Nq, Nk, offset, scale, eps,
                 CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                 UP: tl.constexpr):
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b * stride_b passes 2^31 for large tensors
-    b = bh // H
-    h = bh % H
-    hk = h // n_rep
+    bh, b, h, hk = _heads(H, n_rep)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     Qb = Q + b * sq_b + h * sq_h
     Kb = K + b * sk_b + hk * sk_h
     Vb = V + b * sv_b + hk * sv_h
-    q = tl.load(Qb + offs_m[:, None] * sq_n + offs_d[None, :],
-                mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_M, BLOCK_D)
+    q = _tile(Qb, offs_m, offs_d, sq_n, Nq, HEAD_D)  # (BLOCK_M, BLOCK_D)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
     den = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    hi = Nk
-    if CAUSAL:
-        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)  # the last key any row of this tile sees, + 1
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(0, _key_end(pid_m, Nk, offset, BLOCK_M, CAUSAL), BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT = tl.load(Kb + offs_n[None, :] * sk_n + offs_d[:, None],
-                     mask=(offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D), other=0.0)  # (BLOCK_D, BLOCK_N)
-        v = tl.load(Vb + offs_n[:, None] * sv_n + offs_dv[None, :],
-                    mask=(offs_n[:, None] < Nk) & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_N, BLOCK_DV)
-        s = _dot(q, kT, PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
+        k = _tile(Kb, offs_n, offs_d, sk_n, Nk, HEAD_D)  # (BLOCK_N, BLOCK_D)
+        v = _tile(Vb, offs_n, offs_dv, sv_n, Nk, HEAD_DV)  # (BLOCK_N, BLOCK_DV)
+        s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
         w = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL), 1.0 + s + 0.5 * s * s, 0.0)
         den += tl.sum(w, 1)
         acc += _dot(w.to(v.dtype), v, PREC, UP)
@@ -103,36 +120,26 @@ def _taylor_bwd_dq(Q, K, V, DO, DEN, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk
                    sd_b, sd_h, sd_n, H, n_rep, Nq, Nk, offset, scale,
                    CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                UP: tl.constexpr):
+                   UP: tl.constexpr):
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b * stride_b passes 2^31 for large tensors
-    b = bh // H
-    h = bh % H
-    hk = h // n_rep
+    bh, b, h, hk = _heads(H, n_rep)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row = offs_m < Nq
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
-                mask=row[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_M, BLOCK_D)
-    do = tl.load(DO + b * sd_b + h * sd_h + offs_m[:, None] * sd_n + offs_dv[None, :],
-                 mask=row[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_M, BLOCK_DV)
+    q = _tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_n, Nq, HEAD_D)  # (BLOCK_M, BLOCK_D)
+    do = _tile(DO + b * sd_b + h * sd_h, offs_m, offs_dv, sd_n, Nq, HEAD_DV)  # (BLOCK_M, BLOCK_DV)
     rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # one division per row, none in the loop
     delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
     Kb = K + b * sk_b + hk * sk_h
     Vb = V + b * sv_b + hk * sv_h
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    hi = Nk
-    if CAUSAL:
-        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(0, _key_end(pid_m, Nk, offset, BLOCK_M, CAUSAL), BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(Kb + offs_n[:, None] * sk_n + offs_d[None, :],
-                    mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_N, BLOCK_D)
-        vT = tl.load(Vb + offs_n[None, :] * sv_n + offs_dv[:, None],
-                     mask=(offs_n[None, :] < Nk) & (offs_dv[:, None] < HEAD_DV), other=0.0)  # (BLOCK_DV, BLOCK_N)
+        k = _tile(Kb, offs_n, offs_d, sk_n, Nk, HEAD_D)  # (BLOCK_N, BLOCK_D)
+        v = _tile(Vb, offs_n, offs_dv, sv_n, Nk, HEAD_DV)  # (BLOCK_N, BLOCK_DV)
         s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
-        dp = _dot(do, vT, PREC, UP)
+        dp = _dot(do, tl.trans(v), PREC, UP)
         g = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL),
                      (dp - delta[:, None]) * rden[:, None] * (1.0 + s), 0.0)
         dq += _dot(g.to(k.dtype), k, PREC, UP)
@@ -145,21 +152,16 @@ def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
                      sd_b, sd_h, sd_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n, H, n_rep, Nq, Nk, offset, scale,
                      CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                UP: tl.constexpr):
+                     UP: tl.constexpr):
     """dk / dv of one key tile for one query head ``h`` (DK / DV: (B, Hq, Nk, .) fp32; the host sums GQA groups)."""
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b * stride_b passes 2^31 for large tensors
-    b = bh // H
-    h = bh % H
-    hk = h // n_rep
+    bh, b, h, hk = _heads(H, n_rep)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     col = offs_n < Nk
-    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
-                mask=col[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_N, BLOCK_D)
-    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :],
-                mask=col[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_N, BLOCK_DV)
+    k = _tile(K + b * sk_b + hk * sk_h, offs_n, offs_d, sk_n, Nk, HEAD_D)  # (BLOCK_N, BLOCK_D)
+    v = _tile(V + b * sv_b + hk * sv_h, offs_n, offs_dv, sv_n, Nk, HEAD_DV)  # (BLOCK_N, BLOCK_DV)
     Qb = Q + b * sq_b + h * sq_h
     DOb = DO + b * sd_b + h * sd_h
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
@@ -170,10 +172,8 @@ def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
     for start_m in range(lo, Nq, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row = offs_m < Nq
-        q = tl.load(Qb + offs_m[:, None] * sq_n + offs_d[None, :],
-                    mask=row[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)  # (BLOCK_M, BLOCK_D)
-        do = tl.load(DOb + offs_m[:, None] * sd_n + offs_dv[None, :],
-                     mask=row[:, None] & (offs_dv[None, :] < HEAD_DV), other=0.0)  # (BLOCK_M, BLOCK_DV)
+        q = _tile(Qb, offs_m, offs_d, sq_n, Nq, HEAD_D)  # (BLOCK_M, BLOCK_D)
+        do = _tile(DOb, offs_m, offs_dv, sd_n, Nq, HEAD_DV)  # (BLOCK_M, BLOCK_DV)
         rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # BLOCK_M divisions per tile
         delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
         keep = _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL)
