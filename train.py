@@ -238,6 +238,10 @@ def validate_config(cfg: DictConfig) -> None:
     if bar not in (True, False, "auto", None):
         raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
                          f"terminal)")
+    seq_len = cfg.data.get("seq_len") if cfg.get("data") is not None else None
+    if seq_len is not None and not (_is_int(seq_len) and seq_len >= 1):  # before model.max_seq_len (${data.seq_len})
+        raise ValueError(f"data.seq_len={seq_len!r}: must be a positive integer, the tokens of one training example "
+                         f"(e.g. data.seq_len=256)")
     if cfg.get("model") is not None:
         check_model_config(OmegaConf.to_container(cfg.model, resolve=True))
 

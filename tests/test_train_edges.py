@@ -400,3 +400,10 @@ def test_attention_backend_errors_name_the_key_before_anything_is_written(tmp_pa
     specs = train_mod.layer_specs(make_cfg(tmp_path, ["model.layers=[linear,flash]"]))
     for ok in ("auto", "torch", "reference"):  # registered for every kind: accepted
         train_mod.check_attention_backend(ok, specs)
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "2.5"])
+def test_bad_data_seq_len_is_named_not_model_max_seq_len(tmp_path, bad):
+    """model.max_seq_len is ${data.seq_len}: a bad data.seq_len was reported as 'model.max_seq_len must be ...'."""
+    with pytest.raises(ValueError, match=rf"^data\.seq_len={bad}: must be a positive integer"):
+        train_mod.validate_config(make_cfg(tmp_path, [f"data.seq_len={bad}"]))
