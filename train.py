@@ -116,6 +116,28 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     return specs
 
 
+def check_attention_backend(backend, specs) -> None:
+    """``attention_backend``: ``auto`` or a backend registered for the kind of every attention layer in ``specs``
+    (plugins loaded: :func:`layer_specs`). Whether a named backend can run the input (device, dtype, feature map)
+    is only known at the first forward. Raises ``ValueError`` naming ``attention_backend`` and the allowed values."""
+    from attn_zoo.registry import backend_names
+
+    if backend == "auto":
+        return
+    if not isinstance(backend, str) or backend not in backend_names():
+        raise ValueError(f"attention_backend={backend!r} is not a registered backend; allowed values: auto, "
+                         f"{', '.join(backend_names())}")
+    for i, spec in enumerate(specs):
+        kind = getattr(spec, "kind", None)
+        if not isinstance(spec, AttentionSpec) or kind is None:
+            continue  # a sequence mixer: no attention backend
+        if backend not in backend_names(kind):
+            where = "attention" if len(set(specs)) == 1 else f"model.layers[{i}]"
+            raise ValueError(f"attention_backend={backend!r} has no implementation of kind={kind!r} ({where}: "
+                             f"{spec.label}; the backend applies to every layer); allowed values for it: auto, "
+                             f"{', '.join(backend_names(kind))}")
+
+
 def _qualified(where: str, fn, *args):
     """``fn(*args)``, with a ``ValueError`` re-raised naming the config node it came from (``attention: window_size
     must be ...``): the spec and model classes name their own fields, not the key a user overrides."""
@@ -216,6 +238,10 @@ def validate_config(cfg: DictConfig) -> None:
     if bar not in (True, False, "auto", None):
         raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
                          f"terminal)")
+    seq_len = cfg.data.get("seq_len") if cfg.get("data") is not None else None
+    if seq_len is not None and not (_is_int(seq_len) and seq_len >= 1):  # before model.max_seq_len (${data.seq_len})
+        raise ValueError(f"data.seq_len={seq_len!r}: must be a positive integer, the tokens of one training example "
+                         f"(e.g. data.seq_len=256)")
     if cfg.get("model") is not None:
         check_model_config(OmegaConf.to_container(cfg.model, resolve=True))
 
@@ -437,6 +463,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     """
     t_start = time.time()
     validate_config(cfg)
+    specs = layer_specs(cfg)  # spec errors, plugins, and a backend the layers lack, before anything is written
+    check_attention_backend(cfg.get("attention_backend", "auto"), specs)
     L.seed_everything(int(cfg.seed), workers=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
     resume = checkpoint_info(ckpt_path) if ckpt_path else None
@@ -449,7 +477,6 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     dm = build_datamodule(cfg)
     dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
-    specs = layer_specs(cfg)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("layers", None)
     redraw = model_cfg.pop("redraw_interval", 0) or 0

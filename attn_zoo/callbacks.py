@@ -340,8 +340,9 @@ class MultirunJobs(HydraCallback):
     def _summary_at_exit(self, sweep_dir: Path) -> None:
         if getattr(self, "_summarized", True):
             return
-        print(f"attn-zoo multirun: a job failed and Hydra stopped before the end of the sweep; what the jobs in "
-              f"{sweep_dir} wrote:")
+        # Hydra's launchers run every job of the batch, then raise the first failure: the sweep was not cut short
+        print(f"attn-zoo multirun: a job failed, so Hydra ends with its error after the sweep (exit status 1); what "
+              f"the jobs in {sweep_dir} wrote:")
         self._summarize(sweep_dir)
 
     def _columns(self, records: List[Dict]) -> List[str]:

@@ -380,3 +380,30 @@ def test_attention_and_data_errors_name_their_node(tmp_path):
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=r"data\.num_workers must be an integer >= 0"):
             train_mod.build_datamodule(make_cfg(tmp_path, [f"data.num_workers={str(bad).lower()}"]))
+
+
+@pytest.mark.parametrize("overrides,want", [
+    (["attention_backend=nope"], r"^attention_backend='nope' is not a registered backend; allowed values: auto, "),
+    (["model.layers=[linear_taylor,flash]", "attention_backend=parallel"],
+     r"^attention_backend='parallel' has no implementation of kind='flash' \(model\.layers\[1\]: flash; .*"
+     r"allowed values for it: auto, triton, torch"),
+    (["attention=flash", "attention_backend=parallel"],
+     r"^attention_backend='parallel' has no implementation of kind='flash' \(attention: flash"),
+])
+def test_attention_backend_errors_name_the_key_before_anything_is_written(tmp_path, overrides, want):
+    """An attention_backend that is not registered (or not for a layer's kind) failed at the first forward, after
+    the CSV / W&B loggers and run_config.json were written, as ``backend='nope' ...``: now train() refuses it
+    first, naming attention_backend and the allowed values."""
+    with pytest.raises(ValueError, match=want):
+        train_mod.train(make_cfg(tmp_path, overrides))
+    assert not any((tmp_path / name).exists() for name in ("csv", "wandb", "run_config.json", "checkpoints"))
+    specs = train_mod.layer_specs(make_cfg(tmp_path, ["model.layers=[linear,flash]"]))
+    for ok in ("auto", "torch", "reference"):  # registered for every kind: accepted
+        train_mod.check_attention_backend(ok, specs)
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "2.5"])
+def test_bad_data_seq_len_is_named_not_model_max_seq_len(tmp_path, bad):
+    """model.max_seq_len is ${data.seq_len}: a bad data.seq_len was reported as 'model.max_seq_len must be ...'."""
+    with pytest.raises(ValueError, match=rf"^data\.seq_len={bad}: must be a positive integer"):
+        train_mod.validate_config(make_cfg(tmp_path, [f"data.seq_len={bad}"]))
