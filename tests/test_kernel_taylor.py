@@ -46,6 +46,8 @@ def test_fp32_outputs_and_every_gradient_vs_reference(Hq, Hkv, Nq, Nk, D, Dv, ca
 
 
 def test_bf16_flash_attention_rule():
+    """FlashAttention rule (out 2x, grads 3x plain bf16 PyTorch's error); the output is held to 1.5x with no slack:
+    the row sums add the same bf16-rounded weights as the numerator (1.7-1.9x when they did not)."""
     spec = AttentionSpec(causal=True, **TAYLOR)
     q, k, v, do = _inputs(1, 2, 1, 80, 80, 16, 16, seed=5)
     ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
@@ -55,6 +57,7 @@ def test_bf16_flash_attention_rule():
     for i, (name, x, r, p) in enumerate(zip(("out", "dq", "dk", "dv"), got, ref, plain)):
         assert x.dtype == torch.bfloat16, name
         assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (name, rel(x, r), rel(p, r))
+    assert rel(got[0], ref[0]) <= 1.5 * rel(plain[0], ref[0]), (rel(got[0], ref[0]), rel(plain[0], ref[0]))
 
 
 def test_fp16_large_inputs_stay_finite():
