@@ -39,6 +39,8 @@ __all__ = ["taylor_parallel", "eps_reason", "MAX_DIM"]
 
 MAX_DIM = 256
 """Largest head dimension ``D`` and value dimension ``Dv`` (padded to a power of two in the kernels)."""
+MAX_GRID_Y = 65535
+"""Largest ``B * Hq`` (one program per (batch, query head) on grid axis 1, whose size CUDA caps at 65,535)."""
 
 
 @triton.jit
@@ -269,7 +271,7 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     Args:
         q: ``(B, Hq, Nq, D)``; k: ``(B, Hkv, Nk, D)``; v: ``(B, Hkv, Nk, Dv)``: one dtype (float16, bfloat16,
             float32), one CUDA device (or the CPU under ``TRITON_INTERPRET=1``), ``Hq`` a multiple of ``Hkv``,
-            ``D, Dv <= 256``.
+            ``D, Dv <= 256``, ``B * Hq <= 65535``.
         causal: query ``i`` sees keys ``j <= i + Nk - Nq`` (bottom-right aligned; rows that see no key are 0).
         eps: added to the normaliser: a float in float32's normal range (``1.2e-38 <= eps <= 3.4e38``).
 
@@ -307,6 +309,9 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                          f"CPU interpreter)")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
+    if B * Hq > MAX_GRID_Y:
+        raise ValueError(f"B * Hq = {B} * {Hq} = {B * Hq} exceeds {MAX_GRID_Y} (the kernels' grid axis 1, CUDA's "
+                         f"limit); split the batch")
     if eps_reason(eps) is not None:
         raise ValueError(eps_reason(eps))
     if q.dtype == torch.float16:  # w = 1 + s + s^2 / 2 leaves the float16 range from |s| ~ 360: float32 end to end

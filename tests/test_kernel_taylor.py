@@ -108,6 +108,10 @@ def test_supports_dispatch_and_bad_inputs():
             taylor_parallel(q, k, v, **kw)
     with pytest.raises(ValueError, match="Hq=2 must be a multiple of Hkv=3"):
         taylor_parallel(q, k.expand(1, 3, 8, 16), v.expand(1, 3, 8, 16))
+    big = [t.new_zeros(65536, 1, 1, 16) for t in (q, k, v)]
+    with pytest.raises(ValueError, match=r"B \* Hq = 65536 \* 1 = 65536 exceeds 65535"):
+        taylor_parallel(*big)
+    assert "grid limit" in b.why_not(*big, AttentionSpec(**TAYLOR), False)
     with pytest.raises(ValueError, match="one dtype"):
         taylor_parallel(q, k.double(), v)
     with pytest.raises(ValueError, match="<= 256"):

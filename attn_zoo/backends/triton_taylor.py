@@ -26,13 +26,15 @@ def _supports(q, k, v, spec, return_lse):
     why = triton_input_reason(q)
     if why is not None:
         return why
-    from kernels.taylor import MAX_DIM, eps_reason
+    from kernels.taylor import MAX_DIM, MAX_GRID_Y, eps_reason
 
     why = eps_reason(spec.eps)
     if why is not None:
         return why
     if q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM:
         return f"head dim D={q.shape[-1]} / value dim Dv={v.shape[-1]} exceeds the kernel's limit of {MAX_DIM}"
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+        return f"B * Hq = {q.shape[0] * q.shape[1]} exceeds the kernels' grid limit of {MAX_GRID_Y}"
     return None
 
 
