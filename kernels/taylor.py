@@ -235,19 +235,25 @@ class _TaylorParallel(torch.autograd.Function):
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, Hq, Nq): do_i . out_i
         scale = D ** -0.5
-        dq = torch.empty_like(q)
-        _taylor_bwd_dq[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
-            q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
-        dk = torch.empty(B, Hq, Nk, D, device=q.device, dtype=torch.float32)  # per query head, summed below
-        dv = torch.empty(B, Hq, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
-        _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hq)](
-            q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
-        if n_rep > 1:
-            dk = dk.view(B, Hkv, n_rep, Nk, D).sum(2)
-            dv = dv.view(B, Hkv, n_rep, Nk, v.shape[-1]).sum(2)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        dq = dk = dv = None
+        if need_q:
+            dq = torch.empty_like(q)
+            _taylor_bwd_dq[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+                q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+                Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
+        if need_k or need_v:  # one kernel makes both
+            dk = torch.empty(B, Hq, Nk, D, device=q.device, dtype=torch.float32)  # per query head, summed below
+            dv = torch.empty(B, Hq, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
+            _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hq)](
+                q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+                *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
+            if n_rep > 1:
+                dk = dk.view(B, Hkv, n_rep, Nk, D).sum(2)
+                dv = dv.view(B, Hkv, n_rep, Nk, v.shape[-1]).sum(2)
+            dk = dk.to(k.dtype) if need_k else None
+            dv = dv.to(v.dtype) if need_v else None
+        return dq, dk, dv, None, None
 
 
 _F32 = torch.finfo(torch.float32)

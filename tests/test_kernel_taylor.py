@@ -199,3 +199,26 @@ def test_model_on_the_parallel_backend_generates_with_a_cache():
     idx = torch.randint(0, 32, (2, 9), device=DEV)
     want = model.generate(idx, 4, greedy=True, use_cache=False)
     assert torch.equal(model.generate(idx, 4, greedy=True, use_cache=True), want)
+
+
+@pytest.mark.parametrize("wants", [(True, False, False), (False, True, False), (False, False, True)])
+def test_gradients_of_only_the_inputs_that_need_them(wants, monkeypatch):
+    """Only q needs a gradient: the dk/dv kernel is not launched (and vice versa); the gradients that are made equal
+    the reference's."""
+    import kernels.taylor as kt
+
+    spec = AttentionSpec(causal=True, **TAYLOR)
+    q, k, v, do = _inputs(1, 2, 1, 20, 20, 16, 16, seed=4)
+    launched = []
+    for name in ("_taylor_bwd_dq", "_taylor_bwd_dkdv"):
+        kernel = getattr(kt, name)
+        monkeypatch.setattr(kt, name, type("K", (), {"__getitem__": lambda self, g, n=name, k=kernel: (
+            launched.append(n), k[g])[1]})())
+    leaves = [t.clone().requires_grad_(w) for t, w in zip((q, k, v), wants)]
+    out = taylor_parallel(*leaves, causal=True, eps=spec.eps)
+    got = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)[1:]
+    want_ref = [r for r, w in zip(ref, wants) if w]
+    for x, r in zip(got, want_ref):
+        assert rel(x, r) <= 1e-5
+    assert launched == (["_taylor_bwd_dq"] if wants[0] else ["_taylor_bwd_dkdv"])
