@@ -159,39 +159,46 @@ def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
                      CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                      UP: tl.constexpr):
-    """dk / dv of one key tile for one query head ``h`` (DK / DV: (B, Hq, Nk, .) fp32; the host sums GQA groups)."""
+    """dk / dv of one key tile of K/V head ``hk`` (grid axis 1: ``B * Hkv``), summed over the ``n_rep`` query heads
+    that read it (GQA) in registers: DK / DV are ``(B, Hkv, Nk, .)`` fp32."""
     pid_n = tl.program_id(0)
-    bh, b, h, hk = _heads(H, n_rep)
+    bkv = tl.program_id(1).to(tl.int64)  # int64: b * stride_b passes 2^31 for large tensors
+    Hkv = H // n_rep
+    b = bkv // Hkv
+    hk = bkv % Hkv
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     col = offs_n < Nk
     k = _tile(K + b * sk_b + hk * sk_h, offs_n, offs_d, sk_n, Nk, HEAD_D)  # (BLOCK_N, BLOCK_D)
     v = _tile(V + b * sv_b + hk * sv_h, offs_n, offs_dv, sv_n, Nk, HEAD_DV)  # (BLOCK_N, BLOCK_DV)
-    Qb = Q + b * sq_b + h * sq_h
-    DOb = DO + b * sd_b + h * sd_h
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
     lo = 0
     if CAUSAL:  # the first query row that sees this tile's first key: i + offset >= pid_n * BLOCK_N
         lo = tl.maximum(pid_n * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M
-    for start_m in range(lo, Nq, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row = offs_m < Nq
-        q = _tile(Qb, offs_m, offs_d, sq_n, Nq, HEAD_D)  # (BLOCK_M, BLOCK_D)
-        do = _tile(DOb, offs_m, offs_dv, sd_n, Nq, HEAD_DV)  # (BLOCK_M, BLOCK_DV)
-        rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # BLOCK_M divisions per tile
-        delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
-        keep = _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL)
-        s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
-        a = tl.where(keep, (1.0 + s + 0.5 * s * s) * rden[:, None], 0.0)  # normalised weights
-        dv += _dot(tl.trans(a).to(do.dtype), do, PREC, UP)
-        dp = _dot(do, tl.trans(v), PREC, UP)
-        g = tl.where(keep, (dp - delta[:, None]) * rden[:, None] * (1.0 + s), 0.0)
-        dk += _dot(tl.trans(g).to(q.dtype), q, PREC, UP)
-    tl.store(DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_n + offs_d[None, :], dk * scale,
+    for r in range(0, n_rep):
+        h = hk * n_rep + r
+        bh = b * H + h
+        Qb = Q + b * sq_b + h * sq_h
+        DOb = DO + b * sd_b + h * sd_h
+        for start_m in range(lo, Nq, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row = offs_m < Nq
+            q = _tile(Qb, offs_m, offs_d, sq_n, Nq, HEAD_D)  # (BLOCK_M, BLOCK_D)
+            do = _tile(DOb, offs_m, offs_dv, sd_n, Nq, HEAD_DV)  # (BLOCK_M, BLOCK_DV)
+            rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # BLOCK_M divisions per tile
+            delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
+            keep = _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL)
+            s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
+            a = tl.where(keep, (1.0 + s + 0.5 * s * s) * rden[:, None], 0.0)  # normalised weights
+            dv += _dot(tl.trans(a).to(do.dtype), do, PREC, UP)
+            dp = _dot(do, tl.trans(v), PREC, UP)
+            g = tl.where(keep, (dp - delta[:, None]) * rden[:, None] * (1.0 + s), 0.0)
+            dk += _dot(tl.trans(g).to(q.dtype), q, PREC, UP)
+    tl.store(DK + b * sdk_b + hk * sdk_h + offs_n[:, None] * sdk_n + offs_d[None, :], dk * scale,
              mask=col[:, None] & (offs_d[None, :] < HEAD_D))
-    tl.store(DV + b * sdv_b + h * sdv_h + offs_n[:, None] * sdv_n + offs_dv[None, :], dv,
+    tl.store(DV + b * sdv_b + hk * sdv_h + offs_n[:, None] * sdv_n + offs_dv[None, :], dv,
              mask=col[:, None] & (offs_dv[None, :] < HEAD_DV))
 
 
@@ -243,14 +250,11 @@ class _TaylorParallel(torch.autograd.Function):
                 q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
                 Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
         if need_k or need_v:  # one kernel makes both
-            dk = torch.empty(B, Hq, Nk, D, device=q.device, dtype=torch.float32)  # per query head, summed below
-            dv = torch.empty(B, Hq, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
-            _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hq)](
+            dk = torch.empty(B, Hkv, Nk, D, device=q.device, dtype=torch.float32)  # GQA groups summed in-kernel
+            dv = torch.empty(B, Hkv, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
+            _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
                 q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
                 *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
-            if n_rep > 1:
-                dk = dk.view(B, Hkv, n_rep, Nk, D).sum(2)
-                dv = dv.view(B, Hkv, n_rep, Nk, v.shape[-1]).sum(2)
             dk = dk.to(k.dtype) if need_k else None
             dv = dv.to(v.dtype) if need_v else None
         return dq, dk, dv, None, None
