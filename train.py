@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
-from attn_zoo.model import GPTConfig, config_from_dict, spec_to_dict
+from attn_zoo.model import GPTConfig, config_from_dict, redraw_interval_reason, spec_to_dict
 from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
@@ -153,9 +153,9 @@ def check_model_config(model_cfg: Dict) -> None:
     fields = dict(model_cfg)
     redraw = fields.pop("redraw_interval", 0)
     redraw = 0 if redraw is None else redraw
-    if isinstance(redraw, bool) or not isinstance(redraw, int) or redraw < 0:
-        raise ValueError(f"model.redraw_interval={redraw!r}: must be an integer >= 0 (0: never redraw the FAVOR+ "
-                         f"features)")
+    why = redraw_interval_reason(redraw)
+    if why is not None:
+        raise ValueError(f"model.redraw_interval={redraw!r}: {why}")
     fields.pop("layers", None)
     try:
         config_from_dict(fields)

@@ -365,7 +365,6 @@ class MultirunJobs(HydraCallback):
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         os.environ.pop(SWEPT_KEYS_ENV, None)
-        self._summarized = True
         self._summarize(Path(str(config.hydra.sweep.dir)))
 
     def _summarize(self, sweep_dir: Path) -> None:

@@ -89,6 +89,14 @@ class GPTConfig:
         return self.d_model // self.n_head
 
 
+def redraw_interval_reason(value) -> Optional[str]:
+    """``None`` when ``value`` is a valid ``redraw_interval`` (FAVOR+ feature redraws every that many steps), else
+    what it must be."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return "must be an integer >= 0 (0: never redraw the FAVOR+ features)"
+    return None
+
+
 def resolve_layer_specs(specs: Union[LayerSpec, Sequence[LayerSpec]], n_layer: int) -> List[LayerSpec]:
     """One layer spec (:class:`AttentionSpec` or :class:`~attn_zoo.mixers.MixerSpec`) for every layer: a single
     spec is repeated; a list must have ``n_layer`` entries."""
@@ -297,8 +305,9 @@ class GPT(nn.Module):
         self.config = config
         self.specs = resolve_layer_specs(specs, config.n_layer)
         self.backend = backend
-        if isinstance(redraw_interval, bool) or not isinstance(redraw_interval, int) or redraw_interval < 0:
-            raise ValueError(f"redraw_interval must be an integer >= 0 (0: never redraw), got {redraw_interval!r}")
+        why = redraw_interval_reason(redraw_interval)
+        if why is not None:
+            raise ValueError(f"redraw_interval {why}, got {redraw_interval!r}")
         self.redraw_interval = int(redraw_interval)
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
