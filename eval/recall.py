@@ -30,6 +30,11 @@ Each kind writes ``<out_dir>/<kind>.csv`` and ``<out_dir>/<kind>.png`` and print
   ``conf/mqar_change/<option>.yaml``); columns ``option, setting, old_value, value, change, label, acc, step,
   steps_run, finished, max_steps, chance, delta_vs_old, lr, n_runs, acc_from``. The figure: the control bar grey,
   unfinished runs hatched, dashed line at chance, solid line at the 0.99 target.
+* ``curves``: learning curves, ``val/acc`` vs training step, one panel per (variant, ``data.seq_len``,
+  ``model.d_model``) cell, one line per run, coloured by ``optim.lr`` and styled by ``trainer.max_steps`` (e.g.
+  ``experiment=mqar_fig2_long`` beside ``mqar_fig2``: does a longer cosine schedule let recall form?). Narrow the
+  cells with ``seq_len=``, ``d_model=`` and ``variant=`` (a line label, e.g. ``flash``); more than 12 cells is an
+  error naming them. The CSV has one row per (run, validation).
 
 Which validation: ``select=best`` (default) takes the validation with the highest ``val/acc`` (``lm``: lowest
 ``val/bpb``), as Zoology reports the best; ``cliff`` reads ``val/acc_far`` / ``val/acc_near`` of that same
@@ -57,7 +62,7 @@ import pandas as pd
 from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
-KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation")
+KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation", "curves")
 FULL = "flash"  # the full-attention layer name of model.layers
 
 
@@ -921,10 +926,96 @@ def plot_ablation(rows: Sequence[dict], base: str, caption: str, select: str = "
     return _save(fig, base)
 
 
+# --------------------------------------------------------------------------------------------- curves
+MAX_CURVE_PANELS = 12
+
+
+def _only(recs: List[dict], key: str, value, kind: str, roots) -> List[dict]:
+    """The runs whose ``key`` (``d_model``: int; ``variant``: the line label) equals ``value``; ``value=None``
+    keeps all. ``ValueError`` naming the argument and the values there when none matches."""
+    if value is None:
+        return recs
+    field = "label" if key == "variant" else key
+    want = str(value) if key == "variant" else int(value)
+    out = [r for r in recs if r[field] == want]
+    if not out:
+        raise ValueError(f"{kind}: {key}={value} matches no run under runs={roots}; values there: "
+                         f"{sorted({r[field] for r in recs})}")
+    return out
+
+
+def _run_name(run_dir: str) -> str:
+    """``<sweep folder>/<job folder>``: jobs of two sweeps with the same overrides have the same job folder name."""
+    d = os.path.normpath(run_dir)
+    return f"{os.path.basename(os.path.dirname(d))}/{os.path.basename(d)}"
+
+
+def curves_table(recs: Sequence[dict]) -> List[dict]:
+    """Learning curves, long format: one row per (run, validation) with ``val/acc``: ``variant, seq_len, d_model,
+    lr, max_steps, step, acc, finished, steps_run, chance, run`` (``run``: ``<sweep folder>/<job folder>``)."""
+    rows = []
+    for r in recs:
+        chance = 1.0 / r["num_kv_pairs"] if _f(r["num_kv_pairs"]) > 0 else float("nan")
+        for p in r["vals"]:
+            if math.isfinite(_f(p.get("val/acc"))):
+                rows.append({"variant": r["label"], "seq_len": r["seq_len"], "d_model": r["d_model"],
+                             "lr": r["lr"], "max_steps": r["max_steps"], "step": p["step"], "acc": p["val/acc"],
+                             **_status(r), "chance": chance, "run": _run_name(r["run_dir"])})
+    return sorted(rows, key=lambda x: (x["variant"], x["seq_len"], x["d_model"], x["lr"], x["max_steps"],
+                                       x["run"], x["step"]))
+
+
+def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
+    """One panel per (variant, seq_len, d_model): val/acc vs training step, colour = ``optim.lr``, line style =
+    ``trainer.max_steps`` (the cosine schedule spans it, so a longer budget keeps a higher lr for longer); a
+    hollow end marker for a run cut off before its max_steps."""
+    import matplotlib.pyplot as plt
+
+    from eval.plots import _proxy, _save, grid, suptitle
+
+    cells = sorted({(r["variant"], int(r["seq_len"]), int(r["d_model"])) for r in rows})
+    lrs = sorted({_f(r["lr"]) for r in rows})
+    budgets = sorted({_f(r["max_steps"]) for r in rows})
+    colors = {lr: plt.get_cmap("viridis")(0.85 * i / max(1, len(lrs) - 1)) for i, lr in enumerate(lrs)}
+    styles = {b: ("-", ":", "--", "-.")[i % 4] for i, b in enumerate(reversed(budgets))}  # longest: solid
+    fig, axes = grid(len(cells), ncols=3, panel_w=4.4, panel_h=3.3, sharey=True)
+    for ax, (v, n, d) in zip(axes, cells):
+        sel = [r for r in rows if (r["variant"], int(r["seq_len"]), int(r["d_model"])) == (v, n, d)]
+        for run in sorted({r["run"] for r in sel}):
+            pts = [r for r in sel if r["run"] == run]
+            lr, b = _f(pts[0]["lr"]), _f(pts[0]["max_steps"])
+            ax.plot([r["step"] for r in pts], [r["acc"] for r in pts], color=colors[lr], ls=styles[b], lw=1.6,
+                    marker="o", ms=3)
+            if _f(pts[0].get("finished", 1)) < 1:
+                ax.plot([pts[-1]["step"]], [pts[-1]["acc"]], ls="none", marker="o", ms=8, mfc="white",
+                        mec=colors[lr], mew=1.4)
+        for c in sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))}):
+            ax.axhline(c, color="gray", ls="--", lw=1)
+        ax.axhline(0.99, color="black", lw=0.8, alpha=0.5)
+        ax.set_title(f"{v} · seq_len {n} · d_model {d}", fontsize=9, loc="left", fontweight="bold")
+        ax.set_ylim(0, 1.03)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("MQAR accuracy (val/acc)")
+        ax.grid(True, alpha=0.25)
+    handles = [_proxy(color=colors[lr], lw=2, label=f"lr {lr:g}") for lr in lrs]
+    if len(budgets) > 1:
+        handles += [_proxy(color="gray", ls=styles[b], lw=1.6, label=f"max_steps {b:,.0f}") for b in budgets]
+    handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
+                _proxy(color="black", lw=0.8, alpha=0.5, label="0.99 (early-stop target)")]
+    if any(_f(r.get("finished", 1)) < 1 for r in rows):
+        handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
+                              label="hollow: run cut off before max_steps"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    suptitle(fig, "When does recall form? MQAR val/acc over training, per learning rate and step budget\n" + caption,
+             fontsize=9)
+    return _save(fig, base)
+
+
 # --------------------------------------------------------------------------------------------- driver
 def run(cfg: dict) -> dict:
-    """Make one report. ``cfg``: ``kind`` (fig2 | cliff | hybrid | lm | ablation), ``runs`` (roots), ``out_dir``,
-    ``select`` (best | last), ``seq_len`` (cliff / hybrid: only this length), ``speed`` / ``speed_backend`` /
+    """Make one report. ``cfg``: ``kind`` (fig2 | cliff | hybrid | lm | ablation | curves), ``runs`` (roots),
+    ``out_dir``, ``select`` (best | last), ``seq_len`` (cliff / hybrid / curves: only this length), ``d_model`` /
+    ``variant`` (curves: only this width / line label), ``speed`` / ``speed_backend`` /
     ``speed_size`` (hybrid: an eval.bench_model CSV), ``formats``. Returns ``{rows, csv, png, figures}``."""
     from eval import plots
 
@@ -976,6 +1067,21 @@ def run(cfg: dict) -> dict:
             notes.insert(0, f"speed: {os.path.basename(str(speed))} (eval.bench_model, "
                             f"{bench_setup(speed, cfg.get('speed_backend') or 'triton')})")
         paths = plot_hybrid(rows, base, _setup(recs, "\n" + "; ".join(notes) if notes else ""), bool(speed))
+    elif kind == "curves":
+        recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
+        recs = _only(_only(recs, "d_model", cfg.get("d_model"), kind, roots), "variant", cfg.get("variant"),
+                     kind, roots)
+        rows = curves_table(recs)
+        if not rows:
+            raise ValueError(f"curves: no MQAR run under runs={roots} logged val/acc")
+        cells = sorted({(r["variant"], r["seq_len"], r["d_model"]) for r in rows})
+        if len(cells) > MAX_CURVE_PANELS:
+            raise ValueError(f"curves: {len(cells)} (variant, seq_len, d_model) cells under runs={roots}, more than "
+                             f"{MAX_CURVE_PANELS} panels: narrow them with seq_len=, d_model= or variant= (variants "
+                             f"there: {sorted({c[0] for c in cells})})")
+        cov = _coverage(recs, rows, "val/acc")
+        notes += [cov] if cov else []
+        paths = plot_curves(rows, base, _setup(recs, cov))
     elif kind == "ablation":
         recs_a = [dict(r, option=group_choice(r["run_dir"])) for r in recs]
         recs_a = [r for r in recs_a if r["option"] is not None]

@@ -545,3 +545,46 @@ def test_an_empty_metrics_csv_reads_as_no_rows(tmp_path):
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "metrics.csv").write_text("")
     assert len(read_metrics(str(tmp_path))) == 0
+
+
+# --------------------------------------------------------------------------------------------- curves
+def test_curves_keep_runs_of_two_sweeps_apart_and_filter_cells(tmp_path, monkeypatch):
+    """Two sweeps with the same job folder name (mqar_fig2 and mqar_fig2_long) give two curves, one per run, each
+    with every validation in order; the budgets get their own line styles (the longest solid), lrs their colours,
+    a cut-off run a hollow end marker; seq_len / d_model / variant narrow the cells, and bad values or too many
+    cells raise naming the argument."""
+    from matplotlib.figure import Figure
+
+    seen = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: seen.append(self))
+    job = "attention=flash,model.d_model=512,data.seq_len=512,optim.lr=0.001"
+    write_run(tmp_path / "mqar_fig2", job, seq_len=512, d_model=512, max_steps=1500,
+              vals=[(250, {"acc": 0.03}), (500, {"acc": 0.04})], final={"acc": 0.04})
+    write_run(tmp_path / "mqar_fig2_long", job, seq_len=512, d_model=512, max_steps=6000,
+              vals=[(250, {"acc": 0.03}), (500, {"acc": 0.5}), (750, {"acc": 0.995})])  # no final: cut off
+    write_run(tmp_path / "mqar_fig2", "other", attention="mqa", seq_len=512, d_model=512, lr=3e-3, max_steps=1500,
+              vals=[(250, {"acc": 0.2})], final={"acc": 0.2})
+    roots = [str(tmp_path / "mqar_fig2_long"), str(tmp_path / "mqar_fig2")]
+    res = recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o"), "variant": "flash"})
+    rows = _csv(res["csv"])
+    assert {r["run"] for r in rows} == {f"mqar_fig2/{job}", f"mqar_fig2_long/{job}"}
+    long_ = [(float(r["step"]), float(r["acc"])) for r in rows if r["run"].startswith("mqar_fig2_long")]
+    assert long_ == [(250, 0.03), (500, 0.5), (750, 0.995)]
+    assert {float(r["finished"]) for r in rows if r["run"].startswith("mqar_fig2_long")} == {0.0}
+    fig = seen[-1]
+    drawn = [ln for ax in fig.axes for ln in ax.lines if ln.get_marker() == "o" and len(ln.get_xdata()) > 1]
+    # the 1,500-step run: its 2 validations and final_metrics.json's at step 1,500
+    assert sorted((ln.get_linestyle(), list(ln.get_xdata())) for ln in drawn) == [
+        ("-", [250, 500, 750]), (":", [250, 500, 1500])]
+    hollow = [ln for ax in fig.axes for ln in ax.lines if ln.get_markerfacecolor() == "white"]
+    assert [list(ln.get_xdata()) for ln in hollow] == [[750]]
+    assert len(fig.axes) == 1  # only the flash cell
+    res = recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o2")})
+    assert {r["variant"] for r in res["rows"]} == {"flash", "mqa"} and len(seen[-1].axes) == 2
+    with pytest.raises(ValueError, match=r"d_model=64 matches no run .*\[512\]"):
+        recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3"), "d_model": 64})
+    with pytest.raises(ValueError, match=r"variant=gqa matches no run .*'flash', 'mqa'"):
+        recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3"), "variant": "gqa"})
+    monkeypatch.setattr(recall, "MAX_CURVE_PANELS", 1)
+    with pytest.raises(ValueError, match=r"2 \(variant, seq_len, d_model\) cells .*seq_len=, d_model= or variant="):
+        recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3")})
