@@ -15,7 +15,8 @@ from eval import figures  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXPECTED_JOBS = {
-    "mqar_recall", "mqar_fig2", "mqar_window_cliff", "mqar_old_recipe", "mqar_hybrid", "lm_wikitext", "lm_shakespeare",
+    "mqar_recall", "mqar_fig2", "mqar_fig2_long", "mqar_window_cliff", "mqar_old_recipe", "mqar_hybrid",
+    "lm_wikitext", "lm_shakespeare",
     "join_lm_wikitext", "join_lm_shakespeare", "h200_crossover_figures", "cpu_quality_figures",
 }
 CLIFF = "results/h200/quality/mqar_window_cliff"
