@@ -33,8 +33,14 @@ Each kind writes ``<out_dir>/<kind>.csv`` and ``<out_dir>/<kind>.png`` and print
 * ``curves``: learning curves, ``val/acc`` vs training step, one panel per (variant, ``data.seq_len``,
   ``model.d_model``) cell, one line per run, coloured by ``optim.lr`` and styled by ``trainer.max_steps`` (e.g.
   ``experiment=mqar_fig2_long`` beside ``mqar_fig2``: does a longer cosine schedule let recall form?). Narrow the
-  cells with ``seq_len=``, ``d_model=`` and ``variant=`` (a line label, e.g. ``flash``); more than 12 cells is an
-  error naming them. The CSV has one row per (run, validation).
+  cells with ``seq_len=``, ``d_model=`` and ``variant=`` (a line label such as ``linear (elu1)``, or the config's
+  ``attention.name`` such as ``linear``); more than 12 cells is an error naming them. The CSV has one row per
+  (run, validation).
+
+``seq_len`` / ``d_model`` / ``variant`` / ``speed`` given to a kind that does not take them (see
+:data:`FILTER_KINDS`), or a ``seq_len`` / ``d_model`` that is not an integer, raise ``ValueError`` naming the
+argument before any run is read; from the command line every ``ValueError`` is one line ``eval.recall: error:
+...`` and exit status 2.
 
 Which validation: ``select=best`` (default) takes the validation with the highest ``val/acc`` (``lm``: lowest
 ``val/bpb``), as Zoology reports the best; ``cliff`` reads ``val/acc_far`` / ``val/acc_near`` of that same
@@ -63,6 +69,9 @@ from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
 KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation", "curves")
+# the arguments that narrow or extend a report, and the kinds that take them (any other kind refuses them)
+FILTER_KINDS = {"seq_len": ("cliff", "hybrid", "curves"), "d_model": ("curves",), "variant": ("curves",),
+                "speed": ("hybrid",), "speed_size": ("hybrid",)}
 FULL = "flash"  # the full-attention layer name of model.layers
 
 
@@ -931,16 +940,19 @@ MAX_CURVE_PANELS = 12
 
 
 def _only(recs: List[dict], key: str, value, kind: str, roots) -> List[dict]:
-    """The runs whose ``key`` (``d_model``: int; ``variant``: the line label) equals ``value``; ``value=None``
-    keeps all. ``ValueError`` naming the argument and the values there when none matches."""
+    """The runs whose ``key`` equals ``value`` (``d_model``: an int, checked by :func:`run`; ``variant``: the line
+    label, e.g. ``linear (elu1)``, or the config's ``attention.name``, e.g. ``linear``); ``value=None`` keeps all.
+    ``ValueError`` naming the argument and the values there when none matches."""
     if value is None:
         return recs
-    field = "label" if key == "variant" else key
-    want = str(value) if key == "variant" else int(value)
-    out = [r for r in recs if r[field] == want]
+    if key == "variant":
+        out = [r for r in recs if str(value) in (r["label"], str(r["attention"]))]
+        there = sorted({r["label"] for r in recs} | {str(r["attention"]) for r in recs})
+    else:
+        out = [r for r in recs if r[key] == value]
+        there = sorted({r[key] for r in recs})
     if not out:
-        raise ValueError(f"{kind}: {key}={value} matches no run under runs={roots}; values there: "
-                         f"{sorted({r[field] for r in recs})}")
+        raise ValueError(f"{kind}: {key}={value} matches no run under runs={roots}; values there: {there}")
     return out
 
 
@@ -985,13 +997,13 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
             pts = [r for r in sel if r["run"] == run]
             lr, b = _f(pts[0]["lr"]), _f(pts[0]["max_steps"])
             ax.plot([r["step"] for r in pts], [r["acc"] for r in pts], color=colors[lr], ls=styles[b], lw=1.6,
-                    marker="o", ms=3)
+                    marker="o", ms=3, zorder=3 + budgets[::-1].index(b))  # shorter budgets on top
             if _f(pts[0].get("finished", 1)) < 1:
                 ax.plot([pts[-1]["step"]], [pts[-1]["acc"]], ls="none", marker="o", ms=8, mfc="white",
                         mec=colors[lr], mew=1.4)
         for c in sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))}):
             ax.axhline(c, color="gray", ls="--", lw=1)
-        ax.axhline(0.99, color="black", lw=0.8, alpha=0.5)
+        ax.axhline(0.99, color="tab:red", ls="-.", lw=0.9, alpha=0.7)
         ax.set_title(f"{v} · seq_len {n} · d_model {d}", fontsize=9, loc="left", fontweight="bold")
         ax.set_ylim(0, 1.03)
         ax.set_xlabel("training step")
@@ -1001,7 +1013,7 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     if len(budgets) > 1:
         handles += [_proxy(color="gray", ls=styles[b], lw=1.6, label=f"max_steps {b:,.0f}") for b in budgets]
     handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
-                _proxy(color="black", lw=0.8, alpha=0.5, label="0.99 (early-stop target)")]
+                _proxy(color="tab:red", ls="-.", lw=0.9, alpha=0.7, label="0.99 (early-stop target)")]
     if any(_f(r.get("finished", 1)) < 1 for r in rows):
         handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
                               label="hollow: run cut off before max_steps"))
@@ -1025,6 +1037,20 @@ def run(cfg: dict) -> dict:
     select = cfg.get("select") or "best"
     if select not in ("best", "last"):
         raise ValueError(f"select={select!r}: allowed values: best, last")
+    for key, kinds in FILTER_KINDS.items():
+        if cfg.get(key) is not None and kind not in kinds:
+            raise ValueError(f"{key}={cfg[key]!r} applies to kind {' / '.join(kinds)} only, not kind={kind} "
+                             f"(leave it out)")
+    cfg = dict(cfg)
+    for key, field in (("seq_len", "data.seq_len"), ("d_model", "model.d_model")):
+        if cfg.get(key) is not None:
+            try:
+                if isinstance(cfg[key], bool) or float(cfg[key]) != int(float(cfg[key])):
+                    raise ValueError
+                cfg[key] = int(float(cfg[key]))
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError(f"{key}={cfg[key]!r}: must be an integer (a {field} of the runs), or left out "
+                                 f"for all") from None
     roots = cfg.get("runs")
     recs = load_runs(roots)
     out_dir = cfg.get("out_dir") or "results/recall"
@@ -1146,7 +1172,11 @@ def _hydra_main():  # pragma: no cover - exercised through the CLI
 
     @hydra.main(config_path="conf", config_name="recall", version_base="1.3")
     def main(cfg):
-        run(OmegaConf.to_container(cfg, resolve=True))
+        try:
+            run(OmegaConf.to_container(cfg, resolve=True))
+        except ValueError as e:  # bad arguments / no matching run: the message, not a traceback
+            print(f"eval.recall: error: {e}", file=sys.stderr)
+            sys.exit(2)
 
     main()
 

@@ -588,3 +588,25 @@ def test_curves_keep_runs_of_two_sweeps_apart_and_filter_cells(tmp_path, monkeyp
     monkeypatch.setattr(recall, "MAX_CURVE_PANELS", 1)
     with pytest.raises(ValueError, match=r"2 \(variant, seq_len, d_model\) cells .*seq_len=, d_model= or variant="):
         recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3")})
+
+
+def test_report_arguments_are_checked_before_any_run_is_read(tmp_path):
+    """A filter of another kind, or a non-integer length / width, is refused naming the argument (no silent full
+    report); ``variant=`` takes the config's attention name as well as the line label."""
+    root = tmp_path / "runs"
+    write_run(root, "a", attention="linear", kind="linear", feature_map="elu1", seq_len=64, d_model=64,
+              vals=[(10, {"acc": 0.3})])
+    write_run(root, "b", seq_len=64, d_model=64, vals=[(10, {"acc": 0.9})])
+    out = str(tmp_path / "o")
+    for kind, key, value in (("fig2", "d_model", 64), ("fig2", "variant", "flash"), ("fig2", "seq_len", 64),
+                             ("cliff", "variant", "flash"), ("lm", "speed", "x.csv")):
+        with pytest.raises(ValueError, match=rf"{key}=.* applies to kind .* not kind={kind}"):
+            recall.run({"kind": kind, "runs": [str(root)], "out_dir": out, key: value})
+    for key, value in (("seq_len", "abc"), ("d_model", 64.5), ("d_model", True)):
+        with pytest.raises(ValueError, match=rf"{key}=.*: must be an integer"):
+            recall.run({"kind": "curves", "runs": [str(root)], "out_dir": out, key: value})
+    assert not os.path.exists(out)
+    res = recall.run({"kind": "curves", "runs": [str(root)], "out_dir": out, "seq_len": "64", "variant": "linear"})
+    assert {r["variant"] for r in res["rows"]} == {"linear (elu1)"}
+    res = recall.run({"kind": "curves", "runs": [str(root)], "out_dir": out, "variant": "linear (elu1)"})
+    assert {r["variant"] for r in res["rows"]} == {"linear (elu1)"}
