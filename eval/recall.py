@@ -35,7 +35,7 @@ Each kind writes ``<out_dir>/<kind>.csv`` and ``<out_dir>/<kind>.png`` and print
   ``experiment=mqar_fig2_long`` beside ``mqar_fig2``: does a longer cosine schedule let recall form?). Narrow the
   cells with ``seq_len=``, ``d_model=`` and ``variant=`` (a line label such as ``linear (elu1)``, or the config's
   ``attention.name`` such as ``linear``); more than 12 cells is an error naming them. The CSV has one row per
-  (run, validation).
+  (run, validation). ``select`` does not apply: every validation is drawn.
 
 ``seq_len`` / ``d_model`` / ``variant`` / ``speed`` given to a kind that does not take them (see
 :data:`FILTER_KINDS`), or a ``seq_len`` / ``d_model`` that is not an integer, raise ``ValueError`` naming the
@@ -985,9 +985,13 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
 
     from eval.plots import _proxy, _save, grid, suptitle
 
+    def known(x) -> float:  # a run config without optim.lr / trainer.max_steps: -1 ("?"), one key for all of them
+        x = _f(x)
+        return x if math.isfinite(x) else -1.0
+
     cells = sorted({(r["variant"], int(r["seq_len"]), int(r["d_model"])) for r in rows})
-    lrs = sorted({_f(r["lr"]) for r in rows})
-    budgets = sorted({_f(r["max_steps"]) for r in rows})
+    lrs = sorted({known(r["lr"]) for r in rows})
+    budgets = sorted({known(r["max_steps"]) for r in rows})
     colors = {lr: plt.get_cmap("viridis")(0.85 * i / max(1, len(lrs) - 1)) for i, lr in enumerate(lrs)}
     styles = {b: ("-", ":", "--", "-.")[i % 4] for i, b in enumerate(reversed(budgets))}  # longest: solid
     fig, axes = grid(len(cells), ncols=3, panel_w=4.4, panel_h=3.3, sharey=True)
@@ -995,7 +999,7 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
         sel = [r for r in rows if (r["variant"], int(r["seq_len"]), int(r["d_model"])) == (v, n, d)]
         for run in sorted({r["run"] for r in sel}):
             pts = [r for r in sel if r["run"] == run]
-            lr, b = _f(pts[0]["lr"]), _f(pts[0]["max_steps"])
+            lr, b = known(pts[0]["lr"]), known(pts[0]["max_steps"])
             ax.plot([r["step"] for r in pts], [r["acc"] for r in pts], color=colors[lr], ls=styles[b], lw=1.6,
                     marker="o", ms=3, zorder=3 + budgets[::-1].index(b))  # shorter budgets on top
             if _f(pts[0].get("finished", 1)) < 1:
@@ -1009,9 +1013,10 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
         ax.set_xlabel("training step")
         ax.set_ylabel("MQAR accuracy (val/acc)")
         ax.grid(True, alpha=0.25)
-    handles = [_proxy(color=colors[lr], lw=2, label=f"lr {lr:g}") for lr in lrs]
+    handles = [_proxy(color=colors[lr], lw=2, label=f"lr {lr:g}" if lr >= 0 else "lr ?") for lr in lrs]
     if len(budgets) > 1:
-        handles += [_proxy(color="gray", ls=styles[b], lw=1.6, label=f"max_steps {b:,.0f}") for b in budgets]
+        handles += [_proxy(color="gray", ls=styles[b], lw=1.6, label=f"max_steps {b:,.0f}" if b >= 0 else
+                           "max_steps ?") for b in budgets]
     handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
                 _proxy(color="tab:red", ls="-.", lw=0.9, alpha=0.7, label="0.99 (early-stop target)")]
     if any(_f(r.get("finished", 1)) < 1 for r in rows):

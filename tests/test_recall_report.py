@@ -585,6 +585,11 @@ def test_curves_keep_runs_of_two_sweeps_apart_and_filter_cells(tmp_path, monkeyp
         recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3"), "d_model": 64})
     with pytest.raises(ValueError, match=r"variant=gqa matches no run .*'flash', 'mqa'"):
         recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3"), "variant": "gqa"})
+    # a run config without optim.lr still draws (its lr shown as "?")
+    write_run(tmp_path / "mqar_fig2", "no_lr", seq_len=512, d_model=512, lr=None, vals=[(250, {"acc": 0.1})])
+    res = recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o4"), "variant": "flash"})
+    assert len({r["run"] for r in res["rows"]}) == 3
+    assert any(t.get_text() == "lr ?" for lg in seen[-1].legends for t in lg.get_texts())
     monkeypatch.setattr(recall, "MAX_CURVE_PANELS", 1)
     with pytest.raises(ValueError, match=r"2 \(variant, seq_len, d_model\) cells .*seq_len=, d_model= or variant="):
         recall.run({"kind": "curves", "runs": roots, "out_dir": str(tmp_path / "o3")})
