@@ -52,12 +52,12 @@ def val_sampler(datamodule: L.LightningDataModule, dataset, key: str):
 
 
 # ---------------------------------------------------------------------------------------------- text
-
 def _num_workers(n) -> int:
     """``data.num_workers``: DataLoader worker processes, an integer >= 0 (0: load in the main process)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"data.num_workers must be an integer >= 0 (0: load in the main process), got {n!r}")
     return n
+
 
 class PackedDataset(Dataset):
     """Windows ``tokens[i*seq_len : i*seq_len + seq_len + 1]`` -> ``(x, y)`` with ``y`` shifted by one."""

@@ -339,13 +339,20 @@ def _mqar(recs: Sequence[dict], kind: str, roots) -> List[dict]:
     return out
 
 
-def _only_seq_len(recs: List[dict], seq_len, kind: str, roots) -> List[dict]:
-    if seq_len is None:
+def _only(recs: List[dict], key: str, value, kind: str, roots) -> List[dict]:
+    """The runs whose ``key`` equals ``value`` (``seq_len`` / ``d_model``: ints, checked by :func:`run`;
+    ``variant``: the line label, e.g. ``linear (elu1)``, or the config's ``attention.name``, e.g. ``linear``);
+    ``value=None`` keeps all. ``ValueError`` naming the argument and the values there when none matches."""
+    if value is None:
         return recs
-    out = [r for r in recs if r["seq_len"] == int(seq_len)]
+    if key == "variant":
+        out = [r for r in recs if str(value) in (r["label"], str(r["attention"]))]
+        there = sorted({r["label"] for r in recs} | {str(r["attention"]) for r in recs})
+    else:
+        out = [r for r in recs if r[key] == value]
+        there = sorted({r[key] for r in recs})
     if not out:
-        raise ValueError(f"{kind}: seq_len={seq_len} matches no run under runs={roots}; lengths there: "
-                         f"{sorted({r['seq_len'] for r in recs})}")
+        raise ValueError(f"{kind}: {key}={value} matches no run under runs={roots}; values there: {there}")
     return out
 
 
@@ -939,23 +946,6 @@ def plot_ablation(rows: Sequence[dict], base: str, caption: str, select: str = "
 MAX_CURVE_PANELS = 12
 
 
-def _only(recs: List[dict], key: str, value, kind: str, roots) -> List[dict]:
-    """The runs whose ``key`` equals ``value`` (``d_model``: an int, checked by :func:`run`; ``variant``: the line
-    label, e.g. ``linear (elu1)``, or the config's ``attention.name``, e.g. ``linear``); ``value=None`` keeps all.
-    ``ValueError`` naming the argument and the values there when none matches."""
-    if value is None:
-        return recs
-    if key == "variant":
-        out = [r for r in recs if str(value) in (r["label"], str(r["attention"]))]
-        there = sorted({r["label"] for r in recs} | {str(r["attention"]) for r in recs})
-    else:
-        out = [r for r in recs if r[key] == value]
-        there = sorted({r[key] for r in recs})
-    if not out:
-        raise ValueError(f"{kind}: {key}={value} matches no run under runs={roots}; values there: {there}")
-    return out
-
-
 def _run_name(run_dir: str) -> str:
     """``<sweep folder>/<job folder>``: jobs of two sweeps with the same overrides have the same job folder name."""
     d = os.path.normpath(run_dir)
@@ -1071,7 +1061,7 @@ def run(cfg: dict) -> dict:
         notes += [cov] if cov else []
         paths = plot_fig2(rows, base, _setup(recs, cov), select)
     elif kind == "cliff":
-        recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
+        recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
         rows = cliff_table(recs, select)
         if not any(r["window"] >= 0 for r in rows):
             raise ValueError(f"cliff: no MQAR run with a sliding window (attention.window_size) and val/acc under "
@@ -1082,7 +1072,7 @@ def run(cfg: dict) -> dict:
         notes += [cov] if cov else []
         paths = plot_cliff(rows, base, _setup(recs, "; ".join(notes)), recs)
     elif kind == "hybrid":
-        recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
+        recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
         rows = hybrid_table(recs, select)
         if not any(r["base"] for r in rows):
             raise ValueError(f"hybrid: no MQAR run with a non-flash layer (model.layers=[linear, flash, ...] or "
@@ -1099,7 +1089,7 @@ def run(cfg: dict) -> dict:
                             f"{bench_setup(speed, cfg.get('speed_backend') or 'triton')})")
         paths = plot_hybrid(rows, base, _setup(recs, "\n" + "; ".join(notes) if notes else ""), bool(speed))
     elif kind == "curves":
-        recs = _only_seq_len(_mqar(recs, kind, roots), cfg.get("seq_len"), kind, roots)
+        recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
         recs = _only(_only(recs, "d_model", cfg.get("d_model"), kind, roots), "variant", cfg.get("variant"),
                      kind, roots)
         rows = curves_table(recs)
