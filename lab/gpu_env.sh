@@ -1,0 +1,37 @@
+# Source this on the GPU machine (lab: not installed):  . lab/gpu_env.sh [PART]
+# Installs what the GPU image lacks from folders carried with the call:
+#   .whl/    hydra-core, omegaconf, datasets, fla-core, ... (bash ../shared/tools/gpu-wheels.sh .whl)
+#   .fa4/K/  the K-th part of FlashAttention-4 (PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4): calls back to
+#            back on a warm machine each carry one part; PART names the part carried in this call. The part is
+#            copied to /tmp/fa4 (kept while the machine stays warm); once every part is there, FA4 is installed.
+# Exports PYTHONPATH (/tmp/site, the FA4 DSL packages, the repo), WANDB_MODE=disabled, PYTHONUNBUFFERED=1.
+# Prints one line saying what is installed; never exits the calling shell.
+_part=${1:-}
+export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+if [ -d .whl ] && ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "gpu_env: installing .whl failed"
+fi
+if [ -n "$_part" ] && [ -d ".fa4/$_part" ]; then
+  mkdir -p /tmp/fa4 && cp ".fa4/$_part"/* /tmp/fa4/
+fi
+
+_big=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+if [ ! -d /tmp/site/flash_attn ] && ls /tmp/fa4/flash_attn_4-*.whl >/dev/null 2>&1; then
+  if [ "$(ls /tmp/fa4/part_* 2>/dev/null | wc -l)" -ge "${FA4_PARTS:-3}" ]; then
+    cat /tmp/fa4/part_* > "$_big"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fa4/*.whl \
+      || echo "gpu_env: installing FA4 failed"
+  fi
+fi
+export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+python3 - <<'EOF'
+import importlib.util as u
+have = {m: u.find_spec(m) is not None for m in ("hydra", "omegaconf", "datasets", "fla")}
+try:
+    from flash_attn.cute import flash_attn_func  # noqa: F401
+    have["flash_attn.cute"] = True
+except Exception as e:  # noqa: BLE001
+    have["flash_attn.cute"] = f"no ({type(e).__name__})"
+print("gpu_env:", ", ".join(f"{k}={v}" for k, v in have.items()))
+EOF
