@@ -359,7 +359,6 @@ def test_wall_s_of_a_resumed_run_counts_every_launch(tmp_path, monkeypatch):
     """wall_s in final_metrics.json: the first launch's time up to its checkpoint (stored in it) plus the resumed
     launch's time, not the last launch's alone. Load-independent: the stored total is set to 1000 s before the
     resume, and each launch sleeps 2 s in its data setup, so every bound below holds however busy the machine is."""
-    import torch
     from attn_zoo.runs import RUN_STATE_KEY
 
     build = train_mod.build_datamodule
