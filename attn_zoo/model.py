@@ -404,14 +404,15 @@ class GPT(nn.Module):
         """``(B, vocab)`` logits -> ``(B, 1)`` token ids (argmax, or a sample at ``temperature``)."""
         if greedy:
             return logits.argmax(-1, keepdim=True)
-        return torch.multinomial(F.softmax(logits.float() / max(temperature, 1e-6), dim=-1), 1)
+        return torch.multinomial(F.softmax(logits.float() / temperature, dim=-1), 1)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False,
                  use_cache: bool = True, page_size: Optional[int] = None) -> torch.Tensor:
         """Extend ``idx (B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
 
-        ``greedy`` takes the argmax, else samples at ``temperature``. ``use_cache=False`` re-runs the context
+        ``greedy`` takes the argmax, else samples from ``softmax(logits / temperature)`` (``temperature`` > 0,
+        else ``ValueError``). Token ids outside ``0 .. vocab_size - 1`` raise ``ValueError``. ``use_cache=False`` re-runs the context
         (cropped to the last ``max_seq_len`` tokens) every step. ``use_cache=True`` prefills the layer caches
         (:meth:`init_cache`; ``page_size`` = paged KV caches) once and feeds one token per step; once the
         sequence is longer than ``max_seq_len`` the context slides and RoPE positions restart, so each later
@@ -424,6 +425,14 @@ class GPT(nn.Module):
                              f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not greedy and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                           or not math.isfinite(temperature) or temperature <= 0):
+            raise ValueError(f"temperature must be a finite number > 0 when sampling (greedy=False), got "
+                             f"{temperature!r}; for the argmax pass greedy=True")
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"idx holds token ids in [{lo}, {hi}]; allowed: 0 .. vocab_size - 1 = "
+                             f"{self.config.vocab_size - 1}")
         if not use_cache:
             for _ in range(max_new_tokens):
                 logits = self(idx[:, -self.config.max_seq_len:])[:, -1, :]  # (B, vocab)

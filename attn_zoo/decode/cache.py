@@ -137,6 +137,9 @@ def append_kv(
     check_cache_layout(k_cache, v_cache, block_table, B, Hkv, D, k_new.dtype, of="k_new")
     _check_seqlens(cache_seqlens, B, k_cache.device)
     if check_values:
+        if bool((cache_seqlens < 0).any()):
+            b = int((cache_seqlens < 0).nonzero()[0, 0])
+            raise ValueError(f"cache_seqlens[{b}]={int(cache_seqlens[b])} must be >= 0 (a length before the append)")
         end = cache_seqlens.to(torch.int64) + n_new
         check_cache_values(end, cache_capacity(k_cache, block_table), block_table, k_cache.shape[0], k_cache.shape[2])
     rows, cols = _slots(cache_seqlens, n_new, block_table, k_cache.shape[2])
@@ -299,9 +302,33 @@ class KVCache:
         """Append ``(B, Hkv, N_new, D)`` keys / values to every sequence; returns the new ``seqlens``.
 
         Raises ``ValueError`` when a sequence would exceed ``capacity`` (except with ``keep_last``, which drops
-        the oldest tokens instead), ``RuntimeError`` when the page pool is exhausted.
+        the oldest tokens instead) or ``k_new`` / ``v_new`` do not fit the cache (shape, dtype), ``RuntimeError``
+        when the page pool is exhausted. A refused append changes nothing (no page leaves the pool).
         """
-        n_new = k_new.shape[2] if k_new.dim() == 4 else 0
+        # every check before any change: a refused append leaves the cache and its page pool as they were
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise ValueError(f"{name} must be a 4-D tensor (B, Hkv, N_new, D), got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+        if k_new.shape != v_new.shape:
+            raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
+        check_cache_layout(self.k, self.v, self.block_table, k_new.shape[0], k_new.shape[1], k_new.shape[3],
+                           k_new.dtype, of="k_new")
+        if k_new.shape[0] != self.batch:
+            raise ValueError(f"k_new has batch {k_new.shape[0]}, the cache {self.batch}")
+        n_new = k_new.shape[2]
+        if self.keep_last is None:
+            for b, n in enumerate(self.lengths):
+                if n + n_new > self.capacity:
+                    raise ValueError(f"appending {n_new} tokens to sequence {b} of length {n} exceeds the "
+                                     f"cache capacity of {self.capacity} tokens")
+            if self.page_size is not None:
+                need = sum(max(cdiv(n + n_new, self.page_size) - self._n_pages[b], 0)
+                           for b, n in enumerate(self.lengths))
+                if need > len(self._free):
+                    raise RuntimeError(f"paged KV cache is out of pages: the append needs {need} new pages, "
+                                       f"{len(self._free)} of num_pages={self.k.shape[0]} are free; release "
+                                       f"sequences or allocate a larger pool")
         if self.keep_last is not None:
             self._compact(n_new)
             if n_new > self.capacity:  # only the last `capacity` tokens can be kept
@@ -336,5 +363,11 @@ class KVCache:
             if not ok:
                 raise ValueError(f"this cache keeps only the last {self.keep_last} tokens; kind={spec.kind!r} "
                                  f"(window_size={spec.window_size}) needs the dropped ones")
+            for b in range(self.batch):  # the first new query's window must lie in the kept tokens
+                if self.dropped[b] and nq is not None and self.lengths[b] < nq + spec.window_size[0]:
+                    raise ValueError(
+                        f"sequence {b} keeps {self.lengths[b]} tokens, fewer than Nq + window_size[0] = {nq} + "
+                        f"{spec.window_size[0]}: the window of the first new query reaches dropped tokens; use a "
+                        f"cache with capacity >= keep_last + Nq (capacity={self.capacity}, keep_last={self.keep_last})")
         return decode_attention(q, self.k, self.v, spec, self.seqlens, self.block_table, backend=backend,
                                 check_values=False)
