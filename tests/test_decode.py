@@ -527,3 +527,48 @@ def test_bench_decode_pure_parts(tmp_path):
     assert by["linear"]["max_context"] is None
     files = sorted(os.listdir(tmp_path))
     assert files == ["bench_decode.json", "cache_memory.csv", "cache_memory.png"]
+
+
+# ------------------------------------------------------------------ cases a hand-written bug once survived
+def test_key_tile_part_way_into_a_larger_page():
+    """Pages of 64 tokens read by 16-key tiles: the tiles at 16, 32 and 48 start inside page 0 (their offset within
+    the page must be kept), and at 80 inside page 1."""
+    spec = make_spec(**SPECS["flash"])
+    g = torch.Generator().manual_seed(11)
+    B, Hq, Hkv, D, cap, Nq = 2, 2, 1, 16, 128, 2
+    seqlens = torch.tensor([40, 100], dtype=torch.int32, device=DEV)
+    k, v, bt = _layout_cache(g, B, Hkv, D, cap, torch.float32, 64)
+    q = _randn(g, B, Hq, Nq, D)
+    ref = decode_attention_reference(q, k, v, spec, seqlens, bt)
+    for bn in (16, None):  # explicit tile, and the default (64, one tile per page)
+        out = decode_attention(q, k, v, spec, seqlens, bt, backend="triton", **({"block_n": bn} if bn else {}))
+        torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_several_queries_whose_windows_start_in_different_tiles(page_size):
+    """Nq 4, window (20, 0), tiles of 16: at length 70 the first query's window starts at 46 (tile 2), the last
+    query's at 49 (tile 3). The kernel's first tile must come from the first query's window."""
+    spec = make_spec(**SPECS["window20"])
+    g = torch.Generator().manual_seed(12)
+    B, Hq, Hkv, D, cap, Nq = 2, 2, 2, 16, 80, 4
+    seqlens = torch.tensor([70, 51], dtype=torch.int32, device=DEV)
+    k, v, bt = _layout_cache(g, B, Hkv, D, cap, torch.float32, page_size)
+    q = _randn(g, B, Hq, Nq, D)
+    ref = decode_attention_reference(q, k, v, spec, seqlens, bt)
+    for splits in (1, 2):
+        out = decode_attention(q, k, v, spec, seqlens, bt, backend="triton", block_n=16, num_splits=splits)
+        torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
+def test_torch_backend_one_causal_query_with_ragged_lengths():
+    """One causal query per sequence, lengths 5 and 9: the shorter sequence must not see the slots past its end
+    (stale noise here), so the unmasked SDPA shortcut applies only when every length equals the longest."""
+    spec = make_spec(**SPECS["flash"])
+    g = torch.Generator().manual_seed(13)
+    k, v, _ = _layout_cache(g, 2, 2, 16, 12, torch.float32, None)
+    q = _randn(g, 2, 4, 1, 16)
+    for lens in ([5, 9], [9, 9]):
+        seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        torch.testing.assert_close(decode_attention(q, k, v, spec, seqlens, backend="torch"),
+                                   decode_attention_reference(q, k, v, spec, seqlens), atol=1e-5, rtol=0)
