@@ -26,6 +26,7 @@ TAYLOR = dict(kind="linear", feature_map="taylor")
         (2, 1, 70, 70, 16, 16, True),   # GQA, N past one 64-row tile
         (4, 2, 65, 65, 16, 24, True),   # Dv != D (padded to 32)
         (2, 2, 33, 50, 8, 16, True),    # Nk > Nq: bottom-right, the first 17 keys seen by every row
+        (1, 1, 64, 197, 16, 16, True),  # Nk - Nq = 133 spans two 64-key tiles: dk/dv's first query tile needs it
         (2, 1, 50, 33, 16, 16, True),   # Nq > Nk: the top 17 rows see nothing and are 0
         (4, 1, 40, 65, 16, 12, False),  # non-causal, MQA
     ],
