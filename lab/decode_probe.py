@@ -1,0 +1,102 @@
+"""Probe (lab: not installed): which decode-kernel settings reach the copy bandwidth at batch 1-4, long contexts
+and small pages (issue "Best against best", item 3). One process, bf16, D 128, one new token (and Nq 4), CUDA-graph
+replays; every row beside SDPA over the same contiguous cache and the device copy bandwidth of the same run.
+
+    python -m lab.decode_probe --out results/h200/<date>/decode_probe [--budget-s 240]
+
+Grid per case: block_n x num_splits (the default, x2, x4) x num_warps x num_stages. Writes decode_probe.csv (every
+row) and prints, per case, the default settings' fraction of copy bandwidth, the best one and SDPA's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from eval.bench_common import env_info, time_cuda_graph, write_csv, write_json
+from eval.bench_decode import copy_bandwidth, kv_bytes_per_step, make_cache
+from kernels.decode import _sm_count, decode_attn, decode_block_n, decode_num_splits
+
+# (name, B, Hq, Hkv, context, page_size or None, Nq)
+CASES = [
+    ("mha_b1_16k", 1, 32, 32, 16384, None, 1),
+    ("mha_b1_64k", 1, 32, 32, 65536, None, 1),
+    ("gqa32:8_b1_64k", 1, 32, 8, 65536, None, 1),
+    ("gqa64:8_b1_128k", 1, 64, 8, 131072, None, 1),
+    ("mha_b4_16k", 4, 32, 32, 16384, None, 1),
+    ("gqa32:8_b4_32k_page16", 4, 32, 8, 32768, 16, 1),
+    ("gqa32:8_b4_32k_page32", 4, 32, 8, 32768, 32, 1),
+    ("mha_b4_16k_page16", 4, 32, 32, 16384, 16, 1),
+    ("gqa32:8_b1_64k_nq4", 1, 32, 8, 65536, None, 4),
+]
+
+
+def default_splits(B, Hkv, G, Nq, context, bn):
+    bm = min(max(16, 1 << max(G * Nq - 1, 0).bit_length()), 64)
+    n_m = -(-(G * Nq) // bm)
+    return decode_num_splits(B * Hkv * n_m, -(-context // bn), _sm_count(torch.device("cuda")))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget-s", type=float, default=240.0)
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t_end = time.time() + args.budget_s
+    copy_gbps = copy_bandwidth()
+    print(f"copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    D, dt = 128, torch.bfloat16
+    for name, B, Hq, Hkv, ctx, ps, Nq in CASES:
+        if time.time() > t_end:
+            print("budget spent: stopping", flush=True)
+            break
+        k, v, bt, seq = make_cache(B, Hkv, ctx, D, dt, ps is not None, ps or 0, gen)
+        q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dt, generator=gen)
+        nbytes = kv_bytes_per_step(B, Hkv, ctx, D)
+        base = dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq)
+        if ps is None:  # SDPA over the same contiguous cache (one query: no mask needed)
+            kk, vv = k, v
+            if Nq == 1:
+                ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(q, kk, vv, enable_gqa=Hq != Hkv))
+                rows.append(dict(base, method="sdpa", ms=ms, frac=nbytes / (ms * 1e-3) / 1e9 / copy_gbps))
+        bn0 = decode_block_n(D, ps)
+        s0 = default_splits(B, Hkv, Hq // Hkv, Nq, ctx, bn0)
+        ms = time_cuda_graph(lambda: decode_attn(q, k, v, seq, bt, causal=True))
+        rows.append(dict(base, method="ours_default", block_n=bn0, num_splits=s0, num_warps=4, num_stages=2, ms=ms,
+                         frac=nbytes / (ms * 1e-3) / 1e9 / copy_gbps))
+        for bn, mult, nw, ns in itertools.product((32, 64, 128), (1, 2, 4), (4, 8), (2, 3, 4)):
+            if time.time() > t_end:
+                break
+            s = max(1, min(default_splits(B, Hkv, Hq // Hkv, Nq, ctx, bn) * mult, 256))
+            try:
+                ms = time_cuda_graph(lambda: decode_attn(q, k, v, seq, bt, causal=True, block_n=bn, num_splits=s,
+                                                         num_warps=nw, num_stages=ns))
+            except Exception as e:  # noqa: BLE001 - out of shared memory etc.: record and go on
+                rows.append(dict(base, method="ours", block_n=bn, num_splits=s, num_warps=nw, num_stages=ns,
+                                 error=f"{type(e).__name__}: {str(e)[:80]}"))
+                continue
+            rows.append(dict(base, method="ours", block_n=bn, num_splits=s, num_warps=nw, num_stages=ns, ms=ms,
+                             frac=nbytes / (ms * 1e-3) / 1e9 / copy_gbps))
+        mine = [r for r in rows if r["case"] == name and r.get("frac")]
+        best = max((r for r in mine if r["method"] == "ours"), key=lambda r: r["frac"], default=None)
+        dflt = next(r for r in mine if r["method"] == "ours_default")
+        sd = next((r["frac"] for r in mine if r["method"] == "sdpa"), float("nan"))
+        print(f"{name:24s} default {dflt['frac']:.2f} (bn {bn0}, S {s0})  best "
+              + (f"{best['frac']:.2f} (bn {best['block_n']}, S {best['num_splits']}, w {best['num_warps']}, "
+                 f"st {best['num_stages']})" if best else "-") + f"  sdpa {sd:.2f}", flush=True)
+        del k, v, bt, q
+        torch.cuda.empty_cache()
+    write_csv(rows, os.path.join(args.out, "decode_probe.csv"))
+    write_json([], os.path.join(args.out, "decode_probe.json"), env=dict(env_info(), copy_gbps=copy_gbps))
+
+
+if __name__ == "__main__":
+    main()
