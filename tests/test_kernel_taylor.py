@@ -26,7 +26,6 @@ TAYLOR = dict(kind="linear", feature_map="taylor")
         (2, 1, 70, 70, 16, 16, True),   # GQA, N past one 64-row tile
         (4, 2, 65, 65, 16, 24, True),   # Dv != D (padded to 32)
         (2, 2, 33, 50, 8, 16, True),    # Nk > Nq: bottom-right, the first 17 keys seen by every row
-        (1, 1, 64, 197, 16, 16, True),  # Nk - Nq = 133 spans two 64-key tiles: dk/dv's first query tile needs it
         (2, 1, 50, 33, 16, 16, True),   # Nq > Nk: the top 17 rows see nothing and are 0
         (4, 1, 40, 65, 16, 12, False),  # non-causal, MQA
     ],
@@ -223,3 +222,21 @@ def test_gradients_of_only_the_inputs_that_need_them(wants, monkeypatch):
     for x, r in zip(got, want_ref):
         assert rel(x, r) <= 1e-5
     assert launched == (["_taylor_bwd_dq"] if wants[0] else ["_taylor_bwd_dkdv"])
+
+
+def test_causal_offset_spanning_several_key_tiles_every_gradient():
+    """Nk = 3 tiles + 5 keys, Nq = one tile (causal, offset Nk - Nq past two tiles): every key tile is seen by the
+    first query tile, so the dk / dv kernel's first query tile must come from the offset (a tile's first key
+    j is seen by rows i >= j - (Nk - Nq)); dropping the offset leaves dk = dv = 0 on the later key tiles."""
+    from kernels.taylor import _meta
+
+    spec = AttentionSpec(causal=True, **TAYLOR)
+    block = _meta(torch.empty(1, 16), torch.empty(1, 16), True)["BLOCK_N"]  # fp32, D = Dv = 16
+    Nq, Nk = block, 3 * block + 5
+    q, k, v, do = _inputs(1, 2, 1, Nq, Nk, 16, 16, seed=3)
+    got = _grads(lambda a, b, c: attention(a, b, c, spec, backend="parallel"), q, k, v, do)
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), q, k, v, do)
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert x.shape == r.shape, name
+        assert rel(x, r) <= 1e-5, (name, rel(x, r))
+    assert got[3][:, :, block: 3 * block].abs().max() > 0  # key tiles past the first have a gradient

@@ -108,6 +108,23 @@ def _slots(cache_seqlens: torch.Tensor, n_new: int, block_table: Optional[torch.
     return page, pos % page_size
 
 
+def check_new_kv(k_cache, v_cache, k_new, v_new, block_table: Optional[torch.Tensor] = None) -> None:
+    """Checks of the keys / values :func:`append_kv` would write (shape ``(B, Hkv, N_new, D)`` matching the cache,
+    the cache's dtype and device); raises ``ValueError`` / ``TypeError`` naming the argument. Writes nothing."""
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, Hkv, N_new, D), got {getattr(t, 'shape', type(t).__name__)}")
+    if k_new.shape != v_new.shape:
+        raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
+    if k_new.dtype != v_new.dtype:
+        raise TypeError(f"k_new.dtype={k_new.dtype} and v_new.dtype={v_new.dtype} must be the same")
+    B, Hkv, n_new, D = k_new.shape
+    check_cache_layout(k_cache, v_cache, block_table, B, Hkv, D, k_new.dtype, of="k_new")
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if t.device != k_cache.device:
+            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+
+
 def append_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor] = None, check_values: bool = True,
@@ -120,26 +137,23 @@ def append_kv(
             ``cache_seqlens[b] + t`` of sequence ``b``.
         cache_seqlens: int32 ``(B,)`` lengths *before* the append.
         block_table: int32 ``(B, max_pages)`` for a paged cache (the pages must already be assigned).
-        check_values: check lengths / page indices on the host (one device sync).
+        check_values: check lengths (``0 <= cache_seqlens[b]``, ``cache_seqlens[b] + N_new <= capacity``) and
+            page indices on the host (device syncs; without it a negative length writes from the end).
 
     Returns:
         int32 ``(B,)``: ``cache_seqlens + N_new`` (pass it to :func:`attn_zoo.decode_attention`).
 
     Raises:
-        ValueError / TypeError: shapes, dtypes, a write past the capacity, a page index out of range.
+        ValueError / TypeError: shapes, dtypes, devices, a negative ``cache_seqlens``, a write past the capacity,
+        a page index out of range.
     """
-    for name, t in (("k_new", k_new), ("v_new", v_new)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (B, Hkv, N_new, D), got {getattr(t, 'shape', type(t).__name__)}")
-    if k_new.shape != v_new.shape:
-        raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
-    B, Hkv, n_new, D = k_new.shape
-    check_cache_layout(k_cache, v_cache, block_table, B, Hkv, D, k_new.dtype, of="k_new")
+    check_new_kv(k_cache, v_cache, k_new, v_new, block_table)
+    B, n_new = k_new.shape[0], k_new.shape[2]
     _check_seqlens(cache_seqlens, B, k_cache.device)
     if check_values:
-        if bool((cache_seqlens < 0).any()):
-            b = int((cache_seqlens < 0).nonzero()[0, 0])
-            raise ValueError(f"cache_seqlens[{b}]={int(cache_seqlens[b])} must be >= 0 (a length before the append)")
+        for b, n in enumerate(cache_seqlens.tolist()):  # a negative length would index from the end (-1: last slot)
+            if n < 0:
+                raise ValueError(f"cache_seqlens[{b}]={n} must be >= 0 (the tokens sequence {b} holds before the append)")
         end = cache_seqlens.to(torch.int64) + n_new
         check_cache_values(end, cache_capacity(k_cache, block_table), block_table, k_cache.shape[0], k_cache.shape[2])
     rows, cols = _slots(cache_seqlens, n_new, block_table, k_cache.shape[2])
@@ -198,7 +212,8 @@ class KVCache:
             layer's cache). When an append would overflow, the last ``min(len, keep_last, capacity - N_new)``
             tokens move to the front (amortised O(1) per token for ``capacity >= 2 * keep_last``). Attention
             on it is exact for causal windows whose left extent is ``< keep_last`` when
-            ``capacity >= keep_last + Nq`` (a window is translation invariant).
+            ``capacity >= keep_last + Nq`` (a window is translation invariant); :meth:`attend` refuses
+            (``ValueError``) when a smaller capacity has dropped tokens the first query's window needs.
 
     Attributes: ``k``, ``v`` (the cache tensors), ``seqlens`` (int32 ``(B,)`` on ``device``), ``block_table``
     (int32 ``(B, max_pages)`` or ``None``), ``lengths`` (host list), ``dropped`` (host list: tokens dropped from
@@ -258,13 +273,15 @@ class KVCache:
         self.seqlens = torch.tensor(self.lengths, dtype=torch.int32, device=self.k.device)
 
     def _ensure_pages(self, new_lengths: List[int]) -> None:
+        """Hand out the pages ``new_lengths`` need; all or none (``RuntimeError`` before taking any)."""
+        short = sum(max(cdiv(n, self.page_size) - self._n_pages[b], 0) for b, n in enumerate(new_lengths))
+        if short > len(self._free):
+            raise RuntimeError(f"paged KV cache is out of pages (num_pages={self.k.shape[0]}): the append needs "
+                               f"{short} more, {len(self._free)} are free; release sequences or allocate a larger pool")
         changed = False
         for b, n in enumerate(new_lengths):
             need = cdiv(n, self.page_size)
             while self._n_pages[b] < need:
-                if not self._free:
-                    raise RuntimeError(f"paged KV cache is out of pages (num_pages={self.k.shape[0]}); "
-                                       f"release sequences or allocate a larger pool")
                 self._table[b, self._n_pages[b]] = self._free.pop()
                 self._n_pages[b] += 1
                 changed = True
@@ -301,34 +318,13 @@ class KVCache:
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
         """Append ``(B, Hkv, N_new, D)`` keys / values to every sequence; returns the new ``seqlens``.
 
-        Raises ``ValueError`` when a sequence would exceed ``capacity`` (except with ``keep_last``, which drops
-        the oldest tokens instead) or ``k_new`` / ``v_new`` do not fit the cache (shape, dtype), ``RuntimeError``
-        when the page pool is exhausted. A refused append changes nothing (no page leaves the pool).
+        Raises ``ValueError`` / ``TypeError`` for a wrong shape, dtype or device of ``k_new`` / ``v_new`` and when a
+        sequence would exceed ``capacity`` (except with ``keep_last``, which drops the oldest tokens instead),
+        ``RuntimeError`` when the page pool is exhausted. Atomic: everything is checked before the cache changes,
+        so a failed append leaves tokens, lengths and the page pool as they were.
         """
-        # every check before any change: a refused append leaves the cache and its page pool as they were
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                raise ValueError(f"{name} must be a 4-D tensor (B, Hkv, N_new, D), got "
-                                 f"{getattr(t, 'shape', type(t).__name__)}")
-        if k_new.shape != v_new.shape:
-            raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
-        check_cache_layout(self.k, self.v, self.block_table, k_new.shape[0], k_new.shape[1], k_new.shape[3],
-                           k_new.dtype, of="k_new")
-        if k_new.shape[0] != self.batch:
-            raise ValueError(f"k_new has batch {k_new.shape[0]}, the cache {self.batch}")
+        check_new_kv(self.k, self.v, k_new, v_new, self.block_table)  # before anything changes
         n_new = k_new.shape[2]
-        if self.keep_last is None:
-            for b, n in enumerate(self.lengths):
-                if n + n_new > self.capacity:
-                    raise ValueError(f"appending {n_new} tokens to sequence {b} of length {n} exceeds the "
-                                     f"cache capacity of {self.capacity} tokens")
-            if self.page_size is not None:
-                need = sum(max(cdiv(n + n_new, self.page_size) - self._n_pages[b], 0)
-                           for b, n in enumerate(self.lengths))
-                if need > len(self._free):
-                    raise RuntimeError(f"paged KV cache is out of pages: the append needs {need} new pages, "
-                                       f"{len(self._free)} of num_pages={self.k.shape[0]} are free; release "
-                                       f"sequences or allocate a larger pool")
         if self.keep_last is not None:
             self._compact(n_new)
             if n_new > self.capacity:  # only the last `capacity` tokens can be kept
@@ -349,7 +345,8 @@ class KVCache:
     def attend(self, q: torch.Tensor, spec, backend: str = "auto") -> torch.Tensor:
         """:func:`attn_zoo.decode_attention` of ``q (B, Hq, Nq, D)`` over this cache (the ``Nq`` new tokens must
         have been appended). A ``keep_last`` cache that dropped tokens only serves causal sliding windows whose
-        left extent is below ``keep_last`` (``ValueError`` otherwise)."""
+        left extent is below ``keep_last``, and only while it still holds each sequence's last ``left + Nq``
+        tokens (always when ``capacity >= keep_last + Nq``); ``ValueError`` otherwise, never a wrong result."""
         from .attention import decode_attention
 
         nq = q.shape[2] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
@@ -363,11 +360,13 @@ class KVCache:
             if not ok:
                 raise ValueError(f"this cache keeps only the last {self.keep_last} tokens; kind={spec.kind!r} "
                                  f"(window_size={spec.window_size}) needs the dropped ones")
-            for b in range(self.batch):  # the first new query's window must lie in the kept tokens
-                if self.dropped[b] and nq is not None and self.lengths[b] < nq + spec.window_size[0]:
+            need = spec.window_size[0] + (nq or 1)  # the first query's window: left extent + the Nq new tokens
+            for b in range(self.batch):
+                if self.dropped[b] and self.lengths[b] < need:
                     raise ValueError(
-                        f"sequence {b} keeps {self.lengths[b]} tokens, fewer than Nq + window_size[0] = {nq} + "
-                        f"{spec.window_size[0]}: the window of the first new query reaches dropped tokens; use a "
-                        f"cache with capacity >= keep_last + Nq (capacity={self.capacity}, keep_last={self.keep_last})")
+                        f"this keep_last={self.keep_last} cache (capacity={self.capacity}) holds the last "
+                        f"{self.lengths[b]} tokens of sequence {b}, but Nq={nq} queries with window_size="
+                        f"{spec.window_size} need the last {need}: size it with capacity >= keep_last + Nq "
+                        f"({self.keep_last + (nq or 1)})")
         return decode_attention(q, self.k, self.v, spec, self.seqlens, self.block_table, backend=backend,
                                 check_values=False)
