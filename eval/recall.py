@@ -397,50 +397,11 @@ def fig2_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     return rows
 
 
-def _variant_handles(variants: Sequence[str]):
-    from eval.plots import _proxy, variant_style
-
-    return [_proxy(lw=1.6, label=v, **variant_style(v)) for v in variants]
-
-
 def plot_fig2(rows: Sequence[dict], base: str, caption: str, select: str = "best") -> List[str]:
-    from eval.plots import _proxy, _save, grid, suptitle, variant_style
+    """The PNG of :func:`eval.figspec.fig2` (the same definition the report draws)."""
+    from eval import figspec
 
-    lens = sorted({int(r["seq_len"]) for r in rows})
-    variants = sorted({r["variant"] for r in rows})
-    fig, axes = grid(len(lens), ncols=4, panel_w=3.9, panel_h=3.4, sharey=True)
-    for ax, n in zip(axes, lens):
-        sel = [r for r in rows if int(r["seq_len"]) == n]
-        for v in variants:
-            pts = sorted([r for r in sel if r["variant"] == v], key=lambda r: r["d_model"])
-            if pts:
-                ln, = ax.plot([r["d_model"] for r in pts], [r["acc"] for r in pts], lw=1.6, ms=5, **variant_style(v))
-                cut = [r for r in pts if _f(r.get("finished", 1)) < 1]  # cut off before max_steps: hollow marker
-                if cut:
-                    ax.plot([r["d_model"] for r in cut], [r["acc"] for r in cut], ls="none", ms=8, mew=1.4,
-                            marker=ln.get_marker(), mfc="white", mec=ln.get_color(), zorder=ln.get_zorder() + 1)
-        chance = sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))})
-        for c in chance:
-            ax.axhline(c, color="gray", ls="--", lw=1)
-        pairs = sorted({int(_f(r["num_kv_pairs"])) for r in sel if math.isfinite(_f(r["num_kv_pairs"]))})
-        ax.set_title(f"seq_len {n}" + (f", {'/'.join(map(str, pairs))} kv pairs" if pairs else ""), fontsize=10,
-                     loc="left", fontweight="bold")
-        ax.set_xscale("log", base=2)
-        ds = sorted({r["d_model"] for r in sel})
-        ax.set_xticks(ds, [str(d) for d in ds])
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("model dimension (d_model)")
-        ax.set_ylabel("MQAR accuracy")
-        ax.grid(True, alpha=0.25)
-    handles = _variant_handles(variants) + [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs")]
-    if any(_f(r.get("finished", 1)) < 1 for r in rows):
-        handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
-                              label="hollow: run cut off before max_steps"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), fontsize=8, frameon=False)
-    acc = "best validation (max, as Zoology)" if select == "best" else "last validation"
-    suptitle(fig, "Which variants solve associative recall, and at what model width? (Zoology Fig. 2)\n"
-                  f"accuracy: {acc}, best over optim.lr · " + caption, fontsize=9)
-    return _save(fig, base)
+    return figspec.to_png(figspec.fig2(rows, caption, select), base)
 
 
 # --------------------------------------------------------------------------------------------- cliff
