@@ -189,6 +189,50 @@ def fig2(rows: Sequence[dict], caption: str, select: str = "best") -> Figure:
                   panel_w=3.9, panel_h=3.4, sharey=True)
 
 
+CROSSOVER_METRICS = (("fwd_bwd_ms", "time fwd+bwd (ms)"), ("fwd_ms", "time fwd (ms)"),
+                     ("peak_mem_bytes", "peak memory (MiB)"))
+
+
+def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CROSSOVER_METRICS) -> Figure:
+    """Speed and memory vs N (log-log), one panel per metric, one trace per (variant, backend, head dim, KV heads,
+    GPU) of the kernel sweep table (``kernel.csv`` rows with a ``gpu`` column); the n* of each crossover row of that
+    metric (:func:`eval.crossover.detect_crossovers`) a star on its curve. ``meta``: variant, backend, head_dim,
+    gpu (the report's filters)."""
+    from eval.plots import _loglog_y, backend_style
+
+    keys = sorted({(r["variant"], r["backend"], int(_f(r["head_dim"])), int(_f(r.get("n_kv_heads"))),
+                    r.get("gpu", "?")) for r in rows})
+    panels = []
+    for metric, label in metrics:
+        scale = 1 / 2 ** 20 if metric.endswith("bytes") else 1.0
+        p = Panel(label, "sequence length N", label, xlog=2)
+        p.xticks = sorted({int(_f(r["seq_len"])) for r in rows})
+        for v, b, d, hkv, gpu in keys:
+            sel = sorted([r for r in rows if (r["variant"], r["backend"], int(_f(r["head_dim"])),
+                                              int(_f(r.get("n_kv_heads"))), r.get("gpu", "?")) == (v, b, d, hkv, gpu)
+                          and _f(r.get(metric)) > 0], key=lambda r: _f(r["seq_len"]))
+            if not sel:
+                continue
+            bs = backend_style(b)
+            st = {"color": bs["color"], "marker": bs["marker"], "ls": _vstyle(v)["ls"]}
+            name = f"{v} / {b}" + (f" (Hkv {hkv})" if v in ("gqa", "mqa") else "")
+            meta = {"variant": v, "backend": b, "head_dim": d, "gpu": gpu}
+            xs, ys = [_f(r["seq_len"]) for r in sel], [_f(r[metric]) * scale for r in sel]
+            p.traces.append(Trace(name, xs, ys, st, meta=meta, hover=[
+                f"{name}, d={d}, {gpu}<br>N {int(x):,}: {y:.4g} {label}" for x, y in zip(xs, ys)]))
+            for c in crossovers:
+                if (c.get("variant"), c.get("backend"), int(_f(c.get("head_dim"))), c.get("metric"),
+                        c.get("gpu", "?")) == (v, b, d, metric, gpu) and _f(c.get("n_star")) > 0:
+                    n = _f(c["n_star"])
+                    p.traces.append(Trace("n* (crossover)", [n], [_loglog_y(xs, ys, n)],
+                                          {"color": st["color"], "marker": "*", "ls": "none"}, lines=False,
+                                          sizes=[180.0], meta=dict(meta, n_star=n), hover=[
+                                              f"{name}: n* = {n:,.0f} vs {c.get('baseline')}"]))
+        panels.append(p)
+    return Figure("Where does each variant become faster than exact attention? (n* starred)", panels,
+                  ncols=len(panels), panel_w=4.6)
+
+
 # --------------------------------------------------------------------------------------------- matplotlib
 def to_matplotlib(fig: Figure):
     """The figure drawn by matplotlib (constrained layout, one shared legend below, the size key at the right)."""
