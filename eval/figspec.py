@@ -46,6 +46,7 @@ class Panel:
     ylabel: str
     traces: List[Trace] = field(default_factory=list)
     xlog: int = 0  # 0: linear axis, else the log base
+    ylog: bool = False
     xticks: Optional[List[float]] = None
     ylim: Optional[Sequence[float]] = None
     y_reversed: bool = False
@@ -205,7 +206,7 @@ def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CRO
     panels = []
     for metric, label in metrics:
         scale = 1 / 2 ** 20 if metric.endswith("bytes") else 1.0
-        p = Panel(label, "sequence length N", label, xlog=2)
+        p = Panel(label, "sequence length N", label, xlog=2, ylog=True)
         p.xticks = sorted({int(_f(r["seq_len"])) for r in rows})
         for v, b, d, hkv, gpu in keys:
             sel = sorted([r for r in rows if (r["variant"], r["backend"], int(_f(r["head_dim"])),
@@ -269,6 +270,8 @@ def to_matplotlib(fig: Figure):
             _log_ticks(ax.xaxis, [x for t in p.traces for x in t.x])
         if p.traces and p.traces[0].sizes is not None:
             ax.margins(0.15)  # room for the largest bubbles
+        if p.ylog:
+            ax.set_yscale("log")
         if p.ylim:
             ax.set_ylim(*p.ylim)
         ax.set_title(p.title, fontsize=10, loc="left", fontweight="bold")
@@ -332,11 +335,11 @@ def to_plotly(fig: Figure) -> dict:
     n = max(len(fig.panels), 1)
     ncols = max(1, min(fig.ncols, n))
     nrows = math.ceil(n / ncols)
-    gap_x, gap_y = 0.06, 0.5 / (nrows * 2 + 2)
+    gap_x, gap_y = 0.06, 0.3 / nrows
     w, h = (1 - gap_x * (ncols - 1)) / ncols, (1 - gap_y * (nrows - 1)) / nrows
     layout = {"title": {"text": fig.title.replace("\n", "<br>"), "font": {"size": 13}}, "hovermode": "closest",
-              "height": int(300 * nrows + 140), "margin": {"t": 90 + 16 * fig.title.count("\n")},
-              "legend": {"orientation": "h", "y": -0.12 / nrows}, "annotations": [], "shapes": []}
+              "height": int(340 * nrows + 160), "margin": {"t": 90 + 16 * fig.title.count("\n")},
+              "legend": {"orientation": "h", "y": -0.1 - 0.1 / nrows}, "annotations": [], "shapes": []}
     data, shown = [], set()
     for i, p in enumerate(fig.panels):
         r, c = divmod(i, ncols)
@@ -348,6 +351,8 @@ def to_plotly(fig: Figure) -> dict:
             xa["type"] = "log"
         if p.xticks:
             xa.update(tickmode="array", tickvals=list(p.xticks), ticktext=[f"{v:g}" for v in p.xticks])
+        if p.ylog:
+            ya["type"] = "log"
         if p.ylim:
             ya["range"] = list(p.ylim)
         if p.y_reversed:
