@@ -249,12 +249,38 @@ def write(out: str = os.path.join(REPO, "results", "report.html"), root: str = R
     return out
 
 
+def screenshots(html: str, out_dir: str, chromium: str = "/usr/bin/chromium") -> List[str]:
+    """``report_<section>.png`` of each section of the page ``html`` (headless Chromium through playwright, a
+    256-colour palette to keep them small); returns the paths."""
+    from PIL import Image
+    from playwright.sync_api import sync_playwright
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        pg = browser.new_page(viewport={"width": 1250, "height": 900})
+        pg.goto("file://" + os.path.abspath(html))
+        pg.wait_for_function("window.attnZoo && Object.keys(window.attnZoo.rendered).length >= 8", timeout=120_000)
+        for sec in SECTIONS:
+            paths.append(os.path.join(out_dir, f"report_{sec}.png"))
+            pg.locator(f"#sec-{sec}").screenshot(path=paths[-1])
+            Image.open(paths[-1]).convert("RGB").quantize(256).save(paths[-1], optimize=True)
+        browser.close()
+    return paths
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "results", "report.html"), help="the HTML file to write")
+    p.add_argument("--screenshots", metavar="DIR", help="also save report_<section>.png of each section in DIR "
+                   "(needs playwright and chromium)")
     args = p.parse_args(argv)
     path = write(args.out)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB); open it in a browser (no server needed)")
+    if args.screenshots:
+        for s in screenshots(path, args.screenshots):
+            print(f"wrote {s}")
     return 0
 
 
