@@ -22,6 +22,12 @@ def _f(x) -> float:
         return float("nan")
 
 
+def _i(x) -> int:
+    """An int of a table cell; -1 when missing."""
+    v = _f(x)
+    return int(v) if math.isfinite(v) else -1
+
+
 @dataclass
 class Trace:
     """One series: points ``x``, ``y``; ``style`` from :func:`eval.plots.variant_style` (color, marker, ls);
@@ -201,16 +207,16 @@ def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CRO
     gpu (the report's filters)."""
     from eval.plots import _loglog_y, backend_style
 
-    keys = sorted({(r["variant"], r["backend"], int(_f(r["head_dim"])), int(_f(r.get("n_kv_heads"))),
+    keys = sorted({(r["variant"], r.get("backend", "?"), _i(r.get("head_dim")), _i(r.get("n_kv_heads")),
                     r.get("gpu", "?")) for r in rows})
     panels = []
     for metric, label in metrics:
         scale = 1 / 2 ** 20 if metric.endswith("bytes") else 1.0
         p = Panel(label, "sequence length N", label, xlog=2, ylog=True)
-        p.xticks = sorted({int(_f(r["seq_len"])) for r in rows})
+        p.xticks = sorted({_i(r["seq_len"]) for r in rows if _f(r.get(metric)) > 0})
         for v, b, d, hkv, gpu in keys:
-            sel = sorted([r for r in rows if (r["variant"], r["backend"], int(_f(r["head_dim"])),
-                                              int(_f(r.get("n_kv_heads"))), r.get("gpu", "?")) == (v, b, d, hkv, gpu)
+            sel = sorted([r for r in rows if (r["variant"], r.get("backend", "?"), _i(r.get("head_dim")),
+                                              _i(r.get("n_kv_heads")), r.get("gpu", "?")) == (v, b, d, hkv, gpu)
                           and _f(r.get(metric)) > 0], key=lambda r: _f(r["seq_len"]))
             if not sel:
                 continue
@@ -222,7 +228,7 @@ def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CRO
             p.traces.append(Trace(name, xs, ys, st, meta=meta, hover=[
                 f"{name}, d={d}, {gpu}<br>N {int(x):,}: {y:.4g} {label}" for x, y in zip(xs, ys)]))
             for c in crossovers:
-                if (c.get("variant"), c.get("backend"), int(_f(c.get("head_dim"))), c.get("metric"),
+                if (c.get("variant"), c.get("backend"), _i(c.get("head_dim")), c.get("metric"),
                         c.get("gpu", "?")) == (v, b, d, metric, gpu) and _f(c.get("n_star")) > 0:
                     n = _f(c["n_star"])
                     p.traces.append(Trace("n* (crossover)", [n], [_loglog_y(xs, ys, n)],
@@ -380,6 +386,29 @@ def to_plotly(fig: Figure) -> dict:
                          "meta": dict(t.meta, panel=p.title)})
             shown.add(t.name)
     return {"data": data, "layout": layout}
+
+
+# --------------------------------------------------------------------------------------------- W&B
+def to_wandb(fig: Figure, prefix: str) -> dict:
+    """The figure as native W&B charts, one per panel, keyed ``<prefix>/<panel title>``: a panel of lines is a
+    ``wandb.plot.line_series`` (x = the panel's x, e.g. N; one line per trace, e.g. per variant); a panel of points
+    (bubbles) a ``wandb.plot.scatter`` over a ``wandb.Table`` (``series``, x, y). Marker-only traces beside lines
+    (the n* stars) are left out. Needs ``wandb``."""
+    import wandb
+
+    out = {}
+    for p in fig.panels:
+        lines = [t for t in p.traces if t.lines]
+        key = f"{prefix}/{p.title}"
+        if lines:
+            out[key] = wandb.plot.line_series(xs=[list(t.x) for t in lines], ys=[list(t.y) for t in lines],
+                                              keys=[t.name for t in lines], title=f"{fig.title.split(chr(10))[0]}: "
+                                              f"{p.title}", xname=p.xlabel)
+        elif p.traces:
+            rows = [[t.name, x, y] for t in p.traces for x, y in zip(t.x, t.y)]
+            table = wandb.Table(columns=["series", p.xlabel, p.ylabel], data=rows)
+            out[key] = wandb.plot.scatter(table, p.xlabel, p.ylabel, title=f"{p.title}: {p.ylabel} vs {p.xlabel}")
+    return out
 
 
 def as_dict(fig: Figure) -> dict:
