@@ -87,24 +87,34 @@ def _better(metric: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- definitions
+def lines(rows: Sequence[dict], panel: str, x: str, y: str, title: str, xlabel: str, ylabel, series: str = "variant",
+          label=None, ncols: int = 3, panel_w: float = 5.0, panel_h: float = 3.6) -> Figure:
+    """Small multiples of lines: one panel per value of ``rows[panel]`` (a column name, or a function of a row), one
+    line per ``series`` value (variant styles) of ``y`` vs ``x`` (log2 axis, ticks at the data). ``ylabel``: a text
+    or a function of the panel value; ``label``: legend label of a series value (default: itself)."""
+    key = panel if callable(panel) else (lambda r: r[panel])
+    names = sorted({r[series] for r in rows})
+    panels = []
+    for pv in sorted({key(r) for r in rows}):
+        sel = [r for r in rows if key(r) == pv]
+        p = Panel(pv if isinstance(pv, str) else ": ".join(map(str, pv)), xlabel,
+                  ylabel(pv) if callable(ylabel) else ylabel, xlog=2, xticks=sorted({int(_f(r[x])) for r in sel}))
+        for v in names:
+            pts = sorted([r for r in sel if r[series] == v], key=lambda r: _f(r[x]))
+            if pts:
+                p.traces.append(Trace(v, [_f(r[x]) for r in pts], [_f(r[y]) for r in pts], _vstyle(v),
+                                      meta={series: v, "panel": str(pv)}))
+        panels.append(p)
+    return Figure(title, panels, legend=[(label(v) if label else v, _vstyle(v)) for v in names],
+                  ncols=ncols if len(panels) not in (2, 4) else 2, panel_w=panel_w, panel_h=panel_h)
+
+
 def quality_vs_n(rows: Sequence[dict], title: Optional[str] = None) -> Figure:
     """Quality vs context length per variant, one panel per (dataset, metric) of the long table of
     :func:`eval.quality.long_form` (``dataset``, ``variant``, ``seq_len``, ``metric``, ``value``)."""
-    panels_k = sorted({(r["dataset"], r["metric"]) for r in rows})
-    vs = sorted({r["variant"] for r in rows})
-    panels = []
-    for ds, met in panels_k:
-        sel = [r for r in rows if r["dataset"] == ds and r["metric"] == met]
-        p = Panel(f"{ds}: {met}", "seq_len", f"{met} ({_better(met)})", xlog=2,
-                  xticks=sorted({int(_f(r["seq_len"])) for r in sel}))
-        for v in vs:
-            pts = sorted([r for r in sel if r["variant"] == v], key=lambda r: _f(r["seq_len"]))
-            if pts:
-                p.traces.append(Trace(v, [_f(r["seq_len"]) for r in pts], [_f(r["value"]) for r in pts], _vstyle(v),
-                                      meta={"variant": v, "dataset": ds, "metric": met}))
-        panels.append(p)
-    return Figure("What does each variant cost in quality as the context grows?" + (f"\n{title}" if title else ""),
-                  panels, legend=[(v, _vstyle(v)) for v in vs], ncols=2 if len(panels) in (2, 4) else 3, panel_w=5.0)
+    return lines(rows, lambda r: (r["dataset"], r["metric"]), "seq_len", "value",
+                 "What does each variant cost in quality as the context grows?" + (f"\n{title}" if title else ""),
+                 "seq_len", lambda pv: f"{pv[1]} ({_better(pv[1])})")
 
 
 BUBBLE_MAX_AREA = 900.0  # points^2 of the largest memory
@@ -300,7 +310,8 @@ def to_matplotlib(fig: Figure):
         return _proxy(**kw)
 
     handles = [handle(lb, st) for lb, st in fig.legend]
-    mfig.legend(handles=handles, loc="outside lower center", ncol=min(6, max(len(handles), 1)), fontsize=8,
+    per_row = max(1, min(6, int(mfig.get_figwidth() / 2.6)))  # legend entries per row that fit the width
+    mfig.legend(handles=handles, loc="outside lower center", ncol=min(per_row, max(len(handles), 1)), fontsize=8,
                 frameon=False)
     if fig.size_key:
         sk = [_proxy(ls="none", marker="o", color="lightgray", mec="k", ms=math.sqrt(a), label=lb) if a else

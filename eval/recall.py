@@ -688,29 +688,14 @@ def _params_label(variant: str, params: Sequence[float]) -> str:
 
 
 def plot_lm(rows: Sequence[dict], base: str, caption: str) -> List[str]:
-    from eval.plots import _proxy, _save, grid, suptitle, variant_style
+    """Validation bits per byte vs context, one panel per data set (:func:`eval.figspec.lines`)."""
+    from eval import figspec
 
-    datas = sorted({r["data"] for r in rows})
-    variants = sorted({r["variant"] for r in rows})
-    fig, axes = grid(len(datas), ncols=2, panel_w=5.2, panel_h=3.8)
-    for ax, dname in zip(axes, datas):
-        for v in variants:
-            pts = sorted([r for r in rows if r["data"] == dname and r["variant"] == v], key=lambda r: r["seq_len"])
-            if pts:
-                ax.plot([r["seq_len"] for r in pts], [r["bpb"] for r in pts], lw=1.6, ms=5, **variant_style(v))
-        lens = sorted({r["seq_len"] for r in rows if r["data"] == dname})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lens, [f"{n:,}" for n in lens])
-        ax.set_xlabel("context length (data.seq_len)")
-        ax.set_ylabel("validation bits per byte (lower is better)")
-        ax.set_title(dname, fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, alpha=0.25)
-    handles = [_proxy(lw=1.6, label=_params_label(v, [r["n_params"] for r in rows if r["variant"] == v]),
-                      **variant_style(v)) for v in variants]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False)
-    suptitle(fig, "What does each variant cost in language-modelling quality as the context grows?\n" + caption,
-                  fontsize=9)
-    return _save(fig, base)
+    return figspec.to_png(figspec.lines(
+        rows, "data", "seq_len", "bpb", "What does each variant cost in language-modelling quality as the context "
+        "grows?\n" + caption, "context length (data.seq_len)", "validation bits per byte (lower is better)",
+        label=lambda v: _params_label(v, [r["n_params"] for r in rows if r["variant"] == v]), ncols=2, panel_w=5.2,
+        panel_h=3.8), base)
 
 
 # --------------------------------------------------------------------------------------------- ablation
