@@ -44,6 +44,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUALITY_CSV = "results/cpu/crossover_quality/quality.csv"
 JOINS = "results/h200/quality/join_*/quality_speed_memory.csv"
 FIG2 = "results/h200/quality/mqar_fig2/fig2.csv"
+# eval.bench_flash tables (another schema: N, D, Hkv, impl) joined to the explorer: the head dims 64 and 128
+BENCH_FLASH = ("results/h200/bench_flash_d64.csv", "results/h200/bench_flash_d128.csv")
 FIG2_RUNS = ("results/h200/quality/runs/mqar_fig2", "results/h200/quality/runs/mqar_fig2_based")
 # KV-cache explainer models: (name, n_layer, n_head, head_dim)
 KV_MODELS = [("GPT-2 medium", 24, 16, 64), ("7B (Llama-2-like)", 32, 32, 128), ("70B-like", 80, 64, 128)]
@@ -131,9 +133,27 @@ def crossover_figure(root: str = REPO) -> Optional[figspec.Figure]:
         rows += [dict(r, gpu=gpu) for r in _read_csv(k) if r.get("status") == "ok"]
         if os.path.exists(os.path.join(d, "crossover.csv")):
             cross += [dict(c, gpu=gpu) for c in _read_csv(os.path.join(d, "crossover.csv"))]
+    for path in BENCH_FLASH:
+        rows += bench_flash_rows(os.path.join(root, path))
     if not rows:
         return None
     return figspec.crossover(rows, cross)
+
+
+def bench_flash_rows(path: str) -> List[dict]:
+    """An :mod:`eval.bench_flash` table in the kernel-sweep schema of :func:`eval.figspec.crossover`: ``variant``
+    ``flash <its variant>`` (causal, noncausal, win1024, ...), ``backend`` its ``impl`` (``ours`` -> ``triton``),
+    ``seq_len`` = N, ``head_dim`` = D, ``n_kv_heads`` = Hkv, ``peak_mem_bytes`` from MiB, ``gpu`` from its JSON."""
+    if not os.path.exists(path):
+        return []
+    gpu = "?"
+    if os.path.exists(path[:-4] + ".json"):
+        with open(path[:-4] + ".json") as f:
+            gpu = (json.load(f).get("env") or {}).get("gpu", "?")
+    return [{"variant": f"flash {r['variant']}", "backend": {"ours": "triton"}.get(r["impl"], r["impl"]),
+             "seq_len": r["N"], "head_dim": r["D"], "n_kv_heads": r["Hkv"], "fwd_ms": r["fwd_ms"],
+             "fwd_bwd_ms": r["fwd_bwd_ms"], "peak_mem_bytes": _f(r.get("peak_mem_mib")) * 2 ** 20, "gpu": gpu}
+            for r in _read_csv(path)]
 
 
 def _overrides(run_dir: str) -> List[str]:
