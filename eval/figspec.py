@@ -356,7 +356,7 @@ def to_plotly(fig: Figure) -> dict:
     w, h = (1 - gap_x * (ncols - 1)) / ncols, (1 - gap_y * (nrows - 1)) / nrows
     layout = {"title": {"text": fig.title.replace("\n", "<br>"), "font": {"size": 13}}, "hovermode": "closest",
               "height": int(340 * nrows + 160), "margin": {"t": 90 + 16 * fig.title.count("\n")},
-              "legend": {"orientation": "h", "y": -0.1 - 0.1 / nrows}, "annotations": [], "shapes": []}
+              "legend": {"orientation": "h"}, "annotations": [], "shapes": []}
     data, shown = [], set()
     for i, p in enumerate(fig.panels):
         r, c = divmod(i, ncols)
@@ -396,6 +396,9 @@ def to_plotly(fig: Figure) -> dict:
                          "marker": marker, "text": t.hover, "hoverinfo": "text" if t.hover else "x+y+name",
                          "meta": dict(t.meta, panel=p.title)})
             shown.add(t.name)
+    legend_rows = math.ceil(len(shown) / 5)  # a long legend below the panels: room for it, not at their cost
+    layout["height"] += 24 * legend_rows
+    layout["legend"].update(y=-0.1 - 0.1 / nrows - 0.02 * legend_rows / nrows, yanchor="top")
     return {"data": data, "layout": layout}
 
 
