@@ -56,7 +56,7 @@ class Panel:
     xticks: Optional[List[float]] = None
     ylim: Optional[Sequence[float]] = None
     y_reversed: bool = False
-    hlines: List[float] = field(default_factory=list)  # dashed grey lines (chance)
+    hlines: List = field(default_factory=list)  # y (a dashed grey line: chance) or (y, style)
 
 
 @dataclass
@@ -250,6 +250,12 @@ def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CRO
                   ncols=len(panels), panel_w=4.6)
 
 
+def _hline(h) -> tuple:
+    """``(y, {"color", "ls", "lw"})`` of a panel's horizontal line (a bare y: grey dashed)."""
+    y, st = h if isinstance(h, tuple) else (h, {})
+    return y, {"color": "gray", "ls": "--", "lw": 1, **st}
+
+
 # --------------------------------------------------------------------------------------------- matplotlib
 def to_matplotlib(fig: Figure):
     """The figure drawn by matplotlib (constrained layout, one shared legend below, the size key at the right)."""
@@ -276,8 +282,8 @@ def to_matplotlib(fig: Figure):
             if cut:
                 ax.plot([c[0] for c in cut], [c[1] for c in cut], ls="none", ms=8, mew=1.4, marker=st["marker"],
                         mfc="white", mec=st["color"], zorder=ln.get_zorder() + 1)
-        for y in p.hlines:
-            ax.axhline(y, color="gray", ls="--", lw=1)
+        for y, st in map(_hline, p.hlines):
+            ax.axhline(y, **st)
         if p.xlog:
             ax.set_xscale("log", base=p.xlog)
         if p.xticks:
@@ -379,9 +385,10 @@ def to_plotly(fig: Figure) -> dict:
         layout[f"xaxis{ax}"], layout[f"yaxis{ax}"] = xa, ya
         layout["annotations"].append({"text": f"<b>{p.title}</b>", "xref": "paper", "yref": "paper", "x": x0,
                                       "y": y1 + 0.01, "xanchor": "left", "yanchor": "bottom", "showarrow": False})
-        for y in p.hlines:
+        for y, st in map(_hline, p.hlines):
             layout["shapes"].append({"type": "line", "xref": f"x{ax} domain", "yref": f"y{ax}", "x0": 0, "x1": 1,
-                                     "y0": y, "y1": y, "line": {"color": "gray", "dash": "dash", "width": 1}})
+                                     "y0": y, "y1": y, "line": {"color": _hex(st["color"]), "width": st["lw"],
+                                                                "dash": _DASH.get(st["ls"], "solid")}})
         for t in p.traces:
             st, col = t.style, _hex(t.style["color"])
             hollow = t.hollow or [False] * len(t.x)

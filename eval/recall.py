@@ -916,10 +916,10 @@ def curves_table(recs: Sequence[dict]) -> List[dict]:
 def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     """One panel per (variant, seq_len, d_model): val/acc vs training step, colour = ``optim.lr``, line style =
     ``trainer.max_steps`` (the cosine schedule spans it, so a longer budget keeps a higher lr for longer); a
-    hollow end marker for a run cut off before its max_steps."""
+    hollow end marker for a run cut off before its max_steps (:mod:`eval.figspec`)."""
     import matplotlib.pyplot as plt
 
-    from eval.plots import _proxy, _save, grid, suptitle
+    from eval import figspec
 
     def known(x) -> float:  # a run config without optim.lr / trainer.max_steps: -1 ("?"), one key for all of them
         x = _f(x)
@@ -930,38 +930,32 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     budgets = sorted({known(r["max_steps"]) for r in rows})
     colors = {lr: plt.get_cmap("viridis")(0.85 * i / max(1, len(lrs) - 1)) for i, lr in enumerate(lrs)}
     styles = {b: ("-", ":", "--", "-.")[i % 4] for i, b in enumerate(reversed(budgets))}  # longest: solid
-    fig, axes = grid(len(cells), ncols=3, panel_w=4.4, panel_h=3.3, sharey=True)
-    for ax, (v, n, d) in zip(axes, cells):
+    target = {"color": "tab:red", "ls": "-.", "lw": 0.9}
+    panels = []
+    for v, n, d in cells:
         sel = [r for r in rows if (r["variant"], int(r["seq_len"]), int(r["d_model"])) == (v, n, d)]
+        p = figspec.Panel(f"{v} · seq_len {n} · d_model {d}", "training step", "MQAR accuracy (val/acc)",
+                          ylim=(0, 1.03), hlines=sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))})
+                          + [(0.99, target)])
         for run in sorted({r["run"] for r in sel}):
             pts = [r for r in sel if r["run"] == run]
             lr, b = known(pts[0]["lr"]), known(pts[0]["max_steps"])
-            ax.plot([r["step"] for r in pts], [r["acc"] for r in pts], color=colors[lr], ls=styles[b], lw=1.6,
-                    marker="o", ms=3, zorder=3 + budgets[::-1].index(b))  # shorter budgets on top
-            if _f(pts[0].get("finished", 1)) < 1:
-                ax.plot([pts[-1]["step"]], [pts[-1]["acc"]], ls="none", marker="o", ms=8, mfc="white",
-                        mec=colors[lr], mew=1.4)
-        for c in sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))}):
-            ax.axhline(c, color="gray", ls="--", lw=1)
-        ax.axhline(0.99, color="tab:red", ls="-.", lw=0.9, alpha=0.7)
-        ax.set_title(f"{v} · seq_len {n} · d_model {d}", fontsize=9, loc="left", fontweight="bold")
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("MQAR accuracy (val/acc)")
-        ax.grid(True, alpha=0.25)
-    handles = [_proxy(color=colors[lr], lw=2, label=f"lr {lr:g}" if lr >= 0 else "lr ?") for lr in lrs]
+            p.traces.append(figspec.Trace(run, [r["step"] for r in pts], [r["acc"] for r in pts],
+                                          {"color": colors[lr], "ls": styles[b], "marker": "o"},
+                                          hollow=[False] * (len(pts) - 1) + [_f(pts[0].get("finished", 1)) < 1],
+                                          hover=[f"{run}: step {r['step']}, acc {r['acc']:.3f}" for r in pts]))
+        panels.append(p)
+    legend = [(f"lr {lr:g}" if lr >= 0 else "lr ?", {"color": colors[lr]}) for lr in lrs]
     if len(budgets) > 1:
-        handles += [_proxy(color="gray", ls=styles[b], lw=1.6, label=f"max_steps {b:,.0f}" if b >= 0 else
-                           "max_steps ?") for b in budgets]
-    handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
-                _proxy(color="tab:red", ls="-.", lw=0.9, alpha=0.7, label="0.99 (early-stop target)")]
+        legend += [(f"max_steps {b:,.0f}" if b >= 0 else "max_steps ?", {"color": "gray", "ls": styles[b]})
+                   for b in budgets]
+    legend += [("chance: 1 / kv pairs", {"color": "gray", "ls": "--"}), ("0.99 (early-stop target)", target)]
     if any(_f(r.get("finished", 1)) < 1 for r in rows):
-        handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
-                              label="hollow: run cut off before max_steps"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    suptitle(fig, "When does recall form? MQAR val/acc over training, per learning rate and step budget\n" + caption,
-             fontsize=9)
-    return _save(fig, base)
+        legend.append(("hollow: run cut off before max_steps",
+                       {"color": "gray", "ls": "none", "marker": "o", "hollow": True}))
+    return figspec.to_png(figspec.Figure(
+        "When does recall form? MQAR val/acc over training, per learning rate and step budget\n" + caption, panels,
+        legend=legend, ncols=3, panel_w=4.4, panel_h=3.3, sharey=True), base)
 
 
 # --------------------------------------------------------------------------------------------- driver
