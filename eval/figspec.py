@@ -57,6 +57,7 @@ class Panel:
     ylim: Optional[Sequence[float]] = None
     y_reversed: bool = False
     hlines: List = field(default_factory=list)  # y (a dashed grey line: chance) or (y, style)
+    vlines: List = field(default_factory=list)  # x or (x, style), as hlines
 
 
 @dataclass
@@ -284,6 +285,8 @@ def to_matplotlib(fig: Figure):
                         mfc="white", mec=st["color"], zorder=ln.get_zorder() + 1)
         for y, st in map(_hline, p.hlines):
             ax.axhline(y, **st)
+        for x, st in map(_hline, p.vlines):
+            ax.axvline(x, **st)
         if p.xlog:
             ax.set_xscale("log", base=p.xlog)
         if p.xticks:
@@ -388,6 +391,10 @@ def to_plotly(fig: Figure) -> dict:
         for y, st in map(_hline, p.hlines):
             layout["shapes"].append({"type": "line", "xref": f"x{ax} domain", "yref": f"y{ax}", "x0": 0, "x1": 1,
                                      "y0": y, "y1": y, "line": {"color": _hex(st["color"]), "width": st["lw"],
+                                                                "dash": _DASH.get(st["ls"], "solid")}})
+        for x, st in map(_hline, p.vlines):
+            layout["shapes"].append({"type": "line", "xref": f"x{ax}", "yref": f"y{ax} domain", "x0": x, "x1": x,
+                                     "y0": 0, "y1": 1, "line": {"color": _hex(st["color"]), "width": st["lw"],
                                                                 "dash": _DASH.get(st["ls"], "solid")}})
         for t in p.traces:
             st, col = t.style, _hex(t.style["color"])

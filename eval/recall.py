@@ -462,51 +462,46 @@ CLIFF_METRICS = (("acc_far", "val/acc_far: key beyond the window", "tab:red", "v
 
 
 def plot_cliff(rows: Sequence[dict], base: str, caption: str, recs: Sequence[dict]) -> List[str]:
-    from eval.plots import _proxy, _save, grid, suptitle
+    """Accuracy on far / near / all queries vs the window, one panel per (seq_len, d_model); full attention a grey
+    dotted line, the median query-key distance a green one (:mod:`eval.figspec`). Adds ``median_key_distance`` to
+    ``rows``."""
+    from eval import figspec
 
-    panels = sorted({(int(r["seq_len"]), int(r["d_model"])) for r in rows})
-    multi_d = len({d for _, d in panels}) > 1
-    fig, axes = grid(len(panels), ncols=3, panel_w=4.4, panel_h=3.5, sharey=True)
-    marks = {}
-    for ax, (n, d) in zip(axes, panels):
-        sel = sorted([r for r in rows if int(r["seq_len"]) == n and int(r["d_model"]) == d and r["window"] >= 0],
-                     key=lambda r: r["window"])
+    cells = sorted({(int(r["seq_len"]), int(r["d_model"])) for r in rows})
+    multi_d = len({d for _, d in cells}) > 1
+    full, dist = {"color": "gray", "ls": ":", "lw": 1.4}, {"color": "tab:green", "ls": "-.", "lw": 1.2}
+    marks, panels = {}, []
+    for n, d in cells:
+        here = [r for r in rows if int(r["seq_len"]) == n and int(r["d_model"]) == d]
+        sel = sorted([r for r in here if r["window"] >= 0], key=lambda r: r["window"])
         ws = [r["window"] for r in sel]
-        for col, _label, color, marker, ls in CLIFF_METRICS:
-            pts = [(r["window"], _f(r[col])) for r in sel if math.isfinite(_f(r.get(col)))]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker, ls=ls, lw=1.6, ms=5)
-        for r in rows:
-            if int(r["seq_len"]) == n and int(r["d_model"]) == d and r["window"] < 0:
-                ax.axhline(_f(r["acc"]), color="gray", ls=":", lw=1.4)
         md = median_key_distance(sel)
         if not math.isfinite(md):
             cfgs = [x["cfg"] for x in recs if x["seq_len"] == n]
             md = generated_key_distance(cfgs[0]) if cfgs else float("nan")
         marks[(n, d)] = md
-        if math.isfinite(md):
-            ax.axvline(md, color="tab:green", ls="-.", lw=1.2)
-        if ws and min(ws) > 0:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ws, [str(w) for w in ws])
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("left window size (attention.window_size[0])")
-        ax.set_ylabel("MQAR accuracy")
-        ax.set_title(f"seq_len {n}" + (f", d_model {d}" if multi_d else ""), fontsize=10, loc="left",
-                     fontweight="bold")
-        ax.grid(True, alpha=0.25)
-    handles = [_proxy(color=c, marker=m, ls=ls, lw=1.6, label=lab) for _, lab, c, m, ls in CLIFF_METRICS]
+        p = figspec.Panel(f"seq_len {n}" + (f", d_model {d}" if multi_d else ""),
+                          "left window size (attention.window_size[0])", "MQAR accuracy", ylim=(0, 1.03),
+                          xlog=2 if ws and min(ws) > 0 else 0, xticks=ws if ws and min(ws) > 0 else None,
+                          hlines=[(_f(r["acc"]), full) for r in here if r["window"] < 0],
+                          vlines=[(md, dist)] if math.isfinite(md) else [])
+        for col, label, color, marker, ls in CLIFF_METRICS:
+            pts = [(r["window"], _f(r[col])) for r in sel if math.isfinite(_f(r.get(col)))]
+            if pts:
+                p.traces.append(figspec.Trace(label, [x for x, _ in pts], [y for _, y in pts],
+                                              {"color": color, "marker": marker, "ls": ls}))
+        panels.append(p)
+    legend = [(lab, {"color": c, "marker": m, "ls": ls}) for _, lab, c, m, ls in CLIFF_METRICS]
     if any(r["window"] < 0 for r in rows):
-        handles.append(_proxy(color="gray", ls=":", lw=1.4, label="full attention (no window), val/acc"))
+        legend.append(("full attention (no window), val/acc", full))
     if any(math.isfinite(v) for v in marks.values()):
-        handles.append(_proxy(color="tab:green", ls="-.", lw=1.2,
-                              label="median query-key distance (larger windows see most keys)"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    suptitle(fig, "How much recall does a sliding window lose for keys it cannot see? (window recall cliff)\n"
-                  "validation with the best val/acc, best over optim.lr · " + caption, fontsize=9)
+        legend.append(("median query-key distance (larger windows see most keys)", dist))
     for row in rows:
         row["median_key_distance"] = marks.get((int(row["seq_len"]), int(row["d_model"])), float("nan"))
-    return _save(fig, base)
+    return figspec.to_png(figspec.Figure(
+        "How much recall does a sliding window lose for keys it cannot see? (window recall cliff)\n"
+        "validation with the best val/acc, best over optim.lr · " + caption, panels, legend=legend, ncols=3,
+        panel_w=4.4, panel_h=3.5, sharey=True), base)
 
 
 # --------------------------------------------------------------------------------------------- hybrid
