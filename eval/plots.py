@@ -701,107 +701,25 @@ def plot_model_sweep(rows: Sequence[dict], base: str, title: Optional[str] = Non
 
 
 def plot_quality_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None) -> List[str]:
-    """Quality vs context length per variant, one panel per (dataset, metric) (see :mod:`eval.quality`); one
-    colour, marker and line style per variant, one legend for all panels."""
-    panels = sorted({(r["dataset"], r["metric"]) for r in rows})
-    fig, axes = grid(len(panels), ncols=2 if len(panels) in (2, 4) else 3, panel_w=5.0)
-    vs = sorted({r["variant"] for r in rows})
-    for ax, (ds, met) in zip(axes, panels):
-        for v in vs:
-            pts = sorted([r for r in rows if r["dataset"] == ds and r["metric"] == met and r["variant"] == v],
-                         key=lambda r: _f(r["seq_len"]))
-            if pts:
-                ax.plot([_f(r["seq_len"]) for r in pts], [_f(r["value"]) for r in pts], lw=1.6, **variant_style(v))
-        lens = sorted({int(_f(r["seq_len"])) for r in rows if r["dataset"] == ds and r["metric"] == met})
-        ax.set_xscale("log", base=2)
-        if lens:
-            ax.set_xticks(lens, [f"{n:,}" for n in lens])
-        ax.set_xlabel("seq_len")
-        better = "lower is better" if met in ("val_bpb", "val_loss") else "higher is better"
-        ax.set_ylabel(f"{met} ({better})")
-        ax.set_title(f"{ds}: {met}", fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-    fig.legend(handles=[_proxy(lw=1.6, label=v, **variant_style(v)) for v in vs], loc="outside lower center",
-               ncol=min(6, max(len(vs), 1)), fontsize=8, frameon=False)
-    suptitle(fig, "What does each variant cost in quality as the context grows?" + (f"\n{title}" if title else ""),
-                  fontsize=10)
-    return _save(fig, base)
+    """Quality vs context length per variant, one panel per (dataset, metric) (see :mod:`eval.quality`); the
+    figure of :func:`eval.figspec.quality_vs_n`."""
+    from eval import figspec
 
-
-def _nice(x: float) -> float:
-    """``x`` rounded to 2 significant digits (legend values of the bubble-size key)."""
-    if not (x > 0):
-        return x
-    p = 10 ** (math.floor(math.log10(x)) - 1)
-    return round(x / p) * p
-
-
-BUBBLE_MAX_AREA = 900.0  # points^2 of the largest memory
+    return figspec.to_png(figspec.quality_vs_n(rows, title), base)
 
 
 def bubble_figure(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memory: str = "peak_mem_mb",
                   title: Optional[str] = None, caption: Optional[str] = None):
-    """The figure of :func:`plot_bubble`: one panel per seq_len (shared axes), y quality, x speed (log), bubble
-    area proportional to memory, colour and marker per variant; a key of bubble sizes in MiB."""
-    pts = [r for r in rows if math.isfinite(_f(r.get(quality))) and _f(r.get(speed)) > 0]
-    lens = sorted({int(_f(r["seq_len"])) for r in pts}) or [0]
-    vs = sorted({r["variant"] for r in pts})
-    mems = [_f(r.get(memory)) for r in pts if _f(r.get(memory)) > 0]
-    mmax = max(mems) if mems else 1.0
-    fig, axes = grid(len(lens), ncols=4, panel_w=4.0, panel_h=3.6, sharex=True, sharey=True)
-    lower_better = quality in ("val_bpb", "val_loss")
-    no_mem = False
-    for ax, n in zip(axes, lens):
-        for v in vs:
-            sel = [r for r in pts if r["variant"] == v and int(_f(r["seq_len"])) == n]
-            if not sel:
-                continue
-            st = variant_style(v)
-            for r in sel:
-                m = _f(r.get(memory))
-                if m > 0:
-                    ax.scatter([_f(r[speed])], [_f(r[quality])], s=max(BUBBLE_MAX_AREA * m / mmax, 12),
-                               color=st["color"], marker=st["marker"], alpha=0.55, edgecolors="k", linewidths=0.6)
-                else:  # memory not known: a small hollow marker
-                    no_mem = True
-                    ax.scatter([_f(r[speed])], [_f(r[quality])], s=40, facecolors="none", edgecolors=st["color"],
-                               marker=st["marker"], linewidths=1.2)
-        ax.set_xscale("log")
-        ax.margins(0.15)  # room for the largest bubbles
-        _log_ticks(ax.xaxis, [_f(r[speed]) for r in pts])
-        ax.set_title(f"seq_len {n}", fontsize=10, loc="left", fontweight="bold")
-        ax.set_xlabel(f"training speed ({speed.replace('_', ' ')})", fontsize=8)
-        ax.set_ylabel(quality + (" (lower is better)" if lower_better else " (higher is better)"), fontsize=8)
-        ax.grid(True, which="both", alpha=0.25)
-    if lower_better:  # quality up, as in LRA Fig. 3 (shared y: once)
-        axes[0].invert_yaxis()
-    if not pts:
-        axes[0].text(0.5, 0.5, "no rows with both quality and speed", ha="center", transform=axes[0].transAxes)
-    var_handles = [_proxy(ls="none", marker=variant_style(v)["marker"], color=variant_style(v)["color"], mec="k",
-                          ms=9, alpha=0.7, label=v) for v in vs]
-    size_handles = []
-    if mems:
-        for frac in (0.25, 0.5, 1.0):
-            val = _nice(mmax * frac)
-            size_handles.append(_proxy(ls="none", marker="o", color="lightgray", mec="k",
-                                       ms=math.sqrt(max(BUBBLE_MAX_AREA * val / mmax, 12)),
-                                       label=f"{val:,.0f} MiB" if val >= 10 else f"{val:.2g} MiB"))
-    if no_mem:
-        size_handles.append(_proxy(ls="none", marker="o", mfc="none", mec="gray", ms=6, label="memory not measured"))
-    fig.legend(handles=var_handles, loc="outside lower center", ncol=min(6, max(len(var_handles), 1)), fontsize=8,
-               frameon=False)
-    if size_handles:
-        fig.legend(handles=size_handles, title="bubble area =\npeak memory", loc="outside right lower", fontsize=8,
-                   title_fontsize=8, labelspacing=2.4, borderpad=1.2, handlelength=3.2, handletextpad=1.2)
-    head = f"Which variant gives the best {quality} for its speed and memory? (one panel per seq_len)"
-    suptitle(fig, head + (f"\n{title}" if title else "") + (f"\n{caption}" if caption else ""), fontsize=9)
-    return fig
+    """The matplotlib figure of :func:`eval.figspec.bubble` (see :func:`plot_bubble`)."""
+    from eval import figspec
+
+    return figspec.to_matplotlib(figspec.bubble(rows, quality, speed, memory, title, caption))
 
 
 def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tokens_per_s",
                 memory: str = "peak_mem_mb", title: Optional[str] = None, caption: Optional[str] = None) -> List[str]:
     """LRA Fig. 3 style: y quality, x speed, bubble area memory; one colour and marker per variant, one panel
-    per seq_len, a key of bubble sizes.
+    per seq_len, a key of bubble sizes (:func:`eval.figspec.bubble`).
 
     ``rows``: the joined table of :func:`eval.quality.join_speed` / :func:`eval.quality.join_bench_speed`
     (``variant``, ``seq_len``, ``dataset`` and the named columns). Points without memory are drawn hollow.
@@ -809,7 +727,6 @@ def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tok
     return _save(bubble_figure(rows, quality, speed, memory, title, caption), base)
 
 
-# --------------------------------------------------------------------------------------------- drivers
 def _machine(machine, env: dict) -> Optional["cm.Machine"]:
     if isinstance(machine, cm.Machine):
         return machine

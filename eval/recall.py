@@ -397,50 +397,11 @@ def fig2_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     return rows
 
 
-def _variant_handles(variants: Sequence[str]):
-    from eval.plots import _proxy, variant_style
-
-    return [_proxy(lw=1.6, label=v, **variant_style(v)) for v in variants]
-
-
 def plot_fig2(rows: Sequence[dict], base: str, caption: str, select: str = "best") -> List[str]:
-    from eval.plots import _proxy, _save, grid, suptitle, variant_style
+    """The PNG of :func:`eval.figspec.fig2` (the same definition the report draws)."""
+    from eval import figspec
 
-    lens = sorted({int(r["seq_len"]) for r in rows})
-    variants = sorted({r["variant"] for r in rows})
-    fig, axes = grid(len(lens), ncols=4, panel_w=3.9, panel_h=3.4, sharey=True)
-    for ax, n in zip(axes, lens):
-        sel = [r for r in rows if int(r["seq_len"]) == n]
-        for v in variants:
-            pts = sorted([r for r in sel if r["variant"] == v], key=lambda r: r["d_model"])
-            if pts:
-                ln, = ax.plot([r["d_model"] for r in pts], [r["acc"] for r in pts], lw=1.6, ms=5, **variant_style(v))
-                cut = [r for r in pts if _f(r.get("finished", 1)) < 1]  # cut off before max_steps: hollow marker
-                if cut:
-                    ax.plot([r["d_model"] for r in cut], [r["acc"] for r in cut], ls="none", ms=8, mew=1.4,
-                            marker=ln.get_marker(), mfc="white", mec=ln.get_color(), zorder=ln.get_zorder() + 1)
-        chance = sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))})
-        for c in chance:
-            ax.axhline(c, color="gray", ls="--", lw=1)
-        pairs = sorted({int(_f(r["num_kv_pairs"])) for r in sel if math.isfinite(_f(r["num_kv_pairs"]))})
-        ax.set_title(f"seq_len {n}" + (f", {'/'.join(map(str, pairs))} kv pairs" if pairs else ""), fontsize=10,
-                     loc="left", fontweight="bold")
-        ax.set_xscale("log", base=2)
-        ds = sorted({r["d_model"] for r in sel})
-        ax.set_xticks(ds, [str(d) for d in ds])
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("model dimension (d_model)")
-        ax.set_ylabel("MQAR accuracy")
-        ax.grid(True, alpha=0.25)
-    handles = _variant_handles(variants) + [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs")]
-    if any(_f(r.get("finished", 1)) < 1 for r in rows):
-        handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
-                              label="hollow: run cut off before max_steps"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), fontsize=8, frameon=False)
-    acc = "best validation (max, as Zoology)" if select == "best" else "last validation"
-    suptitle(fig, "Which variants solve associative recall, and at what model width? (Zoology Fig. 2)\n"
-                  f"accuracy: {acc}, best over optim.lr · " + caption, fontsize=9)
-    return _save(fig, base)
+    return figspec.to_png(figspec.fig2(rows, caption, select), base)
 
 
 # --------------------------------------------------------------------------------------------- cliff
@@ -501,51 +462,46 @@ CLIFF_METRICS = (("acc_far", "val/acc_far: key beyond the window", "tab:red", "v
 
 
 def plot_cliff(rows: Sequence[dict], base: str, caption: str, recs: Sequence[dict]) -> List[str]:
-    from eval.plots import _proxy, _save, grid, suptitle
+    """Accuracy on far / near / all queries vs the window, one panel per (seq_len, d_model); full attention a grey
+    dotted line, the median query-key distance a green one (:mod:`eval.figspec`). Adds ``median_key_distance`` to
+    ``rows``."""
+    from eval import figspec
 
-    panels = sorted({(int(r["seq_len"]), int(r["d_model"])) for r in rows})
-    multi_d = len({d for _, d in panels}) > 1
-    fig, axes = grid(len(panels), ncols=3, panel_w=4.4, panel_h=3.5, sharey=True)
-    marks = {}
-    for ax, (n, d) in zip(axes, panels):
-        sel = sorted([r for r in rows if int(r["seq_len"]) == n and int(r["d_model"]) == d and r["window"] >= 0],
-                     key=lambda r: r["window"])
+    cells = sorted({(int(r["seq_len"]), int(r["d_model"])) for r in rows})
+    multi_d = len({d for _, d in cells}) > 1
+    full, dist = {"color": "gray", "ls": ":", "lw": 1.4}, {"color": "tab:green", "ls": "-.", "lw": 1.2}
+    marks, panels = {}, []
+    for n, d in cells:
+        here = [r for r in rows if int(r["seq_len"]) == n and int(r["d_model"]) == d]
+        sel = sorted([r for r in here if r["window"] >= 0], key=lambda r: r["window"])
         ws = [r["window"] for r in sel]
-        for col, _label, color, marker, ls in CLIFF_METRICS:
-            pts = [(r["window"], _f(r[col])) for r in sel if math.isfinite(_f(r.get(col)))]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker, ls=ls, lw=1.6, ms=5)
-        for r in rows:
-            if int(r["seq_len"]) == n and int(r["d_model"]) == d and r["window"] < 0:
-                ax.axhline(_f(r["acc"]), color="gray", ls=":", lw=1.4)
         md = median_key_distance(sel)
         if not math.isfinite(md):
             cfgs = [x["cfg"] for x in recs if x["seq_len"] == n]
             md = generated_key_distance(cfgs[0]) if cfgs else float("nan")
         marks[(n, d)] = md
-        if math.isfinite(md):
-            ax.axvline(md, color="tab:green", ls="-.", lw=1.2)
-        if ws and min(ws) > 0:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ws, [str(w) for w in ws])
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("left window size (attention.window_size[0])")
-        ax.set_ylabel("MQAR accuracy")
-        ax.set_title(f"seq_len {n}" + (f", d_model {d}" if multi_d else ""), fontsize=10, loc="left",
-                     fontweight="bold")
-        ax.grid(True, alpha=0.25)
-    handles = [_proxy(color=c, marker=m, ls=ls, lw=1.6, label=lab) for _, lab, c, m, ls in CLIFF_METRICS]
+        p = figspec.Panel(f"seq_len {n}" + (f", d_model {d}" if multi_d else ""),
+                          "left window size (attention.window_size[0])", "MQAR accuracy", ylim=(0, 1.03),
+                          xlog=2 if ws and min(ws) > 0 else 0, xticks=ws if ws and min(ws) > 0 else None,
+                          hlines=[(_f(r["acc"]), full) for r in here if r["window"] < 0],
+                          vlines=[(md, dist)] if math.isfinite(md) else [])
+        for col, label, color, marker, ls in CLIFF_METRICS:
+            pts = [(r["window"], _f(r[col])) for r in sel if math.isfinite(_f(r.get(col)))]
+            if pts:
+                p.traces.append(figspec.Trace(label, [x for x, _ in pts], [y for _, y in pts],
+                                              {"color": color, "marker": marker, "ls": ls}))
+        panels.append(p)
+    legend = [(lab, {"color": c, "marker": m, "ls": ls}) for _, lab, c, m, ls in CLIFF_METRICS]
     if any(r["window"] < 0 for r in rows):
-        handles.append(_proxy(color="gray", ls=":", lw=1.4, label="full attention (no window), val/acc"))
+        legend.append(("full attention (no window), val/acc", full))
     if any(math.isfinite(v) for v in marks.values()):
-        handles.append(_proxy(color="tab:green", ls="-.", lw=1.2,
-                              label="median query-key distance (larger windows see most keys)"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    suptitle(fig, "How much recall does a sliding window lose for keys it cannot see? (window recall cliff)\n"
-                  "validation with the best val/acc, best over optim.lr · " + caption, fontsize=9)
+        legend.append(("median query-key distance (larger windows see most keys)", dist))
     for row in rows:
         row["median_key_distance"] = marks.get((int(row["seq_len"]), int(row["d_model"])), float("nan"))
-    return _save(fig, base)
+    return figspec.to_png(figspec.Figure(
+        "How much recall does a sliding window lose for keys it cannot see? (window recall cliff)\n"
+        "validation with the best val/acc, best over optim.lr · " + caption, panels, legend=legend, ncols=3,
+        panel_w=4.4, panel_h=3.5, sharey=True), base)
 
 
 # --------------------------------------------------------------------------------------------- hybrid
@@ -727,29 +683,14 @@ def _params_label(variant: str, params: Sequence[float]) -> str:
 
 
 def plot_lm(rows: Sequence[dict], base: str, caption: str) -> List[str]:
-    from eval.plots import _proxy, _save, grid, suptitle, variant_style
+    """Validation bits per byte vs context, one panel per data set (:func:`eval.figspec.lines`)."""
+    from eval import figspec
 
-    datas = sorted({r["data"] for r in rows})
-    variants = sorted({r["variant"] for r in rows})
-    fig, axes = grid(len(datas), ncols=2, panel_w=5.2, panel_h=3.8)
-    for ax, dname in zip(axes, datas):
-        for v in variants:
-            pts = sorted([r for r in rows if r["data"] == dname and r["variant"] == v], key=lambda r: r["seq_len"])
-            if pts:
-                ax.plot([r["seq_len"] for r in pts], [r["bpb"] for r in pts], lw=1.6, ms=5, **variant_style(v))
-        lens = sorted({r["seq_len"] for r in rows if r["data"] == dname})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lens, [f"{n:,}" for n in lens])
-        ax.set_xlabel("context length (data.seq_len)")
-        ax.set_ylabel("validation bits per byte (lower is better)")
-        ax.set_title(dname, fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, alpha=0.25)
-    handles = [_proxy(lw=1.6, label=_params_label(v, [r["n_params"] for r in rows if r["variant"] == v]),
-                      **variant_style(v)) for v in variants]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False)
-    suptitle(fig, "What does each variant cost in language-modelling quality as the context grows?\n" + caption,
-                  fontsize=9)
-    return _save(fig, base)
+    return figspec.to_png(figspec.lines(
+        rows, "data", "seq_len", "bpb", "What does each variant cost in language-modelling quality as the context "
+        "grows?\n" + caption, "context length (data.seq_len)", "validation bits per byte (lower is better)",
+        label=lambda v: _params_label(v, [r["n_params"] for r in rows if r["variant"] == v]), ncols=2, panel_w=5.2,
+        panel_h=3.8), base)
 
 
 # --------------------------------------------------------------------------------------------- ablation
@@ -970,10 +911,10 @@ def curves_table(recs: Sequence[dict]) -> List[dict]:
 def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     """One panel per (variant, seq_len, d_model): val/acc vs training step, colour = ``optim.lr``, line style =
     ``trainer.max_steps`` (the cosine schedule spans it, so a longer budget keeps a higher lr for longer); a
-    hollow end marker for a run cut off before its max_steps."""
+    hollow end marker for a run cut off before its max_steps (:mod:`eval.figspec`)."""
     import matplotlib.pyplot as plt
 
-    from eval.plots import _proxy, _save, grid, suptitle
+    from eval import figspec
 
     def known(x) -> float:  # a run config without optim.lr / trainer.max_steps: -1 ("?"), one key for all of them
         x = _f(x)
@@ -984,38 +925,32 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     budgets = sorted({known(r["max_steps"]) for r in rows})
     colors = {lr: plt.get_cmap("viridis")(0.85 * i / max(1, len(lrs) - 1)) for i, lr in enumerate(lrs)}
     styles = {b: ("-", ":", "--", "-.")[i % 4] for i, b in enumerate(reversed(budgets))}  # longest: solid
-    fig, axes = grid(len(cells), ncols=3, panel_w=4.4, panel_h=3.3, sharey=True)
-    for ax, (v, n, d) in zip(axes, cells):
+    target = {"color": "tab:red", "ls": "-.", "lw": 0.9}
+    panels = []
+    for v, n, d in cells:
         sel = [r for r in rows if (r["variant"], int(r["seq_len"]), int(r["d_model"])) == (v, n, d)]
+        p = figspec.Panel(f"{v} · seq_len {n} · d_model {d}", "training step", "MQAR accuracy (val/acc)",
+                          ylim=(0, 1.03), hlines=sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))})
+                          + [(0.99, target)])
         for run in sorted({r["run"] for r in sel}):
             pts = [r for r in sel if r["run"] == run]
             lr, b = known(pts[0]["lr"]), known(pts[0]["max_steps"])
-            ax.plot([r["step"] for r in pts], [r["acc"] for r in pts], color=colors[lr], ls=styles[b], lw=1.6,
-                    marker="o", ms=3, zorder=3 + budgets[::-1].index(b))  # shorter budgets on top
-            if _f(pts[0].get("finished", 1)) < 1:
-                ax.plot([pts[-1]["step"]], [pts[-1]["acc"]], ls="none", marker="o", ms=8, mfc="white",
-                        mec=colors[lr], mew=1.4)
-        for c in sorted({_f(r["chance"]) for r in sel if math.isfinite(_f(r["chance"]))}):
-            ax.axhline(c, color="gray", ls="--", lw=1)
-        ax.axhline(0.99, color="tab:red", ls="-.", lw=0.9, alpha=0.7)
-        ax.set_title(f"{v} · seq_len {n} · d_model {d}", fontsize=9, loc="left", fontweight="bold")
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("MQAR accuracy (val/acc)")
-        ax.grid(True, alpha=0.25)
-    handles = [_proxy(color=colors[lr], lw=2, label=f"lr {lr:g}" if lr >= 0 else "lr ?") for lr in lrs]
+            p.traces.append(figspec.Trace(run, [r["step"] for r in pts], [r["acc"] for r in pts],
+                                          {"color": colors[lr], "ls": styles[b], "marker": "o"},
+                                          hollow=[False] * (len(pts) - 1) + [_f(pts[0].get("finished", 1)) < 1],
+                                          hover=[f"{run}: step {r['step']}, acc {r['acc']:.3f}" for r in pts]))
+        panels.append(p)
+    legend = [(f"lr {lr:g}" if lr >= 0 else "lr ?", {"color": colors[lr]}) for lr in lrs]
     if len(budgets) > 1:
-        handles += [_proxy(color="gray", ls=styles[b], lw=1.6, label=f"max_steps {b:,.0f}" if b >= 0 else
-                           "max_steps ?") for b in budgets]
-    handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
-                _proxy(color="tab:red", ls="-.", lw=0.9, alpha=0.7, label="0.99 (early-stop target)")]
+        legend += [(f"max_steps {b:,.0f}" if b >= 0 else "max_steps ?", {"color": "gray", "ls": styles[b]})
+                   for b in budgets]
+    legend += [("chance: 1 / kv pairs", {"color": "gray", "ls": "--"}), ("0.99 (early-stop target)", target)]
     if any(_f(r.get("finished", 1)) < 1 for r in rows):
-        handles.append(_proxy(color="gray", ls="none", marker="o", ms=7, mfc="white", mec="gray",
-                              label="hollow: run cut off before max_steps"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    suptitle(fig, "When does recall form? MQAR val/acc over training, per learning rate and step budget\n" + caption,
-             fontsize=9)
-    return _save(fig, base)
+        legend.append(("hollow: run cut off before max_steps",
+                       {"color": "gray", "ls": "none", "marker": "o", "hollow": True}))
+    return figspec.to_png(figspec.Figure(
+        "When does recall form? MQAR val/acc over training, per learning rate and step budget\n" + caption, panels,
+        legend=legend, ncols=3, panel_w=4.4, panel_h=3.3, sharey=True), base)
 
 
 # --------------------------------------------------------------------------------------------- driver

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.colors as mcolors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-from eval import plots  # noqa: E402
+from eval import figspec, plots  # noqa: E402
 from eval.crossover import detect_crossovers  # noqa: E402
 
 NS = [256, 512, 1024, 2048, 4096]
@@ -208,8 +208,8 @@ def test_bubble_has_a_size_key_and_a_panel_per_length():
     assert key[:3] == ["160 MiB", "330 MiB", "660 MiB"] and key[3] == "memory not measured"
     # area proportional to memory: the 656 MiB bubble has 2x the area of a 328 MiB one
     sizes = sorted(s for c in panels["seq_len 256"].collections for s in c.get_sizes())
-    assert sizes[-1] == pytest.approx(plots.BUBBLE_MAX_AREA) and sizes[0] == pytest.approx(
-        plots.BUBBLE_MAX_AREA * 300 / 656)
+    assert sizes[-1] == pytest.approx(figspec.BUBBLE_MAX_AREA) and sizes[0] == pytest.approx(
+        figspec.BUBBLE_MAX_AREA * 300 / 656)
     assert "synthetic" in fig._suptitle.get_text()
     plt.close(fig)
     lower = [dict(r, val_bpb=2 - r["val_acc"]) for r in bubble_rows()]

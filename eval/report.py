@@ -1,0 +1,308 @@
+"""The interactive report: one self-contained HTML file (Plotly, plotly.js inline; no server, no network).
+
+    python -m eval.report                         # writes results/report.html
+    python -m eval.report --out /tmp/report.html
+
+Sections (each a ``<section id="sec-...">``):
+
+* ``crossover``: speed and memory vs N per variant and backend from every committed kernel sweep
+  (``results/**/kernel.csv`` + its ``crossover.csv``), n* starred, filters for head dim, GPU and implementation;
+  quality vs N per variant (``results/cpu/crossover_quality/quality.csv``).
+* ``bill``: the cost bill of standard (S, P in HBM) vs flash attention for a chosen model: FLOPs, HBM bytes and the
+  roofline time bound (:mod:`attn_zoo.cost_model`, ported to JavaScript formula for formula).
+* ``sliders``: ``n* = c_lin / c2`` (and ``(c_lin - c0) / c2``) moving with the constants of
+  :func:`eval.crossover.constants_crossover`, started at a measured crossover.
+* ``kv``: KV-cache / state bytes per variant vs context and batch against a memory budget
+  (:mod:`attn_zoo.decode.memory`: per-layer descriptors of :func:`~attn_zoo.decode.memory.variant_presets` are
+  exported, the bytes and the longest context that fits are computed in the page by the same formulas).
+* ``bubble``: quality x speed x memory (:func:`eval.figspec.bubble` of the committed joins).
+* ``fig2``: the MQAR Zoology Fig. 2 grid (:func:`eval.figspec.fig2`), hover naming the run and its command.
+
+The charts of the crossover, bubble and fig2 sections are the same :mod:`eval.figspec` definitions that draw the
+PNGs of ``docs/``, rendered by :func:`eval.figspec.to_plotly`. The page exposes its cost functions as
+``window.attnZoo`` (``costBill``, ``cacheBytes``, ``maxContext``, ``nStar``); ``tests/test_report_browser.py``
+checks them against the Python models in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from attn_zoo import cost_model as cm
+from attn_zoo.decode import memory as dm
+from attn_zoo.feature_maps import feature_dim
+
+from eval import figspec
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUALITY_CSV = "results/cpu/crossover_quality/quality.csv"
+JOINS = "results/h200/quality/join_*/quality_speed_memory.csv"
+FIG2 = "results/h200/quality/mqar_fig2/fig2.csv"
+# eval.bench_flash tables (another schema: N, D, Hkv, impl) joined to the explorer: the head dims 64 and 128
+BENCH_FLASH = ("results/h200/bench_flash_d64.csv", "results/h200/bench_flash_d128.csv")
+FIG2_RUNS = ("results/h200/quality/runs/mqar_fig2", "results/h200/quality/runs/mqar_fig2_based")
+# KV-cache explainer models: (name, n_layer, n_head, head_dim)
+KV_MODELS = [("GPT-2 medium", 24, 16, 64), ("7B (Llama-2-like)", 32, 32, 128), ("70B-like", 80, 64, 128)]
+KV_WINDOW = 4096
+# cost-bill presets: name -> (B, H, N, D)
+BILL_MODELS = {"GPT-2 medium (FA1 Fig. 2)": (64, 16, 1024, 64), "7B, 8k context": (1, 32, 8192, 128),
+               "small model of our sweeps": (1, 16, 16384, 128)}
+SECTIONS = ("crossover", "bill", "sliders", "kv", "bubble", "fig2")
+
+
+def _read_csv(path: str) -> List[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _f(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _clean(x):
+    """JSON-safe: NaN / inf -> None, recursively."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+# --------------------------------------------------------------------------------------------- Python references
+def cost_bill(B: int, H: int, N: int, D: int, mode: str = "fwd_bwd", causal: bool = True, dtype_bytes: int = 2,
+              machine: str = "h200", loop_order: str = "fa2", blocks: str = "128x64") -> Dict[str, dict]:
+    """The bill the page computes: ``{"standard": {...}, "flash": {...}}`` with ``flops``, ``hbm_bytes``,
+    ``footprint_bytes`` and ``time_s`` (the roofline bound :meth:`attn_zoo.cost_model.Machine.bound_time`).
+    ``blocks``: ``"128x64"`` (our kernel's tiles) or ``"sram"`` (FA1's rule from the machine's SRAM)."""
+    if blocks not in ("128x64", "sram"):
+        raise ValueError(f"blocks={blocks!r} is not supported; allowed values: 128x64, sram")
+    m = cm.get_machine(machine)
+    std = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, causal=causal)
+    fl = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, causal=causal, loop_order=loop_order,
+                                 sram_bytes=m.sram_bytes if blocks == "sram" else None)
+    return {k: {"flops": c.flops, "hbm_bytes": c.hbm_bytes, "footprint_bytes": c.footprint_bytes,
+                "time_s": m.bound_time(c)} for k, c in (("standard", std), ("flash", fl))}
+
+
+def kv_layers(n_layer: int, n_head: int, head_dim: int, window: int = KV_WINDOW) -> Dict[str, List[dict]]:
+    """Per preset of :func:`attn_zoo.decode.memory.variant_presets`, its layers as the page computes them:
+    ``{"hkv", "window" (kept tokens or None), "state" (linear: F*D + F elements per KV head, else None)}``."""
+    out = {}
+    for name, specs in dm.variant_presets(n_layer, n_head, window=window).items():
+        layers = []
+        for s in specs:
+            kept = dm.kept_tokens(s, 1 << 62)
+            st = None
+            if kept is None:
+                fd = feature_dim(s.feature_map, head_dim, s.num_features)
+                st = fd * head_dim + fd
+            layers.append({"hkv": s.resolve_kv_heads(n_head), "state": st,
+                           "window": None if kept in (None, 1 << 62) else kept})
+        out[name] = layers
+    return out
+
+
+# --------------------------------------------------------------------------------------------- data
+def _gpu(sweep_dir: str) -> str:
+    p = os.path.join(sweep_dir, "env.json")
+    if os.path.exists(p):
+        with open(p) as f:
+            env = json.load(f)
+        return (env.get("env") or env).get("gpu") or "?"
+    return "?"
+
+
+def crossover_figure(root: str = REPO) -> Optional[figspec.Figure]:
+    """Speed (fwd+bwd ms) and memory vs N of every committed kernel sweep; n* of each crossover starred."""
+    rows, cross = [], []
+    for k in sorted(glob.glob(os.path.join(root, "results", "**", "kernel.csv"), recursive=True)):
+        d, gpu = os.path.dirname(k), _gpu(os.path.dirname(k))
+        rows += [dict(r, gpu=gpu) for r in _read_csv(k) if r.get("status") == "ok"]
+        if os.path.exists(os.path.join(d, "crossover.csv")):
+            cross += [dict(c, gpu=gpu) for c in _read_csv(os.path.join(d, "crossover.csv"))]
+    for path in BENCH_FLASH:
+        rows += bench_flash_rows(os.path.join(root, path))
+    if not rows:
+        return None
+    return figspec.crossover(rows, cross)
+
+
+def bench_flash_rows(path: str) -> List[dict]:
+    """An :mod:`eval.bench_flash` table in the kernel-sweep schema of :func:`eval.figspec.crossover`: ``variant``
+    ``flash <its variant>`` (causal, noncausal, win1024, ...), ``backend`` its ``impl`` (``ours`` -> ``triton``),
+    ``seq_len`` = N, ``head_dim`` = D, ``n_kv_heads`` = Hkv, ``peak_mem_bytes`` from MiB, ``gpu`` from its JSON."""
+    if not os.path.exists(path):
+        return []
+    gpu = "?"
+    if os.path.exists(path[:-4] + ".json"):
+        with open(path[:-4] + ".json") as f:
+            gpu = (json.load(f).get("env") or {}).get("gpu", "?")
+    return [{"variant": f"flash {r['variant']}", "backend": {"ours": "triton"}.get(r["impl"], r["impl"]),
+             "seq_len": r["N"], "head_dim": r["D"], "n_kv_heads": r["Hkv"], "fwd_ms": r["fwd_ms"],
+             "fwd_bwd_ms": r["fwd_bwd_ms"], "peak_mem_bytes": _f(r.get("peak_mem_mib")) * 2 ** 20, "gpu": gpu}
+            for r in _read_csv(path)]
+
+
+def _overrides(run_dir: str) -> List[str]:
+    import yaml
+
+    p = os.path.join(run_dir, ".hydra", "overrides.yaml")
+    if not os.path.exists(p):
+        return []
+    with open(p) as f:
+        return [str(o) for o in (yaml.safe_load(f) or []) if not str(o).startswith("stop_at=")]
+
+
+def run_index(roots: Sequence[str]) -> List[dict]:
+    """Every run under ``roots`` by its Hydra overrides (``attention``, ``seq_len``, ``d_model``, ``lr``), with
+    ``run`` (its folder) and ``command`` (``python train.py <overrides>``); reads only ``overrides.yaml``."""
+    out = []
+    for root in roots:
+        for d in sorted(glob.glob(os.path.join(root, "*", ""))):
+            ov = _overrides(d)
+            if not ov:
+                continue
+            kv = dict(o.split("=", 1) for o in ov if "=" in o)
+            out.append({"attention": kv.get("attention", ""), "seq_len": _f(kv.get("data.seq_len")),
+                        "d_model": _f(kv.get("model.d_model")), "lr": _f(kv.get("optim.lr")),
+                        "run": os.path.relpath(d.rstrip("/"), REPO),
+                        "command": "python train.py " + " ".join(ov)})
+    return out
+
+
+def _attach_runs(rows: List[dict], index: Sequence[dict], keys: Sequence[str]) -> List[dict]:
+    """Each row with ``run`` / ``command`` of the run it came from (variant label starts with the attention name;
+    the other ``keys`` (row key, index key) equal); rows with no match are left as they are."""
+    out = []
+    for r in rows:
+        hits = [x for x in index if (str(r["variant"]) == x["attention"] or
+                                     str(r["variant"]).startswith(x["attention"] + " "))
+                and all(_f(r.get(a)) == _f(x.get(b)) for a, b in keys)]
+        if hits:
+            r = dict(r, run=hits[0]["run"] + (f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""),
+                     command=hits[0]["command"])
+        out.append(r)
+    return out
+
+
+def _fig2_rows(root: str) -> List[dict]:
+    rows = []
+    for r in _read_csv(os.path.join(root, FIG2)):
+        rows.append(dict(r, seq_len=int(_f(r["seq_len"])), d_model=int(_f(r["d_model"])), acc=_f(r["acc"])))
+    return _attach_runs(rows, run_index([os.path.join(root, p) for p in FIG2_RUNS]),
+                        [("seq_len", "seq_len"), ("d_model", "d_model"), ("best_lr", "lr")])
+
+
+def _bubble_figures(root: str) -> List[figspec.Figure]:
+    figs = []
+    for p in sorted(glob.glob(os.path.join(root, JOINS))):
+        name = os.path.basename(os.path.dirname(p)).replace("join_", "")
+        runs = os.path.join(root, "results", "h200", "quality", "runs", name)
+        rows = _attach_runs(_read_csv(p), run_index([runs]), [("seq_len", "seq_len")])
+        quality = "val_bpb" if any(math.isfinite(_f(r.get("val_bpb"))) for r in rows) else "val_acc"
+        figs.append(figspec.bubble(rows, quality, title=f"{name} (H200 quality runs; speed and memory: "
+                                                         f"bench_model, small model, our kernels)"))
+    return figs
+
+
+def build_data(root: str = REPO) -> dict:
+    """Everything the page needs, JSON-ready: the figures (Plotly JSON) and the cost-model constants and tables."""
+    charts = {}
+    cf = crossover_figure(root)
+    if cf is not None:
+        charts["crossover"] = figspec.to_plotly(cf)
+    q = os.path.join(root, QUALITY_CSV)
+    if os.path.exists(q):
+        charts["quality"] = figspec.to_plotly(figspec.quality_vs_n(_read_csv(q), "CPU, committed quality sweep"))
+    for i, f in enumerate(_bubble_figures(root)):
+        charts[f"bubble{i}"] = figspec.to_plotly(f)
+    if os.path.exists(os.path.join(root, FIG2)):
+        charts["fig2"] = figspec.to_plotly(figspec.fig2(_fig2_rows(root), "H200 runs of experiment=mqar_fig2"))
+    cross = []
+    for p in sorted(glob.glob(os.path.join(root, "results", "**", "crossover.csv"), recursive=True)):
+        cross += [{"label": f"{c['variant']}/{c['backend']} {c['metric']} (d={c['head_dim']})",
+                   "c0": _f(c.get("c0")), "c2": _f(c.get("c2")), "c_lin": _f(c.get("c_lin")),
+                   "n_star": _f(c.get("n_star"))}
+                  for c in _read_csv(p) if _f(c.get("c2")) > 0 and _f(c.get("c_lin")) > 0]
+    constants = {k: getattr(cm, k) for k in ("STAT_BYTES", "SOFTMAX_STABLE_FLOPS", "SOFTMAX_BWD_FLOPS",
+                                             "FLASH_RECOMPUTE_FLOPS", "FLASH_BWD_DS_FLOPS", "DROPOUT_FLOPS")}
+    machines = {k: {"name": m.name, "peak_flops": m.peak_flops, "bandwidth": m.bandwidth,
+                    "sram_bytes": m.sram_bytes} for k, m in cm.MACHINES.items()}
+    kv = {name: {"n_layer": L, "n_head": H, "head_dim": D, "presets": kv_layers(L, H, D)}
+          for name, L, H, D in KV_MODELS}
+    return _clean({"charts": charts, "cost": {"constants": constants, "machines": machines, "models": BILL_MODELS},
+                   "crossovers": cross, "kv": kv, "kv_window": KV_WINDOW})
+
+
+def build_html(root: str = REPO) -> str:
+    """The page as one string (plotly.js inline)."""
+    from plotly.offline import get_plotlyjs
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.js")) as f:
+        js = f.read()
+    data = json.dumps(build_data(root), allow_nan=False).replace("</", "<\\/")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.html")) as f:
+        page = f.read()
+    return (page.replace("/*PLOTLY*/", get_plotlyjs().replace("</script", "<\\/script"))
+            .replace("/*DATA*/", f"const DATA = {data};").replace("/*APP*/", js))
+
+
+def write(out: str = os.path.join(REPO, "results", "report.html"), root: str = REPO) -> str:
+    """Write the page to ``out``; returns the path."""
+    html = build_html(root)
+    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        f.write(html)
+    return out
+
+
+def screenshots(html: str, out_dir: str, chromium: str = "/usr/bin/chromium") -> List[str]:
+    """``report_<section>.png`` of each section of the page ``html`` (headless Chromium through playwright, a
+    256-colour palette to keep them small); returns the paths."""
+    from PIL import Image
+    from playwright.sync_api import sync_playwright
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        pg = browser.new_page(viewport={"width": 1250, "height": 900})
+        pg.goto("file://" + os.path.abspath(html))
+        pg.wait_for_function("window.attnZoo && Object.keys(window.attnZoo.rendered).length >= 8", timeout=120_000)
+        for sec in SECTIONS:
+            paths.append(os.path.join(out_dir, f"report_{sec}.png"))
+            pg.locator(f"#sec-{sec}").screenshot(path=paths[-1])
+            Image.open(paths[-1]).convert("RGB").quantize(256).save(paths[-1], optimize=True)
+        browser.close()
+    return paths
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join(REPO, "results", "report.html"), help="the HTML file to write")
+    p.add_argument("--screenshots", metavar="DIR", help="also save report_<section>.png of each section in DIR "
+                   "(needs playwright and chromium)")
+    args = p.parse_args(argv)
+    path = write(args.out)
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB); open it in a browser (no server needed)")
+    if args.screenshots:
+        for s in screenshots(path, args.screenshots):
+            print(f"wrote {s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
