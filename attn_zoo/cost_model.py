@@ -554,6 +554,29 @@ def get_machine(name: str) -> Machine:
 
 
 # --------------------------------------------------------------------------------------------- dispatch
+def spec_cost(spec, B: int, H: int, N: int, D: int, *, mode: str = "fwd_bwd", dtype_bytes: int = 2,
+              block_m: Optional[int] = None, block_n: Optional[int] = None) -> Cost:
+    """Cost of one registered variant's spec at ``Nq = Nk = N``: the variant's own cost entry
+    (``cost=`` of :func:`attn_zoo.register_variant`) when it has one, else its family's: the exact tiled kernel
+    over the kept fraction of the pairs (:func:`attn_zoo.variants.element_fraction`) for softmax kinds, the chunked
+    linear form (:func:`linear_attention_cost`, ``F`` from the feature map) for linear ones. No kind is named here.
+    Raises ``ValueError`` for an unregistered kind or a bad ``mode``."""
+    from .variants import element_fraction, get_variant
+
+    _check_mode(mode)
+    v = get_variant(spec.kind)
+    if v.cost_fn is not None:
+        return v.cost_fn(spec, B, H, N, D, mode=mode, dtype_bytes=dtype_bytes, block_m=block_m, block_n=block_n)
+    if v.family == "softmax":
+        return flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, block_m=block_m, block_n=block_n,
+                                    visited_fraction=element_fraction(spec, N))
+    from .feature_maps import feature_dim
+
+    Fd = feature_dim(spec.feature_map, D, spec.num_features)
+    return linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
+                                 dtype_bytes=dtype_bytes, mode=mode)
+
+
 def attention_cost(kind: str, B: int, H: int, N: int, D: int, *, causal: bool = True, mode: str = "fwd_bwd",
                    dtype_bytes: int = 2, window: Optional[int] = None, visited_fraction: Optional[float] = None,
                    chunk_size: int = 64, F: Optional[int] = None, block_m: int = 128, block_n: int = 64) -> Cost:
