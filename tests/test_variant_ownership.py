@@ -156,3 +156,24 @@ def test_multi_token_chunks_after_a_prefill_continue_the_state(name):
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=2e-5, rtol=1e-5)
     if name.startswith("linear"):
         assert all(isinstance(c, LinearState) and c.n == 18 for c in caches)
+
+
+def test_the_cost_entry_is_the_variants():
+    """cost_model.spec_cost asks the variant's cost entry; without one, its family's default over its own mask."""
+    from attn_zoo import cost_model as cm
+    from attn_zoo.variants import element_fraction
+
+    win = AttentionSpec(kind="sliding_window", window_size=(63, 0))
+    want = cm.flash_attention_cost(1, 2, 1024, 64, mode="fwd", visited_fraction=element_fraction(win, 1024))
+    assert cm.spec_cost(win, 1, 2, 1024, 64, mode="fwd") == want
+    assert cm.spec_cost(win, 1, 2, 1024, 64).flops < cm.spec_cost(AttentionSpec(kind="flash"), 1, 2, 1024, 64).flops
+    lin = cm.spec_cost(AttentionSpec(kind="linear"), 1, 2, 1024, 64)
+    assert lin == cm.linear_attention_cost(1, 2, 1024, 64, F=64)
+    seen = []
+    register_variant("own_costed", "softmax", mask=_window_mask(2),
+                     cost=lambda spec, B, H, N, D, **kw: seen.append(kw["mode"]) or want)
+    try:
+        assert cm.spec_cost(AttentionSpec(kind="own_costed"), 1, 2, 1024, 64, mode="fwd") is want
+        assert seen == ["fwd"]
+    finally:
+        unregister_variant("own_costed")
