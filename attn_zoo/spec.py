@@ -75,6 +75,9 @@ def _refuse_unread_fields(spec, variant) -> None:
 class AttentionSpec:
     """Description of one attention variant (validated on construction; raises ``ValueError``).
 
+    A field the kind does not read (not in its variant's ``fields``, e.g. ``block_size`` on ``flash``) must keep
+    its default: anything else raises ``ValueError`` naming the field and the kinds that read it.
+
     Common fields
         kind: a registered variant (:func:`attn_zoo.variants.variant_kinds`). Built in: ``"flash"`` (exact
             softmax attention, Dao et al. 2022), ``"sliding_window"`` (local attention, Beltagy et al. 2020
@@ -233,7 +236,8 @@ _BASE_FIELDS = tuple(f for f in fields(AttentionSpec))
 
 def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
     """Hydra-friendly constructor (lists from YAML become tuples); the spec class of ``kind``'s variant (fields of
-    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them."""
+    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them; a known
+    field that ``kind`` does not read, set to a non-default value, raises naming the kinds that read it."""
     for key, val in kwargs.items():
         if val is not None and not isinstance(val, (int, float, str, bool, tuple)):  # ListConfig / list from YAML
             try:
