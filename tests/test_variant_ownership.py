@@ -131,6 +131,7 @@ LAYERS = {
     "linear": [dict(kind="linear", feature_map="elu1", chunk_size=4)],
     "linear_favor": [dict(kind="linear", feature_map="favor", num_features=16, chunk_size=4)],
     "sliding_window": [dict(kind="sliding_window", window_size=(4, 0))],
+    "dilated_window": [dict(kind="dilated_window", window_size=(2, 0), dilation=2)],  # a window cache of 5 tokens
     "hybrid": [dict(kind="linear", chunk_size=4), dict(kind="flash", kv_group_size=2),
                dict(kind="sparse", block_size=4)],
 }
@@ -154,6 +155,8 @@ def test_multi_token_chunks_after_a_prefill_continue_the_state(name):
             outs.append(model(idx[:, t: t + n], caches=caches, pos=t))
             t += n
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=2e-5, rtol=1e-5)
+    if name.endswith("window"):  # the policy's rolling cache, not the whole context
+        assert all(isinstance(c, KVCache) and c.keep_last == 5 for c in caches)
     if name.startswith("linear"):
         assert all(isinstance(c, LinearState) and c.n == 18 for c in caches)
 
