@@ -14,11 +14,11 @@ them run the same compiled function and the same block mask:
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
 import torch
 
 from .masks import MaskInfo, mask_info
+from .registry import derived_cache
 
 __all__ = ["compiled_flex_attention", "flex_block_mask", "allow_retain_graph"]
 
@@ -58,7 +58,7 @@ def allow_retain_graph() -> None:
         pass
 
 
-@lru_cache(maxsize=64)
+@derived_cache(64)
 def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
     """``BlockMask`` of ``spec`` for ``Nq`` queries and ``Nk`` keys on ``device`` (``None`` if nothing is masked).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import auto_order, backend_names, get_backends
+from .registry import auto_order, backend_names, derived_dict, get_backends
 from .spec import AttentionSpec
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -88,8 +88,9 @@ def attention(
 
 # A call signature (spec, backend, shapes, dtypes, devices) whose inputs passed check_inputs and whose backend's
 # supports() accepted them: every check reads nothing else, so a repeated call (each layer of each training step)
-# goes straight to the implementation. register_backend clears it.
-_DISPATCH = {}
+# goes straight to the implementation. Every (un)registration of a backend or variant clears it
+# (attn_zoo.registry.forget_derived).
+_DISPATCH = derived_dict()
 
 
 def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, backend: str = "auto",

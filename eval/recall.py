@@ -182,6 +182,16 @@ def _layer_name(entry) -> str:
     return str(entry)
 
 
+def _fields_read(kind: str) -> tuple:
+    """The spec fields the variant ``kind`` reads (none for a kind not registered here, e.g. an old run's)."""
+    from attn_zoo.variants import get_variant
+
+    try:
+        return get_variant(kind).fields
+    except ValueError:
+        return ()
+
+
 def variant_label(cfg: dict) -> str:
     """Line label of a run: ``model.layers`` joined by ``+`` for hybrids, else ``attention.name``, with the feature
     map of linear kinds (``linear (elu1)``; a name that already says it, e.g. ``linear_taylor``, stays) and the left
@@ -192,10 +202,11 @@ def variant_label(cfg: dict) -> str:
     att = _get(cfg, "attention", {}) or {}
     name = str(att.get("name") or att.get("kind") or "unknown")
     kind = str(att.get("kind") or name)
-    if kind == "linear" and att.get("feature_map") and str(att["feature_map"]) not in name:
+    reads = _fields_read(kind)
+    if "feature_map" in reads and att.get("feature_map") and str(att["feature_map"]) not in name:
         name += f" ({att['feature_map']})"
     ws = att.get("window_size")
-    if kind in ("sliding_window", "dilated_window") and isinstance(ws, (list, tuple)) and ws:
+    if "window_size" in reads and isinstance(ws, (list, tuple)) and ws:
         name += f" (w={ws[0]})"
     return name
 

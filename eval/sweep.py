@@ -379,14 +379,9 @@ def element_fraction(spec: AttentionSpec, N: int) -> float:
 
 def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes: int, backend: str) -> dict:
     """FLOPs (fwd / fwd+bwd), modelled HBM bytes, compulsory bytes and footprint of one point."""
+    f1 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd")  # the variant's cost entry
+    f2 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd")
     if not spec.is_softmax:
-        from attn_zoo.feature_maps import feature_dim
-
-        Fd = feature_dim(spec.feature_map, D, spec.num_features)
-        f1 = cm.linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
-                                      dtype_bytes=dtype_bytes, mode="fwd")
-        f2 = cm.linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
-                                      dtype_bytes=dtype_bytes, mode="fwd_bwd")
         frac = float("nan")
         if backend in ("naive", "reference"):
             f2s = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd")
@@ -395,8 +390,6 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
                     "visited_fraction": frac}
     else:
         frac = element_fraction(spec, N)
-        f1 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd", visited_fraction=frac)
-        f2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=frac)
         masked = not mask_info(spec, N, N).is_full
         if masked:  # HBM traffic follows the visited tiles, not the kept elements
             bm, bn = int(f2.detail["block_m"]), int(f2.detail["block_n"])

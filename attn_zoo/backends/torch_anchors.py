@@ -22,14 +22,13 @@ Rows that see no key: ``naive`` outputs 0; the SDPA anchors never have such rows
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..masks import mask_info
-from ..registry import family, register_backend
+from ..registry import derived_cache, family, register_backend
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -137,7 +136,7 @@ def flex_attention(q, k, v, spec, return_lse=False):
 
 
 # --------------------------------------------------------------------------------------------- naive
-@lru_cache(maxsize=32)
+@derived_cache(32)
 def _naive_mask(spec, Nq: int, Nk: int, device: str):
     """``(allowed or None, has empty rows)`` of the spec's mask on ``device``."""
     mi = mask_info(spec, Nq, Nk)

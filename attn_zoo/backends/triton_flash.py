@@ -13,12 +13,11 @@ cannot run are reported by :func:`_supports` (``auto`` then falls back to ``torc
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 import torch
 
 from ..masks import mask_info, unseen_keys
-from ..registry import family, register_backend
+from ..registry import derived_cache, family, register_backend
 from ._triton import triton_input_reason
 
 
@@ -49,7 +48,7 @@ def sparse_tables(spec, Nq, Nk, D, device, config=None):
     return _sparse_tables_at(spec, Nq, Nk, D, device, sparse_tiles(D, config))
 
 
-@lru_cache(maxsize=32)
+@derived_cache(32)
 def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
     from kernels import build_sparse_tables
 
