@@ -27,6 +27,12 @@ first; a backend that cannot run a point records ``status="unsupported"`` with t
         linear kind the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
     ``fa2`` / ``fa3`` / ``fla``: FlashAttention-2 / -3 and flash-linear-attention where installed.
 
+Repeats and correctness (for ``compare=best``, :mod:`eval.best`): ``repeats: R`` times every mode R times (each a
+median as above; the column is their median, ``<mode>_ms_reps`` keeps all R for the bootstrap intervals of n*);
+``bench_at_least: false`` keeps do_bench's ``warmup`` / ``rep`` windows as given (a budgeted run); ``check: true``
+compares each backend's output at ``min(N, check_seq_len)`` tokens with the fp32 reference (``check_err``,
+``check_ok`` against ``check_tol``, default by dtype: :data:`CHECK_TOL`; :func:`check_point`).
+
 Plugins (``plugins:`` in the sweep config, ``--plugins a,b`` on the command line, ``+sweep.plugins=[a]`` for
 :mod:`eval.crossover`): modules imported before the sweep; every backend they register
 (``attn_zoo.register_backend``) is added to the backends axis of the kernel and model sweeps, with no edit here.
@@ -81,6 +87,9 @@ COLUMNS = (
     "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "flops_fwd", "flops_fwd_bwd",
     "model_hbm_bytes", "model_min_bytes", "model_footprint_bytes", "visited_fraction", "tokens",
     "us_per_token", "timestamp",
+    # repeated timings (cfg ``repeats`` > 1: every median of the repeats, ';'-joined) and the correctness check
+    # (cfg ``check``: the backend's output at min(N, check_seq_len) against the fp32 reference)
+    "fwd_ms_reps", "bwd_ms_reps", "fwd_bwd_ms_reps", "check_seq_len", "check_err", "check_ok",
 )
 MODEL_COLUMNS = (
     "sweep", "variant", "backend", "seq_len", "batch", "d_model", "n_layer", "n_heads", "params", "dtype", "device",
@@ -310,6 +319,10 @@ def append_row(path: str, row: dict, columns: Sequence[str] = COLUMNS) -> None:
     every measured point. Keys outside ``columns`` are dropped; None / NaN are written as empty cells."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if not new:  # resuming a CSV written with fewer columns (an older version): keep its header, cells aligned
+        header = pd.read_csv(path, nrows=0).columns.tolist()
+        if header and header != list(columns):
+            columns = header
     pd.DataFrame([row], columns=list(columns), dtype=object).to_csv(path, mode="a", header=new, index=False,
                                                                     lineterminator="\r\n")
 
@@ -331,13 +344,14 @@ def first_call_s(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, rep: int = 5,
-            grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
-    """Median time of ``fn()`` in ms: CUDA events (``eval.bench_common.time_cuda``) on CUDA, otherwise
-    ``time.perf_counter`` around ``rep`` calls after ``warmup`` calls."""
+            grad_to_none: Optional[Sequence[torch.Tensor]] = None, at_least: bool = True) -> float:
+    """Median time of ``fn()`` in ms: CUDA events (``eval.bench_common.time_cuda``; ``at_least=False`` keeps the
+    ``warmup`` / ``rep`` windows in ms as given, for budgeted runs) on CUDA, otherwise ``time.perf_counter`` around
+    ``rep`` calls after ``warmup`` calls."""
     if device.type == "cuda":
         from eval.bench_common import time_cuda
 
-        return time_cuda(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none)
+        return time_cuda(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, at_least=at_least)
     for _ in range(warmup):
         fn()
     ts = []
@@ -365,6 +379,47 @@ def _cleanup(device: torch.device):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------- correctness check
+CHECK_TOL = {"float64": 1e-6, "float32": 5e-3, "float16": 1e-2, "bfloat16": 5e-2}
+_CHECKS: Dict[tuple, dict] = {}
+
+
+def check_point(spec: AttentionSpec, backend, p: dict, cfg: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """The correctness check of one point (sweep config ``check: true``): the backend's forward on ``(1, H, n, D)``
+    random inputs with ``n = min(N, check_seq_len)`` (default 1024) against :func:`attn_zoo.attention`'s ``reference``
+    backend in fp32, as ``check_err = max |out - ref| / max(1, max |ref|)``; ``check_ok`` when ``check_err <=
+    check_tol`` (default by dtype: :data:`CHECK_TOL`). One check per (variant, backend, n, D, Hkv, dtype, device) and
+    process. Never raises: a failing check is ``check_ok=False`` with the reason in ``check_err`` (NaN) and the
+    returned ``error``. What the ``compare=best`` analysis (:mod:`eval.best`) trusts."""
+    from attn_zoo import attention
+
+    H, D, hkv = int(cfg.get("n_heads", 1)), p["head_dim"], p["n_kv_heads"]
+    n = min(int(p["seq_len"]), int(cfg.get("check_seq_len") or 1024))
+    tol = float(cfg.get("check_tol") or CHECK_TOL[str(dtype).replace("torch.", "")])
+    key = (spec, p["backend"], n, D, H, hkv, str(dtype), str(device), tol)
+    if key not in _CHECKS:
+        res = {"check_seq_len": n}
+        try:
+            g = torch.Generator(device=device).manual_seed(int(cfg.get("seed", 0)) + 7919)
+            q, k, v = (torch.randn(1, h, n, D, generator=g, device=device, dtype=torch.float32)
+                       for h in (H, hkv, hkv))
+            fn = backend.build(spec, *(t.to(dtype) for t in (q, k, v)))
+            with torch.no_grad():
+                out = fn(*(t.to(dtype) for t in (q, k, v)))
+                out = out[0] if isinstance(out, tuple) else out
+                ref = attention(q, k, v, spec, backend="reference")
+                err = float((out.float() - ref).abs().max() / max(1.0, float(ref.abs().max())))
+            res.update(check_err=err, check_ok=bool(err <= tol))
+        except Exception as e:  # noqa: BLE001 - recorded, the timing stands
+            if is_oom(e):
+                res.update(check_err=float("nan"), check_ok=False, error=f"check: out of memory at n={n}")
+            else:
+                first = str(e).splitlines()[0] if str(e) else ""
+                res.update(check_err=float("nan"), check_ok=False, error=f"check: {type(e).__name__}: {first}"[:300])
+        _CHECKS[key] = res
+    return dict(_CHECKS[key])
 
 
 # --------------------------------------------------------------------------------------------- model columns
@@ -444,6 +499,15 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         row["error"] = f"cost model: {type(e).__name__}: {e}"[:200]
     modes = [m for m in _as_list(cfg.get("modes", list(MODES))) if m in MODES]
     warmup, rep = int(cfg.get("warmup", 2)), int(cfg.get("rep", 5))
+    repeats = max(1, int(cfg.get("repeats") or 1))
+    at_least = bool(cfg.get("bench_at_least", True))
+
+    def timed(fn_, mode, **kw):  # median of `repeats` timings; every one kept in <mode>_ms_reps
+        ts = [time_ms(fn_, device, warmup, rep, at_least=at_least, **kw) for _ in range(repeats)]
+        if repeats > 1:
+            row[f"{mode}_ms_reps"] = ";".join(f"{t:.6g}" for t in ts)
+        return float(statistics.median(ts))
+
     q = k = v = dout = out = None
     setup_s = 0.0
     try:
@@ -460,7 +524,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         if "fwd" in modes:
             with torch.no_grad():
                 setup_s += first_call_s(lambda: fn(q, k, v), device)  # compile / autotune happen here
-                row["fwd_ms"] = time_ms(lambda: fn(q, k, v), device, warmup, rep)
+                row["fwd_ms"] = timed(lambda: fn(q, k, v), "fwd")
                 row["fwd_peak_mem_bytes"] = peak_bytes(lambda: fn(q, k, v), device)
         if "bwd" in modes or "fwd_bwd" in modes:
             for t in (q, k, v):
@@ -474,21 +538,27 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
 
             if "fwd_bwd" in modes:
                 setup_s += first_call_s(fwd_bwd, device)  # the backward's compile / autotune
-                row["fwd_bwd_ms"] = time_ms(fwd_bwd, device, warmup, rep, grad_to_none=(q, k, v))
+                row["fwd_bwd_ms"] = timed(fwd_bwd, "fwd_bwd", grad_to_none=(q, k, v))
                 for t in (q, k, v):
                     t.grad = None
                 row["peak_mem_bytes"] = peak_bytes(fwd_bwd, device)
             if "bwd" in modes:
                 try:
                     out = fn(q, k, v)
-                    row["bwd_ms"] = time_ms(lambda: out.backward(dout, retain_graph=True), device, warmup, rep,
-                                            grad_to_none=(q, k, v))
+                    row["bwd_ms"] = timed(lambda: out.backward(dout, retain_graph=True), "bwd", grad_to_none=(q, k, v))
                 except Exception as e:  # noqa: BLE001 - some compiled backwards refuse retain_graph
                     if is_oom(e) or not (row.get("fwd_bwd_ms") and row.get("fwd_ms")):
                         raise
                     row["bwd_ms"] = row["fwd_bwd_ms"] - row["fwd_ms"]
                     row["error"] = (f"bwd_ms = fwd_bwd_ms - fwd_ms (repeated backward failed: "
                                     f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})")
+        if cfg.get("check"):
+            q = k = v = dout = out = None
+            _cleanup(device)
+            chk = check_point(spec, backend, p, cfg, device, dtype)
+            if chk.get("error"):
+                row["error"] = "; ".join(x for x in (row.get("error"), chk.pop("error")) if x)
+            row.update(chk)
     except Unsupported as e:
         row.update(status="unsupported", error=str(e)[:300])
     except BaseException as e:  # noqa: BLE001 - record, continue
