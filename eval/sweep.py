@@ -30,8 +30,8 @@ first; a backend that cannot run a point records ``status="unsupported"`` with t
 Repeats and correctness (for ``compare=best``, :mod:`eval.best`): ``repeats: R`` times every mode R times (each a
 median as above; the column is their median, ``<mode>_ms_reps`` keeps all R for the bootstrap intervals of n*);
 ``bench_at_least: false`` keeps do_bench's ``warmup`` / ``rep`` windows as given (a budgeted run); ``check: true``
-compares each backend's output at ``min(N, check_seq_len)`` tokens with the fp32 reference (``check_err``,
-``check_ok`` against ``check_tol``, default by dtype: :data:`CHECK_TOL`; :func:`check_point`).
+compares each backend's output on the timed inputs at ``check_rows`` query rows with the fp32 reference
+(``check_err``, ``check_ok`` against ``check_tol``, default by dtype: :data:`CHECK_TOL`; :func:`check_point`).
 
 Plugins (``plugins:`` in the sweep config, ``--plugins a,b`` on the command line, ``+sweep.plugins=[a]`` for
 :mod:`eval.crossover`): modules imported before the sweep; every backend they register
@@ -88,8 +88,8 @@ COLUMNS = (
     "model_hbm_bytes", "model_min_bytes", "model_footprint_bytes", "visited_fraction", "tokens",
     "us_per_token", "timestamp",
     # repeated timings (cfg ``repeats`` > 1: every median of the repeats, ';'-joined) and the correctness check
-    # (cfg ``check``: the backend's output at min(N, check_seq_len) against the fp32 reference)
-    "fwd_ms_reps", "bwd_ms_reps", "fwd_bwd_ms_reps", "check_seq_len", "check_err", "check_ok",
+    # (cfg ``check``: the backend's output at check_rows query rows against the fp32 reference)
+    "fwd_ms_reps", "bwd_ms_reps", "fwd_bwd_ms_reps", "check_rows", "check_err", "check_ok",
 )
 MODEL_COLUMNS = (
     "sweep", "variant", "backend", "seq_len", "batch", "d_model", "n_layer", "n_heads", "params", "dtype", "device",
@@ -97,6 +97,22 @@ MODEL_COLUMNS = (
     "infer_ms", "infer_tokens_per_s", "infer_peak_mem_bytes", "timestamp",
 )
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class CudaContextLost(RuntimeError):
+    """A point left the CUDA context unusable (illegal address, device-side assert, launch failure): the point is
+    recorded as ``error`` and :func:`run_sweep` stops; a new process resumes after it (``python -m eval.sweep`` exits
+    with code 3)."""
+
+
+_STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "illegal instruction",
+           "misaligned address", "cuda error: an illegal")
+
+
+def is_sticky_cuda_error(message: str) -> bool:
+    """True for the CUDA errors after which every later call in the process fails too."""
+    m = message.lower()
+    return any(s in m for s in _STICKY)
 
 
 class Unsupported(Exception):
@@ -383,43 +399,62 @@ def _cleanup(device: torch.device):
 
 # --------------------------------------------------------------------------------------------- correctness check
 CHECK_TOL = {"float64": 1e-6, "float32": 5e-3, "float16": 1e-2, "bfloat16": 5e-2}
-_CHECKS: Dict[tuple, dict] = {}
 
 
-def check_point(spec: AttentionSpec, backend, p: dict, cfg: dict, device: torch.device, dtype: torch.dtype) -> dict:
-    """The correctness check of one point (sweep config ``check: true``): the backend's forward on ``(1, H, n, D)``
-    random inputs with ``n = min(N, check_seq_len)`` (default 1024) against :func:`attn_zoo.attention`'s ``reference``
-    backend in fp32, as ``check_err = max |out - ref| / max(1, max |ref|)``; ``check_ok`` when ``check_err <=
-    check_tol`` (default by dtype: :data:`CHECK_TOL`). One check per (variant, backend, n, D, Hkv, dtype, device) and
-    process. Never raises: a failing check is ``check_ok=False`` with the reason in ``check_err`` (NaN) and the
-    returned ``error``. What the ``compare=best`` analysis (:mod:`eval.best`) trusts."""
-    from attn_zoo import attention
+def reference_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   rows: torch.Tensor) -> Optional[torch.Tensor]:
+    """fp32 reference output of the query ``rows`` of one sequence: ``q (Hq, N, D)``, ``k, v (Hkv, N, D)`` ->
+    ``(Hq, len(rows), Dv)``, against every key (no ``N x N`` matrix: ``len(rows) x N`` per head). Softmax kinds: the
+    spec's :class:`attn_zoo.MaskInfo` element rule (rows that see no key are 0); ``linear``: the masked quadratic form
+    ``(phi(q) phi(k)^T * M) v / (row sum + eps)``. ``None`` for other families (not checked)."""
+    N, rep = k.shape[1], q.shape[0] // k.shape[0]
+    kk = k.float().repeat_interleave(rep, 0) if rep > 1 else k.float()
+    vv = v.float().repeat_interleave(rep, 0) if rep > 1 else v.float()
+    qr = q.float()[:, rows]
+    i = rows.view(-1, 1).to(q.device)
+    j = torch.arange(N, device=q.device).view(1, -1)
+    if spec.is_softmax:
+        allowed = mask_info(spec, q.shape[1], N).allowed(i, j)
+        sc = (qr * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
+        p = torch.softmax(sc.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+        return p @ vv
+    if spec.kind != "linear":
+        return None
+    from attn_zoo.feature_maps import apply_feature_map
 
-    H, D, hkv = int(cfg.get("n_heads", 1)), p["head_dim"], p["n_kv_heads"]
-    n = min(int(p["seq_len"]), int(cfg.get("check_seq_len") or 1024))
-    tol = float(cfg.get("check_tol") or CHECK_TOL[str(dtype).replace("torch.", "")])
-    key = (spec, p["backend"], n, D, H, hkv, str(dtype), str(device), tol)
-    if key not in _CHECKS:
-        res = {"check_seq_len": n}
-        try:
-            g = torch.Generator(device=device).manual_seed(int(cfg.get("seed", 0)) + 7919)
-            q, k, v = (torch.randn(1, h, n, D, generator=g, device=device, dtype=torch.float32)
-                       for h in (H, hkv, hkv))
-            fn = backend.build(spec, *(t.to(dtype) for t in (q, k, v)))
-            with torch.no_grad():
-                out = fn(*(t.to(dtype) for t in (q, k, v)))
-                out = out[0] if isinstance(out, tuple) else out
-                ref = attention(q, k, v, spec, backend="reference")
-                err = float((out.float() - ref).abs().max() / max(1.0, float(ref.abs().max())))
-            res.update(check_err=err, check_ok=bool(err <= tol))
-        except Exception as e:  # noqa: BLE001 - recorded, the timing stands
-            if is_oom(e):
-                res.update(check_err=float("nan"), check_ok=False, error=f"check: out of memory at n={n}")
-            else:
-                first = str(e).splitlines()[0] if str(e) else ""
-                res.update(check_err=float("nan"), check_ok=False, error=f"check: {type(e).__name__}: {first}"[:300])
-        _CHECKS[key] = res
-    return dict(_CHECKS[key])
+    fq = apply_feature_map(qr, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = apply_feature_map(kk, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    a = fq @ fk.transpose(-1, -2)
+    if spec.causal:
+        a = a.masked_fill(j > i, 0.0)
+    return (a @ vv) / (a.sum(-1, keepdim=True) + spec.eps)
+
+
+def check_point(spec: AttentionSpec, fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cfg: dict) -> dict:
+    """The correctness check of one point (sweep config ``check: true``), on the timed inputs themselves (no second
+    compile): the forward's output of the first sequence at ``check_rows`` (default 128) query rows spread over
+    ``0..N-1`` (the first and the last included) against :func:`reference_rows` in fp32, as ``check_err = max |out -
+    ref| / max(1, max |ref|)``; ``check_ok`` when ``check_err <= check_tol`` (default by dtype: :data:`CHECK_TOL`).
+    Never raises: a failing check is ``check_ok=False`` with the reason in the returned ``error``; a kind without a
+    reference form is left unchecked (empty cells). What ``compare=best`` (:mod:`eval.best`) trusts."""
+    N = q.shape[2]
+    n_rows = min(N, int(cfg.get("check_rows") or 128))
+    tol = float(cfg.get("check_tol") or CHECK_TOL[str(q.dtype).replace("torch.", "")])
+    rows = torch.linspace(0, N - 1, n_rows, device=q.device).round().long().unique()
+    try:
+        with torch.no_grad():
+            ref = reference_rows(spec, q[0], k[0], v[0], rows)
+            if ref is None:
+                return {}
+            out = fn(q, k, v)
+            out = (out[0] if isinstance(out, tuple) else out)[0][:, rows].float()
+            err = float((out - ref).abs().max() / max(1.0, float(ref.abs().max())))
+        return {"check_rows": len(rows), "check_err": err, "check_ok": bool(err <= tol)}
+    except Exception as e:  # noqa: BLE001 - recorded, the timing stands
+        first = "out of memory" if is_oom(e) else (str(e).splitlines()[0] if str(e) else "")
+        return {"check_rows": len(rows), "check_err": float("nan"), "check_ok": False,
+                "error": f"check: {type(e).__name__}: {first}"[:300]}
 
 
 # --------------------------------------------------------------------------------------------- model columns
@@ -521,6 +556,11 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         if backend is None:
             raise Unsupported(f"unknown sweep backend {p['backend']!r}; known: {', '.join(BENCH_BACKENDS)}")
         fn = backend.build(spec, q, k, v)
+        if cfg.get("check"):  # on these inputs, before any timing (a wrong result is named whatever else happens)
+            chk = check_point(spec, fn, q, k, v, cfg)
+            if chk.get("error"):
+                row["error"] = "; ".join(x for x in (row.get("error"), chk.pop("error")) if x)
+            row.update(chk)
         if "fwd" in modes:
             with torch.no_grad():
                 setup_s += first_call_s(lambda: fn(q, k, v), device)  # compile / autotune happen here
@@ -552,13 +592,6 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
                     row["bwd_ms"] = row["fwd_bwd_ms"] - row["fwd_ms"]
                     row["error"] = (f"bwd_ms = fwd_bwd_ms - fwd_ms (repeated backward failed: "
                                     f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})")
-        if cfg.get("check"):
-            q = k = v = dout = out = None
-            _cleanup(device)
-            chk = check_point(spec, backend, p, cfg, device, dtype)
-            if chk.get("error"):
-                row["error"] = "; ".join(x for x in (row.get("error"), chk.pop("error")) if x)
-            row.update(chk)
     except Unsupported as e:
         row.update(status="unsupported", error=str(e)[:300])
     except BaseException as e:  # noqa: BLE001 - record, continue
@@ -609,6 +642,11 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     timed calls took longer than ``max_point_s`` seconds (the first, untimed call of each mode, where compilation
     and autotuning happen, does not count: :func:`first_call_s`). ``deadline_s`` (or ``cfg.deadline_s``):
     wall-clock budget; points not reached are left for a later ``resume``.
+
+    Crash guard: the point being measured is written to ``<out_csv>.inflight`` first; a resume that finds it (the
+    process died there: segfault, hang killed by a time limit) records that point as ``error`` and goes past it. A
+    point whose error leaves the CUDA context unusable (:func:`is_sticky_cuda_error`) is recorded and then
+    :class:`CudaContextLost` is raised, so that a new process resumes (one failing anchor does not fail the others).
     """
     device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -642,6 +680,23 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
         if r.get("status") in ("oom", "error") or r.get("status") == "skipped":
             stopped[point_key(r)[:2] + point_key(r)[3:]] = f"{r.get('status')} at N={r.get('seq_len')}"
     name = cfg.get("name", "sweep")
+    inflight = out_csv + ".inflight"  # the point being measured: a process that dies there leaves it behind
+    if resume and os.path.exists(inflight):
+        with open(inflight) as f:
+            dead = dict(zip(POINT_KEYS, f.read().strip().split("\t")))
+        os.remove(inflight)
+        try:
+            dkey = point_key(dead)
+        except (KeyError, ValueError):
+            dkey = None
+        for p in [p for p in todo if point_key(p) == dkey]:  # recorded as failed: the next attempt goes past it
+            row = dict(p, kind=specs[p["variant"]].kind, status="error", n_heads=cfg.get("n_heads"),
+                       batch=batch_for(cfg, p["seq_len"]), sweep=name,
+                       error="the process died while measuring this point (crash, hang or time limit)",
+                       timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
+            append_row(out_csv, row)
+            stopped[point_key(p)[:2] + point_key(p)[3:]] = f"error at N={p['seq_len']}"
+            todo.remove(p)
     for p in todo:
         if deadline_s and time.time() - t_start > float(deadline_s):
             if bar is not None:
@@ -654,6 +709,8 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
                        timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
         else:
             t0 = time.time()
+            with open(inflight, "w") as f:
+                f.write("\t".join(str(p[k]) for k in POINT_KEYS))
             row = measure_point(p, specs[p["variant"]], cfg, device)
             row["sweep"] = name
             setup = float(row.pop("_setup_s", 0.0) or 0.0)
@@ -664,9 +721,14 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
                 stopped[series] = (f"point took {took:.1f}s (+{setup:.1f}s first calls) > max_point_s={max_point_s} "
                                    f"at N={p['seq_len']}")
         append_row(out_csv, row)
+        if os.path.exists(inflight):
+            os.remove(inflight)
         if bar is not None:
             bar.set_postfix_str(f"{p['variant']}/{p['backend']} N={p['seq_len']} {row['status']}")
             bar.update(1)
+        if row["status"] == "error" and device.type == "cuda" and is_sticky_cuda_error(row.get("error") or ""):
+            raise CudaContextLost(f"{p['variant']}/{p['backend']} N={p['seq_len']}: {row['error']} -- the CUDA "
+                                  f"context is unusable; the point is recorded, resume in a new process")
     if bar is not None:
         bar.close()
     return latest_rows(read_rows(out_csv))
@@ -772,13 +834,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends / variants "
                                                       "(their backends join every sweep)")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the config's variants (e.g. one "
+                                                       "family per process)")
+    ap.add_argument("--deadline-s", type=float, default=None, help="wall-clock budget of this call (overrides the "
+                                                                     "config's deadline_s; resume finishes later)")
     a = ap.parse_args(argv)
     cfg = load_config(a.config)
+    if a.variants:
+        names = [v.strip() for v in a.variants.split(",") if v.strip()]
+        bad = [v for v in names if v not in (cfg.get("variants") or {})]
+        if bad:
+            ap.error(f"--variants: {bad} not in {a.config}; allowed values: {', '.join(cfg.get('variants') or {})}")
+        cfg["variants"] = {v: cfg["variants"][v] for v in names}
+    if a.deadline_s is not None:
+        cfg["deadline_s"] = a.deadline_s
     if a.plugins:
         cfg["plugins"] = list(_as_list(cfg.get("plugins") or [])) + [m for m in a.plugins.split(",") if m.strip()]
     os.makedirs(a.out, exist_ok=True)
-    rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,
-                     retry_failed=a.retry_failed)
+    try:
+        rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,
+                         retry_failed=a.retry_failed)
+    except CudaContextLost as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 3
     if cfg.get("model_sweep") and cfg["model_sweep"].get("enabled", True):
         mcfg = dict(cfg["model_sweep"], name=cfg.get("name", "sweep") + "_model")
         mcfg.setdefault("device", cfg.get("device"))

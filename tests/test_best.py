@@ -150,3 +150,73 @@ def test_quality_speed_backend_best_takes_the_fastest_correct_backend_and_names_
     assert load_bench_speed(str(path), "triton")["bench_backend"].tolist() == ["triton", "triton"]
     with pytest.raises(ValueError, match=r"speed_backend='nope'.*allowed values: best, fa4, triton"):  # broken: failed check
         load_bench_speed(str(path), "nope")
+
+
+# --------------------------------------------------------------------------------------------- the sweep's side
+def _sweep_cfg(backends, **kw):
+    cfg = {"name": "t", "device": "cpu", "dtype": "float32", "n_heads": 2, "tokens": 64, "seq_lens": [16, 32],
+           "head_dims": [8], "causal": [True], "modes": ["fwd"], "warmup": 0, "rep": 1, "check": True,
+           "check_rows": 8, "variants": {"flash": {"kind": "flash", "causal": True},
+                                         "window": {"kind": "sliding_window", "causal": True, "window_size": [3, 0]},
+                                         "linear": {"kind": "linear", "causal": True, "feature_map": "elu1",
+                                                    "chunk_size": 16}},
+           "backends": backends}
+    cfg.update(kw)
+    return cfg
+
+
+def test_the_sweep_check_flags_a_wrong_backend_and_best_skips_it(tmp_path):
+    from attn_zoo import attention
+    from eval.sweep import register_bench_backend, run_sweep
+
+    @register_bench_backend("off_by_one_window")  # a plausible bug: the window one key too wide, fast
+    def _build(spec, q, k, v):
+        wide = spec.replace(window_size=(spec.window_size[0] + 1, 0)) if spec.window_size else spec
+        return lambda q, k, v: attention(q, k, v, wide, backend="naive")
+
+    rows = run_sweep(_sweep_cfg(["torch", "off_by_one_window"], repeats=2), str(tmp_path / "k.csv"), resume=False,
+                     progress=False)
+    got = {(r["variant"], r["backend"], r["seq_len"]): r for r in rows}
+    assert got[("window", "off_by_one_window", "16")]["check_ok"] == "False"
+    assert float(got[("window", "off_by_one_window", "16")]["check_err"]) > 0.01
+    assert got[("flash", "off_by_one_window", "16")]["check_ok"] == "True"  # no window: the same mask, correct
+    assert got[("window", "torch", "32")]["check_ok"] == "True" and got[("linear", "torch", "32")]["check_ok"] == "True"
+    assert len(got[("window", "torch", "32")]["fwd_ms_reps"].split(";")) == 2
+    picks = {(r["variant"], r["seq_len"]): r["impl"] for r in best.pick_best(rows, "fwd_ms")}
+    assert picks[("window", "16")] == "torch" and picks[("window", "32")] == "torch"
+
+
+def test_a_point_the_process_died_on_is_recorded_and_passed_on_resume(tmp_path):
+    from eval.sweep import POINT_KEYS, run_sweep
+
+    out = str(tmp_path / "k.csv")
+    cfg = _sweep_cfg(["naive"], variants={"flash": {"kind": "flash", "causal": True}}, check=False)
+    with open(out + ".inflight", "w") as f:  # as a segfault at (flash, naive, N=16) leaves it
+        f.write("\t".join(str(x) for x in ("flash", "naive", 16, 8, True, 2)))
+    rows = {r["seq_len"]: r for r in run_sweep(cfg, out, resume=True, progress=False)}
+    assert rows["16"]["status"] == "error" and "process died while measuring" in rows["16"]["error"]
+    assert rows["32"]["status"] == "skipped"  # the series stops after the failure, as after any error
+    assert not os.path.exists(out + ".inflight") and len(POINT_KEYS) == 6
+
+
+def test_sticky_cuda_errors_are_recognised():
+    from eval.sweep import is_sticky_cuda_error
+
+    assert is_sticky_cuda_error("RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert is_sticky_cuda_error("AcceleratorError: CUDA error: device-side assert triggered")
+    assert not is_sticky_cuda_error("RuntimeError: CUDA out of memory") and not is_sticky_cuda_error("")
+
+
+def test_cli_variants_subset_and_deadline(tmp_path):
+    import yaml
+
+    from eval.sweep import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_sweep_cfg(["naive"], check=False)))
+    assert main(["--config", str(path), "--out", str(tmp_path / "o"), "--variants", "linear", "--no-progress",
+                 "--deadline-s", "60"]) == 0
+    d = pd.read_csv(tmp_path / "o" / "kernel.csv")
+    assert set(d["variant"]) == {"linear"}
+    with pytest.raises(SystemExit):
+        main(["--config", str(path), "--out", str(tmp_path / "o"), "--variants", "nope"])
