@@ -16,7 +16,7 @@
 set -u
 dir=${1:?usage: bash lab/h200_anchors.sh RESULTS_DIR}
 budget=${BUDGET_S:-420}
-conf=eval/conf/sweep/anchors_h200.yaml
+conf=${ANCHORS_CONF:-eval/conf/sweep/anchors_h200.yaml}   # another config: a CPU dry run of this script
 mkdir -p "$dir"
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 start=$(date +%s)
