@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     if env:
         pk = ", ".join(f"{k[4:]} {v}" for k, v in env.items() if k.startswith("pkg:") and v)
         print(f"Measured {env.get('date')} on {env.get('gpu')} ({pk}).\n")
-    print(f"### Forward+backward TFLOP/s (bf16, H {cfg.get('n_heads')}, {cfg.get('tokens')} tokens per call; median "
+    print(f"### Forward+backward TFLOP/s ({cfg.get('dtype')}, H {cfg.get('n_heads')}, {cfg.get('tokens')} tokens per call; median "
           f"of {cfg.get('repeats', 1)} repeats; bold: the fastest implementation that passed its check)\n")
     print(tflops_table(rows, "fwd_bwd"))
     print("### Ours / anchor (forward+backward TFLOP/s ratio; below 1: the anchor is faster)\n")
