@@ -119,8 +119,10 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
 def check_attention_backend(backend, specs) -> None:
     """``attention_backend``: ``auto`` or a backend registered for the kind of every attention layer in ``specs``
     (plugins loaded: :func:`layer_specs`). Whether a named backend can run the input (device, dtype, feature map)
-    is only known at the first forward. Raises ``ValueError`` naming ``attention_backend`` and the allowed values."""
-    from attn_zoo.registry import backend_names
+    is only known at the first forward; a missing optional package (``fa4``: flash-attn-4, ``fla``: fla-core) is
+    refused here, before anything is written. Raises ``ValueError`` naming ``attention_backend`` and the allowed values
+    or the package to install."""
+    from attn_zoo.registry import backend_names, get_backends
 
     if backend == "auto":
         return
@@ -136,6 +138,9 @@ def check_attention_backend(backend, specs) -> None:
             raise ValueError(f"attention_backend={backend!r} has no implementation of kind={kind!r} ({where}: "
                              f"{spec.label}; the backend applies to every layer); allowed values for it: auto, "
                              f"{', '.join(backend_names(kind))}")
+        why = get_backends(kind)[backend].unavailable()
+        if why is not None and "cannot be imported" in why:  # an optional package (fa4, fla, ...) is missing
+            raise ValueError(f"attention_backend={backend!r} is not installed here: {why}")
 
 
 def _qualified(where: str, fn, *args):

@@ -60,7 +60,8 @@ def attention(
             ``"reference"``: the registered backends by priority), or any registered name
             (:func:`attn_zoo.registry.backend_names`): ``"triton"``, ``"torch"``, ``"reference"``, the anchors
             ``"sdpa_flash"``, ``"sdpa_cudnn"``, ``"sdpa_efficient"``, ``"sdpa_math"``, ``"flex"``, ``"naive"``,
-            ``"fa2"``, ``"fa3"``, ``"fla"``, and any plugin's.
+            ``"fa2"``, ``"fa3"``, ``"fa4"``, ``"flex_fa4"``, ``"fla"``, and any plugin's (an anchor whose package is
+            missing refuses with the package and the pyproject extra to install, e.g. ``pip install -e .[fa4]``).
         return_lse: also return the log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log; fp32, fp64 for
             fp64 inputs on ``reference``).
 

@@ -12,7 +12,9 @@ Backends, timed in the same process:
     FlexAttention (window, BigBird), the chunked PyTorch form (linear);
   * ``sdpa_flash`` / ``sdpa_cudnn``: the registry's SDPA anchors, SDPA forced to FlashAttention-2 / cuDNN (exact
     kinds only). The SDPA backend PyTorch picks by default is recorded in the ``sdpa_default`` column.
-  * any other registered backend by name (``--backends``), and every backend a ``--plugins`` module registers; a
+  * any other registered backend by name (``--backends``: e.g. the anchors ``fa4``, ``flex_fa4``, ``fla``; one
+    whose package is missing is skipped like one that cannot run the variant), and every backend a ``--plugins``
+    module registers; a
     backend whose ``supports()`` refuses a layer of a variant is skipped for it (a hybrid runs on a backend only
     when it supports every layer: no SDPA anchor for a hybrid with a window or linear layer).
 
