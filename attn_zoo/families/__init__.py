@@ -1,0 +1,5 @@
+"""Sequence-mixer families beside attention: Mamba-2 / SSD (:mod:`.ssd`), Linformer (:mod:`.linformer`),
+DeltaNet / Gated DeltaNet (:mod:`.deltanet`). Importing this package registers the mixers ``mamba2``,
+``linformer``, ``deltanet`` and ``gated_deltanet`` (:mod:`attn_zoo.mixers`)."""
+
+from . import ssd  # noqa: F401
