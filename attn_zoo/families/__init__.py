@@ -3,3 +3,5 @@ DeltaNet / Gated DeltaNet (:mod:`.deltanet`). Importing this package registers t
 ``linformer``, ``deltanet`` and ``gated_deltanet`` (:mod:`attn_zoo.mixers`)."""
 
 from . import ssd  # noqa: F401
+from . import deltanet  # noqa: F401,E402
+from . import linformer  # noqa: F401,E402
