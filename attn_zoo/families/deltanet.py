@@ -56,9 +56,9 @@ def _fla(gated: bool):
     try:
         return getattr(importlib.import_module(name), fn)
     except ImportError as e:
-        raise ImportError(f"backend='fla' of the {'gated_deltanet' if gated else 'deltanet'} mixer needs the "
+        raise ImportError(f"kernel='fla' of the {'gated_deltanet' if gated else 'deltanet'} mixer needs the "
                           f"flash-linear-attention package ({name}.{fn}): pip install flash-linear-attention "
-                          f"(or use backend='naive')") from e
+                          f"(or use kernel='naive')") from e
 
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: str = "auto"):
@@ -101,12 +101,12 @@ class DeltaState:
 class _DeltaBase(nn.Module):
     gated = False
 
-    def __init__(self, d_model: int, n_head: int, head_dim: int, backend: str = "auto", bias: bool = False):
+    def __init__(self, d_model: int, n_head: int, head_dim: int, kernel: str = "auto", bias: bool = False):
         super().__init__()
-        if backend not in DELTA_BACKENDS:
-            raise ValueError(f"{self.mixer_name} backend={backend!r} is not supported; allowed values: "
+        if kernel not in DELTA_BACKENDS:
+            raise ValueError(f"{self.mixer_name} kernel={kernel!r} is not supported; allowed values: "
                              f"{', '.join(DELTA_BACKENDS)}")
-        self.n_head, self.head_dim, self.backend = n_head, head_dim, backend
+        self.n_head, self.head_dim, self.kernel = n_head, head_dim, kernel
         inner = n_head * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
         self.k_proj = nn.Linear(d_model, inner, bias=bias)
@@ -138,7 +138,7 @@ class _DeltaBase(nn.Module):
         beta = torch.sigmoid(self.b_proj(x).float())
         g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float()) if self.gated else None
         s0 = cache.S if cache is not None and cache.n > 0 else None
-        o, S = delta_rule(q, k, v, beta.to(q.dtype), g, None, s0, self.backend)
+        o, S = delta_rule(q, k, v, beta.to(q.dtype), g, None, s0, self.kernel)
         if cache is not None:
             cache.S, cache.n = S.detach().float(), cache.n + T
         of = o.float()
@@ -151,8 +151,9 @@ class _DeltaBase(nn.Module):
 @register_mixer("deltanet", causal=True)
 class DeltaNet(_DeltaBase):
     """DeltaNet mixer ``(B, N, d_model) -> (B, N, d_model)``: ``n_head`` heads of ``head_dim`` (the model's);
-    SiLU + L2-normalized ``q, k``, ``beta = sigmoid(W_b x)``, per-head RMSNorm of the output; ``backend``
-    ``auto`` | ``fla`` | ``naive`` (:func:`delta_rule`). Decodes from an O(1) :class:`DeltaState`."""
+    SiLU + L2-normalized ``q, k``, ``beta = sigmoid(W_b x)``, per-head RMSNorm of the output; ``kernel``
+    ``auto`` | ``fla`` | ``naive`` (:func:`delta_rule`'s ``backend``; the model's attention backend does not
+    apply). Decodes from an O(1) :class:`DeltaState`."""
 
 
 @register_mixer("gated_deltanet", causal=True)

@@ -165,18 +165,18 @@ class Mamba2(nn.Module):
     ``dt = softplus(dt + dt_bias)``, ``A = -exp(A_log)`` (a scalar per head); :func:`ssd`; gated RMSNorm with
     ``z``; ``out_proj``. ``d_inner = expand * d_model`` must be a multiple of ``headdim``.
 
-    ``backend``: ``auto`` | ``triton`` | ``torch`` | ``naive`` (the SSD scan; see :func:`ssd`). The model's
-    attention backend does not apply (it is not an attention layer).
+    ``kernel``: ``auto`` | ``triton`` | ``torch`` | ``naive`` (the SSD scan's ``backend``; see :func:`ssd`). The
+    model's attention backend does not apply (it is not an attention layer).
     Decoding: :meth:`new_cache` and ``forward(x, cache, pos)``; one token is an O(1) :func:`ssd_step`, a chunk
     runs the scan from the cached state.
     """
 
     def __init__(self, d_model: int, d_state: int = 64, expand: int = 2, headdim: int = 32, d_conv: int = 4,
-                 ngroups: int = 1, chunk_size: int = 64, backend: str = "auto", dt_min: float = 1e-3,
+                 ngroups: int = 1, chunk_size: int = 64, kernel: str = "auto", dt_min: float = 1e-3,
                  dt_max: float = 1e-1, bias: bool = False):
         super().__init__()
-        if backend not in SSD_BACKENDS:
-            raise ValueError(f"mamba2 backend={backend!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
+        if kernel not in SSD_BACKENDS:
+            raise ValueError(f"mamba2 kernel={kernel!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
         d_inner = expand * d_model
         if headdim < 1 or d_inner % headdim:
             raise ValueError(f"mamba2 headdim={headdim} must divide d_inner = expand * d_model = {d_inner}")
@@ -186,7 +186,7 @@ class Mamba2(nn.Module):
         if d_conv < 1:
             raise ValueError(f"mamba2 d_conv={d_conv} must be >= 1")
         self.d_inner, self.d_state, self.headdim, self.ngroups = d_inner, d_state, headdim, ngroups
-        self.d_conv, self.chunk_size, self.backend = d_conv, chunk_size, backend
+        self.d_conv, self.chunk_size, self.kernel = d_conv, chunk_size, kernel
         self.conv_dim = d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(d_model, d_inner + self.conv_dim + self.nheads, bias=bias)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=True)
@@ -230,7 +230,7 @@ class Mamba2(nn.Module):
             y = y[:, None]
         else:
             s0 = cache.ssm if cache is not None and cache.n > 0 else None
-            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, self.backend)
+            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, self.kernel)
         if cache is not None:
             cache.ssm, cache.n = S.detach().float(), cache.n + T
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
