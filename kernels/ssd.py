@@ -159,18 +159,26 @@ def _ssd_bwd_kernel(X, A, BM, CM, DY, ST, DSF, DX, DB, DC, DA, DS0, T, H, HPG, N
     tl.store(DS0 + pid_bh * NS * PD + sp, dS, mask=smask)
 
 
-def _blocks(N: int, P: int):
+def _blocks(N: int, P: int, BH: int, block_p: Optional[int] = None):
+    """``(BN, BP)``: d_state padded to a power of two, and the P-block: ``block_p`` if given, else 64 halved (down to
+    16) while fewer than 264 programs (2 per H200 SM) would run: each program walks its chunks in order, so
+    parallelism comes from ``B * H * P / BP`` only."""
     BN = _pow2(N)
+    if block_p is not None:
+        return BN, block_p
     BP = min(_pow2(P), 64)
+    while BP > 16 and BH * triton.cdiv(P, BP) < 264:
+        BP //= 2
     return BN, BP
 
 
 class _SSDScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size):
+    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p):
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
-        BN, BP = _blocks(N, P)
+        BN, BP = _blocks(N, P, Bsz * H, block_p)
+        ctx.block_p = BP
         nP = triton.cdiv(P, BP)
         nchunks = triton.cdiv(T, chunk_size)
         x = x.contiguous() if x.stride(-1) != 1 else x
@@ -192,7 +200,6 @@ class _SSDScan(torch.autograd.Function):
             ctx.save_for_backward(x, a, Bm, Cm, states)
         ctx.chunk_size = chunk_size
         ctx.has_s0 = initial_state is not None
-        ctx.mark_non_differentiable(final) if not need_grad else None
         return y, final
 
     @staticmethod
@@ -200,7 +207,7 @@ class _SSDScan(torch.autograd.Function):
         x, a, Bm, Cm, states = ctx.saved_tensors
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
-        BN, BP = _blocks(N, P)
+        BN, BP = _blocks(N, P, Bsz * H, ctx.block_p)
         nP = triton.cdiv(P, BP)
         dy = dy.contiguous()
         dx = torch.empty(Bsz, T, H, P, device=x.device, dtype=x.dtype)
@@ -218,11 +225,12 @@ class _SSDScan(torch.autograd.Function):
         dB = dB.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Bm.dtype)
         dC = dC.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Cm.dtype)
         da = da.sum(0).to(a.dtype)
-        return dx, da, dB, dC, (ds0 if ctx.has_s0 else None), None
+        return dx, da, dB, dC, (ds0 if ctx.has_s0 else None), None, None
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-             initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+             initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64,
+             block_p: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernel.
 
     Args:
@@ -231,6 +239,7 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         B, C: ``(B, T, G, N)`` in ``x.dtype``; ``G`` divides ``H`` (head ``h`` reads group ``h // (H // G)``).
         initial_state: optional ``(B, H, N, P)`` state before position 0 (fp32; differentiable).
         chunk_size: power of two in [16, 128].
+        block_p: columns of ``P`` per program (16, 32 or 64); None: 64, halved while fewer than 264 programs run.
 
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
@@ -260,4 +269,6 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         raise TypeError(f"B and C must have x's dtype {x.dtype}, got B={B.dtype}, C={C.dtype}")
     if initial_state is not None and initial_state.shape != (Bsz, H, N, P):
         raise ValueError(f"initial_state must have shape (B, H, N, P)={(Bsz, H, N, P)}, got {tuple(initial_state.shape)}")
-    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size)
+    if block_p is not None and block_p not in (16, 32, 64):
+        raise ValueError(f"block_p={block_p!r} is not supported; allowed values: None, 16, 32, 64")
+    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p)
