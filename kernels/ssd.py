@@ -195,7 +195,7 @@ class _SSDScan(torch.autograd.Function):
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
             y.stride(0), y.stride(1), y.stride(2),
             L=chunk_size, BN=BN, BP=BP, HAS_S0=initial_state is not None, STORE_ST=need_grad, STORE_SF=True,
-            num_warps=4)
+            num_warps=8 if BN * BP >= 8192 else 4)
         if need_grad:
             ctx.save_for_backward(x, a, Bm, Cm, states)
         ctx.chunk_size = chunk_size
@@ -220,7 +220,7 @@ class _SSDScan(torch.autograd.Function):
             x, a, Bm, Cm, dy, states, dsf, dx, dB, dC, da, ds0, T, H, H // G, N, P, Bsz * H,
             x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            L=ctx.chunk_size, BN=BN, BP=BP, HAS_DSF=dfinal is not None, num_warps=4)
+            L=ctx.chunk_size, BN=BN, BP=BP, HAS_DSF=dfinal is not None, num_warps=8 if BN * BP >= 8192 else 4)
         hpg = H // G
         dB = dB.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Bm.dtype)
         dC = dC.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Cm.dtype)

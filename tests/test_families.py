@@ -143,3 +143,21 @@ def test_train_py_deltanet_runs_and_linformer_is_refused(tmp_path):
     train_mod.train(_cfg(tmp_path / "d", ["attention=deltanet"]))
     with pytest.raises(ValueError, match=r"linformer.*non-causal mixer.*causal language model"):
         train_mod.train(_cfg(tmp_path / "l", ["attention=linformer"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("gated", [False, True])
+def test_fla_delta_rule_matches_our_recurrence_on_gpu(gated):
+    pytest.importorskip("fla", reason="flash-linear-attention is not installed")
+    g = torch.Generator().manual_seed(0)
+    B, T, H, D = 2, 200, 4, 64
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).cuda()
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).cuda()
+    v = torch.randn(B, T, H, D, generator=g).cuda()
+    beta = torch.rand(B, T, H, generator=g).cuda()
+    gl = (-torch.rand(B, T, H, generator=g) * 0.1).cuda() if gated else None
+    o, S = delta_rule(q, k, v, beta, gl, backend="fla")
+    o_ref, S_ref = delta_rule_naive(q, k, v, beta, gl)
+    torch.testing.assert_close(o.float(), o_ref.float(), atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(S.float(), S_ref.float(), atol=5e-3, rtol=5e-3)
