@@ -5,7 +5,7 @@ step and GPT.generate with a state cache against generation without one. GPU tes
 import pytest
 import torch
 
-from attn_zoo.families.ssd import Mamba2, ssd, ssd_scan_chunked, ssd_scan_naive, ssd_step
+from attn_zoo.families.ssd import Mamba2, ssd, ssd_scan_naive, ssd_step
 from attn_zoo.mixers import MixerSpec
 from attn_zoo.model import GPT, GPTConfig
 
