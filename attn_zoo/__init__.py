@@ -34,3 +34,4 @@ def __getattr__(name):  # KINDS: every registered kind (built-ins and plugins), 
     if name == "KINDS":
         return variant_kinds()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from . import families  # noqa: F401,E402  (registers the mamba2, linformer, deltanet, gated_deltanet mixers)

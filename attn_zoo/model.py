@@ -311,6 +311,12 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.specs = resolve_layer_specs(specs, config.n_layer)
+        for i, s in enumerate(self.specs):  # a causal language model: a non-causal mixer would see future tokens
+            if isinstance(s, MixerSpec) and not s.causal:
+                why = getattr(s.factory(), "causal_reason", None)
+                raise ValueError(f"layer {i} ({s.label}) is a non-causal mixer (causal=False"
+                                 f"{': ' + why if why else ''}); GPT is a causal language model, so position t "
+                                 f"may not see later positions; use a causal mixer")
         self.backend = backend
         why = redraw_interval_reason(redraw_interval)
         if why is not None:
