@@ -368,6 +368,8 @@ class GPT(nn.Module):
             )
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"caches: got {len(caches)} layer caches for n_layer={len(self.blocks)}")
+        if idx.device.type == "cpu" or not self.training:  # no host sync in a GPU training step
+            self._check_token_ids(idx, "idx")
         x = self.drop(self.wte(idx))  # (B, N, d_model)
         for i, blk in enumerate(self.blocks):
             x = blk(x, None if caches is None else caches[i], pos)
@@ -399,24 +401,40 @@ class GPT(nn.Module):
         return [blk.attn.new_cache(batch_size, capacity, dtype or p.dtype, device or p.device, page_size, shuffle_pages)
                 for blk in self.blocks]
 
+    def _check_token_ids(self, idx: torch.Tensor, name: str) -> None:
+        """``ValueError`` naming ``name`` when a token id of ``idx`` is outside ``[0, vocab_size)`` (the embedding
+        would raise a bare ``IndexError`` on CPU, a device-side assert on CUDA)."""
+        if idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+            return
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = hi if hi >= self.config.vocab_size else lo
+            raise ValueError(f"{name} holds token id {bad}; allowed values: 0 .. vocab_size - 1 = "
+                             f"{self.config.vocab_size - 1} (model.vocab_size={self.config.vocab_size})")
+
     @staticmethod
     def _next_token(logits: torch.Tensor, temperature: float, greedy: bool) -> torch.Tensor:
-        """``(B, vocab)`` logits -> ``(B, 1)`` token ids (argmax, or a sample at ``temperature``)."""
+        """``(B, vocab)`` logits -> ``(B, 1)`` token ids (argmax, or a sample of ``softmax(logits / temperature)``)."""
         if greedy:
             return logits.argmax(-1, keepdim=True)
-        return torch.multinomial(F.softmax(logits.float() / max(temperature, 1e-6), dim=-1), 1)
+        return torch.multinomial(F.softmax(logits.float() / temperature, dim=-1), 1)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False,
                  use_cache: bool = True, page_size: Optional[int] = None) -> torch.Tensor:
         """Extend ``idx (B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
 
-        ``greedy`` takes the argmax, else samples at ``temperature``. ``use_cache=False`` re-runs the context
+        ``greedy`` takes the argmax, else samples ``softmax(logits / temperature)`` (``temperature`` a finite number
+        > 0; 0 is refused: pass ``greedy=True`` for the argmax). ``use_cache=False`` re-runs the context
         (cropped to the last ``max_seq_len`` tokens) every step. ``use_cache=True`` prefills the layer caches
         (:meth:`init_cache`; ``page_size`` = paged KV caches) once and feeds one token per step; once the
         sequence is longer than ``max_seq_len`` the context slides and RoPE positions restart, so each later
-        step re-prefills the cropped context (same tokens as without the cache). Needs causal layers
-        (``ValueError`` otherwise).
+        step re-prefills the cropped context (same tokens as without the cache). Needs causal layers.
+
+        Raises:
+            ValueError: naming the argument: ``idx`` not ``(B, T)`` integer ids or holding an id outside
+                ``[0, vocab_size)``, ``max_new_tokens`` not an integer >= 0, ``temperature`` not a finite number > 0
+                while ``greedy=False``, a non-causal layer with ``use_cache=True``.
         """
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 1 \
                 or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
@@ -424,6 +442,13 @@ class GPT(nn.Module):
                              f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not isinstance(greedy, bool):
+            raise ValueError(f"greedy must be true or false, got {greedy!r}")
+        if not greedy and not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                               and math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature={temperature!r} with greedy=False: sampling needs a finite number > 0 "
+                             f"(e.g. temperature=1.0); for the argmax pass greedy=True")
+        self._check_token_ids(idx, "idx")
         if not use_cache:
             for _ in range(max_new_tokens):
                 logits = self(idx[:, -self.config.max_seq_len:])[:, -1, :]  # (B, vocab)
