@@ -642,9 +642,15 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
     clearly = better and margin >= 0.1 * abs(float(base["value"]))
     verdict = "learned" if clearly else "not learned yet"
     print(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
-    print("next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
-          "attention=flash,linear,sliding_window), the recall recipe (experiment=mqar_recall, README), the report "
-          "(python -m eval.report)")
+    import importlib.util
+
+    try:  # the interactive report where this checkout has it, else the committed tables and figures
+        report = "eval.report" if importlib.util.find_spec("eval.report") is not None else "eval.figures"
+    except (ImportError, ValueError):
+        report = "eval.figures"
+    print(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
+          f"attention=flash,linear,sliding_window), the recall recipe (experiment=mqar_recall, README), the report "
+          f"(python -m {report})")
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
