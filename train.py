@@ -451,7 +451,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     :meth:`RunState.last_train_metrics`), ``wall_s`` (seconds of wall time of the run from the start of this function to its
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
-    checkpoint this launch resumed, else null), ``result_config`` and ``lr_schedule``.
+    checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
+    metric is compared with, :func:`baseline_of`, or null) and ``curve`` (this launch's validation metrics by step).
 
     Raises:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
