@@ -456,7 +456,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     :meth:`RunState.last_train_metrics`), ``wall_s`` (seconds of wall time of the run from the start of this function to its
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
-    checkpoint this launch resumed, else null), ``result_config`` and ``lr_schedule``.
+    checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
+    metric is compared with, :func:`baseline_of`, or null) and ``curve`` (this launch's validation metrics by step).
 
     Raises:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
@@ -535,7 +536,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                          train_metrics=resume.train_metrics if resume is not None else None)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
-    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
+    curve = _Curve()
+    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state, curve])
     if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
         _keep_earlier_run_aside(output_dir, loggers)
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
@@ -570,25 +572,91 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         rows = {"variant": "+".join(lit.gpt.layer_labels), "n_params": lit.gpt.num_params(),
                 "steps": trainer.global_step}
         rows.update({k: metrics[k] for k in sorted(metrics)})
-        if getattr(dm, "unigram_bits_per_byte", None) is not None:
-            rows["unigram_baseline_bpb"] = dm.unigram_bits_per_byte()
+        base = baseline_of(dm, metrics)
+        if base is not None:
+            rows[f"baseline {base['metric']} ({base['what']})"] = base["value"]
         if getattr(dm, "chance_levels", None) is not None:
-            chance = dm.chance_levels()
-            rows["chance val/acc: 1/kv pairs"] = chance["context"]
-            rows["chance val/acc: uniform value"] = chance["uniform"]
+            rows["guess over all values val/acc"] = dm.chance_levels()["uniform"]
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
+        _print_curve_and_verdict(curve.points, base, metrics)
         _warn_if_diverged(cfg, metrics)
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
-            "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
+            "metrics": metrics, "baseline": base, "curve": curve.points, "wall_s": rows["wall_s"],
+            "output_dir": output_dir,
             "resumed_from": ckpt_path, "result_config": result_config(cfg),
             # the LR schedule that ran: a resumed run keeps the checkpoint's length (its first run's max_steps)
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
+
+
+def baseline_of(dm, metrics: Dict[str, float]) -> Optional[Dict[str, object]]:
+    """What the run's headline metric is compared with: ``{"metric", "value", "what", "higher_is_better"}``, or None.
+
+    MQAR: ``val/acc`` (on the query positions) against ``1 / num_kv_pairs``, guessing among the example's values
+    (every value is in its context; a model that has not learned recall gets there, not further). Text:
+    ``val/bpb`` against the unigram model's bits per byte of the validation text (byte frequencies, no context)."""
+    if getattr(dm, "chance_levels", None) is not None and "val/acc" in metrics:
+        n = getattr(dm, "num_kv_pairs", None)
+        return {"metric": "val/acc", "value": float(dm.chance_levels()["context"]), "higher_is_better": True,
+                "what": f"guessing one of the example's {n} values" if n else "guessing"}
+    if getattr(dm, "unigram_bits_per_byte", None) is not None and "val/bpb" in metrics:
+        return {"metric": "val/bpb", "value": float(dm.unigram_bits_per_byte()), "higher_is_better": False,
+                "what": "byte frequencies without context (unigram)"}
+    return None
+
+
+class _Curve(L.Callback):
+    """The validation metrics by step (``points``: ``[step, {metric: value}]``), for the learning curve printed after
+    the final table and stored in ``final_metrics.json`` (this launch's validations)."""
+
+    def __init__(self):
+        self.points: List[list] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        vals = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if vals and (not self.points or self.points[-1][0] != trainer.global_step):
+            self.points.append([int(trainer.global_step), vals])
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object]], metrics: Dict[str, float]) -> None:
+    """A few lines after the final table: the headline metric by step (a sparkline and its values), the result
+    beside its baseline in words, and what to try next."""
+    if base is None:
+        return
+    key = str(base["metric"])
+    pts = [(s, v[key]) for s, v in points if key in v and math.isfinite(v[key])]
+    if pts:
+        lo, hi = min(v for _, v in pts), max(v for _, v in pts)
+        spark = "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for _, v in pts)
+        shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
+        print(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
+    value = metrics.get(key)
+    if value is None or not math.isfinite(value):
+        return
+    better = value > base["value"] if base["higher_is_better"] else value < base["value"]
+    margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
+    clearly = better and margin >= 0.1 * abs(float(base["value"]))
+    verdict = "learned" if clearly else "not learned yet"
+    print(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
+    import importlib.util
+
+    try:  # the interactive report where this checkout has it, else the committed tables and figures
+        report = "eval.report" if importlib.util.find_spec("eval.report") is not None else "eval.figures"
+    except (ImportError, ValueError):
+        report = "eval.figures"
+    print(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
+          f"attention=flash,linear,sliding_window), the recall recipe (experiment=mqar_recall, README), the report "
+          f"(python -m {report})")
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
