@@ -272,3 +272,15 @@ def mla_reference(m: MLA, x: torch.Tensor) -> torch.Tensor:
             p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
             out[b, :, h * dv:(h + 1) * dv] = p @ v[b, :, h * dv:(h + 1) * dv]
     return lin(m.o_proj, out).to(x.dtype)
+
+
+def mla_memory_row(n_layer: int, n_head: int, head_dim: int, budget_bytes: float, batch: int, dtype_bytes: int,
+                   contexts, kv_lora_rank: int, qk_rope_dim: int) -> dict:
+    """The ``mla`` row of :func:`attn_zoo.decode.memory.memory_table` (same columns): an MLA model of ``n_layer``
+    layers; the cache grows by :func:`mla_cache_bytes_per_token` per token and sequence."""
+    per = mla_cache_bytes_per_token(kv_lora_rank, qk_rope_dim, n_layer, dtype_bytes)
+    row = {"variant": "mla", "n_layer": n_layer, "n_head": n_head, "head_dim": head_dim, "batch": batch,
+           "dtype_bytes": dtype_bytes, "bytes_per_token": per, "max_context": int(budget_bytes // (per * batch))}
+    for n in contexts:
+        row[f"bytes_at_{n}"] = batch * per * int(n)
+    return row
