@@ -109,7 +109,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                      Hq, Hkv, Nq, Nk, offset, group, n_split, qk_scale, sm_scale, win_left, win_right, dilation,
                      Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Qd, DOd,
                      HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                     DOT_PREC: tl.constexpr, TMA: tl.constexpr,
                      DILATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, batch, K/V head, split): the ``group // n_split`` query heads of split ``s``.
 
@@ -242,7 +243,8 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                    Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right, dilation,
                    KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
                    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, DILATED: tl.constexpr,
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DOT_PREC: tl.constexpr,
+                   TMA: tl.constexpr, DILATED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
@@ -364,7 +366,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape, q_idx.shape)
-    key = ("bwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device,
+    key = ("bwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
+           q.device,
            softmax_scale, win_left, win_right, sparse_key, _aligned(q, k, v, do, out), has_dlse, grads_like_inputs,
            config, dilation)
     plan = _PLANS.get(key) or _get_plan(key, lambda: _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs,
@@ -423,7 +426,8 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
     f_tile, b_tile = sparse_tiles(D, config) if layout is not None else ((1, 1), (1, 1))
-    common = dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=block_dv, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+    common = dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=block_dv, HAS_LEFT=win_left >= 0,
+                  HAS_RIGHT=win_right >= 0,
                   SPARSE=sparse_mode(layout, layout_bs, f_tile, Nq, Nk, config), DOT_PREC=prec,
                   DILATED=dilation > 1)
     atomic = config.dq_mode == "atomic"

@@ -151,7 +151,8 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config)
     Dv = v.shape[3]
     block_d = max(16, next_pow2(D))
     pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
-    return dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=max(16, next_pow2(Dv)), HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+    return dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=max(16, next_pow2(Dv)), HAS_LEFT=win_left >= 0,
+                HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
                 TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v), DILATED=dilation > 1)
@@ -177,7 +178,8 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)
-    key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale, win_left,
+    key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale,
+           win_left,
            win_right, sparse_key, _aligned(q, k, v), config, dilation)
     plan = _PLANS.get(key) or _get_plan(key, lambda: {"fwd": _fwd_meta(q, k, v, win_left, win_right, layout,
                                                                         layout_bs, dilation, config)})
