@@ -158,3 +158,22 @@ def test_cache_errors():
         m(torch.randn(1, 5, 64, dtype=torch.float64), cache, 0)
     with pytest.raises(ValueError, match=r"mixer 'mla' cannot be built with options \['rank'\]"):
         build_mixer(MixerSpec("mla", {"rank": 3}), GPTConfig())
+
+
+def test_config_yaml_builds_the_mla_mixer():
+    """conf/attention/mla.yaml through the path train.py takes (``make_layer_spec`` of the yaml's fields), for
+    ``attention=mla`` and ``model.layers=[mla,flash]`` (the CPU training runs of both commands: docs/mla.md)."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from attn_zoo.mixers import make_layer_spec
+
+    node = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "attention" / "mla.yaml")
+    spec = make_layer_spec(**OmegaConf.to_container(node, resolve=True))
+    assert spec.label == "mla" and spec.mixer == "attn_zoo.mla.MLA" and spec.causal
+    model = GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, max_seq_len=16), [spec, attn_zoo.make_spec("flash")],
+                backend="reference")
+    assert model.layer_labels == ["mla", "flash"]
+    assert isinstance(model.blocks[0].attn, MLA) and model.blocks[0].attn.qk_head_dim == 16 + 8
+    assert model.generate(torch.zeros(1, 3, dtype=torch.long), 2).shape == (1, 5)
