@@ -22,7 +22,8 @@ the absorbed projections (the paper's remark after eq. 19): ``W_UK`` is folded i
 ``q_lat_h = W_UK_h^T q_nope_h`` (``r`` features), and ``W_UV`` into the output, ``y_h = W_UV_h o_lat_h``, so the
 attention itself is multi-query attention over the latent cache: ``q' = [q_lat ; q_rope]`` ``(B, H, Nq, r + D_rope)``,
 ``k' = [c_kv ; k_rope]`` ``(B, 1, Nk, r + D_rope)``, ``v' = c_kv`` ``(B, 1, Nk, r)`` (a view of the same cache),
-through :func:`attn_zoo.attention` (``Dv != D``: the ``torch`` and ``reference`` backends; ``auto`` picks them).
+through :func:`attn_zoo.attention` (``Dv != D``: ``reference``, ``torch`` and our ``triton`` kernel take it; ``D``
+and ``Dv`` up to 256 on ``triton``, so at DeepSeek scale, ``r + D_rope = 576``, ``auto`` runs this step on ``torch``).
 ``absorb=False`` decodes by rebuilding ``k_nope`` / ``v`` from the latent instead (same result; for tests).
 
 Memory: :func:`mla_cache_bytes_per_token`; :func:`attn_zoo.decode.memory.memory_table` adds an ``mla`` row when
