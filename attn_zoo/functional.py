@@ -101,7 +101,7 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
     ``backend="auto"`` tries the registered backends that have a priority, highest first -- ``triton`` (CUDA
     tensors only: our kernels; under ``TRITON_INTERPRET=1`` on the CPU only when asked for by name), then ``torch``,
     then ``reference`` -- and takes the first that is available and whose ``supports()`` accepts the input. On CUDA that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with
-    fp16 / bf16 / fp32, ``D <= 256`` and ``Dv == D``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
+    fp16 / bf16 / fp32, ``D <= 256`` and ``Dv <= 256``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
     dim <= 256 and no FAVOR in fp16; the Taylor map with ``D >= 16`` (273+ features) goes to ``parallel``, its fused
     quadratic form -- else ``torch`` (SDPA / FlexAttention / chunked PyTorch); the reasons of the
     backends it passed over are in the error when none fits. Raises ``ValueError`` / ``TypeError`` as

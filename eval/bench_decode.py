@@ -420,7 +420,8 @@ def main(argv=None) -> dict:
     budget = mem - args.weights_gb * 1e9
     L, H, D = args.model_layers, args.model_heads, args.head_dim
     preset_kw = dict(window=args.window, gqa_groups=(args.gqa_group,), feature_map=args.feature_map)
-    mem_rows = memory_table(L, H, D, budget, batch=args.mem_batch, **preset_kw)
+    # + an MLA row at DeepSeek-V2's ratios (kv_lora_rank = 4 D, qk_rope_dim = D / 2; attn_zoo/mla.py)
+    mem_rows = memory_table(L, H, D, budget, batch=args.mem_batch, mla_dims=(4 * D, max(D // 2, 1)), **preset_kw)
     presets = variant_presets(L, H, **preset_kw)
     curve = memory_curve(presets, H, D, [2**i for i in range(10, 21)], batch=args.mem_batch)
     write_csv(mem_rows + curve, os.path.join(args.out, "cache_memory.csv"))

@@ -32,8 +32,8 @@ def _supports(q, k, v, spec, return_lse):
     D = q.shape[-1]
     if D > MAX_HEAD_DIM:
         return f"head dim D={D} > {MAX_HEAD_DIM} is not supported"
-    if v.shape[-1] != D:
-        return f"Dv={v.shape[-1]} != D={D} is not supported"
+    if v.shape[-1] > MAX_HEAD_DIM:  # Dv != D is supported (MLA)
+        return f"v head dim Dv={v.shape[-1]} > {MAX_HEAD_DIM} is not supported"
     return None
 
 

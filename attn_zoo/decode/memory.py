@@ -123,9 +123,11 @@ def variant_presets(n_layer: int, n_head: int, window: int = 4096, gqa_groups: S
 
 
 def memory_table(n_layer: int, n_head: int, head_dim: int, budget_bytes: float, batch: int = 1,
-                 dtype_bytes: int = 2, contexts: Sequence[int] = (1024, 32768, 131072), **preset_kw) -> List[dict]:
+                 dtype_bytes: int = 2, contexts: Sequence[int] = (1024, 32768, 131072), mla_dims=None,
+                 **preset_kw) -> List[dict]:
     """One row per preset: bytes per token (long-context growth), cache bytes at each of ``contexts``, and the
-    longest context that fits ``budget_bytes`` for ``batch`` sequences (``None`` = unbounded)."""
+    longest context that fits ``budget_bytes`` for ``batch`` sequences (``None`` = unbounded). ``mla_dims``
+    ``(kv_lora_rank, qk_rope_dim)`` adds an ``mla`` row (latent cache, :func:`attn_zoo.mla.mla_cache_bytes_per_token`)."""
     rows = []
     for name, layers in variant_presets(n_layer, n_head, **preset_kw).items():
         row = {"variant": name, "n_layer": n_layer, "n_head": n_head, "head_dim": head_dim, "batch": batch,
@@ -135,4 +137,8 @@ def memory_table(n_layer: int, n_head: int, head_dim: int, budget_bytes: float, 
         for n in contexts:
             row[f"bytes_at_{n}"] = cache_bytes(layers, n_head, head_dim, n, batch, dtype_bytes)
         rows.append(row)
+    if mla_dims is not None:  # a mixer, not an AttentionSpec: its row comes from attn_zoo.mla
+        from ..mla import mla_memory_row
+
+        rows.append(mla_memory_row(n_layer, n_head, head_dim, budget_bytes, batch, dtype_bytes, contexts, *mla_dims))
     return rows
