@@ -14,7 +14,7 @@ Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for
 (``last.ckpt``: written at validation, at the end of training and on Ctrl-C), ``wandb/`` (the run and its id,
 ``run_id.txt``) and ``final_metrics.json`` (the final table; a multirun prints all jobs' in one table).
 
-Resume (:mod:`attn_zoo.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
+Resume (:mod:`harness.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
 (CSV continued, same W&B run id, the resumed config in ``.hydra/resume-<time>/``) up to ``trainer.max_steps`` total
 steps, which must exceed the checkpoint's step; the optimizer and LR schedule stay the original run's (past its end:
 ``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
@@ -22,7 +22,7 @@ steps, which must exceed the checkpoint's step; the optimizer and LR schedule st
 Resumable multiruns (``skip_finished=true``, the experiment configs): re-running a sweep skips the finished jobs and
 resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only; one whose training had ended is
 only validated and finalised); ``stop_at=<unix time>`` stops the running jobs there with a checkpoint and starts no
-new ones (:mod:`attn_zoo.runs`, :class:`StopAt`). ``wall_s`` of a resumed run: the total over its launches.
+new ones (:mod:`harness.runs`, :class:`StopAt`). ``wall_s`` of a resumed run: the total over its launches.
 
 Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) fail before
 anything is written (:func:`validate_config`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
@@ -45,14 +45,14 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
-from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
+from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
+from harness.lit import LitLM, split_optim_config, validate_optim_config
 from attn_zoo.model import GPTConfig, config_from_dict, redraw_interval_reason, spec_to_dict
-from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
+from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
 from attn_zoo.spec import AttentionSpec
-from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
+from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 log = logging.getLogger("attn_zoo.train")
@@ -172,7 +172,7 @@ def _is_int(v) -> bool:
 
 def validate_config(cfg: DictConfig) -> None:
     """Check the values every run needs before anything is built or written (output dir, loggers, data caches):
-    ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
+    ``optim.*`` (:func:`harness.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
     number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
     ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
     ``trainer.val_check_interval`` (a positive integer while ``trainer.check_val_every_n_epoch`` is null),
@@ -422,7 +422,7 @@ def _job_info() -> Dict[str, object]:
 
 def table_title(cfg: DictConfig) -> str:
     """The final table's title: ``attn-zoo: <experiment_name>``, and in a multirun `` / <the job's overrides>`` (its
-    folder name, :func:`attn_zoo.runs.job_dirname`: the swept overrides), so each job's table says which job it is."""
+    folder name, :func:`harness.runs.job_dirname`: the swept overrides), so each job's table says which job it is."""
     title = f"attn-zoo: {cfg.experiment_name}"
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -438,10 +438,10 @@ def table_title(cfg: DictConfig) -> str:
 def train(cfg: DictConfig) -> Dict[str, float]:
     """Build data, model, loggers and Trainer from ``cfg``, fit, validate; returns the final metrics.
 
-    ``ckpt_path`` resumes a run (see :mod:`attn_zoo.runs`): outputs go to the checkpoint's run directory,
+    ``ckpt_path`` resumes a run (see :mod:`harness.runs`): outputs go to the checkpoint's run directory,
     ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
     A checkpoint whose training is complete (its step at ``trainer.max_steps``, its epochs at a positive
-    ``trainer.max_epochs``, :attr:`attn_zoo.runs.CheckpointInfo.epochs`, or stopped by a callback such as
+    ``trainer.max_epochs``, :attr:`harness.runs.CheckpointInfo.epochs`, or stopped by a callback such as
     EarlyStopping) in a run directory without ``final_metrics.json`` (the run was killed in its final validation)
     trains no step: it is validated and ``final_metrics.json`` is written with the checkpoint's step.
 
@@ -656,11 +656,11 @@ def main(cfg: DictConfig) -> Optional[float]:
     """The Hydra entry point: :func:`train` one job, after the checks of a resumable multirun.
 
     ``stop_at`` already passed: the job does not start (returns None) and its folder gets ``not_started.json``
-    (:func:`attn_zoo.runs.mark_not_started`, removed when a later launch starts the job), which the multirun summary
+    (:func:`harness.runs.mark_not_started`, removed when a later launch starts the job), which the multirun summary
     reports apart from stopped or failed jobs. ``skip_finished=true`` (and no
     ``ckpt_path``): a job whose folder holds a finished run of the same config is skipped (its stored metric is
     returned); an unfinished one resumes from its ``checkpoints/last.ckpt`` when that was written under the same
-    config (:func:`attn_zoo.runs.resumable_checkpoint`), else it starts over (the log says why).
+    config (:func:`harness.runs.resumable_checkpoint`), else it starts over (the log says why).
     """
     mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
     validate_config(cfg)

@@ -3,7 +3,7 @@ seq_len, after warm-up.
 
 What one step is (the same as ``train.py trainer=gpu``): bf16 autocast forward of :class:`attn_zoo.model.GPT` on
 random tokens (ids ``< --vocab``), cross-entropy, backward, gradient-norm clipping at 1.0, the AdamW ``LitLM`` uses
-on CUDA (:func:`attn_zoo.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
+on CUDA (:func:`harness.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
 number of tokens per step is constant (``B = tokens // seq_len``; inputs ``(B, seq_len)`` int64).
 
 Backends, timed in the same process:
@@ -62,7 +62,7 @@ from typing import Dict, List, Optional
 import torch
 
 from attn_zoo import make_spec
-from attn_zoo.lit import adamw_impl, clip_gradients_
+from harness.lit import adamw_impl, clip_gradients_
 from attn_zoo.mixers import LayerSpec
 from attn_zoo.model import GPT, GPTConfig
 from attn_zoo.spec import AttentionSpec
@@ -194,7 +194,7 @@ def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int =
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):
-    """AdamW as :meth:`attn_zoo.lit.LitLM.configure_optimizers` builds it on CUDA (bf16-mixed: no scaler)."""
+    """AdamW as :meth:`harness.lit.LitLM.configure_optimizers` builds it on CUDA (bf16-mixed: no scaler)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     impl = adamw_impl("cuda", None)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train as train_mod
-from attn_zoo.lit import LitLM, cosine_with_warmup
+from harness.lit import LitLM, cosine_with_warmup
 from test_train import FAST, ROOT, column, make_cfg, read_csv
 
 TINY = dict(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
@@ -218,7 +218,7 @@ def test_final_table_title_names_the_multirun_job(tmp_path, monkeypatch):
     from hydra.types import RunMode
     from omegaconf import open_dict, read_write
 
-    from attn_zoo.runs import SWEPT_KEYS_ENV
+    from harness.runs import SWEPT_KEYS_ENV
 
     cfg = make_cfg(tmp_path, ["attention=linear", "optim.lr=1e-3", "trainer.enable_progress_bar=false"],
                    return_hydra_config=True)

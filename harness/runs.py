@@ -13,7 +13,7 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
       its end run at ``lr * min_lr_ratio``, the cosine is not stretched again;
     * the optimizer is the checkpoint's (state and hyperparameters): an ``optim.*`` value (``lr``, ``betas``,
       ``weight_decay``, ``_target_``, ``warmup_steps``, ``min_lr_ratio``, ...) that differs from the checkpoint's
-      hparams is refused (``ValueError: ckpt_path: ...``, :meth:`attn_zoo.lit.LitLM.check_checkpoint_hparams`), so
+      hparams is refused (``ValueError: ckpt_path: ...``, :meth:`harness.lit.LitLM.check_checkpoint_hparams`), so
       ``final_metrics.json``'s ``result_config`` records what ran;
     * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
       directory. A checkpoint outside a ``checkpoints/`` folder starts a new run directory.
@@ -25,7 +25,7 @@ which reads ``run_config.json``; a checkpoint whose training had ended is only v
 start over (the earlier run's checkpoints, ``csv/`` and final table kept aside as ``*.replaced-<time>``).
 ``stop_at`` (a wall-clock deadline) stops the running jobs with a checkpoint and starts no new ones, so a sweep can
 be cut into time-limited calls. ``final_metrics.json``'s ``wall_s`` of a resumed run is the total over its launches
-(the checkpoints carry the time so far, :class:`attn_zoo.callbacks.RunState`).
+(the checkpoints carry the time so far, :class:`harness.callbacks.RunState`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
 FINAL_METRICS = "final_metrics.json"
 RUN_CONFIG = "run_config.json"   # the result_config a run trains under, written when it starts (auto-resume checks it)
-RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (attn_zoo.callbacks.RunState)
+RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (harness.callbacks.RunState)
 NOT_STARTED = "not_started.json"  # a job folder whose job stop_at kept from starting in the latest launch
 FAILED = "failed.json"            # a job folder whose job raised in the latest launch (the error, for the summary)
 
@@ -105,7 +105,7 @@ class CheckpointInfo:
     step: int                       # optimizer steps the checkpoint has trained (trainer.global_step)
     total_steps: Optional[int]      # length of its LR schedule (LitLM hparams), None for old checkpoints
     hparams: Dict = field(default_factory=dict)
-    # train.py's resume state (attn_zoo.callbacks.RunState; checkpoints written before it: 0.0 / False / {})
+    # train.py's resume state (harness.callbacks.RunState; checkpoints written before it: 0.0 / False / {})
     wall_s: float = 0.0             # seconds of wall time the run had taken when it was written, over all launches
     stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
     train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
@@ -157,7 +157,7 @@ def _hydra_subdir_resolver(ckpt_path, stamp):
 _UNSAFE = re.compile(r"[^A-Za-z0-9=,._+\-\[\]@%]")
 SWEPT_KEYS_ENV = "ATTN_ZOO_SWEPT_KEYS"
 """Environment variable with the swept keys of the running multirun (comma-separated), set by
-:class:`attn_zoo.callbacks.MultirunJobs` when the multirun starts (inherited by launched jobs)."""
+:class:`harness.callbacks.MultirunJobs` when the multirun starts (inherited by launched jobs)."""
 
 
 def swept_keys(overrides, sweeper_params=None) -> List[str]:
@@ -207,7 +207,7 @@ def write_final_metrics(run_dir, record: Dict) -> Path:
 def mark_not_started(run_dir, stop_at: Optional[float]) -> None:
     """``stop_at=None``: remove ``<run_dir>/not_started.json`` (:data:`NOT_STARTED`), as ``train.py`` does when a job
     starts. Else write it (the deadline and the time it was found passed), so the multirun summary
-    (:class:`attn_zoo.callbacks.MultirunJobs`) reports the job as not started, not as stopped or failed."""
+    (:class:`harness.callbacks.MultirunJobs`) reports the job as not started, not as stopped or failed."""
     path = Path(run_dir) / NOT_STARTED
     if stop_at is None:
         path.unlink(missing_ok=True)
@@ -218,7 +218,7 @@ def mark_not_started(run_dir, stop_at: Optional[float]) -> None:
 
 def mark_failed(run_dir, error: Optional[BaseException]) -> None:
     """``error=None``: remove ``<run_dir>/failed.json`` (:data:`FAILED`: the job ran to its end this launch). Else
-    write it with the error's type and message, so the multirun summary (:class:`attn_zoo.callbacks.MultirunJobs`)
+    write it with the error's type and message, so the multirun summary (:class:`harness.callbacks.MultirunJobs`)
     names the failed jobs and why, apart from the stopped or interrupted ones."""
     path = Path(run_dir) / FAILED
     if error is None:
@@ -319,6 +319,31 @@ IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_par
 ``optim._target_=torch.optim.Adam``, is kept and differs)."""
 
 
+RENAMED_TARGETS = {
+    "attn_zoo.data.MQARDataModule": "harness.data.MQARDataModule",
+    "attn_zoo.data.TextDataModule": "harness.data.TextDataModule",
+    "attn_zoo.callbacks.RecallByDistance": "harness.callbacks.RecallByDistance",
+    "attn_zoo.callbacks.ModelCheckpoint": "harness.callbacks.ModelCheckpoint",
+    "attn_zoo.callbacks.MultirunJobs": "harness.callbacks.MultirunJobs",
+    "attn_zoo.runs.ContinuedCSVLogger": "harness.runs.ContinuedCSVLogger",
+}
+"""Old ``_target_`` -> current one, for configs stored before the harness left the library (``attn_zoo.data`` ->
+``harness.data``, ...): :func:`result_config` and :func:`renamed_targets` read stored configs under today's names,
+so a run stored under the old name compares equal to the same run today (the stored files are not rewritten)."""
+
+
+def renamed_targets(c):
+    """``c`` (a plain dict / list, e.g. a stored config) with every ``_target_`` named in :data:`RENAMED_TARGETS`
+    replaced by its current name, at any depth (``data._target_``, ``callbacks.<name>._target_``, ...). A new
+    object; ``c`` is not changed."""
+    if isinstance(c, dict):
+        return {k: (RENAMED_TARGETS.get(v, v) if k == "_target_" and isinstance(v, str) else renamed_targets(v))
+                for k, v in c.items()}
+    if isinstance(c, list):
+        return [renamed_targets(x) for x in c]
+    return c
+
+
 def result_config(cfg) -> Dict:
     """The resolved config of a run without the keys that do not change its result (:data:`RESULT_FREE_KEYS`, the
     progress bar / logging / checkpoint cadence, the loggers, logging- and saving-only callbacks, instantiate keys at
@@ -327,6 +352,7 @@ def result_config(cfg) -> Dict:
     from omegaconf import DictConfig, OmegaConf
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg, default=str))
+    c = renamed_targets(c)
     for k in RESULT_FREE_KEYS + ("logger",):
         c.pop(k, None)
     for k in RESULT_FREE_TRAINER_KEYS:

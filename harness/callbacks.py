@@ -184,7 +184,7 @@ def epochs_trained(trainer) -> int:
 
 class RunState(L.Callback):
     """``train.py``'s own state of a run, written into every checkpoint as ``checkpoint[RUN_STATE_KEY]``
-    (:data:`attn_zoo.runs.RUN_STATE_KEY`, read back by :func:`attn_zoo.runs.checkpoint_info`):
+    (:data:`harness.runs.RUN_STATE_KEY`, read back by :func:`harness.runs.checkpoint_info`):
 
     * ``wall_s``: seconds of wall time the run has taken up to this checkpoint, over all its launches:
       ``wall_s_before`` (what the checkpoint this launch resumed from stored; 0 for a new run) plus the seconds
@@ -291,14 +291,14 @@ def _names(names: List[str], most: int = 6) -> str:
 class MultirunJobs(HydraCallback):
     """Hydra callback for ``python train.py -m ...``.
 
-    * Start: the swept keys (:func:`attn_zoo.runs.swept_keys`) go to the environment (:data:`SWEPT_KEYS_ENV`), so
-      ``hydra.sweep.subdir`` (:func:`attn_zoo.runs.job_dirname`) names each job's folder after its swept overrides
+    * Start: the swept keys (:func:`harness.runs.swept_keys`) go to the environment (:data:`SWEPT_KEYS_ENV`), so
+      ``hydra.sweep.subdir`` (:func:`harness.runs.job_dirname`) names each job's folder after its swept overrides
       only, e.g. ``attention=flash,optim.lr=0.001``.
     * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
       ``train.py``), also saved as ``<sweep dir>/summary.csv``. Jobs without one are listed, with their count, as
       not started (``stop_at`` had passed when the job came: ``not_started.json``,
-      :func:`attn_zoo.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
-      the job's end, :func:`attn_zoo.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
+      :func:`harness.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
+      the job's end, :func:`harness.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
       before Hydra could record a failure).
     * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
       without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
@@ -422,7 +422,7 @@ def mqar_key_distance(x, y, num_kv_pairs: int):
     """Distance from each MQAR query to its key: ``(mask, dist)``, both ``(B, N)``.
 
     ``x``: int64 ``(B, N)`` inputs, ``y``: int64 ``(B, N)`` targets (``-100`` off the query positions), as made by
-    :func:`attn_zoo.data.generate_mqar` (keys at the even positions ``0, 2, .., 2 P - 2`` of the context). ``mask``
+    :func:`harness.data.generate_mqar` (keys at the even positions ``0, 2, .., 2 P - 2`` of the context). ``mask``
     is True at the query positions; ``dist[b, i] = i - j`` where ``j`` is the position of the key that the query at
     ``i`` repeats (0 off the query positions), so a sliding window of left size ``w`` shows the key to the query's
     own layer iff ``dist <= w``.

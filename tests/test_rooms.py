@@ -1,0 +1,41 @@
+"""Three rooms with one-way doors (issue 28 item 4): the attention library ``attn_zoo`` stands apart from the
+training harness ``harness`` (Lightning, Hydra, W&B), and configs stored before the harness moved still read."""
+
+import json
+from pathlib import Path
+
+from harness.runs import RENAMED_TARGETS, finished_run, renamed_targets, result_config
+
+ROOT = Path(__file__).resolve().parents[1]
+STORED = (ROOT / "results/h200/quality/runs/mqar_fig2_long/"
+          "attention=flash,model.d_model=512,data.seq_len=512,optim.lr=0.0003/final_metrics.json")
+
+
+def test_old_target_names_are_mapped_to_the_harness():
+    for old, new in RENAMED_TARGETS.items():
+        assert old.startswith("attn_zoo.") and new.startswith("harness."), (old, new)
+        assert old.split(".", 1)[1] == new.split(".", 1)[1]
+    c = {"data": {"_target_": "attn_zoo.data.MQARDataModule"},
+         "callbacks": {"recall": {"_target_": "attn_zoo.callbacks.RecallByDistance"}},
+         "optim": {"_target_": "torch.optim.Adam"}, "layers": [{"_target_": "attn_zoo.data.TextDataModule"}]}
+    r = renamed_targets(c)
+    assert r["data"]["_target_"] == "harness.data.MQARDataModule"
+    assert r["callbacks"]["recall"]["_target_"] == "harness.callbacks.RecallByDistance"
+    assert r["optim"]["_target_"] == "torch.optim.Adam"  # not in the table: kept
+    assert r["layers"][0]["_target_"] == "harness.data.TextDataModule"
+    assert c["data"]["_target_"] == "attn_zoo.data.MQARDataModule"  # the input is not changed
+
+
+def test_a_committed_result_stored_under_the_old_names_compares_equal(tmp_path):
+    done = json.loads(STORED.read_text())
+    stored = done["result_config"]
+    assert stored["data"]["_target_"] == "attn_zoo.data.MQARDataModule"  # written before the move
+    today = json.loads(json.dumps(stored).replace('"attn_zoo.data.', '"harness.data.')
+                       .replace('"attn_zoo.callbacks.', '"harness.callbacks.'))
+    assert today != stored
+    assert result_config(stored) == result_config(today)
+    (tmp_path / "final_metrics.json").write_text(json.dumps(done))
+    assert finished_run(tmp_path, today)["metrics"] == done["metrics"]  # skip_finished still finds it
+    other = json.loads(json.dumps(today))
+    other["data"]["_target_"] = "harness.data.TextDataModule"
+    assert result_config(stored) != result_config(other)
