@@ -431,7 +431,7 @@ def table_title(cfg: DictConfig) -> str:
         hc = HydraConfig.get()
         if hc.mode == RunMode.MULTIRUN:
             exclude = list(hc.job.config.override_dirname.get("exclude_keys") or [])
-            title += f" / {job_dirname(list(hc.overrides.task), exclude, hc.job.get('num') or 0)}"
+            title += f" / {job_dirname(list(hc.overrides.task), exclude, hc.job.get('num') or 0, hc.sweep.dir)}"
     return title
 
 

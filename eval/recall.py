@@ -103,15 +103,9 @@ def _resolve_each(node):
 
 
 def _register_resolvers() -> None:
-    from omegaconf import OmegaConf
+    from harness.runs import register_resolvers  # the one registration (stored configs use ${attn_zoo.div:..})
 
-    try:
-        from harness.runs import register_resolvers
-
-        register_resolvers()
-    except Exception:  # noqa: BLE001 - a report does not need lightning; the one resolver the configs use
-        if not OmegaConf.has_resolver("attn_zoo.div"):
-            OmegaConf.register_new_resolver("attn_zoo.div", lambda a, b: int(a) // int(b))
+    register_resolvers()
 
 
 def read_config(run_dir: str) -> dict:

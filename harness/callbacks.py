@@ -18,7 +18,6 @@ import atexit
 import csv
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -30,7 +29,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, SWEPT_KEYS_ENV, mark_failed, read_sweep, swept_keys
+from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, mark_failed, read_sweep
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -291,9 +290,9 @@ def _names(names: List[str], most: int = 6) -> str:
 class MultirunJobs(HydraCallback):
     """Hydra callback for ``python train.py -m ...``.
 
-    * Start: the swept keys (:func:`harness.runs.swept_keys`) go to the environment (:data:`SWEPT_KEYS_ENV`), so
-      ``hydra.sweep.subdir`` (:func:`harness.runs.job_dirname`) names each job's folder after its swept overrides
-      only, e.g. ``attention=flash,optim.lr=0.001``.
+    * Job folders (not this callback's work): ``hydra.sweep.subdir`` (:func:`harness.runs.job_dirname`, given
+      ``hydra.sweep.dir``) names each job's folder after its swept overrides only, e.g.
+      ``attention=flash,optim.lr=0.001``, reading the swept keys from ``<sweep dir>/multirun.yaml``.
     * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
       ``train.py``), also saved as ``<sweep dir>/summary.csv``. Jobs without one are listed, with their count, as
       not started (``stop_at`` had passed when the job came: ``not_started.json``,
@@ -313,8 +312,6 @@ class MultirunJobs(HydraCallback):
         self.filename = filename
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
-        keys = swept_keys(config.hydra.overrides.task, config.hydra.sweeper.get("params"))
-        os.environ[SWEPT_KEYS_ENV] = ",".join(keys)
         self._summarized = False
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
@@ -364,7 +361,6 @@ class MultirunJobs(HydraCallback):
         return ["job", "overrides", "variant"] + cols, rows
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
-        os.environ.pop(SWEPT_KEYS_ENV, None)
         self._summarize(Path(str(config.hydra.sweep.dir)))
 
     def _summarize(self, sweep_dir: Path) -> None:

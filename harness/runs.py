@@ -45,7 +45,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
-           "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
+           "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
            "FAILED", "mark_failed"]
@@ -155,9 +155,10 @@ def _hydra_subdir_resolver(ckpt_path, stamp):
 
 # ---------------------------------------------------------------------------------------------- multirun
 _UNSAFE = re.compile(r"[^A-Za-z0-9=,._+\-\[\]@%]")
-SWEPT_KEYS_ENV = "ATTN_ZOO_SWEPT_KEYS"
-"""Environment variable with the swept keys of the running multirun (comma-separated), set by
-:class:`harness.callbacks.MultirunJobs` when the multirun starts (inherited by launched jobs)."""
+MULTIRUN_CONFIG = "multirun.yaml"
+"""``<sweep dir>/multirun.yaml``: the multirun's config, written by Hydra's sweeper before the first job starts; its
+``hydra.overrides.task`` (the command line) and ``hydra.sweeper.params`` give the swept keys
+(:func:`sweep_swept_keys`)."""
 
 
 def swept_keys(overrides, sweeper_params=None) -> List[str]:
@@ -173,13 +174,30 @@ def swept_keys(overrides, sweeper_params=None) -> List[str]:
     return list(dict.fromkeys(keys))
 
 
-def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
+def sweep_swept_keys(sweep_dir) -> List[str]:
+    """The swept keys (:func:`swept_keys`) of the multirun whose sweep folder is ``sweep_dir``, read from its
+    :data:`MULTIRUN_CONFIG` (written by Hydra's sweeper before any job starts); ``[]`` when there is none (no sweep
+    folder, or a folder Hydra did not write)."""
+    import yaml
+
+    f = Path(str(sweep_dir)) / MULTIRUN_CONFIG if sweep_dir else None
+    if f is None or not f.is_file():
+        return []
+    try:
+        hydra = (yaml.safe_load(f.read_text()) or {}).get("hydra") or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    return swept_keys((hydra.get("overrides") or {}).get("task") or [], (hydra.get("sweeper") or {}).get("params"))
+
+
+def job_dirname(overrides, exclude_keys=(), num=0, sweep_dir=None, max_len: int = 96) -> str:
     """A multirun job's folder name from its overrides (``hydra.overrides.task``), e.g. ``attention=flash,optim.lr=0.001``.
 
-    When the swept keys are known (:data:`SWEPT_KEYS_ENV`) only the swept overrides name the folder, in the order
-    they were given; otherwise every override (sorted) but ``exclude_keys``. Characters that are not safe in a file
-    name (``/``, spaces, quotes, ...) become ``_``; a name longer than ``max_len`` is cut and ends in ``-`` and 8 hex
-    digits of its hash (distinct names stay distinct); no overrides: the job number.
+    When the swept keys are known (``sweep_dir``: the multirun's ``hydra.sweep.dir``, whose :data:`MULTIRUN_CONFIG`
+    names them, :func:`sweep_swept_keys`) only the swept overrides name the folder, in the order they were given;
+    otherwise every override (sorted) but ``exclude_keys``. Characters that are not safe in a file name (``/``,
+    spaces, quotes, ...) become ``_``; a name longer than ``max_len`` is cut and ends in ``-`` and 8 hex digits of its
+    hash (distinct names stay distinct); no overrides: the job number.
     """
     if isinstance(overrides, str):  # an override_dirname
         overrides = [overrides] if overrides else []
@@ -189,7 +207,7 @@ def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
         key = line.split("=", 1)[0]
         if key not in set(exclude_keys or ()):
             items.append((key, line))
-    swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
+    swept = sweep_swept_keys(sweep_dir)
     chosen = sorted((swept.index(k), line) for k, line in items if k in swept)
     lines = [line for _, line in chosen] if chosen else sorted(line for _, line in items)
     name = _UNSAFE.sub("_", ",".join(lines)).strip("._") or str(num)
