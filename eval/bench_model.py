@@ -26,7 +26,7 @@ Variants (``--variants``):
     (:data:`VARIANTS`); with ``--specs conf`` exactly ``conf/attention/<name>.yaml`` (what ``train.py
     attention=<name>`` trains: a speed to join with those runs in ``eval.quality speed=<csv>``);
   * a hybrid ``a+b+...``: one layer name per layer (as many as the size's ``n_layer``), each resolved as
-    ``train.py model.layers=[a,b,...]`` resolves it (:func:`train.layer_specs`: ``conf/attention/<name>.yaml``
+    ``train.py model.layers=[a,b,...]`` resolves it (:func:`harness.config.layer_specs`: ``conf/attention/<name>.yaml``
     unchanged, e.g. ``sliding_window`` = a 32-token window, or a registered mixer), i.e. the model the hybrid
     runs of ``conf/experiment/mqar_hybrid.yaml`` trained. The row's ``variant`` is the spec as given, also when
     every layer is the same (``linear+linear+linear+linear``): what ``eval.recall hybrid speed=<csv>`` joins on.
@@ -93,7 +93,7 @@ def variant_specs(size: str, variant: str, specs: str = "bench") -> List[LayerSp
     A plain name: with ``specs="bench"`` its :data:`VARIANTS` spec (the speed sweep's sizes: a 1,024-token window,
     128-token BigBird blocks), with ``specs="conf"`` its ``conf/attention/<name>.yaml`` (what ``train.py
     attention=<name>`` trains, e.g. the 32-token window), in every layer. A hybrid ``a+b+...``: one name per layer, resolved
-    by :func:`train.layer_specs` as ``train.py model.layers=[a,b,...]`` is (the ``attention`` group at its default,
+    by :func:`harness.config.layer_specs` as ``train.py model.layers=[a,b,...]`` is (the ``attention`` group at its default,
     flash, as in the MQAR hybrid runs), so the model is the one those runs trained.
 
     Raises ``ValueError`` naming ``--variants``: an unknown plain name, a hybrid with another number of layers than
@@ -117,15 +117,17 @@ def variant_specs(size: str, variant: str, specs: str = "bench") -> List[LayerSp
 
 
 def _conf_layer_specs(size: str, variant: str, names: List[str]) -> List[LayerSpec]:
-    """One spec per layer name from ``conf/attention`` (:func:`train.layer_specs`, as ``model.layers=[...]``)."""
+    """One spec per layer name from ``conf/attention`` (:func:`harness.config.layer_specs`, as
+    ``model.layers=[...]``)."""
     n_layer = len(names)
-    import train  # the repository root's train.py (bench_model runs from there, as eval.bench_common needs)
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({"attention": OmegaConf.load(train.CONF_DIR / "attention" / "flash.yaml"),
+    from harness.config import CONF_DIR, layer_specs
+
+    cfg = OmegaConf.create({"attention": OmegaConf.load(CONF_DIR / "attention" / "flash.yaml"),
                             "model": {"n_layer": n_layer, "layers": names}})
     try:
-        return train.layer_specs(cfg)
+        return layer_specs(cfg)
     except ValueError as e:  # "model.layers[i]='x' is not an attention config ...; allowed values: ..."
         kind = "hybrid " if HYBRID_SEP in variant else ""
         raise ValueError(f"--variants: {kind}{variant!r}: {e}") from None
