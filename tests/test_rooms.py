@@ -39,3 +39,26 @@ def test_a_committed_result_stored_under_the_old_names_compares_equal(tmp_path):
     other = json.loads(json.dumps(today))
     other["data"]["_target_"] = "harness.data.TextDataModule"
     assert result_config(stored) != result_config(other)
+
+
+def test_import_attn_zoo_loads_no_training_stack():
+    """The library's door is one-way: ``import attn_zoo`` (and its model) pulls in neither Lightning, Hydra nor W&B."""
+    import subprocess
+    import sys
+
+    code = ("import attn_zoo, attn_zoo.model, attn_zoo.cost_model, attn_zoo.decode, sys; "
+            "bad = sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'pytorch_lightning', 'hydra', "
+            "'wandb', 'omegaconf', 'harness'}); print(bad); assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_library_sources_import_no_harness():
+    """No module of ``attn_zoo`` imports the harness or the training stack, even lazily inside a function."""
+    import re
+
+    pattern = re.compile(r"^\s*(?:from|import)\s+(harness|lightning|pytorch_lightning|hydra|wandb|omegaconf)\b", re.M)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0).strip()}" for p in sorted((ROOT / "attn_zoo").rglob("*.py"))
+             for m in pattern.finditer(p.read_text())]
+    assert found == []
+    assert not any((ROOT / "attn_zoo" / f"{name}.py").exists() for name in ("lit", "callbacks", "runs", "data", "tracking"))
