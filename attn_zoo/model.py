@@ -36,6 +36,7 @@ from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
 from .mixers import LayerSpec, MixerSpec, build_mixer, layer_from_dict, layer_to_dict, register_mixer  # noqa: F401
 from .spec import AttentionSpec
+from .variants import get_variant
 
 LayerCache = Union[KVCache, LinearState]
 
@@ -176,7 +177,7 @@ class Attention(nn.Module):
 
     @property
     def uses_favor(self) -> bool:
-        return self.spec.kind == "linear" and self.spec.feature_map == "favor"
+        return self.spec.family == "linear" and getattr(self.spec, "feature_map", None) == "favor"
 
     def current_spec(self) -> AttentionSpec:
         if self.favor_seed is not None and self.uses_favor:
@@ -185,14 +186,20 @@ class Attention(nn.Module):
 
     def new_cache(self, batch_size: int, capacity: int, dtype: torch.dtype, device, page_size: Optional[int] = None,
                   shuffle_pages: bool = False) -> LayerCache:
-        """This layer's decode state: linear -> :class:`LinearState`; causal window of ``W`` tokens -> a
-        :class:`KVCache` keeping the last ``W`` tokens (``2 W`` slots, compacted when full); else a full
-        :class:`KVCache` of ``capacity`` tokens (paged when ``page_size`` is set)."""
+        """This layer's decode state, as its variant's cache policy says
+        (:meth:`attn_zoo.variants.Variant.cache_policy`): ``"state"`` -> :class:`LinearState`; ``"window"`` of
+        ``W`` tokens -> a :class:`KVCache` keeping the last ``W`` tokens (``2 W`` slots, compacted when full);
+        ``"full"`` -> a :class:`KVCache` of ``capacity`` tokens (paged when ``page_size`` is set). Raises
+        ``ValueError`` for a policy this layer cannot hold (``"latent"``: a mixer of its own)."""
         spec = self.current_spec()
-        if spec.kind == "linear":
+        policy = get_variant(spec.kind).cache_policy(spec)
+        if policy.kind == "state":
             return LinearState.for_spec(spec, batch_size, self.n_kv_heads, self.head_dim, device)
-        if spec.kind == "sliding_window" and spec.causal and spec.window_size[0] is not None:
-            keep = min(spec.window_size[0] + 1, capacity)
+        if policy.kind == "latent":
+            raise ValueError(f"kind={spec.kind!r} keeps a latent cache: the attention layer holds full / window / "
+                             f"state caches only; build it as a mixer with its own cache (attn_zoo.register_mixer)")
+        if policy.kind == "window":
+            keep = min(policy.window, capacity)
             return KVCache(batch_size, self.n_kv_heads, self.head_dim, min(capacity, 2 * keep), dtype=dtype,
                            device=device, keep_last=keep)
         return KVCache(batch_size, self.n_kv_heads, self.head_dim, capacity, dtype=dtype, device=device,
@@ -304,6 +311,12 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.specs = resolve_layer_specs(specs, config.n_layer)
+        for i, s in enumerate(self.specs):  # a causal language model: a non-causal mixer would see future tokens
+            if isinstance(s, MixerSpec) and not s.causal:
+                why = getattr(s.factory(), "causal_reason", None)
+                raise ValueError(f"layer {i} ({s.label}) is a non-causal mixer (causal=False"
+                                 f"{': ' + why if why else ''}); GPT is a causal language model, so position t "
+                                 f"may not see later positions; use a causal mixer")
         self.backend = backend
         why = redraw_interval_reason(redraw_interval)
         if why is not None:

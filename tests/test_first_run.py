@@ -4,7 +4,7 @@ line, what to try next; final_metrics.json keeps the baseline (issue 28, items 1
 from types import SimpleNamespace
 
 import train as train_mod
-from attn_zoo.data import MQARDataModule
+from harness.data import MQARDataModule
 
 
 def test_mqar_baseline_is_guessing_among_the_examples_values():

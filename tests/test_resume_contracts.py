@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attn_zoo.runs import RUN_CONFIG, ContinuedCSVLogger, finished_run, result_config, resumable_checkpoint
+from harness.runs import RUN_CONFIG, ContinuedCSVLogger, finished_run, result_config, resumable_checkpoint
 
 
 def _stored_run(tmp_path, stored: dict):
