@@ -63,13 +63,17 @@ def _fla(gated: bool):
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: str = "auto"):
     """:func:`delta_rule_naive`'s arguments and results; ``backend``: ``fla`` (fla's chunked kernel, CUDA),
-    ``naive`` or ``auto`` (fla on CUDA when importable, else naive). Raises ``ImportError`` naming the package
-    for ``fla`` without it, ``ValueError`` naming ``backend`` for an unknown one."""
+    ``naive`` or ``auto`` (fla for float16 / bfloat16 on CUDA when importable, else naive). Raises ``ImportError``
+    naming the package for ``fla`` without it, ``ValueError`` naming ``backend`` for an unknown one or for ``fla``
+    with float32 inputs (fla's kernels refuse them)."""
     if backend not in DELTA_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(DELTA_BACKENDS)}")
+    if backend == "fla" and q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"backend='fla' (fla's chunked delta-rule kernels) needs float16 / bfloat16 q, k, v, got "
+                         f"{q.dtype}; use backend='naive' for {q.dtype}, or train with trainer=gpu (bf16-mixed)")
     if backend == "auto":
         backend = "naive"
-        if q.is_cuda:
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
             try:
                 _fla(g is not None)
                 backend = "fla"
