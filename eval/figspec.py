@@ -14,12 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-
-def _f(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
+from eval.crossover import _f
 
 
 def _i(x) -> int:

@@ -110,12 +110,6 @@ def variant_style(name: str) -> dict:
     return {"color": c, "marker": m, "ls": "-."}
 
 
-def _style(i: int):
-    """Style of the i-th series of a list (kept for callers outside this module)."""
-    cmap = plt.get_cmap("tab10")
-    return {"color": cmap(i % 10), "marker": "osD^v<>phX*"[i % 10], "ls": "-" if i < 10 else "--"}
-
-
 def _save(fig, base: str, dpi: int = 110) -> List[str]:
     """Save ``fig`` as ``base.<ext>`` for each of :data:`FORMATS` (PNG first); returns the paths."""
     os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)

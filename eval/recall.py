@@ -65,6 +65,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from eval.bench_common import write_csv
 from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
@@ -293,12 +294,6 @@ def best_over_lr(recs: Sequence[dict], keys: Sequence[str], value: str, higher: 
     cols = keys + [value, "best_lr", "lrs", "n_runs"] + [c for c in best.columns if c not in keys + [
         value, "best_lr", "lrs", "n_runs"]]
     return best[cols].sort_values(keys).to_dict("records")
-
-
-def _write_csv(rows: Sequence[dict], path: str) -> str:
-    from eval.bench_common import write_csv
-
-    return write_csv(rows, path)
 
 
 def _setup(recs: Sequence[dict], extra: str = "") -> str:
@@ -1081,7 +1076,7 @@ def run(cfg: dict) -> dict:
         paths = plot_lm(rows, base, f"{tb} · {which}, best over optim.lr · " + _setup(recs_t, cov))
         notes.append(tb)
         notes += [cov] if cov else []
-    csv_path = _write_csv(rows, base + ".csv")
+    csv_path = write_csv(rows, base + ".csv")
     print(f"{kind}: wrote {csv_path} and {paths[0]}" + (f" ({'; '.join(notes)})" if notes else ""))
     return {"rows": rows, "csv": csv_path, "png": paths[0], "figures": paths, "notes": notes}
 
