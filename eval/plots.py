@@ -305,13 +305,15 @@ def _baseline_name(baseline) -> str:
     return "/".join(baseline) if baseline else "baseline"
 
 
-def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str = "fwd_bwd",
-                     reference: str = "exact", title: Optional[str] = None,
-                     baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None):
-    """The figure of :func:`plot_time_vs_n` (not saved): one panel per variant with its backends (colour and marker
-    per backend, the same in every panel), the exact baseline thick black in every panel, ``n*`` against it as a
-    star on the curve, a dotted vertical line and the value in the series' legend label, and a table panel of all
-    ``n*``; the setup in the title."""
+def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str = "fwd_bwd",
+                   reference: str = "exact", title: Optional[str] = None,
+                   baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None):
+    """The :class:`eval.figspec.Figure` of :func:`plot_time_vs_n`: one panel per variant with its backends (colour
+    and marker per backend, the same in every panel), the exact baseline thick black in every panel, ``n*`` against
+    it as a star on the curve, a dotted vertical line and the value in the series' legend label, and a table panel
+    of all ``n*``; the setup in the title."""
+    from eval import figspec
+
     if baseline is None:
         bl = [c["baseline"] for c in crossovers if c.get("reference") == reference]
         baseline = tuple(bl[0].split("/", 1)) if bl else None
@@ -319,91 +321,63 @@ def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str
     ser = {k: [r for r in v if math.isfinite(_f(r.get(metric)))] for k, v in series(rows).items()}
     ser = {k: v for k, v in ser.items() if v}
     failed = _failures(rows)
-    panels = family_panels(sorted(set(ser) | set(failed)), baseline)
     cross_rows = [c for c in crossovers if c.get("metric") == metric and c.get("reference") == reference]
-    with_table = bool(cross_rows)
     full_n_max = max((_f(r["seq_len"]) for v in ser.values() for r in v), default=float("nan"))
-    fig, axes = grid(len(panels) + with_table, sharex=True)
-    any_star = False
-    for ax, p in zip(axes, panels):
-        bkey = _baseline_key(list(ser), baseline, p["D"], p["causal"])
-        multi_hkv = len({k[4] for k in p["keys"]}) > 1
-        if bkey is not None and bkey not in p["keys"]:
-            xs = [_f(r["seq_len"]) for r in ser[bkey]]
-            ax.plot(xs, [_f(r[metric]) for r in ser[bkey]], color="k", lw=2.6, zorder=3)
-        for k in p["keys"]:
+    panels, any_star = [], False
+    black = {"color": "k", "lw": 2.6, "zorder": 3, "marker": None}
+    for fp in family_panels(sorted(set(ser) | set(failed)), baseline):
+        p = figspec.Panel(fp["title"], "sequence length N", f"{mode.replace('_', '+')} time (ms)", xlog=2, ylog=True,
+                          legend=True)
+        bkey = _baseline_key(list(ser), baseline, fp["D"], fp["causal"])
+        multi_hkv = len({k[4] for k in fp["keys"]}) > 1
+        if bkey is not None and bkey not in fp["keys"]:
+            p.traces.append(figspec.Trace("_baseline", [_f(r["seq_len"]) for r in ser[bkey]],
+                                          [_f(r[metric]) for r in ser[bkey]], black))
+        for k in fp["keys"]:
             st = backend_style(k[1])
             label = _series_label(k, multi_hkv)
             if k not in ser:  # failed before any point was measured
-                s, n = failed[k]
-                ax.plot([], [], ls="none", marker=st["marker"], color=st["color"], mfc="none",
-                        label=f"{label}: {s.upper()} at N={n} (no points)")
+                p.traces.append(figspec.Trace(f"{label}: {failed[k][0].upper()} at N={failed[k][1]} (no points)", [],
+                                              [], dict(st, mfc="none"), lines=False))
                 continue
-            xs = [_f(r["seq_len"]) for r in ser[k]]
-            ys = [_f(r[metric]) for r in ser[k]]
+            xs, ys = [_f(r["seq_len"]) for r in ser[k]], [_f(r[metric]) for r in ser[k]]
             if k in failed:
                 label += f" ({failed[k][0].upper()} at N={failed[k][1]})"
             if k == bkey:
-                ax.plot(xs, ys, color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,
-                        label=f"{label}: exact baseline")
+                p.traces.append(figspec.Trace(f"{label}: exact baseline", xs, ys, dict(black, marker=st["marker"], ms=4)))
                 continue
             c = _crossover_of(cross_rows, k, metric, reference)
-            ns = _f(c.get("n_star")) if c else float("nan")
-            note = crossover_note(c, full_n_max)
-            if note:
-                label += f": {note}"
-            ax.plot(xs, ys, color=st["color"], marker=st["marker"], lw=1.5, ms=4, label=label)
+            ns, note = (_f(c.get("n_star")) if c else float("nan")), crossover_note(c, full_n_max)
+            p.traces.append(figspec.Trace(label + (f": {note}" if note else ""), xs, ys, dict(st, lw=1.5, ms=4)))
             if math.isfinite(ns) and len(xs) > 1:
                 any_star = True
-                ax.axvline(ns, color=st["color"], ls=":", lw=1.2)
-                ax.plot([ns], [_loglog_y(xs, ys, ns)], marker="*", ms=14, color=st["color"], mec="k", zorder=5,
-                        ls="none")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _log_ticks(ax.yaxis, [y for ln in ax.get_lines() for y in ln.get_ydata()])
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(f"{mode.replace('_', '+')} time (ms)")
-        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="best")
-    if with_table:
-        _crossover_table(axes[len(panels)], cross_rows, baseline, metric, full_n_max)
-    handles = [_proxy(color="k", lw=2.6,
-                      label=f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)")]
+                p.vlines.append((ns, {"color": st["color"], "ls": ":", "lw": 1.2}))
+                p.traces.append(figspec.Trace("_n*", [ns], [_loglog_y(xs, ys, ns)], {
+                    "color": st["color"], "marker": "*", "ms": 14, "mec": "k", "zorder": 5}, lines=False))
+        panels.append(p)
+    if cross_rows:
+        cells = sorted(([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
+                         backend_style(c["backend"])["label"], crossover_note(c, full_n_max).replace("n*≈", ""),
+                         backend_style(c["backend"])["color"], _f(c.get("n_star"))] for c in cross_rows
+                        if baseline is None or (c["variant"], c["backend"]) != tuple(baseline)),
+                       key=lambda c: (c[4] if math.isfinite(c[4]) else 1e18, c[0], c[1]))
+        panels.append(figspec.Panel(f"n* vs {_baseline_name(baseline)} ({metric})", "", "", note="no crossover rows",
+                                    table=(["variant", "backend", "n*"], [c[:3] for c in cells], [c[3] for c in cells])))
+    legend = [(f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)", black)]
     if any_star:
-        handles += [_proxy(ls="none", marker="*", ms=13, color="lightgray", mec="k",
-                           label="n*: length above which the variant is faster than the baseline"),
-                    _proxy(color="gray", ls=":", lw=1.2, label="dotted line: at n*")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False)
+        legend += [("n*: length above which the variant is faster than the baseline",
+                    {"color": "lightgray", "marker": "*", "ls": "none", "ms": 13, "alpha": 1}),
+                   ("dotted line: at n*", {"color": "gray", "ls": ":", "lw": 1.2})]
     what = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}.get(mode, mode)
-    suptitle(fig, f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
-                  + setup_caption(rows, env, title), fontsize=10)
-    return fig
+    return figspec.Figure(f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
+                          + setup_caption(rows, env, title), panels, legend=legend, sharex=True, legend_ncol=3)
 
 
-def _crossover_table(ax, cross_rows: Sequence[dict], baseline, metric: str,
-                     full_n_max: float = float("nan")) -> None:
-    ax.axis("off")
-    cells, colours = [], []
-    for c in sorted(cross_rows, key=lambda c: (_f(c.get("n_star")) if math.isfinite(_f(c.get("n_star"))) else 1e18,
-                                               c["variant"], c["backend"])):
-        if baseline is not None and (c["variant"], c["backend"]) == tuple(baseline):
-            continue
-        val = crossover_note(c, full_n_max).replace("n*≈", "")
-        cells.append([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
-                      backend_style(c["backend"])["label"], val])
-        colours.append(backend_style(c["backend"])["color"])
-    if not cells:
-        ax.text(0.5, 0.5, "no crossover rows", ha="center", va="center")
-        return
-    tab = ax.table(cellText=cells, colLabels=["variant", "backend", "n*"], loc="upper center", cellLoc="left",
-                   colWidths=[0.22, 0.34, 0.44])
-    tab.auto_set_font_size(False)
-    tab.set_fontsize(7)
-    for i, col in enumerate(colours):
-        tab[i + 1, 1].get_text().set_color(col)
-    ax.set_title(f"n* vs {_baseline_name(baseline)} ({metric})", fontsize=10, loc="left", fontweight="bold")
+def time_vs_n_figure(*args, **kw):
+    """The matplotlib figure of :func:`time_vs_n_spec` (same arguments)."""
+    from eval import figspec
+
+    return figspec.to_matplotlib(time_vs_n_spec(*args, **kw))
 
 
 def plot_time_vs_n(rows: Sequence[dict], crossovers: Sequence[dict], base: str, mode: str = "fwd_bwd",
@@ -633,17 +607,17 @@ def auto_scale(ax, values: Sequence[float], log_ratio: float = 8.0) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(_si))
 
 
-def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
-                       rtol: float = 0.02):
-    """The figure of :func:`plot_model_sweep`: training tokens/s, inference tokens/s and training peak memory vs
-    context length, one panel each, one line per variant (colour per variant; the line style per backend when
-    there are several); equal memory curves drawn once."""
+def model_sweep_spec(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
+                     rtol: float = 0.02):
+    """The :class:`eval.figspec.Figure` of :func:`plot_model_sweep`: training tokens/s, inference tokens/s and
+    training peak memory vs context length, one panel each, one line per variant (colour per variant; the line style
+    per backend when there are several); equal memory curves drawn once."""
+    from eval import figspec
+
     groups: Dict[tuple, List[dict]] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: _f(r["seq_len"])):
         if r.get("status", "ok") == "ok":
             groups.setdefault((r["variant"], r["backend"]), []).append(r)
-    for pts in groups.values():
-        pts.sort(key=lambda r: _f(r["seq_len"]))
     backends = sorted({k[1] for k in groups})
     ls_of = {b: ls for b, ls in zip(backends, ["-", "--", "-.", ":"] * 4)}
 
@@ -651,41 +625,30 @@ def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: O
         return k[0] if len(backends) == 1 else f"{k[0]}/{k[1]}"
 
     def style(k):
-        st = variant_style(k[0])
-        return {"color": st["color"], "marker": st["marker"], "ls": ls_of[k[1]] if len(backends) > 1 else "-"}
+        return dict(variant_style(k[0]), ls=ls_of[k[1]] if len(backends) > 1 else "-")
 
-    metrics = [("train_tokens_per_s", "training step: tokens / s", 1.0),
-               ("infer_tokens_per_s", "inference (forward): tokens / s", 1.0),
-               ("train_peak_mem_bytes", "training peak memory (MiB)", 2.0 ** -20)]
-    fig, axes = grid(3, ncols=3, sharex=True)
-    for ax, (col, ylabel, scale) in zip(axes, metrics):
-        curves = {}
-        for k, pts in sorted(groups.items()):
-            c = {_f(r["seq_len"]): _f(r.get(col)) * scale for r in pts if _f(r.get(col)) > 0}
-            if c:
-                curves[k] = c
-        if col == "train_peak_mem_bytes":
-            for g in group_identical(curves, rtol):
-                xs = sorted(curves[g[0]])
-                lab = " = ".join(label(k) for k in g) + (f" (equal within {rtol:.0%})" if len(g) > 1 else "")
-                ax.plot(xs, [curves[g[0]][x] for x in xs], lw=1.6, ms=5, label=lab, **style(g[0]))
-        else:
-            for k, c in curves.items():
-                xs = sorted(c)
-                ax.plot(xs, [c[x] for x in xs], lw=1.6, ms=5, label=label(k), **style(k))
-        ax.set_xscale("log", base=2)
-        auto_scale(ax, [y for c in curves.values() for y in c.values()])
-        ax.set_xlabel("context length")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.25)
-        if ax.lines:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "not measured" + (" (CUDA only)" if "mem" in col else ""), ha="center",
-                    transform=ax.transAxes)
-    suptitle(fig, "How fast does the whole GPT train and infer with each attention variant?\n"
-                  + model_setup_caption(rows, env, title), fontsize=10)
-    return fig
+    panels = []
+    for col, ylabel, scale in (("train_tokens_per_s", "training step: tokens / s", 1.0),
+                               ("infer_tokens_per_s", "inference (forward): tokens / s", 1.0),
+                               ("train_peak_mem_bytes", "training peak memory (MiB)", 2.0 ** -20)):
+        p = figspec.Panel("", "context length", ylabel, xlog=2, ylog="auto", legend=True,
+                          note="not measured" + (" (CUDA only)" if "mem" in col else ""))
+        curves = {k: c for k, pts in sorted(groups.items())
+                  if (c := {_f(r["seq_len"]): _f(r.get(col)) * scale for r in pts if _f(r.get(col)) > 0})}
+        for g in group_identical(curves, rtol) if "mem" in col else [[k] for k in curves]:
+            xs = sorted(curves[g[0]])
+            p.traces.append(figspec.Trace(" = ".join(label(k) for k in g) + (
+                f" (equal within {rtol:.0%})" if len(g) > 1 else ""), xs, [curves[g[0]][x] for x in xs], style(g[0])))
+        panels.append(p)
+    return figspec.Figure("How fast does the whole GPT train and infer with each attention variant?\n"
+                          + model_setup_caption(rows, env, title), panels, sharex=True)
+
+
+def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None):
+    """The matplotlib figure of :func:`model_sweep_spec`."""
+    from eval import figspec
+
+    return figspec.to_matplotlib(model_sweep_spec(rows, title, env))
 
 
 def plot_model_sweep(rows: Sequence[dict], base: str, title: Optional[str] = None,
