@@ -414,11 +414,12 @@ def _mem_label(k: tuple, bkey, multi_hkv: bool, panel_variant: str) -> str:
     return name + (" (exact baseline)" if k == bkey else "")
 
 
-def memory_vs_n_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
-                       baseline: Optional[Sequence[str]] = None, rtol: float = 0.02):
-    """The figure of :func:`plot_memory_vs_n`: per-sequence memory vs N, one panel per variant (its backends plus
-    the exact baseline), curves equal within ``rtol`` drawn once and labelled ``a = b``, the cost model's ``n^2``
-    and ``n d`` curves in every panel."""
+def memory_vs_n_spec(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
+                     baseline: Optional[Sequence[str]] = None, rtol: float = 0.02):
+    """The :class:`eval.figspec.Figure` of :func:`plot_memory_vs_n`: per-sequence memory vs N, one panel per variant
+    (its backends plus the exact baseline), curves equal within ``rtol`` drawn once and labelled ``a = b``, the cost
+    model's ``n^2`` and ``n d`` curves in every panel."""
+    from eval import figspec
     from eval.crossover import memory_metric
 
     metric = memory_metric(rows)
@@ -428,52 +429,47 @@ def memory_vs_n_figure(rows: Sequence[dict], title: Optional[str] = None, env: O
         c = {_f(r["seq_len"]): _f(r[metric]) / max(_f(r.get("batch")), 1) / 2**20 for r in pts if _f(r.get(metric)) > 0}
         if c:
             curves[k] = c
-    panels = family_panels(sorted(curves), baseline, max_series=5)
-    fig, axes = grid(len(panels), sharex=True, sharey=True)
-    any_group = False
-    for ax, p in zip(axes, panels):
-        bkey = _baseline_key(list(curves), baseline, p["D"], p["causal"])
-        keys = list(p["keys"]) + ([bkey] if bkey is not None and bkey not in p["keys"] else [])
-        multi_hkv = len({k[4] for k in p["keys"]}) > 1
+    ylabel = ("peak memory" if metric == "peak_mem_bytes" else "modelled footprint") + " per sequence (MiB)"
+    std, flash = {"color": "gray", "ls": "--", "lw": 1.2, "zorder": 5, "marker": None}, {
+        "color": "0.6", "ls": ":", "lw": 1.6, "zorder": 5, "marker": None}
+    panels, any_group = [], False
+    for fp in family_panels(sorted(curves), baseline, max_series=5):
+        p = figspec.Panel(fp["title"], "sequence length N", ylabel, xlog=2, ylog=True, legend=True)
+        bkey = _baseline_key(list(curves), baseline, fp["D"], fp["causal"])
+        keys = list(fp["keys"]) + ([bkey] if bkey is not None and bkey not in fp["keys"] else [])
+        multi_hkv = len({k[4] for k in fp["keys"]}) > 1
         for g in group_identical({k: curves[k] for k in keys}, rtol, first=bkey):
             lead = max(g, key=lambda k: len(curves[k]))
-            xs = sorted(curves[lead])
-            label = "\n= ".join(_mem_label(k, bkey, multi_hkv, p["variant"]) for k in g)  # one name a line
+            label = "\n= ".join(_mem_label(k, bkey, multi_hkv, fp["variant"]) for k in g)  # one name a line
             if len(g) > 1:
                 any_group = True
                 label += f"\n(equal within {rtol:.0%})"
             st = backend_style(g[0][1])
-            if bkey in g:
-                ax.plot(xs, [curves[lead][x] for x in xs], color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,
-                        label=label)
-            else:
-                ax.plot(xs, [curves[lead][x] for x in xs], color=st["color"], marker=st["marker"], lw=1.5, ms=4,
-                        label=label)
+            st = dict(color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3) if bkey in g else dict(st, lw=1.5, ms=4)
+            xs = sorted(curves[lead])
+            p.traces.append(figspec.Trace(label, xs, [curves[lead][x] for x in xs], st))
         ns = sorted({x for k in keys for x in curves[k]})
-        any_row = ser[keys[0]][0]
-        H = int(_f(any_row.get("n_heads")) or 1)
-        e = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(any_row.get("dtype"), 2)
-        ax.plot(ns, [cm.standard_attention_cost(1, H, int(n), p["D"], dtype_bytes=e, mode="fwd_bwd").footprint_bytes
-                     / 2**20 for n in ns], color="gray", ls="--", lw=1.2, zorder=5)
-        ax.plot(ns, [cm.flash_attention_cost(1, H, int(n), p["D"], dtype_bytes=e, mode="fwd_bwd").footprint_bytes
-                     / 2**20 for n in ns], color="0.6", ls=":", lw=1.6, zorder=5)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(("peak memory" if metric == "peak_mem_bytes" else "modelled footprint") + " per sequence (MiB)")
-        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-        ax.legend(fontsize=7, loc="best")
-    handles = [_proxy(color="k", lw=2.6, label=f"{_baseline_name(baseline)}: exact baseline"),
-               _proxy(color="gray", ls="--", lw=1, label="cost model: standard attention (S, P: ∝ n²)"),
-               _proxy(color="0.6", ls=":", lw=1.6, label="cost model: flash (∝ n·d)")]
+        r0 = ser[keys[0]][0]
+        H, e = int(_f(r0.get("n_heads")) or 1), {"float32": 4, "float64": 8}.get(r0.get("dtype"), 2)
+        for name, cost, st in (("_standard", cm.standard_attention_cost, std), ("_flash", cm.flash_attention_cost, flash)):
+            p.traces.append(figspec.Trace(name, ns, [cost(1, H, int(n), fp["D"], dtype_bytes=e, mode="fwd_bwd")
+                                                     .footprint_bytes / 2**20 for n in ns], st))
+        panels.append(p)
+    legend = [(f"{_baseline_name(baseline)}: exact baseline", {"color": "k", "lw": 2.6}),
+              ("cost model: standard attention (S, P: ∝ n²)", dict(std, lw=1)), ("cost model: flash (∝ n·d)", flash)]
     if any_group:
-        handles.append(_proxy(ls="none", label=f"a = b: curves equal within {rtol:.0%}, drawn once"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+        legend.append((f"a = b: curves equal within {rtol:.0%}, drawn once", {"ls": "none"}))
     src = "measured peak (CUDA)" if metric == "peak_mem_bytes" else "cost-model footprint (not measured off CUDA)"
-    suptitle(fig, f"How does attention memory grow with N? ({src}, forward + backward, per sequence)\n"
-                  + setup_caption(rows, env, title), fontsize=10)
-    return fig
+    return figspec.Figure(f"How does attention memory grow with N? ({src}, forward + backward, per sequence)\n"
+                          + setup_caption(rows, env, title), panels, legend=legend, sharex=True, sharey=True,
+                          legend_ncol=2)
+
+
+def memory_vs_n_figure(*args, **kw):
+    """The matplotlib figure of :func:`memory_vs_n_spec` (same arguments)."""
+    from eval import figspec
+
+    return figspec.to_matplotlib(memory_vs_n_spec(*args, **kw))
 
 
 def plot_memory_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None, env: Optional[dict] = None,
