@@ -479,14 +479,14 @@ def plot_memory_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = Non
     return _save(memory_vs_n_figure(rows, title, env, baseline), base)
 
 
-def roofline_figure(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_bwd",
-                    title: Optional[str] = None, env: Optional[dict] = None,
-                    baseline: Optional[Sequence[str]] = None):
-    """The figure of :func:`plot_roofline`: the roof in every panel, one panel per variant, colour / marker per
-    backend, marker size growing with log N."""
-    ser = series(rows)
+def roofline_spec(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_bwd", title: Optional[str] = None,
+                  env: Optional[dict] = None, baseline: Optional[Sequence[str]] = None):
+    """The :class:`eval.figspec.Figure` of :func:`plot_roofline`: the roof in every panel, one panel per variant,
+    colour / marker per backend, marker size growing with log N."""
+    from eval import figspec
+
     pts_of: Dict[tuple, tuple] = {}
-    for k, pts in ser.items():
+    for k, pts in series(rows).items():
         x, y, s = [], [], []
         for r in pts:
             fl = _f(r.get("flops_fwd_bwd" if mode == "fwd_bwd" else "flops_fwd"))
@@ -500,36 +500,34 @@ def roofline_figure(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fw
                 s.append(8 + 4 * math.log2(max(_f(r["seq_len"]), 2)))
         if x:
             pts_of[k] = (x, y, s)
-    panels = family_panels(sorted(pts_of), baseline)
-    fig, axes = grid(len(panels), sharex=True, sharey=True)
     xs = [10 ** (i / 20) for i in range(-20, 101)]
-    for ax, p in zip(axes, panels):
-        ax.plot(xs, [machine.attainable(x) / 1e12 for x in xs], "k-", lw=1.6)
-        ax.axvline(machine.ridge, color="gray", ls=":", lw=1)
-        multi_hkv = len({k[4] for k in p["keys"]}) > 1
-        multi_d = len({k[2] for k in pts_of}) > 1
-        for k in p["keys"]:
+    roof = figspec.Trace("_roof", xs, [machine.attainable(x) / 1e12 for x in xs], {"color": "k", "marker": None})
+    multi_d = len({k[2] for k in pts_of}) > 1
+    panels = []
+    for fp in family_panels(sorted(pts_of), baseline):
+        p = figspec.Panel(fp["title"], "FLOP per HBM byte (modelled)", f"achieved TFLOP/s ({mode.replace('_', '+')})",
+                          xlog=10, ylog=True, legend=True, traces=[roof],
+                          vlines=[(machine.ridge, {"color": "gray", "ls": ":"})])
+        multi_hkv = len({k[4] for k in fp["keys"]}) > 1
+        for k in fp["keys"]:
             x, y, s = pts_of[k]
-            st = backend_style(k[1])
-            ax.scatter(x, y, s=s, color=st["color"], marker=st["marker"], alpha=0.85, edgecolors="k", linewidths=0.4,
-                       label=_series_label(k, multi_hkv) + (f" D={k[2]}" if multi_d else ""))
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("FLOP per HBM byte (modelled)", fontsize=8)
-        ax.set_ylabel(f"achieved TFLOP/s ({mode.replace('_', '+')})", fontsize=8)
-        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-        if ax.collections:
-            ax.legend(fontsize=7, loc="lower right")
-    handles = [_proxy(color="k", lw=1.6, label=f"{machine.name} roof: min(peak FLOP/s, intensity × bandwidth)"),
-               _proxy(color="gray", ls=":", lw=1, label=f"ridge {machine.ridge:.0f} FLOP/byte"),
-               _proxy(ls="none", marker="o", color="lightgray", mec="k",
-                      label="marker size grows with log N; intensity: compulsory traffic for fused kernels, "
-                            "S/P traffic for naive")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    suptitle(fig, "How close does each kernel get to the hardware limit? (roofline)\n"
-                  + setup_caption(rows, env, title), fontsize=10)
-    return fig
+            p.traces.append(figspec.Trace(_series_label(k, multi_hkv) + (f" D={k[2]}" if multi_d else ""), x, y,
+                                          dict(backend_style(k[1]), alpha=0.85), lines=False, sizes=s))
+        panels.append(p)
+    legend = [(f"{machine.name} roof: min(peak FLOP/s, intensity × bandwidth)", {"color": "k"}),
+              (f"ridge {machine.ridge:.0f} FLOP/byte", {"color": "gray", "ls": ":", "lw": 1}),
+              ("marker size grows with log N; intensity: compulsory traffic for fused kernels, S/P traffic for naive",
+               {"color": "lightgray", "marker": "o", "ls": "none", "ms": 6, "alpha": 1})]
+    return figspec.Figure("How close does each kernel get to the hardware limit? (roofline)\n"
+                          + setup_caption(rows, env, title), panels, legend=legend, sharex=True, sharey=True,
+                          legend_ncol=2)
+
+
+def roofline_figure(*args, **kw):
+    """The matplotlib figure of :func:`roofline_spec` (same arguments)."""
+    from eval import figspec
+
+    return figspec.to_matplotlib(roofline_spec(*args, **kw))
 
 
 def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: str = "fwd_bwd",
