@@ -1,4 +1,6 @@
-"""Figures (matplotlib, PNG + SVG) of the sweep, crossover, quality and cost-model results.
+"""Figures of the sweep, crossover, quality and cost-model results, defined once as :class:`eval.figspec.Figure`
+(``*_spec``) and drawn by :func:`eval.figspec.to_png` (PNG + SVG) or :func:`eval.figspec.to_plotly`; the styles,
+captions and grid helpers the definitions and the renderer share live here.
 
 Every figure answers one question, named in its title, with the setup (GPU, dtype, heads, head dim, tokens per
 step, date) on the second title line. Small multiples: one panel per attention variant holding its backends; a
@@ -36,6 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from attn_zoo import cost_model as cm  # noqa: E402
 
+from eval import figspec  # noqa: E402
 from eval.crossover import _b, _f, series  # noqa: E402
 
 _MATERIALISING = ("naive", "reference", "sdpa_math")
@@ -308,12 +311,10 @@ def _baseline_name(baseline) -> str:
 def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str = "fwd_bwd",
                    reference: str = "exact", title: Optional[str] = None,
                    baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None):
-    """The :class:`eval.figspec.Figure` of :func:`plot_time_vs_n`: one panel per variant with its backends (colour
-    and marker per backend, the same in every panel), the exact baseline thick black in every panel, ``n*`` against
-    it as a star on the curve, a dotted vertical line and the value in the series' legend label, and a table panel
-    of all ``n*``; the setup in the title."""
-    from eval import figspec
-
+    """Time vs N (log-log, an :class:`eval.figspec.Figure`): one panel per variant with its backends (colour and
+    marker per backend, the same in every panel), the exact ``baseline`` (``(variant, backend)``, default: the
+    crossovers' exact baseline) thick black in every panel, ``n*`` against it as a star on the curve, a dotted
+    vertical line and the value in the series' legend label, and a table panel of all ``n*``; setup in the title."""
     if baseline is None:
         bl = [c["baseline"] for c in crossovers if c.get("reference") == reference]
         baseline = tuple(bl[0].split("/", 1)) if bl else None
@@ -344,7 +345,8 @@ def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str =
             if k in failed:
                 label += f" ({failed[k][0].upper()} at N={failed[k][1]})"
             if k == bkey:
-                p.traces.append(figspec.Trace(f"{label}: exact baseline", xs, ys, dict(black, marker=st["marker"], ms=4)))
+                p.traces.append(figspec.Trace(f"{label}: exact baseline", xs, ys,
+                                              dict(black, marker=st["marker"], ms=4)))
                 continue
             c = _crossover_of(cross_rows, k, metric, reference)
             ns, note = (_f(c.get("n_star")) if c else float("nan")), crossover_note(c, full_n_max)
@@ -362,7 +364,8 @@ def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str =
                         if baseline is None or (c["variant"], c["backend"]) != tuple(baseline)),
                        key=lambda c: (c[4] if math.isfinite(c[4]) else 1e18, c[0], c[1]))
         panels.append(figspec.Panel(f"n* vs {_baseline_name(baseline)} ({metric})", "", "", note="no crossover rows",
-                                    table=(["variant", "backend", "n*"], [c[:3] for c in cells], [c[3] for c in cells])))
+                                    table=(["variant", "backend", "n*"], [c[:3] for c in cells],
+                                           [c[3] for c in cells])))
     legend = [(f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)", black)]
     if any_star:
         legend += [("n*: length above which the variant is faster than the baseline",
@@ -371,21 +374,6 @@ def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str =
     what = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}.get(mode, mode)
     return figspec.Figure(f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
                           + setup_caption(rows, env, title), panels, legend=legend, sharex=True, legend_ncol=3)
-
-
-def time_vs_n_figure(*args, **kw):
-    """The matplotlib figure of :func:`time_vs_n_spec` (same arguments)."""
-    from eval import figspec
-
-    return figspec.to_matplotlib(time_vs_n_spec(*args, **kw))
-
-
-def plot_time_vs_n(rows: Sequence[dict], crossovers: Sequence[dict], base: str, mode: str = "fwd_bwd",
-                   reference: str = "exact", title: Optional[str] = None,
-                   baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None) -> List[str]:
-    """Time vs N (log-log), small multiples per variant, ``n*`` against the exact ``baseline`` (``(variant,
-    backend)``, default: the crossovers' exact baseline) marked; see :func:`time_vs_n_figure`."""
-    return _save(time_vs_n_figure(rows, crossovers, mode, reference, title, baseline, env), base)
 
 
 def group_identical(curves: Dict[tuple, Dict[float, float]], rtol: float = 0.02,
@@ -416,10 +404,9 @@ def _mem_label(k: tuple, bkey, multi_hkv: bool, panel_variant: str) -> str:
 
 def memory_vs_n_spec(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
                      baseline: Optional[Sequence[str]] = None, rtol: float = 0.02):
-    """The :class:`eval.figspec.Figure` of :func:`plot_memory_vs_n`: per-sequence memory vs N, one panel per variant
+    """Peak memory per sequence vs N (an :class:`eval.figspec.Figure`), one panel per variant
     (its backends plus the exact baseline), curves equal within ``rtol`` drawn once and labelled ``a = b``, the cost
     model's ``n^2`` and ``n d`` curves in every panel."""
-    from eval import figspec
     from eval.crossover import memory_metric
 
     metric = memory_metric(rows)
@@ -451,12 +438,14 @@ def memory_vs_n_spec(rows: Sequence[dict], title: Optional[str] = None, env: Opt
         ns = sorted({x for k in keys for x in curves[k]})
         r0 = ser[keys[0]][0]
         H, e = int(_f(r0.get("n_heads")) or 1), {"float32": 4, "float64": 8}.get(r0.get("dtype"), 2)
-        for name, cost, st in (("_standard", cm.standard_attention_cost, std), ("_flash", cm.flash_attention_cost, flash)):
+        for name, cost, st in (("_standard", cm.standard_attention_cost, std),
+                               ("_flash", cm.flash_attention_cost, flash)):
             p.traces.append(figspec.Trace(name, ns, [cost(1, H, int(n), fp["D"], dtype_bytes=e, mode="fwd_bwd")
                                                      .footprint_bytes / 2**20 for n in ns], st))
         panels.append(p)
     legend = [(f"{_baseline_name(baseline)}: exact baseline", {"color": "k", "lw": 2.6}),
-              ("cost model: standard attention (S, P: ∝ n²)", dict(std, lw=1)), ("cost model: flash (∝ n·d)", flash)]
+              ("cost model: standard attention (S, P: ∝ n²)", dict(std, lw=1)),
+              ("cost model: flash (∝ n·d)", flash)]
     if any_group:
         legend.append((f"a = b: curves equal within {rtol:.0%}, drawn once", {"ls": "none"}))
     src = "measured peak (CUDA)" if metric == "peak_mem_bytes" else "cost-model footprint (not measured off CUDA)"
@@ -465,26 +454,16 @@ def memory_vs_n_spec(rows: Sequence[dict], title: Optional[str] = None, env: Opt
                           legend_ncol=2)
 
 
-def memory_vs_n_figure(*args, **kw):
-    """The matplotlib figure of :func:`memory_vs_n_spec` (same arguments)."""
-    from eval import figspec
-
-    return figspec.to_matplotlib(memory_vs_n_spec(*args, **kw))
-
-
-def plot_memory_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None, env: Optional[dict] = None,
-                     baseline: Optional[Sequence[str]] = None) -> List[str]:
-    """Peak memory vs N per variant / backend with the model's n^2 (standard) and n*d (flash) curves; see
-    :func:`memory_vs_n_figure`."""
-    return _save(memory_vs_n_figure(rows, title, env, baseline), base)
-
-
 def roofline_spec(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_bwd", title: Optional[str] = None,
                   env: Optional[dict] = None, baseline: Optional[Sequence[str]] = None):
-    """The :class:`eval.figspec.Figure` of :func:`plot_roofline`: the roof in every panel, one panel per variant,
-    colour / marker per backend, marker size growing with log N."""
-    from eval import figspec
+    """Roofline of ``machine`` (an :class:`eval.figspec.Figure`): the roof in every panel, one panel per variant,
+    each measured kernel point at (modelled intensity, achieved TFLOP/s), colour / marker per backend, marker size
+    growing with log N.
 
+    Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
+    (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
+    for fused kernels, whose measured traffic is close to it (``lab/hbm_probe.py``: 1.8x compulsory for our
+    flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
     pts_of: Dict[tuple, tuple] = {}
     for k, pts in series(rows).items():
         x, y, s = [], [], []
@@ -521,25 +500,6 @@ def roofline_spec(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_
     return figspec.Figure("How close does each kernel get to the hardware limit? (roofline)\n"
                           + setup_caption(rows, env, title), panels, legend=legend, sharex=True, sharey=True,
                           legend_ncol=2)
-
-
-def roofline_figure(*args, **kw):
-    """The matplotlib figure of :func:`roofline_spec` (same arguments)."""
-    from eval import figspec
-
-    return figspec.to_matplotlib(roofline_spec(*args, **kw))
-
-
-def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: str = "fwd_bwd",
-                  title: Optional[str] = None, env: Optional[dict] = None,
-                  baseline: Optional[Sequence[str]] = None) -> List[str]:
-    """Roofline of ``machine`` with each measured kernel point at (modelled intensity, achieved TFLOP/s).
-
-    Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
-    (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
-    for fused kernels, whose measured traffic is close to it (``lab/hbm_probe.py``: 1.8x compulsory for our
-    flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
-    return _save(roofline_figure(rows, machine, mode, title, env, baseline), base)
 
 
 def model_setup_caption(rows: Sequence[dict], env: Optional[dict] = None, title: Optional[str] = None) -> str:
@@ -603,11 +563,9 @@ def auto_scale(ax, values: Sequence[float], log_ratio: float = 8.0) -> None:
 
 def model_sweep_spec(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
                      rtol: float = 0.02):
-    """The :class:`eval.figspec.Figure` of :func:`plot_model_sweep`: training tokens/s, inference tokens/s and
+    """GPT speed and memory (an :class:`eval.figspec.Figure`): training tokens/s, inference tokens/s and
     training peak memory vs context length, one panel each, one line per variant (colour per variant; the line style
     per backend when there are several); equal memory curves drawn once."""
-    from eval import figspec
-
     groups: Dict[tuple, List[dict]] = {}
     for r in sorted(rows, key=lambda r: _f(r["seq_len"])):
         if r.get("status", "ok") == "ok":
@@ -638,33 +596,10 @@ def model_sweep_spec(rows: Sequence[dict], title: Optional[str] = None, env: Opt
                           + model_setup_caption(rows, env, title), panels, sharex=True)
 
 
-def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None):
-    """The matplotlib figure of :func:`model_sweep_spec`."""
-    from eval import figspec
-
-    return figspec.to_matplotlib(model_sweep_spec(rows, title, env))
-
-
-def plot_model_sweep(rows: Sequence[dict], base: str, title: Optional[str] = None,
-                     env: Optional[dict] = None) -> List[str]:
-    """GPT tokens/s (train step, inference) and peak memory vs context length per variant."""
-    return _save(model_sweep_figure(rows, title, env), base)
-
-
 def plot_quality_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None) -> List[str]:
     """Quality vs context length per variant, one panel per (dataset, metric) (see :mod:`eval.quality`); the
     figure of :func:`eval.figspec.quality_vs_n`."""
-    from eval import figspec
-
     return figspec.to_png(figspec.quality_vs_n(rows, title), base)
-
-
-def bubble_figure(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memory: str = "peak_mem_mb",
-                  title: Optional[str] = None, caption: Optional[str] = None):
-    """The matplotlib figure of :func:`eval.figspec.bubble` (see :func:`plot_bubble`)."""
-    from eval import figspec
-
-    return figspec.to_matplotlib(figspec.bubble(rows, quality, speed, memory, title, caption))
 
 
 def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tokens_per_s",
@@ -675,7 +610,22 @@ def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tok
     ``rows``: the joined table of :func:`eval.quality.join_speed` / :func:`eval.quality.join_bench_speed`
     (``variant``, ``seq_len``, ``dataset`` and the named columns). Points without memory are drawn hollow.
     """
-    return _save(bubble_figure(rows, quality, speed, memory, title, caption), base)
+    return figspec.to_png(figspec.bubble(rows, quality, speed, memory, title, caption), base)
+
+
+def _drawn(spec):
+    """A function of ``spec``'s arguments that returns its figure drawn by :func:`eval.figspec.to_matplotlib`."""
+
+    def draw(*args, **kw):
+        return figspec.to_matplotlib(spec(*args, **kw))
+
+    draw.__doc__ = f"The matplotlib figure of :func:`{spec.__module__}.{spec.__name__}` (same arguments)."
+    return draw
+
+
+time_vs_n_figure, memory_vs_n_figure = _drawn(time_vs_n_spec), _drawn(memory_vs_n_spec)
+roofline_figure, model_sweep_figure = _drawn(roofline_spec), _drawn(model_sweep_spec)
+bubble_figure = _drawn(figspec.bubble)
 
 
 def _machine(machine, env: dict) -> Optional["cm.Machine"]:
@@ -726,20 +676,19 @@ def sweep_figures(results_dir: str, figures_dir: Optional[str] = None, machine=N
     out: Dict[str, List[str]] = {}
     modes = [m for m in ("fwd_bwd", "fwd", "bwd") if any(math.isfinite(_f(r.get(f"{m}_ms"))) for r in rows)]
     for m in modes[:2]:
-        out[f"time_vs_n_{m}"] = plot_time_vs_n(rows, cross, os.path.join(figures_dir, f"{prefix}time_vs_n_{m}"), m,
-                                               title=title, baseline=baseline, env=env)
+        out[f"time_vs_n_{m}"] = figspec.to_png(time_vs_n_spec(rows, cross, m, title=title, baseline=baseline, env=env),
+                                       os.path.join(figures_dir, f"{prefix}time_vs_n_{m}"))
     if rows:
-        out["memory_vs_n"] = plot_memory_vs_n(rows, os.path.join(figures_dir, f"{prefix}memory_vs_n"), title=title,
-                                              env=env, baseline=baseline)
+        out["memory_vs_n"] = figspec.to_png(memory_vs_n_spec(rows, title, env, baseline),
+                                    os.path.join(figures_dir, f"{prefix}memory_vs_n"))
     mach = _machine(machine, env)
     if mach is not None and rows:
-        out["roofline"] = plot_roofline(rows, os.path.join(figures_dir, f"{prefix}roofline"), mach,
-                                        mode=modes[0] if modes else "fwd_bwd", title=title, env=env,
-                                        baseline=baseline)
+        out["roofline"] = figspec.to_png(roofline_spec(rows, mach, (modes or ["fwd_bwd"])[0], title, env, baseline),
+                                 os.path.join(figures_dir, f"{prefix}roofline"))
     mrows = read_rows(os.path.join(results_dir, "model.csv"))
     if mrows:
-        out["model_tokens_per_s"] = plot_model_sweep(mrows, os.path.join(figures_dir, f"{prefix}model_tokens_per_s"),
-                                                     title=title, env=env)
+        out["model_tokens_per_s"] = figspec.to_png(model_sweep_spec(mrows, title, env),
+                                           os.path.join(figures_dir, f"{prefix}model_tokens_per_s"))
     return out
 
 
