@@ -578,60 +578,41 @@ def attach_speed(rows: List[dict], bench) -> List[str]:
 
 
 def plot_hybrid(rows: Sequence[dict], base: str, caption: str, with_speed: bool) -> List[str]:
-    from eval.plots import _log_ticks, _proxy, _save, grid, suptitle, variant_style
+    """Accuracy vs k (full-attention layers), one line per base mixer, best placement of the k layers; with
+    ``with_speed`` a speed panel beside each (measured points only: a gap where a k has no row)
+    (:mod:`eval.figspec`)."""
+    from eval import figspec
+    from eval.plots import variant_style
 
-    lens = sorted({int(r["seq_len"]) for r in rows})
-    bases = sorted({r["base"] for r in rows})
-    if with_speed:  # per seq_len: accuracy | speed
-        fig, axes = grid(2 * len(lens), ncols=2, panel_w=4.6, panel_h=3.4, sharex=True)
-        acc_axes, speed_axes = axes[0::2], axes[1::2]
-    else:
-        fig, axes = grid(len(lens), ncols=3, panel_w=4.4, panel_h=3.4, sharex=True)
-        acc_axes, speed_axes = axes, [None] * len(lens)
-    for j, n in enumerate(lens):
-        ax = acc_axes[j]
+    lens, bases = sorted({int(r["seq_len"]) for r in rows}), sorted({r["base"] for r in rows})
+    k_label = "k = full-attention (flash) layers"
+    panels = []
+    for n in lens:
+        Ls = sorted({int(r["n_layer"]) for r in rows if int(r["seq_len"]) == n})
+        acc = figspec.Panel(f"seq_len {n}, L = {'/'.join(map(str, Ls))} layers", k_label, "MQAR accuracy",
+                            xticks=list(range(0, max(Ls) + 1)), ylim=(0, 1.03))
+        speed = figspec.Panel("", k_label, "training tokens / s (eval.bench_model)", ylog="auto",
+                              note="no speed rows at this length")
         for b in bases:
             sel = [r for r in rows if int(r["seq_len"]) == n and r["base"] == b]
             ks = sorted({r["k"] for r in sel})
             best = [max(_f(r["acc"]) for r in sel if r["k"] == k) for k in ks]  # best placement of the k layers
-            ax.plot(ks, best, lw=1.6, ms=6, **variant_style(b))
-            if with_speed:
-                sp = [(k, max(_f(r["tokens_per_s"]) for r in sel if r["k"] == k)) for k in ks]
-                xs, ys = [], []
-                for k, t in sp:  # measured points only; no line across a k without a row (nothing interpolated)
-                    if not math.isfinite(t):
-                        continue
-                    if xs and k - xs[-1] > 1:
-                        xs.append(float("nan"))
-                        ys.append(float("nan"))
-                    xs.append(k)
-                    ys.append(t)
-                if xs:
-                    speed_axes[j].plot(xs, ys, lw=1.6, ms=7, **variant_style(b))
-        Ls = sorted({int(r["n_layer"]) for r in rows if int(r["seq_len"]) == n})
-        ax.set_xticks(range(0, max(Ls) + 1))
-        ax.set_ylim(0, 1.03)
-        ax.set_ylabel("MQAR accuracy")
-        ax.set_title(f"seq_len {n}, L = {'/'.join(map(str, Ls))} layers", fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, alpha=0.25)
-        ax.set_xlabel("k = full-attention (flash) layers")
-        if with_speed:
-            sax = speed_axes[j]
-            sax.set_ylabel("training tokens / s (eval.bench_model)")
-            sax.set_xlabel("k = full-attention (flash) layers")
-            sax.grid(True, alpha=0.25)
-            if sax.lines:
-                _log_ticks(sax.yaxis, [y for ln in sax.lines for y in ln.get_ydata() if math.isfinite(y)])
-                sax.set_title(f"seq_len {n}: speed", fontsize=10, loc="left", fontweight="bold")
-            else:
-                sax.text(0.5, 0.5, "no speed rows at this length", ha="center", transform=sax.transAxes)
-    handles = [_proxy(lw=1.6, label=f"base: {b}", **variant_style(b)) for b in bases]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    suptitle(fig, "How many full-attention layers does a linear / window model need to recall? (hybrids)\n"
-                  "best placement of the k layers, best over optim.lr; k = L: all layers flash (shared by every "
-                  "line) · "
-                  + caption, fontsize=9)
-    return _save(fig, base)
+            acc.traces.append(figspec.Trace(b, ks, best, dict(variant_style(b), ms=6), meta={"base": b}))
+            xs, ys = [], []
+            for k in ks:  # measured points only; no line across a k without a row (nothing interpolated)
+                t = max(_f(r["tokens_per_s"]) for r in sel if r["k"] == k) if with_speed else float("nan")
+                if math.isfinite(t):
+                    gap = [float("nan")] if xs and k - xs[-1] > 1 else []
+                    xs, ys = xs + gap + [k], ys + gap + [t]
+            if xs:
+                speed.title = f"seq_len {n}: speed"
+                speed.traces.append(figspec.Trace(b, xs, ys, dict(variant_style(b), ms=7), meta={"base": b}))
+        panels += [acc, speed] if with_speed else [acc]
+    return figspec.to_png(figspec.Figure(
+        "How many full-attention layers does a linear / window model need to recall? (hybrids)\n"
+        "best placement of the k layers, best over optim.lr; k = L: all layers flash (shared by every line) · "
+        + caption, panels, legend=[(f"base: {b}", variant_style(b)) for b in bases], legend_ncol=min(4, len(bases)),
+        ncols=2 if with_speed else 3, panel_w=4.6 if with_speed else 4.4, panel_h=3.4, sharex=True), base)
 
 
 # --------------------------------------------------------------------------------------------- lm
