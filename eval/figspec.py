@@ -39,6 +39,8 @@ class Trace:
     hollow: Optional[List[bool]] = None
     hover: Optional[List[str]] = None
     meta: Dict[str, object] = field(default_factory=dict)
+    bars: bool = False  # horizontal bars of length x at y (hollow: white and hatched), ``text`` beside each
+    text: Optional[List[str]] = None
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Panel:
     ylog: object = False  # True, False or "auto" (log when the values span more than 8x)
     xticks: Optional[List[float]] = None
     ylim: Optional[Sequence[float]] = None
+    xlim: Optional[Sequence[float]] = None
+    ylabels: Optional[List[str]] = None  # category names at y = 0, 1, ... (top down)
     y_reversed: bool = False
     hlines: List = field(default_factory=list)  # y (a dashed grey line: chance) or (y, style)
     vlines: List = field(default_factory=list)  # x or (x, style), as hlines
@@ -278,6 +282,12 @@ def to_matplotlib(fig: Figure):
         for t in p.traces:
             st = t.style
             hollow = t.hollow or [False] * len(t.x)
+            if t.bars:
+                for x, y, h, tx in zip(t.x, t.y, hollow, t.text or [""] * len(t.x)):
+                    ax.barh(y, x, height=0.65, color="white" if h else st["color"], edgecolor=st["color"], lw=1.4,
+                            hatch="//" if h else None)
+                    ax.text(x + 0.01, y, tx, va="center", fontsize=8)
+                continue
             if t.sizes is not None:  # bubbles: the filled ones (one legend entry), then the hollow ones
                 for want, kw in ((False, dict(color=st["color"], alpha=st.get("alpha", 0.55), edgecolors="k",
                                               linewidths=0.6, label=t.name)),
@@ -312,6 +322,11 @@ def to_matplotlib(fig: Figure):
             _log_ticks(ax.yaxis, ys)
         if p.ylim:
             ax.set_ylim(*p.ylim)
+        if p.xlim:
+            ax.set_xlim(*p.xlim)
+        if p.ylabels:
+            ax.set_yticks(range(len(p.ylabels)), p.ylabels, fontsize=9)
+            ax.invert_yaxis()
         ax.set_title(p.title, fontsize=10, loc="left", fontweight="bold")
         ax.set_xlabel(p.xlabel, fontsize=8 if fig.size_key else 10)
         ax.set_ylabel(p.ylabel, fontsize=8 if fig.size_key else 10)
@@ -413,6 +428,10 @@ def to_plotly(fig: Figure) -> dict:
             ya["type"] = "log"
         if p.ylim:
             ya["range"] = list(p.ylim)
+        if p.xlim:
+            xa["range"] = list(p.xlim)
+        if p.ylabels:
+            ya.update(tickmode="array", tickvals=list(range(len(p.ylabels))), ticktext=p.ylabels, autorange="reversed")
         if p.y_reversed:
             ya["autorange"] = "reversed"
         if fig.sharey and i:
@@ -442,6 +461,10 @@ def to_plotly(fig: Figure) -> dict:
                          "line": {"color": col, "dash": _DASH.get(st.get("ls", "-"), "solid"), "width": 1.6},
                          "marker": marker, "text": t.hover, "hoverinfo": "text" if t.hover else "x+y+name",
                          "meta": dict(t.meta, panel=p.title)})
+            if t.bars:
+                data[-1].update(type="bar", orientation="h", text=t.text, mode=None, line=None, marker={
+                    "color": ["white" if h else col for h in hollow], "line": {"color": col, "width": 1.4},
+                    "pattern": {"shape": ["/" if h else "" for h in hollow]}})
             shown.add(t.name)
     legend_rows = math.ceil(len(shown) / 5)  # a long legend below the panels: room for it, not at their cost
     layout["height"] += 24 * legend_rows

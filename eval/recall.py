@@ -815,48 +815,36 @@ def ablation_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
 
 def plot_ablation(rows: Sequence[dict], base: str, caption: str, select: str = "best") -> List[str]:
     """Horizontal bars of ``acc`` per option (:func:`ablation_table` order, top down), the control in its own
-    colour, unfinished runs hatched and hollow; dashed line at chance, solid at :data:`TARGET_ACC`."""
-    from matplotlib.patches import Patch
-
-    from eval.plots import _proxy, _save, grid, suptitle
+    colour, unfinished runs hatched and hollow; dashed line at chance, solid at :data:`TARGET_ACC`
+    (:mod:`eval.figspec`)."""
+    from eval import figspec
 
     colors = {"control": "tab:gray", "change": "tab:blue"}
-    fig, (ax,) = grid(1, ncols=1, panel_w=7.5, panel_h=max(2.6, 0.42 * len(rows) + 1.0))
-    for y, r in enumerate(rows):
-        color = colors["control" if r["option"] == CONTROL else "change"]
-        done = _f(r["finished"]) >= 1
-        ax.barh(y, _f(r["acc"]), height=0.65, color=color if done else "white", edgecolor=color, lw=1.4,
-                hatch=None if done else "//")
-        note = f"{_f(r['acc']):.3f}"
-        if r["option"] != CONTROL and math.isfinite(_f(r["delta_vs_old"])):
-            note += f" ({_f(r['delta_vs_old']):+.3f} vs {CONTROL})"
-        if not done:
-            note += f", cut at step {_f(r['steps_run']):,.0f}"
-        ax.text(_f(r["acc"]) + 0.01, y, note, va="center", fontsize=8)
-    for c in sorted({_f(r["chance"]) for r in rows if math.isfinite(_f(r["chance"]))}):
-        ax.axvline(c, color="gray", ls="--", lw=1)
-    ax.axvline(TARGET_ACC, color="tab:green", ls="-", lw=1.2)
-    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=9)
-    ax.invert_yaxis()  # the control on top
-    ax.set_xlim(0, 1.55)  # room for the notes right of the bars
-    ax.set_xticks(np.linspace(0, 1, 6))
-    ax.set_xlabel("MQAR accuracy (val/acc)")
-    ax.set_title(f"one change of the old recipe per bar ({ABLATION_GROUP}=<option>)", fontsize=10, loc="left",
-                 fontweight="bold")
-    ax.grid(True, axis="x", alpha=0.25)
-    handles = [Patch(facecolor=colors["control"], edgecolor=colors["control"], label=f"{CONTROL}: the old recipe "
-                     "(control)"),
-               Patch(facecolor=colors["change"], edgecolor=colors["change"], label="one setting changed")]
+    p = figspec.Panel(f"one change of the old recipe per bar ({ABLATION_GROUP}=<option>)", "MQAR accuracy (val/acc)",
+                      "", xlim=(0, 1.55), xticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0], ylabels=[r["label"] for r in rows],
+                      vlines=sorted({_f(r["chance"]) for r in rows if math.isfinite(_f(r["chance"]))})
+                      + [(TARGET_ACC, {"color": "tab:green", "ls": "-", "lw": 1.2})])
+    for what in ("control", "change"):
+        sel = [(y, r) for y, r in enumerate(rows) if (r["option"] == CONTROL) == (what == "control")]
+        notes = [f"{_f(r['acc']):.3f}" + (f" ({_f(r['delta_vs_old']):+.3f} vs {CONTROL})" if r["option"] != CONTROL
+                                          and math.isfinite(_f(r["delta_vs_old"])) else "")
+                 + ("" if _f(r["finished"]) >= 1 else f", cut at step {_f(r['steps_run']):,.0f}") for _, r in sel]
+        if sel:
+            p.traces.append(figspec.Trace(what, [_f(r["acc"]) for _, r in sel], [y for y, _ in sel],
+                                          {"color": colors[what]}, lines=False, bars=True, text=notes, hover=notes,
+                                          hollow=[_f(r["finished"]) < 1 for _, r in sel]))
+    bar = {"marker": "s", "ls": "none", "ms": 10, "alpha": 1}
+    legend = [(f"{CONTROL}: the old recipe (control)", dict(bar, color=colors["control"])),
+              ("one setting changed", dict(bar, color=colors["change"]))]
     if any(_f(r["finished"]) < 1 for r in rows):
-        handles.append(Patch(facecolor="white", edgecolor="gray", hatch="//", label="hatched: run cut off before "
-                             "max_steps"))
-    handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
-                _proxy(color="tab:green", ls="-", lw=1.2, label=f"target: val/acc {TARGET_ACC}")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+        legend.append(("hatched: run cut off before max_steps", dict(bar, color="gray", hollow=True)))
+    legend += [("chance: 1 / kv pairs", {"color": "gray", "ls": "--", "lw": 1}),
+               (f"target: val/acc {TARGET_ACC}", {"color": "tab:green", "ls": "-", "lw": 1.2})]
     acc = "best validation (max)" if select == "best" else "last validation"
-    suptitle(fig, "Which single change makes the old MQAR recipe learn recall? (experiment mqar_old_recipe)\n"
-                  f"accuracy: {acc} · " + caption, fontsize=9)
-    return _save(fig, base)
+    return figspec.to_png(figspec.Figure(
+        "Which single change makes the old MQAR recipe learn recall? (experiment mqar_old_recipe)\n"
+        f"accuracy: {acc} · " + caption, [p], legend=legend, legend_ncol=3, ncols=1, panel_w=7.5,
+        panel_h=max(2.6, 0.42 * len(rows) + 1.0)), base)
 
 
 # --------------------------------------------------------------------------------------------- curves
