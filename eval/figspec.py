@@ -378,11 +378,12 @@ def _table(ax, p: Panel) -> None:
         tab[i + 1, 1].get_text().set_color(col)
 
 
-def to_png(fig: Figure, base: str) -> List[str]:
-    """Draw with :func:`to_matplotlib` and save ``base.png`` (+ the other formats of :data:`eval.plots.FORMATS`)."""
+def to_png(fig: Figure, base: str, formats: Optional[Sequence[str]] = None) -> List[str]:
+    """Draw with :func:`to_matplotlib` and save ``base.png`` (+ the other ``formats``, default
+    :data:`eval.plots.FORMATS`)."""
     from eval.plots import _save
 
-    return _save(to_matplotlib(fig), base)
+    return _save(to_matplotlib(fig), base, formats=formats)
 
 
 # --------------------------------------------------------------------------------------------- plotly
