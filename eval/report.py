@@ -93,20 +93,14 @@ def kv_layers(n_layer: int, n_head: int, head_dim: int, window: int = KV_WINDOW)
 
 
 # --------------------------------------------------------------------------------------------- data
-def _gpu(sweep_dir: str) -> str:
-    p = os.path.join(sweep_dir, "env.json")
-    if os.path.exists(p):
-        with open(p) as f:
-            env = json.load(f)
-        return (env.get("env") or env).get("gpu") or "?"
-    return "?"
-
-
 def crossover_figure(root: str = REPO) -> Optional[figspec.Figure]:
     """Speed (fwd+bwd ms) and memory vs N of every committed kernel sweep; n* of each crossover starred."""
+    from eval.plots import read_env
+
     rows, cross = [], []
     for k in sorted(glob.glob(os.path.join(root, "results", "**", "kernel.csv"), recursive=True)):
-        d, gpu = os.path.dirname(k), _gpu(os.path.dirname(k))
+        d = os.path.dirname(k)
+        gpu = read_env(d).get("gpu") or "?"
         rows += [dict(r, gpu=gpu) for r in read_rows(k) if r.get("status") == "ok"]
         if os.path.exists(os.path.join(d, "crossover.csv")):
             cross += [dict(c, gpu=gpu) for c in read_rows(os.path.join(d, "crossover.csv"))]
