@@ -676,23 +676,25 @@ TARGET_ACC = 0.99               # the early-stop threshold of mqar_base: "learne
 CHANGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", ABLATION_GROUP)
 
 
+def hydra_yaml(run_dir: str, name: str):
+    """``<run_dir>/.hydra/<name>`` parsed, or None when it is missing or not YAML."""
+    import yaml
+
+    try:
+        with open(os.path.join(run_dir, ".hydra", name)) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+
+
 def group_choice(run_dir: str, group: str = ABLATION_GROUP) -> Optional[str]:
     """The option of config group ``group`` a run was composed with: ``hydra.runtime.choices.<group>`` of
     ``.hydra/hydra.yaml``, else a ``+<group>=<option>`` / ``<group>=<option>`` entry of ``.hydra/overrides.yaml``;
     ``None`` when neither names one (the run is not part of that sweep)."""
-    import yaml
-
-    def load(name):
-        try:
-            with open(os.path.join(run_dir, ".hydra", name)) as f:
-                return yaml.safe_load(f)
-        except (OSError, yaml.YAMLError):
-            return None
-
-    choice = _get(load("hydra.yaml") or {}, f"hydra.runtime.choices.{group}")
+    choice = _get(hydra_yaml(run_dir, "hydra.yaml") or {}, f"hydra.runtime.choices.{group}")
     if choice is not None:
         return str(choice)
-    for line in load("overrides.yaml") or []:
+    for line in hydra_yaml(run_dir, "overrides.yaml") or []:
         key, _, value = str(line).lstrip("+~").partition("=")
         if key == group and value:
             return value

@@ -128,13 +128,9 @@ def bench_flash_rows(path: str) -> List[dict]:
 
 
 def _overrides(run_dir: str) -> List[str]:
-    import yaml
+    from eval.recall import hydra_yaml
 
-    p = os.path.join(run_dir, ".hydra", "overrides.yaml")
-    if not os.path.exists(p):
-        return []
-    with open(p) as f:
-        return [str(o) for o in (yaml.safe_load(f) or []) if not str(o).startswith("stop_at=")]
+    return [str(o) for o in (hydra_yaml(run_dir, "overrides.yaml") or []) if not str(o).startswith("stop_at=")]
 
 
 def run_index(roots: Sequence[str]) -> List[dict]:
