@@ -359,8 +359,9 @@ def _status(r: dict) -> dict:
     return {"finished": 1.0 if r.get("finished") else 0.0, "steps_run": r.get("steps_run", float("nan"))}
 
 
-def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str) -> str:
-    """Caption note: runs cut off before the end, and runs dropped because they never validated."""
+def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str, notes: Optional[List[str]] = None) -> str:
+    """Caption note: runs cut off before the end, and runs dropped because they never validated (appended to
+    ``notes`` too, when given and not empty)."""
     out = []
     unfinished = [r for r in recs if not r.get("finished")]
     if unfinished:
@@ -373,6 +374,8 @@ def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str) -> str:
                    f"{', ...' if len(silent) > 3 else ''})")
     for line in out:
         print(f"warning: {line}")
+    if out and notes is not None:
+        notes.append("; ".join(out))
     return "; ".join(out)
 
 
@@ -958,8 +961,7 @@ def run(cfg: dict) -> dict:
         rows = fig2_table(recs, select)
         if not rows:
             raise ValueError(f"fig2: no MQAR run under runs={roots} logged val/acc")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_fig2(rows, base, _setup(recs, cov), select)
     elif kind == "cliff":
         recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
@@ -969,8 +971,7 @@ def run(cfg: dict) -> dict:
                              f"runs={roots}")
         if not any(math.isfinite(_f(r["acc_far"])) for r in rows):
             notes.append("no run logged val/acc_far (callback RecallByDistance): only val/acc / acc_near drawn")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_cliff(rows, base, _setup(recs, "; ".join(notes)), recs)
     elif kind == "hybrid":
         recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
@@ -978,8 +979,7 @@ def run(cfg: dict) -> dict:
         if not any(r["base"] for r in rows):
             raise ValueError(f"hybrid: no MQAR run with a non-flash layer (model.layers=[linear, flash, ...] or "
                              f"attention=linear / sliding_window) and val/acc under runs={roots}")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         speed = cfg.get("speed")
         if speed:
             from eval.quality import load_bench_speed
@@ -1001,8 +1001,7 @@ def run(cfg: dict) -> dict:
             raise ValueError(f"curves: {len(cells)} (variant, seq_len, d_model) cells under runs={roots}, more than "
                              f"{MAX_CURVE_PANELS} panels: narrow them with seq_len=, d_model= or variant= (variants "
                              f"there: {sorted({c[0] for c in cells})})")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_curves(rows, base, _setup(recs, cov))
     elif kind == "ablation":
         recs_a = [dict(r, option=group_choice(r["run_dir"])) for r in recs]
@@ -1022,8 +1021,7 @@ def run(cfg: dict) -> dict:
                          f"conf/{ABLATION_GROUP}/<option>.yaml")
         elif CONTROL not in {r["option"] for r in rows}:
             notes.append(f"the '{CONTROL}' (control) run never logged val/acc: no delta_vs_old")
-        cov = _coverage(recs_a, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs_a, rows, "val/acc", notes)
         paths = plot_ablation(rows, base, _setup(recs_a, "; ".join(notes)), select)
     else:
         recs_t = [r for r in recs if str(r["dataset"]).startswith("text")]
