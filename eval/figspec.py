@@ -2,8 +2,10 @@
 of traces) and drawn either as a static image by matplotlib (:func:`to_png`, the PNGs in ``docs/``) or as a Plotly
 figure (:func:`to_plotly`, the interactive report of :mod:`eval.report`, hover and filters included).
 
-The figure definitions here (:func:`quality_vs_n`, :func:`bubble`, :func:`fig2`) replace the matplotlib code that
-``eval.plots`` and ``eval.recall`` carried for the same figures: one figure code path. A trace's ``meta`` (e.g.
+Every figure of ``eval/`` is a :class:`Figure`: the shared definitions here (:func:`lines`, :func:`quality_vs_n`,
+:func:`bubble`, :func:`fig2`, :func:`crossover`), the sweep figures of :mod:`eval.plots` (``*_spec``: time vs N with
+its n* table panel, memory vs N, roofline, GPT speed), the recall reports of :mod:`eval.recall` (cliff, hybrids,
+ablation bars, learning curves) and :mod:`eval.bench_decode`'s: one figure code path, no matplotlib code elsewhere. A trace's ``meta`` (e.g.
 ``{"variant": ..., "backend": ...}``) travels into the Plotly JSON so the report can filter traces; ``hover`` holds
 one text per point (the run and its command in the MQAR grid). Pure data: no renderer is imported until used.
 """
