@@ -5,7 +5,8 @@ figure (:func:`to_plotly`, the interactive report of :mod:`eval.report`, hover a
 Every figure of ``eval/`` is a :class:`Figure`: the shared definitions here (:func:`lines`, :func:`quality_vs_n`,
 :func:`bubble`, :func:`fig2`, :func:`crossover`), the sweep figures of :mod:`eval.plots` (``*_spec``: time vs N with
 its n* table panel, memory vs N, roofline, GPT speed), the recall reports of :mod:`eval.recall` (cliff, hybrids,
-ablation bars, learning curves) and :mod:`eval.bench_decode`'s: one figure code path, no matplotlib code elsewhere. A trace's ``meta`` (e.g.
+ablation bars, learning curves) and :mod:`eval.bench_decode`'s: one figure code path (no figure is drawn
+outside :func:`to_matplotlib` / :func:`to_plotly` / :func:`to_wandb`). A trace's ``meta`` (e.g.
 ``{"variant": ..., "backend": ...}``) travels into the Plotly JSON so the report can filter traces; ``hover`` holds
 one text per point (the run and its command in the MQAR grid). Pure data: no renderer is imported until used.
 """
