@@ -382,11 +382,21 @@ def _table(ax, p: Panel) -> None:
 
 
 def to_png(fig: Figure, base: str, formats: Optional[Sequence[str]] = None) -> List[str]:
-    """Draw with :func:`to_matplotlib` and save ``base.png`` (+ the other ``formats``, default
-    :data:`eval.plots.FORMATS`)."""
-    from eval.plots import _save
+    """Draw with :func:`to_matplotlib` and save ``base.<ext>`` for each of ``formats`` (default
+    :data:`eval.plots.FORMATS`, PNG first); returns the paths."""
+    import os
 
-    return _save(to_matplotlib(fig), base, formats=formats)
+    import matplotlib.pyplot as plt
+
+    from eval.plots import FORMATS
+
+    mfig = to_matplotlib(fig)
+    os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
+    paths = [f"{base}.{ext}" for ext in formats or FORMATS]
+    for path in paths:
+        mfig.savefig(path, dpi=110 if path.endswith(".png") else None)
+    plt.close(mfig)
+    return paths
 
 
 # --------------------------------------------------------------------------------------------- plotly

@@ -113,20 +113,6 @@ def variant_style(name: str) -> dict:
     return {"color": c, "marker": m, "ls": "-."}
 
 
-def _save(fig, base: str, dpi: int = 110, formats: Optional[Sequence[str]] = None) -> List[str]:
-    """Save ``fig`` as ``base.<ext>`` for each of ``formats`` (default :data:`FORMATS`; PNG first); returns the
-    paths."""
-    os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    paths = []
-    for ext in formats or FORMATS:
-        paths.append(f"{base}.{ext}")
-        fig.savefig(paths[-1], dpi=dpi if ext == "png" else None)
-    plt.close(fig)
-    return paths
-
-
 def set_formats(formats) -> None:
     """Output formats of the figures, e.g. ``["png", "svg"]`` (PNG is always written first)."""
     fm = [str(f).lower() for f in (formats or ["png", "svg"])]
