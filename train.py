@@ -14,7 +14,7 @@ Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for
 (``last.ckpt``: written at validation, at the end of training and on Ctrl-C), ``wandb/`` (the run and its id,
 ``run_id.txt``) and ``final_metrics.json`` (the final table; a multirun prints all jobs' in one table).
 
-Resume (:mod:`attn_zoo.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
+Resume (:mod:`harness.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
 (CSV continued, same W&B run id, the resumed config in ``.hydra/resume-<time>/``) up to ``trainer.max_steps`` total
 steps, which must exceed the checkpoint's step; the optimizer and LR schedule stay the original run's (past its end:
 ``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
@@ -22,7 +22,7 @@ steps, which must exceed the checkpoint's step; the optimizer and LR schedule st
 Resumable multiruns (``skip_finished=true``, the experiment configs): re-running a sweep skips the finished jobs and
 resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only; one whose training had ended is
 only validated and finalised); ``stop_at=<unix time>`` stops the running jobs there with a checkpoint and starts no
-new ones (:mod:`attn_zoo.runs`, :class:`StopAt`). ``wall_s`` of a resumed run: the total over its launches.
+new ones (:mod:`harness.runs`, :class:`StopAt`). ``wall_s`` of a resumed run: the total over its launches.
 
 Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) fail before
 anything is written (:func:`validate_config`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
@@ -45,16 +45,16 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.callbacks import RunState, StepProgressBar, StopAt, StopTraining
-from attn_zoo.lit import LitLM, split_optim_config, validate_optim_config
-from attn_zoo.model import GPTConfig, config_from_dict, redraw_interval_reason, spec_to_dict
-from attn_zoo.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
+from attn_zoo.model import spec_to_dict
+from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
+from harness.config import (CONF_DIR, _is_int, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
+                            check_model_config, layer_specs, validate_config)
+from harness.lit import LitLM, split_optim_config
+from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
-from attn_zoo.spec import AttentionSpec
-from attn_zoo.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
+from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 log = logging.getLogger("attn_zoo.train")
 register_resolvers()  # conf/train.yaml's hydra node (run dir of a resumed checkpoint, job folder names)
 
@@ -65,185 +65,6 @@ def _abs(path: str) -> str:
     from hydra.utils import to_absolute_path
 
     return to_absolute_path(str(path))
-
-
-def _spec_from_cfg(node) -> AttentionSpec:
-    node = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
-    from attn_zoo.mixers import make_layer_spec  # an attention spec, or a mixer (`mixer:` / another `_target_`)
-
-    return make_layer_spec(**node)
-
-
-def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
-    """The attention spec of every layer.
-
-    ``model.layers`` null: every layer uses the ``attention`` group's spec. Otherwise a list of ``n_layer``
-    entries, each the name of a ``conf/attention/<name>.yaml`` (the selected ``attention`` group, including
-    command-line overrides, when the name matches ``attention.name``) or an inline dict of spec fields.
-    """
-    from attn_zoo import load_plugins
-
-    load_plugins(cfg.get("plugins"))  # modules that register variants / mixers / backends (+plugins=[...])
-    base = _qualified("attention", _spec_from_cfg, cfg.attention)
-    layers = cfg.model.get("layers")
-    n_layer = int(cfg.model.n_layer)
-    if layers is None:
-        return [base] * n_layer
-    layers = list(layers)
-    if len(layers) != n_layer:
-        raise ValueError(f"model.layers has {len(layers)} entries but model.n_layer={n_layer}; give one per layer")
-    specs = []
-    for i, entry in enumerate(layers):
-        if isinstance(entry, str):
-            if entry == base.label:
-                specs.append(base)
-                continue
-            f = CONF_DIR / "attention" / f"{entry}.yaml"
-            if not f.exists():
-                from attn_zoo.mixers import MixerSpec, mixer_names
-
-                if entry in mixer_names() and entry != "attention":  # a registered sequence mixer, default options
-                    specs.append(MixerSpec(entry))
-                    continue
-                names = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
-                names += [m for m in mixer_names() if m != "attention"]
-                raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config or a registered mixer; "
-                                 f"allowed values: {', '.join(names)}")
-            where = f"model.layers[{i}] (conf/attention/{entry}.yaml)"
-            specs.append(_qualified(where, _spec_from_cfg, OmegaConf.load(f)))
-        else:
-            specs.append(_qualified(f"model.layers[{i}]", _spec_from_cfg, entry))
-    return specs
-
-
-def check_attention_backend(backend, specs) -> None:
-    """``attention_backend``: ``auto`` or a backend registered for the kind of every attention layer in ``specs``
-    (plugins loaded: :func:`layer_specs`). Whether a named backend can run the input (device, dtype, feature map)
-    is only known at the first forward. Raises ``ValueError`` naming ``attention_backend`` and the allowed values."""
-    from attn_zoo.registry import backend_names
-
-    if backend == "auto":
-        return
-    if not isinstance(backend, str) or backend not in backend_names():
-        raise ValueError(f"attention_backend={backend!r} is not a registered backend; allowed values: auto, "
-                         f"{', '.join(backend_names())}")
-    for i, spec in enumerate(specs):
-        kind = getattr(spec, "kind", None)
-        if not isinstance(spec, AttentionSpec) or kind is None:
-            continue  # a sequence mixer: no attention backend
-        if backend not in backend_names(kind):
-            where = "attention" if len(set(specs)) == 1 else f"model.layers[{i}]"
-            raise ValueError(f"attention_backend={backend!r} has no implementation of kind={kind!r} ({where}: "
-                             f"{spec.label}; the backend applies to every layer); allowed values for it: auto, "
-                             f"{', '.join(backend_names(kind))}")
-
-
-def _qualified(where: str, fn, *args):
-    """``fn(*args)``, with a ``ValueError`` re-raised naming the config node it came from (``attention: window_size
-    must be ...``): the spec and model classes name their own fields, not the key a user overrides."""
-    try:
-        return fn(*args)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from e
-
-
-def check_model_config(model_cfg: Dict) -> None:
-    """``model.*`` as :class:`attn_zoo.model.GPTConfig` checks it (plus ``model.redraw_interval``), the errors naming
-    ``model.<key>``. Raises ``ValueError``."""
-    fields = dict(model_cfg)
-    redraw = fields.pop("redraw_interval", 0)
-    redraw = 0 if redraw is None else redraw
-    why = redraw_interval_reason(redraw)
-    if why is not None:
-        raise ValueError(f"model.redraw_interval={redraw!r}: {why}")
-    fields.pop("layers", None)
-    try:
-        config_from_dict(fields)
-    except ValueError as e:
-        msg = str(e)
-        known = sorted(GPTConfig.__dataclass_fields__, key=len, reverse=True)
-        lead = next((k for k in known if msg.startswith(k) and msg[len(k):len(k) + 1] in (" ", "=")), None)
-        raise ValueError(f"model.{msg}" if lead else f"model: {msg}") from e
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def validate_config(cfg: DictConfig) -> None:
-    """Check the values every run needs before anything is built or written (output dir, loggers, data caches):
-    ``optim.*`` (:func:`attn_zoo.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
-    number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
-    ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
-    ``trainer.val_check_interval`` (a positive integer while ``trainer.check_val_every_n_epoch`` is null),
-    ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
-    Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
-    the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
-    ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
-    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false) and ``model.*``
-    (:func:`check_model_config`).
-
-    Raises:
-        ValueError: naming the key, its value and what to set.
-    """
-    validate_optim_config(OmegaConf.to_container(cfg.optim, resolve=True) if cfg.get("optim") is not None else {})
-    steps = cfg.trainer.get("max_steps")
-    epochs = cfg.trainer.get("max_epochs")
-    steps_rule = ("must be a positive integer, the total number of optimizer steps (e.g. trainer.max_steps=1000); "
-                  "-1 (no step limit) only together with trainer.max_epochs=<a positive integer>")
-    if epochs is not None and not (_is_int(epochs) and (epochs > 0 or epochs == -1)):
-        raise ValueError(f"trainer.max_epochs={epochs!r}: must be null, a positive integer, or -1 (no epoch limit, "
-                         f"with a positive trainer.max_steps)")
-    if steps is None or (_is_int(steps) and steps == -1):
-        if not (_is_int(epochs) and epochs > 0):
-            raise ValueError(f"trainer.max_steps={steps!r} sets no step limit and trainer.max_epochs={epochs!r} no "
-                             f"epoch limit (Lightning would train 1000 epochs): set trainer.max_steps=<N> (a positive "
-                             f"integer, the total number of optimizer steps, e.g. trainer.max_steps=1000), or "
-                             f"trainer.max_epochs=<N> to train N epochs")
-    elif not (_is_int(steps) and steps > 0):
-        raise ValueError(f"trainer.max_steps={steps!r}: {steps_rule}")
-    accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
-    if not (_is_int(accumulate) and accumulate > 0):
-        raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r}: must be a positive integer (1: one batch "
-                         f"per optimizer step)")
-    val_every = cfg.trainer.get("val_check_interval")
-    if cfg.trainer.get("check_val_every_n_epoch") is None and val_every is not None \
-            and not (_is_int(val_every) and val_every > 0):
-        raise ValueError(
-            f"trainer.val_check_interval={val_every!r}: with trainer.check_val_every_n_epoch=null (validation counted "
-            f"in steps across epochs) it must be a positive integer, the steps between validations (e.g. 250); a "
-            f"fraction of an epoch (0.5, 1.0) needs trainer.check_val_every_n_epoch=<N>")
-    if accumulate > 1 and _is_int(val_every):
-        raise ValueError(
-            f"trainer.accumulate_grad_batches={accumulate} with trainer.val_check_interval={val_every}: Lightning "
-            f"counts val_check_interval in training batches, not in optimizer steps as trainer.max_steps, so "
-            f"validations and the checkpoints written at them (which resumed runs continue from) would fall between "
-            f"optimizer steps; set trainer.accumulate_grad_batches=1 (the only value allowed with an integer "
-            f"trainer.val_check_interval) and a larger data.batch_size instead")
-    stop_at = cfg.get("stop_at")
-    if stop_at is not None:
-        StopAt(stop_at)  # raises ValueError naming stop_at
-    if str(cfg.trainer.get("accelerator", "")).lower() in ("gpu", "cuda") and not torch.cuda.is_available():
-        # Lightning's own error ("No supported gpu backend found!") names no setting
-        raise ValueError(f"trainer.accelerator={cfg.trainer.accelerator} (trainer=gpu, which the mqar_* / lm_* "
-                         f"experiments set) but no CUDA GPU is visible; on a CPU pass trainer=default (trainer=ddp "
-                         f"without trainer.accelerator=gpu for DDP)")
-    seed = cfg.get("seed", 0)
-    if not (_is_int(seed) and 0 <= seed < 2 ** 32):
-        raise ValueError(f"seed={seed!r}: must be an integer in [0, 2**32 - 1] (e.g. seed=0)")
-    for key in ("compile", "skip_finished"):
-        if not isinstance(cfg.get(key, False), bool):
-            raise ValueError(f"{key}={cfg.get(key)!r}: must be true or false")
-    bar = cfg.trainer.get("enable_progress_bar", "auto")
-    if bar not in (True, False, "auto", None):
-        raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
-                         f"terminal)")
-    seq_len = cfg.data.get("seq_len") if cfg.get("data") is not None else None
-    if seq_len is not None and not (_is_int(seq_len) and seq_len >= 1):  # before model.max_seq_len (${data.seq_len})
-        raise ValueError(f"data.seq_len={seq_len!r}: must be a positive integer, the tokens of one training example "
-                         f"(e.g. data.seq_len=256)")
-    if cfg.get("model") is not None:
-        check_model_config(OmegaConf.to_container(cfg.model, resolve=True))
 
 
 def _stdout_is_tty() -> bool:
@@ -422,7 +243,7 @@ def _job_info() -> Dict[str, object]:
 
 def table_title(cfg: DictConfig) -> str:
     """The final table's title: ``attn-zoo: <experiment_name>``, and in a multirun `` / <the job's overrides>`` (its
-    folder name, :func:`attn_zoo.runs.job_dirname`: the swept overrides), so each job's table says which job it is."""
+    folder name, :func:`harness.runs.job_dirname`: the swept overrides), so each job's table says which job it is."""
     title = f"attn-zoo: {cfg.experiment_name}"
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -431,17 +252,17 @@ def table_title(cfg: DictConfig) -> str:
         hc = HydraConfig.get()
         if hc.mode == RunMode.MULTIRUN:
             exclude = list(hc.job.config.override_dirname.get("exclude_keys") or [])
-            title += f" / {job_dirname(list(hc.overrides.task), exclude, hc.job.get('num') or 0)}"
+            title += f" / {job_dirname(list(hc.overrides.task), exclude, hc.job.get('num') or 0, hc.sweep.dir)}"
     return title
 
 
 def train(cfg: DictConfig) -> Dict[str, float]:
     """Build data, model, loggers and Trainer from ``cfg``, fit, validate; returns the final metrics.
 
-    ``ckpt_path`` resumes a run (see :mod:`attn_zoo.runs`): outputs go to the checkpoint's run directory,
+    ``ckpt_path`` resumes a run (see :mod:`harness.runs`): outputs go to the checkpoint's run directory,
     ``trainer.max_steps`` (total steps) must exceed the checkpoint's step and the LR schedule is the checkpoint's.
     A checkpoint whose training is complete (its step at ``trainer.max_steps``, its epochs at a positive
-    ``trainer.max_epochs``, :attr:`attn_zoo.runs.CheckpointInfo.epochs`, or stopped by a callback such as
+    ``trainer.max_epochs``, :attr:`harness.runs.CheckpointInfo.epochs`, or stopped by a callback such as
     EarlyStopping) in a run directory without ``final_metrics.json`` (the run was killed in its final validation)
     trains no step: it is validated and ``final_metrics.json`` is written with the checkpoint's step.
 
@@ -451,7 +272,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     :meth:`RunState.last_train_metrics`), ``wall_s`` (seconds of wall time of the run from the start of this function to its
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
-    checkpoint this launch resumed, else null), ``result_config`` and ``lr_schedule``.
+    checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
+    metric is compared with, :func:`baseline_of`, or null) and ``curve`` (this launch's validation metrics by step).
 
     Raises:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
@@ -530,7 +352,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                          train_metrics=resume.train_metrics if resume is not None else None)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
-    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state])
+    curve = _Curve()
+    trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state, curve])
     if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
         _keep_earlier_run_aside(output_dir, loggers)
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
@@ -565,25 +388,91 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         rows = {"variant": "+".join(lit.gpt.layer_labels), "n_params": lit.gpt.num_params(),
                 "steps": trainer.global_step}
         rows.update({k: metrics[k] for k in sorted(metrics)})
-        if getattr(dm, "unigram_bits_per_byte", None) is not None:
-            rows["unigram_baseline_bpb"] = dm.unigram_bits_per_byte()
+        base = baseline_of(dm, metrics)
+        if base is not None:
+            rows[f"baseline {base['metric']} ({base['what']})"] = base["value"]
         if getattr(dm, "chance_levels", None) is not None:
-            chance = dm.chance_levels()
-            rows["chance val/acc: 1/kv pairs"] = chance["context"]
-            rows["chance val/acc: uniform value"] = chance["uniform"]
+            rows["guess over all values val/acc"] = dm.chance_levels()["uniform"]
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
+        _print_curve_and_verdict(curve.points, base, metrics)
         _warn_if_diverged(cfg, metrics)
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
-            "metrics": metrics, "wall_s": rows["wall_s"], "output_dir": output_dir,
+            "metrics": metrics, "baseline": base, "curve": curve.points, "wall_s": rows["wall_s"],
+            "output_dir": output_dir,
             "resumed_from": ckpt_path, "result_config": result_config(cfg),
             # the LR schedule that ran: a resumed run keeps the checkpoint's length (its first run's max_steps)
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
     return metrics
+
+
+def baseline_of(dm, metrics: Dict[str, float]) -> Optional[Dict[str, object]]:
+    """What the run's headline metric is compared with: ``{"metric", "value", "what", "higher_is_better"}``, or None.
+
+    MQAR: ``val/acc`` (on the query positions) against ``1 / num_kv_pairs``, guessing among the example's values
+    (every value is in its context; a model that has not learned recall gets there, not further). Text:
+    ``val/bpb`` against the unigram model's bits per byte of the validation text (byte frequencies, no context)."""
+    if getattr(dm, "chance_levels", None) is not None and "val/acc" in metrics:
+        n = getattr(dm, "num_kv_pairs", None)
+        return {"metric": "val/acc", "value": float(dm.chance_levels()["context"]), "higher_is_better": True,
+                "what": f"guessing one of the example's {n} values" if n else "guessing"}
+    if getattr(dm, "unigram_bits_per_byte", None) is not None and "val/bpb" in metrics:
+        return {"metric": "val/bpb", "value": float(dm.unigram_bits_per_byte()), "higher_is_better": False,
+                "what": "byte frequencies without context (unigram)"}
+    return None
+
+
+class _Curve(L.Callback):
+    """The validation metrics by step (``points``: ``[step, {metric: value}]``), for the learning curve printed after
+    the final table and stored in ``final_metrics.json`` (this launch's validations)."""
+
+    def __init__(self):
+        self.points: List[list] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        vals = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if vals and (not self.points or self.points[-1][0] != trainer.global_step):
+            self.points.append([int(trainer.global_step), vals])
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object]], metrics: Dict[str, float]) -> None:
+    """A few lines after the final table: the headline metric by step (a sparkline and its values), the result
+    beside its baseline in words, and what to try next."""
+    if base is None:
+        return
+    key = str(base["metric"])
+    pts = [(s, v[key]) for s, v in points if key in v and math.isfinite(v[key])]
+    if pts:
+        lo, hi = min(v for _, v in pts), max(v for _, v in pts)
+        spark = "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for _, v in pts)
+        shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
+        print(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
+    value = metrics.get(key)
+    if value is None or not math.isfinite(value):
+        return
+    better = value > base["value"] if base["higher_is_better"] else value < base["value"]
+    margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
+    clearly = better and margin >= 0.1 * abs(float(base["value"]))
+    verdict = "learned" if clearly else "not learned yet"
+    print(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
+    import importlib.util
+
+    try:  # the interactive report where this checkout has it, else the committed tables and figures
+        report = "eval.report" if importlib.util.find_spec("eval.report") is not None else "eval.figures"
+    except (ImportError, ValueError):
+        report = "eval.figures"
+    print(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
+          f"attention=flash,linear,sliding_window), the recall recipe (experiment=mqar_recall, README), the report "
+          f"(python -m {report})")
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
@@ -656,11 +545,11 @@ def main(cfg: DictConfig) -> Optional[float]:
     """The Hydra entry point: :func:`train` one job, after the checks of a resumable multirun.
 
     ``stop_at`` already passed: the job does not start (returns None) and its folder gets ``not_started.json``
-    (:func:`attn_zoo.runs.mark_not_started`, removed when a later launch starts the job), which the multirun summary
+    (:func:`harness.runs.mark_not_started`, removed when a later launch starts the job), which the multirun summary
     reports apart from stopped or failed jobs. ``skip_finished=true`` (and no
     ``ckpt_path``): a job whose folder holds a finished run of the same config is skipped (its stored metric is
     returned); an unfinished one resumes from its ``checkpoints/last.ckpt`` when that was written under the same
-    config (:func:`attn_zoo.runs.resumable_checkpoint`), else it starts over (the log says why).
+    config (:func:`harness.runs.resumable_checkpoint`), else it starts over (the log says why).
     """
     mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
     validate_config(cfg)

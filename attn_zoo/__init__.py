@@ -17,14 +17,14 @@ from .reference import attention_reference, linear_attention_reference, softmax_
 from .registry import (available_backends, backend_names, family, get_backends, load_plugins, register_backend,
                        unregister_backend)
 from .spec import FEATURE_MAPS, AttentionSpec, make_spec
-from .variants import get_variant, register_variant, variant_kinds
+from .variants import CachePolicy, get_variant, register_variant, unregister_variant, variant_kinds
 
 __all__ = [
     "attention", "check_inputs", "resolve_backend", "AttentionSpec", "make_spec", "KINDS", "FEATURE_MAPS",
     "MaskInfo", "BlockTable", "mask_info", "sparse_layout",
     "attention_reference", "softmax_attention_reference", "linear_attention_reference",
     "register_backend", "unregister_backend", "get_backends", "available_backends", "backend_names", "family",
-    "register_variant", "get_variant", "variant_kinds", "register_mixer", "MixerSpec", "make_layer_spec",
+    "register_variant", "unregister_variant", "get_variant", "variant_kinds", "CachePolicy", "register_mixer", "MixerSpec", "make_layer_spec",
     "load_plugins",
     "decode_attention", "append_kv", "KVCache", "LinearState", "linear_prefill", "linear_decode",
 ]
@@ -34,3 +34,4 @@ def __getattr__(name):  # KINDS: every registered kind (built-ins and plugins), 
     if name == "KINDS":
         return variant_kinds()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from . import families  # noqa: F401,E402  (registers the mamba2, linformer, deltanet, gated_deltanet mixers)

@@ -554,30 +554,75 @@ def get_machine(name: str) -> Machine:
 
 
 # --------------------------------------------------------------------------------------------- dispatch
+def spec_cost(spec, B: int, H: int, N: int, D: int, *, mode: str = "fwd_bwd", dtype_bytes: int = 2,
+              block_m: Optional[int] = None, block_n: Optional[int] = None) -> Cost:
+    """Cost of one registered variant's spec at ``Nq = Nk = N``: the variant's own cost entry
+    (``cost=`` of :func:`attn_zoo.register_variant`) when it has one, else its family's: the exact tiled kernel
+    over the kept fraction of the pairs (:func:`attn_zoo.variants.element_fraction`) for softmax kinds, the chunked
+    linear form (:func:`linear_attention_cost`, ``F`` from the feature map) for linear ones. No kind is named here.
+    Raises ``ValueError`` for an unregistered kind or a bad ``mode``."""
+    from .variants import element_fraction, get_variant
+
+    _check_mode(mode)
+    v = get_variant(spec.kind)
+    if v.cost_fn is not None:
+        return v.cost_fn(spec, B, H, N, D, mode=mode, dtype_bytes=dtype_bytes, block_m=block_m, block_n=block_n)
+    if v.family == "softmax":
+        return flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, block_m=block_m, block_n=block_n,
+                                    visited_fraction=element_fraction(spec, N))
+    from .feature_maps import feature_dim
+
+    Fd = feature_dim(spec.feature_map, D, spec.num_features)
+    return linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
+                                 dtype_bytes=dtype_bytes, mode=mode)
+
+
+def _formula_flash(B, H, N, D, *, causal, mode, dtype_bytes, window, visited_fraction, chunk_size, F, block_m, block_n):
+    return flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, causal=causal, block_m=block_m,
+                                block_n=block_n, visited_fraction=visited_fraction)
+
+
+def _formula_window(B, H, N, D, *, causal, mode, dtype_bytes, window, visited_fraction, chunk_size, F, block_m, block_n):
+    if window is None:
+        raise ValueError("formula 'sliding_window' needs window=<tokens>")
+    return window_attention_cost(B, H, N, D, window, causal=causal, block_m=block_m, block_n=block_n,
+                                 dtype_bytes=dtype_bytes, mode=mode)
+
+
+def _formula_sparse(B, H, N, D, *, causal, mode, dtype_bytes, window, visited_fraction, chunk_size, F, block_m, block_n):
+    if visited_fraction is None:
+        raise ValueError("formula 'sparse' needs visited_fraction (see mask_fractions)")
+    return block_sparse_attention_cost(B, H, N, D, visited_fraction, block_m=block_m, block_n=block_n,
+                                       dtype_bytes=dtype_bytes, mode=mode)
+
+
+def _formula_linear(B, H, N, D, *, causal, mode, dtype_bytes, window, visited_fraction, chunk_size, F, block_m, block_n):
+    return linear_attention_cost(B, H, N, D, F=F, chunk_size=chunk_size, causal=causal, dtype_bytes=dtype_bytes,
+                                 mode=mode)
+
+
+def _formula_standard(B, H, N, D, *, causal, mode, dtype_bytes, window, visited_fraction, chunk_size, F, block_m,
+                      block_n):
+    return standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, causal=causal)
+
+
+#: The cost formulas by name (the papers' kernels: ``standard`` is S and P materialised, not a variant kind). For
+#: a registered variant's spec use :func:`spec_cost`, which asks the variant.
+FORMULAS = {"standard": _formula_standard, "flash": _formula_flash, "sliding_window": _formula_window,
+            "sparse": _formula_sparse, "linear": _formula_linear}
+
+
 def attention_cost(kind: str, B: int, H: int, N: int, D: int, *, causal: bool = True, mode: str = "fwd_bwd",
                    dtype_bytes: int = 2, window: Optional[int] = None, visited_fraction: Optional[float] = None,
                    chunk_size: int = 64, F: Optional[int] = None, block_m: int = 128, block_n: int = 64) -> Cost:
-    """Cost of one variant by name: ``"standard"`` (S, P materialised), ``"flash"``, ``"sliding_window"``
-    (needs ``window``), ``"sparse"`` (needs ``visited_fraction``) or ``"linear"``."""
-    if kind == "standard":
-        return standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, causal=causal)
-    if kind == "flash":
-        return flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, causal=causal,
-                                    block_m=block_m, block_n=block_n, visited_fraction=visited_fraction)
-    if kind == "sliding_window":
-        if window is None:
-            raise ValueError("kind='sliding_window' needs window=<tokens>")
-        return window_attention_cost(B, H, N, D, window, causal=causal, block_m=block_m, block_n=block_n,
-                                     dtype_bytes=dtype_bytes, mode=mode)
-    if kind == "sparse":
-        if visited_fraction is None:
-            raise ValueError("kind='sparse' needs visited_fraction (see mask_fractions)")
-        return block_sparse_attention_cost(B, H, N, D, visited_fraction, block_m=block_m, block_n=block_n,
-                                           dtype_bytes=dtype_bytes, mode=mode)
-    if kind == "linear":
-        return linear_attention_cost(B, H, N, D, F=F, chunk_size=chunk_size, causal=causal,
-                                     dtype_bytes=dtype_bytes, mode=mode)
-    raise ValueError(f"kind={kind!r} is not supported; allowed values: standard, flash, sliding_window, sparse, linear")
+    """Cost of one formula of :data:`FORMULAS` by name: ``"standard"`` (S, P materialised), ``"flash"``,
+    ``"sliding_window"`` (needs ``window``), ``"sparse"`` (needs ``visited_fraction``) or ``"linear"``. Raises
+    ``ValueError`` naming the allowed values. (For a spec of any registered kind: :func:`spec_cost`.)"""
+    if kind not in FORMULAS:
+        raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(FORMULAS)}")
+    return FORMULAS[kind](B, H, N, D, causal=causal, mode=mode, dtype_bytes=dtype_bytes, window=window,
+                          visited_fraction=visited_fraction, chunk_size=chunk_size, F=F, block_m=block_m,
+                          block_n=block_n)
 
 
 # --------------------------------------------------------------------------------------------- paper bill

@@ -14,11 +14,11 @@ them run the same compiled function and the same block mask:
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
 import torch
 
 from .masks import MaskInfo, mask_info
+from .registry import derived_cache
 
 __all__ = ["compiled_flex_attention", "flex_block_mask", "allow_retain_graph"]
 
@@ -26,13 +26,15 @@ _COMPILED = {}
 _LIMITS = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
 
 
-def compiled_flex_attention(device_type: str = "cuda"):
+def compiled_flex_attention(device_type: str = "cuda", kernel_backend: str = "AUTO"):
     """The process-wide FlexAttention callable for ``device_type`` (compiled on CUDA, eager elsewhere).
 
-    Raises:
-        ImportError: this torch has no FlexAttention.
+    ``kernel_backend``: the ``kernel_options["BACKEND"]`` the caller passes (``"AUTO"``: the Triton kernels;
+    ``"FLASH"``: the FA4 CuTe DSL kernels, the ``flex_fa4`` anchor): one compiled callable per value, so the two never
+    share dynamo's cache entries. Raises ``ImportError`` when this torch has no FlexAttention.
     """
-    if device_type not in _COMPILED:
+    key = device_type if kernel_backend == "AUTO" else (device_type, kernel_backend)
+    if key not in _COMPILED:
         from torch.nn.attention.flex_attention import flex_attention
 
         if device_type == "cuda":
@@ -41,10 +43,10 @@ def compiled_flex_attention(device_type: str = "cuda"):
             for attr in _LIMITS:
                 if hasattr(torch._dynamo.config, attr):
                     setattr(torch._dynamo.config, attr, max(getattr(torch._dynamo.config, attr), 4096))
-            _COMPILED[device_type] = torch.compile(flex_attention, dynamic=False)
+            _COMPILED[key] = torch.compile(flex_attention, dynamic=False)
         else:
-            _COMPILED[device_type] = flex_attention
-    return _COMPILED[device_type]
+            _COMPILED[key] = flex_attention
+    return _COMPILED[key]
 
 
 def allow_retain_graph() -> None:
@@ -58,7 +60,7 @@ def allow_retain_graph() -> None:
         pass
 
 
-@lru_cache(maxsize=64)
+@derived_cache(64)
 def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
     """``BlockMask`` of ``spec`` for ``Nq`` queries and ``Nk`` keys on ``device`` (``None`` if nothing is masked).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import auto_order, backend_names, get_backends
+from .registry import auto_order, backend_names, derived_dict, get_backends
 from .spec import AttentionSpec
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -60,7 +60,8 @@ def attention(
             ``"reference"``: the registered backends by priority), or any registered name
             (:func:`attn_zoo.registry.backend_names`): ``"triton"``, ``"torch"``, ``"reference"``, the anchors
             ``"sdpa_flash"``, ``"sdpa_cudnn"``, ``"sdpa_efficient"``, ``"sdpa_math"``, ``"flex"``, ``"naive"``,
-            ``"fa2"``, ``"fa3"``, ``"fla"``, and any plugin's.
+            ``"fa2"``, ``"fa3"``, ``"fa4"``, ``"flex_fa4"``, ``"fla"``, and any plugin's (an anchor whose package is
+            missing refuses with the package and the pyproject extra to install, e.g. ``pip install -e .[fa4]``).
         return_lse: also return the log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log; fp32, fp64 for
             fp64 inputs on ``reference``).
 
@@ -88,8 +89,9 @@ def attention(
 
 # A call signature (spec, backend, shapes, dtypes, devices) whose inputs passed check_inputs and whose backend's
 # supports() accepted them: every check reads nothing else, so a repeated call (each layer of each training step)
-# goes straight to the implementation. register_backend clears it.
-_DISPATCH = {}
+# goes straight to the implementation. Every (un)registration of a backend or variant clears it
+# (attn_zoo.registry.forget_derived).
+_DISPATCH = derived_dict()
 
 
 def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, backend: str = "auto",
@@ -99,7 +101,7 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
     ``backend="auto"`` tries the registered backends that have a priority, highest first -- ``triton`` (CUDA
     tensors only: our kernels; under ``TRITON_INTERPRET=1`` on the CPU only when asked for by name), then ``torch``,
     then ``reference`` -- and takes the first that is available and whose ``supports()`` accepts the input. On CUDA that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with
-    fp16 / bf16 / fp32, ``D <= 256`` and ``Dv == D``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
+    fp16 / bf16 / fp32, ``D <= 256`` and ``Dv <= 256``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
     dim <= 256 and no FAVOR in fp16; the Taylor map with ``D >= 16`` (273+ features) goes to ``parallel``, its fused
     quadratic form -- else ``torch`` (SDPA / FlexAttention / chunked PyTorch); the reasons of the
     backends it passed over are in the error when none fits. Raises ``ValueError`` / ``TypeError`` as

@@ -21,11 +21,11 @@ Which terms a kind uses is its variant's mask rule (:mod:`attn_zoo.variants`, ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
 
+from .registry import derived_cache
 from .spec import AttentionSpec
 
 
@@ -173,7 +173,7 @@ class MaskInfo:
         return BlockTable(kv_idx.to(device), kv_count.to(device), kv_full.to(device), visited.to(device), full.to(device))
 
 
-@lru_cache(maxsize=256)
+@derived_cache(256)
 def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys: the terms of its variant's mask
     rule (:mod:`attn_zoo.variants`), with ``causal`` clipping a window's right side to 0. Cached per
@@ -192,7 +192,7 @@ def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     return MaskInfo(Nq, Nk, spec.causal, **terms)
 
 
-@lru_cache(maxsize=64)
+@derived_cache(64)
 def unseen_keys(spec: AttentionSpec, Nq: int, Nk: int, device: str = "cpu") -> Optional[torch.Tensor]:
     """``(Nk, 1)`` bool on ``device``, True at the keys that no query row may see under ``spec``'s mask, or ``None``
     when every key is seen by some row (no causal training shape has any; decoding-like ``Nq < Nk`` windows and

@@ -36,6 +36,7 @@ from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
 from .mixers import LayerSpec, MixerSpec, build_mixer, layer_from_dict, layer_to_dict, register_mixer  # noqa: F401
 from .spec import AttentionSpec
+from .variants import get_variant
 
 LayerCache = Union[KVCache, LinearState]
 
@@ -176,7 +177,7 @@ class Attention(nn.Module):
 
     @property
     def uses_favor(self) -> bool:
-        return self.spec.kind == "linear" and self.spec.feature_map == "favor"
+        return self.spec.family == "linear" and getattr(self.spec, "feature_map", None) == "favor"
 
     def current_spec(self) -> AttentionSpec:
         if self.favor_seed is not None and self.uses_favor:
@@ -185,14 +186,20 @@ class Attention(nn.Module):
 
     def new_cache(self, batch_size: int, capacity: int, dtype: torch.dtype, device, page_size: Optional[int] = None,
                   shuffle_pages: bool = False) -> LayerCache:
-        """This layer's decode state: linear -> :class:`LinearState`; causal window of ``W`` tokens -> a
-        :class:`KVCache` keeping the last ``W`` tokens (``2 W`` slots, compacted when full); else a full
-        :class:`KVCache` of ``capacity`` tokens (paged when ``page_size`` is set)."""
+        """This layer's decode state, as its variant's cache policy says
+        (:meth:`attn_zoo.variants.Variant.cache_policy`): ``"state"`` -> :class:`LinearState`; ``"window"`` of
+        ``W`` tokens -> a :class:`KVCache` keeping the last ``W`` tokens (``2 W`` slots, compacted when full);
+        ``"full"`` -> a :class:`KVCache` of ``capacity`` tokens (paged when ``page_size`` is set). Raises
+        ``ValueError`` for a policy this layer cannot hold (``"latent"``: a mixer of its own)."""
         spec = self.current_spec()
-        if spec.kind == "linear":
+        policy = get_variant(spec.kind).cache_policy(spec)
+        if policy.kind == "state":
             return LinearState.for_spec(spec, batch_size, self.n_kv_heads, self.head_dim, device)
-        if spec.kind == "sliding_window" and spec.causal and spec.window_size[0] is not None:
-            keep = min(spec.window_size[0] + 1, capacity)
+        if policy.kind == "latent":
+            raise ValueError(f"kind={spec.kind!r} keeps a latent cache: the attention layer holds full / window / "
+                             f"state caches only; build it as a mixer with its own cache (attn_zoo.register_mixer)")
+        if policy.kind == "window":
+            keep = min(policy.window, capacity)
             return KVCache(batch_size, self.n_kv_heads, self.head_dim, min(capacity, 2 * keep), dtype=dtype,
                            device=device, keep_last=keep)
         return KVCache(batch_size, self.n_kv_heads, self.head_dim, capacity, dtype=dtype, device=device,
@@ -304,6 +311,12 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.specs = resolve_layer_specs(specs, config.n_layer)
+        for i, s in enumerate(self.specs):  # a causal language model: a non-causal mixer would see future tokens
+            if isinstance(s, MixerSpec) and not s.causal:
+                why = getattr(s.factory(), "causal_reason", None)
+                raise ValueError(f"layer {i} ({s.label}) is a non-causal mixer (causal=False"
+                                 f"{': ' + why if why else ''}); GPT is a causal language model, so position t "
+                                 f"may not see later positions; use a causal mixer")
         self.backend = backend
         why = redraw_interval_reason(redraw_interval)
         if why is not None:
@@ -368,6 +381,8 @@ class GPT(nn.Module):
             )
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"caches: got {len(caches)} layer caches for n_layer={len(self.blocks)}")
+        if idx.device.type == "cpu" or not self.training:  # no host sync in a GPU training step
+            self._check_token_ids(idx, "idx")
         x = self.drop(self.wte(idx))  # (B, N, d_model)
         for i, blk in enumerate(self.blocks):
             x = blk(x, None if caches is None else caches[i], pos)
@@ -399,9 +414,20 @@ class GPT(nn.Module):
         return [blk.attn.new_cache(batch_size, capacity, dtype or p.dtype, device or p.device, page_size, shuffle_pages)
                 for blk in self.blocks]
 
+    def _check_token_ids(self, idx: torch.Tensor, name: str) -> None:
+        """``ValueError`` naming ``name`` when a token id of ``idx`` is outside ``[0, vocab_size)`` (the embedding
+        would raise a bare ``IndexError`` on CPU, a device-side assert on CUDA)."""
+        if idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+            return
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = hi if hi >= self.config.vocab_size else lo
+            raise ValueError(f"{name} holds token id {bad}; allowed values: 0 .. vocab_size - 1 = "
+                             f"{self.config.vocab_size - 1} (model.vocab_size={self.config.vocab_size})")
+
     @staticmethod
     def _next_token(logits: torch.Tensor, temperature: float, greedy: bool) -> torch.Tensor:
-        """``(B, vocab)`` logits -> ``(B, 1)`` token ids (argmax, or a sample at ``temperature``)."""
+        """``(B, vocab)`` logits -> ``(B, 1)`` token ids (argmax, or a sample of ``softmax(logits / temperature)``)."""
         if greedy:
             return logits.argmax(-1, keepdim=True)
         return torch.multinomial(F.softmax(logits.float() / temperature, dim=-1), 1)
@@ -411,13 +437,17 @@ class GPT(nn.Module):
                  use_cache: bool = True, page_size: Optional[int] = None) -> torch.Tensor:
         """Extend ``idx (B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
 
-        ``greedy`` takes the argmax, else samples from ``softmax(logits / temperature)`` (``temperature`` > 0,
-        else ``ValueError``). Token ids outside ``0 .. vocab_size - 1`` raise ``ValueError``. ``use_cache=False`` re-runs the context
+        ``greedy`` takes the argmax, else samples ``softmax(logits / temperature)`` (``temperature`` a finite number
+        > 0; 0 is refused: pass ``greedy=True`` for the argmax). ``use_cache=False`` re-runs the context
         (cropped to the last ``max_seq_len`` tokens) every step. ``use_cache=True`` prefills the layer caches
         (:meth:`init_cache`; ``page_size`` = paged KV caches) once and feeds one token per step; once the
         sequence is longer than ``max_seq_len`` the context slides and RoPE positions restart, so each later
-        step re-prefills the cropped context (same tokens as without the cache). Needs causal layers
-        (``ValueError`` otherwise).
+        step re-prefills the cropped context (same tokens as without the cache). Needs causal layers.
+
+        Raises:
+            ValueError: naming the argument: ``idx`` not ``(B, T)`` integer ids or holding an id outside
+                ``[0, vocab_size)``, ``max_new_tokens`` not an integer >= 0, ``temperature`` not a finite number > 0
+                while ``greedy=False``, a non-causal layer with ``use_cache=True``.
         """
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 1 \
                 or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
@@ -425,14 +455,13 @@ class GPT(nn.Module):
                              f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        if not greedy and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                           or not math.isfinite(temperature) or temperature <= 0):
-            raise ValueError(f"temperature must be a finite number > 0 when sampling (greedy=False), got "
-                             f"{temperature!r}; for the argmax pass greedy=True")
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"idx holds token ids in [{lo}, {hi}]; allowed: 0 .. vocab_size - 1 = "
-                             f"{self.config.vocab_size - 1}")
+        if not isinstance(greedy, bool):
+            raise ValueError(f"greedy must be true or false, got {greedy!r}")
+        if not greedy and not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                               and math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature={temperature!r} with greedy=False: sampling needs a finite number > 0 "
+                             f"(e.g. temperature=1.0); for the argmax pass greedy=True")
+        self._check_token_ids(idx, "idx")
         if not use_cache:
             for _ in range(max_new_tokens):
                 logits = self(idx[:, -self.config.max_seq_len:])[:, -1, :]  # (B, vocab)

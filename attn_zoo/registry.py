@@ -13,8 +13,9 @@ A backend is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out
 
 Built in (:mod:`attn_zoo.backends`): the product backends ``triton`` (300, CUDA only under ``auto``), ``parallel``
 (250, CUDA, ``linear`` with the Taylor map), ``torch`` (200) and ``reference`` (100), which fix ``auto``'s order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``,
-``sdpa_efficient``, ``sdpa_math``, ``flex``, ``naive``, ``fa2``, ``fa3`` and ``fla`` (no priority; the ones whose
-package is missing say so through ``available()``). Sweeps and benchmarks iterate this registry
+``sdpa_efficient``, ``sdpa_math``, ``flex``, ``naive``, ``fa2``, ``fa3``, ``fa4``, ``flex_fa4`` and ``fla`` (no
+priority; the ones whose package is missing say so through ``available()``, naming the package and the pyproject
+extra, e.g. ``pip install -e .[fa4]``). Sweeps and benchmarks iterate this registry
 (:func:`backend_names`), so a backend registered by a plugin module (:func:`load_plugins`) is timed with no edit
 to ``eval/``::
 
@@ -24,14 +25,49 @@ to ``eval/``::
     def mine(q, k, v, spec, return_lse=False):
         ...
 
-Registering clears the dispatch cache of :func:`attn_zoo.attention` (nothing is checked per call).
+One cache-invalidation rule: every cache whose entries are derived from a registration (a variant's mask, a
+backend choice, a mask materialised for SDPA / FlexAttention / a kernel's tile tables) is declared with
+:func:`derived_cache` (a memoising decorator) or :func:`derived_dict` (a plain dict), and :func:`forget_derived`
+clears all of them together. :func:`register_backend`, :func:`unregister_backend` and
+:func:`attn_zoo.register_variant` call it, so nothing is checked per call and nothing stale survives a
+(re)registration.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+_DERIVED: List[Callable[[], None]] = []  # the clear() of every cache derived from the registrations
+
+
+def derived_cache(maxsize: Optional[int] = 128):
+    """``functools.lru_cache(maxsize)`` whose entries :func:`forget_derived` clears: for any cache keyed by a spec
+    (or a kind) whose value depends on what is registered (a mask, a backend choice, tables built from a mask).
+    Use as ``@derived_cache(64)``."""
+
+    def deco(fn):
+        cached = lru_cache(maxsize=maxsize)(fn)
+        _DERIVED.append(cached.cache_clear)
+        return cached
+
+    return deco
+
+
+def derived_dict() -> dict:
+    """A plain dict that :func:`forget_derived` empties (e.g. the dispatch cache of :func:`attn_zoo.attention`)."""
+    d: dict = {}
+    _DERIVED.append(d.clear)
+    return d
+
+
+def forget_derived() -> None:
+    """Clear every cache declared with :func:`derived_cache` / :func:`derived_dict` (the one invalidation rule:
+    called on every registration and unregistration of a variant or a backend)."""
+    for clear in _DERIVED:
+        clear()
 
 BACKENDS = ("triton", "torch", "reference")  # the product backends, in auto order (their default priorities below)
 PRODUCT_DEFAULTS = {"triton": (300, ("cuda",)), "torch": (200, None), "reference": (100, None)}
@@ -151,9 +187,7 @@ def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional
             _REGISTRY.setdefault(key, {})[name] = Backend(key, name, f, supports or _always, prio,
                                                           available or _always, devs, origin or f.__module__)
             _AVAILABLE.pop((key, name), None)
-        from .functional import _DISPATCH
-
-        _DISPATCH.clear()  # remembered dispatch decisions may name the replaced backend
+        forget_derived()  # remembered dispatch decisions may name the replaced backend
         return f
 
     return deco(fn) if fn is not None else deco
@@ -165,9 +199,8 @@ def unregister_backend(kinds, name: str) -> None:
     items = (kinds,) if isinstance(kinds, (str, family)) else tuple(kinds)
     for k in items:
         _REGISTRY.get(k.key if isinstance(k, family) else k, {}).pop(name, None)
-    from .functional import _DISPATCH
-
-    _DISPATCH.clear()
+        _AVAILABLE.pop((k.key if isinstance(k, family) else k, name), None)
+    forget_derived()  # remembered dispatch decisions may name the removed backend
 
 
 def _ensure_builtin() -> None:

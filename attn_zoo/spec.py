@@ -18,7 +18,7 @@ full sequence sees.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional, Tuple
 
 # The built-in kinds (the registry holds these and every plugin's: attn_zoo.variants.variant_kinds() / kinds_of()).
@@ -51,9 +51,32 @@ def _nonneg_int(name: str, value, minimum: int = 0) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+# Fields every kind reads (the others are read only by the variants that list them in ``fields``).
+COMMON_FIELDS = ("kind", "causal", "softmax_scale", "n_kv_heads", "kv_group_size", "name")
+
+
+def _refuse_unread_fields(spec, variant) -> None:
+    """A field of :class:`AttentionSpec` that ``variant`` does not read (not in its ``fields``) must keep its
+    default: ``make_spec("flash", block_size=16)`` would otherwise be accepted and ignored. Raises ``ValueError``
+    naming the field and the kinds that read it."""
+    from .variants import get_variant, variant_kinds
+
+    for f in _BASE_FIELDS:
+        if f.name in COMMON_FIELDS or f.name in variant.fields:
+            continue
+        if getattr(spec, f.name) != f.default:
+            users = [k for k in variant_kinds() if f.name in get_variant(k).fields]
+            readers = " / ".join(map(repr, users)) if users else "no registered kind"
+            raise ValueError(f"{f.name}={getattr(spec, f.name)!r} is not read by kind={spec.kind!r}; {f.name} is only "
+                             f"used by kind={readers} (leave it at its default {f.default!r})")
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """Description of one attention variant (validated on construction; raises ``ValueError``).
+
+    A field the kind does not read (not in its variant's ``fields``, e.g. ``block_size`` on ``flash``) must keep
+    its default: anything else raises ``ValueError`` naming the field and the kinds that read it.
 
     Common fields
         kind: a registered variant (:func:`attn_zoo.variants.variant_kinds`). Built in: ``"flash"`` (exact
@@ -164,11 +187,7 @@ class AttentionSpec:
                         f"a causal window of W tokens is window_size=(W - 1, 0)"
                     )
             object.__setattr__(self, "window_size", ws)
-            if "window_size" not in v.fields:
-                from .variants import variant_kinds
-
-                users = [k for k in variant_kinds() if "window_size" in get_variant(k).fields]
-                raise ValueError(f"window_size is only used by kind={' / '.join(map(repr, users))}, got kind={self.kind!r}")
+        _refuse_unread_fields(self, v)
         _nonneg_int("chunk_size", self.chunk_size, 1)
         _nonneg_int("seed", self.seed)
         if v.validate is not None:
@@ -212,9 +231,13 @@ class AttentionSpec:
         return replace(self, **changes)
 
 
+_BASE_FIELDS = tuple(f for f in fields(AttentionSpec))
+
+
 def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
     """Hydra-friendly constructor (lists from YAML become tuples); the spec class of ``kind``'s variant (fields of
-    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them."""
+    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them; a known
+    field that ``kind`` does not read, set to a non-default value, raises naming the kinds that read it."""
     for key, val in kwargs.items():
         if val is not None and not isinstance(val, (int, float, str, bool, tuple)):  # ListConfig / list from YAML
             try:

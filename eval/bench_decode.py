@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets
+from attn_zoo.variants import get_variant
 from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, write_csv, write_json
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
@@ -118,8 +119,12 @@ def model_rows(layer_rows: Sequence[dict], presets: Dict[str, list], head_map: D
 
 
 def _layer_key(spec) -> str:
-    if spec.kind == "flash":
-        return f"flash_kv{spec.n_kv_heads or 0}_g{spec.kv_group_size or 1}"
+    """A layer's row in the timing table: a full KV cache is timed per K/V head count (``flash_kv0_g1`` = MHA), any
+    other cache policy (window, state) by kind."""
+    from attn_zoo.variants import get_variant
+
+    if get_variant(spec.kind).cache_policy(spec).kind == "full":
+        return f"{spec.kind}_kv{spec.n_kv_heads or 0}_g{spec.kv_group_size or 1}"
     return spec.kind
 
 
@@ -261,7 +266,7 @@ def bench_variants(args, cfg) -> List[dict]:
     rows: List[dict] = []
     for N in cfg["variant_contexts"]:
         for name, Hkv, spec in variants:
-            win = W if spec.kind == "sliding_window" else None
+            win = get_variant(spec.kind).cache_policy(spec).window  # None: every token is read
             base = dict(variant=name, Hq=Hq, Hkv=Hkv, batch=B, context=N, D=D,
                         bytes_per_step=kv_bytes_per_step(B, Hkv, N, D, 2, win))
             if kv_bytes_per_step(B, Hkv, N, D, 2) * 1.2 > 0.8 * _free_bytes():
@@ -395,7 +400,8 @@ def main(argv=None) -> dict:
     budget = mem - args.weights_gb * 1e9
     L, H, D = args.model_layers, args.model_heads, args.head_dim
     preset_kw = dict(window=args.window, gqa_groups=(args.gqa_group,), feature_map=args.feature_map)
-    mem_rows = memory_table(L, H, D, budget, batch=args.mem_batch, **preset_kw)
+    # + an MLA row at DeepSeek-V2's ratios (kv_lora_rank = 4 D, qk_rope_dim = D / 2; attn_zoo/mla.py)
+    mem_rows = memory_table(L, H, D, budget, batch=args.mem_batch, mla_dims=(4 * D, max(D // 2, 1)), **preset_kw)
     presets = variant_presets(L, H, **preset_kw)
     curve = memory_curve(presets, H, D, [2**i for i in range(10, 21)], batch=args.mem_batch)
     write_csv(mem_rows + curve, os.path.join(args.out, "cache_memory.csv"))

@@ -3,7 +3,7 @@ seq_len, after warm-up.
 
 What one step is (the same as ``train.py trainer=gpu``): bf16 autocast forward of :class:`attn_zoo.model.GPT` on
 random tokens (ids ``< --vocab``), cross-entropy, backward, gradient-norm clipping at 1.0, the AdamW ``LitLM`` uses
-on CUDA (:func:`attn_zoo.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
+on CUDA (:func:`harness.lit.adamw_impl`: fused) with weight decay on matrices, ``zero_grad(set_to_none=True)``. The
 number of tokens per step is constant (``B = tokens // seq_len``; inputs ``(B, seq_len)`` int64).
 
 Backends, timed in the same process:
@@ -12,7 +12,9 @@ Backends, timed in the same process:
     FlexAttention (window, BigBird), the chunked PyTorch form (linear);
   * ``sdpa_flash`` / ``sdpa_cudnn``: the registry's SDPA anchors, SDPA forced to FlashAttention-2 / cuDNN (exact
     kinds only). The SDPA backend PyTorch picks by default is recorded in the ``sdpa_default`` column.
-  * any other registered backend by name (``--backends``), and every backend a ``--plugins`` module registers; a
+  * any other registered backend by name (``--backends``: e.g. the anchors ``fa4``, ``flex_fa4``, ``fla``; one
+    whose package is missing is skipped like one that cannot run the variant), and every backend a ``--plugins``
+    module registers; a
     backend whose ``supports()`` refuses a layer of a variant is skipped for it (a hybrid runs on a backend only
     when it supports every layer: no SDPA anchor for a hybrid with a window or linear layer).
 
@@ -26,7 +28,7 @@ Variants (``--variants``):
     (:data:`VARIANTS`); with ``--specs conf`` exactly ``conf/attention/<name>.yaml`` (what ``train.py
     attention=<name>`` trains: a speed to join with those runs in ``eval.quality speed=<csv>``);
   * a hybrid ``a+b+...``: one layer name per layer (as many as the size's ``n_layer``), each resolved as
-    ``train.py model.layers=[a,b,...]`` resolves it (:func:`train.layer_specs`: ``conf/attention/<name>.yaml``
+    ``train.py model.layers=[a,b,...]`` resolves it (:func:`harness.config.layer_specs`: ``conf/attention/<name>.yaml``
     unchanged, e.g. ``sliding_window`` = a 32-token window, or a registered mixer), i.e. the model the hybrid
     runs of ``conf/experiment/mqar_hybrid.yaml`` trained. The row's ``variant`` is the spec as given, also when
     every layer is the same (``linear+linear+linear+linear``): what ``eval.recall hybrid speed=<csv>`` joins on.
@@ -62,7 +64,7 @@ from typing import Dict, List, Optional
 import torch
 
 from attn_zoo import make_spec
-from attn_zoo.lit import adamw_impl, clip_gradients_
+from harness.lit import adamw_impl, clip_gradients_
 from attn_zoo.mixers import LayerSpec
 from attn_zoo.model import GPT, GPTConfig
 from attn_zoo.spec import AttentionSpec
@@ -93,7 +95,7 @@ def variant_specs(size: str, variant: str, specs: str = "bench") -> List[LayerSp
     A plain name: with ``specs="bench"`` its :data:`VARIANTS` spec (the speed sweep's sizes: a 1,024-token window,
     128-token BigBird blocks), with ``specs="conf"`` its ``conf/attention/<name>.yaml`` (what ``train.py
     attention=<name>`` trains, e.g. the 32-token window), in every layer. A hybrid ``a+b+...``: one name per layer, resolved
-    by :func:`train.layer_specs` as ``train.py model.layers=[a,b,...]`` is (the ``attention`` group at its default,
+    by :func:`harness.config.layer_specs` as ``train.py model.layers=[a,b,...]`` is (the ``attention`` group at its default,
     flash, as in the MQAR hybrid runs), so the model is the one those runs trained.
 
     Raises ``ValueError`` naming ``--variants``: an unknown plain name, a hybrid with another number of layers than
@@ -117,15 +119,17 @@ def variant_specs(size: str, variant: str, specs: str = "bench") -> List[LayerSp
 
 
 def _conf_layer_specs(size: str, variant: str, names: List[str]) -> List[LayerSpec]:
-    """One spec per layer name from ``conf/attention`` (:func:`train.layer_specs`, as ``model.layers=[...]``)."""
+    """One spec per layer name from ``conf/attention`` (:func:`harness.config.layer_specs`, as
+    ``model.layers=[...]``)."""
     n_layer = len(names)
-    import train  # the repository root's train.py (bench_model runs from there, as eval.bench_common needs)
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({"attention": OmegaConf.load(train.CONF_DIR / "attention" / "flash.yaml"),
+    from harness.config import CONF_DIR, layer_specs
+
+    cfg = OmegaConf.create({"attention": OmegaConf.load(CONF_DIR / "attention" / "flash.yaml"),
                             "model": {"n_layer": n_layer, "layers": names}})
     try:
-        return train.layer_specs(cfg)
+        return layer_specs(cfg)
     except ValueError as e:  # "model.layers[i]='x' is not an attention config ...; allowed values: ..."
         kind = "hybrid " if HYBRID_SEP in variant else ""
         raise ValueError(f"--variants: {kind}{variant!r}: {e}") from None
@@ -194,7 +198,7 @@ def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int =
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):
-    """AdamW as :meth:`attn_zoo.lit.LitLM.configure_optimizers` builds it on CUDA (bf16-mixed: no scaler)."""
+    """AdamW as :meth:`harness.lit.LitLM.configure_optimizers` builds it on CUDA (bf16-mixed: no scaler)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     impl = adamw_impl("cuda", None)

@@ -18,6 +18,7 @@ Hydra entry (runs the sweep first, resumable; then detection, plots, W&B)::
 
     python -m eval.crossover sweep=speed_h200
     python -m eval.crossover sweep=cpu_tiny run_sweep=false      # re-analyse an existing CSV
+    python -m eval.crossover sweep=anchors_h200 compare=best     # + n* best vs best (eval.best)
 
 Writes ``<out_dir>/{kernel.csv, model.csv, crossover.csv, crossover.json, fits.csv}`` and the figures.
 """
@@ -273,10 +274,15 @@ def analyse(out_dir: str, sweep_cfg: dict, env: Optional[dict] = None) -> Dict[s
     return {"rows": rows, "crossovers": cross, "status_counts": counts}
 
 
+COMPARE = ("ours", "best")
+
+
 def run(cfg: dict) -> Dict[str, object]:
     """The whole pipeline from a plain config dict (what the Hydra ``main`` passes; usable without Hydra).
 
-    Keys: ``sweep`` (the sweep config), ``out_dir``, ``resume``, ``retry_failed``, ``progress``, ``run_sweep``,
+    Keys: ``sweep`` (the sweep config), ``out_dir``, ``compare`` (``ours``: the baselines of the sweep config;
+    ``best``: also every n* on the fastest correct implementation of each side, ours vs ours and best vs best with
+    bootstrap intervals: :mod:`eval.best`), ``resume``, ``retry_failed``, ``progress``, ``run_sweep``,
     ``model_sweep``, ``plots``, ``figures_dir``, ``figures_prefix``, ``formats``, ``machine``, ``wandb``
     (``enabled``, ``project``, ``group``, ``mode``).
     """
@@ -305,7 +311,17 @@ def run(cfg: dict) -> Dict[str, object]:
             mc.setdefault("device", sw.get("device"))
             run_model_sweep(mc, mcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True))
     write_json([], os.path.join(out_dir, "env.json"), env=dict(env, sweep=measured_sweep))
+    compare = str(cfg.get("compare") or "ours")
+    if compare not in COMPARE:
+        raise ValueError(f"compare={compare!r} is not supported; allowed values: {', '.join(COMPARE)}")
     res = analyse(out_dir, sw, env)
+    if compare == "best":  # n* on the fastest correct implementation of each side, beside ours vs ours
+        from eval.best import analyse_best, format_nstar_markdown
+
+        res["best"] = analyse_best(out_dir, sw, plots=cfg.get("plots", True),
+                                   formats=tuple(cfg.get("formats") or ("png",)), prefix=cfg.get("figures_prefix") or "")
+        print(f"n* ours vs ours and best vs best ({res['best']['metric']}; intervals: bootstrap over repeats):")
+        print(format_nstar_markdown(res["best"]["nstar"]))
     print(format_crossovers(res["crossovers"], "fwd_bwd_ms" if "fwd_bwd" in (sw.get("modes") or ["fwd_bwd"]) else
                             f"{(sw.get('modes') or ['fwd'])[0]}_ms"))
     figs: Dict[str, List[str]] = {}

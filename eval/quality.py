@@ -26,6 +26,7 @@ learned nothing.
     python -m eval.quality runs=[multirun/2026-11-29/10-00-00] out_dir=results/cpu/crossover_quality
     python -m eval.quality runs=[multirun/crossover_quality] out_dir=DIR \
         speed=results/h200/2026-12-01/model_speed_large.csv speed_backend=triton
+    python -m eval.quality ... speed=<bench_model csv with anchors> compare=best   # fastest implementation per row
 """
 
 from __future__ import annotations
@@ -225,13 +226,16 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
 
 
 BENCH_COLUMNS = ("variant", "seq_len", "backend", "tokens_per_s", "peak_mem_mib")
+BEST = "best"  # speed_backend=best: per (variant, seq_len) the fastest backend of the CSV (compare=best)
 
 
 def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = None):
     """The rows of an ``eval.bench_model`` CSV (``size, variant, seq_len, backend, tokens_per_s, step_ms,
     peak_mem_mib, n_params, ...``) for one ``backend`` and one model ``size``, as a pandas DataFrame with columns
     ``variant, seq_len, tokens_per_s, step_time_s, peak_mem_mb, bench_n_params, bench_size, bench_backend``.
-    Failed rows (no ``tokens_per_s``) are dropped.
+    Failed rows (no ``tokens_per_s``) and rows whose ``check_ok`` is false are dropped. ``backend="best"``
+    (``compare=best``): per variant and length the backend with the highest tokens/s, named in ``bench_backend`` (so
+    in ``speed_source`` of the join and in the bubble chart's caption).
 
     Raises ``FileNotFoundError`` / ``ValueError`` naming the option (``speed``, ``speed_backend``, ``speed_size``):
     no such file, not a bench_model CSV, no row of that backend, several sizes and ``size`` not given.
@@ -247,12 +251,18 @@ def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = N
         raise ValueError(f"speed={path} is not an eval.bench_model CSV: columns {missing} missing (has "
                          f"{list(df.columns)}); a model sweep of eval.sweep (train_tokens_per_s) goes to speed_csv=")
     df = df[pd.to_numeric(df["tokens_per_s"], errors="coerce") > 0]
-    if backend not in set(df["backend"]):
+    if "check_ok" in df.columns:  # a failed correctness check never stands for a variant
+        df = df[~df["check_ok"].astype(str).str.lower().isin(("false", "0"))]
+    if backend != BEST and backend not in set(df["backend"]):
         raise ValueError(f"speed_backend={backend!r}: no row of that backend in speed={path}; allowed values: "
-                         f"{', '.join(sorted(set(map(str, df['backend']))))}")
-    df = df[df["backend"] == backend]
+                         f"{BEST}, {', '.join(sorted(set(map(str, df['backend']))))}")
     if "size" not in df.columns:
         df = df.assign(size="")
+    if backend == BEST:  # per size, variant and length: the fastest implementation, named in bench_backend
+        df = df.assign(_tps=df["tokens_per_s"].astype(float)).sort_values("_tps", kind="stable")
+        df = df.drop_duplicates(["size", "variant", "seq_len"], keep="last").drop(columns="_tps")
+    else:
+        df = df[df["backend"] == backend]
     sizes = sorted(set(map(str, df["size"])))
     if size is None:
         if len(sizes) > 1:
@@ -266,7 +276,7 @@ def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = N
                         "tokens_per_s": df["tokens_per_s"].astype(float), "step_time_s": step,
                         "peak_mem_mb": df["peak_mem_mib"].astype(float),
                         "bench_n_params": df["n_params"] if "n_params" in df.columns else float("nan"),
-                        "bench_size": str(size), "bench_backend": backend})
+                        "bench_size": str(size), "bench_backend": df["backend"].astype(str)})
     return out.drop_duplicates(["variant", "seq_len"], keep="last").reset_index(drop=True)
 
 
@@ -303,6 +313,9 @@ def join_bench_speed(agg: Sequence[dict], bench) -> tuple:
 def speed_caption(speed: Optional[str] = None, speed_csv: Optional[str] = None, backend: str = "triton",
                   size: Optional[str] = None) -> str:
     """Where the bubble chart's speed and memory come from, in one line."""
+    if speed and backend == BEST:
+        return (f"speed, memory: eval.bench_model {os.path.basename(str(speed))} (serial, the fastest backend per "
+                f"variant and length: speed_source names it" + (f", size {size}" if size else "") + ")")
     if speed:
         return (f"speed, memory: eval.bench_model {os.path.basename(str(speed))} (serial, backend {backend}"
                 + (f", size {size}" if size else "") + ")")
@@ -388,6 +401,11 @@ def run(cfg: dict) -> dict:
     agg = aggregate(runs)
     long = long_form(agg)
     speed, sb, ss = cfg.get("speed"), cfg.get("speed_backend") or "triton", cfg.get("speed_size")
+    compare = str(cfg.get("compare") or "ours")
+    if compare not in ("ours", BEST):
+        raise ValueError(f"compare={compare!r} is not supported; allowed values: ours, best")
+    if compare == BEST:  # the fastest implementation per variant and length (named in speed_source)
+        sb = BEST
     joined, unmatched = None, []
     if speed:  # speed / memory of the serial model-level benchmark, not of the (possibly parallel) training runs
         joined, unmatched, unused = join_bench_speed(agg, load_bench_speed(speed, sb, ss))

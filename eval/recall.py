@@ -10,7 +10,7 @@ Each kind writes ``<out_dir>/<kind>.csv`` and ``<out_dir>/<kind>.png`` and print
   seq_len, d_model) (runs of one lr, e.g. seeds, averaged first); dashed line at the chance level
   ``1 / data.num_kv_pairs``.
 * ``cliff``: the window recall cliff, ``val/acc_far`` / ``val/acc_near`` (queries whose key lies beyond / within
-  the sliding window, logged by :class:`attn_zoo.callbacks.RecallByDistance`) and ``val/acc`` vs the left window
+  the sliding window, logged by :class:`harness.callbacks.RecallByDistance`) and ``val/acc`` vs the left window
   ``attention.window_size[0]``, one panel per ``data.seq_len``; a vertical line at the median query-key distance
   (where ``val/frac_far`` crosses 1/2, else from the MQAR generator with the runs' data config); full-attention
   runs at the same length as a horizontal reference.
@@ -104,15 +104,9 @@ def _resolve_each(node):
 
 
 def _register_resolvers() -> None:
-    from omegaconf import OmegaConf
+    from harness.runs import register_resolvers  # the one registration (stored configs use ${attn_zoo.div:..})
 
-    try:
-        from attn_zoo.runs import register_resolvers
-
-        register_resolvers()
-    except Exception:  # noqa: BLE001 - a report does not need lightning; the one resolver the configs use
-        if not OmegaConf.has_resolver("attn_zoo.div"):
-            OmegaConf.register_new_resolver("attn_zoo.div", lambda a, b: int(a) // int(b))
+    register_resolvers()
 
 
 def read_config(run_dir: str) -> dict:
@@ -183,6 +177,16 @@ def _layer_name(entry) -> str:
     return str(entry)
 
 
+def _fields_read(kind: str) -> tuple:
+    """The spec fields the variant ``kind`` reads (none for a kind not registered here, e.g. an old run's)."""
+    from attn_zoo.variants import get_variant
+
+    try:
+        return get_variant(kind).fields
+    except ValueError:
+        return ()
+
+
 def variant_label(cfg: dict) -> str:
     """Line label of a run: ``model.layers`` joined by ``+`` for hybrids, else ``attention.name``, with the feature
     map of linear kinds (``linear (elu1)``; a name that already says it, e.g. ``linear_taylor``, stays) and the left
@@ -193,10 +197,11 @@ def variant_label(cfg: dict) -> str:
     att = _get(cfg, "attention", {}) or {}
     name = str(att.get("name") or att.get("kind") or "unknown")
     kind = str(att.get("kind") or name)
-    if kind == "linear" and att.get("feature_map") and str(att["feature_map"]) not in name:
+    reads = _fields_read(kind)
+    if "feature_map" in reads and att.get("feature_map") and str(att["feature_map"]) not in name:
         name += f" ({att['feature_map']})"
     ws = att.get("window_size")
-    if kind in ("sliding_window", "dilated_window") and isinstance(ws, (list, tuple)) and ws:
+    if "window_size" in reads and isinstance(ws, (list, tuple)) and ws:
         name += f" (w={ws[0]})"
     return name
 
@@ -421,8 +426,8 @@ def generated_key_distance(cfg: dict, n: int = 256) -> float:
     try:
         import torch
 
-        from attn_zoo.callbacks import mqar_key_distance
-        from attn_zoo.data import generate_mqar
+        from harness.callbacks import mqar_key_distance
+        from harness.data import generate_mqar
 
         d = cfg.get("data") or {}
         x, y = generate_mqar(n, int(d["seq_len"]), int(d["vocab_size"]), int(d["num_kv_pairs"]),
@@ -715,10 +720,10 @@ def _flat(node, prefix: str = "") -> dict:
 
 
 def _settings(cfg: dict) -> dict:
-    """A run's settings for comparing runs: its flattened :func:`attn_zoo.runs.result_config` (what changes a result:
+    """A run's settings for comparing runs: its flattened :func:`harness.runs.result_config` (what changes a result:
     no paths, loggers, checkpoint / logging cadence, deadlines), its own output folder in a value written as
     ``${paths.output_dir}``."""
-    from attn_zoo.runs import result_config
+    from harness.runs import result_config
 
     out_dir = _get(cfg, "paths.output_dir")
     out = {}

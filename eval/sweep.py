@@ -27,6 +27,12 @@ first; a backend that cannot run a point records ``status="unsupported"`` with t
         linear kind the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
     ``fa2`` / ``fa3`` / ``fla``: FlashAttention-2 / -3 and flash-linear-attention where installed.
 
+Repeats and correctness (for ``compare=best``, :mod:`eval.best`): ``repeats: R`` times every mode R times (each a
+median as above; the column is their median, ``<mode>_ms_reps`` keeps all R for the bootstrap intervals of n*);
+``bench_at_least: false`` keeps do_bench's ``warmup`` / ``rep`` windows as given (a budgeted run); ``check: true``
+compares each backend's output on the timed inputs at ``check_rows`` query rows with the fp32 reference
+(``check_err``, ``check_ok`` against ``check_tol``, default by dtype: :data:`CHECK_TOL`; :func:`check_point`).
+
 Plugins (``plugins:`` in the sweep config, ``--plugins a,b`` on the command line, ``+sweep.plugins=[a]`` for
 :mod:`eval.crossover`): modules imported before the sweep; every backend they register
 (``attn_zoo.register_backend``) is added to the backends axis of the kernel and model sweeps, with no edit here.
@@ -81,6 +87,9 @@ COLUMNS = (
     "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "flops_fwd", "flops_fwd_bwd",
     "model_hbm_bytes", "model_min_bytes", "model_footprint_bytes", "visited_fraction", "tokens",
     "us_per_token", "timestamp",
+    # repeated timings (cfg ``repeats`` > 1: every median of the repeats, ';'-joined) and the correctness check
+    # (cfg ``check``: the backend's output at check_rows query rows against the fp32 reference)
+    "fwd_ms_reps", "bwd_ms_reps", "fwd_bwd_ms_reps", "check_rows", "check_err", "check_ok",
 )
 MODEL_COLUMNS = (
     "sweep", "variant", "backend", "seq_len", "batch", "d_model", "n_layer", "n_heads", "params", "dtype", "device",
@@ -88,6 +97,22 @@ MODEL_COLUMNS = (
     "infer_ms", "infer_tokens_per_s", "infer_peak_mem_bytes", "timestamp",
 )
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class CudaContextLost(RuntimeError):
+    """A point left the CUDA context unusable (illegal address, device-side assert, launch failure): the point is
+    recorded as ``error`` and :func:`run_sweep` stops; a new process resumes after it (``python -m eval.sweep`` exits
+    with code 3)."""
+
+
+_STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "illegal instruction",
+           "misaligned address", "cuda error: an illegal")
+
+
+def is_sticky_cuda_error(message: str) -> bool:
+    """True for the CUDA errors after which every later call in the process fails too."""
+    m = message.lower()
+    return any(s in m for s in _STICKY)
 
 
 class Unsupported(Exception):
@@ -305,6 +330,10 @@ def append_row(path: str, row: dict, columns: Sequence[str] = COLUMNS) -> None:
     every measured point. Keys outside ``columns`` are dropped; None / NaN are written as empty cells."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if not new:  # resuming a CSV written with fewer columns (an older version): keep its header, cells aligned
+        header = pd.read_csv(path, nrows=0).columns.tolist()
+        if header and header != list(columns):
+            columns = header
     pd.DataFrame([row], columns=list(columns), dtype=object).to_csv(path, mode="a", header=new, index=False,
                                                                     lineterminator="\r\n")
 
@@ -326,13 +355,14 @@ def first_call_s(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 2, rep: int = 5,
-            grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
-    """Median time of ``fn()`` in ms: CUDA events (``eval.bench_common.time_cuda``) on CUDA, otherwise
-    ``time.perf_counter`` around ``rep`` calls after ``warmup`` calls."""
+            grad_to_none: Optional[Sequence[torch.Tensor]] = None, at_least: bool = True) -> float:
+    """Median time of ``fn()`` in ms: CUDA events (``eval.bench_common.time_cuda``; ``at_least=False`` keeps the
+    ``warmup`` / ``rep`` windows in ms as given, for budgeted runs) on CUDA, otherwise ``time.perf_counter`` around
+    ``rep`` calls after ``warmup`` calls."""
     if device.type == "cuda":
         from eval.bench_common import time_cuda
 
-        return time_cuda(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none)
+        return time_cuda(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, at_least=at_least)
     for _ in range(warmup):
         fn()
     ts = []
@@ -362,6 +392,66 @@ def _cleanup(device: torch.device):
         torch.cuda.empty_cache()
 
 
+# --------------------------------------------------------------------------------------------- correctness check
+CHECK_TOL = {"float64": 1e-6, "float32": 5e-3, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+def reference_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   rows: torch.Tensor) -> Optional[torch.Tensor]:
+    """fp32 reference output of the query ``rows`` of one sequence: ``q (Hq, N, D)``, ``k, v (Hkv, N, D)`` ->
+    ``(Hq, len(rows), Dv)``, against every key (no ``N x N`` matrix: ``len(rows) x N`` per head). Softmax kinds: the
+    spec's :class:`attn_zoo.MaskInfo` element rule (rows that see no key are 0); ``linear``: the masked quadratic form
+    ``(phi(q) phi(k)^T * M) v / (row sum + eps)``. ``None`` for other families (not checked)."""
+    N, rep = k.shape[1], q.shape[0] // k.shape[0]
+    kk = k.float().repeat_interleave(rep, 0) if rep > 1 else k.float()
+    vv = v.float().repeat_interleave(rep, 0) if rep > 1 else v.float()
+    qr = q.float()[:, rows]
+    i = rows.view(-1, 1).to(q.device)
+    j = torch.arange(N, device=q.device).view(1, -1)
+    if spec.is_softmax:
+        allowed = mask_info(spec, q.shape[1], N).allowed(i, j)
+        sc = (qr * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
+        p = torch.softmax(sc.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+        return p @ vv
+    if spec.kind != "linear":
+        return None
+    from attn_zoo.feature_maps import apply_feature_map
+
+    fq = apply_feature_map(qr, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = apply_feature_map(kk, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    a = fq @ fk.transpose(-1, -2)
+    if spec.causal:
+        a = a.masked_fill(j > i, 0.0)
+    return (a @ vv) / (a.sum(-1, keepdim=True) + spec.eps)
+
+
+def check_point(spec: AttentionSpec, fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cfg: dict) -> dict:
+    """The correctness check of one point (sweep config ``check: true``), on the timed inputs themselves (no second
+    compile): the forward's output of the first sequence at ``check_rows`` (default 128) query rows spread over
+    ``0..N-1`` (the first and the last included) against :func:`reference_rows` in fp32, as ``check_err = max |out -
+    ref| / max(1, max |ref|)``; ``check_ok`` when ``check_err <= check_tol`` (default by dtype: :data:`CHECK_TOL`).
+    Never raises: a failing check is ``check_ok=False`` with the reason in the returned ``error``; a kind without a
+    reference form is left unchecked (empty cells). What ``compare=best`` (:mod:`eval.best`) trusts."""
+    N = q.shape[2]
+    n_rows = min(N, int(cfg.get("check_rows") or 128))
+    tol = float(cfg.get("check_tol") or CHECK_TOL[str(q.dtype).replace("torch.", "")])
+    rows = torch.linspace(0, N - 1, n_rows, device=q.device).round().long().unique()
+    try:
+        with torch.no_grad():
+            ref = reference_rows(spec, q[0], k[0], v[0], rows)
+            if ref is None:
+                return {}
+            out = fn(q, k, v)
+            out = (out[0] if isinstance(out, tuple) else out)[0][:, rows].float()
+            err = float((out - ref).abs().max() / max(1.0, float(ref.abs().max())))
+        return {"check_rows": len(rows), "check_err": err, "check_ok": bool(err <= tol)}
+    except Exception as e:  # noqa: BLE001 - recorded, the timing stands
+        first = "out of memory" if is_oom(e) else (str(e).splitlines()[0] if str(e) else "")
+        return {"check_rows": len(rows), "check_err": float("nan"), "check_ok": False,
+                "error": f"check: {type(e).__name__}: {first}"[:300]}
+
+
 # --------------------------------------------------------------------------------------------- model columns
 def element_fraction(spec: AttentionSpec, N: int) -> float:
     """Fraction of the ``N x N`` (query, key) pairs a softmax spec keeps (Nq = Nk = N): the variant's cost entry
@@ -374,14 +464,9 @@ def element_fraction(spec: AttentionSpec, N: int) -> float:
 
 def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes: int, backend: str) -> dict:
     """FLOPs (fwd / fwd+bwd), modelled HBM bytes, compulsory bytes and footprint of one point."""
+    f1 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd")  # the variant's cost entry
+    f2 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd")
     if not spec.is_softmax:
-        from attn_zoo.feature_maps import feature_dim
-
-        Fd = feature_dim(spec.feature_map, D, spec.num_features)
-        f1 = cm.linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
-                                      dtype_bytes=dtype_bytes, mode="fwd")
-        f2 = cm.linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
-                                      dtype_bytes=dtype_bytes, mode="fwd_bwd")
         frac = float("nan")
         if backend in ("naive", "reference"):
             f2s = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd")
@@ -390,8 +475,6 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
                     "visited_fraction": frac}
     else:
         frac = element_fraction(spec, N)
-        f1 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd", visited_fraction=frac)
-        f2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=frac)
         masked = not mask_info(spec, N, N).is_full
         if masked:  # HBM traffic follows the visited tiles, not the kept elements
             bm, bn = int(f2.detail["block_m"]), int(f2.detail["block_n"])
@@ -439,6 +522,15 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         row["error"] = f"cost model: {type(e).__name__}: {e}"[:200]
     modes = [m for m in _as_list(cfg.get("modes", list(MODES))) if m in MODES]
     warmup, rep = int(cfg.get("warmup", 2)), int(cfg.get("rep", 5))
+    repeats = max(1, int(cfg.get("repeats") or 1))
+    at_least = bool(cfg.get("bench_at_least", True))
+
+    def timed(fn_, mode, **kw):  # median of `repeats` timings; every one kept in <mode>_ms_reps
+        ts = [time_ms(fn_, device, warmup, rep, at_least=at_least, **kw) for _ in range(repeats)]
+        if repeats > 1:
+            row[f"{mode}_ms_reps"] = ";".join(f"{t:.6g}" for t in ts)
+        return float(statistics.median(ts))
+
     q = k = v = dout = out = None
     setup_s = 0.0
     try:
@@ -452,10 +544,15 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
         if backend is None:
             raise Unsupported(f"unknown sweep backend {p['backend']!r}; known: {', '.join(BENCH_BACKENDS)}")
         fn = backend.build(spec, q, k, v)
+        if cfg.get("check"):  # on these inputs, before any timing (a wrong result is named whatever else happens)
+            chk = check_point(spec, fn, q, k, v, cfg)
+            if chk.get("error"):
+                row["error"] = "; ".join(x for x in (row.get("error"), chk.pop("error")) if x)
+            row.update(chk)
         if "fwd" in modes:
             with torch.no_grad():
                 setup_s += first_call_s(lambda: fn(q, k, v), device)  # compile / autotune happen here
-                row["fwd_ms"] = time_ms(lambda: fn(q, k, v), device, warmup, rep)
+                row["fwd_ms"] = timed(lambda: fn(q, k, v), "fwd")
                 row["fwd_peak_mem_bytes"] = peak_bytes(lambda: fn(q, k, v), device)
         if "bwd" in modes or "fwd_bwd" in modes:
             for t in (q, k, v):
@@ -469,15 +566,14 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
 
             if "fwd_bwd" in modes:
                 setup_s += first_call_s(fwd_bwd, device)  # the backward's compile / autotune
-                row["fwd_bwd_ms"] = time_ms(fwd_bwd, device, warmup, rep, grad_to_none=(q, k, v))
+                row["fwd_bwd_ms"] = timed(fwd_bwd, "fwd_bwd", grad_to_none=(q, k, v))
                 for t in (q, k, v):
                     t.grad = None
                 row["peak_mem_bytes"] = peak_bytes(fwd_bwd, device)
             if "bwd" in modes:
                 try:
                     out = fn(q, k, v)
-                    row["bwd_ms"] = time_ms(lambda: out.backward(dout, retain_graph=True), device, warmup, rep,
-                                            grad_to_none=(q, k, v))
+                    row["bwd_ms"] = timed(lambda: out.backward(dout, retain_graph=True), "bwd", grad_to_none=(q, k, v))
                 except Exception as e:  # noqa: BLE001 - some compiled backwards refuse retain_graph
                     if is_oom(e) or not (row.get("fwd_bwd_ms") and row.get("fwd_ms")):
                         raise
@@ -534,6 +630,11 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     timed calls took longer than ``max_point_s`` seconds (the first, untimed call of each mode, where compilation
     and autotuning happen, does not count: :func:`first_call_s`). ``deadline_s`` (or ``cfg.deadline_s``):
     wall-clock budget; points not reached are left for a later ``resume``.
+
+    Crash guard: the point being measured is written to ``<out_csv>.inflight`` first; a resume that finds it (the
+    process died there: segfault, hang killed by a time limit) records that point as ``error`` and goes past it. A
+    point whose error leaves the CUDA context unusable (:func:`is_sticky_cuda_error`) is recorded and then
+    :class:`CudaContextLost` is raised, so that a new process resumes (one failing anchor does not fail the others).
     """
     device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -567,6 +668,23 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
         if r.get("status") in ("oom", "error") or r.get("status") == "skipped":
             stopped[point_key(r)[:2] + point_key(r)[3:]] = f"{r.get('status')} at N={r.get('seq_len')}"
     name = cfg.get("name", "sweep")
+    inflight = out_csv + ".inflight"  # the point being measured: a process that dies there leaves it behind
+    if resume and os.path.exists(inflight):
+        with open(inflight) as f:
+            dead = dict(zip(POINT_KEYS, f.read().strip().split("\t")))
+        os.remove(inflight)
+        try:
+            dkey = point_key(dead)
+        except (KeyError, ValueError):
+            dkey = None
+        for p in [p for p in todo if point_key(p) == dkey]:  # recorded as failed: the next attempt goes past it
+            row = dict(p, kind=specs[p["variant"]].kind, status="error", n_heads=cfg.get("n_heads"),
+                       batch=batch_for(cfg, p["seq_len"]), sweep=name,
+                       error="the process died while measuring this point (crash, hang or time limit)",
+                       timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
+            append_row(out_csv, row)
+            stopped[point_key(p)[:2] + point_key(p)[3:]] = f"error at N={p['seq_len']}"
+            todo.remove(p)
     for p in todo:
         if deadline_s and time.time() - t_start > float(deadline_s):
             if bar is not None:
@@ -579,6 +697,8 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
                        timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
         else:
             t0 = time.time()
+            with open(inflight, "w") as f:
+                f.write("\t".join(str(p[k]) for k in POINT_KEYS))
             row = measure_point(p, specs[p["variant"]], cfg, device)
             row["sweep"] = name
             setup = float(row.pop("_setup_s", 0.0) or 0.0)
@@ -589,9 +709,14 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
                 stopped[series] = (f"point took {took:.1f}s (+{setup:.1f}s first calls) > max_point_s={max_point_s} "
                                    f"at N={p['seq_len']}")
         append_row(out_csv, row)
+        if os.path.exists(inflight):
+            os.remove(inflight)
         if bar is not None:
             bar.set_postfix_str(f"{p['variant']}/{p['backend']} N={p['seq_len']} {row['status']}")
             bar.update(1)
+        if row["status"] == "error" and device.type == "cuda" and is_sticky_cuda_error(row.get("error") or ""):
+            raise CudaContextLost(f"{p['variant']}/{p['backend']} N={p['seq_len']}: {row['error']} -- the CUDA "
+                                  f"context is unusable; the point is recorded, resume in a new process")
     if bar is not None:
         bar.close()
     return latest_rows(read_rows(out_csv))
@@ -697,13 +822,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends / variants "
                                                       "(their backends join every sweep)")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the config's variants (e.g. one "
+                                                       "family per process)")
+    ap.add_argument("--deadline-s", type=float, default=None, help="wall-clock budget of this call (overrides the "
+                                                                     "config's deadline_s; resume finishes later)")
     a = ap.parse_args(argv)
     cfg = load_config(a.config)
+    if a.variants:
+        names = [v.strip() for v in a.variants.split(",") if v.strip()]
+        bad = [v for v in names if v not in (cfg.get("variants") or {})]
+        if bad:
+            ap.error(f"--variants: {bad} not in {a.config}; allowed values: {', '.join(cfg.get('variants') or {})}")
+        cfg["variants"] = {v: cfg["variants"][v] for v in names}
+    if a.deadline_s is not None:
+        cfg["deadline_s"] = a.deadline_s
     if a.plugins:
         cfg["plugins"] = list(_as_list(cfg.get("plugins") or [])) + [m for m in a.plugins.split(",") if m.strip()]
     os.makedirs(a.out, exist_ok=True)
-    rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,
-                     retry_failed=a.retry_failed)
+    try:
+        rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,
+                         retry_failed=a.retry_failed)
+    except CudaContextLost as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 3
     if cfg.get("model_sweep") and cfg["model_sweep"].get("enabled", True):
         mcfg = dict(cfg["model_sweep"], name=cfg.get("name", "sweep") + "_model")
         mcfg.setdefault("device", cfg.get("device"))

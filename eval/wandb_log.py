@@ -4,7 +4,7 @@ Each call is one W&B run (``job_type`` ``sweep`` or ``quality``) in a ``group`` 
 or dates sit side by side; every table is a ``wandb.Table``, the tables a chart can be drawn from also native W&B
 charts (:func:`charts`: ``wandb.plot.line_series`` with x = N and one line per variant, scatter for the bubble
 chart; the same :mod:`eval.figspec` definitions as the PNGs) and every figure a ``wandb.Image`` (the fallback). Mode ``auto``
-is ``offline`` unless ``WANDB_API_KEY`` is set and the W&B server answers (``WANDB_MODE`` can force it; :func:`attn_zoo.tracking.wandb_mode`): nothing needs the
+is ``offline`` unless ``WANDB_API_KEY`` is set and the W&B server answers (``WANDB_MODE`` can force it; :func:`harness.tracking.wandb_mode`): nothing needs the
 network, and an offline run can be uploaded later with ``wandb sync <dir>/wandb/offline-run-*``. Without the
 ``wandb`` package the call logs nothing and returns ``None`` (the CSV / JSON results never depend on W&B).
 """
@@ -18,8 +18,8 @@ from typing import Dict, Optional, Sequence
 
 
 def resolve_mode(mode: str = "auto") -> str:
-    """``online`` / ``offline`` / ``disabled`` by the project's one rule (:func:`attn_zoo.tracking.wandb_mode`)."""
-    from attn_zoo.tracking import wandb_mode
+    """``online`` / ``offline`` / ``disabled`` by the project's one rule (:func:`harness.tracking.wandb_mode`)."""
+    from harness.tracking import wandb_mode
 
     return wandb_mode(mode)
 

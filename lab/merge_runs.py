@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from attn_zoo.runs import FINAL_METRICS
+from harness.runs import FINAL_METRICS
 
 
 def _steps(job: Path) -> int:
@@ -102,7 +102,7 @@ def merge(src_root: Path, dst_root: Path, experiments=None) -> int:
 
 def _write_summary(sweep: Path) -> None:
     """``summary.csv`` of a merged sweep folder: every finished job in it (as ``train.py -m`` writes it)."""
-    from attn_zoo.callbacks import MultirunJobs
+    from harness.callbacks import MultirunJobs
 
     header, rows = MultirunJobs().table_rows(sweep)
     if not rows:

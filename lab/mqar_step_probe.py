@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from attn_zoo.data import generate_mqar
+from harness.data import generate_mqar
 from attn_zoo.model import GPT, GPTConfig
 from attn_zoo.spec import AttentionSpec
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from attn_zoo.data import (MQARDataModule, PackedDataset, TextDataModule, generate_mqar, max_text_seq_len,
+from harness.data import (MQARDataModule, PackedDataset, TextDataModule, generate_mqar, max_text_seq_len,
                            mqar_memory_bytes, unigram_entropy_bits)
 
 

@@ -220,7 +220,7 @@ def _fake_run(root, i, data, variant, seq_len, acc, bpb, step_time):
     run = root / f"{i}_{data}_{variant}_{seq_len}"
     (run / ".hydra").mkdir(parents=True)
     (run / "csv").mkdir()
-    target = "attn_zoo.data.MQARDataModule" if data == "mqar" else "attn_zoo.data.TextDataModule"
+    target = "harness.data.MQARDataModule" if data == "mqar" else "harness.data.TextDataModule"
     (run / ".hydra" / "config.yaml").write_text(
         f"data:\n  _target_: {target}\n  seq_len: {seq_len}\n  vocab_size: {128 if data == 'mqar' else 256}\n"
         f"attention:\n  name: {variant}\n  kind: flash\nmodel:\n  layers: null\nexperiment_name: cq\nseed: 0\n")

@@ -116,3 +116,46 @@ def test_sampling_and_errors():
         model(torch.zeros(1, 1, dtype=torch.long), caches=model.init_cache(1), pos=40)
     with pytest.raises(ValueError, match="got 1 layer caches for n_layer=2"):
         model(idx, caches=model.init_cache(1)[:1])
+
+
+def _tiny_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=16),
+               attn_zoo.make_spec("flash"), backend="reference").eval()
+
+
+def test_generate_refuses_temperature_zero_when_sampling_and_names_it():
+    model = _tiny_gpt()
+    idx = torch.tensor([[1, 2, 3]])
+    for bad in (0, 0.0, -1.0, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match=r"temperature=.*greedy=True"):
+            model.generate(idx, 2, temperature=bad, greedy=False)
+    assert model.generate(idx, 2, temperature=0, greedy=True).shape == (1, 5)  # greedy ignores temperature
+
+
+def test_token_ids_outside_the_vocabulary_raise_value_error_naming_idx():
+    model = _tiny_gpt()
+    for bad in (16, 99, -1):
+        with pytest.raises(ValueError, match=r"idx holds token id .*vocab_size"):
+            model.generate(torch.tensor([[1, bad]]), 1, greedy=True)
+        with pytest.raises(ValueError, match=r"idx holds token id .*vocab_size"):
+            model(torch.tensor([[1, bad]]))
+    assert model(torch.tensor([[0, 15]])).shape == (1, 2, 16)  # both ends of the range are fine
+
+
+def test_sampling_divides_the_logits_by_the_temperature(monkeypatch):
+    """The sampled distribution is softmax(logits / temperature) (a temperature that multiplies is a bug that the
+    token-level tests miss)."""
+    seen = []
+    real = torch.multinomial
+
+    def spy(probs, n, *a, **k):
+        seen.append(probs.clone())
+        return real(probs, n, *a, **k)
+
+    monkeypatch.setattr(torch, "multinomial", spy)
+    logits = torch.tensor([[0.0, 1.0, 3.0]])
+    for t in (0.5, 2.0):
+        seen.clear()
+        GPT._next_token(logits, t, greedy=False)
+        assert torch.allclose(seen[0], torch.softmax(logits / t, dim=-1), atol=1e-6), t

@@ -18,7 +18,7 @@ from omegaconf import open_dict
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 import train as train_mod  # noqa: E402  (the repo root is on sys.path: conftest.py there)
-from attn_zoo.lit import LitLM, adamw_impl  # noqa: E402
+from harness.lit import LitLM, adamw_impl  # noqa: E402
 
 VARIANTS = ["flash", "sliding_window", "sparse", "linear", "gqa", "mqa"]
 # a few steps of a small model on MQAR; D = 32 (4 heads of 128)
@@ -50,7 +50,7 @@ def test_fused_adamw_with_clipping_under_bf16_mixed(monkeypatch, target):
     (fused AdamW has a CPU kernel too). With Lightning's own clipping this combination raises ("does not allow for
     gradient clipping because it performs unscaling of gradients internally"), at the first optimizer step. The same
     for another optimiser class from the config (``optim._target_=torch.optim.Adam``, also fused)."""
-    import attn_zoo.lit as lit_mod
+    import harness.lit as lit_mod
 
     assert adamw_impl("cuda", None) == "fused"
     assert adamw_impl("cpu", None) == "default"
@@ -96,7 +96,7 @@ def test_clipping_bounds_the_gradient_norm():
         m._trainer = None
     assert float(torch.nn.utils.get_total_norm([p.grad for p in params])) == pytest.approx(0.5, rel=1e-3)
     with pytest.raises(ValueError, match="gradient_clip_algorithm"):
-        from attn_zoo.lit import clip_gradients_
+        from harness.lit import clip_gradients_
 
         clip_gradients_(params, 1.0, "max")
 

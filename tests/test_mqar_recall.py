@@ -12,11 +12,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attn_zoo.callbacks import RecallByDistance, mqar_key_distance
-from attn_zoo.data import MQARDataModule, _distinct_ints, generate_mqar
-from attn_zoo.lit import LitLM
+from harness.callbacks import RecallByDistance, mqar_key_distance
+from harness.data import MQARDataModule, _distinct_ints, generate_mqar
+from harness.lit import LitLM
 from attn_zoo.model import spec_to_dict
-from attn_zoo.runs import finished_run, result_config
+from harness.runs import finished_run, result_config
 from attn_zoo.spec import AttentionSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_sparse_targets_loss_equals_the_dense_loss():
 
 def test_mqar_validation_scores_the_scored_rows_like_the_dense_head():
     """LitLM's MQAR validation (the head on the query rows only) gives the val/loss and val/acc of the dense head."""
-    from attn_zoo.lit import LitLM
+    from harness.lit import LitLM
     from attn_zoo.model import spec_to_dict
 
     torch.manual_seed(0)

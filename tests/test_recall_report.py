@@ -3,7 +3,7 @@ folders.
 
 The folders are laid out as train.py writes them: ``.hydra/config.yaml`` (Hydra's composed config, interpolations
 unresolved), ``csv/metrics.csv`` (Lightning's CSVLogger: training rows, validation rows) and ``final_metrics.json``
-(``attn_zoo.runs.write_final_metrics``); a multirun job also has ``.hydra/overrides.yaml`` (its overrides) and
+(``harness.runs.write_final_metrics``); a multirun job also has ``.hydra/overrides.yaml`` (its overrides) and
 ``.hydra/hydra.yaml`` (``hydra.runtime.choices``: the option picked in each config group).
 """
 
@@ -15,7 +15,7 @@ import shutil
 import pytest
 import yaml
 
-from attn_zoo.runs import write_final_metrics
+from harness.runs import write_final_metrics
 from eval import recall
 
 COLUMNS = ["epoch", "model/n_params", "perf/peak_mem_mb", "perf/step_time_s", "perf/tokens_per_s", "step",
@@ -38,11 +38,11 @@ def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, atten
     if window is not None:
         att["window_size"] = [window, 0]
     if data == "mqar":
-        d = {"_target_": "attn_zoo.data.MQARDataModule", "vocab_size": vocab_size, "seq_len": seq_len,
+        d = {"_target_": "harness.data.MQARDataModule", "vocab_size": vocab_size, "seq_len": seq_len,
              "num_kv_pairs": "${attn_zoo.div:${data.seq_len},16}", "power_a": 0.01, "random_non_queries": False,
              "batch_size": batch_size, "seed": "${seed}"}
     else:
-        d = {"_target_": "attn_zoo.data.TextDataModule", "path": path, "hub_name": None, "seq_len": seq_len,
+        d = {"_target_": "harness.data.TextDataModule", "path": path, "hub_name": None, "seq_len": seq_len,
              "vocab_size": 256, "batch_size": batch_size, "seed": "${seed}"}
     cfg = {"seed": seed, "experiment_name": "t", "paths": {"output_dir": "${hydra:runtime.output_dir}"},
            "optim": {"lr": lr, "weight_decay": 0.0}, "data": d,

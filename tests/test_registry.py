@@ -132,8 +132,7 @@ def toy_variant():
 
     variants.register_variant("toy_even", "softmax", mask=lambda spec, Nq, Nk: {"dilation": 2}, subquadratic=False)
     yield "toy_even"
-    variants._VARIANTS.pop("toy_even", None)
-    variants._forget_cached_decisions()
+    variants.unregister_variant("toy_even")
 
 
 def test_a_new_variant_runs_on_the_family_backends(toy_variant):

@@ -12,8 +12,8 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 import train as train_mod
-from attn_zoo import callbacks as cb_mod
-from attn_zoo.runs import RUN_CONFIG, checkpoint_info, finished_run, result_config, resumable_checkpoint
+from harness import callbacks as cb_mod
+from harness.runs import RUN_CONFIG, checkpoint_info, finished_run, result_config, resumable_checkpoint
 from test_train import FAST, column, make_cfg, read_csv
 
 # 30 steps, validation every 15, checkpoints/last.ckpt at each validation (the experiment configs' setting)
@@ -184,8 +184,8 @@ def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path):
     assert (sweep / "summary.csv").read_text().count("trainer.max_steps=3") == 1
     assert "unfinished" not in r.stdout, "a failed job is not called unfinished"
     # the same folder later runs to its end (here: a config that validates, in a single-job sweep)
-    from attn_zoo.callbacks import MultirunJobs
-    from attn_zoo.runs import mark_failed
+    from harness.callbacks import MultirunJobs
+    from harness.runs import mark_failed
 
     mark_failed(bad, None)
     assert not (bad / "failed.json").exists()
@@ -196,7 +196,7 @@ def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path):
 def test_multirun_table_prints_bracketed_job_names_and_names_unfinished_jobs(tmp_path, capsys):
     """Job folders of list overrides (model.layers=[a,b]) are printed as they are, not read as rich markup; jobs
     without final_metrics.json are named as unfinished."""
-    from attn_zoo.callbacks import MultirunJobs
+    from harness.callbacks import MultirunJobs
 
     done = tmp_path / "model.layers=[linear,flash]"
     (done / ".hydra").mkdir(parents=True)
@@ -213,7 +213,7 @@ def test_multirun_summary_tells_jobs_not_started_from_unfinished_ones(tmp_path, 
     """A job that stop_at kept from starting is listed as not started, apart from the unfinished ones (stopped,
     interrupted or failed), each list with its count; a later launch that starts the job (here it fails) removes
     the mark, so a failure is not reported as not started."""
-    from attn_zoo.callbacks import MultirunJobs
+    from harness.callbacks import MultirunJobs
 
     late, failed = tmp_path / "attention=linear", tmp_path / "attention=flash"
     for job in (late, failed):  # Hydra writes a job's .hydra/ before it calls main()
@@ -305,7 +305,7 @@ def test_a_run_killed_in_its_final_validation_is_only_validated_and_finalised(tm
     its validation a step early), validates the checkpoint and writes the final table an uninterrupted run writes."""
     import lightning as L
 
-    from attn_zoo.lit import LitLM
+    from harness.lit import LitLM
 
     whole = tmp_path / "whole"
     main(make_cfg(whole, JOB + extra))
@@ -359,7 +359,7 @@ def test_wall_s_of_a_resumed_run_counts_every_launch(tmp_path, monkeypatch):
     """wall_s in final_metrics.json: the first launch's time up to its checkpoint (stored in it) plus the resumed
     launch's time, not the last launch's alone. Load-independent: the stored total is set to 1000 s before the
     resume, and each launch sleeps 2 s in its data setup, so every bound below holds however busy the machine is."""
-    from attn_zoo.runs import RUN_STATE_KEY
+    from harness.runs import RUN_STATE_KEY
 
     build = train_mod.build_datamodule
 
@@ -408,7 +408,7 @@ def test_a_job_that_starts_over_keeps_the_earlier_metrics_aside(tmp_path, monkey
 
 def test_metrics_csv_in_the_run_folder_itself_is_kept_aside_as_a_file(tmp_path):
     """A CSV logger writing into the run folder (name and version empty): only its metrics.csv is moved aside."""
-    from attn_zoo.runs import ContinuedCSVLogger
+    from harness.runs import ContinuedCSVLogger
 
     (tmp_path / "metrics.csv").write_text("step,train/loss\n0,1.0\n")
     (tmp_path / "run_config.json").write_text("{}")

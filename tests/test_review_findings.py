@@ -140,7 +140,7 @@ def test_generate_rejects_bad_idx_and_max_new_tokens():
 # ------------------------------------------------------------------------------------------- data
 def test_text_seq_len_below_one_raises_naming_it(tmp_path):
     """``data=text data.seq_len=0`` raised ``ZeroDivisionError: integer division or modulo by zero``."""
-    from attn_zoo.data import TextDataModule
+    from harness.data import TextDataModule
 
     f = tmp_path / "t.txt"
     f.write_text("hello world\n" * 50)
@@ -155,7 +155,7 @@ def test_text_seq_len_below_one_raises_naming_it(tmp_path):
 def test_mqar_seq_len_too_small_raises_naming_it(n):
     """``data.seq_len=0`` for MQAR said ``data.num_kv_pairs=8 must be in [1, seq_len/4=0]`` (names the other
     setting); ``-5`` said it must be even."""
-    from attn_zoo.data import MQARDataModule
+    from harness.data import MQARDataModule
 
     with pytest.raises(ValueError, match="data.seq_len must be an even number >= 4"):
         MQARDataModule(seq_len=n, num_kv_pairs=1, num_train=64, num_val=8, batch_size=8)
@@ -163,7 +163,7 @@ def test_mqar_seq_len_too_small_raises_naming_it(n):
 
 def test_resume_model_config_error_names_the_differing_keys():
     """The architecture check printed both full model configs without saying which keys differ."""
-    from attn_zoo.lit import LitLM
+    from harness.lit import LitLM
     from attn_zoo.model import spec_to_dict
 
     cfg = dict(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
@@ -177,7 +177,7 @@ def test_ckpt_path_of_a_file_that_is_not_a_checkpoint_raises_naming_it(tmp_path)
     """``ckpt_path=<run>/final_metrics.json`` raised torch.load's ``RuntimeError: mmap can only be used with files
     saved with torch.save(..., _use_new_zipfile_serialization=True)``; a torch.save'd dict that is not a Lightning
     checkpoint went on to Lightning."""
-    from attn_zoo.runs import checkpoint_info
+    from harness.runs import checkpoint_info
 
     js = tmp_path / "final_metrics.json"
     js.write_text('{"steps": 3}')

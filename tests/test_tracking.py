@@ -1,10 +1,10 @@
-"""The one W&B mode rule (attn_zoo.tracking.wandb_mode) used by train.py and eval/wandb_log.py."""
+"""The one W&B mode rule (harness.tracking.wandb_mode) used by train.py and eval/wandb_log.py."""
 
 import socket
 
 import pytest
 
-from attn_zoo.tracking import wandb_mode
+from harness.tracking import wandb_mode
 from eval.wandb_log import resolve_mode
 
 
@@ -44,7 +44,7 @@ def test_auto_with_key_probes_the_server(monkeypatch):
 
 
 def test_mode_reason_names_the_cause(monkeypatch):
-    from attn_zoo.tracking import resolve_wandb_mode
+    from harness.tracking import resolve_wandb_mode
 
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -62,7 +62,7 @@ def test_mode_reason_names_the_cause(monkeypatch):
 def test_import_wandb_optional(monkeypatch):
     import sys
 
-    from attn_zoo.tracking import import_wandb
+    from harness.tracking import import_wandb
 
     assert import_wandb() is not None
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees when it is not installed
@@ -72,7 +72,7 @@ def test_import_wandb_optional(monkeypatch):
 def test_run_id_kept_in_run_dir_for_resumes(tmp_path):
     import re
 
-    from attn_zoo.tracking import RUN_ID_FILE, new_run_id, wandb_run_id
+    from harness.tracking import RUN_ID_FILE, new_run_id, wandb_run_id
 
     assert re.fullmatch(r"[a-z0-9]{8}", new_run_id()) and new_run_id() != new_run_id()
     first, resumed = wandb_run_id(tmp_path, resume=False)

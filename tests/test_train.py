@@ -142,8 +142,8 @@ def test_resume_steps_strictly_increase(tmp_path):
     train_mod.train(make_cfg(a, FAST + ["trainer.max_steps=10", "trainer.val_check_interval=5"]))
     ckpt = a / "checkpoints" / "last.ckpt"
     assert ckpt.exists()
-    from attn_zoo.lit import LitLM
-    from attn_zoo.runs import checkpoint_info
+    from harness.lit import LitLM
+    from harness.runs import checkpoint_info
 
     lit = LitLM.load_from_checkpoint(ckpt)  # self-contained: model config + layer specs in hparams
     assert lit.gpt.config.d_model == 32 and lit.gpt.layer_labels == ["flash", "flash"]
@@ -182,7 +182,7 @@ class InterruptAt(L.Callback):
 def test_ctrl_c_saves_last_checkpoint_that_resumes(tmp_path):
     import signal
 
-    from attn_zoo.runs import checkpoint_info
+    from harness.runs import checkpoint_info
 
     handler = signal.getsignal(signal.SIGINT)
     try:  # Lightning exits with status 1 after an interrupt (and ignores further Ctrl-C): restore the handler
@@ -332,7 +332,7 @@ def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
 
 
 def test_job_dirname_and_ckpt_path_last(tmp_path, monkeypatch):
-    from attn_zoo.runs import SWEPT_KEYS_ENV, _run_dir_resolver, job_dirname, resolve_ckpt_path, swept_keys
+    from harness.runs import _run_dir_resolver, job_dirname, resolve_ckpt_path, swept_keys
 
     assert swept_keys(["attention=flash,linear", "model.n_layer=2", "optim.lr=range(1,3)"], {"seed": "0,1"}) == \
         ["seed", "attention", "optim.lr"]
@@ -342,11 +342,16 @@ def test_job_dirname_and_ckpt_path_last(tmp_path, monkeypatch):
         ["attention", "model.d_model", "data.seq_len"]
     job = ["model.n_layer=2", "+trainer.enable_checkpointing=true", "optim.lr=0.001", "attention=flash",
            "paths.cache_dir=/tmp/x"]
-    monkeypatch.setenv(SWEPT_KEYS_ENV, "attention,optim.lr")
-    assert job_dirname(job, [], 3) == "attention=flash,optim.lr=0.001", "only the swept keys, in sweep order"
-    monkeypatch.delenv(SWEPT_KEYS_ENV)
-    assert job_dirname(job, ["paths.cache_dir", "trainer.enable_checkpointing"], 3) == \
+    sweep = tmp_path / "sweep"  # the swept keys come from the multirun's own config (no environment variable)
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [model.n_layer=2, 'attention=flash,linear']\n"
+        "  sweeper:\n    params:\n      optim.lr: 0.001,0.01\n")
+    assert job_dirname(job, [], 3, str(sweep)) == "optim.lr=0.001,attention=flash", \
+        "only the swept keys, in sweep order (the config's params first)"
+    assert job_dirname(job, ["paths.cache_dir", "trainer.enable_checkpointing"], 3, str(tmp_path / "none")) == \
         "attention=flash,model.n_layer=2,optim.lr=0.001", "no sweep info: every override but the excluded ones"
+    assert "SWEPT" not in " ".join(os.environ)
     assert "/" not in job_dirname(["data.path=../shared/x y.txt"]) and job_dirname([], [], 5) == "5"
     na, nb = job_dirname(["a=1", "b=" + "x" * 200]), job_dirname(["a=2", "b=" + "x" * 200])
     assert len(na) <= 96 and na.startswith("a=1,b=xx") and na != nb

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train as train_mod
-from attn_zoo.lit import LitLM, cosine_with_warmup
+from harness.lit import LitLM, cosine_with_warmup
 from test_train import FAST, ROOT, column, make_cfg, read_csv
 
 TINY = dict(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
@@ -218,7 +218,6 @@ def test_final_table_title_names_the_multirun_job(tmp_path, monkeypatch):
     from hydra.types import RunMode
     from omegaconf import open_dict, read_write
 
-    from attn_zoo.runs import SWEPT_KEYS_ENV
 
     cfg = make_cfg(tmp_path, ["attention=linear", "optim.lr=1e-3", "trainer.enable_progress_bar=false"],
                    return_hydra_config=True)
@@ -234,9 +233,13 @@ def test_final_table_title_names_the_multirun_job(tmp_path, monkeypatch):
         with read_write(cfg.hydra), open_dict(cfg.hydra):
             cfg.hydra.mode = RunMode.MULTIRUN
         hc.set_config(cfg)
-        monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)
-        assert train_mod.table_title(cfg) == "attn-zoo: default / attention=linear,optim.lr=1e-3"
-        monkeypatch.setenv(SWEPT_KEYS_ENV, "optim.lr")
+        sweep = tmp_path / "sweep"
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            cfg.hydra.sweep.dir = str(sweep)
+        hc.set_config(cfg)
+        assert train_mod.table_title(cfg) == "attn-zoo: default / attention=linear,optim.lr=1e-3"  # no multirun.yaml
+        sweep.mkdir()
+        (sweep / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: [attention=linear, 'optim.lr=1e-3,1e-2']\n")
         assert train_mod.table_title(cfg) == "attn-zoo: default / optim.lr=1e-3"
     finally:
         hc.cfg = saved

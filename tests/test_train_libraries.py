@@ -13,8 +13,8 @@ import yaml
 from omegaconf import OmegaConf, open_dict
 
 import train as train_mod  # noqa: F401  (registers the attn_zoo.* resolvers the experiment configs use)
-from attn_zoo.lit import LitLM, build_optimizer, cosine_with_warmup, optimizer_factory, split_optim_config
-from attn_zoo.runs import result_config
+from harness.lit import LitLM, build_optimizer, cosine_with_warmup, optimizer_factory, split_optim_config
+from harness.runs import result_config
 from test_train import FAST, ROOT, column, make_cfg, read_csv
 
 TINY = dict(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)

@@ -13,8 +13,18 @@ never picks them; benchmarks and sweeps time them, ``attention(..., backend=<nam
 * ``fa2`` / ``fa3``: ``flash_attn.flash_attn_func`` (FlashAttention-2, Dao 2023) / ``flash_attn_interface``
   (FlashAttention-3, Shah et al. 2024) where installed: full, causal (bottom-right) and sliding windows, fp16 /
   bf16 on CUDA.
-* ``fla``: ``fla.ops.linear_attn.chunk_linear_attn`` (flash-linear-attention, Yang et al.) for causal ``linear``
-  with ``Nq == Nk`` on CUDA where installed (feature map applied in PyTorch, ``normalize=True``; its own eps).
+* ``fa4``: ``flash_attn.cute.flash_attn_func`` (FlashAttention-4, CuTe DSL; ``pip install -e .[fa4]``): full, causal
+  and sliding windows, GQA / MQA, fp16 / bf16 on sm90+ (Hopper, Blackwell).
+* ``flex_fa4``: FlexAttention with ``kernel_options={"BACKEND": "FLASH"}`` (its FA4 kernels; needs flash-attn-4 and a
+  torch with the FLASH backend) and the spec's ``BlockMask``: every softmax kind, fp16 / bf16 on sm90+.
+* ``fla``: flash-linear-attention (Yang et al.; ``pip install -e .[fla]``) for causal ``linear`` with ``Nq == Nk`` on
+  CUDA: ``fla.ops.based.parallel_based`` for the Taylor map (Based), else ``fla.ops.linear_attn.chunk_linear_attn``
+  (feature map applied in PyTorch, ``normalize=True``; its own eps).
+
+A missing optional package makes ``available()`` say which package to install and the pyproject extra
+(:func:`install_hint`), e.g. ``backend='fa4' cannot run this input ...: not available here (flash_attn.cute.
+flash_attn_func cannot be imported (ModuleNotFoundError: ...); install flash-attn-4 (FlashAttention-4, CuTe DSL):
+pip install -e .[fa4])``.
 
 Rows that see no key: ``naive`` outputs 0; the SDPA anchors never have such rows (full / causal ``Nq == Nk``).
 """
@@ -22,14 +32,13 @@ Rows that see no key: ``naive`` outputs 0; the SDPA anchors never have such rows
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..masks import mask_info
-from ..registry import family, register_backend
+from ..registry import derived_cache, family, register_backend
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -38,12 +47,39 @@ def _cuda_available() -> Optional[str]:
     return None if torch.cuda.is_available() else "no CUDA device"
 
 
-def _importable(module: str):
+# Optional packages of the anchors: module -> (what to install, the pyproject extra). Named in every refusal.
+INSTALL = {
+    "flash_attn": ("flash-attn (FlashAttention-2)", "fa2"),
+    "flash_attn_interface": ("flash-attn's hopper/ build (FlashAttention-3)", None),
+    "flash_attn.cute": ("flash-attn-4 (FlashAttention-4, CuTe DSL)", "fa4"),
+    "fla": ("flash-linear-attention (fla-core)", "fla"),
+}
+
+
+def install_hint(module: str) -> str:
+    """``"install <package>: pip install -e .[<extra>]"`` for an anchor's optional ``module`` ("" when unknown)."""
+    root = next((m for m in sorted(INSTALL, key=len, reverse=True) if module == m or module.startswith(m + ".")), None)
+    if root is None:
+        return ""
+    pkg, extra = INSTALL[root]
+    return f"install {pkg}" + (f": pip install -e .[{extra}]" if extra else "")
+
+
+def _importable(module: str, attr: Optional[str] = None):
+    """``available()`` that imports ``module`` (and reads ``attr`` from it): the reason names the package to install
+    and the pyproject extra. ``attr``: a namespace package (``flash_attn`` of the FA4 wheel alone) imports but lacks
+    the function."""
+
     def available() -> Optional[str]:
+        what = f"{module}.{attr}" if attr else module
         try:
-            importlib.import_module(module)
+            mod = importlib.import_module(module)
+            if attr is not None:
+                getattr(mod, attr)
         except Exception as e:  # noqa: BLE001 - ImportError, or a package broken against this torch / triton
-            return f"{module} cannot be imported ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            hint = install_hint(module)
+            return (f"{what} cannot be imported ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                    + (f"; {hint}" if hint else ""))
         return None
 
     return available
@@ -137,7 +173,7 @@ def flex_attention(q, k, v, spec, return_lse=False):
 
 
 # --------------------------------------------------------------------------------------------- naive
-@lru_cache(maxsize=32)
+@derived_cache(32)
 def _naive_mask(spec, Nq: int, Nk: int, device: str):
     """``(allowed or None, has empty rows)`` of the spec's mask on ``device``."""
     mi = mask_info(spec, Nq, Nk)
@@ -211,11 +247,94 @@ def _fa_anchor(name: str):
 
     fn.__name__ = fn.__qualname__ = f"{name}_attention"
     register_backend(family("softmax"), name, supports=supports, priority=None,
-                     available=_all(_cuda_available, _importable(module)), fn=fn)
+                     available=_all(_importable(module, "flash_attn_func"), _cuda_available), fn=fn)
 
 
 for _name in _FA:
     _fa_anchor(_name)
+
+
+# --------------------------------------------------------------------------------------------- FlashAttention 4
+_FA4_MODULE = "flash_attn.cute"
+
+
+def _min_sm90() -> Optional[str]:
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"FA4 (flash_attn.cute) runs on Hopper / Blackwell (sm90+); this GPU is sm{major}{minor}"
+    return None
+
+
+def _fa4_supports(q, k, v, spec, return_lse):
+    if return_lse:
+        return "fa4 is registered without the lse"
+    if not q.is_cuda:
+        return "needs CUDA tensors"
+    if q.dtype not in _HALF:
+        return f"dtype {q.dtype} is not supported (float16, bfloat16)"
+    D, Dv = q.shape[-1], v.shape[-1]
+    if not (8 <= D <= 256 and D % 8 == 0 and Dv == D):
+        return f"head dims D={D}, Dv={Dv}: FA4 needs 8 <= D <= 256, D % 8 == 0 and Dv == D"
+    mi = mask_info(spec, q.shape[2], k.shape[2])
+    if mi.layout is not None or mi.dilation != 1:
+        return f"kind={spec.kind!r}: a block layout / dilation is not expressible in FA4's window_size (use flex_fa4)"
+    return _min_sm90()
+
+
+@register_backend(family("softmax"), "fa4", supports=_fa4_supports, priority=None,
+                  available=_all(_importable(_FA4_MODULE, "flash_attn_func"), _cuda_available))
+def fa4_attention(q, k, v, spec, return_lse=False):
+    """``flash_attn.cute.flash_attn_func`` (FlashAttention-4, Zadouri et al. 2026; CuTe DSL) in its ``(B, N, H, D)``
+    layout: full, causal (bottom-right) and sliding windows (``window_size=(left, right)``, ``None`` = unbounded),
+    GQA / MQA through the K / V head count. fp16 / bf16, sm90+."""
+    from flash_attn.cute import flash_attn_func
+
+    mi = mask_info(spec, q.shape[2], k.shape[2])
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                          softmax_scale=spec.scale(q.shape[-1]), causal=mi.causal,
+                          window_size=(mi.window_left, mi.window_right))
+    out = out[0] if isinstance(out, tuple) else out  # (out, lse)
+    return out.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------------- Flex + FA4
+def _flex_fa4_supports(q, k, v, spec, return_lse):
+    if return_lse:
+        return "flex_fa4 is registered without the lse"
+    if not q.is_cuda:
+        return "needs CUDA tensors (FlexAttention's FLASH backend is compiled for the GPU)"
+    if q.dtype not in _HALF:
+        return f"dtype {q.dtype} is not supported (float16, bfloat16)"
+    D, Dv = q.shape[-1], v.shape[-1]
+    if not (8 <= D <= 256 and D % 8 == 0 and Dv == D):
+        return f"head dims D={D}, Dv={Dv}: FA4 needs 8 <= D <= 256, D % 8 == 0 and Dv == D"
+    return _min_sm90()
+
+
+def _flex_backend_option() -> Optional[str]:
+    import typing
+
+    from torch.nn.attention import flex_attention as fa
+
+    options = typing.get_args(getattr(fa, "_Backend", None)) or ()
+    if "FLASH" not in options:
+        return (f"this torch ({torch.__version__}) has no FlexAttention kernel_options BACKEND='FLASH' (torch >= 2.9 "
+                f"has it)")
+    return None
+
+
+@register_backend(family("softmax"), "flex_fa4", supports=_flex_fa4_supports, priority=None,
+                  available=_all(_flex_available, _flex_backend_option, _importable(_FA4_MODULE, "flash_attn_func"),
+                                 _cuda_available))
+def flex_fa4_attention(q, k, v, spec, return_lse=False):
+    """Compiled FlexAttention with ``kernel_options={"BACKEND": "FLASH"}`` (its FA4 CuTe DSL kernels) and the spec's
+    ``BlockMask`` (:func:`attn_zoo.flex.flex_block_mask`): every softmax kind, fp16 / bf16, sm90+."""
+    from ..flex import compiled_flex_attention, flex_block_mask
+
+    bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
+    fa = compiled_flex_attention(q.device.type, kernel_backend="FLASH")
+    return fa(q, k, v, block_mask=bm, scale=spec.scale(q.shape[-1]), enable_gqa=q.shape[1] != k.shape[1],
+              kernel_options={"BACKEND": "FLASH"})
 
 
 # --------------------------------------------------------------------------------------------- fla
@@ -225,26 +344,39 @@ def _fla_supports(q, k, v, spec, return_lse):
     if not q.is_cuda:
         return "needs CUDA tensors"
     if not spec.causal or q.shape[2] != k.shape[2]:
-        return "fla's chunk_linear_attn is causal with Nq == Nk"
+        return "fla's chunk_linear_attn / parallel_based are causal with Nq == Nk"
     if q.dtype == torch.float64:
         return "float64 is not supported"
+    if spec.feature_map == "taylor" and q.shape[-1] > 128:
+        return f"fla's parallel_based (the Taylor map) takes head dims up to 128, got D={q.shape[-1]}"
     return None
 
 
 @register_backend("linear", "fla", supports=_fla_supports, priority=None,
-                  available=_all(_cuda_available, _importable("fla.ops.linear_attn")))
+                  available=_all(_importable("fla.ops.linear_attn", "chunk_linear_attn"), _cuda_available))
 def fla_linear_attention(q, k, v, spec, return_lse=False):
-    """``fla.ops.linear_attn.chunk_linear_attn(phi(q), phi(k), v, scale=1, normalize=True)`` in fla's ``(B, N, H, D)``
-    layout (K/V heads repeated for GQA)."""
+    """flash-linear-attention (Yang et al.) in its ``(B, N, H, D)`` layout, K/V heads repeated for GQA:
+
+    * ``feature_map="taylor"``: ``fla.ops.based.parallel_based(q, k, v)`` (Based, Arora et al. 2024: weights
+      ``1 + s + s^2 / 2`` with ``s = q.k / sqrt(D)`` in the quadratic form, normaliser ``+ 1e-6``) -- the same function
+      as our ``parallel`` backend;
+    * any other map: ``fla.ops.linear_attn.chunk_linear_attn(phi(q), phi(k), v, scale=1, normalize=True)`` (the
+      feature map applied in PyTorch; fla's own eps).
+    """
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    if spec.feature_map == "taylor":
+        from fla.ops.based import parallel_based
+
+        out = parallel_based(*(t.transpose(1, 2) for t in (q, k, v)), scale=q.shape[-1] ** -0.5, use_norm=True)
+        return out.transpose(1, 2).to(q.dtype)
     from fla.ops.linear_attn import chunk_linear_attn
 
     from ..feature_maps import apply_feature_map
 
-    rep = q.shape[1] // k.shape[1]
     fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
     fk = apply_feature_map(k, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
-    if rep > 1:
-        fk, v = fk.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     out = chunk_linear_attn(*(t.transpose(1, 2).contiguous() for t in (fq, fk, v)), scale=1.0, normalize=True)
     out = out[0] if isinstance(out, tuple) else out
     return out.transpose(1, 2).to(q.dtype)

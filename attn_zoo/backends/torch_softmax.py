@@ -24,14 +24,13 @@ everything inside SDPA and are zeroed afterwards). ``backend="reference"`` is ex
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
 from ..flex import compiled_flex_attention, flex_block_mask
 from ..masks import mask_info, unseen_keys
-from ..registry import family, register_backend
+from ..registry import derived_cache, family, register_backend
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -47,7 +46,7 @@ def _sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
 
 
-@lru_cache(maxsize=32)
+@derived_cache(32)
 def _dense_mask(spec, Nq: int, Nk: int, device: str):
     """``(attn_mask, empty_rows or None)`` for SDPA: empty rows attend everything and are zeroed afterwards."""
     allowed = mask_info(spec, Nq, Nk).dense(device)  # (Nq, Nk)

@@ -13,12 +13,11 @@ cannot run are reported by :func:`_supports` (``auto`` then falls back to ``torc
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 import torch
 
 from ..masks import mask_info, unseen_keys
-from ..registry import family, register_backend
+from ..registry import derived_cache, family, register_backend
 from ._triton import triton_input_reason
 
 
@@ -33,8 +32,8 @@ def _supports(q, k, v, spec, return_lse):
     D = q.shape[-1]
     if D > MAX_HEAD_DIM:
         return f"head dim D={D} > {MAX_HEAD_DIM} is not supported"
-    if v.shape[-1] != D:
-        return f"Dv={v.shape[-1]} != D={D} is not supported"
+    if v.shape[-1] > MAX_HEAD_DIM:  # Dv != D is supported (MLA)
+        return f"v head dim Dv={v.shape[-1]} > {MAX_HEAD_DIM} is not supported"
     return None
 
 
@@ -49,7 +48,7 @@ def sparse_tables(spec, Nq, Nk, D, device, config=None):
     return _sparse_tables_at(spec, Nq, Nk, D, device, sparse_tiles(D, config))
 
 
-@lru_cache(maxsize=32)
+@derived_cache(32)
 def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
     from kernels import build_sparse_tables
 

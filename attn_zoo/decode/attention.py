@@ -14,18 +14,21 @@ Backends (``"auto"``: ``triton`` on CUDA where it supports the input, else ``tor
 * ``torch``: the cache gathered to ``(B, Hkv, L, D)`` (``L = max seqlen``) and one
   ``F.scaled_dot_product_attention`` call with a ``(B, 1, Nq, L)`` boolean mask built from the same rule (no mask
   at all for a single query of a causal spec with equal lengths). What a user would write; the SDPA anchor.
-* ``triton``: the fused split-K kernel :func:`kernels.decode.decode_attn` (FlashDecoding + PagedAttention).
+* ``triton``: the fused split-K kernel :func:`kernels.decode.decode_attn` (FlashDecoding + PagedAttention), with
+  the window terms of the mask and, when the mask has a block layout, the layout of each sequence (or one layout
+  for the whole capacity when the variant's ``decode_mask`` gives one: :func:`decode_mask_terms`). No kind is
+  named here: a plugin variant's mask reaches the kernel exactly as a built-in's does.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..masks import mask_info, sparse_layout
+from ..masks import mask_info
+from ..registry import derived_cache
 from ..reference import softmax_attention_reference
 from ..spec import AttentionSpec
 from .cache import _check_seqlens, cache_capacity, cdiv, check_cache_layout, check_cache_values, gather_kv
@@ -43,8 +46,11 @@ def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=No
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
     if not spec.is_softmax:
-        raise ValueError(f"decode_attention needs a softmax kind (flash, sliding_window, sparse), got kind={spec.kind!r}; "
-                         f"linear attention decodes from an O(1) state: attn_zoo.decode.linear_prefill / linear_decode")
+        from ..variants import kinds_of
+
+        raise ValueError(f"decode_attention needs a softmax kind ({', '.join(kinds_of('softmax'))}), got "
+                         f"kind={spec.kind!r}; linear attention decodes from an O(1) state: "
+                         f"attn_zoo.decode.linear_prefill / linear_decode")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a 4-D tensor (B, Hq, Nq, D), got {getattr(q, 'shape', type(q).__name__)}")
     if q.dtype not in _DTYPES:
@@ -86,7 +92,7 @@ def decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_t
 
 
 # --------------------------------------------------------------------------------------------- torch (SDPA)
-@lru_cache(maxsize=256)
+@derived_cache(256)
 def _rows_mask(spec: AttentionSpec, Nq: int, L: int, width: int, device: str) -> torch.Tensor:
     """``(Nq, width)`` bool: the ``mask_info(spec, Nq, L)`` rule, False past ``L``."""
     m = torch.zeros(Nq, width, dtype=torch.bool, device=device)
@@ -94,7 +100,7 @@ def _rows_mask(spec: AttentionSpec, Nq: int, L: int, width: int, device: str) ->
     return m
 
 
-@lru_cache(maxsize=256)
+@derived_cache(256)
 def _sees_all(spec: AttentionSpec, Nq: int, L: int, width: int) -> bool:
     """Whether the ``Nq`` queries of a sequence of ``L`` tokens see every one of ``width`` cache slots."""
     return L == width and bool(mask_info(spec, Nq, L).dense("cpu").any(0).all())
@@ -143,42 +149,77 @@ def _triton_reason(q, k_cache, spec) -> Optional[str]:
     return None
 
 
-@lru_cache(maxsize=32)
-def _causal_sparse(spec: AttentionSpec, nb: int, block_n: int, device: str):
-    """Layout (int8 ``(nb, nb)``) and tile tables of a causal sparse spec; causal layouts are prefix-consistent, so
-    one layout covering the capacity serves every sequence length (``mask_info`` builds ``cdiv(L, bs)`` blocks)."""
+@derived_cache(64)
+def decode_mask_terms(spec: AttentionSpec, Nq: int, capacity: int):
+    """The mask that serves every sequence length up to ``capacity`` in one piece, as a
+    :class:`attn_zoo.MaskInfo` for ``Nk = capacity`` (its layout covers the capacity's blocks), or ``None`` when the
+    variant gives none (``decode_mask`` of :func:`attn_zoo.register_variant`) and the mask has a block layout:
+    then every sequence gets the layout of its own length."""
+    from ..masks import MaskInfo
+    from ..variants import get_variant
+
+    v = get_variant(spec.kind)
+    mi = mask_info(spec, Nq, capacity)
+    if mi.layout is None:
+        return mi  # window / dilation terms are relative to the query: one rule for every length
+    if v.decode_mask is None:
+        return None
+    terms = v.decode_mask(spec, Nq, capacity)
+    if terms is None:
+        return None
+    terms = dict(terms)
+    if spec.causal and terms.get("window_right") is not None:
+        terms["window_right"] = min(terms["window_right"], 0)
+    return MaskInfo(Nq, capacity, spec.causal, **terms)
+
+
+@derived_cache(32)
+def _shared_layout(spec: AttentionSpec, Nq: int, capacity: int, block_n: int, device: str):
+    """Layout (int8 ``(nb, nb)``) and tile tables of :func:`decode_mask_terms` (one for every sequence)."""
     from kernels.decode import decode_sparse_tables
 
-    lay = sparse_layout(spec, nb).to(device=device, dtype=torch.int8)
-    return lay, decode_sparse_tables(lay, spec.block_size, block_n)
+    mi = decode_mask_terms(spec, Nq, capacity)
+    lay = mi.layout.to(device=device, dtype=torch.int8)
+    return lay, decode_sparse_tables(lay, mi.block_size, block_n)
+
+
+def _window_of(mi):
+    if mi.window_left is None and mi.window_right is None:
+        return None
+    return (mi.window_left, mi.window_right)
 
 
 def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False,
                             **kernel_options):
-    """:func:`kernels.decode.decode_attn` with the spec's mask (window bounds as numbers, block layout + tiles)."""
+    """:func:`kernels.decode.decode_attn` with the spec's mask (window bounds as numbers, block layout + tiles),
+    whatever the kind: the terms come from :func:`attn_zoo.masks.mask_info` / :func:`decode_mask_terms`."""
     from kernels.decode import DecodeSparse, decode_attn, decode_block_n, decode_sparse_tables
 
-    D = q.shape[-1]
+    B, _, Nq, D = q.shape
     cap = cache_capacity(k_cache, block_table)
-    mi = mask_info(spec, 1, 1) if spec.kind != "sparse" else None
-    window = None
-    if mi is not None and (mi.window_left is not None or mi.window_right is not None):
-        window = (mi.window_left, mi.window_right)
+    shared = decode_mask_terms(spec, Nq, cap)
     sparse = None
-    if spec.kind == "sparse":
-        bs = spec.block_size
-        bn = kernel_options.get("block_n") or decode_block_n(D, k_cache.shape[2] if block_table is not None else None)
+    bn = kernel_options.get("block_n") or decode_block_n(D, k_cache.shape[2] if block_table is not None else None)
+    if shared is not None:
+        window = _window_of(shared)
+        if shared.layout is not None:
+            lay, tables = _shared_layout(spec, Nq, cap, bn, str(q.device))
+            sparse = DecodeSparse(lay, shared.block_size, tables)
+    else:  # the layout depends on each sequence's length: one layout per sequence, padded to the capacity
+        lens = cache_seqlens.tolist()
+        mis = [mask_info(spec, Nq, n) for n in lens]
+        window, bs = _window_of(mis[0]), mis[0].block_size
+        if any(_window_of(m) != window or m.block_size != bs for m in mis):
+            raise ValueError(f"kind={spec.kind!r}: the window / block size of the mask differs between sequence "
+                             f"lengths {sorted(set(lens))}; the decode kernel takes one; use backend='torch'")
         nb = max(cdiv(cap, bs), 1)
-        if spec.causal:
-            lay, tables = _causal_sparse(spec, nb, bn, str(q.device))
-        else:  # non-causal layouts depend on each sequence's block count: one layout per sequence
-            lay = torch.zeros(q.shape[0], nb, nb, dtype=torch.int8)
-            for b, n in enumerate(cache_seqlens.tolist()):
-                nbb = max(cdiv(n, bs), 1)
-                lay[b, :nbb, :nbb] = sparse_layout(spec, nbb).to(torch.int8)
-            lay = lay.to(q.device)
-            tables = decode_sparse_tables(lay, bs, bn)
-        sparse = DecodeSparse(lay, bs, tables)
+        lay = torch.zeros(B, nb, nb, dtype=torch.int8)
+        for b, m in enumerate(mis):
+            nbb = m.layout.shape[-1]
+            lay[b, :nbb, :nbb] = m.layout.to(torch.int8)
+        lay = lay.to(q.device)
+        sparse = DecodeSparse(lay, bs, decode_sparse_tables(lay, bs, bn))
+    if sparse is not None:
         kernel_options = dict(kernel_options, block_n=bn)
     return decode_attn(q, k_cache, v_cache, cache_seqlens, block_table, causal=spec.causal, window_size=window,
                        softmax_scale=spec.scale(D), sparse=sparse, return_lse=return_lse, **kernel_options)

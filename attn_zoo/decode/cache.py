@@ -344,9 +344,10 @@ class KVCache:
 
     def attend(self, q: torch.Tensor, spec, backend: str = "auto") -> torch.Tensor:
         """:func:`attn_zoo.decode_attention` of ``q (B, Hq, Nq, D)`` over this cache (the ``Nq`` new tokens must
-        have been appended). A ``keep_last`` cache that dropped tokens only serves causal sliding windows whose
-        left extent is below ``keep_last``, and only while it still holds each sequence's last ``left + Nq``
-        tokens (always when ``capacity >= keep_last + Nq``); ``ValueError`` otherwise, never a wrong result."""
+        have been appended). A ``keep_last`` cache that dropped tokens only serves a spec whose variant's cache
+        policy is a window of at most ``keep_last`` tokens, and only while it still holds each sequence's last
+        ``window - 1 + Nq`` tokens (always when ``capacity >= keep_last + Nq``); ``ValueError`` otherwise, never a
+        wrong result."""
         from .attention import decode_attention
 
         nq = q.shape[2] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
@@ -355,18 +356,19 @@ class KVCache:
             raise ValueError(f"q has Nq={nq} new tokens but sequence {b} of the cache holds {self.lengths[b]}: "
                              f"append the new keys / values (KVCache.append) before attend")
         if self.keep_last is not None and any(self.dropped):
-            ok = spec.kind == "sliding_window" and spec.causal and spec.window_size[0] is not None \
-                and spec.window_size[0] < self.keep_last
-            if not ok:
+            from ..variants import get_variant
+
+            pol = get_variant(spec.kind).cache_policy(spec) if spec.is_softmax else None
+            if pol is None or pol.kind != "window" or pol.window > self.keep_last:
                 raise ValueError(f"this cache keeps only the last {self.keep_last} tokens; kind={spec.kind!r} "
-                                 f"(window_size={spec.window_size}) needs the dropped ones")
-            need = spec.window_size[0] + (nq or 1)  # the first query's window: left extent + the Nq new tokens
+                                 f"(cache policy {pol}) needs the dropped ones")
+            need = pol.window - 1 + (nq or 1)  # the first query's window: its left extent + the Nq new tokens
             for b in range(self.batch):
                 if self.dropped[b] and self.lengths[b] < need:
                     raise ValueError(
                         f"this keep_last={self.keep_last} cache (capacity={self.capacity}) holds the last "
-                        f"{self.lengths[b]} tokens of sequence {b}, but Nq={nq} queries with window_size="
-                        f"{spec.window_size} need the last {need}: size it with capacity >= keep_last + Nq "
+                        f"{self.lengths[b]} tokens of sequence {b}, but Nq={nq} queries with a window of "
+                        f"{pol.window} tokens need the last {need}: size it with capacity >= keep_last + Nq "
                         f"({self.keep_last + (nq or 1)})")
         return decode_attention(q, self.k, self.v, spec, self.seqlens, self.block_table, backend=backend,
                                 check_values=False)

@@ -64,8 +64,11 @@ def _features(x: torch.Tensor, spec: AttentionSpec, is_query: bool) -> torch.Ten
 
 
 def _check(q, k, v, spec, state, what: str) -> None:
-    if not isinstance(spec, AttentionSpec) or spec.kind != "linear":
-        raise ValueError(f"{what} needs a spec of kind='linear', got {getattr(spec, 'kind', type(spec).__name__)!r}")
+    if not isinstance(spec, AttentionSpec) or spec.family != "linear":
+        from ..variants import kinds_of
+
+        raise ValueError(f"{what} needs a spec of the linear family (kind={' / '.join(map(repr, kinds_of('linear')))}), "
+                         f"got {getattr(spec, 'kind', type(spec).__name__)!r}")
     if not spec.causal:
         raise ValueError(f"{what}: decoding needs a causal spec (causal=False attends future tokens)")
     check_inputs(q, k, v, spec)
@@ -120,9 +123,9 @@ def _quadratic_with_state(fq, fk, v, S0, z0, eps: float):
 def _triton_reason(q, k, v, spec) -> Optional[str]:
     from ..registry import get_backends
 
-    b = get_backends("linear").get("triton")
+    b = get_backends(spec.kind).get("triton")
     if b is None:
-        return "no triton backend registered for kind='linear'"
+        return f"no triton backend registered for kind={spec.kind!r}"
     return b.supports(q, k, v, spec, False)
 
 
@@ -161,7 +164,7 @@ def linear_prefill(
     if backend == "triton":
         why = _triton_reason(q, k, v, spec)
         if why is not None:
-            raise ValueError(f"backend='triton' cannot run this input for kind='linear': {why}")
+            raise ValueError(f"backend='triton' cannot run this input for kind={spec.kind!r}: {why}")
         from kernels.linear import linear_attention
 
         fused = spec.feature_map in ("elu1", "relu")

@@ -3,12 +3,15 @@
 Per layer and sequence (``Hkv = spec.resolve_kv_heads(n_head)``, ``b`` bytes per cache element, ``s`` per state
 element):
 
-* exact softmax (``flash``) and block-sparse (``sparse``: global / random / summary blocks can reach any past
-  key, so every key is kept): ``2 * Hkv * D * b`` per token (MHA ``Hkv = H``, GQA ``H / g``, MQA 1; Shazeer 2019,
+Each variant answers for itself (:meth:`attn_zoo.variants.Variant.cache_policy` / ``cache_bytes``):
+
+* a ``"full"`` policy (``flash``; ``sparse``: global / random / summary blocks can reach any past key, so every
+  key is kept): ``2 * Hkv * D * b`` per token (MHA ``Hkv = H``, GQA ``H / g``, MQA 1; Shazeer 2019,
   Ainslie et al. 2023);
-* causal ``sliding_window`` with ``window_size=(W - 1, 0)``: only the last ``W`` tokens,
-  ``2 * Hkv * D * b * min(N, W)`` (Beltagy et al. 2020; Mistral's rolling buffer cache);
-* ``linear``: the state ``Hkv * (F * D + F) * s`` whatever ``N`` (Katharopoulos et al. 2020).
+* a ``"window"`` policy of ``W`` tokens (causal ``sliding_window`` with ``window_size=(W - 1, 0)``, a dilated
+  window, any plugin whose mask is a causal window): only the last ``W`` tokens, ``2 * Hkv * D * b * min(N, W)``
+  (Beltagy et al. 2020; Mistral's rolling buffer cache);
+* a ``"state"`` policy (``linear``: ``Hkv * (F * D + F) * s`` whatever ``N``, Katharopoulos et al. 2020).
 
 A model's cache is the sum over its layers (hybrids mix the rules). Pure Python: no GPU needed.
 """
@@ -17,8 +20,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Union
 
-from ..feature_maps import feature_dim
 from ..spec import AttentionSpec
+from ..variants import get_variant
 
 
 def _specs(specs: Union[AttentionSpec, Sequence[AttentionSpec]], n_layer: Optional[int]) -> List[AttentionSpec]:
@@ -30,12 +33,8 @@ def _specs(specs: Union[AttentionSpec, Sequence[AttentionSpec]], n_layer: Option
 
 
 def kept_tokens(spec: AttentionSpec, context: int) -> Optional[int]:
-    """Tokens a softmax layer keeps at ``context`` (``None`` for linear: a fixed-size state)."""
-    if spec.kind == "linear":
-        return None
-    if spec.kind == "sliding_window" and spec.causal and spec.window_size[0] is not None:
-        return min(context, spec.window_size[0] + 1)
-    return context
+    """Tokens a layer keeps at ``context`` (its variant's cache policy; ``None`` for a fixed-size state)."""
+    return get_variant(spec.kind).cache_policy(spec).kept_tokens(context)
 
 
 def layer_cache_bytes(spec: AttentionSpec, n_head: int, head_dim: int, context: int, batch: int = 1,
@@ -51,11 +50,7 @@ def layer_cache_bytes(spec: AttentionSpec, n_head: int, head_dim: int, context: 
     if int(context) < 0:
         raise ValueError(f"context must be >= 0, got {context}")
     hkv = spec.resolve_kv_heads(n_head)
-    kept = kept_tokens(spec, int(context))
-    if kept is None:
-        f = feature_dim(spec.feature_map, head_dim, spec.num_features)
-        return batch * hkv * (f * head_dim + f) * state_bytes
-    return batch * 2 * hkv * head_dim * dtype_bytes * kept
+    return batch * get_variant(spec.kind).cache_bytes(spec, hkv, head_dim, int(context), dtype_bytes, state_bytes)
 
 
 def cache_bytes(specs, n_head: int, head_dim: int, context: int, batch: int = 1, dtype_bytes: int = 2,
@@ -66,10 +61,13 @@ def cache_bytes(specs, n_head: int, head_dim: int, context: int, batch: int = 1,
 
 
 def cache_bytes_per_token(specs, n_head: int, head_dim: int, dtype_bytes: int = 2, n_layer: Optional[int] = None) -> int:
-    """Bytes one more token adds per sequence at long context (0 for window and linear layers past the window)."""
-    big = 1 << 62
-    return sum(2 * s.resolve_kv_heads(n_head) * head_dim * dtype_bytes
-               for s in _specs(specs, n_layer) if kept_tokens(s, big) == big)
+    """Bytes one more token adds per sequence at long context (0 for window and state layers past the window)."""
+    big = 1 << 40
+    total = 0
+    for s in _specs(specs, n_layer):
+        v, hkv = get_variant(s.kind), s.resolve_kv_heads(n_head)
+        total += v.cache_bytes(s, hkv, head_dim, big + 1, dtype_bytes) - v.cache_bytes(s, hkv, head_dim, big, dtype_bytes)
+    return total
 
 
 def max_context(specs, n_head: int, head_dim: int, budget_bytes: float, batch: int = 1, dtype_bytes: int = 2,
@@ -87,7 +85,7 @@ def max_context(specs, n_head: int, head_dim: int, budget_bytes: float, batch: i
     if not fits(1):
         return 0
     if cache_bytes_per_token(layers, n_head, head_dim, dtype_bytes) == 0:
-        sat = max([(s.window_size[0] + 1) for s in layers if s.kind == "sliding_window"] + [1])
+        sat = max([p.window for p in (get_variant(s.kind).cache_policy(s) for s in layers) if p.window] + [1])
         return None if fits(sat) else _search(fits, 1, sat)
     return _search(fits, 1, limit)
 
@@ -125,9 +123,11 @@ def variant_presets(n_layer: int, n_head: int, window: int = 4096, gqa_groups: S
 
 
 def memory_table(n_layer: int, n_head: int, head_dim: int, budget_bytes: float, batch: int = 1,
-                 dtype_bytes: int = 2, contexts: Sequence[int] = (1024, 32768, 131072), **preset_kw) -> List[dict]:
+                 dtype_bytes: int = 2, contexts: Sequence[int] = (1024, 32768, 131072), mla_dims=None,
+                 **preset_kw) -> List[dict]:
     """One row per preset: bytes per token (long-context growth), cache bytes at each of ``contexts``, and the
-    longest context that fits ``budget_bytes`` for ``batch`` sequences (``None`` = unbounded)."""
+    longest context that fits ``budget_bytes`` for ``batch`` sequences (``None`` = unbounded). ``mla_dims``
+    ``(kv_lora_rank, qk_rope_dim)`` adds an ``mla`` row (latent cache, :func:`attn_zoo.mla.mla_cache_bytes_per_token`)."""
     rows = []
     for name, layers in variant_presets(n_layer, n_head, **preset_kw).items():
         row = {"variant": name, "n_layer": n_layer, "n_head": n_head, "head_dim": head_dim, "batch": batch,
@@ -137,4 +137,8 @@ def memory_table(n_layer: int, n_head: int, head_dim: int, budget_bytes: float, 
         for n in contexts:
             row[f"bytes_at_{n}"] = cache_bytes(layers, n_head, head_dim, n, batch, dtype_bytes)
         rows.append(row)
+    if mla_dims is not None:  # a mixer, not an AttentionSpec: its row comes from attn_zoo.mla
+        from ..mla import mla_memory_row
+
+        rows.append(mla_memory_row(n_layer, n_head, head_dim, budget_bytes, batch, dtype_bytes, contexts, *mla_dims))
     return rows

@@ -15,6 +15,21 @@ A variant is one folder, ``attn_zoo/variants/<kind>/__init__.py``, that calls :f
 * cost entries: ``element_fraction(spec, N)`` (kept (query, key) pairs over ``N^2``; default: counted from the
   mask) and ``subquadratic`` (about constant time per token at fixed tokens: the crossover analysis fits
   ``c_lin`` for it);
+* decode: ``cache_policy(spec) -> CachePolicy``: what a layer keeps while decoding (``"full"``: every token;
+  ``"window"``: the last ``window`` tokens suffice; ``"state"``: a fixed-size recurrent state; ``"latent"``: a
+  compressed per-token latent). Default: a softmax mask whose terms are a causal window bounded on the left keeps
+  the last ``window_left + 1`` tokens, any other softmax mask keeps every token (a block layout or a rule in
+  absolute positions needs them), the linear family a state. The decode mask is the prefill rule itself
+  (``mask(spec, Nq, Nk)`` is bottom-right aligned, so a decoding step sees the last rows of the full forward);
+  every decode backend, the Triton kernel included, reads it through :func:`attn_zoo.masks.mask_info`. A mask
+  with a block layout may add ``decode_mask(spec, Nq, capacity) -> dict | None``: terms of one layout, over the
+  capacity's blocks, that serve every cache length up to ``capacity`` (a causal, prefix-consistent layout), so
+  the decode kernel builds its tile tables once instead of once per step and sequence;
+* ``cache_bytes(spec, n_kv_heads, head_dim, context, dtype_bytes, state_bytes) -> int``: bytes one sequence of
+  one layer keeps at ``context`` tokens (default from the policy: ``2 * Hkv * D * dtype_bytes`` per kept token;
+  a ``"state"`` or ``"latent"`` policy must give its own);
+* ``cost(spec, B, H, N, D, mode, dtype_bytes, block_m, block_n) -> attn_zoo.cost_model.Cost`` (default: the
+  exact kernel's cost over the mask's visited tiles for softmax kinds, the chunked linear cost for linear ones);
 * optionally its own backends (``attn_zoo.register_backend(<kind>, name, ...)`` in the same folder: a torch form
   or a Triton adapter that the family's generic ones do not cover; a kind-specific backend overrides the
   family's of the same name).
@@ -29,11 +44,45 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..registry import forget_derived
+
 FAMILIES = ("softmax", "linear")
+CACHE_POLICIES = ("full", "window", "state", "latent")
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """What one layer of a variant keeps while decoding (:meth:`Variant.cache_policy`).
+
+    kind: ``"full"`` (every token's K / V), ``"window"`` (only the last ``window`` tokens are ever read: a rolling
+        buffer), ``"state"`` (a fixed-size recurrent state, e.g. linear attention's ``S, z``) or ``"latent"`` (a
+        compressed per-token latent, e.g. MLA).
+    window: tokens kept by a ``"window"`` policy (``>= 1``), else ``None``.
+    """
+
+    kind: str = "full"
+    window: Optional[int] = None
+
+    def __post_init__(self):
+        if self.kind not in CACHE_POLICIES:
+            raise ValueError(f"CachePolicy kind={self.kind!r} is not supported; allowed values: "
+                             f"{', '.join(CACHE_POLICIES)}")
+        if (self.kind == "window") != (self.window is not None):
+            raise ValueError(f"CachePolicy window= is set for kind='window' only (>= 1), got kind={self.kind!r}, "
+                             f"window={self.window!r}")
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"CachePolicy window must be an integer >= 1, got {self.window!r}")
+
+    def kept_tokens(self, context: int) -> Optional[int]:
+        """Tokens kept at ``context`` (``None`` for a ``"state"``: no per-token storage)."""
+        if self.kind == "state":
+            return None
+        if self.kind == "window":
+            return min(int(context), self.window)
+        return int(context)
 BUILTIN = ("flash", "sliding_window", "sparse", "linear")  # imported first, in this order (error messages list them)
 
 
@@ -50,6 +99,37 @@ class Variant:
     element_fraction: Optional[Callable] = None
     subquadratic: bool = False
     doc: str = ""
+    decode_mask: Optional[Callable] = None
+    cache_policy_fn: Optional[Callable] = None
+    cache_bytes_fn: Optional[Callable] = None
+    cost_fn: Optional[Callable] = None
+
+    def cache_policy(self, spec) -> CachePolicy:
+        """The :class:`CachePolicy` of ``spec`` (the variant's own rule, else the default of the module docstring)."""
+        if self.cache_policy_fn is not None:
+            pol = self.cache_policy_fn(spec)
+            if not isinstance(pol, CachePolicy):
+                raise TypeError(f"cache_policy of variant {self.kind!r} must return a CachePolicy, got {pol!r}")
+            return pol
+        if self.family != "softmax":
+            return CachePolicy("state")
+        from ..masks import mask_info
+
+        mi = mask_info(spec, 1, 1)  # the terms do not depend on the length for a window rule
+        if spec.causal and mi.window_left is not None and mi.layout is None:
+            return CachePolicy("window", mi.window_left + 1)
+        return CachePolicy("full")
+
+    def cache_bytes(self, spec, n_kv_heads: int, head_dim: int, context: int, dtype_bytes: int = 2,
+                    state_bytes: int = 4) -> int:
+        """Bytes one layer keeps for one sequence at ``context`` tokens (K and V of every kept token unless the
+        variant counts its own state). Raises ``ValueError`` for a state / latent policy without ``cache_bytes``."""
+        if self.cache_bytes_fn is not None:
+            return int(self.cache_bytes_fn(spec, n_kv_heads, head_dim, context, dtype_bytes, state_bytes))
+        pol = self.cache_policy(spec)
+        if pol.kind in ("state", "latent"):
+            raise ValueError(f"variant {self.kind!r} has a {pol.kind!r} cache policy but no cache_bytes(...) entry")
+        return 2 * n_kv_heads * head_dim * dtype_bytes * pol.kept_tokens(context)
 
 
 _VARIANTS: Dict[str, Variant] = {}
@@ -68,8 +148,10 @@ def _load_builtin() -> None:
 
 
 def register_variant(kind: str, family: str, *, spec_class: Optional[type] = None, fields=(), validate=None,
-                     mask=None, element_fraction=None, subquadratic: bool = False, doc: str = "") -> Variant:
-    """Register (or replace) the variant ``kind``; returns its :class:`Variant`.
+                     mask=None, element_fraction=None, subquadratic: bool = False, doc: str = "",
+                     decode_mask=None, cache_policy=None, cache_bytes=None, cost=None) -> Variant:
+    """Register (or replace) the variant ``kind``; returns its :class:`Variant`. (Re)registering clears every
+    cache derived from registrations (:func:`attn_zoo.registry.forget_derived`).
 
     Raises:
         ValueError: an empty / non-identifier ``kind``, an unknown ``family``, a softmax variant without ``mask``.
@@ -87,20 +169,17 @@ def register_variant(kind: str, family: str, *, spec_class: Optional[type] = Non
     spec_class = spec_class or AttentionSpec
     if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)):
         raise TypeError(f"spec_class of variant {kind!r} must be a subclass of AttentionSpec, got {spec_class!r}")
-    v = Variant(kind, family, spec_class, tuple(fields), validate, mask, element_fraction, bool(subquadratic), doc)
+    v = Variant(kind, family, spec_class, tuple(fields), validate, mask, element_fraction, bool(subquadratic), doc,
+                decode_mask, cache_policy, cache_bytes, cost)
     _VARIANTS[kind] = v
-    _forget_cached_decisions()
+    forget_derived()  # a (re)registered variant may change the mask or the backends of a kind
     return v
 
 
-def _forget_cached_decisions() -> None:
-    """A (re)registered variant may change the mask or the backends of a kind: clear the mask cache and the
-    dispatch cache of :func:`attn_zoo.attention` (modules not imported yet have nothing cached)."""
-    masks, functional = sys.modules.get("attn_zoo.masks"), sys.modules.get("attn_zoo.functional")
-    if masks is not None and hasattr(masks, "mask_info"):
-        masks.mask_info.cache_clear()
-    if functional is not None and hasattr(functional, "_DISPATCH"):
-        functional._DISPATCH.clear()
+def unregister_variant(kind: str) -> None:
+    """Remove the variant ``kind`` (a missing one is ignored) and clear every derived cache."""
+    _VARIANTS.pop(kind, None)
+    forget_derived()
 
 
 def variant_kinds() -> Tuple[str, ...]:

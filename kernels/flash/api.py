@@ -57,7 +57,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
 
     Args:
         q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32 (any strides), ``1 <= D <= 256``.
-        k, v: ``(B, Hkv, Nk, D)``, ``Hq % Hkv == 0`` (GQA / MQA: query head ``h`` uses K/V head ``h // (Hq // Hkv)``).
+        k, v: ``(B, Hkv, Nk, D)`` and ``(B, Hkv, Nk, Dv)`` (``1 <= Dv <= 256``; MLA has ``Dv != D``),
+            ``Hq % Hkv == 0`` (GQA / MQA: query head ``h`` uses K/V head ``h // (Hq // Hkv)``).
         causal: key ``j`` visible to query row ``i`` only if ``j <= i + Nk - Nq`` (bottom-right alignment).
         window_size: ``(left, right)`` inclusive, ``None`` entries unbounded; causal clips ``right`` to 0. In
             positions: with ``dilation`` the window of ``w`` dilated keys is ``left = w * dilation``.
@@ -82,10 +83,10 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             time). The backward uses the forward's.
 
     Returns:
-        ``out (B, Hq, Nq, D)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
+        ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
 
     Raises:
-        ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv != D``, a layout without
+        ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv > 256``, a layout without
         ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group,
         ``deterministic`` with the atomic dQ, ``dilation < 1``.
     """

@@ -33,7 +33,7 @@ def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sca
 def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
       q_nfull, dilation, config):
     B, Hq, Nq, D = q.shape
-    return _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    return _bnhd_empty(B, Hq, Nq, v.shape[3], q.dtype, q.device), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
 
 @torch.library.custom_op("attn_zoo_kernels::flash_bwd", mutates_args=())
@@ -65,7 +65,7 @@ def _(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, l
       q_idx, q_cnt, q_nfull, dilation, config):
     (B, Hq, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
     return (_bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device),
-            _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device))
+            _bnhd_empty(B, Hkv, Nk, v.shape[3], v.dtype, v.device))
 
 
 def _setup_context(ctx, inputs, output):

@@ -50,23 +50,26 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
                offs_n, offs_d, qk_scale, sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-               DOT_PREC: tl.constexpr, Qd, DOd, b, h, TMA: tl.constexpr, dilation, DILATED: tl.constexpr):
+               DOT_PREC: tl.constexpr, Qd, DOd, b, h, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
+               offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_ptrs = Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_d[None, :] * stride_dd
-    if TMA:  # rows past Nq arrive as zeros
+    do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_dv[None, :] * stride_dd  # (BLOCK_M, BLOCK_DV)
+    if TMA:  # rows past Nq arrive as zeros (only when Dv == D)
         q = Qd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-        do = DOd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        do = DOd.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_DV)
     elif MASKED:
-        mq = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
-        q = tl.load(q_ptrs, mask=mq, other=0.0)
-        do = tl.load(do_ptrs, mask=mq, other=0.0)
-    elif BLOCK_D != HEAD_D:
-        q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
-        do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
+        q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D), other=0.0)
+        do = tl.load(do_ptrs, mask=(offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DV), other=0.0)
     else:
-        q = tl.load(q_ptrs)
-        do = tl.load(do_ptrs)
+        if BLOCK_D != HEAD_D:
+            q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+        if BLOCK_DV != HEAD_DV:
+            do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DV, other=0.0)
+        else:
+            do = tl.load(do_ptrs)
     if MASKED:
         lse2 = tl.load(Lse2b + offs_m, mask=offs_m < Nq, other=float("inf"))
         delta = tl.load(Deltab + offs_m, mask=offs_m < Nq, other=0.0)
@@ -105,8 +108,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                      stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                      Hq, Hkv, Nq, Nk, offset, group, n_split, qk_scale, sm_scale, win_left, win_right, dilation,
                      Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Qd, DOd,
-                     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr,
+                     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                     DOT_PREC: tl.constexpr, TMA: tl.constexpr,
                      DILATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, batch, K/V head, split): the ``group // n_split`` query heads of split ``s``.
 
@@ -126,13 +130,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
     start_n = nblk * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)  # v's head dim (Dv may differ from D: MLA)
     mk = (offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D)
+    mv = (offs_n[:, None] < Nk) & (offs_dv[None, :] < HEAD_DV)
     k = tl.load(K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn
                 + offs_d[None, :] * stride_kd, mask=mk, other=0.0)
     v = tl.load(V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn
-                + offs_d[None, :] * stride_vd, mask=mk, other=0.0)
+                + offs_dv[None, :] * stride_vd, mask=mv, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     if SPARSE:  # table row ordered full tiles first: two branch-free loops
         cnt, nfull, tbl = _table_row(Q_IDX, Q_CNT, Q_NFULL, stride_tbl)
     else:
@@ -151,38 +157,43 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
-                                    Qd, DOd, b, h, TMA, dilation, DILATED)
+                                    Qd, DOd, b, h, TMA, dilation, DILATED,
+                                    offs_dv, HEAD_DV, BLOCK_DV)
             for t in range(nfull, cnt):
                 mblk = tl.load(tbl + t)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
-                                    Qd, DOd, b, h, TMA, dilation, DILATED)
+                                    Qd, DOd, b, h, TMA, dilation, DILATED,
+                                    offs_dv, HEAD_DV, BLOCK_DV)
         else:
             for mblk in range(lo, flo):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
-                                    Qd, DOd, b, h, TMA, dilation, DILATED)
+                                    Qd, DOd, b, h, TMA, dilation, DILATED,
+                                    offs_dv, HEAD_DV, BLOCK_DV)
             for mblk in range(flo, fhi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
-                                    Qd, DOd, b, h, TMA, dilation, DILATED)
+                                    Qd, DOd, b, h, TMA, dilation, DILATED,
+                                    offs_dv, HEAD_DV, BLOCK_DV)
             for mblk in range(fhi, hi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
-                                    Qd, DOd, b, h, TMA, dilation, DILATED)
+                                    Qd, DOd, b, h, TMA, dilation, DILATED,
+                                    offs_dv, HEAD_DV, BLOCK_DV)
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * stride_dks + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
     tl.store(DV + s.to(tl.int64) * stride_dvs + b.to(tl.int64) * stride_dvb + hk.to(tl.int64) * stride_dvh
-             + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mk)
+             + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mv)
 
 
 @triton.jit
@@ -190,23 +201,26 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, st
              offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
              BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-             Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr):
+             Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
+             offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kT_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
-    vT_ptrs = Vb + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
-    if TMA:  # rows past Nk arrive as zeros
+    vT_ptrs = Vb + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd  # (BLOCK_DV, BLOCK_N)
+    if TMA:  # rows past Nk arrive as zeros (only when Dv == D)
         kT = tl.trans(Kd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
-        vT = tl.trans(Vd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
+        vT = tl.trans(Vd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV))
     elif MASKED:
-        mkT = (offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D)
-        kT = tl.load(kT_ptrs, mask=mkT, other=0.0)
-        vT = tl.load(vT_ptrs, mask=mkT, other=0.0)
-    elif BLOCK_D != HEAD_D:
-        kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
-        vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
+        kT = tl.load(kT_ptrs, mask=(offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D), other=0.0)
+        vT = tl.load(vT_ptrs, mask=(offs_n[None, :] < Nk) & (offs_dv[:, None] < HEAD_DV), other=0.0)
     else:
-        kT = tl.load(kT_ptrs)
-        vT = tl.load(vT_ptrs)
+        if BLOCK_D != HEAD_D:
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+        if BLOCK_DV != HEAD_DV:
+            vT = tl.load(vT_ptrs, mask=offs_dv[:, None] < HEAD_DV, other=0.0)
+        else:
+            vT = tl.load(vT_ptrs)
     qk = tl.dot(q, kT, input_precision=DOT_PREC)
     p = tl.math.exp2(qk * qk_scale - lse2[:, None])
     if MASKED:
@@ -228,8 +242,9 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                    Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right, dilation,
                    KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
-                   HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                   SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, DILATED: tl.constexpr,
+                   HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DOT_PREC: tl.constexpr,
+                   TMA: tl.constexpr, DILATED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
@@ -243,11 +258,12 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
     start_m = mblk * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)  # v's head dim (Dv may differ from D: MLA)
     mq = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qn
                 + offs_d[None, :] * stride_qd, mask=mq, other=0.0)
     do = tl.load(DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + offs_m[:, None] * stride_dn
-                 + offs_d[None, :] * stride_dd, mask=mq, other=0.0)
+                 + offs_dv[None, :] * stride_dd, mask=(offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DV), other=0.0)
     row = bh.to(tl.int64) * Nq + offs_m
     lse2 = tl.load(Lse2 + row, mask=offs_m < Nq, other=float("inf"))
     delta = tl.load(Delta + row, mask=offs_m < Nq, other=0.0)
@@ -261,13 +277,13 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
@@ -276,17 +292,17 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                 dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                               nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                               LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
         for nblk in range(flo, fhi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
         for nblk in range(fhi, hi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
     dq = dq * sm_scale
     tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqn
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mq)
@@ -350,7 +366,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape, q_idx.shape)
-    key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device,
+    key = ("bwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
+           q.device,
            softmax_scale, win_left, win_right, sparse_key, _aligned(q, k, v, do, out), has_dlse, grads_like_inputs,
            config, dilation)
     plan = _PLANS.get(key) or _get_plan(key, lambda: _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs,
@@ -365,13 +382,13 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # dense inputs keep their strides
     else:  # custom op: one fixed layout, whatever strides Inductor hands it (its fake kernel must agree)
         dq, dk, dv = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), \
-            _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
+            _bnhd_empty(B, Hkv, Nk, v.shape[3], v.dtype, v.device)
     mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull))
     n_split, atomic = pm["n_split"], pm["atomic"]
     if n_split > 1:  # fp32 partial dK / dV per split, summed below
         dk_t = torch.empty((n_split, B, Hkv, Nk, D), dtype=torch.float32, device=q.device)
-        dv_t = torch.empty_like(dk_t)
+        dv_t = torch.empty((n_split, B, Hkv, Nk, v.shape[3]), dtype=torch.float32, device=q.device)
         dk_strides, dv_strides = dk_t.stride(), dv_t.stride()
     else:
         dk_t, dv_t = dk, dv
@@ -403,18 +420,23 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
+    Dv = v.shape[3]
     block_d = max(16, next_pow2(D))
+    block_dv = max(16, next_pow2(Dv))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
     f_tile, b_tile = sparse_tiles(D, config) if layout is not None else ((1, 1), (1, 1))
-    common = dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+    common = dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=block_dv, HAS_LEFT=win_left >= 0,
+                  HAS_RIGHT=win_right >= 0,
                   SPARSE=sparse_mode(layout, layout_bs, f_tile, Nq, Nk, config), DOT_PREC=prec,
                   DILATED=dilation > 1)
     atomic = config.dq_mode == "atomic"
     meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=sparse_mode(layout, layout_bs, b_tile, Nq, Nk, config),
-                     TMA=tma_ok(D, block_d, pairs, layout is not None, config, q, do))
+                     TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, q, do))
     n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype, config))
     n_split = resolve_dkdv_split(config.dkdv_split, group, n_tiles * B * Hkv, q.device)
-    return {"pre": dict(HAS_DLSE=has_dlse, HEAD_D=D, BLOCK_D=block_d, BLOCK_M=64 if not INTERPRET else 32),
-            "dkdv": meta_dkdv, "dq": dict(common, TMA=tma_ok(D, block_d, pairs, layout is not None, config, k, v)),
+    # the preprocess reads O and dO: v's head dim
+    return {"pre": dict(HAS_DLSE=has_dlse, HEAD_D=Dv, BLOCK_D=block_dv, BLOCK_M=64 if not INTERPRET else 32),
+            "dkdv": meta_dkdv,
+            "dq": dict(common, TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v)),
             "n_split": n_split, "atomic": atomic}

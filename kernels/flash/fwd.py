@@ -22,22 +22,26 @@ def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_
               offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
               BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-              Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr):
+              Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
+              offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
-    v_ptrs = Vb + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
-    if TMA:  # tensor-memory-accelerator copies (Hopper); rows past Nk arrive as zeros
+    v_ptrs = Vb + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd  # (BLOCK_N, BLOCK_DV)
+    if TMA:  # tensor-memory-accelerator copies (Hopper); rows past Nk arrive as zeros (only when Dv == D)
         k = tl.trans(Kd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
-        v = Vd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = Vd.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV)
     elif MASKED:
         k = tl.load(k_ptrs, mask=(offs_n[None, :] < Nk) & (offs_d[:, None] < HEAD_D), other=0.0)
-        v = tl.load(v_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_D), other=0.0)
-    elif BLOCK_D != HEAD_D:
-        k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
-        v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_D, other=0.0)
+        v = tl.load(v_ptrs, mask=(offs_n[:, None] < Nk) & (offs_dv[None, :] < HEAD_DV), other=0.0)
     else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
+        if BLOCK_D != HEAD_D:
+            k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_D, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if BLOCK_DV != HEAD_DV:
+            v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DV, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
     qk = tl.dot(q, k, input_precision=DOT_PREC)
     if MASKED:
         ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
@@ -65,7 +69,8 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 stride_ob, stride_oh, stride_on, stride_od,
                 Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, dilation,
                 KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
-                HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, DILATED: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
@@ -80,12 +85,13 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     start_m = mblk * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)  # v's head dim (Dv may differ from D: MLA)
     Qb = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     Kb = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     Vb = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     q = tl.load(Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                 mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D), other=0.0)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     if SPARSE:  # table row ordered full tiles first: two branch-free loops
@@ -95,13 +101,15 @@ def _fwd_kernel(Q, K, V, Out, Lse,
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                      offs_dv, HEAD_DV, BLOCK_DV)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                      offs_dv, HEAD_DV, BLOCK_DV)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
@@ -110,24 +118,27 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                           win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                      offs_dv, HEAD_DV, BLOCK_DV)
         for nblk in range(flo, fhi):  # full tiles: no element mask, no bounds checks
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                      offs_dv, HEAD_DV, BLOCK_DV)
         for nblk in range(fhi, hi):  # partial tiles right of the band (causal diagonal, ragged tail)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
-                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED)
+                                      BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                      offs_dv, HEAD_DV, BLOCK_DV)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     Ob = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    tl.store(Ob + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_D))
+    tl.store(Ob + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od, acc.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DV))
     tl.store(Lse + bh.to(tl.int64) * Nq + offs_m, lse, mask=offs_m < Nq)
 
 
@@ -137,12 +148,14 @@ KERNELS["fwd"] = _fwd_kernel
 def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config):
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
+    Dv = v.shape[3]
     block_d = max(16, next_pow2(D))
     pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
-    return dict(HEAD_D=D, BLOCK_D=block_d, HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+    return dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=max(16, next_pow2(Dv)), HAS_LEFT=win_left >= 0,
+                HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                TMA=tma_ok(D, block_d, pairs, layout is not None, config, k, v), DILATED=dilation > 1)
+                TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v), DILATED=dilation > 1)
 
 
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
@@ -156,19 +169,21 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     Block-sparse: ``layout`` bool/int ``(nb, nb)`` at ``layout_bs`` tokens and the query-tile block table
     built by :func:`build_sparse_tables` at ``sparse_tiles(D, config)[0]``: ``kv_idx`` int32 ``(n_q_tiles,
     max_visits)`` (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
-    ``(n_q_tiles,)`` full tiles. ``config``: default the current settings. Returns ``(out (B, Hq, Nq, D) q.dtype,
-    stored as (B, Nq, Hq, D), lse (B, Hq, Nq) fp32)``.
+    ``(n_q_tiles,)`` full tiles. ``config``: default the current settings. ``v`` may have its own head dim ``Dv``
+    (MLA; TMA only when ``Dv == D``). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
+    Nq) fp32)``.
     """
     if config is None:
         config = current_flash_config()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)
-    key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale, win_left,
+    key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale,
+           win_left,
            win_right, sparse_key, _aligned(q, k, v), config, dilation)
     plan = _PLANS.get(key) or _get_plan(key, lambda: {"fwd": _fwd_meta(q, k, v, win_left, win_right, layout,
                                                                         layout_bs, dilation, config)})
-    out = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device)
+    out = _bnhd_empty(B, Hq, Nq, v.shape[3], q.dtype, q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
     _plan_launch(plan, "fwd", B * Hq, Nq, (

@@ -85,7 +85,7 @@ def _make_prune(kind: str, config: FlashConfig):
     return prune
 
 
-_KEY = ["N_BUCKET", "BLOCK_D", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC", "DILATED"]
+_KEY = ["N_BUCKET", "BLOCK_D", "BLOCK_DV", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC", "DILATED"]
 _KEY_DKDV = _KEY + ["ATOMIC_DQ"]
 
 # Launch policy. Default: one heuristic config per (kernel, head dim, mode, dtype) -- the first of a preference
@@ -373,10 +373,12 @@ def _check(q, k, v):
     B, Hq, Nq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B or k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)} in (B, Hkv, Nk)")
-    if k.shape[3] != D or v.shape[3] != D:
-        raise ValueError(f"head dims must agree (q D={D}, k D={k.shape[3]}, v Dv={v.shape[3]}); Dv != D is not supported")
+    if k.shape[3] != D:
+        raise ValueError(f"q and k head dims must agree (q D={D}, k D={k.shape[3]})")
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head dim D={D} is not supported; allowed values: 1..{MAX_HEAD_DIM}")
+    if not 1 <= v.shape[3] <= MAX_HEAD_DIM:  # v's head dim may differ from D (MLA)
+        raise ValueError(f"v head dim Dv={v.shape[3]} (v.shape[3]) is not supported; allowed values: 1..{MAX_HEAD_DIM}")
     Hkv = k.shape[1]
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k.shape[1]) for grouped-query attention")

@@ -10,7 +10,7 @@ linear in ``N`` (subquadratic).
 
 import math
 
-from .. import register_variant
+from .. import CachePolicy, register_variant
 
 
 def _validate(spec):
@@ -22,5 +22,14 @@ def _validate(spec):
         raise ValueError(f"eps must be a finite float > 0 (rows whose normaliser is 0 would be NaN), got {spec.eps!r}")
 
 
-register_variant("linear", "linear", fields=("feature_map", "num_features", "eps", "chunk_size"), validate=_validate,
-                 subquadratic=True, doc="kernelized (linear) attention")
+def _cache_bytes(spec, n_kv_heads, head_dim, context, dtype_bytes=2, state_bytes=4):
+    """The recurrent state ``S (Hkv, F, D)`` and ``z (Hkv, F)``, whatever the context."""
+    from ...feature_maps import feature_dim
+
+    f = feature_dim(spec.feature_map, head_dim, spec.num_features)
+    return n_kv_heads * (f * head_dim + f) * state_bytes
+
+
+register_variant("linear", "linear", fields=("feature_map", "num_features", "eps", "chunk_size", "seed"),
+                 validate=_validate, subquadratic=True, doc="kernelized (linear) attention",
+                 cache_policy=lambda spec: CachePolicy("state"), cache_bytes=_cache_bytes)

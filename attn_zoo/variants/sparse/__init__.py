@@ -97,5 +97,11 @@ def _element_fraction(spec, N):
     return kept / (N * N)
 
 
-register_variant("sparse", "softmax", fields=FIELDS, validate=_validate, mask=_mask,
+def _decode_mask(spec, Nq, capacity):
+    """Causal layouts are prefix-consistent (a block row's choice does not depend on the block count): the
+    capacity's layout serves every cache length. Non-causal ones are not (``None``: one layout per sequence)."""
+    return _mask(spec, Nq, capacity) if spec.causal else None
+
+
+register_variant("sparse", "softmax", fields=FIELDS, validate=_validate, mask=_mask, decode_mask=_decode_mask,
                  element_fraction=_element_fraction, subquadratic=True, doc="block-sparse softmax (BigBird / strided)")

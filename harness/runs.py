@@ -13,7 +13,7 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
       its end run at ``lr * min_lr_ratio``, the cosine is not stretched again;
     * the optimizer is the checkpoint's (state and hyperparameters): an ``optim.*`` value (``lr``, ``betas``,
       ``weight_decay``, ``_target_``, ``warmup_steps``, ``min_lr_ratio``, ...) that differs from the checkpoint's
-      hparams is refused (``ValueError: ckpt_path: ...``, :meth:`attn_zoo.lit.LitLM.check_checkpoint_hparams`), so
+      hparams is refused (``ValueError: ckpt_path: ...``, :meth:`harness.lit.LitLM.check_checkpoint_hparams`), so
       ``final_metrics.json``'s ``result_config`` records what ran;
     * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
       directory. A checkpoint outside a ``checkpoints/`` folder starts a new run directory.
@@ -25,7 +25,7 @@ which reads ``run_config.json``; a checkpoint whose training had ended is only v
 start over (the earlier run's checkpoints, ``csv/`` and final table kept aside as ``*.replaced-<time>``).
 ``stop_at`` (a wall-clock deadline) stops the running jobs with a checkpoint and starts no new ones, so a sweep can
 be cut into time-limited calls. ``final_metrics.json``'s ``wall_s`` of a resumed run is the total over its launches
-(the checkpoints carry the time so far, :class:`attn_zoo.callbacks.RunState`).
+(the checkpoints carry the time so far, :class:`harness.callbacks.RunState`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "resolve_ckpt_path", "run_dir_of",
-           "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "SWEPT_KEYS_ENV", "write_final_metrics", "read_sweep",
+           "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
            "FAILED", "mark_failed"]
@@ -54,7 +54,7 @@ RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
 FINAL_METRICS = "final_metrics.json"
 RUN_CONFIG = "run_config.json"   # the result_config a run trains under, written when it starts (auto-resume checks it)
-RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (attn_zoo.callbacks.RunState)
+RUN_STATE_KEY = "attn_zoo_run"   # checkpoint key of train.py's own resume state (harness.callbacks.RunState)
 NOT_STARTED = "not_started.json"  # a job folder whose job stop_at kept from starting in the latest launch
 FAILED = "failed.json"            # a job folder whose job raised in the latest launch (the error, for the summary)
 
@@ -105,7 +105,7 @@ class CheckpointInfo:
     step: int                       # optimizer steps the checkpoint has trained (trainer.global_step)
     total_steps: Optional[int]      # length of its LR schedule (LitLM hparams), None for old checkpoints
     hparams: Dict = field(default_factory=dict)
-    # train.py's resume state (attn_zoo.callbacks.RunState; checkpoints written before it: 0.0 / False / {})
+    # train.py's resume state (harness.callbacks.RunState; checkpoints written before it: 0.0 / False / {})
     wall_s: float = 0.0             # seconds of wall time the run had taken when it was written, over all launches
     stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
     train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
@@ -155,9 +155,10 @@ def _hydra_subdir_resolver(ckpt_path, stamp):
 
 # ---------------------------------------------------------------------------------------------- multirun
 _UNSAFE = re.compile(r"[^A-Za-z0-9=,._+\-\[\]@%]")
-SWEPT_KEYS_ENV = "ATTN_ZOO_SWEPT_KEYS"
-"""Environment variable with the swept keys of the running multirun (comma-separated), set by
-:class:`attn_zoo.callbacks.MultirunJobs` when the multirun starts (inherited by launched jobs)."""
+MULTIRUN_CONFIG = "multirun.yaml"
+"""``<sweep dir>/multirun.yaml``: the multirun's config, written by Hydra's sweeper before the first job starts; its
+``hydra.overrides.task`` (the command line) and ``hydra.sweeper.params`` give the swept keys
+(:func:`sweep_swept_keys`)."""
 
 
 def swept_keys(overrides, sweeper_params=None) -> List[str]:
@@ -173,13 +174,30 @@ def swept_keys(overrides, sweeper_params=None) -> List[str]:
     return list(dict.fromkeys(keys))
 
 
-def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
+def sweep_swept_keys(sweep_dir) -> List[str]:
+    """The swept keys (:func:`swept_keys`) of the multirun whose sweep folder is ``sweep_dir``, read from its
+    :data:`MULTIRUN_CONFIG` (written by Hydra's sweeper before any job starts); ``[]`` when there is none (no sweep
+    folder, or a folder Hydra did not write)."""
+    import yaml
+
+    f = Path(str(sweep_dir)) / MULTIRUN_CONFIG if sweep_dir else None
+    if f is None or not f.is_file():
+        return []
+    try:
+        hydra = (yaml.safe_load(f.read_text()) or {}).get("hydra") or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    return swept_keys((hydra.get("overrides") or {}).get("task") or [], (hydra.get("sweeper") or {}).get("params"))
+
+
+def job_dirname(overrides, exclude_keys=(), num=0, sweep_dir=None, max_len: int = 96) -> str:
     """A multirun job's folder name from its overrides (``hydra.overrides.task``), e.g. ``attention=flash,optim.lr=0.001``.
 
-    When the swept keys are known (:data:`SWEPT_KEYS_ENV`) only the swept overrides name the folder, in the order
-    they were given; otherwise every override (sorted) but ``exclude_keys``. Characters that are not safe in a file
-    name (``/``, spaces, quotes, ...) become ``_``; a name longer than ``max_len`` is cut and ends in ``-`` and 8 hex
-    digits of its hash (distinct names stay distinct); no overrides: the job number.
+    When the swept keys are known (``sweep_dir``: the multirun's ``hydra.sweep.dir``, whose :data:`MULTIRUN_CONFIG`
+    names them, :func:`sweep_swept_keys`) only the swept overrides name the folder, in the order they were given;
+    otherwise every override (sorted) but ``exclude_keys``. Characters that are not safe in a file name (``/``,
+    spaces, quotes, ...) become ``_``; a name longer than ``max_len`` is cut and ends in ``-`` and 8 hex digits of its
+    hash (distinct names stay distinct); no overrides: the job number.
     """
     if isinstance(overrides, str):  # an override_dirname
         overrides = [overrides] if overrides else []
@@ -189,7 +207,7 @@ def job_dirname(overrides, exclude_keys=(), num=0, max_len: int = 96) -> str:
         key = line.split("=", 1)[0]
         if key not in set(exclude_keys or ()):
             items.append((key, line))
-    swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
+    swept = sweep_swept_keys(sweep_dir)
     chosen = sorted((swept.index(k), line) for k, line in items if k in swept)
     lines = [line for _, line in chosen] if chosen else sorted(line for _, line in items)
     name = _UNSAFE.sub("_", ",".join(lines)).strip("._") or str(num)
@@ -207,7 +225,7 @@ def write_final_metrics(run_dir, record: Dict) -> Path:
 def mark_not_started(run_dir, stop_at: Optional[float]) -> None:
     """``stop_at=None``: remove ``<run_dir>/not_started.json`` (:data:`NOT_STARTED`), as ``train.py`` does when a job
     starts. Else write it (the deadline and the time it was found passed), so the multirun summary
-    (:class:`attn_zoo.callbacks.MultirunJobs`) reports the job as not started, not as stopped or failed."""
+    (:class:`harness.callbacks.MultirunJobs`) reports the job as not started, not as stopped or failed."""
     path = Path(run_dir) / NOT_STARTED
     if stop_at is None:
         path.unlink(missing_ok=True)
@@ -218,7 +236,7 @@ def mark_not_started(run_dir, stop_at: Optional[float]) -> None:
 
 def mark_failed(run_dir, error: Optional[BaseException]) -> None:
     """``error=None``: remove ``<run_dir>/failed.json`` (:data:`FAILED`: the job ran to its end this launch). Else
-    write it with the error's type and message, so the multirun summary (:class:`attn_zoo.callbacks.MultirunJobs`)
+    write it with the error's type and message, so the multirun summary (:class:`harness.callbacks.MultirunJobs`)
     names the failed jobs and why, apart from the stopped or interrupted ones."""
     path = Path(run_dir) / FAILED
     if error is None:
@@ -319,6 +337,31 @@ IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_par
 ``optim._target_=torch.optim.Adam``, is kept and differs)."""
 
 
+RENAMED_TARGETS = {
+    "attn_zoo.data.MQARDataModule": "harness.data.MQARDataModule",
+    "attn_zoo.data.TextDataModule": "harness.data.TextDataModule",
+    "attn_zoo.callbacks.RecallByDistance": "harness.callbacks.RecallByDistance",
+    "attn_zoo.callbacks.ModelCheckpoint": "harness.callbacks.ModelCheckpoint",
+    "attn_zoo.callbacks.MultirunJobs": "harness.callbacks.MultirunJobs",
+    "attn_zoo.runs.ContinuedCSVLogger": "harness.runs.ContinuedCSVLogger",
+}
+"""Old ``_target_`` -> current one, for configs stored before the harness left the library (``attn_zoo.data`` ->
+``harness.data``, ...): :func:`result_config` and :func:`renamed_targets` read stored configs under today's names,
+so a run stored under the old name compares equal to the same run today (the stored files are not rewritten)."""
+
+
+def renamed_targets(c):
+    """``c`` (a plain dict / list, e.g. a stored config) with every ``_target_`` named in :data:`RENAMED_TARGETS`
+    replaced by its current name, at any depth (``data._target_``, ``callbacks.<name>._target_``, ...). A new
+    object; ``c`` is not changed."""
+    if isinstance(c, dict):
+        return {k: (RENAMED_TARGETS.get(v, v) if k == "_target_" and isinstance(v, str) else renamed_targets(v))
+                for k, v in c.items()}
+    if isinstance(c, list):
+        return [renamed_targets(x) for x in c]
+    return c
+
+
 def result_config(cfg) -> Dict:
     """The resolved config of a run without the keys that do not change its result (:data:`RESULT_FREE_KEYS`, the
     progress bar / logging / checkpoint cadence, the loggers, logging- and saving-only callbacks, instantiate keys at
@@ -327,6 +370,7 @@ def result_config(cfg) -> Dict:
     from omegaconf import DictConfig, OmegaConf
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg, default=str))
+    c = renamed_targets(c)
     for k in RESULT_FREE_KEYS + ("logger",):
         c.pop(k, None)
     for k in RESULT_FREE_TRAINER_KEYS:

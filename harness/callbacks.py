@@ -18,7 +18,6 @@ import atexit
 import csv
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -30,7 +29,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, SWEPT_KEYS_ENV, mark_failed, read_sweep, swept_keys
+from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, mark_failed, read_sweep
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -184,7 +183,7 @@ def epochs_trained(trainer) -> int:
 
 class RunState(L.Callback):
     """``train.py``'s own state of a run, written into every checkpoint as ``checkpoint[RUN_STATE_KEY]``
-    (:data:`attn_zoo.runs.RUN_STATE_KEY`, read back by :func:`attn_zoo.runs.checkpoint_info`):
+    (:data:`harness.runs.RUN_STATE_KEY`, read back by :func:`harness.runs.checkpoint_info`):
 
     * ``wall_s``: seconds of wall time the run has taken up to this checkpoint, over all its launches:
       ``wall_s_before`` (what the checkpoint this launch resumed from stored; 0 for a new run) plus the seconds
@@ -291,14 +290,14 @@ def _names(names: List[str], most: int = 6) -> str:
 class MultirunJobs(HydraCallback):
     """Hydra callback for ``python train.py -m ...``.
 
-    * Start: the swept keys (:func:`attn_zoo.runs.swept_keys`) go to the environment (:data:`SWEPT_KEYS_ENV`), so
-      ``hydra.sweep.subdir`` (:func:`attn_zoo.runs.job_dirname`) names each job's folder after its swept overrides
-      only, e.g. ``attention=flash,optim.lr=0.001``.
+    * Job folders (not this callback's work): ``hydra.sweep.subdir`` (:func:`harness.runs.job_dirname`, given
+      ``hydra.sweep.dir``) names each job's folder after its swept overrides only, e.g.
+      ``attention=flash,optim.lr=0.001``, reading the swept keys from ``<sweep dir>/multirun.yaml``.
     * End: one table (rich) of every job's final metrics, read from the jobs' ``final_metrics.json`` (written by
       ``train.py``), also saved as ``<sweep dir>/summary.csv``. Jobs without one are listed, with their count, as
       not started (``stop_at`` had passed when the job came: ``not_started.json``,
-      :func:`attn_zoo.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
-      the job's end, :func:`attn_zoo.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
+      :func:`harness.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
+      the job's end, :func:`harness.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
       before Hydra could record a failure).
     * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
       without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
@@ -313,8 +312,6 @@ class MultirunJobs(HydraCallback):
         self.filename = filename
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
-        keys = swept_keys(config.hydra.overrides.task, config.hydra.sweeper.get("params"))
-        os.environ[SWEPT_KEYS_ENV] = ",".join(keys)
         self._summarized = False
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
@@ -364,7 +361,6 @@ class MultirunJobs(HydraCallback):
         return ["job", "overrides", "variant"] + cols, rows
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
-        os.environ.pop(SWEPT_KEYS_ENV, None)
         self._summarize(Path(str(config.hydra.sweep.dir)))
 
     def _summarize(self, sweep_dir: Path) -> None:
@@ -422,7 +418,7 @@ def mqar_key_distance(x, y, num_kv_pairs: int):
     """Distance from each MQAR query to its key: ``(mask, dist)``, both ``(B, N)``.
 
     ``x``: int64 ``(B, N)`` inputs, ``y``: int64 ``(B, N)`` targets (``-100`` off the query positions), as made by
-    :func:`attn_zoo.data.generate_mqar` (keys at the even positions ``0, 2, .., 2 P - 2`` of the context). ``mask``
+    :func:`harness.data.generate_mqar` (keys at the even positions ``0, 2, .., 2 P - 2`` of the context). ``mask``
     is True at the query positions; ``dist[b, i] = i - j`` where ``j`` is the position of the key that the query at
     ``i`` repeats (0 off the query positions), so a sliding window of left size ``w`` shows the key to the query's
     own layer iff ``dist <= w``.

@@ -28,8 +28,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import lightning as L
 import torch
 
-from .model import GPT, config_from_dict, layer_from_dict, spec_to_dict
-from .spec import AttentionSpec, make_spec
+from attn_zoo.model import GPT, config_from_dict, layer_from_dict, spec_to_dict
+from attn_zoo.spec import AttentionSpec, make_spec
 
 DEFAULT_OPTIMIZER: Dict[str, Any] = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3,
                                      "weight_decay": 0.1, "betas": [0.9, 0.95]}
@@ -453,7 +453,7 @@ class LitLM(L.LightningModule):
         ``compute()`` sums the metric states (sums of losses / correct tokens and token counts) over DDP ranks (the
         library's reduction); the values are then the same on every rank, so ``sync_dist`` only silences Lightning's
         warning about epoch-level values in DDP. The data modules' validation sampler gives every example to one rank
-        once (:func:`attn_zoo.data.val_sampler`), so they equal the single-process values. A validation without scored
+        once (:func:`harness.data.val_sampler`), so they equal the single-process values. A validation without scored
         positions logs NaN."""
         loss = self.val_loss.compute().float()
         acc = self.val_acc.compute().float()

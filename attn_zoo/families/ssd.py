@@ -1,0 +1,237 @@
+"""Mamba-2 (SSD, Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms Through
+Structured State Space Duality"): the scan's references and the ``mamba2`` sequence mixer.
+
+The scan (per batch and head, state ``S (N, P)`` in fp32)::
+
+    S_t = exp(dt_t * A) * S_{t-1} + dt_t * B_t x_t^T         y_t = S_t^T C_t + D * x_t
+
+* :func:`ssd_scan_naive`: the step-by-step recurrence (the reference every other path is tested against).
+* :func:`ssd_scan_chunked`: the chunked form in PyTorch (intra-chunk quadratic form with the segsum decay mask,
+  inter-chunk state passing), differentiable by autograd; the CPU path of the mixer.
+* :func:`kernels.ssd.ssd_scan`: the same chunked algorithm as one Triton kernel, forward and backward.
+* :func:`ssd_step`: the O(1) recurrent decode step.
+* :func:`ssd`: ``dt`` / ``A`` / ``D`` around any of them (``backend`` = ``triton`` | ``torch`` | ``naive`` | ``auto``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..mixers import register_mixer
+
+__all__ = ["ssd", "ssd_scan_naive", "ssd_scan_chunked", "ssd_step", "Mamba2", "Mamba2State", "SSD_BACKENDS"]
+
+SSD_BACKENDS = ("auto", "triton", "torch", "naive")
+
+
+def _expand_groups(M: torch.Tensor, H: int) -> torch.Tensor:
+    """``(B, T, G, N) -> (B, T, H, N)``: head ``h`` reads group ``h // (H // G)``."""
+    return M.repeat_interleave(H // M.shape[2], dim=2)
+
+
+def ssd_scan_naive(x, a, B, C, initial_state=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Step-by-step recurrence ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` (fp32 state).
+
+    ``x (B, T, H, P)``, ``a (B, T, H)``, ``B, C (B, T, G, N)``, ``initial_state (B, H, N, P)`` or None.
+    Returns ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` fp32 (fp64 for fp64 ``x``)."""
+    Bsz, T, H, P = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    Bh, Ch = _expand_groups(B, H).to(acc), _expand_groups(C, H).to(acc)
+    S = (initial_state.to(acc) if initial_state is not None
+         else x.new_zeros(Bsz, H, B.shape[3], P, dtype=acc))
+    ys = []
+    for t in range(T):
+        S = torch.exp(a[:, t].to(acc))[..., None, None] * S + Bh[:, t, :, :, None] * x[:, t, :, None, :].to(acc)
+        ys.append(torch.einsum("bhn,bhnp->bhp", Ch[:, t], S))
+    return torch.stack(ys, 1).to(x.dtype), S
+
+
+def _segsum(cum: torch.Tensor) -> torch.Tensor:
+    """``cum (..., L) -> (..., L, L)``: ``cum_t - cum_s`` for ``s <= t``, ``-inf`` above the diagonal."""
+    L = cum.shape[-1]
+    d = cum[..., :, None] - cum[..., None, :]
+    mask = torch.ones(L, L, dtype=torch.bool, device=cum.device).tril()
+    return d.masked_fill(~mask, float("-inf"))
+
+
+def ssd_scan_chunked(x, a, B, C, initial_state=None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The chunked SSD algorithm in PyTorch (same arguments and results as :func:`ssd_scan_naive`)."""
+    Bsz, T, H, P = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    L = int(chunk_size)
+    pad = (-T) % L
+    Bh, Ch = _expand_groups(B, H).to(acc), _expand_groups(C, H).to(acc)
+    xa, aa = x.to(acc), a.to(acc)
+    if pad:
+        xa, Bh, Ch = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (xa, Bh, Ch))
+        aa = F.pad(aa, (0, 0, 0, pad))
+    nc = (T + pad) // L
+    xc = xa.view(Bsz, nc, L, H, P)
+    Bc, Cc = Bh.view(Bsz, nc, L, H, -1), Ch.view(Bsz, nc, L, H, -1)
+    cum = aa.view(Bsz, nc, L, H).permute(0, 3, 1, 2).cumsum(-1)  # (B, H, c, L)
+    decay = torch.exp(_segsum(cum))  # (B, H, c, L, L)
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, decay, xc)  # intra-chunk quadratic form
+    w = torch.exp(cum[..., -1:] - cum)  # (B, H, c, L)
+    chunk_states = torch.einsum("bclhn,bhcl,bclhp->bchnp", Bc, w, xc)
+    S = initial_state.to(acc) if initial_state is not None else x.new_zeros(Bsz, H, Bc.shape[-1], P, dtype=acc)
+    entering = []
+    for c in range(nc):  # inter-chunk state passing
+        entering.append(S)
+        S = torch.exp(cum[:, :, c, -1])[..., None, None] * S + chunk_states[:, c]
+    Sin = torch.stack(entering, 1)  # (B, c, H, N, P)
+    y = y + torch.einsum("bclhn,bchnp,bhcl->bclhp", Cc, Sin, torch.exp(cum))
+    y = y.reshape(Bsz, nc * L, H, P)[:, :T]
+    return y.to(x.dtype), S
+
+
+def ssd_step(x, dt, A, B, C, D, state) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One decode step (O(1) in the position): ``x (B, H, P)``, ``dt (B, H)`` (after softplus), ``A (H,)``,
+    ``B, C (B, G, N)``, ``D (H,)``, ``state (B, H, N, P)`` fp32. Returns ``y (B, H, P)`` and the new state."""
+    H = x.shape[1]
+    Bh = B.repeat_interleave(H // B.shape[1], dim=1).float()
+    Ch = C.repeat_interleave(H // C.shape[1], dim=1).float()
+    dtf = dt.float()
+    S = torch.exp(dtf * A.float())[..., None, None] * state + (dtf[..., None, None] * Bh[..., :, None]
+                                                             * x.float()[..., None, :])
+    y = torch.einsum("bhn,bhnp->bhp", Ch, S) + D.float()[:, None] * x.float()
+    return y.to(x.dtype), S
+
+
+def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
+    """Mamba-2's SSD: ``x (B, T, H, P)``, ``dt (B, T, H)`` (positive, after softplus), ``A (H,)`` (negative),
+    ``B, C (B, T, G, N)``, ``D (H,)`` or None, ``initial_state (B, H, N, P)`` or None.
+
+    ``backend``: ``triton`` (:func:`kernels.ssd.ssd_scan`), ``torch`` (:func:`ssd_scan_chunked`), ``naive``
+    (:func:`ssd_scan_naive`) or ``auto`` (triton on CUDA, else torch). Returns ``y (B, T, H, P)`` in ``x.dtype``
+    and the final state ``(B, H, N, P)`` fp32. Differentiable in every tensor argument.
+    Raises ``ValueError`` naming ``backend`` for an unknown one."""
+    if backend not in SSD_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
+    if backend == "auto":
+        backend = "triton" if x.is_cuda and x.dtype != torch.float64 else "torch"
+    xdt = x * dt[..., None].to(x.dtype)
+    a = dt.float() * A.float()
+    if backend == "triton":
+        from kernels.ssd import ssd_scan
+
+        y, S = ssd_scan(xdt, a, B.to(x.dtype), C.to(x.dtype), initial_state, chunk_size)
+    elif backend == "torch":
+        y, S = ssd_scan_chunked(xdt, a, B, C, initial_state, chunk_size)
+    else:
+        y, S = ssd_scan_naive(xdt, a, B, C, initial_state)
+    if D is not None:
+        y = y + (D[:, None].to(x.dtype) * x)
+    return y, S
+
+
+@dataclass
+class Mamba2State:
+    """Decode state of one Mamba-2 layer: the last ``d_conv - 1`` inputs of the convolution ``conv (B, C, K-1)``
+    and the SSM state ``ssm (B, H, N, P)`` fp32; ``n`` tokens seen (host int). Its size does not grow with N."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    n: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba-2's output norm: ``rmsnorm(y * silu(z)) * weight``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, y, z):
+        h = (y * F.silu(z)).float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(y.dtype) * self.weight
+
+
+@register_mixer("mamba2", causal=True)
+class Mamba2(nn.Module):
+    """The Mamba-2 block's mixer, ``(B, N, d_model) -> (B, N, d_model)``.
+
+    ``in_proj`` gives ``z`` (gate), ``xBC`` and ``dt``; ``xBC`` passes a short causal depthwise convolution
+    (``d_conv`` taps) and SiLU, then splits into ``x (H heads of headdim)``, ``B, C (ngroups, d_state)``;
+    ``dt = softplus(dt + dt_bias)``, ``A = -exp(A_log)`` (a scalar per head); :func:`ssd`; gated RMSNorm with
+    ``z``; ``out_proj``. ``d_inner = expand * d_model`` must be a multiple of ``headdim``.
+
+    ``kernel``: ``auto`` | ``triton`` | ``torch`` | ``naive`` (the SSD scan's ``backend``; see :func:`ssd`). The
+    model's attention backend does not apply (it is not an attention layer).
+    Decoding: :meth:`new_cache` and ``forward(x, cache, pos)``; one token is an O(1) :func:`ssd_step`, a chunk
+    runs the scan from the cached state.
+    """
+
+    def __init__(self, d_model: int, d_state: int = 64, expand: int = 2, headdim: int = 32, d_conv: int = 4,
+                 ngroups: int = 1, chunk_size: int = 64, kernel: str = "auto", dt_min: float = 1e-3,
+                 dt_max: float = 1e-1, bias: bool = False):
+        super().__init__()
+        if kernel not in SSD_BACKENDS:
+            raise ValueError(f"mamba2 kernel={kernel!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
+        d_inner = expand * d_model
+        if headdim < 1 or d_inner % headdim:
+            raise ValueError(f"mamba2 headdim={headdim} must divide d_inner = expand * d_model = {d_inner}")
+        self.nheads = d_inner // headdim
+        if ngroups < 1 or self.nheads % ngroups:
+            raise ValueError(f"mamba2 ngroups={ngroups} must divide the number of heads {self.nheads}")
+        if d_conv < 1:
+            raise ValueError(f"mamba2 d_conv={d_conv} must be >= 1")
+        self.d_inner, self.d_state, self.headdim, self.ngroups = d_inner, d_state, headdim, ngroups
+        self.d_conv, self.chunk_size, self.kernel = d_conv, chunk_size, kernel
+        self.conv_dim = d_inner + 2 * ngroups * d_state
+        self.in_proj = nn.Linear(d_model, d_inner + self.conv_dim + self.nheads, bias=bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=True)
+        dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.nheads).uniform_(1, 16)))
+        self.D = nn.Parameter(torch.ones(self.nheads))
+        self.norm = GatedRMSNorm(d_inner)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
+
+    def new_cache(self, batch_size: int, capacity: int, dtype: torch.dtype, device, page_size=None,
+                  shuffle_pages: bool = False) -> Mamba2State:
+        """An empty decode state (``capacity`` / paging do not apply: the state has a fixed size)."""
+        return Mamba2State(torch.zeros(batch_size, self.conv_dim, self.d_conv - 1, dtype=dtype, device=device),
+                           torch.zeros(batch_size, self.nheads, self.d_state, self.headdim, dtype=torch.float32,
+                                       device=device), 0)
+
+    def _conv(self, xBC, cache: Optional[Mamba2State]):
+        """Causal depthwise conv over ``xBC (B, T, C)``; with a cache, continues from its last inputs."""
+        h = xBC.transpose(1, 2)  # (B, C, T)
+        K = self.d_conv
+        prev = cache.conv.to(h.dtype) if cache is not None else h.new_zeros(h.shape[0], h.shape[1], K - 1)
+        full = torch.cat([prev, h], dim=2)
+        if cache is not None and K > 1:
+            cache.conv = full[:, :, -(K - 1):].detach().clone()
+        out = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
+        return F.silu(out).transpose(1, 2)  # (B, T, C)
+
+    def forward(self, x: torch.Tensor, cache: Optional[Mamba2State] = None, pos: int = 0) -> torch.Tensor:
+        Bsz, T, _ = x.shape
+        z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        xBC = self._conv(xBC, cache)
+        xs, Bm, Cm = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], -1)
+        xs = xs.reshape(Bsz, T, self.nheads, self.headdim)
+        Bm = Bm.reshape(Bsz, T, self.ngroups, self.d_state)
+        Cm = Cm.reshape(Bsz, T, self.ngroups, self.d_state)
+        dt = F.softplus(dt.float() + self.dt_bias.float())  # (B, T, H)
+        A = -torch.exp(self.A_log.float())
+        if cache is not None and T == 1 and cache.n > 0:  # O(1) decode step
+            y, S = ssd_step(xs[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], self.D, cache.ssm)
+            y = y[:, None]
+        else:
+            s0 = cache.ssm if cache is not None and cache.n > 0 else None
+            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, self.kernel)
+        if cache is not None:
+            cache.ssm, cache.n = S.detach().float(), cache.n + T
+        y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
+        return self.out_proj(y)

@@ -1,0 +1,220 @@
+"""The best-against-best tables of ``lab/h200_anchors.sh`` for docs/results.md (markdown on stdout).
+
+Reads ``RESULTS_DIR/<family>/kernel.csv`` (one per family process; ``eval.sweep`` rows of
+``eval/conf/sweep/anchors_h200.yaml``), joins them into ``RESULTS_DIR/combined/kernel.csv`` and writes, from the
+measured rows only:
+
+1. forward+backward TFLOP/s per case and N for ours and every anchor (FlashAttention's FLOP convention; median of
+   the repeats), the fastest correct implementation in bold and named in a ``best`` column; a failed correctness
+   check is marked, an anchor that errored says ``err``, one that cannot express the case ``n/a``;
+2. the ratio ours / anchor (TFLOP/s, i.e. the anchor's time over ours: below 1 = ours slower) per case and N;
+3. forward-only TFLOP/s at the largest N;
+4. n* ours vs ours and best vs best, each with its bootstrap interval and the implementation on each side
+   (:mod:`eval.best`; ``best.csv``, ``crossover_best.csv``, ``nstar_compare.csv`` and ``best_time_vs_n.png`` go to
+   ``RESULTS_DIR/combined``), and how far the conclusion moves;
+5. every anchor failure (status, message), so a missing or failing anchor is visible, not silently absent.
+
+    python -m eval.anchors_tables RESULTS_DIR [--config eval/conf/sweep/anchors_h200.yaml] [--n-boot 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from eval.best import OURS, analyse_best, check_state, eligible, format_nstar_markdown, impl_summary
+from eval.crossover import _f
+
+LABELS = {"causal": "causal, D 128", "full": "full, D 128", "gqa": "GQA 4:1, D 128", "d64": "causal, D 64",
+          "window": "window 1024", "bigbird": "BigBird", "linear": "linear (elu1), D 128",
+          "linear_taylor": "Taylor (Based), D 16"}
+BACKEND_LABELS = {"triton": "ours (triton)", "parallel": "ours (parallel)", "torch": "ours (torch)", "fa4": "FA4",
+                  "flex_fa4": "Flex+FA4", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA)", "flex": "Flex (Triton)",
+                  "fla": "fla", "fa2": "FA2", "fa3": "FA3"}
+ORDER = ("triton", "parallel", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_flash", "flex", "fla", "fa2", "fa3")
+
+
+def _n(n) -> str:
+    n = int(_f(n))
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def load(results_dir: str) -> List[dict]:
+    """The latest row of every point of every ``<family>/kernel.csv`` under ``results_dir`` (``combined/`` left
+    out). Raises ``FileNotFoundError`` naming the folder when there is none."""
+    from eval.sweep import latest_rows, read_rows
+
+    fam_of = lambda p: os.path.basename(os.path.dirname(p))  # noqa: E731
+    paths = sorted((p for p in glob.glob(os.path.join(results_dir, "*", "kernel.csv")) if fam_of(p) != "combined"),
+                   key=lambda p: (fam_of(p) != "softmax", fam_of(p)))  # softmax first, then the others
+    if not paths:
+        raise FileNotFoundError(f"no <family>/kernel.csv under {results_dir} (written by lab/h200_anchors.sh)")
+    rows = []
+    for p in paths:
+        fam = os.path.basename(os.path.dirname(p))
+        rows += [dict(r, family=fam) for r in latest_rows(read_rows(p))]
+    return rows
+
+
+def _cases(rows: Sequence[dict]) -> List[str]:
+    seen = list(dict.fromkeys(r["variant"] for r in rows))
+    return [v for v in LABELS if v in seen] + [v for v in seen if v not in LABELS]
+
+
+def _backends(rows: Sequence[dict]) -> List[str]:
+    seen = set(r["backend"] for r in rows)
+    return [b for b in ORDER if b in seen] + sorted(seen - set(ORDER))
+
+
+def _cell(r: Optional[dict], col: str) -> str:
+    if r is None:
+        return ""
+    st = r.get("status")
+    if st == "unsupported":
+        return "n/a"
+    if st in ("error", "oom"):
+        return st if st == "oom" else "err"
+    if st == "skipped":
+        return "skip"
+    v = _f(r.get(col))
+    if not math.isfinite(v):
+        return "-"
+    s = f"{v:.0f}"
+    return s + " ✗" if check_state(r) == "failed" else s
+
+
+def tflops_table(rows: Sequence[dict], mode: str = "fwd_bwd") -> str:
+    """Markdown: TFLOP/s of ``mode`` per (case, N) and backend; best correct one bold and named."""
+    col, ms = f"{mode}_tflops", f"{mode}_ms"
+    cases = _cases(rows)
+    out = []
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        frows = [r for r in rows if r["family"] == fam]
+        backs = _backends(frows)
+        out.append(f"| case | N | {' | '.join(BACKEND_LABELS.get(b, b) for b in backs)} | best |")
+        out.append("|---|---|" + "---|" * (len(backs) + 1))
+        for case in [c for c in cases if any(r["variant"] == c for r in frows)]:
+            for n in sorted({int(_f(r["seq_len"])) for r in frows if r["variant"] == case}):
+                at = {r["backend"]: r for r in frows if r["variant"] == case and int(_f(r["seq_len"])) == n}
+                ok = [r for r in at.values() if eligible(r, ms)]
+                win = min(ok, key=lambda r: _f(r[ms]))["backend"] if ok else None
+                cells = []
+                for b in backs:
+                    c = _cell(at.get(b), col)
+                    cells.append(f"**{c}**" if b == win and c else c)
+                out.append(f"| {LABELS.get(case, case)} | {_n(n)} | {' | '.join(cells)} | "
+                           f"{BACKEND_LABELS.get(win, win) if win else '-'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def ratio_table(rows: Sequence[dict], ours: Sequence[str] = OURS, mode: str = "fwd_bwd") -> str:
+    """Markdown: ours / anchor TFLOP/s (= t_anchor / t_ours) per (case, N) for every anchor measured; ``ours`` = the
+    fastest correct of ``ours`` (named when it is not triton)."""
+    ms = f"{mode}_ms"
+    anchors = [b for b in _backends(rows) if b not in ours and b != "torch"]
+    out = [f"| case | N | ours | {' | '.join('vs ' + BACKEND_LABELS.get(b, b) for b in anchors)} |",
+           "|---|---|---|" + "---|" * len(anchors)]
+    for case in _cases(rows):
+        for n in sorted({int(_f(r["seq_len"])) for r in rows if r["variant"] == case}):
+            at = {r["backend"]: r for r in rows if r["variant"] == case and int(_f(r["seq_len"])) == n}
+            mine = [at[b] for b in ours if b in at and eligible(at[b], ms)]
+            if not mine:
+                continue
+            o = min(mine, key=lambda r: _f(r[ms]))
+            cells = []
+            for b in anchors:
+                a = at.get(b)
+                cells.append(f"{_f(a[ms]) / _f(o[ms]):.2f}" + (" ✗" if check_state(a) == "failed" else "")
+                             if a is not None and a.get("status") == "ok" and _f(a.get(ms)) > 0 else "-")
+            if any(c != "-" for c in cells):
+                out.append(f"| {LABELS.get(case, case)} | {_n(n)} | {o['backend']} | {' | '.join(cells)} |")
+    return "\n".join(out)
+
+
+def failures_table(rows: Sequence[dict]) -> str:
+    """Markdown: every (backend, status, message) that is not ``ok`` / ``unsupported``-by-design, with its cases."""
+    groups: Dict[tuple, List[str]] = {}
+    for r in rows:
+        bad_check = r.get("status") == "ok" and check_state(r) == "failed"
+        if r.get("status") in ("ok", "skipped") and not bad_check:
+            continue
+        msg = (r.get("error") or "").replace("|", "/")[:160] or "-"
+        if bad_check:
+            msg = f"check_err={_f(r.get('check_err')):.3g} > tolerance"
+        key = (r["backend"], "check failed" if bad_check else r["status"], msg)
+        groups.setdefault(key, []).append(f"{r['variant']}@{_n(r['seq_len'])}")
+    if not groups:
+        return "(none: every point ok, skipped after a slower point, or excluded by the config)"
+    out = ["| backend | status | message | points |", "|---|---|---|---|"]
+    for (b, st, msg), pts in sorted(groups.items()):
+        shown = ", ".join(pts[:6]) + (f", ... ({len(pts)})" if len(pts) > 6 else "")
+        out.append(f"| {BACKEND_LABELS.get(b, b)} | {st} | {msg} | {shown} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results_dir")
+    ap.add_argument("--config", default="eval/conf/sweep/anchors_h200.yaml", help="the sweep config of the run")
+    ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (default: the config's n_boot)")
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args(argv)
+    from eval.bench_common import write_csv
+    from eval.sweep import COLUMNS, load_config
+
+    cfg = load_config(a.config)
+    if a.n_boot is not None:
+        cfg["n_boot"] = a.n_boot
+    rows = load(a.results_dir)
+    comb = os.path.join(a.results_dir, "combined")
+    write_csv(rows, os.path.join(comb, "kernel.csv"), columns=list(COLUMNS) + ["family"])
+    res = analyse_best(comb, cfg, plots=not a.no_plots)
+    ours = list(cfg.get("ours") or OURS)
+    ok = sum(r.get("status") == "ok" for r in rows)
+    checked = sum(check_state(r) != "unchecked" for r in rows if r.get("status") == "ok")
+    env = {}
+    vpath = os.path.join(a.results_dir, "versions.json")
+    if os.path.exists(vpath):
+        import json
+
+        with open(vpath) as f:
+            env = json.load(f)
+    print(f"<!-- eval/anchors_tables.py {a.results_dir}: {len(rows)} points, {ok} ok, {checked} of them checked -->")
+    if env:
+        pk = ", ".join(f"{k[4:]} {v}" for k, v in env.items() if k.startswith("pkg:") and v)
+        print(f"Measured {env.get('date')} on {env.get('gpu')} ({pk}).\n")
+    print(f"### Forward+backward TFLOP/s ({cfg.get('dtype')}, H {cfg.get('n_heads')}, {cfg.get('tokens')} tokens per call; median "
+          f"of {cfg.get('repeats', 1)} repeats; bold: the fastest implementation that passed its check)\n")
+    print(tflops_table(rows, "fwd_bwd"))
+    print("### Ours / anchor (forward+backward TFLOP/s ratio; below 1: the anchor is faster)\n")
+    print(ratio_table(rows, ours))
+    nmax = max(int(_f(r["seq_len"])) for r in rows)
+    print(f"\n### Forward only at N = {_n(nmax)} (TFLOP/s)\n")
+    print(tflops_table([r for r in rows if int(_f(r["seq_len"])) == nmax], "fwd"))
+    lvl = float(cfg.get("level") or 0.95)
+    print(f"### n*: ours vs ours and best vs best ({res['metric']}, against {cfg['baseline']['variant']}; "
+          f"[{lvl:.0%} bootstrap interval over the repeats]; implementations per N on each side)\n")
+    print(format_nstar_markdown(res["nstar"]))
+    print()
+    for r in res["nstar"]:
+        print(f"- {r['variant']}: {r['conclusion']} (p_cross ours {_f(r['ours_p_cross']):.2f}, best "
+              f"{_f(r['best_p_cross']):.2f}; {r['best_reps']} repeats per point)")
+    print("\n### Failures (recorded rows; every other anchor ran)\n")
+    print(failures_table(rows))
+    picks = {}
+    for r in res["best"]:
+        picks.setdefault(r["variant"], []).append((_f(r["seq_len"]), r["impl"]))
+    print("\nBest implementation per case: " + "; ".join(f"{LABELS.get(v, v)}: {impl_summary(p)}"
+                                                         for v, p in picks.items()))
+    print(f"\n(files: {comb}/best.csv, crossover_best.csv, nstar_compare.csv"
+          + (", best_time_vs_n.png" if res["figures"] else "") + ")", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

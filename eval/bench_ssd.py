@@ -1,0 +1,150 @@
+"""Benchmark: our chunked Triton SSD kernel (Mamba-2) vs fla's chunked op, mamba_ssm and our exact flash kernel.
+
+Plain Python (no Hydra), from the repo root: ``python -m eval.bench_ssd --out results/h200/ssd``. Needs CUDA.
+
+All timings come from one run: median of CUDA events (:func:`eval.bench_common.time_cuda`), forward and
+forward+backward, reported also as ns per token (time / (B * N)); the flat-time-per-token check is the ratio
+``ns/token at the largest N / at 2k``. Workload: bf16, ``H = --heads`` (16), head dim ``P = 64``, ``d_state
+N_s = 128`` (one group), chunk 64, ``B * N = --tokens`` (32k; ``B = 1`` once ``N`` exceeds it), ``N = 512 .. 32k``.
+
+Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt * A`` are precomputed)
+* ``ours``: :func:`kernels.ssd.ssd_scan` (chunked, one program per (batch, head, 64 columns), fp32 states).
+* ``torch``: :func:`attn_zoo.families.ssd.ssd_scan_chunked` (plain PyTorch chunked form), up to 8k.
+* ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla(q=C, k=B, v=x, g=a, scale=1)``: the same scan
+  (a scalar log-decay per head and position) in fla's chunked kernels, B / C expanded to every head.
+  Skipped (column empty, note printed) when fla does not import.
+* ``mamba_ssm``: ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`` (dt, A, D=None inside its
+  kernel) when mamba_ssm imports; skipped with a note otherwise.
+* ``flash``: our exact causal attention kernel (:func:`kernels.flash.flash_attn`, ``H`` heads, ``D = 64``).
+
+Writes ``ssd_bench.csv`` and ``ssd_bench.json`` under ``--out`` and prints the table and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import traceback
+
+import torch
+
+from eval.bench_common import env_info, format_table, time_cuda, write_csv, write_json
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a failing method must not kill the run
+        traceback.print_exc(limit=2)
+        return f"error: {type(e).__name__}: {str(e)[:120]}"
+
+
+def make_methods(B, H, N, P, NS, dtype, dev, notes):
+    g = torch.Generator(device=dev).manual_seed(N)
+    x = torch.randn(B, N, H, P, device=dev, dtype=dtype, generator=g)
+    dt = torch.nn.functional.softplus(torch.randn(B, N, H, device=dev, generator=g) - 2)
+    A = -torch.rand(H, device=dev, generator=g) * 4 - 0.5
+    a = (dt * A).contiguous()
+    Bm = (torch.randn(B, N, 1, NS, device=dev, dtype=dtype, generator=g) / NS ** 0.5)
+    Cm = torch.randn(B, N, 1, NS, device=dev, dtype=dtype, generator=g)
+    xdt = (x * dt[..., None].to(dtype)).contiguous()
+
+    def leaf(*ts):
+        return [t.detach().clone().requires_grad_() for t in ts]
+
+    M = {}
+    from kernels.ssd import ssd_scan
+
+    ins = leaf(xdt, a, Bm, Cm)
+    M["ours"] = (lambda i=ins: ssd_scan(i[0], i[1], i[2], i[3], chunk_size=64)[0], ins)
+    if N <= 8192:
+        from attn_zoo.families.ssd import ssd_scan_chunked
+
+        ins = leaf(xdt, a, Bm, Cm)
+        M["torch"] = (lambda i=ins: ssd_scan_chunked(i[0], i[1], i[2], i[3], chunk_size=64)[0], ins)
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        q, k = Cm.expand(B, N, H, NS).contiguous(), Bm.expand(B, N, H, NS).contiguous()
+        ins = leaf(q, k, xdt)
+        M["fla_simple_gla"] = (lambda i=ins: chunk_simple_gla(i[0], i[1], i[2], g=a, scale=1.0)[0], ins)
+    except Exception as e:  # noqa: BLE001
+        notes.add(f"fla_simple_gla skipped: fla does not import ({type(e).__name__}: {e})")
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        ins = leaf(x, dt, A, Bm, Cm)
+        M["mamba_ssm"] = (lambda i=ins: mamba_chunk_scan_combined(i[0], i[1], i[2], i[3], i[4], chunk_size=64), ins)
+    except Exception as e:  # noqa: BLE001
+        notes.add(f"mamba_ssm skipped: mamba_ssm does not import ({type(e).__name__}: {e})")
+    try:
+        from kernels.flash import flash_attn
+
+        q, k, v = (torch.randn(B, H, N, P, device=dev, dtype=dtype, generator=g) for _ in range(3))
+        ins = leaf(q, k, v)
+        M["flash"] = (lambda i=ins: flash_attn(i[0], i[1], i[2], causal=True), ins)
+    except Exception as e:  # noqa: BLE001
+        notes.add(f"flash skipped: {type(e).__name__}: {e}")
+    return M
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output folder (ssd_bench.csv / .json)")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=32768, help="B * N per shape")
+    ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--d-state", type=int, default=128)
+    ap.add_argument("--head-dim", type=int, default=64)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_ssd needs a CUDA device")
+    dev, dtype = "cuda", torch.bfloat16
+    rows, notes = [], set()
+    for N in [int(n) for n in args.lengths.split(",")]:
+        B = max(1, args.tokens // N)
+        methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes)
+        for name, (fwd, ins) in methods.items():
+            row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
+            ms_f = _try(lambda: time_cuda(lambda: fwd()))
+            if isinstance(ms_f, str):
+                rows.append(dict(row, error=ms_f))
+                continue
+            do = torch.randn_like(fwd())
+
+            def fb():
+                fwd().backward(do)
+
+            ms_fb = _try(lambda: time_cuda(fb, grad_to_none=ins))
+            row.update(fwd_ms=ms_f, fwd_bwd_ms=ms_fb if not isinstance(ms_fb, str) else float("nan"),
+                       fwd_ns_per_token=ms_f * 1e6 / (B * N),
+                       fwd_bwd_ns_per_token=(ms_fb * 1e6 / (B * N)) if not isinstance(ms_fb, str) else float("nan"))
+            if isinstance(ms_fb, str):
+                row["error"] = ms_fb
+            rows.append(row)
+            print(row, flush=True)
+        del methods
+        torch.cuda.empty_cache()
+    cols = ["method", "B", "N", "fwd_ms", "fwd_bwd_ms", "fwd_ns_per_token", "fwd_bwd_ns_per_token", "error"]
+    print(format_table(rows, cols))
+    by = {(r["method"], r["N"]): r for r in rows if "fwd_bwd_ms" in r}
+    for ref in ("fla_simple_gla", "mamba_ssm"):
+        for N in sorted({n for (_, n) in by}):
+            if ("ours", N) in by and (ref, N) in by:
+                print(f"N={N}: ours fwd+bwd speedup over {ref}: "
+                      f"{by[(ref, N)]['fwd_bwd_ms'] / by[('ours', N)]['fwd_bwd_ms']:.2f}x")
+    ns = sorted(n for (m, n) in by if m == "ours")
+    if ns and ("ours", 2048) in by:
+        print(f"ours flatness (fwd+bwd ns/token, N={ns[-1]} / N=2048): "
+              f"{by[('ours', ns[-1])]['fwd_bwd_ns_per_token'] / by[('ours', 2048)]['fwd_bwd_ns_per_token']:.2f}")
+    for n in sorted(notes):
+        print("note:", n)
+    env = dict(env_info(), notes=sorted(notes))
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(rows, os.path.join(args.out, "ssd_bench.csv"))
+    write_json(rows, os.path.join(args.out, "ssd_bench.json"), env)
+    print("wrote", os.path.join(args.out, "ssd_bench.csv"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Config resolution of a training run: the checks and the layer specs ``train.py`` derives from its Hydra config
+before anything is built or written (:func:`validate_config`, :func:`layer_specs`, :func:`check_attention_backend`,
+:func:`check_model_config`). Used by ``train.py`` and ``eval/bench_model.py`` (``--specs conf``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from attn_zoo.model import GPTConfig, config_from_dict, redraw_interval_reason
+from attn_zoo.spec import AttentionSpec
+
+from .callbacks import StopAt
+from .lit import validate_optim_config
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+"""The repository's Hydra configs (``conf/``, beside ``train.py``): ``conf/attention/<name>.yaml`` names the layers
+of ``model.layers=[...]``."""
+
+
+def _spec_from_cfg(node) -> AttentionSpec:
+    node = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
+    from attn_zoo.mixers import make_layer_spec  # an attention spec, or a mixer (`mixer:` / another `_target_`)
+
+    return make_layer_spec(**node)
+
+
+def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
+    """The attention spec of every layer.
+
+    ``model.layers`` null: every layer uses the ``attention`` group's spec. Otherwise a list of ``n_layer``
+    entries, each the name of a ``conf/attention/<name>.yaml`` (the selected ``attention`` group, including
+    command-line overrides, when the name matches ``attention.name``) or an inline dict of spec fields.
+    """
+    from attn_zoo import load_plugins
+
+    load_plugins(cfg.get("plugins"))  # modules that register variants / mixers / backends (+plugins=[...])
+    base = _qualified("attention", _spec_from_cfg, cfg.attention)
+    layers = cfg.model.get("layers")
+    n_layer = int(cfg.model.n_layer)
+    if layers is None:
+        return [base] * n_layer
+    layers = list(layers)
+    if len(layers) != n_layer:
+        raise ValueError(f"model.layers has {len(layers)} entries but model.n_layer={n_layer}; give one per layer")
+    specs = []
+    for i, entry in enumerate(layers):
+        if isinstance(entry, str):
+            if entry == base.label:
+                specs.append(base)
+                continue
+            f = CONF_DIR / "attention" / f"{entry}.yaml"
+            if not f.exists():
+                from attn_zoo.mixers import MixerSpec, mixer_names
+
+                if entry in mixer_names() and entry != "attention":  # a registered sequence mixer, default options
+                    specs.append(MixerSpec(entry))
+                    continue
+                names = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
+                names += [m for m in mixer_names() if m != "attention"]
+                raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config or a registered mixer; "
+                                 f"allowed values: {', '.join(names)}")
+            where = f"model.layers[{i}] (conf/attention/{entry}.yaml)"
+            specs.append(_qualified(where, _spec_from_cfg, OmegaConf.load(f)))
+        else:
+            specs.append(_qualified(f"model.layers[{i}]", _spec_from_cfg, entry))
+    return specs
+
+
+def check_attention_backend(backend, specs) -> None:
+    """``attention_backend``: ``auto`` or a backend registered for the kind of every attention layer in ``specs``
+    (plugins loaded: :func:`layer_specs`). Whether a named backend can run the input (device, dtype, feature map)
+    is only known at the first forward; a missing optional package (``fa4``: flash-attn-4, ``fla``: fla-core) is
+    refused here, before anything is written. Raises ``ValueError`` naming ``attention_backend`` and the allowed values
+    or the package to install."""
+    from attn_zoo.registry import backend_names, get_backends
+
+    if backend == "auto":
+        return
+    if not isinstance(backend, str) or backend not in backend_names():
+        raise ValueError(f"attention_backend={backend!r} is not a registered backend; allowed values: auto, "
+                         f"{', '.join(backend_names())}")
+    for i, spec in enumerate(specs):
+        kind = getattr(spec, "kind", None)
+        if not isinstance(spec, AttentionSpec) or kind is None:
+            continue  # a sequence mixer: no attention backend
+        if backend not in backend_names(kind):
+            where = "attention" if len(set(specs)) == 1 else f"model.layers[{i}]"
+            raise ValueError(f"attention_backend={backend!r} has no implementation of kind={kind!r} ({where}: "
+                             f"{spec.label}; the backend applies to every layer); allowed values for it: auto, "
+                             f"{', '.join(backend_names(kind))}")
+        why = get_backends(kind)[backend].unavailable()
+        if why is not None and "cannot be imported" in why:  # an optional package (fa4, fla, ...) is missing
+            raise ValueError(f"attention_backend={backend!r} is not installed here: {why}")
+
+
+def _qualified(where: str, fn, *args):
+    """``fn(*args)``, with a ``ValueError`` re-raised naming the config node it came from (``attention: window_size
+    must be ...``): the spec and model classes name their own fields, not the key a user overrides."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+
+
+def check_model_config(model_cfg: Dict) -> None:
+    """``model.*`` as :class:`attn_zoo.model.GPTConfig` checks it (plus ``model.redraw_interval``), the errors naming
+    ``model.<key>``. Raises ``ValueError``."""
+    fields = dict(model_cfg)
+    redraw = fields.pop("redraw_interval", 0)
+    redraw = 0 if redraw is None else redraw
+    why = redraw_interval_reason(redraw)
+    if why is not None:
+        raise ValueError(f"model.redraw_interval={redraw!r}: {why}")
+    fields.pop("layers", None)
+    try:
+        config_from_dict(fields)
+    except ValueError as e:
+        msg = str(e)
+        known = sorted(GPTConfig.__dataclass_fields__, key=len, reverse=True)
+        lead = next((k for k in known if msg.startswith(k) and msg[len(k):len(k) + 1] in (" ", "=")), None)
+        raise ValueError(f"model.{msg}" if lead else f"model: {msg}") from e
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check the values every run needs before anything is built or written (output dir, loggers, data caches):
+    ``optim.*`` (:func:`harness.lit.validate_optim_config`), ``trainer.max_steps`` (a positive integer, the total
+    number of optimizer steps; ``-1``, no step limit, only with a positive ``trainer.max_epochs``),
+    ``trainer.max_epochs`` (null, a positive integer, or ``-1`` with a positive ``trainer.max_steps``),
+    ``trainer.val_check_interval`` (a positive integer while ``trainer.check_val_every_n_epoch`` is null),
+    ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
+    Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
+    the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
+    ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
+    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false) and ``model.*``
+    (:func:`check_model_config`).
+
+    Raises:
+        ValueError: naming the key, its value and what to set.
+    """
+    validate_optim_config(OmegaConf.to_container(cfg.optim, resolve=True) if cfg.get("optim") is not None else {})
+    steps = cfg.trainer.get("max_steps")
+    epochs = cfg.trainer.get("max_epochs")
+    steps_rule = ("must be a positive integer, the total number of optimizer steps (e.g. trainer.max_steps=1000); "
+                  "-1 (no step limit) only together with trainer.max_epochs=<a positive integer>")
+    if epochs is not None and not (_is_int(epochs) and (epochs > 0 or epochs == -1)):
+        raise ValueError(f"trainer.max_epochs={epochs!r}: must be null, a positive integer, or -1 (no epoch limit, "
+                         f"with a positive trainer.max_steps)")
+    if steps is None or (_is_int(steps) and steps == -1):
+        if not (_is_int(epochs) and epochs > 0):
+            raise ValueError(f"trainer.max_steps={steps!r} sets no step limit and trainer.max_epochs={epochs!r} no "
+                             f"epoch limit (Lightning would train 1000 epochs): set trainer.max_steps=<N> (a positive "
+                             f"integer, the total number of optimizer steps, e.g. trainer.max_steps=1000), or "
+                             f"trainer.max_epochs=<N> to train N epochs")
+    elif not (_is_int(steps) and steps > 0):
+        raise ValueError(f"trainer.max_steps={steps!r}: {steps_rule}")
+    accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
+    if not (_is_int(accumulate) and accumulate > 0):
+        raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r}: must be a positive integer (1: one batch "
+                         f"per optimizer step)")
+    val_every = cfg.trainer.get("val_check_interval")
+    if cfg.trainer.get("check_val_every_n_epoch") is None and val_every is not None \
+            and not (_is_int(val_every) and val_every > 0):
+        raise ValueError(
+            f"trainer.val_check_interval={val_every!r}: with trainer.check_val_every_n_epoch=null (validation counted "
+            f"in steps across epochs) it must be a positive integer, the steps between validations (e.g. 250); a "
+            f"fraction of an epoch (0.5, 1.0) needs trainer.check_val_every_n_epoch=<N>")
+    if accumulate > 1 and _is_int(val_every):
+        raise ValueError(
+            f"trainer.accumulate_grad_batches={accumulate} with trainer.val_check_interval={val_every}: Lightning "
+            f"counts val_check_interval in training batches, not in optimizer steps as trainer.max_steps, so "
+            f"validations and the checkpoints written at them (which resumed runs continue from) would fall between "
+            f"optimizer steps; set trainer.accumulate_grad_batches=1 (the only value allowed with an integer "
+            f"trainer.val_check_interval) and a larger data.batch_size instead")
+    stop_at = cfg.get("stop_at")
+    if stop_at is not None:
+        StopAt(stop_at)  # raises ValueError naming stop_at
+    if str(cfg.trainer.get("accelerator", "")).lower() in ("gpu", "cuda") and not torch.cuda.is_available():
+        # Lightning's own error ("No supported gpu backend found!") names no setting
+        raise ValueError(f"trainer.accelerator={cfg.trainer.accelerator} (trainer=gpu, which the mqar_* / lm_* "
+                         f"experiments set) but no CUDA GPU is visible; on a CPU pass trainer=default (trainer=ddp "
+                         f"without trainer.accelerator=gpu for DDP)")
+    seed = cfg.get("seed", 0)
+    if not (_is_int(seed) and 0 <= seed < 2 ** 32):
+        raise ValueError(f"seed={seed!r}: must be an integer in [0, 2**32 - 1] (e.g. seed=0)")
+    for key in ("compile", "skip_finished"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise ValueError(f"{key}={cfg.get(key)!r}: must be true or false")
+    bar = cfg.trainer.get("enable_progress_bar", "auto")
+    if bar not in (True, False, "auto", None):
+        raise ValueError(f"trainer.enable_progress_bar={bar!r}: must be true, false or auto (on when stdout is a "
+                         f"terminal)")
+    seq_len = cfg.data.get("seq_len") if cfg.get("data") is not None else None
+    if seq_len is not None and not (_is_int(seq_len) and seq_len >= 1):  # before model.max_seq_len (${data.seq_len})
+        raise ValueError(f"data.seq_len={seq_len!r}: must be a positive integer, the tokens of one training example "
+                         f"(e.g. data.seq_len=256)")
+    if cfg.get("model") is not None:
+        check_model_config(OmegaConf.to_container(cfg.model, resolve=True))

@@ -1,0 +1,73 @@
+"""eval/anchors_tables.py on a synthetic RESULTS_DIR as lab/h200_anchors.sh leaves it (no GPU, no timing)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from eval import anchors_tables
+from eval.bench_common import write_csv
+from eval.sweep import COLUMNS
+
+NS = (1024, 4096, 16384)
+
+
+def _row(variant, backend, n, ms, status="ok", check=True, error="", D=128, hkv=16, causal=True, rng=None):
+    reps = [ms * (1 + 0.01 * rng.standard_normal()) for _ in range(3)] if (rng is not None and status == "ok") else []
+    fl = 4 * 16 * n * n * D * 3.5 / 2 * (16384 // n)  # fwd+bwd FLOPs, causal
+    return {"sweep": "anchors_h200", "variant": variant, "kind": "linear" if "linear" in variant else "flash",
+            "backend": backend, "seq_len": n, "head_dim": D, "causal": causal, "n_kv_heads": hkv, "n_heads": 16,
+            "batch": 16384 // n, "dtype": "bfloat16", "device": "cuda", "status": status, "error": error,
+            "fwd_ms": ms / 3 if status == "ok" else None, "fwd_bwd_ms": float(np.median(reps)) if reps else None,
+            "fwd_bwd_ms_reps": ";".join(map(str, reps)), "fwd_bwd_tflops": fl / (ms * 1e-3) / 1e12 if reps else None,
+            "fwd_tflops": fl / 3.5 / (ms / 3 * 1e-3) / 1e12 if reps else None, "tokens": 16384,
+            "check_rows": 128 if status == "ok" else None, "check_err": 0.01 if check else 0.5,
+            "check_ok": check if status == "ok" else None}
+
+
+@pytest.fixture
+def results(tmp_path):
+    rng = np.random.default_rng(0)
+    soft, lin = [], []
+    for n in NS:
+        t = n / 1000
+        soft += [_row("causal", "triton", n, t, rng=rng), _row("causal", "fa4", n, 0.8 * t, rng=rng),
+                 _row("causal", "sdpa_cudnn", n, 0.85 * t, rng=rng),
+                 _row("causal", "flex_fa4", n, 0.5 * t, check=False, rng=rng),  # fast and wrong: never best
+                 _row("causal", "flex", n, 0, status="error", error="RuntimeError: boom | inductor")]
+        soft += [_row("window", "triton", n, min(t, 1.2), rng=rng), _row("window", "fa4", n, min(0.9 * t, 1.0), rng=rng),
+                 _row("window", "sdpa_cudnn", n, 0, status="unsupported", error="SDPA: no windows")]
+        lin += [_row("linear", "triton", n, 2.5, rng=rng), _row("linear", "fla", n, 3.0, rng=rng)]
+    write_csv(soft, str(tmp_path / "softmax" / "kernel.csv"), columns=list(COLUMNS))
+    write_csv(lin, str(tmp_path / "linear" / "kernel.csv"), columns=list(COLUMNS))
+    return tmp_path
+
+
+def test_tables_name_the_best_the_ratios_the_intervals_and_the_failures(results, capsys):
+    assert anchors_tables.main([str(results), "--n-boot", "200", "--no-plots"]) == 0
+    md = capsys.readouterr().out
+    # 1: TFLOP/s, the fastest correct implementation bold and named (flex_fa4 failed its check: marked, not best)
+    line = next(l for l in md.splitlines() if l.startswith("| causal, D 128 | 16k |"))
+    assert line.rstrip().endswith("| FA4 |") and "✗" in line and line.count("**") == 2 and "err" in line
+    assert md.index("| case | N | ours (triton) | FA4 | Flex+FA4 | cuDNN | Flex (Triton) | best |") < \
+        md.index("| case | N | ours (triton) | fla | best |")  # the softmax family first, one table per family
+    # 2: ratios ours / anchor = t_anchor / t_ours (fa4 0.8x our time -> 0.80)
+    r = next(l for l in md.splitlines() if l.startswith("| causal, D 128 | 4k | triton |"))
+    assert "| 0.80 |" in r or " 0.80 " in r and " 0.85 " in r
+    # 4: n* both ways with intervals and the implementations (linear: ours 2.5 ms vs n/1000 -> 2,500; fa4 -> 3,125)
+    nline = next(l for l in md.splitlines() if l.startswith("| linear | 128 | 16 |"))
+    assert "triton (1k-16k) / triton (1k-16k)" in nline and "triton (1k-16k) / fa4 (1k-16k)" in nline
+    assert nline.count("[") == 2 and "1.2" in nline.split("|")[-2]
+    assert "- linear: n* moves 1.2" in md
+    # 5: every failure listed with its points
+    assert "| Flex (Triton) | error | RuntimeError: boom / inductor | causal@1k, causal@4k, causal@16k |" in md
+    assert "| Flex+FA4 | check failed | check_err=0.5 > tolerance |" in md
+    assert "Best implementation per case: causal, D 128: fa4 (1k-16k)" in md
+    comb = results / "combined"
+    for f in ("kernel.csv", "best.csv", "crossover_best.csv", "nstar_compare.csv"):
+        assert os.path.getsize(comb / f) > 0
+
+
+def test_no_results_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no <family>/kernel.csv under .* \(written by lab/h200_anchors.sh\)"):
+        anchors_tables.main([str(tmp_path)])

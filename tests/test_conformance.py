@@ -1,0 +1,244 @@
+"""Conformance suite (issue 26, item 2): every kind in the registry, plugins included, on every backend that claims
+it -- forward, lse, every gradient and decode (contiguous and paged cache) -- against the reference, on the CPU under
+the Triton interpreter, at small shapes.
+
+A new variant gets these tests for free: its specs come from its yaml under ``conf/attention/`` (one folder + one
+yaml), else ``AttentionSpec(kind=<kind>)``; the backends from the registry (``get_backends(kind)``, each run where its
+``why_not`` is ``None``). The chunked-local variant below is written here as a new user would write a plugin (a spec
+class with its field, a mask rule, one registration): nothing else in the suite knows it, and it must decode
+correctly on every decode backend, the Triton kernel included (its block layout used to be ignored there).
+
+The expected values are the reference's full forward: decoding ``Nq`` new tokens of a sequence of ``L`` tokens must
+equal the last ``Nq`` rows of ``attention(q, k, v, spec, backend="reference")`` over those ``L`` tokens.
+"""
+
+import glob
+import os
+from dataclasses import dataclass
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+import attn_zoo  # noqa: E402
+from attn_zoo import AttentionSpec, attention, make_spec  # noqa: E402
+from attn_zoo.decode import LinearState, decode_attention, linear_decode, linear_prefill  # noqa: E402
+from attn_zoo.decode.linear import LINEAR_DECODE_BACKENDS  # noqa: E402
+from attn_zoo.decode.attention import DECODE_BACKENDS  # noqa: E402
+from attn_zoo.registry import get_backends  # noqa: E402
+from attn_zoo.variants import get_variant, register_variant, variant_kinds  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ------------------------------------------------------------------------------------ a plugin, as a user writes it
+@dataclass(frozen=True)
+class ChunkedLocalSpec(AttentionSpec):
+    """Chunked local attention (e.g. Llama 4's local layers): a query sees the keys of its own chunk of
+    ``chunk`` tokens (causal inside the chunk)."""
+
+    chunk: int = 8
+
+
+def _chunked_local_mask(spec, Nq, Nk):
+    nb = max(-(-Nk // spec.chunk), 1)
+    return {"layout": torch.eye(nb, dtype=torch.bool), "block_size": spec.chunk}
+
+
+def _chunked_local_validate(spec):
+    if not isinstance(spec.chunk, int) or spec.chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1, got {spec.chunk!r}")
+
+
+register_variant("chunked_local", "softmax", spec_class=ChunkedLocalSpec, fields=("chunk",),
+                 validate=_chunked_local_validate, mask=_chunked_local_mask, subquadratic=True,
+                 doc="chunked local attention (plugin written in tests/test_conformance.py)")
+PLUGIN_SPECS = [make_spec("chunked_local", chunk=8), make_spec("chunked_local", chunk=8, causal=False)]
+
+# ------------------------------------------------------------------------------------ the specs of every kind
+CONF = os.path.join(os.path.dirname(__file__), os.pardir, "conf", "attention")
+N, D, HQ, HKV = 40, 16, 2, 1  # GQA (group 2); masks of the yamls below 40 tokens bite
+
+
+def _yaml_specs():
+    out = {}
+    for path in sorted(glob.glob(os.path.join(CONF, "*.yaml"))):
+        with open(path) as f:
+            cfg = {k: v for k, v in (yaml.safe_load(f) or {}).items() if not k.startswith("_")}
+        if "kind" in cfg:
+            cfg.pop("n_kv_heads", None), cfg.pop("kv_group_size", None)  # the functional interface reads Hkv from k
+            spec = make_spec(**cfg)
+            out.setdefault(spec.kind, {}).setdefault(spec, os.path.basename(path))
+    return out
+
+
+# Small layouts for the sparse kind, whose yaml's block of 16 tokens leaves nothing masked at 40 tokens.
+EXTRA = [make_spec("sparse", block_size=8, num_local_blocks=1, num_global_blocks=1, num_random_blocks=1),
+         make_spec("sparse", sparse_pattern="strided", block_size=4, stride_blocks=3, causal=False),
+         make_spec("sliding_window", window_size=(5, 2), causal=False)]
+
+
+def _all_specs():
+    """``[(spec, id)]``: every kind's yaml specs, the extras, the plugin's, a default spec for the other kinds."""
+    by_kind = _yaml_specs()
+    for s in EXTRA + PLUGIN_SPECS:
+        by_kind.setdefault(s.kind, {})[s] = "test"
+    for kind in variant_kinds():  # a registered kind with neither: its default spec (needs no field)
+        if kind not in by_kind:
+            by_kind[kind] = {AttentionSpec(kind=kind): "default"}
+    out = []
+    for kind in variant_kinds():
+        for i, (s, src) in enumerate(by_kind[kind].items()):
+            out.append((s, f"{kind}{i}-{src.replace('.yaml', '')}-{'causal' if s.causal else 'full'}"))
+    return out
+
+
+SPECS = _all_specs()
+
+
+IDS = {s: i for s, i in SPECS}
+
+
+def test_every_registered_kind_is_covered():
+    assert {s.kind for s, _ in SPECS} == set(variant_kinds())
+    assert "chunked_local" in variant_kinds()
+
+
+def _inputs(seed=0, batch=1, n=N, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, HQ, n, D, generator=g, dtype=dtype)
+    k = torch.randn(batch, HKV, n, D, generator=g, dtype=dtype)
+    v = torch.randn(batch, HKV, n, D, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def _tol(spec):
+    return dict(atol=2e-3, rtol=2e-3) if spec.is_softmax else dict(atol=5e-3, rtol=5e-3)
+
+
+def _claims(spec):
+    q, k, v = _inputs()
+    return [n for n, b in get_backends(spec.kind).items() if n != "reference" and b.why_not(q, k, v, spec) is None]
+
+
+# ------------------------------------------------------------------------------------ forward, lse, gradients
+CASES = [(s, b) for s, _ in SPECS for b in _claims(s)]
+
+
+@pytest.mark.parametrize("spec, backend", CASES, ids=[f"{IDS[s]}-{b}" for s, b in CASES])
+def test_forward_and_every_gradient_match_the_reference(spec, backend):
+    q, k, v = _inputs()
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))
+    want = []
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    o = attention(qq, kk, vv, spec, backend="reference")
+    o.backward(do)
+    want = [o.detach(), qq.grad, kk.grad, vv.grad]
+    assert torch.isfinite(want[0]).all()
+    torch.testing.assert_close(attention(q, k, v, spec, backend=backend), want[0], **_tol(spec),
+                               msg=lambda m: f"{backend} out: {m}")
+    b = get_backends(spec.kind)[backend]
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    try:
+        o = attention(qq, kk, vv, spec, backend=backend)
+        o.backward(do)
+    except NotImplementedError as e:  # e.g. FlexAttention has no backward on the CPU: forward checked above
+        pytest.skip(f"{backend} has no backward here: {e}")
+    for what, g, w in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), want[1:]):
+        torch.testing.assert_close(g, w, **_tol(spec), msg=lambda m: f"{backend} {what}: {m}")
+    if spec.is_softmax and b.why_not(q, k, v, spec, True) is None:  # the lse, where the backend returns one
+        lse = attention(q, k, v, spec, backend=backend, return_lse=True)[1]
+        ref = attention(q, k, v, spec, backend="reference", return_lse=True)[1]
+        fin = torch.isfinite(ref)
+        assert torch.equal(fin, torch.isfinite(lse))
+        torch.testing.assert_close(lse[fin], ref[fin], atol=2e-3, rtol=2e-3)
+
+
+# ------------------------------------------------------------------------------------ decode
+LENS = (23, 40)  # ragged: the mask of each sequence is counted from its own end
+DECODE = [(s, b, nq) for s, _ in SPECS if s.causal for b in
+          (DECODE_BACKENDS if s.is_softmax else LINEAR_DECODE_BACKENDS) for nq in (1, 3)]
+
+
+def _paged(k, v, lens, page_size=8):
+    """A shuffled paged copy of contiguous ``(B, Hkv, L, D)`` k / v: ``(pages, Hkv, page_size, D)`` + block table."""
+    B, H, L, Dh = k.shape
+    per = -(-L // page_size)
+    perm = torch.randperm(B * per, generator=torch.Generator().manual_seed(3))
+    kp = torch.zeros(B * per, H, page_size, Dh)
+    vp = torch.zeros_like(kp)
+    table = perm.view(B, per).to(torch.int32)
+    for b in range(B):
+        for p in range(per):
+            s = slice(p * page_size, min((p + 1) * page_size, L))
+            n = s.stop - s.start
+            kp[table[b, p], :, :n], vp[table[b, p], :, :n] = k[b, :, s], v[b, :, s]
+    return kp, vp, table
+
+
+def _expected_rows(q, k, v, spec, lens, nq):
+    """Last ``nq`` rows of the reference forward over each sequence's ``L`` tokens: ``(B, Hq, nq, D)``."""
+    rows = [attention(q[b: b + 1, :, :L], k[b: b + 1, :, :L], v[b: b + 1, :, :L], spec, backend="reference")[:, :, -nq:]
+            for b, L in enumerate(lens)]
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("spec, backend, nq", DECODE, ids=[f"{IDS[s]}-{b}-nq{n}" for s, b, n in DECODE])
+def test_decode_matches_the_reference_forward(spec, backend, nq):
+    q, k, v = _inputs(seed=1, batch=len(LENS))
+    want = _expected_rows(q, k, v, spec, LENS, nq)
+    B = len(LENS)
+    if not spec.is_softmax:  # a recurrent state: prefill all but the last nq tokens, then the nq new ones
+        if backend == "triton":
+            from attn_zoo.decode.linear import _triton_reason
+
+            why = _triton_reason(q, k, v, spec)
+            if why is not None:
+                pytest.skip(f"triton: {why}")
+        outs = []
+        for b, L in enumerate(LENS):
+            sl = slice(b, b + 1)
+            _, st = linear_prefill(q[sl, :, :L - nq], k[sl, :, :L - nq], v[sl, :, :L - nq], spec, backend=backend)
+            if nq == 1:
+                o, st = linear_decode(q[sl, :, L - 1:L], k[sl, :, L - 1:L], v[sl, :, L - 1:L], st, spec)
+            else:  # a chunk after the prefill continues the state
+                o, st = linear_prefill(q[sl, :, L - nq:L], k[sl, :, L - nq:L], v[sl, :, L - nq:L], spec, st,
+                                       backend=backend)
+            assert isinstance(st, LinearState) and st.n == L
+            outs.append(o)
+        torch.testing.assert_close(torch.cat(outs), want, **_tol(spec))
+        return
+    seqlens = torch.tensor(LENS, dtype=torch.int32)
+    qn = torch.stack([q[b, :, L - nq:L] for b, L in enumerate(LENS)])  # (B, Hq, nq, D): each sequence's new rows
+    k_c, v_c = k.clone(), v.clone()
+    k_c[0, :, LENS[0]:] = float("nan")  # slots past a sequence's end are never read
+    v_c[0, :, LENS[0]:] = float("nan")
+    kp, vp, table = _paged(k, v, LENS)
+    for kk, vv, bt in ((k_c, v_c, None), (kp, vp, table)):
+        try:
+            got = decode_attention(qn, kk, vv, spec, seqlens, bt, backend=backend)
+        except ValueError as e:
+            if backend == "triton" and "cannot run this input" in str(e):
+                pytest.skip(str(e))  # e.g. no dilation rule in the decode kernel: refused, never wrong
+            raise
+        torch.testing.assert_close(got, want, **_tol(spec), msg=lambda m: f"{'paged' if bt is not None else 'contiguous'}: {m}")
+    assert got.shape == (B, HQ, nq, D)
+
+
+def test_the_plugin_decodes_with_its_own_mask_on_the_triton_kernel():
+    """The bug this suite was written for: the decode kernel followed a block layout only for kind='sparse', so a
+    plugin's chunked-local mask decoded as plain causal attention (errors of ~1). Its rows differ from causal."""
+    spec = PLUGIN_SPECS[0]
+    q, k, v = _inputs(seed=2, batch=len(LENS))
+    seqlens = torch.tensor(LENS, dtype=torch.int32)
+    qn = torch.stack([q[b, :, L - 1:L] for b, L in enumerate(LENS)])
+    got = decode_attention(qn, k, v, spec, seqlens, backend="triton")
+    torch.testing.assert_close(got, _expected_rows(q, k, v, spec, LENS, 1), atol=2e-3, rtol=2e-3)
+    causal = _expected_rows(q, k, v, AttentionSpec(kind="flash"), LENS, 1)
+    assert (got - causal).abs().max() > 0.1
+    assert get_variant("chunked_local").cache_policy(spec).kind == "full"  # a layout in absolute positions
+    assert attn_zoo.mask_info(spec, 1, 40).layout.shape == (5, 5)

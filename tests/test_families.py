@@ -1,0 +1,163 @@
+"""Linformer (non-causal; refused in a causal LM) and DeltaNet / Gated DeltaNet (fla backend optional, our naive
+recurrence): outputs against written-out formulas, decode with a state equal to the full forward, GPT.generate
+with a cache equal to generation without, clear errors, and train.py runs (fast_dev_run)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attn_zoo
+from attn_zoo.families.deltanet import DeltaNet, GatedDeltaNet, delta_rule, delta_rule_naive
+from attn_zoo.families.linformer import Linformer
+from attn_zoo.mixers import MixerSpec, build_mixer
+from attn_zoo.model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------- Linformer
+def test_linformer_is_softmax_over_projected_keys_and_values():
+    torch.manual_seed(0)
+    m = Linformer(d_model=16, n_head=2, head_dim=8, max_seq_len=12, proj_dim=4, backend="reference")
+    x = torch.randn(2, 10, 16)
+    q, k, v = m.qkv(x).view(2, 10, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    kp = torch.einsum("kn,bhnd->bhkd", m.E[:, :10], k)
+    vp = torch.einsum("kn,bhnd->bhkd", m.F[:, :10], v)
+    y = torch.softmax(q @ kp.transpose(-1, -2) / 8 ** 0.5, -1) @ vp
+    ref = m.out_proj(y.transpose(1, 2).reshape(2, 10, 16))
+    torch.testing.assert_close(m(x), ref, atol=1e-5, rtol=1e-5)
+    # non-causal: the first position's output changes with the last token
+    x2 = x.clone()
+    x2[:, -1] += 1
+    assert (m(x2)[:, 0] - m(x)[:, 0]).abs().max() > 1e-4
+
+
+def test_linformer_refuses_causal_and_gpt_refuses_linformer():
+    with pytest.raises(ValueError, match=r"causal=True is not supported: Linformer's projections E, F mix"):
+        Linformer(16, 2, 8, 12, causal=True)
+    with pytest.raises(ValueError, match=r"N=13 exceeds max_seq_len=12"):
+        Linformer(16, 2, 8, 12)(torch.randn(1, 13, 16))
+    cfg = GPTConfig(vocab_size=20, n_layer=2, n_head=2, d_model=16, max_seq_len=12)
+    with pytest.raises(ValueError, match=r"layer 1 \(linformer\) is a non-causal mixer.*causal language model"):
+        GPT(cfg, [attn_zoo.make_spec("flash"), MixerSpec("linformer")])
+    assert isinstance(build_mixer(MixerSpec("linformer", {"proj_dim": 4}), cfg), Linformer)  # usable alone
+
+
+# -------------------------------------------------------------------------------------------------- DeltaNet
+def _qkv(T=7, H=2, D=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=g), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=g), dim=-1)
+    v = torch.randn(1, T, H, D, generator=g)
+    beta = torch.rand(1, T, H, generator=g)
+    g_ = -torch.rand(1, T, H, generator=g)
+    return q, k, v, beta, g_
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_delta_rule_naive_matches_the_matrix_form(gated):
+    """S_t = a_t S_{t-1} (I - b_t k_t k_t^T) + b_t v_t k_t^T (state V x K here), o_t = scale * S_t q_t."""
+    q, k, v, beta, g = _qkv()
+    o, S = delta_rule_naive(q, k, v, beta, g if gated else None, scale=0.5)
+    M = torch.zeros(2, 4, 4)
+    for t in range(7):
+        for h in range(2):
+            a = torch.exp(g[0, t, h]) if gated else 1.0
+            kt = k[0, t, h]
+            M[h] = a * M[h] @ (torch.eye(4) - beta[0, t, h] * torch.outer(kt, kt)) + beta[0, t, h] * torch.outer(v[0, t, h], kt)
+            torch.testing.assert_close(o[0, t, h], 0.5 * M[h] @ q[0, t, h], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(S[0], M.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_delta_rule_retrieves_a_stored_value_with_beta_one():
+    """The delta rule's point (recall): with beta = 1, writing v under an orthonormal key replaces what was stored."""
+    q, k, v, beta, _ = _qkv(T=3, H=1, D=4)
+    e = torch.eye(4)
+    k = torch.stack([e[0], e[1], e[0]])[None, :, None]  # key 0 written twice
+    o, _ = delta_rule_naive(e[0].expand(1, 3, 1, 4), k, v, torch.ones(1, 3, 1), scale=1.0)
+    torch.testing.assert_close(o[0, 2, 0], v[0, 2, 0])  # the second write replaced the first
+
+
+def test_fla_backend_without_the_package_names_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fla", None)
+    monkeypatch.setitem(sys.modules, "fla.ops", None)
+    monkeypatch.setitem(sys.modules, "fla.ops.delta_rule", None)
+    q, k, v, beta, g = _qkv()
+    with pytest.raises(ImportError, match=r"flash-linear-attention.*pip install flash-linear-attention"):
+        delta_rule(q, k, v, beta, backend="fla")
+    with pytest.raises(ValueError, match=r"backend='cuda'.*allowed values: auto, fla, naive"):
+        delta_rule(q, k, v, beta, backend="cuda")
+    with pytest.raises(ValueError, match=r"gated_deltanet kernel='x'"):
+        GatedDeltaNet(16, 2, 8, kernel="x")
+    o, _ = delta_rule(q, k, v, beta, backend="auto")  # CPU: our recurrence
+    torch.testing.assert_close(o, delta_rule_naive(q, k, v, beta)[0])
+
+
+@pytest.mark.parametrize("cls", [DeltaNet, GatedDeltaNet])
+def test_deltanet_chunked_decoding_equals_the_full_forward(cls):
+    torch.manual_seed(0)
+    m = cls(16, 2, 8).eval()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        full = m(x)
+        c = m.new_cache(2, 9, x.dtype, x.device)
+        parts = [m(x[:, :4], c), m(x[:, 4:5], c), m(x[:, 5:9], c)]
+    assert c.n == 9
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
+def test_generate_with_cache_equals_generate_without(mixer):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=40, n_layer=2, n_head=2, d_model=16, max_seq_len=32)
+    model = GPT(cfg, [MixerSpec(mixer), attn_zoo.make_spec("flash")], backend="reference").eval()
+    idx = torch.randint(0, 40, (2, 4), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = model.generate(idx, 8, greedy=True, use_cache=True)
+        b = model.generate(idx, 8, greedy=True, use_cache=False)
+    assert a.shape == (2, 12) and torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------- train.py
+def _cfg(tmp_path, extra):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["logger=csv", "model.d_model=16", "model.n_layer=1",
+                                                      "model.n_head=2", "data.seq_len=16", "data.batch_size=4",
+                                                      "data.vocab_size=32", "data.num_kv_pairs=2",
+                                                      "data.num_train=8", "data.num_val=4",
+                                                      "+trainer.fast_dev_run=true", *extra])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+        cfg.paths.cache_dir = str(tmp_path / "cache")
+    return cfg
+
+
+def test_train_py_deltanet_runs_and_linformer_is_refused(tmp_path):
+    import train as train_mod
+
+    train_mod.train(_cfg(tmp_path / "d", ["attention=deltanet"]))
+    with pytest.raises(ValueError, match=r"linformer.*non-causal mixer.*causal language model"):
+        train_mod.train(_cfg(tmp_path / "l", ["attention=linformer"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("gated", [False, True])
+def test_fla_delta_rule_matches_our_recurrence_on_gpu(gated):
+    pytest.importorskip("fla", reason="flash-linear-attention is not installed")
+    g = torch.Generator().manual_seed(0)
+    B, T, H, D = 2, 200, 4, 64
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).cuda()
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).cuda()
+    v = torch.randn(B, T, H, D, generator=g).cuda()
+    beta = torch.rand(B, T, H, generator=g).cuda()
+    gl = (-torch.rand(B, T, H, generator=g) * 0.1).cuda() if gated else None
+    o, S = delta_rule(q, k, v, beta, gl, backend="fla")
+    o_ref, S_ref = delta_rule_naive(q, k, v, beta, gl)
+    torch.testing.assert_close(o.float(), o_ref.float(), atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(S.float(), S_ref.float(), atol=5e-3, rtol=5e-3)

@@ -1,0 +1,196 @@
+"""Mamba-2 / SSD: the chunked Triton kernel (interpreter on CPU) and the chunked PyTorch form against the
+step-by-step recurrence, outputs and every gradient (x, dt, A, B, C, D, initial state); the mixer's O(1) decode
+step and GPT.generate with a state cache against generation without one. GPU tests are marked ``gpu``."""
+
+import pytest
+import torch
+
+from attn_zoo.families.ssd import Mamba2, ssd, ssd_scan_naive, ssd_step
+from attn_zoo.mixers import MixerSpec
+from attn_zoo.model import GPT, GPTConfig
+
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _inputs(Bz, T, H, P, G, N, device="cpu", dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x = r(Bz, T, H, P)
+    dt = torch.nn.functional.softplus(r(Bz, T, H) - 1)
+    A = -torch.rand(H, generator=g) * 2 - 0.1
+    Bm, Cm = r(Bz, T, G, N) / N ** 0.5, r(Bz, T, G, N)
+    D = r(H)
+    s0 = r(Bz, H, N, P) * 0.5
+    ts = [x.to(dtype), dt, A, Bm.to(dtype), Cm.to(dtype), D, s0]
+    return [t.to(device).requires_grad_() for t in ts]
+
+
+def _run(backend, ins, chunk, use_s0):
+    x, dt, A, Bm, Cm, D, s0 = ins
+    y, S = ssd(x, dt, A, Bm, Cm, D, s0 if use_s0 else None, chunk_size=chunk, backend=backend)
+    g = torch.Generator().manual_seed(1)
+    dy = torch.randn(y.shape, generator=g).to(y.device, y.dtype)
+    dS = torch.randn(S.shape, generator=g).to(S.device)
+    wrt = [x, dt, A, Bm, Cm, D] + ([s0] if use_s0 else [])
+    grads = torch.autograd.grad((y.float() * dy.float()).sum() + (S * dS).sum(), wrt)
+    return [y, S, *grads]
+
+
+NAMES = ["y", "final_state", "dx", "ddt", "dA", "dB", "dC", "dD", "dinitial_state"]
+# (B, T, H, P, G, N, chunk): T not a multiple of the chunk, one chunk, P above one 64-wide block (two programs
+# per head, partial gradients summed), groups shared by two heads
+SHAPES = [(2, 40, 2, 32, 1, 16, 16), (1, 16, 1, 16, 1, 16, 16), (1, 35, 4, 80, 2, 24, 32)]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("use_s0", [False, True], ids=["s0=None", "s0"])
+def test_ssd_outputs_and_every_gradient_match_the_recurrence(backend, shape, use_s0):
+    Bz, T, H, P, G, N, chunk = shape
+    ins = _inputs(Bz, T, H, P, G, N)
+    ref = _run("naive", ins, chunk, use_s0)
+    out = _run(backend, ins, chunk, use_s0)
+    assert len(out) == len(ref) == (9 if use_s0 else 8)
+    for name, o, r in zip(NAMES, out, ref):
+        assert o.shape == r.shape, name
+        err = (o.float() - r.float()).abs().max().item()
+        assert err <= 2e-4 * (1 + r.abs().max().item()), f"{backend} {name}: max error {err}"
+
+
+def test_naive_recurrence_is_the_definition():
+    """The reference itself against the formula written out for T=2 (state after 2 steps, output at step 2)."""
+    x, dt, A, Bm, Cm, D, s0 = [t.detach() for t in _inputs(1, 2, 1, 3, 1, 2)]
+    a = dt * A
+    y, S = ssd_scan_naive(x, a, Bm, Cm, s0)
+    S1 = torch.exp(a[0, 0, 0]) * s0[0, 0] + torch.outer(Bm[0, 0, 0], x[0, 0, 0])
+    S2 = torch.exp(a[0, 1, 0]) * S1 + torch.outer(Bm[0, 1, 0], x[0, 1, 0])
+    torch.testing.assert_close(S[0, 0], S2)
+    torch.testing.assert_close(y[0, 1, 0], Cm[0, 1, 0] @ S2)
+
+
+def test_decode_step_continues_the_scan():
+    x, dt, A, Bm, Cm, D, _ = [t.detach() for t in _inputs(2, 9, 2, 8, 1, 4)]
+    y_all, S_all = ssd(x, dt, A, Bm, Cm, D, backend="naive")
+    _, S = ssd(x[:, :8], dt[:, :8], A, Bm[:, :8], Cm[:, :8], D, backend="torch", chunk_size=16)
+    y, S = ssd_step(x[:, 8], dt[:, 8], A, Bm[:, 8], Cm[:, 8], D, S)
+    torch.testing.assert_close(y, y_all[:, 8], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(S, S_all, atol=1e-5, rtol=1e-5)
+
+
+def test_errors_name_the_argument():
+    from kernels.ssd import ssd_scan
+
+    x = torch.randn(1, 16, 2, 16)
+    with pytest.raises(ValueError, match="backend='cuda'.*allowed values: auto, triton, torch, naive"):
+        ssd(x, torch.ones(1, 16, 2), -torch.ones(2), torch.randn(1, 16, 1, 16), torch.randn(1, 16, 1, 16),
+            backend="cuda")
+    with pytest.raises(ValueError, match="chunk_size=24"):
+        ssd_scan(x, torch.zeros(1, 16, 2), torch.randn(1, 16, 1, 16), torch.randn(1, 16, 1, 16), chunk_size=24)
+    with pytest.raises(ValueError, match="G=3"):
+        ssd_scan(x, torch.zeros(1, 16, 2), torch.randn(1, 16, 3, 16), torch.randn(1, 16, 3, 16), chunk_size=16)
+    with pytest.raises(ValueError, match="headdim=24"):
+        Mamba2(32, headdim=24)
+    with pytest.raises(ValueError, match="mamba2 kernel=.fla."):
+        Mamba2(32, kernel="fla")
+
+
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+def test_mamba2_chunked_decoding_equals_the_full_forward(backend):
+    """Prefill, single tokens, then a multi-token chunk after them, each from the cached state."""
+    torch.manual_seed(0)
+    m = Mamba2(32, d_state=16, headdim=16, chunk_size=16, kernel=backend).eval()
+    x = torch.randn(2, 20, 32)
+    with torch.no_grad():
+        full = m(x)
+        cache = m.new_cache(2, 20, x.dtype, x.device)
+        parts = [m(x[:, :7], cache), m(x[:, 7:8], cache), m(x[:, 8:9], cache), m(x[:, 9:20], cache)]
+    assert cache.n == 20
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-4)
+
+
+def _gpt(layers, seed=0):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=40, n_layer=len(layers), n_head=4, d_model=32, max_seq_len=32)
+    return GPT(cfg, layers, backend="reference").eval()
+
+
+@pytest.mark.parametrize("layers", [["mamba2"], ["mamba2", "flash"]], ids=["mamba2", "mamba2+flash"])
+def test_generate_with_cache_equals_generate_without(layers):
+    import attn_zoo
+
+    specs = [MixerSpec("mamba2", {"d_state": 16, "headdim": 16, "chunk_size": 16}) if l == "mamba2"
+             else attn_zoo.make_spec("flash") for l in layers]
+    model = _gpt(specs)
+    idx = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = model.generate(idx, 12, greedy=True, use_cache=True)
+        b = model.generate(idx, 12, greedy=True, use_cache=False)
+    assert a.shape == (2, 17)
+    assert torch.equal(a, b)
+
+
+def test_mamba2_trains_through_train_py(tmp_path):
+    """``attention=mamba2`` and ``model.layers=[mamba2,flash]`` build and run a few steps (fast_dev_run)."""
+    import train as train_mod
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for extra in (["attention=mamba2"], ["attention=mamba2", "model.layers=[mamba2,flash]"]):
+        with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=["logger=csv", "model.d_model=32", "model.n_layer=2",
+                                                          "model.n_head=4", "data.seq_len=32", "data.batch_size=4",
+                                                          "data.vocab_size=32", "data.num_kv_pairs=4",
+                                                          "data.num_train=16", "data.num_val=8",
+                                                          "+trainer.fast_dev_run=true", *extra])
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / extra[-1].replace("/", "_"))
+            cfg.paths.cache_dir = str(tmp_path / "cache")
+        specs = train_mod.layer_specs(cfg)
+        assert specs[0].mixer == "mamba2"
+        assert [getattr(s, "kind", getattr(s, "mixer", None)) for s in specs][1] == ("flash" if len(extra) == 2
+                                                                                     else "mamba2")
+        train_mod.train(cfg)
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 1000, 8, 64, 1, 64, 64), (1, 2048, 4, 128, 2, 128, 64)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+@pytest.mark.parametrize("use_s0", [False, True], ids=["s0=None", "s0"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ssd_triton_on_gpu_matches_the_chunked_fp64_reference(dtype, shape, use_s0):
+    Bz, T, H, P, G, N, chunk = shape
+    ins = _inputs(Bz, T, H, P, G, N, device="cuda", dtype=dtype)
+    ins64 = [t.detach().double().requires_grad_() for t in ins]
+    out = _run("triton", ins, chunk, use_s0)
+    ref = _run("torch", ins64, chunk, use_s0)
+    tol = 2e-2 if dtype == torch.float32 else 6e-2  # tf32 / bf16 matmuls
+    for name, o, r in zip(NAMES, out, ref):
+        err = (o.double() - r).abs().max().item()
+        assert err <= tol * (1 + r.abs().max().item()), f"{name}: max error {err}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mamba2_mixer_triton_matches_torch_on_gpu_and_generates_with_cache():
+    torch.manual_seed(0)
+    m = Mamba2(256, d_state=64, headdim=64, kernel="triton").cuda()
+    x = torch.randn(2, 300, 256, device="cuda", requires_grad=True)
+    y = m(x)
+    gy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, *m.parameters()], gy)
+    m.kernel = "torch"
+    y2 = m(x)
+    grads2 = torch.autograd.grad(y2, [x, *m.parameters()], gy)
+    torch.testing.assert_close(y, y2, atol=2e-2, rtol=2e-2)
+    for g1, g2 in zip(grads, grads2):
+        assert (g1 - g2).abs().max() <= 2e-2 * (1 + g2.abs().max())
+    specs = [MixerSpec("mamba2", {"d_state": 16, "headdim": 16, "kernel": "triton"}), MixerSpec("mamba2")]
+    model = _gpt(specs).cuda()
+    idx = torch.randint(0, 40, (2, 5), device="cuda")
+    with torch.no_grad():
+        assert torch.equal(model.generate(idx, 12, greedy=True, use_cache=True),
+                           model.generate(idx, 12, greedy=True, use_cache=False))
