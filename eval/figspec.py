@@ -42,8 +42,8 @@ class Trace:
     hollow: Optional[List[bool]] = None
     hover: Optional[List[str]] = None
     meta: Dict[str, object] = field(default_factory=dict)
-    bars: bool = False  # horizontal bars of length x at y (hollow: white and hatched), ``text`` beside each
-    text: Optional[List[str]] = None
+    bars: bool = False  # horizontal bars of length x at y (hollow: white and hatched)
+    text: Optional[List[str]] = None  # a label beside each point or bar
 
 
 @dataclass
@@ -301,6 +301,8 @@ def to_matplotlib(fig: Figure):
                 continue
             ln, = ax.plot(t.x, t.y, label=t.name, **{"lw": 1.6, "ms": 5, **_mpl(st),
                                                      "ls": st.get("ls", "-") if t.lines else "none"})
+            for x, y, tx in zip(t.x, t.y, t.text or []):  # a label at each point
+                ax.annotate(tx, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
             cut = [(x, y) for x, y, h in zip(t.x, t.y, hollow) if h]
             if cut:
                 ax.plot([c[0] for c in cut], [c[1] for c in cut], ls="none", ms=8, mew=1.4, marker=st["marker"],
