@@ -27,6 +27,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from eval.best import OURS, analyse_best, check_state, eligible, format_nstar_markdown, impl_summary
+from eval.best import _short as _n  # N as 1k, 16k, 640
 from eval.crossover import _f
 
 LABELS = {"causal": "causal, D 128", "full": "full, D 128", "gqa": "GQA 4:1, D 128", "d64": "causal, D 64",
@@ -36,11 +37,6 @@ BACKEND_LABELS = {"triton": "ours (triton)", "parallel": "ours (parallel)", "tor
                   "flex_fa4": "Flex+FA4", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA)", "flex": "Flex (Triton)",
                   "fla": "fla", "fa2": "FA2", "fa3": "FA3"}
 ORDER = ("triton", "parallel", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_flash", "flex", "fla", "fa2", "fa3")
-
-
-def _n(n) -> str:
-    n = int(_f(n))
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
 def load(results_dir: str) -> List[dict]:

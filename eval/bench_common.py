@@ -19,7 +19,7 @@ import math
 import os
 import platform
 import time
-from typing import Callable, Dict, Iterable, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -165,6 +165,14 @@ def _is_nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
+def read_rows(path: str) -> List[dict]:
+    """Rows of a results CSV as dicts of strings (an empty cell is ``""``; empty list when the file does not exist
+    or is empty), as ``csv.DictReader`` gives them; the readers parse what they use."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return []
+    return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+
+
 def write_csv(rows: Iterable[Dict[str, object]], path: str, columns: Optional[Sequence[str]] = None) -> str:
     """Write dict rows to ``path``; returns the path. Header: ``columns``, else the union of the keys in first-seen
     order. Cells as the results always had them: ``str`` of each value (floats at full precision), an explicit NaN
@@ -176,13 +184,14 @@ def write_csv(rows: Iterable[Dict[str, object]], path: str, columns: Optional[Se
     return path
 
 
-def _json_safe(x):
+def json_safe(x):
+    """JSON-safe: NaN / inf -> None, dict keys as strings, recursively."""
     if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
         return None
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     return x
 
 
@@ -190,7 +199,7 @@ def write_json(rows: Iterable[Dict[str, object]], path: str, env: Optional[Dict[
     """Write ``{"env": env, "rows": rows}`` to ``path`` (nan/inf become null); returns the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(_json_safe({"env": env if env is not None else env_info(), "rows": list(rows)}), f, indent=1)
+        json.dump(json_safe({"env": env if env is not None else env_info(), "rows": list(rows)}), f, indent=1)
     return path
 
 

@@ -306,78 +306,58 @@ def _variant_row(base: dict, ms_eager, ms_graph) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- plots
-def plot_memory(curve: List[dict], path: str, title: str) -> Optional[str]:
+def _png(panels: list, title: str, path: str, **kw) -> Optional[str]:
+    """``panels`` (:class:`eval.figspec.Panel`) drawn into ``path`` (a PNG only), or None without matplotlib."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from eval import figspec
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for name in dict.fromkeys(r["variant"] for r in curve):
+    return figspec.to_png(figspec.Figure(title, panels, **kw), path[:-len(".png")], formats=["png"])[0]
+
+
+def plot_memory(curve: List[dict], path: str, title: str) -> Optional[str]:
+    """KV cache / state bytes vs context, one line per variant (log-log)."""
+    from eval.figspec import Panel, Trace
+
+    p = Panel("", "context (tokens)", "KV cache / state (GiB)", xlog=2, ylog=True, legend=True)
+    for i, name in enumerate(dict.fromkeys(r["variant"] for r in curve)):
         pts = [(r["context"], r["cache_bytes"] / 2**30) for r in curve if r["variant"] == name]
-        ax.plot(*zip(*pts), marker="o", ms=3, label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("KV cache / state (GiB)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        p.traces.append(Trace(name, *map(list, zip(*pts)), {"color": f"C{i % 10}", "marker": "o", "ms": 3}))
+    return _png([p], title, path, ncols=1, panel_w=6.5, panel_h=4.5)
 
 
 def plot_bench(kernel_rows: List[dict], variant_rows: List[dict], copy_gbps: float, path: str) -> Optional[str]:
-    try:
-        import matplotlib
+    """Decode bandwidth vs context per head layout (ours / SDPA / flex, contiguous / paged, smallest and largest
+    batch; the device copy dashed) and decode tokens/s per variant (one layer; a model dashed)."""
+    from eval.figspec import Panel, Trace
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     ok = [dict(r, gbps=r["gbps_graph"] if _num(r.get("gbps_graph")) else r["gbps"]) for r in kernel_rows
           if _num(r.get("gbps"))]
-    for ax, heads in zip(axes[:2], dict.fromkeys(r["heads"] for r in ok)):
-        big_b = max(r["batch"] for r in ok if r["heads"] == heads)
-        for b in sorted({r["batch"] for r in ok if r["heads"] == heads}):
-            if b not in (min(r["batch"] for r in ok), big_b):
-                continue
-            for (layout, method), style in ((("contiguous", "ours"), "-o"), (("paged", "ours"), "--o"),
-                                            (("contiguous", "sdpa"), "-s"), (("paged", "sdpa_gather"), ":s"),
-                                            (("contiguous", "flex"), "-^")):
+    panels = []
+    for heads in dict.fromkeys(r["heads"] for r in ok):
+        p = Panel(f"decode bandwidth (CUDA-graph step time), {heads}", "context (tokens)",
+                  "K/V bytes / step time (GB/s)", xlog=2, legend=True, hlines=[(copy_gbps, {"color": "k", "lw": 0.8})])
+        batches = sorted({r["batch"] for r in ok if r["heads"] == heads})
+        for b in sorted({min(r["batch"] for r in ok), batches[-1]} & set(batches)):
+            for layout, method, ls, mk in (("contiguous", "ours", "-", "o"), ("paged", "ours", "--", "o"),
+                                           ("contiguous", "sdpa", "-", "s"), ("paged", "sdpa_gather", ":", "s"),
+                                           ("contiguous", "flex", "-", "^")):
                 pts = sorted((r["context"], r["gbps"]) for r in ok if r["heads"] == heads and r["batch"] == b
                              and r["layout"] == layout and r["method"] == method)
                 if pts:
-                    ax.plot(*zip(*pts), style, ms=3, label=f"{method} {layout[:6]} B={b}")
-        ax.axhline(copy_gbps, color="k", lw=0.8, ls="--", label="device copy")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("K/V bytes / step time (GB/s)")
-        ax.set_title(f"decode bandwidth (CUDA-graph step time), {heads}", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
-    ax = axes[2]
+                    p.traces.append(Trace(f"{method} {layout[:6]} B={b}", *map(list, zip(*pts)),
+                                          {"color": f"C{len(p.traces) % 10}", "ls": ls, "marker": mk, "ms": 3}))
+        panels.append(p)
+    p = Panel("decode tokens/s: one layer, and a model (dashed)", "context (tokens)", "tokens/s (attention only)",
+              xlog=2, ylog=True, legend=True)
     for name in dict.fromkeys(r["variant"] for r in variant_rows):
         pts = sorted((r["context"], r["tokens_per_s"]) for r in variant_rows
                      if r["variant"] == name and _num(r.get("tokens_per_s")))
         if pts:
-            ax.plot(*zip(*pts), "--" if name.startswith("model_") else "-o", ms=3, label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("tokens/s (attention only)")
-    ax.set_title("decode tokens/s: one layer, and a model (dashed)", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+            p.traces.append(Trace(name, *map(list, zip(*pts)), {"color": f"C{len(p.traces) % 10}", "ms": 3, **(
+                {"ls": "--", "marker": None} if name.startswith("model_") else {"marker": "o"})}))
+    return _png(panels[:2] + [p], f"decode kernels and variants; device copy {copy_gbps:.0f} GB/s (dashed black)",
+                path, ncols=3, panel_w=5.6, panel_h=4.4)
 
 
 # --------------------------------------------------------------------------------------------- main

@@ -61,8 +61,9 @@ def repeats(r: dict, metric: str = "fwd_bwd_ms") -> np.ndarray:
     return np.array(vals if vals else [_f(r.get(metric))], dtype=np.float64)
 
 
-def _short(n: float) -> str:
-    n = int(round(n))
+def _short(n) -> str:
+    """N for a label: ``1k``, ``16k`` (multiples of 1024), else the integer (``640``); ``n`` a number or a CSV cell."""
+    n = int(round(_f(n)))
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
@@ -258,37 +259,22 @@ def format_nstar_markdown(table: Sequence[dict]) -> str:
 def plot_best(best_rows: Sequence[dict], path: str, metric: str = "fwd_bwd_ms", title: Optional[str] = None,
               formats: Sequence[str] = ("png",)) -> List[str]:
     """Time vs N of the best implementation of each variant series (log-log), each point labelled with the
-    implementation that stood there. Returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    implementation that stood there (:mod:`eval.figspec`). Returns the files written."""
+    from eval import figspec
 
     ser: Dict[tuple, List[dict]] = {}
     for r in best_rows:
         ser.setdefault(_key(r), []).append(r)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for key, pts in sorted(ser.items()):
+    p = figspec.Panel("", "sequence length N", f"{metric} (best correct implementation)", xlog=2, ylog=True,
+                      legend=True)
+    for i, (key, pts) in enumerate(sorted(ser.items())):
         pts = sorted(pts, key=lambda r: _f(r["seq_len"]))
         xs, ys = [_f(r["seq_len"]) for r in pts], [_f(r[metric]) for r in pts]
         label = f"{key[0]} (D {key[1]}, Hkv {key[3]}): {impl_summary([(x, r['impl']) for x, r in zip(xs, pts)])}"
-        ax.plot(xs, ys, marker="o", label=label)
-        for x, y, r in zip(xs, ys, pts):
-            ax.annotate(r["impl"], (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length N")
-    ax.set_ylabel(f"{metric} (best correct implementation)")
-    ax.set_title(title or "best implementation per variant and N")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    files = []
-    for fmt in formats:
-        files.append(f"{path}.{fmt}")
-        fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
-    return files
+        p.traces.append(figspec.Trace(label, xs, ys, {"color": f"C{i % 10}", "marker": "o"},
+                                      text=[r["impl"] for r in pts], meta={"variant": key[0]}))
+    return figspec.to_png(figspec.Figure(title or "best implementation per variant and N", [p], ncols=1,
+                                         panel_w=8, panel_h=5), path, formats=formats)
 
 
 def analyse_best(out_dir: str, sweep_cfg: dict, plots: bool = True, formats: Sequence[str] = ("png",),

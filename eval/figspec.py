@@ -2,8 +2,11 @@
 of traces) and drawn either as a static image by matplotlib (:func:`to_png`, the PNGs in ``docs/``) or as a Plotly
 figure (:func:`to_plotly`, the interactive report of :mod:`eval.report`, hover and filters included).
 
-The figure definitions here (:func:`quality_vs_n`, :func:`bubble`, :func:`fig2`) replace the matplotlib code that
-``eval.plots`` and ``eval.recall`` carried for the same figures: one figure code path. A trace's ``meta`` (e.g.
+Every figure of ``eval/`` is a :class:`Figure`: the shared definitions here (:func:`lines`, :func:`quality_vs_n`,
+:func:`bubble`, :func:`fig2`, :func:`crossover`), the sweep figures of :mod:`eval.plots` (``*_spec``: time vs N with
+its n* table panel, memory vs N, roofline, GPT speed), the recall reports of :mod:`eval.recall` (cliff, hybrids,
+ablation bars, learning curves) and :mod:`eval.bench_decode`'s: one figure code path (no figure is drawn
+outside :func:`to_matplotlib` / :func:`to_plotly` / :func:`to_wandb`). A trace's ``meta`` (e.g.
 ``{"variant": ..., "backend": ...}``) travels into the Plotly JSON so the report can filter traces; ``hover`` holds
 one text per point (the run and its command in the MQAR grid). Pure data: no renderer is imported until used.
 """
@@ -14,12 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-
-def _f(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
+from eval.crossover import _f
 
 
 def _i(x) -> int:
@@ -30,7 +28,8 @@ def _i(x) -> int:
 
 @dataclass
 class Trace:
-    """One series: points ``x``, ``y``; ``style`` from :func:`eval.plots.variant_style` (color, marker, ls);
+    """One series: points ``x``, ``y``; ``style`` from :func:`eval.plots.variant_style` (color, marker, ls; also
+    lw, ms, mec, mfc, zorder, alpha: see :data:`MPL_KEYS`); a ``name`` starting with ``_`` stays out of legends;
     ``sizes``: marker areas in points^2 (a bubble chart), ``hollow``: per point, draw the marker unfilled;
     ``hover``: one text per point; ``meta``: what the report filters on; ``lines``: join the points."""
 
@@ -43,6 +42,8 @@ class Trace:
     hollow: Optional[List[bool]] = None
     hover: Optional[List[str]] = None
     meta: Dict[str, object] = field(default_factory=dict)
+    bars: bool = False  # horizontal bars of length x at y (hollow: white and hatched)
+    text: Optional[List[str]] = None  # a label beside each point or bar
 
 
 @dataclass
@@ -52,12 +53,17 @@ class Panel:
     ylabel: str
     traces: List[Trace] = field(default_factory=list)
     xlog: int = 0  # 0: linear axis, else the log base
-    ylog: bool = False
+    ylog: object = False  # True, False or "auto" (log when the values span more than 8x)
     xticks: Optional[List[float]] = None
     ylim: Optional[Sequence[float]] = None
+    xlim: Optional[Sequence[float]] = None
+    ylabels: Optional[List[str]] = None  # category names at y = 0, 1, ... (top down)
     y_reversed: bool = False
     hlines: List = field(default_factory=list)  # y (a dashed grey line: chance) or (y, style)
     vlines: List = field(default_factory=list)  # x or (x, style), as hlines
+    legend: bool = False  # a legend of this panel's traces (matplotlib)
+    note: str = ""  # said in the panel when it has no trace
+    table: Optional[tuple] = None  # (column labels, rows of cells, colour of each row's column 1): a table panel
 
 
 @dataclass
@@ -75,6 +81,7 @@ class Figure:
     panel_h: float = 3.6
     sharex: bool = False
     sharey: bool = False
+    legend_ncol: Optional[int] = None  # entries per row of the shared legend (default: what fits the width)
 
 
 def _vstyle(v: str) -> dict:
@@ -251,6 +258,13 @@ def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CRO
                   ncols=len(panels), panel_w=4.6)
 
 
+MPL_KEYS = ("color", "marker", "ls", "lw", "ms", "mec", "mfc", "zorder", "alpha")
+
+
+def _mpl(st: dict) -> dict:
+    return {k: v for k, v in st.items() if k in MPL_KEYS}
+
+
 def _hline(h) -> tuple:
     """``(y, {"color", "ls", "lw"})`` of a panel's horizontal line (a bare y: grey dashed)."""
     y, st = h if isinstance(h, tuple) else (h, {})
@@ -260,25 +274,35 @@ def _hline(h) -> tuple:
 # --------------------------------------------------------------------------------------------- matplotlib
 def to_matplotlib(fig: Figure):
     """The figure drawn by matplotlib (constrained layout, one shared legend below, the size key at the right)."""
-    from eval.plots import _log_ticks, _proxy, grid, suptitle
+    from eval.plots import _log_ticks, _proxy, auto_scale, grid, suptitle
 
     mfig, axes = grid(len(fig.panels), ncols=fig.ncols, panel_w=fig.panel_w, panel_h=fig.panel_h,
                       sharex=fig.sharex, sharey=fig.sharey)
     for ax, p in zip(axes, fig.panels):
+        if p.table is not None:
+            _table(ax, p)
+            continue
         for t in p.traces:
             st = t.style
             hollow = t.hollow or [False] * len(t.x)
-            if t.sizes is not None:  # bubbles
-                for x, y, s, h in zip(t.x, t.y, t.sizes, hollow):
-                    if h:
-                        ax.scatter([x], [y], s=s, facecolors="none", edgecolors=st["color"], marker=st["marker"],
-                                   linewidths=1.2)
-                    else:
-                        ax.scatter([x], [y], s=s, color=st["color"], marker=st["marker"], alpha=0.55,
-                                   edgecolors="k", linewidths=0.6)
+            if t.bars:
+                for x, y, h, tx in zip(t.x, t.y, hollow, t.text or [""] * len(t.x)):
+                    ax.barh(y, x, height=0.65, color="white" if h else st["color"], edgecolor=st["color"], lw=1.4,
+                            hatch="//" if h else None)
+                    ax.text(x + 0.01, y, tx, va="center", fontsize=8)
                 continue
-            ln, = ax.plot(t.x, t.y, lw=1.6, ms=5, **({**st, "ls": st.get("ls", "-")} if t.lines else
-                                                     {**st, "ls": "none"}))
+            if t.sizes is not None:  # bubbles: the filled ones (one legend entry), then the hollow ones
+                for want, kw in ((False, dict(color=st["color"], alpha=st.get("alpha", 0.55), edgecolors="k",
+                                              linewidths=0.6, label=t.name)),
+                                 (True, dict(facecolors="none", edgecolors=st["color"], linewidths=1.2))):
+                    sel = [(x, y, s) for x, y, s, h in zip(t.x, t.y, t.sizes, hollow) if h == want]
+                    if sel:
+                        ax.scatter(*zip(*sel), marker=st["marker"], **kw)
+                continue
+            ln, = ax.plot(t.x, t.y, label=t.name, **{"lw": 1.6, "ms": 5, **_mpl(st),
+                                                     "ls": st.get("ls", "-") if t.lines else "none"})
+            for x, y, tx in zip(t.x, t.y, t.text or []):  # a label at each point
+                ax.annotate(tx, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
             cut = [(x, y) for x, y, h in zip(t.x, t.y, hollow) if h]
             if cut:
                 ax.plot([c[0] for c in cut], [c[1] for c in cut], ls="none", ms=8, mew=1.4, marker=st["marker"],
@@ -295,14 +319,27 @@ def to_matplotlib(fig: Figure):
             _log_ticks(ax.xaxis, [x for t in p.traces for x in t.x])
         if p.traces and p.traces[0].sizes is not None:
             ax.margins(0.15)  # room for the largest bubbles
-        if p.ylog:
+        ys = [y for t in p.traces for y in t.y if y == y]
+        if p.ylog == "auto":
+            auto_scale(ax, ys)
+        elif p.ylog:
             ax.set_yscale("log")
+            _log_ticks(ax.yaxis, ys)
         if p.ylim:
             ax.set_ylim(*p.ylim)
+        if p.xlim:
+            ax.set_xlim(*p.xlim)
+        if p.ylabels:
+            ax.set_yticks(range(len(p.ylabels)), p.ylabels, fontsize=9)
+            ax.invert_yaxis()
         ax.set_title(p.title, fontsize=10, loc="left", fontweight="bold")
         ax.set_xlabel(p.xlabel, fontsize=8 if fig.size_key else 10)
         ax.set_ylabel(p.ylabel, fontsize=8 if fig.size_key else 10)
         ax.grid(True, which="both", alpha=0.25)
+        if p.legend and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+        if p.note and not p.traces:
+            ax.text(0.5, 0.5, p.note, ha="center", transform=ax.transAxes)
     if fig.panels and fig.panels[0].y_reversed and axes:
         axes[0].invert_yaxis()  # quality up (shared y: once)
     if not any(p.traces for p in fig.panels):
@@ -316,12 +353,12 @@ def to_matplotlib(fig: Figure):
             kw.update(mec="k", ms=9, alpha=0.7)
         else:
             kw.update(lw=1.6)
-        return _proxy(**kw)
+        return _proxy(**{**kw, **_mpl(st)})
 
     handles = [handle(lb, st) for lb, st in fig.legend]
     per_row = max(1, min(6, int(mfig.get_figwidth() / 2.6)))  # legend entries per row that fit the width
-    mfig.legend(handles=handles, loc="outside lower center", ncol=min(per_row, max(len(handles), 1)), fontsize=8,
-                frameon=False)
+    mfig.legend(handles=handles, loc="outside lower center", fontsize=8, frameon=False,
+                ncol=fig.legend_ncol or min(per_row, max(len(handles), 1)))
     if fig.size_key:
         sk = [_proxy(ls="none", marker="o", color="lightgray", mec="k", ms=math.sqrt(a), label=lb) if a else
               _proxy(ls="none", marker="o", mfc="none", mec="gray", ms=6, label=lb) for a, lb in fig.size_key]
@@ -331,11 +368,37 @@ def to_matplotlib(fig: Figure):
     return mfig
 
 
-def to_png(fig: Figure, base: str) -> List[str]:
-    """Draw with :func:`to_matplotlib` and save ``base.png`` (+ the other formats of :data:`eval.plots.FORMATS`)."""
-    from eval.plots import _save
+def _table(ax, p: Panel) -> None:
+    """A table panel: ``p.table`` = (column labels, rows, colour of column 1 per row); ``p.note`` when empty."""
+    ax.axis("off")
+    ax.set_title(p.title, fontsize=10, loc="left", fontweight="bold")
+    cols, cells, colours = p.table
+    if not cells:
+        ax.text(0.5, 0.5, p.note, ha="center", va="center")
+        return
+    tab = ax.table(cellText=cells, colLabels=cols, loc="upper center", cellLoc="left", colWidths=[0.22, 0.34, 0.44])
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(7)
+    for i, col in enumerate(colours):
+        tab[i + 1, 1].get_text().set_color(col)
 
-    return _save(to_matplotlib(fig), base)
+
+def to_png(fig: Figure, base: str, formats: Optional[Sequence[str]] = None) -> List[str]:
+    """Draw with :func:`to_matplotlib` and save ``base.<ext>`` for each of ``formats`` (default
+    :data:`eval.plots.FORMATS`, PNG first); returns the paths."""
+    import os
+
+    import matplotlib.pyplot as plt
+
+    from eval.plots import FORMATS
+
+    mfig = to_matplotlib(fig)
+    os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
+    paths = [f"{base}.{ext}" for ext in formats or FORMATS]
+    for path in paths:
+        mfig.savefig(path, dpi=110 if path.endswith(".png") else None)
+    plt.close(mfig)
+    return paths
 
 
 # --------------------------------------------------------------------------------------------- plotly
@@ -381,6 +444,10 @@ def to_plotly(fig: Figure) -> dict:
             ya["type"] = "log"
         if p.ylim:
             ya["range"] = list(p.ylim)
+        if p.xlim:
+            xa["range"] = list(p.xlim)
+        if p.ylabels:
+            ya.update(tickmode="array", tickvals=list(range(len(p.ylabels))), ticktext=p.ylabels, autorange="reversed")
         if p.y_reversed:
             ya["autorange"] = "reversed"
         if fig.sharey and i:
@@ -403,12 +470,17 @@ def to_plotly(fig: Figure) -> dict:
                                                for hh in hollow], "size": 8, "line": {"color": col, "width": 1}}
             if t.sizes is not None:
                 marker.update(size=[math.sqrt(s) for s in t.sizes], opacity=0.6, line={"color": "black", "width": 1})
-            data.append({"type": "scatter", "name": t.name, "legendgroup": t.name, "showlegend": t.name not in shown,
+            data.append({"type": "scatter", "name": t.name, "legendgroup": t.name,
+                         "showlegend": t.name not in shown and not t.name.startswith("_"),
                          "x": [_finite(v) for v in t.x], "y": [_finite(v) for v in t.y],
                          "mode": "lines+markers" if t.lines else "markers", "xaxis": f"x{ax}", "yaxis": f"y{ax}",
                          "line": {"color": col, "dash": _DASH.get(st.get("ls", "-"), "solid"), "width": 1.6},
                          "marker": marker, "text": t.hover, "hoverinfo": "text" if t.hover else "x+y+name",
                          "meta": dict(t.meta, panel=p.title)})
+            if t.bars:
+                data[-1].update(type="bar", orientation="h", text=t.text, mode=None, line=None, marker={
+                    "color": ["white" if h else col for h in hollow], "line": {"color": col, "width": 1.4},
+                    "pattern": {"shape": ["/" if h else "" for h in hollow]}})
             shown.add(t.name)
     legend_rows = math.ceil(len(shown) / 5)  # a long legend below the panels: room for it, not at their cost
     layout["height"] += 24 * legend_rows

@@ -1,4 +1,6 @@
-"""Figures (matplotlib, PNG + SVG) of the sweep, crossover, quality and cost-model results.
+"""Figures of the sweep, crossover, quality and cost-model results, defined once as :class:`eval.figspec.Figure`
+(``*_spec``) and drawn by :func:`eval.figspec.to_png` (PNG + SVG) or :func:`eval.figspec.to_plotly`; the styles,
+captions and grid helpers the definitions and the renderer share live here.
 
 Every figure answers one question, named in its title, with the setup (GPU, dtype, heads, head dim, tokens per
 step, date) on the second title line. Small multiples: one panel per attention variant holding its backends; a
@@ -36,6 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from attn_zoo import cost_model as cm  # noqa: E402
 
+from eval import figspec  # noqa: E402
 from eval.crossover import _b, _f, series  # noqa: E402
 
 _MATERIALISING = ("naive", "reference", "sdpa_math")
@@ -108,25 +111,6 @@ def variant_style(name: str) -> dict:
         return {"color": c, "marker": m, "ls": ls}
     c, m = _extra("variant:" + n)
     return {"color": c, "marker": m, "ls": "-."}
-
-
-def _style(i: int):
-    """Style of the i-th series of a list (kept for callers outside this module)."""
-    cmap = plt.get_cmap("tab10")
-    return {"color": cmap(i % 10), "marker": "osD^v<>phX*"[i % 10], "ls": "-" if i < 10 else "--"}
-
-
-def _save(fig, base: str, dpi: int = 110) -> List[str]:
-    """Save ``fig`` as ``base.<ext>`` for each of :data:`FORMATS` (PNG first); returns the paths."""
-    os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    paths = []
-    for ext in FORMATS:
-        paths.append(f"{base}.{ext}")
-        fig.savefig(paths[-1], dpi=dpi if ext == "png" else None)
-    plt.close(fig)
-    return paths
 
 
 def set_formats(formats) -> None:
@@ -311,13 +295,13 @@ def _baseline_name(baseline) -> str:
     return "/".join(baseline) if baseline else "baseline"
 
 
-def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str = "fwd_bwd",
-                     reference: str = "exact", title: Optional[str] = None,
-                     baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None):
-    """The figure of :func:`plot_time_vs_n` (not saved): one panel per variant with its backends (colour and marker
-    per backend, the same in every panel), the exact baseline thick black in every panel, ``n*`` against it as a
-    star on the curve, a dotted vertical line and the value in the series' legend label, and a table panel of all
-    ``n*``; the setup in the title."""
+def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str = "fwd_bwd",
+                   reference: str = "exact", title: Optional[str] = None,
+                   baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None):
+    """Time vs N (log-log, an :class:`eval.figspec.Figure`): one panel per variant with its backends (colour and
+    marker per backend, the same in every panel), the exact ``baseline`` (``(variant, backend)``, default: the
+    crossovers' exact baseline) thick black in every panel, ``n*`` against it as a star on the curve, a dotted
+    vertical line and the value in the series' legend label, and a table panel of all ``n*``; setup in the title."""
     if baseline is None:
         bl = [c["baseline"] for c in crossovers if c.get("reference") == reference]
         baseline = tuple(bl[0].split("/", 1)) if bl else None
@@ -325,99 +309,58 @@ def time_vs_n_figure(rows: Sequence[dict], crossovers: Sequence[dict], mode: str
     ser = {k: [r for r in v if math.isfinite(_f(r.get(metric)))] for k, v in series(rows).items()}
     ser = {k: v for k, v in ser.items() if v}
     failed = _failures(rows)
-    panels = family_panels(sorted(set(ser) | set(failed)), baseline)
     cross_rows = [c for c in crossovers if c.get("metric") == metric and c.get("reference") == reference]
-    with_table = bool(cross_rows)
     full_n_max = max((_f(r["seq_len"]) for v in ser.values() for r in v), default=float("nan"))
-    fig, axes = grid(len(panels) + with_table, sharex=True)
-    any_star = False
-    for ax, p in zip(axes, panels):
-        bkey = _baseline_key(list(ser), baseline, p["D"], p["causal"])
-        multi_hkv = len({k[4] for k in p["keys"]}) > 1
-        if bkey is not None and bkey not in p["keys"]:
-            xs = [_f(r["seq_len"]) for r in ser[bkey]]
-            ax.plot(xs, [_f(r[metric]) for r in ser[bkey]], color="k", lw=2.6, zorder=3)
-        for k in p["keys"]:
+    panels, any_star = [], False
+    black = {"color": "k", "lw": 2.6, "zorder": 3, "marker": None}
+    for fp in family_panels(sorted(set(ser) | set(failed)), baseline):
+        p = figspec.Panel(fp["title"], "sequence length N", f"{mode.replace('_', '+')} time (ms)", xlog=2, ylog=True,
+                          legend=True)
+        bkey = _baseline_key(list(ser), baseline, fp["D"], fp["causal"])
+        multi_hkv = len({k[4] for k in fp["keys"]}) > 1
+        if bkey is not None and bkey not in fp["keys"]:
+            p.traces.append(figspec.Trace("_baseline", [_f(r["seq_len"]) for r in ser[bkey]],
+                                          [_f(r[metric]) for r in ser[bkey]], black))
+        for k in fp["keys"]:
             st = backend_style(k[1])
             label = _series_label(k, multi_hkv)
             if k not in ser:  # failed before any point was measured
-                s, n = failed[k]
-                ax.plot([], [], ls="none", marker=st["marker"], color=st["color"], mfc="none",
-                        label=f"{label}: {s.upper()} at N={n} (no points)")
+                p.traces.append(figspec.Trace(f"{label}: {failed[k][0].upper()} at N={failed[k][1]} (no points)", [],
+                                              [], dict(st, mfc="none"), lines=False))
                 continue
-            xs = [_f(r["seq_len"]) for r in ser[k]]
-            ys = [_f(r[metric]) for r in ser[k]]
+            xs, ys = [_f(r["seq_len"]) for r in ser[k]], [_f(r[metric]) for r in ser[k]]
             if k in failed:
                 label += f" ({failed[k][0].upper()} at N={failed[k][1]})"
             if k == bkey:
-                ax.plot(xs, ys, color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,
-                        label=f"{label}: exact baseline")
+                p.traces.append(figspec.Trace(f"{label}: exact baseline", xs, ys,
+                                              dict(black, marker=st["marker"], ms=4)))
                 continue
             c = _crossover_of(cross_rows, k, metric, reference)
-            ns = _f(c.get("n_star")) if c else float("nan")
-            note = crossover_note(c, full_n_max)
-            if note:
-                label += f": {note}"
-            ax.plot(xs, ys, color=st["color"], marker=st["marker"], lw=1.5, ms=4, label=label)
+            ns, note = (_f(c.get("n_star")) if c else float("nan")), crossover_note(c, full_n_max)
+            p.traces.append(figspec.Trace(label + (f": {note}" if note else ""), xs, ys, dict(st, lw=1.5, ms=4)))
             if math.isfinite(ns) and len(xs) > 1:
                 any_star = True
-                ax.axvline(ns, color=st["color"], ls=":", lw=1.2)
-                ax.plot([ns], [_loglog_y(xs, ys, ns)], marker="*", ms=14, color=st["color"], mec="k", zorder=5,
-                        ls="none")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _log_ticks(ax.yaxis, [y for ln in ax.get_lines() for y in ln.get_ydata()])
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(f"{mode.replace('_', '+')} time (ms)")
-        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="best")
-    if with_table:
-        _crossover_table(axes[len(panels)], cross_rows, baseline, metric, full_n_max)
-    handles = [_proxy(color="k", lw=2.6,
-                      label=f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)")]
+                p.vlines.append((ns, {"color": st["color"], "ls": ":", "lw": 1.2}))
+                p.traces.append(figspec.Trace("_n*", [ns], [_loglog_y(xs, ys, ns)], {
+                    "color": st["color"], "marker": "*", "ms": 14, "mec": "k", "zorder": 5}, lines=False))
+        panels.append(p)
+    if cross_rows:
+        cells = sorted(([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
+                         backend_style(c["backend"])["label"], crossover_note(c, full_n_max).replace("n*≈", ""),
+                         backend_style(c["backend"])["color"], _f(c.get("n_star"))] for c in cross_rows
+                        if baseline is None or (c["variant"], c["backend"]) != tuple(baseline)),
+                       key=lambda c: (c[4] if math.isfinite(c[4]) else 1e18, c[0], c[1]))
+        panels.append(figspec.Panel(f"n* vs {_baseline_name(baseline)} ({metric})", "", "", note="no crossover rows",
+                                    table=(["variant", "backend", "n*"], [c[:3] for c in cells],
+                                           [c[3] for c in cells])))
+    legend = [(f"{_baseline_name(baseline)}: exact baseline (thick black, every panel)", black)]
     if any_star:
-        handles += [_proxy(ls="none", marker="*", ms=13, color="lightgray", mec="k",
-                           label="n*: length above which the variant is faster than the baseline"),
-                    _proxy(color="gray", ls=":", lw=1.2, label="dotted line: at n*")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False)
+        legend += [("n*: length above which the variant is faster than the baseline",
+                    {"color": "lightgray", "marker": "*", "ls": "none", "ms": 13, "alpha": 1}),
+                   ("dotted line: at n*", {"color": "gray", "ls": ":", "lw": 1.2})]
     what = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}.get(mode, mode)
-    suptitle(fig, f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
-                  + setup_caption(rows, env, title), fontsize=10)
-    return fig
-
-
-def _crossover_table(ax, cross_rows: Sequence[dict], baseline, metric: str,
-                     full_n_max: float = float("nan")) -> None:
-    ax.axis("off")
-    cells, colours = [], []
-    for c in sorted(cross_rows, key=lambda c: (_f(c.get("n_star")) if math.isfinite(_f(c.get("n_star"))) else 1e18,
-                                               c["variant"], c["backend"])):
-        if baseline is not None and (c["variant"], c["backend"]) == tuple(baseline):
-            continue
-        val = crossover_note(c, full_n_max).replace("n*≈", "")
-        cells.append([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
-                      backend_style(c["backend"])["label"], val])
-        colours.append(backend_style(c["backend"])["color"])
-    if not cells:
-        ax.text(0.5, 0.5, "no crossover rows", ha="center", va="center")
-        return
-    tab = ax.table(cellText=cells, colLabels=["variant", "backend", "n*"], loc="upper center", cellLoc="left",
-                   colWidths=[0.22, 0.34, 0.44])
-    tab.auto_set_font_size(False)
-    tab.set_fontsize(7)
-    for i, col in enumerate(colours):
-        tab[i + 1, 1].get_text().set_color(col)
-    ax.set_title(f"n* vs {_baseline_name(baseline)} ({metric})", fontsize=10, loc="left", fontweight="bold")
-
-
-def plot_time_vs_n(rows: Sequence[dict], crossovers: Sequence[dict], base: str, mode: str = "fwd_bwd",
-                   reference: str = "exact", title: Optional[str] = None,
-                   baseline: Optional[Sequence[str]] = None, env: Optional[dict] = None) -> List[str]:
-    """Time vs N (log-log), small multiples per variant, ``n*`` against the exact ``baseline`` (``(variant,
-    backend)``, default: the crossovers' exact baseline) marked; see :func:`time_vs_n_figure`."""
-    return _save(time_vs_n_figure(rows, crossovers, mode, reference, title, baseline, env), base)
+    return figspec.Figure(f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
+                          + setup_caption(rows, env, title), panels, legend=legend, sharex=True, legend_ncol=3)
 
 
 def group_identical(curves: Dict[tuple, Dict[float, float]], rtol: float = 0.02,
@@ -446,11 +389,11 @@ def _mem_label(k: tuple, bkey, multi_hkv: bool, panel_variant: str) -> str:
     return name + (" (exact baseline)" if k == bkey else "")
 
 
-def memory_vs_n_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
-                       baseline: Optional[Sequence[str]] = None, rtol: float = 0.02):
-    """The figure of :func:`plot_memory_vs_n`: per-sequence memory vs N, one panel per variant (its backends plus
-    the exact baseline), curves equal within ``rtol`` drawn once and labelled ``a = b``, the cost model's ``n^2``
-    and ``n d`` curves in every panel."""
+def memory_vs_n_spec(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
+                     baseline: Optional[Sequence[str]] = None, rtol: float = 0.02):
+    """Peak memory per sequence vs N (an :class:`eval.figspec.Figure`), one panel per variant
+    (its backends plus the exact baseline), curves equal within ``rtol`` drawn once and labelled ``a = b``, the cost
+    model's ``n^2`` and ``n d`` curves in every panel."""
     from eval.crossover import memory_metric
 
     metric = memory_metric(rows)
@@ -460,69 +403,56 @@ def memory_vs_n_figure(rows: Sequence[dict], title: Optional[str] = None, env: O
         c = {_f(r["seq_len"]): _f(r[metric]) / max(_f(r.get("batch")), 1) / 2**20 for r in pts if _f(r.get(metric)) > 0}
         if c:
             curves[k] = c
-    panels = family_panels(sorted(curves), baseline, max_series=5)
-    fig, axes = grid(len(panels), sharex=True, sharey=True)
-    any_group = False
-    for ax, p in zip(axes, panels):
-        bkey = _baseline_key(list(curves), baseline, p["D"], p["causal"])
-        keys = list(p["keys"]) + ([bkey] if bkey is not None and bkey not in p["keys"] else [])
-        multi_hkv = len({k[4] for k in p["keys"]}) > 1
+    ylabel = ("peak memory" if metric == "peak_mem_bytes" else "modelled footprint") + " per sequence (MiB)"
+    std, flash = {"color": "gray", "ls": "--", "lw": 1.2, "zorder": 5, "marker": None}, {
+        "color": "0.6", "ls": ":", "lw": 1.6, "zorder": 5, "marker": None}
+    panels, any_group = [], False
+    for fp in family_panels(sorted(curves), baseline, max_series=5):
+        p = figspec.Panel(fp["title"], "sequence length N", ylabel, xlog=2, ylog=True, legend=True)
+        bkey = _baseline_key(list(curves), baseline, fp["D"], fp["causal"])
+        keys = list(fp["keys"]) + ([bkey] if bkey is not None and bkey not in fp["keys"] else [])
+        multi_hkv = len({k[4] for k in fp["keys"]}) > 1
         for g in group_identical({k: curves[k] for k in keys}, rtol, first=bkey):
             lead = max(g, key=lambda k: len(curves[k]))
-            xs = sorted(curves[lead])
-            label = "\n= ".join(_mem_label(k, bkey, multi_hkv, p["variant"]) for k in g)  # one name a line
+            label = "\n= ".join(_mem_label(k, bkey, multi_hkv, fp["variant"]) for k in g)  # one name a line
             if len(g) > 1:
                 any_group = True
                 label += f"\n(equal within {rtol:.0%})"
             st = backend_style(g[0][1])
-            if bkey in g:
-                ax.plot(xs, [curves[lead][x] for x in xs], color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3,
-                        label=label)
-            else:
-                ax.plot(xs, [curves[lead][x] for x in xs], color=st["color"], marker=st["marker"], lw=1.5, ms=4,
-                        label=label)
+            st = dict(color="k", lw=2.6, marker=st["marker"], ms=4, zorder=3) if bkey in g else dict(st, lw=1.5, ms=4)
+            xs = sorted(curves[lead])
+            p.traces.append(figspec.Trace(label, xs, [curves[lead][x] for x in xs], st))
         ns = sorted({x for k in keys for x in curves[k]})
-        any_row = ser[keys[0]][0]
-        H = int(_f(any_row.get("n_heads")) or 1)
-        e = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(any_row.get("dtype"), 2)
-        ax.plot(ns, [cm.standard_attention_cost(1, H, int(n), p["D"], dtype_bytes=e, mode="fwd_bwd").footprint_bytes
-                     / 2**20 for n in ns], color="gray", ls="--", lw=1.2, zorder=5)
-        ax.plot(ns, [cm.flash_attention_cost(1, H, int(n), p["D"], dtype_bytes=e, mode="fwd_bwd").footprint_bytes
-                     / 2**20 for n in ns], color="0.6", ls=":", lw=1.6, zorder=5)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(("peak memory" if metric == "peak_mem_bytes" else "modelled footprint") + " per sequence (MiB)")
-        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-        ax.legend(fontsize=7, loc="best")
-    handles = [_proxy(color="k", lw=2.6, label=f"{_baseline_name(baseline)}: exact baseline"),
-               _proxy(color="gray", ls="--", lw=1, label="cost model: standard attention (S, P: ∝ n²)"),
-               _proxy(color="0.6", ls=":", lw=1.6, label="cost model: flash (∝ n·d)")]
+        r0 = ser[keys[0]][0]
+        H, e = int(_f(r0.get("n_heads")) or 1), {"float32": 4, "float64": 8}.get(r0.get("dtype"), 2)
+        for name, cost, st in (("_standard", cm.standard_attention_cost, std),
+                               ("_flash", cm.flash_attention_cost, flash)):
+            p.traces.append(figspec.Trace(name, ns, [cost(1, H, int(n), fp["D"], dtype_bytes=e, mode="fwd_bwd")
+                                                     .footprint_bytes / 2**20 for n in ns], st))
+        panels.append(p)
+    legend = [(f"{_baseline_name(baseline)}: exact baseline", {"color": "k", "lw": 2.6}),
+              ("cost model: standard attention (S, P: ∝ n²)", dict(std, lw=1)),
+              ("cost model: flash (∝ n·d)", flash)]
     if any_group:
-        handles.append(_proxy(ls="none", label=f"a = b: curves equal within {rtol:.0%}, drawn once"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+        legend.append((f"a = b: curves equal within {rtol:.0%}, drawn once", {"ls": "none"}))
     src = "measured peak (CUDA)" if metric == "peak_mem_bytes" else "cost-model footprint (not measured off CUDA)"
-    suptitle(fig, f"How does attention memory grow with N? ({src}, forward + backward, per sequence)\n"
-                  + setup_caption(rows, env, title), fontsize=10)
-    return fig
+    return figspec.Figure(f"How does attention memory grow with N? ({src}, forward + backward, per sequence)\n"
+                          + setup_caption(rows, env, title), panels, legend=legend, sharex=True, sharey=True,
+                          legend_ncol=2)
 
 
-def plot_memory_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None, env: Optional[dict] = None,
-                     baseline: Optional[Sequence[str]] = None) -> List[str]:
-    """Peak memory vs N per variant / backend with the model's n^2 (standard) and n*d (flash) curves; see
-    :func:`memory_vs_n_figure`."""
-    return _save(memory_vs_n_figure(rows, title, env, baseline), base)
+def roofline_spec(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_bwd", title: Optional[str] = None,
+                  env: Optional[dict] = None, baseline: Optional[Sequence[str]] = None):
+    """Roofline of ``machine`` (an :class:`eval.figspec.Figure`): the roof in every panel, one panel per variant,
+    each measured kernel point at (modelled intensity, achieved TFLOP/s), colour / marker per backend, marker size
+    growing with log N.
 
-
-def roofline_figure(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fwd_bwd",
-                    title: Optional[str] = None, env: Optional[dict] = None,
-                    baseline: Optional[Sequence[str]] = None):
-    """The figure of :func:`plot_roofline`: the roof in every panel, one panel per variant, colour / marker per
-    backend, marker size growing with log N."""
-    ser = series(rows)
+    Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
+    (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
+    for fused kernels, whose measured traffic is close to it (``lab/hbm_probe.py``: 1.8x compulsory for our
+    flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
     pts_of: Dict[tuple, tuple] = {}
-    for k, pts in ser.items():
+    for k, pts in series(rows).items():
         x, y, s = [], [], []
         for r in pts:
             fl = _f(r.get("flops_fwd_bwd" if mode == "fwd_bwd" else "flops_fwd"))
@@ -536,48 +466,27 @@ def roofline_figure(rows: Sequence[dict], machine: "cm.Machine", mode: str = "fw
                 s.append(8 + 4 * math.log2(max(_f(r["seq_len"]), 2)))
         if x:
             pts_of[k] = (x, y, s)
-    panels = family_panels(sorted(pts_of), baseline)
-    fig, axes = grid(len(panels), sharex=True, sharey=True)
     xs = [10 ** (i / 20) for i in range(-20, 101)]
-    for ax, p in zip(axes, panels):
-        ax.plot(xs, [machine.attainable(x) / 1e12 for x in xs], "k-", lw=1.6)
-        ax.axvline(machine.ridge, color="gray", ls=":", lw=1)
-        multi_hkv = len({k[4] for k in p["keys"]}) > 1
-        multi_d = len({k[2] for k in pts_of}) > 1
-        for k in p["keys"]:
+    roof = figspec.Trace("_roof", xs, [machine.attainable(x) / 1e12 for x in xs], {"color": "k", "marker": None})
+    multi_d = len({k[2] for k in pts_of}) > 1
+    panels = []
+    for fp in family_panels(sorted(pts_of), baseline):
+        p = figspec.Panel(fp["title"], "FLOP per HBM byte (modelled)", f"achieved TFLOP/s ({mode.replace('_', '+')})",
+                          xlog=10, ylog=True, legend=True, traces=[roof],
+                          vlines=[(machine.ridge, {"color": "gray", "ls": ":"})])
+        multi_hkv = len({k[4] for k in fp["keys"]}) > 1
+        for k in fp["keys"]:
             x, y, s = pts_of[k]
-            st = backend_style(k[1])
-            ax.scatter(x, y, s=s, color=st["color"], marker=st["marker"], alpha=0.85, edgecolors="k", linewidths=0.4,
-                       label=_series_label(k, multi_hkv) + (f" D={k[2]}" if multi_d else ""))
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("FLOP per HBM byte (modelled)", fontsize=8)
-        ax.set_ylabel(f"achieved TFLOP/s ({mode.replace('_', '+')})", fontsize=8)
-        ax.set_title(p["title"], fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, which="both", alpha=0.25)
-        if ax.collections:
-            ax.legend(fontsize=7, loc="lower right")
-    handles = [_proxy(color="k", lw=1.6, label=f"{machine.name} roof: min(peak FLOP/s, intensity × bandwidth)"),
-               _proxy(color="gray", ls=":", lw=1, label=f"ridge {machine.ridge:.0f} FLOP/byte"),
-               _proxy(ls="none", marker="o", color="lightgray", mec="k",
-                      label="marker size grows with log N; intensity: compulsory traffic for fused kernels, "
-                            "S/P traffic for naive")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    suptitle(fig, "How close does each kernel get to the hardware limit? (roofline)\n"
-                  + setup_caption(rows, env, title), fontsize=10)
-    return fig
-
-
-def plot_roofline(rows: Sequence[dict], base: str, machine: "cm.Machine", mode: str = "fwd_bwd",
-                  title: Optional[str] = None, env: Optional[dict] = None,
-                  baseline: Optional[Sequence[str]] = None) -> List[str]:
-    """Roofline of ``machine`` with each measured kernel point at (modelled intensity, achieved TFLOP/s).
-
-    Intensity = cost-model FLOPs over HBM bytes: the modelled S / P traffic for materialising backends
-    (``naive``, ``reference``, ``sdpa_math``), the compulsory traffic (inputs read once, outputs written once)
-    for fused kernels, whose measured traffic is close to it (``lab/hbm_probe.py``: 1.8x compulsory for our
-    flash kernel at N = 2048, against 10.7x for the L2-free tiling model)."""
-    return _save(roofline_figure(rows, machine, mode, title, env, baseline), base)
+            p.traces.append(figspec.Trace(_series_label(k, multi_hkv) + (f" D={k[2]}" if multi_d else ""), x, y,
+                                          dict(backend_style(k[1]), alpha=0.85), lines=False, sizes=s))
+        panels.append(p)
+    legend = [(f"{machine.name} roof: min(peak FLOP/s, intensity × bandwidth)", {"color": "k"}),
+              (f"ridge {machine.ridge:.0f} FLOP/byte", {"color": "gray", "ls": ":", "lw": 1}),
+              ("marker size grows with log N; intensity: compulsory traffic for fused kernels, S/P traffic for naive",
+               {"color": "lightgray", "marker": "o", "ls": "none", "ms": 6, "alpha": 1})]
+    return figspec.Figure("How close does each kernel get to the hardware limit? (roofline)\n"
+                          + setup_caption(rows, env, title), panels, legend=legend, sharex=True, sharey=True,
+                          legend_ncol=2)
 
 
 def model_setup_caption(rows: Sequence[dict], env: Optional[dict] = None, title: Optional[str] = None) -> str:
@@ -639,17 +548,15 @@ def auto_scale(ax, values: Sequence[float], log_ratio: float = 8.0) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(_si))
 
 
-def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
-                       rtol: float = 0.02):
-    """The figure of :func:`plot_model_sweep`: training tokens/s, inference tokens/s and training peak memory vs
-    context length, one panel each, one line per variant (colour per variant; the line style per backend when
-    there are several); equal memory curves drawn once."""
+def model_sweep_spec(rows: Sequence[dict], title: Optional[str] = None, env: Optional[dict] = None,
+                     rtol: float = 0.02):
+    """GPT speed and memory (an :class:`eval.figspec.Figure`): training tokens/s, inference tokens/s and
+    training peak memory vs context length, one panel each, one line per variant (colour per variant; the line style
+    per backend when there are several); equal memory curves drawn once."""
     groups: Dict[tuple, List[dict]] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: _f(r["seq_len"])):
         if r.get("status", "ok") == "ok":
             groups.setdefault((r["variant"], r["backend"]), []).append(r)
-    for pts in groups.values():
-        pts.sort(key=lambda r: _f(r["seq_len"]))
     backends = sorted({k[1] for k in groups})
     ls_of = {b: ls for b, ls in zip(backends, ["-", "--", "-.", ":"] * 4)}
 
@@ -657,63 +564,29 @@ def model_sweep_figure(rows: Sequence[dict], title: Optional[str] = None, env: O
         return k[0] if len(backends) == 1 else f"{k[0]}/{k[1]}"
 
     def style(k):
-        st = variant_style(k[0])
-        return {"color": st["color"], "marker": st["marker"], "ls": ls_of[k[1]] if len(backends) > 1 else "-"}
+        return dict(variant_style(k[0]), ls=ls_of[k[1]] if len(backends) > 1 else "-")
 
-    metrics = [("train_tokens_per_s", "training step: tokens / s", 1.0),
-               ("infer_tokens_per_s", "inference (forward): tokens / s", 1.0),
-               ("train_peak_mem_bytes", "training peak memory (MiB)", 2.0 ** -20)]
-    fig, axes = grid(3, ncols=3, sharex=True)
-    for ax, (col, ylabel, scale) in zip(axes, metrics):
-        curves = {}
-        for k, pts in sorted(groups.items()):
-            c = {_f(r["seq_len"]): _f(r.get(col)) * scale for r in pts if _f(r.get(col)) > 0}
-            if c:
-                curves[k] = c
-        if col == "train_peak_mem_bytes":
-            for g in group_identical(curves, rtol):
-                xs = sorted(curves[g[0]])
-                lab = " = ".join(label(k) for k in g) + (f" (equal within {rtol:.0%})" if len(g) > 1 else "")
-                ax.plot(xs, [curves[g[0]][x] for x in xs], lw=1.6, ms=5, label=lab, **style(g[0]))
-        else:
-            for k, c in curves.items():
-                xs = sorted(c)
-                ax.plot(xs, [c[x] for x in xs], lw=1.6, ms=5, label=label(k), **style(k))
-        ax.set_xscale("log", base=2)
-        auto_scale(ax, [y for c in curves.values() for y in c.values()])
-        ax.set_xlabel("context length")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.25)
-        if ax.lines:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "not measured" + (" (CUDA only)" if "mem" in col else ""), ha="center",
-                    transform=ax.transAxes)
-    suptitle(fig, "How fast does the whole GPT train and infer with each attention variant?\n"
-                  + model_setup_caption(rows, env, title), fontsize=10)
-    return fig
-
-
-def plot_model_sweep(rows: Sequence[dict], base: str, title: Optional[str] = None,
-                     env: Optional[dict] = None) -> List[str]:
-    """GPT tokens/s (train step, inference) and peak memory vs context length per variant."""
-    return _save(model_sweep_figure(rows, title, env), base)
+    panels = []
+    for col, ylabel, scale in (("train_tokens_per_s", "training step: tokens / s", 1.0),
+                               ("infer_tokens_per_s", "inference (forward): tokens / s", 1.0),
+                               ("train_peak_mem_bytes", "training peak memory (MiB)", 2.0 ** -20)):
+        p = figspec.Panel("", "context length", ylabel, xlog=2, ylog="auto", legend=True,
+                          note="not measured" + (" (CUDA only)" if "mem" in col else ""))
+        curves = {k: c for k, pts in sorted(groups.items())
+                  if (c := {_f(r["seq_len"]): _f(r.get(col)) * scale for r in pts if _f(r.get(col)) > 0})}
+        for g in group_identical(curves, rtol) if "mem" in col else [[k] for k in curves]:
+            xs = sorted(curves[g[0]])
+            p.traces.append(figspec.Trace(" = ".join(label(k) for k in g) + (
+                f" (equal within {rtol:.0%})" if len(g) > 1 else ""), xs, [curves[g[0]][x] for x in xs], style(g[0])))
+        panels.append(p)
+    return figspec.Figure("How fast does the whole GPT train and infer with each attention variant?\n"
+                          + model_setup_caption(rows, env, title), panels, sharex=True)
 
 
 def plot_quality_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = None) -> List[str]:
     """Quality vs context length per variant, one panel per (dataset, metric) (see :mod:`eval.quality`); the
     figure of :func:`eval.figspec.quality_vs_n`."""
-    from eval import figspec
-
     return figspec.to_png(figspec.quality_vs_n(rows, title), base)
-
-
-def bubble_figure(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memory: str = "peak_mem_mb",
-                  title: Optional[str] = None, caption: Optional[str] = None):
-    """The matplotlib figure of :func:`eval.figspec.bubble` (see :func:`plot_bubble`)."""
-    from eval import figspec
-
-    return figspec.to_matplotlib(figspec.bubble(rows, quality, speed, memory, title, caption))
 
 
 def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tokens_per_s",
@@ -724,7 +597,22 @@ def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tok
     ``rows``: the joined table of :func:`eval.quality.join_speed` / :func:`eval.quality.join_bench_speed`
     (``variant``, ``seq_len``, ``dataset`` and the named columns). Points without memory are drawn hollow.
     """
-    return _save(bubble_figure(rows, quality, speed, memory, title, caption), base)
+    return figspec.to_png(figspec.bubble(rows, quality, speed, memory, title, caption), base)
+
+
+def _drawn(spec):
+    """A function of ``spec``'s arguments that returns its figure drawn by :func:`eval.figspec.to_matplotlib`."""
+
+    def draw(*args, **kw):
+        return figspec.to_matplotlib(spec(*args, **kw))
+
+    draw.__doc__ = f"The matplotlib figure of :func:`{spec.__module__}.{spec.__name__}` (same arguments)."
+    return draw
+
+
+time_vs_n_figure, memory_vs_n_figure = _drawn(time_vs_n_spec), _drawn(memory_vs_n_spec)
+roofline_figure, model_sweep_figure = _drawn(roofline_spec), _drawn(model_sweep_spec)
+bubble_figure = _drawn(figspec.bubble)
 
 
 def _machine(machine, env: dict) -> Optional["cm.Machine"]:
@@ -775,20 +663,19 @@ def sweep_figures(results_dir: str, figures_dir: Optional[str] = None, machine=N
     out: Dict[str, List[str]] = {}
     modes = [m for m in ("fwd_bwd", "fwd", "bwd") if any(math.isfinite(_f(r.get(f"{m}_ms"))) for r in rows)]
     for m in modes[:2]:
-        out[f"time_vs_n_{m}"] = plot_time_vs_n(rows, cross, os.path.join(figures_dir, f"{prefix}time_vs_n_{m}"), m,
-                                               title=title, baseline=baseline, env=env)
+        out[f"time_vs_n_{m}"] = figspec.to_png(time_vs_n_spec(rows, cross, m, title=title, baseline=baseline, env=env),
+                                       os.path.join(figures_dir, f"{prefix}time_vs_n_{m}"))
     if rows:
-        out["memory_vs_n"] = plot_memory_vs_n(rows, os.path.join(figures_dir, f"{prefix}memory_vs_n"), title=title,
-                                              env=env, baseline=baseline)
+        out["memory_vs_n"] = figspec.to_png(memory_vs_n_spec(rows, title, env, baseline),
+                                    os.path.join(figures_dir, f"{prefix}memory_vs_n"))
     mach = _machine(machine, env)
     if mach is not None and rows:
-        out["roofline"] = plot_roofline(rows, os.path.join(figures_dir, f"{prefix}roofline"), mach,
-                                        mode=modes[0] if modes else "fwd_bwd", title=title, env=env,
-                                        baseline=baseline)
+        out["roofline"] = figspec.to_png(roofline_spec(rows, mach, (modes or ["fwd_bwd"])[0], title, env, baseline),
+                                 os.path.join(figures_dir, f"{prefix}roofline"))
     mrows = read_rows(os.path.join(results_dir, "model.csv"))
     if mrows:
-        out["model_tokens_per_s"] = plot_model_sweep(mrows, os.path.join(figures_dir, f"{prefix}model_tokens_per_s"),
-                                                     title=title, env=env)
+        out["model_tokens_per_s"] = figspec.to_png(model_sweep_spec(mrows, title, env),
+                                           os.path.join(figures_dir, f"{prefix}model_tokens_per_s"))
     return out
 
 

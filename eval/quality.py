@@ -38,6 +38,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from eval.bench_common import write_csv
 from eval.crossover import _f, find_crossover
 
 QUALITY_METRICS = {"mqar": ("val_acc", "val_loss"), "text": ("val_bpb", "val_loss")}
@@ -356,12 +357,6 @@ def join_speed(agg: Sequence[dict], speed_rows: Optional[Sequence[dict]] = None)
 
 
 # --------------------------------------------------------------------------------------------- figures / io
-def _write(rows: Sequence[dict], path: str) -> str:
-    from eval.bench_common import write_csv
-
-    return write_csv(rows, path)
-
-
 def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str] = None, prefix: str = "",
                     title: Optional[str] = None, speed: Optional[str] = None, speed_backend: str = "triton",
                     speed_size: Optional[str] = None) -> Dict[str, List[str]]:
@@ -369,7 +364,7 @@ def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str]
     memory from ``speed`` (an ``eval.bench_model`` CSV, :func:`join_bench_speed`), else from ``speed_csv`` (an
     ``eval.sweep`` model CSV, :func:`join_speed`), else the runs' own."""
     from eval import plots
-    from eval.sweep import read_rows
+    from eval.bench_common import read_rows
 
     qdir = os.path.dirname(quality_csv)
     agg = [dict(r, seq_len=int(_f(r["seq_len"]))) for r in read_rows(os.path.join(qdir, "runs_agg.csv"))]
@@ -415,12 +410,12 @@ def run(cfg: dict) -> dict:
     if speed:  # speed / memory of the serial model-level benchmark, not of the (possibly parallel) training runs
         joined, unmatched, unused = join_bench_speed(agg, load_bench_speed(speed, sb, ss))
         report_unmatched(unmatched, unused, speed)
-        _write(joined, os.path.join(out_dir, "quality_speed_memory.csv"))
+        write_csv(joined, os.path.join(out_dir, "quality_speed_memory.csv"))
     lead = leaders(joined if joined is not None else agg)
-    _write(runs, os.path.join(out_dir, "runs.csv"))
-    _write(agg, os.path.join(out_dir, "runs_agg.csv"))
-    qcsv = _write(long, os.path.join(out_dir, "quality.csv"))
-    _write(lead, os.path.join(out_dir, "leaders.csv"))
+    write_csv(runs, os.path.join(out_dir, "runs.csv"))
+    write_csv(agg, os.path.join(out_dir, "runs_agg.csv"))
+    qcsv = write_csv(long, os.path.join(out_dir, "quality.csv"))
+    write_csv(lead, os.path.join(out_dir, "leaders.csv"))
     figs = {}
     if cfg.get("plots", True):
         from eval.plots import set_formats

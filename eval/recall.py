@@ -65,6 +65,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from eval.bench_common import write_csv
 from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
@@ -300,12 +301,6 @@ def best_over_lr(recs: Sequence[dict], keys: Sequence[str], value: str, higher: 
     return best[cols].sort_values(keys).to_dict("records")
 
 
-def _write_csv(rows: Sequence[dict], path: str) -> str:
-    from eval.bench_common import write_csv
-
-    return write_csv(rows, path)
-
-
 def _setup(recs: Sequence[dict], extra: str = "") -> str:
     """One line: data set, vocab, layers, d_model, batch, steps, lrs, number of runs, dates."""
 
@@ -369,8 +364,9 @@ def _status(r: dict) -> dict:
     return {"finished": 1.0 if r.get("finished") else 0.0, "steps_run": r.get("steps_run", float("nan"))}
 
 
-def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str) -> str:
-    """Caption note: runs cut off before the end, and runs dropped because they never validated."""
+def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str, notes: Optional[List[str]] = None) -> str:
+    """Caption note: runs cut off before the end, and runs dropped because they never validated (appended to
+    ``notes`` too, when given and not empty)."""
     out = []
     unfinished = [r for r in recs if not r.get("finished")]
     if unfinished:
@@ -383,6 +379,8 @@ def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str) -> str:
                    f"{', ...' if len(silent) > 3 else ''})")
     for line in out:
         print(f"warning: {line}")
+    if out and notes is not None:
+        notes.append("; ".join(out))
     return "; ".join(out)
 
 
@@ -588,60 +586,41 @@ def attach_speed(rows: List[dict], bench) -> List[str]:
 
 
 def plot_hybrid(rows: Sequence[dict], base: str, caption: str, with_speed: bool) -> List[str]:
-    from eval.plots import _log_ticks, _proxy, _save, grid, suptitle, variant_style
+    """Accuracy vs k (full-attention layers), one line per base mixer, best placement of the k layers; with
+    ``with_speed`` a speed panel beside each (measured points only: a gap where a k has no row)
+    (:mod:`eval.figspec`)."""
+    from eval import figspec
+    from eval.plots import variant_style
 
-    lens = sorted({int(r["seq_len"]) for r in rows})
-    bases = sorted({r["base"] for r in rows})
-    if with_speed:  # per seq_len: accuracy | speed
-        fig, axes = grid(2 * len(lens), ncols=2, panel_w=4.6, panel_h=3.4, sharex=True)
-        acc_axes, speed_axes = axes[0::2], axes[1::2]
-    else:
-        fig, axes = grid(len(lens), ncols=3, panel_w=4.4, panel_h=3.4, sharex=True)
-        acc_axes, speed_axes = axes, [None] * len(lens)
-    for j, n in enumerate(lens):
-        ax = acc_axes[j]
+    lens, bases = sorted({int(r["seq_len"]) for r in rows}), sorted({r["base"] for r in rows})
+    k_label = "k = full-attention (flash) layers"
+    panels = []
+    for n in lens:
+        Ls = sorted({int(r["n_layer"]) for r in rows if int(r["seq_len"]) == n})
+        acc = figspec.Panel(f"seq_len {n}, L = {'/'.join(map(str, Ls))} layers", k_label, "MQAR accuracy",
+                            xticks=list(range(0, max(Ls) + 1)), ylim=(0, 1.03))
+        speed = figspec.Panel("", k_label, "training tokens / s (eval.bench_model)", ylog="auto",
+                              note="no speed rows at this length")
         for b in bases:
             sel = [r for r in rows if int(r["seq_len"]) == n and r["base"] == b]
             ks = sorted({r["k"] for r in sel})
             best = [max(_f(r["acc"]) for r in sel if r["k"] == k) for k in ks]  # best placement of the k layers
-            ax.plot(ks, best, lw=1.6, ms=6, **variant_style(b))
-            if with_speed:
-                sp = [(k, max(_f(r["tokens_per_s"]) for r in sel if r["k"] == k)) for k in ks]
-                xs, ys = [], []
-                for k, t in sp:  # measured points only; no line across a k without a row (nothing interpolated)
-                    if not math.isfinite(t):
-                        continue
-                    if xs and k - xs[-1] > 1:
-                        xs.append(float("nan"))
-                        ys.append(float("nan"))
-                    xs.append(k)
-                    ys.append(t)
-                if xs:
-                    speed_axes[j].plot(xs, ys, lw=1.6, ms=7, **variant_style(b))
-        Ls = sorted({int(r["n_layer"]) for r in rows if int(r["seq_len"]) == n})
-        ax.set_xticks(range(0, max(Ls) + 1))
-        ax.set_ylim(0, 1.03)
-        ax.set_ylabel("MQAR accuracy")
-        ax.set_title(f"seq_len {n}, L = {'/'.join(map(str, Ls))} layers", fontsize=10, loc="left", fontweight="bold")
-        ax.grid(True, alpha=0.25)
-        ax.set_xlabel("k = full-attention (flash) layers")
-        if with_speed:
-            sax = speed_axes[j]
-            sax.set_ylabel("training tokens / s (eval.bench_model)")
-            sax.set_xlabel("k = full-attention (flash) layers")
-            sax.grid(True, alpha=0.25)
-            if sax.lines:
-                _log_ticks(sax.yaxis, [y for ln in sax.lines for y in ln.get_ydata() if math.isfinite(y)])
-                sax.set_title(f"seq_len {n}: speed", fontsize=10, loc="left", fontweight="bold")
-            else:
-                sax.text(0.5, 0.5, "no speed rows at this length", ha="center", transform=sax.transAxes)
-    handles = [_proxy(lw=1.6, label=f"base: {b}", **variant_style(b)) for b in bases]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    suptitle(fig, "How many full-attention layers does a linear / window model need to recall? (hybrids)\n"
-                  "best placement of the k layers, best over optim.lr; k = L: all layers flash (shared by every "
-                  "line) · "
-                  + caption, fontsize=9)
-    return _save(fig, base)
+            acc.traces.append(figspec.Trace(b, ks, best, dict(variant_style(b), ms=6), meta={"base": b}))
+            xs, ys = [], []
+            for k in ks:  # measured points only; no line across a k without a row (nothing interpolated)
+                t = max(_f(r["tokens_per_s"]) for r in sel if r["k"] == k) if with_speed else float("nan")
+                if math.isfinite(t):
+                    gap = [float("nan")] if xs and k - xs[-1] > 1 else []
+                    xs, ys = xs + gap + [k], ys + gap + [t]
+            if xs:
+                speed.title = f"seq_len {n}: speed"
+                speed.traces.append(figspec.Trace(b, xs, ys, dict(variant_style(b), ms=7), meta={"base": b}))
+        panels += [acc, speed] if with_speed else [acc]
+    return figspec.to_png(figspec.Figure(
+        "How many full-attention layers does a linear / window model need to recall? (hybrids)\n"
+        "best placement of the k layers, best over optim.lr; k = L: all layers flash (shared by every line) · "
+        + caption, panels, legend=[(f"base: {b}", variant_style(b)) for b in bases], legend_ncol=min(4, len(bases)),
+        ncols=2 if with_speed else 3, panel_w=4.6 if with_speed else 4.4, panel_h=3.4, sharex=True), base)
 
 
 # --------------------------------------------------------------------------------------------- lm
@@ -705,23 +684,25 @@ TARGET_ACC = 0.99               # the early-stop threshold of mqar_base: "learne
 CHANGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", ABLATION_GROUP)
 
 
+def hydra_yaml(run_dir: str, name: str):
+    """``<run_dir>/.hydra/<name>`` parsed, or None when it is missing or not YAML."""
+    import yaml
+
+    try:
+        with open(os.path.join(run_dir, ".hydra", name)) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+
+
 def group_choice(run_dir: str, group: str = ABLATION_GROUP) -> Optional[str]:
     """The option of config group ``group`` a run was composed with: ``hydra.runtime.choices.<group>`` of
     ``.hydra/hydra.yaml``, else a ``+<group>=<option>`` / ``<group>=<option>`` entry of ``.hydra/overrides.yaml``;
     ``None`` when neither names one (the run is not part of that sweep)."""
-    import yaml
-
-    def load(name):
-        try:
-            with open(os.path.join(run_dir, ".hydra", name)) as f:
-                return yaml.safe_load(f)
-        except (OSError, yaml.YAMLError):
-            return None
-
-    choice = _get(load("hydra.yaml") or {}, f"hydra.runtime.choices.{group}")
+    choice = _get(hydra_yaml(run_dir, "hydra.yaml") or {}, f"hydra.runtime.choices.{group}")
     if choice is not None:
         return str(choice)
-    for line in load("overrides.yaml") or []:
+    for line in hydra_yaml(run_dir, "overrides.yaml") or []:
         key, _, value = str(line).lstrip("+~").partition("=")
         if key == group and value:
             return value
@@ -844,48 +825,36 @@ def ablation_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
 
 def plot_ablation(rows: Sequence[dict], base: str, caption: str, select: str = "best") -> List[str]:
     """Horizontal bars of ``acc`` per option (:func:`ablation_table` order, top down), the control in its own
-    colour, unfinished runs hatched and hollow; dashed line at chance, solid at :data:`TARGET_ACC`."""
-    from matplotlib.patches import Patch
-
-    from eval.plots import _proxy, _save, grid, suptitle
+    colour, unfinished runs hatched and hollow; dashed line at chance, solid at :data:`TARGET_ACC`
+    (:mod:`eval.figspec`)."""
+    from eval import figspec
 
     colors = {"control": "tab:gray", "change": "tab:blue"}
-    fig, (ax,) = grid(1, ncols=1, panel_w=7.5, panel_h=max(2.6, 0.42 * len(rows) + 1.0))
-    for y, r in enumerate(rows):
-        color = colors["control" if r["option"] == CONTROL else "change"]
-        done = _f(r["finished"]) >= 1
-        ax.barh(y, _f(r["acc"]), height=0.65, color=color if done else "white", edgecolor=color, lw=1.4,
-                hatch=None if done else "//")
-        note = f"{_f(r['acc']):.3f}"
-        if r["option"] != CONTROL and math.isfinite(_f(r["delta_vs_old"])):
-            note += f" ({_f(r['delta_vs_old']):+.3f} vs {CONTROL})"
-        if not done:
-            note += f", cut at step {_f(r['steps_run']):,.0f}"
-        ax.text(_f(r["acc"]) + 0.01, y, note, va="center", fontsize=8)
-    for c in sorted({_f(r["chance"]) for r in rows if math.isfinite(_f(r["chance"]))}):
-        ax.axvline(c, color="gray", ls="--", lw=1)
-    ax.axvline(TARGET_ACC, color="tab:green", ls="-", lw=1.2)
-    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=9)
-    ax.invert_yaxis()  # the control on top
-    ax.set_xlim(0, 1.55)  # room for the notes right of the bars
-    ax.set_xticks(np.linspace(0, 1, 6))
-    ax.set_xlabel("MQAR accuracy (val/acc)")
-    ax.set_title(f"one change of the old recipe per bar ({ABLATION_GROUP}=<option>)", fontsize=10, loc="left",
-                 fontweight="bold")
-    ax.grid(True, axis="x", alpha=0.25)
-    handles = [Patch(facecolor=colors["control"], edgecolor=colors["control"], label=f"{CONTROL}: the old recipe "
-                     "(control)"),
-               Patch(facecolor=colors["change"], edgecolor=colors["change"], label="one setting changed")]
+    p = figspec.Panel(f"one change of the old recipe per bar ({ABLATION_GROUP}=<option>)", "MQAR accuracy (val/acc)",
+                      "", xlim=(0, 1.55), xticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0], ylabels=[r["label"] for r in rows],
+                      vlines=sorted({_f(r["chance"]) for r in rows if math.isfinite(_f(r["chance"]))})
+                      + [(TARGET_ACC, {"color": "tab:green", "ls": "-", "lw": 1.2})])
+    for what in ("control", "change"):
+        sel = [(y, r) for y, r in enumerate(rows) if (r["option"] == CONTROL) == (what == "control")]
+        notes = [f"{_f(r['acc']):.3f}" + (f" ({_f(r['delta_vs_old']):+.3f} vs {CONTROL})" if r["option"] != CONTROL
+                                          and math.isfinite(_f(r["delta_vs_old"])) else "")
+                 + ("" if _f(r["finished"]) >= 1 else f", cut at step {_f(r['steps_run']):,.0f}") for _, r in sel]
+        if sel:
+            p.traces.append(figspec.Trace(what, [_f(r["acc"]) for _, r in sel], [y for y, _ in sel],
+                                          {"color": colors[what]}, lines=False, bars=True, text=notes, hover=notes,
+                                          hollow=[_f(r["finished"]) < 1 for _, r in sel]))
+    bar = {"marker": "s", "ls": "none", "ms": 10, "alpha": 1}
+    legend = [(f"{CONTROL}: the old recipe (control)", dict(bar, color=colors["control"])),
+              ("one setting changed", dict(bar, color=colors["change"]))]
     if any(_f(r["finished"]) < 1 for r in rows):
-        handles.append(Patch(facecolor="white", edgecolor="gray", hatch="//", label="hatched: run cut off before "
-                             "max_steps"))
-    handles += [_proxy(color="gray", ls="--", lw=1, label="chance: 1 / kv pairs"),
-                _proxy(color="tab:green", ls="-", lw=1.2, label=f"target: val/acc {TARGET_ACC}")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+        legend.append(("hatched: run cut off before max_steps", dict(bar, color="gray", hollow=True)))
+    legend += [("chance: 1 / kv pairs", {"color": "gray", "ls": "--", "lw": 1}),
+               (f"target: val/acc {TARGET_ACC}", {"color": "tab:green", "ls": "-", "lw": 1.2})]
     acc = "best validation (max)" if select == "best" else "last validation"
-    suptitle(fig, "Which single change makes the old MQAR recipe learn recall? (experiment mqar_old_recipe)\n"
-                  f"accuracy: {acc} · " + caption, fontsize=9)
-    return _save(fig, base)
+    return figspec.to_png(figspec.Figure(
+        "Which single change makes the old MQAR recipe learn recall? (experiment mqar_old_recipe)\n"
+        f"accuracy: {acc} · " + caption, [p], legend=legend, legend_ncol=3, ncols=1, panel_w=7.5,
+        panel_h=max(2.6, 0.42 * len(rows) + 1.0)), base)
 
 
 # --------------------------------------------------------------------------------------------- curves
@@ -997,8 +966,7 @@ def run(cfg: dict) -> dict:
         rows = fig2_table(recs, select)
         if not rows:
             raise ValueError(f"fig2: no MQAR run under runs={roots} logged val/acc")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_fig2(rows, base, _setup(recs, cov), select)
     elif kind == "cliff":
         recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
@@ -1008,8 +976,7 @@ def run(cfg: dict) -> dict:
                              f"runs={roots}")
         if not any(math.isfinite(_f(r["acc_far"])) for r in rows):
             notes.append("no run logged val/acc_far (callback RecallByDistance): only val/acc / acc_near drawn")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_cliff(rows, base, _setup(recs, "; ".join(notes)), recs)
     elif kind == "hybrid":
         recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
@@ -1017,8 +984,7 @@ def run(cfg: dict) -> dict:
         if not any(r["base"] for r in rows):
             raise ValueError(f"hybrid: no MQAR run with a non-flash layer (model.layers=[linear, flash, ...] or "
                              f"attention=linear / sliding_window) and val/acc under runs={roots}")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         speed = cfg.get("speed")
         if speed:
             from eval.quality import load_bench_speed
@@ -1040,8 +1006,7 @@ def run(cfg: dict) -> dict:
             raise ValueError(f"curves: {len(cells)} (variant, seq_len, d_model) cells under runs={roots}, more than "
                              f"{MAX_CURVE_PANELS} panels: narrow them with seq_len=, d_model= or variant= (variants "
                              f"there: {sorted({c[0] for c in cells})})")
-        cov = _coverage(recs, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_curves(rows, base, _setup(recs, cov))
     elif kind == "ablation":
         recs_a = [dict(r, option=group_choice(r["run_dir"])) for r in recs]
@@ -1061,8 +1026,7 @@ def run(cfg: dict) -> dict:
                          f"conf/{ABLATION_GROUP}/<option>.yaml")
         elif CONTROL not in {r["option"] for r in rows}:
             notes.append(f"the '{CONTROL}' (control) run never logged val/acc: no delta_vs_old")
-        cov = _coverage(recs_a, rows, "val/acc")
-        notes += [cov] if cov else []
+        cov = _coverage(recs_a, rows, "val/acc", notes)
         paths = plot_ablation(rows, base, _setup(recs_a, "; ".join(notes)), select)
     else:
         recs_t = [r for r in recs if str(r["dataset"]).startswith("text")]
@@ -1086,7 +1050,7 @@ def run(cfg: dict) -> dict:
         paths = plot_lm(rows, base, f"{tb} · {which}, best over optim.lr · " + _setup(recs_t, cov))
         notes.append(tb)
         notes += [cov] if cov else []
-    csv_path = _write_csv(rows, base + ".csv")
+    csv_path = write_csv(rows, base + ".csv")
     print(f"{kind}: wrote {csv_path} and {paths[0]}" + (f" ({'; '.join(notes)})" if notes else ""))
     return {"rows": rows, "csv": csv_path, "png": paths[0], "figures": paths, "notes": notes}
 

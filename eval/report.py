@@ -39,6 +39,8 @@ from attn_zoo.decode import memory as dm
 from attn_zoo.feature_maps import feature_dim
 
 from eval import figspec
+from eval.bench_common import json_safe, read_rows
+from eval.crossover import _f
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUALITY_CSV = "results/cpu/crossover_quality/quality.csv"
@@ -54,31 +56,6 @@ KV_WINDOW = 4096
 BILL_MODELS = {"GPT-2 medium (FA1 Fig. 2)": (64, 16, 1024, 64), "7B, 8k context": (1, 32, 8192, 128),
                "small model of our sweeps": (1, 16, 16384, 128)}
 SECTIONS = ("crossover", "bill", "sliders", "kv", "bubble", "fig2")
-
-
-def _read_csv(path: str) -> List[dict]:
-    import csv
-
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _f(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _clean(x):
-    """JSON-safe: NaN / inf -> None, recursively."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
 
 
 # --------------------------------------------------------------------------------------------- Python references
@@ -116,23 +93,17 @@ def kv_layers(n_layer: int, n_head: int, head_dim: int, window: int = KV_WINDOW)
 
 
 # --------------------------------------------------------------------------------------------- data
-def _gpu(sweep_dir: str) -> str:
-    p = os.path.join(sweep_dir, "env.json")
-    if os.path.exists(p):
-        with open(p) as f:
-            env = json.load(f)
-        return (env.get("env") or env).get("gpu") or "?"
-    return "?"
-
-
 def crossover_figure(root: str = REPO) -> Optional[figspec.Figure]:
     """Speed (fwd+bwd ms) and memory vs N of every committed kernel sweep; n* of each crossover starred."""
+    from eval.plots import read_env
+
     rows, cross = [], []
     for k in sorted(glob.glob(os.path.join(root, "results", "**", "kernel.csv"), recursive=True)):
-        d, gpu = os.path.dirname(k), _gpu(os.path.dirname(k))
-        rows += [dict(r, gpu=gpu) for r in _read_csv(k) if r.get("status") == "ok"]
+        d = os.path.dirname(k)
+        gpu = read_env(d).get("gpu") or "?"
+        rows += [dict(r, gpu=gpu) for r in read_rows(k) if r.get("status") == "ok"]
         if os.path.exists(os.path.join(d, "crossover.csv")):
-            cross += [dict(c, gpu=gpu) for c in _read_csv(os.path.join(d, "crossover.csv"))]
+            cross += [dict(c, gpu=gpu) for c in read_rows(os.path.join(d, "crossover.csv"))]
     for path in BENCH_FLASH:
         rows += bench_flash_rows(os.path.join(root, path))
     if not rows:
@@ -153,17 +124,13 @@ def bench_flash_rows(path: str) -> List[dict]:
     return [{"variant": f"flash {r['variant']}", "backend": {"ours": "triton"}.get(r["impl"], r["impl"]),
              "seq_len": r["N"], "head_dim": r["D"], "n_kv_heads": r["Hkv"], "fwd_ms": r["fwd_ms"],
              "fwd_bwd_ms": r["fwd_bwd_ms"], "peak_mem_bytes": _f(r.get("peak_mem_mib")) * 2 ** 20, "gpu": gpu}
-            for r in _read_csv(path)]
+            for r in read_rows(path)]
 
 
 def _overrides(run_dir: str) -> List[str]:
-    import yaml
+    from eval.recall import hydra_yaml
 
-    p = os.path.join(run_dir, ".hydra", "overrides.yaml")
-    if not os.path.exists(p):
-        return []
-    with open(p) as f:
-        return [str(o) for o in (yaml.safe_load(f) or []) if not str(o).startswith("stop_at=")]
+    return [str(o) for o in (hydra_yaml(run_dir, "overrides.yaml") or []) if not str(o).startswith("stop_at=")]
 
 
 def run_index(roots: Sequence[str]) -> List[dict]:
@@ -200,7 +167,7 @@ def _attach_runs(rows: List[dict], index: Sequence[dict], keys: Sequence[str]) -
 
 def _fig2_rows(root: str) -> List[dict]:
     rows = []
-    for r in _read_csv(os.path.join(root, FIG2)):
+    for r in read_rows(os.path.join(root, FIG2)):
         rows.append(dict(r, seq_len=int(_f(r["seq_len"])), d_model=int(_f(r["d_model"])), acc=_f(r["acc"])))
     return _attach_runs(rows, run_index([os.path.join(root, p) for p in FIG2_RUNS]),
                         [("seq_len", "seq_len"), ("d_model", "d_model"), ("best_lr", "lr")])
@@ -211,7 +178,7 @@ def _bubble_figures(root: str) -> List[figspec.Figure]:
     for p in sorted(glob.glob(os.path.join(root, JOINS))):
         name = os.path.basename(os.path.dirname(p)).replace("join_", "")
         runs = os.path.join(root, "results", "h200", "quality", "runs", name)
-        rows = _attach_runs(_read_csv(p), run_index([runs]), [("seq_len", "seq_len")])
+        rows = _attach_runs(read_rows(p), run_index([runs]), [("seq_len", "seq_len")])
         quality = "val_bpb" if any(math.isfinite(_f(r.get("val_bpb"))) for r in rows) else "val_acc"
         figs.append(figspec.bubble(rows, quality, title=f"{name} (H200 quality runs; speed and memory: "
                                                          f"bench_model, small model, our kernels)"))
@@ -226,7 +193,7 @@ def build_data(root: str = REPO) -> dict:
         charts["crossover"] = figspec.to_plotly(cf)
     q = os.path.join(root, QUALITY_CSV)
     if os.path.exists(q):
-        charts["quality"] = figspec.to_plotly(figspec.quality_vs_n(_read_csv(q), "CPU, committed quality sweep"))
+        charts["quality"] = figspec.to_plotly(figspec.quality_vs_n(read_rows(q), "CPU, committed quality sweep"))
     for i, f in enumerate(_bubble_figures(root)):
         charts[f"bubble{i}"] = figspec.to_plotly(f)
     if os.path.exists(os.path.join(root, FIG2)):
@@ -236,14 +203,14 @@ def build_data(root: str = REPO) -> dict:
         cross += [{"label": f"{c['variant']}/{c['backend']} {c['metric']} (d={c['head_dim']})",
                    "c0": _f(c.get("c0")), "c2": _f(c.get("c2")), "c_lin": _f(c.get("c_lin")),
                    "n_star": _f(c.get("n_star"))}
-                  for c in _read_csv(p) if _f(c.get("c2")) > 0 and _f(c.get("c_lin")) > 0]
+                  for c in read_rows(p) if _f(c.get("c2")) > 0 and _f(c.get("c_lin")) > 0]
     constants = {k: getattr(cm, k) for k in ("STAT_BYTES", "SOFTMAX_STABLE_FLOPS", "SOFTMAX_BWD_FLOPS",
                                              "FLASH_RECOMPUTE_FLOPS", "FLASH_BWD_DS_FLOPS", "DROPOUT_FLOPS")}
     machines = {k: {"name": m.name, "peak_flops": m.peak_flops, "bandwidth": m.bandwidth,
                     "sram_bytes": m.sram_bytes} for k, m in cm.MACHINES.items()}
     kv = {name: {"n_layer": L, "n_head": H, "head_dim": D, "presets": kv_layers(L, H, D)}
           for name, L, H, D in KV_MODELS}
-    return _clean({"charts": charts, "cost": {"constants": constants, "machines": machines, "models": BILL_MODELS},
+    return json_safe({"charts": charts, "cost": {"constants": constants, "machines": machines, "models": BILL_MODELS},
                    "crossovers": cross, "kv": kv, "kv_window": KV_WINDOW})
 
 

@@ -311,12 +311,7 @@ def batch_for(cfg: dict, N: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------- csv io
-def read_rows(path: str) -> List[dict]:
-    """Rows of a results CSV as dicts of strings (an empty cell is ``""``; empty list when the file does not exist
-    or is empty). Strings, not parsed numbers: :func:`point_key` and the readers parse what they use."""
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        return []
-    return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+from eval.bench_common import read_rows  # noqa: E402,F401 (the table reader, re-exported)
 
 
 def latest_rows(rows: Iterable[dict]) -> List[dict]:
