@@ -165,7 +165,10 @@ def test_fla_delta_rule_matches_our_recurrence_on_gpu(gated):
     torch.testing.assert_close(S.float(), S_ref.float(), atol=3e-2, rtol=3e-2)
 
 
-def test_fla_delta_rule_refuses_float32_naming_the_dtype():
+def test_fla_delta_rule_refuses_float32_naming_the_dtype(monkeypatch):
+    import attn_zoo.families.deltanet as dn
+
+    monkeypatch.setattr(dn, "_fla", lambda gated: (lambda *a, **k: None))  # as if fla were installed
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match="needs float16 / bfloat16 q, k, v, got torch.float32"):
         delta_rule(q, q, q, torch.zeros(1, 4, 2), backend="fla")

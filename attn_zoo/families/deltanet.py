@@ -69,6 +69,7 @@ def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: s
     if backend not in DELTA_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(DELTA_BACKENDS)}")
     if backend == "fla" and q.dtype not in (torch.float16, torch.bfloat16):
+        _fla(g is not None)  # a missing package first (ImportError naming it)
         raise ValueError(f"backend='fla' (fla's chunked delta-rule kernels) needs float16 / bfloat16 q, k, v, got "
                          f"{q.dtype}; use backend='naive' for {q.dtype}, or train with trainer=gpu (bf16-mixed)")
     if backend == "auto":
