@@ -265,16 +265,24 @@ def _min_sm90() -> Optional[str]:
     return None
 
 
-def _fa4_supports(q, k, v, spec, return_lse):
+def _fa4_input_reason(name: str, q, v, return_lse, cuda_why: str) -> Optional[str]:
+    """What FA4's kernels (``fa4``, ``flex_fa4``) cannot take: the lse, CPU tensors, fp32, head dims; ``None`` = ok."""
     if return_lse:
-        return "fa4 is registered without the lse"
+        return f"{name} is registered without the lse"
     if not q.is_cuda:
-        return "needs CUDA tensors"
+        return cuda_why
     if q.dtype not in _HALF:
         return f"dtype {q.dtype} is not supported (float16, bfloat16)"
     D, Dv = q.shape[-1], v.shape[-1]
     if not (8 <= D <= 256 and D % 8 == 0 and Dv == D):
         return f"head dims D={D}, Dv={Dv}: FA4 needs 8 <= D <= 256, D % 8 == 0 and Dv == D"
+    return None
+
+
+def _fa4_supports(q, k, v, spec, return_lse):
+    why = _fa4_input_reason("fa4", q, v, return_lse, "needs CUDA tensors")
+    if why is not None:
+        return why
     mi = mask_info(spec, q.shape[2], k.shape[2])
     if mi.layout is not None or mi.dilation != 1:
         return f"kind={spec.kind!r}: a block layout / dilation is not expressible in FA4's window_size (use flex_fa4)"
@@ -299,16 +307,9 @@ def fa4_attention(q, k, v, spec, return_lse=False):
 
 # --------------------------------------------------------------------------------------------- Flex + FA4
 def _flex_fa4_supports(q, k, v, spec, return_lse):
-    if return_lse:
-        return "flex_fa4 is registered without the lse"
-    if not q.is_cuda:
-        return "needs CUDA tensors (FlexAttention's FLASH backend is compiled for the GPU)"
-    if q.dtype not in _HALF:
-        return f"dtype {q.dtype} is not supported (float16, bfloat16)"
-    D, Dv = q.shape[-1], v.shape[-1]
-    if not (8 <= D <= 256 and D % 8 == 0 and Dv == D):
-        return f"head dims D={D}, Dv={Dv}: FA4 needs 8 <= D <= 256, D % 8 == 0 and Dv == D"
-    return _min_sm90()
+    why = _fa4_input_reason("flex_fa4", q, v, return_lse,
+                            "needs CUDA tensors (FlexAttention's FLASH backend is compiled for the GPU)")
+    return why if why is not None else _min_sm90()
 
 
 def _flex_backend_option() -> Optional[str]:
