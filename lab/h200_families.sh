@@ -10,6 +10,7 @@
 set -u
 out=${OUT:-.}
 mkdir -p "$out/ssd" "$out/model"
+python3 -m lab.ceilings "$out/ceilings.json" || echo "ceilings: failed (not fatal)"
 timeout -k 5 "${SSD_S:-170}" python3 -m eval.bench_ssd --out "$out/ssd" --lengths 1024,2048,4096,8192,16384 \
   > "$out/ssd/log.txt" 2>&1; echo "bench_ssd rc=$?"; tail -n 25 "$out/ssd/log.txt"
 V=flash,mamba2,deltanet,gated_deltanet,mla,mamba2+mamba2+mamba2+flash
