@@ -153,12 +153,58 @@ def failures_table(rows: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
+ROOF_CASES = ("causal", "full", "gqa", "d64")
+
+
+def roofline_figure(rows: Sequence[dict], ceilings: dict, decode_rows: Sequence[dict] = ()):
+    """The anchors run against the machine's two roofs (an :class:`eval.figspec.Figure`): one panel per softmax case
+    of :data:`ROOF_CASES`, forward+backward TFLOP/s vs N per implementation under the measured bf16 matmul roof
+    (``ceilings["matmul_tflops"]``, :mod:`lab.ceilings`), and one panel of decode bytes/s as a fraction of the
+    measured copy bandwidth (rows of ``lab/decode_probe.py``: ``case``, ``method``, ``frac``; ours at its defaults
+    against SDPA), the roof at 1. Raises ``KeyError`` naming ``matmul_tflops`` when ``ceilings`` lacks it."""
+    from eval import figspec
+    from eval.plots import variant_style
+
+    roof = float(ceilings["matmul_tflops"])
+    panels = []
+    names = {}
+    for case in [c for c in ROOF_CASES if any(r["variant"] == c for r in rows)]:
+        p = figspec.Panel(LABELS.get(case, case), "N (tokens)", "fwd+bwd TFLOP/s", xlog=2,
+                          hlines=[(roof, {"color": "black", "ls": "--"})], ylim=(0, roof * 1.08))
+        sel = [r for r in rows if r["variant"] == case and r.get("status") == "ok" and check_state(r) != "failed"]
+        p.xticks = sorted({int(_f(r["seq_len"])) for r in sel})
+        for b in _backends(sel):
+            pts = sorted((r for r in sel if r["backend"] == b), key=lambda r: _f(r["seq_len"]))
+            lab = BACKEND_LABELS.get(b, b)
+            names[lab] = variant_style("impl:" + b)
+            p.traces.append(figspec.Trace(lab, [_f(r["seq_len"]) for r in pts],
+                                          [_f(r["fwd_bwd_tflops"]) for r in pts], names[lab],
+                                          meta={"backend": b, "case": case}))
+        panels.append(p)
+    if decode_rows:
+        cases = list(dict.fromkeys(r["case"] for r in decode_rows))
+        p = figspec.Panel(f"decode (copy {_f(ceilings.get('copy_gbps')) / 1e3:.2f} TB/s = 1)",
+                          "fraction of copy bandwidth", "", ylabels=cases, vlines=[(1.0, {"color": "black", "ls": "--"})])
+        for method, lab, dy in (("ours_default", "ours (triton)", -0.18), ("sdpa", "cuDNN", 0.18)):
+            pts = [(i, _f(r["frac"])) for i, c in enumerate(cases) for r in decode_rows
+                   if r["case"] == c and r["method"] == method]
+            if pts:
+                st = names.setdefault(lab, variant_style("impl:" + ("triton" if method == "ours_default" else "sdpa_cudnn")))
+                p.traces.append(figspec.Trace(lab, [x for _, x in pts], [i + dy for i, _ in pts], st, lines=False,
+                                              bars=True, meta={"method": method}))
+        panels.append(p)
+    return figspec.Figure(f"How close to the H200's roofs? bf16 matmul {roof:.0f} TFLOP/s (dashed), measured",
+                          panels, legend=list(names.items()), ncols=3)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results_dir")
     ap.add_argument("--config", default="eval/conf/sweep/anchors_h200.yaml", help="the sweep config of the run")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (default: the config's n_boot)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--ceilings", default=None, help="lab/ceilings.py JSON: draw RESULTS_DIR/combined/roofline.png")
+    ap.add_argument("--decode", default=None, help="lab/decode_probe.py CSV: the decode panel of the roofline")
     a = ap.parse_args(argv)
     from eval.bench_common import write_csv
     from eval.sweep import COLUMNS, load_config
@@ -207,6 +253,16 @@ def main(argv=None) -> int:
         picks.setdefault(r["variant"], []).append((_f(r["seq_len"]), r["impl"]))
     print("\nBest implementation per case: " + "; ".join(f"{LABELS.get(v, v)}: {impl_summary(p)}"
                                                          for v, p in picks.items()))
+    if a.ceilings and not a.no_plots:
+        import json
+
+        from eval import figspec
+        from eval.sweep import read_rows
+
+        with open(a.ceilings) as f:
+            ceil = json.load(f)
+        drows = read_rows(a.decode) if a.decode else []
+        figspec.to_png(roofline_figure(rows, ceil, drows), os.path.join(comb, "roofline"), ["png"])
     print(f"\n(files: {comb}/best.csv, crossover_best.csv, nstar_compare.csv"
           + (", best_time_vs_n.png" if res["figures"] else "") + ")", file=sys.stderr)
     return 0
