@@ -71,3 +71,18 @@ def test_tables_name_the_best_the_ratios_the_intervals_and_the_failures(results,
 def test_no_results_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no <family>/kernel.csv under .* \(written by lab/h200_anchors.sh\)"):
         anchors_tables.main([str(tmp_path)])
+
+
+def test_roofline_draws_every_correct_implementation_under_the_measured_roof(results):
+    rows = anchors_tables.load(str(results))
+    decode = [{"case": "mha_b1_16k", "method": "ours_default", "frac": "0.7"},
+              {"case": "mha_b1_16k", "method": "sdpa", "frac": "0.8"}]
+    fig = anchors_tables.roofline_figure(rows, {"matmul_tflops": 700.0, "copy_gbps": 4000.0}, decode)
+    causal, dec = fig.panels[0], fig.panels[-1]
+    assert causal.hlines[0][0] == 700.0
+    # flex_fa4 failed its check and flex errored: neither is drawn; ours, FA4 and cuDNN are, one point per N
+    assert sorted(t.meta["backend"] for t in causal.traces) == ["fa4", "sdpa_cudnn", "triton"]
+    assert all(len(t.x) == len(NS) for t in causal.traces)
+    assert [t.x for t in dec.traces] == [[0.7], [0.8]] and dec.ylabels == ["mha_b1_16k"]
+    with pytest.raises(KeyError, match="matmul_tflops"):
+        anchors_tables.roofline_figure(rows, {"copy_gbps": 1.0})
