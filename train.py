@@ -45,10 +45,9 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.model import spec_to_dict
 from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
-                            check_model_config, layer_specs, validate_config)
+                            check_model_config, layer_specs, model_config, validate_config)
 from harness.lit import LitLM, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
@@ -285,8 +284,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     """
     t_start = time.time()
     validate_config(cfg)
-    specs = layer_specs(cfg)  # spec errors, plugins, and a backend the layers lack, before anything is written
-    check_attention_backend(cfg.get("attention_backend", "auto"), specs)
+    model_cfg = model_config(cfg)  # the one model config; spec errors, plugins, and a backend the layers lack, before anything is written
+    check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
     L.seed_everything(int(cfg.seed), workers=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
     resume = checkpoint_info(ckpt_path) if ckpt_path else None
@@ -299,11 +298,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     dm = build_datamodule(cfg)
     dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model_cfg.pop("layers", None)
-    redraw = model_cfg.pop("redraw_interval", 0) or 0
-    if model_cfg.get("vocab_size") != dm.vocab_size:
-        raise ValueError(f"model.vocab_size={model_cfg.get('vocab_size')} != data vocab_size={dm.vocab_size}")
+    if model_cfg.config.vocab_size != dm.vocab_size:
+        raise ValueError(f"model.vocab_size={model_cfg.config.vocab_size} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
     max_epochs = int(cfg.trainer.get("max_epochs") if cfg.trainer.get("max_epochs") is not None else -1)
     # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
@@ -312,8 +308,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     # cfg.optim: the optimizer (hydra.utils.instantiate'd by LitLM, _partial_: true) + the LR schedule's keys
     optimizer, schedule = split_optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
     lit = LitLM(
-        model_config=model_cfg, layer_specs=[spec_to_dict(s) for s in specs], backend=cfg.attention_backend,
-        redraw_interval=redraw, optimizer=optimizer, **schedule, bytes_per_token=dm.bytes_per_token,
+        model_cfg, backend=cfg.attention_backend, optimizer=optimizer, **schedule, bytes_per_token=dm.bytes_per_token,
         task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
     )
     start_step, complete = 0, False
@@ -346,7 +341,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         if complete:
             log.info(f"ckpt_path: {ckpt_path} ended training at step {resume.step} but the run has no {FINAL_METRICS} "
                      f"(stopped in its final validation): no step is trained, it is validated and finalised")
-    variant_tags = sorted({s.label for s in specs})
+    variant_tags = sorted({s.label for s in model_cfg.layers})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
                          train_metrics=resume.train_metrics if resume is not None else None)

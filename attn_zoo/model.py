@@ -25,8 +25,8 @@ Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -44,7 +44,7 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
     """Model hyper-parameters (the attention variant lives in the per-layer specs, incl. ``n_kv_heads``).
 
@@ -96,6 +96,53 @@ def redraw_interval_reason(value) -> Optional[str]:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return "must be an integer >= 0 (0: never redraw the FAVOR+ features)"
     return None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything a :class:`GPT` is built from, as one object: the :class:`GPTConfig`, one layer spec per layer
+    (:class:`AttentionSpec` or :class:`~attn_zoo.mixers.MixerSpec`) and the FAVOR+ ``redraw_interval``.
+
+    ``train.py`` builds it once from its Hydra config (:func:`harness.config.model_config`), ``LitLM`` builds the model
+    from it (:meth:`GPT.from_config`, which keeps it as ``GPT.model_config``). :meth:`to_dict` / :meth:`from_dict` are
+    the one conversion to and from plain data (checkpoint hparams: ``model_config``, ``layer_specs``,
+    ``redraw_interval``, the keys checkpoints have always had).
+
+    Args:
+        config: :class:`GPTConfig`.
+        layers: one layer spec, repeated for every layer, or ``config.n_layer`` of them (kept as a tuple).
+        redraw_interval: FAVOR layers redraw their random features every that many steps (0 = never).
+
+    Raises:
+        TypeError: ``config`` not a :class:`GPTConfig`, a layer not a spec.
+        ValueError: a number of layers other than ``config.n_layer``; a bad ``redraw_interval``.
+    """
+
+    config: GPTConfig
+    layers: Tuple[LayerSpec, ...]
+    redraw_interval: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(self.config).__name__}")
+        object.__setattr__(self, "layers", tuple(resolve_layer_specs(self.layers, self.config.n_layer)))
+        why = redraw_interval_reason(self.redraw_interval)
+        if why is not None:
+            raise ValueError(f"redraw_interval {why}, got {self.redraw_interval!r}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain data (``model_config``: the :class:`GPTConfig` fields, ``layer_specs``: one dict per layer,
+        ``redraw_interval``); :meth:`from_dict` inverts it."""
+        return {"model_config": asdict(self.config), "layer_specs": [layer_to_dict(s) for s in self.layers],
+                "redraw_interval": self.redraw_interval}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
+        """The inverse of :meth:`to_dict` (``redraw_interval`` may be missing or None: 0). Unknown
+        ``model_config`` keys raise ``ValueError`` naming them."""
+        redraw = d.get("redraw_interval")
+        return cls(config_from_dict(dict(d["model_config"])), tuple(layer_from_dict(s) for s in d["layer_specs"]),
+                   0 if redraw is None else redraw)
 
 
 def resolve_layer_specs(specs: Union[LayerSpec, Sequence[LayerSpec]], n_layer: int) -> List[LayerSpec]:
@@ -322,6 +369,7 @@ class GPT(nn.Module):
         if why is not None:
             raise ValueError(f"redraw_interval {why}, got {redraw_interval!r}")
         self.redraw_interval = int(redraw_interval)
+        self.model_config = ModelConfig(config, tuple(self.specs), self.redraw_interval)  # GPT.from_config: the given one
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         rotary = Rotary(config.head_dim, config.max_seq_len, config.rope_base)
@@ -331,6 +379,14 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
         self.apply(self._init_weights)
+
+    @classmethod
+    def from_config(cls, model_config: ModelConfig, backend: str = "auto") -> "GPT":
+        """The model of a :class:`ModelConfig`, which it keeps as ``model_config`` (the very object)."""
+        model = cls(model_config.config, list(model_config.layers), backend=backend,
+                    redraw_interval=model_config.redraw_interval)
+        model.model_config = model_config
+        return model
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):

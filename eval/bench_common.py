@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import time
+import traceback
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import pandas as pd
@@ -159,6 +160,20 @@ def env_info(date: Optional[str] = None) -> Dict[str, object]:
     else:
         info["gpu"] = None
     return info
+
+
+def try_call(fn: Callable[[], object], max_chars: int = 120, short_oom: bool = False):
+    """``fn()``, or for a failure the text ``error: <type>: <message, first max_chars>`` (traceback printed, 2
+    frames): one failing method must not end a benchmark. ``short_oom``: CUDA out of memory empties the cache and
+    gives ``error: OutOfMemoryError`` (no traceback)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        if short_oom and isinstance(e, torch.OutOfMemoryError):
+            torch.cuda.empty_cache()
+            return "error: OutOfMemoryError"
+        traceback.print_exc(limit=2)
+        return f"error: {type(e).__name__}: {str(e)[:max_chars]}"
 
 
 def _is_nan(v) -> bool:

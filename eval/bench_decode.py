@@ -41,7 +41,6 @@ import argparse
 import math
 import os
 import time
-import traceback
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -49,7 +48,7 @@ import torch.nn.functional as F
 
 from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets
 from attn_zoo.variants import get_variant
-from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, write_csv, write_json
+from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, try_call, write_csv, write_json
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
              flex_points=2, flex_budget_s=60.0)
@@ -159,15 +158,8 @@ def _free_bytes() -> int:
     return int(free)
 
 
-def _try(fn):
-    try:
-        return fn()
-    except torch.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "error: OutOfMemoryError"
-    except Exception as e:  # noqa: BLE001 - one failing method must not end the run
-        traceback.print_exc(limit=2)
-        return f"error: {type(e).__name__}: {str(e)[:160]}"
+def _try(fn):  # a failing method is recorded, the run goes on
+    return try_call(fn, max_chars=160, short_oom=True)
 
 
 # --------------------------------------------------------------------------------------------- section 1

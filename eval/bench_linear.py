@@ -30,21 +30,12 @@ import argparse
 import math
 import os
 import time
-import traceback
 
 import torch
 import torch.nn.functional as Fn
 
-from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, write_csv, write_json
+from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, try_call, write_csv, write_json
 
-
-
-def _try(fn):
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - a failing method must not kill the run
-        traceback.print_exc(limit=2)
-        return f"error: {type(e).__name__}: {str(e)[:120]}"
 
 
 def make_methods(B, H, N, D, dtype, dev, only=None):
@@ -123,7 +114,7 @@ def bench_one(name, fn, leaves, B, H, N, D):
         out.backward(do)
         return out
 
-    r = _try(lambda: time_cuda(fwd))
+    r = try_call(lambda: time_cuda(fwd))
     row["fwd_ms"] = r if isinstance(r, float) else float("nan")
     if isinstance(r, str):
         row["error"] = r
@@ -131,13 +122,13 @@ def bench_one(name, fn, leaves, B, H, N, D):
     out = fn()
     do = torch.randn_like(out)
     del out
-    r = _try(lambda: time_cuda(fwd_bwd, grad_to_none=leaves))
+    r = try_call(lambda: time_cuda(fwd_bwd, grad_to_none=leaves))
     row["fwd_bwd_ms"] = r if isinstance(r, float) else float("nan")
     if isinstance(r, str):
         row["error"] = r
     for t in leaves:
         t.grad = None
-    m = _try(lambda: peak_memory(fwd_bwd))
+    m = try_call(lambda: peak_memory(fwd_bwd))
     row["peak_mib"] = m / 2**20 if isinstance(m, int) else float("nan")
     for t in leaves:
         t.grad = None

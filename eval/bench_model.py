@@ -66,7 +66,7 @@ import torch
 from attn_zoo import make_spec
 from harness.lit import adamw_impl, clip_gradients_
 from attn_zoo.mixers import LayerSpec
-from attn_zoo.model import GPT, GPTConfig
+from attn_zoo.model import GPT, GPTConfig, ModelConfig
 from attn_zoo.spec import AttentionSpec
 
 SIZES = {
@@ -191,10 +191,10 @@ def make_model(size: str, variant: str, seq_len: int, backend: str, vocab: int =
                specs: str = "bench") -> GPT:
     """The GPT of ``size`` with ``variant``'s layers (:func:`variant_specs` from ``specs``), ``vocab`` tokens,
     seed 0, on ``device``."""
-    cfg = GPTConfig(vocab_size=vocab, max_seq_len=seq_len, **SIZES[size])
-    layers = variant_specs(size, variant, specs)
+    model_cfg = ModelConfig(GPTConfig(vocab_size=vocab, max_seq_len=seq_len, **SIZES[size]),
+                            variant_specs(size, variant, specs))
     torch.manual_seed(0)
-    return GPT(cfg, layers, backend=backend).to(device)
+    return GPT.from_config(model_cfg, backend=backend).to(device)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.1):

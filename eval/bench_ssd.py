@@ -24,19 +24,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import traceback
 
 import torch
 
-from eval.bench_common import env_info, format_table, time_cuda, write_csv, write_json
-
-
-def _try(fn):
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - a failing method must not kill the run
-        traceback.print_exc(limit=2)
-        return f"error: {type(e).__name__}: {str(e)[:120]}"
+from eval.bench_common import env_info, format_table, time_cuda, try_call, write_csv, write_json
 
 
 def make_methods(B, H, N, P, NS, dtype, dev, notes):
@@ -106,7 +97,7 @@ def main(argv=None):
         methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes)
         for name, (fwd, ins) in methods.items():
             row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
-            ms_f = _try(lambda: time_cuda(lambda: fwd()))
+            ms_f = try_call(lambda: time_cuda(lambda: fwd()))
             if isinstance(ms_f, str):
                 rows.append(dict(row, error=ms_f))
                 continue
@@ -115,7 +106,7 @@ def main(argv=None):
             def fb():
                 fwd().backward(do)
 
-            ms_fb = _try(lambda: time_cuda(fb, grad_to_none=ins))
+            ms_fb = try_call(lambda: time_cuda(fb, grad_to_none=ins))
             row.update(fwd_ms=ms_f, fwd_bwd_ms=ms_fb if not isinstance(ms_fb, str) else float("nan"),
                        fwd_ns_per_token=ms_f * 1e6 / (B * N),
                        fwd_bwd_ns_per_token=(ms_fb * 1e6 / (B * N)) if not isinstance(ms_fb, str) else float("nan"))

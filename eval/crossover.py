@@ -352,16 +352,7 @@ def run(cfg: dict) -> Dict[str, object]:
     return res
 
 
-def _hydra_main():  # pragma: no cover - exercised through the CLI
-    import hydra
-    from omegaconf import OmegaConf
+if __name__ == "__main__":  # pragma: no cover - exercised through the CLI
+    from eval import hydra_cli
 
-    @hydra.main(config_path="conf", config_name="crossover", version_base="1.3")
-    def main(cfg):
-        run(OmegaConf.to_container(cfg, resolve=True))
-
-    main()
-
-
-if __name__ == "__main__":
-    _hydra_main()
+    hydra_cli("crossover", run)

@@ -701,16 +701,7 @@ def main_from_cfg(cfg: dict) -> Dict[str, List[str]]:
     return figs
 
 
-def _hydra_main():  # pragma: no cover - exercised through the CLI
-    import hydra
-    from omegaconf import OmegaConf
+if __name__ == "__main__":  # pragma: no cover - exercised through the CLI
+    from eval import hydra_cli
 
-    @hydra.main(config_path="conf", config_name="plots", version_base="1.3")
-    def main(cfg):
-        main_from_cfg(OmegaConf.to_container(cfg, resolve=True))
-
-    main()
-
-
-if __name__ == "__main__":
-    _hydra_main()
+    hydra_cli("plots", main_from_cfg)

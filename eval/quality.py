@@ -442,16 +442,7 @@ def run(cfg: dict) -> dict:
             "joined": joined, "unmatched": unmatched}
 
 
-def _hydra_main():  # pragma: no cover - exercised through the CLI
-    import hydra
-    from omegaconf import OmegaConf
+if __name__ == "__main__":  # pragma: no cover - exercised through the CLI
+    from eval import hydra_cli
 
-    @hydra.main(config_path="conf", config_name="quality", version_base="1.3")
-    def main(cfg):
-        run(OmegaConf.to_container(cfg, resolve=True))
-
-    main()
-
-
-if __name__ == "__main__":
-    _hydra_main()
+    hydra_cli("quality", run)

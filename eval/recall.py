@@ -1063,22 +1063,8 @@ def argv_with_kind(argv: Sequence[str]) -> List[str]:
     return argv
 
 
-def _hydra_main():  # pragma: no cover - exercised through the CLI
-    import hydra
-    from omegaconf import OmegaConf
+if __name__ == "__main__":  # pragma: no cover - exercised through the CLI
+    from eval import hydra_cli
 
     sys.argv = argv_with_kind(sys.argv)
-
-    @hydra.main(config_path="conf", config_name="recall", version_base="1.3")
-    def main(cfg):
-        try:
-            run(OmegaConf.to_container(cfg, resolve=True))
-        except ValueError as e:  # bad arguments / no matching run: the message, not a traceback
-            print(f"eval.recall: error: {e}", file=sys.stderr)
-            sys.exit(2)
-
-    main()
-
-
-if __name__ == "__main__":
-    _hydra_main()
+    hydra_cli("recall", run, prog="eval.recall")  # bad arguments / no matching run: the message, not a traceback

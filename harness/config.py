@@ -1,6 +1,6 @@
 """Config resolution of a training run: the checks and the layer specs ``train.py`` derives from its Hydra config
 before anything is built or written (:func:`validate_config`, :func:`layer_specs`, :func:`check_attention_backend`,
-:func:`check_model_config`). Used by ``train.py`` and ``eval/bench_model.py`` (``--specs conf``)."""
+:func:`check_model_config`), and the one :class:`attn_zoo.model.ModelConfig` of the run (:func:`model_config`). Used by ``train.py`` and ``eval/bench_model.py`` (``--specs conf``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Dict, List
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.model import GPTConfig, config_from_dict, redraw_interval_reason
+from attn_zoo.model import GPTConfig, ModelConfig, config_from_dict, redraw_interval_reason
 from attn_zoo.spec import AttentionSpec
 
 from .callbacks import StopAt
@@ -123,6 +123,17 @@ def check_model_config(model_cfg: Dict) -> None:
         known = sorted(GPTConfig.__dataclass_fields__, key=len, reverse=True)
         lead = next((k for k in known if msg.startswith(k) and msg[len(k):len(k) + 1] in (" ", "=")), None)
         raise ValueError(f"model.{msg}" if lead else f"model: {msg}") from e
+
+
+def model_config(cfg: DictConfig) -> ModelConfig:
+    """The run's :class:`~attn_zoo.model.ModelConfig`, built once from ``cfg.model`` (the :class:`GPTConfig` fields
+    and ``model.redraw_interval``) and :func:`layer_specs` (``attention`` / ``model.layers``, plugins loaded). Raises
+    ``ValueError`` naming ``model.<key>`` (:func:`check_model_config`) or the layer."""
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    check_model_config(fields)
+    fields.pop("layers", None)
+    redraw = fields.pop("redraw_interval", 0) or 0
+    return ModelConfig(config_from_dict(fields), tuple(layer_specs(cfg)), redraw)
 
 
 def _is_int(v) -> bool:

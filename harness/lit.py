@@ -23,12 +23,13 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from dataclasses import asdict
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import lightning as L
 import torch
 
-from attn_zoo.model import GPT, config_from_dict, layer_from_dict, spec_to_dict
+from attn_zoo.model import GPT, GPTConfig, ModelConfig, layer_from_dict
 from attn_zoo.spec import AttentionSpec, make_spec
 
 DEFAULT_OPTIMIZER: Dict[str, Any] = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3,
@@ -231,14 +232,18 @@ def _override(v) -> str:
 
 
 class LitLM(L.LightningModule):
-    """Language-model training around a :class:`GPT`; the module builds the model and the optimiser from plain dicts
-    so a checkpoint is self-contained (``LitLM.load_from_checkpoint(path)``).
+    """Language-model training around a :class:`GPT`; the module builds the model from one
+    :class:`attn_zoo.model.ModelConfig` (kept as :attr:`model_config`, the object ``self.gpt.model_config`` is) and
+    the optimiser from a plain dict. The hparams hold the model config as :meth:`ModelConfig.to_dict` writes it
+    (``model_config``, ``layer_specs``, ``redraw_interval``), so a checkpoint is self-contained
+    (``LitLM.load_from_checkpoint(path)`` rebuilds the same :class:`ModelConfig`).
 
     Args:
-        model_config: :class:`attn_zoo.model.GPTConfig` fields.
-        layer_specs: one spec dict per layer (``attn_zoo.make_spec`` keyword arguments).
+        model_config: a :class:`attn_zoo.model.ModelConfig`, or its plain form (checkpoints, tests): a dict of
+            :class:`attn_zoo.model.GPTConfig` fields with ``layer_specs`` and ``redraw_interval`` beside it.
+        layer_specs: plain form only: one spec dict per layer (``attn_zoo.make_spec`` keyword arguments).
         backend: attention backend for every layer.
-        redraw_interval: FAVOR feature redraw period in steps (0 = never).
+        redraw_interval: plain form only: FAVOR feature redraw period in steps (None / 0 = never).
         optimizer: the optimiser config, ``cfg.optim`` without the schedule keys (:func:`split_optim_config`):
             ``_target_`` (a ``torch.optim`` class), ``_partial_: true`` and its keyword arguments, e.g. ``lr``,
             ``weight_decay`` (applied to matrices only), ``betas``. Kept as a dict in the hparams (checkpoints stay
@@ -265,13 +270,27 @@ class LitLM(L.LightningModule):
     (``train/lr``); validation means: ``torchmetrics`` (:meth:`validation_step`).
     """
 
-    def __init__(self, model_config: dict, layer_specs: List[dict], backend: str = "auto", redraw_interval: int = 0,
+    def __init__(self, model_config: Union[ModelConfig, dict], layer_specs: Optional[List[dict]] = None,
+                 backend: str = "auto", redraw_interval: Optional[int] = None,
                  optimizer: Optional[dict] = None, lr: Optional[float] = None, weight_decay: Optional[float] = None,
                  betas=None, warmup_steps: int = 100, min_lr_ratio: float = 0.1, total_steps: Optional[int] = None,
                  bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False):
         super().__init__()
         from torchmetrics.aggregation import MeanMetric
 
+        if isinstance(model_config, ModelConfig):
+            if layer_specs is not None or redraw_interval is not None:
+                raise ValueError("layer_specs / redraw_interval: give them inside the ModelConfig, not beside it")
+        else:
+            if layer_specs is None:
+                raise ValueError("layer_specs: required with a plain-dict model_config (or pass a ModelConfig)")
+            model_config = ModelConfig.from_dict(dict(model_config=model_config, layer_specs=layer_specs,
+                                                      redraw_interval=redraw_interval))
+        self.model_config: ModelConfig = model_config
+        # the hparams (checkpoints, loggers) hold its plain form: save_hyperparameters reads these local names
+        plain = model_config.to_dict()
+        model_config, layer_specs, redraw_interval = (plain[k] for k in ("model_config", "layer_specs",
+                                                                         "redraw_interval"))
         self.save_hyperparameters(ignore=["lr", "weight_decay", "betas"])
         opt = dict(DEFAULT_OPTIMIZER if optimizer is None else optimizer)
         for key, value in (("lr", lr), ("weight_decay", weight_decay), ("betas", betas)):
@@ -281,8 +300,7 @@ class LitLM(L.LightningModule):
         optimizer_factory(opt)  # a bad optim.* fails now, not at the first step
         self.hparams["optimizer"] = opt
         self._sparse_targets = "mqar" in str(task).lower()  # loss on the query positions only (GPT.forward)
-        specs = [layer_from_dict(s) for s in layer_specs]
-        self.model = GPT(config_from_dict(dict(model_config)), specs, backend=backend, redraw_interval=redraw_interval)
+        self.model = GPT.from_config(self.model_config, backend=backend)
         self.hparams["n_params"] = self.model.num_params()
         self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
         self._t0: Optional[float] = None  # timer start of a logged step (on_train_batch_start)
@@ -314,15 +332,17 @@ class LitLM(L.LightningModule):
         (``total_steps``) is not compared: the checkpoint's is kept (:meth:`on_load_checkpoint`)."""
         if "layer_specs" in saved:
             old = [layer_from_dict(d) for d in saved["layer_specs"]]
-            new = [layer_from_dict(d) for d in self.hparams.layer_specs]
+            new = list(self.model_config.layers)
             if old != new:
                 raise ValueError(
                     "ckpt_path: the checkpoint was trained with attention "
                     f"{[s.label for s in old]} ({old}) but this run builds {[s.label for s in new]} ({new}); "
                     "resume with the same attention / model.layers overrides"
                 )
-        if "model_config" in saved and dict(saved["model_config"]) != dict(self.hparams.model_config):
-            old, new = dict(saved["model_config"]), dict(self.hparams.model_config)
+        # a key the checkpoint lacks has GPTConfig's default (the model it built had it)
+        old = {**asdict(GPTConfig()), **dict(saved["model_config"])} if "model_config" in saved else None
+        new = asdict(self.model_config.config)
+        if old is not None and old != new:
             diff = ", ".join(f"model.{k}: checkpoint {old.get(k)!r}, this run {new.get(k)!r}"
                              for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
             raise ValueError(

@@ -131,3 +131,20 @@ def test_aggregate_means_over_seeds():
     assert f["step_time_s"] == pytest.approx(0.2) and f["quality_per_s"] == pytest.approx(0.5 / 0.2)
     assert isinstance(f["runs"], int) and isinstance(f["seq_len"], int) and f["vocab_size"] == 128
     assert aggregate([]) == []
+
+
+def test_try_call_records_a_failure_as_text():
+    """The bench_* scripts' one guard (eval.bench_common.try_call): a failing method gives its error as text."""
+    import torch
+
+    from eval.bench_common import try_call
+
+    assert try_call(lambda: 3) == 3
+    assert try_call(lambda: 1 / 0) == "error: ZeroDivisionError: division by zero"
+    assert try_call(lambda: int("x" * 300), max_chars=20) == "error: ValueError: invalid literal for "
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    assert try_call(oom, short_oom=True) == "error: OutOfMemoryError"
+    assert try_call(oom).startswith("error: OutOfMemoryError: CUDA out of memory")
