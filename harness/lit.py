@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import lightning as L
 import torch
 
-from attn_zoo.model import GPT, config_from_dict, layer_from_dict, spec_to_dict
+from attn_zoo.model import GPT, GPTConfig, config_from_dict, layer_from_dict, spec_to_dict
 from attn_zoo.spec import AttentionSpec, make_spec
 
 DEFAULT_OPTIMIZER: Dict[str, Any] = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3,
@@ -321,8 +321,11 @@ class LitLM(L.LightningModule):
                     f"{[s.label for s in old]} ({old}) but this run builds {[s.label for s in new]} ({new}); "
                     "resume with the same attention / model.layers overrides"
                 )
-        if "model_config" in saved and dict(saved["model_config"]) != dict(self.hparams.model_config):
-            old, new = dict(saved["model_config"]), dict(self.hparams.model_config)
+        # a key the checkpoint predates (e.g. short_conv) counts as its GPTConfig default
+        defaults = {k: f.default for k, f in GPTConfig.__dataclass_fields__.items()}
+        old = {**defaults, **dict(saved.get("model_config") or {})}
+        new = {**defaults, **dict(self.hparams.model_config)}
+        if "model_config" in saved and old != new:
             diff = ", ".join(f"model.{k}: checkpoint {old.get(k)!r}, this run {new.get(k)!r}"
                              for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
             raise ValueError(
