@@ -8,6 +8,10 @@ Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre
 * MLP: ``gelu`` (GPT-2) or ``swiglu`` (Shazeer 2020, hidden width ``2/3 * 4 * d_model`` rounded to 8).
 * Attention: q/k/v/o projections; K/V have ``spec.resolve_kv_heads(n_head)`` heads (GQA / MQA), and the
   core is :func:`attn_zoo.attention` with ``(B, H, N, D)`` tensors, so every variant and backend plugs in.
+* Short convolution (``short_conv=K``, off at 0): a causal depthwise convolution of width ``K`` on every mixer's
+  input (:class:`ShortConv`), the "shift" / short conv of H3 (Fu et al. 2023), Based (Arora et al. 2024) and Mamba
+  (Gu & Dao 2023). Each position then also sees its last ``K - 1`` tokens, so a single attention layer can do
+  associative recall (a value's position carries its key) and MQAR leaves its plateau within a few hundred steps.
 * Hybrids: one layer spec per layer (``GPT(config, [lin, lin, flash, lin])``): an
   :class:`~attn_zoo.spec.AttentionSpec` (the ``attention`` mixer, :class:`Attention`) or a
   :class:`~attn_zoo.mixers.MixerSpec` of any registered sequence mixer (:mod:`attn_zoo.mixers`: a module
@@ -62,6 +66,7 @@ class GPTConfig:
     bias: bool = False
     rope_base: float = 10000.0
     tie_embeddings: bool = True
+    short_conv: int = 0  # width K of a causal depthwise conv before every mixer (ShortConv); 0 = none
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
@@ -81,6 +86,9 @@ class GPTConfig:
         rb = self.rope_base
         if isinstance(rb, bool) or not isinstance(rb, (int, float)) or not math.isfinite(rb) or rb <= 0:
             raise ValueError(f"rope_base must be a positive number (e.g. 10000.0), got {rb!r}")
+        sc = self.short_conv
+        if not isinstance(sc, int) or isinstance(sc, bool) or sc < 0 or sc == 1:
+            raise ValueError(f"short_conv must be 0 (none) or an integer kernel width >= 2 (e.g. 4), got {sc!r}")
         for name in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -302,6 +310,35 @@ class MLP(nn.Module):
         return self.dropout(self.down(h))
 
 
+class ShortConv(nn.Module):
+    """Causal depthwise convolution of width ``K`` over the sequence: ``y_t = x_t + sum_{s < K} w_s * x_{t - s}``
+    per channel (zeros before the first token), ``(B, N, d_model) -> (B, N, d_model)``.
+
+    The short convolution / shift of H3 (Fu et al. 2023, "Hungry Hungry Hippos"), Based (Arora et al. 2024,
+    "Simple linear attention language models balance the recall-throughput tradeoff"; Zoology, Arora et al. 2023,
+    shows it is what lets one layer do associative recall) and Mamba (Gu & Dao 2023). The residual ``x_t`` keeps
+    the block an identity-plus-small-change at initialization. Incremental decoding keeps the last ``K - 1`` inputs
+    (``tail``, ``(B, K - 1, d_model)``) between calls.
+    """
+
+    def __init__(self, d_model: int, kernel_size: int):
+        super().__init__()
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 2:
+            raise ValueError(f"kernel_size must be an integer >= 2, got {kernel_size!r}")
+        self.kernel_size = kernel_size
+        self.conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, tail: Optional[torch.Tensor] = None):
+        """``x (B, N, d_model)`` -> ``(y (B, N, d_model), new tail (B, K - 1, d_model))``; ``tail``: the inputs of
+        the ``K - 1`` positions before ``x`` (``None``: the sequence starts with ``x``)."""
+        B, N, C = x.shape
+        if tail is None:
+            tail = x.new_zeros(B, self.kernel_size - 1, C)
+        h = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, K - 1 + N, C)
+        y = self.conv(h.transpose(1, 2)).transpose(1, 2)  # (B, N, C): position t sees t - K + 1 .. t
+        return x + y, h[:, -(self.kernel_size - 1):]
+
+
 @register_mixer("attention")
 def _attention_mixer(spec: AttentionSpec, config: GPTConfig, rotary: Rotary, backend: str = "auto") -> Attention:
     """The ``attention`` sequence mixer: :class:`Attention` of an :class:`AttentionSpec`."""
@@ -317,6 +354,7 @@ class Block(nn.Module):
         self.norm1 = make_norm(config)
         self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
+        self.short_conv = ShortConv(config.d_model, config.short_conv) if config.short_conv else None
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
 
@@ -325,10 +363,15 @@ class Block(nn.Module):
         return self.attn
 
     def forward(self, x, cache: Optional[LayerCache] = None, pos: int = 0):
+        h = self.norm1(x)  # (B, N, d_model)
+        if self.short_conv is not None:  # decoding: the cache carries the conv's last K - 1 inputs (conv_tail)
+            h, tail = self.short_conv(h, getattr(cache, "conv_tail", None) if cache is not None and pos > 0 else None)
+            if cache is not None:
+                cache.conv_tail = tail
         if self.stateful:
-            x = x + self.attn(self.norm1(x), cache, pos)
+            x = x + self.attn(h, cache, pos)
         else:
-            x = x + self.attn(self.norm1(x))
+            x = x + self.attn(h)
         x = x + self.mlp(self.norm2(x))
         return x
 

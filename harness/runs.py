@@ -331,8 +331,9 @@ RESULT_FREE_TRAINER_KEYS = ("enable_progress_bar", "enable_model_summary", "log_
 RESULT_FREE_CALLBACKS = ("lr_monitor", "checkpoint")
 """``callbacks.<name>`` entries that only log or save (left out of :func:`result_config`)."""
 IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_partial_"): True,
-                     ("trainer", "_target_"): "lightning.pytorch.Trainer"}
-"""Instantiate-only keys at the value they had implicitly before the config named them (left out of
+                     ("trainer", "_target_"): "lightning.pytorch.Trainer", ("model", "short_conv"): 0}
+"""Keys at the value they had implicitly before the config named them (instantiate keys; ``model.short_conv`` 0, no
+short conv, as every model before the option existed) (left out of
 :func:`result_config` at that value, so a run's result config stays what earlier runs stored; another value, e.g.
 ``optim._target_=torch.optim.Adam``, is kept and differs)."""
 
