@@ -606,7 +606,7 @@ def decode_attn_reference(
             ps = k_cache.shape[2]
             pages = block_table[b, : cdiv(L, ps)].long()
             kb = k_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
-            vb = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+            vb = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, v_cache.shape[3])[:, :L]
         else:
             kb, vb = k_cache[b, :, :L], v_cache[b, :, :L]
         kb = kb.float().repeat_interleave(Hq // Hkv, 0)

@@ -94,6 +94,8 @@ def _leftpad_reference(q, k, v, spec, first: int):
     Nq, Nk = q.shape[2], k.shape[2]
     n_rep = q.shape[1] // k.shape[1]
     qf, kf, vf = upcast(q), repeat_kv(upcast(k), n_rep), repeat_kv(upcast(v), n_rep)
+    hidden = (torch.arange(Nk, device=q.device) < first).view(1, 1, -1, 1)  # never read: NaN there stays out
+    kf, vf = kf.masked_fill(hidden, 0.0), vf.masked_fill(hidden, 0.0)
     allowed = mask_info(spec, Nq, Nk).dense(q.device) & (torch.arange(Nk, device=q.device) >= first).view(1, -1)
     s = (qf @ kf.transpose(-1, -2) * spec.scale(q.shape[-1])).masked_fill(~allowed, float("-inf"))
     m = s.amax(-1, keepdim=True)
