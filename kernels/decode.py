@@ -66,8 +66,8 @@ def _interpreting() -> bool:
 def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, kfirst, pos, row_ok, qb_pass,
                  skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                  sparse_bs, D, DV,
-                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
+                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
+                 CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
                  BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DOT_PREC: tl.constexpr):
     """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``."""
     offs_n = tl.arange(0, BN)
@@ -83,7 +83,13 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, kfirst, p
             slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
             k_row = page * skb + slot * skn
             v_row = page * svb + slot * svn
-        else:  # pages smaller than the tile, or not a multiple of it: one lookup per key
+        elif MULTI_PAGE:  # the tile covers BN / PAGE_SIZE whole pages: one page-table lookup per page
+            pidx = start // PAGE_SIZE + tl.arange(0, BN // PAGE_SIZE)
+            pg = tl.load(BT + b * sbt_b + pidx, mask=pidx * PAGE_SIZE < seqlen, other=0).to(tl.int64)
+            slot = tl.arange(0, PAGE_SIZE).to(tl.int64)
+            k_row = tl.reshape(pg[:, None] * skb + slot[None, :] * skn, [BN])  # key start + p * PAGE_SIZE + s
+            v_row = tl.reshape(pg[:, None] * svb + slot[None, :] * svn, [BN])
+        else:  # page sizes that neither divide the tile nor are a multiple of it: one lookup per key
             pages = tl.load(BT + b * sbt_b + j // PAGE_SIZE, mask=kv_ok, other=0).to(tl.int64)
             slot = (j % PAGE_SIZE).to(tl.int64)
             k_row = pages * skb + slot * skn
@@ -126,8 +132,8 @@ def _decode_fwd(
     Q, K, V, SEQ, KFIRST, BT, LAY, TIDX, TCNT, O, LSE, OP, LP,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, stab_b, stab_q, scnt_b,
     Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr, SPLIT: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr, SPLIT: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -175,7 +181,7 @@ def _decode_fwd(
                     acc, m_i, l_i = _attend_tile(
                         acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, qb,
                         skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                        sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV,
+                        sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV,
                         DOT_PREC)
     else:
         lo = kfirst
@@ -190,7 +196,7 @@ def _decode_fwd(
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
                 skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV, DOT_PREC)
+                sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV, DOT_PREC)
 
     has = l_i > 0
     inv = 1.0 / tl.where(has, l_i, 1.0)
@@ -245,8 +251,8 @@ class DecodeSparse(NamedTuple):
 
 def decode_block_n(head_dim: int, page_size: Optional[int] = None) -> int:
     """Key-tile size of the decode kernel: 64 (32 for ``head_dim > 128``), whatever the page size: pages that are a
-    multiple of the tile take one page-table lookup per tile, smaller pages one lookup per key, several pages per
-    tile. (Shrinking the tile to 16-token pages halved the bandwidth: 0.37 of copy bandwidth against 0.69 with
+    multiple of the tile take one page-table lookup per tile, pages that divide it one lookup per page (a tile
+    gathers ``block_n / page_size`` whole pages), other page sizes one lookup per key. (Shrinking the tile to 16-token pages halved the bandwidth: 0.37 of copy bandwidth against 0.69 with
     64-key tiles over 16-token pages, H200, GQA 32:8, batch 4, 32k context, ``results/h200/2026-12-03/decode_probe.csv``.)
     ``page_size`` is kept for callers; it no longer changes the tile."""
     del page_size
@@ -508,7 +514,8 @@ def decode_run(
         bt.stride(0) if p.paged else 0, slay_b, slay_q, stab_b, stab_q, scnt_b,
         p.Hq, p.Hkv, p.Nq, p.D, p.Dv, p.Hq // p.Hkv, R, S, p.scale * LOG2E,
         p.left if p.left is not None else 0, p.right if p.right is not None else 0, p.sparse_bs,
-        PAGED=p.paged, PAGE_SIZE=p.page_size, PAGE_TILE=p.paged and p.page_size % p.block_n == 0, CAUSAL=p.causal,
+        PAGED=p.paged, PAGE_SIZE=p.page_size, PAGE_TILE=p.paged and p.page_size % p.block_n == 0,
+        MULTI_PAGE=p.paged and p.page_size < p.block_n and p.block_n % p.page_size == 0, CAUSAL=p.causal,
         HAS_LEFT=p.left is not None, HAS_RIGHT=p.right is not None, SPARSE=p.is_sparse,
         LEFTPAD=p.has_leftpad, SPLIT=S > 1, STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
         DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,

@@ -165,3 +165,17 @@ def test_value_head_dim_differs_from_the_key_head_dim(page_size):
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
     ref = decode_attn_reference(q, k, v, lens, bt)
     torch.testing.assert_close(decode_attn(q, k, v, lens, bt), ref, atol=3e-5, rtol=3e-5)
+
+
+def test_page_sizes_that_divide_the_tile_or_not():
+    """Pages of 1 / 8 tokens (64 / 8 whole pages per 64-key tile) and 24 (neither divides nor is a multiple of
+    the tile: one lookup per key), a length that ends mid-page, GQA, Nq = 2."""
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, D = 2, 4, 2, 16
+    q = _randn(g, B, Hq, 2, D)
+    lens = torch.tensor([45, 130], dtype=torch.int32, device=DEV)
+    for ps in (1, 8, 24):
+        k, v, bt = _cache(g, B, Hkv, D, 144, ps)
+        want = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
+        got = decode_attention(q, k, v, FLASH, lens, bt, backend="triton", block_n=64, num_splits=2)
+        torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"page_size={ps}")
