@@ -177,7 +177,7 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
 
 
 # --------------------------------------------------------------------------------------------- triton
-def _triton_reason(q, k_cache, v_cache, spec) -> Optional[str]:
+def _triton_reason(q, k_cache, spec, v_cache=None) -> Optional[str]:
     from ..backends._triton import triton_input_reason
 
     why = triton_input_reason(q)
@@ -185,8 +185,9 @@ def _triton_reason(q, k_cache, v_cache, spec) -> Optional[str]:
         return why
     if q.dtype == torch.bfloat16 and q.device.type != "cuda":
         return "bfloat16 is not supported by the CPU interpreter (its bf16 tl.dot is wrong); use float16 / float32"
-    if max(q.shape[-1], v_cache.shape[-1]) > 1024:
-        return f"head dims D={q.shape[-1]}, Dv={v_cache.shape[-1]}: at most 1024 are supported"
+    dv = q.shape[-1] if v_cache is None else v_cache.shape[-1]
+    if max(q.shape[-1], dv) > 1024:
+        return f"head dims D={q.shape[-1]}, Dv={dv}: at most 1024 are supported"
     if k_cache.stride(-1) != 1 or q.stride(-1) != 1:
         return "the head dim of q and the cache must be contiguous"
     if mask_info(spec, 1, 1).dilation != 1:
@@ -342,7 +343,7 @@ def decode_attention(
     check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, check_values, cache_leftpad)
     why = None
     if backend == "auto":
-        why = _triton_reason(q, k_cache, v_cache, spec) if q.device.type == "cuda" else "auto uses it on CUDA only"
+        why = _triton_reason(q, k_cache, spec, v_cache) if q.device.type == "cuda" else "auto uses it on CUDA only"
         if why is None:
             backend = "triton"
         elif return_lse or (q.dtype == torch.float64 and q.is_cuda):
@@ -350,7 +351,7 @@ def decode_attention(
         else:
             backend = "torch"
     elif backend == "triton":
-        why = _triton_reason(q, k_cache, v_cache, spec)
+        why = _triton_reason(q, k_cache, spec, v_cache)
     if backend not in DECODE_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(DECODE_BACKENDS)}")
     if kernel_options and backend != "triton":
