@@ -254,9 +254,10 @@ def decode_block_n(head_dim: int, page_size: Optional[int] = None) -> int:
     multiple of the tile take one page-table lookup per tile, pages that divide it one lookup per page (a tile
     gathers ``block_n / page_size`` whole pages), other page sizes one lookup per key. (Shrinking the tile to 16-token pages halved the bandwidth: 0.37 of copy bandwidth against 0.69 with
     64-key tiles over 16-token pages, H200, GQA 32:8, batch 4, 32k context, ``results/h200/2026-12-03/decode_probe.csv``.)
-    ``page_size`` is kept for callers; it no longer changes the tile."""
+    ``page_size`` is kept for callers; it no longer changes the tile. Head dims above 256 (MLA's latent, 576):
+    16 (untuned)."""
     del page_size
-    return 64 if head_dim <= 128 else 32
+    return 64 if head_dim <= 128 else 32 if head_dim <= 256 else 16
 
 
 def decode_sparse_tables(layout: torch.Tensor, block_size: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -444,6 +445,8 @@ def decode_plan(
     p.causal, p.left, p.right = bool(causal), left, right
     p.scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     p.has_leftpad, p.return_lse, p.sm_count = bool(has_leftpad), bool(return_lse), sms
+    if max(p.BD, p.BDV) > 256:  # MLA-size latents: (BN, 1024) tiles; fewer stages to fit shared memory (untuned)
+        num_stages = min(num_stages, 2)
     p.num_warps, p.num_stages = num_warps, num_stages
     p.out = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=q.dtype)
     p.lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32) if return_lse else None
