@@ -67,7 +67,8 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, kfirst, p
                  skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                  sparse_bs, D, DV,
                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
-                 CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
+                 CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+                 LEFTPAD: tl.constexpr,
                  BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DOT_PREC: tl.constexpr):
     """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``."""
     offs_n = tl.arange(0, BN)
@@ -133,7 +134,8 @@ def _decode_fwd(
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, stab_b, stab_q, scnt_b,
     Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr, SPLIT: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
+    SPLIT: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -181,7 +183,8 @@ def _decode_fwd(
                     acc, m_i, l_i = _attend_tile(
                         acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, qb,
                         skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                        sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV,
+                        sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
+                        LEFTPAD, BN, BD, BDV,
                         DOT_PREC)
     else:
         lo = kfirst
