@@ -22,8 +22,10 @@ the absorbed projections (the paper's remark after eq. 19): ``W_UK`` is folded i
 ``q_lat_h = W_UK_h^T q_nope_h`` (``r`` features), and ``W_UV`` into the output, ``y_h = W_UV_h o_lat_h``, so the
 attention itself is multi-query attention over the latent cache: ``q' = [q_lat ; q_rope]`` ``(B, H, Nq, r + D_rope)``,
 ``k' = [c_kv ; k_rope]`` ``(B, 1, Nk, r + D_rope)``, ``v' = c_kv`` ``(B, 1, Nk, r)`` (a view of the same cache),
-through :func:`attn_zoo.attention` (``Dv != D``: ``reference``, ``torch`` and our ``triton`` kernel take it; ``D``
-and ``Dv`` up to 256 on ``triton``, so at DeepSeek scale, ``r + D_rope = 576``, ``auto`` runs this step on ``torch``).
+through :func:`attn_zoo.decode.decode_attention` over the latent cache in place (``v'`` a strided view of it;
+``Dv != D`` on the ``reference``, ``torch`` and ``triton`` decode backends, ``D`` and ``Dv`` up to 1024 on
+``triton``, so DeepSeek's ``r + D_rope = 576`` / ``r = 512`` runs on the decode kernel); a prefill-only backend
+name (not one of ``auto`` / ``triton`` / ``torch`` / ``reference``) runs it through :func:`attn_zoo.attention`.
 ``absorb=False`` decodes by rebuilding ``k_nope`` / ``v`` from the latent instead (same result; for tests).
 
 Memory: :func:`mla_cache_bytes_per_token`; :func:`attn_zoo.decode.memory.memory_table` adds an ``mla`` row when
@@ -202,8 +204,17 @@ class MLA(nn.Module):
         w_uk = self.k_up.weight.view(H, self.qk_nope_dim, r)  # k_nope_h = w_uk[h] @ c
         w_uv = self.v_up.weight.view(H, self.v_head_dim, r)  # v_h = w_uv[h] @ c
         q_lat = torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)  # (B, H, Nq, r)
-        kv, v = cache.latent()  # (B, 1, Nk, r + D_rope), (B, 1, Nk, r)
-        o_lat = attention(torch.cat([q_lat, q_rope], dim=-1), kv, v, self.spec, backend=self.backend)  # (B, H, Nq, r)
+        q_abs = torch.cat([q_lat, q_rope], dim=-1)
+        from .decode.attention import DECODE_BACKENDS, decode_attention
+
+        if self.backend in ("auto",) + DECODE_BACKENDS:  # the decode kernel reads the latent cache in place
+            lat = cache.lat  # k' = [c_kv ; k_rope] (D = r + D_rope), v' = c_kv (Dv = r): a strided view, no copy
+            lens = torch.full((lat.shape[0],), cache.length, dtype=torch.int32, device=lat.device)
+            o_lat = decode_attention(q_abs, lat, lat[..., :r], self.spec, lens, backend=self.backend,
+                                     check_values=False)  # (B, H, Nq, r)
+        else:
+            kv, v = cache.latent()  # (B, 1, Nk, r + D_rope), (B, 1, Nk, r)
+            o_lat = attention(q_abs, kv, v, self.spec, backend=self.backend)  # (B, H, Nq, r)
         return torch.einsum("bhnr,hdr->bhnd", o_lat, w_uv)
 
     # ------------------------------------------------------------------ module API

@@ -48,11 +48,12 @@ import triton.language as tl
 from ._host import cdiv, next_pow2
 
 __all__ = ["decode_attn", "decode_attn_reference", "decode_sparse_tables", "decode_block_n", "decode_num_splits",
-           "merge_partials_reference", "DecodeSparse", "MAX_HEAD_DIM"]
+           "merge_partials_reference", "DecodeSparse", "DecodePlan", "decode_plan", "decode_run", "MAX_HEAD_DIM"]
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 MAX_HEAD_DIM = 256
+MAX_HEAD_DIM_QK = 1024  # q.k head dim D and value head dim Dv of decode_attn (MLA latents: 576 / 512)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -62,24 +63,34 @@ def _interpreting() -> bool:
 
 # --------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, pos, row_ok, qb_pass,
+def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, kfirst, pos, row_ok, qb_pass,
                  skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                 sparse_bs, D,
-                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-                 BN: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr):
+                 sparse_bs, D, DV,
+                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
+                 CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+                 LEFTPAD: tl.constexpr,
+                 BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DOT_PREC: tl.constexpr):
     """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
     j = start + offs_n  # absolute key positions (BN,)
     kv_ok = j < seqlen
+    if LEFTPAD:  # keys before the first key of the current document (cache_leftpad) are not seen
+        kv_ok = kv_ok & (j >= kfirst)
     if PAGED:
         if PAGE_TILE:  # the tile lies inside one page: one page-table lookup per tile
             page = tl.load(BT + b * sbt_b + start // PAGE_SIZE).to(tl.int64)
             slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
             k_row = page * skb + slot * skn
             v_row = page * svb + slot * svn
-        else:  # pages smaller than the tile, or not a multiple of it: one lookup per key
+        elif MULTI_PAGE:  # the tile covers BN / PAGE_SIZE whole pages: one page-table lookup per page
+            pidx = start // PAGE_SIZE + tl.arange(0, BN // PAGE_SIZE)
+            pg = tl.load(BT + b * sbt_b + pidx, mask=pidx * PAGE_SIZE < seqlen, other=0).to(tl.int64)
+            slot = tl.arange(0, PAGE_SIZE).to(tl.int64)
+            k_row = tl.reshape(pg[:, None] * skb + slot[None, :] * skn, [BN])  # key start + p * PAGE_SIZE + s
+            v_row = tl.reshape(pg[:, None] * svb + slot[None, :] * svn, [BN])
+        else:  # page sizes that neither divide the tile nor are a multiple of it: one lookup per key
             pages = tl.load(BT + b * sbt_b + j // PAGE_SIZE, mask=kv_ok, other=0).to(tl.int64)
             slot = (j % PAGE_SIZE).to(tl.int64)
             k_row = pages * skb + slot * skn
@@ -111,20 +122,22 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, pos, row_
     # keys no row of this tile sees (outside the window / layout, past the sequence) are not loaded: a NaN / inf
     # there would reach acc as 0 * NaN through the p @ v product (K needs nothing: their scores are set to -inf)
     seen = tl.max(ok.to(tl.int32), 0) > 0  # (BN,)
-    v = tl.load(V + (v_row + g * svh)[:, None] + offs_d[None, :], mask=seen[:, None] & dmask[None, :],
-                other=0.0)  # (BN, BD)
+    v = tl.load(V + (v_row + g * svh)[:, None] + offs_dv[None, :], mask=seen[:, None] & (offs_dv < DV)[None, :],
+                other=0.0)  # (BN, BDV)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _decode_fwd(
-    Q, K, V, SEQ, BT, LAY, TIDX, TCNT, O, LSE, OP, LP,
+    Q, K, V, SEQ, KFIRST, BT, LAY, TIDX, TCNT, O, LSE, OP, LP,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, stab_b, stab_q, scnt_b,
-    Hq, Hkv, Nq, D, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, SPLIT: tl.constexpr,
-    STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr,
+    Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
+    SPLIT: tl.constexpr,
+    STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """Grid ``(S, B * Hkv, cdiv(G * Nq, BM))``: split ``s`` of the visited key tiles of one K/V head of one
     sequence, for ``BM`` packed (query head, query) rows. Writes the output (``S == 1``) or fp32 partials
@@ -135,6 +148,9 @@ def _decode_fwd(
     b = pid_bh // Hkv
     g = pid_bh % Hkv
     seqlen = tl.load(SEQ + b)
+    kfirst = 0
+    if LEFTPAD:
+        kfirst = tl.load(KFIRST + b)
     r = pid_m * BM + tl.arange(0, BM)
     row_ok = r < G * Nq
     hh = r // Nq
@@ -146,7 +162,9 @@ def _decode_fwd(
     q_ptr = Q + b.to(tl.int64) * sqb + (h * sqh + qi * sqn)[:, None] + offs_d[None, :]
     q = tl.load(q_ptr, mask=qmask, other=0.0)  # (BM, BD)
 
-    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    offs_dv = tl.arange(0, BDV)
+    omask = row_ok[:, None] & (offs_dv[None, :] < DV)
+    acc = tl.zeros([BM, BDV], dtype=tl.float32)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     first = seqlen - Nq  # position of the first query
@@ -163,14 +181,15 @@ def _decode_fwd(
                 t = tl.load(TIDX + b * stab_b + qb * stab_q + e)
                 if t * BN < hi:
                     acc, m_i, l_i = _attend_tile(
-                        acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, pos, row_ok, qb,
+                        acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, qb,
                         skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                        sparse_bs, D, PAGED, PAGE_SIZE, PAGE_TILE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, BN, BD,
+                        sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
+                        LEFTPAD, BN, BD, BDV,
                         DOT_PREC)
     else:
-        lo = 0
-        if HAS_LEFT:
-            lo = tl.maximum(first - window_left, 0)
+        lo = kfirst
+        if HAS_LEFT:  # the FIRST query's window starts the visited range (the last query's starts later)
+            lo = tl.maximum(first - window_left, lo)
         t0 = lo // BN
         t1 = tl.cdiv(hi, BN)
         per = tl.cdiv(tl.maximum(t1 - t0, 0), n_splits)
@@ -178,9 +197,9 @@ def _decode_fwd(
         tb = tl.minimum(ta + per, t1)
         for t in range(ta, tb):
             acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, pos, row_ok, 0,
+                acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
                 skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                sparse_bs, D, PAGED, PAGE_SIZE, PAGE_TILE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, BN, BD, DOT_PREC)
+                sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV, DOT_PREC)
 
     has = l_i > 0
     inv = 1.0 / tl.where(has, l_i, 1.0)
@@ -189,10 +208,10 @@ def _decode_fwd(
     row = ((b * Hq + h) * Nq + qi).to(tl.int64)  # row of the (B, Hq, Nq) output
     if SPLIT:
         prow = pid_s.to(tl.int64) * R + row
-        tl.store(OP + prow[:, None] * D + offs_d[None, :], o, mask=qmask)
+        tl.store(OP + prow[:, None] * DV + offs_dv[None, :], o, mask=omask)
         tl.store(LP + prow, lse2, mask=row_ok)
     else:
-        tl.store(O + row[:, None] * D + offs_d[None, :], o.to(O.dtype.element_ty), mask=qmask)
+        tl.store(O + row[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty), mask=omask)
         if STORE_LSE:
             tl.store(LSE + row, lse2 * 0.6931471805599453, mask=row_ok)
 
@@ -235,12 +254,13 @@ class DecodeSparse(NamedTuple):
 
 def decode_block_n(head_dim: int, page_size: Optional[int] = None) -> int:
     """Key-tile size of the decode kernel: 64 (32 for ``head_dim > 128``), whatever the page size: pages that are a
-    multiple of the tile take one page-table lookup per tile, smaller pages one lookup per key, several pages per
-    tile. (Shrinking the tile to 16-token pages halved the bandwidth: 0.37 of copy bandwidth against 0.69 with
+    multiple of the tile take one page-table lookup per tile, pages that divide it one lookup per page (a tile
+    gathers ``block_n / page_size`` whole pages), other page sizes one lookup per key. (Shrinking the tile to 16-token pages halved the bandwidth: 0.37 of copy bandwidth against 0.69 with
     64-key tiles over 16-token pages, H200, GQA 32:8, batch 4, 32k context, ``results/h200/2026-12-03/decode_probe.csv``.)
-    ``page_size`` is kept for callers; it no longer changes the tile."""
+    ``page_size`` is kept for callers; it no longer changes the tile. Head dims above 256 (MLA's latent, 576):
+    16 (untuned)."""
     del page_size
-    return 64 if head_dim <= 128 else 32
+    return 64 if head_dim <= 128 else 32 if head_dim <= 256 else 16
 
 
 def decode_sparse_tables(layout: torch.Tensor, block_size: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -300,7 +320,7 @@ def decode_num_splits(n_programs: int, max_tiles: int, sm_count: int, min_tiles_
     return int(max(1, min(want, cap, max_splits)))
 
 
-def _check(q, k_cache, v_cache, cache_seqlens, block_table):
+def _check(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad=None):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
@@ -310,18 +330,23 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table):
             raise ValueError(f"{name} must be contiguous in its last (head) dim, got strides {t.stride()}")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must agree in every dim "
+                         f"but the last (the value head dim Dv may differ from D)")
     B, Hq, Nq, D = q.shape
     if k_cache.shape[3] != D:
         raise ValueError(f"head dims differ: q D={D}, k_cache D={k_cache.shape[3]}")
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim D={D} > {MAX_HEAD_DIM} is not supported")
+    if max(D, v_cache.shape[3]) > MAX_HEAD_DIM_QK:
+        raise ValueError(f"head dims D={D}, Dv={v_cache.shape[3]}: at most {MAX_HEAD_DIM_QK} are supported")
     Hkv = k_cache.shape[1]
     if Hq % Hkv:
         raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k_cache.shape[1])")
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (B,):
         raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if cache_leftpad is not None and (not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32
+                                      or cache_leftpad.shape != (B,)):
+        raise ValueError(f"cache_leftpad must be int32 of shape ({B},), got {getattr(cache_leftpad, 'dtype', None)} "
+                         f"{tuple(getattr(cache_leftpad, 'shape', ()))}")
     if block_table is None:
         if k_cache.shape[0] != B:
             raise ValueError(f"contiguous k_cache batch {k_cache.shape[0]} != q batch {B}")
@@ -330,19 +355,199 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table):
                          f"{tuple(block_table.shape)}")
 
 
+class DecodePlan:
+    """Everything :func:`decode_run` needs that does not change from one decode step to the next (FlashInfer's
+    ``plan`` / ``run`` split): launch grid, split-K count ``S`` (sized to fill ``sm_count`` SMs), tile sizes, the
+    mask's constants, the sparse tables on the device, and the buffers (output, lse, fp32 split-K partials),
+    allocated once here. Made by :func:`decode_plan`; attributes are read-only by convention.
+
+    ``out (B, Hq, Nq, Dv)`` / ``lse (B, Hq, Nq)`` are the plan's own output buffers: :func:`decode_run` writes into
+    them (or into the ``out`` / ``lse`` it is given) and returns them, so two runs of one plan share storage (copy a
+    result you keep). ``scratch`` is ``(op (S, R, Dv) fp32, lp (S, R) fp32)`` or ``None`` when ``S == 1``.
+    """
+
+    __slots__ = ("B", "Hq", "Hkv", "Nq", "D", "Dv", "dtype", "device", "paged", "page_size", "capacity", "max_pages",
+                 "block_n", "block_m", "BD", "BDV", "n_m", "num_splits", "causal", "left", "right", "scale", "has_leftpad",
+                 "return_lse", "is_sparse", "sparse_bs", "lay", "tidx", "tcnt", "out", "lse", "scratch", "num_warps", "num_stages",
+                 "sm_count")
+
+    def __repr__(self):
+        return (f"DecodePlan(B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Nq={self.Nq}, D={self.D}, Dv={self.Dv}, "
+                f"paged={self.paged}, page_size={self.page_size}, block_n={self.block_n}, block_m={self.block_m}, "
+                f"num_splits={self.num_splits}, grid={self.grid}, sm_count={self.sm_count})")
+
+    @property
+    def grid(self) -> Tuple[int, int, int]:
+        return (self.num_splits, self.B * self.Hkv, self.n_m)
+
+
+def decode_plan(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: Optional[torch.Tensor] = None, *,
+    causal: bool = True, window_size: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    softmax_scale: Optional[float] = None, sparse: Optional["DecodeSparse"] = None, num_splits: Optional[int] = None,
+    block_n: Optional[int] = None, return_lse: bool = False, has_leftpad: bool = False,
+    sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3,
+) -> DecodePlan:
+    """Host-side plan of :func:`decode_run`, made once per batch shape / cache layout / mask (no device sync).
+
+    ``q``, ``k_cache``, ``v_cache``, ``block_table`` give shapes, dtype, device and the cache layout only (their
+    values are not read; ``q`` may be any tensor of the step's shape). ``sm_count``: SMs to fill with the split-K
+    programs (default: read from the CUDA device, 132 on an H200; 4 on CPU). ``has_leftpad``: the runs pass a
+    ``cache_leftpad``. Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers.
+
+    Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`.
+    """
+    _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
+    p = DecodePlan()
+    B, Hq, Nq, D = q.shape
+    Dv = v_cache.shape[3]
+    Hkv = k_cache.shape[1]
+    G = Hq // Hkv
+    paged = block_table is not None
+    page_size = k_cache.shape[2] if paged else 1
+    BN = int(block_n) if block_n is not None else decode_block_n(max(D, Dv), page_size if paged else None)
+    if BN < 16 or BN & (BN - 1):
+        raise ValueError(f"block_n={BN} must be a power of two >= 16")
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    left = right = None
+    if window_size is not None:
+        left, right = window_size
+    if causal:
+        right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
+    BM = min(max(16, next_pow2(G * Nq)), 64)
+    n_m = cdiv(G * Nq, BM)
+    dev = q.device
+    dummy_i = _dummy(dev)
+    p.lay = p.tidx = p.tcnt = dummy_i
+    p.sparse_bs = 1
+    p.is_sparse = sparse is not None
+    if sparse is not None:
+        bs = int(sparse.block_size)
+        lay = sparse.layout.to(device=dev, dtype=torch.int8)
+        if lay.shape[-1] * bs < capacity:
+            raise ValueError(f"sparse layout covers {lay.shape[-1]} blocks of {bs} tokens < cache capacity {capacity}")
+        tables = sparse.tables if sparse.tables is not None else decode_sparse_tables(lay, bs, BN)
+        p.tidx, p.tcnt = (t.to(device=dev, dtype=torch.int32) for t in tables)
+        p.lay, p.sparse_bs = lay, bs
+        max_tiles = p.tidx.shape[-1]
+    else:
+        max_tiles = cdiv(capacity, BN)
+        if left is not None:
+            max_tiles = min(max_tiles, cdiv(left + Nq + (right or 0), BN) + 1)
+    sms = int(sm_count) if sm_count is not None else _sm_count(dev)
+    if sms < 1:
+        raise ValueError(f"sm_count={sm_count} must be >= 1")
+    S = int(num_splits) if num_splits is not None else decode_num_splits(B * Hkv * n_m, max_tiles, sms)
+    if S < 1:
+        raise ValueError(f"num_splits={num_splits} must be >= 1")
+    R = B * Hq * Nq
+    p.B, p.Hq, p.Hkv, p.Nq, p.D, p.Dv, p.dtype, p.device = B, Hq, Hkv, Nq, D, Dv, q.dtype, dev
+    p.paged, p.page_size, p.capacity = paged, page_size, capacity
+    p.max_pages = block_table.shape[1] if paged else 0
+    p.block_n, p.block_m, p.BD, p.BDV, p.n_m, p.num_splits = BN, BM, max(16, next_pow2(D)), max(16, next_pow2(Dv)), n_m, S
+    p.causal, p.left, p.right = bool(causal), left, right
+    p.scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
+    p.has_leftpad, p.return_lse, p.sm_count = bool(has_leftpad), bool(return_lse), sms
+    if max(p.BD, p.BDV) > 256:  # MLA-size latents: (BN, 1024) tiles; fewer stages to fit shared memory (untuned)
+        num_stages = min(num_stages, 2)
+    p.num_warps, p.num_stages = num_warps, num_stages
+    p.out = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=q.dtype)
+    p.lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32) if return_lse else None
+    p.scratch = None
+    if S > 1:
+        p.scratch = (torch.empty(S, R, Dv, device=dev, dtype=torch.float32),
+                     torch.empty(S, R, device=dev, dtype=torch.float32))
+    return p
+
+
+def decode_run(
+    plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None, *,
+    out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+):
+    """One decode step with a :func:`decode_plan`: at most two kernel launches, no device sync, no allocation
+    (CUDA-graph safe: capture it with static ``q`` / cache / ``cache_seqlens`` / ``block_table`` tensors).
+
+    Args: as :func:`decode_attn`, shapes / dtype / layout equal to the plan's (checked on the host from shapes
+    only); ``cache_leftpad`` int32 ``(B,)`` exactly when the plan has ``has_leftpad``. ``out`` / ``lse``:
+    contiguous ``(B, Hq, Nq, Dv)`` / fp32 ``(B, Hq, Nq)`` to write into (default: the plan's buffers).
+
+    Returns ``out`` (and ``lse`` when the plan has ``return_lse``).
+    """
+    p = plan
+    if tuple(q.shape) != (p.B, p.Hq, p.Nq, p.D) or q.dtype != p.dtype or q.device != p.device:
+        raise ValueError(f"q {tuple(q.shape)} {q.dtype} on {q.device} does not match the plan's "
+                         f"{(p.B, p.Hq, p.Nq, p.D)} {p.dtype} on {p.device}; make a new decode_plan")
+    if (block_table is not None) != p.paged or (p.paged and (k_cache.shape[2] != p.page_size
+                                                            or block_table.shape[1] != p.max_pages)):
+        raise ValueError("the cache layout (contiguous / paged, page size, block_table width) differs from the "
+                         "plan's; make a new decode_plan")
+    if v_cache.shape[3] != p.Dv or (not p.paged and k_cache.shape[2] != p.capacity):
+        raise ValueError(f"v_cache Dv={v_cache.shape[3]} / capacity differ from the plan's Dv={p.Dv} / "
+                         f"{p.capacity}; make a new decode_plan")
+    if (cache_leftpad is not None) != p.has_leftpad:
+        raise ValueError(f"cache_leftpad is {'given' if cache_leftpad is not None else 'None'} but the plan was made "
+                         f"with has_leftpad={p.has_leftpad}")
+    _check(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
+    out = p.out if out is None else out
+    if tuple(out.shape) != (p.B, p.Hq, p.Nq, p.Dv) or out.dtype != p.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {(p.B, p.Hq, p.Nq, p.Dv)} {p.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if p.return_lse:
+        lse = p.lse if lse is None else lse
+        if tuple(lse.shape) != (p.B, p.Hq, p.Nq) or lse.dtype != torch.float32 or not lse.is_contiguous():
+            raise ValueError(f"lse must be contiguous float32 {(p.B, p.Hq, p.Nq)}, got {tuple(lse.shape)} {lse.dtype}")
+    else:
+        lse = out
+    S = p.num_splits
+    op, lp = p.scratch if S > 1 else (out, out)
+    dummy_i = _dummy(p.device)
+    bt = block_table if p.paged else dummy_i
+    kf = cache_leftpad if cache_leftpad is not None else dummy_i
+    R = p.B * p.Hq * p.Nq
+    if cache_seqlens.stride(0) != 1 or kf.stride(0) != 1:
+        raise ValueError("cache_seqlens / cache_leftpad must be contiguous")
+    dot_prec = "ieee" if p.dtype == torch.float32 else "tf32"
+    slay_b = p.lay.stride(0) if p.lay.dim() == 3 else 0
+    slay_q = p.lay.stride(-2) if p.lay.dim() >= 2 else 0
+    stab_b = p.tidx.stride(0) if p.tidx.dim() == 3 else 0
+    stab_q = p.tidx.stride(-2) if p.tidx.dim() >= 2 else 0
+    scnt_b = p.tcnt.stride(0) if p.tcnt.dim() == 2 else 0
+    _decode_fwd[p.grid](
+        q, k_cache, v_cache, cache_seqlens, kf, bt, p.lay, p.tidx, p.tcnt, out, lse, op, lp,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        bt.stride(0) if p.paged else 0, slay_b, slay_q, stab_b, stab_q, scnt_b,
+        p.Hq, p.Hkv, p.Nq, p.D, p.Dv, p.Hq // p.Hkv, R, S, p.scale * LOG2E,
+        p.left if p.left is not None else 0, p.right if p.right is not None else 0, p.sparse_bs,
+        PAGED=p.paged, PAGE_SIZE=p.page_size, PAGE_TILE=p.paged and p.page_size % p.block_n == 0,
+        MULTI_PAGE=p.paged and p.page_size < p.block_n and p.block_n % p.page_size == 0, CAUSAL=p.causal,
+        HAS_LEFT=p.left is not None, HAS_RIGHT=p.right is not None, SPARSE=p.is_sparse,
+        LEFTPAD=p.has_leftpad, SPLIT=S > 1, STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
+        DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,
+    )
+    if S > 1:
+        _decode_merge[(R,)](op, lp, out, lse, R, S, p.Dv, BS=max(2, next_pow2(S)), BD=p.BDV,
+                            STORE_LSE=p.return_lse, num_warps=4 if p.BDV >= 128 else 2)
+    return (out, lse) if p.return_lse else out
+
+
 def decode_attn(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor] = None, *, causal: bool = True,
     window_size: Optional[Tuple[Optional[int], Optional[int]]] = None, softmax_scale: Optional[float] = None,
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
-    return_lse: bool = False, num_warps: int = 4, num_stages: int = 3,
+    return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
+    plan: Optional[DecodePlan] = None,
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
 
     Args:
         q: ``(B, Hq, Nq, D)`` float16 / bfloat16 / float32.
-        k_cache, v_cache: contiguous ``(B, Hkv, N_max, D)`` or paged ``(num_pages, Hkv, page_size, D)``; ``q``'s dtype;
-            ``Hkv`` divides ``Hq``.
+        k_cache, v_cache: contiguous ``(B, Hkv, N_max, D)`` / ``(B, Hkv, N_max, Dv)`` or paged
+            ``(num_pages, Hkv, page_size, D)`` / ``(..., Dv)``; ``q``'s dtype; ``Hkv`` divides ``Hq``; the value
+            head dim ``Dv`` may differ from ``D`` (MLA's absorbed decode: q.k over the latent and its RoPE part,
+            ``D = 576``, values the latent, ``Dv = 512``); ``D, Dv <= MAX_HEAD_DIM_QK`` (1024).
         cache_seqlens: int32 ``(B,)``, valid tokens per sequence (new tokens included); not checked against
             the cache here (``attn_zoo.decode_attention`` validates values).
         block_table: int32 ``(B, max_pages)`` for a paged cache, else ``None``.
@@ -351,87 +556,30 @@ def decode_attn(
         sparse: :class:`DecodeSparse` block layout (and its tile tables) or ``None``.
         num_splits: split-K factor ``S`` (default :func:`decode_num_splits`); block_n: key tile (default
             :func:`decode_block_n`; any page size: one page-table lookup per tile when ``page_size % block_n == 0``,
-            else one per key).
+            else one per key, so a tile gathers ``block_n / page_size`` pages).
         return_lse: also return fp32 ``(B, Hq, Nq)`` natural-log lse (``-inf`` on rows that see no key).
         num_warps, num_stages: Triton launch settings. Default 3 stages (was 2): on the H200 probe of 2026-12-03
             (``lab/decode_probe.py``, batch 1, D 128) the fraction of copy bandwidth went 0.66 -> 0.79 (GQA 32:8, 64k
             context), 0.73 -> 0.92 (GQA 64:8, 128k), 0.81 -> 0.88 (MHA, 64k).
+        cache_leftpad: int32 ``(B,)`` or ``None``: the first visible key of each sequence (FlashAttention's name;
+            decode on a packed prefix: keys ``j < cache_leftpad[b]`` are not seen; positions stay absolute).
+        plan: a :func:`decode_plan` to run (then the mask / tile arguments above are the plan's and must be
+            left at their defaults); default: a fresh plan per call (fresh output buffers).
 
     Returns:
-        ``out (B, Hq, Nq, D)`` in ``q.dtype`` (and ``lse``).
+        ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``).
 
     Raises:
-        ValueError / TypeError: shapes, dtypes, strides, ``Hq % Hkv``, head dim > 256, bad tile / page sizes.
+        ValueError / TypeError: shapes, dtypes, strides, ``Hq % Hkv``, head dims too large, bad tile / page sizes.
     """
-    _check(q, k_cache, v_cache, cache_seqlens, block_table)
-    B, Hq, Nq, D = q.shape
-    Hkv = k_cache.shape[1]
-    G = Hq // Hkv
-    paged = block_table is not None
-    page_size = k_cache.shape[2] if paged else 1
-    BN = int(block_n) if block_n is not None else decode_block_n(D, page_size if paged else None)
-    if BN < 16 or BN & (BN - 1):
-        raise ValueError(f"block_n={BN} must be a power of two >= 16")
-    page_tile = paged and page_size % BN == 0  # else one page-table lookup per key (any page size)
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
-    left = right = None
-    if window_size is not None:
-        left, right = window_size
-    if causal:
-        right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
-    BD = max(16, next_pow2(D))
-    BM = min(max(16, next_pow2(G * Nq)), 64)
-    n_m = cdiv(G * Nq, BM)
-    dev = q.device
-    dummy_i = _dummy(dev)
-    lay = tidx = tcnt = dummy_i
-    slay_b = slay_q = stab_b = stab_q = scnt_b = 0
-    bs = 1
-    if sparse is not None:
-        bs = int(sparse.block_size)
-        lay = sparse.layout.to(device=dev, dtype=torch.int8)
-        if lay.shape[-1] * bs < capacity:
-            raise ValueError(f"sparse layout covers {lay.shape[-1]} blocks of {bs} tokens < cache capacity {capacity}")
-        tables = sparse.tables if sparse.tables is not None else decode_sparse_tables(lay, bs, BN)
-        tidx, tcnt = (t.to(device=dev, dtype=torch.int32) for t in tables)
-        if lay.dim() == 3:
-            slay_b, stab_b, scnt_b = lay.stride(0), tidx.stride(0), tcnt.stride(0)
-        slay_q, stab_q = lay.stride(-2), tidx.stride(-2)
-        max_tiles = tidx.shape[-1]
-    else:
-        max_tiles = cdiv(capacity, BN)
-        if left is not None:
-            max_tiles = min(max_tiles, cdiv(left + Nq + (right or 0), BN) + 1)
-    S = int(num_splits) if num_splits is not None else decode_num_splits(B * Hkv * n_m, max_tiles, _sm_count(dev))
-    if S < 1:
-        raise ValueError(f"num_splits={num_splits} must be >= 1")
-    scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
-    R = B * Hq * Nq
-    out = torch.empty(B, Hq, Nq, D, device=dev, dtype=q.dtype)
-    lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32) if return_lse else out
-    if S > 1:
-        op = torch.empty(S, R, D, device=dev, dtype=torch.float32)
-        lp = torch.empty(S, R, device=dev, dtype=torch.float32)
-    else:
-        op = lp = out
-    bt = block_table if paged else dummy_i
-    seq = cache_seqlens.contiguous()
-    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    _decode_fwd[(S, B * Hkv, n_m)](
-        q, k_cache, v_cache, seq, bt, lay, tidx, tcnt, out, lse, op, lp,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        bt.stride(0) if paged else 0, slay_b, slay_q, stab_b, stab_q, scnt_b,
-        Hq, Hkv, Nq, D, G, R, S, scale * LOG2E, left if left is not None else 0, right if right is not None else 0, bs,
-        PAGED=paged, PAGE_SIZE=page_size, PAGE_TILE=page_tile, CAUSAL=bool(causal), HAS_LEFT=left is not None,
-        HAS_RIGHT=right is not None, SPARSE=sparse is not None, SPLIT=S > 1, STORE_LSE=bool(return_lse),
-        BM=BM, BN=BN, BD=BD, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
-    )
-    if S > 1:
-        _decode_merge[(R,)](op, lp, out, lse, R, S, D, BS=max(2, next_pow2(S)), BD=BD, STORE_LSE=bool(return_lse),
-                            num_warps=4 if BD >= 128 else 2)
-    return (out, lse) if return_lse else out
+    if plan is None:
+        _check(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
+        plan = decode_plan(q, k_cache, v_cache, block_table, causal=causal, window_size=window_size,
+                           softmax_scale=softmax_scale, sparse=sparse, num_splits=num_splits, block_n=block_n,
+                           return_lse=return_lse, has_leftpad=cache_leftpad is not None, num_warps=num_warps,
+                           num_stages=num_stages)
+    return decode_run(plan, q, k_cache, v_cache, cache_seqlens.contiguous(), block_table,
+                      None if cache_leftpad is None else cache_leftpad.contiguous())
 
 
 # --------------------------------------------------------------------------------------------- references
@@ -471,7 +619,7 @@ def decode_attn_reference(
             ps = k_cache.shape[2]
             pages = block_table[b, : cdiv(L, ps)].long()
             kb = k_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
-            vb = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+            vb = v_cache[pages].transpose(0, 1).reshape(Hkv, -1, v_cache.shape[3])[:, :L]
         else:
             kb, vb = k_cache[b, :, :L], v_cache[b, :, :L]
         kb = kb.float().repeat_interleave(Hq // Hkv, 0)

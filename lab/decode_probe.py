@@ -3,9 +3,18 @@ and small pages (issue "Best against best", item 3). One process, bf16, D 128, o
 replays; every row beside SDPA over the same contiguous cache and the device copy bandwidth of the same run.
 
     python -m lab.decode_probe --out results/h200/<date>/decode_probe [--budget-s 240]
+    python -m lab.decode_probe --matrix --out results/h200/<date>/decode_matrix [--budget-s 150]
 
 Grid per case: block_n x num_splits (the default, x2, x4) x num_warps x num_stages. Writes decode_probe.csv (every
 row) and prints, per case, the default settings' fraction of copy bandwidth, the best one and SDPA's.
+
+``--matrix`` (issue 29 item 3, at the default settings, through the plan / run split): batch 1 at 16k / 64k / 128k
+and batch 4 at 16k / 64k context, MHA 32:32 and GQA 32:8, contiguous and paged (page 16 / 32 / 256, shuffled pages),
+Nq 1 / 4 / 8 new queries (causal among them). Per case: ``ours`` = :func:`kernels.decode.decode_run` of one
+:func:`kernels.decode.decode_plan` (CUDA-graph replay), ``sdpa`` = ``F.scaled_dot_product_attention`` over the same
+keys as one contiguous tensor (paged: gathered once, outside the timing; Nq > 1: a bottom-right causal bool
+mask), both as fractions of the copy bandwidth of the same run, and ``err`` the max abs difference of the two
+outputs. Writes decode_matrix.csv / .json; stops at ``--budget-s`` (what was measured is written).
 """
 
 from __future__ import annotations
@@ -20,7 +29,70 @@ import torch.nn.functional as F
 
 from eval.bench_common import env_info, time_cuda_graph, write_csv, write_json
 from eval.bench_decode import copy_bandwidth, kv_bytes_per_step, make_cache
-from kernels.decode import _sm_count, decode_attn, decode_block_n, decode_num_splits
+from kernels.decode import _sm_count, decode_attn, decode_block_n, decode_num_splits, decode_plan, decode_run
+
+# --matrix: (B, context) x heads (Hq, Hkv) x page size (None = contiguous) x Nq
+MATRIX_SHAPES = [(1, 16384), (1, 65536), (1, 131072), (4, 16384), (4, 65536)]
+MATRIX_HEADS = [(32, 32), (32, 8)]
+MATRIX_PAGES = [None, 16, 32, 256]
+MATRIX_NQ = [1, 4, 8]
+
+
+def matrix(out: str, budget_s: float) -> list:
+    """The ``--matrix`` run (module docstring); returns the rows."""
+    from attn_zoo.decode import gather_kv
+
+    t_end = time.time() + budget_s
+    copy_gbps = copy_bandwidth()
+    print(f"copy bandwidth {copy_gbps:.0f} GB/s, {_sm_count(torch.device('cuda'))} SMs", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    D, dt = 128, torch.bfloat16
+    done = False
+    for B, ctx in MATRIX_SHAPES:
+        for Hq, Hkv in MATRIX_HEADS:
+            for ps in MATRIX_PAGES:
+                if done or time.time() > t_end:
+                    done = True
+                    break
+                k, v, bt, seq = make_cache(B, Hkv, ctx, D, dt, ps is not None, ps or 0, gen)
+                kc, vc = (k, v) if bt is None else gather_kv(k, v, bt, ctx, seq)
+                nbytes = kv_bytes_per_step(B, Hkv, ctx, D)
+                for Nq in MATRIX_NQ:
+                    if time.time() > t_end:
+                        done = True
+                        break
+                    q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dt, generator=gen)
+                    base = dict(B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq)
+                    mask = None
+                    if Nq > 1:
+                        i = torch.arange(Nq, device="cuda").view(-1, 1) + ctx - Nq
+                        mask = torch.arange(ctx, device="cuda").view(1, -1) <= i
+                    try:
+                        plan = decode_plan(q, k, v, bt)
+                        ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt))
+                        o = decode_run(plan, q, k, v, seq, bt).clone()
+                        sd_ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(
+                            q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv))
+                        ref = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv)
+                        err = float((o.float() - ref.float()).abs().max())
+                    except Exception as e:  # noqa: BLE001 - record and go on
+                        rows.append(dict(base, error=f"{type(e).__name__}: {str(e)[:100]}"))
+                        print(base, "error", e, flush=True)
+                        continue
+                    fr = nbytes / (ms * 1e-3) / 1e9 / copy_gbps
+                    sfr = nbytes / (sd_ms * 1e-3) / 1e9 / copy_gbps
+                    rows.append(dict(base, block_n=plan.block_n, block_m=plan.block_m, num_splits=plan.num_splits,
+                                     ms=ms, frac=fr, sdpa_ms=sd_ms, sdpa_frac=sfr, err=err))
+                    print(f"B{B} {ctx // 1024:>4d}k {Hq}:{Hkv:<2d} page {ps or '-':>4} Nq {Nq}: ours {fr:.2f} "
+                          f"(S {plan.num_splits}, bn {plan.block_n})  sdpa {sfr:.2f}  err {err:.1e}", flush=True)
+                del k, v, bt, kc, vc
+                torch.cuda.empty_cache()
+    if done:
+        print("budget spent: stopped early", flush=True)
+    write_csv(rows, os.path.join(out, "decode_matrix.csv"))
+    write_json(rows, os.path.join(out, "decode_matrix.json"), env=dict(env_info(), copy_gbps=copy_gbps))
+    return rows
 
 # (name, B, Hq, Hkv, context, page_size or None, Nq)
 CASES = [
@@ -46,8 +118,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--matrix", action="store_true", help="the issue-29 decode matrix at the defaults (docstring)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.matrix:
+        matrix(args.out, args.budget_s)
+        return
     t_end = time.time() + args.budget_s
     copy_gbps = copy_bandwidth()
     print(f"copy bandwidth {copy_gbps:.0f} GB/s", flush=True)

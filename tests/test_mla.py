@@ -177,3 +177,30 @@ def test_config_yaml_builds_the_mla_mixer():
     assert model.layer_labels == ["mla", "flash"]
     assert isinstance(model.blocks[0].attn, MLA) and model.blocks[0].attn.qk_head_dim == 16 + 8
     assert model.generate(torch.zeros(1, 3, dtype=torch.long), 2).shape == (1, 5)
+
+
+def test_absorbed_decode_runs_on_the_decode_kernel():
+    """backend='triton': the absorbed step reads the latent cache in place through the decode kernel with
+    D = r + D_rope = 84 (not a power of two) for q.k and Dv = r = 64 for the values (issue 26 item 4); the
+    decode kernel is called (patched to count) and the chunks equal the full forward."""
+    import kernels.decode as kd
+
+    m = _mla(dtype=torch.float32, q_lora_rank=24, kv_lora_rank=64, qk_rope_dim=20)
+    m.backend = "triton"
+    x = torch.randn(2, 9, 64)
+    calls = []
+    real = kd.decode_run
+
+    def counting(plan, *a, **kw):
+        calls.append((plan.D, plan.Dv))
+        return real(plan, *a, **kw)
+
+    kd.decode_run = counting
+    try:
+        cache = m.new_cache(2, 16, torch.float32, "cpu")
+        parts = [m(x[:, :5], cache, 0), m(x[:, 5:6], cache, 5), m(x[:, 6:9], cache, 6)]
+    finally:
+        kd.decode_run = real
+    assert calls == [(84, 64), (84, 64)]
+    m.backend = "reference"
+    torch.testing.assert_close(torch.cat(parts, 1), m(x), atol=1e-4, rtol=1e-4)

@@ -8,14 +8,14 @@
 """
 
 from .attention import (DECODE_BACKENDS, check_decode_inputs, decode_attention, decode_attention_reference,
-                        decode_attention_torch, decode_attention_triton)
+                        decode_attention_torch, decode_attention_triton, make_decode_plan)
 from .cache import KVCache, append_kv, cache_capacity, gather_kv
 from .linear import LinearState, linear_decode, linear_prefill
 from .memory import cache_bytes, cache_bytes_per_token, layer_cache_bytes, max_context, memory_table, variant_presets
 
 __all__ = [
     "decode_attention", "decode_attention_reference", "decode_attention_torch", "decode_attention_triton",
-    "check_decode_inputs", "DECODE_BACKENDS", "append_kv", "gather_kv", "cache_capacity", "KVCache",
+    "make_decode_plan", "check_decode_inputs", "DECODE_BACKENDS", "append_kv", "gather_kv", "cache_capacity", "KVCache",
     "LinearState", "linear_prefill", "linear_decode",
     "cache_bytes", "cache_bytes_per_token", "layer_cache_bytes", "max_context", "memory_table", "variant_presets",
 ]

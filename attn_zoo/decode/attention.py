@@ -37,11 +37,12 @@ DECODE_BACKENDS = ("triton", "torch", "reference")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, check_values: bool = True) -> None:
+def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, check_values: bool = True,
+                        cache_leftpad=None) -> None:
     """Validate the arguments of :func:`decode_attention`; raises ``ValueError`` / ``TypeError`` naming the argument.
 
-    ``check_values`` also checks ``Nq <= cache_seqlens[b] <= capacity`` and the page indices in use (one host
-    sync).
+    ``check_values`` also checks ``Nq <= cache_seqlens[b] <= capacity``, the page indices in use and
+    ``0 <= cache_leftpad[b] <= cache_seqlens[b] - Nq`` (one host sync).
     """
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
@@ -58,7 +59,7 @@ def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=No
     B, Hq, Nq, D = q.shape
     if min(B, Hq, Nq, D) < 1:
         raise ValueError(f"q must have B, Hq, Nq, D >= 1, got shape {tuple(q.shape)}")
-    check_cache_layout(k_cache, v_cache, block_table, B, head_dim=D, dtype=q.dtype)
+    check_cache_layout(k_cache, v_cache, block_table, B, head_dim=D, dtype=q.dtype, allow_dv=True)
     if k_cache.device != q.device:
         raise ValueError(f"q is on {q.device}, k_cache on {k_cache.device}")
     Hkv = k_cache.shape[1]
@@ -68,23 +69,61 @@ def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=No
     cap = cache_capacity(k_cache, block_table)
     if Nq > cap:
         raise ValueError(f"Nq={Nq} new tokens exceed the cache capacity of {cap} tokens")
+    if cache_leftpad is not None:
+        if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32 \
+                or cache_leftpad.shape != (B,):
+            raise TypeError(f"cache_leftpad must be an int32 tensor of shape (B={B},), got "
+                            f"{getattr(cache_leftpad, 'dtype', type(cache_leftpad).__name__)} "
+                            f"{tuple(getattr(cache_leftpad, 'shape', ()))}")
+        if cache_leftpad.device != q.device:
+            raise ValueError(f"cache_leftpad is on {cache_leftpad.device}, q on {q.device}")
     if check_values:
         check_cache_values(cache_seqlens, cap, block_table, k_cache.shape[0], k_cache.shape[2], min_len=Nq)
+        if cache_leftpad is not None:
+            for b, (lp, n) in enumerate(zip(cache_leftpad.tolist(), cache_seqlens.tolist())):
+                if lp < 0 or lp > n - Nq:
+                    raise ValueError(f"cache_leftpad[{b}]={lp} must be in [0, cache_seqlens[{b}] - Nq = {n - Nq}]: "
+                                     f"the first visible key, at or before the first new query")
 
 
 # --------------------------------------------------------------------------------------------- reference
-def decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False):
+def _leftpad_reference(q, k, v, spec, first: int):
+    """fp32 softmax attention with the mask of ``mask_info(spec, Nq, Nk)`` and keys ``j < first`` hidden."""
+    from ..reference import repeat_kv, upcast
+
+    Nq, Nk = q.shape[2], k.shape[2]
+    n_rep = q.shape[1] // k.shape[1]
+    qf, kf, vf = upcast(q), repeat_kv(upcast(k), n_rep), repeat_kv(upcast(v), n_rep)
+    hidden = (torch.arange(Nk, device=q.device) < first).view(1, 1, -1, 1)  # never read: NaN there stays out
+    kf, vf = kf.masked_fill(hidden, 0.0), vf.masked_fill(hidden, 0.0)
+    allowed = mask_info(spec, Nq, Nk).dense(q.device) & (torch.arange(Nk, device=q.device) >= first).view(1, -1)
+    s = (qf @ kf.transpose(-1, -2) * spec.scale(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == float("-inf"), 0.0, m)
+    e = torch.where(allowed, torch.exp(s - m), 0.0)
+    l = e.sum(-1, keepdim=True)
+    out = ((e / torch.where(l == 0, 1.0, l)) @ vf).to(q.dtype)
+    return out, (m + torch.log(l)).squeeze(-1)
+
+
+def decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False,
+                               cache_leftpad=None):
     """Ground truth: per sequence, keys ``0 .. cache_seqlens[b] - 1`` gathered and
     :func:`attn_zoo.softmax_attention_reference` run with ``Nk = cache_seqlens[b]`` (fp32, dense mask of
-    :func:`attn_zoo.masks.mask_info`). Output ``(B, Hq, Nq, D)`` in ``q.dtype``; lse fp32 ``(B, Hq, Nq)``."""
+    :func:`attn_zoo.masks.mask_info`; with ``cache_leftpad`` also ``j >= cache_leftpad[b]``). Output
+    ``(B, Hq, Nq, Dv)`` in ``q.dtype``; lse fp32 ``(B, Hq, Nq)``."""
     outs, lses = [], []
     lens = cache_seqlens.tolist()
+    firsts = cache_leftpad.tolist() if cache_leftpad is not None else [0] * len(lens)
     for b, L in enumerate(lens):
         if block_table is None:
             kb, vb = k_cache[b: b + 1, :, :L], v_cache[b: b + 1, :, :L]
         else:
             kb, vb = gather_kv(k_cache, v_cache, block_table[b: b + 1], L, cache_seqlens[b: b + 1])
-        o, lse = softmax_attention_reference(q[b: b + 1], kb, vb, spec, return_lse=True)
+        if firsts[b] > 0:
+            o, lse = _leftpad_reference(q[b: b + 1], kb, vb, spec, firsts[b])
+        else:
+            o, lse = softmax_attention_reference(q[b: b + 1], kb, vb, spec, return_lse=True)
         outs.append(o)
         lses.append(lse)
     out = torch.cat(outs)
@@ -106,24 +145,30 @@ def _sees_all(spec: AttentionSpec, Nq: int, L: int, width: int) -> bool:
     return L == width and bool(mask_info(spec, Nq, L).dense("cpu").any(0).all())
 
 
-def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table=None):
-    """SDPA over the gathered cache with the per-sequence mask (see the module docstring)."""
+def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, cache_leftpad=None):
+    """SDPA over the gathered cache with the per-sequence mask (see the module docstring); ``cache_leftpad``
+    hides keys ``j < cache_leftpad[b]`` of row ``b``."""
     B, Hq, Nq, D = q.shape
     lens = cache_seqlens.tolist()
+    firsts = cache_leftpad.tolist() if cache_leftpad is not None else [0] * B
+    padded = any(f > 0 for f in firsts)
     L = max(lens)
     k, v = gather_kv(k_cache, v_cache, block_table, L, cache_seqlens)
     gqa = Hq != k.shape[1]
     scale = spec.scale(D)
     mi = mask_info(spec, Nq, L)
     plain = mi.is_plain_causal
-    if plain and Nq == 1 and all(n == L for n in lens):  # one query at the end sees every key
+    if plain and Nq == 1 and not padded and all(n == L for n in lens):  # one query at the end sees every key
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     dev = str(q.device)
     mask = torch.stack([_rows_mask(spec, Nq, n, L, dev) for n in lens]).unsqueeze(1)  # (B, 1, Nq, L)
+    if padded:
+        lp = torch.tensor(firsts, device=q.device).view(B, 1, 1, 1)
+        mask = mask & (torch.arange(L, device=q.device).view(1, 1, 1, L) >= lp)
     # keys no query of a sequence sees (outside its window / layout, slots past a shorter sequence's end: stale,
     # NaN or another sequence's page) are zeroed, as the prefill backends do (attn_zoo.masks.unseen_keys): SDPA's
     # additive mask would turn a NaN there into NaN rows
-    if not all(_sees_all(spec, Nq, n, L) for n in lens):  # host-side rule (cached): no device sync
+    if padded or not all(_sees_all(spec, Nq, n, L) for n in lens):  # host-side rule (cached): no device sync
         seen = mask.any(2).unsqueeze(-1)  # (B, 1, L, 1)
         k, v = k.masked_fill(~seen, 0.0), v.masked_fill(~seen, 0.0)
     empty = ~mask.any(-1, keepdim=True)
@@ -132,7 +177,7 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
 
 
 # --------------------------------------------------------------------------------------------- triton
-def _triton_reason(q, k_cache, spec) -> Optional[str]:
+def _triton_reason(q, k_cache, spec, v_cache=None) -> Optional[str]:
     from ..backends._triton import triton_input_reason
 
     why = triton_input_reason(q)
@@ -140,8 +185,9 @@ def _triton_reason(q, k_cache, spec) -> Optional[str]:
         return why
     if q.dtype == torch.bfloat16 and q.device.type != "cuda":
         return "bfloat16 is not supported by the CPU interpreter (its bf16 tl.dot is wrong); use float16 / float32"
-    if q.shape[-1] > 256:
-        return f"head dim D={q.shape[-1]} > 256 is not supported"
+    dv = q.shape[-1] if v_cache is None else v_cache.shape[-1]
+    if max(q.shape[-1], dv) > 1024:
+        return f"head dims D={q.shape[-1]}, Dv={dv}: at most 1024 are supported"
     if k_cache.stride(-1) != 1 or q.stride(-1) != 1:
         return "the head dim of q and the cache must be contiguous"
     if mask_info(spec, 1, 1).dilation != 1:
@@ -189,11 +235,24 @@ def _window_of(mi):
     return (mi.window_left, mi.window_right)
 
 
-def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False,
-                            **kernel_options):
-    """:func:`kernels.decode.decode_attn` with the spec's mask (window bounds as numbers, block layout + tiles),
-    whatever the kind: the terms come from :func:`attn_zoo.masks.mask_info` / :func:`decode_mask_terms`."""
-    from kernels.decode import DecodeSparse, decode_attn, decode_block_n, decode_sparse_tables
+def make_decode_plan(q, k_cache, v_cache, spec, block_table=None, *, return_lse: bool = False,
+                     has_leftpad: bool = False, sm_count=None, **kernel_options):
+    """A :class:`kernels.decode.DecodePlan` of the triton backend for ``spec``'s mask (plan once, then pass
+    ``plan=`` to :func:`decode_attention` at every step: no host work, no allocation, CUDA-graph safe).
+    Arguments as :func:`decode_attention` (values of ``q`` / the caches are not read); ``has_leftpad``: the steps
+    pass ``cache_leftpad``; ``sm_count``: SMs to fill (default the device's). Masks whose block layout depends
+    on each sequence's length (no ``decode_mask`` of the variant) have no plan: ``ValueError``."""
+    from kernels.decode import decode_plan
+
+    window, sparse, opts = _triton_terms(q, k_cache, spec, None, block_table, kernel_options)
+    return decode_plan(q, k_cache, v_cache, block_table, causal=spec.causal, window_size=window,
+                       softmax_scale=spec.scale(q.shape[-1]), sparse=sparse, return_lse=return_lse,
+                       has_leftpad=has_leftpad, sm_count=sm_count, **opts)
+
+
+def _triton_terms(q, k_cache, spec, cache_seqlens, block_table, kernel_options):
+    """``(window_size, DecodeSparse or None, kernel_options)`` of ``spec``'s mask for the decode kernel."""
+    from kernels.decode import DecodeSparse, decode_block_n, decode_sparse_tables
 
     B, _, Nq, D = q.shape
     cap = cache_capacity(k_cache, block_table)
@@ -206,6 +265,10 @@ def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_tabl
             lay, tables = _shared_layout(spec, Nq, cap, bn, str(q.device))
             sparse = DecodeSparse(lay, shared.block_size, tables)
     else:  # the layout depends on each sequence's length: one layout per sequence, padded to the capacity
+        if cache_seqlens is None:
+            raise ValueError(f"kind={spec.kind!r}: the block layout depends on each sequence's length (the variant "
+                             f"gives no decode_mask), so the decode kernel has no plan for it; call "
+                             f"decode_attention without plan=")
         lens = cache_seqlens.tolist()
         mis = [mask_info(spec, Nq, n) for n in lens]
         window, bs = _window_of(mis[0]), mis[0].block_size
@@ -221,15 +284,33 @@ def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_tabl
         sparse = DecodeSparse(lay, bs, decode_sparse_tables(lay, bs, bn))
     if sparse is not None:
         kernel_options = dict(kernel_options, block_n=bn)
+    return window, sparse, kernel_options
+
+
+def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, return_lse=False,
+                            cache_leftpad=None, plan=None, **kernel_options):
+    """:func:`kernels.decode.decode_attn` with the spec's mask (window bounds as numbers, block layout + tiles),
+    whatever the kind: the terms come from :func:`attn_zoo.masks.mask_info` / :func:`decode_mask_terms`.
+    ``plan``: a :func:`make_decode_plan` (its mask and tiles are used; ``kernel_options`` must be empty)."""
+    from kernels.decode import decode_attn, decode_run
+
+    if plan is not None:
+        if kernel_options:
+            raise ValueError(f"kernel options {sorted(kernel_options)} are the plan's; leave them out with plan=")
+        if bool(return_lse) != plan.return_lse:
+            raise ValueError(f"return_lse={return_lse} but the plan was made with return_lse={plan.return_lse}")
+        return decode_run(plan, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
+    window, sparse, opts = _triton_terms(q, k_cache, spec, cache_seqlens, block_table, kernel_options)
     return decode_attn(q, k_cache, v_cache, cache_seqlens, block_table, causal=spec.causal, window_size=window,
-                       softmax_scale=spec.scale(D), sparse=sparse, return_lse=return_lse, **kernel_options)
+                       softmax_scale=spec.scale(q.shape[-1]), sparse=sparse, return_lse=return_lse,
+                       cache_leftpad=cache_leftpad, **opts)
 
 
 # --------------------------------------------------------------------------------------------- interface
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spec: AttentionSpec, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor] = None, backend: str = "auto", *, return_lse: bool = False,
-    check_values: bool = True, **kernel_options,
+    check_values: bool = True, cache_leftpad: Optional[torch.Tensor] = None, **kernel_options,
 ):
     """Attention of ``Nq`` new queries over a KV cache (decode phase), any softmax variant.
 
@@ -245,19 +326,24 @@ def decode_attention(
         return_lse: also return the fp32 natural-log lse ``(B, Hq, Nq)`` (``triton`` / ``reference``).
         check_values: validate ``Nq <= cache_seqlens[b] <= capacity`` and the page indices in use (one host
             sync; callers that maintain the cache themselves, e.g. :class:`attn_zoo.decode.KVCache`, pass False).
-        kernel_options: ``triton`` only: ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``.
+        cache_leftpad: int32 ``(B,)`` or ``None``: the first key of the current document in each row's cache
+            (decode on a packed prefix; FlashAttention's name); keys ``j < cache_leftpad[b]`` are not seen,
+            positions (causal, window, block layout) stay absolute. Every backend.
+        kernel_options: ``triton`` only: ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, or ``plan``
+            (a :func:`make_decode_plan`: no host work and no allocation per step; the output is the plan's buffer).
 
     Returns:
-        ``(B, Hq, Nq, D)`` in ``q.dtype`` (and ``lse``). Rows that see no key are 0.
+        ``(B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``); ``Dv = v_cache.shape[-1]`` may differ from ``D``
+        (MLA's absorbed decode). Rows that see no key are 0.
 
     Raises:
         ValueError / TypeError: bad shapes or dtypes, ``Hq % Hkv != 0``, ``cache_seqlens`` past the cache or below
         ``Nq``, a page index out of range, a linear spec, an unknown backend or one that cannot run the input.
     """
-    check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, check_values)
+    check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, check_values, cache_leftpad)
     why = None
     if backend == "auto":
-        why = _triton_reason(q, k_cache, spec) if q.device.type == "cuda" else "auto uses it on CUDA only"
+        why = _triton_reason(q, k_cache, spec, v_cache) if q.device.type == "cuda" else "auto uses it on CUDA only"
         if why is None:
             backend = "triton"
         elif return_lse or (q.dtype == torch.float64 and q.is_cuda):
@@ -265,7 +351,7 @@ def decode_attention(
         else:
             backend = "torch"
     elif backend == "triton":
-        why = _triton_reason(q, k_cache, spec)
+        why = _triton_reason(q, k_cache, spec, v_cache)
     if backend not in DECODE_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(DECODE_BACKENDS)}")
     if kernel_options and backend != "triton":
@@ -273,9 +359,10 @@ def decode_attention(
     if backend == "triton":
         if why is not None:
             raise ValueError(f"backend='triton' cannot run this input: {why}")
-        return decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse, **kernel_options)
+        return decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse,
+                                       cache_leftpad, **kernel_options)
     if backend == "torch":
         if return_lse:
             raise ValueError("backend='torch' (SDPA) does not return the lse; use 'triton' or 'reference'")
-        return decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table)
-    return decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse)
+        return decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table, cache_leftpad)
+    return decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse, cache_leftpad)

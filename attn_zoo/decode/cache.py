@@ -39,9 +39,11 @@ def cache_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor] = 
 
 
 def check_cache_layout(k_cache, v_cache, block_table, batch: int, n_kv_heads: Optional[int] = None,
-                       head_dim: Optional[int] = None, dtype: Optional[torch.dtype] = None, of: str = "q") -> None:
+                       head_dim: Optional[int] = None, dtype: Optional[torch.dtype] = None, of: str = "q",
+                       allow_dv: bool = False) -> None:
     """Shape / dtype / device checks of a cache; raises ``ValueError`` / ``TypeError`` naming the argument
-    (``of``: the argument ``batch`` / ``n_kv_heads`` / ``head_dim`` / ``dtype`` come from, e.g. ``q`` or ``k_new``)."""
+    (``of``: the argument ``batch`` / ``n_kv_heads`` / ``head_dim`` / ``dtype`` come from, e.g. ``q`` or ``k_new``).
+    ``allow_dv``: ``v_cache``'s last dim (the value head dim ``Dv``) may differ from ``k_cache``'s."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -54,7 +56,7 @@ def check_cache_layout(k_cache, v_cache, block_table, batch: int, n_kv_heads: Op
             raise TypeError(f"{name}.dtype={t.dtype} must match {of}'s dtype {dtype}")
         if min(t.shape) < 1:
             raise ValueError(f"{name} must have every dimension >= 1, got shape {tuple(t.shape)}")
-    if k_cache.shape != v_cache.shape:
+    if (k_cache.shape[:3] != v_cache.shape[:3]) if allow_dv else (k_cache.shape != v_cache.shape):
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same shape")
     if k_cache.device != v_cache.device:
         raise ValueError(f"k_cache and v_cache must be on one device, got {k_cache.device} and {v_cache.device}")
@@ -189,10 +191,10 @@ def gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: Optiona
     if cache_seqlens is not None:
         used = torch.arange(n_pages, device=bt.device).view(1, -1) < (cache_seqlens.to(torch.int64).view(-1, 1) + ps - 1) // ps
         bt = torch.where(used, bt, torch.zeros_like(bt))
-    B, Hkv, D = bt.shape[0], k_cache.shape[1], k_cache.shape[3]
+    B, Hkv = bt.shape[0], k_cache.shape[1]
 
     def one(c):
-        return c[bt].permute(0, 2, 1, 3, 4).reshape(B, Hkv, n_pages * ps, D)[:, :, :length]
+        return c[bt].permute(0, 2, 1, 3, 4).reshape(B, Hkv, n_pages * ps, c.shape[3])[:, :, :length]
 
     return one(k_cache), one(v_cache)
 

@@ -1,0 +1,181 @@
+"""Decode kernel paths of issue 29 item 3 and issue 26 item 4, against the reference, tiny shapes (interpreter):
+
+* the plan / run split (``decode_plan`` / ``decode_run`` / ``make_decode_plan``): equal outputs on repeated runs,
+  no allocation in ``run`` (``torch.empty`` / ``zeros`` patched to fail), the plan's buffers / the given ``out``
+  written, split-K count from ``sm_count``;
+* several new queries (Nq 2..8) x GQA heads packed into one tile, windows, paged caches of 16 / 32 tokens read
+  with tiles of 64 keys (several pages per tile);
+* ``cache_leftpad`` (the first visible key of each row) on every backend, contiguous and paged;
+* ``Dv != D`` (MLA's absorbed decode reads a latent of ``D`` for q.k and ``Dv`` for the values).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from attn_zoo import AttentionSpec  # noqa: E402
+from attn_zoo.decode import decode_attention, make_decode_plan  # noqa: E402
+from kernels.decode import decode_attn, decode_attn_reference, decode_plan, decode_run  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+FLASH = AttentionSpec(kind="flash")
+WIN = AttentionSpec(kind="sliding_window", window_size=(20, 0))
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _randn(g, *shape):
+    return torch.randn(*shape, generator=g).to(DEV)
+
+
+def _cache(g, B, Hkv, D, cap, page_size=None, Dv=None):
+    Dv = Dv or D
+    if page_size is None:
+        return _randn(g, B, Hkv, cap, D), _randn(g, B, Hkv, cap, Dv), None
+    n = -(-cap // page_size)
+    bt = torch.randperm(B * n, generator=g).view(B, n).to(torch.int32).to(DEV)
+    return _randn(g, B * n, Hkv, page_size, D), _randn(g, B * n, Hkv, page_size, Dv), bt
+
+
+def test_plan_run_reuses_its_buffers_and_allocates_nothing(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hkv, Nq, D = 2, 4, 2, 3, 16
+    k, v, bt = _cache(g, B, Hkv, D, 96, 16)
+    q = _randn(g, B, Hq, Nq, D)
+    lens = torch.tensor([70, 41], dtype=torch.int32, device=DEV)
+    plan = decode_plan(q, k, v, bt, window_size=(30, 0), block_n=16, num_splits=3, return_lse=True)
+    assert plan.num_splits > 1 and plan.scratch is not None  # the split-K path (merge kernel) is exercised
+    want, want_lse = decode_attn_reference(q, k, v, lens, bt, window_size=(30, 0), return_lse=True)
+    ptrs = (plan.out.data_ptr(), plan.scratch[0].data_ptr(), plan.scratch[1].data_ptr())
+
+    def no_alloc(*a, **kw):
+        raise AssertionError("decode_run allocated a tensor")
+
+    for name in ("empty", "zeros", "empty_like", "zeros_like", "full", "tensor"):
+        monkeypatch.setattr(torch, name, no_alloc)
+    plan.out.fill_(float("nan"))
+    o1, l1 = decode_run(plan, q, k, v, lens, bt)
+    o1c, l1c = o1.clone(), l1.clone()
+    o2, l2 = decode_run(plan, q, k, v, lens, bt)
+    monkeypatch.undo()
+    assert o1.data_ptr() == o2.data_ptr() == ptrs[0]  # the plan's output buffer, written in place
+    assert (plan.out.data_ptr(), plan.scratch[0].data_ptr(), plan.scratch[1].data_ptr()) == ptrs
+    assert torch.equal(o1c, o2) and torch.equal(l1c, l2)
+    torch.testing.assert_close(o2, want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(l2, want_lse, atol=2e-5, rtol=2e-5)
+    out = torch.full_like(plan.out, float("nan"))
+    lse = torch.full_like(plan.lse, float("nan"))
+    r, rl = decode_run(plan, q, k, v, lens, bt, out=out, lse=lse)
+    assert r is out and rl is lse and torch.equal(out, o2) and torch.equal(lse, l2)
+
+
+def test_plan_split_count_follows_the_sm_count_and_refuses_another_shape():
+    g = torch.Generator().manual_seed(1)
+    k, v, _ = _cache(g, 1, 2, 16, 512)
+    q = _randn(g, 1, 4, 1, 16)
+    few = decode_plan(q, k, v, sm_count=1, block_n=16)
+    many = decode_plan(q, k, v, sm_count=132, block_n=16)
+    assert few.num_splits == 1 and many.num_splits > few.num_splits and many.grid[0] == many.num_splits
+    with pytest.raises(ValueError, match="does not match the plan"):
+        decode_run(many, _randn(g, 1, 4, 2, 16), k, v, torch.tensor([9], dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="has_leftpad=False"):
+        decode_run(many, q, k, v, torch.tensor([9], dtype=torch.int32, device=DEV),
+                   cache_leftpad=torch.tensor([2], dtype=torch.int32, device=DEV))
+
+
+def test_make_decode_plan_through_decode_attention():
+    g = torch.Generator().manual_seed(2)
+    k, v, bt = _cache(g, 2, 1, 16, 64, 16)
+    q = _randn(g, 2, 4, 2, 16)
+    lens = torch.tensor([33, 64], dtype=torch.int32, device=DEV)
+    plan = make_decode_plan(q, k, v, WIN, bt, sm_count=4)
+    a = decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan=plan)
+    assert a.data_ptr() == plan.out.data_ptr()
+    torch.testing.assert_close(a, decode_attention(q, k, v, WIN, lens, bt, backend="reference"), atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="plan"):
+        decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan=plan, num_splits=2)
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 32], ids=["contiguous", "page16", "page32"])
+@pytest.mark.parametrize("Nq", [2, 5, 8])
+def test_several_queries_gqa_packed_several_pages_per_tile(page_size, Nq):
+    """Nq queries x G = 4 heads per K/V head in one tile's M dim; tiles of 64 keys over pages of 16 / 32 (4 / 2
+    pages per tile); a window whose first and last queries start in different tiles; ragged lengths."""
+    g = torch.Generator().manual_seed(10 + Nq)
+    B, Hq, Hkv, D = 3, 8, 2, 16
+    k, v, bt = _cache(g, B, Hkv, D, 192, page_size)
+    q = _randn(g, B, Hq, Nq, D)
+    lens = torch.tensor([Nq, 101, 192], dtype=torch.int32, device=DEV)
+    for spec in (FLASH, AttentionSpec(kind="sliding_window", window_size=(61, 0))):
+        want = decode_attention(q, k, v, spec, lens, bt, backend="reference")
+        for splits in (1, 3):
+            got = decode_attention(q, k, v, spec, lens, bt, backend="triton", block_n=64, num_splits=splits)
+            torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
+def test_cache_leftpad_every_backend(page_size):
+    """Row b sees keys [cache_leftpad[b], cache_seqlens[b]); keys before it are NaN and must not leak; the
+    reference differs from the unpadded result (the argument is not ignored)."""
+    g = torch.Generator().manual_seed(3)
+    B, Hq, Hkv, D, Nq = 3, 4, 2, 16, 3
+    k, v, bt = _cache(g, B, Hkv, D, 96, page_size)
+    q = _randn(g, B, Hq, Nq, D)
+    lens = torch.tensor([90, 40, 17], dtype=torch.int32, device=DEV)
+    pad = torch.tensor([37, 0, 14], dtype=torch.int32, device=DEV)  # row 2: the first key is the first query's
+    want0 = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
+    for b, p in enumerate(pad.tolist()):  # poison the hidden keys
+        for j in range(p):
+            if bt is None:
+                k[b, :, j] = v[b, :, j] = float("nan")
+            else:
+                pg = int(bt[b, j // page_size])
+                k[pg, :, j % page_size] = v[pg, :, j % page_size] = float("nan")
+    for spec in (FLASH, AttentionSpec(kind="sliding_window", window_size=(45, 0))):
+        want = decode_attention(q, k, v, spec, lens, bt, backend="reference", cache_leftpad=pad)
+        assert torch.isfinite(want).all()
+        for backend, opts in (("torch", {}), ("triton", {"block_n": 16}), ("triton", {"num_splits": 3})):
+            got = decode_attention(q, k, v, spec, lens, bt, backend=backend, cache_leftpad=pad, **opts)
+            torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"{spec.kind} {backend} {opts}")
+    assert not torch.allclose(want[0], want0[0])
+    torch.testing.assert_close(want[1], want0[1])  # pad 0 on row 1: unchanged
+    with pytest.raises(ValueError, match=r"cache_leftpad\[2\]=15"):
+        decode_attention(q, k, v, FLASH, lens, bt, backend="reference",
+                         cache_leftpad=torch.tensor([0, 0, 15], dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
+def test_value_head_dim_differs_from_the_key_head_dim(page_size):
+    """D = 48 for q.k (not a power of two), Dv = 32 for the values, GQA, Nq = 2, split-K."""
+    g = torch.Generator().manual_seed(4)
+    B, Hq, Hkv, D, Dv = 2, 4, 1, 48, 32
+    k, v, bt = _cache(g, B, Hkv, D, 80, page_size, Dv=Dv)
+    q = _randn(g, B, Hq, 2, D)
+    lens = torch.tensor([80, 23], dtype=torch.int32, device=DEV)
+    want = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
+    assert want.shape == (B, Hq, 2, Dv)
+    torch.testing.assert_close(decode_attention(q, k, v, FLASH, lens, bt, backend="torch"), want, atol=3e-5, rtol=3e-5)
+    for splits in (1, 2):
+        got = decode_attention(q, k, v, FLASH, lens, bt, backend="triton", num_splits=splits)
+        torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
+    ref = decode_attn_reference(q, k, v, lens, bt)
+    torch.testing.assert_close(decode_attn(q, k, v, lens, bt), ref, atol=3e-5, rtol=3e-5)
+
+
+def test_page_sizes_that_divide_the_tile_or_not():
+    """Pages of 1 / 8 tokens (64 / 8 whole pages per 64-key tile) and 24 (neither divides nor is a multiple of
+    the tile: one lookup per key), a length that ends mid-page, GQA, Nq = 2."""
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, D = 2, 4, 2, 16
+    q = _randn(g, B, Hq, 2, D)
+    lens = torch.tensor([45, 130], dtype=torch.int32, device=DEV)
+    for ps in (1, 8, 24):
+        k, v, bt = _cache(g, B, Hkv, D, 144, ps)
+        want = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
+        got = decode_attention(q, k, v, FLASH, lens, bt, backend="triton", block_n=64, num_splits=2)
+        torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"page_size={ps}")
