@@ -43,3 +43,10 @@ def test_wikitext_reader(tmp_path):
     p = tmp_path / "w.txt"
     p.write_text(" \n = A = \n x\n = = S = = \n yy\n = B = \n é\n", encoding="utf-8")
     assert dl.wikitext_article_lengths(str(p)) == [len(" = A = \n x\n = = S = = \n yy\n"), len(" = B = \n é\n".encode())]
+
+
+def test_cli_writes_table(tmp_path):
+    from eval import doclen as cli
+    cli.main(["--c2", "1", "--c-lin", "32", "--N", "1024", "--families", "fixed", "--out", str(tmp_path)])
+    rows = (tmp_path / "doclen.csv").read_text().splitlines()
+    assert rows[0].startswith("N,family,n_star_mean") and abs(float(rows[1].split(",")[2]) - 64) <= 2
