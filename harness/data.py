@@ -428,3 +428,73 @@ class MQARDataModule(L.LightningDataModule):
         """The validation examples in order; in DDP each once over the ranks (:func:`val_sampler`)."""
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
                           collate_fn=collate_batched, sampler=val_sampler(self, self.val_set, "data.num_val"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packed documents (issue 27 item 1, first step: splitting and packing; not yet wired into TextDataModule).
+_WIKI_ARTICLE = None
+
+
+def split_documents(text: str, rule: str) -> list:
+    """Split a corpus into documents (strings).
+
+    rule: "wikitext" -- an article starts at a line ` = Title = ` (exactly one `=` each side; ` = = Section = = `
+    lines are sections and stay inside their article); text before the first title is its own document.
+    "blank_line" -- documents are separated by one or more blank lines (Tiny Shakespeare: one speech each).
+    "whole" -- the whole text is one document. Raises ValueError naming `rule` and the allowed values.
+    """
+    import re
+    global _WIKI_ARTICLE
+    if rule == "whole":
+        return [text] if text else []
+    if rule == "blank_line":
+        return [d for d in re.split(r"\n\s*\n", text) if d.strip()]
+    if rule == "wikitext":
+        if _WIKI_ARTICLE is None:
+            _WIKI_ARTICLE = re.compile(r"^ = [^=](.*[^=])? = $")
+        docs, cur = [], []
+        for line in text.splitlines(keepends=True):
+            if _WIKI_ARTICLE.match(line.rstrip("\n")) and cur:
+                docs.append("".join(cur))
+                cur = []
+            cur.append(line)
+        if cur:
+            docs.append("".join(cur))
+        return [d for d in docs if d.strip()]
+    raise ValueError(f"rule must be one of 'wikitext', 'blank_line', 'whole', got {rule!r}")
+
+
+def pack_documents(docs: Sequence[np.ndarray], seq_len: int, eos: Optional[int] = None) -> dict:
+    """Concatenate tokenized documents (each 1-D int array, optionally followed by `eos`) and cut the stream into
+    rows of `seq_len + 1` tokens (inputs and shifted targets), documents crossing rows are split there.
+
+    Returns dict with int64 tensors `tokens (R, seq_len + 1)`, `doc_ids (R, seq_len + 1)` (global document index,
+    nondecreasing along each row), `positions (R, seq_len + 1)` (position inside the document, restarting at 0),
+    and counts `tokens_kept`, `tokens_dropped` (the tail shorter than one row), `docs_kept`, `docs_dropped`
+    (documents that lie wholly in the dropped tail or are empty). Nothing is dropped without being counted.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    toks, ids, pos = [], [], []
+    n_empty = 0
+    for d, doc in enumerate(docs):
+        doc = np.asarray(doc, dtype=np.int64)
+        if eos is not None:
+            doc = np.concatenate([doc, np.array([eos], dtype=np.int64)])
+        if doc.size == 0:
+            n_empty += 1
+            continue
+        toks.append(doc)
+        ids.append(np.full(doc.size, d, dtype=np.int64))
+        pos.append(np.arange(doc.size, dtype=np.int64))
+    cat = (lambda xs: np.concatenate(xs)) if toks else (lambda xs: np.zeros(0, dtype=np.int64))
+    t, i, p = cat(toks), cat(ids), cat(pos)
+    row = seq_len + 1
+    rows = t.size // row
+    kept = rows * row
+    kept_docs = np.unique(i[:kept]).size
+    out = {k: torch.from_numpy(a[:kept].reshape(rows, row).copy()) for k, a in (("tokens", t), ("doc_ids", i),
+                                                                                 ("positions", p))}
+    out.update(tokens_kept=int(kept), tokens_dropped=int(t.size - kept), docs_kept=int(kept_docs),
+               docs_dropped=int(len(docs) - kept_docs))
+    return out
