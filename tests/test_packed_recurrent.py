@@ -166,3 +166,24 @@ def test_mixer_doc_ids_shape_error():
     m = DeltaNet(16, 2, 8, kernel="naive")
     with pytest.raises(ValueError, match="doc_ids"):
         m(torch.randn(1, 5, 16), doc_ids=torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_triton_ssd_scan_resets_inside_chunks_with_grads():
+    """kernels.ssd (interpreter): boundaries inside 16-chunks, a length-1 document, an id gap, an initial state."""
+    from kernels.ssd import ssd_scan
+
+    torch.manual_seed(7)
+    B, T, H, P, G, N = 2, 37, 2, 16, 1, 16
+    docs = torch.tensor([[0] * 3 + [1] * 14 + [2] + [5] * 19, [3] * 37])
+    ins = [torch.randn(B, T, H, P), -torch.rand(B, T, H), torch.randn(B, T, G, N), torch.randn(B, T, G, N),
+           torch.randn(B, H, N, P)]
+    ins = [t.requires_grad_() for t in ins]
+    yk, Sk = ssd_scan(*ins, chunk_size=16, doc_ids=docs)
+    yn, Sn = ssd_scan_naive(*ins, doc_ids=docs)
+    torch.testing.assert_close(yk, yn, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(Sk, Sn, atol=1e-4, rtol=1e-4)
+    gy, gS = torch.randn_like(yn), torch.randn_like(Sn)
+    gk = torch.autograd.grad((yk * gy).sum() + (Sk * gS).sum(), ins)
+    gn = torch.autograd.grad((yn * gy).sum() + (Sn * gS).sum(), ins)
+    for a, b in zip(gk, gn):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)

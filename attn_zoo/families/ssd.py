@@ -146,20 +146,18 @@ def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backen
     (:func:`ssd_scan_naive`) or ``auto`` (triton on CUDA, else torch). Returns ``y (B, T, H, P)`` in ``x.dtype``
     and the final state ``(B, H, N, P)`` fp32. Differentiable in every tensor argument.
     ``doc_ids (B, T)`` int or None: the state restarts at each document start (``initial_state`` belongs to the
-    document at position 0); ``triton`` does not take documents yet (``auto`` then picks ``torch``).
-    Raises ``ValueError`` naming ``backend`` for an unknown one, or for ``triton`` with ``doc_ids``."""
+    document at position 0), in every backend.
+    Raises ``ValueError`` naming ``backend`` for an unknown one."""
     if backend not in SSD_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
     if backend == "auto":
-        backend = "triton" if x.is_cuda and x.dtype != torch.float64 and doc_ids is None else "torch"
-    if doc_ids is not None and backend == "triton":
-        raise ValueError("backend='triton' of ssd does not take doc_ids yet; backends that do: torch, naive")
+        backend = "triton" if x.is_cuda and x.dtype != torch.float64 else "torch"
     xdt = x * dt[..., None].to(x.dtype)
     a = dt.float() * A.float()
     if backend == "triton":
         from kernels.ssd import ssd_scan
 
-        y, S = ssd_scan(xdt, a, B.to(x.dtype), C.to(x.dtype), initial_state, chunk_size)
+        y, S = ssd_scan(xdt, a, B.to(x.dtype), C.to(x.dtype), initial_state, chunk_size, doc_ids=doc_ids)
     elif backend == "torch":
         y, S = ssd_scan_chunked(xdt, a, B, C, initial_state, chunk_size, doc_ids)
     else:
@@ -294,8 +292,7 @@ class Mamba2(nn.Module):
             y = y[:, None]
         else:
             s0 = cache.ssm if cache is not None and cache.n > 0 else None
-            kern = "torch" if doc_ids is not None and self.kernel == "triton" else self.kernel
-            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, kern, doc_ids)
+            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, self.kernel, doc_ids)
         if cache is not None:
             cache.ssm, cache.n = S.detach().float(), cache.n + T
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
