@@ -206,3 +206,17 @@ def test_triton_taylor_parallel_document_mask_with_grads(causal, Nq):
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_deltanet_decode_after_packed_prefix(gated):
+    torch.manual_seed(9)
+    m = (GatedDeltaNet if gated else DeltaNet)(16, 2, 8, kernel="naive").double()
+    x = torch.randn(1, 10, 16, dtype=f64)
+    docs = torch.tensor([[0] * 6 + [1] * 3])
+    c1 = m.new_cache(1, 16, f64, "cpu")
+    m(x[:, :9], c1, doc_ids=docs)
+    y1 = m(x[:, 9:], c1, pos=9)
+    c2 = m.new_cache(1, 16, f64, "cpu")
+    m(x[:, 6:9], c2)
+    torch.testing.assert_close(y1, m(x[:, 9:], c2, pos=3))
