@@ -141,6 +141,7 @@ def softmax_attention_reference(
 def linear_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
     feature_q: Optional[torch.Tensor] = None, feature_k: Optional[torch.Tensor] = None,
+    doc_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Kernelized attention, masked quadratic form (Katharopoulos et al. 2020, eq. 4 and 9):
 
@@ -148,6 +149,9 @@ def linear_attention_reference(
     mask (bottom-right aligned) or all-ones. Computed in fp32 with the ``(Nq, Nk)`` matrix materialised; masked
     pairs contribute nothing (module docstring).
     ``feature_q`` / ``feature_k`` may pass precomputed ``phi(q)``, ``phi(k)`` ``(B, H, N, F)``.
+    ``doc_ids`` int ``(B, Nk)`` (nondecreasing; query ``i`` in the document of key ``Nk - Nq + i``): ``M`` is also
+    restricted to pairs of the same document. For causal linear attention that is exactly the recurrent state
+    restarting at each document start (:func:`linear_attention_recurrent` with ``doc_ids``).
     """
     Hq, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
     n_rep = Hq // k.shape[1]
@@ -158,15 +162,53 @@ def linear_attention_reference(
     if spec.causal:
         i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
         allowed = torch.arange(Nk, device=q.device).view(1, -1) <= i  # (Nq, Nk)
+    if doc_ids is not None:  # (B, 1, Nq, Nk) masks: plain where (the non-finite guards take a 2-D mask)
+        allowed = document_mask(doc_ids, Nq)[:, None] & (True if allowed is None else allowed)
+        a = torch.where(allowed, fq @ fk.transpose(-1, -2), 0.0)
+        return ((a @ vf) / (a.sum(-1, keepdim=True) + spec.eps)).to(q.dtype)
     a = _scores(fq, fk, allowed, 0.0)  # (B, Hq, Nq, Nk), exact zeros where masked
     num = _matmul(a, vf, allowed)
     den = a.sum(-1, keepdim=True) + spec.eps
     return (num / den).to(q.dtype)
 
 
+def check_doc_ids(doc_ids: torch.Tensor, B: int, N: int, device) -> torch.Tensor:
+    """Validate ``doc_ids`` (int ``(B, N)``, nondecreasing along the sequence, on ``device``); returns it as int64.
+    Raises ``ValueError`` naming ``doc_ids``."""
+    if doc_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"doc_ids must be int32 or int64, got {doc_ids.dtype}")
+    if tuple(doc_ids.shape) != (B, N):
+        raise ValueError(f"doc_ids must have shape (B, Nk) = {(B, N)}, got {tuple(doc_ids.shape)}")
+    if doc_ids.device != torch.device(device) and not (doc_ids.device.type == torch.device(device).type):
+        raise ValueError(f"doc_ids must be on {device}, got {doc_ids.device}")
+    d = doc_ids.long()
+    if N > 1 and bool((d[:, 1:] < d[:, :-1]).any()):
+        raise ValueError("doc_ids must be nondecreasing along the sequence (each document one contiguous run)")
+    return d
+
+
+def document_mask(doc_ids: torch.Tensor, Nq: int) -> torch.Tensor:
+    """``(B, Nq, Nk)`` bool: query ``i`` (at key position ``Nk - Nq + i``) and key ``j`` in the same document.
+    Queries above the first key (``Nq > Nk``) are in no document (all False)."""
+    d = doc_ids.long()
+    B, Nk = d.shape
+    pos = torch.arange(Nq, device=d.device) + (Nk - Nq)
+    dq = d[:, pos.clamp(min=0)]
+    same = dq[:, :, None] == d[:, None, :]
+    return same & (pos >= 0).view(1, -1, 1)
+
+
+def document_starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, N)`` bool: position ``t`` starts a document (``t == 0`` or ``doc_ids[t] != doc_ids[t - 1]``)."""
+    d = doc_ids.long()
+    st = torch.ones_like(d, dtype=torch.bool)
+    st[:, 1:] = d[:, 1:] != d[:, :-1]
+    return st
+
+
 def linear_attention_recurrent(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
-    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, doc_ids: Optional[torch.Tensor] = None,
 ):
     """Step-by-step recurrent causal form in fp32 (Katharopoulos et al. 2020, eq. 18-20): the naive form the
     Triton linear kernel (:func:`kernels.linear.linear_attention`) is tested against.
@@ -174,6 +216,8 @@ def linear_attention_recurrent(
     ``S_i = S_{i-1} + phi(k_i)^T v_i``, ``z_i = z_{i-1} + phi(k_i)``, ``out_i = phi(q_i) S_i / (phi(q_i) . z_i + eps)``;
     features ``fq (B, Hq, N, F)``, ``fk (B, Hkv, N, F)``, ``v (B, Hkv, N, Dv)``. Returns fp32 ``out`` and ``(S, z)``.
     Differentiable (plain autograd); O(N) Python steps: small N only.
+    ``doc_ids (B, N)``: ``(S, z)`` restart from zero at each document start (the initial state belongs to the
+    document running at position 0).
     """
     B, Hq, N, F = fq.shape
     Hkv, Dv = fk.shape[1], v.shape[3]
@@ -184,8 +228,12 @@ def linear_attention_recurrent(
         z = fq.new_zeros(B, Hkv, F)
     else:
         S, z = initial_state[0].float(), initial_state[1].float()
+    starts = document_starts(doc_ids) if doc_ids is not None else None
     outs = []
     for i in range(N):
+        if starts is not None and i > 0:
+            keep = (~starts[:, i]).to(S.dtype).view(B, 1, 1, 1)
+            S, z = S * keep, z * keep[..., 0]
         S = S + fk[:, :, i, :, None] * v[:, :, i, None, :]
         z = z + fk[:, :, i]
         Sg = S.repeat_interleave(G, dim=1)

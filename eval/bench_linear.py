@@ -170,6 +170,81 @@ def check_correctness(dev):
     return rows
 
 
+def _doc_lengths(total, mean, kind, gen):
+    """Document lengths summing to ``total``: ``fixed`` (all ``mean``) or ``geometric`` (mean ``mean``)."""
+    out, left = [], total
+    while left > 0:
+        n = mean if kind == "fixed" else int(torch.empty(1).geometric_(1.0 / mean, generator=gen).item())
+        n = max(1, min(n, left))
+        out.append(n)
+        left -= n
+    return out
+
+
+def bench_varlen(args, dev, dtype, H, D):
+    """Packed documents (issue 27): one row of ``--tokens`` tokens (B = 1), fwd+bwd, causal, elu1 features.
+    ``fla_linear_varlen`` / ``fla_simple_gla_varlen``: fla's chunked kernels with ``cu_seqlens``; ``torch_docs``:
+    our chunked PyTorch path with ``doc_ids`` (state reset); ``ours_nodocs``: our Triton kernel without documents
+    (the unpacked cost, the speed a document-aware kernel should keep); ``taylor_parallel_docs``: the Taylor map's
+    parallel kernel with the document mask."""
+    from attn_zoo.backends.torch_linear import chunked_linear_attention
+
+    rows, N = [], args.tokens
+    gen = torch.Generator().manual_seed(0)
+    for spec in args.varlen.split(","):
+        kind, mean = spec.split(":") if ":" in spec else ("fixed", spec)
+        lens = _doc_lengths(N, int(mean), kind, gen)
+        cu = torch.tensor([0] + lens, device=dev).cumsum(0).to(torch.int32)
+        doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))[None]
+        g = torch.Generator(device=dev).manual_seed(1)
+        q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype, generator=g) for _ in range(3))
+        fq, fk = (Fn.elu(q.float()) + 1).to(dtype), (Fn.elu(k.float()) + 1).to(dtype)
+        M = {}
+        L = [t.detach().clone().requires_grad_() for t in (fq, fk, v)]
+        M["torch_docs"] = (lambda L=L: chunked_linear_attention(L[0], L[1], L[2], True, 1e-6, 64, doc), L)
+        try:
+            from kernels.linear import linear_attention
+
+            L2 = [t.detach().clone().requires_grad_() for t in (fq, fk, v)]
+            M["ours_nodocs"] = (lambda L=L2: linear_attention(L[0], L[1], L[2], causal=True), L2)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(limit=2)
+        try:
+            from kernels.taylor import taylor_parallel
+
+            L3 = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            M["taylor_parallel_docs"] = (lambda L=L3: taylor_parallel(L[0], L[1], L[2], True, 1e-6, doc), L3)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(limit=2)
+        Lf = [t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (fq, fk, v)]  # (1, T, H, D)
+        try:
+            from fla.ops.linear_attn import chunk_linear_attn
+
+            M["fla_linear_varlen"] = (lambda L=Lf: chunk_linear_attn(L[0], L[1], L[2], scale=1.0, normalize=True,
+                                                                     cu_seqlens=cu)[0], Lf)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(limit=2)
+        try:
+            from fla.ops.simple_gla import chunk_simple_gla
+
+            Lg = [t.detach().clone().requires_grad_() for t in Lf]
+            gg = torch.full((1, N, H), -0.01, device=dev, dtype=torch.float32)
+            M["fla_simple_gla_varlen"] = (lambda L=Lg: chunk_simple_gla(L[0], L[1], L[2], g=gg, scale=1.0,
+                                                                         cu_seqlens=cu)[0], Lg)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(limit=2)
+        for name, (fn, leaves) in M.items():
+            r = bench_one(name, fn, leaves, 1, H, N, D)
+            r.update(docs=kind, mean_doc=int(mean), n_docs=len(lens))
+            rows.append(r)
+            print(f"docs={kind}:{mean} n_docs={len(lens)} {name:22s} fwd {r.get('fwd_ms', float('nan')):8.3f}  "
+                  f"fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms {r.get('error', '')}", flush=True)
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(rows, os.path.join(args.out, f"{args.prefix}_varlen_bench.csv"))
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/h200")
@@ -182,12 +257,18 @@ def main(argv=None):
     p.add_argument("--methods", default="all",
                    help="comma list to keep (ours,fla_linear,fla_simple_gla,torch,sdpa_cudnn,flash_triton,ours_*) or 'all'")
     p.add_argument("--no-flat", action="store_true", help="skip the fixed B*N=64k flatness rows")
+    p.add_argument("--varlen", default=None,
+                   help="packed documents only: comma list of document lengths, 'fixed:L' or 'geometric:L' "
+                        "(one row of --tokens tokens), e.g. fixed:512,geometric:1024")
     args = p.parse_args(argv)
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("bench_linear needs CUDA")
     dev, dtype, H, D = "cuda", torch.bfloat16, args.heads, args.dim
+    if args.varlen:
+        bench_varlen(args, dev, dtype, H, D)
+        return
     env = env_info()  # today's date
     try:
         import fla

@@ -39,10 +39,10 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 @triton.jit
-def _ssd_fwd_kernel(X, A, BM, CM, Y, S0, ST, SF, T, H, HPG, NS, PD,
+def _ssd_fwd_kernel(X, A, BM, CM, Y, S0, ST, SF, SEG, T, H, HPG, NS, PD,
                     sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
                     L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, HAS_S0: tl.constexpr,
-                    STORE_ST: tl.constexpr, STORE_SF: tl.constexpr):
+                    STORE_ST: tl.constexpr, STORE_SF: tl.constexpr, DOCS: tl.constexpr):
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_bh // H
@@ -76,22 +76,33 @@ def _ssd_fwd_kernel(X, A, BM, CM, Y, S0, ST, SF, T, H, HPG, NS, PD,
         cum = tl.cumsum(a, 0)
         cum_last = tl.sum(a, 0)
         decay = tl.where(causal, tl.exp(tl.where(causal, cum[:, None] - cum[None, :], 0.0)), 0.0)
+        ec = tl.exp(cum)
+        w = tl.exp(cum_last - cum)
+        el = tl.exp(cum_last)
+        if DOCS:  # document reset: no decay product across a boundary
+            sg = tl.load(SEG + b * T + t, mask=tm, other=2147483647)
+            sg_last = tl.max(tl.where(tm, sg, -1), 0)
+            prev = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))  # chunk 0: position 0's document
+            decay = tl.where(sg[:, None] == sg[None, :], decay, 0.0)
+            ec = tl.where(sg == prev, ec, 0.0)
+            w = tl.where(sg == sg_last, w, 0.0)
+            el = tl.where(sg_last == prev, el, 0.0)
         CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
         M = (CB * decay).to(x.dtype)
-        y = tl.dot(M, x) + tl.exp(cum)[:, None] * tl.dot(Cc, S.to(Cc.dtype))
+        y = tl.dot(M, x) + ec[:, None] * tl.dot(Cc, S.to(Cc.dtype))
         tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty),
                  mask=tm[:, None] & pm[None, :])
-        w = tl.exp(cum_last - cum)
         Bw = (Bc.to(tl.float32) * w[:, None]).to(x.dtype)
-        S = tl.exp(cum_last) * S + tl.dot(tl.trans(Bw), x)
+        S = el * S + tl.dot(tl.trans(Bw), x)
     if STORE_SF:
         tl.store(SF + pid_bh * NS * PD + sp, S, mask=smask)
 
 
 @triton.jit
-def _ssd_bwd_kernel(X, A, BM, CM, DY, ST, DSF, DX, DB, DC, DA, DS0, T, H, HPG, NS, PD, NBH,
+def _ssd_bwd_kernel(X, A, BM, CM, DY, ST, DSF, DX, DB, DC, DA, DS0, SEG, T, H, HPG, NS, PD, NBH,
                     sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
-                    L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, HAS_DSF: tl.constexpr):
+                    L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, HAS_DSF: tl.constexpr,
+                    DOCS: tl.constexpr):
     # DX, DY: (B, T, H, P) contiguous; DB, DC: (nP, B, T, H, N) fp32 partials; DA: (nP, B, T, H) fp32 partials.
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -131,6 +142,14 @@ def _ssd_bwd_kernel(X, A, BM, CM, DY, ST, DSF, DX, DB, DC, DA, DS0, T, H, HPG, N
         ec = tl.exp(cum)
         w = tl.exp(cum_last - cum)
         el = tl.exp(cum_last)
+        if DOCS:  # the forward's document masks (constants: the derivatives keep their form)
+            sg = tl.load(SEG + b * T + t, mask=tm, other=2147483647)
+            sg_last = tl.max(tl.where(tm, sg, -1), 0)
+            prev = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))  # chunk 0: position 0's document
+            decay = tl.where(sg[:, None] == sg[None, :], decay, 0.0)
+            ec = tl.where(sg == prev, ec, 0.0)
+            w = tl.where(sg == sg_last, w, 0.0)
+            el = tl.where(sg_last == prev, el, 0.0)
         CB = tl.dot(Cc, tl.trans(Bc))
         M = CB * decay
         Bw = (Bc.to(tl.float32) * w[:, None]).to(x.dtype)
@@ -174,7 +193,7 @@ def _blocks(N: int, P: int, BH: int, block_p: Optional[int] = None):
 
 class _SSDScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p):
+    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg):
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
         BN, BP = _blocks(N, P, Bsz * H, block_p)
@@ -190,15 +209,16 @@ class _SSDScan(torch.autograd.Function):
         final = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
         s0 = initial_state.float().contiguous() if initial_state is not None else final
         _ssd_fwd_kernel[(Bsz * H, nP)](
-            x, a, Bm, Cm, y, s0, states, final, T, H, H // G, N, P,
+            x, a, Bm, Cm, y, s0, states, final, seg if seg is not None else final, T, H, H // G, N, P,
             x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
             y.stride(0), y.stride(1), y.stride(2),
             L=chunk_size, BN=BN, BP=BP, HAS_S0=initial_state is not None, STORE_ST=need_grad, STORE_SF=True,
-            num_warps=8 if BN * BP >= 8192 else 4)
+            DOCS=seg is not None, num_warps=8 if BN * BP >= 8192 else 4)
         if need_grad:
             ctx.save_for_backward(x, a, Bm, Cm, states)
         ctx.chunk_size = chunk_size
+        ctx.seg = seg
         ctx.has_s0 = initial_state is not None
         return y, final
 
@@ -217,20 +237,21 @@ class _SSDScan(torch.autograd.Function):
         ds0 = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
         dsf = dfinal.float().contiguous() if dfinal is not None else ds0
         _ssd_bwd_kernel[(Bsz * H, nP)](
-            x, a, Bm, Cm, dy, states, dsf, dx, dB, dC, da, ds0, T, H, H // G, N, P, Bsz * H,
+            x, a, Bm, Cm, dy, states, dsf, dx, dB, dC, da, ds0, ctx.seg if ctx.seg is not None else ds0,
+            T, H, H // G, N, P, Bsz * H,
             x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            L=ctx.chunk_size, BN=BN, BP=BP, HAS_DSF=dfinal is not None, num_warps=8 if BN * BP >= 8192 else 4)
+            L=ctx.chunk_size, BN=BN, BP=BP, HAS_DSF=dfinal is not None, DOCS=ctx.seg is not None, num_warps=8 if BN * BP >= 8192 else 4)
         hpg = H // G
         dB = dB.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Bm.dtype)
         dC = dC.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Cm.dtype)
         da = da.sum(0).to(a.dtype)
-        return dx, da, dB, dC, (ds0 if ctx.has_s0 else None), None, None
+        return dx, da, dB, dC, (ds0 if ctx.has_s0 else None), None, None, None
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64,
-             block_p: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+             block_p: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernel.
 
     Args:
@@ -240,6 +261,9 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         initial_state: optional ``(B, H, N, P)`` state before position 0 (fp32; differentiable).
         chunk_size: power of two in [16, 128].
         block_p: columns of ``P`` per program (16, 32 or 64); None: 64, halved while fewer than 264 programs run.
+        doc_ids: optional int ``(B, T)``, nondecreasing: the state restarts at each document start after
+            position 0 (the decay product across a boundary is zero; ``initial_state`` belongs to the document at
+            position 0), boundaries anywhere inside a chunk.
 
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
@@ -271,4 +295,13 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         raise ValueError(f"initial_state must have shape (B, H, N, P)={(Bsz, H, N, P)}, got {tuple(initial_state.shape)}")
     if block_p is not None and block_p not in (16, 32, 64):
         raise ValueError(f"block_p={block_p!r} is not supported; allowed values: None, 16, 32, 64")
-    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p)
+    seg = None
+    if doc_ids is not None:
+        if tuple(doc_ids.shape) != (Bsz, T) or doc_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"doc_ids must be int32 / int64 of shape (B, T)={(Bsz, T)}, got {doc_ids.dtype} "
+                             f"{tuple(doc_ids.shape)}")
+        d = doc_ids.long()
+        st = torch.ones_like(d, dtype=torch.int32)
+        st[:, 1:] = (d[:, 1:] != d[:, :-1]).to(torch.int32)
+        seg = st.cumsum(1, dtype=torch.int32).contiguous()  # 1-based document index per position
+    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg)

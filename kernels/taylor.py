@@ -54,11 +54,19 @@ def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
 
 
 @triton.jit
-def _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) mask of the pairs that count: both in range and, causal, key j <= query i + offset."""
+def _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL: tl.constexpr, DOCb, DOCS: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) mask of the pairs that count: both in range and, causal, key j <= query i + offset;
+    with DOCS, also query and key in one document (``DOCb``: this row's ``(Nk,)`` int32 document ids; query ``i``
+    is in the document of key ``i + offset``, none when that is < 0)."""
     ok = (offs_m[:, None] < Nq) & (offs_n[None, :] < Nk)
     if CAUSAL:
         ok = ok & (offs_n[None, :] <= offs_m[:, None] + offset)
+    if DOCS:
+        pq = offs_m + offset
+        dq = tl.load(DOCb + tl.minimum(tl.maximum(pq, 0), Nk - 1), mask=(offs_m < Nq) & (offs_m < offs_m + Nk),
+                     other=-1)
+        dk = tl.load(DOCb + offs_n, mask=offs_n < Nk, other=-2)
+        ok = ok & (dq[:, None] == dk[None, :]) & (pq[:, None] >= 0)
     return ok
 
 
@@ -90,8 +98,8 @@ def _key_end(pid_m, Nk, offset, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit
 def _taylor_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-                H, n_rep, Nq, Nk, offset, scale, eps,
-                CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                H, n_rep, Nq, Nk, offset, DOC, scale, eps,
+                CAUSAL: tl.constexpr, DOCS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                 UP: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -110,7 +118,7 @@ def _taylor_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
         k = _tile(Kb, offs_n, offs_d, sk_n, Nk, HEAD_D)  # (BLOCK_N, BLOCK_D)
         v = _tile(Vb, offs_n, offs_dv, sv_n, Nk, HEAD_DV)  # (BLOCK_N, BLOCK_DV)
         s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
-        w = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL), 1.0 + s + 0.5 * s * s, 0.0)
+        w = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL, DOC + b * Nk, DOCS), 1.0 + s + 0.5 * s * s, 0.0)
         w = w.to(v.dtype)  # the weights the numerator uses (16-bit inputs: rounded) make the normaliser too
         den += tl.sum(w.to(tl.float32), 1)
         acc += _dot(w, v, PREC, UP)
@@ -123,8 +131,8 @@ def _taylor_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
 
 @triton.jit
 def _taylor_bwd_dq(Q, K, V, DO, DEN, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                   sd_b, sd_h, sd_n, H, n_rep, Nq, Nk, offset, scale,
-                   CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                   sd_b, sd_h, sd_n, H, n_rep, Nq, Nk, offset, DOC, scale,
+                   CAUSAL: tl.constexpr, DOCS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                    UP: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -146,7 +154,7 @@ def _taylor_bwd_dq(Q, K, V, DO, DEN, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk
         v = _tile(Vb, offs_n, offs_dv, sv_n, Nk, HEAD_DV)  # (BLOCK_N, BLOCK_DV)
         s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
         dp = _dot(do, tl.trans(v), PREC, UP)
-        g = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL),
+        g = tl.where(_keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL, DOC + b * Nk, DOCS),
                      (dp - delta[:, None]) * rden[:, None] * (1.0 + s), 0.0)
         dq += _dot(g.to(k.dtype), k, PREC, UP)
     tl.store(DQ + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
@@ -155,8 +163,8 @@ def _taylor_bwd_dq(Q, K, V, DO, DEN, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk
 
 @triton.jit
 def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                     sd_b, sd_h, sd_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n, H, n_rep, Nq, Nk, offset, scale,
-                     CAUSAL: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                     sd_b, sd_h, sd_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n, H, n_rep, Nq, Nk, offset, DOC, scale,
+                     CAUSAL: tl.constexpr, DOCS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                      UP: tl.constexpr):
     """dk / dv of one key tile of K/V head ``hk`` (grid axis 1: ``B * Hkv``), summed over the ``n_rep`` query heads
@@ -189,7 +197,7 @@ def _taylor_bwd_dkdv(Q, K, V, DO, DEN, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
             do = _tile(DOb, offs_m, offs_dv, sd_n, Nq, HEAD_DV)  # (BLOCK_M, BLOCK_DV)
             rden = 1.0 / tl.load(DEN + bh * Nq + offs_m, mask=row, other=1.0)  # BLOCK_M divisions per tile
             delta = tl.load(DELTA + bh * Nq + offs_m, mask=row, other=0.0)
-            keep = _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL)
+            keep = _keep(offs_m, offs_n, Nq, Nk, offset, CAUSAL, DOC + b * Nk, DOCS)
             s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BLOCK_M, BLOCK_N)
             a = tl.where(keep, (1.0 + s + 0.5 * s * s) * rden[:, None], 0.0)  # normalised weights
             dv += _dot(tl.trans(a).to(do.dtype), do, PREC, UP)
@@ -214,21 +222,29 @@ def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def den_dummy(t: torch.Tensor) -> torch.Tensor:
+    """A placeholder pointer for the document ids when there are none (never read: ``DOCS=False``)."""
+    return torch.zeros(1, device=t.device, dtype=torch.int32)
+
+
 class _TaylorParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, eps: float):
+    def forward(ctx, q, k, v, causal: bool, eps: float, doc_ids=None):
         B, Hq, Nq, _ = q.shape
         Nk = k.shape[2]
         n_rep = Hq // k.shape[1]
         meta = _meta(q, v, causal)
+        meta["DOCS"] = doc_ids is not None
+        doc = doc_ids if doc_ids is not None else den_dummy(q)
         out = q.new_empty(B, Hq, Nq, v.shape[-1])
         den = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
         scale = q.shape[-1] ** -0.5
         _taylor_fwd[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
             q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            Hq, n_rep, Nq, Nk, Nk - Nq, scale, float(eps), **meta)
+            Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, float(eps), **meta)
         ctx.save_for_backward(q, k, v, out, den)
         ctx.causal = causal
+        ctx.doc_ids = doc_ids
         return out
 
     @staticmethod
@@ -239,6 +255,8 @@ class _TaylorParallel(torch.autograd.Function):
         Hkv, Nk = k.shape[1], k.shape[2]
         n_rep = Hq // Hkv
         meta = _meta(q, v, ctx.causal)
+        meta["DOCS"] = ctx.doc_ids is not None
+        doc = ctx.doc_ids if ctx.doc_ids is not None else den_dummy(q)
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, Hq, Nq): do_i . out_i
         scale = D ** -0.5
@@ -248,16 +266,16 @@ class _TaylorParallel(torch.autograd.Function):
             dq = torch.empty_like(q)
             _taylor_bwd_dq[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
                 q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-                Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
+                Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, **meta)
         if need_k or need_v:  # one kernel makes both
             dk = torch.empty(B, Hkv, Nk, D, device=q.device, dtype=torch.float32)  # GQA groups summed in-kernel
             dv = torch.empty(B, Hkv, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
             _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
                 q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-                *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, scale, **meta)
+                *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, **meta)
             dk = dk.to(k.dtype) if need_k else None
             dv = dv.to(v.dtype) if need_v else None
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
 _F32 = torch.finfo(torch.float32)
@@ -275,7 +293,7 @@ def eps_reason(eps) -> "str | None":
 
 
 def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                    eps: float = 1e-6) -> torch.Tensor:
+                    eps: float = 1e-6, doc_ids: "torch.Tensor | None" = None) -> torch.Tensor:
     """Taylor-map linear attention in the fused parallel form (module docstring), differentiable in q, k, v.
 
     Args:
@@ -284,6 +302,8 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             ``D, Dv <= 256``, ``B * Hq <= 65535``.
         causal: query ``i`` sees keys ``j <= i + Nk - Nq`` (bottom-right aligned; rows that see no key are 0).
         eps: added to the normaliser: a float in float32's normal range (``1.2e-38 <= eps <= 3.4e38``).
+        doc_ids: optional int ``(B, Nk)``, nondecreasing (packed documents): query ``i`` (in the document of key
+            ``i + Nk - Nq``) sees only keys of its own document (for causal, the state restarting at each start).
 
     Returns:
         ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
@@ -324,7 +344,14 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                          f"limit); split the batch")
     if eps_reason(eps) is not None:
         raise ValueError(eps_reason(eps))
+    if doc_ids is not None:
+        if tuple(doc_ids.shape) != (B, k.shape[2]) or doc_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"doc_ids must be int32 / int64 of shape (B, Nk)={(B, k.shape[2])}, got {doc_ids.dtype} "
+                             f"{tuple(doc_ids.shape)}")
+        if doc_ids.device != q.device:
+            raise ValueError(f"doc_ids must be on q's device {q.device}, got {doc_ids.device}")
+        doc_ids = doc_ids.to(torch.int32).contiguous()
     if q.dtype == torch.float16:  # w = 1 + s + s^2 / 2 leaves the float16 range from |s| ~ 360: float32 end to end
         return _TaylorParallel.apply(q.float().contiguous(), k.float().contiguous(), v.float().contiguous(),
-                                     bool(causal), float(eps)).to(torch.float16)
-    return _TaylorParallel.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), float(eps))
+                                     bool(causal), float(eps), doc_ids).to(torch.float16)
+    return _TaylorParallel.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), float(eps), doc_ids)

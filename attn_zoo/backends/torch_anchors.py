@@ -355,7 +355,7 @@ def _fla_supports(q, k, v, spec, return_lse):
 
 @register_backend("linear", "fla", supports=_fla_supports, priority=None,
                   available=_all(_importable("fla.ops.linear_attn", "chunk_linear_attn"), _cuda_available))
-def fla_linear_attention(q, k, v, spec, return_lse=False):
+def fla_linear_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     """flash-linear-attention (Yang et al.) in its ``(B, N, H, D)`` layout, K/V heads repeated for GQA:
 
     * ``feature_map="taylor"``: ``fla.ops.based.parallel_based(q, k, v)`` (Based, Arora et al. 2024: weights
@@ -363,10 +363,16 @@ def fla_linear_attention(q, k, v, spec, return_lse=False):
       as our ``parallel`` backend;
     * any other map: ``fla.ops.linear_attn.chunk_linear_attn(phi(q), phi(k), v, scale=1, normalize=True)`` (the
       feature map applied in PyTorch; fla's own eps).
+
+    ``doc_ids (B, N)`` (non-Taylor maps): the batch is flattened to one row and passed as fla's ``cu_seqlens``
+    (each row start and document start a boundary); the Taylor map with ``doc_ids`` raises ``ValueError``.
     """
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    if spec.feature_map == "taylor" and doc_ids is not None:
+        raise ValueError("backend='fla' with feature_map='taylor' (parallel_based) does not take doc_ids; backends "
+                         "that do: parallel, torch, reference")
     if spec.feature_map == "taylor":
         from fla.ops.based import parallel_based
 
@@ -378,6 +384,15 @@ def fla_linear_attention(q, k, v, spec, return_lse=False):
 
     fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
     fk = apply_feature_map(k, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    if doc_ids is not None:
+        from ..families.deltanet import _flatten_docs
+
+        B, H, N = q.shape[:3]
+        cu = _flatten_docs(doc_ids)[0]
+        flat = [t.transpose(1, 2).reshape(1, B * N, H, t.shape[-1]).contiguous() for t in (fq, fk, v)]
+        out = chunk_linear_attn(*flat, scale=1.0, normalize=True, cu_seqlens=cu)
+        out = out[0] if isinstance(out, tuple) else out
+        return out.reshape(B, N, H, -1).transpose(1, 2).to(q.dtype)
     out = chunk_linear_attn(*(t.transpose(1, 2).contiguous() for t in (fq, fk, v)), scale=1.0, normalize=True)
     out = out[0] if isinstance(out, tuple) else out
     return out.transpose(1, 2).to(q.dtype)

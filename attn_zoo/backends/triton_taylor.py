@@ -39,8 +39,9 @@ def _supports(q, k, v, spec, return_lse):
 
 
 @register_backend("linear", "parallel", supports=_supports, priority=250, devices=("cuda",))
-def triton_taylor_parallel(q, k, v, spec, return_lse=False):
-    """Taylor linear attention of ``spec`` in the fused parallel form; ``(B, Hq, Nq, Dv)`` in ``q.dtype``."""
+def triton_taylor_parallel(q, k, v, spec, return_lse=False, doc_ids=None):
+    """Taylor linear attention of ``spec`` in the fused parallel form; ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
+    ``doc_ids (B, Nk)``: pairs restricted to one document (the state reset of causal linear attention)."""
     from kernels.taylor import taylor_parallel
 
-    return taylor_parallel(q, k, v, causal=spec.causal, eps=spec.eps)
+    return taylor_parallel(q, k, v, causal=spec.causal, eps=spec.eps, doc_ids=doc_ids)

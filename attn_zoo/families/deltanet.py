@@ -27,20 +27,33 @@ __all__ = ["delta_rule_naive", "delta_rule", "DeltaNet", "GatedDeltaNet", "Delta
 DELTA_BACKENDS = ("auto", "fla", "naive")
 
 
-def delta_rule_naive(q, k, v, beta, g=None, scale: Optional[float] = None, initial_state=None
+def _starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` bool: ``t`` starts a document (``t == 0`` or ``doc_ids[:, t] != doc_ids[:, t - 1]``)."""
+    d = doc_ids.long()
+    st = torch.ones_like(d, dtype=torch.bool)
+    st[:, 1:] = d[:, 1:] != d[:, :-1]
+    return st
+
+
+def delta_rule_naive(q, k, v, beta, g=None, scale: Optional[float] = None, initial_state=None, doc_ids=None
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The (gated) delta rule step by step.
 
     ``q, k (B, T, H, Dk)``, ``v (B, T, H, Dv)``, ``beta (B, T, H)``, ``g (B, T, H)`` log-decay (``<= 0``) or None,
     ``scale`` (default ``Dk ** -0.5``), ``initial_state (B, H, Dk, Dv)`` or None. Returns ``o (B, T, H, Dv)`` in
-    ``q.dtype`` and the final state ``(B, H, Dk, Dv)`` fp32 (fp64 for fp64 inputs)."""
+    ``q.dtype`` and the final state ``(B, H, Dk, Dv)`` fp32 (fp64 for fp64 inputs).
+    ``doc_ids (B, T)`` int or None: the state restarts from zero at each document start after position 0
+    (``initial_state`` belongs to the document at position 0)."""
     Bsz, T, H, Dk = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = Dk ** -0.5 if scale is None else scale
     S = initial_state.to(acc) if initial_state is not None else q.new_zeros(Bsz, H, Dk, v.shape[-1], dtype=acc)
     qa, ka, va, ba = q.to(acc), k.to(acc), v.to(acc), beta.to(acc)
+    st = _starts(doc_ids) if doc_ids is not None else None
     os_ = []
     for t in range(T):
+        if st is not None and t > 0:
+            S = S * (~st[:, t]).to(acc)[:, None, None, None]
         if g is not None:
             S = torch.exp(g[:, t].to(acc))[..., None, None] * S
         kt = ka[:, t]
@@ -61,11 +74,24 @@ def _fla(gated: bool):
                           f"(or use kernel='naive')") from e
 
 
-def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: str = "auto"):
+def _flatten_docs(doc_ids: torch.Tensor):
+    """Packed rows -> fla's varlen form: ``cu_seqlens`` int32 over the flattened ``B * T`` tokens (each row's
+    start is a boundary), and the indices of each row's first and last sequence."""
+    Bsz, T = doc_ids.shape
+    st = _starts(doc_ids).reshape(-1)
+    starts = st.nonzero().flatten()
+    n_seq = starts.numel()
+    cu = torch.cat([starts, starts.new_tensor([Bsz * T])]).to(torch.int32)
+    seq_of = st.long().cumsum(0).view(Bsz, T) - 1
+    return cu, seq_of[:, 0], seq_of[:, -1], n_seq
+
+
+def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: str = "auto", doc_ids=None):
     """:func:`delta_rule_naive`'s arguments and results; ``backend``: ``fla`` (fla's chunked kernel, CUDA),
     ``naive`` or ``auto`` (fla for float16 / bfloat16 on CUDA when importable, else naive). Raises ``ImportError``
     naming the package for ``fla`` without it, ``ValueError`` naming ``backend`` for an unknown one or for ``fla``
-    with float32 inputs (fla's kernels refuse them)."""
+    with float32 inputs (fla's kernels refuse them). ``doc_ids (B, T)``: the state restarts at each document
+    start; ``fla`` receives the batch flattened to one row with ``cu_seqlens`` (fla's varlen form)."""
     if backend not in DELTA_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(DELTA_BACKENDS)}")
     if backend == "fla" and q.dtype not in (torch.float16, torch.bfloat16):
@@ -81,9 +107,21 @@ def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: s
             except ImportError:
                 pass
     if backend == "naive":
-        return delta_rule_naive(q, k, v, beta, g, scale, initial_state)
+        return delta_rule_naive(q, k, v, beta, g, scale, initial_state, doc_ids)
     fn = _fla(g is not None)
     s0 = initial_state.float() if initial_state is not None else None
+    if doc_ids is not None:
+        Bsz, T, H = q.shape[:3]
+        cu, first, last, n_seq = _flatten_docs(doc_ids)
+        if s0 is not None:  # each row's initial state goes to its first sequence
+            full = s0.new_zeros(n_seq, *s0.shape[1:])
+            full[first] = s0
+            s0 = full
+        flat = lambda t: None if t is None else t.reshape(1, Bsz * T, *t.shape[2:])  # noqa: E731
+        gf = flat(g.float()) if g is not None else None
+        args = (flat(q), flat(k), flat(v), flat(beta)) if g is None else (flat(q), flat(k), flat(v), gf, flat(beta))
+        o, S = fn(*args, scale=scale, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+        return o.reshape(Bsz, T, *o.shape[2:]), S[last]
     if g is None:
         o, S = fn(q, k, v, beta, scale=scale, initial_state=s0, output_final_state=True)
     else:
@@ -134,8 +172,14 @@ class _DeltaBase(nn.Module):
         return DeltaState(torch.zeros(batch_size, self.n_head, self.head_dim, self.head_dim, dtype=torch.float32,
                                       device=device), 0)
 
-    def forward(self, x: torch.Tensor, cache: Optional[DeltaState] = None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[DeltaState] = None, pos: int = 0,
+                doc_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x (B, T, d_model)``; ``doc_ids (B, T)`` int or None: packed documents, the state restarts at each
+        document start (with a cache, the cached state belongs to the document at position 0 of ``x``)."""
         Bsz, T, _ = x.shape
+        if doc_ids is not None and tuple(doc_ids.shape) != (Bsz, T):
+            raise ValueError(f"{self.mixer_name} doc_ids must have shape (B, T) = {(Bsz, T)}, "
+                             f"got {tuple(doc_ids.shape)}")
         shp = (Bsz, T, self.n_head, self.head_dim)
         q = F.normalize(F.silu(self.q_proj(x)).view(shp), dim=-1)
         k = F.normalize(F.silu(self.k_proj(x)).view(shp), dim=-1)
@@ -143,7 +187,7 @@ class _DeltaBase(nn.Module):
         beta = torch.sigmoid(self.b_proj(x).float())
         g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float()) if self.gated else None
         s0 = cache.S if cache is not None and cache.n > 0 else None
-        o, S = delta_rule(q, k, v, beta.to(q.dtype), g, None, s0, self.kernel)
+        o, S = delta_rule(q, k, v, beta.to(q.dtype), g, None, s0, self.kernel, doc_ids)
         if cache is not None:
             cache.S, cache.n = S.detach().float(), cache.n + T
         of = o.float()

@@ -34,8 +34,18 @@ def _expand_groups(M: torch.Tensor, H: int) -> torch.Tensor:
     return M.repeat_interleave(H // M.shape[2], dim=2)
 
 
-def ssd_scan_naive(x, a, B, C, initial_state=None) -> Tuple[torch.Tensor, torch.Tensor]:
+def _starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` bool: ``t`` starts a document (``t == 0`` or ``doc_ids[:, t] != doc_ids[:, t - 1]``)."""
+    d = doc_ids.long()
+    st = torch.ones_like(d, dtype=torch.bool)
+    st[:, 1:] = d[:, 1:] != d[:, :-1]
+    return st
+
+
+def ssd_scan_naive(x, a, B, C, initial_state=None, doc_ids=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Step-by-step recurrence ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` (fp32 state).
+    ``doc_ids (B, T)`` int or None: the state restarts at each document start after position 0
+    (``S_t = B_t x_t^T`` there: the decay product across a boundary is zero).
 
     ``x (B, T, H, P)``, ``a (B, T, H)``, ``B, C (B, T, G, N)``, ``initial_state (B, H, N, P)`` or None.
     Returns ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` fp32 (fp64 for fp64 ``x``)."""
@@ -44,9 +54,13 @@ def ssd_scan_naive(x, a, B, C, initial_state=None) -> Tuple[torch.Tensor, torch.
     Bh, Ch = _expand_groups(B, H).to(acc), _expand_groups(C, H).to(acc)
     S = (initial_state.to(acc) if initial_state is not None
          else x.new_zeros(Bsz, H, B.shape[3], P, dtype=acc))
+    st = _starts(doc_ids) if doc_ids is not None else None
     ys = []
     for t in range(T):
-        S = torch.exp(a[:, t].to(acc))[..., None, None] * S + Bh[:, t, :, :, None] * x[:, t, :, None, :].to(acc)
+        dec = torch.exp(a[:, t].to(acc))
+        if st is not None and t > 0:
+            dec = torch.where(st[:, t, None], 0.0, dec)
+        S = dec[..., None, None] * S + Bh[:, t, :, :, None] * x[:, t, :, None, :].to(acc)
         ys.append(torch.einsum("bhn,bhnp->bhp", Ch[:, t], S))
     return torch.stack(ys, 1).to(x.dtype), S
 
@@ -59,8 +73,12 @@ def _segsum(cum: torch.Tensor) -> torch.Tensor:
     return d.masked_fill(~mask, float("-inf"))
 
 
-def ssd_scan_chunked(x, a, B, C, initial_state=None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The chunked SSD algorithm in PyTorch (same arguments and results as :func:`ssd_scan_naive`)."""
+def ssd_scan_chunked(x, a, B, C, initial_state=None, chunk_size: int = 64, doc_ids=None
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The chunked SSD algorithm in PyTorch (same arguments and results as :func:`ssd_scan_naive`).
+    With ``doc_ids``, the intra-chunk decay mask is also a document mask, a chunk's state keeps only its last
+    document's tokens, and the carried state flows only into the tokens (and the next chunk) of the document
+    running at the chunk's start."""
     Bsz, T, H, P = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     L = int(chunk_size)
@@ -75,16 +93,34 @@ def ssd_scan_chunked(x, a, B, C, initial_state=None, chunk_size: int = 64) -> Tu
     Bc, Cc = Bh.view(Bsz, nc, L, H, -1), Ch.view(Bsz, nc, L, H, -1)
     cum = aa.view(Bsz, nc, L, H).permute(0, 3, 1, 2).cumsum(-1)  # (B, H, c, L)
     decay = torch.exp(_segsum(cum))  # (B, H, c, L, L)
-    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, decay, xc)  # intra-chunk quadratic form
     w = torch.exp(cum[..., -1:] - cum)  # (B, H, c, L)
+    carry = reads = None
+    if doc_ids is not None:
+        seg = _starts(doc_ids).long().cumsum(1)  # (B, T) document index, 1-based
+        if pad:
+            seg = F.pad(seg, (0, pad), value=0)
+            seg[:, T:] = seg[:, T - 1:T]  # padding (x = 0, a = 0) continues the last document
+        sc = seg.view(Bsz, nc, L)
+        decay = decay * (sc[:, None, :, :, None] == sc[:, None, :, None, :]).to(acc)
+        w = w * (sc == sc[..., -1:]).to(acc)[:, None]
+        prev = torch.cat([sc.new_ones(Bsz, 1), sc[:, :-1, -1]], 1)  # document entering each chunk
+        carry = (sc[..., -1] == prev).to(acc)  # (B, c)
+        reads = (sc == prev[..., None]).to(acc)  # (B, c, L)
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, decay, xc)  # intra-chunk quadratic form
     chunk_states = torch.einsum("bclhn,bhcl,bclhp->bchnp", Bc, w, xc)
     S = initial_state.to(acc) if initial_state is not None else x.new_zeros(Bsz, H, Bc.shape[-1], P, dtype=acc)
     entering = []
     for c in range(nc):  # inter-chunk state passing
         entering.append(S)
-        S = torch.exp(cum[:, :, c, -1])[..., None, None] * S + chunk_states[:, c]
+        dec = torch.exp(cum[:, :, c, -1])
+        if carry is not None:
+            dec = dec * carry[:, c, None]
+        S = dec[..., None, None] * S + chunk_states[:, c]
     Sin = torch.stack(entering, 1)  # (B, c, H, N, P)
-    y = y + torch.einsum("bclhn,bchnp,bhcl->bclhp", Cc, Sin, torch.exp(cum))
+    ein = torch.exp(cum)
+    if reads is not None:
+        ein = ein * reads[:, None]
+    y = y + torch.einsum("bclhn,bchnp,bhcl->bclhp", Cc, Sin, ein)
     y = y.reshape(Bsz, nc * L, H, P)[:, :T]
     return y.to(x.dtype), S
 
@@ -102,13 +138,15 @@ def ssd_step(x, dt, A, B, C, D, state) -> Tuple[torch.Tensor, torch.Tensor]:
     return y.to(x.dtype), S
 
 
-def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
+def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backend: str = "auto", doc_ids=None):
     """Mamba-2's SSD: ``x (B, T, H, P)``, ``dt (B, T, H)`` (positive, after softplus), ``A (H,)`` (negative),
     ``B, C (B, T, G, N)``, ``D (H,)`` or None, ``initial_state (B, H, N, P)`` or None.
 
     ``backend``: ``triton`` (:func:`kernels.ssd.ssd_scan`), ``torch`` (:func:`ssd_scan_chunked`), ``naive``
     (:func:`ssd_scan_naive`) or ``auto`` (triton on CUDA, else torch). Returns ``y (B, T, H, P)`` in ``x.dtype``
     and the final state ``(B, H, N, P)`` fp32. Differentiable in every tensor argument.
+    ``doc_ids (B, T)`` int or None: the state restarts at each document start (``initial_state`` belongs to the
+    document at position 0), in every backend.
     Raises ``ValueError`` naming ``backend`` for an unknown one."""
     if backend not in SSD_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
@@ -119,11 +157,11 @@ def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backen
     if backend == "triton":
         from kernels.ssd import ssd_scan
 
-        y, S = ssd_scan(xdt, a, B.to(x.dtype), C.to(x.dtype), initial_state, chunk_size)
+        y, S = ssd_scan(xdt, a, B.to(x.dtype), C.to(x.dtype), initial_state, chunk_size, doc_ids=doc_ids)
     elif backend == "torch":
-        y, S = ssd_scan_chunked(xdt, a, B, C, initial_state, chunk_size)
+        y, S = ssd_scan_chunked(xdt, a, B, C, initial_state, chunk_size, doc_ids)
     else:
-        y, S = ssd_scan_naive(xdt, a, B, C, initial_state)
+        y, S = ssd_scan_naive(xdt, a, B, C, initial_state, doc_ids)
     if D is not None:
         y = y + (D[:, None].to(x.dtype) * x)
     return y, S
@@ -204,21 +242,45 @@ class Mamba2(nn.Module):
                            torch.zeros(batch_size, self.nheads, self.d_state, self.headdim, dtype=torch.float32,
                                        device=device), 0)
 
-    def _conv(self, xBC, cache: Optional[Mamba2State]):
-        """Causal depthwise conv over ``xBC (B, T, C)``; with a cache, continues from its last inputs."""
+    def _conv(self, xBC, cache: Optional[Mamba2State], doc_ids=None):
+        """Causal depthwise conv over ``xBC (B, T, C)``; with a cache, continues from its last inputs.
+        With ``doc_ids (B, T)`` a tap never reads across a document start (inputs of another document, or the
+        cached ones before the first document start after position 0, count as zeros)."""
         h = xBC.transpose(1, 2)  # (B, C, T)
         K = self.d_conv
         prev = cache.conv.to(h.dtype) if cache is not None else h.new_zeros(h.shape[0], h.shape[1], K - 1)
         full = torch.cat([prev, h], dim=2)
         if cache is not None and K > 1:
-            cache.conv = full[:, :, -(K - 1):].detach().clone()
+            keep = full[:, :, -(K - 1):]
+            if doc_ids is not None:  # the cached inputs must belong to the last document
+                d = torch.cat([doc_ids[:, :1].expand(-1, K - 1), doc_ids], 1).long()
+                keep = keep * (d[:, -(K - 1):] == d[:, -1:]).to(keep.dtype)[:, None]
+            cache.conv = keep.detach().clone()
+        if doc_ids is not None and K > 1:
+            d = torch.cat([doc_ids[:, :1].expand(-1, K - 1), doc_ids], 1).long()  # cached inputs: document 0's
+            T = h.shape[2]
+            out = self.conv1d.bias.to(h.dtype)[None, :, None].expand_as(h)
+            w = self.conv1d.weight[:, 0].to(h.dtype)  # (C, K)
+            for j in range(K):  # tap j reads position t - (K - 1 - j)
+                src = full[:, :, j:j + T]
+                same = (d[:, j:j + T] == d[:, K - 1:]).to(h.dtype)[:, None]
+                out = out + w[None, :, j, None] * src * same
+            return F.silu(out).transpose(1, 2)
         out = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
         return F.silu(out).transpose(1, 2)  # (B, T, C)
 
-    def forward(self, x: torch.Tensor, cache: Optional[Mamba2State] = None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[Mamba2State] = None, pos: int = 0,
+                doc_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x (B, T, d_model)``; ``doc_ids (B, T)`` int or None: packed documents, the convolution and the SSM
+        state restart at each document start (with a cache, the cached state belongs to the document at
+        position 0 of ``x``); the decode step (``T == 1``) ignores ``doc_ids``."""
         Bsz, T, _ = x.shape
+        if doc_ids is not None and tuple(doc_ids.shape) != (Bsz, T):
+            raise ValueError(f"mamba2 doc_ids must have shape (B, T) = {(Bsz, T)}, got {tuple(doc_ids.shape)}")
+        if T == 1 and cache is not None and cache.n > 0:
+            doc_ids = None
         z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
-        xBC = self._conv(xBC, cache)
+        xBC = self._conv(xBC, cache, doc_ids)
         xs, Bm, Cm = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], -1)
         xs = xs.reshape(Bsz, T, self.nheads, self.headdim)
         Bm = Bm.reshape(Bsz, T, self.ngroups, self.d_state)
@@ -230,7 +292,7 @@ class Mamba2(nn.Module):
             y = y[:, None]
         else:
             s0 = cache.ssm if cache is not None and cache.n > 0 else None
-            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, self.kernel)
+            y, S = ssd(xs, dt, A, Bm, Cm, self.D, s0, self.chunk_size, self.kernel, doc_ids)
         if cache is not None:
             cache.ssm, cache.n = S.detach().float(), cache.n + T
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
