@@ -63,11 +63,29 @@ def _sdpa_dense_mask(q, k, v, scale, spec):
 _FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
-@register_backend(family("softmax"), "torch", supports=_supports)
-def torch_softmax_attention(q, k, v, spec, return_lse=False):
-    """SDPA / FlexAttention with the spec's mask; shapes as :func:`attn_zoo.attention`."""
+def _sdpa_documents(q, k, v, scale, spec, doc_ids, q_pos=None, q_doc=None):
+    """SDPA with the dense document-masked rule ``(B, 1, Nq, Nk)`` (:func:`attn_zoo.documents.document_allowed`);
+    rows that see no key attend everything inside SDPA and are zeroed afterwards."""
+    from ..documents import document_allowed
+
+    allowed = document_allowed(spec, q.shape[2], k.shape[2], doc_ids, q_pos, q_doc).unsqueeze(1)  # (B, 1, Nq, Nk)
+    empty = ~allowed.any(-1, keepdim=True)
+    out = _sdpa(q, k, v, scale, attn_mask=allowed | empty)
+    return out.masked_fill(empty, 0.0)
+
+
+@register_backend(family("softmax"), "torch", supports=_supports, documents=True)
+def torch_softmax_attention(q, k, v, spec, return_lse=False, doc_ids=None, q_pos=None, q_doc=None):
+    """SDPA / FlexAttention with the spec's mask; shapes as :func:`attn_zoo.attention`. ``doc_ids (B, Nk)``: packed
+    documents (FlexAttention document mask on CUDA, else SDPA with the dense boolean mask); ``q_pos`` / ``q_doc``:
+    explicit query positions / documents (:func:`attn_zoo.attention_varlen` with ``Nq_d != Nk_d``)."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     scale = spec.scale(D)
+    if doc_ids is not None:
+        if return_lse:
+            raise ValueError("return_lse with doc_ids needs the FlexAttention path (CUDA); use backend='reference' "
+                             "or 'triton'")
+        return _sdpa_documents(q, k, v, scale, spec, doc_ids, q_pos, q_doc)
     mi = mask_info(spec, Nq, Nk)
     if mi.is_full and not return_lse:
         return _sdpa(q, k, v, scale)
