@@ -172,3 +172,45 @@ def test_varlen_errors():
     cu_q = torch.tensor([0, 2, 3, 3, 3, 12, 14, 35], dtype=torch.int32)
     with pytest.raises(ValueError, match="runs softmax kinds on backend='reference' or 'torch' only"):
         attention_varlen(q, k, v, cu_q, CU, 21, 10, spec, backend="triton")
+
+
+# ------------------------------------------------------------------------------------------------ anchors
+@pytest.mark.parametrize("nq", [N, 12])
+def test_fa4_varlen_glue_matches_the_reference_through_a_stub(monkeypatch, nq):
+    """The code path of ``fa4`` with ``doc_ids`` (flatten, cu_seqlens cut at rows and documents, reshape back) on the
+    CPU, with FA4's ``flash_attn_varlen_func`` replaced by our varlen reference (the real kernel: the gpu test)."""
+    import sys
+    import types
+
+    from attn_zoo.backends.torch_anchors import _fa4_varlen
+
+    def stub(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size):
+        assert q.dim() == 3 and cu_seqlens_q.dtype == torch.int32
+        spec = AttentionSpec(kind="sliding_window" if window_size != (None, None) else "flash", causal=causal,
+                             **({"window_size": window_size} if window_size != (None, None) else {}))
+        return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec,
+                                backend="reference"), None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = stub
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    q, k, v = _qkv(Nq=nq)
+    for spec in (AttentionSpec(kind="flash"), make_spec("sliding_window", window_size=(4, 0))):
+        torch.testing.assert_close(_fa4_varlen(q, k, v, spec, _doc_ids()),
+                                   attention(q, k, v, spec, backend="reference", doc_ids=_doc_ids()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["fa4", "flex_fa4", "flex", "torch", "triton"])
+def test_document_anchors_on_the_gpu(backend):
+    q, k, v = (t.cuda().to(torch.bfloat16) for t in _qkv(Hq=4, Hkv=2, D=64))
+    doc = _doc_ids().cuda()
+    spec = AttentionSpec(kind="flash")
+    b = get_backends("flash")[backend]
+    why = b.why_not(q, k, v, spec)
+    if why is not None:
+        pytest.skip(why)
+    got = attention(q, k, v, spec, backend=backend, doc_ids=doc)
+    torch.testing.assert_close(got.float(), attention(q, k, v, spec, backend="reference", doc_ids=doc).float(),
+                               atol=2e-2, rtol=2e-2)
