@@ -10,17 +10,17 @@ its module is imported; :func:`load_plugins` imports modules by name (what ``--p
 """
 
 from .decode import KVCache, LinearState, append_kv, decode_attention, linear_decode, linear_prefill
-from .functional import attention, check_inputs, resolve_backend
+from .functional import attention, attention_varlen, check_inputs, resolve_backend
 from .masks import BlockTable, MaskInfo, mask_info, sparse_layout
 from .mixers import MixerSpec, make_layer_spec, register_mixer
 from .reference import attention_reference, linear_attention_reference, softmax_attention_reference
-from .registry import (available_backends, backend_names, family, get_backends, load_plugins, register_backend,
-                       unregister_backend)
+from .registry import (available_backends, backend_names, document_backends, family, get_backends, load_plugins,
+                       register_backend, unregister_backend)
 from .spec import FEATURE_MAPS, AttentionSpec, make_spec
 from .variants import CachePolicy, get_variant, register_variant, unregister_variant, variant_kinds
 
 __all__ = [
-    "attention", "check_inputs", "resolve_backend", "AttentionSpec", "make_spec", "KINDS", "FEATURE_MAPS",
+    "attention", "attention_varlen", "document_backends", "check_inputs", "resolve_backend", "AttentionSpec", "make_spec", "KINDS", "FEATURE_MAPS",
     "MaskInfo", "BlockTable", "mask_info", "sparse_layout",
     "attention_reference", "softmax_attention_reference", "linear_attention_reference",
     "register_backend", "unregister_backend", "get_backends", "available_backends", "backend_names", "family",

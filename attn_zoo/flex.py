@@ -9,18 +9,21 @@ them run the same compiled function and the same block mask:
   Off CUDA it returns the eager function (what ``create_block_mask`` / tests on CPU can run).
 * :func:`flex_block_mask` -- a ``BlockMask`` from :meth:`attn_zoo.masks.MaskInfo.allowed`, the element rule
   every backend shares (bottom-right alignment when ``Nq != Nk``); ``None`` for full attention. Cached.
+* :func:`flex_document_block_mask` -- the same rule AND one document (packed documents, ``doc_ids``).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
+from typing import Optional
 
 import torch
 
 from .masks import MaskInfo, mask_info
-from .registry import derived_cache
+from .registry import _DERIVED, derived_cache
 
-__all__ = ["compiled_flex_attention", "flex_block_mask", "allow_retain_graph"]
+__all__ = ["compiled_flex_attention", "flex_block_mask", "flex_document_block_mask", "allow_retain_graph"]
 
 _COMPILED = {}
 _LIMITS = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
@@ -80,3 +83,53 @@ def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
 
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=device, BLOCK_SIZE=block_size,
                              _compile=torch.device(device).type == "cuda")
+
+
+_DOC_MASKS: list = []  # [(weakref to doc_ids, its _version, key, BlockMask)], the most recent first
+
+
+def flex_document_block_mask(spec, doc_ids: torch.Tensor, Nq: int, Nk: int, block_size: int = 128,
+                             q_pos: Optional[torch.Tensor] = None, q_doc: Optional[torch.Tensor] = None):
+    """``BlockMask`` of ``spec`` restricted to packed documents (FlexAttention's document masking, Guessous et al.
+    2024): ``mask_mod(b, h, i, j) = rule(q_pos[i], j) & (q_doc[b, i] == doc_ids[b, j])`` with the variant's element
+    rule at absolute positions (:func:`attn_zoo.documents.document_allowed` is its dense form). ``q_pos`` / ``q_doc``
+    default to the padded form (query ``i`` at key ``Nk - Nq + i``).
+
+    Cached by the identity and version of ``doc_ids`` (the same tensor passed to every layer of a step builds one
+    mask; a new batch builds a new one): the last 4 masks are kept. ``block_size``: FlexAttention's tile."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from .documents import query_documents
+
+    explicit = q_pos is not None
+    key = (spec, Nq, Nk, block_size, str(doc_ids.device), explicit)
+    if not explicit:
+        for ref, ver, k, bm in _DOC_MASKS:
+            if k == key and ref() is doc_ids and ver == doc_ids._version:
+                return bm
+        q_pos, q_doc = query_documents(doc_ids, Nq)
+    d = doc_ids.long()
+    qd = q_doc.long()
+    mi = mask_info(spec, Nq, Nk)
+    mi0 = replace(mi, Nq=Nk + Nq, layout=None if mi.layout is None else mi.layout.to(d.device))
+    rows = (q_pos.long() + Nq).to(d.device)  # the rule at absolute positions q_pos >= -Nq (offset -Nq)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return mi0.allowed(rows[q_idx], kv_idx) & (qd[b, q_idx] == d[b, kv_idx])
+
+    bm = create_block_mask(mask_mod, B=d.shape[0], H=None, Q_LEN=Nq, KV_LEN=Nk, device=str(d.device),
+                           BLOCK_SIZE=block_size, _compile=d.device.type == "cuda")
+    if not explicit:
+        try:
+            _DOC_MASKS.insert(0, (weakref.ref(doc_ids), doc_ids._version, key, bm))
+            del _DOC_MASKS[4:]
+        except TypeError:  # pragma: no cover - no weak references to this tensor type: not cached
+            pass
+    return bm
+
+
+def _forget_document_masks() -> None:
+    _DOC_MASKS.clear()
+
+
+_DERIVED.append(_forget_document_masks)  # forget_derived() (a (re)registration) drops them with every other cache

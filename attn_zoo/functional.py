@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from .registry import auto_order, backend_names, derived_dict, get_backends
+from .documents import check_doc_ids
+from .registry import auto_order, backend_names, derived_dict, document_backends, get_backends
 from .spec import AttentionSpec
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -46,7 +49,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Attent
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, backend: str = "auto",
-    return_lse: bool = False,
+    return_lse: bool = False, *, doc_ids: Optional[torch.Tensor] = None,
 ):
     """Attention of any registered variant through one call.
 
@@ -64,26 +67,38 @@ def attention(
             missing refuses with the package and the pyproject extra to install, e.g. ``pip install -e .[fa4]``).
         return_lse: also return the log-sum-exp ``(B, Hq, Nq)`` (softmax kinds; natural log; fp32, fp64 for
             fp64 inputs on ``reference``).
+        doc_ids: packed documents (issue 27, :mod:`attn_zoo.documents`): int32 / int64 ``(B, Nk)`` on q's device,
+            nondecreasing along the sequence (each document one contiguous run; ids need not start at 0 and may
+            skip). Query ``i`` is in the document of key ``Nk - Nq + i``. Softmax kinds: ``(i, j)`` allowed iff the
+            variant's mask allows it (window / layout in absolute positions) and both are in one document; linear /
+            recurrent kinds: the state restarts at each document start. Only backends registered with
+            ``documents=True`` take it (:func:`attn_zoo.registry.document_backends`): ``auto`` skips the others.
 
     Returns:
         ``(B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse`` if asked). Rows that see no key are 0.
 
     Raises:
         ValueError / TypeError: bad shapes (any of ``B, Hq, Hkv, Nq, Nk, D, Dv`` zero), dtypes, devices,
-        ``Hq % Hkv != 0``, unknown backend, or a backend that cannot run this input (the message says why).
+        ``Hq % Hkv != 0``, unknown backend, or a backend that cannot run this input (the message says why);
+        bad ``doc_ids`` (dtype, shape, device, decreasing ids: the message names ``doc_ids``), or a backend asked
+        for by name that does not take documents (the message names those that do).
     """
+    docs = doc_ids is not None
     try:
         key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-               v.device)
+               v.device, docs)
         b = _DISPATCH.get(key)
     except (TypeError, AttributeError):  # an unhashable spec, or q / k / v not tensors: check_inputs names it
         key, b = None, None
     if b is None:
-        b = resolve_backend(q, k, v, spec, backend, return_lse)
+        b = resolve_backend(q, k, v, spec, backend, return_lse, documents=docs)
         if key is not None:
             if len(_DISPATCH) >= 1024:
                 _DISPATCH.clear()
             _DISPATCH[key] = b
+    if docs:  # data, not part of the key: checked per call (once per tensor, attn_zoo.documents.check_doc_ids)
+        check_doc_ids(doc_ids, q, k)
+        return b.fn(q, k, v, spec, return_lse=return_lse, doc_ids=doc_ids)
     return b.fn(q, k, v, spec, return_lse=return_lse)
 
 
@@ -95,7 +110,7 @@ _DISPATCH = derived_dict()
 
 
 def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, backend: str = "auto",
-                    return_lse: bool = False):
+                    return_lse: bool = False, documents: bool = False):
     """The registered :class:`~attn_zoo.registry.Backend` that :func:`attention` runs for these inputs.
 
     ``backend="auto"`` tries the registered backends that have a priority, highest first -- ``triton`` (CUDA
@@ -104,8 +119,8 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
     fp16 / bf16 / fp32, ``D <= 256`` and ``Dv <= 256``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
     dim <= 256 and no FAVOR in fp16; the Taylor map with ``D >= 16`` (273+ features) goes to ``parallel``, its fused
     quadratic form -- else ``torch`` (SDPA / FlexAttention / chunked PyTorch); the reasons of the
-    backends it passed over are in the error when none fits. Raises ``ValueError`` / ``TypeError`` as
-    :func:`attention`.
+    backends it passed over are in the error when none fits. ``documents=True`` (a call with ``doc_ids``): only
+    backends registered with ``documents=True``. Raises ``ValueError`` / ``TypeError`` as :func:`attention`.
     """
     check_inputs(q, k, v, spec)
     regs = get_backends(spec.kind)
@@ -115,6 +130,9 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
             if b.devices is not None and q.device.type not in b.devices:
                 where = " / ".join("CUDA" if d == "cuda" else d for d in b.devices)
                 reasons.append(f"{b.name}: auto uses it on {where} only")
+                continue
+            if documents and not b.documents:
+                reasons.append(f"{b.name}: does not take doc_ids")
                 continue
             why = b.why_not(q, k, v, spec, return_lse)
             if why is None:
@@ -128,7 +146,140 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
             raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(names)}")
         raise ValueError(f"backend={backend!r} is not registered for kind={spec.kind!r}; available: "
                          f"{', '.join(backend_names(spec.kind))}")
+    if documents and not b.documents:
+        raise ValueError(f"backend={backend!r} does not take doc_ids (packed documents) for kind={spec.kind!r}; "
+                         f"backends that do: {', '.join(document_backends(spec.kind)) or 'none'}")
     why = b.why_not(q, k, v, spec, return_lse)
     if why is not None:
         raise ValueError(f"backend={backend!r} cannot run this input for kind={spec.kind!r}: {why}")
     return b
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Validate the packed inputs of :func:`attention_varlen`; returns the host copies of both ``cu_seqlens``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, H, D) in attention_varlen, got shape "
+                             f"{tuple(t.shape)}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have the same number of tokens, got k={k.shape[0]}, v={v.shape[0]}")
+    host = []
+    for name, cu, total, mx in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (int32, (n_docs + 1,)), got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{name} must be int32 of shape (n_docs + 1,) with n_docs >= 1, got {cu.dtype} "
+                             f"{tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        h = cu.tolist()
+        if h[0] != 0 or h[-1] != total or any(b < a for a, b in zip(h, h[1:])):
+            raise ValueError(f"{name} must start at 0, be nondecreasing and end at the number of packed tokens "
+                             f"({total}), got {h if len(h) <= 16 else h[:8] + ['...'] + h[-4:]}")
+        longest = max(b - a for a, b in zip(h, h[1:]))
+        name_max = name.replace("cu_seqlens", "max_seqlen")
+        if not isinstance(mx, int) or isinstance(mx, bool) or mx < longest:
+            raise ValueError(f"{name_max} must be an int >= the longest document ({longest}), got {mx!r}")
+        host.append(h)
+    if len(host[0]) != len(host[1]):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one entry per document boundary each, got "
+                         f"{len(host[0])} and {len(host[1])}")
+    return host
+
+
+def attention_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, spec: AttentionSpec, backend: str = "auto", *, return_lse: bool = False,
+):
+    """Attention over packed variable-length documents without padding (the interface of FlashAttention's
+    ``flash_attn_varlen_func``; Dao 2023), for every registered kind.
+
+    Args:
+        q: ``(total_q, Hq, D)``, the documents' queries back to back; k: ``(total_k, Hkv, D)``; v: ``(total_k, Hkv,
+            Dv)`` (dtypes / GQA as :func:`attention`).
+        cu_seqlens_q / cu_seqlens_k: int32 ``(n_docs + 1,)`` on q's device: document ``d`` owns queries
+            ``cu_seqlens_q[d]:cu_seqlens_q[d+1]`` and keys ``cu_seqlens_k[d]:cu_seqlens_k[d+1]`` (empty documents
+            allowed).
+        max_seqlen_q / max_seqlen_k: the longest document (ints, checked to be at least that).
+        spec, backend: as :func:`attention`.
+        return_lse: also return the log-sum-exp, fp32 ``(Hq, total_q)`` (softmax kinds).
+
+    Returns:
+        ``(total_q, Hq, Dv)`` in ``q.dtype`` (and ``lse``).
+
+    Semantics: each document is its own sequence; inside document ``d``, query ``i`` sits at key ``Nk_d - Nq_d + i``
+    (bottom-right, as ``causal``). With ``cu_seqlens_q == cu_seqlens_k`` this is exactly :func:`attention` with
+    ``B = 1`` and ``doc_ids`` from ``cu_seqlens_k`` (views of q / k / v, no copy, no padding: every backend that
+    takes documents runs it; a block layout is in positions of the packed sequence). With different query and key
+    lengths: softmax kinds run on ``reference`` / ``torch`` (``auto`` picks ``torch``) with each query's absolute
+    position in the packed keys (window / layout in packed positions, as above; with ``Nq_d > Nk_d`` the first
+    ``Nq_d - Nk_d`` queries of ``d`` sit before its first key and see what the rule gives them there: nothing when
+    causal, the whole document when not, as a document run on its own); linear kinds run document by document on
+    any backend (one :func:`attention` call per document: the state restarts at each one).
+
+    Raises:
+        ValueError / TypeError: bad shapes, ``cu_seqlens`` not int32 ``(n_docs + 1,)`` starting at 0, decreasing or
+        not ending at the token count, ``max_seqlen_*`` below the longest document, and as :func:`attention`;
+        ``Nq_d != Nk_d`` for a softmax kind on a backend other than ``reference`` / ``torch`` (the message says why).
+    """
+    hq, hk = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+    qp, kp, vp = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, total, D) views
+
+    def unpack(res):
+        if return_lse:
+            return res[0][0].transpose(0, 1), res[1][0]
+        return res[0].transpose(0, 1)
+
+    if hq == hk:
+        from .documents import doc_ids_from_cu_seqlens
+
+        doc_ids = doc_ids_from_cu_seqlens(cu_seqlens_k, k.shape[0]).unsqueeze(0)
+        return unpack(attention(qp, kp, vp, spec, backend, return_lse, doc_ids=doc_ids))
+    if not spec.is_softmax:  # the state restarts per document: one call per document is the definition
+        if return_lse:
+            raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
+        outs = []
+        for d in range(len(hq) - 1):
+            nq, nk = hq[d + 1] - hq[d], hk[d + 1] - hk[d]
+            if nq == 0:
+                continue
+            if nk == 0:
+                outs.append(q.new_zeros(nq, q.shape[1], v.shape[2]))
+                continue
+            o = attention(qp[:, :, hq[d]:hq[d + 1]], kp[:, :, hk[d]:hk[d + 1]], vp[:, :, hk[d]:hk[d + 1]], spec,
+                          backend)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[2])
+    if backend not in ("auto", "reference", "torch"):
+        raise ValueError(f"attention_varlen with cu_seqlens_q != cu_seqlens_k (queries and keys of different "
+                         f"lengths per document) runs softmax kinds on backend='reference' or 'torch' only (per-query "
+                         f"positions in the mask rule), got backend={backend!r}")
+    from .documents import doc_ids_from_cu_seqlens
+
+    dq = doc_ids_from_cu_seqlens(cu_seqlens_q, q.shape[0]).long()  # (total_q,) document of each query
+    ke = cu_seqlens_k.long()[dq + 1]
+    i_local = torch.arange(q.shape[0], device=q.device) - cu_seqlens_q.long()[dq]
+    nq_d = cu_seqlens_q.long()[dq + 1] - cu_seqlens_q.long()[dq]
+    q_pos = ke - nq_d + i_local  # bottom-right inside each document, in packed key positions
+    q_doc = dq.unsqueeze(0)  # a query before its document's first key (Nq_d > Nk_d) is still in it
+    doc_ids = doc_ids_from_cu_seqlens(cu_seqlens_k, k.shape[0]).unsqueeze(0)
+    check_inputs(qp, kp, vp, spec)
+    regs = get_backends(spec.kind)
+    names = ["torch", "reference"] if backend == "auto" else [backend]
+    reasons = []
+    for name in names:
+        b = regs.get(name)
+        if b is None:
+            reasons.append(f"{name}: not registered for kind={spec.kind!r}")
+            continue
+        why = b.why_not(qp, kp, vp, spec, return_lse)
+        if why is None:
+            return unpack(b.fn(qp, kp, vp, spec, return_lse=return_lse, doc_ids=doc_ids, q_pos=q_pos, q_doc=q_doc))
+        reasons.append(f"{name}: {why}")
+    raise ValueError(f"attention_varlen (cu_seqlens_q != cu_seqlens_k): no backend can run this input for "
+                     f"kind={spec.kind!r}: " + "; ".join(reasons))

@@ -109,20 +109,38 @@ def _matmul(a, x, allowed):
 
 # ----------------------------------------------------------------------------------------- references
 def softmax_attention_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, return_lse: bool = False
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, return_lse: bool = False,
+    doc_ids: Optional[torch.Tensor] = None, *, q_pos: Optional[torch.Tensor] = None,
+    q_doc: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact masked softmax attention (Vaswani et al. 2017, eq. 1) with the spec's mask.
 
     Rows with no allowed key output 0 (zero gradients) and have ``lse = -inf``. ``lse`` is fp32 ``(B, Hq, Nq)``,
     natural log of ``sum_j exp(scale * q_i . k_j)`` over allowed ``j`` (fp64 for fp64 inputs). The softmax
     subtracts the row maximum of the scores; masked pairs contribute nothing (module docstring).
+
+    ``doc_ids`` int ``(B, Nk)`` (packed documents, :mod:`attn_zoo.documents`): the mask is also restricted to
+    pairs of one document (query ``i`` in the document of key ``Nk - Nq + i``). ``q_pos`` int ``(Nq,)`` / ``q_doc``
+    int ``(B, Nq)`` (with ``doc_ids``; the varlen form with ``Nq_d != Nk_d``): each query's absolute key position
+    and document, given explicitly (:func:`attn_zoo.documents.document_allowed`).
     """
-    B, Hq, Nq, D = q.shape
-    Nk = k.shape[2]
-    n_rep = Hq // k.shape[1]
+    if doc_ids is not None:  # one 2-D mask per batch row (the non-finite guards take a 2-D mask)
+        from .documents import document_allowed
+
+        allowed = document_allowed(spec, q.shape[2], k.shape[2], doc_ids, q_pos, q_doc).to(q.device)
+        rows = [_softmax_rows(q[b:b + 1], k[b:b + 1], v[b:b + 1], spec, allowed[b]) for b in range(q.shape[0])]
+        out = torch.cat([r[0] for r in rows])
+        return (out, torch.cat([r[1] for r in rows])) if return_lse else out
+    mi = mask_info(spec, q.shape[2], k.shape[2])
+    out, lse = _softmax_rows(q, k, v, spec, None if mi.is_full else mi.dense(q.device))
+    return (out, lse) if return_lse else out
+
+
+def _softmax_rows(q, k, v, spec, allowed):
+    """``(out, lse)`` of masked softmax attention with the bool ``(Nq, Nk)`` mask ``allowed`` (``None``: full)."""
+    D = q.shape[3]
+    n_rep = q.shape[1] // k.shape[1]
     qf, kf, vf = upcast(q), repeat_kv(upcast(k), n_rep), repeat_kv(upcast(v), n_rep)
-    mi = mask_info(spec, Nq, Nk)
-    allowed = None if mi.is_full else mi.dense(q.device)  # (Nq, Nk)
     s = _scores(qf, kf, allowed, float("-inf")) * spec.scale(D)  # (B, Hq, Nq, Nk), -inf where masked
     m = s.detach().amax(-1, keepdim=True)  # row max: NaN / +inf rows stay so, empty rows (-inf) use 0
     m = torch.where(m == float("-inf"), 0.0, m)
@@ -132,8 +150,6 @@ def softmax_attention_reference(
     l = e.sum(-1, keepdim=True)  # (B, Hq, Nq, 1), >= 1 on rows with an allowed key, 0 on empty rows
     p = e / torch.where(l == 0, 1.0, l)  # empty rows: p == 0 -> out == 0
     out = _matmul(p, vf, allowed).to(q.dtype)
-    if not return_lse:
-        return out
     lse = (m + torch.log(l)).squeeze(-1)  # -inf on empty rows
     return out, lse
 
@@ -245,10 +261,16 @@ def linear_attention_recurrent(
     return torch.stack(outs, 2), (S, z)
 
 
-def attention_reference(q, k, v, spec: AttentionSpec, return_lse: bool = False):
-    """Dispatch to the softmax or linear reference by ``spec.kind``."""
+def attention_reference(q, k, v, spec: AttentionSpec, return_lse: bool = False, doc_ids=None, **doc_kw):
+    """Dispatch to the softmax or linear reference by ``spec.kind``; ``doc_ids`` (B, Nk): packed documents
+    (:mod:`attn_zoo.documents`); ``doc_kw``: ``q_pos`` / ``q_doc`` of the varlen form (softmax kinds)."""
     if spec.is_softmax:
-        return softmax_attention_reference(q, k, v, spec, return_lse=return_lse)
+        return softmax_attention_reference(q, k, v, spec, return_lse=return_lse, doc_ids=doc_ids, **doc_kw)
     if return_lse:
         raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
+    if doc_kw:
+        raise ValueError(f"kind={spec.kind!r}: per-query document positions (varlen with Nq_d != Nk_d) are only "
+                         f"defined for softmax kinds")
+    if doc_ids is not None:
+        return linear_attention_reference(q, k, v, spec, doc_ids=doc_ids)
     return linear_attention_reference(q, k, v, spec)

@@ -10,6 +10,10 @@ A backend is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out
 * ``priority``: ``auto`` tries the backends with a priority, highest first, and takes the first that is available
   and supports the input; ``None`` = never picked by ``auto`` (the anchors: a benchmark or an explicit
   ``backend=`` runs them). ``devices``: device types ``auto`` uses it for (``None`` = any).
+* ``documents``: ``True`` when ``fn`` takes packed documents, ``fn(q, k, v, spec, return_lse=False, doc_ids=...)``
+  (issue 27, :mod:`attn_zoo.documents`); ``fn`` is called with ``doc_ids=`` only when the caller gives them. A call
+  with ``doc_ids``: ``auto`` skips the backends without it; one asked for by name is refused naming those with it
+  (:func:`document_backends`).
 
 Built in (:mod:`attn_zoo.backends`): the product backends ``triton`` (300, CUDA only under ``auto``), ``parallel``
 (250, CUDA, ``linear`` with the Taylor map), ``torch`` (200) and ``reference`` (100), which fix ``auto``'s order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``,
@@ -106,6 +110,7 @@ class Backend:
     available: Callable[[], Optional[str]] = _always
     devices: Optional[Tuple[str, ...]] = None
     origin: str = ""
+    documents: bool = False
 
     def unavailable(self) -> Optional[str]:
         """``available()``'s reason, asked once per process (``None`` = available)."""
@@ -132,6 +137,10 @@ class Backend:
         if why is not None:
             raise Unsupported(f"{self.name}: {why}")
         fn = self.fn
+        if options.get("doc_ids") is not None and not self.documents:
+            raise Unsupported(f"{self.name}: does not take doc_ids (packed documents)")
+        if "doc_ids" in options and options["doc_ids"] is None:
+            options = {k: v for k, v in options.items() if k != "doc_ids"}
         if return_lse:
             return lambda q, k, v: fn(q, k, v, spec, return_lse=True, **options)
         if options:
@@ -151,7 +160,8 @@ def _check_name(name) -> None:
 
 def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional[str]]] = None, *,
                      priority: Optional[int] = -1, available: Optional[Callable[[], Optional[str]]] = None,
-                     devices: Optional[Sequence[str]] = (), fn: Optional[Callable] = None, origin: Optional[str] = None):
+                     devices: Optional[Sequence[str]] = (), fn: Optional[Callable] = None, origin: Optional[str] = None,
+                     documents: bool = False):
     """Register ``fn`` as backend ``name`` for ``kinds``; a decorator unless ``fn`` is given.
 
     Args:
@@ -163,6 +173,7 @@ def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional
         available: ``available() -> Optional[str]`` (default: always available).
         devices: device types ``auto`` picks it for; default ``("cuda",)`` for ``triton``, else any.
         origin: the registering module (default ``fn.__module__``), for :func:`backends_from`.
+        documents: ``fn`` takes ``doc_ids=`` (packed documents; see the module docstring).
 
     Raises:
         ValueError: a bad ``name`` or ``kinds``.
@@ -185,7 +196,8 @@ def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional
     def deco(f):
         for key in keys:
             _REGISTRY.setdefault(key, {})[name] = Backend(key, name, f, supports or _always, prio,
-                                                          available or _always, devs, origin or f.__module__)
+                                                          available or _always, devs, origin or f.__module__,
+                                                          bool(documents))
             _AVAILABLE.pop((key, name), None)
         forget_derived()  # remembered dispatch decisions may name the replaced backend
         return f
@@ -244,6 +256,12 @@ def backend_names(kind: Optional[str] = None) -> List[str]:
                     regs[n] = b
     auto = [b.name for b in auto_order(regs)]
     return auto + [n for n in regs if n not in auto]
+
+
+def document_backends(kind: str) -> List[str]:
+    """Names of the backends of ``kind`` that take packed documents (``doc_ids``), in :func:`backend_names` order."""
+    regs = get_backends(kind)
+    return [n for n in backend_names(kind) if regs[n].documents]
 
 
 def backends_from(modules: Iterable[str]) -> List[str]:

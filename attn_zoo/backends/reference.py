@@ -11,6 +11,8 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-@register_backend((family("softmax"), "linear"), "reference", supports=_supports)
-def reference_backend(q, k, v, spec, return_lse=False):
-    return attention_reference(q, k, v, spec, return_lse=return_lse)
+@register_backend((family("softmax"), "linear"), "reference", supports=_supports, documents=True)
+def reference_backend(q, k, v, spec, return_lse=False, doc_ids=None, **doc_kw):
+    """``doc_ids (B, Nk)``: packed documents (dense mask AND document mask; the linear state restarts at each
+    document); ``doc_kw``: ``q_pos`` / ``q_doc`` of :func:`attn_zoo.attention_varlen` (softmax kinds)."""
+    return attention_reference(q, k, v, spec, return_lse=return_lse, doc_ids=doc_ids, **doc_kw)

@@ -14,7 +14,11 @@ never picks them; benchmarks and sweeps time them, ``attention(..., backend=<nam
   (FlashAttention-3, Shah et al. 2024) where installed: full, causal (bottom-right) and sliding windows, fp16 /
   bf16 on CUDA.
 * ``fa4``: ``flash_attn.cute.flash_attn_func`` (FlashAttention-4, CuTe DSL; ``pip install -e .[fa4]``): full, causal
-  and sliding windows, GQA / MQA, fp16 / bf16 on sm90+ (Hopper, Blackwell).
+  and sliding windows, GQA / MQA, fp16 / bf16 on sm90+ (Hopper, Blackwell); with ``doc_ids`` its varlen entry
+  ``flash_attn_varlen_func`` (``cu_seqlens`` from the documents, :func:`packed_cu_seqlens`).
+
+Packed documents (``doc_ids``): ``flex``, ``flex_fa4`` (document ``BlockMask``), ``fa4`` (varlen) and ``naive``
+(dense mask) take them; the SDPA and FA2 / FA3 anchors do not.
 * ``flex_fa4``: FlexAttention with ``kernel_options={"BACKEND": "FLASH"}`` (its FA4 kernels; needs flash-attn-4 and a
   torch with the FLASH backend) and the spec's ``BlockMask``: every softmax kind, fp16 / bf16 on sm90+.
 * ``fla``: flash-linear-attention (Yang et al.; ``pip install -e .[fla]``) for causal ``linear`` with ``Nq == Nk`` on
@@ -161,12 +165,17 @@ def _flex_supports(q, k, v, spec, return_lse):
     return None
 
 
-@register_backend(family("softmax"), "flex", supports=_flex_supports, priority=None, available=_flex_available)
-def flex_attention(q, k, v, spec, return_lse=False):
-    """Compiled FlexAttention (eager off CUDA) with the spec's ``BlockMask``."""
-    from ..flex import compiled_flex_attention, flex_block_mask
+@register_backend(family("softmax"), "flex", supports=_flex_supports, priority=None, available=_flex_available,
+                  documents=True)
+def flex_attention(q, k, v, spec, return_lse=False, doc_ids=None):
+    """Compiled FlexAttention (eager off CUDA) with the spec's ``BlockMask`` (with ``doc_ids``: the document
+    ``BlockMask`` of :func:`attn_zoo.flex.flex_document_block_mask`)."""
+    from ..flex import compiled_flex_attention, flex_block_mask, flex_document_block_mask
 
-    bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
+    if doc_ids is not None:
+        bm = flex_document_block_mask(spec, doc_ids, q.shape[2], k.shape[2])
+    else:
+        bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
     fa = compiled_flex_attention(q.device.type)
     kw = {"return_lse": True} if return_lse else {}
     return fa(q, k, v, block_mask=bm, scale=spec.scale(q.shape[-1]), enable_gqa=q.shape[1] != k.shape[1], **kw)
@@ -187,15 +196,23 @@ def _naive_supports(q, k, v, spec, return_lse):
     return "naive returns no lse" if return_lse else None
 
 
-@register_backend((family("softmax"), "linear"), "naive", supports=_naive_supports, priority=None)
-def naive_attention(q, k, v, spec, return_lse=False):
-    """Standard attention in the input dtype (S and P materialised); linear: the masked quadratic form."""
+@register_backend(family("softmax"), "naive", supports=_naive_supports, priority=None, documents=True)
+@register_backend("linear", "naive", supports=_naive_supports, priority=None)
+def naive_attention(q, k, v, spec, return_lse=False, doc_ids=None):
+    """Standard attention in the input dtype (S and P materialised); linear: the masked quadratic form. Softmax
+    kinds take ``doc_ids`` (the dense document-masked rule)."""
     Nq, Nk = q.shape[2], k.shape[2]
     rep = q.shape[1] // k.shape[1]
     kk = k.repeat_interleave(rep, 1) if rep > 1 else k
     vv = v.repeat_interleave(rep, 1) if rep > 1 else v
     if spec.is_softmax:
-        allowed, empty_rows = _naive_mask(spec, Nq, Nk, str(q.device))
+        if doc_ids is not None:
+            from ..documents import document_allowed
+
+            allowed = document_allowed(spec, Nq, Nk, doc_ids).unsqueeze(1)  # (B, 1, Nq, Nk)
+            empty_rows = True
+        else:
+            allowed, empty_rows = _naive_mask(spec, Nq, Nk, str(q.device))
         s = (q * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
@@ -289,12 +306,59 @@ def _fa4_supports(q, k, v, spec, return_lse):
     return _min_sm90()
 
 
+def packed_cu_seqlens(doc_ids: torch.Tensor, Nq: int):
+    """The padded document form flattened to FlashAttention's varlen form: ``(cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k)`` (int32 on doc_ids' device, ints) of the ``B * Nk`` keys cut at every row start and
+    every document start, the queries (at key positions ``Nk - Nq + i``, ``Nq <= Nk``) counted per segment (0 for a
+    segment left of the first query). Bottom-right alignment inside each segment equals the padded form's: only the
+    first segment a row's queries touch is cut on the left, and its queries are its last keys. One host sync."""
+    d = doc_ids.long()
+    B, Nk = d.shape
+    start = torch.ones_like(d, dtype=torch.bool)
+    start[:, 1:] = d[:, 1:] != d[:, :-1]
+    seg = start.flatten().cumsum(0).view(B, Nk) - 1  # (B, Nk) segment of each key in the flattened batch
+    n = int(seg[-1, -1]) + 1
+    counts_k = torch.bincount(seg.flatten(), minlength=n)
+    counts_q = torch.bincount(seg[:, Nk - Nq:].flatten(), minlength=n)
+    zero = counts_k.new_zeros(1)
+    cu_k = torch.cat([zero, counts_k.cumsum(0)]).to(torch.int32)
+    cu_q = torch.cat([zero, counts_q.cumsum(0)]).to(torch.int32)
+    mx = torch.stack([counts_q.max(), counts_k.max()]).tolist()
+    return cu_q, cu_k, int(mx[0]), int(mx[1])
+
+
+def _fa4_varlen(q, k, v, spec, doc_ids):
+    """FA4's varlen entry (``flash_attn.cute.flash_attn_varlen_func`` with ``cu_seqlens``) on the padded document
+    form: ``(B, H, N, D)`` flattened to ``(B * N, H, D)`` (one copy each; FA4 takes the packed layout only)."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    mi = mask_info(spec, Nq, Nk)
+    cu_q, cu_k, mq, mk = packed_cu_seqlens(doc_ids, Nq)
+    qf = q.transpose(1, 2).reshape(B * Nq, Hq, D)
+    kf = k.transpose(1, 2).reshape(B * Nk, k.shape[1], D)
+    vf = v.transpose(1, 2).reshape(B * Nk, v.shape[1], v.shape[3])
+    out = flash_attn_varlen_func(qf, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
+                                 softmax_scale=spec.scale(D), causal=mi.causal,
+                                 window_size=(mi.window_left, mi.window_right))
+    out = out[0] if isinstance(out, tuple) else out
+    return out.view(B, Nq, Hq, -1).transpose(1, 2)
+
+
 @register_backend(family("softmax"), "fa4", supports=_fa4_supports, priority=None,
-                  available=_all(_importable(_FA4_MODULE, "flash_attn_func"), _cuda_available))
-def fa4_attention(q, k, v, spec, return_lse=False):
+                  available=_all(_importable(_FA4_MODULE, "flash_attn_func"), _cuda_available), documents=True)
+def fa4_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     """``flash_attn.cute.flash_attn_func`` (FlashAttention-4, Zadouri et al. 2026; CuTe DSL) in its ``(B, N, H, D)``
     layout: full, causal (bottom-right) and sliding windows (``window_size=(left, right)``, ``None`` = unbounded),
-    GQA / MQA through the K / V head count. fp16 / bf16, sm90+."""
+    GQA / MQA through the K / V head count. fp16 / bf16, sm90+. ``doc_ids``: FA4's varlen entry
+    (``flash_attn_varlen_func``, ``cu_seqlens`` cut at every row and document start: :func:`packed_cu_seqlens`);
+    needs ``Nq <= Nk``."""
+    if doc_ids is not None:
+        if q.shape[2] > k.shape[2]:
+            raise ValueError(f"backend='fa4' with doc_ids needs Nq <= Nk (rows before the first key are in no "
+                             f"document), got Nq={q.shape[2]}, Nk={k.shape[2]}; use backend='flex_fa4' or 'triton'")
+        return _fa4_varlen(q, k, v, spec, doc_ids)
     from flash_attn.cute import flash_attn_func
 
     mi = mask_info(spec, q.shape[2], k.shape[2])
@@ -326,13 +390,17 @@ def _flex_backend_option() -> Optional[str]:
 
 @register_backend(family("softmax"), "flex_fa4", supports=_flex_fa4_supports, priority=None,
                   available=_all(_flex_available, _flex_backend_option, _importable(_FA4_MODULE, "flash_attn_func"),
-                                 _cuda_available))
-def flex_fa4_attention(q, k, v, spec, return_lse=False):
+                                 _cuda_available), documents=True)
+def flex_fa4_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     """Compiled FlexAttention with ``kernel_options={"BACKEND": "FLASH"}`` (its FA4 CuTe DSL kernels) and the spec's
-    ``BlockMask`` (:func:`attn_zoo.flex.flex_block_mask`): every softmax kind, fp16 / bf16, sm90+."""
-    from ..flex import compiled_flex_attention, flex_block_mask
+    ``BlockMask`` (:func:`attn_zoo.flex.flex_block_mask`): every softmax kind, fp16 / bf16, sm90+. ``doc_ids``: the
+    document ``BlockMask`` (its ``mask_mod`` compares document ids: :func:`attn_zoo.flex.flex_document_block_mask`)."""
+    from ..flex import compiled_flex_attention, flex_block_mask, flex_document_block_mask
 
-    bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
+    if doc_ids is not None:
+        bm = flex_document_block_mask(spec, doc_ids, q.shape[2], k.shape[2])
+    else:
+        bm = flex_block_mask(spec, q.shape[2], k.shape[2], str(q.device))
     fa = compiled_flex_attention(q.device.type, kernel_backend="FLASH")
     return fa(q, k, v, block_mask=bm, scale=spec.scale(q.shape[-1]), enable_gqa=q.shape[1] != k.shape[1],
               kernel_options={"BACKEND": "FLASH"})

@@ -9,6 +9,11 @@ instead of our kernels.
 * Window and block-sparse elsewhere, or where compiling FlexAttention fails (a warning says so): SDPA with
   the dense boolean mask (O(Nq * Nk) memory).
 
+Packed documents (``doc_ids``, :mod:`attn_zoo.documents`): on CUDA FlexAttention with the document ``BlockMask``
+(:func:`attn_zoo.flex.flex_document_block_mask`: tiles that lie across documents are skipped; built once per
+``doc_ids`` tensor, so once per training step), elsewhere (or where compiling fails) SDPA with the dense
+``(B, 1, Nq, Nk)`` boolean mask. The lse with documents needs the Flex path.
+
 Rows that see no key output 0 with zero gradient (SDPA alone would give NaN there).
 
 Non-finite inputs: keys / values that no query may see (e.g. keys left of every window when decoding with
@@ -28,7 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ..flex import compiled_flex_attention, flex_block_mask
+from ..flex import compiled_flex_attention, flex_block_mask, flex_document_block_mask
 from ..masks import mask_info, unseen_keys
 from ..registry import derived_cache, family, register_backend
 
@@ -63,11 +68,43 @@ def _sdpa_dense_mask(q, k, v, scale, spec):
 _FLEX_FAILED = set()  # (spec, Nq, Nk, D, dtype) whose compiled FlexAttention failed: SDPA dense mask instead
 
 
-@register_backend(family("softmax"), "torch", supports=_supports)
-def torch_softmax_attention(q, k, v, spec, return_lse=False):
-    """SDPA / FlexAttention with the spec's mask; shapes as :func:`attn_zoo.attention`."""
+def _sdpa_documents(q, k, v, scale, spec, doc_ids, q_pos=None, q_doc=None):
+    """SDPA with the dense document-masked rule ``(B, 1, Nq, Nk)`` (:func:`attn_zoo.documents.document_allowed`);
+    rows that see no key attend everything inside SDPA and are zeroed afterwards."""
+    from ..documents import document_allowed
+
+    allowed = document_allowed(spec, q.shape[2], k.shape[2], doc_ids, q_pos, q_doc).unsqueeze(1)  # (B, 1, Nq, Nk)
+    empty = ~allowed.any(-1, keepdim=True)
+    out = _sdpa(q, k, v, scale, attn_mask=allowed | empty)
+    return out.masked_fill(empty, 0.0)
+
+
+@register_backend(family("softmax"), "torch", supports=_supports, documents=True)
+def torch_softmax_attention(q, k, v, spec, return_lse=False, doc_ids=None, q_pos=None, q_doc=None):
+    """SDPA / FlexAttention with the spec's mask; shapes as :func:`attn_zoo.attention`. ``doc_ids (B, Nk)``: packed
+    documents (FlexAttention document mask on CUDA, else SDPA with the dense boolean mask); ``q_pos`` / ``q_doc``:
+    explicit query positions / documents (:func:`attn_zoo.attention_varlen` with ``Nq_d != Nk_d``)."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     scale = spec.scale(D)
+    if doc_ids is not None:
+        fkey = (spec, Nq, Nk, D, q.dtype, "documents")
+        if q.is_cuda and fkey not in _FLEX_FAILED:
+            bm = flex_document_block_mask(spec, doc_ids, Nq, Nk, q_pos=q_pos, q_doc=q_doc)
+            try:
+                return compiled_flex_attention("cuda")(q, k, v, block_mask=bm, scale=scale,
+                                                       enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # compile / lowering failures: SDPA with the dense document mask
+                if return_lse:
+                    raise
+                _FLEX_FAILED.add(fkey)
+                warnings.warn(f"compiled FlexAttention with a document mask failed for kind={spec.kind!r}, Nq={Nq}, "
+                              f"Nk={Nk} ({type(e).__name__}); using SDPA with a dense mask instead")
+        if return_lse:
+            raise ValueError("return_lse with doc_ids needs the FlexAttention path (CUDA); use backend='reference' "
+                             "or 'triton'")
+        return _sdpa_documents(q, k, v, scale, spec, doc_ids, q_pos, q_doc)
     mi = mask_info(spec, Nq, Nk)
     if mi.is_full and not return_lse:
         return _sdpa(q, k, v, scale)

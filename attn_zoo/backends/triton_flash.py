@@ -60,12 +60,13 @@ def _sparse_tables_at(spec, Nq, Nk, D, device, tiles):
 _sparse_tables = sparse_tables  # the name eval/ and the tests used
 
 
-@register_backend(family("softmax"), "triton", supports=_supports)
-def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
+@register_backend(family("softmax"), "triton", supports=_supports, documents=True)
+def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None, doc_ids=None):
     """Exact masked softmax attention through the fused Triton kernel (forward + backward, autograd).
 
     ``config``: a :class:`kernels.FlashConfig`; default ``spec.flash_config`` if the spec has that field and it is
-    set, else the current settings (:func:`kernels.flash_settings`)."""
+    set, else the current settings (:func:`kernels.flash_settings`). ``doc_ids (B, Nk)``: packed documents, part of
+    the kernel's mask description (tiles across documents skipped; :func:`kernels.flash_attn`)."""
     from kernels import flash_attn
 
     Nq, Nk = q.shape[2], k.shape[2]
@@ -84,5 +85,7 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None):
         kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
     if mi.dilation != 1:
         kw["dilation"] = mi.dilation
+    if doc_ids is not None:
+        kw["doc_ids"] = doc_ids
     return flash_attn(q, k, v, causal=mi.causal, window_size=window, softmax_scale=spec.scale(q.shape[-1]),
                       return_lse=return_lse, config=config, **kw)

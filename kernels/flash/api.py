@@ -8,6 +8,7 @@ import torch
 
 from .autograd import _flash_fwd_op, _FlashFn
 from .config import _CURRENT, FlashConfig
+from .documents import cached_document_table
 from .launch import _check
 from .sparse import build_sparse_tables, check_tables
 
@@ -52,7 +53,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
                block_table_fn: Optional[Callable] = None, return_lse: bool = False,
                block_tables: Optional[Sequence[torch.Tensor]] = None, dq_mode: Optional[str] = None,
                dkdv_split: Optional[int] = None, deterministic: Optional[bool] = None, dilation: int = 1,
-               config: Optional[FlashConfig] = None):
+               config: Optional[FlashConfig] = None, doc_ids: Optional[torch.Tensor] = None):
     """Exact attention ``softmax(scale * q k^T + mask) v`` (FlashAttention-2, Dao 2023), differentiable.
 
     Args:
@@ -81,6 +82,12 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         config: a :class:`FlashConfig` (tiles, dQ mode, split, TMA, ...); default the current settings
             (``FlashConfig()`` or the innermost :func:`flash_settings`; under ``torch.compile`` those at trace
             time). The backward uses the forward's.
+        doc_ids: packed documents, int32 / int64 ``(B, Nk)`` on q's device, nondecreasing per row (not checked
+            here: :func:`attn_zoo.attention` checks them): query row ``i`` is in the document of key
+            ``Nk - Nq + i`` (none when negative) and sees only keys of its document, on top of the mask above. Part
+            of the mask description (:func:`kernels.flash.documents.document_table`, built once per ``doc_ids``
+            tensor): each query tile visits only the key tiles of its documents, and the element rule compares
+            documents only on tiles that straddle a boundary (forward, dQ and dK/dV alike).
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
@@ -135,8 +142,16 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             tables = tuple(block_tables)
         else:
             tables = build_sparse_tables(block_table_fn, D, q.device, cfg)
+    documents = None
+    if doc_ids is not None:
+        if not isinstance(doc_ids, torch.Tensor) or doc_ids.shape != (q.shape[0], k.shape[2]):
+            raise ValueError(f"doc_ids must be a (B, Nk) = ({q.shape[0]}, {k.shape[2]}) integer tensor, got "
+                             f"{tuple(getattr(doc_ids, 'shape', ()))}")
+        documents = cached_document_table(doc_ids, q.shape[2])
     if compiling:
-        out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key)
+        out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key,
+                                 documents)
     else:
-        out, lse = _FlashFn.apply(q, k, v, (scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg))
+        out, lse = _FlashFn.apply(q, k, v, (scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg,
+                                            documents))
     return (out, lse) if return_lse else out

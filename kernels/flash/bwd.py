@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from .._host import cdiv, next_pow2
-from .common import INTERPRET, LOG2E, _allowed, _kv_range, _q_range, _table_row
+from .common import INTERPRET, LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _doc_q_range, _kv_range, _q_range, \
+    _table_row
 from .config import FlashConfig, current_flash_config
 from .launch import KERNELS, _PLANS, _aligned, _block_n_dkdv, _bnhd_empty, _bucket, _get_plan, _mode_args, \
     _plan_launch, tma_ok, visited_pairs
@@ -51,7 +52,7 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                DOT_PREC: tl.constexpr, Qd, DOd, b, h, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
-               offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+               offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_ptrs = Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
     do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_dv[None, :] * stride_dd  # (BLOCK_M, BLOCK_DV)
@@ -81,6 +82,8 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
     if MASKED:
         ok = _allowed(offs_m[None, :], offs_n[:, None], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                       dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED)
+        if DOCS:
+            ok = _doc_ok(ok, DocQb, DocKb, offs_m[None, :], offs_n[:, None], Nq, Nk)
         pT = tl.where(ok, pT, 0.0)
     dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
     dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
@@ -107,11 +110,11 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                      stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                      Hq, Hkv, Nq, Nk, offset, group, n_split, qk_scale, sm_scale, win_left, win_right, dilation,
-                     Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Qd, DOd,
+                     Q_IDX, Q_CNT, Q_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, DOC, N_BUCKET, Qd, DOd,
                      HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                      DOT_PREC: tl.constexpr, TMA: tl.constexpr,
-                     DILATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     DILATED: tl.constexpr, DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, batch, K/V head, split): the ``group // n_split`` query heads of split ``s``.
 
     With ``n_split > 1`` DK / DV point at fp32 partial buffers ``(n_split, B, Hkv, Nk, D)`` (split stride
@@ -139,18 +142,42 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                 + offs_dv[None, :] * stride_vd, mask=mv, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_ptrs(DOC, b, Nq, Nk)  # (DOCS only; never read otherwise)
     if SPARSE:  # table row ordered full tiles first: two branch-free loops
         cnt, nfull, tbl = _table_row(Q_IDX, Q_CNT, Q_NFULL, stride_tbl)
+        if DOCS:  # the documents' query span and its full sub-range, for the table's tiles
+            n_qb = tl.cdiv(Nq, BLOCK_M)
+            dlo, dhi, dflo, dfhi = _doc_q_range(n_qb * 0, n_qb, n_qb * 0, n_qb, start_n, Nk, DocKb, KLob, KHib,
+                                                BLOCK_M, BLOCK_N)
     else:
         lo, hi, flo, fhi = _q_range(start_n, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                     HAS_LEFT, HAS_RIGHT)
+        if DOCS:  # only the query tiles of this key tile's documents
+            lo, hi, flo, fhi = _doc_q_range(lo, hi, flo, fhi, start_n, Nk, DocKb, KLob, KHib, BLOCK_M, BLOCK_N)
     for g in range(0, heads):  # query heads sharing this K/V head: dK/dV summed in registers
         h = hk * group + s * heads + g
         Qb = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         DOb = DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh
         row0 = (b * Hq + h).to(tl.int64) * Nq
         DQAb = DQA + row0 * HEAD_D
-        if SPARSE:
+        if SPARSE and DOCS:
+            for t in range(0, cnt):
+                mblk = tl.load(tbl + t)
+                if (t < nfull) & (mblk >= dflo) & (mblk < dfhi):
+                    dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn,
+                                        stride_qd, stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale,
+                                        sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+                                        DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D,
+                                        DOT_PREC, Qd, DOd, b, h, TMA, dilation, DILATED,
+                                        offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                elif (mblk >= dlo) & (mblk < dhi):
+                    dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn,
+                                        stride_qd, stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale,
+                                        sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
+                                        True, HAS_LEFT, HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D,
+                                        DOT_PREC, Qd, DOd, b, h, TMA, dilation, DILATED,
+                                        offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+        elif SPARSE:
             for t in range(0, nfull):
                 mblk = tl.load(tbl + t)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
@@ -158,7 +185,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
             for t in range(nfull, cnt):
                 mblk = tl.load(tbl + t)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
@@ -166,29 +193,29 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         else:
-            for mblk in range(lo, flo):
+            for mblk in range(lo, flo):  # (empty without a right window edge or documents)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
             for mblk in range(flo, fhi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
             for mblk in range(fhi, hi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * stride_dks + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
@@ -202,7 +229,7 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, st
              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
              BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
              Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
-             offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+             offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kT_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     vT_ptrs = Vb + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd  # (BLOCK_DV, BLOCK_N)
@@ -226,6 +253,8 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, st
     if MASKED:
         ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                       dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED)
+        if DOCS:
+            ok = _doc_ok(ok, DocQb, DocKb, offs_m[:, None], offs_n[None, :], Nq, Nk)
         p = tl.where(ok, p, 0.0)
     dp = tl.dot(do, vT, input_precision=DOT_PREC)
     ds = p * (dp - delta[:, None])
@@ -241,10 +270,10 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                    stride_db, stride_dh, stride_dn, stride_dd,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                    Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right, dilation,
-                   KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
+                   KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, DOC, N_BUCKET, Kd, Vd,
                    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DOT_PREC: tl.constexpr,
-                   TMA: tl.constexpr, DILATED: tl.constexpr,
+                   TMA: tl.constexpr, DILATED: tl.constexpr, DOCS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
@@ -270,39 +299,61 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
     Kb = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     Vb = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if SPARSE:  # table row ordered full tiles first: two branch-free loops
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_ptrs(DOC, b, Nq, Nk)  # (DOCS only; never read otherwise)
+    if SPARSE and DOCS:  # the table's tiles inside the documents' key span; full only if full for both
+        cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
+        n_kb = tl.cdiv(Nk, BLOCK_N)
+        dlo, dhi, dflo, dfhi = _doc_kv_range(n_kb * 0, n_kb, n_kb * 0, n_kb, start_m, Nq, DocQb, QLob, QHib,
+                                             BLOCK_M, BLOCK_N)
+        for t in range(0, cnt):
+            nblk = tl.load(tbl + t)
+            if (t < nfull) & (nblk >= dflo) & (nblk < dfhi):
+                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                              LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                              DocQb, DocKb, DOCS)
+            elif (nblk >= dlo) & (nblk < dhi):
+                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                              LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                              DocQb, DocKb, DOCS)
+    elif SPARSE:  # table row ordered full tiles first: two branch-free loops
         cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
         for t in range(0, nfull):
             nblk = tl.load(tbl + t)
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
-        if HAS_LEFT:  # partial tiles left of the full band (none without a left window edge)
+        if DOCS:  # only the key tiles of this query tile's documents
+            lo, hi, flo, fhi = _doc_kv_range(lo, hi, flo, fhi, start_m, Nq, DocQb, QLob, QHib, BLOCK_M, BLOCK_N)
+        if HAS_LEFT or DOCS:  # partial tiles left of the full band (none without a left window edge / documents)
             for nblk in range(lo, flo):
                 dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                               nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                               LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
+                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         for nblk in range(flo, fhi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         for nblk in range(fhi, hi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
     dq = dq * sm_scale
     tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqn
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mq)
@@ -348,14 +399,15 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
                    kv_idx=None, kv_cnt=None, kv_nfull=None, q_idx=None, q_cnt=None, q_nfull=None,
                    dlse: Optional[torch.Tensor] = None, grads_like_inputs: bool = True, *, dilation: int = 1,
-                   config: Optional[FlashConfig] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   config: Optional[FlashConfig] = None,
+                   documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launches: preprocess (delta, lse2), dK/dV (per key tile, GQA group summed), dQ (per query tile).
 
     Block-sparse needs the query-tile table (``kv_*`` at ``sparse_tiles(D)[0]``) and the key-tile table
     (``q_*``: for each key tile the visited query tiles, full ones first, at ``sparse_tiles(D)[1]``), both from
     :func:`build_sparse_tables`. ``config`` (default: the current settings): ``dq_mode`` (``"atomic"`` skips the dQ
     kernel) and ``dkdv_split`` (see :func:`resolve_dkdv_split`), tiles, TMA; pass the forward's. ``dilation``: as
-    in :func:`flash_attn_fwd`.
+    in :func:`flash_attn_fwd`. ``documents``: the forward's document table (:func:`flash_attn_fwd`).
     ``grads_like_inputs``: ``dq`` / ``dk`` / ``dv`` take the layouts of ``q`` / ``k`` / ``v`` (a leaf tensor's
     gradient of another layout would be copied by autograd); ``False``: stored as ``(B, N, H, D)`` (the custom
     op, whose fake kernel cannot see the runtime strides). Returns ``(dq, dk, dv)``.
@@ -369,9 +421,9 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     key = ("bwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
            q.device,
            softmax_scale, win_left, win_right, sparse_key, _aligned(q, k, v, do, out), has_dlse, grads_like_inputs,
-           config, dilation)
+           config, dilation, documents is not None)
     plan = _PLANS.get(key) or _get_plan(key, lambda: _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs,
-                                                                has_dlse, dilation, config))
+                                                                has_dlse, dilation, config, documents is not None))
     pm = plan.meta
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
@@ -383,8 +435,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     else:  # custom op: one fixed layout, whatever strides Inductor hands it (its fake kernel must agree)
         dq, dk, dv = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), \
             _bnhd_empty(B, Hkv, Nk, v.shape[3], v.dtype, v.device)
-    mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
-    mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull))
+    mk = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull), documents)
+    mq = _mode_args(q, layout, (q_idx, q_cnt, q_nfull), documents)
     n_split, atomic = pm["n_split"], pm["atomic"]
     if n_split > 1:  # fp32 partial dK / dV per split, summed below
         dk_t = torch.empty((n_split, B, Hkv, Nk, D), dtype=torch.float32, device=q.device)
@@ -400,7 +452,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         q, k, v, do, lse2, delta, dk_t, dv_t, dqa, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk_strides, *dv_strides, Hq, Hkv, Nq, Nk, Nk - Nq, group, n_split, softmax_scale * LOG2E, softmax_scale,
         wl, wr, dilation, mq["idx"], mq["cnt"], mq["nfull"], mq["stride_tbl"], mq["lay"], mq["lay_nb"], max(layout_bs, 1),
-        _bucket(Nk)), pm["dkdv"], (q, do), q.device, config)
+        mq["doc"], _bucket(Nk)), pm["dkdv"], (q, do), q.device, config)
     if n_split > 1:
         dk.copy_(dk_t.sum(0))
         dv.copy_(dv_t.sum(0))
@@ -411,11 +463,11 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr, dilation,
         mk["idx"], mk["cnt"], mk["nfull"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1),
-        _bucket(Nq)), pm["dq"], (k, v), q.device, config)
+        mk["doc"], _bucket(Nq)), pm["dq"], (k, v), q.device, config)
     return dq, dk, dv
 
 
-def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dilation, config):
+def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dilation, config, docs=False):
     """The backward's launch options (a plan's ``meta``): preprocess, dK/dV and dQ constexprs, the split."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -429,7 +481,7 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     common = dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=block_dv, HAS_LEFT=win_left >= 0,
                   HAS_RIGHT=win_right >= 0,
                   SPARSE=sparse_mode(layout, layout_bs, f_tile, Nq, Nk, config), DOT_PREC=prec,
-                  DILATED=dilation > 1)
+                  DILATED=dilation > 1, DOCS=docs)
     atomic = config.dq_mode == "atomic"
     meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=sparse_mode(layout, layout_bs, b_tile, Nq, Nk, config),
                      TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, q, do))

@@ -98,3 +98,59 @@ def _q_range(start_n, Nq, Nk, offset, win_left, win_right,
     fhi = tl.minimum(tl.maximum(fhi, flo), hi)
     return lo, hi, flo, fhi
 
+
+
+# ------------------------------------------------------------------------------------------- packed documents
+# The document part of the mask description: one int32 tensor per call, (B, 3 * Nq + 3 * Nk), per batch row
+# [doc_q (Nq) | q_lo (Nq) | q_hi (Nq) | doc_k (Nk) | k_lo (Nk) | k_hi (Nk)] (kernels.flash.documents builds it):
+# the document of each query row (-1: none) and the key span [q_lo, q_hi) of its document; the document of each key
+# and the query rows [k_lo, k_hi) of its document. Documents are contiguous runs, so these spans are nondecreasing
+# along the rows and a tile's span is [lo of its first row, hi of its last row).
+@triton.jit
+def _doc_ptrs(DOC, b, Nq, Nk):
+    """Pointers to this batch row's ``doc_q``, ``q_lo``, ``q_hi``, ``doc_k``, ``k_lo``, ``k_hi``."""
+    base = DOC + b.to(tl.int64) * (3 * (Nq + Nk))
+    return base, base + Nq, base + 2 * Nq, base + 3 * Nq, base + 3 * Nq + Nk, base + 3 * Nq + 2 * Nk
+
+
+@triton.jit
+def _doc_ok(ok, DocQb, DocKb, i2, j2, Nq, Nk):
+    """The element rule AND one document, on broadcastable row / column indices (rows / keys out of range: none)."""
+    dq = tl.load(DocQb + i2, mask=i2 < Nq, other=-2)
+    dk = tl.load(DocKb + j2, mask=j2 < Nk, other=-3)
+    return ok & (dq == dk)
+
+
+@triton.jit
+def _doc_kv_range(lo, hi, flo, fhi, start_m, Nq, DocQb, QLob, QHib, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tiles ``[lo, hi)`` / full ``[flo, fhi)`` of query tile ``start_m`` intersected with its documents: only
+    tiles of keys in ``[q_lo(first row), q_hi(last row))`` are visited; a tile stays full only when every row of the
+    query tile is in one document and the key tile lies inside that document (else the element rule runs)."""
+    r1 = tl.minimum(start_m + BLOCK_M, Nq) - 1
+    klo = tl.load(QLob + start_m)
+    khi = tl.load(QHib + r1)
+    uniform = tl.load(DocQb + start_m) == tl.load(DocQb + r1)
+    lo2 = tl.maximum(lo, klo // BLOCK_N)
+    hi2 = tl.maximum(tl.minimum(hi, (khi + BLOCK_N - 1) // BLOCK_N), lo2)
+    flo2 = tl.maximum(flo, (klo + BLOCK_N - 1) // BLOCK_N)
+    fhi2 = tl.where(uniform, tl.minimum(fhi, khi // BLOCK_N), flo2)
+    flo2 = tl.minimum(tl.maximum(flo2, lo2), hi2)
+    fhi2 = tl.minimum(tl.maximum(fhi2, flo2), hi2)
+    return lo2, hi2, flo2, fhi2
+
+
+@triton.jit
+def _doc_q_range(lo, hi, flo, fhi, start_n, Nk, DocKb, KLob, KHib, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query tiles ``[lo, hi)`` / full ``[flo, fhi)`` of key tile ``start_n`` intersected with its documents (the
+    transpose of :func:`_doc_kv_range`)."""
+    c1 = tl.minimum(start_n + BLOCK_N, Nk) - 1
+    qlo = tl.load(KLob + start_n)
+    qhi = tl.load(KHib + c1)
+    uniform = tl.load(DocKb + start_n) == tl.load(DocKb + c1)
+    lo2 = tl.maximum(lo, qlo // BLOCK_M)
+    hi2 = tl.maximum(tl.minimum(hi, (qhi + BLOCK_M - 1) // BLOCK_M), lo2)
+    flo2 = tl.maximum(flo, (qlo + BLOCK_M - 1) // BLOCK_M)
+    fhi2 = tl.where(uniform, tl.minimum(fhi, qhi // BLOCK_M), flo2)
+    flo2 = tl.minimum(tl.maximum(flo2, lo2), hi2)
+    fhi2 = tl.minimum(tl.maximum(fhi2, flo2), hi2)
+    return lo2, hi2, flo2, fhi2

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .._host import next_pow2
-from .common import LOG2E, _allowed, _kv_range, _table_row
+from .common import LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _kv_range, _table_row
 from .config import FlashConfig, current_flash_config
 from .launch import KERNELS, _PLANS, _aligned, _bnhd_empty, _bucket, _get_plan, _mode_args, _plan_launch, tma_ok, \
     visited_pairs
@@ -23,7 +23,7 @@ def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_
               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
               BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
               Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
-              offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+              offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = Vb + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd  # (BLOCK_N, BLOCK_DV)
@@ -46,6 +46,8 @@ def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_
     if MASKED:
         ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                       dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED)
+        if DOCS:
+            ok = _doc_ok(ok, DocQb, DocKb, offs_m[:, None], offs_n[None, :], Nq, Nk)
         qk = tl.where(ok, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -68,11 +70,11 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_ob, stride_oh, stride_on, stride_od,
                 Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, dilation,
-                KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, N_BUCKET, Kd, Vd,
+                KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, DOC, N_BUCKET, Kd, Vd,
                 HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, DILATED: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
         mblk = tl.load(KV_IDX + tl.program_id(0) * stride_tbl)
@@ -94,7 +96,27 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if SPARSE:  # table row ordered full tiles first: two branch-free loops
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_ptrs(DOC, b, Nq, Nk)  # (DOCS only; never read otherwise)
+    if SPARSE and DOCS:  # the table's tiles inside the documents' key span; full only if full for both
+        cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
+        n_kb = tl.cdiv(Nk, BLOCK_N)
+        dlo, dhi, dflo, dfhi = _doc_kv_range(n_kb * 0, n_kb, n_kb * 0, n_kb, start_m, Nq, DocQb, QLob, QHib,
+                                             BLOCK_M, BLOCK_N)
+        for t in range(0, cnt):
+            nblk = tl.load(tbl + t)
+            if (t < nfull) & (nblk >= dflo) & (nblk < dfhi):
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                          win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+            elif (nblk >= dlo) & (nblk < dhi):
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                          win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+    elif SPARSE:  # table row ordered full tiles first: two branch-free loops
         cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
         for t in range(0, nfull):
             nblk = tl.load(tbl + t)
@@ -102,36 +124,38 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
-        if HAS_LEFT:  # partial tiles left of the full band (none without a left window edge)
+        if DOCS:  # only the key tiles of this query tile's documents
+            lo, hi, flo, fhi = _doc_kv_range(lo, hi, flo, fhi, start_m, Nq, DocQb, QLob, QHib, BLOCK_M, BLOCK_N)
+        if HAS_LEFT or DOCS:  # partial tiles left of the full band (none without a left window edge / documents)
             for nblk in range(lo, flo):
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                           win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                           BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         for nblk in range(flo, fhi):  # full tiles: no element mask, no bounds checks
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
         for nblk in range(fhi, hi):  # partial tiles right of the band (causal diagonal, ragged tail)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
@@ -145,7 +169,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
 KERNELS["fwd"] = _fwd_kernel
 
 
-def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config):
+def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     Dv = v.shape[3]
@@ -155,14 +179,16 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config)
                 HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v), DILATED=dilation > 1)
+                TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v), DILATED=dilation > 1,
+                DOCS=docs)
 
 
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
                    kv_idx: Optional[torch.Tensor] = None, kv_cnt: Optional[torch.Tensor] = None,
                    kv_nfull: Optional[torch.Tensor] = None, *, dilation: int = 1,
-                   config: Optional[FlashConfig] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                   config: Optional[FlashConfig] = None,
+                   documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward launch. ``win_left`` / ``win_right`` < 0 mean unbounded (causal is ``win_right = 0``); ``dilation``
     > 1 keeps only keys with ``(i + Nk - Nq - j) % dilation == 0`` (every visited tile masked).
 
@@ -170,7 +196,8 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     built by :func:`build_sparse_tables` at ``sparse_tiles(D, config)[0]``: ``kv_idx`` int32 ``(n_q_tiles,
     max_visits)`` (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
     ``(n_q_tiles,)`` full tiles. ``config``: default the current settings. ``v`` may have its own head dim ``Dv``
-    (MLA; TMA only when ``Dv == D``). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
+    (MLA; TMA only when ``Dv == D``). ``documents``: the document table of :func:`kernels.flash.documents.
+    document_table` (packed documents: tiles across documents skipped, ``doc_q == doc_k`` on straddling tiles). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
     Nq) fp32)``.
     """
     if config is None:
@@ -180,15 +207,17 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)
     key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale,
            win_left,
-           win_right, sparse_key, _aligned(q, k, v), config, dilation)
+           win_right, sparse_key, _aligned(q, k, v), config, dilation, documents is not None)
     plan = _PLANS.get(key) or _get_plan(key, lambda: {"fwd": _fwd_meta(q, k, v, win_left, win_right, layout,
-                                                                        layout_bs, dilation, config)})
+                                                                        layout_bs, dilation, config,
+                                                                        documents is not None)})
     out = _bnhd_empty(B, Hq, Nq, v.shape[3], q.dtype, q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull))
+    m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull), documents)
     _plan_launch(plan, "fwd", B * Hq, Nq, (
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0), dilation,
-        m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), _bucket(Nq)),
+        m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), m["doc"],
+        _bucket(Nq)),
         plan.meta["fwd"], (k, v), q.device, config)
     return out, lse

@@ -85,7 +85,7 @@ def _make_prune(kind: str, config: FlashConfig):
     return prune
 
 
-_KEY = ["N_BUCKET", "BLOCK_D", "BLOCK_DV", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC", "DILATED"]
+_KEY = ["N_BUCKET", "BLOCK_D", "BLOCK_DV", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC", "DILATED", "DOCS"]
 _KEY_DKDV = _KEY + ["ATOMIC_DQ"]
 
 # Launch policy. Default: one heuristic config per (kernel, head dim, mode, dtype) -- the first of a preference
@@ -433,7 +433,8 @@ def visited_pairs(B: int, Hq: int, Nq: int, Nk: int, win_left: int, win_right: i
 
 
 
-def _mode_args(q, layout, tables):
+def _mode_args(q, layout, tables, documents=None):
+    """The table / layout / document part of a launch's mask description (placeholders where absent)."""
     if q.device not in _DUMMIES:  # placeholder pointers of the dense modes (never read), one pair per device
         _DUMMIES[q.device] = (torch.zeros(1, dtype=torch.int32, device=q.device),
                               torch.zeros(1, dtype=torch.int8, device=q.device))
@@ -442,8 +443,9 @@ def _mode_args(q, layout, tables):
         idx, cnt, nfull = tables
         lay = layout.to(device=q.device, dtype=torch.int8).contiguous()
         return dict(sparse=True, idx=idx, cnt=cnt, nfull=nfull, stride_tbl=idx.stride(0), lay=lay,
-                    lay_nb=lay.shape[0])
-    return dict(sparse=False, idx=dummy_i32, cnt=dummy_i32, nfull=dummy_i32, stride_tbl=0, lay=dummy_i8, lay_nb=1)
+                    lay_nb=lay.shape[0], doc=dummy_i32 if documents is None else documents)
+    return dict(sparse=False, idx=dummy_i32, cnt=dummy_i32, nfull=dummy_i32, stride_tbl=0, lay=dummy_i8, lay_nb=1,
+                doc=dummy_i32 if documents is None else documents)
 
 
 def _bnhd_empty(B: int, H: int, N: int, D: int, dtype, device) -> torch.Tensor:

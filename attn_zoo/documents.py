@@ -1,0 +1,122 @@
+"""Packed documents (issue 27): the document ids every backend takes, their checks, and the document mask.
+
+Semantics (the contract every backend is tested against, :func:`attn_zoo.attention` with ``doc_ids``):
+
+* ``doc_ids`` int32 / int64 ``(B, Nk)`` on q's device, nondecreasing along the sequence: each document is one
+  contiguous run of keys; ids need not start at 0 and may skip (an id that never occurs is an empty document).
+* Query ``i`` sits at key position ``p_i = Nk - Nq + i`` (bottom-right, as ``causal``); its document is
+  ``doc_ids[b, p_i]``. Rows with ``p_i < 0`` (``Nq > Nk``) belong to no document and see nothing.
+* Softmax kinds: ``(i, j)`` is allowed iff the variant's mask allows it (window, dilation and block layout stay
+  in absolute positions of the packed sequence) AND ``doc(i) == doc(j)``. Linear / recurrent kinds: the state
+  restarts at each document start. Rows that see no key give 0 (zero gradients; ``lse = -inf``).
+
+The varlen form (:func:`attn_zoo.attention_varlen`) with ``Nq_d != Nk_d`` gives each query an explicit absolute
+position ``q_pos`` (bottom-right inside its own document) and an explicit document ``q_doc``; the padded form is
+the special case ``q_pos = Nk - Nq + i``, ``q_doc = doc_ids[b, q_pos]``. :func:`document_allowed` takes either.
+
+Sources: FlashAttention's varlen interface (``flash_attn_varlen_func``, ``cu_seqlens``; Dao 2023) and
+FlexAttention's document masking (``mask_mod`` comparing document ids; Guessous et al. 2024).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import replace
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["check_doc_ids", "query_documents", "document_allowed", "doc_ids_from_cu_seqlens", "document_spans"]
+
+_INT = (torch.int32, torch.int64)
+_CHECKED: list = [None, -1]  # (weakref to the last doc_ids that passed, its _version): one check per step, not per layer
+
+
+def check_doc_ids(doc_ids, q: torch.Tensor, k: torch.Tensor) -> None:
+    """Validate ``doc_ids`` for ``q (B, Hq, Nq, D)`` / ``k (B, Hkv, Nk, D)``.
+
+    Raises:
+        TypeError: ``doc_ids`` is not a tensor.
+        ValueError: (naming ``doc_ids``) a dtype other than int32 / int64, a shape other than ``(B, Nk)``, a device
+            other than q's, or ids that decrease along the sequence.
+
+    The (synchronising) monotonicity check runs once per tensor: the same unmodified ``doc_ids`` tensor passed
+    to every layer of a step is checked on the first call only.
+    """
+    if not isinstance(doc_ids, torch.Tensor):
+        raise TypeError(f"doc_ids must be a torch.Tensor (int32 / int64, shape (B, Nk)) or None, got "
+                        f"{type(doc_ids).__name__}")
+    if doc_ids.dtype not in _INT:
+        raise ValueError(f"doc_ids.dtype={doc_ids.dtype} is not supported; allowed values: int32, int64")
+    B, Nk = q.shape[0], k.shape[2]
+    if tuple(doc_ids.shape) != (B, Nk):
+        raise ValueError(f"doc_ids must have shape (B, Nk) = ({B}, {Nk}), got {tuple(doc_ids.shape)}")
+    if doc_ids.device != q.device:
+        raise ValueError(f"doc_ids must be on q's device {q.device}, got {doc_ids.device}")
+    ref, ver = _CHECKED
+    if ref is not None and ref() is doc_ids and ver == doc_ids._version:
+        return
+    if Nk > 1 and bool((doc_ids[:, 1:] < doc_ids[:, :-1]).any()):
+        raise ValueError("doc_ids must be nondecreasing along the sequence (each document one contiguous run of "
+                         "keys); sort or renumber them")
+    try:
+        _CHECKED[0], _CHECKED[1] = weakref.ref(doc_ids), doc_ids._version
+    except TypeError:  # pragma: no cover - a tensor subclass without weak references: checked every call
+        pass
+
+
+def query_documents(doc_ids: torch.Tensor, Nq: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(q_pos, q_doc)`` of the padded form: ``q_pos`` int64 ``(Nq,)`` absolute key positions ``Nk - Nq + i``,
+    ``q_doc`` int64 ``(B, Nq)`` the document of each query row (``min(doc_ids) - 1`` where ``q_pos < 0``, a
+    document no key has)."""
+    d = doc_ids.long()
+    B, Nk = d.shape
+    q_pos = torch.arange(Nq, device=d.device) + (Nk - Nq)
+    q_doc = d[:, q_pos.clamp(min=0)]
+    if Nq > Nk:
+        none = d.min() - 1 if d.numel() else torch.tensor(-1, device=d.device)
+        q_doc = torch.where((q_pos >= 0).view(1, -1), q_doc, none)
+    return q_pos, q_doc
+
+
+def document_allowed(spec, Nq: int, Nk: int, doc_ids: torch.Tensor, q_pos: Optional[torch.Tensor] = None,
+                     q_doc: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The full document-masked rule, bool ``(B, Nq, Nk)``: the variant's element rule at absolute query positions
+    ``q_pos`` AND ``q_doc == doc_ids``. ``q_pos`` / ``q_doc`` default to the padded form (:func:`query_documents`).
+    Softmax kinds: the spec's :class:`~attn_zoo.masks.MaskInfo`; any other kind: causal (``j <= q_pos``) or none."""
+    if q_pos is None or q_doc is None:
+        q_pos, q_doc = query_documents(doc_ids, Nq)
+    d = doc_ids.long()
+    j = torch.arange(Nk, device=d.device).view(1, -1)
+    if spec.is_softmax:
+        from .masks import mask_info
+
+        # the rule at absolute positions q_pos >= -Nq: offset -Nq, rows q_pos + Nq (no row bound bites)
+        mi0 = replace(mask_info(spec, Nq, Nk), Nq=Nk + Nq)
+        rule = mi0.allowed(q_pos.view(-1, 1) + Nq, j)
+    else:
+        rule = (j <= q_pos.view(-1, 1)) if spec.causal else (q_pos.view(-1, 1) >= 0) & (j >= 0)
+    return rule.unsqueeze(0) & (q_doc.long().unsqueeze(-1) == d.unsqueeze(1))
+
+
+def doc_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """int32 ``(total,)`` document index of each packed token from ``cu_seqlens (n_docs + 1,)`` (no host sync;
+    empty documents are skipped ids)."""
+    pos = torch.arange(total, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return torch.searchsorted(cu_seqlens[1:].contiguous(), pos, right=True).to(torch.int32)
+
+
+def document_spans(doc_ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(start, end)`` int32 ``(B, N)``: the first and one-past-last key position of each position's document
+    (what a kernel needs to bound the key tiles a query tile visits)."""
+    d = doc_ids.long()
+    B, N = d.shape
+    newdoc = torch.ones_like(d, dtype=torch.bool)
+    newdoc[:, 1:] = d[:, 1:] != d[:, :-1]
+    idx = torch.arange(N, device=d.device).expand(B, N)
+    start = torch.where(newdoc, idx, torch.zeros_like(idx)).cummax(1).values
+    enddoc = torch.ones_like(newdoc)
+    enddoc[:, :-1] = newdoc[:, 1:]
+    endv = torch.where(enddoc, idx + 1, torch.full_like(idx, N))
+    end = endv.flip(1).cummin(1).values.flip(1)
+    return start.to(torch.int32), end.to(torch.int32)
