@@ -220,3 +220,25 @@ def test_deltanet_decode_after_packed_prefix(gated):
     c2 = m.new_cache(1, 16, f64, "cpu")
     m(x[:, 6:9], c2)
     torch.testing.assert_close(y1, m(x[:, 9:], c2, pos=3))
+
+
+@pytest.mark.parametrize("fm", ["elu1", "taylor"])
+def test_attention_routes_doc_ids_to_the_linear_backends(fm):
+    """attention(..., doc_ids=) on a linear kind: the torch backend (the state reset) equals the reference (the
+    document mask), and a backend that does not take documents is refused by name."""
+    import attn_zoo
+    from attn_zoo.registry import document_backends
+
+    g = torch.Generator().manual_seed(3)
+    B, H, N, D = 2, 2, 40, 16
+    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    doc_ids = torch.tensor([[0] * 7 + [1] * 20 + [4] * 13, [2] * 40])
+    spec = attn_zoo.make_spec("linear", causal=True, feature_map=fm, chunk_size=16)
+    ref = attn_zoo.attention(q, k, v, spec, backend="reference", doc_ids=doc_ids)
+    out = attn_zoo.attention(q, k, v, spec, backend="torch", doc_ids=doc_ids)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+    alone = attn_zoo.attention(q[:1, :, 7:27], k[:1, :, 7:27], v[:1, :, 7:27], spec, backend="reference")
+    torch.testing.assert_close(ref[:1, :, 7:27], alone, atol=2e-4, rtol=2e-4)  # document 1 sees only itself
+    assert {"torch", "reference"} <= set(document_backends("linear"))
+    with pytest.raises(ValueError, match="doc_ids"):
+        attn_zoo.attention(q, k, v, spec, backend="triton", doc_ids=doc_ids)

@@ -422,7 +422,8 @@ def _fla_supports(q, k, v, spec, return_lse):
 
 
 @register_backend("linear", "fla", supports=_fla_supports, priority=None,
-                  available=_all(_importable("fla.ops.linear_attn", "chunk_linear_attn"), _cuda_available))
+                  available=_all(_importable("fla.ops.linear_attn", "chunk_linear_attn"), _cuda_available),
+                  documents=True)
 def fla_linear_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     """flash-linear-attention (Yang et al.) in its ``(B, N, H, D)`` layout, K/V heads repeated for GQA:
 

@@ -148,7 +148,7 @@ def chunked_linear_attention(
     return out if top is None else torch.cat([top, out], dim=2)
 
 
-@register_backend("linear", "torch", supports=_supports)
+@register_backend("linear", "torch", supports=_supports, documents=True)
 def torch_linear_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     """Chunked PyTorch linear attention; shapes as :func:`attn_zoo.attention`; output in ``q.dtype``.
     ``doc_ids (B, Nk)``: the state restarts at each document start."""

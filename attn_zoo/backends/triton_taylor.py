@@ -38,7 +38,7 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-@register_backend("linear", "parallel", supports=_supports, priority=250, devices=("cuda",))
+@register_backend("linear", "parallel", supports=_supports, priority=250, devices=("cuda",), documents=True)
 def triton_taylor_parallel(q, k, v, spec, return_lse=False, doc_ids=None):
     """Taylor linear attention of ``spec`` in the fused parallel form; ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
     ``doc_ids (B, Nk)``: pairs restricted to one document (the state reset of causal linear attention)."""
