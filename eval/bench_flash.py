@@ -15,6 +15,15 @@ Usage (GPU, from the repo root): ``python -m eval.bench_flash --out results/h200
 causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--plugins my_module]
 [--flex-max-cases 12] [--check] [--tune]``. Our kernel runs with ``kernels.FlashConfig()`` (``--tune``:
 ``FlashConfig(autotune=True)``).
+
+Packed documents (issue 27): ``--docs fixed:512,geometric:512`` runs every case once per document-length
+distribution -- each row of the batch packed with documents of exactly 512 tokens (``fixed``) or of lengths drawn
+from a geometric distribution of mean 512 (``geometric``, seeded, >= 1 token; the last document of a row is cut at
+N) -- and passes ``doc_ids`` to every backend that takes documents (ours, ``flex`` / ``flex_fa4``: document
+``BlockMask``; ``fa4``: its varlen entry with ``cu_seqlens``; the others are recorded as not run). FLOPs count the
+pairs the document mask keeps (``visited_fraction``: sum of l^2 / 2 over documents / N^2 for causal). E.g.
+``python -m eval.bench_flash --out results/h200/docs --tag bench_docs --variants causal,win1024 --N 4096,16384
+--D 128 --docs fixed:256,fixed:1024,geometric:256,geometric:1024 --impls ours,fa4,flex_fa4,flex --check``.
 """
 
 from __future__ import annotations
@@ -44,6 +53,50 @@ VARIANTS = {
     "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),
 }
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
+
+
+def document_lengths(N: int, dist: str, seed: int = 0):
+    """Document lengths of one packed row of ``N`` tokens: ``"fixed:L"`` (every document ``L`` tokens) or
+    ``"geometric:L"`` (geometric lengths of mean ``L``, >= 1, seeded); the last document is cut at ``N``."""
+    kind, _, mean = dist.partition(":")
+    try:
+        L = int(mean)
+    except ValueError:
+        L = 0
+    if kind not in ("fixed", "geometric") or L < 1:
+        raise ValueError(f"--docs entry {dist!r} is not supported; allowed values: fixed:<L>, geometric:<L> (L >= 1)")
+    out, total = [], 0
+    g = torch.Generator().manual_seed(seed)
+    while total < N:
+        if kind == "fixed":
+            n = L
+        else:  # P(n) = p (1 - p)^(n - 1), mean 1 / p
+            u = torch.rand((), generator=g).item()
+            n = 1 + int(torch.log1p(torch.tensor(-u)).item() / torch.log1p(torch.tensor(-1.0 / L)).item()) if L > 1 else 1
+        n = min(n, N - total)
+        out.append(n)
+        total += n
+    return out
+
+
+def packed_doc_ids(B: int, N: int, dist: str, device="cuda") -> torch.Tensor:
+    """int32 ``(B, N)`` document ids, each row packed with :func:`document_lengths` (row ``b`` seeded with ``b``)."""
+    rows = []
+    for b in range(B):
+        lens = document_lengths(N, dist, seed=b)
+        rows.append(torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)))
+    return torch.stack(rows).to(device=device, dtype=torch.int32)
+
+
+def document_fraction(doc_ids: torch.Tensor, causal: bool) -> float:
+    """Kept fraction of ``N^2`` under the document mask alone (causal: ``sum l^2 / 2``, the FlashAttention
+    convention), averaged over the rows."""
+    N = doc_ids.shape[1]
+    tot = 0.0
+    for row in doc_ids.cpu():
+        _, counts = torch.unique_consecutive(row, return_counts=True)
+        tot += float((counts.double() ** 2).sum()) * (0.5 if causal else 1.0)
+    return tot / (doc_ids.shape[0] * N * N)
 
 
 def visited_fraction(name: str, N: int) -> float:
@@ -89,14 +142,15 @@ def flex_block_mask(name: str, N: int, device):
     return _bm(AttentionSpec(**VARIANTS[name]), N, N, str(device))
 
 
-def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=None, inputs=None):
+def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=None, inputs=None, doc_ids=None):
     """A callable ``f(q, k, v) -> out`` for one implementation, or raise if it cannot run the case.
 
     ``impl``: a registered backend name (``"ours"`` = ``"triton"``), bound through the registry
     (:meth:`attn_zoo.registry.Backend.bind`: availability and ``supports()`` first). An SDPA anchor that cannot
     express the mask runs the dense causal mask instead (see the module docstring). ``config``: the
     :class:`kernels.FlashConfig` of ours (default ``FlashConfig()``). ``inputs``: ``(q, k, v)`` of the case (default:
-    empty bf16 CUDA tensors of its shapes, for the checks)."""
+    empty bf16 CUDA tensors of its shapes, for the checks). ``doc_ids``: packed documents (backends without them
+    raise ``Unsupported``)."""
     backend = "triton" if impl == "ours" else impl
     b = get_backends(spec.kind).get(backend)
     if b is None:
@@ -111,16 +165,23 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
         from kernels import FlashConfig
 
         opts["config"] = config if config is not None else FlashConfig()
-    if backend.startswith("sdpa") and not _exact(spec, N):
+    if doc_ids is not None:
+        opts["doc_ids"] = doc_ids
+    elif backend.startswith("sdpa") and not _exact(spec, N):
         spec = AttentionSpec(kind="flash", causal=spec.causal)  # dense causal: what SDPA's fast paths run
     return b.bind(spec, *inputs, **opts)
 
 
-def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None):
+def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None):
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D)
     spec = AttentionSpec(**VARIANTS[name])
     frac = visited_fraction(name, N)
+    doc_ids = None
+    if docs is not None:
+        doc_ids = packed_doc_ids(B, N, docs)
+        frac = min(frac, document_fraction(doc_ids, spec.causal))  # (a window inside documents: the smaller bound)
+        n_docs = int((doc_ids[:, 1:] != doc_ids[:, :-1]).sum()) + B
     g = torch.Generator(device="cuda").manual_seed(N + D)
     q = torch.randn(B, Hq, N, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
     k = torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
@@ -129,7 +190,11 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None)
     res = {}
     for impl in impls:
         row = dict(variant=name, N=N, D=D, B=B, Hq=Hq, Hkv=Hkv, impl=impl, visited_fraction=round(frac, 5))
-        if impl.startswith("sdpa") and not _exact(spec, N):
+        if docs is not None:
+            row["docs"] = docs
+            row["n_docs"] = n_docs
+            row["mean_doc_len"] = round(B * N / n_docs, 1)
+        if impl.startswith("sdpa") and not _exact(spec, N) and docs is None:
             row["note"] = "dense causal (SDPA cannot skip masked tiles)"
         if impl == "flex":
             if flex_budget[0] <= 0:
@@ -139,12 +204,14 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None)
             flex_budget[0] -= 1
         t0 = time.time()
         try:
-            f = make_impl(impl, name, N, D, spec, config, inputs=(q, k, vv))
+            f = make_impl(impl, name, N, D, spec, config, inputs=(q, k, vv), doc_ids=doc_ids)
             out = f(q, k, vv)
             out.backward(do)
             torch.cuda.synchronize()
             row["compile_s"] = round(time.time() - t0, 1)
-            if check and impl == "ours":
+            if check and docs is not None:
+                row["max_err_vs_reference"] = _check_doc_err(f, q, k, vv, spec, doc_ids)
+            elif check and impl == "ours":
                 row["max_err_vs_sdpa"] = _check_err(f, q, k, vv, name)
             ms_f = time_cuda(lambda: f(q, k, vv))
             out = f(q, k, vv)
@@ -176,6 +243,18 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None)
     return res
 
 
+def _check_doc_err(f, q, k, vv, spec, doc_ids, rows: int = 128):
+    """Max |impl - fp32 document-masked reference| over the last ``rows`` query rows of batch row 0 (the full call
+    is run; the reference only for those rows: bottom-right alignment keeps their mask)."""
+    from attn_zoo import attention
+
+    with torch.no_grad():
+        o = f(q, k, vv)[:1, :, -rows:].float()
+        r = attention(q[:1, :, -rows:].float(), k[:1].float(), vv[:1].float(), spec, backend="reference",
+                      doc_ids=doc_ids[:1])
+    return round((o - r).abs().max().item(), 5)
+
+
 def _check_err(f, q, k, vv, name):
     """Max |ours - SDPA(math, fp32 upcast)| on a short slice of the batch (plain sanity check in the bench)."""
     if not _exact(AttentionSpec(**VARIANTS[name]), q.shape[2]):
@@ -204,6 +283,8 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--tune", action="store_true", help="ours with FlashConfig(autotune=True); print the winning configs")
     ap.add_argument("--date", default=None)
+    ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> "
+                                                  "(every case once per distribution, doc_ids to every backend)")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -229,26 +310,32 @@ def main(argv=None):
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
     rows, t_start = [], time.time()
     flex_budget = [a.flex_max_cases]
+    dists = [None] if a.docs is None else a.docs.split(",")
+    for d in dists:
+        if d is not None:
+            document_lengths(1, d)  # a bad entry fails before any case runs
     for D in Ds:
         for name in variants:
             for N in Ns:
+              for docs in dists:  # noqa: E111
                 if time.time() - t_start > a.time_budget_s:
                     print(f"time budget reached, skipping {name} N={N} D={D}", flush=True)
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
-                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config)
+                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs)
                 o = res.get("ours", {})
-                print(f"{name:9s} N={N:6d} D={D:3d} ours fwd+bwd {o.get('fwd_bwd_tflops', float('nan')):7.1f} TF/s "
+                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours fwd+bwd {o.get('fwd_bwd_tflops', float('nan')):7.1f} TF/s "
                       + " ".join(f"{i}={r.get('fwd_bwd_tflops', float('nan')):.1f}" for i, r in res.items() if i != "ours")
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
                 os.makedirs(a.out, exist_ok=True)  # rewritten after every case: a killed run keeps what it measured
                 write_csv(rows, os.path.join(a.out, f"{a.tag}.csv"))
                 write_json(rows, os.path.join(a.out, f"{a.tag}.json"), env=env)
     ours = [r for r in rows if r["impl"] == "ours" and "fwd_ms" in r]
-    cols = ["variant", "N", "D", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"]
-    cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_sdpa_flash_fwd",
-                         "x_flex_fwd") if any(c in r for r in ours)]
+    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
+                                                          "peak_mem_mib"]
+    cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
+                         "x_flex_fa4_fwd_bwd", "x_sdpa_flash_fwd", "x_flex_fwd") if any(c in r for r in ours)]
     print(format_table(ours, cols))
     if a.tune:
         from kernels.flash import autotune_results

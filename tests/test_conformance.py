@@ -158,6 +158,53 @@ def test_forward_and_every_gradient_match_the_reference(spec, backend):
         torch.testing.assert_close(lse[fin], ref[fin], atol=2e-3, rtol=2e-3)
 
 
+# ------------------------------------------------------------------------------------ packed documents (issue 27)
+# Two rows: a length-1 document, skipped ids (empty documents), boundaries inside the kernels' tiles; one document.
+DOC_IDS = torch.tensor([[3] * 7 + [5] + [6] * 17 + [9] * 15, [0] * 40])
+
+
+def _doc_claims(spec):
+    q, k, v = _inputs(batch=2)
+    return [n for n, b in get_backends(spec.kind).items()
+            if n != "reference" and b.documents and b.why_not(q, k, v, spec) is None]
+
+
+DOC_CASES = [(s, b) for s, _ in SPECS for b in _doc_claims(s)]
+
+
+@pytest.mark.parametrize("spec, backend", DOC_CASES, ids=[f"{IDS[s]}-{b}" for s, b in DOC_CASES])
+def test_documents_forward_and_every_gradient_match_the_reference(spec, backend):
+    """Every kind on every backend that claims documents (``documents=True`` in the registry), with ``doc_ids``."""
+    q, k, v = _inputs(batch=2)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    o = attention(qq, kk, vv, spec, backend="reference", doc_ids=DOC_IDS)
+    o.backward(do)
+    want = [o.detach(), qq.grad, kk.grad, vv.grad]
+    torch.testing.assert_close(attention(q, k, v, spec, backend=backend, doc_ids=DOC_IDS), want[0], **_tol(spec),
+                               msg=lambda m: f"{backend} out: {m}")
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    try:
+        attention(qq, kk, vv, spec, backend=backend, doc_ids=DOC_IDS).backward(do)
+    except NotImplementedError as e:  # e.g. FlexAttention has no backward on the CPU: forward checked above
+        pytest.skip(f"{backend} has no backward here: {e}")
+    for what, g, w in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), want[1:]):
+        torch.testing.assert_close(g, w, **_tol(spec), msg=lambda m: f"{backend} {what}: {m}")
+    b = get_backends(spec.kind)[backend]
+    if spec.is_softmax and b.why_not(q, k, v, spec, True) is None:
+        lse = attention(q, k, v, spec, backend=backend, return_lse=True, doc_ids=DOC_IDS)[1]
+        ref = attention(q, k, v, spec, backend="reference", return_lse=True, doc_ids=DOC_IDS)[1]
+        fin = torch.isfinite(ref)
+        assert torch.equal(fin, torch.isfinite(lse))
+        torch.testing.assert_close(lse[fin], ref[fin], atol=2e-3, rtol=2e-3)
+
+
+def test_every_softmax_kind_has_a_document_backend_besides_the_reference():
+    for s, _ in SPECS:
+        if s.is_softmax:
+            assert _doc_claims(s), f"kind={s.kind!r}: no backend but the reference takes doc_ids"
+
+
 # ------------------------------------------------------------------------------------ decode
 LENS = (23, 40)  # ragged: the mask of each sequence is counted from its own end
 DECODE = [(s, b, nq) for s, _ in SPECS if s.causal for b in

@@ -52,7 +52,8 @@ def test_dispatch_cache_skips_checks_for_a_repeated_signature(monkeypatch):
         attn_zoo.attention(q, k[:, :1].expand(2, 3, 32, 16), v[:, :1].expand(2, 3, 32, 16), spec)
     from attn_zoo.registry import register_backend
 
-    register_backend(spec.kind, "torch", supports=torch_backend.supports)(torch_backend.fn)
+    register_backend(spec.kind, "torch", supports=torch_backend.supports, documents=torch_backend.documents)(
+        torch_backend.fn)
     assert not _DISPATCH
 
 

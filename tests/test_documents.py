@@ -214,3 +214,16 @@ def test_document_anchors_on_the_gpu(backend):
     got = attention(q, k, v, spec, backend=backend, doc_ids=doc)
     torch.testing.assert_close(got.float(), attention(q, k, v, spec, backend="reference", doc_ids=doc).float(),
                                atol=2e-2, rtol=2e-2)
+
+
+def test_benchmark_document_distributions_are_fixed_and_seeded():
+    from eval.bench_flash import document_fraction, document_lengths, packed_doc_ids
+
+    assert document_lengths(100, "fixed:30") == [30, 30, 30, 10]
+    geo = document_lengths(4096, "geometric:64")
+    assert sum(geo) == 4096 and min(geo) >= 1 and geo == document_lengths(4096, "geometric:64")
+    assert 30 < 4096 / len(geo) < 130  # mean length near 64 (the last document is cut)
+    d = packed_doc_ids(2, 64, "fixed:16", device="cpu")
+    assert d.dtype == torch.int32 and d.shape == (2, 64) and document_fraction(d, causal=True) == 0.125
+    with pytest.raises(ValueError, match="allowed values: fixed:<L>, geometric:<L>"):
+        document_lengths(10, "poisson:3")
