@@ -46,7 +46,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
-from harness.config import (CONF_DIR, _is_int, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
+from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
                             check_model_config, layer_specs, model_config, validate_config)
 from harness.lit import LitLM, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
@@ -298,6 +298,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
     dm = build_datamodule(cfg)
     dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
+    for note in dense_mask_notes(model_cfg.layers, int(cfg.data.seq_len)):
+        log.warning(note)
     if model_cfg.config.vocab_size != dm.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.config.vocab_size} != data vocab_size={dm.vocab_size}")
     max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)

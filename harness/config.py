@@ -136,6 +136,36 @@ def model_config(cfg: DictConfig) -> ModelConfig:
     return ModelConfig(config_from_dict(fields), tuple(layer_specs(cfg)), redraw)
 
 
+def dense_mask_notes(layers, seq_len: int, max_len: int = 4096) -> List[str]:
+    """One note per distinct layer spec whose mask (window, block layout, dilation) allows every pair that plain
+    (causal) attention allows at ``seq_len`` tokens: such a "lossy" variant is exact attention at that length, and a
+    comparison there measures nothing of its sparsity (e.g. ``attention=sparse``, block_size 16 with 1 local + 1
+    global + 1 random block, covers all 4 blocks of a 64-token sequence). Checked exactly up to ``max_len`` tokens;
+    longer lengths are skipped (a pattern that is dense there is not a plausible config)."""
+    from attn_zoo import mask_info
+    from attn_zoo.variants import get_variant
+
+    notes, seen = [], set()
+    if seq_len > max_len:
+        return notes
+    for spec in layers:
+        if not isinstance(spec, AttentionSpec) or spec in seen:
+            continue
+        seen.add(spec)
+        if get_variant(spec.kind).family != "softmax":
+            continue
+        mi = mask_info(spec, seq_len, seq_len)
+        if mi.is_full or mi.is_plain_causal:
+            continue  # exact by design (flash, gqa, ...)
+        allowed = int(mi.dense().sum())
+        plain = seq_len * (seq_len + 1) // 2 if spec.causal else seq_len * seq_len
+        if allowed >= plain:
+            notes.append(f"attention {spec.label} attends to every pair at seq_len={seq_len} (its mask covers the "
+                         f"whole {'causal ' if spec.causal else ''}square): it runs as exact attention here; take a "
+                         f"longer data.seq_len or a smaller window / block pattern to measure the variant")
+    return notes
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
