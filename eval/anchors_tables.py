@@ -156,6 +156,24 @@ def failures_table(rows: Sequence[dict]) -> str:
 ROOF_CASES = ("causal", "full", "gqa", "d64")
 
 
+def decode_matrix_rows(rows: Sequence[dict], Nq: int = 1, pages=("", "0", "16", "256")) -> list:
+    """Rows of ``lab/decode_probe.py --matrix`` (``B, Hq, Hkv, context, page_size, Nq, frac, sdpa_frac``) as the
+    roofline's decode rows (``case``, ``method`` = ``ours_default`` / ``sdpa``, ``frac``): one case per batch, heads,
+    context and page size (``-`` = contiguous) at ``Nq`` new queries, for the page sizes in ``pages`` (rows of another
+    ``page_gather`` than the default ``key`` are left out)."""
+    out = []
+    for r in rows:
+        page = str(r.get("page_size", "")).strip()
+        if int(_f(r["Nq"])) != Nq or page not in pages or str(r.get("page_gather") or "key") != "key":
+            continue
+        ctx = int(_f(r["context"]))
+        case = (f"B{int(_f(r['B']))} {ctx // 1024}k {int(_f(r['Hq']))}:{int(_f(r['Hkv']))} "
+                f"{'contig' if page in ('', '0') else 'page ' + page}")
+        out.append({"case": case, "method": "ours_default", "frac": r["frac"]})
+        out.append({"case": case, "method": "sdpa", "frac": r["sdpa_frac"]})
+    return out
+
+
 def roofline_figure(rows: Sequence[dict], ceilings: dict, decode_rows: Sequence[dict] = ()):
     """The anchors run against the machine's two roofs (an :class:`eval.figspec.Figure`): one panel per softmax case
     of :data:`ROOF_CASES`, forward+backward TFLOP/s vs N per implementation under the measured bf16 matmul roof
@@ -181,6 +199,8 @@ def roofline_figure(rows: Sequence[dict], ceilings: dict, decode_rows: Sequence[
                                           [_f(r["fwd_bwd_tflops"]) for r in pts], names[lab],
                                           meta={"backend": b, "case": case}))
         panels.append(p)
+    if decode_rows and "case" not in decode_rows[0]:
+        decode_rows = decode_matrix_rows(decode_rows)
     if decode_rows:
         cases = list(dict.fromkeys(r["case"] for r in decode_rows))
         p = figspec.Panel(f"decode (copy {_f(ceilings.get('copy_gbps')) / 1e3:.2f} TB/s = 1)",
@@ -191,7 +211,7 @@ def roofline_figure(rows: Sequence[dict], ceilings: dict, decode_rows: Sequence[
             if pts:
                 st = names.setdefault(lab, variant_style("impl:" + ("triton" if method == "ours_default" else "sdpa_cudnn")))
                 p.traces.append(figspec.Trace(lab, [x for _, x in pts], [i + dy for i, _ in pts], st, lines=False,
-                                              bars=True, meta={"method": method}))
+                                              bars=True, bar_height=0.34, meta={"method": method}))
         panels.append(p)
     return figspec.Figure(f"How close to the H200's roofs? bf16 matmul {roof:.0f} TFLOP/s (dashed), measured",
                           panels, legend=list(names.items()), ncols=3)

@@ -43,6 +43,7 @@ class Trace:
     hover: Optional[List[str]] = None
     meta: Dict[str, object] = field(default_factory=dict)
     bars: bool = False  # horizontal bars of length x at y (hollow: white and hatched)
+    bar_height: float = 0.65  # in y units (two traces side by side at y -/+ 0.18: 0.34)
     text: Optional[List[str]] = None  # a label beside each point or bar
 
 
@@ -287,7 +288,7 @@ def to_matplotlib(fig: Figure):
             hollow = t.hollow or [False] * len(t.x)
             if t.bars:
                 for x, y, h, tx in zip(t.x, t.y, hollow, t.text or [""] * len(t.x)):
-                    ax.barh(y, x, height=0.65, color="white" if h else st["color"], edgecolor=st["color"], lw=1.4,
+                    ax.barh(y, x, height=t.bar_height, color="white" if h else st["color"], edgecolor=st["color"], lw=1.4,
                             hatch="//" if h else None)
                     ax.text(x + 0.01, y, tx, va="center", fontsize=8)
                 continue
@@ -478,9 +479,10 @@ def to_plotly(fig: Figure) -> dict:
                          "marker": marker, "text": t.hover, "hoverinfo": "text" if t.hover else "x+y+name",
                          "meta": dict(t.meta, panel=p.title)})
             if t.bars:
-                data[-1].update(type="bar", orientation="h", text=t.text, mode=None, line=None, marker={
-                    "color": ["white" if h else col for h in hollow], "line": {"color": col, "width": 1.4},
-                    "pattern": {"shape": ["/" if h else "" for h in hollow]}})
+                data[-1].update(type="bar", orientation="h", text=t.text, mode=None, line=None, width=t.bar_height,
+                                marker={"color": ["white" if h else col for h in hollow],
+                                        "line": {"color": col, "width": 1.4},
+                                        "pattern": {"shape": ["/" if h else "" for h in hollow]}})
             shown.add(t.name)
     legend_rows = math.ceil(len(shown) / 5)  # a long legend below the panels: room for it, not at their cost
     layout["height"] += 24 * legend_rows

@@ -38,8 +38,13 @@ MATRIX_PAGES = [None, 16, 32, 256]
 MATRIX_NQ = [1, 4, 8]
 
 
-def matrix(out: str, budget_s: float) -> list:
-    """The ``--matrix`` run (module docstring); returns the rows."""
+def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False) -> list:
+    """The ``--matrix`` run (module docstring); returns the rows. ``gathers``: the plan's ``page_gather`` values
+    timed on every paged case (one row each, column ``page_gather``); ``quick``: batch 1 at 64k and batch 4 at 16k,
+    pages of 16 / 32 and contiguous, Nq 1 only."""
+    shapes = [(1, 65536), (4, 16384)] if quick else MATRIX_SHAPES
+    pages = [None, 16, 32] if quick else MATRIX_PAGES
+    nqs = [1] if quick else MATRIX_NQ
     from attn_zoo.decode import gather_kv
 
     t_end = time.time() + budget_s
@@ -49,27 +54,27 @@ def matrix(out: str, budget_s: float) -> list:
     rows = []
     D, dt = 128, torch.bfloat16
     done = False
-    for B, ctx in MATRIX_SHAPES:
+    for B, ctx in shapes:
         for Hq, Hkv in MATRIX_HEADS:
-            for ps in MATRIX_PAGES:
+            for ps in pages:
                 if done or time.time() > t_end:
                     done = True
                     break
                 k, v, bt, seq = make_cache(B, Hkv, ctx, D, dt, ps is not None, ps or 0, gen)
                 kc, vc = (k, v) if bt is None else gather_kv(k, v, bt, ctx, seq)
                 nbytes = kv_bytes_per_step(B, Hkv, ctx, D)
-                for Nq in MATRIX_NQ:
+                for Nq, gather in itertools.product(nqs, gathers if ps is not None else gathers[:1]):
                     if time.time() > t_end:
                         done = True
                         break
                     q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dt, generator=gen)
-                    base = dict(B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq)
+                    base = dict(B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, page_gather=gather)
                     mask = None
                     if Nq > 1:
                         i = torch.arange(Nq, device="cuda").view(-1, 1) + ctx - Nq
                         mask = torch.arange(ctx, device="cuda").view(1, -1) <= i
                     try:
-                        plan = decode_plan(q, k, v, bt)
+                        plan = decode_plan(q, k, v, bt, page_gather=gather)
                         ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt))
                         o = decode_run(plan, q, k, v, seq, bt).clone()
                         sd_ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(
@@ -84,7 +89,7 @@ def matrix(out: str, budget_s: float) -> list:
                     sfr = nbytes / (sd_ms * 1e-3) / 1e9 / copy_gbps
                     rows.append(dict(base, block_n=plan.block_n, block_m=plan.block_m, num_splits=plan.num_splits,
                                      ms=ms, frac=fr, sdpa_ms=sd_ms, sdpa_frac=sfr, err=err))
-                    print(f"B{B} {ctx // 1024:>4d}k {Hq}:{Hkv:<2d} page {ps or '-':>4} Nq {Nq}: ours {fr:.2f} "
+                    print(f"B{B} {ctx // 1024:>4d}k {Hq}:{Hkv:<2d} page {ps or '-':>4} Nq {Nq} {gather:>4}: ours {fr:.2f} "
                           f"(S {plan.num_splits}, bn {plan.block_n})  sdpa {sfr:.2f}  err {err:.1e}", flush=True)
                 del k, v, bt, kc, vc
                 torch.cuda.empty_cache()
@@ -119,10 +124,12 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--matrix", action="store_true", help="the issue-29 decode matrix at the defaults (docstring)")
+    p.add_argument("--gathers", default="key", help="--matrix: page_gather values timed on paged cases (key,page)")
+    p.add_argument("--quick", action="store_true", help="--matrix: a small subset (see matrix())")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.matrix:
-        matrix(args.out, args.budget_s)
+        matrix(args.out, args.budget_s, tuple(args.gathers.split(",")), args.quick)
         return
     t_end = time.time() + args.budget_s
     copy_gbps = copy_bandwidth()

@@ -86,3 +86,10 @@ def test_roofline_draws_every_correct_implementation_under_the_measured_roof(res
     assert [t.x for t in dec.traces] == [[0.7], [0.8]] and dec.ylabels == ["mha_b1_16k"]
     with pytest.raises(KeyError, match="matmul_tflops"):
         anchors_tables.roofline_figure(rows, {"copy_gbps": 1.0})
+    # rows of decode_probe --matrix: one bar pair per (B, heads, context, page) at Nq 1, other Nq and pages left out
+    matrix = [{"B": "1", "Hq": "32", "Hkv": "8", "context": "16384", "page_size": p, "Nq": nq,
+               "frac": f, "sdpa_frac": "0.5"}
+              for p, nq, f in (("0", "1", "0.7"), ("16", "1", "0.3"), ("32", "1", "0.4"), ("0", "4", "0.9"))]
+    dec = anchors_tables.roofline_figure(rows, {"matmul_tflops": 700.0, "copy_gbps": 4000.0}, matrix).panels[-1]
+    assert dec.ylabels == ["B1 16k 32:8 contig", "B1 16k 32:8 page 16"]
+    assert [t.x for t in dec.traces] == [[0.7, 0.3], [0.5, 0.5]]

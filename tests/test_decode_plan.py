@@ -179,3 +179,10 @@ def test_page_sizes_that_divide_the_tile_or_not():
         want = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
         got = decode_attention(q, k, v, FLASH, lens, bt, backend="triton", block_n=64, num_splits=2)
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"page_size={ps}")
+        # both ways of finding a tile's rows over small pages: one lookup per key (default) or per page
+        for gather in ("key", "page"):
+            plan = decode_plan(q, k, v, bt, block_n=64, num_splits=2, page_gather=gather)
+            got = decode_run(plan, q, k, v, lens, bt)
+            torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"page_size={ps}, page_gather={gather}")
+    with pytest.raises(ValueError, match="page_gather='tile'.*allowed values: 'key', 'page'"):
+        decode_plan(q, k, v, bt, page_gather="tile")
