@@ -20,7 +20,10 @@ Packed documents (issue 27): ``--docs fixed:512,geometric:512`` runs every case 
 distribution -- each row of the batch packed with documents of exactly 512 tokens (``fixed``) or of lengths drawn
 from a geometric distribution of mean 512 (``geometric``, seeded, >= 1 token; the last document of a row is cut at
 N) -- and passes ``doc_ids`` to every backend that takes documents (ours, ``flex`` / ``flex_fa4``: document
-``BlockMask``; ``fa4``: its varlen entry with ``cu_seqlens``; the others are recorded as not run). FLOPs count the
+``BlockMask``; ``fa4``: its varlen entry with ``cu_seqlens``, through the registry's padded-form wrapper, which
+builds ``cu_seqlens`` (one host sync) and copies the layout on every call; ``fa4_varlen``: FA4's varlen entry as a
+user who keeps the packed ``(total_tokens, H, D)`` layout calls it, ``cu_seqlens`` and the packed leaves built once
+per case outside the timed region; the others are recorded as not run). FLOPs count the
 pairs the document mask keeps (``visited_fraction``: sum of l^2 / 2 over documents / N^2 for causal). E.g.
 ``python -m eval.bench_flash --out results/h200/docs --tag bench_docs --variants causal,win1024 --N 4096,16384
 --D 128 --docs fixed:256,fixed:1024,geometric:256,geometric:1024 --impls ours,fa4,flex_fa4,flex --check``.
@@ -53,6 +56,7 @@ VARIANTS = {
     "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),
 }
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
+NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
 def document_lengths(N: int, dist: str, seed: int = 0):
@@ -172,6 +176,36 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
     return b.bind(spec, *inputs, **opts)
 
 
+def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
+    """FA4's ``flash_attn_varlen_func`` in its own packed layout: ``(B*N, H, D)`` leaves (copies of ``q, k, v``,
+    ``requires_grad``) and ``cu_seqlens`` built here, once; returns ``f(*_)`` (arguments ignored) giving the output
+    as a ``(B, H, N, D)`` view, with ``f.leaves`` the packed tensors the backward writes. The timed call is the
+    kernel's entry alone, as in a training loop whose data loader yields ``cu_seqlens``."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from attn_zoo.backends.torch_anchors import packed_cu_seqlens
+
+    B, Hq, Nq, Dh = q.shape
+    Nk = k.shape[2]
+    if Nq != Nk:
+        raise ValueError(f"fa4_varlen needs Nq == Nk, got Nq={Nq}, Nk={Nk}")
+    mi = mask_info(spec, Nq, Nk)
+    cu_q, cu_k, mq, mk = packed_cu_seqlens(doc_ids, Nq)
+    leaves = [t.detach().transpose(1, 2).reshape(B * t.shape[2], t.shape[1], t.shape[3]).clone().requires_grad_(True)
+              for t in (q, k, v)]
+    qf, kf, vf = leaves
+
+    def f(*_):
+        out = flash_attn_varlen_func(qf, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+                                     max_seqlen_k=mk, softmax_scale=spec.scale(Dh), causal=mi.causal,
+                                     window_size=(mi.window_left, mi.window_right))
+        out = out[0] if isinstance(out, tuple) else out
+        return out.view(B, Nq, Hq, -1).transpose(1, 2)
+
+    f.leaves = leaves
+    return f
+
+
 def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None):
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D)
@@ -204,7 +238,13 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
             flex_budget[0] -= 1
         t0 = time.time()
         try:
-            f = make_impl(impl, name, N, D, spec, config, inputs=(q, k, vv), doc_ids=doc_ids)
+            if impl in NATIVE:
+                if doc_ids is None:
+                    raise ValueError(f"impl {impl!r} runs packed documents only (--docs)")
+                f = fa4_varlen_native(q, k, vv, spec, doc_ids)
+            else:
+                f = make_impl(impl, name, N, D, spec, config, inputs=(q, k, vv), doc_ids=doc_ids)
+            grads = getattr(f, "leaves", [q, k, vv])
             out = f(q, k, vv)
             out.backward(do)
             torch.cuda.synchronize()
@@ -215,12 +255,14 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
                 row["max_err_vs_sdpa"] = _check_err(f, q, k, vv, name)
             ms_f = time_cuda(lambda: f(q, k, vv))
             out = f(q, k, vv)
-            ms_b = time_cuda(lambda: out.backward(do, retain_graph=True), grad_to_none=[q, k, vv])
+            ms_b = time_cuda(lambda: out.backward(do, retain_graph=True), grad_to_none=grads)
             del out  # the fwd+bwd timing runs without the retained graph
-            ms_fb = time_cuda(lambda: f(q, k, vv).backward(do), grad_to_none=[q, k, vv])
-            q.grad = k.grad = vv.grad = None
+            ms_fb = time_cuda(lambda: f(q, k, vv).backward(do), grad_to_none=grads)
+            for t in grads:
+                t.grad = None
             mem = peak_memory(lambda: f(q, k, vv).backward(do))
-            q.grad = k.grad = vv.grad = None
+            for t in grads:
+                t.grad = None
             for mode, ms in (("fwd", ms_f), ("bwd", ms_b), ("fwd_bwd", ms_fb)):
                 fl = flash_flops(B, Hq, N, D, visited_fraction=frac, mode=mode)
                 row[f"{mode}_ms"] = round(ms, 4)
@@ -287,8 +329,6 @@ def main(argv=None):
                                                   "(every case once per distribution, doc_ids to every backend)")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_flash needs a CUDA device")
     from attn_zoo.flex import allow_retain_graph
     from kernels import FlashConfig
 
@@ -302,10 +342,15 @@ def main(argv=None):
     plugins = load_plugins(a.plugins)
     names = backend_names()
     impls = ["ours"] + [n for n in names if n != "triton"] if a.impls == "all" else a.impls.split(",")
-    bad = [i for i in impls if i != "ours" and i not in names]
+    bad = [i for i in impls if i != "ours" and i not in names and i not in NATIVE]
     if bad:
-        raise SystemExit(f"--impls: {bad} not supported; allowed values: ours, {', '.join(names)}")
+        raise SystemExit(f"--impls: {bad} not supported; allowed values: ours, {', '.join(names)}, "
+                         f"{', '.join(NATIVE)} (with --docs)")
+    if any(i in NATIVE for i in impls) and a.docs is None:
+        raise SystemExit(f"--impls: {', '.join(NATIVE)} run packed documents only; give --docs")
     impls += [n for n in backends_from(plugins) if n not in impls]
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_flash needs a CUDA device")
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
     rows, t_start = [], time.time()
@@ -335,7 +380,7 @@ def main(argv=None):
     cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
                                                           "peak_mem_mib"]
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
-                         "x_flex_fa4_fwd_bwd", "x_sdpa_flash_fwd", "x_flex_fwd") if any(c in r for r in ours)]
+                         "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_flex_fwd") if any(c in r for r in ours)]
     print(format_table(ours, cols))
     if a.tune:
         from kernels.flash import autotune_results

@@ -227,3 +227,13 @@ def test_benchmark_document_distributions_are_fixed_and_seeded():
     assert d.dtype == torch.int32 and d.shape == (2, 64) and document_fraction(d, causal=True) == 0.125
     with pytest.raises(ValueError, match="allowed values: fixed:<L>, geometric:<L>"):
         document_lengths(10, "poisson:3")
+
+
+def test_benchmark_native_fa4_varlen_needs_docs_and_is_named():
+    """``fa4_varlen`` (FA4 in its own packed layout) is accepted by --impls only with --docs; a bad name lists it."""
+    from eval import bench_flash as bf
+
+    with pytest.raises(SystemExit, match="run packed documents only; give --docs"):
+        bf.main(["--impls", "ours,fa4_varlen", "--variants", "causal", "--N", "256", "--D", "64"])
+    with pytest.raises(SystemExit, match="fa4_varlen"):
+        bf.main(["--impls", "nope", "--variants", "causal", "--N", "256", "--D", "64"])
