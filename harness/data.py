@@ -157,7 +157,8 @@ class TextDataModule(L.LightningDataModule):
             across documents. ``True``: the corpus is split into documents (``doc_split``), concatenated (optionally
             with ``eos`` after each) and cut into rows of ``seq_len + 1`` tokens (:func:`pack_documents`); batches
             are ``(x, y, doc_ids, positions)`` (:class:`PackedDocDataset`). The tail shorter than one row is dropped
-            and counted: :attr:`pack_stats` (``data/{train,val}_{tokens,docs}_{kept,dropped}``, logged by ``LitLM``
+            and counted: :attr:`pack_stats` (``data/{train,val}_{tokens,docs}_{kept,dropped}``, and the separator
+            bytes the split rule removes, ``data/bytes_between_docs``, ``data/val_bytes_between_docs``; logged by ``LitLM``
             at the start of training) and one printed line. No ``.pt`` token cache (splitting is fast).
         doc_split: how ``pack=True`` finds documents (:data:`DOC_SPLITS`): ``rows`` (each dataset row: a hub
             dataset's rows, a local file whole), ``wikitext`` (articles, `` = Title = `` lines), ``blank_line``,
@@ -352,9 +353,10 @@ class TextDataModule(L.LightningDataModule):
             return "wikitext"
         return "rows" if hub else "blank_line"
 
-    def load_documents(self, paths: Optional[Sequence[str]] = None) -> Tuple[List[np.ndarray], str]:
+    def load_documents(self, paths: Optional[Sequence[str]] = None) -> Tuple[List[np.ndarray], str, int]:
         """The corpus (``paths``, default ``data.path`` or the hub dataset) as tokenized documents (uint8 arrays for
-        bytes) and the split rule used (:attr:`doc_split`, ``auto`` resolved by :meth:`_split_rule`). ``rows``: each
+        bytes), the split rule used (:attr:`doc_split`, ``auto`` resolved by :meth:`_split_rule`) and the number of
+        bytes between documents (separators the rule removes: blank lines, whitespace-only pieces). ``rows``: each
         row of the dataset is a document (a local file is one row); the other rules split the rows' text
         (:func:`split_documents`; local files one by one, a hub dataset's rows joined with newlines).
         ``data.max_bytes`` keeps the first that many tokens (the document at the cut is cut)."""
@@ -368,6 +370,9 @@ class TextDataModule(L.LightningDataModule):
         else:
             texts = [d for r in rows for d in split_documents(r, rule)]
         docs = [byte_tokenize(t) for t in texts]
+        between = sum(len(r.encode("utf-8")) for r in rows) + (len(rows) - 1 if hub else 0) - sum(d.size for d in docs)
+        if rule == "rows" and hub:
+            between -= len(rows) - 1  # the rows are not joined
         if self.max_bytes:
             out, n = [], 0
             for d in docs:
@@ -376,13 +381,14 @@ class TextDataModule(L.LightningDataModule):
                 out.append(d[: self.max_bytes - n])
                 n += out[-1].size
             docs = out
-        return docs, rule
+        return docs, rule, between
 
     def _setup_packed(self):
-        docs, rule = self.load_documents()
+        docs, rule, between = self.load_documents()
+        val_between = 0
         what = self.path if self.path is not None else self.hub_name
         if self.val_path is not None:
-            val_docs, _ = self.load_documents(self._paths(self.val_path))
+            val_docs, _, val_between = self.load_documents(self._paths(self.val_path))
             train_docs, val_key = docs, "data.val_path"
         else:  # the last val_fraction of the tokens; the document at the cut is split in two
             n = sum(d.size for d in docs)
@@ -423,7 +429,9 @@ class TextDataModule(L.LightningDataModule):
         self.val_set = PackedDocDataset(va["tokens"], va["doc_ids"], va["positions"])
         self.pack_stats = {f"data/{split}_{k}": float(d[k]) for split, d in (("train", tr), ("val", va))
                            for k in ("tokens_kept", "tokens_dropped", "docs_kept", "docs_dropped")}
-        self.pack_stats.update({"data/train_rows": float(n_tr), "data/val_rows": float(n_va)})
+        self.pack_stats.update({"data/train_rows": float(n_tr), "data/val_rows": float(n_va),
+                                "data/bytes_between_docs": float(between),
+                                "data/val_bytes_between_docs": float(val_between)})
         self.doc_split_used = rule
         from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
@@ -433,7 +441,9 @@ class TextDataModule(L.LightningDataModule):
                         f"tokens, kept {d['tokens_kept']} tokens / {d['docs_kept']} documents, dropped "
                         f"{d['tokens_dropped']} tokens (the tail shorter than one row) / {d['docs_dropped']} "
                         f"documents (empty or wholly in that tail)"
-                        for split, src, d in (("train", train_docs, tr), ("val", val_docs, va))))
+                        for split, src, d in (("train", train_docs, tr), ("val", val_docs, va)))
+            + f"; {between} bytes of data.path between documents (separators the {rule!r} rule removes)"
+            + (f", {val_between} of data.val_path" if self.val_path is not None else ""))
 
     @property
     def model_documents(self) -> bool:
