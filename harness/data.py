@@ -2,11 +2,14 @@
 
 * :class:`TextDataModule`: a local text file through ``datasets.load_dataset("text", ...)`` or a Hugging Face
   hub dataset, tokenised to UTF-8 bytes (vocab 256, nothing to download), packed into ``seq_len + 1``
-  windows (inputs and next-token targets), contiguous tail held out for validation, token array cached.
+  windows (inputs and next-token targets), contiguous tail (or ``val_path``) held out for validation, token array
+  cached; or (``pack=True``) split into documents and packed into rows with ``doc_ids`` and per-document
+  ``positions`` (:class:`PackedDocDataset`, docs/documents.md "Training on packed documents").
 * :class:`MQARDataModule`: multi-query associative recall (Arora et al. 2023, "Zoology", section 3), generated
   from a seed: the embedded default task, no files and no network.
 
-Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100`` are ignored by the loss.
+Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100`` are ignored by the loss. Packed text
+adds ``doc_ids`` and ``positions`` (int64 ``(B, seq_len)``).
 
 Validation in a distributed run (DDP) sees every example once (:func:`val_sampler`), so ``val/loss`` and ``val/acc``
 (sums over the ranks) equal the single-process values.

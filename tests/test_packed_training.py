@@ -177,3 +177,58 @@ def test_train_packed_text_through_hydra(tmp_path, wiki_files, doc_mask, monkeyp
     kept = [float(r["data/train_tokens_kept"]) for r in rows if r.get("data/train_tokens_kept")]
     assert kept and kept[0] > 0, "the kept token count is logged"
     assert any(r.get("data/val_tokens_dropped") not in (None, "") for r in rows)
+
+
+def test_hub_dataset_rows_are_documents(monkeypatch):
+    import datasets
+
+    rows = [f"row {i} " + "x" * (i % 7) for i in range(200)] + [""]  # an empty row: a document dropped and counted
+    calls = []
+
+    def fake_load(name, config=None, split=None, **kw):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_dict({"text": rows})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    dm = TextDataModule(path=None, hub_name="someone/corpus", hub_split="train", pack=True, seq_len=32, batch_size=4)
+    dm.setup()
+    assert calls[0] == ("someone/corpus", None, "train")
+    assert dm.doc_split_used == "rows"  # auto on a hub dataset without WikiText headings
+    st = dm.pack_stats
+    assert st["data/train_docs_kept"] + st["data/train_docs_dropped"] + st["data/val_docs_kept"] + \
+        st["data/val_docs_dropped"] >= len(rows)  # the document at the val cut counts in both
+    assert st["data/bytes_between_docs"] == 0
+    kept = st["data/train_tokens_kept"] + st["data/train_tokens_dropped"] + st["data/val_tokens_kept"] + \
+        st["data/val_tokens_dropped"]
+    assert kept == sum(len(r) for r in rows)
+    x, y, d, p = next(iter(dm.val_dataloader()))
+    assert (d[:, 1:] > d[:, :-1]).any(), "short rows: several documents per packed row"
+
+
+def test_packed_study_sweep_composes_and_runs(tmp_path):
+    """conf/experiment/lm_wikitext_packed.yaml: every job of its sweep (doc_mask x variants) composes with the
+    GPU-machine paths, and one mamba2 job trains two steps on CPU at small sizes."""
+    from omegaconf import OmegaConf
+
+    sweep = OmegaConf.load(ROOT / "conf" / "experiment" / "lm_wikitext_packed.yaml").hydra.sweeper.params
+    variants = str(sweep.attention).split(",")
+    assert set(variants) >= {"flash", "sliding_window", "linear", "mamba2"}
+    assert str(sweep["data.doc_mask"]) in ("true,false", "True,False")
+    tr = tmp_path / "valid.txt"
+    va = tmp_path / "test.txt"
+    tr.write_text(_wiki(30, 2))
+    va.write_text(_wiki(10, 3))
+    for v in variants:
+        for dm in ("true", "false"):
+            cfg = make_cfg(tmp_path, ["experiment=lm_wikitext_packed", f"attention={v}", f"data.doc_mask={dm}",
+                                      "data.path=.data/wikitext-2/valid.txt", "data.val_path=.data/wikitext-2/test.txt"])
+            assert cfg.data.pack is True and cfg.data.val_path.endswith("test.txt")
+            assert len(train_mod.layer_specs(cfg)) == cfg.model.n_layer
+    cfg = make_cfg(tmp_path / "run", ["experiment=lm_wikitext_packed", "attention=mamba2", "data.doc_mask=true",
+                                      f"data.path={tr}", f"data.val_path={va}", "data.seq_len=64", "data.batch_size=4",
+                                      "model.d_model=32", "model.n_layer=1", "attention.d_state=8", "attention.headdim=16",
+                                      "attention.kernel=torch", "trainer.accelerator=cpu", "trainer.precision=32-true",
+                                      "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
+                                      "skip_finished=false"])
+    metrics = train_mod.train(cfg)
+    assert math.isfinite(metrics["val/bpb"])
