@@ -367,6 +367,12 @@ class LitLM(L.LightningModule):
                 f"ckpt_path: model config differs from the checkpoint's ({diff}); resume with the same model / data "
                 f"overrides as the run that wrote it (vocab_size and max_seq_len follow data.*)"
             )
+        if bool(saved.get("doc_mask", False)) != self.doc_mask:  # checkpoints from before it: trained without
+            raise ValueError(
+                f"ckpt_path: the checkpoint was trained with data.doc_mask={str(bool(saved.get('doc_mask'))).lower()} "
+                f"(packed documents {'kept apart' if saved.get('doc_mask') else 'not kept apart'}) but this run has "
+                f"data.pack={'true' if self.doc_mask else 'false or'} data.doc_mask={str(self.doc_mask).lower()}; "
+                f"resume with the same data.pack / data.doc_mask")
         old_opt, new_opt = optim_settings(saved), optim_settings(self.hparams)
         has_opt = any(k[len("optim."):] not in SCHEDULE_KEYS for k in old_opt)
         keys = sorted(k for k in set(old_opt) | set(new_opt)

@@ -75,6 +75,26 @@ def test_packed_batches_ids_positions_counts(wiki_files):
     assert total + dm2.pack_stats["data/bytes_between_docs"] == n2, "the val_fraction cut keeps every token in one split or the other"
 
 
+def test_resume_refuses_another_doc_mask_and_recall_labels():
+    from attn_zoo.model import ModelConfig
+    from eval.recall import _text_name
+    from harness.lit import LitLM
+
+    mc = ModelConfig(GPTConfig(vocab_size=256, n_layer=1, n_head=2, d_model=16, max_seq_len=16),
+                     (make_spec(kind="flash", causal=True),))
+    on, off = LitLM(mc, doc_mask=True), LitLM(mc, doc_mask=False)
+    with pytest.raises(ValueError, match="data.doc_mask=true"):
+        off.check_checkpoint_hparams(dict(on.hparams))
+    with pytest.raises(ValueError, match="data.doc_mask=false"):
+        on.check_checkpoint_hparams(dict(off.hparams))
+    on.check_checkpoint_hparams(dict(on.hparams))
+    with pytest.raises(ValueError, match="doc_mask"):
+        LitLM(mc, doc_mask="yes")
+    # eval.recall lm: runs with and without the mask are different rows
+    names = {_text_name({"cfg": {"data": {"path": "a/valid.txt", "pack": True, "doc_mask": m}}}) for m in (True, False)}
+    assert len(names) == 2 and _text_name({"cfg": {"data": {"path": "a/valid.txt"}}}) == "valid"
+
+
 def test_row_positions_and_wikitext_detection():
     d = torch.tensor([[3, 3, 4, 4, 4, 7], [7, 7, 7, 8, 9, 9]])
     assert row_positions(d).tolist() == [[0, 1, 0, 1, 2, 0], [0, 1, 2, 0, 0, 1]]
