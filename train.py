@@ -3,6 +3,7 @@
     python train.py                                   # embedded default: MQAR, tiny model, flash attention
     python train.py attention=linear                  # any of conf/attention/*.yaml
     python train.py data=text data.path=../shared/data/tinyshakespeare/input.txt model=small
+    python train.py data=text data.pack=true data.doc_mask=true   # packed documents (docs/documents.md)
     python train.py model.layers=[linear,flash]       # per-layer hybrid (one entry per layer)
     python train.py -m attention=flash,linear         # sweep: one output dir (and W&B run) per job, then a table
     python train.py trainer=ddp                       # Lightning DDP (2 CPU processes with gloo)
@@ -84,8 +85,8 @@ def progress_bar_enabled(setting) -> bool:
 
 
 def build_datamodule(cfg: DictConfig):
-    """The ``data`` group's data module: ``hydra.utils.instantiate(cfg.data)`` with ``data.path`` (a path or a list)
-    and ``data.cache_dir`` relative to the launch directory.
+    """The ``data`` group's data module: ``hydra.utils.instantiate(cfg.data)`` with ``data.path`` /
+    ``data.val_path`` (a path or a list) and ``data.cache_dir`` relative to the launch directory.
 
     Instantiated as a partial and called here, so the data module's own errors (``FileNotFoundError`` naming
     ``data.path``, ``ValueError`` naming ``data.seq_len``, ...) reach the caller as they are, not wrapped in
@@ -94,9 +95,10 @@ def build_datamodule(cfg: DictConfig):
     from hydra.utils import instantiate
 
     paths = {}
-    path = cfg.data.get("path")
-    if path is not None:
-        paths["path"] = [_abs(p) for p in path] if OmegaConf.is_list(path) else _abs(path)
+    for key in ("path", "val_path"):
+        path = cfg.data.get(key)
+        if path is not None:
+            paths[key] = [_abs(p) for p in path] if OmegaConf.is_list(path) else _abs(path)
     if cfg.data.get("cache_dir"):
         paths["cache_dir"] = _abs(cfg.data.cache_dir)
     return instantiate(cfg.data, _partial_=True, _convert_="all", **paths)()
@@ -312,6 +314,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     lit = LitLM(
         model_cfg, backend=cfg.attention_backend, optimizer=optimizer, **schedule, bytes_per_token=dm.bytes_per_token,
         task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
+        doc_mask=bool(getattr(dm, "model_documents", False)),
     )
     start_step, complete = 0, False
     if resume is not None:

@@ -26,10 +26,17 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["check_doc_ids", "query_documents", "document_allowed", "doc_ids_from_cu_seqlens", "document_spans"]
+__all__ = ["tensor_version", "check_doc_ids", "query_documents", "document_allowed", "doc_ids_from_cu_seqlens", "document_spans"]
 
 _INT = (torch.int32, torch.int64)
 _CHECKED: list = [None, -1]  # (weakref to the last doc_ids that passed, its _version): one check per step, not per layer
+
+
+def tensor_version(t: torch.Tensor) -> Optional[int]:
+    """``t._version`` (bumped by every in-place change), the key of the per-tensor caches of ``doc_ids`` (the
+    check below, the Triton kernel's document table, Flex's block mask); None for an inference tensor
+    (``torch.inference_mode``, e.g. Lightning's validation), which tracks no version: never cached, rebuilt per call."""
+    return None if t.is_inference() else t._version
 
 
 def check_doc_ids(doc_ids, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -56,13 +63,15 @@ def check_doc_ids(doc_ids, q: torch.Tensor, k: torch.Tensor) -> None:
     if torch.compiler.is_compiling():  # a data-dependent check would break the graph: checked in eager runs
         return
     ref, ver = _CHECKED
-    if ref is not None and ref() is doc_ids and ver == doc_ids._version:
+    if ref is not None and ref() is doc_ids and ver is not None and ver == tensor_version(doc_ids):
         return
     if Nk > 1 and bool((doc_ids[:, 1:] < doc_ids[:, :-1]).any()):
         raise ValueError("doc_ids must be nondecreasing along the sequence (each document one contiguous run of "
                          "keys); sort or renumber them")
+    if tensor_version(doc_ids) is None:  # an inference tensor: checked every call
+        return
     try:
-        _CHECKED[0], _CHECKED[1] = weakref.ref(doc_ids), doc_ids._version
+        _CHECKED[0], _CHECKED[1] = weakref.ref(doc_ids), tensor_version(doc_ids)
     except TypeError:  # pragma: no cover - a tensor subclass without weak references: checked every call
         pass
 

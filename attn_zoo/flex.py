@@ -99,13 +99,13 @@ def flex_document_block_mask(spec, doc_ids: torch.Tensor, Nq: int, Nk: int, bloc
     mask; a new batch builds a new one): the last 4 masks are kept. ``block_size``: FlexAttention's tile."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from .documents import query_documents
+    from .documents import query_documents, tensor_version
 
     explicit = q_pos is not None
     key = (spec, Nq, Nk, block_size, str(doc_ids.device), explicit)
     if not explicit:
         for ref, ver, k, bm in _DOC_MASKS:
-            if k == key and ref() is doc_ids and ver == doc_ids._version:
+            if k == key and ref() is doc_ids and ver is not None and ver == tensor_version(doc_ids):
                 return bm
         q_pos, q_doc = query_documents(doc_ids, Nq)
     d = doc_ids.long()
@@ -119,9 +119,9 @@ def flex_document_block_mask(spec, doc_ids: torch.Tensor, Nq: int, Nk: int, bloc
 
     bm = create_block_mask(mask_mod, B=d.shape[0], H=None, Q_LEN=Nq, KV_LEN=Nk, device=str(d.device),
                            BLOCK_SIZE=block_size, _compile=d.device.type == "cuda")
-    if not explicit:
+    if not explicit and tensor_version(doc_ids) is not None:  # an inference tensor is not cached
         try:
-            _DOC_MASKS.insert(0, (weakref.ref(doc_ids), doc_ids._version, key, bm))
+            _DOC_MASKS.insert(0, (weakref.ref(doc_ids), tensor_version(doc_ids), key, bm))
             del _DOC_MASKS[4:]
         except TypeError:  # pragma: no cover - no weak references to this tensor type: not cached
             pass

@@ -195,9 +195,16 @@ class Rotary(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Rotate ``x (B, H, N, D)`` whose rows sit at positions ``offset .. offset + N - 1``."""
+    def forward(self, x: torch.Tensor, offset: int = 0, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rotate ``x (B, H, N, D)`` whose rows sit at positions ``offset .. offset + N - 1``, or at ``positions``
+        (int ``(B, N)``, each in ``[0, max_seq_len)``, e.g. the position inside each packed document; checked by
+        :meth:`GPT.forward`)."""
         n = x.shape[-2]
+        if positions is not None:
+            cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # (B, 1, N, D/2)
+            sin = self.sin[positions].to(x.dtype).unsqueeze(1)
+            x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+            return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
         if offset + n > self.cos.shape[0]:
             raise ValueError(f"positions up to {offset + n - 1} exceed the rotary table of {self.cos.shape[0]} (max_seq_len)")
         cos = self.cos[offset: offset + n].to(x.dtype)  # (N, D/2)
@@ -260,15 +267,23 @@ class Attention(nn.Module):
         return KVCache(batch_size, self.n_kv_heads, self.head_dim, capacity, dtype=dtype, device=device,
                        page_size=page_size, shuffle_pages=shuffle_pages)
 
-    def forward(self, x: torch.Tensor, cache: Optional[LayerCache] = None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[LayerCache] = None, pos: int = 0,
+                doc_ids: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x (B, N, d_model)`` -> ``(B, N, d_model)``. ``doc_ids`` int ``(B, N)`` (packed documents,
+        :mod:`attn_zoo.documents`): every kind stays inside each document (softmax kinds: the variant's mask AND the
+        document mask; linear kinds: the state restarts), through :func:`attn_zoo.attention`'s ``doc_ids``.
+        ``positions`` int ``(B, N)``: RoPE positions (default ``pos .. pos + N - 1``). Decoding with a ``cache``
+        takes no documents (``ValueError`` naming ``doc_ids``)."""
         B, N, C = x.shape  # (B, N, d_model); the N tokens sit at positions pos .. pos + N - 1
+        if cache is not None and doc_ids is not None:
+            raise ValueError("doc_ids: decoding with a cache takes no documents; pass doc_ids=None with caches")
         q = self.q_proj(x).view(B, N, self.n_head, self.head_dim).transpose(1, 2)  # (B, Hq, N, D)
         k = self.k_proj(x).view(B, N, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, D)
         v = self.v_proj(x).view(B, N, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, D)
-        q, k = self.rotary(q, pos), self.rotary(k, pos)
+        q, k = self.rotary(q, pos, positions), self.rotary(k, pos, positions)
         spec = self.current_spec()
         if cache is None:  # training / no-cache inference: the whole sequence at once
-            y = attention(q, k, v, spec, backend=self.backend)  # (B, Hq, N, D)
+            y = attention(q, k, v, spec, backend=self.backend, doc_ids=doc_ids)  # (B, Hq, N, D)
         elif isinstance(cache, LinearState):  # O(1) state: chunked prefill, recurrent decode
             if N == 1 and cache.n > 0:
                 y, new = linear_decode(q, k, v, cache, spec)
@@ -328,13 +343,24 @@ class ShortConv(nn.Module):
         self.kernel_size = kernel_size
         self.conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, tail: Optional[torch.Tensor] = None):
+    def forward(self, x: torch.Tensor, tail: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None):
         """``x (B, N, d_model)`` -> ``(y (B, N, d_model), new tail (B, K - 1, d_model))``; ``tail``: the inputs of
-        the ``K - 1`` positions before ``x`` (``None``: the sequence starts with ``x``)."""
+        the ``K - 1`` positions before ``x`` (``None``: the sequence starts with ``x``). ``doc_ids`` int ``(B, N)``
+        (packed documents, no ``tail``): a tap never reads a position of another document (it reads zeros, as at the
+        start of a sequence), so the convolution restarts at every document start."""
         B, N, C = x.shape
         if tail is None:
             tail = x.new_zeros(B, self.kernel_size - 1, C)
         h = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, K - 1 + N, C)
+        if doc_ids is not None:
+            K = self.kernel_size
+            d = torch.cat([doc_ids[:, :1].expand(-1, K - 1), doc_ids], 1)  # (B, K - 1 + N); the zero tail: doc 0's
+            w = self.conv.weight[:, 0].to(x.dtype)  # (C, K)
+            y = x.new_zeros(B, N, C)
+            for j in range(K):  # tap j reads position t - (K - 1 - j)
+                same = (d[:, j:j + N] == d[:, K - 1:]).to(x.dtype).unsqueeze(-1)  # (B, N, 1)
+                y = y + h[:, j:j + N] * w[:, j] * same
+            return x + y, h[:, -(K - 1):]
         y = self.conv(h.transpose(1, 2)).transpose(1, 2)  # (B, N, C): position t sees t - K + 1 .. t
         return x + y, h[:, -(self.kernel_size - 1):]
 
@@ -343,6 +369,17 @@ class ShortConv(nn.Module):
 def _attention_mixer(spec: AttentionSpec, config: GPTConfig, rotary: Rotary, backend: str = "auto") -> Attention:
     """The ``attention`` sequence mixer: :class:`Attention` of an :class:`AttentionSpec`."""
     return Attention(config, spec, rotary, backend)
+
+
+def _takes(module: nn.Module, name: str) -> bool:
+    """Whether ``module.forward`` takes the keyword argument ``name`` (or ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin forward
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 class Block(nn.Module):
@@ -354,6 +391,9 @@ class Block(nn.Module):
         self.norm1 = make_norm(config)
         self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
+        # packed documents: the mixer says what it takes by its forward's keyword arguments (never by its kind)
+        self.takes_doc_ids = _takes(self.attn, "doc_ids")  # its state / attention stays inside each document
+        self.takes_positions = _takes(self.attn, "positions")  # it has positions of its own (RoPE)
         self.short_conv = ShortConv(config.d_model, config.short_conv) if config.short_conv else None
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
@@ -362,16 +402,26 @@ class Block(nn.Module):
     def mixer(self) -> nn.Module:
         return self.attn
 
-    def forward(self, x, cache: Optional[LayerCache] = None, pos: int = 0):
+    def forward(self, x, cache: Optional[LayerCache] = None, pos: int = 0, doc_ids: Optional[torch.Tensor] = None,
+                positions: Optional[torch.Tensor] = None):
+        """``x (B, N, d_model)``; ``doc_ids`` / ``positions`` int ``(B, N)`` (packed documents, no cache): given to
+        the mixer when its ``forward`` takes them (:attr:`takes_doc_ids`, :attr:`takes_positions`) and to the short
+        convolution (restarts at document starts). ``GPT.forward`` refuses ``doc_ids`` for a mixer without them."""
         h = self.norm1(x)  # (B, N, d_model)
         if self.short_conv is not None:  # decoding: the cache carries the conv's last K - 1 inputs (conv_tail)
-            h, tail = self.short_conv(h, getattr(cache, "conv_tail", None) if cache is not None and pos > 0 else None)
+            h, tail = self.short_conv(h, getattr(cache, "conv_tail", None) if cache is not None and pos > 0 else None,
+                                      doc_ids)
             if cache is not None:
                 cache.conv_tail = tail
+        kw = {}
+        if doc_ids is not None:
+            kw["doc_ids"] = doc_ids
+        if positions is not None and self.takes_positions:
+            kw["positions"] = positions
         if self.stateful:
-            x = x + self.attn(h, cache, pos)
+            x = x + self.attn(h, cache, pos, **kw)
         else:
-            x = x + self.attn(h)
+            x = x + self.attn(h, **kw)
         x = x + self.mlp(self.norm2(x))
         return x
 
@@ -394,6 +444,14 @@ class GPT(nn.Module):
     theirs, ``(M, vocab_size)`` in ``(B, N)`` row-major order (``M`` = targets ``!= -100``); same loss and gradients,
     one host sync; ignored under ``torch.compile`` (all rows, ``(B, N, vocab_size)``). With ``caches`` (from :meth:`init_cache`) the tokens sit at
     positions ``pos ..`` and every layer reads / extends its cache (incremental decoding).
+
+    Packed documents (issue 27, ``docs/documents.md``): ``doc_ids`` int32 / int64 ``(B, N)``, nondecreasing along each
+    row, keeps every layer inside each document: attention of every masked kind (the variant's mask AND the document
+    mask), the state of linear / recurrent mixers and the short convolution restart at each document start. The
+    output equals running every document on its own. ``positions`` int ``(B, N)`` in ``[0, max_seq_len)``: the
+    RoPE positions (default with ``doc_ids``: the position inside each document; without either: ``pos .. pos + N -
+    1``). Which layers take ``doc_ids`` is asked of the mixer (its ``forward`` has a ``doc_ids`` argument); a model
+    with a layer that does not raises ``ValueError`` naming it. Not with ``caches``.
     """
 
     def __init__(self, config: GPTConfig, specs: Union[LayerSpec, Sequence[LayerSpec]],
@@ -469,7 +527,8 @@ class GPT(nn.Module):
         return changed
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                caches: Optional[List[LayerCache]] = None, pos: int = 0, sparse_targets: bool = False):
+                caches: Optional[List[LayerCache]] = None, pos: int = 0, sparse_targets: bool = False,
+                doc_ids: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None):
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, N) token ids, got shape {tuple(idx.shape)}")
         B, N = idx.shape
@@ -480,11 +539,14 @@ class GPT(nn.Module):
             )
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"caches: got {len(caches)} layer caches for n_layer={len(self.blocks)}")
-        if idx.device.type == "cpu" or not self.training:  # no host sync in a GPU training step
+        sync_ok = idx.device.type == "cpu" or not self.training  # no host sync in a GPU training step
+        if sync_ok:
             self._check_token_ids(idx, "idx")
+        if doc_ids is not None or positions is not None:
+            doc_ids, positions = self._documents(idx, caches, doc_ids, positions, sync_ok)
         x = self.drop(self.wte(idx))  # (B, N, d_model)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, None if caches is None else caches[i], pos)
+            x = blk(x, None if caches is None else caches[i], pos, doc_ids, positions)
         x = self.norm_f(x)  # (B, N, d_model)
         if targets is not None and sparse_targets and not torch.compiler.is_compiling():
             # few scored positions (MQAR: the queries, 1/16 of them): the head runs on those rows only. Same loss and
@@ -499,6 +561,40 @@ class GPT(nn.Module):
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-100)
         return logits, loss
+
+    def _documents(self, idx, caches, doc_ids, positions, sync_ok: bool):
+        """Check ``doc_ids`` / ``positions`` of :meth:`forward`; ``positions`` default to the position inside each
+        document (0 at every document start) when ``doc_ids`` is given."""
+        B, N = idx.shape
+        if caches is not None:
+            raise ValueError("doc_ids / positions: incremental decoding with caches takes no documents; pass "
+                             "doc_ids=None, positions=None with caches")
+        for name, t in (("doc_ids", doc_ids), ("positions", positions)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name} must be an int32 / int64 tensor of shape (B, N) = ({B}, {N}), got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}")
+            if tuple(t.shape) != (B, N):
+                raise ValueError(f"{name} must have shape (B, N) = ({B}, {N}), got {tuple(t.shape)}")
+            if t.device != idx.device:
+                raise ValueError(f"{name} must be on idx's device {idx.device}, got {t.device}")
+        if doc_ids is not None:
+            bad = [f"layer {i} ({self.specs[i].label})" for i, blk in enumerate(self.blocks) if not blk.takes_doc_ids]
+            if bad:
+                raise ValueError(f"doc_ids: {', '.join(bad)} cannot keep packed documents apart (its mixer's forward "
+                                 f"takes no doc_ids); train it without doc_ids (data.doc_mask=false)")
+            if positions is None:
+                from .documents import document_spans
+
+                start, _ = document_spans(doc_ids)
+                positions = torch.arange(N, device=idx.device).view(1, N) - start.long()  # (B, N)
+        if sync_ok and positions.numel():
+            lo, hi = int(positions.min()), int(positions.max())
+            if lo < 0 or hi >= self.config.max_seq_len:
+                raise ValueError(f"positions must lie in [0, max_seq_len) = [0, {self.config.max_seq_len}), got "
+                                 f"{lo if lo < 0 else hi}")
+        return doc_ids, positions
 
     def init_cache(self, batch_size: int, capacity: Optional[int] = None, dtype: Optional[torch.dtype] = None,
                    device=None, page_size: Optional[int] = None, shuffle_pages: bool = False) -> List[LayerCache]:

@@ -625,17 +625,22 @@ def plot_hybrid(rows: Sequence[dict], base: str, caption: str, with_speed: bool)
 
 # --------------------------------------------------------------------------------------------- lm
 def _text_name(r: dict) -> str:
+    """The text data set's label; packed runs (``data.pack``) add ``(packed, doc_mask)`` / ``(packed, no doc_mask)``,
+    so runs with and without the document mask are separate rows, not two tries of one."""
     d = r["cfg"].get("data") or {}
+    suffix = ""
+    if d.get("pack"):
+        suffix = " (packed, doc_mask)" if d.get("doc_mask", True) else " (packed, no doc_mask)"
     if d.get("hub_name"):
-        return str(d["hub_name"]) + (f"/{d['hub_config']}" if d.get("hub_config") else "")
+        return str(d["hub_name"]) + (f"/{d['hub_config']}" if d.get("hub_config") else "") + suffix
     path = d.get("path")
     if isinstance(path, (list, tuple)):
         path = path[0] if path else None
     if path:
         p = os.path.normpath(str(path))
         stem = os.path.splitext(os.path.basename(p))[0]
-        return os.path.basename(os.path.dirname(p)) if stem in ("input", "train", "data") else stem
-    return r["dataset"]
+        return (os.path.basename(os.path.dirname(p)) if stem in ("input", "train", "data") else stem) + suffix
+    return r["dataset"] + suffix
 
 
 def token_budget(r: dict) -> float:

@@ -2,11 +2,14 @@
 
 * :class:`TextDataModule`: a local text file through ``datasets.load_dataset("text", ...)`` or a Hugging Face
   hub dataset, tokenised to UTF-8 bytes (vocab 256, nothing to download), packed into ``seq_len + 1``
-  windows (inputs and next-token targets), contiguous tail held out for validation, token array cached.
+  windows (inputs and next-token targets), contiguous tail (or ``val_path``) held out for validation, token array
+  cached; or (``pack=True``) split into documents and packed into rows with ``doc_ids`` and per-document
+  ``positions`` (:class:`PackedDocDataset`, docs/documents.md "Training on packed documents").
 * :class:`MQARDataModule`: multi-query associative recall (Arora et al. 2023, "Zoology", section 3), generated
   from a seed: the embedded default task, no files and no network.
 
-Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100`` are ignored by the loss.
+Batches are ``(inputs, targets)``: int64 ``(B, seq_len)`` each; targets ``-100`` are ignored by the loss. Packed text
+adds ``doc_ids`` and ``positions`` (int64 ``(B, seq_len)``).
 
 Validation in a distributed run (DDP) sees every example once (:func:`val_sampler`), so ``val/loss`` and ``val/acc``
 (sums over the ranks) equal the single-process values.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import lightning as L
 import numpy as np
@@ -25,6 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 TOKENIZERS = ("byte",)
+DOC_SPLITS = ("auto", "rows", "wikitext", "blank_line", "whole")
+"""``data.doc_split`` values of :class:`TextDataModule` (how a corpus is cut into documents when ``data.pack=true``)."""
 
 
 def val_sampler(datamodule: L.LightningDataModule, dataset, key: str):
@@ -76,6 +81,43 @@ class PackedDataset(Dataset):
         return w[:-1], w[1:]
 
 
+class PackedDocDataset(Dataset):
+    """Rows of packed documents (:func:`pack_documents`): row ``i`` -> ``(x, y, doc_ids, positions)``, int64
+    ``(seq_len,)`` each: inputs, next-token targets (every position scored, also the first token of a document
+    after the last of the one before), the document of each input and its position inside its document in this row
+    (:func:`row_positions`)."""
+
+    def __init__(self, tokens: torch.Tensor, doc_ids: torch.Tensor, positions: torch.Tensor):
+        self.tokens, self.doc_ids, self.positions = tokens.long(), doc_ids.long(), positions.long()
+
+    def __len__(self):
+        return self.tokens.shape[0]
+
+    def __getitem__(self, i):
+        w = self.tokens[i]
+        return w[:-1], w[1:], self.doc_ids[i, :-1], self.positions[i, :-1]
+
+
+def row_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """int64 ``(R, L)``: the position of each token inside its document within its row of ``doc_ids (R, L)``
+    (nondecreasing rows): 0 at every document start and at the row start (a document continued from the row before
+    starts again at 0; RoPE is relative, so inside a row only the differences matter)."""
+    R, L = doc_ids.shape
+    idx = torch.arange(L).expand(R, L)
+    new = torch.ones_like(doc_ids, dtype=torch.bool)
+    new[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    start = torch.where(new, idx, torch.zeros_like(idx)).cummax(1).values
+    return (idx - start).long()
+
+
+def looks_like_wikitext(text: str) -> bool:
+    """Whether ``text`` has WikiText's headings: an article title line `` = Title = `` and a section line
+    `` = = Section = = `` (Merity et al. 2016's format)."""
+    import re
+
+    return bool(re.search(r"^ = [^=].* = $", text, re.M)) and bool(re.search(r"^ = = [^=].* = = $", text, re.M))
+
+
 def byte_tokenize(text: str) -> np.ndarray:
     """UTF-8 bytes as tokens, uint8 ``(n_bytes,)``; vocab 256, one byte per token."""
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
@@ -114,6 +156,31 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: where the token array is cached, keyed by path, size, mtime and tokenizer
             (None: no ``.pt`` cache; ``datasets`` still caches the parsed text).
         max_bytes: optional cap on the corpus size (quick runs).
+        pack: ``False`` (default): the corpus is one token stream cut into windows; attention and positions run on
+            across documents. ``True``: the corpus is split into documents (``doc_split``), concatenated (optionally
+            with ``eos`` after each) and cut into rows of ``seq_len + 1`` tokens (:func:`pack_documents`); batches
+            are ``(x, y, doc_ids, positions)`` (:class:`PackedDocDataset`). The tail shorter than one row is dropped
+            and counted: :attr:`pack_stats` (``data/{train,val}_{tokens,docs}_{kept,dropped}``, and the separator
+            bytes the split rule removes, ``data/bytes_between_docs``, ``data/val_bytes_between_docs``; logged by ``LitLM``
+            at the start of training) and one printed line. No ``.pt`` token cache (splitting is fast).
+        doc_split: how ``pack=True`` finds documents (:data:`DOC_SPLITS`): ``rows`` (each dataset row: a hub
+            dataset's rows, a local file whole), ``wikitext`` (articles, `` = Title = `` lines), ``blank_line``,
+            ``whole`` (each file one document), ``auto`` (default: ``wikitext`` when the text has WikiText's
+            article and section headings, :func:`looks_like_wikitext`; else ``rows`` for a hub dataset and
+            ``blank_line`` for local files).
+        doc_mask: with ``pack=True``, whether the model is given the documents (:attr:`model_documents`): ``True``
+            (default): attention, recurrent state and short convolutions stay inside each document and RoPE positions
+            restart at each document; ``False``: the plain packed baseline (the same rows and targets, attention across
+            documents, positions ``0 .. seq_len - 1``). Loss and bpb are per token either way.
+        val_path: a separate validation file (or list), e.g. WikiText-2's ``test.txt``: all of ``path`` trains, and
+            ``val_fraction`` is not used. None: the tail ``val_fraction`` of the tokens (packed: the document at the
+            cut is split in two).
+        eos: ``pack=True`` only: a separator token appended to every document (an id in ``[0, vocab_size)`` the text
+            does not hold, e.g. 0; ``ValueError`` otherwise), or None (default). Its targets are scored; ``bpb``
+            divides by the bytes of text only (:attr:`bytes_per_token` < 1).
+
+    Bad option values raise ``ValueError`` naming the option (``data.pack``, ``data.doc_split``, ``data.doc_mask``,
+    ``data.eos``) and the allowed values.
 
     Attributes after :meth:`setup`: ``bytes_per_token`` (1.0 for bytes; for bits-per-byte
     ``bpb = loss_nats / ln 2 / bytes_per_token``), ``train_tokens``, ``val_tokens``, ``vocab_size``.
@@ -123,8 +190,23 @@ class TextDataModule(L.LightningDataModule):
                  hub_split: str = "train", text_column: str = "text", seq_len: int = 256, batch_size: int = 32,
                  val_fraction: float = 0.1, tokenizer: str = "byte", cache_dir: Optional[str] = None,
                  max_bytes: Optional[int] = None, num_workers: int = 0, shuffle: bool = True, seed: int = 0,
-                 vocab_size: int = 256):
+                 vocab_size: int = 256, pack: bool = False, doc_split: str = "auto", doc_mask: bool = True,
+                 val_path=None, eos: Optional[int] = None):
         super().__init__()
+        if not isinstance(pack, bool):
+            raise ValueError(f"data.pack must be true or false, got {pack!r}")
+        if doc_split not in DOC_SPLITS:
+            raise ValueError(f"data.doc_split={doc_split!r} is not supported; allowed values: {', '.join(DOC_SPLITS)}")
+        if not isinstance(doc_mask, bool):
+            raise ValueError(f"data.doc_mask must be true or false, got {doc_mask!r}")
+        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab_size):
+            raise ValueError(f"data.eos must be null (no separator) or a token id in [0, {vocab_size}) (e.g. 0, a byte "
+                             f"that plain text does not hold), got {eos!r}")
+        if eos is not None and not pack:
+            raise ValueError(f"data.eos={eos} separates packed documents: it needs data.pack=true (or data.eos=null)")
+        self.pack, self.doc_split, self.doc_mask, self.eos = pack, doc_split, doc_mask, eos
+        self.val_path = val_path
+        self.pack_stats: Dict[str, float] = {}
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"data.tokenizer={tokenizer!r} is not supported; allowed values: {', '.join(TOKENIZERS)}")
         if not 0.0 < float(val_fraction) < 1.0:
@@ -152,55 +234,65 @@ class TextDataModule(L.LightningDataModule):
         self._check_paths()
 
     # -- loading
-    def _paths(self) -> Sequence[str]:
-        if self.path is None:
+    def _paths(self, path=False) -> Sequence[str]:
+        path = self.path if path is False else path
+        if path is None:
             return []
-        return [str(p) for p in (self.path if isinstance(self.path, (list, tuple)) else [self.path])]
+        return [str(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
 
     def _check_paths(self):
-        for p in self._paths():
-            if not os.path.isfile(p):
-                raise FileNotFoundError(
-                    f"data.path={p!r} does not exist or is not a file (absolute: {os.path.abspath(p)}; relative paths "
-                    f"are taken from the directory train.py was launched in); pass data.path=<your text file> (an "
-                    f"absolute path works from anywhere), or data.path=null data.hub_name=<dataset> for a hub dataset"
-                )
+        for key, path in (("data.path", self.path), ("data.val_path", self.val_path)):
+            for p in self._paths(path):
+                if not os.path.isfile(p):
+                    raise FileNotFoundError(
+                        f"{key}={p!r} does not exist or is not a file (absolute: {os.path.abspath(p)}; relative paths "
+                        f"are taken from the directory train.py was launched in); pass {key}=<your text file> (an "
+                        f"absolute path works from anywhere), or data.path=null data.hub_name=<dataset> for a hub "
+                        f"dataset")
 
-    def _cache_file(self) -> Optional[Path]:
-        if self.cache_dir is None or not self._paths():
+    def _cache_file(self, paths: Sequence[str]) -> Optional[Path]:
+        if self.cache_dir is None or not paths:
             return None
         h = hashlib.sha1()
-        for p in self._paths():
+        for p in paths:
             st = os.stat(p)
             h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}|".encode())
         h.update(f"{self.tokenizer}|{self.max_bytes}".encode())
         return Path(self.cache_dir) / f"tokens-{h.hexdigest()[:16]}.pt"
 
-    def _load_text(self) -> str:
+    def _load_text(self, paths: Optional[Sequence[str]] = None) -> str:
+        return "\n".join(self._load_rows(paths))
+
+    def _load_rows(self, paths: Optional[Sequence[str]] = None) -> List[str]:
+        """The dataset's rows (strings): one per local file (``paths``, default ``data.path``), or the hub
+        dataset's rows of ``data.text_column``."""
         import datasets
 
-        if self._paths():
-            for p in self._paths():  # datasets' text builder fails on other bytes with a DatasetGenerationError
+        paths = self._paths() if paths is None else list(paths)
+        if paths:
+            for p in paths:  # datasets' text builder fails on other bytes with a DatasetGenerationError
                 with open(p, "rb") as f:  # that names neither the file nor the cause
                     try:
                         f.read().decode("utf-8")
                     except UnicodeDecodeError as e:
                         raise ValueError(f"data.path={p!r} is not UTF-8 text (byte {e.start}: {e.reason}); the byte "
                                          f"tokenizer reads UTF-8 text files: pass a UTF-8 text file") from None
-            ds = datasets.load_dataset("text", data_files=list(self._paths()), sample_by="document", split="train")
+            ds = datasets.load_dataset("text", data_files=list(paths), sample_by="document", split="train")
         else:  # hub dataset (network on first use)
             ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split)
         if self.text_column not in ds.column_names:
             raise ValueError(f"data.text_column={self.text_column!r} not in dataset columns {ds.column_names}")
-        return "\n".join(ds[self.text_column])
+        return list(ds[self.text_column])
 
-    def load_tokens(self) -> torch.Tensor:
-        """The whole corpus as a token tensor (uint8 for bytes), from the cache when valid."""
-        cache = self._cache_file()
+    def load_tokens(self, paths: Optional[Sequence[str]] = None) -> torch.Tensor:
+        """The whole corpus (``paths``, default ``data.path``) as a token tensor (uint8 for bytes), from the cache
+        when valid."""
+        paths = self._paths() if paths is None else list(paths)
+        cache = self._cache_file(paths)
         if cache is not None and cache.exists():
             blob = torch.load(cache, weights_only=True)
             return blob["tokens"]
-        text = self._load_text()
+        text = self._load_text(paths)
         data = byte_tokenize(text)
         if self.max_bytes:
             data = data[: int(self.max_bytes)]
@@ -208,12 +300,27 @@ class TextDataModule(L.LightningDataModule):
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".tmp{os.getpid()}")
-            torch.save({"tokens": tokens, "paths": list(self._paths())}, tmp)
+            torch.save({"tokens": tokens, "paths": list(paths)}, tmp)
             os.replace(tmp, cache)
         return tokens
 
     def setup(self, stage: Optional[str] = None):
         if self.train_tokens is not None:
+            return
+        if self.pack:
+            return self._setup_packed()
+        if self.val_path is not None:  # a separate validation file: the whole data.path trains
+            train, val = self.load_tokens(), self.load_tokens(self._paths(self.val_path))
+            limit = max_text_seq_len(train.numel(), val.numel(), self.batch_size)
+            if self.seq_len > limit:
+                raise ValueError(
+                    f"data.seq_len={self.seq_len} is too long for these files: the longest data.seq_len they can "
+                    f"train is {limit} (data.path, {train.numel()} tokens, must fill one batch of "
+                    f"data.batch_size={self.batch_size} windows of seq_len + 1 tokens, data.val_path, "
+                    f"{val.numel()} tokens, one window); pass data.seq_len<={max(limit, 1)} or larger files")
+            self.train_tokens, self.val_tokens = train, val
+            self.train_set = PackedDataset(train, self.seq_len)
+            self.val_set = PackedDataset(val, self.seq_len)
             return
         tokens = self.load_tokens()
         n_val = int(round(tokens.numel() * self.val_fraction))
@@ -238,6 +345,115 @@ class TextDataModule(L.LightningDataModule):
         self.train_set = PackedDataset(self.train_tokens, self.seq_len)
         self.val_set = PackedDataset(self.val_tokens, self.seq_len)
 
+    # -- packed documents (data.pack=true)
+    def _split_rule(self, text: str, hub: bool) -> str:
+        """``data.doc_split`` with ``auto`` resolved: ``wikitext`` when the text has WikiText's headings (an article
+        line `` = Title = `` and a section line `` = = Section = = ``), else ``rows`` for a hub dataset (its rows
+        are the documents) and ``blank_line`` for a local file."""
+        if self.doc_split != "auto":
+            return self.doc_split
+        if looks_like_wikitext(text):
+            return "wikitext"
+        return "rows" if hub else "blank_line"
+
+    def load_documents(self, paths: Optional[Sequence[str]] = None) -> Tuple[List[np.ndarray], str, int]:
+        """The corpus (``paths``, default ``data.path`` or the hub dataset) as tokenized documents (uint8 arrays for
+        bytes), the split rule used (:attr:`doc_split`, ``auto`` resolved by :meth:`_split_rule`) and the number of
+        bytes between documents (separators the rule removes: blank lines, whitespace-only pieces). ``rows``: each
+        row of the dataset is a document (a local file is one row); the other rules split the rows' text
+        (:func:`split_documents`; local files one by one, a hub dataset's rows joined with newlines).
+        ``data.max_bytes`` keeps the first that many tokens (the document at the cut is cut)."""
+        hub = not (self._paths() if paths is None else paths)
+        rows = self._load_rows(paths)
+        rule = self._split_rule("\n".join(rows[:1000]) if hub else "\n".join(rows), hub)
+        if rule == "rows":
+            texts = list(rows)
+        elif hub:
+            texts = split_documents("\n".join(rows), rule)
+        else:
+            texts = [d for r in rows for d in split_documents(r, rule)]
+        docs = [byte_tokenize(t) for t in texts]
+        between = sum(len(r.encode("utf-8")) for r in rows) + (len(rows) - 1 if hub else 0) - sum(d.size for d in docs)
+        if rule == "rows" and hub:
+            between -= len(rows) - 1  # the rows are not joined
+        if self.max_bytes:
+            out, n = [], 0
+            for d in docs:
+                if n >= self.max_bytes:
+                    break
+                out.append(d[: self.max_bytes - n])
+                n += out[-1].size
+            docs = out
+        return docs, rule, between
+
+    def _setup_packed(self):
+        docs, rule, between = self.load_documents()
+        val_between = 0
+        what = self.path if self.path is not None else self.hub_name
+        if self.val_path is not None:
+            val_docs, _, val_between = self.load_documents(self._paths(self.val_path))
+            train_docs, val_key = docs, "data.val_path"
+        else:  # the last val_fraction of the tokens; the document at the cut is split in two
+            n = sum(d.size for d in docs)
+            cut = n - int(round(n * self.val_fraction))
+            train_docs, val_docs, seen = [], [], 0
+            for d in docs:
+                if seen + d.size <= cut:
+                    train_docs.append(d)
+                elif seen >= cut:
+                    val_docs.append(d)
+                else:
+                    train_docs.append(d[: cut - seen])
+                    val_docs.append(d[cut - seen:])
+                seen += d.size
+            val_key = "data.val_fraction"
+        if self.eos is not None:
+            for d in train_docs + val_docs:
+                if (d == self.eos).any():
+                    raise ValueError(f"data.eos={self.eos} occurs in the text ({what!r}); the separator must be a "
+                                     f"token the text does not hold (e.g. data.eos=0), or data.eos=null")
+        tr = pack_documents(train_docs, self.seq_len, self.eos)
+        va = pack_documents(val_docs, self.seq_len, self.eos)
+        n_tr, n_va = tr["tokens"].shape[0], va["tokens"].shape[0]
+        if n_tr < self.batch_size or n_va < 1:
+            raise ValueError(
+                f"data.seq_len={self.seq_len} is too long for this corpus packed (data.pack=true): the train split "
+                f"({what!r}, {len(train_docs)} documents, {tr['tokens_kept'] + tr['tokens_dropped']} tokens) packs "
+                f"{n_tr} rows of seq_len + 1 tokens, data.batch_size={self.batch_size} are needed; the validation split "
+                f"({val_key}, {len(val_docs)} documents) packs {n_va}, 1 is needed; pass a smaller data.seq_len, a "
+                f"smaller data.batch_size or a larger corpus")
+        for d in (tr, va):  # positions restart at each row: a document continued from the row before starts at 0
+            d["positions"] = row_positions(d["doc_ids"])
+        self.train_packed, self.val_packed = tr, va
+        self.train_tokens, self.val_tokens = tr["tokens"].flatten(), va["tokens"].flatten()
+        # bits per byte of text: an eos target is scored but is not a byte of the text
+        self.bytes_per_token = 1.0 if self.eos is None else float((va["tokens"][:, 1:] != self.eos).double().mean())
+        self.train_set = PackedDocDataset(tr["tokens"], tr["doc_ids"], tr["positions"])
+        self.val_set = PackedDocDataset(va["tokens"], va["doc_ids"], va["positions"])
+        self.pack_stats = {f"data/{split}_{k}": float(d[k]) for split, d in (("train", tr), ("val", va))
+                           for k in ("tokens_kept", "tokens_dropped", "docs_kept", "docs_dropped")}
+        self.pack_stats.update({"data/train_rows": float(n_tr), "data/val_rows": float(n_va),
+                                "data/bytes_between_docs": float(between),
+                                "data/val_bytes_between_docs": float(val_between)})
+        self.doc_split_used = rule
+        from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+        rank_zero_info(
+            f"data.pack=true (doc_split={self.doc_split} -> {rule}, doc_mask={self.doc_mask}, eos={self.eos}): "
+            + "; ".join(f"{split}: {len(src)} documents -> {d['tokens'].shape[0]} rows of {self.seq_len + 1} "
+                        f"tokens, kept {d['tokens_kept']} tokens / {d['docs_kept']} documents, dropped "
+                        f"{d['tokens_dropped']} tokens (the tail shorter than one row) / {d['docs_dropped']} "
+                        f"documents (empty or wholly in that tail)"
+                        for split, src, d in (("train", train_docs, tr), ("val", val_docs, va)))
+            + f"; {between} bytes of data.path between documents (separators the {rule!r} rule removes)"
+            + (f", {val_between} of data.val_path" if self.val_path is not None else ""))
+
+    @property
+    def model_documents(self) -> bool:
+        """Whether the model is given the batches' ``doc_ids`` / ``positions`` (``data.pack`` and
+        ``data.doc_mask``): attention and recurrent state stay inside each document, RoPE positions restart."""
+        return bool(self.pack and self.doc_mask)
+
     def unigram_bits_per_byte(self) -> float:
         """Unigram entropy of the train split, bits per byte (the baseline a model must beat)."""
         self.setup()
@@ -250,8 +466,9 @@ class TextDataModule(L.LightningDataModule):
 
     def val_dataloader(self):
         """The validation windows in order; in DDP each once over the ranks (:func:`val_sampler`)."""
+        key = "data.val_path" if self.val_path is not None else "data.val_fraction"
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          sampler=val_sampler(self, self.val_set, "data.val_fraction"))
+                          sampler=val_sampler(self, self.val_set, key))
 
 
 # ---------------------------------------------------------------------------------------------- MQAR
@@ -431,7 +648,7 @@ class MQARDataModule(L.LightningDataModule):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Packed documents (issue 27 item 1, first step: splitting and packing; not yet wired into TextDataModule).
+# Packed documents (issue 27 item 1): splitting and packing, used by TextDataModule(pack=True).
 _WIKI_ARTICLE = None
 
 

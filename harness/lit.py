@@ -256,6 +256,11 @@ class LitLM(L.LightningModule):
             (:meth:`on_load_checkpoint`), steps past it run at ``lr * min_lr_ratio``.
         bytes_per_token: text data; enables ``val/bpb``. None for synthetic tasks.
         task: free-form label (``"text"`` / ``"mqar"``) kept in hparams.
+        doc_mask: packed text (``data.pack=true``, ``data.doc_mask=true``): batches are ``(x, y, doc_ids,
+            positions)`` and the model is given ``doc_ids`` / ``positions`` (:meth:`GPT.forward`), so every layer
+            stays inside each document. False: only ``x, y`` are used (a packed batch is the plain packed baseline).
+            Loss and ``val/bpb`` are per scored token either way. The data module's ``pack_stats`` (tokens and
+            documents kept / dropped) are logged at the start of training.
 
     Raises:
         ValueError: an optimiser config that cannot build an optimiser (:func:`optimizer_factory`), at construction.
@@ -274,7 +279,8 @@ class LitLM(L.LightningModule):
                  backend: str = "auto", redraw_interval: Optional[int] = None,
                  optimizer: Optional[dict] = None, lr: Optional[float] = None, weight_decay: Optional[float] = None,
                  betas=None, warmup_steps: int = 100, min_lr_ratio: float = 0.1, total_steps: Optional[int] = None,
-                 bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False):
+                 bytes_per_token: Optional[float] = None, task: str = "lm", compile: bool = False,
+                 doc_mask: bool = False):
         super().__init__()
         from torchmetrics.aggregation import MeanMetric
 
@@ -299,6 +305,9 @@ class LitLM(L.LightningModule):
         validate_optim_config(dict(opt, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio))
         optimizer_factory(opt)  # a bad optim.* fails now, not at the first step
         self.hparams["optimizer"] = opt
+        if not isinstance(doc_mask, bool):
+            raise ValueError(f"doc_mask must be true or false, got {doc_mask!r}")
+        self.doc_mask = doc_mask
         self._sparse_targets = "mqar" in str(task).lower()  # loss on the query positions only (GPT.forward)
         self.model = GPT.from_config(self.model_config, backend=backend)
         self.hparams["n_params"] = self.model.num_params()
@@ -317,8 +326,17 @@ class LitLM(L.LightningModule):
     def gpt(self) -> GPT:
         return getattr(self.model, "_orig_mod", self.model)
 
-    def forward(self, idx, targets=None):
-        return self.model(idx, targets)
+    def forward(self, idx, targets=None, doc_ids=None, positions=None):
+        return self.model(idx, targets, doc_ids=doc_ids, positions=positions)
+
+    def _documents(self, batch) -> dict:
+        """``{doc_ids, positions}`` of a packed batch ``(x, y, doc_ids, positions)`` when ``doc_mask`` is on (the
+        model keeps every document apart), else ``{}`` (a packed batch without doc_mask: the plain packed baseline)."""
+        if not self.doc_mask:
+            return {}
+        if len(batch) < 4:
+            raise ValueError("doc_mask=True needs packed batches (x, y, doc_ids, positions): set data.pack=true")
+        return {"doc_ids": batch[2], "positions": batch[3]}
 
     def check_checkpoint_hparams(self, saved: dict) -> None:
         """Raise ``ValueError`` (starting ``ckpt_path:``) when checkpoint hparams ``saved`` are of another
@@ -349,6 +367,12 @@ class LitLM(L.LightningModule):
                 f"ckpt_path: model config differs from the checkpoint's ({diff}); resume with the same model / data "
                 f"overrides as the run that wrote it (vocab_size and max_seq_len follow data.*)"
             )
+        if bool(saved.get("doc_mask", False)) != self.doc_mask:  # checkpoints from before it: trained without
+            raise ValueError(
+                f"ckpt_path: the checkpoint was trained with data.doc_mask={str(bool(saved.get('doc_mask'))).lower()} "
+                f"(packed documents {'kept apart' if saved.get('doc_mask') else 'not kept apart'}) but this run has "
+                f"data.pack={'true' if self.doc_mask else 'false or'} data.doc_mask={str(self.doc_mask).lower()}; "
+                f"resume with the same data.pack / data.doc_mask")
         old_opt, new_opt = optim_settings(saved), optim_settings(self.hparams)
         has_opt = any(k[len("optim."):] not in SCHEDULE_KEYS for k in old_opt)
         keys = sorted(k for k in set(old_opt) | set(new_opt)
@@ -400,8 +424,10 @@ class LitLM(L.LightningModule):
     # ------------------------------------------------------------------ training
     def on_train_start(self):
         n = self.gpt.num_params()
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        stats = dict(getattr(dm, "pack_stats", None) or {})  # packed documents: tokens / documents kept and dropped
         for lg in self.loggers:
-            lg.log_metrics({"model/n_params": float(n)}, step=self.global_step)
+            lg.log_metrics({"model/n_params": float(n), **stats}, step=self.global_step)
 
     def _writes_step_logs(self) -> bool:
         """Whether Lightning writes this optimizer step's ``on_step`` metrics (every ``trainer.log_every_n_steps``-th
@@ -428,8 +454,8 @@ class LitLM(L.LightningModule):
         self._t0 = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        x, y = batch  # (B, N), (B, N)
-        _, loss = self.model(x, y, sparse_targets=self._sparse_targets)
+        x, y = batch[0], batch[1]  # (B, N), (B, N); packed text: doc_ids, positions (B, N) after them
+        _, loss = self.model(x, y, sparse_targets=self._sparse_targets, **self._documents(batch))
         if self._log_step:
             self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         return loss
@@ -457,13 +483,14 @@ class LitLM(L.LightningModule):
         """Accumulate the cross-entropy and correctness of every scored position (targets ``!= -100``) of ``batch``
         (``x``, ``y``: ``(B, N)`` int64) into :attr:`val_loss` / :attr:`val_acc` (torchmetrics ``MeanMetric``), so
         the epoch's ``val/loss`` and ``val/acc`` are means over scored tokens, not over batches."""
-        x, y = batch
+        x, y = batch[0], batch[1]
+        docs = self._documents(batch)
         mask = y != -100
         tgt = y[mask]  # (M,), M scored positions
         if self._sparse_targets and self.model is self.gpt:  # the head on the scored rows only (GPT.forward)
-            lf = self.model(x, y, sparse_targets=True)[0].float()  # (M, V)
+            lf = self.model(x, y, sparse_targets=True, **docs)[0].float()  # (M, V)
         else:
-            lf = self.model(x).float()[mask]  # (B, N, V) -> (M, V)
+            lf = self.model(x, **docs).float()[mask]  # (B, N, V) -> (M, V)
         self.val_loss.update(torch.nn.functional.cross_entropy(lf, tgt, reduction="none"))
         self.val_acc.update((lf.argmax(-1) == tgt).to(lf.dtype))
 

@@ -52,12 +52,17 @@ def cached_document_table(doc_ids: torch.Tensor, Nq: int) -> torch.Tensor:
     graph)."""
     if torch.compiler.is_compiling():
         return document_table(doc_ids, Nq)
+    from attn_zoo.documents import tensor_version
+
+    version = tensor_version(doc_ids)  # None: an inference tensor, not cached
     for ref, ver, n, table in _LAST:
-        if ref() is doc_ids and ver == doc_ids._version and n == Nq:
+        if ref() is doc_ids and version is not None and ver == version and n == Nq:
             return table
     table = document_table(doc_ids, Nq)
+    if version is None:
+        return table
     try:
-        _LAST.insert(0, (weakref.ref(doc_ids), doc_ids._version, Nq, table))
+        _LAST.insert(0, (weakref.ref(doc_ids), version, Nq, table))
         del _LAST[4:]
     except TypeError:  # pragma: no cover - a tensor type without weak references
         pass
