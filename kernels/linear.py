@@ -257,16 +257,16 @@ def _seg_fwd(
         mrv = mr[:, None] & mv[None, :]
         q = tl.load(qbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
         q = _phi(q, mrf, FM)
-        qs = q
-        if DOCS:
+        if S16:
+            acc = _dot(q, S.to(q.dtype), PREC, UP)
+        else:
+            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
+        if DOCS:  # only the rows of the document running at the chunk's start read the carried state
             d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
             dl = tl.max(d, 0)  # the chunk's last document (padded rows: 0)
-            qs = tl.where((d == dprev)[:, None], q, 0.0)  # the rows that read the carried state
-        if S16:
-            acc = _dot(qs, S.to(q.dtype), PREC, UP)
-        else:
-            acc = tl.dot(qs.to(tl.float32), S, input_precision=SPREC)
-        den = tl.sum(qs.to(tl.float32) * z[None, :], 1)
+            acc = tl.where((d == dprev)[:, None], acc, 0.0)
+            den = tl.where(d == dprev, den, 0.0)
         if CAUSAL:
             k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
@@ -282,9 +282,9 @@ def _seg_fwd(
             P = A * rden[:, None]  # in [0, 1]: safe in fp16
             acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
             if DOCS:  # carry only into a chunk without a document start; keep the last document's keys
-                kt = tl.where((d == dl)[:, None], k, 0.0)
-                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(kt), v, PREC, UP)
-                z = tl.where(dl == dprev, z, 0.0) + tl.sum(kt.to(tl.float32), 0)
+                k = tl.where((d == dl)[:, None], k, 0.0)
+                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
+                z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
                 dprev = dl
             else:
                 S += _dot(tl.trans(k), v, PREC, UP)
@@ -418,9 +418,9 @@ def _seg_dq(
                 dA = tl.where(causal_m, dA + cd[:, None], 0.0)
             dq += _mm(dA, k, Q, LOWP, SPREC, UP)
             if DOCS:
-                kt = tl.where((d == dl)[:, None], k, 0.0)
-                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(kt), v, PREC, UP)
-                z = tl.where(dl == dprev, z, 0.0) + tl.sum(kt.to(tl.float32), 0)
+                k = tl.where((d == dl)[:, None], k, 0.0)
+                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
+                z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
                 dprev = dl
             else:
                 S += _dot(tl.trans(k), v, PREC, UP)
@@ -585,18 +585,17 @@ def _seg_dkdv(
                     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
                     rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
                     At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
-                    qs = q
-                    if DOCS:
-                        qs = tl.where((d == dnext)[:, None], q, 0.0)
+                    if DOCS:  # the chunk's first document goes on to the previous chunk
+                        q = tl.where((d == dnext)[:, None], q, 0.0)
                     if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
                         Pt = tl.where(tmask, At * rden[None, :], 0.0)
                         dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-                        dSv += _mm(tl.trans(qs), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
+                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
                     else:
                         gm = do.to(tl.float32) * rden[:, None]
                         At = tl.where(tmask, At, 0.0)
                         dv += tl.dot(At, gm, input_precision=SPREC)
-                        dSv += tl.dot(tl.trans(qs.to(tl.float32)), gm, input_precision=SPREC)
+                        dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
             tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
