@@ -215,8 +215,8 @@ def _seg_state(
 
 @triton.jit
 def _seg_fwd(
-    Q, K, V, SS, ZS, S0, Z0, O, DEN, ST, ZT, DOC,
-    NQ, NK, F, DV, L, HQ, G, NSS, eps,
+    Q, K, V, SS, ZS, S0, Z0, O, DEN, ST, ZT,
+    NQ, NK, F, DV, L, HQ, G, NSS, eps, DOC,
     C: tl.constexpr, FP: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_T: tl.constexpr, S16: tl.constexpr, PREC: tl.constexpr,
     SPREC: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
@@ -361,8 +361,8 @@ def _seg_dstate(
 
 @triton.jit
 def _seg_dq(
-    Q, K, V, DO, RDEN, CD, SS, ZS, S0, Z0, DQ, DOC,
-    NQ, NK, F, DV, L, HQ, G, NSS,
+    Q, K, V, DO, RDEN, CD, SS, ZS, S0, Z0, DQ,
+    NQ, NK, F, DV, L, HQ, G, NSS, DOC,
     C: tl.constexpr, BK: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, DFM: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
     LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
@@ -433,8 +433,8 @@ def _seg_dq(
 
 @triton.jit
 def _seg_dkdv(
-    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0, DOC,
-    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
+    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, DOC,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
     FM: tl.constexpr, DFM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr,
     STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr,
@@ -1010,8 +1010,8 @@ class _LinearAttention(torch.autograd.Function):
         den = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32)
         _launch("seg_fwd", _seg_fwd, lambda BK, BV: (cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt, config,
                 (q, k, v, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den, z0 if has_s0 else den,
-                 o, den, ST if want_state else den, ZT if want_state else den, docs if has_docs else den,
-                 Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps)),
+                 o, den, ST if want_state else den, ZT if want_state else den,
+                 Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps), docs if has_docs else den),
                 C=C, FP=_pow2(F, 16, MAX_DIM), FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, STORE_T=want_state,
                 S16=s16, PREC=PREC, SPREC=SPREC, UP=up, DOCS=has_docs)
         ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0, docs)
@@ -1058,15 +1058,15 @@ class _LinearAttention(torch.autograd.Function):
         has_ss = SS is not None
         _launch("seg_dq", _seg_dq, lambda BK, BV: (cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den,
-                 z0 if has_s0 else den, dq, docs if has_docs else den, Nq, Nk, F, Dv, Lq, Hq, G,
-                 SS.shape[1] if has_ss else 1),
+                 z0 if has_s0 else den, dq, Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1,
+                 docs if has_docs else den),
                 C=C, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
                 LOWP=lowp, UP=up, DOCS=has_docs)
         has_dss = DSS is not None
         _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
                  dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
-                 docs if has_docs else den, Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
+                 Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1, docs if has_docs else den),
                 C=C, FP=FP, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
                 PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up, DOCS=has_docs)
         return dq, dk, dv, ds0, dz0, None, None, None, None, None, None, None, None
