@@ -19,6 +19,14 @@ Methods
 * ``sdpa_cudnn``: exact causal attention through ``scaled_dot_product_attention`` with the cuDNN backend;
   ``flash_triton``: the project's Triton flash kernel (:mod:`kernels.flash`) when it imports.
 
+Packed documents (issue 27): ``--docs fixed:<L>,geometric:<L>`` (``--varlen``: its former name) runs only
+:func:`bench_docs`: one packed row (B = 1) of each ``--docs-tokens`` length (default 16k and 64k) per
+document-length distribution (those of ``eval/bench_flash.py --docs``), ours with ``doc_ids`` vs fla's varlen
+``chunk_linear_attn(..., cu_seqlens=)`` (or ``chunk_simple_gla(g=None)`` where fla lacks it) and ours without
+documents, forward+backward, a fp32-reference check of every method with documents, ``--time-budget-s``, and
+``{prefix}_docs_bench.{csv,json}`` rewritten after every case. E.g. ``python -m eval.bench_linear --out
+results/h200/docs --docs fixed:256,fixed:2048,geometric:256,geometric:2048 --time-budget-s 420``.
+
 Prints the table, the speedup over ``fla_linear``, the flatness ratio ``t(64k) / t(16k)`` at fixed
 ``B * N = 64k`` and the crossover length where linear attention beats exact causal attention.
 Writes ``linear_bench.csv`` and ``linear_bench.json`` under ``--out``.
@@ -259,6 +267,13 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
             M = {}  # name -> (fn, leaves, (1, T, H, D) layout)
             a = leaf(fq, fk, v)
             M["ours_docs"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, doc_ids=doc), a, False)
+            if args.docs_variants:  # the forward with 64-wide Dv blocks (no spill in the document build offline)
+                from kernels.linear import LinearConfig
+
+                c64 = LinearConfig(tiles={"seg_fwd": [(0, 64, 8, 2, 0)]})
+                a = leaf(fq, fk, v)
+                M["ours_docs_fwd_bv64"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, doc_ids=doc,
+                                                                        config=c64), a, False)
             a = leaf(fq, fk, v)
             M["ours_nodocs"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True), a, False)
             fla_name, normalised = None, False
@@ -275,7 +290,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
                 M["torch_docs"] = (lambda a=a: chunked_linear_attention(a[0], a[1], a[2], True, 1e-6, 64, doc), a,
                                    False)
             errs = {}
-            if not args.no_check:
+            if not args.no_check:  # every method with documents (fla unnormalised: not comparable)
                 chk = {n: m for n, m in M.items() if n != "ours_nodocs" and (n != fla_name or normalised)}
                 errs = try_call(lambda: check_docs(fq, fk, v, doc, chk))
                 if isinstance(errs, str):
@@ -329,6 +344,8 @@ def main(argv=None):
                         "fixed:512,geometric:1024 (--varlen: the former name)")
     p.add_argument("--docs-tokens", default="16384,65536", help="--docs: tokens of the packed row (B = 1), comma list")
     p.add_argument("--docs-torch", action="store_true", help="--docs: also time the chunked PyTorch form")
+    p.add_argument("--docs-variants", action="store_true",
+                   help="--docs: also ours with the forward's 64-wide Dv tile (ours_docs_fwd_bv64)")
     p.add_argument("--no-check", action="store_true", help="--docs: skip the correctness check")
     p.add_argument("--time-budget-s", type=float, default=1e9, help="--docs: start no case after this many seconds")
     args = p.parse_args(argv)
