@@ -257,16 +257,17 @@ def _seg_fwd(
         mrv = mr[:, None] & mv[None, :]
         q = tl.load(qbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
         q = _phi(q, mrf, FM)
-        if S16:
-            acc = _dot(q, S.to(q.dtype), PREC, UP)
-        else:
-            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
-        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
         if DOCS:  # only the rows of the document running at the chunk's start read the carried state
             d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
-            dl = tl.max(d, 0)  # the chunk's last document (padded rows: 0)
-            acc = tl.where((d == dprev)[:, None], acc, 0.0)
-            den = tl.where(d == dprev, den, 0.0)
+            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
+            qs = tl.where((d == dprev)[:, None], q, 0.0)
+        else:
+            qs = q
+        if S16:
+            acc = _dot(qs, S.to(q.dtype), PREC, UP)
+        else:
+            acc = tl.dot(qs.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(qs.to(tl.float32) * z[None, :], 1)
         if CAUSAL:
             k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
