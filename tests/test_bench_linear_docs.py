@@ -30,7 +30,8 @@ def test_bench_docs_checks_every_method_and_writes_its_files(tmp_path, monkeypat
     args = types.SimpleNamespace(docs="fixed:24,geometric:20", docs_tokens="72", docs_torch=True,
                                  docs_variants=False, no_check=False, time_budget_s=1e9, out=str(tmp_path),
                                  prefix="linear")
-    rows = bl.bench_docs(args, "cpu", torch.float32, 2, 16, time.time(), {"gpu": None})
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = bl.bench_docs(args, dev, torch.float32, 2, 16, time.time(), {"gpu": None})
     ours = [r for r in rows if r["method"] == "ours_docs"]
     assert [r["docs"] for r in ours] == ["fixed:24", "geometric:20"]
     assert ours[0]["n_docs"] == 3 and ours[0]["x_ours_nodocs_fwd_bwd"] == 1.0

@@ -21,11 +21,12 @@ from attn_zoo import AttentionSpec, attention  # noqa: E402
 from kernels.linear import document_index, linear_attention  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 # 70 tokens, chunk 16, segments of 16, 32 or 64 tokens. Row 0: a length-1 document, a document (6..19) that starts
 # inside chunk 0 and goes on into chunk 1, a document of 36 tokens over three chunks (20..55) across the segment
 # edges 32 and 48, a last partial chunk. Row 1: boundaries at the chunk edge 16 and the segment edge 32 (skipped ids).
-DOC = torch.tensor([[1] * 5 + [2] + [3] * 14 + [4] * 36 + [8] * 14, [0] * 16 + [7] * 16 + [9] * 38])
+DOC = torch.tensor([[1] * 5 + [2] + [3] * 14 + [4] * 36 + [8] * 14, [0] * 16 + [7] * 16 + [9] * 38], device=DEV)
 
 
 def _inputs(dtype=torch.float32, B=2, Hq=2, Hkv=1, N=70, F=16, Dv=24, seed=0):
@@ -35,7 +36,7 @@ def _inputs(dtype=torch.float32, B=2, Hq=2, Hkv=1, N=70, F=16, Dv=24, seed=0):
     s0, z0 = torch.rand(B, Hkv, F, Dv, generator=g), torch.rand(B, Hkv, F, generator=g)
     cot = (torch.randn(B, Hq, N, Dv, generator=g), torch.randn(B, Hkv, F, Dv, generator=g),
            torch.randn(B, Hkv, F, generator=g))
-    return [t.to(dtype) for t in (q, k, v)] + [s0, z0], cot
+    return [t.to(DEV, dtype) for t in (q, k, v)] + [s0.to(DEV), z0.to(DEV)], tuple(t.to(DEV) for t in cot)
 
 
 def _per_document(q, k, v, s0, z0, doc, **kw):
@@ -43,7 +44,8 @@ def _per_document(q, k, v, s0, z0, doc, **kw):
     outs, S, Z = [], [], []
     for b in range(q.shape[0]):
         d = doc[b]
-        starts = torch.nonzero(torch.cat([torch.ones(1, dtype=torch.bool), d[1:] != d[:-1]])).flatten().tolist()
+        starts = torch.nonzero(torch.cat([torch.ones(1, dtype=torch.bool, device=d.device), d[1:] != d[:-1]]))
+        starts = starts.flatten().tolist()
         row = []
         for i, (a, e) in enumerate(zip(starts, starts[1:] + [len(d)])):
             init = (s0[b:b + 1], z0[b:b + 1]) if i == 0 else None
@@ -101,7 +103,7 @@ def test_bf16_documents_match_the_fp32_reference():
 @pytest.mark.parametrize("nq", [50, 90], ids=["nq<nk", "nq>nk"])
 def test_documents_with_other_query_lengths_match_the_reference(nq):
     xs, _ = _inputs(N=70)
-    q = torch.randn(2, 2, nq, 16, generator=torch.Generator().manual_seed(5))
+    q = torch.randn(2, 2, nq, 16, generator=torch.Generator().manual_seed(5)).to(DEV)
     spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
     want = attention(q, xs[1], xs[2], spec, backend="reference", doc_ids=DOC)
     torch.testing.assert_close(attention(q, xs[1], xs[2], spec, backend="triton", doc_ids=DOC), want,
