@@ -19,6 +19,14 @@ Methods
 * ``sdpa_cudnn``: exact causal attention through ``scaled_dot_product_attention`` with the cuDNN backend;
   ``flash_triton``: the project's Triton flash kernel (:mod:`kernels.flash`) when it imports.
 
+Packed documents (issue 27): ``--docs fixed:<L>,geometric:<L>`` (``--varlen``: its former name) runs only
+:func:`bench_docs`: one packed row (B = 1) of each ``--docs-tokens`` length (default 16k and 64k) per
+document-length distribution (those of ``eval/bench_flash.py --docs``), ours with ``doc_ids`` vs fla's varlen
+``chunk_linear_attn(..., cu_seqlens=)`` (or ``chunk_simple_gla(g=None)`` where fla lacks it) and ours without
+documents, forward+backward, a fp32-reference check of every method with documents, ``--time-budget-s``, and
+``{prefix}_docs_bench.{csv,json}`` rewritten after every case. E.g. ``python -m eval.bench_linear --out
+results/h200/docs --docs fixed:256,fixed:2048,geometric:256,geometric:2048 --time-budget-s 420``.
+
 Prints the table, the speedup over ``fla_linear``, the flatness ratio ``t(64k) / t(16k)`` at fixed
 ``B * N = 64k`` and the crossover length where linear attention beats exact causal attention.
 Writes ``linear_bench.csv`` and ``linear_bench.json`` under ``--out``.
@@ -170,78 +178,152 @@ def check_correctness(dev):
     return rows
 
 
-def _doc_lengths(total, mean, kind, gen):
-    """Document lengths summing to ``total``: ``fixed`` (all ``mean``) or ``geometric`` (mean ``mean``)."""
-    out, left = [], total
-    while left > 0:
-        n = mean if kind == "fixed" else int(torch.empty(1).geometric_(1.0 / mean, generator=gen).item())
-        n = max(1, min(n, left))
-        out.append(n)
-        left -= n
+def _fla_varlen(cu):
+    """fla's varlen chunked linear attention as ``(name, fn(q, k, v) -> out, normalised)`` in its ``(1, T, H, D)``
+    layout: ``chunk_linear_attn(..., normalize=True, cu_seqlens=cu)`` when the installed fla-core takes
+    ``cu_seqlens`` there (fla-org/flash-linear-attention since 2026-04; fla-core 0.6.0), else ``chunk_simple_gla``
+    with ``g=None`` (the same state recurrence, unnormalised: not checked against the reference)."""
+    import inspect
+
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    if "cu_seqlens" in inspect.signature(chunk_linear_attn).parameters:
+        return ("fla_linear_varlen",
+                lambda a, b, c: chunk_linear_attn(a, b, c, scale=1.0, normalize=True, cu_seqlens=cu)[0], True)
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    return "fla_simple_gla_g0_varlen", lambda a, b, c: chunk_simple_gla(a, b, c, g=None, scale=1.0,
+                                                                        cu_seqlens=cu)[0], False
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def check_docs(fq, fk, v, doc, impls, heads=2):
+    """Relative errors (``||x - ref|| / ||ref||``) of each impl's output and, where it is differentiable, ``dq,
+    dk, dv`` against the fp32 reference with the state restart (:func:`attn_zoo.backends.torch_linear.
+    chunked_linear_attention` with ``doc_ids``, the torch backend's form, tested against the dense reference by the
+    conformance suite), on the first ``heads`` heads (heads are independent; the impls run all of them)."""
+    from attn_zoo.backends.torch_linear import chunked_linear_attention
+
+    g = torch.Generator(device=fq.device).manual_seed(7)
+    do = torch.randn(fq.shape[0], fq.shape[1], fq.shape[2], v.shape[3], device=fq.device, generator=g)
+    ref_in = [t[:, :heads].float().detach().requires_grad_() for t in (fq, fk, v)]
+    ref = chunked_linear_attention(*ref_in, True, 1e-6, 64, doc)
+    ref.backward(do[:, :heads])
+    out = {}
+    for name, (fn, leaves, layout_bthd) in impls.items():
+        for t in leaves:
+            t.grad = None
+        o = fn()
+        o.float().backward(do.transpose(1, 2) if layout_bthd else do)
+        oh = o.transpose(1, 2) if layout_bthd else o
+        grads = [t.grad.transpose(1, 2) if layout_bthd else t.grad for t in leaves]
+        r = {"out": _rel(oh[:, :heads], ref)}
+        for gname, gr, rt in zip(("dq", "dk", "dv"), grads, ref_in):
+            r[gname] = _rel(gr[:, :heads], rt.grad)
+        out[name] = r
+        for t in leaves:
+            t.grad = None
     return out
 
 
-def bench_varlen(args, dev, dtype, H, D):
-    """Packed documents (issue 27): one row of ``--tokens`` tokens (B = 1), fwd+bwd, causal, elu1 features.
-    ``fla_linear_varlen`` / ``fla_simple_gla_varlen``: fla's chunked kernels with ``cu_seqlens``; ``torch_docs``:
-    our chunked PyTorch path with ``doc_ids`` (state reset); ``ours_nodocs``: our Triton kernel without documents
-    (the unpacked cost, the speed a document-aware kernel should keep); ``taylor_parallel_docs``: the Taylor map's
-    parallel kernel with the document mask."""
-    from attn_zoo.backends.torch_linear import chunked_linear_attention
+def bench_docs(args, dev, dtype, H, D, t_start, env):
+    """Packed documents (issue 27): one packed row (B = 1) of each ``--docs-tokens`` length per ``--docs``
+    distribution (``fixed:<L>`` / ``geometric:<L>``, :func:`eval.bench_flash.document_lengths`, seeded), causal,
+    bf16, ``H`` heads, ``F = Dv = D``, ``elu1`` features computed once outside the timed region. Methods (same
+    process): ``ours_docs`` (:func:`kernels.linear.linear_attention` with ``doc_ids``; the int32 document index is
+    built once per ``doc_ids`` tensor, as for the layers of a step), ``ours_nodocs`` (the same kernel without
+    documents: the unpacked cost), fla's varlen kernel (:func:`_fla_varlen`, ``cu_seqlens`` in its ``(1, T, H,
+    D)`` layout, no transposes timed; fla prepares its chunk indices from ``cu_seqlens`` in every call, as a user's
+    call does) and, with ``--docs-torch``, ``torch_docs`` (the chunked PyTorch form). Correctness: every method
+    against the fp32 reference (:func:`check_docs`), forward and ``dq, dk, dv``. ``x_fla_fwd_bwd``: fla's time over
+    ours. Rows are rewritten to ``{prefix}_docs_bench.{csv,json}`` after every case; cases after
+    ``--time-budget-s`` are skipped."""
+    from eval.bench_flash import document_lengths
+    from kernels.linear import linear_attention
 
-    rows, N = [], args.tokens
-    gen = torch.Generator().manual_seed(0)
-    for spec in args.varlen.split(","):
-        kind, mean = spec.split(":") if ":" in spec else ("fixed", spec)
-        lens = _doc_lengths(N, int(mean), kind, gen)
-        cu = torch.tensor([0] + lens, device=dev).cumsum(0).to(torch.int32)
-        doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))[None]
-        g = torch.Generator(device=dev).manual_seed(1)
-        q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype, generator=g) for _ in range(3))
-        fq, fk = (Fn.elu(q.float()) + 1).to(dtype), (Fn.elu(k.float()) + 1).to(dtype)
-        M = {}
-        L = [t.detach().clone().requires_grad_() for t in (fq, fk, v)]
-        M["torch_docs"] = (lambda L=L: chunked_linear_attention(L[0], L[1], L[2], True, 1e-6, 64, doc), L)
-        try:
-            from kernels.linear import linear_attention
+    rows, checks = [], []
+    dists = args.docs.split(",")
+    for d in dists:
+        document_lengths(1, d)  # a bad entry fails before any case runs
+    for N in [int(x) for x in args.docs_tokens.split(",")]:
+        for dist in dists:
+            if time.time() - t_start > args.time_budget_s:
+                print(f"time budget reached: skipping docs={dist} N={N}", flush=True)
+                continue
+            lens = document_lengths(N, dist, seed=0)
+            cu = torch.tensor([0] + lens, device=dev).cumsum(0)  # int64 (fla's LongTensor)
+            doc = torch.repeat_interleave(torch.arange(len(lens), device=dev, dtype=torch.int32),
+                                          torch.tensor(lens, device=dev))[None]
+            g = torch.Generator(device=dev).manual_seed(N)
+            q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype, generator=g) for _ in range(3))
+            fq, fk = (Fn.elu(q.float()) + 1).to(dtype), (Fn.elu(k.float()) + 1).to(dtype)
 
-            L2 = [t.detach().clone().requires_grad_() for t in (fq, fk, v)]
-            M["ours_nodocs"] = (lambda L=L2: linear_attention(L[0], L[1], L[2], causal=True), L2)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc(limit=2)
-        try:
-            from kernels.taylor import taylor_parallel
+            def leaf(*ts):
+                return [t.detach().clone().requires_grad_() for t in ts]
 
-            L3 = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            M["taylor_parallel_docs"] = (lambda L=L3: taylor_parallel(L[0], L[1], L[2], True, 1e-6, doc), L3)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc(limit=2)
-        Lf = [t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (fq, fk, v)]  # (1, T, H, D)
-        try:
-            from fla.ops.linear_attn import chunk_linear_attn
+            M = {}  # name -> (fn, leaves, (1, T, H, D) layout)
+            a = leaf(fq, fk, v)
+            M["ours_docs"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, doc_ids=doc), a, False)
+            if args.docs_variants:  # the forward with 64-wide Dv blocks (no spill in the document build offline)
+                from kernels.linear import LinearConfig
 
-            M["fla_linear_varlen"] = (lambda L=Lf: chunk_linear_attn(L[0], L[1], L[2], scale=1.0, normalize=True,
-                                                                     cu_seqlens=cu)[0], Lf)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc(limit=2)
-        try:
-            from fla.ops.simple_gla import chunk_simple_gla
+                c64 = LinearConfig(tiles={"seg_fwd": [(0, 64, 8, 2, 0)]})
+                a = leaf(fq, fk, v)
+                M["ours_docs_fwd_bv64"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, doc_ids=doc,
+                                                                        config=c64), a, False)
+            a = leaf(fq, fk, v)
+            M["ours_nodocs"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True), a, False)
+            fla_name, normalised = None, False
+            try:
+                fla_name, ffn, normalised = _fla_varlen(cu)
+                a = [t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (fq, fk, v)]
+                M[fla_name] = (lambda a=a, f=ffn: f(a[0], a[1], a[2]), a, True)
+            except Exception as e:  # noqa: BLE001
+                print(f"fla varlen unavailable: {type(e).__name__}: {e}", flush=True)
+            if args.docs_torch:
+                from attn_zoo.backends.torch_linear import chunked_linear_attention
 
-            Lg = [t.detach().clone().requires_grad_() for t in Lf]
-            gg = torch.full((1, N, H), -0.01, device=dev, dtype=torch.float32)
-            M["fla_simple_gla_varlen"] = (lambda L=Lg: chunk_simple_gla(L[0], L[1], L[2], g=gg, scale=1.0,
-                                                                         cu_seqlens=cu)[0], Lg)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc(limit=2)
-        for name, (fn, leaves) in M.items():
-            r = bench_one(name, fn, leaves, 1, H, N, D)
-            r.update(docs=kind, mean_doc=int(mean), n_docs=len(lens))
-            rows.append(r)
-            print(f"docs={kind}:{mean} n_docs={len(lens)} {name:22s} fwd {r.get('fwd_ms', float('nan')):8.3f}  "
-                  f"fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms {r.get('error', '')}", flush=True)
-        torch.cuda.empty_cache()
-    os.makedirs(args.out, exist_ok=True)
-    write_csv(rows, os.path.join(args.out, f"{args.prefix}_varlen_bench.csv"))
+                a = leaf(fq, fk, v)
+                M["torch_docs"] = (lambda a=a: chunked_linear_attention(a[0], a[1], a[2], True, 1e-6, 64, doc), a,
+                                   False)
+            errs = {}
+            if not args.no_check:  # every method with documents (fla unnormalised: not comparable)
+                chk = {n: m for n, m in M.items() if n != "ours_nodocs" and (n != fla_name or normalised)}
+                errs = try_call(lambda: check_docs(fq, fk, v, doc, chk))
+                if isinstance(errs, str):
+                    print(f"check failed: {errs}", flush=True)
+                    errs = {}
+                for n, e in errs.items():
+                    checks.append(dict(docs=dist, N=N, method=n, **{f"rel_err_{k}": x for k, x in e.items()}))
+                    print(f"  check docs={dist} N={N} {n:24s} " + "  ".join(f"{k} {x:.2e}" for k, x in e.items()),
+                          flush=True)
+            case = []
+            for name, (fn, leaves, _) in M.items():
+                r = bench_one(name, fn, leaves, 1, H, N, D)
+                r.update(docs=dist, n_docs=len(lens), mean_doc_len=round(N / len(lens), 1))
+                r.update({f"rel_err_{k}": x for k, x in errs.get(name, {}).items()})
+                case.append(r)
+                print(f"[{time.time() - t_start:6.1f}s] docs={dist:14s} N={N:6d} n_docs={len(lens):5d} {name:24s} "
+                      f"fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms "
+                      f"{r.get('error', '')}", flush=True)
+            ours = next((r for r in case if r["method"] == "ours_docs"), None)
+            for r in case:
+                if ours and r is not ours and ours.get("fwd_bwd_ms", 0) > 0:
+                    ours[f"x_{r['method']}_fwd_bwd"] = r.get("fwd_bwd_ms", float("nan")) / ours["fwd_bwd_ms"]
+                    ours[f"x_{r['method']}_fwd"] = r.get("fwd_ms", float("nan")) / ours["fwd_ms"]
+            rows += case
+            del M
+            torch.cuda.empty_cache()
+            os.makedirs(args.out, exist_ok=True)  # a killed run keeps what it measured
+            write_csv(rows, os.path.join(args.out, f"{args.prefix}_docs_bench.csv"))
+            write_json(rows, os.path.join(args.out, f"{args.prefix}_docs_bench.json"), env=dict(env, checks=checks))
+    ours = [r for r in rows if r["method"] == "ours_docs"]
+    cols = ["docs", "N", "n_docs", "fwd_ms", "fwd_bwd_ms"] + sorted({c for r in ours for c in r if c.startswith("x_")})
+    print("\nours_docs (bf16, causal, H=%d, D=%d, B=1 packed): ms and speedups (other / ours)" % (H, D))
+    print(format_table(ours, cols, "{:.3f}"))
     return rows
 
 
@@ -257,18 +339,21 @@ def main(argv=None):
     p.add_argument("--methods", default="all",
                    help="comma list to keep (ours,fla_linear,fla_simple_gla,torch,sdpa_cudnn,flash_triton,ours_*) or 'all'")
     p.add_argument("--no-flat", action="store_true", help="skip the fixed B*N=64k flatness rows")
-    p.add_argument("--varlen", default=None,
-                   help="packed documents only: comma list of document lengths, 'fixed:L' or 'geometric:L' "
-                        "(one row of --tokens tokens), e.g. fixed:512,geometric:1024")
+    p.add_argument("--docs", "--varlen", dest="docs", default=None,
+                   help="packed documents only (bench_docs): comma list of fixed:<L> / geometric:<L>, e.g. "
+                        "fixed:512,geometric:1024 (--varlen: the former name)")
+    p.add_argument("--docs-tokens", default="16384,65536", help="--docs: tokens of the packed row (B = 1), comma list")
+    p.add_argument("--docs-torch", action="store_true", help="--docs: also time the chunked PyTorch form")
+    p.add_argument("--docs-variants", action="store_true",
+                   help="--docs: also ours with the forward's 64-wide Dv tile (ours_docs_fwd_bv64)")
+    p.add_argument("--no-check", action="store_true", help="--docs: skip the correctness check")
+    p.add_argument("--time-budget-s", type=float, default=1e9, help="--docs: start no case after this many seconds")
     args = p.parse_args(argv)
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("bench_linear needs CUDA")
     dev, dtype, H, D = "cuda", torch.bfloat16, args.heads, args.dim
-    if args.varlen:
-        bench_varlen(args, dev, dtype, H, D)
-        return
     env = env_info()  # today's date
     try:
         import fla
@@ -277,6 +362,9 @@ def main(argv=None):
     except Exception:  # noqa: BLE001
         env["fla_core"] = None
     print(env)
+    if args.docs:
+        bench_docs(args, dev, dtype, H, D, t_start, env)
+        return
     checks = check_correctness(dev)
     print(f"[{time.time() - t_start:6.1f}s] checks done", flush=True)
     print(format_table(checks, ["check", "dtype", "rel_err"], "{:.2e}"))

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 import os
+import weakref
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -27,7 +28,7 @@ from ._host import cdiv, next_pow2
 
 __all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
            "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
-           "CHUNK_SIZES"]
+           "CHUNK_SIZES", "document_index"]
 
 MAX_DIM = 256
 FUSED_FEATURE_MAPS = {None: 0, "none": 0, "elu1": 1, "relu": 2}
@@ -139,35 +140,61 @@ def _store_sums(SS, ZS, S, z, bkv, s, NS, F, DV, ok, ov, mk, mv, pv):
 
 
 @triton.jit
-def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf,
-                 HAS_0: tl.constexpr, HAS_SS: tl.constexpr, CAUSAL: tl.constexpr):
+def _doc_at(DOC, b, N, pos):
+    """Document number (1-based, int32) of position ``pos`` clamped to [0, N - 1] of batch row ``b``: position -1
+    counts as document 1 (the initial state belongs to the first document)."""
+    return tl.load(DOC + b * N + tl.minimum(tl.maximum(pos, 0), N - 1))
+
+
+@triton.jit
+def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf, DOC, b, N, L,
+                 HAS_0: tl.constexpr, HAS_SS: tl.constexpr, CAUSAL: tl.constexpr, DOCS: tl.constexpr):
     """A sweep's start state (a block of ``S`` at offsets ``soff`` and ``z`` at ``offs_f``): the initial state
-    plus the segment sums before segment ``s`` (causal) or of all key segments (non-causal), added in-kernel."""
+    plus the segment sums before segment ``s`` (causal) or of all key segments (non-causal), added in-kernel.
+    DOCS (causal): only the sums of the document running at the segment's start (``dprev``, returned): the initial
+    state if that is document 1, and the sums of the earlier segments that end in it (each segment's sum holds its
+    last document only)."""
+    dprev = 1
+    if DOCS:
+        dprev = _doc_at(DOC, b, N, s * L - 1)
     if HAS_0:
-        S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
-        z += tl.load(Z0 + bkv * F + offs_f, mask=mf, other=0.0)
+        if DOCS:
+            S += tl.load(S0 + bkv * F * DV + soff, mask=msk & ((soff * 0 + dprev) == 1), other=0.0)
+            z += tl.load(Z0 + bkv * F + offs_f, mask=mf & ((offs_f * 0 + dprev) == 1), other=0.0)
+        else:
+            S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
+            z += tl.load(Z0 + bkv * F + offs_f, mask=mf, other=0.0)
     if HAS_SS:
         if CAUSAL:
             nsum = s
         else:
             nsum = NSS
         for j in range(nsum):
-            S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
-            z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf, other=0.0)
-    return S, z
+            if DOCS:
+                dj = _doc_at(DOC, b, N, (j + 1) * L - 1)
+                S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk & ((soff * 0 + dj) == dprev), other=0.0)
+                z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf & ((offs_f * 0 + dj) == dprev), other=0.0)
+            else:
+                S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+                z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf, other=0.0)
+    return S, z, dprev
 
 
 # ----------------------------------------------------------------------------------------------- forward
 @triton.jit
 def _seg_state(
     K, V, SS, ZS,
-    NK, F, DV, L, NS,
+    NK, F, DV, L, NS, DOC, HKV,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-    STG: tl.constexpr,
+    STG: tl.constexpr, DOCS: tl.constexpr,
 ):
-    """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32)."""
+    """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32). DOCS: over the
+    keys of the segment's last document only (what the state carries out of the segment)."""
     bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NK, BK, BV, C)
     oc = tl.arange(0, C)
+    if DOCS:
+        db = DOC + (bkv // HKV) * NK
+        dlast = tl.load(db + tl.minimum(start + L, NK) - 1)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     z = tl.zeros([BK], dtype=tl.float32)
     kbase = K + bkv * NK * F
@@ -175,6 +202,8 @@ def _seg_state(
     for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NK
+        if DOCS:
+            mr = mr & (tl.load(db + rows, mask=mr, other=0) == dlast)
         mrk = mr[:, None] & mk[None, :]
         k = tl.load(kbase + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
         k = _phi(k, mrk, FM)
@@ -187,13 +216,15 @@ def _seg_state(
 @triton.jit
 def _seg_fwd(
     Q, K, V, SS, ZS, S0, Z0, O, DEN, ST, ZT,
-    NQ, NK, F, DV, L, HQ, G, NSS, eps,
+    NQ, NK, F, DV, L, HQ, G, NSS, eps, DOC,
     C: tl.constexpr, FP: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_T: tl.constexpr, S16: tl.constexpr, PREC: tl.constexpr,
-    SPREC: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
+    SPREC: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
 ):
     """One segment of one query head, one BV block of Dv: start state (S0 plus the segment sums before it) in
-    registers, sweep the chunks."""
+    registers, sweep the chunks. DOCS (causal): a row reads the carried state only if it is in the document
+    running at the chunk's start (``dprev``); the chunk's scores are masked to one document; the state leaving
+    the chunk holds its last document's keys (plus the carried state if no document starts in the chunk)."""
     NB = tl.cdiv(DV, BV)
     pv = tl.program_id(0) % NB  # fastest: the Dv blocks of one (segment, head) share q, k tiles in L2
     bh = (tl.program_id(0) // NB).to(tl.int64)
@@ -210,7 +241,9 @@ def _seg_fwd(
     soff = of[:, None] * DV + ov[None, :]
     S = tl.zeros([FP, BV], dtype=tl.float32)
     z = tl.zeros([FP], dtype=tl.float32)
-    S, z = _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, mfv, of, mf, HAS_0, HAS_SS, CAUSAL)
+    b = bh // HQ
+    S, z, dprev = _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, mfv, of, mf, DOC, b, NQ, L,
+                               HAS_0, HAS_SS, CAUSAL, DOCS)
     qbase = Q + bh * NQ * F
     kbase = K + bkv * NK * F
     vbase = V + bkv * NK * DV
@@ -224,24 +257,39 @@ def _seg_fwd(
         mrv = mr[:, None] & mv[None, :]
         q = tl.load(qbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
         q = _phi(q, mrf, FM)
-        if S16:
-            acc = _dot(q, S.to(q.dtype), PREC, UP)
+        if DOCS:  # only the rows of the document running at the chunk's start read the carried state
+            d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
+            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
+            qs = tl.where((d == dprev)[:, None], q, 0.0)
         else:
-            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
-        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
+            qs = q
+        if S16:
+            acc = _dot(qs, S.to(q.dtype), PREC, UP)
+        else:
+            acc = tl.dot(qs.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(qs.to(tl.float32) * z[None, :], 1)
         if CAUSAL:
             k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
             v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
             A = _dot(q, tl.trans(k), PREC, UP)
-            A = tl.where(causal_m, A, 0.0)
+            if DOCS:
+                A = tl.where(causal_m & (d[:, None] == d[None, :]), A, 0.0)
+            else:
+                A = tl.where(causal_m, A, 0.0)
             den += tl.sum(A, 1)
             den = den + eps
             rden = 1.0 / den
             P = A * rden[:, None]  # in [0, 1]: safe in fp16
             acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
-            S += _dot(tl.trans(k), v, PREC, UP)
-            z += tl.sum(k.to(tl.float32), 0)
+            if DOCS:  # carry only into a chunk without a document start; keep the last document's keys
+                k = tl.where((d == dl)[:, None], k, 0.0)
+                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
+                z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
+                dprev = dl
+            else:
+                S += _dot(tl.trans(k), v, PREC, UP)
+                z += tl.sum(k.to(tl.float32), 0)
         else:
             den = den + eps
             acc = acc / den[:, None]
@@ -277,16 +325,19 @@ def _bwd_pre(O, DO, DEN, CD, RDEN, NROWS, DV, BM: tl.constexpr, BV: tl.constexpr
 @triton.jit
 def _seg_dstate(
     Q, DO, RDEN, CD, DSS, DZS,
-    NQ, F, DV, L, HQ, G: tl.constexpr, NS,
+    NQ, F, DV, L, HQ, G: tl.constexpr, NS, DOC,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FM: tl.constexpr, SPREC: tl.constexpr,
-    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
 ):
-    """Per-segment sums over the K/V group's query heads of phi(Q)^T G and sum c phi(Q) (fp32)."""
+    """Per-segment sums over the K/V group's query heads of phi(Q)^T G and sum c phi(Q) (fp32). DOCS: over the
+    queries of the segment's first document only (what the state gradient carries back out of the segment)."""
     bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NQ, BK, BV, C)
     HKV = HQ // G
     b = bkv // HKV
     hk = bkv % HKV
     oc = tl.arange(0, C)
+    if DOCS:
+        dfirst = tl.load(DOC + b * NQ + start)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     dz = tl.zeros([BK], dtype=tl.float32)
     for g in range(G):  # outside the chunk loop (the sums commute): the chunk loop stays innermost, prefetched
@@ -294,6 +345,8 @@ def _seg_dstate(
         for i in tl.range(nt, num_stages=STG):
             rows = start + i * C + oc
             mr = rows < NQ
+            if DOCS:
+                mr = mr & (tl.load(DOC + b * NQ + rows, mask=mr, other=0) == dfirst)
             mrk = mr[:, None] & mk[None, :]
             q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             q = _phi(q, mrk, FM)
@@ -310,12 +363,13 @@ def _seg_dstate(
 @triton.jit
 def _seg_dq(
     Q, K, V, DO, RDEN, CD, SS, ZS, S0, Z0, DQ,
-    NQ, NK, F, DV, L, HQ, G, NSS,
+    NQ, NK, F, DV, L, HQ, G, NSS, DOC,
     C: tl.constexpr, BK: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, DFM: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
-    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
 ):
-    """dq of one segment, one query head, one BK block of F: prefix S (BK x Dv), z in registers, forward sweep."""
+    """dq of one segment, one query head, one BK block of F: prefix S (BK x Dv), z in registers, forward sweep.
+    DOCS (causal): the forward's document rules (carried state read by the chunk's leading document only)."""
     NB = tl.cdiv(F, BK)
     pk = tl.program_id(0) % NB
     bh = (tl.program_id(0) // NB).to(tl.int64)
@@ -332,7 +386,9 @@ def _seg_dq(
     msk = mk[:, None] & md[None, :]
     S = tl.zeros([BK, DVP], dtype=tl.float32)
     z = tl.zeros([BK], dtype=tl.float32)
-    S, z = _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, ok, mk, HAS_0, HAS_SS, CAUSAL)
+    b = bh // HQ
+    S, z, dprev = _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, ok, mk, DOC, b, NQ, L,
+                               HAS_0, HAS_SS, CAUSAL, DOCS)
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NQ - start), C)
     for i in tl.range(nt, num_stages=STG):
@@ -348,15 +404,28 @@ def _seg_dq(
         else:
             gm = do.to(tl.float32) * rden[:, None]
             dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
+        if DOCS:
+            d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
+            dl = tl.max(d, 0)
+            dq = tl.where((d == dprev)[:, None], dq, 0.0)
         if CAUSAL:
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             k = _phi(k, mrk, FM)
             dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
-            dA = tl.where(causal_m, dA + cd[:, None], 0.0)
+            if DOCS:
+                dA = tl.where(causal_m & (d[:, None] == d[None, :]), dA + cd[:, None], 0.0)
+            else:
+                dA = tl.where(causal_m, dA + cd[:, None], 0.0)
             dq += _mm(dA, k, Q, LOWP, SPREC, UP)
-            S += _dot(tl.trans(k), v, PREC, UP)
-            z += tl.sum(k.to(tl.float32), 0)
+            if DOCS:
+                k = tl.where((d == dl)[:, None], k, 0.0)
+                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
+                z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
+                dprev = dl
+            else:
+                S += _dot(tl.trans(k), v, PREC, UP)
+                z += tl.sum(k.to(tl.float32), 0)
         if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
             q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             dq = dq * _phi_grad(q, FM, DFM)
@@ -366,16 +435,22 @@ def _seg_dq(
 @triton.jit
 def _seg_dkdv(
     Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
-    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, DOC,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
     FM: tl.constexpr, DFM: tl.constexpr, CAUSAL: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr,
     STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr, UP: tl.constexpr,
-    STG: tl.constexpr,
+    STG: tl.constexpr, DOCS: tl.constexpr,
 ):
     """dk / dv of one segment of one K/V head, sweeping its chunks backwards with the suffix dS, dz (strictly
     later positions) in registers. Programs 0..F/BK-1 of axis 2: a BK block of dk (carry dS (BK x Dv), dz);
     the others: a BV block of dv (carry dS (F x BV)). Start: the final-state gradient DT0 plus the query-side
-    segment sums DSS of the later segments (causal) / of all query segments (non-causal)."""
+    segment sums DSS of the later segments (causal) / of all query segments (non-causal).
+    DOCS (causal), mirrored from the forward: ``dnext`` is the document of the position after the current chunk
+    (after the last position: the last document, which the final-state gradient belongs to); a key row reads the
+    carried dS only if it is in ``dnext``; the chunk's scores are masked to one document; the dS carried into the
+    previous chunk holds the queries of the chunk's first document (plus the carried dS if the chunk lies inside
+    ``dnext``). Segment start: DT0 if the last document runs from the next segment's start to the end, and the
+    later segments' sums (each over its first document) of the document at the next segment's start."""
     NKB = tl.cdiv(F, BK)
     NB = NKB + tl.cdiv(DV, BV)
     pid = tl.program_id(0) % NB
@@ -392,6 +467,11 @@ def _seg_dkdv(
         j0 = 0
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NK - start), C)
+    dnext = 1
+    dend = 1
+    if DOCS:
+        dnext = _doc_at(DOC, b, NK, start + L)  # clamped: the last document after the last segment
+        dend = _doc_at(DOC, b, NK, NK - 1)  # the final-state gradient's document
     if pid < NKB:
         ok = pid * BK + tl.arange(0, BK)
         mk = ok < F
@@ -402,12 +482,22 @@ def _seg_dkdv(
         dSk = tl.zeros([BK, DVP], dtype=tl.float32)
         dz = tl.zeros([BK], dtype=tl.float32)
         if HAS_0:
-            dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
-            dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
+            if DOCS:
+                dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk & ((soff * 0 + dend) == dnext), other=0.0)
+                dz += tl.load(DZT0 + bkv * F + ok, mask=mk & ((ok * 0 + dend) == dnext), other=0.0)
+            else:
+                dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
+                dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
         if HAS_SS:
             for j in range(j0, NSS):
-                dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
-                dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
+                if DOCS:  # the later segments' first-document sums, of the document at the next segment's start
+                    dj = _doc_at(DOC, b, NK, j * L)
+                    dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk & ((soff * 0 + dj) == dnext),
+                                   other=0.0)
+                    dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk & ((ok * 0 + dj) == dnext), other=0.0)
+                else:
+                    dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+                    dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
         for i in tl.range(nt, num_stages=STG):
             rows = start + (nt - 1 - i) * C + oc
             mr = rows < NK
@@ -415,6 +505,17 @@ def _seg_dkdv(
             mrd = mr[:, None] & md[None, :]
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
+            if DOCS:
+                d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
+                df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)  # the chunk's first document
+                dk = tl.where((d == dnext)[:, None], dk, 0.0)
+                keep = df == dnext
+                dSk = tl.where(keep, dSk, 0.0)
+                dz = tl.where(keep, dz, 0.0)
+                dnext = df
+                tmask = causal_t & (d[:, None] == d[None, :])
+            else:
+                tmask = causal_t
             if CAUSAL:
                 for g in range(G):
                     bq = b * HQ + hk * G + g
@@ -425,8 +526,10 @@ def _seg_dkdv(
                     cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
                     gm = do.to(tl.float32) * rden[:, None]
                     dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
-                    dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
+                    dAt = tl.where(tmask, dAt + cd[None, :], 0.0)
                     dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
+                    if DOCS:  # the chunk's first document goes on to the previous chunk
+                        q = tl.where((d == dnext)[:, None], q, 0.0)
                     dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
                     dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
             if FM + DFM != 0:
@@ -446,10 +549,18 @@ def _seg_dkdv(
         mskv = mf[:, None] & mv[None, :]
         dSv = tl.zeros([FP, BV], dtype=tl.float32)
         if HAS_0:
-            dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
+            if DOCS:
+                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv & ((soffv * 0 + dend) == dnext), other=0.0)
+            else:
+                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
         if HAS_SS:
             for j in range(j0, NSS):
-                dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
+                if DOCS:
+                    dj = _doc_at(DOC, b, NK, j * L)
+                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv & ((soffv * 0 + dj) == dnext),
+                                   other=0.0)
+                else:
+                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
         for i in tl.range(nt, num_stages=STG):
             rows = start + (nt - 1 - i) * C + oc
             mr = rows < NK
@@ -458,6 +569,15 @@ def _seg_dkdv(
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
             dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
+            if DOCS:
+                d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
+                df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)
+                dv = tl.where((d == dnext)[:, None], dv, 0.0)
+                dSv = tl.where(df == dnext, dSv, 0.0)
+                dnext = df
+                tmask = causal_t & (d[:, None] == d[None, :])
+            else:
+                tmask = causal_t
             if CAUSAL:
                 for g in range(G):
                     bq = b * HQ + hk * G + g
@@ -466,13 +586,15 @@ def _seg_dkdv(
                     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
                     rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
                     At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+                    if DOCS:  # the chunk's first document goes on to the previous chunk
+                        q = tl.where((d == dnext)[:, None], q, 0.0)
                     if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
-                        Pt = tl.where(causal_t, At * rden[None, :], 0.0)
+                        Pt = tl.where(tmask, At * rden[None, :], 0.0)
                         dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
                         dSv += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
                     else:
                         gm = do.to(tl.float32) * rden[:, None]
-                        At = tl.where(causal_t, At, 0.0)
+                        At = tl.where(tmask, At, 0.0)
                         dv += tl.dot(At, gm, input_precision=SPREC)
                         dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
             tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
@@ -768,14 +890,46 @@ def _check(q, k, v, s0, z0, causal):
     return B, Hq, Hkv, Nq, Nk, F, Dv
 
 
-def _seg_sums(kind, kernel, x, y, extra, N, L, F, Dv, chunk, dt, BHkv, config, heads=(), **const):
+def _seg_sums(kind, kernel, x, y, extra, N, L, F, Dv, chunk, dt, BHkv, config, heads=(), tail=(), **const):
     """Run a per-segment sum kernel; returns (sums (BHkv, NS, F, Dv), zsums (BHkv, NS, F)) in fp32."""
     NS = cdiv(N, L)
     SS = torch.empty(BHkv, NS, F, Dv, device=x.device, dtype=torch.float32)
     ZS = torch.empty(BHkv, NS, F, device=x.device, dtype=torch.float32)
     _launch(kind, kernel, lambda BK, BV: (cdiv(F, BK) * cdiv(Dv, BV) * BHkv, NS), F, Dv, chunk, dt, config,
-            (x, y, *extra, SS, ZS, N, F, Dv, L, *heads, NS), **const)
+            (x, y, *extra, SS, ZS, N, F, Dv, L, *heads, NS, *tail), **const)
     return SS, ZS
+
+
+def document_index(doc_ids: torch.Tensor) -> torch.Tensor:
+    """The document part of the kernel's input: int32 ``(B, N)``, the 1-based number of each position's document
+    in its row (the cumulative count of document starts; no host sync). ``doc_ids`` int ``(B, N)``, nondecreasing
+    per row (checked by :func:`attn_zoo.attention`, not here)."""
+    if not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"doc_ids must be an int32 / int64 tensor of shape (B, N), got "
+                         f"{getattr(doc_ids, 'dtype', type(doc_ids).__name__)} {tuple(getattr(doc_ids, 'shape', ()))}")
+    start = torch.ones_like(doc_ids, dtype=torch.bool)
+    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return start.cumsum(1, dtype=torch.int32).contiguous()
+
+
+_LAST_DOCS: list = []  # [(weakref to doc_ids, its _version, index)], most recent first
+
+
+def _cached_document_index(doc_ids: torch.Tensor) -> torch.Tensor:
+    """:func:`document_index`, remembered for the last 4 ``doc_ids`` tensors (by identity and version): the same
+    tensor passed to every layer of a step is converted once. Not while compiling."""
+    if torch.compiler.is_compiling():
+        return document_index(doc_ids)
+    for ref, ver, idx in _LAST_DOCS:
+        if ref() is doc_ids and ver == doc_ids._version:
+            return idx
+    idx = document_index(doc_ids)
+    try:
+        _LAST_DOCS.insert(0, (weakref.ref(doc_ids), doc_ids._version, idx))
+        del _LAST_DOCS[4:]
+    except TypeError:  # pragma: no cover - a tensor type without weak references
+        pass
+    return idx
 
 
 def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
@@ -814,8 +968,9 @@ def query_segment_len(B: int, Hq: int, Nq: int, F: int, Dv: int, chunk_size: int
 
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, s0, z0, causal, eps, fmap, chunk_size, segment_size, want_state, config):
+    def forward(ctx, q, k, v, s0, z0, causal, eps, fmap, chunk_size, segment_size, want_state, config, docs):
         B, Hq, Hkv, Nq, Nk, F, Dv = _check(q, k, v, s0, z0, causal)
+        has_docs = docs is not None
         if fmap != 0 and not config.phi_in_loop:  # features once: the kernels read phi(q), phi(k)
             (q, k), fm, dfm = _features(q, k, fmap), 0, fmap
         else:
@@ -840,11 +995,13 @@ class _LinearAttention(torch.autograd.Function):
         if causal:
             Lk = Lq
             if NSq > 1:
-                SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, config, **st_const)
+                SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lq, F, Dv, C, dt, BHkv, config,
+                                   tail=(docs if has_docs else k, Hkv), DOCS=has_docs, **st_const)
         else:
             sk, sv = tile_blocks(_tile_in_use("seg_state", F, Dv, C, q.dtype, False, config), F, Dv)
             Lk = _seg_len(Nk, C, BHkv * cdiv(F, sk) * cdiv(Dv, sv), segment_size, sms, config.progs_per_sm)
-            SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, config, **st_const)
+            SS, ZS = _seg_sums("seg_state", _seg_state, k, v, (), Nk, Lk, F, Dv, C, dt, BHkv, config,
+                               tail=(k, Hkv), DOCS=False, **st_const)
         has_ss = SS is not None
         ST = ZT = None
         if want_state:  # written by the last segment's programs (non-causal: the unchanged total)
@@ -855,10 +1012,10 @@ class _LinearAttention(torch.autograd.Function):
         _launch("seg_fwd", _seg_fwd, lambda BK, BV: (cdiv(Dv, BV) * B * Hq, NSq), F, Dv, C, dt, config,
                 (q, k, v, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den, z0 if has_s0 else den,
                  o, den, ST if want_state else den, ZT if want_state else den,
-                 Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps)),
+                 Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1, float(eps), docs if has_docs else den),
                 C=C, FP=_pow2(F, 16, MAX_DIM), FM=fm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, STORE_T=want_state,
-                S16=s16, PREC=PREC, SPREC=SPREC, UP=up)
-        ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0)
+                S16=s16, PREC=PREC, SPREC=SPREC, UP=up, DOCS=has_docs)
+        ctx.save_for_backward(q, k, v, o, den, SS, ZS, s0, z0, docs)
         ctx.cfg = (causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp, config)
         if ST is not None:
             ST, ZT = ST.view(B, Hkv, F, Dv), ZT.view(B, Hkv, F)
@@ -866,7 +1023,8 @@ class _LinearAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dST, dZT):
-        q, k, v, o, den, SS, ZS, s0, z0 = ctx.saved_tensors
+        q, k, v, o, den, SS, ZS, s0, z0, docs = ctx.saved_tensors
+        has_docs = docs is not None
         causal, fm, dfm, C, SPREC, PREC, has_s0, up, Lq, Lk, lowp, config = ctx.cfg
         B, Hq, Nq, F = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -893,31 +1051,33 @@ class _LinearAttention(torch.autograd.Function):
         DSS = DZS = None  # per-segment query-side sums; dk/dv programs add the later ones (causal) themselves
         if not causal or NSq > 1:
             DSS, DZS = _seg_sums("seg_dstate", _seg_dstate, q, do, (rden, cd), Nq, Lq, F, Dv, C, dt, BHkv, config,
-                                 heads=(Hq, G), C=C, FM=fm, SPREC=SPREC, LOWP=lowp, UP=up)
+                                 heads=(Hq, G), tail=(docs if has_docs else den,), C=C, FM=fm, SPREC=SPREC,
+                                 LOWP=lowp, UP=up, DOCS=has_docs)
         dq = torch.empty_like(q)
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         has_ss = SS is not None
         _launch("seg_dq", _seg_dq, lambda BK, BV: (cdiv(F, BK) * B * Hq, NSq), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, SS if has_ss else den, ZS if has_ss else den, s0 if has_s0 else den,
-                 z0 if has_s0 else den, dq, Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1),
+                 z0 if has_s0 else den, dq, Nq, Nk, F, Dv, Lq, Hq, G, SS.shape[1] if has_ss else 1,
+                 docs if has_docs else den),
                 C=C, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
-                LOWP=lowp, UP=up)
+                LOWP=lowp, UP=up, DOCS=has_docs)
         has_dss = DSS is not None
         _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
                  dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
-                 Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
+                 Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1, docs if has_docs else den),
                 C=C, FP=FP, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
-                PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up)
-        return dq, dk, dv, ds0, dz0, None, None, None, None, None, None, None
+                PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up, DOCS=has_docs)
+        return dq, dk, dv, ds0, dz0, None, None, None, None, None, None, None, None
 
 
 def linear_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, eps: float = 1e-6,
     feature_map: Optional[str] = None, initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     output_final_state: bool = False, chunk_size: int = 64, segment_size: Optional[int] = None,
-    config: Optional["LinearConfig"] = None,
+    config: Optional["LinearConfig"] = None, doc_ids: Optional[torch.Tensor] = None,
 ):
     """Linear attention, Triton forward + backward (see the module docstring for the algorithm).
 
@@ -938,13 +1098,23 @@ def linear_attention(
             chunk size). ``None`` (default) picks it from the shape and the GPU's SM count.
         config: a :class:`LinearConfig` (precision / pipelining switches, tile lists); default the current
             settings (``LinearConfig()`` or the innermost :func:`linear_settings`). The backward uses the forward's.
+        doc_ids: packed documents (issue 27, causal only): int32 / int64 ``(B, N)`` on q's device, nondecreasing per
+            row (not checked here: :func:`attn_zoo.attention` checks them). The state ``(S, z)`` restarts at every
+            document start, inside chunks too (= the document mask of the quadratic form). The kernels read one int32
+            ``(B, N)`` tensor, each position's 1-based document number (:func:`document_index`, built once per
+            ``doc_ids`` tensor): chunk scores are masked to one document, the carried state is read only by the
+            document running at the chunk's start and carries on only the chunk's last document (forward and
+            backward; docs/linear_kernel.md). ``initial_state`` is read by the first document,
+            ``output_final_state`` returns the last document's state.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype``; with ``output_final_state`` also ``(S (B, Hkv, F, Dv), z (B, Hkv, F))``.
 
     Raises:
         ValueError / TypeError: bad shapes or dtypes, ``F`` or ``Dv`` > 256, causal with ``Nq != Nk``, unknown
-        ``feature_map``, ``segment_size < 1``, ``chunk_size`` not in ``CHUNK_SIZES``.
+        ``feature_map``, ``segment_size < 1``, ``chunk_size`` not in ``CHUNK_SIZES``; ``doc_ids`` with
+        ``causal=False`` (not fused: the ``torch`` backend computes per-document sums) or not an int ``(B, N)``
+        tensor on q's device.
     """
     if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size={chunk_size!r} is not supported by the Triton kernel; allowed values: "
@@ -958,9 +1128,18 @@ def linear_attention(
         config = current_linear_config()
     elif not isinstance(config, LinearConfig):
         raise TypeError(f"config must be a kernels.LinearConfig, got {type(config).__name__}")
+    docs = None
+    if doc_ids is not None:
+        if not causal:
+            raise ValueError("doc_ids with causal=False is not supported by the fused kernel (non-causal linear "
+                             "attention per document needs each document's total sums); use the torch backend")
+        docs = _cached_document_index(doc_ids)
+        if tuple(docs.shape) != (q.shape[0], k.shape[2]) or docs.device != q.device:
+            raise ValueError(f"doc_ids must have shape (B, N) = ({q.shape[0]}, {k.shape[2]}) on q's device "
+                             f"{q.device}, got {tuple(doc_ids.shape)} on {doc_ids.device}")
     s0, z0 = initial_state if initial_state is not None else (None, None)
     o, st, zt = _LinearAttention.apply(q, k, v, s0, z0, bool(causal), float(eps), FUSED_FEATURE_MAPS[feature_map],
                                        int(chunk_size), None if segment_size is None else int(segment_size),
-                                       bool(output_final_state), config)
+                                       bool(output_final_state), config, docs)
     return (o, (st, zt)) if output_final_state else o
 

@@ -137,16 +137,18 @@ def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, 
     return out
 
 
-def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False):
-    """Types and constexprs of one linear kernel at a tile config (BK, BV, warps, stages, chunk)."""
+def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False, docs: bool = False):
+    """Types and constexprs of one linear kernel at a tile config (BK, BV, warps, stages, chunk); ``docs``: the
+    packed-document build (``DOCS``, an int32 document index)."""
     BK, BV = tile_blocks(cfg, D, D)
     C = min(64, cfg[4]) if len(cfg) > 4 and cfg[4] else 64
-    ints = {"NQ", "NK", "F", "DV", "L", "HQ", "G", "NSS", "NS", "NROWS"}
+    ints = {"NQ", "NK", "F", "DV", "L", "HQ", "G", "NSS", "NS", "NROWS", "HKV"}
     fp32 = {"SS", "ZS", "S0", "Z0", "DEN", "ST", "ZT", "CD", "DSS", "DZS", "DT0", "DZT0", "DS0", "DZ0"}
     fn = LINEAR_KERNELS[kind]
-    types = {n: ("i32" if n in ints else "*fp32" if n in fp32 else "fp32" if n == "eps" else "*bf16")
-             for n in fn.arg_names}
-    base = dict(C=C, FM=fm if in_loop else 0, DFM=0 if in_loop else fm, PREC="tf32", SPREC="tf32", UP=False, STG=cfg[3])
+    types = {n: ("i32" if n in ints else "*fp32" if n in fp32 else "fp32" if n == "eps" else
+                 "*i32" if n == "DOC" else "*bf16") for n in fn.arg_names}
+    base = dict(C=C, FM=fm if in_loop else 0, DFM=0 if in_loop else fm, PREC="tf32", SPREC="tf32", UP=False, STG=cfg[3],
+                DOCS=docs)
     extra = {
         "seg_state": dict(BK=BK, BV=BV),
         "seg_fwd": dict(FP=D, BV=BV, CAUSAL=True, HAS_SS=True, HAS_0=False, STORE_T=False, S16=True),
@@ -217,6 +219,7 @@ def main(argv=None):
                    help="linear: feature map (0 none, 1 elu1, 2 relu; default 1): its chain rule in dq / dk")
     p.add_argument("--phi-in-loop", action="store_true",
                    help="linear: the map applied in every chunk loop (LinearConfig.phi_in_loop) instead of a pre-pass")
+    p.add_argument("--docs", action="store_true", help="linear: the packed-document build (DOCS)")
     p.add_argument("--tma", action="store_true", help="flash_*: streamed operands through TMA descriptors")
     p.add_argument("--sass", action="store_true", help="also the instruction mix of the largest loop (per warp and "
                                                         "iteration: HGMMA, barriers, shuffles, shared / spill traffic)")
@@ -246,7 +249,7 @@ def main(argv=None):
                                       args.dilated)
         else:
             cfg = tile or tile_configs(name, torch.bfloat16, name != "seg_state", D, D)[0]
-            fn, types, const = _linear(name, cfg, args.fm, args.phi_in_loop)
+            fn, types, const = _linear(name, cfg, args.fm, args.phi_in_loop, args.docs)
         r = compile_sm90(fn, types, const, cfg[2], cfg[3], sass=args.sass)
         print(f"{name:10s} tile={cfg}: " + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
 

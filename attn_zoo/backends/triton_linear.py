@@ -15,6 +15,13 @@ Bottom-right causal alignment (``i' = i + Nk - Nq``): with ``Nk > Nq`` the first
 summed into an initial state ``(S0, z0)`` (fp32, differentiable) and the kernel runs causally on the last
 ``Nq`` keys; with ``Nq > Nk`` the first ``Nq - Nk`` query rows see no key and output 0.
 
+Packed documents (``doc_ids (B, Nk)``, issue 27): causal runs the kernel's document mode (the state restarts at
+every document start, inside chunks too); with ``Nk > Nq`` the initial state sums only the prefix keys of the
+document of key ``Nk - Nq`` (the document the first query is in). Non-causal with documents (each query reads its
+whole document's sums) is not fused: it runs the chunked PyTorch form of the ``torch`` backend
+(:func:`attn_zoo.backends.torch_linear.chunked_linear_attention`), the same numbers, documented here rather than
+refused so that ``auto`` keeps working.
+
 Kernel settings (:class:`kernels.LinearConfig`) come from ``config=``, else a ``linear_config`` field of the spec
 if it has one, else the current settings (``LinearConfig()`` or the innermost :func:`kernels.linear_settings`).
 """
@@ -56,14 +63,19 @@ def _phi(x: torch.Tensor, spec, is_query: bool) -> torch.Tensor:
     return apply_feature_map(x, spec.feature_map, is_query=is_query, num_features=spec.num_features, seed=spec.seed)
 
 
-@register_backend("linear", "triton", supports=_supports)
-def triton_linear(q, k, v, spec, return_lse=False, config=None):
+@register_backend("linear", "triton", supports=_supports, documents=True)
+def triton_linear(q, k, v, spec, return_lse=False, config=None, doc_ids=None):
     """Linear attention of ``spec`` through the Triton kernel; ``(B, Hq, Nq, Dv)`` in ``q.dtype``. ``config``: a
-    :class:`kernels.LinearConfig` (default: module docstring)."""
+    :class:`kernels.LinearConfig` (default: module docstring). ``doc_ids (B, Nk)``: packed documents (module
+    docstring)."""
     from kernels.linear import linear_attention
 
     if spec.feature_map == "taylor" and q.dtype == torch.float16:  # fp16 range (module docstring): fp32 run
-        return triton_linear(q.float(), k.float(), v.float(), spec, config=config).to(q.dtype)
+        return triton_linear(q.float(), k.float(), v.float(), spec, config=config, doc_ids=doc_ids).to(q.dtype)
+    if doc_ids is not None and not spec.causal:  # not fused (module docstring): per-document sums in PyTorch
+        from .torch_linear import torch_linear_attention
+
+        return torch_linear_attention(q, k, v, spec, doc_ids=doc_ids)
     if config is None:
         config = getattr(spec, "linear_config", None)
     fused = spec.feature_map in _FUSED
@@ -80,12 +92,17 @@ def triton_linear(q, k, v, spec, return_lse=False, config=None):
         kp = k[:, :, :p].float()
         if fused:
             kp = _phi(kp, spec, False)
-        s0 = kp.transpose(-1, -2) @ v[:, :, :p].float()  # (B, Hkv, F, Dv)
+        vp = v[:, :, :p].float()
+        if doc_ids is not None:  # only the prefix keys of the first query's document (read by document 1)
+            same = (doc_ids[:, :p] == doc_ids[:, p:p + 1]).view(q.shape[0], 1, p, 1)
+            kp, vp = torch.where(same, kp, 0.0), torch.where(same, vp, 0.0)
+        s0 = kp.transpose(-1, -2) @ vp  # (B, Hkv, F, Dv)
         z0 = kp.sum(2)
-        return linear_attention(q, k[:, :, p:], v[:, :, p:], causal=True, initial_state=(s0, z0), **kw)
+        return linear_attention(q, k[:, :, p:], v[:, :, p:], causal=True, initial_state=(s0, z0),
+                                doc_ids=None if doc_ids is None else doc_ids[:, p:], **kw)
     if Nq > Nk:  # the first Nq - Nk query rows see no key: exact zeros
         p = Nq - Nk
-        out = linear_attention(q[:, :, p:], k, v, causal=True, **kw)
+        out = linear_attention(q[:, :, p:], k, v, causal=True, doc_ids=doc_ids, **kw)
         top = out.new_zeros(out.shape[0], out.shape[1], p, out.shape[3])
         return torch.cat([top, out], dim=2)
-    return linear_attention(q, k, v, causal=True, **kw)
+    return linear_attention(q, k, v, causal=True, doc_ids=doc_ids, **kw)
