@@ -203,15 +203,20 @@ def measured_n_star(xs: Sequence[float], t_exact: Sequence[float], t_lin: float)
 
 def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequence[float], nstar_rows: List[dict],
             pool=None, time_budget_s: float = 60.0, tokens: int = 16384, H: int = 16, D: int = 128,
-            seed: int = 0) -> Optional[tuple]:
-    """Times the grid on the GPU (see the module docstring); ``(rows, n* rows)`` or None without CUDA."""
+            seed: int = 0, device: str = "cuda", timer=None, dtype=None) -> Optional[tuple]:
+    """Times the grid on the GPU (see the module docstring); ``(rows, n* rows)`` or None without CUDA.
+    ``device`` / ``timer`` (``timer(fn, grad_to_none=...) -> ms``, default :func:`eval.bench_common.time_cuda`) /
+    ``dtype`` (default bf16): for the CPU test of this path under the Triton interpreter."""
     import torch
 
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         print("--measure: no CUDA device here, the measured mode is skipped (the model tables are written)")
         return None
     from attn_zoo import AttentionSpec, attention
-    from eval.bench_common import time_cuda
+
+    if timer is None:
+        from eval.bench_common import time_cuda as timer
+    dtype = torch.bfloat16 if dtype is None else dtype
 
     t_start = time.time()
     exact = AttentionSpec(kind="flash", causal=True)
@@ -221,19 +226,21 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
     fams = list(families) + ([WIKI] if pool is not None else [])
     for N in Ns:
         B = max(tokens // N, 1)
-        g = torch.Generator(device="cuda").manual_seed(N)
-        mk = lambda: torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+        g = torch.Generator(device=device).manual_seed(N)
+        mk = lambda: torch.randn(B, H, N, D, device=device, dtype=dtype, generator=g)  # noqa: E731
         q, k, v = (mk().requires_grad_(True) for _ in range(3))
         do = mk()
 
         def time_one(spec, doc_ids):
             f = lambda: attention(q, k, v, spec, backend="triton", doc_ids=doc_ids).backward(do)  # noqa: E731
             f()
-            torch.cuda.synchronize()
-            return time_cuda(f, grad_to_none=[q, k, v])
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return timer(f, grad_to_none=[q, k, v])
 
         # linear first: the flat line every exact point is compared with (with doc_ids if the backend takes them)
-        ids = torch.as_tensor(dl.packed_doc_ids(_family_sampler("geometric", 512), N, B, seed), device="cuda")
+        ids = torch.as_tensor(dl.packed_doc_ids(_family_sampler("geometric", 512), N, B, seed), device=device,
+                              dtype=torch.int32)
         row = dict(N=N, family="-", target_mean=float("nan"), impl="linear", B=B, H=H, D=D)
         try:
             try:
@@ -263,7 +270,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
                        mean_doc_len=float(lens.mean()), piece_size_biased=float((lens ** 2).sum() / (B * N)))
             row["model_us_per_token"] = fit["c0"] + fit["c2"] * row["piece_size_biased"]
             try:
-                ms = time_one(exact, torch.as_tensor(idn, device="cuda", dtype=torch.int32))
+                ms = time_one(exact, torch.as_tensor(idn, device=device, dtype=torch.int32))
                 row.update(fwd_bwd_ms=ms, us_per_token=ms * 1e3 / (B * N))
             except Exception as e:  # noqa: BLE001 - recorded
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
@@ -277,7 +284,8 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
             nrows.append(dict(N=N, family=fam, n_star_measured=n, n_star_model=model_star.get((N, fam)),
                               status=status, points=len(sel)))
         del q, k, v, do
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows, nrows
 
 

@@ -100,3 +100,31 @@ def test_figure_marks_n_star_and_takes_measured_points(tmp_path):
     paths = figspec.to_png(fig, str(tmp_path / "f"), ["png"])
     assert (tmp_path / "f.png").stat().st_size > 10_000 and paths == [str(tmp_path / "f.png")]
     assert figspec.to_plotly(fig)["data"]  # the report renders the same definition
+
+
+def test_measure_path_on_cpu_interpreter():
+    """The measured mode's code path (doc_ids to our exact kernel, linear with or without them, the budget, the
+    n* rows) on tiny shapes under the Triton interpreter, with a fake timer (no timing is asserted)."""
+    import torch
+
+    calls = []
+
+    def timer(fn, grad_to_none=None):
+        calls.append(1)
+        return float(len(calls))  # grows with each point: exact rises through linear's time
+
+    fit = dict(c0=C0, c2=C2, c_lin=CLIN)
+    nst = [dict(N=64, family="geometric", n_star_mean=16.0)]
+    rows, nrows = cli.measure(fit, [64], ["geometric"], [8, 16, 32], nst, pool=[5, 20, 40], time_budget_s=600,
+                              tokens=64, H=1, D=16, device="cpu", timer=timer, dtype=torch.float32)
+    lin = [r for r in rows if r["impl"] == "linear"]
+    ex = [r for r in rows if r["impl"] == "exact"]
+    assert len(lin) == 1 and "error" not in lin[0] and lin[0]["us_per_token"] > 0
+    assert all("error" not in r for r in ex), [r.get("error") for r in ex]
+    assert {r["family"] for r in ex} == {"geometric", "wikitext-2"} and len(ex) == 3 + 4
+    assert all(0 < r["mean_doc_len"] <= 64 for r in ex)
+    assert [r["family"] for r in nrows] == ["geometric", "wikitext-2"] and nrows[0]["points"] == 3
+    # a zero budget: linear only, no exact point, n* says so
+    rows, nrows = cli.measure(fit, [64], ["geometric"], [8], nst, time_budget_s=0, tokens=64, H=1, D=16,
+                              device="cpu", timer=timer, dtype=torch.float32)
+    assert [r["impl"] for r in rows] == ["linear"] and nrows[0]["status"] == "no points"
