@@ -19,7 +19,7 @@ takes the corpus folder (every ``*.txt``) or a CSV of lengths (column ``length``
 WikiText rows are left out.
 
 Measured (``--measure``, needs CUDA, else skipped with a message): in one process, forward+backward of our
-document-masked exact kernel (:func:`attn_zoo.attention`, ``backend="triton"``, ``doc_ids`` from
+document-masked exact kernel (the registry's ``triton`` backend bound as in :mod:`eval.bench_flash`, ``doc_ids`` from
 :func:`attn_zoo.doclen.packed_doc_ids`) over a grid of mean document lengths per family at each N, and our linear
 kernel (``triton``; with ``doc_ids`` when the backend takes them) at the same N; the points nearest the model's
 n*_doc first, new points stop after ``--time-budget-s``. The measured n*_doc is interpolated in log-log space.
@@ -41,7 +41,7 @@ import json
 import math
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -212,7 +212,8 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
     if device == "cuda" and not torch.cuda.is_available():
         print("--measure: no CUDA device here, the measured mode is skipped (the model tables are written)")
         return None
-    from attn_zoo import AttentionSpec, attention
+    from attn_zoo import AttentionSpec
+    from attn_zoo.registry import Unsupported, get_backends
 
     if timer is None:
         from eval.bench_common import time_cuda as timer
@@ -232,7 +233,9 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
         do = mk()
 
         def time_one(spec, doc_ids):
-            f = lambda: attention(q, k, v, spec, backend="triton", doc_ids=doc_ids).backward(do)  # noqa: E731
+            # the registry's binding, as eval.bench_flash times ours: the kernel itself, no dispatch
+            fn = get_backends(spec.kind)["triton"].bind(spec, q, k, v, doc_ids=doc_ids)
+            f = lambda: fn(q, k, v).backward(do)  # noqa: E731
             f()
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -245,7 +248,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
         try:
             try:
                 ms, row["doc_ids"] = time_one(lin, ids), True
-            except ValueError:  # the backend does not take doc_ids: a reset changes no work, time it without
+            except Unsupported:  # the backend does not take doc_ids: a reset changes no work, time it without
                 ms, row["doc_ids"] = time_one(lin, None), False
             row.update(fwd_bwd_ms=ms, us_per_token=ms * 1e3 / (B * N), model_us_per_token=fit["c_lin"])
         except Exception as e:  # noqa: BLE001 - recorded

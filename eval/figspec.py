@@ -293,7 +293,8 @@ def doclen(curves: Sequence[dict], nstars: Sequence[dict], wiki: Sequence[dict],
                                   hover=[f"{f}, N {N}: mean {x:,.0f}, E[l^2]/E[l] of pieces "
                                          f"{_f(r['piece_size_biased']):,.0f}" for x, r in zip(xs, sel)]))
         x0, x1 = (min(xs_all), max(xs_all)) if xs_all else (1.0, 2.0 * N)
-        p.traces.append(Trace("linear (model: c_lin)", [x0, x1], [_f(fit["c_lin"])] * 2, lin, meta={"family": "linear"}))
+        p.traces.append(Trace("linear (model: c_lin)", [x0, x1], [_f(fit["c_lin"])] * 2, lin,
+                              meta={"family": "linear"}))
         for r in nstars:
             n = _f(r.get("n_star_mean"))
             if _i(r["N"]) == N and math.isfinite(n) and n > 0:
