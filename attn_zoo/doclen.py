@@ -161,6 +161,90 @@ def visited_tiles(pieces: Sequence[int], block_m: int, block_n: int, causal: boo
     return len(pairs)
 
 
+def tiles_per_window(lengths: Sequence[int], N: int, block: int) -> np.ndarray:
+    """Visited (query tile, key tile) pairs of a causal document-masked tiled kernel with square ``block`` x
+    ``block`` tiles, per full window of ``N`` tokens of the packed ``lengths`` (float64 ``(W,)``; the same count
+    as :func:`visited_tiles` per window, vectorised). Query tile t visits key tiles from the tile where the document
+    of its first token starts up to t. Errors: ValueError unless ``block`` divides ``N``."""
+    if block < 1 or N % block:
+        raise ValueError(f"block must divide N, got block={block}, N={N}")
+    p, w, W = pieces(lengths, N)
+    if W == 0:
+        return np.zeros(0)
+    starts = np.cumsum(p) - p  # global start of each piece (pieces never cross a window end)
+    T = N // block
+    g = (np.arange(W)[:, None] * N + np.arange(T)[None, :] * block).ravel()  # first token of every query tile
+    ds = starts[np.searchsorted(starts, g, side="right") - 1] - (g // N) * N  # its piece's start in the window
+    t = np.tile(np.arange(T), W)
+    return (t - ds // block + 1).reshape(W, T).sum(1).astype(np.float64)
+
+
+def expected_tiles(l, N: int, block: int, n_u: int = 1024) -> np.ndarray:
+    """E over the start offset u (``n_u`` integer offsets spread over [0, N)) of the visited causal tile pairs
+    charged to a document of length ``l`` (:func:`tiles_per_window`: each query tile is charged to the document
+    of its first token, for the key tiles from that document's first tile up to itself), cut at window ends."""
+    l = np.asarray(l, dtype=np.float64)[..., None]
+    n_u = min(N, n_u)
+    u = np.floor((np.arange(n_u) + 0.5) * N / n_u)
+    T = N // block
+
+    def piece(s, ln):
+        a, t0 = np.floor(s / block), np.ceil(s / block)
+        n = np.maximum(np.floor((s + ln - 1) / block) - t0 + 1, 0)
+        return np.where(ln > 0, n * (t0 - a + 1) + n * (n - 1) / 2, 0.0)
+
+    first = np.minimum(l, N - u)
+    r = l - first
+    k = np.floor(r / N)
+    return (piece(u, first) + k * T * (T + 1) / 2 + piece(0.0, r - k * N)).mean(-1)
+
+
+def tiles_expected(family: str, mean: float, N: int, block: int, *, pool: Sequence[int] | None = None,
+                   tokens: int = 1 << 21, seed: int = 0, **kw) -> float:
+    """E[visited causal tile pairs] per window of N tokens packed with ``family`` at ``mean``, square tiles of
+    ``block``: fixed lengths through the packer (:func:`tiles_per_window`), the others exactly over the length
+    distribution with a uniform start offset (:func:`expected_tiles`), as :func:`piece_size_biased`."""
+    if block < 1 or N % block:
+        raise ValueError(f"block must divide N, got block={block}, N={N}")
+    if family == "fixed":
+        n_seqs = max(16, tokens // N)
+        x = _draw(sampler("fixed", mean), N * n_seqs, np.random.default_rng(seed))
+        return float(tiles_per_window(x, N, block)[:n_seqs].mean())
+    v, pr = length_distribution(family, mean, pool=pool, **kw)
+    return float(N * (pr * expected_tiles(v, N, block)).sum() / (pr * v).sum())
+
+
+def exact_time_per_token_tiles(tiles: float, N: int, block: int, c2: float, c0: float = 0.0) -> float:
+    """Doc-masked exact time per token when the kernel pays whole tiles: ``c0 + c2 N tiles / T_dense`` with
+    ``T_dense = T (T + 1) / 2``, ``T = N / block`` (a dense causal sequence is the dense fit ``c0 + c2 N``)."""
+    T = N // block
+    return c0 + c2 * N * tiles / (T * (T + 1) / 2)
+
+
+def n_star_mean_tiles(family: str, N: int, c2: float, c_lin: float, block: int, *, c0: float = 0.0,
+                      lo: float = 1.0, hi: float | None = None, rel_tol: float = 0.005, seed: int = 0,
+                      tokens: int = 1 << 21, pool: Sequence[int] | None = None, **kw) -> float:
+    """:func:`n_star_mean` with the tile model (:func:`exact_time_per_token_tiles` of :func:`tiles_expected`): a
+    document shorter than a tile, and every tile a boundary crosses, costs a whole tile."""
+    hi = float(N) if hi is None else float(hi)
+
+    def gap(m):
+        t = tiles_expected(family, m, N, block, pool=pool, tokens=tokens, seed=seed, **kw)
+        return exact_time_per_token_tiles(t, N, block, c2, c0) - c_lin
+
+    if gap(hi) < 0:
+        return float("inf")
+    if gap(lo) > 0:
+        return lo
+    while hi / lo > 1 + rel_tol and not (family == "fixed" and hi - lo < 0.5):
+        mid = float(np.sqrt(lo * hi))
+        if gap(mid) > 0:
+            hi = mid
+        else:
+            lo = mid
+    return float(np.sqrt(lo * hi))
+
+
 def length_stats(lengths: Sequence[int]) -> dict:
     """Mean, p50, p90 and the size-biased mean ``E[l^2] / E[l]`` (the length of the document an average token
     lies in) of document lengths."""

@@ -13,8 +13,9 @@ whose pieces have lengths l costs ``c0 + c2 sum l^2 / N`` per token with the doc
 (:func:`attn_zoo.doclen.exact_time_per_token`), linear ``c_lin``. For each N and family (fixed, geometric,
 lognormal sigma = 1, pareto alpha = 1.5; and ``wikitext-2``: the real article lengths rescaled to each mean) it
 reports n*_doc, the mean document length where the two are equal, with the tail statistics of the distribution
-there (p90, E[l^2]/E[l] of the documents and of the pieces after packing), and the real WikiText-2 articles
-(byte-level, split rule ``wikitext``, :func:`harness.data.split_documents`) at their own lengths. ``--wikitext``
+there (p90, E[l^2]/E[l] of the documents and of the pieces after packing; ``*_tiles``: the tile model, where the
+kernel pays whole ``--block`` x ``--block`` tiles, :func:`attn_zoo.doclen.n_star_mean_tiles`), and the real
+WikiText-2 articles (byte-level, split rule ``wikitext``, :func:`harness.data.split_documents`) at their own lengths. ``--wikitext``
 takes the corpus folder (every ``*.txt``) or a CSV of lengths (column ``length``, as written here); without it the
 WikiText rows are left out.
 
@@ -51,11 +52,12 @@ DEFAULT_KERNEL_CSV = "results/h200/crossover_speed_h200/kernel.csv"
 FAMILY_KW = {"lognormal": {"sigma": 1.0}, "pareto": {"alpha": 1.5}}
 WIKI = "wikitext-2"
 NSTAR_COLUMNS = ("N", "family", "n_star_mean", "p90_at_n_star", "size_biased_at_n_star", "piece_size_biased_at_n_star",
-                 "n_star_by_N")
+                 "n_star_by_N", "n_star_mean_tiles")
 CURVE_COLUMNS = ("N", "family", "mean", "p90", "size_biased", "piece_size_biased", "exact_us_per_token",
-                 "linear_us_per_token")
+                 "linear_us_per_token", "tiles", "exact_us_per_token_tiles")
 WIKI_COLUMNS = ("N", "articles", "mean", "p50", "p90", "size_biased", "piece_size_biased", "exact_us_per_token",
-                "linear_us_per_token", "exact_over_linear", "n_star_mean_scaled", "scale_at_n_star")
+                "linear_us_per_token", "exact_over_linear", "n_star_mean_scaled", "scale_at_n_star",
+                "exact_over_linear_tiles", "n_star_mean_scaled_tiles")
 
 
 # --------------------------------------------------------------------------------------------- the fit
@@ -135,19 +137,23 @@ def _family_sampler(family: str, mean: float, pool=None):
     return dl.sampler(family, mean, **FAMILY_KW.get(family, {}))
 
 
-def _stats_at(family: str, mean: float, N: int, pool, tokens: int, seed: int = 0) -> dict:
+def _stats_at(family: str, mean: float, N: int, pool, tokens: int, seed: int = 0, block: int = 0) -> dict:
     """Tail statistics of the document lengths of ``family`` at ``mean`` (:func:`attn_zoo.doclen.distribution_stats`)
     and the size-biased mean piece length after packing into N (E[sum l^2] / N,
     :func:`attn_zoo.doclen.piece_size_biased`)."""
     fam, kw = ("empirical", dict(pool=pool)) if family == WIKI else (family, FAMILY_KW.get(family, {}))
     st = dl.distribution_stats(fam, mean, **kw)
     sb = dl.piece_size_biased(fam, mean, N, tokens=tokens, seed=seed, **kw)
-    return dict(mean=mean, p90=st["p90"], size_biased=st["size_biased"], piece_size_biased=sb)
+    out = dict(mean=mean, p90=st["p90"], size_biased=st["size_biased"], piece_size_biased=sb)
+    if block:
+        out["tiles"] = dl.tiles_expected(fam, mean, N, block, tokens=tokens, seed=seed, **kw)
+    return out
 
 
 def model(fit: dict, Ns: Sequence[int], families: Sequence[str], pool: Optional[Sequence[int]] = None,
-          tokens: int = 1 << 21, points_per_octave: int = 2, seed: int = 0):
-    """The model tables: (n*_doc rows, curve rows, WikiText rows); see the module docstring for the columns."""
+          tokens: int = 1 << 21, points_per_octave: int = 2, seed: int = 0, block: int = 128):
+    """The model tables: (n*_doc rows, curve rows, WikiText rows); see the module docstring for the columns.
+    ``block``: square tile of the tile model (``*_tiles`` columns; 0: pair model only)."""
     c0, c2, cl = fit["c0"], fit["c2"], fit["c_lin"]
     fams = list(families) + ([WIKI] if pool is not None else [])
     nst, curves, wiki = [], [], []
@@ -156,6 +162,9 @@ def model(fit: dict, Ns: Sequence[int], families: Sequence[str], pool: Optional[
             kw = dict(pool=pool) if fam == WIKI else FAMILY_KW.get(fam, {})
             m = dl.n_star_mean("empirical" if fam == WIKI else fam, N, c2, cl, c0=c0, seed=seed, tokens=tokens, **kw)
             row = dict(N=N, family=fam, n_star_mean=m, n_star_by_N=fit.get("n_star_fit", float("nan")))
+            if block:
+                row["n_star_mean_tiles"] = dl.n_star_mean_tiles("empirical" if fam == WIKI else fam, N, c2, cl, block,
+                                                                c0=c0, seed=seed, tokens=tokens, **kw)
             if math.isfinite(m):
                 st = _stats_at(fam, m, N, pool, tokens, seed)
                 row.update(p90_at_n_star=st["p90"], size_biased_at_n_star=st["size_biased"],
@@ -164,7 +173,9 @@ def model(fit: dict, Ns: Sequence[int], families: Sequence[str], pool: Optional[
             hi = max(2 * N, 2 * float(np.mean(pool))) if pool is not None else 2 * N
             k = np.arange(int(math.floor(points_per_octave * math.log2(hi / 8))) + 1)
             for mean in 8 * 2.0 ** (k / points_per_octave):
-                st = _stats_at(fam, float(mean), N, pool, tokens, seed)
+                st = _stats_at(fam, float(mean), N, pool, tokens, seed, block)
+                if block:
+                    st["exact_us_per_token_tiles"] = dl.exact_time_per_token_tiles(st["tiles"], N, block, c2, c0)
                 curves.append(dict(N=N, family=fam, **st,
                                    exact_us_per_token=c0 + c2 * st["piece_size_biased"], linear_us_per_token=cl))
         if pool is not None:
@@ -176,13 +187,19 @@ def model(fit: dict, Ns: Sequence[int], families: Sequence[str], pool: Optional[
                              size_biased=st["size_biased"], piece_size_biased=sb, exact_us_per_token=ex,
                              linear_us_per_token=cl, exact_over_linear=ex / cl, n_star_mean_scaled=m,
                              scale_at_n_star=m / st["mean"]))
+            if block:
+                t = dl.tiles_expected("empirical", st["mean"], N, block, pool=pool)
+                wiki[-1].update(exact_over_linear_tiles=dl.exact_time_per_token_tiles(t, N, block, c2, c0) / cl,
+                                n_star_mean_scaled_tiles=next(r["n_star_mean_tiles"] for r in nst
+                                                              if r["N"] == N and r["family"] == WIKI))
     return nst, curves, wiki
 
 
 # --------------------------------------------------------------------------------------------- measured
 MEASURED_COLUMNS = ("N", "family", "target_mean", "impl", "doc_ids", "B", "H", "D", "mean_doc_len",
-                    "piece_size_biased", "fwd_bwd_ms", "us_per_token", "model_us_per_token", "error")
-MEASURED_NSTAR_COLUMNS = ("N", "family", "n_star_measured", "n_star_model", "status", "points")
+                    "piece_size_biased", "fwd_bwd_ms", "us_per_token", "model_us_per_token",
+                    "model_tiles_us_per_token", "error")
+MEASURED_NSTAR_COLUMNS = ("N", "family", "n_star_measured", "n_star_model", "n_star_model_tiles", "status", "points")
 
 
 def measured_n_star(xs: Sequence[float], t_exact: Sequence[float], t_lin: float):
@@ -224,6 +241,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
     lin = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=64)  # the sweep's linear
     rows, nrows = [], []
     model_star = {(r["N"], r["family"]): r["n_star_mean"] for r in nstar_rows}
+    model_tiles = {(r["N"], r["family"]): r.get("n_star_mean_tiles") for r in nstar_rows}
     fams = list(families) + ([WIKI] if pool is not None else [])
     for N in Ns:
         B = max(tokens // N, 1)
@@ -272,6 +290,9 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
             row = dict(N=N, family=fam, target_mean=m, impl="exact", doc_ids=True, B=B, H=H, D=D,
                        mean_doc_len=float(lens.mean()), piece_size_biased=float((lens ** 2).sum() / (B * N)))
             row["model_us_per_token"] = fit["c0"] + fit["c2"] * row["piece_size_biased"]
+            if N % 128 == 0:  # the tile model at 128 x 128 for the same documents
+                t = float(np.mean([dl.tiles_per_window(np.bincount(r), N, 128)[0] for r in idn]))
+                row["model_tiles_us_per_token"] = dl.exact_time_per_token_tiles(t, N, 128, fit["c2"], fit["c0"])
             try:
                 ms = time_one(exact, torch.as_tensor(idn, device=device, dtype=torch.int32))
                 row.update(fwd_bwd_ms=ms, us_per_token=ms * 1e3 / (B * N))
@@ -285,7 +306,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
                    and "us_per_token" in r]
             n, status = measured_n_star([r["target_mean"] for r in sel], [r["us_per_token"] for r in sel], t_lin)
             nrows.append(dict(N=N, family=fam, n_star_measured=n, n_star_model=model_star.get((N, fam)),
-                              status=status, points=len(sel)))
+                              n_star_model_tiles=model_tiles.get((N, fam)), status=status, points=len(sel)))
         del q, k, v, do
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -351,6 +372,7 @@ def main(argv=None):
     ap.add_argument("--wikitext", default=None, help="WikiText-2 folder (*.txt) or a lengths CSV; optional")
     ap.add_argument("--tokens", type=int, default=1 << 21, help="Monte-Carlo tokens per expectation")
     ap.add_argument("--points-per-octave", type=int, default=2)
+    ap.add_argument("--block", type=int, default=128, help="square tile of the tile model (0: pair model only)")
     ap.add_argument("--out", default="results/doclen")
     ap.add_argument("--figures-dir", default=None, help="where doclen_crossover.png goes (default --out)")
     ap.add_argument("--measured", default=None, help="measured table for the figure (default --out's, if any)")
@@ -383,7 +405,7 @@ def main(argv=None):
         json.dump(fit, f, indent=1)
     if pool is not None:
         write_csv(os.path.join(a.out, "wikitext2_article_lengths.csv"), [dict(length=x) for x in pool], ["length"])
-    nst, curves, wiki = model(fit, a.N, a.families, pool, a.tokens, a.points_per_octave)
+    nst, curves, wiki = model(fit, a.N, a.families, pool, a.tokens, a.points_per_octave, block=a.block)
     write_csv(os.path.join(a.out, "doclen.csv"), nst, NSTAR_COLUMNS)
     write_csv(os.path.join(a.out, "doclen_curves.csv"), curves, CURVE_COLUMNS)
     if wiki:

@@ -264,10 +264,11 @@ DOCLEN_STYLE = {"fixed": ("tab:blue", "o"), "geometric": ("tab:orange", "s"), "l
 
 
 def doclen(curves: Sequence[dict], nstars: Sequence[dict], wiki: Sequence[dict], fit: dict,
-           measured: Optional[Sequence[dict]] = None) -> Figure:
+           measured: Optional[Sequence[dict]] = None, tile_label: str = "128 x 128 tiles") -> Figure:
     """Crossovers by document length (:mod:`eval.doclen`): one panel per sequence length N, x the mean document
     length (log2), y the time per token (log); one line per family of the modelled document-masked exact attention
-    (``doclen_curves.csv``), linear attention's flat line (black), n*_doc of each family a star on that line
+    (``doclen_curves.csv``; dashed: its tile model, ``exact_us_per_token_tiles``, when the table has it), linear
+    attention's flat line (black), n*_doc of each family a star on that line
     (``doclen.csv``), the real WikiText-2 articles a black diamond (``doclen_wikitext.csv``), n* by N (the dense
     crossover) a dotted vertical line; ``measured`` (``doclen_measured.csv``), when given: the timed points hollow
     and linear's measured time a dashed line. ``fit``: the constants (``c0``, ``c2``, ``c_lin``, ``source``)."""
@@ -292,6 +293,10 @@ def doclen(curves: Sequence[dict], nstars: Sequence[dict], wiki: Sequence[dict],
                                   [_f(r["exact_us_per_token"]) for r in sel], dict(st(f), ms=3), meta={"family": f},
                                   hover=[f"{f}, N {N}: mean {x:,.0f}, E[l^2]/E[l] of pieces "
                                          f"{_f(r['piece_size_biased']):,.0f}" for x, r in zip(xs, sel)]))
+            yt = [_f(r.get("exact_us_per_token_tiles")) for r in sel]
+            if any(y > 0 for y in yt):
+                p.traces.append(Trace(f"_{f} (tile model)", xs, yt, {"color": st(f)["color"], "ls": "--", "lw": 1.0},
+                                      meta={"family": f, "model": "tiles"}))
         x0, x1 = (min(xs_all), max(xs_all)) if xs_all else (1.0, 2.0 * N)
         p.traces.append(Trace("linear (model: c_lin)", [x0, x1], [_f(fit["c_lin"])] * 2, lin,
                               meta={"family": "linear"}))
@@ -326,6 +331,8 @@ def doclen(curves: Sequence[dict], nstars: Sequence[dict], wiki: Sequence[dict],
                     p.hlines.append((_f(r["us_per_token"]), {"color": "black", "ls": "--", "lw": 1.4}))
         panels.append(p)
     legend = [(f"{f} (model)" if f != "wikitext-2" else "WikiText-2 lengths rescaled (model)", st(f)) for f in fams]
+    if any(_f(r.get("exact_us_per_token_tiles")) > 0 for r in curves):
+        legend.append((f"dashed: tile model ({tile_label})", {"color": "gray", "ls": "--", "lw": 1.0}))
     legend += [("linear attention (model)", lin),
                ("n*_doc: exact = linear", {"color": "gray", "marker": "*", "ls": "none", "ms": 12}),
                ("WikiText-2 real articles", {"color": "black", "marker": "D", "ls": "none"}),

@@ -42,7 +42,8 @@ def test_n_star_fixed_by_hand():
 def test_wikitext_reader(tmp_path):
     p = tmp_path / "w.txt"
     p.write_text(" \n = A = \n x\n = = S = = \n yy\n = B = \n é\n", encoding="utf-8")
-    assert dl.wikitext_article_lengths(str(p)) == [len(" = A = \n x\n = = S = = \n yy\n"), len(" = B = \n é\n".encode())]
+    assert dl.wikitext_article_lengths(str(p)) == [len(" = A = \n x\n = = S = = \n yy\n"),
+                                                   len(" = B = \n é\n".encode())]
 
 
 @pytest.mark.parametrize("N", [4, 7, 16])
@@ -99,3 +100,27 @@ def test_unknown_family_names_allowed():
         dl.sampler("zipf", 10)
     with pytest.raises(ValueError, match="pool"):
         dl.length_distribution("empirical", 10)
+
+
+@pytest.mark.parametrize("N,block", [(32, 4), (64, 8), (64, 16)])
+def test_tiles_per_window_matches_visited_tiles(N, block):
+    rng = np.random.default_rng(N + block)
+    L = rng.integers(1, 40, size=30)
+    assert list(dl.tiles_per_window(L, N, block)) == [dl.visited_tiles(s, block, block) for s in dl.pack(L, N)]
+    with pytest.raises(ValueError, match="block"):
+        dl.tiles_per_window(L, N, 3 * block)
+
+
+def test_tile_model_limits_and_expectation():
+    # one document per window: the dense fit; tiny documents: about two tiles per query tile
+    N, b = 1024, 64
+    T = N // b
+    assert dl.exact_time_per_token_tiles(T * (T + 1) / 2, N, b, c2=1e-3, c0=0.5) == pytest.approx(0.5 + 1e-3 * N)
+    assert dl.tiles_expected("empirical", 100 * N, N, b, pool=[7, 9]) == pytest.approx(T * (T + 1) / 2, rel=0.01)
+    x = dl._draw(dl.sampler("geometric", 300), N * 2048, np.random.default_rng(0))
+    mc = dl.tiles_per_window(x, N, b)[:2048].mean()
+    assert dl.tiles_expected("geometric", 300, N, b) == pytest.approx(mc, rel=0.02)
+    # the tile model never charges less than the pair model's tiles, so its n* is smaller
+    c0, c2, cl = 0.02, 3e-5, 0.07
+    tiles = dl.n_star_mean_tiles("geometric", 4096, c2, cl, 128, c0=c0)
+    assert tiles < dl.n_star_mean("geometric", 4096, c2, cl, c0=c0)

@@ -69,6 +69,7 @@ def test_cli_end_to_end_tiny_grid(tmp_path, capsys):
     for r in rows:  # every family crosses where the pieces' size-biased mean is n* by N
         assert float(r["piece_size_biased_at_n_star"]) == pytest.approx(1000, rel=0.02)
     assert float(rows[0]["n_star_mean"]) > float(rows[1]["n_star_mean"])
+    assert all(0 < float(r["n_star_mean_tiles"]) < float(r["n_star_mean"]) for r in rows)  # whole tiles cost more
     assert json.load(open(out / "fit.json"))["c_lin"] == pytest.approx(CLIN)
     assert (out / "doclen_crossover.png").stat().st_size > 10_000
     # --c2 overrides the fit and halves n*
@@ -91,6 +92,7 @@ def test_figure_marks_n_star_and_takes_measured_points(tmp_path):
     assert stars["fixed"].y == [CLIN]
     assert any(t.meta.get("family") == "wikitext-2 real" and t.x == [3000.0] for t in p.traces)
     assert [v[0] for v in p.vlines] == [1000.0]
+    assert not any(t.style.get("ls") == "--" for t in p.traces)  # no tile columns in these curves: no dashed line
     meas = [dict(N="4096", family="fixed", impl="exact", target_mean="512", us_per_token="0.05"),
             dict(N="4096", family="-", impl="linear", target_mean="", us_per_token="0.065")]
     fig = figspec.doclen(curves, nst, wiki, fit, measured=meas)
