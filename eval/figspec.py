@@ -259,6 +259,95 @@ def crossover(rows: Sequence[dict], crossovers: Sequence[dict] = (), metrics=CRO
                   ncols=len(panels), panel_w=4.6)
 
 
+DOCLEN_STYLE = {"fixed": ("tab:blue", "o"), "geometric": ("tab:orange", "s"), "lognormal": ("tab:green", "^"),
+                "pareto": ("tab:red", "v"), "wikitext-2": ("black", "D")}
+
+
+def doclen(curves: Sequence[dict], nstars: Sequence[dict], wiki: Sequence[dict], fit: dict,
+           measured: Optional[Sequence[dict]] = None, tile_label: str = "128 x 128 tiles") -> Figure:
+    """Crossovers by document length (:mod:`eval.doclen`): one panel per sequence length N, x the mean document
+    length (log2), y the time per token (log); one line per family of the modelled document-masked exact attention
+    (``doclen_curves.csv``; dashed: its tile model, ``exact_us_per_token_tiles``, when the table has it), linear
+    attention's flat line (black), n*_doc of each family a star on that line
+    (``doclen.csv``), the real WikiText-2 articles a black diamond (``doclen_wikitext.csv``), n* by N (the dense
+    crossover) a dotted vertical line; ``measured`` (``doclen_measured.csv``), when given: the timed points hollow
+    and linear's measured time a dashed line. ``fit``: the constants (``c0``, ``c2``, ``c_lin``, ``source``)."""
+    Ns = sorted({_i(r["N"]) for r in curves})
+    fams = [f for f in DOCLEN_STYLE if any(r["family"] == f for r in curves)]
+    fams += sorted({r["family"] for r in curves} - set(fams))
+    st = lambda f: dict(zip(("color", "marker"), DOCLEN_STYLE.get(f, ("gray", "x"))), ls="-")  # noqa: E731
+    lin = {"color": "black", "ls": "-", "lw": 2.2}
+    nstar_n = _f(fit.get("n_star_fit"))
+    panels = []
+    for N in Ns:
+        p = Panel(f"N = {N:,}", "mean document length (tokens)", "fwd+bwd time per token (us)", xlog=2, ylog=True,
+                  vlines=[(nstar_n, {"color": "gray", "ls": ":", "lw": 1.2})] if nstar_n > 0 else [])
+        xs_all = []
+        for f in fams:
+            sel = sorted([r for r in curves if _i(r["N"]) == N and r["family"] == f], key=lambda r: _f(r["mean"]))
+            if not sel:
+                continue
+            xs = [_f(r["mean"]) for r in sel]
+            xs_all += xs
+            p.traces.append(Trace(f"{f} (model)" if f != "wikitext-2" else "wikitext-2 rescaled (model)", xs,
+                                  [_f(r["exact_us_per_token"]) for r in sel], dict(st(f), ms=3), meta={"family": f},
+                                  hover=[f"{f}, N {N}: mean {x:,.0f}, E[l^2]/E[l] of pieces "
+                                         f"{_f(r['piece_size_biased']):,.0f}" for x, r in zip(xs, sel)]))
+            yt = [_f(r.get("exact_us_per_token_tiles")) for r in sel]
+            if any(y > 0 for y in yt):
+                p.traces.append(Trace(f"_{f} (tile model)", xs, yt, {"color": st(f)["color"], "ls": "--", "lw": 1.0},
+                                      meta={"family": f, "model": "tiles"}))
+        x0, x1 = (min(xs_all), max(xs_all)) if xs_all else (1.0, 2.0 * N)
+        p.traces.append(Trace("linear (model: c_lin)", [x0, x1], [_f(fit["c_lin"])] * 2, lin,
+                              meta={"family": "linear"}))
+        for r in nstars:
+            n = _f(r.get("n_star_mean"))
+            if _i(r["N"]) == N and math.isfinite(n) and n > 0:
+                f = r["family"]
+                p.traces.append(Trace("_n*", [n], [_f(fit["c_lin"])], {"color": st(f)["color"], "marker": "*",
+                                                                        "ls": "none", "ms": 15, "mec": "k",
+                                                                        "zorder": 5},
+                                      lines=False, meta={"family": f, "n_star": n},
+                                      hover=[f"{f}: n*_doc = {n:,.0f} (mean document length), N {N}"]))
+        for r in wiki:
+            if _i(r["N"]) == N:
+                x, y = _f(r["mean"]), _f(r["exact_us_per_token"])
+                p.traces.append(Trace("WikiText-2 articles (model)", [x], [y], {"color": "black", "marker": "D",
+                                                                               "ls": "none", "ms": 9, "zorder": 6},
+                                      lines=False, meta={"family": "wikitext-2 real"},
+                                      hover=[f"WikiText-2 articles: mean {x:,.0f} bytes, p90 {_f(r['p90']):,.0f}; "
+                                             f"exact / linear = {_f(r['exact_over_linear']):.2f}"]))
+        if measured:
+            mrows = [r for r in measured if _i(r["N"]) == N and _f(r.get("us_per_token")) > 0]
+            for f in fams:
+                sel = sorted([r for r in mrows if r["family"] == f and r["impl"] == "exact"],
+                             key=lambda r: _f(r["target_mean"]))
+                if sel:
+                    p.traces.append(Trace(f"{f} (measured)", [_f(r["target_mean"]) for r in sel],
+                                          [_f(r["us_per_token"]) for r in sel], dict(st(f), ls="none", ms=7),
+                                          lines=False, hollow=[True] * len(sel), meta={"family": f, "measured": True}))
+            for r in mrows:
+                if r["impl"] == "linear":
+                    p.hlines.append((_f(r["us_per_token"]), {"color": "black", "ls": "--", "lw": 1.4}))
+        panels.append(p)
+    legend = [(f"{f} (model)" if f != "wikitext-2" else "WikiText-2 lengths rescaled (model)", st(f)) for f in fams]
+    if any(_f(r.get("exact_us_per_token_tiles")) > 0 for r in curves):
+        legend.append((f"dashed: tile model ({tile_label})", {"color": "gray", "ls": "--", "lw": 1.0}))
+    legend += [("linear attention (model)", lin),
+               ("n*_doc: exact = linear", {"color": "gray", "marker": "*", "ls": "none", "ms": 12}),
+               ("WikiText-2 real articles", {"color": "black", "marker": "D", "ls": "none"}),
+               (f"n* by N (dense sweep) = {nstar_n:,.0f}", {"color": "gray", "ls": ":"})]
+    if measured:
+        legend += [("measured (H200): hollow", {"color": "gray", "marker": "o", "ls": "none", "hollow": True}),
+                   ("linear measured", {"color": "black", "ls": "--"})]
+    src = str(fit.get("source", "")).split(":")[0]
+    return Figure("When does document-masked exact attention cost more than linear attention? n*_doc by document "
+                  f"length at fixed N\nmodel: c0 + c2 E[sum l^2] / N vs c_lin (c0 {_f(fit['c0']):.3g}, c2 "
+                  f"{_f(fit['c2']):.3g}, c_lin {_f(fit['c_lin']):.3g} us/token, fitted on {src})"
+                  + (" · hollow: measured" if measured else ""), panels, legend=legend, ncols=len(panels) or 1,
+                  panel_w=4.8, panel_h=3.8)
+
+
 MPL_KEYS = ("color", "marker", "ls", "lw", "ms", "mec", "mfc", "zorder", "alpha")
 
 

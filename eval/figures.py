@@ -72,6 +72,10 @@ JOBS: List[Job] = [
     Job("cpu_quality_figures", "eval.plots",
         ["quality_csv=results/cpu/crossover_quality/quality.csv", "figures_dir=docs/figures", "prefix=cpu_",
          "formats=[png]"]),
+    # eval.plots: n* by document length (eval.doclen's model tables; the H200 measured points when committed)
+    Job("doclen_crossover", "eval.plots",
+        ["doclen_dir=results/doclen", "doclen_measured=results/h200/doclen/doclen_measured.csv",
+         "figures_dir=docs/figures", "formats=[png]"]),
 ]
 
 # module -> (config name under eval/conf, Hydra-free entry point taking the resolved config as a dict)

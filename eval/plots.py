@@ -688,6 +688,12 @@ def main_from_cfg(cfg: dict) -> Dict[str, List[str]]:
         figs.update(sweep_figures(cfg["results_dir"], fd or cfg["results_dir"], machine=cfg.get("machine"),
                                   title=cfg.get("title"), prefix=cfg.get("prefix") or "",
                                   formats=cfg.get("formats") or ("png", "svg")))
+    if cfg.get("doclen_dir"):
+        from eval.doclen import figure as doclen_figure
+
+        figs["doclen_crossover"] = doclen_figure(cfg["doclen_dir"], fd or cfg["doclen_dir"],
+                                                 measured=cfg.get("doclen_measured"),
+                                                 formats=cfg.get("formats") or ("png", "svg"))
     if cfg.get("quality_csv"):
         from eval.quality import quality_figures
 

@@ -206,6 +206,7 @@ function crossoverExplorer() {
     plot("chart-crossover", fig);
   }
   if (DATA.charts.quality) plot("chart-quality", DATA.charts.quality);
+  if (DATA.charts.doclen) plot("chart-doclen", DATA.charts.doclen);
 }
 
 // ------------------------------------------------------------------ cost bill

@@ -7,7 +7,8 @@ Sections (each a ``<section id="sec-...">``):
 
 * ``crossover``: speed and memory vs N per variant and backend from every committed kernel sweep
   (``results/**/kernel.csv`` + its ``crossover.csv``), n* starred, filters for head dim, GPU and implementation;
-  quality vs N per variant (``results/cpu/crossover_quality/quality.csv``).
+  quality vs N per variant (``results/cpu/crossover_quality/quality.csv``); n*_doc by document length
+  (``results/doclen``, :func:`eval.figspec.doclen`).
 * ``bill``: the cost bill of standard (S, P in HBM) vs flash attention for a chosen model: FLOPs, HBM bytes and the
   roofline time bound (:mod:`attn_zoo.cost_model`, ported to JavaScript formula for formula).
 * ``sliders``: ``n* = c_lin / c2`` (and ``(c_lin - c0) / c2``) moving with the constants of
@@ -46,6 +47,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUALITY_CSV = "results/cpu/crossover_quality/quality.csv"
 JOINS = "results/h200/quality/join_*/quality_speed_memory.csv"
 FIG2 = "results/h200/quality/mqar_fig2/fig2.csv"
+DOCLEN = "results/doclen"  # eval.doclen's model tables (the n*_doc chart of the crossover section)
+DOCLEN_MEASURED = "results/h200/doclen/doclen_measured.csv"
 # eval.bench_flash tables (another schema: N, D, Hkv, impl) joined to the explorer: the head dims 64 and 128
 BENCH_FLASH = ("results/h200/bench_flash_d64.csv", "results/h200/bench_flash_d128.csv")
 FIG2_RUNS = ("results/h200/quality/runs/mqar_fig2", "results/h200/quality/runs/mqar_fig2_based")
@@ -185,6 +188,20 @@ def _bubble_figures(root: str) -> List[figspec.Figure]:
     return figs
 
 
+def doclen_figure(root: str = REPO) -> Optional[figspec.Figure]:
+    """n*_doc by document length (:func:`eval.figspec.doclen` of ``results/doclen``, with the H200 measured points
+    of ``results/h200/doclen`` when committed); None without the tables."""
+    d = os.path.join(root, DOCLEN)
+    if not os.path.exists(os.path.join(d, "doclen_curves.csv")):
+        return None
+    m, w = os.path.join(root, DOCLEN_MEASURED), os.path.join(d, "doclen_wikitext.csv")
+    with open(os.path.join(d, "fit.json")) as f:
+        fit = json.load(f)
+    return figspec.doclen(read_rows(os.path.join(d, "doclen_curves.csv")), read_rows(os.path.join(d, "doclen.csv")),
+                          read_rows(w) if os.path.exists(w) else [], fit,
+                          measured=read_rows(m) if os.path.exists(m) else None)
+
+
 def build_data(root: str = REPO) -> dict:
     """Everything the page needs, JSON-ready: the figures (Plotly JSON) and the cost-model constants and tables."""
     charts = {}
@@ -194,6 +211,9 @@ def build_data(root: str = REPO) -> dict:
     q = os.path.join(root, QUALITY_CSV)
     if os.path.exists(q):
         charts["quality"] = figspec.to_plotly(figspec.quality_vs_n(read_rows(q), "CPU, committed quality sweep"))
+    df = doclen_figure(root)
+    if df is not None:
+        charts["doclen"] = figspec.to_plotly(df)
     for i, f in enumerate(_bubble_figures(root)):
         charts[f"bubble{i}"] = figspec.to_plotly(f)
     if os.path.exists(os.path.join(root, FIG2)):
