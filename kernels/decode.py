@@ -444,8 +444,9 @@ def decode_plan(
     (one lookup per page, the tile gathered as ``block_n / page_size`` whole pages) or ``"prefetch"`` (the page
     lookups of ``"page"`` -- per key where the page size does not divide the tile -- software-pipelined by hand: tile
     ``t + 1``'s page ids and row offsets are loaded in iteration ``t`` and carried, so a tile's K/V loads never wait
-    on a page-table load of their own iteration; unmeasured as of 2026-12-04; block-sparse plans fall back to
-    ``"page"``). Other arguments as
+    on a page-table load of their own iteration: compiled for sm_90 on triton 3.9 its K/V tiles are multi-buffered by
+    cp.async as in the contiguous kernel, where ``"key"`` / ``"page"`` get one buffer, ``lab/decode_pipeline_check.py``;
+    not yet timed; block-sparse plans fall back to ``"page"``). Other arguments as
     :func:`decode_attn`. Allocates the output, lse and split-K buffers.
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather`` for a value
