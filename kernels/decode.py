@@ -63,14 +63,41 @@ def _interpreting() -> bool:
 
 # --------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, kfirst, pos, row_ok, qb_pass,
+def _tile_rows(BT, start, b, seqlen, sbt_b, skb, skn, svb, svn,
+               PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr, BN: tl.constexpr):
+    """Row offsets ``(k_row, v_row)`` (int64, (BN,)) of the paged key tile ``[start, start + BN)`` of sequence ``b``
+    (page-table entries at or past ``seqlen`` are not read: their rows are page 0's, masked by the K/V loads)."""
+    offs_n = tl.arange(0, BN)
+    if PAGE_TILE:  # the tile lies inside one page: one page-table lookup per tile
+        page = tl.load(BT + b * sbt_b + start // PAGE_SIZE, mask=start < seqlen, other=0).to(tl.int64)
+        slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
+        k_row = page * skb + slot * skn
+        v_row = page * svb + slot * svn
+    elif MULTI_PAGE:  # the tile covers BN / PAGE_SIZE whole pages: one page-table lookup per page
+        pidx = start // PAGE_SIZE + tl.arange(0, BN // PAGE_SIZE)
+        pg = tl.load(BT + b * sbt_b + pidx, mask=pidx * PAGE_SIZE < seqlen, other=0).to(tl.int64)
+        slot = tl.arange(0, PAGE_SIZE).to(tl.int64)
+        k_row = tl.reshape(pg[:, None] * skb + slot[None, :] * skn, [BN])  # key start + p * PAGE_SIZE + s
+        v_row = tl.reshape(pg[:, None] * svb + slot[None, :] * svn, [BN])
+    else:  # page sizes that neither divide the tile nor are a multiple of it: one lookup per key
+        j = start + offs_n
+        pages = tl.load(BT + b * sbt_b + j // PAGE_SIZE, mask=j < seqlen, other=0).to(tl.int64)
+        slot = (j % PAGE_SIZE).to(tl.int64)
+        k_row = pages * skb + slot * skn
+        v_row = pages * svb + slot * svn
+    return k_row, v_row
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, k_row_in, v_row_in, start, b, g, seqlen, kfirst, pos, row_ok, qb_pass,
                  skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                  sparse_bs, D, DV,
                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
                  CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-                 LEFTPAD: tl.constexpr,
+                 LEFTPAD: tl.constexpr, ROWS_GIVEN: tl.constexpr,
                  BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``."""
+    """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``.
+    ``ROWS_GIVEN``: the tile's K/V row offsets are ``k_row_in`` / ``v_row_in`` (looked up one tile ahead)."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
@@ -78,7 +105,10 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, start, b, g, seqlen, kfirst, p
     kv_ok = j < seqlen
     if LEFTPAD:  # keys before the first key of the current document (cache_leftpad) are not seen
         kv_ok = kv_ok & (j >= kfirst)
-    if PAGED:
+    if ROWS_GIVEN:
+        k_row = k_row_in
+        v_row = v_row_in
+    elif PAGED:
         if PAGE_TILE:  # the tile lies inside one page: one page-table lookup per tile
             page = tl.load(BT + b * sbt_b + start // PAGE_SIZE).to(tl.int64)
             slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
@@ -135,7 +165,7 @@ def _decode_fwd(
     Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
-    SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr, SPLIT: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -181,10 +211,10 @@ def _decode_fwd(
                 t = tl.load(TIDX + b * stab_b + qb * stab_q + e)
                 if t * BN < hi:
                     acc, m_i, l_i = _attend_tile(
-                        acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, qb,
+                        acc, m_i, l_i, q, K, V, BT, LAY, 0, 0, t * BN, b, g, seqlen, kfirst, pos, row_ok, qb,
                         skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                         sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
-                        LEFTPAD, BN, BD, BDV,
+                        LEFTPAD, False, BN, BD, BDV,
                         DOT_PREC)
     else:
         lo = kfirst
@@ -195,11 +225,26 @@ def _decode_fwd(
         per = tl.cdiv(tl.maximum(t1 - t0, 0), n_splits)
         ta = t0 + pid_s * per
         tb = tl.minimum(ta + per, t1)
-        for t in range(ta, tb):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, K, V, BT, LAY, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
-                skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
-                sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE, LEFTPAD, BN, BD, BDV, DOT_PREC)
+        if PREFETCH:  # page-table lookups one tile ahead: a tile's K/V addresses come from the previous iteration
+            k_row, v_row = _tile_rows(BT, ta * BN, b, tl.minimum(seqlen, tb * BN), sbt_b, skb, skn, svb, svn,
+                                      PAGE_SIZE, PAGE_TILE, MULTI_PAGE, BN)
+            for t in range(ta, tb):
+                k_nx, v_nx = _tile_rows(BT, (t + 1) * BN, b, tl.minimum(seqlen, tb * BN), sbt_b, skb, skn, svb, svn,
+                                        PAGE_SIZE, PAGE_TILE, MULTI_PAGE, BN)
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, K, V, BT, LAY, k_row, v_row, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
+                    skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
+                    sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
+                    LEFTPAD, True, BN, BD, BDV, DOT_PREC)
+                k_row = k_nx
+                v_row = v_nx
+        else:
+            for t in range(ta, tb):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, K, V, BT, LAY, 0, 0, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
+                    skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
+                    sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
+                    LEFTPAD, False, BN, BD, BDV, DOT_PREC)
 
     has = l_i > 0
     inv = 1.0 / tl.where(has, l_i, 1.0)
@@ -396,14 +441,19 @@ def decode_plan(
     ``cache_leftpad``. ``page_gather``: how a key tile over pages smaller than it (and dividing it) finds its rows:
     ``"key"`` (one page-table lookup per key; the default: 0.69 of copy bandwidth on 16-token pages, H200 probe of
     2026-12-03, against 0.33-0.47 for ``"page"`` in the decode matrix of the same day, different runs) or ``"page"``
-    (one lookup per page, the tile gathered as ``block_n / page_size`` whole pages). Other arguments as
+    (one lookup per page, the tile gathered as ``block_n / page_size`` whole pages) or ``"prefetch"`` (the page
+    lookups of ``"page"`` -- per key where the page size does not divide the tile -- software-pipelined by hand: tile
+    ``t + 1``'s page ids and row offsets are loaded in iteration ``t`` and carried, so a tile's K/V loads never wait
+    on a page-table load of their own iteration: compiled for sm_90 on triton 3.9 its K/V tiles are multi-buffered by
+    cp.async as in the contiguous kernel, where ``"key"`` / ``"page"`` get one buffer, ``lab/decode_pipeline_check.py``;
+    not yet timed; block-sparse plans fall back to ``"page"``). Other arguments as
     :func:`decode_attn`. Allocates the output, lse and split-K buffers.
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather`` for a value
-    other than ``"key"`` / ``"page"``.
+    other than ``"key"`` / ``"page"`` / ``"prefetch"``.
     """
-    if page_gather not in ("key", "page"):
-        raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page'")
+    if page_gather not in ("key", "page", "prefetch"):
+        raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
     B, Hq, Nq, D = q.shape
@@ -528,9 +578,9 @@ def decode_run(
         p.Hq, p.Hkv, p.Nq, p.D, p.Dv, p.Hq // p.Hkv, R, S, p.scale * LOG2E,
         p.left if p.left is not None else 0, p.right if p.right is not None else 0, p.sparse_bs,
         PAGED=p.paged, PAGE_SIZE=p.page_size, PAGE_TILE=p.paged and p.page_size % p.block_n == 0,
-        MULTI_PAGE=p.page_gather == "page" and p.paged and p.page_size < p.block_n and p.block_n % p.page_size == 0, CAUSAL=p.causal,
+        MULTI_PAGE=p.page_gather in ("page", "prefetch") and p.paged and p.page_size < p.block_n and p.block_n % p.page_size == 0, CAUSAL=p.causal,
         HAS_LEFT=p.left is not None, HAS_RIGHT=p.right is not None, SPARSE=p.is_sparse,
-        LEFTPAD=p.has_leftpad, SPLIT=S > 1, STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
+        LEFTPAD=p.has_leftpad, PREFETCH=p.page_gather == "prefetch" and p.paged and not p.is_sparse, SPLIT=S > 1, STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
         DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if S > 1:

@@ -38,10 +38,11 @@ MATRIX_PAGES = [None, 16, 32, 256]
 MATRIX_NQ = [1, 4, 8]
 
 
-def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False) -> list:
+def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False, block_ns=(None,)) -> list:
     """The ``--matrix`` run (module docstring); returns the rows. ``gathers``: the plan's ``page_gather`` values
-    timed on every paged case (one row each, column ``page_gather``); ``quick``: batch 1 at 64k and batch 4 at 16k,
-    pages of 16 / 32 and contiguous, Nq 1 only."""
+    (key / page / prefetch) timed on every paged case (one row each, column ``page_gather``); ``block_ns``: key tile
+    sizes timed on every paged case (``None``: the plan's default; column ``block_n``); ``quick``: batch 1 at 64k
+    and batch 4 at 16k, pages of 16 / 32 and contiguous, Nq 1 only. SDPA is timed once per case and Nq."""
     shapes = [(1, 65536), (4, 16384)] if quick else MATRIX_SHAPES
     pages = [None, 16, 32] if quick else MATRIX_PAGES
     nqs = [1] if quick else MATRIX_NQ
@@ -63,7 +64,9 @@ def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False) -> 
                 k, v, bt, seq = make_cache(B, Hkv, ctx, D, dt, ps is not None, ps or 0, gen)
                 kc, vc = (k, v) if bt is None else gather_kv(k, v, bt, ctx, seq)
                 nbytes = kv_bytes_per_step(B, Hkv, ctx, D)
-                for Nq, gather in itertools.product(nqs, gathers if ps is not None else gathers[:1]):
+                sdpa_by_nq = {}
+                for Nq, gather, bn in itertools.product(nqs, gathers if ps is not None else gathers[:1],
+                                                        block_ns if ps is not None else block_ns[:1]):
                     if time.time() > t_end:
                         done = True
                         break
@@ -74,11 +77,13 @@ def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False) -> 
                         i = torch.arange(Nq, device="cuda").view(-1, 1) + ctx - Nq
                         mask = torch.arange(ctx, device="cuda").view(1, -1) <= i
                     try:
-                        plan = decode_plan(q, k, v, bt, page_gather=gather)
+                        plan = decode_plan(q, k, v, bt, page_gather=gather, block_n=bn)
                         ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt))
                         o = decode_run(plan, q, k, v, seq, bt).clone()
-                        sd_ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(
-                            q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv))
+                        if Nq not in sdpa_by_nq:
+                            sdpa_by_nq[Nq] = time_cuda_graph(lambda: F.scaled_dot_product_attention(
+                                q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv))
+                        sd_ms = sdpa_by_nq[Nq]
                         ref = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv)
                         err = float((o.float() - ref.float()).abs().max())
                     except Exception as e:  # noqa: BLE001 - record and go on
@@ -89,7 +94,7 @@ def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False) -> 
                     sfr = nbytes / (sd_ms * 1e-3) / 1e9 / copy_gbps
                     rows.append(dict(base, block_n=plan.block_n, block_m=plan.block_m, num_splits=plan.num_splits,
                                      ms=ms, frac=fr, sdpa_ms=sd_ms, sdpa_frac=sfr, err=err))
-                    print(f"B{B} {ctx // 1024:>4d}k {Hq}:{Hkv:<2d} page {ps or '-':>4} Nq {Nq} {gather:>4}: ours {fr:.2f} "
+                    print(f"B{B} {ctx // 1024:>4d}k {Hq}:{Hkv:<2d} page {ps or '-':>4} Nq {Nq} {gather:>8}: ours {fr:.2f} "
                           f"(S {plan.num_splits}, bn {plan.block_n})  sdpa {sfr:.2f}  err {err:.1e}", flush=True)
                 del k, v, bt, kc, vc
                 torch.cuda.empty_cache()
@@ -124,12 +129,16 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--matrix", action="store_true", help="the issue-29 decode matrix at the defaults (docstring)")
-    p.add_argument("--gathers", default="key", help="--matrix: page_gather values timed on paged cases (key,page)")
+    p.add_argument("--gathers", default="key",
+                   help="--matrix: page_gather values timed on paged cases, comma-separated (key,page,prefetch)")
+    p.add_argument("--block-ns", default="",
+                   help="--matrix: key tile sizes timed on paged cases, comma-separated (e.g. 64,128; default: the plan's)")
     p.add_argument("--quick", action="store_true", help="--matrix: a small subset (see matrix())")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.matrix:
-        matrix(args.out, args.budget_s, tuple(args.gathers.split(",")), args.quick)
+        bns = tuple(int(x) for x in args.block_ns.split(",") if x) or (None,)
+        matrix(args.out, args.budget_s, tuple(args.gathers.split(",")), args.quick, bns)
         return
     t_end = time.time() + args.budget_s
     copy_gbps = copy_bandwidth()

@@ -179,10 +179,33 @@ def test_page_sizes_that_divide_the_tile_or_not():
         want = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
         got = decode_attention(q, k, v, FLASH, lens, bt, backend="triton", block_n=64, num_splits=2)
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"page_size={ps}")
-        # both ways of finding a tile's rows over small pages: one lookup per key (default) or per page
-        for gather in ("key", "page"):
+        # every way of finding a tile's rows over small pages: per key (default), per page, one tile ahead
+        for gather in ("key", "page", "prefetch"):
             plan = decode_plan(q, k, v, bt, block_n=64, num_splits=2, page_gather=gather)
             got = decode_run(plan, q, k, v, lens, bt)
             torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"page_size={ps}, page_gather={gather}")
-    with pytest.raises(ValueError, match="page_gather='tile'.*allowed values: 'key', 'page'"):
+    with pytest.raises(ValueError, match="page_gather='tile'.*allowed values: 'key', 'page', 'prefetch'"):
         decode_plan(q, k, v, bt, page_gather="tile")
+
+
+def test_prefetched_page_lookups_match_per_key_lookups():
+    """page_gather="prefetch" (a tile's page ids looked up in the previous iteration) against the reference:
+    16-token pages in shuffled physical order, 3 splits of unequal tile counts, lengths that end mid-page and
+    mid-tile (one of them inside the first tile), Nq = 4, GQA, a left window and cache_leftpad (tiles before a
+    split's first visited tile are never read); pages of 128 (one lookup per 64-key tile) take the same path."""
+    g = torch.Generator().manual_seed(11)
+    B, Hq, Hkv, Nq, D = 3, 4, 2, 4, 16
+    q = _randn(g, B, Hq, Nq, D)
+    lens = torch.tensor([203, 37, 256], dtype=torch.int32, device=DEV)
+    pad = torch.tensor([5, 0, 70], dtype=torch.int32, device=DEV)
+    for ps in (16, 128):
+        k, v, bt = _cache(g, B, Hkv, D, 256, ps)
+        for window, leftpad in ((None, None), ((90, 0), None), (None, pad)):
+            spec = FLASH if window is None else AttentionSpec(kind="sliding_window", window_size=window)
+            want = decode_attention(q, k, v, spec, lens, bt, backend="reference", cache_leftpad=leftpad)
+            for gather in ("key", "prefetch"):
+                plan = decode_plan(q, k, v, bt, block_n=64, num_splits=3, page_gather=gather, window_size=window,
+                                   has_leftpad=leftpad is not None)
+                got = decode_run(plan, q, k, v, lens, bt, leftpad)
+                torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5,
+                                           msg=f"page_size={ps}, window={window}, leftpad={leftpad}, {gather}")
