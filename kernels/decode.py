@@ -439,14 +439,14 @@ def decode_plan(
     values are not read; ``q`` may be any tensor of the step's shape). ``sm_count``: SMs to fill with the split-K
     programs (default: read from the CUDA device, 132 on an H200; 4 on CPU). ``has_leftpad``: the runs pass a
     ``cache_leftpad``. ``page_gather``: how a key tile over pages smaller than it (and dividing it) finds its rows:
-    ``"key"`` (one page-table lookup per key; the default: 0.69 of copy bandwidth on 16-token pages, H200 probe of
-    2026-12-03, against 0.33-0.47 for ``"page"`` in the decode matrix of the same day, different runs) or ``"page"``
+    ``"key"`` (one page-table lookup per key; the default: 0.61-0.90 of copy bandwidth on 16- and 32-token pages
+    against 0.32-0.48 for ``"page"`` and ``"prefetch"``, H200, triton 3.6, one process, 2026-12-04) or ``"page"``
     (one lookup per page, the tile gathered as ``block_n / page_size`` whole pages) or ``"prefetch"`` (the page
     lookups of ``"page"`` -- per key where the page size does not divide the tile -- software-pipelined by hand: tile
     ``t + 1``'s page ids and row offsets are loaded in iteration ``t`` and carried, so a tile's K/V loads never wait
     on a page-table load of their own iteration: compiled for sm_90 on triton 3.9 its K/V tiles are multi-buffered by
     cp.async as in the contiguous kernel, where ``"key"`` / ``"page"`` get one buffer, ``lab/decode_pipeline_check.py``;
-    not yet timed; block-sparse plans fall back to ``"page"``). Other arguments as
+    triton 3.6 does not pipeline it, so on the H200's stack it times as ``"page"``; block-sparse plans fall back to ``"page"``). Other arguments as
     :func:`decode_attn`. Allocates the output, lse and split-K buffers.
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather`` for a value
