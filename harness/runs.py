@@ -331,11 +331,17 @@ RESULT_FREE_TRAINER_KEYS = ("enable_progress_bar", "enable_model_summary", "log_
 RESULT_FREE_CALLBACKS = ("lr_monitor", "checkpoint")
 """``callbacks.<name>`` entries that only log or save (left out of :func:`result_config`)."""
 IMPLICIT_DEFAULTS = {("optim", "_target_"): "torch.optim.AdamW", ("optim", "_partial_"): True,
-                     ("trainer", "_target_"): "lightning.pytorch.Trainer", ("model", "short_conv"): 0}
+                     ("trainer", "_target_"): "lightning.pytorch.Trainer", ("model", "short_conv"): 0,
+                     ("data", "pack"): False, ("data", "val_path"): None}
 """Keys at the value they had implicitly before the config named them (instantiate keys; ``model.short_conv`` 0, no
-short conv, as every model before the option existed) (left out of
+short conv, as every model before the option existed) ; the text data's ``pack`` false and ``val_path`` null, as every text run before
+packed documents) (left out of
 :func:`result_config` at that value, so a run's result config stays what earlier runs stored; another value, e.g.
 ``optim._target_=torch.optim.Adam``, is kept and differs)."""
+
+
+PACK_ONLY_DATA_KEYS = ("doc_split", "doc_mask", "eos")
+"""Text-data keys read only with ``data.pack=true``: :func:`result_config` leaves them out of an unpacked run."""
 
 
 RENAMED_TARGETS = {
@@ -380,6 +386,10 @@ def result_config(cfg) -> Dict:
         (c.get("data") or {}).pop(k, None)
     for k in RESULT_FREE_CALLBACKS:
         (c.get("callbacks") or {}).pop(k, None)
+    data = c.get("data")
+    if isinstance(data, dict) and "pack" in data and not data["pack"]:
+        for k in PACK_ONLY_DATA_KEYS:  # read only when documents are packed: no effect on an unpacked run
+            data.pop(k, None)
     for (node, key), value in IMPLICIT_DEFAULTS.items():
         sub = c.get(node)
         if isinstance(sub, dict) and key in sub and sub[key] == value:
