@@ -108,23 +108,8 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, k_row_in, v_row_in, start, b, 
     if ROWS_GIVEN:
         k_row = k_row_in
         v_row = v_row_in
-    elif PAGED:
-        if PAGE_TILE:  # the tile lies inside one page: one page-table lookup per tile
-            page = tl.load(BT + b * sbt_b + start // PAGE_SIZE).to(tl.int64)
-            slot = (start % PAGE_SIZE + offs_n).to(tl.int64)
-            k_row = page * skb + slot * skn
-            v_row = page * svb + slot * svn
-        elif MULTI_PAGE:  # the tile covers BN / PAGE_SIZE whole pages: one page-table lookup per page
-            pidx = start // PAGE_SIZE + tl.arange(0, BN // PAGE_SIZE)
-            pg = tl.load(BT + b * sbt_b + pidx, mask=pidx * PAGE_SIZE < seqlen, other=0).to(tl.int64)
-            slot = tl.arange(0, PAGE_SIZE).to(tl.int64)
-            k_row = tl.reshape(pg[:, None] * skb + slot[None, :] * skn, [BN])  # key start + p * PAGE_SIZE + s
-            v_row = tl.reshape(pg[:, None] * svb + slot[None, :] * svn, [BN])
-        else:  # page sizes that neither divide the tile nor are a multiple of it: one lookup per key
-            pages = tl.load(BT + b * sbt_b + j // PAGE_SIZE, mask=kv_ok, other=0).to(tl.int64)
-            slot = (j % PAGE_SIZE).to(tl.int64)
-            k_row = pages * skb + slot * skn
-            v_row = pages * svb + slot * svn
+    elif PAGED:  # the page-table lookups of this tile, in this iteration
+        k_row, v_row = _tile_rows(BT, start, b, seqlen, sbt_b, skb, skn, svb, svn, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, BN)
     else:
         k_row = b.to(tl.int64) * skb + j.to(tl.int64) * skn
         v_row = b.to(tl.int64) * svb + j.to(tl.int64) * svn
