@@ -44,7 +44,7 @@ __all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM"]
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_DIM = 256
 _PASS_UNROLL = 8  # chunks per step of the state pass (one load of UNR x BLK in flight per program)
-_PASS_BLOCK = 512  # state elements per program of the state pass
+_PASS_BLOCK = 256  # state elements per program of the state pass
 _BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs until about this many run
 
 
