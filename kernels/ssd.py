@@ -20,10 +20,12 @@ Forward, three launches (chunk-parallel except the cheap elementwise pass):
    segsum decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t``.
 
 Backward, the same three steps reversed: the chunk's contribution ``sum_t exp(cum_t) C_t dy_t^T`` to the gradient
-of the state entering it, the reverse pass giving the gradient ``dS`` of the state leaving every chunk, and
-``_chunk_bwd_kernel`` (grid chunks x (b, group) x head-splits): ``dx, dB, dC, da`` of one chunk from ``S_c`` and
-``dS``; one program loops over heads of one group (``C B^T`` once, ``dB`` / ``dC`` summed over them in fp32
-registers: deterministic, and no partial sums when one program takes the whole group). Every exponent is ``<= 0``.
+of the state entering it, the reverse pass giving the gradient ``dS`` of the state leaving every chunk, then two
+chunk-parallel kernels reading ``S_c`` and ``dS``: ``_chunk_bwd_dx_kernel`` (grid chunks x (b, h)) gives ``dx``,
+``da`` (the in-chunk reverse cumulative sum of ``d cum``) and the masked ``(dy x^T) o decay`` tile; and
+``_chunk_bwd_dbc_kernel`` (grid chunks x (b, group) x head-splits) gives ``dB``, ``dC``: one program loops over
+the heads of one group, summing them in fp32 registers (deterministic, no atomics; partial sums only when the group
+is split, while fewer than about 1024 programs would run). Every exponent is ``<= 0``.
 
 Documents (``doc_ids``): the decay product across a boundary is zero; boundaries anywhere inside a chunk (masks on
 the decay matrix, the state read, the state write and the chunk decay).
@@ -46,6 +48,9 @@ MAX_DIM = 256
 _PASS_UNROLL = 8  # chunks per step of the state pass (one load of UNR x BLK in flight per program)
 _PASS_BLOCK = 256  # state elements per program of the state pass
 _BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs until about this many run
+# columns of P per step in the two backward kernels (they loop over P): at 64 the dx / da kernel spills registers on
+# sm_90 (chunk 64, d_state 128, 8 warps: 255 registers + 264 B of stack, offline ptxas), at 32 it takes 248, none
+_BWD_BLOCK_P = 32
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -187,72 +192,107 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
 
 
 @triton.jit
-def _chunk_bwd_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, DB, DC, T, H, HPG, HPP, NS, PD, NC, NB, G,
-                      sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
-                      L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
-    """``dx, da`` of one chunk for ``HPP`` heads of one group, and their sum of ``dB, dC`` (into split ``pid(1)``
-    of ``DB, DC (splits, B, T, G, N)``). ``ST[bh, c]``: the state entering chunk ``c``; ``DST[bh, c + 1]``: the
-    gradient of the state leaving it. ``DX, DY (B, T, H, P)`` and ``DA (B, T, H)`` contiguous."""
+def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, NS, PD, NC, NBH,
+                         sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
+                         L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``dx`` and ``da`` of one chunk and one ``(b, h)`` (all of ``P``, in blocks of ``BP``), and ``LD[bh, c] =
+    (dy x^T) o decay`` ``(L, L)`` for the ``dB`` / ``dC`` kernel. ``ST[bh, c]``: the state entering chunk ``c``;
+    ``DST[bh, c + 1]``: the gradient of the state leaving it. ``DX, DY (B, T, H, P)``, ``DA (B, T, H)`` contiguous."""
+    pid = tl.program_id(0)
+    c = pid // NBH
+    bh = pid % NBH
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
+    offs_n = tl.arange(0, BN)
+    nm = offs_n < NS
+    tnm = tm[:, None] & nm[None, :]
+    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
+    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
+    M = (CB * decay).to(Cc.dtype)
+    rows = (b * T + t) * H + h  # (L,) row of (b, t, h) in the contiguous (B, T, H, .) tensors
+    st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    dyx = tl.zeros((L, L), dtype=tl.float32)
+    rC = tl.zeros((L,), dtype=tl.float32)  # sum_p dy[t, p] (C_t S)[p]
+    rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
+    sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
+    for p0 in range(0, PD, BP):
+        offs_p = p0 + tl.arange(0, BP)
+        pm = offs_p < PD
+        tpm = tm[:, None] & pm[None, :]
+        smask = nm[:, None] & pm[None, :]
+        sp = offs_n[:, None] * PD + offs_p[None, :]
+        S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
+        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
+        sds += tl.sum(S * dS, 1)
+        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
+        BdS = tl.dot(Bc, dS.to(x.dtype))  # (L, BP): B_t . dS
+        dx = tl.dot(tl.trans(M), dy, w[:, None] * BdS)
+        tl.store(DX + rows[:, None] * PD + offs_p[None, :], dx.to(DX.dtype.element_ty), mask=tpm)
+        rB += tl.sum(x.to(tl.float32) * BdS, 1)
+        CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP): C_t . S
+        rC += tl.sum(dy.to(tl.float32) * CS, 1)
+        dyx = tl.dot(dy, tl.trans(x), dyx)  # dy_t . x_s
+    Ld = dyx * decay
+    Gm = Ld * CB
+    r = w * rB
+    dcum = tl.sum(Gm, 1) - tl.sum(Gm, 0) + ec * rC - r
+    dlast = el * tl.sum(sds, 0) + tl.sum(r, 0)
+    # a_t enters cum_j for j >= t and cum_L: da_t = sum_{j >= t} dcum_j + dlast
+    da = tl.sum(dcum, 0) - tl.cumsum(dcum, 0) + dcum + dlast
+    tl.store(DA + rows, da, mask=tm)
+    offs_s = tl.arange(0, L)
+    tl.store(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :],
+             Ld.to(LD.dtype.element_ty))
+
+
+@triton.jit
+def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG, HPP, NS, PD, NC, NB, G,
+                          sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
+                          L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``dB, dC`` of one chunk summed over ``HPP`` heads of one group (into split ``pid(1)`` of ``DB, DC (splits,
+    B, T, G, N)``): ``dC_t = sum_h exp(cum_t) dy_t S^T + (LD B)_t``, ``dB_s = sum_h exp(cum_L - cum_s) x_s dS^T +
+    (LD^T C)_s``, in fp32 registers."""
     pid = tl.program_id(0)
     hs = tl.program_id(1)
     c = pid // (NB * G)
     bg = pid % (NB * G)
     b = bg // G
     g = bg % G
-    offs_t = tl.arange(0, L)
+    offs_s = tl.arange(0, L)
     offs_n = tl.arange(0, BN)
-    t = c * L + offs_t
+    t = c * L + offs_s
     tm = t < T
     nm = offs_n < NS
     tnm = tm[:, None] & nm[None, :]
     Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
     Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
-    CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32, shared by the group's heads
     dB = tl.zeros((L, BN), dtype=tl.float32)
     dC = tl.zeros((L, BN), dtype=tl.float32)
     for j in range(HPP):
         h = g * HPG + hs * HPP + j
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-        M = (CB * decay).to(Cc.dtype)
-        rows = (b * T + t) * H + h  # (L,) row of (b, t, h) in the contiguous (B, T, H, .) tensors
-        dyx = tl.zeros((L, L), dtype=tl.float32)
-        rC = tl.zeros((L,), dtype=tl.float32)  # sum_p dy[t, p] (C_t S)[p]
-        rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
-        sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
+        rows = (b * T + t) * H + h
+        st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
         for p0 in range(0, PD, BP):
             offs_p = p0 + tl.arange(0, BP)
             pm = offs_p < PD
             tpm = tm[:, None] & pm[None, :]
             smask = nm[:, None] & pm[None, :]
+            sp = offs_n[:, None] * PD + offs_p[None, :]
             x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
             dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
-            sp = offs_n[:, None] * PD + offs_p[None, :]
-            S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + sp, mask=smask, other=0.0)
-            dS = tl.load(DST + (bh * (NC + 1) + c + 1).to(tl.int64) * NS * PD + sp, mask=smask, other=0.0)
-            Sx = S.to(x.dtype)
-            dSx = dS.to(x.dtype)
-            BdS = tl.dot(Bc, dSx)  # (L, BP): B_t . dS
-            dx = tl.dot(tl.trans(M), dy, w[:, None] * BdS)
-            tl.store(DX + rows[:, None] * PD + offs_p[None, :], dx.to(DX.dtype.element_ty), mask=tpm)
-            rB += tl.sum(x.to(tl.float32) * BdS, 1)
-            CS = tl.dot(Cc, Sx)  # (L, BP): C_t . S
-            rC += tl.sum(dy.to(tl.float32) * CS, 1)
-            dyx = tl.dot(dy, tl.trans(x), dyx)  # dy_t . x_s
-            sds += tl.sum(S * dS, 1)
-            dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(Sx), dC)
-            dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dSx), dB)
-        Ld = dyx * decay
-        Gm = Ld * CB
-        r = w * rB
-        dcum = tl.sum(Gm, 1) - tl.sum(Gm, 0) + ec * rC - r
-        dlast = el * tl.sum(sds, 0) + tl.sum(r, 0)
-        # a_t enters cum_j for j >= t and cum_L: da_t = sum_{j >= t} dcum_j + dlast
-        da = tl.sum(dcum, 0) - tl.cumsum(dcum, 0) + dcum + dlast
-        tl.store(DA + rows, da, mask=tm)
-        Ldx = Ld.to(Cc.dtype)
-        dC = tl.dot(Ldx, Bc, dC)
-        dB = tl.dot(tl.trans(Ldx), Cc, dB)
+            S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
+            dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
+            dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S), dC)
+            dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS), dB)
+        Ld = tl.load(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :])
+        dC = tl.dot(Ld, Bc, dC)
+        dB = tl.dot(tl.trans(Ld), Cc, dB)
     out = (((hs * NB + b) * T + t[:, None]) * G + g) * NS + offs_n[None, :]
     tl.store(DB + out, dB.to(DB.dtype.element_ty), mask=tnm)
     tl.store(DC + out, dC.to(DC.dtype.element_ty), mask=tnm)
@@ -359,11 +399,14 @@ class _SSDScan(torch.autograd.Function):
         pdt = Bm.dtype if splits == 1 else torch.float32
         dB = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
         dC = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
-        _chunk_bwd_kernel[(NC * Bsz * G, splits)](
-            x, a, Bm, Cm, dy, states, dstates, seg, dx, da, dB, dC, T, H, hpg, hpp, N, P, NC, Bsz, G,
-            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-            Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            num_stages=1, **common)
+        ld = torch.empty(BH, NC, L, L, device=x.device, dtype=x.dtype)
+        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2))
+        common["BP"] = min(BP, _BWD_BLOCK_P)
+        _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, seg, dx, da, ld, T, H, hpg, N, P, NC, BH,
+                                         *strides, num_stages=1, **common)
+        _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, seg, ld, dB, dC, T, H, hpg,
+                                                     hpp, N, P, NC, Bsz, G, *strides, num_stages=1, **common)
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
         ds0 = dstates[:, 0].reshape(Bsz, H, N, P).clone() if ctx.has_s0 else None
