@@ -8,7 +8,10 @@ forward+backward, reported also as ns per token (time / (B * N)); the flat-time-
 N_s = 128`` (one group), chunk 64, ``B * N = --tokens`` (32k; ``B = 1`` once ``N`` exceeds it), ``N = 512 .. 32k``.
 
 Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt * A`` are precomputed)
-* ``ours``: :func:`kernels.ssd.ssd_scan` (chunked, one program per (batch, head, 64 columns), fp32 states).
+* ``ours``: :func:`kernels.ssd.ssd_scan` (chunk-parallel: chunk states, a state pass over chunks, chunk outputs;
+  the backward reversed; fp32 states). ``--check`` (default on) adds ``max_rel_err``: ours (bf16) against
+  :func:`attn_zoo.families.ssd.ssd_scan_chunked` in fp32 on the same values, output and the gradients of x, a, B, C
+  (max abs error / (1 + max abs reference), the worst of them), at every ``N <= 8192``.
 * ``torch``: :func:`attn_zoo.families.ssd.ssd_scan_chunked` (plain PyTorch chunked form), up to 8k.
 * ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla(q=C, k=B, v=x, g=a, scale=1)``: the same scan
   (a scalar log-decay per head and position) in fla's chunked kernels, B / C expanded to every head.
@@ -18,12 +21,14 @@ Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt *
 * ``flash``: our exact causal attention kernel (:func:`kernels.flash.flash_attn`, ``H`` heads, ``D = 64``).
 
 Writes ``ssd_bench.csv`` and ``ssd_bench.json`` under ``--out`` and prints the table and ratios.
+``--time-budget-s`` (default 300): no new (length, method) case starts after it (the skipped ones get an error).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 
@@ -79,6 +84,26 @@ def make_methods(B, H, N, P, NS, dtype, dev, notes):
     return M
 
 
+def check_ours(B, H, N, P, NS, dev):
+    """Worst relative error of ours (bf16) against the fp32 chunked PyTorch form on the same values."""
+    from attn_zoo.families.ssd import ssd_scan_chunked
+    from kernels.ssd import ssd_scan
+
+    g = torch.Generator(device=dev).manual_seed(N + 1)
+    x = torch.randn(B, N, H, P, device=dev, generator=g).bfloat16()
+    a = -torch.nn.functional.softplus(torch.randn(B, N, H, device=dev, generator=g) - 2) * 2
+    Bm = (torch.randn(B, N, 1, NS, device=dev, generator=g) / NS ** 0.5).bfloat16()
+    Cm = torch.randn(B, N, 1, NS, device=dev, generator=g).bfloat16()
+    dy = torch.randn(B, N, H, P, device=dev, generator=g)
+    ins = [t.detach().clone().requires_grad_() for t in (x, a, Bm, Cm)]
+    ref = [t.detach().float().requires_grad_() for t in (x, a, Bm, Cm)]
+    y = ssd_scan(*ins, chunk_size=64)[0]
+    yr = ssd_scan_chunked(*ref, chunk_size=64)[0]
+    gs = torch.autograd.grad((y.float() * dy).sum(), ins)
+    gr = torch.autograd.grad((yr * dy).sum(), ref)
+    return max(((o.float() - r).abs().max() / (1 + r.abs().max())).item() for o, r in zip([y, *gs], [yr, *gr]))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder (ssd_bench.csv / .json)")
@@ -87,7 +112,11 @@ def main(argv=None):
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--d-state", type=int, default=128)
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--time-budget-s", type=float, default=300.0, help="start no new case after this many seconds")
+    ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                    help="ours against the fp32 chunked PyTorch form at N <= 8192 (max_rel_err column)")
     args = ap.parse_args(argv)
+    t_start = time.time()
     if not torch.cuda.is_available():
         raise SystemExit("bench_ssd needs a CUDA device")
     dev, dtype = "cuda", torch.bfloat16
@@ -97,6 +126,15 @@ def main(argv=None):
         methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes)
         for name, (fwd, ins) in methods.items():
             row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
+            if time.time() - t_start > args.time_budget_s:
+                rows.append(dict(row, error="skipped (time budget)"))
+                print(f"time budget reached, skipping {name} N={N}", flush=True)
+                continue
+            if name == "ours" and args.check and N <= 8192:
+                err = try_call(lambda: check_ours(B, args.heads, N, args.head_dim, args.d_state, dev))
+                row["max_rel_err"] = err
+                if isinstance(err, str) or err > 6e-2:
+                    notes.add(f"ours CHECK FAILED at N={N}: {err}")
             ms_f = try_call(lambda: time_cuda(lambda: fwd()))
             if isinstance(ms_f, str):
                 rows.append(dict(row, error=ms_f))
@@ -116,7 +154,8 @@ def main(argv=None):
             print(row, flush=True)
         del methods
         torch.cuda.empty_cache()
-    cols = ["method", "B", "N", "fwd_ms", "fwd_bwd_ms", "fwd_ns_per_token", "fwd_bwd_ns_per_token", "error"]
+    cols = ["method", "B", "N", "fwd_ms", "fwd_bwd_ms", "fwd_ns_per_token", "fwd_bwd_ns_per_token", "max_rel_err",
+            "error"]
     print(format_table(rows, cols))
     by = {(r["method"], r["N"]): r for r in rows if "fwd_bwd_ms" in r}
     for ref in ("fla_simple_gla", "mamba_ssm"):

@@ -1,5 +1,5 @@
-"""Chunked Triton kernel of Mamba-2's state-space duality (SSD, Dao & Gu 2024, "Transformers are SSMs"),
-forward and backward.
+"""Chunked Triton kernels of Mamba-2's state-space duality (SSD, Dao & Gu 2024, "Transformers are SSMs",
+section 6: the block decomposition of the semiseparable matrix), forward and backward.
 
 The scan computed is, per batch ``b`` and head ``h`` (state ``S_t`` of shape ``(N, P)``, fp32)::
 
@@ -7,12 +7,28 @@ The scan computed is, per batch ``b`` and head ``h`` (state ``S_t`` of shape ``(
 
 with ``x (B, T, H, P)``, log-decay ``a (B, T, H)`` (``a <= 0``; Mamba-2 passes ``dt * A``, and ``x * dt``),
 ``B, C (B, T, G, N)`` (``G`` groups shared by ``H / G`` heads each). The sequence is cut into chunks of ``L``
-positions. Within a chunk the output is the quadratic (attention-like) form ``(C B^T o decay) x`` with the segsum
-decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t`` (``cum`` the in-chunk cumulative sum of ``a``), plus
-the state entering the chunk read by ``C`` (``exp(cum_t) C_t S``); the state is then passed to the next chunk
-(``S <- exp(cum_L) S + sum_s exp(cum_L - cum_s) B_s x_s^T``). One program owns one ``(b, h)`` and a block of ``P``
-and walks the chunks in order, its state in fp32 registers; the backward walks them in reverse, carrying
-``dS`` (fp32), and reads the per-chunk states the forward stored. Every exponent is ``<= 0`` (no overflow).
+positions; ``cum`` is the in-chunk cumulative sum of ``a`` and ``cum_L`` its last value.
+
+Forward, three launches (chunk-parallel except the cheap elementwise pass):
+
+1. ``_chunk_state_kernel`` (grid chunks x (b, h) x P-blocks): the chunk's own contribution to the state after it,
+   ``sum_s exp(cum_L - cum_s) B_s x_s^T`` (fp32), and the chunk decay ``exp(cum_L)``.
+2. ``_state_pass_kernel`` (grid (b, h) x state blocks): ``S_{c+1} = exp(cum_L(c)) S_c + contrib_c`` over the chunks,
+   ``UNR`` chunks per step as an associative scan, in place: the buffer ends holding the state entering every chunk
+   (and the final state).
+3. ``_chunk_out_kernel`` (grid chunks x (b, h) x P-blocks): ``y = (C B^T o decay) x + exp(cum) C S_c`` with the
+   segsum decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t``.
+
+Backward, the same three steps reversed: the chunk's contribution ``sum_t exp(cum_t) C_t dy_t^T`` to the gradient
+of the state entering it, the reverse pass giving the gradient ``dS`` of the state leaving every chunk, then two
+chunk-parallel kernels reading ``S_c`` and ``dS``: ``_chunk_bwd_dx_kernel`` (grid chunks x (b, h)) gives ``dx``,
+``da`` (the in-chunk reverse cumulative sum of ``d cum``) and the masked ``(dy x^T) o decay`` tile; and
+``_chunk_bwd_dbc_kernel`` (grid chunks x (b, group) x head-splits) gives ``dB``, ``dC``: one program loops over
+the heads of one group, summing them in fp32 registers (deterministic, no atomics; partial sums only when the group
+is split, while fewer than about 1024 programs would run). Every exponent is ``<= 0``.
+
+Documents (``doc_ids``): the decay product across a boundary is zero; boundaries anywhere inside a chunk (masks on
+the decay matrix, the state read, the state write and the chunk decay).
 
 The step-by-step recurrence it is tested against is :func:`attn_zoo.families.ssd.ssd_scan_naive`.
 Requires ``N`` (d_state) and ``P`` (head dim) <= 256, chunk size a power of two in [16, 128].
@@ -29,6 +45,12 @@ __all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM"]
 
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_DIM = 256
+_PASS_UNROLL = 8  # chunks per step of the state pass (one load of UNR x BLK in flight per program)
+_PASS_BLOCK = 256  # state elements per program of the state pass
+_BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs until about this many run
+# columns of P per step in the two backward kernels (they loop over P): at 64 the dx / da kernel spills registers on
+# sm_90 (chunk 64, d_state 128, 8 warps: 255 registers + 264 B of stack, offline ptxas), at 32 it takes 248, none
+_BWD_BLOCK_P = 32
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -39,156 +61,268 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 @triton.jit
-def _ssd_fwd_kernel(X, A, BM, CM, Y, S0, ST, SF, SEG, T, H, HPG, NS, PD,
-                    sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
-                    L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, HAS_S0: tl.constexpr,
-                    STORE_ST: tl.constexpr, STORE_SF: tl.constexpr, DOCS: tl.constexpr):
-    pid_bh = tl.program_id(0)
-    pid_p = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    g = h // HPG
+def _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L: tl.constexpr, DOCS: tl.constexpr):
+    """In-chunk cumulative log-decay and the four document-masked decays of chunk ``c`` of ``(b, h)``:
+    ``decay (L, L)`` (segsum, causal), ``ec = exp(cum)`` (reads the state entering), ``w = exp(cum_L - cum)`` (writes
+    the state leaving), ``el = exp(cum_L)`` (carries the state across); also the positions and their mask."""
     offs_t = tl.arange(0, L)
-    offs_n = tl.arange(0, BN)
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    nm = offs_n < NS
-    pm = offs_p < PD
-    sp = offs_n[:, None] * PD + offs_p[None, :]  # (N, P) state offsets
-    smask = nm[:, None] & pm[None, :]
-    if HAS_S0:
-        S = tl.load(S0 + pid_bh * NS * PD + sp, mask=smask, other=0.0).to(tl.float32)
-    else:
-        S = tl.zeros((BN, BP), dtype=tl.float32)
+    t = c * L + offs_t
+    tm = t < T
+    a = tl.load(A + b * sab + t * sat + h * sah, mask=tm, other=0.0).to(tl.float32)
+    cum = tl.cumsum(a, 0)
+    cum_last = tl.sum(a, 0)
     causal = offs_t[:, None] >= offs_t[None, :]
-    nchunks = tl.cdiv(T, L)
-    for c in range(nchunks):
-        t = c * L + offs_t
-        tm = t < T
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tm[:, None] & pm[None, :],
-                    other=0.0)
-        a = tl.load(A + b * sab + t * sat + h * sah, mask=tm, other=0.0).to(tl.float32)
-        Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tm[:, None] & nm[None, :],
-                     other=0.0)
-        Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tm[:, None] & nm[None, :],
-                     other=0.0)
-        if STORE_ST:
-            tl.store(ST + (pid_bh * nchunks + c) * NS * PD + sp, S, mask=smask)
-        cum = tl.cumsum(a, 0)
-        cum_last = tl.sum(a, 0)
-        decay = tl.where(causal, tl.exp(tl.where(causal, cum[:, None] - cum[None, :], 0.0)), 0.0)
-        ec = tl.exp(cum)
-        w = tl.exp(cum_last - cum)
-        el = tl.exp(cum_last)
-        if DOCS:  # document reset: no decay product across a boundary
-            sg = tl.load(SEG + b * T + t, mask=tm, other=2147483647)
-            sg_last = tl.max(tl.where(tm, sg, -1), 0)
-            prev = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))  # chunk 0: position 0's document
-            decay = tl.where(sg[:, None] == sg[None, :], decay, 0.0)
-            ec = tl.where(sg == prev, ec, 0.0)
-            w = tl.where(sg == sg_last, w, 0.0)
-            el = tl.where(sg_last == prev, el, 0.0)
-        CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
-        M = (CB * decay).to(x.dtype)
-        y = tl.dot(M, x) + ec[:, None] * tl.dot(Cc, S.to(Cc.dtype))
-        tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty),
-                 mask=tm[:, None] & pm[None, :])
-        Bw = (Bc.to(tl.float32) * w[:, None]).to(x.dtype)
-        S = el * S + tl.dot(tl.trans(Bw), x)
-    if STORE_SF:
-        tl.store(SF + pid_bh * NS * PD + sp, S, mask=smask)
+    decay = tl.where(causal, tl.exp(tl.where(causal, cum[:, None] - cum[None, :], 0.0)), 0.0)
+    ec = tl.exp(cum)
+    w = tl.exp(cum_last - cum)
+    el = tl.exp(cum_last)
+    if DOCS:  # document reset: no decay product across a boundary
+        sg = tl.load(SEG + b * T + t, mask=tm, other=2147483647)
+        sg_last = tl.max(tl.where(tm, sg, -1), 0)
+        prev = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))  # chunk 0: position 0's document
+        decay = tl.where(sg[:, None] == sg[None, :], decay, 0.0)
+        ec = tl.where(sg == prev, ec, 0.0)
+        w = tl.where(sg == sg_last, w, 0.0)
+        el = tl.where(sg_last == prev, el, 0.0)
+    return t, tm, decay, ec, w, el
 
 
 @triton.jit
-def _ssd_bwd_kernel(X, A, BM, CM, DY, ST, DSF, DX, DB, DC, DA, DS0, SEG, T, H, HPG, NS, PD, NBH,
-                    sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
-                    L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, HAS_DSF: tl.constexpr,
-                    DOCS: tl.constexpr):
-    # DX, DY: (B, T, H, P) contiguous; DB, DC: (nP, B, T, H, N) fp32 partials; DA: (nP, B, T, H) fp32 partials.
-    pid_bh = tl.program_id(0)
+def _chunk_state_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC, NBH,
+                        szb, szt, szg, svb, svt, svh, sab, sat, sah,
+                        L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, WRITE: tl.constexpr,
+                        DOCS: tl.constexpr):
+    """``OUT[bh, c + WRITE] = sum_t wt_t Z_t V_t^T`` (fp32 ``(N, P)``): forward (``WRITE``): ``Z = B``, ``V = x``,
+    ``wt = exp(cum_L - cum)`` (the chunk's contribution to the state leaving it), and ``EL[bh, c] = exp(cum_L)``;
+    backward: ``Z = C``, ``V = dy``, ``wt = exp(cum)`` (its contribution to the gradient of the state entering it)."""
+    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    c = pid // NBH
+    bh = pid % NBH
+    b = bh // H
+    h = bh % H
     g = h // HPG
-    offs_t = tl.arange(0, L)
+    t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_n = tl.arange(0, BN)
     offs_p = pid_p * BP + tl.arange(0, BP)
     nm = offs_n < NS
     pm = offs_p < PD
-    sp = offs_n[:, None] * PD + offs_p[None, :]
-    smask = nm[:, None] & pm[None, :]
-    if HAS_DSF:
-        dS = tl.load(DSF + pid_bh * NS * PD + sp, mask=smask, other=0.0).to(tl.float32)
+    z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+    v = tl.load(V + b * svb + t[:, None] * svt + h * svh + offs_p[None, :], mask=tm[:, None] & pm[None, :], other=0.0)
+    if WRITE:
+        wt = w
+        tl.store(EL + bh * NC + c, el, mask=pid_p == 0)
+        row = (bh * (NC + 1) + c + 1).to(tl.int64)
     else:
-        dS = tl.zeros((BN, BP), dtype=tl.float32)
-    causal = offs_t[:, None] >= offs_t[None, :]
-    nchunks = tl.cdiv(T, L)
-    part = pid_p * NBH * T  # offset (in rows of (b, t, h)) of this P-block's partials
-    for i in range(nchunks):
-        c = nchunks - 1 - i
-        t = c * L + offs_t
-        tm = t < T
+        wt = ec
+        row = (bh * (NC + 1) + c).to(tl.int64)
+    zw = (z.to(tl.float32) * wt[:, None]).to(v.dtype)
+    st = tl.dot(tl.trans(zw), v)  # (BN, BP) fp32
+    tl.store(OUT + row * NS * PD + offs_n[:, None] * PD + offs_p[None, :], st, mask=nm[:, None] & pm[None, :])
+
+
+@triton.jit
+def _pass_combine(e1, x1, e2, x2):
+    return e1 * e2, e2 * x1 + x2
+
+
+@triton.jit
+def _state_pass_kernel(X, E, NC, NE, REVERSE: tl.constexpr, UNR: tl.constexpr, BLK: tl.constexpr):
+    """In place over ``X (BH, NC + 1, NE)`` fp32 with ``E (BH, NC)``. Forward: ``X[k] += E[k - 1] X[k - 1]`` for
+    ``k = 1 .. NC`` (``X[0]`` the initial state, ``X[c + 1]`` chunk ``c``'s contribution: ends as the state entering
+    chunk ``k``, ``X[NC]`` the final one). Reverse: ``X[k] += E[k] X[k + 1]`` for ``k = NC - 1 .. 0`` (``X[NC]`` the
+    final state's gradient: ends as the gradient of the state entering chunk ``k``). ``UNR`` chunks per step: one
+    ``(UNR, BLK)`` load, an associative scan of the pairs ``(decay, contribution)``, then the carried state."""
+    pid_e = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs = pid_e * BLK + tl.arange(0, BLK)
+    em = offs < NE
+    rows = tl.arange(0, UNR)
+    base = X + bh.to(tl.int64) * (NC + 1) * NE
+    if REVERSE:
+        carry = tl.load(base + NC * NE + offs, mask=em, other=0.0)
+    else:
+        carry = tl.load(base + offs, mask=em, other=0.0)
+    for k0 in range(0, NC, UNR):
+        rm = (k0 + rows) < NC
+        if REVERSE:
+            k = NC - 1 - k0 - rows
+            e = tl.load(E + bh * NC + k, mask=rm, other=1.0)
+        else:
+            k = k0 + 1 + rows
+            e = tl.load(E + bh * NC + k - 1, mask=rm, other=1.0)
+        xm = rm[:, None] & em[None, :]
+        ptr = base + k[:, None] * NE + offs[None, :]
+        x = tl.load(ptr, mask=xm, other=0.0)
+        es, xs = tl.associative_scan((tl.broadcast_to(e[:, None], (UNR, BLK)), x), 0, _pass_combine)
+        out = es * carry[None, :] + xs
+        tl.store(ptr, out, mask=xm)
+        carry = tl.sum(tl.where(rows[:, None] == UNR - 1, out, 0.0), 0)  # rows past NC: decay 1, contribution 0
+
+
+@triton.jit
+def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
+                      sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
+                      L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``y = (C B^T o decay) x + exp(cum) C S_c`` for one chunk, one ``(b, h)`` and one block of ``P``."""
+    pid = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    c = pid // NBH
+    bh = pid % NBH
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
+    offs_n = tl.arange(0, BN)
+    offs_p = pid_p * BP + tl.arange(0, BP)
+    nm = offs_n < NS
+    pm = offs_p < PD
+    tnm = tm[:, None] & nm[None, :]
+    tpm = tm[:, None] & pm[None, :]
+    x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
+    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + offs_n[:, None] * PD + offs_p[None, :],
+                mask=nm[:, None] & pm[None, :], other=0.0)
+    CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
+    M = (CB * decay).to(x.dtype)
+    Cw = (Cc.to(tl.float32) * ec[:, None]).to(x.dtype)
+    y = tl.dot(Cw, S.to(x.dtype), tl.dot(M, x))
+    tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
+
+
+@triton.jit
+def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, NS, PD, NC, NBH,
+                         sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
+                         L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``dx`` and ``da`` of one chunk and one ``(b, h)`` (all of ``P``, in blocks of ``BP``), and ``LD[bh, c] =
+    (dy x^T) o decay`` ``(L, L)`` for the ``dB`` / ``dC`` kernel. ``ST[bh, c]``: the state entering chunk ``c``;
+    ``DST[bh, c + 1]``: the gradient of the state leaving it. ``DX, DY (B, T, H, P)``, ``DA (B, T, H)`` contiguous."""
+    pid = tl.program_id(0)
+    c = pid // NBH
+    bh = pid % NBH
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
+    offs_n = tl.arange(0, BN)
+    nm = offs_n < NS
+    tnm = tm[:, None] & nm[None, :]
+    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
+    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
+    M = (CB * decay).to(Cc.dtype)
+    rows = (b * T + t) * H + h  # (L,) row of (b, t, h) in the contiguous (B, T, H, .) tensors
+    st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    dyx = tl.zeros((L, L), dtype=tl.float32)
+    rC = tl.zeros((L,), dtype=tl.float32)  # sum_p dy[t, p] (C_t S)[p]
+    rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
+    sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
+    for p0 in range(0, PD, BP):
+        offs_p = p0 + tl.arange(0, BP)
+        pm = offs_p < PD
         tpm = tm[:, None] & pm[None, :]
-        tnm = tm[:, None] & nm[None, :]
+        smask = nm[:, None] & pm[None, :]
+        sp = offs_n[:, None] * PD + offs_p[None, :]
+        S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
+        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
+        sds += tl.sum(S * dS, 1)
         x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
-        rows = (b * T + t) * H + h  # (L,) row index into the contiguous (B, T, H, .) outputs
-        dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0).to(x.dtype)
-        a = tl.load(A + b * sab + t * sat + h * sah, mask=tm, other=0.0).to(tl.float32)
-        Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-        Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
-        S = tl.load(ST + (pid_bh * nchunks + c) * NS * PD + sp, mask=smask, other=0.0)
-        cum = tl.cumsum(a, 0)
-        cum_last = tl.sum(a, 0)
-        decay = tl.where(causal, tl.exp(tl.where(causal, cum[:, None] - cum[None, :], 0.0)), 0.0)
-        ec = tl.exp(cum)
-        w = tl.exp(cum_last - cum)
-        el = tl.exp(cum_last)
-        if DOCS:  # the forward's document masks (constants: the derivatives keep their form)
-            sg = tl.load(SEG + b * T + t, mask=tm, other=2147483647)
-            sg_last = tl.max(tl.where(tm, sg, -1), 0)
-            prev = tl.load(SEG + b * T + tl.maximum(c * L - 1, 0))  # chunk 0: position 0's document
-            decay = tl.where(sg[:, None] == sg[None, :], decay, 0.0)
-            ec = tl.where(sg == prev, ec, 0.0)
-            w = tl.where(sg == sg_last, w, 0.0)
-            el = tl.where(sg_last == prev, el, 0.0)
-        CB = tl.dot(Cc, tl.trans(Bc))
-        M = CB * decay
-        Bw = (Bc.to(tl.float32) * w[:, None]).to(x.dtype)
-        dSx = dS.to(x.dtype)
-        dx = tl.dot(tl.trans(M.to(x.dtype)), dy) + tl.dot(Bw, dSx)
-        dyx = tl.dot(dy, tl.trans(x))  # (L, L): dy_t . x_s
-        Ld = dyx * decay
-        dC = tl.dot(Ld.to(x.dtype), Bc.to(x.dtype)) + ec[:, None] * tl.dot(dy, tl.trans(S.to(x.dtype)))
-        dB = tl.dot(tl.trans(Ld.to(x.dtype)), Cc.to(x.dtype)) + w[:, None] * tl.dot(x, tl.trans(dSx))
-        G = Ld * CB
-        dcum = tl.sum(G, 1) - tl.sum(G, 0)
-        yin = tl.dot(Cc, S.to(Cc.dtype))  # (L, P): C_t . S
-        dcum += ec * tl.sum(dy.to(tl.float32) * yin, 1)
-        bds = tl.dot(Bc, dSx.to(Bc.dtype))  # (L, P): B_s . dS
-        r = w * tl.sum(x.to(tl.float32) * bds, 1)
-        dcum -= r
-        dlast = el * tl.sum(tl.sum(dS * S, 1), 0) + tl.sum(r, 0)
-        # a_t enters cum_j for j >= t and cum_last: da_t = sum_{j >= t} dcum_j + dlast
-        da = tl.sum(dcum, 0) - tl.cumsum(dcum, 0) + dcum + dlast
+        dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
+        BdS = tl.dot(Bc, dS.to(x.dtype))  # (L, BP): B_t . dS
+        dx = tl.dot(tl.trans(M), dy, w[:, None] * BdS)
         tl.store(DX + rows[:, None] * PD + offs_p[None, :], dx.to(DX.dtype.element_ty), mask=tpm)
-        tl.store(DB + (part + rows[:, None]) * NS + offs_n[None, :], dB, mask=tnm)
-        tl.store(DC + (part + rows[:, None]) * NS + offs_n[None, :], dC, mask=tnm)
-        tl.store(DA + part + rows, da, mask=tm)
-        Cw = (Cc.to(tl.float32) * ec[:, None]).to(x.dtype)
-        dS = tl.dot(tl.trans(Cw), dy).to(tl.float32) + el * dS
-    tl.store(DS0 + pid_bh * NS * PD + sp, dS, mask=smask)
+        rB += tl.sum(x.to(tl.float32) * BdS, 1)
+        CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP): C_t . S
+        rC += tl.sum(dy.to(tl.float32) * CS, 1)
+        dyx = tl.dot(dy, tl.trans(x), dyx)  # dy_t . x_s
+    Ld = dyx * decay
+    Gm = Ld * CB
+    r = w * rB
+    dcum = tl.sum(Gm, 1) - tl.sum(Gm, 0) + ec * rC - r
+    dlast = el * tl.sum(sds, 0) + tl.sum(r, 0)
+    # a_t enters cum_j for j >= t and cum_L: da_t = sum_{j >= t} dcum_j + dlast
+    da = tl.sum(dcum, 0) - tl.cumsum(dcum, 0) + dcum + dlast
+    tl.store(DA + rows, da, mask=tm)
+    offs_s = tl.arange(0, L)
+    tl.store(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :],
+             Ld.to(LD.dtype.element_ty))
 
 
-def _blocks(N: int, P: int, BH: int, block_p: Optional[int] = None):
-    """``(BN, BP)``: d_state padded to a power of two, and the P-block: ``block_p`` if given, else 64 halved (down to
-    16) while fewer than 264 programs (2 per H200 SM) would run: each program walks its chunks in order, so
-    parallelism comes from ``B * H * P / BP`` only."""
-    BN = _pow2(N)
-    if block_p is not None:
-        return BN, block_p
-    BP = min(_pow2(P), 64)
-    while BP > 16 and BH * triton.cdiv(P, BP) < 264:
-        BP //= 2
-    return BN, BP
+@triton.jit
+def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG, HPP, NS, PD, NC, NB, G,
+                          sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
+                          L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``dB, dC`` of one chunk summed over ``HPP`` heads of one group (into split ``pid(1)`` of ``DB, DC (splits,
+    B, T, G, N)``): ``dC_t = sum_h exp(cum_t) dy_t S^T + (LD B)_t``, ``dB_s = sum_h exp(cum_L - cum_s) x_s dS^T +
+    (LD^T C)_s``, in fp32 registers."""
+    pid = tl.program_id(0)
+    hs = tl.program_id(1)
+    c = pid // (NB * G)
+    bg = pid % (NB * G)
+    b = bg // G
+    g = bg % G
+    offs_s = tl.arange(0, L)
+    offs_n = tl.arange(0, BN)
+    t = c * L + offs_s
+    tm = t < T
+    nm = offs_n < NS
+    tnm = tm[:, None] & nm[None, :]
+    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
+    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    dB = tl.zeros((L, BN), dtype=tl.float32)
+    dC = tl.zeros((L, BN), dtype=tl.float32)
+    for j in range(HPP):
+        h = g * HPG + hs * HPP + j
+        bh = b * H + h
+        t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
+        rows = (b * T + t) * H + h
+        st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+        for p0 in range(0, PD, BP):
+            offs_p = p0 + tl.arange(0, BP)
+            pm = offs_p < PD
+            tpm = tm[:, None] & pm[None, :]
+            smask = nm[:, None] & pm[None, :]
+            sp = offs_n[:, None] * PD + offs_p[None, :]
+            x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+            dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
+            S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
+            dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
+            dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S), dC)
+            dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS), dB)
+        Ld = tl.load(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :])
+        dC = tl.dot(Ld, Bc, dC)
+        dB = tl.dot(tl.trans(Ld), Cc, dB)
+    out = (((hs * NB + b) * T + t[:, None]) * G + g) * NS + offs_n[None, :]
+    tl.store(DB + out, dB.to(DB.dtype.element_ty), mask=tnm)
+    tl.store(DC + out, dC.to(DC.dtype.element_ty), mask=tnm)
+
+
+def _blocks(N: int, P: int, block_p: Optional[int] = None) -> Tuple[int, int]:
+    """``(BN, BP)``: d_state padded to a power of two (one tile), and the block of ``P`` per tile: ``block_p`` if
+    given, else ``P`` padded to a power of two, at most 64."""
+    return _pow2(N), (block_p if block_p is not None else min(_pow2(P), 64))
+
+
+def _warps(L: int, BN: int) -> int:
+    return 8 if L * BN >= 8192 else 4
+
+
+def _heads_per_program(programs: int, hpg: int) -> int:
+    """Heads of one group per backward program: all ``hpg`` (``dB``/``dC`` summed in registers) unless fewer than
+    ``target`` programs would run; then the group is split into the fewest equal parts that reach it (their
+    fp32 partial ``dB``/``dC`` summed after). ``programs``: chunks x batch x groups."""
+    for split in range(1, hpg + 1):
+        if hpg % split == 0 and programs * split >= _BWD_TARGET_PROGRAMS:
+            return hpg // split
+    return 1
+
+
+def _state_pass(buf: torch.Tensor, el: torch.Tensor, reverse: bool) -> None:
+    BH, K, NS, PD = buf.shape
+    NE = NS * PD
+    _state_pass_kernel[(triton.cdiv(NE, _PASS_BLOCK), BH)](buf, el, K - 1, NE, REVERSE=reverse, UNR=_PASS_UNROLL,
+                                                          BLK=_PASS_BLOCK, num_warps=4)
 
 
 class _SSDScan(torch.autograd.Function):
@@ -196,63 +330,94 @@ class _SSDScan(torch.autograd.Function):
     def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg):
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
-        BN, BP = _blocks(N, P, Bsz * H, block_p)
-        ctx.block_p = BP
+        L = chunk_size
+        BN, BP = _blocks(N, P, block_p)
         nP = triton.cdiv(P, BP)
-        nchunks = triton.cdiv(T, chunk_size)
+        NC = triton.cdiv(T, L)
+        BH = Bsz * H
         x = x.contiguous() if x.stride(-1) != 1 else x
         Bm = Bm.contiguous() if Bm.stride(-1) != 1 else Bm
         Cm = Cm.contiguous() if Cm.stride(-1) != 1 else Cm
+        dummy = a  # stands in for absent optional pointers (never read)
+        # states[bh, c]: the state entering chunk c (fp32); states[bh, NC]: the final state
+        states = torch.empty(BH, NC + 1, N, P, device=x.device, dtype=torch.float32)
+        if initial_state is not None:
+            states[:, 0] = initial_state.reshape(BH, N, P)
+        else:
+            states[:, 0].zero_()
+        el = torch.empty(BH, NC, device=x.device, dtype=torch.float32)
+        common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN))
+        _chunk_state_kernel[(NC * BH, nP)](
+            Bm, x, a, seg if seg is not None else dummy, states, el, T, H, H // G, N, P, NC, BH,
+            Bm.stride(0), Bm.stride(1), Bm.stride(2), x.stride(0), x.stride(1), x.stride(2),
+            a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
+        _state_pass(states, el, reverse=False)
         y = torch.empty_like(x)
-        need_grad = any(ctx.needs_input_grad[:5])
-        states = torch.empty(Bsz * H, max(nchunks, 1), N, P, device=x.device, dtype=torch.float32) if need_grad else y
-        final = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
-        s0 = initial_state.float().contiguous() if initial_state is not None else final
-        _ssd_fwd_kernel[(Bsz * H, nP)](
-            x, a, Bm, Cm, y, s0, states, final, seg if seg is not None else final, T, H, H // G, N, P,
+        _chunk_out_kernel[(NC * BH, nP)](
+            x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH,
             x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            y.stride(0), y.stride(1), y.stride(2),
-            L=chunk_size, BN=BN, BP=BP, HAS_S0=initial_state is not None, STORE_ST=need_grad, STORE_SF=True,
-            DOCS=seg is not None, num_warps=8 if BN * BP >= 8192 else 4)
-        if need_grad:
-            ctx.save_for_backward(x, a, Bm, Cm, states)
-        ctx.chunk_size = chunk_size
-        ctx.seg = seg
+            y.stride(0), y.stride(1), y.stride(2), **common)
+        final = states[:, NC].reshape(Bsz, H, N, P).clone()
+        if any(ctx.needs_input_grad[:5]):
+            ctx.save_for_backward(x, a, Bm, Cm, states, el)
+        ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
         ctx.has_s0 = initial_state is not None
         return y, final
 
     @staticmethod
     def backward(ctx, dy, dfinal):
-        x, a, Bm, Cm, states = ctx.saved_tensors
+        x, a, Bm, Cm, states, el = ctx.saved_tensors
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
-        BN, BP = _blocks(N, P, Bsz * H, ctx.block_p)
+        L = ctx.chunk_size
+        BN, BP = _blocks(N, P, ctx.block_p)
         nP = triton.cdiv(P, BP)
-        dy = dy.contiguous()
-        dx = torch.empty(Bsz, T, H, P, device=x.device, dtype=x.dtype)
-        dB = torch.empty(nP, Bsz, T, H, N, device=x.device, dtype=torch.float32)
-        dC = torch.empty_like(dB)
-        da = torch.empty(nP, Bsz, T, H, device=x.device, dtype=torch.float32)
-        ds0 = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
-        dsf = dfinal.float().contiguous() if dfinal is not None else ds0
-        _ssd_bwd_kernel[(Bsz * H, nP)](
-            x, a, Bm, Cm, dy, states, dsf, dx, dB, dC, da, ds0, ctx.seg if ctx.seg is not None else ds0,
-            T, H, H // G, N, P, Bsz * H,
-            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-            Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            L=ctx.chunk_size, BN=BN, BP=BP, HAS_DSF=dfinal is not None, DOCS=ctx.seg is not None, num_warps=8 if BN * BP >= 8192 else 4)
+        NC = triton.cdiv(T, L)
+        BH = Bsz * H
+        seg = ctx.seg if ctx.seg is not None else a
+        if dy is None:
+            dy = torch.zeros_like(x)
+        dy = dy.to(x.dtype).contiguous()
+        # dstates[bh, c]: the gradient of the state entering chunk c; dstates[bh, NC]: the final state's
+        dstates = torch.empty_like(states)
+        if dfinal is not None:
+            dstates[:, NC] = dfinal.reshape(BH, N, P)
+        else:
+            dstates[:, NC].zero_()
+        common = dict(L=L, BN=BN, BP=BP, DOCS=ctx.seg is not None, num_warps=_warps(L, BN))
+        _chunk_state_kernel[(NC * BH, nP)](
+            Cm, dy, a, seg, dstates, el, T, H, H // G, N, P, NC, BH,
+            Cm.stride(0), Cm.stride(1), Cm.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
+            a.stride(0), a.stride(1), a.stride(2), WRITE=False, **common)
+        _state_pass(dstates, el, reverse=True)
         hpg = H // G
-        dB = dB.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Bm.dtype)
-        dC = dC.sum(0).view(Bsz, T, G, hpg, N).sum(3).to(Cm.dtype)
-        da = da.sum(0).to(a.dtype)
-        return dx, da, dB, dC, (ds0 if ctx.has_s0 else None), None, None, None
+        hpp = _heads_per_program(NC * Bsz * G, hpg)
+        splits = hpg // hpp
+        dx = torch.empty(Bsz, T, H, P, device=x.device, dtype=x.dtype)
+        da = torch.empty(Bsz, T, H, device=x.device, dtype=torch.float32)
+        pdt = Bm.dtype if splits == 1 else torch.float32
+        dB = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
+        dC = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
+        ld = torch.empty(BH, NC, L, L, device=x.device, dtype=x.dtype)
+        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2))
+        common["BP"] = min(BP, _BWD_BLOCK_P)
+        _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, seg, dx, da, ld, T, H, hpg, N, P, NC, BH,
+                                         *strides, num_stages=1, **common)
+        _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, seg, ld, dB, dC, T, H, hpg,
+                                                     hpp, N, P, NC, Bsz, G, *strides, num_stages=1, **common)
+        dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
+        dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
+        ds0 = dstates[:, 0].reshape(Bsz, H, N, P).clone() if ctx.has_s0 else None
+        return dx, da.to(a.dtype), dB, dC, ds0, None, None, None
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64,
              block_p: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernel.
+    """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernels
+    (chunk-parallel, Dao & Gu 2024 section 6; see the module docstring).
 
     Args:
         x: ``(B, T, H, P)`` float16 / bfloat16 / float32 (Mamba-2 passes ``x * dt``).
@@ -260,7 +425,7 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         B, C: ``(B, T, G, N)`` in ``x.dtype``; ``G`` divides ``H`` (head ``h`` reads group ``h // (H // G)``).
         initial_state: optional ``(B, H, N, P)`` state before position 0 (fp32; differentiable).
         chunk_size: power of two in [16, 128].
-        block_p: columns of ``P`` per program (16, 32 or 64); None: 64, halved while fewer than 264 programs run.
+        block_p: columns of ``P`` per tile (16, 32 or 64); None: ``P`` padded to a power of two, at most 64.
         doc_ids: optional int ``(B, T)``, nondecreasing: the state restarts at each document start after
             position 0 (the decay product across a boundary is zero; ``initial_state`` belongs to the document at
             position 0), boundaries anywhere inside a chunk.
@@ -268,6 +433,8 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
         Differentiable in ``x, a, B, C`` and ``initial_state`` (the final state's gradient is used if given).
+        Memory: the fp32 states entering every chunk, ``B * H * (T / chunk_size + 1) * N * P * 4`` bytes, are kept
+        for the backward (and as much again during it).
 
     Raises:
         ValueError / TypeError naming the argument (shapes, dtypes, devices, sizes above :data:`MAX_DIM`).

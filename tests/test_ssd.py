@@ -57,6 +57,39 @@ def test_ssd_outputs_and_every_gradient_match_the_recurrence(backend, shape, use
         assert err <= 2e-4 * (1 + r.abs().max().item()), f"{backend} {name}: max error {err}"
 
 
+@pytest.mark.parametrize("target", [1, 10], ids=["group-per-program", "group-split-in-2"])
+def test_ssd_triton_chunk_parallel_multi_chunk_documents_and_groups(monkeypatch, target):
+    """kernels.ssd's chunk-parallel path on a multi-chunk case: T = 70 (not a multiple of the 16-chunk, 5 chunks),
+    the state pass 2 chunks per step (3 steps, the carry between them), G = 1 < H = 4 heads with the backward's
+    group taken by one program (dB / dC summed in registers) or split in two (fp32 partials summed), documents
+    starting at a chunk edge (16, 48), inside chunks (37, 61) and one of length 1 (48), an initial state and the
+    final state's gradient: outputs and every gradient against the step-by-step recurrence."""
+    import kernels.ssd as ks
+    from kernels.ssd import ssd_scan
+
+    monkeypatch.setattr(ks, "_PASS_UNROLL", 2)
+    monkeypatch.setattr(ks, "_BWD_TARGET_PROGRAMS", target)
+    assert ks._heads_per_program(5, 4) == (4 if target == 1 else 2)
+    g = torch.Generator().manual_seed(5)
+    Bz, T, H, P, G, N = 1, 70, 4, 16, 1, 16
+    docs = torch.tensor([[0] * 16 + [1] * 21 + [2] * 11 + [3] + [4] * 12 + [7] * 9])
+    assert docs.shape == (1, T)
+    ins = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.5,
+           torch.randn(Bz, T, G, N, generator=g) / 4, torch.randn(Bz, T, G, N, generator=g),
+           torch.randn(Bz, H, N, P, generator=g)]
+    ins = [t.requires_grad_() for t in ins]
+    yk, Sk = ssd_scan(*ins, chunk_size=16, doc_ids=docs)
+    yn, Sn = ssd_scan_naive(*ins, doc_ids=docs)
+    gy, gS = torch.randn(yn.shape, generator=g), torch.randn(Sn.shape, generator=g)
+    gk = torch.autograd.grad((yk * gy).sum() + (Sk * gS).sum(), ins)
+    gn = torch.autograd.grad((yn * gy).sum() + (Sn * gS).sum(), ins)
+    for name, o, r in zip(["y", "final_state", "dx", "da", "dB", "dC", "dinitial_state"], [yk, Sk, *gk],
+                          [yn, Sn, *gn]):
+        err = (o - r).abs().max().item()
+        assert err <= 2e-4 * (1 + r.abs().max().item()), f"{name}: max error {err}"
+    assert gn[4].abs().max() > 0  # the initial state reaches the first document
+
+
 def test_naive_recurrence_is_the_definition():
     """The reference itself against the formula written out for T=2 (state after 2 steps, output at step 2)."""
     x, dt, A, Bm, Cm, D, s0 = [t.detach() for t in _inputs(1, 2, 1, 3, 1, 2)]

@@ -8,7 +8,7 @@ The scan (per batch and head, state ``S (N, P)`` in fp32)::
 * :func:`ssd_scan_naive`: the step-by-step recurrence (the reference every other path is tested against).
 * :func:`ssd_scan_chunked`: the chunked form in PyTorch (intra-chunk quadratic form with the segsum decay mask,
   inter-chunk state passing), differentiable by autograd; the CPU path of the mixer.
-* :func:`kernels.ssd.ssd_scan`: the same chunked algorithm as one Triton kernel, forward and backward.
+* :func:`kernels.ssd.ssd_scan`: the same chunked algorithm in chunk-parallel Triton kernels, forward and backward.
 * :func:`ssd_step`: the O(1) recurrent decode step.
 * :func:`ssd`: ``dt`` / ``A`` / ``D`` around any of them (``backend`` = ``triton`` | ``torch`` | ``naive`` | ``auto``).
 """
