@@ -18,8 +18,10 @@ causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [
 
 Packed documents (issue 27): ``--docs fixed:512,geometric:512`` runs every case once per document-length
 distribution -- each row of the batch packed with documents of exactly 512 tokens (``fixed``) or of lengths drawn
-from a geometric distribution of mean 512 (``geometric``, seeded, >= 1 token; the last document of a row is cut at
-N) -- and passes ``doc_ids`` to every backend that takes documents (ours, ``flex`` / ``flex_fa4``: document
+from a geometric distribution of mean 512 (``geometric``, seeded, >= 1 token) or from WikiText-2's article lengths
+(``wikitext:512``: the real shape scaled to mean 512; ``wikitext:real``: as they are; the file is
+``$ATTN_ZOO_WIKITEXT``, default ``../shared/data/wikitext-2/valid.txt``); the last document of a row is cut at
+N -- and passes ``doc_ids`` to every backend that takes documents (ours, ``flex`` / ``flex_fa4``: document
 ``BlockMask``; ``fa4``: its varlen entry with ``cu_seqlens``, through the registry's padded-form wrapper, which
 builds ``cu_seqlens`` (one host sync) and copies the layout on every call; ``fa4_varlen``: FA4's varlen entry as a
 user who keeps the packed ``(total_tokens, H, D)`` layout calls it, ``cu_seqlens`` and the packed leaves built once
@@ -32,6 +34,7 @@ pairs the document mask keeps (``visited_fraction``: sum of l^2 / 2 over documen
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 import traceback
@@ -59,16 +62,52 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
+WIKITEXT = os.environ.get("ATTN_ZOO_WIKITEXT", "../shared/data/wikitext-2/valid.txt")
+
+
+@functools.lru_cache(maxsize=None)
+def _article_lengths(path: str):
+    from attn_zoo.doclen import wikitext_article_lengths
+
+    if not os.path.isfile(path):
+        raise ValueError(f"--docs wikitext:<L> reads WikiText article lengths from {path!r}, which is not a file; "
+                         f"set ATTN_ZOO_WIKITEXT to a WikiText-2 file (e.g. ../shared/data/wikitext-2/valid.txt)")
+    lengths = wikitext_article_lengths(path)
+    if not lengths:
+        raise ValueError(f"{path!r} holds no WikiText article (a line ' = Title = ')")
+    return tuple(lengths)
+
+
 def document_lengths(N: int, dist: str, seed: int = 0):
-    """Document lengths of one packed row of ``N`` tokens: ``"fixed:L"`` (every document ``L`` tokens) or
-    ``"geometric:L"`` (geometric lengths of mean ``L``, >= 1, seeded); the last document is cut at ``N``."""
+    """Document lengths of one packed row of ``N`` tokens: ``"fixed:L"`` (every document ``L`` tokens),
+    ``"geometric:L"`` (geometric lengths of mean ``L``, >= 1, seeded) or ``"wikitext:L"`` / ``"wikitext:real"``
+    (WikiText-2's article lengths in UTF-8 bytes, the tokens of ``data=text``, drawn at random (seeded) from the
+    file ``$ATTN_ZOO_WIKITEXT`` (default ``../shared/data/wikitext-2/valid.txt``): ``real`` as they are, ``L``
+    scaled to mean ``L`` (the real shape at another mean, :func:`attn_zoo.doclen.sampler` ``"empirical"``)); the
+    last document is cut at ``N``. Raises ValueError naming the entry and the allowed values."""
     kind, _, mean = dist.partition(":")
     try:
         L = int(mean)
     except ValueError:
         L = 0
-    if kind not in ("fixed", "geometric") or L < 1:
-        raise ValueError(f"--docs entry {dist!r} is not supported; allowed values: fixed:<L>, geometric:<L> (L >= 1)")
+    if kind not in ("fixed", "geometric", "wikitext") or (L < 1 and not (kind == "wikitext" and mean == "real")):
+        raise ValueError(f"--docs entry {dist!r} is not supported; allowed values: fixed:<L>, geometric:<L>, "
+                         f"wikitext:<L>, wikitext:real (L >= 1)")
+    if kind == "wikitext":
+        import numpy as np
+
+        from attn_zoo.doclen import sampler
+
+        pool = _article_lengths(WIKITEXT)
+        mean_l = float(np.mean(pool)) if mean == "real" else float(L)
+        draw = sampler("empirical", mean_l, pool=pool, stratified=False)
+        rng = np.random.default_rng(seed)
+        out, total = [], 0
+        while total < N:
+            n = min(int(draw(1, rng)[0]), N - total)
+            out.append(n)
+            total += n
+        return out
     out, total = [], 0
     g = torch.Generator().manual_seed(seed)
     while total < N:
@@ -325,7 +364,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--tune", action="store_true", help="ours with FlashConfig(autotune=True); print the winning configs")
     ap.add_argument("--date", default=None)
-    ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> "
+    ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> / wikitext:<L> / wikitext:real "
                                                   "(every case once per distribution, doc_ids to every backend)")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     a = ap.parse_args(argv)

@@ -16,8 +16,14 @@ Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt *
 * ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla(q=C, k=B, v=x, g=a, scale=1)``: the same scan
   (a scalar log-decay per head and position) in fla's chunked kernels, B / C expanded to every head.
   Skipped (column empty, note printed) when fla does not import.
+* ``fla_simple_gla_noguard`` (``--fla-noguard``): the same fla call with fla's triton-version guard lifted for
+  the call (``fla.ops.common.chunk_o.IS_NVIDIA_HOPPER = False``). fla refuses its gated backward on Hopper with
+  triton >= 3.4, < 3.7.1 (fla #640: that compiler gives wrong gradients there); this row is a *time* anchor only
+  (its gradients are not used or checked), for stacks where that guard stops ``fla_simple_gla``'s backward.
 * ``mamba_ssm``: ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`` (dt, A, D=None inside its
-  kernel) when mamba_ssm imports; skipped with a note otherwise.
+  kernel; the SSD paper's own Triton kernels) when mamba_ssm imports, or, with ``--mamba-ssm-src DIR``, from a
+  mamba_ssm source tree (its pure-Triton SSD modules only: the package's ``__init__`` imports compiled CUDA
+  extensions, which are not needed here and are skipped); skipped with a note otherwise.
 * ``flash``: our exact causal attention kernel (:func:`kernels.flash.flash_attn`, ``H`` heads, ``D = 64``).
 
 Writes ``ssd_bench.csv`` and ``ssd_bench.json`` under ``--out`` and prints the table and ratios.
@@ -27,6 +33,7 @@ Writes ``ssd_bench.csv`` and ``ssd_bench.json`` under ``--out`` and prints the t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -35,7 +42,44 @@ import torch
 from eval.bench_common import env_info, format_table, time_cuda, try_call, write_csv, write_json
 
 
-def make_methods(B, H, N, P, NS, dtype, dev, notes):
+class _FlaNoGuard:
+    """Lift fla's Hopper / triton-version guard of its gated backward (fla #640) for the duration of a call."""
+
+    def __enter__(self):
+        import fla.ops.common.chunk_o as co
+
+        self.mod, self.old = co, co.IS_NVIDIA_HOPPER
+        co.IS_NVIDIA_HOPPER = False
+
+    def __exit__(self, *exc):
+        self.mod.IS_NVIDIA_HOPPER = self.old
+
+
+def import_mamba_chunk_scan(src=None):
+    """``mamba_chunk_scan_combined`` from the installed mamba_ssm, or from the source tree ``src`` (the folder
+    holding ``mamba_ssm/``) with the package's ``__init__`` (compiled extensions) skipped. Raises ImportError."""
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        return mamba_chunk_scan_combined
+    except ImportError:
+        if not src:
+            raise
+    import sys
+    import types
+
+    pkg_dir = os.path.join(src, "mamba_ssm")
+    if not os.path.isdir(pkg_dir):
+        raise ImportError(f"--mamba-ssm-src {src!r} holds no mamba_ssm/ folder")
+    for name in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
+        del sys.modules[name]
+    pkg = types.ModuleType("mamba_ssm")
+    pkg.__path__ = [pkg_dir]
+    sys.modules["mamba_ssm"] = pkg
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    return mamba_chunk_scan_combined
+
+
+def make_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src=None):
     g = torch.Generator(device=dev).manual_seed(N)
     x = torch.randn(B, N, H, P, device=dev, dtype=dtype, generator=g)
     dt = torch.nn.functional.softplus(torch.randn(B, N, H, device=dev, generator=g) - 2)
@@ -64,11 +108,13 @@ def make_methods(B, H, N, P, NS, dtype, dev, notes):
         q, k = Cm.expand(B, N, H, NS).contiguous(), Bm.expand(B, N, H, NS).contiguous()
         ins = leaf(q, k, xdt)
         M["fla_simple_gla"] = (lambda i=ins: chunk_simple_gla(i[0], i[1], i[2], g=a, scale=1.0)[0], ins)
+        if fla_noguard:
+            ins = leaf(q, k, xdt)  # timed inside _FlaNoGuard (main)
+            M["fla_simple_gla_noguard"] = (lambda i=ins: chunk_simple_gla(i[0], i[1], i[2], g=a, scale=1.0)[0], ins)
     except Exception as e:  # noqa: BLE001
         notes.add(f"fla_simple_gla skipped: fla does not import ({type(e).__name__}: {e})")
     try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-
+        mamba_chunk_scan_combined = import_mamba_chunk_scan(mamba_src)
         ins = leaf(x, dt, A, Bm, Cm)
         M["mamba_ssm"] = (lambda i=ins: mamba_chunk_scan_combined(i[0], i[1], i[2], i[3], i[4], chunk_size=64), ins)
     except Exception as e:  # noqa: BLE001
@@ -115,7 +161,13 @@ def main(argv=None):
     ap.add_argument("--time-budget-s", type=float, default=300.0, help="start no new case after this many seconds")
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                     help="ours against the fp32 chunked PyTorch form at N <= 8192 (max_rel_err column)")
+    ap.add_argument("--fla-noguard", action="store_true",
+                    help="also time fla with its triton-version guard lifted (fla #640; a time anchor only)")
+    ap.add_argument("--mamba-ssm-src", default=None,
+                    help="a mamba_ssm source tree (the folder holding mamba_ssm/) to import its Triton SSD from")
     args = ap.parse_args(argv)
+    if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
+        raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
     t_start = time.time()
     if not torch.cuda.is_available():
         raise SystemExit("bench_ssd needs a CUDA device")
@@ -123,7 +175,8 @@ def main(argv=None):
     rows, notes = [], set()
     for N in [int(n) for n in args.lengths.split(",")]:
         B = max(1, args.tokens // N)
-        methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes)
+        methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes,
+                               fla_noguard=args.fla_noguard, mamba_src=args.mamba_ssm_src)
         for name, (fwd, ins) in methods.items():
             row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
             if time.time() - t_start > args.time_budget_s:
@@ -135,16 +188,17 @@ def main(argv=None):
                 row["max_rel_err"] = err
                 if isinstance(err, str) or err > 6e-2:
                     notes.add(f"ours CHECK FAILED at N={N}: {err}")
-            ms_f = try_call(lambda: time_cuda(lambda: fwd()))
-            if isinstance(ms_f, str):
-                rows.append(dict(row, error=ms_f))
-                continue
-            do = torch.randn_like(fwd())
+            with (_FlaNoGuard() if name.endswith("_noguard") else contextlib.nullcontext()):
+                ms_f = try_call(lambda: time_cuda(lambda: fwd()))
+                if isinstance(ms_f, str):
+                    rows.append(dict(row, error=ms_f))
+                    continue
+                do = torch.randn_like(fwd())
 
-            def fb():
-                fwd().backward(do)
+                def fb():
+                    fwd().backward(do)
 
-            ms_fb = try_call(lambda: time_cuda(fb, grad_to_none=ins))
+                ms_fb = try_call(lambda: time_cuda(fb, grad_to_none=ins))
             row.update(fwd_ms=ms_f, fwd_bwd_ms=ms_fb if not isinstance(ms_fb, str) else float("nan"),
                        fwd_ns_per_token=ms_f * 1e6 / (B * N),
                        fwd_bwd_ns_per_token=(ms_fb * 1e6 / (B * N)) if not isinstance(ms_fb, str) else float("nan"))
@@ -158,7 +212,7 @@ def main(argv=None):
             "error"]
     print(format_table(rows, cols))
     by = {(r["method"], r["N"]): r for r in rows if "fwd_bwd_ms" in r}
-    for ref in ("fla_simple_gla", "mamba_ssm"):
+    for ref in ("fla_simple_gla", "fla_simple_gla_noguard", "mamba_ssm"):
         for N in sorted({n for (_, n) in by}):
             if ("ours", N) in by and (ref, N) in by:
                 print(f"N={N}: ours fwd+bwd speedup over {ref}: "

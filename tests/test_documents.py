@@ -225,8 +225,27 @@ def test_benchmark_document_distributions_are_fixed_and_seeded():
     assert 30 < 4096 / len(geo) < 130  # mean length near 64 (the last document is cut)
     d = packed_doc_ids(2, 64, "fixed:16", device="cpu")
     assert d.dtype == torch.int32 and d.shape == (2, 64) and document_fraction(d, causal=True) == 0.125
-    with pytest.raises(ValueError, match="allowed values: fixed:<L>, geometric:<L>"):
+    with pytest.raises(ValueError, match="allowed values: fixed:<L>, geometric:<L>, wikitext:<L>"):
         document_lengths(10, "poisson:3")
+
+
+def test_benchmark_wikitext_lengths_come_from_the_articles(tmp_path, monkeypatch):
+    """``wikitext:real`` draws the file's article lengths (bytes) as they are; ``wikitext:L`` rescales them to mean
+    L; rows are seeded; a missing file is named."""
+    from eval import bench_flash as bf
+
+    arts = [" = A = \n" + "x" * 91 + "\n", " = B = \n" + "y" * 391 + "\n"]  # 100 and 400 bytes
+    f = tmp_path / "wiki.txt"
+    f.write_text("".join(arts))
+    monkeypatch.setattr(bf, "WIKITEXT", str(f))
+    real = bf.document_lengths(5000, "wikitext:real", seed=3)
+    assert sum(real) == 5000 and set(real[:-1]) <= {100, 400} and {100, 400} <= set(real[:-1])
+    assert real == bf.document_lengths(5000, "wikitext:real", seed=3) != bf.document_lengths(5000, "wikitext:real", seed=4)
+    scaled = bf.document_lengths(5000, "wikitext:50", seed=3)
+    assert set(scaled[:-1]) <= {20, 80}  # 100 and 400 scaled by 50 / 250
+    monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "none.txt"))
+    with pytest.raises(ValueError, match="ATTN_ZOO_WIKITEXT"):
+        bf.document_lengths(10, "wikitext:real")
 
 
 def test_benchmark_native_fa4_varlen_needs_docs_and_is_named():
