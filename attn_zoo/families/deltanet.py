@@ -77,9 +77,9 @@ def delta_rule_chunk(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     Arguments and results as :func:`delta_rule_naive` (``q, k (B, T, H, Dk)``, ``v (B, T, H, Dv)``, ``beta (B,
     T, H)``, ``g (B, T, H)`` log-decay or None, ``initial_state (B, H, Dk, Dv)``, ``doc_ids (B, T)``; returns ``o``
     in ``q.dtype`` and the final state fp32, fp64 for fp64 inputs); differentiable by autograd; every product in
-    fp32 (fp64). ``T`` need not be a multiple of ``chunk_size`` (the last chunk is zero-padded: ``beta = k = 0``
-    leaves the state unchanged); ``T < chunk_size`` uses one chunk of ``T``. Raises ``ValueError`` naming
-    ``chunk_size`` unless it is a positive int.
+    fp32 (fp64), autocast off inside. ``T`` need not be a multiple of ``chunk_size`` (the last chunk is
+    zero-padded: ``beta = k = 0`` leaves the state unchanged); ``T < chunk_size`` uses one chunk of ``T``.
+    Raises ``ValueError`` naming ``chunk_size`` unless it is a positive int.
 
     Source: Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", sec.
     3-4 (the UT transform); Gated DeltaNet, Yang, Kautz & Hatamizadeh 2025, sec. 3 (the decay). In a chunk with
@@ -100,6 +100,11 @@ def delta_rule_chunk(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     mask: no ``-inf`` enters the cumulative sum of ``g``)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int (e.g. 64), got {chunk_size!r}")
+    with torch.autocast(device_type=q.device.type, enabled=False):  # fp32 products under bf16-mixed too
+        return _delta_rule_chunk(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
+
+
+def _delta_rule_chunk(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size):
     Bsz, T, H, Dk = q.shape
     Dv = v.shape[-1]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -169,7 +174,7 @@ def _fla(gated: bool):
     except ImportError as e:
         raise ImportError(f"kernel='fla' of the {'gated_deltanet' if gated else 'deltanet'} mixer needs the "
                           f"flash-linear-attention package ({name}.{fn}): pip install flash-linear-attention "
-                          f"(or use kernel='naive')") from e
+                          f"(or use kernel='chunk' or 'naive')") from e
 
 
 def _flatten_docs(doc_ids: torch.Tensor):
