@@ -183,3 +183,29 @@ def test_train_py_model_with_kernel_chunk_equals_naive(mixer):
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         if pb.grad is not None:
             torch.testing.assert_close(pa.grad, pb.grad, atol=1e-9, rtol=1e-9, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_bench_delta_cpu_smoke_run_writes_csv(tmp_path):
+    import pandas as pd
+
+    from eval.bench_delta import main
+
+    main(["--device", "cpu", "--out", str(tmp_path), "--lengths", "16,24", "--tokens", "32", "--heads", "1",
+          "--head-dim", "8", "--naive-max-t", "16", "--check-max-t", "24", "--time-budget-s", "60"])
+    df = pd.read_csv(tmp_path / "delta_bench.csv")
+    assert {"kind", "method", "T", "fwd_bwd_ms", "max_rel_err"} <= set(df.columns)
+    got = set(zip(df["kind"], df["method"], df["T"]))
+    assert ("gated_deltanet", "naive", 16) in got and ("gated_deltanet", "naive", 24) not in got
+    chunk = df[df["method"] == "chunk"]
+    assert len(chunk) == 4 and (chunk["max_rel_err"] < 2e-2).all() and (chunk["fwd_bwd_ms"] > 0).all()
+
+
+def test_chunk_keeps_fp32_products_under_autocast():
+    """The mixers run under bf16-mixed autocast: the chunked form must not drop to bf16 matmuls there."""
+    q, k, v, beta, lg, s0 = (t.detach().float() for t in _inputs(1, 40, 2, 8, 8, True, seed=9))
+    o, S = delta_rule_chunk(q, k, v, beta, lg, None, s0, chunk_size=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        oa, Sa = delta_rule_chunk(q, k, v, beta, lg, None, s0, chunk_size=16)
+    assert oa.dtype == torch.float32 and Sa.dtype == torch.float32
+    torch.testing.assert_close(oa, o, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(Sa, S, atol=1e-6, rtol=1e-6)
