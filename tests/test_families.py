@@ -87,7 +87,7 @@ def test_fla_backend_without_the_package_names_it(monkeypatch):
     q, k, v, beta, g = _qkv()
     with pytest.raises(ImportError, match=r"flash-linear-attention.*pip install flash-linear-attention"):
         delta_rule(q, k, v, beta, backend="fla")
-    with pytest.raises(ValueError, match=r"backend='cuda'.*allowed values: auto, fla, naive"):
+    with pytest.raises(ValueError, match=r"backend='cuda'.*allowed values: auto, fla, chunk, naive"):
         delta_rule(q, k, v, beta, backend="cuda")
     with pytest.raises(ValueError, match=r"gated_deltanet kernel='x'"):
         GatedDeltaNet(16, 2, 8, kernel="x")
