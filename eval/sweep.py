@@ -413,7 +413,7 @@ def reference_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: tor
         sc = (qr * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
         p = torch.softmax(sc.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
         return p @ vv
-    if spec.kind != "linear":
+    if spec.family != "linear":
         return None
     from attn_zoo.feature_maps import apply_feature_map
 
