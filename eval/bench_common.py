@@ -9,7 +9,7 @@
 * :func:`env_info` -- date, GPU name, torch / triton / CUDA versions (every results file records it).
 * :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout
   (the CSV and the text table through pandas); :func:`write_results` -- both files of one benchmark.
-* The bench scripts' shared command line: :func:`require_cuda`, :func:`add_time_budget` and :class:`TimeBudget`.
+* The bench scripts' shared command line: :func:`require_cuda`, :func:`add_time_budget`, :func:`budget_spent`.
 """
 
 from __future__ import annotations
@@ -243,24 +243,15 @@ def require_cuda(script: str) -> None:
 
 def add_time_budget(parser, default: float = 1e9, scope: str = "") -> None:
     """The ``--time-budget-s`` option (seconds, float; ``scope``: a prefix of its help, e.g. ``"--docs: "``): the
-    script starts no case once it has run that long (:class:`TimeBudget`)."""
+    script starts no case once it has run that long (:func:`budget_spent`)."""
     parser.add_argument("--time-budget-s", type=float, default=default,
                         help=f"{scope}start no new case after this many seconds")
 
 
-class TimeBudget:
-    """Wall time of a benchmark since ``start`` (``time.time()``; default: when it was made), against
-    ``--time-budget-s`` (``seconds``)."""
-
-    def __init__(self, seconds: float, start: Optional[float] = None):
-        self.seconds, self.start = float(seconds), time.time() if start is None else float(start)
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def spent(self, case: str) -> bool:
-        """Whether the budget is spent; if so prints ``time budget reached, skipping <case>``."""
-        if self.elapsed() <= self.seconds:
-            return False
-        print(f"time budget reached, skipping {case}", flush=True)
-        return True
+def budget_spent(t_start: float, seconds: float, case: str) -> bool:
+    """Whether more than ``seconds`` (``--time-budget-s``) passed since ``t_start`` (``time.time()``); if so prints
+    ``time budget reached, skipping <case>``."""
+    if time.time() - t_start <= seconds:
+        return False
+    print(f"time budget reached, skipping {case}", flush=True)
+    return True

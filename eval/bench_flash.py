@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
 from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
-from eval.bench_common import (TimeBudget, add_time_budget, env_info, flash_flops, format_table, peak_memory,
+from eval.bench_common import (add_time_budget, budget_spent, env_info, flash_flops, format_table, peak_memory,
                                require_cuda, tflops, time_cuda, write_results)
 
 VARIANTS = {
@@ -361,14 +361,14 @@ def main(argv=None):
     require_cuda("bench_flash")
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
-    rows, budget = [], TimeBudget(a.time_budget_s)
+    rows, t_start = [], time.time()
     flex_budget = [a.flex_max_cases]
     dists = [None] if a.docs is None else document_dists(a.docs)
     for D in Ds:
         for name in variants:
             for N in Ns:
               for docs in dists:  # noqa: E111
-                if budget.spent(f"{name} N={N} D={D}"):
+                if budget_spent(t_start, a.time_budget_s, f"{name} N={N} D={D}"):
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()

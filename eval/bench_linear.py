@@ -37,11 +37,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import time
 
 import torch
 import torch.nn.functional as Fn
 
-from eval.bench_common import (TimeBudget, add_time_budget, env_info, format_table, linear_flops, peak_memory,
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, linear_flops, peak_memory,
                                require_cuda, tflops, time_cuda, try_call, write_csv, write_results)
 
 
@@ -244,11 +245,11 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
     from eval.bench_flash import document_dists, document_lengths
     from kernels.linear import linear_attention
 
-    rows, checks, budget = [], [], TimeBudget(args.time_budget_s, t_start)
+    rows, checks = [], []
     dists = document_dists(args.docs)
     for N in [int(x) for x in args.docs_tokens.split(",")]:
         for dist in dists:
-            if budget.spent(f"docs={dist} N={N}"):
+            if budget_spent(t_start, args.time_budget_s, f"docs={dist} N={N}"):
                 continue
             lens = document_lengths(N, dist, seed=0)
             cu = torch.tensor([0] + lens, device=dev).cumsum(0)  # int64 (fla's LongTensor)
@@ -303,7 +304,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
                 r.update(docs=dist, n_docs=len(lens), mean_doc_len=round(N / len(lens), 1))
                 r.update({f"rel_err_{k}": x for k, x in errs.get(name, {}).items()})
                 case.append(r)
-                print(f"[{budget.elapsed():6.1f}s] docs={dist:14s} N={N:6d} n_docs={len(lens):5d} {name:24s} "
+                print(f"[{time.time() - t_start:6.1f}s] docs={dist:14s} N={N:6d} n_docs={len(lens):5d} {name:24s} "
                       f"fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms "
                       f"{r.get('error', '')}", flush=True)
             ours = next((r for r in case if r["method"] == "ours_docs"), None)
@@ -344,7 +345,7 @@ def main(argv=None):
     p.add_argument("--no-check", action="store_true", help="--docs: skip the correctness check")
     add_time_budget(p, scope="--docs: ")
     args = p.parse_args(argv)
-    budget = TimeBudget(args.time_budget_s)
+    t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     require_cuda("bench_linear")
     dev, dtype, H, D = "cuda", torch.bfloat16, args.heads, args.dim
@@ -357,10 +358,10 @@ def main(argv=None):
         env["fla_core"] = None
     print(env)
     if args.docs:
-        bench_docs(args, dev, dtype, H, D, budget.start, env)
+        bench_docs(args, dev, dtype, H, D, t_start, env)
         return
     checks = check_correctness(dev)
-    print(f"[{budget.elapsed():6.1f}s] checks done", flush=True)
+    print(f"[{time.time() - t_start:6.1f}s] checks done", flush=True)
     print(format_table(checks, ["check", "dtype", "rel_err"], "{:.2e}"))
     rows = []
     os.makedirs(args.out, exist_ok=True)
@@ -374,7 +375,7 @@ def main(argv=None):
                 continue
             rows.append(bench_one(name, fn, leaves, B, H, N, D))
             r = rows[-1]
-            print(f"[{budget.elapsed():6.1f}s] N={N:6d} B={B:3d} {name:18s} fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms"
+            print(f"[{time.time() - t_start:6.1f}s] N={N:6d} B={B:3d} {name:18s} fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms"
                   f"  peak {r.get('peak_mib', float('nan')):8.1f} MiB {r.get('error', '')}", flush=True)
         del M
         torch.cuda.empty_cache()

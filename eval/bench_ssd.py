@@ -27,11 +27,12 @@ Writes ``ssd_bench.csv`` and ``ssd_bench.json`` under ``--out`` and prints the t
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
-from eval.bench_common import (TimeBudget, add_time_budget, env_info, format_table, require_cuda, time_cuda, try_call,
-                               write_results)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, require_cuda, time_cuda,
+                               try_call, write_results)
 
 
 def make_methods(B, H, N, P, NS, dtype, dev, notes):
@@ -115,7 +116,7 @@ def main(argv=None):
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                     help="ours against the fp32 chunked PyTorch form at N <= 8192 (max_rel_err column)")
     args = ap.parse_args(argv)
-    budget = TimeBudget(args.time_budget_s)
+    t_start = time.time()
     require_cuda("bench_ssd")
     dev, dtype = "cuda", torch.bfloat16
     rows, notes = [], set()
@@ -124,7 +125,7 @@ def main(argv=None):
         methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes)
         for name, (fwd, ins) in methods.items():
             row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
-            if budget.spent(f"{name} N={N}"):
+            if budget_spent(t_start, args.time_budget_s, f"{name} N={N}"):
                 rows.append(dict(row, error="skipped (time budget)"))
                 continue
             if name == "ours" and args.check and N <= 8192:
