@@ -294,8 +294,8 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         d = config.d_model
-        self.kind = config.mlp
-        if config.mlp == "swiglu":
+        self.gated = config.mlp == "swiglu"  # SwiGLU (Shazeer 2020) if set, else GELU
+        if self.gated:
             hidden = int(2 * 4 * d / 3)
             hidden = 8 * ((hidden + 7) // 8)
             self.gate = nn.Linear(d, hidden, bias=config.bias)
@@ -308,7 +308,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):  # (B, N, d_model)
-        if self.kind == "swiglu":
+        if self.gated:
             h = F.silu(self.gate(x)) * self.up(x)
         else:
             h = F.gelu(self.up(x))
