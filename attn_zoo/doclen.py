@@ -221,17 +221,10 @@ def exact_time_per_token_tiles(tiles: float, N: int, block: int, c2: float, c0: 
     return c0 + c2 * N * tiles / (T * (T + 1) / 2)
 
 
-def n_star_mean_tiles(family: str, N: int, c2: float, c_lin: float, block: int, *, c0: float = 0.0,
-                      lo: float = 1.0, hi: float | None = None, rel_tol: float = 0.005, seed: int = 0,
-                      tokens: int = 1 << 21, pool: Sequence[int] | None = None, **kw) -> float:
-    """:func:`n_star_mean` with the tile model (:func:`exact_time_per_token_tiles` of :func:`tiles_expected`): a
-    document shorter than a tile, and every tile a boundary crosses, costs a whole tile."""
-    hi = float(N) if hi is None else float(hi)
-
-    def gap(m):
-        t = tiles_expected(family, m, N, block, pool=pool, tokens=tokens, seed=seed, **kw)
-        return exact_time_per_token_tiles(t, N, block, c2, c0) - c_lin
-
+def _bisect_mean(gap: Callable[[float], float], lo: float, hi: float, rel_tol: float, family: str) -> float:
+    """The mean document length where ``gap(mean)`` (exact minus linear cost per token, increasing in the mean)
+    changes sign: bisection in log(mean) to ``rel_tol`` (``fixed`` lengths: to half a token). Returns inf if
+    ``gap(hi) < 0`` (exact stays cheaper), ``lo`` if ``gap(lo) > 0`` (linear already cheaper)."""
     if gap(hi) < 0:
         return float("inf")
     if gap(lo) > 0:
@@ -243,6 +236,20 @@ def n_star_mean_tiles(family: str, N: int, c2: float, c_lin: float, block: int, 
         else:
             lo = mid
     return float(np.sqrt(lo * hi))
+
+
+def n_star_mean_tiles(family: str, N: int, c2: float, c_lin: float, block: int, *, c0: float = 0.0,
+                      lo: float = 1.0, hi: float | None = None, rel_tol: float = 0.005, seed: int = 0,
+                      tokens: int = 1 << 21, pool: Sequence[int] | None = None, **kw) -> float:
+    """:func:`n_star_mean` with the tile model (:func:`exact_time_per_token_tiles` of :func:`tiles_expected`): a
+    document shorter than a tile, and every tile a boundary crosses, costs a whole tile."""
+    hi = float(N) if hi is None else float(hi)
+
+    def gap(m):
+        t = tiles_expected(family, m, N, block, pool=pool, tokens=tokens, seed=seed, **kw)
+        return exact_time_per_token_tiles(t, N, block, c2, c0) - c_lin
+
+    return _bisect_mean(gap, lo, hi, rel_tol, family)
 
 
 def length_stats(lengths: Sequence[int]) -> dict:
@@ -393,17 +400,7 @@ def n_star_mean(family: str, N: int, c2: float, c_lin: float, *, c0: float = 0.0
             ss = N * piece_size_biased(family, m, N, pool=pool, tokens=tokens, seed=seed, **kw)
         return exact_time_per_token(ss, N, c2, c0) - c_lin
 
-    if gap(hi) < 0:
-        return float("inf")
-    if gap(lo) > 0:
-        return lo
-    while hi / lo > 1 + rel_tol and not (family == "fixed" and hi - lo < 0.5):
-        mid = float(np.sqrt(lo * hi))
-        if gap(mid) > 0:
-            hi = mid
-        else:
-            lo = mid
-    return float(np.sqrt(lo * hi))
+    return _bisect_mean(gap, lo, hi, rel_tol, family)
 
 
 _ARTICLE = re.compile(r"^ = [^=].* = $")

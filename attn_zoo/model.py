@@ -248,24 +248,14 @@ class Attention(nn.Module):
 
     def new_cache(self, batch_size: int, capacity: int, dtype: torch.dtype, device, page_size: Optional[int] = None,
                   shuffle_pages: bool = False) -> LayerCache:
-        """This layer's decode state, as its variant's cache policy says
-        (:meth:`attn_zoo.variants.Variant.cache_policy`): ``"state"`` -> :class:`LinearState`; ``"window"`` of
+        """This layer's decode state, as its variant's cache policy builds it
+        (:meth:`attn_zoo.variants.CachePolicy.new_cache`): ``"state"`` -> :class:`LinearState`; ``"window"`` of
         ``W`` tokens -> a :class:`KVCache` keeping the last ``W`` tokens (``2 W`` slots, compacted when full);
         ``"full"`` -> a :class:`KVCache` of ``capacity`` tokens (paged when ``page_size`` is set). Raises
         ``ValueError`` for a policy this layer cannot hold (``"latent"``: a mixer of its own)."""
         spec = self.current_spec()
-        policy = get_variant(spec.kind).cache_policy(spec)
-        if policy.kind == "state":
-            return LinearState.for_spec(spec, batch_size, self.n_kv_heads, self.head_dim, device)
-        if policy.kind == "latent":
-            raise ValueError(f"kind={spec.kind!r} keeps a latent cache: the attention layer holds full / window / "
-                             f"state caches only; build it as a mixer with its own cache (attn_zoo.register_mixer)")
-        if policy.kind == "window":
-            keep = min(policy.window, capacity)
-            return KVCache(batch_size, self.n_kv_heads, self.head_dim, min(capacity, 2 * keep), dtype=dtype,
-                           device=device, keep_last=keep)
-        return KVCache(batch_size, self.n_kv_heads, self.head_dim, capacity, dtype=dtype, device=device,
-                       page_size=page_size, shuffle_pages=shuffle_pages)
+        return get_variant(spec.kind).cache_policy(spec).new_cache(
+            spec, batch_size, self.n_kv_heads, self.head_dim, capacity, dtype, device, page_size, shuffle_pages)
 
     def forward(self, x: torch.Tensor, cache: Optional[LayerCache] = None, pos: int = 0,
                 doc_ids: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -304,8 +294,8 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         d = config.d_model
-        self.kind = config.mlp
-        if config.mlp == "swiglu":
+        self.gated = config.mlp == "swiglu"  # SwiGLU (Shazeer 2020) if set, else GELU
+        if self.gated:
             hidden = int(2 * 4 * d / 3)
             hidden = 8 * ((hidden + 7) // 8)
             self.gate = nn.Linear(d, hidden, bias=config.bias)
@@ -318,7 +308,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):  # (B, N, d_model)
-        if self.kind == "swiglu":
+        if self.gated:
             h = F.silu(self.gate(x)) * self.up(x)
         else:
             h = F.gelu(self.up(x))

@@ -8,7 +8,8 @@
   :func:`linear_flops` (chunked linear attention; both defined in :mod:`attn_zoo.cost_model`), :func:`tflops`.
 * :func:`env_info` -- date, GPU name, torch / triton / CUDA versions (every results file records it).
 * :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout
-  (the CSV and the text table through pandas).
+  (the CSV and the text table through pandas); :func:`write_results` -- both files of one benchmark.
+* The bench scripts' shared command line: :func:`require_cuda`, :func:`add_time_budget`, :func:`budget_spent`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import pandas as pd
 import torch
-
 
 
 # --------------------------------------------------------------------------------------------- timing
@@ -222,3 +222,36 @@ def format_table(rows: Sequence[Dict[str, object]], cols: Sequence[str], floatfm
     """Fixed-width text table of ``cols`` from dict rows (floats with ``floatfmt``; missing / None / NaN -> '-')."""
     df = pd.DataFrame(list(rows), columns=list(cols), dtype=object).fillna("-")
     return df.to_string(index=False, float_format=floatfmt.format) if len(df) else "  ".join(cols)
+
+
+def write_results(rows: Sequence[Dict[str, object]], out: str, stem: str, env: Optional[Dict[str, object]] = None) -> str:
+    """``<out>/<stem>.csv`` (:func:`write_csv`) and ``<out>/<stem>.json`` (:func:`write_json` with ``env``) of the
+    same rows, the folder made if needed; returns the CSV's path. A bench script calls it after every case, so a
+    killed run keeps what it measured."""
+    os.makedirs(out, exist_ok=True)
+    path = write_csv(rows, os.path.join(out, f"{stem}.csv"))
+    write_json(rows, os.path.join(out, f"{stem}.json"), env=env)
+    return path
+
+
+# --------------------------------------------------------------------------------------------- command line
+def require_cuda(script: str) -> None:
+    """``SystemExit("<script> needs a CUDA device")`` on a machine without one (the GPU benchmarks)."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} needs a CUDA device")
+
+
+def add_time_budget(parser, default: float = 1e9, scope: str = "") -> None:
+    """The ``--time-budget-s`` option (seconds, float; ``scope``: a prefix of its help, e.g. ``"--docs: "``): the
+    script starts no case once it has run that long (:func:`budget_spent`)."""
+    parser.add_argument("--time-budget-s", type=float, default=default,
+                        help=f"{scope}start no new case after this many seconds")
+
+
+def budget_spent(t_start: float, seconds: float, case: str) -> bool:
+    """Whether more than ``seconds`` (``--time-budget-s``) passed since ``t_start`` (``time.time()``); if so prints
+    ``time budget reached, skipping <case>``."""
+    if time.time() - t_start <= seconds:
+        return False
+    print(f"time budget reached, skipping {case}", flush=True)
+    return True

@@ -122,7 +122,7 @@ def _layer_key(spec) -> str:
     other cache policy (window, state) by kind."""
     from attn_zoo.variants import get_variant
 
-    if get_variant(spec.kind).cache_policy(spec).kind == "full":
+    if get_variant(spec.kind).cache_policy(spec).full_kv:
         return f"{spec.kind}_kv{spec.n_kv_heads or 0}_g{spec.kv_group_size or 1}"
     return spec.kind
 

@@ -44,8 +44,8 @@ import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
 from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
-from eval.bench_common import env_info, flash_flops, format_table, peak_memory, tflops, time_cuda
-from eval.bench_common import write_csv, write_json
+from eval.bench_common import (add_time_budget, budget_spent, env_info, flash_flops, format_table, peak_memory,
+                               require_cuda, tflops, time_cuda, write_results)
 
 VARIANTS = {
     "noncausal": dict(kind="flash", causal=False),
@@ -76,6 +76,15 @@ def _article_lengths(path: str):
     if not lengths:
         raise ValueError(f"{path!r} holds no WikiText article (a line ' = Title = ')")
     return tuple(lengths)
+
+
+def document_dists(docs: str) -> list:
+    """The entries of a ``--docs`` comma list, each checked by :func:`document_lengths` (``ValueError``) before any
+    case runs."""
+    dists = docs.split(",")
+    for d in dists:
+        document_lengths(1, d)
+    return dists
 
 
 def document_lengths(N: int, dist: str, seed: int = 0):
@@ -366,7 +375,7 @@ def main(argv=None):
     ap.add_argument("--date", default=None)
     ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> / wikitext:<L> / wikitext:real "
                                                   "(every case once per distribution, doc_ids to every backend)")
-    ap.add_argument("--time-budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
+    add_time_budget(ap)
     a = ap.parse_args(argv)
     from attn_zoo.flex import allow_retain_graph
     from kernels import FlashConfig
@@ -388,22 +397,17 @@ def main(argv=None):
     if any(i in NATIVE for i in impls) and a.docs is None:
         raise SystemExit(f"--impls: {', '.join(NATIVE)} run packed documents only; give --docs")
     impls += [n for n in backends_from(plugins) if n not in impls]
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_flash needs a CUDA device")
+    require_cuda("bench_flash")
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
     rows, t_start = [], time.time()
     flex_budget = [a.flex_max_cases]
-    dists = [None] if a.docs is None else a.docs.split(",")
-    for d in dists:
-        if d is not None:
-            document_lengths(1, d)  # a bad entry fails before any case runs
+    dists = [None] if a.docs is None else document_dists(a.docs)
     for D in Ds:
         for name in variants:
             for N in Ns:
               for docs in dists:  # noqa: E111
-                if time.time() - t_start > a.time_budget_s:
-                    print(f"time budget reached, skipping {name} N={N} D={D}", flush=True)
+                if budget_spent(t_start, a.time_budget_s, f"{name} N={N} D={D}"):
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
@@ -412,9 +416,7 @@ def main(argv=None):
                 print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours fwd+bwd {o.get('fwd_bwd_tflops', float('nan')):7.1f} TF/s "
                       + " ".join(f"{i}={r.get('fwd_bwd_tflops', float('nan')):.1f}" for i, r in res.items() if i != "ours")
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
-                os.makedirs(a.out, exist_ok=True)  # rewritten after every case: a killed run keeps what it measured
-                write_csv(rows, os.path.join(a.out, f"{a.tag}.csv"))
-                write_json(rows, os.path.join(a.out, f"{a.tag}.json"), env=env)
+                write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
     ours = [r for r in rows if r["impl"] == "ours" and "fwd_ms" in r]
     cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
                                                           "peak_mem_mib"]

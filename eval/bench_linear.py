@@ -42,7 +42,8 @@ import time
 import torch
 import torch.nn.functional as Fn
 
-from eval.bench_common import env_info, format_table, linear_flops, peak_memory, tflops, time_cuda, try_call, write_csv, write_json
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, linear_flops, peak_memory,
+                               require_cuda, tflops, time_cuda, try_call, write_csv, write_results)
 
 
 
@@ -241,17 +242,14 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
     against the fp32 reference (:func:`check_docs`), forward and ``dq, dk, dv``. ``x_fla_fwd_bwd``: fla's time over
     ours. Rows are rewritten to ``{prefix}_docs_bench.{csv,json}`` after every case; cases after
     ``--time-budget-s`` are skipped."""
-    from eval.bench_flash import document_lengths
+    from eval.bench_flash import document_dists, document_lengths
     from kernels.linear import linear_attention
 
     rows, checks = [], []
-    dists = args.docs.split(",")
-    for d in dists:
-        document_lengths(1, d)  # a bad entry fails before any case runs
+    dists = document_dists(args.docs)
     for N in [int(x) for x in args.docs_tokens.split(",")]:
         for dist in dists:
-            if time.time() - t_start > args.time_budget_s:
-                print(f"time budget reached: skipping docs={dist} N={N}", flush=True)
+            if budget_spent(t_start, args.time_budget_s, f"docs={dist} N={N}"):
                 continue
             lens = document_lengths(N, dist, seed=0)
             cu = torch.tensor([0] + lens, device=dev).cumsum(0)  # int64 (fla's LongTensor)
@@ -317,9 +315,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
             rows += case
             del M
             torch.cuda.empty_cache()
-            os.makedirs(args.out, exist_ok=True)  # a killed run keeps what it measured
-            write_csv(rows, os.path.join(args.out, f"{args.prefix}_docs_bench.csv"))
-            write_json(rows, os.path.join(args.out, f"{args.prefix}_docs_bench.json"), env=dict(env, checks=checks))
+            write_results(rows, args.out, f"{args.prefix}_docs_bench", dict(env, checks=checks))  # a killed run keeps them
     ours = [r for r in rows if r["method"] == "ours_docs"]
     cols = ["docs", "N", "n_docs", "fwd_ms", "fwd_bwd_ms"] + sorted({c for r in ours for c in r if c.startswith("x_")})
     print("\nours_docs (bf16, causal, H=%d, D=%d, B=1 packed): ms and speedups (other / ours)" % (H, D))
@@ -347,12 +343,11 @@ def main(argv=None):
     p.add_argument("--docs-variants", action="store_true",
                    help="--docs: also ours with the forward's 64-wide Dv tile (ours_docs_fwd_bv64)")
     p.add_argument("--no-check", action="store_true", help="--docs: skip the correctness check")
-    p.add_argument("--time-budget-s", type=float, default=1e9, help="--docs: start no case after this many seconds")
+    add_time_budget(p, scope="--docs: ")
     args = p.parse_args(argv)
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_linear needs CUDA")
+    require_cuda("bench_linear")
     dev, dtype, H, D = "cuda", torch.bfloat16, args.heads, args.dim
     env = env_info()  # today's date
     try:
@@ -400,10 +395,7 @@ def main(argv=None):
     for r in rows:
         r["set"] = "sweep"
         r["ms_per_16k_tokens_fwd_bwd"] = r.get("fwd_bwd_ms", float("nan")) * 16384 / r["tokens"]
-    allrows = rows + flat
-    os.makedirs(args.out, exist_ok=True)
-    write_csv(allrows, os.path.join(args.out, f"{args.prefix}_bench.csv"))
-    write_json(allrows, os.path.join(args.out, f"{args.prefix}_bench.json"), env=dict(env, checks=checks))
+    write_results(rows + flat, args.out, f"{args.prefix}_bench", dict(env, checks=checks))
 
     # summary
     by = {(r["method"], r["N"]): r for r in rows}

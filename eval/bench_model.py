@@ -313,7 +313,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1:
         raise SystemExit("--steps, --warmup, --tokens and --vocab must be >= 1")
     from attn_zoo.registry import backend_names, backends_from, load_plugins
-    from eval.bench_common import env_info, format_table, write_csv, write_json
+    from eval.bench_common import env_info, format_table, require_cuda, write_results
 
     plugins = load_plugins(a.plugins)  # before the variants: a hybrid may name a mixer a plugin registers
     sizes = parse_list(a.sizes, SIZES, "sizes")
@@ -330,8 +330,7 @@ def main(argv=None) -> List[Dict[str, object]]:
         seq_lens = [int(x) for x in parse_list(a.seq_lens)]
     except ValueError:
         raise SystemExit(f"--seq-lens must be a comma-separated list of integers, got {a.seq_lens!r}") from None
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_model needs a CUDA GPU")
+    require_cuda("bench_model")
     env = env_info()
     rows: List[Dict[str, object]] = []
     default_backend = {}
@@ -360,8 +359,7 @@ def main(argv=None) -> List[Dict[str, object]]:
                     print({k: row.get(k) for k in ("size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms",
                                                    "peak_mem_mib", "sdpa_default", "error")}, flush=True)
     add_ratios(rows, [b + ("+compile" if a.compile else "") for b in backends])
-    write_csv(rows, os.path.join(a.out, f"{a.name}.csv"))
-    write_json(rows, os.path.join(a.out, f"{a.name}.json"), env)
+    write_results(rows, a.out, a.name, env)
     cols = ["size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms", "peak_mem_mib"]
     cols += [f"ratio_vs_{b}" for b in backends if b != "triton"]
     cols = cols[:7] + [c.replace("ratio_vs_", "ratio_vs_") + ("+compile" if a.compile else "") for c in cols[7:]]

@@ -39,7 +39,8 @@ import time
 
 import torch
 
-from eval.bench_common import env_info, format_table, time_cuda, try_call, write_csv, write_json
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, require_cuda, time_cuda,
+                               try_call, write_results)
 
 
 class _FlaNoGuard:
@@ -158,7 +159,7 @@ def main(argv=None):
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--d-state", type=int, default=128)
     ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--time-budget-s", type=float, default=300.0, help="start no new case after this many seconds")
+    add_time_budget(ap, 300.0)
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                     help="ours against the fp32 chunked PyTorch form at N <= 8192 (max_rel_err column)")
     ap.add_argument("--fla-noguard", action="store_true",
@@ -169,8 +170,7 @@ def main(argv=None):
     if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
         raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
     t_start = time.time()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_ssd needs a CUDA device")
+    require_cuda("bench_ssd")
     dev, dtype = "cuda", torch.bfloat16
     rows, notes = [], set()
     for N in [int(n) for n in args.lengths.split(",")]:
@@ -179,9 +179,8 @@ def main(argv=None):
                                fla_noguard=args.fla_noguard, mamba_src=args.mamba_ssm_src)
         for name, (fwd, ins) in methods.items():
             row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
-            if time.time() - t_start > args.time_budget_s:
+            if budget_spent(t_start, args.time_budget_s, f"{name} N={N}"):
                 rows.append(dict(row, error="skipped (time budget)"))
-                print(f"time budget reached, skipping {name} N={N}", flush=True)
                 continue
             if name == "ours" and args.check and N <= 8192:
                 err = try_call(lambda: check_ours(B, args.heads, N, args.head_dim, args.d_state, dev))
@@ -223,11 +222,7 @@ def main(argv=None):
               f"{by[('ours', ns[-1])]['fwd_bwd_ns_per_token'] / by[('ours', 2048)]['fwd_bwd_ns_per_token']:.2f}")
     for n in sorted(notes):
         print("note:", n)
-    env = dict(env_info(), notes=sorted(notes))
-    os.makedirs(args.out, exist_ok=True)
-    write_csv(rows, os.path.join(args.out, "ssd_bench.csv"))
-    write_json(rows, os.path.join(args.out, "ssd_bench.json"), env)
-    print("wrote", os.path.join(args.out, "ssd_bench.csv"))
+    print("wrote", write_results(rows, args.out, "ssd_bench", dict(env_info(), notes=sorted(notes))))
 
 
 if __name__ == "__main__":

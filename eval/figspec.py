@@ -91,6 +91,16 @@ def _vstyle(v: str) -> dict:
     return variant_style(v)
 
 
+def _run_hover(r: dict) -> str:
+    """The hover lines of a row's ``run`` folder and ``command``, where the row has them."""
+    return (f"<br>run: {r['run']}" if r.get("run") else "") + (f"<br>{r['command']}" if r.get("command") else "")
+
+
+# legend entries of the MQAR figures (eval.recall draws them too)
+CHANCE = ("chance: 1 / kv pairs", {"color": "gray", "ls": "--"})
+CUT_OFF = ("hollow: run cut off before max_steps", {"color": "gray", "ls": "none", "marker": "o", "hollow": True})
+
+
 def _better(metric: str) -> str:
     return "lower is better" if metric in ("val_bpb", "val_loss") else "higher is better"
 
@@ -163,8 +173,7 @@ def bubble(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memo
                 sizes=[max(BUBBLE_MAX_AREA * x / mmax, 12) if x > 0 else 40 for x in m],
                 hollow=[not (x > 0) for x in m],
                 hover=[f"{v}, seq_len {n}<br>{quality} {_f(r[quality]):.4g}, {speed} {_f(r[speed]):,.0f}, "
-                       f"{memory} {_f(r.get(memory)):,.1f}" + (f"<br>run: {r['run']}" if r.get("run") else "")
-                       + (f"<br>{r['command']}" if r.get("command") else "") for r in sel],
+                       f"{memory} {_f(r.get(memory)):,.1f}" + _run_hover(r) for r in sel],
                 meta={"variant": v, "seq_len": n}))
         panels.append(p)
     key = []
@@ -201,14 +210,12 @@ def fig2(rows: Sequence[dict], caption: str, select: str = "best") -> Figure:
                     v, [r["d_model"] for r in pts], [r["acc"] for r in pts], _vstyle(v),
                     hollow=[_f(r.get("finished", 1)) < 1 for r in pts],
                     hover=[f"{v}, seq_len {n}, d_model {r['d_model']}: acc {r['acc']:.3f} (lr {r.get('best_lr')})"
-                           + (f"<br>run: {r['run']}" if r.get("run") else "")
-                           + (f"<br>{r['command']}" if r.get("command") else "") for r in pts],
+                           + _run_hover(r) for r in pts],
                     meta={"variant": v, "seq_len": n}))
         panels.append(p)
-    legend = [(v, _vstyle(v)) for v in variants] + [("chance: 1 / kv pairs", {"color": "gray", "ls": "--"})]
+    legend = [(v, _vstyle(v)) for v in variants] + [CHANCE]
     if any(_f(r.get("finished", 1)) < 1 for r in rows):
-        legend.append(("hollow: run cut off before max_steps",
-                       {"color": "gray", "ls": "none", "marker": "o", "hollow": True}))
+        legend.append(CUT_OFF)
     acc = "best validation (max, as Zoology)" if select == "best" else "last validation"
     return Figure("Which variants solve associative recall, and at what model width? (Zoology Fig. 2)\n"
                   f"accuracy: {acc}, best over optim.lr · " + caption, panels, legend=legend, ncols=4,

@@ -661,21 +661,21 @@ def sweep_figures(results_dir: str, figures_dir: Optional[str] = None, machine=N
     bl = [c["baseline"] for c in cross if c.get("reference") == "exact"]
     baseline = tuple(bl[0].split("/", 1)) if bl else None
     out: Dict[str, List[str]] = {}
+
+    def draw(name: str, fig: "figspec.Figure") -> None:  # <figures_dir>/<prefix><name>.<format>
+        out[name] = figspec.to_png(fig, os.path.join(figures_dir, prefix + name))
+
     modes = [m for m in ("fwd_bwd", "fwd", "bwd") if any(math.isfinite(_f(r.get(f"{m}_ms"))) for r in rows)]
     for m in modes[:2]:
-        out[f"time_vs_n_{m}"] = figspec.to_png(time_vs_n_spec(rows, cross, m, title=title, baseline=baseline, env=env),
-                                       os.path.join(figures_dir, f"{prefix}time_vs_n_{m}"))
+        draw(f"time_vs_n_{m}", time_vs_n_spec(rows, cross, m, title=title, baseline=baseline, env=env))
     if rows:
-        out["memory_vs_n"] = figspec.to_png(memory_vs_n_spec(rows, title, env, baseline),
-                                    os.path.join(figures_dir, f"{prefix}memory_vs_n"))
+        draw("memory_vs_n", memory_vs_n_spec(rows, title, env, baseline))
     mach = _machine(machine, env)
     if mach is not None and rows:
-        out["roofline"] = figspec.to_png(roofline_spec(rows, mach, (modes or ["fwd_bwd"])[0], title, env, baseline),
-                                 os.path.join(figures_dir, f"{prefix}roofline"))
+        draw("roofline", roofline_spec(rows, mach, (modes or ["fwd_bwd"])[0], title, env, baseline))
     mrows = read_rows(os.path.join(results_dir, "model.csv"))
     if mrows:
-        out["model_tokens_per_s"] = figspec.to_png(model_sweep_spec(mrows, title, env),
-                                           os.path.join(figures_dir, f"{prefix}model_tokens_per_s"))
+        draw("model_tokens_per_s", model_sweep_spec(mrows, title, env))
     return out
 
 

@@ -77,6 +77,14 @@ def _dataset(cfg: dict) -> str:
     return target.rsplit(".", 1)[-1].lower() or "unknown"
 
 
+def _run_setup(cfg: dict) -> dict:
+    """``dataset``, ``variant``, ``seq_len`` (-1 unknown) and ``vocab_size`` (256 unknown) of a run's config."""
+    data = cfg.get("data") or {}
+    return {"dataset": _dataset(cfg), "variant": _variant_name(cfg),
+            "seq_len": int(_f(data.get("seq_len"))) if math.isfinite(_f(data.get("seq_len"))) else -1,
+            "vocab_size": int(_f(data.get("vocab_size"))) if math.isfinite(_f(data.get("vocab_size"))) else 256}
+
+
 def read_metrics(run_dir: str) -> pd.DataFrame:
     """A run's ``csv/metrics.csv`` (or ``metrics.csv``) as numbers, one row per logged row: a cell that is empty or
     not a finite number is NaN. An empty file (a job killed before its first log flush) has no rows."""
@@ -107,12 +115,8 @@ def load_run(run_dir: str) -> dict:
 
     tps, stt, steps = col("perf/tokens_per_s"), col("perf/step_time_s"), col("step")
     skip = min(len(tps) // 5, 3)  # first steps include compilation / warm-up
-    data = cfg.get("data") or {}
     return {
-        "run_dir": run_dir, "dataset": _dataset(cfg), "variant": _variant_name(cfg),
-        "seq_len": int(_f(data.get("seq_len"))) if math.isfinite(_f(data.get("seq_len"))) else -1,
-        "vocab_size": int(_f(data.get("vocab_size"))) if math.isfinite(_f(data.get("vocab_size"))) else 256,
-        "experiment": cfg.get("experiment_name"), "seed": cfg.get("seed"),
+        "run_dir": run_dir, **_run_setup(cfg), "experiment": cfg.get("experiment_name"), "seed": cfg.get("seed"),
         "val_loss": last("val/loss"), "val_bpb": last("val/bpb"), "val_acc": last("val/acc"),
         "tokens_per_s": float(tps.iloc[skip:].median()), "step_time_s": float(stt.iloc[skip:].median()),
         "peak_mem_mb": float(col("perf/peak_mem_mb").max()),
@@ -135,12 +139,8 @@ def load_wandb_runs(project: str, group: Optional[str] = None, entity: Optional[
     out = []
     for r in runs:
         c, s = r.config or {}, r.summary or {}
-        data = c.get("data") or {}
         out.append({
-            "run_dir": f"wandb:{r.path}", "dataset": _dataset(c), "variant": _variant_name(c),
-            "seq_len": int(_f(data.get("seq_len"))) if math.isfinite(_f(data.get("seq_len"))) else -1,
-            "vocab_size": int(_f(data.get("vocab_size"))) if math.isfinite(_f(data.get("vocab_size"))) else 256,
-            "experiment": r.group, "seed": c.get("seed"), "val_loss": _f(s.get("val/loss")),
+            "run_dir": f"wandb:{r.path}", **_run_setup(c), "experiment": r.group, "seed": c.get("seed"), "val_loss": _f(s.get("val/loss")),
             "val_bpb": _f(s.get("val/bpb")), "val_acc": _f(s.get("val/acc")),
             "tokens_per_s": _f(s.get("perf/tokens_per_s")), "step_time_s": _f(s.get("perf/step_time_s")),
             "peak_mem_mb": _f(s.get("perf/peak_mem_mb")), "steps": int(_f(s.get("trainer/global_step")) or 0),
@@ -195,7 +195,12 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
     """Per dataset and length, the variant with the highest quality per unit time; then each change of leader
     between consecutive lengths as a crossover (``kind="crossover"``, interpolated in log-log space on
     ``1 / quality_per_s``; ``"no crossover in range"`` when one variant leads everywhere)."""
-    out = []
+    out, nan = [], float("nan")
+
+    def entry(ds, kind, seq_len, leader, quality_per_s=nan, n_star=nan, status=""):  # one row of the table
+        out.append({"dataset": ds, "kind": kind, "seq_len": seq_len, "leader": leader,
+                    "quality_per_s": quality_per_s, "n_star": n_star, "status": status})
+
     for ds in sorted({r["dataset"] for r in agg}):
         rows = [r for r in agg if r["dataset"] == ds and math.isfinite(_f(r["quality_per_s"]))]
         lens = sorted({r["seq_len"] for r in rows})
@@ -204,8 +209,7 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
             cands = [r for r in rows if r["seq_len"] == n]
             best = max(cands, key=lambda r: r["quality_per_s"])
             lead.append(best["variant"])
-            out.append({"dataset": ds, "kind": "leader", "seq_len": n, "leader": best["variant"],
-                        "quality_per_s": best["quality_per_s"], "n_star": float("nan"), "status": ""})
+            entry(ds, "leader", n, best["variant"], best["quality_per_s"])
         changes = 0
         for i in range(1, len(lens)):
             a, b = lead[i - 1], lead[i]
@@ -216,12 +220,9 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
             cb = {r["seq_len"]: r["quality_per_s"] for r in rows if r["variant"] == b}
             ns = [n for n in lens[max(0, i - 1): i + 1] if n in ca and n in cb]
             res = find_crossover(ns, [1 / max(cb[n], 1e-30) for n in ns], ns, [1 / max(ca[n], 1e-30) for n in ns])
-            out.append({"dataset": ds, "kind": "crossover", "seq_len": float("nan"), "leader": f"{a} -> {b}",
-                        "quality_per_s": float("nan"), "n_star": res["n_star"], "status": res["status"]})
+            entry(ds, "crossover", nan, f"{a} -> {b}", n_star=res["n_star"], status=res["status"])
         if lens and not changes:
-            out.append({"dataset": ds, "kind": "crossover", "seq_len": float("nan"), "leader": lead[0],
-                        "quality_per_s": float("nan"), "n_star": float("nan"),
-                        "status": f"no crossover in range ({lead[0]} leads at every length)"})
+            entry(ds, "crossover", nan, lead[0], status=f"no crossover in range ({lead[0]} leads at every length)")
     return out
 
 

@@ -70,6 +70,7 @@ from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
 KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation", "curves")
+MQAR_KINDS = ("fig2", "cliff", "hybrid", "curves")  # the reports of MQAR runs (data=mqar)
 # the arguments that narrow or extend a report, and the kinds that take them (any other kind refuses them)
 FILTER_KINDS = {"seq_len": ("cliff", "hybrid", "curves"), "d_model": ("curves",), "variant": ("curves",),
                 "speed": ("hybrid",), "speed_size": ("hybrid",)}
@@ -357,6 +358,23 @@ def _only(recs: List[dict], key: str, value, kind: str, roots) -> List[dict]:
 
 
 # --------------------------------------------------------------------------------------------- fig2
+def _picked(recs: Sequence[dict], metric: str, select: str, higher: bool = True):
+    """``(run, its selected validation)`` (:func:`pick`) of each run of ``recs`` that logged ``metric``."""
+    for r in recs:
+        p = pick(r["vals"], metric, select, higher=higher)
+        if p:
+            yield r, p
+
+
+def _chance(num_kv_pairs) -> float:
+    """MQAR accuracy by chance, ``1 / num_kv_pairs`` (NaN when the count is unknown)."""
+    return 1.0 / num_kv_pairs if _f(num_kv_pairs) > 0 else float("nan")
+
+
+def _acc_from(select: str) -> str:
+    return "max over validations" if select == "best" else "last validation"
+
+
 def _status(r: dict) -> dict:
     """``finished``: 1.0 when the run wrote ``final_metrics.json`` (reached ``trainer.max_steps`` or stopped early),
     0.0 when it was cut off (a time limit, a crash): its metrics stop at ``steps_run``. Averaged over the runs of a
@@ -386,17 +404,12 @@ def _coverage(recs: Sequence[dict], rows: Sequence[dict], metric: str, notes: Op
 
 def fig2_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     """Zoology Fig. 2 rows: (variant, seq_len, d_model) -> accuracy, best over lr."""
-    flat = []
-    for r in recs:
-        p = pick(r["vals"], "val/acc", select)
-        if p:
-            flat.append({"variant": r["label"], "seq_len": r["seq_len"], "d_model": r["d_model"], "lr": r["lr"],
-                         "max_steps": r["max_steps"], "acc": p["val/acc"], "step": p["step"],
-                         "num_kv_pairs": r["num_kv_pairs"], "n_params": r["n_params"], **_status(r)})
+    flat = [{"variant": r["label"], "seq_len": r["seq_len"], "d_model": r["d_model"], "lr": r["lr"],
+             "max_steps": r["max_steps"], "acc": p["val/acc"], "step": p["step"], "num_kv_pairs": r["num_kv_pairs"],
+             "n_params": r["n_params"], **_status(r)} for r, p in _picked(recs, "val/acc", select)]
     rows = best_over_lr(flat, ["variant", "seq_len", "d_model", "max_steps"], "acc")
     for row in rows:
-        row["chance"] = 1.0 / row["num_kv_pairs"] if _f(row.get("num_kv_pairs")) > 0 else float("nan")
-        row["acc_from"] = "max over validations" if select == "best" else "last validation"
+        row["chance"], row["acc_from"] = _chance(row.get("num_kv_pairs")), _acc_from(select)
     return rows
 
 
@@ -442,20 +455,12 @@ def cliff_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     """Window recall cliff rows: (seq_len, d_model, window) -> acc, acc_far, acc_near, frac_far of the selected
     validation (best ``val/acc``), best over lr; full-attention runs as ``window = -1`` (``variant`` = their
     name)."""
-    flat = []
-    for r in recs:
-        if r["window"] is None and r["attention_kind"] != FULL:
-            continue
-        if r["layers"] and any(x != r["layers"][0] for x in r["layers"]):
-            continue  # hybrids belong to the hybrid report
-        p = pick(r["vals"], "val/acc", select)
-        if not p:
-            continue
-        flat.append({"seq_len": r["seq_len"], "d_model": r["d_model"],
-                     "window": r["window"] if r["window"] is not None else -1, "lr": r["lr"],
-                     "variant": r["attention"], "acc": p["val/acc"], "acc_far": _f(p.get("val/acc_far")),
-                     "acc_near": _f(p.get("val/acc_near")), "frac_far": _f(p.get("val/frac_far")),
-                     "step": p["step"], "max_steps": r["max_steps"], **_status(r)})
+    recs = [r for r in recs if (r["window"] is not None or r["attention_kind"] == FULL)  # hybrids: their own report
+            and not (r["layers"] and any(x != r["layers"][0] for x in r["layers"]))]
+    flat = [{"seq_len": r["seq_len"], "d_model": r["d_model"], "window": r["window"] if r["window"] is not None else -1,
+             "lr": r["lr"], "variant": r["attention"], "acc": p["val/acc"], "acc_far": _f(p.get("val/acc_far")),
+             "acc_near": _f(p.get("val/acc_near")), "frac_far": _f(p.get("val/frac_far")), "step": p["step"],
+             "max_steps": r["max_steps"], **_status(r)} for r, p in _picked(recs, "val/acc", select)]
     return best_over_lr(flat, ["seq_len", "d_model", "max_steps", "window", "variant"], "acc")
 
 
@@ -652,13 +657,9 @@ def token_budget(r: dict) -> float:
 def lm_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     """LM rows: (data set, variant, seq_len) -> val/bpb (min over validations, or the last), best (lowest) over lr;
     with the token budget and the parameter count."""
-    flat = []
-    for r in recs:
-        p = pick(r["vals"], "val/bpb", select, higher=False)
-        if p:
-            flat.append({"data": _text_name(r), "variant": r["label"], "seq_len": r["seq_len"], "lr": r["lr"],
-                         "bpb": p["val/bpb"], "step": p["step"], "n_params": r["n_params"],
-                         "tokens": token_budget(r), **_status(r)})
+    flat = [{"data": _text_name(r), "variant": r["label"], "seq_len": r["seq_len"], "lr": r["lr"], "bpb": p["val/bpb"],
+             "step": p["step"], "n_params": r["n_params"], "tokens": token_budget(r), **_status(r)}
+            for r, p in _picked(recs, "val/bpb", select, higher=False)]
     return best_over_lr(flat, ["data", "variant", "seq_len", "tokens"], "bpb", higher=False)
 
 
@@ -810,21 +811,16 @@ def ablation_table(recs: Sequence[dict], select: str = "best") -> List[dict]:
     changes = {}
     for r in recs:
         changes.setdefault(r["option"], describe_change(r, ref, varying))
-    flat = []
-    for r in recs:
-        p = pick(r["vals"], "val/acc", select)
-        if p:
-            flat.append({"option": r["option"], "lr": r["lr"], "acc": p["val/acc"], "step": p["step"],
-                         "max_steps": r["max_steps"], "num_kv_pairs": r["num_kv_pairs"], **_status(r)})
+    flat = [{"option": r["option"], "lr": r["lr"], "acc": p["val/acc"], "step": p["step"], "max_steps": r["max_steps"],
+             "num_kv_pairs": r["num_kv_pairs"], **_status(r)} for r, p in _picked(recs, "val/acc", select)]
     by_option = {r["option"]: r for r in best_over_lr(flat, ["option"], "acc")}
     old_acc = _f(by_option[CONTROL]["acc"]) if CONTROL in by_option else float("nan")
     rows = []
     for option, r in by_option.items():
         rows.append({"option": option, **changes[option], "acc": r["acc"], "step": r["step"],
                      "steps_run": r["steps_run"], "finished": r["finished"], "max_steps": r["max_steps"],
-                     "chance": 1.0 / r["num_kv_pairs"] if _f(r["num_kv_pairs"]) > 0 else float("nan"),
-                     "delta_vs_old": _f(r["acc"]) - old_acc, "lr": r["best_lr"], "n_runs": r["n_runs"],
-                     "acc_from": "max over validations" if select == "best" else "last validation"})
+                     "chance": _chance(r["num_kv_pairs"]), "delta_vs_old": _f(r["acc"]) - old_acc,
+                     "lr": r["best_lr"], "n_runs": r["n_runs"], "acc_from": _acc_from(select)})
     return sorted(rows, key=lambda r: (r["option"] != CONTROL, -_f(r["acc"]), r["option"]))
 
 
@@ -853,7 +849,7 @@ def plot_ablation(rows: Sequence[dict], base: str, caption: str, select: str = "
               ("one setting changed", dict(bar, color=colors["change"]))]
     if any(_f(r["finished"]) < 1 for r in rows):
         legend.append(("hatched: run cut off before max_steps", dict(bar, color="gray", hollow=True)))
-    legend += [("chance: 1 / kv pairs", {"color": "gray", "ls": "--", "lw": 1}),
+    legend += [(figspec.CHANCE[0], dict(figspec.CHANCE[1], lw=1)),
                (f"target: val/acc {TARGET_ACC}", {"color": "tab:green", "ls": "-", "lw": 1.2})]
     acc = "best validation (max)" if select == "best" else "last validation"
     return figspec.to_png(figspec.Figure(
@@ -877,7 +873,7 @@ def curves_table(recs: Sequence[dict]) -> List[dict]:
     lr, max_steps, step, acc, finished, steps_run, chance, run`` (``run``: ``<sweep folder>/<job folder>``)."""
     rows = []
     for r in recs:
-        chance = 1.0 / r["num_kv_pairs"] if _f(r["num_kv_pairs"]) > 0 else float("nan")
+        chance = _chance(r["num_kv_pairs"])
         for p in r["vals"]:
             if math.isfinite(_f(p.get("val/acc"))):
                 rows.append({"variant": r["label"], "seq_len": r["seq_len"], "d_model": r["d_model"],
@@ -923,10 +919,9 @@ def plot_curves(rows: Sequence[dict], base: str, caption: str) -> List[str]:
     if len(budgets) > 1:
         legend += [(f"max_steps {b:,.0f}" if b >= 0 else "max_steps ?", {"color": "gray", "ls": styles[b]})
                    for b in budgets]
-    legend += [("chance: 1 / kv pairs", {"color": "gray", "ls": "--"}), ("0.99 (early-stop target)", target)]
+    legend += [figspec.CHANCE, ("0.99 (early-stop target)", target)]
     if any(_f(r.get("finished", 1)) < 1 for r in rows):
-        legend.append(("hollow: run cut off before max_steps",
-                       {"color": "gray", "ls": "none", "marker": "o", "hollow": True}))
+        legend.append(figspec.CUT_OFF)
     return figspec.to_png(figspec.Figure(
         "When does recall form? MQAR val/acc over training, per learning rate and step budget\n" + caption, panels,
         legend=legend, ncols=3, panel_w=4.4, panel_h=3.3, sharey=True), base)
@@ -966,15 +961,17 @@ def run(cfg: dict) -> dict:
     plots.set_formats(cfg.get("formats") or ["png"])
     base = os.path.join(out_dir, kind)
     notes: List[str] = []
-    if kind == "fig2":
+    if kind in MQAR_KINDS:  # the MQAR runs, narrowed by the filters this kind takes (any other is None here)
         recs = _mqar(recs, kind, roots)
+        for key in ("seq_len", "d_model", "variant"):
+            recs = _only(recs, key, cfg.get(key), kind, roots)
+    if kind == "fig2":
         rows = fig2_table(recs, select)
         if not rows:
             raise ValueError(f"fig2: no MQAR run under runs={roots} logged val/acc")
         cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_fig2(rows, base, _setup(recs, cov), select)
     elif kind == "cliff":
-        recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
         rows = cliff_table(recs, select)
         if not any(r["window"] >= 0 for r in rows):
             raise ValueError(f"cliff: no MQAR run with a sliding window (attention.window_size) and val/acc under "
@@ -984,7 +981,6 @@ def run(cfg: dict) -> dict:
         cov = _coverage(recs, rows, "val/acc", notes)
         paths = plot_cliff(rows, base, _setup(recs, "; ".join(notes)), recs)
     elif kind == "hybrid":
-        recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
         rows = hybrid_table(recs, select)
         if not any(r["base"] for r in rows):
             raise ValueError(f"hybrid: no MQAR run with a non-flash layer (model.layers=[linear, flash, ...] or "
@@ -1000,9 +996,6 @@ def run(cfg: dict) -> dict:
                             f"{bench_setup(speed, cfg.get('speed_backend') or 'triton')})")
         paths = plot_hybrid(rows, base, _setup(recs, "\n" + "; ".join(notes) if notes else ""), bool(speed))
     elif kind == "curves":
-        recs = _only(_mqar(recs, kind, roots), "seq_len", cfg.get("seq_len"), kind, roots)
-        recs = _only(_only(recs, "d_model", cfg.get("d_model"), kind, roots), "variant", cfg.get("variant"),
-                     kind, roots)
         rows = curves_table(recs)
         if not rows:
             raise ValueError(f"curves: no MQAR run under runs={roots} logged val/acc")

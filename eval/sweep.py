@@ -303,6 +303,16 @@ def point_key(row: dict) -> tuple:
     return tuple(norm(k, row[k]) for k in POINT_KEYS)
 
 
+def series_key(row: dict) -> tuple:
+    """A point's series: its key without ``seq_len`` (a series stops growing N after a failure)."""
+    k = point_key(row)
+    return k[:2] + k[3:]
+
+
+def _now() -> str:
+    return _dt.datetime.now().isoformat(timespec="seconds")
+
+
 def batch_for(cfg: dict, N: int) -> int:
     """``batch`` if set, else ``max(1, tokens // N)`` (constant tokens per step, the FlashAttention setup)."""
     if cfg.get("batch"):
@@ -413,7 +423,7 @@ def reference_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: tor
         sc = (qr * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
         p = torch.softmax(sc.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
         return p @ vv
-    if spec.kind != "linear":
+    if spec.family != "linear":
         return None
     from attn_zoo.feature_maps import apply_feature_map
 
@@ -515,7 +525,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
     dtype = _DTYPES[str(cfg.get("dtype", "float32"))]
     spec = spec.replace(causal=p["causal"])
     row = dict(p, kind=spec.kind, n_heads=H, batch=B, dtype=str(dtype).replace("torch.", ""), device=str(device),
-               tokens=B * N, status="ok", error="", timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
+               tokens=B * N, status="ok", error="", timestamp=_now())
     try:
         row.update(model_costs(spec, B, H, N, D, torch.empty((), dtype=dtype).element_size(), p["backend"]))
     except Exception as e:  # noqa: BLE001 - model columns are optional
@@ -666,8 +676,13 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     stopped: Dict[tuple, str] = {}
     for r in done.values():  # a resumed series that already failed stays stopped
         if r.get("status") in ("oom", "error") or r.get("status") == "skipped":
-            stopped[point_key(r)[:2] + point_key(r)[3:]] = f"{r.get('status')} at N={r.get('seq_len')}"
+            stopped[series_key(r)] = f"{r.get('status')} at N={r.get('seq_len')}"
     name = cfg.get("name", "sweep")
+
+    def unmeasured(p: dict, status: str, error: str) -> dict:  # the row of a point not measured
+        return dict(p, kind=specs[p["variant"]].kind, status=status, error=error, n_heads=cfg.get("n_heads"),
+                    batch=batch_for(cfg, p["seq_len"]), sweep=name, timestamp=_now())
+
     inflight = out_csv + ".inflight"  # the point being measured: a process that dies there leaves it behind
     if resume and os.path.exists(inflight):
         with open(inflight) as f:
@@ -678,23 +693,18 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
         except (KeyError, ValueError):
             dkey = None
         for p in [p for p in todo if point_key(p) == dkey]:  # recorded as failed: the next attempt goes past it
-            row = dict(p, kind=specs[p["variant"]].kind, status="error", n_heads=cfg.get("n_heads"),
-                       batch=batch_for(cfg, p["seq_len"]), sweep=name,
-                       error="the process died while measuring this point (crash, hang or time limit)",
-                       timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
-            append_row(out_csv, row)
-            stopped[point_key(p)[:2] + point_key(p)[3:]] = f"error at N={p['seq_len']}"
+            append_row(out_csv, unmeasured(p, "error", "the process died while measuring this point (crash, hang "
+                                                       "or time limit)"))
+            stopped[series_key(p)] = f"error at N={p['seq_len']}"
             todo.remove(p)
     for p in todo:
         if deadline_s and time.time() - t_start > float(deadline_s):
             if bar is not None:
                 bar.write(f"deadline of {deadline_s}s reached; {name}: resume later to finish")
             break
-        series = point_key(p)[:2] + point_key(p)[3:]
+        series = series_key(p)
         if series in stopped:
-            row = dict(p, kind=specs[p["variant"]].kind, status="skipped", error=f"series stopped: {stopped[series]}",
-                       n_heads=cfg.get("n_heads"), batch=batch_for(cfg, p["seq_len"]), sweep=name,
-                       timestamp=_dt.datetime.now().isoformat(timespec="seconds"))
+            row = unmeasured(p, "skipped", f"series stopped: {stopped[series]}")
         else:
             t0 = time.time()
             with open(inflight, "w") as f:
@@ -753,7 +763,7 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
         row = {"sweep": cfg.get("name", "model"), "variant": vn, "backend": be, "seq_len": N, "batch": B,
                "d_model": cfg.get("d_model"), "n_layer": cfg.get("n_layer"), "n_heads": cfg.get("n_heads"),
                "dtype": str(dtype).replace("torch.", ""), "device": str(device), "status": "ok", "error": "",
-               "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
+               "timestamp": _now()}
         if (vn, be) in stopped:
             row.update(status="skipped", error="series stopped after a failure at a smaller N")
         elif be != "auto" and be not in get_backends(specs[vn].kind):

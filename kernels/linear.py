@@ -182,6 +182,31 @@ def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf
 
 # ----------------------------------------------------------------------------------------------- forward
 @triton.jit
+def _chunk_mask(causal_m, d, DOCS: tl.constexpr):
+    """The (C x C) causal mask of a chunk, ``causal_m``; DOCS: and the same document (``d``: the rows' documents)."""
+    if DOCS:
+        causal_m = causal_m & (d[:, None] == d[None, :])
+    return causal_m
+
+
+@triton.jit
+def _carry_state(S, z, k, v, d, dl, dprev, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """The state leaving a chunk of keys ``k`` (C x F) and values ``v`` (C x Dv): ``S += k^T v``, ``z += sum_j k_j``.
+    DOCS (causal; ``d`` the chunk's documents, ``dl`` its last one, ``dprev`` the one running at its start): carry
+    only into a chunk without a document start and keep the last document's keys. Returns ``S, z`` and the document
+    running at the next chunk's start (``dprev`` unchanged without documents)."""
+    if DOCS:
+        k = tl.where((d == dl)[:, None], k, 0.0)
+        S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
+        z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
+        dprev = dl
+    else:
+        S += _dot(tl.trans(k), v, PREC, UP)
+        z += tl.sum(k.to(tl.float32), 0)
+    return S, z, dprev
+
+
+@triton.jit
 def _seg_state(
     K, V, SS, ZS,
     NK, F, DV, L, NS, DOC, HKV,
@@ -262,7 +287,7 @@ def _seg_fwd(
             dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
             qs = tl.where((d == dprev)[:, None], q, 0.0)
         else:
-            qs = q
+            d, dl, qs = dprev, dprev, q  # d, dl: unread without documents
         if S16:
             acc = _dot(qs, S.to(q.dtype), PREC, UP)
         else:
@@ -273,23 +298,13 @@ def _seg_fwd(
             k = _phi(k, mrf, FM)
             v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
             A = _dot(q, tl.trans(k), PREC, UP)
-            if DOCS:
-                A = tl.where(causal_m & (d[:, None] == d[None, :]), A, 0.0)
-            else:
-                A = tl.where(causal_m, A, 0.0)
+            A = tl.where(_chunk_mask(causal_m, d, DOCS), A, 0.0)
             den += tl.sum(A, 1)
             den = den + eps
             rden = 1.0 / den
             P = A * rden[:, None]  # in [0, 1]: safe in fp16
             acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
-            if DOCS:  # carry only into a chunk without a document start; keep the last document's keys
-                k = tl.where((d == dl)[:, None], k, 0.0)
-                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
-                z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
-                dprev = dl
-            else:
-                S += _dot(tl.trans(k), v, PREC, UP)
-                z += tl.sum(k.to(tl.float32), 0)
+            S, z, dprev = _carry_state(S, z, k, v, d, dl, dprev, DOCS, PREC, UP)
         else:
             den = den + eps
             acc = acc / den[:, None]
@@ -408,24 +423,16 @@ def _seg_dq(
             d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
             dl = tl.max(d, 0)
             dq = tl.where((d == dprev)[:, None], dq, 0.0)
+        else:
+            d, dl = dprev, dprev  # unread without documents
         if CAUSAL:
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             k = _phi(k, mrk, FM)
             dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
-            if DOCS:
-                dA = tl.where(causal_m & (d[:, None] == d[None, :]), dA + cd[:, None], 0.0)
-            else:
-                dA = tl.where(causal_m, dA + cd[:, None], 0.0)
+            dA = tl.where(_chunk_mask(causal_m, d, DOCS), dA + cd[:, None], 0.0)
             dq += _mm(dA, k, Q, LOWP, SPREC, UP)
-            if DOCS:
-                k = tl.where((d == dl)[:, None], k, 0.0)
-                S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
-                z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
-                dprev = dl
-            else:
-                S += _dot(tl.trans(k), v, PREC, UP)
-                z += tl.sum(k.to(tl.float32), 0)
+            S, z, dprev = _carry_state(S, z, k, v, d, dl, dprev, DOCS, PREC, UP)
         if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
             q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             dq = dq * _phi_grad(q, FM, DFM)

@@ -103,6 +103,23 @@ def test_cache_policy_is_the_variants():
         CachePolicy("full", 3)
 
 
+def test_the_cache_policy_builds_the_cache():
+    """The policy object builds the layer's decode state (the model asks it, never the policy's name)."""
+    spec, lin = AttentionSpec(kind="flash"), AttentionSpec(kind="linear")
+    args = dict(batch_size=2, n_kv_heads=3, head_dim=8, capacity=40, dtype=torch.float32, device="cpu")
+    full = CachePolicy("full").new_cache(spec, **args, page_size=16)
+    assert isinstance(full, KVCache) and full.capacity == 48 and full.keep_last is None  # whole pages
+    win = CachePolicy("window", 6).new_cache(spec, **args)
+    assert isinstance(win, KVCache) and (win.capacity, win.keep_last) == (12, 6)
+    big = CachePolicy("window", 100).new_cache(spec, **args)  # a window past the capacity: the capacity bounds it
+    assert (big.capacity, big.keep_last) == (40, 40)
+    state = CachePolicy("state").new_cache(lin, **args)
+    assert isinstance(state, LinearState) and state.S.shape[:2] == (2, 3)
+    with pytest.raises(ValueError, match="keeps a latent cache"):
+        CachePolicy("latent").new_cache(spec, **args)
+    assert CachePolicy("full").full_kv and not CachePolicy("window", 4).full_kv
+
+
 def test_a_plugin_window_variant_gets_a_bounded_cache():
     """A plugin whose mask is a causal window (no kind name anywhere outside its registration) keeps only its window
     in the model's decode cache and in the memory table, and generates as without a cache."""

@@ -361,7 +361,7 @@ class KVCache:
             from ..variants import get_variant
 
             pol = get_variant(spec.kind).cache_policy(spec) if spec.is_softmax else None
-            if pol is None or pol.kind != "window" or pol.window > self.keep_last:
+            if pol is None or pol.window is None or pol.window > self.keep_last:
                 raise ValueError(f"this cache keeps only the last {self.keep_last} tokens; kind={spec.kind!r} "
                                  f"(cache policy {pol}) needs the dropped ones")
             need = pol.window - 1 + (nq or 1)  # the first query's window: its left extent + the Nq new tokens

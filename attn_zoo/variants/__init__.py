@@ -83,6 +83,52 @@ class CachePolicy:
         if self.kind == "window":
             return min(int(context), self.window)
         return int(context)
+
+    @property
+    def full_kv(self) -> bool:
+        """Whether every token's K / V is kept (a ``"full"`` policy): its size follows the K/V head count."""
+        return self.kind == "full"
+
+    def new_cache(self, spec, batch_size: int, n_kv_heads: int, head_dim: int, capacity: int, dtype, device,
+                  page_size: Optional[int] = None, shuffle_pages: bool = False):
+        """An empty decode cache of one attention layer for ``batch_size`` sequences of up to ``capacity`` tokens:
+        ``"full"`` -> a :class:`attn_zoo.decode.KVCache` of ``capacity`` tokens (``(B, Hkv, capacity, D)`` of
+        ``dtype``, paged when ``page_size`` is set, pages shuffled when ``shuffle_pages``); ``"window"`` of ``W``
+        tokens -> a ``KVCache`` keeping the last ``min(W, capacity)`` tokens (``min(capacity, 2 W)`` slots, compacted
+        when full); ``"state"`` -> a :class:`attn_zoo.decode.LinearState` for ``spec`` (fp32, its size independent
+        of ``capacity``). Raises ``ValueError`` for ``"latent"``: the attention layer holds full / window / state
+        caches only, a latent cache belongs to a mixer of its own (:func:`attn_zoo.register_mixer`)."""
+        return _NEW_CACHE[self.kind](self, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device,
+                                     page_size, shuffle_pages)
+
+
+def _full_cache(policy, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device, page_size, shuffle_pages):
+    from ..decode import KVCache
+
+    return KVCache(batch_size, n_kv_heads, head_dim, capacity, dtype=dtype, device=device, page_size=page_size,
+                   shuffle_pages=shuffle_pages)
+
+
+def _window_cache(policy, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device, page_size, shuffle_pages):
+    from ..decode import KVCache
+
+    keep = min(policy.window, capacity)
+    return KVCache(batch_size, n_kv_heads, head_dim, min(capacity, 2 * keep), dtype=dtype, device=device,
+                   keep_last=keep)
+
+
+def _state_cache(policy, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device, page_size, shuffle_pages):
+    from ..decode import LinearState
+
+    return LinearState.for_spec(spec, batch_size, n_kv_heads, head_dim, device)
+
+
+def _latent_cache(policy, spec, *args):
+    raise ValueError(f"kind={spec.kind!r} keeps a latent cache: the attention layer holds full / window / "
+                     f"state caches only; build it as a mixer with its own cache (attn_zoo.register_mixer)")
+
+
+_NEW_CACHE = {"full": _full_cache, "window": _window_cache, "state": _state_cache, "latent": _latent_cache}
 BUILTIN = ("flash", "sliding_window", "sparse", "linear")  # imported first, in this order (error messages list them)
 
 
