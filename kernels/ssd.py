@@ -41,10 +41,15 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM"]
+__all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM", "STATE_PASSES", "SEQ_BLOCKS"]
 
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_DIM = 256
+# how the states entering the chunks are computed: "parallel" (chunk states, then a pass over chunks), "sequential"
+# (the two fused, one program per (b, h) and state block walking the chunks), "auto" (today: parallel; see ssd_scan)
+STATE_PASSES = ("auto", "parallel", "sequential")
+SEQ_BLOCKS = (16, 32, 64, 128, 256)  # allowed sizes of the sequential pass's state blocks (rows of N, columns of P)
+_SEQ_BLOCK = (64, 64)  # the sequential pass's default (N-block, P-block), each clipped to the padded N / P
 _PASS_UNROLL = 8  # chunks per step of the state pass (one load of UNR x BLK in flight per program)
 _PASS_BLOCK = 256  # state elements per program of the state pass
 _BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs until about this many run
@@ -158,6 +163,64 @@ def _state_pass_kernel(X, E, NC, NE, REVERSE: tl.constexpr, UNR: tl.constexpr, B
         out = es * carry[None, :] + xs
         tl.store(ptr, out, mask=xm)
         carry = tl.sum(tl.where(rows[:, None] == UNR - 1, out, 0.0), 0)  # rows past NC: decay 1, contribution 0
+
+
+@triton.jit
+def _state_seq_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC,
+                      szb, szt, szg, svb, svt, svh, sab, sat, sah,
+                      L: tl.constexpr, SBN: tl.constexpr, SBP: tl.constexpr, REVERSE: tl.constexpr,
+                      DOCS: tl.constexpr):
+    """The chunk states and the pass over chunks fused (``state_pass="sequential"``): one program per ``(b, h)``,
+    block of ``SBN`` state rows and block of ``SBP`` columns walks the chunks in order, carrying its ``(SBN, SBP)``
+    block of the state in fp32 registers. ``OUT (BH, NC + 1, N, P)`` fp32 holds the carried start (row 0 forward,
+    row ``NC`` reverse) on entry. Forward (``Z = B``, ``V = x``): for ``c = 0 .. NC - 1`` store the state entering
+    chunk ``c`` at row ``c``, then ``S = exp(cum_L) S + sum_s exp(cum_L - cum_s) B_s x_s^T``; row ``NC`` the final
+    state; ``EL[bh, c] = exp(cum_L)`` as the chunk-parallel path. Reverse (``Z = C``, ``V = dy``): for ``c = NC - 1
+    .. 0`` store the gradient of the state leaving chunk ``c`` at row ``c + 1``, then ``dS = exp(cum_L) dS + sum_t
+    exp(cum_t) C_t dy_t^T``; row 0 the gradient of the initial state. The in-chunk terms and document masks are
+    :func:`_chunk_masks`' (the same values as ``_chunk_state_kernel``), each state row written once."""
+    bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_p = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    offs_n = pid_n * SBN + tl.arange(0, SBN)
+    offs_p = pid_p * SBP + tl.arange(0, SBP)
+    nm = offs_n < NS
+    pm = offs_p < PD
+    smask = nm[:, None] & pm[None, :]
+    sp = offs_n[:, None] * PD + offs_p[None, :]
+    bh_row = bh.to(tl.int64) * (NC + 1)
+    if REVERSE:
+        S = tl.load(OUT + (bh_row + NC) * NS * PD + sp, mask=smask, other=0.0)
+    else:
+        S = tl.load(OUT + bh_row * NS * PD + sp, mask=smask, other=0.0)
+    for i in range(NC):
+        if REVERSE:
+            c = NC - 1 - i
+            row = c + 1
+        else:
+            c = i
+            row = c
+        # row 0 (forward) / NC (reverse) already holds the start: the first store is masked off
+        tl.store(OUT + (bh_row + row) * NS * PD + sp, S, mask=smask & (i > 0))
+        t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
+        z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :],
+                    other=0.0)
+        v = tl.load(V + b * svb + t[:, None] * svt + h * svh + offs_p[None, :], mask=tm[:, None] & pm[None, :],
+                    other=0.0)
+        if REVERSE:
+            wt = ec
+        else:
+            wt = w
+            tl.store(EL + bh * NC + c, el, mask=(pid_n == 0) & (pid_p == 0))
+        zw = (z.to(tl.float32) * wt[:, None]).to(v.dtype)
+        S = tl.dot(tl.trans(zw), v, el * S)  # (SBN, SBP) fp32
+    if REVERSE:
+        tl.store(OUT + bh_row * NS * PD + sp, S, mask=smask)
+    else:
+        tl.store(OUT + (bh_row + NC) * NS * PD + sp, S, mask=smask)
 
 
 @triton.jit
@@ -318,6 +381,25 @@ def _heads_per_program(programs: int, hpg: int) -> int:
     return 1
 
 
+def _seq_blocks(N: int, P: int, seq_block: Optional[Tuple[int, int]]) -> Tuple[int, int]:
+    """``(SBN, SBP)`` of the sequential pass: ``seq_block`` (or :data:`_SEQ_BLOCK`), each clipped to the padded
+    ``N`` / ``P``."""
+    bn, bp = seq_block if seq_block is not None else _SEQ_BLOCK
+    return min(bn, _pow2(N)), min(bp, _pow2(P))
+
+
+def _state_seq(Z, V, a, seg, out, el, H, G, NC, L, sblk, reverse: bool) -> None:
+    """Launch :func:`_state_seq_kernel` over ``out (BH, NC + 1, N, P)`` (see there)."""
+    Bsz, T = V.shape[0], V.shape[1]
+    N, P = out.shape[2], out.shape[3]
+    SBN, SBP = sblk
+    grid = (Bsz * H, triton.cdiv(N, SBN), triton.cdiv(P, SBP))
+    _state_seq_kernel[grid](Z, V, a, seg if seg is not None else a, out, el, T, H, H // G, N, P, NC,
+                            Z.stride(0), Z.stride(1), Z.stride(2), V.stride(0), V.stride(1), V.stride(2),
+                            a.stride(0), a.stride(1), a.stride(2), L=L, SBN=SBN, SBP=SBP, REVERSE=reverse,
+                            DOCS=seg is not None, num_warps=4 if SBN * SBP <= 4096 else 8)
+
+
 def _state_pass(buf: torch.Tensor, el: torch.Tensor, reverse: bool) -> None:
     BH, K, NS, PD = buf.shape
     NE = NS * PD
@@ -327,7 +409,7 @@ def _state_pass(buf: torch.Tensor, el: torch.Tensor, reverse: bool) -> None:
 
 class _SSDScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg):
+    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg, sequential, sblk):
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
         L = chunk_size
@@ -347,11 +429,14 @@ class _SSDScan(torch.autograd.Function):
             states[:, 0].zero_()
         el = torch.empty(BH, NC, device=x.device, dtype=torch.float32)
         common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN))
-        _chunk_state_kernel[(NC * BH, nP)](
-            Bm, x, a, seg if seg is not None else dummy, states, el, T, H, H // G, N, P, NC, BH,
-            Bm.stride(0), Bm.stride(1), Bm.stride(2), x.stride(0), x.stride(1), x.stride(2),
-            a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
-        _state_pass(states, el, reverse=False)
+        if sequential:
+            _state_seq(Bm, x, a, seg, states, el, H, G, NC, L, sblk, reverse=False)
+        else:
+            _chunk_state_kernel[(NC * BH, nP)](
+                Bm, x, a, seg if seg is not None else dummy, states, el, T, H, H // G, N, P, NC, BH,
+                Bm.stride(0), Bm.stride(1), Bm.stride(2), x.stride(0), x.stride(1), x.stride(2),
+                a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
+            _state_pass(states, el, reverse=False)
         y = torch.empty_like(x)
         _chunk_out_kernel[(NC * BH, nP)](
             x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH,
@@ -362,6 +447,7 @@ class _SSDScan(torch.autograd.Function):
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, a, Bm, Cm, states, el)
         ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
+        ctx.sequential, ctx.sblk = sequential, sblk
         ctx.has_s0 = initial_state is not None
         return y, final
 
@@ -386,11 +472,14 @@ class _SSDScan(torch.autograd.Function):
         else:
             dstates[:, NC].zero_()
         common = dict(L=L, BN=BN, BP=BP, DOCS=ctx.seg is not None, num_warps=_warps(L, BN))
-        _chunk_state_kernel[(NC * BH, nP)](
-            Cm, dy, a, seg, dstates, el, T, H, H // G, N, P, NC, BH,
-            Cm.stride(0), Cm.stride(1), Cm.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
-            a.stride(0), a.stride(1), a.stride(2), WRITE=False, **common)
-        _state_pass(dstates, el, reverse=True)
+        if ctx.sequential:
+            _state_seq(Cm, dy, a, ctx.seg, dstates, el, H, G, NC, L, ctx.sblk, reverse=True)
+        else:
+            _chunk_state_kernel[(NC * BH, nP)](
+                Cm, dy, a, seg, dstates, el, T, H, H // G, N, P, NC, BH,
+                Cm.stride(0), Cm.stride(1), Cm.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
+                a.stride(0), a.stride(1), a.stride(2), WRITE=False, **common)
+            _state_pass(dstates, el, reverse=True)
         hpg = H // G
         hpp = _heads_per_program(NC * Bsz * G, hpg)
         splits = hpg // hpp
@@ -410,12 +499,13 @@ class _SSDScan(torch.autograd.Function):
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
         ds0 = dstates[:, 0].reshape(Bsz, H, N, P).clone() if ctx.has_s0 else None
-        return dx, da.to(a.dtype), dB, dC, ds0, None, None, None
+        return dx, da.to(a.dtype), dB, dC, ds0, None, None, None, None, None
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64,
-             block_p: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+             block_p: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None, state_pass: str = "auto",
+             seq_block: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernels
     (chunk-parallel, Dao & Gu 2024 section 6; see the module docstring).
 
@@ -429,6 +519,16 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         doc_ids: optional int ``(B, T)``, nondecreasing: the state restarts at each document start after
             position 0 (the decay product across a boundary is zero; ``initial_state`` belongs to the document at
             position 0), boundaries anywhere inside a chunk.
+        state_pass: how the states entering the chunks (and, in the backward, their gradients) are computed, one of
+            :data:`STATE_PASSES`. ``"parallel"``: ``_chunk_state_kernel`` (chunk-parallel) writes every chunk's own
+            contribution, then ``_state_pass_kernel`` reads and rewrites them (an associative pass over chunks).
+            ``"sequential"``: ``_state_seq_kernel`` fuses the two, one program per ``(b, h)``, block of ``N`` and
+            block of ``P`` walking the chunks in order (reversed in the backward) and writing each state once
+            (fewer programs: ``B * H * ceil(N / 64) * ceil(P / 64)`` by default). ``"auto"``: ``"parallel"`` for now,
+            until an H200 measurement of both (``python -m eval.bench_ssd --state-pass parallel,sequential``)
+            decides. The forward and the backward use the same mode; the results agree to rounding.
+        seq_block: ``(N-block, P-block)`` of the sequential pass, each in :data:`SEQ_BLOCKS` (clipped to ``N`` /
+            ``P`` padded to a power of two); None: ``(64, 64)``. Ignored by the parallel pass.
 
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
@@ -462,6 +562,12 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         raise ValueError(f"initial_state must have shape (B, H, N, P)={(Bsz, H, N, P)}, got {tuple(initial_state.shape)}")
     if block_p is not None and block_p not in (16, 32, 64):
         raise ValueError(f"block_p={block_p!r} is not supported; allowed values: None, 16, 32, 64")
+    if state_pass not in STATE_PASSES:
+        raise ValueError(f"state_pass={state_pass!r} is not supported; allowed values: {', '.join(STATE_PASSES)}")
+    if seq_block is not None and (len(tuple(seq_block)) != 2 or any(s not in SEQ_BLOCKS for s in seq_block)):
+        raise ValueError(f"seq_block={seq_block!r} is not supported; allowed values: None or (N-block, P-block), "
+                         f"each one of {', '.join(map(str, SEQ_BLOCKS))}")
+    sequential = state_pass == "sequential"  # "auto": the parallel pass until the H200 measurement decides
     seg = None
     if doc_ids is not None:
         if tuple(doc_ids.shape) != (Bsz, T) or doc_ids.dtype not in (torch.int32, torch.int64):
@@ -471,4 +577,5 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         st = torch.ones_like(d, dtype=torch.int32)
         st[:, 1:] = (d[:, 1:] != d[:, :-1]).to(torch.int32)
         seg = st.cumsum(1, dtype=torch.int32).contiguous()  # 1-based document index per position
-    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg)
+    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg, sequential,
+                          _seq_blocks(N, P, tuple(seq_block) if seq_block is not None else None))
