@@ -90,6 +90,42 @@ def test_ssd_triton_chunk_parallel_multi_chunk_documents_and_groups(monkeypatch,
     assert gn[4].abs().max() > 0  # the initial state reaches the first document
 
 
+@pytest.mark.parametrize("with_docs", [False, True], ids=["no-docs", "docs"])
+def test_ssd_triton_sequential_state_pass_equals_parallel_and_the_recurrence(with_docs):
+    """``state_pass="sequential"`` (chunk states and the pass fused, chunks walked in order / reversed in the
+    backward) against ``"parallel"`` and the step-by-step recurrence: T = 70 (5 chunks of 16, the last partial),
+    G = 2 < H = 4, N = 32 and P = 32 (the default blocks and 16 x 16 blocks: two N-blocks and two P-blocks per
+    head), an initial state, the final state's gradient, with or without documents starting at a chunk edge (16,
+    48), inside chunks (37, 61) and one of length 1 (48): output, final state and every gradient."""
+    from kernels.ssd import ssd_scan
+
+    g = torch.Generator().manual_seed(7)
+    Bz, T, H, P, G, N = 1, 70, 4, 32, 2, 32
+    docs = torch.tensor([[0] * 16 + [1] * 21 + [2] * 11 + [3] + [4] * 12 + [7] * 9]) if with_docs else None
+    ins = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.5,
+           torch.randn(Bz, T, G, N, generator=g) / 4, torch.randn(Bz, T, G, N, generator=g),
+           torch.randn(Bz, H, N, P, generator=g)]
+    ins = [t.requires_grad_() for t in ins]
+    gy, gS = torch.randn(Bz, T, H, P, generator=g), torch.randn(Bz, H, N, P, generator=g)
+
+    def run(fn):
+        y, S = fn()
+        return [y, S, *torch.autograd.grad((y * gy).sum() + (S * gS).sum(), ins)]
+
+    ref = run(lambda: ssd_scan_naive(*ins, doc_ids=docs))
+    par = run(lambda: ssd_scan(*ins, chunk_size=16, doc_ids=docs, state_pass="parallel"))
+    names = ["y", "final_state", "dx", "da", "dB", "dC", "dinitial_state"]
+    for blk in [None, (16, 16)]:
+        seq = run(lambda: ssd_scan(*ins, chunk_size=16, doc_ids=docs, state_pass="sequential", seq_block=blk))
+        for name, o, p, r in zip(names, seq, par, ref):
+            scale = 1 + r.abs().max().item()
+            assert (o - r).abs().max().item() <= 2e-4 * scale, f"sequential {blk} vs recurrence: {name}"
+            assert (o - p).abs().max().item() <= 2e-5 * scale, f"sequential {blk} vs parallel: {name}"
+    for name, p, r in zip(names, par, ref):
+        assert (p - r).abs().max().item() <= 2e-4 * (1 + r.abs().max().item()), f"parallel vs recurrence: {name}"
+    assert ref[-1].abs().max() > 0 and ref[1].abs().max() > 0
+
+
 def test_naive_recurrence_is_the_definition():
     """The reference itself against the formula written out for T=2 (state after 2 steps, output at step 2)."""
     x, dt, A, Bm, Cm, D, s0 = [t.detach() for t in _inputs(1, 2, 1, 3, 1, 2)]
@@ -119,6 +155,11 @@ def test_errors_name_the_argument():
             backend="cuda")
     with pytest.raises(ValueError, match="chunk_size=24"):
         ssd_scan(x, torch.zeros(1, 16, 2), torch.randn(1, 16, 1, 16), torch.randn(1, 16, 1, 16), chunk_size=24)
+    a, Bm = torch.zeros(1, 16, 2), torch.randn(1, 16, 1, 16)
+    with pytest.raises(ValueError, match="state_pass='scan'.*allowed values: auto, parallel, sequential"):
+        ssd_scan(x, a, Bm, Bm, chunk_size=16, state_pass="scan")
+    with pytest.raises(ValueError, match="seq_block=.48, 64."):
+        ssd_scan(x, a, Bm, Bm, chunk_size=16, state_pass="sequential", seq_block=(48, 64))
     with pytest.raises(ValueError, match="G=3"):
         ssd_scan(x, torch.zeros(1, 16, 2), torch.randn(1, 16, 3, 16), torch.randn(1, 16, 3, 16), chunk_size=16)
     with pytest.raises(ValueError, match="headdim=24"):
