@@ -8,10 +8,14 @@ forward+backward, reported also as ns per token (time / (B * N)); the flat-time-
 N_s = 128`` (one group), chunk 64, ``B * N = --tokens`` (32k; ``B = 1`` once ``N`` exceeds it), ``N = 512 .. 32k``.
 
 Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt * A`` are precomputed)
-* ``ours``: :func:`kernels.ssd.ssd_scan` (chunk-parallel: chunk states, a state pass over chunks, chunk outputs;
-  the backward reversed; fp32 states). ``--check`` (default on) adds ``max_rel_err``: ours (bf16) against
-  :func:`attn_zoo.families.ssd.ssd_scan_chunked` in fp32 on the same values, output and the gradients of x, a, B, C
-  (max abs error / (1 + max abs reference), the worst of them), at every ``N <= 8192``.
+* ``ours``: :func:`kernels.ssd.ssd_scan` with ``state_pass="parallel"`` (chunk-parallel: chunk states, a state pass
+  over chunks, chunk outputs; the backward reversed; fp32 states). ``--check`` (default on) adds ``max_rel_err``:
+  ours (bf16) against :func:`attn_zoo.families.ssd.ssd_scan_chunked` in fp32 on the same values, output and the
+  gradients of x, a, B, C (max abs error / (1 + max abs reference), the worst of them), at every ``N <= 8192``.
+* ``ours_seq`` (``--state-pass parallel,sequential``): the same with ``state_pass="sequential"`` (the chunk states
+  and the pass fused: one program per (b*h, N-block, P-block) walks the chunks); ``--seq-blocks 64x64,32x32``
+  times each ``(N-block, P-block)``: ``ours_seq`` for 64x64, ``ours_seq_32x32`` etc. for the others. Checked as
+  ``ours``. The ratio lines below are printed for every ``ours*`` row.
 * ``torch``: :func:`attn_zoo.families.ssd.ssd_scan_chunked` (plain PyTorch chunked form), up to 8k.
 * ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla(q=C, k=B, v=x, g=a, scale=1)``: the same scan
   (a scalar log-decay per head and position) in fla's chunked kernels, B / C expanded to every head.
@@ -80,7 +84,52 @@ def import_mamba_chunk_scan(src=None):
     return mamba_chunk_scan_combined
 
 
-def make_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src=None):
+STATE_PASSES = ("parallel", "sequential")
+
+
+def ours_variants(state_passes, seq_blocks):
+    """``{row name: ssd_scan keywords}`` of our kernel: ``ours`` (parallel), ``ours_seq`` (sequential, 64x64 blocks)
+    and ``ours_seq_<n>x<p>`` (other blocks), in the order given."""
+    out = {}
+    for sp in state_passes:
+        if sp == "parallel":
+            out["ours"] = dict(state_pass="parallel")
+        else:
+            for bn, bp in seq_blocks:
+                name = "ours_seq" if (bn, bp) == (64, 64) else f"ours_seq_{bn}x{bp}"
+                out[name] = dict(state_pass="sequential", seq_block=(bn, bp))
+    return out
+
+
+def parse_state_passes(text):
+    """``--state-pass``: a comma list of :data:`STATE_PASSES`; raises SystemExit naming the flag otherwise."""
+    vals = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in vals if v not in STATE_PASSES]
+    if bad or not vals:
+        raise SystemExit(f"--state-pass {text!r}: allowed values (comma list): {', '.join(STATE_PASSES)}")
+    return list(dict.fromkeys(vals))
+
+
+def parse_seq_blocks(text):
+    """``--seq-blocks``: a comma list of ``<N-block>x<P-block>`` (each in ``kernels.ssd.SEQ_BLOCKS``)."""
+    from kernels.ssd import SEQ_BLOCKS
+
+    out = []
+    for item in (v.strip() for v in text.split(",") if v.strip()):
+        try:
+            bn, bp = (int(u) for u in item.split("x"))
+        except ValueError:
+            bn = bp = None
+        if bn not in SEQ_BLOCKS or bp not in SEQ_BLOCKS:
+            raise SystemExit(f"--seq-blocks {text!r}: each entry <N-block>x<P-block>, each one of "
+                             f"{', '.join(map(str, SEQ_BLOCKS))}")
+        out.append((bn, bp))
+    if not out:
+        raise SystemExit(f"--seq-blocks {text!r}: empty")
+    return list(dict.fromkeys(out))
+
+
+def make_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src=None, ours=None):
     g = torch.Generator(device=dev).manual_seed(N)
     x = torch.randn(B, N, H, P, device=dev, dtype=dtype, generator=g)
     dt = torch.nn.functional.softplus(torch.randn(B, N, H, device=dev, generator=g) - 2)
@@ -96,8 +145,9 @@ def make_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src
     M = {}
     from kernels.ssd import ssd_scan
 
-    ins = leaf(xdt, a, Bm, Cm)
-    M["ours"] = (lambda i=ins: ssd_scan(i[0], i[1], i[2], i[3], chunk_size=64)[0], ins)
+    for name, kw in (ours if ours is not None else {"ours": dict(state_pass="parallel")}).items():
+        ins = leaf(xdt, a, Bm, Cm)
+        M[name] = (lambda i=ins, kw=kw: ssd_scan(i[0], i[1], i[2], i[3], chunk_size=64, **kw)[0], ins)
     if N <= 8192:
         from attn_zoo.families.ssd import ssd_scan_chunked
 
@@ -131,8 +181,9 @@ def make_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src
     return M
 
 
-def check_ours(B, H, N, P, NS, dev):
-    """Worst relative error of ours (bf16) against the fp32 chunked PyTorch form on the same values."""
+def check_ours(B, H, N, P, NS, dev, **kw):
+    """Worst relative error of ours (bf16; ``kw``: ``ssd_scan``'s ``state_pass`` / ``seq_block``) against the fp32
+    chunked PyTorch form on the same values."""
     from attn_zoo.families.ssd import ssd_scan_chunked
     from kernels.ssd import ssd_scan
 
@@ -144,7 +195,7 @@ def check_ours(B, H, N, P, NS, dev):
     dy = torch.randn(B, N, H, P, device=dev, generator=g)
     ins = [t.detach().clone().requires_grad_() for t in (x, a, Bm, Cm)]
     ref = [t.detach().float().requires_grad_() for t in (x, a, Bm, Cm)]
-    y = ssd_scan(*ins, chunk_size=64)[0]
+    y = ssd_scan(*ins, chunk_size=64, **kw)[0]
     yr = ssd_scan_chunked(*ref, chunk_size=64)[0]
     gs = torch.autograd.grad((y.float() * dy).sum(), ins)
     gr = torch.autograd.grad((yr * dy).sum(), ref)
@@ -160,6 +211,12 @@ def main(argv=None):
     ap.add_argument("--d-state", type=int, default=128)
     ap.add_argument("--head-dim", type=int, default=64)
     add_time_budget(ap, 300.0)
+    ap.add_argument("--state-pass", default="parallel",
+                    help="comma list of our kernel's state passes to time: parallel (row ours), sequential "
+                         "(rows ours_seq*)")
+    ap.add_argument("--seq-blocks", default="64x64",
+                    help="comma list of <N-block>x<P-block> of the sequential pass (64x64: row ours_seq, others "
+                         "ours_seq_<n>x<p>)")
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                     help="ours against the fp32 chunked PyTorch form at N <= 8192 (max_rel_err column)")
     ap.add_argument("--fla-noguard", action="store_true",
@@ -169,6 +226,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
         raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
+    ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks))
     t_start = time.time()
     require_cuda("bench_ssd")
     dev, dtype = "cuda", torch.bfloat16
@@ -176,17 +234,17 @@ def main(argv=None):
     for N in [int(n) for n in args.lengths.split(",")]:
         B = max(1, args.tokens // N)
         methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes,
-                               fla_noguard=args.fla_noguard, mamba_src=args.mamba_ssm_src)
+                               fla_noguard=args.fla_noguard, mamba_src=args.mamba_ssm_src, ours=ours)
         for name, (fwd, ins) in methods.items():
             row = {"method": name, "B": B, "N": N, "H": args.heads, "P": args.head_dim, "d_state": args.d_state}
             if budget_spent(t_start, args.time_budget_s, f"{name} N={N}"):
                 rows.append(dict(row, error="skipped (time budget)"))
                 continue
-            if name == "ours" and args.check and N <= 8192:
-                err = try_call(lambda: check_ours(B, args.heads, N, args.head_dim, args.d_state, dev))
+            if name in ours and args.check and N <= 8192:
+                err = try_call(lambda: check_ours(B, args.heads, N, args.head_dim, args.d_state, dev, **ours[name]))
                 row["max_rel_err"] = err
                 if isinstance(err, str) or err > 6e-2:
-                    notes.add(f"ours CHECK FAILED at N={N}: {err}")
+                    notes.add(f"{name} CHECK FAILED at N={N}: {err}")
             with (_FlaNoGuard() if name.endswith("_noguard") else contextlib.nullcontext()):
                 ms_f = try_call(lambda: time_cuda(lambda: fwd()))
                 if isinstance(ms_f, str):
@@ -211,15 +269,21 @@ def main(argv=None):
             "error"]
     print(format_table(rows, cols))
     by = {(r["method"], r["N"]): r for r in rows if "fwd_bwd_ms" in r}
-    for ref in ("fla_simple_gla", "fla_simple_gla_noguard", "mamba_ssm"):
-        for N in sorted({n for (_, n) in by}):
-            if ("ours", N) in by and (ref, N) in by:
-                print(f"N={N}: ours fwd+bwd speedup over {ref}: "
-                      f"{by[(ref, N)]['fwd_bwd_ms'] / by[('ours', N)]['fwd_bwd_ms']:.2f}x")
-    ns = sorted(n for (m, n) in by if m == "ours")
-    if ns and ("ours", 2048) in by:
-        print(f"ours flatness (fwd+bwd ns/token, N={ns[-1]} / N=2048): "
-              f"{by[('ours', ns[-1])]['fwd_bwd_ns_per_token'] / by[('ours', 2048)]['fwd_bwd_ns_per_token']:.2f}")
+    for me in ours:
+        for ref in ("fla_simple_gla", "fla_simple_gla_noguard", "mamba_ssm"):
+            for N in sorted({n for (_, n) in by}):
+                if (me, N) in by and (ref, N) in by:
+                    print(f"N={N}: {me} fwd+bwd speedup over {ref}: "
+                          f"{by[(ref, N)]['fwd_bwd_ms'] / by[(me, N)]['fwd_bwd_ms']:.2f}x")
+        if me != "ours":
+            for N in sorted({n for (_, n) in by}):
+                if (me, N) in by and ("ours", N) in by:
+                    print(f"N={N}: {me} vs ours (parallel): fwd {by[('ours', N)]['fwd_ms'] / by[(me, N)]['fwd_ms']:.2f}x"
+                          f", fwd+bwd {by[('ours', N)]['fwd_bwd_ms'] / by[(me, N)]['fwd_bwd_ms']:.2f}x")
+        ns = sorted(n for (m, n) in by if m == me)
+        if ns and (me, 2048) in by:
+            print(f"{me} flatness (fwd+bwd ns/token, N={ns[-1]} / N=2048): "
+                  f"{by[(me, ns[-1])]['fwd_bwd_ns_per_token'] / by[(me, 2048)]['fwd_bwd_ns_per_token']:.2f}")
     for n in sorted(notes):
         print("note:", n)
     print("wrote", write_results(rows, args.out, "ssd_bench", dict(env_info(), notes=sorted(notes))))

@@ -46,3 +46,45 @@ def test_fla_guard_is_restored_after_the_timed_call(monkeypatch):
     with bench_ssd._FlaNoGuard():
         assert co.IS_NVIDIA_HOPPER is False
     assert co.IS_NVIDIA_HOPPER is True
+
+
+def test_state_pass_flag_gives_one_ours_row_per_mode_and_their_ratio_lines(tmp_path, monkeypatch, capsys):
+    """``--state-pass parallel,sequential --seq-blocks 64x64,32x32``: rows ``ours``, ``ours_seq``,
+    ``ours_seq_32x32`` (each built with its ``ssd_scan`` keywords) and the ratio lines for each; the CUDA parts
+    (device check, methods, timer) are stood in for on the CPU."""
+    import csv
+
+    import torch
+
+    seen = {}
+
+    def fake_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src=None, ours=None):
+        seen[N] = ours
+        x = torch.randn(2, 3, requires_grad=True)
+        names = list(ours) + ["fla_simple_gla"]
+        return {name: (lambda x=x: x * 2, [x]) for name in names}
+
+    times = iter(float(i + 1) for i in range(1000))
+    monkeypatch.setattr(bench_ssd, "require_cuda", lambda name: None)
+    monkeypatch.setattr(bench_ssd, "make_methods", fake_methods)
+    monkeypatch.setattr(bench_ssd, "time_cuda", lambda fn, grad_to_none=None: (fn(), next(times))[1])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    bench_ssd.main(["--out", str(tmp_path), "--lengths", "2048,4096", "--tokens", "4096", "--no-check",
+                    "--state-pass", "parallel,sequential", "--seq-blocks", "64x64,32x32"])
+    assert seen[2048] == {"ours": {"state_pass": "parallel"},
+                          "ours_seq": {"state_pass": "sequential", "seq_block": (64, 64)},
+                          "ours_seq_32x32": {"state_pass": "sequential", "seq_block": (32, 32)}}
+    rows = list(csv.DictReader(open(tmp_path / "ssd_bench.csv")))
+    assert [r["method"] for r in rows if r["N"] == "4096"] == ["ours", "ours_seq", "ours_seq_32x32", "fla_simple_gla"]
+    out = capsys.readouterr().out
+    for me in ("ours", "ours_seq", "ours_seq_32x32"):
+        assert f"N=4096: {me} fwd+bwd speedup over fla_simple_gla" in out
+        assert f"{me} flatness" in out
+    assert "N=2048: ours_seq vs ours (parallel)" in out
+
+
+@pytest.mark.parametrize("flags, match", [(["--state-pass", "parallel,scan"], "--state-pass"),
+                                          (["--state-pass", "sequential", "--seq-blocks", "48x64"], "--seq-blocks")])
+def test_bad_state_pass_flags_are_refused_by_name(tmp_path, flags, match):
+    with pytest.raises(SystemExit, match=match):
+        bench_ssd.main(["--out", str(tmp_path / "o"), *flags])
