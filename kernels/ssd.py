@@ -19,6 +19,12 @@ Forward, three launches (chunk-parallel except the cheap elementwise pass):
 3. ``_chunk_out_kernel`` (grid chunks x (b, h) x P-blocks): ``y = (C B^T o decay) x + exp(cum) C S_c`` with the
    segsum decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t``.
 
+``state_pass="sequential"`` fuses steps 1 and 2 into ``_state_seq_kernel`` (grid (b, h) x N-blocks x P-blocks):
+each program walks the chunks in order with its block of the state in fp32 registers, storing the state entering
+each chunk and adding the chunk's contribution computed in registers; every state row is written once (the
+parallel path writes the contributions, then the pass reads and rewrites them), at the price of ``B * H *
+ceil(N / SBN) * ceil(P / SBP)`` programs walking all the chunks. The backward's reverse pass likewise.
+
 Backward, the same three steps reversed: the chunk's contribution ``sum_t exp(cum_t) C_t dy_t^T`` to the gradient
 of the state entering it, the reverse pass giving the gradient ``dS`` of the state leaving every chunk, then two
 chunk-parallel kernels reading ``S_c`` and ``dS``: ``_chunk_bwd_dx_kernel`` (grid chunks x (b, h)) gives ``dx``,
