@@ -247,6 +247,40 @@ def test_ssd_triton_on_gpu_matches_the_chunked_fp64_reference(dtype, shape, use_
         assert err <= tol * (1 + r.abs().max().item()), f"{name}: max error {err}"
 
 
+@pytest.mark.parametrize("seq_block", [None, (32, 32), (128, 64)], ids=["64x64", "32x32", "128x64"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ssd_triton_sequential_state_pass_on_gpu_matches_parallel_and_fp64(seq_block):
+    """bf16, T = 2000 (32 chunks of 64, the last partial), G = 2 < H = 4, d_state 128, head dim 64, documents,
+    an initial state: the sequential pass against the parallel one and the fp64 chunked reference, output, final
+    state and every gradient."""
+    from attn_zoo.families.ssd import ssd_scan_chunked
+    from kernels.ssd import ssd_scan
+
+    g = torch.Generator().manual_seed(11)
+    Bz, T, H, P, G, N = 2, 2000, 4, 64, 2, 128
+    docs = (torch.arange(T)[None].expand(Bz, T) // torch.tensor([[300], [1000]])).cuda()
+    base = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.2,
+            torch.randn(Bz, T, G, N, generator=g) / N ** 0.5, torch.randn(Bz, T, G, N, generator=g),
+            torch.randn(Bz, H, N, P, generator=g)]
+    dts = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
+    gy, gS = torch.randn(Bz, T, H, P, generator=g).cuda(), torch.randn(Bz, H, N, P, generator=g).cuda()
+
+    def run(fn, dtypes):
+        ins = [t.to("cuda", d).requires_grad_() for t, d in zip(base, dtypes)]
+        y, S = fn(ins)
+        return [y, S, *torch.autograd.grad((y.float() * gy).sum() + (S * gS).sum(), ins)]
+
+    ref = run(lambda i: ssd_scan_chunked(*i, chunk_size=64, doc_ids=docs), [torch.float64] * 5)
+    par = run(lambda i: ssd_scan(*i, chunk_size=64, doc_ids=docs, state_pass="parallel"), dts)
+    seq = run(lambda i: ssd_scan(*i, chunk_size=64, doc_ids=docs, state_pass="sequential", seq_block=seq_block),
+              dts)
+    for name, o, p, r in zip(["y", "final_state", "dx", "da", "dB", "dC", "dinitial_state"], seq, par, ref):
+        scale = 1 + r.abs().max().item()
+        assert (o.double() - r).abs().max().item() <= 6e-2 * scale, f"sequential vs fp64: {name}"
+        assert (o.double() - p.double()).abs().max().item() <= 2e-2 * scale, f"sequential vs parallel: {name}"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_mamba2_mixer_triton_matches_torch_on_gpu_and_generates_with_cache():
