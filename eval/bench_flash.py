@@ -74,7 +74,9 @@ def _article_lengths(path: str):
                          f"set ATTN_ZOO_WIKITEXT to a WikiText-2 file (e.g. ../shared/data/wikitext-2/valid.txt)")
     lengths = wikitext_article_lengths(path)
     if not lengths:
-        raise ValueError(f"{path!r} holds no WikiText article (a line ' = Title = ')")
+        raise ValueError(f"--docs wikitext:<L> reads WikiText article lengths from {path!r}, which holds no article "
+                         f"(a line ' = Title = '); set ATTN_ZOO_WIKITEXT to a WikiText-2 file (e.g. "
+                         f"../shared/data/wikitext-2/valid.txt)")
     return tuple(lengths)
 
 
@@ -388,16 +390,16 @@ def main(argv=None):
     if any(i in NATIVE for i in impls) and a.docs is None:
         raise SystemExit(f"--impls: {', '.join(NATIVE)} run packed documents only; give --docs")
     impls += [n for n in backends_from(plugins) if n not in impls]
+    dists = [None] if a.docs is None else a.docs.split(",")
+    for d in dists:
+        if d is not None:
+            document_lengths(1, d)  # a bad entry (or a missing WikiText file) fails before any case runs, on CPU too
     if not torch.cuda.is_available():
         raise SystemExit("bench_flash needs a CUDA device")
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
     rows, t_start = [], time.time()
     flex_budget = [a.flex_max_cases]
-    dists = [None] if a.docs is None else a.docs.split(",")
-    for d in dists:
-        if d is not None:
-            document_lengths(1, d)  # a bad entry fails before any case runs
     for D in Ds:
         for name in variants:
             for N in Ns:

@@ -246,6 +246,22 @@ def test_benchmark_wikitext_lengths_come_from_the_articles(tmp_path, monkeypatch
     monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "none.txt"))
     with pytest.raises(ValueError, match="ATTN_ZOO_WIKITEXT"):
         bf.document_lengths(10, "wikitext:real")
+    (tmp_path / "plain.txt").write_text("no title line here\n" * 5)  # a text that is not WikiText: named
+    monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "plain.txt"))
+    with pytest.raises(ValueError, match="holds no article.*ATTN_ZOO_WIKITEXT"):
+        bf.document_lengths(10, "wikitext:512")
+
+
+def test_benchmark_bad_docs_entry_fails_before_the_cuda_check(tmp_path, monkeypatch):
+    """A bad --docs entry (or a missing WikiText file) is named on a machine without CUDA too, not hidden behind
+    'needs a CUDA device'."""
+    from eval import bench_flash as bf
+
+    monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "none.txt"))
+    for docs, match in [("wikitext:0", "allowed values: fixed:<L>, geometric:<L>, wikitext:<L>, wikitext:real"),
+                        ("fixed:64,", "allowed values"), ("wikitext:real", "ATTN_ZOO_WIKITEXT")]:
+        with pytest.raises(ValueError, match=match):
+            bf.main(["--docs", docs, "--variants", "causal", "--N", "256", "--D", "64", "--out", str(tmp_path)])
 
 
 def test_benchmark_native_fa4_varlen_needs_docs_and_is_named():
