@@ -89,8 +89,9 @@ def _check_inputs(fn: str, q, k, v, beta, g, initial_state, doc_ids, check_g: bo
 
         check_doc_ids(doc_ids, q.transpose(1, 2), k.transpose(1, 2))  # (B, H, T, D) views: doc_ids (B, T)
     if check_g and g is not None and g.numel() and not torch.compiler.is_compiling():
-        if not bool((g <= 0).all()) or bool(torch.isneginf(g).any()):
-            bad = g[~((g <= 0) & ~torch.isneginf(g))].flatten()[0].item()
+        bad = ~(g <= 0) | torch.isneginf(g)  # > 0, NaN or -inf
+        if bool(bad.any()):  # the one host sync
+            bad = g[bad].flatten()[0].item()
             raise ValueError(f"{fn}: g is a log-decay (alpha = exp(g) in (0, 1]): every value must be finite and "
                              f"<= 0, got {bad}; a state reset is a document start (doc_ids)")
 
