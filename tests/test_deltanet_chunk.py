@@ -309,3 +309,24 @@ def test_generate_with_kernel_chunk_cache_equals_no_cache(mixer, prompt):
         a = model.generate(idx, 12, greedy=True, use_cache=True)
         b = model.generate(idx, 12, greedy=True, use_cache=False)
     assert a.shape == (2, prompt + 12) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls", [dn.DeltaNet, dn.GatedDeltaNet])
+def test_mixer_passes_one_dtype_when_normalize_runs_in_fp32(monkeypatch, cls):
+    """CUDA autocast runs ``F.normalize`` in float32 (torch.amp's float32 list) while the projections give bf16:
+    q, k reached the delta rule in fp32 beside a bf16 v, so ``auto`` saw fp32 and never picked fla under
+    bf16-mixed, and ``kernel='fla'`` refused to run there. Emulated on CPU: normalize returns float32."""
+    real = F.normalize
+    monkeypatch.setattr(torch.nn.functional, "normalize", lambda x, *a, **kw: real(x.float(), *a, **kw))
+    seen = {}
+    inner = dn._delta_rule
+
+    def spy(q, k, v, beta, g, *rest):
+        seen.update(q=q.dtype, k=k.dtype, v=v.dtype, beta=beta.dtype)
+        return inner(q, k, v, beta, g, *rest)
+
+    monkeypatch.setattr(dn, "_delta_rule", spy)
+    m = cls(16, 2, 8, kernel="chunk").to(torch.bfloat16)
+    y = m(torch.randn(1, 12, 16, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    assert seen == dict(q=torch.bfloat16, k=torch.bfloat16, v=torch.bfloat16, beta=torch.bfloat16)

@@ -434,6 +434,9 @@ class _DeltaBase(nn.Module):
         q = F.normalize(F.silu(self.q_proj(x)).view(shp), dim=-1)
         k = F.normalize(F.silu(self.k_proj(x)).view(shp), dim=-1)
         v = F.silu(self.v_proj(x)).view(shp)
+        # CUDA autocast runs normalize in float32 (torch.amp's float32 list) while v keeps the autocast dtype:
+        # q, k back to v's dtype, so that auto sees bf16 under bf16-mixed (fla, as documented) and kernel='fla' runs
+        q, k = q.to(v.dtype), k.to(v.dtype)
         beta = torch.sigmoid(self.b_proj(x).float())
         g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float()) if self.gated else None
         s0 = cache.S if cache is not None and cache.n > 0 else None
