@@ -25,9 +25,10 @@ Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt *
   triton >= 3.4, < 3.7.1 (fla #640: that compiler gives wrong gradients there); this row is a *time* anchor only
   (its gradients are not used or checked), for stacks where that guard stops ``fla_simple_gla``'s backward.
 * ``mamba_ssm``: ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`` (dt, A, D=None inside its
-  kernel; the SSD paper's own Triton kernels) when mamba_ssm imports, or, with ``--mamba-ssm-src DIR``, from a
-  mamba_ssm source tree (its pure-Triton SSD modules only: the package's ``__init__`` imports compiled CUDA
-  extensions, which are not needed here and are skipped); skipped with a note otherwise.
+  kernel; the SSD paper's own Triton kernels) when mamba_ssm imports, or, with ``--mamba-ssm-src DIR`` (which
+  then wins over an installed mamba_ssm; the notes name the file used), from a mamba_ssm source tree (its
+  pure-Triton SSD modules only: the package's ``__init__`` imports compiled CUDA extensions, which are not needed
+  here and are skipped); skipped with a note otherwise.
 * ``flash``: our exact causal attention kernel (:func:`kernels.flash.flash_attn`, ``H`` heads, ``D = 64``).
 
 Writes ``ssd_bench.csv`` and ``ssd_bench.json`` under ``--out`` and prints the table and ratios.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 
 import torch
@@ -49,6 +51,17 @@ from eval.bench_common import (add_time_budget, budget_spent, env_info, format_t
 
 class _FlaNoGuard:
     """Lift fla's Hopper / triton-version guard of its gated backward (fla #640) for the duration of a call."""
+
+    @staticmethod
+    def available() -> bool:
+        """fla's guard is where this class lifts it (another fla version: nothing to lift, the row is skipped)."""
+        import importlib
+
+        try:
+            co = importlib.import_module("fla.ops.common.chunk_o")
+        except Exception:  # noqa: BLE001
+            return False
+        return hasattr(co, "IS_NVIDIA_HOPPER")
 
     def __enter__(self):
         import fla.ops.common.chunk_o as co
@@ -61,15 +74,12 @@ class _FlaNoGuard:
 
 
 def import_mamba_chunk_scan(src=None):
-    """``mamba_chunk_scan_combined`` from the installed mamba_ssm, or from the source tree ``src`` (the folder
-    holding ``mamba_ssm/``) with the package's ``__init__`` (compiled extensions) skipped. Raises ImportError."""
-    try:
+    """``mamba_chunk_scan_combined`` from the source tree ``src`` when given (the folder holding ``mamba_ssm/``; the
+    package's ``__init__``, which imports compiled extensions, is skipped; it wins over an installed mamba_ssm:
+    the tree asked for is the one timed), else from the installed mamba_ssm. Raises ImportError."""
+    if not src:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
         return mamba_chunk_scan_combined
-    except ImportError:
-        if not src:
-            raise
-    import sys
     import types
 
     pkg_dir = os.path.join(src, "mamba_ssm")
@@ -159,13 +169,17 @@ def make_methods(B, H, N, P, NS, dtype, dev, notes, fla_noguard=False, mamba_src
         q, k = Cm.expand(B, N, H, NS).contiguous(), Bm.expand(B, N, H, NS).contiguous()
         ins = leaf(q, k, xdt)
         M["fla_simple_gla"] = (lambda i=ins: chunk_simple_gla(i[0], i[1], i[2], g=a, scale=1.0)[0], ins)
-        if fla_noguard:
+        if fla_noguard and not _FlaNoGuard.available():
+            notes.add("fla_simple_gla_noguard skipped: this fla has no fla.ops.common.chunk_o.IS_NVIDIA_HOPPER guard "
+                      "to lift")
+        elif fla_noguard:
             ins = leaf(q, k, xdt)  # timed inside _FlaNoGuard (main)
             M["fla_simple_gla_noguard"] = (lambda i=ins: chunk_simple_gla(i[0], i[1], i[2], g=a, scale=1.0)[0], ins)
     except Exception as e:  # noqa: BLE001
         notes.add(f"fla_simple_gla skipped: fla does not import ({type(e).__name__}: {e})")
     try:
         mamba_chunk_scan_combined = import_mamba_chunk_scan(mamba_src)
+        notes.add(f"mamba_ssm from {getattr(sys.modules.get('mamba_ssm.ops.triton.ssd_combined'), '__file__', '?')}")
         ins = leaf(x, dt, A, Bm, Cm)
         M["mamba_ssm"] = (lambda i=ins: mamba_chunk_scan_combined(i[0], i[1], i[2], i[3], i[4], chunk_size=64), ins)
     except Exception as e:  # noqa: BLE001
@@ -227,11 +241,17 @@ def main(argv=None):
     if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
         raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
     ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks))
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise SystemExit(f"--lengths {args.lengths!r}: comma-separated positive ints (e.g. 512,1024) expected")
     t_start = time.time()
     require_cuda("bench_ssd")
     dev, dtype = "cuda", torch.bfloat16
     rows, notes = [], set()
-    for N in [int(n) for n in args.lengths.split(",")]:
+    for N in lengths:
         B = max(1, args.tokens // N)
         methods = make_methods(B, args.heads, N, args.head_dim, args.d_state, dtype, dev, notes,
                                fla_noguard=args.fla_noguard, mamba_src=args.mamba_ssm_src, ours=ours)

@@ -209,3 +209,124 @@ def test_chunk_keeps_fp32_products_under_autocast():
     assert oa.dtype == torch.float32 and Sa.dtype == torch.float32
     torch.testing.assert_close(oa, o, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(Sa, S, atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- bad arguments
+def _f32(T=10, B=1, H=2, Dk=4, Dv=3):
+    q, k, v, beta, lg, s0 = (t.detach().float() for t in _inputs(B, T, H, Dk, Dv, True, seed=11))
+    return dict(q=q, k=k, v=v, beta=beta, g=lg, initial_state=s0)
+
+
+_BAD = [  # (argument, replacement built from the good inputs, text the message must hold)
+    ("k", lambda a: a["k"][:, :8], r"k must have q's shape \(B, T, H, Dk\) = \(1, 10, 2, 4\)"),
+    ("k", lambda a: a["k"][:, :, :1], r"k must have q's shape"),  # H = 1: broadcast by the naive loop before
+    ("v", lambda a: a["v"][:, :8], r"v must have shape \(B, T, H, Dv\) = \(1, 10, 2, Dv\)"),
+    ("v", lambda a: torch.cat([a["v"], a["v"]]), r"v must have shape"),  # B = 2: a (2, ...) output before
+    ("beta", lambda a: a["beta"][:, :, :1], r"beta must have shape \(B, T, H\) = \(1, 10, 2\)"),
+    ("beta", lambda a: a["beta"][..., None], r"beta must have shape"),
+    ("g", lambda a: a["g"][:, :8], r"g must have shape \(B, T, H\) = \(1, 10, 2\)"),
+    ("initial_state", lambda a: a["initial_state"].transpose(-1, -2),
+     r"initial_state must have shape \(B, H, Dk, Dv\) = \(1, 2, 4, 3\)"),
+    ("initial_state", lambda a: torch.cat([a["initial_state"]] * 2), r"initial_state must have shape"),
+    ("q", lambda a: a["q"].long(), r"q.dtype=torch.int64 is not supported; allowed values: float16"),
+    ("q", lambda a: a["q"][0], r"q must have shape \(B, T, H, Dk\)"),
+    ("g", lambda a: a["g"].abs() + 0.1, r"g is a log-decay .* finite and <= 0"),
+    ("g", lambda a: a["g"].index_fill(1, torch.tensor([4]), float("-inf")), r"g is a log-decay .*doc_ids"),
+    ("g", lambda a: a["g"].index_fill(1, torch.tensor([4]), float("nan")), r"g is a log-decay"),
+]
+
+
+@pytest.mark.parametrize("backend", ["chunk", "naive", "auto"])
+@pytest.mark.parametrize("arg, make, match", _BAD)
+def test_bad_arguments_raise_naming_them(backend, arg, make, match):
+    """Before: the chunked form failed inside a reshape / matmul, the naive loop broadcast a wrong H or B into a
+    result of the wrong shape, int inputs gave an int output, ``g = -inf`` gave NaN (chunk) where the loop did not."""
+    a = _f32()
+    a[arg] = make(a)
+    with pytest.raises(ValueError, match=match):
+        delta_rule(**a, backend=backend, chunk_size=4)
+    fn = delta_rule_chunk if backend == "chunk" else delta_rule_naive
+    with pytest.raises(ValueError, match=match):
+        fn(**a)
+
+
+@pytest.mark.parametrize("backend", ["chunk", "naive", "auto"])
+def test_bad_doc_ids_raise_naming_them(backend):
+    a = _f32()
+    for doc, match in [(torch.zeros(1, 9, dtype=torch.long), r"doc_ids must have shape \(B, Nk\) = \(1, 10\)"),
+                       (torch.zeros(1, 12, dtype=torch.long), r"doc_ids must have shape"),
+                       (torch.zeros(10, dtype=torch.long), r"doc_ids must have shape"),
+                       (torch.zeros(1, 10), r"doc_ids.dtype=torch.float32 is not supported; allowed values: int32"),
+                       (torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2, 2, 2]]), r"doc_ids must be nondecreasing")]:
+        with pytest.raises(ValueError, match=match):
+            delta_rule(**a, backend=backend, doc_ids=doc)
+
+
+def test_chunk_size_is_checked_whatever_the_backend():
+    with pytest.raises(ValueError, match=r"chunk_size must be a positive int"):
+        delta_rule(**_f32(), backend="naive", chunk_size=0)
+
+
+@pytest.mark.parametrize("backend", ["chunk", "naive", "auto"])
+@pytest.mark.parametrize("init", [False, True])
+def test_empty_sequence_returns_an_empty_output_and_the_state(backend, init):
+    a = _f32(T=0)
+    if not init:
+        a["initial_state"] = None
+    want = a["initial_state"].clone() if init else torch.zeros(1, 2, 4, 3)
+    o, S = delta_rule(**a, backend=backend)
+    assert o.shape == (1, 0, 2, 3) and o.dtype == torch.float32 and S.shape == (1, 2, 4, 3)
+    torch.testing.assert_close(S, want)
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
+def test_model_refuses_decreasing_doc_ids(mixer):
+    """A model of delta-rule layers only took decreasing doc_ids (a return to an earlier id read as a new
+    document) where every attention layer refuses them."""
+    from attn_zoo.mixers import MixerSpec
+    from attn_zoo.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=40, n_layer=1, n_head=2, d_model=16, max_seq_len=32),
+                MixerSpec(mixer, (("kernel", "chunk"),)), backend="reference")
+    idx = torch.randint(0, 40, (1, 10), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"doc_ids must be nondecreasing"):
+        model(idx, doc_ids=torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2, 2, 2]]))
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
+@pytest.mark.parametrize("prompt", [1, 10])
+def test_generate_with_kernel_chunk_cache_equals_no_cache(mixer, prompt):
+    """kernel=chunk everywhere: the prompt (T >= 8 or T = 1) and every one-token decode step through the chunked
+    form with a carried state, against the full forward of the growing sequence."""
+    from attn_zoo.mixers import MixerSpec
+    from attn_zoo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, n_layer=2, n_head=2, d_model=16, max_seq_len=32),
+                MixerSpec(mixer, (("kernel", "chunk"),)), backend="reference").eval()
+    idx = torch.randint(0, 40, (2, prompt), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = model.generate(idx, 12, greedy=True, use_cache=True)
+        b = model.generate(idx, 12, greedy=True, use_cache=False)
+    assert a.shape == (2, prompt + 12) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls", [dn.DeltaNet, dn.GatedDeltaNet])
+def test_mixer_passes_one_dtype_when_normalize_runs_in_fp32(monkeypatch, cls):
+    """CUDA autocast runs ``F.normalize`` in float32 (torch.amp's float32 list) while the projections give bf16:
+    q, k reached the delta rule in fp32 beside a bf16 v, so ``auto`` saw fp32 and never picked fla under
+    bf16-mixed, and ``kernel='fla'`` refused to run there. Emulated on CPU: normalize returns float32."""
+    real = F.normalize
+    monkeypatch.setattr(torch.nn.functional, "normalize", lambda x, *a, **kw: real(x.float(), *a, **kw))
+    seen = {}
+    inner = dn._delta_rule
+
+    def spy(q, k, v, beta, g, *rest):
+        seen.update(q=q.dtype, k=k.dtype, v=v.dtype, beta=beta.dtype)
+        return inner(q, k, v, beta, g, *rest)
+
+    monkeypatch.setattr(dn, "_delta_rule", spy)
+    m = cls(16, 2, 8, kernel="chunk").to(torch.bfloat16)
+    y = m(torch.randn(1, 12, 16, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    assert seen == dict(q=torch.bfloat16, k=torch.bfloat16, v=torch.bfloat16, beta=torch.bfloat16)

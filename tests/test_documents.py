@@ -239,13 +239,45 @@ def test_benchmark_wikitext_lengths_come_from_the_articles(tmp_path, monkeypatch
     f.write_text("".join(arts))
     monkeypatch.setattr(bf, "WIKITEXT", str(f))
     real = bf.document_lengths(5000, "wikitext:real", seed=3)
-    assert sum(real) == 5000 and set(real[:-1]) <= {100, 400} and {100, 400} <= set(real[:-1])
+    assert sum(real) == 5000 and set(real[1:-1]) <= {100, 400} and {100, 400} <= set(real[1:-1])
+    assert 1 <= real[0] <= 400  # the tail of the article the row starts in
     assert real == bf.document_lengths(5000, "wikitext:real", seed=3) != bf.document_lengths(5000, "wikitext:real", seed=4)
     scaled = bf.document_lengths(5000, "wikitext:50", seed=3)
-    assert set(scaled[:-1]) <= {20, 80}  # 100 and 400 scaled by 50 / 250
+    assert set(scaled[1:-1]) <= {20, 80}  # 100 and 400 scaled by 50 / 250
     monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "none.txt"))
     with pytest.raises(ValueError, match="ATTN_ZOO_WIKITEXT"):
         bf.document_lengths(10, "wikitext:real")
+    (tmp_path / "plain.txt").write_text("no title line here\n" * 5)  # a text that is not WikiText: named
+    monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "plain.txt"))
+    with pytest.raises(ValueError, match="holds no article.*ATTN_ZOO_WIKITEXT"):
+        bf.document_lengths(10, "wikitext:512")
+
+
+def test_benchmark_wikitext_rows_are_windows_of_a_packed_stream(tmp_path, monkeypatch):
+    """A row of a packed stream starts inside an article: with articles of 100 and 400 bytes (mean 250), a row of
+    50 bytes holds a document boundary with probability 50 / 250 = 0.2. Before, every row started at an article
+    start, so such a row never held one (WikiText-2 at N = 4096: 2% of rows instead of 22%)."""
+    from eval import bench_flash as bf
+
+    f = tmp_path / "wiki.txt"
+    f.write_text(" = A = \n" + "x" * 91 + "\n" + " = B = \n" + "y" * 391 + "\n")
+    monkeypatch.setattr(bf, "WIKITEXT", str(f))
+    rows = [bf.document_lengths(50, "wikitext:real", seed=s) for s in range(400)]
+    assert all(sum(r) == 50 for r in rows)
+    frac = sum(len(r) > 1 for r in rows) / len(rows)
+    assert 0.13 < frac < 0.27, frac
+
+
+def test_benchmark_bad_docs_entry_fails_before_the_cuda_check(tmp_path, monkeypatch):
+    """A bad --docs entry (or a missing WikiText file) is named on a machine without CUDA too, not hidden behind
+    'needs a CUDA device'."""
+    from eval import bench_flash as bf
+
+    monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "none.txt"))
+    for docs, match in [("wikitext:0", "allowed values: fixed:<L>, geometric:<L>, wikitext:<L>, wikitext:real"),
+                        ("fixed:64,", "allowed values"), ("wikitext:real", "ATTN_ZOO_WIKITEXT")]:
+        with pytest.raises(ValueError, match=match):
+            bf.main(["--docs", docs, "--variants", "causal", "--N", "256", "--D", "64", "--out", str(tmp_path)])
 
 
 def test_benchmark_native_fa4_varlen_needs_docs_and_is_named():

@@ -168,6 +168,39 @@ def test_errors_name_the_argument():
         Mamba2(32, kernel="fla")
 
 
+def test_mamba2_chunk_size_is_checked_at_construction():
+    """Before: chunk_size=48 with kernel=auto ran on CPU (the torch form) and failed only on a GPU (the Triton
+    kernel takes 16 / 32 / 64 / 128); chunk_size=0 divided by zero, 2.5 was truncated."""
+    for kernel in ("auto", "triton"):
+        with pytest.raises(ValueError, match=r"mamba2 chunk_size=48 .*allowed values: 16, 32, 64, 128"):
+            Mamba2(32, headdim=16, chunk_size=48, kernel=kernel)
+    Mamba2(32, headdim=16, chunk_size=48, kernel="torch")  # any positive int for the PyTorch form
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(ValueError, match=r"chunk_size must be a positive int"):
+            Mamba2(32, headdim=16, chunk_size=bad, kernel="torch")
+    from attn_zoo.families.ssd import ssd_scan_chunked
+
+    x = torch.randn(1, 8, 2, 4)
+    with pytest.raises(ValueError, match=r"ssd_scan_chunked: chunk_size must be a positive int"):
+        ssd_scan_chunked(x, -torch.rand(1, 8, 2), torch.randn(1, 8, 1, 4), torch.randn(1, 8, 1, 4), chunk_size=0)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "naive"])
+def test_mamba2_refuses_decreasing_doc_ids(kernel):
+    """Before: a model of mamba2 layers took decreasing doc_ids (a return to an earlier id read as a new document)
+    that every attention layer refuses."""
+    model = GPT(GPTConfig(vocab_size=40, n_layer=1, n_head=2, d_model=16, max_seq_len=32),
+                MixerSpec("mamba2", {"d_state": 8, "headdim": 8, "chunk_size": 16, "kernel": kernel}),
+                backend="reference")
+    idx = torch.randint(0, 40, (1, 10), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"doc_ids must be nondecreasing"):
+        model(idx, doc_ids=torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2, 2, 2]]))
+    x = torch.randn(1, 10, 2, 4)
+    with pytest.raises(ValueError, match=r"doc_ids.dtype=torch.float32 is not supported; allowed values: int32"):
+        ssd(x, torch.ones(1, 10, 2), -torch.ones(2), torch.randn(1, 10, 1, 4), torch.randn(1, 10, 1, 4),
+            backend=kernel, doc_ids=torch.zeros(1, 10))
+
+
 @pytest.mark.parametrize("backend", ["torch", "naive"])
 def test_mamba2_chunked_decoding_equals_the_full_forward(backend):
     """Prefill, single tokens, then a multi-token chunk after them, each from the cached state."""

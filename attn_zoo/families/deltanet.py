@@ -42,6 +42,69 @@ def _starts(doc_ids: torch.Tensor) -> torch.Tensor:
     return st
 
 
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_inputs(fn: str, q, k, v, beta, g, initial_state, doc_ids, check_g: bool = True) -> None:
+    """Shapes, dtypes and devices of the delta rule's arguments (see :func:`delta_rule_naive`); raises
+    ``ValueError`` naming the argument, its expected shape / allowed values and ``fn``. ``check_g``: also refuse
+    ``g > 0``, NaN or ``-inf`` (one host sync; the mixers skip it: their ``g`` is ``<= 0`` and finite by
+    construction). ``doc_ids`` goes through :func:`attn_zoo.documents.check_doc_ids` (int32 / int64, ``(B, T)``,
+    q's device, nondecreasing; the sync of the last check runs once per tensor)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"{fn}: q must have shape (B, T, H, Dk), got {tuple(q.shape)}")
+    Bsz, T, H, Dk = q.shape
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _FLOATS:
+            raise ValueError(f"{fn}: {name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, "
+                             f"float32, float64")
+    if tuple(k.shape) != (Bsz, T, H, Dk):
+        raise ValueError(f"{fn}: k must have q's shape (B, T, H, Dk) = {(Bsz, T, H, Dk)}, got {tuple(k.shape)}")
+    if v.dim() != 4 or tuple(v.shape[:3]) != (Bsz, T, H):
+        raise ValueError(f"{fn}: v must have shape (B, T, H, Dv) = ({Bsz}, {T}, {H}, Dv), got {tuple(v.shape)}")
+    for name, t in (("beta", beta), ("g", g)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS:
+            raise ValueError(f"{fn}: {name} must be a float tensor (float16, bfloat16, float32, float64) of shape "
+                             f"(B, T, H) = {(Bsz, T, H)}, got {getattr(t, 'dtype', type(t).__name__)}")
+        if tuple(t.shape) != (Bsz, T, H):
+            raise ValueError(f"{fn}: {name} must have shape (B, T, H) = {(Bsz, T, H)}, got {tuple(t.shape)}")
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or initial_state.dtype not in _FLOATS:
+            raise ValueError(f"{fn}: initial_state must be a float tensor of shape (B, H, Dk, Dv) or None, got "
+                             f"{getattr(initial_state, 'dtype', type(initial_state).__name__)}")
+        want = (Bsz, H, Dk, v.shape[3])
+        if tuple(initial_state.shape) != want:
+            raise ValueError(f"{fn}: initial_state must have shape (B, H, Dk, Dv) = {want}, got "
+                             f"{tuple(initial_state.shape)}")
+    for name, t in (("k", k), ("v", v), ("beta", beta), ("g", g), ("initial_state", initial_state)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{fn}: {name} must be on q's device {q.device}, got {t.device}")
+    if doc_ids is not None:
+        from ..documents import check_doc_ids
+
+        check_doc_ids(doc_ids, q.transpose(1, 2), k.transpose(1, 2))  # (B, H, T, D) views: doc_ids (B, T)
+    if check_g and g is not None and g.numel() and not torch.compiler.is_compiling():
+        bad = ~(g <= 0) | torch.isneginf(g)  # > 0, NaN or -inf
+        if bool(bad.any()):  # the one host sync
+            bad = g[bad].flatten()[0].item()
+            raise ValueError(f"{fn}: g is a log-decay (alpha = exp(g) in (0, 1]): every value must be finite and "
+                             f"<= 0, got {bad}; a state reset is a document start (doc_ids)")
+
+
+def _empty(q, v, initial_state):
+    """``T = 0``: an empty output and the state unchanged (fp32, fp64 for fp64 inputs)."""
+    Bsz, _, H, Dk = q.shape
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    S = (initial_state.to(acc).clone() if initial_state is not None
+         else q.new_zeros(Bsz, H, Dk, v.shape[-1], dtype=acc))
+    return q.new_zeros(Bsz, 0, H, v.shape[-1]), S
+
+
 def delta_rule_naive(q, k, v, beta, g=None, scale: Optional[float] = None, initial_state=None, doc_ids=None
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The (gated) delta rule step by step.
@@ -50,8 +113,20 @@ def delta_rule_naive(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     ``scale`` (default ``Dk ** -0.5``), ``initial_state (B, H, Dk, Dv)`` or None. Returns ``o (B, T, H, Dv)`` in
     ``q.dtype`` and the final state ``(B, H, Dk, Dv)`` fp32 (fp64 for fp64 inputs).
     ``doc_ids (B, T)`` int or None: the state restarts from zero at each document start after position 0
-    (``initial_state`` belongs to the document at position 0)."""
+    (``initial_state`` belongs to the document at position 0). ``T = 0`` returns an empty ``o`` and the state
+    unchanged.
+
+    Raises ``ValueError`` naming the argument for a shape other than the above, a non-float ``q, k, v``
+    dtype, tensors on different devices, bad ``doc_ids`` (int32 / int64, nondecreasing) or a ``g`` that is not
+    finite and ``<= 0``."""
+    _check_inputs("delta_rule_naive", q, k, v, beta, g, initial_state, doc_ids)
+    return _delta_rule_naive(q, k, v, beta, g, scale, initial_state, doc_ids)
+
+
+def _delta_rule_naive(q, k, v, beta, g, scale, initial_state, doc_ids):
     Bsz, T, H, Dk = q.shape
+    if T == 0:
+        return _empty(q, v, initial_state)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = Dk ** -0.5 if scale is None else scale
     S = initial_state.to(acc) if initial_state is not None else q.new_zeros(Bsz, H, Dk, v.shape[-1], dtype=acc)
@@ -79,7 +154,8 @@ def delta_rule_chunk(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     in ``q.dtype`` and the final state fp32, fp64 for fp64 inputs); differentiable by autograd; every product in
     fp32 (fp64), autocast off inside. ``T`` need not be a multiple of ``chunk_size`` (the last chunk is
     zero-padded: ``beta = k = 0`` leaves the state unchanged); ``T < chunk_size`` uses one chunk of ``T``.
-    Raises ``ValueError`` naming ``chunk_size`` unless it is a positive int.
+    Raises ``ValueError`` naming ``chunk_size`` unless it is a positive int, and as :func:`delta_rule_naive` for
+    bad arguments.
 
     Source: Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", sec.
     3-4 (the UT transform); Gated DeltaNet, Yang, Kautz & Hatamizadeh 2025, sec. 3 (the decay). In a chunk with
@@ -98,8 +174,19 @@ def delta_rule_chunk(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     chunk, ``seg_i`` counts the document starts at or before ``i`` (inside the chunk); the intra-chunk terms keep
     only ``seg_i == seg_j`` and the entering state reaches only positions with ``seg_i == 0`` (a zero decay, as a
     mask: no ``-inf`` enters the cumulative sum of ``g``)."""
+    _check_chunk_size(chunk_size)
+    _check_inputs("delta_rule_chunk", q, k, v, beta, g, initial_state, doc_ids)
+    return _delta_rule_chunk_checked(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
+
+
+def _check_chunk_size(chunk_size) -> None:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int (e.g. 64), got {chunk_size!r}")
+
+
+def _delta_rule_chunk_checked(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size):
+    if q.shape[1] == 0:
+        return _empty(q, v, initial_state)
     with torch.autocast(device_type=q.device.type, enabled=False):  # fp32 products under bf16-mixed too
         return _delta_rule_chunk(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
 
@@ -244,7 +331,15 @@ def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: s
     Raises ``ImportError`` naming the package for ``fla`` without it, ``ValueError`` naming ``backend`` for an
     unknown one or for ``fla`` with float32 inputs (fla's kernels refuse them). ``doc_ids (B, T)``: the state
     restarts at each document start; ``fla`` receives the batch flattened to one row with ``cu_seqlens`` (fla's
-    varlen form)."""
+    varlen form). Bad arguments raise as in :func:`delta_rule_naive` (``ValueError`` naming the argument),
+    ``chunk_size`` as in :func:`delta_rule_chunk` whatever the backend."""
+    _check_chunk_size(chunk_size)
+    _check_inputs("delta_rule", q, k, v, beta, g, initial_state, doc_ids)
+    return _delta_rule(q, k, v, beta, g, scale, initial_state, backend, doc_ids, chunk_size)
+
+
+def _delta_rule(q, k, v, beta, g, scale, initial_state, backend, doc_ids, chunk_size):
+    """:func:`delta_rule` on checked arguments."""
     if backend not in DELTA_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(DELTA_BACKENDS)}")
     if backend == "fla" and q.dtype not in (torch.float16, torch.bfloat16):
@@ -255,10 +350,15 @@ def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: s
     if backend == "auto":
         backend = pick_backend(q, g is not None)
     if backend == "naive":
-        return delta_rule_naive(q, k, v, beta, g, scale, initial_state, doc_ids)
+        return _delta_rule_naive(q, k, v, beta, g, scale, initial_state, doc_ids)
     if backend == "chunk":
-        return delta_rule_chunk(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
+        return _delta_rule_chunk_checked(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
+    if q.shape[1] == 0:
+        return _empty(q, v, initial_state)
     fn = _fla(g is not None)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"backend='fla' needs q, k, v of one dtype (float16 or bfloat16), got q {q.dtype}, "
+                         f"k {k.dtype}, v {v.dtype}")
     s0 = initial_state.float() if initial_state is not None else None
     if doc_ids is not None:
         Bsz, T, H = q.shape[:3]
@@ -334,10 +434,15 @@ class _DeltaBase(nn.Module):
         q = F.normalize(F.silu(self.q_proj(x)).view(shp), dim=-1)
         k = F.normalize(F.silu(self.k_proj(x)).view(shp), dim=-1)
         v = F.silu(self.v_proj(x)).view(shp)
+        # CUDA autocast runs normalize in float32 (torch.amp's float32 list) while v keeps the autocast dtype:
+        # q, k back to v's dtype, so that auto sees bf16 under bf16-mixed (fla, as documented) and kernel='fla' runs
+        q, k = q.to(v.dtype), k.to(v.dtype)
         beta = torch.sigmoid(self.b_proj(x).float())
         g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float()) if self.gated else None
         s0 = cache.S if cache is not None and cache.n > 0 else None
-        o, S = delta_rule(q, k, v, beta.to(q.dtype), g, None, s0, self.kernel, doc_ids)
+        beta = beta.to(q.dtype)
+        _check_inputs(self.mixer_name, q, k, v, beta, g, s0, doc_ids, check_g=False)  # g <= 0 by construction
+        o, S = _delta_rule(q, k, v, beta, g, None, s0, self.kernel, doc_ids, 64)
         if cache is not None:
             cache.S, cache.n = S.detach().float(), cache.n + T
         of = o.float()

@@ -73,15 +73,31 @@ def _segsum(cum: torch.Tensor) -> torch.Tensor:
     return d.masked_fill(~mask, float("-inf"))
 
 
+def _check_chunk_size(fn: str, chunk_size) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{fn}: chunk_size must be a positive int (e.g. 64), got {chunk_size!r}")
+
+
+def _check_docs(doc_ids, x: torch.Tensor) -> None:
+    """``doc_ids`` for ``x (B, T, H, P)``: int32 / int64, ``(B, T)``, x's device, nondecreasing (as every attention
+    layer asks; :func:`attn_zoo.documents.check_doc_ids`, its sync once per tensor). Raises ValueError naming it."""
+    if doc_ids is not None:
+        from ..documents import check_doc_ids
+
+        xt = x.transpose(1, 2)  # (B, H, T, P) view
+        check_doc_ids(doc_ids, xt, xt)
+
+
 def ssd_scan_chunked(x, a, B, C, initial_state=None, chunk_size: int = 64, doc_ids=None
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The chunked SSD algorithm in PyTorch (same arguments and results as :func:`ssd_scan_naive`).
     With ``doc_ids``, the intra-chunk decay mask is also a document mask, a chunk's state keeps only its last
     document's tokens, and the carried state flows only into the tokens (and the next chunk) of the document
     running at the chunk's start."""
+    _check_chunk_size("ssd_scan_chunked", chunk_size)
     Bsz, T, H, P = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    L = int(chunk_size)
+    L = chunk_size
     pad = (-T) % L
     Bh, Ch = _expand_groups(B, H).to(acc), _expand_groups(C, H).to(acc)
     xa, aa = x.to(acc), a.to(acc)
@@ -147,9 +163,14 @@ def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backen
     and the final state ``(B, H, N, P)`` fp32. Differentiable in every tensor argument.
     ``doc_ids (B, T)`` int or None: the state restarts at each document start (``initial_state`` belongs to the
     document at position 0), in every backend.
-    Raises ``ValueError`` naming ``backend`` for an unknown one."""
+    Raises ``ValueError`` naming ``backend`` for an unknown one, ``doc_ids`` for a dtype other than int32 / int64,
+    a shape other than ``(B, T)`` or decreasing ids (as attention does), ``chunk_size`` for a non-positive one
+    (``triton``: one of :data:`kernels.ssd.CHUNK_SIZES`). ``a = dt * A`` must be finite: an infinite decay (a full
+    reset) gives NaN in the chunked forms (their within-chunk cumulative sums), unchecked (no host sync in the
+    hot path); a reset is a document start (``doc_ids``)."""
     if backend not in SSD_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
+    _check_docs(doc_ids, x)
     if backend == "auto":
         backend = "triton" if x.is_cuda and x.dtype != torch.float64 else "torch"
     xdt = x * dt[..., None].to(x.dtype)
@@ -223,6 +244,14 @@ class Mamba2(nn.Module):
             raise ValueError(f"mamba2 ngroups={ngroups} must divide the number of heads {self.nheads}")
         if d_conv < 1:
             raise ValueError(f"mamba2 d_conv={d_conv} must be >= 1")
+        _check_chunk_size("mamba2", chunk_size)
+        if kernel in ("auto", "triton"):  # auto runs the Triton kernel on CUDA: a config that runs on CPU runs there
+            from kernels.ssd import CHUNK_SIZES
+
+            if chunk_size not in CHUNK_SIZES:
+                raise ValueError(f"mamba2 chunk_size={chunk_size} is not supported with kernel={kernel!r} (the Triton "
+                                 f"kernel's; auto runs it on CUDA); allowed values: "
+                                 f"{', '.join(map(str, CHUNK_SIZES))}, or any positive int with kernel='torch'")
         self.d_inner, self.d_state, self.headdim, self.ngroups = d_inner, d_state, headdim, ngroups
         self.d_conv, self.chunk_size, self.kernel = d_conv, chunk_size, kernel
         self.conv_dim = d_inner + 2 * ngroups * d_state
@@ -277,6 +306,8 @@ class Mamba2(nn.Module):
         Bsz, T, _ = x.shape
         if doc_ids is not None and tuple(doc_ids.shape) != (Bsz, T):
             raise ValueError(f"mamba2 doc_ids must have shape (B, T) = {(Bsz, T)}, got {tuple(doc_ids.shape)}")
+        if doc_ids is not None:
+            _check_docs(doc_ids, x.view(Bsz, T, 1, -1))
         if T == 1 and cache is not None and cache.n > 0:
             doc_ids = None
         z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
