@@ -407,24 +407,12 @@ def main(argv=None):
     if any(i in NATIVE for i in impls) and a.docs is None:
         raise SystemExit(f"--impls: {', '.join(NATIVE)} run packed documents only; give --docs")
     impls += [n for n in backends_from(plugins) if n not in impls]
-<<<<<<< HEAD
+    dists = [None] if a.docs is None else document_dists(a.docs)  # a bad entry (or WikiText file) fails on CPU too
     require_cuda("bench_flash")
-=======
-    dists = [None] if a.docs is None else a.docs.split(",")
-    for d in dists:
-        if d is not None:
-            document_lengths(1, d)  # a bad entry (or a missing WikiText file) fails before any case runs, on CPU too
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_flash needs a CUDA device")
->>>>>>> breakit
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)
     rows, t_start = [], time.time()
     flex_budget = [a.flex_max_cases]
-<<<<<<< HEAD
-    dists = [None] if a.docs is None else document_dists(a.docs)
-=======
->>>>>>> breakit
     for D in Ds:
         for name in variants:
             for N in Ns:
