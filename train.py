@@ -401,7 +401,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         write_final_metrics(output_dir, {
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "baseline": base, "curve": curve.points, "wall_s": rows["wall_s"],
-            "output_dir": output_dir,
+            "output_dir": output_dir, "date": time.strftime("%Y-%m-%d"),  # the day the run ended (figure captions)
             "resumed_from": ckpt_path, "result_config": result_config(cfg),
             # the LR schedule that ran: a resumed run keeps the checkpoint's length (its first run's max_steps)
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),

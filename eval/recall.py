@@ -58,6 +58,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import warnings
 from typing import List, Optional, Sequence
@@ -252,14 +253,30 @@ def load_recall_run(run_dir: str) -> dict:
                 date=_run_date(run_dir))
 
 
-def _run_date(run_dir: str) -> str:
-    import datetime as dt
+_LOG_DATE = re.compile(r"^\[(\d{4}-\d{2}-\d{2}) ")
 
-    for name in ("final_metrics.json", os.path.join("csv", "metrics.csv"), "metrics.csv"):
-        p = os.path.join(run_dir, name)
-        if os.path.exists(p):
-            return dt.datetime.fromtimestamp(os.path.getmtime(p)).strftime("%Y-%m-%d")
-    return ""
+
+def _run_date(run_dir: str) -> str:
+    """The day a run ended, from what the run wrote, never from file times (a clone sets those to its own day):
+    ``final_metrics.json``'s ``date`` (train.py writes it), else the last dated line of ``train.log`` (Hydra's
+    ``[YYYY-MM-DD hh:mm:ss,ms]`` prefix), else ``""`` (the run is left out of the caption's date span)."""
+    try:
+        with open(os.path.join(run_dir, "final_metrics.json")) as f:
+            date = json.load(f).get("date")
+        if isinstance(date, str) and date:
+            return date
+    except (OSError, ValueError, AttributeError):
+        pass
+    last = ""
+    try:
+        with open(os.path.join(run_dir, "train.log"), errors="replace") as f:
+            for line in f:
+                m = _LOG_DATE.match(line)
+                if m:
+                    last = m.group(1)
+    except OSError:
+        pass
+    return last
 
 
 def load_runs(roots) -> List[dict]:

@@ -615,3 +615,26 @@ def test_report_arguments_are_checked_before_any_run_is_read(tmp_path):
     assert {r["variant"] for r in res["rows"]} == {"linear (elu1)"}
     res = recall.run({"kind": "curves", "runs": [str(root)], "out_dir": out, "variant": "linear (elu1)"})
     assert {r["variant"] for r in res["rows"]} == {"linear (elu1)"}
+
+
+def test_run_date_comes_from_what_the_run_wrote_not_from_file_times(tmp_path):
+    """A clone sets every file's time to its own day: the caption's dates come from final_metrics.json's ``date``,
+    else the last dated line of train.log, else nothing."""
+    import json
+    import os
+
+    from eval.recall import _run_date
+
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    (a / "final_metrics.json").write_text(json.dumps({"date": "2026-11-30", "metrics": {}}))
+    (a / "train.log").write_text("[2026-11-29 23:59:00,001][x][INFO] - start\n")
+    (b / "final_metrics.json").write_text(json.dumps({"metrics": {}}))
+    (b / "train.log").write_text("[2026-11-28 10:00:00,000][x][INFO] - start\nno date\n[2026-11-29 01:00:00,000][x]"
+                                 "[INFO] - end\n")
+    (c / "final_metrics.json").write_text(json.dumps({"metrics": {}}))
+    for d in (a, b, c):
+        for f in d.iterdir():
+            os.utime(f, (0, 0))  # 1970: a file time must not show up
+    assert (_run_date(str(a)), _run_date(str(b)), _run_date(str(c))) == ("2026-11-30", "2026-11-29", "")
