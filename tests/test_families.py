@@ -91,6 +91,10 @@ def test_fla_backend_without_the_package_names_it(monkeypatch):
         delta_rule(q, k, v, beta, backend="cuda")
     with pytest.raises(ValueError, match=r"gated_deltanet kernel='x'"):
         GatedDeltaNet(16, 2, 8, kernel="x")
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)
+    for cls in (DeltaNet, GatedDeltaNet):  # named when the model is built, not at its first forward
+        with pytest.raises(ImportError, match=r"kernel='fla' of the .*deltanet mixer needs .*flash-linear-attention"):
+            cls(16, 2, 8, kernel="fla")
     o, _ = delta_rule(q, k, v, beta, backend="auto")  # CPU: our recurrence
     torch.testing.assert_close(o, delta_rule_naive(q, k, v, beta)[0])
 

@@ -399,6 +399,8 @@ class _DeltaBase(nn.Module):
         if kernel not in DELTA_BACKENDS:
             raise ValueError(f"{self.mixer_name} kernel={kernel!r} is not supported; allowed values: "
                              f"{', '.join(DELTA_BACKENDS)}")
+        if kernel == "fla":
+            _fla(self.gated)  # a missing package is named when the model is built, not at its first forward
         self.n_head, self.head_dim, self.kernel = n_head, head_dim, kernel
         inner = n_head * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
