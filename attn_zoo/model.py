@@ -160,7 +160,8 @@ def resolve_layer_specs(specs: Union[LayerSpec, Sequence[LayerSpec]], n_layer: i
         return [specs] * n_layer
     specs = list(specs)
     if len(specs) != n_layer:
-        raise ValueError(f"layer specs: got {len(specs)} specs for n_layer={n_layer}; give one per layer or a single spec")
+        raise ValueError(f"layer specs: got a list of {len(specs)} specs for n_layer={n_layer}; give a list of "
+                         f"{n_layer} (one per layer) or one spec not in a list (repeated on every layer)")
     for i, s in enumerate(specs):
         if not isinstance(s, (AttentionSpec, MixerSpec)):
             raise TypeError(f"layer specs[{i}] must be an AttentionSpec or a MixerSpec, got {type(s).__name__}")

@@ -31,7 +31,7 @@ def test_model_config_round_trips_through_plain_data():
     with pytest.raises(dataclasses.FrozenInstanceError):
         CFG.d_model = 8
     assert ModelConfig(CFG, LAYERS[0]).layers == (LAYERS[0],) * 3  # one spec: every layer
-    with pytest.raises(ValueError, match="layer specs: got 2 specs for n_layer=3"):
+    with pytest.raises(ValueError, match="layer specs: got a list of 2 specs for n_layer=3; give a list of 3"):
         ModelConfig(CFG, LAYERS[:2])
     with pytest.raises(ValueError, match="redraw_interval"):
         ModelConfig(CFG, LAYERS, redraw_interval=-1)
