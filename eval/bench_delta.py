@@ -33,7 +33,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eval.bench_common import env_info, format_table, time_cuda, try_call, write_csv, write_json
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, time_cuda, try_call, write_csv,
+                               write_json)
 
 
 def make_inputs(B, T, H, D, gated, dev, seed=0):
@@ -99,7 +100,7 @@ def main(argv=None):
     ap.add_argument("--chunk-size", type=int, default=64)
     ap.add_argument("--naive-max-t", type=int, default=1024, help="time the naive loop up to this T")
     ap.add_argument("--check-max-t", type=int, default=1024, help="max_rel_err of chunk / fla up to this T (0: off)")
-    ap.add_argument("--time-budget-s", type=float, default=240.0, help="start no new case after this many seconds")
+    add_time_budget(ap, 240.0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run only (wall-clock median of 3 calls, no fla)")
     args = ap.parse_args(argv)
@@ -125,9 +126,8 @@ def main(argv=None):
                        "D": args.head_dim}
                 if name == "naive" and T > args.naive_max_t:
                     continue
-                if time.time() - t_start > args.time_budget_s:
+                if budget_spent(t_start, args.time_budget_s, f"{kind} {name} T={T}"):
                     rows.append(dict(row, error="skipped (time budget)"))
-                    print(f"time budget reached, skipping {kind} {name} T={T}", flush=True)
                     continue
                 if name != "naive" and T <= args.check_max_t:
                     err = try_call(lambda: rel_err(fn, ins))
