@@ -374,7 +374,11 @@ def _blocks(N: int, P: int, block_p: Optional[int] = None) -> Tuple[int, int]:
 
 
 def _warps(L: int, BN: int) -> int:
-    return 8 if L * BN >= 8192 else 4
+    """Warps per program of the chunk kernels: 8 from ``L * BN = 4096`` (chunk 64, d_state 64). At 4 warps,
+    triton 3.6 on sm_90 compiles ``_chunk_out_kernel`` at (L, BN, BP) = (64, 64, <= 32) in bf16 into an out-of-range
+    shared-memory access (an illegal address on the H200: d_state 64 with headdim 16 / 32, Mamba-2's model
+    config); 8 warps run every (P, d_state) of ``tests/test_ssd.py``'s GPU grid."""
+    return 8 if L * BN >= 4096 else 4
 
 
 def _heads_per_program(programs: int, hpg: int) -> int:

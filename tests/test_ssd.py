@@ -263,7 +263,8 @@ def test_mamba2_trains_through_train_py(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------ GPU
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(2, 1000, 8, 64, 1, 64, 64), (1, 2048, 4, 128, 2, 128, 64)],
+@pytest.mark.parametrize("shape", [(2, 1000, 8, 64, 1, 64, 64), (1, 2048, 4, 128, 2, 128, 64),
+                                   (2, 300, 8, 32, 1, 64, 64), (1, 256, 4, 16, 1, 64, 64)],
                          ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
 @pytest.mark.parametrize("use_s0", [False, True], ids=["s0=None", "s0"])
 @pytest.mark.gpu
@@ -312,6 +313,25 @@ def test_ssd_triton_sequential_state_pass_on_gpu_matches_parallel_and_fp64(seq_b
         scale = 1 + r.abs().max().item()
         assert (o.double() - r).abs().max().item() <= 6e-2 * scale, f"sequential vs fp64: {name}"
         assert (o.double() - p.double()).abs().max().item() <= 2e-2 * scale, f"sequential vs parallel: {name}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mamba2_mixer_of_the_model_config_trains_under_bf16_autocast_on_gpu():
+    """conf/attention/mamba2.yaml's shapes (d_state 64, headdim 32) in bf16 autocast, as ``trainer=gpu`` runs them:
+    triton 3.6 once compiled the chunk-output kernel for them into an illegal address (kernels.ssd._warps)."""
+    torch.manual_seed(0)
+    m = Mamba2(128, d_state=64, headdim=32, kernel="triton").cuda()
+    x = torch.randn(4, 512, 128, device="cuda", requires_grad=True)
+    outs = []
+    for kernel in ("triton", "torch"):
+        m.kernel = kernel
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(x)
+        outs.append([y.float(), *torch.autograd.grad(y.float().square().mean(), [x, *m.parameters()])])
+    for name, o, r in zip(["y", "dx"] + [n for n, _ in m.named_parameters()], *outs):
+        assert torch.isfinite(o).all(), name
+        assert (o - r).abs().max() <= 6e-2 * (1 + r.abs().max()), name
 
 
 @pytest.mark.gpu
