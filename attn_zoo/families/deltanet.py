@@ -410,7 +410,13 @@ class _DeltaBase(nn.Module):
         self.o_norm_weight = nn.Parameter(torch.ones(head_dim))
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         if self.gated:
-            self.a_proj = nn.Linear(d_model, n_head, bias=True)
+            # Mamba-2's gate init (Dao & Gu 2024; Gated DeltaNet, Yang et al. 2025, reuses it): dt log-uniform in
+            # [1e-3, 1e-1] through softplus^-1 in dt_bias, so alpha = exp(-A dt) starts near 1 (a memory of ~10-1000
+            # positions). Without dt_bias, softplus(W_a x) ~ 0.69 gave alpha ~ exp(-0.69 A) ~ 3e-3 for A ~ 8: a state
+            # that forgot every token at once, and no recall was learned (MQAR 0.000 at d 128 / 256 on the H200).
+            self.a_proj = nn.Linear(d_model, n_head, bias=False)
+            dt = torch.exp(torch.rand(n_head) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
             self.A_log = nn.Parameter(torch.log(torch.empty(n_head).uniform_(1, 16)))
             self.g_proj = nn.Linear(d_model, inner, bias=bias)  # output gate
 
@@ -440,7 +446,8 @@ class _DeltaBase(nn.Module):
         # q, k back to v's dtype, so that auto sees bf16 under bf16-mixed (fla, as documented) and kernel='fla' runs
         q, k = q.to(v.dtype), k.to(v.dtype)
         beta = torch.sigmoid(self.b_proj(x).float())
-        g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float()) if self.gated else None
+        g = (-torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+             if self.gated else None)
         s0 = cache.S if cache is not None and cache.n > 0 else None
         beta = beta.to(q.dtype)
         _check_inputs(self.mixer_name, q, k, v, beta, g, s0, doc_ids, check_g=False)  # g <= 0 by construction
@@ -464,7 +471,8 @@ class DeltaNet(_DeltaBase):
 
 @register_mixer("gated_deltanet", causal=True)
 class GatedDeltaNet(_DeltaBase):
-    """Gated DeltaNet mixer: DeltaNet plus the decay ``alpha_t = exp(-exp(A_log) * softplus(W_a x))`` per head
-    (Mamba-2's gate) and a SiLU output gate."""
+    """Gated DeltaNet mixer: DeltaNet plus the decay ``alpha_t = exp(-exp(A_log) * softplus(W_a x + dt_bias))`` per
+    head (Mamba-2's gate and its init: ``dt_bias = softplus^-1(dt)``, ``dt`` log-uniform in [1e-3, 1e-1], ``A`` in
+    [1, 16]) and a SiLU output gate."""
 
     gated = True
