@@ -252,3 +252,18 @@ def test_packed_study_sweep_composes_and_runs(tmp_path):
                                       "skip_finished=false"])
     metrics = train_mod.train(cfg)
     assert math.isfinite(metrics["val/bpb"])
+
+
+def test_paragraph_study_splits_at_blank_lines_and_sweeps_the_mask(tmp_path):
+    """conf/experiment/lm_wikitext_paragraphs.yaml: lm_wikitext_packed with blank-line documents, its own sweep
+    folder (its jobs must not be taken for the article study's finished ones), doc_mask swept."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.load(ROOT / "conf" / "experiment" / "lm_wikitext_paragraphs.yaml")
+    assert str(raw.hydra.sweeper.params["data.doc_mask"]) in ("true,false", "True,False")
+    cfg = make_cfg(tmp_path, ["experiment=lm_wikitext_paragraphs", "attention=flash", "data.doc_mask=false"])
+    assert cfg.data.doc_split == "blank_line" and cfg.data.pack is True and cfg.data.doc_mask is False
+    assert cfg.data.val_path is not None and cfg.trainer.max_steps == 500
+    packed = make_cfg(tmp_path, ["experiment=lm_wikitext_packed"])
+    assert raw.hydra.sweep.dir != OmegaConf.load(ROOT / "conf" / "experiment" / "lm_wikitext_packed.yaml").hydra.sweep.dir
+    assert packed.data.doc_split == "auto"
