@@ -191,12 +191,17 @@ def _chunk_mask(causal_m, d, DOCS: tl.constexpr):
 
 
 @triton.jit
-def _carry_state(S, z, k, v, d, dl, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+def _carry_state(S, z, k, v, d, dl, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                 FRESH: tl.constexpr = False):
     """The state leaving a chunk of keys ``k`` (C x F) and values ``v`` (C x Dv): ``S += k^T v``, ``z += sum_j k_j``.
     DOCS: a chunk that holds a document boundary (``d`` its rows' documents, ``dl`` its last one): the state
-    restarts with the last document's keys only (the carried state belonged to an earlier document)."""
+    restarts with the last document's keys only (the carried state belonged to an earlier document). FRESH: it
+    restarts with all the chunk's keys (one document that starts at the chunk's first row)."""
     if DOCS:
         k = tl.where((d == dl)[:, None], k, 0.0)
+        S = _dot(tl.trans(k), v, PREC, UP)
+        z = tl.sum(k.to(tl.float32), 0)
+    elif FRESH:
         S = _dot(tl.trans(k), v, PREC, UP)
         z = tl.sum(k.to(tl.float32), 0)
     else:
@@ -248,26 +253,33 @@ def _seg_state(
 
 @triton.jit
 def _fwd_chunk(q, k, v, S, z, cm, rs, eps, DOCS: tl.constexpr, CAUSAL: tl.constexpr, S16: tl.constexpr,
-               PREC: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr):
+               PREC: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr, STATE: tl.constexpr = True):
     """Output rows (C x BV, fp32) and ``den`` of one chunk: ``q`` against the state ``S``, ``z`` (DOCS: only the
-    rows where ``rs`` holds, the others' products are dropped); causal: plus ``q`` against the chunk's own keys
-    under the mask ``cm``."""
-    if S16:
-        acc = _dot(q, S.to(q.dtype), PREC, UP)
-    else:
-        acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
-    den = tl.sum(q.to(tl.float32) * z[None, :], 1)
-    if DOCS:
-        acc = tl.where(rs[:, None], acc, 0.0)
-        den = tl.where(rs, den, 0.0)
+    rows where ``rs`` holds, the others' products are dropped; not STATE (causal): no row reads it); causal: plus
+    ``q`` against the chunk's own keys under the mask ``cm``."""
+    if STATE:
+        if S16:
+            acc = _dot(q, S.to(q.dtype), PREC, UP)
+        else:
+            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
+        if DOCS:
+            acc = tl.where(rs[:, None], acc, 0.0)
+            den = tl.where(rs, den, 0.0)
     if CAUSAL:
         A = _dot(q, tl.trans(k), PREC, UP)
         A = tl.where(cm, A, 0.0)
-        den += tl.sum(A, 1)
+        if STATE:
+            den += tl.sum(A, 1)
+        else:
+            den = tl.sum(A, 1)
         den = den + eps
         rden = 1.0 / den
         P = A * rden[:, None]  # in [0, 1]: safe in fp16
-        acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
+        if STATE:
+            acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
+        else:
+            acc = _dot(P.to(v.dtype), v, PREC, UP)
     else:
         den = den + eps
         acc = acc / den[:, None]
@@ -324,14 +336,20 @@ def _seg_fwd(
             k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
             v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
+            df = tl.load(DOC + b * NQ + start + i * C)  # the chunk's first document
+            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # and its last
             if dl == dprev:  # the chunk lies in the running document (documents never decrease): the plain step
                 acc, den = _fwd_chunk(q, k, v, S, z, causal_m, dl, eps, False, CAUSAL, S16, PREC, SPREC, UP)
                 S, z = _carry_state(S, z, k, v, dl, dl, False, PREC, UP)
                 # the stores in each branch: fewer values live across the branches (fewer spills, sm_90)
                 tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
                 tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
-            else:  # a document starts in the chunk (at its first row too): the rows' documents
+            elif df == dl:  # one document that starts at the chunk's first row: the step without the carried state
+                acc, den = _fwd_chunk(q, k, v, S, z, causal_m, dl, eps, False, CAUSAL, S16, PREC, SPREC, UP, False)
+                S, z = _carry_state(S, z, k, v, dl, dl, False, PREC, UP, True)
+                tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
+                tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
+            else:  # a document starts inside the chunk: the rows' documents
                 d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
                 acc, den = _fwd_chunk(q, k, v, S, z, _chunk_mask(causal_m, d, True), d == dprev, eps, True, CAUSAL,
                                       S16, PREC, SPREC, UP)
