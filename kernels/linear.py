@@ -457,13 +457,15 @@ def _dq_chunk(do, rden, cd, S, z, k, v, cm, rs, Q, DOCS: tl.constexpr, LOWP: tl.
               PREC: tl.constexpr, UP: tl.constexpr):
     """dq of one causal chunk before the feature map's chain rule: through the carried state ``S``, ``z`` (DOCS:
     only the rows where ``rs`` holds) and through the chunk's own keys under the mask ``cm``."""
+    rs_rden, rs_cd = rden, cd
+    if DOCS:  # the other rows' factors are zero: their products drop out
+        rs_rden = tl.where(rs, rden, 0.0)
+        rs_cd = tl.where(rs, cd, 0.0)
     if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
-        dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rden[:, None] + cd[:, None] * z[None, :]
+        dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rs_rden[:, None] + rs_cd[:, None] * z[None, :]
     else:
-        gm = do.to(tl.float32) * rden[:, None]
-        dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
-    if DOCS:
-        dq = tl.where(rs[:, None], dq, 0.0)
+        gm = do.to(tl.float32) * rs_rden[:, None]
+        dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + rs_cd[:, None] * z[None, :]
     dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
     dA = tl.where(cm, dA + cd[:, None], 0.0)
     dq += _mm(dA, k, Q, LOWP, SPREC, UP)
