@@ -18,6 +18,7 @@ Usage (from the repo root)::
     python -m lab.inspect_kernels --kernels flash_fwd --tma --tile 128,64,4,2   # TMA-streamed K / V
     python -m lab.inspect_kernels --kernels flash_dkdv,flash_dq --window --dilated  # dilated window build
     python -m lab.inspect_kernels --sass                # + instruction mix of each kernel's main loop
+    python -m lab.inspect_kernels --docs --paths        # + each path through the main loops (run-time branches)
 
 Shapes are the benchmark's: F = Dv = D = 128, bf16, chunk 64; ``G`` (query heads per K/V head) 1. Integer
 arguments are compiled as the launcher specialises them: 16-divisible, unit strides and ``dilation = 1`` as
@@ -100,7 +101,61 @@ def _sass_loop(sass: str) -> dict:
     return out
 
 
-def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, sass: bool = False) -> dict:
+def _sass_rows(sass: str) -> list:
+    """``[(address, instruction)]`` of a SASS dump."""
+    rows = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*)", line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2)))
+    return rows
+
+
+def _sass_paths(sass: str, n_loops: int = 2, top: int = 4) -> dict:
+    """The paths through the ``n_loops`` largest loops (backward branches, not nested in each other) of a SASS
+    dump: each path from the loop's head to its back edge following the forward branches inside the loop (a
+    run-time ``if`` in the kernel, e.g. the document kernels' per-chunk test, gives several), as ``length/HGMMA/LDL``
+    (instructions per warp and iteration), the ``top`` shortest distinct ones and the longest."""
+    rows = _sass_rows(sass)
+    idx = {a: i for i, (a, _) in enumerate(rows)}
+    op = lambda ins: re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]  # noqa: E731
+    target = lambda ins: int(re.search(r"0x([0-9a-f]+)", ins.split("BRA", 1)[1]).group(1), 16)  # noqa: E731
+    loops = sorted(((target(ins), a) for a, ins in rows if op(ins) == "BRA" and re.search(r"0x[0-9a-f]+", ins.split(
+        "BRA", 1)[1]) and target(ins) < a), key=lambda lp: lp[0] - lp[1])
+    chosen = []
+    for lo, hi in loops:
+        if len(chosen) < n_loops and all(hi < c[0] or lo > c[1] for c in chosen):
+            chosen.append((lo, hi))
+    out = {}
+    for n, (lo_a, hi_a) in enumerate(chosen, 1):
+        lo, hi = idx[lo_a], idx[hi_a]
+        paths, stack = [], [(lo, [])]
+        while stack and len(paths) < 4096:
+            i, path = stack.pop()
+            while True:
+                path.append(i)
+                if i == hi:
+                    paths.append(path)
+                    break
+                ins = rows[i][1]
+                nxt = [i + 1]
+                if op(ins) == "BRA":
+                    t = idx.get(target(ins))
+                    nxt = ([t] if t is not None and i < t <= hi else []) + ([i + 1] if ins.startswith("@") else [])
+                if not nxt:
+                    break
+                for j in nxt[1:]:
+                    stack.append((j, list(path)))
+                i = nxt[0]
+        kinds = sorted({(len(p), sum(op(rows[i][1]) == "HGMMA" for i in p), sum(op(rows[i][1]) == "LDL" for i in p))
+                        for p in paths})
+        shown = kinds[:top] + (kinds[-1:] if len(kinds) > top else [])
+        out[f"loop{n}_paths"] = ",".join("/".join(map(str, k)) for k in shown)
+    return out
+
+
+def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, sass: bool = False,
+                 paths: bool = False) -> dict:
     """Compile ``fn`` for sm_90a. ``types``: arg name -> Triton type ("*bf16", "i32", ...); pointers and i32
     arguments are marked 16-divisible (as the launcher specialises aligned tensors and sizes); ``const``: the
     constexpr values. Returns the counts printed by this script (with ``sass``: also the instruction mix of the
@@ -134,6 +189,8 @@ def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, 
     out["sass"] = hashlib.sha256("\n".join(code).encode()).hexdigest()[:12]
     if sass:
         out.update(_sass_loop(dump))
+    if paths:
+        out.update(_sass_paths(dump))
     return out
 
 
@@ -223,6 +280,8 @@ def main(argv=None):
     p.add_argument("--tma", action="store_true", help="flash_*: streamed operands through TMA descriptors")
     p.add_argument("--sass", action="store_true", help="also the instruction mix of the largest loop (per warp and "
                                                         "iteration: HGMMA, barriers, shuffles, shared / spill traffic)")
+    p.add_argument("--paths", action="store_true", help="also the paths through the two largest loops (length/HGMMA/"
+                                                         "LDL per path: a run-time branch in the loop gives several)")
     args = p.parse_args(argv)
     print(f"triton {triton.__version__}, target sm_90a, D = F = Dv = {D}, bf16")
     if args.flash_cases:
@@ -250,7 +309,7 @@ def main(argv=None):
         else:
             cfg = tile or tile_configs(name, torch.bfloat16, name != "seg_state", D, D)[0]
             fn, types, const = _linear(name, cfg, args.fm, args.phi_in_loop, args.docs)
-        r = compile_sm90(fn, types, const, cfg[2], cfg[3], sass=args.sass)
+        r = compile_sm90(fn, types, const, cfg[2], cfg[3], sass=args.sass, paths=args.paths)
         print(f"{name:10s} tile={cfg}: " + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
 
 
