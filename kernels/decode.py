@@ -153,7 +153,7 @@ def _decode_fwd(
     Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
-    PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_SC: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -247,29 +247,36 @@ def _decode_fwd(
             cid = pid_bh * tl.num_programs(2) + pid_m
             arrived = tl.atomic_add(CNT + cid, 1, sem="acq_rel")  # release our partials, acquire the others'
             if arrived == n_splits - 1:
-                mm = tl.full([BM], float("-inf"), dtype=tl.float32)
-                ll = tl.zeros([BM], dtype=tl.float32)
-                oo = tl.zeros([BM, BDV], dtype=tl.float32)
-                lp_ptr = LP + row  # split s's partials sit s * R rows further (pointers: 64-bit offsets)
-                op_ptr = OP + row[:, None] * DV + offs_dv[None, :]
-                for _s in range(0, n_splits):
-                    ls = tl.load(lp_ptr, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                    os_ = tl.load(op_ptr, mask=omask, other=0.0, cache_modifier=".cg")
-                    lp_ptr += R
-                    op_ptr += R * DV
-                    m_new = tl.maximum(mm, ls)
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    a = tl.math.exp2(mm - m_use)
-                    w = tl.math.exp2(ls - m_use)
-                    ll = ll * a + w
-                    oo = oo * a[:, None] + w[:, None] * os_
-                    mm = m_new
-                ok_l = ll > 0
-                out = oo / tl.where(ok_l, ll, 1.0)[:, None]
-                tl.store(O + row[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty), mask=omask)
-                if STORE_LSE:
-                    tl.store(LSE + row, tl.where(ok_l, (mm + tl.math.log2(tl.where(ok_l, ll, 1.0))) * 0.6931471805599453,
-                                                 float("-inf")), mask=row_ok)
+                # one output row at a time (the tile's rows are mostly padding for MHA / small GQA groups), up to
+                # MERGE_SC splits' partials per round trip to L2 (.cg: past this SM's L1, where other SMs wrote)
+                offs_c = tl.arange(0, MERGE_SC)
+                dvm = offs_dv < DV
+                r_lo = pid_m * BM
+                r_hi = tl.minimum(r_lo + BM, G * Nq)
+                for rr in range(r_lo, r_hi):
+                    orow = ((b * Hq + g * G + rr // Nq) * Nq + rr % Nq).to(tl.int64)
+                    mm = tl.max(tl.full([MERGE_SC], float("-inf"), dtype=tl.float32), 0)
+                    ll = tl.sum(tl.zeros([MERGE_SC], dtype=tl.float32), 0)
+                    oo = tl.zeros([BDV], dtype=tl.float32)
+                    for s0 in range(0, n_splits, MERGE_SC):
+                        sidx = s0 + offs_c
+                        sm = sidx < n_splits
+                        mrow = sidx.to(tl.int64) * R + orow
+                        ls = tl.load(LP + mrow, mask=sm, other=float("-inf"), cache_modifier=".cg")
+                        os_ = tl.load(OP + mrow[:, None] * DV + offs_dv[None, :], mask=sm[:, None] & dvm[None, :],
+                                      other=0.0, cache_modifier=".cg")  # (SC, BDV)
+                        m_new = tl.maximum(mm, tl.max(ls, 0))
+                        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                        a = tl.math.exp2(mm - m_use)
+                        w = tl.math.exp2(ls - m_use)  # 0 for empty splits
+                        ll = ll * a + tl.sum(w, 0)
+                        oo = oo * a + tl.sum(w[:, None] * os_, 0)
+                        mm = m_new
+                    ok_l = ll > 0
+                    tl.store(O + orow * DV + offs_dv, (oo / tl.where(ok_l, ll, 1.0)).to(O.dtype.element_ty), mask=dvm)
+                    if STORE_LSE:
+                        tl.store(LSE + orow, tl.where(ok_l, (mm + tl.math.log2(tl.where(ok_l, ll, 1.0))) * 0.6931471805599453,
+                                                      float("-inf")))
                 tl.store(CNT + cid, 0)  # reset for the next launch (CUDA-graph replays): every split has arrived
     else:
         tl.store(O + row[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty), mask=omask)
@@ -499,10 +506,10 @@ def decode_plan(
     streams) or ``"kernel"`` (a second launch, :func:`_decode_merge`). ``split_rule``: ``"waves"`` (default) or
     ``"legacy"`` (:func:`decode_num_splits`; resident programs per SM estimated from the K/V buffers in shared memory).
     ``max_registers``: ``"auto"`` (default: at most ``65536 / (programs per SM x num_warps x 32)`` registers per
-    thread, rounded down to 8, where that is >= 128 and the tile is at most 32 rows x 128 dims: 168 for 64-key tiles of
-    D 128 in 3 stages, so 3 programs stay resident; the per-key paged kernels take 182-220 without it on triton 3.6
-    and none spills at 168, ``lab/decode_pipeline_check.py``), ``None`` (the compiler's choice) or an int (Triton's
-    ``maxnreg``). Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the
+    thread, rounded down to 8, where that is >= 160 and the tile at most 16 rows x 64 keys x 128 dims: 168 for
+    64-key tiles of D 128 in 3 stages, so 3 programs stay resident; the per-key paged kernels take 182-220 without it
+    on triton 3.6 and none spills at 168, where 128-key or 32-row tiles would, ``lab/decode_pipeline_check.py``),
+    ``None`` (the compiler's choice) or an int (Triton's ``maxnreg``). Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the
     counter).
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
@@ -574,7 +581,7 @@ def decode_plan(
     p.merge, p.split_rule = merge, split_rule
     if max_registers == "auto":  # hold the register count to what `per_sm` resident programs can have (see docstring)
         cap = 65536 // (per_sm * num_warps * 32) // 8 * 8
-        max_registers = cap if per_sm >= 2 and cap >= 128 and BM <= 32 and max(D, Dv) <= 128 else None
+        max_registers = cap if per_sm >= 2 and cap >= 160 and BM <= 16 and BN <= 64 and max(D, Dv) <= 128 else None
     elif max_registers is not None and (not isinstance(max_registers, int) or not 24 <= max_registers <= 255):
         raise ValueError(f"max_registers={max_registers!r} must be 'auto', None or an int in [24, 255]")
     p.max_registers = max_registers
@@ -655,7 +662,7 @@ def decode_run(
         CAUSAL=p.causal,
         HAS_LEFT=p.left is not None, HAS_RIGHT=p.right is not None, SPARSE=p.is_sparse,
         LEFTPAD=p.has_leftpad, PREFETCH=p.page_gather == "prefetch" and p.paged and not p.is_sparse, SPLIT=S > 1,
-        FUSED_MERGE=S > 1 and p.merge == "fused", STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
+        FUSED_MERGE=S > 1 and p.merge == "fused", MERGE_SC=min(max(next_pow2(S), 2), 64), STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
         DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,
         **({"maxnreg": p.max_registers} if p.max_registers and not _interpreting() else {}),
     )

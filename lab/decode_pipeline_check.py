@@ -44,10 +44,10 @@ def _cubin_usage(cubin: bytes) -> dict:
 
 
 def compile_stats(paged: bool, multi_page: bool, prefetch: bool, num_stages: int = 3, fused: bool = True,
-                  page_size: int = 16, block_n: int = 64, block_m: int = 16) -> dict:
+                  page_size: int = 16, block_n: int = 64, block_m: int = 16, merge_sc: int = 64) -> dict:
     const = dict(PAGED=paged, PAGE_SIZE=page_size if paged else 1, PAGE_TILE=paged and page_size % block_n == 0,
                  MULTI_PAGE=multi_page, CAUSAL=True, HAS_LEFT=False, HAS_RIGHT=False, SPARSE=False, LEFTPAD=False,
-                 PREFETCH=prefetch, SPLIT=True, FUSED_MERGE=fused, STORE_LSE=False, BM=block_m, BN=block_n, BD=128,
+                 PREFETCH=prefetch, SPLIT=True, FUSED_MERGE=fused, MERGE_SC=merge_sc, STORE_LSE=False, BM=block_m, BN=block_n, BD=128,
                  BDV=128, DOT_PREC="tf32")
     names = list(inspect.signature(_decode_fwd.fn).parameters)
     sig = {n: PTRS.get(n) or ("constexpr" if n in const else "fp32" if n == "qk_scale" else "i32") for n in names}
@@ -63,6 +63,7 @@ def compile_stats(paged: bool, multi_page: bool, prefetch: bool, num_stages: int
 
 CASES = (  # name, compile_stats kwargs
     ("contiguous fused", dict(paged=False, multi_page=False, prefetch=False)),
+    ("contiguous fused, 16 splits", dict(paged=False, multi_page=False, prefetch=False, merge_sc=16)),
     ("contiguous kernel-merge", dict(paged=False, multi_page=False, prefetch=False, fused=False)),
     ("contiguous fused bn128 st2", dict(paged=False, multi_page=False, prefetch=False, block_n=128, num_stages=2)),
     ("contiguous fused bn128 st3", dict(paged=False, multi_page=False, prefetch=False, block_n=128)),

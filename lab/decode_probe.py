@@ -138,6 +138,7 @@ COMPARE_VARIANTS = [
     ("new_kernel_merge", dict(merge="kernel")),
     ("new_regs_free", dict(max_registers=None)),
     ("new_key_gather", dict(page_gather="key")),  # paged cases only
+    ("new_splits_x3", "x3"),
     ("new_splits_x2", "x2"),
     ("new_splits_half", "half"),
 ]
@@ -171,7 +172,7 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None) -> lis
         try:
             if isinstance(opts, str):  # a multiple of the new plan's split count
                 s0 = base_splits
-                opts = dict(num_splits=max(1, s0 * 2 if opts == "x2" else s0 // 2))
+                opts = dict(num_splits=max(1, {"x3": s0 * 3, "x2": s0 * 2, "half": s0 // 2}[opts]))
             plan = decode_plan(q, k, v, bt, **opts)
             o0 = decode_run(plan, q, k, v, seq, bt).clone()
             ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt))
