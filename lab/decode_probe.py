@@ -43,7 +43,7 @@ MATRIX_PAGES = [None, 16, 32, 256]
 MATRIX_NQ = [1, 4, 8]
 
 
-def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False, block_ns=(None,)) -> list:
+def matrix(out: str, budget_s: float, gathers=("prefetch",), quick: bool = False, block_ns=(None,)) -> list:
     """The ``--matrix`` run (module docstring); returns the rows. ``gathers``: the plan's ``page_gather`` values
     (key / page / prefetch) timed on every paged case (one row each, column ``page_gather``); ``block_ns``: key tile
     sizes timed on every paged case (``None``: the plan's default; column ``block_n``); ``quick``: batch 1 at 64k
@@ -283,7 +283,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--matrix", action="store_true", help="the issue-29 decode matrix at the defaults (docstring)")
-    p.add_argument("--gathers", default="key",
+    p.add_argument("--gathers", default="prefetch",
                    help="--matrix: page_gather values timed on paged cases, comma-separated (key,page,prefetch)")
     p.add_argument("--block-ns", default="",
                    help="--matrix: key tile sizes timed on paged cases, comma-separated (e.g. 64,128; default: the plan's)")
