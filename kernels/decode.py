@@ -2,11 +2,14 @@
 
 Algorithm: FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"): the keys
 of the cache are split over ``S`` programs per (sequence, K/V head); each runs the FlashAttention online softmax
-over its share and writes a normalised partial output and its log-sum-exp; a second small kernel merges the
-``S`` partials (``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``). With ``S == 1`` the first
-kernel writes the output directly. Conventions follow ``flash_attn_with_kvcache`` (FlashAttention 2.x) in the
-``(B, H, N, D)`` layout; the paged layout and the per-tile page-table lookup follow vLLM's PagedAttention
-(Kwon et al. 2023).
+over its share and writes a normalised partial output and its log-sum-exp; the ``S`` partials are then merged
+(``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``), by default in the last split of each
+(sequence, K/V head) to finish (an arrival counter that the merging program resets: one launch per step), else in a
+second small kernel. With ``S == 1`` the first kernel writes the output directly. The key tiles of a (sequence,
+K/V head) are spread evenly over its splits (shares differ by at most one tile) and ``S`` fills the SMs' resident
+program slots a whole number of times (:func:`decode_num_splits`). Conventions follow ``flash_attn_with_kvcache``
+(FlashAttention 2.x) in the ``(B, H, N, D)`` layout; the paged layout and the per-tile page-table lookup follow vLLM's
+PagedAttention (Kwon et al. 2023).
 
 Shapes (every tensor is read through its own strides; the last dim must be contiguous):
 
@@ -145,12 +148,12 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, k_row_in, v_row_in, start, b, 
 
 @triton.jit
 def _decode_fwd(
-    Q, K, V, SEQ, KFIRST, BT, LAY, TIDX, TCNT, O, LSE, OP, LP,
+    Q, K, V, SEQ, KFIRST, BT, LAY, TIDX, TCNT, O, LSE, OP, LP, CNT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, stab_b, stab_q, scnt_b,
     Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
-    PREFETCH: tl.constexpr, SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_SC: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -189,9 +192,8 @@ def _decode_fwd(
         qb1 = (seqlen - 1) // sparse_bs
         for qb in range(qb0, qb1 + 1):
             cnt = tl.load(TCNT + b * scnt_b + qb)
-            per = tl.cdiv(cnt, n_splits)
-            e0 = pid_s * per
-            e1 = tl.minimum(e0 + per, cnt)
+            e0 = (cnt * pid_s) // n_splits  # balanced: the splits' shares differ by at most one tile
+            e1 = (cnt * (pid_s + 1)) // n_splits
             for e in range(e0, e1):
                 t = tl.load(TIDX + b * stab_b + qb * stab_q + e)
                 if t * BN < hi:
@@ -207,15 +209,15 @@ def _decode_fwd(
             lo = tl.maximum(first - window_left, lo)
         t0 = lo // BN
         t1 = tl.cdiv(hi, BN)
-        per = tl.cdiv(tl.maximum(t1 - t0, 0), n_splits)
-        ta = t0 + pid_s * per
-        tb = tl.minimum(ta + per, t1)
+        nt = tl.maximum(t1 - t0, 0)
+        ta = t0 + (nt * pid_s) // n_splits  # balanced: the splits' shares differ by at most one tile
+        tb = t0 + (nt * (pid_s + 1)) // n_splits
         if PREFETCH:  # page-table lookups one tile ahead: a tile's K/V addresses come from the previous iteration
-            k_row, v_row = _tile_rows(BT, ta * BN, b, tl.minimum(seqlen, tb * BN), sbt_b, skb, skn, svb, svn,
-                                      PAGE_SIZE, PAGE_TILE, MULTI_PAGE, BN)
+            lim = tl.minimum(seqlen, tb * BN)
+            k_row, v_row = _tile_rows(BT, ta * BN, b, lim, sbt_b, skb, skn, svb, svn, PAGE_SIZE, PAGE_TILE, False, BN)
             for t in range(ta, tb):
-                k_nx, v_nx = _tile_rows(BT, (t + 1) * BN, b, tl.minimum(seqlen, tb * BN), sbt_b, skb, skn, svb, svn,
-                                        PAGE_SIZE, PAGE_TILE, MULTI_PAGE, BN)
+                k_nx, v_nx = _tile_rows(BT, (t + 1) * BN, b, lim, sbt_b, skb, skn, svb, svn, PAGE_SIZE, PAGE_TILE,
+                                        False, BN)
                 acc, m_i, l_i = _attend_tile(
                     acc, m_i, l_i, q, K, V, BT, LAY, k_row, v_row, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
                     skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
@@ -240,6 +242,42 @@ def _decode_fwd(
         prow = pid_s.to(tl.int64) * R + row
         tl.store(OP + prow[:, None] * DV + offs_dv[None, :], o, mask=omask)
         tl.store(LP + prow, lse2, mask=row_ok)
+        if FUSED_MERGE:  # the last split of this (sequence, K/V head, row block) to finish merges all of them
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            cid = pid_bh * tl.num_programs(2) + pid_m
+            arrived = tl.atomic_add(CNT + cid, 1, sem="acq_rel")  # release our partials, acquire the others'
+            if arrived == n_splits - 1:
+                # one output row at a time (the tile's rows are mostly padding for MHA / small GQA groups), up to
+                # MERGE_SC splits' partials per round trip to L2 (.cg: past this SM's L1, where other SMs wrote)
+                offs_c = tl.arange(0, MERGE_SC)
+                dvm = offs_dv < DV
+                r_lo = pid_m * BM
+                r_hi = tl.minimum(r_lo + BM, G * Nq)
+                for rr in range(r_lo, r_hi):
+                    orow = ((b * Hq + g * G + rr // Nq) * Nq + rr % Nq).to(tl.int64)
+                    mm = tl.max(tl.full([MERGE_SC], float("-inf"), dtype=tl.float32), 0)
+                    ll = tl.sum(tl.zeros([MERGE_SC], dtype=tl.float32), 0)
+                    oo = tl.zeros([BDV], dtype=tl.float32)
+                    for s0 in range(0, n_splits, MERGE_SC):
+                        sidx = s0 + offs_c
+                        sm = sidx < n_splits
+                        mrow = sidx.to(tl.int64) * R + orow
+                        ls = tl.load(LP + mrow, mask=sm, other=float("-inf"), cache_modifier=".cg")
+                        os_ = tl.load(OP + mrow[:, None] * DV + offs_dv[None, :], mask=sm[:, None] & dvm[None, :],
+                                      other=0.0, cache_modifier=".cg")  # (SC, BDV)
+                        m_new = tl.maximum(mm, tl.max(ls, 0))
+                        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                        a = tl.math.exp2(mm - m_use)
+                        w = tl.math.exp2(ls - m_use)  # 0 for empty splits
+                        ll = ll * a + tl.sum(w, 0)
+                        oo = oo * a + tl.sum(w[:, None] * os_, 0)
+                        mm = m_new
+                    ok_l = ll > 0
+                    tl.store(O + orow * DV + offs_dv, (oo / tl.where(ok_l, ll, 1.0)).to(O.dtype.element_ty), mask=dvm)
+                    if STORE_LSE:
+                        tl.store(LSE + orow, tl.where(ok_l, (mm + tl.math.log2(tl.where(ok_l, ll, 1.0))) * 0.6931471805599453,
+                                                      float("-inf")))
+                tl.store(CNT + cid, 0)  # reset for the next launch (CUDA-graph replays): every split has arrived
     else:
         tl.store(O + row[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty), mask=omask)
         if STORE_LSE:
@@ -342,12 +380,43 @@ def _dummy(device: torch.device) -> torch.Tensor:
 
 
 def decode_num_splits(n_programs: int, max_tiles: int, sm_count: int, min_tiles_per_split: int = 4,
-                      max_splits: int = 64) -> int:
-    """FlashDecoding split count: enough programs for two waves of ``sm_count`` SMs, at least
-    ``min_tiles_per_split`` key tiles per split, at most ``max_splits`` (``>= 1``)."""
-    want = cdiv(2 * sm_count, max(n_programs, 1))
-    cap = max(cdiv(max(max_tiles, 1), min_tiles_per_split), 1)
-    return int(max(1, min(want, cap, max_splits)))
+                      max_splits: int = 64, rule: str = "waves", programs_per_sm: int = 3,
+                      program_cost_tiles: float = 2.0) -> int:
+    """FlashDecoding split count ``S`` for ``n_programs`` (sequence, K/V head, row block) work items of at most
+    ``max_tiles`` key tiles each, ``1 <= S <= max_splits``, at least ``min_tiles_per_split`` tiles per split.
+
+    ``rule="waves"`` (the default): the ``S`` that minimises the modelled time of a memory-bound grid, ``waves(S) *
+    (cdiv(max_tiles, S) + program_cost_tiles)``, with ``waves(S) = cdiv(n_programs * S, sm_count * programs_per_sm)``
+    (``programs_per_sm``: programs resident per SM, 3 for 64-key tiles of D 128 in 3 stages: 72 KB of shared memory
+    each; ``program_cost_tiles``: a program's fixed cost -- start, pipeline ramp, partial store and merge -- in
+    tiles); ties go to fewer splits. It fills the resident slots a whole number of times (wave quantization: 36 splits
+    x 32 heads = 1152 programs are 2.9 waves of 396 slots) with splits as long as that allows; the kernel spreads the
+    tiles evenly over the splits (shares differ by at most one tile). Grids of ``n_programs >= 2 * sm_count`` keep
+    ``S = 1`` as the legacy rule does (measured at 0.95-1.05 of copy bandwidth, batch >= 16). ``rule="legacy"``: enough programs for two
+    waves of ``sm_count`` (the rule before 2026-12-04). ``ValueError`` for another ``rule``."""
+    if rule not in ("waves", "legacy"):
+        raise ValueError(f"split_rule={rule!r} is not supported; allowed values: 'waves', 'legacy'")
+    n = max(n_programs, 1)
+    tiles = max(max_tiles, 1)
+    cap = max(1, min(cdiv(tiles, max(min_tiles_per_split, 1)), max_splits))
+    if rule == "legacy":
+        return int(max(1, min(cdiv(2 * sm_count, n), cap)))
+    if n >= 2 * sm_count:  # large grids keep one split: 0.95-1.05 of copy bandwidth at batch >= 16 (H200)
+        return 1
+    slots = max(sm_count * max(programs_per_sm, 1), 1)
+    best, best_cost = 1, None
+    for s in range(1, cap + 1):
+        cost = cdiv(n * s, slots) * (cdiv(tiles, s) + program_cost_tiles)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return int(best)
+
+
+def _programs_per_sm(block_n: int, bd: int, bdv: int, num_stages: int, itemsize: int, num_warps: int) -> int:
+    """Programs of :func:`_decode_fwd` resident per SM (H100 / H200: 227 KB of shared memory, 64 warps): the K/V
+    tiles buffered ``max(num_stages - 1, 1)`` deep plus ~8 KB of other shared memory."""
+    smem = max(num_stages - 1, 1) * block_n * (bd + bdv) * itemsize + 8192
+    return int(max(1, min(227 * 1024 // smem, 64 // max(num_warps, 1))))
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad=None):
@@ -399,12 +468,13 @@ class DecodePlan:
     __slots__ = ("B", "Hq", "Hkv", "Nq", "D", "Dv", "dtype", "device", "paged", "page_size", "capacity", "max_pages",
                  "block_n", "block_m", "BD", "BDV", "n_m", "num_splits", "causal", "left", "right", "scale", "has_leftpad",
                  "return_lse", "is_sparse", "sparse_bs", "lay", "tidx", "tcnt", "out", "lse", "scratch", "num_warps", "num_stages",
-                 "sm_count", "page_gather")
+                 "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers")
 
     def __repr__(self):
         return (f"DecodePlan(B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Nq={self.Nq}, D={self.D}, Dv={self.Dv}, "
                 f"paged={self.paged}, page_size={self.page_size}, block_n={self.block_n}, block_m={self.block_m}, "
-                f"num_splits={self.num_splits}, grid={self.grid}, sm_count={self.sm_count})")
+                f"num_splits={self.num_splits}, grid={self.grid}, sm_count={self.sm_count}, merge={self.merge!r}, "
+                f"split_rule={self.split_rule!r}, page_gather={self.page_gather!r})")
 
     @property
     def grid(self) -> Tuple[int, int, int]:
@@ -416,29 +486,44 @@ def decode_plan(
     causal: bool = True, window_size: Optional[Tuple[Optional[int], Optional[int]]] = None,
     softmax_scale: Optional[float] = None, sparse: Optional["DecodeSparse"] = None, num_splits: Optional[int] = None,
     block_n: Optional[int] = None, return_lse: bool = False, has_leftpad: bool = False,
-    sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3, page_gather: str = "key",
+    sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3, page_gather: str = "prefetch",
+    merge: str = "fused", split_rule: str = "waves", max_registers="auto",
 ) -> DecodePlan:
     """Host-side plan of :func:`decode_run`, made once per batch shape / cache layout / mask (no device sync).
 
     ``q``, ``k_cache``, ``v_cache``, ``block_table`` give shapes, dtype, device and the cache layout only (their
     values are not read; ``q`` may be any tensor of the step's shape). ``sm_count``: SMs to fill with the split-K
     programs (default: read from the CUDA device, 132 on an H200; 4 on CPU). ``has_leftpad``: the runs pass a
-    ``cache_leftpad``. ``page_gather``: how a key tile over pages smaller than it (and dividing it) finds its rows:
-    ``"key"`` (one page-table lookup per key; the default: 0.61-0.90 of copy bandwidth on 16- and 32-token pages
-    against 0.32-0.48 for ``"page"`` and ``"prefetch"``, H200, triton 3.6, one process, 2026-12-04) or ``"page"``
-    (one lookup per page, the tile gathered as ``block_n / page_size`` whole pages) or ``"prefetch"`` (the page
-    lookups of ``"page"`` -- per key where the page size does not divide the tile -- software-pipelined by hand: tile
-    ``t + 1``'s page ids and row offsets are loaded in iteration ``t`` and carried, so a tile's K/V loads never wait
-    on a page-table load of their own iteration: compiled for sm_90 on triton 3.9 its K/V tiles are multi-buffered by
-    cp.async as in the contiguous kernel, where ``"key"`` / ``"page"`` get one buffer, ``lab/decode_pipeline_check.py``;
-    triton 3.6 does not pipeline it, so on the H200's stack it times as ``"page"``; block-sparse plans fall back to ``"page"``). Other arguments as
-    :func:`decode_attn`. Allocates the output, lse and split-K buffers.
+    ``cache_leftpad``. ``page_gather``: how a key tile over pages smaller than it finds its rows: ``"prefetch"`` (the
+    default since 2026-12-04: one page-table lookup per key, made one tile ahead -- tile ``t + 1``'s row offsets are
+    loaded in iteration ``t`` and carried -- so a tile's K/V loads never wait on a page-table load of their own
+    iteration: compiled for sm_90a on triton 3.6 and 3.9 its K/V tiles are multi-buffered by cp.async exactly as the
+    contiguous kernel's, 72 KB of shared memory, ``python -m lab.decode_pipeline_check``), ``"key"`` (the per-key
+    lookups in the tile's own iteration: one K/V buffer, 39 KB; the default before, 0.61-0.90 of copy bandwidth on 16-
+    and 32-token pages, H200, 2026-12-04) or ``"page"`` (one lookup per page, the tile gathered as ``block_n /
+    page_size`` whole pages: triton 3.6 does not pipeline it, 0.32-0.48); block-sparse plans look up per key in the
+    tile's iteration. ``merge``: ``"fused"`` (the default: the last split of each (sequence, K/V head, row block) to
+    finish -- an int32 arrival counter in the plan, ``atomic_add`` with acquire-release order after the split's
+    partial stores -- merges the partials and writes the output, then resets its counter to 0, so one launch per step
+    and CUDA-graph replays start from a clean counter; two runs of one plan must not overlap in time, e.g. on two
+    streams) or ``"kernel"`` (a second launch, :func:`_decode_merge`). ``split_rule``: ``"waves"`` (default) or
+    ``"legacy"`` (:func:`decode_num_splits`; resident programs per SM estimated from the K/V buffers in shared memory).
+    ``max_registers``: ``"auto"`` (default: at most ``65536 / (programs per SM x num_warps x 32)`` registers per
+    thread, rounded down to 8, where that is >= 160 and the tile at most 16 rows x 64 keys x 128 dims: 168 for
+    64-key tiles of D 128 in 3 stages, so 3 programs stay resident; the per-key paged kernels take 182-220 without it
+    on triton 3.6 and none spills at 168, where 128-key or 32-row tiles would, ``lab/decode_pipeline_check.py``),
+    ``None`` (the compiler's choice) or an int (Triton's ``maxnreg``). Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the
+    counter).
 
-    Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather`` for a value
-    other than ``"key"`` / ``"page"`` / ``"prefetch"``.
+    Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
+    ``split_rule`` or ``max_registers`` for a value other than those above.
     """
     if page_gather not in ("key", "page", "prefetch"):
         raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
+    if merge not in ("fused", "kernel"):
+        raise ValueError(f"merge={merge!r} is not supported; allowed values: 'fused', 'kernel'")
+    if split_rule not in ("waves", "legacy"):
+        raise ValueError(f"split_rule={split_rule!r} is not supported; allowed values: 'waves', 'legacy'")
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
     B, Hq, Nq, D = q.shape
@@ -479,7 +564,12 @@ def decode_plan(
     sms = int(sm_count) if sm_count is not None else _sm_count(dev)
     if sms < 1:
         raise ValueError(f"sm_count={sm_count} must be >= 1")
-    S = int(num_splits) if num_splits is not None else decode_num_splits(B * Hkv * n_m, max_tiles, sms)
+    if max(D, Dv) > 256:  # MLA-size latents: (BN, 1024) tiles; fewer stages to fit shared memory (untuned)
+        num_stages = min(num_stages, 2)
+    per_sm = _programs_per_sm(BN, max(16, next_pow2(D)), max(16, next_pow2(Dv)), num_stages, q.element_size(),
+                              num_warps)
+    S = int(num_splits) if num_splits is not None else decode_num_splits(
+        B * Hkv * n_m, max_tiles, sms, rule=split_rule, programs_per_sm=per_sm, program_cost_tiles=128 / BN)
     if S < 1:
         raise ValueError(f"num_splits={num_splits} must be >= 1")
     R = B * Hq * Nq
@@ -490,15 +580,23 @@ def decode_plan(
     p.causal, p.left, p.right = bool(causal), left, right
     p.scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     p.has_leftpad, p.return_lse, p.sm_count = bool(has_leftpad), bool(return_lse), sms
-    if max(p.BD, p.BDV) > 256:  # MLA-size latents: (BN, 1024) tiles; fewer stages to fit shared memory (untuned)
-        num_stages = min(num_stages, 2)
     p.num_warps, p.num_stages, p.page_gather = num_warps, num_stages, page_gather
+    p.merge, p.split_rule = merge, split_rule
+    if max_registers == "auto":  # hold the register count to what `per_sm` resident programs can have (see docstring)
+        cap = 65536 // (per_sm * num_warps * 32) // 8 * 8
+        max_registers = cap if per_sm >= 2 and cap >= 160 and BM <= 16 and BN <= 64 and max(D, Dv) <= 128 else None
+    elif max_registers is not None and (not isinstance(max_registers, int) or not 24 <= max_registers <= 255):
+        raise ValueError(f"max_registers={max_registers!r} must be 'auto', None or an int in [24, 255]")
+    p.max_registers = max_registers
     p.out = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=q.dtype)
     p.lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32) if return_lse else None
     p.scratch = None
+    p.counter = dummy_i
     if S > 1:
         p.scratch = (torch.empty(S, R, Dv, device=dev, dtype=torch.float32),
                      torch.empty(S, R, device=dev, dtype=torch.float32))
+        if merge == "fused":  # arrivals per (sequence, K/V head, row block); the merging program resets it to 0
+            p.counter = torch.zeros(B * Hkv * n_m, device=dev, dtype=torch.int32)
     return p
 
 
@@ -555,7 +653,7 @@ def decode_run(
     stab_q = p.tidx.stride(-2) if p.tidx.dim() >= 2 else 0
     scnt_b = p.tcnt.stride(0) if p.tcnt.dim() == 2 else 0
     _decode_fwd[p.grid](
-        q, k_cache, v_cache, cache_seqlens, kf, bt, p.lay, p.tidx, p.tcnt, out, lse, op, lp,
+        q, k_cache, v_cache, cache_seqlens, kf, bt, p.lay, p.tidx, p.tcnt, out, lse, op, lp, p.counter,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -563,12 +661,15 @@ def decode_run(
         p.Hq, p.Hkv, p.Nq, p.D, p.Dv, p.Hq // p.Hkv, R, S, p.scale * LOG2E,
         p.left if p.left is not None else 0, p.right if p.right is not None else 0, p.sparse_bs,
         PAGED=p.paged, PAGE_SIZE=p.page_size, PAGE_TILE=p.paged and p.page_size % p.block_n == 0,
-        MULTI_PAGE=p.page_gather in ("page", "prefetch") and p.paged and p.page_size < p.block_n and p.block_n % p.page_size == 0, CAUSAL=p.causal,
+        MULTI_PAGE=p.page_gather == "page" and p.paged and p.page_size < p.block_n and p.block_n % p.page_size == 0,
+        CAUSAL=p.causal,
         HAS_LEFT=p.left is not None, HAS_RIGHT=p.right is not None, SPARSE=p.is_sparse,
-        LEFTPAD=p.has_leftpad, PREFETCH=p.page_gather == "prefetch" and p.paged and not p.is_sparse, SPLIT=S > 1, STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
+        LEFTPAD=p.has_leftpad, PREFETCH=p.page_gather == "prefetch" and p.paged and not p.is_sparse, SPLIT=S > 1,
+        FUSED_MERGE=S > 1 and p.merge == "fused", MERGE_SC=min(max(next_pow2(S), 2), 64), STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
         DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,
+        **({"maxnreg": p.max_registers} if p.max_registers and not _interpreting() else {}),
     )
-    if S > 1:
+    if S > 1 and p.merge == "kernel":
         _decode_merge[(R,)](op, lp, out, lse, R, S, p.Dv, BS=max(2, next_pow2(S)), BD=p.BDV,
                             STORE_LSE=p.return_lse, num_warps=4 if p.BDV >= 128 else 2)
     return (out, lse) if p.return_lse else out
@@ -580,7 +681,7 @@ def decode_attn(
     window_size: Optional[Tuple[Optional[int], Optional[int]]] = None, softmax_scale: Optional[float] = None,
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
     return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
-    plan: Optional[DecodePlan] = None,
+    plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "fused", split_rule: str = "waves",
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
 
@@ -607,6 +708,7 @@ def decode_attn(
             decode on a packed prefix: keys ``j < cache_leftpad[b]`` are not seen; positions stay absolute).
         plan: a :func:`decode_plan` to run (then the mask / tile arguments above are the plan's and must be
             left at their defaults); default: a fresh plan per call (fresh output buffers).
+        page_gather, merge, split_rule: as :func:`decode_plan`.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``).
@@ -619,7 +721,7 @@ def decode_attn(
         plan = decode_plan(q, k_cache, v_cache, block_table, causal=causal, window_size=window_size,
                            softmax_scale=softmax_scale, sparse=sparse, num_splits=num_splits, block_n=block_n,
                            return_lse=return_lse, has_leftpad=cache_leftpad is not None, num_warps=num_warps,
-                           num_stages=num_stages)
+                           num_stages=num_stages, page_gather=page_gather, merge=merge, split_rule=split_rule)
     return decode_run(plan, q, k_cache, v_cache, cache_seqlens.contiguous(), block_table,
                       None if cache_leftpad is None else cache_leftpad.contiguous())
 

@@ -4,6 +4,7 @@ replays; every row beside SDPA over the same contiguous cache and the device cop
 
     python -m lab.decode_probe --out results/h200/<date>/decode_probe [--budget-s 240]
     python -m lab.decode_probe --matrix --out results/h200/<date>/decode_matrix [--budget-s 150]
+    python -m lab.decode_probe --compare --out results/h200/<date>/decode_compare [--budget-s 300]
 
 Grid per case: block_n x num_splits (the default, x2, x4) x num_warps x num_stages. Writes decode_probe.csv (every
 row) and prints, per case, the default settings' fraction of copy bandwidth, the best one and SDPA's.
@@ -15,6 +16,10 @@ Nq 1 / 4 / 8 new queries (causal among them). Per case: ``ours`` = :func:`kernel
 keys as one contiguous tensor (paged: gathered once, outside the timing; Nq > 1: a bottom-right causal bool
 mask), both as fractions of the copy bandwidth of the same run, and ``err`` the max abs difference of the two
 outputs. Writes decode_matrix.csv / .json; stops at ``--budget-s`` (what was measured is written).
+
+``--compare`` (issue 29 item 3, the plan options of 2026-12-04): SDPA, the old defaults and the new ones on the
+issue's cases (batch 1 / 4 at 16k-128k, MHA and GQA, contiguous and pages of 16 / 32, Nq 4), then variants of the
+new plan; see :func:`compare`. Writes decode_compare.csv / .json and a summary table.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ MATRIX_PAGES = [None, 16, 32, 256]
 MATRIX_NQ = [1, 4, 8]
 
 
-def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False, block_ns=(None,)) -> list:
+def matrix(out: str, budget_s: float, gathers=("prefetch",), quick: bool = False, block_ns=(None,)) -> list:
     """The ``--matrix`` run (module docstring); returns the rows. ``gathers``: the plan's ``page_gather`` values
     (key / page / prefetch) timed on every paged case (one row each, column ``page_gather``); ``block_ns``: key tile
     sizes timed on every paged case (``None``: the plan's default; column ``block_n``); ``quick``: batch 1 at 64k
@@ -104,6 +109,155 @@ def matrix(out: str, budget_s: float, gathers=("key",), quick: bool = False, blo
     write_json(rows, os.path.join(out, "decode_matrix.json"), env=dict(env_info(), copy_gbps=copy_gbps))
     return rows
 
+# --compare: (name, B, Hq, Hkv, context, page_size or None, Nq), the cases of issue 29 item 3
+COMPARE_CASES = [
+    ("mha_b1_16k", 1, 32, 32, 16384, None, 1),
+    ("mha_b1_64k", 1, 32, 32, 65536, None, 1),
+    ("gqa32:8_b1_64k", 1, 32, 8, 65536, None, 1),
+    ("gqa64:8_b1_128k", 1, 64, 8, 131072, None, 1),
+    ("mha_b4_16k", 4, 32, 32, 16384, None, 1),
+    ("gqa32:8_b4_16k", 4, 32, 8, 16384, None, 1),
+    ("mha_b1_64k_page16", 1, 32, 32, 65536, 16, 1),
+    ("gqa32:8_b1_64k_page16", 1, 32, 8, 65536, 16, 1),
+    ("mha_b4_16k_page16", 4, 32, 32, 16384, 16, 1),
+    ("gqa32:8_b4_16k_page16", 4, 32, 8, 16384, 16, 1),
+    ("mha_b1_64k_page32", 1, 32, 32, 65536, 32, 1),
+    ("gqa32:8_b1_64k_page32", 1, 32, 8, 65536, 32, 1),
+    ("mha_b4_16k_page32", 4, 32, 32, 16384, 32, 1),
+    ("gqa32:8_b4_16k_page32", 4, 32, 8, 16384, 32, 1),
+    ("gqa32:8_b1_64k_nq4", 1, 32, 8, 65536, None, 4),
+    ("gqa32:8_b1_64k_page16_nq4", 1, 32, 8, 65536, 16, 4),
+]
+# the plan settings timed by --compare: "old" = the defaults before 2026-12-04 (split count for two waves of SMs,
+# a second merge launch, per-key page lookups in the tile's iteration, the compiler's register count; the kernel's
+# split shares are balanced in both), "new" = today's defaults; the variants run in a second pass when budget is left
+COMPARE_OLD = dict(split_rule="legacy", merge="kernel", page_gather="key", max_registers=None)
+COMPARE_VARIANTS = [
+    ("new_bn128_st2", dict(block_n=128, num_stages=2)),
+    ("new_st4", dict(num_stages=4)),
+    ("new_kernel_merge", dict(merge="kernel")),
+    ("new_regs_free", dict(max_registers=None)),
+    ("new_key_gather", dict(page_gather="key")),  # paged cases only
+    ("new_splits_x3", "x3"),
+    ("new_splits_x2", "x2"),
+    ("new_splits_half", "half"),
+]
+
+
+_COMPARE_DEVICE, _COMPARE_DTYPE = "cuda", torch.bfloat16  # (a CPU dry run of the script's logic patches these)
+
+
+def compare(out: str, budget_s: float, variants: bool = True, cases=None) -> list:
+    """The ``--compare`` run (issue 29 item 3): per case of ``COMPARE_CASES`` (or the names in ``cases``), SDPA over
+    the same keys as one contiguous tensor (paged: gathered once, outside the timing; Nq > 1: a bottom-right causal
+    bool mask), ``old`` and ``new`` plans (``COMPARE_OLD`` / the defaults), each a CUDA-graph replay of
+    :func:`kernels.decode.decode_run`, as fractions of the copy bandwidth of the same run; then, budget permitting,
+    the ``COMPARE_VARIANTS`` of the new plan on every case. Every row checks the output against SDPA (``err``: max
+    abs difference), that the plan's output after the replays equals a fresh run (``replay_equal``: the fused
+    merge's counter is reset by every replay) and that the arrival counter is back at 0 (``counter_zero``). Writes
+    decode_compare.csv / .json (what was measured when the budget ran out) and prints one line per row."""
+    from attn_zoo.decode import gather_kv
+
+    t_end = time.time() + budget_s
+    copy_gbps = copy_bandwidth()
+    sms = _sm_count(torch.device(_COMPARE_DEVICE))
+    print(f"copy bandwidth {copy_gbps:.0f} GB/s, {sms} SMs", flush=True)
+    todo = [c for c in COMPARE_CASES if cases is None or c[0] in cases]
+    rows = []
+    D, dt, dev = 128, _COMPARE_DTYPE, _COMPARE_DEVICE
+
+    def one(case, method, opts, k, v, bt, seq, q, kc, vc, ref, nbytes, base_splits=None):
+        name, B, Hq, Hkv, ctx, ps, Nq = case
+        base = dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method=method)
+        try:
+            if isinstance(opts, str):  # a multiple of the new plan's split count
+                s0 = base_splits
+                opts = dict(num_splits=max(1, {"x3": s0 * 3, "x2": s0 * 2, "half": s0 // 2}[opts]))
+            plan = decode_plan(q, k, v, bt, **opts)
+            o0 = decode_run(plan, q, k, v, seq, bt).clone()
+            ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt))
+            torch.cuda.synchronize()
+            after = plan.out.clone()
+            cz = bool((plan.counter == 0).all())
+            err = float((o0.float() - ref.float()).abs().max())
+        except Exception as e:  # noqa: BLE001 - record and go on
+            rows.append(dict(base, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            print(name, method, "error", e, flush=True)
+            return None
+        fr = nbytes / (ms * 1e-3) / 1e9 / copy_gbps
+        row = dict(base, block_n=plan.block_n, block_m=plan.block_m, num_splits=plan.num_splits,
+                   num_stages=plan.num_stages, merge=plan.merge, split_rule=plan.split_rule,
+                   page_gather=plan.page_gather if ps else "", max_registers=plan.max_registers,
+                   programs=plan.num_splits * plan.B * plan.Hkv * plan.n_m, ms=ms, frac=fr, err=err,
+                   replay_equal=bool(torch.equal(after, o0)), counter_zero=cz)
+        rows.append(row)
+        print(f"{name:28s} {method:18s} {fr:.3f}  (S {plan.num_splits}, bn {plan.block_n}, st {plan.num_stages}, "
+              f"{plan.merge}, regs {plan.max_registers})  err {err:.1e}  replay_equal {row['replay_equal']}  "
+              f"counter_zero {cz}", flush=True)
+        return plan
+
+    def setup(case):
+        name, B, Hq, Hkv, ctx, ps, Nq = case
+        gen = torch.Generator(device=dev).manual_seed(0)
+        k, v, bt, seq = make_cache(B, Hkv, ctx, D, dt, ps is not None, ps or 0, gen)
+        kc, vc = (k, v) if bt is None else gather_kv(k, v, bt, ctx, seq)
+        q = torch.randn(B, Hq, Nq, D, device=dev, dtype=dt, generator=gen)
+        mask = None
+        if Nq > 1:
+            i = torch.arange(Nq, device=dev).view(-1, 1) + ctx - Nq
+            mask = torch.arange(ctx, device=dev).view(1, -1) <= i
+        ref = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv)
+        return k, v, bt, seq, q, kc, vc, mask, ref, kv_bytes_per_step(B, Hkv, ctx, D)
+
+    new_splits = {}
+    for case in todo:  # pass 1: SDPA, old, new
+        if time.time() > t_end:
+            print("budget spent: stopped in pass 1", flush=True)
+            break
+        k, v, bt, seq, q, kc, vc, mask, ref, nbytes = setup(case)
+        name, B, Hq, Hkv, ctx, ps, Nq = case
+        ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv))
+        fr = nbytes / (ms * 1e-3) / 1e9 / copy_gbps
+        rows.append(dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method="sdpa", ms=ms,
+                         frac=fr))
+        print(f"{name:28s} {'sdpa':18s} {fr:.3f}", flush=True)
+        one(case, "old", COMPARE_OLD, k, v, bt, seq, q, kc, vc, ref, nbytes)
+        plan = one(case, "new", {}, k, v, bt, seq, q, kc, vc, ref, nbytes)
+        if plan is not None:
+            new_splits[case[0]] = plan.num_splits
+        del k, v, bt, kc, vc, ref
+        torch.cuda.empty_cache()
+    for case in todo if variants else []:  # pass 2: variants of the new plan
+        if time.time() > t_end or case[0] not in new_splits:
+            continue
+        k, v, bt, seq, q, kc, vc, mask, ref, nbytes = setup(case)
+        for method, opts in COMPARE_VARIANTS:
+            if time.time() > t_end:
+                break
+            if isinstance(opts, dict) and "page_gather" in opts and case[5] is None:
+                continue
+            if isinstance(opts, dict) and "max_registers" in opts and case[5] is None:
+                continue  # contiguous kernels are under the cap already (lab/decode_pipeline_check.py)
+            one(case, method, opts, k, v, bt, seq, q, kc, vc, ref, nbytes, new_splits[case[0]])
+        del k, v, bt, kc, vc, ref
+        torch.cuda.empty_cache()
+    if time.time() > t_end:
+        print("budget spent", flush=True)
+    write_csv(rows, os.path.join(out, "decode_compare.csv"))
+    write_json(rows, os.path.join(out, "decode_compare.json"), env=dict(env_info(), copy_gbps=copy_gbps, sm_count=sms))
+    by = {}
+    for r in rows:
+        if r.get("frac") is not None:
+            by.setdefault(r["case"], {})[r["method"]] = r["frac"]
+    print(f"\n{'case':28s} {'sdpa':>6s} {'old':>6s} {'new':>6s} {'best':>6s}  best method")
+    for name, d in by.items():
+        ours = {m: f for m, f in d.items() if m != "sdpa"}
+        bm = max(ours, key=ours.get) if ours else "-"
+        print(f"{name:28s} {d.get('sdpa', float('nan')):6.3f} {d.get('old', float('nan')):6.3f} "
+              f"{d.get('new', float('nan')):6.3f} {ours.get(bm, float('nan')):6.3f}  {bm}")
+    return rows
+
+
 # (name, B, Hq, Hkv, context, page_size or None, Nq)
 CASES = [
     ("mha_b1_16k", 1, 32, 32, 16384, None, 1),
@@ -129,13 +283,20 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--matrix", action="store_true", help="the issue-29 decode matrix at the defaults (docstring)")
-    p.add_argument("--gathers", default="key",
+    p.add_argument("--gathers", default="prefetch",
                    help="--matrix: page_gather values timed on paged cases, comma-separated (key,page,prefetch)")
     p.add_argument("--block-ns", default="",
                    help="--matrix: key tile sizes timed on paged cases, comma-separated (e.g. 64,128; default: the plan's)")
     p.add_argument("--quick", action="store_true", help="--matrix: a small subset (see matrix())")
+    p.add_argument("--compare", action="store_true",
+                   help="issue 29's decode cases: SDPA, the old and the new defaults, then variants (docstring)")
+    p.add_argument("--no-variants", action="store_true", help="--compare: SDPA, old and new only")
+    p.add_argument("--cases", default="", help="--compare: case names to run, comma-separated (default: all)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.compare:
+        compare(args.out, args.budget_s, not args.no_variants, set(args.cases.split(",")) if args.cases else None)
+        return
     if args.matrix:
         bns = tuple(int(x) for x in args.block_ns.split(",") if x) or (None,)
         matrix(args.out, args.budget_s, tuple(args.gathers.split(",")), args.quick, bns)

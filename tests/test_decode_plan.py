@@ -76,11 +76,12 @@ def test_plan_run_reuses_its_buffers_and_allocates_nothing(monkeypatch):
 
 def test_plan_split_count_follows_the_sm_count_and_refuses_another_shape():
     g = torch.Generator().manual_seed(1)
-    k, v, _ = _cache(g, 1, 2, 16, 512)
+    k, v, _ = _cache(g, 1, 2, 16, 4096)
     q = _randn(g, 1, 4, 1, 16)
     few = decode_plan(q, k, v, sm_count=1, block_n=16)
     many = decode_plan(q, k, v, sm_count=132, block_n=16)
-    assert few.num_splits == 1 and many.num_splits > few.num_splits and many.grid[0] == many.num_splits
+    assert many.num_splits > few.num_splits and many.grid[0] == many.num_splits
+    assert decode_plan(q, k, v, sm_count=1, block_n=16, split_rule="legacy").num_splits == 1  # two waves of 1 SM
     with pytest.raises(ValueError, match="does not match the plan"):
         decode_run(many, _randn(g, 1, 4, 2, 16), k, v, torch.tensor([9], dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match="has_leftpad=False"):

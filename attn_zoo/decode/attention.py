@@ -329,7 +329,8 @@ def decode_attention(
         cache_leftpad: int32 ``(B,)`` or ``None``: the first key of the current document in each row's cache
             (decode on a packed prefix; FlashAttention's name); keys ``j < cache_leftpad[b]`` are not seen,
             positions (causal, window, block layout) stay absolute. Every backend.
-        kernel_options: ``triton`` only: ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, or ``plan``
+        kernel_options: ``triton`` only: ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``page_gather``,
+            ``merge``, ``split_rule`` (:func:`kernels.decode.decode_plan`), or ``plan``
             (a :func:`make_decode_plan`: no host work and no allocation per step; the output is the plan's buffer).
 
     Returns:
