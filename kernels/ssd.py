@@ -47,12 +47,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM", "STATE_PASSES", "SEQ_BLOCKS"]
+__all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM", "STATE_PASSES", "SEQ_BLOCKS", "OUT_BLOCKS", "SNAPSHOT_DTYPES"]
 
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_DIM = 256
 # how the states entering the chunks are computed: "parallel" (chunk states, then a pass over chunks), "sequential"
-# (the two fused, one program per (b, h) and state block walking the chunks), "auto" (today: parallel; see ssd_scan)
+# (the two fused, one program per (b, h) and state block walking the chunks), "auto" (by the number of programs of
+# the sequential pass, see _use_sequential)
 STATE_PASSES = ("auto", "parallel", "sequential")
 SEQ_BLOCKS = (16, 32, 64, 128, 256)  # allowed sizes of the sequential pass's state blocks (rows of N, columns of P)
 _SEQ_BLOCK = (64, 64)  # the sequential pass's default (N-block, P-block), each clipped to the padded N / P
@@ -62,6 +63,13 @@ _BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs
 # columns of P per step in the two backward kernels (they loop over P): at 64 the dx / da kernel spills registers on
 # sm_90 (chunk 64, d_state 128, 8 warps: 255 registers + 264 B of stack, offline ptxas), at 32 it takes 248, none
 _BWD_BLOCK_P = 32
+# state_pass="auto" takes the sequential pass from this many programs (B * H * N-blocks * P-blocks; the H200 has
+# 132 SMs): below it, few long walks over the chunks leave the GPU idle and the chunk-parallel pass wins
+_SEQ_MIN_PROGRAMS = 256
+OUT_BLOCKS = (16, 32, 64, 128, 256)  # allowed d_state steps of the output kernel (out_block_n)
+_OUT_BLOCK_N = 64  # the output kernel's default d_state step (clipped to the padded d_state)
+_OUT_STAGES = 2  # software-pipelining stages of the output kernel's d_state loop
+SNAPSHOT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -129,7 +137,8 @@ def _chunk_state_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC, NBH,
         row = (bh * (NC + 1) + c).to(tl.int64)
     zw = (z.to(tl.float32) * wt[:, None]).to(v.dtype)
     st = tl.dot(tl.trans(zw), v)  # (BN, BP) fp32
-    tl.store(OUT + row * NS * PD + offs_n[:, None] * PD + offs_p[None, :], st, mask=nm[:, None] & pm[None, :])
+    tl.store(OUT + row * NS * PD + offs_n[:, None] * PD + offs_p[None, :], st.to(OUT.dtype.element_ty),
+             mask=nm[:, None] & pm[None, :])
 
 
 @triton.jit
@@ -138,22 +147,30 @@ def _pass_combine(e1, x1, e2, x2):
 
 
 @triton.jit
-def _state_pass_kernel(X, E, NC, NE, REVERSE: tl.constexpr, UNR: tl.constexpr, BLK: tl.constexpr):
-    """In place over ``X (BH, NC + 1, NE)`` fp32 with ``E (BH, NC)``. Forward: ``X[k] += E[k - 1] X[k - 1]`` for
-    ``k = 1 .. NC`` (``X[0]`` the initial state, ``X[c + 1]`` chunk ``c``'s contribution: ends as the state entering
-    chunk ``k``, ``X[NC]`` the final one). Reverse: ``X[k] += E[k] X[k + 1]`` for ``k = NC - 1 .. 0`` (``X[NC]`` the
-    final state's gradient: ends as the gradient of the state entering chunk ``k``). ``UNR`` chunks per step: one
-    ``(UNR, BLK)`` load, an associative scan of the pairs ``(decay, contribution)``, then the carried state."""
+def _state_pass_kernel(X, E, INIT, FIN, NC, NE, HAS_INIT: tl.constexpr, REVERSE: tl.constexpr, UNR: tl.constexpr,
+                       BLK: tl.constexpr):
+    """In place over ``X (BH, NC + 1, NE)`` (the snapshot dtype) with ``E (BH, NC)``, the carried state in fp32
+    registers, starting from ``INIT (BH, NE)`` fp32 (zero if not ``HAS_INIT``) and ending in ``FIN (BH, NE)`` fp32.
+    Forward: ``X[0] = INIT``, ``X[k] = E[k - 1] X[k - 1] + X[k]`` for ``k = 1 .. NC`` (``X[c + 1]`` on entry: chunk
+    ``c``'s contribution; on exit: the state entering chunk ``k``, ``X[NC]`` and ``FIN`` the final one). Reverse:
+    ``X[NC] = INIT`` (the final state's gradient), ``X[k] = E[k] X[k + 1] + X[k]`` for ``k = NC - 1 .. 0`` (ends
+    as the gradient of the state entering chunk ``k``, ``FIN`` the initial state's). ``UNR`` chunks per step: one
+    ``(UNR, BLK)`` load, an associative scan of the pairs ``(decay, contribution)`` in fp32, then the carry; the
+    stored rows are rounded to ``X``'s dtype, the carry is not."""
     pid_e = tl.program_id(0)
     bh = tl.program_id(1)
     offs = pid_e * BLK + tl.arange(0, BLK)
     em = offs < NE
     rows = tl.arange(0, UNR)
     base = X + bh.to(tl.int64) * (NC + 1) * NE
-    if REVERSE:
-        carry = tl.load(base + NC * NE + offs, mask=em, other=0.0)
+    if HAS_INIT:
+        carry = tl.load(INIT + bh.to(tl.int64) * NE + offs, mask=em, other=0.0).to(tl.float32)
     else:
-        carry = tl.load(base + offs, mask=em, other=0.0)
+        carry = tl.zeros((BLK,), dtype=tl.float32)
+    if REVERSE:
+        tl.store(base + NC * NE + offs, carry.to(X.dtype.element_ty), mask=em)
+    else:
+        tl.store(base + offs, carry.to(X.dtype.element_ty), mask=em)
     for k0 in range(0, NC, UNR):
         rm = (k0 + rows) < NC
         if REVERSE:
@@ -164,27 +181,29 @@ def _state_pass_kernel(X, E, NC, NE, REVERSE: tl.constexpr, UNR: tl.constexpr, B
             e = tl.load(E + bh * NC + k - 1, mask=rm, other=1.0)
         xm = rm[:, None] & em[None, :]
         ptr = base + k[:, None] * NE + offs[None, :]
-        x = tl.load(ptr, mask=xm, other=0.0)
+        x = tl.load(ptr, mask=xm, other=0.0).to(tl.float32)
         es, xs = tl.associative_scan((tl.broadcast_to(e[:, None], (UNR, BLK)), x), 0, _pass_combine)
         out = es * carry[None, :] + xs
-        tl.store(ptr, out, mask=xm)
+        tl.store(ptr, out.to(X.dtype.element_ty), mask=xm)
         carry = tl.sum(tl.where(rows[:, None] == UNR - 1, out, 0.0), 0)  # rows past NC: decay 1, contribution 0
+    tl.store(FIN + bh.to(tl.int64) * NE + offs, carry, mask=em)
 
 
 @triton.jit
-def _state_seq_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC,
+def _state_seq_kernel(Z, V, A, SEG, OUT, EL, INIT, FIN, T, H, HPG, NS, PD, NC,
                       szb, szt, szg, svb, svt, svh, sab, sat, sah,
                       L: tl.constexpr, SBN: tl.constexpr, SBP: tl.constexpr, REVERSE: tl.constexpr,
-                      DOCS: tl.constexpr):
+                      HAS_INIT: tl.constexpr, DOCS: tl.constexpr):
     """The chunk states and the pass over chunks fused (``state_pass="sequential"``): one program per ``(b, h)``,
     block of ``SBN`` state rows and block of ``SBP`` columns walks the chunks in order, carrying its ``(SBN, SBP)``
-    block of the state in fp32 registers. ``OUT (BH, NC + 1, N, P)`` fp32 holds the carried start (row 0 forward,
-    row ``NC`` reverse) on entry. Forward (``Z = B``, ``V = x``): for ``c = 0 .. NC - 1`` store the state entering
-    chunk ``c`` at row ``c``, then ``S = exp(cum_L) S + sum_s exp(cum_L - cum_s) B_s x_s^T``; row ``NC`` the final
-    state; ``EL[bh, c] = exp(cum_L)`` as the chunk-parallel path. Reverse (``Z = C``, ``V = dy``): for ``c = NC - 1
-    .. 0`` store the gradient of the state leaving chunk ``c`` at row ``c + 1``, then ``dS = exp(cum_L) dS + sum_t
-    exp(cum_t) C_t dy_t^T``; row 0 the gradient of the initial state. The in-chunk terms and document masks are
-    :func:`_chunk_masks`' (the same values as ``_chunk_state_kernel``), each state row written once."""
+    block of the state in fp32 registers from ``INIT (BH, N, P)`` fp32 (zero if not ``HAS_INIT``) to ``FIN (BH, N,
+    P)`` fp32; ``OUT (BH, NC + 1, N, P)`` receives the snapshots, rounded to its dtype. Forward (``Z = B``, ``V =
+    x``): for ``c = 0 .. NC - 1`` store the state entering chunk ``c`` at row ``c``, then ``S = exp(cum_L) S +
+    sum_s exp(cum_L - cum_s) B_s x_s^T``; ``FIN`` the final state (row ``NC`` is not written); ``EL[bh, c] =
+    exp(cum_L)`` as the chunk-parallel path. Reverse (``Z = C``, ``V = dy``): for ``c = NC - 1 .. 0`` store the
+    gradient of the state leaving chunk ``c`` at row ``c + 1``, then ``dS = exp(cum_L) dS + sum_t exp(cum_t) C_t
+    dy_t^T``; ``FIN`` the gradient of the initial state (row 0 is not written). The in-chunk terms and document
+    masks are :func:`_chunk_masks`' (the same values as ``_chunk_state_kernel``), each state row written once."""
     bh = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_p = tl.program_id(2)
@@ -198,10 +217,10 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC,
     smask = nm[:, None] & pm[None, :]
     sp = offs_n[:, None] * PD + offs_p[None, :]
     bh_row = bh.to(tl.int64) * (NC + 1)
-    if REVERSE:
-        S = tl.load(OUT + (bh_row + NC) * NS * PD + sp, mask=smask, other=0.0)
+    if HAS_INIT:
+        S = tl.load(INIT + bh.to(tl.int64) * NS * PD + sp, mask=smask, other=0.0).to(tl.float32)
     else:
-        S = tl.load(OUT + bh_row * NS * PD + sp, mask=smask, other=0.0)
+        S = tl.zeros((SBN, SBP), dtype=tl.float32)
     for i in range(NC):
         if REVERSE:
             c = NC - 1 - i
@@ -209,8 +228,7 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC,
         else:
             c = i
             row = c
-        # row 0 (forward) / NC (reverse) already holds the start: the first store is masked off
-        tl.store(OUT + (bh_row + row) * NS * PD + sp, S, mask=smask & (i > 0))
+        tl.store(OUT + (bh_row + row) * NS * PD + sp, S.to(OUT.dtype.element_ty), mask=smask)
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :],
                     other=0.0)
@@ -223,17 +241,16 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC,
             tl.store(EL + bh * NC + c, el, mask=(pid_n == 0) & (pid_p == 0))
         zw = (z.to(tl.float32) * wt[:, None]).to(v.dtype)
         S = tl.dot(tl.trans(zw), v, el * S)  # (SBN, SBP) fp32
-    if REVERSE:
-        tl.store(OUT + bh_row * NS * PD + sp, S, mask=smask)
-    else:
-        tl.store(OUT + (bh_row + NC) * NS * PD + sp, S, mask=smask)
+    tl.store(FIN + bh.to(tl.int64) * NS * PD + sp, S, mask=smask)
 
 
 @triton.jit
 def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
                       sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
-                      L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
-    """``y = (C B^T o decay) x + exp(cum) C S_c`` for one chunk, one ``(b, h)`` and one block of ``P``."""
+                      L: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``y = (C B^T o decay) x + exp(cum) (C S_c)`` for one chunk, one ``(b, h)`` and one block of ``P``: a loop
+    over d_state in ``BK``-wide steps accumulates ``C B^T`` and ``C S_c`` in fp32 (the loads of the next step in
+    flight while the current one multiplies: ``num_stages``), then the masked intra-chunk product."""
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
     c = pid // NBH
@@ -242,21 +259,24 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
     h = bh % H
     g = h // HPG
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_n = tl.arange(0, BN)
     offs_p = pid_p * BP + tl.arange(0, BP)
-    nm = offs_n < NS
     pm = offs_p < PD
-    tnm = tm[:, None] & nm[None, :]
     tpm = tm[:, None] & pm[None, :]
     x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
-    S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + offs_n[:, None] * PD + offs_p[None, :],
-                mask=nm[:, None] & pm[None, :], other=0.0)
-    CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
+    st_base = ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    CB = tl.zeros((L, L), dtype=tl.float32)
+    CS = tl.zeros((L, BP), dtype=tl.float32)
+    for n0 in range(0, BN, BK):
+        offs_n = n0 + tl.arange(0, BK)
+        nm = offs_n < NS
+        tnm = tm[:, None] & nm[None, :]
+        Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
+        Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+        S = tl.load(st_base + offs_n[:, None] * PD + offs_p[None, :], mask=nm[:, None] & pm[None, :], other=0.0)
+        CB = tl.dot(Cc, tl.trans(Bc), CB)  # (L, L) fp32
+        CS = tl.dot(Cc, S.to(x.dtype), CS)  # (L, BP) fp32
     M = (CB * decay).to(x.dtype)
-    Cw = (Cc.to(tl.float32) * ec[:, None]).to(x.dtype)
-    y = tl.dot(Cw, S.to(x.dtype), tl.dot(M, x))
+    y = tl.dot(M, x, ec[:, None] * CS)
     tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
 
 
@@ -295,7 +315,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
         sp = offs_n[:, None] * PD + offs_p[None, :]
         S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
         dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
-        sds += tl.sum(S * dS, 1)
+        sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
         x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
         BdS = tl.dot(Bc, dS.to(x.dtype))  # (L, BP): B_t . dS
@@ -398,28 +418,43 @@ def _seq_blocks(N: int, P: int, seq_block: Optional[Tuple[int, int]]) -> Tuple[i
     return min(bn, _pow2(N)), min(bp, _pow2(P))
 
 
-def _state_seq(Z, V, a, seg, out, el, H, G, NC, L, sblk, reverse: bool) -> None:
-    """Launch :func:`_state_seq_kernel` over ``out (BH, NC + 1, N, P)`` (see there)."""
+def _state_seq(Z, V, a, seg, out, el, init, fin, H, G, NC, L, sblk, reverse: bool) -> None:
+    """Launch :func:`_state_seq_kernel` over ``out (BH, NC + 1, N, P)`` from ``init`` (or None) to ``fin`` (see
+    there)."""
     Bsz, T = V.shape[0], V.shape[1]
     N, P = out.shape[2], out.shape[3]
     SBN, SBP = sblk
     grid = (Bsz * H, triton.cdiv(N, SBN), triton.cdiv(P, SBP))
-    _state_seq_kernel[grid](Z, V, a, seg if seg is not None else a, out, el, T, H, H // G, N, P, NC,
+    _state_seq_kernel[grid](Z, V, a, seg if seg is not None else a, out, el, init if init is not None else fin, fin,
+                            T, H, H // G, N, P, NC,
                             Z.stride(0), Z.stride(1), Z.stride(2), V.stride(0), V.stride(1), V.stride(2),
                             a.stride(0), a.stride(1), a.stride(2), L=L, SBN=SBN, SBP=SBP, REVERSE=reverse,
-                            DOCS=seg is not None, num_warps=4 if SBN * SBP <= 4096 else 8)
+                            HAS_INIT=init is not None, DOCS=seg is not None,
+                            num_warps=4 if SBN * SBP <= 4096 else 8)
 
 
-def _state_pass(buf: torch.Tensor, el: torch.Tensor, reverse: bool) -> None:
+def _state_pass(buf: torch.Tensor, el: torch.Tensor, init: Optional[torch.Tensor], fin: torch.Tensor,
+                reverse: bool) -> None:
+    """Launch :func:`_state_pass_kernel` over ``buf (BH, NC + 1, N, P)`` from ``init (BH, N, P)`` fp32 (or None)
+    to ``fin (BH, N, P)`` fp32."""
     BH, K, NS, PD = buf.shape
     NE = NS * PD
-    _state_pass_kernel[(triton.cdiv(NE, _PASS_BLOCK), BH)](buf, el, K - 1, NE, REVERSE=reverse, UNR=_PASS_UNROLL,
-                                                          BLK=_PASS_BLOCK, num_warps=4)
+    _state_pass_kernel[(triton.cdiv(NE, _PASS_BLOCK), BH)](buf, el, init if init is not None else fin, fin, K - 1,
+                                                          NE, HAS_INIT=init is not None, REVERSE=reverse,
+                                                          UNR=_PASS_UNROLL, BLK=_PASS_BLOCK, num_warps=4)
+
+
+def _use_sequential(state_pass: str, Bsz: int, H: int, sblk: Tuple[int, int], N: int, P: int) -> bool:
+    """``state_pass="auto"``: the sequential pass when it runs at least :data:`_SEQ_MIN_PROGRAMS` programs
+    (``B * H * ceil(N / SBN) * ceil(P / SBP)``), else the parallel one (few long walks leave the GPU idle)."""
+    if state_pass != "auto":
+        return state_pass == "sequential"
+    return Bsz * H * triton.cdiv(N, sblk[0]) * triton.cdiv(P, sblk[1]) >= _SEQ_MIN_PROGRAMS
 
 
 class _SSDScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg, sequential, sblk):
+    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg, sequential, sblk, sdt, out_bk):
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
         L = chunk_size
@@ -431,29 +466,27 @@ class _SSDScan(torch.autograd.Function):
         Bm = Bm.contiguous() if Bm.stride(-1) != 1 else Bm
         Cm = Cm.contiguous() if Cm.stride(-1) != 1 else Cm
         dummy = a  # stands in for absent optional pointers (never read)
-        # states[bh, c]: the state entering chunk c (fp32); states[bh, NC]: the final state
-        states = torch.empty(BH, NC + 1, N, P, device=x.device, dtype=torch.float32)
-        if initial_state is not None:
-            states[:, 0] = initial_state.reshape(BH, N, P)
-        else:
-            states[:, 0].zero_()
+        # states[bh, c]: the state entering chunk c, in the snapshot dtype sdt (the carry between chunks is fp32);
+        # final: the state after the last chunk, fp32
+        states = torch.empty(BH, NC + 1, N, P, device=x.device, dtype=sdt)
+        final = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
+        s0 = initial_state.reshape(BH, N, P).float().contiguous() if initial_state is not None else None
         el = torch.empty(BH, NC, device=x.device, dtype=torch.float32)
         common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN))
         if sequential:
-            _state_seq(Bm, x, a, seg, states, el, H, G, NC, L, sblk, reverse=False)
+            _state_seq(Bm, x, a, seg, states, el, s0, final, H, G, NC, L, sblk, reverse=False)
         else:
             _chunk_state_kernel[(NC * BH, nP)](
                 Bm, x, a, seg if seg is not None else dummy, states, el, T, H, H // G, N, P, NC, BH,
                 Bm.stride(0), Bm.stride(1), Bm.stride(2), x.stride(0), x.stride(1), x.stride(2),
                 a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
-            _state_pass(states, el, reverse=False)
+            _state_pass(states, el, s0, final, reverse=False)
         y = torch.empty_like(x)
         _chunk_out_kernel[(NC * BH, nP)](
             x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH,
             x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            y.stride(0), y.stride(1), y.stride(2), **common)
-        final = states[:, NC].reshape(Bsz, H, N, P).clone()
+            y.stride(0), y.stride(1), y.stride(2), BK=min(out_bk, BN), num_stages=_OUT_STAGES, **common)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, a, Bm, Cm, states, el)
         ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
@@ -475,21 +508,20 @@ class _SSDScan(torch.autograd.Function):
         if dy is None:
             dy = torch.zeros_like(x)
         dy = dy.to(x.dtype).contiguous()
-        # dstates[bh, c]: the gradient of the state entering chunk c; dstates[bh, NC]: the final state's
+        # dstates[bh, c]: the gradient of the state entering chunk c (snapshot dtype, fp32 carry); ds0: the initial
+        # state's (fp32), from the final state's gradient dfinal (fp32)
         dstates = torch.empty_like(states)
-        if dfinal is not None:
-            dstates[:, NC] = dfinal.reshape(BH, N, P)
-        else:
-            dstates[:, NC].zero_()
+        ds0 = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
+        dS1 = dfinal.reshape(BH, N, P).float().contiguous() if dfinal is not None else None
         common = dict(L=L, BN=BN, BP=BP, DOCS=ctx.seg is not None, num_warps=_warps(L, BN))
         if ctx.sequential:
-            _state_seq(Cm, dy, a, ctx.seg, dstates, el, H, G, NC, L, ctx.sblk, reverse=True)
+            _state_seq(Cm, dy, a, ctx.seg, dstates, el, dS1, ds0, H, G, NC, L, ctx.sblk, reverse=True)
         else:
             _chunk_state_kernel[(NC * BH, nP)](
                 Cm, dy, a, seg, dstates, el, T, H, H // G, N, P, NC, BH,
                 Cm.stride(0), Cm.stride(1), Cm.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
                 a.stride(0), a.stride(1), a.stride(2), WRITE=False, **common)
-            _state_pass(dstates, el, reverse=True)
+            _state_pass(dstates, el, dS1, ds0, reverse=True)
         hpg = H // G
         hpp = _heads_per_program(NC * Bsz * G, hpg)
         splits = hpg // hpp
@@ -508,14 +540,14 @@ class _SSDScan(torch.autograd.Function):
                                                      hpp, N, P, NC, Bsz, G, *strides, num_stages=1, **common)
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
-        ds0 = dstates[:, 0].reshape(Bsz, H, N, P).clone() if ctx.has_s0 else None
-        return dx, da.to(a.dtype), dB, dC, ds0, None, None, None, None, None
+        return (dx, da.to(a.dtype), dB, dC, ds0 if ctx.has_s0 else None, None, None, None, None, None, None, None)
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64,
              block_p: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None, state_pass: str = "auto",
-             seq_block: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+             seq_block: Optional[Tuple[int, int]] = None, state_dtype: Optional[torch.dtype] = None,
+             out_block_n: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernels
     (chunk-parallel, Dao & Gu 2024 section 6; see the module docstring).
 
@@ -534,17 +566,25 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             contribution, then ``_state_pass_kernel`` reads and rewrites them (an associative pass over chunks).
             ``"sequential"``: ``_state_seq_kernel`` fuses the two, one program per ``(b, h)``, block of ``N`` and
             block of ``P`` walking the chunks in order (reversed in the backward) and writing each state once
-            (fewer programs: ``B * H * ceil(N / 64) * ceil(P / 64)`` by default). ``"auto"``: ``"parallel"`` for now,
-            until an H200 measurement of both (``python -m eval.bench_ssd --state-pass parallel,sequential``)
-            decides. The forward and the backward use the same mode; the results agree to rounding.
+            (fewer programs: ``B * H * ceil(N / 64) * ceil(P / 64)`` by default). ``"auto"``: ``"sequential"``
+            when it runs at least 256 programs (e.g. ``B * H >= 128`` at d_state 128, head dim 64), else
+            ``"parallel"``. The forward and the backward use the same mode; the results agree to rounding.
         seq_block: ``(N-block, P-block)`` of the sequential pass, each in :data:`SEQ_BLOCKS` (clipped to ``N`` /
             ``P`` padded to a power of two); None: ``(64, 64)``. Ignored by the parallel pass.
+        state_dtype: dtype of the stored snapshots of the state entering every chunk (and of its gradient in the
+            backward), one of :data:`SNAPSHOT_DTYPES`; None: ``x.dtype``. The matrix products read the snapshots
+            in ``x.dtype`` anyway; the state carried from chunk to chunk is fp32 either way, and so are the
+            final state and the initial state's gradient. With bf16 / fp16 snapshots the parallel pass also
+            stores each chunk's own contribution rounded to that dtype before adding it to the fp32 carry.
+            ``torch.float32``: twice the bytes, the rounding only where the products read them.
+        out_block_n: d_state columns per step of the output kernel's loop (one of :data:`OUT_BLOCKS`, clipped to
+            d_state padded to a power of two); None: 64.
 
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
         Differentiable in ``x, a, B, C`` and ``initial_state`` (the final state's gradient is used if given).
-        Memory: the fp32 states entering every chunk, ``B * H * (T / chunk_size + 1) * N * P * 4`` bytes, are kept
-        for the backward (and as much again during it).
+        Memory: the states entering every chunk, ``B * H * (T / chunk_size + 1) * N * P`` elements of
+        ``state_dtype``, are kept for the backward (and as much again during it).
 
     Raises:
         ValueError / TypeError naming the argument (shapes, dtypes, devices, sizes above :data:`MAX_DIM`).
@@ -577,7 +617,14 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     if seq_block is not None and (len(tuple(seq_block)) != 2 or any(s not in SEQ_BLOCKS for s in seq_block)):
         raise ValueError(f"seq_block={seq_block!r} is not supported; allowed values: None or (N-block, P-block), "
                          f"each one of {', '.join(map(str, SEQ_BLOCKS))}")
-    sequential = state_pass == "sequential"  # "auto": the parallel pass until the H200 measurement decides
+    if state_dtype is not None and state_dtype not in SNAPSHOT_DTYPES:
+        raise ValueError(f"state_dtype={state_dtype!r} is not supported; allowed values: None, "
+                         f"{', '.join(map(str, SNAPSHOT_DTYPES))}")
+    if out_block_n is not None and out_block_n not in OUT_BLOCKS:
+        raise ValueError(f"out_block_n={out_block_n!r} is not supported; allowed values: None, "
+                         f"{', '.join(map(str, OUT_BLOCKS))}")
+    sblk = _seq_blocks(N, P, tuple(seq_block) if seq_block is not None else None)
+    sequential = _use_sequential(state_pass, Bsz, H, sblk, N, P)
     seg = None
     if doc_ids is not None:
         if tuple(doc_ids.shape) != (Bsz, T) or doc_ids.dtype not in (torch.int32, torch.int64):
@@ -587,5 +634,6 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         st = torch.ones_like(d, dtype=torch.int32)
         st[:, 1:] = (d[:, 1:] != d[:, :-1]).to(torch.int32)
         seg = st.cumsum(1, dtype=torch.int32).contiguous()  # 1-based document index per position
-    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg, sequential,
-                          _seq_blocks(N, P, tuple(seq_block) if seq_block is not None else None))
+    return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg, sequential, sblk,
+                          state_dtype if state_dtype is not None else x.dtype,
+                          out_block_n if out_block_n is not None else _OUT_BLOCK_N)

@@ -126,6 +126,50 @@ def test_ssd_triton_sequential_state_pass_equals_parallel_and_the_recurrence(wit
     assert ref[-1].abs().max() > 0 and ref[1].abs().max() > 0
 
 
+@pytest.mark.parametrize("state_pass", ["parallel", "sequential"])
+def test_ssd_triton_low_precision_snapshots_and_output_loop(state_pass):
+    """``state_dtype=torch.bfloat16`` (the snapshots of the state entering every chunk, and of its gradient, stored
+    in bf16; the carry between chunks, the final state and the initial state's gradient fp32) with fp32 inputs
+    (the interpreter has no bf16 products), and the output kernel's d_state loop in 16-wide steps (d_state 24: two
+    steps, the second partial): T = 70 (5 chunks of 16), G = 2 < H = 4, documents, an initial state, the final
+    state's gradient. Everything within bf16 rounding of the recurrence, and the fp32-snapshot run (same loop)
+    within fp32 rounding; the sequential pass's final state and initial-state gradient never pass through a
+    snapshot (fp32 rounding)."""
+    from kernels.ssd import ssd_scan
+
+    g = torch.Generator().manual_seed(3)
+    Bz, T, H, P, G, N = 1, 70, 4, 32, 2, 24
+    docs = torch.tensor([[0] * 16 + [1] * 21 + [2] * 11 + [3] + [4] * 12 + [7] * 9])
+    ins = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.5,
+           torch.randn(Bz, T, G, N, generator=g) / 4, torch.randn(Bz, T, G, N, generator=g),
+           torch.randn(Bz, H, N, P, generator=g)]
+    ins = [t.requires_grad_() for t in ins]
+    gy, gS = torch.randn(Bz, T, H, P, generator=g), torch.randn(Bz, H, N, P, generator=g)
+
+    def run(fn):
+        y, S = fn()
+        assert S.dtype == torch.float32
+        return [y, S, *torch.autograd.grad((y * gy).sum() + (S * gS).sum(), ins)]
+
+    ref = run(lambda: ssd_scan_naive(*ins, doc_ids=docs))
+    kw = dict(chunk_size=16, doc_ids=docs, state_pass=state_pass, out_block_n=16)
+    lo = run(lambda: ssd_scan(*ins, state_dtype=torch.bfloat16, **kw))
+    hi = run(lambda: ssd_scan(*ins, state_dtype=torch.float32, **kw))
+    exact = {"final_state", "dinitial_state"} if state_pass == "sequential" else set()
+    worst = 0.0
+    for name, o, h, r in zip(["y", "final_state", "dx", "da", "dB", "dC", "dinitial_state"], lo, hi, ref):
+        scale = 1 + r.abs().max().item()
+        err = (o - r).abs().max().item() / scale
+        assert err <= (2e-4 if name in exact else 2e-2), f"bf16 snapshots: {name}: {err}"
+        assert (h - r).abs().max().item() <= 2e-4 * scale, f"fp32 snapshots: {name}"
+        worst = max(worst, err if name not in exact else 0.0)
+    assert worst > 1e-5  # the snapshots were rounded (the bf16 path ran)
+    with pytest.raises(ValueError, match="state_dtype"):
+        ssd_scan(*ins, state_dtype=torch.int8)
+    with pytest.raises(ValueError, match="out_block_n"):
+        ssd_scan(*ins, out_block_n=48)
+
+
 def test_naive_recurrence_is_the_definition():
     """The reference itself against the formula written out for T=2 (state after 2 steps, output at step 2)."""
     x, dt, A, Bm, Cm, D, s0 = [t.detach() for t in _inputs(1, 2, 1, 3, 1, 2)]
