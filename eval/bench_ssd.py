@@ -9,13 +9,17 @@ N_s = 128`` (one group), chunk 64, ``B * N = --tokens`` (32k; ``B = 1`` once ``N
 
 Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt * A`` are precomputed)
 * ``ours``: :func:`kernels.ssd.ssd_scan` with ``state_pass="parallel"`` (chunk-parallel: chunk states, a state pass
-  over chunks, chunk outputs; the backward reversed; fp32 states). ``--check`` (default on) adds ``max_rel_err``:
+  over chunks, chunk outputs; the backward reversed; state snapshots in bf16, the carry fp32). ``--check`` (default on) adds ``max_rel_err``:
   ours (bf16) against :func:`attn_zoo.families.ssd.ssd_scan_chunked` in fp32 on the same values, output and the
   gradients of x, a, B, C (max abs error / (1 + max abs reference), the worst of them), at every ``N <= 8192``.
 * ``ours_seq`` (``--state-pass parallel,sequential``): the same with ``state_pass="sequential"`` (the chunk states
   and the pass fused: one program per (b*h, N-block, P-block) walks the chunks); ``--seq-blocks 64x64,32x32``
   times each ``(N-block, P-block)``: ``ours_seq`` for 64x64, ``ours_seq_32x32`` etc. for the others. Checked as
-  ``ours``. The ratio lines below are printed for every ``ours*`` row.
+  ``ours``. ``--state-pass auto``: row ``ours_auto`` (``ssd_scan``'s default choice). The ratio lines below are
+  printed for every ``ours*`` row.
+* ``ours_legacy`` (``--legacy``): the parallel pass in the former layout (``state_dtype=torch.float32``: fp32
+  snapshots, twice the bytes; ``out_block_n=256``: the output kernel in one d_state step; backward unpipelined),
+  the before of an A/B in the same process.
 * ``torch``: :func:`attn_zoo.families.ssd.ssd_scan_chunked` (plain PyTorch chunked form), up to 8k.
 * ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla(q=C, k=B, v=x, g=a, scale=1)``: the same scan
   (a scalar log-decay per head and position) in fla's chunked kernels, B / C expanded to every head.
@@ -94,20 +98,25 @@ def import_mamba_chunk_scan(src=None):
     return mamba_chunk_scan_combined
 
 
-STATE_PASSES = ("parallel", "sequential")
+STATE_PASSES = ("parallel", "sequential", "auto")
 
 
-def ours_variants(state_passes, seq_blocks):
-    """``{row name: ssd_scan keywords}`` of our kernel: ``ours`` (parallel), ``ours_seq`` (sequential, 64x64 blocks)
-    and ``ours_seq_<n>x<p>`` (other blocks), in the order given."""
+def ours_variants(state_passes, seq_blocks, legacy=False):
+    """``{row name: ssd_scan keywords}`` of our kernel: ``ours`` (parallel), ``ours_seq`` (sequential, 64x64 blocks),
+    ``ours_seq_<n>x<p>`` (other blocks), ``ours_auto`` (the default choice), in the order given; with ``legacy``
+    then ``ours_legacy`` (parallel, fp32 snapshots, the output kernel in one d_state step)."""
     out = {}
     for sp in state_passes:
         if sp == "parallel":
             out["ours"] = dict(state_pass="parallel")
+        elif sp == "auto":
+            out["ours_auto"] = dict(state_pass="auto")
         else:
             for bn, bp in seq_blocks:
                 name = "ours_seq" if (bn, bp) == (64, 64) else f"ours_seq_{bn}x{bp}"
                 out[name] = dict(state_pass="sequential", seq_block=(bn, bp))
+    if legacy:
+        out["ours_legacy"] = dict(state_pass="parallel", state_dtype=torch.float32, out_block_n=256)
     return out
 
 
@@ -227,7 +236,10 @@ def main(argv=None):
     add_time_budget(ap, 300.0)
     ap.add_argument("--state-pass", default="parallel",
                     help="comma list of our kernel's state passes to time: parallel (row ours), sequential "
-                         "(rows ours_seq*)")
+                         "(rows ours_seq*), auto (row ours_auto)")
+    ap.add_argument("--legacy", action="store_true",
+                    help="also row ours_legacy: the parallel pass with fp32 state snapshots and the one-step output "
+                         "kernel (the former layout, an A/B in the same run)")
     ap.add_argument("--seq-blocks", default="64x64",
                     help="comma list of <N-block>x<P-block> of the sequential pass (64x64: row ours_seq, others "
                          "ours_seq_<n>x<p>)")
@@ -240,7 +252,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
         raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
-    ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks))
+    ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks), args.legacy)
     try:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:

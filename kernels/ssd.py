@@ -1,7 +1,7 @@
 """Chunked Triton kernels of Mamba-2's state-space duality (SSD, Dao & Gu 2024, "Transformers are SSMs",
 section 6: the block decomposition of the semiseparable matrix), forward and backward.
 
-The scan computed is, per batch ``b`` and head ``h`` (state ``S_t`` of shape ``(N, P)``, fp32)::
+The scan computed is, per batch ``b`` and head ``h`` (state ``S_t`` of shape ``(N, P)``, carried in fp32)::
 
     S_t = exp(a_t) * S_{t-1} + B_t x_t^T          y_t = S_t^T C_t
 
@@ -12,12 +12,19 @@ positions; ``cum`` is the in-chunk cumulative sum of ``a`` and ``cum_L`` its las
 Forward, three launches (chunk-parallel except the cheap elementwise pass):
 
 1. ``_chunk_state_kernel`` (grid chunks x (b, h) x P-blocks): the chunk's own contribution to the state after it,
-   ``sum_s exp(cum_L - cum_s) B_s x_s^T`` (fp32), and the chunk decay ``exp(cum_L)``.
+   ``sum_s exp(cum_L - cum_s) B_s x_s^T`` (fp32 product, stored in the snapshot dtype), and the chunk decay
+   ``exp(cum_L)``.
 2. ``_state_pass_kernel`` (grid (b, h) x state blocks): ``S_{c+1} = exp(cum_L(c)) S_c + contrib_c`` over the chunks,
-   ``UNR`` chunks per step as an associative scan, in place: the buffer ends holding the state entering every chunk
-   (and the final state).
+   ``UNR`` chunks per step as an associative scan, the carry in fp32 registers from the fp32 initial state, in
+   place: the buffer ends holding the state entering every chunk, the fp32 final state goes to its own tensor.
 3. ``_chunk_out_kernel`` (grid chunks x (b, h) x P-blocks): ``y = (C B^T o decay) x + exp(cum) C S_c`` with the
-   segsum decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t``.
+   segsum decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t``; a software-pipelined loop over d_state
+   in 64-wide steps accumulates ``C B^T`` and ``C S_c``.
+
+State snapshots (``state_dtype``, default the input dtype: bf16 for bf16 inputs): every consumer multiplies them in
+the input dtype anyway, so storing them there halves the bytes of the largest tensors (``B * H * (T / L + 1) * N *
+P``) written and read by every kernel; the carry from chunk to chunk, the final state and the initial state's
+gradient stay fp32.
 
 ``state_pass="sequential"`` fuses steps 1 and 2 into ``_state_seq_kernel`` (grid (b, h) x N-blocks x P-blocks):
 each program walks the chunks in order with its block of the state in fp32 registers, storing the state entering
@@ -63,12 +70,18 @@ _BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs
 # columns of P per step in the two backward kernels (they loop over P): at 64 the dx / da kernel spills registers on
 # sm_90 (chunk 64, d_state 128, 8 warps: 255 registers + 264 B of stack, offline ptxas), at 32 it takes 248, none
 _BWD_BLOCK_P = 32
+# software-pipelining stages of the two backward kernels' loops over P: 2 with 16-bit state snapshots up to
+# chunk x d_state = 64 x 128 (the next step's loads in flight; sm_90, 8 warps, triton 3.6: dx 254 registers with
+# documents, no stack), else 1 (fp32 snapshots, or chunk 128: 2 stages spill)
+_BWD_PIPELINE_MAX = 64 * 128
 # state_pass="auto" takes the sequential pass from this many programs (B * H * N-blocks * P-blocks; the H200 has
 # 132 SMs): below it, few long walks over the chunks leave the GPU idle and the chunk-parallel pass wins
 _SEQ_MIN_PROGRAMS = 256
 OUT_BLOCKS = (16, 32, 64, 128, 256)  # allowed d_state steps of the output kernel (out_block_n)
 _OUT_BLOCK_N = 64  # the output kernel's default d_state step (clipped to the padded d_state)
-_OUT_STAGES = 2  # software-pipelining stages of the output kernel's d_state loop
+# software-pipelining stages of the output kernel's d_state loop, by the inputs' element size (fp32 inputs at
+# chunk 128: three (128, 64) fp32 tiles per stage, one stage)
+_OUT_STAGES = {2: 2, 4: 1}
 SNAPSHOT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -401,6 +414,11 @@ def _warps(L: int, BN: int) -> int:
     return 8 if L * BN >= 4096 else 4
 
 
+def _bwd_stages(L: int, BN: int, state_bytes: int) -> int:
+    """``num_stages`` of the two backward kernels (see :data:`_BWD_PIPELINE_MAX`)."""
+    return 2 if state_bytes == 2 and L * BN <= _BWD_PIPELINE_MAX else 1
+
+
 def _heads_per_program(programs: int, hpg: int) -> int:
     """Heads of one group per backward program: all ``hpg`` (``dB``/``dC`` summed in registers) unless fewer than
     ``target`` programs would run; then the group is split into the fewest equal parts that reach it (their
@@ -486,7 +504,8 @@ class _SSDScan(torch.autograd.Function):
             x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH,
             x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
             Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            y.stride(0), y.stride(1), y.stride(2), BK=min(out_bk, BN), num_stages=_OUT_STAGES, **common)
+            y.stride(0), y.stride(1), y.stride(2), BK=min(out_bk, BN), num_stages=_OUT_STAGES[x.element_size()],
+            **common)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, a, Bm, Cm, states, el)
         ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
@@ -534,10 +553,11 @@ class _SSDScan(torch.autograd.Function):
         strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
                    Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2))
         common["BP"] = min(BP, _BWD_BLOCK_P)
+        common["num_stages"] = _bwd_stages(L, BN, states.element_size())
         _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, seg, dx, da, ld, T, H, hpg, N, P, NC, BH,
-                                         *strides, num_stages=1, **common)
+                                         *strides, **common)
         _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, seg, ld, dB, dC, T, H, hpg,
-                                                     hpp, N, P, NC, Bsz, G, *strides, num_stages=1, **common)
+                                                     hpp, N, P, NC, Bsz, G, *strides, **common)
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
         return (dx, da.to(a.dtype), dB, dC, ds0 if ctx.has_s0 else None, None, None, None, None, None, None, None)

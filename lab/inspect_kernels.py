@@ -19,6 +19,7 @@ Usage (from the repo root)::
     python -m lab.inspect_kernels --kernels flash_dkdv,flash_dq --window --dilated  # dilated window build
     python -m lab.inspect_kernels --sass                # + instruction mix of each kernel's main loop
     python -m lab.inspect_kernels --docs --paths        # + each path through the main loops (run-time branches)
+    python -m lab.inspect_kernels --ssd-cases           # Mamba-2 SSD kernels (kernels/ssd.py) at the bench shape
 
 Shapes are the benchmark's: F = Dv = D = 128, bf16, chunk 64; ``G`` (query heads per K/V head) 1. Integer
 arguments are compiled as the launcher specialises them: 16-divisible, unit strides and ``dilation = 1`` as
@@ -43,6 +44,11 @@ from triton.compiler import ASTSource
 
 import kernels.flash as FL
 import kernels.linear as LN
+
+try:
+    import kernels.ssd as SSD
+except ImportError:  # a checkout without the SSD kernels
+    SSD = None
 
 D = 128
 LINEAR = ("seg_state", "seg_fwd", "seg_dstate", "seg_dq", "seg_dkdv")
@@ -258,6 +264,53 @@ def _flash(kind: str, cfg, sparse: int, tma: bool = False, left: bool = False, r
     return fn, types, const
 
 
+def ssd_cases(L: int = 64, NS: int = 128, PD: int = 64, sdt: str = "bf16", docs: bool = False):
+    """``{name: (kernel, types, constexprs, warps, stages)}`` of kernels/ssd.py as ``ssd_scan`` launches them on
+    bf16 inputs at chunk ``L``, d_state ``NS``, head dim ``PD`` (the bench's 64 / 128 / 64), the state snapshots in
+    ``sdt`` ("bf16", or "fp32": the former layout); plus the triton-3.6 fault's shape (d_state 64, P-block 32)."""
+    ints = {"T", "H", "HPG", "NS", "PD", "NC", "NBH", "NE", "NB", "G", "HPP"}
+    fp32 = {"A", "EL", "E", "INIT", "FIN", "DA"}
+    state = {"ST", "DST", "OUT", "X"}  # X: the pass kernel's buffer (the chunk kernels' X is overridden below)
+
+    def types_of(fn, overrides=None):
+        t = {}
+        for n in fn.arg_names:
+            t[n] = ("i32" if n in ints or n.startswith("s") and n[1:] in ("xb", "xt", "xh", "ab", "at", "ah", "bb",
+                                                                            "bt", "bg", "cb", "ct", "cg", "yb", "yt",
+                                                                            "yh", "zb", "zt", "zg", "vb", "vt", "vh")
+                    else "*fp32" if n in fp32 else "*i32" if n == "SEG" else f"*{sdt}" if n in state else "*bf16")
+        t.update(overrides or {})
+        return t
+
+    BN = SSD._pow2(NS)
+    BP = min(SSD._pow2(PD), 64)
+    w = SSD._warps(L, BN)
+    bwd_bp = min(BP, SSD._BWD_BLOCK_P)
+    bwd_st = SSD._bwd_stages(L, BN, 2 if sdt == "bf16" else 4) if hasattr(SSD, "_bwd_stages") else 1
+    obk = min(SSD._OUT_BLOCK_N, BN)
+    sb = SSD._seq_blocks(NS, PD, None)
+    out = {
+        "ssd_chunk_state": (SSD._chunk_state_kernel, types_of(SSD._chunk_state_kernel),
+                            dict(L=L, BN=BN, BP=BP, WRITE=True, DOCS=docs), w, 3),
+        "ssd_state_pass": (SSD._state_pass_kernel, types_of(SSD._state_pass_kernel),
+                           dict(HAS_INIT=True, REVERSE=False, UNR=SSD._PASS_UNROLL, BLK=SSD._PASS_BLOCK), 4, 3),
+        "ssd_state_seq": (SSD._state_seq_kernel, types_of(SSD._state_seq_kernel),
+                          dict(L=L, SBN=sb[0], SBP=sb[1], REVERSE=False, HAS_INIT=True, DOCS=docs),
+                          4 if sb[0] * sb[1] <= 4096 else 8, 3),
+        "ssd_chunk_out": (SSD._chunk_out_kernel, types_of(SSD._chunk_out_kernel, {"X": "*bf16"}),
+                          dict(L=L, BN=BN, BK=obk, BP=BP, DOCS=docs), w, SSD._OUT_STAGES[2]),
+        "ssd_bwd_dx": (SSD._chunk_bwd_dx_kernel, types_of(SSD._chunk_bwd_dx_kernel, {"X": "*bf16", "DX": "*bf16"}),
+                       dict(L=L, BN=BN, BP=bwd_bp, DOCS=docs), w, bwd_st),
+        "ssd_bwd_dbc": (SSD._chunk_bwd_dbc_kernel, types_of(SSD._chunk_bwd_dbc_kernel, {"X": "*bf16"}),
+                        dict(L=L, BN=BN, BP=bwd_bp, DOCS=docs), w, bwd_st),
+        # the shape triton 3.6 faulted on at 4 warps (d_state 64, head dim 32: Mamba-2's model config)
+        "ssd_chunk_out_ns64_p32": (SSD._chunk_out_kernel, types_of(SSD._chunk_out_kernel, {"X": "*bf16"}),
+                                   dict(L=L, BN=64, BK=min(SSD._OUT_BLOCK_N, 64), BP=32, DOCS=docs),
+                                   SSD._warps(L, 64), SSD._OUT_STAGES[2]),
+    }
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kernels", default=",".join(LINEAR + ("flash_fwd",)), help=f"comma list of {', '.join(KERNELS)}")
@@ -278,12 +331,27 @@ def main(argv=None):
                    help="linear: the map applied in every chunk loop (LinearConfig.phi_in_loop) instead of a pre-pass")
     p.add_argument("--docs", action="store_true", help="linear: the packed-document build (DOCS)")
     p.add_argument("--tma", action="store_true", help="flash_*: streamed operands through TMA descriptors")
+    p.add_argument("--ssd-cases", action="store_true",
+                   help="the Mamba-2 SSD kernels (kernels/ssd.py) as ssd_scan launches them at chunk 64, d_state 128, "
+                        "head dim 64 (bf16 inputs), and the output kernel at d_state 64 / P-block 32")
+    p.add_argument("--ssd-state", default="bf16", choices=("bf16", "fp32"),
+                   help="--ssd-cases: the dtype of the stored state snapshots (ssd_scan's state_dtype)")
     p.add_argument("--sass", action="store_true", help="also the instruction mix of the largest loop (per warp and "
                                                         "iteration: HGMMA, barriers, shuffles, shared / spill traffic)")
     p.add_argument("--paths", action="store_true", help="also the paths through the two largest loops (length/HGMMA/"
                                                          "LDL per path: a run-time branch in the loop gives several)")
     args = p.parse_args(argv)
     print(f"triton {triton.__version__}, target sm_90a, D = F = Dv = {D}, bf16")
+    if args.ssd_cases:
+        if SSD is None:
+            raise SystemExit("--ssd-cases: this checkout has no kernels/ssd.py")
+        for docs in (False, True):
+            for name, (fn, types, const, warps, stages) in ssd_cases(sdt=args.ssd_state, docs=docs).items():
+                r = compile_sm90(fn, types, const, warps, stages, sass=args.sass)
+                tiles = {k: v for k, v in const.items() if k != "DOCS"}
+                print(f"{name + (' docs' if docs else ''):27s} {tiles} warps={warps} stages={stages}: "
+                      + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+        return
     if args.flash_cases:
         for name, (kind, cfg, sparse, tma, left, right, atomic) in FLASH_CASES.items():
             fn, types, const = _flash(kind, cfg, sparse, tma, left, right, atomic)

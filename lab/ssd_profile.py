@@ -1,7 +1,7 @@
 """Where the SSD scan's time goes (lab: not installed): per-kernel CUDA time of ours and fla's chunked simple-GLA
 (guard lifted, a time anchor) forward+backward, from torch.profiler, on the workload of ``eval.bench_ssd``.
 
-    python3 -m lab.ssd_profile --lengths 2048,16384 [--state-pass parallel,sequential] > ssd_profile.txt
+    python3 -m lab.ssd_profile --lengths 2048,16384 [--state-pass parallel,sequential,auto] [--legacy] > ssd_profile.txt
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def profile(fn, steps: int = 5):
             r[1] += 1
     total = sum(v[0] for v in rows.values()) / steps
     print(f"  total {total / 1e3:.3f} ms per step")
-    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:14]:
+    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:24]:
         print(f"  {us / steps / 1e3:8.3f} ms  x{n // steps:<3d} {name[:110]}")
 
 
@@ -39,9 +39,10 @@ def main():
     ap.add_argument("--lengths", default="2048,16384")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--state-pass", default="parallel")
+    ap.add_argument("--legacy", action="store_true", help="also ours_legacy (fp32 snapshots, one-step output kernel)")
     a = ap.parse_args()
     dev = torch.device("cuda")
-    ours = ours_variants(a.state_pass.split(","), [(64, 64)])
+    ours = ours_variants(a.state_pass.split(","), [(64, 64)], a.legacy)
     for N in (int(v) for v in a.lengths.split(",")):
         B = max(1, a.tokens // N)
         notes = set()

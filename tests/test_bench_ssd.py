@@ -88,3 +88,13 @@ def test_state_pass_flag_gives_one_ours_row_per_mode_and_their_ratio_lines(tmp_p
 def test_bad_state_pass_flags_are_refused_by_name(tmp_path, flags, match):
     with pytest.raises(SystemExit, match=match):
         bench_ssd.main(["--out", str(tmp_path / "o"), *flags])
+
+
+def test_auto_and_legacy_rows_carry_their_ssd_scan_keywords():
+    """``--state-pass parallel,auto --legacy``: rows ``ours`` (parallel), ``ours_auto`` (the default choice) and
+    ``ours_legacy`` (fp32 snapshots, the output kernel in one d_state step), keywords that ``ssd_scan`` accepts."""
+    import torch
+
+    rows = bench_ssd.ours_variants(bench_ssd.parse_state_passes("parallel,auto"), [(64, 64)], legacy=True)
+    assert rows == {"ours": {"state_pass": "parallel"}, "ours_auto": {"state_pass": "auto"},
+                    "ours_legacy": {"state_pass": "parallel", "state_dtype": torch.float32, "out_block_n": 256}}
