@@ -20,6 +20,8 @@ Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt *
 * ``ours_legacy`` (``--legacy``): the parallel pass in the former layout (``state_dtype=torch.float32``: fp32
   snapshots, twice the bytes; ``out_block_n=256``: the output kernel in one d_state step; backward unpipelined),
   the before of an A/B in the same process.
+* ``ours_group`` / ``ours_seq_group`` (``--out-group``): ``ours`` / ``ours_seq`` with ``out_mode="group"`` (the
+  output kernel per group of heads: ``B``, ``C``, ``C B^T`` once for the heads sharing them).
 * ``torch``: :func:`attn_zoo.families.ssd.ssd_scan_chunked` (plain PyTorch chunked form), up to 8k.
 * ``fla_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla(q=C, k=B, v=x, g=a, scale=1)``: the same scan
   (a scalar log-decay per head and position) in fla's chunked kernels, B / C expanded to every head.
@@ -101,10 +103,11 @@ def import_mamba_chunk_scan(src=None):
 STATE_PASSES = ("parallel", "sequential", "auto")
 
 
-def ours_variants(state_passes, seq_blocks, legacy=False):
+def ours_variants(state_passes, seq_blocks, legacy=False, out_group=False):
     """``{row name: ssd_scan keywords}`` of our kernel: ``ours`` (parallel), ``ours_seq`` (sequential, 64x64 blocks),
     ``ours_seq_<n>x<p>`` (other blocks), ``ours_auto`` (the default choice), in the order given; with ``legacy``
-    then ``ours_legacy`` (parallel, fp32 snapshots, the output kernel in one d_state step)."""
+    then ``ours_legacy`` (parallel, fp32 snapshots, the output kernel in one d_state step); with ``out_group``
+    then ``ours_group`` / ``ours_seq_group`` (``ours`` / ``ours_seq`` with ``out_mode="group"``, for those timed)."""
     out = {}
     for sp in state_passes:
         if sp == "parallel":
@@ -117,6 +120,10 @@ def ours_variants(state_passes, seq_blocks, legacy=False):
                 out[name] = dict(state_pass="sequential", seq_block=(bn, bp))
     if legacy:
         out["ours_legacy"] = dict(state_pass="parallel", state_dtype=torch.float32, out_block_n=256)
+    if out_group:
+        for name in ("ours", "ours_seq"):
+            if name in out:
+                out[name + "_group"] = dict(out[name], out_mode="group")
     return out
 
 
@@ -240,6 +247,9 @@ def main(argv=None):
     ap.add_argument("--legacy", action="store_true",
                     help="also row ours_legacy: the parallel pass with fp32 state snapshots and the one-step output "
                          "kernel (the former layout, an A/B in the same run)")
+    ap.add_argument("--out-group", action="store_true",
+                    help="also rows ours_group / ours_seq_group: the output kernel per group of heads "
+                         "(ssd_scan out_mode='group')")
     ap.add_argument("--seq-blocks", default="64x64",
                     help="comma list of <N-block>x<P-block> of the sequential pass (64x64: row ours_seq, others "
                          "ours_seq_<n>x<p>)")
@@ -252,7 +262,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
         raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
-    ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks), args.legacy)
+    ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks), args.legacy,
+                         args.out_group)
     try:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:

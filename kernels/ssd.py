@@ -19,7 +19,9 @@ Forward, three launches (chunk-parallel except the cheap elementwise pass):
    place: the buffer ends holding the state entering every chunk, the fp32 final state goes to its own tensor.
 3. ``_chunk_out_kernel`` (grid chunks x (b, h) x P-blocks): ``y = (C B^T o decay) x + exp(cum) C S_c`` with the
    segsum decay mask ``decay[t, s] = exp(cum_t - cum_s)`` for ``s <= t``; a software-pipelined loop over d_state
-   in 64-wide steps accumulates ``C B^T`` and ``C S_c``.
+   in 64-wide steps accumulates ``C B^T`` and ``C S_c``. ``out_mode="group"``: ``_chunk_out_group_kernel`` (grid
+   chunks x (b, group) x P-blocks x head-splits) loads ``B``, ``C`` and forms ``C B^T`` once for the heads of a
+   group, then loops over them.
 
 State snapshots (``state_dtype``, default the input dtype: bf16 for bf16 inputs): every consumer multiplies them in
 the input dtype anyway, so storing them there halves the bytes of the largest tensors (``B * H * (T / L + 1) * N *
@@ -38,7 +40,8 @@ chunk-parallel kernels reading ``S_c`` and ``dS``: ``_chunk_bwd_dx_kernel`` (gri
 ``da`` (the in-chunk reverse cumulative sum of ``d cum``) and the masked ``(dy x^T) o decay`` tile; and
 ``_chunk_bwd_dbc_kernel`` (grid chunks x (b, group) x head-splits) gives ``dB``, ``dC``: one program loops over
 the heads of one group, summing them in fp32 registers (deterministic, no atomics; partial sums only when the group
-is split, while fewer than about 1024 programs would run). Every exponent is ``<= 0``.
+is split, while fewer than about 512 programs would run). Both loop over ``P`` in 32-wide steps, software-pipelined
+with 16-bit snapshots. Every exponent is ``<= 0``.
 
 Documents (``doc_ids``): the decay product across a boundary is zero; boundaries anywhere inside a chunk (masks on
 the decay matrix, the state read, the state write and the chunk decay).
@@ -54,7 +57,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM", "STATE_PASSES", "SEQ_BLOCKS", "OUT_BLOCKS", "SNAPSHOT_DTYPES"]
+__all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM", "STATE_PASSES", "SEQ_BLOCKS", "OUT_BLOCKS", "OUT_MODES",
+           "SNAPSHOT_DTYPES"]
 
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_DIM = 256
@@ -66,7 +70,8 @@ SEQ_BLOCKS = (16, 32, 64, 128, 256)  # allowed sizes of the sequential pass's st
 _SEQ_BLOCK = (64, 64)  # the sequential pass's default (N-block, P-block), each clipped to the padded N / P
 _PASS_UNROLL = 8  # chunks per step of the state pass (one load of UNR x BLK in flight per program)
 _PASS_BLOCK = 256  # state elements per program of the state pass
-_BWD_TARGET_PROGRAMS = 1024  # the backward splits a group's heads over programs until about this many run
+_BWD_TARGET_PROGRAMS = 512  # the backward splits a group's heads over programs until about this many run (about
+# 4 waves of one program per SM on the H200; fewer splits: fewer fp32 partial dB / dC to sum after)
 # columns of P per step in the two backward kernels (they loop over P): at 64 the dx / da kernel spills registers on
 # sm_90 (chunk 64, d_state 128, 8 warps: 255 registers + 264 B of stack, offline ptxas), at 32 it takes 248, none
 _BWD_BLOCK_P = 32
@@ -79,6 +84,8 @@ _BWD_PIPELINE_MAX = 64 * 128
 _SEQ_MIN_PROGRAMS = 256
 OUT_BLOCKS = (16, 32, 64, 128, 256)  # allowed d_state steps of the output kernel (out_block_n)
 _OUT_BLOCK_N = 64  # the output kernel's default d_state step (clipped to the padded d_state)
+OUT_MODES = ("auto", "head", "group")  # one program per head (_chunk_out_kernel) / per group of heads (sharing B, C)
+_OUT_TARGET_PROGRAMS = 1024  # out_mode="group" splits a group's heads over programs until about this many run
 # software-pipelining stages of the output kernel's d_state loop, by the inputs' element size (fp32 inputs at
 # chunk 128: three (128, 64) fp32 tiles per stage, one stage)
 _OUT_STAGES = {2: 2, 4: 1}
@@ -294,6 +301,47 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
 
 
 @triton.jit
+def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC, NB, G,
+                            sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
+                            L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
+    """``_chunk_out_kernel``'s output for ``HPP`` heads of one group (``out_mode="group"``), one chunk and one block
+    of ``P``: ``B``, ``C`` and ``C B^T`` are loaded / computed once for the heads sharing them, then a loop over the
+    heads (the next head's ``x`` and ``S_c`` loads in flight: ``num_stages``) gives ``y = (C B^T o decay_h) x_h +
+    exp(cum_h) (C S_{h, c})``. Grid: chunks x (b, group), P-blocks, head splits."""
+    pid = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    hs = tl.program_id(2)
+    c = pid // (NB * G)
+    bg = pid % (NB * G)
+    b = bg // G
+    g = bg % G
+    offs_s = tl.arange(0, L)
+    t = c * L + offs_s
+    tm = t < T
+    offs_n = tl.arange(0, BN)
+    nm = offs_n < NS
+    tnm = tm[:, None] & nm[None, :]
+    offs_p = pid_p * BP + tl.arange(0, BP)
+    pm = offs_p < PD
+    tpm = tm[:, None] & pm[None, :]
+    smask = nm[:, None] & pm[None, :]
+    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
+    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32, shared by the group's heads
+    for j in range(HPP):
+        h = g * HPG + hs * HPP + j
+        bh = b * H + h
+        t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
+        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + offs_n[:, None] * PD + offs_p[None, :],
+                    mask=smask, other=0.0)
+        CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP) fp32
+        M = (CB * decay).to(x.dtype)
+        y = tl.dot(M, x, ec[:, None] * CS)
+        tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
+
+
+@triton.jit
 def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, NS, PD, NC, NBH,
                          sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
                          L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
@@ -419,12 +467,13 @@ def _bwd_stages(L: int, BN: int, state_bytes: int) -> int:
     return 2 if state_bytes == 2 and L * BN <= _BWD_PIPELINE_MAX else 1
 
 
-def _heads_per_program(programs: int, hpg: int) -> int:
+def _heads_per_program(programs: int, hpg: int, target: Optional[int] = None) -> int:
     """Heads of one group per backward program: all ``hpg`` (``dB``/``dC`` summed in registers) unless fewer than
     ``target`` programs would run; then the group is split into the fewest equal parts that reach it (their
     fp32 partial ``dB``/``dC`` summed after). ``programs``: chunks x batch x groups."""
+    target = _BWD_TARGET_PROGRAMS if target is None else target
     for split in range(1, hpg + 1):
-        if hpg % split == 0 and programs * split >= _BWD_TARGET_PROGRAMS:
+        if hpg % split == 0 and programs * split >= target:
             return hpg // split
     return 1
 
@@ -472,7 +521,8 @@ def _use_sequential(state_pass: str, Bsz: int, H: int, sblk: Tuple[int, int], N:
 
 class _SSDScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg, sequential, sblk, sdt, out_bk):
+    def forward(ctx, x, a, Bm, Cm, initial_state, chunk_size, block_p, seg, sequential, sblk, sdt, out_bk,
+                out_group):
         Bsz, T, H, P = x.shape
         G, N = Bm.shape[2], Bm.shape[3]
         L = chunk_size
@@ -500,12 +550,18 @@ class _SSDScan(torch.autograd.Function):
                 a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
             _state_pass(states, el, s0, final, reverse=False)
         y = torch.empty_like(x)
-        _chunk_out_kernel[(NC * BH, nP)](
-            x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH,
-            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-            Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-            y.stride(0), y.stride(1), y.stride(2), BK=min(out_bk, BN), num_stages=_OUT_STAGES[x.element_size()],
-            **common)
+        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
+                   y.stride(0), y.stride(1), y.stride(2))
+        if out_group:
+            hpp = _heads_per_program(NC * Bsz * G * nP, H // G, _OUT_TARGET_PROGRAMS)
+            _chunk_out_group_kernel[(NC * Bsz * G, nP, (H // G) // hpp)](
+                x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, hpp, N, P, NC, Bsz, G,
+                *strides, num_stages=_OUT_STAGES[x.element_size()], **common)
+        else:
+            _chunk_out_kernel[(NC * BH, nP)](
+                x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH, *strides,
+                BK=min(out_bk, BN), num_stages=_OUT_STAGES[x.element_size()], **common)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, a, Bm, Cm, states, el)
         ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
@@ -560,14 +616,14 @@ class _SSDScan(torch.autograd.Function):
                                                      hpp, N, P, NC, Bsz, G, *strides, **common)
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
-        return (dx, da.to(a.dtype), dB, dC, ds0 if ctx.has_s0 else None, None, None, None, None, None, None, None)
+        return (dx, da.to(a.dtype), dB, dC, ds0 if ctx.has_s0 else None) + (None,) * 8
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              initial_state: Optional[torch.Tensor] = None, chunk_size: int = 64,
              block_p: Optional[int] = None, doc_ids: Optional[torch.Tensor] = None, state_pass: str = "auto",
              seq_block: Optional[Tuple[int, int]] = None, state_dtype: Optional[torch.dtype] = None,
-             out_block_n: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+             out_block_n: Optional[int] = None, out_mode: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan ``S_t = exp(a_t) S_{t-1} + B_t x_t^T``, ``y_t = S_t^T C_t`` in the chunked Triton kernels
     (chunk-parallel, Dao & Gu 2024 section 6; see the module docstring).
 
@@ -598,7 +654,12 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             stores each chunk's own contribution rounded to that dtype before adding it to the fp32 carry.
             ``torch.float32``: twice the bytes, the rounding only where the products read them.
         out_block_n: d_state columns per step of the output kernel's loop (one of :data:`OUT_BLOCKS`, clipped to
-            d_state padded to a power of two); None: 64.
+            d_state padded to a power of two); None: 64. Used by ``out_mode="head"``.
+        out_mode: how the output kernel is laid out, one of :data:`OUT_MODES`. ``"head"``: one program per chunk,
+            ``(b, h)`` and block of ``P`` (a loop over d_state); ``"group"``: one program per chunk, ``(b,
+            group)``, block of ``P`` and split of the group's heads (about 1024 programs), ``B``, ``C`` and ``C
+            B^T`` read / computed once for the heads sharing them, then a loop over those heads. ``"auto"``:
+            ``"head"`` (until an H200 measurement of both decides: ``python -m eval.bench_ssd --out-group``).
 
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
@@ -643,6 +704,8 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     if out_block_n is not None and out_block_n not in OUT_BLOCKS:
         raise ValueError(f"out_block_n={out_block_n!r} is not supported; allowed values: None, "
                          f"{', '.join(map(str, OUT_BLOCKS))}")
+    if out_mode not in OUT_MODES:
+        raise ValueError(f"out_mode={out_mode!r} is not supported; allowed values: {', '.join(OUT_MODES)}")
     sblk = _seq_blocks(N, P, tuple(seq_block) if seq_block is not None else None)
     sequential = _use_sequential(state_pass, Bsz, H, sblk, N, P)
     seg = None
@@ -656,4 +719,4 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         seg = st.cumsum(1, dtype=torch.int32).contiguous()  # 1-based document index per position
     return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg, sequential, sblk,
                           state_dtype if state_dtype is not None else x.dtype,
-                          out_block_n if out_block_n is not None else _OUT_BLOCK_N)
+                          out_block_n if out_block_n is not None else _OUT_BLOCK_N, out_mode == "group")

@@ -299,6 +299,8 @@ def ssd_cases(L: int = 64, NS: int = 128, PD: int = 64, sdt: str = "bf16", docs:
                           4 if sb[0] * sb[1] <= 4096 else 8, 3),
         "ssd_chunk_out": (SSD._chunk_out_kernel, types_of(SSD._chunk_out_kernel, {"X": "*bf16"}),
                           dict(L=L, BN=BN, BK=obk, BP=BP, DOCS=docs), w, SSD._OUT_STAGES[2]),
+        "ssd_chunk_out_group": (SSD._chunk_out_group_kernel, types_of(SSD._chunk_out_group_kernel, {"X": "*bf16"}),
+                                dict(L=L, BN=BN, BP=BP, DOCS=docs), w, SSD._OUT_STAGES[2]),
         "ssd_bwd_dx": (SSD._chunk_bwd_dx_kernel, types_of(SSD._chunk_bwd_dx_kernel, {"X": "*bf16", "DX": "*bf16"}),
                        dict(L=L, BN=BN, BP=bwd_bp, DOCS=docs), w, bwd_st),
         "ssd_bwd_dbc": (SSD._chunk_bwd_dbc_kernel, types_of(SSD._chunk_bwd_dbc_kernel, {"X": "*bf16"}),

@@ -1,7 +1,8 @@
 """Where the SSD scan's time goes (lab: not installed): per-kernel CUDA time of ours and fla's chunked simple-GLA
 (guard lifted, a time anchor) forward+backward, from torch.profiler, on the workload of ``eval.bench_ssd``.
 
-    python3 -m lab.ssd_profile --lengths 2048,16384 [--state-pass parallel,sequential,auto] [--legacy] > ssd_profile.txt
+    python3 -m lab.ssd_profile --lengths 2048,16384 [--state-pass parallel,sequential,auto] [--legacy]
+        [--out-group] > ssd_profile.txt
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--state-pass", default="parallel")
     ap.add_argument("--legacy", action="store_true", help="also ours_legacy (fp32 snapshots, one-step output kernel)")
+    ap.add_argument("--out-group", action="store_true", help="also ours_group / ours_seq_group (out_mode='group')")
     a = ap.parse_args()
     dev = torch.device("cuda")
-    ours = ours_variants(a.state_pass.split(","), [(64, 64)], a.legacy)
+    ours = ours_variants(a.state_pass.split(","), [(64, 64)], a.legacy, a.out_group)
     for N in (int(v) for v in a.lengths.split(",")):
         B = max(1, a.tokens // N)
         notes = set()

@@ -90,11 +90,16 @@ def test_bad_state_pass_flags_are_refused_by_name(tmp_path, flags, match):
         bench_ssd.main(["--out", str(tmp_path / "o"), *flags])
 
 
-def test_auto_and_legacy_rows_carry_their_ssd_scan_keywords():
-    """``--state-pass parallel,auto --legacy``: rows ``ours`` (parallel), ``ours_auto`` (the default choice) and
-    ``ours_legacy`` (fp32 snapshots, the output kernel in one d_state step), keywords that ``ssd_scan`` accepts."""
+def test_auto_legacy_and_group_rows_carry_their_ssd_scan_keywords():
+    """``--state-pass parallel,auto,sequential --legacy --out-group``: rows ``ours`` (parallel), ``ours_auto`` (the
+    default choice), ``ours_seq``, ``ours_legacy`` (fp32 snapshots, the output kernel in one d_state step),
+    ``ours_group`` / ``ours_seq_group`` (out_mode="group"), with their ``ssd_scan`` keywords."""
     import torch
 
-    rows = bench_ssd.ours_variants(bench_ssd.parse_state_passes("parallel,auto"), [(64, 64)], legacy=True)
+    rows = bench_ssd.ours_variants(bench_ssd.parse_state_passes("parallel,auto,sequential"), [(64, 64)], legacy=True,
+                                   out_group=True)
     assert rows == {"ours": {"state_pass": "parallel"}, "ours_auto": {"state_pass": "auto"},
-                    "ours_legacy": {"state_pass": "parallel", "state_dtype": torch.float32, "out_block_n": 256}}
+                    "ours_seq": {"state_pass": "sequential", "seq_block": (64, 64)},
+                    "ours_legacy": {"state_pass": "parallel", "state_dtype": torch.float32, "out_block_n": 256},
+                    "ours_group": {"state_pass": "parallel", "out_mode": "group"},
+                    "ours_seq_group": {"state_pass": "sequential", "seq_block": (64, 64), "out_mode": "group"}}

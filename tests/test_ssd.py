@@ -126,17 +126,24 @@ def test_ssd_triton_sequential_state_pass_equals_parallel_and_the_recurrence(wit
     assert ref[-1].abs().max() > 0 and ref[1].abs().max() > 0
 
 
-@pytest.mark.parametrize("state_pass", ["parallel", "sequential"])
-def test_ssd_triton_low_precision_snapshots_and_output_loop(state_pass):
+@pytest.mark.parametrize("state_pass, out_mode, out_target", [("parallel", "head", None), ("sequential", "head", None),
+                                                              ("parallel", "group", 1), ("sequential", "group", None)],
+                         ids=["parallel-head", "sequential-head", "parallel-group-2-heads", "sequential-group-split"])
+def test_ssd_triton_low_precision_snapshots_and_output_loop(monkeypatch, state_pass, out_mode, out_target):
     """``state_dtype=torch.bfloat16`` (the snapshots of the state entering every chunk, and of its gradient, stored
     in bf16; the carry between chunks, the final state and the initial state's gradient fp32) with fp32 inputs
-    (the interpreter has no bf16 products), and the output kernel's d_state loop in 16-wide steps (d_state 24: two
-    steps, the second partial): T = 70 (5 chunks of 16), G = 2 < H = 4, documents, an initial state, the final
-    state's gradient. Everything within bf16 rounding of the recurrence, and the fp32-snapshot run (same loop)
-    within fp32 rounding; the sequential pass's final state and initial-state gradient never pass through a
-    snapshot (fp32 rounding)."""
+    (the interpreter has no bf16 products), and the output kernel per head with its d_state loop in 16-wide steps
+    (d_state 24: two steps, the second partial) or per group (both heads of a group in one program, or split over
+    two programs), head dim 32 in two 16-wide blocks: T = 70 (5 chunks of 16), G = 2 < H = 4, documents, an
+    initial state, the final state's gradient. Everything within bf16 rounding of the recurrence, and the
+    fp32-snapshot run (same kernels) within fp32 rounding; the sequential pass's final state and initial-state
+    gradient never pass through a snapshot (fp32 rounding)."""
+    import kernels.ssd as ks
     from kernels.ssd import ssd_scan
 
+    if out_target is not None:
+        monkeypatch.setattr(ks, "_OUT_TARGET_PROGRAMS", out_target)
+    assert ks._heads_per_program(5 * 2, 2, ks._OUT_TARGET_PROGRAMS) == (2 if out_target == 1 else 1)
     g = torch.Generator().manual_seed(3)
     Bz, T, H, P, G, N = 1, 70, 4, 32, 2, 24
     docs = torch.tensor([[0] * 16 + [1] * 21 + [2] * 11 + [3] + [4] * 12 + [7] * 9])
@@ -152,7 +159,7 @@ def test_ssd_triton_low_precision_snapshots_and_output_loop(state_pass):
         return [y, S, *torch.autograd.grad((y * gy).sum() + (S * gS).sum(), ins)]
 
     ref = run(lambda: ssd_scan_naive(*ins, doc_ids=docs))
-    kw = dict(chunk_size=16, doc_ids=docs, state_pass=state_pass, out_block_n=16)
+    kw = dict(chunk_size=16, doc_ids=docs, state_pass=state_pass, out_block_n=16, out_mode=out_mode, block_p=16)
     lo = run(lambda: ssd_scan(*ins, state_dtype=torch.bfloat16, **kw))
     hi = run(lambda: ssd_scan(*ins, state_dtype=torch.float32, **kw))
     exact = {"final_state", "dinitial_state"} if state_pass == "sequential" else set()
@@ -168,6 +175,8 @@ def test_ssd_triton_low_precision_snapshots_and_output_loop(state_pass):
         ssd_scan(*ins, state_dtype=torch.int8)
     with pytest.raises(ValueError, match="out_block_n"):
         ssd_scan(*ins, out_block_n=48)
+    with pytest.raises(ValueError, match="out_mode"):
+        ssd_scan(*ins, out_mode="heads")
 
 
 def test_naive_recurrence_is_the_definition():
