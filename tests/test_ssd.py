@@ -368,6 +368,48 @@ def test_ssd_triton_sequential_state_pass_on_gpu_matches_parallel_and_fp64(seq_b
         assert (o.double() - p.double()).abs().max().item() <= 2e-2 * scale, f"sequential vs parallel: {name}"
 
 
+@pytest.mark.parametrize("out_mode, state_dtype", [("head", None), ("group", None), ("group", torch.float32),
+                                                   ("head", torch.float32)],
+                         ids=["head-bf16-snapshots", "group-bf16-snapshots", "group-fp32-snapshots",
+                              "head-fp32-snapshots"])
+@pytest.mark.parametrize("shape", [(2, 2000, 4, 64, 2, 128), (2, 1000, 8, 32, 1, 64)], ids=["p64-n128", "p32-n64"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ssd_triton_output_modes_and_snapshot_dtypes_on_gpu_match_fp64(out_mode, state_dtype, shape):
+    """bf16 inputs, documents, an initial state, the final state's gradient, both state passes: the output kernel
+    per head (d_state loop) or per group of heads, bf16 (default) or fp32 state snapshots, against the fp64
+    chunked reference (output, final state, every gradient) and against the per-head, fp32-snapshot run."""
+    from attn_zoo.families.ssd import ssd_scan_chunked
+    from kernels.ssd import ssd_scan
+
+    g = torch.Generator().manual_seed(13)
+    Bz, T, H, P, G, N = shape
+    docs = (torch.arange(T)[None].expand(Bz, T) // torch.tensor([[300], [700]])).cuda()
+    base = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.2,
+            torch.randn(Bz, T, G, N, generator=g) / N ** 0.5, torch.randn(Bz, T, G, N, generator=g),
+            torch.randn(Bz, H, N, P, generator=g)]
+    dts = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
+    gy, gS = torch.randn(Bz, T, H, P, generator=g).cuda(), torch.randn(Bz, H, N, P, generator=g).cuda()
+
+    def run(fn, dtypes):
+        ins = [t.to("cuda", d).requires_grad_() for t, d in zip(base, dtypes)]
+        y, S = fn(ins)
+        return [y, S, *torch.autograd.grad((y.float() * gy).sum() + (S * gS).sum(), ins)]
+
+    ref = run(lambda i: ssd_scan_chunked(*i, chunk_size=64, doc_ids=docs), [torch.float64] * 5)
+    names = ["y", "final_state", "dx", "da", "dB", "dC", "dinitial_state"]
+    for sp in ("parallel", "sequential"):
+        base_run = run(lambda i: ssd_scan(*i, chunk_size=64, doc_ids=docs, state_pass=sp, state_dtype=torch.float32,
+                                          out_mode="head"), dts)
+        out = run(lambda i: ssd_scan(*i, chunk_size=64, doc_ids=docs, state_pass=sp, state_dtype=state_dtype,
+                                     out_mode=out_mode), dts)
+        for name, o, b0, r in zip(names, out, base_run, ref):
+            scale = 1 + r.abs().max().item()
+            assert (o.double() - r).abs().max().item() <= 6e-2 * scale, f"{sp} {out_mode} {state_dtype} vs fp64: {name}"
+            err = (o.double() - b0.double()).abs().max().item()
+            assert err <= 2e-2 * scale, f"{sp} {out_mode} vs fp32 head: {name}"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_mamba2_mixer_of_the_model_config_trains_under_bf16_autocast_on_gpu():
