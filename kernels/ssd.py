@@ -404,8 +404,10 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
                           sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
                           L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
     """``dB, dC`` of one chunk summed over ``HPP`` heads of one group (into split ``pid(1)`` of ``DB, DC (splits,
-    B, T, G, N)``): ``dC_t = sum_h exp(cum_t) dy_t S^T + (LD B)_t``, ``dB_s = sum_h exp(cum_L - cum_s) x_s dS^T +
-    (LD^T C)_s``, in fp32 registers."""
+    B, T, G, N)``): ``dC_t = sum_h exp(cum_t) dy_t S^T + ((sum_h LD_h) B)_t``, ``dB_s = sum_h exp(cum_L - cum_s)
+    x_s dS^T + ((sum_h LD_h)^T C)_s``, in fp32 registers (``B``, ``C`` are the group's: the ``LD`` tiles are summed
+    over the heads first, two products per program instead of two per head). One flat loop over (head, block of
+    ``P``), software-pipelined across heads; the ``LD`` tile is read at each head's first block."""
     pid = tl.program_id(0)
     hs = tl.program_id(1)
     c = pid // (NB * G)
@@ -422,27 +424,33 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
     Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
     dB = tl.zeros((L, BN), dtype=tl.float32)
     dC = tl.zeros((L, BN), dtype=tl.float32)
-    for j in range(HPP):
+    Lsum = tl.zeros((L, L), dtype=tl.float32)
+    npb = tl.cdiv(PD, BP)
+    for it in range(HPP * npb):
+        j = it // npb
+        p0 = (it % npb) * BP
         h = g * HPG + hs * HPP + j
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         rows = (b * T + t) * H + h
         st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
-        for p0 in range(0, PD, BP):
-            offs_p = p0 + tl.arange(0, BP)
-            pm = offs_p < PD
-            tpm = tm[:, None] & pm[None, :]
-            smask = nm[:, None] & pm[None, :]
-            sp = offs_n[:, None] * PD + offs_p[None, :]
-            x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
-            dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
-            S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
-            dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
-            dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S), dC)
-            dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS), dB)
-        Ld = tl.load(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :])
-        dC = tl.dot(Ld, Bc, dC)
-        dB = tl.dot(tl.trans(Ld), Cc, dB)
+        offs_p = p0 + tl.arange(0, BP)
+        pm = offs_p < PD
+        tpm = tm[:, None] & pm[None, :]
+        smask = nm[:, None] & pm[None, :]
+        sp = offs_n[:, None] * PD + offs_p[None, :]
+        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
+        S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
+        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
+        dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S), dC)
+        dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS), dB)
+        Ld = tl.load(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :],
+                     mask=(offs_s[:, None] + p0 * L < L) & (offs_s[None, :] < L), other=0.0)  # p0 == 0
+        Lsum += Ld.to(tl.float32)
+    Lsum_lp = Lsum.to(Bc.dtype)
+    dC = tl.dot(Lsum_lp, Bc, dC)
+    dB = tl.dot(tl.trans(Lsum_lp), Cc, dB)
     out = (((hs * NB + b) * T + t[:, None]) * G + g) * NS + offs_n[None, :]
     tl.store(DB + out, dB.to(DB.dtype.element_ty), mask=tnm)
     tl.store(DC + out, dC.to(DC.dtype.element_ty), mask=tnm)
