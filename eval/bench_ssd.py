@@ -19,7 +19,8 @@ Methods (same tensors for every SSD method; the scan only: ``x * dt`` and ``dt *
   printed for every ``ours*`` row.
 * ``ours_legacy`` (``--legacy``): the parallel pass in the former layout (``state_dtype=torch.float32``: fp32
   snapshots, twice the bytes; ``out_block_n=256``: the output kernel in one d_state step; backward unpipelined),
-  the before of an A/B in the same process.
+  the before of an A/B in the same process (the layout only: the ``dB``/``dC`` kernel's head sum and its split
+  rule are the current ones).
 * ``ours_group`` / ``ours_seq_group`` (``--out-group``): ``ours`` / ``ours_seq`` with ``out_mode="group"`` (the
   output kernel per group of heads: ``B``, ``C``, ``C B^T`` once for the heads sharing them).
 * ``torch``: :func:`attn_zoo.families.ssd.ssd_scan_chunked` (plain PyTorch chunked form), up to 8k.
