@@ -476,9 +476,10 @@ def _bwd_stages(L: int, BN: int, state_bytes: int) -> int:
 
 
 def _heads_per_program(programs: int, hpg: int, target: Optional[int] = None) -> int:
-    """Heads of one group per backward program: all ``hpg`` (``dB``/``dC`` summed in registers) unless fewer than
-    ``target`` programs would run; then the group is split into the fewest equal parts that reach it (their
-    fp32 partial ``dB``/``dC`` summed after). ``programs``: chunks x batch x groups."""
+    """Heads of one group per program of the ``dB``/``dC`` kernel (and of the ``out_mode="group"`` output kernel):
+    all ``hpg`` (``dB``/``dC`` summed in registers) unless fewer than ``target`` (default
+    :data:`_BWD_TARGET_PROGRAMS`) programs would run; then the group is split into the fewest equal parts that reach
+    it (their fp32 partial ``dB``/``dC`` summed after). ``programs``: chunks x batch x groups (x P-blocks)."""
     target = _BWD_TARGET_PROGRAMS if target is None else target
     for split in range(1, hpg + 1):
         if hpg % split == 0 and programs * split >= target:
