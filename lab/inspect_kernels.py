@@ -349,7 +349,7 @@ def main(argv=None):
             raise SystemExit("--ssd-cases: this checkout has no kernels/ssd.py")
         for docs in (False, True):
             for name, (fn, types, const, warps, stages) in ssd_cases(sdt=args.ssd_state, docs=docs).items():
-                r = compile_sm90(fn, types, const, warps, stages, sass=args.sass)
+                r = compile_sm90(fn, types, const, warps, stages, sass=args.sass, paths=args.paths)
                 tiles = {k: v for k, v in const.items() if k != "DOCS"}
                 print(f"{name + (' docs' if docs else ''):27s} {tiles} warps={warps} stages={stages}: "
                       + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
