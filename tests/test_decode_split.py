@@ -185,3 +185,22 @@ def test_kernel_options_are_named_and_max_registers_reaches_every_entry_point():
             call()
     with pytest.raises(ValueError, match="num_splits=2.5"):
         decode_plan(q, k, v, num_splits=2.5)
+
+
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_empty_and_one_token_sequences_with_splits(merge):
+    """cache_seqlens 0 (a padded batch slot: every split empty, output 0, lse -inf) and 1 (one key, in one split)
+    beside full rows, pages of 16, 3 splits, run twice (the counter back to 0 after each run)."""
+    g = torch.Generator().manual_seed(6)
+    B, Hq, Hkv, D = 4, 4, 2, 16
+    k, v, bt = _cache(g, B, Hkv, D, 40, 16)
+    q = _randn(g, B, Hq, 1, D)
+    lens = torch.tensor([0, 1, 40, 17], dtype=torch.int32, device=DEV)
+    want, want_lse = decode_attn_reference(q, k, v, lens, bt, return_lse=True)
+    plan = decode_plan(q, k, v, bt, block_n=16, num_splits=3, merge=merge, return_lse=True)
+    for _ in range(2):
+        o, lse = decode_run(plan, q, k, v, lens, bt)
+        assert bool((o[0] == 0).all()) and bool(torch.isneginf(lse[0]).all())
+        torch.testing.assert_close(o, want, atol=3e-5, rtol=3e-5)
+        torch.testing.assert_close(lse, want_lse, atol=3e-5, rtol=3e-5)
+        assert int(plan.counter.abs().sum()) == 0
