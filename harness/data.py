@@ -180,7 +180,8 @@ class TextDataModule(L.LightningDataModule):
             divides by the bytes of text only (:attr:`bytes_per_token` < 1).
 
     Bad option values raise ``ValueError`` naming the option (``data.pack``, ``data.doc_split``, ``data.doc_mask``,
-    ``data.eos``) and the allowed values.
+    ``data.eos``) and the allowed values; ``data.eos`` or a ``data.doc_split`` other than ``auto`` without
+    ``data.pack=true`` raise too (they would go unused).
 
     Attributes after :meth:`setup`: ``bytes_per_token`` (1.0 for bytes; for bits-per-byte
     ``bpb = loss_nats / ln 2 / bytes_per_token``), ``train_tokens``, ``val_tokens``, ``vocab_size``.
@@ -204,6 +205,9 @@ class TextDataModule(L.LightningDataModule):
                              f"that plain text does not hold), got {eos!r}")
         if eos is not None and not pack:
             raise ValueError(f"data.eos={eos} separates packed documents: it needs data.pack=true (or data.eos=null)")
+        if doc_split != "auto" and not pack:  # else silently unused: the run would train on unsplit text
+            raise ValueError(f"data.doc_split={doc_split!r} cuts the text into packed documents: it needs "
+                             f"data.pack=true (or data.doc_split=auto)")
         self.pack, self.doc_split, self.doc_mask, self.eos = pack, doc_split, doc_mask, eos
         self.val_path = val_path
         self.pack_stats: Dict[str, float] = {}

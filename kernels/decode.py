@@ -568,6 +568,8 @@ def decode_plan(
         num_stages = min(num_stages, 2)
     per_sm = _programs_per_sm(BN, max(16, next_pow2(D)), max(16, next_pow2(Dv)), num_stages, q.element_size(),
                               num_warps)
+    if num_splits is not None and (isinstance(num_splits, bool) or int(num_splits) != num_splits):
+        raise ValueError(f"num_splits={num_splits!r} must be None or an integer >= 1")
     S = int(num_splits) if num_splits is not None else decode_num_splits(
         B * Hkv * n_m, max_tiles, sms, rule=split_rule, programs_per_sm=per_sm, program_cost_tiles=128 / BN)
     if S < 1:
@@ -682,6 +684,7 @@ def decode_attn(
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
     return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
     plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "fused", split_rule: str = "waves",
+    max_registers="auto",
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
 
@@ -708,7 +711,7 @@ def decode_attn(
             decode on a packed prefix: keys ``j < cache_leftpad[b]`` are not seen; positions stay absolute).
         plan: a :func:`decode_plan` to run (then the mask / tile arguments above are the plan's and must be
             left at their defaults); default: a fresh plan per call (fresh output buffers).
-        page_gather, merge, split_rule: as :func:`decode_plan`.
+        page_gather, merge, split_rule, max_registers: as :func:`decode_plan`.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``).
@@ -721,7 +724,8 @@ def decode_attn(
         plan = decode_plan(q, k_cache, v_cache, block_table, causal=causal, window_size=window_size,
                            softmax_scale=softmax_scale, sparse=sparse, num_splits=num_splits, block_n=block_n,
                            return_lse=return_lse, has_leftpad=cache_leftpad is not None, num_warps=num_warps,
-                           num_stages=num_stages, page_gather=page_gather, merge=merge, split_rule=split_rule)
+                           num_stages=num_stages, page_gather=page_gather, merge=merge, split_rule=split_rule,
+                           max_registers=max_registers)
     return decode_run(plan, q, k_cache, v_cache, cache_seqlens.contiguous(), block_table,
                       None if cache_leftpad is None else cache_leftpad.contiguous())
 

@@ -924,8 +924,9 @@ _LAST_DOCS: list = []  # [(weakref to doc_ids, its _version, index)], most recen
 
 def _cached_document_index(doc_ids: torch.Tensor) -> torch.Tensor:
     """:func:`document_index`, remembered for the last 4 ``doc_ids`` tensors (by identity and version): the same
-    tensor passed to every layer of a step is converted once. Not while compiling."""
-    if torch.compiler.is_compiling():
+    tensor passed to every layer of a step is converted once. Not while compiling, nor for an inference tensor
+    (``torch.inference_mode``: it has no version counter)."""
+    if torch.compiler.is_compiling() or doc_ids.is_inference():
         return document_index(doc_ids)
     for ref, ver, idx in _LAST_DOCS:
         if ref() is doc_ids and ver == doc_ids._version:

@@ -158,3 +158,49 @@ def test_split_rules():
         decode_plan(q, k, v, merge="atomic")
     with pytest.raises(ValueError, match="split_rule='x'"):
         decode_num_splits(1, 64, sms, rule="x")
+
+
+def test_kernel_options_are_named_and_max_registers_reaches_every_entry_point():
+    """``max_registers`` (a plan option) is taken by ``decode_attn`` and ``decode_attention`` as by
+    ``decode_plan``; an unknown kernel option (a typo) is a ValueError naming it and the allowed options, not a
+    TypeError from deep inside; ``num_splits`` must be an integer."""
+    from attn_zoo import AttentionSpec
+    from attn_zoo.decode import decode_attention, make_decode_plan
+    from kernels.decode import decode_attn
+
+    g = torch.Generator().manual_seed(5)
+    k, v, _ = _cache(g, 1, 1, 16, 32)
+    q = _randn(g, 1, 2, 1, 16)
+    lens = torch.tensor([20], dtype=torch.int32, device=DEV)
+    want = decode_attn_reference(q, k, v, lens)
+    torch.testing.assert_close(decode_attn(q, k, v, lens, max_registers=168), want, atol=3e-5, rtol=3e-5)
+    spec = AttentionSpec(kind="flash")
+    got = decode_attention(q, k, v, spec, lens, backend="triton", max_registers=None)
+    torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
+    with pytest.raises(ValueError, match="max_registers=7"):
+        decode_attn(q, k, v, lens, max_registers=7)
+    for call in (lambda: decode_attention(q, k, v, spec, lens, backend="triton", merg="fused"),
+                 lambda: make_decode_plan(q, k, v, spec, merg="fused")):
+        with pytest.raises(ValueError, match=r"merg.*allowed.*max_registers.*merge.*split_rule"):
+            call()
+    with pytest.raises(ValueError, match="num_splits=2.5"):
+        decode_plan(q, k, v, num_splits=2.5)
+
+
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_empty_and_one_token_sequences_with_splits(merge):
+    """cache_seqlens 0 (a padded batch slot: every split empty, output 0, lse -inf) and 1 (one key, in one split)
+    beside full rows, pages of 16, 3 splits, run twice (the counter back to 0 after each run)."""
+    g = torch.Generator().manual_seed(6)
+    B, Hq, Hkv, D = 4, 4, 2, 16
+    k, v, bt = _cache(g, B, Hkv, D, 40, 16)
+    q = _randn(g, B, Hq, 1, D)
+    lens = torch.tensor([0, 1, 40, 17], dtype=torch.int32, device=DEV)
+    want, want_lse = decode_attn_reference(q, k, v, lens, bt, return_lse=True)
+    plan = decode_plan(q, k, v, bt, block_n=16, num_splits=3, merge=merge, return_lse=True)
+    for _ in range(2):
+        o, lse = decode_run(plan, q, k, v, lens, bt)
+        assert bool((o[0] == 0).all()) and bool(torch.isneginf(lse[0]).all())
+        torch.testing.assert_close(o, want, atol=3e-5, rtol=3e-5)
+        torch.testing.assert_close(lse, want_lse, atol=3e-5, rtol=3e-5)
+        assert int(plan.counter.abs().sum()) == 0

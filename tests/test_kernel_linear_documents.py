@@ -145,3 +145,84 @@ def test_non_causal_documents_route_and_the_kernel_refusal():
     assert document_index(doc).dtype == torch.int32
     assert document_index(doc)[0].tolist() == [1] * 5 + [2] + [3] * 14 + [4] * 20
     assert document_index(doc)[1].tolist() == [1] * 16 + [2] * 16 + [3] * 8
+
+
+# The per-chunk scalar test (kernels/linear.py: a chunk inside the running document takes the document-free step,
+# one with a boundary reads its rows' documents), one K/V head per query head (the dk / dv kernel's single-head
+# path). 80 tokens, chunk 16. Row 0: no boundary at all. Row 1: a boundary at the chunk edge 16 with a length-1
+# document there, a length-1 document on a chunk's last row (31, also a segment's), two length-1 documents in a
+# row inside a chunk (35, 36), a document over a whole chunk (48..63: the plain step with the carried state),
+# skipped ids (empty documents), a length-1 document at the last position. Row 2: one boundary inside a chunk.
+DOC1 = torch.tensor([[5] * 80,
+                     [0] * 16 + [1] + [3] * 14 + [4] + [6] * 3 + [7] + [9] + [10] * 34 + [12] * 8 + [13],
+                     [2] * 40 + [3] * 40], device=DEV)
+
+
+@pytest.mark.parametrize("segment_size", [16, 32, None])
+def test_chunks_with_and_without_boundaries_match_the_recurrence(segment_size):
+    from attn_zoo.reference import linear_attention_recurrent
+
+    xs, cot = _inputs(B=3, Hq=2, Hkv=2, N=80)
+    kw = dict(feature_map="elu1", chunk_size=16)
+
+    def packed(q, k, v, s0, z0):
+        o, (S, Z) = linear_attention(q, k, v, initial_state=(s0, z0), output_final_state=True, doc_ids=DOC1,
+                                     segment_size=segment_size, **kw)
+        return o, S, Z
+
+    def recurrent(q, k, v, s0, z0):
+        phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
+        o, (S, Z) = linear_attention_recurrent(phi(q), phi(k), v, initial_state=(s0, z0), doc_ids=DOC1)
+        return o, S, Z
+
+    got, want = _run(packed, xs, cot), _run(recurrent, xs, cot)
+    for name, g, w in zip(NAMES, got, want):
+        assert w.abs().max() > 0, name
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    # row 0 has no boundary: the same as the call without documents
+    plain = _run(lambda q, k, v, s0, z0: (lambda o, st: (o, *st))(*linear_attention(
+        q, k, v, initial_state=(s0, z0), output_final_state=True, segment_size=segment_size, **kw)),
+        [t[:1] for t in xs], tuple(t[:1] for t in cot))
+    for name, g, w in zip(NAMES, got, plain):
+        torch.testing.assert_close(g[:1], w, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}, row 0: {m}")
+
+
+def test_documents_under_inference_mode():
+    """``doc_ids`` made under ``torch.inference_mode()`` (an inference tensor: no version counter) runs, uncached,
+    and matches the reference; it raised ``RuntimeError: Inference tensors do not track version counter`` from the
+    per-tensor cache of the document index."""
+    xs, _ = _inputs(B=1, N=32)
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
+    with torch.inference_mode():
+        doc = torch.tensor([[0] * 10 + [1] * 22], device=DEV)
+        got = attention(*xs[:3], spec, backend="triton", doc_ids=doc)
+        doc[0, 20:] = 2  # in place: the next call must see it
+        got2 = attention(*xs[:3], spec, backend="triton", doc_ids=doc)
+        want2 = attention(*xs[:3], spec, backend="reference", doc_ids=doc)
+    want = attention(*xs[:3], spec, backend="reference", doc_ids=torch.tensor([[0] * 10 + [1] * 22], device=DEV))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got2, want2, atol=1e-4, rtol=1e-4)
+    assert (got2 - got).abs().max() > 1e-3
+
+
+# Every chunk (of 16) holds a boundary: mid-chunk boundaries (row 0), every token its own document (row 1), length-1
+# documents on both sides of the chunk edges 16 and 32 (row 2).
+DOC2 = torch.tensor([[0] * 8 + [1] * 16 + [2] * 16 + [3] * 8, list(range(48)),
+                     [0] * 15 + [1] + [2] + [3] * 14 + [4] + [5] + [6] * 15], device=DEV)
+
+
+@pytest.mark.parametrize("Hq", [2, 4], ids=["heads1:1", "gqa2:1"])
+def test_every_chunk_with_a_boundary_matches_the_reference(Hq):
+    """The masked path in every chunk (no chunk takes the document-free step): out, dq, dk, dv against the fp32
+    reference, one query head per K/V head and GQA."""
+    xs, cot = _inputs(B=3, Hq=Hq, Hkv=2, N=48, seed=Hq)
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="elu1", chunk_size=16)
+
+    def grads(backend):
+        a = [t.detach().clone().requires_grad_() for t in xs[:3]]
+        o = attention(*a, spec, backend=backend, doc_ids=DOC2)
+        return [o] + list(torch.autograd.grad(o, a, cot[0]))
+
+    for name, g, w in zip(("out", "dq", "dk", "dv"), grads("triton"), grads("reference")):
+        assert w.abs().max() > 0, name
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -34,6 +34,15 @@ from ..spec import AttentionSpec
 from .cache import _check_seqlens, cache_capacity, cdiv, check_cache_layout, check_cache_values, gather_kv
 
 DECODE_BACKENDS = ("triton", "torch", "reference")
+KERNEL_OPTIONS = ("block_n", "max_registers", "merge", "num_splits", "num_stages", "num_warps", "page_gather",
+                  "split_rule")  # kernels.decode.decode_plan's tile / launch options
+
+
+def _check_kernel_options(kernel_options, allowed=KERNEL_OPTIONS):
+    """``ValueError`` naming an unknown kernel option and the allowed ones (not a ``TypeError`` from the kernel)."""
+    bad = sorted(set(kernel_options) - set(allowed))
+    if bad:
+        raise ValueError(f"kernel options {bad} are not supported; allowed values: {', '.join(allowed)}")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -244,6 +253,7 @@ def make_decode_plan(q, k_cache, v_cache, spec, block_table=None, *, return_lse:
     on each sequence's length (no ``decode_mask`` of the variant) have no plan: ``ValueError``."""
     from kernels.decode import decode_plan
 
+    _check_kernel_options(kernel_options)
     window, sparse, opts = _triton_terms(q, k_cache, spec, None, block_table, kernel_options)
     return decode_plan(q, k_cache, v_cache, block_table, causal=spec.causal, window_size=window,
                        softmax_scale=spec.scale(q.shape[-1]), sparse=sparse, return_lse=return_lse,
@@ -330,7 +340,7 @@ def decode_attention(
             (decode on a packed prefix; FlashAttention's name); keys ``j < cache_leftpad[b]`` are not seen,
             positions (causal, window, block layout) stay absolute. Every backend.
         kernel_options: ``triton`` only: ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``page_gather``,
-            ``merge``, ``split_rule`` (:func:`kernels.decode.decode_plan`), or ``plan``
+            ``merge``, ``split_rule``, ``max_registers`` (:func:`kernels.decode.decode_plan`), or ``plan``
             (a :func:`make_decode_plan`: no host work and no allocation per step; the output is the plan's buffer).
 
     Returns:
@@ -339,7 +349,8 @@ def decode_attention(
 
     Raises:
         ValueError / TypeError: bad shapes or dtypes, ``Hq % Hkv != 0``, ``cache_seqlens`` past the cache or below
-        ``Nq``, a page index out of range, a linear spec, an unknown backend or one that cannot run the input.
+        ``Nq``, a page index out of range, a linear spec, an unknown backend or one that cannot run the input, an
+        unknown kernel option.
     """
     check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, check_values, cache_leftpad)
     why = None
@@ -358,6 +369,7 @@ def decode_attention(
     if kernel_options and backend != "triton":
         raise ValueError(f"kernel options {sorted(kernel_options)} are only used by backend='triton'")
     if backend == "triton":
+        _check_kernel_options(kernel_options, KERNEL_OPTIONS + ("plan",))
         if why is not None:
             raise ValueError(f"backend='triton' cannot run this input: {why}")
         return decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_table, return_lse,
