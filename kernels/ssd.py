@@ -81,7 +81,7 @@ _BWD_BLOCK_P = 32
 _BWD_PIPELINE_MAX = 64 * 128
 # state_pass="auto" takes the sequential pass from this many programs (B * H * N-blocks * P-blocks; the H200 has
 # 132 SMs): below it, few long walks over the chunks leave the GPU idle and the chunk-parallel pass wins
-_SEQ_MIN_PROGRAMS = 256
+_SEQ_MIN_PROGRAMS = 64
 OUT_BLOCKS = (16, 32, 64, 128, 256)  # allowed d_state steps of the output kernel (out_block_n)
 _OUT_BLOCK_N = 64  # the output kernel's default d_state step (clipped to the padded d_state)
 OUT_MODES = ("auto", "head", "group")  # one program per head (_chunk_out_kernel) / per group of heads (sharing B, C)

@@ -450,3 +450,14 @@ def test_mamba2_mixer_triton_matches_torch_on_gpu_and_generates_with_cache():
     with torch.no_grad():
         assert torch.equal(model.generate(idx, 12, greedy=True, use_cache=True),
                            model.generate(idx, 12, greedy=True, use_cache=False))
+
+
+def test_auto_state_pass_follows_the_h200_measurements():
+    """bench_ssd on the H200 (2026-12-04, H 16, headdim 64, d_state 128, 32k tokens a call): the sequential pass won
+    at B = 16 / 4 / 2 (N 2k / 8k / 16k) and lost at B = 1 (N 32k); auto must pick accordingly."""
+    from kernels.ssd import _use_sequential
+
+    blk = (64, 64)
+    assert [_use_sequential("auto", B, 16, blk, 128, 64) for B in (16, 4, 2, 1)] == [True, True, True, False]
+    assert _use_sequential("parallel", 16, 16, blk, 128, 64) is False
+    assert _use_sequential("sequential", 1, 1, blk, 128, 64) is True
