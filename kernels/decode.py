@@ -487,7 +487,7 @@ def decode_plan(
     softmax_scale: Optional[float] = None, sparse: Optional["DecodeSparse"] = None, num_splits: Optional[int] = None,
     block_n: Optional[int] = None, return_lse: bool = False, has_leftpad: bool = False,
     sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3, page_gather: str = "prefetch",
-    merge: str = "fused", split_rule: str = "waves", max_registers="auto",
+    merge: str = "auto", split_rule: str = "auto", max_registers="auto",
 ) -> DecodePlan:
     """Host-side plan of :func:`decode_run`, made once per batch shape / cache layout / mask (no device sync).
 
@@ -502,13 +502,20 @@ def decode_plan(
     lookups in the tile's own iteration: one K/V buffer, 39 KB; the default before, 0.61-0.90 of copy bandwidth on 16-
     and 32-token pages, H200, 2026-12-04) or ``"page"`` (one lookup per page, the tile gathered as ``block_n /
     page_size`` whole pages: triton 3.6 does not pipeline it, 0.32-0.48); block-sparse plans look up per key in the
-    tile's iteration. ``merge``: ``"fused"`` (the default: the last split of each (sequence, K/V head, row block) to
+    tile's iteration. ``merge`` and ``split_rule`` default to ``"auto"``: ``"fused"`` and ``"waves"`` where a program
+    holds one query row (``G * Nq == 1``: one query head per K/V head and one new token), else ``"kernel"`` and ``"legacy"``,
+    from the H200 comparison of 2026-12-04 (``lab.decode_probe --compare``, docs/results.md): the fused merge and the
+    waves rule took batch-1 MHA from 0.72 / 0.87 to 0.77 / 0.97 of copy bandwidth (16k / 64k) and 16-token pages from
+    0.72 to 0.95, but the merging program walks its rows one at a time, so GQA fell from 0.78 to 0.71 (32:8, 64k),
+    0.90 to 0.79 (64:8, 128k) and with 4 queries 0.78 to 0.53. ``merge``: ``"fused"`` (the last split of each
+    (sequence, K/V head, row block) to
     finish -- an int32 arrival counter in the plan, ``atomic_add`` with acquire-release order after the split's
     partial stores -- merges the partials and writes the output, then resets its counter to 0, so one launch per step
     and CUDA-graph replays start from a clean counter; two runs of one plan must not overlap in time, e.g. on two
     streams) or ``"kernel"`` (a second launch, :func:`_decode_merge`). ``split_rule``: ``"waves"`` (default) or
     ``"legacy"`` (:func:`decode_num_splits`; resident programs per SM estimated from the K/V buffers in shared memory).
-    ``max_registers``: ``"auto"`` (default: at most ``65536 / (programs per SM x num_warps x 32)`` registers per
+    ``max_registers``: ``"auto"`` (default: none where a program holds several query rows, the setting measured
+    for them; else at most ``65536 / (programs per SM x num_warps x 32)`` registers per
     thread, rounded down to 8, where that is >= 160 and the tile at most 16 rows x 64 keys x 128 dims: 168 for
     64-key tiles of D 128 in 3 stages, so 3 programs stay resident; the per-key paged kernels take 182-220 without it
     on triton 3.6 and none spills at 168, where 128-key or 32-row tiles would, ``lab/decode_pipeline_check.py``),
@@ -520,10 +527,10 @@ def decode_plan(
     """
     if page_gather not in ("key", "page", "prefetch"):
         raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
-    if merge not in ("fused", "kernel"):
-        raise ValueError(f"merge={merge!r} is not supported; allowed values: 'fused', 'kernel'")
-    if split_rule not in ("waves", "legacy"):
-        raise ValueError(f"split_rule={split_rule!r} is not supported; allowed values: 'waves', 'legacy'")
+    if merge not in ("auto", "fused", "kernel"):
+        raise ValueError(f"merge={merge!r} is not supported; allowed values: 'auto', 'fused', 'kernel'")
+    if split_rule not in ("auto", "waves", "legacy"):
+        raise ValueError(f"split_rule={split_rule!r} is not supported; allowed values: 'auto', 'waves', 'legacy'")
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
     B, Hq, Nq, D = q.shape
@@ -541,6 +548,9 @@ def decode_plan(
         left, right = window_size
     if causal:
         right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
+    one_row = G * Nq == 1  # "auto": one query row per program (see the docstring's H200 comparison)
+    merge = ("fused" if one_row else "kernel") if merge == "auto" else merge
+    split_rule = ("waves" if one_row else "legacy") if split_rule == "auto" else split_rule
     BM = min(max(16, next_pow2(G * Nq)), 64)
     n_m = cdiv(G * Nq, BM)
     dev = q.device
@@ -586,7 +596,8 @@ def decode_plan(
     p.merge, p.split_rule = merge, split_rule
     if max_registers == "auto":  # hold the register count to what `per_sm` resident programs can have (see docstring)
         cap = 65536 // (per_sm * num_warps * 32) // 8 * 8
-        max_registers = cap if per_sm >= 2 and cap >= 160 and BM <= 16 and BN <= 64 and max(D, Dv) <= 128 else None
+        max_registers = (cap if one_row and per_sm >= 2 and cap >= 160 and BM <= 16 and BN <= 64 and max(D, Dv) <= 128
+                         else None)
     elif max_registers is not None and (not isinstance(max_registers, int) or not 24 <= max_registers <= 255):
         raise ValueError(f"max_registers={max_registers!r} must be 'auto', None or an int in [24, 255]")
     p.max_registers = max_registers
@@ -683,7 +694,7 @@ def decode_attn(
     window_size: Optional[Tuple[Optional[int], Optional[int]]] = None, softmax_scale: Optional[float] = None,
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
     return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
-    plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "fused", split_rule: str = "waves",
+    plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "auto", split_rule: str = "auto",
     max_registers="auto",
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).

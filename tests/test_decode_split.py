@@ -82,7 +82,8 @@ def test_fused_merge_several_queries_window_leftpad_paged(Nq):
 
             want = decode_attention(q, k, v, AttentionSpec(kind="flash"), lens, bt, backend="reference",
                                     cache_leftpad=leftpad)
-        plan = decode_plan(q, k, v, bt, block_n=16, num_splits=4, window_size=window, has_leftpad=leftpad is not None)
+        plan = decode_plan(q, k, v, bt, block_n=16, num_splits=4, window_size=window, has_leftpad=leftpad is not None,
+                           merge="fused")
         assert plan.merge == "fused" and plan.num_splits == 4
         got = decode_run(plan, q, k, v, lens, bt, leftpad)
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5, msg=f"Nq={Nq}, window={window}, leftpad={leftpad}")
@@ -97,7 +98,7 @@ def test_fused_merge_is_replay_safe():
     q = _randn(g, B, Hq, Nq, D)
     lens = torch.tensor([80, 45], dtype=torch.int32, device=DEV)
     want = decode_attn_reference(q, k, v, lens, bt)
-    plan = decode_plan(q, k, v, bt, block_n=16, num_splits=3)
+    plan = decode_plan(q, k, v, bt, block_n=16, num_splits=3, merge="fused")
     assert plan.counter.shape == (B * Hkv * plan.n_m,) and int(plan.counter.abs().sum()) == 0
     o1 = decode_run(plan, q, k, v, lens, bt).clone()
     assert int(plan.counter.abs().sum()) == 0
@@ -152,9 +153,9 @@ def test_split_rules():
     g = torch.Generator().manual_seed(4)
     k, v, _ = _cache(g, 1, 1, 16, 64)
     q = _randn(g, 1, 1, 1, 16)
-    with pytest.raises(ValueError, match="split_rule='even'.*allowed values: 'waves', 'legacy'"):
+    with pytest.raises(ValueError, match="split_rule='even'.*allowed values: 'auto', 'waves', 'legacy'"):
         decode_plan(q, k, v, split_rule="even")
-    with pytest.raises(ValueError, match="merge='atomic'.*allowed values: 'fused', 'kernel'"):
+    with pytest.raises(ValueError, match="merge='atomic'.*allowed values: 'auto', 'fused', 'kernel'"):
         decode_plan(q, k, v, merge="atomic")
     with pytest.raises(ValueError, match="split_rule='x'"):
         decode_num_splits(1, 64, sms, rule="x")
@@ -204,3 +205,19 @@ def test_empty_and_one_token_sequences_with_splits(merge):
         torch.testing.assert_close(o, want, atol=3e-5, rtol=3e-5)
         torch.testing.assert_close(lse, want_lse, atol=3e-5, rtol=3e-5)
         assert int(plan.counter.abs().sum()) == 0
+
+
+def test_auto_merge_and_split_rule_follow_rows_per_program():
+    """merge / split_rule "auto": fused + waves (and the register cap) where a program holds one query row (MHA, one
+    new token), kernel + legacy (no cap) for GQA or several new tokens: the H200 comparison of 2026-12-04."""
+    g = torch.Generator().manual_seed(5)
+    k, v, _ = _cache(g, 1, 2, 128, 256)
+    for Hq, Nq, want in ((2, 1, ("fused", "waves")), (8, 1, ("kernel", "legacy")), (2, 4, ("kernel", "legacy"))):
+        plan = decode_plan(_randn(g, 1, Hq, Nq, 128), k, v, None, sm_count=132)
+        assert (plan.merge, plan.split_rule) == want, (Hq, Nq)
+        if want[0] == "kernel":
+            assert plan.max_registers is None
+    plan = decode_plan(_randn(g, 1, 8, 1, 128), k, v, None, merge="fused", split_rule="waves")
+    assert (plan.merge, plan.split_rule) == ("fused", "waves")
+    with pytest.raises(ValueError, match="merge='last'.*allowed values: 'auto', 'fused', 'kernel'"):
+        decode_plan(_randn(g, 1, 2, 1, 128), k, v, None, merge="last")
