@@ -344,3 +344,19 @@ def test_gated_deltanet_gate_starts_with_a_long_memory():
     alpha = g.exp()
     assert alpha.median() > 0.8, f"median decay per step {alpha.median():.3g}: the state forgets too fast at init"
     assert (alpha.mean((0, 1)) > 0.1).all(), "a head forgets its state within a few positions at init"
+
+
+def test_gated_deltanet_loads_a_checkpoint_from_before_dt_bias():
+    """A state dict of the former gate (``a_proj`` with a bias, no ``dt_bias``) loads strictly and computes the same
+    function: its bias becomes ``dt_bias``."""
+    torch.manual_seed(1)
+    m = dn.GatedDeltaNet(32, 2, 16, kernel="chunk")
+    old = {k: v.clone() for k, v in m.state_dict().items() if k != "dt_bias"}
+    old["a_proj.bias"] = torch.randn(2)
+    fresh = dn.GatedDeltaNet(32, 2, 16, kernel="chunk")
+    fresh.load_state_dict(old)  # strict
+    torch.testing.assert_close(fresh.dt_bias.detach(), old["a_proj.bias"])
+    x = torch.randn(1, 8, 32)
+    g_old = -torch.exp(old["A_log"]) * F.softplus(x @ old["a_proj.weight"].T + old["a_proj.bias"])
+    g_new = -torch.exp(fresh.A_log) * F.softplus(fresh.a_proj(x) + fresh.dt_bias)
+    torch.testing.assert_close(g_new, g_old)

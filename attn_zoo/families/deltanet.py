@@ -476,3 +476,11 @@ class GatedDeltaNet(_DeltaBase):
     [1, 16]) and a SiLU output gate."""
 
     gated = True
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints from before 2026-12-04 hold the gate's offset as a_proj.bias (softplus(W_a x + b)); it is
+        # dt_bias now (a_proj has no bias), the same function: move it, so old runs resume and evaluate unchanged
+        old, new = prefix + "a_proj.bias", prefix + "dt_bias"
+        if old in state_dict and new not in state_dict:
+            state_dict[new] = state_dict.pop(old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
