@@ -3,7 +3,9 @@
 Plain Python (no Hydra), from the repo root: ``python -m eval.bench_ssd --out results/h200/ssd``. Needs CUDA.
 
 All timings come from one run: median of CUDA events (:func:`eval.bench_common.time_cuda`), forward and
-forward+backward, reported also as ns per token (time / (B * N)); the flat-time-per-token check is the ratio
+forward+backward, reported also as ns per token (time / (B * N)), and the peak extra CUDA memory of one
+forward+backward (``fwd_bwd_peak_mib``: saved tensors, states, gradients; :func:`eval.bench_common.peak_memory`);
+the flat-time-per-token check is the ratio
 ``ns/token at the largest N / at 2k``. Workload: bf16, ``H = --heads`` (16), head dim ``P = 64``, ``d_state
 N_s = 128`` (one group), chunk 64, ``B * N = --tokens`` (32k; ``B = 1`` once ``N`` exceeds it), ``N = 512 .. 32k``.
 
@@ -52,8 +54,8 @@ import time
 
 import torch
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, require_cuda, time_cuda,
-                               try_call, write_results)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, require_cuda,
+                               time_cuda, try_call, write_results)
 
 
 class _FlaNoGuard:
@@ -300,6 +302,13 @@ def main(argv=None):
                     fwd().backward(do)
 
                 ms_fb = try_call(lambda: time_cuda(fb, grad_to_none=ins))
+                for t in ins:  # the peak counts the gradients' allocation too
+                    t.grad = None
+                mem = try_call(lambda: peak_memory(fb)) if not isinstance(ms_fb, str) else None
+                for t in ins:
+                    t.grad = None
+            if isinstance(mem, int):
+                row["fwd_bwd_peak_mib"] = mem / 2 ** 20
             row.update(fwd_ms=ms_f, fwd_bwd_ms=ms_fb if not isinstance(ms_fb, str) else float("nan"),
                        fwd_ns_per_token=ms_f * 1e6 / (B * N),
                        fwd_bwd_ns_per_token=(ms_fb * 1e6 / (B * N)) if not isinstance(ms_fb, str) else float("nan"))
@@ -309,8 +318,8 @@ def main(argv=None):
             print(row, flush=True)
         del methods
         torch.cuda.empty_cache()
-    cols = ["method", "B", "N", "fwd_ms", "fwd_bwd_ms", "fwd_ns_per_token", "fwd_bwd_ns_per_token", "max_rel_err",
-            "error"]
+    cols = ["method", "B", "N", "fwd_ms", "fwd_bwd_ms", "fwd_ns_per_token", "fwd_bwd_ns_per_token", "fwd_bwd_peak_mib",
+            "max_rel_err", "error"]
     print(format_table(rows, cols))
     by = {(r["method"], r["N"]): r for r in rows if "fwd_bwd_ms" in r}
     for me in ours:
