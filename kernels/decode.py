@@ -3,9 +3,10 @@
 Algorithm: FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"): the keys
 of the cache are split over ``S`` programs per (sequence, K/V head); each runs the FlashAttention online softmax
 over its share and writes a normalised partial output and its log-sum-exp; the ``S`` partials are then merged
-(``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``), by default in the last split of each
-(sequence, K/V head) to finish (an arrival counter that the merging program resets: one launch per step), else in a
-second small kernel. With ``S == 1`` the first kernel writes the output directly. The key tiles of a (sequence,
+(``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``), in the last split of each (sequence, K/V
+head) to finish (an arrival counter that the merging program resets: one launch per step; the default where a
+program holds one query row) or in a second small kernel (the default for GQA and several new tokens, where the
+merging program's rows would run one after another: see :func:`decode_plan`). With ``S == 1`` the first kernel writes the output directly. The key tiles of a (sequence,
 K/V head) are spread evenly over its splits (shares differ by at most one tile) and ``S`` fills the SMs' resident
 program slots a whole number of times (:func:`decode_num_splits`). Conventions follow ``flash_attn_with_kvcache``
 (FlashAttention 2.x) in the ``(B, H, N, D)`` layout; the paged layout and the per-tile page-table lookup follow vLLM's
