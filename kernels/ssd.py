@@ -100,6 +100,42 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 @triton.jit
+def _chunk_head(pid, NBH, H, HPG):
+    """Program ``pid`` of a grid over chunks x ``(b, h)``: chunk ``c``, ``bh = b * H + h``, batch ``b``, head ``h``
+    and its group ``g`` (``HPG`` heads per group)."""
+    c = pid // NBH
+    bh = pid % NBH
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    return c, bh, b, h, g
+
+
+@triton.jit
+def _chunk_group(pid, NB, G):
+    """Program ``pid`` of a grid over chunks x ``(b, group)``: chunk ``c``, batch ``b``, group ``g``."""
+    c = pid // (NB * G)
+    bg = pid % (NB * G)
+    b = bg // G
+    g = bg % G
+    return c, b, g
+
+
+@triton.jit
+def _span(start, BLK: tl.constexpr, n):
+    """Indices ``start .. start + BLK - 1`` and their mask ``< n`` (a block of d_state, head dim or positions)."""
+    offs = start + tl.arange(0, BLK)
+    return offs, offs < n
+
+
+@triton.jit
+def _rows(PTR, b, t, i, sb, st, si, offs):
+    """Pointers ``(len(t), len(offs))`` to ``PTR[b, t, i, offs]`` of a ``(B, T, H or G, D)`` tensor (``x``, ``y``,
+    ``B``, ``C``; unit last stride): positions ``t`` of batch ``b``, head or group ``i``, columns ``offs``."""
+    return PTR + b * sb + t[:, None] * st + i * si + offs[None, :]
+
+
+@triton.jit
 def _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L: tl.constexpr, DOCS: tl.constexpr):
     """In-chunk cumulative log-decay and the four document-masked decays of chunk ``c`` of ``(b, h)``:
     ``decay (L, L)`` (segsum, causal), ``ec = exp(cum)`` (reads the state entering), ``w = exp(cum_L - cum)`` (writes
@@ -136,18 +172,14 @@ def _chunk_state_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC, NBH,
     backward: ``Z = C``, ``V = dy``, ``wt = exp(cum)`` (its contribution to the gradient of the state entering it)."""
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    c = pid // NBH
-    bh = pid % NBH
-    b = bh // H
-    h = bh % H
-    g = h // HPG
+    c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_n = tl.arange(0, BN)
     offs_p = pid_p * BP + tl.arange(0, BP)
     nm = offs_n < NS
     pm = offs_p < PD
-    z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
-    v = tl.load(V + b * svb + t[:, None] * svt + h * svh + offs_p[None, :], mask=tm[:, None] & pm[None, :], other=0.0)
+    z = tl.load(_rows(Z, b, t, g, szb, szt, szg, offs_n), mask=tm[:, None] & nm[None, :], other=0.0)
+    v = tl.load(_rows(V, b, t, h, svb, svt, svh, offs_p), mask=tm[:, None] & pm[None, :], other=0.0)
     if WRITE:
         wt = w
         tl.store(EL + bh * NC + c, el, mask=pid_p == 0)
@@ -250,8 +282,9 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, INIT, FIN, T, H, HPG, NS, PD, NC,
             row = c
         tl.store(OUT + (bh_row + row) * NS * PD + sp, S.to(OUT.dtype.element_ty), mask=smask)
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-        z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :],
-                    other=0.0)
+        z = tl.load(_rows(Z, b, t, g, szb, szt, szg, offs_n), mask=tm[:, None] & nm[None, :], other=0.0)
+        # written out: through _rows, triton 3.6 schedules this loop differently (the inlined call's line-info
+        # labels reach ptxas)
         v = tl.load(V + b * svb + t[:, None] * svt + h * svh + offs_p[None, :], mask=tm[:, None] & pm[None, :],
                     other=0.0)
         if REVERSE:
@@ -273,16 +306,12 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
     flight while the current one multiplies: ``num_stages``), then the masked intra-chunk product."""
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    c = pid // NBH
-    bh = pid % NBH
-    b = bh // H
-    h = bh % H
-    g = h // HPG
+    c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_p = pid_p * BP + tl.arange(0, BP)
     pm = offs_p < PD
     tpm = tm[:, None] & pm[None, :]
-    x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+    x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
     st_base = ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD
     CB = tl.zeros((L, L), dtype=tl.float32)
     CS = tl.zeros((L, BP), dtype=tl.float32)
@@ -290,14 +319,14 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
         offs_n = n0 + tl.arange(0, BK)
         nm = offs_n < NS
         tnm = tm[:, None] & nm[None, :]
-        Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-        Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+        Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+        Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
         S = tl.load(st_base + offs_n[:, None] * PD + offs_p[None, :], mask=nm[:, None] & pm[None, :], other=0.0)
         CB = tl.dot(Cc, tl.trans(Bc), CB)  # (L, L) fp32
         CS = tl.dot(Cc, S.to(x.dtype), CS)  # (L, BP) fp32
     M = (CB * decay).to(x.dtype)
     y = tl.dot(M, x, ec[:, None] * CS)
-    tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
+    tl.store(_rows(Y, b, t, h, syb, syt, syh, offs_p), y.to(Y.dtype.element_ty), mask=tpm)
 
 
 @triton.jit
@@ -311,10 +340,7 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
     hs = tl.program_id(2)
-    c = pid // (NB * G)
-    bg = pid % (NB * G)
-    b = bg // G
-    g = bg % G
+    c, b, g = _chunk_group(pid, NB, G)
     offs_s = tl.arange(0, L)
     t = c * L + offs_s
     tm = t < T
@@ -325,20 +351,20 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
     pm = offs_p < PD
     tpm = tm[:, None] & pm[None, :]
     smask = nm[:, None] & pm[None, :]
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+    Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
     CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32, shared by the group's heads
     for j in range(HPP):
         h = g * HPG + hs * HPP + j
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + offs_n[:, None] * PD + offs_p[None, :],
                     mask=smask, other=0.0)
         CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP) fp32
         M = (CB * decay).to(x.dtype)
         y = tl.dot(M, x, ec[:, None] * CS)
-        tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
+        tl.store(_rows(Y, b, t, h, syb, syt, syh, offs_p), y.to(Y.dtype.element_ty), mask=tpm)
 
 
 @triton.jit
@@ -349,17 +375,13 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     (dy x^T) o decay`` ``(L, L)`` for the ``dB`` / ``dC`` kernel. ``ST[bh, c]``: the state entering chunk ``c``;
     ``DST[bh, c + 1]``: the gradient of the state leaving it. ``DX, DY (B, T, H, P)``, ``DA (B, T, H)`` contiguous."""
     pid = tl.program_id(0)
-    c = pid // NBH
-    bh = pid % NBH
-    b = bh // H
-    h = bh % H
-    g = h // HPG
+    c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_n = tl.arange(0, BN)
     nm = offs_n < NS
     tnm = tm[:, None] & nm[None, :]
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+    Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
     CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
     M = (CB * decay).to(Cc.dtype)
     rows = (b * T + t) * H + h  # (L,) row of (b, t, h) in the contiguous (B, T, H, .) tensors
@@ -377,7 +399,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
         S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
         dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
         BdS = tl.dot(Bc, dS.to(x.dtype))  # (L, BP): B_t . dS
         dx = tl.dot(tl.trans(M), dy, w[:, None] * BdS)
@@ -410,18 +432,15 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
     ``P``), software-pipelined across heads; the ``LD`` tile is read at each head's first block."""
     pid = tl.program_id(0)
     hs = tl.program_id(1)
-    c = pid // (NB * G)
-    bg = pid % (NB * G)
-    b = bg // G
-    g = bg % G
+    c, b, g = _chunk_group(pid, NB, G)
     offs_s = tl.arange(0, L)
     offs_n = tl.arange(0, BN)
     t = c * L + offs_s
     tm = t < T
     nm = offs_n < NS
     tnm = tm[:, None] & nm[None, :]
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+    Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
     dB = tl.zeros((L, BN), dtype=tl.float32)
     dC = tl.zeros((L, BN), dtype=tl.float32)
     Lsum = tl.zeros((L, L), dtype=tl.float32)
@@ -439,7 +458,7 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
         tpm = tm[:, None] & pm[None, :]
         smask = nm[:, None] & pm[None, :]
         sp = offs_n[:, None] * PD + offs_p[None, :]
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
         S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
         dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
