@@ -174,10 +174,8 @@ def _chunk_state_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC, NBH,
     pid_p = tl.program_id(1)
     c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_n = tl.arange(0, BN)
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    nm = offs_n < NS
-    pm = offs_p < PD
+    offs_n, nm = _span(0, BN, NS)
+    offs_p, pm = _span(pid_p * BP, BP, PD)
     z = tl.load(_rows(Z, b, t, g, szb, szt, szg, offs_n), mask=tm[:, None] & nm[None, :], other=0.0)
     v = tl.load(_rows(V, b, t, h, svb, svt, svh, offs_p), mask=tm[:, None] & pm[None, :], other=0.0)
     if WRITE:
@@ -308,16 +306,14 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
     pid_p = tl.program_id(1)
     c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    pm = offs_p < PD
+    offs_p, pm = _span(pid_p * BP, BP, PD)
     tpm = tm[:, None] & pm[None, :]
     x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
     st_base = ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD
     CB = tl.zeros((L, L), dtype=tl.float32)
     CS = tl.zeros((L, BP), dtype=tl.float32)
     for n0 in range(0, BN, BK):
-        offs_n = n0 + tl.arange(0, BK)
-        nm = offs_n < NS
+        offs_n, nm = _span(n0, BK, NS)
         tnm = tm[:, None] & nm[None, :]
         Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
         Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
@@ -341,14 +337,10 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
     pid_p = tl.program_id(1)
     hs = tl.program_id(2)
     c, b, g = _chunk_group(pid, NB, G)
-    offs_s = tl.arange(0, L)
-    t = c * L + offs_s
-    tm = t < T
-    offs_n = tl.arange(0, BN)
-    nm = offs_n < NS
+    t, tm = _span(c * L, L, T)
+    offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    pm = offs_p < PD
+    offs_p, pm = _span(pid_p * BP, BP, PD)
     tpm = tm[:, None] & pm[None, :]
     smask = nm[:, None] & pm[None, :]
     Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
@@ -377,8 +369,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     pid = tl.program_id(0)
     c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_n = tl.arange(0, BN)
-    nm = offs_n < NS
+    offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
     Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
     Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
@@ -391,8 +382,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
     sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
     for p0 in range(0, PD, BP):
-        offs_p = p0 + tl.arange(0, BP)
-        pm = offs_p < PD
+        offs_p, pm = _span(p0, BP, PD)
         tpm = tm[:, None] & pm[None, :]
         smask = nm[:, None] & pm[None, :]
         sp = offs_n[:, None] * PD + offs_p[None, :]
@@ -434,10 +424,8 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
     hs = tl.program_id(1)
     c, b, g = _chunk_group(pid, NB, G)
     offs_s = tl.arange(0, L)
-    offs_n = tl.arange(0, BN)
-    t = c * L + offs_s
-    tm = t < T
-    nm = offs_n < NS
+    t, tm = _span(c * L, L, T)
+    offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
     Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
     Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
@@ -453,8 +441,7 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         rows = (b * T + t) * H + h
         st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
-        offs_p = p0 + tl.arange(0, BP)
-        pm = offs_p < PD
+        offs_p, pm = _span(p0, BP, PD)
         tpm = tm[:, None] & pm[None, :]
         smask = nm[:, None] & pm[None, :]
         sp = offs_n[:, None] * PD + offs_p[None, :]
