@@ -136,6 +136,12 @@ def _rows(PTR, b, t, i, sb, st, si, offs):
 
 
 @triton.jit
+def _snapshot(bh, c, NC, NS, PD):
+    """Offset (int64) of snapshot ``c`` of row ``bh = b * H + h`` in a ``(BH, NC + 1, N, P)`` state buffer."""
+    return (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+
+
+@triton.jit
 def _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L: tl.constexpr, DOCS: tl.constexpr):
     """In-chunk cumulative log-decay and the four document-masked decays of chunk ``c`` of ``(b, h)``:
     ``decay (L, L)`` (segsum, causal), ``ec = exp(cum)`` (reads the state entering), ``w = exp(cum_L - cum)`` (writes
@@ -309,7 +315,7 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
     offs_p, pm = _span(pid_p * BP, BP, PD)
     tpm = tm[:, None] & pm[None, :]
     x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
-    st_base = ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    st_base = ST + _snapshot(bh, c, NC, NS, PD)
     CB = tl.zeros((L, L), dtype=tl.float32)
     CS = tl.zeros((L, BP), dtype=tl.float32)
     for n0 in range(0, BN, BK):
@@ -351,7 +357,7 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
-        S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + offs_n[:, None] * PD + offs_p[None, :],
+        S = tl.load(ST + _snapshot(bh, c, NC, NS, PD) + offs_n[:, None] * PD + offs_p[None, :],
                     mask=smask, other=0.0)
         CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP) fp32
         M = (CB * decay).to(x.dtype)
@@ -376,7 +382,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
     M = (CB * decay).to(Cc.dtype)
     rows = (b * T + t) * H + h  # (L,) row of (b, t, h) in the contiguous (B, T, H, .) tensors
-    st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    st_row = _snapshot(bh, c, NC, NS, PD)
     dyx = tl.zeros((L, L), dtype=tl.float32)
     rC = tl.zeros((L,), dtype=tl.float32)  # sum_p dy[t, p] (C_t S)[p]
     rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
@@ -440,7 +446,7 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         rows = (b * T + t) * H + h
-        st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+        st_row = _snapshot(bh, c, NC, NS, PD)
         offs_p, pm = _span(p0, BP, PD)
         tpm = tm[:, None] & pm[None, :]
         smask = nm[:, None] & pm[None, :]
