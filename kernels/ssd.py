@@ -506,19 +506,33 @@ def _seq_blocks(N: int, P: int, seq_block: Optional[Tuple[int, int]]) -> Tuple[i
     return min(bn, _pow2(N)), min(bp, _pow2(P))
 
 
-def _state_seq(Z, V, a, seg, out, el, init, fin, H, G, NC, L, sblk, reverse: bool) -> None:
-    """Launch :func:`_state_seq_kernel` over ``out (BH, NC + 1, N, P)`` from ``init`` (or None) to ``fin`` (see
-    there)."""
-    Bsz, T = V.shape[0], V.shape[1]
-    N, P = out.shape[2], out.shape[3]
-    SBN, SBP = sblk
-    grid = (Bsz * H, triton.cdiv(N, SBN), triton.cdiv(P, SBP))
-    _state_seq_kernel[grid](Z, V, a, seg if seg is not None else a, out, el, init if init is not None else fin, fin,
-                            T, H, H // G, N, P, NC,
-                            Z.stride(0), Z.stride(1), Z.stride(2), V.stride(0), V.stride(1), V.stride(2),
-                            a.stride(0), a.stride(1), a.stride(2), L=L, SBN=SBN, SBP=SBP, REVERSE=reverse,
-                            HAS_INIT=init is not None, DOCS=seg is not None,
-                            num_warps=4 if SBN * SBP <= 4096 else 8)
+def _strides(*tensors: torch.Tensor) -> Tuple[int, ...]:
+    """The batch, time and head (or group) strides of each ``(B, T, H or G, ...)`` tensor in turn: the kernels'
+    ``s?b, s?t, s?h`` arguments."""
+    return tuple(st for ten in tensors for st in ten.stride()[:3])
+
+
+def _states(Z, V, a, seg, out, el, init, fin, G, L, BN, BP, sequential: bool, sblk, reverse: bool) -> None:
+    """The snapshots ``out (BH, NC + 1, N, P)`` from ``init (BH, N, P)`` fp32 (or None) to ``fin`` fp32. Forward
+    (``Z = B``, ``V = x``): the state entering every chunk, the final state, and the chunk decays ``el (BH, NC)``;
+    reverse (``Z = C``, ``V = dy``, ``el`` read): the gradient of the state leaving every chunk, the initial
+    state's. ``sequential``: :func:`_state_seq_kernel` in ``(SBN, SBP) = sblk`` blocks; else
+    :func:`_chunk_state_kernel` then :func:`_state_pass_kernel`. ``seg``: the document index ``(B, T)`` or None."""
+    Bsz, T, H = V.shape[0], V.shape[1], V.shape[2]
+    BH, NC, N, P = out.shape[0], out.shape[1] - 1, out.shape[2], out.shape[3]
+    segp = seg if seg is not None else a  # stands in for the absent document index (never read)
+    if sequential:
+        SBN, SBP = sblk
+        grid = (Bsz * H, triton.cdiv(N, SBN), triton.cdiv(P, SBP))
+        _state_seq_kernel[grid](Z, V, a, segp, out, el, init if init is not None else fin, fin, T, H, H // G, N, P,
+                                NC, *_strides(Z, V, a), L=L, SBN=SBN, SBP=SBP, REVERSE=reverse,
+                                HAS_INIT=init is not None, DOCS=seg is not None,
+                                num_warps=4 if SBN * SBP <= 4096 else 8)
+        return
+    _chunk_state_kernel[(NC * BH, triton.cdiv(P, BP))](Z, V, a, segp, out, el, T, H, H // G, N, P, NC, BH,
+                                                       *_strides(Z, V, a), L=L, BN=BN, BP=BP, WRITE=not reverse,
+                                                       DOCS=seg is not None, num_warps=_warps(L, BN))
+    _state_pass(out, el, init, fin, reverse=reverse)
 
 
 def _state_pass(buf: torch.Tensor, el: torch.Tensor, init: Optional[torch.Tensor], fin: torch.Tensor,
@@ -554,35 +568,25 @@ class _SSDScan(torch.autograd.Function):
         x = x.contiguous() if x.stride(-1) != 1 else x
         Bm = Bm.contiguous() if Bm.stride(-1) != 1 else Bm
         Cm = Cm.contiguous() if Cm.stride(-1) != 1 else Cm
-        dummy = a  # stands in for absent optional pointers (never read)
         # states[bh, c]: the state entering chunk c, in the snapshot dtype sdt (the carry between chunks is fp32);
         # final: the state after the last chunk, fp32
         states = torch.empty(BH, NC + 1, N, P, device=x.device, dtype=sdt)
         final = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
         s0 = initial_state.reshape(BH, N, P).float().contiguous() if initial_state is not None else None
         el = torch.empty(BH, NC, device=x.device, dtype=torch.float32)
-        common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN))
-        if sequential:
-            _state_seq(Bm, x, a, seg, states, el, s0, final, H, G, NC, L, sblk, reverse=False)
-        else:
-            _chunk_state_kernel[(NC * BH, nP)](
-                Bm, x, a, seg if seg is not None else dummy, states, el, T, H, H // G, N, P, NC, BH,
-                Bm.stride(0), Bm.stride(1), Bm.stride(2), x.stride(0), x.stride(1), x.stride(2),
-                a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
-            _state_pass(states, el, s0, final, reverse=False)
+        _states(Bm, x, a, seg, states, el, s0, final, G, L, BN, BP, sequential, sblk, reverse=False)
         y = torch.empty_like(x)
-        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-                   y.stride(0), y.stride(1), y.stride(2))
+        strides = _strides(x, a, Bm, Cm, y)
+        common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN),
+                      num_stages=_OUT_STAGES[x.element_size()])
+        segp = seg if seg is not None else a  # stands in for the absent document index (never read)
         if out_group:
             hpp = _heads_per_program(NC * Bsz * G * nP, H // G, _OUT_TARGET_PROGRAMS)
             _chunk_out_group_kernel[(NC * Bsz * G, nP, (H // G) // hpp)](
-                x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, hpp, N, P, NC, Bsz, G,
-                *strides, num_stages=_OUT_STAGES[x.element_size()], **common)
+                x, a, Bm, Cm, states, segp, y, T, H, H // G, hpp, N, P, NC, Bsz, G, *strides, **common)
         else:
-            _chunk_out_kernel[(NC * BH, nP)](
-                x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH, *strides,
-                BK=min(out_bk, BN), num_stages=_OUT_STAGES[x.element_size()], **common)
+            _chunk_out_kernel[(NC * BH, nP)](x, a, Bm, Cm, states, segp, y, T, H, H // G, N, P, NC, BH, *strides,
+                                             BK=min(out_bk, BN), **common)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, a, Bm, Cm, states, el)
         ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
@@ -600,7 +604,7 @@ class _SSDScan(torch.autograd.Function):
         nP = triton.cdiv(P, BP)
         NC = triton.cdiv(T, L)
         BH = Bsz * H
-        seg = ctx.seg if ctx.seg is not None else a
+        segp = ctx.seg if ctx.seg is not None else a  # stands in for the absent document index (never read)
         if dy is None:
             dy = torch.zeros_like(x)
         dy = dy.to(x.dtype).contiguous()
@@ -609,15 +613,7 @@ class _SSDScan(torch.autograd.Function):
         dstates = torch.empty_like(states)
         ds0 = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
         dS1 = dfinal.reshape(BH, N, P).float().contiguous() if dfinal is not None else None
-        common = dict(L=L, BN=BN, BP=BP, DOCS=ctx.seg is not None, num_warps=_warps(L, BN))
-        if ctx.sequential:
-            _state_seq(Cm, dy, a, ctx.seg, dstates, el, dS1, ds0, H, G, NC, L, ctx.sblk, reverse=True)
-        else:
-            _chunk_state_kernel[(NC * BH, nP)](
-                Cm, dy, a, seg, dstates, el, T, H, H // G, N, P, NC, BH,
-                Cm.stride(0), Cm.stride(1), Cm.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
-                a.stride(0), a.stride(1), a.stride(2), WRITE=False, **common)
-            _state_pass(dstates, el, dS1, ds0, reverse=True)
+        _states(Cm, dy, a, ctx.seg, dstates, el, dS1, ds0, G, L, BN, BP, ctx.sequential, ctx.sblk, reverse=True)
         hpg = H // G
         hpp = _heads_per_program(NC * Bsz * G, hpg)
         splits = hpg // hpp
@@ -627,13 +623,12 @@ class _SSDScan(torch.autograd.Function):
         dB = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
         dC = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
         ld = torch.empty(BH, NC, L, L, device=x.device, dtype=x.dtype)
-        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2))
-        common["BP"] = min(BP, _BWD_BLOCK_P)
-        common["num_stages"] = _bwd_stages(L, BN, states.element_size())
-        _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, seg, dx, da, ld, T, H, hpg, N, P, NC, BH,
+        strides = _strides(x, a, Bm, Cm)
+        common = dict(L=L, BN=BN, BP=min(BP, _BWD_BLOCK_P), DOCS=ctx.seg is not None, num_warps=_warps(L, BN),
+                      num_stages=_bwd_stages(L, BN, states.element_size()))
+        _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, segp, dx, da, ld, T, H, hpg, N, P, NC, BH,
                                          *strides, **common)
-        _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, seg, ld, dB, dC, T, H, hpg,
+        _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, segp, ld, dB, dC, T, H, hpg,
                                                      hpp, N, P, NC, Bsz, G, *strides, **common)
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
