@@ -302,6 +302,13 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, INIT, FIN, T, H, HPG, NS, PD, NC,
 
 
 @triton.jit
+def _chunk_y(CB, decay, x, ec, CS):
+    """The SSD output of a chunk, ``y = (C B^T o decay) x + exp(cum) (C S_c)`` (fp32 ``(L, P-block)``), from ``CB =
+    C B^T`` and ``CS = C S_c`` (fp32), the masked decays of :func:`_chunk_masks` and ``x``."""
+    return tl.dot((CB * decay).to(x.dtype), x, ec[:, None] * CS)
+
+
+@triton.jit
 def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
                       sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
                       L: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
@@ -326,8 +333,7 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
         S = tl.load(st_base + offs_n[:, None] * PD + offs_p[None, :], mask=nm[:, None] & pm[None, :], other=0.0)
         CB = tl.dot(Cc, tl.trans(Bc), CB)  # (L, L) fp32
         CS = tl.dot(Cc, S.to(x.dtype), CS)  # (L, BP) fp32
-    M = (CB * decay).to(x.dtype)
-    y = tl.dot(M, x, ec[:, None] * CS)
+    y = _chunk_y(CB, decay, x, ec, CS)
     tl.store(_rows(Y, b, t, h, syb, syt, syh, offs_p), y.to(Y.dtype.element_ty), mask=tpm)
 
 
@@ -360,8 +366,7 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
         S = tl.load(ST + _snapshot(bh, c, NC, NS, PD) + offs_n[:, None] * PD + offs_p[None, :],
                     mask=smask, other=0.0)
         CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP) fp32
-        M = (CB * decay).to(x.dtype)
-        y = tl.dot(M, x, ec[:, None] * CS)
+        y = _chunk_y(CB, decay, x, ec, CS)
         tl.store(_rows(Y, b, t, h, syb, syt, syh, offs_p), y.to(Y.dtype.element_ty), mask=tpm)
 
 
