@@ -371,6 +371,15 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
 
 
 @triton.jit
+def _p_block(p0, BP: tl.constexpr, PD, tm, offs_n, nm):
+    """Columns ``p0 .. p0 + BP - 1`` of the head dim ``P`` (the backward kernels' loop over ``P``): their indices,
+    the masks of the ``(L, BP)`` tiles (``x``, ``dy``) and of the ``(N, BP)`` state tiles, and the offsets of the
+    latter in a snapshot."""
+    offs_p, pm = _span(p0, BP, PD)
+    return offs_p, tm[:, None] & pm[None, :], nm[:, None] & pm[None, :], offs_n[:, None] * PD + offs_p[None, :]
+
+
+@triton.jit
 def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, NS, PD, NC, NBH,
                          sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
                          L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
@@ -393,10 +402,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
     sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
     for p0 in range(0, PD, BP):
-        offs_p, pm = _span(p0, BP, PD)
-        tpm = tm[:, None] & pm[None, :]
-        smask = nm[:, None] & pm[None, :]
-        sp = offs_n[:, None] * PD + offs_p[None, :]
+        offs_p, tpm, smask, sp = _p_block(p0, BP, PD, tm, offs_n, nm)
         S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
         dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
@@ -452,10 +458,7 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         rows = (b * T + t) * H + h
         st_row = _snapshot(bh, c, NC, NS, PD)
-        offs_p, pm = _span(p0, BP, PD)
-        tpm = tm[:, None] & pm[None, :]
-        smask = nm[:, None] & pm[None, :]
-        sp = offs_n[:, None] * PD + offs_p[None, :]
+        offs_p, tpm, smask, sp = _p_block(p0, BP, PD, tm, offs_n, nm)
         x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
         S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
