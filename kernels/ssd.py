@@ -380,6 +380,15 @@ def _p_block(p0, BP: tl.constexpr, PD, tm, offs_n, nm):
 
 
 @triton.jit
+def _state_tiles(ST, DST, st_row, sp, smask, NS, PD):
+    """The ``(N, BP)`` tiles of the state entering the chunk (snapshot ``st_row`` of ``ST``) and of the gradient of
+    the state leaving it (the next snapshot of ``DST``), in the snapshot dtype."""
+    S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
+    dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
+    return S, dS
+
+
+@triton.jit
 def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, NS, PD, NC, NBH,
                          sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg,
                          L: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
@@ -403,8 +412,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
     for p0 in range(0, PD, BP):
         offs_p, tpm, smask, sp = _p_block(p0, BP, PD, tm, offs_n, nm)
-        S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
-        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
+        S, dS = _state_tiles(ST, DST, st_row, sp, smask, NS, PD)
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
         x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
@@ -461,10 +469,9 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
         offs_p, tpm, smask, sp = _p_block(p0, BP, PD, tm, offs_n, nm)
         x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
-        S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
-        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
-        dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S), dC)
-        dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS), dB)
+        S, dS = _state_tiles(ST, DST, st_row, sp, smask, NS, PD)
+        dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S.to(x.dtype)), dC)
+        dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS.to(x.dtype)), dB)
         Ld = tl.load(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :],
                      mask=(offs_s[:, None] + p0 * L < L) & (offs_s[None, :] < L), other=0.0)  # p0 == 0
         Lsum += Ld.to(tl.float32)
