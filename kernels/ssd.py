@@ -176,9 +176,8 @@ def _chunk_state_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC, NBH,
     """``OUT[bh, c + WRITE] = sum_t wt_t Z_t V_t^T`` (fp32 ``(N, P)``): forward (``WRITE``): ``Z = B``, ``V = x``,
     ``wt = exp(cum_L - cum)`` (the chunk's contribution to the state leaving it), and ``EL[bh, c] = exp(cum_L)``;
     backward: ``Z = C``, ``V = dy``, ``wt = exp(cum)`` (its contribution to the gradient of the state entering it)."""
-    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
+    c, bh, b, h, g = _chunk_head(tl.program_id(0), NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_n, nm = _span(0, BN, NS)
     offs_p, pm = _span(pid_p * BP, BP, PD)
@@ -315,9 +314,8 @@ def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
     """``y = (C B^T o decay) x + exp(cum) (C S_c)`` for one chunk, one ``(b, h)`` and one block of ``P``: a loop
     over d_state in ``BK``-wide steps accumulates ``C B^T`` and ``C S_c`` in fp32 (the loads of the next step in
     flight while the current one multiplies: ``num_stages``), then the masked intra-chunk product."""
-    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
+    c, bh, b, h, g = _chunk_head(tl.program_id(0), NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_p, pm = _span(pid_p * BP, BP, PD)
     tpm = tm[:, None] & pm[None, :]
@@ -345,10 +343,9 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
     of ``P``: ``B``, ``C`` and ``C B^T`` are loaded / computed once for the heads sharing them, then a loop over the
     heads (the next head's ``x`` and ``S_c`` loads in flight: ``num_stages``) gives ``y = (C B^T o decay_h) x_h +
     exp(cum_h) (C S_{h, c})``. Grid: chunks x (b, group), P-blocks, head splits."""
-    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
     hs = tl.program_id(2)
-    c, b, g = _chunk_group(pid, NB, G)
+    c, b, g = _chunk_group(tl.program_id(0), NB, G)
     t, tm = _span(c * L, L, T)
     offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
@@ -395,8 +392,7 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     """``dx`` and ``da`` of one chunk and one ``(b, h)`` (all of ``P``, in blocks of ``BP``), and ``LD[bh, c] =
     (dy x^T) o decay`` ``(L, L)`` for the ``dB`` / ``dC`` kernel. ``ST[bh, c]``: the state entering chunk ``c``;
     ``DST[bh, c + 1]``: the gradient of the state leaving it. ``DX, DY (B, T, H, P)``, ``DA (B, T, H)`` contiguous."""
-    pid = tl.program_id(0)
-    c, bh, b, h, g = _chunk_head(pid, NBH, H, HPG)
+    c, bh, b, h, g = _chunk_head(tl.program_id(0), NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
     offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
@@ -445,9 +441,8 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
     x_s dS^T + ((sum_h LD_h)^T C)_s``, in fp32 registers (``B``, ``C`` are the group's: the ``LD`` tiles are summed
     over the heads first, two products per program instead of two per head). One flat loop over (head, block of
     ``P``), software-pipelined across heads; the ``LD`` tile is read at each head's first block."""
-    pid = tl.program_id(0)
     hs = tl.program_id(1)
-    c, b, g = _chunk_group(pid, NB, G)
+    c, b, g = _chunk_group(tl.program_id(0), NB, G)
     offs_s = tl.arange(0, L)
     t, tm = _span(c * L, L, T)
     offs_n, nm = _span(0, BN, NS)
