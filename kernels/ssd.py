@@ -100,6 +100,48 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 @triton.jit
+def _chunk_head(pid, NBH, H, HPG):
+    """Program ``pid`` of a grid over chunks x ``(b, h)``: chunk ``c``, ``bh = b * H + h``, batch ``b``, head ``h``
+    and its group ``g`` (``HPG`` heads per group)."""
+    c = pid // NBH
+    bh = pid % NBH
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    return c, bh, b, h, g
+
+
+@triton.jit
+def _chunk_group(pid, NB, G):
+    """Program ``pid`` of a grid over chunks x ``(b, group)``: chunk ``c``, batch ``b``, group ``g``."""
+    c = pid // (NB * G)
+    bg = pid % (NB * G)
+    b = bg // G
+    g = bg % G
+    return c, b, g
+
+
+@triton.jit
+def _span(start, BLK: tl.constexpr, n):
+    """Indices ``start .. start + BLK - 1`` and their mask ``< n`` (a block of d_state, head dim or positions)."""
+    offs = start + tl.arange(0, BLK)
+    return offs, offs < n
+
+
+@triton.jit
+def _rows(PTR, b, t, i, sb, st, si, offs):
+    """Pointers ``(len(t), len(offs))`` to ``PTR[b, t, i, offs]`` of a ``(B, T, H or G, D)`` tensor (``x``, ``y``,
+    ``B``, ``C``; unit last stride): positions ``t`` of batch ``b``, head or group ``i``, columns ``offs``."""
+    return PTR + b * sb + t[:, None] * st + i * si + offs[None, :]
+
+
+@triton.jit
+def _snapshot(bh, c, NC, NS, PD):
+    """Offset (int64) of snapshot ``c`` of row ``bh = b * H + h`` in a ``(BH, NC + 1, N, P)`` state buffer."""
+    return (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+
+
+@triton.jit
 def _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L: tl.constexpr, DOCS: tl.constexpr):
     """In-chunk cumulative log-decay and the four document-masked decays of chunk ``c`` of ``(b, h)``:
     ``decay (L, L)`` (segsum, causal), ``ec = exp(cum)`` (reads the state entering), ``w = exp(cum_L - cum)`` (writes
@@ -134,20 +176,13 @@ def _chunk_state_kernel(Z, V, A, SEG, OUT, EL, T, H, HPG, NS, PD, NC, NBH,
     """``OUT[bh, c + WRITE] = sum_t wt_t Z_t V_t^T`` (fp32 ``(N, P)``): forward (``WRITE``): ``Z = B``, ``V = x``,
     ``wt = exp(cum_L - cum)`` (the chunk's contribution to the state leaving it), and ``EL[bh, c] = exp(cum_L)``;
     backward: ``Z = C``, ``V = dy``, ``wt = exp(cum)`` (its contribution to the gradient of the state entering it)."""
-    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    c = pid // NBH
-    bh = pid % NBH
-    b = bh // H
-    h = bh % H
-    g = h // HPG
+    c, bh, b, h, g = _chunk_head(tl.program_id(0), NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_n = tl.arange(0, BN)
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    nm = offs_n < NS
-    pm = offs_p < PD
-    z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
-    v = tl.load(V + b * svb + t[:, None] * svt + h * svh + offs_p[None, :], mask=tm[:, None] & pm[None, :], other=0.0)
+    offs_n, nm = _span(0, BN, NS)
+    offs_p, pm = _span(pid_p * BP, BP, PD)
+    z = tl.load(_rows(Z, b, t, g, szb, szt, szg, offs_n), mask=tm[:, None] & nm[None, :], other=0.0)
+    v = tl.load(_rows(V, b, t, h, svb, svt, svh, offs_p), mask=tm[:, None] & pm[None, :], other=0.0)
     if WRITE:
         wt = w
         tl.store(EL + bh * NC + c, el, mask=pid_p == 0)
@@ -250,8 +285,9 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, INIT, FIN, T, H, HPG, NS, PD, NC,
             row = c
         tl.store(OUT + (bh_row + row) * NS * PD + sp, S.to(OUT.dtype.element_ty), mask=smask)
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-        z = tl.load(Z + b * szb + t[:, None] * szt + g * szg + offs_n[None, :], mask=tm[:, None] & nm[None, :],
-                    other=0.0)
+        z = tl.load(_rows(Z, b, t, g, szb, szt, szg, offs_n), mask=tm[:, None] & nm[None, :], other=0.0)
+        # written out: through _rows, triton 3.6 schedules this loop differently (the inlined call's line-info
+        # labels reach ptxas)
         v = tl.load(V + b * svb + t[:, None] * svt + h * svh + offs_p[None, :], mask=tm[:, None] & pm[None, :],
                     other=0.0)
         if REVERSE:
@@ -265,39 +301,38 @@ def _state_seq_kernel(Z, V, A, SEG, OUT, EL, INIT, FIN, T, H, HPG, NS, PD, NC,
 
 
 @triton.jit
+def _chunk_y(CB, decay, x, ec, CS):
+    """The SSD output of a chunk, ``y = (C B^T o decay) x + exp(cum) (C S_c)`` (fp32 ``(L, P-block)``), from ``CB =
+    C B^T`` and ``CS = C S_c`` (fp32), the masked decays of :func:`_chunk_masks` and ``x``."""
+    return tl.dot((CB * decay).to(x.dtype), x, ec[:, None] * CS)
+
+
+@triton.jit
 def _chunk_out_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, NS, PD, NC, NBH,
                       sxb, sxt, sxh, sab, sat, sah, sbb, sbt, sbg, scb, sct, scg, syb, syt, syh,
                       L: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, DOCS: tl.constexpr):
     """``y = (C B^T o decay) x + exp(cum) (C S_c)`` for one chunk, one ``(b, h)`` and one block of ``P``: a loop
     over d_state in ``BK``-wide steps accumulates ``C B^T`` and ``C S_c`` in fp32 (the loads of the next step in
     flight while the current one multiplies: ``num_stages``), then the masked intra-chunk product."""
-    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
-    c = pid // NBH
-    bh = pid % NBH
-    b = bh // H
-    h = bh % H
-    g = h // HPG
+    c, bh, b, h, g = _chunk_head(tl.program_id(0), NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    pm = offs_p < PD
+    offs_p, pm = _span(pid_p * BP, BP, PD)
     tpm = tm[:, None] & pm[None, :]
-    x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
-    st_base = ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
+    st_base = ST + _snapshot(bh, c, NC, NS, PD)
     CB = tl.zeros((L, L), dtype=tl.float32)
     CS = tl.zeros((L, BP), dtype=tl.float32)
     for n0 in range(0, BN, BK):
-        offs_n = n0 + tl.arange(0, BK)
-        nm = offs_n < NS
+        offs_n, nm = _span(n0, BK, NS)
         tnm = tm[:, None] & nm[None, :]
-        Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-        Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+        Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+        Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
         S = tl.load(st_base + offs_n[:, None] * PD + offs_p[None, :], mask=nm[:, None] & pm[None, :], other=0.0)
         CB = tl.dot(Cc, tl.trans(Bc), CB)  # (L, L) fp32
         CS = tl.dot(Cc, S.to(x.dtype), CS)  # (L, BP) fp32
-    M = (CB * decay).to(x.dtype)
-    y = tl.dot(M, x, ec[:, None] * CS)
-    tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
+    y = _chunk_y(CB, decay, x, ec, CS)
+    tl.store(_rows(Y, b, t, h, syb, syt, syh, offs_p), y.to(Y.dtype.element_ty), mask=tpm)
 
 
 @triton.jit
@@ -308,37 +343,46 @@ def _chunk_out_group_kernel(X, A, BM, CM, ST, SEG, Y, T, H, HPG, HPP, NS, PD, NC
     of ``P``: ``B``, ``C`` and ``C B^T`` are loaded / computed once for the heads sharing them, then a loop over the
     heads (the next head's ``x`` and ``S_c`` loads in flight: ``num_stages``) gives ``y = (C B^T o decay_h) x_h +
     exp(cum_h) (C S_{h, c})``. Grid: chunks x (b, group), P-blocks, head splits."""
-    pid = tl.program_id(0)
     pid_p = tl.program_id(1)
     hs = tl.program_id(2)
-    c = pid // (NB * G)
-    bg = pid % (NB * G)
-    b = bg // G
-    g = bg % G
-    offs_s = tl.arange(0, L)
-    t = c * L + offs_s
-    tm = t < T
-    offs_n = tl.arange(0, BN)
-    nm = offs_n < NS
+    c, b, g = _chunk_group(tl.program_id(0), NB, G)
+    t, tm = _span(c * L, L, T)
+    offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    pm = offs_p < PD
+    offs_p, pm = _span(pid_p * BP, BP, PD)
     tpm = tm[:, None] & pm[None, :]
     smask = nm[:, None] & pm[None, :]
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+    Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
     CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32, shared by the group's heads
     for j in range(HPP):
         h = g * HPG + hs * HPP + j
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
-        S = tl.load(ST + (bh * (NC + 1) + c).to(tl.int64) * NS * PD + offs_n[:, None] * PD + offs_p[None, :],
+        x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
+        S = tl.load(ST + _snapshot(bh, c, NC, NS, PD) + offs_n[:, None] * PD + offs_p[None, :],
                     mask=smask, other=0.0)
         CS = tl.dot(Cc, S.to(x.dtype))  # (L, BP) fp32
-        M = (CB * decay).to(x.dtype)
-        y = tl.dot(M, x, ec[:, None] * CS)
-        tl.store(Y + b * syb + t[:, None] * syt + h * syh + offs_p[None, :], y.to(Y.dtype.element_ty), mask=tpm)
+        y = _chunk_y(CB, decay, x, ec, CS)
+        tl.store(_rows(Y, b, t, h, syb, syt, syh, offs_p), y.to(Y.dtype.element_ty), mask=tpm)
+
+
+@triton.jit
+def _p_block(p0, BP: tl.constexpr, PD, tm, offs_n, nm):
+    """Columns ``p0 .. p0 + BP - 1`` of the head dim ``P`` (the backward kernels' loop over ``P``): their indices,
+    the masks of the ``(L, BP)`` tiles (``x``, ``dy``) and of the ``(N, BP)`` state tiles, and the offsets of the
+    latter in a snapshot."""
+    offs_p, pm = _span(p0, BP, PD)
+    return offs_p, tm[:, None] & pm[None, :], nm[:, None] & pm[None, :], offs_n[:, None] * PD + offs_p[None, :]
+
+
+@triton.jit
+def _state_tiles(ST, DST, st_row, sp, smask, NS, PD):
+    """The ``(N, BP)`` tiles of the state entering the chunk (snapshot ``st_row`` of ``ST``) and of the gradient of
+    the state leaving it (the next snapshot of ``DST``), in the snapshot dtype."""
+    S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
+    dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
+    return S, dS
 
 
 @triton.jit
@@ -348,36 +392,25 @@ def _chunk_bwd_dx_kernel(X, A, BM, CM, DY, ST, DST, SEG, DX, DA, LD, T, H, HPG, 
     """``dx`` and ``da`` of one chunk and one ``(b, h)`` (all of ``P``, in blocks of ``BP``), and ``LD[bh, c] =
     (dy x^T) o decay`` ``(L, L)`` for the ``dB`` / ``dC`` kernel. ``ST[bh, c]``: the state entering chunk ``c``;
     ``DST[bh, c + 1]``: the gradient of the state leaving it. ``DX, DY (B, T, H, P)``, ``DA (B, T, H)`` contiguous."""
-    pid = tl.program_id(0)
-    c = pid // NBH
-    bh = pid % NBH
-    b = bh // H
-    h = bh % H
-    g = h // HPG
+    c, bh, b, h, g = _chunk_head(tl.program_id(0), NBH, H, HPG)
     t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
-    offs_n = tl.arange(0, BN)
-    nm = offs_n < NS
+    offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+    Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
     CB = tl.dot(Cc, tl.trans(Bc))  # (L, L) fp32
     M = (CB * decay).to(Cc.dtype)
     rows = (b * T + t) * H + h  # (L,) row of (b, t, h) in the contiguous (B, T, H, .) tensors
-    st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
+    st_row = _snapshot(bh, c, NC, NS, PD)
     dyx = tl.zeros((L, L), dtype=tl.float32)
     rC = tl.zeros((L,), dtype=tl.float32)  # sum_p dy[t, p] (C_t S)[p]
     rB = tl.zeros((L,), dtype=tl.float32)  # sum_p x[t, p] (B_t dS)[p]
     sds = tl.zeros((BN,), dtype=tl.float32)  # sum_p S o dS, per row of the state
     for p0 in range(0, PD, BP):
-        offs_p = p0 + tl.arange(0, BP)
-        pm = offs_p < PD
-        tpm = tm[:, None] & pm[None, :]
-        smask = nm[:, None] & pm[None, :]
-        sp = offs_n[:, None] * PD + offs_p[None, :]
-        S = tl.load(ST + st_row + sp, mask=smask, other=0.0)
-        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0)
+        offs_p, tpm, smask, sp = _p_block(p0, BP, PD, tm, offs_n, nm)
+        S, dS = _state_tiles(ST, DST, st_row, sp, smask, NS, PD)
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
         BdS = tl.dot(Bc, dS.to(x.dtype))  # (L, BP): B_t . dS
         dx = tl.dot(tl.trans(M), dy, w[:, None] * BdS)
@@ -408,20 +441,14 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
     x_s dS^T + ((sum_h LD_h)^T C)_s``, in fp32 registers (``B``, ``C`` are the group's: the ``LD`` tiles are summed
     over the heads first, two products per program instead of two per head). One flat loop over (head, block of
     ``P``), software-pipelined across heads; the ``LD`` tile is read at each head's first block."""
-    pid = tl.program_id(0)
     hs = tl.program_id(1)
-    c = pid // (NB * G)
-    bg = pid % (NB * G)
-    b = bg // G
-    g = bg % G
+    c, b, g = _chunk_group(tl.program_id(0), NB, G)
     offs_s = tl.arange(0, L)
-    offs_n = tl.arange(0, BN)
-    t = c * L + offs_s
-    tm = t < T
-    nm = offs_n < NS
+    t, tm = _span(c * L, L, T)
+    offs_n, nm = _span(0, BN, NS)
     tnm = tm[:, None] & nm[None, :]
-    Bc = tl.load(BM + b * sbb + t[:, None] * sbt + g * sbg + offs_n[None, :], mask=tnm, other=0.0)
-    Cc = tl.load(CM + b * scb + t[:, None] * sct + g * scg + offs_n[None, :], mask=tnm, other=0.0)
+    Bc = tl.load(_rows(BM, b, t, g, sbb, sbt, sbg, offs_n), mask=tnm, other=0.0)
+    Cc = tl.load(_rows(CM, b, t, g, scb, sct, scg, offs_n), mask=tnm, other=0.0)
     dB = tl.zeros((L, BN), dtype=tl.float32)
     dC = tl.zeros((L, BN), dtype=tl.float32)
     Lsum = tl.zeros((L, L), dtype=tl.float32)
@@ -433,18 +460,13 @@ def _chunk_bwd_dbc_kernel(X, A, BM, CM, DY, ST, DST, SEG, LD, DB, DC, T, H, HPG,
         bh = b * H + h
         t, tm, decay, ec, w, el = _chunk_masks(A, SEG, b, h, c, T, sab, sat, sah, L, DOCS)
         rows = (b * T + t) * H + h
-        st_row = (bh * (NC + 1) + c).to(tl.int64) * NS * PD
-        offs_p = p0 + tl.arange(0, BP)
-        pm = offs_p < PD
-        tpm = tm[:, None] & pm[None, :]
-        smask = nm[:, None] & pm[None, :]
-        sp = offs_n[:, None] * PD + offs_p[None, :]
-        x = tl.load(X + b * sxb + t[:, None] * sxt + h * sxh + offs_p[None, :], mask=tpm, other=0.0)
+        st_row = _snapshot(bh, c, NC, NS, PD)
+        offs_p, tpm, smask, sp = _p_block(p0, BP, PD, tm, offs_n, nm)
+        x = tl.load(_rows(X, b, t, h, sxb, sxt, sxh, offs_p), mask=tpm, other=0.0)
         dy = tl.load(DY + rows[:, None] * PD + offs_p[None, :], mask=tpm, other=0.0)
-        S = tl.load(ST + st_row + sp, mask=smask, other=0.0).to(x.dtype)
-        dS = tl.load(DST + st_row + NS * PD + sp, mask=smask, other=0.0).to(x.dtype)
-        dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S), dC)
-        dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS), dB)
+        S, dS = _state_tiles(ST, DST, st_row, sp, smask, NS, PD)
+        dC = tl.dot((dy.to(tl.float32) * ec[:, None]).to(x.dtype), tl.trans(S.to(x.dtype)), dC)
+        dB = tl.dot((x.to(tl.float32) * w[:, None]).to(x.dtype), tl.trans(dS.to(x.dtype)), dB)
         Ld = tl.load(LD + (bh * NC + c).to(tl.int64) * L * L + offs_s[:, None] * L + offs_s[None, :],
                      mask=(offs_s[:, None] + p0 * L < L) & (offs_s[None, :] < L), other=0.0)  # p0 == 0
         Lsum += Ld.to(tl.float32)
@@ -494,19 +516,33 @@ def _seq_blocks(N: int, P: int, seq_block: Optional[Tuple[int, int]]) -> Tuple[i
     return min(bn, _pow2(N)), min(bp, _pow2(P))
 
 
-def _state_seq(Z, V, a, seg, out, el, init, fin, H, G, NC, L, sblk, reverse: bool) -> None:
-    """Launch :func:`_state_seq_kernel` over ``out (BH, NC + 1, N, P)`` from ``init`` (or None) to ``fin`` (see
-    there)."""
-    Bsz, T = V.shape[0], V.shape[1]
-    N, P = out.shape[2], out.shape[3]
-    SBN, SBP = sblk
-    grid = (Bsz * H, triton.cdiv(N, SBN), triton.cdiv(P, SBP))
-    _state_seq_kernel[grid](Z, V, a, seg if seg is not None else a, out, el, init if init is not None else fin, fin,
-                            T, H, H // G, N, P, NC,
-                            Z.stride(0), Z.stride(1), Z.stride(2), V.stride(0), V.stride(1), V.stride(2),
-                            a.stride(0), a.stride(1), a.stride(2), L=L, SBN=SBN, SBP=SBP, REVERSE=reverse,
-                            HAS_INIT=init is not None, DOCS=seg is not None,
-                            num_warps=4 if SBN * SBP <= 4096 else 8)
+def _strides(*tensors: torch.Tensor) -> Tuple[int, ...]:
+    """The batch, time and head (or group) strides of each ``(B, T, H or G, ...)`` tensor in turn: the kernels'
+    ``s?b, s?t, s?h`` arguments."""
+    return tuple(st for ten in tensors for st in ten.stride()[:3])
+
+
+def _states(Z, V, a, seg, out, el, init, fin, G, L, BN, BP, sequential: bool, sblk, reverse: bool) -> None:
+    """The snapshots ``out (BH, NC + 1, N, P)`` from ``init (BH, N, P)`` fp32 (or None) to ``fin`` fp32. Forward
+    (``Z = B``, ``V = x``): the state entering every chunk, the final state, and the chunk decays ``el (BH, NC)``;
+    reverse (``Z = C``, ``V = dy``, ``el`` read): the gradient of the state leaving every chunk, the initial
+    state's. ``sequential``: :func:`_state_seq_kernel` in ``(SBN, SBP) = sblk`` blocks; else
+    :func:`_chunk_state_kernel` then :func:`_state_pass_kernel`. ``seg``: the document index ``(B, T)`` or None."""
+    Bsz, T, H = V.shape[0], V.shape[1], V.shape[2]
+    BH, NC, N, P = out.shape[0], out.shape[1] - 1, out.shape[2], out.shape[3]
+    segp = seg if seg is not None else a  # stands in for the absent document index (never read)
+    if sequential:
+        SBN, SBP = sblk
+        grid = (Bsz * H, triton.cdiv(N, SBN), triton.cdiv(P, SBP))
+        _state_seq_kernel[grid](Z, V, a, segp, out, el, init if init is not None else fin, fin, T, H, H // G, N, P,
+                                NC, *_strides(Z, V, a), L=L, SBN=SBN, SBP=SBP, REVERSE=reverse,
+                                HAS_INIT=init is not None, DOCS=seg is not None,
+                                num_warps=4 if SBN * SBP <= 4096 else 8)
+        return
+    _chunk_state_kernel[(NC * BH, triton.cdiv(P, BP))](Z, V, a, segp, out, el, T, H, H // G, N, P, NC, BH,
+                                                       *_strides(Z, V, a), L=L, BN=BN, BP=BP, WRITE=not reverse,
+                                                       DOCS=seg is not None, num_warps=_warps(L, BN))
+    _state_pass(out, el, init, fin, reverse=reverse)
 
 
 def _state_pass(buf: torch.Tensor, el: torch.Tensor, init: Optional[torch.Tensor], fin: torch.Tensor,
@@ -542,35 +578,25 @@ class _SSDScan(torch.autograd.Function):
         x = x.contiguous() if x.stride(-1) != 1 else x
         Bm = Bm.contiguous() if Bm.stride(-1) != 1 else Bm
         Cm = Cm.contiguous() if Cm.stride(-1) != 1 else Cm
-        dummy = a  # stands in for absent optional pointers (never read)
         # states[bh, c]: the state entering chunk c, in the snapshot dtype sdt (the carry between chunks is fp32);
         # final: the state after the last chunk, fp32
         states = torch.empty(BH, NC + 1, N, P, device=x.device, dtype=sdt)
         final = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
         s0 = initial_state.reshape(BH, N, P).float().contiguous() if initial_state is not None else None
         el = torch.empty(BH, NC, device=x.device, dtype=torch.float32)
-        common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN))
-        if sequential:
-            _state_seq(Bm, x, a, seg, states, el, s0, final, H, G, NC, L, sblk, reverse=False)
-        else:
-            _chunk_state_kernel[(NC * BH, nP)](
-                Bm, x, a, seg if seg is not None else dummy, states, el, T, H, H // G, N, P, NC, BH,
-                Bm.stride(0), Bm.stride(1), Bm.stride(2), x.stride(0), x.stride(1), x.stride(2),
-                a.stride(0), a.stride(1), a.stride(2), WRITE=True, **common)
-            _state_pass(states, el, s0, final, reverse=False)
+        _states(Bm, x, a, seg, states, el, s0, final, G, L, BN, BP, sequential, sblk, reverse=False)
         y = torch.empty_like(x)
-        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-                   y.stride(0), y.stride(1), y.stride(2))
+        strides = _strides(x, a, Bm, Cm, y)
+        common = dict(L=L, BN=BN, BP=BP, DOCS=seg is not None, num_warps=_warps(L, BN),
+                      num_stages=_OUT_STAGES[x.element_size()])
+        segp = seg if seg is not None else a  # stands in for the absent document index (never read)
         if out_group:
             hpp = _heads_per_program(NC * Bsz * G * nP, H // G, _OUT_TARGET_PROGRAMS)
             _chunk_out_group_kernel[(NC * Bsz * G, nP, (H // G) // hpp)](
-                x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, hpp, N, P, NC, Bsz, G,
-                *strides, num_stages=_OUT_STAGES[x.element_size()], **common)
+                x, a, Bm, Cm, states, segp, y, T, H, H // G, hpp, N, P, NC, Bsz, G, *strides, **common)
         else:
-            _chunk_out_kernel[(NC * BH, nP)](
-                x, a, Bm, Cm, states, seg if seg is not None else dummy, y, T, H, H // G, N, P, NC, BH, *strides,
-                BK=min(out_bk, BN), num_stages=_OUT_STAGES[x.element_size()], **common)
+            _chunk_out_kernel[(NC * BH, nP)](x, a, Bm, Cm, states, segp, y, T, H, H // G, N, P, NC, BH, *strides,
+                                             BK=min(out_bk, BN), **common)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, a, Bm, Cm, states, el)
         ctx.chunk_size, ctx.block_p, ctx.seg = chunk_size, block_p, seg
@@ -588,7 +614,7 @@ class _SSDScan(torch.autograd.Function):
         nP = triton.cdiv(P, BP)
         NC = triton.cdiv(T, L)
         BH = Bsz * H
-        seg = ctx.seg if ctx.seg is not None else a
+        segp = ctx.seg if ctx.seg is not None else a  # stands in for the absent document index (never read)
         if dy is None:
             dy = torch.zeros_like(x)
         dy = dy.to(x.dtype).contiguous()
@@ -597,15 +623,7 @@ class _SSDScan(torch.autograd.Function):
         dstates = torch.empty_like(states)
         ds0 = torch.empty(Bsz, H, N, P, device=x.device, dtype=torch.float32)
         dS1 = dfinal.reshape(BH, N, P).float().contiguous() if dfinal is not None else None
-        common = dict(L=L, BN=BN, BP=BP, DOCS=ctx.seg is not None, num_warps=_warps(L, BN))
-        if ctx.sequential:
-            _state_seq(Cm, dy, a, ctx.seg, dstates, el, dS1, ds0, H, G, NC, L, ctx.sblk, reverse=True)
-        else:
-            _chunk_state_kernel[(NC * BH, nP)](
-                Cm, dy, a, seg, dstates, el, T, H, H // G, N, P, NC, BH,
-                Cm.stride(0), Cm.stride(1), Cm.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
-                a.stride(0), a.stride(1), a.stride(2), WRITE=False, **common)
-            _state_pass(dstates, el, dS1, ds0, reverse=True)
+        _states(Cm, dy, a, ctx.seg, dstates, el, dS1, ds0, G, L, BN, BP, ctx.sequential, ctx.sblk, reverse=True)
         hpg = H // G
         hpp = _heads_per_program(NC * Bsz * G, hpg)
         splits = hpg // hpp
@@ -615,13 +633,12 @@ class _SSDScan(torch.autograd.Function):
         dB = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
         dC = torch.empty(splits, Bsz, T, G, N, device=x.device, dtype=pdt)
         ld = torch.empty(BH, NC, L, L, device=x.device, dtype=x.dtype)
-        strides = (x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-                   Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2))
-        common["BP"] = min(BP, _BWD_BLOCK_P)
-        common["num_stages"] = _bwd_stages(L, BN, states.element_size())
-        _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, seg, dx, da, ld, T, H, hpg, N, P, NC, BH,
+        strides = _strides(x, a, Bm, Cm)
+        common = dict(L=L, BN=BN, BP=min(BP, _BWD_BLOCK_P), DOCS=ctx.seg is not None, num_warps=_warps(L, BN),
+                      num_stages=_bwd_stages(L, BN, states.element_size()))
+        _chunk_bwd_dx_kernel[(NC * BH,)](x, a, Bm, Cm, dy, states, dstates, segp, dx, da, ld, T, H, hpg, N, P, NC, BH,
                                          *strides, **common)
-        _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, seg, ld, dB, dC, T, H, hpg,
+        _chunk_bwd_dbc_kernel[(NC * Bsz * G, splits)](x, a, Bm, Cm, dy, states, dstates, segp, ld, dB, dC, T, H, hpg,
                                                      hpp, N, P, NC, Bsz, G, *strides, **common)
         dB = dB[0] if splits == 1 else dB.sum(0).to(Bm.dtype)
         dC = dC[0] if splits == 1 else dC.sum(0).to(Cm.dtype)
