@@ -669,8 +669,9 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             ``"sequential"``: ``_state_seq_kernel`` fuses the two, one program per ``(b, h)``, block of ``N`` and
             block of ``P`` walking the chunks in order (reversed in the backward) and writing each state once
             (fewer programs: ``B * H * ceil(N / 64) * ceil(P / 64)`` by default). ``"auto"``: ``"sequential"``
-            when it runs at least 256 programs (e.g. ``B * H >= 128`` at d_state 128, head dim 64), else
-            ``"parallel"``. The forward and the backward use the same mode; the results agree to rounding.
+            when it runs at least :data:`_SEQ_MIN_PROGRAMS` (64) programs (e.g. ``B * H >= 32`` at d_state 128,
+            head dim 64), else ``"parallel"``: on the H200 (H 16, 32k tokens a call) the sequential pass won at
+            N 2k / 8k / 16k and lost at 32k (docs/results.md, 2026-12-04 third session). The forward and the backward use the same mode; the results agree to rounding.
         seq_block: ``(N-block, P-block)`` of the sequential pass, each in :data:`SEQ_BLOCKS` (clipped to ``N`` /
             ``P`` padded to a power of two); None: ``(64, 64)``. Ignored by the parallel pass.
         state_dtype: dtype of the stored snapshots of the state entering every chunk (and of its gradient in the
@@ -685,7 +686,8 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             ``(b, h)`` and block of ``P`` (a loop over d_state); ``"group"``: one program per chunk, ``(b,
             group)``, block of ``P`` and split of the group's heads (about 1024 programs), ``B``, ``C`` and ``C
             B^T`` read / computed once for the heads sharing them, then a loop over those heads. ``"auto"``:
-            ``"head"`` (until an H200 measurement of both decides: ``python -m eval.bench_ssd --out-group``).
+            ``"head"`` (faster on the H200 at N 2k: 1.98 / 1.24 ms against the group kernel's 2.04 / 1.30 with the
+            parallel / sequential pass, ``python -m eval.bench_ssd --out-group``).
 
     Returns:
         ``y (B, T, H, P)`` in ``x.dtype`` and the final state ``(B, H, N, P)`` float32.
