@@ -246,6 +246,8 @@ def _flash(kind: str, cfg, sparse: int, tma: bool = False, left: bool = False, r
             types[n] = "*i32"
         elif n == "LAYOUT":
             types[n] = "*i8"
+        elif n == "DOC":
+            types[n] = "*i32"
         elif n in _BF16_ARGS:
             types[n] = "*bf16"
         elif n in ("qk_scale", "sm_scale"):
@@ -258,7 +260,7 @@ def _flash(kind: str, cfg, sparse: int, tma: bool = False, left: bool = False, r
     if kind == "flash_pre":
         const.update(HAS_DLSE=True, HEAD_D=D, BLOCK_D=D, BLOCK_M=cfg[0])
     else:
-        const.update(HEAD_D=D, BLOCK_D=D, HAS_LEFT=left, HAS_RIGHT=right, SPARSE=sparse, DOT_PREC="tf32", TMA=tma,
+        const.update(HEAD_D=D, BLOCK_D=D, HEAD_DV=D, BLOCK_DV=D, DOCS=False, HAS_LEFT=left, HAS_RIGHT=right, SPARSE=sparse, DOT_PREC="tf32", TMA=tma,
                      ATOMIC_DQ=atomic, DILATED=dilated, BLOCK_M=cfg[0], BLOCK_N=cfg[1])
     const = {k: v for k, v in const.items() if k in fn.arg_names}
     return fn, types, const
