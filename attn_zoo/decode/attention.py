@@ -43,6 +43,8 @@ def _check_kernel_options(kernel_options, allowed=KERNEL_OPTIONS):
     bad = sorted(set(kernel_options) - set(allowed))
     if bad:
         raise ValueError(f"kernel options {bad} are not supported; allowed values: {', '.join(allowed)}")
+
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
