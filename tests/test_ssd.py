@@ -334,6 +334,28 @@ def test_ssd_triton_on_gpu_matches_the_chunked_fp64_reference(dtype, shape, use_
         assert err <= tol * (1 + r.abs().max().item()), f"{name}: max error {err}"
 
 
+def _gpu_scan_case(seed, shape, doc_lens, device="cuda"):
+    """Inputs of the GPU scan tests: ``shape = (B, T, H, P, G, N)``, row ``b`` cut into documents of ``doc_lens[b]``
+    positions, an initial state, cotangents of y and of the final state. Returns ``(doc_ids, dtypes, run)``:
+    ``dtypes`` the bf16 / fp32 mix the model passes, ``run(fn, dtypes)`` the output, final state and every gradient
+    of ``fn(x, a, B, C, initial_state)`` with the inputs cast to ``dtypes``."""
+    g = torch.Generator().manual_seed(seed)
+    Bz, T, H, P, G, N = shape
+    docs = (torch.arange(T)[None].expand(Bz, T) // torch.tensor(doc_lens)[:, None]).to(device)
+    base = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.2,
+            torch.randn(Bz, T, G, N, generator=g) / N ** 0.5, torch.randn(Bz, T, G, N, generator=g),
+            torch.randn(Bz, H, N, P, generator=g)]
+    dts = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
+    gy, gS = torch.randn(Bz, T, H, P, generator=g).to(device), torch.randn(Bz, H, N, P, generator=g).to(device)
+
+    def run(fn, dtypes):
+        ins = [t.to(device, d).requires_grad_() for t, d in zip(base, dtypes)]
+        y, S = fn(ins)
+        return [y, S, *torch.autograd.grad((y.float() * gy).sum() + (S * gS).sum(), ins)]
+
+    return docs, dts, run
+
+
 @pytest.mark.parametrize("seq_block", [None, (32, 32), (128, 64)], ids=["64x64", "32x32", "128x64"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -344,19 +366,7 @@ def test_ssd_triton_sequential_state_pass_on_gpu_matches_parallel_and_fp64(seq_b
     from attn_zoo.families.ssd import ssd_scan_chunked
     from kernels.ssd import ssd_scan
 
-    g = torch.Generator().manual_seed(11)
-    Bz, T, H, P, G, N = 2, 2000, 4, 64, 2, 128
-    docs = (torch.arange(T)[None].expand(Bz, T) // torch.tensor([[300], [1000]])).cuda()
-    base = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.2,
-            torch.randn(Bz, T, G, N, generator=g) / N ** 0.5, torch.randn(Bz, T, G, N, generator=g),
-            torch.randn(Bz, H, N, P, generator=g)]
-    dts = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
-    gy, gS = torch.randn(Bz, T, H, P, generator=g).cuda(), torch.randn(Bz, H, N, P, generator=g).cuda()
-
-    def run(fn, dtypes):
-        ins = [t.to("cuda", d).requires_grad_() for t, d in zip(base, dtypes)]
-        y, S = fn(ins)
-        return [y, S, *torch.autograd.grad((y.float() * gy).sum() + (S * gS).sum(), ins)]
+    docs, dts, run = _gpu_scan_case(11, (2, 2000, 4, 64, 2, 128), (300, 1000))
 
     ref = run(lambda i: ssd_scan_chunked(*i, chunk_size=64, doc_ids=docs), [torch.float64] * 5)
     par = run(lambda i: ssd_scan(*i, chunk_size=64, doc_ids=docs, state_pass="parallel"), dts)
@@ -382,19 +392,7 @@ def test_ssd_triton_output_modes_and_snapshot_dtypes_on_gpu_match_fp64(out_mode,
     from attn_zoo.families.ssd import ssd_scan_chunked
     from kernels.ssd import ssd_scan
 
-    g = torch.Generator().manual_seed(13)
-    Bz, T, H, P, G, N = shape
-    docs = (torch.arange(T)[None].expand(Bz, T) // torch.tensor([[300], [700]])).cuda()
-    base = [torch.randn(Bz, T, H, P, generator=g), -torch.rand(Bz, T, H, generator=g) * 0.2,
-            torch.randn(Bz, T, G, N, generator=g) / N ** 0.5, torch.randn(Bz, T, G, N, generator=g),
-            torch.randn(Bz, H, N, P, generator=g)]
-    dts = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
-    gy, gS = torch.randn(Bz, T, H, P, generator=g).cuda(), torch.randn(Bz, H, N, P, generator=g).cuda()
-
-    def run(fn, dtypes):
-        ins = [t.to("cuda", d).requires_grad_() for t, d in zip(base, dtypes)]
-        y, S = fn(ins)
-        return [y, S, *torch.autograd.grad((y.float() * gy).sum() + (S * gS).sum(), ins)]
+    docs, dts, run = _gpu_scan_case(13, shape, (300, 700))
 
     ref = run(lambda i: ssd_scan_chunked(*i, chunk_size=64, doc_ids=docs), [torch.float64] * 5)
     names = ["y", "final_state", "dx", "da", "dB", "dC", "dinitial_state"]
