@@ -110,12 +110,14 @@ def matrix(out: str, budget_s: float, gathers=("prefetch",), quick: bool = False
     return rows
 
 # --compare: (name, B, Hq, Hkv, context, page_size or None, Nq), the cases of issue 29 item 3
-COMPARE_CASES = [
+_CONTIGUOUS_CASES = [  # shared by --compare and the probe's grid (CASES)
     ("mha_b1_16k", 1, 32, 32, 16384, None, 1),
     ("mha_b1_64k", 1, 32, 32, 65536, None, 1),
     ("gqa32:8_b1_64k", 1, 32, 8, 65536, None, 1),
     ("gqa64:8_b1_128k", 1, 64, 8, 131072, None, 1),
     ("mha_b4_16k", 4, 32, 32, 16384, None, 1),
+]
+COMPARE_CASES = _CONTIGUOUS_CASES + [
     ("gqa32:8_b4_16k", 4, 32, 8, 16384, None, 1),
     ("mha_b1_64k_page16", 1, 32, 32, 65536, 16, 1),
     ("gqa32:8_b1_64k_page16", 1, 32, 8, 65536, 16, 1),
@@ -130,12 +132,14 @@ COMPARE_CASES = [
 ]
 # the plan settings timed by --compare: "old" = the defaults before 2026-12-04 (split count for two waves of SMs,
 # a second merge launch, per-key page lookups in the tile's iteration, the compiler's register count; the kernel's
-# split shares are balanced in both), "new" = today's defaults; the variants run in a second pass when budget is left
+# split shares are balanced in both), "new" = the current defaults ("auto": fused merge and waves split for one query
+# row per program, the old split and merge otherwise); the variants run in a second pass when budget is left
 COMPARE_OLD = dict(split_rule="legacy", merge="kernel", page_gather="key", max_registers=None)
 COMPARE_VARIANTS = [
     ("new_bn128_st2", dict(block_n=128, num_stages=2)),
     ("new_st4", dict(num_stages=4)),
     ("new_kernel_merge", dict(merge="kernel")),
+    ("new_fused_waves", dict(merge="fused", split_rule="waves")),  # the fused merge for GQA / Nq > 1 too
     ("new_regs_free", dict(max_registers=None)),
     ("new_key_gather", dict(page_gather="key")),  # paged cases only
     ("new_splits_x3", "x3"),
@@ -259,12 +263,7 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None) -> lis
 
 
 # (name, B, Hq, Hkv, context, page_size or None, Nq)
-CASES = [
-    ("mha_b1_16k", 1, 32, 32, 16384, None, 1),
-    ("mha_b1_64k", 1, 32, 32, 65536, None, 1),
-    ("gqa32:8_b1_64k", 1, 32, 8, 65536, None, 1),
-    ("gqa64:8_b1_128k", 1, 64, 8, 131072, None, 1),
-    ("mha_b4_16k", 4, 32, 32, 16384, None, 1),
+CASES = _CONTIGUOUS_CASES + [
     ("gqa32:8_b4_32k_page16", 4, 32, 8, 32768, 16, 1),
     ("gqa32:8_b4_32k_page32", 4, 32, 8, 32768, 32, 1),
     ("mha_b4_16k_page16", 4, 32, 32, 16384, 16, 1),
