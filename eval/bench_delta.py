@@ -19,7 +19,8 @@ loop on the same bf16-rounded values (max abs error / (1 + max abs reference), t
 
 Workload: ``B * T = --tokens`` (16384; ``B = 1`` past it), ``H = --heads`` (4), ``D = --head-dim`` (64),
 ``T = --lengths`` (256 .. 4096). Times: median of CUDA events (:func:`eval.bench_common.time_cuda`), ms and
-tokens/s (fwd+bwd). Writes ``delta_bench.csv`` and ``delta_bench.json`` under ``--out`` and prints the table.
+tokens/s (fwd+bwd); on CUDA also ``fwd_bwd_peak_mib``, the peak extra memory of one forward+backward (saved tensors,
+states, gradients; :func:`eval.bench_common.peak_memory`). Writes ``delta_bench.csv`` and ``delta_bench.json`` under ``--out`` and prints the table.
 ``--time-budget-s`` (default 240): no new (kind, length, method) case starts after it (those rows get
 ``error = skipped (time budget)``).
 """
@@ -33,8 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, time_cuda, try_call, write_csv,
-                               write_json)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cuda, try_call,
+                               write_csv, write_json)
 
 
 def make_inputs(B, T, H, D, gated, dev, seed=0):
@@ -148,6 +149,12 @@ def main(argv=None):
                 ok = not isinstance(ms_fb, str)
                 row.update(fwd_ms=ms_f, fwd_bwd_ms=ms_fb if ok else float("nan"),
                            fwd_bwd_ktok_s=(B * T / ms_fb) if ok else float("nan"))
+                if ok and dev == "cuda":  # the peak counts the gradients' allocation too
+                    for t in leaves:
+                        t.grad = None
+                    mem = try_call(lambda: peak_memory(fb))
+                    if isinstance(mem, int):
+                        row["fwd_bwd_peak_mib"] = mem / 2 ** 20
                 if not ok:
                     row["error"] = ms_fb
                 rows.append(row)
@@ -155,7 +162,8 @@ def main(argv=None):
             del ins
             if dev == "cuda":
                 torch.cuda.empty_cache()
-    cols = ["kind", "method", "auto", "B", "T", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_ktok_s", "max_rel_err", "error"]
+    cols = ["kind", "method", "auto", "B", "T", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_ktok_s", "fwd_bwd_peak_mib",
+            "max_rel_err", "error"]
     print(format_table(rows, cols))
     by = {(r["kind"], r["method"], r["T"]): r for r in rows if r.get("fwd_bwd_ms") == r.get("fwd_bwd_ms")
           and "fwd_bwd_ms" in r}
