@@ -272,11 +272,6 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
                 a = leaf(fq, fk, v)
                 M["ours_docs_fwd_bv64"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, doc_ids=doc,
                                                                         config=c64), a, False)
-                # the dk/dv kernel's other document tile that ran clean on the H200 (no prefetch, 64-token chunks)
-                c1 = LinearConfig(tiles={"seg_dkdv": [(64, 64, 8, 1, 0)]})
-                a = leaf(fq, fk, v)
-                M["ours_docs_dkdv_st1"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True, doc_ids=doc,
-                                                                        config=c1), a, False)
             a = leaf(fq, fk, v)
             M["ours_nodocs"] = (lambda a=a: linear_attention(a[0], a[1], a[2], causal=True), a, False)
             fla_name, normalised = None, False
@@ -346,8 +341,7 @@ def main(argv=None):
     p.add_argument("--docs-tokens", default="16384,65536", help="--docs: tokens of the packed row (B = 1), comma list")
     p.add_argument("--docs-torch", action="store_true", help="--docs: also time the chunked PyTorch form")
     p.add_argument("--docs-variants", action="store_true",
-                   help="--docs: also ours with the forward's 64-wide Dv tile (ours_docs_fwd_bv64) and with the dk/dv "
-                        "kernel's unpipelined 64-token tile (ours_docs_dkdv_st1)")
+                   help="--docs: also ours with the forward's 64-wide Dv tile (ours_docs_fwd_bv64)")
     p.add_argument("--no-check", action="store_true", help="--docs: skip the correctness check")
     add_time_budget(p, scope="--docs: ")
     args = p.parse_args(argv)

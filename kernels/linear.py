@@ -159,9 +159,8 @@ def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf
         dprev = _doc_at(DOC, b, N, s * L - 1)
     if HAS_0:
         if DOCS:
-            if dprev == 1:  # scalar test: no load at all for the later documents
-                S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
-                z += tl.load(Z0 + bkv * F + offs_f, mask=mf, other=0.0)
+            S += tl.load(S0 + bkv * F * DV + soff, mask=msk & ((soff * 0 + dprev) == 1), other=0.0)
+            z += tl.load(Z0 + bkv * F + offs_f, mask=mf & ((offs_f * 0 + dprev) == 1), other=0.0)
         else:
             S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
             z += tl.load(Z0 + bkv * F + offs_f, mask=mf, other=0.0)
@@ -172,9 +171,9 @@ def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf
             nsum = NSS
         for j in range(nsum):
             if DOCS:
-                if _doc_at(DOC, b, N, (j + 1) * L - 1) == dprev:  # segment j ends in the running document
-                    S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
-                    z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf, other=0.0)
+                dj = _doc_at(DOC, b, N, (j + 1) * L - 1)
+                S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk & ((soff * 0 + dj) == dprev), other=0.0)
+                z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf & ((offs_f * 0 + dj) == dprev), other=0.0)
             else:
                 S += tl.load(SS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
                 z += tl.load(ZS + (bkv * NSS + j) * F + offs_f, mask=mf, other=0.0)
@@ -191,23 +190,20 @@ def _chunk_mask(causal_m, d, DOCS: tl.constexpr):
 
 
 @triton.jit
-def _carry_state(S, z, k, v, d, dl, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-                 FRESH: tl.constexpr = False):
+def _carry_state(S, z, k, v, d, dl, dprev, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """The state leaving a chunk of keys ``k`` (C x F) and values ``v`` (C x Dv): ``S += k^T v``, ``z += sum_j k_j``.
-    DOCS: a chunk that holds a document boundary (``d`` its rows' documents, ``dl`` its last one): the state
-    restarts with the last document's keys only (the carried state belonged to an earlier document). FRESH: it
-    restarts with all the chunk's keys (one document that starts at the chunk's first row)."""
+    DOCS (causal; ``d`` the chunk's documents, ``dl`` its last one, ``dprev`` the one running at its start): carry
+    only into a chunk without a document start and keep the last document's keys. Returns ``S, z`` and the document
+    running at the next chunk's start (``dprev`` unchanged without documents)."""
     if DOCS:
         k = tl.where((d == dl)[:, None], k, 0.0)
-        S = _dot(tl.trans(k), v, PREC, UP)
-        z = tl.sum(k.to(tl.float32), 0)
-    elif FRESH:
-        S = _dot(tl.trans(k), v, PREC, UP)
-        z = tl.sum(k.to(tl.float32), 0)
+        S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
+        z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
+        dprev = dl
     else:
         S += _dot(tl.trans(k), v, PREC, UP)
         z += tl.sum(k.to(tl.float32), 0)
-    return S, z
+    return S, z, dprev
 
 
 @triton.jit
@@ -218,8 +214,7 @@ def _seg_state(
     STG: tl.constexpr, DOCS: tl.constexpr,
 ):
     """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32). DOCS: over the
-    keys of the segment's last document only (what the state carries out of the segment): chunks inside it take
-    the plain product, chunks before it none, the chunk where it starts the masked one (scalar tests per chunk)."""
+    keys of the segment's last document only (what the state carries out of the segment)."""
     bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NK, BK, BV, C)
     oc = tl.arange(0, C)
     if DOCS:
@@ -232,58 +227,15 @@ def _seg_state(
     for i in tl.range(nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NK
+        if DOCS:
+            mr = mr & (tl.load(db + rows, mask=mr, other=0) == dlast)
         mrk = mr[:, None] & mk[None, :]
         k = tl.load(kbase + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
         k = _phi(k, mrk, FM)
         v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
-        if DOCS:
-            c0 = start + i * C
-            if tl.load(db + c0) == dlast:  # the chunk lies in the last document
-                S += _dot(tl.trans(k), v, PREC, UP)
-                z += tl.sum(k.to(tl.float32), 0)
-            elif tl.load(db + tl.minimum(c0 + C, NK) - 1) == dlast:  # the last document starts in the chunk
-                k = tl.where((tl.load(db + rows, mask=mr, other=0) == dlast)[:, None], k, 0.0)
-                S += _dot(tl.trans(k), v, PREC, UP)
-                z += tl.sum(k.to(tl.float32), 0)
-        else:
-            S += _dot(tl.trans(k), v, PREC, UP)
-            z += tl.sum(k.to(tl.float32), 0)
+        S += _dot(tl.trans(k), v, PREC, UP)
+        z += tl.sum(k.to(tl.float32), 0)
     _store_sums(SS, ZS, S, z, bkv, s, NS, F, DV, ok, ov, mk, mv, pv)
-
-
-@triton.jit
-def _fwd_chunk(q, k, v, S, z, cm, rs, eps, DOCS: tl.constexpr, CAUSAL: tl.constexpr, S16: tl.constexpr,
-               PREC: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr, STATE: tl.constexpr = True):
-    """Output rows (C x BV, fp32) and ``den`` of one chunk: ``q`` against the state ``S``, ``z`` (DOCS: only the
-    rows where ``rs`` holds, the others' products are dropped; not STATE (causal): no row reads it); causal: plus
-    ``q`` against the chunk's own keys under the mask ``cm``."""
-    if STATE:
-        if S16:
-            acc = _dot(q, S.to(q.dtype), PREC, UP)
-        else:
-            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
-        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
-        if DOCS:
-            acc = tl.where(rs[:, None], acc, 0.0)
-            den = tl.where(rs, den, 0.0)
-    if CAUSAL:
-        A = _dot(q, tl.trans(k), PREC, UP)
-        A = tl.where(cm, A, 0.0)
-        if STATE:
-            den += tl.sum(A, 1)
-        else:
-            den = tl.sum(A, 1)
-        den = den + eps
-        rden = 1.0 / den
-        P = A * rden[:, None]  # in [0, 1]: safe in fp16
-        if STATE:
-            acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
-        else:
-            acc = _dot(P.to(v.dtype), v, PREC, UP)
-    else:
-        den = den + eps
-        acc = acc / den[:, None]
-    return acc, den
 
 
 @triton.jit
@@ -295,11 +247,9 @@ def _seg_fwd(
     SPREC: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
 ):
     """One segment of one query head, one BV block of Dv: start state (S0 plus the segment sums before it) in
-    registers, sweep the chunks. DOCS (causal), per chunk from two scalars (the documents of its first and last
-    row, ``df``, ``dl``): the carried state is dropped if a document starts at the chunk's first row (``df !=
-    dprev``, the document running before it); a chunk inside one document (``df == dl``, most of them) is then
-    the plain step; a chunk with a boundary inside reads its rows' documents: only the rows of ``df`` read the
-    carried state, the scores are masked to one document, and the state leaving it holds ``dl``'s keys only."""
+    registers, sweep the chunks. DOCS (causal): a row reads the carried state only if it is in the document
+    running at the chunk's start (``dprev``); the chunk's scores are masked to one document; the state leaving
+    the chunk holds its last document's keys (plus the carried state if no document starts in the chunk)."""
     NB = tl.cdiv(DV, BV)
     pv = tl.program_id(0) % NB  # fastest: the Dv blocks of one (segment, head) share q, k tiles in L2
     bh = (tl.program_id(0) // NB).to(tl.int64)
@@ -332,54 +282,34 @@ def _seg_fwd(
         mrv = mr[:, None] & mv[None, :]
         q = tl.load(qbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
         q = _phi(q, mrf, FM)
-        if DOCS:  # causal; the branches below only compute: every load stays in the loop body (prefetched)
+        if DOCS:  # only the rows of the document running at the chunk's start read the carried state
+            d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
+            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
+            qs = tl.where((d == dprev)[:, None], q, 0.0)
+        else:
+            d, dl, qs = dprev, dprev, q  # d, dl: unread without documents
+        if S16:
+            acc = _dot(qs, S.to(q.dtype), PREC, UP)
+        else:
+            acc = tl.dot(qs.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(qs.to(tl.float32) * z[None, :], 1)
+        if CAUSAL:
             k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
             v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-            df = tl.load(DOC + b * NQ + start + i * C)  # the chunk's first document
-            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # and its last
-            if dl == dprev:  # the chunk lies in the running document (documents never decrease): the plain step
-                acc, den = _fwd_chunk(q, k, v, S, z, causal_m, dl, eps, False, CAUSAL, S16, PREC, SPREC, UP)
-                S, z = _carry_state(S, z, k, v, dl, dl, False, PREC, UP)
-                # the stores in each branch: fewer values live across the branches (fewer spills, sm_90)
-                tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
-                tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
-            elif df == dl:  # one document that starts at the chunk's first row: the step without the carried state
-                acc, den = _fwd_chunk(q, k, v, S, z, causal_m, dl, eps, False, CAUSAL, S16, PREC, SPREC, UP, False)
-                S, z = _carry_state(S, z, k, v, dl, dl, False, PREC, UP, True)
-                tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
-                tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
-            else:  # a document starts inside the chunk: the rows' documents
-                d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
-                acc, den = _fwd_chunk(q, k, v, S, z, _chunk_mask(causal_m, d, True), d == dprev, eps, True, CAUSAL,
-                                      S16, PREC, SPREC, UP)
-                S, z = _carry_state(S, z, k, v, d, dl, True, PREC, UP)
-                tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
-                tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
-            dprev = dl
+            A = _dot(q, tl.trans(k), PREC, UP)
+            A = tl.where(_chunk_mask(causal_m, d, DOCS), A, 0.0)
+            den += tl.sum(A, 1)
+            den = den + eps
+            rden = 1.0 / den
+            P = A * rden[:, None]  # in [0, 1]: safe in fp16
+            acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
+            S, z, dprev = _carry_state(S, z, k, v, d, dl, dprev, DOCS, PREC, UP)
         else:
-            if S16:
-                acc = _dot(q, S.to(q.dtype), PREC, UP)
-            else:
-                acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
-            den = tl.sum(q.to(tl.float32) * z[None, :], 1)
-            if CAUSAL:
-                k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
-                k = _phi(k, mrf, FM)
-                v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                A = _dot(q, tl.trans(k), PREC, UP)
-                A = tl.where(causal_m, A, 0.0)
-                den += tl.sum(A, 1)
-                den = den + eps
-                rden = 1.0 / den
-                P = A * rden[:, None]  # in [0, 1]: safe in fp16
-                acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
-                S, z = _carry_state(S, z, k, v, dprev, dprev, False, PREC, UP)
-            else:
-                den = den + eps
-                acc = acc / den[:, None]
-            tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
-            tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
+            den = den + eps
+            acc = acc / den[:, None]
+        tl.store(obase + rows[:, None] * DV + ov[None, :], acc.to(O.dtype.element_ty), mask=mrv)
+        tl.store(DEN + bh * NQ + rows, den, mask=mr & ((rows * 0 + pv) == 0))
     if STORE_T:  # final state: written by the last segment's programs of the group's first query head
         if ((bh % HQ) % G == 0) & (s == tl.num_programs(1) - 1):
             tl.store(ST + bkv * F * DV + soff, S, mask=mfv)
@@ -430,6 +360,8 @@ def _seg_dstate(
         for i in tl.range(nt, num_stages=STG):
             rows = start + i * C + oc
             mr = rows < NQ
+            if DOCS:
+                mr = mr & (tl.load(DOC + b * NQ + rows, mask=mr, other=0) == dfirst)
             mrk = mr[:, None] & mk[None, :]
             q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             q = _phi(q, mrk, FM)
@@ -437,47 +369,10 @@ def _seg_dstate(
                          other=0.0)
             rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
             cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-            if DOCS:  # scalar tests per chunk: inside the first document, after it (nothing), or where it ends
-                if tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1) == dfirst:
-                    dS += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
-                    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-                elif tl.load(DOC + b * NQ + start + i * C) == dfirst:
-                    q = tl.where((tl.load(DOC + b * NQ + rows, mask=mr, other=0) == dfirst)[:, None], q, 0.0)
-                    dS += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
-                    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-            else:
-                gm = do.to(tl.float32) * rden[:, None]
-                dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
-                dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+            gm = do.to(tl.float32) * rden[:, None]
+            dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+            dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
     _store_sums(DSS, DZS, dS, dz, bkv, s, NS, F, DV, ok, ov, mk, mv, pv)
-
-
-@triton.jit
-def _dq_chunk(do, rden, cd, S, z, k, v, cm, rs, Q, DOCS: tl.constexpr, LOWP: tl.constexpr, SPREC: tl.constexpr,
-              PREC: tl.constexpr, UP: tl.constexpr):
-    """dq of one causal chunk before the feature map's chain rule: through the carried state ``S``, ``z`` (DOCS:
-    only the rows where ``rs`` holds) and through the chunk's own keys under the mask ``cm``."""
-    rs_rden, rs_cd = rden, cd
-    if DOCS:  # the other rows' factors are zero: their products drop out
-        rs_rden = tl.where(rs, rden, 0.0)
-        rs_cd = tl.where(rs, cd, 0.0)
-    if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
-        dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rs_rden[:, None] + rs_cd[:, None] * z[None, :]
-    else:
-        gm = do.to(tl.float32) * rs_rden[:, None]
-        dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + rs_cd[:, None] * z[None, :]
-    dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
-    dA = tl.where(cm, dA + cd[:, None], 0.0)
-    dq += _mm(dA, k, Q, LOWP, SPREC, UP)
-    return dq
-
-
-@triton.jit
-def _store_dq(DQ, dq, q, bh, NQ, F, rows, ok, mrk, FM: tl.constexpr, DFM: tl.constexpr):
-    """Store a chunk of dq (BK columns) after the chain rule of the feature map (``q``: the loaded Q tile)."""
-    if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
-        dq = dq * _phi_grad(q, FM, DFM)
-    tl.store(DQ + bh * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
 
 
 @triton.jit
@@ -519,93 +414,29 @@ def _seg_dq(
         do = tl.load(DO + bh * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
         rden = tl.load(RDEN + bh * NQ + rows, mask=mr, other=1.0)
         cd = tl.load(CD + bh * NQ + rows, mask=mr, other=0.0)
-        if DOCS:  # causal; the forward's per-chunk scalar test, every load before the branches (prefetched)
+        if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
+            dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rden[:, None] + cd[:, None] * z[None, :]
+        else:
+            gm = do.to(tl.float32) * rden[:, None]
+            dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
+        if DOCS:
+            d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
+            dl = tl.max(d, 0)
+            dq = tl.where((d == dprev)[:, None], dq, 0.0)
+        else:
+            d, dl = dprev, dprev  # unread without documents
+        if CAUSAL:
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             k = _phi(k, mrk, FM)
-            q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)  # unread if FM+DFM=0
-            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
-            if dl == dprev:  # inside the running document: the plain step
-                dq = _dq_chunk(do, rden, cd, S, z, k, v, causal_m, dl, Q, False, LOWP, SPREC, PREC, UP)
-                # k^T through a register tile (a select on the row mask: k is already 0 there), as on main: k^T
-                # read straight from its prefetch buffer was a warp-replicated linear layout transposed into the
-                # product's operand, the construct triton 3.4+ miscompiles on sm_90 at BK = 32, 4 warps
-                # (triton-lang/triton#11366, fla-org/flash-linear-attention#826)
-                S, z = _carry_state(S, z, tl.where(mr[:, None], k, 0.0), v, dl, dl, False, PREC, UP)
-                _store_dq(DQ, dq, q, bh, NQ, F, rows, ok, mrk, FM, DFM)
-            else:
-                d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
-                dq = _dq_chunk(do, rden, cd, S, z, k, v, _chunk_mask(causal_m, d, True), d == dprev, Q, True, LOWP,
-                               SPREC, PREC, UP)
-                S, z = _carry_state(S, z, k, v, d, dl, True, PREC, UP)
-                _store_dq(DQ, dq, q, bh, NQ, F, rows, ok, mrk, FM, DFM)
-            dprev = dl
-        else:
-            if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
-                dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rden[:, None] + cd[:, None] * z[None, :]
-            else:
-                gm = do.to(tl.float32) * rden[:, None]
-                dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
-            if CAUSAL:
-                v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-                k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                k = _phi(k, mrk, FM)
-                dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
-                dA = tl.where(causal_m, dA + cd[:, None], 0.0)
-                dq += _mm(dA, k, Q, LOWP, SPREC, UP)
-                S, z = _carry_state(S, z, k, v, dprev, dprev, False, PREC, UP)
-            if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
-                q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                dq = dq * _phi_grad(q, FM, DFM)
-            tl.store(DQ + bh * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
-
-
-@triton.jit
-def _dk_step(v, q, qs, do, rden, cd, dk, dSk, dz, tmask, Q, FRESH: tl.constexpr, LOWP: tl.constexpr,
-             SPREC: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """One query head's part of a chunk's dk (``dk += dA^T q`` under ``tmask``) and of the suffix carried to the
-    previous chunk (``dSk += qs^T g``, ``dz += qs^T c``; FRESH: the suffix restarts from ``qs``'s rows)."""
-    gm = do.to(tl.float32) * rden[:, None]
-    dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
-    dAt = tl.where(tmask, dAt + cd[None, :], 0.0)
-    dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
-    if FRESH:
-        dSk = _mm(tl.trans(qs), gm, Q, LOWP, SPREC, UP)
-        dz = tl.sum(qs.to(tl.float32) * cd[:, None], 0)
-    else:
-        dSk += _mm(tl.trans(qs), gm, Q, LOWP, SPREC, UP)
-        dz += tl.sum(qs.to(tl.float32) * cd[:, None], 0)
-    return dk, dSk, dz
-
-
-@triton.jit
-def _store_dk(DK, dk, k, bkv, NK, F, rows, ok, mrk, FM: tl.constexpr, DFM: tl.constexpr):
-    """Store a chunk of dk (BK columns) after the chain rule of the feature map (``k``: the loaded K tile)."""
-    if FM + DFM != 0:
-        dk = dk * _phi_grad(k, FM, DFM)
-    tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
-
-
-@triton.jit
-def _dv_step(k, q, qs, do, rden, dv, dSv, tmask, Q, FRESH: tl.constexpr, LOWP: tl.constexpr, SPREC: tl.constexpr,
-             PREC: tl.constexpr, UP: tl.constexpr):
-    """One query head's part of a chunk's dv (``dv += P^T dout`` under ``tmask``) and of the suffix ``dSv`` carried
-    to the previous chunk (``+= qs^T g``; FRESH: it restarts from ``qs``'s rows)."""
-    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
-    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
-        Pt = tl.where(tmask, At * rden[None, :], 0.0)
-        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-        dS = _mm(tl.trans(qs), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
-    else:
-        gm = do.to(tl.float32) * rden[:, None]
-        At = tl.where(tmask, At, 0.0)
-        dv += tl.dot(At, gm, input_precision=SPREC)
-        dS = tl.dot(tl.trans(qs.to(tl.float32)), gm, input_precision=SPREC)
-    if FRESH:
-        dSv = dS
-    else:
-        dSv += dS
-    return dv, dSv
+            dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
+            dA = tl.where(_chunk_mask(causal_m, d, DOCS), dA + cd[:, None], 0.0)
+            dq += _mm(dA, k, Q, LOWP, SPREC, UP)
+            S, z, dprev = _carry_state(S, z, k, v, d, dl, dprev, DOCS, PREC, UP)
+        if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
+            q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+            dq = dq * _phi_grad(q, FM, DFM)
+        tl.store(DQ + bh * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
 
 
 @triton.jit
@@ -659,18 +490,18 @@ def _seg_dkdv(
         dz = tl.zeros([BK], dtype=tl.float32)
         if HAS_0:
             if DOCS:
-                if dend == dnext:  # scalar test: no load for the other documents
-                    dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
-                    dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
+                dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk & ((soff * 0 + dend) == dnext), other=0.0)
+                dz += tl.load(DZT0 + bkv * F + ok, mask=mk & ((ok * 0 + dend) == dnext), other=0.0)
             else:
                 dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
                 dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
         if HAS_SS:
             for j in range(j0, NSS):
                 if DOCS:  # the later segments' first-document sums, of the document at the next segment's start
-                    if _doc_at(DOC, b, NK, j * L) == dnext:
-                        dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
-                        dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
+                    dj = _doc_at(DOC, b, NK, j * L)
+                    dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk & ((soff * 0 + dj) == dnext),
+                                   other=0.0)
+                    dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk & ((ok * 0 + dj) == dnext), other=0.0)
                 else:
                     dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
                     dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
@@ -680,59 +511,38 @@ def _seg_dkdv(
             mrk = mr[:, None] & mk[None, :]
             mrd = mr[:, None] & md[None, :]
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-            if DOCS and G == 1:  # (causal) one query head: every load before the per-chunk scalar test
-                q = tl.load(Q + bkv * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                q = _phi(q, mrk, FM)
-                do = tl.load(DO + bkv * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-                rden = tl.load(RDEN + bkv * NQ + rows, mask=mr, other=1.0)
-                cd = tl.load(CD + bkv * NQ + rows, mask=mr, other=0.0)
-                kr = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)  # chain rule
+            dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
+            if DOCS:
+                d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
                 df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)  # the chunk's first document
-                if df == dnext:  # the chunk lies in the document after it (documents never decrease): plain step
-                    dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
-                    dk, dSk, dz = _dk_step(v, q, q, do, rden, cd, dk, dSk, dz, causal_t, Q, False, LOWP, SPREC, PREC,
-                                           UP)
-                    _store_dk(DK, dk, kr, bkv, NK, F, rows, ok, mrk, FM, DFM)
-                else:  # a document starts in the chunk or after it: the rows' documents
-                    d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
-                    dk = tl.where((d == dnext)[:, None], _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :], 0.0)
-                    dk, dSk, dz = _dk_step(v, q, tl.where((d == df)[:, None], q, 0.0), do, rden, cd, dk, dSk, dz,
-                                           causal_t & (d[:, None] == d[None, :]), Q, True, LOWP, SPREC, PREC, UP)
-                    _store_dk(DK, dk, kr, bkv, NK, F, rows, ok, mrk, FM, DFM)
+                dk = tl.where((d == dnext)[:, None], dk, 0.0)
+                keep = df == dnext
+                dSk = tl.where(keep, dSk, 0.0)
+                dz = tl.where(keep, dz, 0.0)
                 dnext = df
+                tmask = causal_t & (d[:, None] == d[None, :])
             else:
-                dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
-                if DOCS:  # GQA: the rows' documents in every chunk
-                    d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
-                    df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)  # the chunk's first document
-                    dk = tl.where((d == dnext)[:, None], dk, 0.0)
-                    keep = df == dnext
-                    dSk = tl.where(keep, dSk, 0.0)
-                    dz = tl.where(keep, dz, 0.0)
-                    dnext = df
-                    tmask = causal_t & (d[:, None] == d[None, :])
-                else:
-                    tmask = causal_t
-                if CAUSAL:
-                    for g in range(G):
-                        bq = b * HQ + hk * G + g
-                        q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                        q = _phi(q, mrk, FM)
-                        do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-                        rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
-                        cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-                        gm = do.to(tl.float32) * rden[:, None]
-                        dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
-                        dAt = tl.where(tmask, dAt + cd[None, :], 0.0)
-                        dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
-                        if DOCS:  # the chunk's first document goes on to the previous chunk
-                            q = tl.where((d == dnext)[:, None], q, 0.0)
-                        dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
-                        dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-                if FM + DFM != 0:
-                    k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                    dk = dk * _phi_grad(k, FM, DFM)
-                tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
+                tmask = causal_t
+            if CAUSAL:
+                for g in range(G):
+                    bq = b * HQ + hk * G + g
+                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+                    q = _phi(q, mrk, FM)
+                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+                    cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
+                    gm = do.to(tl.float32) * rden[:, None]
+                    dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
+                    dAt = tl.where(tmask, dAt + cd[None, :], 0.0)
+                    dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
+                    if DOCS:  # the chunk's first document goes on to the previous chunk
+                        q = tl.where((d == dnext)[:, None], q, 0.0)
+                    dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+                    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+            if FM + DFM != 0:
+                k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+                dk = dk * _phi_grad(k, FM, DFM)
+            tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
         if STORE_0:  # segment 0 ends with the sums over all positions (non-causal: its start): dS0, dz0
             if s == 0:
                 tl.store(DS0 + bkv * F * DV + ok[:, None] * DV + od[None, :], dSk, mask=mk[:, None] & md[None, :])
@@ -747,15 +557,15 @@ def _seg_dkdv(
         dSv = tl.zeros([FP, BV], dtype=tl.float32)
         if HAS_0:
             if DOCS:
-                if dend == dnext:
-                    dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
+                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv & ((soffv * 0 + dend) == dnext), other=0.0)
             else:
                 dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
         if HAS_SS:
             for j in range(j0, NSS):
                 if DOCS:
-                    if _doc_at(DOC, b, NK, j * L) == dnext:
-                        dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
+                    dj = _doc_at(DOC, b, NK, j * L)
+                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv & ((soffv * 0 + dj) == dnext),
+                                   other=0.0)
                 else:
                     dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
         for i in tl.range(nt, num_stages=STG):
@@ -765,57 +575,36 @@ def _seg_dkdv(
             mrv = mr[:, None] & mv[None, :]
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
-            if DOCS and G == 1:  # (causal) one query head: every load before the per-chunk scalar test
-                q = tl.load(Q + bkv * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
-                q = _phi(q, mrf, FM)
-                do = tl.load(DO + bkv * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                rden = tl.load(RDEN + bkv * NQ + rows, mask=mr, other=1.0)
-                df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)  # the chunk's first document
-                if df == dnext:  # the plain step
-                    dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
-                    dv, dSv = _dv_step(k, q, q, do, rden, dv, dSv, causal_t, Q, False, LOWP, SPREC, PREC, UP)
-                    tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty),
-                             mask=mrv)
-                else:
-                    d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
-                    dv = tl.where((d == dnext)[:, None], _mm(k, dSv, Q, LOWP, SPREC, UP), 0.0)
-                    dv, dSv = _dv_step(k, q, tl.where((d == df)[:, None], q, 0.0), do, rden, dv, dSv,
-                                       causal_t & (d[:, None] == d[None, :]), Q, True, LOWP, SPREC, PREC, UP)
-                    tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty),
-                             mask=mrv)
+            dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
+            if DOCS:
+                d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
+                df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)
+                dv = tl.where((d == dnext)[:, None], dv, 0.0)
+                dSv = tl.where(df == dnext, dSv, 0.0)
                 dnext = df
+                tmask = causal_t & (d[:, None] == d[None, :])
             else:
-                dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
-                if DOCS:  # GQA: the rows' documents in every chunk
-                    d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
-                    df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)
-                    dv = tl.where((d == dnext)[:, None], dv, 0.0)
-                    dSv = tl.where(df == dnext, dSv, 0.0)
-                    dnext = df
-                    tmask = causal_t & (d[:, None] == d[None, :])
-                else:
-                    tmask = causal_t
-                if CAUSAL:
-                    for g in range(G):
-                        bq = b * HQ + hk * G + g
-                        q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
-                        q = _phi(q, mrf, FM)
-                        do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                        rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
-                        At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
-                        if DOCS:  # the chunk's first document goes on to the previous chunk
-                            q = tl.where((d == dnext)[:, None], q, 0.0)
-                        if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
-                            Pt = tl.where(tmask, At * rden[None, :], 0.0)
-                            dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-                            dSv += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
-                        else:
-                            gm = do.to(tl.float32) * rden[:, None]
-                            At = tl.where(tmask, At, 0.0)
-                            dv += tl.dot(At, gm, input_precision=SPREC)
-                            dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
-                tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty),
-                         mask=mrv)
+                tmask = causal_t
+            if CAUSAL:
+                for g in range(G):
+                    bq = b * HQ + hk * G + g
+                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+                    q = _phi(q, mrf, FM)
+                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
+                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+                    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+                    if DOCS:  # the chunk's first document goes on to the previous chunk
+                        q = tl.where((d == dnext)[:, None], q, 0.0)
+                    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
+                        Pt = tl.where(tmask, At * rden[None, :], 0.0)
+                        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
+                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
+                    else:
+                        gm = do.to(tl.float32) * rden[:, None]
+                        At = tl.where(tmask, At, 0.0)
+                        dv += tl.dot(At, gm, input_precision=SPREC)
+                        dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
+            tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
 # ----------------------------------------------------------------------------------------------- launcher
@@ -966,14 +755,6 @@ _TILES_LOWP = {
     "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dkdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
 }
-# bf16 with 16-bit products, F, Dv <= 128, and document boundaries (DOCS): triton 3.6 on sm_90 compiles the dk/dv
-# kernel's document path at its 3-deep prefetch, (64, 64, 8, 3, 0), into an out-of-range shared-memory access
-# (compute-sanitizer, H200 2026-12-04: "illegal memory access" in bench_linear --docs at 64k tokens); the same
-# kernel at (64, 64, 8, 1, 0), (64, 64, 8, 2, 32) and (32, 32, 4, 1, 32) ran clean (lab/linear_docs_crash.py
-# --variants). The document-free kernel keeps the 3-deep prefetch.
-_TILES_LOWP_DOCS = {
-    "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 0), (32, 32, 4, 1, 32)],
-}
 # fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
 # operand slices, and so the spills, small; correctness path rather than a tuned one.
 _TILES_FP32 = {
@@ -984,8 +765,8 @@ _TILES_FP32 = {
     "seg_dkdv": [(32, 32, 8, 1, 16)],
 }
 # read-only: a different tile list is a LinearConfig(tiles=...), never an edit of these tables
-_TILES, _TILES_LOWP, _TILES_LOWP_DOCS, _TILES_FP32 = (MappingProxyType({k: tuple(v) for k, v in t.items()})
-                                                      for t in (_TILES, _TILES_LOWP, _TILES_LOWP_DOCS, _TILES_FP32))
+_TILES, _TILES_LOWP, _TILES_FP32 = (MappingProxyType({k: tuple(v) for k, v in t.items()})
+                                    for t in (_TILES, _TILES_LOWP, _TILES_FP32))
 _CHOSEN = {}  # cache: (kind, F, Dv, chunk, dtype, 16-bit products, tile list) -> index of the config that fit
 
 
@@ -1000,26 +781,22 @@ def tile_blocks(cfg, F: int, Dv: int) -> Tuple[int, int]:
     return BK, BV
 
 
-def tile_configs(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int, config: "LinearConfig" = None,
-                 docs: bool = False):
+def tile_configs(kind: str, dtype: torch.dtype, lowp: bool, F: int, Dv: int, config: "LinearConfig" = None):
     """The tile configurations tried for one kernel, in order: ``config.tiles``'s list for ``kind`` if it has one,
-    else fp32 inputs, 16-bit products with F, Dv <= 128 (the measured case; ``docs``: the document path's own list
-    where it has one), or the general list."""
+    else fp32 inputs, 16-bit products with F, Dv <= 128 (the measured case), or the general list."""
     if config is not None and config.tiles:
         forced = dict(config.tiles).get(kind)
         if forced is not None:
             return list(forced)
     if dtype == torch.float32 and kind in _TILES_FP32:
         return _TILES_FP32[kind]
-    if lowp and docs and kind in _TILES_LOWP_DOCS and max(F, Dv) <= 128:
-        return _TILES_LOWP_DOCS[kind]
     if lowp and kind in _TILES_LOWP and max(F, Dv) <= 128:
         return _TILES_LOWP[kind]
     return _TILES[kind]
 
 
-def _chosen_key(kind, F, Dv, chunk, dtype, lowp, config, docs=False):
-    return kind, F, Dv, chunk, dtype, lowp, docs, dict(config.tiles).get(kind) if config.tiles else None
+def _chosen_key(kind, F, Dv, chunk, dtype, lowp, config):
+    return kind, F, Dv, chunk, dtype, lowp, dict(config.tiles).get(kind) if config.tiles else None
 
 
 def _tile_in_use(kind: str, F: int, Dv: int, chunk: int, dtype: torch.dtype, lowp: bool, config: "LinearConfig"):
@@ -1032,9 +809,9 @@ def _tile_in_use(kind: str, F: int, Dv: int, chunk: int, dtype: torch.dtype, low
 
 def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, config, args, **const):
     """Launch ``kernel[grid_fn(BK, BV)](*args, BK=/BV=, **const)`` with the first tile config that fits."""
-    lowp, docs = bool(const.get("LOWP") or const.get("S16")), bool(const.get("DOCS"))
-    key = _chosen_key(kind, F, Dv, chunk, dtype, lowp, config, docs)
-    cfgs = tile_configs(kind, dtype, lowp, F, Dv, config, docs)
+    lowp = bool(const.get("LOWP") or const.get("S16"))
+    key = _chosen_key(kind, F, Dv, chunk, dtype, lowp, config)
+    cfgs = tile_configs(kind, dtype, lowp, F, Dv, config)
     i0 = _CHOSEN.get(key, 0)
     if i0 >= len(cfgs):
         i0 = 0

@@ -226,21 +226,3 @@ def test_every_chunk_with_a_boundary_matches_the_reference(Hq):
     for name, g, w in zip(("out", "dq", "dk", "dv"), grads("triton"), grads("reference")):
         assert w.abs().max() > 0, name
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
-
-
-def test_document_dkdv_tiles_leave_out_the_faulting_prefetch():
-    """The dk/dv kernel's document path never launches the 3-deep prefetch at bf16 (triton 3.6 on sm_90 compiled it
-    into an out-of-range shared access, H200 2026-12-04); the document-free kernel keeps it. Checked on the tile
-    lists and on the tile a bf16 launch with documents records."""
-    from kernels.linear import LinearConfig, record_launches, tile_configs
-
-    for F, Dv in ((64, 64), (128, 128)):
-        docs = tile_configs("seg_dkdv", torch.bfloat16, True, F, Dv, LinearConfig(), docs=True)
-        plain = tile_configs("seg_dkdv", torch.bfloat16, True, F, Dv, LinearConfig())
-        assert docs and all(c[3] < 3 for c in docs), docs
-        assert plain[0][3] == 3 and plain != docs
-    (q, k, v, _, _), (do, _, _) = _inputs(torch.bfloat16, B=1, N=64, F=32, Dv=32)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    with record_launches() as rec:
-        linear_attention(q, k, v, causal=True, doc_ids=DOC[:1, :64], chunk_size=16).backward(do[:1, :, :64])
-    assert rec.kernels["seg_dkdv"][0][3] < 3, rec.kernels
