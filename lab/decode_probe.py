@@ -151,14 +151,16 @@ COMPARE_VARIANTS = [
 _COMPARE_DEVICE, _COMPARE_DTYPE = "cuda", torch.bfloat16  # (a CPU dry run of the script's logic patches these)
 
 
-def compare(out: str, budget_s: float, variants: bool = True, cases=None) -> list:
+def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1) -> list:
     """The ``--compare`` run (issue 29 item 3): per case of ``COMPARE_CASES`` (or the names in ``cases``), SDPA over
     the same keys as one contiguous tensor (paged: gathered once, outside the timing; Nq > 1: a bottom-right causal
     bool mask), ``old`` and ``new`` plans (``COMPARE_OLD`` / the defaults), each a CUDA-graph replay of
     :func:`kernels.decode.decode_run`, as fractions of the copy bandwidth of the same run; then, budget permitting,
     the ``COMPARE_VARIANTS`` of the new plan on every case. Every row checks the output against SDPA (``err``: max
     abs difference), that the plan's output after the replays equals a fresh run (``replay_equal``: the fused
-    merge's counter is reset by every replay) and that the arrival counter is back at 0 (``counter_zero``). Writes
+    merge's counter is reset by every replay) and that the arrival counter is back at 0 (``counter_zero``).
+    ``calls``: calls captured back to back in each graph (:func:`eval.bench_common.time_cuda_graph`; 1: one call per
+    graph, its launch included; more: the steady state of a decode step's layers; column ``calls_per_graph``). Writes
     decode_compare.csv / .json (what was measured when the budget ran out) and prints one line per row."""
     from attn_zoo.decode import gather_kv
 
@@ -172,14 +174,15 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None) -> lis
 
     def one(case, method, opts, k, v, bt, seq, q, kc, vc, ref, nbytes, base_splits=None):
         name, B, Hq, Hkv, ctx, ps, Nq = case
-        base = dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method=method)
+        base = dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method=method,
+                    calls_per_graph=calls)
         try:
             if isinstance(opts, str):  # a multiple of the new plan's split count
                 s0 = base_splits
                 opts = dict(num_splits=max(1, {"x3": s0 * 3, "x2": s0 * 2, "half": s0 // 2}[opts]))
             plan = decode_plan(q, k, v, bt, **opts)
             o0 = decode_run(plan, q, k, v, seq, bt).clone()
-            ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt))
+            ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt), calls=calls)
             torch.cuda.synchronize()
             after = plan.out.clone()
             cz = bool((plan.counter == 0).all())
@@ -220,10 +223,11 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None) -> lis
             break
         k, v, bt, seq, q, kc, vc, mask, ref, nbytes = setup(case)
         name, B, Hq, Hkv, ctx, ps, Nq = case
-        ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv))
+        ms = time_cuda_graph(lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv),
+                             calls=calls)
         fr = nbytes / (ms * 1e-3) / 1e9 / copy_gbps
         rows.append(dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method="sdpa", ms=ms,
-                         frac=fr))
+                         frac=fr, calls_per_graph=calls))
         print(f"{name:28s} {'sdpa':18s} {fr:.3f}", flush=True)
         one(case, "old", COMPARE_OLD, k, v, bt, seq, q, kc, vc, ref, nbytes)
         plan = one(case, "new", {}, k, v, bt, seq, q, kc, vc, ref, nbytes)
@@ -291,10 +295,16 @@ def main(argv=None):
                    help="issue 29's decode cases: SDPA, the old and the new defaults, then variants (docstring)")
     p.add_argument("--no-variants", action="store_true", help="--compare: SDPA, old and new only")
     p.add_argument("--cases", default="", help="--compare: case names to run, comma-separated (default: all)")
+    p.add_argument("--calls-per-graph", type=int, default=1,
+                   help="--compare: calls captured back to back in each timed CUDA graph (1: one call, its launch "
+                        "included; e.g. 10: the steady state of a decode step's layers)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.compare:
-        compare(args.out, args.budget_s, not args.no_variants, set(args.cases.split(",")) if args.cases else None)
+        if args.calls_per_graph < 1:
+            p.error(f"--calls-per-graph must be >= 1, got {args.calls_per_graph}")
+        compare(args.out, args.budget_s, not args.no_variants, set(args.cases.split(",")) if args.cases else None,
+                args.calls_per_graph)
         return
     if args.matrix:
         bns = tuple(int(x) for x in args.block_ns.split(",") if x) or (None,)
