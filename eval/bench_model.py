@@ -68,6 +68,7 @@ from harness.lit import adamw_impl, clip_gradients_
 from attn_zoo.mixers import LayerSpec
 from attn_zoo.model import GPT, GPTConfig, ModelConfig
 from attn_zoo.spec import AttentionSpec
+from eval.bench_common import add_time_budget, budget_spent
 
 SIZES = {
     "large": dict(d_model=1024, n_layer=8, n_head=8, mlp="swiglu", norm="rmsnorm"),
@@ -305,6 +306,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler table per row")
     ap.add_argument("--name", default="model_speed", help="file stem of the results")
+    add_time_budget(ap)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (backend names get +compile)")
     ap.add_argument("--specs", default="bench", choices=SPEC_SOURCES,
                     help="plain variant names: bench = the speed sweep's specs (VARIANTS), conf = "
@@ -331,6 +333,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     except ValueError:
         raise SystemExit(f"--seq-lens must be a comma-separated list of integers, got {a.seq_lens!r}") from None
     require_cuda("bench_model")
+    t_start = time.time()
     env = env_info()
     rows: List[Dict[str, object]] = []
     default_backend = {}
@@ -339,6 +342,10 @@ def main(argv=None) -> List[Dict[str, object]]:
             for n in seq_lens:
                 for backend in backends:
                     if not runs_variant(backend, variant, size, n, a.tokens, specs=a.specs):
+                        continue
+                    if budget_spent(t_start, a.time_budget_s, f"{size} {variant} N={n} {backend}"):
+                        rows.append(dict(size=size, variant=variant, seq_len=n, backend=backend,
+                                         error="skipped (time budget)"))
                         continue
                     try:
                         row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
