@@ -213,8 +213,10 @@ def validate_config(cfg: DictConfig) -> None:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
     ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
-    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false) and ``model.*``
-    (:func:`check_model_config`).
+    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false), ``data.*`` keys the data module
+    takes (:func:`check_data_options`), ``model.*`` (:func:`check_model_config`; ``model.max_seq_len >=
+    data.seq_len``) and the layers (:func:`check_layers`: causal, ``doc_ids`` with packed documents, an
+    ``attention_backend`` that runs them here), so none of these fails inside training after the data work.
 
     Raises:
         ValueError: naming the key, its value and what to set.
