@@ -132,8 +132,12 @@ class MixerSpec:
 
     @property
     def causal(self) -> bool:
+        """Whether position ``t``'s output depends on positions ``<= t`` only: the registration's ``causal`` and a
+        ``causal`` option of the spec (``MixerSpec("mla", {"causal": False})`` is non-causal although ``mla`` is
+        registered causal)."""
         entry = _MIXERS.get(self.mixer)
-        return entry.causal if entry is not None else bool(dict(self.options).get("causal", True))
+        option = bool(dict(self.options).get("causal", True))
+        return (entry.causal and option) if entry is not None else option
 
     def kwargs(self) -> dict:
         return {k: _thaw(v) for k, v in self.options}
@@ -181,6 +185,40 @@ def layer_to_dict(spec: LayerSpec) -> dict:
 
 def layer_from_dict(d) -> LayerSpec:
     return make_layer_spec(**dict(d))
+
+
+def forward_takes(module, name: str) -> bool:
+    """Whether ``module.forward`` takes the keyword argument ``name`` (or ``**kwargs``); ``module`` a mixer or its
+    class (what :class:`~attn_zoo.model.GPT` asks a layer, e.g. ``doc_ids`` for packed documents)."""
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError, AttributeError):  # pragma: no cover - a builtin forward
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def mixer_class(spec: LayerSpec) -> Optional[type]:
+    """The ``nn.Module`` class a layer spec builds, known without building it: the factory when it is a class, else
+    the factory's ``mixer_class`` attribute (a factory function names the class it returns, as the ``attention``
+    mixer does); ``None`` when unknown (a plain function factory)."""
+    if isinstance(spec, AttentionSpec):
+        entry = _MIXERS.get("attention")
+        if entry is None:
+            from . import model  # noqa: F401  (registers the attention mixer)
+
+            entry = _MIXERS["attention"]
+        factory = entry.factory
+    else:
+        factory = spec.factory()
+    return factory if inspect.isclass(factory) else getattr(factory, "mixer_class", None)
+
+
+def layer_takes(spec: LayerSpec, name: str) -> Optional[bool]:
+    """Whether the mixer of ``spec`` takes the keyword argument ``name`` in its ``forward`` (:func:`forward_takes`
+    of :func:`mixer_class`), asked before the model is built (config validation); ``None`` when its class is not
+    known without building it."""
+    cls = mixer_class(spec)
+    return None if cls is None else forward_takes(cls, name)
 
 
 def _call(factory: Callable, what: str, context: dict, options: dict):

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
-from .mixers import LayerSpec, MixerSpec, build_mixer, layer_from_dict, layer_to_dict, register_mixer  # noqa: F401
+from .mixers import (LayerSpec, MixerSpec, build_mixer, forward_takes, layer_from_dict, layer_to_dict,  # noqa: F401
+                     register_mixer)
 from .spec import AttentionSpec
 from .variants import get_variant
 
@@ -362,15 +363,32 @@ def _attention_mixer(spec: AttentionSpec, config: GPTConfig, rotary: Rotary, bac
     return Attention(config, spec, rotary, backend)
 
 
-def _takes(module: nn.Module, name: str) -> bool:
-    """Whether ``module.forward`` takes the keyword argument ``name`` (or ``**kwargs``)."""
-    import inspect
+_attention_mixer.mixer_class = Attention  # what it builds (attn_zoo.mixers.mixer_class: asked before building)
+_takes = forward_takes  # whether a mixer's forward takes a keyword argument (doc_ids, positions)
 
-    try:
-        params = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):  # pragma: no cover - a builtin forward
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+def noncausal_layer_reason(i: int, spec: LayerSpec, key: str = "causal") -> Optional[str]:
+    """``None`` when layer ``i`` (``spec``) is causal (position ``t`` sees positions ``<= t`` only, asked of the spec:
+    ``spec.causal``), else why :class:`GPT`, a causal language model, refuses it: a non-causal layer sees later
+    tokens, so next-token prediction leaks the answer and the loss / bits per byte come out too good. ``key``: the
+    name of the setting to change, in the message (``causal`` in Python, ``attention.causal`` in a config)."""
+    if spec.causal:
+        return None
+    if isinstance(spec, MixerSpec):
+        why = getattr(spec.factory(), "causal_reason", None)
+        return (f"layer {i} ({spec.label}) is a non-causal mixer (causal=False{': ' + why if why else ''}); GPT is "
+                f"a causal language model, so position t may not see later positions; use a causal mixer")
+    return (f"{key}=False: layer {i} ({spec.label}) would attend to later positions; GPT is a causal language "
+            f"model (next-token prediction), so position t may not see later positions (the loss would read the "
+            f"answer); set {key}=true")
+
+
+def doc_ids_refusal(layers: Sequence[str]) -> str:
+    """The message for ``layers`` (``"layer i (label)"``) whose mixer cannot keep packed documents apart (its
+    ``forward`` takes no ``doc_ids``): raised by :meth:`GPT.forward` and, before any data work, by
+    :func:`harness.config.validate_config`."""
+    return (f"doc_ids: {', '.join(layers)} cannot keep packed documents apart (its mixer's forward takes no "
+            f"doc_ids); train it without doc_ids (data.doc_mask=false)")
 
 
 class Block(nn.Module):
@@ -428,6 +446,9 @@ class GPT(nn.Module):
         redraw_interval: FAVOR layers get a new random-feature seed every ``redraw_interval`` training steps
             (0 = never; see :meth:`redraw_features`).
 
+    Raises ``ValueError`` for a non-causal layer (an :class:`AttentionSpec` with ``causal=False`` or a non-causal
+    mixer, :func:`noncausal_layer_reason`): the model predicts the next token, which such a layer could read.
+
     ``forward(idx, targets=None, caches=None, pos=0, sparse_targets=False)``: ``idx`` int64 ``(B, N)`` with
     ``pos + N <= max_seq_len`` (else ``ValueError``); returns logits ``(B, N, vocab_size)`` and, with ``targets``
     ``(B, N)`` (``-100`` = ignored), the mean cross-entropy in nats over the scored positions. ``sparse_targets``
@@ -450,12 +471,10 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.specs = resolve_layer_specs(specs, config.n_layer)
-        for i, s in enumerate(self.specs):  # a causal language model: a non-causal mixer would see future tokens
-            if isinstance(s, MixerSpec) and not s.causal:
-                why = getattr(s.factory(), "causal_reason", None)
-                raise ValueError(f"layer {i} ({s.label}) is a non-causal mixer (causal=False"
-                                 f"{': ' + why if why else ''}); GPT is a causal language model, so position t "
-                                 f"may not see later positions; use a causal mixer")
+        for i, s in enumerate(self.specs):  # a causal language model: a non-causal layer would see future tokens
+            why = noncausal_layer_reason(i, s)
+            if why is not None:
+                raise ValueError(why)
         self.backend = backend
         why = redraw_interval_reason(redraw_interval)
         if why is not None:
@@ -573,8 +592,7 @@ class GPT(nn.Module):
         if doc_ids is not None:
             bad = [f"layer {i} ({self.specs[i].label})" for i, blk in enumerate(self.blocks) if not blk.takes_doc_ids]
             if bad:
-                raise ValueError(f"doc_ids: {', '.join(bad)} cannot keep packed documents apart (its mixer's forward "
-                                 f"takes no doc_ids); train it without doc_ids (data.doc_mask=false)")
+                raise ValueError(doc_ids_refusal(bad))
             if positions is None:
                 from .documents import document_spans
 

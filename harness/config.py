@@ -5,12 +5,13 @@ before anything is built or written (:func:`validate_config`, :func:`layer_specs
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from attn_zoo.model import GPTConfig, ModelConfig, config_from_dict, redraw_interval_reason
+from attn_zoo.model import (GPTConfig, ModelConfig, config_from_dict, doc_ids_refusal, noncausal_layer_reason,
+                            redraw_interval_reason)
 from attn_zoo.spec import AttentionSpec
 
 from .callbacks import StopAt
@@ -60,7 +61,7 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
                     specs.append(MixerSpec(entry))
                     continue
                 names = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
-                names += [m for m in mixer_names() if m != "attention"]
+                names += [m for m in mixer_names() if m != "attention" and m not in names]  # once each
                 raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config or a registered mixer; "
                                  f"allowed values: {', '.join(names)}")
             where = f"model.layers[{i}] (conf/attention/{entry}.yaml)"
@@ -70,12 +71,20 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     return specs
 
 
-def check_attention_backend(backend, specs) -> None:
+def check_attention_backend(backend, specs, model: Optional[GPTConfig] = None, seq_len: Optional[int] = None,
+                            device: Optional[str] = None, dtype: torch.dtype = torch.float32,
+                            documents: bool = False) -> None:
     """``attention_backend``: ``auto`` or a backend registered for the kind of every attention layer in ``specs``
-    (plugins loaded: :func:`layer_specs`). Whether a named backend can run the input (device, dtype, feature map)
-    is only known at the first forward; a missing optional package (``fa4``: flash-attn-4, ``fla``: fla-core) is
-    refused here, before anything is written. Raises ``ValueError`` naming ``attention_backend`` and the allowed values
-    or the package to install."""
+    (plugins loaded: :func:`layer_specs`) and available here (the registry's availability: a missing optional package
+    such as ``fa4`` (flash-attn-4) or ``fla`` (fla-core), no CUDA device for ``sdpa_flash``, ...).
+
+    With ``model`` (its ``n_head`` / ``head_dim``), ``seq_len`` and ``device`` (the device type training runs on;
+    ``None``: not known here, e.g. on a CUDA machine, where the dtype and shapes only show at the first forward) the
+    backend is also asked whether it runs an input of the training's shapes, ``dtype`` and device
+    (:meth:`attn_zoo.registry.Backend.why_not`), and, with ``documents`` (packed documents), whether it takes
+    ``doc_ids``: ``triton`` on a machine without CUDA (and without ``TRITON_INTERPRET=1``) is refused here, not at the
+    first training step. Raises ``ValueError`` naming ``attention_backend``, the layer and the backends available
+    here (or the package to install)."""
     from attn_zoo.registry import backend_names, get_backends
 
     if backend == "auto":
@@ -83,18 +92,42 @@ def check_attention_backend(backend, specs) -> None:
     if not isinstance(backend, str) or backend not in backend_names():
         raise ValueError(f"attention_backend={backend!r} is not a registered backend; allowed values: auto, "
                          f"{', '.join(backend_names())}")
+    probe = model is not None and seq_len is not None and device is not None
     for i, spec in enumerate(specs):
         kind = getattr(spec, "kind", None)
         if not isinstance(spec, AttentionSpec) or kind is None:
             continue  # a sequence mixer: no attention backend
+        where = "attention" if len(set(specs)) == 1 else f"model.layers[{i}]"
         if backend not in backend_names(kind):
-            where = "attention" if len(set(specs)) == 1 else f"model.layers[{i}]"
             raise ValueError(f"attention_backend={backend!r} has no implementation of kind={kind!r} ({where}: "
                              f"{spec.label}; the backend applies to every layer); allowed values for it: auto, "
                              f"{', '.join(backend_names(kind))}")
-        why = get_backends(kind)[backend].unavailable()
+        backends = get_backends(kind)
+        why = backends[backend].unavailable()
         if why is not None and "cannot be imported" in why:  # an optional package (fa4, fla, ...) is missing
             raise ValueError(f"attention_backend={backend!r} is not installed here: {why}")
+        if why is None and probe:
+            why = _backend_refusal(backends[backend], spec, model, seq_len, device, dtype, documents)
+        if why is not None:
+            here = [n for n in backend_names(kind) if backends[n].unavailable() is None and not (
+                probe and _backend_refusal(backends[n], spec, model, seq_len, device, dtype, documents))]
+            raise ValueError(f"attention_backend={backend!r} cannot run {where}: {spec.label} here ({why}); "
+                             f"available here for it: auto, {', '.join(here)}")
+
+
+def _backend_refusal(b, spec: AttentionSpec, model: GPTConfig, seq_len: int, device: str, dtype: torch.dtype,
+                     documents: bool) -> Optional[str]:
+    """Why backend ``b`` cannot run ``spec`` on the training's inputs (``(1, n_head, seq_len, head_dim)`` queries,
+    the layer's K/V heads, ``dtype`` on ``device``), asked of the backend; ``None`` when it can."""
+    if documents and not b.documents:
+        return "it does not take doc_ids (packed documents, data.pack=true with data.doc_mask=true)"
+    hkv = spec.resolve_kv_heads(model.n_head)
+    q = torch.empty(1, model.n_head, seq_len, model.head_dim, dtype=dtype, device=device)
+    kv = torch.empty(1, hkv, seq_len, model.head_dim, dtype=dtype, device=device)
+    try:
+        return b.why_not(q, kv, kv, spec)
+    except Exception:  # noqa: BLE001 - a check that fails on the probe proves nothing: the first forward decides
+        return None
 
 
 def _qualified(where: str, fn, *args):
@@ -180,8 +213,10 @@ def validate_config(cfg: DictConfig) -> None:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
     ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
-    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false) and ``model.*``
-    (:func:`check_model_config`).
+    (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false), ``data.*`` keys the data module
+    takes (:func:`check_data_options`), ``model.*`` (:func:`check_model_config`; ``model.max_seq_len >=
+    data.seq_len``) and the layers (:func:`check_layers`: causal, ``doc_ids`` with packed documents, an
+    ``attention_backend`` that runs them here), so none of these fails inside training after the data work.
 
     Raises:
         ValueError: naming the key, its value and what to set.
@@ -242,5 +277,97 @@ def validate_config(cfg: DictConfig) -> None:
     if seq_len is not None and not (_is_int(seq_len) and seq_len >= 1):  # before model.max_seq_len (${data.seq_len})
         raise ValueError(f"data.seq_len={seq_len!r}: must be a positive integer, the tokens of one training example "
                          f"(e.g. data.seq_len=256)")
+    if cfg.get("data") is not None:
+        check_data_options(cfg.data)
     if cfg.get("model") is not None:
-        check_model_config(OmegaConf.to_container(cfg.model, resolve=True))
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        check_model_config(model)
+        max_len = model.get("max_seq_len")
+        if seq_len is not None and _is_int(max_len) and max_len < seq_len:
+            raise ValueError(f"model.max_seq_len={max_len} is smaller than data.seq_len={seq_len}: the model's "
+                             f"positions (its RoPE table) end at model.max_seq_len, so a training example of "
+                             f"data.seq_len tokens exceeds it; raise model.max_seq_len to >= {seq_len} (its default "
+                             f"is ${{data.seq_len}}) or lower data.seq_len")
+        if cfg.get("attention") is not None:
+            check_layers(cfg, layer_specs(cfg))
+
+
+def _layer_nodes(cfg: DictConfig, n: int) -> List[str]:
+    """The config node of each of ``n`` layers: ``attention`` (the selected group) or ``model.layers[i]``."""
+    layers = cfg.model.get("layers")
+    if layers is None:
+        return ["attention"] * n
+    name = cfg.attention.get("name")
+    return ["attention" if isinstance(e, str) and e == name else f"model.layers[{i}]" for i, e in enumerate(layers)]
+
+
+def check_layers(cfg: DictConfig, specs: List) -> None:
+    """What the model and the data need of the layers ``specs`` (:func:`layer_specs`), asked of each layer's spec /
+    mixer, before anything is built (the model raises the same errors later, after the data work):
+
+    * causal: GPT is a causal language model; a layer with ``causal=False`` (an attention spec, or a non-causal
+      mixer such as ``linformer``) sees later tokens and the loss reads the answer
+      (:func:`attn_zoo.model.noncausal_layer_reason`);
+    * packed documents (``data.pack=true`` with ``data.doc_mask=true``): every layer's mixer takes ``doc_ids``
+      (:func:`attn_zoo.mixers.layer_takes`; :func:`attn_zoo.model.doc_ids_refusal`);
+    * ``attention_backend`` runs every attention layer here (:func:`check_attention_backend`, asked with the
+      training's shapes, dtype and device when that is the CPU).
+
+    Raises ``ValueError`` naming the config node (``attention`` / ``model.layers[i]``) or the key to change."""
+    from attn_zoo.mixers import layer_takes
+
+    nodes = _layer_nodes(cfg, len(specs))
+    for i, (spec, node) in enumerate(zip(specs, nodes)):
+        why = noncausal_layer_reason(i, spec, key=f"{node}.causal")
+        if why is not None:
+            raise ValueError(why if isinstance(spec, AttentionSpec) else f"{node}: {why}")
+    data = cfg.get("data") or {}
+    documents = bool(data.get("pack", False)) and bool(data.get("doc_mask", True))
+    if documents:
+        bad = [f"layer {i} ({s.label})" for i, s in enumerate(specs) if layer_takes(s, "doc_ids") is False]
+        if bad:
+            raise ValueError(doc_ids_refusal(bad))
+    backend = cfg.get("attention_backend", "auto")
+    if backend == "auto":
+        return
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    for key in ("layers", "redraw_interval"):
+        fields.pop(key, None)
+    accelerator = str(cfg.trainer.get("accelerator", "auto")).lower() if cfg.get("trainer") is not None else "auto"
+    device = "cpu" if accelerator == "cpu" or not torch.cuda.is_available() else None  # CUDA: the first forward decides
+    precision = str((cfg.get("trainer") or {}).get("precision", "auto"))
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
+    if device is not None and precision == "auto":
+        dtype = torch.float32  # train.resolve_precision: 32-true without CUDA
+    check_attention_backend(backend, specs, config_from_dict(fields), int(data.get("seq_len") or 1), device, dtype,
+                            documents)
+
+
+def check_data_options(data: DictConfig) -> None:
+    """Every key of ``data`` is an argument of its ``_target_`` data module (a key it lacks failed as a ``TypeError``
+    after the output dir was made, e.g. ``+data.pack=true`` with the default MQAR data). Raises ``ValueError`` naming
+    ``data.<key>``, the data module's options and which ``conf/data/<name>.yaml`` has that key."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    target = data.get("_target_")
+    if not isinstance(target, str):
+        return
+    try:
+        params = inspect.signature(get_class(target)).parameters
+    except Exception:  # noqa: BLE001 - not importable here / not a class: instantiation reports it
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [k for k in data.keys() if not str(k).startswith("_") and k not in params]
+    if not unknown:
+        return
+    key = unknown[0]
+    groups = {p.stem: OmegaConf.load(p) for p in sorted((CONF_DIR / "data").glob("*.yaml"))}
+    mine = [n for n, g in groups.items() if g.get("_target_") == target]
+    has = [f"data={n}" for n, g in groups.items() if key in g and g.get("_target_") != target]
+    allowed = [n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    raise ValueError(f"data.{key}={data.get(key)!r} is not an option of {target.rsplit('.', 1)[-1]}"
+                     f"{' (data=' + mine[0] + ')' if mine else ''}; its options: {', '.join(allowed)}"
+                     f"{'; ' + key + ' needs ' + ' or '.join(has) if has else ''}")

@@ -108,8 +108,11 @@ def test_sampling_and_errors():
     torch.manual_seed(5)
     b = model.generate(idx, 10, temperature=0.8, use_cache=True)
     assert torch.equal(a, b) and a.shape == (1, 13)
-    nc = GPT(GPTConfig(vocab_size=37, n_layer=1, n_head=4, d_model=32, max_seq_len=16),
-             attn_zoo.make_spec("flash", causal=False)).eval()
+    with pytest.raises(ValueError, match=r"causal=False: layer 0 \(flash\) would attend to later positions"):
+        GPT(GPTConfig(vocab_size=37, n_layer=1, n_head=4, d_model=32, max_seq_len=16),
+            attn_zoo.make_spec("flash", causal=False))  # a causal LM refuses a non-causal layer when built
+    nc = _model("flash", "reference")
+    nc.specs[0] = nc.specs[0].replace(causal=False)  # (changed after construction: generate still checks)
     with pytest.raises(ValueError, match="needs causal layers"):
         nc.generate(idx, 2, use_cache=True)
     with pytest.raises(ValueError, match="seq_len=41 exceeds the model's max_seq_len=40"):

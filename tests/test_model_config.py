@@ -80,3 +80,87 @@ def test_train_builds_it_once_from_the_hydra_config(tmp_path):
     assert mc.config.d_model == cfg.model.d_model and mc.config.vocab_size == cfg.data.vocab_size
     with pytest.raises(ValueError, match=r"^model.d_model"):
         model_config(make_cfg(tmp_path, ["model.d_model=0"]))
+
+
+# ------------------------------------------------------------ config errors refused before any data work (valfix)
+from harness.config import validate_config  # noqa: E402
+from attn_zoo.model import doc_ids_refusal  # noqa: E402
+from attn_zoo.mixers import layer_takes  # noqa: E402
+
+
+@pytest.mark.parametrize("overrides", [["attention.causal=false"], ["attention=linear", "attention.causal=false"],
+                                       ["attention=sliding_window", "attention.causal=false"]])
+def test_a_non_causal_attention_spec_is_refused_by_the_causal_lm(tmp_path, overrides):
+    """A non-causal spec in GPT saw later tokens: the run exited 0 with a too-good loss. Refused at validation,
+    naming attention.causal and the layer, and by the model built from Python."""
+    with pytest.raises(ValueError, match=r"^attention\.causal=False: layer 0 \(\w+\) would attend to later positions"):
+        validate_config(make_cfg(tmp_path, overrides))
+    validate_config(make_cfg(tmp_path, overrides[:-1]))  # causal (the shipped configs): accepted
+    spec = model_config(make_cfg(tmp_path, overrides[:-1])).layers[0].replace(causal=False)
+    with pytest.raises(ValueError, match=r"^causal=False: layer 1 \(\w+\) would attend to later positions"):
+        GPT(CFG, [LAYERS[0], spec, LAYERS[2]])
+    with pytest.raises(ValueError, match=r"^model\.layers\[1\]\.causal=False: layer 1 \(flash\)"):
+        validate_config(make_cfg(tmp_path, ["model.layers=[linear,{kind:flash,causal:false}]"]))
+
+
+def test_non_causal_mixers_are_refused_at_validation(tmp_path):
+    """attention=linformer was refused only when the model was built, after the data work."""
+    with pytest.raises(ValueError, match=r"^attention: layer 0 \(linformer\) is a non-causal mixer \(causal=False: "
+                                         r"Linformer's projections"):
+        validate_config(make_cfg(tmp_path, ["attention=linformer"]))
+    # a registered causal mixer with a causal: false option is non-causal too
+    import attn_zoo.mla  # noqa: F401  (registers "mla")
+
+    assert MixerSpec("mla").causal and not MixerSpec("mla", {"causal": False}).causal
+    with pytest.raises(ValueError, match=r"^model\.layers\[0\]: layer 0 \(mla\) is a non-causal mixer"):
+        validate_config(make_cfg(tmp_path, ["model.layers=[{mixer:mla,causal:false},flash]"]))
+
+
+def test_packed_documents_with_a_layer_without_doc_ids_are_refused_before_the_data(tmp_path):
+    """MLA takes no doc_ids: the run loaded the data, then failed at the first step. Now validation says it (the
+    data path need not exist: nothing of the data is read), in the model's own words."""
+    text = ["data=text", "data.pack=true", "data.path=/nonexistent.txt", "attention=mla"]
+    want = doc_ids_refusal(["layer 0 (mla)", "layer 1 (mla)"])
+    assert "data.doc_mask=false" in want
+    with pytest.raises(ValueError) as e:
+        validate_config(make_cfg(tmp_path, text))
+    assert str(e.value) == want
+    validate_config(make_cfg(tmp_path, text + ["data.doc_mask=false"]))  # the plain packed baseline: accepted
+    validate_config(make_cfg(tmp_path, text[:-1] + ["model.layers=[mamba2,flash]"]))  # mixers with doc_ids
+    # asked of the mixer class, the same answer the built model gives
+    import attn_zoo.mla  # noqa: F401
+
+    specs = [attn_zoo.make_spec("flash"), MixerSpec("mla"), MixerSpec("mamba2")]
+    model = GPT(dataclasses.replace(CFG, d_model=32), specs, backend="reference")
+    assert [layer_takes(s, "doc_ids") for s in specs] == [b.takes_doc_ids for b in model.blocks] == [True, False, True]
+
+
+def test_sizes_and_backends_that_fail_inside_training_are_refused_at_validation(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"^model\.max_seq_len=32 is smaller than data\.seq_len=64.*raise "
+                                         r"model\.max_seq_len to >= 64"):
+        validate_config(make_cfg(tmp_path, ["model.max_seq_len=32"]))
+    validate_config(make_cfg(tmp_path, ["model.max_seq_len=128"]))
+    if torch.cuda.is_available():
+        return  # the rest is about a machine without CUDA
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (tests run Triton's CPU interpreter)
+    for backend, why in (("triton", "needs a CUDA device"), ("sdpa_flash", "no CUDA device")):
+        with pytest.raises(ValueError, match=rf"^attention_backend='{backend}' cannot run attention: flash here "
+                                             rf"\({why}.*available here for it: auto, torch, reference"):
+            validate_config(make_cfg(tmp_path, [f"attention_backend={backend}"]))
+    validate_config(make_cfg(tmp_path, ["attention_backend=torch"]))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    validate_config(make_cfg(tmp_path, ["attention_backend=triton"]))  # the interpreter runs it on the CPU
+
+
+def test_allowed_layer_names_are_listed_once_and_pack_needs_text_data(tmp_path):
+    from harness.config import layer_specs
+
+    with pytest.raises(ValueError, match=r"model\.layers\[1\]='nope' is not an attention config") as e:
+        layer_specs(make_cfg(tmp_path, ["model.layers=[mamba2,nope]"]))
+    names = str(e.value).split("allowed values: ")[1].split(", ")
+    assert len(names) == len(set(names)) and {"mamba2", "linformer", "flash"} <= set(names)
+    with pytest.raises(ValueError, match=r"model\.layers\[1\]='nope' is not an attention config"):
+        validate_config(make_cfg(tmp_path, ["model.layers=[mamba2,nope]"]))
+    with pytest.raises(ValueError, match=r"^data\.pack=True is not an option of MQARDataModule \(data=mqar\); its "
+                                         r"options: vocab_size, .*; pack needs data=text"):
+        validate_config(make_cfg(tmp_path, ["+data.pack=true"]))
