@@ -50,7 +50,8 @@ from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
                             check_model_config, layer_specs, model_config, validate_config)
 from harness.lit import LitLM, split_optim_config
-from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
+from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
+                           finished_run, job_dirname, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
@@ -291,6 +292,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
     resume = checkpoint_info(ckpt_path) if ckpt_path else None
+    data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
+    if resume is not None:  # other data.* than the checkpoint's: refused before any data work
+        check_resume_data(ckpt_path, resume.data, data_settings)
     output_dir = str(cfg.paths.output_dir)
     run_dir = run_dir_of(ckpt_path)
     if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):
@@ -349,7 +353,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     variant_tags = sorted({s.label for s in model_cfg.layers})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
-                         train_metrics=resume.train_metrics if resume is not None else None)
+                         train_metrics=resume.train_metrics if resume is not None else None, data=data_settings)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
     curve = _Curve()

@@ -198,10 +198,14 @@ class RunState(L.Callback):
       ends before its first ``trainer.log_every_n_steps`` step);
     * ``epochs``: the epochs whose every training batch has trained (:func:`epochs_trained`), so a run that trained
       by ``trainer.max_epochs`` is recognised as complete when its checkpoint is resumed with the same value.
+    * ``data``: the run's data settings (``data``, :func:`harness.runs.resume_data_config`), so a resume on other
+      data is refused (:func:`harness.runs.check_resume_data`).
     """
 
-    def __init__(self, started_at: float, wall_s_before: float = 0.0, train_metrics: Optional[Dict] = None):
+    def __init__(self, started_at: float, wall_s_before: float = 0.0, train_metrics: Optional[Dict] = None,
+                 data: Optional[Dict] = None):
         self.started_at, self.wall_s_before = float(started_at), float(wall_s_before)
+        self.data = dict(data) if data is not None else None  # the data settings (harness.runs.resume_data_config)
         self.train_metrics_before = {k: float(v) for k, v in (train_metrics or {}).items()}  # the resumed checkpoint's
 
     def last_train_metrics(self, trainer) -> Dict[str, float]:
@@ -227,6 +231,8 @@ class RunState(L.Callback):
         checkpoint[RUN_STATE_KEY] = {
             "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop), "epochs": epochs_trained(trainer),
             "train_metrics": self.last_train_metrics(trainer)}
+        if self.data is not None:
+            checkpoint[RUN_STATE_KEY]["data"] = self.data
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         if (checkpoint.get(RUN_STATE_KEY) or {}).get("stopped"):

@@ -48,7 +48,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed"]
+           "FAILED", "mark_failed", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -110,6 +110,7 @@ class CheckpointInfo:
     stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
     train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
     epochs: Optional[int] = None    # epochs whose every batch had trained (None: written before RunState kept it)
+    data: Optional[Dict] = None     # the data settings it trained on (:func:`resume_data_config`; None: written before)
 
 
 def checkpoint_info(path) -> CheckpointInfo:
@@ -138,7 +139,8 @@ def checkpoint_info(path) -> CheckpointInfo:
     return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp,
                           wall_s=float(state.get("wall_s", 0.0)), stopped=bool(state.get("stopped", False)),
                           train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()},
-                          epochs=int(state["epochs"]) if state.get("epochs") is not None else None)
+                          epochs=int(state["epochs"]) if state.get("epochs") is not None else None,
+                          data=dict(state["data"]) if isinstance(state.get("data"), dict) else None)
 
 
 def _run_dir_resolver(ckpt_path, default):
@@ -409,6 +411,62 @@ def _diff_keys(a, b, prefix="") -> List[str]:
 def _shown(keys: List[str], most: int = 8) -> str:
     """The first ``most`` differing keys, comma-separated, and how many more."""
     return ", ".join(keys[:most]) + (f" (+{len(keys) - most} more)" if len(keys) > most else "")
+
+
+RESUME_FREE_DATA_KEYS = ("cache_dir", "num_workers", "max_memory_gb")
+"""``data.*`` keys a resume may change: where token caches go, the loader processes and the memory size check do not
+change what is trained on (:func:`check_resume_data`). Every other ``data.*`` key (``num_kv_pairs``, ``seq_len``,
+``num_train``, ``batch_size``, ``seed``, ``path``, ...) must be the checkpoint's."""
+
+
+def resume_data_config(data, abs_path=None) -> Dict:
+    """The ``data.*`` settings a checkpoint records (:class:`harness.callbacks.RunState`) and a resume must repeat:
+    ``data`` (a DictConfig or dict) as :func:`result_config` keeps it, without :data:`RESUME_FREE_DATA_KEYS`;
+    ``data.path`` / ``data.val_path`` through ``abs_path`` (e.g. relative to the launch directory), so the same file
+    named from another directory compares equal."""
+    from omegaconf import DictConfig, OmegaConf
+
+    d = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(data or {})
+    d = dict(result_config({"data": d}).get("data") or {})
+    for k in RESUME_FREE_DATA_KEYS:
+        d.pop(k, None)
+    if abs_path is not None:
+        for k in ("path", "val_path"):
+            v = d.get(k)
+            if isinstance(v, str):
+                d[k] = abs_path(v)
+            elif isinstance(v, list):
+                d[k] = [abs_path(p) if isinstance(p, str) else p for p in v]
+    return d
+
+
+def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict) -> None:
+    """Refuse to resume a checkpoint ``stored`` (its :func:`resume_data_config`, None for checkpoints written before
+    it was kept: not compared) on other data settings ``current``: the model would continue on other data and
+    ``final_metrics.json`` would record settings it mostly did not train on.
+
+    Raises:
+        ValueError: starting ``ckpt_path:``, naming each differing ``data.<key>`` with the checkpoint's and this
+            run's value, and the overrides that resume it.
+    """
+    if stored is None:
+        return
+    diff = _diff_keys(stored, current)
+    if not diff:
+        return
+
+    def at(c, key):
+        for part in key.split("."):
+            c = c.get(part) if isinstance(c, dict) else None
+        return c
+
+    what = "; ".join(f"data.{k}: checkpoint {at(stored, k)!r}, this run {at(current, k)!r}" for k in diff)
+    fix = " ".join(f"data.{k}={json.dumps(at(stored, k))}" for k in diff)
+    raise ValueError(
+        f"ckpt_path={ckpt_path}: the data settings differ from the checkpoint's ({what}); a resumed run continues the "
+        f"checkpoint's model, so it would train partly on other data and its final table would record settings it "
+        f"mostly did not train on. Resume with the checkpoint's values ({fix}), or start a new run (only "
+        f"{', '.join('data.' + k for k in RESUME_FREE_DATA_KEYS)} may change on a resume)")
 
 
 def finished_run(output_dir, cfg=None) -> Optional[Dict]:

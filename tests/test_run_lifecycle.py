@@ -1,0 +1,70 @@
+"""Run-lifecycle defects of a newcomer trial (runfix2): each test failed before its fix.
+
+1. ``trainer.limit_val_batches=0`` measured nothing and exited 0: refused by :func:`harness.config.validate_config`.
+2. A resume on other ``data.*`` settings was accepted: refused naming the keys and both values.
+3. A diverged run wrote NaN (not JSON) and no flag into ``final_metrics.json``: null and ``"diverged": true``.
+4. The output folder was cut off in the final table: printed whole on its own line.
+5. A ``skip_finished`` rerun refused under another config: the summary names the refused jobs, the finished runs'
+   folders are not altered.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+import train as train_mod  # noqa: E402  (the repo root is on sys.path: conftest.py there)
+
+TINY = ["logger=csv", "model.d_model=16", "model.n_layer=1", "model.n_head=2", "data.seq_len=32",
+        "data.vocab_size=32", "data.num_kv_pairs=4", "data.num_train=64", "data.num_val=32", "data.batch_size=16",
+        "trainer.max_steps=5", "trainer.val_check_interval=5", "trainer.enable_progress_bar=false",
+        "optim.warmup_steps=1"]
+
+
+def make_cfg(out, overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out)
+        cfg.paths.cache_dir = str(Path(out) / "cache")
+    return cfg
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "-1", "1.5"])
+def test_limit_val_batches_that_validates_nothing_is_refused(tmp_path, value):
+    with pytest.raises(ValueError, match=r"trainer\.limit_val_batches=.*no validation metric.*positive integer.*\(0, 1\]"):
+        train_mod.train(make_cfg(tmp_path / "r", TINY + [f"trainer.limit_val_batches={value}"]))
+    assert not (tmp_path / "r").exists(), "refused before anything is written"
+
+
+def test_limit_val_batches_positive_values_are_allowed(tmp_path):
+    from harness.config import validate_config
+
+    for value in ("1", "0.5", "1.0"):
+        validate_config(make_cfg(tmp_path, TINY + [f"trainer.limit_val_batches={value}"]))
+
+
+def test_resume_on_other_data_settings_is_refused(tmp_path):
+    a = tmp_path / "a"
+    base = [o for o in TINY if not o.startswith("data.num_kv_pairs")]
+    train_mod.train(make_cfg(a, base + ["data.num_kv_pairs=8", "trainer.max_steps=5"]))
+    ckpt = a / "checkpoints" / "last.ckpt"
+    before = (a / "final_metrics.json").read_text()
+    with pytest.raises(ValueError, match=r"data\.num_kv_pairs: checkpoint 8, this run 4.*data\.num_kv_pairs=8"):
+        train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=4", "trainer.max_steps=10",
+                                                         f"ckpt_path={ckpt}"]))
+    with pytest.raises(ValueError, match=r"data\.num_train: checkpoint 64, this run 128"):
+        train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=8", "data.num_train=128",
+                                                         "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
+    assert (a / "final_metrics.json").read_text() == before, "a refused resume must not touch the run"
+    # settings that cannot change what is trained on may differ: num_workers
+    train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=8", "data.max_memory_gb=4",
+                                                     "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
+    done = json.loads((a / "final_metrics.json").read_text())
+    assert done["steps"] == 10 and done["result_config"]["data"]["num_kv_pairs"] == 8
