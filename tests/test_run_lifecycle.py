@@ -68,3 +68,44 @@ def test_resume_on_other_data_settings_is_refused(tmp_path):
                                                      "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
     done = json.loads((a / "final_metrics.json").read_text())
     assert done["steps"] == 10 and done["result_config"]["data"]["num_kv_pairs"] == 8
+
+
+def _strict_json(path):
+    def refuse(name):
+        raise ValueError(f"{path} holds {name}: not standard JSON")
+
+    return json.loads(Path(path).read_text(), parse_constant=refuse)
+
+
+def test_diverged_run_writes_standard_json_flag_and_full_output_dir(tmp_path):
+    """A diverged run (optim.lr=1e6) exits 0, its final_metrics.json is standard JSON with null for the non-finite
+    metrics and ``"diverged": true``; stdout (not a terminal) ends with the whole output folder on its own line."""
+    run = tmp_path / ("a-long-folder-name-so-that-the-path-exceeds-eighty-columns-" * 2) / "run"
+    r = subprocess.run([sys.executable, "train.py", *TINY, "optim.lr=1e6", f"hydra.run.dir={run}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "training diverged" in r.stdout + r.stderr
+    done = _strict_json(run / "final_metrics.json")
+    assert done["diverged"] is True
+    assert done["metrics"].get("train/loss", 0) is None or done["metrics"].get("val/loss") is None
+    lines = r.stdout.strip().splitlines()
+    assert f"output_dir: {run}" in lines, r.stdout[-2000:]
+
+
+def test_a_finished_run_is_not_flagged_diverged(tmp_path):
+    train_mod.train(make_cfg(tmp_path, TINY + ["optim.lr=1e-3"]))
+    done = _strict_json(tmp_path / "final_metrics.json")
+    assert done["diverged"] is False and all(v is not None for v in done["metrics"].values())
+
+
+def test_the_multirun_summary_marks_diverged_jobs(tmp_path):
+    from harness.callbacks import MultirunJobs
+    from harness.runs import write_final_metrics
+
+    for num, (lr, loss) in enumerate([("1e-3", 1.5), ("1e6", float("nan"))]):
+        (tmp_path / f"optim.lr={lr}").mkdir()
+        write_final_metrics(tmp_path / f"optim.lr={lr}", {"job": {"num": num}, "variant": "flash", "steps": 5,
+                                                          "metrics": {"val/loss": loss}, "diverged": loss != loss})
+    header, rows = MultirunJobs().table_rows(tmp_path)
+    assert header[-1] == "diverged" and [r[-1] for r in rows] == ["", "yes"]
+    assert rows[1][header.index("val/loss")] == "nan"
