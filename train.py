@@ -221,11 +221,14 @@ def print_table(title: str, rows: Dict[str, object]) -> None:
         from rich.table import Table
 
         t = Table(title=escape(title))  # a multirun title holds "[...]" (model.layers=[a,b]): not rich markup
-        t.add_column("metric")
-        t.add_column("value", justify="right")
+        t.add_column("metric", overflow="fold")
+        t.add_column("value", justify="right", overflow="fold")  # long values wrap, not cut to "…"
         for k, v in rows.items():
             t.add_row(escape(k), f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
-        Console().print(t)
+        console = Console()
+        if not console.is_terminal:  # a log file: no 80-column wrapping
+            console.width = max(console.width, 160)
+        console.print(t)
     except ImportError:  # pragma: no cover
         print(title)
         for k, v in rows.items():
@@ -398,11 +401,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         if getattr(dm, "chance_levels", None) is not None:
             rows["guess over all values val/acc"] = dm.chance_levels()["uniform"]
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
-        rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
         _print_curve_and_verdict(curve.points, base, metrics)
-        _warn_if_diverged(cfg, metrics)
+        diverged = bool(_warn_if_diverged(cfg, metrics))
         write_final_metrics(output_dir, {
+            "diverged": diverged,  # a non-finite train/loss or val/loss: its metrics (null there) are of a broken model
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "baseline": base, "curve": curve.points, "wall_s": rows["wall_s"],
             "output_dir": output_dir, "date": time.strftime("%Y-%m-%d"),  # the day the run ended (figure captions)
@@ -411,6 +414,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
+        # the full folder on its own line (plain print: a table or rich's 80-column wrapping of a log would cut it)
+        print(f"output_dir: {os.path.abspath(output_dir)}", flush=True)
     return metrics
 
 
@@ -480,8 +485,9 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
-    """A run whose final loss is NaN / inf trained a broken model (its table and ``final_metrics.json`` say nan): say
-    so in one warning naming the learning rate, instead of ending like a good run. Returns the non-finite keys."""
+    """A run whose final loss is NaN / inf trained a broken model (its table says nan, ``final_metrics.json`` null and
+    ``"diverged": true``): say so in one warning naming the learning rate, instead of ending like a good run (the exit
+    status stays 0: a learning-rate sweep records its diverged points). Returns the non-finite keys."""
     bad = [k for k in ("train/loss", "val/loss") if k in metrics and not math.isfinite(metrics[k])]
     if bad:
         log.warning(f"training diverged: {', '.join(f'{k}={metrics[k]}' for k in bad)} (not finite); the metrics "
@@ -574,7 +580,7 @@ def main(cfg: DictConfig) -> Optional[float]:
                         f"it is not skipped and not refused: the job runs again, the earlier files kept aside")
         if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
             log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")
-            metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}
+            metrics = {k: float("nan") if v is None else float(v) for k, v in (done.get("metrics") or {}).items()}
             value = metrics.get(cfg.get("optimized_metric", "val/loss"))
             return None if value is None or math.isnan(value) else float(value)
         ckpt, why_not = resumable_checkpoint(cfg.paths.output_dir, cfg)

@@ -358,13 +358,14 @@ class MultirunJobs(HydraCallback):
     def table_rows(self, sweep_dir) -> Tuple[List[str], List[List[str]]]:
         records = read_sweep(sweep_dir)
         cols = self._columns(records) if records else []
+        diverged = any(r.get("diverged") for r in records)  # a column only when a job diverged
         rows = []
         for r in records:
-            m = dict(r.get("metrics", {}))
+            m = {k: float("nan") if v is None else v for k, v in (r.get("metrics") or {}).items()}  # null: NaN
             m.update({k: r[k] for k in ("steps", "wall_s") if k in r})
             rows.append([str(r.get("job", {}).get("num", "")), r["dir"], r.get("variant", "")]
-                        + [_fmt(m.get(c)) for c in cols])
-        return ["job", "overrides", "variant"] + cols, rows
+                        + [_fmt(m.get(c)) for c in cols] + (["yes" if r.get("diverged") else ""] if diverged else []))
+        return ["job", "overrides", "variant"] + cols + (["diverged"] if diverged else []), rows
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         self._summarize(Path(str(config.hydra.sweep.dir)))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -220,7 +221,8 @@ def job_dirname(overrides, exclude_keys=(), num=0, sweep_dir=None, max_len: int 
 
 
 def write_final_metrics(run_dir, record: Dict) -> Path:
-    """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`)."""
+    """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`); standard JSON: a
+    NaN / inf metric (a diverged run, whose record has ``"diverged": true``) is written as null."""
     return _write_json(Path(run_dir) / FINAL_METRICS, record)
 
 
@@ -248,10 +250,24 @@ def mark_failed(run_dir, error: Optional[BaseException]) -> None:
     _write_json(path, {"error": f"{type(error).__name__}: {error}", "failed_at": time.time()})
 
 
+def finite_or_none(obj):
+    """``obj`` (dicts, lists, tuples, numbers, ...) with every NaN / inf float replaced by ``None``, so it is standard
+    JSON (``json.dumps(..., allow_nan=False)`` passes; JSON has no NaN, and other readers reject Python's ``NaN``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 def _write_json(path: Path, obj) -> Path:
-    """``obj`` as JSON at ``path``, atomically (a temporary file renamed over it: a kill never leaves half a file)."""
+    """``obj`` as standard JSON at ``path`` (NaN / inf as null, :func:`finite_or_none`), atomically (a temporary file
+    renamed over it: a kill never leaves half a file)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
+    obj = finite_or_none(json.loads(json.dumps(obj, default=str)))  # default=str first: other objects as text
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, allow_nan=False))
     os.replace(tmp, path)
     return path
 
