@@ -362,7 +362,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     curve = _Curve()
     trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state, curve])
     if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
+        subdir = _hydra_output_subdir()  # read before the earlier final table (which the subdir depends on) moves
         _keep_earlier_run_aside(output_dir, loggers)
+        _rerun_config_to_hydra_dir(output_dir, subdir)
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
@@ -517,6 +519,34 @@ def _keep_earlier_run_aside(output_dir: str, loggers: list) -> None:
                 _move_aside(csv_dir / "metrics.csv", f"metrics.replaced-{stamp}.csv")
             else:
                 _move_aside(csv_dir, f"{csv_dir.name}.replaced-{stamp}")
+
+
+def _hydra_output_subdir() -> Optional[str]:
+    """This job's ``hydra.output_subdir`` (where Hydra wrote its composed config), None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    sub = HydraConfig.get().output_subdir
+    return None if sub is None else str(sub)
+
+
+def _rerun_config_to_hydra_dir(output_dir: str, subdir: Optional[str]) -> None:
+    """A ``skip_finished`` job that replaces the finished run in its folder (whose final table had no
+    ``result_config``) had its composed config written to ``.hydra/rerun-<time>/`` (:data:`harness.runs.RERUN_SUBDIR`,
+    so a skipped or refused job leaves the run's ``.hydra/`` as it was): it becomes this run's ``.hydra/*.yaml``, the
+    earlier run's files moved aside (``config.replaced-<time>.yaml``, ...)."""
+    from harness.runs import RERUN_SUBDIR
+
+    if not str(subdir or "").startswith(RERUN_SUBDIR):
+        return
+    import shutil
+
+    src, dst = Path(output_dir) / str(subdir), Path(output_dir) / ".hydra"
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    for f in sorted(src.glob("*.yaml")):
+        _move_aside(dst / f.name, f"{f.stem}.replaced-{stamp}.yaml")
+        shutil.copy2(f, dst / f.name)
 
 
 def _move_aside(path: Path, new_name: str) -> None:

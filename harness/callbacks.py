@@ -305,6 +305,9 @@ class MultirunJobs(HydraCallback):
       :func:`harness.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
       the job's end, :func:`harness.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
       before Hydra could record a failure).
+    * A job that fails in a folder holding a finished run (refused before it replaced that run, e.g.
+      ``skip_finished=true`` under another config) is named as refused; that folder gets no ``failed.json``, its
+      final table is left out of this launch's table and ``summary.csv`` is then left as it was.
     * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
       without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
 
@@ -319,6 +322,7 @@ class MultirunJobs(HydraCallback):
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         self._summarized = False
+        self._refused: List[Tuple[Path, str]] = []  # (job folder, error) of jobs refused in a finished run's folder
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
 
@@ -338,6 +342,12 @@ class MultirunJobs(HydraCallback):
         error = getattr(job_return, "_return_value", None) if failed else None
         if failed and not isinstance(error, BaseException):
             error = RuntimeError("the job failed (Hydra gave no exception)")
+        if failed and (run_dir / FINAL_METRICS).is_file():
+            # the folder holds a finished run that this job did not replace (refused before training, e.g.
+            # skip_finished under another config): that run stays as it was, no failed.json beside its final table;
+            # the summary names the job as refused
+            self._refused = getattr(self, "_refused", []) + [(run_dir, f"{type(error).__name__}: {error}")]
+            return
         mark_failed(run_dir, error)
 
     def _summary_at_exit(self, sweep_dir: Path) -> None:
@@ -355,8 +365,11 @@ class MultirunJobs(HydraCallback):
         return (["steps"] + sorted(k for k in keys if k.startswith("val/"))
                 + [k for k in ("train/loss",) if k in keys] + ["wall_s"])
 
-    def table_rows(self, sweep_dir) -> Tuple[List[str], List[List[str]]]:
-        records = read_sweep(sweep_dir)
+    def table_rows(self, sweep_dir, leave_out=()) -> Tuple[List[str], List[List[str]]]:
+        """The summary's header and rows, one per ``final_metrics.json`` under ``sweep_dir`` but the job folders in
+        ``leave_out`` (refused jobs: their final table is an earlier run's, not this sweep's result)."""
+        skip = {Path(d).resolve() for d in leave_out}
+        records = [r for r in read_sweep(sweep_dir) if (Path(sweep_dir) / r["dir"]).resolve() not in skip]
         cols = self._columns(records) if records else []
         diverged = any(r.get("diverged") for r in records)  # a column only when a job diverged
         rows = []
@@ -372,7 +385,13 @@ class MultirunJobs(HydraCallback):
 
     def _summarize(self, sweep_dir: Path) -> None:
         self._summarized = True
-        header, rows = self.table_rows(sweep_dir)
+        refused = list(getattr(self, "_refused", []))
+        header, rows = self.table_rows(sweep_dir, leave_out=[d for d, _ in refused])
+        if refused:
+            print(f"attn-zoo multirun: {len(refused)} job(s) in {sweep_dir} refused (each folder holds a finished run "
+                  f"that this launch did not replace; it is left as it was and not shown as this sweep's result):")
+            for d, err in refused:
+                print(f"  {d.name}: {err if len(err) <= 300 else err[:299] + '…'}")
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
         jobs = {p.parent for pattern in ("*/.hydra", f"*/{NOT_STARTED}") for p in sweep_dir.glob(pattern)}
         pending = sorted((d for d in jobs if not (d / FINAL_METRICS).is_file()), key=lambda d: d.name)
@@ -392,9 +411,13 @@ class MultirunJobs(HydraCallback):
                   f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "
                   f"{_names(unfinished)}")
         if not rows:
-            print(f"{title} (no final_metrics.json found)")
+            print(f"{title} (no final_metrics.json found)" if not refused else
+                  f"attn-zoo multirun: no job of this launch in {sweep_dir} has a result"
+                  f"{' (' + self.filename + ' left as it was)' if self.filename else ''}")
             return
-        if self.filename:
+        if self.filename and refused:
+            print(f"attn-zoo multirun: {self.filename} left as it was (job(s) refused; the table below leaves them out)")
+        elif self.filename:
             with open(sweep_dir / self.filename, "w", newline="") as f:
                 w = csv.writer(f)
                 w.writerow(header)

@@ -49,7 +49,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
+           "FAILED", "mark_failed", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -152,8 +152,23 @@ def _run_dir_resolver(ckpt_path, default):
     return run_dir_of(ckpt) or default
 
 
-def _hydra_subdir_resolver(ckpt_path, stamp):
-    return f".hydra/resume-{stamp}" if _run_dir_resolver(ckpt_path, None) else ".hydra"
+RERUN_SUBDIR = ".hydra/rerun-"
+"""Prefix of the folder (``.hydra/rerun-<time>/``) that takes the composed config of a ``skip_finished=true`` job
+whose folder already holds a finished run (``final_metrics.json``): the job is skipped (same config) or refused
+(another one), and that run's ``.hydra/config.yaml`` must stay the config its final table was measured under. A job
+that does replace the run (an older final table without ``result_config``) copies it to ``.hydra/``
+(``train.py``)."""
+
+
+def _hydra_subdir_resolver(ckpt_path, stamp, output_dir=None, skip_finished=False):
+    """``hydra.output_subdir``: ``.hydra/resume-<time>`` for a resume (``ckpt_path`` in a run folder),
+    ``.hydra/rerun-<time>`` (:data:`RERUN_SUBDIR`) for a ``skip_finished`` job in a folder holding a finished run,
+    else ``.hydra``."""
+    if _run_dir_resolver(ckpt_path, None):
+        return f".hydra/resume-{stamp}"
+    if skip_finished is True and output_dir and (Path(str(output_dir)) / FINAL_METRICS).is_file():
+        return f"{RERUN_SUBDIR}{stamp}"
+    return ".hydra"
 
 
 # ---------------------------------------------------------------------------------------------- multirun

@@ -109,3 +109,42 @@ def test_the_multirun_summary_marks_diverged_jobs(tmp_path):
     header, rows = MultirunJobs().table_rows(tmp_path)
     assert header[-1] == "diverged" and [r[-1] for r in rows] == ["", "yes"]
     assert rows[1][header.index("val/loss")] == "nan"
+
+
+def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_they_were(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", "attention=flash,linear", *TINY, "skip_finished=true",
+           f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = [sweep / "attention=flash", sweep / "attention=linear"]
+    kept = {p: p.read_bytes() for j in jobs for p in (j / "final_metrics.json", j / ".hydra" / "config.yaml")}
+    summary = (sweep / "summary.csv").read_bytes()
+    r = subprocess.run(cmd + ["optim.lr=1e-2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "2 job(s)" in out and "refused" in out and "attention=flash:" in out and "attention=linear:" in out, out[-3000:]
+    assert "optim.lr" in out  # the reason: another config
+    for p, data in kept.items():
+        assert p.read_bytes() == data, f"{p} of a finished run was changed"
+    assert not any((j / "failed.json").exists() for j in jobs), "a finished run marked failed"
+    assert (sweep / "summary.csv").read_bytes() == summary
+
+
+def test_a_skip_finished_job_that_replaces_an_old_run_has_its_config_in_hydra_dir(tmp_path):
+    """A finished run without result_config (older train.py) is run again: the new run's composed config, written to
+    .hydra/rerun-<time>/ while the job could still be skipped or refused, ends in .hydra/config.yaml."""
+    import yaml
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "train.py", *TINY, "skip_finished=true", f"hydra.run.dir={run}"]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    f = run / "final_metrics.json"
+    rec = json.loads(f.read_text())
+    rec.pop("result_config")
+    f.write_text(json.dumps(rec))
+    r = subprocess.run(cmd + ["optim.lr=1e-2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["optim"]["lr"] == 1e-2
+    old = list((run / ".hydra").glob("config.replaced-*.yaml"))
+    assert len(old) == 1 and yaml.safe_load(old[0].read_text())["optim"]["lr"] == 3e-3
