@@ -18,7 +18,8 @@ Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for
 Resume (:mod:`harness.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
 (CSV continued, same W&B run id, the resumed config in ``.hydra/resume-<time>/``) up to ``trainer.max_steps`` total
 steps, which must exceed the checkpoint's step; the optimizer and LR schedule stay the original run's (past its end:
-``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
+``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``), and so
+is a ``data.*`` value (but ``cache_dir``, ``num_workers``, ``max_memory_gb``: :data:`harness.runs.RESUME_FREE_DATA_KEYS`).
 
 Resumable multiruns (``skip_finished=true``, the experiment configs): re-running a sweep skips the finished jobs and
 resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only; one whose training had ended is
@@ -278,7 +279,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
     checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
-    metric is compared with, :func:`baseline_of`, or null) and ``curve`` (this launch's validation metrics by step).
+    metric is compared with, :func:`baseline_of`, or null), ``curve`` (this launch's validation metrics by step) and
+    ``diverged`` (a non-finite ``train/loss`` or ``val/loss``: true). Standard JSON: a NaN / inf value is null. The
+    full output directory is printed on its own line after the final table (``output_dir: ...``).
 
     Raises:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
