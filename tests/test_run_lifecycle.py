@@ -63,7 +63,7 @@ def test_resume_on_other_data_settings_is_refused(tmp_path):
         train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=8", "data.num_train=128",
                                                          "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
     assert (a / "final_metrics.json").read_text() == before, "a refused resume must not touch the run"
-    # settings that cannot change what is trained on may differ: num_workers
+    # settings that cannot change what is trained on may differ (RESUME_FREE_DATA_KEYS): max_memory_gb
     train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=8", "data.max_memory_gb=4",
                                                      "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
     done = json.loads((a / "final_metrics.json").read_text())
