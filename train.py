@@ -18,7 +18,8 @@ Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for
 Resume (:mod:`harness.runs`): ``ckpt_path=<run>/checkpoints/last.ckpt`` continues that run in its own directory
 (CSV continued, same W&B run id, the resumed config in ``.hydra/resume-<time>/``) up to ``trainer.max_steps`` total
 steps, which must exceed the checkpoint's step; the optimizer and LR schedule stay the original run's (past its end:
-``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``).
+``lr * min_lr_ratio``): an ``optim.*`` value that differs from the checkpoint's is refused (``ckpt_path: ...``), and so
+is a ``data.*`` value (but ``cache_dir``, ``num_workers``, ``max_memory_gb``: :data:`harness.runs.RESUME_FREE_DATA_KEYS`).
 
 Resumable multiruns (``skip_finished=true``, the experiment configs): re-running a sweep skips the finished jobs and
 resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config only; one whose training had ended is
@@ -50,7 +51,8 @@ from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
                             check_model_config, layer_specs, model_config, validate_config)
 from harness.lit import LitLM, split_optim_config
-from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, checkpoint_info, finished_run, job_dirname,
+from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
+                           finished_run, job_dirname, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
@@ -220,11 +222,14 @@ def print_table(title: str, rows: Dict[str, object]) -> None:
         from rich.table import Table
 
         t = Table(title=escape(title))  # a multirun title holds "[...]" (model.layers=[a,b]): not rich markup
-        t.add_column("metric")
-        t.add_column("value", justify="right")
+        t.add_column("metric", overflow="fold")
+        t.add_column("value", justify="right", overflow="fold")  # long values wrap, not cut to "…"
         for k, v in rows.items():
             t.add_row(escape(k), f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
-        Console().print(t)
+        console = Console()
+        if not console.is_terminal:  # a log file: no 80-column wrapping
+            console.width = max(console.width, 160)
+        console.print(t)
     except ImportError:  # pragma: no cover
         print(title)
         for k, v in rows.items():
@@ -274,7 +279,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
     checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
-    metric is compared with, :func:`baseline_of`, or null) and ``curve`` (this launch's validation metrics by step).
+    metric is compared with, :func:`baseline_of`, or null), ``curve`` (this launch's validation metrics by step) and
+    ``diverged`` (a non-finite ``train/loss`` or ``val/loss``: true). Standard JSON: a NaN / inf value is null. The
+    full output directory is printed on its own line after the final table (``output_dir: ...``).
 
     Raises:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
@@ -291,6 +298,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
     resume = checkpoint_info(ckpt_path) if ckpt_path else None
+    data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
+    if resume is not None:  # other data.* than the checkpoint's: refused before any data work
+        check_resume_data(ckpt_path, resume.data, data_settings)
     output_dir = str(cfg.paths.output_dir)
     run_dir = run_dir_of(ckpt_path)
     if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):
@@ -349,13 +359,15 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     variant_tags = sorted({s.label for s in model_cfg.layers})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
-                         train_metrics=resume.train_metrics if resume is not None else None)
+                         train_metrics=resume.train_metrics if resume is not None else None, data=data_settings)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
     curve = _Curve()
     trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state, curve])
     if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
+        subdir = _hydra_output_subdir()  # read before the earlier final table (which the subdir depends on) moves
         _keep_earlier_run_aside(output_dir, loggers)
+        _rerun_config_to_hydra_dir(output_dir, subdir)
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
@@ -394,11 +406,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         if getattr(dm, "chance_levels", None) is not None:
             rows["guess over all values val/acc"] = dm.chance_levels()["uniform"]
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
-        rows["output_dir"] = output_dir
         print_table(table_title(cfg), rows)
         _print_curve_and_verdict(curve.points, base, metrics)
-        _warn_if_diverged(cfg, metrics)
+        diverged = bool(_warn_if_diverged(cfg, metrics))
         write_final_metrics(output_dir, {
+            "diverged": diverged,  # a non-finite train/loss or val/loss: its metrics (null there) are of a broken model
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],
             "metrics": metrics, "baseline": base, "curve": curve.points, "wall_s": rows["wall_s"],
             "output_dir": output_dir, "date": time.strftime("%Y-%m-%d"),  # the day the run ended (figure captions)
@@ -407,6 +419,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
+        # the full folder on its own line (plain print: a table or rich's 80-column wrapping of a log would cut it)
+        print(f"output_dir: {os.path.abspath(output_dir)}", flush=True)
     return metrics
 
 
@@ -476,8 +490,9 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
-    """A run whose final loss is NaN / inf trained a broken model (its table and ``final_metrics.json`` say nan): say
-    so in one warning naming the learning rate, instead of ending like a good run. Returns the non-finite keys."""
+    """A run whose final loss is NaN / inf trained a broken model (its table says nan, ``final_metrics.json`` null and
+    ``"diverged": true``): say so in one warning naming the learning rate, instead of ending like a good run (the exit
+    status stays 0: a learning-rate sweep records its diverged points). Returns the non-finite keys."""
     bad = [k for k in ("train/loss", "val/loss") if k in metrics and not math.isfinite(metrics[k])]
     if bad:
         log.warning(f"training diverged: {', '.join(f'{k}={metrics[k]}' for k in bad)} (not finite); the metrics "
@@ -507,6 +522,34 @@ def _keep_earlier_run_aside(output_dir: str, loggers: list) -> None:
                 _move_aside(csv_dir / "metrics.csv", f"metrics.replaced-{stamp}.csv")
             else:
                 _move_aside(csv_dir, f"{csv_dir.name}.replaced-{stamp}")
+
+
+def _hydra_output_subdir() -> Optional[str]:
+    """This job's ``hydra.output_subdir`` (where Hydra wrote its composed config), None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    sub = HydraConfig.get().output_subdir
+    return None if sub is None else str(sub)
+
+
+def _rerun_config_to_hydra_dir(output_dir: str, subdir: Optional[str]) -> None:
+    """A ``skip_finished`` job that replaces the finished run in its folder (whose final table had no
+    ``result_config``) had its composed config written to ``.hydra/rerun-<time>/`` (:data:`harness.runs.RERUN_SUBDIR`,
+    so a skipped or refused job leaves the run's ``.hydra/`` as it was): it becomes this run's ``.hydra/*.yaml``, the
+    earlier run's files moved aside (``config.replaced-<time>.yaml``, ...)."""
+    from harness.runs import RERUN_SUBDIR
+
+    if not str(subdir or "").startswith(RERUN_SUBDIR):
+        return
+    import shutil
+
+    src, dst = Path(output_dir) / str(subdir), Path(output_dir) / ".hydra"
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    for f in sorted(src.glob("*.yaml")):
+        _move_aside(dst / f.name, f"{f.stem}.replaced-{stamp}.yaml")
+        shutil.copy2(f, dst / f.name)
 
 
 def _move_aside(path: Path, new_name: str) -> None:
@@ -570,7 +613,7 @@ def main(cfg: DictConfig) -> Optional[float]:
                         f"it is not skipped and not refused: the job runs again, the earlier files kept aside")
         if done is not None:  # a resumable multirun: this job finished in an earlier launch of the same sweep dir
             log.info(f"skip_finished: {cfg.paths.output_dir} already finished ({done.get('steps')} steps); skipped")
-            metrics = {k: float(v) for k, v in (done.get("metrics") or {}).items()}
+            metrics = {k: float("nan") if v is None else float(v) for k, v in (done.get("metrics") or {}).items()}
             value = metrics.get(cfg.get("optimized_metric", "val/loss"))
             return None if value is None or math.isnan(value) else float(value)
         ckpt, why_not = resumable_checkpoint(cfg.paths.output_dir, cfg)

@@ -198,10 +198,14 @@ class RunState(L.Callback):
       ends before its first ``trainer.log_every_n_steps`` step);
     * ``epochs``: the epochs whose every training batch has trained (:func:`epochs_trained`), so a run that trained
       by ``trainer.max_epochs`` is recognised as complete when its checkpoint is resumed with the same value.
+    * ``data``: the run's data settings (``data``, :func:`harness.runs.resume_data_config`), so a resume on other
+      data is refused (:func:`harness.runs.check_resume_data`).
     """
 
-    def __init__(self, started_at: float, wall_s_before: float = 0.0, train_metrics: Optional[Dict] = None):
+    def __init__(self, started_at: float, wall_s_before: float = 0.0, train_metrics: Optional[Dict] = None,
+                 data: Optional[Dict] = None):
         self.started_at, self.wall_s_before = float(started_at), float(wall_s_before)
+        self.data = dict(data) if data is not None else None  # the data settings (harness.runs.resume_data_config)
         self.train_metrics_before = {k: float(v) for k, v in (train_metrics or {}).items()}  # the resumed checkpoint's
 
     def last_train_metrics(self, trainer) -> Dict[str, float]:
@@ -227,6 +231,8 @@ class RunState(L.Callback):
         checkpoint[RUN_STATE_KEY] = {
             "wall_s": self.elapsed(), "stopped": bool(trainer.should_stop), "epochs": epochs_trained(trainer),
             "train_metrics": self.last_train_metrics(trainer)}
+        if self.data is not None:
+            checkpoint[RUN_STATE_KEY]["data"] = self.data
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         if (checkpoint.get(RUN_STATE_KEY) or {}).get("stopped"):
@@ -299,6 +305,9 @@ class MultirunJobs(HydraCallback):
       :func:`harness.runs.mark_not_started`), failed (the job raised: ``failed.json`` with the error, written at
       the job's end, :func:`harness.runs.mark_failed`) or unfinished (stopped at ``stop_at``, interrupted, or killed
       before Hydra could record a failure).
+    * A job that fails in a folder holding a finished run (refused before it replaced that run, e.g.
+      ``skip_finished=true`` under another config) is named as refused; that folder gets no ``failed.json``, its
+      final table is left out of this launch's table and ``summary.csv`` is then left as it was.
     * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
       without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
 
@@ -313,6 +322,7 @@ class MultirunJobs(HydraCallback):
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         self._summarized = False
+        self._refused: List[Tuple[Path, str]] = []  # (job folder, error) of jobs refused in a finished run's folder
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
 
@@ -332,6 +342,12 @@ class MultirunJobs(HydraCallback):
         error = getattr(job_return, "_return_value", None) if failed else None
         if failed and not isinstance(error, BaseException):
             error = RuntimeError("the job failed (Hydra gave no exception)")
+        if failed and (run_dir / FINAL_METRICS).is_file():
+            # the folder holds a finished run that this job did not replace (refused before training, e.g.
+            # skip_finished under another config): that run stays as it was, no failed.json beside its final table;
+            # the summary names the job as refused
+            self._refused = getattr(self, "_refused", []) + [(run_dir, f"{type(error).__name__}: {error}")]
+            return
         mark_failed(run_dir, error)
 
     def _summary_at_exit(self, sweep_dir: Path) -> None:
@@ -349,23 +365,33 @@ class MultirunJobs(HydraCallback):
         return (["steps"] + sorted(k for k in keys if k.startswith("val/"))
                 + [k for k in ("train/loss",) if k in keys] + ["wall_s"])
 
-    def table_rows(self, sweep_dir) -> Tuple[List[str], List[List[str]]]:
-        records = read_sweep(sweep_dir)
+    def table_rows(self, sweep_dir, leave_out=()) -> Tuple[List[str], List[List[str]]]:
+        """The summary's header and rows, one per ``final_metrics.json`` under ``sweep_dir`` but the job folders in
+        ``leave_out`` (refused jobs: their final table is an earlier run's, not this sweep's result)."""
+        skip = {Path(d).resolve() for d in leave_out}
+        records = [r for r in read_sweep(sweep_dir) if (Path(sweep_dir) / r["dir"]).resolve() not in skip]
         cols = self._columns(records) if records else []
+        diverged = any(r.get("diverged") for r in records)  # a column only when a job diverged
         rows = []
         for r in records:
-            m = dict(r.get("metrics", {}))
+            m = {k: float("nan") if v is None else v for k, v in (r.get("metrics") or {}).items()}  # null: NaN
             m.update({k: r[k] for k in ("steps", "wall_s") if k in r})
             rows.append([str(r.get("job", {}).get("num", "")), r["dir"], r.get("variant", "")]
-                        + [_fmt(m.get(c)) for c in cols])
-        return ["job", "overrides", "variant"] + cols, rows
+                        + [_fmt(m.get(c)) for c in cols] + (["yes" if r.get("diverged") else ""] if diverged else []))
+        return ["job", "overrides", "variant"] + cols + (["diverged"] if diverged else []), rows
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         self._summarize(Path(str(config.hydra.sweep.dir)))
 
     def _summarize(self, sweep_dir: Path) -> None:
         self._summarized = True
-        header, rows = self.table_rows(sweep_dir)
+        refused = list(getattr(self, "_refused", []))
+        header, rows = self.table_rows(sweep_dir, leave_out=[d for d, _ in refused])
+        if refused:
+            print(f"attn-zoo multirun: {len(refused)} job(s) in {sweep_dir} refused (each folder holds a finished run "
+                  f"that this launch did not replace; it is left as it was and not shown as this sweep's result):")
+            for d, err in refused:
+                print(f"  {d.name}: {err if len(err) <= 300 else err[:299] + '…'}")
         title = f"attn-zoo multirun: {len(rows)} jobs in {sweep_dir}"
         jobs = {p.parent for pattern in ("*/.hydra", f"*/{NOT_STARTED}") for p in sweep_dir.glob(pattern)}
         pending = sorted((d for d in jobs if not (d / FINAL_METRICS).is_file()), key=lambda d: d.name)
@@ -385,9 +411,13 @@ class MultirunJobs(HydraCallback):
                   f"stopped at stop_at, interrupted or failed; with skip_finished=true the same command resumes them): "
                   f"{_names(unfinished)}")
         if not rows:
-            print(f"{title} (no final_metrics.json found)")
+            print(f"{title} (no final_metrics.json found)" if not refused else
+                  f"attn-zoo multirun: no job of this launch in {sweep_dir} has a result"
+                  f"{' (' + self.filename + ' left as it was)' if self.filename else ''}")
             return
-        if self.filename:
+        if self.filename and refused:
+            print(f"attn-zoo multirun: {self.filename} left as it was (job(s) refused; the table below leaves them out)")
+        elif self.filename:
             with open(sweep_dir / self.filename, "w", newline="") as f:
                 w = csv.writer(f)
                 w.writerow(header)

@@ -212,6 +212,7 @@ def validate_config(cfg: DictConfig) -> None:
     ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
+    ``trainer.limit_val_batches`` (a positive integer or a fraction in (0, 1]: 0 would validate nothing),
     ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
     (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false), ``data.*`` keys the data module
     takes (:func:`check_data_options`), ``model.*`` (:func:`check_model_config`; ``model.max_seq_len >=
@@ -255,6 +256,13 @@ def validate_config(cfg: DictConfig) -> None:
             f"validations and the checkpoints written at them (which resumed runs continue from) would fall between "
             f"optimizer steps; set trainer.accumulate_grad_batches=1 (the only value allowed with an integer "
             f"trainer.val_check_interval) and a larger data.batch_size instead")
+    limit_val = cfg.trainer.get("limit_val_batches", 1.0)
+    if limit_val is not None and not ((_is_int(limit_val) and limit_val > 0) or (
+            isinstance(limit_val, float) and 0.0 < limit_val <= 1.0)):
+        # Lightning skips validation at 0 (and the final validation too): the run would exit 0 measuring nothing
+        raise ValueError(f"trainer.limit_val_batches={limit_val!r}: the run would have no validation metric (its "
+                         f"final table and final_metrics.json would hold no val/* value); allowed: a positive integer "
+                         f"(batches per validation) or a fraction in (0, 1] of the validation set (1.0: all of it)")
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at

@@ -33,6 +33,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -48,7 +49,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed"]
+           "FAILED", "mark_failed", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -110,6 +111,7 @@ class CheckpointInfo:
     stopped: bool = False           # a callback had ended training (trainer.should_stop: EarlyStopping, ...)
     train_metrics: Dict = field(default_factory=dict)   # the last logged train/* values
     epochs: Optional[int] = None    # epochs whose every batch had trained (None: written before RunState kept it)
+    data: Optional[Dict] = None     # the data settings it trained on (:func:`resume_data_config`; None: written before)
 
 
 def checkpoint_info(path) -> CheckpointInfo:
@@ -138,7 +140,8 @@ def checkpoint_info(path) -> CheckpointInfo:
     return CheckpointInfo(str(path), int(ck.get("global_step", 0)), int(total) if total else None, hp,
                           wall_s=float(state.get("wall_s", 0.0)), stopped=bool(state.get("stopped", False)),
                           train_metrics={k: float(v) for k, v in (state.get("train_metrics") or {}).items()},
-                          epochs=int(state["epochs"]) if state.get("epochs") is not None else None)
+                          epochs=int(state["epochs"]) if state.get("epochs") is not None else None,
+                          data=dict(state["data"]) if isinstance(state.get("data"), dict) else None)
 
 
 def _run_dir_resolver(ckpt_path, default):
@@ -149,8 +152,23 @@ def _run_dir_resolver(ckpt_path, default):
     return run_dir_of(ckpt) or default
 
 
-def _hydra_subdir_resolver(ckpt_path, stamp):
-    return f".hydra/resume-{stamp}" if _run_dir_resolver(ckpt_path, None) else ".hydra"
+RERUN_SUBDIR = ".hydra/rerun-"
+"""Prefix of the folder (``.hydra/rerun-<time>/``) that takes the composed config of a ``skip_finished=true`` job
+whose folder already holds a finished run (``final_metrics.json``): the job is skipped (same config) or refused
+(another one), and that run's ``.hydra/config.yaml`` must stay the config its final table was measured under. A job
+that does replace the run (an older final table without ``result_config``) copies it to ``.hydra/``
+(``train.py``)."""
+
+
+def _hydra_subdir_resolver(ckpt_path, stamp, output_dir=None, skip_finished=False):
+    """``hydra.output_subdir``: ``.hydra/resume-<time>`` for a resume (``ckpt_path`` in a run folder),
+    ``.hydra/rerun-<time>`` (:data:`RERUN_SUBDIR`) for a ``skip_finished`` job in a folder holding a finished run,
+    else ``.hydra``."""
+    if _run_dir_resolver(ckpt_path, None):
+        return f".hydra/resume-{stamp}"
+    if skip_finished is True and output_dir and (Path(str(output_dir)) / FINAL_METRICS).is_file():
+        return f"{RERUN_SUBDIR}{stamp}"
+    return ".hydra"
 
 
 # ---------------------------------------------------------------------------------------------- multirun
@@ -218,7 +236,8 @@ def job_dirname(overrides, exclude_keys=(), num=0, sweep_dir=None, max_len: int 
 
 
 def write_final_metrics(run_dir, record: Dict) -> Path:
-    """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`)."""
+    """``<run_dir>/final_metrics.json``: the final table of one run (read by :func:`read_sweep`); standard JSON: a
+    NaN / inf metric (a diverged run, whose record has ``"diverged": true``) is written as null."""
     return _write_json(Path(run_dir) / FINAL_METRICS, record)
 
 
@@ -246,10 +265,24 @@ def mark_failed(run_dir, error: Optional[BaseException]) -> None:
     _write_json(path, {"error": f"{type(error).__name__}: {error}", "failed_at": time.time()})
 
 
+def finite_or_none(obj):
+    """``obj`` (dicts, lists, tuples, numbers, ...) with every NaN / inf float replaced by ``None``, so it is standard
+    JSON (``json.dumps(..., allow_nan=False)`` passes; JSON has no NaN, and other readers reject Python's ``NaN``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 def _write_json(path: Path, obj) -> Path:
-    """``obj`` as JSON at ``path``, atomically (a temporary file renamed over it: a kill never leaves half a file)."""
+    """``obj`` as standard JSON at ``path`` (NaN / inf as null, :func:`finite_or_none`), atomically (a temporary file
+    renamed over it: a kill never leaves half a file)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
+    obj = finite_or_none(json.loads(json.dumps(obj, default=str)))  # default=str first: other objects as text
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, allow_nan=False))
     os.replace(tmp, path)
     return path
 
@@ -409,6 +442,62 @@ def _diff_keys(a, b, prefix="") -> List[str]:
 def _shown(keys: List[str], most: int = 8) -> str:
     """The first ``most`` differing keys, comma-separated, and how many more."""
     return ", ".join(keys[:most]) + (f" (+{len(keys) - most} more)" if len(keys) > most else "")
+
+
+RESUME_FREE_DATA_KEYS = ("cache_dir", "num_workers", "max_memory_gb")
+"""``data.*`` keys a resume may change: where token caches go, the loader processes and the memory size check do not
+change what is trained on (:func:`check_resume_data`). Every other ``data.*`` key (``num_kv_pairs``, ``seq_len``,
+``num_train``, ``batch_size``, ``seed``, ``path``, ...) must be the checkpoint's."""
+
+
+def resume_data_config(data, abs_path=None) -> Dict:
+    """The ``data.*`` settings a checkpoint records (:class:`harness.callbacks.RunState`) and a resume must repeat:
+    ``data`` (a DictConfig or dict) as :func:`result_config` keeps it, without :data:`RESUME_FREE_DATA_KEYS`;
+    ``data.path`` / ``data.val_path`` through ``abs_path`` (e.g. relative to the launch directory), so the same file
+    named from another directory compares equal."""
+    from omegaconf import DictConfig, OmegaConf
+
+    d = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(data or {})
+    d = dict(result_config({"data": d}).get("data") or {})
+    for k in RESUME_FREE_DATA_KEYS:
+        d.pop(k, None)
+    if abs_path is not None:
+        for k in ("path", "val_path"):
+            v = d.get(k)
+            if isinstance(v, str):
+                d[k] = abs_path(v)
+            elif isinstance(v, list):
+                d[k] = [abs_path(p) if isinstance(p, str) else p for p in v]
+    return d
+
+
+def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict) -> None:
+    """Refuse to resume a checkpoint ``stored`` (its :func:`resume_data_config`, None for checkpoints written before
+    it was kept: not compared) on other data settings ``current``: the model would continue on other data and
+    ``final_metrics.json`` would record settings it mostly did not train on.
+
+    Raises:
+        ValueError: starting ``ckpt_path:``, naming each differing ``data.<key>`` with the checkpoint's and this
+            run's value, and the overrides that resume it.
+    """
+    if stored is None:
+        return
+    diff = _diff_keys(stored, current)
+    if not diff:
+        return
+
+    def at(c, key):
+        for part in key.split("."):
+            c = c.get(part) if isinstance(c, dict) else None
+        return c
+
+    what = "; ".join(f"data.{k}: checkpoint {at(stored, k)!r}, this run {at(current, k)!r}" for k in diff)
+    fix = " ".join(f"data.{k}={json.dumps(at(stored, k))}" for k in diff)
+    raise ValueError(
+        f"ckpt_path={ckpt_path}: the data settings differ from the checkpoint's ({what}); a resumed run continues the "
+        f"checkpoint's model, so it would train partly on other data and its final table would record settings it "
+        f"mostly did not train on. Resume with the checkpoint's values ({fix}), or start a new run (only "
+        f"{', '.join('data.' + k for k in RESUME_FREE_DATA_KEYS)} may change on a resume)")
 
 
 def finished_run(output_dir, cfg=None) -> Optional[Dict]:

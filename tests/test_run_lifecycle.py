@@ -1,0 +1,150 @@
+"""Run-lifecycle defects of a newcomer trial (runfix2): each test failed before its fix.
+
+1. ``trainer.limit_val_batches=0`` measured nothing and exited 0: refused by :func:`harness.config.validate_config`.
+2. A resume on other ``data.*`` settings was accepted: refused naming the keys and both values.
+3. A diverged run wrote NaN (not JSON) and no flag into ``final_metrics.json``: null and ``"diverged": true``.
+4. The output folder was cut off in the final table: printed whole on its own line.
+5. A ``skip_finished`` rerun refused under another config: the summary names the refused jobs, the finished runs'
+   folders are not altered.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+import train as train_mod  # noqa: E402  (the repo root is on sys.path: conftest.py there)
+
+TINY = ["logger=csv", "model.d_model=16", "model.n_layer=1", "model.n_head=2", "data.seq_len=32",
+        "data.vocab_size=32", "data.num_kv_pairs=4", "data.num_train=64", "data.num_val=32", "data.batch_size=16",
+        "trainer.max_steps=5", "trainer.val_check_interval=5", "trainer.enable_progress_bar=false",
+        "optim.warmup_steps=1"]
+
+
+def make_cfg(out, overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out)
+        cfg.paths.cache_dir = str(Path(out) / "cache")
+    return cfg
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "-1", "1.5"])
+def test_limit_val_batches_that_validates_nothing_is_refused(tmp_path, value):
+    with pytest.raises(ValueError, match=r"trainer\.limit_val_batches=.*no validation metric.*positive integer.*\(0, 1\]"):
+        train_mod.train(make_cfg(tmp_path / "r", TINY + [f"trainer.limit_val_batches={value}"]))
+    assert not (tmp_path / "r").exists(), "refused before anything is written"
+
+
+def test_limit_val_batches_positive_values_are_allowed(tmp_path):
+    from harness.config import validate_config
+
+    for value in ("1", "0.5", "1.0"):
+        validate_config(make_cfg(tmp_path, TINY + [f"trainer.limit_val_batches={value}"]))
+
+
+def test_resume_on_other_data_settings_is_refused(tmp_path):
+    a = tmp_path / "a"
+    base = [o for o in TINY if not o.startswith("data.num_kv_pairs")]
+    train_mod.train(make_cfg(a, base + ["data.num_kv_pairs=8", "trainer.max_steps=5"]))
+    ckpt = a / "checkpoints" / "last.ckpt"
+    before = (a / "final_metrics.json").read_text()
+    with pytest.raises(ValueError, match=r"data\.num_kv_pairs: checkpoint 8, this run 4.*data\.num_kv_pairs=8"):
+        train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=4", "trainer.max_steps=10",
+                                                         f"ckpt_path={ckpt}"]))
+    with pytest.raises(ValueError, match=r"data\.num_train: checkpoint 64, this run 128"):
+        train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=8", "data.num_train=128",
+                                                         "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
+    assert (a / "final_metrics.json").read_text() == before, "a refused resume must not touch the run"
+    # settings that cannot change what is trained on may differ (RESUME_FREE_DATA_KEYS): max_memory_gb
+    train_mod.train(make_cfg(tmp_path / "b", base + ["data.num_kv_pairs=8", "data.max_memory_gb=4",
+                                                     "trainer.max_steps=10", f"ckpt_path={ckpt}"]))
+    done = json.loads((a / "final_metrics.json").read_text())
+    assert done["steps"] == 10 and done["result_config"]["data"]["num_kv_pairs"] == 8
+
+
+def _strict_json(path):
+    def refuse(name):
+        raise ValueError(f"{path} holds {name}: not standard JSON")
+
+    return json.loads(Path(path).read_text(), parse_constant=refuse)
+
+
+def test_diverged_run_writes_standard_json_flag_and_full_output_dir(tmp_path):
+    """A diverged run (optim.lr=1e6) exits 0, its final_metrics.json is standard JSON with null for the non-finite
+    metrics and ``"diverged": true``; stdout (not a terminal) ends with the whole output folder on its own line."""
+    run = tmp_path / ("a-long-folder-name-so-that-the-path-exceeds-eighty-columns-" * 2) / "run"
+    r = subprocess.run([sys.executable, "train.py", *TINY, "optim.lr=1e6", f"hydra.run.dir={run}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "training diverged" in r.stdout + r.stderr
+    done = _strict_json(run / "final_metrics.json")
+    assert done["diverged"] is True
+    assert done["metrics"].get("train/loss", 0) is None or done["metrics"].get("val/loss") is None
+    lines = r.stdout.strip().splitlines()
+    assert f"output_dir: {run}" in lines, r.stdout[-2000:]
+
+
+def test_a_finished_run_is_not_flagged_diverged(tmp_path):
+    train_mod.train(make_cfg(tmp_path, TINY + ["optim.lr=1e-3"]))
+    done = _strict_json(tmp_path / "final_metrics.json")
+    assert done["diverged"] is False and all(v is not None for v in done["metrics"].values())
+
+
+def test_the_multirun_summary_marks_diverged_jobs(tmp_path):
+    from harness.callbacks import MultirunJobs
+    from harness.runs import write_final_metrics
+
+    for num, (lr, loss) in enumerate([("1e-3", 1.5), ("1e6", float("nan"))]):
+        (tmp_path / f"optim.lr={lr}").mkdir()
+        write_final_metrics(tmp_path / f"optim.lr={lr}", {"job": {"num": num}, "variant": "flash", "steps": 5,
+                                                          "metrics": {"val/loss": loss}, "diverged": loss != loss})
+    header, rows = MultirunJobs().table_rows(tmp_path)
+    assert header[-1] == "diverged" and [r[-1] for r in rows] == ["", "yes"]
+    assert rows[1][header.index("val/loss")] == "nan"
+
+
+def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_they_were(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", "attention=flash,linear", *TINY, "skip_finished=true",
+           f"hydra.sweep.dir={sweep}"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = [sweep / "attention=flash", sweep / "attention=linear"]
+    kept = {p: p.read_bytes() for j in jobs for p in (j / "final_metrics.json", j / ".hydra" / "config.yaml")}
+    summary = (sweep / "summary.csv").read_bytes()
+    r = subprocess.run(cmd + ["optim.lr=1e-2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "2 job(s)" in out and "refused" in out and "attention=flash:" in out and "attention=linear:" in out, out[-3000:]
+    assert "optim.lr" in out  # the reason: another config
+    for p, data in kept.items():
+        assert p.read_bytes() == data, f"{p} of a finished run was changed"
+    assert not any((j / "failed.json").exists() for j in jobs), "a finished run marked failed"
+    assert (sweep / "summary.csv").read_bytes() == summary
+
+
+def test_a_skip_finished_job_that_replaces_an_old_run_has_its_config_in_hydra_dir(tmp_path):
+    """A finished run without result_config (older train.py) is run again: the new run's composed config, written to
+    .hydra/rerun-<time>/ while the job could still be skipped or refused, ends in .hydra/config.yaml."""
+    import yaml
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "train.py", *TINY, "skip_finished=true", f"hydra.run.dir={run}"]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    f = run / "final_metrics.json"
+    rec = json.loads(f.read_text())
+    rec.pop("result_config")
+    f.write_text(json.dumps(rec))
+    r = subprocess.run(cmd + ["optim.lr=1e-2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["optim"]["lr"] == 1e-2
+    old = list((run / ".hydra").glob("config.replaced-*.yaml"))
+    assert len(old) == 1 and yaml.safe_load(old[0].read_text())["optim"]["lr"] == 3e-3
