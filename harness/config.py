@@ -260,9 +260,10 @@ def validate_config(cfg: DictConfig) -> None:
     if limit_val is not None and not ((_is_int(limit_val) and limit_val > 0) or (
             isinstance(limit_val, float) and 0.0 < limit_val <= 1.0)):
         # Lightning skips validation at 0 (and the final validation too): the run would exit 0 measuring nothing
-        raise ValueError(f"trainer.limit_val_batches={limit_val!r}: the run would have no validation metric (its "
-                         f"final table and final_metrics.json would hold no val/* value); allowed: a positive integer "
-                         f"(batches per validation) or a fraction in (0, 1] of the validation set (1.0: all of it)")
+        raise ValueError(f"trainer.limit_val_batches={limit_val!r} is not allowed (0 would leave the run with no "
+                         f"validation metric: its final table and final_metrics.json would hold no val/* value); "
+                         f"allowed: a positive integer (batches per validation) or a fraction in (0, 1] of the "
+                         f"validation set (1.0: all of it)")
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at

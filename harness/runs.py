@@ -471,6 +471,21 @@ def resume_data_config(data, abs_path=None) -> Dict:
     return d
 
 
+def _normalised_paths(d: Dict) -> Dict:
+    """``d`` with its absolute ``path`` / ``val_path`` (a string or a list) spelled one way (``os.path.realpath``: no
+    ``..``, no symlink), so the same file named through ``../x`` or a link compares equal."""
+    d = dict(d)
+
+    def norm(p):
+        return os.path.realpath(p) if isinstance(p, str) and os.path.isabs(p) else p
+
+    for k in ("path", "val_path"):
+        if k in d:
+            v = d[k]
+            d[k] = [norm(p) for p in v] if isinstance(v, list) else norm(v)
+    return d
+
+
 def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict) -> None:
     """Refuse to resume a checkpoint ``stored`` (its :func:`resume_data_config`, None for checkpoints written before
     it was kept: not compared) on other data settings ``current``: the model would continue on other data and
@@ -482,6 +497,7 @@ def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict) -> None:
     """
     if stored is None:
         return
+    stored, current = _normalised_paths(stored), _normalised_paths(current)
     diff = _diff_keys(stored, current)
     if not diff:
         return

@@ -148,3 +148,21 @@ def test_a_skip_finished_job_that_replaces_an_old_run_has_its_config_in_hydra_di
     assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["optim"]["lr"] == 1e-2
     old = list((run / ".hydra").glob("config.replaced-*.yaml"))
     assert len(old) == 1 and yaml.safe_load(old[0].read_text())["optim"]["lr"] == 3e-3
+
+
+def test_resume_data_check_compares_files_not_spellings(tmp_path):
+    """The same data file named through ``..`` (the default relative path joined to the launch directory) or a
+    symlink is the same setting on a resume; another file is not."""
+    from harness.runs import check_resume_data
+
+    f = tmp_path / "data" / "input.txt"
+    f.parent.mkdir()
+    f.write_text("x")
+    (tmp_path / "link").symlink_to(f.parent)
+    stored = {"path": str(tmp_path / "run" / ".." / "data" / "input.txt"), "seq_len": 64}
+    for same in (str(f), str(tmp_path / "link" / "input.txt")):
+        check_resume_data("last.ckpt", stored, {"path": same, "seq_len": 64})
+    with pytest.raises(ValueError, match="data.path"):
+        check_resume_data("last.ckpt", stored, {"path": str(tmp_path / "other.txt"), "seq_len": 64})
+    with pytest.raises(ValueError, match="data.seq_len"):
+        check_resume_data("last.ckpt", stored, {"path": str(f), "seq_len": 32})
