@@ -247,7 +247,7 @@ def test_gpu_documents_at_bench_scale(dist):
     else:  # geometric lengths (mean ~512), one length-1 document, the last one cut to fit
         lens, left = [1], N - 1
         while left:
-            n = min(left, 1 + int(torch.distributions.Geometric(probs=1 / 512).sample().item()))
+            n = min(left, int(torch.empty(1).geometric_(1 / 512, generator=g).item()))  # >= 1, seeded
             lens.append(n)
             left -= n
     doc = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))[None].to(DEV)
