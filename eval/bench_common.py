@@ -81,6 +81,19 @@ def host_us(fn: Callable[[], object], n: int = 100, warmup: int = 5) -> float:
     return us
 
 
+def time_cpu(fn: Callable[[], object], grad_to_none=None, rep: int = 3) -> float:
+    """Median wall time (ms) of ``rep`` calls of ``fn`` after one warm-up, with the ``.grad`` of ``grad_to_none``
+    cleared before each (the ``--device cpu`` smoke runs of the benchmarks; not a measurement)."""
+    ts = []
+    for _ in range(rep + 1):
+        for t in grad_to_none or ():
+            t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return sorted(ts[1:])[rep // 2]
+
+
 def time_cuda_graph(fn: Callable[[], object], warmup: int = 2, calls: int = 1) -> float:
     """Median time (ms) of one call of ``fn`` captured in a CUDA graph: the GPU time of ``fn`` without the host's
     launch overhead. ``fn`` runs ``warmup`` times on a side stream first (compiles, allocator pools), then ``calls``

@@ -34,8 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cuda, try_call,
-                               write_csv, write_json)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cpu, time_cuda,
+                               try_call, write_csv, write_json)
 
 
 def make_inputs(B, T, H, D, gated, dev, seed=0):
@@ -76,18 +76,6 @@ def rel_err(fn, ins):
     ga = torch.autograd.grad((o.float() * do).sum(), a)
     gr = torch.autograd.grad((orf * do).sum(), r)
     return max(((x.float() - y).abs().max() / (1 + y.abs().max())).item() for x, y in zip([o, *ga], [orf, *gr]))
-
-
-def time_cpu(fn, grad_to_none=None, rep=3):
-    """Median wall time (ms) of ``rep`` calls after one warm-up (the ``--device cpu`` smoke run)."""
-    ts = []
-    for i in range(rep + 1):
-        for t in grad_to_none or ():
-            t.grad = None
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return sorted(ts[1:])[rep // 2]
 
 
 def main(argv=None):

@@ -56,8 +56,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cuda, try_call,
-                               write_csv, write_json)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cpu, time_cuda,
+                               try_call, write_csv, write_json)
 
 DEFAULT_LAYERS = "flash,sliding_window,linear,mamba2,deltanet,gated_deltanet,mla,linformer"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -100,18 +100,6 @@ def build_layer(spec, d_model: int, heads: int, seq_len: int, backend: str, devi
     mixer = build_mixer(spec, config, layer_idx=0, backend=backend, rotary=rotary)
     mixer.apply(lambda m: GPT._init_weights(types.SimpleNamespace(config=config), m))  # GPT's init, not a GPT
     return mixer.to(device)
-
-
-def time_cpu(fn, grad_to_none=None, rep: int = 3) -> float:
-    """Median wall time (ms) of ``rep`` calls after one warm-up (the ``--device cpu`` smoke run)."""
-    ts = []
-    for _ in range(rep + 1):
-        for t in grad_to_none or ():
-            t.grad = None
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return sorted(ts[1:])[rep // 2]
 
 
 def _parse_ints(text: str, name: str) -> List[int]:
