@@ -364,7 +364,6 @@ def _attention_mixer(spec: AttentionSpec, config: GPTConfig, rotary: Rotary, bac
 
 
 _attention_mixer.mixer_class = Attention  # what it builds (attn_zoo.mixers.mixer_class: asked before building)
-_takes = forward_takes  # whether a mixer's forward takes a keyword argument (doc_ids, positions)
 
 
 def noncausal_layer_reason(i: int, spec: LayerSpec, key: str = "causal") -> Optional[str]:
@@ -401,8 +400,8 @@ class Block(nn.Module):
         self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
         # packed documents: the mixer says what it takes by its forward's keyword arguments (never by its kind)
-        self.takes_doc_ids = _takes(self.attn, "doc_ids")  # its state / attention stays inside each document
-        self.takes_positions = _takes(self.attn, "positions")  # it has positions of its own (RoPE)
+        self.takes_doc_ids = forward_takes(self.attn, "doc_ids")  # its state / attention stays inside each document
+        self.takes_positions = forward_takes(self.attn, "positions")  # it has positions of its own (RoPE)
         self.short_conv = ShortConv(config.d_model, config.short_conv) if config.short_conv else None
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
