@@ -21,9 +21,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Optional, Tuple
 
-# The built-in kinds (the registry holds these and every plugin's: attn_zoo.variants.variant_kinds() / kinds_of()).
-SOFTMAX_KINDS = ("flash", "sliding_window", "sparse")
-LINEAR_KINDS = ("linear",)
+# The kinds are the registry's (attn_zoo.variants.variant_kinds() / kinds_of()), not listed here.
 SPARSE_PATTERNS = ("bigbird", "strided")
 FEATURE_MAPS = ("elu1", "relu", "favor", "taylor")
 
@@ -52,20 +50,27 @@ def _nonneg_int(name: str, value, minimum: int = 0) -> None:
 
 
 # Fields every kind reads (the others are read only by the variants that list them in ``fields``).
-COMMON_FIELDS = ("kind", "causal", "softmax_scale", "n_kv_heads", "kv_group_size", "name")
+COMMON_FIELDS = ("kind", "causal", "n_kv_heads", "kv_group_size", "name")
+# Fields every kind of one family reads (a kind of another family reads one only when it lists it in ``fields``):
+# the linear family has no softmax, so ``make_spec("linear", softmax_scale=0.5)`` would be accepted and ignored.
+FAMILY_FIELDS = {"softmax_scale": "softmax"}
+
+
+def _reads(variant, name: str) -> bool:
+    return name in COMMON_FIELDS or name in variant.fields or FAMILY_FIELDS.get(name) == variant.family
 
 
 def _refuse_unread_fields(spec, variant) -> None:
-    """A field of :class:`AttentionSpec` that ``variant`` does not read (not in its ``fields``) must keep its
-    default: ``make_spec("flash", block_size=16)`` would otherwise be accepted and ignored. Raises ``ValueError``
-    naming the field and the kinds that read it."""
+    """A field of :class:`AttentionSpec` that ``variant`` does not read (not common, not its family's, not in its
+    ``fields``) must keep its default: ``make_spec("flash", block_size=16)`` would otherwise be accepted and
+    ignored. Raises ``ValueError`` naming the field and the kinds that read it."""
     from .variants import get_variant, variant_kinds
 
     for f in _BASE_FIELDS:
-        if f.name in COMMON_FIELDS or f.name in variant.fields:
+        if _reads(variant, f.name):
             continue
         if getattr(spec, f.name) != f.default:
-            users = [k for k in variant_kinds() if f.name in get_variant(k).fields]
+            users = [k for k in variant_kinds() if _reads(get_variant(k), f.name)]
             readers = " / ".join(map(repr, users)) if users else "no registered kind"
             raise ValueError(f"{f.name}={getattr(spec, f.name)!r} is not read by kind={spec.kind!r}; {f.name} is only "
                              f"used by kind={readers} (leave it at its default {f.default!r})")
@@ -86,7 +91,8 @@ class AttentionSpec:
             4-6), ``"dilated_window"`` (Longformer's dilated window; adds the field ``dilation``).
         causal: query at absolute position ``i'`` sees keys ``j <= i'`` (bottom-right alignment when
             ``Nq != Nk``). Rows that see no key output exactly 0.
-        softmax_scale: multiplier of ``q @ k^T``; ``None`` means ``D ** -0.5``.
+        softmax_scale: multiplier of ``q @ k^T``; ``None`` means ``D ** -0.5``. Read by the softmax family only
+            (a linear-family kind refuses any other value unless it lists the field in its ``fields``).
         n_kv_heads / kv_group_size: K/V head sharing (GQA, Ainslie et al. 2023; MQA, Shazeer 2019) for
             the model layer. At most one may be set; ``resolve_kv_heads(n_heads)`` turns them into a
             count. The functional :func:`attn_zoo.attention` reads ``Hkv`` from ``k.shape`` instead.

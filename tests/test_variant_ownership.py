@@ -77,6 +77,9 @@ def test_unregister_backend_drops_the_dispatch_decision():
     (dict(kind="linear", window_size=(3, 0)), "window_size", "'sliding_window' / 'dilated_window'"),
     (dict(kind="sparse", num_features=8), "num_features", "'linear'"),
     (dict(kind="flash", chunk_size=16), "chunk_size", "'linear'"),
+    # the linear family has no softmax: a scale there was accepted and ignored (outputs equal to the default's)
+    (dict(kind="linear", softmax_scale=0.5), "softmax_scale",
+     "'flash' / 'sliding_window' / 'sparse' / 'dilated_window'"),
 ])
 def test_unused_spec_fields_are_refused_naming_the_kinds_that_read_them(kwargs, field, readers):
     with pytest.raises(ValueError, match=rf"{field}=.* is not read by kind='{kwargs['kind']}'; {field} is only used "
