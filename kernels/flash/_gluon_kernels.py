@@ -164,6 +164,7 @@ def _gl_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, strid
         s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # completes S and the previous tile's PV product, whose ring slot is refilled next
         s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+        gl.thread_barrier()  # the other warpgroup's PV product must be done with the slot too
         _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t + STAGES - 1, n_tiles, STAGES, BLOCK_N)
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
                                            BLOCK_M, BLOCK_N, s_layout)
@@ -178,3 +179,86 @@ def _gl_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, strid
         mbarrier.invalidate(v_bars.index(i))
     _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
               s_layout, o_layout)
+
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                 b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp): Q once, then every key tile's K and V into the ring, each slot reused only after
+    the consumers released it (its ``empty`` barrier completed once per reuse)."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    for t in range(0, n_tiles):
+        slot = t % STAGES
+        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t, n_tiles, STAGES, BLOCK_N)
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
+                 stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """Consumer (default) partition: both warpgroups' wgmma products and softmax, then the epilogue. A slot is
+    released (its ``empty`` barrier arrived on) once the PV product that read it has completed in every warp."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)
+    for t in range(0, n_tiles):
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(k_bars.index(slot), phase)
+        k2 = k_smem.index(slot).reshape([BLOCK_N, HEAD_D])
+        s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+        if t > 0:  # the previous tile's PV product is complete in this warp; all warps: then release its slot
+            gl.thread_barrier()
+            mbarrier.arrive(empty_bars.index((t - 1) % STAGES), count=1)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
+                                           BLOCK_M, BLOCK_N, s_layout)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_bars.index(slot), phase)
+        acc = warpgroup_mma(p_op, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
+              s_layout, o_layout)
+
+
+@gluon.jit
+def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
+                      Hq, Nq, Nk, offset, group, qk_scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
+    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [(_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
+                         stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL, BLOCK_M,
+                         BLOCK_N, HEAD_D, STAGES, num_warps)),
+         (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                         b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+        [1], [24])

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-FWD_IMPLS = ("triton", "gluon", "gluon_ws")
+from .config import FWD_IMPLS
 GLUON_HEAD_DIMS = (64, 128)
 _LOG2E = 1.4426950408889634
 
@@ -55,6 +55,11 @@ def nvmma_layout(block_shape, gl_dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device):
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
 def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int,
                     layout, dilation: int, documents) -> bool:
     """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call; returns whether it is causal."""
@@ -71,8 +76,9 @@ def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got D={D}, Dv={Dv}; use fwd_impl='triton'")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got dtype {q.dtype}; use fwd_impl='triton'")
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
-        dev = q.device if q.device.type != "cuda" else f"{q.device} (sm_{''.join(map(str, torch.cuda.get_device_capability(q.device)))})"
+    cap = _capability(q.device)
+    if cap is None or cap[0] != 9:
+        dev = q.device if cap is None else f"{q.device} (sm_{cap[0]}{cap[1]})"
         raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got device {dev}; use fwd_impl='triton'")
     _gluon_modules()
     return win_right == 0
