@@ -31,7 +31,7 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
     from kernels.flash.gluon import gluon_tiles, nvmma_layout
 
     block_m, block_n, stages, warps = gluon_tiles(impl, D)
-    fn = GK._gl_fwd_ws_kernel if impl == "gluon_ws" else GK._gl_fwd_kernel
+    fn = GK._gl_fwd_ws_kernel if impl.startswith("gluon_ws") else GK._gl_fwd_kernel
     import triton.experimental.gluon.language as gl
 
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
@@ -42,6 +42,8 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
     types.update(Out=f"*{dtype}", Lse="*fp32", stride_ob="i32", stride_oh="i32", stride_on="i32", Hq="i32",
                  Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32")
     const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    if impl.startswith("gluon_ws"):
+        const["N_CONSUMERS"] = 2 if impl == "gluon_ws2" else 1
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in const:
@@ -75,7 +77,7 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default="gluon,gluon_ws")
+    ap.add_argument("--impls", default="gluon,gluon_ws,gluon_ws2")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")

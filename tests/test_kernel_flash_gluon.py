@@ -25,7 +25,7 @@ from kernels import FlashConfig, flash_attn  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-IMPLS = ("gluon", "gluon_ws")
+IMPLS = ("gluon", "gluon_ws", "gluon_ws2")
 
 
 def _hopper() -> bool:
@@ -57,7 +57,7 @@ def test_default_forward_is_triton():
 
 def test_unknown_fwd_impl_refused():
     with pytest.raises(ValueError, match=r"fwd_impl='cuda' is not supported; allowed values: 'triton', 'gluon', "
-                                         r"'gluon_ws'"):
+                                         r"'gluon_ws', 'gluon_ws2'"):
         FlashConfig(fwd_impl="cuda")
 
 
@@ -106,7 +106,7 @@ def test_missing_gluon_refused(monkeypatch):
     G._gluon_modules.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.nvidia.hopper", None)  # import raises
     try:
-        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws' needs triton.experimental.gluon.*"
+        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs triton.experimental.gluon.*"
                                              r"use fwd_impl='triton'"):
             G._gluon_modules()
     finally:
@@ -118,7 +118,7 @@ def test_tile_choice_fits_shared_memory():
     for impl in IMPLS:
         for D in G.GLUON_HEAD_DIMS:
             bm, bn, stages, warps = G.gluon_tiles(impl, D)
-            assert bm == 16 * warps and (bm * D + 2 * stages * bn * D) * 2 <= 227 * 1024
+            assert bm == 16 * warps * (2 if impl == "gluon_ws2" else 1) and (bm * D + 2 * stages * bn * D) * 2 <= 227 * 1024
 
 
 # ----------------------------------------------------------------------------------------------- GPU: the kernels

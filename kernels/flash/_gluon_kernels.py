@@ -195,19 +195,20 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, 
 
 
 @gluon.jit
-def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
+def _ws_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
                  stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL: gl.constexpr,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                  num_warps: gl.constexpr):
-    """Consumer (default) partition: both warpgroups' wgmma products and softmax, then the epilogue. A slot is
-    released (its ``empty`` barrier arrived on) once the PV product that read it has completed in every warp."""
-    dtype: gl.constexpr = q_smem.dtype
+    """Consumer partition: ``BLOCK_M = 16 * num_warps`` query rows from ``start_m`` (``q2``: their ``(BLOCK_M,
+    HEAD_D)`` Q tile in shared memory): wgmma products and softmax, then the epilogue. A slot is released (its
+    ``empty`` barrier arrived on, once per consumer partition) when the PV product that read it has completed in
+    every warp of the partition."""
+    dtype: gl.constexpr = q2.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout))
@@ -238,7 +239,11 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out,
 def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
                       Hq, Nq, Nk, offset, group, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, num_warps: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
+    """``N_CONSUMERS = 1`` (``gluon_ws``): the default partition (``num_warps`` warps) is the one consumer of the
+    whole ``BLOCK_M`` tile. ``N_CONSUMERS = 2`` (``gluon_ws2``, FA3's layout): two consumer partitions of one
+    warpgroup each (the default one and a 4-warp worker), each owning ``BLOCK_M / 2`` rows of the shared Q tile
+    and running unsynchronised, so one's softmax overlaps the other's wgmma; the producer is a third partition."""
     dtype: gl.constexpr = q_desc.dtype
     start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
     n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
@@ -253,12 +258,26 @@ def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, st
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=N_CONSUMERS)
     fence_async_shared()
-    gl.warp_specialize(
-        [(_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
-                         stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL, BLOCK_M,
-                         BLOCK_N, HEAD_D, STAGES, num_warps)),
-         (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                         b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
-        [1], [24])
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    if N_CONSUMERS == 1:
+        gl.warp_specialize(
+            [(_ws_consumer, (q2, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
+                             stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL,
+                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, num_warps)),
+             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                             b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+            [1], [24])
+    else:
+        HALF: gl.constexpr = BLOCK_M // 2
+        gl.warp_specialize(
+            [(_ws_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse,
+                             stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
+                             qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
+             (_ws_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse,
+                             stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
+                             offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 4)),
+             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                             b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+            [4, 1], [240, 24])

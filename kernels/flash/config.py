@@ -26,7 +26,7 @@ from typing import Iterator, Optional, Union
 import torch
 
 DQ_MODES = ("separate", "atomic")
-FWD_IMPLS = ("triton", "gluon", "gluon_ws")  # kernels.flash.gluon.FWD_IMPLS (that module imports Gluon lazily)
+FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2")  # kernels.flash.gluon.FWD_IMPLS (that module imports Gluon lazily)
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -102,7 +102,8 @@ class FlashConfig:
         fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no checks).
         fwd_impl: the forward kernel: ``"triton"`` (default: every mask), or the opt-in Gluon kernels for Hopper
             (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``) ``"gluon"`` (TMA ring + wgmma,
-            one partition) and ``"gluon_ws"`` (warp specialised: a TMA producer warp, MMA + softmax consumers):
+            one partition), ``"gluon_ws"`` (warp specialised: a TMA producer warp, one 8-warp MMA + softmax
+            consumer) and ``"gluon_ws2"`` (FA3's layout: the producer and two 1-warpgroup consumer partitions):
             dense or causal masks, D in {64, 128}, fp16 / bf16, sm_90 only; anything else raises ``ValueError``
             at the call. The backward is the Triton one either way.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them

@@ -1,4 +1,4 @@
-"""Opt-in Gluon forward for Hopper (``FlashConfig(fwd_impl="gluon")`` / ``"gluon_ws"``): host side.
+"""Opt-in Gluon forward for Hopper (``FlashConfig(fwd_impl="gluon" | "gluon_ws" | "gluon_ws2")``): host side.
 
 The kernels live in :mod:`kernels.flash._gluon_kernels` and are imported on first use only, so that importing
 ``kernels`` never needs ``triton.experimental.gluon`` (CI runs another triton whose Gluon API differs; the GPU
@@ -24,10 +24,12 @@ _LOG2E = 1.4426950408889634
 
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` at head dim ``D`` (shared memory: Q tile + STAGES
-    K and V tiles, bf16: 32 + 3 * 64 = 224 KiB at D = 128 would not fit, so 2 stages there)."""
+    K and V tiles, bf16: 32 + 3 * 64 = 224 KiB at D = 128 would not fit, so 2 stages there). ``num_warps`` is
+    the kernel's (default partition's): ``gluon_ws2`` runs a second 4-warp consumer as a worker partition."""
+    warps = 4 if impl == "gluon_ws2" else 8
     if D == 128:
-        return 128, 128, 2, 8
-    return 128, 128, 3, 8
+        return 128, 128, 2, warps
+    return 128, 128, 3, warps
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +44,7 @@ def _gluon_modules():
     except Exception as e:  # ImportError, or an API renamed between triton versions
         import triton
 
-        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws' needs triton.experimental.gluon with the Hopper API of "
+        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs triton.experimental.gluon with the Hopper API of "
                          f"triton 3.6 (warpgroup_mma, tma, mbarrier, warp_specialize); this triton "
                          f"{triton.__version__} failed with {type(e).__name__}: {e}; use fwd_impl='triton'") from e
     return GK, TensorDescriptor, gl
@@ -121,12 +123,17 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
         out = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device)
     if lse is None:
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    kernel = GK._gl_fwd_ws_kernel if impl == "gluon_ws" else GK._gl_fwd_kernel
+    extra = {}
+    if impl.startswith("gluon_ws"):
+        kernel = GK._gl_fwd_ws_kernel
+        extra["N_CONSUMERS"] = 2 if impl == "gluon_ws2" else 1
+    else:
+        kernel = GK._gl_fwd_kernel
     grid = (triton_cdiv(Nq, block_m), B * Hq)
     kernel[grid](_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
                  out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
                  softmax_scale * _LOG2E, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages,
-                 num_warps=warps)
+                 num_warps=warps, **extra)
     return out, lse
 
 
