@@ -439,16 +439,17 @@ def main(argv=None):
                 res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs, a.fwd_only)
                 o = res.get("ours", {})
                 mode = "fwd" if a.fwd_only else "fwd_bwd"
-                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours {mode} {o.get(mode + '_tflops', float('nan')):7.1f} TF/s "
-                      + " ".join(f"{i}={r.get(mode + '_tflops', float('nan')):.1f}" for i, r in res.items() if i != "ours")
+                tf = lambda r: r.get(mode + "_tflops", float("nan"))  # noqa: E731
+                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours {mode} {tf(o):7.1f} TF/s "
+                      + " ".join(f"{i}={tf(r):.1f}" for i, r in res.items() if i != "ours")
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
                 write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
     ours = [r for r in rows if r["impl"] in OURS and "fwd_ms" in r]
     cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_tflops"] + (
         [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"])
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
-                         "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_sdpa_cudnn_fwd", "x_flex_fwd",
-                         "x_fa4_fwd", "x_ours_gluon_fwd", "x_ours_gluon_ws_fwd", "x_ours_gluon_ws2_fwd", "max_err_vs_sdpa")
+                         "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_sdpa_cudnn_fwd",
+                         "x_flex_fwd", "x_fa4_fwd", "x_ours_gluon_fwd", "x_ours_gluon_ws_fwd", "x_ours_gluon_ws2_fwd", "max_err_vs_sdpa")
              if any(c in r for r in ours)]
     print(format_table(ours, cols))
     if a.tune:

@@ -58,7 +58,8 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
                             options=dict(num_warps=warps))
     text = ck.asm["ptx"]
     out = {"tile": f"{block_m}x{block_n}x{stages}st/{warps}w", "shared_kib": round(ck.metadata.shared / 1024, 1),
-           "wgmma": len(re.findall(r"wgmma\.mma_async", text)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", text)),
+           "wgmma": len(re.findall(r"wgmma\.mma_async", text)),
+           "tma": len(re.findall(r"cp\.async\.bulk\.tensor", text)),
            "bar_sync": len(re.findall(r"\bbar\.sync|barrier\.sync", text)),
            "mbar_arrive": len(re.findall(r"mbarrier\.arrive", text)), "setmaxnreg": len(re.findall("setmaxnreg", text))}
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

@@ -106,8 +106,8 @@ def test_missing_gluon_refused(monkeypatch):
     G._gluon_modules.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.nvidia.hopper", None)  # import raises
     try:
-        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs triton.experimental.gluon.*"
-                                             r"use fwd_impl='triton'"):
+        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs "
+                                             r"triton.experimental.gluon.*use fwd_impl='triton'"):
             G._gluon_modules()
     finally:
         G._gluon_modules.cache_clear()
@@ -118,7 +118,8 @@ def test_tile_choice_fits_shared_memory():
     for impl in IMPLS:
         for D in G.GLUON_HEAD_DIMS:
             bm, bn, stages, warps = G.gluon_tiles(impl, D)
-            assert bm == 16 * warps * (2 if impl == "gluon_ws2" else 1) and (bm * D + 2 * stages * bn * D) * 2 <= 227 * 1024
+            assert bm == 16 * warps * (2 if impl == "gluon_ws2" else 1)
+            assert (bm * D + 2 * stages * bn * D) * 2 <= 227 * 1024
 
 
 # ----------------------------------------------------------------------------------------------- GPU: the kernels

@@ -26,7 +26,8 @@ from typing import Iterator, Optional, Union
 import torch
 
 DQ_MODES = ("separate", "atomic")
-FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2")  # kernels.flash.gluon.FWD_IMPLS (that module imports Gluon lazily)
+# the forward kernels (FlashConfig.fwd_impl); kernels.flash.gluon (imports Gluon lazily) runs the last three
+FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2")
 KINDS = ("fwd", "dq", "dkdv")
 
 

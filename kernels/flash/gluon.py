@@ -44,8 +44,8 @@ def _gluon_modules():
     except Exception as e:  # ImportError, or an API renamed between triton versions
         import triton
 
-        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs triton.experimental.gluon with the Hopper API of "
-                         f"triton 3.6 (warpgroup_mma, tma, mbarrier, warp_specialize); this triton "
+        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs triton.experimental.gluon with the "
+                         f"Hopper API of triton 3.6 (warpgroup_mma, tma, mbarrier, warp_specialize); this triton "
                          f"{triton.__version__} failed with {type(e).__name__}: {e}; use fwd_impl='triton'") from e
     return GK, TensorDescriptor, gl
 
