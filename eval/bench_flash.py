@@ -4,7 +4,10 @@ In ONE process and run: ours (the registry's ``triton`` backend: ``kernels.flash
 the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with the flash backend
 (FlashAttention-2), SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
-registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too. Variants:
+registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
+``ours_gluon`` / ``ours_gluon_ws`` / ``ours_gluon_ws2`` are ours with the opt-in Gluon forward
+(``FlashConfig(fwd_impl="gluon" | "gluon_ws" | "gluon_ws2")``: Hopper, dense / causal masks, D 64 / 128; any other case is recorded as an error row).
+``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
 (B = 16384 // N), hidden 2048 (H = 2048 // D). FLOPs by the FlashAttention formula (4 B H N^2 D times the visited
@@ -59,6 +62,8 @@ VARIANTS = {
     "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),
 }
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
+# ours with another forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): the opt-in Gluon kernels
+OURS = {"ours": "triton", "ours_gluon": "gluon", "ours_gluon_ws": "gluon_ws", "ours_gluon_ws2": "gluon_ws2"}
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -213,11 +218,11 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
     :class:`kernels.FlashConfig` of ours (default ``FlashConfig()``). ``inputs``: ``(q, k, v)`` of the case (default:
     empty bf16 CUDA tensors of its shapes, for the checks). ``doc_ids``: packed documents (backends without them
     raise ``Unsupported``)."""
-    backend = "triton" if impl == "ours" else impl
+    backend = "triton" if impl in OURS else impl
     b = get_backends(spec.kind).get(backend)
     if b is None:
         raise ValueError(f"impl={impl!r} is not a backend of kind={spec.kind!r}; allowed values: ours, "
-                         f"{', '.join(backend_names(spec.kind))}")
+                         f"{', '.join(backend_names(spec.kind))}, {', '.join(list(OURS)[1:])}")
     if inputs is None:
         Hq, Hkv = heads(name, D)
         mk = lambda h: torch.empty(1, h, N, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
@@ -226,7 +231,7 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
     if backend == "triton":
         from kernels import FlashConfig
 
-        opts["config"] = config if config is not None else FlashConfig()
+        opts["config"] = (config if config is not None else FlashConfig()).replace(fwd_impl=OURS.get(impl, "triton"))
     if doc_ids is not None:
         opts["doc_ids"] = doc_ids
     elif backend.startswith("sdpa") and not _exact(spec, N):
@@ -264,7 +269,7 @@ def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
     return f
 
 
-def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None):
+def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False):
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D)
     spec = AttentionSpec(**VARIANTS[name])
@@ -304,14 +309,22 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
                 f = make_impl(impl, name, N, D, spec, config, inputs=(q, k, vv), doc_ids=doc_ids)
             grads = getattr(f, "leaves", [q, k, vv])
             out = f(q, k, vv)
-            out.backward(do)
+            if not fwd_only:
+                out.backward(do)
             torch.cuda.synchronize()
             row["compile_s"] = round(time.time() - t0, 1)
             if check and docs is not None:
                 row["max_err_vs_reference"] = _check_doc_err(f, q, k, vv, spec, doc_ids)
-            elif check and impl == "ours":
+            elif check and impl in OURS:
                 row["max_err_vs_sdpa"] = _check_err(f, q, k, vv, name)
             ms_f = time_cuda(lambda: f(q, k, vv))
+            if fwd_only:
+                fl = flash_flops(B, Hq, N, D, visited_fraction=frac, mode="fwd")
+                row.update(fwd_ms=round(ms_f, 4), fwd_tflops=round(tflops(fl, ms_f), 1))
+                res[impl] = row
+                rows.append(row)
+                torch.cuda.empty_cache()
+                continue
             out = f(q, k, vv)
             ms_b = time_cuda(lambda: out.backward(do, retain_graph=True), grad_to_none=grads)
             del out  # the fwd+bwd timing runs without the retained graph
@@ -338,7 +351,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
         for impl, r in res.items():
             if impl == "ours":
                 continue
-            for mode in ("fwd", "bwd", "fwd_bwd"):
+            for mode in ("fwd",) if fwd_only else ("fwd", "bwd", "fwd_bwd"):
                 ours[f"x_{impl}_{mode}"] = round(r[f"{mode}_ms"] / ours[f"{mode}_ms"], 3)
     return res
 
@@ -381,6 +394,7 @@ def main(argv=None):
     ap.add_argument("--flex-max-cases", type=int, default=1000, help="compile FlexAttention for at most this many cases")
     ap.add_argument("--flex-min-n", type=int, default=0, help="run Flex only for N >= this")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--fwd-only", action="store_true", help="time the forward alone (no backward runs)")
     ap.add_argument("--tune", action="store_true", help="ours with FlashConfig(autotune=True); print the winning configs")
     ap.add_argument("--date", default=None)
     ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> / wikitext:<L> / wikitext:real "
@@ -400,9 +414,10 @@ def main(argv=None):
     plugins = load_plugins(a.plugins)
     names = backend_names()
     impls = ["ours"] + [n for n in names if n != "triton"] if a.impls == "all" else a.impls.split(",")
-    bad = [i for i in impls if i != "ours" and i not in names and i not in NATIVE]
+    bad = [i for i in impls if i not in OURS and i not in names and i not in NATIVE]
     if bad:
         raise SystemExit(f"--impls: {bad} not supported; allowed values: ours, {', '.join(names)}, "
+                         f"{', '.join(list(OURS)[1:])}, "
                          f"{', '.join(NATIVE)} (with --docs)")
     if any(i in NATIVE for i in impls) and a.docs is None:
         raise SystemExit(f"--impls: {', '.join(NATIVE)} run packed documents only; give --docs")
@@ -421,17 +436,21 @@ def main(argv=None):
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
-                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs)
+                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs, a.fwd_only)
                 o = res.get("ours", {})
-                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours fwd+bwd {o.get('fwd_bwd_tflops', float('nan')):7.1f} TF/s "
-                      + " ".join(f"{i}={r.get('fwd_bwd_tflops', float('nan')):.1f}" for i, r in res.items() if i != "ours")
+                mode = "fwd" if a.fwd_only else "fwd_bwd"
+                tf = lambda r: r.get(mode + "_tflops", float("nan"))  # noqa: E731
+                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours {mode} {tf(o):7.1f} TF/s "
+                      + " ".join(f"{i}={tf(r):.1f}" for i, r in res.items() if i != "ours")
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
                 write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
-    ours = [r for r in rows if r["impl"] == "ours" and "fwd_ms" in r]
-    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops",
-                                                          "peak_mem_mib"]
+    ours = [r for r in rows if r["impl"] in OURS and "fwd_ms" in r]
+    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_tflops"] + (
+        [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"])
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
-                         "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_flex_fwd") if any(c in r for r in ours)]
+                         "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_sdpa_cudnn_fwd",
+                         "x_flex_fwd", "x_fa4_fwd", "x_ours_gluon_fwd", "x_ours_gluon_ws_fwd", "x_ours_gluon_ws2_fwd", "max_err_vs_sdpa")
+             if any(c in r for r in ours)]
     print(format_table(ours, cols))
     if a.tune:
         from kernels.flash import autotune_results

@@ -26,6 +26,8 @@ from typing import Iterator, Optional, Union
 import torch
 
 DQ_MODES = ("separate", "atomic")
+# the forward kernels (FlashConfig.fwd_impl); kernels.flash.gluon (imports Gluon lazily) runs the last three
+FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2")
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -99,6 +101,12 @@ class FlashConfig:
         autotune: ``triton.autotune`` over the whole config list instead of the heuristic tables (a tuning aid;
             ignored under the interpreter; TMA off).
         fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no checks).
+        fwd_impl: the forward kernel: ``"triton"`` (default: every mask), or the opt-in Gluon kernels for Hopper
+            (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``) ``"gluon"`` (TMA ring + wgmma,
+            one partition), ``"gluon_ws"`` (warp specialised: a TMA producer warp, one 8-warp MMA + softmax
+            consumer) and ``"gluon_ws2"`` (FA3's layout: the producer and two 1-warpgroup consumer partitions):
+            dense or causal masks, D in {64, 128}, fp16 / bf16, sm_90 only; anything else raises ``ValueError``
+            at the call. The backward is the Triton one either way.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -111,6 +119,7 @@ class FlashConfig:
     tma_min_pairs: int = 1 << 28
     sparse_aligned_no_gather: bool = True
     autotune: bool = False
+    fwd_impl: str = "triton"
     fwd: Optional[TileConfig] = None
     dq: Optional[TileConfig] = None
     dkdv: Optional[TileConfig] = None
@@ -130,6 +139,9 @@ class FlashConfig:
         if self.deterministic and self.dq_mode == "atomic":
             raise ValueError("deterministic=True needs dq_mode='separate' (the atomic dQ adds fp32 partial sums in "
                              "an arbitrary order)")
+        if self.fwd_impl not in FWD_IMPLS:
+            raise ValueError(f"fwd_impl={self.fwd_impl!r} is not supported; allowed values: "
+                             f"{', '.join(map(repr, FWD_IMPLS))}")
         if not (self.tma is True or self.tma is False or self.tma == "auto"):
             raise ValueError(f"tma={self.tma!r} is not supported; allowed values: 'auto', True, False")
         if not isinstance(self.tma_min_pairs, int) or isinstance(self.tma_min_pairs, bool) or self.tma_min_pairs < 0:

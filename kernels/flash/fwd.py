@@ -196,12 +196,19 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     built by :func:`build_sparse_tables` at ``sparse_tiles(D, config)[0]``: ``kv_idx`` int32 ``(n_q_tiles,
     max_visits)`` (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
     ``(n_q_tiles,)`` full tiles. ``config``: default the current settings. ``v`` may have its own head dim ``Dv``
-    (MLA; TMA only when ``Dv == D``). ``documents``: the document table of :func:`kernels.flash.documents.
+    (MLA; TMA only when ``Dv == D``). ``config.fwd_impl`` ``"gluon"`` / ``"gluon_ws"`` runs the Gluon kernels of
+    :mod:`kernels.flash.gluon` instead (dense / causal only; ``ValueError`` otherwise, see
+    :func:`~kernels.flash.gluon.check_gluon_fwd`). ``documents``: the document table of :func:`kernels.flash.documents.
     document_table` (packed documents: tiles across documents skipped, ``doc_q == doc_k`` on straddling tiles). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
     Nq) fp32)``.
     """
     if config is None:
         config = current_flash_config()
+    if config.fwd_impl != "triton":  # opt-in Gluon kernels (Hopper; dense / causal only, else ValueError)
+        from .gluon import check_gluon_fwd, gluon_flash_fwd
+
+        causal = check_gluon_fwd(config.fwd_impl, q, k, v, win_left, win_right, layout, dilation, documents)
+        return gluon_flash_fwd(q, k, v, softmax_scale, causal, config.fwd_impl)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)

@@ -1,0 +1,283 @@
+"""Gluon (``triton.experimental.gluon``) forward kernels for Hopper (sm_90a): dense and causal exact attention with
+GQA, D in {64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a config asks for
+``fwd_impl="gluon"`` / ``"gluon_ws"``): this module needs Gluon's Hopper API as triton 3.6 spells it, so importing
+it elsewhere (CI's triton) is never required.
+
+Both kernels compute, per program, one query tile of ``BLOCK_M = 16 * num_warps`` rows (8 warps: two warpgroups of
+64 rows each) of one (batch, query head), against ``BLOCK_N``-key tiles streamed by TMA from 4-D descriptors over
+the ``(B, H, N, D)`` tensors (rows past ``N`` arrive as zeros) into a ``STAGES``-deep shared-memory ring:
+
+* ``S = Q K^T`` by ``warpgroup_mma`` with both operands in shared memory (K read through a transposed view);
+* online softmax in base 2 in the wgmma accumulator layout (``log2(e)`` folded into ``qk_scale``); only the tiles
+  that cross the causal diagonal or the ragged key end run the element mask (a uniform branch per tile);
+* ``acc += P V`` by ``warpgroup_mma`` with ``P`` in registers (A operand) and V in shared memory, left in flight
+  while the next tile's ``Q K^T`` is issued (software pipelining, FA3's intra-warpgroup overlap).
+
+``_gl_fwd_kernel`` (``fwd_impl="gluon"``): one partition; the program issues its own TMA copies ``STAGES - 1`` tiles
+ahead into the slot the previous PV product has released. ``_gl_fwd_ws_kernel`` (``fwd_impl="gluon_ws"``): warp
+specialised (FA3): a 1-warp producer partition with few registers issues all TMA copies, gated by per-slot
+``kv_empty`` mbarriers that the consumer partition (the default one: 2 warpgroups of MMA + softmax) arrives on once
+its PV product of that slot has completed; ``kv_ready`` mbarriers carry the TMA byte counts the other way.
+
+Outputs: ``Out`` (any strides; the launcher passes the ``(B, N, H, D)``-stored tensor), ``Lse (B, Hq, Nq)`` fp32
+natural log, ``-inf`` (and zero output) on rows that see no key (causal with ``Nq > Nk``).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_init, warpgroup_mma_wait
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _tile_range(start_m, Nk, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``(n_tiles, n_full)``: key tiles ``[0, n_tiles)`` are visited, ``[0, n_full)`` of them need no mask."""
+    if CAUSAL:
+        hi = gl.minimum(Nk, start_m + BLOCK_M + offset)  # keys j <= i + offset for the tile's last row
+        hi = gl.maximum(hi, 0)
+        last_first = start_m + offset + 1  # the first row sees keys < last_first
+        n_full = gl.where(last_first > 0, last_first, 0) // BLOCK_N
+        n_full = gl.minimum(n_full, Nk // BLOCK_N)
+    else:
+        hi = Nk
+        n_full = Nk // BLOCK_N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    return n_tiles, n_full
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout): returns ``(p, alpha, m_new, l_new)``
+    with ``p`` unnormalised probabilities and ``alpha`` the rescale of the running accumulator."""
+    if t >= n_full:  # causal diagonal / ragged key end: element mask
+        cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = gl.expand_dims(cols < Nk, 0)
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + offset, 1))
+        s = gl.where(ok, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = m_new
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on,
+              BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Normalise and store one tile: ``Out[b, h, rows, :]`` in Out's dtype, ``Lse[b, h, rows]`` natural log."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    gl.store(Lse + bh.to(gl.int64) * Nq + rows, lse, mask=rows < Nq)
+    inv = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+    out = acc * gl.expand_dims(inv, 1)
+    rows_o = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+    base = Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    ptrs = base + gl.expand_dims(rows_o.to(gl.int64) * stride_on, 1) + gl.expand_dims(cols_o, 0)
+    gl.store(ptrs, out.to(Out.dtype.element_ty), mask=gl.expand_dims(rows_o < Nq, 1))
+
+
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t, n_tiles, STAGES: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+    """TMA copies of key tile ``t`` into ring slot ``t % STAGES`` (predicated off past ``n_tiles``)."""
+    slot = t % STAGES
+    pred = t < n_tiles
+    kb = k_bars.index(slot)
+    vb = v_bars.index(slot)
+    mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, t * BLOCK_N, 0], kb, k_smem.index(slot), pred=pred)
+    mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [b, hk, t * BLOCK_N, 0], vb, v_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _program_coords(Hq, group, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
+    if CAUSAL:  # heaviest (longest) causal tiles first
+        mblk = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        mblk = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    return mblk * BLOCK_M, bh, b, h, h // group
+
+
+@gluon.jit
+def _gl_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
+                   Hq, Nq, Nk, offset, group, qk_scale,
+                   CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
+    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES - 1):
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, i, n_tiles, STAGES, BLOCK_N)
+
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    # the accumulator travels the loop as an in-flight wgmma result (its PV product is waited for next tile)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)
+    for t in range(0, n_tiles):
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(k_bars.index(slot), phase)
+        k2 = k_smem.index(slot).reshape([BLOCK_N, HEAD_D])
+        s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # completes S and the previous tile's PV product, whose ring slot is refilled next
+        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+        gl.thread_barrier()  # the other warpgroup's PV product must be done with the slot too
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t + STAGES - 1, n_tiles, STAGES, BLOCK_N)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
+                                           BLOCK_M, BLOCK_N, s_layout)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_bars.index(slot), phase)
+        acc = warpgroup_mma(p_op, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
+              s_layout, o_layout)
+
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                 b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp): Q once, then every key tile's K and V into the ring, each slot reused only after
+    the consumers released it (its ``empty`` barrier completed once per reuse)."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    for t in range(0, n_tiles):
+        slot = t % STAGES
+        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t, n_tiles, STAGES, BLOCK_N)
+
+
+@gluon.jit
+def _ws_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
+                 stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """Consumer partition: ``BLOCK_M = 16 * num_warps`` query rows from ``start_m`` (``q2``: their ``(BLOCK_M,
+    HEAD_D)`` Q tile in shared memory): wgmma products and softmax, then the epilogue. A slot is released (its
+    ``empty`` barrier arrived on, once per consumer partition) when the PV product that read it has completed in
+    every warp of the partition."""
+    dtype: gl.constexpr = q2.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)
+    for t in range(0, n_tiles):
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(k_bars.index(slot), phase)
+        k2 = k_smem.index(slot).reshape([BLOCK_N, HEAD_D])
+        s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+        if t > 0:  # the previous tile's PV product is complete in this warp; all warps: then release its slot
+            gl.thread_barrier()
+            mbarrier.arrive(empty_bars.index((t - 1) % STAGES), count=1)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
+                                           BLOCK_M, BLOCK_N, s_layout)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_bars.index(slot), phase)
+        acc = warpgroup_mma(p_op, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
+              s_layout, o_layout)
+
+
+@gluon.jit
+def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
+                      Hq, Nq, Nk, offset, group, qk_scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                      STAGES: gl.constexpr, num_warps: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
+    """``N_CONSUMERS = 1`` (``gluon_ws``): the default partition (``num_warps`` warps) is the one consumer of the
+    whole ``BLOCK_M`` tile. ``N_CONSUMERS = 2`` (``gluon_ws2``, FA3's layout): two consumer partitions of one
+    warpgroup each (the default one and a 4-warp worker), each owning ``BLOCK_M / 2`` rows of the shared Q tile
+    and running unsynchronised, so one's softmax overlaps the other's wgmma; the producer is a third partition."""
+    dtype: gl.constexpr = q_desc.dtype
+    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
+    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=N_CONSUMERS)
+    fence_async_shared()
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    if N_CONSUMERS == 1:
+        gl.warp_specialize(
+            [(_ws_consumer, (q2, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
+                             stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL,
+                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, num_warps)),
+             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                             b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+            [1], [24])
+    else:
+        HALF: gl.constexpr = BLOCK_M // 2
+        gl.warp_specialize(
+            [(_ws_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse,
+                             stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
+                             qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
+             (_ws_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse,
+                             stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
+                             offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 4)),
+             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                             b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+            [4, 1], [240, 24])

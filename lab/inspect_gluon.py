@@ -1,0 +1,107 @@
+"""Compile the Gluon forward kernels (``kernels/flash/_gluon_kernels.py``) for Hopper (sm_90a) without a GPU and print
+registers, spills (stack bytes), shared memory and the wgmma / TMA / barrier counts of the PTX.
+
+Gluon's API is triton-version specific: run it with the GPU machine's triton (3.6), e.g.::
+
+    pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
+    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon,gluon_ws] [--D 64,128] [--ptx]
+
+Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
+(:func:`kernels.flash.gluon.gluon_tiles`); an impl that fails to compile prints its error and the rest go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+import traceback
+import warnings
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+
+def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool = False) -> dict:
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.flash import _gluon_kernels as GK
+    from kernels.flash.gluon import gluon_tiles, nvmma_layout
+
+    block_m, block_n, stages, warps = gluon_tiles(impl, D)
+    fn = GK._gl_fwd_ws_kernel if impl.startswith("gluon_ws") else GK._gl_fwd_kernel
+    import triton.experimental.gluon.language as gl
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    types = {}
+    for name, rows in (("q_desc", block_m), ("k_desc", block_n), ("v_desc", block_n)):
+        lay = nvmma_layout([1, 1, rows, D], gdt)
+        types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
+    types.update(Out=f"*{dtype}", Lse="*fp32", stride_ob="i32", stride_oh="i32", stride_on="i32", Hq="i32",
+                 Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32")
+    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    if impl.startswith("gluon_ws"):
+        const["N_CONSUMERS"] = 2 if impl == "gluon_ws2" else 1
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = types[name]
+            if types[name].startswith("*") or name in ("stride_ob", "stride_oh", "stride_on"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=warps))
+    text = ck.asm["ptx"]
+    out = {"tile": f"{block_m}x{block_n}x{stages}st/{warps}w", "shared_kib": round(ck.metadata.shared / 1024, 1),
+           "wgmma": len(re.findall(r"wgmma\.mma_async", text)),
+           "tma": len(re.findall(r"cp\.async\.bulk\.tensor", text)),
+           "bar_sync": len(re.findall(r"\bbar\.sync|barrier\.sync", text)),
+           "mbar_arrive": len(re.findall(r"mbarrier\.arrive", text)), "setmaxnreg": len(re.findall("setmaxnreg", text))}
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(ck.asm["cubin"])
+        res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+    for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
+        m = re.search(pat, res)
+        out[key] = int(m.group(1)) if m else None
+    if ptx:
+        out["ptx"] = text
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--impls", default="gluon,gluon_ws,gluon_ws2")
+    ap.add_argument("--D", default="64,128")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
+    args = ap.parse_args()
+    print(f"triton {triton.__version__}, target sm_90a")
+    for impl in args.impls.split(","):
+        for D in [int(d) for d in args.D.split(",")]:
+            for dtype in args.dtypes.split(","):
+                for causal in (False, True):
+                    name = f"{impl:9s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
+                    try:
+                        r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx))
+                    except Exception as e:  # one failing case must not hide the others
+                        print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                        traceback.print_exc(limit=3)
+                        continue
+                    text = r.pop("ptx", None)
+                    if text is not None:
+                        os.makedirs(args.ptx, exist_ok=True)
+                        with open(os.path.join(args.ptx, f"{impl}_D{D}_{dtype}_{int(causal)}.ptx"), "w") as f:
+                            f.write(text)
+                    print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()
