@@ -7,7 +7,8 @@
 # One process per family of eval/conf/sweep/anchors_h200.yaml, one after the other (they share the GPU):
 #   softmax: causal, full, GQA 4:1, D 64, window 1024, BigBird  x  ours, FA4, Flex+FA4, cuDNN, FA2, Flex
 #   linear:  elu1 (D 128), Taylor / Based (D 16)                x  ours (triton / parallel / torch), fla
-# each bounded by its share of BUDGET_S (default 420 s: softmax 68 %, linear 22 %, the rest for the tables) through
+# each bounded by its share of BUDGET_S (default 420 s: softmax 68 %, linear 22 %, the rest for the tables; the shares
+# are SOFTMAX_SHARE / LINEAR_SHARE, in percent) through
 # eval.sweep --deadline-s and a hard `timeout`. Every point is a CSV row: an anchor that fails, is missing or cannot
 # run a case records `error` / `unsupported` with the message and the others go on; a process that dies (segfault,
 # hang, a CUDA error that poisons the context: exit 3) is restarted and resumes after the point it died on (that
@@ -58,8 +59,8 @@ run_family() {  # name share_percent variants
   echo "$fam: done (rc=$rc) $(python3 -c "import pandas as p; d=p.read_csv('$dir/$fam/kernel.csv'); print(d.status.value_counts().to_dict())" 2>/dev/null)"
 }
 
-run_family softmax 68 causal,full,gqa,d64,window,bigbird
-run_family linear 22 linear,linear_taylor
+run_family softmax "${SOFTMAX_SHARE:-68}" causal,full,gqa,d64,window,bigbird
+run_family linear "${LINEAR_SHARE:-22}" linear,linear_taylor
 timeout -k 5 "$(( $(left) > 30 ? $(left) : 30 ))" python3 -m eval.anchors_tables "$dir" --config "$conf" \
   > "$dir/tables.md" 2> "$dir/tables.log" || echo "tables: failed (see $dir/tables.log); rerun on the CPU: python -m eval.anchors_tables $dir"
 head -c 6000 "$dir/tables.md"
