@@ -564,16 +564,17 @@ def decode_plan(
     lookups in the tile's own iteration: one K/V buffer, 39 KB; the default before, 0.61-0.90 of copy bandwidth on 16-
     and 32-token pages, H200, 2026-12-04) or ``"page"`` (one lookup per page, the tile gathered as ``block_n /
     page_size`` whole pages: triton 3.6 does not pipeline it, 0.32-0.48); block-sparse plans look up per key in the
-    tile's iteration. ``merge`` and ``split_rule`` default to ``"auto"``, which is ``"fused"`` and ``"waves"`` for
-    every plan (since 2026-12-05). Before, programs of several query rows (GQA, several new tokens) took ``"kernel"``
-    and ``"legacy"``: the fused merge then walked the program's rows one at a time, and on the H200
-    (``lab.decode_probe --compare``, 2026-12-04, docs/results.md) GQA fell from 0.78 to 0.71 of copy bandwidth (32:8,
-    64k), 0.90 to 0.79 (64:8, 128k) and with 4 queries 0.78 to 0.53, while the fused merge and the waves rule took
-    batch-1 MHA from 0.72 / 0.87 to 0.77 / 0.97 (16k / 64k) and 16-token pages from 0.72 to 0.95. The merge of a
-    program of several rows is now vectorised over its row block (below), so its cost no longer grows with
-    ``G * Nq``; the GQA figures of ``"auto"`` are to be measured (``python -m lab.decode_probe --compare --set gqa``).
-    The previous multi-row behaviour stays reachable as ``merge="kernel", split_rule="legacy"`` (with
-    ``max_registers="auto"`` that is also the previous register setting). ``merge``: ``"fused"`` (the last split of
+    tile's iteration. ``merge`` and ``split_rule`` default to ``"auto"``: ``split_rule="waves"`` for every plan,
+    ``merge="fused"`` where a program holds one query row (``G * Nq == 1``: MHA, one new token) and ``"kernel"``
+    where it holds several (GQA, several new tokens). Measured on the H200 (``python -m lab.decode_probe --compare
+    --set gqa2 --calls-per-graph 10``, 2026-12-04, docs/results.md; fractions of copy bandwidth, 10 calls per CUDA
+    graph): the merge kernel with the waves split count took GQA 32:8 at batch 4 and 16k from 0.83 (merge kernel,
+    legacy split) to 0.91, on pages of 16 / 32 from 0.76 / 0.79 to 0.87 / 0.88, at batch 1 and 64k on pages of 16
+    from 0.83 to 0.87, and kept batch 1 contiguous at 0.91 (32:8, 64k; 0.93 before), 0.98 (64:8, 128k; 1.00) and 4
+    new queries at 0.88 (0.91); the fused merge, even merging its row block at once (below), was 3-8 % slower than
+    the merge kernel at the same split count for multi-row programs (23 % with 4 new queries): its last program
+    merges while the other SMs idle. The multi-row plan of the morning of 2026-12-04 is ``merge="kernel",
+    split_rule="legacy"`` (with ``max_registers="auto"`` that is also its register setting). ``merge``: ``"fused"`` (the last split of
     each (sequence, K/V head, row block) to finish -- an int32 arrival counter in the plan, ``atomic_add`` with
     acquire-release order after the split's partial stores -- merges the partials and writes the output, then resets
     its counter to 0, so one launch per step and CUDA-graph replays start from a clean counter; two runs of one plan
@@ -621,7 +622,7 @@ def decode_plan(
     if causal:
         right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
     one_row = G * Nq == 1  # one query row per program: the fused merge walks it alone (else the row block at once)
-    merge = "fused" if merge == "auto" else merge
+    merge = ("fused" if one_row else "kernel") if merge == "auto" else merge  # H200, 2026-12-04: see the docstring
     split_rule = "waves" if split_rule == "auto" else split_rule
     BM = min(max(16, next_pow2(G * Nq)), 64)
     n_m = cdiv(G * Nq, BM)

@@ -21,7 +21,7 @@ outputs. Writes decode_matrix.csv / .json; stops at ``--budget-s`` (what was mea
 issue's cases (batch 1 / 4 at 16k-128k, MHA and GQA, contiguous and pages of 16 / 32, Nq 4), then variants of the
 new plan; see :func:`compare`. Writes decode_compare.csv / .json and a summary table.
 
-``--compare --set gqa`` (2026-12-05, the fused merge vectorised over a program's rows): on GQA batch 4 at 16k
+``--compare --set gqa`` (2026-12-04, the fused merge vectorised over a program's rows): on GQA batch 4 at 16k
 (contiguous, pages of 16 / 32), GQA batch 1 at 64k (contiguous, Nq 4, pages of 16), GQA 64:8 at 128k and MHA batch
 1 at 16k as a control: SDPA, ``old`` (``merge="kernel", split_rule="legacy"``: the multi-row default before), ``new``
 (the ``"auto"`` plan: fused merge + waves split), then the fused plan with the legacy split count, twice the new
@@ -138,7 +138,7 @@ COMPARE_CASES = _CONTIGUOUS_CASES + [
     ("gqa32:8_b1_64k_nq4", 1, 32, 8, 65536, None, 4),
     ("gqa32:8_b1_64k_page16_nq4", 1, 32, 8, 65536, 16, 4),
 ]
-# --compare --set gqa (2026-12-05): the multi-row plans after the fused merge was vectorised over a program's rows
+# --compare --set gqa (2026-12-04): the multi-row plans after the fused merge was vectorised over a program's rows
 # ("auto" = fused merge + waves split for every plan) against the multi-row defaults before it (kernel / legacy)
 GQA_CASES = [
     ("gqa32:8_b4_16k", 4, 32, 8, 16384, None, 1),
@@ -150,7 +150,7 @@ GQA_CASES = [
     ("gqa32:8_b1_64k_page16", 1, 32, 8, 65536, 16, 1),
     ("gqa64:8_b1_128k", 1, 64, 8, 131072, None, 1),
 ]
-# "old": the "auto" plan of a multi-row program before 2026-12-05 (a second merge launch, two waves of SMs; with
+# "old": the "auto" plan of a multi-row program before 2026-12-04 (a second merge launch, two waves of SMs; with
 # max_registers "auto", no register cap, as before); for the MHA control it is not its default
 GQA_OLD = dict(merge="kernel", split_rule="legacy")
 GQA_VARIANTS = [  # around the new plan; a string num_splits is resolved per case (see compare())
@@ -160,10 +160,23 @@ GQA_VARIANTS = [  # around the new plan; a string num_splits is resolved per cas
     ("regs_168", dict(max_registers=168)),  # the register cap of one-row plans (multi-row "auto": none)
 ]
 
+# --compare --set gqa2: the merge and the split count apart (the first gqa run showed the fused merge at the old
+# split count slower than the merge kernel at it, so the gain of "new" came from the waves split count)
+GQA2_VARIANTS = [
+    ("kernel_waves", dict(merge="kernel", split_rule="waves")),
+    ("kernel_waves_bn128", dict(merge="kernel", split_rule="waves", block_n=128, num_stages=2)),
+    ("kernel_S16", dict(merge="kernel", num_splits=16)),
+    ("kernel_S24", dict(merge="kernel", num_splits=24)),
+    ("fused_S4_st4", dict(merge="fused", num_splits=4, num_stages=4)),
+    ("kernel_S4_st4", dict(merge="kernel", num_splits=4, num_stages=4)),
+    ("fused_S6_st4", dict(merge="fused", num_splits=6, num_stages=4)),
+    ("kernel_S8_st4", dict(merge="kernel", num_splits=8, num_stages=4)),
+]
+
 # the plan settings timed by --compare: "old" = the defaults before 2026-12-04 (split count for two waves of SMs,
 # a second merge launch, per-key page lookups in the tile's iteration, the compiler's register count; the kernel's
 # split shares are balanced in both), "new" = the current defaults ("auto": fused merge and waves split for every
-# plan since 2026-12-05; before, for one query row per program only); the variants run in a second pass when budget
+# plan since 2026-12-04; before, for one query row per program only); the variants run in a second pass when budget
 # is left
 COMPARE_OLD = dict(split_rule="legacy", merge="kernel", page_gather="key", max_registers=None)
 COMPARE_VARIANTS = [
@@ -183,7 +196,8 @@ _COMPARE_DEVICE, _COMPARE_DTYPE = "cuda", torch.bfloat16  # (a CPU dry run of th
 
 
 COMPARE_SETS = {"all": ("COMPARE_CASES", "COMPARE_OLD", "COMPARE_VARIANTS"),
-                "gqa": ("GQA_CASES", "GQA_OLD", "GQA_VARIANTS")}
+                "gqa": ("GQA_CASES", "GQA_OLD", "GQA_VARIANTS"),
+                "gqa2": ("GQA_CASES", "GQA_OLD", "GQA2_VARIANTS")}
 
 
 def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1,
@@ -201,7 +215,7 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
     per case the fraction of copy bandwidth of every method (and its split count), the best of ours marked ``*``.
 
     ``case_set``: ``"all"`` (``COMPARE_CASES`` / ``COMPARE_OLD`` / ``COMPARE_VARIANTS``) or ``"gqa"``
-    (``GQA_CASES`` / ``GQA_OLD`` / ``GQA_VARIANTS``: the multi-row plans of 2026-12-05). A variant's ``num_splits``
+    (``GQA_CASES`` / ``GQA_OLD`` / ``GQA_VARIANTS``: the multi-row plans of 2026-12-04). A variant's ``num_splits``
     may be ``"x3"`` / ``"x2"`` / ``"half"`` (of the new plan's) or ``"legacy"`` (the legacy rule's for the case);
     a variant given as such a string alone is ``num_splits`` with the other settings of the new plan."""
     from attn_zoo.decode import gather_kv

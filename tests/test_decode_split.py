@@ -211,8 +211,9 @@ def test_empty_and_one_token_sequences_with_splits(merge):
 
 
 def test_auto_merge_and_split_rule_and_the_old_multi_row_plan():
-    """merge / split_rule "auto" (since 2026-12-05): fused + waves for every plan (MHA, GQA, several new tokens), the
-    register cap for one-row programs only; the multi-row default before stays reachable as merge="kernel",
+    """merge / split_rule "auto": the waves split for every plan, the fused merge for one-row programs (MHA, one new
+    token) and the merge kernel for multi-row ones (GQA, several new tokens; H200 2026-12-04), the register cap for
+    one-row programs only; the multi-row default before stays reachable as merge="kernel",
     split_rule="legacy"; the fused merge walks one-row programs row by row and merges multi-row ones as a block
     (``merge_rows``, ``merge_rp`` row slots per split)."""
     # shapes only (the plan reads no values): batch 4, 8 K/V heads, 16k keys of D 128 in 16 bits (3 programs per SM)
@@ -220,11 +221,14 @@ def test_auto_merge_and_split_rule_and_the_old_multi_row_plan():
     for Hq, Nq, rows, rp in ((8, 1, False, 1), (32, 1, True, 4), (8, 4, True, 4), (64, 2, True, 16)):
         q = torch.empty(4, Hq, Nq, 128, device="meta", dtype=torch.float16)
         plan = decode_plan(q, k, v, None, sm_count=132)
-        assert (plan.merge, plan.split_rule) == ("fused", "waves"), (Hq, Nq)
+        assert (plan.merge, plan.split_rule) == ("kernel" if rows else "fused", "waves"), (Hq, Nq)
         assert plan.max_registers == (None if rows else 168), (Hq, Nq)
         assert (plan.merge_rows, plan.merge_rp) == (rows, rp), (Hq, Nq)
         waves = decode_num_splits(32 * plan.n_m, 256, 132, programs_per_sm=3)
-        assert plan.num_splits == waves and plan.counter.numel() == 32 * plan.n_m
+        assert plan.num_splits == waves
+        assert plan.counter.numel() == (1 if rows else 32 * plan.n_m)  # the merge kernel needs no arrival counter
+        fused = decode_plan(q, k, v, None, sm_count=132, merge="fused")
+        assert fused.num_splits == waves and fused.counter.numel() == 32 * fused.n_m
         old = decode_plan(q, k, v, None, sm_count=132, merge="kernel", split_rule="legacy")
         assert old.num_splits == decode_num_splits(32 * old.n_m, 256, 132, rule="legacy") != waves
         assert old.counter.numel() == 1  # no arrival counter: the merge kernel runs
@@ -249,7 +253,8 @@ def test_fused_merge_of_a_row_block_matches_the_reference(page_size, Nq):
         want, want_lse = decode_attn_reference(q, k, v, lens, bt, window_size=window, return_lse=True)
         for S in (3, 4, 5):
             msg = f"Nq={Nq}, S={S}, window={window}"
-            plan = decode_plan(q, k, v, bt, block_n=16, num_splits=S, window_size=window, return_lse=True)
+            plan = decode_plan(q, k, v, bt, block_n=16, num_splits=S, window_size=window, return_lse=True,
+                               merge="fused")  # (multi-row "auto" takes the merge kernel)
             assert (plan.merge, plan.num_splits, plan.merge_rows) == ("fused", S, True)
             assert plan.merge_rp == min(16, 4 * Nq)
             o, lse = decode_run(plan, q, k, v, lens, bt)
