@@ -4,9 +4,10 @@ Algorithm: FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for lo
 of the cache are split over ``S`` programs per (sequence, K/V head); each runs the FlashAttention online softmax
 over its share and writes a normalised partial output and its log-sum-exp; the ``S`` partials are then merged
 (``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``), in the last split of each (sequence, K/V
-head) to finish (an arrival counter that the merging program resets: one launch per step; the default where a
-program holds one query row) or in a second small kernel (the default for GQA and several new tokens, where the
-merging program's rows would run one after another: see :func:`decode_plan`). With ``S == 1`` the first kernel writes the output directly. The key tiles of a (sequence,
+head) to finish (an arrival counter that the merging program resets: one launch per step, the default; a program
+of one query row merges it alone, a program of several -- GQA heads, several new tokens -- merges its whole row
+block at once) or in a second small kernel (``merge="kernel"``, see :func:`decode_plan`). With ``S == 1`` the first
+kernel writes the output directly. The key tiles of a (sequence,
 K/V head) are spread evenly over its splits (shares differ by at most one tile) and ``S`` fills the SMs' resident
 program slots a whole number of times (:func:`decode_num_splits`). Conventions follow ``flash_attn_with_kvcache``
 (FlashAttention 2.x) in the ``(B, H, N, D)`` layout; the paged layout and the per-tile page-table lookup follow vLLM's
@@ -154,7 +155,8 @@ def _decode_fwd(
     Hq, Hkv, Nq, D, DV, G, R, n_splits, qk_scale, window_left, window_right, sparse_bs,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, LEFTPAD: tl.constexpr,
-    PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_SC: tl.constexpr,
+    PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    MERGE_RP: tl.constexpr, MERGE_NU: tl.constexpr, MERGE_SC: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -248,36 +250,92 @@ def _decode_fwd(
             cid = pid_bh * tl.num_programs(2) + pid_m
             arrived = tl.atomic_add(CNT + cid, 1, sem="acq_rel")  # release our partials, acquire the others'
             if arrived == n_splits - 1:
-                # one output row at a time (the tile's rows are mostly padding for MHA / small GQA groups), up to
-                # MERGE_SC splits' partials per round trip to L2 (.cg: past this SM's L1, where other SMs wrote)
-                offs_c = tl.arange(0, MERGE_SC)
                 dvm = offs_dv < DV
-                r_lo = pid_m * BM
-                r_hi = tl.minimum(r_lo + BM, G * Nq)
-                for rr in range(r_lo, r_hi):
-                    orow = ((b * Hq + g * G + rr // Nq) * Nq + rr % Nq).to(tl.int64)
-                    mm = tl.max(tl.full([MERGE_SC], float("-inf"), dtype=tl.float32), 0)
-                    ll = tl.sum(tl.zeros([MERGE_SC], dtype=tl.float32), 0)
-                    oo = tl.zeros([BDV], dtype=tl.float32)
-                    for s0 in range(0, n_splits, MERGE_SC):
-                        sidx = s0 + offs_c
-                        sm = sidx < n_splits
-                        mrow = sidx.to(tl.int64) * R + orow
-                        ls = tl.load(LP + mrow, mask=sm, other=float("-inf"), cache_modifier=".cg")
-                        os_ = tl.load(OP + mrow[:, None] * DV + offs_dv[None, :], mask=sm[:, None] & dvm[None, :],
-                                      other=0.0, cache_modifier=".cg")  # (SC, BDV)
-                        m_new = tl.maximum(mm, tl.max(ls, 0))
-                        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                        a = tl.math.exp2(mm - m_use)
-                        w = tl.math.exp2(ls - m_use)  # 0 for empty splits
-                        ll = ll * a + tl.sum(w, 0)
-                        oo = oo * a + tl.sum(w[:, None] * os_, 0)
-                        mm = m_new
-                    ok_l = ll > 0
-                    tl.store(O + orow * DV + offs_dv, (oo / tl.where(ok_l, ll, 1.0)).to(O.dtype.element_ty), mask=dvm)
+                if MERGE_ROWS:
+                    # the whole row block at once, its padding reused: slot j of a (BM, BDV) block holds row
+                    # j % MERGE_RP of one split; slot group u = j // MERGE_RP merges splits u, u + NU, u + 2 NU, ...
+                    # (NU = MERGE_NU = BM / MERGE_RP groups; MERGE_SC blocks per round, unrolled so that their
+                    # loads -- .cg: past this SM's L1, where other SMs wrote -- are in flight together), each slot
+                    # with the online max / rescale in log2 units of the single-row path below; then the NU groups
+                    # are combined per row. The cost does not grow with G * Nq (below one block of rows).
+                    jj = tl.arange(0, BM)
+                    ju = jj // MERGE_RP
+                    rj = pid_m * BM + jj % MERGE_RP
+                    rj_ok = rj < G * Nq
+                    row0 = ((b * Hq + g * G) * Nq).to(tl.int64)  # output row of the K/V head's first query row
+                    srow = row0 + ju.to(tl.int64) * R + rj  # (BM,) the slot's row of the partials, first round
+                    lp_ptr = LP + srow
+                    op_ptr = OP + srow[:, None] * DV + offs_dv[None, :]
+                    step = (row0 * 0 + R * MERGE_NU) * DV  # int64: MERGE_NU splits further
+                    mm = tl.full([BM], float("-inf"), dtype=tl.float32)
+                    ll = tl.zeros([BM], dtype=tl.float32)
+                    oo = tl.zeros([BM, BDV], dtype=tl.float32)
+                    for s0 in range(0, n_splits, MERGE_NU * MERGE_SC):
+                        for u2 in tl.static_range(MERGE_SC):
+                            sm = rj_ok & ((ju + (s0 + u2 * MERGE_NU)) < n_splits)  # (BM,)
+                            ls = tl.load(lp_ptr, mask=sm, other=float("-inf"), cache_modifier=".cg")
+                            os_ = tl.load(op_ptr, mask=sm[:, None] & dvm[None, :], other=0.0,
+                                          cache_modifier=".cg")  # (BM, BDV)
+                            lp_ptr += R * MERGE_NU
+                            op_ptr += step
+                            m_new = tl.maximum(mm, ls)
+                            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                            a = tl.math.exp2(mm - m_use)
+                            w = tl.math.exp2(ls - m_use)  # 0 for empty splits and padding slots
+                            ll = ll * a + w
+                            oo = oo * a[:, None] + w[:, None] * os_
+                            mm = m_new
+                    offs_r = tl.arange(0, MERGE_RP)
+                    if MERGE_NU == 1:
+                        mt = mm
+                        lt = ll
+                        ot = oo
+                    else:  # combine the MERGE_NU slot groups of each row
+                        mm3 = tl.reshape(mm, [MERGE_NU, MERGE_RP])
+                        mt = tl.max(mm3, 0)  # (RP,)
+                        f = tl.math.exp2(mm3 - tl.where(mt == float("-inf"), 0.0, mt)[None, :])  # (MERGE_NU, RP)
+                        lt = tl.sum(tl.reshape(ll, [MERGE_NU, MERGE_RP]) * f, 0)
+                        ot = tl.sum(tl.reshape(oo, [MERGE_NU, MERGE_RP, BDV]) * f[:, :, None], 0)  # (RP, BDV)
+                    rr_ok = (pid_m * BM + offs_r) < G * Nq
+                    orow = row0 + pid_m * BM + offs_r
+                    ok_l = lt > 0
+                    tl.store(O + orow[:, None] * DV + offs_dv[None, :],
+                             (ot / tl.where(ok_l, lt, 1.0)[:, None]).to(O.dtype.element_ty),
+                             mask=rr_ok[:, None] & dvm[None, :])
                     if STORE_LSE:
-                        tl.store(LSE + orow, tl.where(ok_l, (mm + tl.math.log2(tl.where(ok_l, ll, 1.0))) * 0.6931471805599453,
-                                                      float("-inf")))
+                        tl.store(LSE + orow, tl.where(ok_l, (mt + tl.math.log2(tl.where(ok_l, lt, 1.0)))
+                                                      * 0.6931471805599453, float("-inf")), mask=rr_ok)
+                else:
+                    # one output row at a time (one-row programs: MHA with one new token), up to MERGE_SC splits'
+                    # partials per round trip to L2 (.cg: past this SM's L1, where other SMs wrote)
+                    offs_c = tl.arange(0, MERGE_SC)
+                    r_lo = pid_m * BM
+                    r_hi = tl.minimum(r_lo + BM, G * Nq)
+                    for rr in range(r_lo, r_hi):
+                        orow = ((b * Hq + g * G + rr // Nq) * Nq + rr % Nq).to(tl.int64)
+                        mm = tl.max(tl.full([MERGE_SC], float("-inf"), dtype=tl.float32), 0)
+                        ll = tl.sum(tl.zeros([MERGE_SC], dtype=tl.float32), 0)
+                        oo = tl.zeros([BDV], dtype=tl.float32)
+                        for s0 in range(0, n_splits, MERGE_SC):
+                            sidx = s0 + offs_c
+                            sm = sidx < n_splits
+                            mrow = sidx.to(tl.int64) * R + orow
+                            ls = tl.load(LP + mrow, mask=sm, other=float("-inf"), cache_modifier=".cg")
+                            os_ = tl.load(OP + mrow[:, None] * DV + offs_dv[None, :], mask=sm[:, None] & dvm[None, :],
+                                          other=0.0, cache_modifier=".cg")  # (SC, BDV)
+                            m_new = tl.maximum(mm, tl.max(ls, 0))
+                            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                            a = tl.math.exp2(mm - m_use)
+                            w = tl.math.exp2(ls - m_use)  # 0 for empty splits
+                            ll = ll * a + tl.sum(w, 0)
+                            oo = oo * a + tl.sum(w[:, None] * os_, 0)
+                            mm = m_new
+                        ok_l = ll > 0
+                        tl.store(O + orow * DV + offs_dv, (oo / tl.where(ok_l, ll, 1.0)).to(O.dtype.element_ty),
+                                 mask=dvm)
+                        if STORE_LSE:
+                            tl.store(LSE + orow, tl.where(ok_l, (mm + tl.math.log2(tl.where(ok_l, ll, 1.0)))
+                                                          * 0.6931471805599453, float("-inf")))
                 tl.store(CNT + cid, 0)  # reset for the next launch (CUDA-graph replays): every split has arrived
     else:
         tl.store(O + row[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty), mask=omask)
@@ -464,12 +522,15 @@ class DecodePlan:
     ``out (B, Hq, Nq, Dv)`` / ``lse (B, Hq, Nq)`` are the plan's own output buffers: :func:`decode_run` writes into
     them (or into the ``out`` / ``lse`` it is given) and returns them, so two runs of one plan share storage (copy a
     result you keep). ``scratch`` is ``(op (S, R, Dv) fp32, lp (S, R) fp32)`` or ``None`` when ``S == 1``.
+    ``merge_rows`` / ``merge_rp`` / ``merge_sc``: how the fused merge reads the partials (one row at a time, or the
+    row block with ``merge_rp`` row slots per split and ``merge_sc`` blocks per round trip; see :func:`decode_plan`).
     """
 
     __slots__ = ("B", "Hq", "Hkv", "Nq", "D", "Dv", "dtype", "device", "paged", "page_size", "capacity", "max_pages",
                  "block_n", "block_m", "BD", "BDV", "n_m", "num_splits", "causal", "left", "right", "scale", "has_leftpad",
                  "return_lse", "is_sparse", "sparse_bs", "lay", "tidx", "tcnt", "out", "lse", "scratch", "num_warps", "num_stages",
-                 "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers")
+                 "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers", "merge_rows", "merge_rp",
+                 "merge_sc")
 
     def __repr__(self):
         return (f"DecodePlan(B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Nq={self.Nq}, D={self.D}, Dv={self.Dv}, "
@@ -503,25 +564,36 @@ def decode_plan(
     lookups in the tile's own iteration: one K/V buffer, 39 KB; the default before, 0.61-0.90 of copy bandwidth on 16-
     and 32-token pages, H200, 2026-12-04) or ``"page"`` (one lookup per page, the tile gathered as ``block_n /
     page_size`` whole pages: triton 3.6 does not pipeline it, 0.32-0.48); block-sparse plans look up per key in the
-    tile's iteration. ``merge`` and ``split_rule`` default to ``"auto"``: ``"fused"`` and ``"waves"`` where a program
-    holds one query row (``G * Nq == 1``: one query head per K/V head and one new token), else ``"kernel"`` and ``"legacy"``,
-    from the H200 comparison of 2026-12-04 (``lab.decode_probe --compare``, docs/results.md): the fused merge and the
-    waves rule took batch-1 MHA from 0.72 / 0.87 to 0.77 / 0.97 of copy bandwidth (16k / 64k) and 16-token pages from
-    0.72 to 0.95, but the merging program walks its rows one at a time, so GQA fell from 0.78 to 0.71 (32:8, 64k),
-    0.90 to 0.79 (64:8, 128k) and with 4 queries 0.78 to 0.53. ``merge``: ``"fused"`` (the last split of each
-    (sequence, K/V head, row block) to
-    finish -- an int32 arrival counter in the plan, ``atomic_add`` with acquire-release order after the split's
-    partial stores -- merges the partials and writes the output, then resets its counter to 0, so one launch per step
-    and CUDA-graph replays start from a clean counter; two runs of one plan must not overlap in time, e.g. on two
-    streams) or ``"kernel"`` (a second launch, :func:`_decode_merge`). ``split_rule``: ``"waves"`` (default) or
-    ``"legacy"`` (:func:`decode_num_splits`; resident programs per SM estimated from the K/V buffers in shared memory).
-    ``max_registers``: ``"auto"`` (default: none where a program holds several query rows, the setting measured
-    for them; else at most ``65536 / (programs per SM x num_warps x 32)`` registers per
+    tile's iteration. ``merge`` and ``split_rule`` default to ``"auto"``: ``split_rule="waves"`` for every plan,
+    ``merge="fused"`` where a program holds one query row (``G * Nq == 1``: MHA, one new token) and ``"kernel"``
+    where it holds several (GQA, several new tokens). Measured on the H200 (``python -m lab.decode_probe --compare
+    --set gqa2 --calls-per-graph 10``, 2026-12-04, docs/results.md; fractions of copy bandwidth, 10 calls per CUDA
+    graph): the merge kernel with the waves split count took GQA 32:8 at batch 4 and 16k from 0.83 (merge kernel,
+    legacy split) to 0.91, on pages of 16 / 32 from 0.76 / 0.79 to 0.87 / 0.88, at batch 1 and 64k on pages of 16
+    from 0.83 to 0.87, and kept batch 1 contiguous at 0.91 (32:8, 64k; 0.93 before), 0.98 (64:8, 128k; 1.00) and 4
+    new queries at 0.88 (0.91); the fused merge, even merging its row block at once (below), was 3-8 % slower than
+    the merge kernel at the same split count for multi-row programs (23 % with 4 new queries): its last program
+    merges while the other SMs idle. The multi-row plan of the morning of 2026-12-04 is ``merge="kernel",
+    split_rule="legacy"`` (with ``max_registers="auto"`` that is also its register setting). ``merge``: ``"fused"`` (the last split of
+    each (sequence, K/V head, row block) to finish -- an int32 arrival counter in the plan, ``atomic_add`` with
+    acquire-release order after the split's partial stores -- merges the partials and writes the output, then resets
+    its counter to 0, so one launch per step and CUDA-graph replays start from a clean counter; two runs of one plan
+    must not overlap in time, e.g. on two streams; a program of one query row merges it with all ``S`` partials per
+    round trip to L2, a program of several merges its whole ``(block_m, Dv)`` row block at once with the online max /
+    rescale in log2 units: ``merge_rp`` row slots per split -- the next power of two of ``G * Nq``, at most
+    ``block_m``, so the padding rows of a small group hold further splits (GQA 32:8: 4 splits per 16-row block) --
+    and ``merge_sc`` blocks per round trip, their loads unrolled -- 2, or 1 for blocks of 8192 fp32 or more) or
+    ``"kernel"`` (a second launch, :func:`_decode_merge`). ``split_rule``: ``"waves"`` or ``"legacy"`` (:func:`decode_num_splits`;
+    resident programs per SM estimated from the K/V buffers in shared memory).
+    ``max_registers``: ``"auto"`` (default: none where a program holds several query rows -- compiled for sm_90a on
+    triton 3.6 its GQA kernels with the row-block merge take 158-168 registers without a cap, so 3 programs stay
+    resident anyway, and at a cap of 168 the contiguous GQA 32:8 kernel spills 16 bytes outside its key loop,
+    ``lab/decode_pipeline_check.py``; else at most ``65536 / (programs per SM x num_warps x 32)`` registers per
     thread, rounded down to 8, where that is >= 160 and the tile at most 16 rows x 64 keys x 128 dims: 168 for
     64-key tiles of D 128 in 3 stages, so 3 programs stay resident; the per-key paged kernels take 182-220 without it
-    on triton 3.6 and none spills at 168, where 128-key or 32-row tiles would, ``lab/decode_pipeline_check.py``),
-    ``None`` (the compiler's choice) or an int (Triton's ``maxnreg``). Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the
-    counter).
+    on triton 3.6 and none spills at 168, where 128-key or 32-row tiles would), ``None`` (the compiler's choice) or
+    an int (Triton's ``maxnreg``).
+    Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the counter).
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
     ``split_rule`` or ``max_registers`` for a value other than those above.
@@ -549,9 +621,9 @@ def decode_plan(
         left, right = window_size
     if causal:
         right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
-    one_row = G * Nq == 1  # "auto": one query row per program (see the docstring's H200 comparison)
-    merge = ("fused" if one_row else "kernel") if merge == "auto" else merge
-    split_rule = ("waves" if one_row else "legacy") if split_rule == "auto" else split_rule
+    one_row = G * Nq == 1  # one query row per program: the fused merge walks it alone (else the row block at once)
+    merge = ("fused" if one_row else "kernel") if merge == "auto" else merge  # H200, 2026-12-04: see the docstring
+    split_rule = "waves" if split_rule == "auto" else split_rule
     BM = min(max(16, next_pow2(G * Nq)), 64)
     n_m = cdiv(G * Nq, BM)
     dev = q.device
@@ -595,10 +667,18 @@ def decode_plan(
     p.has_leftpad, p.return_lse, p.sm_count = bool(has_leftpad), bool(return_lse), sms
     p.num_warps, p.num_stages, p.page_gather = num_warps, num_stages, page_gather
     p.merge, p.split_rule = merge, split_rule
+    # the fused merge: one row at a time, all S splits per round trip, where a program holds one query row; else the
+    # whole (BM, BDV) block at once, merge_rp row slots per split (BM / merge_rp splits per block: the padding rows of
+    # a small group hold more splits), merge_sc blocks per round trip (their loads unrolled; 2 blocks of 16 x 128
+    # keep GQA kernels at 158-168 registers without spills on triton 3.6, lab/decode_pipeline_check.py)
+    p.merge_rows = not one_row
+    p.merge_rp = min(BM, next_pow2(G * Nq)) if not one_row else 1
+    p.merge_sc = (min(max(next_pow2(S), 2), 64) if one_row
+                  else max(1, min(2, next_pow2(cdiv(S, BM // p.merge_rp)), 8192 // (BM * p.BDV))))
     if max_registers == "auto":  # hold the register count to what `per_sm` resident programs can have (see docstring)
         cap = 65536 // (per_sm * num_warps * 32) // 8 * 8
-        max_registers = (cap if one_row and per_sm >= 2 and cap >= 160 and BM <= 16 and BN <= 64 and max(D, Dv) <= 128
-                         else None)
+        max_registers = (cap if one_row and per_sm >= 2 and cap >= 160 and BM <= 16 and BN <= 64
+                         and max(D, Dv) <= 128 else None)
     elif max_registers is not None and (not isinstance(max_registers, int) or not 24 <= max_registers <= 255):
         raise ValueError(f"max_registers={max_registers!r} must be 'auto', None or an int in [24, 255]")
     p.max_registers = max_registers
@@ -679,7 +759,10 @@ def decode_run(
         CAUSAL=p.causal,
         HAS_LEFT=p.left is not None, HAS_RIGHT=p.right is not None, SPARSE=p.is_sparse,
         LEFTPAD=p.has_leftpad, PREFETCH=p.page_gather == "prefetch" and p.paged and not p.is_sparse, SPLIT=S > 1,
-        FUSED_MERGE=S > 1 and p.merge == "fused", MERGE_SC=min(max(next_pow2(S), 2), 64), STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
+        FUSED_MERGE=S > 1 and p.merge == "fused", MERGE_ROWS=p.merge_rows, MERGE_RP=p.merge_rp,
+        MERGE_NU=p.block_m // p.merge_rp,
+        MERGE_SC=p.merge_sc,
+        STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
         DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,
         **({"maxnreg": p.max_registers} if p.max_registers and not _interpreting() else {}),
     )

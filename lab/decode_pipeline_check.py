@@ -44,18 +44,23 @@ def _cubin_usage(cubin: bytes) -> dict:
 
 
 def compile_stats(paged: bool, multi_page: bool, prefetch: bool, num_stages: int = 3, fused: bool = True,
-                  page_size: int = 16, block_n: int = 64, block_m: int = 16, merge_sc: int = 64) -> dict:
+                  page_size: int = 16, block_n: int = 64, block_m: int = 16, merge_sc: int = 64,
+                  merge_rows: bool = False, merge_rp: int = 0, maxnreg=None) -> dict:
+    merge_rp = merge_rp or block_m  # the rows path's row slots per split (block_m: no padding shared)
     const = dict(PAGED=paged, PAGE_SIZE=page_size if paged else 1, PAGE_TILE=paged and page_size % block_n == 0,
                  MULTI_PAGE=multi_page, CAUSAL=True, HAS_LEFT=False, HAS_RIGHT=False, SPARSE=False, LEFTPAD=False,
-                 PREFETCH=prefetch, SPLIT=True, FUSED_MERGE=fused, MERGE_SC=merge_sc, STORE_LSE=False, BM=block_m, BN=block_n, BD=128,
-                 BDV=128, DOT_PREC="tf32")
+                 PREFETCH=prefetch, SPLIT=True, FUSED_MERGE=fused, MERGE_ROWS=merge_rows, MERGE_RP=merge_rp,
+                 MERGE_NU=block_m // merge_rp, MERGE_SC=merge_sc, STORE_LSE=False,
+                 BM=block_m, BN=block_n, BD=128, BDV=128, DOT_PREC="tf32")
     names = list(inspect.signature(_decode_fwd.fn).parameters)
     sig = {n: PTRS.get(n) or ("constexpr" if n in const else "fp32" if n == "qk_scale" else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in PTRS or n in DIV16}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         k = triton.compile(ASTSource(_decode_fwd, sig, constexprs=const, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": num_stages})
+                           target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4, "num_stages": num_stages,
+                                    **({"maxnreg": maxnreg} if maxnreg else {})})
     g, p = k.asm["ttgir"], k.asm["ptx"]
     return dict(async_copies=g.count("async_copy_global_to_local"), cp_async=len(re.findall(r"cp\.async\.c[ag]", p)),
                 shared=k.metadata.shared, **_cubin_usage(k.asm["cubin"]))
@@ -70,6 +75,23 @@ CASES = (  # name, compile_stats kwargs
     ("contiguous fused st4", dict(paged=False, multi_page=False, prefetch=False, num_stages=4)),
     ("contiguous fused BM64 (GQA 8 x Nq 8)", dict(paged=False, multi_page=False, prefetch=False, block_m=64)),
     ("contiguous kernel-merge BM64", dict(paged=False, multi_page=False, prefetch=False, block_m=64, fused=False)),
+    # merge="fused" for programs of several rows (merge_rows): what decode_plan makes for GQA 32:8 (4 rows: 4 slots
+    # per split, 4 splits per block, 2 blocks per round), Nq 4 x GQA 4 (16 rows), GQA 8 x Nq 8 (64 rows), capped at
+    # 168 registers (max_registers="auto") or not
+    ("contiguous fused rows G4 (rp 4, sc 2)", dict(paged=False, multi_page=False, prefetch=False, merge_rows=True,
+                                                   merge_rp=4, merge_sc=2)),
+    ("contiguous fused rows G4, maxnreg 168", dict(paged=False, multi_page=False, prefetch=False, merge_rows=True,
+                                                   merge_rp=4, merge_sc=2, maxnreg=168)),
+    ("contiguous fused rows 16, maxnreg 168", dict(paged=False, multi_page=False, prefetch=False, merge_rows=True,
+                                                   merge_sc=2, maxnreg=168)),
+    ("contiguous fused rows BM64 (sc 1)", dict(paged=False, multi_page=False, prefetch=False, merge_rows=True,
+                                               merge_sc=1, block_m=64)),
+    ("paged16 prefetch fused rows G4", dict(paged=True, multi_page=False, prefetch=True, merge_rows=True,
+                                            merge_rp=4, merge_sc=2)),
+    ("paged16 prefetch fused rows G4, maxnreg 168", dict(paged=True, multi_page=False, prefetch=True,
+                                                         merge_rows=True, merge_rp=4, merge_sc=2, maxnreg=168)),
+    ("paged32 prefetch fused rows 16, maxnreg 168", dict(paged=True, multi_page=False, prefetch=True, page_size=32,
+                                                         merge_rows=True, merge_sc=2, maxnreg=168)),
     ("paged16 key", dict(paged=True, multi_page=False, prefetch=False)),
     ("paged16 page", dict(paged=True, multi_page=True, prefetch=False)),
     ("paged16 prefetch (per key)", dict(paged=True, multi_page=False, prefetch=True)),

@@ -20,6 +20,14 @@ outputs. Writes decode_matrix.csv / .json; stops at ``--budget-s`` (what was mea
 ``--compare`` (issue 29 item 3, the plan options of 2026-12-04): SDPA, the old defaults and the new ones on the
 issue's cases (batch 1 / 4 at 16k-128k, MHA and GQA, contiguous and pages of 16 / 32, Nq 4), then variants of the
 new plan; see :func:`compare`. Writes decode_compare.csv / .json and a summary table.
+
+``--compare --set gqa`` (2026-12-04, the fused merge vectorised over a program's rows): on GQA batch 4 at 16k
+(contiguous, pages of 16 / 32), GQA batch 1 at 64k (contiguous, Nq 4, pages of 16), GQA 64:8 at 128k and MHA batch
+1 at 16k as a control: SDPA, ``old`` (``merge="kernel", split_rule="legacy"``: the multi-row default before), ``new``
+(the ``"auto"`` plan: fused merge + waves split), then the fused plan with the legacy split count, twice the new
+split count, 128-key tiles and a 168-register cap. One GPU call of about 200 s:
+
+    python -m lab.decode_probe --compare --set gqa --calls-per-graph 10 --budget-s 190 --out DIR
 """
 
 from __future__ import annotations
@@ -130,16 +138,52 @@ COMPARE_CASES = _CONTIGUOUS_CASES + [
     ("gqa32:8_b1_64k_nq4", 1, 32, 8, 65536, None, 4),
     ("gqa32:8_b1_64k_page16_nq4", 1, 32, 8, 65536, 16, 4),
 ]
+# --compare --set gqa (2026-12-04): the multi-row plans after the fused merge was vectorised over a program's rows
+# ("auto" = fused merge + waves split for every plan) against the multi-row defaults before it (kernel / legacy)
+GQA_CASES = [
+    ("gqa32:8_b4_16k", 4, 32, 8, 16384, None, 1),
+    ("gqa32:8_b1_64k", 1, 32, 8, 65536, None, 1),
+    ("gqa32:8_b4_16k_page16", 4, 32, 8, 16384, 16, 1),
+    ("gqa32:8_b4_16k_page32", 4, 32, 8, 16384, 32, 1),
+    ("gqa32:8_b1_64k_nq4", 1, 32, 8, 65536, None, 4),
+    ("mha_b1_16k", 1, 32, 32, 16384, None, 1),  # control: one row per program (merge path unchanged)
+    ("gqa32:8_b1_64k_page16", 1, 32, 8, 65536, 16, 1),
+    ("gqa64:8_b1_128k", 1, 64, 8, 131072, None, 1),
+]
+# "old": the "auto" plan of a multi-row program before 2026-12-04 (a second merge launch, two waves of SMs; with
+# max_registers "auto", no register cap, as before); for the MHA control it is not its default
+GQA_OLD = dict(merge="kernel", split_rule="legacy")
+GQA_VARIANTS = [  # around the new plan; a string num_splits is resolved per case (see compare())
+    ("S_legacy", dict(num_splits="legacy")),  # the fused merge with the old split count (2 programs per SM)
+    ("S_x2", dict(num_splits="x2")),  # two waves of resident programs, shorter splits
+    ("bn128_st2", dict(block_n=128, num_stages=2)),  # 128-key tiles (its own waves split count)
+    ("regs_168", dict(max_registers=168)),  # the register cap of one-row plans (multi-row "auto": none)
+]
+
+# --compare --set gqa2: the merge and the split count apart (the first gqa run showed the fused merge at the old
+# split count slower than the merge kernel at it, so the gain of "new" came from the waves split count)
+GQA2_VARIANTS = [
+    ("kernel_waves", dict(merge="kernel", split_rule="waves")),
+    ("kernel_waves_bn128", dict(merge="kernel", split_rule="waves", block_n=128, num_stages=2)),
+    ("kernel_S16", dict(merge="kernel", num_splits=16)),
+    ("kernel_S24", dict(merge="kernel", num_splits=24)),
+    ("fused_S4_st4", dict(merge="fused", num_splits=4, num_stages=4)),
+    ("kernel_S4_st4", dict(merge="kernel", num_splits=4, num_stages=4)),
+    ("fused_S6_st4", dict(merge="fused", num_splits=6, num_stages=4)),
+    ("kernel_S8_st4", dict(merge="kernel", num_splits=8, num_stages=4)),
+]
+
 # the plan settings timed by --compare: "old" = the defaults before 2026-12-04 (split count for two waves of SMs,
 # a second merge launch, per-key page lookups in the tile's iteration, the compiler's register count; the kernel's
-# split shares are balanced in both), "new" = the current defaults ("auto": fused merge and waves split for one query
-# row per program, the old split and merge otherwise); the variants run in a second pass when budget is left
+# split shares are balanced in both), "new" = the current defaults ("auto": fused merge and waves split for every
+# plan since 2026-12-04; before, for one query row per program only); the variants run in a second pass when budget
+# is left
 COMPARE_OLD = dict(split_rule="legacy", merge="kernel", page_gather="key", max_registers=None)
 COMPARE_VARIANTS = [
     ("new_bn128_st2", dict(block_n=128, num_stages=2)),
     ("new_st4", dict(num_stages=4)),
     ("new_kernel_merge", dict(merge="kernel")),
-    ("new_fused_waves", dict(merge="fused", split_rule="waves")),  # the fused merge for GQA / Nq > 1 too
+    ("new_legacy_split", dict(split_rule="legacy")),  # the fused merge with the legacy split count
     ("new_regs_free", dict(max_registers=None)),
     ("new_key_gather", dict(page_gather="key")),  # paged cases only
     ("new_splits_x3", "x3"),
@@ -151,7 +195,13 @@ COMPARE_VARIANTS = [
 _COMPARE_DEVICE, _COMPARE_DTYPE = "cuda", torch.bfloat16  # (a CPU dry run of the script's logic patches these)
 
 
-def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1) -> list:
+COMPARE_SETS = {"all": ("COMPARE_CASES", "COMPARE_OLD", "COMPARE_VARIANTS"),
+                "gqa": ("GQA_CASES", "GQA_OLD", "GQA_VARIANTS"),
+                "gqa2": ("GQA_CASES", "GQA_OLD", "GQA2_VARIANTS")}
+
+
+def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1,
+            case_set: str = "all") -> list:
     """The ``--compare`` run (issue 29 item 3): per case of ``COMPARE_CASES`` (or the names in ``cases``), SDPA over
     the same keys as one contiguous tensor (paged: gathered once, outside the timing; Nq > 1: a bottom-right causal
     bool mask), ``old`` and ``new`` plans (``COMPARE_OLD`` / the defaults), each a CUDA-graph replay of
@@ -161,14 +211,24 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
     merge's counter is reset by every replay) and that the arrival counter is back at 0 (``counter_zero``).
     ``calls``: calls captured back to back in each graph (:func:`eval.bench_common.time_cuda_graph`; 1: one call per
     graph, its launch included; more: the steady state of a decode step's layers; column ``calls_per_graph``). Writes
-    decode_compare.csv / .json (what was measured when the budget ran out) and prints one line per row."""
+    decode_compare.csv / .json (what was measured when the budget ran out), prints one line per row and a summary:
+    per case the fraction of copy bandwidth of every method (and its split count), the best of ours marked ``*``.
+
+    ``case_set``: ``"all"`` (``COMPARE_CASES`` / ``COMPARE_OLD`` / ``COMPARE_VARIANTS``) or ``"gqa"``
+    (``GQA_CASES`` / ``GQA_OLD`` / ``GQA_VARIANTS``: the multi-row plans of 2026-12-04). A variant's ``num_splits``
+    may be ``"x3"`` / ``"x2"`` / ``"half"`` (of the new plan's) or ``"legacy"`` (the legacy rule's for the case);
+    a variant given as such a string alone is ``num_splits`` with the other settings of the new plan."""
     from attn_zoo.decode import gather_kv
+
+    if case_set not in COMPARE_SETS:
+        raise ValueError(f"case_set={case_set!r} is not supported; allowed values: {', '.join(COMPARE_SETS)}")
+    case_list, old_opts, variant_list = (globals()[n] for n in COMPARE_SETS[case_set])
 
     t_end = time.time() + budget_s
     copy_gbps = copy_bandwidth()
     sms = _sm_count(torch.device(_COMPARE_DEVICE))
     print(f"copy bandwidth {copy_gbps:.0f} GB/s, {sms} SMs", flush=True)
-    todo = [c for c in COMPARE_CASES if cases is None or c[0] in cases]
+    todo = [c for c in case_list if cases is None or c[0] in cases]
     rows = []
     D, dt, dev = 128, _COMPARE_DTYPE, _COMPARE_DEVICE
 
@@ -178,8 +238,12 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
                     calls_per_graph=calls)
         try:
             if isinstance(opts, str):  # a multiple of the new plan's split count
-                s0 = base_splits
-                opts = dict(num_splits=max(1, {"x3": s0 * 3, "x2": s0 * 2, "half": s0 // 2}[opts]))
+                opts = dict(num_splits=opts)
+            if isinstance(opts.get("num_splits"), str):
+                key, s0 = opts["num_splits"], base_splits
+                ns = (decode_plan(q, k, v, bt, split_rule="legacy").num_splits if key == "legacy"
+                      else {"x3": s0 * 3, "x2": s0 * 2, "half": s0 // 2}[key])
+                opts = dict(opts, num_splits=max(1, ns))
             plan = decode_plan(q, k, v, bt, **opts)
             o0 = decode_run(plan, q, k, v, seq, bt).clone()
             ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt), calls=calls)
@@ -229,7 +293,7 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
         rows.append(dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method="sdpa", ms=ms,
                          frac=fr, calls_per_graph=calls))
         print(f"{name:28s} {'sdpa':18s} {fr:.3f}", flush=True)
-        one(case, "old", COMPARE_OLD, k, v, bt, seq, q, kc, vc, ref, nbytes)
+        one(case, "old", old_opts, k, v, bt, seq, q, kc, vc, ref, nbytes)
         plan = one(case, "new", {}, k, v, bt, seq, q, kc, vc, ref, nbytes)
         if plan is not None:
             new_splits[case[0]] = plan.num_splits
@@ -239,12 +303,12 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
         if time.time() > t_end or case[0] not in new_splits:
             continue
         k, v, bt, seq, q, kc, vc, mask, ref, nbytes = setup(case)
-        for method, opts in COMPARE_VARIANTS:
+        for method, opts in variant_list:
             if time.time() > t_end:
                 break
             if isinstance(opts, dict) and "page_gather" in opts and case[5] is None:
                 continue
-            if isinstance(opts, dict) and "max_registers" in opts and case[5] is None:
+            if case_set == "all" and isinstance(opts, dict) and "max_registers" in opts and case[5] is None:
                 continue  # contiguous kernels are under the cap already (lab/decode_pipeline_check.py)
             one(case, method, opts, k, v, bt, seq, q, kc, vc, ref, nbytes, new_splits[case[0]])
         del k, v, bt, kc, vc, ref
@@ -253,17 +317,37 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
         print("budget spent", flush=True)
     write_csv(rows, os.path.join(out, "decode_compare.csv"))
     write_json(rows, os.path.join(out, "decode_compare.json"), env=dict(env_info(), copy_gbps=copy_gbps, sm_count=sms))
-    by = {}
-    for r in rows:
-        if r.get("frac") is not None:
-            by.setdefault(r["case"], {})[r["method"]] = r["frac"]
-    print(f"\n{'case':28s} {'sdpa':>6s} {'old':>6s} {'new':>6s} {'best':>6s}  best method")
-    for name, d in by.items():
-        ours = {m: f for m, f in d.items() if m != "sdpa"}
-        bm = max(ours, key=ours.get) if ours else "-"
-        print(f"{name:28s} {d.get('sdpa', float('nan')):6.3f} {d.get('old', float('nan')):6.3f} "
-              f"{d.get('new', float('nan')):6.3f} {ours.get(bm, float('nan')):6.3f}  {bm}")
+    print_compare_summary(rows)
     return rows
+
+
+def print_compare_summary(rows) -> None:
+    """Per case, one line: the fraction of copy bandwidth of every method measured (columns in first-seen order,
+    ``-`` where not measured) with its split count, the best of ours marked ``*``, and best minus SDPA."""
+    methods, by = [], {}
+    for r in rows:
+        if r.get("frac") is None:
+            continue
+        if r["method"] not in methods:
+            methods.append(r["method"])
+        by.setdefault(r["case"], {})[r["method"]] = r
+    w = max([13] + [len(m) + 2 for m in methods])
+    print(f"\nfraction of copy bandwidth (S = split count; * = best of ours)\n{'case':26s}"
+          + "".join(f"{m:>{w}s}" for m in methods) + f"{'best-sdpa':>{w}s}  best")
+    for name, d in by.items():
+        ours = {m: r["frac"] for m, r in d.items() if m != "sdpa"}
+        best = max(ours, key=ours.get) if ours else None
+        cells = []
+        for m in methods:
+            r = d.get(m)
+            if r is None:
+                cells.append(f"{'-':>{w}s}")
+                continue
+            txt = (f"{r['frac']:.3f}" + ("*" if m == best else " ")
+                   + (f" S{r['num_splits']}" if r.get("num_splits") else ""))
+            cells.append(f"{txt:>{w}s}")
+        gap = (f"{ours[best] - d['sdpa']['frac']:+.3f}" if best and "sdpa" in d else "-")
+        print(f"{name:26s}" + "".join(cells) + f"{gap:>{w}s}  {best or '-'}")
 
 
 # (name, B, Hq, Hkv, context, page_size or None, Nq)
@@ -295,6 +379,9 @@ def main(argv=None):
                    help="issue 29's decode cases: SDPA, the old and the new defaults, then variants (docstring)")
     p.add_argument("--no-variants", action="store_true", help="--compare: SDPA, old and new only")
     p.add_argument("--cases", default="", help="--compare: case names to run, comma-separated (default: all)")
+    p.add_argument("--set", default="all", choices=sorted(COMPARE_SETS),
+                   help="--compare: 'all' (COMPARE_CASES, old = the pre-2026-12-04 defaults, COMPARE_VARIANTS) or "
+                        "'gqa' (GQA_CASES: the multi-row plans, old = kernel merge + legacy split, GQA_VARIANTS)")
     p.add_argument("--calls-per-graph", type=int, default=1,
                    help="--compare: calls captured back to back in each timed CUDA graph (1: one call, its launch "
                         "included; e.g. 10: the steady state of a decode step's layers)")
@@ -304,7 +391,7 @@ def main(argv=None):
         if args.calls_per_graph < 1:
             p.error(f"--calls-per-graph must be >= 1, got {args.calls_per_graph}")
         compare(args.out, args.budget_s, not args.no_variants, set(args.cases.split(",")) if args.cases else None,
-                args.calls_per_graph)
+                args.calls_per_graph, args.set)
         return
     if args.matrix:
         bns = tuple(int(x) for x in args.block_ns.split(",") if x) or (None,)

@@ -42,14 +42,16 @@ def _cache(g, B, Hkv, D, cap, page_size=None, Dv=None):
     return _randn(g, B * n, Hkv, page_size, D), _randn(g, B * n, Hkv, page_size, Dv), bt
 
 
-def test_plan_run_reuses_its_buffers_and_allocates_nothing(monkeypatch):
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_plan_run_reuses_its_buffers_and_allocates_nothing(monkeypatch, merge):
     g = torch.Generator().manual_seed(0)
     B, Hq, Hkv, Nq, D = 2, 4, 2, 3, 16
     k, v, bt = _cache(g, B, Hkv, D, 96, 16)
     q = _randn(g, B, Hq, Nq, D)
     lens = torch.tensor([70, 41], dtype=torch.int32, device=DEV)
-    plan = decode_plan(q, k, v, bt, window_size=(30, 0), block_n=16, num_splits=3, return_lse=True)
-    assert plan.num_splits > 1 and plan.scratch is not None  # the split-K path (merge kernel) is exercised
+    plan = decode_plan(q, k, v, bt, window_size=(30, 0), block_n=16, num_splits=3, return_lse=True, merge=merge)
+    assert plan.num_splits > 1 and plan.scratch is not None  # the split-K path is exercised
+    assert plan.merge == merge
     want, want_lse = decode_attn_reference(q, k, v, lens, bt, window_size=(30, 0), return_lse=True)
     ptrs = (plan.out.data_ptr(), plan.scratch[0].data_ptr(), plan.scratch[1].data_ptr())
 

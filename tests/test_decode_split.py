@@ -7,6 +7,9 @@
   replays start from a clean counter);
 * the balanced partition of key tiles over splits (shares differ by at most one tile; more splits than tiles leaves
   some empty);
+* the fused merge of a multi-row program (GQA, several new tokens: the row block merged at once, several splits
+  per block where the group leaves padding rows) against the reference and the merge kernel;
+* ``"auto"``: fused + waves for every plan; ``merge="kernel", split_rule="legacy"`` the multi-row plan before;
 * the ``waves`` split rule (``decode_num_splits``) against the ``legacy`` one, and bad option values;
 * ragged lengths that end mid-tile and mid-page, pages of 16 / 32 tokens with every ``page_gather``, GQA heads
   packed with Nq 2-8 new queries (speculative decoding), a window and ``cache_leftpad``.
@@ -207,17 +210,64 @@ def test_empty_and_one_token_sequences_with_splits(merge):
         assert int(plan.counter.abs().sum()) == 0
 
 
-def test_auto_merge_and_split_rule_follow_rows_per_program():
-    """merge / split_rule "auto": fused + waves (and the register cap) where a program holds one query row (MHA, one
-    new token), kernel + legacy (no cap) for GQA or several new tokens: the H200 comparison of 2026-12-04."""
-    g = torch.Generator().manual_seed(5)
-    k, v, _ = _cache(g, 1, 2, 128, 256)
-    for Hq, Nq, want in ((2, 1, ("fused", "waves")), (8, 1, ("kernel", "legacy")), (2, 4, ("kernel", "legacy"))):
-        plan = decode_plan(_randn(g, 1, Hq, Nq, 128), k, v, None, sm_count=132)
-        assert (plan.merge, plan.split_rule) == want, (Hq, Nq)
-        if want[0] == "kernel":
-            assert plan.max_registers is None
-    plan = decode_plan(_randn(g, 1, 8, 1, 128), k, v, None, merge="fused", split_rule="waves")
-    assert (plan.merge, plan.split_rule) == ("fused", "waves")
+def test_auto_merge_and_split_rule_and_the_old_multi_row_plan():
+    """merge / split_rule "auto": the waves split for every plan, the fused merge for one-row programs (MHA, one new
+    token) and the merge kernel for multi-row ones (GQA, several new tokens; H200 2026-12-04), the register cap for
+    one-row programs only; the multi-row default before stays reachable as merge="kernel",
+    split_rule="legacy"; the fused merge walks one-row programs row by row and merges multi-row ones as a block
+    (``merge_rows``, ``merge_rp`` row slots per split)."""
+    # shapes only (the plan reads no values): batch 4, 8 K/V heads, 16k keys of D 128 in 16 bits (3 programs per SM)
+    k = v = torch.empty(4, 8, 16384, 128, device="meta", dtype=torch.float16)
+    for Hq, Nq, rows, rp in ((8, 1, False, 1), (32, 1, True, 4), (8, 4, True, 4), (64, 2, True, 16)):
+        q = torch.empty(4, Hq, Nq, 128, device="meta", dtype=torch.float16)
+        plan = decode_plan(q, k, v, None, sm_count=132)
+        assert (plan.merge, plan.split_rule) == ("kernel" if rows else "fused", "waves"), (Hq, Nq)
+        assert plan.max_registers == (None if rows else 168), (Hq, Nq)
+        assert (plan.merge_rows, plan.merge_rp) == (rows, rp), (Hq, Nq)
+        waves = decode_num_splits(32 * plan.n_m, 256, 132, programs_per_sm=3)
+        assert plan.num_splits == waves
+        assert plan.counter.numel() == (1 if rows else 32 * plan.n_m)  # the merge kernel needs no arrival counter
+        fused = decode_plan(q, k, v, None, sm_count=132, merge="fused")
+        assert fused.num_splits == waves and fused.counter.numel() == 32 * fused.n_m
+        old = decode_plan(q, k, v, None, sm_count=132, merge="kernel", split_rule="legacy")
+        assert old.num_splits == decode_num_splits(32 * old.n_m, 256, 132, rule="legacy") != waves
+        assert old.counter.numel() == 1  # no arrival counter: the merge kernel runs
+        assert old.max_registers == (168 if Hq * Nq == 8 else None)  # one-row programs keep the cap
     with pytest.raises(ValueError, match="merge='last'.*allowed values: 'auto', 'fused', 'kernel'"):
-        decode_plan(_randn(g, 1, 2, 1, 128), k, v, None, merge="last")
+        decode_plan(q, k, v, None, merge="last")
+
+
+@pytest.mark.parametrize("page_size", [None, 32], ids=["contiguous", "page32"])
+@pytest.mark.parametrize("Nq", [1, 2, 4])
+def test_fused_merge_of_a_row_block_matches_the_reference(page_size, Nq):
+    """The fused merge of a multi-row program (GQA G = 4 x Nq 1 / 2 / 4: 4 / 8 / 16 rows, so 4 / 2 / 1 splits per
+    16-row block), 3-5 splits, with and without a left window, contiguous and pages of 32 read in 16-key tiles (a
+    tile starts mid-page), ragged lengths (one with a split left empty), output and lse against the reference and
+    the merge kernel; a second run gives the identical result and leaves the arrival counter at 0."""
+    g = torch.Generator().manual_seed(20 + Nq)
+    B, Hq, Hkv, D = 3, 8, 2, 16
+    k, v, bt = _cache(g, B, Hkv, D, 96, page_size)
+    q = _randn(g, B, Hq, Nq, D)
+    lens = torch.tensor([Nq + 5, 61, 96], dtype=torch.int32, device=DEV)
+    for window in (None, (27, 0)):
+        want, want_lse = decode_attn_reference(q, k, v, lens, bt, window_size=window, return_lse=True)
+        for S in (3, 4, 5):
+            msg = f"Nq={Nq}, S={S}, window={window}"
+            plan = decode_plan(q, k, v, bt, block_n=16, num_splits=S, window_size=window, return_lse=True,
+                               merge="fused")  # (multi-row "auto" takes the merge kernel)
+            assert (plan.merge, plan.num_splits, plan.merge_rows) == ("fused", S, True)
+            assert plan.merge_rp == min(16, 4 * Nq)
+            o, lse = decode_run(plan, q, k, v, lens, bt)
+            o1, l1 = o.clone(), lse.clone()
+            torch.testing.assert_close(o1, want, atol=3e-5, rtol=3e-5, msg=msg)
+            torch.testing.assert_close(l1, want_lse, atol=3e-5, rtol=3e-5, msg=msg)
+            assert int(plan.counter.abs().sum()) == 0
+            plan.out.fill_(float("nan"))
+            o, lse = decode_run(plan, q, k, v, lens, bt)
+            assert torch.equal(o, o1) and torch.equal(lse, l1), msg  # the counter reset: the second run merges too
+            assert int(plan.counter.abs().sum()) == 0
+            if S == 4:
+                ok, lk = decode_run(decode_plan(q, k, v, bt, block_n=16, num_splits=S, window_size=window,
+                                                return_lse=True, merge="kernel"), q, k, v, lens, bt)
+                torch.testing.assert_close(o1, ok, atol=2e-6, rtol=2e-6, msg=msg)
+                torch.testing.assert_close(l1, lk, atol=2e-6, rtol=2e-6, msg=msg)
