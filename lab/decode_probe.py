@@ -137,6 +137,8 @@ COMPARE_CASES = _CONTIGUOUS_CASES + [
     ("gqa32:8_b4_16k_page32", 4, 32, 8, 16384, 32, 1),
     ("gqa32:8_b1_64k_nq4", 1, 32, 8, 65536, None, 4),
     ("gqa32:8_b1_64k_page16_nq4", 1, 32, 8, 65536, 16, 4),
+    ("gqa32:8_b1_64k_nq2", 1, 32, 8, 65536, None, 2),  # speculative decoding, issue 29: Nq 2-8
+    ("gqa32:8_b1_64k_nq8", 1, 32, 8, 65536, None, 8),
 ]
 # --compare --set gqa (2026-12-04): the multi-row plans after the fused merge was vectorised over a program's rows
 # ("auto" = fused merge + waves split for every plan) against the multi-row defaults before it (kernel / legacy)
