@@ -49,6 +49,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._host import cdiv, next_pow2
 
@@ -158,11 +159,13 @@ def _decode_fwd(
     PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_RP: tl.constexpr, MERGE_NU: tl.constexpr, MERGE_SC: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Grid ``(S, B * Hkv, cdiv(G * Nq, BM))``: split ``s`` of the visited key tiles of one K/V head of one
     sequence, for ``BM`` packed (query head, query) rows. Writes the output (``S == 1``) or fp32 partials
     ``OP (S, R, D)`` normalised by their own sum and ``LP (S, R)`` their lse in log2 units, ``R = B*Hq*Nq``."""
+    if PDL:  # the merge kernel (launched with programmatic dependent launch) may start; it waits for this grid
+        gdc_launch_dependents()
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -344,8 +347,13 @@ def _decode_fwd(
 
 
 @triton.jit
-def _decode_merge(OP, LP, O, LSE, R, S, D, BS: tl.constexpr, BD: tl.constexpr, STORE_LSE: tl.constexpr):
-    """One output row: ``out = sum_s w_s o_s / sum_s w_s`` with ``w_s = exp2(lse_s - max lse)``."""
+def _decode_merge(OP, LP, O, LSE, R, S, D, BS: tl.constexpr, BD: tl.constexpr, STORE_LSE: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    """One output row: ``out = sum_s w_s o_s / sum_s w_s`` with ``w_s = exp2(lse_s - max lse)``. ``PDL``: launched
+    with programmatic dependent launch, so its programs start while the split kernel runs and wait here until its
+    partials are written and visible."""
+    if PDL:
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BS)
     offs_d = tl.arange(0, BD)
@@ -529,7 +537,7 @@ class DecodePlan:
     __slots__ = ("B", "Hq", "Hkv", "Nq", "D", "Dv", "dtype", "device", "paged", "page_size", "capacity", "max_pages",
                  "block_n", "block_m", "BD", "BDV", "n_m", "num_splits", "causal", "left", "right", "scale", "has_leftpad",
                  "return_lse", "is_sparse", "sparse_bs", "lay", "tidx", "tcnt", "out", "lse", "scratch", "num_warps", "num_stages",
-                 "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers", "merge_rows", "merge_rp",
+                 "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers", "merge_rows", "merge_rp", "pdl",
                  "merge_sc")
 
     def __repr__(self):
@@ -549,7 +557,7 @@ def decode_plan(
     softmax_scale: Optional[float] = None, sparse: Optional["DecodeSparse"] = None, num_splits: Optional[int] = None,
     block_n: Optional[int] = None, return_lse: bool = False, has_leftpad: bool = False,
     sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3, page_gather: str = "prefetch",
-    merge: str = "auto", split_rule: str = "auto", max_registers="auto",
+    merge: str = "auto", split_rule: str = "auto", max_registers="auto", pdl="auto",
 ) -> DecodePlan:
     """Host-side plan of :func:`decode_run`, made once per batch shape / cache layout / mask (no device sync).
 
@@ -593,10 +601,15 @@ def decode_plan(
     64-key tiles of D 128 in 3 stages, so 3 programs stay resident; the per-key paged kernels take 182-220 without it
     on triton 3.6 and none spills at 168, where 128-key or 32-row tiles would), ``None`` (the compiler's choice) or
     an int (Triton's ``maxnreg``).
+    ``pdl``: launch the merge kernel (``merge="kernel"``, ``S > 1``) with programmatic dependent launch (CUDA's
+    PDL, Hopper and later): its programs are scheduled while the split kernel runs and wait in-kernel
+    (``griddepcontrol.wait``) until the partials are written, so the second launch's latency overlaps the first
+    kernel's tail. ``"auto"`` (default): on a CUDA device of compute capability >= 9.0 (not under the
+    interpreter); ``True`` / ``False``.
     Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the counter).
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
-    ``split_rule`` or ``max_registers`` for a value other than those above.
+    ``split_rule``, ``max_registers`` or ``pdl`` for a value other than those above.
     """
     if page_gather not in ("key", "page", "prefetch"):
         raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
@@ -604,6 +617,8 @@ def decode_plan(
         raise ValueError(f"merge={merge!r} is not supported; allowed values: 'auto', 'fused', 'kernel'")
     if split_rule not in ("auto", "waves", "legacy"):
         raise ValueError(f"split_rule={split_rule!r} is not supported; allowed values: 'auto', 'waves', 'legacy'")
+    if not (pdl == "auto" or isinstance(pdl, bool)):
+        raise ValueError(f"pdl={pdl!r} is not supported; allowed values: 'auto', True, False")
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
     B, Hq, Nq, D = q.shape
@@ -682,6 +697,12 @@ def decode_plan(
     elif max_registers is not None and (not isinstance(max_registers, int) or not 24 <= max_registers <= 255):
         raise ValueError(f"max_registers={max_registers!r} must be 'auto', None or an int in [24, 255]")
     p.max_registers = max_registers
+    pdl_ok = dev.type == "cuda" and not _interpreting() and torch.cuda.get_device_capability(dev) >= (9, 0)
+    if pdl is True and not pdl_ok:
+        raise ValueError("pdl=True needs compiled kernels on a CUDA device of compute capability >= 9.0 (Hopper); "
+                         "allowed values here: 'auto', False")
+    pdl = pdl_ok if pdl == "auto" else pdl  # programmatic dependent launch of the merge kernel
+    p.pdl = bool(pdl) and S > 1 and merge == "kernel"
     p.out = torch.empty(B, Hq, Nq, Dv, device=dev, dtype=q.dtype)
     p.lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32) if return_lse else None
     p.scratch = None
@@ -763,12 +784,13 @@ def decode_run(
         MERGE_NU=p.block_m // p.merge_rp,
         MERGE_SC=p.merge_sc,
         STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
-        DOT_PREC=dot_prec, num_warps=p.num_warps, num_stages=p.num_stages,
+        DOT_PREC=dot_prec, PDL=p.pdl, num_warps=p.num_warps, num_stages=p.num_stages,
         **({"maxnreg": p.max_registers} if p.max_registers and not _interpreting() else {}),
     )
     if S > 1 and p.merge == "kernel":
         _decode_merge[(R,)](op, lp, out, lse, R, S, p.Dv, BS=max(2, next_pow2(S)), BD=p.BDV,
-                            STORE_LSE=p.return_lse, num_warps=4 if p.BDV >= 128 else 2)
+                            STORE_LSE=p.return_lse, PDL=p.pdl, num_warps=4 if p.BDV >= 128 else 2,
+                            **({"launch_pdl": True} if p.pdl else {}))
     return (out, lse) if p.return_lse else out
 
 
@@ -779,7 +801,7 @@ def decode_attn(
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
     return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
     plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "auto", split_rule: str = "auto",
-    max_registers="auto",
+    max_registers="auto", pdl="auto",
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
 
@@ -806,7 +828,7 @@ def decode_attn(
             decode on a packed prefix: keys ``j < cache_leftpad[b]`` are not seen; positions stay absolute).
         plan: a :func:`decode_plan` to run (then the mask / tile arguments above are the plan's and must be
             left at their defaults); default: a fresh plan per call (fresh output buffers).
-        page_gather, merge, split_rule, max_registers: as :func:`decode_plan`.
+        page_gather, merge, split_rule, max_registers, pdl: as :func:`decode_plan`.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``).
@@ -820,7 +842,7 @@ def decode_attn(
                            softmax_scale=softmax_scale, sparse=sparse, num_splits=num_splits, block_n=block_n,
                            return_lse=return_lse, has_leftpad=cache_leftpad is not None, num_warps=num_warps,
                            num_stages=num_stages, page_gather=page_gather, merge=merge, split_rule=split_rule,
-                           max_registers=max_registers)
+                           max_registers=max_registers, pdl=pdl)
     return decode_run(plan, q, k_cache, v_cache, cache_seqlens.contiguous(), block_table,
                       None if cache_leftpad is None else cache_leftpad.contiguous())
 

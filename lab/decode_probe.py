@@ -175,6 +175,10 @@ GQA2_VARIANTS = [
     ("kernel_S8_st4", dict(merge="kernel", num_splits=8, num_stages=4)),
 ]
 
+# --compare --set pdl: every case of --compare, the defaults with the merge kernel launched by programmatic dependent
+# launch (multi-row plans) against the same plans without it
+PDL_VARIANTS = [("no_pdl", dict(pdl=False))]
+
 # the plan settings timed by --compare: "old" = the defaults before 2026-12-04 (split count for two waves of SMs,
 # a second merge launch, per-key page lookups in the tile's iteration, the compiler's register count; the kernel's
 # split shares are balanced in both), "new" = the current defaults ("auto": fused merge and waves split for every
@@ -199,7 +203,8 @@ _COMPARE_DEVICE, _COMPARE_DTYPE = "cuda", torch.bfloat16  # (a CPU dry run of th
 
 COMPARE_SETS = {"all": ("COMPARE_CASES", "COMPARE_OLD", "COMPARE_VARIANTS"),
                 "gqa": ("GQA_CASES", "GQA_OLD", "GQA_VARIANTS"),
-                "gqa2": ("GQA_CASES", "GQA_OLD", "GQA2_VARIANTS")}
+                "gqa2": ("GQA_CASES", "GQA_OLD", "GQA2_VARIANTS"),
+                "pdl": ("COMPARE_CASES", "COMPARE_OLD", "PDL_VARIANTS")}
 
 
 def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1,

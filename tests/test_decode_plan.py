@@ -212,3 +212,53 @@ def test_prefetched_page_lookups_match_per_key_lookups():
                 got = decode_run(plan, q, k, v, lens, bt, leftpad)
                 torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5,
                                            msg=f"page_size={ps}, window={window}, leftpad={leftpad}, {gather}")
+
+
+def test_pdl_option_is_checked_and_off_where_it_cannot_run():
+    """``pdl`` (programmatic dependent launch of the merge kernel): "auto" is off on CPU / under the interpreter and
+    for plans without a merge kernel; ``pdl=True`` where it cannot run and values other than "auto" / bool are
+    refused, naming the option."""
+    g = torch.Generator().manual_seed(3)
+    k, v, bt = _cache(g, 1, 2, 16, 64)
+    q = _randn(g, 1, 4, 1, 16)
+    plan = decode_plan(q, k, v, bt, block_n=16, num_splits=3, merge="kernel")
+    if DEV == "cpu":
+        assert plan.pdl is False
+        with pytest.raises(ValueError, match=r"pdl=True needs .*compute capability >= 9\.0"):
+            decode_plan(q, k, v, bt, block_n=16, num_splits=3, merge="kernel", pdl=True)
+    assert decode_plan(q, k, v, bt, block_n=16, num_splits=3, merge="fused").pdl is False  # no second launch
+    assert decode_plan(q, k, v, bt, block_n=16, num_splits=1).pdl is False  # no merge at all
+    with pytest.raises(ValueError, match=r"pdl='yes' is not supported; allowed values: 'auto', True, False"):
+        decode_plan(q, k, v, bt, pdl="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs a Hopper GPU")
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_gpu_pdl_merge_equals_the_plain_merge_and_replays_in_a_graph(page_size):
+    """The merge kernel launched with PDL (``pdl=True``: it starts early and waits in-kernel for the partials)
+    gives the bitwise output of the plain launch (``pdl=False``), in eager calls and in CUDA-graph replays of
+    several steps whose caches change between replays; GQA 32:8, 4 new queries, bf16, 4k keys, 13 splits."""
+    g = torch.Generator().manual_seed(4)
+    B, Hq, Hkv, Nq, D, cap = 2, 32, 8, 4, 128, 4096
+    k, v, bt = _cache(g, B, Hkv, D, cap, page_size)
+    k, v = k.bfloat16(), v.bfloat16()
+    q = _randn(g, B, Hq, Nq, D).bfloat16()
+    lens = torch.tensor([cap, 2500], dtype=torch.int32, device=DEV)
+    plans = {pdl: decode_plan(q, k, v, bt, num_splits=13, merge="kernel", pdl=pdl) for pdl in (True, False)}
+    assert plans[True].pdl and not plans[False].pdl
+    want = decode_attn_reference(q, k, v, lens, bt)
+    outs = {pdl: decode_run(p, q, k, v, lens, bt).clone() for pdl, p in plans.items()}
+    assert torch.equal(outs[True], outs[False])
+    torch.testing.assert_close(outs[True].float(), want.float(), atol=2e-2, rtol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):  # three layers' steps in one graph, as a decode step captures them
+            decode_run(plans[True], q, k, v, lens, bt)
+    for step in range(3):
+        k.mul_(-1.0) if step % 2 else v.add_(0.5)  # new cache contents before each replay
+        graph.replay()
+        torch.cuda.synchronize()
+        plain = decode_run(plans[False], q, k, v, lens, bt)
+        assert torch.equal(plans[True].out, plain), step

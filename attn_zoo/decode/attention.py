@@ -35,7 +35,7 @@ from .cache import _check_seqlens, cache_capacity, cdiv, check_cache_layout, che
 
 DECODE_BACKENDS = ("triton", "torch", "reference")
 KERNEL_OPTIONS = ("block_n", "max_registers", "merge", "num_splits", "num_stages", "num_warps", "page_gather",
-                  "split_rule")  # kernels.decode.decode_plan's tile / launch options
+                  "pdl", "split_rule")  # kernels.decode.decode_plan's tile / launch options
 
 
 def _check_kernel_options(kernel_options, allowed=KERNEL_OPTIONS):
