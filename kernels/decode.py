@@ -557,7 +557,7 @@ def decode_plan(
     softmax_scale: Optional[float] = None, sparse: Optional["DecodeSparse"] = None, num_splits: Optional[int] = None,
     block_n: Optional[int] = None, return_lse: bool = False, has_leftpad: bool = False,
     sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3, page_gather: str = "prefetch",
-    merge: str = "auto", split_rule: str = "auto", max_registers="auto", pdl="auto",
+    merge: str = "auto", split_rule: str = "auto", max_registers="auto", pdl=False,
 ) -> DecodePlan:
     """Host-side plan of :func:`decode_run`, made once per batch shape / cache layout / mask (no device sync).
 
@@ -604,8 +604,10 @@ def decode_plan(
     ``pdl``: launch the merge kernel (``merge="kernel"``, ``S > 1``) with programmatic dependent launch (CUDA's
     PDL, Hopper and later): its programs are scheduled while the split kernel runs and wait in-kernel
     (``griddepcontrol.wait``) until the partials are written, so the second launch's latency overlaps the first
-    kernel's tail. ``"auto"`` (default): on a CUDA device of compute capability >= 9.0 (not under the
-    interpreter); ``True`` / ``False``.
+    kernel's tail. ``False`` (default), ``True`` or ``"auto"`` (on a CUDA device of compute capability >= 9.0, not
+    under the interpreter). Measured on the H200 (2026-12-04, ``lab.decode_probe --compare --set pdl``, 10 calls
+    per CUDA graph): no gain -- within +-0.01 of copy bandwidth on contiguous caches, and 0.80-0.82 against
+    0.86 on GQA pages at batch 4 -- so it is off by default.
     Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the counter).
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
@@ -666,6 +668,8 @@ def decode_plan(
         num_stages = min(num_stages, 2)
     per_sm = _programs_per_sm(BN, max(16, next_pow2(D)), max(16, next_pow2(Dv)), num_stages, q.element_size(),
                               num_warps)
+    if BM >= 32:  # tiles of 32+ query rows hold more registers: 2 programs per SM (H200, 8 new GQA queries: the
+        per_sm = min(per_sm, 2)  # waves split at 3 per SM, 49 splits, read 0.62 of copy bandwidth; 33 splits 0.82)
     if num_splits is not None and (isinstance(num_splits, bool) or int(num_splits) != num_splits):
         raise ValueError(f"num_splits={num_splits!r} must be None or an integer >= 1")
     S = int(num_splits) if num_splits is not None else decode_num_splits(
@@ -801,7 +805,7 @@ def decode_attn(
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
     return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
     plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "auto", split_rule: str = "auto",
-    max_registers="auto", pdl="auto",
+    max_registers="auto", pdl=False,
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
 
