@@ -4,9 +4,10 @@ Algorithm: FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for lo
 of the cache are split over ``S`` programs per (sequence, K/V head); each runs the FlashAttention online softmax
 over its share and writes a normalised partial output and its log-sum-exp; the ``S`` partials are then merged
 (``out = sum_s exp(lse_s - lse) o_s``, ``lse = logsumexp_s lse_s``), in the last split of each (sequence, K/V
-head) to finish (an arrival counter that the merging program resets: one launch per step, the default; a program
-of one query row merges it alone, a program of several -- GQA heads, several new tokens -- merges its whole row
-block at once) or in a second small kernel (``merge="kernel"``, see :func:`decode_plan`). With ``S == 1`` the first
+head) to finish (``merge="fused"``: an arrival counter that the merging program resets, one launch per step, the
+default where a program holds one query row, which it merges alone; a program of several -- GQA heads, several new
+tokens -- merges its whole row block at once) or in a second small kernel (``merge="kernel"``, the default for
+multi-row programs; see :func:`decode_plan`). With ``S == 1`` the first
 kernel writes the output directly. The key tiles of a (sequence,
 K/V head) are spread evenly over its splits (shares differ by at most one tile) and ``S`` fills the SMs' resident
 program slots a whole number of times (:func:`decode_num_splits`). Conventions follow ``flash_attn_with_kvcache``
@@ -43,6 +44,7 @@ Public API: :func:`decode_attn` (forward only, no autograd), :func:`decode_spars
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import NamedTuple, Optional, Tuple
 
@@ -52,6 +54,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._host import cdiv, next_pow2
+
+NUM_WARPS = (1, 2, 4, 8, 16, 32)  # decode_plan's num_warps: Triton launches powers of two
 
 __all__ = ["decode_attn", "decode_attn_reference", "decode_sparse_tables", "decode_block_n", "decode_num_splits",
            "merge_partials_reference", "DecodeSparse", "DecodePlan", "decode_plan", "decode_run", "MAX_HEAD_DIM"]
@@ -611,7 +615,8 @@ def decode_plan(
     Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the counter).
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
-    ``split_rule``, ``max_registers`` or ``pdl`` for a value other than those above.
+    ``split_rule``, ``max_registers`` or ``pdl`` for a value other than those above, ``num_warps`` other than 1, 2,
+    4, 8, 16, 32, ``num_stages`` other than an integer >= 1.
     """
     if page_gather not in ("key", "page", "prefetch"):
         raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
@@ -621,6 +626,11 @@ def decode_plan(
         raise ValueError(f"split_rule={split_rule!r} is not supported; allowed values: 'auto', 'waves', 'legacy'")
     if not (pdl == "auto" or isinstance(pdl, bool)):
         raise ValueError(f"pdl={pdl!r} is not supported; allowed values: 'auto', True, False")
+    if isinstance(num_warps, bool) or not isinstance(num_warps, numbers.Integral) or num_warps not in NUM_WARPS:
+        raise ValueError(f"num_warps={num_warps!r} is not supported; allowed values: {', '.join(map(str, NUM_WARPS))}")
+    if isinstance(num_stages, bool) or not isinstance(num_stages, numbers.Integral) or num_stages < 1:
+        raise ValueError(f"num_stages={num_stages!r} must be an integer >= 1")
+    num_warps, num_stages = int(num_warps), int(num_stages)
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
     B, Hq, Nq, D = q.shape

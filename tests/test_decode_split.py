@@ -9,7 +9,8 @@
   some empty);
 * the fused merge of a multi-row program (GQA, several new tokens: the row block merged at once, several splits
   per block where the group leaves padding rows) against the reference and the merge kernel;
-* ``"auto"``: fused + waves for every plan; ``merge="kernel", split_rule="legacy"`` the multi-row plan before;
+* ``"auto"``: the waves split for every plan, the fused merge for one-row programs and the merge kernel for
+  multi-row ones; ``merge="kernel", split_rule="legacy"`` the multi-row plan before;
 * the ``waves`` split rule (``decode_num_splits``) against the ``legacy`` one, and bad option values;
 * ragged lengths that end mid-tile and mid-page, pages of 16 / 32 tokens with every ``page_gather``, GQA heads
   packed with Nq 2-8 new queries (speculative decoding), a window and ``cache_leftpad``.
@@ -271,3 +272,30 @@ def test_fused_merge_of_a_row_block_matches_the_reference(page_size, Nq):
                                                 return_lse=True, merge="kernel"), q, k, v, lens, bt)
                 torch.testing.assert_close(o1, ok, atol=2e-6, rtol=2e-6, msg=msg)
                 torch.testing.assert_close(l1, lk, atol=2e-6, rtol=2e-6, msg=msg)
+
+
+def test_bad_num_warps_and_num_stages_are_value_errors_naming_them():
+    """``num_warps`` / ``num_stages`` (kernel options of every entry point) outside what Triton launches: a
+    ``ValueError`` naming the option and the allowed values, not a ``ZeroDivisionError`` / ``TypeError`` from the
+    plan's arithmetic, nor a value passed on silently (the interpreter ignores both; a GPU launch would not)."""
+    from attn_zoo import AttentionSpec
+    from attn_zoo.decode import decode_attention
+    from kernels.decode import decode_attn
+
+    g = torch.Generator().manual_seed(9)
+    k, v, _ = _cache(g, 1, 1, 16, 32)
+    q = _randn(g, 1, 2, 1, 16)
+    lens = torch.tensor([20], dtype=torch.int32, device=DEV)
+    for bad in (0, 3, 64, True, "4", 4.0):
+        with pytest.raises(ValueError, match=r"num_warps=.*allowed values: 1, 2, 4, 8, 16, 32"):
+            decode_plan(q, k, v, num_warps=bad)
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match=r"num_stages=.*integer >= 1"):
+            decode_plan(q, k, v, num_stages=bad)
+    with pytest.raises(ValueError, match="num_warps=0"):
+        decode_attn(q, k, v, lens, num_warps=0)
+    with pytest.raises(ValueError, match="num_stages=0"):
+        decode_attention(q, k, v, AttentionSpec(kind="flash"), lens, backend="triton", num_stages=0)
+    want = decode_attn_reference(q, k, v, lens)
+    for nw, ns in ((1, 1), (2, 4)):  # legal values still run
+        torch.testing.assert_close(decode_attn(q, k, v, lens, num_warps=nw, num_stages=ns), want, atol=3e-5, rtol=3e-5)

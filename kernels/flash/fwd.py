@@ -196,8 +196,8 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     built by :func:`build_sparse_tables` at ``sparse_tiles(D, config)[0]``: ``kv_idx`` int32 ``(n_q_tiles,
     max_visits)`` (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
     ``(n_q_tiles,)`` full tiles. ``config``: default the current settings. ``v`` may have its own head dim ``Dv``
-    (MLA; TMA only when ``Dv == D``). ``config.fwd_impl`` ``"gluon"`` / ``"gluon_ws"`` runs the Gluon kernels of
-    :mod:`kernels.flash.gluon` instead (dense / causal only; ``ValueError`` otherwise, see
+    (MLA; TMA only when ``Dv == D``). ``config.fwd_impl`` ``"gluon"`` / ``"gluon_ws"`` / ``"gluon_ws2"`` runs the
+    Gluon kernels of :mod:`kernels.flash.gluon` instead (dense / causal only; ``ValueError`` otherwise, see
     :func:`~kernels.flash.gluon.check_gluon_fwd`). ``documents``: the document table of :func:`kernels.flash.documents.
     document_table` (packed documents: tiles across documents skipped, ``doc_q == doc_k`` on straddling tiles). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
     Nq) fp32)``.
