@@ -85,8 +85,9 @@ def _yaml_specs():
         if "mixer" not in cfg and cfg.get("_target_") in (None, "attn_zoo.make_spec"):
             continue
         spec = make_layer_spec(**cfg)
-        name = next((n for n in mixer_names() if isinstance(spec, MixerSpec) and
-                     (spec.mixer == n or spec.factory() is MixerSpec(n).factory())), None)
+        name = next((n for n in mixer_names() if n != "attention" and isinstance(spec, MixerSpec) and
+                     (spec.mixer == n or spec.factory() is MixerSpec(n).factory())), None)  # ("attention" has
+        # no MixerSpec: it is described by an AttentionSpec)
         if name is not None:
             out.setdefault(name, spec)
     return out
