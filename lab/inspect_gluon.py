@@ -24,14 +24,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 
-def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool = False) -> dict:
+def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool = False,
+                 stages_override: int = 0) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
-    from kernels.flash.gluon import gluon_tiles, nvmma_layout
+    from kernels.flash.gluon import gluon_kernel, gluon_tiles, nvmma_layout
 
     block_m, block_n, stages, warps = gluon_tiles(impl, D)
-    fn = GK._gl_fwd_ws_kernel if impl.startswith("gluon_ws") else GK._gl_fwd_kernel
+    if stages_override:
+        stages = stages_override
+    fn, extra = gluon_kernel(impl, GK)
     import triton.experimental.gluon.language as gl
 
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
@@ -41,9 +44,7 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
         types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
     types.update(Out=f"*{dtype}", Lse="*fp32", stride_ob="i32", stride_oh="i32", stride_on="i32", Hq="i32",
                  Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32")
-    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
-    if impl.startswith("gluon_ws"):
-        const["N_CONSUMERS"] = 2 if impl == "gluon_ws2" else 1
+    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps, **extra)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in const:
@@ -71,6 +72,19 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
     for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
         m = re.search(pat, res)
         out[key] = int(m.group(1)) if m else None
+    out["setmaxnreg_to"] = sorted(set(int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", text)))
+    # ptxas's own warnings (e.g. "wgmma.mma_async instructions are serialized": the overlap would be lost)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(text)
+        r = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                           capture_output=True, text=True)
+    warn = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if "warning" in ln.lower()]
+    out["ptxas_warnings"] = len(warn)
+    if warn:
+        out["first_warning"] = warn[0][:160]
     if ptx:
         out["ptx"] = text
     return out

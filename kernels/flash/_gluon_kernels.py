@@ -281,3 +281,214 @@ def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, st
              (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
                              b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
             [4, 1], [240, 24])
+
+
+# ------------------------------------------------------------------------------------------------ gluon_ws3 family
+# FA3's consumer schedule on the gluon_ws2 layout (one 1-warp TMA producer, two 1-warpgroup consumers of BLOCK_M / 2
+# rows each). Per consumer, key tile j (j >= 1) is one "issue round":
+#
+#   [turn wait]  issue S_j = Q K_j^T  and  O += P_{j-1} V_{j-1}  (both async)  [turn pass]
+#   wait S_j (wgmma group 1 of 2)  ->  softmax(S_j) -> P_j, alpha_j   (runs while P_{j-1} V_{j-1} is in flight)
+#   wait O   ->  release K_j and V_{j-1}  ->  O *= alpha_j   (skipped when the row maxima did not grow: RESCALE_THR)
+#
+# tile 0 has only S_0, and one last round issues P_{n-1} V_{n-1}: n_tiles + 1 rounds. K and V have their own ready
+# and empty barriers, so the producer refills a K slot one softmax earlier than its V slot.
+#
+# Ping-pong (PINGPONG, FA3 sec. 3.1): the two consumers take turns issuing their rounds' wgmmas, through two
+# mbarriers ``turn[w]`` ("consumer w may issue"), so one consumer's softmax runs while the other's GEMMs run.
+# Consumer 0 goes first: its round r >= 1 waits for consumer 1's round r - 1; consumer 1's round r waits for consumer
+# 0's round r. A consumer passes the turn (one arrive, after a barrier over its 4 warps, so that every warp has
+# passed its own wait first) right after issuing. Phases: the r-th arrive on turn[1] comes after every warp of
+# consumer 1 has consumed phase r - 1 (it needs consumer 1's arrive of round r - 1, itself after consumer 1's barrier),
+# so a waiter is never two phases behind (parity waits stay exact); likewise for turn[0]. Both consumers run the same
+# n_tiles + 1 rounds; consumer 1's last arrive on turn[0] is never waited for (the barrier dies with the program).
+#
+# Conditional rescaling (RESCALE_THR > 0, FA4): the running max m of a consumer's rows is raised only when some
+# row's tile max exceeds it by more than RESCALE_THR (log2 units: P <= 2^RESCALE_THR); otherwise m stays stale,
+# alpha = 1 and the O rescale is skipped (a branch uniform over the consumer). Exact: l and O accumulate against
+# the same m and the epilogue divides by l.
+
+
+@gluon.jit
+def _pp_wait(turn_bars, r, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait for consumer ``WG``'s turn in issue round ``r`` (consumer 0 issues round 0 unasked)."""
+    if PINGPONG:
+        if WG == 0:
+            mbarrier.wait(turn_bars.index(0), (r + 1) & 1, pred=r > 0)
+        else:
+            mbarrier.wait(turn_bars.index(1), r & 1)
+
+
+@gluon.jit
+def _pp_pass(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: hand the turn to the other consumer, once every warp of this one has passed its wait."""
+    if PINGPONG:
+        gl.thread_barrier()
+        mbarrier.arrive(turn_bars.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _softmax3(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, s_layout: gl.constexpr, RESCALE_THR: gl.constexpr):
+    """:func:`_softmax_tile` with optional conditional rescaling: returns ``(p, alpha, m_new, l_new, rescale)``,
+    ``rescale`` a scalar (whether ``alpha`` may differ from 1 on some row; always true without RESCALE_THR)."""
+    if t >= n_full:  # causal diagonal / ragged key end: element mask
+        cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = gl.expand_dims(cols < Nk, 0)
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + offset, 1))
+        s = gl.where(ok, s * qk_scale, float("-inf"))
+        m_cand = gl.maximum(m_i, gl.max(s, 1))
+        if RESCALE_THR > 0:
+            rescale = gl.max((m_cand > m_i + RESCALE_THR).to(gl.int32), 0) > 0
+            m_new = gl.where(rescale, m_cand, m_i)
+        else:
+            rescale = True
+            m_new = m_cand
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    else:  # every key valid: m_new is finite, the scale folds into one FMA per score
+        m_cand = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if RESCALE_THR > 0:
+            rescale = gl.max((m_cand > m_i + RESCALE_THR).to(gl.int32), 0) > 0
+            m_new = gl.where(rescale, m_cand, m_i)
+        else:
+            rescale = True
+            m_new = m_cand
+        m_use = m_new
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new, rescale
+
+
+@gluon.jit
+def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
+                  b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp): Q once, then per key tile its K (slot free once both consumers' S of the tile
+    ``STAGES`` back completed) and its V (free once both consumers' PV product of that tile completed)."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    for t in range(0, n_tiles):
+        slot = t % STAGES
+        phase = ((t // STAGES) & 1) ^ 1  # the release of tile t - STAGES: completion t // STAGES - 1 of the slot
+        reuse = t >= STAGES
+        mbarrier.wait(k_empty.index(slot), phase, pred=reuse)
+        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase, pred=reuse)
+        mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn_bars, Out, Lse, stride_ob,
+                  stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale,
+                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, RESCALE_THR: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """Consumer ``WG`` (0 or 1; one warpgroup): ``BLOCK_M`` rows from ``start_m`` (``q2`` their Q tile in shared
+    memory), the schedule described above, then the epilogue. Releases (K_j and V_{j-1} after round j's PV wait)
+    follow a barrier over the partition's warps: each empty barrier expects one arrive per consumer."""
+    dtype: gl.constexpr = q2.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if n_tiles > 0:  # (both consumers agree: no round at all when the rows see no key)
+        mbarrier.wait(q_bar, 0)
+        # round 0: S_0 only
+        _pp_wait(turn_bars, 0, WG, PINGPONG)
+        mbarrier.wait(k_bars.index(0), 0)
+        s_t = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero, use_acc=False,
+                            is_async=True)
+        _pp_pass(turn_bars, WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s_t, ))
+        gl.thread_barrier()
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, m_i, l_i, rescale = _softmax3(s, m_i, l_i, 0, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
+                                                BLOCK_M, BLOCK_N, s_layout, RESCALE_THR)
+        p_prev = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            pslot = (j - 1) % STAGES
+            _pp_wait(turn_bars, j, WG, PINGPONG)
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            s_t = warpgroup_mma(q2, k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                                use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(pslot), ((j - 1) // STAGES) & 1)
+            acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+            _pp_pass(turn_bars, WG, PINGPONG)
+            s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
+            p, alpha, m_i, l_i, rescale = _softmax3(s, m_i, l_i, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
+                                                    BLOCK_M, BLOCK_N, s_layout, RESCALE_THR)
+            p_next = gl.convert_layout(p.to(dtype), p_layout)
+            acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
+            gl.thread_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.arrive(v_empty.index(pslot), count=1)
+            if RESCALE_THR > 0:
+                if rescale:  # uniform over the consumer: some row's max grew past the threshold
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            else:
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            p_prev = p_next
+        # last round: P_{n-1} V_{n-1} (its V slot is never refilled: no release)
+        last = n_tiles - 1
+        _pp_wait(turn_bars, n_tiles, WG, PINGPONG)
+        mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+        acc_t = warpgroup_mma(p_prev, v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+        _pp_pass(turn_bars, WG, PINGPONG)
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
+    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
+              s_layout, o_layout)
+
+
+@gluon.jit
+def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
+                       Hq, Nq, Nk, offset, group, qk_scale,
+                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                       STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
+                       RESCALE_THR: gl.constexpr = 0.0):
+    """``gluon_ws3*``: the gluon_ws2 layout (``num_warps = 4``: the default partition is consumer 0, a 4-warp worker
+    consumer 1, a 1-warp worker the producer) with FA3's intra-warpgroup overlap, split K / V barriers, optional
+    ping-pong (``PINGPONG``) and conditional rescaling (``RESCALE_THR > 0``)."""
+    dtype: gl.constexpr = q_desc.dtype
+    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
+    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(turn_bars.index(0), count=1)
+    mbarrier.init(turn_bars.index(1), count=1)
+    fence_async_shared()
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    HALF: gl.constexpr = BLOCK_M // 2
+    gl.warp_specialize(
+        [(_ws3_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn_bars, Out,
+                          Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
+                          qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, RESCALE_THR, num_warps)),
+         (_ws3_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn_bars,
+                          Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
+                          offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, RESCALE_THR, 4)),
+         (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
+                          b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+        [4, 1], [240, 24])

@@ -26,8 +26,8 @@ from typing import Iterator, Optional, Union
 import torch
 
 DQ_MODES = ("separate", "atomic")
-# the forward kernels (FlashConfig.fwd_impl); kernels.flash.gluon (imports Gluon lazily) runs the last three
-FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2")
+# the forward kernels (FlashConfig.fwd_impl); kernels.flash.gluon (imports Gluon lazily) runs all but the first
+FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2", "gluon_ws3a", "gluon_ws3b", "gluon_ws3")
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -104,7 +104,9 @@ class FlashConfig:
         fwd_impl: the forward kernel: ``"triton"`` (default: every mask), or the opt-in Gluon kernels for Hopper
             (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``) ``"gluon"`` (TMA ring + wgmma,
             one partition), ``"gluon_ws"`` (warp specialised: a TMA producer warp, one 8-warp MMA + softmax
-            consumer) and ``"gluon_ws2"`` (FA3's layout: the producer and two 1-warpgroup consumer partitions):
+            consumer), ``"gluon_ws2"`` (FA3's layout: the producer and two 1-warpgroup consumer partitions) and
+            ``"gluon_ws3a"`` / ``"gluon_ws3b"`` / ``"gluon_ws3"`` (gluon_ws2 with FA3's intra-warpgroup overlap;
+            ``b``: plus ping-pong of the consumers; the last: plus FA4's conditional rescaling):
             dense or causal masks, D in {64, 128}, fp16 / bf16, sm_90 only; anything else raises ``ValueError``
             at the call. The backward is the Triton one either way.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them

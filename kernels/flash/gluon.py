@@ -1,4 +1,5 @@
-"""Opt-in Gluon forward for Hopper (``FlashConfig(fwd_impl="gluon" | "gluon_ws" | "gluon_ws2")``): host side.
+"""Opt-in Gluon forward for Hopper (``FlashConfig(fwd_impl="gluon" | "gluon_ws" | "gluon_ws2" | "gluon_ws3a" |
+"gluon_ws3b" | "gluon_ws3")``): host side.
 
 The kernels live in :mod:`kernels.flash._gluon_kernels` and are imported on first use only, so that importing
 ``kernels`` never needs ``triton.experimental.gluon`` (CI runs another triton whose Gluon API differs; the GPU
@@ -22,14 +23,33 @@ GLUON_HEAD_DIMS = (64, 128)
 _LOG2E = 1.4426950408889634
 
 
+# the gluon_ws3 family (one kernel, _gl_fwd_ws3_kernel): FA3's intra-warpgroup overlap and split K / V barriers in
+# all three; ping-pong of the two consumers in "b" and the full one; conditional rescaling (log2 threshold 8, FA4)
+# in the full one only
+WS3_FLAGS = {"gluon_ws3a": dict(PINGPONG=False, RESCALE_THR=0.0), "gluon_ws3b": dict(PINGPONG=True, RESCALE_THR=0.0),
+             "gluon_ws3": dict(PINGPONG=True, RESCALE_THR=8.0)}
+TWO_CONSUMERS = ("gluon_ws2", ) + tuple(WS3_FLAGS)
+
+
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` at head dim ``D`` (shared memory: Q tile + STAGES
-    K and V tiles, bf16: 32 + 3 * 64 = 224 KiB at D = 128 would not fit, so 2 stages there). ``num_warps`` is
-    the kernel's (default partition's): ``gluon_ws2`` runs a second 4-warp consumer as a worker partition."""
-    warps = 4 if impl == "gluon_ws2" else 8
+    """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` at head dim ``D``. Shared memory: Q tile + STAGES K
+    and V tiles, bf16 at D = 128: 32 + 3 * 64 = 224 KiB, under the H200's 227 KiB but with too little left for
+    gluon / gluon_ws's layout-conversion scratch, so 2 stages there; the gluon_ws3 kernels need no scratch and take
+    3. ``num_warps`` is the kernel's (default partition's): the two-consumer kernels (``gluon_ws2``,
+    ``gluon_ws3*``) run a second 4-warp consumer as a worker partition."""
+    warps = 4 if impl in TWO_CONSUMERS else 8
     if D == 128:
-        return 128, 128, 2, warps
+        return 128, 128, 3 if impl in WS3_FLAGS else 2, warps
     return 128, 128, 3, warps
+
+
+def gluon_kernel(impl: str, GK):
+    """``(kernel, extra constexpr kwargs)`` that run ``impl`` (``GK``: the kernels module)."""
+    if impl in WS3_FLAGS:
+        return GK._gl_fwd_ws3_kernel, dict(WS3_FLAGS[impl])
+    if impl.startswith("gluon_ws"):
+        return GK._gl_fwd_ws_kernel, {"N_CONSUMERS": 2 if impl == "gluon_ws2" else 1}
+    return GK._gl_fwd_kernel, {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +64,7 @@ def _gluon_modules():
     except Exception as e:  # ImportError, or an API renamed between triton versions
         import triton
 
-        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs triton.experimental.gluon with the "
+        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws*' needs triton.experimental.gluon with the "
                          f"Hopper API of triton 3.6 (warpgroup_mma, tma, mbarrier, warp_specialize); this triton "
                          f"{triton.__version__} failed with {type(e).__name__}: {e}; use fwd_impl='triton'") from e
     return GK, TensorDescriptor, gl
@@ -123,12 +143,7 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
         out = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device)
     if lse is None:
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    extra = {}
-    if impl.startswith("gluon_ws"):
-        kernel = GK._gl_fwd_ws_kernel
-        extra["N_CONSUMERS"] = 2 if impl == "gluon_ws2" else 1
-    else:
-        kernel = GK._gl_fwd_kernel
+    kernel, extra = gluon_kernel(impl, GK)
     grid = (triton_cdiv(Nq, block_m), B * Hq)
     kernel[grid](_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
                  out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
