@@ -310,21 +310,22 @@ def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, st
 
 
 @gluon.jit
-def _pp_wait(turn_bars, r, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong: wait for consumer ``WG``'s turn in issue round ``r`` (consumer 0 issues round 0 unasked)."""
+def _pp_wait(my_turn, r, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait for consumer ``WG``'s turn (``my_turn``: its barrier) in issue round ``r`` (consumer 0
+    issues round 0 unasked)."""
     if PINGPONG:
         if WG == 0:
-            mbarrier.wait(turn_bars.index(0), (r + 1) & 1, pred=r > 0)
+            mbarrier.wait(my_turn, (r + 1) & 1, pred=r > 0)
         else:
-            mbarrier.wait(turn_bars.index(1), r & 1)
+            mbarrier.wait(my_turn, r & 1)
 
 
 @gluon.jit
-def _pp_pass(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _pp_pass(other_turn, PINGPONG: gl.constexpr):
     """Ping-pong: hand the turn to the other consumer, once every warp of this one has passed its wait."""
     if PINGPONG:
         gl.thread_barrier()
-        mbarrier.arrive(turn_bars.index(1 - WG), count=1)
+        mbarrier.arrive(other_turn, count=1)
 
 
 @gluon.jit
@@ -383,7 +384,7 @@ def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars,
 
 
 @gluon.jit
-def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn_bars, Out, Lse, stride_ob,
+def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, Out, Lse, stride_ob,
                   stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale,
                   CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, RESCALE_THR: gl.constexpr,
@@ -404,11 +405,11 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, t
     if n_tiles > 0:  # (both consumers agree: no round at all when the rows see no key)
         mbarrier.wait(q_bar, 0)
         # round 0: S_0 only
-        _pp_wait(turn_bars, 0, WG, PINGPONG)
+        _pp_wait(my_turn, 0, WG, PINGPONG)
         mbarrier.wait(k_bars.index(0), 0)
         s_t = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero, use_acc=False,
                             is_async=True)
-        _pp_pass(turn_bars, WG, PINGPONG)
+        _pp_pass(other_turn, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_t, ))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
@@ -418,13 +419,13 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, t
         for j in range(1, n_tiles):
             slot = j % STAGES
             pslot = (j - 1) % STAGES
-            _pp_wait(turn_bars, j, WG, PINGPONG)
+            _pp_wait(my_turn, j, WG, PINGPONG)
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
             s_t = warpgroup_mma(q2, k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                                 use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(pslot), ((j - 1) // STAGES) & 1)
             acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-            _pp_pass(turn_bars, WG, PINGPONG)
+            _pp_pass(other_turn, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
             p, alpha, m_i, l_i, rescale = _softmax3(s, m_i, l_i, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
                                                     BLOCK_M, BLOCK_N, s_layout, RESCALE_THR)
@@ -441,10 +442,10 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, t
             p_prev = p_next
         # last round: P_{n-1} V_{n-1} (its V slot is never refilled: no release)
         last = n_tiles - 1
-        _pp_wait(turn_bars, n_tiles, WG, PINGPONG)
+        _pp_wait(my_turn, n_tiles, WG, PINGPONG)
         mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
         acc_t = warpgroup_mma(p_prev, v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-        _pp_pass(turn_bars, WG, PINGPONG)
+        _pp_pass(other_turn, PINGPONG)
         acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
     _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
               s_layout, o_layout)
@@ -470,24 +471,27 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # one allocation each: Triton's shared-memory hazard analysis would put a CTA-wide barrier between an arrive on
+    # one and a wait on the other if they shared one
+    turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
-    mbarrier.init(turn_bars.index(0), count=1)
-    mbarrier.init(turn_bars.index(1), count=1)
+    mbarrier.init(turn0, count=1)
+    mbarrier.init(turn1, count=1)
     fence_async_shared()
     q2 = q_smem.reshape([BLOCK_M, HEAD_D])
     HALF: gl.constexpr = BLOCK_M // 2
     gl.warp_specialize(
-        [(_ws3_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn_bars, Out,
-                          Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
+        [(_ws3_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn0, turn1,
+                          Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
                           qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, RESCALE_THR, num_warps)),
-         (_ws3_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn_bars,
-                          Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
+         (_ws3_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn1,
+                          turn0, Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
                           offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, RESCALE_THR, 4)),
          (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
                           b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
