@@ -5,8 +5,9 @@ the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with 
 (FlashAttention-2), SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
 registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
-``ours_gluon`` / ``ours_gluon_ws`` / ``ours_gluon_ws2`` are ours with the opt-in Gluon forward
-(``FlashConfig(fwd_impl="gluon" | "gluon_ws" | "gluon_ws2")``: Hopper, dense / causal masks, D 64 / 128; any other case is recorded as an error row).
+``ours_gluon`` / ``ours_gluon_ws`` / ``ours_gluon_ws2`` / ``ours_gluon_ws3a`` / ``ours_gluon_ws3b`` / ``ours_gluon_ws3``
+are ours with the opt-in Gluon forward (``FlashConfig(fwd_impl="gluon" | ... | "gluon_ws3")``: Hopper, dense /
+causal masks, D 64 / 128; any other case is recorded as an error row).
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
@@ -63,7 +64,8 @@ VARIANTS = {
 }
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
 # ours with another forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): the opt-in Gluon kernels
-OURS = {"ours": "triton", "ours_gluon": "gluon", "ours_gluon_ws": "gluon_ws", "ours_gluon_ws2": "gluon_ws2"}
+OURS = {"ours": "triton", "ours_gluon": "gluon", "ours_gluon_ws": "gluon_ws", "ours_gluon_ws2": "gluon_ws2",
+        "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b", "ours_gluon_ws3": "gluon_ws3"}
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -449,7 +451,8 @@ def main(argv=None):
         [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"])
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
                          "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_sdpa_cudnn_fwd",
-                         "x_flex_fwd", "x_fa4_fwd", "x_ours_gluon_fwd", "x_ours_gluon_ws_fwd", "x_ours_gluon_ws2_fwd", "max_err_vs_sdpa")
+                         "x_flex_fwd", "x_fa4_fwd")
+             + tuple(f"x_{i}_fwd" for i in list(OURS)[1:]) + ("max_err_vs_sdpa", )
              if any(c in r for r in ours)]
     print(format_table(ours, cols))
     if a.tune:

@@ -1,4 +1,4 @@
-"""Opt-in Gluon forward (``FlashConfig(fwd_impl="gluon" | "gluon_ws")``, kernels/flash/gluon.py).
+"""Opt-in Gluon forward (``FlashConfig(fwd_impl="gluon" | "gluon_ws" | ... | "gluon_ws3")``, kernels/flash/gluon.py).
 
 CPU: the setting's checks and refusals (they come before any kernel, so they run without a GPU). GPU (``-m gpu``,
 Hopper, triton 3.6): out and lse of both Gluon kernels against the fp32 reference (causal / full, GQA 4:1, D 64 /
@@ -25,7 +25,7 @@ from kernels import FlashConfig, flash_attn  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-IMPLS = ("gluon", "gluon_ws", "gluon_ws2")
+IMPLS = ("gluon", "gluon_ws", "gluon_ws2", "gluon_ws3a", "gluon_ws3b", "gluon_ws3")
 
 
 def _hopper() -> bool:
@@ -57,7 +57,7 @@ def test_default_forward_is_triton():
 
 def test_unknown_fwd_impl_refused():
     with pytest.raises(ValueError, match=r"fwd_impl='cuda' is not supported; allowed values: 'triton', 'gluon', "
-                                         r"'gluon_ws', 'gluon_ws2'"):
+                                         r"'gluon_ws', 'gluon_ws2', 'gluon_ws3a', 'gluon_ws3b', 'gluon_ws3'"):
         FlashConfig(fwd_impl="cuda")
 
 
@@ -106,7 +106,7 @@ def test_missing_gluon_refused(monkeypatch):
     G._gluon_modules.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.nvidia.hopper", None)  # import raises
     try:
-        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws' / 'gluon_ws2' needs "
+        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws\*' needs "
                                              r"triton.experimental.gluon.*use fwd_impl='triton'"):
             G._gluon_modules()
     finally:
@@ -118,8 +118,25 @@ def test_tile_choice_fits_shared_memory():
     for impl in IMPLS:
         for D in G.GLUON_HEAD_DIMS:
             bm, bn, stages, warps = G.gluon_tiles(impl, D)
-            assert bm == 16 * warps * (2 if impl == "gluon_ws2" else 1)
+            assert bm == 16 * warps * (2 if impl in G.TWO_CONSUMERS else 1)
             assert (bm * D + 2 * stages * bn * D) * 2 <= 227 * 1024
+            assert stages >= 2 and (stages == 3 if impl in G.WS3_FLAGS else True)
+
+
+def test_ws3_variants_differ_in_one_step_each():
+    """gluon_ws3a -> gluon_ws3b adds ping-pong only, gluon_ws3b -> gluon_ws3 adds conditional rescaling only, and
+    each name picks the ws3 kernel with its flags (what the benchmark's A/B relies on)."""
+    a, b, full = (G.WS3_FLAGS[n] for n in ("gluon_ws3a", "gluon_ws3b", "gluon_ws3"))
+    assert (a["PINGPONG"], b["PINGPONG"], full["PINGPONG"]) == (False, True, True)
+    assert a["RESCALE_THR"] == b["RESCALE_THR"] == 0 and full["RESCALE_THR"] > 0
+
+    class GK:  # the kernels module stand-in: gluon_kernel only picks attributes
+        _gl_fwd_kernel, _gl_fwd_ws_kernel, _gl_fwd_ws3_kernel = "plain", "ws", "ws3"
+
+    assert G.gluon_kernel("gluon_ws3b", GK) == ("ws3", b) and G.gluon_kernel("gluon_ws3b", GK)[1] is not b
+    assert G.gluon_kernel("gluon_ws2", GK) == ("ws", {"N_CONSUMERS": 2})
+    assert G.gluon_kernel("gluon_ws", GK) == ("ws", {"N_CONSUMERS": 1})
+    assert G.gluon_kernel("gluon", GK) == ("plain", {})
 
 
 # ----------------------------------------------------------------------------------------------- GPU: the kernels
@@ -204,3 +221,30 @@ def test_gpu_fwd_bwd_through_flash_attn(impl, causal):
         assert (a.float() - b.float()).abs().max().item() <= bound, name
     for name, a, b in zip(("dq_lse", "dk_lse", "dv_lse"), ours[4:], tri[4:]):  # lse's gradient path
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_growing_scores(impl, causal):
+    """Row maxima that grow along the keys (keys scaled up with their index: ~20 log2 units over a row, per 128-key
+    tile mostly under 8, on ~3% of (row, tile) over 8, up to ~22): the running-max rescale and gluon_ws3's
+    conditional rescaling (both of its branches: stale max while no row of the warpgroup grew past 8, P up to
+    2^8), against the fp32 reference."""
+    from kernels.flash.fwd import flash_attn_fwd
+
+    q, k, v, _ = _qkv(1, 4, 4, 1100, 1100, 128, dtype=torch.bfloat16)
+    growth = torch.linspace(0.2, 6.0, 1100, device=DEV).view(1, 1, -1, 1)
+    k = (k.float() * growth).to(torch.bfloat16)
+    q = q.clone()
+    q[:, :, ::3] *= -1
+    scale = 128 ** -0.5
+    out, lse = flash_attn_fwd(q, k, v, scale, -1, 0 if causal else -1, config=FlashConfig(fwd_impl=impl))
+    ref, ref_lse = softmax_attention_reference(q.float(), k.float(), v.float(), AttentionSpec(kind="flash",
+                                               causal=causal), return_lse=True)
+    plain = _plain_torch(q, k, v, causal, scale).float()
+    bound = 2 * (plain - ref).abs().max().item() + 1e-5
+    err = (out.float() - ref).abs().max().item()
+    assert err <= bound, (err, bound)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=2e-3, rtol=1e-3)
