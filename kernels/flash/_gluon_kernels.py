@@ -402,8 +402,8 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)  # also when no key is visited: the program must not exit with the Q copy in flight
     if n_tiles > 0:  # (both consumers agree: no round at all when the rows see no key)
-        mbarrier.wait(q_bar, 0)
         # round 0: S_0 only
         _pp_wait(my_turn, 0, WG, PINGPONG)
         mbarrier.wait(k_bars.index(0), 0)
