@@ -33,10 +33,10 @@ TWO_CONSUMERS = ("gluon_ws2", ) + tuple(WS3_FLAGS)
 
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` at head dim ``D``. Shared memory: Q tile + STAGES K
-    and V tiles, bf16 at D = 128: 32 + 3 * 64 = 224 KiB, under the H200's 227 KiB but with too little left for
-    gluon / gluon_ws's layout-conversion scratch, so 2 stages there; the gluon_ws3 kernels need no scratch and take
-    3. ``num_warps`` is the kernel's (default partition's): the two-consumer kernels (``gluon_ws2``,
-    ``gluon_ws3*``) run a second 4-warp consumer as a worker partition."""
+    and V tiles, bf16 at D = 128: 32 + 3 * 64 = 224 KiB, under the H200's 227 KiB; the gluon_ws3 kernels take 3
+    stages there (224.5 KiB compiled), the older three keep the 2 they were measured with (3 also compile: gluon
+    224.1, gluon_ws2 224.4 KiB). ``num_warps`` is the kernel's (default partition's): the two-consumer kernels
+    (``gluon_ws2``, ``gluon_ws3*``) run a second 4-warp consumer as a worker partition."""
     warps = 4 if impl in TWO_CONSUMERS else 8
     if D == 128:
         return 128, 128, 3 if impl in WS3_FLAGS else 2, warps
