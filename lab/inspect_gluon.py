@@ -92,7 +92,7 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default="gluon,gluon_ws,gluon_ws2")
+    ap.add_argument("--impls", default="gluon,gluon_ws,gluon_ws2,gluon_ws3a,gluon_ws3b,gluon_ws3")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
@@ -102,7 +102,7 @@ def main():
         for D in [int(d) for d in args.D.split(",")]:
             for dtype in args.dtypes.split(","):
                 for causal in (False, True):
-                    name = f"{impl:9s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
+                    name = f"{impl:10s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
                     try:
                         r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx))
                     except Exception as e:  # one failing case must not hide the others
