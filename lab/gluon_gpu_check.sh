@@ -62,7 +62,7 @@ elif [ "$what" = ab ]; then
     fi
     sel="$sel,ours_$name"
   done
-  timeout -k 10 420 python -m eval.bench_flash --variants causal,noncausal,gqa4 --N 4096,16384 --D 128 --check \
+  timeout -k 10 330 python -m eval.bench_flash --variants causal,noncausal,gqa4 --N 4096,16384 --D 128 --check \
     --fwd-only --out "$OUT_DIR/bench" --tag fwd_ab --impls "$sel" > "$OUT_DIR/bench_ab.txt" 2>&1
   echo "== ab ($sel): rc=$? (124 = timeout: a hang)"; tail -n 24 "$OUT_DIR/bench_ab.txt"
 else
