@@ -485,11 +485,15 @@ def _blocks(N: int, P: int, block_p: Optional[int] = None) -> Tuple[int, int]:
 
 
 def _warps(L: int, BN: int) -> int:
-    """Warps per program of the chunk kernels: 8 from ``L * BN = 4096`` (chunk 64, d_state 64). At 4 warps,
-    triton 3.6 on sm_90 compiles ``_chunk_out_kernel`` at (L, BN, BP) = (64, 64, <= 32) in bf16 into an out-of-range
-    shared-memory access (an illegal address on the H200: d_state 64 with headdim 16 / 32, Mamba-2's model
-    config); 8 warps run every (P, d_state) of ``tests/test_ssd.py``'s GPU grid."""
-    return 8 if L * BN >= 4096 else 4
+    """Warps per program of the chunk kernels: 2 at ``L * BN = 4096`` (chunk 64, d_state 64), 8 above, 4 below.
+    Triton 3.6 on sm_90 compiles ``_chunk_out_kernel`` at (L, BN, BP) = (64, 64, <= 32) into an out-of-range
+    shared-memory read (an illegal address on the H200: d_state 64 with headdim 16 / 32, Mamba-2's model config):
+    at 4 warps (2026-12-04, third session) and, on the H200 of 2026-12-04's fifth session, also at 8 and 16 warps
+    (compute-sanitizer: the (L, L) broadcast of the chunk's cumulative decay, ``_chunk_masks``); 2 warps ran the
+    scan tests and the Mamba-2 mixer tests clean there (``results/h200/2026-12-04e/ssdfix/``)."""
+    if L * BN == 4096:
+        return 2
+    return 8 if L * BN > 4096 else 4
 
 
 def _bwd_stages(L: int, BN: int, state_bytes: int) -> int:
