@@ -104,6 +104,31 @@ def test_make_decode_plan_through_decode_attention():
         decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan=plan, num_splits=2)
 
 
+def test_a_planned_step_through_decode_attention_never_syncs_with_the_host(monkeypatch):
+    """``decode_attention(..., plan=)`` is a CUDA-graph step: no value read back to the host (``tolist`` /
+    ``item`` / ``bool`` patched to fail), by default; ``check_values=True`` still checks (and so syncs), and the
+    unplanned call checks by default (a length past the capacity is refused)."""
+    g = torch.Generator().manual_seed(3)
+    k, v, bt = _cache(g, 2, 1, 16, 64, 16)
+    q = _randn(g, 2, 4, 2, 16)
+    lens = torch.tensor([33, 64], dtype=torch.int32, device=DEV)
+    plan = make_decode_plan(q, k, v, WIN, bt, sm_count=4)
+    want = decode_attention(q, k, v, WIN, lens, bt, backend="reference")
+
+    def sync(*a, **kw):
+        raise AssertionError("a host sync in a planned decode step")
+
+    for name in ("tolist", "item", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    got = decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan=plan)
+    with pytest.raises(AssertionError, match="host sync"):
+        decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan=plan, check_values=True)
+    monkeypatch.undo()
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\]=65 is past the cache capacity"):
+        decode_attention(q, k, v, WIN, lens + 1, bt, backend="triton")
+
+
 @pytest.mark.parametrize("page_size", [None, 16, 32], ids=["contiguous", "page16", "page32"])
 @pytest.mark.parametrize("Nq", [2, 5, 8])
 def test_several_queries_gqa_packed_several_pages_per_tile(page_size, Nq):

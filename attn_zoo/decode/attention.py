@@ -322,7 +322,7 @@ def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_tabl
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spec: AttentionSpec, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor] = None, backend: str = "auto", *, return_lse: bool = False,
-    check_values: bool = True, cache_leftpad: Optional[torch.Tensor] = None, **kernel_options,
+    check_values: Optional[bool] = None, cache_leftpad: Optional[torch.Tensor] = None, **kernel_options,
 ):
     """Attention of ``Nq`` new queries over a KV cache (decode phase), any softmax variant.
 
@@ -338,6 +338,8 @@ def decode_attention(
         return_lse: also return the fp32 natural-log lse ``(B, Hq, Nq)`` (``triton`` / ``reference``).
         check_values: validate ``Nq <= cache_seqlens[b] <= capacity`` and the page indices in use (one host
             sync; callers that maintain the cache themselves, e.g. :class:`attn_zoo.decode.KVCache`, pass False).
+            Default ``None``: True, except with ``plan=`` (a step inside a CUDA graph must not sync: pass True to
+            check anyway).
         cache_leftpad: int32 ``(B,)`` or ``None``: the first key of the current document in each row's cache
             (decode on a packed prefix; FlashAttention's name); keys ``j < cache_leftpad[b]`` are not seen,
             positions (causal, window, block layout) stay absolute. Every backend.
@@ -354,7 +356,9 @@ def decode_attention(
         ``Nq``, a page index out of range, a linear spec, an unknown backend or one that cannot run the input, an
         unknown kernel option.
     """
-    check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, check_values, cache_leftpad)
+    if check_values is None:  # a planned step stays free of host syncs (CUDA-graph capture), an unplanned one checks
+        check_values = kernel_options.get("plan") is None
+    check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table, bool(check_values), cache_leftpad)
     why = None
     if backend == "auto":
         why = _triton_reason(q, k_cache, spec, v_cache) if q.device.type == "cuda" else "auto uses it on CUDA only"
