@@ -287,3 +287,32 @@ def test_gpu_pdl_merge_equals_the_plain_merge_and_replays_in_a_graph(page_size):
         torch.cuda.synchronize()
         plain = decode_run(plans[False], q, k, v, lens, bt)
         assert torch.equal(plans[True].out, plain), step
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
+def test_gpu_planned_decode_attention_is_captured_and_replayed_in_a_cuda_graph(page_size):
+    """The public step, ``decode_attention(..., plan=)``, captured in a CUDA graph (a host sync there raises) and
+    replayed with new cache contents and new lengths: each replay equals the reference. GQA 32:8, 1 and 4 new
+    queries, bf16, 2k keys."""
+    g = torch.Generator().manual_seed(9)
+    for Nq in (1, 4):
+        B, Hq, Hkv, D, cap = 2, 32, 8, 128, 2048
+        k, v, bt = _cache(g, B, Hkv, D, cap, page_size)
+        k, v = k.bfloat16(), v.bfloat16()
+        q = _randn(g, B, Hq, Nq, D).bfloat16()
+        lens = torch.tensor([cap, 1500], dtype=torch.int32, device=DEV)
+        plan = make_decode_plan(q, k, v, FLASH, bt)
+        decode_attention(q, k, v, FLASH, lens, bt, backend="triton", plan=plan)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = decode_attention(q, k, v, FLASH, lens, bt, backend="triton", plan=plan)
+        for step in range(3):
+            v.add_(0.25)
+            lens.copy_(torch.tensor([cap - 7 * step, 1500 + 3 * step], dtype=torch.int32))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = decode_attention(q, k, v, FLASH, lens, bt, backend="reference")
+            torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2, msg=lambda m: f"{Nq} {step}: {m}")
