@@ -13,7 +13,8 @@ Backends, timed in the same process:
   * ``sdpa_flash`` / ``sdpa_cudnn``: the registry's SDPA anchors, SDPA forced to FlashAttention-2 / cuDNN (exact
     kinds only). The SDPA backend PyTorch picks by default is recorded in the ``sdpa_default`` column.
   * any other registered backend by name (``--backends``: e.g. the anchors ``fa4``, ``flex_fa4``, ``fla``; one
-    whose package is missing is skipped like one that cannot run the variant), and every backend a ``--plugins``
+    whose package is missing is refused before any GPU work, naming the package and the pyproject extra:
+    :func:`not_installed`), and every backend a ``--plugins``
     module registers; a
     backend whose ``supports()`` refuses a layer of a variant is skipped for it (a hybrid runs on a backend only
     when it supports every layer: no SDPA anchor for a hybrid with a window or linear layer).
@@ -144,6 +145,23 @@ def default_backends() -> List[str]:
 
     names = backend_names()
     return [b for b in ("triton", "torch", "sdpa_flash", "sdpa_cudnn") if b in names]
+
+
+def not_installed(backends: List[str], kinds) -> List[str]:
+    """``"<backend>: <reason>"`` for each of ``backends`` whose optional package cannot be imported here (the
+    registry's ``available()`` reason, which names the package and the pyproject extra), asked for the attention
+    ``kinds`` of the benched variants; backends that serve none of them, or that lack only a GPU, are not listed."""
+    from attn_zoo.registry import get_backends
+
+    out = []
+    for name in backends:
+        for kind in sorted(kinds):
+            b = get_backends(kind).get(name)
+            why = b.unavailable() if b is not None else None
+            if why is not None and "cannot be imported" in why:
+                out.append(f"{name}: {why}")
+                break
+    return out
 
 
 def runs_variant(backend: str, variant: str, size: str, seq_len: int, tokens: int, device: str = "cuda",
@@ -332,6 +350,11 @@ def main(argv=None) -> List[Dict[str, object]]:
         seq_lens = [int(x) for x in parse_list(a.seq_lens)]
     except ValueError:
         raise SystemExit(f"--seq-lens must be a comma-separated list of integers, got {a.seq_lens!r}") from None
+    kinds = {s.kind for size in sizes for variant in variants for s in variant_specs(size, variant, a.specs)
+             if isinstance(s, AttentionSpec)}
+    missing = not_installed(backends, kinds)
+    if missing:  # an anchor asked for by name is never dropped in silence
+        raise SystemExit("--backends: not installed here: " + "; ".join(missing))
     require_cuda("bench_model")
     t_start = time.time()
     env = env_info()

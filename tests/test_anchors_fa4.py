@@ -1,8 +1,8 @@
 """The FA4-generation anchors (``fa4``, ``flex_fa4``) and the ``fla`` anchor of the linear family.
 
 CPU (no flash-attn-4 / fla here): they are registered without a priority, ``auto`` never picks them, and an explicit
-request refuses naming the package and the pyproject extra (``attention()``, ``train.py attention_backend=``, the
-sweep's ``unsupported`` row). GPU (marked ``gpu``): each against the reference on the shapes the H200 run times;
+request refuses naming the package and the pyproject extra (``attention()``, ``train.py attention_backend=``,
+``eval.bench_model --backends``, the sweep's ``unsupported`` row). GPU (marked ``gpu``): each against the reference on the shapes the H200 run times;
 skipped where the package is missing, unless ``ATTN_ZOO_REQUIRE_FA4=1`` (then a missing package fails the test).
 """
 
@@ -145,6 +145,34 @@ def test_sweep_records_a_missing_anchor_as_unsupported_with_the_install_hint(tmp
     for n in NEW:
         assert rows[n]["status"] == "unsupported" and "pip install -e .[fa4]" in rows[n]["error"], rows[n]
     assert rows["naive"]["status"] == "ok"
+
+
+def test_bench_model_refuses_a_named_backend_whose_package_is_missing(tmp_path):
+    """``eval.bench_model --backends X``: X's package missing is refused before any GPU work, naming the package and
+    the extra (it used to be skipped in silence: no row, no message); one that only lacks a GPU, or serves none of
+    the benched kinds, is not refused for it."""
+    from attn_zoo.registry import register_backend, unregister_backend
+    from eval import bench_model as bm
+
+    why = "fakepkg.attn cannot be imported (ModuleNotFoundError: No module named 'fakepkg'); install fake: pip install -e .[fake]"
+    register_backend("flash", "fake_anchor", fn=lambda q, k, v, spec, return_lse=False: q, priority=None,
+                     available=lambda: why)
+    register_backend("flash", "gpu_only_anchor", fn=lambda q, k, v, spec, return_lse=False: q, priority=None,
+                     available=lambda: "no CUDA device")
+    try:
+        assert bm.not_installed(["triton", "fake_anchor", "gpu_only_anchor"], {"flash"}) == [f"fake_anchor: {why}"]
+        assert bm.not_installed(["fake_anchor"], {"linear"}) == []  # not a backend of the benched kinds
+        with pytest.raises(SystemExit, match=r"--backends: not installed here: fake_anchor: .*pip install -e \.\[fake\]"):
+            bm.main(["--out", str(tmp_path), "--backends", "triton,fake_anchor", "--variants", "flash,linear",
+                     "--sizes", "small", "--seq-lens", "64"])
+    finally:
+        unregister_backend("flash", "fake_anchor")
+        unregister_backend("flash", "gpu_only_anchor")
+    if not HAVE_FA4:  # the real anchors on this machine
+        assert [m.split(":")[0] for m in bm.not_installed(["fa4", "flex_fa4", "naive"], {"flash"})] == list(NEW)
+        with pytest.raises(SystemExit, match=r"fa4: .*install flash-attn-4 .*pip install -e \.\[fa4\]"):
+            bm.main(["--out", str(tmp_path), "--backends", "fa4", "--variants", "flash", "--sizes", "small"])
+    assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
 # --------------------------------------------------------------------------------------------- GPU
