@@ -2,8 +2,9 @@
 
 CPU (no flash-attn-4 / fla here): they are registered without a priority, ``auto`` never picks them, and an explicit
 request refuses naming the package and the pyproject extra (``attention()``, ``train.py attention_backend=``,
-``eval.bench_model --backends``, the sweep's ``unsupported`` row). GPU (marked ``gpu``): each against the reference on the shapes the H200 run times;
-skipped where the package is missing, unless ``ATTN_ZOO_REQUIRE_FA4=1`` (then a missing package fails the test).
+``eval.bench_model --backends``, the sweep's ``unsupported`` row). GPU (marked ``gpu``): each against the reference
+on the shapes the H200 run times; skipped where the package is missing, unless ``ATTN_ZOO_REQUIRE_FA4=1`` (then a
+missing package fails the test).
 """
 
 import os
