@@ -148,11 +148,12 @@ def _nice(x: float) -> float:
 
 
 def bubble(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memory: str = "peak_mem_mb",
-           title: Optional[str] = None, caption: Optional[str] = None) -> Figure:
+           title: Optional[str] = None, caption: Optional[str] = None, impl: Optional[str] = None) -> Figure:
     """Long Range Arena Fig. 3 style: one panel per seq_len, y quality, x speed (log), bubble area proportional to
     memory (hollow when memory is unknown), one colour and marker per variant, a key of bubble sizes in MiB.
     ``rows``: the joined table of :func:`eval.quality.join_speed` (``variant``, ``seq_len`` and the named columns;
-    ``run`` / ``command``, when present, go into the hover text)."""
+    ``run`` / ``command``, when present, go into the hover text). ``impl``: a column naming the implementation
+    behind each point's speed (``compare=best``: ``bench_backend``), a label beside the point and in its hover."""
     pts = [r for r in rows if math.isfinite(_f(r.get(quality))) and _f(r.get(speed)) > 0]
     lens = sorted({int(_f(r["seq_len"])) for r in pts}) or [0]
     vs = sorted({r["variant"] for r in pts})
@@ -173,7 +174,9 @@ def bubble(rows: Sequence[dict], quality: str, speed: str = "tokens_per_s", memo
                 sizes=[max(BUBBLE_MAX_AREA * x / mmax, 12) if x > 0 else 40 for x in m],
                 hollow=[not (x > 0) for x in m],
                 hover=[f"{v}, seq_len {n}<br>{quality} {_f(r[quality]):.4g}, {speed} {_f(r[speed]):,.0f}, "
-                       f"{memory} {_f(r.get(memory)):,.1f}" + _run_hover(r) for r in sel],
+                       f"{memory} {_f(r.get(memory)):,.1f}" + (f", implementation {r.get(impl)}" if impl else "")
+                       + _run_hover(r) for r in sel],
+                text=[str(r.get(impl)) for r in sel] if impl else None,
                 meta={"variant": v, "seq_len": n}))
         panels.append(p)
     key = []

@@ -590,14 +590,17 @@ def plot_quality_vs_n(rows: Sequence[dict], base: str, title: Optional[str] = No
 
 
 def plot_bubble(rows: Sequence[dict], base: str, quality: str, speed: str = "tokens_per_s",
-                memory: str = "peak_mem_mb", title: Optional[str] = None, caption: Optional[str] = None) -> List[str]:
+                memory: str = "peak_mem_mb", title: Optional[str] = None, caption: Optional[str] = None,
+                impl: Optional[str] = None) -> List[str]:
     """LRA Fig. 3 style: y quality, x speed, bubble area memory; one colour and marker per variant, one panel
     per seq_len, a key of bubble sizes (:func:`eval.figspec.bubble`).
 
     ``rows``: the joined table of :func:`eval.quality.join_speed` / :func:`eval.quality.join_bench_speed`
     (``variant``, ``seq_len``, ``dataset`` and the named columns). Points without memory are drawn hollow.
+    ``impl``: a column naming the implementation behind each point's speed (``bench_backend`` with
+    ``compare=best``), written beside the point and in its hover text.
     """
-    return figspec.to_png(figspec.bubble(rows, quality, speed, memory, title, caption), base)
+    return figspec.to_png(figspec.bubble(rows, quality, speed, memory, title, caption, impl=impl), base)
 
 
 def _drawn(spec):

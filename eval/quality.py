@@ -9,7 +9,8 @@ and the largest ``perf/peak_mem_mb``.
 
 Outputs (``<out_dir>/``): ``runs.csv`` (one row per run), ``quality.csv`` (long form: dataset, variant,
 seq_len, metric, value), ``leaders.csv`` (per dataset and length: the variant with the best quality per unit
-time, and the lengths where the leader changes, interpolated in log-log space like :mod:`eval.crossover`),
+time, and the lengths where the leader changes, interpolated in log-log space like :mod:`eval.crossover`; with
+``speed=``, ``impl`` names the implementation behind each leader's speed: the point of ``compare=best``),
 and the figures ``quality_vs_n`` and ``bubble_<dataset>``.
 
 Speed and memory: by default the runs' own median ``perf/tokens_per_s`` and largest ``perf/peak_mem_mb``. With
@@ -191,15 +192,26 @@ def long_form(agg: Sequence[dict]) -> List[dict]:
     return out
 
 
+def _impl(r: dict) -> str:
+    """The implementation behind a joined row's speed (``bench_backend`` of :func:`join_bench_speed`), or ``"-"``."""
+    b = r.get("bench_backend")
+    return "-" if b is None or (isinstance(b, float) and math.isnan(b)) else str(b)
+
+
 def leaders(agg: Sequence[dict]) -> List[dict]:
     """Per dataset and length, the variant with the highest quality per unit time; then each change of leader
     between consecutive lengths as a crossover (``kind="crossover"``, interpolated in log-log space on
-    ``1 / quality_per_s``; ``"no crossover in range"`` when one variant leads everywhere)."""
+    ``1 / quality_per_s``; ``"no crossover in range"`` when one variant leads everywhere). Rows joined with a
+    model benchmark (``bench_backend``: :func:`join_bench_speed`, e.g. ``compare=best``) add ``impl``: the
+    implementation behind the leader's speed, and on a crossover row each side's at the two lengths
+    (``"triton -> fa4/fa4"``: the old leader's, then the new one's)."""
     out, nan = [], float("nan")
+    named = any("bench_backend" in r for r in agg)
 
-    def entry(ds, kind, seq_len, leader, quality_per_s=nan, n_star=nan, status=""):  # one row of the table
+    def entry(ds, kind, seq_len, leader, quality_per_s=nan, n_star=nan, status="", impl="-"):  # one row
         out.append({"dataset": ds, "kind": kind, "seq_len": seq_len, "leader": leader,
-                    "quality_per_s": quality_per_s, "n_star": n_star, "status": status})
+                    "quality_per_s": quality_per_s, "n_star": n_star, "status": status,
+                    **({"impl": impl} if named else {})})
 
     for ds in sorted({r["dataset"] for r in agg}):
         rows = [r for r in agg if r["dataset"] == ds and math.isfinite(_f(r["quality_per_s"]))]
@@ -209,7 +221,7 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
             cands = [r for r in rows if r["seq_len"] == n]
             best = max(cands, key=lambda r: r["quality_per_s"])
             lead.append(best["variant"])
-            entry(ds, "leader", n, best["variant"], best["quality_per_s"])
+            entry(ds, "leader", n, best["variant"], best["quality_per_s"], impl=_impl(best))
         changes = 0
         for i in range(1, len(lens)):
             a, b = lead[i - 1], lead[i]
@@ -220,7 +232,10 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
             cb = {r["seq_len"]: r["quality_per_s"] for r in rows if r["variant"] == b}
             ns = [n for n in lens[max(0, i - 1): i + 1] if n in ca and n in cb]
             res = find_crossover(ns, [1 / max(cb[n], 1e-30) for n in ns], ns, [1 / max(ca[n], 1e-30) for n in ns])
-            entry(ds, "crossover", nan, f"{a} -> {b}", n_star=res["n_star"], status=res["status"])
+            ia = "/".join(_impl(r) for n in ns for r in rows if r["variant"] == a and r["seq_len"] == n)
+            ib = "/".join(_impl(r) for n in ns for r in rows if r["variant"] == b and r["seq_len"] == n)
+            entry(ds, "crossover", nan, f"{a} -> {b}", n_star=res["n_star"], status=res["status"],
+                  impl=f"{ia or '-'} -> {ib or '-'}")
         if lens and not changes:
             entry(ds, "crossover", nan, lead[0], status=f"no crossover in range ({lead[0]} leads at every length)")
     return out
@@ -381,7 +396,8 @@ def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str]
         figs[f"bubble_{ds}"] = plots.plot_bubble([r for r in rows if r["dataset"] == ds],
                                                  os.path.join(figures_dir, f"{prefix}bubble_{ds.replace(':', '_')}"),
                                                  quality=q, title=f"dataset {ds}" + (f" — {title}" if title else ""),
-                                                 caption=caption)
+                                                 caption=caption,
+                                                 impl="bench_backend" if speed and speed_backend == BEST else None)
     return figs
 
 

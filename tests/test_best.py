@@ -152,6 +152,41 @@ def test_quality_speed_backend_best_takes_the_fastest_correct_backend_and_names_
         load_bench_speed(str(path), "nope")
 
 
+def test_quality_leaders_and_bubbles_name_the_implementation_under_compare_best(tmp_path):
+    """compare=best in the quality join: the leaders table (each leader and each crossover's n*) and the bubble
+    chart name the implementation behind each speed; a join without a benchmark adds no ``impl`` column."""
+    from eval import figspec
+    from eval.quality import join_bench_speed, leaders, load_bench_speed
+
+    rows = []
+    for n, (tf, ta, tl) in {1024: (300.0, 200.0, 150.0), 4096: (100.0, 80.0, 150.0)}.items():
+        rows += [dict(size="large", variant="flash", seq_len=n, backend="triton", tokens_per_s=ta, step_ms=1.0,
+                      peak_mem_mib=1.0),
+                 dict(size="large", variant="flash", seq_len=n, backend="fa4", tokens_per_s=tf, step_ms=1.0,
+                      peak_mem_mib=1.0),
+                 dict(size="large", variant="linear", seq_len=n, backend="triton", tokens_per_s=tl, step_ms=1.0,
+                      peak_mem_mib=1.0)]
+    for r in rows:
+        r["step_ms"] = 16384 / r["tokens_per_s"] * 1e3
+    path = tmp_path / "model_speed.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    agg = [{"dataset": "mqar", "variant": v, "seq_len": n, "val_acc": 0.9, "tokens_per_s": 1.0, "step_time_s": 1.0,
+            "peak_mem_mb": 1.0, "vocab_size": 256, "quality_per_s": 0.9} for v in ("flash", "linear") for n in (1024, 4096)]
+    joined = join_bench_speed(agg, load_bench_speed(str(path), "best"))[0]
+    lead = leaders(joined)
+    by = {(r["kind"], r["seq_len"] if r["kind"] == "leader" else None): r for r in lead}
+    assert by[("leader", 1024)]["leader"] == "flash" and by[("leader", 1024)]["impl"] == "fa4"
+    assert by[("leader", 4096)]["leader"] == "linear" and by[("leader", 4096)]["impl"] == "triton"
+    cross = by[("crossover", None)]
+    assert cross["leader"] == "flash -> linear" and cross["impl"] == "fa4/fa4 -> triton/triton"
+    assert "impl" not in leaders(agg)[0]  # the runs' own speed: no implementation to name
+    fig = figspec.bubble([dict(r, val_acc=0.9) for r in joined], "val_acc", impl="bench_backend")
+    texts = {t.name: t.text for p in fig.panels for t in p.traces if p.title == "seq_len 1024"}
+    assert texts == {"flash": ["fa4"], "linear": ["triton"]}
+    assert all("implementation fa4" in h for p in fig.panels for t in p.traces if t.name == "flash" for h in t.hover)
+    assert all(t.text is None for p in figspec.bubble(joined, "val_acc").panels for t in p.traces)
+
+
 # --------------------------------------------------------------------------------------------- the sweep's side
 def _sweep_cfg(backends, **kw):
     cfg = {"name": "t", "device": "cpu", "dtype": "float32", "n_heads": 2, "tokens": 64, "seq_lens": [16, 32],
