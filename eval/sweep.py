@@ -26,6 +26,9 @@ first; a backend that cannot run a point records ``status="unsupported"`` with t
     ``naive``: standard attention in the input dtype that materialises S and P ([FA1] Algorithm 0); for the
         linear kind the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
     ``fa2`` / ``fa3`` / ``fla``: FlashAttention-2 / -3 and flash-linear-attention where installed.
+    ``fa4`` / ``flex_fa4``: FlashAttention-4 (``flash_attn.cute``) and FlexAttention on its FA4 kernels
+        (``kernel_options={"BACKEND": "FLASH"}``), ``pip install -e .[fa4]``; missing: ``status="unsupported"``
+        with the package and the extra in ``error``.
 
 Repeats and correctness (for ``compare=best``, :mod:`eval.best`): ``repeats: R`` times every mode R times (each a
 median as above; the column is their median, ``<mode>_ms_reps`` keeps all R for the bootstrap intervals of n*);
