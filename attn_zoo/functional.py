@@ -115,18 +115,21 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
 
     ``backend="auto"`` tries the registered backends that have a priority, highest first -- ``triton`` (CUDA
     tensors only: our kernels; under ``TRITON_INTERPRET=1`` on the CPU only when asked for by name), then ``torch``,
-    then ``reference`` -- and takes the first that is available and whose ``supports()`` accepts the input. On CUDA that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with
-    fp16 / bf16 / fp32, ``D <= 256`` and ``Dv <= 256``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature
-    dim <= 256 and no FAVOR in fp16; the Taylor map with ``D >= 16`` (273+ features) goes to ``parallel``, its fused
-    quadratic form -- else ``torch`` (SDPA / FlexAttention / chunked PyTorch); the reasons of the
-    backends it passed over are in the error when none fits. ``documents=True`` (a call with ``doc_ids``): only
-    backends registered with ``documents=True``. Raises ``ValueError`` / ``TypeError`` as :func:`attention`.
+    then ``reference`` -- and takes the first that is available and whose ``supports()`` accepts the input. On CUDA
+    that is ``triton`` for every kind -- ``flash`` / ``sliding_window`` / ``sparse`` with fp16 / bf16 / fp32,
+    ``D <= 256`` and ``Dv <= 256``; ``linear`` with ``chunk_size`` in (16, 32, 64, 128), feature dim <= 256 and no
+    FAVOR in fp16 (the Taylor map on its symmetric features, up to ``D = 21``) -- else ``torch`` (SDPA /
+    FlexAttention / chunked PyTorch). The Taylor map goes to ``parallel``, its fused quadratic form, below
+    ``TAYLOR_CHUNKED_MIN_N`` tokens (:mod:`attn_zoo.backends.triton_taylor`; a backend's ``auto_priority`` ranks it
+    by shape, :mod:`attn_zoo.registry`) and where ``triton`` refuses it. The reasons of the backends it passed over
+    are in the error when none fits. ``documents=True`` (a call with ``doc_ids``): only backends registered with
+    ``documents=True``. Raises ``ValueError`` / ``TypeError`` as :func:`attention`.
     """
     check_inputs(q, k, v, spec)
     regs = get_backends(spec.kind)
     if backend == "auto":
         reasons = []
-        for b in auto_order(regs):
+        for b in auto_order(regs, (q, k, v, spec)):
             if b.devices is not None and q.device.type not in b.devices:
                 where = " / ".join("CUDA" if d == "cuda" else d for d in b.devices)
                 reasons.append(f"{b.name}: auto uses it on {where} only")

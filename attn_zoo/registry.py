@@ -10,13 +10,17 @@ A backend is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out
 * ``priority``: ``auto`` tries the backends with a priority, highest first, and takes the first that is available
   and supports the input; ``None`` = never picked by ``auto`` (the anchors: a benchmark or an explicit
   ``backend=`` runs them). ``devices``: device types ``auto`` uses it for (``None`` = any).
+* ``auto_priority(q, k, v, spec) -> Optional[int]``: optional; the priority ``auto`` gives the backend for these
+  inputs (``None``: ``priority``), for a backend whose rank depends on the shape (``parallel``: ahead of ``triton``
+  for the Taylor map at short sequences, :data:`attn_zoo.backends.triton_taylor.TAYLOR_CHUNKED_MIN_N`). Only for
+  backends with a priority; listings (:func:`available_backends`) keep ``priority``'s order.
 * ``documents``: ``True`` when ``fn`` takes packed documents, ``fn(q, k, v, spec, return_lse=False, doc_ids=...)``
   (issue 27, :mod:`attn_zoo.documents`); ``fn`` is called with ``doc_ids=`` only when the caller gives them. A call
   with ``doc_ids``: ``auto`` skips the backends without it; one asked for by name is refused naming those with it
   (:func:`document_backends`).
 
 Built in (:mod:`attn_zoo.backends`): the product backends ``triton`` (300, CUDA only under ``auto``), ``parallel``
-(250, CUDA, ``linear`` with the Taylor map), ``torch`` (200) and ``reference`` (100), which fix ``auto``'s order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``,
+(250, CUDA, ``linear`` with the Taylor map; 350 below ``TAYLOR_CHUNKED_MIN_N`` tokens), ``torch`` (200) and ``reference`` (100), which fix ``auto``'s order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``,
 ``sdpa_efficient``, ``sdpa_math``, ``flex``, ``naive``, ``fa2``, ``fa3``, ``fa4``, ``flex_fa4`` and ``fla`` (no
 priority; the ones whose package is missing say so through ``available()``, naming the package and the pyproject
 extra, e.g. ``pip install -e .[fa4]``). Sweeps and benchmarks iterate this registry
@@ -111,6 +115,15 @@ class Backend:
     devices: Optional[Tuple[str, ...]] = None
     origin: str = ""
     documents: bool = False
+    auto_priority: Optional[Callable[..., Optional[int]]] = None
+
+    def priority_for(self, q, k, v, spec) -> Optional[int]:
+        """``auto``'s priority for these inputs: ``auto_priority``'s answer, else ``priority`` (``None`` stays
+        ``None``: never picked by ``auto``)."""
+        if self.priority is None or self.auto_priority is None:
+            return self.priority
+        p = self.auto_priority(q, k, v, spec)
+        return self.priority if p is None else p
 
     def unavailable(self) -> Optional[str]:
         """``available()``'s reason, asked once per process (``None`` = available)."""
@@ -161,7 +174,7 @@ def _check_name(name) -> None:
 def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional[str]]] = None, *,
                      priority: Optional[int] = -1, available: Optional[Callable[[], Optional[str]]] = None,
                      devices: Optional[Sequence[str]] = (), fn: Optional[Callable] = None, origin: Optional[str] = None,
-                     documents: bool = False):
+                     documents: bool = False, auto_priority: Optional[Callable[..., Optional[int]]] = None):
     """Register ``fn`` as backend ``name`` for ``kinds``; a decorator unless ``fn`` is given.
 
     Args:
@@ -174,6 +187,8 @@ def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional
         devices: device types ``auto`` picks it for; default ``("cuda",)`` for ``triton``, else any.
         origin: the registering module (default ``fn.__module__``), for :func:`backends_from`.
         documents: ``fn`` takes ``doc_ids=`` (packed documents; see the module docstring).
+        auto_priority: ``auto_priority(q, k, v, spec) -> Optional[int]``, ``auto``'s priority for those inputs
+            (``None``: ``priority``); see the module docstring.
 
     Raises:
         ValueError: a bad ``name`` or ``kinds``.
@@ -197,7 +212,7 @@ def register_backend(kinds, name: str, supports: Optional[Callable[..., Optional
         for key in keys:
             _REGISTRY.setdefault(key, {})[name] = Backend(key, name, f, supports or _always, prio,
                                                           available or _always, devs, origin or f.__module__,
-                                                          bool(documents))
+                                                          bool(documents), auto_priority)
             _AVAILABLE.pop((key, name), None)
         forget_derived()  # remembered dispatch decisions may name the replaced backend
         return f
@@ -232,9 +247,12 @@ def get_backends(kind: str) -> Dict[str, Backend]:
     return regs
 
 
-def auto_order(regs: Dict[str, Backend]) -> List[Backend]:
-    """The backends ``auto`` tries, highest priority first (registration order among equals)."""
-    return sorted((b for b in regs.values() if b.priority is not None), key=lambda b: -b.priority)
+def auto_order(regs: Dict[str, Backend], inputs: Optional[tuple] = None) -> List[Backend]:
+    """The backends ``auto`` tries, highest priority first (registration order among equals). ``inputs``: optional
+    ``(q, k, v, spec)``, ranking by :meth:`Backend.priority_for` (what :func:`attn_zoo.attention` does) instead of
+    the static ``priority``."""
+    ranked = [(b, b.priority if inputs is None else b.priority_for(*inputs)) for b in regs.values()]
+    return [b for b, _ in sorted(((b, p) for b, p in ranked if p is not None), key=lambda bp: -bp[1])]
 
 
 def available_backends(kind: str) -> List[str]:

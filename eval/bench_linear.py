@@ -27,6 +27,15 @@ documents, forward+backward, a fp32-reference check of every method with documen
 ``{prefix}_docs_bench.{csv,json}`` rewritten after every case. E.g. ``python -m eval.bench_linear --out
 results/h200/docs --docs fixed:256,fixed:2048,geometric:256,geometric:2048 --time-budget-s 420``.
 
+The Taylor (Based) map (issue 30, item 3): ``--taylor`` runs only :func:`bench_taylor`: causal, bf16, qk dim
+``--taylor-dim`` (16), v dim ``--taylor-dv`` (64), ``H = --heads``, ``B * N = --tokens``, ``N`` in ``--taylor-ns``
+(1k, 4k, 16k): our ``parallel`` form (:func:`kernels.taylor.taylor_parallel`), our chunked ``triton`` backend (the
+symmetric features + :func:`kernels.linear.linear_attention`, the feature build timed), what ``auto`` picks, the
+chunked PyTorch form (``torch``, the former long-N fallback), and fla's ``parallel_based`` / ``fused_chunk_based``
+(optional imports), each checked against the fp32 chunked PyTorch form (output and ``dq, dk, dv``, 2 heads).
+``{prefix}_taylor_bench.{csv,json}`` rewritten after every ``N``. E.g. ``python -m eval.bench_linear --taylor
+--out results/h200/taylor --time-budget-s 420``.
+
 Prints the table, the speedup over ``fla_linear``, the flatness ratio ``t(64k) / t(16k)`` at fixed
 ``B * N = 64k`` and the crossover length where linear attention beats exact causal attention.
 Writes ``linear_bench.csv`` and ``linear_bench.json`` under ``--out``.
@@ -323,6 +332,152 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
     return rows
 
 
+def _taylor_methods(B, H, N, D, Dv, dtype, dev, keep=None):
+    """``({name: (fn, leaves, layout_bthd)}, (q, k, v), spec)`` for the Taylor map at one shape: ours in
+    ``(B, H, N, D)``, fla in its ``(B, T, H, D)`` layout (contiguous copies made outside the timed region). ``keep``: names to build
+    (``None``: all). fla's functions are imported separately: a missing one drops its row, printed."""
+    import attn_zoo
+
+    g = torch.Generator(device=dev).manual_seed(N)
+    q = torch.randn(B, H, N, D, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(B, H, N, D, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(B, H, N, Dv, device=dev, dtype=dtype, generator=g)
+    spec = attn_zoo.AttentionSpec(kind="linear", causal=True, feature_map="taylor", chunk_size=64)
+
+    def leaf(*ts):
+        return [t.detach().clone().requires_grad_() for t in ts]
+
+    def want(name):
+        return keep is None or name in keep
+
+    M = {}
+    if want("ours_parallel"):
+        from kernels.taylor import taylor_parallel
+
+        a = leaf(q, k, v)
+        M["ours_parallel"] = (lambda a=a: taylor_parallel(a[0], a[1], a[2], causal=True, eps=spec.eps), a, False)
+    for name, backend in (("ours_chunked", "triton"), ("ours_auto", "auto"), ("torch", "torch")):
+        if want(name):
+            a = leaf(q, k, v)
+            M[name] = (lambda a=a, b=backend: attn_zoo.attention(a[0], a[1], a[2], spec, backend=b), a, False)
+    bt = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    for name, fn_name in (("fla_parallel_based", "parallel_based"), ("fla_fused_chunk_based", "fused_chunk_based")):
+        if not want(name):
+            continue
+        try:
+            import importlib
+
+            f = getattr(importlib.import_module("fla.ops.based"), fn_name)
+        except Exception as e:  # noqa: BLE001 - fla is optional (absent on the CPU)
+            print(f"{name} unavailable: {type(e).__name__}: {e}", flush=True)
+            continue
+        a = leaf(*bt)
+        M[name] = (lambda a=a, f=f: f(a[0], a[1], a[2], scale=D ** -0.5, use_norm=True), a, True)
+    return M, (q, k, v), spec
+
+
+def check_taylor(q, k, v, spec, impls, heads=2):
+    """Relative errors of each impl's output and ``dq, dk, dv`` (first ``heads`` heads) against the fp32 chunked
+    PyTorch form on the full Taylor map (``torch`` backend in fp32; the conformance suite ties it to the dense
+    reference). ``impls``: ``{name: (fn, leaves, layout_bthd)}`` as :func:`_taylor_methods`."""
+    import attn_zoo
+
+    g = torch.Generator(device=q.device).manual_seed(7)
+    do = torch.randn(q.shape[0], q.shape[1], q.shape[2], v.shape[3], device=q.device, generator=g)
+    ref_in = [t[:, :heads].float().detach().requires_grad_() for t in (q, k, v)]
+    ref = attn_zoo.attention(*ref_in, spec, backend="torch")
+    ref.backward(do[:, :heads])
+    out = {}
+    for name, (fn, leaves, bthd) in impls.items():
+        for t in leaves:
+            t.grad = None
+        o = fn()
+        o.float().backward(do.transpose(1, 2) if bthd else do)
+        oh = o.transpose(1, 2) if bthd else o
+        grads = [t.grad.transpose(1, 2) if bthd else t.grad for t in leaves]
+        r = {"out": _rel(oh[:, :heads], ref)}
+        for gname, gr, rt in zip(("dq", "dk", "dv"), grads, ref_in):
+            r[gname] = _rel(gr[:, :heads], rt.grad)
+        out[name] = r
+        for t in leaves:
+            t.grad = None
+    return out
+
+
+def bench_taylor(args, dev, dtype, t_start, env):
+    """The Taylor map (Based) against fla's Based kernels (module docstring); returns the rows. Per ``N``: every
+    method checked (:func:`check_taylor`, unless ``--no-check``), then timed (:func:`bench_one`: forward,
+    forward+backward, peak memory); ``auto_backend``: what ``auto`` ran; ``x_best_fla_fwd_bwd`` on our rows: the
+    best fla time over ours (> 1: ours faster); ``x_parallel_over_chunked``: on the chunked row."""
+    from attn_zoo.backends.triton_taylor import TAYLOR_CHUNKED_MIN_N
+    from attn_zoo.functional import resolve_backend
+
+    H, D, Dv = args.heads, args.taylor_dim, args.taylor_dv
+    keep = None if args.methods == "all" else set(args.methods.split(","))
+    print(f"Taylor: H={H} D={D} Dv={Dv} {dtype} causal, B*N={args.tokens}, TAYLOR_CHUNKED_MIN_N="
+          f"{TAYLOR_CHUNKED_MIN_N}", flush=True)
+    rows, checks = [], []
+    env = dict(env, taylor_chunked_min_n=TAYLOR_CHUNKED_MIN_N)
+    for N in [int(x) for x in args.taylor_ns.split(",")]:
+        if budget_spent(t_start, args.time_budget_s, f"taylor N={N}"):
+            continue
+        B = max(1, args.tokens // N)
+        M, (q, k, v), spec = _taylor_methods(B, H, N, D, Dv, dtype, dev, keep)
+        picked = resolve_backend(q, k, v, spec).name
+        errs = {}
+        if not args.no_check:
+            errs = try_call(lambda: check_taylor(q, k, v, spec, M))
+            if isinstance(errs, str):
+                print(f"check failed: {errs}", flush=True)
+                errs = {}
+            for n, e in errs.items():
+                checks.append(dict(N=N, method=n, **{f"rel_err_{x}": y for x, y in e.items()}))
+                print(f"  check N={N} {n:24s} " + "  ".join(f"{x} {y:.2e}" for x, y in e.items()), flush=True)
+        case = []
+        for name, (fn, leaves, _) in M.items():
+            r = bench_one(name, fn, leaves, B, H, N, D)
+            r.pop("fwd_bwd_tflops", None)  # the elu1 FLOP convention of bench_one does not apply
+            r.update(Dv=Dv, feature_map="taylor", auto_backend=picked if name == "ours_auto" else "")
+            r.update({f"rel_err_{x}": y for x, y in errs.get(name, {}).items()})
+            case.append(r)
+            print(f"[{time.time() - t_start:6.1f}s] taylor N={N:6d} B={B:3d} {name:22s} fwd "
+                  f"{r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms  peak "
+                  f"{r.get('peak_mib', float('nan')):8.1f} MiB {r.get('error', '')}", flush=True)
+        by = {r["method"]: r for r in case}
+        fla = [by[n] for n in ("fla_parallel_based", "fla_fused_chunk_based") if n in by]
+        for mode in ("fwd", "fwd_bwd"):
+            best_fla = min((r.get(f"{mode}_ms", math.nan) for r in fla), default=math.nan)
+            for n in ("ours_parallel", "ours_chunked", "ours_auto"):
+                if n in by and by[n].get(f"{mode}_ms", 0) > 0:
+                    by[n][f"x_best_fla_{mode}"] = best_fla / by[n][f"{mode}_ms"]
+            if "ours_parallel" in by and "ours_chunked" in by and by["ours_chunked"].get(f"{mode}_ms", 0) > 0:
+                by["ours_chunked"][f"x_parallel_over_chunked_{mode}"] = (by["ours_parallel"].get(f"{mode}_ms", math.nan)
+                                                                         / by["ours_chunked"][f"{mode}_ms"])
+        rows += case
+        del M
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+        write_results(rows, args.out, f"{args.prefix}_taylor_bench", dict(env, checks=checks))  # a killed run keeps them
+    summ = []
+    for N in sorted({r["N"] for r in rows}):
+        s = {"N": N}
+        for r in rows:
+            if r["N"] == N:
+                s[r["method"]] = r.get("fwd_bwd_ms")
+                if r["method"] == "ours_auto":
+                    s["auto"] = r.get("auto_backend")
+                for x in ("x_best_fla_fwd_bwd",):
+                    if x in r:
+                        s[f"{r['method']}_{x}"] = r[x]
+        summ.append(s)
+    cols = ["N", "ours_parallel", "ours_chunked", "ours_auto", "auto", "torch", "fla_parallel_based",
+            "fla_fused_chunk_based", "ours_parallel_x_best_fla_fwd_bwd", "ours_chunked_x_best_fla_fwd_bwd",
+            "ours_auto_x_best_fla_fwd_bwd"]
+    print(f"\nTaylor fwd+bwd ms (H={H}, D={D}, Dv={Dv}, B*N={args.tokens}, causal) and best fla / ours:")
+    print(format_table(summ, [c for c in cols if any(c in s for s in summ)], "{:.3f}"))
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/h200")
@@ -342,8 +497,14 @@ def main(argv=None):
     p.add_argument("--docs-torch", action="store_true", help="--docs: also time the chunked PyTorch form")
     p.add_argument("--docs-variants", action="store_true",
                    help="--docs: also ours with the forward's 64-wide Dv tile (ours_docs_fwd_bv64)")
-    p.add_argument("--no-check", action="store_true", help="--docs: skip the correctness check")
-    add_time_budget(p, scope="--docs: ")
+    p.add_argument("--no-check", action="store_true", help="--docs / --taylor: skip the correctness check")
+    p.add_argument("--taylor", action="store_true",
+                   help="the Taylor (Based) map only (bench_taylor): ours parallel / chunked / auto / torch vs fla's "
+                        "parallel_based and fused_chunk_based")
+    p.add_argument("--taylor-ns", default="1024,4096,16384", help="--taylor: sequence lengths, comma list")
+    p.add_argument("--taylor-dim", type=int, default=16, help="--taylor: qk head dim (fla's Based kernels: <= 16)")
+    p.add_argument("--taylor-dv", type=int, default=64, help="--taylor: value head dim")
+    add_time_budget(p, scope="--docs / --taylor: ")
     args = p.parse_args(argv)
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
@@ -359,6 +520,9 @@ def main(argv=None):
     print(env)
     if args.docs:
         bench_docs(args, dev, dtype, H, D, t_start, env)
+        return
+    if args.taylor:
+        bench_taylor(args, dev, dtype, t_start, env)
         return
     checks = check_correctness(dev)
     print(f"[{time.time() - t_start:6.1f}s] checks done", flush=True)

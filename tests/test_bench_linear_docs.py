@@ -51,3 +51,48 @@ def test_bench_docs_refuses_a_bad_distribution_before_running(tmp_path):
                                  no_check=True, time_budget_s=1e9, out=str(tmp_path), prefix="linear")
     with pytest.raises(ValueError, match="poisson:3"):
         bl.bench_docs(args, "cpu", torch.float32, 1, 16, time.time(), {})
+
+
+def test_bench_taylor_checks_every_method_and_writes_its_files(tmp_path, monkeypatch, capsys):
+    """--taylor: ours parallel / chunked / auto / torch each checked against the fp32 reference (output and every
+    gradient) and timed; fla absent (no rows, the run goes on); the speedup columns and files come out."""
+    times = {"ours_parallel": 3.0, "ours_chunked": 2.0}
+    current = {}
+
+    def fake_bench_one(name, fn, leaves, B, H, N, D):
+        current["name"] = name
+        return real_bench_one(name, fn, leaves, B, H, N, D)
+
+    real_bench_one = bl.bench_one
+    monkeypatch.setattr(bl, "bench_one", fake_bench_one)
+    monkeypatch.setattr(bl, "time_cuda", lambda fn, grad_to_none=None, **k: (fn(), times.get(current["name"], 4.0))[1])
+    monkeypatch.setattr(bl, "peak_memory", lambda fn: 0)
+    import importlib
+
+    real_im = importlib.import_module
+
+    def no_fla(name, *a):
+        if name == "fla" or name.startswith("fla."):
+            raise ImportError("fla made absent by the test")
+        return real_im(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", no_fla)
+    args = types.SimpleNamespace(heads=2, taylor_dim=16, taylor_dv=24, taylor_ns="32,48", tokens=64, methods="all",
+                                 no_check=False, time_budget_s=1e9, out=str(tmp_path), prefix="linear")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = bl.bench_taylor(args, dev, torch.float32, time.time(), {"gpu": None})
+    assert sorted({(r["N"], r["B"]) for r in rows}) == [(32, 2), (48, 1)]
+    names = {r["method"] for r in rows}
+    assert names == {"ours_parallel", "ours_chunked", "ours_auto", "torch"}, names
+    for r in rows:
+        for what in ("out", "dq", "dk", "dv"):
+            assert r[f"rel_err_{what}"] < 1e-4, (r["method"], what, r[f"rel_err_{what}"])
+        assert r["Dv"] == 24 and r["D"] == 16 and "fwd_bwd_tflops" not in r
+    chunked = [r for r in rows if r["method"] == "ours_chunked"]
+    assert all(r["x_parallel_over_chunked_fwd_bwd"] == 1.5 for r in chunked)
+    auto = [r for r in rows if r["method"] == "ours_auto"]
+    assert all(r["auto_backend"] == ("torch" if dev == "cpu" else "parallel") for r in auto)
+    data = json.load(open(tmp_path / "linear_taylor_bench.json"))
+    assert len(data["rows"]) == len(rows) and len(data["env"]["checks"]) == 8
+    assert data["env"]["taylor_chunked_min_n"] > 48
+    assert "fla_parallel_based unavailable" in capsys.readouterr().out

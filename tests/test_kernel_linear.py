@@ -303,7 +303,9 @@ def test_supports_reasons(monkeypatch):
     spec = AttentionSpec(kind="linear")
     assert sup(q, q, q, spec, False) is None  # CUDA, or the interpreter (tests/conftest.py sets it on CPU)
     assert "float64" in sup(q.double(), q.double(), q.double(), spec, False)
-    assert "256" in sup(q, q, q, spec.replace(feature_map="taylor"), False)  # F = 1 + 16 + 256
+    assert sup(q, q, q, spec.replace(feature_map="taylor"), False) is None  # 153 symmetric features (full map: 273)
+    q22 = torch.zeros(1, 1, 4, 22, device=DEV)
+    assert "256" in sup(q22, q22, q22, spec.replace(feature_map="taylor"), False)  # 1 + 22 + 253 = 276
     assert "lse" in sup(q, q, q, spec, True)
     assert "float16" in sup(q.half(), q.half(), q.half(), spec.replace(feature_map="favor"), False)
     if DEV == "cpu":

@@ -96,7 +96,8 @@ def test_supports_dispatch_and_bad_inputs():
         assert want in b.why_not(q, k, v, spec, lse)
     with pytest.raises(ValueError, match="backend='parallel' cannot run this input.*feature_map='taylor'"):
         attention(q, k, v, AttentionSpec(kind="linear", feature_map="favor"), backend="parallel")
-    # auto: triton (chunked, F <= 256) first, parallel on CUDA only, then torch
+    # auto's static order: triton (chunked) first, parallel on CUDA only (ahead of triton below
+    # TAYLOR_CHUNKED_MIN_N tokens: tests/test_taylor_chunked.py), then torch
     from attn_zoo.registry import available_backends
 
     order = available_backends("linear")
@@ -121,12 +122,18 @@ def test_supports_dispatch_and_bad_inputs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_auto_picks_parallel_for_taylor_d16_on_cuda():
-    """A Based-sized Taylor layer (D = 16: 273 features, past the chunked kernel) runs the fused parallel form under
-    ``auto`` on a GPU, and matches the chunked PyTorch form in bf16 training shapes."""
+    """A Based-sized Taylor layer (D = 16) at a short length (N = 512 < TAYLOR_CHUNKED_MIN_N) runs the fused parallel
+    form under ``auto`` on a GPU, and matches the chunked PyTorch form in bf16 training shapes; from
+    TAYLOR_CHUNKED_MIN_N tokens auto takes the chunked triton backend (symmetric features), at any D <= 21."""
+    from attn_zoo.backends.triton_taylor import TAYLOR_CHUNKED_MIN_N
+
     spec = AttentionSpec(causal=True, **TAYLOR)
     q, k, v, do = (t.bfloat16() for t in _inputs(4, 8, 8, 512, 512, 16, 16, seed=2))
     assert resolve_backend(q, k, v, spec).name == "parallel"
-    assert resolve_backend(q[..., :8], k[..., :8], v, spec).name == "triton"  # F = 73: the chunked kernel
+    assert resolve_backend(q[..., :8], k[..., :8], v, spec).name == "parallel"  # short: parallel at any D
+    long = torch.zeros(1, 1, TAYLOR_CHUNKED_MIN_N, 16, device=q.device, dtype=q.dtype)
+    assert resolve_backend(long, long, long, spec).name == "triton"
+    assert resolve_backend(long[..., :8], long[..., :8], long, spec).name == "triton"
     got = _grads(lambda a, b, c: attention(a, b, c, spec), q, k, v, do)
     ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), *(t.float() for t in (q, k, v, do)))
     pt = _grads(lambda a, b, c: attention(a, b, c, spec, backend="torch"), q, k, v, do)

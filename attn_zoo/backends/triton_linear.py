@@ -1,11 +1,15 @@
 """``triton`` backend of ``linear``: the fused chunked kernel of :mod:`kernels.linear`.
 
 Feature maps: ``elu1`` and ``relu`` are applied inside the kernels (no ``phi(q)``/``phi(k)`` tensors are
-written, and the backward multiplies by ``phi'`` in-kernel); ``favor`` and ``taylor`` are computed in PyTorch
-by :func:`attn_zoo.feature_maps.apply_feature_map` (autograd through them) and the kernel runs on the
-features. ``F = feature_dim(...)`` and ``Dv`` must be <= 256 (Taylor features with ``D >= 16`` are not).
+written, and the backward multiplies by ``phi'`` in-kernel); ``favor`` is computed in PyTorch by
+:func:`attn_zoo.feature_maps.apply_feature_map` (autograd through it) and the kernel runs on the features.
+``taylor`` runs on the *symmetric* Taylor features (:func:`attn_zoo.feature_maps.taylor_symmetric_features`,
+``F = 1 + D + D (D + 1) / 2``: the same kernel value ``1 + s + s^2 / 2`` as the full map's ``1 + D + D^2``
+features, 153 instead of 273 at ``D = 16``). ``F`` and ``Dv`` must be <= 256: the Taylor map up to
+``D = TAYLOR_MAX_HEAD_DIM = 21`` (253 features; ``D = 22`` needs 276), past it ``supports`` refuses naming the
+limit (backends ``parallel`` / ``torch`` take any ``D``).
 
-Range: Taylor features grow like ``x^2 / sqrt(2 D)`` and overflow float16 (65504) from ``|x| ~ 500`` at
+Range: Taylor features grow like ``x_a x_b / sqrt(D)`` and overflow float16 (65504) from ``|x| ~ 430`` at
 ``D = 8``, so with float16 inputs the Taylor map runs in float32 end to end (features, ``v``, kernel; output
 cast back to float16, which is safe: Taylor weights ``1 + s + s^2 / 2 >= 1/2`` are positive, so every output
 row is a convex combination of ``v`` rows). bfloat16 keeps the float32 exponent range and runs as is; elu1 /
@@ -30,11 +34,25 @@ from __future__ import annotations
 
 import torch
 
-from ..feature_maps import apply_feature_map, feature_dim
+from ..feature_maps import (apply_feature_map, feature_dim, taylor_symmetric_dim, taylor_symmetric_features,
+                            taylor_symmetric_max_head_dim)
 from ..registry import register_backend
 from ._triton import triton_input_reason
 
 _FUSED = ("elu1", "relu")
+KERNEL_MAX_DIM = 256  # kernels.linear.MAX_DIM (checked at import of the kernel: _supports)
+TAYLOR_MAX_HEAD_DIM = taylor_symmetric_max_head_dim(KERNEL_MAX_DIM)
+"""The largest head dim ``D`` the Taylor map runs at on this backend: 21 (``1 + D + D (D + 1) / 2 = 253 <= 256``)."""
+
+
+def taylor_limit_reason(head_dim: int, max_dim: int = KERNEL_MAX_DIM):
+    """``None`` when the symmetric Taylor features of ``head_dim`` fit the chunked kernel, else the reason."""
+    fdim = taylor_symmetric_dim(head_dim)
+    if fdim <= max_dim:
+        return None
+    return (f"the Taylor map at D={head_dim} needs 1 + D + D(D+1)/2 = {fdim} symmetric features, past the chunked "
+            f"kernel's limit of {max_dim} (the triton backend takes the Taylor map up to "
+            f"D={taylor_symmetric_max_head_dim(max_dim)}; backends parallel / torch take any D)")
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -51,7 +69,13 @@ def _supports(q, k, v, spec, return_lse):
         return f"chunk_size={spec.chunk_size} is not one of the kernel's {CHUNK_SIZES} (the torch backend takes any)"
     if spec.feature_map == "favor" and q.dtype == torch.float16:
         return "favor key features can exceed the float16 range (they have no data-dependent stabiliser); use bfloat16 / float32"
-    fdim = feature_dim(spec.feature_map, q.shape[-1], spec.num_features)
+    if spec.feature_map == "taylor":
+        why = taylor_limit_reason(q.shape[-1], MAX_DIM)
+        if why is not None:
+            return why
+        fdim = taylor_symmetric_dim(q.shape[-1])
+    else:
+        fdim = feature_dim(spec.feature_map, q.shape[-1], spec.num_features)
     if fdim > MAX_DIM:
         return f"feature dim F={fdim} ({spec.feature_map}, D={q.shape[-1]}) exceeds the kernel's limit of {MAX_DIM}"
     if v.shape[-1] > MAX_DIM:
@@ -60,6 +84,9 @@ def _supports(q, k, v, spec, return_lse):
 
 
 def _phi(x: torch.Tensor, spec, is_query: bool) -> torch.Tensor:
+    """The features the kernel runs on: the symmetric ones for ``taylor`` (module docstring), else the map's."""
+    if spec.feature_map == "taylor":
+        return taylor_symmetric_features(x)
     return apply_feature_map(x, spec.feature_map, is_query=is_query, num_features=spec.num_features, seed=spec.seed)
 
 
@@ -70,6 +97,10 @@ def triton_linear(q, k, v, spec, return_lse=False, config=None, doc_ids=None):
     docstring)."""
     from kernels.linear import linear_attention
 
+    if spec.feature_map == "taylor":
+        why = taylor_limit_reason(q.shape[-1])
+        if why is not None:
+            raise ValueError(f"q.shape[-1]: {why}")
     if spec.feature_map == "taylor" and q.dtype == torch.float16:  # fp16 range (module docstring): fp32 run
         return triton_linear(q.float(), k.float(), v.float(), spec, config=config, doc_ids=doc_ids).to(q.dtype)
     if doc_ids is not None and not spec.causal:  # not fused (module docstring): per-document sums in PyTorch

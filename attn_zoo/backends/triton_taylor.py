@@ -3,18 +3,42 @@
 ``phi(q) . phi(k) = 1 + s + s^2 / 2`` (``s = q . k / sqrt(D)``, :mod:`attn_zoo.feature_maps`), so Taylor linear
 attention is computed like exact attention with these weights in place of ``exp(s)``: no feature vectors, ``O(N^2 D)``
 time, ``O(N)`` memory (Arora et al. 2024, "Based", train in this form; fla: ``parallel_based``). The chunked forms
-(``triton``, ``torch``) take ``O(N F Dv)`` with ``F = 1 + D + D^2`` features, and the chunked kernel stops at
-``F = 256`` (``D <= 15``).
+take ``O(N F Dv)``: ``torch`` with the full map's ``F = 1 + D + D^2`` features, ``triton`` with the symmetric
+``F = 1 + D + D (D + 1) / 2`` (153 at ``D = 16``; its kernel stops at 256 features, ``D <= 21``).
 
-``auto`` order for ``linear``: ``triton`` (300), ``parallel`` (250, CUDA, Taylor only), ``torch`` (200): a Taylor
-layer with ``D >= 16`` on a GPU runs here. Its time grows like exact attention's, so for a sequence-length sweep
-of linear attention name a chunked backend (``backend=torch``) to keep the linear-time form.
+``auto`` for ``linear`` with the Taylor map, on CUDA: ``parallel`` below :data:`TAYLOR_CHUNKED_MIN_N` tokens
+(:func:`prefers_parallel`: its ``auto_priority`` is then 350, ahead of ``triton``'s 300), the chunked ``triton``
+from there on (``parallel`` keeps its 250), ``torch`` (200) where neither runs the input. The parallel form's time
+grows like exact attention's (``Nq Nk D``), the chunked one's like ``(Nq + Nk) F Dv``, so the crossover is a
+length.
 """
 
 from __future__ import annotations
 
 from ..registry import register_backend
 from ._triton import triton_input_reason
+
+TAYLOR_CHUNKED_MIN_N = 4096
+"""``auto`` runs the Taylor map on the chunked ``triton`` backend from this many tokens (``Nq = Nk = N``), on
+``parallel`` below it. A first setting: to be measured on the H200 (``python -m eval.bench_linear --taylor``)."""
+
+PRIORITY = 250
+PRIORITY_SHORT = 350  # ahead of triton's 300 below TAYLOR_CHUNKED_MIN_N
+
+
+def prefers_parallel(nq: int, nk: int, min_n: int = None) -> bool:
+    """True when ``auto`` should take the parallel form for ``nq`` queries and ``nk`` keys: ``2 Nq Nk / (Nq + Nk) <
+    min_n`` (default :data:`TAYLOR_CHUNKED_MIN_N`). The parallel form costs ``~ Nq Nk``, the chunked ``~ Nq + Nk``,
+    so their ratio is this harmonic mean, which is ``N`` when ``Nq = Nk = N`` (a few queries on a long context:
+    parallel)."""
+    n = TAYLOR_CHUNKED_MIN_N if min_n is None else min_n
+    return 2 * nq * nk < n * (nq + nk)
+
+
+def _auto_priority(q, k, v, spec):
+    if getattr(spec, "feature_map", None) == "taylor" and prefers_parallel(q.shape[2], k.shape[2]):
+        return PRIORITY_SHORT
+    return None
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -38,7 +62,8 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-@register_backend("linear", "parallel", supports=_supports, priority=250, devices=("cuda",), documents=True)
+@register_backend("linear", "parallel", supports=_supports, priority=PRIORITY, devices=("cuda",), documents=True,
+                  auto_priority=_auto_priority)
 def triton_taylor_parallel(q, k, v, spec, return_lse=False, doc_ids=None):
     """Taylor linear attention of ``spec`` in the fused parallel form; ``(B, Hq, Nq, Dv)`` in ``q.dtype``.
     ``doc_ids (B, Nk)``: pairs restricted to one document (the state reset of causal linear attention)."""

@@ -14,6 +14,12 @@ state is ``Hkv * (F * Dv + F)`` fp32 numbers per sequence and layer, whatever th
   the same math in PyTorch elsewhere).
 * :func:`linear_decode` advances the state token by token with the recurrence above (O(F * Dv) per token).
 
+The state is always in the feature space of the spec's map (``F = feature_dim(...)``, :class:`LinearState`): for
+the Taylor map that is the full ``1 + D + D^2``, also when the Triton prefill runs the kernel on the symmetric
+features (``1 + D + D (D + 1) / 2``, :func:`attn_zoo.feature_maps.taylor_symmetric_features`): it converts the
+initial state to them and the final state back (:func:`attn_zoo.feature_maps.taylor_state_to_symmetric` /
+``taylor_state_from_symmetric``, exact: the same outputs for every query), so states from any backend mix.
+
 Prefill ``N`` tokens then decode ``M`` equals causal linear attention over ``N + M`` tokens (tested).
 """
 
@@ -25,7 +31,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..feature_maps import apply_feature_map, feature_dim
+from ..feature_maps import (apply_feature_map, feature_dim, taylor_state_from_symmetric, taylor_state_to_symmetric,
+                            taylor_symmetric_features)
 from ..functional import check_inputs
 from ..reference import repeat_kv, upcast
 from ..spec import AttentionSpec
@@ -168,11 +175,22 @@ def linear_prefill(
         from kernels.linear import linear_attention
 
         fused = spec.feature_map in ("elu1", "relu")
-        qq, kk = (q, k) if fused else (_features(q, spec, True).to(q.dtype), _features(k, spec, False).to(k.dtype))
+        taylor = spec.feature_map == "taylor"
         init = None if state is None else (state.S.float(), state.z.float())
-        out, (S, z) = linear_attention(qq, kk, v, causal=True, eps=spec.eps, feature_map=spec.feature_map if fused else None,
-                                       initial_state=init, output_final_state=True, chunk_size=spec.chunk_size)
-        return out, LinearState(S, z, n0 + N)
+        if taylor:  # the kernel runs on the symmetric features; the state stays in the full map's (module docstring)
+            vv = v.float() if q.dtype == torch.float16 else v  # fp16: Taylor features overflow it (triton backend)
+            qq, kk = (taylor_symmetric_features(t.float() if q.dtype == torch.float16 else t) for t in (q, k))
+            if init is not None:
+                init = taylor_state_to_symmetric(*init, q.shape[-1])
+        else:
+            vv = v
+            qq, kk = (q, k) if fused else (_features(q, spec, True).to(q.dtype), _features(k, spec, False).to(k.dtype))
+        out, (S, z) = linear_attention(qq, kk, vv, causal=True, eps=spec.eps,
+                                       feature_map=spec.feature_map if fused else None, initial_state=init,
+                                       output_final_state=True, chunk_size=spec.chunk_size)
+        if taylor:
+            S, z = taylor_state_from_symmetric(S, z, q.shape[-1])
+        return out.to(q.dtype), LinearState(S, z, n0 + N)
     fq, fk, vf = _features(q, spec, True), _features(k, spec, False), upcast(v)
     if state is None:
         state = LinearState.zeros(B, Hkv, fq.shape[-1], v.shape[-1], q.device, fq.dtype)
