@@ -1,13 +1,15 @@
 """Benchmark of the fused Triton exact-attention kernel against the anchors a user would pick instead.
 
-In ONE process and run: ours (the registry's ``triton`` backend: ``kernels.flash_attn`` through its adapter), and
+In ONE process and run: ours (the registry's ``triton`` backend: ``kernels.flash_attn`` through its adapter, with
+``FlashConfig()``: ``fwd_impl="auto"``, so on Hopper the Gluon forward where :func:`kernels.flash.resolve_fwd_impl`
+picks it; the forward that ran is the row's ``fwd_impl``), and
 the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with the flash backend
 (FlashAttention-2), SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
 registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
-``ours_gluon`` / ``ours_gluon_ws`` / ``ours_gluon_ws2`` / ``ours_gluon_ws3a`` / ``ours_gluon_ws3b`` / ``ours_gluon_ws3``
-are ours with the opt-in Gluon forward (``FlashConfig(fwd_impl="gluon" | ... | "gluon_ws3")``: Hopper, dense /
-causal masks, D 64 / 128; any other case is recorded as an error row).
+``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
+``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, dense / causal masks, D 64 / 128; any other case is
+recorded as an error row); the backward is the Triton one in all.
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
@@ -18,7 +20,7 @@ dense causal attention (what SDPA's fast paths can run), marked in the row.
 Usage (GPU, from the repo root): ``python -m eval.bench_flash --out results/h200 [--quick] [--variants
 causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--plugins my_module]
 [--flex-max-cases 12] [--check] [--tune]``. Our kernel runs with ``kernels.FlashConfig()`` (``--tune``:
-``FlashConfig(autotune=True)``).
+``FlashConfig(autotune=True)``, which keeps the Triton forward).
 
 Packed documents (issue 27): ``--docs fixed:512,geometric:512`` runs every case once per document-length
 distribution -- each row of the batch packed with documents of exactly 512 tokens (``fixed``) or of lengths drawn
@@ -63,9 +65,9 @@ VARIANTS = {
     "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),
 }
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
-# ours with another forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): the opt-in Gluon kernels
-OURS = {"ours": "triton", "ours_gluon": "gluon", "ours_gluon_ws": "gluon_ws", "ours_gluon_ws2": "gluon_ws2",
-        "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b", "ours_gluon_ws3": "gluon_ws3"}
+# ours and its forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): "ours" is the default ("auto":
+# Gluon or Triton per call), the others force one kernel
+OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b"}
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -233,12 +235,32 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
     if backend == "triton":
         from kernels import FlashConfig
 
-        opts["config"] = (config if config is not None else FlashConfig()).replace(fwd_impl=OURS.get(impl, "triton"))
+        opts["config"] = ours_config(impl, config)
     if doc_ids is not None:
         opts["doc_ids"] = doc_ids
     elif backend.startswith("sdpa") and not _exact(spec, N):
         spec = AttentionSpec(kind="flash", causal=spec.causal)  # dense causal: what SDPA's fast paths run
     return b.bind(spec, *inputs, **opts)
+
+
+def ours_config(impl: str, config=None):
+    """The :class:`kernels.FlashConfig` that ``impl`` (a key of ``OURS``, or the registry's ``"triton"``: as
+    ``"ours"``) runs with: ``config`` (default ``FlashConfig()``) with that impl's ``fwd_impl``."""
+    from kernels import FlashConfig
+
+    return (config if config is not None else FlashConfig()).replace(fwd_impl=OURS.get(impl, "auto"))
+
+
+def ours_fwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None) -> str:
+    """The forward kernel ``impl`` (a key of ``OURS``) runs on ``q, k, v`` under ``spec`` (``"triton"``,
+    ``"gluon_ws3a"``, ``"gluon_ws3b"``): :func:`kernels.flash.resolve_fwd_impl` with the mask arguments the registry's
+    ``triton`` backend passes (:func:`attn_zoo.masks.mask_info`)."""
+    from kernels.flash import resolve_fwd_impl
+
+    mi = mask_info(spec, q.shape[2], k.shape[2])
+    window = None if mi.window_left is None and mi.window_right is None else (mi.window_left, mi.window_right)
+    return resolve_fwd_impl(ours_config(impl, config), q, k, v, causal=mi.causal, window_size=window,
+                            dilation=mi.dilation, block_layout=mi.layout, doc_ids=doc_ids)
 
 
 def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
@@ -303,6 +325,8 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
             flex_budget[0] -= 1
         t0 = time.time()
         try:
+            if impl in OURS:
+                row["fwd_impl"] = ours_fwd_impl(impl, spec, q, k, vv, config, doc_ids)
             if impl in NATIVE:
                 if doc_ids is None:
                     raise ValueError(f"impl {impl!r} runs packed documents only (--docs)")
@@ -371,11 +395,12 @@ def _check_doc_err(f, q, k, vv, spec, doc_ids, rows: int = 128):
 
 
 def _check_err(f, q, k, vv, name):
-    """Max |ours - SDPA(math, fp32 upcast)| on a short slice of the batch (plain sanity check in the bench)."""
+    """Max |ours - SDPA(math, fp32 upcast)| on batch row 0 (plain sanity check in the bench). Ours runs the whole
+    batch: the forward ``"auto"`` picks depends on the problem size, so it is the one the timings ran."""
     if not _exact(AttentionSpec(**VARIANTS[name]), q.shape[2]):
         return None
     with torch.no_grad():
-        o = f(q[:1], k[:1], vv[:1]).float()
+        o = f(q, k, vv)[:1].float()
         r = F.scaled_dot_product_attention(q[:1].float(), k[:1].float(), vv[:1].float(),
                                            is_causal=VARIANTS[name]["causal"], enable_gqa=q.shape[1] != k.shape[1])
     return round((o - r).abs().max().item(), 5)
@@ -442,12 +467,13 @@ def main(argv=None):
                 o = res.get("ours", {})
                 mode = "fwd" if a.fwd_only else "fwd_bwd"
                 tf = lambda r: r.get(mode + "_tflops", float("nan"))  # noqa: E731
-                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours {mode} {tf(o):7.1f} TF/s "
+                print(f"{name:9s} {docs or '':14s} N={N:6d} D={D:3d} ours [{o.get('fwd_impl', '-')}] {mode} "
+                      f"{tf(o):7.1f} TF/s "
                       + " ".join(f"{i}={tf(r):.1f}" for i, r in res.items() if i != "ours")
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
                 write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
     ours = [r for r in rows if r["impl"] in OURS and "fwd_ms" in r]
-    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_tflops"] + (
+    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_impl", "fwd_tflops"] + (
         [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"])
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
                          "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_sdpa_cudnn_fwd",

@@ -1,10 +1,10 @@
-"""Compile the Gluon forward kernels (``kernels/flash/_gluon_kernels.py``) for Hopper (sm_90a) without a GPU and print
+"""Compile the Gluon forward kernel (``kernels/flash/_gluon_kernels.py``) for Hopper (sm_90a) without a GPU and print
 registers, spills (stack bytes), shared memory and the wgmma / TMA / barrier counts of the PTX.
 
 Gluon's API is triton-version specific: run it with the GPU machine's triton (3.6), e.g.::
 
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
-    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon,gluon_ws] [--D 64,128] [--ptx]
+    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b] [--D 64,128] [--ptx DIR]
 
 Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
 (:func:`kernels.flash.gluon.gluon_tiles`); an impl that fails to compile prints its error and the rest go on.
@@ -92,7 +92,7 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default="gluon,gluon_ws,gluon_ws2,gluon_ws3a,gluon_ws3b,gluon_ws3")
+    ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")

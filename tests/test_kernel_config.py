@@ -36,7 +36,9 @@ def test_flash_config_values_hash_and_key():
     from kernels import FlashConfig, TileConfig
 
     a, b = FlashConfig(), FlashConfig()
-    assert a == b and hash(a) == hash(b) and a.key == "{}"
+    assert a == b and hash(a) == hash(b) and a.key == "{}" and a.fwd_impl == "auto"
+    t = FlashConfig(fwd_impl="triton")  # not the default any more: in the key, and back
+    assert t != a and FlashConfig.from_key(t.key) == t and t.replace(fwd_impl="auto") == a
     c = FlashConfig(dq_mode="atomic", dkdv_split=2, tma=True, fwd=(64, 32, 4, 2),
                     sparse_dkdv=dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1))
     assert c.fwd == TileConfig(64, 32, 4, 2) and c.sparse_dkdv == TileConfig(32, 16, 4, 1)
@@ -48,7 +50,8 @@ def test_flash_config_values_hash_and_key():
         a.dq_mode = "atomic"  # frozen
     for bad in (dict(dq_mode="fused"), dict(dkdv_split=0), dict(dkdv_split=True), dict(tma="yes"), dict(tma=1),
                 dict(deterministic=True, dq_mode="atomic"), dict(fwd=(64, 32)), dict(tma_min_pairs=-1),
-                dict(autotune="no"), dict(sparse_fwd=(24, 16, 4, 1))):
+                dict(autotune="no"), dict(sparse_fwd=(24, 16, 4, 1)), dict(fwd_impl="gluon_ws2"),
+                dict(fwd_impl="gluon_ws3"), dict(fwd_impl=None)):
         with pytest.raises(ValueError):
             FlashConfig(**bad)
 

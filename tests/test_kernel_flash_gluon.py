@@ -1,9 +1,11 @@
-"""Opt-in Gluon forward (``FlashConfig(fwd_impl="gluon" | "gluon_ws" | ... | "gluon_ws3")``, kernels/flash/gluon.py).
+"""Gluon forward (``FlashConfig(fwd_impl="gluon_ws3a" | "gluon_ws3b")``, kernels/flash/gluon.py) and the default
+``fwd_impl="auto"``, which picks gluon_ws3a or the Triton forward per call (``kernels.flash.resolve_fwd_impl``).
 
-CPU: the setting's checks and refusals (they come before any kernel, so they run without a GPU). GPU (``-m gpu``,
-Hopper, triton 3.6): out and lse of both Gluon kernels against the fp32 reference (causal / full, GQA 4:1, D 64 /
-128, lengths that are not multiples of the tile, ``Nq != Nk``, both input layouts), and fwd + bwd through
-``flash_attn`` against the Triton forward (the backward is the Triton one either way).
+CPU: the setting's checks and refusals (they come before any kernel, so they run without a GPU), and the "auto"
+choice with the device / Gluon checks mocked. GPU (``-m gpu``, Hopper, triton 3.6): out and lse of both Gluon
+variants against the fp32 reference (causal / full, GQA 4:1, D 64 / 128, lengths that are not multiples of the
+tile, ``Nq != Nk``, both input layouts), fwd + bwd through ``flash_attn`` against the Triton forward (the backward
+is the Triton one either way), and the default config running gluon_ws3a on a large causal D 128 problem.
 
 Accuracy rule (as tests/test_kernel_flash.py): max |kernel - ref| <= 2x the max error of plain PyTorch attention in
 the inputs' dtype (gradients 3x), the fp32 reference as truth.
@@ -11,6 +13,7 @@ the inputs' dtype (gradients 3x), the fp32 reference as truth.
 
 import os
 import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -22,10 +25,13 @@ import pytest  # noqa: E402
 from attn_zoo import AttentionSpec, softmax_attention_reference  # noqa: E402
 from attn_zoo.reference import repeat_kv  # noqa: E402
 from kernels import FlashConfig, flash_attn  # noqa: E402
+from kernels.flash import FWD_IMPLS, resolve_fwd_impl, visited_pairs  # noqa: E402
+from kernels.flash import fwd as F  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-IMPLS = ("gluon", "gluon_ws", "gluon_ws2", "gluon_ws3a", "gluon_ws3b", "gluon_ws3")
+IMPLS = ("gluon_ws3a", "gluon_ws3b")
+REMOVED = ("gluon", "gluon_ws", "gluon_ws2", "gluon_ws3")  # dominated on the H200 (issue 30), refused by name
 
 
 def _hopper() -> bool:
@@ -49,16 +55,23 @@ def _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.bfloat16, device=DEV, seed=0, bnhd=F
 # ----------------------------------------------------------------------------------------------- CPU: the setting
 
 
-def test_default_forward_is_triton():
+def test_default_forward_is_auto_and_keys_round_trip():
     cfg = FlashConfig()
-    assert cfg.fwd_impl == "triton" and cfg.key == "{}"  # default configs (and their custom-op keys) unchanged
-    assert FlashConfig.from_key(FlashConfig(fwd_impl="gluon_ws").key).fwd_impl == "gluon_ws"
+    assert cfg.fwd_impl == "auto" and cfg.key == "{}"  # default configs (and their custom-op keys) unchanged
+    assert FWD_IMPLS == ("auto", "triton") + IMPLS
+    for impl in FWD_IMPLS:
+        c = FlashConfig(fwd_impl=impl, dq_mode="atomic")
+        back = FlashConfig.from_key(c.key)
+        assert back == c and back.fwd_impl == impl and hash(back) == hash(c)
+        assert (impl in c.key) == (impl != "auto")  # only non-default values are in the key
+    assert FlashConfig(fwd_impl="triton") != cfg  # an explicit "triton" is its own config (it forces Triton)
 
 
-def test_unknown_fwd_impl_refused():
-    with pytest.raises(ValueError, match=r"fwd_impl='cuda' is not supported; allowed values: 'triton', 'gluon', "
-                                         r"'gluon_ws', 'gluon_ws2', 'gluon_ws3a', 'gluon_ws3b', 'gluon_ws3'"):
-        FlashConfig(fwd_impl="cuda")
+@pytest.mark.parametrize("impl", ("cuda", "Auto") + REMOVED)
+def test_unknown_and_removed_fwd_impl_refused(impl):
+    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' is not supported; allowed values: 'auto', 'triton', "
+                                         r"'gluon_ws3a', 'gluon_ws3b'$"):
+        FlashConfig(fwd_impl=impl)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -84,11 +97,9 @@ def test_unsupported_calls_refused(impl, case):
               "sparse": "block-sparse", "dilation": "dilation=2", "documents": "doc_ids", "D32": "D=32, Dv=32",
               "Dv": "D=64, Dv=32", "fp32": "dtype torch.float32"}[case]
     if case == "sparse":  # flash_attn builds the block table first; the forward refuses the layout
-        from kernels.flash.fwd import flash_attn_fwd
-
         with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' supports only dense or causal.*{expect}"):
-            flash_attn_fwd(q, k, v, 0.125, -1, 0, layout=torch.ones(1, 1, dtype=torch.int8), layout_bs=16,
-                           config=FlashConfig(fwd_impl=impl))
+            F.flash_attn_fwd(q, k, v, 0.125, -1, 0, layout=torch.ones(1, 1, dtype=torch.int8), layout_bs=16,
+                             config=FlashConfig(fwd_impl=impl))
         return
     with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' supports only dense or causal.*got {expect}"):
         flash_attn(q, k, v, config=FlashConfig(fwd_impl=impl), **kw)
@@ -97,20 +108,30 @@ def test_unsupported_calls_refused(impl, case):
 @pytest.mark.skipif(_hopper(), reason="the device refusal needs a device that is not Hopper")
 def test_non_hopper_device_refused():
     q, k, v, _ = _qkv(1, 2, 2, 16, 16, 64, device=DEV)
-    with pytest.raises(ValueError, match=r"fwd_impl='gluon' supports only .*Hopper.*got device"):
-        flash_attn(q, k, v, causal=True, config=FlashConfig(fwd_impl="gluon"))
+    with pytest.raises(ValueError, match=r"fwd_impl='gluon_ws3a' supports only .*Hopper.*got device"):
+        flash_attn(q, k, v, causal=True, config=FlashConfig(fwd_impl="gluon_ws3a"))
 
 
-def test_missing_gluon_refused(monkeypatch):
-    """A triton without Gluon's Hopper API (CI's version may differ): a ValueError telling to use 'triton'."""
+def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
+    """A triton without Gluon's Hopper API (CI's version may differ): an explicit name raises a ValueError telling
+    to use 'triton'; "auto" resolves to "triton" without raising, and the failure is cached."""
     G._gluon_modules.cache_clear()
+    G.gluon_available.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.nvidia.hopper", None)  # import raises
     try:
-        with pytest.raises(ValueError, match=r"fwd_impl='gluon' / 'gluon_ws\*' needs "
+        with pytest.raises(ValueError, match=r"fwd_impl='gluon_ws3a' / 'gluon_ws3b' needs "
                                              r"triton.experimental.gluon.*use fwd_impl='triton'"):
             G._gluon_modules()
+        _all_hold(monkeypatch, gluon=None)  # everything else says Gluon
+        q, k, v = _fake_qkv()
+        assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=0), q, k, v, -1, 0) == "triton"
+        assert G.gluon_available() is False
+        hits = G.gluon_available.cache_info().hits
+        assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=0), q, k, v, -1, -1) == "triton"
+        assert G.gluon_available.cache_info().hits == hits + 1  # cached: no second import attempt
     finally:
         G._gluon_modules.cache_clear()
+        G.gluon_available.cache_clear()
 
 
 def test_tile_choice_fits_shared_memory():
@@ -118,25 +139,184 @@ def test_tile_choice_fits_shared_memory():
     for impl in IMPLS:
         for D in G.GLUON_HEAD_DIMS:
             bm, bn, stages, warps = G.gluon_tiles(impl, D)
-            assert bm == 16 * warps * (2 if impl in G.TWO_CONSUMERS else 1)
+            assert bm == 16 * warps * 2  # two 1-warpgroup consumers of BLOCK_M / 2 rows
             assert (bm * D + 2 * stages * bn * D) * 2 <= 227 * 1024
-            assert stages >= 2 and (stages == 3 if impl in G.WS3_FLAGS else True)
+            assert stages == 3
+    for bad in REMOVED + ("triton", "auto"):
+        with pytest.raises(ValueError, match=rf"impl='{bad}' is not a Gluon forward; allowed values: "
+                                             r"'gluon_ws3a', 'gluon_ws3b'"):
+            G.gluon_tiles(bad, 128)
 
 
-def test_ws3_variants_differ_in_one_step_each():
-    """gluon_ws3a -> gluon_ws3b adds ping-pong only, gluon_ws3b -> gluon_ws3 adds conditional rescaling only, and
-    each name picks the ws3 kernel with its flags (what the benchmark's A/B relies on)."""
-    a, b, full = (G.WS3_FLAGS[n] for n in ("gluon_ws3a", "gluon_ws3b", "gluon_ws3"))
-    assert (a["PINGPONG"], b["PINGPONG"], full["PINGPONG"]) == (False, True, True)
-    assert a["RESCALE_THR"] == b["RESCALE_THR"] == 0 and full["RESCALE_THR"] > 0
+def test_ws3_variants_differ_in_ping_pong_only():
+    """gluon_ws3a -> gluon_ws3b adds ping-pong only, and each name picks the ws3 kernel with its flags (a copy)."""
+    assert G.WS3_FLAGS == {"gluon_ws3a": dict(PINGPONG=False), "gluon_ws3b": dict(PINGPONG=True)}
 
     class GK:  # the kernels module stand-in: gluon_kernel only picks attributes
-        _gl_fwd_kernel, _gl_fwd_ws_kernel, _gl_fwd_ws3_kernel = "plain", "ws", "ws3"
+        _gl_fwd_ws3_kernel = "ws3"
 
-    assert G.gluon_kernel("gluon_ws3b", GK) == ("ws3", b) and G.gluon_kernel("gluon_ws3b", GK)[1] is not b
-    assert G.gluon_kernel("gluon_ws2", GK) == ("ws", {"N_CONSUMERS": 2})
-    assert G.gluon_kernel("gluon_ws", GK) == ("ws", {"N_CONSUMERS": 1})
-    assert G.gluon_kernel("gluon", GK) == ("plain", {})
+    for impl in IMPLS:
+        kernel, extra = G.gluon_kernel(impl, GK)
+        assert kernel == "ws3" and extra == G.WS3_FLAGS[impl] and extra is not G.WS3_FLAGS[impl]
+    with pytest.raises(ValueError, match="impl='gluon_ws2' is not a Gluon forward"):
+        G.gluon_kernel("gluon_ws2", GK)
+
+
+# ------------------------------------------------------------------------------------ CPU: the "auto" resolution
+
+
+def _fake_qkv(B=2, Hq=8, Hkv=2, Nq=6000, Nk=6000, D=128, Dv=None, dtype=torch.bfloat16, device="cuda"):
+    """Stand-ins of q, k, v on a CUDA device (what the resolver reads: device, shape, dtype; no GPU needed)."""
+    dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
+    mk = lambda h, n, d: SimpleNamespace(device=dev, shape=torch.Size((B, h, n, d)), dtype=dtype)  # noqa: E731
+    return mk(Hq, Nq, D), mk(Hkv, Nk, D), mk(Hkv, Nk, D if Dv is None else Dv)
+
+
+def _all_hold(monkeypatch, hopper=True, gluon=True, interpret=False):
+    """Mock the cached device / Gluon checks (``None``: leave that one real) and the interpreter flag."""
+    monkeypatch.setattr(G, "INTERPRET", interpret)
+    if hopper is not None:
+        monkeypatch.setattr(G, "_hopper", lambda device: hopper)
+    if gluon is not None:
+        monkeypatch.setattr(G, "gluon_available", lambda: gluon)
+
+
+def test_auto_is_triton_on_cpu_tensors():
+    """Real CPU tensors (and the interpreter CI runs): "auto" is "triton" at any size, and the default config's
+    forward is the Triton one's, bit for bit."""
+    q, k, v, _ = _qkv(1, 2, 2, 16, 16, 128, device="cpu")
+    assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=0), q, k, v, -1, 0) == "triton"
+    assert resolve_fwd_impl(FlashConfig(tma_min_pairs=0), q, k, v, causal=True) == "triton"
+    assert resolve_fwd_impl(None, q, k, v) == "triton"  # None: the current settings (default FlashConfig())
+    q, k, v, _ = _qkv(1, 2, 1, 24, 40, 16, dtype=torch.float32, device="cpu")
+    a, la = F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig())
+    b, lb = F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig(fwd_impl="triton"))
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_auto_picks_gluon_ws3a_when_all_hold(monkeypatch, causal):
+    _all_hold(monkeypatch)
+    q, k, v = _fake_qkv()
+    wr = 0 if causal else -1
+    pairs = visited_pairs(2, 8, 6000, 6000, -1, wr)
+    assert pairs >= FlashConfig().tma_min_pairs  # the default threshold: the shape of the GPU test below
+    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, wr) == "gluon_ws3a" == G.AUTO_GLUON_IMPL
+    assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal) == "gluon_ws3a"
+    assert resolve_fwd_impl(None, q, k, v, causal=causal) == "gluon_ws3a"  # the default config
+    assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal, window_size=(None, None)) == "gluon_ws3a"
+    # the threshold is inclusive, and the same count as the Triton forward's TMA "auto"
+    assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=pairs), q, k, v, -1, wr) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=pairs + 1), q, k, v, -1, wr) == "triton"
+    for dtype in (torch.float16, torch.bfloat16):
+        assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(dtype=dtype), -1, wr) == "gluon_ws3a"
+    # explicit names are returned as they are (an explicit "triton" forces Triton)
+    for impl in ("triton",) + IMPLS:
+        assert resolve_fwd_impl(FlashConfig(fwd_impl=impl), q, k, v, causal=causal) == impl
+        assert G.choose_fwd_impl(FlashConfig(fwd_impl=impl), q, k, v, -1, wr) == impl
+
+
+FAILS = {  # one condition broken each: (choose_fwd_impl kwargs, fake-tensor kwargs, config kwargs, mocks)
+    "cpu_device": ({}, dict(device="cpu"), {}, {}),
+    "meta_device": ({}, dict(device="meta"), {}, {}),
+    "interpreter": ({}, {}, {}, dict(interpret=True)),
+    "not_hopper": ({}, {}, {}, dict(hopper=False)),
+    "no_gluon": ({}, {}, {}, dict(gluon=False)),
+    "window_left": (dict(win_left=1023), {}, {}, {}),
+    "window_right": (dict(win_right=5), {}, {}, {}),
+    "layout": (dict(layout=torch.ones(2, 2, dtype=torch.int8)), {}, {}, {}),
+    "dilation": (dict(dilation=2), {}, {}, {}),
+    "documents": (dict(documents=torch.zeros(4, dtype=torch.int32)), {}, {}, {}),
+    "D64": ({}, dict(D=64), {}, {}),
+    "D256": ({}, dict(D=256), {}, {}),
+    "Dv": ({}, dict(Dv=64), {}, {}),
+    "fp32": ({}, dict(dtype=torch.float32), {}, {}),
+    "forced_tile": ({}, {}, dict(fwd=(128, 64, 8, 3)), {}),
+    "autotune": ({}, {}, dict(autotune=True), {}),
+    "tma_off": ({}, {}, dict(tma=False), {}),
+    "small": ({}, dict(B=1, Hq=4, Hkv=4, Nq=4096, Nk=4096), {}, {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILS))
+def test_auto_is_triton_when_a_condition_fails(monkeypatch, case):
+    """Each condition alone sends "auto" to Triton (the same call with it restored picks Gluon); never raises."""
+    call, fake, cfg, mocks = FAILS[case]
+    kw = dict(win_left=-1, win_right=0)
+    _all_hold(monkeypatch)
+    assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(), **kw) == "gluon_ws3a"  # the baseline holds
+    _all_hold(monkeypatch, **mocks)
+    assert G.choose_fwd_impl(FlashConfig(**cfg), *_fake_qkv(**fake), **{**kw, **call}) == "triton"
+
+
+def test_auto_head_dims_are_one_constant(monkeypatch):
+    """Widening GLUON_AUTO_HEAD_DIMS (after measuring D 64) is all it takes for "auto" to pick Gluon there."""
+    _all_hold(monkeypatch)
+    q, k, v = _fake_qkv(D=64, Nq=8192, Nk=8192)
+    assert G.GLUON_AUTO_HEAD_DIMS == (128,) and G.choose_fwd_impl(FlashConfig(), q, k, v, -1, 0) == "triton"
+    monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", (64, 128))
+    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, 0) == "gluon_ws3a"
+
+
+def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):
+    """resolve_fwd_impl reads the mask as flash_attn takes it: causal clips a right window edge to 0 (Gluon), a
+    left edge, a right edge > 0 without causal, a layout, a dilation or doc_ids mean Triton; bad windows raise."""
+    _all_hold(monkeypatch)
+    q, k, v = _fake_qkv()
+    cfg = FlashConfig()
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(None, 7)) == "gluon_ws3a"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=False, window_size=(None, 7)) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(1023, 0)) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, dilation=2) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, block_layout=torch.ones(2, 2, dtype=torch.int8)) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, doc_ids=torch.zeros(2, 6000, dtype=torch.int32)) == "triton"
+    with pytest.raises(ValueError, match="window_size must be a pair"):
+        resolve_fwd_impl(cfg, q, k, v, window_size=(1, 2, 3))
+    with pytest.raises(TypeError, match="config must be a kernels.FlashConfig"):
+        resolve_fwd_impl("auto", q, k, v)
+
+
+def test_flash_attn_fwd_runs_what_auto_picks(monkeypatch):
+    """The forward's dispatch: "auto" asks choose_fwd_impl and runs the Gluon launcher when it says so (stubbed
+    here: no GPU), an explicit "triton" never asks and runs the Triton kernel."""
+    q, k, v, _ = _qkv(1, 2, 2, 16, 16, 16, dtype=torch.float32, device="cpu")
+    asked, ran = [], []
+    monkeypatch.setattr(F, "choose_fwd_impl", lambda cfg, *a: asked.append((cfg, a[3:5])) or "gluon_ws3a")
+    monkeypatch.setattr(F, "check_gluon_fwd", lambda impl, *a: a[4] == 0)
+    monkeypatch.setattr(F, "gluon_flash_fwd", lambda q_, k_, v_, scale, causal, impl: ran.append((causal, impl))
+                        or ("out", "lse"))
+    assert F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig()) == ("out", "lse")
+    assert asked == [(FlashConfig(), (-1, 0))] and ran == [(True, "gluon_ws3a")]
+    out, lse = F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig(fwd_impl="triton"))
+    assert len(asked) == 1 and len(ran) == 1 and out.shape == q.shape and lse.shape == q.shape[:3]
+
+
+def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
+    """eval/bench_flash: "ours" is the default ("auto"), "ours_triton" forces Triton, the removed variants are no
+    longer impl names; ours_fwd_impl records what the registry's triton backend would run for each mask."""
+    from eval import bench_flash as bf
+
+    assert bf.OURS == {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a",
+                       "ours_gluon_ws3b": "gluon_ws3b"}
+    assert bf.ours_config("ours") == FlashConfig() == bf.ours_config("triton")  # the registry name: as ours
+    assert bf.ours_config("ours_triton").fwd_impl == "triton"
+    assert bf.ours_config("ours", FlashConfig(autotune=True)) == FlashConfig(autotune=True)
+    for removed in REMOVED:
+        with pytest.raises(SystemExit, match=r"not supported; allowed values: .*ours_triton, ours_gluon_ws3a, "
+                                             r"ours_gluon_ws3b"):
+            bf.main(["--impls", f"ours,ours_{removed}", "--variants", "causal", "--N", "256", "--D", "64"])
+    _all_hold(monkeypatch)
+    q, k, v = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384)
+    expect = {"causal": "gluon_ws3a", "noncausal": "gluon_ws3a", "gqa4": "gluon_ws3a", "win1024": "triton",
+              "bigbird": "triton", "dil512x2": "triton"}
+    for name, want in expect.items():
+        spec = AttentionSpec(**bf.VARIANTS[name])
+        assert bf.ours_fwd_impl("ours", spec, q, k, v) == want, name
+        assert bf.ours_fwd_impl("ours_triton", spec, q, k, v) == "triton"
+        assert bf.ours_fwd_impl("ours_gluon_ws3b", spec, q, k, v) == "gluon_ws3b"  # forced: the call checks it
+    assert bf.ours_fwd_impl("ours", AttentionSpec(**bf.VARIANTS["causal"]), q, k, v,
+                            doc_ids=torch.zeros(1, 16384, dtype=torch.int32)) == "triton"
+    assert bf.ours_fwd_impl("ours", AttentionSpec(**bf.VARIANTS["causal"]), *_fake_qkv(Nq=1024, Nk=1024)) == "triton"
 
 
 # ----------------------------------------------------------------------------------------------- GPU: the kernels
@@ -184,7 +364,7 @@ def test_gpu_out_lse_match_reference(impl, causal, D, Hq, Hkv, Nq, Nk, dtype, bn
     if causal and Nq > Nk:
         assert (~finite).any() and out[~finite[..., None].expand_as(out)].abs().max() == 0
     torch.testing.assert_close(lse[finite], ref_lse[finite].float(), atol=2e-3, rtol=1e-3)
-    tri, tri_lse = flash_attn_fwd(q, k, v, scale, -1, 0 if causal else -1, config=FlashConfig())
+    tri, tri_lse = flash_attn_fwd(q, k, v, scale, -1, 0 if causal else -1, config=FlashConfig(fwd_impl="triton"))
     assert (out.float() - tri.float()).abs().max().item() <= bound
 
 
@@ -208,7 +388,7 @@ def test_gpu_fwd_bwd_through_flash_attn(impl, causal):
         lse.sin().sum().backward()
         return [out.detach()] + g1 + [t.grad for t in leaves]
 
-    ours, tri = grads(FlashConfig(fwd_impl=impl)), grads(FlashConfig())
+    ours, tri = grads(FlashConfig(fwd_impl=impl)), grads(FlashConfig(fwd_impl="triton"))
     ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
     rg = torch.autograd.grad(ref, ref_leaves, do.float())
@@ -229,9 +409,8 @@ def test_gpu_fwd_bwd_through_flash_attn(impl, causal):
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_growing_scores(impl, causal):
     """Row maxima that grow along the keys (keys scaled up with their index: ~20 log2 units over a row, per 128-key
-    tile mostly under 8, on ~3% of (row, tile) over 8, up to ~22): the running-max rescale and gluon_ws3's
-    conditional rescaling (both of its branches: stale max while no row of the warpgroup grew past 8, P up to
-    2^8), against the fp32 reference."""
+    tile mostly under 8, on ~3% of (row, tile) over 8, up to ~22): the running-max rescale against the fp32
+    reference."""
     from kernels.flash.fwd import flash_attn_fwd
 
     q, k, v, _ = _qkv(1, 4, 4, 1100, 1100, 128, dtype=torch.bfloat16)
@@ -248,3 +427,47 @@ def test_gpu_growing_scores(impl, causal):
     err = (out.float() - ref).abs().max().item()
     assert err <= bound, (err, bound)
     torch.testing.assert_close(lse, ref_lse.float(), atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
+    """The default config (fwd_impl="auto") on an H200: a dense causal D 128 problem above tma_min_pairs runs
+    gluon_ws3a (the resolver says so and the Gluon launcher is called with it), a small one the Triton forward;
+    out, lse and the gradients (Triton backward) match the fp32 reference within the usual bounds, the out the
+    explicit gluon_ws3a call's bit for bit (the kernel is deterministic), the gradients the Triton-forward path's."""
+    q, k, v, do = _qkv(2, 8, 2, 6000, 6000, 128, bnhd=True)  # GQA 4:1, N not a multiple of the tile
+    assert visited_pairs(2, 8, 6000, 6000, -1, 0) >= FlashConfig().tma_min_pairs
+    assert resolve_fwd_impl(None, q, k, v, causal=True) == "gluon_ws3a"
+    assert resolve_fwd_impl(None, q[:, :, :1000], k[:, :, :1000], v[:, :, :1000], causal=True) == "triton"
+    launched = []
+    real = F.gluon_flash_fwd
+    monkeypatch.setattr(F, "gluon_flash_fwd", lambda *a, **kw: launched.append(a[5]) or real(*a, **kw))
+
+    def grads(cfg):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = flash_attn(*leaves, causal=True, return_lse=True, config=cfg)
+        out.backward(do)
+        return [out.detach(), lse.detach()] + [t.grad for t in leaves]
+
+    auto = grads(None)  # the current settings: FlashConfig()
+    assert launched == ["gluon_ws3a"]
+    small = flash_attn(q[:, :, :1000], k[:, :, :1000], v[:, :, :1000], causal=True)
+    assert launched == ["gluon_ws3a"] and small.shape == (2, 8, 1000, 128)  # below the threshold: Triton
+    explicit, _ = F.flash_attn_fwd(q, k, v, 128 ** -0.5, -1, 0, config=FlashConfig(fwd_impl="gluon_ws3a"))
+    assert torch.equal(auto[0], explicit)
+    tri = grads(FlashConfig(fwd_impl="triton"))
+    assert launched == ["gluon_ws3a", "gluon_ws3a"]  # the explicit call only; "triton" never launches Gluon
+    ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref, ref_lse = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=True), return_lse=True)
+    rg = torch.autograd.grad(ref, ref_leaves, do.float())
+    pl_leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    pl = _plain_torch(*pl_leaves, True, 128 ** -0.5)
+    pg = torch.autograd.grad(pl, pl_leaves, do)
+    bound = 2 * (pl.detach().float() - ref.detach()).abs().max().item() + 1e-5
+    assert (auto[0].float() - ref.detach()).abs().max().item() <= bound
+    torch.testing.assert_close(auto[1], ref_lse.detach().float(), atol=2e-3, rtol=1e-3)
+    for name, a, b, r, p in zip(("dq", "dk", "dv"), auto[2:], tri[2:], rg, pg):
+        gb = 3 * (p.float() - r).abs().max().item() + 1e-4
+        assert (a.float() - r).abs().max().item() <= gb, name
+        assert (a.float() - b.float()).abs().max().item() <= gb, name

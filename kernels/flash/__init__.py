@@ -39,24 +39,26 @@ Settings are passed explicitly: :class:`FlashConfig` (``config=``, or FlashAtten
 
 Modules: ``config`` (settings), ``fwd`` / ``bwd`` (kernels and their launches), ``launch`` (tile tables, config
 choice, launch plans, TMA policy), ``sparse`` (block tables), ``autograd`` (autograd.Function and custom ops),
-``api`` (:func:`flash_attn`).
+``api`` (:func:`flash_attn`), ``gluon`` (the Gluon forward for Hopper, host side, and the ``fwd_impl="auto"`` choice;
+its kernel module ``_gluon_kernels`` is imported on first use only).
 
-Public API: :func:`flash_attn`, :class:`FlashConfig`, :class:`TileConfig`, :func:`flash_settings`,
-:func:`current_flash_config`, :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`,
-:func:`build_sparse_tables`, :func:`choose_dkdv_split`, :func:`resolve_dkdv_split`, :func:`pick_config`,
-:func:`clear_plans`, :func:`clear_caches`, :func:`launch_plans`, :func:`autotune_results`, ``KERNELS``.
+Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :class:`FlashConfig`, :class:`TileConfig`,
+:func:`flash_settings`, :func:`current_flash_config`, :func:`flash_attn_fwd`, :func:`flash_attn_bwd`,
+:func:`sparse_tiles`, :func:`build_sparse_tables`, :func:`choose_dkdv_split`, :func:`resolve_dkdv_split`,
+:func:`pick_config`, :func:`clear_plans`, :func:`clear_caches`, :func:`launch_plans`, :func:`autotune_results`,
+``KERNELS``.
 """
 
-from .api import flash_attn
+from .api import flash_attn, resolve_fwd_impl
 from .bwd import choose_dkdv_split, flash_attn_bwd, resolve_dkdv_split
 from .common import MAX_HEAD_DIM
-from .config import DQ_MODES, FlashConfig, TileConfig, current_flash_config, flash_settings
+from .config import DQ_MODES, FWD_IMPLS, FlashConfig, TileConfig, current_flash_config, flash_settings
 from .fwd import flash_attn_fwd
 from .launch import KERNELS, autotune_results, clear_caches, clear_plans, launch_plans, pick_config, tma_ok, \
     visited_pairs
 from .sparse import build_sparse_tables, sparse_mode, sparse_tiles
 
-__all__ = ["flash_attn", "FlashConfig", "TileConfig", "flash_settings", "current_flash_config", "flash_attn_fwd",
-           "flash_attn_bwd", "sparse_tiles", "build_sparse_tables", "sparse_mode", "choose_dkdv_split",
-           "resolve_dkdv_split", "pick_config", "clear_plans", "clear_caches", "launch_plans", "autotune_results",
-           "tma_ok", "visited_pairs", "KERNELS", "MAX_HEAD_DIM", "DQ_MODES"]
+__all__ = ["flash_attn", "resolve_fwd_impl", "FWD_IMPLS", "FlashConfig", "TileConfig", "flash_settings",
+           "current_flash_config", "flash_attn_fwd", "flash_attn_bwd", "sparse_tiles", "build_sparse_tables",
+           "sparse_mode", "choose_dkdv_split", "resolve_dkdv_split", "pick_config", "clear_plans", "clear_caches",
+           "launch_plans", "autotune_results", "tma_ok", "visited_pairs", "KERNELS", "MAX_HEAD_DIM", "DQ_MODES"]

@@ -1,26 +1,25 @@
-"""Gluon (``triton.experimental.gluon``) forward kernels for Hopper (sm_90a): dense and causal exact attention with
-GQA, D in {64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a config asks for
-``fwd_impl="gluon"`` / ``"gluon_ws"``): this module needs Gluon's Hopper API as triton 3.6 spells it, so importing
-it elsewhere (CI's triton) is never required.
+"""Gluon (``triton.experimental.gluon``) forward kernel for Hopper (sm_90a): dense and causal exact attention with
+GQA, D in {64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a call runs
+``fwd_impl="gluon_ws3a"`` / ``"gluon_ws3b"``, explicitly or through ``"auto"``): this module needs Gluon's Hopper
+API as triton 3.6 spells it, so importing it elsewhere (CI's triton) is never required.
 
-Both kernels compute, per program, one query tile of ``BLOCK_M = 16 * num_warps`` rows (8 warps: two warpgroups of
-64 rows each) of one (batch, query head), against ``BLOCK_N``-key tiles streamed by TMA from 4-D descriptors over
+One kernel, ``_gl_fwd_ws3_kernel`` (FA3's layout and consumer schedule, described above it): per program one query
+tile of ``BLOCK_M = 128`` rows of one (batch, query head), split between two 1-warpgroup consumer partitions of 64
+rows each, against ``BLOCK_N``-key tiles that a 1-warp producer partition streams by TMA from 4-D descriptors over
 the ``(B, H, N, D)`` tensors (rows past ``N`` arrive as zeros) into a ``STAGES``-deep shared-memory ring:
 
 * ``S = Q K^T`` by ``warpgroup_mma`` with both operands in shared memory (K read through a transposed view);
 * online softmax in base 2 in the wgmma accumulator layout (``log2(e)`` folded into ``qk_scale``); only the tiles
   that cross the causal diagonal or the ragged key end run the element mask (a uniform branch per tile);
-* ``acc += P V`` by ``warpgroup_mma`` with ``P`` in registers (A operand) and V in shared memory, left in flight
-  while the next tile's ``Q K^T`` is issued (software pipelining, FA3's intra-warpgroup overlap).
-
-``_gl_fwd_kernel`` (``fwd_impl="gluon"``): one partition; the program issues its own TMA copies ``STAGES - 1`` tiles
-ahead into the slot the previous PV product has released. ``_gl_fwd_ws_kernel`` (``fwd_impl="gluon_ws"``): warp
-specialised (FA3): a 1-warp producer partition with few registers issues all TMA copies, gated by per-slot
-``kv_empty`` mbarriers that the consumer partition (the default one: 2 warpgroups of MMA + softmax) arrives on once
-its PV product of that slot has completed; ``kv_ready`` mbarriers carry the TMA byte counts the other way.
+* ``acc += P V`` by ``warpgroup_mma`` with ``P`` in registers (A operand) and V in shared memory, in flight while
+  the next tile's softmax runs (FA3's intra-warpgroup overlap); optional ping-pong of the two consumers.
 
 Outputs: ``Out`` (any strides; the launcher passes the ``(B, N, H, D)``-stored tensor), ``Lse (B, Hq, Nq)`` fp32
 natural log, ``-inf`` (and zero output) on rows that see no key (causal with ``Nq > Nk``).
+
+Removed (issue 30, dominated on the H200, docs/results.md): the one-partition kernel (``"gluon"``), the
+warp-specialised one with one or two ``_ws_consumer`` partitions sharing one empty barrier per slot
+(``"gluon_ws"`` / ``"gluon_ws2"``) and FA4's conditional rescaling in the ws3 kernel (``"gluon_ws3"``).
 """
 
 from __future__ import annotations
@@ -92,20 +91,6 @@ def _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_
 
 
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t, n_tiles, STAGES: gl.constexpr,
-              BLOCK_N: gl.constexpr):
-    """TMA copies of key tile ``t`` into ring slot ``t % STAGES`` (predicated off past ``n_tiles``)."""
-    slot = t % STAGES
-    pred = t < n_tiles
-    kb = k_bars.index(slot)
-    vb = v_bars.index(slot)
-    mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [b, hk, t * BLOCK_N, 0], kb, k_smem.index(slot), pred=pred)
-    mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [b, hk, t * BLOCK_N, 0], vb, v_smem.index(slot), pred=pred)
-
-
-@gluon.jit
 def _program_coords(Hq, group, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
     if CAUSAL:  # heaviest (longest) causal tiles first
         mblk = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -117,179 +102,13 @@ def _program_coords(Hq, group, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
     return mblk * BLOCK_M, bh, b, h, h // group
 
 
-@gluon.jit
-def _gl_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
-                   Hq, Nq, Nk, offset, group, qk_scale,
-                   CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                   STAGES: gl.constexpr, num_warps: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-
-    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
-    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
-
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-    for i in gl.static_range(STAGES - 1):
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, i, n_tiles, STAGES, BLOCK_N)
-
-    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    # the accumulator travels the loop as an in-flight wgmma result (its PV product is waited for next tile)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout))
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar, 0)
-    for t in range(0, n_tiles):
-        slot = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(k_bars.index(slot), phase)
-        k2 = k_smem.index(slot).reshape([BLOCK_N, HEAD_D])
-        s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        # completes S and the previous tile's PV product, whose ring slot is refilled next
-        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-        gl.thread_barrier()  # the other warpgroup's PV product must be done with the slot too
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t + STAGES - 1, n_tiles, STAGES, BLOCK_N)
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
-                                           BLOCK_M, BLOCK_N, s_layout)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_bars.index(slot), phase)
-        acc = warpgroup_mma(p_op, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
-              s_layout, o_layout)
-
-
-@gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                 b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Producer partition (1 warp): Q once, then every key tile's K and V into the ring, each slot reused only after
-    the consumers released it (its ``empty`` barrier completed once per reuse)."""
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-    for t in range(0, n_tiles):
-        slot = t % STAGES
-        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, t, n_tiles, STAGES, BLOCK_N)
-
-
-@gluon.jit
-def _ws_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
-                 stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                 num_warps: gl.constexpr):
-    """Consumer partition: ``BLOCK_M = 16 * num_warps`` query rows from ``start_m`` (``q2``: their ``(BLOCK_M,
-    HEAD_D)`` Q tile in shared memory): wgmma products and softmax, then the epilogue. A slot is released (its
-    ``empty`` barrier arrived on, once per consumer partition) when the PV product that read it has completed in
-    every warp of the partition."""
-    dtype: gl.constexpr = q2.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout))
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar, 0)
-    for t in range(0, n_tiles):
-        slot = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(k_bars.index(slot), phase)
-        k2 = k_smem.index(slot).reshape([BLOCK_N, HEAD_D])
-        s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-        if t > 0:  # the previous tile's PV product is complete in this warp; all warps: then release its slot
-            gl.thread_barrier()
-            mbarrier.arrive(empty_bars.index((t - 1) % STAGES), count=1)
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
-                                           BLOCK_M, BLOCK_N, s_layout)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_bars.index(slot), phase)
-        acc = warpgroup_mma(p_op, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
-              s_layout, o_layout)
-
-
-@gluon.jit
-def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
-                      Hq, Nq, Nk, offset, group, qk_scale,
-                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
-    """``N_CONSUMERS = 1`` (``gluon_ws``): the default partition (``num_warps`` warps) is the one consumer of the
-    whole ``BLOCK_M`` tile. ``N_CONSUMERS = 2`` (``gluon_ws2``, FA3's layout): two consumer partitions of one
-    warpgroup each (the default one and a 4-warp worker), each owning ``BLOCK_M / 2`` rows of the shared Q tile
-    and running unsynchronised, so one's softmax overlaps the other's wgmma; the producer is a third partition."""
-    dtype: gl.constexpr = q_desc.dtype
-    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
-    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=N_CONSUMERS)
-    fence_async_shared()
-    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
-    if N_CONSUMERS == 1:
-        gl.warp_specialize(
-            [(_ws_consumer, (q2, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse, stride_ob, stride_oh,
-                             stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale, CAUSAL,
-                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, num_warps)),
-             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                             b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
-            [1], [24])
-    else:
-        HALF: gl.constexpr = BLOCK_M // 2
-        gl.warp_specialize(
-            [(_ws_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse,
-                             stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
-                             qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
-             (_ws_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, Out, Lse,
-                             stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
-                             offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 4)),
-             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                             b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
-            [4, 1], [240, 24])
-
-
 # ------------------------------------------------------------------------------------------------ gluon_ws3 family
-# FA3's consumer schedule on the gluon_ws2 layout (one 1-warp TMA producer, two 1-warpgroup consumers of BLOCK_M / 2
-# rows each). Per consumer, key tile j (j >= 1) is one "issue round":
+# FA3's layout (one 1-warp TMA producer, two 1-warpgroup consumers of BLOCK_M / 2 rows each) and consumer schedule.
+# Per consumer, key tile j (j >= 1) is one "issue round":
 #
 #   [turn wait]  issue S_j = Q K_j^T  and  O += P_{j-1} V_{j-1}  (both async)  [turn pass]
 #   wait S_j (wgmma group 1 of 2)  ->  softmax(S_j) -> P_j, alpha_j   (runs while P_{j-1} V_{j-1} is in flight)
-#   wait O   ->  release K_j and V_{j-1}  ->  O *= alpha_j   (skipped when the row maxima did not grow: RESCALE_THR)
+#   wait O   ->  release K_j and V_{j-1}  ->  O *= alpha_j
 #
 # tile 0 has only S_0, and one last round issues P_{n-1} V_{n-1}: n_tiles + 1 rounds. K and V have their own ready
 # and empty barriers, so the producer refills a K slot one softmax earlier than its V slot.
@@ -302,11 +121,6 @@ def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, st
 # consumer 1 has consumed phase r - 1 (it needs consumer 1's arrive of round r - 1, itself after consumer 1's barrier),
 # so a waiter is never two phases behind (parity waits stay exact); likewise for turn[0]. Both consumers run the same
 # n_tiles + 1 rounds; consumer 1's last arrive on turn[0] is never waited for (the barrier dies with the program).
-#
-# Conditional rescaling (RESCALE_THR > 0, FA4): the running max m of a consumer's rows is raised only when some
-# row's tile max exceeds it by more than RESCALE_THR (log2 units: P <= 2^RESCALE_THR); otherwise m stays stale,
-# alpha = 1 and the O rescale is skipped (a branch uniform over the consumer). Exact: l and O accumulate against
-# the same m and the epilogue divides by l.
 
 
 @gluon.jit
@@ -326,42 +140,6 @@ def _pp_pass(other_turn, PINGPONG: gl.constexpr):
     if PINGPONG:
         gl.thread_barrier()
         mbarrier.arrive(other_turn, count=1)
-
-
-@gluon.jit
-def _softmax3(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, s_layout: gl.constexpr, RESCALE_THR: gl.constexpr):
-    """:func:`_softmax_tile` with optional conditional rescaling: returns ``(p, alpha, m_new, l_new, rescale)``,
-    ``rescale`` a scalar (whether ``alpha`` may differ from 1 on some row; always true without RESCALE_THR)."""
-    if t >= n_full:  # causal diagonal / ragged key end: element mask
-        cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = gl.expand_dims(cols < Nk, 0)
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + offset, 1))
-        s = gl.where(ok, s * qk_scale, float("-inf"))
-        m_cand = gl.maximum(m_i, gl.max(s, 1))
-        if RESCALE_THR > 0:
-            rescale = gl.max((m_cand > m_i + RESCALE_THR).to(gl.int32), 0) > 0
-            m_new = gl.where(rescale, m_cand, m_i)
-        else:
-            rescale = True
-            m_new = m_cand
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
-    else:  # every key valid: m_new is finite, the scale folds into one FMA per score
-        m_cand = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        if RESCALE_THR > 0:
-            rescale = gl.max((m_cand > m_i + RESCALE_THR).to(gl.int32), 0) > 0
-            m_new = gl.where(rescale, m_cand, m_i)
-        else:
-            rescale = True
-            m_new = m_cand
-        m_use = m_new
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-    alpha = gl.exp2(m_i - m_use)
-    l_new = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_new, rescale
 
 
 @gluon.jit
@@ -387,8 +165,7 @@ def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars,
 def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, Out, Lse, stride_ob,
                   stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale,
                   CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                  STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, RESCALE_THR: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     """Consumer ``WG`` (0 or 1; one warpgroup): ``BLOCK_M`` rows from ``start_m`` (``q2`` their Q tile in shared
     memory), the schedule described above, then the epilogue. Releases (K_j and V_{j-1} after round j's PV wait)
     follow a barrier over the partition's warps: each empty barrier expects one arrive per consumer."""
@@ -413,8 +190,8 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
         s = warpgroup_mma_wait(0, deps=(s_t, ))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i, rescale = _softmax3(s, m_i, l_i, 0, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
-                                                BLOCK_M, BLOCK_N, s_layout, RESCALE_THR)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, 0, n_full, start_m, Nk, offset, qk_scale, CAUSAL, BLOCK_M,
+                                           BLOCK_N, s_layout)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_tiles):
             slot = j % STAGES
@@ -427,18 +204,14 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
             acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pp_pass(other_turn, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
-            p, alpha, m_i, l_i, rescale = _softmax3(s, m_i, l_i, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
-                                                    BLOCK_M, BLOCK_N, s_layout, RESCALE_THR)
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
+                                               BLOCK_M, BLOCK_N, s_layout)
             p_next = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
             gl.thread_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
             mbarrier.arrive(k_empty.index(slot), count=1)
             mbarrier.arrive(v_empty.index(pslot), count=1)
-            if RESCALE_THR > 0:
-                if rescale:  # uniform over the consumer: some row's max grew past the threshold
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            else:
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             p_prev = p_next
         # last round: P_{n-1} V_{n-1} (its V slot is never refilled: no release)
         last = n_tiles - 1
@@ -455,11 +228,10 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
 def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
                        Hq, Nq, Nk, offset, group, qk_scale,
                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                       STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
-                       RESCALE_THR: gl.constexpr = 0.0):
-    """``gluon_ws3*``: the gluon_ws2 layout (``num_warps = 4``: the default partition is consumer 0, a 4-warp worker
-    consumer 1, a 1-warp worker the producer) with FA3's intra-warpgroup overlap, split K / V barriers, optional
-    ping-pong (``PINGPONG``) and conditional rescaling (``RESCALE_THR > 0``)."""
+                       STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True):
+    """``gluon_ws3a`` (``PINGPONG=False``) / ``gluon_ws3b`` (``PINGPONG=True``): FA3's layout (``num_warps = 4``: the
+    default partition is consumer 0, a 4-warp worker consumer 1, a 1-warp worker the producer) with FA3's
+    intra-warpgroup overlap, split K / V barriers and optional ping-pong of the consumers."""
     dtype: gl.constexpr = q_desc.dtype
     start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
     n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
@@ -489,10 +261,10 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
     gl.warp_specialize(
         [(_ws3_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn0, turn1,
                           Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
-                          qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, RESCALE_THR, num_warps)),
+                          qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, num_warps)),
          (_ws3_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn1,
                           turn0, Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
-                          offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, RESCALE_THR, 4)),
+                          offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, 4)),
          (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
                           b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
         [4, 1], [240, 24])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
 from .autograd import _flash_fwd_op, _FlashFn
 from .config import _CURRENT, FlashConfig
 from .documents import cached_document_table
+from .gluon import choose_fwd_impl
 from .launch import _check
 from .sparse import build_sparse_tables, check_tables
 
@@ -38,6 +39,39 @@ def _call_config(config: Optional[FlashConfig], dq_mode, dkdv_split, determinist
                 _DERIVED.clear()
             _DERIVED[key] = got
     return got
+
+
+def _window_bounds(causal: bool, window_size) -> Tuple[int, int]:
+    """``(win_left, win_right)`` of :func:`flash_attn`'s ``causal`` / ``window_size`` (-1: unbounded; causal clips
+    ``right`` to 0). Raises ``ValueError`` for a malformed ``window_size``."""
+    left = right = None
+    if window_size is not None:
+        if len(window_size) != 2:
+            raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+        left, right = window_size
+        for side, w in (("left", left), ("right", right)):
+            if w is not None and (not isinstance(w, int) or w < 0):
+                raise ValueError(f"window_size {side}={w!r} must be an integer >= 0 or None")
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return -1 if left is None else int(left), -1 if right is None else int(right)
+
+
+def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
+                     block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None) -> str:
+    """The forward kernel (``"triton"``, ``"gluon_ws3a"`` or ``"gluon_ws3b"``) that :func:`flash_attn` runs for
+    ``q, k, v`` and these mask arguments (as :func:`flash_attn` takes them) with ``config`` (``None``: the current
+    settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
+    (Gluon on Hopper for large dense / causal fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS``, else Triton). For
+    benchmarks that record which forward ran. ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``.
+    Raises ``ValueError`` / ``TypeError`` only for a malformed ``window_size`` or ``config`` (an explicit Gluon
+    name is returned as is: the call checks whether it can run)."""
+    config = _call_config(config, None, None, None)
+    if config.fwd_impl != "auto":
+        return config.fwd_impl
+    wl, wr = _window_bounds(causal, window_size)
+    return choose_fwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids)
 
 
 @torch.compiler.assume_constant_result
@@ -110,18 +144,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         cfg = _call_config(config, dq_mode, dkdv_split, deterministic)
     D = q.shape[-1]
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
-    left = right = None
-    if window_size is not None:
-        if len(window_size) != 2:
-            raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
-        left, right = window_size
-        for side, w in (("left", left), ("right", right)):
-            if w is not None and (not isinstance(w, int) or w < 0):
-                raise ValueError(f"window_size {side}={w!r} must be an integer >= 0 or None")
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    wl = -1 if left is None else int(left)
-    wr = -1 if right is None else int(right)
+    wl, wr = _window_bounds(causal, window_size)
     if type(dilation) is not int or dilation < 1:
         raise ValueError(f"dilation={dilation!r} must be an integer >= 1")
     if cfg.dkdv_split is not None:

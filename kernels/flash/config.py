@@ -26,8 +26,10 @@ from typing import Iterator, Optional, Union
 import torch
 
 DQ_MODES = ("separate", "atomic")
-# the forward kernels (FlashConfig.fwd_impl); kernels.flash.gluon (imports Gluon lazily) runs all but the first
-FWD_IMPLS = ("triton", "gluon", "gluon_ws", "gluon_ws2", "gluon_ws3a", "gluon_ws3b", "gluon_ws3")
+# the forward kernels (FlashConfig.fwd_impl): "auto" picks one per call (kernels.flash.gluon.resolve_fwd_impl),
+# "triton" is the Triton kernel of fwd.py, the Gluon ones run in kernels.flash.gluon (which imports Gluon lazily)
+GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b")
+FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -94,21 +96,23 @@ class FlashConfig:
         tma: TMA descriptors for the streamed operands: ``"auto"`` (Hopper, dense / causal / window problems of at
             least ``tma_min_pairs`` visited pairs), ``True`` (always where the layout allows, also in the
             interpreter: tests), ``False`` (pointer loads).
-        tma_min_pairs: the ``"auto"`` threshold (descriptors cost ~0.1 ms of host time per launch).
+        tma_min_pairs: the ``"auto"`` threshold (descriptors cost ~0.1 ms of host time per launch); also the
+            smallest problem ``fwd_impl="auto"`` gives the Gluon forward.
         sparse_aligned_no_gather: block-sparse partial tiles that lie inside one layout block skip the per-element
             layout gather (trusts the block table: a visited tile must lie in a layout block that is on, true for
             tables from ``MaskInfo.block_table``).
         autotune: ``triton.autotune`` over the whole config list instead of the heuristic tables (a tuning aid;
             ignored under the interpreter; TMA off).
         fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no checks).
-        fwd_impl: the forward kernel: ``"triton"`` (default: every mask), or the opt-in Gluon kernels for Hopper
-            (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``) ``"gluon"`` (TMA ring + wgmma,
-            one partition), ``"gluon_ws"`` (warp specialised: a TMA producer warp, one 8-warp MMA + softmax
-            consumer), ``"gluon_ws2"`` (FA3's layout: the producer and two 1-warpgroup consumer partitions) and
-            ``"gluon_ws3a"`` / ``"gluon_ws3b"`` / ``"gluon_ws3"`` (gluon_ws2 with FA3's intra-warpgroup overlap;
-            ``b``: plus ping-pong of the consumers; the last: plus FA4's conditional rescaling):
-            dense or causal masks, D in {64, 128}, fp16 / bf16, sm_90 only; anything else raises ``ValueError``
-            at the call. The backward is the Triton one either way.
+        fwd_impl: the forward kernel: ``"auto"`` (default: per call, :func:`~kernels.flash.resolve_fwd_impl`:
+            ``"gluon_ws3a"`` on Hopper for large dense / causal fp16 / bf16 problems at the head dims of
+            ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable, else ``"triton"``; never
+            raises), ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper
+            (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``): ``"gluon_ws3a"`` (FA3's
+            layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
+            ``"gluon_ws3b"`` (plus ping-pong of the consumers): dense or causal masks, D in {64, 128}, fp16 /
+            bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
+            either way.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -121,7 +125,7 @@ class FlashConfig:
     tma_min_pairs: int = 1 << 28
     sparse_aligned_no_gather: bool = True
     autotune: bool = False
-    fwd_impl: str = "triton"
+    fwd_impl: str = "auto"
     fwd: Optional[TileConfig] = None
     dq: Optional[TileConfig] = None
     dkdv: Optional[TileConfig] = None

@@ -12,6 +12,7 @@ import triton.language as tl
 from .._host import next_pow2
 from .common import LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _kv_range, _table_row
 from .config import FlashConfig, current_flash_config
+from .gluon import check_gluon_fwd, choose_fwd_impl, gluon_flash_fwd
 from .launch import KERNELS, _PLANS, _aligned, _bnhd_empty, _bucket, _get_plan, _mode_args, _plan_launch, tma_ok, \
     visited_pairs
 from .sparse import sparse_mode, sparse_tiles
@@ -196,19 +197,21 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     built by :func:`build_sparse_tables` at ``sparse_tiles(D, config)[0]``: ``kv_idx`` int32 ``(n_q_tiles,
     max_visits)`` (each row full tiles first), ``kv_cnt`` int32 ``(n_q_tiles,)`` visited tiles, ``kv_nfull`` int32
     ``(n_q_tiles,)`` full tiles. ``config``: default the current settings. ``v`` may have its own head dim ``Dv``
-    (MLA; TMA only when ``Dv == D``). ``config.fwd_impl`` ``"gluon"`` / ``"gluon_ws"`` / ``"gluon_ws2"`` runs the
-    Gluon kernels of :mod:`kernels.flash.gluon` instead (dense / causal only; ``ValueError`` otherwise, see
+    (MLA; TMA only when ``Dv == D``). ``config.fwd_impl``: ``"auto"`` picks the kernel per call
+    (:func:`~kernels.flash.gluon.choose_fwd_impl`); ``"gluon_ws3a"`` / ``"gluon_ws3b"`` run the Gluon kernel of
+    :mod:`kernels.flash.gluon` instead of the Triton one (dense / causal only; ``ValueError`` otherwise, see
     :func:`~kernels.flash.gluon.check_gluon_fwd`). ``documents``: the document table of :func:`kernels.flash.documents.
     document_table` (packed documents: tiles across documents skipped, ``doc_q == doc_k`` on straddling tiles). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
     Nq) fp32)``.
     """
     if config is None:
         config = current_flash_config()
-    if config.fwd_impl != "triton":  # opt-in Gluon kernels (Hopper; dense / causal only, else ValueError)
-        from .gluon import check_gluon_fwd, gluon_flash_fwd
-
-        causal = check_gluon_fwd(config.fwd_impl, q, k, v, win_left, win_right, layout, dilation, documents)
-        return gluon_flash_fwd(q, k, v, softmax_scale, causal, config.fwd_impl)
+    impl = config.fwd_impl
+    if impl == "auto":
+        impl = choose_fwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents)
+    if impl != "triton":  # the Gluon kernel (Hopper; dense / causal only, else ValueError)
+        causal = check_gluon_fwd(impl, q, k, v, win_left, win_right, layout, dilation, documents)
+        return gluon_flash_fwd(q, k, v, softmax_scale, causal, impl)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)

@@ -1,14 +1,18 @@
-"""Opt-in Gluon forward for Hopper (``FlashConfig(fwd_impl="gluon" | "gluon_ws" | "gluon_ws2" | "gluon_ws3a" |
-"gluon_ws3b" | "gluon_ws3")``): host side.
+"""Gluon forward for Hopper (``FlashConfig(fwd_impl="gluon_ws3a" | "gluon_ws3b")``, and what ``"auto"`` picks):
+host side.
 
-The kernels live in :mod:`kernels.flash._gluon_kernels` and are imported on first use only, so that importing
+The kernel lives in :mod:`kernels.flash._gluon_kernels` and is imported on first use only, so that importing
 ``kernels`` never needs ``triton.experimental.gluon`` (CI runs another triton whose Gluon API differs; the GPU
-machine runs triton 3.6, the version they are written for). :func:`check_gluon_fwd` refuses what they do not
-cover, with a ``ValueError`` naming ``fwd_impl`` and its allowed use: masks other than dense / causal (sliding
-window, block-sparse, dilation, documents), head dims other than 64 / 128 (or ``Dv != D``), dtypes other than
-fp16 / bf16, devices other than a CUDA GPU of compute capability 9.x (Hopper, sm_90a), and a triton whose Gluon
-lacks the Hopper API used here. The outputs are those of :func:`kernels.flash.fwd.flash_attn_fwd` (``out`` stored
-``(B, Nq, Hq, D)``, ``lse`` fp32 natural log ``(B, Hq, Nq)``), so the Triton backward consumes them unchanged.
+machine runs triton 3.6, the version it is written for). :func:`check_gluon_fwd` refuses what it does not cover,
+with a ``ValueError`` naming ``fwd_impl`` and its allowed use: masks other than dense / causal (sliding window,
+block-sparse, dilation, documents), head dims other than 64 / 128 (or ``Dv != D``), dtypes other than fp16 / bf16,
+devices other than a CUDA GPU of compute capability 9.x (Hopper, sm_90a), and a triton whose Gluon lacks the Hopper
+API used here. :func:`choose_fwd_impl` turns ``fwd_impl="auto"`` into the kernel a call runs (never raises). The
+outputs are those of :func:`kernels.flash.fwd.flash_attn_fwd` (``out`` stored ``(B, Nq, Hq, D)``, ``lse`` fp32
+natural log ``(B, Hq, Nq)``), so the Triton backward consumes them unchanged.
+
+Removed (issue 30): ``"gluon"``, ``"gluon_ws"``, ``"gluon_ws2"`` and ``"gluon_ws3"`` (conditional rescaling), slower
+than ``gluon_ws3a`` in every measured case (docs/results.md, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -18,38 +22,37 @@ from typing import Optional, Tuple
 
 import torch
 
-from .config import FWD_IMPLS
-GLUON_HEAD_DIMS = (64, 128)
+from .common import INTERPRET
+from .config import FWD_IMPLS, GLUON_FWD_IMPLS, FlashConfig
+from .launch import visited_pairs
+
+GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
+# what fwd_impl="auto" gives the Gluon kernel: the head dims measured faster than the Triton forward on the H200
+# (D 128 at N 4k / 16k: 1.08-1.20x); D 64 is not measured yet
+GLUON_AUTO_HEAD_DIMS = (128,)
+AUTO_GLUON_IMPL = "gluon_ws3a"  # the Gluon kernel "auto" picks: ahead of gluon_ws3b in 5 of the 6 measured cases
 _LOG2E = 1.4426950408889634
 
-
-# the gluon_ws3 family (one kernel, _gl_fwd_ws3_kernel): FA3's intra-warpgroup overlap and split K / V barriers in
-# all three; ping-pong of the two consumers in "b" and the full one; conditional rescaling (log2 threshold 8, FA4)
-# in the full one only
-WS3_FLAGS = {"gluon_ws3a": dict(PINGPONG=False, RESCALE_THR=0.0), "gluon_ws3b": dict(PINGPONG=True, RESCALE_THR=0.0),
-             "gluon_ws3": dict(PINGPONG=True, RESCALE_THR=8.0)}
-TWO_CONSUMERS = ("gluon_ws2", ) + tuple(WS3_FLAGS)
+# one kernel (_gl_fwd_ws3_kernel): FA3's intra-warpgroup overlap and split K / V barriers in both; ping-pong of the
+# two consumers in "b"
+WS3_FLAGS = {"gluon_ws3a": dict(PINGPONG=False), "gluon_ws3b": dict(PINGPONG=True)}
 
 
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` at head dim ``D``. Shared memory: Q tile + STAGES K
-    and V tiles, bf16 at D = 128: 32 + 3 * 64 = 224 KiB, under the H200's 227 KiB; the gluon_ws3 kernels take 3
-    stages there (224.5 KiB compiled), the older three keep the 2 they were measured with (3 also compile: gluon
-    224.1, gluon_ws2 224.4 KiB). ``num_warps`` is the kernel's (default partition's): the two-consumer kernels
-    (``gluon_ws2``, ``gluon_ws3*``) run a second 4-warp consumer as a worker partition."""
-    warps = 4 if impl in TWO_CONSUMERS else 8
-    if D == 128:
-        return 128, 128, 3 if impl in WS3_FLAGS else 2, warps
-    return 128, 128, 3, warps
+    """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` (``"gluon_ws3a"`` / ``"gluon_ws3b"``) at head dim
+    ``D`` (64 or 128). Shared memory: Q tile + STAGES K and V tiles, bf16 at D = 128: 32 + 3 * 64 = 224 KiB (224.5
+    compiled), under the H200's 227 KiB. ``num_warps`` is the default partition's: the kernel runs a second 4-warp
+    consumer as a worker partition (and a 1-warp producer). Raises ``ValueError`` for another ``impl``."""
+    if impl not in WS3_FLAGS:
+        raise ValueError(f"impl={impl!r} is not a Gluon forward; allowed values: {', '.join(map(repr, WS3_FLAGS))}")
+    return 128, 128, 3, 4
 
 
 def gluon_kernel(impl: str, GK):
     """``(kernel, extra constexpr kwargs)`` that run ``impl`` (``GK``: the kernels module)."""
-    if impl in WS3_FLAGS:
-        return GK._gl_fwd_ws3_kernel, dict(WS3_FLAGS[impl])
-    if impl.startswith("gluon_ws"):
-        return GK._gl_fwd_ws_kernel, {"N_CONSUMERS": 2 if impl == "gluon_ws2" else 1}
-    return GK._gl_fwd_kernel, {}
+    if impl not in WS3_FLAGS:
+        raise ValueError(f"impl={impl!r} is not a Gluon forward; allowed values: {', '.join(map(repr, WS3_FLAGS))}")
+    return GK._gl_fwd_ws3_kernel, dict(WS3_FLAGS[impl])
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,10 +67,20 @@ def _gluon_modules():
     except Exception as e:  # ImportError, or an API renamed between triton versions
         import triton
 
-        raise ValueError(f"fwd_impl='gluon' / 'gluon_ws*' needs triton.experimental.gluon with the "
+        raise ValueError(f"fwd_impl='gluon_ws3a' / 'gluon_ws3b' needs triton.experimental.gluon with the "
                          f"Hopper API of triton 3.6 (warpgroup_mma, tma, mbarrier, warp_specialize); this triton "
                          f"{triton.__version__} failed with {type(e).__name__}: {e}; use fwd_impl='triton'") from e
     return GK, TensorDescriptor, gl
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_available() -> bool:
+    """Whether :func:`_gluon_modules` succeeds (cached, failure too: ``"auto"`` then means ``"triton"``)."""
+    try:
+        _gluon_modules()
+    except Exception:
+        return False
+    return True
 
 
 def nvmma_layout(block_shape, gl_dtype):
@@ -82,13 +95,66 @@ def _capability(device: torch.device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
+@functools.lru_cache(maxsize=None)
+def _hopper(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA GPU of compute capability 9.x (cached; ``False`` when the query fails)."""
+    try:
+        cap = _capability(device)
+    except Exception:
+        return False
+    return cap is not None and cap[0] == 9
+
+
+def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
+                    win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
+                    documents: Optional[torch.Tensor] = None) -> str:
+    """The forward kernel a call with ``config`` runs: ``config.fwd_impl`` unless it is ``"auto"``, which gives
+    ``AUTO_GLUON_IMPL`` (``"gluon_ws3a"``) when all of these hold, else ``"triton"``:
+
+    * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
+      importable with the Hopper API (:func:`gluon_available`; both checks cached);
+    * a dense or causal mask: ``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no block-sparse ``layout``,
+      ``dilation == 1``, no ``documents`` table;
+    * ``D = q.shape[3]`` in ``GLUON_AUTO_HEAD_DIMS`` and ``v.shape[3] == D``; q, k, v float16 / bfloat16;
+    * ``config``: no forced ``fwd`` tile, ``autotune`` off, ``tma`` not ``False`` (the Gluon kernel reads by TMA);
+    * at least ``config.tma_min_pairs`` visited query-key pairs (:func:`~kernels.flash.visited_pairs`, the count
+      of the Triton forward's TMA ``"auto"``).
+
+    ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; the mask arguments as
+    :func:`~kernels.flash.flash_attn_fwd` takes them (``win_right = 0`` is causal, ``documents`` only tested for
+    ``None``); :func:`kernels.flash.resolve_fwd_impl` takes :func:`~kernels.flash.flash_attn`'s instead. Never
+    raises for ``"auto"`` (an explicit Gluon name is checked at the call, :func:`check_gluon_fwd`)."""
+    impl = config.fwd_impl
+    if impl != "auto":
+        return impl
+    if INTERPRET or q.device.type != "cuda":
+        return "triton"
+    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+        return "triton"
+    D = q.shape[3]
+    if D not in GLUON_AUTO_HEAD_DIMS or v.shape[3] != D:
+        return "triton"
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
+        return "triton"
+    if config.fwd is not None or config.autotune or config.tma is False:
+        return "triton"
+    B, Hq, Nq = q.shape[:3]
+    if visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right) < config.tma_min_pairs:
+        return "triton"
+    if not _hopper(q.device) or not gluon_available():
+        return "triton"
+    return AUTO_GLUON_IMPL
+
+
 def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int,
                     layout, dilation: int, documents) -> bool:
     """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call; returns whether it is causal."""
     allowed = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids), " \
               f"head dim D in {GLUON_HEAD_DIMS} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
-    if impl not in FWD_IMPLS[1:]:
-        raise ValueError(f"fwd_impl={impl!r} is not supported; allowed values: {', '.join(map(repr, FWD_IMPLS))}")
+    if impl not in GLUON_FWD_IMPLS:
+        raise ValueError(f"fwd_impl={impl!r} is not a Gluon forward; allowed values: "
+                         f"{', '.join(map(repr, GLUON_FWD_IMPLS))} (FlashConfig takes "
+                         f"{', '.join(map(repr, FWD_IMPLS))})")
     if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
         what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
                 "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
@@ -125,7 +191,7 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
 
 
 def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
-                    impl: str = "gluon", out: Optional[torch.Tensor] = None,
+                    impl: str = "gluon_ws3a", out: Optional[torch.Tensor] = None,
                     lse: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward of dense (``causal=False``) or causal (bottom-right aligned) attention with the Gluon kernel
     ``impl``. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 / bf16 on a Hopper GPU, ``D`` in {64, 128} (call
