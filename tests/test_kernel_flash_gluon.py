@@ -134,6 +134,19 @@ def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
         G.gluon_available.cache_clear()
 
 
+def test_auto_takes_gluon_only_on_the_triton_versions_it_was_written_for(monkeypatch):
+    """Gluon's API moves between triton versions (3.9 imports it, the kernels do not compile): "auto" takes the
+    Gluon forward only on GLUON_AUTO_TRITON, whatever the import says."""
+    monkeypatch.setattr(G, "_gluon_modules", lambda: None)  # the import "succeeds" on every version
+    try:
+        for version, want in (((3, 6), True), ((3, 9), False), ((3, 5), False), ((4, 0), False)):
+            G.gluon_available.cache_clear()
+            monkeypatch.setattr(G, "_triton_version", lambda v=version: v)
+            assert G.gluon_available() is want, version
+    finally:
+        G.gluon_available.cache_clear()
+
+
 def test_tile_choice_fits_shared_memory():
     """Q tile + STAGES K and V tiles (bf16) stay under the H200's 227 KiB of shared memory per block."""
     for impl in IMPLS:

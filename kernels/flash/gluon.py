@@ -73,10 +73,26 @@ def _gluon_modules():
     return GK, TensorDescriptor, gl
 
 
+GLUON_AUTO_TRITON = ((3, 6),)
+"""The triton versions (major, minor) ``"auto"`` takes the Gluon forward on: the ones it was written for and tested
+on (the H200's triton 3.6). Gluon is experimental and its API moves between versions (triton 3.9 imports the module
+but the kernels do not compile there), so on any other version ``"auto"`` keeps the Triton forward; an explicit
+``fwd_impl="gluon_ws3a"`` still tries."""
+
+
+def _triton_version() -> tuple:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+
+
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    """Whether :func:`_gluon_modules` succeeds (cached, failure too: ``"auto"`` then means ``"triton"``)."""
+    """Whether ``"auto"`` may take the Gluon forward: a triton version in :data:`GLUON_AUTO_TRITON` and
+    :func:`_gluon_modules` succeeds (cached, failure too: ``"auto"`` then means ``"triton"``)."""
     try:
+        if _triton_version() not in GLUON_AUTO_TRITON:
+            return False
         _gluon_modules()
     except Exception:
         return False
