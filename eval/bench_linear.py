@@ -239,6 +239,24 @@ def check_docs(fq, fk, v, doc, impls, heads=2):
     return out
 
 
+def docs_case(N, dist, H, D, dtype, dev):
+    """One packed row of :func:`bench_docs` (also ``lab/linear_docs_probe.py``): ``(lens, cu, doc, fq, fk, v)``:
+    the document lengths of ``N`` tokens under ``dist`` (:func:`eval.bench_flash.document_lengths`, seed 0), fla's
+    ``cu_seqlens`` (int64, ``len(lens) + 1``), the document number of every position (int32 ``(1, N)``, from 0) and
+    the elu1 features ``fq, fk`` and values ``v`` (``(1, H, N, D)`` in ``dtype``, seeded by ``N``: the same tensors
+    for every ``dist``). Raises ValueError for an unknown ``dist``."""
+    from eval.bench_flash import document_lengths
+
+    lens = document_lengths(N, dist, seed=0)
+    cu = torch.tensor([0] + lens, device=dev).cumsum(0)  # int64 (fla's LongTensor)
+    doc = torch.repeat_interleave(torch.arange(len(lens), device=dev, dtype=torch.int32),
+                                  torch.tensor(lens, device=dev))[None]
+    g = torch.Generator(device=dev).manual_seed(N)
+    q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype, generator=g) for _ in range(3))
+    fq, fk = (Fn.elu(q.float()) + 1).to(dtype), (Fn.elu(k.float()) + 1).to(dtype)
+    return lens, cu, doc, fq, fk, v
+
+
 def bench_docs(args, dev, dtype, H, D, t_start, env):
     """Packed documents (issue 27): one packed row (B = 1) of each ``--docs-tokens`` length per ``--docs``
     distribution (``fixed:<L>`` / ``geometric:<L>``, :func:`eval.bench_flash.document_lengths`, seeded), causal,
@@ -251,7 +269,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
     against the fp32 reference (:func:`check_docs`), forward and ``dq, dk, dv``. ``x_fla_fwd_bwd``: fla's time over
     ours. Rows are rewritten to ``{prefix}_docs_bench.{csv,json}`` after every case; cases after
     ``--time-budget-s`` are skipped."""
-    from eval.bench_flash import document_dists, document_lengths
+    from eval.bench_flash import document_dists
     from kernels.linear import linear_attention
 
     rows, checks = [], []
@@ -260,13 +278,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
         for dist in dists:
             if budget_spent(t_start, args.time_budget_s, f"docs={dist} N={N}"):
                 continue
-            lens = document_lengths(N, dist, seed=0)
-            cu = torch.tensor([0] + lens, device=dev).cumsum(0)  # int64 (fla's LongTensor)
-            doc = torch.repeat_interleave(torch.arange(len(lens), device=dev, dtype=torch.int32),
-                                          torch.tensor(lens, device=dev))[None]
-            g = torch.Generator(device=dev).manual_seed(N)
-            q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype, generator=g) for _ in range(3))
-            fq, fk = (Fn.elu(q.float()) + 1).to(dtype), (Fn.elu(k.float()) + 1).to(dtype)
+            lens, cu, doc, fq, fk, v = docs_case(N, dist, H, D, dtype, dev)
 
             def leaf(*ts):
                 return [t.detach().clone().requires_grad_() for t in ts]
