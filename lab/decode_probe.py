@@ -28,6 +28,13 @@ new plan; see :func:`compare`. Writes decode_compare.csv / .json and a summary t
 split count, 128-key tiles and a 168-register cap. One GPU call of about 200 s:
 
     python -m lab.decode_probe --compare --set gqa --calls-per-graph 10 --budget-s 190 --out DIR
+
+``--compare --set final`` (issue 29's decode targets in one run): the 18 cases of ``--compare`` (the ``pdl`` set's:
+batch 1 / 4, 16k-128k, MHA and GQA, contiguous and pages of 16 / 32, Nq 2 / 4 / 8 contiguous, Nq 4 on pages of 16)
+plus Nq 8 on pages of 16; per case SDPA, the default plan (``new``) and ``deep`` (half its split count, 4 stages);
+the summary ends with ``deep`` against ``new``. 57 timings, the ``pdl`` set's 72 fit 190 s:
+
+    python -m lab.decode_probe --compare --set final --calls-per-graph 10 --budget-s 170 --out DIR
 """
 
 from __future__ import annotations
@@ -179,6 +186,16 @@ GQA2_VARIANTS = [
 # launch (multi-row plans) against the same plans without it
 PDL_VARIANTS = [("no_pdl", dict(pdl=False))]
 
+# --compare --set final: every decode case of issue 29 in one run -- the cases of --compare / "pdl" (Nq 2 / 4 / 8
+# contiguous among them) plus 8 new queries over pages of 16 -- timing per case SDPA, the default plan and "deep":
+# half the default split count with 4 pipeline stages (8 splits x 4 stages was the best of ours on GQA batch 4 / 16k
+# and MHA batch 1 / 16k in the gqa2 run), so that one run says whether "deep" should become the default. No "old"
+# plan; "deep" runs right after "new" in the case's own pass (a budget that runs out leaves whole cases).
+FINAL_CASES = COMPARE_CASES + [
+    ("gqa32:8_b1_64k_page16_nq8", 1, 32, 8, 65536, 16, 8),
+]
+FINAL_VARIANTS = [("deep", dict(num_splits="half", num_stages=4))]
+
 # the plan settings timed by --compare: "old" = the defaults before 2026-12-04 (split count for two waves of SMs,
 # a second merge launch, per-key page lookups in the tile's iteration, the compiler's register count; the kernel's
 # split shares are balanced in both), "new" = the current defaults ("auto": fused merge and waves split for every
@@ -201,10 +218,45 @@ COMPARE_VARIANTS = [
 _COMPARE_DEVICE, _COMPARE_DTYPE = "cuda", torch.bfloat16  # (a CPU dry run of the script's logic patches these)
 
 
+# set name -> (case list, "old" plan options or None: no "old" row, variant list), by their names in this module
 COMPARE_SETS = {"all": ("COMPARE_CASES", "COMPARE_OLD", "COMPARE_VARIANTS"),
                 "gqa": ("GQA_CASES", "GQA_OLD", "GQA_VARIANTS"),
                 "gqa2": ("GQA_CASES", "GQA_OLD", "GQA2_VARIANTS"),
-                "pdl": ("COMPARE_CASES", "COMPARE_OLD", "PDL_VARIANTS")}
+                "pdl": ("COMPARE_CASES", "COMPARE_OLD", "PDL_VARIANTS"),
+                "final": ("FINAL_CASES", None, "FINAL_VARIANTS")}
+# sets whose variants run in the case's first pass, right after "new" (else: a second pass over the cases)
+COMPARE_ONE_PASS = {"final"}
+# sets whose summary ends with one variant against the default: (variant, "new")
+COMPARE_VERSUS = {"final": ("deep", "new")}
+
+_SPLIT_KEYS = {"x3": 3.0, "x2": 2.0, "half": 0.5}
+
+
+def variant_opts(opts, base_splits=None, legacy_splits=None) -> dict:
+    """The :func:`kernels.decode.decode_plan` options of a ``--compare`` variant: ``opts`` is a dict of plan options
+    or a string alone (``num_splits`` with the other settings of the new plan). A string ``num_splits`` is resolved
+    against the case: ``"x3"`` / ``"x2"`` / ``"half"`` of ``base_splits`` (the new plan's split count; ``"half"``
+    rounds down, at least 1) or ``"legacy"`` (``legacy_splits``: a callable giving the legacy rule's count, called
+    only then). ``ValueError`` naming ``num_splits`` for another string or a missing count."""
+    if isinstance(opts, str):
+        opts = dict(num_splits=opts)
+    opts = dict(opts)
+    key = opts.get("num_splits")
+    if not isinstance(key, str):
+        return opts
+    if key == "legacy":
+        if legacy_splits is None:
+            raise ValueError("num_splits='legacy' needs the legacy split count (legacy_splits)")
+        ns = legacy_splits()
+    elif key in _SPLIT_KEYS:
+        if base_splits is None:
+            raise ValueError(f"num_splits={key!r} needs the new plan's split count (base_splits)")
+        ns = int(base_splits * _SPLIT_KEYS[key])
+    else:
+        raise ValueError(f"num_splits={key!r} is not supported; allowed values: an int, "
+                         f"{', '.join(repr(k) for k in [*_SPLIT_KEYS, 'legacy'])}")
+    opts["num_splits"] = max(1, int(ns))
+    return opts
 
 
 def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1,
@@ -221,15 +273,16 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
     decode_compare.csv / .json (what was measured when the budget ran out), prints one line per row and a summary:
     per case the fraction of copy bandwidth of every method (and its split count), the best of ours marked ``*``.
 
-    ``case_set``: ``"all"`` (``COMPARE_CASES`` / ``COMPARE_OLD`` / ``COMPARE_VARIANTS``) or ``"gqa"``
-    (``GQA_CASES`` / ``GQA_OLD`` / ``GQA_VARIANTS``: the multi-row plans of 2026-12-04). A variant's ``num_splits``
-    may be ``"x3"`` / ``"x2"`` / ``"half"`` (of the new plan's) or ``"legacy"`` (the legacy rule's for the case);
-    a variant given as such a string alone is ``num_splits`` with the other settings of the new plan."""
+    ``case_set``: a key of ``COMPARE_SETS`` -- ``"all"`` (``COMPARE_CASES`` / ``COMPARE_OLD`` /
+    ``COMPARE_VARIANTS``), ``"gqa"`` (``GQA_CASES`` / ``GQA_OLD`` / ``GQA_VARIANTS``: the multi-row plans of
+    2026-12-04), ``"gqa2"``, ``"pdl"``, ``"final"`` (``FINAL_CASES``: SDPA, ``new`` and ``deep`` only, no ``old``;
+    its variants run in the case's first pass, ``COMPARE_ONE_PASS``). A variant's options: :func:`variant_opts`.
+    ``ValueError`` naming ``case_set`` for another value."""
     from attn_zoo.decode import gather_kv
 
     if case_set not in COMPARE_SETS:
         raise ValueError(f"case_set={case_set!r} is not supported; allowed values: {', '.join(COMPARE_SETS)}")
-    case_list, old_opts, variant_list = (globals()[n] for n in COMPARE_SETS[case_set])
+    case_list, old_opts, variant_list = (globals()[n] if n is not None else None for n in COMPARE_SETS[case_set])
 
     t_end = time.time() + budget_s
     copy_gbps = copy_bandwidth()
@@ -244,13 +297,7 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
         base = dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method=method,
                     calls_per_graph=calls)
         try:
-            if isinstance(opts, str):  # a multiple of the new plan's split count
-                opts = dict(num_splits=opts)
-            if isinstance(opts.get("num_splits"), str):
-                key, s0 = opts["num_splits"], base_splits
-                ns = (decode_plan(q, k, v, bt, split_rule="legacy").num_splits if key == "legacy"
-                      else {"x3": s0 * 3, "x2": s0 * 2, "half": s0 // 2}[key])
-                opts = dict(opts, num_splits=max(1, ns))
+            opts = variant_opts(opts, base_splits, lambda: decode_plan(q, k, v, bt, split_rule="legacy").num_splits)
             plan = decode_plan(q, k, v, bt, **opts)
             o0 = decode_run(plan, q, k, v, seq, bt).clone()
             ms = time_cuda_graph(lambda: decode_run(plan, q, k, v, seq, bt), calls=calls)
@@ -287,8 +334,19 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
         ref = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=Hq != Hkv)
         return k, v, bt, seq, q, kc, vc, mask, ref, kv_bytes_per_step(B, Hkv, ctx, D)
 
+    def variants_of(case, k, v, bt, seq, q, kc, vc, ref, nbytes):
+        for method, opts in variant_list:
+            if time.time() > t_end:
+                break
+            if isinstance(opts, dict) and "page_gather" in opts and case[5] is None:
+                continue
+            if case_set == "all" and isinstance(opts, dict) and "max_registers" in opts and case[5] is None:
+                continue  # contiguous kernels are under the cap already (lab/decode_pipeline_check.py)
+            one(case, method, opts, k, v, bt, seq, q, kc, vc, ref, nbytes, new_splits[case[0]])
+
+    one_pass = case_set in COMPARE_ONE_PASS
     new_splits = {}
-    for case in todo:  # pass 1: SDPA, old, new
+    for case in todo:  # pass 1: SDPA, old, new (and the variants of a one-pass set)
         if time.time() > t_end:
             print("budget spent: stopped in pass 1", flush=True)
             break
@@ -300,37 +358,35 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
         rows.append(dict(case=name, B=B, Hq=Hq, Hkv=Hkv, context=ctx, page_size=ps or 0, Nq=Nq, method="sdpa", ms=ms,
                          frac=fr, calls_per_graph=calls))
         print(f"{name:28s} {'sdpa':18s} {fr:.3f}", flush=True)
-        one(case, "old", old_opts, k, v, bt, seq, q, kc, vc, ref, nbytes)
+        if old_opts is not None:
+            one(case, "old", old_opts, k, v, bt, seq, q, kc, vc, ref, nbytes)
         plan = one(case, "new", {}, k, v, bt, seq, q, kc, vc, ref, nbytes)
         if plan is not None:
             new_splits[case[0]] = plan.num_splits
+            if one_pass and variants:
+                variants_of(case, k, v, bt, seq, q, kc, vc, ref, nbytes)
         del k, v, bt, kc, vc, ref
         torch.cuda.empty_cache()
-    for case in todo if variants else []:  # pass 2: variants of the new plan
+    for case in todo if variants and not one_pass else []:  # pass 2: variants of the new plan
         if time.time() > t_end or case[0] not in new_splits:
             continue
         k, v, bt, seq, q, kc, vc, mask, ref, nbytes = setup(case)
-        for method, opts in variant_list:
-            if time.time() > t_end:
-                break
-            if isinstance(opts, dict) and "page_gather" in opts and case[5] is None:
-                continue
-            if case_set == "all" and isinstance(opts, dict) and "max_registers" in opts and case[5] is None:
-                continue  # contiguous kernels are under the cap already (lab/decode_pipeline_check.py)
-            one(case, method, opts, k, v, bt, seq, q, kc, vc, ref, nbytes, new_splits[case[0]])
+        variants_of(case, k, v, bt, seq, q, kc, vc, ref, nbytes)
         del k, v, bt, kc, vc, ref
         torch.cuda.empty_cache()
     if time.time() > t_end:
         print("budget spent", flush=True)
     write_csv(rows, os.path.join(out, "decode_compare.csv"))
     write_json(rows, os.path.join(out, "decode_compare.json"), env=dict(env_info(), copy_gbps=copy_gbps, sm_count=sms))
-    print_compare_summary(rows)
+    print_compare_summary(rows, COMPARE_VERSUS.get(case_set))
     return rows
 
 
-def print_compare_summary(rows) -> None:
+def print_compare_summary(rows, versus=None) -> None:
     """Per case, one line: the fraction of copy bandwidth of every method measured (columns in first-seen order,
-    ``-`` where not measured) with its split count, the best of ours marked ``*``, and best minus SDPA."""
+    ``-`` where not measured) with its split count, the best of ours marked ``*``, and best minus SDPA. ``versus``
+    ``(a, b)``: then one line more, ``a`` minus ``b`` over the cases that have both (median, range, how many cases
+    ``a`` is ahead) and how many cases each is ahead of SDPA."""
     methods, by = [], {}
     for r in rows:
         if r.get("frac") is None:
@@ -355,6 +411,18 @@ def print_compare_summary(rows) -> None:
             cells.append(f"{txt:>{w}s}")
         gap = (f"{ours[best] - d['sdpa']['frac']:+.3f}" if best and "sdpa" in d else "-")
         print(f"{name:26s}" + "".join(cells) + f"{gap:>{w}s}  {best or '-'}")
+    if versus:
+        a, b = versus
+        diffs = sorted(d[a]["frac"] - d[b]["frac"] for d in by.values() if a in d and b in d)
+        if not diffs:
+            print(f"\n{a} vs {b}: no case has both")
+            return
+        ahead = {m: sum(1 for d in by.values() if m in d and "sdpa" in d and d[m]["frac"] > d["sdpa"]["frac"])
+                 for m in (a, b)}
+        n_sd = sum(1 for d in by.values() if "sdpa" in d)
+        print(f"\n{a} - {b}: median {diffs[len(diffs) // 2]:+.3f} (from {diffs[0]:+.3f} to {diffs[-1]:+.3f}); "
+              f"{a} ahead in {sum(x > 0 for x in diffs)} of {len(diffs)} cases; ahead of SDPA: {a} in {ahead[a]}, "
+              f"{b} in {ahead[b]} of {n_sd}")
 
 
 # (name, B, Hq, Hkv, context, page_size or None, Nq)
@@ -387,8 +455,10 @@ def main(argv=None):
     p.add_argument("--no-variants", action="store_true", help="--compare: SDPA, old and new only")
     p.add_argument("--cases", default="", help="--compare: case names to run, comma-separated (default: all)")
     p.add_argument("--set", default="all", choices=sorted(COMPARE_SETS),
-                   help="--compare: 'all' (COMPARE_CASES, old = the pre-2026-12-04 defaults, COMPARE_VARIANTS) or "
-                        "'gqa' (GQA_CASES: the multi-row plans, old = kernel merge + legacy split, GQA_VARIANTS)")
+                   help="--compare: 'all' (COMPARE_CASES, old = the pre-2026-12-04 defaults, COMPARE_VARIANTS), "
+                        "'gqa' / 'gqa2' (GQA_CASES: the multi-row plans, old = kernel merge + legacy split), 'pdl' "
+                        "or 'final' (FINAL_CASES: every issue-29 decode case; SDPA, new and 'deep' = half the "
+                        "splits x 4 stages; no old)")
     p.add_argument("--calls-per-graph", type=int, default=1,
                    help="--compare: calls captured back to back in each timed CUDA graph (1: one call, its launch "
                         "included; e.g. 10: the steady state of a decode step's layers)")

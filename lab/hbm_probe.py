@@ -17,10 +17,10 @@ at the kernel's tiles), as ``measured / model``. Plain Python: no Hydra.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import sys
+
+from lab.ncu import details_rows, to_number
 
 
 def run_method(method: str, B: int, H: int, N: int, D: int, causal: bool = True) -> None:
@@ -47,21 +47,15 @@ def run_method(method: str, B: int, H: int, N: int, D: int, causal: bool = True)
 
 
 def parse_ncu_csv(text: str) -> dict:
-    """Sum ``dram__bytes_read.sum`` / ``dram__bytes_write.sum`` over all kernels of an ``ncu --csv`` report."""
-    lines = text.splitlines()
-    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-    if start is None:
-        raise ValueError("no ncu CSV table found (expected a header line starting with \"ID\")")
-    rd = csv.DictReader(io.StringIO("\n".join(lines[start:])))
-    scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    """Sum ``dram__bytes_read.sum`` / ``dram__bytes_write.sum`` over all kernels of an ``ncu --csv`` report (the
+    details page: one row per kernel and metric; :func:`lab.ncu.details_rows`). ``ValueError`` without a table."""
     tot = {"read": 0.0, "write": 0.0, "kernels": 0}
     names = set()
-    for r in rd:
+    for r in details_rows(text):
         name = r.get("Metric Name", "")
         if name not in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
             continue
-        val = float(str(r.get("Metric Value", "0")).replace(",", ""))
-        val *= scale.get(r.get("Metric Unit", "byte"), 1)
+        val = to_number(r.get("Metric Value", "0"), r.get("Metric Unit", "byte")) or 0.0
         tot["read" if name.endswith("read.sum") else "write"] += val
         names.add(r.get("ID"))
     tot["kernels"] = len(names)
