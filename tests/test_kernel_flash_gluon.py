@@ -262,13 +262,20 @@ def test_auto_is_triton_when_a_condition_fails(monkeypatch, case):
     assert G.choose_fwd_impl(FlashConfig(**cfg), *_fake_qkv(**fake), **{**kw, **call}) == "triton"
 
 
-def test_auto_head_dims_are_one_constant(monkeypatch):
-    """Widening GLUON_AUTO_HEAD_DIMS (after measuring D 64) is all it takes for "auto" to pick Gluon there."""
+def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
+    """D 64 takes Gluon only from GLUON_AUTO_HEAD_DIMS[64] visited pairs (measured: below it the Triton forward is
+    as fast or faster), D 128 from config.tma_min_pairs; other head dims never; the table is the one knob."""
     _all_hold(monkeypatch)
-    q, k, v = _fake_qkv(D=64, Nq=8192, Nk=8192)
-    assert G.GLUON_AUTO_HEAD_DIMS == (128,) and G.choose_fwd_impl(FlashConfig(), q, k, v, -1, 0) == "triton"
-    monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", (64, 128))
-    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, 0) == "gluon_ws3a"
+    thr = G.GLUON_AUTO_HEAD_DIMS[64]
+    assert thr > FlashConfig().tma_min_pairs and G.GLUON_AUTO_HEAD_DIMS[128] <= FlashConfig().tma_min_pairs
+    below = _fake_qkv(D=64, Nq=8192, Nk=8192)  # B * H * N^2 / 2 causal pairs of the fake shape
+    pairs = visited_pairs(below[0].shape[0], below[0].shape[1], 8192, 8192, -1, 0)
+    assert pairs < thr and G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "triton"
+    assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(D=128, Nq=8192, Nk=8192), -1, 0) == "gluon_ws3a"
+    monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", {128: 0, 64: pairs})
+    assert G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "gluon_ws3a"
+    monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", {128: 0})
+    assert G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "triton"
 
 
 def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):

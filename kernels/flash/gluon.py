@@ -27,9 +27,11 @@ from .config import FWD_IMPLS, GLUON_FWD_IMPLS, FlashConfig
 from .launch import visited_pairs
 
 GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
-# what fwd_impl="auto" gives the Gluon kernel: the head dims measured faster than the Triton forward on the H200
-# (D 128 at N 4k / 16k: 1.08-1.20x); D 64 is not measured yet
-GLUON_AUTO_HEAD_DIMS = (128,)
+# what fwd_impl="auto" gives the Gluon kernel: head dim -> the fewest visited pairs (beside config.tma_min_pairs)
+# where it was measured ahead of the Triton forward on the H200 (results/h200/2026-12-04f/flash_fwd/, forward alone,
+# 16k tokens per call): D 128 from 2^28 pairs (2k-16k: 1.04-1.20x; at 1k causal it is 0.81x and stays below
+# 2^28); D 64 from 2^31 (full 4k: 1.15x, 16k: 1.09-1.13x; causal / GQA 4k, 1.07e9 pairs: 0.97-0.99x; 1k: 0.76x)
+GLUON_AUTO_HEAD_DIMS = {128: 0, 64: 1 << 31}
 AUTO_GLUON_IMPL = "gluon_ws3a"  # the Gluon kernel "auto" picks: ahead of gluon_ws3b in 5 of the 6 measured cases
 _LOG2E = 1.4426950408889634
 
@@ -131,9 +133,9 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
       importable with the Hopper API (:func:`gluon_available`; both checks cached);
     * a dense or causal mask: ``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no block-sparse ``layout``,
       ``dilation == 1``, no ``documents`` table;
-    * ``D = q.shape[3]`` in ``GLUON_AUTO_HEAD_DIMS`` and ``v.shape[3] == D``; q, k, v float16 / bfloat16;
+    * ``D = q.shape[3]`` a key of ``GLUON_AUTO_HEAD_DIMS`` and ``v.shape[3] == D``; q, k, v float16 / bfloat16;
     * ``config``: no forced ``fwd`` tile, ``autotune`` off, ``tma`` not ``False`` (the Gluon kernel reads by TMA);
-    * at least ``config.tma_min_pairs`` visited query-key pairs (:func:`~kernels.flash.visited_pairs`, the count
+    * at least ``max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])`` visited query-key pairs (:func:`~kernels.flash.visited_pairs`, the count
       of the Triton forward's TMA ``"auto"``).
 
     ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; the mask arguments as
@@ -150,12 +152,13 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     D = q.shape[3]
     if D not in GLUON_AUTO_HEAD_DIMS or v.shape[3] != D:
         return "triton"
+    min_pairs = max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])
     if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
         return "triton"
     if config.fwd is not None or config.autotune or config.tma is False:
         return "triton"
     B, Hq, Nq = q.shape[:3]
-    if visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right) < config.tma_min_pairs:
+    if visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right) < min_pairs:
         return "triton"
     if not _hopper(q.device) or not gluon_available():
         return "triton"
