@@ -28,7 +28,7 @@ from ._host import cdiv, next_pow2
 
 __all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
            "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
-           "CHUNK_SIZES", "document_index"]
+           "CHUNK_SIZES", "document_index", "feature_pad"]
 
 MAX_DIM = 256
 FUSED_FEATURE_MAPS = {None: 0, "none": 0, "elu1": 1, "relu": 2}
@@ -1146,8 +1146,27 @@ def linear_attention(
             raise ValueError(f"doc_ids must have shape (B, N) = ({q.shape[0]}, {k.shape[2]}) on q's device "
                              f"{q.device}, got {tuple(doc_ids.shape)} on {doc_ids.device}")
     s0, z0 = initial_state if initial_state is not None else (None, None)
+    F = q.shape[-1]
+    pad = feature_pad(F, feature_map)
+    if pad:  # zero features add nothing to phi(q) . phi(k) or to the state's products: exact
+        q, k = torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
+        if s0 is not None:
+            s0, z0 = torch.nn.functional.pad(s0, (0, 0, 0, pad)), torch.nn.functional.pad(z0, (0, pad))
     o, st, zt = _LinearAttention.apply(q, k, v, s0, z0, bool(causal), float(eps), FUSED_FEATURE_MAPS[feature_map],
                                        int(chunk_size), None if segment_size is None else int(segment_size),
                                        bool(output_final_state), config, docs)
+    if pad and output_final_state:
+        st, zt = st[..., :F, :], zt[..., :F]
     return (o, (st, zt)) if output_final_state else o
+
+
+def feature_pad(F: int, feature_map=None) -> int:
+    """Zero feature columns :func:`linear_attention` appends to explicit features (``feature_map=None``) of width
+    ``F``: up to the next multiple of 32 when ``128 < F < 256``, else 0. On the H200 (triton 3.6) the kernels read
+    out of range at ``F`` = 153, 154 and 155 (the symmetric Taylor features at D 16: 153) and ran clean at 100,
+    128, 160, 192 and 256 (``results/h200/2026-12-04f/``); zero columns change no product, so the padded call is
+    exact. In-kernel feature maps (``elu1``, ``relu``) map a zero input to a nonzero feature and are not padded."""
+    if feature_map not in (None, "none") or F <= 128 or F % 32 == 0:
+        return 0
+    return -F % 32
 

@@ -152,6 +152,39 @@ def test_initial_and_final_state_chain_and_grads():
     assert rel(torch.cat([o1, o2], 2), full) <= 1e-5
 
 
+def test_explicit_features_past_128_are_zero_padded_exactly(monkeypatch):
+    """F = 153 (the symmetric Taylor width at D 16, which read out of range on the H200) runs padded to 160: the
+    launch sees 160 features, and outputs, the final state (153 rows) and every gradient, dS0 / dz0 included, equal
+    the unpadded recurrence."""
+    import kernels.linear as KL
+
+    assert [KL.feature_pad(F) for F in (100, 128, 129, 153, 160, 192, 250, 256)] == [0, 0, 31, 7, 0, 0, 6, 0]
+    assert KL.feature_pad(153, "elu1") == 0  # elu1(0) = 1: padding an in-kernel map's input would change it
+    B, H, N, F, Dv = 1, 2, 40, 153, 8
+    g = torch.Generator().manual_seed(3)
+    fq, fk = (torch.rand(B, H, N, F, generator=g) * 0.2 for _ in range(2))
+    v, do = torch.randn(B, H, N, Dv, generator=g), torch.randn(B, H, N, Dv, generator=g)
+    s0, z0 = torch.rand(B, H, F, Dv, generator=g), torch.rand(B, H, F, generator=g) + 1.0
+    ws, wz = torch.randn(B, H, F, Dv, generator=g), torch.randn(B, H, F, generator=g)
+    seen = []
+    apply = KL._LinearAttention.apply
+    monkeypatch.setattr(KL._LinearAttention, "apply", lambda q, *a: (seen.append(q.shape[-1]), apply(q, *a))[1])
+
+    def run(fn):
+        leaves = [t.clone().to(DEV).requires_grad_() for t in (fq, fk, v, s0, z0)]
+        out, (st, zt) = fn(*leaves)
+        loss = (out * do.to(DEV)).sum() + (st * ws.to(DEV)).sum() + (zt * wz.to(DEV)).sum()
+        return out, st, torch.autograd.grad(loss, leaves)
+
+    ok, sk, gk = run(lambda a, b, c, s, z: linear_attention(a, b, c, causal=True, initial_state=(s, z),
+                                                            output_final_state=True, chunk_size=16))
+    orr, sr, gr = run(lambda a, b, c, s, z: linear_attention_recurrent(a, b, c, initial_state=(s, z)))
+    assert seen == [160] and sk.shape == (B, H, F, Dv)
+    assert rel(ok, orr) <= 1e-3 and rel(sk, sr) <= 1e-3
+    for name, a, b in zip(("dq", "dk", "dv", "dS0", "dz0"), gk, gr):
+        assert a.shape == b.shape and rel(a, b) <= 1e-3, (name, rel(a, b))
+
+
 # ------------------------------------------------------------------------------------- segments
 def _ref_with_state(fq, fk, v, s0, z0, causal, eps):
     """fp32 reference with an initial state: the recurrence (causal) or the totals (non-causal)."""
