@@ -37,12 +37,24 @@ Variants (``--variants``):
 Columns: ``size``, ``variant``, ``seq_len``, ``backend``, ``batch``, ``tokens_per_step``, ``vocab``, ``specs``,
 ``tokens_per_s`` (median step), ``step_ms`` (median), ``step_ms_min``, ``peak_mem_mib`` (MiB,
 ``max_memory_allocated`` over the timed steps: weights, AdamW state, activations), ``n_params``,
-``ratio_vs_<backend>`` (tokens/s of the row over that backend's at the same size / variant / seq_len).
+``ratio_vs_<backend>`` (tokens/s of the row over that backend's at the same size / variant / seq_len),
+``step_ms_reps`` (every timed step's ms, ';'-joined in the order run: what :mod:`eval.best` resamples for the n*
+intervals of ``eval.quality``), ``check_ok`` / ``check_err`` (the correctness check below; ``check_error`` when it
+raised).
+
+Correctness check (default on; ``--no-check`` leaves the cells empty = "unchecked"), once per (size, variant,
+backend, seq_len), before and outside the timed steps (:func:`check_case`): each distinct attention layer of the
+variant called through ``attention(q, k, v, spec, backend=...)`` on one random bf16 sequence ``(1, H, seq_len, D)``
+and compared with the fp32 reference by the speed sweep's own check (:func:`eval.sweep.check_point`: ``check_err``
+= max |out - ref| / max(1, max |ref|) at 128 query rows, ``check_ok`` when ``<= --check-tol``, default the sweep's
+:data:`eval.sweep.CHECK_TOL` of the dtype, 5e-2 for bf16). ``eval.quality compare=best`` never takes a backend
+whose check failed. Mixer layers (not attention) do not go through the backend and are not checked; with
+``--compile`` the uncompiled backend is checked.
 
 Usage (GPU): ``python -m eval.bench_model --out results/h200/model_speed [--sizes large,small]
 [--seq-lens 512,1024,2048,4096,8192,16384] [--variants flash,sliding_window,sparse,linear,gqa,mqa]
 [--backends triton,torch,sdpa_flash,sdpa_cudnn] [--plugins my_module] [--tokens 16384] [--steps 10] [--warmup 3]
-[--vocab 256] [--specs bench|conf] [--profile]``
+[--vocab 256] [--specs bench|conf] [--profile] [--no-check] [--check-tol 0.05]``
 
 The hybrids of ``conf/experiment/mqar_hybrid.yaml`` (small model, vocab 8192, batch 256 at seq_len 256), for
 ``python -m eval.recall hybrid ... speed=results/h200/<date>/hybrid_speed/model_speed.csv``::
@@ -244,6 +256,50 @@ def train_steps(model: GPT, opt, x: torch.Tensor, y: torch.Tensor, n: int, clip:
     return times
 
 
+def check_case(size: str, variant: str, seq_len: int, backend: str, specs: str = "bench", device: str = "cuda",
+               dtype: torch.dtype = torch.bfloat16, check_tol: Optional[float] = None, check_rows: int = 128,
+               seed: int = 0) -> Dict[str, object]:
+    """The correctness check of one case (module docstring): every distinct attention layer of ``variant`` at
+    ``size`` run through ``attention(..., backend=backend)`` on random ``q (1, H, seq_len, D)``, ``k, v (1, Hkv,
+    seq_len, D)`` of ``dtype`` on ``device``, checked by :func:`eval.sweep.check_point` (the sweep's fp32 reference
+    rows, error measure and tolerance: ``check_tol``, default :data:`eval.sweep.CHECK_TOL` of ``dtype``).
+
+    Returns ``{"check_ok": bool, "check_err": float}`` (all layers must pass; the largest error), plus
+    ``check_error`` (the first failure's message) when a call raised; ``{}`` when no layer has a reference form
+    (a variant of mixers only: unchecked). Never raises for a backend's failure: that is ``check_ok=False``."""
+    from attn_zoo import attention
+    from eval.sweep import check_point
+
+    H = SIZES[size]["n_head"]
+    D = SIZES[size]["d_model"] // H
+    cfg = {"check_rows": check_rows, "check_tol": check_tol}
+    results = []
+    for i, spec in enumerate(dict.fromkeys(variant_specs(size, variant, specs))):  # each distinct layer once
+        if not isinstance(spec, AttentionSpec):
+            continue
+        hkv = spec.resolve_kv_heads(H)
+        try:
+            g = torch.Generator(device=device).manual_seed(seed + i)
+            q, k, v = (torch.randn(1, h, seq_len, D, generator=g, device=device, dtype=dtype) for h in (H, hkv, hkv))
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: recorded, the timing goes on
+            results.append({"check_ok": False, "check_err": float("nan"),
+                            "error": f"check: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
+            continue
+        res = check_point(spec, lambda q, k, v, s=spec: attention(q, k, v, s, backend=backend), q, k, v, cfg)
+        if res:
+            results.append(res)
+        del q, k, v
+    if not results:
+        return {}
+    errs = [float(r["check_err"]) for r in results]
+    out: Dict[str, object] = {"check_ok": all(bool(r["check_ok"]) for r in results),
+                              "check_err": max(errs) if all(math.isfinite(e) for e in errs) else float("nan")}
+    fails = [r["error"] for r in results if r.get("error")]
+    if fails:
+        out["check_error"] = fails[0]
+    return out
+
+
 def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, steps: int, warmup: int,
               profile_dir: Optional[str] = None, compile: bool = False, vocab: int = 256,
               specs: str = "bench") -> Dict[str, object]:
@@ -260,13 +316,15 @@ def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, 
     torch.cuda.reset_peak_memory_stats()
     times = train_steps(model, opt, x, y, steps)
     peak = torch.cuda.max_memory_allocated() / 2**20
+    reps = ";".join(f"{t:.3f}" for t in times)  # every timed step, in order (eval.quality's n* intervals)
     if profile_dir:
         _profile(model, opt, x, y, os.path.join(profile_dir, f"profile_{size}_{variant}_{seq_len}_{backend}.txt"))
     times.sort()
     med = times[len(times) // 2]
     row = dict(size=size, variant=variant, seq_len=seq_len, backend=backend + ("+compile" if compile else ""), batch=B,
                tokens_per_step=B * seq_len, vocab=vocab, specs=specs, step_ms=round(med, 3), step_ms_min=round(times[0], 3),
-               tokens_per_s=round(B * seq_len / med * 1e3), peak_mem_mib=round(peak, 1), n_params=n_params)
+               tokens_per_s=round(B * seq_len / med * 1e3), peak_mem_mib=round(peak, 1), n_params=n_params,
+               step_ms_reps=reps)
     del model, opt
     torch.cuda.empty_cache()
     return row
@@ -329,6 +387,10 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--specs", default="bench", choices=SPEC_SOURCES,
                     help="plain variant names: bench = the speed sweep's specs (VARIANTS), conf = "
                          "conf/attention/<name>.yaml, what train.py trains (to join with training runs)")
+    ap.add_argument("--no-check", dest="check", action="store_false",
+                    help="skip the correctness check (check_ok / check_err left empty: unchecked)")
+    ap.add_argument("--check-tol", type=float, default=None,
+                    help="check tolerance on max rel err (default: eval.sweep.CHECK_TOL of bf16, 0.05)")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1:
         raise SystemExit("--steps, --warmup, --tokens and --vocab must be >= 1")
@@ -370,6 +432,9 @@ def main(argv=None) -> List[Dict[str, object]]:
                         rows.append(dict(size=size, variant=variant, seq_len=n, backend=backend,
                                          error="skipped (time budget)"))
                         continue
+                    chk = check_case(size, variant, n, backend, a.specs, check_tol=a.check_tol) if a.check else {}
+                    if chk:
+                        torch.cuda.empty_cache()
                     try:
                         row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
                                         a.out if a.profile else None, a.compile, a.vocab, a.specs)
@@ -378,6 +443,7 @@ def main(argv=None) -> List[Dict[str, object]]:
                         row = dict(size=size, variant=variant, seq_len=n, backend=backend,
                                    error=f"{type(e).__name__}: {str(e)[:200]}")
                         torch.cuda.empty_cache()
+                    row.update(chk)
                     if variant in EXACT and backend == "torch":
                         H = SIZES[size]["n_head"]
                         hkv = {"gqa": H // 2, "mqa": 1}.get(variant, H)
@@ -387,7 +453,8 @@ def main(argv=None) -> List[Dict[str, object]]:
                         row["sdpa_default"] = default_backend[key]
                     rows.append(row)
                     print({k: row.get(k) for k in ("size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms",
-                                                   "peak_mem_mib", "sdpa_default", "error")}, flush=True)
+                                                   "peak_mem_mib", "check_ok", "check_err", "sdpa_default",
+                                                   "error")}, flush=True)
     add_ratios(rows, [b + ("+compile" if a.compile else "") for b in backends])
     write_results(rows, a.out, a.name, env)
     cols = ["size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms", "peak_mem_mib"]

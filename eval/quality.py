@@ -28,6 +28,17 @@ learned nothing.
     python -m eval.quality runs=[multirun/crossover_quality] out_dir=DIR \
         speed=results/h200/2026-12-01/model_speed_large.csv speed_backend=triton
     python -m eval.quality ... speed=<bench_model csv with anchors> compare=best   # fastest implementation per row
+
+Correctness and n* both ways (with ``speed=``): rows of the benchmark whose correctness check failed (``check_ok``
+false: :func:`eval.bench_model.check_case`) never stand for a variant, and the tables say so; rows of a CSV from
+before the check are kept as ``unchecked`` (``bench_check`` in the join, ``impl_check`` in the leaders, ``?`` after
+the implementation in the figures). ``nstar_compare.csv`` (:func:`compare_nstar`) gives the n* of quality per unit
+time (each leader change, and each variant against ``nstar_baseline``, default flash) two ways: ours vs ours (the
+``ours`` backends, default triton / parallel) and best vs best (the fastest correct implementation per length),
+each with a bootstrap interval over the benchmark's timed steps (``step_ms_reps``; :func:`eval.best.nstar_interval`,
+``n_boot``, ``level``; no interval, and said so, for a CSV without them), the implementations on each side, the
+``shift`` n*(best) / n*(ours) and a conclusion line; the figure ``nstar_<dataset>`` draws both and the bubble
+chart's caption repeats the leader changes'.
 """
 
 from __future__ import annotations
@@ -168,17 +179,24 @@ def aggregate(runs: Sequence[dict]) -> List[dict]:
     return out
 
 
-def quality_per_time(row: dict) -> float:
-    """MQAR: ``acc / step_time``; text: ``(log2(vocab) - bpb) / step_time`` (higher is better)."""
-    t = _f(row.get("step_time_s"))
-    if not (t > 0):
-        return float("nan")
+def quality_gain(row: dict) -> float:
+    """The quality a run bought: MQAR ``acc``; text ``log2(vocab) - bpb`` (bits per byte saved against a uniform
+    guess; ``bpb`` from ``val_loss / ln 2`` when not logged). Higher is better; 0 for a model that learned nothing."""
     if row["dataset"] == "mqar":
-        return _f(row.get("val_acc")) / t
+        return _f(row.get("val_acc"))
     bpb = _f(row.get("val_bpb"))
     if not math.isfinite(bpb):
         bpb = _f(row.get("val_loss")) / math.log(2)
-    return (math.log2(_f(row.get("vocab_size")) or 256) - bpb) / t
+    return math.log2(_f(row.get("vocab_size")) or 256) - bpb
+
+
+def quality_per_time(row: dict) -> float:
+    """MQAR: ``acc / step_time``; text: ``(log2(vocab) - bpb) / step_time`` (higher is better):
+    :func:`quality_gain` over ``step_time_s``."""
+    t = _f(row.get("step_time_s"))
+    if not (t > 0):
+        return float("nan")
+    return quality_gain(row) / t
 
 
 def long_form(agg: Sequence[dict]) -> List[dict]:
@@ -198,20 +216,28 @@ def _impl(r: dict) -> str:
     return "-" if b is None or (isinstance(b, float) and math.isnan(b)) else str(b)
 
 
+def _checks(rows: Iterable[dict]) -> str:
+    """The correctness-check states (``bench_check``: passed / failed / unchecked) behind rows' speeds, ``/``-joined
+    (``"unchecked"``: a bench_model CSV from before the check), ``"-"`` without any."""
+    states = sorted({str(r.get("bench_check")) for r in rows if isinstance(r.get("bench_check"), str)})
+    return "/".join(states) or "-"
+
+
 def leaders(agg: Sequence[dict]) -> List[dict]:
     """Per dataset and length, the variant with the highest quality per unit time; then each change of leader
     between consecutive lengths as a crossover (``kind="crossover"``, interpolated in log-log space on
     ``1 / quality_per_s``; ``"no crossover in range"`` when one variant leads everywhere). Rows joined with a
     model benchmark (``bench_backend``: :func:`join_bench_speed`, e.g. ``compare=best``) add ``impl``: the
     implementation behind the leader's speed, and on a crossover row each side's at the two lengths
-    (``"triton -> fa4/fa4"``: the old leader's, then the new one's)."""
+    (``"triton -> fa4/fa4"``: the old leader's, then the new one's), and ``impl_check``: the correctness-check
+    states behind them (:func:`_checks`; ``unchecked`` for a bench_model CSV without ``check_ok``)."""
     out, nan = [], float("nan")
     named = any("bench_backend" in r for r in agg)
 
-    def entry(ds, kind, seq_len, leader, quality_per_s=nan, n_star=nan, status="", impl="-"):  # one row
+    def entry(ds, kind, seq_len, leader, quality_per_s=nan, n_star=nan, status="", impl="-", checks=()):  # one row
         out.append({"dataset": ds, "kind": kind, "seq_len": seq_len, "leader": leader,
                     "quality_per_s": quality_per_s, "n_star": n_star, "status": status,
-                    **({"impl": impl} if named else {})})
+                    **({"impl": impl, "impl_check": _checks(checks)} if named else {})})
 
     for ds in sorted({r["dataset"] for r in agg}):
         rows = [r for r in agg if r["dataset"] == ds and math.isfinite(_f(r["quality_per_s"]))]
@@ -221,7 +247,7 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
             cands = [r for r in rows if r["seq_len"] == n]
             best = max(cands, key=lambda r: r["quality_per_s"])
             lead.append(best["variant"])
-            entry(ds, "leader", n, best["variant"], best["quality_per_s"], impl=_impl(best))
+            entry(ds, "leader", n, best["variant"], best["quality_per_s"], impl=_impl(best), checks=[best])
         changes = 0
         for i in range(1, len(lens)):
             a, b = lead[i - 1], lead[i]
@@ -235,28 +261,29 @@ def leaders(agg: Sequence[dict]) -> List[dict]:
             ia = "/".join(_impl(r) for n in ns for r in rows if r["variant"] == a and r["seq_len"] == n)
             ib = "/".join(_impl(r) for n in ns for r in rows if r["variant"] == b and r["seq_len"] == n)
             entry(ds, "crossover", nan, f"{a} -> {b}", n_star=res["n_star"], status=res["status"],
-                  impl=f"{ia or '-'} -> {ib or '-'}")
+                  impl=f"{ia or '-'} -> {ib or '-'}",
+                  checks=[r for r in rows if r["variant"] in (a, b) and r["seq_len"] in ns])
         if lens and not changes:
             entry(ds, "crossover", nan, lead[0], status=f"no crossover in range ({lead[0]} leads at every length)")
     return out
 
 
 BENCH_COLUMNS = ("variant", "seq_len", "backend", "tokens_per_s", "peak_mem_mib")
-BEST = "best"  # speed_backend=best: per (variant, seq_len) the fastest backend of the CSV (compare=best)
+BEST = "best"  # speed_backend=best: per (variant, seq_len) the fastest correct backend of the CSV (compare=best)
+STEP = "step_ms"  # the timing the picks and the n* intervals use (its repeats: step_ms_reps, eval.bench_model)
 
 
-def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = None):
-    """The rows of an ``eval.bench_model`` CSV (``size, variant, seq_len, backend, tokens_per_s, step_ms,
-    peak_mem_mib, n_params, ...``) for one ``backend`` and one model ``size``, as a pandas DataFrame with columns
-    ``variant, seq_len, tokens_per_s, step_time_s, peak_mem_mb, bench_n_params, bench_size, bench_backend``.
-    Failed rows (no ``tokens_per_s``) and rows whose ``check_ok`` is false are dropped. ``backend="best"``
-    (``compare=best``): per variant and length the backend with the highest tokens/s, named in ``bench_backend`` (so
-    in ``speed_source`` of the join and in the bubble chart's caption).
+def read_bench(path: str):
+    """Every measured row of an ``eval.bench_model`` CSV (``tokens_per_s > 0``) as a pandas DataFrame, with
+    ``size`` (``""`` when the CSV has none), ``step_ms`` (from ``tokens_per_step / tokens_per_s`` when the CSV has
+    none), ``check`` (``passed`` / ``failed`` / ``unchecked``: :func:`eval.best.check_state` of ``check_ok``; a CSV
+    from before the check is all ``unchecked``) and ``step_reps`` (how many per-step timings ``step_ms_reps``
+    holds: 0 for a CSV from before they were written).
 
-    Raises ``FileNotFoundError`` / ``ValueError`` naming the option (``speed``, ``speed_backend``, ``speed_size``):
-    no such file, not a bench_model CSV, no row of that backend, several sizes and ``size`` not given.
-    """
+    Raises ``FileNotFoundError`` / ``ValueError`` naming ``speed``: no such file, not a bench_model CSV."""
     import pandas as pd
+
+    from eval.best import check_state
 
     if not os.path.isfile(str(path)):
         raise FileNotFoundError(f"speed={path}: no such file (an eval.bench_model CSV, e.g. "
@@ -266,19 +293,79 @@ def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = N
     if missing:
         raise ValueError(f"speed={path} is not an eval.bench_model CSV: columns {missing} missing (has "
                          f"{list(df.columns)}); a model sweep of eval.sweep (train_tokens_per_s) goes to speed_csv=")
-    df = df[pd.to_numeric(df["tokens_per_s"], errors="coerce") > 0]
-    if "check_ok" in df.columns:  # a failed correctness check never stands for a variant
-        df = df[~df["check_ok"].astype(str).str.lower().isin(("false", "0"))]
+    df = df[pd.to_numeric(df["tokens_per_s"], errors="coerce") > 0].copy()
+    if "size" not in df.columns:
+        df["size"] = ""
+    tps = df["tokens_per_s"].astype(float)
+    derived = (df["tokens_per_step"].astype(float) if "tokens_per_step" in df.columns else 1.0) / tps * 1e3
+    df[STEP] = pd.to_numeric(df[STEP], errors="coerce").fillna(derived) if STEP in df.columns else derived
+    if "check_ok" not in df.columns:
+        df["check_ok"] = float("nan")
+    df["check"] = [check_state({"check_ok": c}) for c in df["check_ok"]]
+    reps = df[f"{STEP}_reps"] if f"{STEP}_reps" in df.columns else pd.Series([""] * len(df), index=df.index)
+    df["step_reps"] = [len([x for x in str(c).split(";") if _f(x) > 0]) if isinstance(c, str) else 0 for c in reps]
+    return df
+
+
+def _as_series_rows(df) -> List[dict]:
+    """bench_model rows as the rows :mod:`eval.best` groups (one series per variant: ``head_dim`` / ``causal`` /
+    ``n_kv_heads`` fixed placeholders, ``status="ok"``), keeping ``backend``, ``step_ms``, ``step_ms_reps`` and
+    ``check_ok``."""
+    out = []
+    for r in df.to_dict("records"):
+        out.append(dict(r, head_dim=0, causal=True, n_kv_heads=0, status="ok", seq_len=int(r["seq_len"]),
+                        check_ok=r.get("check_ok")))
+    return out
+
+
+def _series_key(variant: str) -> tuple:
+    """The :mod:`eval.best` series key of one variant's bench_model rows (:func:`_as_series_rows`)."""
+    return (str(variant), 0, True, 0)
+
+
+def check_notes(df, what: str = "") -> List[str]:
+    """Caption / console lines on the correctness checks of bench_model rows ``df`` (:func:`read_bench`): the rows
+    left out because their check failed, and how many are unchecked (a CSV from before the check)."""
+    notes = []
+    failed = df[df["check"] == "failed"]
+    if len(failed):
+        err = failed["check_err"] if "check_err" in failed.columns else [float("nan")] * len(failed)
+        notes.append(f"left out{what}, failed the correctness check: " + ", ".join(
+            f"{b} {v}@{int(n)} (err {_f(e):.2g})" for b, v, n, e in zip(failed["backend"], failed["variant"],
+                                                                       failed["seq_len"], err)))
+    un = int((df["check"] == "unchecked").sum())
+    if un:
+        notes.append(f"{un} of {len(df)} speed rows{what} unchecked (no check_ok: a bench_model CSV from before "
+                     f"the correctness check): their implementations are named, not verified")
+    return notes
+
+
+def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = None,
+                     notes: Optional[List[str]] = None):
+    """The rows of an ``eval.bench_model`` CSV (``size, variant, seq_len, backend, tokens_per_s, step_ms,
+    peak_mem_mib, n_params, ...``, :func:`read_bench`) for one ``backend`` and one model ``size``, as a pandas
+    DataFrame with columns ``variant, seq_len, tokens_per_s, step_time_s, peak_mem_mb, bench_n_params, bench_size,
+    bench_backend, bench_check, bench_step_reps``. Failed rows (no ``tokens_per_s``) and rows whose correctness
+    check failed (``check_ok`` false) are dropped, and ``notes`` (when given) says so (:func:`check_notes`; also
+    how many rows are unchecked: ``bench_check="unchecked"``, kept as before the check existed).
+    ``backend="best"`` (``compare=best``): per variant and length the fastest correct backend
+    (:func:`eval.best.pick_best` on ``step_ms``), named in ``bench_backend`` (so in ``speed_source`` of the join and
+    in the bubble chart's caption).
+
+    Raises ``FileNotFoundError`` / ``ValueError`` naming the option (``speed``, ``speed_backend``, ``speed_size``):
+    no such file, not a bench_model CSV, no row of that backend, several sizes and ``size`` not given.
+    """
+    import pandas as pd
+
+    from eval.best import pick_best
+
+    full = read_bench(path)
+    df = full[full["check"] != "failed"]  # a failed correctness check never stands for a variant
     if backend != BEST and backend not in set(df["backend"]):
         raise ValueError(f"speed_backend={backend!r}: no row of that backend in speed={path}; allowed values: "
                          f"{BEST}, {', '.join(sorted(set(map(str, df['backend']))))}")
-    if "size" not in df.columns:
-        df = df.assign(size="")
-    if backend == BEST:  # per size, variant and length: the fastest implementation, named in bench_backend
-        df = df.assign(_tps=df["tokens_per_s"].astype(float)).sort_values("_tps", kind="stable")
-        df = df.drop_duplicates(["size", "variant", "seq_len"], keep="last").drop(columns="_tps")
-    else:
-        df = df[df["backend"] == backend]
+    if backend != BEST:
+        df, full = df[df["backend"] == backend], full[full["backend"] == backend]
     sizes = sorted(set(map(str, df["size"])))
     if size is None:
         if len(sizes) > 1:
@@ -287,13 +374,31 @@ def load_bench_speed(path: str, backend: str = "triton", size: Optional[str] = N
     if str(size) not in sizes:
         raise ValueError(f"speed_size={size!r}: not in speed={path}; allowed values: {', '.join(sizes)}")
     df = df[df["size"].astype(str) == str(size)]
-    step = df["step_ms"] / 1e3 if "step_ms" in df.columns else float("nan")
+    if notes is not None:
+        notes += check_notes(full[full["size"].astype(str) == str(size)])
+    if backend == BEST:  # per variant and length: the fastest correct implementation, named in bench_backend
+        picks = pick_best(_as_series_rows(df), STEP)
+        df = pd.DataFrame(picks).drop(columns="backend").rename(columns={"impl": "backend"}) if picks else df
     out = pd.DataFrame({"variant": df["variant"].astype(str), "seq_len": df["seq_len"].astype(int),
-                        "tokens_per_s": df["tokens_per_s"].astype(float), "step_time_s": step,
+                        "tokens_per_s": df["tokens_per_s"].astype(float), "step_time_s": df[STEP] / 1e3,
                         "peak_mem_mb": df["peak_mem_mib"].astype(float),
                         "bench_n_params": df["n_params"] if "n_params" in df.columns else float("nan"),
-                        "bench_size": str(size), "bench_backend": df["backend"].astype(str)})
+                        "bench_size": str(size), "bench_backend": df["backend"].astype(str),
+                        "bench_check": df["check"].astype(str), "bench_step_reps": df["step_reps"].astype(int)})
     return out.drop_duplicates(["variant", "seq_len"], keep="last").reset_index(drop=True)
+
+
+def bench_rows(path: str, size: Optional[str] = None):
+    """Every measured row of one model ``size`` of a bench_model CSV (:func:`read_bench`; ``size`` as in
+    :func:`load_bench_speed`), every backend, failed checks included (:func:`eval.best.eligible` leaves them out):
+    the input of :func:`compare_nstar`."""
+    df = read_bench(path)
+    sizes = sorted(set(map(str, df["size"])))
+    if size is None:
+        if len(sizes) > 1:
+            raise ValueError(f"speed={path} holds the model sizes {sizes}; pick one with speed_size=<size>")
+        size = sizes[0] if sizes else ""
+    return df[df["size"].astype(str) == str(size)]
 
 
 def join_bench_speed(agg: Sequence[dict], bench) -> tuple:
@@ -341,6 +446,163 @@ def speed_caption(speed: Optional[str] = None, speed_csv: Optional[str] = None, 
            "that shared a GPU: use speed=<eval.bench_model csv>)"
 
 
+# --------------------------------------------------------------------------------------------- n* both ways
+COST = "cost_ms"  # step time per unit of quality (ms / quality_gain = 1e3 / quality_per_s): lower is better
+NSTAR_BASELINE = "flash"
+NO_REPS = "no interval: the speed CSV has no per-step times (step_ms_reps; a bench_model run from before them)"
+NSTAR_COLUMNS = ("dataset", "variant", "baseline", "pair", "metric",
+                 "ours_status", "ours_n_star", "ours_lo", "ours_hi", "ours_p_cross", "ours_impl_variant",
+                 "ours_impl_baseline", "ours_check", "best_status", "best_n_star", "best_lo", "best_hi",
+                 "best_p_cross", "best_impl_variant", "best_impl_baseline", "best_check", "shift", "ours_reps",
+                 "best_reps", "level", "conclusion")
+
+
+def cost_rows(agg: Sequence[dict], bench) -> List[dict]:
+    """The :mod:`eval.best` series rows of one dataset's quality per unit time: for each bench_model row
+    (:func:`bench_rows`, any backend) whose (variant, seq_len) has aggregated runs in ``agg``, ``cost_ms`` = its
+    step time per unit of quality (``step_ms / quality_gain``: ``1e3 / quality_per_s``, lower is better) and
+    ``cost_ms_reps`` = each timed step's (``step_ms_reps``; empty when the CSV has none). The quality is held fixed:
+    only the timings vary. Runs that gained nothing (:func:`quality_gain` ``<= 0``) are left out."""
+    from eval.best import repeats
+
+    gains = {}
+    for r in agg:
+        g = quality_gain(r)
+        if g > 0 and math.isfinite(g):
+            gains[(str(r["variant"]), int(_f(r["seq_len"])))] = g
+    out = []
+    for r in _as_series_rows(bench):
+        g = gains.get((str(r["variant"]), int(r["seq_len"])))
+        if g is None:
+            continue
+        reps = repeats(r, STEP) / g if r.get("step_reps") else []
+        out.append(dict(r, **{COST: _f(r[STEP]) / g, f"{COST}_reps": ";".join(repr(float(x)) for x in reps)}))
+    return out
+
+
+def _leader_changes(rows: Sequence[dict], backends: Optional[Sequence[str]]) -> List[tuple]:
+    """``(a, b)`` for each change of the lowest-cost variant between consecutive lengths, each variant on its best
+    eligible implementation among ``backends`` (``None``: all)."""
+    from eval.best import pick_best
+
+    by_n: Dict[int, List[dict]] = {}
+    for r in pick_best(rows, COST, backends):
+        by_n.setdefault(int(r["seq_len"]), []).append(r)
+    lead = [min(by_n[n], key=lambda r: _f(r[COST]))["variant"] for n in sorted(by_n)]
+    return [(a, b) for a, b in zip(lead, lead[1:]) if a != b]
+
+
+def compare_nstar(agg: Sequence[dict], bench, ours: Sequence[str] = ("triton", "parallel"),
+                  baseline: str = NSTAR_BASELINE, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> List[dict]:
+    """n* of quality per unit time, ours vs ours and best vs best, with bootstrap intervals (:mod:`eval.best`).
+
+    Per dataset of ``agg`` (the aggregated runs), on the cost curves of :func:`cost_rows` (``bench``: every row of
+    :func:`bench_rows`): the pairs ``baseline -> v`` for every other variant ``v``, and every change of leader
+    (the cheapest variant per length) between consecutive lengths in either mode. For each pair, ``v``'s n*
+    against the old leader / baseline by :func:`eval.best.nstar_interval`: ``ours`` = only the backends ``ours``
+    (our kernels) on both sides, ``best`` = the fastest implementation per length that did not fail its check (the
+    pick redone in every resample of the timed steps; quality fixed). ``<tag>_check``: the check states behind the
+    picks (``unchecked`` for a CSV without ``check_ok``). Without per-step times (``<tag>_reps <= 1``) the interval
+    and ``p_cross`` are NaN and the conclusion says so. ``shift`` = n*(best) / n*(ours); ``conclusion``:
+    :func:`eval.best.conclusion`. Columns: :data:`NSTAR_COLUMNS`."""
+    from eval import best as B
+
+    nan = float("nan")
+    modes = (("ours", list(ours)), ("best", None))
+    out = []
+    for ds in sorted({r["dataset"] for r in agg}):
+        rows = cost_rows([r for r in agg if r["dataset"] == ds], bench)
+        pairs: Dict[tuple, set] = {}
+        for tag, backs in modes:
+            for a, b in _leader_changes(rows, backs):
+                pairs.setdefault((a, b), set()).add(f"leader change ({tag})")
+        variants = sorted({r["variant"] for r in rows})
+        if baseline in variants:
+            for v in variants:
+                if v != baseline:
+                    pairs.setdefault((baseline, v), set()).add(f"vs {baseline}")
+        checks = {tag: [(r["variant"], r["impl_check"]) for r in B.pick_best(rows, COST, backs)]
+                  for tag, backs in modes}
+        for (a, b), why in sorted(pairs.items(), key=lambda kv: (not any("leader" in w for w in kv[1]), kv[0])):
+            row = {"dataset": ds, "variant": b, "baseline": a, "pair": "; ".join(sorted(why)),
+                   "metric": "step_ms / quality gain", "level": level}
+            for tag, backs in modes:
+                r = B.nstar_interval(rows, _series_key(b), _series_key(a), COST, backs, backs, n_boot, level, seed)
+                if r["reps"] <= 1:  # one timing per point: the bootstrap has nothing to resample
+                    r.update(lo=nan, hi=nan, p_cross=nan)
+                r["check"] = "/".join(sorted({c for v, c in checks[tag] if v in (a, b)})) or "-"
+                row.update({f"{tag}_{k}": v for k, v in r.items()})
+            x, y = _f(row["ours_n_star"]), _f(row["best_n_star"])
+            row["shift"] = y / x if x > 0 and y > 0 else nan
+            row["conclusion"] = B.conclusion(row) + (f"; {NO_REPS}" if min(row["ours_reps"], row["best_reps"]) <= 1
+                                                     else "")
+            out.append(row)
+    return out
+
+
+def _nstar_cell(r: dict, tag: str, short: bool = False) -> str:
+    """n* of one side of a :func:`compare_nstar` row with its interval, else its status (``short``: a few words)."""
+    from eval.best import fmt_interval
+    from eval.crossover import STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER
+
+    status = str(r[f"{tag}_status"])
+    if status != STATUS_CROSS:
+        return {STATUS_ALWAYS: "ahead everywhere", STATUS_NEVER: "never (behind)"}.get(status, status) if short \
+            else status
+    return fmt_interval(r[f"{tag}_n_star"], r[f"{tag}_lo"], r[f"{tag}_hi"])
+
+
+def nstar_line(r: dict) -> str:
+    """One line of a :func:`compare_nstar` row: both n* with intervals and implementations, and the conclusion."""
+    sides = "; ".join(f"{tag} vs {tag} {_nstar_cell(r, tag)} ({r[f'{tag}_impl_variant']} vs "
+                      f"{r[f'{tag}_impl_baseline']}, {r[f'{tag}_check']})" for tag in ("ours", "best"))
+    return f"[{r['dataset']}] {r['variant']} vs {r['baseline']} ({r['pair']}): {sides}. {r['conclusion']}"
+
+
+def nstar_figure(rows: Sequence[dict], table: Sequence[dict], ours: Sequence[str] = ("triton", "parallel"),
+                 title: Optional[str] = None, caption: Optional[str] = None):
+    """Step time per unit of quality vs N (:func:`cost_rows` of one dataset), one panel ours vs ours, one best vs
+    best, each point labelled with the implementation behind it (``?`` after an unchecked one), a dotted line at
+    each leader change's n* of that mode; and a table panel of every n* both ways with the shift
+    (:func:`compare_nstar` rows ``table``). Returns an :class:`eval.figspec.Figure`."""
+    from eval import figspec
+    from eval.best import pick_best
+    from eval.crossover import STATUS_CROSS
+    from eval.plots import variant_style
+
+    panels, names = [], sorted({r["variant"] for r in rows})
+    for tag, backs in (("ours", list(ours)), ("best", None)):
+        what = f"ours vs ours ({'/'.join(ours)})" if tag == "ours" else "best vs best (fastest correct)"
+        p = figspec.Panel(what, "sequence length N", "step time per unit quality (ms)", xlog=2, ylog=True,
+                          note="no rows")
+        picks = pick_best(rows, COST, backs)
+        for v in names:
+            pts = sorted((r for r in picks if r["variant"] == v), key=lambda r: int(r["seq_len"]))
+            if pts:
+                labels = [r["impl"] + ("?" if r["impl_check"] == "unchecked" else "") for r in pts]
+                p.traces.append(figspec.Trace(  # the implementation named where it starts and where it changes
+                    v, [float(r["seq_len"]) for r in pts], [_f(r[COST]) for r in pts], variant_style(v),
+                    text=[x if i == 0 or x != labels[i - 1] else "" for i, x in enumerate(labels)],
+                    hover=[f"{v}, N {r['seq_len']}: {_f(r[COST]):.4g} ms per unit quality on {r['impl']} "
+                           f"(check {r['impl_check']}; candidates {r['candidates']})" for r in pts],
+                    meta={"variant": v, "mode": tag}))
+        for r in table:
+            if f"leader change ({tag})" in r["pair"] and r[f"{tag}_status"] == STATUS_CROSS:
+                p.vlines.append((_f(r[f"{tag}_n_star"]), {"color": variant_style(r["variant"])["color"], "ls": ":",
+                                                          "lw": 1.2}))
+        panels.append(p)
+    cells = [[f"{r['variant']} vs {r['baseline']}", _nstar_cell(r, "ours", True), _nstar_cell(r, "best", True),
+              "-" if not math.isfinite(_f(r["shift"])) else f"{_f(r['shift']):.2f}x"] for r in table]
+    panels.append(figspec.Panel("n* of quality per unit time", "", "", note="no pair to compare",
+                                table=(["variant vs old leader / baseline", "ours vs ours", "best vs best", "shift"],
+                                       cells, [variant_style(r["variant"])["color"] for r in table],
+                                       [0.42, 0.24, 0.24, 0.10])))
+    head = ("Where does each variant give more quality per unit of training time? n* ours vs ours and best vs best "
+            "(labels: the implementation, where it starts or changes; ?: unchecked)")
+    return figspec.Figure(head + (f"\n{title}" if title else "") + (f"\n{caption}" if caption else ""), panels,
+                          legend=[(v, dict(variant_style(v), ls="-")) for v in names], ncols=3, panel_w=5.0)
+
+
 def report_unmatched(unmatched: Sequence[tuple], unused: Sequence[tuple], speed: str) -> None:
     """Print the quality rows without a benchmark row and the benchmark rows without runs."""
     if unmatched:
@@ -375,30 +637,59 @@ def join_speed(agg: Sequence[dict], speed_rows: Optional[Sequence[dict]] = None)
 # --------------------------------------------------------------------------------------------- figures / io
 def quality_figures(quality_csv: str, figures_dir: str, speed_csv: Optional[str] = None, prefix: str = "",
                     title: Optional[str] = None, speed: Optional[str] = None, speed_backend: str = "triton",
-                    speed_size: Optional[str] = None) -> Dict[str, List[str]]:
+                    speed_size: Optional[str] = None, nstar: Optional[Sequence[dict]] = None,
+                    ours: Sequence[str] = ("triton", "parallel")) -> Dict[str, List[str]]:
     """Quality-vs-N and one bubble chart per dataset from ``runs_agg.csv`` next to ``quality_csv``; speed and
     memory from ``speed`` (an ``eval.bench_model`` CSV, :func:`join_bench_speed`), else from ``speed_csv`` (an
-    ``eval.sweep`` model CSV, :func:`join_speed`), else the runs' own."""
-    from eval import plots
+    ``eval.sweep`` model CSV, :func:`join_speed`), else the runs' own. With ``speed``: also ``nstar_<dataset>``
+    (:func:`nstar_figure` of ``nstar``, the :func:`compare_nstar` table, computed when not given), and the bubble
+    chart's caption says which checks failed / are missing and gives each leader change's n* both ways."""
+    from eval import figspec, plots
     from eval.bench_common import read_rows
 
     qdir = os.path.dirname(quality_csv)
     agg = [dict(r, seq_len=int(_f(r["seq_len"]))) for r in read_rows(os.path.join(qdir, "runs_agg.csv"))]
     long = read_rows(quality_csv)
     figs = {"quality_vs_n": plots.plot_quality_vs_n(long, os.path.join(figures_dir, f"{prefix}quality_vs_n"), title)}
+    notes: List[str] = []
     if speed:
         rows = join_bench_speed(agg, load_bench_speed(speed, speed_backend, speed_size))[0]
+        bench = bench_rows(speed, speed_size)
+        notes = [_short(n) for n in check_notes(bench)]
+        if nstar is None:
+            nstar = compare_nstar(agg, bench, ours)
+        for r in rows:  # the implementation behind each point, "?" after an unchecked one
+            r["bench_impl"] = _impl(r) + ("?" if r.get("bench_check") == "unchecked" else "")
     else:
         rows = join_speed(agg, read_rows(speed_csv) if speed_csv else None)
     caption = speed_caption(speed, speed_csv, speed_backend, speed_size)
     for ds in sorted({r["dataset"] for r in rows}):
         q = QUALITY_METRICS.get(ds.split(":")[0], ("val_loss",))[0]
+        lines = [f"n* {r['baseline']} -> {r['variant']}: ours vs ours {_nstar_cell(r, 'ours')}, best vs best "
+                 f"{_nstar_cell(r, 'best')} ({r['best_impl_variant']} vs {r['best_impl_baseline']})"
+                 for r in nstar or [] if r["dataset"] == ds and "leader change" in r["pair"]][:3]
+        cap = "\n".join([caption] + notes + lines)
         figs[f"bubble_{ds}"] = plots.plot_bubble([r for r in rows if r["dataset"] == ds],
                                                  os.path.join(figures_dir, f"{prefix}bubble_{ds.replace(':', '_')}"),
                                                  quality=q, title=f"dataset {ds}" + (f" — {title}" if title else ""),
-                                                 caption=caption,
-                                                 impl="bench_backend" if speed and speed_backend == BEST else None)
+                                                 caption=cap,
+                                                 impl="bench_impl" if speed and speed_backend == BEST else None)
+        if speed:
+            table = [r for r in nstar or [] if r["dataset"] == ds]
+            reps = any(min(r["ours_reps"], r["best_reps"]) > 1 for r in table)
+            cap = "\n".join([caption + "; quality: the runs' (fixed)", "intervals: bootstrap over the timed steps "
+                              f"(eval.best), level {table[0]['level'] if table else 0.95}" if reps else NO_REPS]
+                             + notes)
+            figs[f"nstar_{ds}"] = figspec.to_png(
+                nstar_figure([r for r in cost_rows([a for a in agg if a["dataset"] == ds], bench)], table, ours,
+                             f"dataset {ds}" + (f" — {title}" if title else ""), cap),
+                os.path.join(figures_dir, f"{prefix}nstar_{ds.replace(':', '_')}"))
     return figs
+
+
+def _short(note: str, n: int = 180) -> str:
+    """A caption line of at most ``n`` characters."""
+    return note if len(note) <= n else note[: n - 3] + "..."
 
 
 def run(cfg: dict) -> dict:
@@ -423,11 +714,22 @@ def run(cfg: dict) -> dict:
         raise ValueError(f"compare={compare!r} is not supported; allowed values: ours, best")
     if compare == BEST:  # the fastest implementation per variant and length (named in speed_source)
         sb = BEST
-    joined, unmatched = None, []
+    ours = cfg.get("ours") or ["triton", "parallel"]
+    ours = [ours] if isinstance(ours, str) else list(ours)
+    joined, unmatched, nstar = None, [], None
     if speed:  # speed / memory of the serial model-level benchmark, not of the (possibly parallel) training runs
         joined, unmatched, unused = join_bench_speed(agg, load_bench_speed(speed, sb, ss))
         report_unmatched(unmatched, unused, speed)
+        bench = bench_rows(speed, ss)
+        for note in check_notes(bench):
+            print(f"speed={speed}: {note}")
         write_csv(joined, os.path.join(out_dir, "quality_speed_memory.csv"))
+        # n* of quality per unit time both ways: ours vs ours, best vs best, bootstrap intervals over the steps
+        nstar = compare_nstar(agg, bench, ours, cfg.get("nstar_baseline") or NSTAR_BASELINE,
+                              int(cfg.get("n_boot") or 1000), float(cfg.get("level") or 0.95))
+        write_csv(nstar, os.path.join(out_dir, "nstar_compare.csv"), columns=NSTAR_COLUMNS)
+        for r in nstar:
+            print(nstar_line(r))
     lead = leaders(joined if joined is not None else agg)
     write_csv(runs, os.path.join(out_dir, "runs.csv"))
     write_csv(agg, os.path.join(out_dir, "runs_agg.csv"))
@@ -440,7 +742,7 @@ def run(cfg: dict) -> dict:
         set_formats(cfg.get("formats"))
         figs = quality_figures(qcsv, cfg.get("figures_dir") or out_dir, speed_csv=cfg.get("speed_csv"),
                                prefix=cfg.get("prefix") or "", title=cfg.get("title"), speed=speed,
-                               speed_backend=sb, speed_size=ss)
+                               speed_backend=sb, speed_size=ss, nstar=nstar, ours=ours)
     wb = cfg.get("wandb") or {}
     wdir = None
     if wb.get("enabled", False):
@@ -448,7 +750,8 @@ def run(cfg: dict) -> dict:
 
         wdir = log_results(name=cfg.get("name") or "quality", group=wb.get("group", "crossover"),
                            project=wb.get("project", "attn-zoo"),
-                           tables={"runs": agg, "quality": long, "leaders": lead},
+                           tables={"runs": agg, "quality": long, "leaders": lead,
+                                   **({"nstar_compare": nstar} if nstar else {})},
                            images={k: v[0] for k, v in figs.items()}, config={"roots": roots},
                            mode=wb.get("mode", "auto"), dir=wb.get("dir") or out_dir, job_type="quality")
     for r in lead:
@@ -456,7 +759,7 @@ def run(cfg: dict) -> dict:
             ns = "-" if not math.isfinite(_f(r["n_star"])) else f"{_f(r['n_star']):.0f}"
             print(f"[{r['dataset']}] {r['leader']}: n*={ns} {r['status']}")
     return {"runs": runs, "agg": agg, "quality": long, "leaders": lead, "figures": figs, "wandb_dir": wdir,
-            "joined": joined, "unmatched": unmatched}
+            "joined": joined, "unmatched": unmatched, "nstar": nstar}
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised through the CLI

@@ -255,3 +255,129 @@ def test_cli_variants_subset_and_deadline(tmp_path):
     assert set(d["variant"]) == {"linear"}
     with pytest.raises(SystemExit):
         main(["--config", str(path), "--out", str(tmp_path / "o"), "--variants", "nope"])
+
+
+# --------------------------------------------------------------------------------------------- the quality join
+def _bench_csv(path, reps=5, checks=True, broken=True, seed=0):
+    """A bench_model CSV of the small model: flash on ours (triton, step n/100 ms) and fa4 (0.8x of it), linear on
+    ours (25 ms flat), and a 'broken' anchor 2x faster than fa4 that fails its check. ``reps``: timed steps per row
+    with 2% noise (0: an old CSV without step_ms_reps); ``checks=False``: no check_ok column."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in NS:
+        for variant, backend, t, ok in (("flash", "triton", n / 100, True), ("flash", "fa4", 0.8 * n / 100, True),
+                                        ("flash", "broken", 0.4 * n / 100, False), ("linear", "triton", 25.0, True)):
+            if backend == "broken" and not broken:
+                continue
+            steps = list(t * (1 + 0.02 * rng.standard_normal(max(reps, 1))))
+            r = dict(size="small", variant=variant, seq_len=n, backend=backend, batch=16384 // n,
+                     tokens_per_step=16384, step_ms=float(np.median(steps)),
+                     tokens_per_s=16384 / float(np.median(steps)) * 1e3, peak_mem_mib=100.0, n_params=1000)
+            if reps:
+                r["step_ms_reps"] = ";".join(f"{x:.5f}" for x in steps)
+            if checks:
+                r.update(check_ok=ok, check_err=0.01 if ok else 0.4)
+            rows.append(r)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+def _agg(acc_flash=0.9, acc_linear=0.9):
+    return [{"dataset": "mqar", "variant": v, "seq_len": n, "val_acc": a, "val_bpb": float("nan"),
+             "val_loss": 1.0, "tokens_per_s": 1.0, "step_time_s": 1.0, "peak_mem_mb": 1.0, "vocab_size": 256}
+            for v, a in (("flash", acc_flash), ("linear", acc_linear)) for n in NS]
+
+
+def test_quality_best_skips_failed_checks_says_so_and_labels_unchecked_rows(tmp_path):
+    from eval.quality import bench_rows, check_notes, join_bench_speed, leaders, load_bench_speed
+
+    path = _bench_csv(tmp_path / "new.csv")
+    notes = []
+    best_df = load_bench_speed(path, "best", notes=notes)
+    got = {(r["variant"], r["seq_len"]): r for r in best_df.to_dict("records")}
+    assert got[("flash", 4096)]["bench_backend"] == "fa4"  # 'broken' is faster but failed its check
+    assert got[("flash", 4096)]["bench_check"] == "passed" and got[("flash", 4096)]["bench_step_reps"] == 5
+    assert len(notes) == 1 and notes[0].startswith("left out, failed the correctness check: broken flash@1024")
+    assert "broken flash@16384 (err 0.4)" in notes[0]
+    assert check_notes(bench_rows(path)) == notes
+    # an old CSV (no check_ok): the pick stays what it was (the fastest) but every row is labelled unchecked
+    old = _bench_csv(tmp_path / "old.csv", reps=0, checks=False)
+    notes = []
+    old_df = load_bench_speed(old, "best", notes=notes)
+    pick = {(r["variant"], r["seq_len"]): r for r in old_df.to_dict("records")}[("flash", 4096)]
+    assert pick["bench_backend"] == "broken" and pick["bench_check"] == "unchecked"
+    assert pick["bench_step_reps"] == 0
+    assert notes == ["20 of 20 speed rows unchecked (no check_ok: a bench_model CSV from before the correctness "
+                     "check): their implementations are named, not verified"]
+    lead = leaders(join_bench_speed(_agg(), old_df)[0])
+    assert {r["impl_check"] for r in lead} == {"unchecked"}
+    lead = leaders(join_bench_speed(_agg(), best_df)[0])
+    assert {r["impl_check"] for r in lead} == {"passed"}
+    assert load_bench_speed(path, "triton")["bench_check"].tolist() == ["passed"] * 10
+
+
+def test_quality_nstar_both_ways_with_intervals_from_the_timed_steps(tmp_path):
+    from eval.quality import bench_rows, compare_nstar, nstar_line
+
+    path = _bench_csv(tmp_path / "new.csv")
+    table = compare_nstar(_agg(), bench_rows(path), ours=("triton",), n_boot=300)
+    by = {(r["baseline"], r["variant"]): r for r in table}
+    assert set(by) == {("flash", "linear")}  # flash leads, then linear: the leader change is the vs-flash pair
+    lin = by[("flash", "linear")]
+    assert lin["pair"] == "leader change (best); leader change (ours); vs flash"
+    # equal quality: cost = step time / 0.9; ours: 25 = n / 100 at n = 2,500; best: fa4 0.8 n / 100 -> 3,125
+    assert lin["ours_status"] == STATUS_CROSS and abs(lin["ours_n_star"] - 2500) / 2500 < 0.05
+    assert lin["best_status"] == STATUS_CROSS and abs(lin["best_n_star"] - 3125) / 3125 < 0.05
+    assert lin["best_impl_baseline"] == "fa4 (1k-16k)" and lin["ours_impl_baseline"] == "triton (1k-16k)"
+    assert "broken" not in lin["best_impl_baseline"] and lin["best_check"] == "passed"
+    for tag in ("ours", "best"):
+        lo, n, hi = lin[f"{tag}_lo"], lin[f"{tag}_n_star"], lin[f"{tag}_hi"]
+        assert lo < n < hi and hi - lo < 0.2 * n and lin[f"{tag}_reps"] == 5, (tag, lo, n, hi)
+    assert abs(lin["shift"] - 1.25) < 0.06
+    assert "n* moves 1.2" in lin["conclusion"] and "intervals separate" in lin["conclusion"]
+    line = nstar_line(lin)
+    assert "ours vs ours 2," in line and "best vs best 3," in line and "fa4 (1k-16k)" in line and "[" in line
+    # quality moves n*: linear at a third of flash's accuracy needs 3x the length
+    worse = {r["variant"]: r for r in compare_nstar(_agg(acc_linear=0.3), bench_rows(path), ("triton",),
+                                                     n_boot=50)}["linear"]
+    assert abs(worse["ours_n_star"] - 7500) / 7500 < 0.05
+    # noisier steps: a wider interval
+    noisy = _bench_csv(tmp_path / "noisy.csv", seed=1)
+    df = pd.read_csv(noisy)
+    rng = np.random.default_rng(2)
+    lin_rows = df["variant"] == "linear"
+    df.loc[lin_rows, "step_ms_reps"] = [";".join(str(25 * (1 + 0.3 * rng.standard_normal())) for _ in range(5))
+                                        for _ in range(int(lin_rows.sum()))]
+    df.to_csv(noisy, index=False)
+    wide = compare_nstar(_agg(), bench_rows(noisy), ("triton",), n_boot=300)[0]
+    assert (wide["ours_hi"] - wide["ours_lo"]) > 2 * (lin["ours_hi"] - lin["ours_lo"])
+    # an old CSV: same n*, no interval (said so), unchecked
+    old = compare_nstar(_agg(), bench_rows(_bench_csv(tmp_path / "old.csv", reps=0, checks=False, broken=False)),
+                        ("triton",), n_boot=50)[0]
+    assert abs(old["best_n_star"] - 3125) / 3125 < 0.05 and old["ours_reps"] == 1
+    assert all(math.isnan(old[k]) for k in ("ours_lo", "ours_hi", "best_lo", "best_hi", "ours_p_cross"))
+    assert "no interval: the speed CSV has no per-step times" in old["conclusion"]
+    assert old["ours_check"] == old["best_check"] == "unchecked"
+
+
+def test_quality_run_writes_nstar_both_ways_and_its_figure(tmp_path):
+    from eval.quality import NSTAR_COLUMNS
+    from eval.quality import run as quality_run
+    from test_eval_pipeline import _fake_run
+
+    root = tmp_path / "multirun"
+    for i, (v, n) in enumerate((v, n) for v in ("flash", "linear") for n in NS):
+        _fake_run(root, i, "mqar", v, n, 0.9, 1.0, 1.0)
+    path = _bench_csv(tmp_path / "speed.csv")
+    res = quality_run({"runs": [str(root)], "out_dir": str(tmp_path / "q"), "speed": path, "compare": "best",
+                       "ours": ["triton"], "n_boot": 200, "formats": ["png"], "wandb": {"enabled": False}})
+    n = pd.read_csv(tmp_path / "q" / "nstar_compare.csv")
+    assert list(n.columns) == list(NSTAR_COLUMNS) and len(n) == 1
+    assert abs(n["shift"].iloc[0] - 1.25) < 0.06 and n["best_impl_baseline"].iloc[0] == "fa4 (1k-16k)"
+    assert n["best_lo"].iloc[0] < n["best_n_star"].iloc[0] < n["best_hi"].iloc[0]
+    lead = pd.read_csv(tmp_path / "q" / "leaders.csv")
+    assert set(lead["impl_check"]) == {"passed"} and "broken" not in " ".join(lead["impl"])
+    q = pd.read_csv(tmp_path / "q" / "quality_speed_memory.csv")
+    assert set(q["bench_check"]) == {"passed"}
+    png = tmp_path / "q" / "nstar_mqar.png"
+    assert png.exists() and png.stat().st_size > 5000 and res["nstar"][0]["variant"] == "linear"
