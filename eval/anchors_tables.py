@@ -201,6 +201,8 @@ def roofline_figure(rows: Sequence[dict], ceilings: dict, decode_rows: Sequence[
         panels.append(p)
     if decode_rows and "case" not in decode_rows[0]:
         decode_rows = decode_matrix_rows(decode_rows)
+    # ``lab/decode_probe.py --compare`` rows name the current default plan "new"
+    decode_rows = [dict(r, method="ours_default") if r.get("method") == "new" else r for r in decode_rows]
     if decode_rows:
         cases = list(dict.fromkeys(r["case"] for r in decode_rows))
         p = figspec.Panel(f"decode (copy {_f(ceilings.get('copy_gbps')) / 1e3:.2f} TB/s = 1)",

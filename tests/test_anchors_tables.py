@@ -93,3 +93,8 @@ def test_roofline_draws_every_correct_implementation_under_the_measured_roof(res
     dec = anchors_tables.roofline_figure(rows, {"matmul_tflops": 700.0, "copy_gbps": 4000.0}, matrix).panels[-1]
     assert dec.ylabels == ["B1 16k 32:8 contig", "B1 16k 32:8 page 16"]
     assert [t.x for t in dec.traces] == [[0.7, 0.3], [0.5, 0.5]]
+    # rows of decode_probe --compare: its "new" (the default plan) is ours; other variants ("deep") are not drawn
+    compare = [{"case": "gqa_b1_64k", "method": m, "frac": f} for m, f in (("sdpa", "0.9"), ("new", "0.8"),
+                                                                            ("deep", "0.6"))]
+    dec = anchors_tables.roofline_figure(rows, {"matmul_tflops": 700.0, "copy_gbps": 4000.0}, compare).panels[-1]
+    assert [t.x for t in dec.traces] == [[0.8], [0.9]] and dec.ylabels == ["gqa_b1_64k"]
