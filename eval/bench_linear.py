@@ -217,10 +217,17 @@ def check_docs(fq, fk, v, doc, impls, heads=2):
     conformance suite), on the first ``heads`` heads (heads are independent; the impls run all of them)."""
     from attn_zoo.backends.torch_linear import chunked_linear_attention
 
-    g = torch.Generator(device=fq.device).manual_seed(7)
-    do = torch.randn(fq.shape[0], fq.shape[1], fq.shape[2], v.shape[3], device=fq.device, generator=g)
-    ref_in = [t[:, :heads].float().detach().requires_grad_() for t in (fq, fk, v)]
-    ref = chunked_linear_attention(*ref_in, True, 1e-6, 64, doc)
+    return _errors_against(lambda a, b, c: chunked_linear_attention(a, b, c, True, 1e-6, 64, doc), fq, fk, v, impls,
+                           heads)
+
+
+def _errors_against(ref_fn, q, k, v, impls, heads):
+    """``{name: {"out", "dq", "dk", "dv": relative error}}`` of each impl (``{name: (fn, leaves, layout_bthd)}``)
+    against ``ref_fn(q, k, v)`` run in fp32 on the first ``heads`` heads, one seeded output gradient for all."""
+    g = torch.Generator(device=q.device).manual_seed(7)
+    do = torch.randn(q.shape[0], q.shape[1], q.shape[2], v.shape[3], device=q.device, generator=g)
+    ref_in = [t[:, :heads].float().detach().requires_grad_() for t in (q, k, v)]
+    ref = ref_fn(*ref_in)
     ref.backward(do[:, :heads])
     out = {}
     for name, (fn, leaves, layout_bthd) in impls.items():
@@ -394,26 +401,7 @@ def check_taylor(q, k, v, spec, impls, heads=2):
     reference). ``impls``: ``{name: (fn, leaves, layout_bthd)}`` as :func:`_taylor_methods`."""
     import attn_zoo
 
-    g = torch.Generator(device=q.device).manual_seed(7)
-    do = torch.randn(q.shape[0], q.shape[1], q.shape[2], v.shape[3], device=q.device, generator=g)
-    ref_in = [t[:, :heads].float().detach().requires_grad_() for t in (q, k, v)]
-    ref = attn_zoo.attention(*ref_in, spec, backend="torch")
-    ref.backward(do[:, :heads])
-    out = {}
-    for name, (fn, leaves, bthd) in impls.items():
-        for t in leaves:
-            t.grad = None
-        o = fn()
-        o.float().backward(do.transpose(1, 2) if bthd else do)
-        oh = o.transpose(1, 2) if bthd else o
-        grads = [t.grad.transpose(1, 2) if bthd else t.grad for t in leaves]
-        r = {"out": _rel(oh[:, :heads], ref)}
-        for gname, gr, rt in zip(("dq", "dk", "dv"), grads, ref_in):
-            r[gname] = _rel(gr[:, :heads], rt.grad)
-        out[name] = r
-        for t in leaves:
-            t.grad = None
-    return out
+    return _errors_against(lambda a, b, c: attn_zoo.attention(a, b, c, spec, backend="torch"), q, k, v, impls, heads)
 
 
 def bench_taylor(args, dev, dtype, t_start, env):
