@@ -269,3 +269,22 @@ def test_auto_picks_parallel_below_the_threshold_and_triton_from_it(cuda_free_au
     assert resolve_backend(q22, q22, q22, spec).name == "parallel"
     # other feature maps are untouched: parallel is Taylor-only
     assert resolve_backend(q, k, v, spec.replace(feature_map="elu1")).name == "triton"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--points", "parallel:1:1:64:16:16,nope"], r"--points: 'nope' must be path:B:H:N:D:Dv"),
+    (["--points", "chunked:0:1:64:16:16"], r"--points: 'chunked:0:1:64:16:16' must be .*integers >= 1"),
+    (["--timeout-s", "0"], r"--timeout-s must be > 0"),
+])
+def test_taylor_fault_cli_refuses_bad_points_before_running_any(monkeypatch, capsys, argv, msg):
+    """lab.taylor_fault checked each point just before its subprocess (a bad last point was found after the others
+    had run on the GPU) and took a zero B / H / N / D or a timeout <= 0 (every point 'timeout')."""
+    import re
+    import subprocess
+
+    from lab import taylor_fault as tf
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a point ran despite a bad command line"))
+    with pytest.raises(SystemExit) as e:
+        tf.main(argv)
+    assert e.value.code == 2 and re.search(msg, capsys.readouterr().err)
