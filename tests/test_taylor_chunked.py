@@ -288,3 +288,19 @@ def test_taylor_fault_cli_refuses_bad_points_before_running_any(monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         tf.main(argv)
     assert e.value.code == 2 and re.search(msg, capsys.readouterr().err)
+
+
+def test_readme_states_auto_rule_for_the_taylor_map():
+    """README's ``backend="auto"`` paragraph said ``parallel`` is taken "for the Taylor map with D >= 16" (the rule
+    before the symmetric features); the rule is a length, TAYLOR_CHUNKED_MIN_N, at any head dim."""
+    import pathlib
+
+    from attn_zoo.backends import triton_taylor as tt
+
+    spec = AttentionSpec(kind="linear", feature_map="taylor")
+    for D in (4, 8, 16, 21):
+        x = torch.zeros(1, 1, 512, D)
+        assert tt._auto_priority(x, x, x, spec) == tt.PRIORITY_SHORT, D
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    para = text[text.index('`backend="auto"` takes'):][:600]
+    assert "TAYLOR_CHUNKED_MIN_N" in para and "D >= 16" not in para
