@@ -394,6 +394,9 @@ def main(argv=None) -> List[Dict[str, object]]:
     a = ap.parse_args(argv)
     if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1:
         raise SystemExit("--steps, --warmup, --tokens and --vocab must be >= 1")
+    if a.check_tol is not None and not (math.isfinite(a.check_tol) and a.check_tol > 0):
+        raise SystemExit(f"--check-tol must be a finite number > 0 (max rel err allowed; default 0.05 for bf16), got "
+                         f"{a.check_tol}")
     from attn_zoo.registry import backend_names, backends_from, load_plugins
     from eval.bench_common import env_info, format_table, require_cuda, write_results
 

@@ -1145,10 +1145,14 @@ def linear_attention(
         if tuple(docs.shape) != (q.shape[0], k.shape[2]) or docs.device != q.device:
             raise ValueError(f"doc_ids must have shape (B, N) = ({q.shape[0]}, {k.shape[2]}) on q's device "
                              f"{q.device}, got {tuple(doc_ids.shape)} on {doc_ids.device}")
+    if initial_state is not None and (not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2):
+        raise ValueError("initial_state must be a pair (S0 (B, Hkv, F, Dv), z0 (B, Hkv, F)) or None, got "
+                         f"{type(initial_state).__name__}")
     s0, z0 = initial_state if initial_state is not None else (None, None)
     F = q.shape[-1]
     pad = feature_pad(F, feature_map)
     if pad:  # zero features add nothing to phi(q) . phi(k) or to the state's products: exact
+        _check(q, k, v, s0, z0, causal)  # first on the caller's shapes, so that an error names them, not the padded
         q, k = torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
         if s0 is not None:
             s0, z0 = torch.nn.functional.pad(s0, (0, 0, 0, pad)), torch.nn.functional.pad(z0, (0, pad))
@@ -1162,11 +1166,12 @@ def linear_attention(
 
 def feature_pad(F: int, feature_map=None) -> int:
     """Zero feature columns :func:`linear_attention` appends to explicit features (``feature_map=None``) of width
-    ``F``: up to the next multiple of 32 when ``128 < F < 256``, else 0. On the H200 (triton 3.6) the kernels read
+    ``F``: up to the next multiple of 32 when ``128 < F < 256``, else 0 (``F > 256`` is refused by the call, naming
+    ``F`` as given). On the H200 (triton 3.6) the kernels read
     out of range at ``F`` = 153, 154 and 155 (the symmetric Taylor features at D 16: 153) and ran clean at 100,
     128, 160, 192 and 256 (``results/h200/2026-12-04f/``); zero columns change no product, so the padded call is
     exact. In-kernel feature maps (``elu1``, ``relu``) map a zero input to a nonzero feature and are not padded."""
-    if feature_map not in (None, "none") or F <= 128 or F % 32 == 0:
+    if feature_map not in (None, "none") or F <= 128 or F >= MAX_DIM or F % 32 == 0:
         return 0
     return -F % 32
 

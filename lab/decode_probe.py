@@ -259,6 +259,16 @@ def variant_opts(opts, base_splits=None, legacy_splits=None) -> dict:
     return opts
 
 
+def check_cases(cases, case_set: str) -> None:
+    """``ValueError`` naming ``cases`` and the allowed names when a name in ``cases`` (``None``: all) is not a case of
+    ``COMPARE_SETS[case_set]`` (a misspelt name ran nothing, or less, in silence)."""
+    names = [c[0] for c in globals()[COMPARE_SETS[case_set][0]]]
+    unknown = sorted(set(cases or ()) - set(names))
+    if unknown:
+        raise ValueError(f"cases: unknown name(s) {', '.join(unknown)} in the set {case_set!r}; allowed values: "
+                         f"{', '.join(names)}")
+
+
 def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls: int = 1,
             case_set: str = "all") -> list:
     """The ``--compare`` run (issue 29 item 3): per case of ``COMPARE_CASES`` (or the names in ``cases``), SDPA over
@@ -283,6 +293,7 @@ def compare(out: str, budget_s: float, variants: bool = True, cases=None, calls:
     if case_set not in COMPARE_SETS:
         raise ValueError(f"case_set={case_set!r} is not supported; allowed values: {', '.join(COMPARE_SETS)}")
     case_list, old_opts, variant_list = (globals()[n] if n is not None else None for n in COMPARE_SETS[case_set])
+    check_cases(cases, case_set)
 
     t_end = time.time() + budget_s
     copy_gbps = copy_bandwidth()
@@ -463,13 +474,23 @@ def main(argv=None):
                    help="--compare: calls captured back to back in each timed CUDA graph (1: one call, its launch "
                         "included; e.g. 10: the steady state of a decode step's layers)")
     args = p.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    only = [f for f, given in (("--no-variants", args.no_variants), ("--cases", args.cases),
+                               ("--set", args.set != "all"), ("--calls-per-graph", args.calls_per_graph != 1))
+            if given]
+    if only and not args.compare:  # else the default sweep ran, ignoring them
+        p.error(f"{', '.join(only)}: options of --compare (add --compare)")
     if args.compare:
         if args.calls_per_graph < 1:
             p.error(f"--calls-per-graph must be >= 1, got {args.calls_per_graph}")
-        compare(args.out, args.budget_s, not args.no_variants, set(args.cases.split(",")) if args.cases else None,
-                args.calls_per_graph, args.set)
+        cases = set(args.cases.split(",")) if args.cases else None
+        try:
+            check_cases(cases, args.set)
+        except ValueError as e:
+            p.error(f"--{e}")
+        os.makedirs(args.out, exist_ok=True)
+        compare(args.out, args.budget_s, not args.no_variants, cases, args.calls_per_graph, args.set)
         return
+    os.makedirs(args.out, exist_ok=True)
     if args.matrix:
         bns = tuple(int(x) for x in args.block_ns.split(",") if x) or (None,)
         matrix(args.out, args.budget_s, tuple(args.gathers.split(",")), args.quick, bns)

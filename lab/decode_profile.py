@@ -143,13 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked: exits with status 2 and a message naming the argument and its allowed values for
     ``--calls`` outside 1-20, ``--graph-calls`` outside 1-100, ``--budget-s`` below ``MIN_CASE_S``, an unknown or
-    paged case, an empty ``--cases``, ``--worker`` without one ``--case``."""
+    paged case, an empty ``--cases``, ``--worker`` without one ``--case``, ``--parse`` of an ``--out`` that is no
+    folder."""
     p = build_parser()
     a = p.parse_args(argv)
     if not 1 <= a.calls <= 20:
         p.error(f"--calls must be in 1-20, got {a.calls}")
     if not 1 <= a.graph_calls <= 100:
         p.error(f"--graph-calls must be in 1-100, got {a.graph_calls}")
+    if a.parse and not os.path.isdir(a.out):
+        p.error(f"--parse reads an earlier run's --out folder; {a.out!r} is not a folder")
     if not a.parse and not a.budget_s >= MIN_CASE_S:
         p.error(f"--budget-s must be >= {MIN_CASE_S:.0f}, got {a.budget_s}")
     known = known_cases()
@@ -526,6 +529,8 @@ def build_outputs(out: str, case_names: Optional[Sequence[str]] = None, notes=()
     notes = list(notes)
     if case_names is None:
         files = sorted(f for f in os.listdir(out) if f.startswith("case_") and f.endswith(".json"))
+        if not files:
+            notes.append("no case_<name>.json in it (the records a profiling run writes)")
     else:
         files = [f"case_{safe_name(c)}.json" for c in case_names]
     cases, recs, krows, mrows = [], [], [], []
@@ -676,7 +681,11 @@ def run_driver(a: argparse.Namespace) -> int:
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.parse:
-        build_outputs(a.out, None)
+        try:
+            build_outputs(a.out, None)
+        except ValueError as e:
+            print(f"no profile written: {e}", file=sys.stderr, flush=True)
+            return 1
         with open(os.path.join(a.out, "summary.md")) as f:
             print(f.read())
         return 0

@@ -51,10 +51,14 @@ def main(argv=None) -> int:
         p = a.one.split(":")
         _one(p[0], *map(int, p[1:]))
         return 0
-    for point in a.points.split(","):
+    if not a.timeout_s > 0:
+        ap.error(f"--timeout-s must be > 0, got {a.timeout_s}")
+    points = a.points.split(",")
+    for point in points:  # all of them before the first runs: a bad one last was found after the GPU time was spent
         parts = point.split(":")
-        if len(parts) != 6 or parts[0] not in PATHS or not all(x.isdigit() for x in parts[1:]):
-            raise ValueError(f"--points: {point!r} must be path:B:H:N:D:Dv with path in {', '.join(PATHS)}")
+        if len(parts) != 6 or parts[0] not in PATHS or not all(x.isdigit() and int(x) >= 1 for x in parts[1:]):
+            ap.error(f"--points: {point!r} must be path:B:H:N:D:Dv (integers >= 1) with path in {', '.join(PATHS)}")
+    for point in points:
         try:
             r = subprocess.run([sys.executable, "-m", "lab.taylor_fault", "--one", point], capture_output=True,
                                text=True, timeout=a.timeout_s)

@@ -117,3 +117,12 @@ def test_the_cli_checks_each_case_once_before_timing_and_writes_the_columns(tmp_
     raw = pd.read_csv(tmp_path / "b" / "model_speed.csv")
     assert "check_ok" not in raw.columns
     assert set(read_bench(str(tmp_path / "b" / "model_speed.csv"))["check"]) == {"unchecked"}
+
+
+@pytest.mark.parametrize("tol", ["0", "-0.1", "nan", "inf"])
+def test_cli_refuses_a_check_tol_that_cannot_work(tol, monkeypatch):
+    """--check-tol 0 fell back to the default in silence (``or``), a negative or nan one failed every case, inf
+    passed every case: each is refused before any GPU work, naming the option."""
+    monkeypatch.setattr(bm, "check_case", lambda *a, **k: pytest.fail("checked despite a bad --check-tol"))
+    with pytest.raises(SystemExit, match=r"--check-tol must be a finite number > 0"):
+        bm.main(["--out", "unused", "--sizes", "small", "--variants", "flash", "--check-tol", tol])

@@ -99,3 +99,27 @@ def test_compare_final_dry_run_on_cpu(monkeypatch, tmp_path, capsys):
     assert os.path.exists(tmp_path / "decode_compare.csv")
     out = capsys.readouterr().out
     assert "deep - new: median" in out and "of 2 cases" in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--compare", "--set", "final", "--cases", "mha_b1_16k,nope"], r"--cases: unknown name\(s\) nope in the set "
+                                                                      r"'final'; allowed values: mha_b1_16k, "),
+    (["--compare", "--set", "gqa", "--cases", "gqa32:8_b1_64k_nq8"], r"unknown name\(s\) gqa32:8_b1_64k_nq8 in the "
+                                                                      r"set 'gqa'"),
+    (["--set", "final"], r"--set: options of --compare \(add --compare\)"),
+    (["--cases", "mha_b1_16k", "--no-variants"], r"--no-variants, --cases: options of --compare"),
+])
+def test_cli_refuses_unknown_cases_and_compare_options_alone(tmp_path, monkeypatch, capsys, argv, msg):
+    """A misspelt --cases name ran nothing (or fewer cases) in silence, and --set / --cases / --no-variants /
+    --calls-per-graph without --compare ran the default sweep instead: both refused before any GPU work."""
+    import re
+
+    compare = dp.compare
+    for name in ("compare", "matrix", "copy_bandwidth"):
+        monkeypatch.setattr(dp, name, lambda *a, **k: pytest.fail("GPU work despite a bad command line"))
+    with pytest.raises(SystemExit) as e:
+        dp.main(["--out", str(tmp_path / "o")] + argv)
+    assert e.value.code == 2 and re.search(msg, capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match=r"cases: unknown name\(s\) nope"):
+        compare(str(tmp_path / "o"), 1.0, cases={"nope"}, case_set="final")  # refused before copy_bandwidth

@@ -107,6 +107,16 @@ def test_bad_arguments_exit_with_a_message(argv, message, capsys, tmp_path):
     assert not list(tmp_path.iterdir()), "nothing is written before the arguments are checked"
 
 
+def test_parse_of_a_missing_or_empty_folder_says_so(capsys, tmp_path):
+    """--parse of a folder that does not exist was a FileNotFoundError traceback, of an empty one a ValueError
+    traceback ending in an empty reason: now an argument error, and a message saying what is missing (exit 1)."""
+    with pytest.raises(SystemExit) as e:
+        prof.parse_args(["--out", str(tmp_path / "nope"), "--parse"])
+    assert e.value.code == 2 and "--parse reads an earlier run's --out folder" in capsys.readouterr().err
+    assert prof.main(["--out", str(tmp_path), "--parse"]) == 1
+    assert "no case_<name>.json in it" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
 def test_arguments_defaults_and_out_required(capsys, tmp_path):
     a = prof.parse_args(["--out", str(tmp_path)])
     assert a.case_list == list(prof.DEFAULT_CASES) and a.calls == 2 and a.graph_calls == 10 and not a.no_deep

@@ -296,6 +296,23 @@ def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):
         resolve_fwd_impl("auto", q, k, v)
 
 
+@pytest.mark.parametrize("dilation", [0, -1, 1.0, True])
+def test_resolve_fwd_impl_refuses_what_flash_attn_refuses(monkeypatch, dilation):
+    """A dilation flash_attn refuses (not an int >= 1) is refused by resolve_fwd_impl too, with flash_attn's message
+    (it answered "triton", or "gluon_ws3a" for 1.0 / True, for a call that raises); so is a window_size that is no
+    pair (was a TypeError from len())."""
+    _all_hold(monkeypatch)
+    q, k, v = _fake_qkv()
+    msg = rf"dilation={dilation!r} must be an integer >= 1"
+    with pytest.raises(ValueError, match=msg):
+        resolve_fwd_impl(FlashConfig(), q, k, v, causal=True, dilation=dilation)
+    qc, kc, vc, _ = _qkv(1, 2, 2, 16, 16, 64, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=msg):
+        flash_attn(qc, kc, vc, causal=True, dilation=dilation)
+    with pytest.raises(ValueError, match=r"window_size must be a pair \(left, right\), got 5"):
+        resolve_fwd_impl(FlashConfig(), q, k, v, window_size=5)
+
+
 def test_flash_attn_fwd_runs_what_auto_picks(monkeypatch):
     """The forward's dispatch: "auto" asks choose_fwd_impl and runs the Gluon launcher when it says so (stubbed
     here: no GPU), an explicit "triton" never asks and runs the Triton kernel."""

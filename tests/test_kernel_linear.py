@@ -185,6 +185,27 @@ def test_explicit_features_past_128_are_zero_padded_exactly(monkeypatch):
         assert a.shape == b.shape and rel(a, b) <= 1e-3, (name, rel(a, b))
 
 
+def test_padded_widths_errors_name_the_callers_shapes():
+    """Errors of a call whose F would be padded (129-255) name the shapes the caller passed, not the padded ones;
+    F > 256 is refused as F (was padded to 288 and named so), and a non-pair initial_state is named."""
+    import kernels.linear as KL
+
+    assert [KL.feature_pad(F) for F in (255, 257, 300, 1000)] == [1, 0, 0, 0]
+    B, H, N, Dv = 1, 2, 16, 8
+    q, k, v = torch.rand(B, H, N, 153), torch.rand(B, H, N, 153), torch.randn(B, H, N, Dv)
+    with pytest.raises(ValueError, match=r"feature dim F=257 and value dim Dv=8 must be <= 256"):
+        linear_attention(torch.rand(B, H, N, 257), torch.rand(B, H, N, 257), v)
+    with pytest.raises(ValueError, match=r"q and k feature dims differ: 153 vs 150"):
+        linear_attention(q, k[..., :150], v)
+    with pytest.raises(ValueError, match=r"initial_state shapes must be S0 \(1, 2, 153, 8\) and z0 \(1, 2, 153\), "
+                                         r"got \(1, 2, 153, 4\) and \(1, 2, 153\)"):
+        linear_attention(q, k, v, initial_state=(torch.zeros(B, H, 153, 4), torch.zeros(B, H, 153)))
+    with pytest.raises(ValueError, match=r"got \(1, 2, 150, 8\) and \(1, 2, 150\)"):
+        linear_attention(q, k, v, initial_state=(torch.zeros(B, H, 150, Dv), torch.zeros(B, H, 150)))
+    with pytest.raises(ValueError, match=r"initial_state must be a pair \(S0 .*, got Tensor"):
+        linear_attention(q, k, v, initial_state=torch.zeros(B, H, 153, Dv))
+
+
 # ------------------------------------------------------------------------------------- segments
 def _ref_with_state(fq, fk, v, s0, z0, causal, eps):
     """fp32 reference with an initial state: the recurrence (causal) or the totals (non-causal)."""

@@ -269,3 +269,38 @@ def test_auto_picks_parallel_below_the_threshold_and_triton_from_it(cuda_free_au
     assert resolve_backend(q22, q22, q22, spec).name == "parallel"
     # other feature maps are untouched: parallel is Taylor-only
     assert resolve_backend(q, k, v, spec.replace(feature_map="elu1")).name == "triton"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--points", "parallel:1:1:64:16:16,nope"], r"--points: 'nope' must be path:B:H:N:D:Dv"),
+    (["--points", "chunked:0:1:64:16:16"], r"--points: 'chunked:0:1:64:16:16' must be .*integers >= 1"),
+    (["--timeout-s", "0"], r"--timeout-s must be > 0"),
+])
+def test_taylor_fault_cli_refuses_bad_points_before_running_any(monkeypatch, capsys, argv, msg):
+    """lab.taylor_fault checked each point just before its subprocess (a bad last point was found after the others
+    had run on the GPU) and took a zero B / H / N / D or a timeout <= 0 (every point 'timeout')."""
+    import re
+    import subprocess
+
+    from lab import taylor_fault as tf
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a point ran despite a bad command line"))
+    with pytest.raises(SystemExit) as e:
+        tf.main(argv)
+    assert e.value.code == 2 and re.search(msg, capsys.readouterr().err)
+
+
+def test_readme_states_auto_rule_for_the_taylor_map():
+    """README's ``backend="auto"`` paragraph said ``parallel`` is taken "for the Taylor map with D >= 16" (the rule
+    before the symmetric features); the rule is a length, TAYLOR_CHUNKED_MIN_N, at any head dim."""
+    import pathlib
+
+    from attn_zoo.backends import triton_taylor as tt
+
+    spec = AttentionSpec(kind="linear", feature_map="taylor")
+    for D in (4, 8, 16, 21):
+        x = torch.zeros(1, 1, 512, D)
+        assert tt._auto_priority(x, x, x, spec) == tt.PRIORITY_SHORT, D
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    para = text[text.index('`backend="auto"` takes'):][:600]
+    assert "TAYLOR_CHUNKED_MIN_N" in para and "D >= 16" not in para

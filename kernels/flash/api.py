@@ -46,7 +46,7 @@ def _window_bounds(causal: bool, window_size) -> Tuple[int, int]:
     ``right`` to 0). Raises ``ValueError`` for a malformed ``window_size``."""
     left = right = None
     if window_size is not None:
-        if len(window_size) != 2:
+        if not hasattr(window_size, "__len__") or len(window_size) != 2:
             raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
         left, right = window_size
         for side, w in (("left", left), ("right", right)):
@@ -57,6 +57,11 @@ def _window_bounds(causal: bool, window_size) -> Tuple[int, int]:
     return -1 if left is None else int(left), -1 if right is None else int(right)
 
 
+def _check_dilation(dilation) -> None:
+    if type(dilation) is not int or dilation < 1:
+        raise ValueError(f"dilation={dilation!r} must be an integer >= 1")
+
+
 def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                      block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None) -> str:
@@ -65,12 +70,13 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
     (Gluon on Hopper for large dense / causal fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS``, else Triton). For
     benchmarks that record which forward ran. ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``.
-    Raises ``ValueError`` / ``TypeError`` only for a malformed ``window_size`` or ``config`` (an explicit Gluon
-    name is returned as is: the call checks whether it can run)."""
+    Raises ``ValueError`` / ``TypeError`` only for a malformed ``window_size``, ``dilation`` (not an int >= 1, as
+    :func:`flash_attn`) or ``config`` (an explicit Gluon name is returned as is: the call checks whether it can run)."""
     config = _call_config(config, None, None, None)
     if config.fwd_impl != "auto":
         return config.fwd_impl
     wl, wr = _window_bounds(causal, window_size)
+    _check_dilation(dilation)
     return choose_fwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids)
 
 
@@ -145,8 +151,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     D = q.shape[-1]
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     wl, wr = _window_bounds(causal, window_size)
-    if type(dilation) is not int or dilation < 1:
-        raise ValueError(f"dilation={dilation!r} must be an integer >= 1")
+    _check_dilation(dilation)
     if cfg.dkdv_split is not None:
         group = q.shape[1] // k.shape[1]
         if group % cfg.dkdv_split:
