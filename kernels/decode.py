@@ -536,13 +536,15 @@ class DecodePlan:
     result you keep). ``scratch`` is ``(op (S, R, Dv) fp32, lp (S, R) fp32)`` or ``None`` when ``S == 1``.
     ``merge_rows`` / ``merge_rp`` / ``merge_sc``: how the fused merge reads the partials (one row at a time, or the
     row block with ``merge_rp`` row slots per split and ``merge_sc`` blocks per round trip; see :func:`decode_plan`).
+    ``owner``: ``None``, or what the caller planned for (``attn_zoo``'s ``make_decode_plan`` sets the spec, and
+    refuses a step with another one: the plan's mask constants would be used for it in silence).
     """
 
     __slots__ = ("B", "Hq", "Hkv", "Nq", "D", "Dv", "dtype", "device", "paged", "page_size", "capacity", "max_pages",
                  "block_n", "block_m", "BD", "BDV", "n_m", "num_splits", "causal", "left", "right", "scale", "has_leftpad",
                  "return_lse", "is_sparse", "sparse_bs", "lay", "tidx", "tcnt", "out", "lse", "scratch", "num_warps", "num_stages",
                  "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers", "merge_rows", "merge_rp", "pdl",
-                 "merge_sc")
+                 "merge_sc", "owner")
 
     def __repr__(self):
         return (f"DecodePlan(B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Nq={self.Nq}, D={self.D}, Dv={self.Dv}, "
@@ -633,6 +635,7 @@ def decode_plan(
     num_warps, num_stages = int(num_warps), int(num_stages)
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
+    p.owner = None
     B, Hq, Nq, D = q.shape
     Dv = v_cache.shape[3]
     Hkv = k_cache.shape[1]

@@ -104,6 +104,25 @@ def test_make_decode_plan_through_decode_attention():
         decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan=plan, num_splits=2)
 
 
+def test_a_plan_refuses_a_step_with_another_spec_or_a_non_plan():
+    """The plan's mask constants are fixed at planning: a step with another spec (here causal flash against the
+    plan's window) would run the plan's mask in silence (off by ~1 against the reference), so it is refused; the
+    same spec rebuilt equal is accepted; a plan that is not a DecodePlan is named."""
+    g = torch.Generator().manual_seed(5)
+    k, v, bt = _cache(g, 2, 1, 16, 64, 16)
+    q = _randn(g, 2, 4, 2, 16)
+    lens = torch.tensor([40, 64], dtype=torch.int32, device=DEV)
+    plan = make_decode_plan(q, k, v, WIN, bt, sm_count=4)
+    other = AttentionSpec(kind="flash", causal=True)
+    with pytest.raises(ValueError, match=r"plan= was made for spec .* make a plan per spec"):
+        decode_attention(q, k, v, other, lens, bt, backend="triton", plan=plan)
+    same = AttentionSpec(**{f: getattr(WIN, f) for f in WIN.__dataclass_fields__})
+    torch.testing.assert_close(decode_attention(q, k, v, same, lens, bt, backend="triton", plan=plan),
+                               decode_attention(q, k, v, WIN, lens, bt, backend="reference"), atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="plan must be a kernels.decode.DecodePlan"):
+        decode_attention(q, k, v, WIN, lens, bt, backend="triton", plan="x")
+
+
 def test_a_planned_step_through_decode_attention_never_syncs_with_the_host(monkeypatch):
     """``decode_attention(..., plan=)`` is a CUDA-graph step: no value read back to the host (``tolist`` /
     ``item`` / ``bool`` patched to fail), by default; ``check_values=True`` still checks (and so syncs), and the

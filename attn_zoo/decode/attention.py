@@ -257,9 +257,11 @@ def make_decode_plan(q, k_cache, v_cache, spec, block_table=None, *, return_lse:
 
     _check_kernel_options(kernel_options)
     window, sparse, opts = _triton_terms(q, k_cache, spec, None, block_table, kernel_options)
-    return decode_plan(q, k_cache, v_cache, block_table, causal=spec.causal, window_size=window,
+    plan = decode_plan(q, k_cache, v_cache, block_table, causal=spec.causal, window_size=window,
                        softmax_scale=spec.scale(q.shape[-1]), sparse=sparse, return_lse=return_lse,
                        has_leftpad=has_leftpad, sm_count=sm_count, **opts)
+    plan.owner = spec  # a step with another spec is refused (decode_attention_triton)
+    return plan
 
 
 def _triton_terms(q, k_cache, spec, cache_seqlens, block_table, kernel_options):
@@ -307,6 +309,14 @@ def decode_attention_triton(q, k_cache, v_cache, spec, cache_seqlens, block_tabl
     from kernels.decode import decode_attn, decode_run
 
     if plan is not None:
+        from kernels.decode import DecodePlan
+
+        if not isinstance(plan, DecodePlan):
+            raise ValueError(f"plan must be a kernels.decode.DecodePlan from make_decode_plan, got "
+                             f"{type(plan).__name__}")
+        if plan.owner is not None and plan.owner is not spec and plan.owner != spec:
+            raise ValueError(f"plan= was made for spec {plan.owner} and this step passes {spec}: the plan's mask "
+                             f"(causal, window, scale, block layout) is fixed at planning; make a plan per spec")
         if kernel_options:
             raise ValueError(f"kernel options {sorted(kernel_options)} are the plan's; leave them out with plan=")
         if bool(return_lse) != plan.return_lse:
