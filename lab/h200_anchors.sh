@@ -8,7 +8,8 @@
 #   softmax: causal, full, GQA 4:1, D 64, window 1024, BigBird  x  ours, FA4, Flex+FA4, cuDNN, FA2, Flex
 #   linear:  elu1 (D 128), Taylor / Based (D 16)                x  ours (triton / parallel / torch), fla
 # each bounded by its share of BUDGET_S (default 420 s: softmax 68 %, linear 22 %, the rest for the tables; the shares
-# are SOFTMAX_SHARE / LINEAR_SHARE, in percent) through
+# are SOFTMAX_SHARE / LINEAR_SHARE, in percent; FAMILIES="linear" runs one family alone, e.g. with
+# LINEAR_SHARE=90: fla's first autotuning calls can take most of a small share) through
 # eval.sweep --deadline-s and a hard `timeout`. Every point is a CSV row: an anchor that fails, is missing or cannot
 # run a case records `error` / `unsupported` with the message and the others go on; a process that dies (segfault,
 # hang, a CUDA error that poisons the context: exit 3) is restarted and resumes after the point it died on (that
@@ -18,6 +19,10 @@ set -u
 dir=${1:?usage: bash lab/h200_anchors.sh RESULTS_DIR}
 budget=${BUDGET_S:-420}
 conf=${ANCHORS_CONF:-eval/conf/sweep/anchors_h200.yaml}   # another config: a CPU dry run of this script
+families=${FAMILIES:-softmax linear}
+for fam in $families; do
+  case $fam in softmax|linear) ;; *) echo "FAMILIES: unknown family '$fam'; allowed: softmax linear"; exit 2 ;; esac
+done
 mkdir -p "$dir"
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 start=$(date +%s)
@@ -59,8 +64,12 @@ run_family() {  # name share_percent variants
   echo "$fam: done (rc=$rc) $(python3 -c "import pandas as p; d=p.read_csv('$dir/$fam/kernel.csv'); print(d.status.value_counts().to_dict())" 2>/dev/null)"
 }
 
-run_family softmax "${SOFTMAX_SHARE:-68}" causal,full,gqa,d64,window,bigbird
-run_family linear "${LINEAR_SHARE:-22}" linear,linear_taylor
+for fam in $families; do
+  case $fam in
+    softmax) run_family softmax "${SOFTMAX_SHARE:-68}" causal,full,gqa,d64,window,bigbird ;;
+    linear) run_family linear "${LINEAR_SHARE:-22}" linear,linear_taylor ;;
+  esac
+done
 timeout -k 5 "$(( $(left) > 30 ? $(left) : 30 ))" python3 -m eval.anchors_tables "$dir" --config "$conf" \
   > "$dir/tables.md" 2> "$dir/tables.log" || echo "tables: failed (see $dir/tables.log); rerun on the CPU: python -m eval.anchors_tables $dir"
 head -c 6000 "$dir/tables.md"

@@ -98,3 +98,15 @@ def test_roofline_draws_every_correct_implementation_under_the_measured_roof(res
                                                                             ("deep", "0.6"))]
     dec = anchors_tables.roofline_figure(rows, {"matmul_tflops": 700.0, "copy_gbps": 4000.0}, compare).panels[-1]
     assert [t.x for t in dec.traces] == [[0.8], [0.9]] and dec.ylabels == ["gqa_b1_64k"]
+
+
+def test_anchors_script_refuses_an_unknown_family_before_any_work(tmp_path):
+    """lab/h200_anchors.sh FAMILIES= names the allowed families and exits 2 before writing anything."""
+    import subprocess
+
+    out = tmp_path / "run"
+    r = subprocess.run(["bash", "lab/h200_anchors.sh", str(out)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "FAMILIES": "softmax bogus"},
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 2 and "unknown family 'bogus'; allowed: softmax linear" in r.stdout
+    assert not out.exists()
