@@ -23,6 +23,8 @@ import warnings
 import triton
 from triton.backends.compiler import GPUTarget
 
+from lab.inspect_kernels import resource_usage, signature
+
 
 def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool = False,
                  stages_override: int = 0) -> dict:
@@ -45,14 +47,8 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
     types.update(Out=f"*{dtype}", Lse="*fp32", stride_ob="i32", stride_oh="i32", stride_on="i32", Hq="i32",
                  Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32")
     const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps, **extra)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in const:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = types[name]
-            if types[name].startswith("*") or name in ("stride_ob", "stride_oh", "stride_on"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, attrs = signature(fn, types, const,
+                           lambda name, t: t.startswith("*") or name in ("stride_ob", "stride_oh", "stride_on"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
@@ -63,15 +59,7 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
            "tma": len(re.findall(r"cp\.async\.bulk\.tensor", text)),
            "bar_sync": len(re.findall(r"\bbar\.sync|barrier\.sync", text)),
            "mbar_arrive": len(re.findall(r"mbarrier\.arrive", text)), "setmaxnreg": len(re.findall("setmaxnreg", text))}
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(ck.asm["cubin"])
-        res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-    for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
-        m = re.search(pat, res)
-        out[key] = int(m.group(1)) if m else None
+    out.update(resource_usage(ck.asm["cubin"])[0])
     out["setmaxnreg_to"] = sorted(set(int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", text)))
     # ptxas's own warnings (e.g. "wgmma.mma_async instructions are serialized": the overlap would be lost)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

@@ -160,20 +160,44 @@ def _sass_paths(sass: str, n_loops: int = 2, top: int = 4) -> dict:
     return out
 
 
-def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, sass: bool = False,
-                 paths: bool = False) -> dict:
-    """Compile ``fn`` for sm_90a. ``types``: arg name -> Triton type ("*bf16", "i32", ...); pointers and i32
-    arguments are marked 16-divisible (as the launcher specialises aligned tensors and sizes); ``const``: the
-    constexpr values. Returns the counts printed by this script (with ``sass``: also the instruction mix of the
-    largest loop, see ``_sass_loop``)."""
+def signature(fn, types: dict, const: dict, divisible) -> tuple:
+    """``(signature, attrs)`` of a compile of ``fn`` for ``triton.compile``: constexpr for the names in ``const``,
+    ``types[name]`` for the others, and ``tt.divisibility`` 16 where ``divisible(name, type)`` says (as the launcher
+    specialises aligned pointers and sizes)."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in const:
             sig[name] = "constexpr"
         else:
             sig[name] = types[name]
-            if types[name].startswith("*") or types[name] == "i32":
+            if divisible(name, types[name]):
                 attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def resource_usage(cubin: bytes, sass: bool = False) -> tuple:
+    """``({"registers", "stack_bytes"}, sass text or None)`` of a compiled kernel's cubin, from triton's cuobjdump."""
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True).stdout if sass else None
+    out = {}
+    for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
+        m = re.search(pat, res)
+        out[key] = int(m.group(1)) if m else None
+    return out, dump
+
+
+def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, sass: bool = False,
+                 paths: bool = False) -> dict:
+    """Compile ``fn`` for sm_90a. ``types``: arg name -> Triton type ("*bf16", "i32", ...); pointers and i32
+    arguments are marked 16-divisible (as the launcher specialises aligned tensors and sizes); ``const``: the
+    constexpr values. Returns the counts printed by this script (with ``sass``: also the instruction mix of the
+    largest loop, see ``_sass_loop``)."""
+    sig, attrs = signature(fn, types, const, lambda name, t: t.startswith("*") or t == "i32")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ck = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
@@ -181,16 +205,8 @@ def compile_sm90(fn, types: dict, const: dict, num_warps: int, num_stages: int, 
     ttgir = ck.asm["ttgir"]
     out = {"prefetched_loads": len(re.findall(r"async_copy_global_to_local", ttgir)),
            "wgmma": len(re.findall(r"warp_group_dot ", ttgir)), "shared_kib": round(ck.metadata.shared / 1024, 1)}
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(ck.asm["cubin"])
-        res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True)
-        dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True).stdout
-    for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
-        m = re.search(pat, res.stdout)
-        out[key] = int(m.group(1)) if m else None
+    usage, dump = resource_usage(ck.asm["cubin"], sass=True)
+    out.update(usage)
     code = [line for line in dump.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     out["sass"] = hashlib.sha256("\n".join(code).encode()).hexdigest()[:12]
     if sass:
