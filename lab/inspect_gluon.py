@@ -1,13 +1,15 @@
-"""Compile the Gluon forward kernel (``kernels/flash/_gluon_kernels.py``) for Hopper (sm_90a) without a GPU and print
+"""Compile the Gluon forward and backward kernels (``kernels/flash/_gluon_kernels.py``) for Hopper (sm_90a) without a GPU and print
 registers, spills (stack bytes), shared memory and the wgmma / TMA / barrier counts of the PTX.
 
 Gluon's API is triton-version specific: run it with the GPU machine's triton (3.6), e.g.::
 
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
-    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b] [--D 64,128] [--ptx DIR]
+    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd] [--D 64,128] \
+        [--dtypes bf16,fp16] [--stages N] [--ptx DIR]
 
 Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
-(:func:`kernels.flash.gluon.gluon_tiles`); an impl that fails to compile prints its error and the rest go on.
+(:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for ``gluon_bwd``, the
+backward kernel of ``FlashConfig(bwd_impl="gluon")``); an impl that fails to compile prints its error and the rest go on.
 """
 
 from __future__ import annotations
@@ -53,8 +55,13 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
         warnings.simplefilter("ignore")
         ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps))
+    return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps}w", ptx)
+
+
+def _report(ck, tile: str, ptx: bool) -> dict:
+    """Shared memory, wgmma / TMA / barrier counts of the PTX, registers and stack of the cubin, ptxas warnings."""
     text = ck.asm["ptx"]
-    out = {"tile": f"{block_m}x{block_n}x{stages}st/{warps}w", "shared_kib": round(ck.metadata.shared / 1024, 1),
+    out = {"tile": tile, "shared_kib": round(ck.metadata.shared / 1024, 1),
            "wgmma": len(re.findall(r"wgmma\.mma_async", text)),
            "tma": len(re.findall(r"cp\.async\.bulk\.tensor", text)),
            "bar_sync": len(re.findall(r"\bbar\.sync|barrier\.sync", text)),
@@ -78,9 +85,50 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
     return out
 
 
+def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0) -> dict:
+    """Compile the Gluon backward ``_gl_bwd_kernel`` (``bwd_impl="gluon"``) at the launcher's tiles
+    (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a; the same report as :func:`compile_case`."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.flash import _gluon_kernels as GK
+    from kernels.flash.gluon import gluon_bwd_tiles, nvmma_layout
+
+    block_m, block_n, stages, warps = gluon_bwd_tiles(D)
+    if stages_override:
+        stages = stages_override
+    fn = GK._gl_bwd_kernel
+    import triton.experimental.gluon.language as gl
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    types = {}
+    for name, rows in (("q_desc", block_m), ("do_desc", block_m), ("k_desc", block_n), ("v_desc", block_n)):
+        lay = nvmma_layout([1, 1, rows, D], gdt)
+        types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
+    ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
+            "offset", "group")
+    types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
+                 sm_scale="fp32", **{n: "i32" for n in ints})
+    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = types[name]
+            if types[name].startswith("*") or name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=warps))
+    return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps}w", ptx)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b")
+    ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd",
+                    help="forward impls and / or gluon_bwd (the backward kernel, bwd_impl='gluon')")
+    ap.add_argument("--stages", type=int, default=0, help="override the ring depth (0: the launcher's)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
@@ -92,7 +140,10 @@ def main():
                 for causal in (False, True):
                     name = f"{impl:10s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
                     try:
-                        r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx))
+                        if impl == "gluon_bwd":
+                            r = compile_bwd_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages)
+                        else:
+                            r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages)
                     except Exception as e:  # one failing case must not hide the others
                         print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                         traceback.print_exc(limit=3)

@@ -268,3 +268,170 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
          (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
                           b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
         [4, 1], [240, 24])
+
+
+# ------------------------------------------------------------------------------------------------ gluon backward
+# FA3's backward layout (issue 30; FlashAttention-3 Alg. 2 / sec. 3), one program per (batch, K/V head, key tile of
+# BLOCK_N rows): K and V stay in shared memory, dK and dV in registers for the whole program; a 1-warp producer
+# partition streams the (Q, dO) tiles of BLOCK_M query rows of every query head of the GQA group through a
+# STAGES-deep mbarrier ring (one "ready" barrier per slot, TMA byte count; one "empty" barrier per slot, one arrive
+# by the consumer); the default partition (num_warps = 8: two warpgroups, 64 key rows each in the M = BLOCK_N wgmmas)
+# runs, per query tile (transposed products, keys on the rows):
+#
+#   S^T = K Q^T,  P^T = exp2(S^T * scale * log2(e) - lse2)      (lse2 = lse * log2(e), +inf on empty rows: P = 0)
+#   dP^T = V dO^T,  dV += P^T dO  (P^T from registers)
+#   dS^T = P^T * (dP^T - delta)  -> shared memory (bf16 / fp16)
+#   dK += dS^T Q  (dS^T from shared memory),  dQ_partial = dS K  (the transposed view of the same buffer; M = 64
+#   query rows split over the two warpgroups along D)  -> fp32 atomics into DQA (B, Hq, Nq, D)
+#
+# The five wgmmas of a tile are issued asynchronously in two groups (S^T with dP^T, then dV, dK, dQ) so the
+# exponentials run while dP^T is in flight. Causal (bottom-right): query tiles entirely above the key tile are never
+# loaded; only the tiles crossing the diagonal run the element mask (a uniform branch per tile). Rows past Nq arrive
+# as zeros with lse2 = +inf (P = 0, no dQ store); key rows past Nk are zero (no dQ contribution) and not stored.
+# dQ is not deterministic (fp32 atomics in arbitrary order): FlashConfig(deterministic=True) refuses it.
+
+
+@gluon.jit
+def _bwd_q_range(start_n, Nq, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``(m_lo, cnt, m_mask_hi)``: the key tile from ``start_n`` is visited by query tiles ``[m_lo, m_lo + cnt)``;
+    those below ``m_mask_hi`` cross the causal diagonal and run the element mask (query i sees keys j <= i +
+    offset)."""
+    n_m = gl.cdiv(Nq, BLOCK_M)
+    if CAUSAL:
+        m_lo = gl.maximum(start_n - offset, 0) // BLOCK_M  # last row of the tile reaches the first key
+        m_mask_hi = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M)
+    else:
+        m_lo = n_m * 0
+        m_mask_hi = n_m * 0
+    cnt = gl.maximum(n_m - m_lo, 0)
+    return m_lo, cnt, m_mask_hi
+
+
+@gluon.jit
+def _bwd_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, b, hk,
+                  group, start_n, m_lo, cnt, STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Producer partition (1 warp): K and V once, then the (Q, dO) tile of every (query head of the group, visited
+    query tile), in the consumer's order; a slot is refilled once the consumer released the tile ``STAGES`` back."""
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
+    for i in range(0, group * cnt):
+        h = hk * group + i // cnt
+        start_m = (m_lo + i % cnt) * BLOCK_M
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
+        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQA, Lse2, Delta, DK, DV,
+                  stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq, Nq, Nk, offset,
+                  start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition (``num_warps`` = 8, two warpgroups): the per-tile schedule above, then ``dK * sm_scale``
+    and ``dV`` stored (rows < Nk) in DK's / DV's dtype at the given strides (unit last stride)."""
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_D, 16])  # (BLOCK_N, HEAD_D)
+    WN: gl.constexpr = num_warps // 4
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WN],
+                                                        instr_shape=[16, HEAD_D // WN, 16])  # (BLOCK_M, HEAD_D)
+    pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
+    k2 = k_smem.reshape([BLOCK_N, HEAD_D])
+    v2 = v_smem.reshape([BLOCK_N, HEAD_D])
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
+    mbarrier.wait(kv_bar, 0)  # also when no tile is visited: the program must not exit with the copy in flight
+    for i in range(0, group * cnt):
+        h = hk * group + i // cnt
+        t = m_lo + i % cnt
+        start_m = t * BLOCK_M
+        row0 = (b * Hq + h).to(gl.int64) * Nq
+        cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
+        delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+        do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+        st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+        if CAUSAL:
+            if t < m_mask_hi:  # the tile crosses the diagonal: key j visible to query i iff j <= i + offset
+                ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
+                pt = gl.where(ok, pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
+        dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dpt_t, ))  # dP^T done; dV may still run
+        dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+        ds_smem.store(dst)  # (the previous tile's wgmmas that read ds_smem were waited for: see the barrier below)
+        fence_async_shared()
+        gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either warpgroup's wgmma reads all
+        dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
+        dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
+        dv, dk, dq, pt_op = warpgroup_mma_wait(0, deps=(dv, dk, dq_t, pt_op))
+        gl.thread_barrier()  # every warp's wgmmas of this slot (and of ds_smem) are done: release the slot
+        mbarrier.arrive(empty.index(slot), count=1)
+        rows = start_m + dq_rows
+        offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
+        gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+    dk = dk * sm_scale
+    rows_o = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+    ok_o = gl.expand_dims(rows_o < Nk, 1)
+    dk_ptrs = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh + \
+        gl.expand_dims(rows_o.to(gl.int64) * stride_kn, 1) + gl.expand_dims(cols_o, 0)
+    gl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=ok_o)
+    dv_ptrs = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh + \
+        gl.expand_dims(rows_o.to(gl.int64) * stride_vn, 1) + gl.expand_dims(cols_o, 0)
+    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=ok_o)
+
+
+@gluon.jit
+def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, DQA, Lse2, Delta, DK, DV,
+                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                   Hq, Hkv, Nq, Nk, offset, group, qk_scale, sm_scale,
+                   CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """``bwd_impl="gluon"``: grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``. ``DQA`` fp32 ``(B, Hq, Nq, D)`` zeroed (gets
+    ``dS K`` unscaled), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` from the Triton preprocess, ``DK`` / ``DV`` the
+    ``(B, Hkv, Nk, D)`` outputs (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``."""
+    dtype: gl.constexpr = q_desc.dtype
+    start_n = gl.program_id(0) * BLOCK_N  # low key tiles have the most query tiles (causal): heaviest first
+    bhk = gl.program_id(1)
+    b = bhk // Hkv
+    hk = bhk % Hkv
+    m_lo, cnt, m_mask_hi = _bwd_q_range(start_n, Nq, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [(_bwd_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQA, Lse2, Delta, DK, DV,
+                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq, Nq, Nk,
+                          offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL, BLOCK_M, BLOCK_N,
+                          HEAD_D, STAGES, num_warps)),
+         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, b,
+                          hk, group, start_n, m_lo, cnt, STAGES, BLOCK_M))],
+        [1], [24])

@@ -50,6 +50,20 @@ def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
     return 128, 128, 3, 4
 
 
+GLUON_BWD_HEAD_DIMS = (64, 128)  # what the Gluon backward (bwd_impl="gluon") runs
+
+
+def gluon_bwd_tiles(D: int) -> Tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of the Gluon backward at head dim ``D`` (64 or 128): key tiles of
+    ``BLOCK_N = 128`` rows held by an 8-warp consumer partition (two warpgroups), query tiles of ``BLOCK_M = 64``
+    streamed through a ``STAGES``-deep ring. Shared memory, bf16 at D = 128: K + V 64 KiB, STAGES x (Q + dO)
+    32 KiB, dS^T 16 KiB (lab/inspect_gluon.py --impls gluon_bwd prints the compiled figure). Raises ``ValueError``
+    for another ``D``."""
+    if D not in GLUON_BWD_HEAD_DIMS:
+        raise ValueError(f"D={D} is not supported by the Gluon backward; allowed values: {GLUON_BWD_HEAD_DIMS}")
+    return 64, 128, 2, 8
+
+
 def gluon_kernel(impl: str, GK):
     """``(kernel, extra constexpr kwargs)`` that run ``impl`` (``GK``: the kernels module)."""
     if impl not in WS3_FLAGS:
