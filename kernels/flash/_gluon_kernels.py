@@ -356,46 +356,51 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
         t = m_lo + i % cnt
         start_m = t * BLOCK_M
         row0 = (b * Hq + h).to(gl.int64) * Nq
-        cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
-        delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
         do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
         st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # the query columns' rows of lse2 / delta: loaded late (16 registers per thread each; cols recomputed where
+        # used rather than held across the wgmmas, which spilled)
+        cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
         st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
         pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
             if t < m_mask_hi:  # the tile crosses the diagonal: key j visible to query i iff j <= i + offset
+                cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                 ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
                 pt = gl.where(ok, pt, 0.0)
         pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
         dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, deps=(dpt_t, ))  # dP^T done; dV may still run
+        cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
+        dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))  # (dV too: frees P^T's registers)
         dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
         ds_smem.store(dst)  # (the previous tile's wgmmas that read ds_smem were waited for: see the barrier below)
         fence_async_shared()
         gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either warpgroup's wgmma reads all
         dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
         dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
-        dv, dk, dq, pt_op = warpgroup_mma_wait(0, deps=(dv, dk, dq_t, pt_op))
+        dk, dq = warpgroup_mma_wait(0, deps=(dk, dq_t))
         gl.thread_barrier()  # every warp's wgmmas of this slot (and of ds_smem) are done: release the slot
         mbarrier.arrive(empty.index(slot), count=1)
         rows = start_m + dq_rows
         offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
         gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
-    dk = dk * sm_scale
+    # epilogue: cast first (half the registers), one output at a time (64-bit addresses cost two registers each)
+    dk16 = (dk * sm_scale).to(DK.dtype.element_ty)
+    dv16 = dv.to(DV.dtype.element_ty)
     rows_o = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
     ok_o = gl.expand_dims(rows_o < Nk, 1)
-    dk_ptrs = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh + \
-        gl.expand_dims(rows_o.to(gl.int64) * stride_kn, 1) + gl.expand_dims(cols_o, 0)
-    gl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=ok_o)
-    dv_ptrs = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh + \
-        gl.expand_dims(rows_o.to(gl.int64) * stride_vn, 1) + gl.expand_dims(cols_o, 0)
-    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=ok_o)
+    rows64 = gl.expand_dims(rows_o.to(gl.int64), 1)
+    dk_base = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh
+    gl.store(dk_base + rows64 * stride_kn + gl.expand_dims(cols_o, 0), dk16, mask=ok_o)
+    dv_base = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh
+    gl.store(dv_base + rows64 * stride_vn + gl.expand_dims(cols_o, 0), dv16, mask=ok_o)
 
 
 @gluon.jit
