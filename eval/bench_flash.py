@@ -67,7 +67,10 @@ VARIANTS = {
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
 # ours and its forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): "ours" is the default ("auto":
 # Gluon or Triton per call), the others force one kernel
-OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b"}
+OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
+        "ours_gluon_bwd": "auto"}
+# the backward kernel (FlashConfig.bwd_impl) of the OURS entries that do not run the default ("triton")
+OURS_BWD = {"ours_gluon_bwd": "gluon"}
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -245,10 +248,14 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
 
 def ours_config(impl: str, config=None):
     """The :class:`kernels.FlashConfig` that ``impl`` (a key of ``OURS``, or the registry's ``"triton"``: as
-    ``"ours"``) runs with: ``config`` (default ``FlashConfig()``) with that impl's ``fwd_impl``."""
+    ``"ours"``) runs with: ``config`` (default ``FlashConfig()``) with that impl's ``fwd_impl`` (and ``bwd_impl`` for
+    the keys of ``OURS_BWD``: ``ours_gluon_bwd`` is the default forward with the Gluon backward)."""
     from kernels import FlashConfig
 
-    return (config if config is not None else FlashConfig()).replace(fwd_impl=OURS.get(impl, "auto"))
+    cfg = config if config is not None else FlashConfig()
+    if impl in OURS_BWD:
+        return cfg.replace(fwd_impl=OURS[impl], bwd_impl=OURS_BWD[impl])
+    return cfg.replace(fwd_impl=OURS.get(impl, "auto"))
 
 
 def ours_fwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None) -> str:

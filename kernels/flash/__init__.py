@@ -39,7 +39,8 @@ Settings are passed explicitly: :class:`FlashConfig` (``config=``, or FlashAtten
 
 Modules: ``config`` (settings), ``fwd`` / ``bwd`` (kernels and their launches), ``launch`` (tile tables, config
 choice, launch plans, TMA policy), ``sparse`` (block tables), ``autograd`` (autograd.Function and custom ops),
-``api`` (:func:`flash_attn`), ``gluon`` (the Gluon forward for Hopper, host side, and the ``fwd_impl="auto"`` choice;
+``api`` (:func:`flash_attn`), ``gluon`` (the Gluon forward and backward for Hopper, host side, and the
+``fwd_impl="auto"`` choice;
 its kernel module ``_gluon_kernels`` is imported on first use only).
 
 Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :class:`FlashConfig`, :class:`TileConfig`,
@@ -52,13 +53,13 @@ Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :class:`FlashConfig`, 
 from .api import flash_attn, resolve_fwd_impl
 from .bwd import choose_dkdv_split, flash_attn_bwd, resolve_dkdv_split
 from .common import MAX_HEAD_DIM
-from .config import DQ_MODES, FWD_IMPLS, FlashConfig, TileConfig, current_flash_config, flash_settings
+from .config import BWD_IMPLS, DQ_MODES, FWD_IMPLS, FlashConfig, TileConfig, current_flash_config, flash_settings
 from .fwd import flash_attn_fwd
 from .launch import KERNELS, autotune_results, clear_caches, clear_plans, launch_plans, pick_config, tma_ok, \
     visited_pairs
 from .sparse import build_sparse_tables, sparse_mode, sparse_tiles
 
-__all__ = ["flash_attn", "resolve_fwd_impl", "FWD_IMPLS", "FlashConfig", "TileConfig", "flash_settings",
+__all__ = ["flash_attn", "resolve_fwd_impl", "FWD_IMPLS", "BWD_IMPLS", "FlashConfig", "TileConfig", "flash_settings",
            "current_flash_config", "flash_attn_fwd", "flash_attn_bwd", "sparse_tiles", "build_sparse_tables",
            "sparse_mode", "choose_dkdv_split", "resolve_dkdv_split", "pick_config", "clear_plans", "clear_caches",
            "launch_plans", "autotune_results", "tma_ok", "visited_pairs", "KERNELS", "MAX_HEAD_DIM", "DQ_MODES"]

@@ -135,7 +135,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     Raises:
         ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv > 256``, a layout without
         ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group,
-        ``deterministic`` with the atomic dQ, ``dilation < 1``.
+        ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"``, ``dilation < 1``; ``config.bwd_impl="gluon"``
+        on a call it does not cover (:func:`kernels.flash.gluon.check_gluon_bwd`) when an input requires grad.
     """
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
     if sig not in _CHECKED:
@@ -176,6 +177,11 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             raise ValueError(f"doc_ids must be a (B, Nk) = ({q.shape[0]}, {k.shape[2]}) integer tensor, got "
                              f"{tuple(getattr(doc_ids, 'shape', ()))}")
         documents = cached_document_table(doc_ids, q.shape[2])
+    if cfg.bwd_impl == "gluon" and not compiling and torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad):  # refuse before the forward, not at backward
+        from .gluon import check_gluon_bwd
+
+        check_gluon_bwd(q, k, v, wl, wr, layout, dilation, documents)
     if compiling:
         out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key,
                                  documents)

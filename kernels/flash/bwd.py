@@ -410,10 +410,17 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     in :func:`flash_attn_fwd`. ``documents``: the forward's document table (:func:`flash_attn_fwd`).
     ``grads_like_inputs``: ``dq`` / ``dk`` / ``dv`` take the layouts of ``q`` / ``k`` / ``v`` (a leaf tensor's
     gradient of another layout would be copied by autograd); ``False``: stored as ``(B, N, H, D)`` (the custom
-    op, whose fake kernel cannot see the runtime strides). Returns ``(dq, dk, dv)``.
+    op, whose fake kernel cannot see the runtime strides). ``config.bwd_impl == "gluon"``: the Gluon backward
+    (:func:`kernels.flash.gluon.gluon_flash_bwd`; ``ValueError`` from :func:`~kernels.flash.gluon.check_gluon_bwd`
+    for a call it does not cover). Returns ``(dq, dk, dv)``.
     """
     if config is None:
         config = current_flash_config()
+    if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; dense / causal only, else ValueError)
+        from .gluon import check_gluon_bwd, gluon_flash_bwd
+
+        causal = check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents)
+        return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, causal, dlse, grads_like_inputs)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None

@@ -30,6 +30,9 @@ DQ_MODES = ("separate", "atomic")
 # "triton" is the Triton kernel of fwd.py, the Gluon ones run in kernels.flash.gluon (which imports Gluon lazily)
 GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b")
 FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
+# the backward kernels (FlashConfig.bwd_impl): "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; dQ by fp32
+# atomics, so deterministic=True refuses it)
+BWD_IMPLS = ("triton", "gluon")
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -112,7 +115,13 @@ class FlashConfig:
             layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
             ``"gluon_ws3b"`` (plus ping-pong of the consumers): dense or causal masks, D in {64, 128}, fp16 /
             bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
-            either way.
+            either way unless ``bwd_impl`` says otherwise.
+        bwd_impl: the backward kernel: ``"triton"`` (default: bwd.py, every mask, ``dq_mode`` / ``dkdv_split``
+            apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
+            one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ by fp32 atomics;
+            dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else raises
+            ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
+            ``deterministic=True`` refuses it (the atomics add in an arbitrary order).
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -132,6 +141,7 @@ class FlashConfig:
     sparse_fwd: Optional[TileConfig] = None
     sparse_dq: Optional[TileConfig] = None
     sparse_dkdv: Optional[TileConfig] = None
+    bwd_impl: str = "triton"  # (last: positional construction of the fields above is unchanged)
 
     def __post_init__(self):
         if self.dq_mode not in DQ_MODES:
@@ -148,6 +158,12 @@ class FlashConfig:
         if self.fwd_impl not in FWD_IMPLS:
             raise ValueError(f"fwd_impl={self.fwd_impl!r} is not supported; allowed values: "
                              f"{', '.join(map(repr, FWD_IMPLS))}")
+        if self.bwd_impl not in BWD_IMPLS:
+            raise ValueError(f"bwd_impl={self.bwd_impl!r} is not supported; allowed values: "
+                             f"{', '.join(map(repr, BWD_IMPLS))}")
+        if self.deterministic and self.bwd_impl == "gluon":
+            raise ValueError("deterministic=True needs bwd_impl='triton' (bwd_impl='gluon' adds its fp32 dQ partial "
+                             "sums with atomics, in an arbitrary order)")
         if not (self.tma is True or self.tma is False or self.tma == "auto"):
             raise ValueError(f"tma={self.tma!r} is not supported; allowed values: 'auto', True, False")
         if not isinstance(self.tma_min_pairs, int) or isinstance(self.tma_min_pairs, bool) or self.tma_min_pairs < 0:

@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 
 from .common import INTERPRET
-from .config import FWD_IMPLS, GLUON_FWD_IMPLS, FlashConfig
+from .config import BWD_IMPLS, FWD_IMPLS, GLUON_FWD_IMPLS, FlashConfig
 from .launch import visited_pairs
 
 GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
@@ -249,6 +249,75 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
                  softmax_scale * _LOG2E, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages,
                  num_warps=warps, **extra)
     return out, lse
+
+
+def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,
+                    dilation: int, documents) -> bool:
+    """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call (the masks of
+    :func:`check_gluon_fwd`; ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device;
+    Gluon importable); returns whether it is causal. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+    allowed = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids), " \
+              f"head dim D in {GLUON_BWD_HEAD_DIMS} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
+    fix = "use bwd_impl='triton'"
+    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+        what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
+                "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
+        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got {what}; {fix}")
+    D, Dv = q.shape[3], v.shape[3]
+    if D not in GLUON_BWD_HEAD_DIMS or Dv != D:
+        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got D={D}, Dv={Dv}; {fix}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
+        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got dtype {q.dtype}; {fix}")
+    cap = _capability(q.device)
+    if cap is None or cap[0] != 9:
+        dev = q.device if cap is None else f"{q.device} (sm_{cap[0]}{cap[1]})"
+        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got device {dev}; {fix}")
+    _gluon_modules()
+    return win_right == 0
+
+
+def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, softmax_scale: float, causal: bool, dlse: Optional[torch.Tensor] = None,
+                    grads_like_inputs: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of dense / causal (bottom-right) attention with the Gluon kernel (``bwd_impl="gluon"``; call
+    :func:`check_gluon_bwd` first). ``do, out (B, Hq, Nq, D)``, ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 /
+    bf16 on a Hopper GPU, ``lse (B, Hq, Nq)`` fp32 natural log from the forward, ``dlse`` its gradient or ``None``.
+
+    Steps: the Triton preprocess of bwd.py (``delta = rowsum(dO * O) - dlse``, ``lse2 = lse * log2(e)``, ``+inf`` on
+    empty rows); ``_gl_bwd_kernel`` over ``(cdiv(Nk, 128), B * Hkv)`` (GQA: the group's query heads summed in
+    registers) writing dK / dV and adding ``dS K`` into a zeroed fp32 ``(B, Hq, Nq, D)`` buffer by atomics; then
+    ``dq = buffer * softmax_scale`` cast to q's dtype. Not bitwise deterministic. Returns ``(dq, dk, dv)`` in the
+    layouts of q / k / v (``grads_like_inputs``) or stored ``(B, N, H, D)`` (``False``: the custom op)."""
+    from .bwd import _bwd_preprocess
+    from .launch import _bnhd_empty
+
+    GK, TD, gl = _gluon_modules()
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = gluon_bwd_tiles(D)
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    dl = dlse.contiguous().float() if dlse is not None else delta
+    _bwd_preprocess[(triton_cdiv(Nq, 64), B * Hq)](out, do, dl, lse, delta, lse2, Hq, Nq, *out.stride(),
+                                                    *do.stride(), HAS_DLSE=dlse is not None, HEAD_D=D, BLOCK_D=D,
+                                                    BLOCK_M=64)
+    if grads_like_inputs:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    else:
+        dq, dk, dv = _bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), \
+            _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
+    if dk.stride(3) != 1 or dv.stride(3) != 1:  # (empty_like of a tensor with a non-unit last stride)
+        dk, dv = _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
+    dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device)
+    q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
+    GK._gl_bwd_kernel[(triton_cdiv(Nk, block_n), B * Hkv)](
+        _descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
+        _descriptor(do_, block_m, TD, gdt), dqa, lse2, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2), Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E,
+        softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    dq.copy_(dqa.mul_(softmax_scale))
+    return dq, dk, dv
 
 
 def triton_cdiv(a: int, b: int) -> int:
