@@ -343,8 +343,6 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
     pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-    dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
     k2 = k_smem.reshape([BLOCK_N, HEAD_D])
     v2 = v_smem.reshape([BLOCK_N, HEAD_D])
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
@@ -360,6 +358,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
         do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+        s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)  # (made here, not held across tiles)
         st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # the query columns' rows of lse2 / delta: loaded late (16 registers per thread each; cols recomputed where
@@ -383,6 +382,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
         fence_async_shared()
         gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either warpgroup's wgmma reads all
         dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
+        dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
         dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
         dk, dq = warpgroup_mma_wait(0, deps=(dk, dq_t))
         gl.thread_barrier()  # every warp's wgmmas of this slot (and of ds_smem) are done: release the slot
