@@ -18,14 +18,14 @@ from __future__ import annotations
 from ..registry import register_backend
 from ._triton import triton_input_reason
 
-TAYLOR_CHUNKED_MIN_N = 1 << 20
+TAYLOR_CHUNKED_MIN_N = 16384
 """``auto`` runs the Taylor map on the chunked ``triton`` backend from this many tokens (``Nq = Nk = N``), on
-``parallel`` below it. Held far out (2^20) until the chunked path is measured on the H200: its first GPU run
-(2026-12-04) read out of range in the linear kernel at the 153 symmetric features of D 16, which now run
-zero-padded to 160 (:func:`kernels.linear.feature_pad`; 160 features ran clean there), and neither that fix nor
-its speed has run on the GPU. The parallel form measured 1.48x / 1.12x / 0.96x fla's best Based kernel at N 1k /
-4k / 16k (``results/h200/2026-12-04f/taylor/``); set this to where ``python -m eval.bench_linear --taylor`` puts
-the chunked form ahead."""
+``parallel`` below it. Measured on the H200 (2026-12-04, ``results/h200/2026-12-04g/g1/taylor/``; D 16, Dv 64, H 16,
+B * N = 16k, bf16, forward+backward): parallel 0.96 / 1.99 / 6.73 ms and chunked 5.26 / 5.74 / 5.76 ms at N 1k / 4k
+/ 16k. The chunked form costs the same per token at every N and the parallel form grows with N; 16k is the first
+measured length where the chunked form is ahead (1.17x; a linear interpolation puts the crossover near 13.8k). The
+chunked path runs the 153 symmetric features of D 16 zero-padded to 160 (:func:`kernels.linear.feature_pad`); it
+ran clean there at N 1k / 4k / 16k (``python -m lab.taylor_fault``)."""
 
 PRIORITY = 250
 PRIORITY_SHORT = 350  # ahead of triton's 300 below TAYLOR_CHUNKED_MIN_N
