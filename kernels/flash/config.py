@@ -121,7 +121,9 @@ class FlashConfig:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ by fp32 atomics;
             dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else raises
             ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
-            ``deterministic=True`` refuses it (the atomics add in an arbitrary order).
+            ``deterministic=True`` refuses it (the atomics add in an arbitrary order). Correct on the H200 but
+            slower there: 0.78-0.91x the Triton backward's TFLOP/s (2026-12-04, docs/kernels.md), so it stays
+            opt-in (the default stays ``"triton"``).
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
