@@ -36,6 +36,8 @@ LABELS = {"causal": "causal, D 128", "full": "full, D 128", "gqa": "GQA 4:1, D 1
 BACKEND_LABELS = {"triton": "ours (triton)", "parallel": "ours (parallel)", "torch": "ours (torch)", "fa4": "FA4",
                   "flex_fa4": "Flex+FA4", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA)", "flex": "Flex (Triton)",
                   "fla": "fla", "fa2": "FA2", "fa3": "FA3"}
+# the variants of each family process of lab/h200_anchors.sh (its run_family lines; a test keeps the two in step)
+FAMILIES = {"softmax": ("causal", "full", "gqa", "d64", "window", "bigbird"), "linear": ("linear", "linear_taylor")}
 ORDER = ("triton", "parallel", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_flash", "flex", "fla", "fa2", "fa3")
 
 
@@ -132,8 +134,9 @@ def ratio_table(rows: Sequence[dict], ours: Sequence[str] = OURS, mode: str = "f
     return "\n".join(out)
 
 
-def failures_table(rows: Sequence[dict]) -> str:
-    """Markdown: every (backend, status, message) that is not ``ok`` / ``unsupported``-by-design, with its cases."""
+def failures_table(rows: Sequence[dict], unreached: Sequence[dict] = ()) -> str:
+    """Markdown: every (backend, status, message) that is not ``ok`` / ``unsupported``-by-design, with its cases,
+    then the config's points that have no row (``unreached``: :func:`unreached_points`), one line per series."""
     groups: Dict[tuple, List[str]] = {}
     for r in rows:
         bad_check = r.get("status") == "ok" and check_state(r) == "failed"
@@ -144,13 +147,50 @@ def failures_table(rows: Sequence[dict]) -> str:
             msg = f"check_err={_f(r.get('check_err')):.3g} > tolerance"
         key = (r["backend"], "check failed" if bad_check else r["status"], msg)
         groups.setdefault(key, []).append(f"{r['variant']}@{_n(r['seq_len'])}")
-    if not groups:
+    missing = unreached_lines(unreached)
+    if not groups and not missing:
         return "(none: every point ok, skipped after a slower point, or excluded by the config)"
-    out = ["| backend | status | message | points |", "|---|---|---|---|"]
+    out = []
+    if groups:
+        out += ["| backend | status | message | points |", "|---|---|---|---|"]
     for (b, st, msg), pts in sorted(groups.items()):
         shown = ", ".join(pts[:6]) + (f", ... ({len(pts)})" if len(pts) > 6 else "")
         out.append(f"| {BACKEND_LABELS.get(b, b)} | {st} | {msg} | {shown} |")
+    if missing:
+        out += ([""] if groups else []) + [f"{len(unreached)} points of the config have no row:"] + missing
     return "\n".join(out)
+
+
+def config_points(rows: Sequence[dict], cfg: dict) -> List[dict]:
+    """The points of the sweep config ``cfg`` (:func:`eval.sweep.expand_points`, in run order) of the families in
+    ``rows`` (their variants: :data:`FAMILIES`; a family not named there: the variants it has rows of). Variants the
+    config does not have are left out."""
+    from eval.sweep import expand_points
+
+    fams = dict.fromkeys(r["family"] for r in rows)
+    want = [v for f in fams for v in FAMILIES.get(f, [r["variant"] for r in rows if r["family"] == f])]
+    conf = cfg.get("variants") or {}
+    variants = {v: conf[v] for v in dict.fromkeys(want) if v in conf}
+    if not variants:
+        return []
+    return expand_points(dict(cfg, variants=variants))
+
+
+def unreached_points(rows: Sequence[dict], points: Sequence[dict]) -> List[dict]:
+    """The ``points`` (:func:`config_points`) that have no row in ``rows``: never reached before the deadline."""
+    from eval.sweep import point_key
+
+    have = {point_key(r) for r in rows}
+    return [p for p in points if point_key(p) not in have]
+
+
+def unreached_lines(points: Sequence[dict]) -> List[str]:
+    """``not reached (deadline): variant / backend / N list`` per series of :func:`unreached_points`."""
+    groups: Dict[tuple, List[int]] = {}
+    for p in points:
+        groups.setdefault((p["variant"], p["backend"]), []).append(int(p["seq_len"]))
+    return [f"- not reached (deadline): {v} / {BACKEND_LABELS.get(b, b)} / {', '.join(_n(n) for n in sorted(ns))}"
+            for (v, b), ns in groups.items()]
 
 
 ROOF_CASES = ("causal", "full", "gqa", "d64")
@@ -241,6 +281,8 @@ def main(argv=None) -> int:
     ours = list(cfg.get("ours") or OURS)
     ok = sum(r.get("status") == "ok" for r in rows)
     checked = sum(check_state(r) != "unchecked" for r in rows if r.get("status") == "ok")
+    conf_pts = config_points(rows, cfg)
+    unreached = unreached_points(rows, conf_pts)
     env = {}
     vpath = os.path.join(a.results_dir, "versions.json")
     if os.path.exists(vpath):
@@ -248,7 +290,8 @@ def main(argv=None) -> int:
 
         with open(vpath) as f:
             env = json.load(f)
-    print(f"<!-- eval/anchors_tables.py {a.results_dir}: {len(rows)} points, {ok} ok, {checked} of them checked -->")
+    print(f"<!-- eval/anchors_tables.py {a.results_dir}: {len(conf_pts)} points in the config, "
+          f"{len(rows)} measured, {ok} ok, {checked} of them checked -->")
     if env:
         pk = ", ".join(f"{k[4:]} {v}" for k, v in env.items() if k.startswith("pkg:") and v)
         print(f"Measured {env.get('date')} on {env.get('gpu')} ({pk}).\n")
@@ -268,8 +311,8 @@ def main(argv=None) -> int:
     for r in res["nstar"]:
         print(f"- {r['variant']}: {r['conclusion']} (p_cross ours {_f(r['ours_p_cross']):.2f}, best "
               f"{_f(r['best_p_cross']):.2f}; {r['best_reps']} repeats per point)")
-    print("\n### Failures (recorded rows; every other anchor ran)\n")
-    print(failures_table(rows))
+    print("\n### Failures (recorded rows, then the config's points never reached; every other anchor ran)\n")
+    print(failures_table(rows, unreached))
     picks = {}
     for r in res["best"]:
         picks.setdefault(r["variant"], []).append((_f(r["seq_len"]), r["impl"]))

@@ -538,14 +538,21 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
     repeats = max(1, int(cfg.get("repeats") or 1))
     at_least = bool(cfg.get("bench_at_least", True))
 
+    timed_s = [0.0]  # wall seconds inside timed(): what max_point_s bounds (run_sweep)
+
     def timed(fn_, mode, **kw):  # median of `repeats` timings; every one kept in <mode>_ms_reps
-        ts = [time_ms(fn_, device, warmup, rep, at_least=at_least, **kw) for _ in range(repeats)]
+        _sync(device)  # untimed work still queued (the check, a first call) is not counted here
+        t0 = time.perf_counter()
+        try:
+            ts = [time_ms(fn_, device, warmup, rep, at_least=at_least, **kw) for _ in range(repeats)]
+        finally:
+            _sync(device)
+            timed_s[0] += time.perf_counter() - t0
         if repeats > 1:
             row[f"{mode}_ms_reps"] = ";".join(f"{t:.6g}" for t in ts)
         return float(statistics.median(ts))
 
     q = k = v = dout = out = None
-    setup_s = 0.0
     try:
         g = torch.Generator(device=device).manual_seed(int(cfg.get("seed", 0)) + N)
 
@@ -564,7 +571,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
             row.update(chk)
         if "fwd" in modes:
             with torch.no_grad():
-                setup_s += first_call_s(lambda: fn(q, k, v), device)  # compile / autotune happen here
+                first_call_s(lambda: fn(q, k, v), device)  # compile / autotune happen here (untimed)
                 row["fwd_ms"] = timed(lambda: fn(q, k, v), "fwd")
                 row["fwd_peak_mem_bytes"] = peak_bytes(lambda: fn(q, k, v), device)
         if "bwd" in modes or "fwd_bwd" in modes:
@@ -578,7 +585,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
                 return o
 
             if "fwd_bwd" in modes:
-                setup_s += first_call_s(fwd_bwd, device)  # the backward's compile / autotune
+                first_call_s(fwd_bwd, device)  # the backward's compile / autotune (untimed)
                 row["fwd_bwd_ms"] = timed(fwd_bwd, "fwd_bwd", grad_to_none=(q, k, v))
                 for t in (q, k, v):
                     t.grad = None
@@ -604,7 +611,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
             traceback.print_exc(limit=3)
     finally:
         q = k = v = dout = out = None
-        row["_setup_s"] = setup_s  # not a CSV column: run_sweep leaves it out of max_point_s
+        row["_timed_s"] = timed_s[0]  # not a CSV column: all run_sweep holds against max_point_s
         _cleanup(device)
     try:  # TFLOP/s by the benchmarks' convention (matmul FLOPs; bwd 2.5x fwd exact, 2x linear)
         conv = convention_flops(spec, B, H, N, D)
@@ -640,8 +647,10 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     Returns all rows of the CSV afterwards (as parsed dicts; a re-measured point appears again further down:
     readers keep the last row of a point, see :func:`latest_rows`). Series (same variant / backend / D / causal /
     Hkv) stop growing N after an OOM or error (later points: ``status="skipped"``) and after a point whose
-    timed calls took longer than ``max_point_s`` seconds (the first, untimed call of each mode, where compilation
-    and autotuning happen, does not count: :func:`first_call_s`). ``deadline_s`` (or ``cfg.deadline_s``):
+    timed calls took longer than ``max_point_s`` seconds (only the wall time inside the timed calls counts; untimed
+    work -- the correctness check, which is the backend's first call on the inputs, the first call of each mode
+    where compilation and autotuning happen (:func:`first_call_s`), the peak-memory calls, the backward's setup
+    forward -- does not). ``deadline_s`` (or ``cfg.deadline_s``):
     wall-clock budget; points not reached are left for a later ``resume``.
 
     Crash guard: the point being measured is written to ``<out_csv>.inflight`` first; a resume that finds it (the
@@ -714,12 +723,14 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
                 f.write("\t".join(str(p[k]) for k in POINT_KEYS))
             row = measure_point(p, specs[p["variant"]], cfg, device)
             row["sweep"] = name
-            setup = float(row.pop("_setup_s", 0.0) or 0.0)
-            took = time.time() - t0 - setup  # the timed calls: a one-off compile / autotune does not stop a series
+            # only the timed calls count: the check, the first calls (compile / autotune), peak_bytes and the
+            # bwd-mode setup forward are untimed, one-off work that does not stop a series
+            took = float(row.pop("_timed_s", 0.0) or 0.0)
+            setup = max(0.0, time.time() - t0 - took)
             if row["status"] in ("oom", "error"):
                 stopped[series] = f"{row['status']} at N={p['seq_len']}"
             elif took > max_point_s:
-                stopped[series] = (f"point took {took:.1f}s (+{setup:.1f}s first calls) > max_point_s={max_point_s} "
+                stopped[series] = (f"point took {took:.1f}s (+{setup:.1f}s first calls / untimed) > max_point_s={max_point_s} "
                                    f"at N={p['seq_len']}")
         append_row(out_csv, row)
         if os.path.exists(inflight):

@@ -110,3 +110,45 @@ def test_anchors_script_refuses_an_unknown_family_before_any_work(tmp_path):
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 2 and "unknown family 'bogus'; allowed: softmax linear" in r.stdout
     assert not out.exists()
+
+
+def test_points_never_reached_are_failures_and_counted(tmp_path, capsys):
+    """A family whose sweep hit its deadline has config points without a row: the Failures section names them per
+    series (families without a kernel.csv are not counted) and the header counts config / measured / ok."""
+    import yaml
+
+    cfg = {"name": "anchors_h200", "device": "cuda", "dtype": "bfloat16", "n_heads": 16, "tokens": 16384,
+           "seq_lens": list(NS), "head_dims": [128], "causal": [True], "kv_heads": [None], "repeats": 3,
+           "variants": {"causal": {"kind": "flash", "causal": True},
+                        "gqa": {"kind": "flash", "causal": True, "kv_group_size": 4},
+                        "linear": {"kind": "linear", "causal": True, "feature_map": "elu1"}},
+           "backends": ["triton", "fa4", "fla"],
+           "exclude": [{"backend": "fla", "variant": ["causal", "gqa"]}, {"backend": "fa4", "variant": "linear"}],
+           "baseline": {"variant": "causal", "backend": "triton"}, "n_boot": 50}
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    rng = np.random.default_rng(1)
+    rows = [_row("causal", "triton", n, n / 1000, rng=rng) for n in NS] + [_row("causal", "fa4", 1024, 0.9, rng=rng)]
+    res = tmp_path / "res"
+    write_csv(rows, str(res / "softmax" / "kernel.csv"), columns=list(COLUMNS))  # no linear family: not counted
+    assert anchors_tables.main([str(res), "--config", str(conf), "--n-boot", "50", "--no-plots"]) == 0
+    md = capsys.readouterr().out
+    # softmax config points: (causal, gqa) x (triton, fa4) x 3 N = 12; 4 rows, all ok
+    assert md.splitlines()[0].startswith(f"<!-- eval/anchors_tables.py {res}: 12 points in the config, 4 measured, "
+                                         f"4 ok, 4 of them checked")
+    fail = md[md.index("### Failures"):]
+    assert "(none" not in fail and "8 points of the config have no row:" in fail
+    assert "- not reached (deadline): causal / FA4 / 4k, 16k" in fail
+    assert "- not reached (deadline): gqa / ours (triton) / 1k, 4k, 16k" in fail
+    assert "- not reached (deadline): gqa / FA4 / 1k, 4k, 16k" in fail
+    assert "linear" not in fail and "causal / ours (triton)" not in fail
+
+
+def test_families_match_the_anchors_script():
+    """anchors_tables.FAMILIES (which config variants count for a family folder) = h200_anchors.sh's run_family."""
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = open(os.path.join(root, "lab", "h200_anchors.sh")).read()
+    got = {f: tuple(v.split(",")) for f, v in re.findall(r"\b(\w+)\) run_family \1 \S+ ([\w,]+)", script)}
+    assert got == anchors_tables.FAMILIES

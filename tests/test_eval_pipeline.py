@@ -324,3 +324,16 @@ def test_max_point_s_does_not_count_the_first_call(tmp_path):
     rows = sw.run_sweep(dict(cfg, backends=["torch"], max_point_s=1e-6), str(tmp_path / "t.csv"), progress=False)
     assert [r["status"] for r in rows] == ["ok", "skipped", "skipped"]
     assert "first calls" in rows[1]["error"] and "max_point_s" in rows[1]["error"]
+
+
+def test_max_point_s_does_not_count_the_untimed_check(tmp_path):
+    """With ``check: true`` the correctness check is the backend's first call on a point's inputs (fla autotuned
+    there on the H200 and its series stopped at N = 1k): it is untimed work and does not count against max_point_s."""
+    FIRST_CALLS.clear()
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_slow_first_call"], seq_lens=[16, 32],
+               max_point_s=1.5, check=True, modes=["fwd", "bwd", "fwd_bwd"])
+    rows = sw.run_sweep(cfg, str(tmp_path / "k.csv"), progress=False)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+    assert [int(r["seq_len"]) for r in rows] == [16, 32]
+    assert all(str(r["check_ok"]) == "True" for r in rows)  # the check ran (it was the slow first call)
+    assert len(FIRST_CALLS) == 2  # one slow first call per N
