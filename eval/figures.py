@@ -30,6 +30,8 @@ Q = "results/h200/quality"  # the H200 quality runs (2026-12-01 and 2026-12-02) 
 # the small model's speed with the trained specs (conf/attention: 32-token window, 16-token BigBird blocks), 262k
 # tokens a step (GPU-bound), our kernels: eval.bench_model --specs conf of 2026-12-02
 LM_SPEED = "results/h200/2026-12-02/model_speed_small_conf/model_speed_small_conf.csv"
+# the same model sweep with the anchors (cuDNN, FA4) in one process: the join's best-vs-best mode (compare=best)
+LM_SPEED_BEST = "results/h200/2026-12-04g/c4/model_speed_best/model_speed_best.csv"
 HYBRID_SPEED = "results/h200/2026-12-01/hybrid_speed/model_speed.csv"
 
 
@@ -65,6 +67,13 @@ JOBS: List[Job] = [
     Job("join_lm_shakespeare", "eval.quality",
         [f"runs=[{Q}/runs/lm_shakespeare]", f"speed={LM_SPEED}", "speed_size=small",
          f"out_dir={Q}/join_lm_shakespeare", "name=lm_shakespeare_join", "formats=[png]", "wandb.enabled=false"]),
+    Job("join_lm_wikitext_best", "eval.quality",
+        [f"runs=[{Q}/runs/lm_wikitext]", f"speed={LM_SPEED_BEST}", "speed_size=small", "compare=best",
+         f"out_dir={Q}/join_lm_wikitext_best", "name=lm_wikitext_join_best", "formats=[png]", "wandb.enabled=false"]),
+    Job("join_lm_shakespeare_best", "eval.quality",
+        [f"runs=[{Q}/runs/lm_shakespeare]", f"speed={LM_SPEED_BEST}", "speed_size=small", "compare=best",
+         f"out_dir={Q}/join_lm_shakespeare_best", "name=lm_shakespeare_join_best", "formats=[png]",
+         "wandb.enabled=false"]),
     # eval.plots: the crossover sweep of 2026-11-29 (H200 speed; CPU quality from its committed tables)
     Job("h200_crossover_figures", "eval.plots",
         ["results_dir=results/h200/crossover_speed_h200", "figures_dir=docs/figures", "prefix=h200_",

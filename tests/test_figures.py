@@ -17,7 +17,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 EXPECTED_JOBS = {
     "mqar_recall", "mqar_fig2", "mqar_fig2_long", "mqar_window_cliff", "mqar_old_recipe", "mqar_hybrid",
     "lm_wikitext", "lm_shakespeare",
-    "join_lm_wikitext", "join_lm_shakespeare", "h200_crossover_figures", "cpu_quality_figures", "doclen_crossover",
+    "join_lm_wikitext", "join_lm_shakespeare", "join_lm_wikitext_best", "join_lm_shakespeare_best",
+    "h200_crossover_figures", "cpu_quality_figures", "doclen_crossover",
 }
 CLIFF = "results/h200/quality/mqar_window_cliff"
 H200_FIGS = ["h200_time_vs_n_fwd_bwd", "h200_time_vs_n_fwd", "h200_memory_vs_n", "h200_roofline",
