@@ -4,10 +4,14 @@
 #   .fa4/K/  the K-th part of FlashAttention-4 (PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4): calls back to
 #            back on a warm machine each carry one part; PART names the part carried in this call. The part is
 #            copied to /tmp/fa4 (kept while the machine stays warm); once every part is there, FA4 is installed.
-# Exports PYTHONPATH (/tmp/site, the FA4 DSL packages, the repo), WANDB_MODE=disabled, PYTHONUNBUFFERED=1.
+# Exports PYTHONPATH (/tmp/site, the FA4 DSL packages, the repo), WANDB_MODE=disabled, PYTHONUNBUFFERED=1,
+# TRITON_CACHE_AUTOTUNING=1.
 # Prints one line saying what is installed; never exits the calling shell.
 _part=${1:-}
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+# autotuning results on disk (the Triton cache): a later process on the same warm machine reuses them. fla's first
+# call on each new shape autotunes for 50-150 s (2026-12-04); a restarted sweep or a second bench need not pay again
+export TRITON_CACHE_AUTOTUNING=1
 if [ -d .whl ] && ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "gpu_env: installing .whl failed"
