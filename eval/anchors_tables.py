@@ -273,6 +273,9 @@ def main(argv=None) -> int:
     from eval.bench_common import write_csv
     from eval.sweep import COLUMNS, load_config
 
+    if not os.path.isfile(a.config):
+        ap.error(f"--config {a.config}: no such file (the sweep config of the run, e.g. "
+                 f"eval/conf/sweep/anchors_h200.yaml from the repository root)")
     cfg = load_config(a.config)
     if a.n_boot is not None:
         cfg["n_boot"] = a.n_boot

@@ -164,3 +164,11 @@ def test_empty_kernel_csvs_are_refused_before_any_table(tmp_path, capsys):
         anchors_tables.main([str(tmp_path), "--no-plots", "--n-boot", "20"])
     assert capsys.readouterr().out == ""
 
+
+def test_a_missing_config_is_a_usage_error(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    write_csv([_row("causal", "triton", n, n / 1000, rng=rng) for n in NS], str(tmp_path / "softmax" / "kernel.csv"),
+              columns=list(COLUMNS))
+    with pytest.raises(SystemExit) as e:
+        anchors_tables.main([str(tmp_path), "--config", str(tmp_path / "nope.yaml"), "--no-plots"])
+    assert e.value.code == 2 and "--config" in capsys.readouterr().err
