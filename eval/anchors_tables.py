@@ -43,7 +43,7 @@ ORDER = ("triton", "parallel", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_f
 
 def load(results_dir: str) -> List[dict]:
     """The latest row of every point of every ``<family>/kernel.csv`` under ``results_dir`` (``combined/`` left
-    out). Raises ``FileNotFoundError`` naming the folder when there is none."""
+    out). Raises ``FileNotFoundError`` naming the folder when there is none, ``ValueError`` when they hold no row."""
     from eval.sweep import latest_rows, read_rows
 
     fam_of = lambda p: os.path.basename(os.path.dirname(p))  # noqa: E731
@@ -55,6 +55,8 @@ def load(results_dir: str) -> List[dict]:
     for p in paths:
         fam = os.path.basename(os.path.dirname(p))
         rows += [dict(r, family=fam) for r in latest_rows(read_rows(p))]
+    if not rows:  # every kernel.csv empty (a family process that died before its first row): nothing to tabulate
+        raise ValueError(f"no rows in {', '.join(paths)}: every <family>/kernel.csv under {results_dir} is empty")
     return rows
 
 
@@ -271,6 +273,9 @@ def main(argv=None) -> int:
     from eval.bench_common import write_csv
     from eval.sweep import COLUMNS, load_config
 
+    if not os.path.isfile(a.config):
+        ap.error(f"--config {a.config}: no such file (the sweep config of the run, e.g. "
+                 f"eval/conf/sweep/anchors_h200.yaml from the repository root)")
     cfg = load_config(a.config)
     if a.n_boot is not None:
         cfg["n_boot"] = a.n_boot

@@ -593,6 +593,10 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
             if "bwd" in modes:
                 try:
                     out = fn(q, k, v)
+                    if "fwd_bwd" not in modes:  # the backward's compile / autotune (untimed; fwd_bwd paid it above)
+                        first_call_s(lambda: out.backward(dout, retain_graph=True), device)
+                        for t in (q, k, v):
+                            t.grad = None
                     row["bwd_ms"] = timed(lambda: out.backward(dout, retain_graph=True), "bwd", grad_to_none=(q, k, v))
                 except Exception as e:  # noqa: BLE001 - some compiled backwards refuse retain_graph
                     if is_oom(e) or not (row.get("fwd_bwd_ms") and row.get("fwd_ms")):

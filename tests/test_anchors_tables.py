@@ -152,3 +152,23 @@ def test_families_match_the_anchors_script():
     script = open(os.path.join(root, "lab", "h200_anchors.sh")).read()
     got = {f: tuple(v.split(",")) for f, v in re.findall(r"\b(\w+)\) run_family \1 \S+ ([\w,]+)", script)}
     assert got == anchors_tables.FAMILIES
+
+
+def test_empty_kernel_csvs_are_refused_before_any_table(tmp_path, capsys):
+    """Every family's kernel.csv empty (or header only): a ValueError naming the files, not a crash half-way through
+    the printed tables."""
+    (tmp_path / "linear").mkdir()
+    (tmp_path / "linear" / "kernel.csv").write_text("")
+    write_csv([], str(tmp_path / "softmax" / "kernel.csv"), columns=list(COLUMNS))
+    with pytest.raises(ValueError, match="no rows in .*kernel.csv"):
+        anchors_tables.main([str(tmp_path), "--no-plots", "--n-boot", "20"])
+    assert capsys.readouterr().out == ""
+
+
+def test_a_missing_config_is_a_usage_error(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    write_csv([_row("causal", "triton", n, n / 1000, rng=rng) for n in NS], str(tmp_path / "softmax" / "kernel.csv"),
+              columns=list(COLUMNS))
+    with pytest.raises(SystemExit) as e:
+        anchors_tables.main([str(tmp_path), "--config", str(tmp_path / "nope.yaml"), "--no-plots"])
+    assert e.value.code == 2 and "--config" in capsys.readouterr().err

@@ -337,3 +337,38 @@ def test_max_point_s_does_not_count_the_untimed_check(tmp_path):
     assert [int(r["seq_len"]) for r in rows] == [16, 32]
     assert all(str(r["check_ok"]) == "True" for r in rows)  # the check ran (it was the slow first call)
     assert len(FIRST_CALLS) == 2  # one slow first call per N
+
+
+BWD_FIRST_CALLS = {}
+
+
+class _SlowFirstBackward(torch.autograd.Function):
+    """Identity whose first backward per shape is slow (a backward kernel's compile / autotune)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if tuple(g.shape) not in BWD_FIRST_CALLS:
+            BWD_FIRST_CALLS[tuple(g.shape)] = True
+            time.sleep(2.0)
+        return g
+
+
+@sw.register_bench_backend("test_slow_first_backward")
+def _slow_first_backward(spec, q, k, v):
+    return lambda q, k, v: _SlowFirstBackward.apply(attn_torch(q, k, v, spec))
+
+
+def test_max_point_s_does_not_count_the_first_backward_in_bwd_only_mode(tmp_path):
+    """``modes: [bwd]`` has no fwd_bwd first call to pay the backward's compile: its first backward is untimed too,
+    so a slow first backward does not stop the series (and the backward is still timed)."""
+    BWD_FIRST_CALLS.clear()
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_slow_first_backward"], seq_lens=[16, 32],
+               max_point_s=1.5, modes=["bwd"])
+    rows = sw.run_sweep(cfg, str(tmp_path / "b.csv"), progress=False)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+    assert all(float(r["bwd_ms"]) < 1500 for r in rows)  # the slow first backward is not in the timing either
+    assert len(BWD_FIRST_CALLS) == 2
