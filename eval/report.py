@@ -180,11 +180,13 @@ def _bubble_figures(root: str) -> List[figspec.Figure]:
     figs = []
     for p in sorted(glob.glob(os.path.join(root, JOINS))):
         name = os.path.basename(os.path.dirname(p)).replace("join_", "")
-        runs = os.path.join(root, "results", "h200", "quality", "runs", name)
+        best = name.endswith("_best")  # compare=best: the speed of the fastest correct implementation per length
+        runs = os.path.join(root, "results", "h200", "quality", "runs", name[:-len("_best")] if best else name)
         rows = _attach_runs(read_rows(p), run_index([runs]), [("seq_len", "seq_len")])
         quality = "val_bpb" if any(math.isfinite(_f(r.get("val_bpb"))) for r in rows) else "val_acc"
+        impl = "the fastest correct implementation per length (ours, cuDNN, FA4)" if best else "our kernels"
         figs.append(figspec.bubble(rows, quality, title=f"{name} (H200 quality runs; speed and memory: "
-                                                         f"bench_model, small model, our kernels)"))
+                                                         f"bench_model, small model, {impl})"))
     return figs
 
 

@@ -28,7 +28,7 @@ if sync_playwright is None or not CHROMIUM:
     pytest.skip("playwright or chromium missing", allow_module_level=True)
 
 CHARTS = ["chart-crossover", "chart-quality", "chart-bill", "chart-sliders", "chart-kv", "chart-bubble0",
-          "chart-bubble1", "chart-fig2", "chart-doclen"]
+          "chart-bubble1", "chart-bubble2", "chart-bubble3", "chart-fig2", "chart-doclen"]
 
 
 @pytest.fixture(scope="module")
