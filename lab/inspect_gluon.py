@@ -109,14 +109,7 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
                  sm_scale="fp32", **{n: "i32" for n in ints})
     const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in const:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = types[name]
-            if types[name].startswith("*") or name.startswith("stride_"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
