@@ -98,7 +98,8 @@ def test_deterministic_refuses_gluon_backward_with_atomic_dq_only():
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", deterministic=True)
     assert cfg.deterministic and FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton").replace(deterministic=True) == cfg
     with pytest.raises(ValueError, match=r"bwd_impl='gluon' supports only .*got device cpu"):
-        flash_attn(q, k, v, causal=True, deterministic=True, config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton"))
+        flash_attn(q, k, v, causal=True, deterministic=True,
+                   config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton"))
 
 
 @pytest.mark.parametrize("case", ["window", "dilation", "head_dim", "dv", "dtype", "device"])
@@ -266,12 +267,14 @@ def test_bwd_tiles_fit_shared_memory_and_refuse_other_head_dims():
             G.gluon_bwd_tiles(D)
 
 
-def test_bench_flash_ours_gluon_bwd():
+def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
-    assert bf.OURS_BWD == {"ours_gluon_bwd": "gluon"}
+    assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq"} and set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
-    assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon"
+    assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
+    cfg = bf.ours_config("ours_gluon_bwd_tdq")
+    assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "triton"
     assert bf.ours_config("ours").bwd_impl == "triton" and bf.ours_config("ours_triton").bwd_impl == "triton"
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
 
@@ -411,3 +414,14 @@ def test_gpu_triton_dq_is_deterministic(lse_tma, causal):
         again = _grads(q, k, v, do, causal, cfg)
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), name
+
+
+def test_gluon_bwd_sweep_refuses_unknown_modes(capsys):
+    """lab/gluon_bwd_sweep.py times every (--dq, --lse) combination; unknown values stop it before any GPU work."""
+    from lab import gluon_bwd_sweep as sw
+
+    assert sw.LSE_MODES == {"tma": True, "load": False}
+    for flag, bad, allowed in (("--dq", "atomic,separate", "atomic, triton"), ("--lse", "smem", "tma, load")):
+        with pytest.raises(SystemExit):
+            sw.main([flag, bad])
+        assert f"allowed values: {allowed}" in capsys.readouterr().err
