@@ -30,8 +30,8 @@ DQ_MODES = ("separate", "atomic")
 # "triton" is the Triton kernel of fwd.py, the Gluon ones run in kernels.flash.gluon (which imports Gluon lazily)
 GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b")
 FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
-# the backward kernels (FlashConfig.bwd_impl): "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; dQ by fp32
-# atomics, so deterministic=True refuses it)
+# the backward kernels (FlashConfig.bwd_impl): "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; with the
+# atomic dQ, deterministic=True refuses it)
 BWD_IMPLS = ("triton", "gluon")
 # the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
 # Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic)
@@ -121,9 +121,9 @@ class FlashConfig:
             either way unless ``bwd_impl`` says otherwise.
         bwd_impl: the backward kernel: ``"triton"`` (default: bwd.py, every mask, ``dq_mode`` / ``dkdv_split``
             apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
-            one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ by fp32 atomics;
-            dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else raises
-            ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
+            one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
+            says; dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else
+            raises ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
             ``deterministic=True`` refuses it with ``gluon_bwd_dq="atomic"`` (the atomics add in an arbitrary
             order). Correct on the H200 but slower there: 0.78-0.91x the Triton backward's TFLOP/s (2026-12-04,
             docs/kernels.md, atomic dQ), so it stays opt-in (the default stays ``"triton"``).
