@@ -344,9 +344,10 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if dk.stride(3) != 1 or dv.stride(3) != 1:  # (empty_like of a tensor with a non-unit last stride)
         dk, dv = _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if write_dq else delta
-    lse_tma = bool(GLUON_BWD_LSE_TMA)
-    # 1-D descriptors over the flat (B * Hq * Nq) buffers, a box of block_m values (read with LSE_TMA only)
+    # 1-D descriptors over the flat (B * Hq * Nq) buffers, a box of block_m values (read with LSE_TMA only; its
+    # coordinates are int32)
     n_rows = B * Hq * Nq
+    lse_tma = bool(GLUON_BWD_LSE_TMA) and n_rows < 2 ** 31
     lse_desc = TD(lse2.view(-1), [n_rows], [1], [block_m], lse_layout())
     delta_desc = TD(delta.view(-1), [n_rows], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
