@@ -112,7 +112,7 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     for name in ("lse_desc", "delta_desc"):
         types[name] = f"tensordesc<fp32[{block_m}],{lse_layout()!r}>"
     ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
-            "offset", "group")
+            "offset", "group", "lse_stride")
     types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
                  sm_scale="fp32", **{n: "i32" for n in ints})
     const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, WRITE_DQ=write_dq,

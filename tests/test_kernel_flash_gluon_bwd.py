@@ -242,6 +242,55 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
                           config=SimpleNamespace(gluon_bwd_dq="x"))
 
 
+@pytest.mark.parametrize("Nq", [1, 2, 3, 4, 37, 40, 777])
+def test_lse_tma_rows_are_16_byte_aligned(Nq):
+    """TMA's innermost coordinate must be 16-byte aligned (else Hopper raises an illegal instruction: the first GPU
+    run, Nq = 1): lse_tma_rows gives buffers whose row stride is Nq rounded up to a multiple of 4 fp32, each row the
+    input's values then zeros, so every coordinate (b * Hq + h) * stride + start_m the producer issues is aligned;
+    no copy when Nq % 4 == 0."""
+    B, Hq = 2, 3
+    g = torch.Generator().manual_seed(Nq)
+    lse2, delta = torch.randn(B, Hq, Nq, generator=g), torch.randn(B, Hq, Nq, generator=g)
+    lse_buf, delta_buf, stride = G.lse_tma_rows(lse2, delta)
+    assert stride % G.LSE_TMA_ALIGN == 0 and Nq <= stride < Nq + G.LSE_TMA_ALIGN and G.LSE_TMA_ALIGN * 4 == 16
+    bm = G.gluon_bwd_tiles(64)[0]
+    for bh in range(B * Hq):
+        for start_m in range(0, Nq, bm):
+            assert ((bh * stride + start_m) * 4) % 16 == 0, (bh, start_m)
+    for buf, src in ((lse_buf, lse2), (delta_buf, delta)):
+        assert buf.dim() == 1 and buf.numel() == B * Hq * stride and buf.dtype == torch.float32
+        rows = buf.view(B * Hq, stride)
+        assert torch.equal(rows[:, :Nq], src.reshape(B * Hq, Nq))
+        assert (rows[:, Nq:] == 0).all()  # finite padding (the kernel multiplies delta by P = 0 there)
+        assert (buf.data_ptr() == src.data_ptr()) == (Nq % 4 == 0)  # a view when aligned, else a copy
+
+
+@pytest.mark.parametrize("lse_tma", [True, False])
+def test_gluon_flash_bwd_passes_aligned_lse_rows(monkeypatch, lse_tma):
+    """gluon_flash_bwd with Nq % 4 != 0: with GLUON_BWD_LSE_TMA the lse2 / delta descriptors cover padded copies
+    (row stride Nq rounded up to 4, passed to the kernel as lse_stride) holding the preprocess's values; without it,
+    the descriptors cover the preprocess's buffers and lse_stride is Nq. The pointer arguments are the unpadded
+    buffers either way (the gl.load path and the Triton dQ kernel read them)."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 37, 50, 64
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=2)
+    out = torch.randn_like(q)
+    lse = torch.randn(B, Hq, Nq)
+    kern, descs = _fake_gluon(monkeypatch)
+    monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", lse_tma)
+    G.gluon_flash_bwd(do, q, k, v, out, lse, D ** -0.5, True, config=FlashConfig(bwd_impl="gluon"))
+    grid, args, kw = kern.calls[-1]
+    assert kw["LSE_TMA"] is lse_tma
+    lse2, delta, lse_stride = args[7], args[8], args[23]
+    assert lse2.shape == delta.shape == (B, Hq, Nq) and lse2.is_contiguous()
+    torch.testing.assert_close(lse2, lse * 1.4426950408889634)
+    assert lse_stride == (40 if lse_tma else Nq) and args[19] == Nq
+    for i, buf in ((4, lse2), (5, delta)):
+        base, shape, strides, block, layout = descs[args[i][1]]
+        assert (shape, strides, block) == ([B * Hq * lse_stride], [1], [G.gluon_bwd_tiles(D)[0]])
+        assert torch.equal(base.view(B * Hq, lse_stride)[:, :Nq], buf.view(B * Hq, Nq))
+        assert (base.data_ptr() == buf.data_ptr()) is (not lse_tma)
+
+
 def _fwd(q, k, v, scale, causal):
     from kernels.flash import flash_attn_fwd
 
@@ -402,6 +451,22 @@ def test_gpu_ragged_tail_next_head_with_very_negative_lse(lse_tma, dq, D):
 
 
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Nq,Nk", [(130, 130), (257, 200)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_rows_not_multiple_of_4(lse_tma, Nq, Nk, causal):
+    """Nq % 4 != 0 with B * Hq = 9 (b, h) rows: with LSE_TMA the lse2 / delta rows reach TMA padded to a multiple of
+    4 values (an unaligned innermost coordinate raised an illegal instruction on the H200); gradients close to the
+    Triton backward's."""
+    q, k, v, do = _qkv(3, 3, 3, Nq, Nk, 128, bnhd=True)
+    ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon"))
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_triton_dq_is_deterministic(lse_tma, causal):
@@ -425,3 +490,24 @@ def test_gluon_bwd_sweep_refuses_unknown_modes(capsys):
         with pytest.raises(SystemExit):
             sw.main([flag, bad])
         assert f"allowed values: {allowed}" in capsys.readouterr().err
+
+
+def test_gpu_tests_isolated_parses_ids_and_classifies_faults(tmp_path):
+    """lab/gpu_tests_isolated.py (one GPU test per process, so a sticky CUDA fault names its test): the ids of
+    ``--collect-only -q`` output, the status of a test process from its exit code and output."""
+    from lab import gpu_tests_isolated as GT
+
+    text = ("tests/t.py::test_a[lse_tma-atomic-2-2-1-200-dtype4-False-128-True]\ntests/t.py::test_b\n"
+            "tests/t.py::test_b\n\n2 tests collected in 0.5s\n")
+    assert GT.parse_collected(text) == ["tests/t.py::test_a[lse_tma-atomic-2-2-1-200-dtype4-False-128-True]",
+                                        "tests/t.py::test_b"]
+    assert GT.classify(0, "1 passed in 3.0s") == ("PASS", "1 passed in 3.0s")
+    assert GT.classify(0, "1 skipped in 0.1s")[0] == "SKIP"
+    assert GT.classify(1, "E  torch.AcceleratorError: CUDA error: an illegal instruction was encountered\n"
+                          "1 failed") == ("FAULT", "illegal_instruction")
+    assert GT.classify(1, "E   RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered")[1] == \
+        "illegal_address"
+    assert GT.classify(1, "E   AssertionError: dq\n1 failed") == ("FAIL", "E   AssertionError: dq")
+    assert GT.classify(124, "")[0] == "TIMEOUT" and GT.classify(4, "ERROR: not found")[0] == "ERROR"
+    with pytest.raises(SystemExit):
+        GT.main(["tests/t.py", "--jobs", "0", "--out", str(tmp_path)])

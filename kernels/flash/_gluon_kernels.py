@@ -295,10 +295,13 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
 #   kernel of bwd.py (FlashConfig(gluon_bwd_dq="triton")), which is deterministic.
 # * LSE_TMA: how the query tile's lse2 / delta rows reach the consumer. False: gl.load from global memory into the
 #   replicated column layout (16 registers per thread each, live across the wgmma waits: the D = 128 spills).
-#   True: the producer copies them by TMA into the ring with the tile's Q / dO (1-D descriptors over the flat
-#   (B * Hq * Nq) fp32 buffers, a box of BLOCK_M; the tile's coordinate is (b * Hq + h) * Nq + start_m) and the
-#   consumer reads them from shared memory just before use (FA3 does the same). A ragged last tile's columns past
-#   Nq then hold the next head's values (or zeros past the buffer): lse2 is set to +inf there (P = 0), in a
+#   True: the producer copies them by TMA into the ring with the tile's Q / dO (1-D descriptors over flat fp32
+#   buffers with a row stride lse_stride = Nq rounded up to a multiple of 4, a box of BLOCK_M; the tile's coordinate
+#   is (b * Hq + h) * lse_stride + start_m) and the consumer reads them from shared memory just before use (FA3
+#   does the same). The coordinate must be a multiple of 4 (TMA's innermost coordinate must be 16-byte aligned:
+#   an unaligned one raises cudaErrorIllegalInstruction, as the first GPU run did with Nq = 1), hence the stride
+#   (the host pads copies of lse2 / delta when Nq % 4 != 0). A ragged last tile's columns past Nq then hold the
+#   padding's zeros, the next head's values or zeros past the buffer: lse2 is set to +inf there (P = 0), in a
 #   branch only that tile takes.
 
 
@@ -320,8 +323,8 @@ def _bwd_q_range(start_n, Nq, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexp
 
 @gluon.jit
 def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-                  delta_smem, kv_bar, ready, empty, b, hk, group, Hq, Nq, start_n, m_lo, cnt, STAGES: gl.constexpr,
-                  BLOCK_M: gl.constexpr, LSE_TMA: gl.constexpr):
+                  delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo, cnt,
+                  STAGES: gl.constexpr, BLOCK_M: gl.constexpr, LSE_TMA: gl.constexpr):
     """Producer partition (1 warp): K and V once, then the (Q, dO) tile (and with ``LSE_TMA`` its lse2 / delta
     rows) of every (query head of the group, visited query tile), in the consumer's order; a slot is refilled once
     the consumer released the tile ``STAGES`` back."""
@@ -341,7 +344,9 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
         tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
         tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
         if LSE_TMA:
-            row = (b * Hq + h) * Nq + start_m  # (int32: the buffers hold B * Hq * Nq < 2^31 elements)
+            # a multiple of 4 (lse_stride is, and start_m): TMA's innermost coordinate must be 16-byte aligned, else
+            # the copy raises an illegal instruction (int32: the buffers hold B * Hq * lse_stride < 2^31 values)
+            row = (b * Hq + h) * lse_stride + start_m
             tma.async_copy_global_to_shared(lse_desc, [row], ready.index(slot), lse_smem.index(slot))
             tma.async_copy_global_to_shared(delta_desc, [row], ready.index(slot), delta_smem.index(slot))
 
@@ -387,7 +392,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
         if LSE_TMA:  # lse2 from the slot, read once S^T is done (shared memory: short latency, nothing held)
             st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
             lse2 = lse_smem.index(slot).load(col_layout)
-            if start_m + BLOCK_M > Nq:  # ragged last tile: the columns past Nq read another head's rows
+            if start_m + BLOCK_M > Nq:  # ragged last tile: the columns past Nq read padding / another head's rows
                 cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
                 lse2 = gl.where(cols < Nq, lse2, float("inf"))
         else:
@@ -444,14 +449,15 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
 @gluon.jit
 def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, Lse2, Delta, DK, DV,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                   Hq, Hkv, Nq, Nk, offset, group, qk_scale, sm_scale,
+                   Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale,
                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                    STAGES: gl.constexpr, WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
     """``bwd_impl="gluon"``: grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``. ``DQA`` fp32 ``(B, Hq, Nq, D)`` zeroed (gets
     ``dS K`` unscaled; ``WRITE_DQ`` only, else never read), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` contiguous
-    from the Triton preprocess, and ``lse_desc`` / ``delta_desc`` 1-D TMA descriptors over the same buffers with a
-    box of ``BLOCK_M`` (read with ``LSE_TMA``, else the pointers are), ``DK`` / ``DV`` the ``(B, Hkv, Nk, D)``
-    outputs (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``."""
+    from the Triton preprocess, and ``lse_desc`` / ``delta_desc`` 1-D TMA descriptors with a box of ``BLOCK_M`` over
+    the same values laid out with a row stride of ``lse_stride`` (a multiple of 4, ``>= Nq``: padded copies when
+    ``Nq % 4 != 0``, kernels.flash.gluon.lse_tma_rows; read with ``LSE_TMA``, else the pointers are), ``DK`` / ``DV``
+    the ``(B, Hkv, Nk, D)`` outputs (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``."""
     dtype: gl.constexpr = q_desc.dtype
     start_n = gl.program_id(0) * BLOCK_N  # low key tiles have the most query tiles (causal): heaviest first
     bhk = gl.program_id(1)
@@ -485,6 +491,6 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
                           group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL,
                           BLOCK_M, BLOCK_N, HEAD_D, STAGES, WRITE_DQ, LSE_TMA, num_warps)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
-                          lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, Nq, start_n, m_lo, cnt,
-                          STAGES, BLOCK_M, LSE_TMA))],
+                          lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
+                          cnt, STAGES, BLOCK_M, LSE_TMA))],
         [1], [24])

@@ -283,6 +283,29 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     return win_right == 0
 
 
+LSE_TMA_ALIGN = 4
+"""fp32 values per 16 bytes. A TMA copy's innermost coordinate must address a 16-byte aligned element of global
+memory (Hopper raises ``cudaErrorIllegalInstruction`` otherwise; the driver cannot check it when the descriptor is
+made because the coordinate is the kernel's), so the Gluon backward's 1-D lse2 / delta coordinates
+``(b * Hq + h) * lse_stride + start_m`` must be multiples of 4: ``lse_stride`` is ``Nq`` rounded up to a multiple of
+this (:func:`lse_tma_rows`)."""
+
+
+def lse_tma_rows(lse2: torch.Tensor, delta: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """The flat fp32 buffers the Gluon backward's lse2 / delta TMA descriptors read and their row stride:
+    ``(lse2_flat, delta_flat, lse_stride)`` with ``lse_stride = Nq`` rounded up to a multiple of
+    :data:`LSE_TMA_ALIGN`, so that every query tile's coordinate ``(b * Hq + h) * lse_stride + start_m`` (``start_m``
+    a multiple of ``BLOCK_M``) is 16-byte aligned. ``lse2``, ``delta``: fp32 ``(B, Hq, Nq)`` contiguous (the
+    preprocess's). ``Nq % 4 == 0``: flat views of the inputs (no copy); else new ``(B * Hq * lse_stride)`` buffers,
+    each row the input's ``Nq`` values then zeros (finite: the kernel multiplies delta by ``P = 0`` there)."""
+    B, Hq, Nq = lse2.shape
+    stride = -(-Nq // LSE_TMA_ALIGN) * LSE_TMA_ALIGN
+    if stride == Nq:
+        return lse2.view(-1), delta.view(-1), Nq
+    lse_p, delta_p = (torch.nn.functional.pad(t.view(B * Hq, Nq), (0, stride - Nq)) for t in (lse2, delta))
+    return lse_p.view(-1), delta_p.view(-1), stride
+
+
 GLUON_BWD_LSE_TMA = True
 """How the Gluon backward's consumer reads the query tile's lse2 / delta rows (the kernel's ``LSE_TMA`` constexpr):
 ``True`` (default): the producer copies them by TMA into the ring with the tile's Q / dO and the consumer reads them
@@ -344,18 +367,24 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if dk.stride(3) != 1 or dv.stride(3) != 1:  # (empty_like of a tensor with a non-unit last stride)
         dk, dv = _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if write_dq else delta
-    # 1-D descriptors over the flat (B * Hq * Nq) buffers, a box of block_m values (read with LSE_TMA only; its
-    # coordinates are int32)
-    n_rows = B * Hq * Nq
-    lse_tma = bool(GLUON_BWD_LSE_TMA) and n_rows < 2 ** 31
-    lse_desc = TD(lse2.view(-1), [n_rows], [1], [block_m], lse_layout())
-    delta_desc = TD(delta.view(-1), [n_rows], [1], [block_m], lse_layout())
+    # 1-D descriptors over flat lse2 / delta buffers whose (batch, head) rows start every lse_stride values, a box of
+    # block_m values (read with LSE_TMA only; its coordinates are int32): lse_tma_rows says why lse_stride is Nq
+    # rounded up to a multiple of 4
+    lse_tma = bool(GLUON_BWD_LSE_TMA)
+    if lse_tma:
+        lse_buf, delta_buf, lse_stride = lse_tma_rows(lse2, delta)
+        lse_tma = lse_buf.numel() < 2 ** 31
+    if not lse_tma:  # (the descriptors are still encoded at launch: keep their extent within TMA's 2^32 limit)
+        n = min(lse2.numel(), 2 ** 31 - 1)
+        lse_buf, delta_buf, lse_stride = lse2.view(-1)[:n], delta.view(-1)[:n], Nq
+    lse_desc = TD(lse_buf, [lse_buf.numel()], [1], [block_m], lse_layout())
+    delta_desc = TD(delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     GK._gl_bwd_kernel[(triton_cdiv(Nk, block_n), B * Hkv)](
         _descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
         _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv, dk.stride(0),
         dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv,
-        softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+        lse_stride, softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
         STAGES=stages, WRITE_DQ=write_dq, LSE_TMA=lse_tma, num_warps=warps)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
