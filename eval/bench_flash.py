@@ -9,7 +9,8 @@ dynamo's recompile limit raised, else it falls back to eager and materialises N 
 registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
 ``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
 ``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, dense / causal masks, D 64 / 128; any other case is
-recorded as an error row); the backward is the Triton one in all.
+recorded as an error row); the backward is the Triton one in all but ``ours_gluon_bwd`` (the default forward with
+``FlashConfig(bwd_impl="gluon")``, Hopper) and ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``).
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
@@ -68,9 +69,11 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 # ours and its forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): "ours" is the default ("auto":
 # Gluon or Triton per call), the others force one kernel
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
-        "ours_gluon_bwd": "auto"}
-# the backward kernel (FlashConfig.bwd_impl) of the OURS entries that do not run the default ("triton")
-OURS_BWD = {"ours_gluon_bwd": "gluon"}
+        "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto"}
+# the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq) of the OURS entries that do not run the default Triton
+# backward: the Gluon backward with its atomic dQ, and its dK / dV kernel with the Triton dQ kernel ("tdq")
+OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
+            "ours_gluon_bwd_tdq": dict(bwd_impl="gluon", gluon_bwd_dq="triton")}
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -248,13 +251,14 @@ def make_impl(impl: str, name: str, N: int, D: int, spec: AttentionSpec, config=
 
 def ours_config(impl: str, config=None):
     """The :class:`kernels.FlashConfig` that ``impl`` (a key of ``OURS``, or the registry's ``"triton"``: as
-    ``"ours"``) runs with: ``config`` (default ``FlashConfig()``) with that impl's ``fwd_impl`` (and ``bwd_impl`` for
-    the keys of ``OURS_BWD``: ``ours_gluon_bwd`` is the default forward with the Gluon backward)."""
+    ``"ours"``) runs with: ``config`` (default ``FlashConfig()``) with that impl's ``fwd_impl`` (and the backward
+    settings of the keys of ``OURS_BWD``: ``ours_gluon_bwd`` is the default forward with the Gluon backward,
+    ``ours_gluon_bwd_tdq`` the same with ``gluon_bwd_dq="triton"``: Gluon dK / dV, Triton dQ)."""
     from kernels import FlashConfig
 
     cfg = config if config is not None else FlashConfig()
     if impl in OURS_BWD:
-        return cfg.replace(fwd_impl=OURS[impl], bwd_impl=OURS_BWD[impl])
+        return cfg.replace(fwd_impl=OURS[impl], **OURS_BWD[impl])
     return cfg.replace(fwd_impl=OURS.get(impl, "auto"))
 
 

@@ -1,40 +1,67 @@
-"""Backward-only timing of the Gluon backward's ring depth against the Triton backward (lab: not installed; Hopper).
+"""Backward-only timing of the Gluon backward's variants against the Triton backward (lab: not installed; Hopper).
 
-``python -m lab.gluon_bwd_sweep [--D 128,64] [--N 4096,16384] [--stages 2,3,4] [--causal 1,0] [--out F.csv]``
+``python -m lab.gluon_bwd_sweep [--D 128,64] [--N 4096,16384] [--causal 1,0] [--dq atomic,triton] [--lse tma,load]
+[--stages 2] [--out F.csv]``
 
 bf16, 16k tokens per call (B = 16384 // N), hidden 2048 (H = 2048 // D). For each case: the forward once
 (``FlashConfig()``), then ``torch.autograd.grad`` of the output timed with ``triton.testing.do_bench`` (median ms),
-for the Triton backward and for ``bwd_impl="gluon"`` with ``kernels.flash.gluon.gluon_bwd_tiles`` patched to each
-``STAGES``. Every Gluon gradient is compared with the Triton one (max abs error printed; > 2e-2 marks the row
-``BAD``). TFLOP/s by the FlashAttention convention (backward = 2.5x the forward's 4 B H N^2 D, causal halved).
-One row per (case, impl) on stdout and in ``--out``.
+for the Triton backward and for ``bwd_impl="gluon"`` at every combination of
+
+* ``--dq``: ``FlashConfig.gluon_bwd_dq``: ``atomic`` (dQ by fp32 atomics in the Gluon kernel) or ``triton`` (the
+  Gluon kernel computes dK / dV only, then bwd.py's Triton dQ kernel);
+* ``--lse``: ``kernels.flash.gluon.GLUON_BWD_LSE_TMA``: ``tma`` (lse2 / delta through the TMA ring into shared
+  memory) or ``load`` (``gl.load`` into registers, the first version);
+* ``--stages``: the ring depth (``kernels.flash.gluon.gluon_bwd_tiles`` patched; 2, 3 and 4 were within 3 % of each
+  other on the H200 with the first version, so the default is the launcher's 2 only).
+
+Every Gluon gradient is compared with the Triton one (max abs error printed; > 2e-2 marks the row ``BAD``). TFLOP/s
+by the FlashAttention convention (backward = 2.5x the forward's 4 B H N^2 D, causal halved). One row per (case,
+impl, dq, lse, stages) on stdout and in ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 
 import torch
 import triton
 
 import kernels.flash.gluon as G
 from kernels import FlashConfig, flash_attn
+from kernels.flash import GLUON_BWD_DQ
+
+LSE_MODES = {"tma": True, "load": False}  # --lse value -> GLUON_BWD_LSE_TMA
 
 
 def _ints(s):
     return [int(x) for x in s.split(",") if x]
 
 
+def _choices(allowed):
+    def parse(s):
+        vals = [x for x in s.split(",") if x]
+        bad = [x for x in vals if x not in allowed]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(f"{s!r}: allowed values: {', '.join(allowed)}")
+        return vals
+    return parse
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--D", type=_ints, default=[128, 64])
     ap.add_argument("--N", type=_ints, default=[4096, 16384])
-    ap.add_argument("--stages", type=_ints, default=[2, 3, 4])
     ap.add_argument("--causal", type=_ints, default=[1, 0])
+    ap.add_argument("--dq", type=_choices(GLUON_BWD_DQ), default=list(GLUON_BWD_DQ),
+                    help="FlashConfig.gluon_bwd_dq values: atomic, triton")
+    ap.add_argument("--lse", type=_choices(tuple(LSE_MODES)), default=list(LSE_MODES),
+                    help="how the kernel reads lse2 / delta: tma (shared memory), load (registers)")
+    ap.add_argument("--stages", type=_ints, default=[2])
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    orig = G.gluon_bwd_tiles
+    orig_tiles, orig_lse = G.gluon_bwd_tiles, G.GLUON_BWD_LSE_TMA
     rows = []
     for D in a.D:
         for N in a.N:
@@ -48,30 +75,33 @@ def main(argv=None):
                 o_t = flash_attn(q, k, v, causal=bool(causal), config=FlashConfig())
                 ref = torch.autograd.grad(o_t, (q, k, v), do, retain_graph=True)
                 ms = triton.testing.do_bench(lambda: torch.autograd.grad(o_t, (q, k, v), do, retain_graph=True))
-                rows.append(dict(D=D, N=N, causal=causal, impl="triton", stages="", ms=ms,
+                rows.append(dict(D=D, N=N, causal=causal, impl="triton", dq="", lse="", stages="", ms=ms,
                                  tflops=flops / ms / 1e9, max_err=0.0))
-                for st in a.stages:
-                    G.gluon_bwd_tiles = lambda d, st=st: orig(d)[:2] + (st,) + orig(d)[3:]
+                n_before = len(rows)
+                for dq, lse, st in itertools.product(a.dq, a.lse, a.stages):
+                    G.gluon_bwd_tiles = lambda d, st=st: orig_tiles(d)[:2] + (st,) + orig_tiles(d)[3:]
+                    G.GLUON_BWD_LSE_TMA = LSE_MODES[lse]
+                    row = dict(D=D, N=N, causal=causal, impl="gluon", dq=dq, lse=lse, stages=st)
                     try:
-                        o_g = flash_attn(q, k, v, causal=bool(causal), config=FlashConfig(bwd_impl="gluon"))
+                        o_g = flash_attn(q, k, v, causal=bool(causal),
+                                         config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq))
                         got = torch.autograd.grad(o_g, (q, k, v), do, retain_graph=True)
                         err = max((x.float() - y.float()).abs().max().item() for x, y in zip(got, ref))
                         ms = triton.testing.do_bench(
                             lambda: torch.autograd.grad(o_g, (q, k, v), do, retain_graph=True))
-                        rows.append(dict(D=D, N=N, causal=causal, impl="gluon", stages=st, ms=ms,
-                                         tflops=flops / ms / 1e9, max_err=err))
-                    except Exception as e:  # noqa: BLE001 -- a depth that does not fit is a row, not the end
-                        rows.append(dict(D=D, N=N, causal=causal, impl="gluon", stages=st, ms=float("nan"),
-                                         tflops=float("nan"), max_err=float("nan"), error=f"{type(e).__name__}: {e}"[:200]))
+                        rows.append(dict(row, ms=ms, tflops=flops / ms / 1e9, max_err=err))
+                    except Exception as e:  # noqa: BLE001 -- a variant that does not build is a row, not the end
+                        rows.append(dict(row, ms=float("nan"), tflops=float("nan"), max_err=float("nan"),
+                                         error=f"{type(e).__name__}: {e}"[:200]))
                     finally:
-                        G.gluon_bwd_tiles = orig
-                for r in rows[-1 - len(a.stages):]:
+                        G.gluon_bwd_tiles, G.GLUON_BWD_LSE_TMA = orig_tiles, orig_lse
+                for r in rows[n_before - 1:]:
                     bad = " BAD" if r["max_err"] > 2e-2 else ""
-                    print(f"D={D:3d} N={N:6d} causal={causal} {r['impl']:6s} stages={r['stages']!s:2s} "
-                          f"{r['ms']:8.3f} ms {r['tflops']:7.1f} TF/s err {r['max_err']:.2e}{bad} {r.get('error', '')}",
-                          flush=True)
+                    print(f"D={D:3d} N={N:6d} causal={causal} {r['impl']:6s} dq={r['dq']:6s} lse={r['lse']:4s} "
+                          f"stages={r['stages']!s:2s} {r['ms']:8.3f} ms {r['tflops']:7.1f} TF/s "
+                          f"err {r['max_err']:.2e}{bad} {r.get('error', '')}", flush=True)
     if a.out:
-        keys = ["D", "N", "causal", "impl", "stages", "ms", "tflops", "max_err", "error"]
+        keys = ["D", "N", "causal", "impl", "dq", "lse", "stages", "ms", "tflops", "max_err", "error"]
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()

@@ -4,12 +4,15 @@ registers, spills (stack bytes), shared memory and the wgmma / TMA / barrier cou
 Gluon's API is triton-version specific: run it with the GPU machine's triton (3.6), e.g.::
 
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
-    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd] [--D 64,128] \
-        [--dtypes bf16,fp16] [--stages N] [--ptx DIR]
+    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv] \
+        [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load] [--ptx DIR]
 
 Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
-(:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for ``gluon_bwd``, the
-backward kernel of ``FlashConfig(bwd_impl="gluon")``); an impl that fails to compile prints its error and the rest go on.
+(:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for the backward kernel of
+``FlashConfig(bwd_impl="gluon")``: ``gluon_bwd`` with the atomic dQ (``WRITE_DQ=True``, ``gluon_bwd_dq="atomic"``),
+``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), each once per ``--lse``
+way of reading lse2 / delta: ``tma`` (through the ring into shared memory, ``LSE_TMA=True``) and ``load``
+(``gl.load`` into registers, the first version)); an impl that fails to compile prints its error and the rest go on.
 """
 
 from __future__ import annotations
@@ -85,13 +88,15 @@ def _report(ck, tile: str, ptx: bool) -> dict:
     return out
 
 
-def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0) -> dict:
+def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
+                     write_dq: bool = True, lse_tma: bool = True) -> dict:
     """Compile the Gluon backward ``_gl_bwd_kernel`` (``bwd_impl="gluon"``) at the launcher's tiles
-    (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a; the same report as :func:`compile_case`."""
+    (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a, with ``WRITE_DQ=write_dq`` (the atomic dQ) and
+    ``LSE_TMA=lse_tma`` (lse2 / delta through the ring); the same report as :func:`compile_case`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
-    from kernels.flash.gluon import gluon_bwd_tiles, nvmma_layout
+    from kernels.flash.gluon import gluon_bwd_tiles, lse_layout, nvmma_layout
 
     block_m, block_n, stages, warps = gluon_bwd_tiles(D)
     if stages_override:
@@ -104,11 +109,14 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     for name, rows in (("q_desc", block_m), ("do_desc", block_m), ("k_desc", block_n), ("v_desc", block_n)):
         lay = nvmma_layout([1, 1, rows, D], gdt)
         types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
+    for name in ("lse_desc", "delta_desc"):
+        types[name] = f"tensordesc<fp32[{block_m}],{lse_layout()!r}>"
     ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
-            "offset", "group")
+            "offset", "group", "lse_stride")
     types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
                  sm_scale="fp32", **{n: "i32" for n in ints})
-    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, WRITE_DQ=write_dq,
+                 LSE_TMA=lse_tma, num_warps=warps)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -117,10 +125,16 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps}w", ptx)
 
 
+BWD_IMPLS = {"gluon_bwd": True, "gluon_bwd_dkdv": False}  # inspect name -> WRITE_DQ
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd",
-                    help="forward impls and / or gluon_bwd (the backward kernel, bwd_impl='gluon')")
+    ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv",
+                    help="forward impls and / or the backward kernel (bwd_impl='gluon'): gluon_bwd (atomic dQ), "
+                         "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton')")
+    ap.add_argument("--lse", default="tma,load",
+                    help="backward only: how lse2 / delta are read: tma (ring, shared memory), load (gl.load)")
     ap.add_argument("--stages", type=int, default=0, help="override the ring depth (0: the launcher's)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
@@ -128,26 +142,33 @@ def main():
     args = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90a")
     for impl in args.impls.split(","):
+        lses = args.lse.split(",") if impl in BWD_IMPLS else [""]
         for D in [int(d) for d in args.D.split(",")]:
             for dtype in args.dtypes.split(","):
-                for causal in (False, True):
-                    name = f"{impl:10s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
-                    try:
-                        if impl == "gluon_bwd":
-                            r = compile_bwd_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages)
-                        else:
-                            r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages)
-                    except Exception as e:  # one failing case must not hide the others
-                        print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                        traceback.print_exc(limit=3)
-                        continue
-                    text = r.pop("ptx", None)
-                    if text is not None:
-                        os.makedirs(args.ptx, exist_ok=True)
-                        with open(os.path.join(args.ptx, f"{impl}_D{D}_{dtype}_{int(causal)}.ptx"), "w") as f:
-                            f.write(text)
-                    print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in r.items()))
-
+                for lse in lses:
+                    for causal in (False, True):
+                        tag = f"{impl}{'/' + lse if lse else ''}"
+                        name = f"{tag:19s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
+                        try:
+                            if impl in BWD_IMPLS:
+                                if lse not in ("tma", "load"):
+                                    raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
+                                r = compile_bwd_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
+                                                     write_dq=BWD_IMPLS[impl], lse_tma=lse == "tma")
+                            else:
+                                r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx),
+                                                 stages_override=args.stages)
+                        except Exception as e:  # one failing case must not hide the others
+                            print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                            traceback.print_exc(limit=3)
+                            continue
+                        text = r.pop("ptx", None)
+                        if text is not None:
+                            os.makedirs(args.ptx, exist_ok=True)
+                            fname = f"{impl}{'_' + lse if lse else ''}_D{D}_{dtype}_{int(causal)}.ptx"
+                            with open(os.path.join(args.ptx, fname), "w") as f:
+                                f.write(text)
+                        print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in r.items()), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,15 +1,20 @@
 """Gluon backward (``FlashConfig(bwd_impl="gluon")``, kernels/flash/gluon.py ``gluon_flash_bwd``, kernel
 ``_gl_bwd_kernel`` in kernels/flash/_gluon_kernels.py; issue 30).
 
-CPU: the setting's validation and refusals (deterministic mode, masks / head dims / dtypes / devices it does not
-cover, refused at the forward when a backward will be needed), the dispatch of ``flash_attn_bwd`` with the kernel
-mocked, the tiles, and bench_flash's ``ours_gluon_bwd``. GPU (``-m gpu``, Hopper, triton 3.6): dq / dk / dv against
-the fp32 reference (within 3x plain PyTorch's error, as tests/test_kernel_flash.py) and against the Triton backward
-on the same forward, causal and full, Nq == Nk and Nq != Nk (incl. causal rows that see no key), N not a multiple
-of the tiles, GQA / MQA, D 64 / 128, bf16 / fp16, both input layouts, the lse gradient path.
+CPU: the settings' validation and refusals (``bwd_impl``, ``gluon_bwd_dq``, deterministic mode, masks / head dims /
+dtypes / devices it does not cover, refused at the forward when a backward will be needed), the dispatch of
+``flash_attn_bwd`` with the kernel mocked, ``gluon_flash_bwd``'s two dQ paths with the Gluon kernel mocked (the
+Triton dQ kernel runs in the interpreter), the tiles, and bench_flash's ``ours_gluon_bwd`` / ``ours_gluon_bwd_tdq``.
+GPU (``-m gpu``, Hopper, triton 3.6), for both dQ paths (``gluon_bwd_dq`` "atomic" / "triton") and both ways of
+reading lse2 / delta (``GLUON_BWD_LSE_TMA``): dq / dk / dv against the fp32 reference (within 3x plain PyTorch's
+error, as tests/test_kernel_flash.py) and against the Triton backward on the same forward, causal and full,
+Nq == Nk and Nq != Nk (incl. causal rows that see no key), N not a multiple of the tiles, GQA / MQA, D 64 / 128,
+bf16 / fp16, both input layouts, the lse gradient path; bitwise repeatable gradients with ``gluon_bwd_dq="triton"``
+(which ``deterministic=True`` allows).
 """
 
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -21,7 +26,7 @@ import pytest  # noqa: E402
 from attn_zoo import AttentionSpec, softmax_attention_reference  # noqa: E402
 from attn_zoo.reference import repeat_kv  # noqa: E402
 from kernels import FlashConfig, flash_attn  # noqa: E402
-from kernels.flash import BWD_IMPLS  # noqa: E402
+from kernels.flash import BWD_IMPLS, GLUON_BWD_DQ  # noqa: E402
 from kernels.flash import bwd as BW  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 
@@ -63,15 +68,38 @@ def test_bwd_impl_default_validation_and_key():
             FlashConfig(bwd_impl=bad)
 
 
-def test_deterministic_refuses_gluon_backward():
+def test_gluon_bwd_dq_validation_and_key():
+    assert GLUON_BWD_DQ == ("atomic", "triton")
+    assert FlashConfig().gluon_bwd_dq == "atomic" and FlashConfig(bwd_impl="gluon").key == '{"bwd_impl": "gluon"}'
+    t = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
+    assert t != FlashConfig(bwd_impl="gluon") and FlashConfig.from_key(t.key) == t
+    assert hash(FlashConfig.from_key(t.key)) == hash(t) and FlashConfig(bwd_impl="gluon").replace(
+        gluon_bwd_dq="triton") == t
+    assert FlashConfig(gluon_bwd_dq="triton").bwd_impl == "triton"  # accepted (and ignored) by the Triton backward
+    for bad in ("Triton", "separate", "", None, 0):
+        with pytest.raises(ValueError, match=r"gluon_bwd_dq=.* is not supported; allowed values: 'atomic', "
+                                             r"'triton'$"):
+            FlashConfig(bwd_impl="gluon", gluon_bwd_dq=bad)
+
+
+def test_deterministic_refuses_gluon_backward_with_atomic_dq_only():
     with pytest.raises(ValueError, match=r"deterministic=True needs bwd_impl='triton'.*bwd_impl='gluon'.*atomics"):
         FlashConfig(bwd_impl="gluon", deterministic=True)
-    with pytest.raises(ValueError, match=r"deterministic=True needs bwd_impl='triton'"):
+    with pytest.raises(ValueError, match=r"deterministic=True needs bwd_impl='triton', or bwd_impl='gluon' with "
+                                         r"gluon_bwd_dq='triton'"):
         FlashConfig(deterministic=True).replace(bwd_impl="gluon")
+    with pytest.raises(ValueError, match=r"deterministic=True needs"):
+        FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", deterministic=True).replace(gluon_bwd_dq="atomic")
     q, k, v, _ = _qkv(1, 2, 2, 16, 16, 64, device="cpu", requires_grad=True)
     with pytest.raises(ValueError, match=r"deterministic=True needs bwd_impl='triton'"):  # the call's argument
         flash_attn(q, k, v, causal=True, deterministic=True, config=FlashConfig(bwd_impl="gluon"))
     assert FlashConfig(bwd_impl="triton", deterministic=True).deterministic  # the Triton backward stays allowed
+    # the Gluon dK / dV kernel with the Triton dQ: no atomics, allowed (the call then fails on the CPU device only)
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", deterministic=True)
+    assert cfg.deterministic and FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton").replace(deterministic=True) == cfg
+    with pytest.raises(ValueError, match=r"bwd_impl='gluon' supports only .*got device cpu"):
+        flash_attn(q, k, v, causal=True, deterministic=True,
+                   config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton"))
 
 
 @pytest.mark.parametrize("case", ["window", "dilation", "head_dim", "dv", "dtype", "device"])
@@ -117,15 +145,15 @@ def test_flash_attn_bwd_dispatches_to_gluon(monkeypatch):
     seen = []
     monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs: seen.append(
         ("check", wl, wr, lay, dil, docs)) or wr == 0)
-    monkeypatch.setattr(G, "gluon_flash_bwd", lambda do_, q_, k_, v_, o_, l_, scale, causal, dlse, like: seen.append(
-        ("run", scale, causal, dlse, like)) or ("dq", "dk", "dv"))
+    monkeypatch.setattr(G, "gluon_flash_bwd", lambda do_, q_, k_, v_, o_, l_, scale, causal, dlse, like, cfg:
+                        seen.append(("run", scale, causal, dlse, like, cfg)) or ("dq", "dk", "dv"))
     lse = torch.zeros(1, 4, 32)
     dlse = torch.ones(1, 4, 32)
-    got = BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, 0, dlse=dlse, grads_like_inputs=False,
-                            config=FlashConfig(bwd_impl="gluon"))
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
+    got = BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, 0, dlse=dlse, grads_like_inputs=False, config=cfg)
     assert got == ("dq", "dk", "dv")
     assert seen[0] == ("check", -1, 0, None, 1, None) and seen[1][:3] == ("run", 0.125, True)
-    assert seen[1][3] is dlse and seen[1][4] is False
+    assert seen[1][3] is dlse and seen[1][4] is False and seen[1][5] is cfg  # the config (its dQ choice) travels
     BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, -1, config=FlashConfig(bwd_impl="gluon"))
     assert seen[3][2] is False  # dense
     n = len(seen)
@@ -136,23 +164,166 @@ def test_flash_attn_bwd_dispatches_to_gluon(monkeypatch):
     assert len(seen) == n
 
 
+class _FakeKernel:
+    """Stands in for ``_gl_bwd_kernel``: records the launch, writes ``fill`` into DQA (when it is a dQ buffer) and
+    marks dK / dV."""
+
+    def __init__(self, fill=0.5):
+        self.calls, self.fill = [], fill
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.calls.append((grid, args, kw))
+            dqa, dk, dv = args[6], args[9], args[10]
+            if kw["WRITE_DQ"]:
+                dqa.fill_(self.fill)
+            dk.fill_(1.0)
+            dv.fill_(2.0)
+        return launch
+
+
+def _fake_gluon(monkeypatch):
+    """Mock the Gluon side of gluon_flash_bwd (kernel module, descriptors, layouts); returns (kernel, descriptors)."""
+    kern, descs = _FakeKernel(), []
+
+    def td(base, shape, strides, block, layout):
+        descs.append((base, shape, strides, block, layout))
+        return ("desc", len(descs) - 1)
+
+    gl = SimpleNamespace(bfloat16="bf16", float16="fp16")
+    monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern), td, gl))
+    monkeypatch.setattr(G, "nvmma_layout", lambda block, dt: ("nvmma", tuple(block), dt))
+    monkeypatch.setattr(G, "lse_layout", lambda: "lse_layout")
+    return kern, descs
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
+    """gluon_bwd_dq="atomic": the kernel runs with WRITE_DQ=True into a zeroed fp32 (B, Hq, Nq, D) buffer, dq is that
+    buffer * scale and the Triton dQ kernel does not run; "triton": WRITE_DQ=False, no dQ buffer (a placeholder),
+    and dq comes from the Triton dQ kernel (interpreter) launched as the Triton backward launches it: equal to the
+    Triton backward's dq. lse2 / delta reach the kernel as 1-D descriptors over the preprocess's buffers (box of
+    BLOCK_M), read by TMA as GLUON_BWD_LSE_TMA says."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 40, 56, 64
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=1)
+    scale = D ** -0.5
+    out, lse = _fwd(q, k, v, scale, causal)
+    kern, descs = _fake_gluon(monkeypatch)
+    tdq = []
+    real_tdq = BW.triton_dq
+    monkeypatch.setattr(BW, "triton_dq", lambda *a: tdq.append(a) or real_tdq(*a))
+    bm = G.gluon_bwd_tiles(D)[0]
+
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=FlashConfig(bwd_impl="gluon"))
+    grid, args, kw = kern.calls[-1]
+    assert kw["WRITE_DQ"] is True and kw["LSE_TMA"] is G.GLUON_BWD_LSE_TMA is True and kw["CAUSAL"] is causal
+    assert grid == (-(-Nk // 128), B * Hkv) and tdq == []
+    assert args[6].shape == (B, Hq, Nq, D) and args[6].dtype == torch.float32
+    torch.testing.assert_close(dq, torch.full_like(q, 0.5 * scale))
+    assert (dk == 1).all() and (dv == 2).all()
+    lse2, delta = args[7], args[8]
+    for i, buf in ((4, lse2), (5, delta)):  # the lse / delta descriptors: 1-D over the flat buffers, box BLOCK_M
+        base, shape, strides, block, layout = descs[args[i][1]]
+        assert base.data_ptr() == buf.data_ptr() and base.dim() == 1 and buf.is_contiguous()
+        assert (shape, strides, block, layout) == ([B * Hq * Nq], [1], [bm], "lse_layout")
+
+    monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", False)
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg)
+    grid, args, kw = kern.calls[-1]
+    assert kw["WRITE_DQ"] is False and kw["LSE_TMA"] is False
+    assert args[6] is args[8]  # no dQ buffer: the placeholder is delta
+    assert len(tdq) == 1 and tdq[0][6] is dq and tdq[0][8] == (0 if causal else -1) and tdq[0][9] is cfg
+    assert (dk == 1).all() and (dv == 2).all()
+    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig())
+    assert torch.equal(dq, ref[0])  # the same kernel on the same lse2 / delta
+    with pytest.raises(ValueError, match=r"gluon_bwd_dq='x' is not supported; allowed values: 'atomic', 'triton'"):
+        G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal,
+                          config=SimpleNamespace(gluon_bwd_dq="x"))
+
+
+@pytest.mark.parametrize("Nq", [1, 2, 3, 4, 37, 40, 777])
+def test_lse_tma_rows_are_16_byte_aligned(Nq):
+    """TMA's innermost coordinate must be 16-byte aligned (else Hopper raises an illegal instruction: the first GPU
+    run, Nq = 1): lse_tma_rows gives buffers whose row stride is Nq rounded up to a multiple of 4 fp32, each row the
+    input's values then zeros, so every coordinate (b * Hq + h) * stride + start_m the producer issues is aligned;
+    no copy when Nq % 4 == 0."""
+    B, Hq = 2, 3
+    g = torch.Generator().manual_seed(Nq)
+    lse2, delta = torch.randn(B, Hq, Nq, generator=g), torch.randn(B, Hq, Nq, generator=g)
+    lse_buf, delta_buf, stride = G.lse_tma_rows(lse2, delta)
+    assert stride % G.LSE_TMA_ALIGN == 0 and Nq <= stride < Nq + G.LSE_TMA_ALIGN and G.LSE_TMA_ALIGN * 4 == 16
+    bm = G.gluon_bwd_tiles(64)[0]
+    for bh in range(B * Hq):
+        for start_m in range(0, Nq, bm):
+            assert ((bh * stride + start_m) * 4) % 16 == 0, (bh, start_m)
+    for buf, src in ((lse_buf, lse2), (delta_buf, delta)):
+        assert buf.dim() == 1 and buf.numel() == B * Hq * stride and buf.dtype == torch.float32
+        rows = buf.view(B * Hq, stride)
+        assert torch.equal(rows[:, :Nq], src.reshape(B * Hq, Nq))
+        assert (rows[:, Nq:] == 0).all()  # finite padding (the kernel multiplies delta by P = 0 there)
+        assert (buf.data_ptr() == src.data_ptr()) == (Nq % 4 == 0)  # a view when aligned, else a copy
+
+
+@pytest.mark.parametrize("lse_tma", [True, False])
+def test_gluon_flash_bwd_passes_aligned_lse_rows(monkeypatch, lse_tma):
+    """gluon_flash_bwd with Nq % 4 != 0: with GLUON_BWD_LSE_TMA the lse2 / delta descriptors cover padded copies
+    (row stride Nq rounded up to 4, passed to the kernel as lse_stride) holding the preprocess's values; without it,
+    the descriptors cover the preprocess's buffers and lse_stride is Nq. The pointer arguments are the unpadded
+    buffers either way (the gl.load path and the Triton dQ kernel read them)."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 37, 50, 64
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=2)
+    out = torch.randn_like(q)
+    lse = torch.randn(B, Hq, Nq)
+    kern, descs = _fake_gluon(monkeypatch)
+    monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", lse_tma)
+    G.gluon_flash_bwd(do, q, k, v, out, lse, D ** -0.5, True, config=FlashConfig(bwd_impl="gluon"))
+    grid, args, kw = kern.calls[-1]
+    assert kw["LSE_TMA"] is lse_tma
+    lse2, delta, lse_stride = args[7], args[8], args[23]
+    assert lse2.shape == delta.shape == (B, Hq, Nq) and lse2.is_contiguous()
+    torch.testing.assert_close(lse2, lse * 1.4426950408889634)
+    assert lse_stride == (40 if lse_tma else Nq) and args[19] == Nq
+    for i, buf in ((4, lse2), (5, delta)):
+        base, shape, strides, block, layout = descs[args[i][1]]
+        assert (shape, strides, block) == ([B * Hq * lse_stride], [1], [G.gluon_bwd_tiles(D)[0]])
+        assert torch.equal(base.view(B * Hq, lse_stride)[:, :Nq], buf.view(B * Hq, Nq))
+        assert (base.data_ptr() == buf.data_ptr()) is (not lse_tma)
+
+
+def _fwd(q, k, v, scale, causal):
+    from kernels.flash import flash_attn_fwd
+
+    return flash_attn_fwd(q, k, v, scale, -1, 0 if causal else -1)
+
+
+def test_triton_dq_refuses_other_masks():
+    q, k, v, do = _qkv(1, 2, 2, 16, 16, 64, dtype=torch.float32, device="cpu")
+    for wr in (1, 7, -2):
+        with pytest.raises(ValueError, match=rf"win_right={wr}: triton_dq covers dense \(-1\) and causal \(0\)"):
+            BW.triton_dq(do, q, k, v, None, None, torch.empty_like(q), 0.125, wr, FlashConfig())
+
+
 def test_bwd_tiles_fit_shared_memory_and_refuse_other_head_dims():
     for D in G.GLUON_BWD_HEAD_DIMS:
         bm, bn, stages, warps = G.gluon_bwd_tiles(D)
         assert warps == 8 and bn == 128 and bm == 64  # the kernel's consumer layout assumes two warpgroups
-        smem = 2 * (2 * bn * D + stages * 2 * bm * D + bn * bm)  # K, V, ring of Q / dO, dS^T (2-byte elements)
+        # K, V, ring of Q / dO, dS^T (2-byte elements), ring of lse2 / delta (fp32)
+        smem = 2 * (2 * bn * D + stages * 2 * bm * D + bn * bm) + stages * 2 * 4 * bm
         assert smem <= 227 * 1024 - 1024, (D, smem)
     for D in (32, 96, 256):
         with pytest.raises(ValueError, match=r"D=\d+ is not supported by the Gluon backward; allowed values"):
             G.gluon_bwd_tiles(D)
 
 
-def test_bench_flash_ours_gluon_bwd():
+def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
-    assert bf.OURS_BWD == {"ours_gluon_bwd": "gluon"}
+    assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq"} and set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
-    assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon"
+    assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
+    cfg = bf.ours_config("ours_gluon_bwd_tdq")
+    assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "triton"
     assert bf.ours_config("ours").bwd_impl == "triton" and bf.ours_config("ours_triton").bwd_impl == "triton"
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
 
@@ -170,6 +341,13 @@ def _plain_torch(q, k, v, causal, scale):
         s = s.masked_fill(torch.arange(Nk, device=q.device)[None, :] > i, float("-inf"))
     p = torch.nan_to_num(torch.softmax(s.float(), dim=-1).to(q.dtype), nan=0.0)
     return p @ v
+
+
+@pytest.fixture(params=[True, False], ids=["lse_tma", "lse_load"])
+def lse_tma(request, monkeypatch):
+    """Both ways the Gluon backward reads lse2 / delta (kernels.flash.gluon.GLUON_BWD_LSE_TMA)."""
+    monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", request.param)
+    return request.param
 
 
 def _grads(q, k, v, do, causal, cfg, lse_grad=False):
@@ -191,15 +369,18 @@ def _grads(q, k, v, do, causal, cfg, lse_grad=False):
     (2, 2, 2048, 2048, torch.bfloat16, True),  # whole tiles
     (2, 2, 1, 200, torch.float16, False),  # one query row
 ])
+@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_grads_match_reference_and_triton(monkeypatch, causal, D, Hq, Hkv, Nq, Nk, dtype, bnhd):
+def test_gpu_grads_match_reference_and_triton(monkeypatch, lse_tma, dq, causal, D, Hq, Hkv, Nq, Nk, dtype, bnhd):
     q, k, v, do = _qkv(2, Hq, Hkv, Nq, Nk, D, dtype=dtype, bnhd=bnhd)
-    ran = []
-    real = G.gluon_flash_bwd
+    ran, tdq = [], []
+    real, real_tdq = G.gluon_flash_bwd, BW.triton_dq
     monkeypatch.setattr(G, "gluon_flash_bwd", lambda *a, **kw: ran.append(1) or real(*a, **kw))
-    ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon"))
+    monkeypatch.setattr(BW, "triton_dq", lambda *a, **kw: tdq.append(1) or real_tdq(*a, **kw))
+    ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq=dq))
     assert ran == [1]  # the Gluon backward ran
+    assert len(tdq) == (dq == "triton")  # and the Triton dQ kernel only with gluon_bwd_dq="triton"
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
     ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
@@ -216,27 +397,117 @@ def test_gpu_grads_match_reference_and_triton(monkeypatch, causal, D, Hq, Hkv, N
         assert ours[0][:, :, :Nq - Nk].abs().max().item() == 0
 
 
+@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_lse_gradient_and_gluon_forward(causal):
+def test_gpu_lse_gradient_and_gluon_forward(lse_tma, causal, dq):
     """The lse gradient path (delta - dlse in the preprocess) with the default forward ("auto": Gluon on Hopper)
     and the Gluon backward, against the Triton backward on the Triton forward."""
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
-    ours = _grads(q, k, v, do, causal, FlashConfig(bwd_impl="gluon", tma_min_pairs=0), lse_grad=True)
+    ours = _grads(q, k, v, do, causal, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq, tma_min_pairs=0),
+                  lse_grad=True)
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"), lse_grad=True)
     for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
         torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
 
 
+@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_large_causal_close_to_triton():
+def test_gpu_large_causal_close_to_triton(lse_tma, dq):
     """A benchmark-sized causal D 128 problem (many query tiles per key tile: the ring wraps many times)."""
     q, k, v, do = _qkv(1, 4, 4, 8192, 8192, 128, bnhd=True)
-    ours = _grads(q, k, v, do, True, FlashConfig(bwd_impl="gluon"))
+    ours = _grads(q, k, v, do, True, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq))
     tri = _grads(q, k, v, do, True, FlashConfig())
     for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
         err = (a.float() - b.float()).abs().max().item()
         scale = b.float().abs().max().item()
         assert err <= 2e-2 * scale + 1e-3, (name, err, scale)
+
+
+@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_ragged_tail_next_head_with_very_negative_lse(lse_tma, dq, D):
+    """Nq = 100: head 0's last query tile (rows 64..127) reads, with LSE_TMA, the next head's lse2 / delta for its
+    columns past Nq. Head 1's first 28 rows are built to have lse ~ -20 sqrt(D) (every score they see is very
+    negative), so 2^-lse2 would overflow fp32: the kernel must treat those columns as empty (P = 0). Gradients
+    finite and close to the Triton backward's."""
+    B, H, N = 1, 2, 100
+    q, k, v, do = _qkv(B, H, H, N, N, D, dtype=torch.float32, device="cpu", seed=3)
+    u = torch.randn(D, generator=torch.Generator().manual_seed(4))
+    k[:, 1, :28] = u
+    q[:, 1, :28] = -20 * u
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+    _, lse = flash_attn(q, k, v, causal=True, return_lse=True, config=FlashConfig(fwd_impl="triton"))
+    assert lse[0, 1, :28].max().item() * 1.4426950408889634 < -128  # 2^-lse2 is past fp32's range
+    ours = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq=dq))
+    tri = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton"))
+    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Nq,Nk", [(130, 130), (257, 200)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_rows_not_multiple_of_4(lse_tma, Nq, Nk, causal):
+    """Nq % 4 != 0 with B * Hq = 9 (b, h) rows: with LSE_TMA the lse2 / delta rows reach TMA padded to a multiple of
+    4 values (an unaligned innermost coordinate raised an illegal instruction on the H200); gradients close to the
+    Triton backward's."""
+    q, k, v, do = _qkv(3, 3, 3, Nq, Nk, 128, bnhd=True)
+    ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon"))
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_triton_dq_is_deterministic(lse_tma, causal):
+    """gluon_bwd_dq="triton" (which deterministic=True allows): two backward passes give bitwise equal dq, dk, dv
+    (GQA, a ragged N, many query tiles per key tile)."""
+    q, k, v, do = _qkv(2, 8, 2, 3000, 3000, 128, bnhd=True)
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", deterministic=True)
+    first = _grads(q, k, v, do, causal, cfg)
+    for _ in range(2):
+        again = _grads(q, k, v, do, causal, cfg)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), name
+
+
+def test_gluon_bwd_sweep_refuses_unknown_modes(capsys):
+    """lab/gluon_bwd_sweep.py times every (--dq, --lse) combination; unknown values stop it before any GPU work."""
+    from lab import gluon_bwd_sweep as sw
+
+    assert sw.LSE_MODES == {"tma": True, "load": False}
+    for flag, bad, allowed in (("--dq", "atomic,separate", "atomic, triton"), ("--lse", "smem", "tma, load")):
+        with pytest.raises(SystemExit):
+            sw.main([flag, bad])
+        assert f"allowed values: {allowed}" in capsys.readouterr().err
+
+
+def test_gpu_tests_isolated_parses_ids_and_classifies_faults(tmp_path):
+    """lab/gpu_tests_isolated.py (one GPU test per process, so a sticky CUDA fault names its test): the ids of
+    ``--collect-only -q`` output, the status of a test process from its exit code and output."""
+    from lab import gpu_tests_isolated as GT
+
+    text = ("tests/t.py::test_a[lse_tma-atomic-2-2-1-200-dtype4-False-128-True]\ntests/t.py::test_b\n"
+            "tests/t.py::test_b\n\n2 tests collected in 0.5s\n")
+    assert GT.parse_collected(text) == ["tests/t.py::test_a[lse_tma-atomic-2-2-1-200-dtype4-False-128-True]",
+                                        "tests/t.py::test_b"]
+    assert GT.classify(0, "1 passed in 3.0s") == ("PASS", "1 passed in 3.0s")
+    assert GT.classify(0, "1 skipped in 0.1s")[0] == "SKIP"
+    assert GT.classify(1, "E  torch.AcceleratorError: CUDA error: an illegal instruction was encountered\n"
+                          "1 failed") == ("FAULT", "illegal_instruction")
+    assert GT.classify(1, "E   RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered")[1] == \
+        "illegal_address"
+    assert GT.classify(1, "E   AssertionError: dq\n1 failed") == ("FAIL", "E   AssertionError: dq")
+    assert GT.classify(124, "")[0] == "TIMEOUT" and GT.classify(4, "ERROR: not found")[0] == "ERROR"
+    with pytest.raises(SystemExit):
+        GT.main(["tests/t.py", "--jobs", "0", "--out", str(tmp_path)])

@@ -282,13 +282,27 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
 #   dP^T = V dO^T,  dV += P^T dO  (P^T from registers)
 #   dS^T = P^T * (dP^T - delta)  -> shared memory (bf16 / fp16)
 #   dK += dS^T Q  (dS^T from shared memory),  dQ_partial = dS K  (the transposed view of the same buffer; M = 64
-#   query rows split over the two warpgroups along D)  -> fp32 atomics into DQA (B, Hq, Nq, D)
+#   query rows split over the two warpgroups along D)  -> fp32 atomics into DQA (B, Hq, Nq, D)   [WRITE_DQ only]
 #
-# The five wgmmas of a tile are issued asynchronously in two groups (S^T with dP^T, then dV, dK, dQ) so the
+# The wgmmas of a tile are issued asynchronously in two groups (S^T with dP^T, then dV, dK, dQ) so the
 # exponentials run while dP^T is in flight. Causal (bottom-right): query tiles entirely above the key tile are never
 # loaded; only the tiles crossing the diagonal run the element mask (a uniform branch per tile). Rows past Nq arrive
 # as zeros with lse2 = +inf (P = 0, no dQ store); key rows past Nk are zero (no dQ contribution) and not stored.
-# dQ is not deterministic (fp32 atomics in arbitrary order): FlashConfig(deterministic=True) refuses it.
+#
+# Two options (constexprs), each timed on its own (docs/kernels.md):
+# * WRITE_DQ: True: dQ as above (fp32 atomics, not deterministic: FlashConfig(deterministic=True) refuses it);
+#   False: no dS K product, no atomics, no DQA: the kernel computes dK / dV only and the host runs the Triton dQ
+#   kernel of bwd.py (FlashConfig(gluon_bwd_dq="triton")), which is deterministic.
+# * LSE_TMA: how the query tile's lse2 / delta rows reach the consumer. False: gl.load from global memory into the
+#   replicated column layout (16 registers per thread each, live across the wgmma waits: the D = 128 spills).
+#   True: the producer copies them by TMA into the ring with the tile's Q / dO (1-D descriptors over flat fp32
+#   buffers with a row stride lse_stride = Nq rounded up to a multiple of 4, a box of BLOCK_M; the tile's coordinate
+#   is (b * Hq + h) * lse_stride + start_m) and the consumer reads them from shared memory just before use (FA3
+#   does the same). The coordinate must be a multiple of 4 (TMA's innermost coordinate must be 16-byte aligned:
+#   an unaligned one raises cudaErrorIllegalInstruction, as the first GPU run did with Nq = 1), hence the stride
+#   (the host pads copies of lse2 / delta when Nq % 4 != 0). A ragged last tile's columns past Nq then hold the
+#   padding's zeros, the next head's values or zeros past the buffer: lse2 is set to +inf there (P = 0), in a
+#   branch only that tile takes.
 
 
 @gluon.jit
@@ -308,28 +322,41 @@ def _bwd_q_range(start_n, Nq, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexp
 
 
 @gluon.jit
-def _bwd_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, b, hk,
-                  group, start_n, m_lo, cnt, STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
-    """Producer partition (1 warp): K and V once, then the (Q, dO) tile of every (query head of the group, visited
-    query tile), in the consumer's order; a slot is refilled once the consumer released the tile ``STAGES`` back."""
+def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                  delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo, cnt,
+                  STAGES: gl.constexpr, BLOCK_M: gl.constexpr, LSE_TMA: gl.constexpr):
+    """Producer partition (1 warp): K and V once, then the (Q, dO) tile (and with ``LSE_TMA`` its lse2 / delta
+    rows) of every (query head of the group, visited query tile), in the consumer's order; a slot is refilled once
+    the consumer released the tile ``STAGES`` back."""
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
+    nbytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     for i in range(0, group * cnt):
         h = hk * group + i // cnt
         start_m = (m_lo + i % cnt) * BLOCK_M
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
-        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        if LSE_TMA:
+            mbarrier.expect(ready.index(slot), nbytes + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(ready.index(slot), nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
         tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+        if LSE_TMA:
+            # a multiple of 4 (lse_stride is, and start_m): TMA's innermost coordinate must be 16-byte aligned, else
+            # the copy raises an illegal instruction (int32: the buffers hold B * Hq * lse_stride < 2^31 values)
+            row = (b * Hq + h) * lse_stride + start_m
+            tma.async_copy_global_to_shared(lse_desc, [row], ready.index(slot), lse_smem.index(slot))
+            tma.async_copy_global_to_shared(delta_desc, [row], ready.index(slot), delta_smem.index(slot))
 
 
 @gluon.jit
-def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQA, Lse2, Delta, DK, DV,
-                  stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq, Nq, Nk, offset,
-                  start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, DQA, Lse2,
+                  Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq,
+                  Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                  WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
     """Default partition (``num_warps`` = 8, two warpgroups): the per-tile schedule above, then ``dK * sm_scale``
     and ``dV`` stored (rows < Nk) in DK's / DV's dtype at the given strides (unit last stride)."""
     dtype: gl.constexpr = k_smem.dtype
@@ -341,12 +368,13 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WN],
                                                         instr_shape=[16, HEAD_D // WN, 16])  # (BLOCK_M, HEAD_D)
     pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query column (replicated over keys)
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     k2 = k_smem.reshape([BLOCK_N, HEAD_D])
     v2 = v_smem.reshape([BLOCK_N, HEAD_D])
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))  # (WRITE_DQ only)
     dq_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
     mbarrier.wait(kv_bar, 0)  # also when no tile is visited: the program must not exit with the copy in flight
     for i in range(0, group * cnt):
@@ -361,35 +389,50 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
         s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)  # (made here, not held across tiles)
         st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        # the query columns' rows of lse2 / delta: loaded late (16 registers per thread each; cols recomputed where
-        # used rather than held across the wgmmas, which spilled)
-        cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
-        st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
+        if LSE_TMA:  # lse2 from the slot, read once S^T is done (shared memory: short latency, nothing held)
+            st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
+            lse2 = lse_smem.index(slot).load(col_layout)
+            if start_m + BLOCK_M > Nq:  # ragged last tile: the columns past Nq read padding / another head's rows
+                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                lse2 = gl.where(cols < Nq, lse2, float("inf"))
+        else:
+            # the query columns' rows of lse2 / delta: loaded late (16 registers per thread each; cols recomputed
+            # where used rather than held across the wgmmas, which spilled)
+            cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
+            st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
         pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
             if t < m_mask_hi:  # the tile crosses the diagonal: key j visible to query i iff j <= i + offset
-                cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
                 ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
                 pt = gl.where(ok, pt, 0.0)
         pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
         dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
-        cols = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
-        dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))  # (dV too: frees P^T's registers)
+        if LSE_TMA:
+            dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))  # (dV too: frees P^T's registers)
+            delta = delta_smem.index(slot).load(col_layout)
+        else:
+            cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
+            dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))  # (dV too: frees P^T's registers)
         dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
         ds_smem.store(dst)  # (the previous tile's wgmmas that read ds_smem were waited for: see the barrier below)
         fence_async_shared()
         gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either warpgroup's wgmma reads all
         dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
-        dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
-        dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
-        dk, dq = warpgroup_mma_wait(0, deps=(dk, dq_t))
+        if WRITE_DQ:
+            dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
+            dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
+            dk, dq = warpgroup_mma_wait(0, deps=(dk, dq_t))
+        else:
+            dk = warpgroup_mma_wait(0, deps=(dk, ))
         gl.thread_barrier()  # every warp's wgmmas of this slot (and of ds_smem) are done: release the slot
         mbarrier.arrive(empty.index(slot), count=1)
-        rows = start_m + dq_rows
-        offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
-        gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+        if WRITE_DQ:
+            rows = start_m + dq_rows
+            offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
+            gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
     # epilogue: cast first (half the registers), one output at a time (64-bit addresses cost two registers each)
     dk16 = (dk * sm_scale).to(DK.dtype.element_ty)
     dv16 = dv.to(DV.dtype.element_ty)
@@ -404,14 +447,17 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty
 
 
 @gluon.jit
-def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, DQA, Lse2, Delta, DK, DV,
+def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, Lse2, Delta, DK, DV,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                   Hq, Hkv, Nq, Nk, offset, group, qk_scale, sm_scale,
+                   Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale,
                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+                   STAGES: gl.constexpr, WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
     """``bwd_impl="gluon"``: grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``. ``DQA`` fp32 ``(B, Hq, Nq, D)`` zeroed (gets
-    ``dS K`` unscaled), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` from the Triton preprocess, ``DK`` / ``DV`` the
-    ``(B, Hkv, Nk, D)`` outputs (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``."""
+    ``dS K`` unscaled; ``WRITE_DQ`` only, else never read), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` contiguous
+    from the Triton preprocess, and ``lse_desc`` / ``delta_desc`` 1-D TMA descriptors with a box of ``BLOCK_M`` over
+    the same values laid out with a row stride of ``lse_stride`` (a multiple of 4, ``>= Nq``: padded copies when
+    ``Nq % 4 != 0``, kernels.flash.gluon.lse_tma_rows; read with ``LSE_TMA``, else the pointers are), ``DK`` / ``DV``
+    the ``(B, Hkv, Nk, D)`` outputs (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``."""
     dtype: gl.constexpr = q_desc.dtype
     start_n = gl.program_id(0) * BLOCK_N  # low key tiles have the most query tiles (causal): heaviest first
     bhk = gl.program_id(1)
@@ -424,6 +470,13 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, DQA, Lse2, Delta, DK, DV,
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    if LSE_TMA:
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                               delta_desc.layout)
+    else:  # (placeholders, never touched)
+        lse_smem = ds_smem
+        delta_smem = ds_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -433,10 +486,11 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, DQA, Lse2, Delta, DK, DV,
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
     gl.warp_specialize(
-        [(_bwd_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQA, Lse2, Delta, DK, DV,
-                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq, Nq, Nk,
-                          offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL, BLOCK_M, BLOCK_N,
-                          HEAD_D, STAGES, num_warps)),
-         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, b,
-                          hk, group, start_n, m_lo, cnt, STAGES, BLOCK_M))],
+        [(_bwd_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, DQA,
+                          Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk,
+                          group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL,
+                          BLOCK_M, BLOCK_N, HEAD_D, STAGES, WRITE_DQ, LSE_TMA, num_warps)),
+         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
+                          lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
+                          cnt, STAGES, BLOCK_M, LSE_TMA))],
         [1], [24])

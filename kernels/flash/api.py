@@ -135,8 +135,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     Raises:
         ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv > 256``, a layout without
         ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group,
-        ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"``, ``dilation < 1``; ``config.bwd_impl="gluon"``
-        on a call it does not cover (:func:`kernels.flash.gluon.check_gluon_bwd`) when an input requires grad.
+        ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"`` with ``gluon_bwd_dq="atomic"``,
+        ``dilation < 1``; ``config.bwd_impl="gluon"`` on a call it does not cover
+        (:func:`kernels.flash.gluon.check_gluon_bwd`) when an input requires grad.
     """
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
     if sig not in _CHECKED:

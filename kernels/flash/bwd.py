@@ -420,7 +420,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 
         causal = check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents)
-        return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, causal, dlse, grads_like_inputs)
+        return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, causal, dlse, grads_like_inputs, config)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None
@@ -466,12 +466,58 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     if atomic:
         dq.copy_(dqa)
         return dq, dk, dv
+    _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, win_left, win_right, dilation, mk, layout_bs,
+               config)
+    return dq, dk, dv
+
+
+def _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, win_left, win_right, dilation, mk, layout_bs,
+               config):
+    """Launch the dQ kernel (``plan.meta["dq"]``) over ``(cdiv(Nq, BLOCK_M), B * Hq)``: ``dq`` (any strides) from
+    ``lse2`` / ``delta`` fp32 ``(B, Hq, Nq)`` contiguous (the preprocess's); ``mk``: :func:`_mode_args` of the
+    query-tile table."""
+    B, Hq, Nq = q.shape[:3]
+    Nk = k.shape[2]
     _plan_launch(plan, "dq", B * Hq, Nq, (
         q, k, v, do, lse2, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        Hq, Nq, Nk, Nk - Nq, group, softmax_scale * LOG2E, softmax_scale, wl, wr, dilation,
-        mk["idx"], mk["cnt"], mk["nfull"], mk["stride_tbl"], mk["lay"], mk["lay_nb"], max(layout_bs, 1),
-        mk["doc"], _bucket(Nq)), pm["dq"], (k, v), q.device, config)
-    return dq, dk, dv
+        Hq, Nq, Nk, Nk - Nq, Hq // k.shape[1], softmax_scale * LOG2E, softmax_scale, max(win_left, 0),
+        max(win_right, 0), dilation, mk["idx"], mk["cnt"], mk["nfull"], mk["stride_tbl"], mk["lay"], mk["lay_nb"],
+        max(layout_bs, 1), mk["doc"], _bucket(Nq)), plan.meta["dq"], (k, v), q.device, config)
+
+
+def triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale: float, win_right: int, config: FlashConfig) -> None:
+    """dQ of a dense (``win_right=-1``) or causal (``win_right=0``) call by the Triton dQ kernel, launched as
+    :func:`flash_attn_bwd` launches it for that mask (same constexprs, tiles, TMA rule and launch plans; no window
+    left edge, block-sparse layout, dilation or documents): the Gluon backward's ``gluon_bwd_dq="triton"``.
+    ``do, q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``, ``lse2`` / ``delta`` fp32 ``(B, Hq, Nq)`` contiguous from
+    ``_bwd_preprocess``; writes ``dq (B, Hq, Nq, D)`` (any strides) in place. Raises ``ValueError`` for another
+    ``win_right``."""
+    if win_right not in (-1, 0):
+        raise ValueError(f"win_right={win_right!r}: triton_dq covers dense (-1) and causal (0) masks only")
+    key = ("bwd_dq", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), dq.stride(), q.dtype,
+           q.device, softmax_scale, win_right, _aligned(q, k, v, do, dq), config)
+    plan = _PLANS.get(key) or _get_plan(key, lambda: {"dq": _dq_meta(q, k, v, -1, win_right, None, 0, 1, config)})
+    _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, -1, win_right, 1, _mode_args(q, None, (None,) * 3),
+               0, config)
+
+
+def _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, tile):
+    """The constexprs the dK/dV and dQ kernels share (``SPARSE`` at the block-sparse ``tile``)."""
+    Nq, D = q.shape[2], q.shape[3]
+    Nk, Dv = k.shape[2], v.shape[3]
+    return dict(HEAD_D=D, BLOCK_D=max(16, next_pow2(D)), HEAD_DV=Dv, BLOCK_DV=max(16, next_pow2(Dv)),
+                HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+                SPARSE=sparse_mode(layout, layout_bs, tile, Nq, Nk, config),
+                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", DILATED=dilation > 1, DOCS=docs)
+
+
+def _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):
+    """The dQ kernel's constexprs (a plan's ``meta["dq"]``)."""
+    B, Hq, Nq, D = q.shape
+    f_tile = sparse_tiles(D, config)[0] if layout is not None else (1, 1)
+    common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile)
+    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
+    return dict(common, TMA=v.shape[3] == D and tma_ok(D, common["BLOCK_D"], pairs, layout is not None, config, k, v))
 
 
 def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dilation, config, docs=False):
@@ -482,13 +528,9 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     Dv = v.shape[3]
     block_d = max(16, next_pow2(D))
     block_dv = max(16, next_pow2(Dv))
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
     pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
     f_tile, b_tile = sparse_tiles(D, config) if layout is not None else ((1, 1), (1, 1))
-    common = dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=block_dv, HAS_LEFT=win_left >= 0,
-                  HAS_RIGHT=win_right >= 0,
-                  SPARSE=sparse_mode(layout, layout_bs, f_tile, Nq, Nk, config), DOT_PREC=prec,
-                  DILATED=dilation > 1, DOCS=docs)
+    common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile)
     atomic = config.dq_mode == "atomic"
     meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=sparse_mode(layout, layout_bs, b_tile, Nq, Nk, config),
                      TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, q, do))
@@ -497,5 +539,5 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     # the preprocess reads O and dO: v's head dim
     return {"pre": dict(HAS_DLSE=has_dlse, HEAD_D=Dv, BLOCK_D=block_dv, BLOCK_M=64 if not INTERPRET else 32),
             "dkdv": meta_dkdv,
-            "dq": dict(common, TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v)),
+            "dq": _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs),
             "n_split": n_split, "atomic": atomic}

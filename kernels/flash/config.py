@@ -30,9 +30,12 @@ DQ_MODES = ("separate", "atomic")
 # "triton" is the Triton kernel of fwd.py, the Gluon ones run in kernels.flash.gluon (which imports Gluon lazily)
 GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b")
 FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
-# the backward kernels (FlashConfig.bwd_impl): "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; dQ by fp32
-# atomics, so deterministic=True refuses it)
+# the backward kernels (FlashConfig.bwd_impl): "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; with the
+# atomic dQ, deterministic=True refuses it)
 BWD_IMPLS = ("triton", "gluon")
+# the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
+# Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic)
+GLUON_BWD_DQ = ("atomic", "triton")
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -118,12 +121,16 @@ class FlashConfig:
             either way unless ``bwd_impl`` says otherwise.
         bwd_impl: the backward kernel: ``"triton"`` (default: bwd.py, every mask, ``dq_mode`` / ``dkdv_split``
             apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
-            one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ by fp32 atomics;
-            dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else raises
-            ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
-            ``deterministic=True`` refuses it (the atomics add in an arbitrary order). Correct on the H200 but
-            slower there: 0.78-0.91x the Triton backward's TFLOP/s (2026-12-04, docs/kernels.md), so it stays
-            opt-in (the default stays ``"triton"``).
+            one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
+            says; dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else
+            raises ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
+            ``deterministic=True`` refuses it with ``gluon_bwd_dq="atomic"`` (the atomics add in an arbitrary
+            order). Correct on the H200 but slower there: 0.78-0.91x the Triton backward's TFLOP/s (2026-12-04,
+            docs/kernels.md, atomic dQ), so it stays opt-in (the default stays ``"triton"``).
+        gluon_bwd_dq: the dQ of ``bwd_impl="gluon"`` (ignored by ``"triton"``): ``"atomic"`` (default: the Gluon
+            kernel adds ``dS K`` into an fp32 buffer with atomics; not bitwise deterministic) or ``"triton"`` (the
+            Gluon kernel computes dK / dV only, then the Triton dQ kernel of bwd.py runs as the Triton backward
+            launches it: two kernels, no atomics, deterministic, so ``deterministic=True`` allows it).
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -143,7 +150,8 @@ class FlashConfig:
     sparse_fwd: Optional[TileConfig] = None
     sparse_dq: Optional[TileConfig] = None
     sparse_dkdv: Optional[TileConfig] = None
-    bwd_impl: str = "triton"  # (last: positional construction of the fields above is unchanged)
+    bwd_impl: str = "triton"  # (last ones: positional construction of the fields above is unchanged)
+    gluon_bwd_dq: str = "atomic"
 
     def __post_init__(self):
         if self.dq_mode not in DQ_MODES:
@@ -163,9 +171,13 @@ class FlashConfig:
         if self.bwd_impl not in BWD_IMPLS:
             raise ValueError(f"bwd_impl={self.bwd_impl!r} is not supported; allowed values: "
                              f"{', '.join(map(repr, BWD_IMPLS))}")
-        if self.deterministic and self.bwd_impl == "gluon":
-            raise ValueError("deterministic=True needs bwd_impl='triton' (bwd_impl='gluon' adds its fp32 dQ partial "
-                             "sums with atomics, in an arbitrary order)")
+        if self.gluon_bwd_dq not in GLUON_BWD_DQ:
+            raise ValueError(f"gluon_bwd_dq={self.gluon_bwd_dq!r} is not supported; allowed values: "
+                             f"{', '.join(map(repr, GLUON_BWD_DQ))}")
+        if self.deterministic and self.bwd_impl == "gluon" and self.gluon_bwd_dq == "atomic":
+            raise ValueError("deterministic=True needs bwd_impl='triton', or bwd_impl='gluon' with "
+                             "gluon_bwd_dq='triton' (bwd_impl='gluon' with gluon_bwd_dq='atomic' adds its fp32 dQ "
+                             "partial sums with atomics, in an arbitrary order)")
         if not (self.tma is True or self.tma is False or self.tma == "auto"):
             raise ValueError(f"tma={self.tma!r} is not supported; allowed values: 'auto', True, False")
         if not isinstance(self.tma_min_pairs, int) or isinstance(self.tma_min_pairs, bool) or self.tma_min_pairs < 0:

@@ -122,6 +122,13 @@ def nvmma_layout(block_shape, gl_dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
+def lse_layout():
+    """The shared layout of the backward's lse2 / delta boxes (1-D fp32, ``BLOCK_M`` values): unswizzled."""
+    import triton.experimental.gluon.language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+
+
 @functools.lru_cache(maxsize=None)
 def _capability(device: torch.device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
@@ -276,21 +283,71 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     return win_right == 0
 
 
+LSE_TMA_ALIGN = 4
+"""fp32 values per 16 bytes. A TMA copy's innermost coordinate must address a 16-byte aligned element of global
+memory (Hopper raises ``cudaErrorIllegalInstruction`` otherwise; the driver cannot check it when the descriptor is
+made because the coordinate is the kernel's), so the Gluon backward's 1-D lse2 / delta coordinates
+``(b * Hq + h) * lse_stride + start_m`` must be multiples of 4: ``lse_stride`` is ``Nq`` rounded up to a multiple of
+this (:func:`lse_tma_rows`)."""
+
+
+def lse_tma_rows(lse2: torch.Tensor, delta: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """The flat fp32 buffers the Gluon backward's lse2 / delta TMA descriptors read and their row stride:
+    ``(lse2_flat, delta_flat, lse_stride)`` with ``lse_stride = Nq`` rounded up to a multiple of
+    :data:`LSE_TMA_ALIGN`, so that every query tile's coordinate ``(b * Hq + h) * lse_stride + start_m`` (``start_m``
+    a multiple of ``BLOCK_M``) is 16-byte aligned. ``lse2``, ``delta``: fp32 ``(B, Hq, Nq)`` contiguous (the
+    preprocess's). ``Nq % 4 == 0``: flat views of the inputs (no copy); else new ``(B * Hq * lse_stride)`` buffers,
+    each row the input's ``Nq`` values then zeros (finite: the kernel multiplies delta by ``P = 0`` there)."""
+    B, Hq, Nq = lse2.shape
+    stride = -(-Nq // LSE_TMA_ALIGN) * LSE_TMA_ALIGN
+    if stride == Nq:
+        return lse2.view(-1), delta.view(-1), Nq
+    lse_p, delta_p = (torch.nn.functional.pad(t.view(B * Hq, Nq), (0, stride - Nq)) for t in (lse2, delta))
+    return lse_p.view(-1), delta_p.view(-1), stride
+
+
+GLUON_BWD_LSE_TMA = True
+"""How the Gluon backward's consumer reads the query tile's lse2 / delta rows (the kernel's ``LSE_TMA`` constexpr):
+``True`` (default): the producer copies them by TMA into the ring with the tile's Q / dO and the consumer reads them
+from shared memory just before use (0 B of stack at D 64 / 128, full and causal, with either dQ; triton 3.6,
+sm_90a); ``False``: ``gl.load`` from global memory into registers (the first version: 16 / 56 B of stack at D 128,
+full / causal, with the atomic dQ). A module-level knob read at every call, for timing the two apart
+(``lab/gluon_bwd_sweep.py --lse``); not part of :class:`~kernels.flash.FlashConfig`."""
+
+
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, softmax_scale: float, causal: bool, dlse: Optional[torch.Tensor] = None,
-                    grads_like_inputs: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    grads_like_inputs: bool = True,
+                    config: Optional[FlashConfig] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of dense / causal (bottom-right) attention with the Gluon kernel (``bwd_impl="gluon"``; call
     :func:`check_gluon_bwd` first). ``do, out (B, Hq, Nq, D)``, ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 /
-    bf16 on a Hopper GPU, ``lse (B, Hq, Nq)`` fp32 natural log from the forward, ``dlse`` its gradient or ``None``.
+    bf16 on a Hopper GPU, ``lse (B, Hq, Nq)`` fp32 natural log from the forward, ``dlse`` its gradient or ``None``;
+    ``config`` (default ``FlashConfig()``): its ``gluon_bwd_dq`` picks the dQ path (and its tiles / TMA settings
+    apply to the Triton dQ kernel).
 
     Steps: the Triton preprocess of bwd.py (``delta = rowsum(dO * O) - dlse``, ``lse2 = lse * log2(e)``, ``+inf`` on
     empty rows); ``_gl_bwd_kernel`` over ``(cdiv(Nk, 128), B * Hkv)`` (GQA: the group's query heads summed in
-    registers) writing dK / dV and adding ``dS K`` into a zeroed fp32 ``(B, Hq, Nq, D)`` buffer by atomics; then
-    ``dq = buffer * softmax_scale`` cast to q's dtype. Not bitwise deterministic. Returns ``(dq, dk, dv)`` in the
-    layouts of q / k / v (``grads_like_inputs``) or stored ``(B, N, H, D)`` (``False``: the custom op)."""
-    from .bwd import _bwd_preprocess
+    registers) writing dK / dV, lse2 / delta read as :data:`GLUON_BWD_LSE_TMA` says; then dQ:
+
+    * ``gluon_bwd_dq="atomic"``: the kernel also adds ``dS K`` into a zeroed fp32 ``(B, Hq, Nq, D)`` buffer by
+      atomics (``WRITE_DQ=True``), then ``dq = buffer * softmax_scale`` cast to q's dtype; not bitwise
+      deterministic;
+    * ``gluon_bwd_dq="triton"``: the kernel computes dK / dV only (``WRITE_DQ=False``: no ``dS K`` product, no
+      atomics, no buffer) and the Triton dQ kernel of bwd.py runs as the Triton backward launches it for this mask
+      (:func:`kernels.flash.bwd.triton_dq`); deterministic.
+
+    Returns ``(dq, dk, dv)`` in the layouts of q / k / v (``grads_like_inputs``) or stored ``(B, N, H, D)``
+    (``False``: the custom op). Raises ``ValueError`` for an unknown ``config.gluon_bwd_dq`` (FlashConfig checks it
+    first)."""
+    from .bwd import _bwd_preprocess, triton_dq
+    from .config import GLUON_BWD_DQ
     from .launch import _bnhd_empty
 
+    config = FlashConfig() if config is None else config
+    if config.gluon_bwd_dq not in GLUON_BWD_DQ:
+        raise ValueError(f"gluon_bwd_dq={config.gluon_bwd_dq!r} is not supported; allowed values: "
+                         f"{', '.join(map(repr, GLUON_BWD_DQ))}")
+    write_dq = config.gluon_bwd_dq == "atomic"
     GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -309,14 +366,30 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
             _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     if dk.stride(3) != 1 or dv.stride(3) != 1:  # (empty_like of a tensor with a non-unit last stride)
         dk, dv = _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
-    dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device)
+    dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if write_dq else delta
+    # 1-D descriptors over flat lse2 / delta buffers whose (batch, head) rows start every lse_stride values, a box of
+    # block_m values (read with LSE_TMA only; its coordinates are int32): lse_tma_rows says why lse_stride is Nq
+    # rounded up to a multiple of 4
+    lse_tma = bool(GLUON_BWD_LSE_TMA)
+    if lse_tma:
+        lse_buf, delta_buf, lse_stride = lse_tma_rows(lse2, delta)
+        lse_tma = lse_buf.numel() < 2 ** 31
+    if not lse_tma:  # (the descriptors are still encoded at launch: keep their extent within TMA's 2^32 limit)
+        n = min(lse2.numel(), 2 ** 31 - 1)
+        lse_buf, delta_buf, lse_stride = lse2.view(-1)[:n], delta.view(-1)[:n], Nq
+    lse_desc = TD(lse_buf, [lse_buf.numel()], [1], [block_m], lse_layout())
+    delta_desc = TD(delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     GK._gl_bwd_kernel[(triton_cdiv(Nk, block_n), B * Hkv)](
         _descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
-        _descriptor(do_, block_m, TD, gdt), dqa, lse2, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2), Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E,
-        softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
-    dq.copy_(dqa.mul_(softmax_scale))
+        _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv, dk.stride(0),
+        dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv,
+        lse_stride, softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+        STAGES=stages, WRITE_DQ=write_dq, LSE_TMA=lse_tma, num_warps=warps)
+    if write_dq:
+        dq.copy_(dqa.mul_(softmax_scale))
+    else:
+        triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale, 0 if causal else -1, config)
     return dq, dk, dv
 
 
