@@ -114,8 +114,10 @@ def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
 
 @triton.jit
 def _outer(x, BT: tl.constexpr, BD: tl.constexpr):
-    """``(BT, BD) -> (BT, BD * BD)``: each row's outer product with itself, flattened (entry ``a * BD + b``)."""
-    return tl.reshape(x[:, :, None] * x[:, None, :], (BT, BD * BD))
+    """``(BT, BD) -> (BT, BD * BD)`` in ``x.dtype``: each row's outer product with itself, flattened (entry
+    ``a * BD + b``); the products in fp32, rounded once (the CPU interpreter's bfloat16 arithmetic is wrong)."""
+    xf = x.to(tl.float32)
+    return tl.reshape(xf[:, :, None] * xf[:, None, :], (BT, BD * BD)).to(x.dtype)
 
 
 @triton.jit
