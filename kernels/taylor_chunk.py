@@ -117,7 +117,7 @@ def _outer(x, BT: tl.constexpr, BD: tl.constexpr):
     """``(BT, BD) -> (BT, BD * BD)`` in ``x.dtype``: each row's outer product with itself, flattened (entry
     ``a * BD + b``); the products in fp32, rounded once (the CPU interpreter's bfloat16 arithmetic is wrong)."""
     xf = x.to(tl.float32)
-    return tl.reshape(xf[:, :, None] * xf[:, None, :], (BT, BD * BD)).to(x.dtype)
+    return tl.reshape((xf[:, :, None] * xf[:, None, :]).to(x.dtype), (BT, BD * BD))
 
 
 @triton.jit
