@@ -1,7 +1,8 @@
 """Causal Taylor-map (Based) linear attention, fused and chunked in Triton: no feature vectors in HBM.
 
-The Taylor map of :mod:`attn_zoo.feature_maps` gives ``w_ij = phi(q_i) . phi(k_j) = 1 + s + s^2 / 2`` with
-``s = sigma q_i . k_j``, ``sigma = 1 / sqrt(D)``, and the output of :func:`attn_zoo.reference.linear_attention_reference`
+The Taylor map of :mod:`attn_zoo.feature_maps` gives ``w_ij = phi(q_i) . phi(k_j) = 1 + s + s^2 / 2``,
+``s = sigma q_i . k_j``, ``sigma = 1 / sqrt(D)``, and the output of
+:func:`attn_zoo.reference.linear_attention_reference`
 
     o_i = n_i / d_i,   n_i = sum_{j <= i} w_ij v_j,   d_i = sum_{j <= i} w_ij + eps.
 
@@ -37,7 +38,11 @@ and the host adds them (deterministic; the ``c`` terms, which do not depend on t
 Sizes at ``D = 16``, ``Dv = 64``, ``C = 64`` (per program, fp32 state, value block ``BV``): ``S2`` is
 ``256 x BV`` (64 KiB at ``BV = 64``, 16 KiB at ``BV = 16``), ``S1`` ``16 x BV``, ``Z2`` ``16 x 16``; the chunk's
 ``q (x) q`` tile is ``64 x 256`` (32 KiB in bf16). Per chunk and ``Dv`` column block the forward does two
-``64 x 256 x BV`` products (read ``S2``, update ``S2``) plus ``64 x 64 x (16 + BV)`` for the own chunk.
+``64 x 256 x BV`` products (read ``S2``, update ``S2``) plus ``64 x 64 x (16 + BV)`` for the own chunk; the
+backward five ``64 x 256 x BV`` products per scan pair (``dq``: read; ``dk, dv``: two reads, one update; plus the
+key-state update of the ``dq`` scan). Registers, not FLOPs, bound it: every ``C x 256`` tile costs ``C * 256 /
+threads`` registers per thread, and the ``K = 256`` contractions with small ``M`` / ``N`` replicate operands across
+warps, so ptxas (sm_90a) reports 230-255 registers for every setting tried (:class:`TaylorChunkConfig`).
 
 Inputs ``(B, H, N, D)`` float16 / bfloat16 / float32, ``D <= 16``, ``Dv <= 256``; float16 runs in float32
 (``w`` grows like ``s^2``). Causal only, ``Nq = Nk``, no packed documents; GQA by repeating K/V heads (PyTorch,
@@ -46,7 +51,6 @@ gradients summed by autograd).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -55,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv, next_pow2
+from ._host import cdiv
 from .taylor import MAX_GRID_Y, eps_reason
 
 __all__ = ["taylor_chunk", "taylor_chunk_torch", "TaylorChunkConfig", "MAX_D", "MAX_DV", "CHUNK_SIZES"]
@@ -73,15 +77,19 @@ class TaylorChunkConfig:
     """Launch settings of :func:`taylor_chunk` (none changes the result beyond rounding).
 
     chunk: tokens per chunk ``C`` (one of :data:`CHUNK_SIZES`).
-    block_v: value columns per program (one of :data:`BLOCK_VS`); ``None``: 16 when ``B * H * ceil(Dv / 32)`` is
-        below 2 * 132 programs (a long sequence of few heads: more programs), else 32.
+    block_v: value columns per program (one of :data:`BLOCK_VS`; ``None``: 16).
     num_warps / num_stages: Triton launch options of every kernel.
     bwd_fused: the ``dq`` scan and the ``dk, dv`` scan in one launch (grid axis 2) instead of two.
+
+    The defaults are untimed: chosen offline from ptxas (sm_90a, Triton 3.9's code) at D 16, Dv 64, bf16, where
+    (chunk, block_v, num_warps) = (32, 16, 8) used 252 registers and no spill in the forward, 255 and 192 bytes of
+    spill in the fused backward; (64, 16, 8): forward 0, backward 608 bytes; (64, 16, 4): 260 / 944; block_v 32
+    doubles the backward's spills. ``python -m lab.taylor_chunk_sweep`` times the grid on a GPU.
     """
 
-    chunk: int = 64
+    chunk: int = 32
     block_v: Optional[int] = None
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 1
     bwd_fused: bool = True
 
@@ -94,11 +102,12 @@ class TaylorChunkConfig:
             raise ValueError(f"num_warps={self.num_warps!r} must be one of 1, 2, 4, 8, 16")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int in [1, 6]")
+        if not isinstance(self.bwd_fused, bool):
+            raise ValueError(f"bwd_fused={self.bwd_fused!r} must be a bool")
 
     def resolve_block_v(self, bh: int, dv: int) -> int:
-        if self.block_v is not None:
-            return self.block_v
-        return 16 if bh * cdiv(dv, 32) < 264 else 32
+        """The value block for ``B * H = bh`` programs of ``dv`` columns (``block_v``, else 16)."""
+        return 16 if self.block_v is None else self.block_v
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
