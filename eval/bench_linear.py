@@ -30,7 +30,8 @@ results/h200/docs --docs fixed:256,fixed:2048,geometric:256,geometric:2048 --tim
 The Taylor (Based) map (issue 30, item 3): ``--taylor`` runs only :func:`bench_taylor`: causal, bf16, qk dim
 ``--taylor-dim`` (16), v dim ``--taylor-dv`` (64), ``H = --heads``, ``B * N = --tokens``, ``N`` in ``--taylor-ns``
 (1k, 4k, 16k): our ``parallel`` form (:func:`kernels.taylor.taylor_parallel`), our chunked ``triton`` backend (the
-symmetric features + :func:`kernels.linear.linear_attention`, the feature build timed), what ``auto`` picks, the
+symmetric features + :func:`kernels.linear.linear_attention`, the feature build timed), the fused chunked form
+(``ours_taylor_chunk``: :func:`kernels.taylor_chunk.taylor_chunk`, backend ``taylor_chunk``), what ``auto`` picks, the
 chunked PyTorch form (``torch``, the former long-N fallback), and fla's ``parallel_based`` / ``fused_chunk_based``
 (optional imports), each checked against the fp32 chunked PyTorch form (output and ``dq, dk, dv``, 2 heads).
 ``{prefix}_taylor_bench.{csv,json}`` rewritten after every ``N``. E.g. ``python -m eval.bench_linear --taylor
@@ -375,6 +376,11 @@ def _taylor_methods(B, H, N, D, Dv, dtype, dev, keep=None):
 
         a = leaf(q, k, v)
         M["ours_parallel"] = (lambda a=a: taylor_parallel(a[0], a[1], a[2], causal=True, eps=spec.eps), a, False)
+    if want("ours_taylor_chunk"):  # the fused chunked form (kernels/taylor_chunk.py), opt-in backend taylor_chunk
+        from kernels.taylor_chunk import taylor_chunk
+
+        a = leaf(q, k, v)
+        M["ours_taylor_chunk"] = (lambda a=a: taylor_chunk(a[0], a[1], a[2], causal=True, eps=spec.eps), a, False)
     for name, backend in (("ours_chunked", "triton"), ("ours_auto", "auto"), ("torch", "torch")):
         if want(name):
             a = leaf(q, k, v)
@@ -447,7 +453,7 @@ def bench_taylor(args, dev, dtype, t_start, env):
         fla = [by[n] for n in ("fla_parallel_based", "fla_fused_chunk_based") if n in by]
         for mode in ("fwd", "fwd_bwd"):
             best_fla = min((r.get(f"{mode}_ms", math.nan) for r in fla), default=math.nan)
-            for n in ("ours_parallel", "ours_chunked", "ours_auto"):
+            for n in ("ours_parallel", "ours_chunked", "ours_taylor_chunk", "ours_auto"):
                 if n in by and by[n].get(f"{mode}_ms", 0) > 0:
                     by[n][f"x_best_fla_{mode}"] = best_fla / by[n][f"{mode}_ms"]
             if "ours_parallel" in by and "ours_chunked" in by and by["ours_chunked"].get(f"{mode}_ms", 0) > 0:
@@ -470,9 +476,9 @@ def bench_taylor(args, dev, dtype, t_start, env):
                     if x in r:
                         s[f"{r['method']}_{x}"] = r[x]
         summ.append(s)
-    cols = ["N", "ours_parallel", "ours_chunked", "ours_auto", "auto", "torch", "fla_parallel_based",
-            "fla_fused_chunk_based", "ours_parallel_x_best_fla_fwd_bwd", "ours_chunked_x_best_fla_fwd_bwd",
-            "ours_auto_x_best_fla_fwd_bwd"]
+    cols = ["N", "ours_parallel", "ours_chunked", "ours_taylor_chunk", "ours_auto", "auto", "torch",
+            "fla_parallel_based", "fla_fused_chunk_based", "ours_parallel_x_best_fla_fwd_bwd",
+            "ours_chunked_x_best_fla_fwd_bwd", "ours_taylor_chunk_x_best_fla_fwd_bwd", "ours_auto_x_best_fla_fwd_bwd"]
     print(f"\nTaylor fwd+bwd ms (H={H}, D={D}, Dv={Dv}, B*N={args.tokens}, causal) and best fla / ours:")
     print(format_table(summ, [c for c in cols if any(c in s for s in summ)], "{:.3f}"))
     return rows

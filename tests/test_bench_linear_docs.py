@@ -54,7 +54,7 @@ def test_bench_docs_refuses_a_bad_distribution_before_running(tmp_path):
 
 
 def test_bench_taylor_checks_every_method_and_writes_its_files(tmp_path, monkeypatch, capsys):
-    """--taylor: ours parallel / chunked / auto / torch each checked against the fp32 reference (output and every
+    """--taylor: ours parallel / chunked / fused chunked (taylor_chunk) / auto / torch each checked against the fp32 reference (output and every
     gradient) and timed; fla absent (no rows, the run goes on); the speedup columns and files come out."""
     times = {"ours_parallel": 3.0, "ours_chunked": 2.0}
     current = {}
@@ -83,7 +83,7 @@ def test_bench_taylor_checks_every_method_and_writes_its_files(tmp_path, monkeyp
     rows = bl.bench_taylor(args, dev, torch.float32, time.time(), {"gpu": None})
     assert sorted({(r["N"], r["B"]) for r in rows}) == [(32, 2), (48, 1)]
     names = {r["method"] for r in rows}
-    assert names == {"ours_parallel", "ours_chunked", "ours_auto", "torch"}, names
+    assert names == {"ours_parallel", "ours_chunked", "ours_taylor_chunk", "ours_auto", "torch"}, names
     for r in rows:
         for what in ("out", "dq", "dk", "dv"):
             assert r[f"rel_err_{what}"] < 1e-4, (r["method"], what, r[f"rel_err_{what}"])
@@ -93,6 +93,6 @@ def test_bench_taylor_checks_every_method_and_writes_its_files(tmp_path, monkeyp
     auto = [r for r in rows if r["method"] == "ours_auto"]
     assert all(r["auto_backend"] == ("torch" if dev == "cpu" else "parallel") for r in auto)
     data = json.load(open(tmp_path / "linear_taylor_bench.json"))
-    assert len(data["rows"]) == len(rows) and len(data["env"]["checks"]) == 8
+    assert len(data["rows"]) == len(rows) and len(data["env"]["checks"]) == 10
     assert data["env"]["taylor_chunked_min_n"] > 48
     assert "fla_parallel_based unavailable" in capsys.readouterr().out

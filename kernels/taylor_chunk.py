@@ -1,0 +1,519 @@
+"""Causal Taylor-map (Based) linear attention, fused and chunked in Triton: no feature vectors in HBM.
+
+The Taylor map of :mod:`attn_zoo.feature_maps` gives ``w_ij = phi(q_i) . phi(k_j) = 1 + s + s^2 / 2``,
+``s = sigma q_i . k_j``, ``sigma = 1 / sqrt(D)``, and the output of
+:func:`attn_zoo.reference.linear_attention_reference`
+
+    o_i = n_i / d_i,   n_i = sum_{j <= i} w_ij v_j,   d_i = sum_{j <= i} w_ij + eps.
+
+Split the keys into chunks of ``C`` tokens. For the keys of earlier chunks, ``w`` expands by order in ``q``:
+
+    sum_j w_ij v_j = S0 + sigma q_i S1 + sigma^2 / 2 (q_i (x) q_i) S2,
+    S0 = sum_j v_j (Dv),  S1 = sum_j k_j^T v_j (D x Dv),  S2 = sum_j (k_j (x) k_j)^T v_j (D^2 x Dv);
+    sum_j w_ij = z0 + sigma q_i . z1 + sigma^2 / 2 q_i Z2 q_i^T,
+    z0 = #keys,  z1 = sum_j k_j (D),  Z2 = sum_j k_j^T k_j (D x D)
+
+(``(x)``: the outer product flattened, ``D^2`` entries; the full square, not the 136 symmetric ones). The keys of
+the query's own chunk take the masked quadratic form of :mod:`kernels.taylor`. One program per (Dv block,
+batch x head) walks the chunks in order with the state in registers (like fla's ``fused_chunk`` kernels), so nothing
+but ``q, k, v, o`` and the fp32 row normaliser ``d`` (saved for the backward) touches HBM.
+
+Backward (``u_i = do_i / d_i``, ``c_i = -do_i . o_i / d_i``, ``dw_ij = u_i . v_j + c_i``,
+``ds_ij = dw_ij (1 + s_ij)``):
+
+    dq_i = sigma sum_{j <= i} ds_ij k_j,   dk_j = sigma sum_{i >= j} ds_ij q_i,   dv_j = sum_{i >= j} w_ij u_i.
+
+``dq`` is a forward scan over the same key state (the earlier chunks' part is
+``sigma (u_i S1^T + c_i z1) + sigma^2 (R(u_i S2^T, q_i) + c_i q_i Z2)``, ``R(T, x)_a = sum_b T_(a,b) x_b``);
+``dk`` / ``dv`` a reverse scan over the mirror-image query state ``dS0 = sum_i u_i``, ``dS1 = sum_i q_i^T u_i``,
+``dS2 = sum_i (q_i (x) q_i)^T u_i``, ``e1 = sum_i c_i q_i``, ``E2 = sum_i c_i q_i^T q_i`` of the later chunks:
+
+    dv_j = dS0 + sigma k_j dS1 + sigma^2 / 2 (k_j (x) k_j) dS2 + (own chunk),
+    dk_j = sigma (v_j dS1^T + e1) + sigma^2 (R(v_j dS2^T, k_j) + k_j E2) + (own chunk).
+
+Both scans run in one launch by default (grid axis 2: 0 = ``dq``, 1 = ``dk, dv``). With the value dimension split
+into blocks of ``block_v`` columns, ``dq`` and ``dk`` are sums over the blocks: each block writes an fp32 partial
+and the host adds them (deterministic; the ``c`` terms, which do not depend on the block, come from block 0 only).
+
+Sizes at ``D = 16``, ``Dv = 64``, ``C = 64`` (per program, fp32 state, value block ``BV``): ``S2`` is
+``256 x BV`` (64 KiB at ``BV = 64``, 16 KiB at ``BV = 16``), ``S1`` ``16 x BV``, ``Z2`` ``16 x 16``; the chunk's
+``q (x) q`` tile is ``64 x 256`` (32 KiB in bf16). Per chunk and ``Dv`` column block the forward does two
+``64 x 256 x BV`` products (read ``S2``, update ``S2``) plus ``64 x 64 x (16 + BV)`` for the own chunk; the
+backward five ``64 x 256 x BV`` products per scan pair (``dq``: read; ``dk, dv``: two reads, one update; plus the
+key-state update of the ``dq`` scan). Registers, not FLOPs, bound it: every ``C x 256`` tile costs ``C * 256 /
+threads`` registers per thread, and the ``K = 256`` contractions with small ``M`` / ``N`` replicate operands across
+warps, so ptxas (sm_90a) reports 230-255 registers for every setting tried (:class:`TaylorChunkConfig`).
+
+Inputs ``(B, H, N, D)`` float16 / bfloat16 / float32, ``D <= 16``, ``Dv <= 256``; float16 runs in float32
+(``w`` grows like ``s^2``). Causal only, ``Nq = Nk``, no packed documents; GQA by repeating K/V heads (PyTorch,
+gradients summed by autograd).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._host import cdiv
+from .taylor import MAX_GRID_Y, eps_reason
+
+__all__ = ["taylor_chunk", "taylor_chunk_torch", "TaylorChunkConfig", "MAX_D", "MAX_DV", "CHUNK_SIZES"]
+
+MAX_D = 16
+"""Largest qk head dimension: the ``D^2 x BV`` second-order state lives in registers."""
+MAX_DV = 256
+"""Largest value head dimension (split into ``block_v`` columns per program)."""
+CHUNK_SIZES = (16, 32, 64, 128)
+BLOCK_VS = (16, 32, 64)
+
+
+@dataclass(frozen=True)
+class TaylorChunkConfig:
+    """Launch settings of :func:`taylor_chunk` (none changes the result beyond rounding).
+
+    chunk: tokens per chunk ``C`` (one of :data:`CHUNK_SIZES`).
+    block_v: value columns per program (one of :data:`BLOCK_VS`; ``None``: 16).
+    num_warps / num_stages: Triton launch options of every kernel.
+    bwd_fused: the ``dq`` scan and the ``dk, dv`` scan in one launch (grid axis 2) instead of two.
+
+    The defaults are untimed: chosen offline from ptxas (sm_90a, Triton 3.9's code) at D 16, Dv 64, bf16, where
+    (chunk, block_v, num_warps) = (32, 16, 8) used 252 registers and no spill in the forward, 255 and 192 bytes of
+    spill in the fused backward; (64, 16, 8): forward 0, backward 608 bytes; (64, 16, 4): 260 / 944; block_v 32
+    doubles the backward's spills. ``python -m lab.taylor_chunk_sweep`` times the grid on a GPU.
+    """
+
+    chunk: int = 32
+    block_v: Optional[int] = None
+    num_warps: int = 8
+    num_stages: int = 1
+    bwd_fused: bool = True
+
+    def __post_init__(self):
+        if self.chunk not in CHUNK_SIZES:
+            raise ValueError(f"chunk={self.chunk!r} must be one of {CHUNK_SIZES}")
+        if self.block_v is not None and self.block_v not in BLOCK_VS:
+            raise ValueError(f"block_v={self.block_v!r} must be None or one of {BLOCK_VS}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps={self.num_warps!r} must be one of 1, 2, 4, 8, 16")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages={self.num_stages!r} must be an int in [1, 6]")
+        if not isinstance(self.bwd_fused, bool):
+            raise ValueError(f"bwd_fused={self.bwd_fused!r} must be a bool")
+
+    def resolve_block_v(self, bh: int, dv: int) -> int:
+        """The value block for ``B * H = bh`` programs of ``dv`` columns (``block_v``, else 16)."""
+        return 16 if self.block_v is None else self.block_v
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
+    """tl.dot with fp32 accumulation; UP: upcast first (the CPU interpreter's bfloat16 dot is wrong in some Triton
+    versions; bfloat16 values are exact in float32)."""
+    if UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _outer(x, BT: tl.constexpr, BD: tl.constexpr):
+    """``(BT, BD) -> (BT, BD * BD)`` in ``x.dtype``: each row's outer product with itself, flattened (entry
+    ``a * BD + b``); the products in fp32, rounded once (the CPU interpreter's bfloat16 arithmetic is wrong)."""
+    xf = x.to(tl.float32)
+    return tl.reshape((xf[:, :, None] * xf[:, None, :]).to(x.dtype), (BT, BD * BD))
+
+
+@triton.jit
+def _contract(t, x, BT: tl.constexpr, BD: tl.constexpr):
+    """``R(t, x)_a = sum_b t[:, a * BD + b] x[:, b]`` for ``t (BT, BD * BD)`` and ``x (BT, BD)`` (fp32)."""
+    t3 = tl.reshape(t, (BT, BD, BD))
+    return tl.sum(t3 * x.to(tl.float32)[:, None, :], 2)
+
+
+@triton.jit
+def _load(base, rows, cols, stride, n_rows, n_cols):
+    """``(len(rows), len(cols))`` tile of a row-major matrix (row stride ``stride``); zeros outside."""
+    return tl.load(base + rows[:, None] * stride + cols[None, :],
+                   mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+
+
+@triton.jit
+def _taylor_chunk_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+                      H, N, scale, eps,
+                      HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    i_v = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    Qb = Q + b * sq_b + h * sq_h
+    Kb = K + b * sk_b + h * sk_h
+    Vb = V + b * sv_b + h * sv_h
+    Ob = O + b * so_b + h * so_h
+    ot = tl.arange(0, BT)
+    od = tl.arange(0, BD)
+    ov = i_v * BV + tl.arange(0, BV)
+    tri = ot[:, None] >= ot[None, :]
+    half2 = 0.5 * scale * scale
+    S0 = tl.zeros([BV], dtype=tl.float32)
+    S1 = tl.zeros([BD, BV], dtype=tl.float32)
+    S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+    z1 = tl.zeros([BD], dtype=tl.float32)
+    Z2 = tl.zeros([BD, BD], dtype=tl.float32)
+    for start in range(0, N, BT):
+        rows = start + ot
+        q = _load(Qb, rows, od, sq_n, N, HEAD_D)  # (BT, BD)
+        k = _load(Kb, rows, od, sk_n, N, HEAD_D)
+        v = _load(Vb, rows, ov, sv_n, N, HEAD_DV)  # (BT, BV)
+        dt = v.dtype
+        qf = q.to(tl.float32)
+        kf = k.to(tl.float32)
+        # earlier chunks: by order
+        q2 = _outer(q, BT, BD)  # (BT, BD * BD)
+        num = S0[None, :] + scale * _dot(q, S1.to(dt), PREC, UP) + half2 * _dot(q2, S2.to(dt), PREC, UP)
+        den = start + scale * tl.sum(qf * z1[None, :], 1) \
+            + half2 * tl.sum(tl.dot(qf, Z2, input_precision="ieee") * qf, 1)
+        # own chunk: masked quadratic form
+        s = _dot(q, tl.trans(k), PREC, UP) * scale  # (BT, BT)
+        w = tl.where(tri & (rows[None, :] < N), 1.0 + s + 0.5 * s * s, 0.0).to(dt)
+        num += _dot(w, v, PREC, UP)
+        den += tl.sum(w.to(tl.float32), 1) + eps
+        tl.store(Ob + rows[:, None] * so_n + ov[None, :], (num / den[:, None]).to(O.dtype.element_ty),
+                 mask=(rows[:, None] < N) & (ov[None, :] < HEAD_DV))
+        if i_v == 0:
+            tl.store(DEN + bh * N + rows, den, mask=rows < N)
+        # state update (padded rows of k / v are zeros: they add nothing)
+        k2 = _outer(k, BT, BD)
+        S0 += tl.sum(v.to(tl.float32), 0)
+        S1 += _dot(tl.trans(k), v, PREC, UP)
+        S2 += _dot(tl.trans(k2), v, PREC, UP)
+        z1 += tl.sum(kf, 0)
+        Z2 += tl.dot(tl.trans(kf), kf, input_precision="ieee")
+
+
+@triton.jit
+def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                 sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, scale, i_v, bh,
+                 HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                 BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """This value block's part of ``dq`` (forward scan over the key state), fp32 into ``DQP[i_v]``."""
+    b = bh // H
+    h = bh % H
+    Qb = Q + b * sq_b + h * sq_h
+    Kb = K + b * sk_b + h * sk_h
+    Vb = V + b * sv_b + h * sv_h
+    DOb = DO + b * sd_b + h * sd_h
+    Pb = DQP + i_v * sp_v + b * sp_b + h * sp_h
+    ot = tl.arange(0, BT)
+    od = tl.arange(0, BD)
+    ov = i_v * BV + tl.arange(0, BV)
+    tri = ot[:, None] >= ot[None, :]
+    cmul = (i_v == 0).to(tl.float32)  # the c terms once, from block 0
+    S1 = tl.zeros([BD, BV], dtype=tl.float32)
+    S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+    z1 = tl.zeros([BD], dtype=tl.float32)
+    Z2 = tl.zeros([BD, BD], dtype=tl.float32)
+    for start in range(0, N, BT):
+        rows = start + ot
+        rm = rows < N
+        q = _load(Qb, rows, od, sq_n, N, HEAD_D)
+        k = _load(Kb, rows, od, sk_n, N, HEAD_D)
+        v = _load(Vb, rows, ov, sv_n, N, HEAD_DV)
+        do = _load(DOb, rows, ov, sd_n, N, HEAD_DV)
+        dt = v.dtype
+        rden = 1.0 / tl.load(DEN + bh * N + rows, mask=rm, other=1.0)
+        c = -tl.load(DELTA + bh * N + rows, mask=rm, other=0.0) * rden * cmul
+        u = (do.to(tl.float32) * rden[:, None]).to(dt)  # (BT, BV)
+        qf = q.to(tl.float32)
+        # earlier chunks
+        t2 = _dot(u, tl.trans(S2.to(dt)), PREC, UP)  # (BT, BD * BD)
+        dq = scale * (_dot(u, tl.trans(S1.to(dt)), PREC, UP) + c[:, None] * z1[None, :]) \
+            + (scale * scale) * (_contract(t2, q, BT, BD)
+                                 + c[:, None] * tl.dot(qf, Z2, input_precision="ieee"))
+        # own chunk
+        s = _dot(q, tl.trans(k), PREC, UP) * scale
+        dp = _dot(u, tl.trans(v), PREC, UP) + c[:, None]
+        ds = tl.where(tri & (rows[None, :] < N), dp * (1.0 + s), 0.0)
+        dq += scale * _dot(ds.to(dt), k, PREC, UP)
+        tl.store(Pb + rows[:, None] * sp_n + od[None, :], dq, mask=rm[:, None] & (od[None, :] < HEAD_D))
+        # key state
+        kf = k.to(tl.float32)
+        S1 += _dot(tl.trans(k), v, PREC, UP)
+        S2 += _dot(tl.trans(_outer(k, BT, BD)), v, PREC, UP)
+        z1 += tl.sum(kf, 0)
+        Z2 += tl.dot(tl.trans(kf), kf, input_precision="ieee")
+
+
+@triton.jit
+def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                   sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale, i_v, bh,
+                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                   BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """``dv`` of this value block and its part of ``dk`` (fp32 into ``DKP[i_v]``): reverse scan over the query
+    state."""
+    b = bh // H
+    h = bh % H
+    Qb = Q + b * sq_b + h * sq_h
+    Kb = K + b * sk_b + h * sk_h
+    Vb = V + b * sv_b + h * sv_h
+    DOb = DO + b * sd_b + h * sd_h
+    Pb = DKP + i_v * sp_v + b * sp_b + h * sp_h
+    DVb = DV + b * sdv_b + h * sdv_h
+    ot = tl.arange(0, BT)
+    od = tl.arange(0, BD)
+    ov = i_v * BV + tl.arange(0, BV)
+    tri = ot[:, None] >= ot[None, :]  # (i, j): query i >= key j
+    cmul = (i_v == 0).to(tl.float32)
+    half2 = 0.5 * scale * scale
+    dS0 = tl.zeros([BV], dtype=tl.float32)
+    dS1 = tl.zeros([BD, BV], dtype=tl.float32)
+    dS2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+    e1 = tl.zeros([BD], dtype=tl.float32)
+    E2 = tl.zeros([BD, BD], dtype=tl.float32)
+    n_chunks = tl.cdiv(N, BT)
+    for it in range(0, n_chunks):
+        start = (n_chunks - 1 - it) * BT
+        rows = start + ot
+        rm = rows < N
+        q = _load(Qb, rows, od, sq_n, N, HEAD_D)
+        k = _load(Kb, rows, od, sk_n, N, HEAD_D)
+        v = _load(Vb, rows, ov, sv_n, N, HEAD_DV)
+        do = _load(DOb, rows, ov, sd_n, N, HEAD_DV)
+        dt = v.dtype
+        rden = 1.0 / tl.load(DEN + bh * N + rows, mask=rm, other=1.0)
+        c = -tl.load(DELTA + bh * N + rows, mask=rm, other=0.0) * rden * cmul
+        u = (do.to(tl.float32) * rden[:, None]).to(dt)  # padded rows: do = 0
+        kf = k.to(tl.float32)
+        k2 = _outer(k, BT, BD)
+        # later chunks
+        dv = dS0[None, :] + scale * _dot(k, dS1.to(dt), PREC, UP) + half2 * _dot(k2, dS2.to(dt), PREC, UP)
+        t2 = _dot(v, tl.trans(dS2.to(dt)), PREC, UP)  # (BT, BD * BD)
+        dk = scale * (_dot(v, tl.trans(dS1.to(dt)), PREC, UP) + e1[None, :]) \
+            + (scale * scale) * (_contract(t2, k, BT, BD) + tl.dot(kf, E2, input_precision="ieee"))
+        # own chunk, (i, j) = (query, key)
+        s = _dot(q, tl.trans(k), PREC, UP) * scale
+        keep = tri & rm[:, None]
+        w = tl.where(keep, 1.0 + s + 0.5 * s * s, 0.0)
+        dp = _dot(u, tl.trans(v), PREC, UP) + c[:, None]
+        ds = tl.where(keep, dp * (1.0 + s), 0.0)
+        dv += _dot(tl.trans(w.to(dt)), u, PREC, UP)
+        dk += scale * _dot(tl.trans(ds.to(dt)), q, PREC, UP)
+        tl.store(DVb + rows[:, None] * sdv_n + ov[None, :], dv.to(DV.dtype.element_ty),
+                 mask=rm[:, None] & (ov[None, :] < HEAD_DV))
+        tl.store(Pb + rows[:, None] * sp_n + od[None, :], dk, mask=rm[:, None] & (od[None, :] < HEAD_D))
+        # query state (padded rows: q = 0, u = 0, c = 0)
+        qf = q.to(tl.float32)
+        dS0 += tl.sum(u.to(tl.float32), 0)
+        dS1 += _dot(tl.trans(q), u, PREC, UP)
+        dS2 += _dot(tl.trans(_outer(q, BT, BD)), u, PREC, UP)
+        cq = qf * c[:, None]
+        e1 += tl.sum(cq, 0)
+        E2 += tl.dot(tl.trans(cq), qf, input_precision="ieee")
+
+
+@triton.jit
+def _taylor_chunk_bwd(Q, K, V, DO, DEN, DELTA, DQP, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                      sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale,
+                      HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, MODE: tl.constexpr):
+    """MODE 0: the dq scan; 1: the dk / dv scan; 2: both, chosen by grid axis 2 (0: dq, 1: dk / dv)."""
+    i_v = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    if MODE == 0:
+        _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                     sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, scale, i_v, bh,
+                     HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+    elif MODE == 1:
+        _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                       sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale, i_v, bh,
+                       HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+    else:
+        if tl.program_id(2) == 0:
+            _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                         sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, scale, i_v, bh,
+                         HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+        else:
+            _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
+                           sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale, i_v,
+                           bh, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+
+
+# ------------------------------------------------------------------------------------------------------- host
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _meta(q: torch.Tensor, v: torch.Tensor, cfg: TaylorChunkConfig) -> dict:
+    B, H, _, D = q.shape
+    bv = cfg.resolve_block_v(B * H, v.shape[-1])
+    return dict(HEAD_D=D, HEAD_DV=v.shape[-1], BT=cfg.chunk, BD=16, BV=bv,
+                PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                UP=q.dtype == torch.bfloat16 and _interpreting(),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+class _TaylorChunk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, eps: float, cfg: TaylorChunkConfig):
+        B, H, N, D = q.shape
+        Dv = v.shape[-1]
+        meta = _meta(q, v, cfg)
+        out = torch.empty(B, H, N, Dv, device=q.device, dtype=q.dtype)
+        den = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+        scale = D ** -0.5
+        _taylor_chunk_fwd[(cdiv(Dv, meta["BV"]), B * H)](
+            q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, scale, float(eps),
+            **meta)
+        ctx.save_for_backward(q, k, v, out, den)
+        ctx.cfg = cfg
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels' backward is not differentiable
+    def backward(ctx, dout):
+        q, k, v, out, den = ctx.saved_tensors
+        cfg = ctx.cfg
+        B, H, N, D = q.shape
+        Dv = v.shape[-1]
+        meta = _meta(q, v, cfg)
+        nv = cdiv(Dv, meta["BV"])
+        dout = dout.contiguous()
+        delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, H, N): do_i . o_i
+        dqp = torch.empty(nv, B, H, N, D, device=q.device, dtype=torch.float32)
+        dkp = torch.empty(nv, B, H, N, D, device=q.device, dtype=torch.float32)
+        dv = torch.empty(B, H, N, Dv, device=q.device, dtype=v.dtype)
+        args = (q, k, v, dout, den, delta, dqp, dkp, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+                dqp.stride(0), *_strides(dqp[0]), *_strides(dv), H, N, D ** -0.5)
+        if cfg.bwd_fused:
+            _taylor_chunk_bwd[(nv, B * H, 2)](*args, MODE=2, **meta)
+        else:
+            _taylor_chunk_bwd[(nv, B * H, 1)](*args, MODE=0, **meta)
+            _taylor_chunk_bwd[(nv, B * H, 1)](*args, MODE=1, **meta)
+        dq = (dqp[0] if nv == 1 else dqp.sum(0)).to(q.dtype)
+        dk = (dkp[0] if nv == 1 else dkp.sum(0)).to(k.dtype)
+        return dq, dk, dv, None, None
+
+
+def taylor_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, eps: float = 1e-6,
+                 doc_ids: "torch.Tensor | None" = None, config: Optional[TaylorChunkConfig] = None) -> torch.Tensor:
+    """Causal Taylor-map linear attention, fused chunked form (module docstring), differentiable in q, k, v.
+
+    Args:
+        q: ``(B, Hq, N, D)``; k: ``(B, Hkv, N, D)``; v: ``(B, Hkv, N, Dv)``: one dtype (float16, bfloat16,
+            float32), one CUDA device (or the CPU under ``TRITON_INTERPRET=1``), ``Hq`` a multiple of ``Hkv``,
+            ``1 <= D <= 16``, ``Dv <= 256``, ``B * Hq <= 65535``, as many queries as keys.
+        causal: must be ``True`` (query ``i`` sees keys ``j <= i``).
+        eps: added to the normaliser: a float in float32's normal range.
+        doc_ids: must be ``None`` (packed documents: backend ``parallel`` or ``triton``).
+        config: :class:`TaylorChunkConfig` (default: ``TaylorChunkConfig()``).
+
+    Returns:
+        ``(B, Hq, N, Dv)`` in ``q.dtype``.
+
+    Raises:
+        ValueError: shapes, dtypes, devices, ``causal`` (allowed: True), ``Nq != Nk``, ``doc_ids`` (allowed: None),
+            ``eps`` or ``config`` outside the above (the message names the argument). Double backward raises
+            ``RuntimeError``.
+        TypeError: ``q``, ``k`` or ``v`` not a tensor.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if causal is not True:
+        raise ValueError(f"causal={causal!r}: taylor_chunk is causal only (allowed: True; non-causal: backend "
+                         f"'parallel' or 'triton')")
+    if doc_ids is not None:
+        raise ValueError("doc_ids: taylor_chunk takes no packed documents (allowed: None; backends 'parallel' / "
+                         "'triton' take them)")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, Hq, N, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k must be (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) for q {tuple(q.shape)}; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[2] != N:
+        raise ValueError(f"Nq={N} (q.shape[2]) must equal Nk={k.shape[2]} (k.shape[2]): taylor_chunk takes as many "
+                         f"queries as keys (allowed: Nq == Nk; other lengths: backend 'parallel')")
+    if Hq < 1 or k.shape[1] < 1 or Hq % k.shape[1]:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]} (q.shape[1], k.shape[1]; both >= 1)")
+    if not 1 <= D <= MAX_D:
+        raise ValueError(f"head dim D={D} (q.shape[3]) must be in [1, {MAX_D}] (the D^2 x Dv state is kept in "
+                         f"registers)")
+    if v.shape[-1] > MAX_DV:
+        raise ValueError(f"value dim Dv={v.shape[-1]} (v.shape[3]) must be <= {MAX_DV}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"the Triton kernel needs a CUDA device (got {q.device.type}; TRITON_INTERPRET=1 runs the "
+                         f"CPU interpreter)")
+    if B * Hq > MAX_GRID_Y:
+        raise ValueError(f"B * Hq = {B} * {Hq} = {B * Hq} exceeds {MAX_GRID_Y} (the kernels' grid axis 1); split "
+                         f"the batch")
+    if eps_reason(eps) is not None:
+        raise ValueError(eps_reason(eps))
+    if config is None:
+        config = TaylorChunkConfig()
+    elif not isinstance(config, TaylorChunkConfig):
+        raise ValueError(f"config must be a TaylorChunkConfig or None, got {type(config).__name__}")
+    n_rep = Hq // k.shape[1]
+    if n_rep > 1:  # GQA: one program per query head; autograd sums dk / dv over the group
+        k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    if B == 0 or N == 0 or v.shape[-1] == 0:
+        return q.new_zeros(B, Hq, N, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
+    if q.dtype == torch.float16:  # w = 1 + s + s^2 / 2 leaves the float16 range from |s| ~ 360: float32 end to end
+        return _TaylorChunk.apply(q.float().contiguous(), k.float().contiguous(), v.float().contiguous(), float(eps),
+                                  config).to(torch.float16)
+    return _TaylorChunk.apply(q.contiguous(), k.contiguous(), v.contiguous(), float(eps), config)
+
+
+# ------------------------------------------------------------------------------------------ PyTorch reference
+def taylor_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
+                       chunk: int = 64) -> torch.Tensor:
+    """The kernel's algorithm in plain PyTorch (fp32, or fp64 for fp64 inputs; differentiable by autograd): causal,
+    ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)``, the state split by order as in the module docstring. For checking
+    the math; ``O(N D^2 Dv)`` time, ``O(D^2 Dv)`` state per (batch, head). Returns ``(B, H, N, Dv)`` in
+    ``q.dtype``. Raises ``ValueError`` for ``chunk < 1``."""
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk={chunk!r} must be an int >= 1")
+    ft = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf = q.to(ft), k.to(ft), v.to(ft)
+    B, H, N, D = q.shape
+    Dv = v.shape[-1]
+    sc = D ** -0.5
+    S0 = qf.new_zeros(B, H, 1, Dv)
+    S1 = qf.new_zeros(B, H, D, Dv)
+    S2 = qf.new_zeros(B, H, D * D, Dv)
+    z1 = qf.new_zeros(B, H, D, 1)
+    Z2 = qf.new_zeros(B, H, D, D)
+    outs = []
+    for st in range(0, N, chunk):
+        qc, kc, vc = qf[:, :, st:st + chunk], kf[:, :, st:st + chunk], vf[:, :, st:st + chunk]
+        n = qc.shape[2]
+        q2 = (qc[..., :, None] * qc[..., None, :]).flatten(-2)
+        num = S0 + sc * qc @ S1 + 0.5 * sc * sc * q2 @ S2
+        den = st + sc * (qc @ z1)[..., 0] + 0.5 * sc * sc * ((qc @ Z2) * qc).sum(-1)
+        s = sc * qc @ kc.transpose(-1, -2)
+        w = torch.where(torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), 1 + s + 0.5 * s * s, 0.0)
+        num = num + w @ vc
+        den = den + w.sum(-1) + eps
+        outs.append(num / den[..., None])
+        k2 = (kc[..., :, None] * kc[..., None, :]).flatten(-2)
+        S0 = S0 + vc.sum(2, keepdim=True)
+        S1 = S1 + kc.transpose(-1, -2) @ vc
+        S2 = S2 + k2.transpose(-1, -2) @ vc
+        z1 = z1 + kc.sum(2)[..., None]
+        Z2 = Z2 + kc.transpose(-1, -2) @ kc
+    return torch.cat(outs, 2).to(q.dtype) if outs else q.new_zeros(B, H, N, Dv)

@@ -1,0 +1,106 @@
+"""Time the fused chunked Taylor kernel (``kernels.taylor_chunk``) over its launch settings on a GPU (lab: not
+installed). One process; per ``N`` (``B = tokens / N``): each config's forward and forward+backward (median ms,
+``eval.bench_common.time_cuda``) and its errors against the fp32 chunked PyTorch form (first 2 heads); the parallel
+form (``kernels.taylor.taylor_parallel``) timed beside it. bf16, causal, D 16, Dv 64, H 16 by default.
+
+    python -m lab.taylor_chunk_sweep [--ns 1024,4096,16384] [--chunks 32,64] [--block-vs 16,32] \\
+        [--warps 4,8] [--stages 1] [--fused 1] [--out results/h200/taylor_chunk_sweep.json]
+
+A config that fails to compile or run prints its error's last line and the sweep goes on. Prints the best config
+per ``N`` (fwd+bwd); writes every row to ``--out`` (JSON) when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+
+
+def _ints(s: str):
+    return [int(x) for x in s.split(",") if x]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ns", default="1024,4096,16384")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--dv", type=int, default=64)
+    p.add_argument("--chunks", default="32,64")
+    p.add_argument("--block-vs", default="16,32")
+    p.add_argument("--warps", default="4,8")
+    p.add_argument("--stages", default="1")
+    p.add_argument("--fused", default="1")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from attn_zoo import AttentionSpec, attention
+    from eval.bench_common import time_cuda
+    from kernels.taylor import taylor_parallel
+    from kernels.taylor_chunk import TaylorChunkConfig, taylor_chunk
+
+    if not torch.cuda.is_available():
+        raise SystemExit("lab.taylor_chunk_sweep needs a CUDA GPU")
+    spec = AttentionSpec(kind="linear", causal=True, feature_map="taylor")
+    H, D, Dv = args.heads, args.dim, args.dv
+    rows = []
+    for N in _ints(args.ns):
+        B = max(1, args.tokens // N)
+        g = torch.Generator(device="cuda").manual_seed(N)
+        q, k = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        v, do = (torch.randn(B, H, N, Dv, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        h2 = [t[:, :2].float().detach().clone().requires_grad_() for t in (q, k, v)]
+        ref_o = attention(*h2, spec, backend="torch")
+        ref = [ref_o, *torch.autograd.grad(ref_o, h2, do[:, :2].float())]
+
+        def errs(fn):
+            o = fn(*leaves)
+            gr = torch.autograd.grad(o, leaves, do)
+            got = [o[:, :2], *(x[:, :2] for x in gr)]
+            return {n: ((x.float() - r).norm() / r.norm()).item()
+                    for n, x, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+
+        def timed(fn):
+            fwd = time_cuda(lambda: fn(*leaves), grad_to_none=leaves)
+            fb = time_cuda(lambda: fn(*leaves).backward(do), grad_to_none=leaves)
+            return fwd, fb
+
+        cands = [("parallel", None, lambda a, b, c: taylor_parallel(a, b, c, eps=spec.eps))]
+        for C, bv, nw, ns, fu in itertools.product(_ints(args.chunks), _ints(args.block_vs), _ints(args.warps),
+                                                   _ints(args.stages), _ints(args.fused)):
+            cfg = TaylorChunkConfig(chunk=C, block_v=bv, num_warps=nw, num_stages=ns, bwd_fused=bool(fu))
+            cands.append((f"chunk{C}_bv{bv}_w{nw}_s{ns}_{'fused' if fu else 'split'}", cfg,
+                          lambda a, b, c, cfg=cfg: taylor_chunk(a, b, c, eps=spec.eps, config=cfg)))
+        for name, cfg, fn in cands:
+            try:
+                e = errs(fn)
+                fwd, fb = timed(fn)
+                r = dict(N=N, B=B, H=H, D=D, Dv=Dv, method=name, fwd_ms=fwd, fwd_bwd_ms=fb,
+                         **{f"rel_err_{x}": y for x, y in e.items()})
+                print(f"N={N:6d} {name:34s} fwd {fwd:7.3f}  fwd+bwd {fb:7.3f} ms  err " +
+                      " ".join(f"{x} {y:.1e}" for x, y in e.items()), flush=True)
+            except Exception as ex:  # noqa: BLE001 - one failing config must not stop the sweep
+                msg = (str(ex).strip().splitlines() or [""])[-1][:200]
+                r = dict(N=N, B=B, method=name, error=f"{type(ex).__name__}: {msg}")
+                print(f"N={N:6d} {name:34s} FAILED {r['error']}", flush=True)
+            rows.append(r)
+            torch.cuda.empty_cache()
+        ok = [r for r in rows if r["N"] == N and "fwd_bwd_ms" in r and r["method"] != "parallel"]
+        if ok:
+            best = min(ok, key=lambda r: r["fwd_bwd_ms"])
+            print(f"best at N={N}: {best['method']} fwd+bwd {best['fwd_bwd_ms']:.3f} ms", flush=True)
+        if args.out:
+            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

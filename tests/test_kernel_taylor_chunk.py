@@ -1,0 +1,195 @@
+"""The fused chunked Taylor kernel (kernels/taylor_chunk.py, opt-in backend ``taylor_chunk`` of ``linear``).
+
+Ground truth: the fp32 masked quadratic form on explicit features, :func:`attn_zoo.reference.linear_attention_reference`.
+CPU: the Triton interpreter (tests/conftest.py), small shapes that still cross the kernel's edges: several chunks
+with a partial last one, a sequence shorter than one chunk, more than one (batch, head) program and value block
+(the ``dq`` / ``dk`` partial sums), ``D`` and ``Dv`` below the padded tile widths. 16-bit inputs follow the
+FlashAttention rule of tests/test_kernel_linear.py (error at most 2x, gradients 3x, that of plain PyTorch).
+"""
+
+import pytest
+import torch
+
+from attn_zoo import AttentionSpec, attention
+from attn_zoo.functional import resolve_backend
+from attn_zoo.reference import linear_attention_reference
+from kernels.taylor_chunk import TaylorChunkConfig, taylor_chunk, taylor_chunk_torch
+from tests.test_kernel_linear import DEV, _grads, _inputs, _plain_torch, rel
+
+TAYLOR = dict(kind="linear", feature_map="taylor")
+SPEC = AttentionSpec(causal=True, **TAYLOR)
+NAMES = ("out", "dq", "dk", "dv")
+
+
+def _ref(q, k, v, do):
+    return _grads(lambda a, b, c: linear_attention_reference(a, b, c, SPEC), q, k, v, do)
+
+
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,N,D,Dv,chunk,block_v,fused",
+    [
+        (2, 2, 2, 1, 16, 16, 64, None, True),     # one token: out = v, dq = dk = 0
+        (1, 2, 2, 40, 16, 16, 64, None, True),    # N < C: the own-chunk form only
+        (2, 2, 1, 70, 16, 32, 32, 16, True),      # 3 chunks (last partial), GQA, 2 value blocks (partial sums)
+        (1, 2, 2, 100, 8, 16, 16, None, False),   # smaller D (padded to 16), 7 chunks, two backward launches
+        (1, 3, 3, 50, 12, 24, 16, 16, True),      # D, Dv not powers of two; Dv = 24 over 2 blocks of 16
+        (1, 1, 1, 129, 16, 64, 64, 32, False),    # Based's Dv = 64, 3 chunks (the last one row)
+    ],
+)
+def test_fp32_outputs_and_every_gradient_vs_reference(B, Hq, Hkv, N, D, Dv, chunk, block_v, fused):
+    q, k, v, do = _inputs(B, Hq, Hkv, N, N, D, Dv, seed=N + D)
+    cfg = TaylorChunkConfig(chunk=chunk, block_v=block_v, bwd_fused=fused)
+    got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), q, k, v, do)
+    ref = _ref(q, k, v, do)
+    for name, x, r in zip(NAMES, got, ref):
+        assert x.shape == r.shape and x.dtype == torch.float32, name
+        if N == 1 and name in ("dq", "dk"):
+            assert x.abs().max() <= 1e-5, name
+            continue
+        assert rel(x, r) <= 1e-5, (name, rel(x, r))
+
+
+def test_backend_by_name_matches_reference_and_auto_never_picks_it():
+    from attn_zoo.registry import available_backends, get_backends
+
+    q, k, v, do = _inputs(1, 2, 1, 72, 72, 16, 16, seed=3)
+    got = _grads(lambda a, b, c: attention(a, b, c, SPEC, backend="taylor_chunk"), q, k, v, do)
+    for name, x, r in zip(NAMES, got, _ref(q, k, v, do)):
+        assert rel(x, r) <= 1e-5, (name, rel(x, r))
+    assert get_backends("linear")["taylor_chunk"].priority is None
+    assert "taylor_chunk" not in available_backends("linear")
+    assert resolve_backend(q, k, v, SPEC).name != "taylor_chunk"
+
+
+def test_pytorch_algorithm_matches_reference_in_fp64():
+    """The state split by order (taylor_chunk_torch, the kernel's algorithm in PyTorch) is exact: fp64 agreement
+    with the quadratic form, at several chunk sizes, including one that does not divide N."""
+    q, k, v, do = (t.double().cpu() for t in _inputs(2, 2, 2, 37, 37, 6, 5, seed=1))
+    ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, SPEC), q, k, v, do)
+    for chunk in (1, 8, 37, 64):
+        got = _grads(lambda a, b, c: taylor_chunk_torch(a, b, c, SPEC.eps, chunk=chunk), q, k, v, do)
+        for name, x, r in zip(NAMES, got, ref):
+            assert x.dtype == torch.float64 and rel(x, r) <= 1e-12, (chunk, name, rel(x, r))
+
+
+def test_bf16_flash_attention_rule():
+    q, k, v, do = _inputs(1, 2, 1, 150, 150, 16, 32, seed=5)
+    ref = _ref(q, k, v, do)
+    lo = [t.bfloat16() for t in (q, k, v, do)]
+    plain = _grads(lambda a, b, c: _plain_torch(a, b, c, SPEC), *lo)
+    for chunk in (32, 64):
+        cfg = TaylorChunkConfig(chunk=chunk, block_v=16)
+        got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), *lo)
+        for i, (name, x, r, p) in enumerate(zip(NAMES, got, ref, plain)):
+            assert x.dtype == torch.bfloat16 and torch.isfinite(x).all(), name
+            assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (chunk, name, rel(x, r), rel(p, r))
+
+
+def test_fp16_large_inputs_stay_finite():
+    """``w`` passes 65504 from ``|s| ~ 360``: float16 inputs run in float32 and come back float16."""
+    q, k, v, do = _inputs(1, 2, 1, 40, 40, 16, 16, seed=9)
+    q, k = q * 40, k * 40
+    lo = [t.half() for t in (q, k, v, do)]
+    ref = _ref(*(t.float() for t in lo))
+    got = _grads(lambda a, b, c: taylor_chunk(a, b, c, config=TaylorChunkConfig(chunk=16)), *lo)
+    for name, x, r in zip(NAMES, got, ref):
+        assert x.dtype == torch.float16 and torch.isfinite(x).all(), name
+        assert rel(x, r) <= 2e-3, (name, rel(x, r))
+
+
+def test_causal_never_reads_the_future():
+    """Keys / values from token 40 on (inside the third chunk of 16) change no earlier row, and the gradients of
+    the earlier keys / values only through the later rows' loss (here: none)."""
+    q, k, v, do = _inputs(1, 2, 2, 60, 60, 16, 16, seed=11)
+    cfg = TaylorChunkConfig(chunk=16)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 40:] *= 6.0
+    v2[:, :, 40:] += 3.0
+    a = taylor_chunk(q, k, v, config=cfg)
+    b = taylor_chunk(q, k2, v2, config=cfg)
+    assert torch.equal(a[:, :, :40], b[:, :, :40])
+    assert not torch.allclose(a[:, :, 40:], b[:, :, 40:])
+    do = do.clone()
+    do[:, :, 40:] = 0
+    for kk, vv in ((k, v), (k2, v2)):
+        g = _grads(lambda x, y, z: taylor_chunk(x, y, z, config=cfg), q, kk, vv, do)
+        assert (g[1][:, :, 40:] == 0).all() and (g[2][:, :, 40:] == 0).all() and (g[3][:, :, 40:] == 0).all()
+
+
+def test_refusals_name_the_argument_and_the_allowed_values():
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    with pytest.raises(ValueError, match=r"causal=False.*allowed: True"):
+        taylor_chunk(q, k, v, causal=False)
+    with pytest.raises(ValueError, match=r"doc_ids.*allowed: None"):
+        taylor_chunk(q, k, v, doc_ids=torch.zeros(1, 8, dtype=torch.int32, device=q.device))
+    with pytest.raises(ValueError, match=r"Nq=4.*Nk=8.*allowed: Nq == Nk"):
+        taylor_chunk(q[:, :, :4], k, v)
+    with pytest.raises(ValueError, match=r"D=17.*\[1, 16\]"):
+        taylor_chunk(q.new_zeros(1, 1, 4, 17), q.new_zeros(1, 1, 4, 17), q.new_zeros(1, 1, 4, 16))
+    with pytest.raises(ValueError, match=r"Dv=257"):
+        taylor_chunk(q.new_zeros(1, 1, 4, 16), q.new_zeros(1, 1, 4, 16), q.new_zeros(1, 1, 4, 257))
+    with pytest.raises(ValueError, match="eps"):
+        taylor_chunk(q, k, v, eps=0.0)
+    with pytest.raises(ValueError, match="one dtype"):
+        taylor_chunk(q, k.double(), v)
+    with pytest.raises(ValueError, match="Hq=2 must be a multiple of Hkv=3"):
+        taylor_chunk(q, k.expand(1, 3, 8, 16), v.expand(1, 3, 8, 16))
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        taylor_chunk(q, k.tolist(), v)
+    with pytest.raises(ValueError, match="config"):
+        taylor_chunk(q, k, v, config=dict(chunk=64))
+    for kw, arg in [(dict(chunk=48), r"chunk=48.*\(16, 32, 64, 128\)"), (dict(block_v=8), r"block_v=8"),
+                    (dict(num_warps=3), "num_warps"), (dict(num_stages=0), "num_stages")]:
+        with pytest.raises(ValueError, match=arg):
+            TaylorChunkConfig(**kw)
+
+
+def test_backend_supports_says_why_not():
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    b = resolve_backend(q, k, v, SPEC, "taylor_chunk")
+    assert b.why_not(q, k, v, SPEC) is None
+    for spec, args, want in [
+        (AttentionSpec(causal=False, **TAYLOR), (q, k, v), "causal only"),
+        (AttentionSpec(kind="linear", feature_map="elu1"), (q, k, v), "feature_map='taylor'"),
+        (SPEC, (q[:, :, :4], k, v), "Nq == Nk"),
+        (SPEC, (q.new_zeros(1, 1, 4, 32), q.new_zeros(1, 1, 4, 32), v[:, :, :4]), "D=32"),
+        (AttentionSpec(causal=True, eps=1e-40, **TAYLOR), (q, k, v), "eps"),
+    ]:
+        assert want in b.why_not(*args, spec), want
+    assert "return_lse" in b.why_not(q, k, v, SPEC, True)
+    with pytest.raises(ValueError, match="taylor_chunk.*causal only"):
+        attention(q, k, v, AttentionSpec(causal=False, **TAYLOR), backend="taylor_chunk")
+
+
+def test_empty_inputs_and_second_order_gradients():
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    out = taylor_chunk(q[:, :, :0], k[:, :, :0], v[:, :, :0])
+    assert out.shape == (1, 2, 0, 16)
+    q.requires_grad_()
+    (gq,) = torch.autograd.grad(taylor_chunk(q, k, v).pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (gq.pow(2).sum() + q.sum()).backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("N", [1000, 4096])
+def test_gpu_bf16_based_shape_every_config(N):
+    """Based's layer shape (D 16, Dv 64) in bf16 on the GPU, every chunk / value block / backward launch mode
+    compiled and held to the FlashAttention rule against the fp32 reference; and next to the parallel form."""
+    from kernels.taylor import taylor_parallel
+
+    q, k, v, do = _inputs(2, 4, 4, N, N, 16, 64, seed=N)
+    ref = _ref(q, k, v, do)
+    lo = [t.bfloat16() for t in (q, k, v, do)]
+    plain = _grads(lambda a, b, c: _plain_torch(a, b, c, SPEC), *lo)
+    par = _grads(lambda a, b, c: taylor_parallel(a, b, c, eps=SPEC.eps), *lo)
+    for chunk in (32, 64):
+        for bv in (16, 32, 64):
+            for fused in (True, False):
+                cfg = TaylorChunkConfig(chunk=chunk, block_v=bv, bwd_fused=fused)
+                got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), *lo)
+                for i, (name, x, r, p, pp) in enumerate(zip(NAMES, got, ref, plain, par)):
+                    assert torch.isfinite(x).all(), (cfg, name)
+                    assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (cfg, name, rel(x, r), rel(p, r))
+                    assert rel(x, r) <= 2 * rel(pp, r) + 1e-3, (cfg, name, rel(x, r), rel(pp, r))
