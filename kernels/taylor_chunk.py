@@ -70,6 +70,9 @@ MAX_DV = 256
 """Largest value head dimension (split into ``block_v`` columns per program)."""
 CHUNK_SIZES = (16, 32, 64, 128)
 BLOCK_VS = (16, 32, 64)
+MIN_PROGRAMS = 128
+"""Programs (``B * H * ceil(Dv / block_v)``) below which the default ``block_v`` halves to 16: each program scans a
+whole sequence, so the grid is all the parallelism there is (H200: 132 SMs)."""
 
 
 @dataclass(frozen=True)
@@ -77,19 +80,21 @@ class TaylorChunkConfig:
     """Launch settings of :func:`taylor_chunk` (none changes the result beyond rounding).
 
     chunk: tokens per chunk ``C`` (one of :data:`CHUNK_SIZES`).
-    block_v: value columns per program (one of :data:`BLOCK_VS`; ``None``: 16).
+    block_v: value columns per program (one of :data:`BLOCK_VS`; ``None``: :meth:`resolve_block_v`, 32 when that
+        still gives :data:`MIN_PROGRAMS` programs, else 16).
     num_warps / num_stages: Triton launch options of every kernel.
     bwd_fused: the ``dq`` scan and the ``dk, dv`` scan in one launch (grid axis 2) instead of two.
 
-    The defaults are untimed: chosen offline from ptxas (sm_90a, Triton 3.9's code) at D 16, Dv 64, bf16, where
-    (chunk, block_v, num_warps) = (32, 16, 8) used 252 registers and no spill in the forward, 255 and 192 bytes of
-    spill in the fused backward; (64, 16, 8): forward 0, backward 608 bytes; (64, 16, 4): 260 / 944; block_v 32
-    doubles the backward's spills. ``python -m lab.taylor_chunk_sweep`` times the grid on a GPU.
+    The defaults are timed on the H200 (2026-12-04, ``results/h200/2026-12-04h/a8/tc_sweep.json``, D 16, Dv 64,
+    H 16, B * N = 16k, bf16, forward+backward; ``python -m lab.taylor_chunk_sweep``): chunk 64 with 4 warps was the
+    fastest at every N (8 warps 1.1-1.8x slower, chunk 32 1.3-1.8x slower); block_v 32 was faster while it left
+    >= 128 programs (N 1k: 1.32 against 1.75 ms; 4k: 1.56 against 1.75), 16 once there were too few (16k, B 1:
+    3.44 against 4.84 ms, 64 against 32 programs on 132 SMs).
     """
 
-    chunk: int = 32
+    chunk: int = 64
     block_v: Optional[int] = None
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 1
     bwd_fused: bool = True
 
@@ -106,8 +111,12 @@ class TaylorChunkConfig:
             raise ValueError(f"bwd_fused={self.bwd_fused!r} must be a bool")
 
     def resolve_block_v(self, bh: int, dv: int) -> int:
-        """The value block for ``B * H = bh`` programs of ``dv`` columns (``block_v``, else 16)."""
-        return 16 if self.block_v is None else self.block_v
+        """The value block for ``B * H = bh`` sequences of ``dv`` value columns: ``block_v`` if set, else 32 when
+        ``bh * ceil(dv / 32) >= MIN_PROGRAMS`` (enough programs to fill the GPU with the wider, faster block), else
+        16 (twice the programs)."""
+        if self.block_v is not None:
+            return self.block_v
+        return 32 if bh * cdiv(dv, 32) >= MIN_PROGRAMS else 16
 
 
 # ---------------------------------------------------------------------------------------------------- kernels

@@ -235,7 +235,7 @@ def cuda_free_auto(monkeypatch):
     from attn_zoo import registry
 
     regs = registry._REGISTRY["linear"]
-    for name in ("triton", "parallel"):
+    for name in ("triton", "parallel", "taylor_chunk"):
         monkeypatch.setitem(regs, name, dataclasses.replace(regs[name], devices=None))
     registry.forget_derived()
     yield
@@ -259,8 +259,8 @@ def test_auto_picks_parallel_below_the_threshold_and_triton_from_it(cuda_free_au
     assert pick == {31: "parallel", 32: "triton"}
     q31 = torch.zeros(1, 1, 31, 16, device=DEV)
     order = [b.name for b in auto_order(get_backends("linear"), (q31, q31, q31, spec))]
-    assert order[:3] == ["parallel", "triton", "torch"]
-    assert [b.name for b in auto_order(get_backends("linear"))][:3] == ["triton", "parallel", "torch"]  # listings
+    assert order[:3] == ["parallel", "triton", "taylor_chunk"]
+    assert [b.name for b in auto_order(get_backends("linear"))][:3] == ["triton", "parallel", "taylor_chunk"]
     # where the preferred form refuses the input, auto takes the next one: eps below float32's normal range
     q, k, v, _ = _inputs(1, 2, 1, 20, 20, 16, 16)
     assert resolve_backend(q, k, v, spec.replace(eps=1e-40)).name == "triton"
@@ -268,6 +268,29 @@ def test_auto_picks_parallel_below_the_threshold_and_triton_from_it(cuda_free_au
     q22 = torch.zeros(1, 2, 40, 22, device=DEV)
     assert resolve_backend(q22, q22, q22, spec).name == "parallel"
     # other feature maps are untouched: parallel is Taylor-only
+    assert resolve_backend(q, k, v, spec.replace(feature_map="elu1")).name == "triton"
+
+
+def test_auto_picks_the_fused_chunked_form_from_its_threshold(cuda_free_auto, monkeypatch):
+    """causal Taylor with Nq = Nk: parallel below TAYLOR_FUSED_MIN_N, taylor_chunk from it; where taylor_chunk
+    refuses (non-causal, Nq != Nk, other maps), the parallel / triton rule stands."""
+    import attn_zoo.backends.triton_taylor as tt
+    import attn_zoo.backends.triton_taylor_chunk as tc
+    from attn_zoo.functional import resolve_backend
+
+    monkeypatch.setattr(tc, "TAYLOR_FUSED_MIN_N", 48)
+    monkeypatch.setattr(tt, "TAYLOR_CHUNKED_MIN_N", 1024)
+    spec = AttentionSpec(causal=True, chunk_size=16, **TAYLOR)
+    pick = {}
+    for N in (47, 48):
+        q, k, v, _ = _inputs(1, 2, 1, N, N, 16, 16, seed=N)
+        pick[N] = resolve_backend(q, k, v, spec).name
+        out = attention(q, k, v, spec)  # runs what auto picked
+        torch.testing.assert_close(out, linear_attention_reference(q, k, v, spec), rtol=2e-4, atol=2e-4)
+    assert pick == {47: "parallel", 48: "taylor_chunk"}
+    q, k, v, _ = _inputs(1, 2, 1, 64, 64, 16, 16)
+    assert resolve_backend(q, k, v, spec.replace(causal=False)).name == "parallel"
+    assert resolve_backend(q[:, :, :60], k, v, spec).name == "parallel"  # Nq != Nk
     assert resolve_backend(q, k, v, spec.replace(feature_map="elu1")).name == "triton"
 
 

@@ -7,14 +7,34 @@ the quadratic form of :mod:`kernels.taylor` and the earlier chunks through a sta
 (value block, batch x head) scanning the sequence. ``O(N D^2 Dv)`` time like the chunked ``triton`` backend
 (which writes the 153 symmetric features of ``D = 16`` to HBM and runs the generic kernel), ``O(N)`` memory.
 
-Runs causal, ``Nq = Nk``, ``D <= 16``, ``Dv <= 256``, no ``doc_ids``, CUDA (or the CPU interpreter). ``priority``
-``None``: ``auto`` does not pick it (yet); ask for it by name (``backend="taylor_chunk"``).
+Runs causal, ``Nq = Nk``, ``D <= 16``, ``Dv <= 256``, no ``doc_ids``, CUDA (or the CPU interpreter). ``auto``
+takes it for the Taylor map from :data:`TAYLOR_FUSED_MIN_N` tokens on (``auto_priority`` 360, ahead of
+``parallel``'s 350); below that, and where it refuses the input (non-causal, ``Nq != Nk``, packed documents), the
+order of :mod:`attn_zoo.backends.triton_taylor` stands.
 """
 
 from __future__ import annotations
 
 from ..registry import register_backend
 from ._triton import triton_input_reason
+from .triton_taylor import prefers_parallel
+
+TAYLOR_FUSED_MIN_N = 4096
+"""``auto`` runs causal Taylor attention (``Nq = Nk = N``) on this backend from this many tokens. Measured on the
+H200 (2026-12-04, ``results/h200/2026-12-04h/a8/``; D 16, Dv 64, H 16, B * N = 16k, bf16, forward+backward, the
+kernel's default launch settings): ``parallel`` 0.84 / 2.01 / 6.76 ms, this form 1.32 / 1.56 / 3.44 ms at N 1k / 4k /
+16k, fla's ``parallel_based`` 1.14 / 2.28 / 6.55. 4k is the first measured length where the fused chunked form is
+ahead of the quadratic one."""
+
+PRIORITY = 240  # below parallel (250) and triton (300): auto_priority lifts it where it is the fastest
+PRIORITY_LONG = 360  # ahead of parallel's 350 from TAYLOR_FUSED_MIN_N tokens
+
+
+def _auto_priority(q, k, v, spec):
+    if getattr(spec, "feature_map", None) == "taylor" and not prefers_parallel(q.shape[2], k.shape[2],
+                                                                                TAYLOR_FUSED_MIN_N):
+        return PRIORITY_LONG
+    return None
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -45,7 +65,8 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-@register_backend("linear", "taylor_chunk", supports=_supports, priority=None, devices=("cuda",))
+@register_backend("linear", "taylor_chunk", supports=_supports, priority=PRIORITY, devices=("cuda",),
+                  auto_priority=_auto_priority)
 def triton_taylor_chunk(q, k, v, spec, return_lse=False):
     """Causal Taylor linear attention of ``spec`` in the fused chunked form; ``(B, Hq, N, Dv)`` in ``q.dtype``."""
     from kernels.taylor_chunk import taylor_chunk
