@@ -97,14 +97,14 @@ def main(argv=None):
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_delta needs a CUDA device (or --device cpu for a smoke run)")
-    from attn_zoo.families.deltanet import pick_backend
+    from attn_zoo.families.deltanet import MIXER_GATED, pick_backend
 
     timer = time_cuda if dev == "cuda" else time_cpu
     rows, notes = [], set()
     for kind in args.kinds.split(","):
-        if kind not in ("deltanet", "gated_deltanet"):
-            raise SystemExit(f"--kinds: {kind!r} is not supported; allowed values: deltanet, gated_deltanet")
-        gated = kind == "gated_deltanet"
+        if kind not in MIXER_GATED:
+            raise SystemExit(f"--kinds: {kind!r} is not supported; allowed values: {', '.join(MIXER_GATED)}")
+        gated = MIXER_GATED[kind]
         M = methods(gated, args.chunk_size, notes, dev)
         for T in [int(n) for n in args.lengths.split(",")]:
             B = max(1, args.tokens // T)

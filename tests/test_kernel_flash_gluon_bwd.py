@@ -24,11 +24,11 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from attn_zoo import AttentionSpec, softmax_attention_reference  # noqa: E402
-from attn_zoo.reference import repeat_kv  # noqa: E402
 from kernels import FlashConfig, flash_attn  # noqa: E402
 from kernels.flash import BWD_IMPLS, GLUON_BWD_DQ  # noqa: E402
 from kernels.flash import bwd as BW  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
+from tests.test_kernel_flash_gluon import _plain_torch  # noqa: E402  (the one plain-PyTorch attention)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -329,18 +329,6 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
 
 
 # ----------------------------------------------------------------------------------------------- GPU: the kernel
-
-
-def _plain_torch(q, k, v, causal, scale):
-    rep = q.shape[1] // k.shape[1]
-    k, v = repeat_kv(k, rep), repeat_kv(v, rep)
-    s = (q @ k.transpose(-1, -2)) * scale
-    Nq, Nk = q.shape[2], k.shape[2]
-    if causal:
-        i = torch.arange(Nq, device=q.device)[:, None] + Nk - Nq
-        s = s.masked_fill(torch.arange(Nk, device=q.device)[None, :] > i, float("-inf"))
-    p = torch.nan_to_num(torch.softmax(s.float(), dim=-1).to(q.dtype), nan=0.0)
-    return p @ v
 
 
 @pytest.fixture(params=[True, False], ids=["lse_tma", "lse_load"])

@@ -25,9 +25,11 @@ import torch.nn.functional as F
 from ..mixers import register_mixer
 
 __all__ = ["delta_rule_naive", "delta_rule_chunk", "delta_rule", "pick_backend", "DeltaNet", "GatedDeltaNet",
-           "DeltaState", "DELTA_BACKENDS", "CHUNK_MIN_T"]
+           "DeltaState", "DELTA_BACKENDS", "CHUNK_MIN_T", "MIXER_GATED"]
 
 DELTA_BACKENDS = ("auto", "fla", "chunk", "naive")
+MIXER_GATED = {"deltanet": False, "gated_deltanet": True}
+"""This family's mixer names and whether each is the gated rule (for tools that take a name, e.g. eval.bench_delta)."""
 # auto (without fla): the chunked form from this many positions on, the step-by-step loop below it (decode steps).
 # Measured on CPU (1 thread, B=2, H=4, gated; median ms naive / chunk): fwd+bwd D=32 T=4 1.25/0.99, T=8 2.3/1.1,
 # T=64 23/2.8, T=1024 735/37; fwd only D=64 T=1 0.09/0.31, T=2 0.18/0.42, T=4 0.34/0.36.
@@ -422,7 +424,7 @@ class _DeltaBase(nn.Module):
 
     @property
     def mixer_name(self) -> str:
-        return "gated_deltanet" if self.gated else "deltanet"
+        return next(name for name, gated in MIXER_GATED.items() if gated == self.gated)
 
     def new_cache(self, batch_size: int, capacity: int, dtype: torch.dtype, device, page_size=None,
                   shuffle_pages: bool = False) -> DeltaState:

@@ -186,30 +186,39 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     return AUTO_GLUON_IMPL
 
 
+def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
+                 win_right: int, layout, dilation: int, documents, fix: str) -> bool:
+    """The checks the Gluon kernels share: raise ``ValueError`` naming ``arg`` (e.g. ``"fwd_impl='gluon'"``) when the
+    mask, head dims (``D`` in ``head_dims``, ``Dv == D``), dtypes (fp16 / bf16, one for q, k, v) or device (Hopper)
+    rule it out, or Gluon does not import; returns whether the call is causal."""
+    allowed = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids), " \
+              f"head dim D in {head_dims} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
+    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+        what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
+                "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
+        raise ValueError(f"{arg} supports only {allowed}; got {what}; {fix}")
+    D, Dv = q.shape[3], v.shape[3]
+    if D not in head_dims or Dv != D:
+        raise ValueError(f"{arg} supports only {allowed}; got D={D}, Dv={Dv}; {fix}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
+        raise ValueError(f"{arg} supports only {allowed}; got dtype {q.dtype}; {fix}")
+    cap = _capability(q.device)
+    if cap is None or cap[0] != 9:
+        dev = q.device if cap is None else f"{q.device} (sm_{cap[0]}{cap[1]})"
+        raise ValueError(f"{arg} supports only {allowed}; got device {dev}; {fix}")
+    _gluon_modules()
+    return win_right == 0
+
+
 def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int,
                     layout, dilation: int, documents) -> bool:
     """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call; returns whether it is causal."""
-    allowed = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids), " \
-              f"head dim D in {GLUON_HEAD_DIMS} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
     if impl not in GLUON_FWD_IMPLS:
         raise ValueError(f"fwd_impl={impl!r} is not a Gluon forward; allowed values: "
                          f"{', '.join(map(repr, GLUON_FWD_IMPLS))} (FlashConfig takes "
                          f"{', '.join(map(repr, FWD_IMPLS))})")
-    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
-        what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
-                "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
-        raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got {what}; use fwd_impl='triton'")
-    D, Dv = q.shape[3], v.shape[3]
-    if D not in GLUON_HEAD_DIMS or Dv != D:
-        raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got D={D}, Dv={Dv}; use fwd_impl='triton'")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got dtype {q.dtype}; use fwd_impl='triton'")
-    cap = _capability(q.device)
-    if cap is None or cap[0] != 9:
-        dev = q.device if cap is None else f"{q.device} (sm_{cap[0]}{cap[1]})"
-        raise ValueError(f"fwd_impl={impl!r} supports only {allowed}; got device {dev}; use fwd_impl='triton'")
-    _gluon_modules()
-    return win_right == 0
+    return _check_gluon(f"fwd_impl={impl!r}", GLUON_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
+                        documents, "use fwd_impl='triton'")
 
 
 def _tma_view(t: torch.Tensor) -> torch.Tensor:
@@ -263,24 +272,8 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call (the masks of
     :func:`check_gluon_fwd`; ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device;
     Gluon importable); returns whether it is causal. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
-    allowed = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids), " \
-              f"head dim D in {GLUON_BWD_HEAD_DIMS} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
-    fix = "use bwd_impl='triton'"
-    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
-        what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
-                "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
-        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got {what}; {fix}")
-    D, Dv = q.shape[3], v.shape[3]
-    if D not in GLUON_BWD_HEAD_DIMS or Dv != D:
-        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got D={D}, Dv={Dv}; {fix}")
-    if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
-        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got dtype {q.dtype}; {fix}")
-    cap = _capability(q.device)
-    if cap is None or cap[0] != 9:
-        dev = q.device if cap is None else f"{q.device} (sm_{cap[0]}{cap[1]})"
-        raise ValueError(f"bwd_impl='gluon' supports only {allowed}; got device {dev}; {fix}")
-    _gluon_modules()
-    return win_right == 0
+    return _check_gluon("bwd_impl='gluon'", GLUON_BWD_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
+                        documents, "use bwd_impl='triton'")
 
 
 LSE_TMA_ALIGN = 4
