@@ -33,12 +33,14 @@ from eval.crossover import _f
 LABELS = {"causal": "causal, D 128", "full": "full, D 128", "gqa": "GQA 4:1, D 128", "d64": "causal, D 64",
           "window": "window 1024", "bigbird": "BigBird", "linear": "linear (elu1), D 128",
           "linear_taylor": "Taylor (Based), D 16"}
-BACKEND_LABELS = {"triton": "ours (triton)", "parallel": "ours (parallel)", "torch": "ours (torch)", "fa4": "FA4",
+BACKEND_LABELS = {"triton": "ours (triton)", "parallel": "ours (parallel)",
+                  "taylor_chunk": "ours (taylor_chunk)", "torch": "ours (torch)", "fa4": "FA4",
                   "flex_fa4": "Flex+FA4", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA)", "flex": "Flex (Triton)",
                   "fla": "fla", "fa2": "FA2", "fa3": "FA3"}
 # the variants of each family process of lab/h200_anchors.sh (its run_family lines; a test keeps the two in step)
 FAMILIES = {"softmax": ("causal", "full", "gqa", "d64", "window", "bigbird"), "linear": ("linear", "linear_taylor")}
-ORDER = ("triton", "parallel", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_flash", "flex", "fla", "fa2", "fa3")
+ORDER = ("triton", "parallel", "taylor_chunk", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_flash", "flex", "fla",
+         "fa2", "fa3")
 
 
 def load(results_dir: str) -> List[dict]:

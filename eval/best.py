@@ -27,7 +27,7 @@ import numpy as np
 
 from eval.crossover import STATUS_CROSS, _b, _f, find_crossover
 
-OURS = ("triton", "parallel")
+OURS = ("triton", "parallel", "taylor_chunk")
 SERIES = ("variant", "head_dim", "causal", "n_kv_heads")
 
 

@@ -62,7 +62,7 @@ def test_spec_validation():
 
 def test_unknown_backend_and_unsupported_request():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="backend='cuda' is not supported; allowed values: auto, triton, parallel, torch, reference"):
+    with pytest.raises(ValueError, match="backend='cuda' is not supported; allowed values: auto, triton, parallel, taylor_chunk, torch, reference"):
         attention(q, k, v, AttentionSpec(), backend="cuda")
     with pytest.raises(ValueError, match="return_lse"):
         attention(q, k, v, AttentionSpec(kind="linear"), backend="reference", return_lse=True)

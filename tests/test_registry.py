@@ -36,9 +36,12 @@ def _qkv(N=16, D=8, dtype=torch.float32):
 def test_product_backends_keep_autos_order():
     for kind in ("flash", "sliding_window", "sparse", "dilated_window"):
         assert available_backends(kind) == list(BACKENDS), kind
-    # linear: the Taylor map's fused parallel form (kernels/taylor.py) sits between the chunked kernel and torch
-    assert available_backends("linear") == ["triton", "parallel", "torch", "reference"]
-    assert get_backends("linear")["parallel"].priority == 250 and get_backends("linear")["parallel"].devices == ("cuda",)
+    # linear: the Taylor map's fused parallel form (kernels/taylor.py) and fused chunked form (kernels/taylor_chunk.py)
+    # sit between the chunked kernel and torch (auto_priority lifts them by length: tests/test_taylor_chunked.py)
+    assert available_backends("linear") == ["triton", "parallel", "taylor_chunk", "torch", "reference"]
+    lin = get_backends("linear")
+    assert lin["parallel"].priority == 250 and lin["parallel"].devices == ("cuda",)
+    assert lin["taylor_chunk"].priority == 240 and lin["taylor_chunk"].devices == ("cuda",)
     b = get_backends("flash")
     assert (b["triton"].priority, b["torch"].priority, b["reference"].priority) == (300, 200, 100)
     assert b["triton"].devices == ("cuda",) and b["torch"].devices is None
@@ -50,7 +53,8 @@ def test_anchors_are_registered_without_priority_and_degrade_cleanly():
     names = backend_names()
     for n in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex", "naive", "fa2", "fa3", "fla", "mine"):
         assert n in names, n
-    assert [n for n in names if n in BACKENDS] == list(BACKENDS) and names[:4] == ["triton", "parallel", "torch",
+    assert [n for n in names if n in BACKENDS] == list(BACKENDS) and names[:5] == ["triton", "parallel",
+                                                                                    "taylor_chunk", "torch",
                                                                                     "reference"]
     regs = get_backends("flash")
     assert all(regs[n].priority is None for n in ("sdpa_flash", "sdpa_cudnn", "flex", "naive", "fa2", "mine"))
@@ -73,7 +77,7 @@ def test_explicit_names_and_errors():
     n0 = CALLS["mine"]
     torch.testing.assert_close(attention(q, k, v, spec, backend="mine"), attention(q, k, v, spec, backend="reference"))
     assert CALLS["mine"] == n0 + 1
-    with pytest.raises(ValueError, match=r"backend='nope' is not supported; allowed values: auto, triton, parallel, torch, "
+    with pytest.raises(ValueError, match=r"backend='nope' is not supported; allowed values: auto, triton, parallel, taylor_chunk, torch, "
                                          r"reference, .*sdpa_flash.*mine"):
         attention(q, k, v, spec, backend="nope")
     with pytest.raises(ValueError, match="backend='mine' is not registered for kind='linear'; available: triton"):
@@ -193,7 +197,7 @@ def test_bench_model_lists_backends_from_the_registry():
 
     assert set(bm.default_backends()) >= {"triton", "torch", "sdpa_flash", "sdpa_cudnn"}
     assert bm.parse_list("torch,mine", backend_names(), "backends") == ["torch", "mine"]
-    with pytest.raises(SystemExit, match=r"--backends: \['nope'\] not supported; allowed values: triton, parallel, torch"):
+    with pytest.raises(SystemExit, match=r"--backends: \['nope'\] not supported; allowed values: triton, parallel, taylor_chunk, torch"):
         bm.parse_list("nope", backend_names(), "backends")
 
 
