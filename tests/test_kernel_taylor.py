@@ -194,15 +194,16 @@ def test_second_order_gradients_are_refused_not_silently_dropped():
         (gq.pow(2).sum() + q.sum()).backward()
 
 
-def test_model_on_the_parallel_backend_generates_with_a_cache():
+@pytest.mark.parametrize("backend", ["parallel", "taylor_chunk"])
+def test_model_on_the_parallel_backend_generates_with_a_cache(backend):
     """train.py attention_backend=parallel builds every layer with backend='parallel'; generate(use_cache=True)
-    passed it to linear_prefill, which refused it ("backend='parallel' is not supported"). The parallel form keeps
+    passed it to linear_prefill, which refused it ("backend='parallel' is not supported"). The fused forms keep
     no state, so the prefill takes the chunked form; the tokens equal those of the no-cache path."""
     from attn_zoo.model import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=32, max_seq_len=32, n_layer=1, n_head=2, d_model=32),
-                AttentionSpec(causal=True, **TAYLOR), backend="parallel").eval().to(DEV)
+                AttentionSpec(causal=True, **TAYLOR), backend=backend).eval().to(DEV)
     idx = torch.randint(0, 32, (2, 9), device=DEV)
     want = model.generate(idx, 4, greedy=True, use_cache=False)
     assert torch.equal(model.generate(idx, 4, greedy=True, use_cache=True), want)

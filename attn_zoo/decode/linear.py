@@ -136,6 +136,11 @@ def _triton_reason(q, k, v, spec) -> Optional[str]:
     return b.supports(q, k, v, spec, False)
 
 
+STATELESS_FORMS = ("parallel", "taylor_chunk")
+"""Backends of :func:`attn_zoo.attention` for ``linear`` that return no state; :func:`linear_prefill` runs them as
+``"auto"``."""
+
+
 def linear_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec, state: Optional[LinearState] = None,
     backend: str = "auto",
@@ -148,8 +153,9 @@ def linear_prefill(
         state: :class:`LinearState` of the tokens before (``None``: empty).
         backend: ``"auto"`` (Triton kernel on CUDA when it supports the input, else ``"torch"``), ``"triton"``
             (:func:`kernels.linear.linear_attention` with ``initial_state`` / ``output_final_state``), ``"torch"``
-            (chunked PyTorch form), ``"reference"`` (masked quadratic form, fp32); ``"parallel"`` (the Taylor map's
-            fused form in :func:`attn_zoo.attention`, which has no state) runs as ``"auto"``.
+            (chunked PyTorch form), ``"reference"`` (masked quadratic form, fp32); :data:`STATELESS_FORMS`
+            (``"parallel"``, ``"taylor_chunk"``: the Taylor map's fused forms in :func:`attn_zoo.attention`, which
+            return no state) run as ``"auto"``.
 
     Returns:
         ``out (B, Hq, N, Dv)`` in ``q.dtype`` (equal to :func:`attn_zoo.attention` of the whole sequence's last
@@ -161,8 +167,8 @@ def linear_prefill(
     """
     _check(q, k, v, spec, state, "linear_prefill")
     B, Hkv, N = k.shape[0], k.shape[1], k.shape[2]
-    if backend == "parallel":  # the fused quadratic form of attention() keeps no state: the prefill, which must
-        backend = "auto"       # return one, takes a chunked form (a model built with backend='parallel' generates)
+    if backend in STATELESS_FORMS:  # attention()'s fused Taylor forms keep no state: the prefill, which must return
+        backend = "auto"            # one, takes a chunked form (a model built with backend='parallel' generates)
     if backend == "auto":
         backend = "triton" if q.is_cuda and _triton_reason(q, k, v, spec) is None else "torch"
     if backend not in LINEAR_DECODE_BACKENDS:
