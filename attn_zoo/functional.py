@@ -121,7 +121,9 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
     FAVOR in fp16 (the Taylor map on its symmetric features, up to ``D = 21``) -- else ``torch`` (SDPA /
     FlexAttention / chunked PyTorch). The Taylor map goes to ``parallel``, its fused quadratic form, below
     ``TAYLOR_CHUNKED_MIN_N`` tokens (:mod:`attn_zoo.backends.triton_taylor`; a backend's ``auto_priority`` ranks it
-    by shape, :mod:`attn_zoo.registry`) and where ``triton`` refuses it. The reasons of the backends it passed over
+    by shape, :mod:`attn_zoo.registry`) and where ``triton`` refuses it; causal Taylor with ``Nq = Nk`` goes to
+    ``taylor_chunk``, its fused chunked form, from ``TAYLOR_FUSED_MIN_N`` tokens
+    (:mod:`attn_zoo.backends.triton_taylor_chunk`). The reasons of the backends it passed over
     are in the error when none fits. ``documents=True`` (a call with ``doc_ids``): only backends registered with
     ``documents=True``. Raises ``ValueError`` / ``TypeError`` as :func:`attention`.
     """

@@ -20,9 +20,10 @@ A backend is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out
   (:func:`document_backends`).
 
 Built in (:mod:`attn_zoo.backends`): the product backends ``triton`` (300, CUDA only under ``auto``), ``parallel``
-(250, CUDA, ``linear`` with the Taylor map; 350 below ``TAYLOR_CHUNKED_MIN_N`` tokens), ``torch`` (200) and ``reference`` (100), which fix ``auto``'s order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``,
-``sdpa_efficient``, ``sdpa_math``, ``flex``, ``naive``, ``fa2``, ``fa3``, ``fa4``, ``flex_fa4`` and ``fla`` (no
-priority; the ones whose package is missing say so through ``available()``, naming the package and the pyproject
+(250, CUDA, ``linear`` with the Taylor map; 350 below ``TAYLOR_CHUNKED_MIN_N`` tokens), ``taylor_chunk`` (240, CUDA,
+causal Taylor; 360 from ``TAYLOR_FUSED_MIN_N`` tokens), ``torch`` (200) and ``reference`` (100), which fix ``auto``'s
+order, and the anchors ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``, ``sdpa_math``, ``flex``, ``naive``,
+``fa2``, ``fa3``, ``fa4``, ``flex_fa4`` and ``fla`` (no priority; the ones whose package is missing say so through ``available()``, naming the package and the pyproject
 extra, e.g. ``pip install -e .[fa4]``). Sweeps and benchmarks iterate this registry
 (:func:`backend_names`), so a backend registered by a plugin module (:func:`load_plugins`) is timed with no edit
 to ``eval/``::
