@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv, next_pow2
+from ._host import cdiv, launch, next_pow2
 
 __all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
            "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
@@ -833,7 +833,7 @@ def _launch(kind, kernel, grid_fn, F, Dv, chunk, dtype, config, args, **const):
         if not names or "STG" in names:  # the chunk loop's own pipelining depth: every load in it is prefetched
             kw["STG"] = st
         try:
-            ck = kernel[grid_fn(BK, BV)](*args, num_warps=w, num_stages=st, **kw)
+            ck = launch(kernel, grid_fn(BK, BV), args, num_warps=w, num_stages=st, **kw)
             _CHOSEN[key] = i
             rec = _RECORD.get()
             if rec is not None:
@@ -948,9 +948,9 @@ def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
     FP = _pow2(F, 16, MAX_DIM)
     BR = max(1, 4096 // FP)
     nq, nk = q.numel() // F, k.numel() // F
-    _phi_map[(cdiv(nq, BR) + cdiv(nk, BR),)](
-        q, fq, nq, q.shape[1], q.shape[2], *q.stride(), k, fk, nk, k.shape[1], k.shape[2], *k.stride(), F,
-        FM=fm, BR=BR, FP=FP, num_warps=4)
+    launch(_phi_map, (cdiv(nq, BR) + cdiv(nk, BR),),
+           (q, fq, nq, q.shape[1], q.shape[2], *q.stride(), k, fk, nk, k.shape[1], k.shape[2], *k.stride(), F),
+           FM=fm, BR=BR, FP=FP, num_warps=4)
     return fq, fk
 
 
@@ -1045,8 +1045,8 @@ class _LinearAttention(torch.autograd.Function):
         cd = torch.empty_like(den)
         rden = torch.empty_like(den)
         nrows = B * Hq * Nq
-        _bwd_pre[(cdiv(nrows, 64),)](o, do, den, cd, rden, nrows, Dv, BM=64, BV=min(64, _pow2(Dv)),
-                                            num_warps=4)
+        launch(_bwd_pre, (cdiv(nrows, 64),), (o, do, den, cd, rden, nrows, Dv), BM=64, BV=min(64, _pow2(Dv)),
+               num_warps=4)
         has_dst = dST is not None or dZT is not None
         if has_dst:
             dST = (dST if dST is not None else torch.zeros(B, Hkv, F, Dv, device=dev)).float().contiguous()

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv, next_pow2
+from ._host import cdiv, launch, next_pow2
 
 __all__ = ["taylor_parallel", "eps_reason", "MAX_DIM"]
 
@@ -239,9 +239,9 @@ class _TaylorParallel(torch.autograd.Function):
         out = q.new_empty(B, Hq, Nq, v.shape[-1])
         den = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
         scale = q.shape[-1] ** -0.5
-        _taylor_fwd[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
-            q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, float(eps), **meta)
+        launch(_taylor_fwd, (cdiv(Nq, meta["BLOCK_M"]), B * Hq),
+               (q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, float(eps)), **meta)
         ctx.save_for_backward(q, k, v, out, den)
         ctx.causal = causal
         ctx.doc_ids = doc_ids
@@ -264,15 +264,15 @@ class _TaylorParallel(torch.autograd.Function):
         dq = dk = dv = None
         if need_q:
             dq = torch.empty_like(q)
-            _taylor_bwd_dq[(cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
-                q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-                Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, **meta)
+            launch(_taylor_bwd_dq, (cdiv(Nq, meta["BLOCK_M"]), B * Hq),
+                   (q, k, v, dout, den, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+                    Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale), **meta)
         if need_k or need_v:  # one kernel makes both
             dk = torch.empty(B, Hkv, Nk, D, device=q.device, dtype=torch.float32)  # GQA groups summed in-kernel
             dv = torch.empty(B, Hkv, Nk, v.shape[-1], device=q.device, dtype=torch.float32)
-            _taylor_bwd_dkdv[(cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
-                q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-                *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale, **meta)
+            launch(_taylor_bwd_dkdv, (cdiv(Nk, meta["BLOCK_N"]), B * Hkv),
+                   (q, k, v, dout, den, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+                    *_strides(dk), *_strides(dv), Hq, n_rep, Nq, Nk, Nk - Nq, doc, scale), **meta)
             dk = dk.to(k.dtype) if need_k else None
             dv = dv.to(v.dtype) if need_v else None
         return dq, dk, dv, None, None, None

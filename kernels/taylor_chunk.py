@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv
+from ._host import cdiv, launch
 from .taylor import MAX_GRID_Y, eps_reason
 
 __all__ = ["taylor_chunk", "taylor_chunk_torch", "TaylorChunkConfig", "MAX_D", "MAX_DV", "CHUNK_SIZES"]
@@ -380,9 +380,9 @@ class _TaylorChunk(torch.autograd.Function):
         out = torch.empty(B, H, N, Dv, device=q.device, dtype=q.dtype)
         den = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
         scale = D ** -0.5
-        _taylor_chunk_fwd[(cdiv(Dv, meta["BV"]), B * H)](
-            q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, scale, float(eps),
-            **meta)
+        launch(_taylor_chunk_fwd, (cdiv(Dv, meta["BV"]), B * H),
+               (q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, scale, float(eps)),
+               **meta)
         ctx.save_for_backward(q, k, v, out, den)
         ctx.cfg = cfg
         return out
@@ -404,10 +404,10 @@ class _TaylorChunk(torch.autograd.Function):
         args = (q, k, v, dout, den, delta, dqp, dkp, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
                 dqp.stride(0), *_strides(dqp[0]), *_strides(dv), H, N, D ** -0.5)
         if cfg.bwd_fused:
-            _taylor_chunk_bwd[(nv, B * H, 2)](*args, MODE=2, **meta)
+            launch(_taylor_chunk_bwd, (nv, B * H, 2), args, MODE=2, **meta)
         else:
-            _taylor_chunk_bwd[(nv, B * H, 1)](*args, MODE=0, **meta)
-            _taylor_chunk_bwd[(nv, B * H, 1)](*args, MODE=1, **meta)
+            launch(_taylor_chunk_bwd, (nv, B * H, 1), args, MODE=0, **meta)
+            launch(_taylor_chunk_bwd, (nv, B * H, 1), args, MODE=1, **meta)
         dq = (dqp[0] if nv == 1 else dqp.sum(0)).to(q.dtype)
         dk = (dkp[0] if nv == 1 else dkp.sum(0)).to(k.dtype)
         return dq, dk, dv, None, None

@@ -466,3 +466,26 @@ def test_zero_normaliser_rows_are_exact_zeros(causal):
         assert rel(out[:, :, others], ref[0][:, :, others]) <= 1e-4, backend
         for name, x, r in zip(("dq", "dk", "dv"), got[1:], ref[1:]):
             assert rel(x, r) <= 1e-3, (backend, name, rel(x, r))
+
+
+@gpu
+@pytest.mark.parametrize("backend,fm", [("triton", "elu1"), ("triton", "taylor"), ("parallel", "taylor"),
+                                        ("taylor_chunk", "taylor")])
+def test_gpu_kept_launchers_give_tritons_results(backend, fm, monkeypatch):
+    """kernels._host.launch: a repeated call goes through the kept compiled kernels' launchers (no Triton binding);
+    forward and every gradient equal those of Triton's own launch path on the same inputs."""
+    from kernels import _host
+
+    spec = AttentionSpec(kind="linear", causal=True, feature_map=fm)
+    D = 16 if fm == "taylor" else 64
+    fn = lambda a, b, c: attention(a, b, c, spec, backend=backend)  # noqa: E731
+    got = {}
+    for fast in (False, True):
+        monkeypatch.setattr(_host, "FAST_LAUNCH", fast)
+        _host.clear_launches()
+        for seed in (1, 2):  # with fast: the first call keeps the launchers, the second uses them
+            q, k, v, do = (t.to(torch.bfloat16) for t in _inputs(2, 4, 2, 300, 300, D, 64, seed=seed))
+            got[fast, seed] = _grads(fn, q, k, v, do)
+        assert (len(_host._FAST) > 0) == fast
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got[True, 2], got[False, 2]):
+        assert torch.isfinite(x).all() and rel(x, r) <= 1e-6, (name, rel(x, r))

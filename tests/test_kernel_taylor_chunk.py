@@ -49,16 +49,22 @@ def test_fp32_outputs_and_every_gradient_vs_reference(B, Hq, Hkv, N, D, Dv, chun
         assert rel(x, r) <= 1e-5, (name, rel(x, r))
 
 
-def test_backend_by_name_matches_reference_and_auto_never_picks_it():
+def test_backend_by_name_matches_reference_and_auto_ranks_it_by_length():
+    from attn_zoo.backends.triton_taylor_chunk import PRIORITY_LONG, TAYLOR_FUSED_MIN_N
     from attn_zoo.registry import available_backends, get_backends
 
     q, k, v, do = _inputs(1, 2, 1, 72, 72, 16, 16, seed=3)
     got = _grads(lambda a, b, c: attention(a, b, c, SPEC, backend="taylor_chunk"), q, k, v, do)
     for name, x, r in zip(NAMES, got, _ref(q, k, v, do)):
         assert rel(x, r) <= 1e-5, (name, rel(x, r))
-    assert get_backends("linear")["taylor_chunk"].priority is None
-    assert "taylor_chunk" not in available_backends("linear")
-    assert resolve_backend(q, k, v, SPEC).name != "taylor_chunk"
+    b = get_backends("linear")["taylor_chunk"]
+    assert b.priority == 240 and "taylor_chunk" in available_backends("linear") and b.devices == ("cuda",)
+    assert resolve_backend(q, k, v, SPEC).name != "taylor_chunk"  # CPU tensors: CUDA-only under auto
+    n = TAYLOR_FUSED_MIN_N
+    long_, short = torch.empty(1, 1, n, 16), torch.empty(1, 1, n - 1, 16)
+    assert b.auto_priority(long_, long_, long_, SPEC) == PRIORITY_LONG
+    assert b.auto_priority(short, short, short, SPEC) is None
+    assert b.auto_priority(long_, long_, long_, SPEC.replace(feature_map="elu1")) is None
 
 
 def test_pytorch_algorithm_matches_reference_in_fp64():
