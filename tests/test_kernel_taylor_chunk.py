@@ -1,4 +1,4 @@
-"""The fused chunked Taylor kernel (kernels/taylor_chunk.py, opt-in backend ``taylor_chunk`` of ``linear``).
+"""The fused chunked Taylor kernel (kernels/taylor_chunk.py, backend ``taylor_chunk`` of ``linear``).
 
 Ground truth: the fp32 masked quadratic form on explicit features, :func:`attn_zoo.reference.linear_attention_reference`.
 CPU: the Triton interpreter (tests/conftest.py), small shapes that still cross the kernel's edges: several chunks
@@ -199,3 +199,25 @@ def test_gpu_bf16_based_shape_every_config(N):
                     assert torch.isfinite(x).all(), (cfg, name)
                     assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (cfg, name, rel(x, r), rel(p, r))
                     assert rel(x, r) <= 2 * rel(pp, r) + 1e-3, (cfg, name, rel(x, r), rel(pp, r))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_auto_runs_it_in_fp32_and_fp16(dtype):
+    """auto takes taylor_chunk for every dtype from TAYLOR_FUSED_MIN_N tokens; the bf16 test above is the only
+    other GPU one, so fp32 (ieee dots, twice the tile bytes) and fp16 (run in fp32) compile and match here: fp32
+    to 1e-4 of the fp32 reference, fp16 by the FlashAttention rule."""
+    from attn_zoo.backends.triton_taylor_chunk import TAYLOR_FUSED_MIN_N
+
+    N = TAYLOR_FUSED_MIN_N + 100  # a partial last chunk
+    q, k, v, do = _inputs(1, 4, 2, N, N, 16, 64, seed=7)
+    ref = _ref(q, k, v, do)
+    lo = [t.to(dtype) for t in (q, k, v, do)]
+    assert resolve_backend(*lo[:3], SPEC).name == "taylor_chunk"
+    got = _grads(lambda a, b, c: attention(a, b, c, SPEC), *lo)
+    plain = _grads(lambda a, b, c: _plain_torch(a, b, c, SPEC), *lo) if dtype != torch.float32 else None
+    for i, (name, x, r) in enumerate(zip(NAMES, got, ref)):
+        assert x.dtype == dtype and torch.isfinite(x).all(), name
+        bound = 1e-4 if plain is None else (2 if i == 0 else 3) * rel(plain[i], r) + 1e-3
+        assert rel(x, r) <= bound, (name, rel(x, r), bound)

@@ -1,5 +1,5 @@
 """``taylor_chunk`` backend of ``linear`` for the Taylor feature map: the fused chunked form of
-:mod:`kernels.taylor_chunk` (opt-in).
+:mod:`kernels.taylor_chunk`.
 
 Causal Taylor linear attention with the ``1 + D + D^2`` features never built: per chunk of 64 tokens the own chunk in
 the quadratic form of :mod:`kernels.taylor` and the earlier chunks through a state split by order (``S0 (Dv)``,
