@@ -25,14 +25,14 @@ def _leaf(*ts):
     return [t.detach().clone().requires_grad_() for t in ts]
 
 
-def cases(with_fla: bool):
+def cases(with_fla: bool, families=("elu1", "taylor")):
     """(name, N, B, {impl: (fwd callable, leaves)}) per case."""
     import attn_zoo
     from kernels.linear import linear_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     H = 16
-    for N in (512, 4096, 16384):
+    for N in (512, 4096, 16384) if "elu1" in families else ():
         B = 16384 // N
         q, k, v = (torch.randn(B, H, N, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         fq, fk = Fn.elu(q) + 1, Fn.elu(k) + 1
@@ -45,7 +45,7 @@ def cases(with_fla: bool):
             impls["fla"] = (lambda b=b: chunk_linear_attn(b[0], b[1], b[2], scale=1.0, normalize=True)[0], b)
         yield "elu1", N, B, impls
     spec = attn_zoo.AttentionSpec(kind="linear", causal=True, feature_map="taylor")
-    for N in (1024, 4096, 16384):
+    for N in (1024, 4096, 16384) if "taylor" in families else ():
         B = 16384 // N
         q, k = (torch.randn(B, H, N, 16, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         v = torch.randn(B, H, N, 64, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -63,12 +63,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--families", default="elu1,taylor", help="comma list of elu1, taylor")
     args = p.parse_args(argv)
+    fams = tuple(args.families.split(","))
+    if not fams or any(f not in ("elu1", "taylor") for f in fams):
+        p.error(f"--families: {args.families!r}; allowed values: elu1, taylor (comma list)")
     from kernels import _host
 
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for fam, N, B, impls in cases(not args.no_fla):
+    for fam, N, B, impls in cases(not args.no_fla, fams):
         for name, (fn, leaves) in impls.items():
             do = torch.randn_like(fn())
 

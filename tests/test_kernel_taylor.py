@@ -123,8 +123,9 @@ def test_supports_dispatch_and_bad_inputs():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_auto_picks_parallel_for_taylor_d16_on_cuda():
     """A Based-sized Taylor layer (D = 16) at a short length (N = 512 < TAYLOR_CHUNKED_MIN_N) runs the fused parallel
-    form under ``auto`` on a GPU, and matches the chunked PyTorch form in bf16 training shapes; from
-    TAYLOR_CHUNKED_MIN_N tokens auto takes the chunked triton backend (symmetric features), at any D <= 21."""
+    form under ``auto`` on a GPU, and matches the chunked PyTorch form in bf16 training shapes; at long lengths auto
+    takes the fused chunked taylor_chunk (causal, Nq = Nk, D <= 16) or else the chunked triton backend (symmetric
+    features, from TAYLOR_CHUNKED_MIN_N tokens, D <= 21)."""
     from attn_zoo.backends.triton_taylor import TAYLOR_CHUNKED_MIN_N
 
     spec = AttentionSpec(causal=True, **TAYLOR)
@@ -132,8 +133,9 @@ def test_auto_picks_parallel_for_taylor_d16_on_cuda():
     assert resolve_backend(q, k, v, spec).name == "parallel"
     assert resolve_backend(q[..., :8], k[..., :8], v, spec).name == "parallel"  # short: parallel at any D
     long = torch.zeros(1, 1, TAYLOR_CHUNKED_MIN_N, 16, device=q.device, dtype=q.dtype)
-    assert resolve_backend(long, long, long, spec).name == "triton"
-    assert resolve_backend(long[..., :8], long[..., :8], long, spec).name == "triton"
+    assert resolve_backend(long, long, long, spec).name == "taylor_chunk"
+    assert resolve_backend(long[..., :8], long[..., :8], long, spec).name == "taylor_chunk"
+    assert resolve_backend(long, long, long, spec.replace(causal=False)).name == "triton"
     got = _grads(lambda a, b, c: attention(a, b, c, spec), q, k, v, do)
     ref = _grads(lambda a, b, c: linear_attention_reference(a, b, c, spec), *(t.float() for t in (q, k, v, do)))
     pt = _grads(lambda a, b, c: attention(a, b, c, spec, backend="torch"), q, k, v, do)
