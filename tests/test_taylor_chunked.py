@@ -231,9 +231,11 @@ def test_prefers_parallel_by_length():
 
 @pytest.fixture
 def cuda_free_auto(monkeypatch):
-    """auto as on a GPU, on the CPU: triton and parallel not limited to CUDA tensors (the interpreter runs them)."""
+    """auto as on a GPU, on the CPU: triton, parallel and taylor_chunk not limited to CUDA tensors (the interpreter
+    runs them)."""
     from attn_zoo import registry
 
+    registry._ensure_builtin()  # the built-in backends registered (run alone, nothing else has imported them)
     regs = registry._REGISTRY["linear"]
     for name in ("triton", "parallel", "taylor_chunk"):
         monkeypatch.setitem(regs, name, dataclasses.replace(regs[name], devices=None))
@@ -243,6 +245,20 @@ def cuda_free_auto(monkeypatch):
     registry.forget_derived()
 
 
+def _auto_picks(spec, lengths, tol):
+    """``{N: the backend auto picks}`` for causal inputs of each length, each run through ``attention`` and checked
+    against the reference."""
+    from attn_zoo.functional import resolve_backend
+
+    pick = {}
+    for N in lengths:
+        q, k, v, _ = _inputs(1, 2, 1, N, N, 16, 16, seed=N)
+        pick[N] = resolve_backend(q, k, v, spec).name
+        out = attention(q, k, v, spec)  # runs what auto picked
+        torch.testing.assert_close(out, linear_attention_reference(q, k, v, spec), rtol=tol, atol=tol)
+    return pick
+
+
 def test_auto_picks_parallel_below_the_threshold_and_triton_from_it(cuda_free_auto, monkeypatch):
     import attn_zoo.backends.triton_taylor as tt
     from attn_zoo.functional import resolve_backend
@@ -250,13 +266,7 @@ def test_auto_picks_parallel_below_the_threshold_and_triton_from_it(cuda_free_au
 
     monkeypatch.setattr(tt, "TAYLOR_CHUNKED_MIN_N", 32)  # small shapes for the interpreter
     spec = AttentionSpec(causal=True, chunk_size=16, **TAYLOR)
-    pick = {}
-    for N in (31, 32):
-        q, k, v, do = _inputs(1, 2, 1, N, N, 16, 16, seed=N)
-        pick[N] = resolve_backend(q, k, v, spec).name
-        out = attention(q, k, v, spec)  # runs what auto picked
-        torch.testing.assert_close(out, linear_attention_reference(q, k, v, spec), rtol=1e-4, atol=1e-4)
-    assert pick == {31: "parallel", 32: "triton"}
+    assert _auto_picks(spec, (31, 32), tol=1e-4) == {31: "parallel", 32: "triton"}
     q31 = torch.zeros(1, 1, 31, 16, device=DEV)
     order = [b.name for b in auto_order(get_backends("linear"), (q31, q31, q31, spec))]
     assert order[:3] == ["parallel", "triton", "taylor_chunk"]
@@ -281,13 +291,7 @@ def test_auto_picks_the_fused_chunked_form_from_its_threshold(cuda_free_auto, mo
     monkeypatch.setattr(tc, "TAYLOR_FUSED_MIN_N", 48)
     monkeypatch.setattr(tt, "TAYLOR_CHUNKED_MIN_N", 1024)
     spec = AttentionSpec(causal=True, chunk_size=16, **TAYLOR)
-    pick = {}
-    for N in (47, 48):
-        q, k, v, _ = _inputs(1, 2, 1, N, N, 16, 16, seed=N)
-        pick[N] = resolve_backend(q, k, v, spec).name
-        out = attention(q, k, v, spec)  # runs what auto picked
-        torch.testing.assert_close(out, linear_attention_reference(q, k, v, spec), rtol=2e-4, atol=2e-4)
-    assert pick == {47: "parallel", 48: "taylor_chunk"}
+    assert _auto_picks(spec, (47, 48), tol=2e-4) == {47: "parallel", 48: "taylor_chunk"}
     q, k, v, _ = _inputs(1, 2, 1, 64, 64, 16, 16)
     assert resolve_backend(q, k, v, spec.replace(causal=False)).name == "parallel"
     assert resolve_backend(q[:, :, :60], k, v, spec).name == "parallel"  # Nq != Nk
