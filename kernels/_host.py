@@ -105,6 +105,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _compiling() -> bool:
+    """True while ``torch.compile`` traces: it captures ``kernel[grid](...)`` itself (a user-defined Triton kernel in
+    the graph), and a direct launcher call or a fake tensor's ``data_ptr`` would break the graph."""
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
 def _arg_key(a):
     """What Triton may specialise a compiled kernel on, for one positional argument: a tensor's dtype, 16-byte
     alignment of its pointer and device; any other value as itself (ints exactly: their ``== 1`` / divisibility /
@@ -121,11 +129,11 @@ def launch(kernel, grid, args, num_warps: int = 4, num_stages=None, **constexprs
     call with the same key calls that launcher directly (H200 machine, triton 3.6: Triton's launcher costs ~100 us
     of host time per launch for these ~30-argument kernels, the direct call ~10 us). Every argument Triton specialises
     on is in the key, so the direct call runs the kernel Triton would have chosen. Through Triton's own path always:
-    the interpreter, a launch hook installed (profilers), ``FAST_LAUNCH = False``. Returns the ``CompiledKernel``
-    (``None`` under the interpreter); raises what ``kernel[grid](...)`` raises (e.g. ``OutOfResources`` on the
-    first call)."""
+    the interpreter, ``torch.compile`` tracing, a launch hook installed (profilers), ``FAST_LAUNCH = False``.
+    Returns the ``CompiledKernel`` (``None`` under the interpreter); raises what ``kernel[grid](...)`` raises (e.g.
+    ``OutOfResources`` on the first call)."""
     opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
-    if not FAST_LAUNCH or _interpreting() or not CompiledLaunch.ready():
+    if not FAST_LAUNCH or _interpreting() or _compiling() or not CompiledLaunch.ready():
         return kernel[grid](*args, **opts, **constexprs)
     key = (kernel, tuple(grid), num_warps, num_stages, tuple(constexprs.items()), tuple(map(_arg_key, args)))
     hit = _FAST.get(key)
