@@ -376,7 +376,7 @@ def _taylor_methods(B, H, N, D, Dv, dtype, dev, keep=None):
 
         a = leaf(q, k, v)
         M["ours_parallel"] = (lambda a=a: taylor_parallel(a[0], a[1], a[2], causal=True, eps=spec.eps), a, False)
-    if want("ours_taylor_chunk"):  # the fused chunked form (kernels/taylor_chunk.py), opt-in backend taylor_chunk
+    if want("ours_taylor_chunk"):  # the fused chunked form (kernels/taylor_chunk.py), backend taylor_chunk
         from kernels.taylor_chunk import taylor_chunk
 
         a = leaf(q, k, v)
@@ -416,14 +416,15 @@ def bench_taylor(args, dev, dtype, t_start, env):
     forward+backward, peak memory); ``auto_backend``: what ``auto`` ran; ``x_best_fla_fwd_bwd`` on our rows: the
     best fla time over ours (> 1: ours faster); ``x_parallel_over_chunked``: on the chunked row."""
     from attn_zoo.backends.triton_taylor import TAYLOR_CHUNKED_MIN_N
+    from attn_zoo.backends.triton_taylor_chunk import TAYLOR_FUSED_MIN_N
     from attn_zoo.functional import resolve_backend
 
     H, D, Dv = args.heads, args.taylor_dim, args.taylor_dv
     keep = None if args.methods == "all" else set(args.methods.split(","))
     print(f"Taylor: H={H} D={D} Dv={Dv} {dtype} causal, B*N={args.tokens}, TAYLOR_CHUNKED_MIN_N="
-          f"{TAYLOR_CHUNKED_MIN_N}", flush=True)
+          f"{TAYLOR_CHUNKED_MIN_N}, TAYLOR_FUSED_MIN_N={TAYLOR_FUSED_MIN_N}", flush=True)
     rows, checks = [], []
-    env = dict(env, taylor_chunked_min_n=TAYLOR_CHUNKED_MIN_N)
+    env = dict(env, taylor_chunked_min_n=TAYLOR_CHUNKED_MIN_N, taylor_fused_min_n=TAYLOR_FUSED_MIN_N)
     for N in [int(x) for x in args.taylor_ns.split(",")]:
         if budget_spent(t_start, args.time_budget_s, f"taylor N={N}"):
             continue
