@@ -100,6 +100,7 @@ _FAST = {}  # (kernel, grid, options, constexprs, argument keys) -> (CompiledLau
 
 
 def _interpreting() -> bool:
+    """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``), read per call as the kernels' tests set it."""
     import os
 
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -45,7 +45,6 @@ Public API: :func:`decode_attn` (forward only, no autograd), :func:`decode_spars
 from __future__ import annotations
 
 import numbers
-import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -53,7 +52,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._host import cdiv, next_pow2
+from ._host import _interpreting, cdiv, next_pow2
 
 NUM_WARPS = (1, 2, 4, 8, 16, 32)  # decode_plan's num_warps: Triton launches powers of two
 
@@ -65,10 +64,6 @@ LN2 = 0.6931471805599453
 MAX_HEAD_DIM = 256
 MAX_HEAD_DIM_QK = 1024  # q.k head dim D and value head dim Dv of decode_attn (MLA latents: 576 / 512)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # --------------------------------------------------------------------------------------------- kernels

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import os
 import weakref
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv, launch, next_pow2
+from ._host import _interpreting, cdiv, launch, next_pow2
 
 __all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
            "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
@@ -608,10 +607,6 @@ def _seg_dkdv(
 
 
 # ----------------------------------------------------------------------------------------------- launcher
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _pow2(n: int, lo: int = 16, hi: int = 128) -> int:
     return max(lo, min(hi, next_pow2(n)))
 

@@ -51,7 +51,6 @@ gradients summed by autograd).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -59,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv, launch
+from ._host import _interpreting, cdiv, launch
 from .taylor import MAX_GRID_Y, eps_reason
 
 __all__ = ["taylor_chunk", "taylor_chunk_torch", "TaylorChunkConfig", "MAX_D", "MAX_DV", "CHUNK_SIZES"]
@@ -354,10 +353,6 @@ def _taylor_chunk_bwd(Q, K, V, DO, DEN, DELTA, DQP, DKP, DV, sq_b, sq_h, sq_n, s
 
 
 # ------------------------------------------------------------------------------------------------------- host
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
