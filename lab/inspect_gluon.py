@@ -4,13 +4,15 @@ registers, spills (stack bytes), shared memory and the wgmma / TMA / barrier cou
 Gluon's API is triton-version specific: run it with the GPU machine's triton (3.6), e.g.::
 
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
-    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv] \
-        [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load] [--ptx DIR]
+    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv,
+        gluon_bwd_dkdv2,gluon_bwd_dkdv2pp] [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load]
+        [--bwd-block-m M] [--bwd-block-n N] [--ptx DIR]
 
 Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
 (:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for the backward kernel of
 ``FlashConfig(bwd_impl="gluon")``: ``gluon_bwd`` with the atomic dQ (``WRITE_DQ=True``, ``gluon_bwd_dq="atomic"``),
-``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), each once per ``--lse``
+``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), ``gluon_bwd_dkdv2`` the
+two-consumer dK / dV kernel (``gluon_bwd_consumers=2``; ``gluon_bwd_dkdv2pp`` with ping-pong), each once per ``--lse``
 way of reading lse2 / delta: ``tma`` (through the ring into shared memory, ``LSE_TMA=True``) and ``load``
 (``gl.load`` into registers, the first version)); an impl that fails to compile prints its error and the rest go on.
 """
@@ -89,12 +91,14 @@ def _report(ck, tile: str, ptx: bool) -> dict:
 
 
 def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
-                     write_dq: bool = True, lse_tma: bool = True, consumers: int = 1, pingpong: bool = False) -> dict:
+                     write_dq: bool = True, lse_tma: bool = True, consumers: int = 1, pingpong: bool = False,
+                     block_m_override: int = 0, block_n_override: int = 0) -> dict:
     """Compile the Gluon backward (``bwd_impl="gluon"``) at the launcher's tiles
     (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a: ``consumers=1``: ``_gl_bwd_kernel`` with
     ``WRITE_DQ=write_dq`` (the atomic dQ); ``consumers=2``: ``_gl_bwd_dkdv2_kernel`` (dK / dV only, ``write_dq``
-    must be False) with ``PINGPONG=pingpong``; ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way. The
-    same report as :func:`compile_case`."""
+    must be False) with ``PINGPONG=pingpong``; ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way.
+    ``block_m_override`` / ``block_n_override`` (0: the launcher's): other tiles, to see what they would cost (the
+    program's key rows: with two consumers each gets half). The same report as :func:`compile_case`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
@@ -105,6 +109,7 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     block_m, block_n, stages, warps = gluon_bwd_tiles(D, consumers)
     if stages_override:
         stages = stages_override
+    block_m, block_n = block_m_override or block_m, block_n_override or block_n
     fn = GK._gl_bwd_kernel if consumers == 1 else GK._gl_bwd_dkdv2_kernel
     import triton.experimental.gluon.language as gl
 
@@ -145,6 +150,9 @@ def main():
     ap.add_argument("--lse", default="tma,load",
                     help="backward only: how lse2 / delta are read: tma (ring, shared memory), load (gl.load)")
     ap.add_argument("--stages", type=int, default=0, help="override the ring depth (0: the launcher's)")
+    ap.add_argument("--bwd-block-m", type=int, default=0, help="backward only: override BLOCK_M (0: the launcher's)")
+    ap.add_argument("--bwd-block-n", type=int, default=0,
+                    help="backward only: override BLOCK_N, the program's key rows (0: the launcher's)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
@@ -164,7 +172,9 @@ def main():
                                     raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
                                 wdq, cons, pp = BWD_IMPLS[impl]
                                 r = compile_bwd_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
-                                                     write_dq=wdq, lse_tma=lse == "tma", consumers=cons, pingpong=pp)
+                                                     write_dq=wdq, lse_tma=lse == "tma", consumers=cons, pingpong=pp,
+                                                     block_m_override=args.bwd_block_m,
+                                                     block_n_override=args.bwd_block_n)
                             else:
                                 r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx),
                                                  stages_override=args.stages)
