@@ -1,7 +1,7 @@
 """Backward-only timing of the Gluon backward's variants against the Triton backward (lab: not installed; Hopper).
 
 ``python -m lab.gluon_bwd_sweep [--D 128,64] [--N 4096,16384] [--causal 1,0] [--dq atomic,triton] [--lse tma,load]
-[--stages 2] [--out F.csv]``
+[--stages 2] [--consumers 1,2] [--pingpong 0,1] [--out F.csv]``
 
 bf16, 16k tokens per call (B = 16384 // N), hidden 2048 (H = 2048 // D). For each case: the forward once
 (``FlashConfig()``), then ``torch.autograd.grad`` of the output timed with ``triton.testing.do_bench`` (median ms),
@@ -11,12 +11,15 @@ for the Triton backward and for ``bwd_impl="gluon"`` at every combination of
   Gluon kernel computes dK / dV only, then bwd.py's Triton dQ kernel);
 * ``--lse``: ``kernels.flash.gluon.GLUON_BWD_LSE_TMA``: ``tma`` (lse2 / delta through the TMA ring into shared
   memory) or ``load`` (``gl.load`` into registers, the first version);
+* ``--consumers``: ``FlashConfig.gluon_bwd_consumers``: 1 (one 8-warp consumer partition) or 2 (two 1-warpgroup
+  partitions, ``_gl_bwd_dkdv2_kernel``; only with ``--dq triton``: the combinations with ``atomic`` are skipped);
+* ``--pingpong``: ``kernels.flash.gluon.GLUON_BWD_PINGPONG`` (0 / 1; two consumers only: 1 is skipped with one);
 * ``--stages``: the ring depth (``kernels.flash.gluon.gluon_bwd_tiles`` patched; 2, 3 and 4 were within 3 % of each
   other on the H200 with the first version, so the default is the launcher's 2 only).
 
 Every Gluon gradient is compared with the Triton one (max abs error printed; > 2e-2 marks the row ``BAD``). TFLOP/s
 by the FlashAttention convention (backward = 2.5x the forward's 4 B H N^2 D, causal halved). One row per (case,
-impl, dq, lse, stages) on stdout and in ``--out``.
+impl, dq, lse, consumers, pingpong, stages) on stdout and in ``--out``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import triton
 
 import kernels.flash.gluon as G
 from kernels import FlashConfig, flash_attn
-from kernels.flash import GLUON_BWD_DQ
+from kernels.flash import GLUON_BWD_CONSUMERS, GLUON_BWD_DQ
 
 LSE_MODES = {"tma": True, "load": False}  # --lse value -> GLUON_BWD_LSE_TMA
 
@@ -58,10 +61,19 @@ def main(argv=None):
                     help="FlashConfig.gluon_bwd_dq values: atomic, triton")
     ap.add_argument("--lse", type=_choices(tuple(LSE_MODES)), default=list(LSE_MODES),
                     help="how the kernel reads lse2 / delta: tma (shared memory), load (registers)")
+    ap.add_argument("--consumers", type=_choices(tuple(str(c) for c in GLUON_BWD_CONSUMERS)), default=["1"],
+                    help="FlashConfig.gluon_bwd_consumers values: 1, 2 (2 only with --dq triton)")
+    ap.add_argument("--pingpong", type=_choices(("0", "1")), default=["0"],
+                    help="GLUON_BWD_PINGPONG values (two consumers only): 0, 1")
     ap.add_argument("--stages", type=_ints, default=[2])
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    orig_tiles, orig_lse = G.gluon_bwd_tiles, G.GLUON_BWD_LSE_TMA
+    orig_tiles, orig_lse, orig_pp = G.gluon_bwd_tiles, G.GLUON_BWD_LSE_TMA, G.GLUON_BWD_PINGPONG
+    combos = [(dq, lse, int(c), int(pp), st) for dq, lse, c, pp, st in
+              itertools.product(a.dq, a.lse, a.consumers, a.pingpong, a.stages)
+              if not (c == "2" and dq != "triton") and not (c == "1" and pp == "1")]
+    if not combos:
+        ap.error("no combination to time: --consumers 2 needs --dq triton, --pingpong 1 needs --consumers 2")
     rows = []
     for D in a.D:
         for N in a.N:
@@ -75,16 +87,19 @@ def main(argv=None):
                 o_t = flash_attn(q, k, v, causal=bool(causal), config=FlashConfig())
                 ref = torch.autograd.grad(o_t, (q, k, v), do, retain_graph=True)
                 ms = triton.testing.do_bench(lambda: torch.autograd.grad(o_t, (q, k, v), do, retain_graph=True))
-                rows.append(dict(D=D, N=N, causal=causal, impl="triton", dq="", lse="", stages="", ms=ms,
-                                 tflops=flops / ms / 1e9, max_err=0.0))
+                rows.append(dict(D=D, N=N, causal=causal, impl="triton", dq="", lse="", consumers="",
+                                 pingpong="", stages="", ms=ms, tflops=flops / ms / 1e9, max_err=0.0))
                 n_before = len(rows)
-                for dq, lse, st in itertools.product(a.dq, a.lse, a.stages):
-                    G.gluon_bwd_tiles = lambda d, st=st: orig_tiles(d)[:2] + (st,) + orig_tiles(d)[3:]
+                for dq, lse, cons, pp, st in combos:
+                    G.gluon_bwd_tiles = lambda d, c=1, st=st: orig_tiles(d, c)[:2] + (st,) + orig_tiles(d, c)[3:]
                     G.GLUON_BWD_LSE_TMA = LSE_MODES[lse]
-                    row = dict(D=D, N=N, causal=causal, impl="gluon", dq=dq, lse=lse, stages=st)
+                    G.GLUON_BWD_PINGPONG = bool(pp)
+                    row = dict(D=D, N=N, causal=causal, impl="gluon", dq=dq, lse=lse, consumers=cons, pingpong=pp,
+                               stages=st)
                     try:
                         o_g = flash_attn(q, k, v, causal=bool(causal),
-                                         config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq))
+                                         config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq,
+                                                            gluon_bwd_consumers=cons))
                         got = torch.autograd.grad(o_g, (q, k, v), do, retain_graph=True)
                         err = max((x.float() - y.float()).abs().max().item() for x, y in zip(got, ref))
                         ms = triton.testing.do_bench(
@@ -94,14 +109,16 @@ def main(argv=None):
                         rows.append(dict(row, ms=float("nan"), tflops=float("nan"), max_err=float("nan"),
                                          error=f"{type(e).__name__}: {e}"[:200]))
                     finally:
-                        G.gluon_bwd_tiles, G.GLUON_BWD_LSE_TMA = orig_tiles, orig_lse
+                        G.gluon_bwd_tiles, G.GLUON_BWD_LSE_TMA, G.GLUON_BWD_PINGPONG = orig_tiles, orig_lse, orig_pp
                 for r in rows[n_before - 1:]:
                     bad = " BAD" if r["max_err"] > 2e-2 else ""
                     print(f"D={D:3d} N={N:6d} causal={causal} {r['impl']:6s} dq={r['dq']:6s} lse={r['lse']:4s} "
+                          f"cons={r['consumers']!s:1s} pp={r['pingpong']!s:1s} "
                           f"stages={r['stages']!s:2s} {r['ms']:8.3f} ms {r['tflops']:7.1f} TF/s "
                           f"err {r['max_err']:.2e}{bad} {r.get('error', '')}", flush=True)
     if a.out:
-        keys = ["D", "N", "causal", "impl", "dq", "lse", "stages", "ms", "tflops", "max_err", "error"]
+        keys = ["D", "N", "causal", "impl", "dq", "lse", "consumers", "pingpong", "stages", "ms", "tflops", "max_err",
+                "error"]
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()

@@ -4,13 +4,15 @@ registers, spills (stack bytes), shared memory and the wgmma / TMA / barrier cou
 Gluon's API is triton-version specific: run it with the GPU machine's triton (3.6), e.g.::
 
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
-    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv] \
-        [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load] [--ptx DIR]
+    PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv,
+        gluon_bwd_dkdv2,gluon_bwd_dkdv2pp] [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load]
+        [--bwd-block-m M] [--bwd-block-n N] [--ptx DIR]
 
 Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
 (:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for the backward kernel of
 ``FlashConfig(bwd_impl="gluon")``: ``gluon_bwd`` with the atomic dQ (``WRITE_DQ=True``, ``gluon_bwd_dq="atomic"``),
-``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), each once per ``--lse``
+``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), ``gluon_bwd_dkdv2`` the
+two-consumer dK / dV kernel (``gluon_bwd_consumers=2``; ``gluon_bwd_dkdv2pp`` with ping-pong), each once per ``--lse``
 way of reading lse2 / delta: ``tma`` (through the ring into shared memory, ``LSE_TMA=True``) and ``load``
 (``gl.load`` into registers, the first version)); an impl that fails to compile prints its error and the rest go on.
 """
@@ -89,19 +91,26 @@ def _report(ck, tile: str, ptx: bool) -> dict:
 
 
 def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
-                     write_dq: bool = True, lse_tma: bool = True) -> dict:
-    """Compile the Gluon backward ``_gl_bwd_kernel`` (``bwd_impl="gluon"``) at the launcher's tiles
-    (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a, with ``WRITE_DQ=write_dq`` (the atomic dQ) and
-    ``LSE_TMA=lse_tma`` (lse2 / delta through the ring); the same report as :func:`compile_case`."""
+                     write_dq: bool = True, lse_tma: bool = True, consumers: int = 1, pingpong: bool = False,
+                     block_m_override: int = 0, block_n_override: int = 0) -> dict:
+    """Compile the Gluon backward (``bwd_impl="gluon"``) at the launcher's tiles
+    (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a: ``consumers=1``: ``_gl_bwd_kernel`` with
+    ``WRITE_DQ=write_dq`` (the atomic dQ); ``consumers=2``: ``_gl_bwd_dkdv2_kernel`` (dK / dV only, ``write_dq``
+    must be False) with ``PINGPONG=pingpong``; ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way.
+    ``block_m_override`` / ``block_n_override`` (0: the launcher's): other tiles, to see what they would cost (the
+    program's key rows: with two consumers each gets half). The same report as :func:`compile_case`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
     from kernels.flash.gluon import gluon_bwd_tiles, lse_layout, nvmma_layout
 
-    block_m, block_n, stages, warps = gluon_bwd_tiles(D)
+    if consumers != 1 and write_dq:
+        raise ValueError("consumers=2 computes dK / dV only: write_dq must be False")
+    block_m, block_n, stages, warps = gluon_bwd_tiles(D, consumers)
     if stages_override:
         stages = stages_override
-    fn = GK._gl_bwd_kernel
+    block_m, block_n = block_m_override or block_m, block_n_override or block_n
+    fn = GK._gl_bwd_kernel if consumers == 1 else GK._gl_bwd_dkdv2_kernel
     import triton.experimental.gluon.language as gl
 
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
@@ -115,27 +124,35 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
             "offset", "group", "lse_stride")
     types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
                  sm_scale="fp32", **{n: "i32" for n in ints})
-    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, WRITE_DQ=write_dq,
-                 LSE_TMA=lse_tma, num_warps=warps)
+    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma,
+                 num_warps=warps)
+    const.update(dict(WRITE_DQ=write_dq) if consumers == 1 else dict(PINGPONG=pingpong))
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps))
-    return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps}w", ptx)
+    warps_tag = f"{warps}w" if consumers == 1 else f"2x{warps}w"
+    return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps_tag}", ptx)
 
 
-BWD_IMPLS = {"gluon_bwd": True, "gluon_bwd_dkdv": False}  # inspect name -> WRITE_DQ
+# inspect name -> compile_bwd_case's (write_dq, consumers, pingpong)
+BWD_IMPLS = {"gluon_bwd": (True, 1, False), "gluon_bwd_dkdv": (False, 1, False),
+             "gluon_bwd_dkdv2": (False, 2, False), "gluon_bwd_dkdv2pp": (False, 2, True)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv",
                     help="forward impls and / or the backward kernel (bwd_impl='gluon'): gluon_bwd (atomic dQ), "
-                         "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton')")
+                         "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton'), gluon_bwd_dkdv2 (the same with "
+                         "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG)")
     ap.add_argument("--lse", default="tma,load",
                     help="backward only: how lse2 / delta are read: tma (ring, shared memory), load (gl.load)")
     ap.add_argument("--stages", type=int, default=0, help="override the ring depth (0: the launcher's)")
+    ap.add_argument("--bwd-block-m", type=int, default=0, help="backward only: override BLOCK_M (0: the launcher's)")
+    ap.add_argument("--bwd-block-n", type=int, default=0,
+                    help="backward only: override BLOCK_N, the program's key rows (0: the launcher's)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
@@ -153,8 +170,11 @@ def main():
                             if impl in BWD_IMPLS:
                                 if lse not in ("tma", "load"):
                                     raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
+                                wdq, cons, pp = BWD_IMPLS[impl]
                                 r = compile_bwd_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
-                                                     write_dq=BWD_IMPLS[impl], lse_tma=lse == "tma")
+                                                     write_dq=wdq, lse_tma=lse == "tma", consumers=cons, pingpong=pp,
+                                                     block_m_override=args.bwd_block_m,
+                                                     block_n_override=args.bwd_block_n)
                             else:
                                 r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx),
                                                  stages_override=args.stages)

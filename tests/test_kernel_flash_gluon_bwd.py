@@ -10,7 +10,8 @@ reading lse2 / delta (``GLUON_BWD_LSE_TMA``): dq / dk / dv against the fp32 refe
 error, as tests/test_kernel_flash.py) and against the Triton backward on the same forward, causal and full,
 Nq == Nk and Nq != Nk (incl. causal rows that see no key), N not a multiple of the tiles, GQA / MQA, D 64 / 128,
 bf16 / fp16, both input layouts, the lse gradient path; bitwise repeatable gradients with ``gluon_bwd_dq="triton"``
-(which ``deterministic=True`` allows).
+(which ``deterministic=True`` allows). The same for ``gluon_bwd_consumers=2`` (``_gl_bwd_dkdv2_kernel``, with and
+without ``GLUON_BWD_PINGPONG``; CPU: its validation and dispatch).
 """
 
 import os
@@ -25,7 +26,7 @@ import pytest  # noqa: E402
 
 from attn_zoo import AttentionSpec, softmax_attention_reference  # noqa: E402
 from kernels import FlashConfig, flash_attn  # noqa: E402
-from kernels.flash import BWD_IMPLS, GLUON_BWD_DQ  # noqa: E402
+from kernels.flash import BWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_BWD_DQ  # noqa: E402
 from kernels.flash import bwd as BW  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 from tests.test_kernel_flash_gluon import _plain_torch  # noqa: E402  (the one plain-PyTorch attention)
@@ -80,6 +81,29 @@ def test_gluon_bwd_dq_validation_and_key():
         with pytest.raises(ValueError, match=r"gluon_bwd_dq=.* is not supported; allowed values: 'atomic', "
                                              r"'triton'$"):
             FlashConfig(bwd_impl="gluon", gluon_bwd_dq=bad)
+
+
+def test_gluon_bwd_consumers_validation_and_key():
+    """gluon_bwd_consumers: 1 (default, key unchanged) or 2, and 2 only with gluon_bwd_dq="triton" (the two-consumer
+    kernel computes dK / dV only); anything else is a ValueError naming the field and its allowed values."""
+    assert GLUON_BWD_CONSUMERS == (1, 2)
+    assert FlashConfig().gluon_bwd_consumers == 1 and FlashConfig(bwd_impl="gluon", gluon_bwd_consumers=1).key == \
+        '{"bwd_impl": "gluon"}'
+    two = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
+    assert two != FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton") and FlashConfig.from_key(two.key) == two
+    assert hash(FlashConfig.from_key(two.key)) == hash(two) and '"gluon_bwd_consumers": 2' in two.key
+    assert FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton").replace(gluon_bwd_consumers=2) == two
+    assert FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2, deterministic=True).deterministic
+    for bad in (0, 3, 4, -1, "2", 2.0, None, True):
+        with pytest.raises(ValueError, match=r"gluon_bwd_consumers=.* is not supported with gluon_bwd_dq='triton'; "
+                                             r"allowed values: 1, 2"):
+            FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=bad)
+    for kw in (dict(bwd_impl="gluon"), dict(bwd_impl="gluon", gluon_bwd_dq="atomic"), dict()):
+        with pytest.raises(ValueError, match=r"gluon_bwd_consumers=2 is not supported with gluon_bwd_dq='atomic'; "
+                                             r"allowed values: 1, 2 \(2 only with gluon_bwd_dq='triton'"):
+            FlashConfig(gluon_bwd_consumers=2, **kw)
+    with pytest.raises(ValueError, match=r"gluon_bwd_consumers=2 is not supported with gluon_bwd_dq='atomic'"):
+        two.replace(gluon_bwd_dq="atomic")
 
 
 def test_deterministic_refuses_gluon_backward_with_atomic_dq_only():
@@ -175,7 +199,7 @@ class _FakeKernel:
         def launch(*args, **kw):
             self.calls.append((grid, args, kw))
             dqa, dk, dv = args[6], args[9], args[10]
-            if kw["WRITE_DQ"]:
+            if kw.get("WRITE_DQ"):  # (the two-consumer kernel has no WRITE_DQ: dK / dV only)
                 dqa.fill_(self.fill)
             dk.fill_(1.0)
             dv.fill_(2.0)
@@ -184,14 +208,16 @@ class _FakeKernel:
 
 def _fake_gluon(monkeypatch):
     """Mock the Gluon side of gluon_flash_bwd (kernel module, descriptors, layouts); returns (kernel, descriptors)."""
-    kern, descs = _FakeKernel(), []
+    kern, kern2, descs = _FakeKernel(), _FakeKernel(), []
 
     def td(base, shape, strides, block, layout):
         descs.append((base, shape, strides, block, layout))
         return ("desc", len(descs) - 1)
 
     gl = SimpleNamespace(bfloat16="bf16", float16="fp16")
-    monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern), td, gl))
+    monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern, _gl_bwd_dkdv2_kernel=kern2),
+                                                      td, gl))
+    kern.two = kern2  # (the two-consumer kernel, gluon_bwd_consumers=2)
     monkeypatch.setattr(G, "nvmma_layout", lambda block, dt: ("nvmma", tuple(block), dt))
     monkeypatch.setattr(G, "lse_layout", lambda: "lse_layout")
     return kern, descs
@@ -240,6 +266,46 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
     with pytest.raises(ValueError, match=r"gluon_bwd_dq='x' is not supported; allowed values: 'atomic', 'triton'"):
         G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal,
                           config=SimpleNamespace(gluon_bwd_dq="x"))
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
+    """gluon_bwd_consumers=2 (with gluon_bwd_dq="triton"): _gl_bwd_dkdv2_kernel runs instead of _gl_bwd_kernel, on
+    the same grid (cdiv(Nk, 128) key tiles of 128 rows: two consumers of 64) and arguments, with num_warps = 4 (the
+    default partition: one warpgroup), PINGPONG = GLUON_BWD_PINGPONG and no WRITE_DQ; dq from the Triton dQ kernel,
+    equal to the Triton backward's. The atomic dQ with two consumers is refused (FlashConfig first, then
+    gluon_flash_bwd itself for a config object that skipped the check)."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 40, 200, 64
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=5)
+    scale = D ** -0.5
+    out, lse = _fwd(q, k, v, scale, causal)
+    kern, descs = _fake_gluon(monkeypatch)
+    monkeypatch.setattr(G, "GLUON_BWD_PINGPONG", pingpong)
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg)
+    assert kern.calls == [] and len(kern.two.calls) == 1
+    grid, args, kw = kern.two.calls[-1]
+    bm, bn, stages, warps = G.gluon_bwd_tiles(D, 2)
+    assert (bm, bn, warps) == (64, 128, 4) and grid == (-(-Nk // bn), B * Hkv)
+    assert "WRITE_DQ" not in kw and kw["PINGPONG"] is pingpong and kw["num_warps"] == 4 and kw["CAUSAL"] is causal
+    assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"], kw["HEAD_D"]) == (bm, bn, stages, D)
+    assert args[6] is args[8]  # no dQ buffer
+    assert (dk == 1).all() and (dv == 2).all()
+    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig())
+    assert torch.equal(dq, ref[0])
+    # the one-consumer launch of the same call differs only in kernel, warps and the WRITE_DQ / PINGPONG constexprs
+    G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg.replace(gluon_bwd_consumers=1))
+    grid1, args1, kw1 = kern.calls[-1]
+    assert grid1 == grid and len(args1) == len(args) and kw1["WRITE_DQ"] is False and kw1["num_warps"] == 8
+    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps")} == \
+        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps")}
+    for bad in (SimpleNamespace(gluon_bwd_dq="atomic", gluon_bwd_consumers=2),
+                SimpleNamespace(gluon_bwd_dq="triton", gluon_bwd_consumers=3)):
+        with pytest.raises(ValueError, match=rf"gluon_bwd_consumers={bad.gluon_bwd_consumers} is not supported with "
+                                             rf"gluon_bwd_dq='{bad.gluon_bwd_dq}'; allowed values: \(1, 2\)"):
+            G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=bad)
+    assert len(kern.two.calls) == 1
 
 
 @pytest.mark.parametrize("Nq", [1, 2, 3, 4, 37, 40, 777])
@@ -311,9 +377,17 @@ def test_bwd_tiles_fit_shared_memory_and_refuse_other_head_dims():
         # K, V, ring of Q / dO, dS^T (2-byte elements), ring of lse2 / delta (fp32)
         smem = 2 * (2 * bn * D + stages * 2 * bm * D + bn * bm) + stages * 2 * 4 * bm
         assert smem <= 227 * 1024 - 1024, (D, smem)
+        bm2, bn2, stages2, warps2 = G.gluon_bwd_tiles(D, 2)
+        assert (bm2, bn2, warps2) == (64, 128, 4) and bn2 // 2 == 64  # two 1-warpgroup consumers of 64 key rows
+        smem2 = 2 * (2 * bn2 * D + stages2 * 2 * bm2 * D) + stages2 * 2 * 4 * bm2  # no dS^T buffer
+        assert smem2 < smem and smem2 <= 227 * 1024 - 1024, (D, smem2)
     for D in (32, 96, 256):
         with pytest.raises(ValueError, match=r"D=\d+ is not supported by the Gluon backward; allowed values"):
             G.gluon_bwd_tiles(D)
+    for c in (0, 3, None):
+        with pytest.raises(ValueError, match=r"consumers=.* is not supported by the Gluon backward; allowed values: "
+                                             r"\(1, 2\)"):
+            G.gluon_bwd_tiles(64, c)
 
 
 def test_bench_flash_ours_gluon_bwd_and_tdq():
@@ -469,15 +543,159 @@ def test_gpu_triton_dq_is_deterministic(lse_tma, causal):
             assert torch.equal(a, b), name
 
 
+# ------------------------------------------------------------- GPU: the two-consumer dK / dV kernel (consumers=2)
+
+
+@pytest.fixture(params=[(True, False), (True, True), (False, False)], ids=["tma-nopp", "tma-pp", "load-nopp"])
+def two_mode(request, monkeypatch):
+    """The two-consumer kernel's schedules (kernels.flash.gluon.GLUON_BWD_PINGPONG off / on) with lse2 / delta by
+    TMA (the default), and without ping-pong by gl.load (GLUON_BWD_LSE_TMA=False); ``(lse_tma, pingpong)``."""
+    lse_tma, pp = request.param
+    monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", lse_tma)
+    monkeypatch.setattr(G, "GLUON_BWD_PINGPONG", pp)
+    return request.param
+
+
+_TWO = FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
+
+
+def _only_two_consumer_kernel(monkeypatch):
+    """Make the one-consumer kernel raise, so that a passing test proves _gl_bwd_dkdv2_kernel computed dK / dV."""
+    from kernels.flash import _gluon_kernels as GK
+
+    class _Refuse:
+        def __getitem__(self, grid):
+            raise AssertionError("_gl_bwd_kernel ran with gluon_bwd_consumers=2")
+
+    monkeypatch.setattr(GK, "_gl_bwd_kernel", _Refuse())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("Hq,Hkv,Nq,Nk,dtype,bnhd", [
+    (8, 2, 1000, 1000, torch.bfloat16, False),  # GQA 4:1, N not a multiple of the tiles
+    (4, 4, 300, 1000, torch.bfloat16, True),  # Nq < Nk (bottom-right causal: consumer 1 skips tiles), model layout
+    (4, 1, 1000, 333, torch.float16, False),  # Nq > Nk: causal rows that see no key; MQA
+    (2, 2, 2048, 2048, torch.bfloat16, True),  # whole tiles
+    (2, 2, 1, 200, torch.float16, False),  # one query row
+    (2, 2, 200, 70, torch.bfloat16, False),  # Nk in (64, 128): consumer 1's rows partly past Nk
+    (2, 2, 200, 50, torch.bfloat16, False),  # Nk < 64: consumer 1's rows all past Nk
+])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_two_consumers_grads_match_reference_and_triton(monkeypatch, two_mode, causal, D, Hq, Hkv, Nq,
+                                                             Nk, dtype, bnhd):
+    """gluon_bwd_consumers=2: dq / dk / dv against the fp32 reference (within 3x plain PyTorch's error) and the
+    Triton backward, like test_gpu_grads_match_reference_and_triton."""
+    _only_two_consumer_kernel(monkeypatch)
+    q, k, v, do = _qkv(2, Hq, Hkv, Nq, Nk, D, dtype=dtype, bnhd=bnhd)
+    ran = []
+    real = G.gluon_flash_bwd
+    monkeypatch.setattr(G, "gluon_flash_bwd",
+                        lambda *a, **kw: ran.append(kw["config"].gluon_bwd_consumers) or real(*a, **kw))
+    ours = _grads(q, k, v, do, causal, _TWO)
+    assert ran == [2]
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+    ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
+    rg = torch.autograd.grad(ref, ref_leaves, do.float())
+    pl_leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    pg = torch.autograd.grad(_plain_torch(*pl_leaves, causal, D ** -0.5), pl_leaves, do)
+    for name, a, b, r, p, x in zip(("dq", "dk", "dv"), ours, tri, rg, pg, (q, k, v)):
+        assert a.shape == x.shape and a.dtype == x.dtype and a.stride() == x.stride(), name
+        assert torch.isfinite(a).all(), name
+        bound = 3 * (p.float() - r).abs().max().item() + 1e-4
+        assert (a.float() - r).abs().max().item() <= bound, (name, (a.float() - r).abs().max().item(), bound)
+        assert (a.float() - b.float()).abs().max().item() <= bound, name
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_two_consumers_lse_gradient_and_outputs(monkeypatch, two_mode, causal):
+    """The lse gradient path and the outputs (out, lse equal to the one-consumer run's: the forward is shared) with
+    gluon_bwd_consumers=2, against the Triton backward."""
+    _only_two_consumer_kernel(monkeypatch)
+    q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
+    ours = _grads(q, k, v, do, causal, _TWO.replace(fwd_impl="auto", tma_min_pairs=0), lse_grad=True)
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"), lse_grad=True)
+    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+    o2, l2 = flash_attn(q, k, v, causal=causal, return_lse=True, config=_TWO)
+    o1, l1 = flash_attn(q, k, v, causal=causal, return_lse=True, config=FlashConfig(fwd_impl="triton"))
+    assert torch.equal(o2, o1) and torch.equal(l2, l1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_two_consumers_large_causal_close_to_triton(monkeypatch, two_mode):
+    """A benchmark-sized causal D 128 problem (the ring wraps many times; both consumers release every slot)."""
+    _only_two_consumer_kernel(monkeypatch)
+    q, k, v, do = _qkv(1, 4, 4, 8192, 8192, 128, bnhd=True)
+    ours = _grads(q, k, v, do, True, _TWO.replace(fwd_impl="auto"))
+    tri = _grads(q, k, v, do, True, FlashConfig())
+    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
+        err = (a.float() - b.float()).abs().max().item()
+        scale = b.float().abs().max().item()
+        assert err <= 2e-2 * scale + 1e-3, (name, err, scale)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_two_consumers_ragged_tail_and_rows_not_multiple_of_4(monkeypatch, two_mode, D):
+    """Nq = 100 with a next head whose lse2 would overflow 2^-lse2 (see test_gpu_ragged_tail_next_head_with_very_
+    negative_lse), then Nq = 257, Nk = 200 with B * Hq = 9: finite gradients close to the Triton backward's."""
+    _only_two_consumer_kernel(monkeypatch)
+    B, H, N = 1, 2, 100
+    q, k, v, do = _qkv(B, H, H, N, N, D, dtype=torch.float32, device="cpu", seed=3)
+    u = torch.randn(D, generator=torch.Generator().manual_seed(4))
+    k[:, 1, :28] = u
+    q[:, 1, :28] = -20 * u
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+    cases = [(q, k, v, do, True), (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), False),
+             (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), True)]
+    for q, k, v, do, causal in cases:
+        ours = _grads(q, k, v, do, causal, _TWO)
+        tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+        for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
+            assert torch.isfinite(a).all(), name
+            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_two_consumers_deterministic_and_equal_to_one_consumer(monkeypatch, two_mode, causal):
+    """gluon_bwd_consumers=2 with deterministic=True: bitwise repeatable dq / dk / dv (GQA, ragged N), and dk / dv
+    close to the one-consumer kernel's (the same sums in the same order per key row, bar the dS^T rounding path:
+    registers instead of shared memory, both bf16)."""
+    q, k, v, do = _qkv(2, 8, 2, 3000, 3000, 128, bnhd=True)
+    one = _grads(q, k, v, do, causal, _TWO.replace(gluon_bwd_consumers=1, deterministic=True))
+    _only_two_consumer_kernel(monkeypatch)
+    cfg = _TWO.replace(deterministic=True)
+    first = _grads(q, k, v, do, causal, cfg)
+    again = _grads(q, k, v, do, causal, cfg)
+    for name, a, b, c in zip(("dq", "dk", "dv"), first, again, one):
+        assert torch.equal(a, b), name
+        torch.testing.assert_close(a.float(), c.float(), atol=1e-2, rtol=1e-2, msg=name)
+    assert torch.equal(first[0], one[0])  # dq: the same Triton dQ kernel on the same inputs
+
+
 def test_gluon_bwd_sweep_refuses_unknown_modes(capsys):
     """lab/gluon_bwd_sweep.py times every (--dq, --lse) combination; unknown values stop it before any GPU work."""
     from lab import gluon_bwd_sweep as sw
 
     assert sw.LSE_MODES == {"tma": True, "load": False}
-    for flag, bad, allowed in (("--dq", "atomic,separate", "atomic, triton"), ("--lse", "smem", "tma, load")):
+    for flag, bad, allowed in (("--dq", "atomic,separate", "atomic, triton"), ("--lse", "smem", "tma, load"),
+                               ("--consumers", "1,3", "1, 2"), ("--pingpong", "2", "0, 1")):
         with pytest.raises(SystemExit):
             sw.main([flag, bad])
         assert f"allowed values: {allowed}" in capsys.readouterr().err
+    for argv in (["--dq", "atomic", "--consumers", "2"], ["--consumers", "1", "--pingpong", "1"]):
+        with pytest.raises(SystemExit):  # nothing to time: refused before any GPU work
+            sw.main(argv)
+        assert "--consumers 2 needs --dq triton" in capsys.readouterr().err
 
 
 def test_gpu_tests_isolated_parses_ids_and_classifies_faults(tmp_path):

@@ -53,8 +53,8 @@ Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :class:`FlashConfig`, 
 from .api import flash_attn, resolve_fwd_impl
 from .bwd import choose_dkdv_split, flash_attn_bwd, resolve_dkdv_split
 from .common import MAX_HEAD_DIM
-from .config import BWD_IMPLS, DQ_MODES, FWD_IMPLS, GLUON_BWD_DQ, FlashConfig, TileConfig, current_flash_config, \
-    flash_settings
+from .config import BWD_IMPLS, DQ_MODES, FWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_BWD_DQ, FlashConfig, TileConfig, \
+    current_flash_config, flash_settings
 from .fwd import flash_attn_fwd
 from .launch import KERNELS, autotune_results, clear_caches, clear_plans, launch_plans, pick_config, tma_ok, \
     visited_pairs
@@ -64,4 +64,4 @@ __all__ = ["flash_attn", "resolve_fwd_impl", "FWD_IMPLS", "BWD_IMPLS", "FlashCon
            "current_flash_config", "flash_attn_fwd", "flash_attn_bwd", "sparse_tiles", "build_sparse_tables",
            "sparse_mode", "choose_dkdv_split", "resolve_dkdv_split", "pick_config", "clear_plans", "clear_caches",
            "launch_plans", "autotune_results", "tma_ok", "visited_pairs", "KERNELS", "MAX_HEAD_DIM", "DQ_MODES",
-           "GLUON_BWD_DQ"]
+           "GLUON_BWD_DQ", "GLUON_BWD_CONSUMERS"]

@@ -494,3 +494,160 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
                           cnt, STAGES, BLOCK_M, LSE_TMA))],
         [1], [24])
+
+
+# ------------------------------------------------------------------------------------ gluon backward, two consumers
+# The dK / dV-only variant (WRITE_DQ=False; FlashConfig(gluon_bwd_consumers=2), which needs gluon_bwd_dq="triton"):
+# the program's BLOCK_N = 128 keys are split between two 1-warpgroup consumer PARTITIONS (FA3 sec. 3.1's layout
+# applied to the backward) instead of one 8-warp partition: consumer w owns key rows [start_n + 64 w, + 64) (its
+# slice of the K / V tiles in shared memory) and its own dK / dV accumulators, and both read every (Q, dO) slot of
+# the one ring (so Q / dO traffic per key is that of the 8-warp kernel; a slot's empty barrier expects one arrive per
+# consumer). What changes against the 8-warp partition:
+# * no dS^T buffer in shared memory: without dQ nobody else needs dS^T, so it stays in registers as the A operand of
+#   dK += dS^T Q (as P^T is for dV): no store, no fence, and no barrier across the two warpgroups per tile (the
+#   8-warp kernel's two warpgroups met at two 256-thread barriers per tile and so ran their exponentials in lockstep,
+#   with the tensor cores idle);
+# * each warpgroup synchronises with its own 128 threads only, so the two drift apart and one's elementwise work can
+#   overlap the other's wgmmas; PINGPONG makes that explicit: the two take turns to issue a tile's S^T / dP^T pair
+#   (the turn barriers and their phases as in the forward's ping-pong above: _pp_wait / _pp_pass);
+# * causal: consumer 1's keys start 64 rows later, so the query tiles entirely above them (at most one per head at
+#   BLOCK_M = 64) are released without any wgmma (uniform branch); both consumers walk the same tile sequence.
+
+
+@gluon.jit
+def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, my_turn, other_turn,
+                   Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group,
+                   Hq, Nq, Nk, offset, start_n, m_lo, cnt, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                   LSE_TMA: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+    """Consumer ``WG`` (0 or 1, one warpgroup) of ``_gl_bwd_dkdv2_kernel``: key rows ``[start_n + WG * BLOCK_N, +
+    BLOCK_N)`` (``BLOCK_N``: the consumer's rows, half the program's) against every ring slot from ``m_lo`` (the
+    program's first visited query tile), then ``dK * sm_scale`` / ``dV`` stored (rows < Nk)."""
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_D, 16])  # (BLOCK_N, HEAD_D)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # P^T, dS^T
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query column (replicated over keys)
+    start_w = start_n + WG * BLOCK_N
+    m_lo_w, cnt_w, m_mask_hi = _bwd_q_range(start_w, Nq, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    k2 = k_smem.reshape([2 * BLOCK_N, HEAD_D]).slice(WG * BLOCK_N, BLOCK_N)
+    v2 = v_smem.reshape([2 * BLOCK_N, HEAD_D]).slice(WG * BLOCK_N, BLOCK_N)
+    keys = start_w + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    mbarrier.wait(kv_bar, 0)  # also when no tile is visited: the program must not exit with the copy in flight
+    for i in range(0, group * cnt):
+        h = hk * group + i // cnt
+        t = m_lo + i % cnt
+        start_m = t * BLOCK_M
+        row0 = (b * Hq + h).to(gl.int64) * Nq
+        slot = i % STAGES
+        _pp_wait(my_turn, i, WG, PINGPONG)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        if t >= m_lo_w:  # (causal: the tiles above this consumer's keys see none of them: nothing to add)
+            q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+            do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+            s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+            st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _pp_pass(other_turn, PINGPONG)
+            if LSE_TMA:
+                st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
+                lse2 = lse_smem.index(slot).load(col_layout)
+                if start_m + BLOCK_M > Nq:  # ragged last tile: columns past Nq read padding / another head's rows
+                    cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                    lse2 = gl.where(cols < Nq, lse2, float("inf"))
+            else:
+                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
+                st = warpgroup_mma_wait(1, deps=(st_t, ))
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+            if CAUSAL:
+                if t < m_mask_hi:  # the tile crosses this consumer's diagonal: key j visible iff j <= i + offset
+                    cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                    ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
+                    pt = gl.where(ok, pt, 0.0)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
+            if LSE_TMA:
+                dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
+                delta = delta_smem.index(slot).load(col_layout)
+            else:
+                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
+                dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
+            ds_op = gl.convert_layout((pt * (dpt - gl.expand_dims(delta, 0))).to(dtype), op_layout)
+            dk = warpgroup_mma(ds_op, q2, dk, is_async=True)  # dS^T from registers: no shared memory, no barrier
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
+        else:
+            _pp_pass(other_turn, PINGPONG)
+        gl.thread_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
+        mbarrier.arrive(empty.index(slot), count=1)
+    dk16 = (dk * sm_scale).to(DK.dtype.element_ty)
+    dv16 = dv.to(DV.dtype.element_ty)
+    rows_o = start_w + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+    ok_o = gl.expand_dims(rows_o < Nk, 1)
+    rows64 = gl.expand_dims(rows_o.to(gl.int64), 1)
+    dk_base = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh
+    gl.store(dk_base + rows64 * stride_kn + gl.expand_dims(cols_o, 0), dk16, mask=ok_o)
+    dv_base = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh
+    gl.store(dv_base + rows64 * stride_vn + gl.expand_dims(cols_o, 0), dv16, mask=ok_o)
+
+
+@gluon.jit
+def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, Lse2, Delta, DK, DV,
+                         stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                         Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale,
+                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                         STAGES: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr,
+                         PINGPONG: gl.constexpr = False):
+    """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` and ``gluon_bwd_consumers=2``: the arguments of
+    ``_gl_bwd_kernel`` (``DQA`` never read), dK / dV only; ``BLOCK_N`` the program's key rows (even: two consumers
+    of ``BLOCK_N // 2``), ``num_warps = 4`` (the default partition is consumer 0; a 4-warp worker consumer 1 and a
+    1-warp producer follow). Grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``."""
+    dtype: gl.constexpr = q_desc.dtype
+    HALF: gl.constexpr = BLOCK_N // 2
+    start_n = gl.program_id(0) * BLOCK_N
+    bhk = gl.program_id(1)
+    b = bhk // Hkv
+    hk = bhk % Hkv
+    m_lo, cnt, m_mask_hi = _bwd_q_range(start_n, Nq, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    if LSE_TMA:
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                               delta_desc.layout)
+    else:  # (placeholders, never touched)
+        lse_smem = q_smem
+        delta_smem = q_smem
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # (one allocation each: see ws3)
+    turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer
+    mbarrier.init(turn0, count=1)
+    mbarrier.init(turn1, count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [(_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn0, turn1,
+                           Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b,
+                           hk, group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, qk_scale, sm_scale, CAUSAL, BLOCK_M,
+                           HALF, HEAD_D, STAGES, LSE_TMA, 0, PINGPONG, num_warps)),
+         (_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn1, turn0,
+                           Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b,
+                           hk, group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, qk_scale, sm_scale, CAUSAL, BLOCK_M,
+                           HALF, HEAD_D, STAGES, LSE_TMA, 1, PINGPONG, 4)),
+         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
+                          lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
+                          cnt, STAGES, BLOCK_M, LSE_TMA))],
+        [4, 1], [240, 24])

@@ -36,6 +36,9 @@ BWD_IMPLS = ("triton", "gluon")
 # the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
 # Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic)
 GLUON_BWD_DQ = ("atomic", "triton")
+# the Gluon backward's consumer partitions (FlashConfig.gluon_bwd_consumers): 1 (one 8-warp partition) or 2 (two
+# 1-warpgroup partitions of 64 key rows each; dK / dV only, so gluon_bwd_dq="triton" only)
+GLUON_BWD_CONSUMERS = (1, 2)
 KINDS = ("fwd", "dq", "dkdv")
 
 
@@ -131,6 +134,11 @@ class FlashConfig:
             kernel adds ``dS K`` into an fp32 buffer with atomics; not bitwise deterministic) or ``"triton"`` (the
             Gluon kernel computes dK / dV only, then the Triton dQ kernel of bwd.py runs as the Triton backward
             launches it: two kernels, no atomics, deterministic, so ``deterministic=True`` allows it).
+        gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
+            1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
+            partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
+            needs ``gluon_bwd_dq="triton"``). Opt-in and untimed (docs/kernels.md); anything else raises
+            ``ValueError``.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -152,6 +160,7 @@ class FlashConfig:
     sparse_dkdv: Optional[TileConfig] = None
     bwd_impl: str = "triton"  # (last ones: positional construction of the fields above is unchanged)
     gluon_bwd_dq: str = "atomic"
+    gluon_bwd_consumers: int = 1
 
     def __post_init__(self):
         if self.dq_mode not in DQ_MODES:
@@ -174,6 +183,12 @@ class FlashConfig:
         if self.gluon_bwd_dq not in GLUON_BWD_DQ:
             raise ValueError(f"gluon_bwd_dq={self.gluon_bwd_dq!r} is not supported; allowed values: "
                              f"{', '.join(map(repr, GLUON_BWD_DQ))}")
+        c = self.gluon_bwd_consumers
+        if (not isinstance(c, int) or isinstance(c, bool) or c not in GLUON_BWD_CONSUMERS
+                or (c != 1 and self.gluon_bwd_dq != "triton")):
+            raise ValueError(f"gluon_bwd_consumers={self.gluon_bwd_consumers!r} is not supported with gluon_bwd_dq="
+                             f"{self.gluon_bwd_dq!r}; allowed values: 1, 2 (2 only with gluon_bwd_dq='triton': "
+                             "the two-consumer kernel computes dK / dV only)")
         if self.deterministic and self.bwd_impl == "gluon" and self.gluon_bwd_dq == "atomic":
             raise ValueError("deterministic=True needs bwd_impl='triton', or bwd_impl='gluon' with "
                              "gluon_bwd_dq='triton' (bwd_impl='gluon' with gluon_bwd_dq='atomic' adds its fp32 dQ "

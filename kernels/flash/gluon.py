@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 
 from .common import INTERPRET
-from .config import BWD_IMPLS, FWD_IMPLS, GLUON_FWD_IMPLS, FlashConfig
+from .config import BWD_IMPLS, FWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_FWD_IMPLS, FlashConfig
 from .launch import visited_pairs
 
 GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
@@ -53,15 +53,21 @@ def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
 GLUON_BWD_HEAD_DIMS = (64, 128)  # what the Gluon backward (bwd_impl="gluon") runs
 
 
-def gluon_bwd_tiles(D: int) -> Tuple[int, int, int, int]:
+def gluon_bwd_tiles(D: int, consumers: int = 1) -> Tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of the Gluon backward at head dim ``D`` (64 or 128): key tiles of
-    ``BLOCK_N = 128`` rows held by an 8-warp consumer partition (two warpgroups), query tiles of ``BLOCK_M = 64``
-    streamed through a ``STAGES``-deep ring. Shared memory, bf16 at D = 128: K + V 64 KiB, STAGES x (Q + dO)
-    32 KiB, dS^T 16 KiB (lab/inspect_gluon.py --impls gluon_bwd prints the compiled figure). Raises ``ValueError``
-    for another ``D``."""
+    ``BLOCK_N = 128`` rows, query tiles of ``BLOCK_M = 64`` streamed through a ``STAGES``-deep ring.
+    ``consumers=1`` (``_gl_bwd_kernel``): the key tile held by one 8-warp consumer partition (two warpgroups of 64
+    key rows); shared memory, bf16 at D = 128: K + V 64 KiB, STAGES x (Q + dO) 32 KiB, dS^T 16 KiB.
+    ``consumers=2`` (``_gl_bwd_dkdv2_kernel``, dK / dV only): two 1-warpgroup consumer partitions of 64 key rows
+    each (``num_warps = 4`` is the default partition's; the kernel adds a 4-warp worker and the 1-warp producer), no
+    dS^T buffer. ``lab/inspect_gluon.py --impls gluon_bwd,gluon_bwd_dkdv,gluon_bwd_dkdv2`` prints the compiled
+    figures. Raises ``ValueError`` for another ``D`` or ``consumers``."""
     if D not in GLUON_BWD_HEAD_DIMS:
         raise ValueError(f"D={D} is not supported by the Gluon backward; allowed values: {GLUON_BWD_HEAD_DIMS}")
-    return 64, 128, 2, 8
+    if consumers not in GLUON_BWD_CONSUMERS:
+        raise ValueError(f"consumers={consumers!r} is not supported by the Gluon backward; allowed values: "
+                         f"{GLUON_BWD_CONSUMERS}")
+    return (64, 128, 2, 8) if consumers == 1 else (64, 128, 2, 4)
 
 
 def gluon_kernel(impl: str, GK):
@@ -307,6 +313,12 @@ sm_90a); ``False``: ``gl.load`` from global memory into registers (the first ver
 full / causal, with the atomic dQ). A module-level knob read at every call, for timing the two apart
 (``lab/gluon_bwd_sweep.py --lse``); not part of :class:`~kernels.flash.FlashConfig`."""
 
+GLUON_BWD_PINGPONG = False
+"""``gluon_bwd_consumers=2`` only (``_gl_bwd_dkdv2_kernel``'s ``PINGPONG`` constexpr): whether the two consumer
+warpgroups take turns to issue each query tile's S^T / dP^T wgmmas (FA3's ping-pong; ``False``: they run
+independently and drift apart on their own). A module-level knob read at every call, untimed so far
+(``lab/gluon_bwd_sweep.py --pingpong``); not part of :class:`~kernels.flash.FlashConfig`."""
+
 
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, softmax_scale: float, causal: bool, dlse: Optional[torch.Tensor] = None,
@@ -327,11 +339,13 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
       deterministic;
     * ``gluon_bwd_dq="triton"``: the kernel computes dK / dV only (``WRITE_DQ=False``: no ``dS K`` product, no
       atomics, no buffer) and the Triton dQ kernel of bwd.py runs as the Triton backward launches it for this mask
-      (:func:`kernels.flash.bwd.triton_dq`); deterministic.
+      (:func:`kernels.flash.bwd.triton_dq`); deterministic. With ``config.gluon_bwd_consumers=2`` the dK / dV
+      kernel is ``_gl_bwd_dkdv2_kernel`` (two 1-warpgroup consumer partitions of 64 key rows each, dS^T in
+      registers; :data:`GLUON_BWD_PINGPONG` says whether they ping-pong).
 
     Returns ``(dq, dk, dv)`` in the layouts of q / k / v (``grads_like_inputs``) or stored ``(B, N, H, D)``
-    (``False``: the custom op). Raises ``ValueError`` for an unknown ``config.gluon_bwd_dq`` (FlashConfig checks it
-    first)."""
+    (``False``: the custom op). Raises ``ValueError`` for an unknown ``config.gluon_bwd_dq``, or
+    ``config.gluon_bwd_consumers`` not in (1, 2) or 2 with the atomic dQ (FlashConfig checks both first)."""
     from .bwd import _bwd_preprocess, triton_dq
     from .config import GLUON_BWD_DQ
     from .launch import _bnhd_empty
@@ -341,10 +355,15 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         raise ValueError(f"gluon_bwd_dq={config.gluon_bwd_dq!r} is not supported; allowed values: "
                          f"{', '.join(map(repr, GLUON_BWD_DQ))}")
     write_dq = config.gluon_bwd_dq == "atomic"
+    consumers = getattr(config, "gluon_bwd_consumers", 1)
+    if consumers not in GLUON_BWD_CONSUMERS or (consumers != 1 and write_dq):
+        raise ValueError(f"gluon_bwd_consumers={consumers!r} is not supported with gluon_bwd_dq="
+                         f"{config.gluon_bwd_dq!r}; allowed values: {GLUON_BWD_CONSUMERS} (2 only with "
+                         f"gluon_bwd_dq='triton')")
     GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = gluon_bwd_tiles(D)
+    block_m, block_n, stages, warps = gluon_bwd_tiles(D, consumers)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
@@ -373,12 +392,16 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     lse_desc = TD(lse_buf, [lse_buf.numel()], [1], [block_m], lse_layout())
     delta_desc = TD(delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
-    GK._gl_bwd_kernel[(triton_cdiv(Nk, block_n), B * Hkv)](
+    if consumers == 1:
+        kernel, extra = GK._gl_bwd_kernel, dict(WRITE_DQ=write_dq)
+    else:  # dK / dV only (write_dq is False)
+        kernel, extra = GK._gl_bwd_dkdv2_kernel, dict(PINGPONG=bool(GLUON_BWD_PINGPONG))
+    kernel[(triton_cdiv(Nk, block_n), B * Hkv)](
         _descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
         _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv, dk.stride(0),
         dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv,
         lse_stride, softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
-        STAGES=stages, WRITE_DQ=write_dq, LSE_TMA=lse_tma, num_warps=warps)
+        STAGES=stages, LSE_TMA=lse_tma, num_warps=warps, **extra)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     else:
