@@ -35,6 +35,16 @@ Both scans run in one launch by default (grid axis 2: 0 = ``dq``, 1 = ``dk, dv``
 into blocks of ``block_v`` columns, ``dq`` and ``dk`` are sums over the blocks: each block writes an fp32 partial
 and the host adds them (deterministic; the ``c`` terms, which do not depend on the block, come from block 0 only).
 
+Segments (``TaylorChunkConfig.segments``; automatic while ``B * H * ceil(Dv / block_v)`` programs leave the GPU
+short): the sequence splits into ``NS`` segments of ``L`` tokens (a multiple of ``C``) and grid axis 2 runs one scan
+per segment. A state-sum kernel (:func:`_taylor_seg_sums`) first writes each segment's key sums ``S0, S1, S2, z1,
+Z2`` (segments ``0 .. NS - 2``; fp32 in HBM, ``(NS - 1, B * H, ...)``), the host takes the exclusive prefix
+(``cumsum``), and the forward and ``dq`` scans of segment ``s`` start from the sum over segments ``< s`` (the
+``z0`` term is the absolute position already). The ``dk, dv`` scan starts from the exclusive suffix of the query
+sums ``dS0, dS1, dS2, e1, E2`` of segments ``1 .. NS - 1`` (a second state-sum launch in the backward). Exact in
+exact arithmetic; in floating point only the order of the state sums changes. ``NS = 1`` runs none of this (the
+scans take their constexpr ``HAS_SS = False`` build, the whole sequence from a zero state).
+
 Sizes at ``D = 16``, ``Dv = 64``, ``C = 64`` (per program, fp32 state, value block ``BV``): ``S2`` is
 ``256 x BV`` (64 KiB at ``BV = 64``, 16 KiB at ``BV = 16``), ``S1`` ``16 x BV``, ``Z2`` ``16 x 16``; the chunk's
 ``q (x) q`` tile is ``64 x 256`` (32 KiB in bf16). Per chunk and ``Dv`` column block the forward does two
@@ -70,8 +80,14 @@ MAX_DV = 256
 CHUNK_SIZES = (16, 32, 64, 128)
 BLOCK_VS = (16, 32, 64)
 MIN_PROGRAMS = 128
-"""Programs (``B * H * ceil(Dv / block_v)``) below which the default ``block_v`` halves to 16: each program scans a
-whole sequence, so the grid is all the parallelism there is (H200: 132 SMs)."""
+"""Programs (``B * H * ceil(Dv / block_v)``) below which the default ``block_v`` halves to 16 and, if still short,
+the default ``segments`` splits the sequence: each program scans a whole segment, so the grid is all the
+parallelism there is (H200: 132 SMs)."""
+MAX_SEGMENTS = 4096
+"""Largest ``segments`` (grid axis 2 holds ``2 * segments`` backward programs)."""
+MIN_SEG_CHUNKS = 4
+"""The automatic split keeps segments of at least this many chunks (each segment costs an extra state-sum pass
+over its tokens and a state load)."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +99,19 @@ class TaylorChunkConfig:
         still gives :data:`MIN_PROGRAMS` programs, else 16).
     num_warps / num_stages: Triton launch options of every kernel.
     bwd_fused: the ``dq`` scan and the ``dk, dv`` scan in one launch (grid axis 2) instead of two.
+    segments: split the sequence into this many segments of ``L`` tokens (a multiple of ``chunk``; fewer segments
+        when ``N`` has fewer chunks), one program per (value block, batch x head, segment), each starting from the
+        sum of the earlier segments' key states (forward, ``dq``) or the later segments' query states (``dk, dv``),
+        which a state-sum pass per segment computes first. An int in ``[1, MAX_SEGMENTS]``; ``None``:
+        :meth:`resolve_segments` (1 while ``B * H * ceil(Dv / block_v) >= MIN_PROGRAMS``, else about ``2 * SMs``
+        programs).
 
     The defaults are timed on the H200 (2026-12-04, ``results/h200/2026-12-04h/a8/tc_sweep.json``, D 16, Dv 64,
     H 16, B * N = 16k, bf16, forward+backward; ``python -m lab.taylor_chunk_sweep``): chunk 64 with 4 warps was the
     fastest at every N (8 warps 1.1-1.8x slower, chunk 32 1.3-1.8x slower); block_v 32 was faster while it left
     >= 128 programs (N 1k: 1.32 against 1.75 ms; 4k: 1.56 against 1.75), 16 once there were too few (16k, B 1:
-    3.44 against 4.84 ms, 64 against 32 programs on 132 SMs).
+    3.44 against 4.84 ms, 64 against 32 programs on 132 SMs). ``segments=None`` leaves those 1k / 4k shapes at one
+    segment; its split of the 16k one (4 segments) is not timed yet.
     """
 
     chunk: int = 64
@@ -96,6 +119,7 @@ class TaylorChunkConfig:
     num_warps: int = 4
     num_stages: int = 1
     bwd_fused: bool = True
+    segments: Optional[int] = None
 
     def __post_init__(self):
         if self.chunk not in CHUNK_SIZES:
@@ -108,6 +132,9 @@ class TaylorChunkConfig:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int in [1, 6]")
         if not isinstance(self.bwd_fused, bool):
             raise ValueError(f"bwd_fused={self.bwd_fused!r} must be a bool")
+        if self.segments is not None and (isinstance(self.segments, bool) or not isinstance(self.segments, int)
+                                          or not 1 <= self.segments <= MAX_SEGMENTS):
+            raise ValueError(f"segments={self.segments!r} must be None (automatic) or an int in [1, {MAX_SEGMENTS}]")
 
     def resolve_block_v(self, bh: int, dv: int) -> int:
         """The value block for ``B * H = bh`` sequences of ``dv`` value columns: ``block_v`` if set, else 32 when
@@ -116,6 +143,24 @@ class TaylorChunkConfig:
         if self.block_v is not None:
             return self.block_v
         return 32 if bh * cdiv(dv, 32) >= MIN_PROGRAMS else 16
+
+    def resolve_segments(self, bh: int, dv: int, n: int, sms: int = 132) -> "tuple[int, int]":
+        """``(NS, L)``: the segment count and length (tokens, a multiple of ``chunk``; ``NS = ceil(n / L)``) for
+        ``B * H = bh`` sequences of ``n`` tokens and ``dv`` value columns on ``sms`` SMs. ``segments`` if set
+        (``L = chunk * ceil(n / (segments * chunk))``, so ``NS <= segments``); else 1 while the programs of one
+        segment, ``P = bh * ceil(dv / block_v)``, reach :data:`MIN_PROGRAMS`, otherwise ``2 * sms // P`` (about two
+        programs per SM: one program takes ~255 registers x 4 warps, half an H200 SM), at most one per
+        :data:`MIN_SEG_CHUNKS` chunks. ``n = 0``: ``(1, chunk)``."""
+        C = self.chunk
+        n_chunks = max(1, cdiv(n, C))
+        if self.segments is not None:
+            ns = self.segments
+        else:
+            progs = bh * cdiv(dv, self.resolve_block_v(bh, dv))
+            ns = 1 if progs >= MIN_PROGRAMS else max(1, min((2 * sms) // max(progs, 1),
+                                                             n_chunks // MIN_SEG_CHUNKS))
+        L = C * cdiv(n_chunks, min(ns, n_chunks))
+        return cdiv(n_chunks, L // C), L
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -152,10 +197,106 @@ def _load(base, rows, cols, stride, n_rows, n_cols):
 
 
 @triton.jit
-def _taylor_chunk_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-                      H, N, scale, eps,
+def _load_uc(DOb, DEN, DELTA, bh, rows, ov, sd_n, N, cmul, HEAD_DV: tl.constexpr):
+    """A chunk's ``u = do / d`` ``(BT, BV)`` in ``do``'s dtype (the inputs') and ``c = -do . o / d`` ``(BT,)``
+    fp32 (times ``cmul``: the ``c`` terms come from value block 0 only); zeros on rows ``>= N``."""
+    rm = rows < N
+    do = _load(DOb, rows, ov, sd_n, N, HEAD_DV)
+    rden = 1.0 / tl.load(DEN + bh * N + rows, mask=rm, other=1.0)
+    c = -tl.load(DELTA + bh * N + rows, mask=rm, other=0.0) * rden * cmul
+    u = (do.to(tl.float32) * rden[:, None]).to(do.dtype)
+    return u, c
+
+
+@triton.jit
+def _bwd_chunk(Qb, Kb, Vb, DOb, DEN, DELTA, bh, rows, od, ov, sq_n, sk_n, sv_n, sd_n, N, cmul,
+               HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr):
+    """The backward scans' per-chunk inputs: ``q, k (BT, BD)``, ``v, u (BT, BV)`` in the input dtype, ``c (BT,)``
+    fp32 (:func:`_load_uc`), the row mask ``rows < N``; padded rows and columns are zeros."""
+    q = _load(Qb, rows, od, sq_n, N, HEAD_D)
+    k = _load(Kb, rows, od, sk_n, N, HEAD_D)
+    v = _load(Vb, rows, ov, sv_n, N, HEAD_DV)
+    u, c = _load_uc(DOb, DEN, DELTA, bh, rows, ov, sd_n, N, cmul, HEAD_DV)
+    return q, k, v, u, c, rows < N
+
+
+@triton.jit
+def _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD: tl.constexpr, BV: tl.constexpr):
+    """Entry ``s_id`` of fp32 per-segment states laid out ``P0 (NS, BH, DVP)``, ``P1 (NS, BH, BD, DVP)``,
+    ``P2 (NS, BH, BD * BD, DVP)``, ``PZ1 (NS, BH, BD)``, ``PZ2 (NS, BH, BD, BD)`` (``BH = num_programs(1)``,
+    ``DVP = num_programs(0) * BV``): this program's value block ``ov`` and batch x head ``program_id(1)``."""
+    idx = s_id.to(tl.int64) * tl.num_programs(1) + tl.program_id(1).to(tl.int64)
+    dvp = tl.num_programs(0) * BV
+    od = tl.arange(0, BD)
+    o2 = tl.arange(0, BD * BD)
+    A0 = tl.load(P0 + idx * dvp + ov)
+    A1 = tl.load(P1 + (idx * BD + od[:, None]) * dvp + ov[None, :])
+    A2 = tl.load(P2 + (idx * (BD * BD) + o2[:, None]) * dvp + ov[None, :])
+    a1 = tl.load(PZ1 + idx * BD + od)
+    A3 = tl.load(PZ2 + idx * (BD * BD) + od[:, None] * BD + od[None, :])
+    return A0, A1, A2, a1, A3
+
+
+@triton.jit
+def _taylor_seg_sums(X, Y, DEN, DELTA, P0, P1, P2, PZ1, PZ2, sx_b, sx_h, sx_n, sy_b, sy_h, sy_n, H, N, L, SEG0,
+                     HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                     BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, QSIDE: tl.constexpr):
+    """One segment's state sums into slot ``program_id(2)`` of ``P*`` (layout of :func:`_load_state`), segment
+    ``SEG0 + program_id(2)`` (tokens ``[s L, min(s L + L, N))``). Keys (QSIDE False; ``X = K``, ``Y = V``):
+    ``S0, S1, S2, z1, Z2`` as the forward scan accumulates them. Queries (QSIDE; ``X = Q``, ``Y = DO``): the
+    ``dk, dv`` scan's ``dS0, dS1, dS2, e1, E2`` with ``u``, ``c`` of :func:`_load_uc`. ``PZ1``, ``PZ2`` are written
+    by value block 0 only (the same for every block; ``e1``, ``E2`` carry block 0's ``c``)."""
+    i_v = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    Xb = X + b * sx_b + h * sx_h
+    Yb = Y + b * sy_b + h * sy_h
+    ot = tl.arange(0, BT)
+    od = tl.arange(0, BD)
+    ov = i_v * BV + tl.arange(0, BV)
+    cmul = (i_v == 0).to(tl.float32)
+    A0 = tl.zeros([BV], dtype=tl.float32)
+    A1 = tl.zeros([BD, BV], dtype=tl.float32)
+    A2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+    a1 = tl.zeros([BD], dtype=tl.float32)
+    A3 = tl.zeros([BD, BD], dtype=tl.float32)
+    lo = (j + SEG0) * L
+    hi = tl.minimum(lo + L, N)
+    for start in range(lo, hi, BT):
+        rows = start + ot
+        x = _load(Xb, rows, od, sx_n, N, HEAD_D)  # (BT, BD); rows past N (and so past the segment's end): 0
+        xf = x.to(tl.float32)
+        if QSIDE:
+            y, c = _load_uc(Yb, DEN, DELTA, bh, rows, ov, sy_n, N, cmul, HEAD_DV)
+            xw = xf * c[:, None]
+        else:
+            y = _load(Yb, rows, ov, sy_n, N, HEAD_DV)
+            xw = xf
+        A0 += tl.sum(y.to(tl.float32), 0)
+        A1 += _dot(tl.trans(x), y, PREC, UP)
+        A2 += _dot(tl.trans(_outer(x, BT, BD)), y, PREC, UP)
+        a1 += tl.sum(xw, 0)
+        A3 += tl.dot(tl.trans(xw), xf, input_precision="ieee")
+    idx = j.to(tl.int64) * tl.num_programs(1) + bh
+    dvp = tl.num_programs(0) * BV
+    o2 = tl.arange(0, BD * BD)
+    tl.store(P0 + idx * dvp + ov, A0)
+    tl.store(P1 + (idx * BD + od[:, None]) * dvp + ov[None, :], A1)
+    tl.store(P2 + (idx * (BD * BD) + o2[:, None]) * dvp + ov[None, :], A2)
+    if i_v == 0:
+        tl.store(PZ1 + idx * BD + od, a1)
+        tl.store(PZ2 + idx * (BD * BD) + od[:, None] * BD + od[None, :], A3)
+
+
+@triton.jit
+def _taylor_chunk_fwd(Q, K, V, O, DEN, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                      so_b, so_h, so_n, H, N, L, scale, eps,
                       HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, HAS_SS: tl.constexpr):
+    """One (value block, batch x head, segment) program; HAS_SS: segment ``program_id(2)`` of ``L`` tokens, from
+    the earlier segments' key state ``P*[s]`` (else the whole sequence from zero)."""
     i_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -169,12 +310,20 @@ def _taylor_chunk_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b,
     ov = i_v * BV + tl.arange(0, BV)
     tri = ot[:, None] >= ot[None, :]
     half2 = 0.5 * scale * scale
-    S0 = tl.zeros([BV], dtype=tl.float32)
-    S1 = tl.zeros([BD, BV], dtype=tl.float32)
-    S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
-    z1 = tl.zeros([BD], dtype=tl.float32)
-    Z2 = tl.zeros([BD, BD], dtype=tl.float32)
-    for start in range(0, N, BT):
+    if HAS_SS:
+        s_id = tl.program_id(2)
+        lo = s_id * L
+        hi = tl.minimum(lo + L, N)
+        S0, S1, S2, z1, Z2 = _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD, BV)
+    else:
+        lo = 0
+        hi = N
+        S0 = tl.zeros([BV], dtype=tl.float32)
+        S1 = tl.zeros([BD, BV], dtype=tl.float32)
+        S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+        z1 = tl.zeros([BD], dtype=tl.float32)
+        Z2 = tl.zeros([BD, BD], dtype=tl.float32)
+    for start in range(lo, hi, BT):
         rows = start + ot
         q = _load(Qb, rows, od, sq_n, N, HEAD_D)  # (BT, BD)
         k = _load(Kb, rows, od, sk_n, N, HEAD_D)
@@ -206,11 +355,12 @@ def _taylor_chunk_fwd(Q, K, V, O, DEN, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b,
 
 
 @triton.jit
-def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                 sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, scale, i_v, bh,
+def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+                 sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, L, scale, i_v, bh, s_id,
                  HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                 BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """This value block's part of ``dq`` (forward scan over the key state), fp32 into ``DQP[i_v]``."""
+                 BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, HAS_SS: tl.constexpr):
+    """This value block's part of ``dq`` (forward scan over the key state), fp32 into ``DQP[i_v]``; HAS_SS: over
+    segment ``s_id`` only, from the earlier segments' key state ``P*[s_id]``."""
     b = bh // H
     h = bh % H
     Qb = Q + b * sq_b + h * sq_h
@@ -223,21 +373,22 @@ def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_
     ov = i_v * BV + tl.arange(0, BV)
     tri = ot[:, None] >= ot[None, :]
     cmul = (i_v == 0).to(tl.float32)  # the c terms once, from block 0
-    S1 = tl.zeros([BD, BV], dtype=tl.float32)
-    S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
-    z1 = tl.zeros([BD], dtype=tl.float32)
-    Z2 = tl.zeros([BD, BD], dtype=tl.float32)
-    for start in range(0, N, BT):
+    if HAS_SS:
+        lo = s_id * L
+        hi = tl.minimum(lo + L, N)
+        _, S1, S2, z1, Z2 = _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD, BV)
+    else:
+        lo = 0
+        hi = N
+        S1 = tl.zeros([BD, BV], dtype=tl.float32)
+        S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+        z1 = tl.zeros([BD], dtype=tl.float32)
+        Z2 = tl.zeros([BD, BD], dtype=tl.float32)
+    for start in range(lo, hi, BT):
         rows = start + ot
-        rm = rows < N
-        q = _load(Qb, rows, od, sq_n, N, HEAD_D)
-        k = _load(Kb, rows, od, sk_n, N, HEAD_D)
-        v = _load(Vb, rows, ov, sv_n, N, HEAD_DV)
-        do = _load(DOb, rows, ov, sd_n, N, HEAD_DV)
+        q, k, v, u, c, rm = _bwd_chunk(Qb, Kb, Vb, DOb, DEN, DELTA, bh, rows, od, ov, sq_n, sk_n, sv_n, sd_n, N,
+                                       cmul, HEAD_D, HEAD_DV)
         dt = v.dtype
-        rden = 1.0 / tl.load(DEN + bh * N + rows, mask=rm, other=1.0)
-        c = -tl.load(DELTA + bh * N + rows, mask=rm, other=0.0) * rden * cmul
-        u = (do.to(tl.float32) * rden[:, None]).to(dt)  # (BT, BV)
         qf = q.to(tl.float32)
         # earlier chunks
         t2 = _dot(u, tl.trans(S2.to(dt)), PREC, UP)  # (BT, BD * BD)
@@ -259,12 +410,13 @@ def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_
 
 
 @triton.jit
-def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                   sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale, i_v, bh,
+def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+                   sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, L, scale,
+                   i_v, bh, s_id,
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                   BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                   BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, HAS_SS: tl.constexpr):
     """``dv`` of this value block and its part of ``dk`` (fp32 into ``DKP[i_v]``): reverse scan over the query
-    state."""
+    state; HAS_SS: over segment ``s_id`` only, from the later segments' query state ``R*[s_id]``."""
     b = bh // H
     h = bh % H
     Qb = Q + b * sq_b + h * sq_h
@@ -279,24 +431,27 @@ def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_
     tri = ot[:, None] >= ot[None, :]  # (i, j): query i >= key j
     cmul = (i_v == 0).to(tl.float32)
     half2 = 0.5 * scale * scale
-    dS0 = tl.zeros([BV], dtype=tl.float32)
-    dS1 = tl.zeros([BD, BV], dtype=tl.float32)
-    dS2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
-    e1 = tl.zeros([BD], dtype=tl.float32)
-    E2 = tl.zeros([BD, BD], dtype=tl.float32)
-    n_chunks = tl.cdiv(N, BT)
+    if HAS_SS:
+        lo = s_id * L
+        hi = tl.minimum(lo + L, N)
+        dS0, dS1, dS2, e1, E2 = _load_state(R0, R1, R2, RZ1, RZ2, s_id, ov, BD, BV)
+        e1 = e1 * cmul  # the c terms (stored once) from block 0 only
+        E2 = E2 * cmul
+    else:
+        lo = 0
+        hi = N
+        dS0 = tl.zeros([BV], dtype=tl.float32)
+        dS1 = tl.zeros([BD, BV], dtype=tl.float32)
+        dS2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+        e1 = tl.zeros([BD], dtype=tl.float32)
+        E2 = tl.zeros([BD, BD], dtype=tl.float32)
+    n_chunks = tl.cdiv(hi - lo, BT)
     for it in range(0, n_chunks):
-        start = (n_chunks - 1 - it) * BT
+        start = lo + (n_chunks - 1 - it) * BT
         rows = start + ot
-        rm = rows < N
-        q = _load(Qb, rows, od, sq_n, N, HEAD_D)
-        k = _load(Kb, rows, od, sk_n, N, HEAD_D)
-        v = _load(Vb, rows, ov, sv_n, N, HEAD_DV)
-        do = _load(DOb, rows, ov, sd_n, N, HEAD_DV)
+        q, k, v, u, c, rm = _bwd_chunk(Qb, Kb, Vb, DOb, DEN, DELTA, bh, rows, od, ov, sq_n, sk_n, sv_n, sd_n, N,
+                                       cmul, HEAD_D, HEAD_DV)  # padded rows: q = k = v = u = c = 0
         dt = v.dtype
-        rden = 1.0 / tl.load(DEN + bh * N + rows, mask=rm, other=1.0)
-        c = -tl.load(DELTA + bh * N + rows, mask=rm, other=0.0) * rden * cmul
-        u = (do.to(tl.float32) * rden[:, None]).to(dt)  # padded rows: do = 0
         kf = k.to(tl.float32)
         k2 = _outer(k, BT, BD)
         # later chunks
@@ -315,7 +470,7 @@ def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_
         tl.store(DVb + rows[:, None] * sdv_n + ov[None, :], dv.to(DV.dtype.element_ty),
                  mask=rm[:, None] & (ov[None, :] < HEAD_DV))
         tl.store(Pb + rows[:, None] * sp_n + od[None, :], dk, mask=rm[:, None] & (od[None, :] < HEAD_D))
-        # query state (padded rows: q = 0, u = 0, c = 0)
+        # query state
         qf = q.to(tl.float32)
         dS0 += tl.sum(u.to(tl.float32), 0)
         dS1 += _dot(tl.trans(q), u, PREC, UP)
@@ -326,30 +481,35 @@ def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_
 
 
 @triton.jit
-def _taylor_chunk_bwd(Q, K, V, DO, DEN, DELTA, DQP, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                      sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale,
+def _taylor_chunk_bwd(Q, K, V, DO, DEN, DELTA, DQP, DKP, DV, P0, P1, P2, PZ1, PZ2, R0, R1, R2, RZ1, RZ2,
+                      sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n,
+                      sdv_b, sdv_h, sdv_n, H, N, L, NS, scale,
                       HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, MODE: tl.constexpr):
-    """MODE 0: the dq scan; 1: the dk / dv scan; 2: both, chosen by grid axis 2 (0: dq, 1: dk / dv)."""
+                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, MODE: tl.constexpr,
+                      HAS_SS: tl.constexpr):
+    """MODE 0: the dq scan; 1: the dk / dv scan; 2: both, chosen by grid axis 2 (``[0, NS)``: dq of segment
+    ``program_id(2)``; ``[NS, 2 NS)``: dk / dv of segment ``program_id(2) - NS``). ``P*``: key state before each
+    segment; ``R*``: query state after each segment (HAS_SS, ``NS > 1`` segments of ``L`` tokens)."""
     i_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     if MODE == 0:
-        _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                     sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, scale, i_v, bh,
-                     HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+        _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+                     sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, L, scale, i_v, bh,
+                     tl.program_id(2), HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
     elif MODE == 1:
-        _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                       sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale, i_v, bh,
-                       HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+        _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+                       sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, L,
+                       scale, i_v, bh, tl.program_id(2), HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
     else:
-        if tl.program_id(2) == 0:
-            _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-                         sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, scale, i_v, bh,
-                         HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+        pid = tl.program_id(2)
+        if pid < NS:
+            _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+                         sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, L, scale, i_v, bh,
+                         pid, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
         else:
-            _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
-                           sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, scale, i_v,
-                           bh, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP)
+            _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b, sq_h, sq_n, sk_b, sk_h,
+                           sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H,
+                           N, L, scale, i_v, bh, pid - NS, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
 
 
 # ------------------------------------------------------------------------------------------------------- host
@@ -366,43 +526,84 @@ def _meta(q: torch.Tensor, v: torch.Tensor, cfg: TaylorChunkConfig) -> dict:
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _sm_count(dev: torch.device) -> int:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).multi_processor_count
+    return 132  # the H200's, so that the interpreter follows the GPU's choice
+
+
+def _seg_states(x, y, den, delta, H, N, L, slots, seg0, meta, qside):
+    """The per-segment state sums of :func:`_taylor_seg_sums` for segments ``seg0 .. seg0 + slots - 1``: the five
+    fp32 tensors ``(slots, B * H, ...)`` of :func:`_load_state`'s layout."""
+    B = x.shape[0]
+    BV, BD = meta["BV"], meta["BD"]
+    nv = cdiv(y.shape[-1], BV)
+    dvp, BH, dev = nv * BV, B * H, x.device
+    st = (torch.empty(slots, BH, dvp, device=dev), torch.empty(slots, BH, BD, dvp, device=dev),
+          torch.empty(slots, BH, BD * BD, dvp, device=dev), torch.empty(slots, BH, BD, device=dev),
+          torch.empty(slots, BH, BD, BD, device=dev))
+    launch(_taylor_seg_sums, (nv, BH, slots),
+           (x, y, den, delta, *st, *_strides(x), *_strides(y), H, N, L, seg0), QSIDE=qside, **meta)
+    return st
+
+
+def _prefix(st):
+    """Exclusive prefix over segments: ``(NS - 1, ...)`` sums of segments ``0 .. NS - 2`` -> ``(NS, ...)``, entry
+    ``s`` the sum of segments ``< s``."""
+    return tuple(torch.cat([torch.zeros_like(t[:1]), t.cumsum(0)]) for t in st)
+
+
+def _suffix(st):
+    """Exclusive suffix over segments: ``(NS - 1, ...)`` sums of segments ``1 .. NS - 1`` -> ``(NS, ...)``, entry
+    ``s`` the sum of segments ``> s``."""
+    return tuple(torch.cat([t.flip(0).cumsum(0).flip(0), torch.zeros_like(t[:1])]) for t in st)
+
+
 class _TaylorChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, eps: float, cfg: TaylorChunkConfig):
         B, H, N, D = q.shape
         Dv = v.shape[-1]
         meta = _meta(q, v, cfg)
+        NS, L = cfg.resolve_segments(B * H, Dv, N, _sm_count(q.device))
         out = torch.empty(B, H, N, Dv, device=q.device, dtype=q.dtype)
         den = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
         scale = D ** -0.5
-        launch(_taylor_chunk_fwd, (cdiv(Dv, meta["BV"]), B * H),
-               (q, k, v, out, den, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, scale, float(eps)),
-               **meta)
-        ctx.save_for_backward(q, k, v, out, den)
+        pre = _prefix(_seg_states(k, v, den, den, H, N, L, NS - 1, 0, meta, False)) if NS > 1 else (den,) * 5
+        launch(_taylor_chunk_fwd, (cdiv(Dv, meta["BV"]), B * H, NS),
+               (q, k, v, out, den, *pre, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, L, scale,
+                float(eps)), HAS_SS=NS > 1, **meta)
+        ctx.save_for_backward(q, k, v, out, den, *(pre if NS > 1 else ()))
         ctx.cfg = cfg
+        ctx.seg = (NS, L)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels' backward is not differentiable
     def backward(ctx, dout):
-        q, k, v, out, den = ctx.saved_tensors
+        q, k, v, out, den, *pre = ctx.saved_tensors
         cfg = ctx.cfg
+        NS, L = ctx.seg
         B, H, N, D = q.shape
         Dv = v.shape[-1]
         meta = _meta(q, v, cfg)
         nv = cdiv(Dv, meta["BV"])
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, H, N): do_i . o_i
+        if NS > 1:
+            suf = _suffix(_seg_states(q, dout, den, delta, H, N, L, NS - 1, 1, meta, True))
+        else:
+            pre = suf = (den,) * 5
         dqp = torch.empty(nv, B, H, N, D, device=q.device, dtype=torch.float32)
         dkp = torch.empty(nv, B, H, N, D, device=q.device, dtype=torch.float32)
         dv = torch.empty(B, H, N, Dv, device=q.device, dtype=v.dtype)
-        args = (q, k, v, dout, den, delta, dqp, dkp, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-                dqp.stride(0), *_strides(dqp[0]), *_strides(dv), H, N, D ** -0.5)
+        args = (q, k, v, dout, den, delta, dqp, dkp, dv, *pre, *suf, *_strides(q), *_strides(k), *_strides(v),
+                *_strides(dout), dqp.stride(0), *_strides(dqp[0]), *_strides(dv), H, N, L, NS, D ** -0.5)
         if cfg.bwd_fused:
-            launch(_taylor_chunk_bwd, (nv, B * H, 2), args, MODE=2, **meta)
+            launch(_taylor_chunk_bwd, (nv, B * H, 2 * NS), args, MODE=2, HAS_SS=NS > 1, **meta)
         else:
-            launch(_taylor_chunk_bwd, (nv, B * H, 1), args, MODE=0, **meta)
-            launch(_taylor_chunk_bwd, (nv, B * H, 1), args, MODE=1, **meta)
+            launch(_taylor_chunk_bwd, (nv, B * H, NS), args, MODE=0, HAS_SS=NS > 1, **meta)
+            launch(_taylor_chunk_bwd, (nv, B * H, NS), args, MODE=1, HAS_SS=NS > 1, **meta)
         dq = (dqp[0] if nv == 1 else dqp.sum(0)).to(q.dtype)
         dk = (dkp[0] if nv == 1 else dkp.sum(0)).to(k.dtype)
         return dq, dk, dv, None, None

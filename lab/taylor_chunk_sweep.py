@@ -4,7 +4,11 @@ installed). One process; per ``N`` (``B = tokens / N``): each config's forward a
 form (``kernels.taylor.taylor_parallel``) timed beside it. bf16, causal, D 16, Dv 64, H 16 by default.
 
     python -m lab.taylor_chunk_sweep [--ns 1024,4096,16384] [--chunks 32,64] [--block-vs 16,32] \\
-        [--warps 4,8] [--stages 1] [--fused 1] [--out results/h200/taylor_chunk_sweep.json]
+        [--warps 4,8] [--stages 1] [--fused 1] [--segments 1,auto,2,4,8] [--out results/h200/taylor_chunk_sweep.json]
+
+``--segments``: ``TaylorChunkConfig.segments`` values (``auto``: ``None``, the automatic rule; the row's name
+carries ``_ns<NS resolved>`` when that is above 1, ``auto`` appended for ``None``); each config is timed once per
+resolved ``(NS, L)``, so values that resolve alike at an ``N`` (e.g. ``auto`` and 1 at 1k) run once.
 
 A config that fails to compile or run prints its error's last line and the sweep goes on. Prints the best config
 per ``N`` (fwd+bwd); writes every row to ``--out`` (JSON) when given.
@@ -22,6 +26,10 @@ def _ints(s: str):
     return [int(x) for x in s.split(",") if x]
 
 
+def _segs(s: str):
+    return [None if x.strip() == "auto" else int(x) for x in s.split(",") if x.strip()]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ns", default="1024,4096,16384")
@@ -34,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--warps", default="4,8")
     p.add_argument("--stages", default="1")
     p.add_argument("--fused", default="1")
+    p.add_argument("--segments", default="1,auto", help="comma list of ints and/or 'auto' (TaylorChunkConfig.segments)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -47,6 +56,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("lab.taylor_chunk_sweep needs a CUDA GPU")
     spec = AttentionSpec(kind="linear", causal=True, feature_map="taylor")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     H, D, Dv = args.heads, args.dim, args.dv
     rows = []
     for N in _ints(args.ns):
@@ -72,23 +82,32 @@ def main(argv=None) -> int:
             return fwd, fb
 
         cands = [("parallel", None, lambda a, b, c: taylor_parallel(a, b, c, eps=spec.eps))]
-        for C, bv, nw, ns, fu in itertools.product(_ints(args.chunks), _ints(args.block_vs), _ints(args.warps),
-                                                   _ints(args.stages), _ints(args.fused)):
-            cfg = TaylorChunkConfig(chunk=C, block_v=bv, num_warps=nw, num_stages=ns, bwd_fused=bool(fu))
-            cands.append((f"chunk{C}_bv{bv}_w{nw}_s{ns}_{'fused' if fu else 'split'}", cfg,
+        seen = set()
+        for C, bv, nw, ns, fu, sg in itertools.product(_ints(args.chunks), _ints(args.block_vs), _ints(args.warps),
+                                                       _ints(args.stages), _ints(args.fused), _segs(args.segments)):
+            cfg = TaylorChunkConfig(chunk=C, block_v=bv, num_warps=nw, num_stages=ns, bwd_fused=bool(fu), segments=sg)
+            nseg, L = cfg.resolve_segments(B * H, Dv, N, sms)
+            key = (C, bv, nw, ns, fu, nseg, L)
+            if key in seen:
+                continue
+            seen.add(key)
+            tag = "" if nseg == 1 else f"_ns{nseg}{'auto' if sg is None else ''}"
+            cands.append((f"chunk{C}_bv{bv}_w{nw}_s{ns}_{'fused' if fu else 'split'}{tag}", cfg,
                           lambda a, b, c, cfg=cfg: taylor_chunk(a, b, c, eps=spec.eps, config=cfg)))
         for name, cfg, fn in cands:
             try:
                 e = errs(fn)
                 fwd, fb = timed(fn)
                 r = dict(N=N, B=B, H=H, D=D, Dv=Dv, method=name, fwd_ms=fwd, fwd_bwd_ms=fb,
+                         **({} if cfg is None else dict(segments=cfg.segments,
+                                                        ns=cfg.resolve_segments(B * H, Dv, N, sms)[0])),
                          **{f"rel_err_{x}": y for x, y in e.items()})
-                print(f"N={N:6d} {name:34s} fwd {fwd:7.3f}  fwd+bwd {fb:7.3f} ms  err " +
+                print(f"N={N:6d} {name:42s} fwd {fwd:7.3f}  fwd+bwd {fb:7.3f} ms  err " +
                       " ".join(f"{x} {y:.1e}" for x, y in e.items()), flush=True)
             except Exception as ex:  # noqa: BLE001 - one failing config must not stop the sweep
                 msg = (str(ex).strip().splitlines() or [""])[-1][:200]
                 r = dict(N=N, B=B, method=name, error=f"{type(ex).__name__}: {msg}")
-                print(f"N={N:6d} {name:34s} FAILED {r['error']}", flush=True)
+                print(f"N={N:6d} {name:42s} FAILED {r['error']}", flush=True)
             rows.append(r)
             torch.cuda.empty_cache()
         ok = [r for r in rows if r["N"] == N and "fwd_bwd_ms" in r and r["method"] != "parallel"]

@@ -49,6 +49,51 @@ def test_fp32_outputs_and_every_gradient_vs_reference(B, Hq, Hkv, N, D, Dv, chun
         assert rel(x, r) <= 1e-5, (name, rel(x, r))
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_segments_every_gradient_vs_reference_and_unsegmented(fused):
+    """Forced segments 2 and 3 of N = 70 (chunk 16: segments of 48 / 32 tokens, a partial last chunk and segment),
+    B 2, GQA, Dv = 24 over two value blocks of 16: output and every gradient against the fp32 reference, and within
+    1e-5 of the unsegmented run (segments=1)."""
+    q, k, v, do = _inputs(2, 2, 1, 70, 70, 16, 24, seed=21)
+    ref = _ref(q, k, v, do)
+    runs = {}
+    for ns, want in ((1, (1, 80)), (2, (2, 48)), (3, (3, 32))):
+        cfg = TaylorChunkConfig(chunk=16, block_v=16, bwd_fused=fused, segments=ns)
+        assert cfg.resolve_segments(4, 24, 70) == want
+        runs[ns] = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), q, k, v, do)
+        for name, x, r in zip(NAMES, runs[ns], ref):
+            assert x.shape == r.shape and rel(x, r) <= 1e-5, (ns, name, rel(x, r))
+    for ns in (2, 3):
+        for name, x, r in zip(NAMES, runs[ns], runs[1]):
+            assert rel(x, r) <= 1e-5, (ns, name, rel(x, r))
+
+
+def test_auto_segments_rule_and_an_auto_split_run():
+    """``segments=None``: one segment while ``B * H * ceil(Dv / block_v) >= MIN_PROGRAMS`` (the measured 1k and 4k
+    shapes), else about two programs per SM with segments of >= MIN_SEG_CHUNKS chunks; and a run the rule splits
+    (one head: 2 segments of 80 tokens) matches the reference and the unsegmented run."""
+    from kernels.taylor_chunk import MIN_SEG_CHUNKS
+
+    auto = TaylorChunkConfig()
+    assert auto.segments is None
+    assert auto.resolve_segments(16 * 16, 64, 1024) == (1, 1024)  # 512 programs of block_v 32
+    assert auto.resolve_segments(4 * 16, 64, 4096) == (1, 4096)  # 128 programs
+    assert auto.resolve_segments(16, 64, 16384) == (4, 4096)  # 64 programs of block_v 16 -> 256
+    assert auto.resolve_segments(16, 64, 16384, sms=66) == (2, 8192)
+    assert auto.resolve_segments(1, 16, 64 * (MIN_SEG_CHUNKS - 1)) == (1, 64 * (MIN_SEG_CHUNKS - 1))
+    assert TaylorChunkConfig(segments=9).resolve_segments(1, 16, 100) == (2, 64)  # 2 chunks: at most 2 segments
+    assert TaylorChunkConfig(segments=5).resolve_segments(1, 16, 0) == (1, 64)
+
+    q, k, v, do = _inputs(1, 1, 1, 130, 130, 8, 16, seed=4)
+    cfg = TaylorChunkConfig(chunk=16)
+    assert cfg.resolve_segments(1, 16, 130) == (2, 80)
+    got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), q, k, v, do)
+    one = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps,
+                                              config=TaylorChunkConfig(chunk=16, segments=1)), q, k, v, do)
+    for name, x, r, o in zip(NAMES, got, _ref(q, k, v, do), one):
+        assert rel(x, r) <= 1e-5 and rel(x, o) <= 1e-5, (name, rel(x, r), rel(x, o))
+
+
 def test_backend_by_name_matches_reference_and_auto_ranks_it_by_length():
     from attn_zoo.backends.triton_taylor_chunk import PRIORITY_LONG, TAYLOR_FUSED_MIN_N
     from attn_zoo.registry import available_backends, get_backends
@@ -83,12 +128,12 @@ def test_bf16_flash_attention_rule():
     ref = _ref(q, k, v, do)
     lo = [t.bfloat16() for t in (q, k, v, do)]
     plain = _grads(lambda a, b, c: _plain_torch(a, b, c, SPEC), *lo)
-    for chunk in (32, 64):
-        cfg = TaylorChunkConfig(chunk=chunk, block_v=16)
+    for chunk, ns in ((32, 1), (64, 1), (32, 3)):
+        cfg = TaylorChunkConfig(chunk=chunk, block_v=16, segments=ns)
         got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), *lo)
         for i, (name, x, r, p) in enumerate(zip(NAMES, got, ref, plain)):
             assert x.dtype == torch.bfloat16 and torch.isfinite(x).all(), name
-            assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (chunk, name, rel(x, r), rel(p, r))
+            assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (chunk, ns, name, rel(x, r), rel(p, r))
 
 
 def test_fp16_large_inputs_stay_finite():
@@ -145,7 +190,9 @@ def test_refusals_name_the_argument_and_the_allowed_values():
     with pytest.raises(ValueError, match="config"):
         taylor_chunk(q, k, v, config=dict(chunk=64))
     for kw, arg in [(dict(chunk=48), r"chunk=48.*\(16, 32, 64, 128\)"), (dict(block_v=8), r"block_v=8"),
-                    (dict(num_warps=3), "num_warps"), (dict(num_stages=0), "num_stages")]:
+                    (dict(num_warps=3), "num_warps"), (dict(num_stages=0), "num_stages"),
+                    (dict(segments=0), r"segments=0.*None.*\[1, 4096\]"), (dict(segments=4097), "segments=4097"),
+                    (dict(segments=True), "segments=True"), (dict(segments=2.0), "segments=2.0")]:
         with pytest.raises(ValueError, match=arg):
             TaylorChunkConfig(**kw)
 
@@ -221,3 +268,28 @@ def test_gpu_auto_runs_it_in_fp32_and_fp16(dtype):
         assert x.dtype == dtype and torch.isfinite(x).all(), name
         bound = 1e-4 if plain is None else (2 if i == 0 else 3) * rel(plain[i], r) + 1e-3
         assert rel(x, r) <= bound, (name, rel(x, r), bound)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_segments_based_shape():
+    """The segmented path compiled on the GPU at Based's layer shape (D 16, Dv 64), N = 4000 (a partial last chunk
+    and segment): bf16 by the FlashAttention rule for auto / forced segments, value blocks and both backward launch
+    modes; fp32 forced segments within 1e-5 of the unsegmented run."""
+    q, k, v, do = _inputs(1, 4, 2, 4000, 4000, 16, 64, seed=40)
+    ref = _ref(q, k, v, do)
+    lo = [t.bfloat16() for t in (q, k, v, do)]
+    plain = _grads(lambda a, b, c: _plain_torch(a, b, c, SPEC), *lo)
+    assert TaylorChunkConfig().resolve_segments(4, 64, 4000)[0] > 1  # auto splits this one
+    for ns, bv, fused in ((None, None, True), (3, 32, True), (7, 16, False), (2, 64, True)):
+        cfg = TaylorChunkConfig(block_v=bv, bwd_fused=fused, segments=ns)
+        got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), *lo)
+        for i, (name, x, r, p) in enumerate(zip(NAMES, got, ref, plain)):
+            assert torch.isfinite(x).all(), (cfg, name)
+            assert rel(x, r) <= (2 if i == 0 else 3) * rel(p, r) + 1e-3, (cfg, name, rel(x, r), rel(p, r))
+    one = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=TaylorChunkConfig(segments=1)), q, k, v, do)
+    for ns in (2, 5):
+        got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=TaylorChunkConfig(segments=ns)),
+                     q, k, v, do)
+        for name, x, o in zip(NAMES, got, one):
+            assert rel(x, o) <= 1e-5, (ns, name, rel(x, o))

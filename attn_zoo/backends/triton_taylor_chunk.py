@@ -4,8 +4,9 @@
 Causal Taylor linear attention with the ``1 + D + D^2`` features never built: per chunk of 64 tokens the own chunk in
 the quadratic form of :mod:`kernels.taylor` and the earlier chunks through a state split by order (``S0 (Dv)``,
 ``S1 (D, Dv)``, ``S2 (D^2, Dv)`` and the normaliser's ``z1 (D)``, ``Z2 (D, D)``) kept in registers, one program per
-(value block, batch x head) scanning the sequence. ``O(N D^2 Dv)`` time like the chunked ``triton`` backend
-(which writes the 153 symmetric features of ``D = 16`` to HBM and runs the generic kernel), ``O(N)`` memory.
+(value block, batch x head) scanning the sequence (with few such programs, one per segment of it:
+``TaylorChunkConfig.segments``). ``O(N D^2 Dv)`` time like the chunked ``triton`` backend (which writes the 153
+symmetric features of ``D = 16`` to HBM and runs the generic kernel), ``O(N)`` memory.
 
 Runs causal, ``Nq = Nk``, ``D <= 16``, ``Dv <= 256``, no ``doc_ids``, CUDA (or the CPU interpreter). ``auto``
 takes it for the Taylor map from :data:`TAYLOR_FUSED_MIN_N` tokens on (``auto_priority`` 360, ahead of
