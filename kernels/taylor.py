@@ -27,15 +27,14 @@ float32 with ``D, Dv <= 256``; float16 runs in float32 (``w`` grows like ``s^2``
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ._host import cdiv, launch, next_pow2
+from ._host import _interpreting, cdiv, launch, next_pow2
 
-__all__ = ["taylor_parallel", "eps_reason", "MAX_DIM"]
+__all__ = ["taylor_parallel", "eps_reason", "check_qkv", "MAX_DIM"]
 
 MAX_DIM = 256
 """Largest head dimension ``D`` and value dimension ``Dv`` (padded to a power of two in the kernels)."""
@@ -215,7 +214,7 @@ def _meta(q: torch.Tensor, v: torch.Tensor, causal: bool) -> dict:
     block = 64 if max(bd, bdv) <= 64 else 32
     return dict(CAUSAL=bool(causal), HEAD_D=q.shape[-1], HEAD_DV=v.shape[-1], BLOCK_D=bd, BLOCK_DV=bdv,
                 BLOCK_M=block, BLOCK_N=block, PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                UP=q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1")
+                UP=q.dtype == torch.bfloat16 and _interpreting())
 
 
 def _strides(t: torch.Tensor):
@@ -292,6 +291,44 @@ def eps_reason(eps) -> "str | None":
     return None
 
 
+def check_qkv(q, k, v, eps, max_d: int, max_dv: int, d_note: str = "") -> None:
+    """The argument checks that :func:`taylor_parallel` and :func:`kernels.taylor_chunk.taylor_chunk` share: ``q
+    (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)`` tensors of one dtype (float16, bfloat16,
+    float32) on one CUDA device (or the CPU under ``TRITON_INTERPRET=1``), ``Hq`` a multiple of ``Hkv >= 1``,
+    ``1 <= D <= max_d`` (``d_note``: why, appended to that message), ``Dv <= max_dv``, ``B * Hq <= 65535`` and
+    :func:`eps_reason`. Returns ``None``; raises ``TypeError`` (a non-tensor) or ``ValueError`` naming the argument
+    and its allowed values."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, Hq, _, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k must be (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) for q {tuple(q.shape)}; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if Hq < 1 or k.shape[1] < 1 or Hq % k.shape[1]:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]} (q.shape[1], k.shape[1]; both >= 1)")
+    if not 1 <= D <= max_d:
+        raise ValueError(f"head dim D={D} (q.shape[3]) must be in [1, {max_d}]{d_note}")
+    if v.shape[-1] > max_dv:
+        raise ValueError(f"value dim Dv={v.shape[-1]} (v.shape[3]) must be <= {max_dv}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"the Triton kernel needs a CUDA device (got {q.device.type}; TRITON_INTERPRET=1 runs the "
+                         f"CPU interpreter)")
+    if B * Hq > MAX_GRID_Y:
+        raise ValueError(f"B * Hq = {B} * {Hq} = {B * Hq} exceeds {MAX_GRID_Y} (the kernels' grid axis 1, CUDA's "
+                         f"limit); split the batch")
+    why = eps_reason(eps)
+    if why is not None:
+        raise ValueError(why)
+
+
 def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     eps: float = 1e-6, doc_ids: "torch.Tensor | None" = None) -> torch.Tensor:
     """Taylor-map linear attention in the fused parallel form (module docstring), differentiable in q, k, v.
@@ -314,36 +351,10 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             outputs. Double backward raises ``RuntimeError`` (the backward is not differentiable).
         TypeError: ``q``, ``k`` or ``v`` not a tensor.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    B, Hq, _, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k must be (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) for q {tuple(q.shape)}; "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if Hq < 1 or k.shape[1] < 1 or Hq % k.shape[1]:
-        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]} (q.shape[1], k.shape[1]; both >= 1)")
-    if D < 1:
-        raise ValueError(f"head dim D={D} (q.shape[3]) must be >= 1")
-    if D > MAX_DIM or v.shape[-1] > MAX_DIM:
-        raise ValueError(f"head dim D={D} and value dim Dv={v.shape[-1]} must be <= {MAX_DIM}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"the Triton kernel needs a CUDA device (got {q.device.type}; TRITON_INTERPRET=1 runs the "
-                         f"CPU interpreter)")
+    check_qkv(q, k, v, eps, MAX_DIM, MAX_DIM)
+    B = q.shape[0]
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
-    if B * Hq > MAX_GRID_Y:
-        raise ValueError(f"B * Hq = {B} * {Hq} = {B * Hq} exceeds {MAX_GRID_Y} (the kernels' grid axis 1, CUDA's "
-                         f"limit); split the batch")
-    if eps_reason(eps) is not None:
-        raise ValueError(eps_reason(eps))
     if doc_ids is not None:
         if tuple(doc_ids.shape) != (B, k.shape[2]) or doc_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"doc_ids must be int32 / int64 of shape (B, Nk)={(B, k.shape[2])}, got {doc_ids.dtype} "

@@ -69,7 +69,7 @@ import triton
 import triton.language as tl
 
 from ._host import _interpreting, cdiv, launch
-from .taylor import MAX_GRID_Y, eps_reason
+from .taylor import check_qkv
 
 __all__ = ["taylor_chunk", "taylor_chunk_torch", "TaylorChunkConfig", "MAX_D", "MAX_DV", "CHUNK_SIZES"]
 
@@ -631,44 +631,17 @@ def taylor_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
             ``RuntimeError``.
         TypeError: ``q``, ``k`` or ``v`` not a tensor.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_qkv(q, k, v, eps, MAX_D, MAX_DV, d_note=" (the D^2 x Dv state is kept in registers)")
     if causal is not True:
         raise ValueError(f"causal={causal!r}: taylor_chunk is causal only (allowed: True; non-causal: backend "
                          f"'parallel' or 'triton')")
     if doc_ids is not None:
         raise ValueError("doc_ids: taylor_chunk takes no packed documents (allowed: None; backends 'parallel' / "
                          "'triton' take them)")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, Hq, N, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k must be (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) for q {tuple(q.shape)}; "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
     if k.shape[2] != N:
         raise ValueError(f"Nq={N} (q.shape[2]) must equal Nk={k.shape[2]} (k.shape[2]): taylor_chunk takes as many "
                          f"queries as keys (allowed: Nq == Nk; other lengths: backend 'parallel')")
-    if Hq < 1 or k.shape[1] < 1 or Hq % k.shape[1]:
-        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[1]} (q.shape[1], k.shape[1]; both >= 1)")
-    if not 1 <= D <= MAX_D:
-        raise ValueError(f"head dim D={D} (q.shape[3]) must be in [1, {MAX_D}] (the D^2 x Dv state is kept in "
-                         f"registers)")
-    if v.shape[-1] > MAX_DV:
-        raise ValueError(f"value dim Dv={v.shape[-1]} (v.shape[3]) must be <= {MAX_DV}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share one dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError(f"the Triton kernel needs a CUDA device (got {q.device.type}; TRITON_INTERPRET=1 runs the "
-                         f"CPU interpreter)")
-    if B * Hq > MAX_GRID_Y:
-        raise ValueError(f"B * Hq = {B} * {Hq} = {B * Hq} exceeds {MAX_GRID_Y} (the kernels' grid axis 1); split "
-                         f"the batch")
-    if eps_reason(eps) is not None:
-        raise ValueError(eps_reason(eps))
     if config is None:
         config = TaylorChunkConfig()
     elif not isinstance(config, TaylorChunkConfig):

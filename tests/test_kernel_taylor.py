@@ -115,8 +115,13 @@ def test_supports_dispatch_and_bad_inputs():
     assert "grid limit" in b.why_not(*big, AttentionSpec(**TAYLOR), False)
     with pytest.raises(ValueError, match="one dtype"):
         taylor_parallel(q, k.double(), v)
-    with pytest.raises(ValueError, match="<= 256"):
-        taylor_parallel(q.new_zeros(1, 1, 4, 272), q.new_zeros(1, 1, 4, 272), q.new_zeros(1, 1, 4, 16))
+    wide, narrow = q.new_zeros(1, 1, 4, 272), q.new_zeros(1, 1, 4, 16)
+    with pytest.raises(ValueError, match=r"D=272 \(q.shape\[3\]\) must be in \[1, 256\]"):
+        taylor_parallel(wide, wide, narrow)
+    with pytest.raises(ValueError, match=r"Dv=272 \(v.shape\[3\]\) must be <= 256"):
+        taylor_parallel(narrow, narrow, wide)
+    assert "D=272 outside [1, 256]" in b.why_not(wide, wide, narrow, AttentionSpec(**TAYLOR), False)
+    assert "Dv=272 exceeds the kernel's limit of 256" in b.why_not(narrow, narrow, wide, AttentionSpec(**TAYLOR), False)
 
 
 @pytest.mark.gpu

@@ -15,6 +15,8 @@ length.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..registry import register_backend
 from ._triton import triton_input_reason
 
@@ -46,25 +48,46 @@ def _auto_priority(q, k, v, spec):
     return None
 
 
-def _supports(q, k, v, spec, return_lse):
+def taylor_spec_reason(spec, return_lse: bool, form: str) -> Optional[str]:
+    """``None`` when a fused Taylor backend (``form``: its name in the message, e.g. ``"parallel form"``) can run
+    ``spec`` / ``return_lse``, else why not: no LSE (``return_lse=False``), ``feature_map='taylor'`` only."""
     if return_lse:
         return "return_lse is only defined for softmax kinds"
     if spec.feature_map != "taylor":
-        return (f"the parallel form is for feature_map='taylor' (phi(q).phi(k) = 1 + s + s^2/2); got "
+        return (f"the {form} is for feature_map='taylor' (phi(q).phi(k) = 1 + s + s^2/2); got "
                 f"feature_map={spec.feature_map!r} (backends triton / torch take every map)")
+    return None
+
+
+def taylor_input_reason(q, v, eps, max_d: int, max_dv: int, d_note: str = "") -> Optional[str]:
+    """``None`` when a fused Taylor kernel (:mod:`kernels.taylor`, :mod:`kernels.taylor_chunk`) can run ``q (B, Hq,
+    Nq, D)``, ``v (B, Hkv, Nk, Dv)`` and ``eps``, else why not: :func:`triton_input_reason`,
+    :func:`kernels.taylor.eps_reason`, ``1 <= D <= max_d`` (``d_note`` appended to that reason), ``Dv <= max_dv``,
+    ``B * Hq`` within the kernels' grid limit."""
     why = triton_input_reason(q)
     if why is not None:
         return why
-    from kernels.taylor import MAX_DIM, MAX_GRID_Y, eps_reason
+    from kernels.taylor import MAX_GRID_Y, eps_reason
 
-    why = eps_reason(spec.eps)
+    why = eps_reason(eps)
     if why is not None:
         return why
-    if q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM:
-        return f"head dim D={q.shape[-1]} / value dim Dv={v.shape[-1]} exceeds the kernel's limit of {MAX_DIM}"
+    if not 1 <= q.shape[-1] <= max_d:
+        return f"head dim D={q.shape[-1]} outside [1, {max_d}]{d_note}"
+    if v.shape[-1] > max_dv:
+        return f"value dim Dv={v.shape[-1]} exceeds the kernel's limit of {max_dv}"
     if q.shape[0] * q.shape[1] > MAX_GRID_Y:
         return f"B * Hq = {q.shape[0] * q.shape[1]} exceeds the kernels' grid limit of {MAX_GRID_Y}"
     return None
+
+
+def _supports(q, k, v, spec, return_lse):
+    why = taylor_spec_reason(spec, return_lse, "parallel form")
+    if why is not None:
+        return why
+    from kernels.taylor import MAX_DIM
+
+    return taylor_input_reason(q, v, spec.eps, MAX_DIM, MAX_DIM)
 
 
 @register_backend("linear", "parallel", supports=_supports, priority=PRIORITY, devices=("cuda",), documents=True,

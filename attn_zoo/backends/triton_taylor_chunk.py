@@ -17,8 +17,7 @@ order of :mod:`attn_zoo.backends.triton_taylor` stands.
 from __future__ import annotations
 
 from ..registry import register_backend
-from ._triton import triton_input_reason
-from .triton_taylor import prefers_parallel
+from .triton_taylor import prefers_parallel, taylor_input_reason, taylor_spec_reason
 
 TAYLOR_FUSED_MIN_N = 4096
 """``auto`` runs causal Taylor attention (``Nq = Nk = N``) on this backend from this many tokens. Measured on the
@@ -39,31 +38,16 @@ def _auto_priority(q, k, v, spec):
 
 
 def _supports(q, k, v, spec, return_lse):
-    if return_lse:
-        return "return_lse is only defined for softmax kinds"
-    if spec.feature_map != "taylor":
-        return (f"the fused chunked Taylor form is for feature_map='taylor'; got feature_map={spec.feature_map!r} "
-                f"(backends triton / torch take every map)")
+    why = taylor_spec_reason(spec, return_lse, "fused chunked Taylor form")
+    if why is not None:
+        return why
     if not spec.causal:
         return "causal only (causal=True); non-causal Taylor: backend parallel or triton"
     if q.shape[2] != k.shape[2]:
         return f"needs as many queries as keys (Nq == Nk), got Nq={q.shape[2]}, Nk={k.shape[2]}"
-    why = triton_input_reason(q)
-    if why is not None:
-        return why
-    from kernels.taylor import MAX_GRID_Y, eps_reason
     from kernels.taylor_chunk import MAX_D, MAX_DV
 
-    why = eps_reason(spec.eps)
-    if why is not None:
-        return why
-    if not 1 <= q.shape[-1] <= MAX_D:
-        return f"head dim D={q.shape[-1]} outside [1, {MAX_D}] (the D^2 x Dv state lives in registers)"
-    if v.shape[-1] > MAX_DV:
-        return f"value dim Dv={v.shape[-1]} exceeds {MAX_DV}"
-    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
-        return f"B * Hq = {q.shape[0] * q.shape[1]} exceeds the kernels' grid limit of {MAX_GRID_Y}"
-    return None
+    return taylor_input_reason(q, v, spec.eps, MAX_D, MAX_DV, d_note=" (the D^2 x Dv state lives in registers)")
 
 
 @register_backend("linear", "taylor_chunk", supports=_supports, priority=PRIORITY, devices=("cuda",),
