@@ -422,6 +422,51 @@ def _grads(q, k, v, do, causal, cfg, lse_grad=False):
     return [t.grad for t in leaves]
 
 
+def _assert_grads_close(ours, ref, finite=False):
+    """dq, dk, dv of ``ours`` within ``atol = rtol = 3e-2`` of ``ref`` (and all finite, with ``finite``)."""
+    for name, a, b in zip(("dq", "dk", "dv"), ours, ref):
+        if finite:
+            assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+
+
+def _assert_grads_near(ours, ref):
+    """dq, dk, dv of ``ours`` within ``2e-2 * max|ref| + 1e-3`` of ``ref`` (long sums: an error relative to the
+    largest gradient, not elementwise)."""
+    for name, a, b in zip(("dq", "dk", "dv"), ours, ref):
+        err = (a.float() - b.float()).abs().max().item()
+        scale = b.float().abs().max().item()
+        assert err <= 2e-2 * scale + 1e-3, (name, err, scale)
+
+
+def _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal):
+    """dq, dk, dv of ``ours`` (the gradients of ``flash_attn(q, k, v, causal)`` against the output gradient ``do``)
+    shaped, typed and strided like ``q, k, v``, finite, and within ``3 x`` plain PyTorch's max error (``+ 1e-4``) of
+    the fp32 reference, and within the same bound of the Triton backward's."""
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+    ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
+    rg = torch.autograd.grad(ref, ref_leaves, do.float())
+    pl_leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    pg = torch.autograd.grad(_plain_torch(*pl_leaves, causal, q.shape[-1] ** -0.5), pl_leaves, do)
+    for name, a, b, r, p, x in zip(("dq", "dk", "dv"), ours, tri, rg, pg, (q, k, v)):
+        assert a.shape == x.shape and a.dtype == x.dtype and a.stride() == x.stride(), name  # like the input
+        assert torch.isfinite(a).all(), name
+        bound = 3 * (p.float() - r).abs().max().item() + 1e-4
+        assert (a.float() - r).abs().max().item() <= bound, (name, (a.float() - r).abs().max().item(), bound)
+        assert (a.float() - b.float()).abs().max().item() <= bound, name
+
+
+def _very_negative_lse_qkv(D):
+    """CUDA bf16 ``q, k, v, do`` of ``B = 1, H = 2, N = 100`` whose head 1's first 28 query rows see only scores near
+    ``-20 |u|^2`` (lse ~ -20 sqrt(D) after scaling: 2^-lse2 overflows fp32), for the ragged-tail tests."""
+    q, k, v, do = _qkv(1, 2, 2, 100, 100, D, dtype=torch.float32, device="cpu", seed=3)
+    u = torch.randn(D, generator=torch.Generator().manual_seed(4))
+    k[:, 1, :28] = u
+    q[:, 1, :28] = -20 * u
+    return tuple(t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("Hq,Hkv,Nq,Nk,dtype,bnhd", [
@@ -443,18 +488,7 @@ def test_gpu_grads_match_reference_and_triton(monkeypatch, lse_tma, dq, causal, 
     ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq=dq))
     assert ran == [1]  # the Gluon backward ran
     assert len(tdq) == (dq == "triton")  # and the Triton dQ kernel only with gluon_bwd_dq="triton"
-    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
-    ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-    ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
-    rg = torch.autograd.grad(ref, ref_leaves, do.float())
-    pl_leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    pg = torch.autograd.grad(_plain_torch(*pl_leaves, causal, D ** -0.5), pl_leaves, do)
-    for name, a, b, r, p, x in zip(("dq", "dk", "dv"), ours, tri, rg, pg, (q, k, v)):
-        assert a.shape == x.shape and a.dtype == x.dtype and a.stride() == x.stride(), name  # like the input
-        assert torch.isfinite(a).all(), name
-        bound = 3 * (p.float() - r).abs().max().item() + 1e-4
-        assert (a.float() - r).abs().max().item() <= bound, (name, (a.float() - r).abs().max().item(), bound)
-        assert (a.float() - b.float()).abs().max().item() <= bound, name
+    _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal)
     if causal and Nq > Nk:  # rows that see no key: dq exactly 0
         assert ours[0][:, :, :Nq - Nk].abs().max().item() == 0
 
@@ -470,8 +504,7 @@ def test_gpu_lse_gradient_and_gluon_forward(lse_tma, causal, dq):
     ours = _grads(q, k, v, do, causal, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq, tma_min_pairs=0),
                   lse_grad=True)
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"), lse_grad=True)
-    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+    _assert_grads_close(ours, tri)
 
 
 @pytest.mark.parametrize("dq", GLUON_BWD_DQ)
@@ -482,10 +515,7 @@ def test_gpu_large_causal_close_to_triton(lse_tma, dq):
     q, k, v, do = _qkv(1, 4, 4, 8192, 8192, 128, bnhd=True)
     ours = _grads(q, k, v, do, True, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq))
     tri = _grads(q, k, v, do, True, FlashConfig())
-    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-        err = (a.float() - b.float()).abs().max().item()
-        scale = b.float().abs().max().item()
-        assert err <= 2e-2 * scale + 1e-3, (name, err, scale)
+    _assert_grads_near(ours, tri)
 
 
 @pytest.mark.parametrize("dq", GLUON_BWD_DQ)
@@ -497,19 +527,12 @@ def test_gpu_ragged_tail_next_head_with_very_negative_lse(lse_tma, dq, D):
     columns past Nq. Head 1's first 28 rows are built to have lse ~ -20 sqrt(D) (every score they see is very
     negative), so 2^-lse2 would overflow fp32: the kernel must treat those columns as empty (P = 0). Gradients
     finite and close to the Triton backward's."""
-    B, H, N = 1, 2, 100
-    q, k, v, do = _qkv(B, H, H, N, N, D, dtype=torch.float32, device="cpu", seed=3)
-    u = torch.randn(D, generator=torch.Generator().manual_seed(4))
-    k[:, 1, :28] = u
-    q[:, 1, :28] = -20 * u
-    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+    q, k, v, do = _very_negative_lse_qkv(D)
     _, lse = flash_attn(q, k, v, causal=True, return_lse=True, config=FlashConfig(fwd_impl="triton"))
     assert lse[0, 1, :28].max().item() * 1.4426950408889634 < -128  # 2^-lse2 is past fp32's range
     ours = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq=dq))
     tri = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton"))
-    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-        assert torch.isfinite(a).all(), name
-        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+    _assert_grads_close(ours, tri, finite=True)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -523,9 +546,7 @@ def test_gpu_rows_not_multiple_of_4(lse_tma, Nq, Nk, causal):
     q, k, v, do = _qkv(3, 3, 3, Nq, Nk, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon"))
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
-    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-        assert torch.isfinite(a).all(), name
-        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+    _assert_grads_close(ours, tri, finite=True)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -595,18 +616,7 @@ def test_gpu_two_consumers_grads_match_reference_and_triton(monkeypatch, two_mod
                         lambda *a, **kw: ran.append(kw["config"].gluon_bwd_consumers) or real(*a, **kw))
     ours = _grads(q, k, v, do, causal, _TWO)
     assert ran == [2]
-    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
-    ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-    ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
-    rg = torch.autograd.grad(ref, ref_leaves, do.float())
-    pl_leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    pg = torch.autograd.grad(_plain_torch(*pl_leaves, causal, D ** -0.5), pl_leaves, do)
-    for name, a, b, r, p, x in zip(("dq", "dk", "dv"), ours, tri, rg, pg, (q, k, v)):
-        assert a.shape == x.shape and a.dtype == x.dtype and a.stride() == x.stride(), name
-        assert torch.isfinite(a).all(), name
-        bound = 3 * (p.float() - r).abs().max().item() + 1e-4
-        assert (a.float() - r).abs().max().item() <= bound, (name, (a.float() - r).abs().max().item(), bound)
-        assert (a.float() - b.float()).abs().max().item() <= bound, name
+    _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -619,8 +629,7 @@ def test_gpu_two_consumers_lse_gradient_and_outputs(monkeypatch, two_mode, causa
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, _TWO.replace(fwd_impl="auto", tma_min_pairs=0), lse_grad=True)
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"), lse_grad=True)
-    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+    _assert_grads_close(ours, tri)
     o2, l2 = flash_attn(q, k, v, causal=causal, return_lse=True, config=_TWO)
     o1, l1 = flash_attn(q, k, v, causal=causal, return_lse=True, config=FlashConfig(fwd_impl="triton"))
     assert torch.equal(o2, o1) and torch.equal(l2, l1)
@@ -634,10 +643,7 @@ def test_gpu_two_consumers_large_causal_close_to_triton(monkeypatch, two_mode):
     q, k, v, do = _qkv(1, 4, 4, 8192, 8192, 128, bnhd=True)
     ours = _grads(q, k, v, do, True, _TWO.replace(fwd_impl="auto"))
     tri = _grads(q, k, v, do, True, FlashConfig())
-    for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-        err = (a.float() - b.float()).abs().max().item()
-        scale = b.float().abs().max().item()
-        assert err <= 2e-2 * scale + 1e-3, (name, err, scale)
+    _assert_grads_near(ours, tri)
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -647,20 +653,13 @@ def test_gpu_two_consumers_ragged_tail_and_rows_not_multiple_of_4(monkeypatch, t
     """Nq = 100 with a next head whose lse2 would overflow 2^-lse2 (see test_gpu_ragged_tail_next_head_with_very_
     negative_lse), then Nq = 257, Nk = 200 with B * Hq = 9: finite gradients close to the Triton backward's."""
     _only_two_consumer_kernel(monkeypatch)
-    B, H, N = 1, 2, 100
-    q, k, v, do = _qkv(B, H, H, N, N, D, dtype=torch.float32, device="cpu", seed=3)
-    u = torch.randn(D, generator=torch.Generator().manual_seed(4))
-    k[:, 1, :28] = u
-    q[:, 1, :28] = -20 * u
-    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+    q, k, v, do = _very_negative_lse_qkv(D)
     cases = [(q, k, v, do, True), (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), False),
              (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), True)]
     for q, k, v, do, causal in cases:
         ours = _grads(q, k, v, do, causal, _TWO)
         tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
-        for name, a, b in zip(("dq", "dk", "dv"), ours, tri):
-            assert torch.isfinite(a).all(), name
-            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2, msg=name)
+        _assert_grads_close(ours, tri, finite=True)
 
 
 @pytest.mark.parametrize("causal", [True, False])
