@@ -10,7 +10,8 @@ registered backend (``all``: every one), and every backend a ``--plugins`` modul
 ``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
 ``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, dense / causal masks, D 64 / 128; any other case is
 recorded as an error row); the backward is the Triton one in all but ``ours_gluon_bwd`` (the default forward with
-``FlashConfig(bwd_impl="gluon")``, Hopper) and ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``).
+``FlashConfig(bwd_impl="gluon")``, Hopper), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``) and
+``ours_gluon_bwd_2c`` (that with ``gluon_bwd_consumers=2``).
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
@@ -69,11 +70,12 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 # ours and its forward kernel (FlashConfig.fwd_impl; the backward is the Triton one): "ours" is the default ("auto":
 # Gluon or Triton per call), the others force one kernel
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
-        "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto"}
+        "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto"}
 # the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq) of the OURS entries that do not run the default Triton
 # backward: the Gluon backward with its atomic dQ, and its dK / dV kernel with the Triton dQ kernel ("tdq")
 OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
-            "ours_gluon_bwd_tdq": dict(bwd_impl="gluon", gluon_bwd_dq="triton")}
+            "ours_gluon_bwd_tdq": dict(bwd_impl="gluon", gluon_bwd_dq="triton"),
+            "ours_gluon_bwd_2c": dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)}
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 

@@ -136,13 +136,15 @@ class TaylorChunkConfig:
                                           or not 1 <= self.segments <= MAX_SEGMENTS):
             raise ValueError(f"segments={self.segments!r} must be None (automatic) or an int in [1, {MAX_SEGMENTS}]")
 
-    def resolve_block_v(self, bh: int, dv: int) -> int:
-        """The value block for ``B * H = bh`` sequences of ``dv`` value columns: ``block_v`` if set, else 32 when
-        ``bh * ceil(dv / 32) >= MIN_PROGRAMS`` (enough programs to fill the GPU with the wider, faster block), else
-        16 (twice the programs)."""
+    def resolve_block_v(self, bh: int, dv: int, n: int = 0) -> int:
+        """The value block for ``B * H = bh`` sequences of ``n`` tokens and ``dv`` value columns: ``block_v`` if
+        set, else 32 when ``bh * ceil(dv / 32)`` programs times the most segments the split may use (``segments``
+        if set, else one per :data:`MIN_SEG_CHUNKS` chunks) reach :data:`MIN_PROGRAMS` (the wider block is the
+        faster one whenever segments can fill the GPU), else 16 (twice the programs)."""
         if self.block_v is not None:
             return self.block_v
-        return 32 if bh * cdiv(dv, 32) >= MIN_PROGRAMS else 16
+        ns_max = self.segments if self.segments is not None else max(1, cdiv(n, self.chunk) // MIN_SEG_CHUNKS)
+        return 32 if bh * cdiv(dv, 32) * ns_max >= MIN_PROGRAMS else 16
 
     def resolve_segments(self, bh: int, dv: int, n: int, sms: int = 132) -> "tuple[int, int]":
         """``(NS, L)``: the segment count and length (tokens, a multiple of ``chunk``; ``NS = ceil(n / L)``) for
@@ -156,7 +158,7 @@ class TaylorChunkConfig:
         if self.segments is not None:
             ns = self.segments
         else:
-            progs = bh * cdiv(dv, self.resolve_block_v(bh, dv))
+            progs = bh * cdiv(dv, self.resolve_block_v(bh, dv, n))
             ns = 1 if progs >= MIN_PROGRAMS else max(1, min((2 * sms) // max(progs, 1),
                                                              n_chunks // MIN_SEG_CHUNKS))
         L = C * cdiv(n_chunks, min(ns, n_chunks))
@@ -518,8 +520,8 @@ def _strides(t: torch.Tensor):
 
 
 def _meta(q: torch.Tensor, v: torch.Tensor, cfg: TaylorChunkConfig) -> dict:
-    B, H, _, D = q.shape
-    bv = cfg.resolve_block_v(B * H, v.shape[-1])
+    B, H, N, D = q.shape
+    bv = cfg.resolve_block_v(B * H, v.shape[-1], N)
     return dict(HEAD_D=D, HEAD_DV=v.shape[-1], BT=cfg.chunk, BD=16, BV=bv,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32",
                 UP=q.dtype == torch.bfloat16 and _interpreting(),

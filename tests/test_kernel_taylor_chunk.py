@@ -70,7 +70,7 @@ def test_segments_every_gradient_vs_reference_and_unsegmented(fused):
 
 def test_auto_segments_rule_and_an_auto_split_run():
     """``segments=None``: one segment while ``B * H * ceil(Dv / block_v) >= MIN_PROGRAMS`` (the measured 1k and 4k
-    shapes), else about two programs per SM with segments of >= MIN_SEG_CHUNKS chunks; and a run the rule splits
+    shapes), else about two programs per SM (block_v 32 wherever the split can reach MIN_PROGRAMS) with segments of >= MIN_SEG_CHUNKS chunks; and a run the rule splits
     (one head: 2 segments of 80 tokens) matches the reference and the unsegmented run."""
     from kernels.taylor_chunk import MIN_SEG_CHUNKS
 
@@ -78,8 +78,13 @@ def test_auto_segments_rule_and_an_auto_split_run():
     assert auto.segments is None
     assert auto.resolve_segments(16 * 16, 64, 1024) == (1, 1024)  # 512 programs of block_v 32
     assert auto.resolve_segments(4 * 16, 64, 4096) == (1, 4096)  # 128 programs
-    assert auto.resolve_segments(16, 64, 16384) == (4, 4096)  # 64 programs of block_v 16 -> 256
-    assert auto.resolve_segments(16, 64, 16384, sms=66) == (2, 8192)
+    # 16k, B 1: block_v 32 (the split can fill the GPU), 32 programs -> 8 segments, 256 programs
+    assert auto.resolve_block_v(16, 64, 16384) == 32
+    assert auto.resolve_segments(16, 64, 16384) == (8, 2048)
+    assert auto.resolve_segments(16, 64, 16384, sms=66) == (4, 4096)
+    # too few chunks to split far enough: block_v 16 (1k, one head: 2 programs x 4 segments of 4 chunks)
+    assert auto.resolve_block_v(1, 64, 1024) == 16 and auto.resolve_segments(1, 64, 1024) == (4, 256)
+    assert TaylorChunkConfig(segments=1).resolve_block_v(16, 64, 16384) == 16  # no split allowed: the old rule
     assert auto.resolve_segments(1, 16, 64 * (MIN_SEG_CHUNKS - 1)) == (1, 64 * (MIN_SEG_CHUNKS - 1))
     assert TaylorChunkConfig(segments=9).resolve_segments(1, 16, 100) == (2, 64)  # 2 chunks: at most 2 segments
     assert TaylorChunkConfig(segments=5).resolve_segments(1, 16, 0) == (1, 64)
