@@ -1155,7 +1155,7 @@ def linear_attention(
         doc_ids: packed documents (issue 27, causal only): int32 / int64 ``(B, N)`` on q's device, nondecreasing per
             row (not checked here: :func:`attn_zoo.attention` checks them). The state ``(S, z)`` restarts at every
             document start, inside chunks too (= the document mask of the quadratic form). The kernels read one int32
-            ``(B, N)`` tensor, each position's 1-based document number (:func:`document_index`, built once per
+            ``(B, 2, N)`` tensor, each position's document start and end (:func:`document_bounds`, built once per
             ``doc_ids`` tensor): chunk scores are masked to one document, the carried state is read only by the
             document running at the chunk's start and carries on only the chunk's last document (forward and
             backward; docs/linear_kernel.md). ``initial_state`` is read by the first document,
