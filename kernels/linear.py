@@ -27,7 +27,7 @@ from ._host import _interpreting, cdiv, launch, next_pow2
 
 __all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
            "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
-           "CHUNK_SIZES", "document_index", "feature_pad"]
+           "CHUNK_SIZES", "document_index", "document_bounds", "feature_pad"]
 
 MAX_DIM = 256
 FUSED_FEATURE_MAPS = {None: 0, "none": 0, "elu1": 1, "relu": 2}
@@ -140,9 +140,16 @@ def _store_sums(SS, ZS, S, z, bkv, s, NS, F, DV, ok, ov, mk, mv, pv):
 
 @triton.jit
 def _doc_at(DOC, b, N, pos):
-    """Document number (1-based, int32) of position ``pos`` clamped to [0, N - 1] of batch row ``b``: position -1
-    counts as document 1 (the initial state belongs to the first document)."""
-    return tl.load(DOC + b * N + tl.minimum(tl.maximum(pos, 0), N - 1))
+    """The document of position ``pos`` clamped to [0, N - 1] of batch row ``b``, as its first position (int32;
+    ``DOC`` (B, 2, N): :func:`document_bounds`): position -1 counts as the first document (start 0: the initial
+    state belongs to it). Two positions are in one document iff their starts are equal."""
+    return tl.load(DOC + b * 2 * N + tl.minimum(tl.maximum(pos, 0), N - 1))
+
+
+@triton.jit
+def _doc_end(DOC, b, N, pos):
+    """The end (one past the last position) of the document of position ``pos`` (in [0, N - 1]) of row ``b``."""
+    return tl.load(DOC + b * 2 * N + N + pos)
 
 
 @triton.jit
@@ -150,16 +157,16 @@ def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf
                  HAS_0: tl.constexpr, HAS_SS: tl.constexpr, CAUSAL: tl.constexpr, DOCS: tl.constexpr):
     """A sweep's start state (a block of ``S`` at offsets ``soff`` and ``z`` at ``offs_f``): the initial state
     plus the segment sums before segment ``s`` (causal) or of all key segments (non-causal), added in-kernel.
-    DOCS (causal): only the sums of the document running at the segment's start (``dprev``, returned): the initial
-    state if that is document 1, and the sums of the earlier segments that end in it (each segment's sum holds its
-    last document only)."""
-    dprev = 1
+    DOCS (causal): only the sums of the document running at the segment's start (``dprev``, returned: its first
+    position): the initial state if that is the first document, and the sums of the earlier segments that end in it
+    (each segment's sum holds its last document only)."""
+    dprev = 0
     if DOCS:
         dprev = _doc_at(DOC, b, N, s * L - 1)
     if HAS_0:
         if DOCS:
-            S += tl.load(S0 + bkv * F * DV + soff, mask=msk & ((soff * 0 + dprev) == 1), other=0.0)
-            z += tl.load(Z0 + bkv * F + offs_f, mask=mf & ((offs_f * 0 + dprev) == 1), other=0.0)
+            S += tl.load(S0 + bkv * F * DV + soff, mask=msk & ((soff * 0 + dprev) == 0), other=0.0)
+            z += tl.load(Z0 + bkv * F + offs_f, mask=mf & ((offs_f * 0 + dprev) == 0), other=0.0)
         else:
             S += tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
             z += tl.load(Z0 + bkv * F + offs_f, mask=mf, other=0.0)
@@ -181,21 +188,24 @@ def _start_state(S, z, SS, ZS, S0, Z0, bkv, s, NSS, F, DV, soff, msk, offs_f, mf
 
 # ----------------------------------------------------------------------------------------------- forward
 @triton.jit
-def _chunk_mask(causal_m, d, DOCS: tl.constexpr):
-    """The (C x C) causal mask of a chunk, ``causal_m``; DOCS: and the same document (``d``: the rows' documents)."""
+def _chunk_mask(causal_m, oc, dloc, DOCS: tl.constexpr):
+    """The (C x C) causal mask of a chunk, ``causal_m`` (query row i, key column j); DOCS: and the same document,
+    which under the causal mask is ``j >= dloc_i`` (``dloc``: the start of each row's document, relative to the
+    chunk's first row; documents are contiguous), a compare against a row vector only."""
     if DOCS:
-        causal_m = causal_m & (d[:, None] == d[None, :])
+        causal_m = causal_m & (oc[None, :] >= dloc[:, None])
     return causal_m
 
 
 @triton.jit
-def _carry_state(S, z, k, v, d, dl, dprev, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+def _carry_state(S, z, k, v, rows, dl, dprev, DOCS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """The state leaving a chunk of keys ``k`` (C x F) and values ``v`` (C x Dv): ``S += k^T v``, ``z += sum_j k_j``.
-    DOCS (causal; ``d`` the chunk's documents, ``dl`` its last one, ``dprev`` the one running at its start): carry
-    only into a chunk without a document start and keep the last document's keys. Returns ``S, z`` and the document
-    running at the next chunk's start (``dprev`` unchanged without documents)."""
+    DOCS (causal; ``rows`` the chunk's positions, ``dl`` the first position of its last document, ``dprev`` that of
+    the one running at its start): carry only into a chunk without a document start and keep the last document's
+    keys (``rows >= dl``: a compare with a scalar). Returns ``S, z`` and the document running at the next chunk's
+    start (``dprev`` unchanged without documents)."""
     if DOCS:
-        k = tl.where((d == dl)[:, None], k, 0.0)
+        k = tl.where((rows >= dl)[:, None], k, 0.0)
         S = tl.where(dl == dprev, S, 0.0) + _dot(tl.trans(k), v, PREC, UP)
         z = tl.where(dl == dprev, z, 0.0) + tl.sum(k.to(tl.float32), 0)
         dprev = dl
@@ -213,21 +223,24 @@ def _seg_state(
     STG: tl.constexpr, DOCS: tl.constexpr,
 ):
     """Per-segment sums phi(K)^T V (BK x BV block) and sum phi(K) over the segment's keys (fp32). DOCS: over the
-    keys of the segment's last document only (what the state carries out of the segment)."""
+    keys of the segment's last document only (what the state carries out of the segment): the positions from its
+    start ``dlast`` on; the chunks before it are skipped."""
     bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NK, BK, BV, C)
     oc = tl.arange(0, C)
+    i0 = 0
+    dlast = 0
     if DOCS:
-        db = DOC + (bkv // HKV) * NK
-        dlast = tl.load(db + tl.minimum(start + L, NK) - 1)
+        dlast = _doc_at(DOC, bkv // HKV, NK, tl.minimum(start + L, NK) - 1)
+        i0 = tl.maximum(dlast - start, 0) // C
     S = tl.zeros([BK, BV], dtype=tl.float32)
     z = tl.zeros([BK], dtype=tl.float32)
     kbase = K + bkv * NK * F
     vbase = V + bkv * NK * DV
-    for i in tl.range(nt, num_stages=STG):
+    for i in tl.range(i0, nt, num_stages=STG):
         rows = start + i * C + oc
         mr = rows < NK
         if DOCS:
-            mr = mr & (tl.load(db + rows, mask=mr, other=0) == dlast)
+            mr = mr & (rows >= dlast)
         mrk = mr[:, None] & mk[None, :]
         k = tl.load(kbase + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
         k = _phi(k, mrk, FM)
@@ -281,29 +294,34 @@ def _seg_fwd(
         mrv = mr[:, None] & mv[None, :]
         q = tl.load(qbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
         q = _phi(q, mrf, FM)
-        if DOCS:  # only the rows of the document running at the chunk's start read the carried state
-            d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
-            dl = tl.load(DOC + b * NQ + tl.minimum(start + i * C + C, NQ) - 1)  # the chunk's last document
-            qs = tl.where((d == dprev)[:, None], q, 0.0)
-        else:
-            d, dl, qs = dprev, dprev, q  # d, dl: unread without documents
         if S16:
-            acc = _dot(qs, S.to(q.dtype), PREC, UP)
+            acc = _dot(q, S.to(q.dtype), PREC, UP)
         else:
-            acc = tl.dot(qs.to(tl.float32), S, input_precision=SPREC)
-        den = tl.sum(qs.to(tl.float32) * z[None, :], 1)
+            acc = tl.dot(q.to(tl.float32), S, input_precision=SPREC)
+        den = tl.sum(q.to(tl.float32) * z[None, :], 1)
+        if DOCS:  # only the rows of the document running at the chunk's start read the carried state: the other
+            # rows' state terms are dropped through row factors (vectors; no select on a tile)
+            d = tl.load(DOC + b * 2 * NQ + rows, mask=mr, other=0)  # each row's document start
+            dl = _doc_at(DOC, b, NQ, start + i * C + C - 1)  # the chunk's last document
+            rs = (d == dprev).to(tl.float32)
+            den = den * rs
+        else:
+            d, dl = dprev, dprev  # d, dl: unread without documents
         if CAUSAL:
             k = tl.load(kbase + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
             v = tl.load(vbase + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
             A = _dot(q, tl.trans(k), PREC, UP)
-            A = tl.where(_chunk_mask(causal_m, d, DOCS), A, 0.0)
+            A = tl.where(_chunk_mask(causal_m, oc, d - (start + i * C), DOCS), A, 0.0)
             den += tl.sum(A, 1)
             den = den + eps
             rden = 1.0 / den
             P = A * rden[:, None]  # in [0, 1]: safe in fp16
-            acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
-            S, z, dprev = _carry_state(S, z, k, v, d, dl, dprev, DOCS, PREC, UP)
+            if DOCS:
+                acc = acc * (rden * rs)[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
+            else:
+                acc = acc * rden[:, None] + _dot(P.to(v.dtype), v, PREC, UP)
+            S, z, dprev = _carry_state(S, z, k, v, rows, dl, dprev, DOCS, PREC, UP)
         else:
             den = den + eps
             acc = acc / den[:, None]
@@ -344,14 +362,17 @@ def _seg_dstate(
     LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
 ):
     """Per-segment sums over the K/V group's query heads of phi(Q)^T G and sum c phi(Q) (fp32). DOCS: over the
-    queries of the segment's first document only (what the state gradient carries back out of the segment)."""
+    queries of the segment's first document only (what the state gradient carries back out of the segment): the
+    positions before its end ``dfirst``; the chunks after it are skipped."""
     bkv, s, ok, ov, mk, mv, pv, start, nt = _sum_block(F, DV, L, NQ, BK, BV, C)
     HKV = HQ // G
     b = bkv // HKV
     hk = bkv % HKV
     oc = tl.arange(0, C)
+    dfirst = NQ
     if DOCS:
-        dfirst = tl.load(DOC + b * NQ + start)
+        dfirst = _doc_end(DOC, b, NQ, start)
+        nt = tl.cdiv(tl.minimum(dfirst - start, nt * C), C)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     dz = tl.zeros([BK], dtype=tl.float32)
     for g in range(G):  # outside the chunk loop (the sums commute): the chunk loop stays innermost, prefetched
@@ -360,7 +381,7 @@ def _seg_dstate(
             rows = start + i * C + oc
             mr = rows < NQ
             if DOCS:
-                mr = mr & (tl.load(DOC + b * NQ + rows, mask=mr, other=0) == dfirst)
+                mr = mr & (rows < dfirst)
             mrk = mr[:, None] & mk[None, :]
             q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             q = _phi(q, mrk, FM)
@@ -413,25 +434,27 @@ def _seg_dq(
         do = tl.load(DO + bh * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
         rden = tl.load(RDEN + bh * NQ + rows, mask=mr, other=1.0)
         cd = tl.load(CD + bh * NQ + rows, mask=mr, other=0.0)
+        if DOCS:  # the rows of other documents than the running one drop their state terms through 1 / den and c
+            d = tl.load(DOC + b * 2 * NQ + rows, mask=mr, other=0)  # each row's document start
+            dl = _doc_at(DOC, b, NQ, start + i * C + C - 1)  # the chunk's last document
+            rs = (d == dprev).to(tl.float32)
+            rden_s = rden * rs
+            cd_s = cd * rs
+        else:
+            d, dl, rden_s, cd_s = dprev, dprev, rden, cd  # d, dl: unread without documents
         if LOWP:  # (dout S^T) / den: the 16-bit product needs no rounded g
-            dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rden[:, None] + cd[:, None] * z[None, :]
+            dq = _mm(do, tl.trans(S), Q, LOWP, SPREC, UP) * rden_s[:, None] + cd_s[:, None] * z[None, :]
         else:
-            gm = do.to(tl.float32) * rden[:, None]
-            dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd[:, None] * z[None, :]
-        if DOCS:
-            d = tl.load(DOC + b * NQ + rows, mask=mr, other=0)
-            dl = tl.max(d, 0)
-            dq = tl.where((d == dprev)[:, None], dq, 0.0)
-        else:
-            d, dl = dprev, dprev  # unread without documents
+            gm = do.to(tl.float32) * rden_s[:, None]
+            dq = tl.dot(gm, tl.trans(S), input_precision=SPREC) + cd_s[:, None] * z[None, :]
         if CAUSAL:
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             k = _phi(k, mrk, FM)
             dA = _dot(do, tl.trans(v), PREC, UP) * rden[:, None]  # g . v: exact 16-bit products, fp32 sums
-            dA = tl.where(_chunk_mask(causal_m, d, DOCS), dA + cd[:, None], 0.0)
+            dA = tl.where(_chunk_mask(causal_m, oc, d - (start + i * C), DOCS), dA + cd[:, None], 0.0)
             dq += _mm(dA, k, Q, LOWP, SPREC, UP)
-            S, z, dprev = _carry_state(S, z, k, v, d, dl, dprev, DOCS, PREC, UP)
+            S, z, dprev = _carry_state(S, z, k, v, rows, dl, dprev, DOCS, PREC, UP)
         if FM + DFM != 0:  # chain rule: phi'(q) from q (FM) or from phi(q) (DFM: Q holds the features)
             q = tl.load(Q + bh * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
             dq = dq * _phi_grad(q, FM, DFM)
@@ -473,9 +496,9 @@ def _seg_dkdv(
         j0 = 0
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NK - start), C)
-    dnext = 1
-    dend = 1
-    if DOCS:
+    dnext = 0
+    dend = 0
+    if DOCS:  # documents as their first positions (_doc_at)
         dnext = _doc_at(DOC, b, NK, start + L)  # clamped: the last document after the last segment
         dend = _doc_at(DOC, b, NK, NK - 1)  # the final-state gradient's document
     if pid < NKB:
@@ -511,15 +534,17 @@ def _seg_dkdv(
             mrd = mr[:, None] & md[None, :]
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
-            if DOCS:
-                d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
-                df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)  # the chunk's first document
-                dk = tl.where((d == dnext)[:, None], dk, 0.0)
+            if DOCS:  # positions: key row j and query i (j <= i) share a document iff i < the end of j's document
+                c0 = start + (nt - 1 - i) * C
+                de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0  # each key row's document end
+                df = _doc_at(DOC, b, NK, c0)  # the chunk's first document
+                qf = rows < _doc_end(DOC, b, NK, c0)  # the query rows of that document
+                dk = tl.where((rows >= dnext)[:, None], dk, 0.0)  # the key rows of dnext read the carried dS
                 keep = df == dnext
                 dSk = tl.where(keep, dSk, 0.0)
                 dz = tl.where(keep, dz, 0.0)
                 dnext = df
-                tmask = causal_t & (d[:, None] == d[None, :])
+                tmask = causal_t & (oc[None, :] < de[:, None])
             else:
                 tmask = causal_t
             if CAUSAL:
@@ -530,12 +555,12 @@ def _seg_dkdv(
                     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
                     rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
                     cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-                    gm = do.to(tl.float32) * rden[:, None]
                     dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
                     dAt = tl.where(tmask, dAt + cd[None, :], 0.0)
                     dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
                     if DOCS:  # the chunk's first document goes on to the previous chunk
-                        q = tl.where((d == dnext)[:, None], q, 0.0)
+                        q = tl.where(qf[:, None], q, 0.0)
+                    gm = do.to(tl.float32) * rden[:, None]
                     dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
                     dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
             if FM + DFM != 0:
@@ -575,13 +600,15 @@ def _seg_dkdv(
             k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
             k = _phi(k, mrf, FM)
             dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
-            if DOCS:
-                d = tl.load(DOC + b * NK + rows, mask=mr, other=0)
-                df = tl.load(DOC + b * NK + start + (nt - 1 - i) * C)
-                dv = tl.where((d == dnext)[:, None], dv, 0.0)
+            if DOCS:  # as in the dk programs
+                c0 = start + (nt - 1 - i) * C
+                de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0
+                df = _doc_at(DOC, b, NK, c0)
+                qf = rows < _doc_end(DOC, b, NK, c0)
+                dv = tl.where((rows >= dnext)[:, None], dv, 0.0)
                 dSv = tl.where(df == dnext, dSv, 0.0)
                 dnext = df
-                tmask = causal_t & (d[:, None] == d[None, :])
+                tmask = causal_t & (oc[None, :] < de[:, None])
             else:
                 tmask = causal_t
             if CAUSAL:
@@ -592,17 +619,19 @@ def _seg_dkdv(
                     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
                     rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
                     At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+                    rden_s = rden
                     if DOCS:  # the chunk's first document goes on to the previous chunk
-                        q = tl.where((d == dnext)[:, None], q, 0.0)
+                        q = tl.where(qf[:, None], q, 0.0)
                     if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
                         Pt = tl.where(tmask, At * rden[None, :], 0.0)
                         dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden[:, None], Q, LOWP, SPREC, UP)
+                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden_s[:, None], Q, LOWP, SPREC, UP)
                     else:
                         gm = do.to(tl.float32) * rden[:, None]
                         At = tl.where(tmask, At, 0.0)
                         dv += tl.dot(At, gm, input_precision=SPREC)
-                        dSv += tl.dot(tl.trans(q.to(tl.float32)), gm, input_precision=SPREC)
+                        dSv += tl.dot(tl.trans(q.to(tl.float32)), do.to(tl.float32) * rden_s[:, None],
+                                      input_precision=SPREC)
             tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
@@ -914,19 +943,41 @@ def document_index(doc_ids: torch.Tensor) -> torch.Tensor:
     return start.cumsum(1, dtype=torch.int32).contiguous()
 
 
-_LAST_DOCS: list = []  # [(weakref to doc_ids, its _version, index)], most recent first
+def document_bounds(doc_ids: torch.Tensor) -> torch.Tensor:
+    """The document part of the kernels' input: int32 ``(B, 2, N)``, ``[:, 0]`` the first position of each
+    position's document and ``[:, 1]`` its end (one past its last position), in its row (no host sync). Two positions
+    share a document iff their starts are equal; under the causal mask a key ``j <= i`` is in query ``i``'s document
+    iff ``j >= start_i`` (``i < end_j``), so the kernels compare positions with one vector per chunk. ``doc_ids`` int
+    ``(B, N)``, nondecreasing per row (checked by :func:`attn_zoo.attention`, not here); raises ValueError for
+    another dtype or rank."""
+    if not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"doc_ids must be an int32 / int64 tensor of shape (B, N), got "
+                         f"{getattr(doc_ids, 'dtype', type(doc_ids).__name__)} {tuple(getattr(doc_ids, 'shape', ()))}")
+    B, N = doc_ids.shape
+    pos = torch.arange(N, device=doc_ids.device, dtype=torch.int32).expand(B, N)
+    first = torch.ones_like(doc_ids, dtype=torch.bool)
+    first[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    last = torch.ones_like(first)
+    last[:, :-1] = first[:, 1:]
+    out = torch.empty(B, 2, N, device=doc_ids.device, dtype=torch.int32)
+    out[:, 0] = torch.where(first, pos, 0).cummax(1).values
+    out[:, 1] = torch.where(last, pos + 1, N).flip(1).cummin(1).values.flip(1)
+    return out
 
 
-def _cached_document_index(doc_ids: torch.Tensor) -> torch.Tensor:
-    """:func:`document_index`, remembered for the last 4 ``doc_ids`` tensors (by identity and version): the same
+_LAST_DOCS: list = []  # [(weakref to doc_ids, its _version, bounds)], most recent first
+
+
+def _cached_document_bounds(doc_ids: torch.Tensor) -> torch.Tensor:
+    """:func:`document_bounds`, remembered for the last 4 ``doc_ids`` tensors (by identity and version): the same
     tensor passed to every layer of a step is converted once. Not while compiling, nor for an inference tensor
     (``torch.inference_mode``: it has no version counter)."""
     if torch.compiler.is_compiling() or doc_ids.is_inference():
-        return document_index(doc_ids)
+        return document_bounds(doc_ids)
     for ref, ver, idx in _LAST_DOCS:
         if ref() is doc_ids and ver == doc_ids._version:
             return idx
-    idx = document_index(doc_ids)
+    idx = document_bounds(doc_ids)
     try:
         _LAST_DOCS.insert(0, (weakref.ref(doc_ids), doc_ids._version, idx))
         del _LAST_DOCS[4:]
@@ -1104,7 +1155,7 @@ def linear_attention(
         doc_ids: packed documents (issue 27, causal only): int32 / int64 ``(B, N)`` on q's device, nondecreasing per
             row (not checked here: :func:`attn_zoo.attention` checks them). The state ``(S, z)`` restarts at every
             document start, inside chunks too (= the document mask of the quadratic form). The kernels read one int32
-            ``(B, N)`` tensor, each position's 1-based document number (:func:`document_index`, built once per
+            ``(B, 2, N)`` tensor, each position's document start and end (:func:`document_bounds`, built once per
             ``doc_ids`` tensor): chunk scores are masked to one document, the carried state is read only by the
             document running at the chunk's start and carries on only the chunk's last document (forward and
             backward; docs/linear_kernel.md). ``initial_state`` is read by the first document,
@@ -1136,8 +1187,8 @@ def linear_attention(
         if not causal:
             raise ValueError("doc_ids with causal=False is not supported by the fused kernel (non-causal linear "
                              "attention per document needs each document's total sums); use the torch backend")
-        docs = _cached_document_index(doc_ids)
-        if tuple(docs.shape) != (q.shape[0], k.shape[2]) or docs.device != q.device:
+        docs = _cached_document_bounds(doc_ids)
+        if tuple(docs.shape) != (q.shape[0], 2, k.shape[2]) or docs.device != q.device:
             raise ValueError(f"doc_ids must have shape (B, N) = ({q.shape[0]}, {k.shape[2]}) on q's device "
                              f"{q.device}, got {tuple(doc_ids.shape)} on {doc_ids.device}")
     if initial_state is not None and (not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2):

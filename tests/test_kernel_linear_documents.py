@@ -267,3 +267,53 @@ def test_gpu_documents_at_bench_scale(dist):
     for name, x, r in zip(("out", "dq", "dk", "dv"), (out,) + got_g, (ref,) + ref_g):
         assert torch.isfinite(x).all(), name
         assert rel(x, r) <= 2e-2, (name, rel(x, r))
+
+
+def test_document_bounds_are_each_positions_document_start_and_end():
+    """The kernels' document input (kernels.linear.document_bounds): per position its document's first position and
+    its end, int32 (B, 2, N); skipped ids and length-1 documents at both ends."""
+    from kernels.linear import document_bounds
+
+    doc = torch.tensor([[4, 5, 5, 5, 9, 9, 11], [0] * 7], device=DEV)
+    got = document_bounds(doc)
+    assert got.dtype == torch.int32 and tuple(got.shape) == (2, 2, 7)
+    assert got[0, 0].tolist() == [0, 1, 1, 1, 4, 4, 6] and got[0, 1].tolist() == [1, 4, 4, 4, 6, 6, 7]
+    assert got[1, 0].tolist() == [0] * 7 and got[1, 1].tolist() == [7] * 7
+    with pytest.raises(ValueError, match="doc_ids"):
+        document_bounds(doc.float())
+
+
+# The segment sums keep one document each (the key sums the segment's last document, the query-side sums its first):
+# they skip the chunks before / after it. 96 tokens, chunk 16, segments of 32 (three). Row 0: the first document
+# (0..39) runs over segment 0 into segment 1, where the last document starts two chunks in (50: the key sum skips a
+# chunk, the query-side sum stops after one), and fills segment 2. Row 1: no boundary (every start state adds the
+# earlier segments' sums and the initial state). Row 2: boundaries on the segment edge 32 and the chunk edge 64 and a
+# length-1 document at the last position. Row 3: four short documents in chunk 0, then one document over all three
+# segments (7..91), then one in the last chunk.
+DOC3 = torch.tensor([[0] * 40 + [1] * 10 + [2] * 46, [3] * 96, [0] * 32 + [1] * 32 + [2] * 31 + [3],
+                     [0] * 3 + [1] + [2] + [3] * 2 + [4] * 85 + [5] * 4], device=DEV)
+
+
+@pytest.mark.parametrize("Hq,segment_size", [(2, 32), (4, 32), (2, 16)], ids=["seg32", "seg32-gqa2:1", "seg16"])
+def test_segment_sums_of_one_document_match_the_recurrence(Hq, segment_size):
+    """Outputs, final state and every gradient (q, k, v, initial state) with documents that span segments, start or
+    end inside them and sit on their edges, against the fp32 recurrence."""
+    from attn_zoo.reference import linear_attention_recurrent
+
+    xs, cot = _inputs(B=4, Hq=Hq, Hkv=2, N=96, seed=Hq + segment_size)
+    kw = dict(feature_map="elu1", chunk_size=16)
+
+    def packed(q, k, v, s0, z0):
+        o, (S, Z) = linear_attention(q, k, v, initial_state=(s0, z0), output_final_state=True, doc_ids=DOC3,
+                                     segment_size=segment_size, **kw)
+        return o, S, Z
+
+    def recurrent(q, k, v, s0, z0):
+        phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
+        o, (S, Z) = linear_attention_recurrent(phi(q), phi(k), v, initial_state=(s0, z0), doc_ids=DOC3)
+        return o, S, Z
+
+    got, want = _run(packed, xs, cot), _run(recurrent, xs, cot)
+    for name, g, w in zip(NAMES, got, want):
+        assert w.abs().max() > 0, name
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
