@@ -96,7 +96,7 @@ class TaylorChunkConfig:
 
     chunk: tokens per chunk ``C`` (one of :data:`CHUNK_SIZES`).
     block_v: value columns per program (one of :data:`BLOCK_VS`; ``None``: :meth:`resolve_block_v`, 32 when that
-        still gives :data:`MIN_PROGRAMS` programs, else 16).
+        with the segments the split may use gives :data:`MIN_PROGRAMS` programs, else 16).
     num_warps / num_stages: Triton launch options of every kernel.
     bwd_fused: the ``dq`` scan and the ``dk, dv`` scan in one launch (grid axis 2) instead of two.
     segments: split the sequence into this many segments of ``L`` tokens (a multiple of ``chunk``; fewer segments
@@ -110,8 +110,10 @@ class TaylorChunkConfig:
     H 16, B * N = 16k, bf16, forward+backward; ``python -m lab.taylor_chunk_sweep``): chunk 64 with 4 warps was the
     fastest at every N (8 warps 1.1-1.8x slower, chunk 32 1.3-1.8x slower); block_v 32 was faster while it left
     >= 128 programs (N 1k: 1.32 against 1.75 ms; 4k: 1.56 against 1.75), 16 once there were too few (16k, B 1:
-    3.44 against 4.84 ms, 64 against 32 programs on 132 SMs). ``segments=None`` leaves those 1k / 4k shapes at one
-    segment; its split of the 16k one (4 segments) is not timed yet.
+    3.44 against 4.84 ms, 64 against 32 programs on 132 SMs). Segments (``results/h200/2026-12-04i/s1``, ``s2``):
+    16k with B 1 runs block_v 32 in 8 segments (256 programs) in 1.73-1.76 ms against 3.38-3.45 ms unsplit at
+    block_v 16 and 2.36-2.40 ms at block_v 16 in 4 segments; 8k with B 2: 1.82 ms (4 segments) against 2.17 ms;
+    4k with B 4 (128 programs) stays whole (1.54 ms; 2 segments 2.02 ms).
     """
 
     chunk: int = 64

@@ -4,7 +4,7 @@
 [--stages 2] [--consumers 1,2] [--pingpong 0,1] [--out F.csv]``
 
 bf16, 16k tokens per call (B = 16384 // N), hidden 2048 (H = 2048 // D). For each case: the forward once
-(``FlashConfig()``), then ``torch.autograd.grad`` of the output timed with ``triton.testing.do_bench`` (median ms),
+(``FlashConfig(bwd_impl="triton")``), then ``torch.autograd.grad`` of the output timed with ``triton.testing.do_bench`` (median ms),
 for the Triton backward and for ``bwd_impl="gluon"`` at every combination of
 
 * ``--dq``: ``FlashConfig.gluon_bwd_dq``: ``atomic`` (dQ by fp32 atomics in the Gluon kernel) or ``triton`` (the
@@ -84,7 +84,7 @@ def main(argv=None):
                            for _ in range(3))
                 do = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g)
                 flops = 2.5 * 4 * B * H * N * N * D * (0.5 if causal else 1.0)
-                o_t = flash_attn(q, k, v, causal=bool(causal), config=FlashConfig())
+                o_t = flash_attn(q, k, v, causal=bool(causal), config=FlashConfig(bwd_impl="triton"))
                 ref = torch.autograd.grad(o_t, (q, k, v), do, retain_graph=True)
                 ms = triton.testing.do_bench(lambda: torch.autograd.grad(o_t, (q, k, v), do, retain_graph=True))
                 rows.append(dict(D=D, N=N, causal=causal, impl="triton", dq="", lse="", consumers="",

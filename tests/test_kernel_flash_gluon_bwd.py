@@ -58,15 +58,64 @@ def _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.bfloat16, device=DEV, seed=0, bnhd=F
 
 
 def test_bwd_impl_default_validation_and_key():
-    assert BWD_IMPLS == ("triton", "gluon")
+    assert BWD_IMPLS == ("auto", "triton", "gluon")
     cfg = FlashConfig()
-    assert cfg.bwd_impl == "triton" and cfg.key == "{}"  # the default config's custom-op key is unchanged
+    assert cfg.bwd_impl == "auto" and cfg.key == "{}"  # the default config's custom-op key is unchanged
+    t = FlashConfig(bwd_impl="triton")
+    assert t != cfg and FlashConfig.from_key(t.key) == t and t.key == '{"bwd_impl": "triton"}'
     g = FlashConfig(bwd_impl="gluon")
     assert g != cfg and FlashConfig.from_key(g.key) == g and hash(FlashConfig.from_key(g.key)) == hash(g)
     assert cfg.replace(bwd_impl="gluon") == g
     for bad in ("Gluon", "gluon_ws3a", "", None, 1):
-        with pytest.raises(ValueError, match=r"bwd_impl=.* is not supported; allowed values: 'triton', 'gluon'$"):
+        with pytest.raises(ValueError, match=r"bwd_impl=.* is not supported; allowed values: 'auto', 'triton', 'gluon'$"):
             FlashConfig(bwd_impl=bad)
+
+
+def test_auto_bwd_rule(monkeypatch):
+    """bwd_impl="auto" takes the Gluon backward (two consumers, Triton dQ) only for dense / causal fp16 / bf16 calls of
+    D 64 / 128 with Dv == D and Hq == Hkv, the Triton backward's settings at their defaults, >= GLUON_BWD_AUTO_MIN_PAIRS visited
+    pairs per head, on Hopper with Gluon importable and outside the interpreter; everything else is "triton", and an
+    explicit bwd_impl is returned as is."""
+    from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
+
+    _all_hold(monkeypatch)
+    auto = FlashConfig()
+    big = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=4096, Nk=4096)
+    assert G.choose_bwd_impl(auto, *big, -1, 0) == "gluon"  # causal 4k: 8.4M pairs per head
+    assert G.choose_bwd_impl(auto, *_fake_qkv(Hkv=8, Nq=4096, Nk=4096), -1, 0) == "gluon"  # the stand-ins below
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048, D=64), -1, -1) == "gluon"
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=64), -1, -1) == "triton"
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048), -1, 0) == "triton"  # 2.1M
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=1, Nk=1 << 22), -1, -1) == "gluon"  # decode-like
+    no = [((), dict(win_left=1023, win_right=0)), ((), dict(layout=object())), ((), dict(dilation=2)),
+          ((), dict(documents=object())), ((), dict(win_right=5))]
+    for _, kw in no:
+        args = dict(win_left=-1, win_right=0, layout=None, dilation=1, documents=None) | kw
+        assert G.choose_bwd_impl(auto, *big, **args) == "triton", kw
+    for bad in (_fake_qkv(Hkv=8, Nq=4096, Nk=4096, D=96), _fake_qkv(Hkv=8, Nq=4096, Nk=4096, Dv=64),
+                _fake_qkv(Hkv=8, Nq=4096, Nk=4096, dtype=torch.float32)):
+        assert G.choose_bwd_impl(auto, *bad, -1, 0) == "triton"
+    for cfg in (FlashConfig(dq_mode="atomic"), FlashConfig(dkdv_split=1), FlashConfig(autotune=True),
+                FlashConfig(bwd_impl="triton")):
+        assert G.choose_bwd_impl(cfg, *big, -1, 0) == "triton", cfg
+    assert G.choose_bwd_impl(FlashConfig(deterministic=True), *big, -1, 0) == "gluon"  # its dQ has no atomics
+    assert G.choose_bwd_impl(FlashConfig(bwd_impl="gluon"), *_fake_qkv(Nq=8, Nk=8), -1, 0) == "gluon"  # as asked
+    for hold in (dict(hopper=False), dict(gluon=False), dict(interpret=True)):
+        _all_hold(monkeypatch, **hold)
+        assert G.choose_bwd_impl(auto, *big, -1, 0) == "triton", hold
+    _all_hold(monkeypatch)
+    assert G.choose_bwd_impl(auto, *_fake_qkv(Hkv=8, Nq=4096, Nk=4096, device="cpu"), -1, 0) == "triton"
+    run = G.auto_gluon_bwd_config(FlashConfig(deterministic=True))
+    assert (run.bwd_impl, run.gluon_bwd_dq, run.gluon_bwd_consumers, run.deterministic) == ("gluon", "triton", 2, True)
+
+
+def test_auto_bwd_is_triton_on_cpu():
+    """Real CPU tensors: the default config's backward is the Triton one's, bit for bit."""
+    q, k, v, do = _qkv(1, 2, 2, 40, 40, 64, device="cpu")
+    a = _grads(q, k, v, do, True, FlashConfig())
+    b = _grads(q, k, v, do, True, FlashConfig(bwd_impl="triton"))
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
 
 
 def test_gluon_bwd_dq_validation_and_key():
@@ -76,7 +125,7 @@ def test_gluon_bwd_dq_validation_and_key():
     assert t != FlashConfig(bwd_impl="gluon") and FlashConfig.from_key(t.key) == t
     assert hash(FlashConfig.from_key(t.key)) == hash(t) and FlashConfig(bwd_impl="gluon").replace(
         gluon_bwd_dq="triton") == t
-    assert FlashConfig(gluon_bwd_dq="triton").bwd_impl == "triton"  # accepted (and ignored) by the Triton backward
+    assert FlashConfig(bwd_impl="triton", gluon_bwd_dq="triton").bwd_impl == "triton"  # accepted (and ignored)
     for bad in ("Triton", "separate", "", None, 0):
         with pytest.raises(ValueError, match=r"gluon_bwd_dq=.* is not supported; allowed values: 'atomic', "
                                              r"'triton'$"):
@@ -184,7 +233,7 @@ def test_flash_attn_bwd_dispatches_to_gluon(monkeypatch):
     monkeypatch.setattr(BW, "_get_plan", lambda *a: (_ for _ in ()).throw(RuntimeError("triton path")))
     monkeypatch.setattr(BW, "_PLANS", {})
     with pytest.raises(RuntimeError, match="triton path"):  # the default takes the Triton path
-        BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, 0, config=FlashConfig())
+        BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, 0, config=FlashConfig(bwd_impl="triton"))
     assert len(seen) == n
 
 
@@ -261,7 +310,7 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
     assert args[6] is args[8]  # no dQ buffer: the placeholder is delta
     assert len(tdq) == 1 and tdq[0][6] is dq and tdq[0][8] == (0 if causal else -1) and tdq[0][9] is cfg
     assert (dk == 1).all() and (dv == 2).all()
-    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig())
+    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig(bwd_impl="triton"))
     assert torch.equal(dq, ref[0])  # the same kernel on the same lse2 / delta
     with pytest.raises(ValueError, match=r"gluon_bwd_dq='x' is not supported; allowed values: 'atomic', 'triton'"):
         G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal,
@@ -292,7 +341,7 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"], kw["HEAD_D"]) == (bm, bn, stages, D)
     assert args[6] is args[8]  # no dQ buffer
     assert (dk == 1).all() and (dv == 2).all()
-    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig())
+    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig(bwd_impl="triton"))
     assert torch.equal(dq, ref[0])
     # the one-consumer launch of the same call differs only in kernel, warps and the WRITE_DQ / PINGPONG constexprs
     G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg.replace(gluon_bwd_consumers=1))
@@ -393,12 +442,14 @@ def test_bwd_tiles_fit_shared_memory_and_refuse_other_head_dims():
 def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
-    assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq"} and set(bf.OURS_BWD) <= set(bf.OURS)
+    assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq", "ours_gluon_bwd_2c", "ours_triton_bwd"}
+    assert set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
     cfg = bf.ours_config("ours_gluon_bwd_tdq")
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "triton"
-    assert bf.ours_config("ours").bwd_impl == "triton" and bf.ours_config("ours_triton").bwd_impl == "triton"
+    assert bf.ours_config("ours").bwd_impl == "auto" and bf.ours_config("ours_triton").bwd_impl == "auto"
+    assert bf.ours_config("ours_triton_bwd").bwd_impl == "triton"
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
 
 
@@ -443,7 +494,7 @@ def _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal):
     """dq, dk, dv of ``ours`` (the gradients of ``flash_attn(q, k, v, causal)`` against the output gradient ``do``)
     shaped, typed and strided like ``q, k, v``, finite, and within ``3 x`` plain PyTorch's max error (``+ 1e-4``) of
     the fp32 reference, and within the same bound of the Triton backward's."""
-    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"))
     ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     ref = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=causal))
     rg = torch.autograd.grad(ref, ref_leaves, do.float())
@@ -503,7 +554,7 @@ def test_gpu_lse_gradient_and_gluon_forward(lse_tma, causal, dq):
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq, tma_min_pairs=0),
                   lse_grad=True)
-    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"), lse_grad=True)
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"), lse_grad=True)
     _assert_grads_close(ours, tri)
 
 
@@ -514,7 +565,7 @@ def test_gpu_large_causal_close_to_triton(lse_tma, dq):
     """A benchmark-sized causal D 128 problem (many query tiles per key tile: the ring wraps many times)."""
     q, k, v, do = _qkv(1, 4, 4, 8192, 8192, 128, bnhd=True)
     ours = _grads(q, k, v, do, True, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq))
-    tri = _grads(q, k, v, do, True, FlashConfig())
+    tri = _grads(q, k, v, do, True, FlashConfig(bwd_impl="triton"))
     _assert_grads_near(ours, tri)
 
 
@@ -528,10 +579,10 @@ def test_gpu_ragged_tail_next_head_with_very_negative_lse(lse_tma, dq, D):
     negative), so 2^-lse2 would overflow fp32: the kernel must treat those columns as empty (P = 0). Gradients
     finite and close to the Triton backward's."""
     q, k, v, do = _very_negative_lse_qkv(D)
-    _, lse = flash_attn(q, k, v, causal=True, return_lse=True, config=FlashConfig(fwd_impl="triton"))
+    _, lse = flash_attn(q, k, v, causal=True, return_lse=True, config=FlashConfig(fwd_impl="triton", bwd_impl="triton"))
     assert lse[0, 1, :28].max().item() * 1.4426950408889634 < -128  # 2^-lse2 is past fp32's range
     ours = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq=dq))
-    tri = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton"))
+    tri = _grads(q, k, v, do, True, FlashConfig(fwd_impl="triton", bwd_impl="triton"))
     _assert_grads_close(ours, tri, finite=True)
 
 
@@ -545,7 +596,7 @@ def test_gpu_rows_not_multiple_of_4(lse_tma, Nq, Nk, causal):
     Triton backward's."""
     q, k, v, do = _qkv(3, 3, 3, Nq, Nk, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="gluon"))
-    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"))
     _assert_grads_close(ours, tri, finite=True)
 
 
@@ -619,6 +670,24 @@ def test_gpu_two_consumers_grads_match_reference_and_triton(monkeypatch, two_mod
     _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_auto_bwd_runs_two_consumers_where_chosen(monkeypatch):
+    """The default config (bwd_impl="auto") runs the two-consumer Gluon kernel at causal N 4096 (its gradients
+    within 3x plain PyTorch's error of the reference and of the Triton backward) and the Triton backward at N 1024."""
+    ran = []
+    real = G.gluon_flash_bwd
+    monkeypatch.setattr(G, "gluon_flash_bwd",
+                        lambda *a, **kw: ran.append(kw.get("config", a[-1]).gluon_bwd_consumers) or real(*a, **kw))
+    q, k, v, do = _qkv(1, 2, 2, 4096, 4096, 128)
+    ours = _grads(q, k, v, do, True, FlashConfig())
+    assert ran == [2]
+    _assert_grads_match_reference_and_triton(ours, q, k, v, do, True)
+    q, k, v, do = _qkv(1, 2, 2, 1024, 1024, 128)
+    _grads(q, k, v, do, True, FlashConfig())
+    assert ran == [2]  # 1024: the Triton backward
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
@@ -628,10 +697,10 @@ def test_gpu_two_consumers_lse_gradient_and_outputs(monkeypatch, two_mode, causa
     _only_two_consumer_kernel(monkeypatch)
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, _TWO.replace(fwd_impl="auto", tma_min_pairs=0), lse_grad=True)
-    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"), lse_grad=True)
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"), lse_grad=True)
     _assert_grads_close(ours, tri)
     o2, l2 = flash_attn(q, k, v, causal=causal, return_lse=True, config=_TWO)
-    o1, l1 = flash_attn(q, k, v, causal=causal, return_lse=True, config=FlashConfig(fwd_impl="triton"))
+    o1, l1 = flash_attn(q, k, v, causal=causal, return_lse=True, config=FlashConfig(fwd_impl="triton", bwd_impl="triton"))
     assert torch.equal(o2, o1) and torch.equal(l2, l1)
 
 
@@ -642,7 +711,7 @@ def test_gpu_two_consumers_large_causal_close_to_triton(monkeypatch, two_mode):
     _only_two_consumer_kernel(monkeypatch)
     q, k, v, do = _qkv(1, 4, 4, 8192, 8192, 128, bnhd=True)
     ours = _grads(q, k, v, do, True, _TWO.replace(fwd_impl="auto"))
-    tri = _grads(q, k, v, do, True, FlashConfig())
+    tri = _grads(q, k, v, do, True, FlashConfig(bwd_impl="triton"))
     _assert_grads_near(ours, tri)
 
 
@@ -658,7 +727,7 @@ def test_gpu_two_consumers_ragged_tail_and_rows_not_multiple_of_4(monkeypatch, t
              (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), True)]
     for q, k, v, do, causal in cases:
         ours = _grads(q, k, v, do, causal, _TWO)
-        tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton"))
+        tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"))
         _assert_grads_close(ours, tri, finite=True)
 
 

@@ -410,12 +410,18 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     in :func:`flash_attn_fwd`. ``documents``: the forward's document table (:func:`flash_attn_fwd`).
     ``grads_like_inputs``: ``dq`` / ``dk`` / ``dv`` take the layouts of ``q`` / ``k`` / ``v`` (a leaf tensor's
     gradient of another layout would be copied by autograd); ``False``: stored as ``(B, N, H, D)`` (the custom
-    op, whose fake kernel cannot see the runtime strides). ``config.bwd_impl == "gluon"``: the Gluon backward
+    op, whose fake kernel cannot see the runtime strides). ``config.bwd_impl == "auto"``: the Gluon backward where
+    :func:`kernels.flash.gluon.choose_bwd_impl` picks it, else the Triton one. ``"gluon"``: the Gluon backward
     (:func:`kernels.flash.gluon.gluon_flash_bwd`; ``ValueError`` from :func:`~kernels.flash.gluon.check_gluon_bwd`
     for a call it does not cover). Returns ``(dq, dk, dv)``.
     """
     if config is None:
         config = current_flash_config()
+    if config.bwd_impl == "auto" and q.is_cuda:  # Gluon (two consumers, Triton dQ) where it is the faster one
+        from .gluon import auto_gluon_bwd_config, choose_bwd_impl
+
+        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents) == "gluon":
+            config = auto_gluon_bwd_config(config)
     if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; dense / causal only, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 

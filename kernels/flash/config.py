@@ -30,9 +30,9 @@ DQ_MODES = ("separate", "atomic")
 # "triton" is the Triton kernel of fwd.py, the Gluon ones run in kernels.flash.gluon (which imports Gluon lazily)
 GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b")
 FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
-# the backward kernels (FlashConfig.bwd_impl): "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; with the
-# atomic dQ, deterministic=True refuses it)
-BWD_IMPLS = ("triton", "gluon")
+# the backward kernels (FlashConfig.bwd_impl): "auto" picks one per call (kernels.flash.gluon.choose_bwd_impl),
+# "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; with the atomic dQ, deterministic=True refuses it)
+BWD_IMPLS = ("auto", "triton", "gluon")
 # the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
 # Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic)
 GLUON_BWD_DQ = ("atomic", "triton")
@@ -122,14 +122,19 @@ class FlashConfig:
             ``"gluon_ws3b"`` (plus ping-pong of the consumers): dense or causal masks, D in {64, 128}, fp16 /
             bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
             either way unless ``bwd_impl`` says otherwise.
-        bwd_impl: the backward kernel: ``"triton"`` (default: bwd.py, every mask, ``dq_mode`` / ``dkdv_split``
-            apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
+        bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`:
+            on Hopper, for dense / causal fp16 / bf16 problems of D 64 / 128 without GQA, with at least
+            ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head and the Triton backward's
+            settings at their defaults, the Gluon dK / dV kernel with two consumers and the Triton dQ kernel
+            (``bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2``: 1.01-1.05x the Triton backward
+            at N 4k / 16k on the H200, 2026-12-04, docs/kernels.md), else ``"triton"``; never raises),
+            ``"triton"`` (bwd.py, every mask, ``dq_mode`` / ``dkdv_split`` apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
             says; dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else
             raises ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
             ``deterministic=True`` refuses it with ``gluon_bwd_dq="atomic"`` (the atomics add in an arbitrary
-            order). Correct on the H200 but slower there: 0.78-0.91x the Triton backward's TFLOP/s (2026-12-04,
-            docs/kernels.md, atomic dQ), so it stays opt-in (the default stays ``"triton"``).
+            order). With the atomic dQ it is slower than the Triton backward on the H200 (0.78-0.91x, 2026-12-04,
+            docs/kernels.md).
         gluon_bwd_dq: the dQ of ``bwd_impl="gluon"`` (ignored by ``"triton"``): ``"atomic"`` (default: the Gluon
             kernel adds ``dS K`` into an fp32 buffer with atomics; not bitwise deterministic) or ``"triton"`` (the
             Gluon kernel computes dK / dV only, then the Triton dQ kernel of bwd.py runs as the Triton backward
@@ -137,8 +142,7 @@ class FlashConfig:
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
-            needs ``gluon_bwd_dq="triton"``). Opt-in and untimed (docs/kernels.md); anything else raises
-            ``ValueError``.
+            needs ``gluon_bwd_dq="triton"``; what ``"auto"`` runs). Anything else raises ``ValueError``.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -158,7 +162,7 @@ class FlashConfig:
     sparse_fwd: Optional[TileConfig] = None
     sparse_dq: Optional[TileConfig] = None
     sparse_dkdv: Optional[TileConfig] = None
-    bwd_impl: str = "triton"  # (last ones: positional construction of the fields above is unchanged)
+    bwd_impl: str = "auto"  # (last ones: positional construction of the fields above is unchanged)
     gluon_bwd_dq: str = "atomic"
     gluon_bwd_consumers: int = 1
 

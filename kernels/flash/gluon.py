@@ -192,6 +192,60 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     return AUTO_GLUON_IMPL
 
 
+GLUON_BWD_AUTO_MIN_PAIRS = 1 << 22
+"""Visited query-key pairs per (batch, head) from which ``bwd_impl="auto"`` takes the Gluon backward (dense
+N >= 2048, causal N >= 4096). H200, 2026-12-04 (``results/h200/2026-12-04i``, ``python -m lab.gluon_bwd_sweep``,
+backward alone, bf16, 16k tokens per call): two consumers + Triton dQ against the Triton backward 1.01-1.05x at N
+4k / 16k (D 64 / 128, dense and causal), 1.00-1.04x at 2k, but 0.78 / 0.87x at causal 1k (D 128 / 64)."""
+AUTO_GLUON_BWD = dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
+"""The settings ``bwd_impl="auto"`` runs where it picks the Gluon backward."""
+
+
+@functools.lru_cache(maxsize=64)
+def auto_gluon_bwd_config(config: FlashConfig) -> FlashConfig:
+    """``config`` with :data:`AUTO_GLUON_BWD` (cached: one validated copy per config)."""
+    return config.replace(**AUTO_GLUON_BWD)
+
+
+def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
+                      win_right: int, layout, dilation: int, documents) -> bool:
+    """The device-independent part of :func:`choose_bwd_impl`: the mask (dense or causal), ``D`` in
+    :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` (the measured case: with GQA the Triton backward
+    splits each group over several programs, the Gluon kernel does not), one fp16 / bf16 dtype, the Triton backward's settings at their
+    defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and
+    at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per (batch, head)."""
+    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+        return False
+    D = q.shape[3]
+    if D not in GLUON_BWD_HEAD_DIMS or v.shape[3] != D or q.shape[1] != k.shape[1]:
+        return False  # GQA / MQA: the Gluon kernel has one program per K/V head and key tile (unmeasured there)
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
+        return False
+    if (config.dq_mode != "separate" or config.dkdv_split is not None or config.dq is not None
+            or config.dkdv is not None or config.autotune):
+        return False
+    return visited_pairs(1, 1, q.shape[2], k.shape[2], win_left, win_right) >= GLUON_BWD_AUTO_MIN_PAIRS
+
+
+def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
+                    win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
+                    documents: Optional[torch.Tensor] = None) -> str:
+    """The backward kernel a call with ``config`` runs: ``config.bwd_impl`` unless it is ``"auto"``, which gives
+    ``"gluon"`` (run with :data:`AUTO_GLUON_BWD`) when :func:`auto_bwd_shape_ok` holds, ``q`` is on a Hopper CUDA
+    device, not under ``TRITON_INTERPRET=1``, and Gluon imports with the Hopper API (:func:`gluon_available`), else
+    ``"triton"``. Arguments as :func:`choose_fwd_impl`'s. Never raises for ``"auto"``."""
+    impl = config.bwd_impl
+    if impl != "auto":
+        return impl
+    if INTERPRET or q.device.type != "cuda":
+        return "triton"
+    if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents):
+        return "triton"
+    if not _hopper(q.device) or not gluon_available():
+        return "triton"
+    return "gluon"
+
+
 def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
                  win_right: int, layout, dilation: int, documents, fix: str) -> bool:
     """The checks the Gluon kernels share: raise ``ValueError`` naming ``arg`` (e.g. ``"fwd_impl='gluon'"``) when the
