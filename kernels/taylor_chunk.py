@@ -85,9 +85,18 @@ the default ``segments`` splits the sequence: each program scans a whole segment
 parallelism there is (H200: 132 SMs)."""
 MAX_SEGMENTS = 4096
 """Largest ``segments`` (grid axis 2 holds ``2 * segments`` backward programs)."""
-MIN_SEG_CHUNKS = 4
+MIN_SEG_CHUNKS = 32
 """The automatic split keeps segments of at least this many chunks (each segment costs an extra state-sum pass
-over its tokens and a state load)."""
+over its tokens, a state load and host work)."""
+AUTO_SPLIT_MIN_CHUNKS = 128
+"""The automatic split leaves sequences of fewer chunks whole (H200, chunk 64: 16k / 8k tokens split 8 / 4 ways ran
+1.9x / 1.2x faster than whole; 4k with B 1 ran 1.6-2x slower split 4 or 8 ways)."""
+
+
+def _max_auto_segments(n_chunks: int) -> int:
+    """The most segments the automatic split makes of ``n_chunks`` chunks: one per :data:`MIN_SEG_CHUNKS`, and none
+    (1) below :data:`AUTO_SPLIT_MIN_CHUNKS`."""
+    return n_chunks // MIN_SEG_CHUNKS if n_chunks >= AUTO_SPLIT_MIN_CHUNKS else 1
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,8 @@ class TaylorChunkConfig:
     3.44 against 4.84 ms, 64 against 32 programs on 132 SMs). Segments (``results/h200/2026-12-04i/s1``, ``s2``):
     16k with B 1 runs block_v 32 in 8 segments (256 programs) in 1.73-1.76 ms against 3.38-3.45 ms unsplit at
     block_v 16 and 2.36-2.40 ms at block_v 16 in 4 segments; 8k with B 2: 1.82 ms (4 segments) against 2.17 ms;
-    4k with B 4 (128 programs) stays whole (1.54 ms; 2 segments 2.02 ms).
+    4k with B 4 (128 programs) stays whole (1.54 ms; 2 segments 2.02 ms), and so does 4k with B 1 (64 chunks:
+    0.88 ms at block_v 16 whole, 1.44 ms in 4 segments).
     """
 
     chunk: int = 64
@@ -141,11 +151,11 @@ class TaylorChunkConfig:
     def resolve_block_v(self, bh: int, dv: int, n: int = 0) -> int:
         """The value block for ``B * H = bh`` sequences of ``n`` tokens and ``dv`` value columns: ``block_v`` if
         set, else 32 when ``bh * ceil(dv / 32)`` programs times the most segments the split may use (``segments``
-        if set, else one per :data:`MIN_SEG_CHUNKS` chunks) reach :data:`MIN_PROGRAMS` (the wider block is the
+        if set, else the automatic split's limit of one per :data:`MIN_SEG_CHUNKS` chunks) reach :data:`MIN_PROGRAMS` (the wider block is the
         faster one whenever segments can fill the GPU), else 16 (twice the programs)."""
         if self.block_v is not None:
             return self.block_v
-        ns_max = self.segments if self.segments is not None else max(1, cdiv(n, self.chunk) // MIN_SEG_CHUNKS)
+        ns_max = self.segments if self.segments is not None else _max_auto_segments(cdiv(n, self.chunk))
         return 32 if bh * cdiv(dv, 32) * ns_max >= MIN_PROGRAMS else 16
 
     def resolve_segments(self, bh: int, dv: int, n: int, sms: int = 132) -> "tuple[int, int]":
@@ -154,7 +164,7 @@ class TaylorChunkConfig:
         (``L = chunk * ceil(n / (segments * chunk))``, so ``NS <= segments``); else 1 while the programs of one
         segment, ``P = bh * ceil(dv / block_v)``, reach :data:`MIN_PROGRAMS`, otherwise ``2 * sms // P`` (about two
         programs per SM: one program takes ~255 registers x 4 warps, half an H200 SM), at most one per
-        :data:`MIN_SEG_CHUNKS` chunks. ``n = 0``: ``(1, chunk)``."""
+        :data:`MIN_SEG_CHUNKS` chunks (none below :data:`AUTO_SPLIT_MIN_CHUNKS`). ``n = 0``: ``(1, chunk)``."""
         C = self.chunk
         n_chunks = max(1, cdiv(n, C))
         if self.segments is not None:
@@ -162,7 +172,7 @@ class TaylorChunkConfig:
         else:
             progs = bh * cdiv(dv, self.resolve_block_v(bh, dv, n))
             ns = 1 if progs >= MIN_PROGRAMS else max(1, min((2 * sms) // max(progs, 1),
-                                                             n_chunks // MIN_SEG_CHUNKS))
+                                                             _max_auto_segments(n_chunks)))
         L = C * cdiv(n_chunks, min(ns, n_chunks))
         return cdiv(n_chunks, L // C), L
 

@@ -70,9 +70,10 @@ def test_segments_every_gradient_vs_reference_and_unsegmented(fused):
 
 def test_auto_segments_rule_and_an_auto_split_run():
     """``segments=None``: one segment while ``B * H * ceil(Dv / block_v) >= MIN_PROGRAMS`` (the measured 1k and 4k
-    shapes), else about two programs per SM (block_v 32 wherever the split can reach MIN_PROGRAMS) with segments of >= MIN_SEG_CHUNKS chunks; and a run the rule splits
-    (one head: 2 segments of 80 tokens) matches the reference and the unsegmented run."""
-    from kernels.taylor_chunk import MIN_SEG_CHUNKS
+    shapes), else about two programs per SM with segments of >= MIN_SEG_CHUNKS chunks (none below AUTO_SPLIT_MIN_CHUNKS chunks;
+    block_v 32 wherever the split can reach MIN_PROGRAMS); and a run the rule splits (one head, chunk 16: 4 segments
+    of 528 tokens) matches the reference and the unsegmented run."""
+    from kernels.taylor_chunk import AUTO_SPLIT_MIN_CHUNKS, MIN_SEG_CHUNKS
 
     auto = TaylorChunkConfig()
     assert auto.segments is None
@@ -82,16 +83,20 @@ def test_auto_segments_rule_and_an_auto_split_run():
     assert auto.resolve_block_v(16, 64, 16384) == 32
     assert auto.resolve_segments(16, 64, 16384) == (8, 2048)
     assert auto.resolve_segments(16, 64, 16384, sms=66) == (4, 4096)
-    # too few chunks to split far enough: block_v 16 (1k, one head: 2 programs x 4 segments of 4 chunks)
-    assert auto.resolve_block_v(1, 64, 1024) == 16 and auto.resolve_segments(1, 64, 1024) == (4, 256)
+    # too few chunks to split: 4k with B 1 (64 chunks) and 1k stay whole at block_v 16
+    assert auto.resolve_block_v(16, 64, 4096) == 16 and auto.resolve_segments(16, 64, 4096) == (1, 4096)
+    assert auto.resolve_block_v(1, 64, 1024) == 16 and auto.resolve_segments(1, 64, 1024) == (1, 1024)
+    assert auto.resolve_segments(1, 64, 64 * AUTO_SPLIT_MIN_CHUNKS) == (AUTO_SPLIT_MIN_CHUNKS // MIN_SEG_CHUNKS,
+                                                                      64 * MIN_SEG_CHUNKS)  # the shortest split
+    assert auto.resolve_segments(16, 64, 8192) == (4, 2048)  # 8k, B 1: block_v 32, 32 programs -> 4 segments
     assert TaylorChunkConfig(segments=1).resolve_block_v(16, 64, 16384) == 16  # no split allowed: the old rule
-    assert auto.resolve_segments(1, 16, 64 * (MIN_SEG_CHUNKS - 1)) == (1, 64 * (MIN_SEG_CHUNKS - 1))
+    assert auto.resolve_segments(1, 16, 64 * (AUTO_SPLIT_MIN_CHUNKS - 1)) == (1, 64 * (AUTO_SPLIT_MIN_CHUNKS - 1))
     assert TaylorChunkConfig(segments=9).resolve_segments(1, 16, 100) == (2, 64)  # 2 chunks: at most 2 segments
     assert TaylorChunkConfig(segments=5).resolve_segments(1, 16, 0) == (1, 64)
 
-    q, k, v, do = _inputs(1, 1, 1, 130, 130, 8, 16, seed=4)
+    q, k, v, do = _inputs(1, 1, 1, 2100, 2100, 8, 16, seed=4)
     cfg = TaylorChunkConfig(chunk=16)
-    assert cfg.resolve_segments(1, 16, 130) == (2, 80)
+    assert cfg.resolve_segments(1, 16, 2100) == (4, 528)  # 132 chunks: 33 + 33 + 33 + 33
     got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), q, k, v, do)
     one = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps,
                                               config=TaylorChunkConfig(chunk=16, segments=1)), q, k, v, do)
@@ -285,7 +290,7 @@ def test_gpu_segments_based_shape():
     ref = _ref(q, k, v, do)
     lo = [t.bfloat16() for t in (q, k, v, do)]
     plain = _grads(lambda a, b, c: _plain_torch(a, b, c, SPEC), *lo)
-    assert TaylorChunkConfig().resolve_segments(4, 64, 4000)[0] > 1  # auto splits this one
+    assert TaylorChunkConfig().resolve_segments(4, 64, 4000)[0] == 1  # too short for the automatic split
     for ns, bv, fused in ((None, None, True), (3, 32, True), (7, 16, False), (2, 64, True)):
         cfg = TaylorChunkConfig(block_v=bv, bwd_fused=fused, segments=ns)
         got = _grads(lambda a, b, c: taylor_chunk(a, b, c, eps=SPEC.eps, config=cfg), *lo)
