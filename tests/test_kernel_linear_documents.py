@@ -147,6 +147,28 @@ def test_non_causal_documents_route_and_the_kernel_refusal():
     assert document_index(doc)[1].tolist() == [1] * 16 + [2] * 16 + [3] * 8
 
 
+def _assert_packed_matches_recurrence(xs, cot, doc_ids, segment_size):
+    """The elu1 kernel (chunk 16) with ``doc_ids`` against the fp32 recurrence: output, final state and every
+    gradient (q, k, v, initial state) within 1e-4, none of them all zero. Returns the kernel's results."""
+    from attn_zoo.reference import linear_attention_recurrent
+
+    def packed(q, k, v, s0, z0):
+        o, (S, Z) = linear_attention(q, k, v, initial_state=(s0, z0), output_final_state=True, doc_ids=doc_ids,
+                                     segment_size=segment_size, feature_map="elu1", chunk_size=16)
+        return o, S, Z
+
+    def recurrent(q, k, v, s0, z0):
+        phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
+        o, (S, Z) = linear_attention_recurrent(phi(q), phi(k), v, initial_state=(s0, z0), doc_ids=doc_ids)
+        return o, S, Z
+
+    got, want = _run(packed, xs, cot), _run(recurrent, xs, cot)
+    for name, g, w in zip(NAMES, got, want):
+        assert w.abs().max() > 0, name
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    return got
+
+
 # The per-chunk scalar test (kernels/linear.py: a chunk inside the running document takes the document-free step,
 # one with a boundary reads its rows' documents), one K/V head per query head (the dk / dv kernel's single-head
 # path). 80 tokens, chunk 16. Row 0: no boundary at all. Row 1: a boundary at the chunk edge 16 with a length-1
@@ -160,25 +182,9 @@ DOC1 = torch.tensor([[5] * 80,
 
 @pytest.mark.parametrize("segment_size", [16, 32, None])
 def test_chunks_with_and_without_boundaries_match_the_recurrence(segment_size):
-    from attn_zoo.reference import linear_attention_recurrent
-
     xs, cot = _inputs(B=3, Hq=2, Hkv=2, N=80)
     kw = dict(feature_map="elu1", chunk_size=16)
-
-    def packed(q, k, v, s0, z0):
-        o, (S, Z) = linear_attention(q, k, v, initial_state=(s0, z0), output_final_state=True, doc_ids=DOC1,
-                                     segment_size=segment_size, **kw)
-        return o, S, Z
-
-    def recurrent(q, k, v, s0, z0):
-        phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
-        o, (S, Z) = linear_attention_recurrent(phi(q), phi(k), v, initial_state=(s0, z0), doc_ids=DOC1)
-        return o, S, Z
-
-    got, want = _run(packed, xs, cot), _run(recurrent, xs, cot)
-    for name, g, w in zip(NAMES, got, want):
-        assert w.abs().max() > 0, name
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    got = _assert_packed_matches_recurrence(xs, cot, DOC1, segment_size)
     # row 0 has no boundary: the same as the call without documents
     plain = _run(lambda q, k, v, s0, z0: (lambda o, st: (o, *st))(*linear_attention(
         q, k, v, initial_state=(s0, z0), output_final_state=True, segment_size=segment_size, **kw)),
@@ -298,22 +304,5 @@ DOC3 = torch.tensor([[0] * 40 + [1] * 10 + [2] * 46, [3] * 96, [0] * 32 + [1] * 
 def test_segment_sums_of_one_document_match_the_recurrence(Hq, segment_size):
     """Outputs, final state and every gradient (q, k, v, initial state) with documents that span segments, start or
     end inside them and sit on their edges, against the fp32 recurrence."""
-    from attn_zoo.reference import linear_attention_recurrent
-
     xs, cot = _inputs(B=4, Hq=Hq, Hkv=2, N=96, seed=Hq + segment_size)
-    kw = dict(feature_map="elu1", chunk_size=16)
-
-    def packed(q, k, v, s0, z0):
-        o, (S, Z) = linear_attention(q, k, v, initial_state=(s0, z0), output_final_state=True, doc_ids=DOC3,
-                                     segment_size=segment_size, **kw)
-        return o, S, Z
-
-    def recurrent(q, k, v, s0, z0):
-        phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
-        o, (S, Z) = linear_attention_recurrent(phi(q), phi(k), v, initial_state=(s0, z0), doc_ids=DOC3)
-        return o, S, Z
-
-    got, want = _run(packed, xs, cot), _run(recurrent, xs, cot)
-    for name, g, w in zip(NAMES, got, want):
-        assert w.abs().max() > 0, name
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    _assert_packed_matches_recurrence(xs, cot, DOC3, segment_size)
