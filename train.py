@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -58,6 +59,18 @@ from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_res
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 log = logging.getLogger("attn_zoo.train")
+
+
+class _DropLightningNoise(logging.Filter):
+    """Lightning's advertisement for its cloud logger, printed on every run whatever the loggers are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLightningNoise())
+# torch deprecated `isinstance(x, LeafSpec)`, which Lightning's pytree helper still uses on every batch it moves
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 register_resolvers()  # conf/train.yaml's hydra node (run dir of a resumed checkpoint, job folder names)
 
 
@@ -159,8 +172,11 @@ def build_trainer(cfg: DictConfig, loggers: list, output_dir: str, extra_callbac
     if bar and not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks.append(StepProgressBar())
     make = instantiate(cfg.trainer, _partial_=True, _convert_="all")
+    extra = {}
+    if cfg.trainer.get("limit_val_batches", 1.0) == 1.0:  # Lightning's default: no "100% of the batches" notice
+        extra["limit_val_batches"] = None
     return make(precision=resolve_precision(cfg.trainer.get("precision")), logger=loggers or False,
-                callbacks=callbacks, default_root_dir=output_dir, enable_progress_bar=bar)
+                callbacks=callbacks, default_root_dir=output_dir, enable_progress_bar=bar, **extra)
 
 
 def _wandb_logger(cfg, lcfg, output_dir: str, variant_tags: List[str], resume_step: Optional[int]):
@@ -484,9 +500,10 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         report = "eval.report" if importlib.util.find_spec("eval.report") is not None else "eval.figures"
     except (ImportError, ValueError):
         report = "eval.figures"
+    recipe = ("the recall recipe (experiment=mqar_recall, README)" if key == "val/acc" else
+              "a language-model recipe (experiment=lm_shakespeare or lm_wikitext, README)")
     print(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
-          f"attention=flash,linear,sliding_window), the recall recipe (experiment=mqar_recall, README), the report "
-          f"(python -m {report})")
+          f"attention=flash,linear,sliding_window), {recipe}, the report (python -m {report})")
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:

@@ -189,6 +189,25 @@ def _bar_callbacks(tmp_path, monkeypatch, tty, extra=()):
     return [type(c).__name__ for c in trainer.callbacks if isinstance(c, ProgressBar)]
 
 
+def test_trainer_quiet_defaults_keep_the_settings(tmp_path, caplog):
+    """The default ``trainer.limit_val_batches: 1.0`` reaches Lightning as its default (None: no "100% of the
+    batches" notice) and still validates every batch; another value passes through; Lightning's litlogger tip is
+    dropped from its rank-zero log, its other lines are kept."""
+    import logging
+
+    FAST_NO_LIMIT = [a for a in FAST if not a.startswith("trainer.limit_val_batches")]
+    assert train_mod.build_trainer(make_cfg(tmp_path / "a", FAST_NO_LIMIT), [], str(tmp_path)).limit_val_batches == 1.0
+    two = train_mod.build_trainer(make_cfg(tmp_path / "b", FAST_NO_LIMIT + ["trainer.limit_val_batches=2"]), [],
+                                  str(tmp_path))
+    assert two.limit_val_batches == 2
+    rz = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=rz.name):
+        rz.info("Tip: try installing [litlogger](https://pypi.org/project/litlogger/)")
+        rz.info("GPU available: False, used: False")
+    assert [r.getMessage() for r in caplog.records if r.name == rz.name] == ["GPU available: False, used: False"]
+
+
 def test_progress_bar_is_off_by_default_when_stdout_is_not_a_terminal(tmp_path, monkeypatch):
     assert make_cfg(tmp_path, []).trainer.enable_progress_bar == "auto"
     assert _bar_callbacks(tmp_path, monkeypatch, tty=False) == [], "a log file would get one bar update per step"
