@@ -252,6 +252,26 @@ def _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD: tl.constexpr, BV: tl.constex
 
 
 @triton.jit
+def _seg_start(P0, P1, P2, PZ1, PZ2, s_id, ov, N, L, BD: tl.constexpr, BV: tl.constexpr, HAS_SS: tl.constexpr):
+    """``(lo, hi, A0, A1, A2, a1, A3)``: the tokens ``[lo, hi)`` a scan covers and the state it starts from. HAS_SS:
+    segment ``s_id`` of ``L`` tokens and entry ``s_id`` of the per-segment states (:func:`_load_state`); else the
+    whole sequence from zero."""
+    if HAS_SS:
+        lo = s_id * L
+        hi = tl.minimum(lo + L, N)
+        A0, A1, A2, a1, A3 = _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD, BV)
+    else:
+        lo = 0
+        hi = N
+        A0 = tl.zeros([BV], dtype=tl.float32)
+        A1 = tl.zeros([BD, BV], dtype=tl.float32)
+        A2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
+        a1 = tl.zeros([BD], dtype=tl.float32)
+        A3 = tl.zeros([BD, BD], dtype=tl.float32)
+    return lo, hi, A0, A1, A2, a1, A3
+
+
+@triton.jit
 def _taylor_seg_sums(X, Y, DEN, DELTA, P0, P1, P2, PZ1, PZ2, sx_b, sx_h, sx_n, sy_b, sy_h, sy_n, H, N, L, SEG0,
                      HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, QSIDE: tl.constexpr):
@@ -324,19 +344,7 @@ def _taylor_chunk_fwd(Q, K, V, O, DEN, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, s
     ov = i_v * BV + tl.arange(0, BV)
     tri = ot[:, None] >= ot[None, :]
     half2 = 0.5 * scale * scale
-    if HAS_SS:
-        s_id = tl.program_id(2)
-        lo = s_id * L
-        hi = tl.minimum(lo + L, N)
-        S0, S1, S2, z1, Z2 = _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD, BV)
-    else:
-        lo = 0
-        hi = N
-        S0 = tl.zeros([BV], dtype=tl.float32)
-        S1 = tl.zeros([BD, BV], dtype=tl.float32)
-        S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
-        z1 = tl.zeros([BD], dtype=tl.float32)
-        Z2 = tl.zeros([BD, BD], dtype=tl.float32)
+    lo, hi, S0, S1, S2, z1, Z2 = _seg_start(P0, P1, P2, PZ1, PZ2, tl.program_id(2), ov, N, L, BD, BV, HAS_SS)
     for start in range(lo, hi, BT):
         rows = start + ot
         q = _load(Qb, rows, od, sq_n, N, HEAD_D)  # (BT, BD)
@@ -387,17 +395,7 @@ def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h,
     ov = i_v * BV + tl.arange(0, BV)
     tri = ot[:, None] >= ot[None, :]
     cmul = (i_v == 0).to(tl.float32)  # the c terms once, from block 0
-    if HAS_SS:
-        lo = s_id * L
-        hi = tl.minimum(lo + L, N)
-        _, S1, S2, z1, Z2 = _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD, BV)
-    else:
-        lo = 0
-        hi = N
-        S1 = tl.zeros([BD, BV], dtype=tl.float32)
-        S2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
-        z1 = tl.zeros([BD], dtype=tl.float32)
-        Z2 = tl.zeros([BD, BD], dtype=tl.float32)
+    lo, hi, _, S1, S2, z1, Z2 = _seg_start(P0, P1, P2, PZ1, PZ2, s_id, ov, N, L, BD, BV, HAS_SS)
     for start in range(lo, hi, BT):
         rows = start + ot
         q, k, v, u, c, rm = _bwd_chunk(Qb, Kb, Vb, DOb, DEN, DELTA, bh, rows, od, ov, sq_n, sk_n, sv_n, sd_n, N,
@@ -445,20 +443,10 @@ def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b,
     tri = ot[:, None] >= ot[None, :]  # (i, j): query i >= key j
     cmul = (i_v == 0).to(tl.float32)
     half2 = 0.5 * scale * scale
+    lo, hi, dS0, dS1, dS2, e1, E2 = _seg_start(R0, R1, R2, RZ1, RZ2, s_id, ov, N, L, BD, BV, HAS_SS)
     if HAS_SS:
-        lo = s_id * L
-        hi = tl.minimum(lo + L, N)
-        dS0, dS1, dS2, e1, E2 = _load_state(R0, R1, R2, RZ1, RZ2, s_id, ov, BD, BV)
         e1 = e1 * cmul  # the c terms (stored once) from block 0 only
         E2 = E2 * cmul
-    else:
-        lo = 0
-        hi = N
-        dS0 = tl.zeros([BV], dtype=tl.float32)
-        dS1 = tl.zeros([BD, BV], dtype=tl.float32)
-        dS2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
-        e1 = tl.zeros([BD], dtype=tl.float32)
-        E2 = tl.zeros([BD, BD], dtype=tl.float32)
     n_chunks = tl.cdiv(hi - lo, BT)
     for it in range(0, n_chunks):
         start = lo + (n_chunks - 1 - it) * BT
