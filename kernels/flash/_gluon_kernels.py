@@ -352,6 +352,24 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
 
 
 @gluon.jit
+def _store_dkdv(dk, dv, sm_scale, start, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                stride_vn, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, kv_layout: gl.constexpr):
+    """The backward consumers' epilogue: ``dk * sm_scale`` and ``dv`` (fp32, ``kv_layout``) of key rows
+    ``[start, start + BLOCK_N)`` stored in the dtypes of ``DK`` / ``DV`` (rows >= ``Nk`` masked). Casts first (half
+    the registers), one output at a time (64-bit addresses cost two registers each)."""
+    dk16 = (dk * sm_scale).to(DK.dtype.element_ty)
+    dv16 = dv.to(DV.dtype.element_ty)
+    rows_o = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+    ok_o = gl.expand_dims(rows_o < Nk, 1)
+    rows64 = gl.expand_dims(rows_o.to(gl.int64), 1)
+    dk_base = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh
+    gl.store(dk_base + rows64 * stride_kn + gl.expand_dims(cols_o, 0), dk16, mask=ok_o)
+    dv_base = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh
+    gl.store(dv_base + rows64 * stride_vn + gl.expand_dims(cols_o, 0), dv16, mask=ok_o)
+
+
+@gluon.jit
 def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, DQA, Lse2,
                   Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq,
                   Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL: gl.constexpr,
@@ -433,17 +451,8 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
             rows = start_m + dq_rows
             offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
             gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
-    # epilogue: cast first (half the registers), one output at a time (64-bit addresses cost two registers each)
-    dk16 = (dk * sm_scale).to(DK.dtype.element_ty)
-    dv16 = dv.to(DV.dtype.element_ty)
-    rows_o = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
-    ok_o = gl.expand_dims(rows_o < Nk, 1)
-    rows64 = gl.expand_dims(rows_o.to(gl.int64), 1)
-    dk_base = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh
-    gl.store(dk_base + rows64 * stride_kn + gl.expand_dims(cols_o, 0), dk16, mask=ok_o)
-    dv_base = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh
-    gl.store(dv_base + rows64 * stride_vn + gl.expand_dims(cols_o, 0), dv16, mask=ok_o)
+    _store_dkdv(dk, dv, sm_scale, start_n, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                stride_vn, BLOCK_N, HEAD_D, kv_layout)
 
 
 @gluon.jit
@@ -585,16 +594,8 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
             _pp_pass(other_turn, PINGPONG)
         gl.thread_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
         mbarrier.arrive(empty.index(slot), count=1)
-    dk16 = (dk * sm_scale).to(DK.dtype.element_ty)
-    dv16 = dv.to(DV.dtype.element_ty)
-    rows_o = start_w + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
-    ok_o = gl.expand_dims(rows_o < Nk, 1)
-    rows64 = gl.expand_dims(rows_o.to(gl.int64), 1)
-    dk_base = DK + b.to(gl.int64) * stride_kb + hk.to(gl.int64) * stride_kh
-    gl.store(dk_base + rows64 * stride_kn + gl.expand_dims(cols_o, 0), dk16, mask=ok_o)
-    dv_base = DV + b.to(gl.int64) * stride_vb + hk.to(gl.int64) * stride_vh
-    gl.store(dv_base + rows64 * stride_vn + gl.expand_dims(cols_o, 0), dv16, mask=ok_o)
+    _store_dkdv(dk, dv, sm_scale, start_w, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                stride_vn, BLOCK_N, HEAD_D, kv_layout)
 
 
 @gluon.jit
