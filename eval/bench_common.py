@@ -1,7 +1,9 @@
 """Shared helpers for the GPU benchmarks (plain Python: runs on a bare GPU image, no Hydra).
 
 * :func:`time_cuda` -- median of CUDA-event timings (``triton.testing.do_bench`` when available);
-  :func:`time_cuda_graph` -- the same for a CUDA-graph replay (GPU time without host launch overhead).
+  :func:`time_cuda_graph` -- the same for a CUDA-graph replay (GPU time without host launch overhead);
+  :func:`interleaved_rounds` -- more timings of several implementations in rotating order (drift shared, not
+  charged to whichever ran last), :func:`median_spread` their summary.
 * :func:`peak_memory` -- peak extra CUDA memory of a callable (bytes above the allocated baseline).
 * FLOP formulas: :func:`flash_flops` (FlashAttention convention: forward ``4 * B * H * Nq * Nk * D``
   times the visited fraction of the mask, ``/ 2`` causal; backward ``2.5 x`` forward),
@@ -65,6 +67,33 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, rep: int = 30, use_do_b
         times.append(s.elapsed_time(e))
     times.sort()
     return float(times[len(times) // 2])
+
+
+def interleaved_rounds(timers: Dict[str, Callable[[], float]], rounds: int, start: int = 0) -> Dict[str, List[float]]:
+    """Call every timer (name -> a function returning one time, e.g. ``lambda: time_cuda(fn)``) once per round,
+    ``rounds`` rounds, round ``r`` in the names' order rotated left by ``start + r``: each name runs at each position
+    in turn, so a drift of the shared GPU's clock or load over the rounds reaches every name alike instead of
+    whichever ran last. Returns name -> its times in round order. Raises ``ValueError`` for ``rounds < 0``."""
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+        raise ValueError(f"rounds={rounds!r} is not supported; allowed values: an integer >= 0")
+    names = list(timers)
+    out: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = (start + r) % len(names) if names else 0
+        for n in names[k:] + names[:k]:
+            out[n].append(float(timers[n]()))
+    return out
+
+
+def median_spread(times: Sequence[float]) -> tuple:
+    """``(median, spread)`` of ``times`` (ms, at least one): the median (the mean of the middle two for an even
+    count) and ``(max - min) / median``, how far apart the rounds of :func:`interleaved_rounds` were."""
+    t = sorted(float(x) for x in times)
+    if not t:
+        raise ValueError("times must hold at least one value")
+    n = len(t)
+    med = t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+    return med, (t[-1] - t[0]) / med if med > 0 else float("nan")
 
 
 def host_us(fn: Callable[[], object], n: int = 100, warmup: int = 5) -> float:

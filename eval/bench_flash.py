@@ -23,8 +23,11 @@ dense causal attention (what SDPA's fast paths can run), marked in the row.
 
 Usage (GPU, from the repo root): ``python -m eval.bench_flash --out results/h200 [--quick] [--variants
 causal,win1024] [--N 4096] [--D 128] [--impls ours,sdpa_flash,sdpa_cudnn,flex] [--plugins my_module]
-[--flex-max-cases 12] [--check] [--tune]``. Our kernel runs with ``kernels.FlashConfig()`` (``--tune``:
-``FlashConfig(autotune=True)``, which keeps the Triton forward).
+[--flex-max-cases 12] [--check] [--tune] [--rounds 3]``. Our kernel runs with ``kernels.FlashConfig()``
+(``--tune``: ``FlashConfig(autotune=True)``, which keeps the Triton forward). Each impl's forward and
+forward+backward are timed ``--rounds`` times (default 3), the impls in a rotating order, and the rows give the
+median and its spread (``fwd_spread``, ``fwd_bwd_spread``: (max - min) / median): the GPU is shared and its speed
+drifts, so a ratio from one back-to-back pass can charge the drift to one impl (``--rounds 1``: that pass alone).
 
 Packed documents (issue 27): ``--docs fixed:512,geometric:512`` runs every case once per document-length
 distribution -- each row of the batch packed with documents of exactly 512 tokens (``fixed``) or of lengths drawn
@@ -54,8 +57,9 @@ import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
 from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
-from eval.bench_common import (add_time_budget, budget_spent, env_info, flash_flops, format_table, peak_memory,
-                               require_cuda, tflops, time_cuda, write_results)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, flash_flops, format_table,
+                               interleaved_rounds, median_spread, peak_memory, require_cuda, tflops, time_cuda,
+                               write_results)
 
 VARIANTS = {
     "noncausal": dict(kind="flash", causal=False),
@@ -81,6 +85,7 @@ OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_bwd_tdq": dict(bwd_impl="gluon", gluon_bwd_dq="triton"),
             "ours_gluon_bwd_2c": dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2),
             "ours_triton_bwd": dict(bwd_impl="triton")}
+DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -312,22 +317,29 @@ def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
     return f
 
 
-def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False):
+def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False,
+               rounds=1):
+    """Time every impl of ``impls`` on one case (variant ``name``, ``N``, ``D``, ``docs``), append a row each to
+    ``rows`` and return impl -> row. Each impl is compiled, checked and timed once in turn (fwd, bwd, fwd+bwd, peak
+    memory); with ``rounds > 1`` the forward and the forward+backward of every impl that ran are timed ``rounds - 1``
+    more times in rotating order (:func:`eval.bench_common.interleaved_rounds`), and the row reports the median of its
+    ``rounds`` timings with their spread (``fwd_spread``, ``fwd_bwd_spread``: (max - min) / median), so a drift of
+    the shared GPU is not charged to one impl."""
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D)
     spec = AttentionSpec(**VARIANTS[name])
     frac = visited_fraction(name, N)
     doc_ids = None
     if docs is not None:
-        doc_ids = packed_doc_ids(B, N, docs)
+        doc_ids = packed_doc_ids(B, N, docs, device=DEVICE)
         frac = min(frac, document_fraction(doc_ids, spec.causal))  # (a window inside documents: the smaller bound)
         n_docs = int((doc_ids[:, 1:] != doc_ids[:, :-1]).sum()) + B
-    g = torch.Generator(device="cuda").manual_seed(N + D)
-    q = torch.randn(B, Hq, N, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    k = torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    vv = torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    do = torch.randn(B, Hq, N, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    res = {}
+    g = torch.Generator(device=DEVICE).manual_seed(N + D)
+    q = torch.randn(B, Hq, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    k = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    vv = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    do = torch.randn(B, Hq, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    res, timers = {}, {}
     for impl in impls:
         row = dict(variant=name, N=N, D=D, B=B, Hq=Hq, Hkv=Hkv, impl=impl, visited_fraction=round(frac, 5))
         if docs is not None:
@@ -362,35 +374,46 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
                 row["max_err_vs_reference"] = _check_doc_err(f, q, k, vv, spec, doc_ids)
             elif check and impl in OURS:
                 row["max_err_vs_sdpa"] = _check_err(f, q, k, vv, name)
-            ms_f = time_cuda(lambda: f(q, k, vv))
+            timer = {"fwd": lambda f=f: time_cuda(lambda: f(q, k, vv)),
+                     "fwd_bwd": lambda f=f, grads=grads: time_cuda(lambda: f(q, k, vv).backward(do),
+                                                                   grad_to_none=grads)}
+            ms_f = timer["fwd"]()
             if fwd_only:
-                fl = flash_flops(B, Hq, N, D, visited_fraction=frac, mode="fwd")
-                row.update(fwd_ms=round(ms_f, 4), fwd_tflops=round(tflops(fl, ms_f), 1))
-                res[impl] = row
+                _set_times(row, "fwd", [ms_f], B, Hq, N, D, frac)
+                res[impl], timers[impl] = row, dict(fwd=(timer["fwd"], [ms_f]))
                 rows.append(row)
                 torch.cuda.empty_cache()
                 continue
             out = f(q, k, vv)
             ms_b = time_cuda(lambda: out.backward(do, retain_graph=True), grad_to_none=grads)
             del out  # the fwd+bwd timing runs without the retained graph
-            ms_fb = time_cuda(lambda: f(q, k, vv).backward(do), grad_to_none=grads)
+            ms_fb = timer["fwd_bwd"]()
             for t in grads:
                 t.grad = None
             mem = peak_memory(lambda: f(q, k, vv).backward(do))
             for t in grads:
                 t.grad = None
             for mode, ms in (("fwd", ms_f), ("bwd", ms_b), ("fwd_bwd", ms_fb)):
-                fl = flash_flops(B, Hq, N, D, visited_fraction=frac, mode=mode)
-                row[f"{mode}_ms"] = round(ms, 4)
-                row[f"{mode}_tflops"] = round(tflops(fl, ms), 1)
+                _set_times(row, mode, [ms], B, Hq, N, D, frac)
             row["peak_mem_mib"] = round(mem / 2**20, 1)
             res[impl] = row
+            timers[impl] = dict(fwd=(timer["fwd"], [ms_f]), fwd_bwd=(timer["fwd_bwd"], [ms_fb]))
         except Exception as e:  # an anchor that cannot run this case is recorded, not fatal
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             if os.environ.get("BENCH_TRACE"):
                 traceback.print_exc()
         rows.append(row)
         torch.cuda.empty_cache()
+    if rounds > 1 and timers:
+        for mode in ("fwd",) if fwd_only else ("fwd", "fwd_bwd"):
+            try:
+                more = interleaved_rounds({i: t[mode][0] for i, t in timers.items()}, rounds - 1, start=1)
+            except Exception as e:  # the single-round numbers stand; the row says why there are no more
+                for impl in timers:
+                    res[impl]["rounds_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                break
+            for impl, ms in more.items():
+                _set_times(res[impl], mode, timers[impl][mode][1] + ms, B, Hq, N, D, frac)
     ours = res.get("ours")
     if ours:
         for impl, r in res.items():
@@ -399,6 +422,17 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
             for mode in ("fwd",) if fwd_only else ("fwd", "bwd", "fwd_bwd"):
                 ours[f"x_{impl}_{mode}"] = round(r[f"{mode}_ms"] / ours[f"{mode}_ms"], 3)
     return res
+
+
+def _set_times(row, mode, times, B, Hq, N, D, frac):
+    """``row``'s ``<mode>_ms`` (the median of ``times``, ms), ``<mode>_tflops`` (FlashAttention FLOPs over the visited
+    fraction ``frac``), and with more than one time ``<mode>_spread`` and ``rounds``."""
+    ms, spread = median_spread(times)
+    row[f"{mode}_ms"] = round(ms, 4)
+    row[f"{mode}_tflops"] = round(tflops(flash_flops(B, Hq, N, D, visited_fraction=frac, mode=mode), ms), 1)
+    if len(times) > 1:
+        row[f"{mode}_spread"] = round(spread, 4)
+        row["rounds"] = len(times)
 
 
 def _check_doc_err(f, q, k, vv, spec, doc_ids, rows: int = 128):
@@ -445,8 +479,13 @@ def main(argv=None):
     ap.add_argument("--date", default=None)
     ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> / wikitext:<L> / wikitext:real "
                                                   "(every case once per distribution, doc_ids to every backend)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time each impl's fwd and fwd+bwd this many times per case, in rotating order across the "
+                         "impls, and report the median with its spread (1: once each, back to back)")
     add_time_budget(ap)
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        raise SystemExit(f"--rounds {a.rounds} is not supported; allowed values: an integer >= 1")
     from attn_zoo.flex import allow_retain_graph
     from kernels import FlashConfig
 
@@ -482,7 +521,8 @@ def main(argv=None):
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
-                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs, a.fwd_only)
+                res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs, a.fwd_only,
+                                 a.rounds)
                 o = res.get("ours", {})
                 mode = "fwd" if a.fwd_only else "fwd_bwd"
                 tf = lambda r: r.get(mode + "_tflops", float("nan"))  # noqa: E731
@@ -493,7 +533,8 @@ def main(argv=None):
                 write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
     ours = [r for r in rows if r["impl"] in OURS and "fwd_ms" in r]
     cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_impl", "fwd_tflops"] + (
-        [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"])
+        [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"]) + [
+        c for c in ("fwd_spread",) + (() if a.fwd_only else ("fwd_bwd_spread",)) if any(c in r for r in ours)]
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",
                          "x_flex_fa4_fwd_bwd", "x_fa4_varlen_fwd_bwd", "x_sdpa_flash_fwd", "x_sdpa_cudnn_fwd",
                          "x_flex_fwd", "x_fa4_fwd")
