@@ -54,6 +54,12 @@ def test_flash_config_values_hash_and_key():
                 dict(fwd_impl="gluon_ws3"), dict(fwd_impl=None)):
         with pytest.raises(ValueError):
             FlashConfig(**bad)
+    # forced dense tiles: refused at construction naming the field (tl.arange / tl.dot need powers of two >= 16),
+    # not deep inside the launch
+    for name in ("fwd", "dq", "dkdv"):
+        for tile, msg in (((24, 16, 4, 1), "BLOCK_M=24"), ((16, 8, 4, 1), "BLOCK_N=8"), ((16, 16, 3, 1), "num_warps=3")):
+            with pytest.raises(ValueError, match=rf"{name}.*{msg}.*power of two"):
+                FlashConfig(**{name: tile})
 
 
 def dataclass_error():
