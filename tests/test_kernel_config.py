@@ -182,6 +182,17 @@ def test_linear_config_settings_and_launch_record():
                 dict(lowp_bf16=1), dict(tiles={"seg_fwd": [(0, 32)]})):
         with pytest.raises(ValueError):
             LinearConfig(**bad)
+    # tile entries: refused at construction naming the entry and the allowed values (were truncated by int() or
+    # failed inside the launch: tl.arange / tl.dot take powers of two >= 16)
+    for bad, msg in ((dict(tiles={"seg_fwd": [(0, 24, 4, 1)]}), r"BV=24.*0 .*power of two >= 16"),
+                     (dict(tiles={"seg_fwd": [(-32, 32, 4, 1)]}), r"BK=-32"),
+                     (dict(tiles={"seg_dq": [(32, 0, 4, 1, 24)]}), r"chunk=24"),
+                     (dict(tiles={"seg_fwd": [(16.7, 32, 4, 1)]}), r"BK=16.7"),
+                     (dict(tiles={"seg_fwd": [(0, 32, 3, 1)]}), r"num_warps=3"),
+                     (dict(tiles={"seg_fwd": [(0, 32, 4, 0)]}), r"num_stages=0"),
+                     (dict(tiles=[("seg_fwd",)]), r"tiles.*dict"), (dict(tiles="seg_fwd"), r"tiles.*dict")):
+        with pytest.raises(ValueError, match=msg):
+            LinearConfig(**bad)
     q, k, v, do = _inputs(Hq=2, Hkv=1, N=48, seed=7)
     base = _grads(lambda x, y, z: linear_attention(x, y, z, feature_map="elu1", chunk_size=16), q, k, v, do)
     with linear_settings(t) as cfg, record_launches() as rec:
