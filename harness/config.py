@@ -118,12 +118,13 @@ def check_attention_backend(backend, specs, model: Optional[GPTConfig] = None, s
 def _backend_refusal(b, spec: AttentionSpec, model: GPTConfig, seq_len: int, device: str, dtype: torch.dtype,
                      documents: bool) -> Optional[str]:
     """Why backend ``b`` cannot run ``spec`` on the training's inputs (``(1, n_head, seq_len, head_dim)`` queries,
-    the layer's K/V heads, ``dtype`` on ``device``), asked of the backend; ``None`` when it can."""
+    the layer's K/V heads, ``dtype`` on ``device``, requiring grad), asked of the backend; ``None`` when it can."""
     if documents and not b.documents:
         return "it does not take doc_ids (packed documents, data.pack=true with data.doc_mask=true)"
     hkv = spec.resolve_kv_heads(model.n_head)
-    q = torch.empty(1, model.n_head, seq_len, model.head_dim, dtype=dtype, device=device)
-    kv = torch.empty(1, hkv, seq_len, model.head_dim, dtype=dtype, device=device)
+    # requiring grad, as in training (FlexAttention off CUDA has no backward)
+    q = torch.empty(1, model.n_head, seq_len, model.head_dim, dtype=dtype, device=device, requires_grad=True)
+    kv = torch.empty(1, hkv, seq_len, model.head_dim, dtype=dtype, device=device, requires_grad=True)
     try:
         return b.why_not(q, kv, kv, spec)
     except Exception:  # noqa: BLE001 - a check that fails on the probe proves nothing: the first forward decides
