@@ -644,6 +644,46 @@ def _progress(total: int, enabled: bool, desc: str):
         return None
 
 
+def check_sweep_config(cfg: dict) -> None:
+    """The axes and settings of a kernel sweep, before anything runs or is written: ``seq_lens`` / ``head_dims``
+    non-empty lists of integers >= 1, ``n_heads`` an integer >= 1, ``kv_heads`` null or integers dividing it,
+    ``causal`` bools, ``modes`` of :data:`MODES`, ``dtype`` of ``_DTYPES``, ``device`` cpu / cuda[:i], ``warmup``
+    >= 0, ``rep`` >= 1, ``tokens`` >= 1, ``batch`` null or >= 1 (integers). Raises ``ValueError`` naming the key
+    (bad values failed deep inside the run, or measured nothing and failed in a plot)."""
+    def whole(x, lo):
+        return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+    for key in ("seq_lens", "head_dims"):
+        vals = _as_list(cfg.get(key, [64] if key == "head_dims" else None))
+        if not vals or not all(whole(x, 1) for x in vals):
+            raise ValueError(f"{key}={vals!r}: must be a non-empty list of integers >= 1")
+    H = cfg.get("n_heads", 1)
+    if not whole(H, 1):
+        raise ValueError(f"n_heads={H!r}: must be an integer >= 1")
+    kv = _as_list(cfg.get("kv_heads", [None]))
+    if not all(x is None or (whole(x, 1) and H % x == 0) for x in kv):
+        raise ValueError(f"kv_heads={kv!r}: each entry must be null (= n_heads) or an integer >= 1 that divides "
+                         f"n_heads={H}")
+    causal = _as_list(cfg.get("causal", [True]))
+    if not all(isinstance(c, bool) for c in causal):
+        raise ValueError(f"causal={causal!r}: must be a list of true / false")
+    modes = _as_list(cfg.get("modes", list(MODES)))
+    if not modes or not all(m in MODES for m in modes):
+        raise ValueError(f"modes={modes!r}: allowed values: {', '.join(MODES)}")
+    dtype = str(cfg.get("dtype", "float32"))
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed values: {', '.join(_DTYPES)}")
+    dev = cfg.get("device")
+    if dev is not None and str(dev).split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"device={dev!r} is not supported; allowed values: cpu, cuda (or cuda:<index>), null (cuda "
+                         f"when available)")
+    for key, lo in (("warmup", 0), ("rep", 1), ("tokens", 1)):
+        if key in cfg and not whole(cfg[key], lo):
+            raise ValueError(f"{key}={cfg[key]!r}: must be an integer >= {lo}")
+    if cfg.get("batch") is not None and not whole(cfg["batch"], 1):
+        raise ValueError(f"batch={cfg['batch']!r}: must be null (tokens // N) or an integer >= 1")
+
+
 def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True, retry_failed: bool = False,
               deadline_s: Optional[float] = None) -> List[dict]:
     """Run (or resume) the kernel sweep described by ``cfg`` and append rows to ``out_csv``.
@@ -662,6 +702,7 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     point whose error leaves the CUDA context unusable (:func:`is_sticky_cuda_error`) is recorded and then
     :class:`CudaContextLost` is raised, so that a new process resumes (one failing anchor does not fail the others).
     """
+    check_sweep_config(cfg)
     device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("sweep config asks for device=cuda but CUDA is not available")

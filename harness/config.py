@@ -118,12 +118,13 @@ def check_attention_backend(backend, specs, model: Optional[GPTConfig] = None, s
 def _backend_refusal(b, spec: AttentionSpec, model: GPTConfig, seq_len: int, device: str, dtype: torch.dtype,
                      documents: bool) -> Optional[str]:
     """Why backend ``b`` cannot run ``spec`` on the training's inputs (``(1, n_head, seq_len, head_dim)`` queries,
-    the layer's K/V heads, ``dtype`` on ``device``), asked of the backend; ``None`` when it can."""
+    the layer's K/V heads, ``dtype`` on ``device``, requiring grad), asked of the backend; ``None`` when it can."""
     if documents and not b.documents:
         return "it does not take doc_ids (packed documents, data.pack=true with data.doc_mask=true)"
     hkv = spec.resolve_kv_heads(model.n_head)
-    q = torch.empty(1, model.n_head, seq_len, model.head_dim, dtype=dtype, device=device)
-    kv = torch.empty(1, hkv, seq_len, model.head_dim, dtype=dtype, device=device)
+    # requiring grad, as in training (FlexAttention off CUDA has no backward)
+    q = torch.empty(1, model.n_head, seq_len, model.head_dim, dtype=dtype, device=device, requires_grad=True)
+    kv = torch.empty(1, hkv, seq_len, model.head_dim, dtype=dtype, device=device, requires_grad=True)
     try:
         return b.why_not(q, kv, kv, spec)
     except Exception:  # noqa: BLE001 - a check that fails on the probe proves nothing: the first forward decides
@@ -213,7 +214,8 @@ def validate_config(cfg: DictConfig) -> None:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
     ``trainer.limit_val_batches`` (a positive integer or a fraction in (0, 1]: 0 would validate nothing),
-    ``trainer.enable_progress_bar`` (true, false or auto), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
+    ``trainer.enable_progress_bar`` (true, false or auto), ``trainer.gradient_clip_val`` (null or a number >= 0) and
+    ``trainer.gradient_clip_algorithm`` (null, norm or value), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
     (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false), ``data.*`` keys the data module
     takes (:func:`check_data_options`), ``model.*`` (:func:`check_model_config`; ``model.max_seq_len >=
     data.seq_len``) and the layers (:func:`check_layers`: causal, ``doc_ids`` with packed documents, an
@@ -264,6 +266,14 @@ def validate_config(cfg: DictConfig) -> None:
                          f"validation metric: its final table and final_metrics.json would hold no val/* value); "
                          f"allowed: a positive integer (batches per validation) or a fraction in (0, 1] of the "
                          f"validation set (1.0: all of it)")
+    clip = cfg.trainer.get("gradient_clip_val")
+    if clip is not None and not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0):
+        # clip_grad_norm_ scales by clip / norm (< 0: every gradient flipped), clip_grad_value_ clamps to [-c, c]
+        raise ValueError(f"trainer.gradient_clip_val={clip!r}: must be null or a number >= 0 (0 / null: no clipping; "
+                         f"a negative value would flip the gradients)")
+    algorithm = cfg.trainer.get("gradient_clip_algorithm")
+    if algorithm is not None and algorithm not in ("norm", "value"):
+        raise ValueError(f"trainer.gradient_clip_algorithm={algorithm!r} is not supported; allowed values: norm, value")
     stop_at = cfg.get("stop_at")
     if stop_at is not None:
         StopAt(stop_at)  # raises ValueError naming stop_at

@@ -18,6 +18,7 @@ Validation in a distributed run (DDP) sees every example once (:func:`val_sample
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -57,6 +58,14 @@ def val_sampler(datamodule: L.LightningDataModule, dataset, key: str):
 
 
 # ---------------------------------------------------------------------------------------------- text
+def _whole(name: str, value) -> int:
+    """``data.<name>``, an integer (a bool, a float or a string is refused: ``int()`` truncated 1.5 to 1 silently and
+    named no key for 'abc'). Raises ``ValueError`` naming ``data.<name>``; the range is checked by the caller."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"data.{name}={value!r} must be an integer")
+    return int(value)
+
+
 def _num_workers(n) -> int:
     """``data.num_workers``: DataLoader worker processes, an integer >= 0 (0: load in the main process)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -221,7 +230,8 @@ class TextDataModule(L.LightningDataModule):
             raise ValueError(f"data.vocab_size must be 256 for the byte tokenizer, got {vocab_size}")
         self.path = path
         self.hub_name, self.hub_config, self.hub_split, self.text_column = hub_name, hub_config, hub_split, text_column
-        self.seq_len, self.batch_size, self.val_fraction = int(seq_len), int(batch_size), float(val_fraction)
+        self.seq_len, self.batch_size = _whole("seq_len", seq_len), _whole("batch_size", batch_size)
+        self.val_fraction = float(val_fraction)
         if self.seq_len < 1:
             raise ValueError(f"data.seq_len must be >= 1, got {self.seq_len}")
         if self.batch_size < 1:
@@ -591,9 +601,12 @@ class MQARDataModule(L.LightningDataModule):
                  num_val: int = 1000, power_a: float = 0.01, random_non_queries: bool = True, batch_size: int = 64,
                  seed: int = 0, num_workers: int = 0, max_memory_gb: float = 8.0):
         super().__init__()
-        self.vocab_size, self.seq_len, self.num_kv_pairs = int(vocab_size), int(seq_len), int(num_kv_pairs)
-        self.num_train, self.num_val, self.power_a = int(num_train), int(num_val), float(power_a)
-        self.random_non_queries, self.batch_size, self.seed = random_non_queries, int(batch_size), int(seed)
+        self.vocab_size, self.seq_len = _whole("vocab_size", vocab_size), _whole("seq_len", seq_len)
+        self.num_kv_pairs = _whole("num_kv_pairs", num_kv_pairs)
+        self.num_train, self.num_val = _whole("num_train", num_train), _whole("num_val", num_val)
+        self.power_a = float(power_a)
+        self.random_non_queries, self.batch_size, self.seed = random_non_queries, _whole("batch_size", batch_size), \
+            _whole("seed", seed)
         self.num_workers = _num_workers(num_workers)
         self.max_memory_gb = float(max_memory_gb)
         self.bytes_per_token = None

@@ -86,7 +86,11 @@ def adamw_impl(device_type: str, precision_plugin=None) -> str:
 
 def clip_gradients_(parameters, clip_val: float, algorithm: str = "norm") -> None:
     """Clip gradients in place: total 2-norm to ``clip_val`` (``algorithm="norm"``) or each value to
-    ``[-clip_val, clip_val]`` (``"value"``). Raises ``ValueError`` naming ``gradient_clip_algorithm``."""
+    ``[-clip_val, clip_val]`` (``"value"``). Raises ``ValueError`` naming ``gradient_clip_val`` (negative: the
+    gradients would be flipped) or ``gradient_clip_algorithm``."""
+    if not clip_val >= 0:
+        raise ValueError(f"trainer.gradient_clip_val={clip_val!r}: must be a number >= 0 (a negative value would flip "
+                         f"the gradients)")
     params = [p for p in parameters if p.grad is not None]
     if algorithm == "norm":
         torch.nn.utils.clip_grad_norm_(params, clip_val)

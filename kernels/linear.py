@@ -682,14 +682,32 @@ class LinearConfig:
                 or not self.progs_per_sm > 0:
             raise ValueError(f"progs_per_sm={self.progs_per_sm!r} must be a number > 0")
         items = self.tiles.items() if isinstance(self.tiles, dict) else self.tiles
+        if isinstance(items, str) or not all(isinstance(it, (tuple, list)) and len(it) == 2 for it in items):
+            raise ValueError(f"tiles={self.tiles!r} must be a dict {{kind: [(BK, BV, num_warps, num_stages[, chunk]), "
+                             f"...]}} (or its items); kinds: {', '.join(KERNELS)}")
         norm = []
         for kind, cfgs in items:
             if kind not in KERNELS:
                 raise ValueError(f"tiles: kind={kind!r} is not supported; allowed values: {', '.join(KERNELS)}")
-            cfgs = tuple(tuple(int(x) for x in c) for c in cfgs)
+            cfgs = tuple(tuple(c) for c in cfgs)
             if not cfgs or any(len(c) not in (4, 5) for c in cfgs):
                 raise ValueError(f"tiles[{kind!r}] must be a non-empty list of (BK, BV, num_warps, num_stages[, "
                                  f"chunk]) tuples, got {cfgs!r}")
+            for c in cfgs:
+                for name, x in zip(("BK", "BV", "num_warps", "num_stages", "chunk"), c):
+                    ok = isinstance(x, int) and not isinstance(x, bool)
+                    if name == "num_warps":
+                        ok = ok and x >= 1 and not x & (x - 1)
+                        allowed = "a power of two (1, 2, 4, 8, 16)"
+                    elif name == "num_stages":
+                        ok = ok and x >= 1
+                        allowed = "an integer >= 1"
+                    else:  # tl.arange / tl.dot take powers of two >= 16; 0: the default (64 for BK / BV, C for chunk)
+                        ok = ok and (x == 0 or (x >= 16 and not x & (x - 1)))
+                        allowed = "0 (the default) or a power of two >= 16"
+                    if not ok:
+                        raise ValueError(f"tiles[{kind!r}] entry {c!r}: {name}={x!r} is not supported; allowed "
+                                         f"values: {allowed}")
             norm.append((kind, cfgs))
         object.__setattr__(self, "tiles", tuple(sorted(norm)))
         object.__setattr__(self, "_hash", hash((self.state_16bit, self.lowp_bf16, self.progs_per_sm,

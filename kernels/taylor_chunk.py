@@ -99,6 +99,11 @@ def _max_auto_segments(n_chunks: int) -> int:
     return n_chunks // MIN_SEG_CHUNKS if n_chunks >= AUTO_SPLIT_MIN_CHUNKS else 1
 
 
+def _int(x) -> bool:
+    """An int that is not a bool (``True == 1`` and ``64.0 == 64`` would pass a membership test)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 @dataclass(frozen=True)
 class TaylorChunkConfig:
     """Launch settings of :func:`taylor_chunk` (none changes the result beyond rounding).
@@ -134,13 +139,13 @@ class TaylorChunkConfig:
     segments: Optional[int] = None
 
     def __post_init__(self):
-        if self.chunk not in CHUNK_SIZES:
+        if not _int(self.chunk) or self.chunk not in CHUNK_SIZES:  # 64.0 == 64, but no launch takes a float
             raise ValueError(f"chunk={self.chunk!r} must be one of {CHUNK_SIZES}")
-        if self.block_v is not None and self.block_v not in BLOCK_VS:
+        if self.block_v is not None and (not _int(self.block_v) or self.block_v not in BLOCK_VS):
             raise ValueError(f"block_v={self.block_v!r} must be None or one of {BLOCK_VS}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
+        if not _int(self.num_warps) or self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps={self.num_warps!r} must be one of 1, 2, 4, 8, 16")
-        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
+        if not _int(self.num_stages) or not 1 <= self.num_stages <= 6:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int in [1, 6]")
         if not isinstance(self.bwd_fused, bool):
             raise ValueError(f"bwd_fused={self.bwd_fused!r} must be a bool")

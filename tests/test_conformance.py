@@ -146,7 +146,9 @@ def test_forward_and_every_gradient_match_the_reference(spec, backend):
     try:
         o = attention(qq, kk, vv, spec, backend=backend)
         o.backward(do)
-    except NotImplementedError as e:  # e.g. FlexAttention has no backward on the CPU: forward checked above
+    except (NotImplementedError, ValueError) as e:  # FlexAttention has no backward on the CPU: forward checked above
+        if "no backward" not in str(e):
+            raise
         pytest.skip(f"{backend} has no backward here: {e}")
     for what, g, w in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), want[1:]):
         torch.testing.assert_close(g, w, **_tol(spec), msg=lambda m: f"{backend} {what}: {m}")
@@ -186,7 +188,9 @@ def test_documents_forward_and_every_gradient_match_the_reference(spec, backend)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
     try:
         attention(qq, kk, vv, spec, backend=backend, doc_ids=DOC_IDS).backward(do)
-    except NotImplementedError as e:  # e.g. FlexAttention has no backward on the CPU: forward checked above
+    except (NotImplementedError, ValueError) as e:  # FlexAttention has no backward on the CPU: forward checked above
+        if "no backward" not in str(e):
+            raise
         pytest.skip(f"{backend} has no backward here: {e}")
     for what, g, w in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), want[1:]):
         torch.testing.assert_close(g, w, **_tol(spec), msg=lambda m: f"{backend} {what}: {m}")

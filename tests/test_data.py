@@ -67,6 +67,20 @@ def test_mqar_bad_sizes(kw, name):
         MQARDataModule(**args)
 
 
+@pytest.mark.parametrize("kw,name", [
+    (dict(batch_size=1.5), "data.batch_size=1.5"), (dict(num_kv_pairs=2.5), "data.num_kv_pairs=2.5"),
+    (dict(num_train="abc"), "data.num_train='abc'"), (dict(seq_len=64.0), "data.seq_len=64.0"),
+    (dict(vocab_size=True), "data.vocab_size=True"), (dict(num_val=8.9), "data.num_val=8.9"),
+])
+def test_mqar_sizes_must_be_integers(kw, name):
+    """A fractional size was truncated by int() (data.batch_size=1.5 trained with batches of 1, the config recording
+    1.5) and a string failed with int()'s message, naming no key."""
+    args = dict(vocab_size=64, seq_len=64, num_kv_pairs=8, num_train=64, num_val=8, batch_size=8)
+    args.update(kw)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*integer"):
+        MQARDataModule(**args)
+
+
 def test_mqar_size_limits_name_argument_and_limit():
     # memory: the message names data.seq_len and the longest seq_len that fits; that one is accepted
     with pytest.raises(ValueError, match=r"data.seq_len=100000 .*data.max_memory_gb=8.*longest data.seq_len that fits is (\d+)") as e:
@@ -255,3 +269,10 @@ def test_text_max_bytes_must_be_null_or_a_positive_integer(tmp_path, value):
     path.write_text("abc " * 100)
     with pytest.raises(ValueError, match=r"data.max_bytes must be null \(the whole corpus\) or an integer >= 1"):
         TextDataModule(path=str(path), seq_len=8, batch_size=2, max_bytes=value)
+
+
+@pytest.mark.parametrize("kw,name", [(dict(batch_size=1.5), "data.batch_size=1.5"), (dict(seq_len="abc"), "data.seq_len='abc'"),
+                                     (dict(seq_len=32.5), "data.seq_len=32.5"), (dict(batch_size=True), "data.batch_size=True")])
+def test_text_sizes_must_be_integers(text_file, kw, name):
+    with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*integer"):
+        TextDataModule(path=str(text_file), **kw)

@@ -86,6 +86,25 @@ def test_failures_are_rows_and_the_sweep_continues(tmp_path):
     assert float(by[("torch", 64)]["fwd_bwd_ms"]) > 0
 
 
+@pytest.mark.parametrize("change,want", [
+    (dict(seq_lens=[0]), r"seq_lens=\[0\].*integers >= 1"), (dict(seq_lens=[]), r"seq_lens=\[\]"),
+    (dict(head_dims=[0]), r"head_dims=\[0\]"), (dict(n_heads=3, kv_heads=[2]), r"kv_heads=\[2\].*divides n_heads=3"),
+    (dict(dtype="float8"), r"dtype='float8'.*allowed values: float32, float16, bfloat16, float64"),
+    (dict(device="tpu"), r"device='tpu'.*allowed values: cpu, cuda"),
+    (dict(modes=["fwdd"]), r"modes=\['fwdd'\].*allowed values: fwd, bwd, fwd_bwd"),
+    (dict(causal=["maybe"]), r"causal=\['maybe'\].*true / false"), (dict(rep=0), r"rep=0.*>= 1"),
+    (dict(warmup=-1), r"warmup=-1.*>= 0"), (dict(tokens=-5), r"tokens=-5.*>= 1"), (dict(batch=1.5), r"batch=1.5"),
+])
+def test_bad_sweep_settings_are_refused_naming_the_key(tmp_path, change, want):
+    """Bad axis values failed deep inside the run (ZeroDivisionError for seq_lens=[0], KeyError 'float8', a plot's
+    'cannot be log-scaled' after measuring nothing for rep=0 / head_dims=[0] / modes=[fwdd] / causal=[maybe]):
+    now refused before anything runs or is written."""
+    out = tmp_path / "k.csv"
+    with pytest.raises(ValueError, match=want):
+        sw.run_sweep(dict(TINY, **change), str(out), progress=False)
+    assert not out.exists()
+
+
 def test_resume_skips_finished_points(tmp_path):
     cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_counting"], seq_lens=[16, 32])
     path = str(tmp_path / "k.csv")

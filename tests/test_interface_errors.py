@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import attn_zoo
 from attn_zoo import AttentionSpec, attention, available_backends, make_spec
 
 
@@ -84,6 +85,24 @@ def test_triton_backend_refuses_what_the_interpreter_gets_wrong(monkeypatch):
     for kind in ("flash", "linear"):
         with pytest.raises(ValueError, match="needs a CUDA device"):
             attention(q.float(), k.float(), v.float(), AttentionSpec(kind=kind), backend="triton")
+
+
+def test_flex_off_cuda_refuses_gradients_naming_the_backend():
+    """FlexAttention has no CPU backward: backend='flex' with inputs that need gradients failed at backward with
+    torch's NotImplementedError (in train.py: after the data work); now refused naming the backend, whether or
+    not the same shapes were dispatched without gradients before. Without gradients it runs."""
+    q, k, v = qkv()
+    spec = AttentionSpec()
+    if q.is_cuda or attn_zoo.registry.get_backends("flash")["flex"].unavailable() is not None:
+        pytest.skip("FlexAttention missing")
+    want = r"backend='flex'.*no backward off CUDA.*allowed values: torch, naive, reference"
+    with pytest.raises(ValueError, match=want):  # first call of these shapes: refused by its supports()
+        attention(q.clone().requires_grad_(), k, v, spec, backend="flex")
+    with torch.no_grad():  # forward only: runs, and the dispatch cache remembers the backend for these shapes
+        torch.testing.assert_close(attention(q, k, v, spec, backend="flex"), attention(q, k, v, spec, backend="reference"),
+                                   atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=want):  # the remembered dispatch: refused by the backend itself
+        attention(q, k.clone().requires_grad_(), v, spec, backend="flex")
 
 
 def test_empty_dimensions_raise_naming_the_argument():

@@ -54,6 +54,12 @@ def test_flash_config_values_hash_and_key():
                 dict(fwd_impl="gluon_ws3"), dict(fwd_impl=None)):
         with pytest.raises(ValueError):
             FlashConfig(**bad)
+    # forced dense tiles: refused at construction naming the field (tl.arange / tl.dot need powers of two >= 16),
+    # not deep inside the launch
+    for name in ("fwd", "dq", "dkdv"):
+        for tile, msg in (((24, 16, 4, 1), "BLOCK_M=24"), ((16, 8, 4, 1), "BLOCK_N=8"), ((16, 16, 3, 1), "num_warps=3")):
+            with pytest.raises(ValueError, match=rf"{name}.*{msg}.*power of two"):
+                FlashConfig(**{name: tile})
 
 
 def dataclass_error():
@@ -175,6 +181,17 @@ def test_linear_config_settings_and_launch_record():
     for bad in (dict(tiles={"seg_nope": [(0, 32, 4, 1)]}), dict(tiles={"seg_fwd": []}), dict(progs_per_sm=0),
                 dict(lowp_bf16=1), dict(tiles={"seg_fwd": [(0, 32)]})):
         with pytest.raises(ValueError):
+            LinearConfig(**bad)
+    # tile entries: refused at construction naming the entry and the allowed values (were truncated by int() or
+    # failed inside the launch: tl.arange / tl.dot take powers of two >= 16)
+    for bad, msg in ((dict(tiles={"seg_fwd": [(0, 24, 4, 1)]}), r"BV=24.*0 .*power of two >= 16"),
+                     (dict(tiles={"seg_fwd": [(-32, 32, 4, 1)]}), r"BK=-32"),
+                     (dict(tiles={"seg_dq": [(32, 0, 4, 1, 24)]}), r"chunk=24"),
+                     (dict(tiles={"seg_fwd": [(16.7, 32, 4, 1)]}), r"BK=16.7"),
+                     (dict(tiles={"seg_fwd": [(0, 32, 3, 1)]}), r"num_warps=3"),
+                     (dict(tiles={"seg_fwd": [(0, 32, 4, 0)]}), r"num_stages=0"),
+                     (dict(tiles=[("seg_fwd",)]), r"tiles.*dict"), (dict(tiles="seg_fwd"), r"tiles.*dict")):
+        with pytest.raises(ValueError, match=msg):
             LinearConfig(**bad)
     q, k, v, do = _inputs(Hq=2, Hkv=1, N=48, seed=7)
     base = _grads(lambda x, y, z: linear_attention(x, y, z, feature_map="elu1", chunk_size=16), q, k, v, do)

@@ -202,7 +202,12 @@ def test_refusals_name_the_argument_and_the_allowed_values():
     for kw, arg in [(dict(chunk=48), r"chunk=48.*\(16, 32, 64, 128\)"), (dict(block_v=8), r"block_v=8"),
                     (dict(num_warps=3), "num_warps"), (dict(num_stages=0), "num_stages"),
                     (dict(segments=0), r"segments=0.*None.*\[1, 4096\]"), (dict(segments=4097), "segments=4097"),
-                    (dict(segments=True), "segments=True"), (dict(segments=2.0), "segments=2.0")]:
+                    (dict(segments=True), "segments=True"), (dict(segments=2.0), "segments=2.0"),
+                    # floats / bools equal to an allowed int: refused here, not deep in the launch
+                    (dict(chunk=64.0), r"chunk=64.0.*\(16, 32, 64, 128\)"), (dict(chunk=True), "chunk=True"),
+                    (dict(block_v=32.0), r"block_v=32.0.*None or one of \(16, 32, 64\)"),
+                    (dict(num_warps=4.0), r"num_warps=4.0.*1, 2, 4, 8, 16"), (dict(num_warps=True), "num_warps=True"),
+                    (dict(num_stages=True), r"num_stages=True.*\[1, 6\]")]:
         with pytest.raises(ValueError, match=arg):
             TaylorChunkConfig(**kw)
 

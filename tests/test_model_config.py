@@ -143,7 +143,8 @@ def test_sizes_and_backends_that_fail_inside_training_are_refused_at_validation(
     if torch.cuda.is_available():
         return  # the rest is about a machine without CUDA
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (tests run Triton's CPU interpreter)
-    for backend, why in (("triton", "needs a CUDA device"), ("sdpa_flash", "no CUDA device")):
+    for backend, why in (("triton", "needs a CUDA device"), ("sdpa_flash", "no CUDA device"),
+                         ("flex", "FlexAttention has no backward off CUDA")):  # training needs gradients
         with pytest.raises(ValueError, match=rf"^attention_backend='{backend}' cannot run attention: flash here "
                                              rf"\({why}.*available here for it: auto, torch, reference"):
             validate_config(make_cfg(tmp_path, [f"attention_backend={backend}"]))

@@ -382,6 +382,29 @@ def test_skip_finished_says_why_an_old_finished_run_runs_again(tmp_path, caplog)
 
 # ------------------------------------------------------------------------------- errors name the key a user sets
 @pytest.mark.parametrize("overrides,want", [
+    (["trainer.gradient_clip_val=-1"], r"^trainer\.gradient_clip_val=-1: must be null or a number >= 0"),
+    (["trainer.gradient_clip_val=-0.5", "+trainer.gradient_clip_algorithm=value"], r"gradient_clip_val=-0\.5"),
+    (["trainer.gradient_clip_val=abc"], r"gradient_clip_val='abc'"),
+    (["+trainer.gradient_clip_algorithm=clamp"], r"^trainer\.gradient_clip_algorithm='clamp' is not supported; "
+                                                 r"allowed values: norm, value"),
+])
+def test_bad_gradient_clipping_is_refused(tmp_path, overrides, want):
+    """A negative trainer.gradient_clip_val trained silently with flipped gradients (clip_grad_norm_ scales by
+    clip_val / norm < 0, clip_grad_value_ sets every entry to clip_val): gradient ascent."""
+    with pytest.raises(ValueError, match=want):
+        train_mod.validate_config(make_cfg(tmp_path, overrides))
+    for ok in (["trainer.gradient_clip_val=0"], ["trainer.gradient_clip_val=null"], ["trainer.gradient_clip_val=0.5"]):
+        train_mod.validate_config(make_cfg(tmp_path, ok))
+    from harness.lit import clip_gradients_
+
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.tensor([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="gradient_clip_val=-1.0"):
+        clip_gradients_([p], -1.0)
+    assert torch.equal(p.grad, torch.tensor([1.0, 2.0, 3.0]))
+
+
+@pytest.mark.parametrize("overrides,want", [
     (["model.dropout=1.5"], r"^model\.dropout must be in \[0, 1\), got 1\.5"),
     (["model.n_head=3"], r"^model\.d_model=64 must be divisible by n_head=3"),
     (["model.mlp=foo"], r"^model\.mlp='foo' is not supported; allowed values: gelu, swiglu"),

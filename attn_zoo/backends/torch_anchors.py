@@ -6,8 +6,9 @@ never picks them; benchmarks and sweeps time them, ``attention(..., backend=<nam
   (``MaskInfo.is_full`` or plain causal with ``Nq == Nk``: SDPA's ``is_causal`` is top-left aligned); windows,
   layouts and dilation are not expressible.
 * ``flex``: FlexAttention (Guessous et al. 2024), compiled on CUDA (:func:`attn_zoo.flex.compiled_flex_attention`,
-  eager elsewhere), with the ``BlockMask`` of the spec's :class:`attn_zoo.MaskInfo` element rule: every softmax
-  kind. No zeroing of keys no query sees (the raw library call).
+  eager elsewhere, forward only: inputs that require grad off CUDA are refused with the reason), with the
+  ``BlockMask`` of the spec's :class:`attn_zoo.MaskInfo` element rule: every softmax kind. No zeroing of keys no
+  query sees (the raw library call).
 * ``naive``: standard attention in the input dtype with S and P materialised ([FA1] Algorithm 0: ``S = (scale Q)
   K^T``, masked_fill, softmax, ``P V``); for ``linear`` the masked quadratic form ``(phi(Q) phi(K)^T * M) V``.
 * ``fa2`` / ``fa3``: ``flash_attn.flash_attn_func`` (FlashAttention-2, Dao 2023) / ``flash_attn_interface``
@@ -159,10 +160,19 @@ def _flex_available() -> Optional[str]:
     return _importable("torch.nn.attention.flex_attention")()
 
 
+def _flex_grad_reason(q, k, v) -> Optional[str]:
+    """FlexAttention runs eagerly off CUDA, forward only (torch raises NotImplementedError at the backward)."""
+    if q.device.type != "cuda" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return (f"FlexAttention has no backward off CUDA (got {q.device.type} inputs that require grad); run it "
+                f"under torch.no_grad(), or for gradients on the CPU pick another backend; allowed values: torch, "
+                f"naive, reference")
+    return None
+
+
 def _flex_supports(q, k, v, spec, return_lse):
     if q.dtype == torch.float64 and q.is_cuda:
         return "float64 is not supported on CUDA"
-    return None
+    return _flex_grad_reason(q, k, v)
 
 
 @register_backend(family("softmax"), "flex", supports=_flex_supports, priority=None, available=_flex_available,
@@ -172,6 +182,9 @@ def flex_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     ``BlockMask`` of :func:`attn_zoo.flex.flex_document_block_mask`)."""
     from ..flex import compiled_flex_attention, flex_block_mask, flex_document_block_mask
 
+    why = _flex_grad_reason(q, k, v)  # also here: attention()'s dispatch cache does not key on requires_grad
+    if why is not None:
+        raise ValueError(f"backend='flex' cannot run this input for kind={spec.kind!r}: {why}")
     if doc_ids is not None:
         bm = flex_document_block_mask(spec, doc_ids, q.shape[2], k.shape[2])
     else:

@@ -60,6 +60,8 @@ class TileConfig:
             val = getattr(self, name)
             if not _positive_int(val):
                 raise ValueError(f"TileConfig {name}={val!r} must be a positive integer")
+        if self.num_warps & (self.num_warps - 1):  # Triton launches powers of two only
+            raise ValueError(f"TileConfig num_warps={self.num_warps} must be a power of two (1, 2, 4, 8, 16)")
 
     @classmethod
     def of(cls, value, what: str = "tile") -> Optional["TileConfig"]:
@@ -112,7 +114,8 @@ class FlashConfig:
             tables from ``MaskInfo.block_table``).
         autotune: ``triton.autotune`` over the whole config list instead of the heuristic tables (a tuning aid;
             ignored under the interpreter; TMA off).
-        fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no checks).
+        fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no shared-memory
+            or register check). ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16, ``num_warps`` a power of two.
         fwd_impl: the forward kernel: ``"auto"`` (default: per call, :func:`~kernels.flash.resolve_fwd_impl`:
             ``"gluon_ws3a"`` on Hopper for large dense / causal fp16 / bf16 problems at the head dims of
             ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable, else ``"triton"``; never
@@ -203,7 +206,7 @@ class FlashConfig:
             raise ValueError(f"tma_min_pairs={self.tma_min_pairs!r} must be an integer >= 0")
         for name in _TILE_FIELDS:
             object.__setattr__(self, name, TileConfig.of(getattr(self, name), name))
-        for name in ("sparse_fwd", "sparse_dq", "sparse_dkdv"):
+        for name in _TILE_FIELDS:  # tl.arange and tl.dot take powers of two >= 16, dense and sparse modes alike
             t = getattr(self, name)
             for side in ("block_m", "block_n"):
                 if t is not None and (getattr(t, side) < 16 or getattr(t, side) & (getattr(t, side) - 1)):
