@@ -3,7 +3,9 @@
 Plain Python (no Hydra), from the repo root: ``python -m eval.bench_linear --out results/h200``. Needs CUDA.
 
 All timings come from one run: median of CUDA events (:func:`eval.bench_common.time_cuda`), forward and
-forward+backward, and the peak extra memory of one forward+backward. Workload: causal, bf16, ``H = 16``,
+forward+backward, and the peak extra memory of one forward+backward; with ``--rounds R`` (default 3) every method of
+a shape is timed ``R`` times, the methods in rotating order, and the median with its spread is reported
+(:func:`more_rounds`): the GPU is shared and drifts, and a back-to-back pass charges that drift to one method. Workload: causal, bf16, ``H = 16``,
 ``D = Dv = 128``, ``B * N = --tokens`` (16k; ``B = 1`` once ``N`` exceeds it), ``N = 512 .. 64k``.
 
 Methods
@@ -52,8 +54,9 @@ import time
 import torch
 import torch.nn.functional as Fn
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, linear_flops, peak_memory,
-                               require_cuda, tflops, time_cuda, try_call, write_csv, write_results)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, interleaved_rounds,
+                               linear_flops, median_spread, peak_memory, require_cuda, tflops, time_cuda, try_call,
+                               write_csv, write_results)
 
 
 
@@ -154,6 +157,42 @@ def bench_one(name, fn, leaves, B, H, N, D):
     if not name.startswith(("sdpa", "flash")):
         row["fwd_bwd_tflops"] = tflops(linear_flops(B, H, N, D, mode="fwd_bwd"), row["fwd_bwd_ms"])
     return row
+
+
+def more_rounds(case, methods, rounds):
+    """Time every method of ``case`` (rows of :func:`bench_one` for one shape; ``methods``: name -> ``(fn, leaves,
+    ...)`` as timed there) that ran without an error ``rounds - 1`` more times, forward then forward+backward, in
+    rotating order across the methods (:func:`eval.bench_common.interleaved_rounds`): each row's ``fwd_ms`` /
+    ``fwd_bwd_ms`` become the median of its ``rounds`` timings, with ``fwd_spread`` / ``fwd_bwd_spread`` ((max - min)
+    / median) and ``rounds``; ``fwd_bwd_tflops`` follows where the row has it. A drift of the shared GPU then reaches
+    ours and the anchor alike instead of whichever ran last. ``rounds <= 1``: nothing changes."""
+    ok = {r["method"]: r for r in case if "error" not in r and r["method"] in methods
+          and math.isfinite(r.get("fwd_ms", math.nan)) and math.isfinite(r.get("fwd_bwd_ms", math.nan))}
+    if rounds <= 1 or not ok:
+        return
+    timers = {}
+    for name in ok:
+        fn, leaves = methods[name][0], methods[name][1]
+        do = torch.randn_like(fn().detach())
+
+        def fwd(fn=fn):
+            with torch.no_grad():
+                return fn()
+
+        timers[name] = {"fwd": lambda f=fwd: time_cuda(f),
+                        "fwd_bwd": lambda fn=fn, do=do, leaves=leaves: time_cuda(lambda: fn().backward(do),
+                                                                                  grad_to_none=leaves)}
+    for mode in ("fwd", "fwd_bwd"):
+        more = interleaved_rounds({n: t[mode] for n, t in timers.items()}, rounds - 1, start=1)
+        for name, ms in more.items():
+            r = ok[name]
+            r[f"{mode}_ms"], r[f"{mode}_spread"] = median_spread([r[f"{mode}_ms"]] + ms)
+            r["rounds"] = rounds
+    for name, r in ok.items():
+        for t in methods[name][1]:
+            t.grad = None
+        if "fwd_bwd_tflops" in r:
+            r["fwd_bwd_tflops"] = tflops(linear_flops(r["B"], r["H"], r["N"], r["D"], mode="fwd_bwd"), r["fwd_bwd_ms"])
 
 
 def check_correctness(dev):
@@ -336,6 +375,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
                 print(f"[{time.time() - t_start:6.1f}s] docs={dist:14s} N={N:6d} n_docs={len(lens):5d} {name:24s} "
                       f"fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms "
                       f"{r.get('error', '')}", flush=True)
+            more_rounds(case, M, args.rounds)
             ours = next((r for r in case if r["method"] == "ours_docs"), None)
             for r in case:
                 if ours and r is not ours and ours.get("fwd_bwd_ms", 0) > 0:
@@ -450,6 +490,7 @@ def bench_taylor(args, dev, dtype, t_start, env):
             print(f"[{time.time() - t_start:6.1f}s] taylor N={N:6d} B={B:3d} {name:22s} fwd "
                   f"{r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms  peak "
                   f"{r.get('peak_mib', float('nan')):8.1f} MiB {r.get('error', '')}", flush=True)
+        more_rounds(case, M, args.rounds)
         by = {r["method"]: r for r in case}
         fla = [by[n] for n in ("fla_parallel_based", "fla_fused_chunk_based") if n in by]
         for mode in ("fwd", "fwd_bwd"):
@@ -511,8 +552,13 @@ def main(argv=None):
     p.add_argument("--taylor-ns", default="1024,4096,16384", help="--taylor: sequence lengths, comma list")
     p.add_argument("--taylor-dim", type=int, default=16, help="--taylor: qk head dim (fla's Based kernels: <= 16)")
     p.add_argument("--taylor-dv", type=int, default=64, help="--taylor: value head dim")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="time each method's fwd and fwd+bwd this many times per shape, in rotating order across the "
+                        "methods, and report the median with its spread (1: once each, back to back)")
     add_time_budget(p, scope="--docs / --taylor: ")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds} is not supported; allowed values: an integer >= 1")
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     require_cuda("bench_linear")
@@ -541,13 +587,19 @@ def main(argv=None):
         B = max(1, args.tokens // N)
         only = None if N == 4096 else ("exact", "torch", "fla_simple_gla")
         M, _ = make_methods(B, H, N, D, dtype, dev, only=only)
+        case = []
         for name, (fn, leaves) in M.items():
             if keep is not None and name not in keep:
                 continue
-            rows.append(bench_one(name, fn, leaves, B, H, N, D))
-            r = rows[-1]
+            case.append(bench_one(name, fn, leaves, B, H, N, D))
+            r = case[-1]
             print(f"[{time.time() - t_start:6.1f}s] N={N:6d} B={B:3d} {name:18s} fwd {r.get('fwd_ms', float('nan')):8.3f}  fwd+bwd {r.get('fwd_bwd_ms', float('nan')):8.3f} ms"
                   f"  peak {r.get('peak_mib', float('nan')):8.1f} MiB {r.get('error', '')}", flush=True)
+        more_rounds(case, M, args.rounds)
+        if args.rounds > 1:
+            print(f"[{time.time() - t_start:6.1f}s] N={N:6d} medians of {args.rounds} rounds: " + "  ".join(
+                f"{r['method']} {r.get('fwd_bwd_ms', float('nan')):.3f}" for r in case), flush=True)
+        rows += case
         del M
         torch.cuda.empty_cache()
         write_csv(rows, os.path.join(args.out, f"{args.prefix}_bench_partial.csv"))
