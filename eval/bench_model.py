@@ -39,8 +39,13 @@ Columns: ``size``, ``variant``, ``seq_len``, ``backend``, ``batch``, ``tokens_pe
 ``max_memory_allocated`` over the timed steps: weights, AdamW state, activations), ``n_params``,
 ``ratio_vs_<backend>`` (tokens/s of the row over that backend's at the same size / variant / seq_len),
 ``step_ms_reps`` (every timed step's ms, ';'-joined in the order run: what :mod:`eval.best` resamples for the n*
-intervals of ``eval.quality``), ``check_ok`` / ``check_err`` (the correctness check below; ``check_error`` when it
-raised).
+intervals of ``eval.quality``), ``rounds`` / ``step_ms_spread`` (below), ``check_ok`` / ``check_err`` (the
+correctness check below; ``check_error`` when it raised).
+
+Rounds (``--rounds``, default 3): every backend of a case is timed once per round, each time on a fresh model
+(``--warmup`` then ``--steps`` steps), the backends in rotating order from round to round, and the row is the median
+step over all rounds (:func:`merge_rounds`; ``step_ms_spread`` = (max - min) / median of the rounds' medians). The
+GPU is shared and its speed drifts: one back-to-back pass charges the drift to whichever backend ran last.
 
 Correctness check (default on; ``--no-check`` leaves the cells empty = "unchecked"), once per (size, variant,
 backend, seq_len), before and outside the timed steps (:func:`check_case`): each distinct attention layer of the
@@ -54,6 +59,7 @@ whose check failed. Mixer layers (not attention) do not go through the backend a
 Usage (GPU): ``python -m eval.bench_model --out results/h200/model_speed [--sizes large,small]
 [--seq-lens 512,1024,2048,4096,8192,16384] [--variants flash,sliding_window,sparse,linear,gqa,mqa]
 [--backends triton,torch,sdpa_flash,sdpa_cudnn] [--plugins my_module] [--tokens 16384] [--steps 10] [--warmup 3]
+[--rounds 3]
 [--vocab 256] [--specs bench|conf] [--profile] [--no-check] [--check-tol 0.05]``
 
 The hybrids of ``conf/experiment/mqar_hybrid.yaml`` (small model, vocab 8192, batch 256 at seq_len 256), for
@@ -330,6 +336,30 @@ def bench_one(size: str, variant: str, seq_len: int, backend: str, tokens: int, 
     return row
 
 
+def merge_rounds(rounds: List[Dict[str, object]]) -> Dict[str, object]:
+    """One row from the rows :func:`bench_one` gave for the same case and backend in ``len(rounds)`` rounds (each a
+    fresh model timed for ``--steps`` steps, the backends in rotating order): ``step_ms`` the median over every timed
+    step of every round, ``step_ms_min`` the fastest, ``tokens_per_s`` from that median, ``peak_mem_mib`` the
+    largest, ``step_ms_reps`` all steps in the order run, ``rounds`` and ``step_ms_spread`` ((max - min) / median
+    of the rounds' own medians: how far apart the rounds were). A round that failed makes the row that failure
+    (its ``error``, with ``rounds`` the rounds done before it); one round is returned as it is."""
+    failed = next((r for r in rounds if "error" in r), None)
+    if failed is not None:
+        return dict(failed, rounds=rounds.index(failed))
+    if len(rounds) == 1:
+        return dict(rounds[0])
+    times = [float(t) for r in rounds for t in str(r["step_ms_reps"]).split(";")]
+    med = sorted(times)[len(times) // 2]  # bench_one's convention (the upper median)
+    per_round = [float(r["step_ms"]) for r in rounds]
+    row = dict(rounds[0])
+    row.update(step_ms=round(med, 3), step_ms_min=round(min(times), 3),
+               tokens_per_s=round(int(row["tokens_per_step"]) / med * 1e3),
+               peak_mem_mib=max(float(r["peak_mem_mib"]) for r in rounds),
+               step_ms_reps=";".join(str(r["step_ms_reps"]) for r in rounds), rounds=len(rounds),
+               step_ms_spread=round((max(per_round) - min(per_round)) / med, 4))
+    return row
+
+
 def _profile(model, opt, x, y, path: str) -> None:
     """torch.profiler table of 3 steps (CPU and CUDA time per op) to ``path``."""
     from torch.profiler import ProfilerActivity, profile
@@ -380,6 +410,10 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--vocab", type=int, default=256, help="vocabulary size (embedding / LM head rows; MQAR: 8192)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time each backend this many times per case (a fresh model, --warmup then --steps steps "
+                         "each round), the backends in rotating order; rows give the median step over all rounds "
+                         "and step_ms_spread (1: once each, back to back)")
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler table per row")
     ap.add_argument("--name", default="model_speed", help="file stem of the results")
     add_time_budget(ap)
@@ -392,8 +426,8 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--check-tol", type=float, default=None,
                     help="check tolerance on max rel err (default: eval.sweep.CHECK_TOL of bf16, 0.05)")
     a = ap.parse_args(argv)
-    if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1:
-        raise SystemExit("--steps, --warmup, --tokens and --vocab must be >= 1")
+    if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1 or a.rounds < 1:
+        raise SystemExit("--steps, --warmup, --tokens, --vocab and --rounds must be >= 1")
     if a.check_tol is not None and not (math.isfinite(a.check_tol) and a.check_tol > 0):
         raise SystemExit(f"--check-tol must be a finite number > 0 (max rel err allowed; default 0.05 for bf16), got "
                          f"{a.check_tol}")
@@ -428,6 +462,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     for size in sizes:
         for variant in variants:
             for n in seq_lens:
+                case, checks = [], {}
                 for backend in backends:
                     if not runs_variant(backend, variant, size, n, a.tokens, specs=a.specs):
                         continue
@@ -438,15 +473,26 @@ def main(argv=None) -> List[Dict[str, object]]:
                     chk = check_case(size, variant, n, backend, a.specs, check_tol=a.check_tol) if a.check else {}
                     if chk:
                         torch.cuda.empty_cache()
-                    try:
-                        row = bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
-                                        a.out if a.profile else None, a.compile, a.vocab, a.specs)
-                    except Exception as e:  # a failed row is recorded, the sweep goes on
-                        traceback.print_exc()
-                        row = dict(size=size, variant=variant, seq_len=n, backend=backend,
-                                   error=f"{type(e).__name__}: {str(e)[:200]}")
-                        torch.cuda.empty_cache()
-                    row.update(chk)
+                    case.append(backend)
+                    checks[backend] = chk
+                timed = {b: [] for b in case}
+                for r in range(a.rounds):  # each round: every backend once, a fresh model, in rotating order
+                    k = r % len(case) if case else 0
+                    for backend in case[k:] + case[:k]:
+                        if timed[backend] and "error" in timed[backend][-1]:
+                            continue
+                        try:
+                            timed[backend].append(bench_one(size, variant, n, backend, a.tokens, a.steps, a.warmup,
+                                                            a.out if a.profile and r == 0 else None, a.compile,
+                                                            a.vocab, a.specs))
+                        except Exception as e:  # a failed row is recorded, the sweep goes on
+                            traceback.print_exc()
+                            timed[backend].append(dict(size=size, variant=variant, seq_len=n, backend=backend,
+                                                       error=f"{type(e).__name__}: {str(e)[:200]}"))
+                            torch.cuda.empty_cache()
+                for backend in case:
+                    row = merge_rounds(timed[backend])
+                    row.update(checks[backend])
                     if variant in EXACT and backend == "torch":
                         H = SIZES[size]["n_head"]
                         hkv = {"gqa": H // 2, "mqa": 1}.get(variant, H)
@@ -456,8 +502,8 @@ def main(argv=None) -> List[Dict[str, object]]:
                         row["sdpa_default"] = default_backend[key]
                     rows.append(row)
                     print({k: row.get(k) for k in ("size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms",
-                                                   "peak_mem_mib", "check_ok", "check_err", "sdpa_default",
-                                                   "error")}, flush=True)
+                                                   "step_ms_spread", "peak_mem_mib", "check_ok", "check_err",
+                                                   "sdpa_default", "error")}, flush=True)
     add_ratios(rows, [b + ("+compile" if a.compile else "") for b in backends])
     write_results(rows, a.out, a.name, env)
     cols = ["size", "variant", "seq_len", "backend", "tokens_per_s", "step_ms", "peak_mem_mib"]

@@ -100,23 +100,46 @@ def test_the_cli_checks_each_case_once_before_timing_and_writes_the_columns(tmp_
                         lambda backend, variant, *a, **k: variant != "linear" or backend == "triton")
     argv = ["--sizes", "small", "--seq-lens", "256,512", "--backends", "triton,sdpa_cudnn",
             "--variants", "flash,linear", "--check-tol", "0.02"]
-    bm.main(["--out", str(tmp_path / "a")] + argv)
+    bm.main(["--out", str(tmp_path / "a"), "--rounds", "1"] + argv)
     assert [c for c in calls if c[0] == "check"] == [("check", v, n, b, 0.02) for v, n, b in
                                                      (("flash", 256, "triton"), ("flash", 256, "sdpa_cudnn"),
                                                       ("flash", 512, "triton"), ("flash", 512, "sdpa_cudnn"),
                                                       ("linear", 256, "triton"), ("linear", 512, "triton"))]
-    assert all(calls[i][0] == "check" and calls[i + 1][0] == "bench" and calls[i][1:4] == calls[i + 1][1:4]
-               for i in range(0, len(calls), 2))  # each case: its check, then its timing
+    # each case: its checks, then its timings (one round: once each, in the backends' order)
+    assert [c[0] + ":" + c[3] for c in calls[:4]] == ["check:triton", "check:sdpa_cudnn", "bench:triton",
+                                                      "bench:sdpa_cudnn"]
+    assert [c[0] for c in calls[8:10]] == ["check", "bench"] and calls[8][1:4] == calls[9][1:4] == ("linear", 256,
+                                                                                                     "triton")
     df = read_bench(str(tmp_path / "a" / "model_speed.csv"))
     got = {(v, n, b): c for v, n, b, c in zip(df["variant"], df["seq_len"], df["backend"], df["check"])}
     assert got[("flash", 256, "triton")] == "passed" and got[("flash", 512, "sdpa_cudnn")] == "failed"
     assert got[("linear", 256, "triton")] == "unchecked" and set(df["step_reps"]) == {3}
     calls.clear()
-    bm.main(["--out", str(tmp_path / "b"), "--no-check"] + argv)
+    bm.main(["--out", str(tmp_path / "b"), "--no-check"] + argv)  # the default: 3 rounds in rotating order
+    assert [c[3] for c in calls[:6]] == ["triton", "sdpa_cudnn", "sdpa_cudnn", "triton", "triton", "sdpa_cudnn"]
     assert calls and all(c[0] == "bench" for c in calls)
     raw = pd.read_csv(tmp_path / "b" / "model_speed.csv")
     assert "check_ok" not in raw.columns
     assert set(read_bench(str(tmp_path / "b" / "model_speed.csv"))["check"]) == {"unchecked"}
+    assert set(raw["rounds"]) == {3} and set(raw["step_ms_reps"].str.count(";")) == {8}  # 3 rounds x 3 steps
+
+
+def test_merge_rounds_takes_the_median_over_every_round():
+    """--rounds: the row of a backend is the median step over all rounds, with the rounds' spread; a failed round
+    makes the row that failure."""
+    def r(reps, mem, **kw):
+        t = [float(x) for x in reps.split(";")]
+        return dict(backend="triton", tokens_per_step=1000, step_ms=sorted(t)[len(t) // 2], step_ms_min=min(t),
+                    tokens_per_s=0, peak_mem_mib=mem, step_ms_reps=reps, **kw)
+
+    row = bm.merge_rounds([r("10;11;12", 5.0), r("20;21;22", 7.0), r("12;13;14", 6.0)])
+    assert row["step_ms"] == 13.0 and row["step_ms_min"] == 10.0 and row["tokens_per_s"] == round(1000 / 13.0 * 1e3)
+    assert row["peak_mem_mib"] == 7.0 and row["rounds"] == 3 and row["step_ms_reps"].count(";") == 8
+    assert row["step_ms_spread"] == pytest.approx((21 - 11) / 13.0, abs=1e-4)
+    one = r("10;11;12", 5.0)
+    assert bm.merge_rounds([one]) == one and "rounds" not in bm.merge_rounds([one])
+    bad = bm.merge_rounds([r("10;11;12", 5.0), dict(backend="triton", error="OutOfMemoryError: x")])
+    assert bad["error"].startswith("OutOfMemoryError") and bad["rounds"] == 1
 
 
 @pytest.mark.parametrize("tol", ["0", "-0.1", "nan", "inf"])

@@ -148,7 +148,7 @@ def test_bench_model_csv_joins_the_hybrid_report(tmp_path, monkeypatch):
     monkeypatch.setattr(bm, "check_case", lambda *a, **k: {"check_ok": True, "check_err": 0.0})  # no CUDA here
     monkeypatch.setattr(bm, "runs_variant", lambda backend, *a, **k: backend == "triton")
     rows = bm.main(["--out", str(tmp_path / "speed"), "--sizes", "small", "--vocab", "8192", "--tokens", "65536",
-                    "--seq-lens", "256", "--backends", "triton,torch", "--variants", ",".join(SPEED)])
+                    "--seq-lens", "256", "--backends", "triton,torch", "--variants", ",".join(SPEED), "--rounds", "1"])
     assert [c["vocab"] for c in calls] == [8192] * 4 and {c["backend"] for c in calls} == {"triton"}
     assert [r["variant"] for r in rows] == list(SPEED)
     csv_path = tmp_path / "speed" / "model_speed.csv"
