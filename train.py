@@ -295,7 +295,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
     checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
-    metric is compared with, :func:`baseline_of`, or null), ``curve`` (this launch's validation metrics by step) and
+    metric is compared with, :func:`baseline_of`, or null), ``curve`` (the run's validation metrics by step, earlier
+    launches of a resumed run included, :class:`_Curve`) and
     ``diverged`` (a non-finite ``train/loss`` or ``val/loss``: true). Standard JSON: a NaN / inf value is null. The
     full output directory is printed on its own line after the final table (``output_dir: ...``).
 
@@ -405,10 +406,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             # fit (a checkpoint written at a validation holds the logging step before the one its restore adds when
             # training goes on; the same Lightning loop counter ModelCheckpoint._save_last_as_of_the_last_batch sets)
             trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+        # the fit validated this very model at its last step (trainer.max_steps a multiple of
+        # trainer.val_check_interval; a resumed run: the checkpoint's curve says so): the final validation gives the
+        # table its metrics but is not logged a second time (metrics.csv / W&B had it twice, at steps N-1 and N)
+        lit.log_val_to_loggers = not (curve.points and curve.points[-1][0] == trainer.global_step)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
     metrics = {k: float(v) for k, v in (val[0] if val else {}).items()}
+    # what the final validation measured without logging it (log_val_to_loggers false) is in the callback metrics
+    metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     for k, v in last_train.items():
         metrics.setdefault(k, v)
 
@@ -458,10 +465,18 @@ def baseline_of(dm, metrics: Dict[str, float]) -> Optional[Dict[str, object]]:
 
 class _Curve(L.Callback):
     """The validation metrics by step (``points``: ``[step, {metric: value}]``), for the learning curve printed after
-    the final table and stored in ``final_metrics.json`` (this launch's validations)."""
+    the final table and stored in ``final_metrics.json``: the whole run's validations. The points are kept in the
+    checkpoints (Lightning's callback state, :meth:`state_dict`), so a resumed run's curve starts with the earlier
+    launches' points (up to the checkpoint's step; checkpoints written before it was kept: this launch's only)."""
 
     def __init__(self):
         self.points: List[list] = []
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"points": [[int(s), dict(v)] for s, v in self.points]}
+
+    def load_state_dict(self, state_dict: Dict[str, object]) -> None:
+        self.points = [[int(s), dict(v)] for s, v in (state_dict.get("points") or [])]
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking:

@@ -539,4 +539,5 @@ class RecallByDistance(L.Callback):
             metrics["val/acc_near"] = cn / n
         if f:
             metrics["val/acc_far"] = cf / f
-        pl_module.log_dict(metrics, sync_dist=False)
+        # train.py's final validation of a model the fit validated at that step: not logged twice
+        pl_module.log_dict(metrics, sync_dist=False, logger=bool(getattr(pl_module, "log_val_to_loggers", True)))

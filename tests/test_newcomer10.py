@@ -38,3 +38,42 @@ def test_non_causal_mixer_refusal_lists_the_registered_causal_mixers(tmp_path):
             train_mod.validate_config(make_cfg(tmp_path, ["attention=linformer"]))
     finally:
         _MIXERS.pop("zz_causal_probe", None)
+
+
+# ------------------------------------------------------------------------------ the final validation, the curve
+def _fast(*extra):
+    from test_train import FAST
+
+    return FAST + ["trainer.limit_val_batches=1"] + list(extra)
+
+
+def test_the_final_validation_is_logged_once(tmp_path):
+    """max_steps a multiple of val_check_interval: the fit validates at the last step, and train()'s own final
+    validation of the same model was logged a second time (metrics.csv rows at steps N-1 and N); now once. Otherwise
+    the final validation is the only one at the last step and is logged."""
+    from test_train import column, read_csv
+
+    metrics = train_mod.train(make_cfg(tmp_path / "a", _fast("trainer.max_steps=4", "trainer.val_check_interval=2")))
+    rows = column(read_csv(tmp_path / "a"), "val/loss")
+    assert [s for s, _ in rows] == [1, 3]
+    assert rows[-1][1] == pytest.approx(metrics["val/loss"], rel=1e-6), "the table's value is the logged one"
+    train_mod.train(make_cfg(tmp_path / "b", _fast("trainer.max_steps=5", "trainer.val_check_interval=2")))
+    assert [s for s, _ in column(read_csv(tmp_path / "b"), "val/loss")] == [1, 3, 5]
+
+
+def test_a_resumed_runs_curve_covers_the_whole_run(tmp_path):
+    """After a resume, final_metrics.json's curve (and the printed curve) held only this launch's steps while
+    metrics.csv had the earlier ones: the curve is kept in the checkpoints and continued."""
+    import json
+
+    run = tmp_path / "run"
+    train_mod.train(make_cfg(run, _fast("trainer.max_steps=4", "trainer.val_check_interval=2")))
+    first = json.loads((run / "final_metrics.json").read_text())["curve"]
+    assert [s for s, _ in first] == [2, 4]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    metrics = train_mod.train(make_cfg(tmp_path / "other", _fast("trainer.max_steps=8", "trainer.val_check_interval=2",
+                                                                 f"ckpt_path={ckpt}")))
+    done = json.loads((run / "final_metrics.json").read_text())
+    assert [s for s, _ in done["curve"]] == [2, 4, 6, 8]
+    assert done["curve"][:2] == first, "the earlier launch's points as they were"
+    assert done["curve"][-1][1]["val/loss"] == pytest.approx(metrics["val/loss"], abs=1e-4)
