@@ -203,7 +203,11 @@ def _wandb_logger(cfg, lcfg, output_dir: str, variant_tags: List[str], resume_st
         extra["name"] = f"{cfg.experiment_name}/{'+'.join(variant_tags)}"
     Path(lcfg.save_dir).mkdir(parents=True, exist_ok=True)
     try:
-        lg = instantiate(lcfg, **extra)
+        lg = instantiate(lcfg, **extra, _convert_="all")  # settings: a plain dict for wandb.init
+        # Lightning's WandbLogger passes anonymous=None to wandb.init, which warns on every run that "the anonymous
+        # setting has no effect" (any value but unset); the key is dropped when it carries nothing
+        if getattr(lg, "_wandb_init", {}).get("anonymous", "kept") is None:
+            lg._wandb_init.pop("anonymous")
         if rank0:
             _ = lg.experiment  # starts the W&B run now: a failure here leaves the run to CSV
     except Exception as e:  # noqa: BLE001 - any W&B failure (network, auth, service) must not end the run

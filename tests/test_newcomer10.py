@@ -77,3 +77,23 @@ def test_a_resumed_runs_curve_covers_the_whole_run(tmp_path):
     assert [s for s, _ in done["curve"]] == [2, 4, 6, 8]
     assert done["curve"][:2] == first, "the earlier launch's points as they were"
     assert done["curve"][-1][1]["val/loss"] == pytest.approx(metrics["val/loss"], abs=1e-4)
+
+
+def test_wandb_runs_quietly_but_still_log(tmp_path, monkeypatch):
+    """The W&B run-history block (about 35 lines at the end of every run) hid the final table, and Lightning's
+    WandbLogger made wandb warn that "the anonymous setting has no effect" on every run: the W&B run is started with
+    settings.quiet (conf/logger/wandb.yaml) and without the empty anonymous key; it still logs (offline here)."""
+    import wandb
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    cfg = make_cfg(tmp_path, ["logger=many"])
+    loggers = train_mod.build_loggers(cfg, str(tmp_path), ["flash"])
+    try:
+        [wb] = [lg for lg in loggers if type(lg).__name__ == "WandbLogger"]
+        assert "anonymous" not in wb._wandb_init
+        run = wb.experiment
+        assert run.settings.quiet is True and run.settings._offline and not run.disabled
+        wb.log_metrics({"val/loss": 1.0}, step=1)
+    finally:
+        train_mod._finish_wandb(loggers)
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "the run was written"
