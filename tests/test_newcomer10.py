@@ -97,3 +97,21 @@ def test_wandb_runs_quietly_but_still_log(tmp_path, monkeypatch):
     finally:
         train_mod._finish_wandb(loggers)
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "the run was written"
+
+
+# ------------------------------------------------------------------------------ data.cache_dir
+def test_local_text_files_are_cached_by_datasets_under_data_cache_dir(tmp_path, monkeypatch):
+    """datasets.load_dataset("text", ...) kept its copy of a local file in ~/.cache/huggingface/datasets whatever
+    data.cache_dir said: it is given <cache_dir>/datasets."""
+    import datasets
+
+    from harness.data import TextDataModule
+
+    home = tmp_path / "hf_home_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home)  # where datasets caches by default
+    path = tmp_path / "t.txt"
+    path.write_text("one line of text for a tiny corpus\n" * 40)
+    dm = TextDataModule(path=str(path), seq_len=16, batch_size=4, val_fraction=0.2, cache_dir=str(tmp_path / "c"))
+    dm.setup("fit")
+    assert any((tmp_path / "c" / "datasets").rglob("*.arrow")), "datasets' copy under data.cache_dir"
+    assert not home.exists() or not any(home.rglob("*.arrow")), "nothing in the default cache"
