@@ -115,3 +115,29 @@ def test_local_text_files_are_cached_by_datasets_under_data_cache_dir(tmp_path, 
     dm.setup("fit")
     assert any((tmp_path / "c" / "datasets").rglob("*.arrow")), "datasets' copy under data.cache_dir"
     assert not home.exists() or not any(home.rglob("*.arrow")), "nothing in the default cache"
+
+
+# ------------------------------------------------------------------------------ eval.recall --help
+def test_recall_help_names_the_kinds_and_not_the_sweep_group():
+    """`python -m eval.recall --help` listed crossover's sweep: group (eval/conf/sweep, not used by recall) and did
+    not say that the first argument is the report kind: it now gives the command line and every kind of the code."""
+    import re
+    import subprocess
+    import sys
+
+    from eval.recall import FILTER_KINDS, KINDS
+    from test_train import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "eval.recall", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert "sweep:" not in out and "Configuration groups" not in out
+    assert "python -m eval.recall <kind> runs=" in out
+    listed = re.findall(r"^  (\w+) {2,}", out, flags=re.M)
+    assert listed == list(KINDS), listed
+    for key, kinds in FILTER_KINDS.items():  # each kind's line names the filters it takes
+        for kind in kinds:
+            line = next(ln for ln in out.splitlines() if ln.startswith(f"  {kind} "))
+            assert f"{key}=" in line, (key, line)
+    assert "kind: null" in out and "runs: []" in out, "the config is still shown"
