@@ -317,9 +317,10 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     model_cfg = model_config(cfg)  # the one model config; spec errors, plugins, and a backend the layers lack, before anything is written
     check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
     L.seed_everything(int(cfg.seed), workers=True)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
-    resume = checkpoint_info(ckpt_path) if ckpt_path else None
     data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
+    # ckpt_path=last: the newest run on these data settings (conf/train.yaml's run dir resolver picks the same)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings)
+    resume = checkpoint_info(ckpt_path) if ckpt_path else None
     if resume is not None:  # other data.* than the checkpoint's: refused before any data work
         check_resume_data(ckpt_path, resume.data, data_settings)
     output_dir = str(cfg.paths.output_dir)

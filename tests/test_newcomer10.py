@@ -141,3 +141,64 @@ def test_recall_help_names_the_kinds_and_not_the_sweep_group():
             line = next(ln for ln in out.splitlines() if ln.startswith(f"  {kind} "))
             assert f"{key}=" in line, (key, line)
     assert "kind: null" in out and "runs: []" in out, "the config is still shown"
+
+
+# ------------------------------------------------------------------------------ ckpt_path=last
+def test_ckpt_path_last_resumes_the_newest_run_on_this_launchs_data(tmp_path, monkeypatch):
+    """ckpt_path=last took the newest checkpoint whatever its data and failed on a diff of ~30 data keys with a fix
+    nobody would type: it now resumes the newest run on this launch's data settings (Hydra's run dir resolver picks
+    the same), and with none says which run was newest, its data group and its data overrides."""
+    import json
+    import os
+
+    from harness.runs import _run_dir_resolver, register_resolvers
+    from omegaconf import OmegaConf
+
+    monkeypatch.chdir(tmp_path)  # ckpt_path=last looks under <launch dir>/outputs
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join(f"document {i}: " + "some words of text " * 6 for i in range(40)))
+    mqar_run, text_run = tmp_path / "outputs" / "d" / "10-00-00", tmp_path / "outputs" / "d" / "11-00-00"
+    train_mod.train(make_cfg(mqar_run, _fast("trainer.max_steps=2", "trainer.val_check_interval=2")))
+    text_args = ["data=text", f"data.path={text}", "data.pack=true", "data.seq_len=32", "data.batch_size=4",
+                 "model.d_model=32", "model.n_layer=1", "model.n_head=2", "logger=csv", "trainer.max_steps=2",
+                 "trainer.val_check_interval=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false"]
+    train_mod.train(make_cfg(text_run, text_args))
+    (text_run / ".hydra").mkdir(exist_ok=True)  # Hydra writes it for a CLI run
+    (text_run / ".hydra" / "overrides.yaml").write_text(
+        "- data=text\n" f"- data.path={text}\n" "- data.pack=true\n" "- trainer.max_steps=2\n")
+    os.utime(text_run / "checkpoints" / "last.ckpt")  # the newest
+
+    # the MQAR launch resumes the MQAR run, not the newer text run
+    cfg = make_cfg(tmp_path / "new", _fast("trainer.max_steps=4", "trainer.val_check_interval=2", "ckpt_path=last"))
+    train_mod.train(cfg)
+    done = json.loads((mqar_run / "final_metrics.json").read_text())
+    assert done["steps"] == 4 and done["resumed_from"] == str(mqar_run / "checkpoints" / "last.ckpt")
+    assert not (tmp_path / "new" / "final_metrics.json").exists()
+    # Hydra's run dir resolver (hydra.run.dir) picks the same run from the composed config (_root_)
+    register_resolvers()
+    def with_run_dir(c):
+        c = OmegaConf.create(OmegaConf.to_container(c))
+        c.d = "${attn_zoo.run_dir:${ckpt_path},default}"
+        return c
+
+    root = with_run_dir(cfg)
+    assert root.d == str(mqar_run)
+    text_cfg = with_run_dir(make_cfg(tmp_path / "x", text_args + ["ckpt_path=last"]))
+    assert text_cfg.d == str(text_run)
+    assert _run_dir_resolver("last", "default") == str(mqar_run), "without a config: the newest checkpoint"
+
+    # no run on this launch's data: a short message naming the newest run, its data group and overrides
+    os.utime(text_run / "checkpoints" / "last.ckpt", (2e9, 2e9))
+    other = make_cfg(tmp_path / "y", _fast("trainer.max_steps=8", "data.num_kv_pairs=2", "ckpt_path=last"))
+    with pytest.raises(ValueError) as e:
+        train_mod.train(other)
+    msg = str(e.value)
+    assert msg.startswith(f"ckpt_path=last: the newest run, {text_run}, was trained with data=text, this launch has "
+                          f"data=mqar, and none of the 2 run(s)")
+    assert f"add its data overrides (data=text data.path={text} data.pack=true)" in msg
+    assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in msg and "num_kv_pairs" not in msg and len(msg) < 600
+    # same data module, other settings: the differing keys
+    os.utime(mqar_run / "checkpoints" / "last.ckpt", (3e9, 3e9))
+    with pytest.raises(ValueError, match=r"was trained on other data settings \(differs in data\.num_kv_pairs\).*"
+                                         r"To resume it, pass its values \(data\.num_kv_pairs=4\)"):
+        train_mod.train(other)
