@@ -59,6 +59,18 @@ from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_res
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 log = logging.getLogger("attn_zoo.train")
+# the final table, the curve and the verdict: conf/train.yaml's hydra.job_logging prints them as plain lines and
+# writes them to <run dir>/train.log
+summary_log = logging.getLogger("attn_zoo.summary")
+
+
+def _say(text: str) -> None:
+    """One summary block through :data:`summary_log`; printed when logging does not show it (``train()`` called
+    outside Hydra: no handler, or INFO below the level)."""
+    if summary_log.hasHandlers() and summary_log.isEnabledFor(logging.INFO):
+        summary_log.info(text)
+    else:
+        print(text, flush=True)
 
 
 class _DropLightningNoise(logging.Filter):
@@ -236,7 +248,11 @@ def resolve_precision(p):
 
 
 def print_table(title: str, rows: Dict[str, object]) -> None:
+    """The table (rich, rendered to text) through :func:`_say`: printed and in ``train.log``."""
     try:
+        import io
+        import shutil
+
         from rich.console import Console
         from rich.markup import escape
         from rich.table import Table
@@ -246,14 +262,13 @@ def print_table(title: str, rows: Dict[str, object]) -> None:
         t.add_column("value", justify="right", overflow="fold")  # long values wrap, not cut to "…"
         for k, v in rows.items():
             t.add_row(escape(k), f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
-        console = Console()
-        if not console.is_terminal:  # a log file: no 80-column wrapping
-            console.width = max(console.width, 160)
-        console.print(t)
+        # a terminal: its width; a log file: no 80-column wrapping
+        width = shutil.get_terminal_size((160, 24)).columns if _stdout_is_tty() else 160
+        buf = io.StringIO()
+        Console(file=buf, width=width, color_system=None).print(t)
+        _say(buf.getvalue().rstrip("\n"))
     except ImportError:  # pragma: no cover
-        print(title)
-        for k, v in rows.items():
-            print(f"  {k:24s} {v}")
+        _say("\n".join([title] + [f"  {k:24s} {v}" for k, v in rows.items()]))
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -447,8 +462,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
-        # the full folder on its own line (plain print: a table or rich's 80-column wrapping of a log would cut it)
-        print(f"output_dir: {os.path.abspath(output_dir)}", flush=True)
+        # the full folder on its own line (a plain line: a table or rich's 80-column wrapping of a log would cut it)
+        _say(f"output_dir: {os.path.abspath(output_dir)}")
     return metrics
 
 
@@ -505,7 +520,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         lo, hi = min(v for _, v in pts), max(v for _, v in pts)
         spark = "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for _, v in pts)
         shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
-        print(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
+        _say(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
     value = metrics.get(key)
     if value is None or not math.isfinite(value):
         return
@@ -513,7 +528,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
     margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
     clearly = better and margin >= 0.1 * abs(float(base["value"]))
     verdict = "learned" if clearly else "not learned yet"
-    print(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
+    _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
     import importlib.util
 
     try:  # the interactive report where this checkout has it, else the committed tables and figures
@@ -522,7 +537,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         report = "eval.figures"
     recipe = ("the recall recipe (experiment=mqar_recall, README)" if key == "val/acc" else
               "a language-model recipe (experiment=lm_shakespeare or lm_wikitext, README)")
-    print(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
+    _say(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
           f"attention=flash,linear,sliding_window), {recipe}, the report (python -m {report})")
 
 

@@ -202,3 +202,40 @@ def test_ckpt_path_last_resumes_the_newest_run_on_this_launchs_data(tmp_path, mo
     with pytest.raises(ValueError, match=r"was trained on other data settings \(differs in data\.num_kv_pairs\).*"
                                          r"To resume it, pass its values \(data\.num_kv_pairs=4\)"):
         train_mod.train(other)
+
+
+# ------------------------------------------------------------------------------ train.log, refused runs
+def _cli(tmp_path, *args):
+    import os
+    import subprocess
+    import sys
+
+    from test_train import FAST, ROOT
+
+    env = dict(os.environ, WANDB_MODE="disabled")
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *FAST, *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
+    """train.log of a run was empty: the final table, the curve, the verdict and the output folder were printed to
+    stdout only (and Lightning's lines, the packing summary among them, to stderr only)."""
+    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "hydra.run.dir=run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    for text in ("attn-zoo: default", "val/loss", "val/acc by step:", "learned", "output_dir: "):
+        assert text in r.stdout and text in log, text
+    assert "[attn_zoo.summary]" not in r.stdout, "printed as plain lines"
+    assert "`Trainer.fit` stopped" in log and "`Trainer.fit` stopped" in r.stderr
+
+
+def test_a_refused_run_leaves_no_run_folder(tmp_path):
+    """A config refused by validate_config left outputs/<date>/<time>/ holding Hydra's files and an empty train.log:
+    the folder is removed (and its empty date folder), the command still fails with the message."""
+    r = _cli(tmp_path, "trainer.max_steps=0")
+    assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder holding anything else is left as it is
+    r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=kept")
+    assert r.returncode != 0 and (tmp_path / "kept" / "notes.txt").read_text() == "mine"
