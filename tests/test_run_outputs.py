@@ -1,9 +1,8 @@
-"""Defects of a newcomer trial (nc10): each test failed before its fix.
-
-* ``attention.kv_group_size`` that does not divide ``model.n_head`` is refused by ``validate_config`` naming
-  ``attention.kv_group_size`` (it failed as the model was built, after the data work, as ``kv_group_size=3 ...``);
-* the non-causal mixer refusal lists the causal mixers of the registry.
-"""
+"""What a run leaves and tells: refusals that name the config key (``attention.kv_group_size`` not dividing
+``model.n_head``; a non-causal mixer, with the registered causal ones listed), the final validation logged once, the
+curve of a resumed run, W&B kept quiet, local text cached under ``data.cache_dir``, ``eval.recall --help``,
+``ckpt_path=last`` choosing a run on this launch's data, the summary in ``train.log``, no folder left by a refused
+run."""
 
 import pytest
 
