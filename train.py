@@ -59,6 +59,18 @@ from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_res
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 log = logging.getLogger("attn_zoo.train")
+# the final table, the curve and the verdict: conf/train.yaml's hydra.job_logging prints them as plain lines and
+# writes them to <run dir>/train.log
+summary_log = logging.getLogger("attn_zoo.summary")
+
+
+def _say(text: str) -> None:
+    """One summary block through :data:`summary_log`; printed when logging does not show it (``train()`` called
+    outside Hydra: no handler, or INFO below the level)."""
+    if summary_log.hasHandlers() and summary_log.isEnabledFor(logging.INFO):
+        summary_log.info(text)
+    else:
+        print(text, flush=True)
 
 
 class _DropLightningNoise(logging.Filter):
@@ -203,7 +215,11 @@ def _wandb_logger(cfg, lcfg, output_dir: str, variant_tags: List[str], resume_st
         extra["name"] = f"{cfg.experiment_name}/{'+'.join(variant_tags)}"
     Path(lcfg.save_dir).mkdir(parents=True, exist_ok=True)
     try:
-        lg = instantiate(lcfg, **extra)
+        lg = instantiate(lcfg, **extra, _convert_="all")  # settings: a plain dict for wandb.init
+        # Lightning's WandbLogger passes anonymous=None to wandb.init, which warns on every run that "the anonymous
+        # setting has no effect" (any value but unset); the key is dropped when it carries nothing
+        if getattr(lg, "_wandb_init", {}).get("anonymous", "kept") is None:
+            lg._wandb_init.pop("anonymous")
         if rank0:
             _ = lg.experiment  # starts the W&B run now: a failure here leaves the run to CSV
     except Exception as e:  # noqa: BLE001 - any W&B failure (network, auth, service) must not end the run
@@ -232,7 +248,11 @@ def resolve_precision(p):
 
 
 def print_table(title: str, rows: Dict[str, object]) -> None:
+    """The table (rich, rendered to text) through :func:`_say`: printed and in ``train.log``."""
     try:
+        import io
+        import shutil
+
         from rich.console import Console
         from rich.markup import escape
         from rich.table import Table
@@ -242,14 +262,13 @@ def print_table(title: str, rows: Dict[str, object]) -> None:
         t.add_column("value", justify="right", overflow="fold")  # long values wrap, not cut to "…"
         for k, v in rows.items():
             t.add_row(escape(k), f"{v:.4f}" if isinstance(v, float) else escape(str(v)))
-        console = Console()
-        if not console.is_terminal:  # a log file: no 80-column wrapping
-            console.width = max(console.width, 160)
-        console.print(t)
+        # a terminal: its width; a log file: no 80-column wrapping
+        width = shutil.get_terminal_size((160, 24)).columns if _stdout_is_tty() else 160
+        buf = io.StringIO()
+        Console(file=buf, width=width, color_system=None).print(t)
+        _say(buf.getvalue().rstrip("\n"))
     except ImportError:  # pragma: no cover
-        print(title)
-        for k, v in rows.items():
-            print(f"  {k:24s} {v}")
+        _say("\n".join([title] + [f"  {k:24s} {v}" for k, v in rows.items()]))
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -295,7 +314,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     final table; a resumed run adds the time stored in the checkpoint it resumed from, :class:`RunState`: the total
     over its launches, each counted up to the checkpoint the next one resumed from), ``resumed_from`` (the
     checkpoint this launch resumed, else null), ``result_config``, ``lr_schedule``, ``baseline`` (what the headline
-    metric is compared with, :func:`baseline_of`, or null), ``curve`` (this launch's validation metrics by step) and
+    metric is compared with, :func:`baseline_of`, or null), ``curve`` (the run's validation metrics by step, earlier
+    launches of a resumed run included, :class:`_Curve`) and
     ``diverged`` (a non-finite ``train/loss`` or ``val/loss``: true). Standard JSON: a NaN / inf value is null. The
     full output directory is printed on its own line after the final table (``output_dir: ...``).
 
@@ -312,9 +332,10 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     model_cfg = model_config(cfg)  # the one model config; spec errors, plugins, and a backend the layers lack, before anything is written
     check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
     L.seed_everything(int(cfg.seed), workers=True)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."))
-    resume = checkpoint_info(ckpt_path) if ckpt_path else None
     data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
+    # ckpt_path=last: the newest run on these data settings (conf/train.yaml's run dir resolver picks the same)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings)
+    resume = checkpoint_info(ckpt_path) if ckpt_path else None
     if resume is not None:  # other data.* than the checkpoint's: refused before any data work
         check_resume_data(ckpt_path, resume.data, data_settings)
     output_dir = str(cfg.paths.output_dir)
@@ -405,10 +426,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             # fit (a checkpoint written at a validation holds the logging step before the one its restore adds when
             # training goes on; the same Lightning loop counter ModelCheckpoint._save_last_as_of_the_last_batch sets)
             trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+        # the fit validated this very model at its last step (trainer.max_steps a multiple of
+        # trainer.val_check_interval; a resumed run: the checkpoint's curve says so): the final validation gives the
+        # table its metrics but is not logged a second time (metrics.csv / W&B had it twice, at steps N-1 and N)
+        lit.log_val_to_loggers = not (curve.points and curve.points[-1][0] == trainer.global_step)
         val = trainer.validate(lit, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
     metrics = {k: float(v) for k, v in (val[0] if val else {}).items()}
+    # what the final validation measured without logging it (log_val_to_loggers false) is in the callback metrics
+    metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     for k, v in last_train.items():
         metrics.setdefault(k, v)
 
@@ -435,8 +462,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
-        # the full folder on its own line (plain print: a table or rich's 80-column wrapping of a log would cut it)
-        print(f"output_dir: {os.path.abspath(output_dir)}", flush=True)
+        # the full folder on its own line (a plain line: a table or rich's 80-column wrapping of a log would cut it)
+        _say(f"output_dir: {os.path.abspath(output_dir)}")
     return metrics
 
 
@@ -458,10 +485,18 @@ def baseline_of(dm, metrics: Dict[str, float]) -> Optional[Dict[str, object]]:
 
 class _Curve(L.Callback):
     """The validation metrics by step (``points``: ``[step, {metric: value}]``), for the learning curve printed after
-    the final table and stored in ``final_metrics.json`` (this launch's validations)."""
+    the final table and stored in ``final_metrics.json``: the whole run's validations. The points are kept in the
+    checkpoints (Lightning's callback state, :meth:`state_dict`), so a resumed run's curve starts with the earlier
+    launches' points (up to the checkpoint's step; checkpoints written before it was kept: this launch's only)."""
 
     def __init__(self):
         self.points: List[list] = []
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"points": [[int(s), dict(v)] for s, v in self.points]}
+
+    def load_state_dict(self, state_dict: Dict[str, object]) -> None:
+        self.points = [[int(s), dict(v)] for s, v in (state_dict.get("points") or [])]
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking:
@@ -485,7 +520,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         lo, hi = min(v for _, v in pts), max(v for _, v in pts)
         spark = "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for _, v in pts)
         shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
-        print(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
+        _say(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
     value = metrics.get(key)
     if value is None or not math.isfinite(value):
         return
@@ -493,7 +528,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
     margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
     clearly = better and margin >= 0.1 * abs(float(base["value"]))
     verdict = "learned" if clearly else "not learned yet"
-    print(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
+    _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
     import importlib.util
 
     try:  # the interactive report where this checkout has it, else the committed tables and figures
@@ -502,7 +537,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         report = "eval.figures"
     recipe = ("the recall recipe (experiment=mqar_recall, README)" if key == "val/acc" else
               "a language-model recipe (experiment=lm_shakespeare or lm_wikitext, README)")
-    print(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
+    _say(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
           f"attention=flash,linear,sliding_window), {recipe}, the report (python -m {report})")
 
 

@@ -75,6 +75,12 @@ def mixer_names() -> List[str]:
     return list(_MIXERS)
 
 
+def causal_mixer_names() -> List[str]:
+    """The registered mixers that are causal (:attr:`MixerEntry.causal`), sorted, ``attention`` included once
+    :mod:`attn_zoo.model` is imported: what a causal language model may use."""
+    return sorted(n for n, e in _MIXERS.items() if e.causal)
+
+
 def _freeze(key: str, value):
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(key, x) for x in value)

@@ -375,8 +375,13 @@ def noncausal_layer_reason(i: int, spec: LayerSpec, key: str = "causal") -> Opti
         return None
     if isinstance(spec, MixerSpec):
         why = getattr(spec.factory(), "causal_reason", None)
+        from .mixers import causal_mixer_names
+        from .variants import variant_kinds
+
+        others = [n for n in causal_mixer_names() if n != "attention"]
         return (f"layer {i} ({spec.label}) is a non-causal mixer (causal=False{': ' + why if why else ''}); GPT is "
-                f"a causal language model, so position t may not see later positions; use a causal mixer")
+                f"a causal language model, so position t may not see later positions; use a causal mixer: "
+                f"{', '.join(others)} (registered causal mixers) or attention (kinds: {', '.join(variant_kinds())})")
     return (f"{key}=False: layer {i} ({spec.label}) would attend to later positions; GPT is a causal language "
             f"model (next-token prediction), so position t may not see later positions (the loss would read the "
             f"answer); set {key}=true")

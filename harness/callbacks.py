@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, mark_failed, read_sweep
+from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, RUNS_ROOT, mark_failed, read_sweep
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -539,4 +539,40 @@ class RecallByDistance(L.Callback):
             metrics["val/acc_near"] = cn / n
         if f:
             metrics["val/acc_far"] = cf / f
-        pl_module.log_dict(metrics, sync_dist=False)
+        # train.py's final validation of a model the fit validated at that step: not logged twice
+        pl_module.log_dict(metrics, sync_dist=False, logger=bool(getattr(pl_module, "log_val_to_loggers", True)))
+
+
+class RemoveUnusedRunDir(HydraCallback):
+    """Hydra callback for ``python train.py`` (a single run): a job that failed before it wrote anything of its own
+    (a config refused by :func:`harness.config.validate_config`, a ``ckpt_path`` that resolves to nothing, a data
+    file that is not there, ...) leaves no ``outputs/<date>/<time>/`` folder behind. Hydra makes that folder, its
+    ``.hydra/`` and the job's log file before the job starts; the folder is removed when it holds nothing else
+    (the job's error still ends the command, with a non-zero exit status). A folder holding anything the job or an
+    earlier run wrote (``run_config.json``, ``csv/``, checkpoints, ...) is left as it is, and so is every job folder
+    of a multirun (the multirun summary reads them, :class:`MultirunJobs`)."""
+
+    HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+    def on_job_end(self, config, job_return, **kwargs: Any) -> None:
+        import shutil
+
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
+            return
+        run = Path(str(config.hydra.runtime.output_dir))
+        sub = config.hydra.output_subdir
+        if sub is None or str(sub) != ".hydra" or not run.is_dir():
+            return  # a resumed run's .hydra/resume-<time>/ (or a rerun's) is in the folder of a run: kept
+        log_file = f"{config.hydra.job.name}.log"
+        hydra_dir = run / ".hydra"
+        if any(p.name not in (".hydra", log_file) for p in run.iterdir()):
+            return
+        if hydra_dir.exists() and any(p.name not in self.HYDRA_FILES for p in hydra_dir.iterdir()):
+            return
+        shutil.rmtree(run, ignore_errors=True)
+        date_dir = run.parent  # outputs/<date>/ that Hydra made for it, now empty
+        if date_dir.parent == Path(str(config.hydra.runtime.cwd)) / RUNS_ROOT and not any(date_dir.iterdir()):
+            date_dir.rmdir()

@@ -336,10 +336,16 @@ def check_layers(cfg: DictConfig, specs: List) -> None:
     from attn_zoo.mixers import layer_takes
 
     nodes = _layer_nodes(cfg, len(specs))
+    n_head = (cfg.get("model") or {}).get("n_head")
     for i, (spec, node) in enumerate(zip(specs, nodes)):
         why = noncausal_layer_reason(i, spec, key=f"{node}.causal")
         if why is not None:
             raise ValueError(why if isinstance(spec, AttentionSpec) else f"{node}: {why}")
+        if isinstance(spec, AttentionSpec) and _is_int(n_head) and n_head > 0:
+            try:  # the model raises it as it is built, after the data work, naming the spec field only
+                spec.resolve_kv_heads(n_head)
+            except ValueError as e:  # "kv_group_size=3 must divide n_heads=4" -> attention.kv_group_size=...
+                raise ValueError(f"{node}.{e} (model.n_head={n_head})") from e
     data = cfg.get("data") or {}
     documents = bool(data.get("pack", False)) and bool(data.get("doc_mask", True))
     if documents:

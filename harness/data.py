@@ -162,8 +162,9 @@ class TextDataModule(L.LightningDataModule):
             that limit when the train split cannot fill one batch or the validation split one window.
         val_fraction: fraction of the token stream (its contiguous tail) held out for validation.
         tokenizer: ``"byte"`` (UTF-8 bytes, vocab 256).
-        cache_dir: where the token array is cached, keyed by path, size, mtime and tokenizer
-            (None: no ``.pt`` cache; ``datasets`` still caches the parsed text).
+        cache_dir: where the token array is cached, keyed by path, size, mtime and tokenizer, and where
+            ``datasets`` caches the parsed text (``<cache_dir>/datasets``). None: no ``.pt`` cache; ``datasets``
+            caches in its default folder (``~/.cache/huggingface/datasets``).
         max_bytes: optional cap on the corpus size (quick runs).
         pack: ``False`` (default): the corpus is one token stream cut into windows; attention and positions run on
             across documents. ``True``: the corpus is split into documents (``doc_split``), concatenated (optionally
@@ -274,6 +275,11 @@ class TextDataModule(L.LightningDataModule):
         h.update(f"{self.tokenizer}|{self.max_bytes}".encode())
         return Path(self.cache_dir) / f"tokens-{h.hexdigest()[:16]}.pt"
 
+    def _datasets_cache_dir(self) -> Optional[str]:
+        """``<data.cache_dir>/datasets``: where ``datasets.load_dataset`` keeps its copy of the dataset (its default,
+        ``~/.cache/huggingface/datasets``, only without a ``data.cache_dir``)."""
+        return None if self.cache_dir is None else str(Path(self.cache_dir) / "datasets")
+
     def _load_text(self, paths: Optional[Sequence[str]] = None) -> str:
         return "\n".join(self._load_rows(paths))
 
@@ -291,9 +297,11 @@ class TextDataModule(L.LightningDataModule):
                     except UnicodeDecodeError as e:
                         raise ValueError(f"data.path={p!r} is not UTF-8 text (byte {e.start}: {e.reason}); the byte "
                                          f"tokenizer reads UTF-8 text files: pass a UTF-8 text file") from None
-            ds = datasets.load_dataset("text", data_files=list(paths), sample_by="document", split="train")
+            ds = datasets.load_dataset("text", data_files=list(paths), sample_by="document", split="train",
+                                       cache_dir=self._datasets_cache_dir())
         else:  # hub dataset (network on first use)
-            ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split)
+            ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split,
+                                       cache_dir=self._datasets_cache_dir())
         if self.text_column not in ds.column_names:
             raise ValueError(f"data.text_column={self.text_column!r} not in dataset columns {ds.column_names}")
         return list(ds[self.text_column])

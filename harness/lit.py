@@ -313,6 +313,9 @@ class LitLM(L.LightningModule):
             raise ValueError(f"doc_mask must be true or false, got {doc_mask!r}")
         self.doc_mask = doc_mask
         self._sparse_targets = "mqar" in str(task).lower()  # loss on the query positions only (GPT.forward)
+        # False: a validation's metrics reach trainer.callback_metrics (and validate()'s result) but not the loggers
+        # (train.py's final validation of a model the fit already validated at that step: logged once)
+        self.log_val_to_loggers = True
         self.model = GPT.from_config(self.model_config, backend=backend)
         self.hparams["n_params"] = self.model.num_params()
         self.hparams["n_params_non_embedding"] = self.model.num_params(non_embedding=True)
@@ -505,7 +508,7 @@ class LitLM(L.LightningModule):
         library's reduction); the values are then the same on every rank, so ``sync_dist`` only silences Lightning's
         warning about epoch-level values in DDP. The data modules' validation sampler gives every example to one rank
         once (:func:`harness.data.val_sampler`), so they equal the single-process values. A validation without scored
-        positions logs NaN."""
+        positions logs NaN. :attr:`log_val_to_loggers` false: not sent to the loggers (CSV, W&B)."""
         loss = self.val_loss.compute().float()
         acc = self.val_acc.compute().float()
         self.val_loss.reset()
@@ -513,7 +516,8 @@ class LitLM(L.LightningModule):
         metrics = {"val/loss": loss, "val/ppl": torch.exp(loss.clamp(max=50)), "val/acc": acc}
         if self.hparams.bytes_per_token:
             metrics["val/bpb"] = loss / math.log(2) / float(self.hparams.bytes_per_token)
-        self.log_dict(metrics, prog_bar=True, sync_dist=self.trainer is not None and self.trainer.world_size > 1)
+        self.log_dict(metrics, prog_bar=True, logger=self.log_val_to_loggers,
+                      sync_dist=self.trainer is not None and self.trainer.world_size > 1)
 
     # ------------------------------------------------------------------ optimiser
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

@@ -16,7 +16,9 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
       hparams is refused (``ValueError: ckpt_path: ...``, :meth:`harness.lit.LitLM.check_checkpoint_hparams`), so
       ``final_metrics.json``'s ``result_config`` records what ran;
     * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
-      directory. A checkpoint outside a ``checkpoints/`` folder starts a new run directory.
+      directory whose run was trained on this launch's data settings (:func:`find_last_checkpoint`; none: an error
+      naming the newest run, its ``data`` group and its data overrides). A checkpoint outside a ``checkpoints/``
+      folder starts a new run directory.
 
 Resumable multiruns (``skip_finished=true``, a fixed ``hydra.sweep.dir``): re-running the command skips each job
 whose folder holds a finished run of the same config (:func:`finished_run`) and resumes each unfinished one from its
@@ -61,23 +63,102 @@ FAILED = "failed.json"            # a job folder whose job raised in the latest 
 
 
 # ---------------------------------------------------------------------------------------------- resume
-def find_last_checkpoint(root=RUNS_ROOT) -> Optional[Path]:
-    """The most recently written ``<root>/*/*/checkpoints/last.ckpt`` (None: there is none)."""
-    found = [p for p in Path(root).glob(f"*/*/{CKPT_DIR}/last.ckpt") if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+def find_last_checkpoint(root=RUNS_ROOT, data: Optional[Dict] = None) -> Optional[Path]:
+    """The most recently written ``<root>/*/*/checkpoints/last.ckpt`` (None: there is none).
+
+    ``data`` (this launch's :func:`resume_data_config`): the most recent one whose checkpoint was trained on these
+    data settings (:func:`check_resume_data` accepts it; a checkpoint that did not record them, or cannot be read,
+    counts: the resume says what is wrong with it), so ``ckpt_path=last`` does not pick a run of another task.
+
+    Raises:
+        ValueError: ``data`` given, runs found, none of them on these data settings: names the newest run, the data
+            it was trained with (its ``data`` group, or the differing keys) and how to resume it or pick a run.
+    """
+    found = sorted((p for p in Path(root).glob(f"*/*/{CKPT_DIR}/last.ckpt") if p.is_file()),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    if data is None or not found:
+        return found[0] if found else None
+    for ckpt in found:
+        try:
+            stored = checkpoint_info(ckpt).data
+        except ValueError:
+            return ckpt
+        if stored is None or not _data_diff(stored, data):
+            return ckpt
+    raise ValueError(_no_compatible_run(found, data))
 
 
-def resolve_ckpt_path(ckpt_path, base_dir=None) -> Optional[str]:
+def _at(c, key: str):
+    """The value at dotted ``key`` of nested dicts ``c`` (None: missing)."""
+    for part in key.split("."):
+        c = c.get(part) if isinstance(c, dict) else None
+    return c
+
+
+def _data_diff(stored: Dict, current: Dict) -> List[str]:
+    """The ``data.*`` keys (without the prefix) in which two :func:`resume_data_config` differ."""
+    return _diff_keys(_normalised_paths(stored), _normalised_paths(current))
+
+
+def _data_group_of(data: Dict) -> str:
+    """``data=<name>`` of the ``conf/data/<name>.yaml`` whose ``_target_`` is ``data``'s, else its ``_target_``."""
+    import yaml
+
+    target = data.get("_target_")
+    for f in sorted((Path(__file__).resolve().parents[1] / "conf" / "data").glob("*.yaml")):
+        try:
+            if (yaml.safe_load(f.read_text()) or {}).get("_target_") == target:
+                return f"data={f.stem}"
+        except (OSError, yaml.YAMLError):
+            continue
+    return f"data._target_={target}"
+
+
+def _data_overrides_of(run_dir: Path) -> List[str]:
+    """The command-line overrides of a run's first launch (``.hydra/overrides.yaml``) that set its data: ``data=``,
+    ``data.*`` and ``experiment=`` (an experiment picks its data)."""
+    import yaml
+
+    try:
+        overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return []
+    keys = lambda o: str(o).lstrip("+~").split("=", 1)[0]  # noqa: E731
+    return [str(o) for o in overrides if keys(o) in ("data", "experiment") or keys(o).startswith("data.")]
+
+
+def _no_compatible_run(found: List[Path], data: Dict) -> str:
+    newest = found[0]
+    run = newest.parent.parent
+    stored = checkpoint_info(newest).data or {}
+    if stored.get("_target_") != data.get("_target_"):
+        what = f"was trained with {_data_group_of(stored)}, this launch has {_data_group_of(data)}"
+        overrides = _data_overrides_of(run) or [_data_group_of(stored)]
+        how = f"add its data overrides ({' '.join(overrides)})"
+    else:
+        diff = _data_diff(stored, data)
+        what = f"was trained on other data settings (differs in {_shown(['data.' + k for k in diff])})"
+        values = [f"data.{k}={json.dumps(_at(stored, k))}" for k in diff]
+        how = f"pass its values ({_shown(values, 4).replace(', ', ' ')})"
+    return (f"ckpt_path=last: the newest run, {run}, {what}, and none of the {len(found)} run(s) under "
+            f"{run.parent.parent} was trained on this launch's data settings. To resume it, {how}; to resume "
+            f"another run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt")
+
+
+def resolve_ckpt_path(ckpt_path, base_dir=None, data: Optional[Dict] = None) -> Optional[str]:
     """``ckpt_path`` as an absolute path (relative paths and ``last`` against ``base_dir``, default the cwd).
+    ``last``: :func:`find_last_checkpoint` under ``<base_dir>/outputs``, with ``data`` (this launch's
+    :func:`resume_data_config`) the newest run on the same data settings.
 
     Raises:
         FileNotFoundError: naming ``ckpt_path``: the file does not exist, or ``last`` finds no run.
+        ValueError: ``last`` with ``data``: no run on these data settings (:func:`find_last_checkpoint`).
     """
     if ckpt_path is None or str(ckpt_path) == "":
         return None
     base = Path(base_dir or os.getcwd())
     if str(ckpt_path) == "last":
-        found = find_last_checkpoint(base / RUNS_ROOT)
+        found = find_last_checkpoint(base / RUNS_ROOT, data)
         if found is None:
             raise FileNotFoundError(
                 f"ckpt_path=last: no run under {base / RUNS_ROOT} has {CKPT_DIR}/last.ckpt; "
@@ -144,10 +225,21 @@ def checkpoint_info(path) -> CheckpointInfo:
                           data=dict(state["data"]) if isinstance(state.get("data"), dict) else None)
 
 
-def _run_dir_resolver(ckpt_path, default):
+def _launch_data(root) -> Optional[Dict]:
+    """The launch's :func:`resume_data_config` from the whole config ``root`` (a resolver's ``_root_``), paths made
+    absolute against the launch directory (the cwd while Hydra composes); None when it cannot be read."""
     try:
-        ckpt = resolve_ckpt_path(ckpt_path)
-    except FileNotFoundError:  # train.py raises the error naming ckpt_path; Hydra only needs a directory
+        return resume_data_config(root.data, abs_path=os.path.abspath) if root is not None and "data" in root else None
+    except Exception:  # noqa: BLE001 - a config error: train.py reports it; here only the run dir is chosen
+        return None
+
+
+def _run_dir_resolver(ckpt_path, default, *, _root_=None):
+    """``hydra.run.dir``: the run folder of ``ckpt_path`` (``last``: of the newest run on this launch's data
+    settings, as ``train.py`` resolves it), else ``default``."""
+    try:
+        ckpt = resolve_ckpt_path(ckpt_path, data=_launch_data(_root_))
+    except (FileNotFoundError, ValueError):  # train.py raises the error naming ckpt_path; Hydra only needs a dir
         return default
     return run_dir_of(ckpt) or default
 
@@ -160,11 +252,11 @@ that does replace the run (an older final table without ``result_config``) copie
 (``train.py``)."""
 
 
-def _hydra_subdir_resolver(ckpt_path, stamp, output_dir=None, skip_finished=False):
+def _hydra_subdir_resolver(ckpt_path, stamp, output_dir=None, skip_finished=False, *, _root_=None):
     """``hydra.output_subdir``: ``.hydra/resume-<time>`` for a resume (``ckpt_path`` in a run folder),
     ``.hydra/rerun-<time>`` (:data:`RERUN_SUBDIR`) for a ``skip_finished`` job in a folder holding a finished run,
     else ``.hydra``."""
-    if _run_dir_resolver(ckpt_path, None):
+    if _run_dir_resolver(ckpt_path, None, _root_=_root_):
         return f".hydra/resume-{stamp}"
     if skip_finished is True and output_dir and (Path(str(output_dir)) / FINAL_METRICS).is_file():
         return f"{RERUN_SUBDIR}{stamp}"
