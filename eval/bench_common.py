@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -289,11 +290,23 @@ def require_cuda(script: str) -> None:
         raise SystemExit(f"{script} needs a CUDA device")
 
 
+def _budget_seconds(text: str) -> float:
+    """``--time-budget-s``'s type: a number of seconds >= 0 (0: start no case), else an argparse error naming it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # negative or NaN
+        raise argparse.ArgumentTypeError(f"{text!r} is not supported; allowed values: a number of seconds >= 0")
+    return value
+
+
 def add_time_budget(parser, default: float = 1e9, scope: str = "") -> None:
-    """The ``--time-budget-s`` option (seconds, float; ``scope``: a prefix of its help, e.g. ``"--docs: "``): the
-    script starts no case once it has run that long (:func:`budget_spent`)."""
-    parser.add_argument("--time-budget-s", type=float, default=default,
-                        help=f"{scope}start no new case after this many seconds")
+    """The ``--time-budget-s`` option (seconds, a float >= 0, else an argparse error naming the flag; ``scope``: a
+    prefix of its help, e.g. ``"--docs: "``): the script starts no case once it has run that long
+    (:func:`budget_spent`)."""
+    parser.add_argument("--time-budget-s", type=_budget_seconds, default=default,
+                        help=f"{scope}start no new case after this many seconds (>= 0)")
 
 
 def budget_spent(t_start: float, seconds: float, case: str) -> bool:

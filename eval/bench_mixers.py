@@ -198,6 +198,13 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run only (wall-clock median of 3 calls, no peak memory)")
     args = ap.parse_args(argv)
+    for name in ("tokens", "d_model", "heads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} is not supported; allowed values: an integer "
+                     ">= 1")
+    if args.d_model % args.heads or (args.d_model // args.heads) % 2:  # every layer's GPTConfig would refuse it
+        ap.error(f"--d-model {args.d_model} with --heads {args.heads} is not supported: head_dim = d_model / heads "
+                 "must be an even integer (RoPE)")
     t_start = time.time()
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
@@ -208,9 +215,6 @@ def main(argv=None) -> List[Dict[str, object]]:
 
     if args.backend not in backend_names():
         raise ValueError(f"--backend {args.backend!r} is not supported; allowed values: {', '.join(backend_names())}")
-    for name in ("tokens", "d_model", "heads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     seq_lens = _parse_ints(args.seq_lens, "--seq-lens")
     names = list(dict.fromkeys(n.strip() for n in args.layers.split(",") if n.strip()))
     specs = layer_specs(names)

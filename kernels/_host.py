@@ -1,5 +1,57 @@
 """Host-side integer helpers for the kernel launchers (plain Python: ``triton.cdiv`` / ``triton.next_power_of_2``
-are constexpr-function wrappers in recent Triton, ~5 us per call, and a launch path calls them dozens of times)."""
+are constexpr-function wrappers in recent Triton, ~5 us per call, and a launch path calls them dozens of times), and
+the scalar-argument checks the public kernel entries share (a few ``isinstance`` tests each: they run per call)."""
+
+import math
+import numbers
+
+
+def is_int(value) -> bool:
+    """An integer that is not a bool (Python ``int`` or a NumPy / other ``numbers.Integral``)."""
+    return type(value) is int or (not isinstance(value, bool) and isinstance(value, numbers.Integral))
+
+
+def check_bool(name: str, value) -> None:
+    """Refuse anything but ``True`` / ``False`` for argument ``name`` (a truthy string or 0 / 1 included)."""
+    if value is not True and value is not False:
+        raise ValueError(f"{name}={value!r} is not supported; allowed values: True, False")
+
+
+def check_scale(name: str, value) -> None:
+    """Refuse a ``softmax_scale``-like argument ``name`` that is not ``None`` or a finite real number > 0 (a bool or
+    a tensor included). Symbolic values (``torch.SymFloat`` / ``SymInt`` while ``torch.compile`` traces dynamic
+    shapes: ``D ** -0.5``) pass unchecked."""
+    if value is None or (type(value) is float and 0.0 < value < math.inf):
+        return
+    if type(value).__name__ in ("SymFloat", "SymInt"):
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} is not supported; allowed values: None (D ** -0.5) or a finite "
+                         "float > 0")
+
+
+def check_window_size(window_size):
+    """``(left, right)`` of a ``window_size`` argument (``None``: ``(None, None)``); raises ``ValueError`` unless it is
+    ``None`` or a pair whose entries are ints >= 0 (not bools) or ``None``."""
+    if window_size is None:
+        return None, None
+    if not hasattr(window_size, "__len__") or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    left, right = window_size
+    for side, w in (("left", left), ("right", right)):
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
+            raise ValueError(f"window_size {side}={w!r} must be an integer >= 0 or None")
+    return left, right
+
+
+def check_eps(value) -> None:
+    """Refuse an ``eps`` (normaliser offset) that is not a finite real number > 0 (a bool included): a row whose
+    normaliser is 0 would be NaN."""
+    if type(value) is float and 0.0 < value < math.inf:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"eps={value!r} is not supported; allowed values: a finite float > 0 (a row whose "
+                         "normaliser is 0 would be NaN)")
 
 
 def cdiv(a: int, b: int) -> int:

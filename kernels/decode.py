@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._host import _interpreting, cdiv, next_pow2
+from ._host import _interpreting, cdiv, check_bool, check_scale, check_window_size, is_int, next_pow2
 
 NUM_WARPS = (1, 2, 4, 8, 16, 32)  # decode_plan's num_warps: Triton launches powers of two
 
@@ -613,7 +613,10 @@ def decode_plan(
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
     ``split_rule``, ``max_registers`` or ``pdl`` for a value other than those above, ``num_warps`` other than 1, 2,
-    4, 8, 16, 32, ``num_stages`` other than an integer >= 1.
+    4, 8, 16, 32, ``num_stages`` other than an integer >= 1, ``causal`` / ``return_lse`` / ``has_leftpad`` other
+    than a bool, ``window_size`` other than ``None`` or a pair of ints >= 0 / ``None``, ``softmax_scale`` other
+    than ``None`` or a finite float > 0, ``num_splits`` / ``block_n`` / ``sm_count`` other than ``None`` or an
+    integer >= 1.
     """
     if page_gather not in ("key", "page", "prefetch"):
         raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
@@ -628,6 +631,14 @@ def decode_plan(
     if isinstance(num_stages, bool) or not isinstance(num_stages, numbers.Integral) or num_stages < 1:
         raise ValueError(f"num_stages={num_stages!r} must be an integer >= 1")
     num_warps, num_stages = int(num_warps), int(num_stages)
+    check_bool("causal", causal)
+    left, right = check_window_size(window_size)
+    check_scale("softmax_scale", softmax_scale)
+    check_bool("return_lse", return_lse)
+    check_bool("has_leftpad", has_leftpad)
+    for name, val in (("num_splits", num_splits), ("block_n", block_n), ("sm_count", sm_count)):
+        if val is not None and (not is_int(val) or val < 1):
+            raise ValueError(f"{name}={val!r} is not supported; allowed values: None (chosen here) or an integer >= 1")
     _check(q, k_cache, v_cache, torch.zeros(q.shape[0], dtype=torch.int32), block_table)
     p = DecodePlan()
     p.owner = None
@@ -641,9 +652,6 @@ def decode_plan(
     if BN < 16 or BN & (BN - 1):
         raise ValueError(f"block_n={BN} must be a power of two >= 16")
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
-    left = right = None
-    if window_size is not None:
-        left, right = window_size
     if causal:
         right = None  # causal bounds the right side at 0 (a window's right is clipped to min(right, 0) = 0)
     one_row = G * Nq == 1  # one query row per program: the fused merge walks it alone (else the row block at once)
@@ -678,8 +686,6 @@ def decode_plan(
                               num_warps)
     if BM >= 32:  # tiles of 32+ query rows hold more registers: 2 programs per SM (H200, 8 new GQA queries: the
         per_sm = min(per_sm, 2)  # waves split at 3 per SM, 49 splits, read 0.62 of copy bandwidth; 33 splits 0.82)
-    if num_splits is not None and (isinstance(num_splits, bool) or int(num_splits) != num_splits):
-        raise ValueError(f"num_splits={num_splits!r} must be None or an integer >= 1")
     S = int(num_splits) if num_splits is not None else decode_num_splits(
         B * Hkv * n_m, max_tiles, sms, rule=split_rule, programs_per_sm=per_sm, program_cost_tiles=128 / BN)
     if S < 1:
@@ -846,7 +852,8 @@ def decode_attn(
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``).
 
     Raises:
-        ValueError / TypeError: shapes, dtypes, strides, ``Hq % Hkv``, head dims too large, bad tile / page sizes.
+        ValueError / TypeError: shapes, dtypes, strides, ``Hq % Hkv``, head dims too large, bad tile / page sizes,
+        the scalar arguments as :func:`decode_plan` says.
     """
     if plan is None:
         _check(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import _interpreting, cdiv, launch, next_pow2
+from ._host import _interpreting, cdiv, check_bool, check_eps, is_int, launch, next_pow2
 
 __all__ = ["linear_attention", "LinearConfig", "linear_settings", "current_linear_config", "record_launches",
            "tile_configs", "tile_blocks", "query_segment_len", "KERNELS", "MAX_DIM", "FUSED_FEATURE_MAPS",
@@ -1159,7 +1159,8 @@ def linear_attention(
         v: ``(B, Hkv, Nk, Dv)``, same dtype. ``F, Dv <= 256``.
         causal: chunked causal form (needs ``Nq == Nk``; prefix keys go into ``initial_state``) or the
             non-causal form (any ``Nq``, ``Nk``).
-        eps: added to the normaliser ``phi(q) . z``.
+        eps: added to the normaliser ``phi(q) . z``: a finite float > 0 (a row whose normaliser is 0 would be
+            NaN).
         feature_map: ``None`` (inputs are features), ``"elu1"`` or ``"relu"`` (applied by the kernels' pre-pass,
             ``F = D``).
         initial_state: optional ``(S0 (B, Hkv, F, Dv), z0 (B, Hkv, F))`` (cast to fp32), the sums over keys
@@ -1183,19 +1184,24 @@ def linear_attention(
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype``; with ``output_final_state`` also ``(S (B, Hkv, F, Dv), z (B, Hkv, F))``.
 
     Raises:
-        ValueError / TypeError: bad shapes or dtypes, ``F`` or ``Dv`` > 256, causal with ``Nq != Nk``, unknown
-        ``feature_map``, ``segment_size < 1``, ``chunk_size`` not in ``CHUNK_SIZES``; ``doc_ids`` with
+        ValueError / TypeError: bad shapes or dtypes, ``F`` or ``Dv`` > 256, causal with ``Nq != Nk``, ``causal`` or
+        ``output_final_state`` not a bool, ``eps`` not a finite float > 0, unknown ``feature_map``,
+        ``segment_size`` not ``None`` or an integer >= 1, ``chunk_size`` not in ``CHUNK_SIZES``; ``doc_ids`` with
         ``causal=False`` (not fused: the ``torch`` backend computes per-document sums) or not an int ``(B, N)``
         tensor on q's device.
     """
+    check_bool("causal", causal)
+    check_eps(eps)
+    check_bool("output_final_state", output_final_state)
     if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size={chunk_size!r} is not supported by the Triton kernel; allowed values: "
                          f"{', '.join(map(str, CHUNK_SIZES))}")
-    if feature_map not in FUSED_FEATURE_MAPS:
+    if not (feature_map is None or isinstance(feature_map, str)) or feature_map not in FUSED_FEATURE_MAPS:
         raise ValueError(f"feature_map={feature_map!r} is not supported in-kernel; allowed values: None, elu1, relu "
                          "(compute favor / taylor features before the call)")
-    if segment_size is not None and int(segment_size) < 1:
-        raise ValueError(f"segment_size={segment_size} must be a positive number of tokens or None")
+    if segment_size is not None and (not is_int(segment_size) or segment_size < 1):
+        raise ValueError(f"segment_size={segment_size!r} is not supported; allowed values: None (from the shape and "
+                         "the SM count) or an integer >= 1 (tokens)")
     if config is None:
         config = current_linear_config()
     elif not isinstance(config, LinearConfig):

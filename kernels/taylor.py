@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import _interpreting, cdiv, launch, next_pow2
+from ._host import _interpreting, cdiv, check_bool, launch, next_pow2
 
 __all__ = ["taylor_parallel", "eps_reason", "check_qkv", "MAX_DIM"]
 
@@ -353,8 +353,7 @@ def taylor_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """
     check_qkv(q, k, v, eps, MAX_DIM, MAX_DIM)
     B = q.shape[0]
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     if doc_ids is not None:
         if tuple(doc_ids.shape) != (B, k.shape[2]) or doc_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"doc_ids must be int32 / int64 of shape (B, Nk)={(B, k.shape[2])}, got {doc_ids.dtype} "

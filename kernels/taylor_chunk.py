@@ -671,7 +671,7 @@ def taylor_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: f
     ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)``, the state split by order as in the module docstring. For checking
     the math; ``O(N D^2 Dv)`` time, ``O(D^2 Dv)`` state per (batch, head). Returns ``(B, H, N, Dv)`` in
     ``q.dtype``. Raises ``ValueError`` for ``chunk < 1``."""
-    if not isinstance(chunk, int) or chunk < 1:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be an int >= 1")
     ft = torch.float64 if q.dtype == torch.float64 else torch.float32
     qf, kf, vf = q.to(ft), k.to(ft), v.to(ft)

@@ -1,5 +1,7 @@
 """eval/bench_mixers.py: the CPU smoke run (one mixer layer per family vs N), its CSV, and its refusals."""
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -41,6 +43,27 @@ def test_bad_backend_and_seq_lens_refused(tmp_path):
         main(SMALL + ["--out", str(tmp_path), "--layers", "flash", "--backend", "nope"])
     with pytest.raises(ValueError, match=r"--seq-lens"):
         main(["--device", "cpu", "--out", str(tmp_path), "--layers", "flash", "--seq-lens", "0,x"])
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--d-model", "30", "--heads", "4"], r"--d-model 30 with --heads 4 is not supported: head_dim = d_model / heads "
+                                          r"must be an even integer"),
+    (["--d-model", "36", "--heads", "4"], r"--d-model 36 with --heads 4 is not supported"),  # head_dim 9: odd
+    (["--heads", "0"], r"--heads 0 is not supported; allowed values: an integer >= 1"),
+    (["--tokens", "-1"], r"--tokens -1 is not supported"),
+    (["--time-budget-s", "-1"], r"argument --time-budget-s: '-1' is not supported; allowed values: a number of "
+                                r"seconds >= 0"),
+    (["--time-budget-s", "nan"], r"argument --time-budget-s: 'nan' is not supported"),
+    (["--time-budget-s", "x"], r"argument --time-budget-s: 'x' is not supported"),
+])
+def test_bad_shape_and_time_budget_are_one_argparse_error_up_front(args, msg, tmp_path, capsys):
+    """Break-it pass: --d-model 30 --heads 4 became one error row per (layer, N), --time-budget-s -1 was taken.
+    Both are refused while parsing (exit 2, the usage and a message naming the flag), before any case or file."""
+    with pytest.raises(SystemExit) as e:
+        main(SMALL + ["--out", str(tmp_path), "--layers", "flash,linear"] + args)
+    assert e.value.code == 2
+    assert re.search(msg, capsys.readouterr().err)
+    assert not (tmp_path / "mixers_bench.csv").exists()
 
 
 def test_time_budget_skips_cases_and_keeps_rows(tmp_path):

@@ -91,6 +91,52 @@ def test_plan_split_count_follows_the_sm_count_and_refuses_another_shape():
                    cache_leftpad=torch.tensor([2], dtype=torch.int32, device=DEV))
 
 
+@pytest.mark.parametrize("kw, msg", [
+    (dict(causal="no"), r"causal='no' is not supported; allowed values: True, False"),
+    (dict(causal=0), r"causal=0 is not supported; allowed values: True, False"),
+    (dict(window_size=(-1, 0)), r"window_size left=-1 must be an integer >= 0 or None"),
+    (dict(window_size=(4, True)), r"window_size right=True must be an integer >= 0 or None"),
+    (dict(window_size=4), r"window_size must be a pair \(left, right\), got 4"),
+    (dict(softmax_scale=-1.0), r"softmax_scale=-1.0 is not supported; allowed values: None .* or a finite float > 0"),
+    (dict(softmax_scale=float("nan")), r"softmax_scale=nan is not supported"),
+    (dict(return_lse="yes"), r"return_lse='yes' is not supported; allowed values: True, False"),
+    (dict(num_splits="x"), r"num_splits='x' is not supported; allowed values: None .* or an integer >= 1"),
+    (dict(num_splits=0), r"num_splits=0 is not supported"), (dict(num_splits=2.0), r"num_splits=2.0 is not"),
+    (dict(block_n=32.0), r"block_n=32.0 is not supported; allowed values: None .* or an integer >= 1"),
+    (dict(block_n="32"), r"block_n='32' is not supported"), (dict(block_n=24), r"block_n=24 must be a power of two"),
+    (dict(num_warps=3), r"num_warps=3 is not supported; allowed values: 1, 2, 4, 8, 16, 32"),
+    (dict(merge="yes"), r"merge='yes' is not supported; allowed values: 'auto', 'fused', 'kernel'"),
+])
+def test_decode_attn_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
+    """Break-it pass: decode_plan took causal / window_size / softmax_scale / return_lse / num_splits / block_n as
+    given (a negative window side or a string causal ran; num_splits='x' failed inside int()). Every scalar argument
+    is checked on the host before the plan allocates or anything launches (num_warps, merge: checks that existed)."""
+    import kernels.decode as kd
+
+    def no_launch(*a, **k):
+        raise AssertionError("reached the kernels")
+
+    monkeypatch.setattr(kd, "decode_run", no_launch)
+    g = torch.Generator().manual_seed(0)
+    k, v, _ = _cache(g, 1, 1, 16, 32)
+    with pytest.raises(ValueError, match=msg):
+        decode_attn(_randn(g, 1, 1, 1, 16), k, v, torch.tensor([9], dtype=torch.int32, device=DEV), **kw)
+
+
+def test_decode_plan_refuses_bad_has_leftpad_and_sm_count():
+    g = torch.Generator().manual_seed(0)
+    k, v, _ = _cache(g, 1, 1, 16, 32)
+    q = _randn(g, 1, 1, 1, 16)
+    for kw, msg in ((dict(has_leftpad=1), r"has_leftpad=1 is not supported; allowed values: True, False"),
+                    (dict(sm_count=0), r"sm_count=0 is not supported; allowed values: None .* or an integer >= 1"),
+                    (dict(sm_count=2.5), r"sm_count=2.5 is not supported")):
+        with pytest.raises(ValueError, match=msg):
+            decode_plan(q, k, v, **kw)
+    np = pytest.importorskip("numpy")  # config values: NumPy integers still plan as the ints they equal
+    a, b = decode_plan(q, k, v, num_splits=2, sm_count=8), decode_plan(q, k, v, num_splits=np.int64(2), sm_count=8)
+    assert (a.num_splits, a.grid) == (b.num_splits, b.grid) == (2, b.grid)
+
+
 def test_make_decode_plan_through_decode_attention():
     g = torch.Generator().manual_seed(2)
     k, v, bt = _cache(g, 2, 1, 16, 64, 16)

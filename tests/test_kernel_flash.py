@@ -574,6 +574,58 @@ def test_atomic_dq_against_reference(kind, kw, Nq, Nk, Hq, Hkv, D):
         check_against_reference(AttentionSpec(kind=kind, **kw), Nq=Nq, Nk=Nk, Hq=Hq, Hkv=Hkv, D=D)
 
 
+@pytest.mark.parametrize("kw, msg", [
+    (dict(causal="no"), r"causal='no' is not supported; allowed values: True, False"),
+    (dict(causal=1), r"causal=1 is not supported; allowed values: True, False"),
+    (dict(causal=None), r"causal=None is not supported"),
+    (dict(softmax_scale=0.0), r"softmax_scale=0.0 is not supported; allowed values: None .* or a finite float > 0"),
+    (dict(softmax_scale=-0.5), r"softmax_scale=-0.5 is not supported"),
+    (dict(softmax_scale=float("nan")), r"softmax_scale=nan is not supported"),
+    (dict(softmax_scale=float("inf")), r"softmax_scale=inf is not supported"),
+    (dict(softmax_scale="0.25"), r"softmax_scale='0.25' is not supported"),
+    (dict(softmax_scale=True), r"softmax_scale=True is not supported"),
+    (dict(softmax_scale=torch.tensor(0.25)), r"softmax_scale=tensor\(0.2500\) is not supported"),
+    (dict(window_size=(True, 0)), r"window_size left=True must be an integer >= 0 or None"),
+    (dict(window_size=(4, -1)), r"window_size right=-1 must be an integer >= 0 or None"),
+    (dict(window_size=(2.5, 0)), r"window_size left=2.5 must be"),
+    (dict(window_size=4), r"window_size must be a pair \(left, right\), got 4"),
+    (dict(window_size=(1, 2, 3)), r"window_size must be a pair"),
+    (dict(return_lse="yes"), r"return_lse='yes' is not supported; allowed values: True, False"),
+    (dict(return_lse=1), r"return_lse=1 is not supported"),
+    (dict(block_size="x"), r"block_size='x' is not supported; allowed values: an integer >= 1 with a block_layout"),
+    (dict(block_size=-1), r"block_size=-1 is not supported"), (dict(block_size=2.5), r"block_size=2.5 is not"),
+    (dict(block_size=True), r"block_size=True is not supported"),
+    (dict(dilation=0), r"dilation=0 must be an integer >= 1"), (dict(dilation=True), r"dilation=True must be"),
+    (dict(deterministic="yes"), r"deterministic='yes' must be a bool"),
+    (dict(dq_mode="fused"), r"dq_mode='fused' is not supported; allowed values: separate, atomic"),
+])
+def test_flash_attn_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
+    """Break-it pass: causal="no" (a truthy string) ran as causal. Every scalar argument of flash_attn is checked on
+    the host before the autograd function (so before any launch): a ValueError naming the argument and its allowed
+    values (dilation, deterministic, dq_mode: the checks that existed, kept)."""
+    import kernels.flash.api as api
+    from kernels import flash_attn
+
+    def no_launch(*a):
+        raise AssertionError("reached the kernels")
+
+    monkeypatch.setattr(api._FlashFn, "apply", no_launch)
+    q = torch.zeros(1, 1, 16, 16, device=DEV)
+    with pytest.raises(ValueError, match=msg):
+        flash_attn(q, q, q, **kw)
+
+
+def test_flash_attn_still_takes_numpy_scales_and_int_windows():
+    """What the checks keep: a NumPy float32 scale (a config value) runs as the same float, window ints, None."""
+    np = pytest.importorskip("numpy")
+    from kernels import flash_attn
+
+    q, k, v, _ = _inputs(1, 1, 1, 16, 16, 16, torch.float32, seed=4)
+    want = flash_attn(q, k, v, causal=True, window_size=(4, None), softmax_scale=0.5)
+    assert torch.equal(flash_attn(q, k, v, causal=True, window_size=[4, None], softmax_scale=np.float32(0.5)), want)
+    assert not torch.equal(flash_attn(q, k, v, causal=True, window_size=(4, None), softmax_scale=0.25), want)
+
+
 def test_dq_mode_errors_and_the_backward_uses_the_forward_settings():
     """Bad settings raise at the call; the backward runs with the settings its forward was given, whatever the
     settings are when it runs (nothing is read at backward time)."""

@@ -376,6 +376,52 @@ def test_supports_reasons(monkeypatch):
         linear_attention(big, big, big)
 
 
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(causal="no"), r"causal='no' is not supported; allowed values: True, False"),
+    (dict(causal=1), r"causal=1 is not supported; allowed values: True, False"),
+    (dict(causal=None), r"causal=None is not supported"),
+    (dict(eps=-1e-6), r"eps=-1e-06 is not supported; allowed values: a finite float > 0"),
+    (dict(eps=0.0), r"eps=0.0 is not supported; allowed values: a finite float > 0"),
+    (dict(eps=_NAN), r"eps=nan is not supported"), (dict(eps=_INF), r"eps=inf is not supported"),
+    (dict(eps="1e-6"), r"eps='1e-6' is not supported"), (dict(eps=True), r"eps=True is not supported"),
+    (dict(output_final_state="yes"), r"output_final_state='yes' is not supported; allowed values: True, False"),
+    (dict(output_final_state=1), r"output_final_state=1 is not supported"),
+    (dict(segment_size="x"), r"segment_size='x' is not supported; allowed values: None .* or an integer >= 1"),
+    (dict(segment_size=0), r"segment_size=0 is not supported"), (dict(segment_size=-16), r"segment_size=-16 is not"),
+    (dict(segment_size=2.5), r"segment_size=2.5 is not supported"),
+    (dict(segment_size=True), r"segment_size=True is not supported"),
+    (dict(feature_map=["elu1"]), r"feature_map=\['elu1'\] is not supported in-kernel; allowed values"),
+    (dict(chunk_size=True), r"chunk_size=True is not supported by the Triton kernel; allowed values: 16, 32, 64"),
+])
+def test_linear_attention_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
+    """Break-it pass: eps < 0, causal="no" (any truthy non-bool), segment_size="x" ran (or failed with a message
+    naming nothing). Each scalar argument of the public signature is checked on the host, before the autograd
+    function (so before any launch), with a ValueError naming the argument and its allowed values."""
+    import kernels.linear as kl
+
+    def no_launch(*a):
+        raise AssertionError("reached the kernels")
+
+    monkeypatch.setattr(kl._LinearAttention, "apply", no_launch)
+    q = torch.zeros(1, 1, 16, 16, device=DEV)
+    with pytest.raises(ValueError, match=msg):
+        linear_attention(q, q, q, **kw)
+
+
+def test_linear_attention_still_takes_integer_like_scalars():
+    """What the checks above keep: an int eps, a NumPy integer segment_size (configs), bools: the same output."""
+    np = pytest.importorskip("numpy")
+    q, k, v, _ = _inputs(1, 1, 1, 32, 32, 16, 16, seed=3)
+    q, k = Fn.elu(q) + 1, Fn.elu(k) + 1
+    want = linear_attention(q, k, v, causal=True, eps=1.0, chunk_size=16, segment_size=16)
+    got = linear_attention(q, k, v, causal=True, eps=1, chunk_size=16, segment_size=np.int64(16))
+    assert torch.equal(got, want)
+    assert not torch.equal(linear_attention(q, k, v, causal=False, eps=1.0, chunk_size=16), want)
+
+
 # ------------------------------------------------------------------------------------- GPU, real sizes
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -177,6 +177,26 @@ def test_taylor_parallel_on_cpu_without_the_interpreter_says_so(monkeypatch):
         taylor_parallel(q, k, v)
 
 
+@pytest.mark.parametrize("kw, msg", [
+    (dict(causal="no"), r"causal='no' is not supported; allowed values: True, False"),
+    (dict(causal=1), r"causal=1 is not supported; allowed values: True, False"),
+    (dict(causal=None), r"causal=None is not supported"),
+    (dict(eps=-1e-6), r"eps must be a finite float > 0, got -1e-06"), (dict(eps=float("nan")), r"eps.*got nan"),
+    (dict(eps="1e-6"), r"eps must be a finite float > 0, got '1e-6'"), (dict(eps=True), r"eps.*got True"),
+])
+def test_taylor_parallel_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
+    """causal (the message now in the house style) and eps are checked on the host before the autograd function."""
+    import kernels.taylor as kt
+
+    def no_launch(*a):
+        raise AssertionError("reached the kernels")
+
+    monkeypatch.setattr(kt._TaylorParallel, "apply", no_launch)
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    with pytest.raises(ValueError, match=msg):
+        taylor_parallel(q, k, v, **kw)
+
+
 def test_eps_below_the_float32_normal_range():
     """eps = 1e-40 is 0 / subnormal in float32: a row that sees no key got 0 * (1 / eps) = NaN (reference and torch
     give 0). The kernel refuses it and so does supports(), so auto takes the next backend."""

@@ -212,6 +212,28 @@ def test_refusals_name_the_argument_and_the_allowed_values():
             TaylorChunkConfig(**kw)
 
 
+@pytest.mark.parametrize("fn, kw, msg", [
+    ("kernel", dict(causal="no"), r"causal='no': taylor_chunk is causal only \(allowed: True"),
+    ("kernel", dict(causal=1), r"causal=1: taylor_chunk is causal only \(allowed: True"),
+    ("kernel", dict(eps=-1.0), r"eps must be a finite float > 0, got -1.0"),
+    ("kernel", dict(eps=float("inf")), r"eps must be a finite float > 0, got inf"),
+    ("torch", dict(chunk=True), r"chunk=True must be an int >= 1"),
+    ("torch", dict(chunk=0), r"chunk=0 must be an int >= 1"), ("torch", dict(chunk=16.0), r"chunk=16.0 must be"),
+])
+def test_taylor_chunk_refuses_bad_scalar_arguments_before_any_launch(fn, kw, msg, monkeypatch):
+    """The kernel's causal / eps (checks that existed) and the reference's chunk (a bool ran as 1) on the host, before
+    the autograd function."""
+    import kernels.taylor_chunk as ktc
+
+    def no_launch(*a):
+        raise AssertionError("reached the kernels")
+
+    monkeypatch.setattr(ktc._TaylorChunk, "apply", no_launch)
+    q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
+    with pytest.raises(ValueError, match=msg):
+        (taylor_chunk if fn == "kernel" else taylor_chunk_torch)(q, k, v, **kw)
+
+
 def test_backend_supports_says_why_not():
     q, k, v, _ = _inputs(1, 2, 1, 8, 8, 16, 16)
     b = resolve_backend(q, k, v, SPEC, "taylor_chunk")

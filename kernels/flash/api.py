@@ -6,6 +6,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
+from .._host import check_bool, check_scale, check_window_size, is_int
 from .autograd import _flash_fwd_op, _FlashFn
 from .config import _CURRENT, FlashConfig
 from .documents import cached_document_table
@@ -43,15 +44,10 @@ def _call_config(config: Optional[FlashConfig], dq_mode, dkdv_split, determinist
 
 def _window_bounds(causal: bool, window_size) -> Tuple[int, int]:
     """``(win_left, win_right)`` of :func:`flash_attn`'s ``causal`` / ``window_size`` (-1: unbounded; causal clips
-    ``right`` to 0). Raises ``ValueError`` for a malformed ``window_size``."""
-    left = right = None
-    if window_size is not None:
-        if not hasattr(window_size, "__len__") or len(window_size) != 2:
-            raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
-        left, right = window_size
-        for side, w in (("left", left), ("right", right)):
-            if w is not None and (not isinstance(w, int) or w < 0):
-                raise ValueError(f"window_size {side}={w!r} must be an integer >= 0 or None")
+    ``right`` to 0). Raises ``ValueError`` for a ``causal`` other than ``True`` / ``False`` or a malformed
+    ``window_size``."""
+    check_bool("causal", causal)
+    left, right = check_window_size(window_size)
     if causal:
         right = 0 if right is None else min(right, 0)
     return -1 if left is None else int(left), -1 if right is None else int(right)
@@ -133,10 +129,12 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
 
     Raises:
-        ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv > 256``, a layout without
-        ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``, ``dkdv_split`` not dividing the group,
-        ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"`` with ``gluon_bwd_dq="atomic"``,
-        ``dilation < 1``; ``config.bwd_impl="gluon"`` on a call it does not cover
+        ValueError / TypeError: bad shapes, dtypes, ``Hq % Hkv != 0``, ``D > 256``, ``Dv > 256``, ``causal`` or
+        ``return_lse`` not a bool, ``window_size`` not ``None`` or a pair of ints >= 0 / ``None``,
+        ``softmax_scale`` not ``None`` or a finite float > 0, ``block_size`` not an int >= 0 (>= 1 with a
+        layout), a layout without ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``,
+        ``dkdv_split`` not dividing the group, ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"`` with
+        ``gluon_bwd_dq="atomic"``, ``dilation < 1``; ``config.bwd_impl="gluon"`` on a call it does not cover
         (:func:`kernels.flash.gluon.check_gluon_bwd`) when an input requires grad.
     """
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
@@ -151,9 +149,14 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     else:
         cfg = _call_config(config, dq_mode, dkdv_split, deterministic)
     D = q.shape[-1]
+    check_scale("softmax_scale", softmax_scale)
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     wl, wr = _window_bounds(causal, window_size)
     _check_dilation(dilation)
+    check_bool("return_lse", return_lse)
+    if not is_int(block_size) or block_size < 0:
+        raise ValueError(f"block_size={block_size!r} is not supported; allowed values: an integer >= 1 with a "
+                         "block_layout (0, the default, without one)")
     if cfg.dkdv_split is not None:
         group = q.shape[1] // k.shape[1]
         if group % cfg.dkdv_split:
