@@ -57,7 +57,7 @@ def test_bad_backend_and_seq_lens_refused(tmp_path):
     (["--time-budget-s", "x"], r"argument --time-budget-s: 'x' is not supported"),
 ])
 def test_bad_shape_and_time_budget_are_one_argparse_error_up_front(args, msg, tmp_path, capsys):
-    """Break-it pass: --d-model 30 --heads 4 became one error row per (layer, N), --time-budget-s -1 was taken.
+    """--d-model 30 --heads 4 used to become one error row per (layer, N), --time-budget-s -1 was taken.
     Both are refused while parsing (exit 2, the usage and a message naming the flag), before any case or file."""
     with pytest.raises(SystemExit) as e:
         main(SMALL + ["--out", str(tmp_path), "--layers", "flash,linear"] + args)

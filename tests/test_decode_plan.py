@@ -108,7 +108,7 @@ def test_plan_split_count_follows_the_sm_count_and_refuses_another_shape():
     (dict(merge="yes"), r"merge='yes' is not supported; allowed values: 'auto', 'fused', 'kernel'"),
 ])
 def test_decode_attn_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
-    """Break-it pass: decode_plan took causal / window_size / softmax_scale / return_lse / num_splits / block_n as
+    """decode_plan used to take causal / window_size / softmax_scale / return_lse / num_splits / block_n as
     given (a negative window side or a string causal ran; num_splits='x' failed inside int()). Every scalar argument
     is checked on the host before the plan allocates or anything launches (num_warps, merge: checks that existed)."""
     import kernels.decode as kd

@@ -600,7 +600,7 @@ def test_atomic_dq_against_reference(kind, kw, Nq, Nk, Hq, Hkv, D):
     (dict(dq_mode="fused"), r"dq_mode='fused' is not supported; allowed values: separate, atomic"),
 ])
 def test_flash_attn_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
-    """Break-it pass: causal="no" (a truthy string) ran as causal. Every scalar argument of flash_attn is checked on
+    """causal="no" (a truthy string) used to run as causal. Every scalar argument of flash_attn is checked on
     the host before the autograd function (so before any launch): a ValueError naming the argument and its allowed
     values (dilation, deterministic, dq_mode: the checks that existed, kept)."""
     import kernels.flash.api as api

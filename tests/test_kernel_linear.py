@@ -397,7 +397,7 @@ _NAN, _INF = float("nan"), float("inf")
     (dict(chunk_size=True), r"chunk_size=True is not supported by the Triton kernel; allowed values: 16, 32, 64"),
 ])
 def test_linear_attention_refuses_bad_scalar_arguments_before_any_launch(kw, msg, monkeypatch):
-    """Break-it pass: eps < 0, causal="no" (any truthy non-bool), segment_size="x" ran (or failed with a message
+    """eps < 0, causal="no" (any truthy non-bool), segment_size="x" used to run (or fail with a message
     naming nothing). Each scalar argument of the public signature is checked on the host, before the autograd
     function (so before any launch), with a ValueError naming the argument and its allowed values."""
     import kernels.linear as kl

@@ -1,4 +1,4 @@
-"""Run-lifecycle defects of a newcomer trial (runfix2): each test failed before its fix.
+"""Run-lifecycle defects: each test failed before its fix.
 
 1. ``trainer.limit_val_batches=0`` measured nothing and exited 0: refused by :func:`harness.config.validate_config`.
 2. A resume on other ``data.*`` settings was accepted: refused naming the keys and both values.
