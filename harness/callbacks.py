@@ -18,6 +18,7 @@ import atexit
 import csv
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -29,7 +30,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, RUNS_ROOT, mark_failed, read_sweep
+from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, mark_failed, read_sweep
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -547,12 +548,31 @@ class RemoveUnusedRunDir(HydraCallback):
     """Hydra callback for ``python train.py`` (a single run): a job that failed before it wrote anything of its own
     (a config refused by :func:`harness.config.validate_config`, a ``ckpt_path`` that resolves to nothing, a data
     file that is not there, ...) leaves no ``outputs/<date>/<time>/`` folder behind. Hydra makes that folder, its
-    ``.hydra/`` and the job's log file before the job starts; the folder is removed when it holds nothing else
-    (the job's error still ends the command, with a non-zero exit status). A folder holding anything the job or an
-    earlier run wrote (``run_config.json``, ``csv/``, checkpoints, ...) is left as it is, and so is every job folder
-    of a multirun (the multirun summary reads them, :class:`MultirunJobs`)."""
+    ``.hydra/`` and the job's log file before the job starts; the folder is removed when this launch created it
+    (it did not exist as the run started, :meth:`on_run_start`) and it holds nothing else, and so are the folders
+    above it that this launch created and that are left empty (``outputs/<date>/``). The job's error still ends the
+    command, with a non-zero exit status. A folder that was there before (``hydra.run.dir`` naming one of the user's,
+    a resumed run's) or that holds anything the job wrote (``run_config.json``, ``csv/``, checkpoints, ...) is left
+    as it is, and so is every job folder of a multirun (the multirun summary reads them, :class:`MultirunJobs`)."""
 
     HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+    def __init__(self) -> None:
+        self._run: Optional[Path] = None      # the run folder hydra.run.dir names, when this launch creates it
+        self._created: Optional[Path] = None  # the topmost folder of it that did not exist yet
+
+    def on_run_start(self, config, **kwargs: Any) -> None:
+        self._run = self._created = None
+        try:
+            run = Path(os.path.abspath(str(config.hydra.run.dir)))
+        except Exception:  # noqa: BLE001 - an unresolvable run dir: Hydra reports it; nothing is removed
+            return
+        if run.exists():
+            return
+        created = run
+        while not created.parent.exists():
+            created = created.parent
+        self._run, self._created = run, created
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
         import shutil
@@ -560,19 +580,26 @@ class RemoveUnusedRunDir(HydraCallback):
         from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
-        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
+        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN or self._run is None:
             return
-        run = Path(str(config.hydra.runtime.output_dir))
-        sub = config.hydra.output_subdir
-        if sub is None or str(sub) != ".hydra" or not run.is_dir():
-            return  # a resumed run's .hydra/resume-<time>/ (or a rerun's) is in the folder of a run: kept
+        run = Path(os.path.abspath(str(config.hydra.runtime.output_dir)))
+        if run != self._run or not run.is_dir():
+            return
         log_file = f"{config.hydra.job.name}.log"
         hydra_dir = run / ".hydra"
-        if any(p.name not in (".hydra", log_file) for p in run.iterdir()):
+        if any(p.name not in (".hydra", log_file) or p.is_symlink() for p in run.iterdir()):
             return
         if hydra_dir.exists() and any(p.name not in self.HYDRA_FILES for p in hydra_dir.iterdir()):
             return
         shutil.rmtree(run, ignore_errors=True)
-        date_dir = run.parent  # outputs/<date>/ that Hydra made for it, now empty
-        if date_dir.parent == Path(str(config.hydra.runtime.cwd)) / RUNS_ROOT and not any(date_dir.iterdir()):
-            date_dir.rmdir()
+        if self._created == run:
+            return
+        folder = run.parent  # outputs/<date>/ (and outputs/) that Hydra made for it, when left empty
+        while True:
+            try:
+                folder.rmdir()  # only an empty folder
+            except OSError:
+                break
+            if folder == self._created:
+                break
+            folder = folder.parent

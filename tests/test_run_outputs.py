@@ -238,3 +238,15 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path):
     (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder holding anything else is left as it is
     r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=kept")
     assert r.returncode != 0 and (tmp_path / "kept" / "notes.txt").read_text() == "mine"
+
+
+def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path):
+    """hydra.run.dir naming a folder the user had made (empty, or holding only an earlier launch's train.log) was
+    deleted by RemoveUnusedRunDir when the config was refused: only a folder this launch created is removed
+    (hydra.output_subdir=null too: it left its new folder behind)."""
+    (tmp_path / "mine").mkdir()
+    r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=mine")
+    assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
+    assert (tmp_path / "mine").is_dir()
+    r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=new/run", "hydra.output_subdir=null")
+    assert r.returncode != 0 and not (tmp_path / "new" / "run").exists()
