@@ -59,7 +59,7 @@ from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_res
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 log = logging.getLogger("attn_zoo.train")
-# the final table, the curve and the verdict: conf/train.yaml's hydra.job_logging prints them as plain lines and
+# the final table, the curve and the verdict: conf/hydra/job_logging/attn_zoo.yaml prints them as plain lines and
 # writes them to <run dir>/train.log
 summary_log = logging.getLogger("attn_zoo.summary")
 

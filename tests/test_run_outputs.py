@@ -228,6 +228,17 @@ def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
     assert "`Trainer.fit` stopped" in log and "`Trainer.fit` stopped" in r.stderr
 
 
+
+@pytest.mark.parametrize("job_logging", ["disabled", "stdout"])
+def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging):
+    """hydra/job_logging=disabled (or stdout) failed every run with "Unable to configure logger 'attn_zoo.summary'":
+    the summary loggers were merged into whichever job_logging was chosen and named its file handler. They are an
+    option of the group (conf/hydra/job_logging/attn_zoo.yaml), replaced as a whole by another one."""
+    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "hydra.run.dir=run",
+             f"hydra/job_logging={job_logging}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "output_dir: " in r.stdout and "val/acc by step:" in r.stdout
+
 def test_a_refused_run_leaves_no_run_folder(tmp_path):
     """A config refused by validate_config left outputs/<date>/<time>/ holding Hydra's files and an empty train.log:
     the folder is removed (and its empty date folder), the command still fails with the message."""
