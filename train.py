@@ -322,7 +322,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     Raises:
         ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
             written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
-            architecture or other optimizer / LR-schedule settings, or a checkpoint of a finished run (or outside a
+            architecture or other optimizer / LR-schedule settings (``ckpt_path=last``: naming the run it picked by
+            its data settings), or a checkpoint of a finished run (or outside a
             ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step,
             ``trainer.max_epochs`` not past its epochs, or stopped by a callback).
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
@@ -365,7 +366,16 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     )
     start_step, complete = 0, False
     if resume is not None:
-        lit.check_checkpoint_hparams(resume.hparams)
+        try:
+            lit.check_checkpoint_hparams(resume.hparams)
+        except ValueError as e:
+            if str(cfg.get("ckpt_path")) != "last":
+                raise
+            # ckpt_path=last chose the run by its data settings only: say which run it picked and how to pick another
+            why = str(e).removeprefix("ckpt_path: ")
+            raise ValueError(f"ckpt_path=last picked {run_dir_of(ckpt_path) or ckpt_path} (the newest run on this "
+                             f"launch's data settings), which does not fit this launch: {why}; to resume another "
+                             f"run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt") from None
         start_step = resume.step
         # epochs: a checkpoint written before RunState kept them (None) is not known to have ended by epochs
         epochs_ended = max_epochs > 0 and resume.epochs is not None and resume.epochs >= max_epochs

@@ -261,3 +261,20 @@ def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path):
     assert (tmp_path / "mine").is_dir()
     r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=new/run", "hydra.output_subdir=null")
     assert r.returncode != 0 and not (tmp_path / "new" / "run").exists()
+
+
+def test_ckpt_path_last_on_another_attention_names_the_run_it_picked(tmp_path, monkeypatch):
+    """ckpt_path=last picks the newest run on this launch's data, whatever its attention: a launch with other
+    attention was refused with the spec diff only ("resume with the same attention"), not saying which run
+    ckpt_path=last had picked nor how to resume another one."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "outputs" / "d" / "10-00-00"
+    train_mod.train(make_cfg(run, _fast("trainer.max_steps=2", "trainer.val_check_interval=2")))
+    other = make_cfg(tmp_path / "new", _fast("trainer.max_steps=4", "trainer.val_check_interval=2",
+                                             "attention=linear", "ckpt_path=last"))
+    with pytest.raises(ValueError) as e:
+        train_mod.train(other)
+    msg = str(e.value)
+    assert msg.startswith(f"ckpt_path=last picked {run} (the newest run on this launch's data settings)")
+    assert "the checkpoint was trained with attention ['flash', 'flash']" in msg
+    assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in msg
