@@ -53,7 +53,7 @@ from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _sp
                             check_model_config, layer_specs, model_config, validate_config)
 from harness.lit import LitLM, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
-                           finished_run, job_dirname, resume_data_config,
+                           data_links, finished_run, job_dirname, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
@@ -335,10 +335,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
     data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
     # ckpt_path=last: the newest run on these data settings (conf/train.yaml's run dir resolver picks the same)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings)
+    links = data_links(cfg.data)  # data.seed follows seed: a resume error asks for seed=<v>
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings, links=links)
     resume = checkpoint_info(ckpt_path) if ckpt_path else None
     if resume is not None:  # other data.* than the checkpoint's: refused before any data work
-        check_resume_data(ckpt_path, resume.data, data_settings)
+        check_resume_data(ckpt_path, resume.data, data_settings, links)
     output_dir = str(cfg.paths.output_dir)
     run_dir = run_dir_of(ckpt_path)
     if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):

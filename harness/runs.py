@@ -63,12 +63,14 @@ FAILED = "failed.json"            # a job folder whose job raised in the latest 
 
 
 # ---------------------------------------------------------------------------------------------- resume
-def find_last_checkpoint(root=RUNS_ROOT, data: Optional[Dict] = None) -> Optional[Path]:
+def find_last_checkpoint(root=RUNS_ROOT, data: Optional[Dict] = None,
+                         links: Optional[Dict[str, str]] = None) -> Optional[Path]:
     """The most recently written ``<root>/*/*/checkpoints/last.ckpt`` (None: there is none).
 
     ``data`` (this launch's :func:`resume_data_config`): the most recent one whose checkpoint was trained on these
     data settings (:func:`check_resume_data` accepts it; a checkpoint that did not record them, or cannot be read,
     counts: the resume says what is wrong with it), so ``ckpt_path=last`` does not pick a run of another task.
+    ``links``: :func:`data_links` of the launch (the error names ``seed=1``, not ``data.seed=1``).
 
     Raises:
         ValueError: ``data`` given, runs found, none of them on these data settings: names the newest run, the data
@@ -85,7 +87,7 @@ def find_last_checkpoint(root=RUNS_ROOT, data: Optional[Dict] = None) -> Optiona
             return ckpt
         if stored is None or not _data_diff(stored, data):
             return ckpt
-    raise ValueError(_no_compatible_run(found, data))
+    raise ValueError(_no_compatible_run(found, data, links))
 
 
 def _at(c, key: str):
@@ -127,7 +129,7 @@ def _data_overrides_of(run_dir: Path) -> List[str]:
     return [str(o) for o in overrides if keys(o) in ("data", "experiment") or keys(o).startswith("data.")]
 
 
-def _no_compatible_run(found: List[Path], data: Dict) -> str:
+def _no_compatible_run(found: List[Path], data: Dict, links: Optional[Dict[str, str]] = None) -> str:
     newest = found[0]
     run = newest.parent.parent
     stored = checkpoint_info(newest).data or {}
@@ -138,14 +140,15 @@ def _no_compatible_run(found: List[Path], data: Dict) -> str:
     else:
         diff = _data_diff(stored, data)
         what = f"was trained on other data settings (differs in {_shown(['data.' + k for k in diff])})"
-        values = [f"data.{k}={json.dumps(_at(stored, k))}" for k in diff]
+        values = _resume_overrides(stored, diff, links)
         how = f"pass its values ({_shown(values, 4).replace(', ', ' ')})"
     return (f"ckpt_path=last: the newest run, {run}, {what}, and none of the {len(found)} run(s) under "
             f"{run.parent.parent} was trained on this launch's data settings. To resume it, {how}; to resume "
             f"another run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt")
 
 
-def resolve_ckpt_path(ckpt_path, base_dir=None, data: Optional[Dict] = None) -> Optional[str]:
+def resolve_ckpt_path(ckpt_path, base_dir=None, data: Optional[Dict] = None,
+                      links: Optional[Dict[str, str]] = None) -> Optional[str]:
     """``ckpt_path`` as an absolute path (relative paths and ``last`` against ``base_dir``, default the cwd).
     ``last``: :func:`find_last_checkpoint` under ``<base_dir>/outputs``, with ``data`` (this launch's
     :func:`resume_data_config`) the newest run on the same data settings.
@@ -158,7 +161,7 @@ def resolve_ckpt_path(ckpt_path, base_dir=None, data: Optional[Dict] = None) -> 
         return None
     base = Path(base_dir or os.getcwd())
     if str(ckpt_path) == "last":
-        found = find_last_checkpoint(base / RUNS_ROOT, data)
+        found = find_last_checkpoint(base / RUNS_ROOT, data, links)
         if found is None:
             raise FileNotFoundError(
                 f"ckpt_path=last: no run under {base / RUNS_ROOT} has {CKPT_DIR}/last.ckpt; "
@@ -531,6 +534,31 @@ def _diff_keys(a, b, prefix="") -> List[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
+def data_links(data) -> Dict[str, str]:
+    """The ``data.<key>`` of a DictConfig ``data`` node that are a plain interpolation of a key outside it
+    (``data.seed: ${seed}``): ``{key: the key it follows}``. A resume error then asks for ``seed=1``: an override
+    of ``data.seed`` would leave the launch's ``seed`` (recorded in ``final_metrics.json``) at another value."""
+    from omegaconf import DictConfig, OmegaConf
+
+    links: Dict[str, str] = {}
+    if not isinstance(data, DictConfig):
+        return links
+    raw = OmegaConf.to_container(data, resolve=False)
+    for k in data.keys():
+        if OmegaConf.is_interpolation(data, str(k)):
+            m = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", str(raw[k]))
+            if m and not m.group(1).startswith("data."):
+                links[str(k)] = m.group(1)
+    return links
+
+
+def _resume_overrides(stored: Dict, keys: List[str], links: Optional[Dict[str, str]] = None) -> List[str]:
+    """The overrides that give ``keys`` (``data.*`` without the prefix) their values in ``stored``: ``data.<key>=...``,
+    or ``<other>=...`` for a key that follows another (:func:`data_links`)."""
+    links = links or {}
+    return [f"{links.get(k, 'data.' + k)}={json.dumps(_at(stored, k))}" for k in keys]
+
+
 def _shown(keys: List[str], most: int = 8) -> str:
     """The first ``most`` differing keys, comma-separated, and how many more."""
     return ", ".join(keys[:most]) + (f" (+{len(keys) - most} more)" if len(keys) > most else "")
@@ -578,7 +606,7 @@ def _normalised_paths(d: Dict) -> Dict:
     return d
 
 
-def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict) -> None:
+def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict, links: Optional[Dict[str, str]] = None) -> None:
     """Refuse to resume a checkpoint ``stored`` (its :func:`resume_data_config`, None for checkpoints written before
     it was kept: not compared) on other data settings ``current``: the model would continue on other data and
     ``final_metrics.json`` would record settings it mostly did not train on.
@@ -600,7 +628,7 @@ def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict) -> None:
         return c
 
     what = "; ".join(f"data.{k}: checkpoint {at(stored, k)!r}, this run {at(current, k)!r}" for k in diff)
-    fix = " ".join(f"data.{k}={json.dumps(at(stored, k))}" for k in diff)
+    fix = " ".join(_resume_overrides(stored, diff, links))
     raise ValueError(
         f"ckpt_path={ckpt_path}: the data settings differ from the checkpoint's ({what}); a resumed run continues the "
         f"checkpoint's model, so it would train partly on other data and its final table would record settings it "

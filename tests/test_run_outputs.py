@@ -278,3 +278,16 @@ def test_ckpt_path_last_on_another_attention_names_the_run_it_picked(tmp_path, m
     assert msg.startswith(f"ckpt_path=last picked {run} (the newest run on this launch's data settings)")
     assert "the checkpoint was trained with attention ['flash', 'flash']" in msg
     assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in msg
+
+
+def test_a_resume_on_another_seed_asks_for_seed_not_data_seed(tmp_path, monkeypatch):
+    """data.seed follows the top-level seed (${seed}); a resume of a seed=1 run from a seed=0 launch said "pass its
+    values (data.seed=1)", and following it resumed with seed=0 recorded in final_metrics.json's result_config while
+    the data kept seed 1. The fix names the key the launch's data.seed follows: seed=1."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "outputs" / "d" / "10-00-00"
+    train_mod.train(make_cfg(run, _fast("trainer.max_steps=2", "trainer.val_check_interval=2", "seed=1")))
+    for ckpt in ("last", str(run / "checkpoints" / "last.ckpt")):
+        with pytest.raises(ValueError) as e:
+            train_mod.train(make_cfg(tmp_path / "new", _fast("trainer.max_steps=4", f"ckpt_path={ckpt}")))
+        assert "seed=1" in str(e.value) and "data.seed=1" not in str(e.value), str(e.value)
