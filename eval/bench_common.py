@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 import traceback
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
@@ -89,12 +90,11 @@ def interleaved_rounds(timers: Dict[str, Callable[[], float]], rounds: int, star
 def median_spread(times: Sequence[float]) -> tuple:
     """``(median, spread)`` of ``times`` (ms, at least one): the median (the mean of the middle two for an even
     count) and ``(max - min) / median``, how far apart the rounds of :func:`interleaved_rounds` were."""
-    t = sorted(float(x) for x in times)
+    t = [float(x) for x in times]
     if not t:
         raise ValueError("times must hold at least one value")
-    n = len(t)
-    med = t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
-    return med, (t[-1] - t[0]) / med if med > 0 else float("nan")
+    med = statistics.median(t)
+    return med, (max(t) - min(t)) / med if med > 0 else float("nan")
 
 
 def host_us(fn: Callable[[], object], n: int = 100, warmup: int = 5) -> float:
