@@ -67,14 +67,19 @@ def allow_retain_graph() -> None:
 def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
     """``BlockMask`` of ``spec`` for ``Nq`` queries and ``Nk`` keys on ``device`` (``None`` if nothing is masked).
 
-    Built from :meth:`attn_zoo.masks.MaskInfo.allowed` (compiled ``create_block_mask`` on CUDA);
-    ``block_size`` is FlexAttention's tile (128 is its default and the sparse layouts' block).
+    Built from :meth:`attn_zoo.masks.MaskInfo.allowed` (compiled ``create_block_mask`` on CUDA), except a block
+    layout on Flex's tiles on CUDA, which goes into the block lists (:func:`_layout_block_mask`; eager Flex, the CPU
+    path, evaluates the ``mask_mod`` alone, so there the rule keeps the layout); ``block_size`` is
+    FlexAttention's tile (128 is its default and the sparse layouts' block).
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
     mi: MaskInfo = mask_info(spec, Nq, Nk)
     if mi.is_full:
         return None
+    if (mi.layout is not None and mi.block_size == block_size and mi.offset >= 0 and mi.offset % block_size == 0
+            and torch.device(device).type == "cuda"):  # eager Flex (CPU) applies the mask_mod alone, not the lists
+        return _layout_block_mask(mi, device, block_size)
     if mi.layout is not None:
         mi = replace(mi, layout=mi.layout.to(device))
 
@@ -83,6 +88,31 @@ def flex_block_mask(spec, Nq: int, Nk: int, device: str, block_size: int = 128):
 
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=Nq, KV_LEN=Nk, device=device, BLOCK_SIZE=block_size,
                              _compile=torch.device(device).type == "cuda")
+
+
+def _layout_block_mask(mi: MaskInfo, device: str, block_size: int):
+    """``BlockMask`` of a block-sparse rule whose layout blocks are Flex's tiles (``mi.block_size == block_size``,
+    offset ``Nk - Nq`` a multiple of it): the layout goes into the block lists (``BlockMask.from_kv_blocks``; blocks
+    the layout drops are never listed, blocks the whole rule keeps are listed as full) and the ``mask_mod`` keeps
+    only the element terms (causal, window), which capture no tensor. This is how a Flex user writes BigBird; the
+    element rule with a captured layout lookup is what the FA4 (CuTe DSL) backend failed to lower (2026-12-04)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    tab = mi.block_table(block_size, block_size)  # aligned: each tile is one layout cell, so visited / full are exact
+    rule = replace(mi, layout=None, block_size=0)  # rows have i' >= 0 (offset >= 0): the layout's i' >= 0 term holds
+
+    def lists(sel: torch.Tensor):  # (nqb, nkb) bool -> counts (1, 1, nqb), indices (1, 1, nqb, nkb), int32
+        idx = torch.sort((~sel).to(torch.int8), dim=1, stable=True).indices  # selected blocks first, in key order
+        return (sel.sum(1).to(torch.int32)[None, None].to(device), idx.to(torch.int32)[None, None].to(device))
+
+    kv_num, kv_idx = lists(tab.visited & ~tab.full)
+    full_num, full_idx = lists(tab.full)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return rule.allowed(q_idx, kv_idx)
+
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                    seq_lengths=(mi.Nq, mi.Nk))
 
 
 _DOC_MASKS: list = []  # [(weakref to doc_ids, its _version, key, BlockMask)], the most recent first

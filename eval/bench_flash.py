@@ -15,7 +15,8 @@ with the Triton dQ where :func:`kernels.flash.gluon.choose_bwd_impl` picks it, e
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``) and ``ours_gluon_bwd_2c`` (that with
 ``gluon_bwd_consumers=2``), each with the default forward.
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
-non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, GQA Hkv = Hq/4 and MQA
+non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, causal strided block-sparse
+(Child et al. 2019's fixed pattern, 1024-token windows: ``stride_blocks`` 8 of 128), GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
 (B = 16384 // N), hidden 2048 (H = 2048 // D). FLOPs by the FlashAttention formula (4 B H N^2 D times the visited
 fraction; causal 1/2; backward 2.5x). SDPA cannot skip window / sparse tiles: for those variants its anchor runs
@@ -68,6 +69,7 @@ VARIANTS = {
     "win4096": dict(kind="sliding_window", causal=True, window_size=(4095, 0)),
     "bigbird": dict(kind="sparse", causal=True, sparse_pattern="bigbird", block_size=128, num_local_blocks=2,
                     num_global_blocks=1, num_random_blocks=2),
+    "strided": dict(kind="sparse", causal=True, sparse_pattern="strided", block_size=128, stride_blocks=8),
     "gqa4": dict(kind="flash", causal=True),
     "mqa": dict(kind="flash", causal=True),
     "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),

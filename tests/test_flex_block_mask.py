@@ -1,0 +1,83 @@
+"""attn_zoo.flex.flex_block_mask: the BlockMask every Flex backend and anchor runs, against the shared element rule.
+
+On CUDA, block-sparse layouts on Flex's tiles go into the block lists, with a mask_mod that captures no tensor (what
+the FA4 / CuTe DSL backend can lower): compiled Flex skips unlisted blocks, runs listed full blocks without the
+mask_mod and applies it to the partial ones. That mask is checked here element by element against the dense rule
+(:meth:`attn_zoo.masks.MaskInfo.dense`), in those semantics. Elsewhere (eager Flex on CPU evaluates the mask_mod
+alone) the mask_mod keeps the layout lookup, and eager Flex's output is checked against dense attention.
+"""
+
+import pytest
+import torch
+
+from attn_zoo.flex import _layout_block_mask, flex_block_mask
+from attn_zoo.masks import mask_info
+from attn_zoo.spec import AttentionSpec
+
+BIGBIRD = dict(kind="sparse", sparse_pattern="bigbird", block_size=128, num_local_blocks=1, num_global_blocks=1,
+               num_random_blocks=1)
+STRIDED = dict(kind="sparse", sparse_pattern="strided", block_size=128, stride_blocks=2)
+SHAPES = [(768, 768), (320, 320), (256, 640)]  # Nk - Nq a multiple of 128, ragged tails included
+
+
+def _captured_tensors(fn):
+    """Tensors a mask_mod reaches through its closure (and the fields of captured dataclasses such as MaskInfo)."""
+    todo, seen, out = [c.cell_contents for c in (fn.__closure__ or ())], set(), []
+    while todo:
+        c = todo.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        if isinstance(c, torch.Tensor):
+            out.append(c)
+        elif hasattr(c, "__dataclass_fields__"):
+            todo.extend(getattr(c, f) for f in c.__dataclass_fields__)
+        elif callable(c) and getattr(c, "__closure__", None):
+            todo.extend(x.cell_contents for x in c.__closure__)
+    return out
+
+
+def _compiled_flex_semantics(bm, Nq, Nk, bs):
+    """Element mask compiled Flex applies: listed full blocks all kept, listed partial blocks by the mask_mod,
+    unlisted blocks dropped."""
+    out = torch.zeros(Nq, Nk, dtype=torch.bool)
+    i = torch.arange(Nq).view(-1, 1)
+    j = torch.arange(Nk).view(1, -1)
+    mm = bm.mask_mod(0, 0, i, j)
+    for qb in range(-(-Nq // bs)):
+        rows = slice(qb * bs, min((qb + 1) * bs, Nq))
+        full = bm.full_kv_indices[0, 0, qb, : int(bm.full_kv_num_blocks[0, 0, qb])].tolist()
+        partial = bm.kv_indices[0, 0, qb, : int(bm.kv_num_blocks[0, 0, qb])].tolist()
+        assert not set(full) & set(partial), f"query block {qb}: key blocks listed both full and partial"
+        for kb in full:
+            out[rows, kb * bs: (kb + 1) * bs] = True
+        for kb in partial:
+            out[rows, kb * bs: (kb + 1) * bs] = mm[rows, kb * bs: (kb + 1) * bs]
+    return out
+
+
+@pytest.mark.parametrize("pattern", [BIGBIRD, STRIDED], ids=["bigbird", "strided"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("Nq,Nk", SHAPES)
+def test_layout_in_block_lists_is_the_element_rule(pattern, causal, Nq, Nk):
+    mi = mask_info(AttentionSpec(causal=causal, **pattern), Nq, Nk)
+    bm = _layout_block_mask(mi, "cpu", 128)
+    assert _captured_tensors(bm.mask_mod) == []  # nothing for the CuTe DSL backend to lower but index arithmetic
+    assert int(bm.full_kv_num_blocks.sum()) > 0  # full blocks are listed as full (no mask_mod work on them)
+    expect = mi.dense()
+    got = _compiled_flex_semantics(bm, Nq, Nk, 128)
+    assert torch.equal(got, expect), f"{int((got != expect).sum())} of {expect.numel()} elements differ"
+
+
+@pytest.mark.parametrize("pattern", [BIGBIRD, STRIDED], ids=["bigbird", "strided"])
+@pytest.mark.parametrize("Nq,Nk", SHAPES + [(200, 520)])
+def test_eager_flex_with_the_block_mask_is_dense_attention(pattern, Nq, Nk):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    mi = mask_info(AttentionSpec(causal=True, **pattern), Nq, Nk)
+    bm = flex_block_mask(AttentionSpec(causal=True, **pattern), Nq, Nk, "cpu")
+    g = torch.Generator().manual_seed(Nq + Nk)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (Nq, Nk, Nk))
+    s = (q @ k.transpose(-1, -2)) * 16 ** -0.5
+    ref = torch.softmax(s.masked_fill(~mi.dense(), float("-inf")), dim=-1).nan_to_num(0.0) @ v  # empty rows: 0
+    torch.testing.assert_close(flex_attention(q, k, v, block_mask=bm), ref, atol=2e-5, rtol=1e-4)
