@@ -13,7 +13,8 @@ and for ``bwd_impl="gluon"`` at every combination of
   Gluon kernel computes dK / dV only, then bwd.py's Triton dQ kernel) or ``gluon`` (dK / dV likewise, then the Gluon
   dQ kernel ``_gl_bwd_dq_kernel``);
 * ``--dq-block-n`` / ``--dq-stages`` (``--dq gluon`` only; 0: the launcher's): the Gluon dQ kernel's key tile and ring
-  depth (``kernels.flash.gluon.gluon_bwd_dq_tiles`` patched; D 128 at 128 keys compiles with serialized wgmmas);
+  depth (``kernels.flash.gluon.gluon_bwd_dq_tiles`` patched; D 128 at 128 keys compiles with serialized wgmmas and
+  fits shared memory only with ``--dq-stages 2``: 64 + 3 x 64 KiB is over 227 KiB, recorded as an error row);
 * ``--lse``: ``kernels.flash.gluon.GLUON_BWD_LSE_TMA``: ``tma`` (lse2 / delta through the TMA ring into shared
   memory) or ``load`` (``gl.load`` into registers, the first version);
 * ``--consumers``: ``FlashConfig.gluon_bwd_consumers``: 1 (one 8-warp consumer partition) or 2 (two 1-warpgroup

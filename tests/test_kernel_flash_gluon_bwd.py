@@ -881,6 +881,7 @@ _GDQ = FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq="gluon", gl
     (8, 2, 1000, 1000, torch.bfloat16, False),  # GQA 4:1, N not a multiple of the tiles
     (4, 4, 300, 1000, torch.bfloat16, True),  # Nq < Nk (bottom-right causal), model layout
     (4, 1, 1000, 333, torch.float16, False),  # Nq > Nk: causal rows that see no key (consumer 0 skips); MQA
+    (2, 2, 1000, 260, torch.bfloat16, False),  # causal query tile 640: consumer 0 sees no key, consumer 1 does
     (2, 2, 2048, 2048, torch.bfloat16, True),  # whole tiles
     (2, 2, 1, 200, torch.float16, False),  # one query row (consumer 1's rows all past Nq)
     (2, 2, 129, 129, torch.float16, True),  # one row in the last query tile

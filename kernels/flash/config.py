@@ -145,7 +145,8 @@ class FlashConfig:
             launches it: two kernels, no atomics, deterministic, so ``deterministic=True`` allows it) or ``"gluon"``
             (dK / dV likewise, then the Gluon dQ kernel ``_gl_bwd_dq_kernel``, FA3's forward layout: a TMA producer
             warp streaming K / V, two 1-warpgroup consumers of 64 query rows, dQ in registers; deterministic too;
-            :func:`kernels.flash.gluon.gluon_dq`). ``"auto"`` runs ``"triton"``.
+            :func:`kernels.flash.gluon.gluon_dq`). ``bwd_impl="auto"``, where it picks the Gluon backward, runs its
+            dK / dV with the Triton dQ (:data:`kernels.flash.gluon.AUTO_GLUON_BWD`).
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
