@@ -12,8 +12,9 @@ registered backend (``all``: every one), and every backend a ``--plugins`` modul
 recorded as an error row); the backward is the default one (``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel
 with the Triton dQ where :func:`kernels.flash.gluon.choose_bwd_impl` picks it, else Triton) in all but
 ``ours_triton_bwd`` (the Triton backward forced), ``ours_gluon_bwd`` (``FlashConfig(bwd_impl="gluon")``: the atomic
-dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``) and ``ours_gluon_bwd_2c`` (that with
-``gluon_bwd_consumers=2``), each with the default forward.
+dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with
+``gluon_bwd_consumers=2``) and ``ours_gluon_dq`` (that with ``gluon_bwd_dq="gluon"``: the Gluon dQ kernel), each with
+the default forward.
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, causal strided block-sparse
 (Child et al. 2019's fixed pattern, 1024-token windows: ``stride_blocks`` 8 of 128), GQA Hkv = Hq/4 and MQA
@@ -79,13 +80,15 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 # ways), the others force one kernel
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
         "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto",
-        "ours_triton_bwd": "auto"}
+        "ours_gluon_dq": "auto", "ours_triton_bwd": "auto"}
 # the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq, .gluon_bwd_consumers) of the OURS entries that do not
 # run the default backward ("auto"): the Gluon backward with its atomic dQ, its dK / dV kernel with the Triton dQ
-# kernel ("tdq"), that with two consumer partitions ("2c"), and the Triton backward forced
+# kernel ("tdq"), that with two consumer partitions ("2c"), that with the Gluon dQ kernel ("gluon_dq"), and the
+# Triton backward forced
 OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_bwd_tdq": dict(bwd_impl="gluon", gluon_bwd_dq="triton"),
             "ours_gluon_bwd_2c": dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2),
+            "ours_gluon_dq": dict(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2),
             "ours_triton_bwd": dict(bwd_impl="triton")}
 DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
@@ -268,7 +271,8 @@ def ours_config(impl: str, config=None):
     ``"ours"``) runs with: ``config`` (default ``FlashConfig()``) with that impl's ``fwd_impl`` (and the backward
     settings of the keys of ``OURS_BWD``: ``ours_gluon_bwd`` is the default forward with the Gluon backward,
     ``ours_gluon_bwd_tdq`` the same with ``gluon_bwd_dq="triton"``: Gluon dK / dV, Triton dQ; ``ours_gluon_bwd_2c``
-    that with two consumers; ``ours_triton_bwd`` the Triton backward)."""
+    that with two consumers; ``ours_gluon_dq`` that with the Gluon dQ kernel; ``ours_triton_bwd`` the Triton
+    backward)."""
     from kernels import FlashConfig
 
     cfg = config if config is not None else FlashConfig()

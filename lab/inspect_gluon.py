@@ -5,7 +5,7 @@ Gluon's API is triton-version specific: run it with the GPU machine's triton (3.
 
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
     PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv,
-        gluon_bwd_dkdv2,gluon_bwd_dkdv2pp] [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load]
+        gluon_bwd_dkdv2,gluon_bwd_dkdv2pp,gluon_bwd_dq] [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load]
         [--bwd-block-m M] [--bwd-block-n N] [--ptx DIR]
 
 Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
@@ -14,7 +14,8 @@ Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher
 ``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), ``gluon_bwd_dkdv2`` the
 two-consumer dK / dV kernel (``gluon_bwd_consumers=2``; ``gluon_bwd_dkdv2pp`` with ping-pong), each once per ``--lse``
 way of reading lse2 / delta: ``tma`` (through the ring into shared memory, ``LSE_TMA=True``) and ``load``
-(``gl.load`` into registers, the first version)); an impl that fails to compile prints its error and the rest go on.
+(``gl.load`` into registers, the first version)); ``gluon_bwd_dq`` the Gluon dQ kernel (``gluon_bwd_dq="gluon"``,
+:func:`~kernels.flash.gluon.gluon_bwd_dq_tiles`; ``--lse`` does not apply: it loads lse2 / delta per row); an impl that fails to compile prints its error and the rest go on.
 """
 
 from __future__ import annotations
@@ -81,13 +82,41 @@ def _report(ck, tile: str, ptx: bool) -> dict:
             f.write(text)
         r = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
                            capture_output=True, text=True)
-    warn = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if "warning" in ln.lower()]
+        nvdisasm = os.path.join(os.path.dirname(ptxas), "nvdisasm")
+        if r.returncode == 0 and os.path.exists(nvdisasm):
+            sass = subprocess.run([nvdisasm, "-c", os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+            out["partition_regs"] = partition_registers(sass.stdout)
+    # ptxas's warnings, and its "info" notes of lost performance (C7512: "wgmma.mma_async instructions are
+    # serialized due to insufficient register resources": the overlap is lost; ptxas prints it as info, not warning)
+    warn = [ln.strip() for ln in (r.stdout + r.stderr).splitlines()
+            if "warning" in ln.lower() or "performance loss" in ln.lower()]
     out["ptxas_warnings"] = len(warn)
     if warn:
         out["first_warning"] = warn[0][:160]
     if ptx:
         out["ptx"] = text
     return out
+
+
+def partition_registers(sass: str) -> str:
+    """The SASS cut at each ``USETMAXREG`` (setmaxnreg): ``"N:R"`` per section of more than 20 instructions, ``N`` the
+    register count the section runs under (the setmaxnreg it starts with) and ``R`` the highest register index it
+    names + 1 (so ``R <= N`` means it fits; a rough per-partition figure: the partitions' code lies in those sections,
+    in order: the default partition, then the workers)."""
+    parts, cur, limit = [], [], None
+    for ln in sass.splitlines():
+        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL (?:\w+, )?(0x[0-9a-fA-F]+|\d+)", ln)
+        if m:
+            parts.append((limit, cur))
+            cur, limit = [], int(m.group(1), 0)
+        cur.append(ln)
+    parts.append((limit, cur))
+    out = []
+    for limit, lines in parts:
+        regs = [int(x) for ln in lines for x in re.findall(r"\bR(\d+)\b", ln)]
+        if limit is not None and len(lines) > 20 and regs:
+            out.append(f"{limit}:{max(regs) + 1}")
+    return "/".join(out)
 
 
 def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
@@ -136,6 +165,37 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps_tag}", ptx)
 
 
+def compile_dq_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
+                    block_n_override: int = 0) -> dict:
+    """Compile the Gluon dQ kernel (``gluon_bwd_dq="gluon"``, ``_gl_bwd_dq_kernel``) at the launcher's tiles
+    (:func:`kernels.flash.gluon.gluon_bwd_dq_tiles`; ``stages_override`` / ``block_n_override``, 0: the launcher's)
+    for sm_90a. The same report as :func:`compile_case`."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.flash import _gluon_kernels as GK
+    from kernels.flash.gluon import gluon_bwd_dq_tiles, nvmma_layout
+
+    block_m, block_n, stages, warps = gluon_bwd_dq_tiles(D)
+    stages, block_n = stages_override or stages, block_n_override or block_n
+    fn = GK._gl_bwd_dq_kernel
+    import triton.experimental.gluon.language as gl
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    types = {}
+    for name, rows in (("q_desc", block_m), ("do_desc", block_m), ("k_desc", block_n), ("v_desc", block_n)):
+        lay = nvmma_layout([1, 1, rows, D], gdt)
+        types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
+    types.update(Lse2="*fp32", Delta="*fp32", DQ=f"*{dtype}", qk_scale="fp32", sm_scale="fp32",
+                 **{n: "i32" for n in ("stride_qb", "stride_qh", "stride_qn", "Hq", "Nq", "Nk", "offset", "group")})
+    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ck = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=warps))
+    return _report(ck, f"{block_m}x{block_n}x{stages}st/2x{warps}w", ptx)
+
+
 # inspect name -> compile_bwd_case's (write_dq, consumers, pingpong)
 BWD_IMPLS = {"gluon_bwd": (True, 1, False), "gluon_bwd_dkdv": (False, 1, False),
              "gluon_bwd_dkdv2": (False, 2, False), "gluon_bwd_dkdv2pp": (False, 2, True)}
@@ -146,13 +206,15 @@ def main():
     ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv",
                     help="forward impls and / or the backward kernel (bwd_impl='gluon'): gluon_bwd (atomic dQ), "
                          "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton'), gluon_bwd_dkdv2 (the same with "
-                         "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG)")
+                         "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG), gluon_bwd_dq (the Gluon "
+                         "dQ kernel, gluon_bwd_dq='gluon'; --stages / --bwd-block-n apply)")
     ap.add_argument("--lse", default="tma,load",
                     help="backward only: how lse2 / delta are read: tma (ring, shared memory), load (gl.load)")
     ap.add_argument("--stages", type=int, default=0, help="override the ring depth (0: the launcher's)")
     ap.add_argument("--bwd-block-m", type=int, default=0, help="backward only: override BLOCK_M (0: the launcher's)")
     ap.add_argument("--bwd-block-n", type=int, default=0,
-                    help="backward only: override BLOCK_N, the program's key rows (0: the launcher's)")
+                    help="backward only: override BLOCK_N, the program's key rows (gluon_bwd_dq: its key tile; 0: the "
+                         "launcher's)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
@@ -167,7 +229,10 @@ def main():
                         tag = f"{impl}{'/' + lse if lse else ''}"
                         name = f"{tag:19s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
                         try:
-                            if impl in BWD_IMPLS:
+                            if impl == "gluon_bwd_dq":
+                                r = compile_dq_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
+                                                    block_n_override=args.bwd_block_n)
+                            elif impl in BWD_IMPLS:
                                 if lse not in ("tma", "load"):
                                     raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
                                 wdq, cons, pp = BWD_IMPLS[impl]

@@ -11,7 +11,8 @@ error, as tests/test_kernel_flash.py) and against the Triton backward on the sam
 Nq == Nk and Nq != Nk (incl. causal rows that see no key), N not a multiple of the tiles, GQA / MQA, D 64 / 128,
 bf16 / fp16, both input layouts, the lse gradient path; bitwise repeatable gradients with ``gluon_bwd_dq="triton"``
 (which ``deterministic=True`` allows). The same for ``gluon_bwd_consumers=2`` (``_gl_bwd_dkdv2_kernel``, with and
-without ``GLUON_BWD_PINGPONG``; CPU: its validation and dispatch).
+without ``GLUON_BWD_PINGPONG``; CPU: its validation and dispatch). The same again for ``gluon_bwd_dq="gluon"`` (the
+Gluon dQ kernel ``_gl_bwd_dq_kernel``, after either dK / dV kernel; a spy proves it ran and the Triton dQ did not).
 """
 
 import os
@@ -119,7 +120,7 @@ def test_auto_bwd_is_triton_on_cpu():
 
 
 def test_gluon_bwd_dq_validation_and_key():
-    assert GLUON_BWD_DQ == ("atomic", "triton")
+    assert GLUON_BWD_DQ == ("atomic", "triton", "gluon")
     assert FlashConfig().gluon_bwd_dq == "atomic" and FlashConfig(bwd_impl="gluon").key == '{"bwd_impl": "gluon"}'
     t = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
     assert t != FlashConfig(bwd_impl="gluon") and FlashConfig.from_key(t.key) == t
@@ -128,8 +129,29 @@ def test_gluon_bwd_dq_validation_and_key():
     assert FlashConfig(bwd_impl="triton", gluon_bwd_dq="triton").bwd_impl == "triton"  # accepted (and ignored)
     for bad in ("Triton", "separate", "", None, 0):
         with pytest.raises(ValueError, match=r"gluon_bwd_dq=.* is not supported; allowed values: 'atomic', "
-                                             r"'triton'$"):
+                                             r"'triton', 'gluon'$"):
             FlashConfig(bwd_impl="gluon", gluon_bwd_dq=bad)
+
+
+def test_gluon_bwd_dq_gluon_validation_and_key():
+    """gluon_bwd_dq="gluon" (the Gluon dQ kernel): its key round-trips, it composes with gluon_bwd_consumers 1 and 2,
+    deterministic=True allows it (no atomics), bwd_impl="auto" never picks it (the default stays the Triton dQ)."""
+    g = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="gluon")
+    assert g.key == '{"bwd_impl": "gluon", "gluon_bwd_dq": "gluon"}'
+    assert FlashConfig.from_key(g.key) == g and hash(FlashConfig.from_key(g.key)) == hash(g)
+    assert g != FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton") and g.gluon_bwd_consumers == 1
+    two = g.replace(gluon_bwd_consumers=2)
+    assert FlashConfig.from_key(two.key) == two and '"gluon_bwd_consumers": 2' in two.key
+    assert two.replace(deterministic=True).deterministic and g.replace(deterministic=True).deterministic
+    assert FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2).replace(
+        gluon_bwd_dq="gluon") == two
+    with pytest.raises(ValueError, match=r"gluon_bwd_consumers=2 is not supported with gluon_bwd_dq='atomic'"):
+        two.replace(gluon_bwd_dq="atomic")
+    with pytest.raises(ValueError, match=r"gluon_bwd_consumers=3 is not supported with gluon_bwd_dq='gluon'; "
+                                         r"allowed values: 1, 2 \(2 only with gluon_bwd_dq='triton' or 'gluon'"):
+        g.replace(gluon_bwd_consumers=3)
+    assert G.AUTO_GLUON_BWD["gluon_bwd_dq"] == "triton"  # "auto" keeps the Triton dQ until the GPU measures this one
+    assert G.auto_gluon_bwd_config(FlashConfig()).gluon_bwd_dq == "triton"
 
 
 def test_gluon_bwd_consumers_validation_and_key():
@@ -255,6 +277,19 @@ class _FakeKernel:
         return launch
 
 
+class _FakeDqKernel:
+    """Stands in for ``_gl_bwd_dq_kernel``: records the launch and writes 3 into DQ."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.calls.append((grid, args, kw))
+            args[6].fill_(3.0)
+        return launch
+
+
 def _fake_gluon(monkeypatch):
     """Mock the Gluon side of gluon_flash_bwd (kernel module, descriptors, layouts); returns (kernel, descriptors)."""
     kern, kern2, descs = _FakeKernel(), _FakeKernel(), []
@@ -264,9 +299,11 @@ def _fake_gluon(monkeypatch):
         return ("desc", len(descs) - 1)
 
     gl = SimpleNamespace(bfloat16="bf16", float16="fp16")
-    monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern, _gl_bwd_dkdv2_kernel=kern2),
-                                                      td, gl))
+    kdq = _FakeDqKernel()
+    monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern, _gl_bwd_dkdv2_kernel=kern2,
+                                                                      _gl_bwd_dq_kernel=kdq), td, gl))
     kern.two = kern2  # (the two-consumer kernel, gluon_bwd_consumers=2)
+    kern.dq = kdq  # (the dQ kernel, gluon_bwd_dq="gluon")
     monkeypatch.setattr(G, "nvmma_layout", lambda block, dt: ("nvmma", tuple(block), dt))
     monkeypatch.setattr(G, "lse_layout", lambda: "lse_layout")
     return kern, descs
@@ -357,6 +394,66 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     assert len(kern.two.calls) == 1
 
 
+@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gluon_flash_bwd_gluon_dq_dispatch(monkeypatch, causal, consumers):
+    """gluon_bwd_dq="gluon": the dK / dV kernel of gluon_bwd_consumers runs without dQ (WRITE_DQ=False / the
+    two-consumer kernel), then _gl_bwd_dq_kernel once over (cdiv(Nq, BLOCK_M), B * Hq) with 4-D descriptors (Q / dO
+    boxes of BLOCK_M rows, K / V of BLOCK_N), the preprocess's lse2 / delta (the buffers the dK / dV kernel got), dq
+    and its strides, the sizes, the bottom-right offset Nk - Nq, the GQA group and both scales; the Triton dQ kernel
+    does not run."""
+    B, Hq, Hkv, Nq, Nk, D = 2, 4, 2, 40, 200, 128
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=6)
+    scale = D ** -0.5
+    out, lse = _fwd(q, k, v, scale, causal)
+    kern, descs = _fake_gluon(monkeypatch)
+    monkeypatch.setattr(BW, "triton_dq", lambda *a: (_ for _ in ()).throw(AssertionError("triton_dq ran")))
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=consumers)
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg)
+    dkdv = kern.two if consumers == 2 else kern
+    assert len(dkdv.calls) == 1 and len((kern if consumers == 2 else kern.two).calls) == 0
+    _, dargs, dkw = dkdv.calls[0]
+    assert dkw.get("WRITE_DQ", False) is False and dargs[6] is dargs[8]  # no dQ buffer
+    assert (dk == 1).all() and (dv == 2).all()
+    assert len(kern.dq.calls) == 1
+    grid, args, kw = kern.dq.calls[0]
+    bm, bn, stages, warps = G.gluon_bwd_dq_tiles(D)
+    assert grid == (-(-Nq // bm), B * Hq) and (bm, warps) == (128, 4)
+    assert kw == dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=stages, num_warps=warps)
+    assert args[4] is dargs[7] and args[5] is dargs[8]  # lse2, delta: the preprocess's (B, Hq, Nq) buffers
+    torch.testing.assert_close(args[4], lse * 1.4426950408889634)
+    assert args[6] is dq and tuple(args[7:10]) == dq.stride()[:3]
+    assert tuple(args[10:15]) == (Hq, Nq, Nk, Nk - Nq, Hq // Hkv)
+    assert args[15] == pytest.approx(scale * 1.4426950408889634) and args[16] == scale
+    for i, t, rows in ((0, q, bm), (1, k, bn), (2, v, bn), (3, do, bm)):
+        base, shape, strides, block, _ = descs[args[i][1]]
+        assert base.data_ptr() == t.data_ptr() and shape == list(t.shape) and block == [1, 1, rows, D]
+    assert (dq == 3).all()
+
+
+def test_gluon_dq_non_unit_last_stride_and_tiles(monkeypatch):
+    """gluon_dq writes a dq whose last stride is not 1 through a (B, N, H, D) buffer (the kernel stores rows with a
+    unit last stride), copied back; the tiles: query tiles of 128 rows (two consumers of 64), key tiles of 64 or 128,
+    within shared memory; other head dims refused."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 70, 90, 64
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=7)
+    kern, _ = _fake_gluon(monkeypatch)
+    lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
+    dq = torch.zeros(B, Hq, D, Nq).transpose(2, 3)
+    assert dq.stride(3) != 1
+    G.gluon_dq(do, q, k, v, lse2, delta, dq, 0.125, True)
+    _, args, _ = kern.dq.calls[0]
+    assert args[6] is not dq and args[6].stride(3) == 1 and (dq == 3).all()
+    for D in G.GLUON_BWD_HEAD_DIMS:
+        bm, bn, stages, warps = G.gluon_bwd_dq_tiles(D)
+        assert bm == 128 and warps == 4 and bn in (64, 128) and stages >= 2
+        smem = 2 * (2 * bm * D + stages * 2 * bn * D)  # Q + dO once, STAGES K + V tiles (2-byte elements)
+        assert smem <= 227 * 1024 - 1024, (D, smem)
+    for D in (32, 96, 256):
+        with pytest.raises(ValueError, match=r"D=\d+ is not supported by the Gluon backward; allowed values"):
+            G.gluon_bwd_dq_tiles(D)
+
+
 @pytest.mark.parametrize("Nq", [1, 2, 3, 4, 37, 40, 777])
 def test_lse_tma_rows_are_16_byte_aligned(Nq):
     """TMA's innermost coordinate must be 16-byte aligned (else Hopper raises an illegal instruction: the first GPU
@@ -442,7 +539,8 @@ def test_bwd_tiles_fit_shared_memory_and_refuse_other_head_dims():
 def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
-    assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq", "ours_gluon_bwd_2c", "ours_triton_bwd"}
+    assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq", "ours_gluon_bwd_2c", "ours_gluon_dq",
+                                "ours_triton_bwd"}
     assert set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
@@ -450,6 +548,8 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "triton"
     assert bf.ours_config("ours").bwd_impl == "auto" and bf.ours_config("ours_triton").bwd_impl == "auto"
     assert bf.ours_config("ours_triton_bwd").bwd_impl == "triton"
+    cfg = bf.ours_config("ours_gluon_dq")
+    assert cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "gluon" and cfg.gluon_bwd_consumers == 2
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
 
 
@@ -750,16 +850,136 @@ def test_gpu_two_consumers_deterministic_and_equal_to_one_consumer(monkeypatch, 
     assert torch.equal(first[0], one[0])  # dq: the same Triton dQ kernel on the same inputs
 
 
+# ----------------------------------------------------------------- GPU: the Gluon dQ kernel (gluon_bwd_dq="gluon")
+
+
+def _spy_gluon_dq(monkeypatch):
+    """Record every launch grid of ``_gl_bwd_dq_kernel`` (the real kernel still runs) and make the Triton dQ kernel
+    raise, so that a passing test proves the Gluon dQ kernel computed dq; returns the list of grids."""
+    from kernels.flash import _gluon_kernels as GK
+
+    real, grids = GK._gl_bwd_dq_kernel, []
+
+    class _Spy:
+        def __getitem__(self, grid):
+            grids.append(tuple(grid))
+            return real[grid]
+
+    monkeypatch.setattr(GK, "_gl_bwd_dq_kernel", _Spy())
+    monkeypatch.setattr(BW, "triton_dq", lambda *a, **kw: (_ for _ in ()).throw(
+        AssertionError("the Triton dQ kernel ran with gluon_bwd_dq='gluon'")))
+    return grids
+
+
+_GDQ = FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2)
+
+
+@pytest.mark.parametrize("consumers", [2, 1])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("Hq,Hkv,Nq,Nk,dtype,bnhd", [
+    (8, 2, 1000, 1000, torch.bfloat16, False),  # GQA 4:1, N not a multiple of the tiles
+    (4, 4, 300, 1000, torch.bfloat16, True),  # Nq < Nk (bottom-right causal), model layout
+    (4, 1, 1000, 333, torch.float16, False),  # Nq > Nk: causal rows that see no key (consumer 0 skips); MQA
+    (2, 2, 1000, 260, torch.bfloat16, False),  # causal query tile 640: consumer 0 sees no key, consumer 1 does
+    (2, 2, 2048, 2048, torch.bfloat16, True),  # whole tiles
+    (2, 2, 1, 200, torch.float16, False),  # one query row (consumer 1's rows all past Nq)
+    (2, 2, 129, 129, torch.float16, True),  # one row in the last query tile
+    (2, 2, 200, 50, torch.bfloat16, False),  # Nk below one key tile
+])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_gluon_dq_grads_match_reference_and_triton(monkeypatch, consumers, causal, D, Hq, Hkv, Nq, Nk, dtype,
+                                                       bnhd):
+    """gluon_bwd_dq="gluon" with either dK / dV kernel: dq / dk / dv against the fp32 reference (within 3x plain
+    PyTorch's error) and the Triton backward; the Gluon dQ kernel ran once over (cdiv(Nq, 128), B * Hq); causal
+    rows that see no key get dq exactly 0."""
+    grids = _spy_gluon_dq(monkeypatch)
+    q, k, v, do = _qkv(2, Hq, Hkv, Nq, Nk, D, dtype=dtype, bnhd=bnhd)
+    ours = _grads(q, k, v, do, causal, _GDQ.replace(gluon_bwd_consumers=consumers))
+    assert grids == [(-(-Nq // 128), 2 * Hq)]
+    _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal)
+    if causal and Nq > Nk:
+        assert ours[0][:, :, :Nq - Nk].abs().max().item() == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_gluon_dq_lse_gradient(monkeypatch, causal):
+    """The lse gradient path (delta - dlse) with the Gluon forward and the Gluon dQ, against the Triton backward."""
+    grids = _spy_gluon_dq(monkeypatch)
+    q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
+    ours = _grads(q, k, v, do, causal, _GDQ.replace(fwd_impl="auto", tma_min_pairs=0), lse_grad=True)
+    tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"), lse_grad=True)
+    assert len(grids) == 1
+    _assert_grads_close(ours, tri)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_gluon_dq_large_causal_close_to_triton(monkeypatch, D):
+    """A benchmark-sized causal problem (the K / V rings wrap many times; heaviest query tiles first)."""
+    grids = _spy_gluon_dq(monkeypatch)
+    q, k, v, do = _qkv(1, 4, 4, 8192, 8192, D, bnhd=True)
+    ours = _grads(q, k, v, do, True, _GDQ.replace(fwd_impl="auto"))
+    tri = _grads(q, k, v, do, True, FlashConfig(bwd_impl="triton"))
+    assert len(grids) == 1
+    _assert_grads_near(ours, tri)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_gluon_dq_ragged_tail_and_rows_not_multiple_of_4(monkeypatch, D):
+    """Nq = 100 with a next head whose lse2 would overflow 2^-lse2, then Nq = 257, Nk = 200 with B * Hq = 9: finite
+    gradients close to the Triton backward's."""
+    grids = _spy_gluon_dq(monkeypatch)
+    q, k, v, do = _very_negative_lse_qkv(D)
+    cases = [(q, k, v, do, True), (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), False),
+             (*_qkv(3, 3, 3, 257, 200, D, bnhd=True), True)]
+    for q, k, v, do, causal in cases:
+        ours = _grads(q, k, v, do, causal, _GDQ)
+        tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"))
+        _assert_grads_close(ours, tri, finite=True)
+    assert len(grids) == len(cases)
+
+
+@pytest.mark.parametrize("consumers", [2, 1])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_gluon_dq_deterministic(monkeypatch, consumers, causal):
+    """gluon_bwd_dq="gluon" with deterministic=True: bitwise equal dq / dk / dv across runs (GQA, ragged N); dk / dv
+    bitwise equal to the Triton-dQ run's (the same dK / dV kernel) and dq close to it."""
+    q, k, v, do = _qkv(2, 8, 2, 3000, 3000, 128, bnhd=True)
+    cfg = _GDQ.replace(gluon_bwd_consumers=consumers, deterministic=True)
+    tdq = _grads(q, k, v, do, causal, cfg.replace(gluon_bwd_dq="triton"))
+    grids = _spy_gluon_dq(monkeypatch)
+    first = _grads(q, k, v, do, causal, cfg)
+    again = _grads(q, k, v, do, causal, cfg)
+    assert len(grids) == 2
+    for name, a, b in zip(("dq", "dk", "dv"), first, again):
+        assert torch.equal(a, b), name
+    assert torch.equal(first[1], tdq[1]) and torch.equal(first[2], tdq[2])
+    _assert_grads_near(first, tdq)
+
+
 def test_gluon_bwd_sweep_refuses_unknown_modes(capsys):
     """lab/gluon_bwd_sweep.py times every (--dq, --lse) combination; unknown values stop it before any GPU work."""
     from lab import gluon_bwd_sweep as sw
 
     assert sw.LSE_MODES == {"tma": True, "load": False}
-    for flag, bad, allowed in (("--dq", "atomic,separate", "atomic, triton"), ("--lse", "smem", "tma, load"),
+    for flag, bad, allowed in (("--dq", "atomic,separate", "atomic, triton, gluon"), ("--lse", "smem", "tma, load"),
                                ("--consumers", "1,3", "1, 2"), ("--pingpong", "2", "0, 1")):
         with pytest.raises(SystemExit):
             sw.main([flag, bad])
         assert f"allowed values: {allowed}" in capsys.readouterr().err
+    for argv in (["--dq-block-n", "32"], ["--dq-stages", "-1"], ["--dq-stages", "1"]):
+        with pytest.raises(SystemExit):
+            sw.main(argv)
+        assert "--dq-block-n: allowed values: 0, 64, 128" in capsys.readouterr().err
     for argv in (["--dq", "atomic", "--consumers", "2"], ["--consumers", "1", "--pingpong", "1"]):
         with pytest.raises(SystemExit):  # nothing to time: refused before any GPU work
             sw.main(argv)

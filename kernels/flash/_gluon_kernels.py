@@ -149,6 +149,15 @@ def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars,
     ``STAGES`` back completed) and its V (free once both consumers' PV product of that tile completed)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_tiles, STAGES, BLOCK_N)
+
+
+@gluon.jit
+def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_tiles,
+                  STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The producer's key loop (the forward's and the dQ kernel's): K and V of key tiles ``[0, n_tiles)`` of head
+    ``hk`` into ``STAGES``-deep rings; a K (V) slot is refilled once its empty barrier completed the release of the
+    tile ``STAGES`` back (both consumers' arrives)."""
     for t in range(0, n_tiles):
         slot = t % STAGES
         phase = ((t // STAGES) & 1) ^ 1  # the release of tile t - STAGES: completion t // STAGES - 1 of the slot
@@ -651,4 +660,175 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
                           cnt, STAGES, BLOCK_M, LSE_TMA))],
+        [4, 1], [240, 24])
+
+
+# ------------------------------------------------------------------------------------------------- gluon backward, dQ
+# The dQ pass (FlashConfig(gluon_bwd_dq="gluon"), after either dK / dV kernel) in the shape of the ws3 forward: one
+# program per (batch, query head, query tile of BLOCK_M = 128 rows), split between two 1-warpgroup consumer
+# partitions of BLOCK_M / 2 rows each, against the BLOCK_N-key tiles of the query head's K/V head (GQA: h // group)
+# that a 1-warp producer partition streams by TMA through STAGES-deep K and V rings (_kv_ring_fill, the forward's:
+# split K / V ready and empty barriers, each empty barrier expecting one arrive per consumer). Q and dO of the tile
+# arrive once (one barrier); lse2 / delta are per query ROW here (one or two registers per thread in the wgmma row
+# layout), loaded once from the preprocess's buffers. Per consumer, key tile j runs
+#
+#   S_j = Q K_j^T,  P_j = exp2(S_j * scale * log2(e) - lse2)   (element mask on diagonal / ragged-end tiles only)
+#   dP_j = dO V_j^T,  dS_j = P_j * (dP_j - delta)  -> registers, the A operand of  dQ += dS_j K_j
+#
+# as one "issue round" per tile (FA3's intra-warpgroup overlap, as the forward's P V): round j issues dQ += dS_{j-1}
+# K_{j-1}, S_j and dP_j (three async groups), waits for the first two (then K_{j-1} is released), computes P_j while
+# dP_j runs, waits for dP_j (V_j released) and forms dS_j; one last round issues dQ += dS_{n-1} K_{n-1}. dQ stays in
+# fp32 registers and is stored once, times sm_scale (rows < Nq). No atomics: deterministic.
+# Causal (bottom-right, key j visible to query i iff j <= i + offset): the program visits the key tiles its last row
+# reaches; consumer 0's rows reach up to 64 keys fewer, so it computes its own (shorter) range and releases the
+# remaining tiles unread (after their ready barrier: an early second arrive on a count-2 barrier would be counted in
+# the wrong phase). A consumer whose rows all lie past Nq (Nq < 64 in the last tile) computes nothing either. Rows
+# past Nq arrive as zeros with lse2 = +inf (P = 0); key rows past Nk are masked (ragged end tile: t >= n_full).
+
+
+@gluon.jit
+def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
+                 v_empty, b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp) of ``_gl_bwd_dq_kernel``: Q and dO once (one barrier), then the K / V rings."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_tiles, STAGES, BLOCK_N)
+
+
+@gluon.jit
+def _dq_probs(s, lse2, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """``P = exp2(S * qk_scale - lse2)`` of key tile ``t`` (fp32, wgmma layout), zero where masked (tiles from
+    ``n_full``: keys past ``Nk`` and, causal, keys ``j > i + offset``)."""
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+    if t >= n_full:  # causal diagonal / ragged key end: element mask (a uniform branch)
+        cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = gl.expand_dims(cols < Nk, 0)
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + offset, 1))
+        p = gl.where(ok, p, 0.0)
+    return p
+
+
+@gluon.jit
+def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, Lse2, Delta, DQ, stride_qb,
+                 stride_qh, stride_qn, b, h, bh, start_m, n_tiles, Nq, Nk, offset, qk_scale, sm_scale,
+                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """One consumer (one warpgroup) of ``_gl_bwd_dq_kernel``: ``BLOCK_M`` query rows from ``start_m`` (``q2`` /
+    ``do2`` their Q / dO rows in shared memory) against key tiles ``[0, n_w)`` of the program's ``n_tiles`` (the
+    schedule above), then ``dQ * sm_scale`` stored (rows < Nq) at DQ's strides (unit last stride)."""
+    dtype: gl.constexpr = q2.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])  # (BLOCK_M, BLOCK_N)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_D, 16])  # (BLOCK_M, HEAD_D)
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    n_w, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)  # this consumer's rows' key tiles
+    n_w = gl.where(start_m < Nq, n_w, 0)  # (rows all past Nq: nothing to add)
+    rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    lse2 = gl.load(Lse2 + bh.to(gl.int64) * Nq + rows, mask=rows < Nq, other=float("inf"))
+    delta = gl.load(Delta + bh.to(gl.int64) * Nq + rows, mask=rows < Nq, other=0.0)
+    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)  # also when no key is visited: the program must not exit with the copy in flight
+    if n_w > 0:
+        # round 0: S_0 and dP_0
+        mbarrier.wait(k_bars.index(0), 0)
+        s_t = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero, use_acc=False,
+                            is_async=True)
+        mbarrier.wait(v_bars.index(0), 0)
+        dp_t = warpgroup_mma(do2, v_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                             use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_t, ))
+        p = _dq_probs(s, lse2, 0, n_full, start_m, Nk, offset, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+        dp = warpgroup_mma_wait(0, deps=(dp_t, ))
+        gl.thread_barrier()  # every warp's wgmmas of V_0 are done: release it
+        mbarrier.arrive(v_empty.index(0), count=1)
+        ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), ds_layout)
+        for j in range(1, n_w):
+            slot = j % STAGES
+            pslot = (j - 1) % STAGES
+            dq_t = warpgroup_mma(ds, k_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), dq, is_async=True)
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            s_t = warpgroup_mma(q2, k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                                use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+            dp_t = warpgroup_mma(do2, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                                 use_acc=False, is_async=True)
+            dq, ds, s = warpgroup_mma_wait(1, deps=(dq_t, ds, s_t))  # dQ_{j-1} and S_j done; dP_j may still run
+            gl.thread_barrier()  # every warp's wgmmas of K_{j-1} are done: release it
+            mbarrier.arrive(k_empty.index(pslot), count=1)
+            p = _dq_probs(s, lse2, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+            dp = warpgroup_mma_wait(0, deps=(dp_t, ))
+            gl.thread_barrier()
+            mbarrier.arrive(v_empty.index(slot), count=1)
+            ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), ds_layout)
+        # last round: dQ += dS_{n-1} K_{n-1}
+        lslot = (n_w - 1) % STAGES
+        dq_t = warpgroup_mma(ds, k_smem.index(lslot).reshape([BLOCK_N, HEAD_D]), dq, is_async=True)
+        dq, ds = warpgroup_mma_wait(0, deps=(dq_t, ds))
+        gl.thread_barrier()
+        mbarrier.arrive(k_empty.index(lslot), count=1)
+    for t in range(n_w, n_tiles):  # (causal / rows past Nq) the program's tiles this consumer's rows do not see
+        slot = t % STAGES
+        mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
+        mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
+        gl.thread_barrier()
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(v_empty.index(slot), count=1)
+    out = (dq * sm_scale).to(DQ.dtype.element_ty)
+    rows_o = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
+    base = DQ + b.to(gl.int64) * stride_qb + h.to(gl.int64) * stride_qh
+    ptrs = base + gl.expand_dims(rows_o.to(gl.int64) * stride_qn, 1) + gl.expand_dims(cols_o, 0)
+    gl.store(ptrs, out, mask=gl.expand_dims(rows_o < Nq, 1))
+
+
+@gluon.jit
+def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn,
+                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """``gluon_bwd_dq="gluon"``: grid ``(cdiv(Nq, BLOCK_M), B * Hq)`` (causal: heaviest query tiles first).
+    ``q_desc`` / ``do_desc``: 4-D TMA descriptors over ``(B, Hq, Nq, D)`` with a box of ``BLOCK_M`` rows, ``k_desc``
+    / ``v_desc`` over ``(B, Hkv, Nk, D)`` with ``BLOCK_N`` rows; ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)``
+    contiguous from the Triton preprocess (``lse2 = lse * log2(e)``, ``+inf`` on empty rows); ``DQ`` the
+    ``(B, Hq, Nq, D)`` output (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``, ``offset = Nk -
+    Nq``, ``group = Hq // Hkv``. ``num_warps = 4``: the default partition is consumer 0 (rows ``[0, BLOCK_M / 2)``
+    of the tile), a 4-warp worker consumer 1, a 1-warp worker the producer."""
+    dtype: gl.constexpr = q_desc.dtype
+    HALF: gl.constexpr = BLOCK_M // 2
+    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
+    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    do2 = do_smem.reshape([BLOCK_M, HEAD_D])
+    gl.warp_specialize(
+        [(_dq_consumer, (q2.slice(0, HALF), do2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
+                         v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, b, h, bh, start_m, n_tiles, Nq, Nk,
+                         offset, qk_scale, sm_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
+         (_dq_consumer, (q2.slice(HALF, HALF), do2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
+                         v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, b, h, bh, start_m + HALF, n_tiles,
+                         Nq, Nk, offset, qk_scale, sm_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 4)),
+         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                         k_empty, v_empty, b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
         [4, 1], [240, 24])

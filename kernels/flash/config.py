@@ -34,10 +34,11 @@ FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
 # "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; with the atomic dQ, deterministic=True refuses it)
 BWD_IMPLS = ("auto", "triton", "gluon")
 # the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
-# Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic)
-GLUON_BWD_DQ = ("atomic", "triton")
+# Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic) or "gluon"
+# (dK / dV likewise, then the Gluon dQ kernel of kernels.flash._gluon_kernels: no atomics, deterministic)
+GLUON_BWD_DQ = ("atomic", "triton", "gluon")
 # the Gluon backward's consumer partitions (FlashConfig.gluon_bwd_consumers): 1 (one 8-warp partition) or 2 (two
-# 1-warpgroup partitions of 64 key rows each; dK / dV only, so gluon_bwd_dq="triton" only)
+# 1-warpgroup partitions of 64 key rows each; dK / dV only, so gluon_bwd_dq="triton" or "gluon" only)
 GLUON_BWD_CONSUMERS = (1, 2)
 KINDS = ("fwd", "dq", "dkdv")
 
@@ -141,11 +142,16 @@ class FlashConfig:
         gluon_bwd_dq: the dQ of ``bwd_impl="gluon"`` (ignored by ``"triton"``): ``"atomic"`` (default: the Gluon
             kernel adds ``dS K`` into an fp32 buffer with atomics; not bitwise deterministic) or ``"triton"`` (the
             Gluon kernel computes dK / dV only, then the Triton dQ kernel of bwd.py runs as the Triton backward
-            launches it: two kernels, no atomics, deterministic, so ``deterministic=True`` allows it).
+            launches it: two kernels, no atomics, deterministic, so ``deterministic=True`` allows it) or ``"gluon"``
+            (dK / dV likewise, then the Gluon dQ kernel ``_gl_bwd_dq_kernel``, FA3's forward layout: a TMA producer
+            warp streaming K / V, two 1-warpgroup consumers of 64 query rows, dQ in registers; deterministic too;
+            :func:`kernels.flash.gluon.gluon_dq`). ``bwd_impl="auto"``, where it picks the Gluon backward, runs its
+            dK / dV with the Triton dQ (:data:`kernels.flash.gluon.AUTO_GLUON_BWD`).
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
-            needs ``gluon_bwd_dq="triton"``; what ``"auto"`` runs). Anything else raises ``ValueError``.
+            needs ``gluon_bwd_dq="triton"`` or ``"gluon"``; what ``"auto"`` runs). Anything else raises
+            ``ValueError``.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.
@@ -192,14 +198,14 @@ class FlashConfig:
                              f"{', '.join(map(repr, GLUON_BWD_DQ))}")
         c = self.gluon_bwd_consumers
         if (not isinstance(c, int) or isinstance(c, bool) or c not in GLUON_BWD_CONSUMERS
-                or (c != 1 and self.gluon_bwd_dq != "triton")):
+                or (c != 1 and self.gluon_bwd_dq == "atomic")):
             raise ValueError(f"gluon_bwd_consumers={self.gluon_bwd_consumers!r} is not supported with gluon_bwd_dq="
-                             f"{self.gluon_bwd_dq!r}; allowed values: 1, 2 (2 only with gluon_bwd_dq='triton': "
-                             "the two-consumer kernel computes dK / dV only)")
+                             f"{self.gluon_bwd_dq!r}; allowed values: 1, 2 (2 only with gluon_bwd_dq='triton' or "
+                             "'gluon': the two-consumer kernel computes dK / dV only)")
         if self.deterministic and self.bwd_impl == "gluon" and self.gluon_bwd_dq == "atomic":
             raise ValueError("deterministic=True needs bwd_impl='triton', or bwd_impl='gluon' with "
-                             "gluon_bwd_dq='triton' (bwd_impl='gluon' with gluon_bwd_dq='atomic' adds its fp32 dQ "
-                             "partial sums with atomics, in an arbitrary order)")
+                             "gluon_bwd_dq='triton' or 'gluon' (bwd_impl='gluon' with gluon_bwd_dq='atomic' adds its "
+                             "fp32 dQ partial sums with atomics, in an arbitrary order)")
         if not (self.tma is True or self.tma is False or self.tma == "auto"):
             raise ValueError(f"tma={self.tma!r} is not supported; allowed values: 'auto', True, False")
         if not isinstance(self.tma_min_pairs, int) or isinstance(self.tma_min_pairs, bool) or self.tma_min_pairs < 0:

@@ -70,6 +70,24 @@ def gluon_bwd_tiles(D: int, consumers: int = 1) -> Tuple[int, int, int, int]:
     return (64, 128, 2, 8) if consumers == 1 else (64, 128, 2, 4)
 
 
+GLUON_BWD_DQ_TILES = {64: (128, 128, 2, 4), 128: (128, 64, 3, 4)}
+"""Head dim -> ``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of the Gluon dQ kernel (``gluon_bwd_dq="gluon"``,
+``_gl_bwd_dq_kernel``): query tiles of ``BLOCK_M = 128`` rows (two 1-warpgroup consumers of 64; ``num_warps`` is the
+default partition's), key tiles of ``BLOCK_N`` rows through ``STAGES``-deep K and V rings. Registers per consumer
+thread: dQ ``64 * D / 128`` fp32, S and dP ``64 * BLOCK_N / 128`` fp32 each, dS ``BLOCK_N / 4`` packed pairs, so D 128
+takes key tiles of 64 (D 64: 128). Shared memory, bf16: Q + dO ``2 * 128 * D * 2`` B, plus ``STAGES`` K + V tiles
+(D 128: 64 + 3 x 32 = 160 KiB; D 64: 32 + 2 x 32 = 96 KiB). Untimed choice (``lab/gluon_bwd_sweep.py`` patches it:
+``--dq-block-n``, ``--dq-stages``); ``lab/inspect_gluon.py --impls gluon_bwd_dq`` prints the compiled figures."""
+
+
+def gluon_bwd_dq_tiles(D: int) -> Tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of the Gluon dQ kernel at head dim ``D`` (:data:`GLUON_BWD_DQ_TILES`).
+    Raises ``ValueError`` for a ``D`` outside :data:`GLUON_BWD_HEAD_DIMS`."""
+    if D not in GLUON_BWD_HEAD_DIMS:
+        raise ValueError(f"D={D} is not supported by the Gluon backward; allowed values: {GLUON_BWD_HEAD_DIMS}")
+    return GLUON_BWD_DQ_TILES[D]
+
+
 def gluon_kernel(impl: str, GK):
     """``(kernel, extra constexpr kwargs)`` that run ``impl`` (``GK``: the kernels module)."""
     if impl not in WS3_FLAGS:
@@ -393,7 +411,9 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
       deterministic;
     * ``gluon_bwd_dq="triton"``: the kernel computes dK / dV only (``WRITE_DQ=False``: no ``dS K`` product, no
       atomics, no buffer) and the Triton dQ kernel of bwd.py runs as the Triton backward launches it for this mask
-      (:func:`kernels.flash.bwd.triton_dq`); deterministic. With ``config.gluon_bwd_consumers=2`` the dK / dV
+      (:func:`kernels.flash.bwd.triton_dq`); deterministic.
+    * ``gluon_bwd_dq="gluon"``: dK / dV as with ``"triton"``, then the Gluon dQ kernel (:func:`gluon_dq`, one program
+      per query tile, K / V streamed by TMA); deterministic. With ``config.gluon_bwd_consumers=2`` the dK / dV
       kernel is ``_gl_bwd_dkdv2_kernel`` (two 1-warpgroup consumer partitions of 64 key rows each, dS^T in
       registers; :data:`GLUON_BWD_PINGPONG` says whether they ping-pong).
 
@@ -413,7 +433,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if consumers not in GLUON_BWD_CONSUMERS or (consumers != 1 and write_dq):
         raise ValueError(f"gluon_bwd_consumers={consumers!r} is not supported with gluon_bwd_dq="
                          f"{config.gluon_bwd_dq!r}; allowed values: {GLUON_BWD_CONSUMERS} (2 only with "
-                         f"gluon_bwd_dq='triton')")
+                         f"gluon_bwd_dq='triton' or 'gluon')")
     GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -458,9 +478,38 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         STAGES=stages, LSE_TMA=lse_tma, num_warps=warps, **extra)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
+    elif config.gluon_bwd_dq == "gluon":
+        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, causal)
     else:
         triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale, 0 if causal else -1, config)
     return dq, dk, dv
+
+
+def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
+             delta: torch.Tensor, dq: torch.Tensor, softmax_scale: float, causal: bool) -> None:
+    """dQ of dense / causal (bottom-right) attention by the Gluon dQ kernel ``_gl_bwd_dq_kernel``
+    (``gluon_bwd_dq="gluon"``: FA3's forward layout, a TMA producer warp streaming K / V through a ring and two
+    1-warpgroup consumers of 64 query rows each, dQ in fp32 registers, no atomics: deterministic).
+    ``do, q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 / bf16 on a Hopper GPU (``D`` in
+    :data:`GLUON_BWD_HEAD_DIMS`; :func:`check_gluon_bwd` first), ``lse2`` / ``delta`` fp32 ``(B, Hq, Nq)``
+    contiguous from ``_bwd_preprocess``; writes ``dq (B, Hq, Nq, D)`` (any strides) in place. Grid
+    ``(cdiv(Nq, BLOCK_M), B * Hq)`` at :func:`gluon_bwd_dq_tiles`."""
+    from .launch import _bnhd_empty
+
+    GK, TD, gl = _gluon_modules()
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = gluon_bwd_dq_tiles(D)
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q, k, v, do = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
+    out = dq if dq.stride(3) == 1 else _bnhd_empty(B, Hq, Nq, D, dq.dtype, dq.device)
+    GK._gl_bwd_dq_kernel[(triton_cdiv(Nq, block_m), B * Hq)](
+        _descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
+        _descriptor(do, block_m, TD, gdt), lse2, delta, out, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk,
+        Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_D=D, STAGES=stages, num_warps=warps)
+    if out is not dq:
+        dq.copy_(out)
 
 
 def triton_cdiv(a: int, b: int) -> int:
