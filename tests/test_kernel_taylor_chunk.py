@@ -96,7 +96,8 @@ def test_segmented_call_host_work_is_a_few_operations(monkeypatch):
     do = torch.randn_like(o)
     with Ops() as bwd:
         o.backward(do)
-    assert [g for _, g in launched] == [(2, 2, 7), (2, 2, 8), (2, 2), (2, 2, 7), (2, 2, 16)], launched  # delta: 64-row blocks
+    # state sums, forward, delta (64-row blocks), query state sums, fused backward
+    assert [g for _, g in launched] == [(2, 2, 7), (2, 2, 8), (2, 2), (2, 2, 7), (2, 2, 16)], launched
     assert fwd.names.count("cumsum_") == 1 and bwd.names.count("cumsum_") == 1, (fwd.names, bwd.names)
     for ops in (fwd.names, bwd.names):
         assert not {"cat", "flip", "cumsum", "mul", "zeros_like"} & set(ops), ops
