@@ -38,10 +38,13 @@ and the host adds them (deterministic; the ``c`` terms, which do not depend on t
 Segments (``TaylorChunkConfig.segments``; automatic while ``B * H * ceil(Dv / block_v)`` programs leave the GPU
 short): the sequence splits into ``NS`` segments of ``L`` tokens (a multiple of ``C``) and grid axis 2 runs one scan
 per segment. A state-sum kernel (:func:`_taylor_seg_sums`) first writes each segment's key sums ``S0, S1, S2, z1,
-Z2`` (segments ``0 .. NS - 2``; fp32 in HBM, ``(NS - 1, B * H, ...)``), the host takes the exclusive prefix
-(``cumsum``), and the forward and ``dq`` scans of segment ``s`` start from the sum over segments ``< s`` (the
-``z0`` term is the absolute position already). The ``dk, dv`` scan starts from the exclusive suffix of the query
-sums ``dS0, dS1, dS2, e1, E2`` of segments ``1 .. NS - 1`` (a second state-sum launch in the backward). Exact in
+Z2`` (segments ``0 .. NS - 2``) into slots ``1 .. NS - 1`` of one fp32 buffer ``(NS, B * H, ...)`` (slot 0 zeros),
+one in-place ``cumsum`` over the slots makes the exclusive prefix, and the forward and ``dq`` scans of segment ``s``
+start from the sum over segments ``< s`` (the ``z0`` term is the absolute position already). The ``dk, dv`` scan
+starts from the exclusive suffix of the query sums ``dS0, dS1, dS2, e1, E2`` of segments ``1 .. NS - 1`` (a second
+state-sum launch in the backward, slots in reverse order so that the same forward ``cumsum`` gives the suffix). Four
+host operations per side in all (the 2026-12-04 code took five tensors and ~15 / ~30 host operations for the prefix
+/ suffix, which at 16k tokens are a large part of the call's host time). Exact in
 exact arithmetic; in floating point only the order of the state sums changes. ``NS = 1`` runs none of this (the
 scans take their constexpr ``HAS_SS = False`` build, the whole sequence from a zero state).
 
@@ -240,31 +243,42 @@ def _bwd_chunk(Qb, Kb, Vb, DOb, DEN, DELTA, bh, rows, od, ov, sq_n, sk_n, sv_n, 
 
 
 @triton.jit
-def _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD: tl.constexpr, BV: tl.constexpr):
-    """Entry ``s_id`` of fp32 per-segment states laid out ``P0 (NS, BH, DVP)``, ``P1 (NS, BH, BD, DVP)``,
-    ``P2 (NS, BH, BD * BD, DVP)``, ``PZ1 (NS, BH, BD)``, ``PZ2 (NS, BH, BD, BD)`` (``BH = num_programs(1)``,
-    ``DVP = num_programs(0) * BV``): this program's value block ``ov`` and batch x head ``program_id(1)``."""
-    idx = s_id.to(tl.int64) * tl.num_programs(1) + tl.program_id(1).to(tl.int64)
+def _state_base(P, slot, BD: tl.constexpr, BV: tl.constexpr):
+    """``(row base, dvp)`` of entry ``slot`` of a state buffer (:func:`_state_buffer`): fp32, segment-major, one row of
+    ``TOT = dvp (1 + BD + BD^2) + BD + BD^2`` floats per (slot, batch x head ``program_id(1)``), ``BH =
+    num_programs(1)``, ``dvp = num_programs(0) * BV``; the row holds ``S0 (dvp)``, ``S1 (BD, dvp)``, ``S2 (BD^2, dvp)``,
+    ``z1 (BD)``, ``Z2 (BD, BD)`` in that order."""
     dvp = tl.num_programs(0) * BV
+    tot = dvp * (1 + BD + BD * BD) + BD + BD * BD
+    idx = slot.to(tl.int64) * tl.num_programs(1) + tl.program_id(1).to(tl.int64)
+    return P + idx * tot, dvp
+
+
+@triton.jit
+def _load_state(P, slot, ov, BD: tl.constexpr, BV: tl.constexpr):
+    """Entry ``slot`` of a state buffer (:func:`_state_base`): this program's value block ``ov`` of ``S0, S1, S2``
+    and ``z1, Z2``."""
+    base, dvp = _state_base(P, slot, BD, BV)
     od = tl.arange(0, BD)
     o2 = tl.arange(0, BD * BD)
-    A0 = tl.load(P0 + idx * dvp + ov)
-    A1 = tl.load(P1 + (idx * BD + od[:, None]) * dvp + ov[None, :])
-    A2 = tl.load(P2 + (idx * (BD * BD) + o2[:, None]) * dvp + ov[None, :])
-    a1 = tl.load(PZ1 + idx * BD + od)
-    A3 = tl.load(PZ2 + idx * (BD * BD) + od[:, None] * BD + od[None, :])
+    A0 = tl.load(base + ov)
+    A1 = tl.load(base + dvp + od[:, None] * dvp + ov[None, :])
+    A2 = tl.load(base + dvp * (1 + BD) + o2[:, None] * dvp + ov[None, :])
+    zb = base + dvp * (1 + BD + BD * BD)
+    a1 = tl.load(zb + od)
+    A3 = tl.load(zb + BD + od[:, None] * BD + od[None, :])
     return A0, A1, A2, a1, A3
 
 
 @triton.jit
-def _seg_start(P0, P1, P2, PZ1, PZ2, s_id, ov, N, L, BD: tl.constexpr, BV: tl.constexpr, HAS_SS: tl.constexpr):
+def _seg_start(P, slot, s_id, ov, N, L, BD: tl.constexpr, BV: tl.constexpr, HAS_SS: tl.constexpr):
     """``(lo, hi, A0, A1, A2, a1, A3)``: the tokens ``[lo, hi)`` a scan covers and the state it starts from. HAS_SS:
-    segment ``s_id`` of ``L`` tokens and entry ``s_id`` of the per-segment states (:func:`_load_state`); else the
+    segment ``s_id`` of ``L`` tokens and slot ``slot`` of the state buffer ``P`` (:func:`_load_state`); else the
     whole sequence from zero."""
     if HAS_SS:
         lo = s_id * L
         hi = tl.minimum(lo + L, N)
-        A0, A1, A2, a1, A3 = _load_state(P0, P1, P2, PZ1, PZ2, s_id, ov, BD, BV)
+        A0, A1, A2, a1, A3 = _load_state(P, slot, ov, BD, BV)
     else:
         lo = 0
         hi = N
@@ -277,14 +291,16 @@ def _seg_start(P0, P1, P2, PZ1, PZ2, s_id, ov, N, L, BD: tl.constexpr, BV: tl.co
 
 
 @triton.jit
-def _taylor_seg_sums(X, Y, DEN, DELTA, P0, P1, P2, PZ1, PZ2, sx_b, sx_h, sx_n, sy_b, sy_h, sy_n, H, N, L, SEG0,
+def _taylor_seg_sums(X, Y, DEN, DELTA, P, sx_b, sx_h, sx_n, sy_b, sy_h, sy_n, H, N, L, NS,
                      HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                      BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, QSIDE: tl.constexpr):
-    """One segment's state sums into slot ``program_id(2)`` of ``P*`` (layout of :func:`_load_state`), segment
-    ``SEG0 + program_id(2)`` (tokens ``[s L, min(s L + L, N))``). Keys (QSIDE False; ``X = K``, ``Y = V``):
-    ``S0, S1, S2, z1, Z2`` as the forward scan accumulates them. Queries (QSIDE; ``X = Q``, ``Y = DO``): the
-    ``dk, dv`` scan's ``dS0, dS1, dS2, e1, E2`` with ``u``, ``c`` of :func:`_load_uc`. ``PZ1``, ``PZ2`` are written
-    by value block 0 only (the same for every block; ``e1``, ``E2`` carry block 0's ``c``)."""
+    """One segment's state sums into a slot of the state buffer ``P`` (:func:`_state_base`; ``NS`` segments of ``L``
+    tokens, ``program_id(2) = j``). Keys (QSIDE False; ``X = K``, ``Y = V``): segment ``j`` into slot ``j + 1``,
+    ``S0, S1, S2, z1, Z2`` as the forward scan accumulates them. Queries (QSIDE; ``X = Q``, ``Y = DO``): segment
+    ``j + 1`` into slot ``NS - 1 - j``, the ``dk, dv`` scan's ``dS0, dS1, dS2, e1, E2`` with ``u``, ``c`` of
+    :func:`_load_uc`. Slot 0 is the host's (zeros), so one cumulative sum over slots gives the exclusive prefix (keys:
+    slot ``s`` = segments ``< s``) or suffix (queries: slot ``NS - 1 - s`` = segments ``> s``). ``z1``, ``Z2`` are
+    written by value block 0 only (the same for every block; ``e1``, ``E2`` carry block 0's ``c``)."""
     i_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     j = tl.program_id(2)
@@ -301,7 +317,12 @@ def _taylor_seg_sums(X, Y, DEN, DELTA, P0, P1, P2, PZ1, PZ2, sx_b, sx_h, sx_n, s
     A2 = tl.zeros([BD * BD, BV], dtype=tl.float32)
     a1 = tl.zeros([BD], dtype=tl.float32)
     A3 = tl.zeros([BD, BD], dtype=tl.float32)
-    lo = (j + SEG0) * L
+    if QSIDE:
+        lo = (j + 1) * L
+        slot = NS - 1 - j
+    else:
+        lo = j * L
+        slot = j + 1
     hi = tl.minimum(lo + L, N)
     for start in range(lo, hi, BT):
         rows = start + ot
@@ -318,24 +339,24 @@ def _taylor_seg_sums(X, Y, DEN, DELTA, P0, P1, P2, PZ1, PZ2, sx_b, sx_h, sx_n, s
         A2 += _dot(tl.trans(_outer(x, BT, BD)), y, PREC, UP)
         a1 += tl.sum(xw, 0)
         A3 += tl.dot(tl.trans(xw), xf, input_precision="ieee")
-    idx = j.to(tl.int64) * tl.num_programs(1) + bh
-    dvp = tl.num_programs(0) * BV
+    base, dvp = _state_base(P, slot, BD, BV)
     o2 = tl.arange(0, BD * BD)
-    tl.store(P0 + idx * dvp + ov, A0)
-    tl.store(P1 + (idx * BD + od[:, None]) * dvp + ov[None, :], A1)
-    tl.store(P2 + (idx * (BD * BD) + o2[:, None]) * dvp + ov[None, :], A2)
+    tl.store(base + ov, A0)
+    tl.store(base + dvp + od[:, None] * dvp + ov[None, :], A1)
+    tl.store(base + dvp * (1 + BD) + o2[:, None] * dvp + ov[None, :], A2)
     if i_v == 0:
-        tl.store(PZ1 + idx * BD + od, a1)
-        tl.store(PZ2 + idx * (BD * BD) + od[:, None] * BD + od[None, :], A3)
+        zb = base + dvp * (1 + BD + BD * BD)
+        tl.store(zb + od, a1)
+        tl.store(zb + BD + od[:, None] * BD + od[None, :], A3)
 
 
 @triton.jit
-def _taylor_chunk_fwd(Q, K, V, O, DEN, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+def _taylor_chunk_fwd(Q, K, V, O, DEN, P, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                       so_b, so_h, so_n, H, N, L, scale, eps,
                       HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                       BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, HAS_SS: tl.constexpr):
     """One (value block, batch x head, segment) program; HAS_SS: segment ``program_id(2)`` of ``L`` tokens, from
-    the earlier segments' key state ``P*[s]`` (else the whole sequence from zero)."""
+    the earlier segments' key state ``P[s]`` (else the whole sequence from zero)."""
     i_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -349,7 +370,7 @@ def _taylor_chunk_fwd(Q, K, V, O, DEN, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, s
     ov = i_v * BV + tl.arange(0, BV)
     tri = ot[:, None] >= ot[None, :]
     half2 = 0.5 * scale * scale
-    lo, hi, S0, S1, S2, z1, Z2 = _seg_start(P0, P1, P2, PZ1, PZ2, tl.program_id(2), ov, N, L, BD, BV, HAS_SS)
+    lo, hi, S0, S1, S2, z1, Z2 = _seg_start(P, tl.program_id(2), tl.program_id(2), ov, N, L, BD, BV, HAS_SS)
     for start in range(lo, hi, BT):
         rows = start + ot
         q = _load(Qb, rows, od, sq_n, N, HEAD_D)  # (BT, BD)
@@ -382,12 +403,12 @@ def _taylor_chunk_fwd(Q, K, V, O, DEN, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, s
 
 
 @triton.jit
-def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
                  sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, L, scale, i_v, bh, s_id,
                  HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                  BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, HAS_SS: tl.constexpr):
     """This value block's part of ``dq`` (forward scan over the key state), fp32 into ``DQP[i_v]``; HAS_SS: over
-    segment ``s_id`` only, from the earlier segments' key state ``P*[s_id]``."""
+    segment ``s_id`` only, from the earlier segments' key state ``P[s_id]``."""
     b = bh // H
     h = bh % H
     Qb = Q + b * sq_b + h * sq_h
@@ -400,7 +421,7 @@ def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h,
     ov = i_v * BV + tl.arange(0, BV)
     tri = ot[:, None] >= ot[None, :]
     cmul = (i_v == 0).to(tl.float32)  # the c terms once, from block 0
-    lo, hi, _, S1, S2, z1, Z2 = _seg_start(P0, P1, P2, PZ1, PZ2, s_id, ov, N, L, BD, BV, HAS_SS)
+    lo, hi, _, S1, S2, z1, Z2 = _seg_start(P, s_id, s_id, ov, N, L, BD, BV, HAS_SS)
     for start in range(lo, hi, BT):
         rows = start + ot
         q, k, v, u, c, rm = _bwd_chunk(Qb, Kb, Vb, DOb, DEN, DELTA, bh, rows, od, ov, sq_n, sk_n, sv_n, sd_n, N,
@@ -427,13 +448,13 @@ def _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h,
 
 
 @triton.jit
-def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
-                   sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, L, scale,
-                   i_v, bh, s_id,
+def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+                   sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, L, NS,
+                   scale, i_v, bh, s_id,
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                    BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, HAS_SS: tl.constexpr):
     """``dv`` of this value block and its part of ``dk`` (fp32 into ``DKP[i_v]``): reverse scan over the query
-    state; HAS_SS: over segment ``s_id`` only, from the later segments' query state ``R*[s_id]``."""
+    state; HAS_SS: over segment ``s_id`` only, from the later segments' query state, slot ``NS - 1 - s_id`` of ``R``."""
     b = bh // H
     h = bh % H
     Qb = Q + b * sq_b + h * sq_h
@@ -448,7 +469,7 @@ def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b,
     tri = ot[:, None] >= ot[None, :]  # (i, j): query i >= key j
     cmul = (i_v == 0).to(tl.float32)
     half2 = 0.5 * scale * scale
-    lo, hi, dS0, dS1, dS2, e1, E2 = _seg_start(R0, R1, R2, RZ1, RZ2, s_id, ov, N, L, BD, BV, HAS_SS)
+    lo, hi, dS0, dS1, dS2, e1, E2 = _seg_start(R, NS - 1 - s_id, s_id, ov, N, L, BD, BV, HAS_SS)
     if HAS_SS:
         e1 = e1 * cmul  # the c terms (stored once) from block 0 only
         E2 = E2 * cmul
@@ -488,35 +509,35 @@ def _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b,
 
 
 @triton.jit
-def _taylor_chunk_bwd(Q, K, V, DO, DEN, DELTA, DQP, DKP, DV, P0, P1, P2, PZ1, PZ2, R0, R1, R2, RZ1, RZ2,
+def _taylor_chunk_bwd(Q, K, V, DO, DEN, DELTA, DQP, DKP, DV, P, R,
                       sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n,
                       sdv_b, sdv_h, sdv_n, H, N, L, NS, scale,
                       HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                       BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, MODE: tl.constexpr,
                       HAS_SS: tl.constexpr):
     """MODE 0: the dq scan; 1: the dk / dv scan; 2: both, chosen by grid axis 2 (``[0, NS)``: dq of segment
-    ``program_id(2)``; ``[NS, 2 NS)``: dk / dv of segment ``program_id(2) - NS``). ``P*``: key state before each
-    segment; ``R*``: query state after each segment (HAS_SS, ``NS > 1`` segments of ``L`` tokens)."""
+    ``program_id(2)``; ``[NS, 2 NS)``: dk / dv of segment ``program_id(2) - NS``). ``P``: key state before each
+    segment; ``R``: query state after each segment (reversed slots) (HAS_SS, ``NS > 1`` segments of ``L`` tokens)."""
     i_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     if MODE == 0:
-        _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+        _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
                      sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, L, scale, i_v, bh,
                      tl.program_id(2), HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
     elif MODE == 1:
-        _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+        _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
                        sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H, N, L,
-                       scale, i_v, bh, tl.program_id(2), HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
+                       NS, scale, i_v, bh, tl.program_id(2), HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
     else:
         pid = tl.program_id(2)
         if pid < NS:
-            _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P0, P1, P2, PZ1, PZ2, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
+            _bwd_dq_scan(Q, K, V, DO, DEN, DELTA, DQP, P, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n,
                          sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, H, N, L, scale, i_v, bh,
                          pid, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
         else:
-            _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R0, R1, R2, RZ1, RZ2, sq_b, sq_h, sq_n, sk_b, sk_h,
+            _bwd_dkdv_scan(Q, K, V, DO, DEN, DELTA, DKP, DV, R, sq_b, sq_h, sq_n, sk_b, sk_h,
                            sk_n, sv_b, sv_h, sv_n, sd_b, sd_h, sd_n, sp_v, sp_b, sp_h, sp_n, sdv_b, sdv_h, sdv_n, H,
-                           N, L, scale, i_v, bh, pid - NS, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
+                           N, L, NS, scale, i_v, bh, pid - NS, HEAD_D, HEAD_DV, BT, BD, BV, PREC, UP, HAS_SS)
 
 
 # ------------------------------------------------------------------------------------------------------- host
@@ -539,31 +560,48 @@ def _sm_count(dev: torch.device) -> int:
     return 132  # the H200's, so that the interpreter follows the GPU's choice
 
 
-def _seg_states(x, y, den, delta, H, N, L, slots, seg0, meta, qside):
-    """The per-segment state sums of :func:`_taylor_seg_sums` for segments ``seg0 .. seg0 + slots - 1``: the five
-    fp32 tensors ``(slots, B * H, ...)`` of :func:`_load_state`'s layout."""
+def _state_buffer(x, y, den, delta, H, N, L, NS, meta, qside):
+    """The state buffer of :func:`_state_base`, ``(NS, B * H, TOT)`` fp32, of ``NS > 1`` segments of ``L`` tokens, in
+    one launch of :func:`_taylor_seg_sums` and one in-place cumulative sum: keys (``qside`` False; ``x = k``,
+    ``y = v``): slot ``s`` holds the key sums of segments ``< s``; queries (``x = q``, ``y = do``): slot
+    ``NS - 1 - s`` holds the query sums of segments ``> s``. Slot 0 is zeros before the sum."""
     B = x.shape[0]
     BV, BD = meta["BV"], meta["BD"]
     nv = cdiv(y.shape[-1], BV)
-    dvp, BH, dev = nv * BV, B * H, x.device
-    st = (torch.empty(slots, BH, dvp, device=dev), torch.empty(slots, BH, BD, dvp, device=dev),
-          torch.empty(slots, BH, BD * BD, dvp, device=dev), torch.empty(slots, BH, BD, device=dev),
-          torch.empty(slots, BH, BD, BD, device=dev))
-    launch(_taylor_seg_sums, (nv, BH, slots),
-           (x, y, den, delta, *st, *_strides(x), *_strides(y), H, N, L, seg0), QSIDE=qside, **meta)
-    return st
+    dvp = nv * BV
+    st = torch.empty(NS, B * H, dvp * (1 + BD + BD * BD) + BD + BD * BD, device=x.device, dtype=torch.float32)
+    st[0].zero_()
+    launch(_taylor_seg_sums, (nv, B * H, NS - 1),
+           (x, y, den, delta, st, *_strides(x), *_strides(y), H, N, L, NS), QSIDE=qside, **meta)
+    return st.cumsum_(0)
 
 
-def _prefix(st):
-    """Exclusive prefix over segments: ``(NS - 1, ...)`` sums of segments ``0 .. NS - 2`` -> ``(NS, ...)``, entry
-    ``s`` the sum of segments ``< s``."""
-    return tuple(torch.cat([torch.zeros_like(t[:1]), t.cumsum(0)]) for t in st)
+@triton.jit
+def _taylor_delta(O, DO, DELTA, so_b, so_h, so_n, sd_b, sd_h, sd_n, H, N, HEAD_DV: tl.constexpr, BR: tl.constexpr,
+                  BDV: tl.constexpr):
+    """``DELTA[bh, i] = do_i . o_i`` (fp32 products and sum) for rows ``program_id(0) * BR ...`` of batch x head
+    ``program_id(1)``; ``DELTA`` contiguous ``(B * H, N)``."""
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BDV)
+    m = (rows[:, None] < N) & (cols[None, :] < HEAD_DV)
+    o = tl.load(O + b * so_b + h * so_h + rows[:, None] * so_n + cols[None, :], mask=m, other=0.0)
+    do = tl.load(DO + b * sd_b + h * sd_h + rows[:, None] * sd_n + cols[None, :], mask=m, other=0.0)
+    tl.store(DELTA + bh * N + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=rows < N)
 
 
-def _suffix(st):
-    """Exclusive suffix over segments: ``(NS - 1, ...)`` sums of segments ``1 .. NS - 1`` -> ``(NS, ...)``, entry
-    ``s`` the sum of segments ``> s``."""
-    return tuple(torch.cat([t.flip(0).cumsum(0).flip(0), torch.zeros_like(t[:1])]) for t in st)
+def _delta(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+    """``(B, H, N)`` fp32 ``do_i . o_i`` of ``out, dout (B, H, N, Dv)`` (last stride 1) in one launch, reading the
+    inputs' dtype (no fp32 copies of ``out`` and ``dout``)."""
+    B, H, N, Dv = out.shape
+    delta = torch.empty(B, H, N, device=out.device, dtype=torch.float32)
+    bdv = max(16, 1 << (Dv - 1).bit_length())
+    br = max(1, min(64, 4096 // bdv))
+    launch(_taylor_delta, (cdiv(N, br), B * H), (out, dout, delta, *_strides(out), *_strides(dout), H, N),
+           HEAD_DV=Dv, BR=br, BDV=bdv, num_warps=4)
+    return delta
 
 
 class _TaylorChunk(torch.autograd.Function):
@@ -576,11 +614,11 @@ class _TaylorChunk(torch.autograd.Function):
         out = torch.empty(B, H, N, Dv, device=q.device, dtype=q.dtype)
         den = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
         scale = D ** -0.5
-        pre = _prefix(_seg_states(k, v, den, den, H, N, L, NS - 1, 0, meta, False)) if NS > 1 else (den,) * 5
+        pre = _state_buffer(k, v, den, den, H, N, L, NS, meta, False) if NS > 1 else den
         launch(_taylor_chunk_fwd, (cdiv(Dv, meta["BV"]), B * H, NS),
-               (q, k, v, out, den, *pre, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, L, scale,
+               (q, k, v, out, den, pre, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, L, scale,
                 float(eps)), HAS_SS=NS > 1, **meta)
-        ctx.save_for_backward(q, k, v, out, den, *(pre if NS > 1 else ()))
+        ctx.save_for_backward(q, k, v, out, den, *((pre,) if NS > 1 else ()))
         ctx.cfg = cfg
         ctx.seg = (NS, L)
         return out
@@ -596,15 +634,15 @@ class _TaylorChunk(torch.autograd.Function):
         meta = _meta(q, v, cfg)
         nv = cdiv(Dv, meta["BV"])
         dout = dout.contiguous()
-        delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, H, N): do_i . o_i
+        delta = _delta(out, dout)  # (B, H, N) fp32: do_i . o_i
         if NS > 1:
-            suf = _suffix(_seg_states(q, dout, den, delta, H, N, L, NS - 1, 1, meta, True))
+            pre, suf = pre[0], _state_buffer(q, dout, den, delta, H, N, L, NS, meta, True)
         else:
-            pre = suf = (den,) * 5
+            pre = suf = den
         dqp = torch.empty(nv, B, H, N, D, device=q.device, dtype=torch.float32)
         dkp = torch.empty(nv, B, H, N, D, device=q.device, dtype=torch.float32)
         dv = torch.empty(B, H, N, Dv, device=q.device, dtype=v.dtype)
-        args = (q, k, v, dout, den, delta, dqp, dkp, dv, *pre, *suf, *_strides(q), *_strides(k), *_strides(v),
+        args = (q, k, v, dout, den, delta, dqp, dkp, dv, pre, suf, *_strides(q), *_strides(k), *_strides(v),
                 *_strides(dout), dqp.stride(0), *_strides(dqp[0]), *_strides(dv), H, N, L, NS, D ** -0.5)
         if cfg.bwd_fused:
             launch(_taylor_chunk_bwd, (nv, B * H, 2 * NS), args, MODE=2, HAS_SS=NS > 1, **meta)

@@ -68,6 +68,57 @@ def test_segments_every_gradient_vs_reference_and_unsegmented(fused):
             assert rel(x, r) <= 1e-5, (ns, name, rel(x, r))
 
 
+def test_segmented_call_host_work_is_a_few_operations(monkeypatch):
+    """The split's prefix / suffix state sums are one buffer and one in-place ``cumsum`` per side, and ``do . o`` one
+    launch: a forced 8-segment call issues a handful of PyTorch operations (the 2026-12-04 code: 28 forward, 51
+    backward, host time that showed in the 16k timings), no ``cat`` / ``flip`` and no fp32 copy of ``out`` or
+    ``do`` (``_to_copy`` only for the two ``(B, H, N, D)`` gradient casts). Launches are stubbed: host work only."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import kernels.taylor_chunk as tc
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    launched = []
+    monkeypatch.setattr(tc, "launch", lambda kernel, grid, args, **kw: launched.append((kernel, tuple(grid))))
+    bf = dict(device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = torch.randn(1, 2, 128, 16, **bf), torch.randn(1, 2, 128, 16, **bf), torch.randn(1, 2, 128, 64, **bf)
+    cfg = TaylorChunkConfig(chunk=16, block_v=32, segments=8)
+    with Ops() as fwd:
+        o = taylor_chunk(q, k, v, config=cfg)
+    do = torch.randn_like(o)
+    with Ops() as bwd:
+        o.backward(do)
+    # state sums, forward, delta (64-row blocks), query state sums, fused backward
+    assert [g for _, g in launched] == [(2, 2, 7), (2, 2, 8), (2, 2), (2, 2, 7), (2, 2, 16)], launched
+    assert fwd.names.count("cumsum_") == 1 and bwd.names.count("cumsum_") == 1, (fwd.names, bwd.names)
+    for ops in (fwd.names, bwd.names):
+        assert not {"cat", "flip", "cumsum", "mul", "zeros_like"} & set(ops), ops
+    assert len(fwd.names) <= 8 and len(bwd.names) <= 18, (fwd.names, bwd.names)
+    assert bwd.names.count("_to_copy") == 2, bwd.names
+
+
+def test_delta_kernel_matches_fp32_on_strided_bf16():
+    """``_delta``: ``do_i . o_i`` in fp32 from bfloat16 ``out`` / ``do`` given as ``(B, N, H, Dv)`` transposes (row
+    stride ``H * Dv``), ``Dv = 24`` (padded tile), ``N = 70`` (a partial row block), against the fp32 sum."""
+    from kernels.taylor_chunk import _delta
+
+    g = torch.Generator().manual_seed(5)
+    o, do = (torch.randn(2, 70, 3, 24, generator=g).to(DEV, torch.bfloat16).transpose(1, 2) for _ in range(2))
+    assert not o.is_contiguous()
+    got = _delta(o, do)
+    want = (o.float() * do.float()).sum(-1)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 70)
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item(), (got - want).abs().max()
+
+
 def test_auto_segments_rule_and_an_auto_split_run():
     """``segments=None``: one segment while ``B * H * ceil(Dv / block_v) >= MIN_PROGRAMS`` (the measured 1k and 4k
     shapes), else about two programs per SM with segments of >= MIN_SEG_CHUNKS chunks (none below AUTO_SPLIT_MIN_CHUNKS chunks;
