@@ -73,7 +73,7 @@ def test_bwd_impl_default_validation_and_key():
 
 
 def test_auto_bwd_rule(monkeypatch):
-    """bwd_impl="auto" takes the Gluon backward (two consumers, Triton dQ) only for dense / causal fp16 / bf16 calls of
+    """bwd_impl="auto" takes the Gluon backward (two consumers; Gluon dQ at D 128) only for dense / causal fp16 / bf16 calls of
     D 64 / 128 with Dv == D and Hq == Hkv, the Triton backward's settings at their defaults, >= GLUON_BWD_AUTO_MIN_PAIRS visited
     pairs per head, on Hopper with Gluon importable and outside the interpreter; everything else is "triton", and an
     explicit bwd_impl is returned as is."""
@@ -106,8 +106,10 @@ def test_auto_bwd_rule(monkeypatch):
         assert G.choose_bwd_impl(auto, *big, -1, 0) == "triton", hold
     _all_hold(monkeypatch)
     assert G.choose_bwd_impl(auto, *_fake_qkv(Hkv=8, Nq=4096, Nk=4096, device="cpu"), -1, 0) == "triton"
-    run = G.auto_gluon_bwd_config(FlashConfig(deterministic=True))
+    run = G.auto_gluon_bwd_config(FlashConfig(deterministic=True), 64)
     assert (run.bwd_impl, run.gluon_bwd_dq, run.gluon_bwd_consumers, run.deterministic) == ("gluon", "triton", 2, True)
+    run = G.auto_gluon_bwd_config(FlashConfig(deterministic=True), 128)  # both dQ kernels are deterministic
+    assert (run.bwd_impl, run.gluon_bwd_dq, run.gluon_bwd_consumers, run.deterministic) == ("gluon", "gluon", 2, True)
 
 
 def test_auto_bwd_is_triton_on_cpu():
@@ -135,7 +137,7 @@ def test_gluon_bwd_dq_validation_and_key():
 
 def test_gluon_bwd_dq_gluon_validation_and_key():
     """gluon_bwd_dq="gluon" (the Gluon dQ kernel): its key round-trips, it composes with gluon_bwd_consumers 1 and 2,
-    deterministic=True allows it (no atomics), bwd_impl="auto" never picks it (the default stays the Triton dQ)."""
+    deterministic=True allows it (no atomics), bwd_impl="auto" picks it at D 128 only (measured faster there)."""
     g = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="gluon")
     assert g.key == '{"bwd_impl": "gluon", "gluon_bwd_dq": "gluon"}'
     assert FlashConfig.from_key(g.key) == g and hash(FlashConfig.from_key(g.key)) == hash(g)
@@ -150,8 +152,9 @@ def test_gluon_bwd_dq_gluon_validation_and_key():
     with pytest.raises(ValueError, match=r"gluon_bwd_consumers=3 is not supported with gluon_bwd_dq='gluon'; "
                                          r"allowed values: 1, 2 \(2 only with gluon_bwd_dq='triton' or 'gluon'"):
         g.replace(gluon_bwd_consumers=3)
-    assert G.AUTO_GLUON_BWD["gluon_bwd_dq"] == "triton"  # "auto" keeps the Triton dQ until the GPU measures this one
-    assert G.auto_gluon_bwd_config(FlashConfig()).gluon_bwd_dq == "triton"
+    assert G.AUTO_GLUON_DQ_HEAD_DIMS == (128,)
+    assert G.auto_gluon_bwd_config(FlashConfig(), 128).gluon_bwd_dq == "gluon"
+    assert G.auto_gluon_bwd_config(FlashConfig(), 64).gluon_bwd_dq == "triton"
 
 
 def test_gluon_bwd_consumers_validation_and_key():
@@ -773,19 +776,25 @@ def test_gpu_two_consumers_grads_match_reference_and_triton(monkeypatch, two_mod
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_auto_bwd_runs_two_consumers_where_chosen(monkeypatch):
-    """The default config (bwd_impl="auto") runs the two-consumer Gluon kernel at causal N 4096 (its gradients
-    within 3x plain PyTorch's error of the reference and of the Triton backward) and the Triton backward at N 1024."""
-    ran = []
-    real = G.gluon_flash_bwd
+    """The default config (bwd_impl="auto") runs the two-consumer Gluon kernel at causal N 4096 with the Gluon dQ at
+    D 128 and the Triton dQ at D 64 (gradients within 3x plain PyTorch's error of the reference and of the Triton
+    backward), and the Triton backward at N 1024."""
+    ran, dq_ran = [], []
+    real, real_dq = G.gluon_flash_bwd, G.gluon_dq
     monkeypatch.setattr(G, "gluon_flash_bwd",
                         lambda *a, **kw: ran.append(kw.get("config", a[-1]).gluon_bwd_consumers) or real(*a, **kw))
+    monkeypatch.setattr(G, "gluon_dq", lambda *a: dq_ran.append(a[1].shape[-1]) or real_dq(*a))
     q, k, v, do = _qkv(1, 2, 2, 4096, 4096, 128)
     ours = _grads(q, k, v, do, True, FlashConfig())
-    assert ran == [2]
+    assert ran == [2] and dq_ran == [128]
+    _assert_grads_match_reference_and_triton(ours, q, k, v, do, True)
+    q, k, v, do = _qkv(1, 2, 2, 4096, 4096, 64)
+    ours = _grads(q, k, v, do, True, FlashConfig())
+    assert ran == [2, 2] and dq_ran == [128]  # D 64: the Triton dQ
     _assert_grads_match_reference_and_triton(ours, q, k, v, do, True)
     q, k, v, do = _qkv(1, 2, 2, 1024, 1024, 128)
     _grads(q, k, v, do, True, FlashConfig())
-    assert ran == [2]  # 1024: the Triton backward
+    assert ran == [2, 2]  # 1024: the Triton backward
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -417,11 +417,11 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     """
     if config is None:
         config = current_flash_config()
-    if config.bwd_impl == "auto" and q.is_cuda:  # Gluon (two consumers, Triton dQ) where it is the faster one
+    if config.bwd_impl == "auto" and q.is_cuda:  # Gluon (two consumers; Gluon dQ at D 128) where it is the faster one
         from .gluon import auto_gluon_bwd_config, choose_bwd_impl
 
         if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents) == "gluon":
-            config = auto_gluon_bwd_config(config)
+            config = auto_gluon_bwd_config(config, q.shape[3])
     if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; dense / causal only, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 

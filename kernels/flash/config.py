@@ -129,9 +129,11 @@ class FlashConfig:
         bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`:
             on Hopper, for dense / causal fp16 / bf16 problems of D 64 / 128 without GQA, with at least
             ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head and the Triton backward's
-            settings at their defaults, the Gluon dK / dV kernel with two consumers and the Triton dQ kernel
-            (``bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2``: 1.01-1.05x the Triton backward
-            at N 4k / 16k on the H200, 2026-12-04, docs/kernels.md), else ``"triton"``; never raises),
+            settings at their defaults, the Gluon dK / dV kernel with two consumers and the Gluon dQ kernel at
+            D 128, the Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton",
+            gluon_bwd_consumers=2``: with the Triton dQ 1.01-1.05x the Triton backward at N 4k / 16k on the H200,
+            2026-12-04; the Gluon dQ 1.04-1.09x more at D 128, 2026-12-05; docs/kernels.md), else ``"triton"``;
+            never raises),
             ``"triton"`` (bwd.py, every mask, ``dq_mode`` / ``dkdv_split`` apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
             says; dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else
@@ -146,7 +148,8 @@ class FlashConfig:
             (dK / dV likewise, then the Gluon dQ kernel ``_gl_bwd_dq_kernel``, FA3's forward layout: a TMA producer
             warp streaming K / V, two 1-warpgroup consumers of 64 query rows, dQ in registers; deterministic too;
             :func:`kernels.flash.gluon.gluon_dq`). ``bwd_impl="auto"``, where it picks the Gluon backward, runs its
-            dK / dV with the Triton dQ (:data:`kernels.flash.gluon.AUTO_GLUON_BWD`).
+            dK / dV with the Gluon dQ at D 128 and the Triton dQ at D 64 (:data:`kernels.flash.gluon.AUTO_GLUON_BWD`,
+            :data:`~kernels.flash.gluon.AUTO_GLUON_DQ_HEAD_DIMS`).
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it

@@ -216,13 +216,18 @@ N >= 2048, causal N >= 4096). H200, 2026-12-04 (``results/h200/2026-12-04i``, ``
 backward alone, bf16, 16k tokens per call): two consumers + Triton dQ against the Triton backward 1.01-1.05x at N
 4k / 16k (D 64 / 128, dense and causal), 1.00-1.04x at 2k, but 0.78 / 0.87x at causal 1k (D 128 / 64)."""
 AUTO_GLUON_BWD = dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
-"""The settings ``bwd_impl="auto"`` runs where it picks the Gluon backward."""
+"""The settings ``bwd_impl="auto"`` runs where it picks the Gluon backward (the dQ: see :data:`AUTO_GLUON_DQ_HEAD_DIMS`)."""
+AUTO_GLUON_DQ_HEAD_DIMS = (128,)
+"""Head dims where that backward takes the Gluon dQ kernel (``gluon_bwd_dq="gluon"``) instead of the Triton one: the
+backward alone ran 1.04-1.09x faster with it at D 128 and 0.997-1.02x at D 64 (H200, N 4k / 16k, causal and not,
+one process, 2026-12-05: ``results/h200/2026-12-05/gdq_sweep.csv``)."""
 
 
 @functools.lru_cache(maxsize=64)
-def auto_gluon_bwd_config(config: FlashConfig) -> FlashConfig:
-    """``config`` with :data:`AUTO_GLUON_BWD` (cached: one validated copy per config)."""
-    return config.replace(**AUTO_GLUON_BWD)
+def auto_gluon_bwd_config(config: FlashConfig, D: int) -> FlashConfig:
+    """``config`` with :data:`AUTO_GLUON_BWD`, and the Gluon dQ where ``D`` (the head dim) is in
+    :data:`AUTO_GLUON_DQ_HEAD_DIMS` (cached: one validated copy per config and D)."""
+    return config.replace(**{**AUTO_GLUON_BWD, "gluon_bwd_dq": "gluon" if D in AUTO_GLUON_DQ_HEAD_DIMS else "triton"})
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
