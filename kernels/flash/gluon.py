@@ -220,7 +220,7 @@ AUTO_GLUON_BWD = dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consume
 AUTO_GLUON_DQ_HEAD_DIMS = (128,)
 """Head dims where that backward takes the Gluon dQ kernel (``gluon_bwd_dq="gluon"``) instead of the Triton one: the
 backward alone ran 1.04-1.09x faster with it at D 128 and 0.997-1.02x at D 64 (H200, N 4k / 16k, causal and not,
-one process, 2026-12-05: ``results/h200/2026-12-05/gdq_sweep.csv``)."""
+one process, 2026-12-05: ``results/h200/2026-12-05/b/gdq_sweep.csv``)."""
 
 
 @functools.lru_cache(maxsize=64)
