@@ -102,6 +102,117 @@ def _program_coords(Hq, group, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
     return mblk * BLOCK_M, bh, b, h, h // group
 
 
+# ------------------------------------------------------------------------------------------------ band masks
+# Sliding windows and packed documents on the Gluon kernels (issues 27 / 30): the mask description of the Triton
+# kernels (kernels/flash/common.py: ``win_left`` / ``win_right`` with constexprs HAS_LEFT / HAS_RIGHT, causal being
+# HAS_RIGHT with win_right = 0; DOCS with the document table of kernels/flash/documents.py), ported to Gluon. Every
+# such mask is a band: each query row sees one contiguous key span whose ends never decrease down the rows, so a
+# query tile visits the key tiles [lo, hi) (and a key tile the query tiles [lo, hi)); the tiles in [flo, fhi) need
+# no element mask, the others run :func:`_band_ok`.
+
+
+@gluon.jit
+def _band_ok(i2, j2, Nq, Nk, offset, win_left, win_right, DocQb, DocKb, HAS_LEFT: gl.constexpr,
+             HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr):
+    """The element rule on broadcastable query-row ``i2`` / key ``j2`` index tensors (any layout): key ``j`` visible
+    to row ``i`` iff ``j < Nk``, ``i < Nq``, ``j <= i + offset + win_right`` (HAS_RIGHT), ``j >= i + offset -
+    win_left`` (HAS_LEFT) and, with DOCS, both in one document (``DocQb`` / ``DocKb``: the batch row's ``doc_q`` /
+    ``doc_k``; Triton's ``_allowed`` and ``_doc_ok``)."""
+    ia = i2 + offset
+    ok = (j2 < Nk) & (i2 < Nq)
+    if HAS_RIGHT:
+        ok = ok & (j2 <= ia + win_right)
+    if HAS_LEFT:
+        ok = ok & (j2 >= ia - win_left)
+    if DOCS:
+        dq = gl.load(DocQb + i2, mask=i2 < Nq, other=-2)
+        dk = gl.load(DocKb + j2, mask=j2 < Nk, other=-3)
+        ok = ok & (dq == dk)
+    return ok
+
+
+@gluon.jit
+def _doc_rows(Doc, b, Nq, Nk):
+    """Pointers to batch row ``b``'s ``doc_q``, ``q_lo``, ``q_hi``, ``doc_k``, ``k_lo``, ``k_hi`` in the document
+    table ``(B, 3 * Nq + 3 * Nk)`` (Triton's ``_doc_ptrs``)."""
+    base = Doc + b.to(gl.int64) * (3 * (Nq + Nk))
+    return base, base + Nq, base + 2 * Nq, base + 3 * Nq, base + 3 * Nq + Nk, base + 3 * Nq + 2 * Nk
+
+
+@gluon.jit
+def _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT: gl.constexpr,
+                   HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``(lo, hi, flo, fhi)``: query tile ``start_m`` (``BLOCK_M`` rows) visits key tiles ``[lo, hi)``; those in
+    ``[flo, fhi)`` need no element mask (Triton's ``_kv_range`` then ``_doc_kv_range``)."""
+    r1 = gl.minimum(start_m + BLOCK_M, Nq) - 1
+    a0 = start_m + offset
+    a1 = r1 + offset
+    lo_key = a0 * 0
+    hi_key = lo_key + Nk - 1
+    flo = lo_key
+    fhi = lo_key + Nk // BLOCK_N
+    if HAS_LEFT:
+        lo_key = gl.maximum(a0 - win_left, 0)
+        flo = (gl.maximum(a1 - win_left, 0) + BLOCK_N - 1) // BLOCK_N
+    if HAS_RIGHT:
+        hi_key = gl.minimum(a1 + win_right, Nk - 1)
+        fhi = gl.minimum(fhi, gl.maximum(a0 + win_right + 1, 0) // BLOCK_N)
+    lo = lo_key // BLOCK_N
+    hi = gl.where(hi_key >= lo_key, gl.maximum(hi_key, 0) // BLOCK_N + 1, lo)
+    fhi = gl.where(r1 - start_m + 1 == BLOCK_M, fhi, 0)
+    flo = gl.minimum(gl.maximum(flo, lo), hi)
+    fhi = gl.minimum(gl.maximum(fhi, flo), hi)
+    if DOCS:  # only the key tiles of this query tile's documents; full only inside one document
+        klo = gl.load(QLob + start_m)
+        khi = gl.load(QHib + r1)
+        uniform = gl.load(DocQb + start_m) == gl.load(DocQb + r1)
+        lo2 = gl.maximum(lo, klo // BLOCK_N)
+        hi2 = gl.maximum(gl.minimum(hi, (khi + BLOCK_N - 1) // BLOCK_N), lo2)
+        flo2 = gl.maximum(flo, (klo + BLOCK_N - 1) // BLOCK_N)
+        fhi2 = gl.where(uniform, gl.minimum(fhi, khi // BLOCK_N), flo2)
+        flo = gl.minimum(gl.maximum(flo2, lo2), hi2)
+        fhi = gl.minimum(gl.maximum(fhi2, flo), hi2)
+        lo = lo2
+        hi = hi2
+    return lo, hi, flo, fhi
+
+
+@gluon.jit
+def _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHib, HAS_LEFT: gl.constexpr,
+                  HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``(lo, hi, flo, fhi)``: key tile ``start_n`` (``BLOCK_N`` keys) is seen by query tiles ``[lo, hi)``; those
+    in ``[flo, fhi)`` need no element mask (Triton's ``_q_range`` then ``_doc_q_range``)."""
+    c1 = gl.minimum(start_n + BLOCK_N, Nk) - 1
+    lo_row = start_n * 0
+    hi_row = lo_row + Nq - 1
+    flo = lo_row
+    fhi = lo_row + Nq // BLOCK_M
+    if HAS_RIGHT:  # j <= i' + right  ->  i >= j - right - offset
+        lo_row = gl.maximum(start_n - win_right - offset, 0)
+        flo = (gl.maximum(c1 - win_right - offset, 0) + BLOCK_M - 1) // BLOCK_M
+    if HAS_LEFT:  # j >= i' - left  ->  i <= j + left - offset
+        hi_row = gl.minimum(c1 + win_left - offset, Nq - 1)
+        fhi = gl.minimum(fhi, gl.maximum(start_n + win_left - offset + 1, 0) // BLOCK_M)
+    lo = lo_row // BLOCK_M
+    hi = gl.where(hi_row >= lo_row, gl.maximum(hi_row, 0) // BLOCK_M + 1, lo)
+    fhi = gl.where(c1 - start_n + 1 == BLOCK_N, fhi, 0)
+    flo = gl.minimum(gl.maximum(flo, lo), hi)
+    fhi = gl.minimum(gl.maximum(fhi, flo), hi)
+    if DOCS:
+        qlo = gl.load(KLob + start_n)
+        qhi = gl.load(KHib + c1)
+        uniform = gl.load(DocKb + start_n) == gl.load(DocKb + c1)
+        lo2 = gl.maximum(lo, qlo // BLOCK_M)
+        hi2 = gl.maximum(gl.minimum(hi, (qhi + BLOCK_M - 1) // BLOCK_M), lo2)
+        flo2 = gl.maximum(flo, (qlo + BLOCK_M - 1) // BLOCK_M)
+        fhi2 = gl.where(uniform, gl.minimum(fhi, qhi // BLOCK_M), flo2)
+        flo = gl.minimum(gl.maximum(flo2, lo2), hi2)
+        fhi = gl.minimum(gl.maximum(fhi2, flo), hi2)
+        lo = lo2
+        hi = hi2
+    return lo, hi, flo, fhi
+
+
 # ------------------------------------------------------------------------------------------------ gluon_ws3 family
 # FA3's layout (one 1-warp TMA producer, two 1-warpgroup consumers of BLOCK_M / 2 rows each) and consumer schedule.
 # Per consumer, key tile j (j >= 1) is one "issue round":
