@@ -270,13 +270,20 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
 
 def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
-                 win_right: int, layout, dilation: int, documents, fix: str) -> bool:
+                 win_right: int, layout, dilation: int, documents, fix: str, bands: bool = False) -> bool:
     """The checks the Gluon kernels share: raise ``ValueError`` naming ``arg`` (e.g. ``"fwd_impl='gluon'"``) when the
     mask, head dims (``D`` in ``head_dims``, ``Dv == D``), dtypes (fp16 / bf16, one for q, k, v) or device (Hopper)
-    rule it out, or Gluon does not import; returns whether the call is causal."""
-    allowed = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids), " \
-              f"head dim D in {head_dims} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
-    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+    rule it out, or Gluon does not import; returns whether the call is causal. ``bands``: the kernel takes band
+    masks (sliding windows, ``doc_ids``; see ``_gluon_kernels``); a block-sparse layout and dilation are refused
+    either way."""
+    if bands:
+        masks = "dense, causal, sliding-window and document masks (no block-sparse layout or dilation)"
+        refused = layout is not None or dilation != 1
+    else:
+        masks = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids)"
+        refused = layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0
+    allowed = f"{masks}, head dim D in {head_dims} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
+    if refused:
         what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
                 "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
         raise ValueError(f"{arg} supports only {allowed}; got {what}; {fix}")
