@@ -92,11 +92,13 @@ def test_gpu_flex_layout_lists_forward_and_grads(backend, pattern, causal, Nq, N
     """Compiled Flex (the ``torch`` backend's path) and Flex+FA4 with the listed layout, bf16, against the fp32
     reference: output and dq / dk / dv within 2x / 3x the error of plain PyTorch in bf16 (FlashAttention's rule)."""
     from attn_zoo import attention
-    from attn_zoo.registry import available_backends
+    from attn_zoo.registry import get_backends
 
     spec = AttentionSpec(causal=causal, **pattern)
-    if backend not in available_backends(spec.kind):
-        pytest.skip(f"backend {backend!r} is not available here")
+    # (not available_backends: that lists what "auto" may pick, and flex_fa4 is an anchor auto never picks)
+    why = get_backends(spec.kind)[backend].unavailable()
+    if why is not None:
+        pytest.skip(f"backend {backend!r} is not available here: {why}")
     g = torch.Generator(device="cuda").manual_seed(Nq + Nk)
     q, k, v = (torch.randn(2, 4, n, 64, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
                for n in (Nq, Nk, Nk))
