@@ -80,16 +80,16 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 # ways), the others force one kernel
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
         "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto",
-        "ours_gluon_dq": "auto", "ours_triton_bwd": "auto"}
+        "ours_gluon_dq": "auto", "ours_triton_bwd": "auto", "ours_triton_all": "triton"}
 # the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq, .gluon_bwd_consumers) of the OURS entries that do not
 # run the default backward ("auto"): the Gluon backward with its atomic dQ, its dK / dV kernel with the Triton dQ
-# kernel ("tdq"), that with two consumer partitions ("2c"), that with the Gluon dQ kernel ("gluon_dq"), and the
-# Triton backward forced
+# kernel ("tdq"), that with two consumer partitions ("2c"), that with the Gluon dQ kernel ("gluon_dq"), the
+# Triton backward forced, and both Triton kernels forced ("triton_all")
 OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_bwd_tdq": dict(bwd_impl="gluon", gluon_bwd_dq="triton"),
             "ours_gluon_bwd_2c": dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2),
             "ours_gluon_dq": dict(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2),
-            "ours_triton_bwd": dict(bwd_impl="triton")}
+            "ours_triton_bwd": dict(bwd_impl="triton"), "ours_triton_all": dict(bwd_impl="triton")}
 DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
@@ -272,7 +272,7 @@ def ours_config(impl: str, config=None):
     settings of the keys of ``OURS_BWD``: ``ours_gluon_bwd`` is the default forward with the Gluon backward,
     ``ours_gluon_bwd_tdq`` the same with ``gluon_bwd_dq="triton"``: Gluon dK / dV, Triton dQ; ``ours_gluon_bwd_2c``
     that with two consumers; ``ours_gluon_dq`` that with the Gluon dQ kernel; ``ours_triton_bwd`` the Triton
-    backward)."""
+    backward; ``ours_triton_all`` the Triton forward and backward, no Gluon kernel at all)."""
     from kernels import FlashConfig
 
     cfg = config if config is not None else FlashConfig()

@@ -543,7 +543,7 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
     assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq", "ours_gluon_bwd_2c", "ours_gluon_dq",
-                                "ours_triton_bwd"}
+                                "ours_triton_bwd", "ours_triton_all"}
     assert set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
@@ -551,6 +551,8 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "triton"
     assert bf.ours_config("ours").bwd_impl == "auto" and bf.ours_config("ours_triton").bwd_impl == "auto"
     assert bf.ours_config("ours_triton_bwd").bwd_impl == "triton"
+    cfg = bf.ours_config("ours_triton_all")
+    assert cfg.fwd_impl == "triton" and cfg.bwd_impl == "triton"
     cfg = bf.ours_config("ours_gluon_dq")
     assert cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "gluon" and cfg.gluon_bwd_consumers == 2
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
