@@ -6,9 +6,9 @@ Gluon's API is triton-version specific: run it with the GPU machine's triton (3.
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
     PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv,
         gluon_bwd_dkdv2,gluon_bwd_dkdv2pp,gluon_bwd_dq] [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load]
-        [--bwd-block-m M] [--bwd-block-n N] [--ptx DIR]
+        [--bwd-block-m M] [--bwd-block-n N] [--masks full,causal,window,left,right,docs,docsfull,windocs] [--ptx DIR]
 
-Every (impl, causal, D, dtype) the launcher can pick is compiled at the launcher's tiles
+Every (impl, mask, D, dtype) the launcher can pick is compiled at the launcher's tiles
 (:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for the backward kernel of
 ``FlashConfig(bwd_impl="gluon")``: ``gluon_bwd`` with the atomic dQ (``WRITE_DQ=True``, ``gluon_bwd_dq="atomic"``),
 ``gluon_bwd_dkdv`` without (``WRITE_DQ=False``, ``gluon_bwd_dq="triton"``: dK / dV only), ``gluon_bwd_dkdv2`` the
@@ -16,6 +16,10 @@ two-consumer dK / dV kernel (``gluon_bwd_consumers=2``; ``gluon_bwd_dkdv2pp`` wi
 way of reading lse2 / delta: ``tma`` (through the ring into shared memory, ``LSE_TMA=True``) and ``load``
 (``gl.load`` into registers, the first version)); ``gluon_bwd_dq`` the Gluon dQ kernel (``gluon_bwd_dq="gluon"``,
 :func:`~kernels.flash.gluon.gluon_bwd_dq_tiles`; ``--lse`` does not apply: it loads lse2 / delta per row); an impl that fails to compile prints its error and the rest go on.
+
+``--masks`` (default ``full,causal``): the mask variants (:data:`MASKS`: the ``HAS_LEFT`` / ``HAS_RIGHT`` / ``DOCS``
+constexprs) of the band-mask kernels (the forward and ``gluon_bwd_dq``); the dK / dV kernels take ``full`` and
+``causal`` only (others are skipped).
 """
 
 from __future__ import annotations
@@ -33,9 +37,28 @@ from triton.backends.compiler import GPUTarget
 
 from lab.inspect_kernels import resource_usage, signature
 
+MASKS = {"full": (False, False, False), "causal": (False, True, False), "window": (True, True, False),
+         "left": (True, False, False), "right": (False, True, False), "docs": (False, True, True),
+         "docsfull": (False, False, True), "windocs": (True, True, True)}
+"""Mask name -> ``(HAS_LEFT, HAS_RIGHT, DOCS)`` of the band-mask kernels (``causal`` and ``right`` compile alike:
+causal is a right edge at 0, a runtime value)."""
+BAND_INTS = ("win_left", "win_right")
 
-def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool = False,
+
+def mask_flags(mask) -> dict:
+    """The band constexprs of ``mask`` (a :data:`MASKS` name; a bool means ``"causal"`` / ``"full"``). Raises
+    ``ValueError`` for an unknown name."""
+    if isinstance(mask, bool):
+        mask = "causal" if mask else "full"
+    if mask not in MASKS:
+        raise ValueError(f"mask={mask!r}; allowed values: {', '.join(MASKS)}")
+    left, right, docs = MASKS[mask]
+    return dict(HAS_LEFT=left, HAS_RIGHT=right, DOCS=docs)
+
+
+def compile_case(impl: str, mask, D: int, dtype: str = "bf16", ptx: bool = False,
                  stages_override: int = 0) -> dict:
+    """Compile the Gluon forward ``impl`` with ``mask`` (a :data:`MASKS` name, or a bool: causal) for sm_90a."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
@@ -52,9 +75,11 @@ def compile_case(impl: str, causal: bool, D: int, dtype: str = "bf16", ptx: bool
     for name, rows in (("q_desc", block_m), ("k_desc", block_n), ("v_desc", block_n)):
         lay = nvmma_layout([1, 1, rows, D], gdt)
         types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
-    types.update(Out=f"*{dtype}", Lse="*fp32", stride_ob="i32", stride_oh="i32", stride_on="i32", Hq="i32",
-                 Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32")
-    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps, **extra)
+    types.update(Out=f"*{dtype}", Lse="*fp32", Doc="*i32", stride_ob="i32", stride_oh="i32", stride_on="i32",
+                 Hq="i32", Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32",
+                 **{n: "i32" for n in BAND_INTS})
+    const = dict(**mask_flags(mask), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps,
+                 **extra)
     sig, attrs = signature(fn, types, const,
                            lambda name, t: t.startswith("*") or name in ("stride_ob", "stride_oh", "stride_on"))
     with warnings.catch_warnings():
@@ -165,11 +190,12 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     return _report(ck, f"{block_m}x{block_n}x{stages}st/{warps_tag}", ptx)
 
 
-def compile_dq_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
+def compile_dq_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
                     block_n_override: int = 0) -> dict:
-    """Compile the Gluon dQ kernel (``gluon_bwd_dq="gluon"``, ``_gl_bwd_dq_kernel``) at the launcher's tiles
-    (:func:`kernels.flash.gluon.gluon_bwd_dq_tiles`; ``stages_override`` / ``block_n_override``, 0: the launcher's)
-    for sm_90a. The same report as :func:`compile_case`."""
+    """Compile the Gluon dQ kernel (``gluon_bwd_dq="gluon"``, ``_gl_bwd_dq_kernel``) with ``mask`` (a :data:`MASKS`
+    name, or a bool: causal) at the launcher's tiles (:func:`kernels.flash.gluon.gluon_bwd_dq_tiles`;
+    ``stages_override`` / ``block_n_override``, 0: the launcher's) for sm_90a. The same report as
+    :func:`compile_case`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
@@ -185,9 +211,10 @@ def compile_dq_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False
     for name, rows in (("q_desc", block_m), ("do_desc", block_m), ("k_desc", block_n), ("v_desc", block_n)):
         lay = nvmma_layout([1, 1, rows, D], gdt)
         types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
-    types.update(Lse2="*fp32", Delta="*fp32", DQ=f"*{dtype}", qk_scale="fp32", sm_scale="fp32",
-                 **{n: "i32" for n in ("stride_qb", "stride_qh", "stride_qn", "Hq", "Nq", "Nk", "offset", "group")})
-    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    types.update(Lse2="*fp32", Delta="*fp32", DQ=f"*{dtype}", Doc="*i32", qk_scale="fp32", sm_scale="fp32",
+                 **{n: "i32" for n in ("stride_qb", "stride_qh", "stride_qn", "Hq", "Nq", "Nk", "offset", "group")
+                    + BAND_INTS})
+    const = dict(**mask_flags(mask), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -215,6 +242,8 @@ def main():
     ap.add_argument("--bwd-block-n", type=int, default=0,
                     help="backward only: override BLOCK_N, the program's key rows (gluon_bwd_dq: its key tile; 0: the "
                          "launcher's)")
+    ap.add_argument("--masks", default="full,causal",
+                    help=f"mask variants ({', '.join(MASKS)}); the dK / dV kernels: full and causal only")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
@@ -225,12 +254,17 @@ def main():
         for D in [int(d) for d in args.D.split(",")]:
             for dtype in args.dtypes.split(","):
                 for lse in lses:
-                    for causal in (False, True):
+                    for mask in args.masks.split(","):
+                        if mask not in MASKS:
+                            raise SystemExit(f"--masks {mask!r}: allowed values: {', '.join(MASKS)}")
+                        causal = mask == "causal"
+                        if impl in BWD_IMPLS and mask not in ("full", "causal"):
+                            continue  # (the dK / dV kernels take dense / causal only)
                         tag = f"{impl}{'/' + lse if lse else ''}"
-                        name = f"{tag:19s} D={D:3d} {dtype} {'causal' if causal else 'full  '}"
+                        name = f"{tag:19s} D={D:3d} {dtype} {mask:6s}"
                         try:
                             if impl == "gluon_bwd_dq":
-                                r = compile_dq_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
+                                r = compile_dq_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
                                                     block_n_override=args.bwd_block_n)
                             elif impl in BWD_IMPLS:
                                 if lse not in ("tma", "load"):
@@ -241,7 +275,7 @@ def main():
                                                      block_m_override=args.bwd_block_m,
                                                      block_n_override=args.bwd_block_n)
                             else:
-                                r = compile_case(impl, causal, D, dtype, ptx=bool(args.ptx),
+                                r = compile_case(impl, mask, D, dtype, ptx=bool(args.ptx),
                                                  stages_override=args.stages)
                         except Exception as e:  # one failing case must not hide the others
                             print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -250,7 +284,7 @@ def main():
                         text = r.pop("ptx", None)
                         if text is not None:
                             os.makedirs(args.ptx, exist_ok=True)
-                            fname = f"{impl}{'_' + lse if lse else ''}_D{D}_{dtype}_{int(causal)}.ptx"
+                            fname = f"{impl}{'_' + lse if lse else ''}_D{D}_{dtype}_{mask}.ptx"
                             with open(os.path.join(args.ptx, fname), "w") as f:
                                 f.write(text)
                         print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in r.items()), flush=True)

@@ -74,10 +74,13 @@ def test_unknown_and_removed_fwd_impl_refused(impl):
         FlashConfig(fwd_impl=impl)
 
 
+ALLOWED_MASKS = r"supports only dense, causal, sliding-window and document masks \(no block-sparse layout or dilation\)"
+
+
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", ["window", "window_right", "sparse", "dilation", "documents", "D32", "Dv", "fp32"])
+@pytest.mark.parametrize("case", ["sparse", "dilation", "D32", "Dv", "fp32"])
 def test_unsupported_calls_refused(impl, case):
-    """Masks other than dense / causal, head dims outside {64, 128}, Dv != D and fp32 raise a ValueError naming
+    """A block-sparse layout, dilation, head dims outside {64, 128}, Dv != D and fp32 raise a ValueError naming
     fwd_impl and what it supports (before any kernel, on any device)."""
     D = 32 if case == "D32" else 64
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
@@ -85,24 +88,47 @@ def test_unsupported_calls_refused(impl, case):
     if case == "Dv":
         v = v[..., :32]
     kw = dict(causal=True)
-    if case == "window":
-        kw["window_size"] = (7, 0)
-    elif case == "window_right":
-        kw = dict(causal=False, window_size=(None, 3))
-    elif case == "dilation":
+    if case == "dilation":
         kw.update(window_size=(8, 0), dilation=2)
-    elif case == "documents":
-        kw["doc_ids"] = torch.tensor([[0] * 8 + [1] * 8])
-    expect = {"window": r"window \(left=7, right=0\)", "window_right": r"window \(left=-1, right=3\)",
-              "sparse": "block-sparse", "dilation": "dilation=2", "documents": "doc_ids", "D32": "D=32, Dv=32",
-              "Dv": "D=64, Dv=32", "fp32": "dtype torch.float32"}[case]
+    expect = {"sparse": "block-sparse", "dilation": "dilation=2", "D32": "D=32, Dv=32", "Dv": "D=64, Dv=32",
+              "fp32": "dtype torch.float32"}[case]
     if case == "sparse":  # flash_attn builds the block table first; the forward refuses the layout
-        with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' supports only dense or causal.*{expect}"):
+        with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {ALLOWED_MASKS}.*{expect}"):
             F.flash_attn_fwd(q, k, v, 0.125, -1, 0, layout=torch.ones(1, 1, dtype=torch.int8), layout_bs=16,
                              config=FlashConfig(fwd_impl=impl))
         return
-    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' supports only dense or causal.*got {expect}"):
+    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {ALLOWED_MASKS}.*got {expect}"):
         flash_attn(q, k, v, config=FlashConfig(fwd_impl=impl), **kw)
+
+
+BAND_CASES = {"window": dict(causal=True, window_size=(7, 0)), "window_right": dict(window_size=(None, 3)),
+              "window_both": dict(window_size=(5, 3)), "documents": dict(causal=True, doc_ids="two"),
+              "documents_full": dict(doc_ids="two"), "window_documents": dict(window_size=(4, 0), doc_ids="two")}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(BAND_CASES))
+def test_band_masks_pass_the_mask_check(monkeypatch, impl, case):
+    """Sliding windows and documents pass check_gluon_fwd (the Gluon forward takes band masks): on a CPU tensor the
+    only refusal left is the device; with the device and Gluon checks stubbed as on a Hopper GPU, the check passes
+    and reports causality (win_right == 0)."""
+    q, k, v, _ = _qkv(1, 2, 2, 16, 16, 64, device="cpu")
+    kw = dict(BAND_CASES[case])
+    if kw.get("doc_ids") == "two":
+        kw["doc_ids"] = torch.tensor([[0] * 8 + [1] * 8])
+    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {ALLOWED_MASKS}.*got device cpu"):
+        flash_attn(q, k, v, config=FlashConfig(fwd_impl=impl), **kw)
+    from kernels.flash.api import _window_bounds
+    from kernels.flash.documents import document_table
+
+    wl, wr = _window_bounds(kw.get("causal", False), kw.get("window_size"))
+    docs = document_table(kw["doc_ids"], 16) if "doc_ids" in kw else None
+    monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(G, "_gluon_modules", lambda: None)
+    assert G.check_gluon_fwd(impl, q, k, v, wl, wr, None, 1, docs) is (wr == 0)
+    for bad in (dict(layout=torch.ones(1, 1, dtype=torch.int8)), dict(dilation=2)):  # still refused
+        with pytest.raises(ValueError, match=ALLOWED_MASKS):
+            G.check_gluon_fwd(impl, q, k, v, wl, wr, bad.get("layout"), bad.get("dilation", 1), docs)
 
 
 @pytest.mark.skipif(_hopper(), reason="the device refusal needs a device that is not Hopper")
@@ -235,11 +261,8 @@ FAILS = {  # one condition broken each: (choose_fwd_impl kwargs, fake-tensor kwa
     "interpreter": ({}, {}, {}, dict(interpret=True)),
     "not_hopper": ({}, {}, {}, dict(hopper=False)),
     "no_gluon": ({}, {}, {}, dict(gluon=False)),
-    "window_left": (dict(win_left=1023), {}, {}, {}),
-    "window_right": (dict(win_right=5), {}, {}, {}),
     "layout": (dict(layout=torch.ones(2, 2, dtype=torch.int8)), {}, {}, {}),
     "dilation": (dict(dilation=2), {}, {}, {}),
-    "documents": (dict(documents=torch.zeros(4, dtype=torch.int32)), {}, {}, {}),
     "D64": ({}, dict(D=64), {}, {}),
     "D256": ({}, dict(D=256), {}, {}),
     "Dv": ({}, dict(Dv=64), {}, {}),
@@ -262,6 +285,30 @@ def test_auto_is_triton_when_a_condition_fails(monkeypatch, case):
     assert G.choose_fwd_impl(FlashConfig(**cfg), *_fake_qkv(**fake), **{**kw, **call}) == "triton"
 
 
+BANDS = {"window_left": dict(win_left=1023), "window_right": dict(win_left=-1, win_right=5),
+         "window_both": dict(win_left=700, win_right=300), "documents": dict(documents=torch.zeros(4, dtype=torch.int32)),
+         "window_documents": dict(win_left=2047, documents=torch.zeros(4, dtype=torch.int32))}
+
+
+@pytest.mark.parametrize("case", sorted(BANDS))
+def test_auto_takes_gluon_for_band_masks_behind_the_flag(monkeypatch, case):
+    """Sliding windows and documents: "auto" picks the Gluon forward like dense / causal (same other conditions, the
+    pair count of the window) while GLUON_AUTO_BANDS is on, Triton when it is off; causal stays Gluon either way."""
+    _all_hold(monkeypatch)
+    qkv = _fake_qkv(B=4, Hq=16, Hkv=16, Nq=8192, Nk=8192)
+    kw = {**dict(win_left=-1, win_right=0), **BANDS[case]}
+    assert G.GLUON_AUTO_BANDS is True
+    assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw) == "gluon_ws3a"
+    monkeypatch.setattr(G, "GLUON_AUTO_BANDS", False)
+    assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw) == "triton"
+    assert G.choose_fwd_impl(FlashConfig(), *qkv, win_left=-1, win_right=0) == "gluon_ws3a"
+    monkeypatch.setattr(G, "GLUON_AUTO_BANDS", True)
+    for bad in (dict(dilation=2), dict(layout=torch.ones(2, 2, dtype=torch.int8))):  # never Gluon
+        assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw, **bad) == "triton"
+    small = _fake_qkv(B=1, Hq=1, Hkv=1, Nq=8192, Nk=8192)  # below the pair threshold: Triton as for causal
+    assert G.choose_fwd_impl(FlashConfig(), *small, **kw) == "triton"
+
+
 def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
     """D 64 takes Gluon only from GLUON_AUTO_HEAD_DIMS[64] visited pairs (measured: below it the Triton forward is
     as fast or faster), D 128 from config.tma_min_pairs; other head dims never; the table is the one knob."""
@@ -279,17 +326,20 @@ def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
 
 
 def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):
-    """resolve_fwd_impl reads the mask as flash_attn takes it: causal clips a right window edge to 0 (Gluon), a
-    left edge, a right edge > 0 without causal, a layout, a dilation or doc_ids mean Triton; bad windows raise."""
+    """resolve_fwd_impl reads the mask as flash_attn takes it: causal clips a right window edge to 0, windows and
+    doc_ids take Gluon (GLUON_AUTO_BANDS) where the window's pair count is large enough; a layout or a dilation
+    mean Triton; bad windows raise."""
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv()
     cfg = FlashConfig()
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(None, 7)) == "gluon_ws3a"
-    assert resolve_fwd_impl(cfg, q, k, v, causal=False, window_size=(None, 7)) == "triton"
-    assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(1023, 0)) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=False, window_size=(None, 7)) == "gluon_ws3a"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(1023, 0)) == "triton"  # 2^26.6 pairs: small
+    assert resolve_fwd_impl(cfg, *_fake_qkv(B=8), causal=True, window_size=(4095, 0)) == "gluon_ws3a"
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, dilation=2) == "triton"
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, block_layout=torch.ones(2, 2, dtype=torch.int8)) == "triton"
-    assert resolve_fwd_impl(cfg, q, k, v, causal=True, doc_ids=torch.zeros(2, 6000, dtype=torch.int32)) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, doc_ids=torch.zeros(2, 6000, dtype=torch.int32)) \
+        == "gluon_ws3a"
     with pytest.raises(ValueError, match="window_size must be a pair"):
         resolve_fwd_impl(cfg, q, k, v, window_size=(1, 2, 3))
     with pytest.raises(TypeError, match="config must be a kernels.FlashConfig"):
@@ -320,10 +370,14 @@ def test_flash_attn_fwd_runs_what_auto_picks(monkeypatch):
     asked, ran = [], []
     monkeypatch.setattr(F, "choose_fwd_impl", lambda cfg, *a: asked.append((cfg, a[3:5])) or "gluon_ws3a")
     monkeypatch.setattr(F, "check_gluon_fwd", lambda impl, *a: a[4] == 0)
-    monkeypatch.setattr(F, "gluon_flash_fwd", lambda q_, k_, v_, scale, causal, impl: ran.append((causal, impl))
-                        or ("out", "lse"))
+    monkeypatch.setattr(F, "gluon_flash_fwd", lambda q_, k_, v_, scale, wl, wr, impl, documents=None:
+                        ran.append((wl, wr, impl, documents)) or ("out", "lse"))
     assert F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig()) == ("out", "lse")
-    assert asked == [(FlashConfig(), (-1, 0))] and ran == [(True, "gluon_ws3a")]
+    assert asked == [(FlashConfig(), (-1, 0))] and ran == [(-1, 0, "gluon_ws3a", None)]
+    docs = torch.zeros(1, 6 * 16, dtype=torch.int32)  # the mask arguments reach the Gluon launcher as they came
+    assert F.flash_attn_fwd(q, k, v, 0.25, 5, 2, config=FlashConfig(), documents=docs) == ("out", "lse")
+    assert ran[-1][:3] == (5, 2, "gluon_ws3a") and ran[-1][3] is docs
+    del ran[1:], asked[1:]
     out, lse = F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig(fwd_impl="triton"))
     assert len(asked) == 1 and len(ran) == 1 and out.shape == q.shape and lse.shape == q.shape[:3]
 
@@ -348,7 +402,7 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
             bf.main(["--impls", f"ours,ours_{removed}", "--variants", "causal", "--N", "256", "--D", "64"])
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384)
-    expect = {"causal": "gluon_ws3a", "noncausal": "gluon_ws3a", "gqa4": "gluon_ws3a", "win1024": "triton",
+    expect = {"causal": "gluon_ws3a", "noncausal": "gluon_ws3a", "gqa4": "gluon_ws3a", "win1024": "gluon_ws3a",
               "bigbird": "triton", "dil512x2": "triton"}
     for name, want in expect.items():
         spec = AttentionSpec(**bf.VARIANTS[name])
@@ -356,7 +410,7 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
         assert bf.ours_fwd_impl("ours_triton", spec, q, k, v) == "triton"
         assert bf.ours_fwd_impl("ours_gluon_ws3b", spec, q, k, v) == "gluon_ws3b"  # forced: the call checks it
     assert bf.ours_fwd_impl("ours", AttentionSpec(**bf.VARIANTS["causal"]), q, k, v,
-                            doc_ids=torch.zeros(1, 16384, dtype=torch.int32)) == "triton"
+                            doc_ids=torch.zeros(1, 16384, dtype=torch.int32)) == "gluon_ws3a"  # GLUON_AUTO_BANDS
     assert bf.ours_fwd_impl("ours", AttentionSpec(**bf.VARIANTS["causal"]), *_fake_qkv(Nq=1024, Nk=1024)) == "triton"
 
 
@@ -483,7 +537,7 @@ def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
     assert resolve_fwd_impl(None, q[:, :, :1000], k[:, :, :1000], v[:, :, :1000], causal=True) == "triton"
     launched = []
     real = F.gluon_flash_fwd
-    monkeypatch.setattr(F, "gluon_flash_fwd", lambda *a, **kw: launched.append(a[5]) or real(*a, **kw))
+    monkeypatch.setattr(F, "gluon_flash_fwd", lambda *a, **kw: launched.append(a[6]) or real(*a, **kw))
 
     def grads(cfg):
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]

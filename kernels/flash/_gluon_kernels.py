@@ -1,5 +1,6 @@
-"""Gluon (``triton.experimental.gluon``) forward kernel for Hopper (sm_90a): dense and causal exact attention with
-GQA, D in {64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a call runs
+"""Gluon (``triton.experimental.gluon``) forward kernel for Hopper (sm_90a): exact attention under band masks (dense,
+causal, sliding windows with a left and / or right edge, packed documents; see "band masks" below) with GQA, D in
+{64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a call runs
 ``fwd_impl="gluon_ws3a"`` / ``"gluon_ws3b"``, explicitly or through ``"auto"``): this module needs Gluon's Hopper
 API as triton 3.6 spells it, so importing it elsewhere (CI's triton) is never required.
 
@@ -9,13 +10,15 @@ rows each, against ``BLOCK_N``-key tiles that a 1-warp producer partition stream
 the ``(B, H, N, D)`` tensors (rows past ``N`` arrive as zeros) into a ``STAGES``-deep shared-memory ring:
 
 * ``S = Q K^T`` by ``warpgroup_mma`` with both operands in shared memory (K read through a transposed view);
-* online softmax in base 2 in the wgmma accumulator layout (``log2(e)`` folded into ``qk_scale``); only the tiles
-  that cross the causal diagonal or the ragged key end run the element mask (a uniform branch per tile);
+* online softmax in base 2 in the wgmma accumulator layout (``log2(e)`` folded into ``qk_scale``); a program visits
+  only the key tiles ``[lo, hi)`` its rows see, and only the tiles outside its full band ``[flo, fhi)`` (window edges,
+  the causal diagonal, document boundaries, the ragged key end) run the element mask (a uniform branch per tile);
 * ``acc += P V`` by ``warpgroup_mma`` with ``P`` in registers (A operand) and V in shared memory, in flight while
   the next tile's softmax runs (FA3's intra-warpgroup overlap); optional ping-pong of the two consumers.
 
 Outputs: ``Out`` (any strides; the launcher passes the ``(B, N, H, D)``-stored tensor), ``Lse (B, Hq, Nq)`` fp32
-natural log, ``-inf`` (and zero output) on rows that see no key (causal with ``Nq > Nk``).
+natural log, ``-inf`` (and zero output) on rows that see no key (causal or windows with ``Nq > Nk``, rows of no
+document).
 
 Removed (issue 30, dominated on the H200, docs/results.md): the one-partition kernel (``"gluon"``), the
 warp-specialised one with one or two ``_ws_consumer`` partitions sharing one empty barrier per slot
@@ -33,32 +36,27 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile_range(start_m, Nk, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """``(n_tiles, n_full)``: key tiles ``[0, n_tiles)`` are visited, ``[0, n_full)`` of them need no mask."""
-    if CAUSAL:
-        hi = gl.minimum(Nk, start_m + BLOCK_M + offset)  # keys j <= i + offset for the tile's last row
-        hi = gl.maximum(hi, 0)
-        last_first = start_m + offset + 1  # the first row sees keys < last_first
-        n_full = gl.where(last_first > 0, last_first, 0) // BLOCK_N
-        n_full = gl.minimum(n_full, Nk // BLOCK_N)
+def _partial_tile(t, flo, fhi, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr):
+    """Whether key tile ``t`` of a visited range ``[lo, hi)`` runs the element mask: outside the full band ``[flo,
+    fhi)`` (below ``flo`` only with a left window edge or documents: else ``flo == lo``, not tested)."""
+    if HAS_LEFT or DOCS:
+        part = (t < flo) | (t >= fhi)
     else:
-        hi = Nk
-        n_full = Nk // BLOCK_N
-    n_tiles = gl.cdiv(hi, BLOCK_N)
-    return n_tiles, n_full
+        part = t >= fhi
+    return part
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout): returns ``(p, alpha, m_new, l_new)``
-    with ``p`` unnormalised probabilities and ``alpha`` the rescale of the running accumulator."""
-    if t >= n_full:  # causal diagonal / ragged key end: element mask
+def _softmax_tile(s, m_i, l_i, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout) of key tile ``t`` against rows whose
+    visible key spans are ``[first, last]`` (:func:`_row_span`): returns ``(p, alpha, m_new, l_new)`` with ``p`` unnormalised probabilities and
+    ``alpha`` the rescale of the running accumulator. Tiles outside ``[flo, fhi)`` run the element rule
+    (:func:`_span_ok`; a row with no visible key in the tile gets ``p = 0`` and keeps its running max: no
+    NaN)."""
+    if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = gl.expand_dims(cols < Nk, 0)
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + offset, 1))
+        ok = _span_ok(cols, first, last, HAS_LEFT, DOCS)
         s = gl.where(ok, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -91,8 +89,8 @@ def _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_
 
 
 @gluon.jit
-def _program_coords(Hq, group, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
-    if CAUSAL:  # heaviest (longest) causal tiles first
+def _program_coords(Hq, group, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr):
+    if HAS_RIGHT:  # heaviest (longest) causal tiles first (a right window edge: the last tiles see the most keys)
         mblk = gl.num_programs(0) - 1 - gl.program_id(0)
     else:
         mblk = gl.program_id(0)
@@ -213,6 +211,40 @@ def _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHi
     return lo, hi, flo, fhi
 
 
+@gluon.jit
+def _row_span(rows, Nq, Nk, offset, win_left, win_right, QLob, QHib, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr):
+    """:func:`_band_ok` for the query rows ``rows`` (1-D, any layout) as each row's visible key span ``(first,
+    last)``, inclusive (empty when ``last < first``): the window edges, ``Nk`` and, with DOCS, the key span ``[q_lo,
+    q_hi)`` of the row's document (``doc_q[i] == doc_k[j]`` iff ``q_lo[i] <= j < q_hi[i]``; ``QLob`` / ``QHib`` the
+    batch row's ``q_lo`` / ``q_hi``; empty for rows past ``Nq``). ``first`` is only meaningful with HAS_LEFT or DOCS
+    (else 0: :func:`_span_ok` does not read it). Unlike ``_band_ok``, rows past ``Nq`` are not masked without DOCS:
+    the forward never stores them and the dQ kernel gives them ``P = 0`` (``lse2 = +inf``). Computed once per
+    consumer, so the element mask (:func:`_span_ok`) needs one or two compares per element and no load (the per-key
+    ``doc_k`` gather of ``_band_ok`` spilled at D = 128)."""
+    in_q = rows < Nq
+    last = rows * 0 + (Nk - 1)
+    first = rows * 0
+    if HAS_RIGHT:
+        last = gl.minimum(last, rows + offset + win_right)
+    if HAS_LEFT:
+        first = rows + offset - win_left
+    if DOCS:
+        last = gl.minimum(last, gl.load(QHib + rows, mask=in_q, other=0) - 1)
+        first = gl.maximum(first, gl.load(QLob + rows, mask=in_q, other=0))
+    return first, last
+
+
+@gluon.jit
+def _span_ok(cols, first, last, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr):
+    """The ``(rows, cols)`` bool tile of :func:`_row_span`'s spans: key ``cols[c]`` visible to row ``r`` (``cols``
+    a slice 0, ``first`` / ``last`` slices 1 of the tile's layout)."""
+    ok = gl.expand_dims(cols, 0) <= gl.expand_dims(last, 1)
+    if HAS_LEFT or DOCS:
+        ok = ok & (gl.expand_dims(cols, 0) >= gl.expand_dims(first, 1))
+    return ok
+
+
 # ------------------------------------------------------------------------------------------------ gluon_ws3 family
 # FA3's layout (one 1-warp TMA producer, two 1-warpgroup consumers of BLOCK_M / 2 rows each) and consumer schedule.
 # Per consumer, key tile j (j >= 1) is one "issue round":
@@ -255,46 +287,57 @@ def _pp_pass(other_turn, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
-                  b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Producer partition (1 warp): Q once, then per key tile its K (slot free once both consumers' S of the tile
-    ``STAGES`` back completed) and its V (free once both consumers' PV product of that tile completed)."""
+                  b, h, hk, start_m, lo, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp): Q once, then per key tile (``lo`` to ``lo + n_tiles - 1``) its K (slot free once
+    both consumers' S of the tile ``STAGES`` back completed) and its V (free once both consumers' PV product of that
+    tile completed)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_tiles, STAGES, BLOCK_N)
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, STAGES,
+                  BLOCK_N)
 
 
 @gluon.jit
-def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_tiles,
+def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles,
                   STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The producer's key loop (the forward's and the dQ kernel's): K and V of key tiles ``[0, n_tiles)`` of head
-    ``hk`` into ``STAGES``-deep rings; a K (V) slot is refilled once its empty barrier completed the release of the
-    tile ``STAGES`` back (both consumers' arrives)."""
+    """The producer's key loop (the forward's and the dQ kernel's): K and V of key tiles ``lo + [0, n_tiles)`` of
+    head ``hk`` into ``STAGES``-deep rings (ring position ``t``, counted from 0, holds tile ``lo + t``); a K (V) slot
+    is refilled once its empty barrier completed the release of the tile ``STAGES`` back (both consumers'
+    arrives)."""
     for t in range(0, n_tiles):
         slot = t % STAGES
         phase = ((t // STAGES) & 1) ^ 1  # the release of tile t - STAGES: completion t // STAGES - 1 of the slot
         reuse = t >= STAGES
         mbarrier.wait(k_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [b, hk, (lo + t) * BLOCK_N, 0], k_bars.index(slot),
+                                        k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [b, hk, (lo + t) * BLOCK_N, 0], v_bars.index(slot),
+                                        v_smem.index(slot))
 
 
 @gluon.jit
-def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, Out, Lse, stride_ob,
-                  stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset, qk_scale,
-                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, Out, Lse, Doc,
+                  stride_ob, stride_oh, stride_on, b, h, bh, start_m, lo, n_tiles, flo, fhi, Nq, Nk, offset, qk_scale,
+                  win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     """Consumer ``WG`` (0 or 1; one warpgroup): ``BLOCK_M`` rows from ``start_m`` (``q2`` their Q tile in shared
-    memory), the schedule described above, then the epilogue. Releases (K_j and V_{j-1} after round j's PV wait)
-    follow a barrier over the partition's warps: each empty barrier expects one arrive per consumer."""
+    memory) against the program's key tiles ``lo + [0, n_tiles)`` (ring position ``j`` holds tile ``lo + j``; the
+    element mask outside the program's full band ``[flo, fhi)``), the schedule described above, then the epilogue.
+    Releases (K_j and V_{j-1} after round j's PV wait) follow a barrier over the partition's warps: each empty
+    barrier expects one arrive per consumer."""
     dtype: gl.constexpr = q2.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
+    k_first, k_last = _row_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq, Nk,
+                                offset, win_left, win_right, QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
@@ -310,7 +353,7 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
         s = warpgroup_mma_wait(0, deps=(s_t, ))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, 0, n_full, start_m, Nk, offset, qk_scale, CAUSAL, BLOCK_M,
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS,
                                            BLOCK_N, s_layout)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_tiles):
@@ -324,8 +367,8 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
             acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pp_pass(other_turn, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL,
-                                               BLOCK_M, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo + j, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT,
+                                               DOCS, BLOCK_N, s_layout)
             p_next = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
             gl.thread_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
@@ -345,16 +388,23 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
 
 
 @gluon.jit
-def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
-                       Hq, Nq, Nk, offset, group, qk_scale,
-                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, Doc, stride_ob, stride_oh, stride_on,
+                       Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right,
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True):
     """``gluon_ws3a`` (``PINGPONG=False``) / ``gluon_ws3b`` (``PINGPONG=True``): FA3's layout (``num_warps = 4``: the
     default partition is consumer 0, a 4-warp worker consumer 1, a 1-warp worker the producer) with FA3's
-    intra-warpgroup overlap, split K / V barriers and optional ping-pong of the consumers."""
+    intra-warpgroup overlap, split K / V barriers and optional ping-pong of the consumers. Grid ``(cdiv(Nq,
+    BLOCK_M), B * Hq)``. The mask: ``win_left`` / ``win_right`` (>= 0; read only with ``HAS_LEFT`` / ``HAS_RIGHT``;
+    causal is ``HAS_RIGHT`` with ``win_right = 0``) and, with ``DOCS``, the int32 document table ``Doc (B, 3 * Nq
+    + 3 * Nk)`` of kernels/flash/documents.py (never read otherwise); ``offset = Nk - Nq`` (bottom-right)."""
     dtype: gl.constexpr = q_desc.dtype
-    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
-    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    start_m, bh, b, h, hk = _program_coords(Hq, group, HAS_RIGHT, BLOCK_M)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
+    lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT,
+                                      HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+    n_tiles = hi - lo
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -380,13 +430,15 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
     HALF: gl.constexpr = BLOCK_M // 2
     gl.warp_specialize(
         [(_ws3_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn0, turn1,
-                          Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m, n_tiles, n_full, Nq, Nk, offset,
-                          qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, num_warps)),
+                          Out, Lse, Doc, stride_ob, stride_oh, stride_on, b, h, bh, start_m, lo, n_tiles, flo, fhi, Nq,
+                          Nk, offset, qk_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS, HALF, BLOCK_N, HEAD_D,
+                          STAGES, 0, PINGPONG, num_warps)),
          (_ws3_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn1,
-                          turn0, Out, Lse, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, n_tiles, n_full, Nq, Nk,
-                          offset, qk_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, 4)),
+                          turn0, Out, Lse, Doc, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, lo, n_tiles,
+                          flo, fhi, Nq, Nk, offset, qk_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS, HALF,
+                          BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, 4)),
          (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
-                          b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+                          b, h, hk, start_m, lo, n_tiles, STAGES, BLOCK_N))],
         [4, 1], [240, 24])
 
 
@@ -790,47 +842,51 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
 # K_{j-1}, S_j and dP_j (three async groups), waits for the first two (then K_{j-1} is released), computes P_j while
 # dP_j runs, waits for dP_j (V_j released) and forms dS_j; one last round issues dQ += dS_{n-1} K_{n-1}. dQ stays in
 # fp32 registers and is stored once, times sm_scale (rows < Nq). No atomics: deterministic.
-# Causal (bottom-right, key j visible to query i iff j <= i + offset): the program visits the key tiles its last row
-# reaches; consumer 0's rows reach up to 64 keys fewer, so it computes its own (shorter) range and releases the
-# remaining tiles unread (after their ready barrier: an early second arrive on a count-2 barrier would be counted in
-# the wrong phase). A consumer whose rows all lie past Nq (Nq < 64 in the last tile) computes nothing either. Rows
-# past Nq arrive as zeros with lse2 = +inf (P = 0); key rows past Nk are masked (ragged end tile: t >= n_full).
+# Band masks (the forward's: windows, causal, documents; bottom-right, offset = Nk - Nq): the program visits the key
+# tiles [lo, hi) its 128 rows see (_band_kv_range). A consumer's 64 rows may see fewer (causal: consumer 0's rows reach
+# up to 64 keys fewer), so it computes the prefix [lo, hi_w) of the program's range, hi_w from its own rows by the
+# same function (its element mask outside its own full band [flo_w, fhi_w); tiles of [lo, hi_w) left of its own
+# range are masked entirely, P = 0), and releases the remaining tiles unread (after their ready barrier: an early
+# second arrive on a count-2 barrier would be counted in the wrong phase). A consumer whose rows all lie past Nq
+# (Nq < 64 in the last tile) computes nothing either. Rows past Nq arrive as zeros with lse2 = +inf (P = 0), rows that
+# see no key have lse2 = +inf from the preprocess too; key rows past Nk are masked (the ragged end tile is partial).
 
 
 @gluon.jit
 def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
-                 v_empty, b, h, hk, start_m, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Producer partition (1 warp) of ``_gl_bwd_dq_kernel``: Q and dO once (one barrier), then the K / V rings."""
+                 v_empty, b, h, hk, start_m, lo, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp) of ``_gl_bwd_dq_kernel``: Q and dO once (one barrier), then the K / V rings
+    (key tiles ``lo + [0, n_tiles)``)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
-    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, n_tiles, STAGES, BLOCK_N)
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, STAGES,
+                  BLOCK_N)
 
 
 @gluon.jit
-def _dq_probs(s, lse2, t, n_full, start_m, Nk, offset, qk_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+def _dq_probs(s, lse2, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
               BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """``P = exp2(S * qk_scale - lse2)`` of key tile ``t`` (fp32, wgmma layout), zero where masked (tiles from
-    ``n_full``: keys past ``Nk`` and, causal, keys ``j > i + offset``)."""
+    """``P = exp2(S * qk_scale - lse2)`` of key tile ``t`` (fp32, wgmma layout) against rows whose visible key spans
+    are ``[first, last]``, zero where masked (:func:`_span_ok`, on tiles outside the full band ``[flo, fhi)``
+    only)."""
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-    if t >= n_full:  # causal diagonal / ragged key end: element mask (a uniform branch)
+    if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = gl.expand_dims(cols < Nk, 0)
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + offset, 1))
-        p = gl.where(ok, p, 0.0)
+        p = gl.where(_span_ok(cols, first, last, HAS_LEFT, DOCS), p, 0.0)
     return p
 
 
 @gluon.jit
 def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, Lse2, Delta, DQ, stride_qb,
-                 stride_qh, stride_qn, b, h, bh, start_m, n_tiles, Nq, Nk, offset, qk_scale, sm_scale,
-                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                 stride_qh, stride_qn, Doc, b, h, bh, start_m, lo, n_tiles, Nq, Nk, offset, qk_scale, sm_scale,
+                 win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                  STAGES: gl.constexpr, num_warps: gl.constexpr):
     """One consumer (one warpgroup) of ``_gl_bwd_dq_kernel``: ``BLOCK_M`` query rows from ``start_m`` (``q2`` /
-    ``do2`` their Q / dO rows in shared memory) against key tiles ``[0, n_w)`` of the program's ``n_tiles`` (the
-    schedule above), then ``dQ * sm_scale`` stored (rows < Nq) at DQ's strides (unit last stride)."""
+    ``do2`` their Q / dO rows in shared memory) against key tiles ``lo + [0, n_w)``, the prefix of the program's
+    ``lo + [0, n_tiles)`` its rows reach (the schedule above; ring position ``j`` holds tile ``lo + j``), then ``dQ *
+    sm_scale`` stored (rows < Nq) at DQ's strides (unit last stride)."""
     dtype: gl.constexpr = q2.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])  # (BLOCK_M, BLOCK_N)
@@ -838,9 +894,14 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
                                                         instr_shape=[16, HEAD_D, 16])  # (BLOCK_M, HEAD_D)
     ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    n_w, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)  # this consumer's rows' key tiles
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
+    # this consumer's rows' key tiles (from a row < Nq: the range reads the document table at its first row)
+    lo_w, hi_w, flo, fhi = _band_kv_range(gl.minimum(start_m, Nq - 1), Nq, Nk, offset, win_left, win_right, DocQb,
+                                          QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+    n_w = gl.minimum(gl.maximum(hi_w - lo, 0), n_tiles)  # the prefix [lo, hi_w) of the program's range
     n_w = gl.where(start_m < Nq, n_w, 0)  # (rows all past Nq: nothing to add)
     rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    k_first, k_last = _row_span(rows, Nq, Nk, offset, win_left, win_right, QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS)
     lse2 = gl.load(Lse2 + bh.to(gl.int64) * Nq + rows, mask=rows < Nq, other=float("inf"))
     delta = gl.load(Delta + bh.to(gl.int64) * Nq + rows, mask=rows < Nq, other=0.0)
     dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
@@ -855,7 +916,7 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
         dp_t = warpgroup_mma(do2, v_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                              use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_t, ))
-        p = _dq_probs(s, lse2, 0, n_full, start_m, Nk, offset, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+        p = _dq_probs(s, lse2, lo, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS, BLOCK_N, s_layout)
         dp = warpgroup_mma_wait(0, deps=(dp_t, ))
         gl.thread_barrier()  # every warp's wgmmas of V_0 are done: release it
         mbarrier.arrive(v_empty.index(0), count=1)
@@ -873,7 +934,7 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
             dq, ds, s = warpgroup_mma_wait(1, deps=(dq_t, ds, s_t))  # dQ_{j-1} and S_j done; dP_j may still run
             gl.thread_barrier()  # every warp's wgmmas of K_{j-1} are done: release it
             mbarrier.arrive(k_empty.index(pslot), count=1)
-            p = _dq_probs(s, lse2, j, n_full, start_m, Nk, offset, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+            p = _dq_probs(s, lse2, lo + j, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS, BLOCK_N, s_layout)
             dp = warpgroup_mma_wait(0, deps=(dp_t, ))
             gl.thread_barrier()
             mbarrier.arrive(v_empty.index(slot), count=1)
@@ -884,7 +945,7 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
         dq, ds = warpgroup_mma_wait(0, deps=(dq_t, ds))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(lslot), count=1)
-    for t in range(n_w, n_tiles):  # (causal / rows past Nq) the program's tiles this consumer's rows do not see
+    for t in range(n_w, n_tiles):  # (band / rows past Nq) the program's tiles this consumer's rows do not see
         slot = t % STAGES
         mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
         mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
@@ -900,11 +961,14 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
 
 
 @gluon.jit
-def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn,
-                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale,
-                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, Doc, stride_qb, stride_qh, stride_qn,
+                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
+                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                       STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """``gluon_bwd_dq="gluon"``: grid ``(cdiv(Nq, BLOCK_M), B * Hq)`` (causal: heaviest query tiles first).
+    """``gluon_bwd_dq="gluon"``: grid ``(cdiv(Nq, BLOCK_M), B * Hq)`` (``HAS_RIGHT``: heaviest query tiles first).
+    The mask as the forward's (``_gl_fwd_ws3_kernel``): ``win_left`` / ``win_right`` with ``HAS_LEFT`` /
+    ``HAS_RIGHT``, the document table ``Doc`` with ``DOCS``.
     ``q_desc`` / ``do_desc``: 4-D TMA descriptors over ``(B, Hq, Nq, D)`` with a box of ``BLOCK_M`` rows, ``k_desc``
     / ``v_desc`` over ``(B, Hkv, Nk, D)`` with ``BLOCK_N`` rows; ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)``
     contiguous from the Triton preprocess (``lse2 = lse * log2(e)``, ``+inf`` on empty rows); ``DQ`` the
@@ -913,8 +977,11 @@ def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_q
     of the tile), a 4-warp worker consumer 1, a 1-warp worker the producer."""
     dtype: gl.constexpr = q_desc.dtype
     HALF: gl.constexpr = BLOCK_M // 2
-    start_m, bh, b, h, hk = _program_coords(Hq, group, CAUSAL, BLOCK_M)
-    n_tiles, n_full = _tile_range(start_m, Nk, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    start_m, bh, b, h, hk = _program_coords(Hq, group, HAS_RIGHT, BLOCK_M)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
+    lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT,
+                                      HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+    n_tiles = hi - lo
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -935,11 +1002,13 @@ def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_q
     do2 = do_smem.reshape([BLOCK_M, HEAD_D])
     gl.warp_specialize(
         [(_dq_consumer, (q2.slice(0, HALF), do2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
-                         v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, b, h, bh, start_m, n_tiles, Nq, Nk,
-                         offset, qk_scale, sm_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
+                         v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, Doc, b, h, bh, start_m, lo,
+                         n_tiles, Nq, Nk, offset, qk_scale, sm_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS,
+                         HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
          (_dq_consumer, (q2.slice(HALF, HALF), do2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
-                         v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, b, h, bh, start_m + HALF, n_tiles,
-                         Nq, Nk, offset, qk_scale, sm_scale, CAUSAL, HALF, BLOCK_N, HEAD_D, STAGES, 4)),
+                         v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, Doc, b, h, bh, start_m + HALF, lo,
+                         n_tiles, Nq, Nk, offset, qk_scale, sm_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS,
+                         HALF, BLOCK_N, HEAD_D, STAGES, 4)),
          (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                         k_empty, v_empty, b, h, hk, start_m, n_tiles, STAGES, BLOCK_N))],
+                         k_empty, v_empty, b, h, hk, start_m, lo, n_tiles, STAGES, BLOCK_N))],
         [4, 1], [240, 24])

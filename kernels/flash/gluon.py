@@ -3,9 +3,10 @@ host side.
 
 The kernel lives in :mod:`kernels.flash._gluon_kernels` and is imported on first use only, so that importing
 ``kernels`` never needs ``triton.experimental.gluon`` (CI runs another triton whose Gluon API differs; the GPU
-machine runs triton 3.6, the version it is written for). :func:`check_gluon_fwd` refuses what it does not cover,
-with a ``ValueError`` naming ``fwd_impl`` and its allowed use: masks other than dense / causal (sliding window,
-block-sparse, dilation, documents), head dims other than 64 / 128 (or ``Dv != D``), dtypes other than fp16 / bf16,
+machine runs triton 3.6, the version it is written for). The kernel takes band masks: dense, causal, sliding
+windows (left and / or right edge) and packed documents (the document table of :mod:`kernels.flash.documents`), alone
+or together. :func:`check_gluon_fwd` refuses what it does not cover, with a ``ValueError`` naming ``fwd_impl`` and its
+allowed use: a block-sparse layout or dilation, head dims other than 64 / 128 (or ``Dv != D``), dtypes other than fp16 / bf16,
 devices other than a CUDA GPU of compute capability 9.x (Hopper, sm_90a), and a triton whose Gluon lacks the Hopper
 API used here. :func:`choose_fwd_impl` turns ``fwd_impl="auto"`` into the kernel a call runs (never raises). The
 outputs are those of :func:`kernels.flash.fwd.flash_attn_fwd` (``out`` stored ``(B, Nq, Hq, D)``, ``lse`` fp32
@@ -33,6 +34,11 @@ GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
 # 2^28); D 64 from 2^31 (full 4k: 1.15x, 16k: 1.09-1.13x; causal / GQA 4k, 1.07e9 pairs: 0.97-0.99x; 1k: 0.76x)
 GLUON_AUTO_HEAD_DIMS = {128: 0, 64: 1 << 31}
 AUTO_GLUON_IMPL = "gluon_ws3a"  # the Gluon kernel "auto" picks: ahead of gluon_ws3b in 5 of the 6 measured cases
+GLUON_AUTO_BANDS = True
+"""Whether ``fwd_impl="auto"`` (:func:`choose_fwd_impl`) also takes the Gluon forward for sliding windows (a left edge,
+a right edge > 0) and packed documents, as for dense / causal masks (never for a block-sparse layout or dilation).
+Untimed until measured on the H200 (``lab/gluon_band_bench.py``); ``False`` keeps those masks on the Triton forward.
+A module-level knob read at every call; not part of :class:`~kernels.flash.FlashConfig`."""
 _LOG2E = 1.4426950408889634
 
 # one kernel (_gl_fwd_ws3_kernel): FA3's intra-warpgroup overlap and split K / V barriers in both; ping-pong of the
@@ -176,8 +182,8 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
     * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
       importable with the Hopper API (:func:`gluon_available`; both checks cached);
-    * a dense or causal mask: ``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no block-sparse ``layout``,
-      ``dilation == 1``, no ``documents`` table;
+    * a band mask: no block-sparse ``layout``, ``dilation == 1``; and, unless :data:`GLUON_AUTO_BANDS`, a dense or
+      causal one (``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no ``documents`` table);
     * ``D = q.shape[3]`` a key of ``GLUON_AUTO_HEAD_DIMS`` and ``v.shape[3] == D``; q, k, v float16 / bfloat16;
     * ``config``: no forced ``fwd`` tile, ``autotune`` off, ``tma`` not ``False`` (the Gluon kernel reads by TMA);
     * at least ``max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])`` visited query-key pairs (:func:`~kernels.flash.visited_pairs`, the count
@@ -185,14 +191,16 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
     ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; the mask arguments as
     :func:`~kernels.flash.flash_attn_fwd` takes them (``win_right = 0`` is causal, ``documents`` only tested for
-    ``None``); :func:`kernels.flash.resolve_fwd_impl` takes :func:`~kernels.flash.flash_attn`'s instead. Never
+    ``None``; the pair count ignores documents); :func:`kernels.flash.resolve_fwd_impl` takes :func:`~kernels.flash.flash_attn`'s instead. Never
     raises for ``"auto"`` (an explicit Gluon name is checked at the call, :func:`check_gluon_fwd`)."""
     impl = config.fwd_impl
     if impl != "auto":
         return impl
     if INTERPRET or q.device.type != "cuda":
         return "triton"
-    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+    if layout is not None or dilation != 1:
+        return "triton"
+    if not GLUON_AUTO_BANDS and (documents is not None or win_left >= 0 or win_right > 0):
         return "triton"
     D = q.shape[3]
     if D not in GLUON_AUTO_HEAD_DIMS or v.shape[3] != D:
@@ -302,13 +310,14 @@ def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch
 
 def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int,
                     layout, dilation: int, documents) -> bool:
-    """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call; returns whether it is causal."""
+    """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call (band masks pass: windows, documents; a
+    block-sparse layout or dilation does not); returns whether it is causal (``win_right == 0``)."""
     if impl not in GLUON_FWD_IMPLS:
         raise ValueError(f"fwd_impl={impl!r} is not a Gluon forward; allowed values: "
                          f"{', '.join(map(repr, GLUON_FWD_IMPLS))} (FlashConfig takes "
                          f"{', '.join(map(repr, FWD_IMPLS))})")
     return _check_gluon(f"fwd_impl={impl!r}", GLUON_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
-                        documents, "use fwd_impl='triton'")
+                        documents, "use fwd_impl='triton'", bands=True)
 
 
 def _tma_view(t: torch.Tensor) -> torch.Tensor:
@@ -329,18 +338,50 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
     return TD(t, list(t.shape), strides, block, nvmma_layout(block, gl_dtype))
 
 
-def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
-                    impl: str = "gluon_ws3a", out: Optional[torch.Tensor] = None,
-                    lse: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Forward of dense (``causal=False``) or causal (bottom-right aligned) attention with the Gluon kernel
-    ``impl``. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 / bf16 on a Hopper GPU, ``D`` in {64, 128} (call
-    :func:`check_gluon_fwd` first). Returns ``out (B, Hq, Nq, D)`` in q.dtype (``out`` if given, any strides, else
-    stored as ``(B, Nq, Hq, D)``) and ``lse (B, Hq, Nq)`` fp32, natural log (``-inf`` on rows that see no key)."""
+@functools.lru_cache(maxsize=None)
+def _doc_placeholder(device: torch.device) -> torch.Tensor:
+    """The ``Doc`` argument of a launch without documents (int32, one element, never read), one per device."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _band_args(win_left: int, win_right: int, documents: Optional[torch.Tensor], B: int, Nq: int, Nk: int,
+               device: torch.device):
+    """The band-mask arguments of the Gluon kernels: ``(Doc, win_left, win_right, constexprs)`` with ``Doc`` the
+    document table (or a cached int32 placeholder, never read) and the windows clipped at 0 (``HAS_LEFT`` /
+    ``HAS_RIGHT`` say whether an edge exists). Raises ``ValueError`` for a table of another shape / dtype /
+    device."""
+    if documents is not None:
+        if documents.dtype != torch.int32 or documents.shape != (B, 3 * (Nq + Nk)) or documents.device != device \
+                or not documents.is_contiguous():
+            raise ValueError(f"documents must be the contiguous int32 (B, 3 * Nq + 3 * Nk) = ({B}, {3 * (Nq + Nk)}) "
+                             f"table of kernels.flash.documents.document_table on {device}, got "
+                             f"{documents.dtype} {tuple(documents.shape)} on {documents.device}")
+        doc = documents
+    else:
+        doc = _doc_placeholder(device)
+    flags = dict(HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, DOCS=documents is not None)
+    return doc, max(win_left, 0), max(win_right, 0), flags
+
+
+def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, win_left: int,
+                    win_right: int, impl: str = "gluon_ws3a", out: Optional[torch.Tensor] = None,
+                    lse: Optional[torch.Tensor] = None,
+                    documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward of band-masked attention (bottom-right aligned: query ``i`` sits at key position ``i + Nk - Nq``)
+    with the Gluon kernel ``impl``: key ``j`` visible to query ``i`` iff ``j <= i + Nk - Nq + win_right`` (when
+    ``win_right >= 0``), ``j >= i + Nk - Nq - win_left`` (when ``win_left >= 0``) and, with ``documents`` (the int32
+    ``(B, 3 * Nq + 3 * Nk)`` table of :func:`kernels.flash.documents.document_table`), both in one document. Dense
+    is ``win_left = win_right = -1``, causal ``win_left = -1, win_right = 0``. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv,
+    Nk, D)`` fp16 / bf16 on a Hopper GPU, ``D`` in {64, 128} (call :func:`check_gluon_fwd` first). Returns ``out
+    (B, Hq, Nq, D)`` in q.dtype (``out`` if given, any strides, else stored as ``(B, Nq, Hq, D)``) and ``lse (B,
+    Hq, Nq)`` fp32, natural log (``-inf`` and a zero output row on rows that see no key). Raises ``ValueError`` for a
+    malformed ``documents`` table."""
     from .launch import _bnhd_empty
 
     GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    doc, wl, wr, flags = _band_args(win_left, win_right, documents, B, Nq, Nk, q.device)
     block_m, block_n, stages, warps = gluon_tiles(impl, D)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q, k, v = _tma_view(q), _tma_view(k), _tma_view(v)
@@ -351,9 +392,9 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
     kernel, extra = gluon_kernel(impl, GK)
     grid = (triton_cdiv(Nq, block_m), B * Hq)
     kernel[grid](_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-                 out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
-                 softmax_scale * _LOG2E, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages,
-                 num_warps=warps, **extra)
+                 out, lse, doc, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
+                 softmax_scale * _LOG2E, wl, wr, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+                 STAGES=stages, num_warps=warps, **extra)
     return out, lse
 
 
@@ -491,35 +532,39 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     elif config.gluon_bwd_dq == "gluon":
-        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, causal)
+        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, -1, 0 if causal else -1)
     else:
         triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale, 0 if causal else -1, config)
     return dq, dk, dv
 
 
 def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
-             delta: torch.Tensor, dq: torch.Tensor, softmax_scale: float, causal: bool) -> None:
-    """dQ of dense / causal (bottom-right) attention by the Gluon dQ kernel ``_gl_bwd_dq_kernel``
+             delta: torch.Tensor, dq: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
+             documents: Optional[torch.Tensor] = None) -> None:
+    """dQ of band-masked (bottom-right) attention by the Gluon dQ kernel ``_gl_bwd_dq_kernel``
     (``gluon_bwd_dq="gluon"``: FA3's forward layout, a TMA producer warp streaming K / V through a ring and two
     1-warpgroup consumers of 64 query rows each, dQ in fp32 registers, no atomics: deterministic).
     ``do, q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 / bf16 on a Hopper GPU (``D`` in
     :data:`GLUON_BWD_HEAD_DIMS`; :func:`check_gluon_bwd` first), ``lse2`` / ``delta`` fp32 ``(B, Hq, Nq)``
-    contiguous from ``_bwd_preprocess``; writes ``dq (B, Hq, Nq, D)`` (any strides) in place. Grid
-    ``(cdiv(Nq, BLOCK_M), B * Hq)`` at :func:`gluon_bwd_dq_tiles`."""
+    contiguous from ``_bwd_preprocess`` (``lse2 = lse * log2(e)``, ``+inf`` on rows that see no key); writes ``dq
+    (B, Hq, Nq, D)`` (any strides) in place. The mask as :func:`gluon_flash_fwd` takes it (``win_left`` /
+    ``win_right``, -1: unbounded; ``documents`` the document table or ``None``). Grid ``(cdiv(Nq, BLOCK_M), B *
+    Hq)`` at :func:`gluon_bwd_dq_tiles`. Raises ``ValueError`` for a malformed ``documents`` table."""
     from .launch import _bnhd_empty
 
     GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    doc, wl, wr, flags = _band_args(win_left, win_right, documents, B, Nq, Nk, q.device)
     block_m, block_n, stages, warps = gluon_bwd_dq_tiles(D)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q, k, v, do = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     out = dq if dq.stride(3) == 1 else _bnhd_empty(B, Hq, Nq, D, dq.dtype, dq.device)
     GK._gl_bwd_dq_kernel[(triton_cdiv(Nq, block_m), B * Hq)](
         _descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-        _descriptor(do, block_m, TD, gdt), lse2, delta, out, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk,
-        Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_D=D, STAGES=stages, num_warps=warps)
+        _descriptor(do, block_m, TD, gdt), lse2, delta, out, doc, out.stride(0), out.stride(1), out.stride(2), Hq,
+        Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, **flags, BLOCK_M=block_m,
+        BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
     if out is not dq:
         dq.copy_(out)
 
