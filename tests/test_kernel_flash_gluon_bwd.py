@@ -422,12 +422,14 @@ def test_gluon_flash_bwd_gluon_dq_dispatch(monkeypatch, causal, consumers):
     grid, args, kw = kern.dq.calls[0]
     bm, bn, stages, warps = G.gluon_bwd_dq_tiles(D)
     assert grid == (-(-Nq // bm), B * Hq) and (bm, warps) == (128, 4)
-    assert kw == dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=stages, num_warps=warps)
+    assert kw == dict(HAS_LEFT=False, HAS_RIGHT=causal, DOCS=False, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=stages,
+                      num_warps=warps)
     assert args[4] is dargs[7] and args[5] is dargs[8]  # lse2, delta: the preprocess's (B, Hq, Nq) buffers
     torch.testing.assert_close(args[4], lse * 1.4426950408889634)
     assert args[6] is dq and tuple(args[7:10]) == dq.stride()[:3]
     assert tuple(args[10:15]) == (Hq, Nq, Nk, Nk - Nq, Hq // Hkv)
     assert args[15] == pytest.approx(scale * 1.4426950408889634) and args[16] == scale
+    assert tuple(args[17:19]) == (0, 0) and args[19].dtype == torch.int32  # windows (none), the Doc placeholder
     for i, t, rows in ((0, q, bm), (1, k, bn), (2, v, bn), (3, do, bm)):
         base, shape, strides, block, _ = descs[args[i][1]]
         assert base.data_ptr() == t.data_ptr() and shape == list(t.shape) and block == [1, 1, rows, D]
@@ -444,7 +446,7 @@ def test_gluon_dq_non_unit_last_stride_and_tiles(monkeypatch):
     lse2, delta = torch.zeros(B, Hq, Nq), torch.zeros(B, Hq, Nq)
     dq = torch.zeros(B, Hq, D, Nq).transpose(2, 3)
     assert dq.stride(3) != 1
-    G.gluon_dq(do, q, k, v, lse2, delta, dq, 0.125, True)
+    G.gluon_dq(do, q, k, v, lse2, delta, dq, 0.125, -1, 0)
     _, args, _ = kern.dq.calls[0]
     assert args[6] is not dq and args[6].stride(3) == 1 and (dq == 3).all()
     for D in G.GLUON_BWD_HEAD_DIMS:

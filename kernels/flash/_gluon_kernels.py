@@ -388,8 +388,8 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
 
 
 @gluon.jit
-def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, Doc, stride_ob, stride_oh, stride_on,
-                       Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right,
+def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
+                       Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, Doc,
                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True):
@@ -961,8 +961,8 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
 
 
 @gluon.jit
-def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, Doc, stride_qb, stride_qh, stride_qn,
-                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right,
+def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn,
+                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right, Doc,
                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                       STAGES: gl.constexpr, num_warps: gl.constexpr):

@@ -64,7 +64,7 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     """The forward kernel (``"triton"``, ``"gluon_ws3a"`` or ``"gluon_ws3b"``) that :func:`flash_attn` runs for
     ``q, k, v`` and these mask arguments (as :func:`flash_attn` takes them) with ``config`` (``None``: the current
     settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
-    (Gluon on Hopper for large dense / causal fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS``, else Triton). For
+    (Gluon on Hopper for large band-mask fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS``, else Triton). For
     benchmarks that record which forward ran. ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``.
     Raises ``ValueError`` / ``TypeError`` only for a malformed ``window_size``, ``dilation`` (not an int >= 1, as
     :func:`flash_attn`) or ``config`` (an explicit Gluon name is returned as is: the call checks whether it can run)."""

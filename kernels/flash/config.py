@@ -118,12 +118,14 @@ class FlashConfig:
         fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no shared-memory
             or register check). ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16, ``num_warps`` a power of two.
         fwd_impl: the forward kernel: ``"auto"`` (default: per call, :func:`~kernels.flash.resolve_fwd_impl`:
-            ``"gluon_ws3a"`` on Hopper for large dense / causal fp16 / bf16 problems at the head dims of
+            ``"gluon_ws3a"`` on Hopper for large band-mask (dense / causal / window / documents) fp16 / bf16
+            problems at the head dims of
             ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable, else ``"triton"``; never
             raises), ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper
             (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``): ``"gluon_ws3a"`` (FA3's
             layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
-            ``"gluon_ws3b"`` (plus ping-pong of the consumers): dense or causal masks, D in {64, 128}, fp16 /
+            ``"gluon_ws3b"`` (plus ping-pong of the consumers): band masks (dense, causal, sliding windows,
+            documents; no block-sparse layout or dilation), D in {64, 128}, fp16 /
             bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
             either way unless ``bwd_impl`` says otherwise.
         bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`:

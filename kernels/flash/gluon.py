@@ -392,8 +392,8 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
     kernel, extra = gluon_kernel(impl, GK)
     grid = (triton_cdiv(Nq, block_m), B * Hq)
     kernel[grid](_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-                 out, lse, doc, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
-                 softmax_scale * _LOG2E, wl, wr, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+                 out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
+                 softmax_scale * _LOG2E, wl, wr, doc, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
                  STAGES=stages, num_warps=warps, **extra)
     return out, lse
 
@@ -562,8 +562,8 @@ def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out = dq if dq.stride(3) == 1 else _bnhd_empty(B, Hq, Nq, D, dq.dtype, dq.device)
     GK._gl_bwd_dq_kernel[(triton_cdiv(Nq, block_m), B * Hq)](
         _descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-        _descriptor(do, block_m, TD, gdt), lse2, delta, out, doc, out.stride(0), out.stride(1), out.stride(2), Hq,
-        Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, **flags, BLOCK_M=block_m,
+        _descriptor(do, block_m, TD, gdt), lse2, delta, out, out.stride(0), out.stride(1), out.stride(2), Hq, Nq,
+        Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, doc, **flags, BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
     if out is not dq:
         dq.copy_(out)
