@@ -8,8 +8,8 @@ the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with 
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
 registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
 ``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
-``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, band masks: dense / causal / window / documents, D 64
-/ 128; any other case is recorded as an error row); the backward is the default one (``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel
+``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, band masks (no sparse / dilation), D 64 / 128; other
+cases are error rows); the backward is the default one (``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel
 with the Triton dQ where :func:`kernels.flash.gluon.choose_bwd_impl` picks it, else Triton) in all but
 ``ours_triton_bwd`` (the Triton backward forced), ``ours_gluon_bwd`` (``FlashConfig(bwd_impl="gluon")``: the atomic
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with

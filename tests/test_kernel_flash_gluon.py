@@ -285,9 +285,10 @@ def test_auto_is_triton_when_a_condition_fails(monkeypatch, case):
     assert G.choose_fwd_impl(FlashConfig(**cfg), *_fake_qkv(**fake), **{**kw, **call}) == "triton"
 
 
+_DOCS = torch.zeros(4, dtype=torch.int32)  # (only tested for None by choose_fwd_impl)
 BANDS = {"window_left": dict(win_left=1023), "window_right": dict(win_left=-1, win_right=5),
-         "window_both": dict(win_left=700, win_right=300), "documents": dict(documents=torch.zeros(4, dtype=torch.int32)),
-         "window_documents": dict(win_left=2047, documents=torch.zeros(4, dtype=torch.int32))}
+         "window_both": dict(win_left=700, win_right=300), "documents": dict(documents=_DOCS),
+         "window_documents": dict(win_left=2047, documents=_DOCS)}
 
 
 @pytest.mark.parametrize("case", sorted(BANDS))

@@ -50,10 +50,10 @@ def _partial_tile(t, flo, fhi, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr):
 def _softmax_tile(s, m_i, l_i, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout) of key tile ``t`` against rows whose
-    visible key spans are ``[first, last]`` (:func:`_row_span`): returns ``(p, alpha, m_new, l_new)`` with ``p`` unnormalised probabilities and
-    ``alpha`` the rescale of the running accumulator. Tiles outside ``[flo, fhi)`` run the element rule
-    (:func:`_span_ok`; a row with no visible key in the tile gets ``p = 0`` and keeps its running max: no
-    NaN)."""
+    visible key spans are ``[first, last]`` (:func:`_row_span`): returns ``(p, alpha, m_new, l_new)`` with ``p``
+    unnormalised probabilities and ``alpha`` the rescale of the running accumulator. Tiles outside ``[flo, fhi)``
+    run the element rule (:func:`_span_ok`; a row with no visible key in the tile gets ``p = 0`` and keeps its
+    running max: no NaN)."""
     if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         ok = _span_ok(cols, first, last, HAS_LEFT, DOCS)

@@ -6,11 +6,11 @@ The kernel lives in :mod:`kernels.flash._gluon_kernels` and is imported on first
 machine runs triton 3.6, the version it is written for). The kernel takes band masks: dense, causal, sliding
 windows (left and / or right edge) and packed documents (the document table of :mod:`kernels.flash.documents`), alone
 or together. :func:`check_gluon_fwd` refuses what it does not cover, with a ``ValueError`` naming ``fwd_impl`` and its
-allowed use: a block-sparse layout or dilation, head dims other than 64 / 128 (or ``Dv != D``), dtypes other than fp16 / bf16,
-devices other than a CUDA GPU of compute capability 9.x (Hopper, sm_90a), and a triton whose Gluon lacks the Hopper
-API used here. :func:`choose_fwd_impl` turns ``fwd_impl="auto"`` into the kernel a call runs (never raises). The
-outputs are those of :func:`kernels.flash.fwd.flash_attn_fwd` (``out`` stored ``(B, Nq, Hq, D)``, ``lse`` fp32
-natural log ``(B, Hq, Nq)``), so the Triton backward consumes them unchanged.
+allowed use: a block-sparse layout or dilation, head dims other than 64 / 128 (or ``Dv != D``), dtypes other than
+fp16 / bf16, devices other than a CUDA GPU of compute capability 9.x (Hopper, sm_90a), and a triton whose Gluon
+lacks the Hopper API used here. :func:`choose_fwd_impl` turns ``fwd_impl="auto"`` into the kernel a call runs (never
+raises). The outputs are those of :func:`kernels.flash.fwd.flash_attn_fwd` (``out`` stored ``(B, Nq, Hq, D)``,
+``lse`` fp32 natural log ``(B, Hq, Nq)``), so the Triton backward consumes them unchanged.
 
 Removed (issue 30): ``"gluon"``, ``"gluon_ws"``, ``"gluon_ws2"`` and ``"gluon_ws3"`` (conditional rescaling), slower
 than ``gluon_ws3a`` in every measured case (docs/results.md, docs/kernels.md).
@@ -191,7 +191,8 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
     ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; the mask arguments as
     :func:`~kernels.flash.flash_attn_fwd` takes them (``win_right = 0`` is causal, ``documents`` only tested for
-    ``None``; the pair count ignores documents); :func:`kernels.flash.resolve_fwd_impl` takes :func:`~kernels.flash.flash_attn`'s instead. Never
+    ``None``; the pair count ignores documents); :func:`kernels.flash.resolve_fwd_impl` takes
+    :func:`~kernels.flash.flash_attn`'s instead. Never
     raises for ``"auto"`` (an explicit Gluon name is checked at the call, :func:`check_gluon_fwd`)."""
     impl = config.fwd_impl
     if impl != "auto":
