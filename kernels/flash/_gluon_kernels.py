@@ -835,7 +835,7 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
 # arrive once (one barrier); lse2 / delta are per query ROW here (one or two registers per thread in the wgmma row
 # layout), loaded once from the preprocess's buffers. Per consumer, key tile j runs
 #
-#   S_j = Q K_j^T,  P_j = exp2(S_j * scale * log2(e) - lse2)   (element mask on diagonal / ragged-end tiles only)
+#   S_j = Q K_j^T,  P_j = exp2(S_j * scale * log2(e) - lse2)   (element mask on band-edge / ragged-end tiles only)
 #   dP_j = dO V_j^T,  dS_j = P_j * (dP_j - delta)  -> registers, the A operand of  dQ += dS_j K_j
 #
 # as one "issue round" per tile (FA3's intra-warpgroup overlap, as the forward's P V): round j issues dQ += dS_{j-1}
