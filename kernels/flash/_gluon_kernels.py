@@ -47,16 +47,18 @@ def _partial_tile(t, flo, fhi, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
+def _softmax_tile(s, m_i, l_i, t, flo, fhi, start_m, Nk, offset, win_left, win_right, d_first, d_last, qk_scale,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout) of key tile ``t`` against rows whose
-    visible key spans are ``[first, last]`` (:func:`_row_span`): returns ``(p, alpha, m_new, l_new)`` with ``p``
-    unnormalised probabilities and ``alpha`` the rescale of the running accumulator. Tiles outside ``[flo, fhi)``
-    run the element rule (:func:`_span_ok`; a row with no visible key in the tile gets ``p = 0`` and keeps its
+    """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout) of key tile ``t`` against rows
+    ``start_m + [0, BLOCK_M)``: returns ``(p, alpha, m_new, l_new)`` with ``p`` unnormalised probabilities and
+    ``alpha`` the rescale of the running accumulator. Tiles outside ``[flo, fhi)`` run the element rule
+    (:func:`_tile_ok`; a row with no visible key in the tile gets ``p = 0`` and keeps its
     running max: no NaN)."""
     if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = _span_ok(cols, first, last, HAS_LEFT, DOCS)
+        ok = _tile_ok(rows, cols, Nk, offset, win_left, win_right, d_first, d_last, HAS_LEFT, HAS_RIGHT, DOCS)
         s = gl.where(ok, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -212,17 +214,45 @@ def _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHi
 
 
 @gluon.jit
+def _doc_span(rows, Nq, QLob, QHib):
+    """DOCS: each query row's document key span ``(first, last)``, inclusive (``doc_q[i] == doc_k[j]`` iff ``q_lo[i]
+    <= j < q_hi[i]``; ``QLob`` / ``QHib`` the batch row's ``q_lo`` / ``q_hi``; empty for rows of no document and rows
+    past ``Nq``). Loaded once per consumer (``rows`` 1-D, a slice 1 of the tile layout), so the element mask compares
+    with it and loads nothing per key (the per-key ``doc_k`` gather of ``_band_ok`` spilled at D = 128)."""
+    in_q = rows < Nq
+    return gl.load(QLob + rows, mask=in_q, other=0), gl.load(QHib + rows, mask=in_q, other=0) - 1
+
+
+@gluon.jit
+def _tile_ok(rows, cols, Nk, offset, win_left, win_right, d_first, d_last, HAS_LEFT: gl.constexpr,
+             HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr):
+    """:func:`_band_ok` on a tile with the query rows on its rows: ``rows`` / ``cols`` 1-D (slices 1 / 0 of the tile
+    layout), ``d_first`` / ``d_last`` the rows' document spans (:func:`_doc_span`; read with DOCS only); returns the
+    ``(rows, cols)`` bool tile. Unlike ``_band_ok``, rows past ``Nq`` are not masked (without DOCS): the forward
+    never stores them and the dQ kernel gives them ``P = 0`` (``lse2 = +inf``). The window edges are written as
+    ``cols <= rows + (offset + win_right)`` so that, both being aranges plus scalars, the compiler compares the
+    constant ``c - r`` with one scalar per element (as the causal rule before the band masks)."""
+    c2 = gl.expand_dims(cols, 0)
+    r2 = gl.expand_dims(rows, 1)
+    ok = gl.expand_dims(cols < Nk, 0)
+    if HAS_RIGHT:
+        ok = ok & (c2 <= r2 + (offset + win_right))
+    if HAS_LEFT:
+        ok = ok & (c2 >= r2 + (offset - win_left))
+    if DOCS:
+        ok = ok & (c2 >= gl.expand_dims(d_first, 1)) & (c2 <= gl.expand_dims(d_last, 1))
+    return ok
+
+
+@gluon.jit
 def _row_span(rows, Nq, Nk, offset, win_left, win_right, QLob, QHib, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr):
-    """:func:`_band_ok` for the query rows ``rows`` (1-D, any layout) as each row's visible key span ``(first,
-    last)``, inclusive (empty when ``last < first``): the window edges, ``Nk`` and, with DOCS, the key span ``[q_lo,
-    q_hi)`` of the row's document (``doc_q[i] == doc_k[j]`` iff ``q_lo[i] <= j < q_hi[i]``; ``QLob`` / ``QHib`` the
-    batch row's ``q_lo`` / ``q_hi``; empty for rows past ``Nq``). ``first`` is only meaningful with HAS_LEFT or DOCS
-    (else 0: :func:`_span_ok` does not read it). Unlike ``_band_ok``, rows past ``Nq`` are not masked without DOCS:
-    the forward never stores them and the dQ kernel gives them ``P = 0`` (``lse2 = +inf``). Computed once per
-    consumer, so the element mask (:func:`_span_ok`) needs one or two compares per element and no load (the per-key
-    ``doc_k`` gather of ``_band_ok`` spilled at D = 128)."""
-    in_q = rows < Nq
+    """The dQ kernel's form of :func:`_tile_ok`: each query row's visible key span ``(first, last)``, inclusive (empty
+    when ``last < first``; the window edges, ``Nk`` and, with DOCS, the row's document span, :func:`_doc_span`),
+    computed once per consumer; :func:`_span_ok` then needs one or two compares per element. ``first`` is only
+    meaningful with HAS_LEFT or DOCS (else 0, not read). Rows past ``Nq`` are not masked without DOCS (``P = 0``
+    there: ``lse2 = +inf``). (The forward keeps :func:`_tile_ok`, which compiles its causal rule as before the band
+    masks; the dQ kernel spilled with it at D 64 with a window and documents, not with this.)"""
     last = rows * 0 + (Nk - 1)
     first = rows * 0
     if HAS_RIGHT:
@@ -230,8 +260,9 @@ def _row_span(rows, Nq, Nk, offset, win_left, win_right, QLob, QHib, HAS_LEFT: g
     if HAS_LEFT:
         first = rows + offset - win_left
     if DOCS:
-        last = gl.minimum(last, gl.load(QHib + rows, mask=in_q, other=0) - 1)
-        first = gl.maximum(first, gl.load(QLob + rows, mask=in_q, other=0))
+        d_first, d_last = _doc_span(rows, Nq, QLob, QHib)
+        last = gl.minimum(last, d_last)
+        first = gl.maximum(first, d_first)
     return first, last
 
 
@@ -336,8 +367,8 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
-    k_first, k_last = _row_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq, Nk,
-                                offset, win_left, win_right, QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS)
+    d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq, QLob,
+                                QHib)  # (DOCS only)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
@@ -353,8 +384,9 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
         s = warpgroup_mma_wait(0, deps=(s_t, ))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS,
-                                           BLOCK_N, s_layout)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo, flo, fhi, start_m, Nk, offset, win_left, win_right,
+                                           d_first, d_last, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N,
+                                           s_layout)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_tiles):
             slot = j % STAGES
@@ -367,8 +399,9 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
             acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pp_pass(other_turn, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo + j, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT,
-                                               DOCS, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo + j, flo, fhi, start_m, Nk, offset, win_left,
+                                               win_right, d_first, d_last, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS,
+                                               BLOCK_M, BLOCK_N, s_layout)
             p_next = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
             gl.thread_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
@@ -868,8 +901,8 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sme
 def _dq_probs(s, lse2, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
               BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """``P = exp2(S * qk_scale - lse2)`` of key tile ``t`` (fp32, wgmma layout) against rows whose visible key spans
-    are ``[first, last]``, zero where masked (:func:`_span_ok`, on tiles outside the full band ``[flo, fhi)``
-    only)."""
+    are ``[first, last]`` (:func:`_row_span`), zero where masked (:func:`_span_ok`, on tiles outside the full band
+    ``[flo, fhi)`` only)."""
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
     if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
