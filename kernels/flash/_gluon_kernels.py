@@ -214,13 +214,20 @@ def _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHi
 
 
 @gluon.jit
-def _doc_span(rows, Nq, QLob, QHib):
+def _doc_span(rows, Nq, QLob, QHib, DOCS: gl.constexpr):
     """DOCS: each query row's document key span ``(first, last)``, inclusive (``doc_q[i] == doc_k[j]`` iff ``q_lo[i]
     <= j < q_hi[i]``; ``QLob`` / ``QHib`` the batch row's ``q_lo`` / ``q_hi``; empty for rows of no document and rows
     past ``Nq``). Loaded once per consumer (``rows`` 1-D, a slice 1 of the tile layout), so the element mask compares
-    with it and loads nothing per key (the per-key ``doc_k`` gather of ``_band_ok`` spilled at D = 128)."""
-    in_q = rows < Nq
-    return gl.load(QLob + rows, mask=in_q, other=0), gl.load(QHib + rows, mask=in_q, other=0) - 1
+    with it and loads nothing per key (the per-key ``doc_k`` gather of ``_band_ok`` spilled at D = 128). Without
+    DOCS: zeros, never read (the table is not touched)."""
+    if DOCS:
+        in_q = rows < Nq
+        first = gl.load(QLob + rows, mask=in_q, other=0)
+        last = gl.load(QHib + rows, mask=in_q, other=0) - 1
+    else:
+        first = rows * 0
+        last = rows * 0
+    return first, last
 
 
 @gluon.jit
@@ -260,7 +267,7 @@ def _row_span(rows, Nq, Nk, offset, win_left, win_right, QLob, QHib, HAS_LEFT: g
     if HAS_LEFT:
         first = rows + offset - win_left
     if DOCS:
-        d_first, d_last = _doc_span(rows, Nq, QLob, QHib)
+        d_first, d_last = _doc_span(rows, Nq, QLob, QHib, DOCS)
         last = gl.minimum(last, d_last)
         first = gl.maximum(first, d_first)
     return first, last
@@ -368,7 +375,7 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
     d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq, QLob,
-                                QHib)  # (DOCS only)
+                                QHib, DOCS)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
