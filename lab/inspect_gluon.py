@@ -6,7 +6,8 @@ Gluon's API is triton-version specific: run it with the GPU machine's triton (3.
     pip install --no-deps --target /tmp/t36 triton-3.6.0-*.whl
     PYTHONPATH=/tmp/t36:$PWD python -m lab.inspect_gluon [--impls gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv,
         gluon_bwd_dkdv2,gluon_bwd_dkdv2pp,gluon_bwd_dq] [--D 64,128] [--dtypes bf16,fp16] [--stages N] [--lse tma,load]
-        [--bwd-block-m M] [--bwd-block-n N] [--masks full,causal,window,left,right,docs,docsfull,windocs] [--ptx DIR]
+        [--bwd-block-m M] [--bwd-block-n N] [--masks full,causal,window,window_full,right,docs,docs_full,window_docs]
+        [--ptx DIR]
 
 Every (impl, mask, D, dtype) the launcher can pick is compiled at the launcher's tiles
 (:func:`kernels.flash.gluon.gluon_tiles`, :func:`~kernels.flash.gluon.gluon_bwd_tiles` for the backward kernel of
@@ -18,8 +19,8 @@ way of reading lse2 / delta: ``tma`` (through the ring into shared memory, ``LSE
 :func:`~kernels.flash.gluon.gluon_bwd_dq_tiles`; ``--lse`` does not apply: it loads lse2 / delta per row); an impl that fails to compile prints its error and the rest go on.
 
 ``--masks`` (default ``full,causal``): the mask variants (:data:`MASKS`: the ``HAS_LEFT`` / ``HAS_RIGHT`` / ``DOCS``
-constexprs) of the band-mask kernels (the forward and ``gluon_bwd_dq``); the dK / dV kernels take ``full`` and
-``causal`` only (others are skipped).
+constexprs) of the band-mask kernels (the forward, ``gluon_bwd_dq``, ``gluon_bwd_dkdv2`` / ``gluon_bwd_dkdv2pp``); the
+one-consumer dK / dV kernels (``CAUSAL`` constexpr) take ``full`` and ``causal`` only (others are skipped).
 """
 
 from __future__ import annotations
@@ -37,17 +38,12 @@ from triton.backends.compiler import GPUTarget
 
 from lab.inspect_kernels import resource_usage, signature
 
-MASKS = {"full": (False, False, False), "causal": (False, True, False), "window": (True, True, False),
-         "left": (True, False, False), "right": (False, True, False), "docs": (False, True, True),
-         "docsfull": (False, False, True), "windocs": (True, True, True)}
-"""Mask name -> ``(HAS_LEFT, HAS_RIGHT, DOCS)`` of the band-mask kernels (``causal`` and ``right`` compile alike:
-causal is a right edge at 0, a runtime value)."""
 BAND_INTS = ("win_left", "win_right")
 
 
 def mask_flags(mask) -> dict:
-    """The band constexprs of ``mask`` (a :data:`MASKS` name; a bool means ``"causal"`` / ``"full"``). Raises
-    ``ValueError`` for an unknown name."""
+    """The band constexprs of ``mask`` (a :data:`MASKS` name, defined below; a bool means ``"causal"`` /
+    ``"full"``). Raises ``ValueError`` for an unknown name."""
     if isinstance(mask, bool):
         mask = "causal" if mask else "full"
     if mask not in MASKS:
@@ -144,15 +140,35 @@ def partition_registers(sass: str) -> str:
     return "/".join(out)
 
 
-def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
+MASKS = {"full": (False, False, False), "causal": (False, True, False), "window": (True, True, False),
+         "window_full": (True, False, False), "right": (False, True, False), "docs": (False, True, True),
+         "docs_full": (False, False, True), "window_docs": (True, True, True)}
+"""``--masks`` name -> the band constexprs ``(HAS_LEFT, HAS_RIGHT, DOCS)`` of the kernels taking band masks:
+``window`` a sliding window with a causal right edge, ``window_full`` a left edge only, ``right`` a right edge only
+(compiles as ``causal``: the edge is a runtime value), ``docs`` causal packed documents, ``docs_full`` documents
+alone, ``window_docs`` both. Kernels with a ``CAUSAL`` constexpr take ``full`` / ``causal`` only."""
+
+
+def parse_masks(text: str) -> list:
+    """The ``--masks`` list (comma separated names of :data:`MASKS`); ``ValueError`` naming the allowed values."""
+    masks = [m for m in text.split(",") if m]
+    bad = [m for m in masks if m not in MASKS]
+    if bad or not masks:
+        raise ValueError(f"--masks {text!r}: allowed values: {', '.join(MASKS)} (comma separated)")
+    return masks
+
+
+def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
                      write_dq: bool = True, lse_tma: bool = True, consumers: int = 1, pingpong: bool = False,
                      block_m_override: int = 0, block_n_override: int = 0) -> dict:
     """Compile the Gluon backward (``bwd_impl="gluon"``) at the launcher's tiles
     (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a: ``consumers=1``: ``_gl_bwd_kernel`` with
-    ``WRITE_DQ=write_dq`` (the atomic dQ); ``consumers=2``: ``_gl_bwd_dkdv2_kernel`` (dK / dV only, ``write_dq``
-    must be False) with ``PINGPONG=pingpong``; ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way.
-    ``block_m_override`` / ``block_n_override`` (0: the launcher's): other tiles, to see what they would cost (the
-    program's key rows: with two consumers each gets half). The same report as :func:`compile_case`."""
+    ``WRITE_DQ=write_dq`` (the atomic dQ; ``mask`` ``"full"`` / ``"causal"`` only); ``consumers=2``:
+    ``_gl_bwd_dkdv2_kernel`` (dK / dV only, ``write_dq`` must be False) with ``PINGPONG=pingpong`` and the band
+    constexprs of ``mask`` (a name of :data:`MASKS`; ``False`` / ``True`` mean ``"full"`` / ``"causal"``);
+    ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way. ``block_m_override`` / ``block_n_override`` (0:
+    the launcher's): other tiles, to see what they would cost (the program's key rows: with two consumers each gets
+    half). The same report as :func:`compile_case`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
@@ -160,6 +176,11 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
 
     if consumers != 1 and write_dq:
         raise ValueError("consumers=2 computes dK / dV only: write_dq must be False")
+    mask = {False: "full", True: "causal"}.get(mask, mask) if isinstance(mask, bool) else mask
+    if mask not in MASKS or (consumers == 1 and mask not in ("full", "causal")):
+        allowed = ", ".join(MASKS) if consumers != 1 else "full, causal"
+        raise ValueError(f"mask={mask!r} with consumers={consumers}: allowed values: {allowed}")
+    has_left, has_right, docs = MASKS[mask]
     block_m, block_n, stages, warps = gluon_bwd_tiles(D, consumers)
     if stages_override:
         stages = stages_override
@@ -177,10 +198,12 @@ def compile_bwd_case(causal: bool, D: int, dtype: str = "bf16", ptx: bool = Fals
     ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
             "offset", "group", "lse_stride")
     types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
-                 sm_scale="fp32", **{n: "i32" for n in ints})
-    const = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma,
-                 num_warps=warps)
-    const.update(dict(WRITE_DQ=write_dq) if consumers == 1 else dict(PINGPONG=pingpong))
+                 sm_scale="fp32", Doc="*i32", win_left="i32", win_right="i32", **{n: "i32" for n in ints})
+    const = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma, num_warps=warps)
+    if consumers == 1:
+        const.update(CAUSAL=mask == "causal", WRITE_DQ=write_dq)
+    else:
+        const.update(HAS_LEFT=has_left, HAS_RIGHT=has_right, DOCS=docs, PINGPONG=pingpong)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -243,25 +266,25 @@ def main():
                     help="backward only: override BLOCK_N, the program's key rows (gluon_bwd_dq: its key tile; 0: the "
                          "launcher's)")
     ap.add_argument("--masks", default="full,causal",
-                    help=f"mask variants ({', '.join(MASKS)}); the dK / dV kernels: full and causal only")
+                    help="comma separated: " + ", ".join(MASKS) + " (band masks: the forward impls, gluon_bwd_dq, "
+                         "gluon_bwd_dkdv2 / gluon_bwd_dkdv2pp; the others take full / causal and skip the rest)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
     args = ap.parse_args()
+    masks = parse_masks(args.masks)
     print(f"triton {triton.__version__}, target sm_90a")
     for impl in args.impls.split(","):
         lses = args.lse.split(",") if impl in BWD_IMPLS else [""]
         for D in [int(d) for d in args.D.split(",")]:
             for dtype in args.dtypes.split(","):
                 for lse in lses:
-                    for mask in args.masks.split(","):
-                        if mask not in MASKS:
-                            raise SystemExit(f"--masks {mask!r}: allowed values: {', '.join(MASKS)}")
-                        causal = mask == "causal"
-                        if impl in BWD_IMPLS and mask not in ("full", "causal"):
-                            continue  # (the dK / dV kernels take dense / causal only)
+                    for mask in masks:
                         tag = f"{impl}{'/' + lse if lse else ''}"
                         name = f"{tag:19s} D={D:3d} {dtype} {mask:6s}"
+                        band = impl not in BWD_IMPLS or BWD_IMPLS[impl][1] == 2  # (forward, dQ, two-consumer dK / dV)
+                        if mask not in ("full", "causal") and not band:
+                            continue  # (a kernel with the CAUSAL constexpr: no band masks)
                         try:
                             if impl == "gluon_bwd_dq":
                                 r = compile_dq_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
@@ -270,7 +293,7 @@ def main():
                                 if lse not in ("tma", "load"):
                                     raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
                                 wdq, cons, pp = BWD_IMPLS[impl]
-                                r = compile_bwd_case(causal, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
+                                r = compile_bwd_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
                                                      write_dq=wdq, lse_tma=lse == "tma", consumers=cons, pingpong=pp,
                                                      block_m_override=args.bwd_block_m,
                                                      block_n_override=args.bwd_block_n)

@@ -88,11 +88,19 @@ def test_auto_bwd_rule(monkeypatch):
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=64), -1, -1) == "triton"
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048), -1, 0) == "triton"  # 2.1M
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=1, Nk=1 << 22), -1, -1) == "gluon"  # decode-like
-    no = [((), dict(win_left=1023, win_right=0)), ((), dict(layout=object())), ((), dict(dilation=2)),
-          ((), dict(documents=object())), ((), dict(win_right=5))]
-    for _, kw in no:
+    bands = [dict(win_left=1023, win_right=0), dict(documents=object()), dict(win_right=5),
+             dict(win_left=2047, win_right=-1), dict(win_left=1023, win_right=0, documents=object())]
+    for kw in [dict(layout=object()), dict(dilation=2), dict(win_left=1023, win_right=0, dilation=2)] + bands:
         args = dict(win_left=-1, win_right=0, layout=None, dilation=1, documents=None) | kw
+        band = kw in bands  # sliding windows and documents: the Gluon backward (GLUON_AUTO_BWD_BANDS); never
+        assert G.choose_bwd_impl(auto, *big, **args) == ("gluon" if band else "triton"), kw  # layout / dilation
+        monkeypatch.setattr(G, "GLUON_AUTO_BWD_BANDS", False)
         assert G.choose_bwd_impl(auto, *big, **args) == "triton", kw
+        assert G.choose_bwd_impl(auto, *big, -1, 0) == "gluon"  # (the flag leaves dense / causal alone)
+        monkeypatch.setattr(G, "GLUON_AUTO_BWD_BANDS", True)
+    # the pairs threshold counts a window's band (visited_pairs): 4096 rows x 1024 keys = 2^22 pairs per head
+    assert G.choose_bwd_impl(auto, *big, 1023, 0) == "gluon" and G.choose_bwd_impl(auto, *big, 1022, 0) == "triton"
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=4, Nq=4096, Nk=4096), 1023, 0) == "triton"  # GQA
     for bad in (_fake_qkv(Hkv=8, Nq=4096, Nk=4096, D=96), _fake_qkv(Hkv=8, Nq=4096, Nk=4096, Dv=64),
                 _fake_qkv(Hkv=8, Nq=4096, Nk=4096, dtype=torch.float32)):
         assert G.choose_bwd_impl(auto, *bad, -1, 0) == "triton"
@@ -200,15 +208,22 @@ def test_deterministic_refuses_gluon_backward_with_atomic_dq_only():
                    config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton"))
 
 
-@pytest.mark.parametrize("case", ["window", "dilation", "head_dim", "dv", "dtype", "device"])
+@pytest.mark.parametrize("case", ["window", "window_right", "documents", "dilation", "head_dim", "dv", "dtype",
+                                  "device"])
 def test_unsupported_calls_refused_before_the_forward(case):
     """With an input that requires grad, flash_attn refuses a call the Gluon backward cannot run before any kernel
-    (ValueError naming bwd_impl='gluon' and what it supports)."""
+    (ValueError naming bwd_impl='gluon' and what it supports). Windows and doc_ids with one consumer: the error names
+    gluon_bwd_consumers and its allowed values."""
     D, Dv, dtype, kw = 64, 64, torch.bfloat16, dict(causal=True)
-    expect = {"window": r"window \(left=7", "dilation": "dilation=2", "head_dim": "D=96", "dv": "D=64, Dv=128",
-              "dtype": "dtype torch.float32", "device": "device cpu"}[case]
+    expect = {"window": r"window \(left=7", "window_right": r"window \(left=-1, right=3\)", "documents": "doc_ids",
+              "dilation": "dilation=2", "head_dim": "D=96", "dv": "D=64, Dv=128", "dtype": "dtype torch.float32",
+              "device": "device cpu"}[case]
     if case == "window":
         kw = dict(causal=True, window_size=(7, 0))
+    elif case == "window_right":
+        kw = dict(causal=False, window_size=(None, 3))
+    elif case == "documents":
+        kw = dict(causal=True, doc_ids=torch.tensor([[0] * 8 + [1] * 8]))
     elif case == "dilation":
         kw = dict(causal=True, window_size=(7, 0), dilation=2)
     elif case == "head_dim":
@@ -220,9 +235,25 @@ def test_unsupported_calls_refused_before_the_forward(case):
     q = torch.randn(1, 2, 16, D, dtype=dtype, requires_grad=True)
     k = torch.randn(1, 2, 16, D, dtype=dtype, requires_grad=True)
     v = torch.randn(1, 2, 16, Dv, dtype=dtype, requires_grad=True)
+    if case in ("window", "window_right", "documents"):
+        with pytest.raises(ValueError, match=rf"bwd_impl='gluon' with gluon_bwd_consumers=1 supports only dense or "
+                                             rf"causal masks; got {expect}.*need gluon_bwd_consumers=2 \(allowed "
+                                             r"values: 1, 2; .*use bwd_impl='triton'"):
+            flash_attn(q, k, v, config=FlashConfig(bwd_impl="gluon"), **kw)
+        # two consumers take them: refused for the CPU device only
+        with pytest.raises(ValueError, match=r"bwd_impl='gluon' supports only dense, causal, sliding-window and "
+                                             r"document masks.*got device cpu"):
+            flash_attn(q, k, v, config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2),
+                       **kw)
+        return
     with pytest.raises(ValueError, match=rf"bwd_impl='gluon' supports only dense or causal.*got {expect}.*"
                                          r"use bwd_impl='triton'"):
         flash_attn(q, k, v, config=FlashConfig(bwd_impl="gluon"), **kw)
+    if case == "dilation":  # never with two consumers either
+        with pytest.raises(ValueError, match=r"supports only dense, causal, sliding-window and document masks \(no "
+                                             r"block-sparse layout or dilation\).*got dilation=2"):
+            flash_attn(q, k, v, config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2),
+                       **kw)
 
 
 def test_forward_only_call_is_not_refused():
@@ -237,23 +268,29 @@ def test_forward_only_call_is_not_refused():
 
 
 def test_flash_attn_bwd_dispatches_to_gluon(monkeypatch):
-    """flash_attn_bwd with bwd_impl="gluon" checks the call and runs gluon_flash_bwd with the causal flag, dlse and
-    the layout flag; with "triton" neither is called."""
+    """flash_attn_bwd with bwd_impl="gluon" checks the call (with the config: it says which masks the kernel takes)
+    and runs gluon_flash_bwd with the window edges, dlse, the layout flag, the config and the document table; with
+    "triton" neither is called."""
     q, k, v, do = _qkv(1, 4, 2, 32, 48, 64, device="cpu")
     seen = []
-    monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs: seen.append(
-        ("check", wl, wr, lay, dil, docs)) or wr == 0)
-    monkeypatch.setattr(G, "gluon_flash_bwd", lambda do_, q_, k_, v_, o_, l_, scale, causal, dlse, like, cfg:
-                        seen.append(("run", scale, causal, dlse, like, cfg)) or ("dq", "dk", "dv"))
+    monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs, cfg: seen.append(
+        ("check", wl, wr, lay, dil, docs, cfg)) or wr == 0)
+    monkeypatch.setattr(G, "gluon_flash_bwd", lambda do_, q_, k_, v_, o_, l_, scale, wl, wr, dlse, like, config,
+                        documents: seen.append(("run", scale, wl, wr, dlse, like, config, documents)) or ("dq", "dk", "dv"))
     lse = torch.zeros(1, 4, 32)
     dlse = torch.ones(1, 4, 32)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
     got = BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, 0, dlse=dlse, grads_like_inputs=False, config=cfg)
     assert got == ("dq", "dk", "dv")
-    assert seen[0] == ("check", -1, 0, None, 1, None) and seen[1][:3] == ("run", 0.125, True)
-    assert seen[1][3] is dlse and seen[1][4] is False and seen[1][5] is cfg  # the config (its dQ choice) travels
+    assert seen[0] == ("check", -1, 0, None, 1, None, cfg) and seen[1][:4] == ("run", 0.125, -1, 0)
+    assert seen[1][4] is dlse and seen[1][5] is False and seen[1][6] is cfg  # the config (its dQ choice) travels
     BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, -1, -1, config=FlashConfig(bwd_impl="gluon"))
-    assert seen[3][2] is False  # dense
+    assert seen[3][2:4] == (-1, -1)  # dense
+    table = torch.zeros(1, 3 * (32 + 48), dtype=torch.int32)
+    cfg2 = cfg.replace(gluon_bwd_consumers=2)
+    BW.flash_attn_bwd(do, q, k, v, do, lse, 0.125, 7, 0, config=cfg2, documents=table)
+    assert seen[4][1:3] == (7, 0) and seen[4][5] is table and seen[4][6] is cfg2
+    assert seen[5][2:4] == (7, 0) and seen[5][6] is cfg2 and seen[5][7] is table  # window and documents travel
     n = len(seen)
     monkeypatch.setattr(BW, "_get_plan", lambda *a: (_ for _ in ()).throw(RuntimeError("triton path")))
     monkeypatch.setattr(BW, "_PLANS", {})
@@ -328,8 +365,9 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
     real_tdq = BW.triton_dq
     monkeypatch.setattr(BW, "triton_dq", lambda *a: tdq.append(a) or real_tdq(*a))
     bm = G.gluon_bwd_tiles(D)[0]
+    wr = 0 if causal else -1
 
-    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=FlashConfig(bwd_impl="gluon"))
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=FlashConfig(bwd_impl="gluon"))
     grid, args, kw = kern.calls[-1]
     assert kw["WRITE_DQ"] is True and kw["LSE_TMA"] is G.GLUON_BWD_LSE_TMA is True and kw["CAUSAL"] is causal
     assert grid == (-(-Nk // 128), B * Hkv) and tdq == []
@@ -344,16 +382,17 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
 
     monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", False)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
-    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg)
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=cfg)
     grid, args, kw = kern.calls[-1]
     assert kw["WRITE_DQ"] is False and kw["LSE_TMA"] is False
     assert args[6] is args[8]  # no dQ buffer: the placeholder is delta
-    assert len(tdq) == 1 and tdq[0][6] is dq and tdq[0][8] == (0 if causal else -1) and tdq[0][9] is cfg
+    assert len(tdq) == 1 and tdq[0][6] is dq and tdq[0][8:10] == (-1, wr) and tdq[0][10] is cfg
+    assert tdq[0][11] is None  # no documents
     assert (dk == 1).all() and (dv == 2).all()
     ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig(bwd_impl="triton"))
     assert torch.equal(dq, ref[0])  # the same kernel on the same lse2 / delta
     with pytest.raises(ValueError, match=r"gluon_bwd_dq='x' is not supported; allowed values: 'atomic', 'triton'"):
-        G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal,
+        G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr,
                           config=SimpleNamespace(gluon_bwd_dq="x"))
 
 
@@ -372,28 +411,34 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     kern, descs = _fake_gluon(monkeypatch)
     monkeypatch.setattr(G, "GLUON_BWD_PINGPONG", pingpong)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
-    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg)
+    wr = 0 if causal else -1
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=cfg)
     assert kern.calls == [] and len(kern.two.calls) == 1
     grid, args, kw = kern.two.calls[-1]
     bm, bn, stages, warps = G.gluon_bwd_tiles(D, 2)
     assert (bm, bn, warps) == (64, 128, 4) and grid == (-(-Nk // bn), B * Hkv)
-    assert "WRITE_DQ" not in kw and kw["PINGPONG"] is pingpong and kw["num_warps"] == 4 and kw["CAUSAL"] is causal
+    assert "WRITE_DQ" not in kw and kw["PINGPONG"] is pingpong and kw["num_warps"] == 4 and "CAUSAL" not in kw
+    assert (kw["HAS_LEFT"], kw["HAS_RIGHT"], kw["DOCS"]) == (False, causal, False)
+    assert args[11].dtype == torch.int32 and tuple(args[-2:]) == (0, 0)  # Doc: a placeholder; win_left / win_right
     assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"], kw["HEAD_D"]) == (bm, bn, stages, D)
     assert args[6] is args[8]  # no dQ buffer
     assert (dk == 1).all() and (dv == 2).all()
     ref = BW.flash_attn_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=FlashConfig(bwd_impl="triton"))
     assert torch.equal(dq, ref[0])
-    # the one-consumer launch of the same call differs only in kernel, warps and the WRITE_DQ / PINGPONG constexprs
-    G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg.replace(gluon_bwd_consumers=1))
+    # the one-consumer launch of the same call differs in kernel, warps, the mask (CAUSAL; no Doc / window edges)
+    # and the WRITE_DQ / PINGPONG constexprs
+    G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=cfg.replace(gluon_bwd_consumers=1))
     grid1, args1, kw1 = kern.calls[-1]
-    assert grid1 == grid and len(args1) == len(args) and kw1["WRITE_DQ"] is False and kw1["num_warps"] == 8
-    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps")} == \
-        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps")}
+    assert grid1 == grid and len(args1) == len(args) - 3 and kw1["WRITE_DQ"] is False and kw1["num_warps"] == 8
+    assert tuple(args1[11:]) == tuple(args[12:-2]) and kw1["CAUSAL"] is causal  # strides, sizes, scales
+    assert [type(a) for a in args1[:11]] == [type(a) for a in args[:11]]  # descriptors, buffers, dK, dV
+    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL")} == \
+        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps", "HAS_LEFT", "HAS_RIGHT", "DOCS")}
     for bad in (SimpleNamespace(gluon_bwd_dq="atomic", gluon_bwd_consumers=2),
                 SimpleNamespace(gluon_bwd_dq="triton", gluon_bwd_consumers=3)):
         with pytest.raises(ValueError, match=rf"gluon_bwd_consumers={bad.gluon_bwd_consumers} is not supported with "
                                              rf"gluon_bwd_dq='{bad.gluon_bwd_dq}'; allowed values: \(1, 2\)"):
-            G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=bad)
+            G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=bad)
     assert len(kern.two.calls) == 1
 
 
@@ -412,7 +457,7 @@ def test_gluon_flash_bwd_gluon_dq_dispatch(monkeypatch, causal, consumers):
     kern, descs = _fake_gluon(monkeypatch)
     monkeypatch.setattr(BW, "triton_dq", lambda *a: (_ for _ in ()).throw(AssertionError("triton_dq ran")))
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=consumers)
-    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, causal, config=cfg)
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, 0 if causal else -1, config=cfg)
     dkdv = kern.two if consumers == 2 else kern
     assert len(dkdv.calls) == 1 and len((kern if consumers == 2 else kern.two).calls) == 0
     _, dargs, dkw = dkdv.calls[0]
@@ -494,7 +539,7 @@ def test_gluon_flash_bwd_passes_aligned_lse_rows(monkeypatch, lse_tma):
     lse = torch.randn(B, Hq, Nq)
     kern, descs = _fake_gluon(monkeypatch)
     monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", lse_tma)
-    G.gluon_flash_bwd(do, q, k, v, out, lse, D ** -0.5, True, config=FlashConfig(bwd_impl="gluon"))
+    G.gluon_flash_bwd(do, q, k, v, out, lse, D ** -0.5, -1, 0, config=FlashConfig(bwd_impl="gluon"))
     grid, args, kw = kern.calls[-1]
     assert kw["LSE_TMA"] is lse_tma
     lse2, delta, lse_stride = args[7], args[8], args[23]
@@ -514,11 +559,37 @@ def _fwd(q, k, v, scale, causal):
     return flash_attn_fwd(q, k, v, scale, -1, 0 if causal else -1)
 
 
-def test_triton_dq_refuses_other_masks():
+def test_triton_dq_refuses_bad_window_edges():
     q, k, v, do = _qkv(1, 2, 2, 16, 16, 64, dtype=torch.float32, device="cpu")
-    for wr in (1, 7, -2):
-        with pytest.raises(ValueError, match=rf"win_right={wr}: triton_dq covers dense \(-1\) and causal \(0\)"):
-            BW.triton_dq(do, q, k, v, None, None, torch.empty_like(q), 0.125, wr, FlashConfig())
+    for wl, wr, name in ((-1, -2, "win_right=-2"), (-5, 0, "win_left=-5"), (1.5, 0, "win_left=1.5"),
+                         (True, 0, "win_left=True")):
+        with pytest.raises(ValueError, match=rf"{name}: triton_dq takes an integer >= 0, or -1"):
+            BW.triton_dq(do, q, k, v, None, None, torch.empty_like(q), 0.125, wl, wr, FlashConfig())
+
+
+@pytest.mark.parametrize("mask", ["window", "window_right", "documents", "window_documents"])
+def test_triton_dq_band_masks_match_the_triton_backward(mask):
+    """triton_dq with a window and / or the document table (interpreter): the Triton backward's dq (the same kernel,
+    constexprs and launch; lse2 / delta recomputed here, so within fp32 rounding)."""
+    from kernels.flash.documents import document_table
+
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 40, 56, 64
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=8)
+    wl, wr = {"window": (9, 0), "window_right": (-1, 5), "documents": (-1, 0), "window_documents": (9, 0)}[mask]
+    docs = None
+    if "documents" in mask:
+        docs = document_table(torch.tensor([[0] * 20 + [1] * 1 + [2] * 25 + [3] * 10]), Nq)
+    from kernels.flash import flash_attn_fwd
+
+    out, lse = flash_attn_fwd(q, k, v, D ** -0.5, wl, wr, documents=docs)
+    ref = BW.flash_attn_bwd(do, q, k, v, out, lse, D ** -0.5, wl, wr, config=FlashConfig(bwd_impl="triton"),
+                            documents=docs)
+    delta = (out.float() * do.float()).sum(-1).contiguous()
+    lse2 = torch.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634).contiguous()
+    dq = torch.empty_like(q)
+    BW.triton_dq(do, q, k, v, lse2, delta, dq, D ** -0.5, wl, wr, FlashConfig(bwd_impl="triton"), docs)
+    torch.testing.assert_close(dq, ref[0], atol=1e-5, rtol=1e-5)
+    assert dq.abs().max() > 0
 
 
 def test_bwd_tiles_fit_shared_memory_and_refuse_other_head_dims():

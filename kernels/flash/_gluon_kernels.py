@@ -718,32 +718,63 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
 
 
 # ------------------------------------------------------------------------------------ gluon backward, two consumers
-# The dK / dV-only variant (WRITE_DQ=False; FlashConfig(gluon_bwd_consumers=2), which needs gluon_bwd_dq="triton"):
-# the program's BLOCK_N = 128 keys are split between two 1-warpgroup consumer PARTITIONS (FA3 sec. 3.1's layout
-# applied to the backward) instead of one 8-warp partition: consumer w owns key rows [start_n + 64 w, + 64) (its
-# slice of the K / V tiles in shared memory) and its own dK / dV accumulators, and both read every (Q, dO) slot of
-# the one ring (so Q / dO traffic per key is that of the 8-warp kernel; a slot's empty barrier expects one arrive per
-# consumer). What changes against the 8-warp partition:
+# The dK / dV-only variant (WRITE_DQ=False; FlashConfig(gluon_bwd_consumers=2), which needs gluon_bwd_dq="triton" or
+# "gluon"): the program's BLOCK_N = 128 keys are split between two 1-warpgroup consumer PARTITIONS (FA3 sec. 3.1's
+# layout applied to the backward) instead of one 8-warp partition: consumer w owns key rows [start_n + 64 w, + 64)
+# (its slice of the K / V tiles in shared memory) and its own dK / dV accumulators, and both read every (Q, dO) slot
+# of the one ring (so Q / dO traffic per key is that of the 8-warp kernel; a slot's empty barrier expects one arrive
+# per consumer). What changes against the 8-warp partition:
 # * no dS^T buffer in shared memory: without dQ nobody else needs dS^T, so it stays in registers as the A operand of
 #   dK += dS^T Q (as P^T is for dV): no store, no fence, and no barrier across the two warpgroups per tile (the
 #   8-warp kernel's two warpgroups met at two 256-thread barriers per tile and so ran their exponentials in lockstep,
 #   with the tensor cores idle);
 # * each warpgroup synchronises with its own 128 threads only, so the two drift apart and one's elementwise work can
 #   overlap the other's wgmmas; PINGPONG makes that explicit: the two take turns to issue a tile's S^T / dP^T pair
-#   (the turn barriers and their phases as in the forward's ping-pong above: _pp_wait / _pp_pass);
-# * causal: consumer 1's keys start 64 rows later, so the query tiles entirely above them (at most one per head at
-#   BLOCK_M = 64) are released without any wgmma (uniform branch); both consumers walk the same tile sequence.
+#   (the turn barriers and their phases as in the forward's ping-pong above: _pp_wait / _pp_pass).
+# Masks (issues 27 / 30): dense, causal and the band masks (HAS_LEFT / HAS_RIGHT window edges with runtime win_left /
+# win_right, causal being HAS_RIGHT with win_right = 0; DOCS: packed documents, the table Doc): the program's 128 keys
+# are seen by the query tiles [lo, hi) of _band_q_range, which the producer streams for every query head of the group;
+# each consumer computes its own range [lo_w, hi_w) at its 64 keys (at most one tile narrower at each end: causal,
+# the query tile above consumer 1's keys) and releases the tiles outside it without any wgmma (a uniform branch);
+# both consumers walk the same tile sequence. The element mask (_band_ok, query rows on the columns of the
+# transposed scores) runs only on the tiles outside the consumer's full range [flo_w, fhi_w) (dense: never; rows
+# past Nq have lse2 = +inf, so P = 0, and key rows past Nk are never stored). Rows that see no key: lse2 = +inf.
+
+
+@gluon.jit
+def _key_row_span(keys, Nq, Nk, offset, win_left, win_right, KLob, KHib, HAS_LEFT: gl.constexpr,
+                  HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr):
+    """``(rlo, rhi)``: the query rows ``[rlo, rhi)`` that see each key of ``keys`` (int32, any 1-D layout) under the
+    band mask: ``i >= j - win_right - offset`` (HAS_RIGHT), ``i <= j + win_left - offset`` (HAS_LEFT), ``k_lo(j) <=
+    i < k_hi(j)`` (DOCS: the rows of ``j``'s document, ``KLob`` / ``KHib`` the batch row's ``k_lo`` / ``k_hi``;
+    documents are contiguous runs, so this is ``doc_q(i) == doc_k(j)``); keys past ``Nk``: empty. The element rule of
+    :func:`_band_ok` turned around: a key's visible rows are one span, so the transposed scores' mask is two
+    compares against values per key row (a few registers per thread) instead of a rule per query column. Rows past
+    ``Nq`` are not excluded (the backward's lse2 is ``+inf`` there: P = 0)."""
+    rlo = keys * 0
+    rhi = rlo + Nq
+    if HAS_RIGHT:
+        rlo = keys - win_right - offset
+    if HAS_LEFT:
+        rhi = gl.minimum(rhi, keys + win_left - offset + 1)
+    if DOCS:
+        rlo = gl.maximum(rlo, gl.load(KLob + keys, mask=keys < Nk, other=0))
+        rhi = gl.minimum(rhi, gl.load(KHib + keys, mask=keys < Nk, other=0))
+    rhi = gl.where(keys < Nk, rhi, rlo)
+    return rlo, rhi
 
 
 @gluon.jit
 def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, my_turn, other_turn,
-                   Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group,
-                   Hq, Nq, Nk, offset, start_n, m_lo, cnt, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                   LSE_TMA: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                   Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk,
+                   group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, qk_scale, sm_scale,
+                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr,
+                   WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     """Consumer ``WG`` (0 or 1, one warpgroup) of ``_gl_bwd_dkdv2_kernel``: key rows ``[start_n + WG * BLOCK_N, +
-    BLOCK_N)`` (``BLOCK_N``: the consumer's rows, half the program's) against every ring slot from ``m_lo`` (the
-    program's first visited query tile), then ``dK * sm_scale`` / ``dV`` stored (rows < Nk)."""
+    BLOCK_N)`` (``BLOCK_N``: the consumer's rows, half the program's) against the ring's slots (query tiles ``[m_lo,
+    m_lo + cnt)`` of each query head of the group, in the producer's order), computing those its keys see, then
+    ``dK * sm_scale`` / ``dV`` stored (rows < Nk)."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
@@ -752,12 +783,29 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # P^T, dS^T
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query column (replicated over keys)
     start_w = start_n + WG * BLOCK_N
-    m_lo_w, cnt_w, m_mask_hi = _bwd_q_range(start_w, Nq, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (read with DOCS only)
+    if HAS_LEFT or HAS_RIGHT or DOCS:
+        # this consumer's query tiles [lo_w, hi_w), full ones [flo_w, fhi_w) (start clamped below Nk so the document
+        # spans are read in range; a consumer whose keys all lie past Nk computes nothing)
+        lo_w, hi_w, flo_w, fhi_w = _band_q_range(gl.minimum(start_w, Nk - 1), Nq, Nk, offset, win_left, win_right,
+                                                 DocKb, KLob, KHib, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+        hi_w = gl.where(start_w < Nk, hi_w, lo_w)
+    else:  # dense: every streamed tile, none masked
+        lo_w = m_lo
+        hi_w = m_lo + cnt
+        flo_w = lo_w
+        fhi_w = hi_w
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     k2 = k_smem.reshape([2 * BLOCK_N, HEAD_D]).slice(WG * BLOCK_N, BLOCK_N)
     v2 = v_smem.reshape([2 * BLOCK_N, HEAD_D]).slice(WG * BLOCK_N, BLOCK_N)
+    # the query rows [rlo, rhi) that see each of this consumer's keys (the element rule of the partial tiles)
     keys = start_w + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    if DOCS:
+        rlo, rhi = _key_row_span(keys, Nq, Nk, offset, win_left, win_right, KLob, KHib, HAS_LEFT, HAS_RIGHT, DOCS)
+    else:
+        rlo = keys
+        rhi = keys
     mbarrier.wait(kv_bar, 0)  # also when no tile is visited: the program must not exit with the copy in flight
     for i in range(0, group * cnt):
         h = hk * group + i // cnt
@@ -767,7 +815,7 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
         slot = i % STAGES
         _pp_wait(my_turn, i, WG, PINGPONG)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        if t >= m_lo_w:  # (causal: the tiles above this consumer's keys see none of them: nothing to add)
+        if (t >= lo_w) & (t < hi_w):  # (else: none of this consumer's keys is seen by the tile: nothing to add)
             q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
             do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
             s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
@@ -785,10 +833,14 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                 lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
                 st = warpgroup_mma_wait(1, deps=(st_t, ))
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-            if CAUSAL:
-                if t < m_mask_hi:  # the tile crosses this consumer's diagonal: key j visible iff j <= i + offset
-                    cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                    ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
+            if HAS_LEFT or HAS_RIGHT or DOCS:
+                if (t < flo_w) | (t >= fhi_w):  # a partial tile of this consumer's band: the element rule
+                    i2 = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=col_layout), 0)  # query rows
+                    if DOCS:  # the rows that see each key, one span per key row (held: fewer registers)
+                        ok = (i2 >= gl.expand_dims(rlo, 1)) & (i2 < gl.expand_dims(rhi, 1))
+                    else:
+                        ok = _band_ok(i2, gl.expand_dims(keys, 1), Nq, Nk, offset, win_left, win_right, Doc, Doc,
+                                      HAS_LEFT, HAS_RIGHT, False)
                     pt = gl.where(ok, pt, 0.0)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
@@ -811,23 +863,30 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
 
 
 @gluon.jit
-def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, Lse2, Delta, DK, DV,
+def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, Lse2, Delta, DK, DV, Doc,
                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                         Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale,
-                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                         STAGES: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr,
-                         PINGPONG: gl.constexpr = False):
-    """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` and ``gluon_bwd_consumers=2``: the arguments of
-    ``_gl_bwd_kernel`` (``DQA`` never read), dK / dV only; ``BLOCK_N`` the program's key rows (even: two consumers
-    of ``BLOCK_N // 2``), ``num_warps = 4`` (the default partition is consumer 0; a 4-warp worker consumer 1 and a
-    1-warp producer follow). Grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``."""
+                         Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale, win_left, win_right,
+                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr,
+                         num_warps: gl.constexpr, PINGPONG: gl.constexpr = False):
+    """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` / ``"gluon"`` and ``gluon_bwd_consumers=2``: the
+    arguments of ``_gl_bwd_kernel`` (``DQA`` never read), dK / dV only, plus the mask: ``win_left`` / ``win_right``
+    (>= 0; read with ``HAS_LEFT`` / ``HAS_RIGHT``; causal is ``HAS_RIGHT`` with ``win_right = 0``) and ``Doc`` the
+    int32 document table ``(B, 3 * Nq + 3 * Nk)`` of kernels.flash.documents (read with ``DOCS`` only, else any
+    pointer). ``BLOCK_N`` the program's key rows (even: two consumers of ``BLOCK_N // 2``), ``num_warps = 4`` (the
+    default partition is consumer 0; a 4-warp worker consumer 1 and a 1-warp producer follow). Grid ``(cdiv(Nk,
+    BLOCK_N), B * Hkv)``."""
     dtype: gl.constexpr = q_desc.dtype
     HALF: gl.constexpr = BLOCK_N // 2
-    start_n = gl.program_id(0) * BLOCK_N
+    start_n = gl.program_id(0) * BLOCK_N  # (causal: low key tiles have the most query tiles: heaviest first)
     bhk = gl.program_id(1)
     b = bhk // Hkv
     hk = bhk % Hkv
-    m_lo, cnt, m_mask_hi = _bwd_q_range(start_n, Nq, offset, CAUSAL, BLOCK_M, BLOCK_N)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (read with DOCS only)
+    lo, hi, flo, fhi = _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHib, HAS_LEFT,
+                                     HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+    m_lo = lo  # the query tiles [lo, hi) of every query head of the group stream through the ring
+    cnt = hi - lo
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -853,13 +912,15 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     fence_async_shared()
     gl.warp_specialize(
         [(_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn0, turn1,
-                           Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b,
-                           hk, group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, qk_scale, sm_scale, CAUSAL, BLOCK_M,
-                           HALF, HEAD_D, STAGES, LSE_TMA, 0, PINGPONG, num_warps)),
+                           Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                           b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, qk_scale,
+                           sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, HEAD_D, STAGES, LSE_TMA, 0, PINGPONG,
+                           num_warps)),
          (_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn1, turn0,
-                           Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b,
-                           hk, group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, qk_scale, sm_scale, CAUSAL, BLOCK_M,
-                           HALF, HEAD_D, STAGES, LSE_TMA, 1, PINGPONG, 4)),
+                           Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                           b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, qk_scale,
+                           sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, HEAD_D, STAGES, LSE_TMA, 1, PINGPONG,
+                           4)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
                           cnt, STAGES, BLOCK_M, LSE_TMA))],

@@ -422,11 +422,12 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
 
         if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents) == "gluon":
             config = auto_gluon_bwd_config(config, q.shape[3])
-    if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; dense / causal only, else ValueError)
+    if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; band masks with two consumers, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 
-        causal = check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents)
-        return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, causal, dlse, grads_like_inputs, config)
+        check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents, config)
+        return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, dlse, grads_like_inputs,
+                               config=config, documents=documents)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None
@@ -491,20 +492,25 @@ def _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, win_left, win_
         max(layout_bs, 1), mk["doc"], _bucket(Nq)), plan.meta["dq"], (k, v), q.device, config)
 
 
-def triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale: float, win_right: int, config: FlashConfig) -> None:
-    """dQ of a dense (``win_right=-1``) or causal (``win_right=0``) call by the Triton dQ kernel, launched as
-    :func:`flash_attn_bwd` launches it for that mask (same constexprs, tiles, TMA rule and launch plans; no window
-    left edge, block-sparse layout, dilation or documents): the Gluon backward's ``gluon_bwd_dq="triton"``.
+def triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale: float, win_left: int, win_right: int,
+              config: FlashConfig, documents: Optional[torch.Tensor] = None) -> None:
+    """dQ by the Triton dQ kernel, launched as :func:`flash_attn_bwd` launches it for this mask (same constexprs,
+    tiles, TMA rule and launch plans): the Gluon backward's ``gluon_bwd_dq="triton"``. The mask: ``win_left`` /
+    ``win_right`` (-1: no such edge; dense ``(-1, -1)``, causal ``(-1, 0)``) and ``documents`` (the int32 document
+    table of :func:`kernels.flash.documents.document_table`, or ``None``); no block-sparse layout or dilation.
     ``do, q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``, ``lse2`` / ``delta`` fp32 ``(B, Hq, Nq)`` contiguous from
-    ``_bwd_preprocess``; writes ``dq (B, Hq, Nq, D)`` (any strides) in place. Raises ``ValueError`` for another
-    ``win_right``."""
-    if win_right not in (-1, 0):
-        raise ValueError(f"win_right={win_right!r}: triton_dq covers dense (-1) and causal (0) masks only")
+    ``_bwd_preprocess``; writes ``dq (B, Hq, Nq, D)`` (any strides) in place. Raises ``ValueError`` for a
+    ``win_left`` / ``win_right`` that is not an integer >= -1."""
+    for name, w in (("win_left", win_left), ("win_right", win_right)):
+        if isinstance(w, bool) or not isinstance(w, int) or w < -1:
+            raise ValueError(f"{name}={w!r}: triton_dq takes an integer >= 0, or -1 (no such window edge)")
+    docs = documents is not None
     key = ("bwd_dq", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), dq.stride(), q.dtype,
-           q.device, softmax_scale, win_right, _aligned(q, k, v, do, dq), config)
-    plan = _PLANS.get(key) or _get_plan(key, lambda: {"dq": _dq_meta(q, k, v, -1, win_right, None, 0, 1, config)})
-    _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, -1, win_right, 1, _mode_args(q, None, (None,) * 3),
-               0, config)
+           q.device, softmax_scale, win_left, win_right, docs, _aligned(q, k, v, do, dq), config)
+    plan = _PLANS.get(key) or _get_plan(key, lambda: {"dq": _dq_meta(q, k, v, win_left, win_right, None, 0, 1, config,
+                                                                     docs)})
+    _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, win_left, win_right, 1,
+               _mode_args(q, None, (None,) * 3, documents), 0, config)
 
 
 def _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, tile):

@@ -129,7 +129,8 @@ class FlashConfig:
             bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
             either way unless ``bwd_impl`` says otherwise.
         bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`:
-            on Hopper, for dense / causal fp16 / bf16 problems of D 64 / 128 without GQA, with at least
+            on Hopper, for dense / causal / sliding-window / document fp16 / bf16 problems of D 64 / 128 without
+            GQA (band masks while ``kernels.flash.gluon.GLUON_AUTO_BWD_BANDS``, untimed so far), with at least
             ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head and the Triton backward's
             settings at their defaults, the Gluon dK / dV kernel with two consumers and the Gluon dQ kernel at
             D 128, the Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton",
@@ -138,7 +139,8 @@ class FlashConfig:
             never raises),
             ``"triton"`` (bwd.py, every mask, ``dq_mode`` / ``dkdv_split`` apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
-            says; dense or causal masks, D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else
+            says; dense or causal masks (with ``gluon_bwd_consumers=2`` also sliding windows and ``doc_ids``; never
+            a block-sparse layout or dilation), D in {64, 128} with Dv == D, fp16 / bf16, GQA, sm_90 only; anything else
             raises ``ValueError`` when the call needs a backward). ``dq_mode`` and ``dkdv_split`` do not apply to it;
             ``deterministic=True`` refuses it with ``gluon_bwd_dq="atomic"`` (the atomics add in an arbitrary
             order). With the atomic dQ it is slower than the Triton backward on the H200 (0.78-0.91x, 2026-12-04,
@@ -155,8 +157,8 @@ class FlashConfig:
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
-            needs ``gluon_bwd_dq="triton"`` or ``"gluon"``; what ``"auto"`` runs). Anything else raises
-            ``ValueError``.
+            needs ``gluon_bwd_dq="triton"`` or ``"gluon"``; what ``"auto"`` runs; the only one taking sliding windows
+            and ``doc_ids``). Anything else raises ``ValueError``.
         sparse_fwd, sparse_dq, sparse_dkdv: forced tiles of the block-sparse mode; block tables are built at them
             (:func:`~kernels.flash.sparse_tiles`). ``fwd`` and ``dq`` share one table, so their tiles must agree;
             ``sparse_dq`` alone also sets ``sparse_fwd``. ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16.

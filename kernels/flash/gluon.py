@@ -239,14 +239,25 @@ def auto_gluon_bwd_config(config: FlashConfig, D: int) -> FlashConfig:
     return config.replace(**{**AUTO_GLUON_BWD, "gluon_bwd_dq": "gluon" if D in AUTO_GLUON_DQ_HEAD_DIMS else "triton"})
 
 
+GLUON_AUTO_BWD_BANDS = True
+"""Whether ``bwd_impl="auto"`` takes the Gluon backward (two consumers) for band masks too: sliding windows (either
+edge) and packed documents, with the same pairs threshold (:func:`~kernels.flash.visited_pairs`, which counts a
+window's band; documents are not counted) and ``Hq == Hkv`` rule as dense / causal; never a block-sparse layout or
+dilation. Untimed until measured on the H200 (``lab/gluon_band_bwd_bench.py``); ``False`` keeps the Triton backward
+for every band mask."""
+
+
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
                       win_right: int, layout, dilation: int, documents) -> bool:
-    """The device-independent part of :func:`choose_bwd_impl`: the mask (dense or causal), ``D`` in
+    """The device-independent part of :func:`choose_bwd_impl`: the mask (dense, causal and, while
+    :data:`GLUON_AUTO_BWD_BANDS`, sliding windows and documents; never a block-sparse layout or dilation), ``D`` in
     :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` (the measured case: with GQA the Triton backward
     splits each group over several programs, the Gluon kernel does not), one fp16 / bf16 dtype, the Triton backward's settings at their
     defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and
     at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per (batch, head)."""
-    if layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0:
+    if layout is not None or dilation != 1:
+        return False
+    if not GLUON_AUTO_BWD_BANDS and (documents is not None or win_left >= 0 or win_right > 0):
         return False
     D = q.shape[3]
     if D not in GLUON_BWD_HEAD_DIMS or v.shape[3] != D or q.shape[1] != k.shape[1]:
@@ -400,12 +411,24 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
 
 
 def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,
-                    dilation: int, documents) -> bool:
-    """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call (the masks of
-    :func:`check_gluon_fwd`; ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device;
-    Gluon importable); returns whether it is causal. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+                    dilation: int, documents, config: Optional[FlashConfig] = None) -> bool:
+    """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call; returns whether
+    it is causal. The mask: with ``config.gluon_bwd_consumers == 2`` (``_gl_bwd_dkdv2_kernel``, dQ ``"triton"`` or
+    ``"gluon"``) dense, causal, sliding windows (``win_left`` / ``win_right``, either edge) and packed ``documents``
+    (the document table); with ``gluon_bwd_consumers=1`` (``config`` ``None``: ``FlashConfig()``'s) dense or causal
+    only (the error names ``gluon_bwd_consumers`` and its allowed values); never a block-sparse ``layout`` or
+    ``dilation > 1``. Then ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device; Gluon
+    importable. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+    consumers = getattr(config, "gluon_bwd_consumers", 1) if config is not None else 1
+    bands = consumers == 2
+    if not bands and layout is None and dilation == 1 and (documents is not None or win_left >= 0 or win_right > 0):
+        what = "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})"
+        raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
+                         f"masks; got {what}; sliding windows and doc_ids need gluon_bwd_consumers=2 (allowed values: "
+                         f"{', '.join(map(str, GLUON_BWD_CONSUMERS))}; 2 with gluon_bwd_dq='triton' or 'gluon'), or "
+                         f"use bwd_impl='triton'")
     return _check_gluon("bwd_impl='gluon'", GLUON_BWD_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
-                        documents, "use bwd_impl='triton'")
+                        documents, "use bwd_impl='triton'", bands=bands)
 
 
 LSE_TMA_ALIGN = 4
@@ -447,14 +470,18 @@ independently and drift apart on their own). A module-level knob read at every c
 
 
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, softmax_scale: float, causal: bool, dlse: Optional[torch.Tensor] = None,
-                    grads_like_inputs: bool = True,
-                    config: Optional[FlashConfig] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward of dense / causal (bottom-right) attention with the Gluon kernel (``bwd_impl="gluon"``; call
-    :func:`check_gluon_bwd` first). ``do, out (B, Hq, Nq, D)``, ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 /
-    bf16 on a Hopper GPU, ``lse (B, Hq, Nq)`` fp32 natural log from the forward, ``dlse`` its gradient or ``None``;
-    ``config`` (default ``FlashConfig()``): its ``gluon_bwd_dq`` picks the dQ path (and its tiles / TMA settings
-    apply to the Triton dQ kernel).
+                    lse: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
+                    dlse: Optional[torch.Tensor] = None, grads_like_inputs: bool = True,
+                    config: Optional[FlashConfig] = None,
+                    documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of attention with the Gluon kernel (``bwd_impl="gluon"``; call :func:`check_gluon_bwd` first).
+    ``do, out (B, Hq, Nq, D)``, ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 / bf16 on a Hopper GPU, ``lse
+    (B, Hq, Nq)`` fp32 natural log from the forward, ``dlse`` its gradient or ``None``; ``config`` (default
+    ``FlashConfig()``): its ``gluon_bwd_dq`` picks the dQ path (and its tiles / TMA settings apply to the Triton dQ
+    kernel). The mask, bottom-right aligned as :func:`~kernels.flash.flash_attn_fwd` takes it: ``win_left`` /
+    ``win_right`` (-1: no such edge; causal is ``(-1, 0)``, dense ``(-1, -1)``) and ``documents`` (the int32
+    document table ``(B, 3 * Nq + 3 * Nk)`` of :func:`kernels.flash.documents.document_table`, or ``None``); with
+    ``config.gluon_bwd_consumers=1`` dense / causal only.
 
     Steps: the Triton preprocess of bwd.py (``delta = rowsum(dO * O) - dlse``, ``lse2 = lse * log2(e)``, ``+inf`` on
     empty rows); ``_gl_bwd_kernel`` over ``(cdiv(Nk, 128), B * Hkv)`` (GQA: the group's query heads summed in
@@ -472,8 +499,10 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
       registers; :data:`GLUON_BWD_PINGPONG` says whether they ping-pong).
 
     Returns ``(dq, dk, dv)`` in the layouts of q / k / v (``grads_like_inputs``) or stored ``(B, N, H, D)``
-    (``False``: the custom op). Raises ``ValueError`` for an unknown ``config.gluon_bwd_dq``, or
-    ``config.gluon_bwd_consumers`` not in (1, 2) or 2 with the atomic dQ (FlashConfig checks both first)."""
+    (``False``: the custom op). Raises ``ValueError`` for an unknown ``config.gluon_bwd_dq``,
+    ``config.gluon_bwd_consumers`` not in (1, 2) or 2 with the atomic dQ (FlashConfig checks both first), a window or
+    ``documents`` with ``gluon_bwd_consumers=1``, ``win_left`` / ``win_right`` not integers >= -1, or ``documents``
+    not an int32 ``(B, 3 * Nq + 3 * Nk)`` contiguous tensor on q's device."""
     from .bwd import _bwd_preprocess, triton_dq
     from .config import GLUON_BWD_DQ
     from .launch import _bnhd_empty
@@ -488,9 +517,22 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         raise ValueError(f"gluon_bwd_consumers={consumers!r} is not supported with gluon_bwd_dq="
                          f"{config.gluon_bwd_dq!r}; allowed values: {GLUON_BWD_CONSUMERS} (2 only with "
                          f"gluon_bwd_dq='triton' or 'gluon')")
-    GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    for name, w in (("win_left", win_left), ("win_right", win_right)):
+        if isinstance(w, bool) or not isinstance(w, int) or w < -1:
+            raise ValueError(f"{name}={w!r} is not supported; allowed values: an integer >= 0, or -1 (no such edge)")
+    if documents is not None and (documents.dtype != torch.int32 or documents.shape != (B, 3 * (Nq + Nk))
+                                  or not documents.is_contiguous() or documents.device != q.device):
+        raise ValueError(f"documents must be the int32 contiguous (B, 3 * Nq + 3 * Nk) = ({B}, {3 * (Nq + Nk)}) "
+                         f"document table on {q.device} (kernels.flash.documents.document_table), got "
+                         f"{documents.dtype} {tuple(documents.shape)} on {documents.device}")
+    bands = documents is not None or win_left >= 0 or win_right > 0
+    if bands and consumers != 2:
+        raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
+                         f"masks; sliding windows and documents need gluon_bwd_consumers=2 (allowed values: "
+                         f"{', '.join(map(str, GLUON_BWD_CONSUMERS))})")
+    GK, TD, gl = _gluon_modules()
     block_m, block_n, stages, warps = gluon_bwd_tiles(D, consumers)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
@@ -520,22 +562,27 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     lse_desc = TD(lse_buf, [lse_buf.numel()], [1], [block_m], lse_layout())
     delta_desc = TD(delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
-    if consumers == 1:
-        kernel, extra = GK._gl_bwd_kernel, dict(WRITE_DQ=write_dq)
-    else:  # dK / dV only (write_dq is False)
-        kernel, extra = GK._gl_bwd_dkdv2_kernel, dict(PINGPONG=bool(GLUON_BWD_PINGPONG))
-    kernel[(triton_cdiv(Nk, block_n), B * Hkv)](
-        _descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
-        _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv, dk.stride(0),
-        dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv,
-        lse_stride, softmax_scale * _LOG2E, softmax_scale, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
-        STAGES=stages, LSE_TMA=lse_tma, num_warps=warps, **extra)
+    descs = (_descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
+             _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv)
+    strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
+    sizes = (Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, lse_stride, softmax_scale * _LOG2E, softmax_scale)
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma, num_warps=warps)
+    grid = (triton_cdiv(Nk, block_n), B * Hkv)
+    if consumers == 1:  # dense / causal (checked above)
+        GK._gl_bwd_kernel[grid](*descs, *strides, *sizes, CAUSAL=win_right == 0, WRITE_DQ=write_dq, **tiles)
+    else:  # dK / dV only (write_dq is False), any band mask
+        from .launch import _mode_args
+
+        doc = _mode_args(q, None, (None,) * 3, documents)["doc"]  # (a placeholder without documents: never read)
+        GK._gl_bwd_dkdv2_kernel[grid](*descs, doc, *strides, *sizes, max(win_left, 0), max(win_right, 0),
+                                      HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, DOCS=documents is not None,
+                                      PINGPONG=bool(GLUON_BWD_PINGPONG), **tiles)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     elif config.gluon_bwd_dq == "gluon":
-        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, -1, 0 if causal else -1)
+        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, win_left, win_right, documents)
     else:
-        triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale, 0 if causal else -1, config)
+        triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale, win_left, win_right, config, documents)
     return dq, dk, dv
 
 
