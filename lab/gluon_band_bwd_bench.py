@@ -152,6 +152,8 @@ def main():
     if os.environ.get("OUT"):
         outs.append(os.path.join(os.environ["OUT"], "gluon_band_bwd.csv"))
     for path in outs:
+        if os.path.isdir(path):  # (a folder, as lab/gluon_band_bench.py takes: the file goes inside)
+            path = os.path.join(path, "gluon_band_bwd.csv")
         with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
             w.writeheader()

@@ -308,6 +308,10 @@ def test_auto_takes_gluon_for_band_masks_behind_the_flag(monkeypatch, case):
         assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw, **bad) == "triton"
     small = _fake_qkv(B=1, Hq=1, Hkv=1, Nq=8192, Nk=8192)  # below the pair threshold: Triton as for causal
     assert G.choose_fwd_impl(FlashConfig(), *small, **kw) == "triton"
+    d64 = _fake_qkv(B=64, Hq=16, Hkv=16, Nq=8192, Nk=8192, D=64)  # D 64: the Triton forward ran ahead for bands
+    assert G.choose_fwd_impl(FlashConfig(), *d64, **kw) == "triton"
+    monkeypatch.setattr(G, "GLUON_AUTO_BAND_HEAD_DIMS", (64, 128))
+    assert G.choose_fwd_impl(FlashConfig(), *d64, **kw) == "gluon_ws3a"
 
 
 def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):

@@ -36,9 +36,14 @@ GLUON_AUTO_HEAD_DIMS = {128: 0, 64: 1 << 31}
 AUTO_GLUON_IMPL = "gluon_ws3a"  # the Gluon kernel "auto" picks: ahead of gluon_ws3b in 5 of the 6 measured cases
 GLUON_AUTO_BANDS = True
 """Whether ``fwd_impl="auto"`` (:func:`choose_fwd_impl`) also takes the Gluon forward for sliding windows (a left edge,
-a right edge > 0) and packed documents, as for dense / causal masks (never for a block-sparse layout or dilation).
-Untimed until measured on the H200 (``lab/gluon_band_bench.py``); ``False`` keeps those masks on the Triton forward.
-A module-level knob read at every call; not part of :class:`~kernels.flash.FlashConfig`."""
+a right edge > 0) and packed documents, at the head dims of :data:`GLUON_AUTO_BAND_HEAD_DIMS`, as for dense / causal
+masks (never for a block-sparse layout or dilation); ``False`` keeps those masks on the Triton forward. A
+module-level knob read at every call; not part of :class:`~kernels.flash.FlashConfig`."""
+GLUON_AUTO_BAND_HEAD_DIMS = (128,)
+"""Head dims where ``"auto"`` takes the Gluon forward for band masks. H200, 2026-12-05 (``results/h200/2026-12-05b/
+a1/gluon_band_bench.csv``, ``python -m lab.gluon_band_bench --dq``, forward alone, bf16, 16k tokens per call, one
+process): D 128 ``gluon_ws3a`` against the Triton forward: window 1024 at 4k 1.07x, at 16k 1.01x; documents of 1024
+at 16k 1.02x, of 4096 1.15x. D 64: 0.85x / 0.87x (window 4k / 16k), 0.83x (documents 1024), 1.02x (4096): Triton."""
 _LOG2E = 1.4426950408889634
 
 # one kernel (_gl_fwd_ws3_kernel): FA3's intra-warpgroup overlap and split K / V barriers in both; ping-pong of the
@@ -182,8 +187,8 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
     * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
       importable with the Hopper API (:func:`gluon_available`; both checks cached);
-    * a band mask: no block-sparse ``layout``, ``dilation == 1``; and, unless :data:`GLUON_AUTO_BANDS`, a dense or
-      causal one (``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no ``documents`` table);
+    * a band mask: no block-sparse ``layout``, ``dilation == 1``; and, unless :data:`GLUON_AUTO_BANDS` and ``D`` in
+      :data:`GLUON_AUTO_BAND_HEAD_DIMS`, a dense or causal one (``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no ``documents`` table);
     * ``D = q.shape[3]`` a key of ``GLUON_AUTO_HEAD_DIMS`` and ``v.shape[3] == D``; q, k, v float16 / bfloat16;
     * ``config``: no forced ``fwd`` tile, ``autotune`` off, ``tma`` not ``False`` (the Gluon kernel reads by TMA);
     * at least ``max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])`` visited query-key pairs (:func:`~kernels.flash.visited_pairs`, the count
@@ -201,9 +206,10 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return "triton"
     if layout is not None or dilation != 1:
         return "triton"
-    if not GLUON_AUTO_BANDS and (documents is not None or win_left >= 0 or win_right > 0):
-        return "triton"
     D = q.shape[3]
+    if (documents is not None or win_left >= 0 or win_right > 0) and not (
+            GLUON_AUTO_BANDS and D in GLUON_AUTO_BAND_HEAD_DIMS):
+        return "triton"
     if D not in GLUON_AUTO_HEAD_DIMS or v.shape[3] != D:
         return "triton"
     min_pairs = max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])
@@ -243,8 +249,10 @@ GLUON_AUTO_BWD_BANDS = True
 """Whether ``bwd_impl="auto"`` takes the Gluon backward (two consumers) for band masks too: sliding windows (either
 edge) and packed documents, with the same pairs threshold (:func:`~kernels.flash.visited_pairs`, which counts a
 window's band; documents are not counted) and ``Hq == Hkv`` rule as dense / causal; never a block-sparse layout or
-dilation. Untimed until measured on the H200 (``lab/gluon_band_bwd_bench.py``); ``False`` keeps the Triton backward
-for every band mask."""
+dilation. ``False`` keeps the Triton backward for every band mask. H200, 2026-12-05 (``results/h200/2026-12-05b/a1/
+gluon_band_bwd.csv``, ``python -m lab.gluon_band_bwd_bench``, backward alone, bf16, 16k tokens per call): what
+``"auto"`` runs against the Triton backward, D 128 (Gluon dQ): window 1024 at 4k 1.08x, at 16k 1.05x; documents of
+1024 / 4096 at 16k 1.15x / 1.14x; D 64 (Triton dQ): 0.995-1.01x."""
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
