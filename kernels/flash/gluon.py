@@ -179,6 +179,11 @@ def _hopper(device: torch.device) -> bool:
     return cap is not None and cap[0] == 9
 
 
+def _beyond_causal(win_left: int, win_right: int, documents) -> bool:
+    """Whether a band mask is more than dense / causal: a window's left edge, a right edge > 0, or documents."""
+    return documents is not None or win_left >= 0 or win_right > 0
+
+
 def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
                     win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
                     documents: Optional[torch.Tensor] = None) -> str:
@@ -207,7 +212,7 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     if layout is not None or dilation != 1:
         return "triton"
     D = q.shape[3]
-    if (documents is not None or win_left >= 0 or win_right > 0) and not (
+    if _beyond_causal(win_left, win_right, documents) and not (
             GLUON_AUTO_BANDS and D in GLUON_AUTO_BAND_HEAD_DIMS):
         return "triton"
     if D not in GLUON_AUTO_HEAD_DIMS or v.shape[3] != D:
@@ -265,7 +270,7 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per (batch, head)."""
     if layout is not None or dilation != 1:
         return False
-    if not GLUON_AUTO_BWD_BANDS and (documents is not None or win_left >= 0 or win_right > 0):
+    if not GLUON_AUTO_BWD_BANDS and _beyond_causal(win_left, win_right, documents):
         return False
     D = q.shape[3]
     if D not in GLUON_BWD_HEAD_DIMS or v.shape[3] != D or q.shape[1] != k.shape[1]:
@@ -309,7 +314,7 @@ def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch
         refused = layout is not None or dilation != 1
     else:
         masks = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids)"
-        refused = layout is not None or dilation != 1 or documents is not None or win_left >= 0 or win_right > 0
+        refused = layout is not None or dilation != 1 or _beyond_causal(win_left, win_right, documents)
     allowed = f"{masks}, head dim D in {head_dims} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
     if refused:
         what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
@@ -429,7 +434,7 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     importable. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
     consumers = getattr(config, "gluon_bwd_consumers", 1) if config is not None else 1
     bands = consumers == 2
-    if not bands and layout is None and dilation == 1 and (documents is not None or win_left >= 0 or win_right > 0):
+    if not bands and layout is None and dilation == 1 and _beyond_causal(win_left, win_right, documents):
         what = "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})"
         raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
                          f"masks; got {what}; sliding windows and doc_ids need gluon_bwd_consumers=2 (allowed values: "
@@ -530,12 +535,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     for name, w in (("win_left", win_left), ("win_right", win_right)):
         if isinstance(w, bool) or not isinstance(w, int) or w < -1:
             raise ValueError(f"{name}={w!r} is not supported; allowed values: an integer >= 0, or -1 (no such edge)")
-    if documents is not None and (documents.dtype != torch.int32 or documents.shape != (B, 3 * (Nq + Nk))
-                                  or not documents.is_contiguous() or documents.device != q.device):
-        raise ValueError(f"documents must be the int32 contiguous (B, 3 * Nq + 3 * Nk) = ({B}, {3 * (Nq + Nk)}) "
-                         f"document table on {q.device} (kernels.flash.documents.document_table), got "
-                         f"{documents.dtype} {tuple(documents.shape)} on {documents.device}")
-    bands = documents is not None or win_left >= 0 or win_right > 0
+    doc, wl, wr, band_flags = _band_args(win_left, win_right, documents, B, Nq, Nk, q.device)  # (checks the table)
+    bands = _beyond_causal(win_left, win_right, documents)
     if bands and consumers != 2:
         raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
                          f"masks; sliding windows and documents need gluon_bwd_consumers=2 (allowed values: "
@@ -579,11 +580,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if consumers == 1:  # dense / causal (checked above)
         GK._gl_bwd_kernel[grid](*descs, *strides, *sizes, CAUSAL=win_right == 0, WRITE_DQ=write_dq, **tiles)
     else:  # dK / dV only (write_dq is False), any band mask
-        from .launch import _mode_args
-
-        doc = _mode_args(q, None, (None,) * 3, documents)["doc"]  # (a placeholder without documents: never read)
-        GK._gl_bwd_dkdv2_kernel[grid](*descs, doc, *strides, *sizes, max(win_left, 0), max(win_right, 0),
-                                      HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0, DOCS=documents is not None,
+        GK._gl_bwd_dkdv2_kernel[grid](*descs, doc, *strides, *sizes, wl, wr, **band_flags,
                                       PINGPONG=bool(GLUON_BWD_PINGPONG), **tiles)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
