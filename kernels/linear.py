@@ -572,67 +572,82 @@ def _seg_dkdv(
                 tl.store(DS0 + bkv * F * DV + ok[:, None] * DV + od[None, :], dSk, mask=mk[:, None] & md[None, :])
                 tl.store(DZ0 + bkv * F + ok, dz, mask=mk)
     else:
-        ov = (pid - NKB) * BV + tl.arange(0, BV)
-        mv = ov < DV
-        of = tl.arange(0, FP)
-        mf = of < F
-        soffv = of[:, None] * DV + ov[None, :]
-        mskv = mf[:, None] & mv[None, :]
-        dSv = tl.zeros([FP, BV], dtype=tl.float32)
-        if HAS_0:
+        _dv_sweep(Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, dnext, dend, causal_t, oc,
+                  NQ, NK, F, DV, L, HQ, G, NSS, DOC, C, BV, FP, FM, CAUSAL, HAS_SS, HAS_0, PREC, SPREC, LOWP, UP, STG,
+                  DOCS)
+
+
+@triton.jit
+def _dv_sweep(
+    Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, dnext, dend, causal_t, oc,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, DOC,
+    C: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+    UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
+):
+    """The dv programs of the dk / dv kernels (``pid - NKB``: a BV block of Dv): backward sweep of one segment of one
+    K/V head with the suffix dS (F x BV) in registers; see :func:`_seg_dkdv`."""
+    ov = (pid - NKB) * BV + tl.arange(0, BV)
+    mv = ov < DV
+    of = tl.arange(0, FP)
+    mf = of < F
+    soffv = of[:, None] * DV + ov[None, :]
+    mskv = mf[:, None] & mv[None, :]
+    dSv = tl.zeros([FP, BV], dtype=tl.float32)
+    if HAS_0:
+        if DOCS:
+            dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv & ((soffv * 0 + dend) == dnext), other=0.0)
+        else:
+            dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
+    if HAS_SS:
+        for j in range(j0, NSS):
             if DOCS:
-                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv & ((soffv * 0 + dend) == dnext), other=0.0)
+                dj = _doc_at(DOC, b, NK, j * L)
+                dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv & ((soffv * 0 + dj) == dnext),
+                               other=0.0)
             else:
-                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
-        if HAS_SS:
-            for j in range(j0, NSS):
-                if DOCS:
-                    dj = _doc_at(DOC, b, NK, j * L)
-                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv & ((soffv * 0 + dj) == dnext),
-                                   other=0.0)
+                dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
+    for i in tl.range(nt, num_stages=STG):
+        rows = start + (nt - 1 - i) * C + oc
+        mr = rows < NK
+        mrf = mr[:, None] & mf[None, :]
+        mrv = mr[:, None] & mv[None, :]
+        k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+        k = _phi(k, mrf, FM)
+        dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
+        if DOCS:  # as in the dk programs
+            c0 = start + (nt - 1 - i) * C
+            de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0
+            df = _doc_at(DOC, b, NK, c0)
+            qf = rows < _doc_end(DOC, b, NK, c0)
+            dv = tl.where((rows >= dnext)[:, None], dv, 0.0)
+            dSv = tl.where(df == dnext, dSv, 0.0)
+            dnext = df
+            tmask = causal_t & (oc[None, :] < de[:, None])
+        else:
+            tmask = causal_t
+        if CAUSAL:
+            for g in range(G):
+                bq = b * HQ + hk * G + g
+                q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+                q = _phi(q, mrf, FM)
+                do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
+                rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+                At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+                rden_s = rden
+                if DOCS:  # the chunk's first document goes on to the previous chunk
+                    q = tl.where(qf[:, None], q, 0.0)
+                if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
+                    Pt = tl.where(tmask, At * rden[None, :], 0.0)
+                    dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
+                    dSv += _mm(tl.trans(q), do.to(tl.float32) * rden_s[:, None], Q, LOWP, SPREC, UP)
                 else:
-                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
-        for i in tl.range(nt, num_stages=STG):
-            rows = start + (nt - 1 - i) * C + oc
-            mr = rows < NK
-            mrf = mr[:, None] & mf[None, :]
-            mrv = mr[:, None] & mv[None, :]
-            k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
-            k = _phi(k, mrf, FM)
-            dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
-            if DOCS:  # as in the dk programs
-                c0 = start + (nt - 1 - i) * C
-                de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0
-                df = _doc_at(DOC, b, NK, c0)
-                qf = rows < _doc_end(DOC, b, NK, c0)
-                dv = tl.where((rows >= dnext)[:, None], dv, 0.0)
-                dSv = tl.where(df == dnext, dSv, 0.0)
-                dnext = df
-                tmask = causal_t & (oc[None, :] < de[:, None])
-            else:
-                tmask = causal_t
-            if CAUSAL:
-                for g in range(G):
-                    bq = b * HQ + hk * G + g
-                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
-                    q = _phi(q, mrf, FM)
-                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
-                    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
-                    rden_s = rden
-                    if DOCS:  # the chunk's first document goes on to the previous chunk
-                        q = tl.where(qf[:, None], q, 0.0)
-                    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
-                        Pt = tl.where(tmask, At * rden[None, :], 0.0)
-                        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden_s[:, None], Q, LOWP, SPREC, UP)
-                    else:
-                        gm = do.to(tl.float32) * rden[:, None]
-                        At = tl.where(tmask, At, 0.0)
-                        dv += tl.dot(At, gm, input_precision=SPREC)
-                        dSv += tl.dot(tl.trans(q.to(tl.float32)), do.to(tl.float32) * rden_s[:, None],
-                                      input_precision=SPREC)
-            tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
+                    gm = do.to(tl.float32) * rden[:, None]
+                    At = tl.where(tmask, At, 0.0)
+                    dv += tl.dot(At, gm, input_precision=SPREC)
+                    dSv += tl.dot(tl.trans(q.to(tl.float32)), do.to(tl.float32) * rden_s[:, None],
+                                  input_precision=SPREC)
+        tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
 # ----------------------------------------------------------------------------------------------- launcher
