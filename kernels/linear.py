@@ -578,6 +578,124 @@ def _seg_dkdv(
 
 
 @triton.jit
+def _dot_acc(a, b, acc, PREC: tl.constexpr, UP: tl.constexpr):
+    """``acc + a @ b`` for two input-dtype tiles, accumulated in place (fp32; UP as in :func:`_dot`)."""
+    if UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _seg_dkdqdv(
+    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, SF, ZF, S0, Z0, DK, DV_, DQ, DS0, DZ0,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, NSF,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
+    FM: tl.constexpr, DFM: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, HAS_FS: tl.constexpr,
+    HAS_F0: tl.constexpr, STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+    UP: tl.constexpr, STG: tl.constexpr,
+):
+    """:func:`_seg_dkdv` with dq computed in its dk programs (``LinearConfig(fuse_dq=True)``; causal, no documents),
+    so that no separate dq sweep runs. The dk program of a BK block of F already forms ``dA^T = v g^T + c`` (masked,
+    ``(j, i)``) per query head of the group; dq of the same BK block is ``g S_i^T + c z_i + dA phi(K)`` with the
+    prefix state ``S_i`` (keys strictly before chunk ``i``): the program starts from the state at its segment's end
+    (``-(S0 + sum_{j <= s} SF_j)``: the forward's key sums ``SF`` (``NSF`` segments) or, with one segment, the final
+    state the forward stored) and, sweeping backwards, adds each chunk's ``phi(K)^T V`` before the chunk's products
+    (it carries ``Sn = -S``, ``zn = -z`` so that the update is one in-place product). The dv programs are
+    :func:`_dv_sweep`'s (unchanged)."""
+    NKB = tl.cdiv(F, BK)
+    NB = NKB + tl.cdiv(DV, BV)
+    pid = tl.program_id(0) % NB
+    bkv = (tl.program_id(0) // NB).to(tl.int64)
+    s = tl.program_id(1)
+    HKV = HQ // G
+    b = bkv // HKV
+    hk = bkv % HKV
+    oc = tl.arange(0, C)
+    causal_t = oc[:, None] <= oc[None, :]  # (j, i): key row j is seen by query row i
+    j0 = s + 1
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NK - start), C)
+    if pid < NKB:
+        ok = pid * BK + tl.arange(0, BK)
+        mk = ok < F
+        od = tl.arange(0, DVP)
+        md = od < DV
+        soff = ok[:, None] * DV + od[None, :]
+        msk = mk[:, None] & md[None, :]
+        dSk = tl.zeros([BK, DVP], dtype=tl.float32)
+        dz = tl.zeros([BK], dtype=tl.float32)
+        if HAS_0:
+            dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
+            dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
+        if HAS_SS:
+            for j in range(j0, NSS):
+                dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+                dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
+        Sn = tl.zeros([BK, DVP], dtype=tl.float32)  # minus the prefix state (keys before the current chunk)
+        zn = tl.zeros([BK], dtype=tl.float32)
+        if HAS_F0:
+            Sn -= tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
+            zn -= tl.load(Z0 + bkv * F + ok, mask=mk, other=0.0)
+        if HAS_FS:
+            for j in range(0, j0):
+                Sn -= tl.load(SF + (bkv * NSF + j) * F * DV + soff, mask=msk, other=0.0)
+                zn -= tl.load(ZF + (bkv * NSF + j) * F + ok, mask=mk, other=0.0)
+        for i in tl.range(nt, num_stages=STG):
+            rows = start + (nt - 1 - i) * C + oc
+            mr = rows < NK
+            mrk = mr[:, None] & mk[None, :]
+            mrd = mr[:, None] & md[None, :]
+            v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+            k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+            k = _phi(k, mrk, FM)
+            dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
+            Sn = _dot_acc(tl.trans(k), v, Sn, PREC, UP)  # now minus the state before this chunk
+            zn += tl.sum(k.to(tl.float32), 0)
+            for g in range(G):
+                bq = b * HQ + hk * G + g
+                q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
+                q = _phi(q, mrk, FM)
+                do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+                rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+                cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
+                dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
+                dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
+                if LOWP:  # rounded once for both products (as _mm would)
+                    dAt = dAt.to(Q.dtype.element_ty)
+                dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
+                if LOWP:  # g S^T = (dout (-Sn)^T) / den: the 16-bit product needs no rounded g
+                    dq = _mm(do, tl.trans(Sn), Q, LOWP, SPREC, UP) * (-rden)[:, None] - cd[:, None] * zn[None, :]
+                else:
+                    dq = tl.dot(do.to(tl.float32) * (-rden)[:, None], tl.trans(Sn), input_precision=SPREC) \
+                        - cd[:, None] * zn[None, :]
+                dq += _mm(tl.trans(dAt), k, Q, LOWP, SPREC, UP)
+                if FM != 0:  # phi'(q) from the raw q (the in-loop map) or from the features already loaded
+                    dq = dq * _phi_grad(tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk,
+                                                other=0.0), FM, DFM)
+                elif DFM != 0:
+                    dq = dq * _phi_grad(q, FM, DFM)
+                tl.store(DQ + bq * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
+                gm = do.to(tl.float32) * rden[:, None]
+                dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+                dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+            if FM != 0:
+                dk = dk * _phi_grad(tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0),
+                                    FM, DFM)
+            elif DFM != 0:
+                dk = dk * _phi_grad(k, FM, DFM)
+            tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
+        if STORE_0:  # segment 0 ends with the sums over all positions: dS0, dz0
+            if s == 0:
+                tl.store(DS0 + bkv * F * DV + ok[:, None] * DV + od[None, :], dSk, mask=mk[:, None] & md[None, :])
+                tl.store(DZ0 + bkv * F + ok, dz, mask=mk)
+    else:
+        _dv_sweep(Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, 0, 0, causal_t, oc,
+                  NQ, NK, F, DV, L, HQ, G, NSS, Q, C, BV, FP, FM, True, HAS_SS, HAS_0, PREC, SPREC, LOWP, UP, STG,
+                  False)
+
+
+@triton.jit
 def _dv_sweep(
     Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, dnext, dend, causal_t, oc,
     NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, DOC,
@@ -800,6 +918,7 @@ _TILES = {
     "seg_dstate": [(64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dq": [(32, 0, 4, 3, 0), (32, 0, 4, 2, 0), (32, 0, 4, 1, 32)],
     "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
+    "seg_dkdqdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
 }
 # bf16 with 16-bit products (LOWP / S16) and F, Dv <= 128, the case measured on the H200 (lab/probe_linear.py,
 # 2026-11-29, 16k tokens, fwd+bwd): the forward runs the full Dv in one program (BV = 128: q k^T once instead of
@@ -811,6 +930,7 @@ _TILES_LOWP = {
     "seg_fwd": [(0, 128, 8, 2, 0), (0, 64, 8, 2, 0), (0, 32, 4, 1, 0)],
     "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dkdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
+    "seg_dkdqdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
 }
 # fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
 # operand slices, and so the spills, small; correctness path rather than a tuned one.
@@ -820,6 +940,7 @@ _TILES_FP32 = {
     "seg_dstate": [(32, 32, 8, 1, 16)],
     "seg_dq": [(32, 0, 8, 1, 16)],
     "seg_dkdv": [(32, 32, 8, 1, 16)],
+    "seg_dkdqdv": [(32, 32, 8, 1, 16)],
 }
 # read-only: a different tile list is a LinearConfig(tiles=...), never an edit of these tables
 _TILES, _TILES_LOWP, _TILES_FP32 = (MappingProxyType({k: tuple(v) for k, v in t.items()})
@@ -1034,7 +1155,7 @@ def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
 
 
 KERNELS = {"seg_state": _seg_state, "seg_fwd": _seg_fwd, "seg_dstate": _seg_dstate, "seg_dq": _seg_dq,
-           "seg_dkdv": _seg_dkdv}
+           "seg_dkdv": _seg_dkdv, "seg_dkdqdv": _seg_dkdqdv}
 _DEFAULT = LinearConfig()
 
 
