@@ -572,200 +572,195 @@ def _seg_dkdv(
                 tl.store(DS0 + bkv * F * DV + ok[:, None] * DV + od[None, :], dSk, mask=mk[:, None] & md[None, :])
                 tl.store(DZ0 + bkv * F + ok, dz, mask=mk)
     else:
-        _dv_sweep(Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, dnext, dend, causal_t, oc,
-                  NQ, NK, F, DV, L, HQ, G, NSS, DOC, C, BV, FP, FM, CAUSAL, HAS_SS, HAS_0, PREC, SPREC, LOWP, UP, STG,
-                  DOCS)
+        ov = (pid - NKB) * BV + tl.arange(0, BV)
+        mv = ov < DV
+        of = tl.arange(0, FP)
+        mf = of < F
+        soffv = of[:, None] * DV + ov[None, :]
+        mskv = mf[:, None] & mv[None, :]
+        dSv = tl.zeros([FP, BV], dtype=tl.float32)
+        if HAS_0:
+            if DOCS:
+                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv & ((soffv * 0 + dend) == dnext), other=0.0)
+            else:
+                dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
+        if HAS_SS:
+            for j in range(j0, NSS):
+                if DOCS:
+                    dj = _doc_at(DOC, b, NK, j * L)
+                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv & ((soffv * 0 + dj) == dnext),
+                                   other=0.0)
+                else:
+                    dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
+        for i in tl.range(nt, num_stages=STG):
+            rows = start + (nt - 1 - i) * C + oc
+            mr = rows < NK
+            mrf = mr[:, None] & mf[None, :]
+            mrv = mr[:, None] & mv[None, :]
+            k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+            k = _phi(k, mrf, FM)
+            dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
+            if DOCS:  # as in the dk programs
+                c0 = start + (nt - 1 - i) * C
+                de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0
+                df = _doc_at(DOC, b, NK, c0)
+                qf = rows < _doc_end(DOC, b, NK, c0)
+                dv = tl.where((rows >= dnext)[:, None], dv, 0.0)
+                dSv = tl.where(df == dnext, dSv, 0.0)
+                dnext = df
+                tmask = causal_t & (oc[None, :] < de[:, None])
+            else:
+                tmask = causal_t
+            if CAUSAL:
+                for g in range(G):
+                    bq = b * HQ + hk * G + g
+                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+                    q = _phi(q, mrf, FM)
+                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
+                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+                    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+                    rden_s = rden
+                    if DOCS:  # the chunk's first document goes on to the previous chunk
+                        q = tl.where(qf[:, None], q, 0.0)
+                    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
+                        Pt = tl.where(tmask, At * rden[None, :], 0.0)
+                        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
+                        dSv += _mm(tl.trans(q), do.to(tl.float32) * rden_s[:, None], Q, LOWP, SPREC, UP)
+                    else:
+                        gm = do.to(tl.float32) * rden[:, None]
+                        At = tl.where(tmask, At, 0.0)
+                        dv += tl.dot(At, gm, input_precision=SPREC)
+                        dSv += tl.dot(tl.trans(q.to(tl.float32)), do.to(tl.float32) * rden_s[:, None],
+                                      input_precision=SPREC)
+            tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
 @triton.jit
-def _dot_acc(a, b, acc, PREC: tl.constexpr, UP: tl.constexpr):
-    """``acc + a @ b`` for two input-dtype tiles, accumulated in place (fp32; UP as in :func:`_dot`)."""
-    if UP:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+def _dkv_tiles(Q, DO, RDEN, CD, bq, NQ, F, DV, rows, of, od, mr, mrf, mrd, FM: tl.constexpr):
+    """One query head's tiles of a chunk for :func:`_seg_dkv`: phi(q), dout, 1 / den, c."""
+    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+    q = _phi(q, mrf, FM)
+    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+    cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
+    return q, do, rden, cd
+
+
+@triton.jit
+def _dkv_inter(x, dS, Q, TRANS: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+               UP: tl.constexpr):
+    """The suffix-state part of a chunk in :func:`_seg_dkv`: ``x dS^T`` (TRANS: dk from v) or ``x dS`` (dv from
+    phi(k)), the state rounded to the input dtype (LOWP) or fp32 operands at SPREC."""
+    if TRANS:
+        dSt = tl.trans(dS)
     else:
-        return tl.dot(a, b, acc, input_precision=PREC)
+        dSt = dS
+    if LOWP:
+        return _dot(x, dSt.to(Q.dtype.element_ty), PREC, UP)
+    else:
+        return tl.dot(x.to(tl.float32), dSt, input_precision=SPREC)
 
 
 @triton.jit
-def _seg_dkdqdv(
-    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, SF, ZF, S0, Z0, DK, DV_, DQ, DS0, DZ0,
-    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, NSF,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr,
-    FM: tl.constexpr, DFM: tl.constexpr, HAS_SS: tl.constexpr, HAS_0: tl.constexpr, HAS_FS: tl.constexpr,
-    HAS_F0: tl.constexpr, STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
-    UP: tl.constexpr, STG: tl.constexpr,
+def _dkv_dk(dk, v, q, do, rden, cd, causal_t, Q, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+            UP: tl.constexpr):
+    """``dk += (dA^T * M^T) phi(q)`` of one query head, ``dA^T (j, i) = v_j . g_i + c_i``."""
+    dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]
+    dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
+    return dk + _mm(dAt, q, Q, LOWP, SPREC, UP)
+
+
+@triton.jit
+def _dkv_store_dk(DK, dk, k, K, bkv, NK, F, rows, of, mrf, FM: tl.constexpr, DFM: tl.constexpr):
+    """Store dk times phi'(k): from the raw k (in-loop map) or from the features already loaded."""
+    if FM != 0:
+        dk = dk * _phi_grad(tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0), FM, DFM)
+    elif DFM != 0:
+        dk = dk * _phi_grad(k, FM, DFM)
+    tl.store(DK + bkv * NK * F + rows[:, None] * F + of[None, :], dk.to(DK.dtype.element_ty), mask=mrf)
+
+
+@triton.jit
+def _dkv_dv(dv, dS, dz, k, q, do, rden, cd, causal_t, Q, PREC: tl.constexpr, SPREC: tl.constexpr,
+            LOWP: tl.constexpr, UP: tl.constexpr):
+    """``dv += (A^T * M^T / den) dout`` of one query head, then the suffix update ``dS += phi(q)^T g``,
+    ``dz += sum c phi(q)``."""
+    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+    gm = do.to(tl.float32) * rden[:, None]
+    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
+        Pt = tl.where(causal_t, At * rden[None, :], 0.0)
+        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
+    else:
+        dv += tl.dot(tl.where(causal_t, At, 0.0), gm, input_precision=SPREC)
+    dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+    return dv, dS, dz
+
+
+@triton.jit
+def _seg_dkv(
+    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
+    C: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, DFM: tl.constexpr,
+    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
 ):
-    """:func:`_seg_dkdv` with dq computed in its dk programs (``LinearConfig(fuse_dq=True)``; causal, no documents),
-    so that no separate dq sweep runs. The dk program of a BK block of F already forms ``dA^T = v g^T + c`` (masked,
-    ``(j, i)``) per query head of the group; dq of the same BK block is ``g S_i^T + c z_i + dA phi(K)`` with the
-    prefix state ``S_i`` (keys strictly before chunk ``i``): the program starts from the state at its segment's end
-    (``-(S0 + sum_{j <= s} SF_j)``: the forward's key sums ``SF`` (``NSF`` segments) or, with one segment, the final
-    state the forward stored) and, sweeping backwards, adds each chunk's ``phi(K)^T V`` before the chunk's products
-    (it carries ``Sn = -S``, ``zn = -z`` so that the update is one in-place product). The dv programs are
-    :func:`_dv_sweep`'s (unchanged)."""
-    NKB = tl.cdiv(F, BK)
-    NB = NKB + tl.cdiv(DV, BV)
-    pid = tl.program_id(0) % NB
-    bkv = (tl.program_id(0) // NB).to(tl.int64)
+    """dk and dv of one segment of one K/V head in one program (``LinearConfig(one_dkdv=True)``; causal, no
+    documents, F, Dv <= 128): :func:`_seg_dkdv`'s backward sweep with the whole suffix ``dS`` (F x Dv, fp32) in
+    registers, so that it is accumulated once per chunk (``_seg_dkdv`` splits it by F for dk and by Dv for dv and
+    accumulates each half twice) and each chunk's tiles are loaded once. Per chunk, with ``dS``, ``dz`` the sums over
+    strictly later queries: ``dk = V dS^T + dz + sum_g (dA_g^T * M^T) phi(Q_g)`` (times ``phi'(k)``), ``dv = phi(K)
+    dS + sum_g (A_g^T * M^T / den) dout_g``, then ``dS += phi(Q_g)^T G_g``, ``dz += sum c_g phi(Q_g)``. Start: the
+    final-state gradient plus the later segments' query-side sums; segment 0 ends with the initial-state gradients."""
+    bkv = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     HKV = HQ // G
     b = bkv // HKV
     hk = bkv % HKV
     oc = tl.arange(0, C)
     causal_t = oc[:, None] <= oc[None, :]  # (j, i): key row j is seen by query row i
-    j0 = s + 1
     start = s * L
     nt = tl.cdiv(tl.minimum(L, NK - start), C)
-    if pid < NKB:
-        ok = pid * BK + tl.arange(0, BK)
-        mk = ok < F
-        od = tl.arange(0, DVP)
-        md = od < DV
-        soff = ok[:, None] * DV + od[None, :]
-        msk = mk[:, None] & md[None, :]
-        dSk = tl.zeros([BK, DVP], dtype=tl.float32)
-        dz = tl.zeros([BK], dtype=tl.float32)
-        if HAS_0:
-            dSk += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
-            dz += tl.load(DZT0 + bkv * F + ok, mask=mk, other=0.0)
-        if HAS_SS:
-            for j in range(j0, NSS):
-                dSk += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
-                dz += tl.load(DZS + (bkv * NSS + j) * F + ok, mask=mk, other=0.0)
-        Sn = tl.zeros([BK, DVP], dtype=tl.float32)  # minus the prefix state (keys before the current chunk)
-        zn = tl.zeros([BK], dtype=tl.float32)
-        if HAS_F0:
-            Sn -= tl.load(S0 + bkv * F * DV + soff, mask=msk, other=0.0)
-            zn -= tl.load(Z0 + bkv * F + ok, mask=mk, other=0.0)
-        if HAS_FS:
-            for j in range(0, j0):
-                Sn -= tl.load(SF + (bkv * NSF + j) * F * DV + soff, mask=msk, other=0.0)
-                zn -= tl.load(ZF + (bkv * NSF + j) * F + ok, mask=mk, other=0.0)
-        for i in tl.range(nt, num_stages=STG):
-            rows = start + (nt - 1 - i) * C + oc
-            mr = rows < NK
-            mrk = mr[:, None] & mk[None, :]
-            mrd = mr[:, None] & md[None, :]
-            v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-            k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-            k = _phi(k, mrk, FM)
-            dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
-            Sn = _dot_acc(tl.trans(k), v, Sn, PREC, UP)  # now minus the state before this chunk
-            zn += tl.sum(k.to(tl.float32), 0)
-            for g in range(G):
-                bq = b * HQ + hk * G + g
-                q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                q = _phi(q, mrk, FM)
-                do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-                rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
-                cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-                dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
-                dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
-                if LOWP:  # rounded once for both products (as _mm would)
-                    dAt = dAt.to(Q.dtype.element_ty)
-                dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
-                if LOWP:  # g S^T = (dout (-Sn)^T) / den: the 16-bit product needs no rounded g
-                    dq = _mm(do, tl.trans(Sn), Q, LOWP, SPREC, UP) * (-rden)[:, None] - cd[:, None] * zn[None, :]
-                else:
-                    dq = tl.dot(do.to(tl.float32) * (-rden)[:, None], tl.trans(Sn), input_precision=SPREC) \
-                        - cd[:, None] * zn[None, :]
-                dq += _mm(tl.trans(dAt), k, Q, LOWP, SPREC, UP)
-                if FM != 0:  # phi'(q) from the raw q (the in-loop map) or from the features already loaded
-                    dq = dq * _phi_grad(tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk,
-                                                other=0.0), FM, DFM)
-                elif DFM != 0:
-                    dq = dq * _phi_grad(q, FM, DFM)
-                tl.store(DQ + bq * NQ * F + rows[:, None] * F + ok[None, :], dq.to(DQ.dtype.element_ty), mask=mrk)
-                gm = do.to(tl.float32) * rden[:, None]
-                dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
-                dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-            if FM != 0:
-                dk = dk * _phi_grad(tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0),
-                                    FM, DFM)
-            elif DFM != 0:
-                dk = dk * _phi_grad(k, FM, DFM)
-            tl.store(DK + bkv * NK * F + rows[:, None] * F + ok[None, :], dk.to(DK.dtype.element_ty), mask=mrk)
-        if STORE_0:  # segment 0 ends with the sums over all positions: dS0, dz0
-            if s == 0:
-                tl.store(DS0 + bkv * F * DV + ok[:, None] * DV + od[None, :], dSk, mask=mk[:, None] & md[None, :])
-                tl.store(DZ0 + bkv * F + ok, dz, mask=mk)
-    else:
-        _dv_sweep(Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, 0, 0, causal_t, oc,
-                  NQ, NK, F, DV, L, HQ, G, NSS, Q, C, BV, FP, FM, True, HAS_SS, HAS_0, PREC, SPREC, LOWP, UP, STG,
-                  False)
-
-
-@triton.jit
-def _dv_sweep(
-    Q, K, DO, RDEN, DSS, DT0, DV_, pid, NKB, bkv, b, hk, j0, nt, start, dnext, dend, causal_t, oc,
-    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, DOC,
-    C: tl.constexpr, BV: tl.constexpr, FP: tl.constexpr, FM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
-    UP: tl.constexpr, STG: tl.constexpr, DOCS: tl.constexpr,
-):
-    """The dv programs of the dk / dv kernels (``pid - NKB``: a BV block of Dv): backward sweep of one segment of one
-    K/V head with the suffix dS (F x BV) in registers; see :func:`_seg_dkdv`."""
-    ov = (pid - NKB) * BV + tl.arange(0, BV)
-    mv = ov < DV
     of = tl.arange(0, FP)
     mf = of < F
-    soffv = of[:, None] * DV + ov[None, :]
-    mskv = mf[:, None] & mv[None, :]
-    dSv = tl.zeros([FP, BV], dtype=tl.float32)
+    od = tl.arange(0, DVP)
+    md = od < DV
+    soff = of[:, None] * DV + od[None, :]
+    msk = mf[:, None] & md[None, :]
+    dS = tl.zeros([FP, DVP], dtype=tl.float32)
+    dz = tl.zeros([FP], dtype=tl.float32)
     if HAS_0:
-        if DOCS:
-            dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv & ((soffv * 0 + dend) == dnext), other=0.0)
-        else:
-            dSv += tl.load(DT0 + bkv * F * DV + soffv, mask=mskv, other=0.0)
+        dS += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
+        dz += tl.load(DZT0 + bkv * F + of, mask=mf, other=0.0)
     if HAS_SS:
-        for j in range(j0, NSS):
-            if DOCS:
-                dj = _doc_at(DOC, b, NK, j * L)
-                dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv & ((soffv * 0 + dj) == dnext),
-                               other=0.0)
-            else:
-                dSv += tl.load(DSS + (bkv * NSS + j) * F * DV + soffv, mask=mskv, other=0.0)
+        for j in range(s + 1, NSS):
+            dS += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+            dz += tl.load(DZS + (bkv * NSS + j) * F + of, mask=mf, other=0.0)
     for i in tl.range(nt, num_stages=STG):
         rows = start + (nt - 1 - i) * C + oc
         mr = rows < NK
         mrf = mr[:, None] & mf[None, :]
-        mrv = mr[:, None] & mv[None, :]
+        mrd = mr[:, None] & md[None, :]
+        v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
         k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
         k = _phi(k, mrf, FM)
-        dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
-        if DOCS:  # as in the dk programs
-            c0 = start + (nt - 1 - i) * C
-            de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0
-            df = _doc_at(DOC, b, NK, c0)
-            qf = rows < _doc_end(DOC, b, NK, c0)
-            dv = tl.where((rows >= dnext)[:, None], dv, 0.0)
-            dSv = tl.where(df == dnext, dSv, 0.0)
-            dnext = df
-            tmask = causal_t & (oc[None, :] < de[:, None])
-        else:
-            tmask = causal_t
-        if CAUSAL:
-            for g in range(G):
-                bq = b * HQ + hk * G + g
-                q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
-                q = _phi(q, mrf, FM)
-                do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + ov[None, :], mask=mrv, other=0.0)
-                rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
-                At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
-                rden_s = rden
-                if DOCS:  # the chunk's first document goes on to the previous chunk
-                    q = tl.where(qf[:, None], q, 0.0)
-                if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
-                    Pt = tl.where(tmask, At * rden[None, :], 0.0)
-                    dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
-                    dSv += _mm(tl.trans(q), do.to(tl.float32) * rden_s[:, None], Q, LOWP, SPREC, UP)
-                else:
-                    gm = do.to(tl.float32) * rden[:, None]
-                    At = tl.where(tmask, At, 0.0)
-                    dv += tl.dot(At, gm, input_precision=SPREC)
-                    dSv += tl.dot(tl.trans(q.to(tl.float32)), do.to(tl.float32) * rden_s[:, None],
-                                  input_precision=SPREC)
-        tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
+        # dk, then dv, then the suffix update (one accumulator of C x 128 live at a time besides dS)
+        dk = _dkv_inter(v, dS, Q, True, PREC, SPREC, LOWP, UP) + dz[None, :]
+        for g in range(G):
+            q, do, rden, cd = _dkv_tiles(Q, DO, RDEN, CD, b * HQ + hk * G + g, NQ, F, DV, rows, of, od, mr, mrf,
+                                         mrd, FM)
+            dk = _dkv_dk(dk, v, q, do, rden, cd, causal_t, Q, PREC, SPREC, LOWP, UP)
+        _dkv_store_dk(DK, dk, k, K, bkv, NK, F, rows, of, mrf, FM, DFM)
+        dv = _dkv_inter(k, dS, Q, False, PREC, SPREC, LOWP, UP)
+        for g in range(G):  # the query tiles again (L1 / L2; loading them once for both halves spills more)
+            q, do, rden, cd = _dkv_tiles(Q, DO, RDEN, CD, b * HQ + hk * G + g, NQ, F, DV, rows, of, od, mr, mrf,
+                                         mrd, FM)
+            dv, dS, dz = _dkv_dv(dv, dS, dz, k, q, do, rden, cd, causal_t, Q, PREC, SPREC, LOWP, UP)
+        tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + od[None, :], dv.to(DV_.dtype.element_ty), mask=mrd)
+    if STORE_0:  # segment 0 ends with the sums over all positions: dS0, dz0
+        if s == 0:
+            tl.store(DS0 + bkv * F * DV + soff, dS, mask=msk)
+            tl.store(DZ0 + bkv * F + of, dz, mask=mf)
 
 
 # ----------------------------------------------------------------------------------------------- launcher
@@ -796,19 +791,25 @@ class LinearConfig:
         phi_in_loop: apply elu1 / relu inside every chunk loop (recomputed in each kernel) instead of once, in a
             pre-pass whose output the kernels read and the backward chain rule uses (off: in-loop, the map doubled
             the forward's per-chunk instructions, docs/linear_kernel.md).
+        one_dkdv: causal backward without ``doc_ids``, ``F, Dv <= 128``: dk and dv of a (segment, K/V head) in one
+            program (``_seg_dkv``, the whole F x Dv suffix state in registers, accumulated once per chunk) instead
+            of ``_seg_dkdv``'s F / BK dk programs and Dv / BV dv programs (each accumulating its block of the same
+            state). Off by default (experimental: it spills on triton 3.6, docs/linear_kernel.md); other calls run
+            the default kernels; ``doc_ids`` with it raise ValueError.
         tiles: ``{kind: [(BK, BV, num_warps, num_stages, chunk), ...]}`` replacing a kernel's tile list (tried in
             order, the first that fits the device is used; kinds: seg_state, seg_fwd, seg_dstate, seg_dq,
-            seg_dkdv). For tuning scripts (lab/probe_linear.py).
+            seg_dkdv, seg_dkv). For tuning scripts (lab/probe_linear.py).
     """
 
     state_16bit: bool = False
     lowp_bf16: bool = True
     progs_per_sm: float = 1.0
     phi_in_loop: bool = False
+    one_dkdv: bool = False
     tiles: Tuple = ()
 
     def __post_init__(self):
-        for name in ("state_16bit", "lowp_bf16", "phi_in_loop"):
+        for name in ("state_16bit", "lowp_bf16", "phi_in_loop", "one_dkdv"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if isinstance(self.progs_per_sm, bool) or not isinstance(self.progs_per_sm, (int, float)) \
@@ -844,7 +845,7 @@ class LinearConfig:
             norm.append((kind, cfgs))
         object.__setattr__(self, "tiles", tuple(sorted(norm)))
         object.__setattr__(self, "_hash", hash((self.state_16bit, self.lowp_bf16, self.progs_per_sm,
-                                                self.phi_in_loop, self.tiles)))
+                                                self.phi_in_loop, self.one_dkdv, self.tiles)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -918,7 +919,7 @@ _TILES = {
     "seg_dstate": [(64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dq": [(32, 0, 4, 3, 0), (32, 0, 4, 2, 0), (32, 0, 4, 1, 32)],
     "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
-    "seg_dkdqdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
+    "seg_dkv": [(0, 0, 8, 1, 32), (0, 0, 8, 1, 16)],
 }
 # bf16 with 16-bit products (LOWP / S16) and F, Dv <= 128, the case measured on the H200 (lab/probe_linear.py,
 # 2026-11-29, 16k tokens, fwd+bwd): the forward runs the full Dv in one program (BV = 128: q k^T once instead of
@@ -930,7 +931,7 @@ _TILES_LOWP = {
     "seg_fwd": [(0, 128, 8, 2, 0), (0, 64, 8, 2, 0), (0, 32, 4, 1, 0)],
     "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dkdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
-    "seg_dkdqdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
+    "seg_dkv": [(0, 0, 8, 2, 0), (0, 0, 8, 1, 0), (0, 0, 8, 2, 32), (0, 0, 8, 1, 16)],
 }
 # fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
 # operand slices, and so the spills, small; correctness path rather than a tuned one.
@@ -940,7 +941,7 @@ _TILES_FP32 = {
     "seg_dstate": [(32, 32, 8, 1, 16)],
     "seg_dq": [(32, 0, 8, 1, 16)],
     "seg_dkdv": [(32, 32, 8, 1, 16)],
-    "seg_dkdqdv": [(32, 32, 8, 1, 16)],
+    "seg_dkv": [(0, 0, 8, 1, 16)],
 }
 # read-only: a different tile list is a LinearConfig(tiles=...), never an edit of these tables
 _TILES, _TILES_LOWP, _TILES_FP32 = (MappingProxyType({k: tuple(v) for k, v in t.items()})
@@ -1155,7 +1156,7 @@ def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
 
 
 KERNELS = {"seg_state": _seg_state, "seg_fwd": _seg_fwd, "seg_dstate": _seg_dstate, "seg_dq": _seg_dq,
-           "seg_dkdv": _seg_dkdv, "seg_dkdqdv": _seg_dkdqdv}
+           "seg_dkdv": _seg_dkdv, "seg_dkv": _seg_dkv}
 _DEFAULT = LinearConfig()
 
 
@@ -1272,6 +1273,14 @@ class _LinearAttention(torch.autograd.Function):
                 C=C, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
                 LOWP=lowp, UP=up, DOCS=has_docs)
         has_dss = DSS is not None
+        if config.one_dkdv and causal and not has_docs and max(F, Dv) <= 128:  # dk and dv in one program
+            _launch("seg_dkv", _seg_dkv, lambda BK, BV: (BHkv, NSk), F, Dv, C, dt, config,
+                    (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
+                     dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
+                     Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
+                    C=C, FP=FP, DVP=DVP, FM=fm, DFM=dfm, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
+                    PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up)
+            return dq, dk, dv, ds0, dz0, None, None, None, None, None, None, None, None
         _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
                  dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
@@ -1344,6 +1353,9 @@ def linear_attention(
         raise TypeError(f"config must be a kernels.LinearConfig, got {type(config).__name__}")
     docs = None
     if doc_ids is not None:
+        if config.one_dkdv:
+            raise ValueError("doc_ids is not supported with LinearConfig(one_dkdv=True) (its dk/dv kernel has no "
+                             "document rules); use one_dkdv=False")
         if not causal:
             raise ValueError("doc_ids with causal=False is not supported by the fused kernel (non-causal linear "
                              "attention per document needs each document's total sums); use the torch backend")
