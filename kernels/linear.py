@@ -635,6 +635,134 @@ def _seg_dkdv(
             tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + ov[None, :], dv.to(DV_.dtype.element_ty), mask=mrv)
 
 
+@triton.jit
+def _dkv_tiles(Q, DO, RDEN, CD, bq, NQ, F, DV, rows, of, od, mr, mrf, mrd, FM: tl.constexpr):
+    """One query head's tiles of a chunk for :func:`_seg_dkv`: phi(q), dout, 1 / den, c."""
+    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+    q = _phi(q, mrf, FM)
+    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
+    cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
+    return q, do, rden, cd
+
+
+@triton.jit
+def _dkv_inter(x, dS, Q, TRANS: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+               UP: tl.constexpr):
+    """The suffix-state part of a chunk in :func:`_seg_dkv`: ``x dS^T`` (TRANS: dk from v) or ``x dS`` (dv from
+    phi(k)), the state rounded to the input dtype (LOWP) or fp32 operands at SPREC."""
+    if TRANS:
+        dSt = tl.trans(dS)
+    else:
+        dSt = dS
+    if LOWP:
+        return _dot(x, dSt.to(Q.dtype.element_ty), PREC, UP)
+    else:
+        return tl.dot(x.to(tl.float32), dSt, input_precision=SPREC)
+
+
+@triton.jit
+def _dkv_dk(dk, v, q, do, rden, cd, causal_t, Q, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
+            UP: tl.constexpr):
+    """``dk += (dA^T * M^T) phi(q)`` of one query head, ``dA^T (j, i) = v_j . g_i + c_i``."""
+    dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]
+    dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
+    return dk + _mm(dAt, q, Q, LOWP, SPREC, UP)
+
+
+@triton.jit
+def _dkv_store_dk(DK, dk, k, K, bkv, NK, F, rows, of, mrf, FM: tl.constexpr, DFM: tl.constexpr):
+    """Store dk times phi'(k): from the raw k (in-loop map) or from the features already loaded."""
+    if FM != 0:
+        dk = dk * _phi_grad(tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0), FM, DFM)
+    elif DFM != 0:
+        dk = dk * _phi_grad(k, FM, DFM)
+    tl.store(DK + bkv * NK * F + rows[:, None] * F + of[None, :], dk.to(DK.dtype.element_ty), mask=mrf)
+
+
+@triton.jit
+def _dkv_dv(dv, dS, dz, k, q, do, rden, cd, causal_t, Q, PREC: tl.constexpr, SPREC: tl.constexpr,
+            LOWP: tl.constexpr, UP: tl.constexpr):
+    """``dv += (A^T * M^T / den) dout`` of one query head, then the suffix update ``dS += phi(q)^T g``,
+    ``dz += sum c phi(q)``."""
+    At = _dot(k, tl.trans(q), PREC, UP)  # (j, i) = phi(k_j) . phi(q_i)
+    gm = do.to(tl.float32) * rden[:, None]
+    if LOWP:  # P^T = At / den_i in [0, 1] (as in the forward) times dout: no rounded g
+        Pt = tl.where(causal_t, At * rden[None, :], 0.0)
+        dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
+    else:
+        dv += tl.dot(tl.where(causal_t, At, 0.0), gm, input_precision=SPREC)
+    dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
+    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+    return dv, dS, dz
+
+
+@triton.jit
+def _seg_dkv(
+    Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
+    NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS,
+    C: tl.constexpr, FP: tl.constexpr, DVP: tl.constexpr, FM: tl.constexpr, DFM: tl.constexpr,
+    HAS_SS: tl.constexpr, HAS_0: tl.constexpr, STORE_0: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr,
+    LOWP: tl.constexpr, UP: tl.constexpr, STG: tl.constexpr,
+):
+    """dk and dv of one segment of one K/V head in one program (``LinearConfig(one_dkdv=True)``; causal, no
+    documents, F, Dv <= 128): :func:`_seg_dkdv`'s backward sweep with the whole suffix ``dS`` (F x Dv, fp32) in
+    registers, so that it is accumulated once per chunk (``_seg_dkdv`` splits it by F for dk and by Dv for dv and
+    accumulates each half twice) and each chunk's tiles are loaded once. Per chunk, with ``dS``, ``dz`` the sums over
+    strictly later queries: ``dk = V dS^T + dz + sum_g (dA_g^T * M^T) phi(Q_g)`` (times ``phi'(k)``), ``dv = phi(K)
+    dS + sum_g (A_g^T * M^T / den) dout_g``, then ``dS += phi(Q_g)^T G_g``, ``dz += sum c_g phi(Q_g)``. Start: the
+    final-state gradient plus the later segments' query-side sums; segment 0 ends with the initial-state gradients."""
+    bkv = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    HKV = HQ // G
+    b = bkv // HKV
+    hk = bkv % HKV
+    oc = tl.arange(0, C)
+    causal_t = oc[:, None] <= oc[None, :]  # (j, i): key row j is seen by query row i
+    start = s * L
+    nt = tl.cdiv(tl.minimum(L, NK - start), C)
+    of = tl.arange(0, FP)
+    mf = of < F
+    od = tl.arange(0, DVP)
+    md = od < DV
+    soff = of[:, None] * DV + od[None, :]
+    msk = mf[:, None] & md[None, :]
+    dS = tl.zeros([FP, DVP], dtype=tl.float32)
+    dz = tl.zeros([FP], dtype=tl.float32)
+    if HAS_0:
+        dS += tl.load(DT0 + bkv * F * DV + soff, mask=msk, other=0.0)
+        dz += tl.load(DZT0 + bkv * F + of, mask=mf, other=0.0)
+    if HAS_SS:
+        for j in range(s + 1, NSS):
+            dS += tl.load(DSS + (bkv * NSS + j) * F * DV + soff, mask=msk, other=0.0)
+            dz += tl.load(DZS + (bkv * NSS + j) * F + of, mask=mf, other=0.0)
+    for i in tl.range(nt, num_stages=STG):
+        rows = start + (nt - 1 - i) * C + oc
+        mr = rows < NK
+        mrf = mr[:, None] & mf[None, :]
+        mrd = mr[:, None] & md[None, :]
+        v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
+        k = tl.load(K + bkv * NK * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
+        k = _phi(k, mrf, FM)
+        # dk, then dv, then the suffix update (one accumulator of C x 128 live at a time besides dS)
+        dk = _dkv_inter(v, dS, Q, True, PREC, SPREC, LOWP, UP) + dz[None, :]
+        for g in range(G):
+            q, do, rden, cd = _dkv_tiles(Q, DO, RDEN, CD, b * HQ + hk * G + g, NQ, F, DV, rows, of, od, mr, mrf,
+                                         mrd, FM)
+            dk = _dkv_dk(dk, v, q, do, rden, cd, causal_t, Q, PREC, SPREC, LOWP, UP)
+        _dkv_store_dk(DK, dk, k, K, bkv, NK, F, rows, of, mrf, FM, DFM)
+        dv = _dkv_inter(k, dS, Q, False, PREC, SPREC, LOWP, UP)
+        for g in range(G):  # the query tiles again (L1 / L2; loading them once for both halves spills more)
+            q, do, rden, cd = _dkv_tiles(Q, DO, RDEN, CD, b * HQ + hk * G + g, NQ, F, DV, rows, of, od, mr, mrf,
+                                         mrd, FM)
+            dv, dS, dz = _dkv_dv(dv, dS, dz, k, q, do, rden, cd, causal_t, Q, PREC, SPREC, LOWP, UP)
+        tl.store(DV_ + bkv * NK * DV + rows[:, None] * DV + od[None, :], dv.to(DV_.dtype.element_ty), mask=mrd)
+    if STORE_0:  # segment 0 ends with the sums over all positions: dS0, dz0
+        if s == 0:
+            tl.store(DS0 + bkv * F * DV + soff, dS, mask=msk)
+            tl.store(DZ0 + bkv * F + of, dz, mask=mf)
+
+
 # ----------------------------------------------------------------------------------------------- launcher
 def _pow2(n: int, lo: int = 16, hi: int = 128) -> int:
     return max(lo, min(hi, next_pow2(n)))
@@ -663,19 +791,25 @@ class LinearConfig:
         phi_in_loop: apply elu1 / relu inside every chunk loop (recomputed in each kernel) instead of once, in a
             pre-pass whose output the kernels read and the backward chain rule uses (off: in-loop, the map doubled
             the forward's per-chunk instructions, docs/linear_kernel.md).
+        one_dkdv: causal backward without ``doc_ids``, ``F, Dv <= 128``: dk and dv of a (segment, K/V head) in one
+            program (``_seg_dkv``, the whole F x Dv suffix state in registers, accumulated once per chunk) instead
+            of ``_seg_dkdv``'s F / BK dk programs and Dv / BV dv programs (each accumulating its block of the same
+            state). Off by default (experimental: it spills on triton 3.6, docs/linear_kernel.md); other calls run
+            the default kernels; ``doc_ids`` with it raise ValueError.
         tiles: ``{kind: [(BK, BV, num_warps, num_stages, chunk), ...]}`` replacing a kernel's tile list (tried in
             order, the first that fits the device is used; kinds: seg_state, seg_fwd, seg_dstate, seg_dq,
-            seg_dkdv). For tuning scripts (lab/probe_linear.py).
+            seg_dkdv, seg_dkv). For tuning scripts (lab/probe_linear.py).
     """
 
     state_16bit: bool = False
     lowp_bf16: bool = True
     progs_per_sm: float = 1.0
     phi_in_loop: bool = False
+    one_dkdv: bool = False
     tiles: Tuple = ()
 
     def __post_init__(self):
-        for name in ("state_16bit", "lowp_bf16", "phi_in_loop"):
+        for name in ("state_16bit", "lowp_bf16", "phi_in_loop", "one_dkdv"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if isinstance(self.progs_per_sm, bool) or not isinstance(self.progs_per_sm, (int, float)) \
@@ -711,7 +845,7 @@ class LinearConfig:
             norm.append((kind, cfgs))
         object.__setattr__(self, "tiles", tuple(sorted(norm)))
         object.__setattr__(self, "_hash", hash((self.state_16bit, self.lowp_bf16, self.progs_per_sm,
-                                                self.phi_in_loop, self.tiles)))
+                                                self.phi_in_loop, self.one_dkdv, self.tiles)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -785,6 +919,7 @@ _TILES = {
     "seg_dstate": [(64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dq": [(32, 0, 4, 3, 0), (32, 0, 4, 2, 0), (32, 0, 4, 1, 32)],
     "seg_dkdv": [(64, 64, 8, 2, 32), (64, 64, 8, 1, 32), (32, 32, 4, 1, 32)],
+    "seg_dkv": [(0, 0, 8, 1, 32), (0, 0, 8, 1, 16)],
 }
 # bf16 with 16-bit products (LOWP / S16) and F, Dv <= 128, the case measured on the H200 (lab/probe_linear.py,
 # 2026-11-29, 16k tokens, fwd+bwd): the forward runs the full Dv in one program (BV = 128: q k^T once instead of
@@ -796,6 +931,7 @@ _TILES_LOWP = {
     "seg_fwd": [(0, 128, 8, 2, 0), (0, 64, 8, 2, 0), (0, 32, 4, 1, 0)],
     "seg_dstate": [(128, 128, 8, 3, 0), (64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (32, 32, 4, 1, 0)],
     "seg_dkdv": [(64, 64, 8, 3, 0), (64, 64, 8, 2, 0), (64, 64, 8, 2, 32), (32, 32, 4, 1, 32)],
+    "seg_dkv": [(0, 0, 8, 2, 0), (0, 0, 8, 1, 0), (0, 0, 8, 2, 32), (0, 0, 8, 1, 16)],
 }
 # fp32 inputs (exact "ieee" products run on FMA units, not tensor cores): small chunks keep the per-thread
 # operand slices, and so the spills, small; correctness path rather than a tuned one.
@@ -805,6 +941,7 @@ _TILES_FP32 = {
     "seg_dstate": [(32, 32, 8, 1, 16)],
     "seg_dq": [(32, 0, 8, 1, 16)],
     "seg_dkdv": [(32, 32, 8, 1, 16)],
+    "seg_dkv": [(0, 0, 8, 1, 16)],
 }
 # read-only: a different tile list is a LinearConfig(tiles=...), never an edit of these tables
 _TILES, _TILES_LOWP, _TILES_FP32 = (MappingProxyType({k: tuple(v) for k, v in t.items()})
@@ -1019,7 +1156,7 @@ def _features(q: torch.Tensor, k: torch.Tensor, fm: int):
 
 
 KERNELS = {"seg_state": _seg_state, "seg_fwd": _seg_fwd, "seg_dstate": _seg_dstate, "seg_dq": _seg_dq,
-           "seg_dkdv": _seg_dkdv}
+           "seg_dkdv": _seg_dkdv, "seg_dkv": _seg_dkv}
 _DEFAULT = LinearConfig()
 
 
@@ -1136,6 +1273,14 @@ class _LinearAttention(torch.autograd.Function):
                 C=C, DVP=DVP, FM=fm, DFM=dfm, CAUSAL=causal, HAS_SS=has_ss, HAS_0=has_s0, PREC=PREC, SPREC=SPREC,
                 LOWP=lowp, UP=up, DOCS=has_docs)
         has_dss = DSS is not None
+        if config.one_dkdv and causal and not has_docs and max(F, Dv) <= 128:  # dk and dv in one program
+            _launch("seg_dkv", _seg_dkv, lambda BK, BV: (BHkv, NSk), F, Dv, C, dt, config,
+                    (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
+                     dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
+                     Nq, Nk, F, Dv, Lk, Hq, G, DSS.shape[1] if has_dss else 1),
+                    C=C, FP=FP, DVP=DVP, FM=fm, DFM=dfm, HAS_SS=has_dss, HAS_0=has_dst, STORE_0=need_s0,
+                    PREC=PREC, SPREC=SPREC, LOWP=lowp, UP=up)
+            return dq, dk, dv, ds0, dz0, None, None, None, None, None, None, None, None
         _launch("seg_dkdv", _seg_dkdv, lambda BK, BV: ((cdiv(F, BK) + cdiv(Dv, BV)) * BHkv, NSk), F, Dv, C, dt, config,
                 (q, k, v, do, rden, cd, DSS if has_dss else den, DZS if has_dss else den, dST if has_dst else den,
                  dZT if has_dst else den, dk, dv, ds0 if need_s0 else den, dz0 if need_s0 else den,
@@ -1208,6 +1353,9 @@ def linear_attention(
         raise TypeError(f"config must be a kernels.LinearConfig, got {type(config).__name__}")
     docs = None
     if doc_ids is not None:
+        if config.one_dkdv:
+            raise ValueError("doc_ids is not supported with LinearConfig(one_dkdv=True) (its dk/dv kernel has no "
+                             "document rules); use one_dkdv=False")
         if not causal:
             raise ValueError("doc_ids with causal=False is not supported by the fused kernel (non-causal linear "
                              "attention per document needs each document's total sums); use the torch backend")

@@ -51,7 +51,7 @@ except ImportError:  # a checkout without the SSD kernels
     SSD = None
 
 D = 128
-LINEAR = ("seg_state", "seg_fwd", "seg_dstate", "seg_dq", "seg_dkdv")
+LINEAR = ("seg_state", "seg_fwd", "seg_dstate", "seg_dq", "seg_dkdv", "seg_dkv")
 FLASH = ("flash_fwd", "flash_dq", "flash_dkdv", "flash_pre")
 KERNELS = LINEAR + FLASH
 
@@ -222,7 +222,7 @@ def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False, docs: bool = Fal
     BK, BV = tile_blocks(cfg, D, D)
     C = min(64, cfg[4]) if len(cfg) > 4 and cfg[4] else 64
     ints = {"NQ", "NK", "F", "DV", "L", "HQ", "G", "NSS", "NS", "NROWS", "HKV"}
-    fp32 = {"SS", "ZS", "S0", "Z0", "DEN", "ST", "ZT", "CD", "DSS", "DZS", "DT0", "DZT0", "DS0", "DZ0"}
+    fp32 = {"SS", "ZS", "S0", "Z0", "DEN", "ST", "ZT", "CD", "DSS", "DZS", "DT0", "DZT0", "DS0", "DZ0", "RDEN"}
     fn = LINEAR_KERNELS[kind]
     types = {n: ("i32" if n in ints else "*fp32" if n in fp32 else "fp32" if n == "eps" else
                  "*i32" if n == "DOC" else "*bf16") for n in fn.arg_names}
@@ -235,6 +235,7 @@ def _linear(kind: str, cfg, fm: int = 1, in_loop: bool = False, docs: bool = Fal
         "seg_dq": dict(BK=BK, DVP=D, CAUSAL=True, HAS_SS=True, HAS_0=False, LOWP=True),
         "seg_dkdv": dict(BK=BK, BV=BV, FP=D, DVP=D, CAUSAL=True, HAS_SS=True, HAS_0=False, STORE_0=False, LOWP=True,
                          G=1),
+        "seg_dkv": dict(FP=D, DVP=D, HAS_SS=True, HAS_0=False, STORE_0=False, LOWP=True, G=1),
     }[kind]
     const = {k: v for k, v in {**base, **extra}.items() if k in fn.arg_names}
     return fn, types, const

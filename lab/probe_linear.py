@@ -72,8 +72,15 @@ VARIANTS = {
               "seg_state": [(64, 64, 4, 2, 0)], "seg_dstate": [(64, 64, 4, 2, 0)]},
              {"progs_per_sm": 2}, {}),
     # ^ the configuration of the previous results (same kernels, with the chunk-loop prefetch of every load)
+    # LinearConfig(one_dkdv=True): dk and dv in one program per (segment, K/V head) (_seg_dkv, the whole 128 x 128
+    # suffix state in registers). Offline, triton 3.6 sm_90a: (0,0,8,2,0) 255 registers / 560 stack bytes / 178 KiB
+    # shared, 2067 loop instructions per 64-token step (vs _seg_dkdv's 2 x 1102 (dk) + 2 x 683 (dv) in four
+    # programs); chunk 32 (mma.sync, not wgmma): 1038 per 32-token step, 256 stack bytes.
+    "onekv": ({"seg_dkv": [(0, 0, 8, 2, 0)]}, {"one_dkdv": True}, {}),
+    "onekv_c32": ({"seg_dkv": [(0, 0, 8, 2, 32)]}, {"one_dkdv": True}, {}),
+    "onekv_st1": ({"seg_dkv": [(0, 0, 8, 1, 0)]}, {"one_dkdv": True}, {}),
 }
-BEST = "inloop"  # the variant that also gets the per-kernel profile
+BEST = "onekv"  # the variant that also gets the per-kernel profile
 
 
 def rel(x, ref):
