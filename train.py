@@ -365,7 +365,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
         doc_mask=bool(getattr(dm, "model_documents", False)),
     )
-    start_step, complete = 0, False
+    start_step, complete, finished = 0, False, None
     if resume is not None:
         try:
             lit.check_checkpoint_hparams(resume.hparams)
@@ -384,7 +384,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         complete = steps_ended or epochs_ended or resume.stopped  # its training ended: nothing left to train
         # only a run's own checkpoint, of a run without a (readable) final table (killed in its final validation), is
         # finalised
-        unfinished = run_dir is not None and finished_run(run_dir) is None
+        finished = finished_run(run_dir) if run_dir is not None else None
+        unfinished = run_dir is not None and finished is None
         past_epochs = max_epochs > 0 and resume.epochs is not None and resume.epochs > max_epochs
         if (complete and not unfinished) or 0 <= max_steps < resume.step or past_epochs:
             if resume.stopped and not 0 <= max_steps <= resume.step:
@@ -410,7 +411,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                          train_metrics=resume.train_metrics if resume is not None else None, data=data_settings)
     # the Trainer is built (and its arguments checked by Lightning) before anything of an earlier run is moved or
     # this run's config written: a trainer.* value Lightning refuses leaves the folder as it was
-    curve = _Curve()
+    # extending a finished run whose last step was no in-fit validation step (max_steps not a multiple of
+    # val_check_interval): its final validation ran after last.ckpt was written, so the checkpoint's curve lacks
+    # that point and this launch does not measure it again; it is taken from the run's final_metrics.json
+    extended = finished is not None and not complete and finished.get("steps") == resume.step
+    curve = _Curve(earlier=[p for p in finished.get("curve") or [] if int(p[0]) == resume.step] if extended else None)
     trainer = build_trainer(cfg, loggers, output_dir, extra_callbacks=[run_state, curve])
     if resume is None:  # a new run in the folder of an earlier one (a reused run dir, a multirun job started over)
         subdir = _hydra_output_subdir()  # read before the earlier final table (which the subdir depends on) moves
@@ -500,14 +505,19 @@ class _Curve(L.Callback):
     checkpoints (Lightning's callback state, :meth:`state_dict`), so a resumed run's curve starts with the earlier
     launches' points (up to the checkpoint's step; checkpoints written before it was kept: this launch's only)."""
 
-    def __init__(self):
+    def __init__(self, earlier: Optional[List[list]] = None):
         self.points: List[list] = []
+        # points a resumed run measured after its checkpoint was written (its final validation, from
+        # final_metrics.json): merged into the checkpoint's points when Lightning restores them
+        self._earlier = [[int(s), dict(v)] for s, v in (earlier or [])]
 
     def state_dict(self) -> Dict[str, object]:
         return {"points": [[int(s), dict(v)] for s, v in self.points]}
 
     def load_state_dict(self, state_dict: Dict[str, object]) -> None:
         self.points = [[int(s), dict(v)] for s, v in (state_dict.get("points") or [])]
+        steps = {s for s, _ in self.points}
+        self.points = sorted(self.points + [p for p in self._earlier if p[0] not in steps], key=lambda p: p[0])
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking:

@@ -78,6 +78,28 @@ def test_a_resumed_runs_curve_covers_the_whole_run(tmp_path):
     assert done["curve"][-1][1]["val/loss"] == pytest.approx(metrics["val/loss"], abs=1e-4)
 
 
+def test_extending_a_run_keeps_its_final_validation_in_the_curve(tmp_path):
+    """Bug: a run whose max_steps is no multiple of val_check_interval validates its last step after fit, when
+    last.ckpt is already written; extending it (ckpt_path=..., a larger max_steps) dropped that point from the curve
+    (final_metrics.json, the printed line): [2, 4, 6, 8] instead of [2, 4, 5, 6, 8]. Extending the extension keeps it."""
+    import json
+
+    run = tmp_path / "run"
+    train_mod.train(make_cfg(run, _fast("trainer.max_steps=5", "trainer.val_check_interval=2")))
+    first = json.loads((run / "final_metrics.json").read_text())["curve"]
+    assert [s for s, _ in first] == [2, 4, 5]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    train_mod.train(make_cfg(tmp_path / "o", _fast("trainer.max_steps=8", "trainer.val_check_interval=2",
+                                                   f"ckpt_path={ckpt}")))
+    done = json.loads((run / "final_metrics.json").read_text())["curve"]
+    assert [s for s, _ in done] == [2, 4, 5, 6, 8]
+    assert done[:3] == first, "the first launch's points as it measured them"
+    train_mod.train(make_cfg(tmp_path / "o", _fast("trainer.max_steps=10", "trainer.val_check_interval=2",
+                                                   f"ckpt_path={ckpt}")))
+    again = json.loads((run / "final_metrics.json").read_text())["curve"]
+    assert [s for s, _ in again] == [2, 4, 5, 6, 8, 10] and again[:5] == done
+
+
 def test_wandb_runs_quietly_but_still_log(tmp_path, monkeypatch):
     """The W&B run-history block (about 35 lines at the end of every run) hid the final table, and Lightning's
     WandbLogger made wandb warn that "the anonymous setting has no effect" on every run: the W&B run is started with
