@@ -304,6 +304,7 @@ def main(argv=None):
                     del fn, leaves, do
                 except Exception as e:  # noqa: BLE001
                     print(f"peak memory failed: {e}")
+
     def profile_variant(name, N, B):
         """Per-kernel breakdown (torch.profiler, CUDA ms per fwd+bwd and calls of each kernel)."""
         if left() < 0:
