@@ -45,9 +45,7 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     if layers is None:
         return [base] * n_layer
     layers = list(layers)
-    if len(layers) != n_layer:
-        raise ValueError(f"model.layers has {len(layers)} entries but model.n_layer={n_layer}; give one per layer")
-    specs = []
+    specs = []  # every entry resolved first: an unknown name is named before a count that does not match
     for i, entry in enumerate(layers):
         if isinstance(entry, str):
             if entry == base.label:
@@ -68,6 +66,8 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
             specs.append(_qualified(where, _spec_from_cfg, OmegaConf.load(f)))
         else:
             specs.append(_qualified(f"model.layers[{i}]", _spec_from_cfg, entry))
+    if len(layers) != n_layer:
+        raise ValueError(f"model.layers has {len(layers)} entries but model.n_layer={n_layer}; give one per layer")
     return specs
 
 

@@ -97,6 +97,8 @@ def test_hybrid_layers_from_one_config_line(tmp_path):
         train_mod.layer_specs(bad)
     with pytest.raises(ValueError, match="model.layers has 1 entries"):
         train_mod.layer_specs(make_cfg(tmp_path, FAST + ["model.layers=[flash]"]))
+    with pytest.raises(ValueError, match=r"model.layers\[0\]='bogus'"):  # the unknown name before the count
+        train_mod.layer_specs(make_cfg(tmp_path, FAST + ["model.layers=[bogus]"]))
 
 
 def test_every_config_composes(tmp_path):

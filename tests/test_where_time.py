@@ -1,0 +1,42 @@
+"""lab.where_time: the parts that run without a GPU (case parsing, the kernel table, the markdown)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lab import where_time as W
+
+
+def _ev(name, us, cuda=True):
+    dt = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    return SimpleNamespace(name=name, device_type=dt, time_range=SimpleNamespace(elapsed_us=lambda us=us: us))
+
+
+def test_parse_cases_and_its_errors():
+    assert W.parse_cases("causal:4096:128,gqa4:16384:64") == [("causal", 4096, 128), ("gqa4", 16384, 64)]
+    for bad in ("causal:4096", "nosuch:4096:128", "causal:4k:128", "causal:4096:128:1"):
+        with pytest.raises(ValueError, match="VARIANT:N:D") as e:
+            W.parse_cases(bad)
+        assert repr(bad) in str(e.value) and "causal" in str(e.value)  # names the entry and the allowed variants
+
+
+def test_kernel_table_keeps_gpu_kernels_per_step():
+    events = [_ev("fwd", 100), _ev("fwd", 120), _ev("dq", 60), _ev("aten::add", 999, cuda=False),
+              _ev("Memset (Device)", 0), _ev("Memset (Device)", 4)]
+    table = W.kernel_table(events, iters=2)
+    assert table["fwd"] == (110.0, 1.0) and table["dq"] == (30.0, 0.5)
+    assert "aten::add" not in table  # host events are not kernels
+    assert table["Memset (Device)"] == (2.0, 0.5)  # a zero-length memset record is dropped, a timed one kept
+
+
+def test_markdown_lists_errors_and_the_top_kernels():
+    summary = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", fwd_impl="gluon_ws3a", wall_ms=1.0,
+                    kernel_ms=0.9, busy=0.9, tflops_wall=400.0, tflops_kernels=444.4, launches=4),
+               dict(variant="causal", N=4096, D=128, impl="fa4", docs="", error="ImportError: no flash_attn")]
+    kernels = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", kernel=f"k{i}", us_per_step=10.0 - i,
+                    share=0.1, launches=1) for i in range(8)]
+    md = W.markdown(summary, kernels, top=3)
+    assert "| causal N 4096 D 128 | ours (gluon_ws3a) | 1.000 | 0.900 | 0.90 | 400.0 | 444.4 | 4 |" in md
+    assert "ImportError: no flash_attn" in md
+    assert "`k2`" in md and "`k3`" not in md  # the top 3 kernels of each impl and case
