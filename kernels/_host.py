@@ -168,10 +168,15 @@ def _compiling() -> bool:
 
 def _arg_key(a):
     """What Triton may specialise a compiled kernel on, for one positional argument: a tensor's dtype, 16-byte
-    alignment of its pointer and device; any other value as itself (ints exactly: their ``== 1`` / divisibility /
-    width specialisations, and the values of constexprs passed by position)."""
+    alignment of its pointer and device; a host TMA descriptor's base tensor so, with its shape, strides, block
+    shape, layout and padding (a dataclass, not hashable itself); any other value as itself (ints exactly: their
+    ``== 1`` / divisibility / width specialisations, and the values of constexprs passed by position)."""
     if hasattr(a, "data_ptr"):
         return a.dtype, a.data_ptr() % 16 == 0, a.get_device()
+    base = getattr(a, "base", None)
+    if hasattr(base, "data_ptr") and hasattr(a, "block_shape"):  # a host TMA descriptor (Gluon's / triton.tools')
+        return (type(a), base.dtype, base.data_ptr() % 16 == 0, base.get_device(), tuple(a.shape), tuple(a.strides),
+                tuple(a.block_shape), repr(getattr(a, "layout", None)), getattr(a, "padding", None))
     return type(a), a
 
 
@@ -195,7 +200,9 @@ def launch(kernel, grid, args, num_warps: int = 4, num_stages=None, **constexprs
         return hit[1]
     compiled = kernel[grid](*args, **opts, **constexprs)
     dev = next((a.get_device() for a in args if hasattr(a, "data_ptr")), 0)
-    fast = CompiledLaunch.capture(kernel, compiled, len(args), constexprs, grid, max(dev, 0))
+    # a Gluon kernel also declares num_warps as a constexpr parameter: its value is part of the call's tail
+    fast = CompiledLaunch.capture(kernel, compiled, len(args), dict(constexprs, num_warps=num_warps), grid,
+                                  max(dev, 0))
     if fast is not None:
         if len(_FAST) >= _MAX_FAST:
             _FAST.clear()

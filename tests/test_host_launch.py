@@ -90,3 +90,30 @@ def test_a_kernel_whose_trailing_parameters_are_not_all_given_is_never_kept(fast
     for _ in range(2):
         _host.launch(kern, (1,), (x,), num_warps=4)
     assert len(kern.triton_calls) == 2 and not kern.direct_calls
+
+
+class FakeDescriptor:
+    """A host TMA descriptor as Gluon's / triton.tools' (a dataclass: not hashable)."""
+    __hash__ = None
+
+    def __init__(self, base, block_shape, layout="nvmma128", padding="zero"):
+        self.base, self.shape, self.strides = base, list(base.shape), list(base.stride())
+        self.block_shape, self.layout, self.padding = list(block_shape), layout, padding
+
+
+@pytest.mark.parametrize("change", [None, "shape", "strides", "block", "layout", "dtype", "alignment"])
+def test_a_descriptor_argument_is_keyed_by_what_its_launch_encodes(fast, change):
+    # a Gluon kernel declares num_warps as a constexpr parameter too: the kept launcher passes it in the tail
+    kern = FakeKernel(["desc", "N", "BLOCK", "num_warps"], {"BLOCK", "num_warps"})
+    base = torch.zeros(4, 64)
+    _host.launch(kern, (2,), (FakeDescriptor(base, [2, 64]), 4), num_warps=8, BLOCK=64)
+    other = {None: base.clone(), "shape": torch.zeros(8, 64), "strides": torch.zeros(4, 128)[:, :64],
+             "dtype": base.double(), "alignment": torch.zeros(4 * 64 + 1)[1:].view(4, 64)}.get(change, base)
+    desc = FakeDescriptor(other, [1, 64] if change == "block" else [2, 64],
+                          layout="nvmma64" if change == "layout" else "nvmma128")
+    _host.launch(kern, (2,), (desc, 4), num_warps=8, BLOCK=64)
+    if change is None:  # same everything but the base tensor: the kept launcher, every parameter in order
+        assert len(kern.triton_calls) == 1 and len(kern.direct_calls) == 1
+        assert kern.direct_calls[0][9] is desc and kern.direct_calls[0][10:] == (4, 64, 8)
+    else:
+        assert len(kern.triton_calls) == 2 and not kern.direct_calls

@@ -74,7 +74,7 @@ def test_bwd_impl_default_validation_and_key():
 
 def test_auto_bwd_rule(monkeypatch):
     """bwd_impl="auto" takes the Gluon backward (two consumers; Gluon dQ at D 128) only for dense / causal fp16 / bf16 calls of
-    D 64 / 128 with Dv == D and Hq == Hkv, the Triton backward's settings at their defaults, >= GLUON_BWD_AUTO_MIN_PAIRS visited
+    D 64 / 128 with Dv == D and Hq == Hkv (GQA at GLUON_AUTO_BWD_GQA_HEAD_DIMS), the Triton backward's settings at their defaults, >= GLUON_BWD_AUTO_MIN_PAIRS visited
     pairs per head, on Hopper with Gluon importable and outside the interpreter; everything else is "triton", and an
     explicit bwd_impl is returned as is."""
     from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
@@ -85,7 +85,14 @@ def test_auto_bwd_rule(monkeypatch):
     assert G.choose_bwd_impl(auto, *big, -1, 0) == "gluon"  # causal 4k: 8.4M pairs per head
     assert G.choose_bwd_impl(auto, *_fake_qkv(Hkv=8, Nq=4096, Nk=4096), -1, 0) == "gluon"  # the stand-ins below
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048, D=64), -1, -1) == "gluon"
-    assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=64), -1, -1) == "triton"
+    for D in (64, 128):  # GQA: the Gluon backward at the head dims of GLUON_AUTO_BWD_GQA_HEAD_DIMS only
+        want = "gluon" if D in G.GLUON_AUTO_BWD_GQA_HEAD_DIMS else "triton"
+        assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=D), -1, -1) == want, D
+        assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=1, Nq=4096, Nk=4096, D=D), -1, 0) == want, D
+        monkeypatch.setattr(G, "GLUON_AUTO_BWD_GQA_HEAD_DIMS", ())
+        assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=D), -1, -1) == "triton"
+        monkeypatch.undo()
+        _all_hold(monkeypatch)
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048), -1, 0) == "triton"  # 2.1M
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=1, Nk=1 << 22), -1, -1) == "gluon"  # decode-like
     bands = [dict(win_left=1023, win_right=0), dict(documents=object()), dict(win_right=5),
@@ -100,7 +107,8 @@ def test_auto_bwd_rule(monkeypatch):
         monkeypatch.setattr(G, "GLUON_AUTO_BWD_BANDS", True)
     # the pairs threshold counts a window's band (visited_pairs): 4096 rows x 1024 keys = 2^22 pairs per head
     assert G.choose_bwd_impl(auto, *big, 1023, 0) == "gluon" and G.choose_bwd_impl(auto, *big, 1022, 0) == "triton"
-    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=4, Nq=4096, Nk=4096), 1023, 0) == "triton"  # GQA
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=4, Nq=4096, Nk=4096), 1023, 0) == (  # GQA window
+        "gluon" if 128 in G.GLUON_AUTO_BWD_GQA_HEAD_DIMS else "triton")
     for bad in (_fake_qkv(Hkv=8, Nq=4096, Nk=4096, D=96), _fake_qkv(Hkv=8, Nq=4096, Nk=4096, Dv=64),
                 _fake_qkv(Hkv=8, Nq=4096, Nk=4096, dtype=torch.float32)):
         assert G.choose_bwd_impl(auto, *bad, -1, 0) == "triton"
@@ -1089,3 +1097,37 @@ def test_gpu_tests_isolated_parses_ids_and_classifies_faults(tmp_path):
     assert GT.classify(124, "")[0] == "TIMEOUT" and GT.classify(4, "ERROR: not found")[0] == "ERROR"
     with pytest.raises(SystemExit):
         GT.main(["tests/t.py", "--jobs", "0", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("mask", ["causal", "window", "gqa_documents"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_kept_gluon_launches_match(monkeypatch, mask):
+    """GLUON_KEPT_LAUNCH: the Gluon forward, dK / dV, dQ kernels and the preprocess launched through
+    kernels._host.launch (the first call through Triton, the next ones through the kept launcher) give the outputs,
+    lse and gradients of Triton's own launch path bit for bit, on new inputs of the same shapes each call."""
+    from kernels import _host
+
+    Hq, Hkv = (8, 2) if mask == "gqa_documents" else (4, 4)
+    kw = dict(causal=True)
+    if mask == "window":
+        kw["window_size"] = (255, 0)
+    cfg = FlashConfig(fwd_impl="gluon_ws3a", bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2)
+    _host.clear_launches()
+    runs = {}
+    for kept in (False, True):
+        monkeypatch.setattr(G, "GLUON_KEPT_LAUNCH", kept)
+        for seed in range(3):  # kept: seed 0 compiles and keeps, seeds 1 and 2 take the kept launchers
+            q, k, v, do = _qkv(2, Hq, Hkv, 1000, 1000, 128, seed=seed, bnhd=True)
+            if mask == "gqa_documents":
+                ids = torch.cat([torch.zeros(300), torch.ones(500), torch.full((200,), 2)]).int()
+                kw["doc_ids"] = ids.expand(2, -1).to(q.device)
+            leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+            out, lse = flash_attn(*leaves, return_lse=True, config=cfg, **kw)
+            out.backward(do)
+            runs[kept, seed] = [out, lse] + [t.grad for t in leaves]
+    assert len(_host._FAST) >= 4  # forward, preprocess, dK / dV, dQ were kept
+    for seed in range(3):
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[False, seed], runs[True, seed]):
+            assert torch.equal(a, b), (mask, seed, name)
+    _host.clear_launches()

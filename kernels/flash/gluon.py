@@ -25,6 +25,7 @@ import torch
 
 from .common import INTERPRET
 from .config import BWD_IMPLS, FWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_FWD_IMPLS, FlashConfig
+from .._host import launch
 from .launch import visited_pairs
 
 GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
@@ -157,6 +158,13 @@ def nvmma_layout(block_shape, gl_dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _kept_nvmma_layout(block_shape: tuple, gl_dtype):
+    """:func:`nvmma_layout`, one object per (block shape, dtype) (a frozen dataclass), for :data:`GLUON_KEPT_LAUNCH`:
+    building it costs ~20 us of host time, and a forward+backward makes 11."""
+    return nvmma_layout(block_shape, gl_dtype)
+
+
 def lse_layout():
     """The shared layout of the backward's lse2 / delta boxes (1-D fp32, ``BLOCK_M`` values): unswizzled."""
     import triton.experimental.gluon.language as gl
@@ -242,6 +250,14 @@ AUTO_GLUON_DQ_HEAD_DIMS = (128,)
 backward alone ran 1.04-1.09x faster with it at D 128 and 0.997-1.02x at D 64 (H200, N 4k / 16k, causal and not,
 one process, 2026-12-05: ``results/h200/2026-12-05/b/gdq_sweep.csv``)."""
 
+GLUON_AUTO_BWD_GQA_HEAD_DIMS = (128,)
+"""Head dims where ``bwd_impl="auto"`` takes the Gluon backward for GQA / MQA (``Hq != Hkv``; one program per K/V
+head and key tile loops over the group's query heads) under the same rules as MHA; elsewhere GQA keeps the Triton
+backward. H100 80GB (no H200 was lent), 2026-12-05 (``results/h100/2026-12-05b/c1/gqa_bwd_d128.csv``, ``python -m
+eval.bench_flash --variants gqa4 --D 128 --impls ours,ours_gluon_dq,sdpa_cudnn --rounds 3``, GQA 4:1, causal, bf16,
+16k tokens per call, forward+backward): the Gluon backward (two consumers, Gluon dQ) 405.6 against the Triton
+backward's 388.6 TFLOP/s at N 4k (1.04x), 506.4 against 468.5 at 16k (1.08x); D 64 not measured."""
+
 
 @functools.lru_cache(maxsize=64)
 def auto_gluon_bwd_config(config: FlashConfig, D: int) -> FlashConfig:
@@ -264,8 +280,8 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
                       win_right: int, layout, dilation: int, documents) -> bool:
     """The device-independent part of :func:`choose_bwd_impl`: the mask (dense, causal and, while
     :data:`GLUON_AUTO_BWD_BANDS`, sliding windows and documents; never a block-sparse layout or dilation), ``D`` in
-    :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` (the measured case: with GQA the Triton backward
-    splits each group over several programs, the Gluon kernel does not), one fp16 / bf16 dtype, the Triton backward's settings at their
+    :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` unless ``D`` is in
+    :data:`GLUON_AUTO_BWD_GQA_HEAD_DIMS`, one fp16 / bf16 dtype, the Triton backward's settings at their
     defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and
     at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per (batch, head)."""
     if layout is not None or dilation != 1:
@@ -273,8 +289,10 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     if not GLUON_AUTO_BWD_BANDS and _beyond_causal(win_left, win_right, documents):
         return False
     D = q.shape[3]
-    if D not in GLUON_BWD_HEAD_DIMS or v.shape[3] != D or q.shape[1] != k.shape[1]:
-        return False  # GQA / MQA: the Gluon kernel has one program per K/V head and key tile (unmeasured there)
+    if D not in GLUON_BWD_HEAD_DIMS or v.shape[3] != D:
+        return False
+    if q.shape[1] != k.shape[1] and D not in GLUON_AUTO_BWD_GQA_HEAD_DIMS:
+        return False  # GQA / MQA at this D: the Triton backward (measured faster, or not measured)
     if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
         return False
     if (config.dq_mode != "separate" or config.dkdv_split is not None or config.dq is not None
@@ -360,7 +378,30 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
         if t.shape[i] == 1:
             strides[i] = t.shape[3] * t.shape[2] if i < 2 else t.shape[3]
     block = [1, 1, rows, t.shape[3]]
-    return TD(t, list(t.shape), strides, block, nvmma_layout(block, gl_dtype))
+    layout = _kept_nvmma_layout(tuple(block), gl_dtype) if GLUON_KEPT_LAUNCH else nvmma_layout(block, gl_dtype)
+    return TD(t, list(t.shape), strides, block, layout)
+
+
+GLUON_KEPT_LAUNCH = False
+"""Whether the Gluon forward / backward / dQ kernels (and the backward's Triton preprocess) launch through
+:func:`kernels._host.launch`, which keeps each compiled kernel and calls its launcher directly on a repeated call
+(the key covers every argument Triton specialises on, a TMA descriptor's shape, strides, block and layout included),
+with the descriptors' shared layouts built once. Off by default: **not yet run on a GPU**. Why it exists
+(H100 80GB, 2026-12-05, ``results/h100/2026-12-05b/c1/where_masks.md``, ``python -m lab.where_time``): a causal
+window of 1024 at 16k tokens, D 128, forward+backward, runs 1.282 ms of Gluon kernels (1.404 ms for the Triton ones)
+but takes 1.696 ms of wall time (GPU busy 76 %; Triton 1.369 ms, busy 102 %): the Gluon path's host time --
+Triton's launcher binding ~25 arguments per launch and 11 descriptors with their layouts -- exceeds its GPU time
+(cProfile: the launcher ~0.5 ms and the descriptors ~0.5 ms of ~2 ms per step under the profiler). A GPU test
+(``tests/test_kernel_flash_gluon_bwd.py::test_gpu_kept_gluon_launches_match``) compares both paths; turn it on by
+default once it has passed and ``lab.where_time`` shows the window's wall time at its kernel time."""
+
+
+def _gl_launch(kernel, grid, args, num_warps: int = 4, **constexprs):
+    """``kernel[grid](*args, num_warps=num_warps, **constexprs)``, through :func:`kernels._host.launch` with
+    :data:`GLUON_KEPT_LAUNCH`."""
+    if GLUON_KEPT_LAUNCH:
+        return launch(kernel, grid, args, num_warps=num_warps, **constexprs)
+    return kernel[grid](*args, num_warps=num_warps, **constexprs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -416,10 +457,11 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     kernel, extra = gluon_kernel(impl, GK)
     grid = (triton_cdiv(Nq, block_m), B * Hq)
-    kernel[grid](_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-                 out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
-                 softmax_scale * _LOG2E, wl, wr, doc, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
-                 STAGES=stages, num_warps=warps, **extra)
+    _gl_launch(kernel, grid,
+               (_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
+                out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
+                softmax_scale * _LOG2E, wl, wr, doc),
+               num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, **extra)
     return out, lse
 
 
@@ -547,9 +589,9 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
     dl = dlse.contiguous().float() if dlse is not None else delta
-    _bwd_preprocess[(triton_cdiv(Nq, 64), B * Hq)](out, do, dl, lse, delta, lse2, Hq, Nq, *out.stride(),
-                                                    *do.stride(), HAS_DLSE=dlse is not None, HEAD_D=D, BLOCK_D=D,
-                                                    BLOCK_M=64)
+    _gl_launch(_bwd_preprocess, (triton_cdiv(Nq, 64), B * Hq),
+               (out, do, dl, lse, delta, lse2, Hq, Nq, *out.stride(), *do.stride()),
+               HAS_DLSE=dlse is not None, HEAD_D=D, BLOCK_D=D, BLOCK_M=64)
     if grads_like_inputs:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     else:
@@ -575,13 +617,14 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
              _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv)
     strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
     sizes = (Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, lse_stride, softmax_scale * _LOG2E, softmax_scale)
-    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma, num_warps=warps)
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma)
     grid = (triton_cdiv(Nk, block_n), B * Hkv)
     if consumers == 1:  # dense / causal (checked above)
-        GK._gl_bwd_kernel[grid](*descs, *strides, *sizes, CAUSAL=win_right == 0, WRITE_DQ=write_dq, **tiles)
+        _gl_launch(GK._gl_bwd_kernel, grid, (*descs, *strides, *sizes), num_warps=warps, CAUSAL=win_right == 0,
+                   WRITE_DQ=write_dq, **tiles)
     else:  # dK / dV only (write_dq is False), any band mask
-        GK._gl_bwd_dkdv2_kernel[grid](*descs, doc, *strides, *sizes, wl, wr, **band_flags,
-                                      PINGPONG=bool(GLUON_BWD_PINGPONG), **tiles)
+        _gl_launch(GK._gl_bwd_dkdv2_kernel, grid, (*descs, doc, *strides, *sizes, wl, wr), num_warps=warps,
+                   **band_flags, PINGPONG=bool(GLUON_BWD_PINGPONG), **tiles)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     elif config.gluon_bwd_dq == "gluon":
@@ -613,11 +656,11 @@ def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q, k, v, do = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     out = dq if dq.stride(3) == 1 else _bnhd_empty(B, Hq, Nq, D, dq.dtype, dq.device)
-    GK._gl_bwd_dq_kernel[(triton_cdiv(Nq, block_m), B * Hq)](
-        _descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-        _descriptor(do, block_m, TD, gdt), lse2, delta, out, out.stride(0), out.stride(1), out.stride(2), Hq, Nq,
-        Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, doc, **flags, BLOCK_M=block_m,
-        BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    _gl_launch(GK._gl_bwd_dq_kernel, (triton_cdiv(Nq, block_m), B * Hq),
+               (_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
+                _descriptor(do, block_m, TD, gdt), lse2, delta, out, out.stride(0), out.stride(1), out.stride(2), Hq,
+                Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, doc),
+               num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages)
     if out is not dq:
         dq.copy_(out)
 
