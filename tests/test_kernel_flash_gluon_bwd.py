@@ -74,7 +74,7 @@ def test_bwd_impl_default_validation_and_key():
 
 def test_auto_bwd_rule(monkeypatch):
     """bwd_impl="auto" takes the Gluon backward (two consumers; Gluon dQ at D 128) only for dense / causal fp16 / bf16 calls of
-    D 64 / 128 with Dv == D and Hq == Hkv (GQA at GLUON_AUTO_BWD_GQA_HEAD_DIMS), the Triton backward's settings at their defaults, >= GLUON_BWD_AUTO_MIN_PAIRS visited
+    D 64 / 128 with Dv == D and Hq == Hkv (GQA where gqa_bwd_measured holds), the Triton backward's settings at their defaults, >= GLUON_BWD_AUTO_MIN_PAIRS visited
     pairs per head, on Hopper with Gluon importable and outside the interpreter; everything else is "triton", and an
     explicit bwd_impl is returned as is."""
     from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
@@ -85,14 +85,22 @@ def test_auto_bwd_rule(monkeypatch):
     assert G.choose_bwd_impl(auto, *big, -1, 0) == "gluon"  # causal 4k: 8.4M pairs per head
     assert G.choose_bwd_impl(auto, *_fake_qkv(Hkv=8, Nq=4096, Nk=4096), -1, 0) == "gluon"  # the stand-ins below
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048, D=64), -1, -1) == "gluon"
-    for D in (64, 128):  # GQA: the Gluon backward at the head dims of GLUON_AUTO_BWD_GQA_HEAD_DIMS only
-        want = "gluon" if D in G.GLUON_AUTO_BWD_GQA_HEAD_DIMS else "triton"
-        assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=D), -1, -1) == want, D
-        assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=1, Nq=4096, Nk=4096, D=D), -1, 0) == want, D
-        monkeypatch.setattr(G, "GLUON_AUTO_BWD_GQA_HEAD_DIMS", ())
-        assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=D), -1, -1) == "triton"
-        monkeypatch.undo()
-        _all_hold(monkeypatch)
+    # GQA: the Gluon backward only where it was measured (gqa_bwd_measured): D 128, dense / causal, group <= 4,
+    # >= 512 dK / dV programs; MQA, D 64, small grids and GQA band masks keep the Triton backward
+    gqa = _fake_qkv(B=4, Hq=16, Hkv=4, Nq=4096, Nk=4096)  # 4:1, 32 key tiles x 4 x 4 = 512 programs
+    assert G.choose_bwd_impl(auto, *gqa, -1, 0) == "gluon"
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048), -1, -1) == "gluon"
+    for why, args in (("D 64", _fake_qkv(B=64, Hq=16, Hkv=4, Nq=2048, Nk=2048, D=64)),
+                      ("MQA", _fake_qkv(B=4, Hq=16, Hkv=1, Nq=16384, Nk=16384)),  # group 16
+                      ("group 8", _fake_qkv(B=8, Hq=32, Hkv=4, Nq=4096, Nk=4096)),
+                      ("256 programs", _fake_qkv(B=2, Hq=16, Hkv=4, Nq=4096, Nk=4096))):
+        assert G.choose_bwd_impl(auto, *args, -1, 0) == "triton", why
+    for band in (dict(win_left=1023, win_right=0), dict(win_left=-1, win_right=0, documents=object())):
+        assert G.choose_bwd_impl(auto, *gqa, **band) == "triton", band
+    assert G.gqa_bwd_measured(4, 16, 4, 4096, 128, False) and not G.gqa_bwd_measured(4, 16, 4, 4096, 128, True)
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_GQA_HEAD_DIMS", ())
+    assert G.choose_bwd_impl(auto, *gqa, -1, 0) == "triton"
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_GQA_HEAD_DIMS", (128,))
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048), -1, 0) == "triton"  # 2.1M
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=1, Nk=1 << 22), -1, -1) == "gluon"  # decode-like
     bands = [dict(win_left=1023, win_right=0), dict(documents=object()), dict(win_right=5),
@@ -107,8 +115,7 @@ def test_auto_bwd_rule(monkeypatch):
         monkeypatch.setattr(G, "GLUON_AUTO_BWD_BANDS", True)
     # the pairs threshold counts a window's band (visited_pairs): 4096 rows x 1024 keys = 2^22 pairs per head
     assert G.choose_bwd_impl(auto, *big, 1023, 0) == "gluon" and G.choose_bwd_impl(auto, *big, 1022, 0) == "triton"
-    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=4, Nq=4096, Nk=4096), 1023, 0) == (  # GQA window
-        "gluon" if 128 in G.GLUON_AUTO_BWD_GQA_HEAD_DIMS else "triton")
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=4, Nq=4096, Nk=4096), 1023, 0) == "triton"  # GQA
     for bad in (_fake_qkv(Hkv=8, Nq=4096, Nk=4096, D=96), _fake_qkv(Hkv=8, Nq=4096, Nk=4096, Dv=64),
                 _fake_qkv(Hkv=8, Nq=4096, Nk=4096, dtype=torch.float32)):
         assert G.choose_bwd_impl(auto, *bad, -1, 0) == "triton"
@@ -1114,6 +1121,8 @@ def test_gpu_kept_gluon_launches_match(monkeypatch, mask):
         kw["window_size"] = (255, 0)
     cfg = FlashConfig(fwd_impl="gluon_ws3a", bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2)
     _host.clear_launches()
+    kept_calls, real_call = [], _host.CompiledLaunch.__call__
+    monkeypatch.setattr(_host.CompiledLaunch, "__call__", lambda self, *a: kept_calls.append(1) or real_call(self, *a))
     runs = {}
     for kept in (False, True):
         monkeypatch.setattr(G, "GLUON_KEPT_LAUNCH", kept)
@@ -1126,7 +1135,7 @@ def test_gpu_kept_gluon_launches_match(monkeypatch, mask):
             out, lse = flash_attn(*leaves, return_lse=True, config=cfg, **kw)
             out.backward(do)
             runs[kept, seed] = [out, lse] + [t.grad for t in leaves]
-    assert len(_host._FAST) >= 4  # forward, preprocess, dK / dV, dQ were kept
+    assert len(_host._FAST) == 4 and kept_calls == [1] * 8  # 4 kernels kept at seed 0, launched kept at seeds 1, 2
     for seed in range(3):
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[False, seed], runs[True, seed]):
             assert torch.equal(a, b), (mask, seed, name)

@@ -128,15 +128,15 @@ class FlashConfig:
             documents; no block-sparse layout or dilation), D in {64, 128}, fp16 /
             bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
             either way unless ``bwd_impl`` says otherwise.
-        bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`:
-            on Hopper, for dense / causal / sliding-window / document fp16 / bf16 problems of D 64 / 128 without
-            GQA (band masks while ``kernels.flash.gluon.GLUON_AUTO_BWD_BANDS``, untimed so far), with at least
-            ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head and the Triton backward's
-            settings at their defaults, the Gluon dK / dV kernel with two consumers and the Gluon dQ kernel at
-            D 128, the Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton",
-            gluon_bwd_consumers=2``: with the Triton dQ 1.01-1.05x the Triton backward at N 4k / 16k on the H200,
-            2026-12-04; the Gluon dQ 1.04-1.09x more at D 128, 2026-12-05; docs/kernels.md), else ``"triton"``;
-            never raises),
+        bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`: on
+            Hopper, for dense / causal / sliding-window / document fp16 / bf16 problems of D 64 / 128 without GQA, or
+            with GQA where ``kernels.flash.gluon.gqa_bwd_measured`` holds (D 128, dense / causal, groups <= 4, >= 512
+            dK / dV programs) (band masks while ``kernels.flash.gluon.GLUON_AUTO_BWD_BANDS``), with at least
+            ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head and the Triton backward's settings
+            at their defaults, the Gluon dK / dV kernel with two consumers and the Gluon dQ kernel at D 128, the
+            Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton", gluon_bwd_consumers=2``: with the
+            Triton dQ 1.01-1.05x the Triton backward at N 4k / 16k on the H200, 2026-12-04; the Gluon dQ 1.04-1.09x
+            more at D 128, 2026-12-05; docs/kernels.md), else ``"triton"``; never raises),
             ``"triton"`` (bwd.py, every mask, ``dq_mode`` / ``dkdv_split`` apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
             says; dense or causal masks (with ``gluon_bwd_consumers=2`` also sliding windows and ``doc_ids``; never

@@ -256,7 +256,23 @@ head and key tile loops over the group's query heads) under the same rules as MH
 backward. H100 80GB (no H200 was lent), 2026-12-05 (``results/h100/2026-12-05b/c1/gqa_bwd_d128.csv``, ``python -m
 eval.bench_flash --variants gqa4 --D 128 --impls ours,ours_gluon_dq,sdpa_cudnn --rounds 3``, GQA 4:1, causal, bf16,
 16k tokens per call, forward+backward): the Gluon backward (two consumers, Gluon dQ) 405.6 against the Triton
-backward's 388.6 TFLOP/s at N 4k (1.04x), 506.4 against 468.5 at 16k (1.08x); D 64 not measured."""
+backward's 388.6 TFLOP/s at N 4k (1.04x), 506.4 against 468.5 at 16k (1.08x; the backward alone 1.11x / 1.03x);
+512 dK / dV programs in both. D 64, larger groups (MQA), smaller grids and band masks were not measured."""
+GLUON_AUTO_BWD_GQA_MAX_GROUP = 4
+"""The largest ``Hq / Hkv`` the Gluon backward takes GQA at under ``"auto"`` (the measured 4:1): its dK / dV program
+loops over the whole group, where the Triton backward splits a group over programs (``dkdv_split``)."""
+GLUON_AUTO_BWD_GQA_MIN_PROGRAMS = 512
+"""The fewest dK / dV programs (``cdiv(Nk, 128) * B * Hkv``) at which ``"auto"`` takes the Gluon backward for GQA:
+both measured cases had 512 (132 SMs on an H100 / H200)."""
+
+
+def gqa_bwd_measured(B: int, Hq: int, Hkv: int, Nk: int, D: int, band: bool) -> bool:
+    """Whether a GQA call (``Hq != Hkv``) is the case the Gluon backward was measured faster on, so that ``"auto"``
+    takes it: ``D`` in :data:`GLUON_AUTO_BWD_GQA_HEAD_DIMS`, a dense or causal mask (not ``band``: windows and
+    documents with GQA are untimed), a group ``Hq / Hkv`` of at most :data:`GLUON_AUTO_BWD_GQA_MAX_GROUP` and at
+    least :data:`GLUON_AUTO_BWD_GQA_MIN_PROGRAMS` dK / dV programs."""
+    return (D in GLUON_AUTO_BWD_GQA_HEAD_DIMS and not band and Hq // Hkv <= GLUON_AUTO_BWD_GQA_MAX_GROUP
+            and -(-Nk // 128) * B * Hkv >= GLUON_AUTO_BWD_GQA_MIN_PROGRAMS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -269,21 +285,21 @@ def auto_gluon_bwd_config(config: FlashConfig, D: int) -> FlashConfig:
 GLUON_AUTO_BWD_BANDS = True
 """Whether ``bwd_impl="auto"`` takes the Gluon backward (two consumers) for band masks too: sliding windows (either
 edge) and packed documents, with the same pairs threshold (:func:`~kernels.flash.visited_pairs`, which counts a
-window's band; documents are not counted) and ``Hq == Hkv`` rule as dense / causal; never a block-sparse layout or
-dilation. ``False`` keeps the Triton backward for every band mask. H200, 2026-12-05 (``results/h200/2026-12-05b/a1/
-gluon_band_bwd.csv``, ``python -m lab.gluon_band_bwd_bench``, backward alone, bf16, 16k tokens per call): what
-``"auto"`` runs against the Triton backward, D 128 (Gluon dQ): window 1024 at 4k 1.08x, at 16k 1.05x; documents of
-1024 / 4096 at 16k 1.15x / 1.14x; D 64 (Triton dQ): 0.995-1.01x."""
+window's band; documents are not counted) as dense / causal, MHA only (:func:`gqa_bwd_measured`); never a block-sparse
+layout or dilation. ``False`` keeps the Triton backward for every band mask. H200, 2026-12-05
+(``results/h200/2026-12-05b/a1/gluon_band_bwd.csv``, ``python -m lab.gluon_band_bwd_bench``, backward alone, bf16,
+16k tokens per call): what ``"auto"`` runs against the Triton backward, D 128 (Gluon dQ): window 1024 at 4k 1.08x, at
+16k 1.05x; documents of 1024 / 4096 at 16k 1.15x / 1.14x; D 64 (Triton dQ): 0.995-1.01x."""
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
                       win_right: int, layout, dilation: int, documents) -> bool:
     """The device-independent part of :func:`choose_bwd_impl`: the mask (dense, causal and, while
     :data:`GLUON_AUTO_BWD_BANDS`, sliding windows and documents; never a block-sparse layout or dilation), ``D`` in
-    :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` unless ``D`` is in
-    :data:`GLUON_AUTO_BWD_GQA_HEAD_DIMS`, one fp16 / bf16 dtype, the Triton backward's settings at their
-    defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and
-    at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per (batch, head)."""
+    :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` or GQA where :func:`gqa_bwd_measured` holds, one fp16
+    / bf16 dtype, the Triton backward's settings at their defaults (``dq_mode="separate"``, ``dkdv_split=None``, no
+    forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per
+    (batch, head)."""
     if layout is not None or dilation != 1:
         return False
     if not GLUON_AUTO_BWD_BANDS and _beyond_causal(win_left, win_right, documents):
@@ -291,8 +307,9 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     D = q.shape[3]
     if D not in GLUON_BWD_HEAD_DIMS or v.shape[3] != D:
         return False
-    if q.shape[1] != k.shape[1] and D not in GLUON_AUTO_BWD_GQA_HEAD_DIMS:
-        return False  # GQA / MQA at this D: the Triton backward (measured faster, or not measured)
+    if q.shape[1] != k.shape[1] and not gqa_bwd_measured(q.shape[0], q.shape[1], k.shape[1], k.shape[2], D,
+                                                          _beyond_causal(win_left, win_right, documents)):
+        return False  # GQA / MQA outside the measured case: the Triton backward
     if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
         return False
     if (config.dq_mode != "separate" or config.dkdv_split is not None or config.dq is not None
@@ -386,7 +403,7 @@ GLUON_KEPT_LAUNCH = False
 """Whether the Gluon forward / backward / dQ kernels (and the backward's Triton preprocess) launch through
 :func:`kernels._host.launch`, which keeps each compiled kernel and calls its launcher directly on a repeated call
 (the key covers every argument Triton specialises on, a TMA descriptor's shape, strides, block and layout included),
-with the descriptors' shared layouts built once. Off by default: **not yet run on a GPU**. Why it exists
+with the Q / K / V / dO tiles' shared layouts built once. Off by default: **not yet run on a GPU**. Why it exists
 (H100 80GB, 2026-12-05, ``results/h100/2026-12-05b/c1/where_masks.md``, ``python -m lab.where_time``): a causal
 window of 1024 at 16k tokens, D 128, forward+backward, runs 1.282 ms of Gluon kernels (1.404 ms for the Triton ones)
 but takes 1.696 ms of wall time (GPU busy 76 %; Triton 1.369 ms, busy 102 %): the Gluon path's host time --
