@@ -323,14 +323,11 @@ def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
     return f
 
 
-def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False,
-               rounds=1):
-    """Time every impl of ``impls`` on one case (variant ``name``, ``N``, ``D``, ``docs``), append a row each to
-    ``rows`` and return impl -> row. Each impl is compiled, checked and timed once in turn (fwd, bwd, fwd+bwd, peak
-    memory); with ``rounds > 1`` the forward and the forward+backward of every impl that ran are timed ``rounds - 1``
-    more times in rotating order (:func:`eval.bench_common.interleaved_rounds`), and the row reports the median of its
-    ``rounds`` timings with their spread (``fwd_spread``, ``fwd_bwd_spread``: (max - min) / median), so a drift of
-    the shared GPU is not charged to one impl."""
+def case_setup(name: str, N: int, D: int, tokens: int, docs=None):
+    """One case's ``(B, Hq, Hkv, spec, visited_fraction, doc_ids)``: ``B = tokens // N`` rows (at least 1), the
+    variant's heads (:func:`heads`) and spec, the kept fraction of ``N^2`` (with ``docs``, a ``--docs`` entry: the
+    packed rows' ``doc_ids`` on ``DEVICE`` and the smaller of the mask's and the documents' fractions; else
+    ``doc_ids`` is ``None``)."""
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D)
     spec = AttentionSpec(**VARIANTS[name])
@@ -339,6 +336,19 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
     if docs is not None:
         doc_ids = packed_doc_ids(B, N, docs, device=DEVICE)
         frac = min(frac, document_fraction(doc_ids, spec.causal))  # (a window inside documents: the smaller bound)
+    return B, Hq, Hkv, spec, frac, doc_ids
+
+
+def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False,
+               rounds=1):
+    """Time every impl of ``impls`` on one case (variant ``name``, ``N``, ``D``, ``docs``), append a row each to
+    ``rows`` and return impl -> row. Each impl is compiled, checked and timed once in turn (fwd, bwd, fwd+bwd, peak
+    memory); with ``rounds > 1`` the forward and the forward+backward of every impl that ran are timed ``rounds - 1``
+    more times in rotating order (:func:`eval.bench_common.interleaved_rounds`), and the row reports the median of its
+    ``rounds`` timings with their spread (``fwd_spread``, ``fwd_bwd_spread``: (max - min) / median), so a drift of
+    the shared GPU is not charged to one impl."""
+    B, Hq, Hkv, spec, frac, doc_ids = case_setup(name, N, D, tokens, docs)
+    if docs is not None:
         n_docs = int((doc_ids[:, 1:] != doc_ids[:, :-1]).sum()) + B
     g = torch.Generator(device=DEVICE).manual_seed(N + D)
     q = torch.randn(B, Hq, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)

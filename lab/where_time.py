@@ -31,9 +31,7 @@ from collections import defaultdict
 import torch
 
 from eval.bench_common import env_info, flash_flops, tflops, time_cuda, write_csv, write_json
-from eval.bench_flash import (NATIVE, OURS, VARIANTS, document_fraction, fa4_varlen_native, heads, make_impl,
-                              ours_fwd_impl, packed_doc_ids, visited_fraction)
-from attn_zoo import AttentionSpec
+from eval.bench_flash import NATIVE, OURS, VARIANTS, case_setup, fa4_varlen_native, make_impl, ours_fwd_impl
 
 
 def parse_cases(text: str):
@@ -63,14 +61,7 @@ def kernel_table(events, iters: int):
 
 
 def profile_case(name, N, D, impls, tokens, iters, docs=None):
-    B = max(tokens // N, 1)
-    Hq, Hkv = heads(name, D)
-    spec = AttentionSpec(**VARIANTS[name])
-    frac = visited_fraction(name, N)
-    doc_ids = None
-    if docs is not None:
-        doc_ids = packed_doc_ids(B, N, docs)
-        frac = min(frac, document_fraction(doc_ids, spec.causal))
+    B, Hq, Hkv, spec, frac, doc_ids = case_setup(name, N, D, tokens, docs)
     g = torch.Generator(device="cuda").manual_seed(N + D)
     mk = lambda h: torch.randn(B, h, N, D, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
     q, k, v = mk(Hq).requires_grad_(True), mk(Hkv).requires_grad_(True), mk(Hkv).requires_grad_(True)
