@@ -252,8 +252,8 @@ one process, 2026-12-05: ``results/h200/2026-12-05/b/gdq_sweep.csv``)."""
 
 GLUON_AUTO_BWD_GQA_HEAD_DIMS = (128,)
 """Head dims where ``bwd_impl="auto"`` takes the Gluon backward for GQA / MQA (``Hq != Hkv``; one program per K/V
-head and key tile loops over the group's query heads) under the same rules as MHA; elsewhere GQA keeps the Triton
-backward. H100 80GB (no H200 was lent), 2026-12-05 (``results/h100/2026-12-05b/c1/gqa_bwd_d128.csv``, ``python -m
+head and key tile loops over the group's query heads) where :func:`gqa_bwd_measured` holds; elsewhere GQA keeps the
+Triton backward. H100 80GB (no H200 was lent), 2026-12-05 (``results/h100/2026-12-05b/c1/gqa_bwd_d128.csv``, ``python -m
 eval.bench_flash --variants gqa4 --D 128 --impls ours,ours_gluon_dq,sdpa_cudnn --rounds 3``, GQA 4:1, causal, bf16,
 16k tokens per call, forward+backward): the Gluon backward (two consumers, Gluon dQ) 405.6 against the Triton
 backward's 388.6 TFLOP/s at N 4k (1.04x), 506.4 against 468.5 at 16k (1.08x; the backward alone 1.11x / 1.03x);
@@ -413,11 +413,13 @@ Triton's launcher binding ~25 arguments per launch and 11 descriptors with their
 default once it has passed and ``lab.where_time`` shows the window's wall time at its kernel time."""
 
 
-def _gl_launch(kernel, grid, args, num_warps: int = 4, **constexprs):
-    """``kernel[grid](*args, num_warps=num_warps, **constexprs)``, through :func:`kernels._host.launch` with
-    :data:`GLUON_KEPT_LAUNCH`."""
+def _gl_launch(kernel, grid, args, num_warps: Optional[int] = None, **constexprs):
+    """``kernel[grid](*args, num_warps=num_warps, **constexprs)`` (``None``: Triton's default, 4), through
+    :func:`kernels._host.launch` with :data:`GLUON_KEPT_LAUNCH`."""
     if GLUON_KEPT_LAUNCH:
-        return launch(kernel, grid, args, num_warps=num_warps, **constexprs)
+        return launch(kernel, grid, args, num_warps=4 if num_warps is None else num_warps, **constexprs)
+    if num_warps is None:
+        return kernel[grid](*args, **constexprs)
     return kernel[grid](*args, num_warps=num_warps, **constexprs)
 
 
