@@ -17,8 +17,9 @@ backward kernels) says which phase the gap is in; ``busy`` says whether it is on
     python -m lab.where_time --out DIR --cases causal:4096:128,gqa4:16384:128 --impls ours,sdpa_cudnn,fa4
     python -m lab.where_time --out DIR --cases causal:16384:128 --docs wikitext:real --impls ours,fa4_varlen
 
-Writes DIR/where_time.csv (one row per impl, case and kernel) and DIR/where_time.md (the summary per impl and
-case, then the kernels). Raises ``ValueError`` for a malformed ``--cases`` entry or an unknown variant.
+Writes DIR/TAG.csv (one row per impl, case and kernel), DIR/TAG_summary.csv / .json (one row per impl and case)
+and DIR/TAG.md (the summary, then the kernels); TAG is ``--tag`` (default ``where_time``). Raises ``ValueError`` for a
+malformed ``--cases`` entry (an unknown variant, N or D not a positive integer) or ``--iters`` < 1.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def parse_cases(text: str):
     out = []
     for entry in text.split(","):
         parts = entry.split(":")
-        if len(parts) != 3 or parts[0] not in VARIANTS or not parts[1].isdigit() or not parts[2].isdigit():
+        if (len(parts) != 3 or parts[0] not in VARIANTS or not parts[1].isdigit() or not parts[2].isdigit()
+                or int(parts[1]) < 1 or int(parts[2]) < 1):
             raise ValueError(f"--cases entry {entry!r}: expected VARIANT:N:D with VARIANT one of "
                              f"{', '.join(VARIANTS)} and N, D positive integers")
         out.append((parts[0], int(parts[1]), int(parts[2])))

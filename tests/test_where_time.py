@@ -15,7 +15,7 @@ def _ev(name, us, cuda=True):
 
 def test_parse_cases_and_its_errors():
     assert W.parse_cases("causal:4096:128,gqa4:16384:64") == [("causal", 4096, 128), ("gqa4", 16384, 64)]
-    for bad in ("causal:4096", "nosuch:4096:128", "causal:4k:128", "causal:4096:128:1"):
+    for bad in ("causal:4096", "nosuch:4096:128", "causal:4k:128", "causal:4096:128:1", "causal:0:128"):
         with pytest.raises(ValueError, match="VARIANT:N:D") as e:
             W.parse_cases(bad)
         assert repr(bad) in str(e.value) and "causal" in str(e.value)  # names the entry and the allowed variants
