@@ -19,6 +19,7 @@ than ``gluon_ws3a`` in every measured case (docs/results.md, docs/kernels.md).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -399,7 +400,18 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
     return TD(t, list(t.shape), strides, block, layout)
 
 
-GLUON_KEPT_LAUNCH = False
+def _env_flag(name: str, default: bool) -> bool:
+    """The boolean environment variable ``name``: ``"1"`` or ``"0"``, ``default`` when unset. Raises ``ValueError``
+    naming the variable and the allowed values for anything else."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: allowed values are '0' and '1'")
+    return value == "1"
+
+
+GLUON_KEPT_LAUNCH = _env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", False)
 """Whether the Gluon forward / backward / dQ kernels (and the backward's Triton preprocess) launch through
 :func:`kernels._host.launch`, which keeps each compiled kernel and calls its launcher directly on a repeated call
 (the key covers every argument Triton specialises on, a TMA descriptor's shape, strides, block and layout included),
@@ -410,7 +422,9 @@ but takes 1.696 ms of wall time (GPU busy 76 %; Triton 1.369 ms, busy 102 %): th
 Triton's launcher binding ~25 arguments per launch and 11 descriptors with their layouts -- exceeds its GPU time
 (cProfile: the launcher ~0.5 ms and the descriptors ~0.5 ms of ~2 ms per step under the profiler). A GPU test
 (``tests/test_kernel_flash_gluon_bwd.py::test_gpu_kept_gluon_launches_match``) compares both paths; turn it on by
-default once it has passed and ``lab.where_time`` shows the window's wall time at its kernel time."""
+default once it has passed and ``lab.where_time`` shows the window's wall time at its kernel time. The environment
+variable ``ATTN_ZOO_GLUON_KEPT_LAUNCH`` (``0`` / ``1``, read at import) sets it for a whole process, a benchmark
+or the GPU suite."""
 
 
 def _gl_launch(kernel, grid, args, num_warps: Optional[int] = None, **constexprs):
