@@ -411,20 +411,19 @@ def _env_flag(name: str, default: bool) -> bool:
     return value == "1"
 
 
-GLUON_KEPT_LAUNCH = _env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", False)
+GLUON_KEPT_LAUNCH = _env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", True)
 """Whether the Gluon forward / backward / dQ kernels (and the backward's Triton preprocess) launch through
 :func:`kernels._host.launch`, which keeps each compiled kernel and calls its launcher directly on a repeated call
 (the key covers every argument Triton specialises on, a TMA descriptor's shape, strides, block and layout included),
-with the Q / K / V / dO tiles' shared layouts built once. Off by default: **not yet run on a GPU**. Why it exists
-(H100 80GB, 2026-12-05, ``results/h100/2026-12-05b/c1/where_masks.md``, ``python -m lab.where_time``): a causal
-window of 1024 at 16k tokens, D 128, forward+backward, runs 1.282 ms of Gluon kernels (1.404 ms for the Triton ones)
-but takes 1.696 ms of wall time (GPU busy 76 %; Triton 1.369 ms, busy 102 %): the Gluon path's host time --
-Triton's launcher binding ~25 arguments per launch and 11 descriptors with their layouts -- exceeds its GPU time
-(cProfile: the launcher ~0.5 ms and the descriptors ~0.5 ms of ~2 ms per step under the profiler). A GPU test
-(``tests/test_kernel_flash_gluon_bwd.py::test_gpu_kept_gluon_launches_match``) compares both paths; turn it on by
-default once it has passed and ``lab.where_time`` shows the window's wall time at its kernel time. The environment
-variable ``ATTN_ZOO_GLUON_KEPT_LAUNCH`` (``0`` / ``1``, read at import) sets it for a whole process, a benchmark
-or the GPU suite."""
+with the Q / K / V / dO tiles' shared layouts built once. **On** by default since 2026-12-05 (sixteenth session,
+H100 80GB, ``results/h100/2026-12-05c/``): through Triton's own launcher every call, a causal window of 1024 at 16k
+tokens, D 128, forward+backward, took 1.596 ms of wall time for 1.288 ms of kernels (GPU busy 81 %, ``python -m lab.where_time``); kept, in
+another call on the same machine, 1.292 ms
+for 1.290 ms (busy 100 %), ahead of the Triton-only path (1.355 ms); ``eval.bench_flash`` forward+backward 271.1 ->
+339.7 TFLOP/s (1.25x) in the same call. GPU test: ``tests/test_kernel_flash_gluon_bwd.py::
+test_gpu_kept_gluon_launches_match`` (outputs, lse and every gradient bit for bit against Triton's launch path,
+causal / window / GQA with documents). The environment variable ``ATTN_ZOO_GLUON_KEPT_LAUNCH`` (``0`` / ``1``, read
+at import) sets it for a whole process, e.g. ``0`` to time Triton's own launch path."""
 
 
 def _gl_launch(kernel, grid, args, num_warps: Optional[int] = None, **constexprs):
