@@ -4,6 +4,8 @@
 #   .fa4/K/  the K-th part of FlashAttention-4 (PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4): calls back to
 #            back on a warm machine each carry one part; PART names the part carried in this call. The part is
 #            copied to /tmp/fa4 (kept while the machine stays warm); once every part is there, FA4 is installed.
+#   .data/wikitext-2/valid.txt  a copy of ../shared/data/wikitext-2/valid.txt (../shared does not travel): exported as
+#            ATTN_ZOO_WIKITEXT for `eval.bench_flash --docs wikitext:...` unless that is set already.
 # Exports PYTHONPATH (/tmp/site, the FA4 DSL packages, the repo), WANDB_MODE=disabled, PYTHONUNBUFFERED=1,
 # TRITON_CACHE_AUTOTUNING=1.
 # Prints one line saying what is installed; never exits the calling shell.
@@ -12,6 +14,9 @@ export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 # autotuning results on disk (the Triton cache): a later process on the same warm machine reuses them. fla's first
 # call on each new shape autotunes for 50-150 s (2026-12-04); a restarted sweep or a second bench need not pay again
 export TRITON_CACHE_AUTOTUNING=1
+if [ -z "${ATTN_ZOO_WIKITEXT:-}" ] && [ -f .data/wikitext-2/valid.txt ]; then
+  export ATTN_ZOO_WIKITEXT=$PWD/.data/wikitext-2/valid.txt
+fi
 if [ -d .whl ] && ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "gpu_env: installing .whl failed"

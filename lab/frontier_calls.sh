@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU calls that close issues 30 and 27 (lab: not installed), one device call each, back to back on one warm
+# machine (it keeps /tmp while warm; idle release is 30 s, so start the next call as soon as one returns):
+#
+#   bash lab/frontier_calls.sh K        K = 1, 2, 3, 4; call K carries .whl, .br (if used), .data and .fa4/K (K <= 3)
+#
+# Before the first call, here (no device time):
+#   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4   # 3 FA4 parts
+#   mkdir -p .data/wikitext-2 && cp ../shared/data/wikitext-2/valid.txt .data/wikitext-2/          # --docs wikitext
+#   printf '/.whl/\n/.fa4/\n/.data/\n' >> .git/info/exclude   # ignored: they travel only through `carry`
+# (../shared does not travel to the machine; an ignored folder named in `carry` does, and counts towards the 64 MiB a
+# call may send. The tracked tree plus .whl plus one 34 MB part fits; a 50 MB part did not, 2026-12-05.)
+#
+#   1: pytest -m gpu and the README's train.py trainer=gpu at the checked-out code
+#   2: the linear family against fla (fla autotunes each new shape for 50-150 s: its own call)
+#   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
+#   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
+#      where the time goes against FA4 (lab.where_time)
+# Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
+set -u
+call=${1:?usage: bash lab/frontier_calls.sh 1|2|3|4}
+case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
+export FA4_PARTS=${FA4_PARTS:-3}
+# shellcheck disable=SC1091
+. lab/gpu_env.sh "$([ "$call" -le 3 ] && echo "$call")"
+W=/tmp/w/$call; mkdir -p "$W"
+b() { echo "== $1 rc=$2 ($(date +%T))"; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  echo "ATTN_ZOO_GLUON_KEPT_LAUNCH=${ATTN_ZOO_GLUON_KEPT_LAUNCH:-unset} ATTN_ZOO_WIKITEXT=${ATTN_ZOO_WIKITEXT:-unset}"; } \
+  | tee "$W/env.txt"
+case $call in
+  1)
+    timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu > "$W/train_gpu.log" 2>&1
+    b train_gpu $?; grep -E "learned|val/acc by" "$W/train_gpu.log" | tail -2
+    timeout -k 5 "${PYTEST_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider -n "${PYTEST_N:-14}" \
+      > "$W/pytest_gpu.txt" 2>&1; b pytest_gpu $?
+    tail -n 3 "$W/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gpu.txt" | head -20 ;;
+  2)
+    BUDGET_S=${LINEAR_BUDGET_S:-460} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-460} + 15 )) \
+      bash lab/h200_anchors.sh "$W/anchors_linear" > "$W/anchors_linear.log" 2>&1; b anchors_linear $?
+    tail -n 6 "$W/anchors_linear.log" ;;
+  3)
+    BUDGET_S=${SOFTMAX_BUDGET_S:-480} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-480} + 15 )) \
+      bash lab/h200_anchors.sh "$W/anchors_softmax" > "$W/anchors_softmax.log" 2>&1; b anchors_softmax $?
+    tail -n 6 "$W/anchors_softmax.log" ;;
+  4)
+    timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
+      --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
+    grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
+    timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag docs --variants causal,win1024 --N 16384 --D 128 \
+      --tokens 65536 --docs fixed:2048,wikitext:real,geometric:1024 --impls ours,fa4_varlen,flex_fa4 --rounds 3 --check \
+      --time-budget-s 135 > "$W/docs.log" 2>&1; b docs $?
+    grep -E "^ *(causal|win1024) " "$W/docs.log" | cut -c1-170
+    timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag where_fa4 --cases causal:16384:128,win1024:16384:128 \
+      --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1; b where_fa4 $?
+    grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160 ;;
+esac
+tar czf "$OUT/$call.tgz" -C "$W" .
