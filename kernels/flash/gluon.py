@@ -402,7 +402,8 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
 
 def _env_flag(name: str, default: bool) -> bool:
     """The boolean environment variable ``name``: ``"1"`` or ``"0"``, ``default`` when unset. Raises ``ValueError``
-    naming the variable and the allowed values for anything else."""
+    naming the variable and the allowed values for anything else (an empty value and ``" 1"`` included); read at
+    import, so a bad value stops ``import kernels``."""
     value = os.environ.get(name)
     if value is None:
         return default
