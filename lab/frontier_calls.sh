@@ -27,7 +27,8 @@ W=/tmp/w/$call; mkdir -p "$W"
 b() { echo "== $1 rc=$2 ($(date +%T))"; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  echo "ATTN_ZOO_GLUON_KEPT_LAUNCH=${ATTN_ZOO_GLUON_KEPT_LAUNCH:-unset} ATTN_ZOO_WIKITEXT=${ATTN_ZOO_WIKITEXT:-unset}"; } \
+  python3 -c "import kernels.flash.gluon as g; print('GLUON_KEPT_LAUNCH', g.GLUON_KEPT_LAUNCH)"
+  echo "ATTN_ZOO_WIKITEXT=${ATTN_ZOO_WIKITEXT:-unset}"; } \
   | tee "$W/env.txt"
 case $call in
   1)

@@ -1141,15 +1141,3 @@ def test_gpu_kept_gluon_launches_match(monkeypatch, mask):
             assert torch.equal(a, b), (mask, seed, name)
     _host.clear_launches()
 
-
-def test_the_kept_launch_environment_flag_names_its_allowed_values(monkeypatch):
-    """ATTN_ZOO_GLUON_KEPT_LAUNCH: unset gives the default, '0' / '1' give off / on, anything else is refused
-    naming the variable and the values allowed."""
-    monkeypatch.delenv("ATTN_ZOO_GLUON_KEPT_LAUNCH", raising=False)
-    assert G._env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", True) is True
-    for value, expected in (("0", False), ("1", True)):
-        monkeypatch.setenv("ATTN_ZOO_GLUON_KEPT_LAUNCH", value)
-        assert G._env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", not expected) is expected
-    monkeypatch.setenv("ATTN_ZOO_GLUON_KEPT_LAUNCH", "yes")
-    with pytest.raises(ValueError, match=r"ATTN_ZOO_GLUON_KEPT_LAUNCH='yes'.*'0' and '1'"):
-        G._env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", False)

@@ -19,7 +19,6 @@ than ``gluon_ws3a`` in every measured case (docs/results.md, docs/kernels.md).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -400,19 +399,7 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
     return TD(t, list(t.shape), strides, block, layout)
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    """The boolean environment variable ``name``: ``"1"`` or ``"0"``, ``default`` when unset. Raises ``ValueError``
-    naming the variable and the allowed values for anything else (an empty value and ``" 1"`` included); read at
-    import, so a bad value stops ``import kernels``."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: allowed values are '0' and '1'")
-    return value == "1"
-
-
-GLUON_KEPT_LAUNCH = _env_flag("ATTN_ZOO_GLUON_KEPT_LAUNCH", True)
+GLUON_KEPT_LAUNCH = True
 """Whether the Gluon forward / backward / dQ kernels (and the backward's Triton preprocess) launch through
 :func:`kernels._host.launch`, which keeps each compiled kernel and calls its launcher directly on a repeated call
 (the key covers every argument Triton specialises on, a TMA descriptor's shape, strides, block and layout included),
@@ -423,8 +410,9 @@ another call on the same machine, 1.292 ms
 for 1.290 ms (busy 100 %), ahead of the Triton-only path (1.355 ms); ``eval.bench_flash`` forward+backward 271.1 ->
 339.7 TFLOP/s (1.25x) in the same call. GPU test: ``tests/test_kernel_flash_gluon_bwd.py::
 test_gpu_kept_gluon_launches_match`` (outputs, lse and every gradient bit for bit against Triton's launch path,
-causal / window / GQA with documents). The environment variable ``ATTN_ZOO_GLUON_KEPT_LAUNCH`` (``0`` / ``1``, read
-at import) sets it for a whole process, e.g. ``0`` to time Triton's own launch path."""
+causal / window / GQA with documents). Like every switch of ``kernels/``, it is no environment variable
+(``tests/test_kernel_config.py``): set ``kernels.flash.gluon.GLUON_KEPT_LAUNCH = False`` to time Triton's own launch
+path."""
 
 
 def _gl_launch(kernel, grid, args, num_warps: Optional[int] = None, **constexprs):
