@@ -1140,4 +1140,3 @@ def test_gpu_kept_gluon_launches_match(monkeypatch, mask):
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[False, seed], runs[True, seed]):
             assert torch.equal(a, b), (mask, seed, name)
     _host.clear_launches()
-

@@ -404,15 +404,14 @@ GLUON_KEPT_LAUNCH = True
 :func:`kernels._host.launch`, which keeps each compiled kernel and calls its launcher directly on a repeated call
 (the key covers every argument Triton specialises on, a TMA descriptor's shape, strides, block and layout included),
 with the Q / K / V / dO tiles' shared layouts built once. **On** by default since 2026-12-05 (sixteenth session,
-H100 80GB, ``results/h100/2026-12-05c/``): through Triton's own launcher every call, a causal window of 1024 at 16k
-tokens, D 128, forward+backward, took 1.596 ms of wall time for 1.288 ms of kernels (GPU busy 81 %, ``python -m lab.where_time``); kept, in
-another call on the same machine, 1.292 ms
-for 1.290 ms (busy 100 %), ahead of the Triton-only path (1.355 ms); ``eval.bench_flash`` forward+backward 271.1 ->
-339.7 TFLOP/s (1.25x) in the same call. GPU test: ``tests/test_kernel_flash_gluon_bwd.py::
-test_gpu_kept_gluon_launches_match`` (outputs, lse and every gradient bit for bit against Triton's launch path,
-causal / window / GQA with documents). Like every switch of ``kernels/``, it is no environment variable
-(``tests/test_kernel_config.py``): set ``kernels.flash.gluon.GLUON_KEPT_LAUNCH = False`` to time Triton's own launch
-path."""
+H100 80GB, ``results/h100/2026-12-05c/``, ``python -m lab.where_time``): through Triton's own launcher every call, a
+causal window of 1024 at 16k tokens, D 128, forward+backward, took 1.596 ms of wall time for 1.288 ms of kernels
+(GPU busy 81 %); kept, in another call on the same machine, 1.292 ms for 1.290 ms (busy 100 %), ahead of the
+Triton-only path (1.355 ms, same call). ``eval.bench_flash`` in one call: 271.1 -> 339.7 TFLOP/s (1.25x). GPU test:
+``tests/test_kernel_flash_gluon_bwd.py::test_gpu_kept_gluon_launches_match`` (outputs, lse and every gradient bit
+for bit against Triton's launch path, causal / window / GQA with documents). Like every switch of ``kernels/``, it
+is no environment variable (``tests/test_kernel_config.py``): set ``kernels.flash.gluon.GLUON_KEPT_LAUNCH = False``
+to time Triton's own launch path."""
 
 
 def _gl_launch(kernel, grid, args, num_warps: Optional[int] = None, **constexprs):
