@@ -2,7 +2,7 @@
 # The GPU calls that close issues 30 and 27 (lab: not installed), one device call each, back to back on one warm
 # machine (it keeps /tmp while warm; idle release is 30 s, so start the next call as soon as one returns):
 #
-#   bash lab/frontier_calls.sh K        K = 1, 2, 3, 4; call K carries .whl, .br (if used), .data and .fa4/K (K <= 3)
+#   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4/1 in call 1, .fa4/K in calls 2, 3, .data in 4
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4   # 3 FA4 parts
@@ -17,6 +17,11 @@
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
+#
+# Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
+# 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. What travels: call 1 with
+# .whl + .fa4/1 fits, with .data as well it did not (the tracked tree is ~25 MB, most of it results/): carry .data in
+# call 4 alone, the only one that reads it. Calls 2-4 need not carry .whl (installed in call 1, kept in /tmp).
 set -u
 call=${1:?usage: bash lab/frontier_calls.sh 1|2|3|4}
 case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
@@ -38,6 +43,8 @@ case $call in
       > "$W/pytest_gpu.txt" 2>&1; b pytest_gpu $?
     tail -n 3 "$W/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gpu.txt" | head -20 ;;
   2)
+    # the Taylor rows first: in the seventeenth session fla's elu+1 autotuning took the whole budget before them
+    LINEAR_VARIANTS=${LINEAR_VARIANTS:-linear_taylor,linear} \
     BUDGET_S=${LINEAR_BUDGET_S:-460} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-460} + 15 )) \
       bash lab/h200_anchors.sh "$W/anchors_linear" > "$W/anchors_linear.log" 2>&1; b anchors_linear $?
     tail -n 6 "$W/anchors_linear.log" ;;
@@ -46,15 +53,17 @@ case $call in
       bash lab/h200_anchors.sh "$W/anchors_softmax" > "$W/anchors_softmax.log" 2>&1; b anchors_softmax $?
     tail -n 6 "$W/anchors_softmax.log" ;;
   4)
+    # masks, then the profile, then the documents: the documents step compiles FA4 varlen for three distributions
+    # (cut at 150 s in the seventeenth session, before its first row), so it runs last with the longest limit
     timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
       --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
     grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
-    timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag docs --variants causal,win1024 --N 16384 --D 128 \
-      --tokens 65536 --docs fixed:2048,wikitext:real,geometric:1024 --impls ours,fa4_varlen,flex_fa4 --rounds 3 --check \
-      --time-budget-s 135 > "$W/docs.log" 2>&1; b docs $?
-    grep -E "^ *(causal|win1024) " "$W/docs.log" | cut -c1-170
     timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag where_fa4 --cases causal:16384:128,win1024:16384:128 \
       --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1; b where_fa4 $?
-    grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160 ;;
+    grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160
+    timeout -k 5 "${DOCS_S:-240}" python3 -m eval.bench_flash --out "$W" --tag docs --variants causal,win1024 --N 16384 \
+      --D 128 --tokens 65536 --docs fixed:2048,wikitext:real,geometric:1024 --impls ours,fa4_varlen,flex_fa4 --rounds 3 \
+      --check --time-budget-s $(( ${DOCS_S:-240} - 15 )) > "$W/docs.log" 2>&1; b docs $?
+    grep -E "^ *(causal|win1024) " "$W/docs.log" | cut -c1-170 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .

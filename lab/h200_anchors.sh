@@ -67,7 +67,7 @@ run_family() {  # name share_percent variants
 for fam in $families; do
   case $fam in
     softmax) run_family softmax "${SOFTMAX_SHARE:-68}" causal,full,gqa,d64,window,bigbird ;;
-    linear) run_family linear "${LINEAR_SHARE:-22}" linear,linear_taylor ;;
+    linear) run_family linear "${LINEAR_SHARE:-22}" "${LINEAR_VARIANTS:-linear,linear_taylor}" ;;
   esac
 done
 timeout -k 5 "$(( $(left) > 30 ? $(left) : 30 ))" python3 -m eval.anchors_tables "$dir" --config "$conf" \
