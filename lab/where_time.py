@@ -9,6 +9,11 @@ and each impl (``eval.bench_flash`` names: ``ours``, ``sdpa_cudnn``, ``fa4``, ``
 * ``kernel_ms``: the sum of the kernels' times per step, ``wall_ms``: the step's median time from CUDA events
   (``eval.bench_common.time_cuda``, outside the profiler), ``busy`` = kernel_ms / wall_ms (below ~0.95 the GPU
   waits on the host: launches, autograd, Python);
+* ``graph_ms``: the step captured in one CUDA graph and replayed (``eval.bench_common.time_cuda_graph``: the GPU's
+  time for the step with no host work between its kernels), after the profile; ``-`` with ``graph_error`` where
+  capture fails. ``wall_ms`` well above ``graph_ms`` is a host gap; ``kernel_ms`` far from ``graph_ms`` says the
+  profiler's kernel times disagree with the GPU's own (the 2026-12-05 H100 profiles read FA4 at busy 1.13 and ours at
+  0.73-0.93 in one call, where earlier calls read 1.00);
 * the step's TFLOP/s (FlashAttention's count over the pairs the mask keeps) by wall and by kernel time.
 
 Reading it: ours against the anchor kernel by kernel (forward kernel vs forward kernel, backward kernels vs
@@ -31,7 +36,7 @@ from collections import defaultdict
 
 import torch
 
-from eval.bench_common import env_info, flash_flops, tflops, time_cuda, write_csv, write_json
+from eval.bench_common import env_info, flash_flops, tflops, time_cuda, time_cuda_graph, write_csv, write_json
 from eval.bench_flash import NATIVE, OURS, VARIANTS, case_setup, fa4_varlen_native, make_impl, ours_fwd_impl
 
 
@@ -60,6 +65,21 @@ def kernel_table(events, iters: int):
         a[0] += e.time_range.elapsed_us()
         a[1] += 1
     return {k: (v[0] / iters, v[1] / iters) for k, v in agg.items()}
+
+
+def graph_time(step) -> dict:
+    """``{"graph_ms": ...}``: one ``step`` captured in a CUDA graph, replayed and timed (the GPU's time for the step
+    without the host's work between kernels), or ``{"graph_error": "<type>: <message>"}`` where capture or replay
+    fails (an anchor whose launcher cannot be captured): the rest of the profile stands."""
+    try:
+        return {"graph_ms": round(time_cuda_graph(step, warmup=2, calls=1), 4)}
+    except Exception as e:  # noqa: BLE001 -- reported in the row, never the end of the probe
+        if torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 -- a context the failed capture poisoned: the next impl reports it
+                pass
+        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
 
 
 def profile_case(name, N, D, impls, tokens, iters, docs=None):
@@ -98,6 +118,7 @@ def profile_case(name, N, D, impls, tokens, iters, docs=None):
                     step()
                 torch.cuda.synchronize()
             table = kernel_table(prof.events(), iters)
+            graph = graph_time(step)
         except Exception as e:  # an anchor that cannot run the case is a row, not the end of the probe
             summary.append(dict(base, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
             print(f"{name} N={N} D={D} {impl}: {summary[-1]['error']}", flush=True)
@@ -107,26 +128,28 @@ def profile_case(name, N, D, impls, tokens, iters, docs=None):
         summary.append(dict(base, wall_ms=round(wall, 4), kernel_ms=round(kernel_us / 1e3, 4),
                             busy=round(kernel_us / 1e3 / wall, 3), launches=round(sum(n for _, n in table.values()), 1),
                             tflops_wall=round(tflops(flops, wall), 1),
-                            tflops_kernels=round(tflops(flops, kernel_us / 1e3), 1)))
+                            tflops_kernels=round(tflops(flops, kernel_us / 1e3), 1), **graph))
         for kname, (us, n) in sorted(table.items(), key=lambda kv: -kv[1][0]):
             kernels.append(dict(base, kernel=kname[:160], us_per_step=round(us, 1), launches=round(n, 2),
                                 share=round(us / kernel_us, 3) if kernel_us else None))
-        print(f"{name} N={N} D={D} {impl}: wall {wall:.3f} ms, kernels {kernel_us / 1e3:.3f} ms "
+        g_ms = graph.get("graph_ms", graph.get("graph_error"))
+        print(f"{name} N={N} D={D} {impl}: wall {wall:.3f} ms, graph {g_ms}, kernels {kernel_us / 1e3:.3f} ms "
               f"(busy {summary[-1]['busy']}), {summary[-1]['tflops_wall']} TFLOP/s", flush=True)
         torch.cuda.empty_cache()
     return summary, kernels
 
 
 def markdown(summary, kernels, top: int = 6) -> str:
-    lines = ["| case | impl | wall ms | kernel ms | busy | TFLOP/s (wall) | TFLOP/s (kernels) | launches |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | impl | wall ms | graph ms | kernel ms | busy | TFLOP/s (wall) | TFLOP/s (kernels) | launches |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
         case = f"{r['variant']} N {r['N']} D {r['D']}" + (f" docs {r['docs']}" if r.get("docs") else "")
         if "error" in r:
-            lines.append(f"| {case} | {r['impl']} | {r['error']} | | | | | |")
+            lines.append(f"| {case} | {r['impl']} | {r['error']} | | | | | | |")
             continue
+        graph = f"{r['graph_ms']:.3f}" if r.get("graph_ms") is not None else "-"
         lines.append(f"| {case} | {r['impl']}{' (' + r['fwd_impl'] + ')' if r.get('fwd_impl') else ''} | "
-                     f"{r['wall_ms']:.3f} | {r['kernel_ms']:.3f} | {r['busy']:.2f} | {r['tflops_wall']} | "
+                     f"{r['wall_ms']:.3f} | {graph} | {r['kernel_ms']:.3f} | {r['busy']:.2f} | {r['tflops_wall']} | "
                      f"{r['tflops_kernels']} | {r['launches']} |")
     lines += ["", "| case | impl | kernel | us / step | share | launches |", "|---|---|---|---|---|---|"]
     seen = defaultdict(int)

@@ -33,10 +33,23 @@ def test_kernel_table_keeps_gpu_kernels_per_step():
 def test_markdown_lists_errors_and_the_top_kernels():
     summary = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", fwd_impl="gluon_ws3a", wall_ms=1.0,
                     kernel_ms=0.9, busy=0.9, tflops_wall=400.0, tflops_kernels=444.4, launches=4),
+               dict(variant="causal", N=4096, D=128, impl="sdpa_cudnn", docs="", wall_ms=1.2, graph_ms=1.1,
+                    kernel_ms=1.05, busy=0.875, tflops_wall=333.3, tflops_kernels=380.9, launches=5),
                dict(variant="causal", N=4096, D=128, impl="fa4", docs="", error="ImportError: no flash_attn")]
     kernels = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", kernel=f"k{i}", us_per_step=10.0 - i,
                     share=0.1, launches=1) for i in range(8)]
     md = W.markdown(summary, kernels, top=3)
-    assert "| causal N 4096 D 128 | ours (gluon_ws3a) | 1.000 | 0.900 | 0.90 | 400.0 | 444.4 | 4 |" in md
+    assert "| causal N 4096 D 128 | ours (gluon_ws3a) | 1.000 | - | 0.900 | 0.90 | 400.0 | 444.4 | 4 |" in md
+    assert "| causal N 4096 D 128 | sdpa_cudnn | 1.200 | 1.100 | 1.050 | 0.88 | 333.3 | 380.9 | 5 |" in md
     assert "ImportError: no flash_attn" in md
     assert "`k2`" in md and "`k3`" not in md  # the top 3 kernels of each impl and case
+
+
+def test_graph_time_reports_a_failed_capture_in_the_row():
+    """The CUDA-graph column never ends the probe: a step that cannot be captured (here: no CUDA device, or a step
+    that raises) gives ``graph_error`` naming the exception instead of ``graph_ms``."""
+    def bad_step():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    got = W.graph_time(bad_step)
+    assert set(got) == {"graph_error"} and got["graph_error"].startswith("RuntimeError: ")
