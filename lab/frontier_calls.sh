@@ -23,7 +23,7 @@
 # .whl + .fa4/1 fits, with .data as well it did not (the tracked tree is ~25 MB, most of it results/): carry .data in
 # call 4 alone, the only one that reads it. Calls 2-4 need not carry .whl (installed in call 1, kept in /tmp).
 # With the model step (MODEL_S=90) and the documents' longer limit (DOCS_S=240) since then, the four calls fit the
-# 1,800 s only with smaller shares: PYTEST_S=300 LINEAR_BUDGET_S=300 SOFTMAX_BUDGET_S=330 (about 1,650 s with the start).
+# 1,800 s only with smaller shares: PYTEST_S=300 LINEAR_BUDGET_S=300 SOFTMAX_BUDGET_S=330 (~1,650 s with the start).
 set -u
 call=${1:?usage: bash lab/frontier_calls.sh 1|2|3|4}
 case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
