@@ -2,14 +2,16 @@
 # The GPU calls that close issues 30 and 27 (lab: not installed), one device call each, back to back on one warm
 # machine (it keeps /tmp while warm; idle release is 30 s, so start the next call as soon as one returns):
 #
-#   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4/1 in call 1, .fa4/K in calls 2, 3, .data in 4
+#   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
 #
 # Before the first call, here (no device time):
-#   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4   # 3 FA4 parts
+#   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
+#   bash lab/fa4_pack.sh pack .fa4 .fa4x 3      # FA4 as one tar.xz in 3 parts of ~23 MB (the wheels: 3 x 34 MB)
 #   mkdir -p .data/wikitext-2 && cp ../shared/data/wikitext-2/valid.txt .data/wikitext-2/          # --docs wikitext
-#   printf '/.whl/\n/.fa4/\n/.data/\n' >> .git/info/exclude   # ignored: they travel only through `carry`
+#   printf '/.whl/\n/.data/\n' >> .git/info/exclude   # ignored (.fa4, .fa4x by .gitignore): they travel by `carry`
 # (../shared does not travel to the machine; an ignored folder named in `carry` does, and counts towards the 64 MiB a
-# call may send. The tracked tree plus .whl plus one 34 MB part fits; a 50 MB part did not, 2026-12-05.)
+# call may send. The tracked tree plus .whl plus one 34 MB wheel part fit, with .data as well they did not
+# (seventeenth session); the .fa4x parts leave ~10 MB. The .fa4/K parts still work: carry those instead.)
 #
 #   1: pytest -m gpu and the README's train.py trainer=gpu at the checked-out code; the model level against cuDNN
 #   2: the linear family against fla (fla autotunes each new shape for 50-150 s: its own call)
@@ -19,9 +21,8 @@
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
-# 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. What travels: call 1 with
-# .whl + .fa4/1 fits, with .data as well it did not (the tracked tree is ~25 MB, most of it results/): carry .data in
-# call 4 alone, the only one that reads it. Calls 2-4 need not carry .whl (installed in call 1, kept in /tmp).
+# 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
+# .whl (installed in call 1, kept in /tmp); only call 4 reads .data.
 # With the model step (MODEL_S=90) and the documents' longer limit (DOCS_S=240) since then, the four calls fit the
 # 1,800 s only with smaller shares: PYTEST_S=300 LINEAR_BUDGET_S=300 SOFTMAX_BUDGET_S=330 (~1,650 s with the start).
 set -u
