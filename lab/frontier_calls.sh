@@ -23,11 +23,12 @@
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
 # 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
 # .whl (installed in call 1, kept in /tmp); only call 4 reads .data.
-# With the model step (MODEL_S=90) and the documents' longer limit (DOCS_S=240) since then, the four calls fit the
-# 1,800 s only with smaller shares: PYTEST_S=300 LINEAR_BUDGET_S=300 SOFTMAX_BUDGET_S=330 (~1,650 s with the start).
+# With the model step (MODEL_S=90) and the documents' longer limit (DOCS_S=240) since then, the defaults are the
+# shares that fit the 1,800 s: PYTEST_S=300 LINEAR_BUDGET_S=300 SOFTMAX_BUDGET_S=330 (~1,650 s with the start).
 set -u
-call=${1:?usage: bash lab/frontier_calls.sh 1|2|3|4}
+call=${1:-}
 case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
+[ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
 . lab/gpu_env.sh "$([ "$call" -le 3 ] && echo "$call")"
@@ -42,7 +43,7 @@ case $call in
   1)
     timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu > "$W/train_gpu.log" 2>&1
     b train_gpu $?; grep -E "learned|val/acc by" "$W/train_gpu.log" | tail -2
-    timeout -k 5 "${PYTEST_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider -n "${PYTEST_N:-14}" \
+    timeout -k 5 "${PYTEST_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -n "${PYTEST_N:-14}" \
       > "$W/pytest_gpu.txt" 2>&1; b pytest_gpu $?
     tail -n 3 "$W/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gpu.txt" | head -20
     # issue 30's model level (>= 1.05x SDPA's default, cuDNN here, at d_model 1024, N 4k); MODEL_S=0 skips it
@@ -55,11 +56,11 @@ case $call in
   2)
     # the Taylor rows first: in the seventeenth session fla's elu+1 autotuning took the whole budget before them
     LINEAR_VARIANTS=${LINEAR_VARIANTS:-linear_taylor,linear} \
-    BUDGET_S=${LINEAR_BUDGET_S:-460} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-460} + 15 )) \
+    BUDGET_S=${LINEAR_BUDGET_S:-300} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-300} + 15 )) \
       bash lab/h200_anchors.sh "$W/anchors_linear" > "$W/anchors_linear.log" 2>&1; b anchors_linear $?
     tail -n 6 "$W/anchors_linear.log" ;;
   3)
-    BUDGET_S=${SOFTMAX_BUDGET_S:-480} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-480} + 15 )) \
+    BUDGET_S=${SOFTMAX_BUDGET_S:-330} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-330} + 15 )) \
       bash lab/h200_anchors.sh "$W/anchors_softmax" > "$W/anchors_softmax.log" 2>&1; b anchors_softmax $?
     tail -n 6 "$W/anchors_softmax.log" ;;
   4)

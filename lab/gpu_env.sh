@@ -5,7 +5,7 @@
 #            back on a warm machine each carry one part; PART names the part carried in this call. The part is
 #            copied to /tmp/fa4 (kept while the machine stays warm); once every part is there, FA4 is installed.
 #   .fa4x/K/ the same packages in ~23 MB parts (bash lab/fa4_pack.sh pack .fa4 .fa4x 3): unpacked into /tmp/site
-#            once FA4X_PARTS (default 3) parts are in /tmp/fa4x. Either folder works; .fa4x leaves room in the upload.
+#            once every part is in /tmp/fa4x (each part's name says how many). Either works; .fa4x leaves more room.
 #   .data/wikitext-2/valid.txt  a copy of ../shared/data/wikitext-2/valid.txt (../shared does not travel): exported as
 #            ATTN_ZOO_WIKITEXT for `eval.bench_flash --docs wikitext:...` unless that is set already.
 # Exports PYTHONPATH (/tmp/site, the FA4 DSL packages, the repo), WANDB_MODE=disabled, PYTHONUNBUFFERED=1,
@@ -26,13 +26,14 @@ fi
 if [ -n "$_part" ] && [ -d ".fa4/$_part" ]; then
   mkdir -p /tmp/fa4 && cp ".fa4/$_part"/* /tmp/fa4/
 fi
-# the same, packed smaller by lab/fa4_pack.sh (.fa4x/K/fa4site.part_*: one tar.xz of the installed packages)
+# the same, packed smaller by lab/fa4_pack.sh (.fa4x/K/fa4site.ofN.part_*: one tar.xz of the installed packages, in N
+# parts): unpacked once all N are in /tmp/fa4x (before that, fa4_pack says "k of N parts"); .fa4x_ok marks it done
 if [ -n "$_part" ] && [ -d ".fa4x/$_part" ]; then
   mkdir -p /tmp/fa4x && cp ".fa4x/$_part"/* /tmp/fa4x/
 fi
-_n=$(ls /tmp/fa4x/fa4site.part_* 2>/dev/null | wc -l)
-if [ ! -d /tmp/site/flash_attn ] && [ "$_n" -ge "${FA4X_PARTS:-3}" ]; then
-  bash lab/fa4_pack.sh unpack /tmp/fa4x /tmp/site || echo "gpu_env: unpacking .fa4x failed"
+if [ ! -f /tmp/site/.fa4x_ok ] && ls /tmp/fa4x/fa4site.of*.part_* >/dev/null 2>&1; then
+  bash lab/fa4_pack.sh unpack /tmp/fa4x /tmp/site
+  case $? in 0|3) ;; *) echo "gpu_env: unpacking .fa4x failed" ;; esac
 fi
 
 _big=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl

@@ -145,9 +145,10 @@ def markdown(summary, kernels, top: int = 6) -> str:
     for r in summary:
         case = f"{r['variant']} N {r['N']} D {r['D']}" + (f" docs {r['docs']}" if r.get("docs") else "")
         if "error" in r:
-            lines.append(f"| {case} | {r['impl']} | {r['error']} | | | | | | |")
+            err = r["error"].replace("|", "\\|")  # a '|' in the message would split the row
+            lines.append(f"| {case} | {r['impl']} | {err} | | | | | | |")
             continue
-        graph = f"{r['graph_ms']:.3f}" if r.get("graph_ms") is not None else "-"
+        graph = f"{r['graph_ms']:.3f}" if r.get("graph_ms") is not None else ("failed" if r.get("graph_error") else "-")
         lines.append(f"| {case} | {r['impl']}{' (' + r['fwd_impl'] + ')' if r.get('fwd_impl') else ''} | "
                      f"{r['wall_ms']:.3f} | {graph} | {r['kernel_ms']:.3f} | {r['busy']:.2f} | {r['tflops_wall']} | "
                      f"{r['tflops_kernels']} | {r['launches']} |")

@@ -32,9 +32,10 @@ def _run(*args, cwd):
     return subprocess.run(["bash", SCRIPT, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-def test_pack_then_unpack_gives_the_installed_packages(tmp_path):
-    rng = np.random.default_rng(0)
-    blob = rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()  # incompressible: the parts really split it
+def _wheels(tmp_path, blob, with_fa4=True):
+    """A WHEELS folder as ../shared/tools/fa4-wheels.sh leaves it: the library wheel cut into part_aa / part_ab,
+    the other wheels in the last folder. The parts' order is their names', not their folders': here the first half
+    sits in folder 2."""
     wheels = tmp_path / ".fa4"
     (wheels / "1").mkdir(parents=True)
     (wheels / "2").mkdir()
@@ -42,44 +43,101 @@ def test_pack_then_unpack_gives_the_installed_packages(tmp_path):
            {"nvidia_cutlass_dsl/lib/libfake.so": blob})
     data = (tmp_path / LIB).read_bytes()
     half = len(data) // 2
-    # the parts' order is their names' (split's aa, ab), not their folders': here the first half sits in folder 2
     (wheels / "1" / "part_ab").write_bytes(data[half:])
     (wheels / "2" / "part_aa").write_bytes(data[:half])
-    _wheel(wheels / "2" / "flash_attn_4-4.0.0b36-py3-none-any.whl", "flash_attn_4", "4.0.0b36", "py3-none-any",
-           {"flash_attn/cute/__init__.py": b"def flash_attn_func():\n    return 'fa4'\n"})
+    if with_fa4:
+        _wheel(wheels / "2" / "flash_attn_4-4.0.0b36-py3-none-any.whl", "flash_attn_4", "4.0.0b36", "py3-none-any",
+               {"flash_attn/cute/__init__.py": b"def flash_attn_func():\n    return 'fa4'\n"})
+    return wheels
 
-    r = _run("pack", ".fa4", ".fa4x", "2", cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    parts = sorted(p.relative_to(tmp_path / ".fa4x").as_posix() for p in (tmp_path / ".fa4x").rglob("fa4site.part_*"))
-    assert parts == ["1/fa4site.part_00", "2/fa4site.part_01"]
 
-    got = tmp_path / "gpu"  # the machine's /tmp/fa4x after the calls: every part in one folder
-    got.mkdir()
-    for p in (tmp_path / ".fa4x").rglob("fa4site.part_*"):
-        shutil.copy(p, got)
-    r = _run("unpack", str(got), str(tmp_path / "site"), cwd=tmp_path)
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """One pack of synthetic wheels in 2 parts: (folder, the library's bytes)."""
+    tmp = tmp_path_factory.mktemp("fa4")
+    blob = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()  # incompressible
+    _wheels(tmp, blob)
+    r = _run("pack", ".fa4", ".fa4x", "2", cwd=tmp)
     assert r.returncode == 0, r.stdout + r.stderr
+    return tmp, blob
+
+
+def _gather(packed_dir, dst, parts=("1", "2")):
+    """The machine's /tmp/fa4x after the calls that carried ``parts``."""
+    dst.mkdir()
+    for k in parts:
+        for p in (packed_dir / ".fa4x" / k).iterdir():
+            shutil.copy(p, dst)
+    return dst
+
+
+def test_pack_then_unpack_gives_the_installed_packages(packed, tmp_path):
+    tmp, blob = packed
+    parts = sorted(p.relative_to(tmp / ".fa4x").as_posix() for p in (tmp / ".fa4x").rglob("fa4site.*"))
+    assert parts == ["1/fa4site.of2.part_00", "2/fa4site.of2.part_01"]
     site = tmp_path / "site"
+    site.mkdir()
+    (site / "hydra").mkdir()  # what the machine's /tmp/site holds already: kept
+    r = _run("unpack", str(_gather(tmp, tmp_path / "gpu")), str(site), cwd=tmp)
+    assert r.returncode == 0, r.stdout + r.stderr
     assert (site / "nvidia_cutlass_dsl/lib/libfake.so").read_bytes() == blob
     assert (site / "flash_attn/cute/__init__.py").read_text().startswith("def flash_attn_func")
-    assert (site / "flash_attn_4-4.0.0b36.dist-info").is_dir()
+    assert (site / "flash_attn_4-4.0.0b36.dist-info").is_dir() and (site / "hydra").is_dir()
+    assert (site / ".fa4x_ok").is_file()
 
-    # one part missing: the stream is cut and unpack fails, not a half-installed FA4 reported as fine
-    os.remove(got / "fa4site.part_01")
-    r = _run("unpack", str(got), str(tmp_path / "site2"), cwd=tmp_path)
-    assert r.returncode != 0
+
+def test_unpack_waits_for_every_part(packed, tmp_path):
+    tmp, _ = packed
+    r = _run("unpack", str(_gather(tmp, tmp_path / "gpu", parts=("1",))), str(tmp_path / "site"), cwd=tmp)
+    assert r.returncode == 3 and "1 of 2 parts" in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / "site").exists() or not any((tmp_path / "site").iterdir())
+
+
+def test_a_corrupt_part_leaves_the_site_as_it_was(packed, tmp_path):
+    tmp, _ = packed
+    gpu = _gather(tmp, tmp_path / "gpu")
+    last = gpu / "fa4site.of2.part_01"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    last.write_bytes(bytes(data))
+    site = tmp_path / "site"
+    r = _run("unpack", str(gpu), str(site), cwd=tmp)
+    assert r.returncode == 2 and "do not read as one archive" in r.stdout, r.stdout + r.stderr
+    assert not site.exists() or not any(site.iterdir())  # nothing half-installed, no .fa4x_ok
+    assert not list(tmp_path.glob("site.fa4x.*"))  # the staging folder is gone too
+
+
+def test_parts_of_two_packs_are_refused(packed, tmp_path):
+    tmp, _ = packed
+    gpu = _gather(tmp, tmp_path / "gpu")
+    shutil.copy(gpu / "fa4site.of2.part_00", gpu / "fa4site.of3.part_02")
+    r = _run("unpack", str(gpu), str(tmp_path / "site"), cwd=tmp)
+    assert r.returncode == 2 and "parts of different packs" in r.stdout, r.stdout + r.stderr
+
+
+def test_wheels_without_flash_attn_are_refused(tmp_path):
+    _wheels(tmp_path, b"x" * 1000, with_fa4=False)
+    r = _run("pack", ".fa4", ".fa4x", "2", cwd=tmp_path)
+    assert r.returncode == 2 and "no flash_attn_4 wheel" in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / ".fa4x").exists()
 
 
 @pytest.mark.parametrize("args, message", [
     ((), "mode must be pack or unpack, got ''"),
     (("zip",), "mode must be pack or unpack, got 'zip'"),
     (("pack", ".nope"), "no .nope/*/part_*"),
-    (("pack", ".fa4", ".fa4x", "0"), "PARTS must be a positive integer, got '0'"),
-    (("pack", ".fa4", ".fa4x", "two"), "PARTS must be a positive integer, got 'two'"),
+    (("pack", ".fa4", ".fa4x", "0"), "PARTS must be an integer in 1-100, got '0'"),
+    (("pack", ".fa4", ".fa4x", "00"), "PARTS must be an integer in 1-100, got '00'"),
+    (("pack", ".fa4", ".fa4x", "101"), "PARTS must be an integer in 1-100, got '101'"),
+    (("pack", ".fa4", ".fa4x", "two"), "PARTS must be an integer in 1-100, got 'two'"),
+    (("pack", ".fa4", ".fa4"), "must not be WHEELS"),
+    (("pack", ".fa4", ".fa4/out"), "must not be WHEELS"),
     (("unpack",), "usage: bash lab/fa4_pack.sh unpack PARTS_DIR SITE"),
-    (("unpack", "empty", "site"), "no empty/fa4site.part_*"),
+    (("unpack", "empty", "site"), "no empty/fa4site.of*.part_*"),
 ])
 def test_bad_arguments_exit_2_naming_the_problem(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
+    _wheels(tmp_path, b"x" * 1000)
     r = _run(*args, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / ".fa4" / "2" / "part_aa").is_file()  # the wheels untouched

@@ -1,5 +1,5 @@
 """lab.where_time: the parts that run without a GPU (case parsing, the kernel table, the markdown)."""
-
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -35,21 +35,34 @@ def test_markdown_lists_errors_and_the_top_kernels():
                     kernel_ms=0.9, busy=0.9, tflops_wall=400.0, tflops_kernels=444.4, launches=4),
                dict(variant="causal", N=4096, D=128, impl="sdpa_cudnn", docs="", wall_ms=1.2, graph_ms=1.1,
                     kernel_ms=1.05, busy=0.875, tflops_wall=333.3, tflops_kernels=380.9, launches=5),
-               dict(variant="causal", N=4096, D=128, impl="fa4", docs="", error="ImportError: no flash_attn")]
+               dict(variant="causal", N=4096, D=128, impl="flex_fa4", docs="", wall_ms=1.5, graph_error="RuntimeError: x",
+                    kernel_ms=1.4, busy=0.933, tflops_wall=266.7, tflops_kernels=285.7, launches=3),
+               dict(variant="causal", N=4096, D=128, impl="fa4", docs="", error="ImportError: no flash_attn | x")]
     kernels = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", kernel=f"k{i}", us_per_step=10.0 - i,
                     share=0.1, launches=1) for i in range(8)]
     md = W.markdown(summary, kernels, top=3)
     assert "| causal N 4096 D 128 | ours (gluon_ws3a) | 1.000 | - | 0.900 | 0.90 | 400.0 | 444.4 | 4 |" in md
     assert "| causal N 4096 D 128 | sdpa_cudnn | 1.200 | 1.100 | 1.050 | 0.88 | 333.3 | 380.9 | 5 |" in md
-    assert "ImportError: no flash_attn" in md
+    assert "| flex_fa4 | 1.500 | failed | 1.400 |" in md
+    assert "ImportError: no flash_attn \\| x | | | | | | |" in md
+    summary_rows = md.split("\n\n")[0].splitlines()
+    assert len(summary_rows) == 6 and all(len(re.split(r"(?<!\\)\|", row)) - 2 == 9 for row in summary_rows)
     assert "`k2`" in md and "`k3`" not in md  # the top 3 kernels of each impl and case
 
 
-def test_graph_time_reports_a_failed_capture_in_the_row():
-    """The CUDA-graph column never ends the probe: a step that cannot be captured (here: no CUDA device, or a step
-    that raises) gives ``graph_error`` naming the exception instead of ``graph_ms``."""
-    def bad_step():
-        raise RuntimeError("operation not permitted when stream is capturing")
+def test_graph_time_reports_a_failed_capture_in_the_row(monkeypatch):
+    """The CUDA-graph column never ends the probe: a step that cannot be captured gives ``graph_error`` naming the
+    exception instead of ``graph_ms``; a step that can gives ``graph_ms`` (the timer stands in for the GPU's)."""
+    def capture_and_time(step, warmup, calls):
+        for _ in range(warmup + calls):
+            step()
+        return 1.23456
 
-    got = W.graph_time(bad_step)
-    assert set(got) == {"graph_error"} and got["graph_error"].startswith("RuntimeError: ")
+    monkeypatch.setattr(W, "time_cuda_graph", capture_and_time)
+    calls = []
+    assert W.graph_time(lambda: calls.append(1)) == {"graph_ms": 1.2346} and len(calls) == 3
+
+    def bad_step():
+        raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
+
+    assert W.graph_time(bad_step) == {"graph_error": "RuntimeError: operation not permitted when stream is capturing"}
