@@ -9,7 +9,8 @@
 #   linear:  elu1 (D 128), Taylor / Based (D 16)                x  ours (triton / parallel / torch), fla
 # each bounded by its share of BUDGET_S (default 420 s: softmax 68 %, linear 22 %, the rest for the tables; the shares
 # are SOFTMAX_SHARE / LINEAR_SHARE, in percent; FAMILIES="linear" runs one family alone, e.g. with
-# LINEAR_SHARE=90: fla's first autotuning calls can take most of a small share) through
+# LINEAR_SHARE=90: fla's first autotuning calls can take most of a small share; LINEAR_VARIANTS orders the linear
+# family's variants, default linear,linear_taylor: the first runs first, so a deadline cuts the last) through
 # eval.sweep --deadline-s and a hard `timeout`. Every point is a CSV row: an anchor that fails, is missing or cannot
 # run a case records `error` / `unsupported` with the message and the others go on; a process that dies (segfault,
 # hang, a CUDA error that poisons the context: exit 3) is restarted and resumes after the point it died on (that
