@@ -64,8 +64,9 @@ case $call in
       bash lab/h200_anchors.sh "$W/anchors_softmax" > "$W/anchors_softmax.log" 2>&1; b anchors_softmax $?
     tail -n 6 "$W/anchors_softmax.log" ;;
   4)
-    # masks, then the profile, then the documents: the documents step compiles FA4 varlen for three distributions
-    # (cut at 150 s in the seventeenth session, before its first row), so it runs last with the longest limit
+    # masks, then the profile, then the documents: the documents step compiles FA4 varlen, Flex+FA4 and our band
+    # kernels per distribution (three were cut at 150 s in the seventeenth session, before the first case's row), so
+    # it runs last with the longest limit and issue 27's two kinds of distribution: a real corpus's, a fixed grid
     timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
       --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
     grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
@@ -73,7 +74,7 @@ case $call in
       --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1; b where_fa4 $?
     grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160
     timeout -k 5 "${DOCS_S:-240}" python3 -m eval.bench_flash --out "$W" --tag docs --variants causal,win1024 --N 16384 \
-      --D 128 --tokens 65536 --docs fixed:2048,wikitext:real,geometric:1024 --impls ours,fa4_varlen,flex_fa4 --rounds 3 \
+      --D 128 --tokens 65536 --docs "${DOCS:-wikitext:real,fixed:2048}" --impls ours,fa4_varlen,flex_fa4 --rounds 3 \
       --check --time-budget-s $(( ${DOCS_S:-240} - 15 )) > "$W/docs.log" 2>&1; b docs $?
     grep -E "^ *(causal|win1024) " "$W/docs.log" | cut -c1-170 ;;
 esac
