@@ -14,7 +14,8 @@
 # (seventeenth session); the .fa4x parts leave ~10 MB. The .fa4/K parts still work: carry those instead.)
 #
 #   1: pytest -m gpu and the README's train.py trainer=gpu at the checked-out code; the model level against cuDNN
-#   2: the linear family against fla (fla autotunes each new shape for 50-150 s: its own call)
+#   2: the linear family against fla (fla autotunes each new shape for 50-150 s: its own call): Taylor at the
+#      issue's shape (eval.bench_linear --taylor, TAYLOR_S=150), then elu+1 through the sweep (LINEAR_BUDGET_S=240)
 #   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
@@ -24,7 +25,8 @@
 # 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
 # .whl (installed in call 1, kept in /tmp); only call 4 reads .data.
 # With the model step (MODEL_S=90) and the documents' longer limit (DOCS_S=240) since then, the defaults are the
-# shares that fit the 1,800 s: PYTEST_S=300 LINEAR_BUDGET_S=300 SOFTMAX_BUDGET_S=330 (~1,650 s with the start).
+# shares that fit the 1,800 s: PYTEST_S=300 TAYLOR_S=150 LINEAR_BUDGET_S=240 SOFTMAX_BUDGET_S=330 (~1,700 s with a
+# 200 s start). Eighteenth session (H100, started in ~30 s): 222 / 255 / 259 / 267 s, and 126 s for call 4 again.
 set -u
 call=${1:-}
 case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
@@ -54,11 +56,21 @@ case $call in
       tail -n 4 "$W/model.log"
     fi ;;
   2)
-    # the Taylor rows first: in the seventeenth session fla's elu+1 autotuning took the whole budget before them
-    LINEAR_VARIANTS=${LINEAR_VARIANTS:-linear_taylor,linear} \
-    BUDGET_S=${LINEAR_BUDGET_S:-300} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-300} + 15 )) \
-      bash lab/h200_anchors.sh "$W/anchors_linear" > "$W/anchors_linear.log" 2>&1; b anchors_linear $?
-    tail -n 6 "$W/anchors_linear.log" ;;
+    # the Taylor map first, at issue 30's shape (qk dim 16, v dim 64; the sweep's rows have v dim = head dim = 16, not
+    # the target's, eighteenth session), against fla's parallel_based and fused_chunk_based; TAYLOR_S=0 skips it
+    if [ "${TAYLOR_S:-150}" -gt 0 ]; then
+      timeout -k 5 "${TAYLOR_S:-150}" python3 -m eval.bench_linear --taylor --taylor-dim 16 --taylor-dv 64 \
+        --taylor-ns 1024,2048,4096,8192,16384 --rounds 3 --out "$W/taylor" --time-budget-s $(( ${TAYLOR_S:-150} - 20 )) \
+        > "$W/taylor.log" 2>&1; b taylor $?
+      tail -n 14 "$W/taylor.log"
+    fi
+    # then elu+1 (and whatever LINEAR_VARIANTS names) through the sweep; LINEAR_BUDGET_S=0 skips it
+    if [ "${LINEAR_BUDGET_S:-240}" -gt 0 ]; then
+      LINEAR_VARIANTS=${LINEAR_VARIANTS:-linear} \
+      BUDGET_S=${LINEAR_BUDGET_S:-240} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-240} + 15 )) \
+        bash lab/h200_anchors.sh "$W/anchors_linear" > "$W/anchors_linear.log" 2>&1; b anchors_linear $?
+      tail -n 6 "$W/anchors_linear.log"
+    fi ;;
   3)
     BUDGET_S=${SOFTMAX_BUDGET_S:-330} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-330} + 15 )) \
       bash lab/h200_anchors.sh "$W/anchors_softmax" > "$W/anchors_softmax.log" 2>&1; b anchors_softmax $?
