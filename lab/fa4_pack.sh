@@ -15,7 +15,8 @@
 #
 # Why: one call may send 64 MiB, tracked tree included (~25 MB on 2026-12-05, mostly results/). The wheels' 34 MB
 # parts left about 1 MB of room in the first call (seventeenth session); these ~23 MB parts leave about 10.
-# Exit 2, with a message, for a bad mode or argument: WHEELS without part_* files or a flash_attn_4 wheel, PARTS not
+# Exit 2, with a message, for a bad mode or argument: WHEELS without part_* files, a flash_attn_4 wheel or one
+# nvidia_cutlass_dsl wheel (whose version names the cut library wheel), PARTS not
 # an integer in 1-100, OUT equal to or inside WHEELS, parts of different packs or a count that disagrees, an archive
 # that does not read (a truncated or corrupt part: SITE is left as it was).
 set -euo pipefail
@@ -57,12 +58,18 @@ shopt -s nullglob
 pieces=("$src"/*/part_*); wheels=("$src"/*/*.whl); fa=("$src"/*/flash_attn_4-*.whl)
 [ ${#pieces[@]} -gt 0 ] || die "no $src/*/part_* (run: bash ../shared/tools/fa4-wheels.sh $src)"
 [ ${#fa[@]} -gt 0 ] || die "no flash_attn_4 wheel under $src/*/"
+# the parts' wheel lost its name in the cut; pip needs it back, version included: the CUDA library wheel is pinned to
+# nvidia-cutlass-dsl's version (fa4-wheels.sh), so that wheel's name gives it
+dsl=("$src"/*/nvidia_cutlass_dsl-*.whl)
+[ ${#dsl[@]} -eq 1 ] || die "need one nvidia_cutlass_dsl-<version>-*.whl under $src/*/ (its version names the library wheel), found ${#dsl[@]}"
+ver=$(basename "${dsl[0]}"); ver=${ver#nvidia_cutlass_dsl-}; ver=${ver%%-*}
+case $ver in ''|*[!0-9.]*) die "cannot read a version from ${dsl[0]} (got '$ver')" ;; esac
 src_abs=$(realpath -m "$src"); out_abs=$(realpath -m "$out")
 case "$out_abs/" in "$src_abs"/*) die "OUT ($out) must not be WHEELS ($src) or inside it" ;; esac
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # the library wheel, whole again: its parts in name order (split's aa, ab, ...), whatever folder each sits in
 for p in "${pieces[@]}"; do printf '%s %s\n' "$(basename "$p")" "$p"; done | sort | cut -d' ' -f2- | xargs -d '\n' cat \
-  > "$tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+  > "$tmp/nvidia_cutlass_dsl_libs_cu13-$ver-cp312-cp312-manylinux_2_28_x86_64.whl"
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "lab", "fa4_pack.sh")
-LIB = "nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+LIB = "nvidia_cutlass_dsl_libs_cu13-{}-cp312-cp312-manylinux_2_28_x86_64.whl"
 
 pytestmark = pytest.mark.skipif(shutil.which("xz") is None, reason="needs the xz tool")
 
@@ -32,19 +32,23 @@ def _run(*args, cwd):
     return subprocess.run(["bash", SCRIPT, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-def _wheels(tmp_path, blob, with_fa4=True):
+def _wheels(tmp_path, blob, with_fa4=True, version="4.8.1", with_dsl=True):
     """A WHEELS folder as ../shared/tools/fa4-wheels.sh leaves it: the library wheel cut into part_aa / part_ab,
-    the other wheels in the last folder. The parts' order is their names', not their folders': here the first half
-    sits in folder 2."""
+    the other wheels (nvidia_cutlass_dsl of the same ``version``, flash_attn_4) in the last folder. The parts' order
+    is their names', not their folders': here the first half sits in folder 2."""
     wheels = tmp_path / ".fa4"
     (wheels / "1").mkdir(parents=True)
     (wheels / "2").mkdir()
-    _wheel(tmp_path / LIB, "nvidia_cutlass_dsl_libs_cu13", "4.8.1", "cp312-cp312-manylinux_2_28_x86_64",
+    lib = tmp_path / LIB.format(version)
+    _wheel(lib, "nvidia_cutlass_dsl_libs_cu13", version, "cp312-cp312-manylinux_2_28_x86_64",
            {"nvidia_cutlass_dsl/lib/libfake.so": blob})
-    data = (tmp_path / LIB).read_bytes()
+    data = lib.read_bytes()
     half = len(data) // 2
     (wheels / "1" / "part_ab").write_bytes(data[half:])
     (wheels / "2" / "part_aa").write_bytes(data[:half])
+    if with_dsl:
+        _wheel(wheels / "2" / f"nvidia_cutlass_dsl-{version}-py3-none-any.whl", "nvidia_cutlass_dsl", version,
+               "py3-none-any", {"nvidia_cutlass_dsl/__init__.py": b"DSL = 1\n"})
     if with_fa4:
         _wheel(wheels / "2" / "flash_attn_4-4.0.0b36-py3-none-any.whl", "flash_attn_4", "4.0.0b36", "py3-none-any",
                {"flash_attn/cute/__init__.py": b"def flash_attn_func():\n    return 'fa4'\n"})
@@ -119,6 +123,27 @@ def test_wheels_without_flash_attn_are_refused(tmp_path):
     _wheels(tmp_path, b"x" * 1000, with_fa4=False)
     r = _run("pack", ".fa4", ".fa4x", "2", cwd=tmp_path)
     assert r.returncode == 2 and "no flash_attn_4 wheel" in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / ".fa4x").exists()
+
+
+def test_the_library_wheel_takes_the_cutlass_dsl_version(tmp_path):
+    """The cut wheel's name (pip needs it whole) comes from nvidia_cutlass_dsl's, not from a version written in."""
+    _wheels(tmp_path, b"y" * 1000, version="4.9.2")
+    r = _run("pack", ".fa4", ".fa4x", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = tmp_path / "site"
+    site.mkdir()
+    r = _run("unpack", str(tmp_path / ".fa4x" / "1"), str(site), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (site / "nvidia_cutlass_dsl/lib/libfake.so").read_bytes() == b"y" * 1000
+    assert (site / "nvidia_cutlass_dsl_libs_cu13-4.9.2.dist-info").is_dir()
+    assert (site / "nvidia_cutlass_dsl-4.9.2.dist-info").is_dir()
+
+
+def test_wheels_without_cutlass_dsl_are_refused(tmp_path):
+    _wheels(tmp_path, b"x" * 1000, with_dsl=False)
+    r = _run("pack", ".fa4", ".fa4x", "2", cwd=tmp_path)
+    assert r.returncode == 2 and "need one nvidia_cutlass_dsl-<version>-*.whl" in r.stdout, r.stdout + r.stderr
     assert not (tmp_path / ".fa4x").exists()
 
 
