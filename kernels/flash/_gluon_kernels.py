@@ -140,6 +140,27 @@ def _doc_rows(Doc, b, Nq, Nk):
 
 
 @gluon.jit
+def _doc_clip(lo, hi, flo, fhi, DocB, LoB, HiB, first, last, BLOCK: gl.constexpr):
+    """The document clamp of :func:`_band_kv_range` and :func:`_band_q_range` (Triton's ``_doc_clip``): the tiles ``[lo,
+    hi)`` / full ``[flo, fhi)`` (of ``BLOCK`` indices) visited by one tile whose first / last index is ``first`` /
+    ``last``, intersected with its documents. ``DocB``, ``LoB``, ``HiB``: the visiting side's columns of the document
+    table (``doc_q``, ``q_lo``, ``q_hi`` for a query tile visiting key tiles of ``BLOCK_N``; ``doc_k``, ``k_lo``,
+    ``k_hi`` for a key tile visiting query tiles of ``BLOCK_M``). Only the tiles of ``[LoB[first], HiB[last])`` are
+    visited; a tile stays full only when ``first`` and ``last`` are in one document and the tile lies inside that
+    document (else the element rule runs)."""
+    slo = gl.load(LoB + first)
+    shi = gl.load(HiB + last)
+    uniform = gl.load(DocB + first) == gl.load(DocB + last)
+    lo2 = gl.maximum(lo, slo // BLOCK)
+    hi2 = gl.maximum(gl.minimum(hi, (shi + BLOCK - 1) // BLOCK), lo2)
+    flo2 = gl.maximum(flo, (slo + BLOCK - 1) // BLOCK)
+    fhi2 = gl.where(uniform, gl.minimum(fhi, shi // BLOCK), flo2)
+    flo = gl.minimum(gl.maximum(flo2, lo2), hi2)
+    fhi = gl.minimum(gl.maximum(fhi2, flo), hi2)
+    return lo2, hi2, flo, fhi
+
+
+@gluon.jit
 def _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT: gl.constexpr,
                    HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """``(lo, hi, flo, fhi)``: query tile ``start_m`` (``BLOCK_M`` rows) visits key tiles ``[lo, hi)``; those in
@@ -163,17 +184,7 @@ def _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QH
     flo = gl.minimum(gl.maximum(flo, lo), hi)
     fhi = gl.minimum(gl.maximum(fhi, flo), hi)
     if DOCS:  # only the key tiles of this query tile's documents; full only inside one document
-        klo = gl.load(QLob + start_m)
-        khi = gl.load(QHib + r1)
-        uniform = gl.load(DocQb + start_m) == gl.load(DocQb + r1)
-        lo2 = gl.maximum(lo, klo // BLOCK_N)
-        hi2 = gl.maximum(gl.minimum(hi, (khi + BLOCK_N - 1) // BLOCK_N), lo2)
-        flo2 = gl.maximum(flo, (klo + BLOCK_N - 1) // BLOCK_N)
-        fhi2 = gl.where(uniform, gl.minimum(fhi, khi // BLOCK_N), flo2)
-        flo = gl.minimum(gl.maximum(flo2, lo2), hi2)
-        fhi = gl.minimum(gl.maximum(fhi2, flo), hi2)
-        lo = lo2
-        hi = hi2
+        lo, hi, flo, fhi = _doc_clip(lo, hi, flo, fhi, DocQb, QLob, QHib, start_m, r1, BLOCK_N)
     return lo, hi, flo, fhi
 
 
@@ -198,18 +209,8 @@ def _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHi
     fhi = gl.where(c1 - start_n + 1 == BLOCK_N, fhi, 0)
     flo = gl.minimum(gl.maximum(flo, lo), hi)
     fhi = gl.minimum(gl.maximum(fhi, flo), hi)
-    if DOCS:
-        qlo = gl.load(KLob + start_n)
-        qhi = gl.load(KHib + c1)
-        uniform = gl.load(DocKb + start_n) == gl.load(DocKb + c1)
-        lo2 = gl.maximum(lo, qlo // BLOCK_M)
-        hi2 = gl.maximum(gl.minimum(hi, (qhi + BLOCK_M - 1) // BLOCK_M), lo2)
-        flo2 = gl.maximum(flo, (qlo + BLOCK_M - 1) // BLOCK_M)
-        fhi2 = gl.where(uniform, gl.minimum(fhi, qhi // BLOCK_M), flo2)
-        flo = gl.minimum(gl.maximum(flo2, lo2), hi2)
-        fhi = gl.minimum(gl.maximum(fhi2, flo), hi2)
-        lo = lo2
-        hi = hi2
+    if DOCS:  # only the query tiles of this key tile's documents; full only inside one document
+        lo, hi, flo, fhi = _doc_clip(lo, hi, flo, fhi, DocKb, KLob, KHib, start_n, c1, BLOCK_M)
     return lo, hi, flo, fhi
 
 
