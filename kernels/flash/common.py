@@ -122,20 +122,33 @@ def _doc_ok(ok, DocQb, DocKb, i2, j2, Nq, Nk):
 
 
 @triton.jit
+def _doc_clip(lo, hi, flo, fhi, DocB, LoB, HiB, first, last, BLOCK: tl.constexpr):
+    """The document clamp of :func:`_doc_kv_range` and :func:`_doc_q_range`: the tiles ``[lo, hi)`` / full
+    ``[flo, fhi)`` (of ``BLOCK`` indices) visited by one tile whose first / last index is ``first`` / ``last``,
+    intersected with its documents. ``DocB``, ``LoB``, ``HiB``: the visiting side's columns of the document table
+    (``doc_q``, ``q_lo``, ``q_hi`` for a query tile visiting key tiles of ``BLOCK_N``; ``doc_k``, ``k_lo``, ``k_hi``
+    for a key tile visiting query tiles of ``BLOCK_M``). Only the tiles of ``[LoB[first], HiB[last])`` are visited; a
+    tile stays full only when ``first`` and ``last`` are in one document and the tile lies inside that document
+    (else the element rule runs)."""
+    slo = tl.load(LoB + first)
+    shi = tl.load(HiB + last)
+    uniform = tl.load(DocB + first) == tl.load(DocB + last)
+    lo2 = tl.maximum(lo, slo // BLOCK)
+    hi2 = tl.maximum(tl.minimum(hi, (shi + BLOCK - 1) // BLOCK), lo2)
+    flo2 = tl.maximum(flo, (slo + BLOCK - 1) // BLOCK)
+    fhi2 = tl.where(uniform, tl.minimum(fhi, shi // BLOCK), flo2)
+    flo2 = tl.minimum(tl.maximum(flo2, lo2), hi2)
+    fhi2 = tl.minimum(tl.maximum(fhi2, flo2), hi2)
+    return lo2, hi2, flo2, fhi2
+
+
+@triton.jit
 def _doc_kv_range(lo, hi, flo, fhi, start_m, Nq, DocQb, QLob, QHib, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key tiles ``[lo, hi)`` / full ``[flo, fhi)`` of query tile ``start_m`` intersected with its documents: only
     tiles of keys in ``[q_lo(first row), q_hi(last row))`` are visited; a tile stays full only when every row of the
     query tile is in one document and the key tile lies inside that document (else the element rule runs)."""
     r1 = tl.minimum(start_m + BLOCK_M, Nq) - 1
-    klo = tl.load(QLob + start_m)
-    khi = tl.load(QHib + r1)
-    uniform = tl.load(DocQb + start_m) == tl.load(DocQb + r1)
-    lo2 = tl.maximum(lo, klo // BLOCK_N)
-    hi2 = tl.maximum(tl.minimum(hi, (khi + BLOCK_N - 1) // BLOCK_N), lo2)
-    flo2 = tl.maximum(flo, (klo + BLOCK_N - 1) // BLOCK_N)
-    fhi2 = tl.where(uniform, tl.minimum(fhi, khi // BLOCK_N), flo2)
-    flo2 = tl.minimum(tl.maximum(flo2, lo2), hi2)
-    fhi2 = tl.minimum(tl.maximum(fhi2, flo2), hi2)
+    lo2, hi2, flo2, fhi2 = _doc_clip(lo, hi, flo, fhi, DocQb, QLob, QHib, start_m, r1, BLOCK_N)
     return lo2, hi2, flo2, fhi2
 
 
@@ -144,13 +157,5 @@ def _doc_q_range(lo, hi, flo, fhi, start_n, Nk, DocKb, KLob, KHib, BLOCK_M: tl.c
     """Query tiles ``[lo, hi)`` / full ``[flo, fhi)`` of key tile ``start_n`` intersected with its documents (the
     transpose of :func:`_doc_kv_range`)."""
     c1 = tl.minimum(start_n + BLOCK_N, Nk) - 1
-    qlo = tl.load(KLob + start_n)
-    qhi = tl.load(KHib + c1)
-    uniform = tl.load(DocKb + start_n) == tl.load(DocKb + c1)
-    lo2 = tl.maximum(lo, qlo // BLOCK_M)
-    hi2 = tl.maximum(tl.minimum(hi, (qhi + BLOCK_M - 1) // BLOCK_M), lo2)
-    flo2 = tl.maximum(flo, (qlo + BLOCK_M - 1) // BLOCK_M)
-    fhi2 = tl.where(uniform, tl.minimum(fhi, qhi // BLOCK_M), flo2)
-    flo2 = tl.minimum(tl.maximum(flo2, lo2), hi2)
-    fhi2 = tl.minimum(tl.maximum(fhi2, flo2), hi2)
+    lo2, hi2, flo2, fhi2 = _doc_clip(lo, hi, flo, fhi, DocKb, KLob, KHib, start_n, c1, BLOCK_M)
     return lo2, hi2, flo2, fhi2
