@@ -462,6 +462,23 @@ def _seg_dq(
 
 
 @triton.jit
+def _dkdv_docs(x, dS, dnext, DOC, b, NK, c0, rows, mr):
+    """DOCS (causal) at a chunk of :func:`_seg_dkdv` (first position ``c0``, key rows ``rows``; ``x`` its dk or dv
+    block so far, from the carried ``dS``): key row j and query i (j <= i) share a document iff i < the end of j's
+    document. Returns ``x`` kept on the key rows of ``dnext`` (which read the carried dS), ``dS`` kept if the chunk's
+    first document is ``dnext`` (``keep``, also returned), that document (the next ``dnext``), the query rows of it
+    (``qf``: what goes on to the previous chunk) and each key row's document end relative to ``c0`` (``de``: the
+    chunk's (j, i) mask is ``causal_t & (i < de_j)``)."""
+    de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0  # each key row's document end
+    df = _doc_at(DOC, b, NK, c0)  # the chunk's first document
+    qf = rows < _doc_end(DOC, b, NK, c0)  # the query rows of that document
+    x = tl.where((rows >= dnext)[:, None], x, 0.0)  # the key rows of dnext read the carried dS
+    keep = df == dnext
+    dS = tl.where(keep, dS, 0.0)
+    return x, dS, keep, df, qf, de
+
+
+@triton.jit
 def _seg_dkdv(
     Q, K, V, DO, RDEN, CD, DSS, DZS, DT0, DZT0, DK, DV_, DS0, DZ0,
     NQ, NK, F, DV, L, HQ, G: tl.constexpr, NSS, DOC,
@@ -534,35 +551,22 @@ def _seg_dkdv(
             mrd = mr[:, None] & md[None, :]
             v = tl.load(V + bkv * NK * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
             dk = _mm(v, tl.trans(dSk), Q, LOWP, SPREC, UP) + dz[None, :]
-            if DOCS:  # positions: key row j and query i (j <= i) share a document iff i < the end of j's document
+            if DOCS:
                 c0 = start + (nt - 1 - i) * C
-                de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0  # each key row's document end
-                df = _doc_at(DOC, b, NK, c0)  # the chunk's first document
-                qf = rows < _doc_end(DOC, b, NK, c0)  # the query rows of that document
-                dk = tl.where((rows >= dnext)[:, None], dk, 0.0)  # the key rows of dnext read the carried dS
-                keep = df == dnext
-                dSk = tl.where(keep, dSk, 0.0)
+                dk, dSk, keep, dnext, qf, de = _dkdv_docs(dk, dSk, dnext, DOC, b, NK, c0, rows, mr)
                 dz = tl.where(keep, dz, 0.0)
-                dnext = df
                 tmask = causal_t & (oc[None, :] < de[:, None])
             else:
                 tmask = causal_t
             if CAUSAL:
                 for g in range(G):
-                    bq = b * HQ + hk * G + g
-                    q = tl.load(Q + bq * NQ * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
-                    q = _phi(q, mrk, FM)
-                    do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
-                    rden = tl.load(RDEN + bq * NQ + rows, mask=mr, other=1.0)
-                    cd = tl.load(CD + bq * NQ + rows, mask=mr, other=0.0)
-                    dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]  # (j, i) = v_j . g_i
-                    dAt = tl.where(tmask, dAt + cd[None, :], 0.0)
-                    dk += _mm(dAt, q, Q, LOWP, SPREC, UP)
+                    q, do, rden, cd = _dkv_tiles(Q, DO, RDEN, CD, b * HQ + hk * G + g, NQ, F, DV, rows, ok, od, mr,
+                                                 mrk, mrd, FM)
+                    dk = _dkv_dk(dk, v, q, do, rden, cd, tmask, Q, PREC, SPREC, LOWP, UP)
                     if DOCS:  # the chunk's first document goes on to the previous chunk
                         q = tl.where(qf[:, None], q, 0.0)
                     gm = do.to(tl.float32) * rden[:, None]
-                    dSk += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
-                    dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
+                    dSk, dz = _dkv_suffix(dSk, dz, q, gm, cd, Q, LOWP, SPREC, UP)
             if FM + DFM != 0:
                 k = tl.load(K + bkv * NK * F + rows[:, None] * F + ok[None, :], mask=mrk, other=0.0)
                 dk = dk * _phi_grad(k, FM, DFM)
@@ -602,12 +606,7 @@ def _seg_dkdv(
             dv = _mm(k, dSv, Q, LOWP, SPREC, UP)
             if DOCS:  # as in the dk programs
                 c0 = start + (nt - 1 - i) * C
-                de = tl.load(DOC + b * 2 * NK + NK + rows, mask=mr, other=0) - c0
-                df = _doc_at(DOC, b, NK, c0)
-                qf = rows < _doc_end(DOC, b, NK, c0)
-                dv = tl.where((rows >= dnext)[:, None], dv, 0.0)
-                dSv = tl.where(df == dnext, dSv, 0.0)
-                dnext = df
+                dv, dSv, keep, dnext, qf, de = _dkdv_docs(dv, dSv, dnext, DOC, b, NK, c0, rows, mr)
                 tmask = causal_t & (oc[None, :] < de[:, None])
             else:
                 tmask = causal_t
@@ -637,7 +636,8 @@ def _seg_dkdv(
 
 @triton.jit
 def _dkv_tiles(Q, DO, RDEN, CD, bq, NQ, F, DV, rows, of, od, mr, mrf, mrd, FM: tl.constexpr):
-    """One query head's tiles of a chunk for :func:`_seg_dkv`: phi(q), dout, 1 / den, c."""
+    """One query head's tiles of a chunk for :func:`_seg_dkv` and the dk programs of :func:`_seg_dkdv`: phi(q),
+    dout, 1 / den, c."""
     q = tl.load(Q + bq * NQ * F + rows[:, None] * F + of[None, :], mask=mrf, other=0.0)
     q = _phi(q, mrf, FM)
     do = tl.load(DO + bq * NQ * DV + rows[:, None] * DV + od[None, :], mask=mrd, other=0.0)
@@ -664,7 +664,8 @@ def _dkv_inter(x, dS, Q, TRANS: tl.constexpr, PREC: tl.constexpr, SPREC: tl.cons
 @triton.jit
 def _dkv_dk(dk, v, q, do, rden, cd, causal_t, Q, PREC: tl.constexpr, SPREC: tl.constexpr, LOWP: tl.constexpr,
             UP: tl.constexpr):
-    """``dk += (dA^T * M^T) phi(q)`` of one query head, ``dA^T (j, i) = v_j . g_i + c_i``."""
+    """``dk += (dA^T * M^T) phi(q)`` of one query head, ``dA^T (j, i) = v_j . g_i + c_i`` (``causal_t``: the (j, i)
+    mask ``M^T``, in :func:`_seg_dkdv` with documents also the chunk's document mask)."""
     dAt = _dot(v, tl.trans(do), PREC, UP) * rden[None, :]
     dAt = tl.where(causal_t, dAt + cd[None, :], 0.0)
     return dk + _mm(dAt, q, Q, LOWP, SPREC, UP)
@@ -692,9 +693,17 @@ def _dkv_dv(dv, dS, dz, k, q, do, rden, cd, causal_t, Q, PREC: tl.constexpr, SPR
         dv += _mm(Pt, do, Q, LOWP, SPREC, UP)
     else:
         dv += tl.dot(tl.where(causal_t, At, 0.0), gm, input_precision=SPREC)
+    dS, dz = _dkv_suffix(dS, dz, q, gm, cd, Q, LOWP, SPREC, UP)
+    return dv, dS, dz
+
+
+@triton.jit
+def _dkv_suffix(dS, dz, q, gm, cd, Q, LOWP: tl.constexpr, SPREC: tl.constexpr, UP: tl.constexpr):
+    """The suffix update of one query head (:func:`_dkv_dv`, the dk programs of :func:`_seg_dkdv`): ``dS += phi(q)^T
+    g`` (``gm``: g = dout / den, fp32), ``dz += sum c phi(q)``."""
     dS += _mm(tl.trans(q), gm, Q, LOWP, SPREC, UP)
     dz += tl.sum(q.to(tl.float32) * cd[:, None], 0)
-    return dv, dS, dz
+    return dS, dz
 
 
 @triton.jit
