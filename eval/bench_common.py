@@ -237,6 +237,12 @@ def read_rows(path: str) -> List[dict]:
     return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
 
 
+def error_line(e: BaseException, limit: int = 160) -> str:
+    """``"<type>: <first line of the message, at most limit characters>"``: an exception as one CSV / table cell."""
+    msg = str(e)
+    return f"{type(e).__name__}: {msg.splitlines()[0][:limit] if msg else ''}"
+
+
 def write_csv(rows: Iterable[Dict[str, object]], path: str, columns: Optional[Sequence[str]] = None) -> str:
     """Write dict rows to ``path``; returns the path. Header: ``columns``, else the union of the keys in first-seen
     order. Cells as the results always had them: ``str`` of each value (floats at full precision), an explicit NaN

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
 from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
-from eval.bench_common import (add_time_budget, budget_spent, env_info, flash_flops, format_table,
+from eval.bench_common import (add_time_budget, budget_spent, env_info, error_line, flash_flops, format_table,
                                interleaved_rounds, median_spread, peak_memory, require_cuda, tflops, time_cuda,
                                write_results)
 
@@ -415,7 +415,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
             res[impl] = row
             timers[impl] = dict(fwd=(timer["fwd"], [ms_f]), fwd_bwd=(timer["fwd_bwd"], [ms_fb]))
         except Exception as e:  # an anchor that cannot run this case is recorded, not fatal
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            row["error"] = error_line(e)
             if os.environ.get("BENCH_TRACE"):
                 traceback.print_exc()
         rows.append(row)
@@ -426,7 +426,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
                 more = interleaved_rounds({i: t[mode][0] for i, t in timers.items()}, rounds - 1, start=1)
             except Exception as e:  # the single-round numbers stand; the row says why there are no more
                 for impl in timers:
-                    res[impl]["rounds_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                    res[impl]["rounds_error"] = error_line(e, 120)
                 break
             for impl, ms in more.items():
                 _set_times(res[impl], mode, timers[impl][mode][1] + ms, B, Hq, N, D, frac)

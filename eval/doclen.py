@@ -231,6 +231,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
         return None
     from attn_zoo import AttentionSpec
     from attn_zoo.registry import Unsupported, get_backends
+    from eval.bench_common import error_line
 
     if timer is None:
         from eval.bench_common import time_cuda as timer
@@ -270,7 +271,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
                 ms, row["doc_ids"] = time_one(lin, None), False
             row.update(fwd_bwd_ms=ms, us_per_token=ms * 1e3 / (B * N), model_us_per_token=fit["c_lin"])
         except Exception as e:  # noqa: BLE001 - recorded
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            row["error"] = error_line(e)
         rows.append(row)
         t_lin = row.get("us_per_token", float("nan"))
         print(f"N={N} linear: {t_lin:.4g} us/token (model {fit['c_lin']:.4g})", flush=True)
@@ -297,7 +298,7 @@ def measure(fit: dict, Ns: Sequence[int], families: Sequence[str], means: Sequen
                 ms = time_one(exact, torch.as_tensor(idn, device=device, dtype=torch.int32))
                 row.update(fwd_bwd_ms=ms, us_per_token=ms * 1e3 / (B * N))
             except Exception as e:  # noqa: BLE001 - recorded
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                row["error"] = error_line(e)
             rows.append(row)
             print(f"N={N} {fam:10s} mean {m:8.0f}: {row.get('us_per_token', float('nan')):.4g} us/token "
                   f"(model {row['model_us_per_token']:.4g})", flush=True)

@@ -36,8 +36,10 @@ if [ ! -f /tmp/site/.fa4x_ok ] && ls /tmp/fa4x/fa4site.of*.part_* >/dev/null 2>&
   case $? in 0|3) ;; *) echo "gpu_env: unpacking .fa4x failed" ;; esac
 fi
 
-_big=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-if [ ! -d /tmp/site/flash_attn ] && ls /tmp/fa4/flash_attn_4-*.whl >/dev/null 2>&1; then
+# the cut library wheel's name, version included, from nvidia_cutlass_dsl's wheel (pinned alike; as lab/fa4_pack.sh)
+_dsl=$(ls /tmp/fa4/nvidia_cutlass_dsl-*.whl 2>/dev/null | head -n 1); _ver=${_dsl##*/nvidia_cutlass_dsl-}
+_big=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-${_ver%%-*}-cp312-cp312-manylinux_2_28_x86_64.whl
+if [ ! -d /tmp/site/flash_attn ] && [ -n "$_dsl" ] && ls /tmp/fa4/flash_attn_4-*.whl >/dev/null 2>&1; then
   if [ "$(ls /tmp/fa4/part_* 2>/dev/null | wc -l)" -ge "${FA4_PARTS:-3}" ]; then
     cat /tmp/fa4/part_* > "$_big"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/fa4/*.whl \

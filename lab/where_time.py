@@ -36,7 +36,8 @@ from collections import defaultdict
 
 import torch
 
-from eval.bench_common import env_info, flash_flops, tflops, time_cuda, time_cuda_graph, write_csv, write_json
+from eval.bench_common import (env_info, error_line, flash_flops, tflops, time_cuda, time_cuda_graph, write_csv,
+                               write_json)
 from eval.bench_flash import NATIVE, OURS, VARIANTS, case_setup, fa4_varlen_native, make_impl, ours_fwd_impl
 
 
@@ -79,7 +80,7 @@ def graph_time(step) -> dict:
                 torch.cuda.synchronize()
             except Exception:  # noqa: BLE001 -- a context the failed capture poisoned: the next impl reports it
                 pass
-        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+        return {"graph_error": error_line(e, 120)}
 
 
 def profile_case(name, N, D, impls, tokens, iters, docs=None):
@@ -120,7 +121,7 @@ def profile_case(name, N, D, impls, tokens, iters, docs=None):
             table = kernel_table(prof.events(), iters)
             graph = graph_time(step)
         except Exception as e:  # an anchor that cannot run the case is a row, not the end of the probe
-            summary.append(dict(base, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
+            summary.append(dict(base, error=error_line(e)))
             print(f"{name} N={N} D={D} {impl}: {summary[-1]['error']}", flush=True)
             torch.cuda.empty_cache()
             continue
