@@ -15,7 +15,8 @@
 #
 #   1: pytest -m gpu and the README's train.py trainer=gpu at the checked-out code; the model level against cuDNN
 #   2: the linear family against fla (fla autotunes each new shape for 50-150 s: its own call): Taylor at the
-#      issue's shape (eval.bench_linear --taylor, TAYLOR_S=150), then elu+1 through the sweep (LINEAR_BUDGET_S=240)
+#      issue's shape (eval.bench_linear --taylor, TAYLOR_S=150), then elu+1 at the issue's N (eval.bench_linear,
+#      ELU_S=300); the sweep's linear rows only with LINEAR_BUDGET_S > 0
 #   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
@@ -25,7 +26,7 @@
 # 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
 # .whl (installed in call 1, kept in /tmp); only call 4 reads .data.
 # With the model step (MODEL_S=90) and the documents' longer limit (DOCS_S=300) since then, the defaults are the
-# shares that fit the 1,800 s: PYTEST_S=300 TAYLOR_S=150 LINEAR_BUDGET_S=240 SOFTMAX_BUDGET_S=330 (~1,760 s with a
+# shares that fit the 1,800 s: PYTEST_S=300 TAYLOR_S=150 ELU_S=300 SOFTMAX_BUDGET_S=330 (~1,700 s with a
 # 200 s start). Eighteenth session (H100, started in ~30 s): 222 / 255 / 259 / 267 s, and 126 s for call 4 again.
 # Nineteenth (H100, ~100 s to start): 338 / 323 / 345 / 363 s (the GPU suite took 260 s of call 1; DOCS_S was 240,
 # and the limit cut the window rows: 300 since).
@@ -66,10 +67,19 @@ case $call in
         > "$W/taylor.log" 2>&1; b taylor $?
       tail -n 14 "$W/taylor.log"
     fi
-    # then elu+1 (and whatever LINEAR_VARIANTS names) through the sweep; LINEAR_BUDGET_S=0 skips it
-    if [ "${LINEAR_BUDGET_S:-240}" -gt 0 ]; then
+    # then elu+1 at the issue's N (512 / 4k / 16k, 16k tokens per call) against fla's chunk_linear_attn: fla autotunes
+    # each new shape for 50-140 s, so the sweep below reached only 1k-4k of fla in 240 s (19th session); this step took
+    # 320 s with its checks on the H200 (8th session, b8), rows written per N; ELU_S=0 skips it
+    if [ "${ELU_S:-300}" -gt 0 ]; then
+      timeout -k 5 "${ELU_S:-300}" python3 -m eval.bench_linear --ns 512,4096,16384 --methods ours,fla_linear --no-flat \
+        --rounds 3 --out "$W/elu1" > "$W/elu1.log" 2>&1; b elu1 $?
+      grep -E "^ *(512|4096|16384) " "$W/elu1.log" | tail -n 3 || tail -n 6 "$W/elu1.log"  # cut: the rows so far
+    fi
+    # then elu+1 (and whatever LINEAR_VARIANTS names) through the sweep, for the crossover tables; off unless
+    # LINEAR_BUDGET_S > 0
+    if [ "${LINEAR_BUDGET_S:-0}" -gt 0 ]; then
       LINEAR_VARIANTS=${LINEAR_VARIANTS:-linear} \
-      BUDGET_S=${LINEAR_BUDGET_S:-240} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( ${LINEAR_BUDGET_S:-240} + 15 )) \
+      BUDGET_S=${LINEAR_BUDGET_S} FAMILIES=linear LINEAR_SHARE=92 timeout -k 5 $(( LINEAR_BUDGET_S + 15 )) \
         bash lab/h200_anchors.sh "$W/anchors_linear" > "$W/anchors_linear.log" 2>&1; b anchors_linear $?
       tail -n 6 "$W/anchors_linear.log"
     fi ;;
