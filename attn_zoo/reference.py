@@ -178,10 +178,13 @@ def linear_attention_reference(
     if spec.causal:
         i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
         allowed = torch.arange(Nk, device=q.device).view(1, -1) <= i  # (Nq, Nk)
-    if doc_ids is not None:  # (B, 1, Nq, Nk) masks: plain where (the non-finite guards take a 2-D mask)
-        allowed = document_mask(doc_ids, Nq)[:, None] & (True if allowed is None else allowed)
-        a = torch.where(allowed, fq @ fk.transpose(-1, -2), 0.0)
-        return ((a @ vf) / (a.sum(-1, keepdim=True) + spec.eps)).to(q.dtype)
+    if doc_ids is not None:  # one 2-D mask per batch row (the non-finite guards take a 2-D mask)
+        allowed = document_mask(doc_ids, Nq) & (True if allowed is None else allowed)  # (B, Nq, Nk)
+        outs = []
+        for b in range(fq.shape[0]):
+            a = _scores(fq[b:b + 1], fk[b:b + 1], allowed[b], 0.0)  # exact zeros where masked
+            outs.append(_matmul(a, vf[b:b + 1], allowed[b]) / (a.sum(-1, keepdim=True) + spec.eps))
+        return torch.cat(outs).to(q.dtype)
     a = _scores(fq, fk, allowed, 0.0)  # (B, Hq, Nq, Nk), exact zeros where masked
     num = _matmul(a, vf, allowed)
     den = a.sum(-1, keepdim=True) + spec.eps

@@ -112,3 +112,31 @@ def test_keys_no_query_sees_change_nothing(spec, Nq, Nk, bad, backend):
             torch.testing.assert_close(x, y, msg=n)
     for n, x in zip(("dk", "dv"), b[2:]):
         assert (x[:, :, unseen] == 0).all(), f"{backend}: {n} of an unseen key is not 0"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.causal}-{s.feature_map if s.kind == 'linear' else ''}")
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_reference_with_documents_keeps_a_bad_key_in_its_document(spec, where, bad):
+    """Packed documents (doc_ids): a NaN / inf key or value of document 0 reaches no row of document 1 -- the
+    reference is exact for every pair with documents as without (a masked pair of another document included)."""
+    Nq = Nk = 12
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 2, Nq, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 1, Nk, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 1, Nk, 8, generator=g, dtype=torch.float64)
+    do = torch.randn(2, 2, Nq, 8, generator=g, dtype=torch.float64)
+    doc_ids = torch.tensor([[0] * 5 + [1] * 7] * 2)
+
+    def run(q, k, v):
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = attention(q, k, v, spec, backend="reference", doc_ids=doc_ids)
+        return (out.detach(),) + torch.autograd.grad(out, (q, k, v), do)
+
+    clean = run(q, k, v)
+    x = {"k": k, "v": v}[where].clone()
+    x[..., 2, :] = bad  # a key / value of document 0
+    got = run(*(x if n == where else t for n, t in (("q", q), ("k", k), ("v", v))))
+    for n, a, c in zip(("out", "dq", "dk", "dv"), got, clean):  # document 1: rows / keys 5..11
+        assert torch.isfinite(a[..., 5:, :]).all(), f"{n}: the bad {where} of document 0 reached document 1"
+        torch.testing.assert_close(a[..., 5:, :], c[..., 5:, :], rtol=1e-10, atol=1e-12, msg=n)
