@@ -32,6 +32,8 @@ flash_attn_func cannot be imported (ModuleNotFoundError: ...); install flash-att
 pip install -e .[fa4])``.
 
 Rows that see no key: ``naive`` outputs 0; the SDPA anchors never have such rows (full / causal ``Nq == Nk``).
+Keys that no query may see (:func:`attn_zoo.masks.unseen_keys`): ``naive`` zeroes them (as ``torch`` / ``triton``), so a
+NaN / inf there changes nothing; ``flex`` does not.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..masks import mask_info
+from ..masks import mask_info, unseen_keys
 from ..registry import derived_cache, family, register_backend
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -226,6 +228,9 @@ def naive_attention(q, k, v, spec, return_lse=False, doc_ids=None):
             empty_rows = True
         else:
             allowed, empty_rows = _naive_mask(spec, Nq, Nk, str(q.device))
+            unseen = unseen_keys(spec, Nq, Nk, str(q.device))
+            if unseen is not None:  # keys no row may see contribute nothing, not even 0 * NaN (docs/design.md)
+                kk, vv = kk.masked_fill(unseen, 0.0), vv.masked_fill(unseen, 0.0)
         s = (q * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
