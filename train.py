@@ -50,7 +50,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
-                            check_model_config, layer_specs, model_config, validate_config)
+                            check_model_config, config_errors, layer_specs, model_config, validate_config)
+from harness.data import missing_file_error
 from harness.lit import LitLM, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
                            data_links, finished_run, job_dirname, resume_data_config,
@@ -94,6 +95,25 @@ def _abs(path: str) -> str:
     return to_absolute_path(str(path))
 
 
+def busy_cpu_note(on_gpu: bool) -> Optional[str]:
+    """A hint for a CPU run that starts on a busy machine (1-minute load average >= the cores), else None: torch's
+    threads then wait on each other while other processes hold the cores. One run of 100 MQAR steps on 2 shared cores
+    took 37.9 s with torch's 2 threads, 4.3 s with ``OMP_NUM_THREADS=1`` (2026-12-05). None on a GPU, with one
+    thread, or when ``OMP_NUM_THREADS`` is set."""
+    if on_gpu or "OMP_NUM_THREADS" in os.environ or torch.get_num_threads() <= 1:
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return None
+    cores = os.cpu_count() or 1
+    if load < cores:
+        return None
+    return (f"a CPU run on a busy machine (load {load:.1f} on {cores} cores): torch's {torch.get_num_threads()} "
+            f"threads wait on each other while other processes hold the cores; with OMP_NUM_THREADS=1 (e.g. "
+            f"OMP_NUM_THREADS=1 python train.py ...) 100 MQAR steps took 4.3 s instead of 37.9 s on 2 shared cores")
+
+
 def _stdout_is_tty() -> bool:
     import sys
 
@@ -125,6 +145,10 @@ def build_datamodule(cfg: DictConfig):
     for key in ("path", "val_path"):
         path = cfg.data.get(key)
         if path is not None:
+            given = list(path) if OmegaConf.is_list(path) else [path]
+            for p in given:  # named as typed (the data module sees the absolute path)
+                if not os.path.isfile(_abs(p)):
+                    raise missing_file_error(f"data.{key}", str(p), os.path.normpath(_abs(p)))
             paths[key] = [_abs(p) for p in path] if OmegaConf.is_list(path) else _abs(path)
     if cfg.data.get("cache_dir"):
         paths["cache_dir"] = _abs(cfg.data.cache_dir)
@@ -329,82 +353,90 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
     """
     t_start = time.time()
-    validate_config(cfg)
-    model_cfg = model_config(cfg)  # the one model config; spec errors, plugins, and a backend the layers lack, before anything is written
-    check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
-    L.seed_everything(int(cfg.seed), workers=True)
-    data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
-    # ckpt_path=last: the newest run on these data settings (conf/train.yaml's run dir resolver picks the same)
-    links = data_links(cfg.data)  # data.seed follows seed: a resume error asks for seed=<v>
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings, links=links)
-    resume = checkpoint_info(ckpt_path) if ckpt_path else None
-    if resume is not None:  # other data.* than the checkpoint's: refused before any data work
-        check_resume_data(ckpt_path, resume.data, data_settings, links)
-    output_dir = str(cfg.paths.output_dir)
-    run_dir = run_dir_of(ckpt_path)
-    if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):
-        log.info(f"ckpt_path: resuming {ckpt_path} in its run directory {run_dir}")
-        cfg.paths.output_dir = output_dir = run_dir  # checkpoints, CSV, W&B of the resumed run go there
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-
-    dm = build_datamodule(cfg)
-    dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
-    for note in dense_mask_notes(model_cfg.layers, int(cfg.data.seq_len)):
+    note = busy_cpu_note(on_gpu=torch.cuda.is_available() and cfg.trainer.get("accelerator") != "cpu")
+    if note:
         log.warning(note)
-    if model_cfg.config.vocab_size != dm.vocab_size:
-        raise ValueError(f"model.vocab_size={model_cfg.config.vocab_size} != data vocab_size={dm.vocab_size}")
-    max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
-    max_epochs = int(cfg.trainer.get("max_epochs") if cfg.trainer.get("max_epochs") is not None else -1)
-    # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
-    total_steps = (resume.total_steps if resume is not None and resume.total_steps else None) or \
-        (max_steps if max_steps > 0 else None)
-    # cfg.optim: the optimizer (hydra.utils.instantiate'd by LitLM, _partial_: true) + the LR schedule's keys
-    optimizer, schedule = split_optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
-    lit = LitLM(
-        model_cfg, backend=cfg.attention_backend, optimizer=optimizer, **schedule, bytes_per_token=dm.bytes_per_token,
-        task=type(dm).__name__, compile=bool(cfg.get("compile", False)), total_steps=total_steps,
-        doc_mask=bool(getattr(dm, "model_documents", False)),
-    )
-    start_step, complete, finished = 0, False, None
-    if resume is not None:
-        try:
-            lit.check_checkpoint_hparams(resume.hparams)
-        except ValueError as e:
-            if str(cfg.get("ckpt_path")) != "last":
-                raise
-            # ckpt_path=last chose the run by its data settings only: say which run it picked and how to pick another
-            why = str(e).removeprefix("ckpt_path: ")
-            raise ValueError(f"ckpt_path=last picked {run_dir_of(ckpt_path) or ckpt_path} (the newest run on this "
-                             f"launch's data settings), which does not fit this launch: {why}; to resume another "
-                             f"run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt") from None
-        start_step = resume.step
-        # epochs: a checkpoint written before RunState kept them (None) is not known to have ended by epochs
-        epochs_ended = max_epochs > 0 and resume.epochs is not None and resume.epochs >= max_epochs
-        steps_ended = max_steps == resume.step
-        complete = steps_ended or epochs_ended or resume.stopped  # its training ended: nothing left to train
-        # only a run's own checkpoint, of a run without a (readable) final table (killed in its final validation), is
-        # finalised
-        finished = finished_run(run_dir) if run_dir is not None else None
-        unfinished = run_dir is not None and finished is None
-        past_epochs = max_epochs > 0 and resume.epochs is not None and resume.epochs > max_epochs
-        if (complete and not unfinished) or 0 <= max_steps < resume.step or past_epochs:
-            if resume.stopped and not 0 <= max_steps <= resume.step:
+    # the checks before training: a bad value (config, data path, checkpoint) is a ConfigError, printed without a
+    # traceback (harness.config.config_errors)
+    with config_errors():
+        validate_config(cfg)
+        # the one model config; spec errors, plugins, and a backend the layers lack, before anything is written
+        model_cfg = model_config(cfg)
+        check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
+        L.seed_everything(int(cfg.seed), workers=True)
+        data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
+        # ckpt_path=last: the newest run on these data settings (conf/train.yaml's run dir resolver picks the same)
+        links = data_links(cfg.data)  # data.seed follows seed: a resume error asks for seed=<v>
+        ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings, links=links)
+        resume = checkpoint_info(ckpt_path) if ckpt_path else None
+        if resume is not None:  # other data.* than the checkpoint's: refused before any data work
+            check_resume_data(ckpt_path, resume.data, data_settings, links)
+        output_dir = str(cfg.paths.output_dir)
+        run_dir = run_dir_of(ckpt_path)
+        if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):
+            log.info(f"ckpt_path: resuming {ckpt_path} in its run directory {run_dir}")
+            cfg.paths.output_dir = output_dir = run_dir  # checkpoints, CSV, W&B of the resumed run go there
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+
+        dm = build_datamodule(cfg)
+        dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
+        for note in dense_mask_notes(model_cfg.layers, int(cfg.data.seq_len)):
+            log.warning(note)
+        if model_cfg.config.vocab_size != dm.vocab_size:
+            raise ValueError(f"model.vocab_size={model_cfg.config.vocab_size} != data vocab_size={dm.vocab_size}")
+        max_steps = int(cfg.trainer.get("max_steps") if cfg.trainer.get("max_steps") is not None else -1)
+        max_epochs = int(cfg.trainer.get("max_epochs") if cfg.trainer.get("max_epochs") is not None else -1)
+        # the LR schedule's length: this run's max_steps, or the resumed run's (kept across resumes and extensions)
+        total_steps = (resume.total_steps if resume is not None and resume.total_steps else None) or \
+            (max_steps if max_steps > 0 else None)
+        # cfg.optim: the optimizer (hydra.utils.instantiate'd by LitLM, _partial_: true) + the LR schedule's keys
+        optimizer, schedule = split_optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
+        lit = LitLM(
+            model_cfg, backend=cfg.attention_backend, optimizer=optimizer, **schedule,
+            bytes_per_token=dm.bytes_per_token, task=type(dm).__name__, compile=bool(cfg.get("compile", False)),
+            total_steps=total_steps, doc_mask=bool(getattr(dm, "model_documents", False)),
+        )
+        start_step, complete, finished = 0, False, None
+        if resume is not None:
+            try:
+                lit.check_checkpoint_hparams(resume.hparams)
+            except ValueError as e:
+                if str(cfg.get("ckpt_path")) != "last":
+                    raise
+                # ckpt_path=last chose the run by its data settings only: say which run it picked and how to pick another
+                why = str(e).removeprefix("ckpt_path: ")
+                raise ValueError(f"ckpt_path=last picked {run_dir_of(ckpt_path) or ckpt_path} (the newest run on this "
+                                 f"launch's data settings), which does not fit this launch: {why}; to resume another "
+                                 f"run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt") from None
+            start_step = resume.step
+            # epochs: a checkpoint written before RunState kept them (None) is not known to have ended by epochs
+            epochs_ended = max_epochs > 0 and resume.epochs is not None and resume.epochs >= max_epochs
+            steps_ended = max_steps == resume.step
+            complete = steps_ended or epochs_ended or resume.stopped  # its training ended: nothing left to train
+            # only a run's own checkpoint, of a run without a (readable) final table (killed in its final validation), is
+            # finalised
+            finished = finished_run(run_dir) if run_dir is not None else None
+            unfinished = run_dir is not None and finished is None
+            past_epochs = max_epochs > 0 and resume.epochs is not None and resume.epochs > max_epochs
+            if (complete and not unfinished) or 0 <= max_steps < resume.step or past_epochs:
+                if resume.stopped and not 0 <= max_steps <= resume.step:
+                    raise ValueError(
+                        f"ckpt_path={ckpt_path}: that run was stopped at step {resume.step} by a callback "
+                        f"(trainer.should_stop: EarlyStopping, ...) and leaves nothing to train; start a new run to "
+                        f"train further")
+                if epochs_ended and not 0 <= max_steps <= resume.step:
+                    raise ValueError(
+                        f"ckpt_path={ckpt_path}: that run already trained {resume.epochs} epoch(s) (step {resume.step}) "
+                        f"and trainer.max_epochs={max_epochs} leaves nothing to train (max_epochs counts all epochs, "
+                        f"not further ones); pass trainer.max_epochs > {resume.epochs} to extend it")
                 raise ValueError(
-                    f"ckpt_path={ckpt_path}: that run was stopped at step {resume.step} by a callback "
-                    f"(trainer.should_stop: EarlyStopping, ...) and leaves nothing to train; start a new run to train "
-                    f"further")
-            if epochs_ended and not 0 <= max_steps <= resume.step:
-                raise ValueError(
-                    f"ckpt_path={ckpt_path}: that run already trained {resume.epochs} epoch(s) (step {resume.step}) "
-                    f"and trainer.max_epochs={max_epochs} leaves nothing to train (max_epochs counts all epochs, not "
-                    f"further ones); pass trainer.max_epochs > {resume.epochs} to extend it")
-            raise ValueError(
-                f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and trainer.max_steps={max_steps} "
-                f"leaves nothing to train (max_steps counts all steps, not further ones); pass "
-                f"trainer.max_steps > {resume.step} to extend it")
-        if complete:
-            log.info(f"ckpt_path: {ckpt_path} ended training at step {resume.step} but the run has no {FINAL_METRICS} "
-                     f"(stopped in its final validation): no step is trained, it is validated and finalised")
+                    f"ckpt_path={ckpt_path}: that run already reached step {resume.step} and "
+                    f"trainer.max_steps={max_steps} leaves nothing to train (max_steps counts all steps, not further "
+                    f"ones); pass trainer.max_steps > {resume.step} to extend it")
+            if complete:
+                log.info(f"ckpt_path: {ckpt_path} ended training at step {resume.step} but the run has no "
+                         f"{FINAL_METRICS} (stopped in its final validation): no step is trained, it is validated and "
+                         f"finalised")
     variant_tags = sorted({s.label for s in model_cfg.layers})
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
@@ -668,7 +700,8 @@ def main(cfg: DictConfig) -> Optional[float]:
     config (:func:`harness.runs.resumable_checkpoint`), else it starts over (the log says why).
     """
     mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
-    validate_config(cfg)
+    with config_errors():
+        validate_config(cfg)
     stop_at = cfg.get("stop_at")
     # one process decides here (a DDP run's children, started by it, and peers of a launcher that set WORLD_SIZE go
     # on to StopAt.on_train_start, where all ranks decide together: no rank waits for one that left)

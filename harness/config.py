@@ -4,8 +4,9 @@ before anything is built or written (:func:`validate_config`, :func:`layer_specs
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +17,40 @@ from attn_zoo.spec import AttentionSpec
 
 from .callbacks import StopAt
 from .lit import validate_optim_config
+
+try:
+    from hydra.errors import CompactHydraException
+
+    _COMPACT = (CompactHydraException,)
+except ImportError:  # harness.config without Hydra (eval.bench_model): only how Hydra prints the errors changes
+    _COMPACT = ()
+
+
+class ConfigError(*_COMPACT, ValueError):
+    """A config value a run cannot start with (:func:`config_errors`). A ``ValueError``; Hydra prints its message
+    alone, without the traceback of a fault in the code (``HYDRA_FULL_ERROR=1`` shows it)."""
+
+
+class ConfigFileError(*_COMPACT, FileNotFoundError):
+    """A file the config names that is not there (:func:`config_errors`); a ``FileNotFoundError``, printed as
+    :class:`ConfigError`."""
+
+
+@contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """Inside, a ``ValueError`` / ``FileNotFoundError`` (the checks of a run's config, its data paths, its checkpoint)
+    is raised again as :class:`ConfigError` / :class:`ConfigFileError` with the same message, so that ``python
+    train.py <bad value>`` prints the message naming the key and what to pass, not a traceback first. ``train.py``
+    wraps its checks before training in it, nothing after training starts."""
+    try:
+        yield
+    except (ConfigError, ConfigFileError):
+        raise
+    except FileNotFoundError as e:
+        raise ConfigFileError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 """The repository's Hydra configs (``conf/``, beside ``train.py``): ``conf/attention/<name>.yaml`` names the layers
@@ -137,7 +172,7 @@ def _qualified(where: str, fn, *args):
     try:
         return fn(*args)
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from e
+        raise ValueError(f"{where}: {e}") from None  # the message carries e's: a chain would print it twice
 
 
 def check_model_config(model_cfg: Dict) -> None:
@@ -156,7 +191,7 @@ def check_model_config(model_cfg: Dict) -> None:
         msg = str(e)
         known = sorted(GPTConfig.__dataclass_fields__, key=len, reverse=True)
         lead = next((k for k in known if msg.startswith(k) and msg[len(k):len(k) + 1] in (" ", "=")), None)
-        raise ValueError(f"model.{msg}" if lead else f"model: {msg}") from e
+        raise ValueError(f"model.{msg}" if lead else f"model: {msg}") from None
 
 
 def model_config(cfg: DictConfig) -> ModelConfig:
@@ -345,7 +380,7 @@ def check_layers(cfg: DictConfig, specs: List) -> None:
             try:  # the model raises it as it is built, after the data work, naming the spec field only
                 spec.resolve_kv_heads(n_head)
             except ValueError as e:  # "kv_group_size=3 must divide n_heads=4" -> attention.kv_group_size=...
-                raise ValueError(f"{node}.{e} (model.n_head={n_head})") from e
+                raise ValueError(f"{node}.{e} (model.n_head={n_head})") from None
     data = cfg.get("data") or {}
     documents = bool(data.get("pack", False)) and bool(data.get("doc_mask", True))
     if documents:

@@ -150,6 +150,15 @@ def max_text_seq_len(n_train_tokens: int, n_val_tokens: int, batch_size: int) ->
     return max(min((int(n_train_tokens) - 1) // max(int(batch_size), 1), int(n_val_tokens) - 1), 0)
 
 
+def missing_file_error(key: str, given: str, absolute: str) -> FileNotFoundError:
+    """The error for a ``data.path`` / ``data.val_path`` entry that is not a file: ``given`` as the user wrote it,
+    ``absolute`` where it was looked for."""
+    return FileNotFoundError(
+        f"{key}={given!r} does not exist or is not a file (absolute: {absolute}; relative paths are taken from the "
+        f"directory train.py was launched in); pass {key}=<your text file> (an absolute path works from anywhere), or "
+        f"data.path=null data.hub_name=<dataset> for a hub dataset")
+
+
 class TextDataModule(L.LightningDataModule):
     """Byte-level language modelling on a text corpus.
 
@@ -259,11 +268,7 @@ class TextDataModule(L.LightningDataModule):
         for key, path in (("data.path", self.path), ("data.val_path", self.val_path)):
             for p in self._paths(path):
                 if not os.path.isfile(p):
-                    raise FileNotFoundError(
-                        f"{key}={p!r} does not exist or is not a file (absolute: {os.path.abspath(p)}; relative paths "
-                        f"are taken from the directory train.py was launched in); pass {key}=<your text file> (an "
-                        f"absolute path works from anywhere), or data.path=null data.hub_name=<dataset> for a hub "
-                        f"dataset")
+                    raise missing_file_error(key, p, os.path.abspath(p))
 
     def _cache_file(self, paths: Sequence[str]) -> Optional[Path]:
         if self.cache_dir is None or not paths:
@@ -326,9 +331,20 @@ class TextDataModule(L.LightningDataModule):
             os.replace(tmp, cache)
         return tokens
 
+    def source(self) -> str:
+        """What this module reads, for the log: each file's absolute path and size, or the hub dataset."""
+        def files(path):
+            return ", ".join(f"{os.path.abspath(p)} ({os.path.getsize(p):,} bytes)" for p in self._paths(path))
+
+        text = f"data.path={files(self.path)}" if self.path is not None else f"data.hub_name={self.hub_name!r}"
+        return text + (f"; data.val_path={files(self.val_path)}" if self.val_path is not None else "")
+
     def setup(self, stage: Optional[str] = None):
         if self.train_tokens is not None:
             return
+        from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+        rank_zero_info(f"data: {self.source()}")  # data=text reads conf/data/text.yaml's file when none is given
         if self.pack:
             return self._setup_packed()
         if self.val_path is not None:  # a separate validation file: the whole data.path trains

@@ -412,3 +412,49 @@ def test_ddp_validation_counts_every_example_once(tmp_path):
     assert got["resumed_from"] == str(two / "checkpoints" / "last.ckpt") and got["steps"] == ref["steps"] == 4
     for key in ("val/loss", "val/acc"):
         assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
+
+
+def test_config_errors_print_without_a_traceback(tmp_path):
+    """A bad value is a ConfigError (a ValueError Hydra prints alone, no traceback); a missing data file is named as
+    typed, and the process exits 1 with the message last."""
+    from hydra.errors import CompactHydraException
+
+    from harness.config import ConfigError, ConfigFileError
+
+    cfg = make_cfg(tmp_path, FAST + ["trainer.max_steps=-5"])
+    with pytest.raises(ConfigError, match=r"trainer.max_steps=-5: must be a positive integer") as e:
+        train_mod.train(cfg)
+    assert isinstance(e.value, ValueError) and isinstance(e.value, CompactHydraException) and e.value.__cause__ is None
+    cfg = make_cfg(tmp_path, COMMON + ["data=text", "data.path=no/such/file.txt"])
+    with pytest.raises(ConfigFileError, match=r"data.path='no/such/file.txt' does not exist .*absolute: /"):
+        train_mod.train(cfg)
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "attention=sliding_window",
+                        "attention.window_size=[-3,0]", f"hydra.run.dir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "window_size left=-3 must be an integer >= 0" in r.stderr, r.stderr[-2000:]
+
+
+def test_busy_cpu_note(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.4, 3.0, 3.0))
+    note = train_mod.busy_cpu_note(on_gpu=False)
+    assert note is not None and "load 3.4 on 2 cores" in note and "OMP_NUM_THREADS=1" in note
+    assert train_mod.busy_cpu_note(on_gpu=True) is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    assert train_mod.busy_cpu_note(on_gpu=False) is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.4, 3.0, 3.0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert train_mod.busy_cpu_note(on_gpu=False) is None
+
+
+def test_text_data_logs_its_source(tmp_path):
+    from harness.data import TextDataModule
+
+    f = tmp_path / "corpus.txt"
+    f.write_text("hello world\n" * 200)
+    dm = TextDataModule(path=str(f), seq_len=16, batch_size=2)
+    assert dm.source() == f"data.path={f} (2,400 bytes)"
