@@ -344,8 +344,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     full output directory is printed on its own line after the final table (``output_dir: ...``).
 
     Raises:
-        ValueError: a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything is
-            written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
+        ValueError (:class:`harness.config.ConfigError`; a missing ``data.path`` / checkpoint: ``ConfigFileError``,
+            a FileNotFoundError): a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything
+            is written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
             architecture or other optimizer / LR-schedule settings (``ckpt_path=last``: naming the run it picked by
             its data settings), or a checkpoint of a finished run (or outside a
             ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step,
