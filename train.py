@@ -52,7 +52,7 @@ from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
                             check_model_config, config_errors, layer_specs, model_config, validate_config)
 from harness.data import missing_file_error
-from harness.lit import LitLM, split_optim_config
+from harness.lit import LitLM, architecture_diff, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
                            data_links, finished_run, job_dirname, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
@@ -347,8 +347,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         ValueError (:class:`harness.config.ConfigError`; a missing ``data.path`` / checkpoint: ``ConfigFileError``,
             a FileNotFoundError): a bad ``optim.*`` / ``trainer.*`` value (:func:`validate_config`, before anything
             is written), sizes that train nothing (``data.seq_len`` over the data's limit, ...), a checkpoint of another
-            architecture or other optimizer / LR-schedule settings (``ckpt_path=last``: naming the run it picked by
-            its data settings), or a checkpoint of a finished run (or outside a
+            architecture or other optimizer / LR-schedule settings (``ckpt_path=last``: no run on these data settings
+            and this model, or the one it picked has other optimizer settings: naming it), or a checkpoint of a finished run (or outside a
             ``checkpoints/`` folder) with nothing left to train (``trainer.max_steps`` not past its step,
             ``trainer.max_epochs`` not past its epochs, or stopped by a callback).
         RuntimeError: ``fit`` ended without an optimizer step although ``trainer.max_steps > 0``.
@@ -366,9 +366,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
         L.seed_everything(int(cfg.seed), workers=True)
         data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
-        # ckpt_path=last: the newest run on these data settings (conf/train.yaml's run dir resolver picks the same)
+        # ckpt_path=last: the newest run on these data settings and this model (conf/train.yaml's run dir resolver
+        # picks the same)
         links = data_links(cfg.data)  # data.seed follows seed: a resume error asks for seed=<v>
-        ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings, links=links)
+        ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), base_dir=_abs("."), data=data_settings, links=links,
+                                      fits=lambda info: architecture_diff(info.hparams, model_cfg))
         resume = checkpoint_info(ckpt_path) if ckpt_path else None
         if resume is not None:  # other data.* than the checkpoint's: refused before any data work
             check_resume_data(ckpt_path, resume.data, data_settings, links)
@@ -404,10 +406,11 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             except ValueError as e:
                 if str(cfg.get("ckpt_path")) != "last":
                     raise
-                # ckpt_path=last chose the run by its data settings only: say which run it picked and how to pick another
+                # ckpt_path=last chose the run by its data settings and model: say which run it picked and how to
+                # pick another (its optimizer settings differ)
                 why = str(e).removeprefix("ckpt_path: ")
                 raise ValueError(f"ckpt_path=last picked {run_dir_of(ckpt_path) or ckpt_path} (the newest run on this "
-                                 f"launch's data settings), which does not fit this launch: {why}; to resume another "
+                                 f"launch's data settings and model), which does not fit this launch: {why}; to resume another "
                                  f"run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt") from None
             start_step = resume.step
             # epochs: a checkpoint written before RunState kept them (None) is not known to have ended by epochs

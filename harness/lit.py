@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import lightning as L
@@ -235,6 +235,46 @@ def _override(v) -> str:
     return str(v)
 
 
+def _layers_diff(old: List[AttentionSpec], new: List[AttentionSpec]) -> str:
+    """The fields in which two layer lists differ, one entry per run of layers with the same difference:
+    ``layers 0-3: kind 'flash' -> 'linear'``; a different layer count says so."""
+    if len(old) != len(new):
+        return f"{len(old)} layers -> {len(new)}"
+    parts: List[Tuple[int, int, str]] = []  # (first layer, last layer, difference)
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a == b:
+            continue
+        what = ", ".join(f"{f.name} {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}" for f in fields(a)
+                         if getattr(a, f.name) != getattr(b, f.name))
+        if parts and parts[-1][1] == i - 1 and parts[-1][2] == what:
+            parts[-1] = (parts[-1][0], i, what)
+        else:
+            parts.append((i, i, what))
+    return "; ".join(f"layer {lo}: {w}" if lo == hi else f"layers {lo}-{hi}: {w}" for lo, hi, w in parts)
+
+
+def architecture_diff(saved: Mapping, model_config: ModelConfig) -> Optional[str]:
+    """How the architecture recorded in checkpoint hparams ``saved`` differs from ``model_config`` (None: it does
+    not): the attention layers (``layer_specs``: the layers that differ and their fields, checkpoint -> this run) or
+    the model config (``model_config``: each ``model.<key>`` with both values). A key the checkpoint lacks has
+    :class:`GPTConfig`'s default; hparams without either entry are not compared."""
+    if "layer_specs" in saved:
+        old = [layer_from_dict(d) for d in saved["layer_specs"]]
+        new = list(model_config.layers)
+        if old != new:
+            return (f"the checkpoint was trained with attention {[s.label for s in old]} but this run builds "
+                    f"{[s.label for s in new]} ({_layers_diff(old, new)}); resume with the same attention / "
+                    f"model.layers overrides")
+    old_cfg = {**asdict(GPTConfig()), **dict(saved["model_config"])} if "model_config" in saved else None
+    new_cfg = asdict(model_config.config)
+    if old_cfg is not None and old_cfg != new_cfg:
+        diff = ", ".join(f"model.{k}: checkpoint {old_cfg.get(k)!r}, this run {new_cfg.get(k)!r}"
+                         for k in sorted(set(old_cfg) | set(new_cfg)) if old_cfg.get(k) != new_cfg.get(k))
+        return (f"model config differs from the checkpoint's ({diff}); resume with the same model / data overrides "
+                f"as the run that wrote it (vocab_size and max_seq_len follow data.*)")
+    return None
+
+
 class LitLM(L.LightningModule):
     """Language-model training around a :class:`GPT`; the module builds the model from one
     :class:`attn_zoo.model.ModelConfig` (kept as :attr:`model_config`, the object ``self.gpt.model_config`` is) and
@@ -355,25 +395,9 @@ class LitLM(L.LightningModule):
         ``weight_decay``) and LR schedule, so another value in this run's config would not be used, only recorded;
         it is refused instead, naming each key with the checkpoint's and this run's value. The schedule length
         (``total_steps``) is not compared: the checkpoint's is kept (:meth:`on_load_checkpoint`)."""
-        if "layer_specs" in saved:
-            old = [layer_from_dict(d) for d in saved["layer_specs"]]
-            new = list(self.model_config.layers)
-            if old != new:
-                raise ValueError(
-                    "ckpt_path: the checkpoint was trained with attention "
-                    f"{[s.label for s in old]} ({old}) but this run builds {[s.label for s in new]} ({new}); "
-                    "resume with the same attention / model.layers overrides"
-                )
-        # a key the checkpoint lacks has GPTConfig's default (the model it built had it)
-        old = {**asdict(GPTConfig()), **dict(saved["model_config"])} if "model_config" in saved else None
-        new = asdict(self.model_config.config)
-        if old is not None and old != new:
-            diff = ", ".join(f"model.{k}: checkpoint {old.get(k)!r}, this run {new.get(k)!r}"
-                             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
-            raise ValueError(
-                f"ckpt_path: model config differs from the checkpoint's ({diff}); resume with the same model / data "
-                f"overrides as the run that wrote it (vocab_size and max_seq_len follow data.*)"
-            )
+        why = architecture_diff(saved, self.model_config)
+        if why is not None:
+            raise ValueError(f"ckpt_path: {why}")
         if bool(saved.get("doc_mask", False)) != self.doc_mask:  # checkpoints from before it: trained without
             raise ValueError(
                 f"ckpt_path: the checkpoint was trained with data.doc_mask={str(bool(saved.get('doc_mask'))).lower()} "

@@ -16,8 +16,9 @@ Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=l
       hparams is refused (``ValueError: ckpt_path: ...``, :meth:`harness.lit.LitLM.check_checkpoint_hparams`), so
       ``final_metrics.json``'s ``result_config`` records what ran;
     * ``ckpt_path=last``: the most recently written ``outputs/*/*/checkpoints/last.ckpt`` under the launch
-      directory whose run was trained on this launch's data settings (:func:`find_last_checkpoint`; none: an error
-      naming the newest run, its ``data`` group and its data overrides). A checkpoint outside a ``checkpoints/``
+      directory whose run was trained on this launch's data settings and model (:func:`find_last_checkpoint`; none:
+      an error naming the newest run, its ``data`` group and its data overrides, or, runs on these data settings but
+      of another model, the newest of them, how it differs and its model overrides). A checkpoint outside a ``checkpoints/``
       folder starts a new run directory.
 
 Resumable multiruns (``skip_finished=true``, a fixed ``hydra.sweep.dir``): re-running the command skips each job
@@ -41,7 +42,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -51,7 +52,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
+           "FAILED", "mark_failed", "model_fits", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -63,31 +64,54 @@ FAILED = "failed.json"            # a job folder whose job raised in the latest 
 
 
 # ---------------------------------------------------------------------------------------------- resume
-def find_last_checkpoint(root=RUNS_ROOT, data: Optional[Dict] = None,
-                         links: Optional[Dict[str, str]] = None) -> Optional[Path]:
+def find_last_checkpoint(root=RUNS_ROOT, data: Optional[Dict] = None, links: Optional[Dict[str, str]] = None,
+                         fits: Optional[Callable[["CheckpointInfo"], Optional[str]]] = None) -> Optional[Path]:
     """The most recently written ``<root>/*/*/checkpoints/last.ckpt`` (None: there is none).
 
     ``data`` (this launch's :func:`resume_data_config`): the most recent one whose checkpoint was trained on these
     data settings (:func:`check_resume_data` accepts it; a checkpoint that did not record them, or cannot be read,
     counts: the resume says what is wrong with it), so ``ckpt_path=last`` does not pick a run of another task.
-    ``links``: :func:`data_links` of the launch (the error names ``seed=1``, not ``data.seed=1``).
+    ``fits`` (with ``data``): of those, the most recent one for which ``fits(checkpoint_info(ckpt))`` is None (the
+    launch's model: :func:`harness.lit.architecture_diff`), so a launch with ``attention=linear`` resumes the latest
+    linear run, not a newer one of another attention. ``links``: :func:`data_links` of the launch (the error names
+    ``seed=1``, not ``data.seed=1``).
 
     Raises:
         ValueError: ``data`` given, runs found, none of them on these data settings: names the newest run, the data
             it was trained with (its ``data`` group, or the differing keys) and how to resume it or pick a run.
+            With ``fits``: runs on these data settings, none that fits: names the newest of them, how it differs
+            (``fits``'s message) and the overrides it was launched with.
     """
     found = sorted((p for p in Path(root).glob(f"*/*/{CKPT_DIR}/last.ckpt") if p.is_file()),
                    key=lambda p: p.stat().st_mtime, reverse=True)
     if data is None or not found:
         return found[0] if found else None
+    on_data: List[Tuple[Path, str]] = []  # runs on these data settings that do not fit: (checkpoint, why)
     for ckpt in found:
         try:
-            stored = checkpoint_info(ckpt).data
+            info = checkpoint_info(ckpt)
         except ValueError:
             return ckpt
-        if stored is None or not _data_diff(stored, data):
+        if info.data is not None and _data_diff(info.data, data):
+            continue
+        why = fits(info) if fits is not None else None
+        if why is None:
             return ckpt
+        on_data.append((ckpt, why))
+    if on_data:
+        raise ValueError(_no_fitting_run(on_data, len(found)))
     raise ValueError(_no_compatible_run(found, data, links))
+
+
+def _no_fitting_run(on_data: List[Tuple[Path, str]], n_found: int) -> str:
+    ckpt, why = on_data[0]
+    run = ckpt.parent.parent
+    overrides = _overrides_of(run, lambda k: k.split(".")[0] in ("attention", "model", "experiment"))
+    how = (f"launch with its model overrides ({' '.join(overrides)})" if overrides else
+           "launch without model / attention overrides (it had none)")
+    return (f"ckpt_path=last: {len(on_data)} of the {n_found} run(s) under {run.parent.parent} were trained on this "
+            f"launch's data settings, and none with this launch's model; the newest of them, {run}: {why}. To resume "
+            f"it, {how}; to resume another run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt")
 
 
 def _at(c, key: str):
@@ -116,9 +140,9 @@ def _data_group_of(data: Dict) -> str:
     return f"data._target_={target}"
 
 
-def _data_overrides_of(run_dir: Path) -> List[str]:
-    """The command-line overrides of a run's first launch (``.hydra/overrides.yaml``) that set its data: ``data=``,
-    ``data.*`` and ``experiment=`` (an experiment picks its data)."""
+def _overrides_of(run_dir: Path, only=None) -> List[str]:
+    """The command-line overrides of a run's first launch (``.hydra/overrides.yaml``), those for which
+    ``only(key)`` holds when given (key: the override's left-hand side without ``+`` / ``~``); [] when unreadable."""
     import yaml
 
     try:
@@ -126,7 +150,13 @@ def _data_overrides_of(run_dir: Path) -> List[str]:
     except (OSError, yaml.YAMLError):
         return []
     keys = lambda o: str(o).lstrip("+~").split("=", 1)[0]  # noqa: E731
-    return [str(o) for o in overrides if keys(o) in ("data", "experiment") or keys(o).startswith("data.")]
+    return [str(o) for o in overrides if only is None or only(keys(o))]
+
+
+def _data_overrides_of(run_dir: Path) -> List[str]:
+    """The overrides of a run's first launch that set its data: ``data=``, ``data.*`` and ``experiment=`` (an
+    experiment picks its data)."""
+    return _overrides_of(run_dir, lambda k: k in ("data", "experiment") or k.startswith("data."))
 
 
 def _no_compatible_run(found: List[Path], data: Dict, links: Optional[Dict[str, str]] = None) -> str:
@@ -148,20 +178,23 @@ def _no_compatible_run(found: List[Path], data: Dict, links: Optional[Dict[str, 
 
 
 def resolve_ckpt_path(ckpt_path, base_dir=None, data: Optional[Dict] = None,
-                      links: Optional[Dict[str, str]] = None) -> Optional[str]:
+                      links: Optional[Dict[str, str]] = None,
+                      fits: Optional[Callable[["CheckpointInfo"], Optional[str]]] = None) -> Optional[str]:
     """``ckpt_path`` as an absolute path (relative paths and ``last`` against ``base_dir``, default the cwd).
     ``last``: :func:`find_last_checkpoint` under ``<base_dir>/outputs``, with ``data`` (this launch's
-    :func:`resume_data_config`) the newest run on the same data settings.
+    :func:`resume_data_config`) the newest run on the same data settings, with ``fits`` as well the newest of those
+    that fits the launch's model.
 
     Raises:
         FileNotFoundError: naming ``ckpt_path``: the file does not exist, or ``last`` finds no run.
-        ValueError: ``last`` with ``data``: no run on these data settings (:func:`find_last_checkpoint`).
+        ValueError: ``last`` with ``data``: no run on these data settings, or (``fits``) none of them fits
+            (:func:`find_last_checkpoint`).
     """
     if ckpt_path is None or str(ckpt_path) == "":
         return None
     base = Path(base_dir or os.getcwd())
     if str(ckpt_path) == "last":
-        found = find_last_checkpoint(base / RUNS_ROOT, data, links)
+        found = find_last_checkpoint(base / RUNS_ROOT, data, links, fits)
         if found is None:
             raise FileNotFoundError(
                 f"ckpt_path=last: no run under {base / RUNS_ROOT} has {CKPT_DIR}/last.ckpt; "
@@ -237,11 +270,26 @@ def _launch_data(root) -> Optional[Dict]:
         return None
 
 
+def model_fits(cfg) -> Optional[Callable[[CheckpointInfo], Optional[str]]]:
+    """``fits`` of :func:`find_last_checkpoint` for the train config ``cfg``: how a checkpoint's architecture differs
+    from the model ``cfg`` builds (:func:`harness.lit.architecture_diff`; None: it fits). None when ``cfg`` builds no
+    model (a config error: ``train.py`` reports it)."""
+    from .config import model_config
+    from .lit import architecture_diff
+
+    try:
+        built = model_config(cfg)
+    except Exception:  # noqa: BLE001 - a config error: train.py reports it; here only a run is chosen
+        return None
+    return lambda info: architecture_diff(info.hparams, built)
+
+
 def _run_dir_resolver(ckpt_path, default, *, _root_=None):
     """``hydra.run.dir``: the run folder of ``ckpt_path`` (``last``: of the newest run on this launch's data
-    settings, as ``train.py`` resolves it), else ``default``."""
+    settings that fits its model, as ``train.py`` resolves it), else ``default``."""
     try:
-        ckpt = resolve_ckpt_path(ckpt_path, data=_launch_data(_root_))
+        fits = model_fits(_root_) if str(ckpt_path) == "last" and _root_ is not None else None
+        ckpt = resolve_ckpt_path(ckpt_path, data=_launch_data(_root_), fits=fits)
     except (FileNotFoundError, ValueError):  # train.py raises the error naming ckpt_path; Hydra only needs a dir
         return default
     return run_dir_of(ckpt) or default

@@ -4,6 +4,9 @@ curve of a resumed run, W&B kept quiet, local text cached under ``data.cache_dir
 ``ckpt_path=last`` choosing a run on this launch's data, the summary in ``train.log``, no folder left by a refused
 run."""
 
+import json
+import os
+
 import pytest
 
 import train as train_mod
@@ -285,10 +288,38 @@ def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path):
     assert r.returncode != 0 and not (tmp_path / "new" / "run").exists()
 
 
-def test_ckpt_path_last_on_another_attention_names_the_run_it_picked(tmp_path, monkeypatch):
-    """ckpt_path=last picks the newest run on this launch's data, whatever its attention: a launch with other
-    attention was refused with the spec diff only ("resume with the same attention"), not saying which run
-    ckpt_path=last had picked nor how to resume another one."""
+def test_ckpt_path_last_resumes_the_newest_run_of_this_model(tmp_path, monkeypatch):
+    """ckpt_path=last picked the newest run on this launch's data whatever its attention, then refused it with both
+    whole AttentionSpecs printed: a launch with attention=linear after a newer flash run could not resume the linear
+    run by `last`. It now takes the newest run on these data settings that builds this launch's model."""
+    from harness.runs import register_resolvers
+    from omegaconf import OmegaConf
+
+    monkeypatch.chdir(tmp_path)
+    lin = tmp_path / "outputs" / "d" / "09-00-00"
+    train_mod.train(make_cfg(lin, _fast("trainer.max_steps=2", "trainer.val_check_interval=2", "attention=linear")))
+    flash = tmp_path / "outputs" / "d" / "10-00-00"
+    train_mod.train(make_cfg(flash, _fast("trainer.max_steps=2", "trainer.val_check_interval=2")))
+    t = (flash / "checkpoints" / "last.ckpt").stat().st_mtime
+    os.utime(lin / "checkpoints" / "last.ckpt", (t - 60, t - 60))  # the flash run is the newer one
+    cfg = make_cfg(tmp_path / "new", _fast("trainer.max_steps=4", "trainer.val_check_interval=2", "attention=linear",
+                                           "ckpt_path=last"))
+    train_mod.train(cfg)
+    done = json.loads((lin / "final_metrics.json").read_text())
+    assert done["steps"] == 4 and done["resumed_from"] == str(lin / "checkpoints" / "last.ckpt")
+    assert json.loads((flash / "final_metrics.json").read_text())["steps"] == 2
+    # Hydra's run dir resolver (hydra.run.dir) picks the same run from the composed config (_root_)
+    register_resolvers()
+    root = OmegaConf.create(OmegaConf.to_container(cfg))
+    root.d = "${attn_zoo.run_dir:${ckpt_path},default}"
+    assert root.d == str(lin)
+    root.attention = OmegaConf.create(OmegaConf.to_container(make_cfg(tmp_path / "z", _fast()).attention))
+    assert root.d == str(flash)
+
+
+def test_ckpt_path_last_with_no_run_of_this_model_says_how_each_differs(tmp_path, monkeypatch):
+    """Runs on these data settings, none of this model: the error names the newest of them, the layers' fields that
+    differ (not whole AttentionSpecs) and how to resume it or another run."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "outputs" / "d" / "10-00-00"
     train_mod.train(make_cfg(run, _fast("trainer.max_steps=2", "trainer.val_check_interval=2")))
@@ -297,8 +328,9 @@ def test_ckpt_path_last_on_another_attention_names_the_run_it_picked(tmp_path, m
     with pytest.raises(ValueError) as e:
         train_mod.train(other)
     msg = str(e.value)
-    assert msg.startswith(f"ckpt_path=last picked {run} (the newest run on this launch's data settings)")
-    assert "the checkpoint was trained with attention ['flash', 'flash']" in msg
+    assert msg.startswith("ckpt_path=last: 1 of the 1 run(s) under ") and f"the newest of them, {run}: " in msg
+    assert "the checkpoint was trained with attention ['flash', 'flash'] but this run builds ['linear', 'linear']" in msg
+    assert "layers 0-1: kind 'flash' -> 'linear'" in msg and "AttentionSpec(" not in msg
     assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in msg
 
 

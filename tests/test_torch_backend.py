@@ -97,3 +97,28 @@ def test_value_dim_larger_than_head_dim_with_empty_rows():
     out = attention(q, k, v, spec, backend="torch")
     assert out.shape == (1, 2, 8, 6)
     torch.testing.assert_close(out, attention(q, k, v, spec, backend="reference"))
+
+
+def test_naive_linear_in_half_precision_keeps_gradients_of_rows_with_no_features_finite():
+    """naive linear attention in fp16: rows whose keys' relu features are all 0 (normaliser 0) have gradients of
+    size |v| / eps, past fp16's range, and came back NaN. The quadratic form now runs in fp32 (as the kernels
+    accumulate); its gradients match the fp32 reference's."""
+    from attn_zoo.reference import linear_attention_reference
+
+    torch.manual_seed(0)
+    spec = AttentionSpec(kind="linear", feature_map="relu", causal=True)
+    q = torch.randn(1, 2, 16, 8)
+    k = torch.randn(1, 2, 16, 8)
+    k[:, :, :4] = -k[:, :, :4].abs()  # the first 4 keys have no features: rows 0-3 see only them
+    v, do = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    half = [t.half().requires_grad_() for t in (q, k, v)]
+    out = attention(*half, spec, backend="naive")
+    grads = torch.autograd.grad(out, half, do.half())
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = linear_attention_reference(*ref_in, spec)
+    g_ref = torch.autograd.grad(ref, ref_in, do)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+    for name, g, r in zip("qkv", grads, g_ref):
+        assert torch.isfinite(g).all(), f"d{name} has non-finite values"
+        torch.testing.assert_close(g.float(), r, atol=2e-2, rtol=2e-2)

@@ -214,8 +214,8 @@ def _naive_supports(q, k, v, spec, return_lse):
 @register_backend(family("softmax"), "naive", supports=_naive_supports, priority=None, documents=True)
 @register_backend("linear", "naive", supports=_naive_supports, priority=None)
 def naive_attention(q, k, v, spec, return_lse=False, doc_ids=None):
-    """Standard attention in the input dtype (S and P materialised); linear: the masked quadratic form. Softmax
-    kinds take ``doc_ids`` (the dense document-masked rule)."""
+    """Standard attention in the input dtype (S and P materialised); linear: the masked quadratic form, in fp32
+    (output in the input dtype). Softmax kinds take ``doc_ids`` (the dense document-masked rule)."""
     Nq, Nk = q.shape[2], k.shape[2]
     rep = q.shape[1] // k.shape[1]
     kk = k.repeat_interleave(rep, 1) if rep > 1 else k
@@ -240,14 +240,17 @@ def naive_attention(q, k, v, spec, return_lse=False, doc_ids=None):
         return p @ vv
     from ..feature_maps import apply_feature_map
 
-    fq = apply_feature_map(q, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
-    fk = apply_feature_map(kk, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
+    # in fp32 (as the kernels accumulate): a row whose features are all 0 has gradients of size |v| / eps (1e6),
+    # past fp16's range, and in half precision they came back NaN
+    qf, kf = q.float(), kk.float()
+    fq = apply_feature_map(qf, spec.feature_map, is_query=True, num_features=spec.num_features, seed=spec.seed)
+    fk = apply_feature_map(kf, spec.feature_map, is_query=False, num_features=spec.num_features, seed=spec.seed)
     a = fq @ fk.transpose(-1, -2)
     if spec.causal:
         i = torch.arange(Nq, device=q.device).view(-1, 1) + (Nk - Nq)
         j = torch.arange(Nk, device=q.device).view(1, -1)
         a = a.masked_fill(j > i, 0.0)
-    return (a @ vv) / (a.sum(-1, keepdim=True) + spec.eps)
+    return ((a @ vv.float()) / (a.sum(-1, keepdim=True) + spec.eps)).to(q.dtype)
 
 
 # --------------------------------------------------------------------------------------------- FlashAttention 2 / 3
