@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import time
 import traceback
@@ -492,6 +493,9 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--fwd-only", action="store_true", help="time the forward alone (no backward runs)")
     ap.add_argument("--tune", action="store_true", help="ours with FlashConfig(autotune=True); print the winning configs")
+    ap.add_argument("--flash-config", default=None, metavar="JSON",
+                    help="ours with these kernels.FlashConfig fields, e.g. '{\"sparse_fwd\": {\"BLOCK_M\": 128, "
+                         "\"BLOCK_N\": 64, \"num_warps\": 8, \"num_stages\": 3}}' (a sweep of forced configs)")
     ap.add_argument("--date", default=None)
     ap.add_argument("--docs", default=None, help="packed documents: comma-separated fixed:<L> / geometric:<L> / wikitext:<L> / wikitext:real "
                                                   "(every case once per distribution, doc_ids to every backend)")
@@ -506,7 +510,14 @@ def main(argv=None):
     from kernels import FlashConfig
 
     allow_retain_graph()  # the compiled backwards (flex) are timed with retain_graph=True
-    config = FlashConfig(autotune=a.tune)
+    try:
+        changes = json.loads(a.flash_config) if a.flash_config else {}
+        if not isinstance(changes, dict):
+            raise ValueError("not a JSON object")
+        config = FlashConfig(autotune=a.tune, **changes)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--flash-config {a.flash_config!r}: {e}; allowed: a JSON object of kernels.FlashConfig "
+                         f"fields") from None
     variants = a.variants.split(",")
     Ns = [int(x) for x in a.N.split(",")]
     Ds = [int(x) for x in a.D.split(",")]
