@@ -7,7 +7,9 @@ decode from a state also has ``new_cache(batch_size, capacity, dtype, device, pa
 Registry (zoology's ``sequence_mixer``, Arora et al. 2023, in spirit): :func:`register_mixer` names a factory (a class
 or a callable); :func:`build_mixer` calls it with the options of a :class:`MixerSpec` as keyword arguments plus the
 context arguments its signature names: ``d_model``, ``n_head``, ``head_dim``, ``max_seq_len``, ``dropout``,
-``bias``, ``layer_idx``, ``backend``, ``config`` (the :class:`~attn_zoo.model.GPTConfig`), ``rotary``. A mixer need
+``bias``, ``layer_idx``, ``backend``, ``config`` (the :class:`~attn_zoo.model.GPTConfig`), ``rotary``. The built-in
+mixers (``attention``, ``mamba2``, ``deltanet``, ``gated_deltanet``, ``linformer``, ``mla``) are registered when the
+registry is first queried, whichever modules the caller imported. A mixer need
 not be registered: ``MixerSpec("my_pkg.layers.MyMixer", ...)`` (or ``_target_: my_pkg.layers.MyMixer`` in a
 config) imports it by path.
 
@@ -54,6 +56,19 @@ class MixerEntry:
 
 
 _MIXERS: Dict[str, MixerEntry] = {}
+_BUILTIN_MODULES = ("attn_zoo.model", "attn_zoo.families", "attn_zoo.mla")  # attention; mamba2, deltanet, ...; mla
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    """Import the modules of the built-in mixers (``attention``, ``mamba2``, ``deltanet``, ``gated_deltanet``,
+    ``linformer``, ``mla``), once, so that every query of the registry sees them whatever the caller imported."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True  # before the imports: a module that queries the registry as it loads does not recurse
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
 
 
 def register_mixer(name: str, factory: Optional[Callable] = None, *, causal: bool = True):
@@ -71,13 +86,16 @@ def register_mixer(name: str, factory: Optional[Callable] = None, *, causal: boo
 
 
 def mixer_names() -> List[str]:
-    """The registered mixer names (``attention`` included once :mod:`attn_zoo.model` is imported)."""
+    """The registered mixer names: the built-in ones (``attention``, ``mamba2``, ``deltanet``, ``gated_deltanet``,
+    ``linformer``, ``mla``; registered at the first query of the registry) and the plugins'."""
+    _load_builtins()
     return list(_MIXERS)
 
 
 def causal_mixer_names() -> List[str]:
-    """The registered mixers that are causal (:attr:`MixerEntry.causal`), sorted, ``attention`` included once
-    :mod:`attn_zoo.model` is imported: what a causal language model may use."""
+    """The registered mixers that are causal (:attr:`MixerEntry.causal`), sorted, ``attention`` and the other
+    built-in ones included (:func:`mixer_names`): what a causal language model may use."""
+    _load_builtins()
     return sorted(n for n, e in _MIXERS.items() if e.causal)
 
 
@@ -98,6 +116,7 @@ def _thaw(value):
 
 
 def _import_path(path: str):
+    _load_builtins()
     mod, _, attr = path.rpartition(".")
     if not mod:
         raise ValueError(f"mixer={path!r} is not registered; registered mixers: {', '.join(_MIXERS) or '(none)'} "
@@ -124,6 +143,7 @@ class MixerSpec:
             raise ValueError(f"mixer must be a mixer name or an import path, got {self.mixer!r}")
         if self.mixer == "attention":
             raise ValueError("the attention mixer is described by an AttentionSpec (attn_zoo.make_spec), not a MixerSpec")
+        _load_builtins()
         if "." not in self.mixer and self.mixer not in _MIXERS:
             raise ValueError(f"mixer={self.mixer!r} is not supported; allowed values: "
                              f"{', '.join(n for n in _MIXERS if n != 'attention') or '(none registered)'} "
@@ -141,6 +161,7 @@ class MixerSpec:
         """Whether position ``t``'s output depends on positions ``<= t`` only: the registration's ``causal`` and a
         ``causal`` option of the spec (``MixerSpec("mla", {"causal": False})`` is non-causal although ``mla`` is
         registered causal)."""
+        _load_builtins()
         entry = _MIXERS.get(self.mixer)
         option = bool(dict(self.options).get("causal", True))
         return (entry.causal and option) if entry is not None else option
@@ -156,6 +177,7 @@ class MixerSpec:
         return d
 
     def factory(self) -> Callable:
+        _load_builtins()
         entry = _MIXERS.get(self.mixer)
         return entry.factory if entry is not None else _import_path(self.mixer)
 

@@ -179,6 +179,25 @@ def test_config_yaml_builds_the_mla_mixer():
     assert model.generate(torch.zeros(1, 3, dtype=torch.long), 2).shape == (1, 5)
 
 
+def test_every_builtin_mixer_is_registered_at_the_first_query_of_the_registry():
+    """``model.layers=[{mixer:mla},flash]`` was refused ("allowed values: mamba2, deltanet, ...") unless
+    ``attn_zoo.mla`` had been imported by then: a fresh process that imports only the registry knows them all."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\n"
+            "from attn_zoo.mixers import MixerSpec, mixer_names\n"
+            "assert 'attn_zoo.mla' not in sys.modules\n"
+            "spec = MixerSpec('mla')\n"
+            "print((sorted(mixer_names()), spec.causal))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == str((sorted(["attention", "deltanet", "gated_deltanet", "linformer", "mamba2", "mla"]),
+                                    True))
+
+
 def test_absorbed_decode_runs_on_the_decode_kernel():
     """backend='triton': the absorbed step reads the latent cache in place through the decode kernel with
     D = r + D_rope = 84 (not a power of two) for q.k and Dv = r = 64 for the values (issue 26 item 4); the
