@@ -365,7 +365,9 @@ def check_layers(cfg: DictConfig, specs: List) -> None:
     * packed documents (``data.pack=true`` with ``data.doc_mask=true``): every layer's mixer takes ``doc_ids``
       (:func:`attn_zoo.mixers.layer_takes`; :func:`attn_zoo.model.doc_ids_refusal`);
     * ``attention_backend`` runs every attention layer here (:func:`check_attention_backend`, asked with the
-      training's shapes, dtype and device when that is the CPU).
+      training's shapes, dtype and device when that is the CPU);
+    * a sequence mixer's options: each distinct mixer is built once with the model's sizes on the ``meta`` device,
+      so its constructor's checks run (:func:`_check_mixer_options`; ``mamba2 d_state=0``, an unknown option).
 
     Raises ``ValueError`` naming the config node (``attention`` / ``model.layers[i]``) or the key to change."""
     from attn_zoo.mixers import layer_takes
@@ -381,6 +383,7 @@ def check_layers(cfg: DictConfig, specs: List) -> None:
                 spec.resolve_kv_heads(n_head)
             except ValueError as e:  # "kv_group_size=3 must divide n_heads=4" -> attention.kv_group_size=...
                 raise ValueError(f"{node}.{e} (model.n_head={n_head})") from None
+    _check_mixer_options(cfg, specs, nodes)
     data = cfg.get("data") or {}
     documents = bool(data.get("pack", False)) and bool(data.get("doc_mask", True))
     if documents:
@@ -401,6 +404,34 @@ def check_layers(cfg: DictConfig, specs: List) -> None:
         dtype = torch.float32  # train.resolve_precision: 32-true without CUDA
     check_attention_backend(backend, specs, config_from_dict(fields), int(data.get("seq_len") or 1), device, dtype,
                             documents)
+
+
+def _check_mixer_options(cfg: DictConfig, specs: List, nodes: List[str]) -> None:
+    """Each distinct non-attention layer (:class:`attn_zoo.mixers.MixerSpec`) built once with the model's sizes, on
+    the ``meta`` device (no memory, the global RNG untouched), so that its constructor's checks of its options
+    (``mamba2 d_state=0 must be an integer >= 1``, an option it does not take, ...) fail here, before anything is
+    written, not when the model is built after the data work. Raises ``ValueError`` naming the config node; an
+    error of another type is left to the model's build."""
+    from attn_zoo.mixers import MixerSpec, build_mixer
+
+    if cfg.get("model") is None:
+        return
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    for key in ("layers", "redraw_interval"):
+        fields.pop(key, None)
+    config, seen = None, set()
+    for spec, node in zip(specs, nodes):
+        if not isinstance(spec, MixerSpec) or spec in seen:
+            continue
+        seen.add(spec)
+        config = config or config_from_dict(fields)
+        try:
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                build_mixer(spec, config)
+        except ValueError as e:
+            raise ValueError(f"{node}: {e}") from None
+        except Exception:  # noqa: BLE001 - a factory that cannot run on the meta device: the model's build decides
+            pass
 
 
 def check_data_options(data: DictConfig) -> None:

@@ -45,6 +45,18 @@ def test_linformer_refuses_causal_and_gpt_refuses_linformer():
     assert isinstance(build_mixer(MixerSpec("linformer", {"proj_dim": 4}), cfg), Linformer)  # usable alone
 
 
+@pytest.mark.parametrize("kw, msg", [(dict(proj_dim=2.5), r"linformer proj_dim=2.5 must be an integer >= 1"),
+                                     (dict(proj_dim="abc"), r"linformer proj_dim='abc' must be an integer >= 1"),
+                                     (dict(proj_dim=0), r"linformer proj_dim=0 must be an integer >= 1"),
+                                     (dict(share_kv="yes"), r"linformer share_kv='yes' must be true or false"),
+                                     (dict(causal="no"), r"linformer causal='no' must be true or false")])
+def test_linformer_options_are_checked_at_construction(kw, msg):
+    """Before: proj_dim=2.5 passed int() and failed in torch, 'abc' failed in int() naming no option, a string
+    share_kv / causal counted as true."""
+    with pytest.raises(ValueError, match=msg):
+        Linformer(16, 2, 8, 12, **kw)
+
+
 # -------------------------------------------------------------------------------------------------- DeltaNet
 def _qkv(T=7, H=2, D=4, seed=0):
     g = torch.Generator().manual_seed(seed)

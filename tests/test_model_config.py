@@ -165,3 +165,31 @@ def test_allowed_layer_names_are_listed_once_and_pack_needs_text_data(tmp_path):
     with pytest.raises(ValueError, match=r"^data\.pack=True is not an option of MQARDataModule \(data=mqar\); its "
                                          r"options: vocab_size, .*; pack needs data=text"):
         validate_config(make_cfg(tmp_path, ["+data.pack=true"]))
+
+
+@pytest.mark.parametrize("overrides, want", [
+    (["attention=mamba2", "attention.d_state=0"], r"^attention: mamba2 d_state=0 must be an integer >= 1"),
+    (["attention=mamba2", "attention.expand=0"], r"^attention: mamba2 expand=0 must be an integer >= 1"),
+    (["model.layers=[{mixer:mamba2,d_state:-3},flash]"], r"^model\.layers\[0\]: mamba2 d_state=-3 must be an integer"),
+    (["attention=mamba2", "+attention.foo=1"], r"^attention: mixer 'mamba2' cannot be built with options .*'foo'"),
+    (["model.layers=[{mixer:linformer,proj_dim:2.5,causal:false},flash]"], r"non-causal mixer"),  # causal first
+    (["attention=mla", "attention.kv_lora_rank=0"], r"^attention: MLA kv_lora_rank must be an integer >= 1"),
+    (["attention=deltanet", "attention.kernel=cuda"], r"^attention: deltanet kernel='cuda' is not supported"),
+])
+def test_mixer_options_are_checked_before_anything_is_written(tmp_path, overrides, want):
+    """A mixer's options were checked only when the model was built (after the run folder, the loggers and the data)
+    or not at all: attention=mamba2 attention.d_state=0 trained with no state (exit 0); d_state=-3 and expand=0
+    failed in the forward with a raw RuntimeError. Now each mixer is built once at validation (meta device)."""
+    from harness.config import ConfigError
+
+    import train as train_mod
+
+    with pytest.raises(ValueError, match=want):
+        validate_config(make_cfg(tmp_path, overrides))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=want):
+        train_mod.train(make_cfg(out, overrides + ["trainer.max_steps=1"]))
+    assert not out.exists()
+    rng = torch.random.get_rng_state()
+    validate_config(make_cfg(tmp_path, ["attention=mamba2"]))  # a good one passes, the global RNG untouched
+    assert torch.equal(rng, torch.random.get_rng_state())

@@ -221,6 +221,23 @@ def test_errors_name_the_argument():
         Mamba2(32, kernel="fla")
 
 
+@pytest.mark.parametrize("option, bad", [("d_state", 0), ("d_state", -3), ("expand", 0), ("expand", 1.5),
+                                         ("headdim", 0), ("d_conv", 0), ("ngroups", 0), ("d_state", True)])
+def test_mamba2_sizes_are_checked_at_construction(option, bad):
+    """Before: d_state=0 built a mixer with no state that trained (exit 0); d_state=-3 and expand=0 failed in the
+    forward with a raw RuntimeError (split sizes, reshape)."""
+    with pytest.raises(ValueError, match=rf"mamba2 {option}={bad!r} must be an integer >= 1"):
+        Mamba2(32, **{"headdim": 16, option: bad})
+
+
+@pytest.mark.parametrize("kw, msg", [(dict(dt_min=0.0), r"mamba2 dt_min=0.0 must be a number > 0"),
+                                     (dict(dt_max=float("inf")), r"mamba2 dt_max=inf must be a number > 0"),
+                                     (dict(dt_min=0.5, dt_max=0.1), r"mamba2 dt_min=0.5 must be <= dt_max=0.1")])
+def test_mamba2_dt_range_is_checked_at_construction(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        Mamba2(32, headdim=16, **kw)
+
+
 def test_mamba2_chunk_size_is_checked_at_construction():
     """Before: chunk_size=48 with kernel=auto ran on CPU (the torch form) and failed only on a GPU (the Triton
     kernel takes 16 / 32 / 64 / 128); chunk_size=0 divided by zero, 2.5 was truncated."""

@@ -28,19 +28,22 @@ class Linformer(nn.Module):
     length), ``share_kv`` (one projection for K and V), ``causal`` (must be False), ``backend`` (the attention
     backend of :func:`attn_zoo.attention`).
 
-    Raises ``ValueError`` naming ``causal`` for ``causal=True`` (with the reason), ``proj_dim`` below 1, and,
-    in forward, ``N > max_seq_len``."""
+    Raises ``ValueError`` naming ``causal`` for ``causal=True`` (with the reason), ``proj_dim`` not an integer >= 1,
+    ``causal`` / ``share_kv`` not true or false, and, in forward, ``N > max_seq_len``."""
 
     causal_reason = CAUSAL_REASON
 
     def __init__(self, d_model: int, n_head: int, head_dim: int, max_seq_len: int, proj_dim: int = 64,
                  share_kv: bool = False, causal: bool = False, backend: str = "auto", bias: bool = False):
         super().__init__()
+        for name, value in (("causal", causal), ("share_kv", share_kv)):
+            if not isinstance(value, bool):
+                raise ValueError(f"linformer {name}={value!r} must be true or false")
         if causal:
             raise ValueError(f"linformer: causal=True is not supported: {CAUSAL_REASON}; use causal=False on a "
                              f"non-causal (encoder) task")
-        if int(proj_dim) < 1:
-            raise ValueError(f"linformer proj_dim={proj_dim!r} must be >= 1")
+        if isinstance(proj_dim, bool) or not isinstance(proj_dim, int) or proj_dim < 1:
+            raise ValueError(f"linformer proj_dim={proj_dim!r} must be an integer >= 1 (the projected length k)")
         self.n_head, self.head_dim, self.max_seq_len, self.backend = n_head, head_dim, max_seq_len, backend
         inner = n_head * head_dim
         self.qkv = nn.Linear(d_model, 3 * inner, bias=bias)

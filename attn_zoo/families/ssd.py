@@ -228,6 +228,10 @@ class Mamba2(nn.Module):
     model's attention backend does not apply (it is not an attention layer).
     Decoding: :meth:`new_cache` and ``forward(x, cache, pos)``; one token is an O(1) :func:`ssd_step`, a chunk
     runs the scan from the cached state.
+
+    Raises ``ValueError`` naming the option: ``d_state``, ``expand``, ``headdim``, ``d_conv``, ``ngroups`` not an
+    integer >= 1, ``headdim`` not dividing ``d_inner``, ``ngroups`` not dividing the heads, ``dt_min`` / ``dt_max`` not
+    numbers > 0 with ``dt_min <= dt_max``, a bad ``chunk_size`` or ``kernel``.
     """
 
     def __init__(self, d_model: int, d_state: int = 64, expand: int = 2, headdim: int = 32, d_conv: int = 4,
@@ -236,14 +240,24 @@ class Mamba2(nn.Module):
         super().__init__()
         if kernel not in SSD_BACKENDS:
             raise ValueError(f"mamba2 kernel={kernel!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
+        for name, value, what in (("d_state", d_state, "the state size N of each head"),
+                                  ("expand", expand, "d_inner = expand * d_model"),
+                                  ("headdim", headdim, "the channels P of each head"),
+                                  ("d_conv", d_conv, "the taps of the causal convolution"),
+                                  ("ngroups", ngroups, "the groups of B and C")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"mamba2 {name}={value!r} must be an integer >= 1 ({what})")
+        for name, value in (("dt_min", dt_min), ("dt_max", dt_max)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"mamba2 {name}={value!r} must be a number > 0 (the range of the initial step dt)")
+        if dt_min > dt_max:
+            raise ValueError(f"mamba2 dt_min={dt_min!r} must be <= dt_max={dt_max!r}")
         d_inner = expand * d_model
-        if headdim < 1 or d_inner % headdim:
+        if d_inner % headdim:
             raise ValueError(f"mamba2 headdim={headdim} must divide d_inner = expand * d_model = {d_inner}")
         self.nheads = d_inner // headdim
-        if ngroups < 1 or self.nheads % ngroups:
+        if self.nheads % ngroups:
             raise ValueError(f"mamba2 ngroups={ngroups} must divide the number of heads {self.nheads}")
-        if d_conv < 1:
-            raise ValueError(f"mamba2 d_conv={d_conv} must be >= 1")
         _check_chunk_size("mamba2", chunk_size)
         if kernel in ("auto", "triton"):  # auto runs the Triton kernel on CUDA: a config that runs on CPU runs there
             from kernels.ssd import CHUNK_SIZES
