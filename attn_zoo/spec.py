@@ -242,8 +242,9 @@ _BASE_FIELDS = tuple(f for f in fields(AttentionSpec))
 
 def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
     """Hydra-friendly constructor (lists from YAML become tuples); the spec class of ``kind``'s variant (fields of
-    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them; a known
-    field that ``kind`` does not read, set to a non-default value, raises naming the kinds that read it."""
+    a plugin variant, e.g. ``dilation``, are accepted). Unknown fields raise ``ValueError`` naming them and the fields
+    ``kind`` reads (its variant's ``fields``, its family's, the common ones); a known field that ``kind`` does not
+    read, set to a non-default value, raises naming the kinds that read it."""
     for key, val in kwargs.items():
         if val is not None and not isinstance(val, (int, float, str, bool, tuple)):  # ListConfig / list from YAML
             try:
@@ -252,9 +253,11 @@ def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
                 pass
     from .variants import get_variant
 
-    cls = get_variant(kind).spec_class if isinstance(kind, str) else AttentionSpec
+    variant = get_variant(kind) if isinstance(kind, str) else None
+    cls = variant.spec_class if variant is not None else AttentionSpec
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise ValueError(f"unknown fields {unknown} for kind={kind!r}; allowed: {', '.join(sorted(known - {'kind'}))}")
+    if unknown:  # allowed: the fields this kind reads (its variant's, its family's, the common ones)
+        reads = sorted(n for n in known - {"kind"} if variant is None or _reads(variant, n))
+        raise ValueError(f"unknown fields {unknown} for kind={kind!r}; allowed: {', '.join(reads)}")
     return AttentionSpec(kind=kind, **kwargs)

@@ -61,6 +61,21 @@ def test_spec_validation():
     assert make_spec("sliding_window", window_size=[3, 0]).window_size == (3, 0)
 
 
+@pytest.mark.parametrize("kind, allowed", [
+    ("flash", "causal, kv_group_size, n_kv_heads, name, softmax_scale"),
+    ("sliding_window", "causal, kv_group_size, n_kv_heads, name, softmax_scale, window_size"),
+    ("linear", "causal, chunk_size, eps, feature_map, kv_group_size, n_kv_heads, name, num_features, seed"),
+])
+def test_unknown_field_lists_only_the_fields_the_kind_reads(kind, allowed):
+    """``+attention.foo=1`` on flash listed window_size, block_size, ... as allowed, which flash then refuses."""
+    with pytest.raises(ValueError) as e:
+        make_spec(kind, foo=1)
+    assert str(e.value) == f"unknown fields ['foo'] for kind={kind!r}; allowed: {allowed}"
+    base = {"window_size": (3, 0)} if kind == "sliding_window" else {}
+    for field in allowed.split(", "):  # each one listed is taken
+        make_spec(kind, **{**base, field: base.get(field, AttentionSpec.__dataclass_fields__[field].default)})
+
+
 def test_unknown_backend_and_unsupported_request():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="backend='cuda' is not supported; allowed values: auto, triton, parallel, taylor_chunk, torch, reference"):
