@@ -26,8 +26,10 @@ resumes the unfinished ones from their ``checkpoints/last.ckpt`` (same config on
 only validated and finalised); ``stop_at=<unix time>`` stops the running jobs there with a checkpoint and starts no
 new ones (:mod:`harness.runs`, :class:`StopAt`). ``wall_s`` of a resumed run: the total over its launches.
 
-Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) fail before
-anything is written (:func:`validate_config`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
+Bad values (``trainer.max_steps`` not a positive integer, ``optim.lr`` not a positive number, ...) and unknown keys
+(``+trainer.foo=1``, ``+foo=1``) fail before anything is written (:func:`validate_config`); settings that do not act
+as written (a causal window's right side, ``model.redraw_interval`` without a FAVOR+ layer) are logged as warnings
+before training (:func:`harness.config.layer_notes`). ``trainer.enable_progress_bar: auto``: the bar only on a terminal.
 
 W&B is optional: not installed, ``WANDB_MODE=disabled``, or a run that cannot start: CSV only, said in one line.
 """
@@ -50,7 +52,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
-                            check_model_config, config_errors, layer_specs, model_config, validate_config)
+                            check_batch_limits, check_model_config, config_errors, layer_notes, layer_specs,
+                            model_config, validate_config)
 from harness.data import missing_file_error
 from harness.lit import LitLM, architecture_diff, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
@@ -383,7 +386,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
 
         dm = build_datamodule(cfg)
         dm.setup("fit")  # size errors (data.seq_len, ...) now, before anything is written
-        for note in dense_mask_notes(model_cfg.layers, int(cfg.data.seq_len)):
+        check_batch_limits(cfg.trainer, dm)  # a limit_*_batches fraction that gives no batch of these data
+        for note in layer_notes(cfg, model_cfg) + dense_mask_notes(model_cfg.layers, int(cfg.data.seq_len)):
             log.warning(note)
         if model_cfg.config.vocab_size != dm.vocab_size:
             raise ValueError(f"model.vocab_size={model_cfg.config.vocab_size} != data vocab_size={dm.vocab_size}")
@@ -468,9 +472,12 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         except StopTraining as stop:  # stop_at: not finished
             return _stopped_unfinished(cfg, trainer, output_dir, max_steps, stop, start_step)
         if max_steps > 0 and trainer.global_step <= start_step and not complete:
+            n_batches = trainer.num_training_batches  # inf: Lightning never set up the training loop
+            batches = (f"{int(n_batches)} training batches per epoch" if math.isfinite(n_batches) else
+                       "the training loop did not start")
             raise RuntimeError(
-                f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {trainer.num_training_batches} "
-                f"training batches per epoch); check data.seq_len, data.batch_size and trainer.limit_train_batches")
+                f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {batches}); check data.seq_len, "
+                f"data.batch_size and trainer.limit_train_batches")
         # the last logged train/* values, read before validate() resets the callback metrics (a launch that logged
         # none, complete or ended before its first logged step: the checkpoint's)
         last_train = run_state.last_train_metrics(trainer)

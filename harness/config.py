@@ -5,6 +5,7 @@ before anything is built or written (:func:`validate_config`, :func:`layer_specs
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
@@ -36,15 +37,21 @@ class ConfigFileError(*_COMPACT, FileNotFoundError):
     :class:`ConfigError`."""
 
 
+class ConfigImportError(*_COMPACT, ImportError):
+    """A module the config names (``plugins=[...]``) that cannot be imported (:func:`layer_specs`); an
+    ``ImportError``, printed as :class:`ConfigError`."""
+
+
 @contextlib.contextmanager
 def config_errors() -> Iterator[None]:
     """Inside, a ``ValueError`` / ``FileNotFoundError`` (the checks of a run's config, its data paths, its checkpoint)
-    is raised again as :class:`ConfigError` / :class:`ConfigFileError` with the same message, so that ``python
+    is raised again as :class:`ConfigError` / :class:`ConfigFileError` with the same message (a plugin that cannot be
+    imported is a :class:`ConfigImportError` already), so that ``python
     train.py <bad value>`` prints the message naming the key and what to pass, not a traceback first. ``train.py``
     wraps its checks before training in it, nothing after training starts."""
     try:
         yield
-    except (ConfigError, ConfigFileError):
+    except (ConfigError, ConfigFileError, ConfigImportError):
         raise
     except FileNotFoundError as e:
         raise ConfigFileError(str(e)) from None
@@ -70,10 +77,17 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
     ``model.layers`` null: every layer uses the ``attention`` group's spec. Otherwise a list of ``n_layer``
     entries, each the name of a ``conf/attention/<name>.yaml`` (the selected ``attention`` group, including
     command-line overrides, when the name matches ``attention.name``) or an inline dict of spec fields.
+
+    Raises:
+        ValueError: an unknown layer name, a bad spec field (naming the node), a count other than ``model.n_layer``.
+        ConfigImportError: a module of ``plugins`` that cannot be imported (an ``ImportError``).
     """
     from attn_zoo import load_plugins
 
-    load_plugins(cfg.get("plugins"))  # modules that register variants / mixers / backends (+plugins=[...])
+    try:  # modules that register variants / mixers / backends (+plugins=[...])
+        load_plugins(cfg.get("plugins"))
+    except ImportError as e:  # the module's name and why: printed alone, not after a traceback
+        raise ConfigImportError(str(e)) from None
     base = _qualified("attention", _spec_from_cfg, cfg.attention)
     layers = cfg.model.get("layers")
     n_layer = int(cfg.model.n_layer)
@@ -205,6 +219,43 @@ def model_config(cfg: DictConfig) -> ModelConfig:
     return ModelConfig(config_from_dict(fields), tuple(layer_specs(cfg)), redraw)
 
 
+def layer_notes(cfg: DictConfig, model: ModelConfig) -> List[str]:
+    """Settings of the run's layers that do not act as written, one note each (``train.py`` logs them as warnings
+    before training), so that nothing is dropped silently:
+
+    * a causal window with a right side (``attention=sliding_window attention.window_size=[15,15]``): ``causal=True``
+      clips ``right`` to 0 (:class:`attn_zoo.AttentionSpec`), the run trains ``window_size=(15, 0)``;
+    * ``model.redraw_interval > 0`` with no FAVOR+ layer (``feature_map: favor``, e.g. ``attention=linear_favor``):
+      the redraw applies to those layers only, here to none.
+    """
+    from attn_zoo.spec import _reads
+    from attn_zoo.variants import get_variant
+
+    notes, seen = [], set()
+    nodes = _layer_nodes(cfg, len(model.layers)) if cfg.get("model") is not None else ["attention"] * len(model.layers)
+    for spec, node in zip(model.layers, nodes):
+        if not isinstance(spec, AttentionSpec) or spec in seen:
+            continue
+        seen.add(spec)
+        ws = spec.window_size if _reads(get_variant(spec.kind), "window_size") else None
+        if spec.causal and ws is not None and ws[1] != 0:
+            left, right = ("null" if w is None else str(w) for w in ws)
+            notes.append(f"{node}.window_size=[{left},{right}] with causal=true ({spec.label}): causal clips the right "
+                         f"side ({right}{': unbounded' if ws[1] is None else ''}) to 0, so this run trains "
+                         f"window_size=[{left},0] (each query sees "
+                         f"{'every key' if ws[0] is None else 'the ' + left + ' keys'} before it and itself); pass "
+                         f"{node}.window_size=[{left},0] to say so")
+    if model.redraw_interval > 0:
+        favor = [i for i, s in enumerate(model.layers)
+                 if isinstance(s, AttentionSpec) and s.family == "linear" and getattr(s, "feature_map", None) == "favor"]
+        if not favor:
+            labels = sorted({s.label for s in model.layers})
+            notes.append(f"model.redraw_interval={model.redraw_interval} has no effect: it redraws the random "
+                         f"features of FAVOR+ layers (feature_map: favor, e.g. attention=linear_favor), and none of "
+                         f"this model's layers ({', '.join(labels)}) is one; set model.redraw_interval=0")
+    return notes
+
+
 def dense_mask_notes(layers, seq_len: int, max_len: int = 4096) -> List[str]:
     """One note per distinct layer spec whose mask (window, block layout, dilation) allows every pair that plain
     (causal) attention allows at ``seq_len`` tokens: such a "lossy" variant is exact attention at that length, and a
@@ -248,7 +299,11 @@ def validate_config(cfg: DictConfig) -> None:
     ``trainer.accumulate_grad_batches`` (a positive integer; only 1 with an integer ``trainer.val_check_interval``:
     Lightning counts that in training batches, not in optimizer steps as ``trainer.max_steps``, so validations and
     the checkpoints written at them, which resumed runs continue from, would fall between optimizer steps),
-    ``trainer.limit_val_batches`` (a positive integer or a fraction in (0, 1]: 0 would validate nothing),
+    ``trainer.limit_val_batches`` / ``trainer.limit_train_batches`` (an integer >= 1 or a fraction in (0, 1]: 0
+    would validate / train nothing; a fraction too small for the data is refused after the data is set up,
+    :func:`check_batch_limits`), the other ``trainer.*`` keys (:func:`check_trainer_options`: an argument of the
+    Trainer, ``trainer.precision`` / ``trainer.accelerator`` / ``trainer.strategy`` values Lightning takes here), the
+    top-level keys (:func:`check_top_level_keys`),
     ``trainer.enable_progress_bar`` (true, false or auto), ``trainer.gradient_clip_val`` (null or a number >= 0) and
     ``trainer.gradient_clip_algorithm`` (null, norm or value), ``stop_at`` (null or a number, :class:`StopAt`), ``seed``
     (an integer in [0, 2**32 - 1]), ``compile`` / ``skip_finished`` (true or false), ``data.*`` keys the data module
@@ -259,6 +314,7 @@ def validate_config(cfg: DictConfig) -> None:
     Raises:
         ValueError: naming the key, its value and what to set.
     """
+    check_top_level_keys(cfg)
     validate_optim_config(OmegaConf.to_container(cfg.optim, resolve=True) if cfg.get("optim") is not None else {})
     steps = cfg.trainer.get("max_steps")
     epochs = cfg.trainer.get("max_epochs")
@@ -293,14 +349,17 @@ def validate_config(cfg: DictConfig) -> None:
             f"validations and the checkpoints written at them (which resumed runs continue from) would fall between "
             f"optimizer steps; set trainer.accumulate_grad_batches=1 (the only value allowed with an integer "
             f"trainer.val_check_interval) and a larger data.batch_size instead")
-    limit_val = cfg.trainer.get("limit_val_batches", 1.0)
-    if limit_val is not None and not ((_is_int(limit_val) and limit_val > 0) or (
-            isinstance(limit_val, float) and 0.0 < limit_val <= 1.0)):
-        # Lightning skips validation at 0 (and the final validation too): the run would exit 0 measuring nothing
-        raise ValueError(f"trainer.limit_val_batches={limit_val!r} is not allowed (0 would leave the run with no "
-                         f"validation metric: its final table and final_metrics.json would hold no val/* value); "
-                         f"allowed: a positive integer (batches per validation) or a fraction in (0, 1] of the "
-                         f"validation set (1.0: all of it)")
+    for key, what, zero in (
+            ("limit_val_batches", "validation", "0 would leave the run with no validation metric: its final table and "
+                                                "final_metrics.json would hold no val/* value"),
+            ("limit_train_batches", "training", "0 would train no step")):
+        limit = cfg.trainer.get(key, 1.0)
+        if limit is not None and not ((_is_int(limit) and limit > 0) or (
+                isinstance(limit, float) and 0.0 < limit <= 1.0)):
+            # Lightning skips validation at 0 (and the final validation too): the run would exit 0 measuring nothing
+            raise ValueError(f"trainer.{key}={limit!r}: must be an integer >= 1 (the batches of each {what}"
+                             f"{' epoch' if what == 'training' else ''}) or a fraction in (0, 1] of the {what} set "
+                             f"(1.0: all of it){' (' + zero + ')' if limit in (0, 0.0) else ''}")
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0):
         # clip_grad_norm_ scales by clip / norm (< 0: every gradient flipped), clip_grad_value_ clamps to [-c, c]
@@ -317,6 +376,7 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"trainer.accelerator={cfg.trainer.accelerator} (trainer=gpu, which the mqar_* / lm_* "
                          f"experiments set) but no CUDA GPU is visible; on a CPU pass trainer=default (trainer=ddp "
                          f"without trainer.accelerator=gpu for DDP)")
+    check_trainer_options(cfg.trainer)
     seed = cfg.get("seed", 0)
     if not (_is_int(seed) and 0 <= seed < 2 ** 32):
         raise ValueError(f"seed={seed!r}: must be an integer in [0, 2**32 - 1] (e.g. seed=0)")
@@ -344,6 +404,180 @@ def validate_config(cfg: DictConfig) -> None:
                              f"is ${{data.seq_len}}) or lower data.seq_len")
         if cfg.get("attention") is not None:
             check_layers(cfg, layer_specs(cfg))
+
+
+def top_level_keys() -> List[str]:
+    """The top-level keys ``train.py`` reads: ``conf/train.yaml``'s own keys, the groups of its defaults list that
+    become a key (``data``, ``model``, ``attention``, ``trainer``, ``logger``; not ``experiment``, whose options are
+    ``@package _global_``), ``plugins`` (``+plugins=[...]``) and ``hydra``."""
+    conf = OmegaConf.load(CONF_DIR / "train.yaml")
+    keys = [str(k) for k in conf.keys() if k not in ("defaults", "hydra")]
+    for entry in conf.get("defaults") or []:
+        for group in (entry.keys() if isinstance(entry, DictConfig) else ()):
+            group = str(group)
+            options = sorted((CONF_DIR / group).glob("*.yaml")) if (CONF_DIR / group).is_dir() else []
+            if options and not options[0].read_text().lstrip().startswith("# @package _global_"):
+                keys.append(group)
+    return keys + ["plugins", "hydra"]
+
+
+def check_top_level_keys(cfg: DictConfig) -> None:
+    """Every top-level key of ``cfg`` is one ``train.py`` reads (:func:`top_level_keys`): ``+sed=1`` (a typo of
+    ``seed``) or ``+foo=1`` was accepted and ignored. Raises ``ValueError`` naming the key, the closest known key
+    and the keys ``train.py`` reads."""
+    import difflib
+
+    known = top_level_keys()
+    for key in cfg.keys():
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, 1)
+        raise ValueError(f"{key}={cfg.get(key)!r} is not a key train.py reads{' (did you mean ' + close[0] + '?)' if close else ''}"
+                         f"; top-level keys: {', '.join(k for k in known if k != 'hydra')} (a group's key is "
+                         f"set under it, e.g. trainer.max_steps=1000, +model.<key>=...)")
+
+
+def lightning_precisions() -> List:
+    """The ``precision`` values Lightning's Trainer takes (its ``_PRECISION_INPUT``: ``32-true``, ``bf16-mixed``, ...
+    and the short forms ``32``, ``16``, ``bf16``, ``64``)."""
+    import typing
+
+    try:
+        from lightning.fabric.connector import _PRECISION_INPUT_INT, _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+    except ImportError:  # pragma: no cover - another Lightning version: the values of 2.x
+        return ["transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
+                "32-true", "64-true", "64", "32", "16", "bf16", 64, 32, 16]
+    return [*typing.get_args(_PRECISION_INPUT_STR), *typing.get_args(_PRECISION_INPUT_STR_ALIAS),
+            *typing.get_args(_PRECISION_INPUT_INT)]
+
+
+def _accelerators() -> Dict[str, bool]:
+    """Lightning's accelerator names (its ``AcceleratorRegistry``, plus ``gpu``: CUDA or MPS) and whether each is
+    available here."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    out = {}
+    for name in sorted(AcceleratorRegistry.available_accelerators()):
+        try:
+            out[name] = bool(AcceleratorRegistry[name]["accelerator"].is_available())
+        except Exception:  # noqa: BLE001 - an accelerator whose package is missing is not available
+            out[name] = False
+    out["gpu"] = out.get("cuda", False) or out.get("mps", False)
+    return out
+
+
+def check_trainer_options(trainer: DictConfig) -> None:
+    """``trainer.*`` as Lightning's Trainer (the node's ``_target_``) takes it, checked before anything is written
+    (Lightning raised them with a traceback when the Trainer was built):
+
+    * every key an argument of the Trainer's ``__init__`` (``inspect.signature``; ``train.py`` reads no key of the
+      node that is not one): ``+trainer.foo=1`` is refused naming the closest argument and all of them;
+    * ``trainer.precision``: ``auto`` (``bf16-mixed`` on CUDA, else ``32-true``) or one of Lightning's values
+      (:func:`lightning_precisions`); ``transformer-engine*`` needs the ``transformer_engine`` package;
+    * ``trainer.accelerator``: ``auto`` or one of Lightning's accelerators (``cpu``, ``cuda`` / ``gpu``, ``mps``,
+      ``tpu``) that is available here;
+    * ``trainer.strategy``: ``auto`` or a name of Lightning's ``StrategyRegistry`` (``ddp``, ``ddp_spawn``, ...).
+
+    Raises ``ValueError`` naming ``trainer.<key>``, its value and the allowed values."""
+    import difflib
+    import importlib.util
+    import inspect
+
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(trainer.get("_target_")))
+        params = inspect.signature(cls).parameters
+    except Exception:  # noqa: BLE001 - not importable here / not a class: instantiation reports it
+        return
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        names = [n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        for key in trainer.keys():
+            if str(key).startswith("_") or key in params:
+                continue
+            close = difflib.get_close_matches(str(key), names, 1)
+            raise ValueError(f"trainer.{key}={trainer.get(key)!r} is not an argument of {cls.__name__} "
+                             f"({trainer.get('_target_')}{'; did you mean trainer.' + close[0] + '?' if close else ''})"
+                             f"; its arguments: {', '.join(names)}")
+    import lightning as L
+
+    if not (isinstance(cls, type) and issubclass(cls, L.Trainer)):
+        return
+    precision = trainer.get("precision", "auto")
+    allowed = lightning_precisions()
+    if precision not in ("auto", None) and (isinstance(precision, bool) or precision not in allowed):
+        full = [p for p in allowed if isinstance(p, str) and "-" in p]
+        short = [str(p) for p in allowed if isinstance(p, str) and "-" not in p]
+        raise ValueError(f"trainer.precision={precision!r} is not supported; allowed values: auto (bf16-mixed on "
+                         f"CUDA, else 32-true), {', '.join(full)} (Lightning's short forms: {', '.join(short)})")
+    if isinstance(precision, str) and precision.startswith("transformer-engine") \
+            and importlib.util.find_spec("transformer_engine") is None:
+        raise ValueError(f"trainer.precision={precision!r} needs NVIDIA's transformer_engine package, which is not "
+                         f"installed here; use bf16-mixed (CUDA) or 32-true")
+    accelerator = trainer.get("accelerator", "auto")
+    if isinstance(accelerator, str) and accelerator != "auto":
+        known = _accelerators()
+        here = ", ".join(["auto"] + [n for n, ok in known.items() if ok])
+        if accelerator not in known:
+            raise ValueError(f"trainer.accelerator={accelerator!r} is not supported; allowed values: auto, "
+                             f"{', '.join(known)} (available here: {here})")
+        if not known[accelerator]:
+            raise ValueError(f"trainer.accelerator={accelerator!r} is not available on this machine; available "
+                             f"here: {here}")
+    strategy = trainer.get("strategy", "auto")
+    if isinstance(strategy, str) and strategy != "auto":
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        names = sorted(StrategyRegistry.available_strategies())
+        if strategy not in names:
+            close = difflib.get_close_matches(strategy, names, 1)
+            raise ValueError(f"trainer.strategy={strategy!r} is not supported{' (did you mean ' + close[0] + '?)' if close else ''}; "
+                             f"allowed values: auto, {', '.join(names)}")
+
+
+def _world_size(trainer: DictConfig) -> int:
+    """The processes a run of ``trainer`` starts (``trainer.devices`` x ``trainer.num_nodes``; ``auto`` / -1: the
+    visible CUDA GPUs unless ``trainer.accelerator=cpu``, else 1), as far as the config says it."""
+    devices = trainer.get("devices", "auto")
+    if _is_int(devices) and devices > 0:
+        n = devices
+    elif OmegaConf.is_list(devices) or isinstance(devices, (list, tuple)):
+        n = max(len(devices), 1)
+    elif isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
+        n = int(devices)
+    elif str(trainer.get("accelerator", "auto")) != "cpu" and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+    else:
+        n = 1
+    nodes = trainer.get("num_nodes", 1)
+    return n * (nodes if _is_int(nodes) and nodes > 0 else 1)
+
+
+def check_batch_limits(trainer: DictConfig, datamodule) -> None:
+    """A fraction ``trainer.limit_train_batches`` / ``trainer.limit_val_batches`` that gives no batch of this data
+    (``int(fraction * batches) == 0``, Lightning's ``MisconfigurationException`` once training had started), asked
+    of ``datamodule`` (set up) and its loaders' lengths per process (:func:`_world_size`). Raises ``ValueError``
+    naming the key, the number of batches it gives and the smallest fraction that gives one."""
+    world = _world_size(trainer)
+    for key, loader, what in (("limit_train_batches", "train_dataloader", "training"),
+                              ("limit_val_batches", "val_dataloader", "validation")):
+        limit = trainer.get(key, 1.0)
+        if not isinstance(limit, float) or not 0.0 < limit < 1.0:
+            continue
+        try:
+            dl = getattr(datamodule, loader)()
+            n = len(dl)
+            if world > 1:  # each process's share (the smallest one)
+                share, bs = len(dl.dataset) // world, dl.batch_size
+                n = (share // bs if dl.drop_last else -(-share // bs)) if bs else n // world
+        except Exception:  # noqa: BLE001 - no loader / no length (an iterable dataset): Lightning decides
+            continue
+        if n > 0 and int(n * limit) == 0:
+            per = f" per process ({world} processes)" if world > 1 else ""
+            raise ValueError(f"trainer.{key}={limit!r} gives int({limit!r} * {n}) = 0 {what} batches: the {what} set "
+                             f"has {n} batches of data.batch_size{per}; pass a fraction >= 1/{n} (e.g. "
+                             f"{math.ceil(10000 / n) / 10000:g}) or a number of batches (an integer, e.g. "
+                             f"trainer.{key}=1)")
 
 
 def _layer_nodes(cfg: DictConfig, n: int) -> List[str]:

@@ -225,9 +225,12 @@ def test_runs_that_train_nothing_fail_early(tmp_path):
         train_mod.train(make_cfg(tmp_path, FAST + ["data.seq_len=100000", "data.num_train=20000"]))
     with pytest.raises(ValueError, match=r"data.num_train=8 .*data.batch_size=16"):
         train_mod.train(make_cfg(tmp_path, FAST + ["data.num_train=8"]))
-    # whatever else makes fit end without a step (here: no training batches allowed) is an error, not exit 0
-    with pytest.raises(RuntimeError, match=r"0 optimizer steps \(trainer.max_steps=3"):
+    # no training batches allowed: refused before anything is written (it said "inf training batches per epoch")
+    with pytest.raises(ValueError, match=r"trainer.limit_train_batches=0: must be an integer >= 1"):
         train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=3", "+trainer.limit_train_batches=0"]))
+    # whatever else makes fit end without a step (here: no time allowed) is an error, not exit 0
+    with pytest.raises(RuntimeError, match=r"0 optimizer steps \(trainer.max_steps=3"):
+        train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=3", "+trainer.max_time={seconds:0}"]))
 
 
 def _wandb_lines(caplog):

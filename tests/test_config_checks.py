@@ -1,0 +1,131 @@
+"""What a newcomer's ``python train.py ...`` got wrong before: a Lightning traceback instead of a message naming the
+key (``+trainer.foo=1``, ``trainer.precision=fp8``, ``trainer.accelerator=tpu``, a ``limit_val_batches`` fraction
+that gives no batch, ``+plugins=[no_such_module]``), messages that explained the wrong thing, and settings accepted
+and ignored (``+foo=1``, a causal window's right side, ``model.redraw_interval`` without a FAVOR+ layer)."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train as train_mod
+from harness.config import (ConfigError, ConfigImportError, check_top_level_keys, check_trainer_options, layer_notes,
+                            model_config, top_level_keys)
+from test_train import CONF, FAST, ROOT, make_cfg
+
+
+@pytest.mark.parametrize("override, want", [
+    ("+trainer.foo=1", r"^trainer\.foo=1 is not an argument of Trainer \(lightning\.pytorch\.Trainer\); its "
+                       r"arguments: accelerator, strategy, devices, .*max_steps"),
+    ("+trainer.max_step=5", r"^trainer\.max_step=5 is not an argument of Trainer \(lightning\.pytorch\.Trainer; did "
+                            r"you mean trainer\.max_steps\?\)"),
+    ("trainer.precision=fp8", r"^trainer\.precision='fp8' is not supported; allowed values: auto \(bf16-mixed on "
+                              r"CUDA, else 32-true\), .*bf16-mixed, 32-true"),
+    ("trainer.precision=true", r"^trainer\.precision=True is not supported"),
+    pytest.param("trainer.accelerator=tpu", r"^trainer\.accelerator='tpu' is not available on this machine; available "
+                                            r"here: auto, cpu", marks=pytest.mark.skipif(
+                                                torch.cuda.is_available(), reason="CPU only")),
+    ("trainer.accelerator=foo", r"^trainer\.accelerator='foo' is not supported; allowed values: auto, cpu, cuda, .*gpu "
+                                r"\(available here: auto, cpu"),
+    ("+trainer.strategy=dpp", r"^trainer\.strategy='dpp' is not supported \(did you mean ddp\?\); allowed values: "
+                              r"auto, ddp, "),
+    # was "(0 would leave the run with no validation metric...)": about the wrong value
+    ("trainer.limit_val_batches=2.5", r"^trainer\.limit_val_batches=2\.5: must be an integer >= 1 \(the batches of "
+                                      r"each validation\) or a fraction in \(0, 1\] of the validation set \(1\.0: all "
+                                      r"of it\)$"),
+    # was "RuntimeError: training ran 0 optimizer steps (..., inf training batches per epoch)" after the run started
+    ("+trainer.limit_train_batches=0", r"^trainer\.limit_train_batches=0: must be an integer >= 1 .*\(0 would train "
+                                       r"no step\)$"),
+    ("+foo=1", r"^foo=1 is not a key train\.py reads; top-level keys: seed, .*trainer, logger, plugins"),
+    ("+sed=1", r"^sed=1 is not a key train\.py reads \(did you mean seed\?\)"),
+])
+def test_bad_trainer_and_top_level_keys_are_config_errors_before_anything_is_written(tmp_path, override, want):
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=want):
+        train_mod.train(make_cfg(out, FAST + [override]))
+    assert not out.exists()
+
+
+def test_good_trainer_values_and_every_experiment_pass(tmp_path):
+    for override in ("trainer.precision=32-true", "trainer.precision=bf16-mixed", "trainer.precision=32",
+                     "trainer.accelerator=cpu", "trainer=ddp", "+trainer.strategy=ddp_spawn",
+                     "+trainer.fast_dev_run=true", "+plugins=[]"):
+        cfg = make_cfg(tmp_path, FAST + [override])
+        check_top_level_keys(cfg)
+        check_trainer_options(cfg.trainer)
+    assert {"seed", "data", "model", "attention", "trainer", "logger", "plugins", "optim"} <= set(top_level_keys())
+    assert "experiment" not in top_level_keys()
+    for exp in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
+        check_top_level_keys(make_cfg(tmp_path, [f"experiment={exp}"]))
+    check_top_level_keys(make_cfg(tmp_path, ["experiment=mqar_old_recipe", "+mqar_change=lr"]))
+
+
+def test_a_fraction_that_gives_no_batch_is_refused_naming_the_batches(tmp_path):
+    """Lightning raised MisconfigurationException (a traceback) after the run folder and loggers were made."""
+    out = tmp_path / "out"
+    # FAST: 64 validation examples in batches of 16 = 4 batches; 512 training examples = 32 batches
+    with pytest.raises(ConfigError, match=r"^trainer\.limit_val_batches=0\.1 gives int\(0\.1 \* 4\) = 0 validation "
+                                          r"batches: the validation set has 4 batches of data\.batch_size; pass a "
+                                          r"fraction >= 1/4 \(e\.g\. 0\.25\) or a number of batches"):
+        train_mod.train(make_cfg(out, FAST + ["trainer.limit_val_batches=0.1"]))
+    with pytest.raises(ConfigError, match=r"^trainer\.limit_train_batches=0\.01 gives int\(0\.01 \* 32\) = 0 training"):
+        train_mod.train(make_cfg(out, FAST + ["+trainer.limit_train_batches=0.01"]))
+    # DDP: each of the 2 processes has 2 validation batches
+    with pytest.raises(ConfigError, match=r"limit_val_batches=0\.3 gives int\(0\.3 \* 2\) = 0 validation batches: the "
+                                          r"validation set has 2 batches of data\.batch_size per process \(2 processes\)"):
+        train_mod.train(make_cfg(out, FAST + ["trainer=ddp", "trainer.limit_val_batches=0.3"]))
+    assert not [p for p in out.rglob("*") if p.is_file()]
+    train_mod.train(make_cfg(out, FAST + ["trainer.limit_val_batches=0.25", "trainer.max_steps=2",
+                                          "trainer.val_check_interval=2"]))  # 1 batch: runs
+
+
+def test_a_plugin_that_cannot_be_imported_is_a_config_error(tmp_path):
+    cfg = make_cfg(tmp_path / "out", FAST + ["+plugins=[no_such_module]"])
+    with pytest.raises(ConfigImportError, match=r"^plugins: cannot import 'no_such_module' \(No module named") as e:
+        train_mod.train(cfg)
+    assert isinstance(e.value, ImportError) and e.value.__cause__ is None
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "+plugins=[no_such_module]",
+                        f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300, env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "plugins: cannot import 'no_such_module'" in r.stderr, r.stderr[-2000:]
+
+
+def test_settings_that_do_not_act_as_written_are_said_once(tmp_path, caplog):
+    """window_size=[15,15] with causal=true trained [15,0] silently; model.redraw_interval=5 without a FAVOR+ layer
+    did nothing silently."""
+    def notes(overrides):
+        cfg = make_cfg(tmp_path, FAST + overrides)
+        return layer_notes(cfg, model_config(cfg))
+
+    (note,) = notes(["attention=sliding_window", "attention.window_size=[15,15]"])
+    assert note.startswith("attention.window_size=[15,15] with causal=true (sliding_window): causal clips the right "
+                           "side (15) to 0, so this run trains window_size=[15,0]")
+    (note,) = notes(["model.layers=[{kind:sliding_window,window_size:[3,null]},flash]"])
+    assert note.startswith("model.layers[0].window_size=[3,null] with causal=true (sliding_window): causal clips the "
+                           "right side (null: unbounded) to 0")
+    assert notes(["attention=sliding_window"]) == notes(["attention=dilated_window"]) == []
+    (note,) = notes(["attention=dilated_window", "attention.window_size=[15,2]"])
+    assert "dilated_window" in note
+    (note,) = notes(["model.redraw_interval=5"])
+    assert note == ("model.redraw_interval=5 has no effect: it redraws the random features of FAVOR+ layers "
+                    "(feature_map: favor, e.g. attention=linear_favor), and none of this model's layers (flash) is "
+                    "one; set model.redraw_interval=0")
+    assert notes(["attention=linear_favor", "model.redraw_interval=5"]) == []
+    assert notes(["model.layers=[linear_favor,flash]", "model.redraw_interval=5"]) == []
+    # train.py logs each once, before training
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        train_mod.train(make_cfg(tmp_path / "run", FAST + ["attention=sliding_window", "attention.window_size=[15,15]",
+                                                           "trainer.max_steps=2", "trainer.val_check_interval=2"]))
+    assert sum("causal clips the right side" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_zero_steps_says_how_many_batches_without_inf(tmp_path):
+    """The error of a fit that trained nothing said "inf training batches per epoch" (limit_train_batches=0, now
+    refused before); a fit stopped before its first step (max_time 0) names the real count."""
+    with pytest.raises(RuntimeError, match=r"training ran 0 optimizer steps \(trainer\.max_steps=3, 32 training "
+                                           r"batches per epoch\)"):
+        train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=3", "+trainer.max_time={seconds:0}"]))
