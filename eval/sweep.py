@@ -93,11 +93,14 @@ COLUMNS = (
     # repeated timings (cfg ``repeats`` > 1: every median of the repeats, ';'-joined) and the correctness check
     # (cfg ``check``: the backend's output at check_rows query rows against the fp32 reference)
     "fwd_ms_reps", "bwd_ms_reps", "fwd_bwd_ms_reps", "check_rows", "check_err", "check_ok",
+    # every setting that changes the point's measurement besides its key (JSON; :func:`point_settings`): what
+    # ``resume`` compares before it reuses the row
+    "settings",
 )
 MODEL_COLUMNS = (
     "sweep", "variant", "backend", "seq_len", "batch", "d_model", "n_layer", "n_heads", "params", "dtype", "device",
     "status", "error", "train_step_ms", "train_tokens_per_s", "train_peak_mem_bytes",
-    "infer_ms", "infer_tokens_per_s", "infer_peak_mem_bytes", "timestamp",
+    "infer_ms", "infer_tokens_per_s", "infer_peak_mem_bytes", "timestamp", "settings",
 )
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -205,9 +208,13 @@ def variant_specs(variants) -> Dict[str, AttentionSpec]:
     out = {}
     items = variants.items() if hasattr(variants, "items") else [(v["name"], v) for v in variants]
     for name, kw in items:
-        kw = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(kw).items() if k != "_target_"}
+        kw = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(kw or {}).items()
+              if k != "_target_"}
         kw.setdefault("name", name)
-        out[name] = make_spec(**kw)
+        try:
+            out[name] = make_spec(**kw)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"variants.{name}: {e}") from None
     return out
 
 
@@ -325,6 +332,144 @@ def batch_for(cfg: dict, N: int) -> int:
 
 # --------------------------------------------------------------------------------------------- csv io
 from eval.bench_common import read_rows  # noqa: E402,F401 (the table reader, re-exported)
+
+
+# --------------------------------------------------------------------------------------------- resume: same settings
+def spec_settings(spec: Optional[AttentionSpec]) -> Optional[dict]:
+    """The fields of a variant's spec that differ from their defaults (``causal`` and ``name`` left out: the first is
+    a point's key, the second changes no math); ``None`` for no spec."""
+    if spec is None:
+        return None
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(spec):
+        if f.name in ("causal", "name") or not f.compare:
+            continue
+        v = getattr(spec, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if v != default or f.name == "kind":
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def _device_settings(device: torch.device) -> dict:
+    out = {"device": device.type}
+    if device.type == "cuda" and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
+def point_settings(cfg: dict, p: dict, spec: Optional[AttentionSpec], device: torch.device) -> dict:
+    """Every setting of the kernel sweep ``cfg`` that changes the measurement of point ``p`` besides its key
+    (:data:`POINT_KEYS`): ``dtype``, ``device`` (and the GPU's name), ``n_heads``, ``batch`` (from ``tokens`` /
+    ``batch``), ``modes``, ``warmup``, ``rep``, ``repeats``, ``bench_at_least``, ``seed``, ``check`` (with
+    ``check_rows`` / ``check_tol``) and the variant's spec (:func:`spec_settings`). Stored in the ``settings``
+    column of each row; ``resume`` reuses a row only when they all match (:func:`check_resume_settings`)."""
+    s = {"dtype": str(cfg.get("dtype", "float32")), **_device_settings(device), "n_heads": int(cfg.get("n_heads", 1)),
+         "batch": batch_for(cfg, int(p["seq_len"])), "modes": [m for m in MODES if m in _as_list(cfg.get("modes", list(MODES)))],
+         "warmup": int(cfg.get("warmup", 2)), "rep": int(cfg.get("rep", 5)),
+         "repeats": max(1, int(cfg.get("repeats") or 1)), "bench_at_least": bool(cfg.get("bench_at_least", True)),
+         "seed": int(cfg.get("seed", 0)), "check": bool(cfg.get("check"))}
+    if s["check"]:
+        s["check_rows"] = int(cfg.get("check_rows") or 128)
+        s["check_tol"] = None if cfg.get("check_tol") is None else float(cfg["check_tol"])
+    if spec is not None:
+        s["spec"] = spec_settings(spec)
+    return s
+
+
+def model_point_settings(cfg: dict, N: int, spec: Optional[AttentionSpec], device: torch.device) -> dict:
+    """:func:`point_settings` of a model-sweep point: ``dtype``, ``device`` (GPU name), ``batch``, ``d_model``,
+    ``n_layer``, ``n_heads``, ``vocab_size``, ``warmup``, ``rep`` and the variant's spec."""
+    s = {"dtype": str(cfg.get("dtype", "float32")), **_device_settings(device), "batch": batch_for(cfg, int(N)),
+         "d_model": int(cfg.get("d_model", 64)), "n_layer": int(cfg.get("n_layer", 2)),
+         "n_heads": int(cfg.get("n_heads", 4)), "vocab_size": int(cfg.get("vocab_size", 256)),
+         "warmup": int(cfg.get("warmup", 1)), "rep": int(cfg.get("rep", 3))}
+    if spec is not None:
+        s["spec"] = spec_settings(spec)
+    return s
+
+
+def settings_cell(settings: dict) -> str:
+    """The ``settings`` CSV cell: compact JSON, keys sorted."""
+    import json
+
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+LEGACY_SETTINGS = ("dtype", "device", "n_heads", "batch", "d_model", "n_layer")
+"""Columns compared for a row written before the ``settings`` column existed (the settings it recorded)."""
+
+
+def stored_settings(row: dict) -> dict:
+    """The settings a CSV row was measured with: its ``settings`` cell, else (an older CSV) the setting columns it has
+    (:data:`LEGACY_SETTINGS`; the device as its type, ``cuda:0`` -> ``cuda``)."""
+    import json
+
+    cell = row.get("settings")
+    if cell:
+        try:
+            return json.loads(cell)
+        except ValueError:
+            pass
+    out = {}
+    for k in LEGACY_SETTINGS:
+        v = row.get(k)
+        if v in (None, ""):
+            continue
+        if k == "device":
+            v = str(v).split(":")[0]
+        elif k != "dtype":
+            try:
+                v = int(float(v))
+            except ValueError:
+                continue
+        out[k] = v
+    return out
+
+
+class SweepSettingsChanged(ValueError):
+    """``resume`` found rows in the CSV measured with other settings than the sweep's (:func:`check_resume_settings`)."""
+
+
+def check_resume_settings(rows: Sequence[dict], expected: Callable[[dict], dict], csv_path: str) -> None:
+    """Raise :class:`SweepSettingsChanged` when a row of ``csv_path`` (the last row of each point) was measured with
+    other settings than ``expected(row)`` gives, naming each differing setting (stored -> this sweep's, how many
+    points) and what to do instead. A setting the row does not record (an older CSV) is not compared. Every row
+    counts, not only the points of this sweep's grid: a re-analysis reads them all as one sweep."""
+    diffs: Dict[str, Dict[tuple, int]] = {}
+    n_bad = 0
+    for r in rows:
+        have, want = stored_settings(r), expected(r)
+        bad = False
+        for k in sorted(set(have) & set(want)):
+            if k == "spec" and (have[k] is None or want[k] is None):
+                continue
+            if have[k] != want[k]:
+                key = (settings_cell(have[k]) if isinstance(have[k], (dict, list)) else str(have[k]),
+                       settings_cell(want[k]) if isinstance(want[k], (dict, list)) else str(want[k]))
+                if k == "spec":
+                    k = f"variants.{r.get('variant')}"
+                elif k == "batch":
+                    k = "batch (tokens // seq_len, or batch)"
+                d = diffs.setdefault(k, {})
+                d[key] = d.get(key, 0) + 1
+                bad = True
+        n_bad += bad
+    if not n_bad:
+        return
+    lines = []
+    for k, d in diffs.items():
+        for (a, b), n in list(d.items())[:3]:
+            lines.append(f"  {k}: {a} in the CSV, {b} now ({n} point{'s' if n != 1 else ''})")
+        if len(d) > 3:
+            lines.append(f"  {k}: ... {len(d) - 3} more value pairs")
+    raise SweepSettingsChanged(
+        f"resume: {n_bad} of the {len(rows)} points in {csv_path} were measured with other settings than this sweep's, "
+        f"so they are not reused (nor reported as this sweep's):\n" + "\n".join(lines) + "\n"
+        f"write these settings to another output folder (out_dir=... for eval.crossover, --out for eval.sweep), or "
+        f"measure every point again in this one (resume=false / --no-resume: the CSV is started over)")
 
 
 def latest_rows(rows: Iterable[dict]) -> List[dict]:
@@ -682,6 +827,14 @@ def check_sweep_config(cfg: dict) -> None:
             raise ValueError(f"{key}={cfg[key]!r}: must be an integer >= {lo}")
     if cfg.get("batch") is not None and not whole(cfg["batch"], 1):
         raise ValueError(f"batch={cfg['batch']!r}: must be null (tokens // N) or an integer >= 1")
+    known = list(BENCH_BACKENDS)  # after sweep_backends imported the plugins (their backends are registered)
+    bad = [b for b in sweep_backends(cfg) if b not in known]
+    if bad:  # a misspelt backend recorded every point as unsupported and measured nothing
+        raise ValueError(f"backends={[str(b) for b in _as_list(cfg.get('backends'))]!r}: {', '.join(map(repr, bad))} "
+                         f"{'is' if len(bad) == 1 else 'are'} not registered; allowed values: all, {', '.join(known)}")
+    if not cfg.get("variants"):
+        raise ValueError("variants: the sweep names no variant (a mapping name: {kind: ..., ...})")
+    variant_specs(cfg["variants"])  # an unknown kind / field, named with its variant
 
 
 def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True, retry_failed: bool = False,
@@ -717,16 +870,23 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     points = expand_points(cfg)
     done = {}
     if resume:
-        for r in read_rows(out_csv):
+        stored = latest_rows(read_rows(out_csv))
+
+        def expected(r: dict) -> dict:  # the settings this sweep would measure the row's point with
+            return point_settings(cfg, {"seq_len": int(float(r["seq_len"]))}, specs.get(r.get("variant")), device)
+
+        check_resume_settings(stored, expected, out_csv)  # before anything is written
+        for r in stored:
             if retry_failed and r.get("status") in ("error", "oom", "skipped"):
                 continue
             done[point_key(r)] = r
     elif os.path.exists(out_csv):
         os.remove(out_csv)
     todo = [p for p in points if point_key(p) not in done]
+    if resume and os.path.exists(out_csv):
+        print(f"resume: {len(points) - len(todo)} of {len(points)} points reused from {out_csv} (measured with the "
+              f"same settings), {len(todo)} to measure", flush=True)
     bar = _progress(len(todo), progress, f"sweep {cfg.get('name', '')}")
-    if bar is not None and len(points) != len(todo):
-        bar.write(f"resume: {len(points) - len(todo)} of {len(points)} points already in {out_csv}")
     deadline_s = deadline_s if deadline_s is not None else cfg.get("deadline_s")
     t_start = time.time()
     max_point_s = float(cfg.get("max_point_s") or math.inf)
@@ -738,7 +898,9 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
 
     def unmeasured(p: dict, status: str, error: str) -> dict:  # the row of a point not measured
         return dict(p, kind=specs[p["variant"]].kind, status=status, error=error, n_heads=cfg.get("n_heads"),
-                    batch=batch_for(cfg, p["seq_len"]), sweep=name, timestamp=_now())
+                    batch=batch_for(cfg, p["seq_len"]), dtype=str(cfg.get("dtype", "float32")), device=str(device),
+                    sweep=name, timestamp=_now(), settings=settings_cell(point_settings(cfg, p, specs[p["variant"]],
+                                                                                        device)))
 
     inflight = out_csv + ".inflight"  # the point being measured: a process that dies there leaves it behind
     if resume and os.path.exists(inflight):
@@ -768,6 +930,7 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
                 f.write("\t".join(str(p[k]) for k in POINT_KEYS))
             row = measure_point(p, specs[p["variant"]], cfg, device)
             row["sweep"] = name
+            row["settings"] = settings_cell(point_settings(cfg, p, specs[p["variant"]], device))
             # only the timed calls count: the check, the first calls (compile / autotune), peak_bytes and the
             # bwd-mode setup forward are untimed, one-off work that does not stop a series
             took = float(row.pop("_timed_s", 0.0) or 0.0)
@@ -792,6 +955,28 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
 
 
 # --------------------------------------------------------------------------------------------- model sweep
+def check_model_sweep_config(cfg: dict) -> None:
+    """The settings of a model sweep before it runs: ``seq_lens`` integers >= 1, ``dtype`` of ``_DTYPES``,
+    ``backends`` ``auto`` or registered (after its ``plugins``), ``variants`` valid specs. ``ValueError`` naming the
+    key and the allowed values."""
+    vals = _as_list(cfg.get("seq_lens"))
+    if not vals or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in vals):
+        raise ValueError(f"seq_lens={vals!r}: must be a non-empty list of integers >= 1")
+    dtype = str(cfg.get("dtype", "float32"))
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed values: {', '.join(_DTYPES)}")
+    load_plugins(cfg.get("plugins"))
+    known = backend_names()
+    listed = [str(b) for b in _as_list(cfg.get("backends", ["auto"]))]
+    bad = [b for b in listed if b != "auto" and b not in known]
+    if bad:
+        raise ValueError(f"backends={listed!r}: {', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not "
+                         f"registered; allowed values: auto, {', '.join(known)}")
+    if not cfg.get("variants"):
+        raise ValueError("variants: the model sweep names no variant")
+    variant_specs(cfg["variants"])
+
+
 def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True) -> List[dict]:
     """Layer/model-level sweep: tokens/s and peak memory of the GPT (:mod:`attn_zoo.model`) with each variant.
 
@@ -802,11 +987,17 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
     """
     from attn_zoo.model import GPT, GPTConfig
 
+    check_model_sweep_config(cfg)
     device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     specs = variant_specs(cfg["variants"])
     dtype = _DTYPES[str(cfg.get("dtype", "float32"))]
-    done = {(r["variant"], r["backend"], int(float(r["seq_len"]))) for r in read_rows(out_csv)} if resume else set()
-    if not resume and os.path.exists(out_csv):
+    done = set()
+    if resume:
+        stored = read_rows(out_csv)
+        check_resume_settings(stored, lambda r: model_point_settings(cfg, int(float(r["seq_len"])),
+                                                                     specs.get(r.get("variant")), device), out_csv)
+        done = {(r["variant"], r["backend"], int(float(r["seq_len"]))) for r in stored}
+    elif os.path.exists(out_csv):
         os.remove(out_csv)
     plugins = load_plugins(cfg.get("plugins"))
     backends = [str(b) for b in _as_list(cfg.get("backends", ["auto"]))]
@@ -814,6 +1005,9 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
     pts = [(vn, be, int(N)) for vn in specs for be in backends
            for N in sorted(int(n) for n in _as_list(cfg["seq_lens"]))]
     todo = [p for p in pts if p not in done]
+    if resume and done:
+        print(f"resume: {len(pts) - len(todo)} of {len(pts)} model points reused from {out_csv} (measured with the "
+              f"same settings), {len(todo)} to measure", flush=True)
     bar = _progress(len(todo), progress, f"model sweep {cfg.get('name', '')}")
     stopped = set()
     warmup, rep = int(cfg.get("warmup", 1)), int(cfg.get("rep", 3))
@@ -822,7 +1016,7 @@ def run_model_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool
         row = {"sweep": cfg.get("name", "model"), "variant": vn, "backend": be, "seq_len": N, "batch": B,
                "d_model": cfg.get("d_model"), "n_layer": cfg.get("n_layer"), "n_heads": cfg.get("n_heads"),
                "dtype": str(dtype).replace("torch.", ""), "device": str(device), "status": "ok", "error": "",
-               "timestamp": _now()}
+               "timestamp": _now(), "settings": settings_cell(model_point_settings(cfg, N, specs[vn], device))}
         if (vn, be) in stopped:
             row.update(status="skipped", error="series stopped after a failure at a smaller N")
         elif be != "auto" and be not in get_backends(specs[vn].kind):

@@ -127,6 +127,82 @@ def test_resume_skips_finished_points(tmp_path):
     assert len([r for r in rows if r["backend"] == "test_broken"]) == 3 and CALLS["count"] == 6
 
 
+@pytest.mark.parametrize("change,want", [
+    (dict(dtype="float64"), r"dtype: float32 in the CSV, float64 now \(2 points\)"),
+    (dict(tokens=128), r"batch \(tokens // seq_len, or batch\): 4 in the CSV, 8 now \(1 point\)"),
+    (dict(batch=3), r"batch .*: 2 in the CSV, 3 now"),
+    (dict(modes=["fwd"]), r"modes: \[\"fwd\",\"bwd\",\"fwd_bwd\"\] in the CSV, \[\"fwd\"\] now"),
+    (dict(rep=3), r"rep: 1 in the CSV, 3 now"), (dict(warmup=2), r"warmup: 0 in the CSV, 2 now"),
+    (dict(repeats=2), r"repeats: 1 in the CSV, 2 now"), (dict(n_heads=4), r"n_heads: 2 in the CSV, 4 now"),
+    (dict(check=True), r"check: False in the CSV, True now"),
+    (dict(variants={"flash": {"kind": "flash", "softmax_scale": 0.5}}), r"variants.flash: .* in the CSV, .*0.5.* now"),
+])
+def test_resume_reuses_a_point_only_measured_with_the_same_settings(tmp_path, change, want, capsys):
+    """A resumed sweep matched points on their key alone (variant, backend, N, D, causal, Hkv): with another dtype,
+    tokens (batch), modes, warmup / rep, ... nothing was measured and the old rows were reported as the new sweep's.
+    Now resume refuses, naming each differing setting, before anything runs or is written; the same settings reuse
+    the points and say how many."""
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_counting"], seq_lens=[16, 32])
+    path = str(tmp_path / "k.csv")
+    CALLS["count"] = 0
+    sw.run_sweep(cfg, path, progress=False)
+    assert CALLS["count"] == 2
+    before = open(path).read()
+    sw.run_sweep(cfg, path, progress=False)  # the same settings: reused, and said so
+    assert CALLS["count"] == 2 and "resume: 2 of 2 points reused" in capsys.readouterr().out
+    with pytest.raises(sw.SweepSettingsChanged, match=want) as e:
+        sw.run_sweep(dict(cfg, **change), path, progress=False)
+    assert "another output folder" in str(e.value) and "resume=false" in str(e.value)
+    assert CALLS["count"] == 2 and open(path).read() == before  # nothing measured, nothing written
+    sw.run_sweep(dict(cfg, **change), path, progress=False, resume=False)  # start over: measured again
+    assert CALLS["count"] == 4
+
+
+def test_resume_checks_the_settings_an_older_csv_recorded(tmp_path):
+    """A CSV written before the ``settings`` column: its dtype / device / n_heads / batch columns are compared."""
+    import pandas as pd
+
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}}, backends=["test_counting"], seq_lens=[16, 32])
+    path = tmp_path / "k.csv"
+    sw.run_sweep(cfg, str(path), progress=False)
+    df = pd.read_csv(path, dtype=str, keep_default_na=False).drop(columns=["settings"])
+    df.to_csv(path, index=False)
+    with pytest.raises(sw.SweepSettingsChanged, match=r"dtype: float32 in the CSV, float16 now"):
+        sw.run_sweep(dict(cfg, dtype="float16"), str(path), progress=False)
+    with pytest.raises(sw.SweepSettingsChanged, match=r"batch .*: 2 in the CSV, 16 now"):
+        sw.run_sweep(dict(cfg, tokens=512), str(path), progress=False)
+    CALLS["count"] = 0
+    sw.run_sweep(dict(cfg, rep=5), str(path), progress=False)  # not recorded there: not compared
+    assert CALLS["count"] == 0
+
+
+def test_model_sweep_resume_needs_the_same_settings(tmp_path):
+    mcfg = {"name": "m", "device": "cpu", "variants": {"flash": {"kind": "flash"}}, "backends": ["torch"],
+            "seq_lens": [16], "tokens": 32, "d_model": 16, "n_layer": 1, "n_heads": 2, "vocab_size": 32,
+            "warmup": 0, "rep": 1}
+    path = str(tmp_path / "m.csv")
+    sw.run_model_sweep(mcfg, path, progress=False)
+    with pytest.raises(sw.SweepSettingsChanged, match=r"d_model: 16 in the CSV, 32 now"):
+        sw.run_model_sweep(dict(mcfg, d_model=32), path, progress=False)
+    with pytest.raises(ValueError, match=r"backends=\['trition'\]: 'trition' is not registered; allowed values: auto"):
+        sw.run_model_sweep(dict(mcfg, backends=["trition"]), path, progress=False)
+
+
+def test_crossover_refuses_to_report_old_rows_as_a_new_sweep(tmp_path):
+    from harness.config import ConfigError
+
+    out = tmp_path / "res"
+    base = {"out_dir": str(out), "progress": False, "model_sweep": False, "plots": False, "wandb": {"enabled": False}}
+    cfg = dict(TINY, variants={"flash": {"kind": "flash"}, "linear": {"kind": "linear", "chunk_size": 8}},
+               backends=["torch"], seq_lens=[16, 32])
+    crossover_run(dict(base, sweep=cfg))
+    with pytest.raises(ConfigError, match=r"(?s)resume: 4 of the 4 points .* dtype: float32 in the CSV, float64 now"):
+        crossover_run(dict(base, sweep=dict(cfg, dtype="float64")))
+    # points outside this sweep's grid count too: a re-analysis reads every row of the CSV as one sweep
+    with pytest.raises(ConfigError, match=r"dtype: float32 in the CSV, float64 now"):
+        crossover_run(dict(base, sweep=dict(cfg, dtype="float64", seq_lens=[64])))
+
+
 def test_end_to_end_pipeline(tmp_path):
     out = tmp_path / "res"
     res = crossover_run({"sweep": TINY, "out_dir": str(out), "progress": False, "machine": "a100",
