@@ -277,6 +277,35 @@ def analyse(out_dir: str, sweep_cfg: dict, env: Optional[dict] = None) -> Dict[s
 COMPARE = ("ours", "best")
 
 
+def check_config(cfg: dict) -> None:
+    """The settings of :func:`run`, before anything is measured or written: ``compare`` (:data:`COMPARE`),
+    ``machine`` (null or a roofline preset of :mod:`attn_zoo.cost_model`), ``formats``, and with ``run_sweep`` the
+    sweep itself (:func:`eval.sweep.check_sweep_config`: axes, dtype, device, registered backends, variants) and
+    its model sweep's backends. Raises ``ValueError`` naming the key and the allowed values."""
+    from attn_zoo import cost_model as cm
+    from eval.plots import check_formats
+    from eval.sweep import check_model_sweep_config, check_sweep_config
+
+    compare = str(cfg.get("compare") or "ours")
+    if compare not in COMPARE:
+        raise ValueError(f"compare={compare!r} is not supported; allowed values: {', '.join(COMPARE)}")
+    if cfg.get("machine") is not None:
+        cm.get_machine(str(cfg["machine"]))  # raises naming machine= and the presets
+    check_formats(cfg.get("formats"))
+    if cfg.get("run_sweep", True):
+        sw = dict(cfg["sweep"])
+        try:
+            check_sweep_config(sw)
+            ms = sw.get("model_sweep") or {}
+            if cfg.get("model_sweep", True) and ms and ms.get("enabled", True):
+                try:
+                    check_model_sweep_config(ms)
+                except ValueError as e:
+                    raise ValueError(f"model_sweep.{e}") from None
+        except ValueError as e:
+            raise ValueError(f"sweep.{e}") from None
+
+
 def run(cfg: dict) -> Dict[str, object]:
     """The whole pipeline from a plain config dict (what the Hydra ``main`` passes; usable without Hydra).
 
@@ -286,9 +315,12 @@ def run(cfg: dict) -> Dict[str, object]:
     ``model_sweep``, ``plots``, ``figures_dir``, ``figures_prefix``, ``formats``, ``machine``, ``wandb``
     (``enabled``, ``project``, ``group``, ``mode``).
     """
+    from eval import config_errors
     from eval.bench_common import env_info, write_json
     from eval.sweep import run_model_sweep, run_sweep
 
+    with config_errors():  # a bad value: its message alone, before anything is measured or written
+        check_config(cfg)
     sw = dict(cfg["sweep"])
     out_dir = cfg.get("out_dir") or os.path.join("results", sw.get("name", "sweep"))
     os.makedirs(out_dir, exist_ok=True)
@@ -302,18 +334,18 @@ def run(cfg: dict) -> Dict[str, object]:
         measured_sweep = stored.get("sweep") or sw
     kcsv, mcsv = os.path.join(out_dir, "kernel.csv"), os.path.join(out_dir, "model.csv")
     if cfg.get("run_sweep", True):
-        run_sweep(sw, kcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True),
-                  retry_failed=cfg.get("retry_failed", False))
+        with config_errors():  # settings the sweep refuses (resume over rows measured with other settings)
+            run_sweep(sw, kcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True),
+                      retry_failed=cfg.get("retry_failed", False))
         ms = sw.get("model_sweep") or {}
         if cfg.get("model_sweep", True) and ms and ms.get("enabled", True):
             mc = dict(ms)
             mc.setdefault("name", sw.get("name", "sweep") + "_model")
             mc.setdefault("device", sw.get("device"))
-            run_model_sweep(mc, mcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True))
+            with config_errors():
+                run_model_sweep(mc, mcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True))
     write_json([], os.path.join(out_dir, "env.json"), env=dict(env, sweep=measured_sweep))
     compare = str(cfg.get("compare") or "ours")
-    if compare not in COMPARE:
-        raise ValueError(f"compare={compare!r} is not supported; allowed values: {', '.join(COMPARE)}")
     res = analyse(out_dir, sw, env)
     if compare == "best":  # n* on the fastest correct implementation of each side, beside ours vs ours
         from eval.best import analyse_best, format_nstar_markdown

@@ -113,12 +113,23 @@ def variant_style(name: str) -> dict:
     return {"color": c, "marker": m, "ls": "-."}
 
 
+ALLOWED_FORMATS = ("png", "svg", "pdf")
+
+
+def check_formats(formats) -> List[str]:
+    """The figure formats of ``formats`` (a list, or one name), lower case; ``ValueError`` naming ``formats`` and
+    the allowed values for any other entry."""
+    fm = [str(f).lower() for f in ([formats] if isinstance(formats, str) else (formats or ["png", "svg"]))]
+    bad = [f for f in fm if f not in ALLOWED_FORMATS]
+    if bad:
+        raise ValueError(f"formats={fm!r}: {', '.join(map(repr, bad))} is not supported; allowed values: "
+                         f"{', '.join(ALLOWED_FORMATS)}")
+    return fm
+
+
 def set_formats(formats) -> None:
     """Output formats of the figures, e.g. ``["png", "svg"]`` (PNG is always written first)."""
-    fm = [str(f).lower() for f in (formats or ["png", "svg"])]
-    for f in fm:
-        if f not in ("png", "svg", "pdf"):
-            raise ValueError(f"formats entry {f!r} is not supported; allowed values: png, svg, pdf")
+    fm = check_formats(formats)
     FORMATS[:] = ["png"] + [f for f in fm if f != "png"]
 
 
@@ -619,14 +630,21 @@ bubble_figure = _drawn(figspec.bubble)
 
 
 def _machine(machine, env: dict) -> Optional["cm.Machine"]:
+    """The roofline's machine: ``machine`` (a preset name: an unknown one raises ``ValueError`` naming ``machine=``
+    and the presets), else the preset of the results' GPU name; ``None`` (no roofline) on a CPU or a GPU without a
+    preset, which is said."""
     if isinstance(machine, cm.Machine):
         return machine
-    name = machine or (env or {}).get("gpu")
+    if machine:
+        return cm.get_machine(str(machine))
+    name = (env or {}).get("gpu")
     if not name:
         return None
     try:
         return cm.get_machine(str(name))
     except ValueError:
+        print(f"roofline left out: no roofline preset for the results' GPU {name!r}; give machine=one of "
+              f"{', '.join(cm.MACHINES)} to draw it against one")
         return None
 
 
@@ -683,7 +701,14 @@ def sweep_figures(results_dir: str, figures_dir: Optional[str] = None, machine=N
 
 
 def main_from_cfg(cfg: dict) -> Dict[str, List[str]]:
-    """``eval.plots`` entry: ``results_dir`` (sweep figures) and / or ``quality_csv`` (quality figures)."""
+    """``eval.plots`` entry: ``results_dir`` (sweep figures) and / or ``quality_csv`` (quality figures) and / or
+    ``doclen_dir`` (the n*_doc figure). Refuses (``ValueError`` / ``FileNotFoundError`` naming the argument, printed
+    by Hydra as the message alone) when none is given, a path given is not there, ``formats`` / ``machine`` is not
+    an allowed value, or nothing could be drawn from what was given."""
+    from eval import config_errors
+
+    with config_errors():
+        check_plots_config(cfg)
     figs: Dict[str, List[str]] = {}
     fd = cfg.get("figures_dir")
     set_formats(cfg.get("formats"))
@@ -705,9 +730,47 @@ def main_from_cfg(cfg: dict) -> Dict[str, List[str]]:
                                     title=cfg.get("title"), speed=cfg.get("speed"),
                                     speed_backend=cfg.get("speed_backend") or "triton",
                                     speed_size=cfg.get("speed_size")))
+    if not figs:
+        with config_errors():
+            raise ValueError(f"nothing to plot: results_dir={cfg.get('results_dir')} holds no measured rows (kernel.csv "
+                             f"/ model.csv); no figure written")
     for k, v in figs.items():
         print(f"{k}: {v[0]}")
     return figs
+
+
+PLOT_INPUTS = ("results_dir", "quality_csv", "doclen_dir")
+
+
+def check_plots_config(cfg: dict) -> None:
+    """``eval.plots``' arguments before anything is drawn: at least one of :data:`PLOT_INPUTS`; each path given
+    exists (``results_dir`` with a ``kernel.csv`` or ``model.csv``, ``doclen_dir`` with ``fit.json``; ``speed_csv``
+    / ``speed`` files); ``formats`` and ``machine`` allowed values. Raises ``ValueError`` / ``FileNotFoundError``
+    naming the argument."""
+    check_formats(cfg.get("formats"))
+    if cfg.get("machine"):
+        cm.get_machine(str(cfg["machine"]))
+    if not any(cfg.get(k) for k in PLOT_INPUTS):
+        raise ValueError("nothing to plot: give results_dir=<a sweep's out_dir> (eval.crossover), quality_csv=<eval."
+                         "quality's quality.csv> or doclen_dir=<eval.doclen's --out>")
+    rd = cfg.get("results_dir")
+    if rd:
+        if not os.path.isdir(rd):
+            raise FileNotFoundError(f"results_dir={rd}: no such directory (a sweep's out_dir: kernel.csv, crossover.json)")
+        if not any(os.path.exists(os.path.join(rd, f)) for f in ("kernel.csv", "model.csv")):
+            raise FileNotFoundError(f"results_dir={rd}: holds neither kernel.csv nor model.csv (is it a sweep's out_dir?)")
+    for key in ("quality_csv", "speed_csv", "speed"):
+        path = cfg.get(key)
+        if path and not os.path.isfile(path):
+            raise FileNotFoundError(f"{key}={path}: no such file")
+    if cfg.get("quality_csv"):
+        from eval.bench_common import read_rows
+
+        if not read_rows(cfg["quality_csv"]):
+            raise ValueError(f"quality_csv={cfg['quality_csv']}: the table has no rows; nothing to plot")
+    dd = cfg.get("doclen_dir")
+    if dd and not os.path.isfile(os.path.join(dd, "fit.json")):
+        raise FileNotFoundError(f"doclen_dir={dd}: no fit.json there (eval.doclen --out writes it)")
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised through the CLI

@@ -1,0 +1,99 @@
+"""Bad input to the eval tools: a clear message naming the argument and the allowed values, a non-zero exit, no
+traceback, nothing measured or written; and no run that "succeeds" having done nothing."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from eval import plots
+from eval.crossover import run as crossover_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = {
+    "name": "tiny", "device": "cpu", "dtype": "float32", "n_heads": 2, "tokens": 64, "seq_lens": [16, 32],
+    "head_dims": [8], "causal": [True], "kv_heads": [None], "modes": ["fwd"], "warmup": 0, "rep": 1,
+    "variants": {"flash": {"kind": "flash"}}, "backends": ["torch"],
+    "baseline": {"variant": "flash", "backend": "torch"}, "naive": {"variant": "flash", "backend": "naive"},
+}
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _config_error():
+    from harness.config import ConfigError
+
+    return ConfigError
+
+
+@pytest.mark.parametrize("change,want", [
+    (dict(compare="bst"), r"compare='bst' is not supported; allowed values: ours, best"),
+    (dict(machine="h300"), r"machine='h300' is not supported; allowed values: a100, h100, h200"),
+    (dict(formats=["pgn"]), r"formats=\['pgn'\]: 'pgn' is not supported; allowed values: png, svg, pdf"),
+    (dict(sweep=dict(TINY, seq_lens=[0])), r"sweep.seq_lens=\[0\]: must be a non-empty list of integers >= 1"),
+    (dict(sweep=dict(TINY, backends=["trition"])),
+     r"sweep.backends=\['trition'\]: 'trition' is not registered; allowed values: all, triton, .*torch"),
+    (dict(sweep=dict(TINY, variants={"flash": {"kind": "flsh"}})),
+     r"sweep.variants.flash: kind='flsh' is not supported; allowed values: flash"),
+    (dict(sweep=dict(TINY, model_sweep={"variants": {"flash": {"kind": "flash"}}, "backends": ["trition"],
+                                        "seq_lens": [16]})),
+     r"sweep.model_sweep.backends=\['trition'\]: 'trition' is not registered; allowed values: auto, "),
+])
+def test_crossover_refuses_bad_settings_before_measuring(tmp_path, change, want):
+    """``sweep.backends=[trition]`` recorded every point as unsupported and exited 0 with an empty table;
+    ``machine=h300`` left the roofline out silently; ``compare=bst`` failed after the sweep ran; ``seq_lens=[0]``,
+    ``formats=[pgn]``: a traceback. Now all are refused before anything is measured or written."""
+    out = tmp_path / "res"
+    cfg = dict({"sweep": TINY, "out_dir": str(out), "progress": False, "wandb": {"enabled": False}}, **change)
+    with pytest.raises(_config_error(), match=want):
+        crossover_run(cfg)
+    assert not out.exists()
+
+
+def test_crossover_cli_prints_the_message_alone(tmp_path):
+    r = _cli("eval.crossover", "sweep=cpu_tiny", f"out_dir={tmp_path / 'res'}", "compare=bst", "sweep.backends=[torch]",
+             cwd=tmp_path)
+    assert r.returncode != 0
+    assert "compare='bst' is not supported; allowed values: ours, best" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()
+
+
+# ------------------------------------------------------------------------------------------------ eval.plots
+@pytest.mark.parametrize("cfg,want", [
+    ({}, r"nothing to plot: give results_dir=.*quality_csv=.*doclen_dir="),
+    ({"results_dir": "/nonexistent"}, r"results_dir=/nonexistent: no such directory"),
+    ({"quality_csv": "/nonexistent.csv"}, r"quality_csv=/nonexistent.csv: no such file"),
+    ({"doclen_dir": "/nonexistent"}, r"doclen_dir=/nonexistent: no fit.json"),
+    ({"results_dir": "RES", "formats": ["pgn"]}, r"formats=\['pgn'\]: 'pgn' is not supported; allowed values: png, svg"),
+    ({"results_dir": "RES", "machine": "h300"}, r"machine='h300' is not supported; allowed values: a100, h100, h200"),
+    ({"results_dir": "EMPTY"}, r"results_dir=.*holds neither kernel.csv nor model.csv"),
+    ({"results_dir": "RES"}, r"nothing to plot: results_dir=.*holds no measured rows"),
+    ({"quality_csv": "EMPTY_CSV"}, r"quality_csv=.*the table has no rows"),
+])
+def test_plots_refuses_nothing_to_plot_and_bad_values(tmp_path, cfg, want):
+    """``eval.plots`` with no arguments or ``results_dir=/nonexistent`` exited 0 having written nothing;
+    ``quality_csv=/nonexistent.csv`` drew a "no rows to draw" figure; ``machine=h300`` dropped the roofline."""
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "kernel.csv").write_text("variant,backend,seq_len,head_dim,causal,n_kv_heads,status\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "q.csv").write_text("variant,seq_len\n")
+    subst = {"RES": str(res), "EMPTY": str(tmp_path / "empty"), "EMPTY_CSV": str(tmp_path / "q.csv")}
+    cfg = {k: subst.get(v, v) if isinstance(v, str) else v for k, v in cfg.items()}
+    with pytest.raises((_config_error(), FileNotFoundError), match=want):
+        plots.main_from_cfg(dict(cfg, figures_dir=str(tmp_path / "figs")))
+    assert not (tmp_path / "figs").exists()
+
+
+def test_plots_cli_exits_non_zero_with_the_message(tmp_path):
+    r = _cli("eval.plots", cwd=tmp_path)
+    assert r.returncode != 0 and "nothing to plot: give results_dir=" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("eval.plots", "results_dir=/nonexistent", cwd=tmp_path)
+    assert r.returncode != 0 and "results_dir=/nonexistent: no such directory" in r.stderr
