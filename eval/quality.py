@@ -692,35 +692,69 @@ def _short(note: str, n: int = 180) -> str:
     return note if len(note) <= n else note[: n - 3] + "..."
 
 
+def check_config(cfg: dict) -> None:
+    """:func:`run`'s settings before anything is read or written: ``compare`` (ours | best), ``formats``, ``n_boot``
+    (an integer >= 1), ``level`` (in (0, 1)), the roots of ``runs`` and the files ``speed`` / ``speed_csv``
+    (there). Raises ``ValueError`` / ``FileNotFoundError`` naming the key and the allowed values."""
+    from eval.plots import check_formats
+
+    compare = str(cfg.get("compare") or "ours")
+    if compare not in ("ours", BEST):
+        raise ValueError(f"compare={compare!r} is not supported; allowed values: ours, {BEST}")
+    check_formats(cfg.get("formats"))
+    n_boot = cfg.get("n_boot")
+    if n_boot is not None and not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and n_boot >= 1):
+        raise ValueError(f"n_boot={n_boot!r}: must be an integer >= 1 (bootstrap resamples)")
+    level = cfg.get("level")
+    if level is not None and not (isinstance(level, (int, float)) and not isinstance(level, bool) and 0 < level < 1):
+        raise ValueError(f"level={level!r}: must be a number in (0, 1), e.g. 0.95")
+    roots = cfg.get("runs") or []
+    missing = [r for r in ([roots] if isinstance(roots, str) else list(roots)) if not os.path.isdir(str(r))]
+    if missing and not cfg.get("wandb_project"):
+        raise FileNotFoundError(f"runs={[str(r) for r in missing]}: no such folder (roots searched for finished "
+                                f"training runs: <run>/.hydra/config.yaml + <run>/csv/metrics.csv)")
+    for key in ("speed", "speed_csv"):
+        if cfg.get(key) and not os.path.isfile(str(cfg[key])):
+            raise FileNotFoundError(f"{key}={cfg[key]}: no such file")
+
+
 def run(cfg: dict) -> dict:
     """Collect runs (``runs``: list of roots; ``wandb_project`` / ``wandb_group`` optional), write the tables to
-    ``out_dir``, draw the figures (``plots``), log to W&B (``wandb.enabled``). Returns the tables."""
+    ``out_dir``, draw the figures (``plots``), log to W&B (``wandb.enabled``); print where the tables went and a
+    short summary. Returns the tables. Bad settings and missing inputs raise before anything is written, as
+    :class:`harness.config.ConfigError` / ``ConfigFileError`` (Hydra prints the message alone)."""
+    from eval import config_errors
+
+    with config_errors():
+        check_config(cfg)
     roots = cfg.get("runs") or []
     roots = [roots] if isinstance(roots, str) else list(roots)
     runs = [load_run(d) for d in find_runs(roots)]
     if cfg.get("wandb_project"):
         runs += load_wandb_runs(cfg["wandb_project"], cfg.get("wandb_group"), cfg.get("wandb_entity"))
     if not runs:
-        raise FileNotFoundError(f"no finished training runs (.hydra/config.yaml + csv/metrics.csv) under {roots}; "
-                                f"train them first (e.g. python train.py -m experiment=crossover_quality writes "
-                                f"multirun/crossover_quality) or pass runs=[<multirun folder>, ...]")
+        with config_errors():
+            raise FileNotFoundError(f"no finished training runs (.hydra/config.yaml + csv/metrics.csv) under {roots}; "
+                                    f"train them first (e.g. python train.py -m experiment=crossover_quality writes "
+                                    f"multirun/crossover_quality) or pass runs=[<multirun folder>, ...]")
+    speed, sb, ss = cfg.get("speed"), cfg.get("speed_backend") or "triton", cfg.get("speed_size")
+    compare = str(cfg.get("compare") or "ours")
+    if compare == BEST:  # the fastest implementation per variant and length (named in speed_source)
+        sb = BEST
+    bench_speed = bench = None
+    if speed:
+        with config_errors():  # speed_backend / speed_size not in the table: named, before anything is written
+            bench_speed, bench = load_bench_speed(speed, sb, ss), bench_rows(speed, ss)
     out_dir = cfg.get("out_dir") or "results/quality"
     os.makedirs(out_dir, exist_ok=True)
     agg = aggregate(runs)
     long = long_form(agg)
-    speed, sb, ss = cfg.get("speed"), cfg.get("speed_backend") or "triton", cfg.get("speed_size")
-    compare = str(cfg.get("compare") or "ours")
-    if compare not in ("ours", BEST):
-        raise ValueError(f"compare={compare!r} is not supported; allowed values: ours, best")
-    if compare == BEST:  # the fastest implementation per variant and length (named in speed_source)
-        sb = BEST
     ours = cfg.get("ours") or ["triton", "parallel"]
     ours = [ours] if isinstance(ours, str) else list(ours)
     joined, unmatched, nstar = None, [], None
     if speed:  # speed / memory of the serial model-level benchmark, not of the (possibly parallel) training runs
-        joined, unmatched, unused = join_bench_speed(agg, load_bench_speed(speed, sb, ss))
+        joined, unmatched, unused = join_bench_speed(agg, bench_speed)
         report_unmatched(unmatched, unused, speed)
-        bench = bench_rows(speed, ss)
         for note in check_notes(bench):
             print(f"speed={speed}: {note}")
         write_csv(joined, os.path.join(out_dir, "quality_speed_memory.csv"))
@@ -758,6 +792,14 @@ def run(cfg: dict) -> dict:
         if r["kind"] == "crossover":
             ns = "-" if not math.isfinite(_f(r["n_star"])) else f"{_f(r['n_star']):.0f}"
             print(f"[{r['dataset']}] {r['leader']}: n*={ns} {r['status']}")
+    datasets = sorted({str(r.get("dataset")) for r in agg})
+    n_cross = sum(r["kind"] == "crossover" for r in lead)
+    tables = ["runs.csv", "runs_agg.csv", "quality.csv", "leaders.csv"]
+    tables += ["quality_speed_memory.csv", "nstar_compare.csv"] if speed else []
+    print(f"{len(runs)} runs ({len(agg)} variant x length x dataset points; datasets: {', '.join(datasets)}; "
+          f"{n_cross} leader change{'s' if n_cross != 1 else ''}) -> tables in {os.path.abspath(out_dir)} "
+          f"({', '.join(tables)}); {sum(len(v) for v in figs.values())} figure files in "
+          f"{os.path.abspath(cfg.get('figures_dir') or out_dir)}" + (f"; W&B run in {wdir}" if wdir else ""))
     return {"runs": runs, "agg": agg, "quality": long, "leaders": lead, "figures": figs, "wandb_dir": wdir,
             "joined": joined, "unmatched": unmatched, "nstar": nstar}
 

@@ -97,3 +97,55 @@ def test_plots_cli_exits_non_zero_with_the_message(tmp_path):
     assert r.returncode != 0 and "nothing to plot: give results_dir=" in r.stderr and "Traceback" not in r.stderr
     r = _cli("eval.plots", "results_dir=/nonexistent", cwd=tmp_path)
     assert r.returncode != 0 and "results_dir=/nonexistent: no such directory" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ eval.quality
+def _quality_runs(root):
+    from tests.test_eval_pipeline import _fake_run
+
+    i = 0
+    for n in (64, 128):
+        for v, t in (("flash", 0.001 * n), ("linear", 0.08)):
+            _fake_run(root, i, "mqar", v, n, 0.9 if v == "flash" else 0.3, 1.0, t)
+            i += 1
+
+
+@pytest.mark.parametrize("change,want", [
+    (dict(compare="bst"), r"compare='bst' is not supported; allowed values: ours, best"),
+    (dict(formats=["pgn"]), r"formats=\['pgn'\]: 'pgn' is not supported; allowed values: png, svg, pdf"),
+    (dict(n_boot=0), r"n_boot=0: must be an integer >= 1"), (dict(level=1.5), r"level=1.5: must be a number in \(0, 1\)"),
+    (dict(runs=["/nonexistent"]), r"runs=\['/nonexistent'\]: no such folder"),
+    (dict(speed="/nonexistent.csv"), r"speed=/nonexistent.csv: no such file"),
+    (dict(speed_csv="/nonexistent.csv"), r"speed_csv=/nonexistent.csv: no such file"),
+])
+def test_quality_refuses_bad_values_before_writing(tmp_path, change, want):
+    """``compare=bst`` / ``formats=[pgn]`` failed with a traceback after the tables were written; a missing root or
+    speed file: a bare traceback."""
+    from eval.quality import run as quality_run
+
+    root = tmp_path / "multirun"
+    _quality_runs(root)
+    out = tmp_path / "q"
+    cfg = dict({"runs": [str(root)], "out_dir": str(out), "wandb": {"enabled": False}, "plots": False}, **change)
+    with pytest.raises((_config_error(), FileNotFoundError), match=want) as e:
+        quality_run(cfg)
+    assert type(e.value).__name__ in ("ConfigError", "ConfigFileError")  # Hydra prints these as the message alone
+    assert not out.exists()
+
+
+def test_quality_says_where_the_tables_went(tmp_path, capsys):
+    """A successful eval.quality printed nothing (no leader change): now where the tables and figures went."""
+    from eval.quality import run as quality_run
+
+    root = tmp_path / "multirun"
+    _quality_runs(root)
+    out = tmp_path / "q"
+    quality_run({"runs": [str(root)], "out_dir": str(out), "wandb": {"enabled": False}, "plots": False})
+    said = capsys.readouterr().out
+    assert f"4 runs (4 variant x length x dataset points; datasets: mqar;" in said
+    assert f"-> tables in {out} (runs.csv, runs_agg.csv, quality.csv, leaders.csv); 0 figure files in {out}" in said
+
+
+def test_quality_cli_bad_value_is_the_message_alone(tmp_path):
+    r = _cli("eval.quality", f"runs=[{tmp_path}/none]", f"out_dir={tmp_path}/q", "wandb.enabled=false", cwd=tmp_path)
+    assert r.returncode != 0 and "no such folder" in r.stderr and "Traceback" not in r.stderr
