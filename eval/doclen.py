@@ -360,33 +360,62 @@ def figure(doclen_dir: str, figures_dir: Optional[str] = None, measured: Optiona
     return figspec.to_png(fig, os.path.join(figures_dir or doclen_dir, "doclen_crossover"), formats)
 
 
+def _number(kind, lo: float, strict: bool, what: str):
+    """An argparse ``type``: ``kind`` (int / float) that is finite and ``> lo`` (``strict``) or ``>= lo``; otherwise
+    argparse's error naming the option and the allowed range."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(x) or (x <= lo if strict else x < lo):
+            raise argparse.ArgumentTypeError(f"{text}: must be {what}")
+        return x
+
+    parse.__name__ = what  # argparse names the type in "invalid <name> value"
+    return parse
+
+
+POSITIVE_INT = _number(int, 0, True, "an integer >= 1")
+NONNEG_INT = _number(int, 0, False, "an integer >= 0")
+POSITIVE = _number(float, 0, True, "a number > 0")
+NONNEG = _number(float, 0, False, "a number >= 0")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-csv", default=DEFAULT_KERNEL_CSV, help="committed sweep the constants are fitted on")
-    ap.add_argument("--fit-min-seq-len", type=float, default=1024)
-    ap.add_argument("--c0", type=float, default=None, help="override: exact us/token at n -> 0")
-    ap.add_argument("--c2", type=float, default=None, help="override: exact us/token per token of context")
-    ap.add_argument("--c-lin", type=float, default=None, help="override: linear us/token")
-    ap.add_argument("--N", type=int, nargs="+", default=[4096, 16384, 65536])
+    ap.add_argument("--fit-min-seq-len", type=NONNEG, default=1024)
+    ap.add_argument("--c0", type=NONNEG, default=None, help="override: exact us/token at n -> 0 (>= 0)")
+    ap.add_argument("--c2", type=POSITIVE, default=None, help="override: exact us/token per token of context (> 0)")
+    ap.add_argument("--c-lin", type=POSITIVE, default=None, help="override: linear us/token (> 0)")
+    ap.add_argument("--N", type=POSITIVE_INT, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--families", nargs="+", default=list(dl.FAMILIES))
     ap.add_argument("--wikitext", default=None, help="WikiText-2 folder (*.txt) or a lengths CSV; optional")
-    ap.add_argument("--tokens", type=int, default=1 << 21, help="Monte-Carlo tokens per expectation")
-    ap.add_argument("--points-per-octave", type=int, default=2)
-    ap.add_argument("--block", type=int, default=128, help="square tile of the tile model (0: pair model only)")
+    ap.add_argument("--tokens", type=POSITIVE_INT, default=1 << 21, help="Monte-Carlo tokens per expectation")
+    ap.add_argument("--points-per-octave", type=POSITIVE_INT, default=2)
+    ap.add_argument("--block", type=NONNEG_INT, default=128, help="square tile of the tile model (0: pair model only)")
     ap.add_argument("--out", default="results/doclen")
     ap.add_argument("--figures-dir", default=None, help="where doclen_crossover.png goes (default --out)")
     ap.add_argument("--measured", default=None, help="measured table for the figure (default --out's, if any)")
     ap.add_argument("--no-figure", action="store_true")
     ap.add_argument("--measure", action="store_true", help="time the kernels on the GPU too")
-    ap.add_argument("--time-budget-s", type=float, default=60.0)
-    ap.add_argument("--means", type=float, nargs="+", default=[2.0 ** k for k in range(5, 17)],
+    ap.add_argument("--time-budget-s", type=POSITIVE, default=60.0)
+    ap.add_argument("--means", type=POSITIVE, nargs="+", default=[2.0 ** k for k in range(5, 17)],
                     help="measured grid of mean document lengths (those <= 2N are run)")
-    ap.add_argument("--bench-tokens", type=int, default=16384, help="measured: B = max(1, bench_tokens // N)")
+    ap.add_argument("--bench-tokens", type=POSITIVE_INT, default=16384, help="measured: B = max(1, bench_tokens // N)")
     a = ap.parse_args(argv)
     for fam in a.families:
         if fam not in dl.FAMILIES:
             ap.error(f"--families entry {fam!r} is not supported; allowed values: {', '.join(dl.FAMILIES)}")
+    if a.wikitext and not os.path.exists(a.wikitext):
+        ap.error(f"--wikitext {a.wikitext}: no such file or folder (the WikiText-2 folder of *.txt, or a CSV of lengths)")
+    if a.block:
+        bad = [n for n in a.N if n % a.block]
+        if bad:
+            ap.error(f"--block {a.block} must divide every --N (not {', '.join(map(str, bad))}); or --block 0 (pair "
+                     f"model only)")
     if (a.c0 is None or a.c2 is None or a.c_lin is None) and not os.path.exists(a.kernel_csv):
         ap.error(f"--kernel-csv {a.kernel_csv} does not exist (or pass --c0, --c2 and --c-lin)")
     fit = fit_costs(a.kernel_csv, fit_min_seq_len=a.fit_min_seq_len) if os.path.exists(a.kernel_csv) else {}

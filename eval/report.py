@@ -281,10 +281,16 @@ def screenshots(html: str, out_dir: str, chromium: str = "/usr/bin/chromium") ->
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join(REPO, "results", "report.html"), help="the HTML file to write")
+    p.add_argument("--out", default=os.path.join(REPO, "results", "report.html"),
+                   help="the HTML file to write (a file path, not a directory; missing parent directories are created)")
     p.add_argument("--screenshots", metavar="DIR", help="also save report_<section>.png of each section in DIR "
                    "(needs playwright and chromium)")
     args = p.parse_args(argv)
+    if os.path.isdir(args.out) or args.out.endswith(("/", os.sep)):
+        p.error(f"--out {args.out}: is a directory; give the HTML file to write, e.g. "
+                f"--out {os.path.join(args.out, 'report.html')}")
+    if args.screenshots and os.path.exists(args.screenshots) and not os.path.isdir(args.screenshots):
+        p.error(f"--screenshots {args.screenshots}: is a file, not a directory")
     path = write(args.out)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB); open it in a browser (no server needed)")
     if args.screenshots:

@@ -149,3 +149,46 @@ def test_quality_says_where_the_tables_went(tmp_path, capsys):
 def test_quality_cli_bad_value_is_the_message_alone(tmp_path):
     r = _cli("eval.quality", f"runs=[{tmp_path}/none]", f"out_dir={tmp_path}/q", "wandb.enabled=false", cwd=tmp_path)
     assert r.returncode != 0 and "no such folder" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ argparse tools
+@pytest.mark.parametrize("args,want", [
+    (["--N", "0"], r"argument --N: 0: must be an integer >= 1"),  # was ZeroDivisionError
+    (["--wikitext", "/nope"], r"--wikitext /nope: no such file or folder"),  # was a bare FileNotFoundError
+    (["--c2", "-1"], r"argument --c2: -1: must be a number > 0"),  # was accepted: negative n_star_by_N
+    (["--c-lin", "0"], r"argument --c-lin: 0: must be a number > 0"),
+    (["--c0", "-2"], r"argument --c0: -2: must be a number >= 0"),
+    (["--block", "-1"], r"argument --block: -1: must be an integer >= 0"),  # was "block must divide N"
+    (["--N", "1000"], r"--block 128 must divide every --N \(not 1000\); or --block 0"),
+    (["--tokens", "0"], r"argument --tokens: 0: must be an integer >= 1"),
+    (["--means", "0"], r"argument --means: 0: must be a number > 0"),
+    (["--time-budget-s", "nan"], r"argument --time-budget-s: nan: must be a number > 0"),
+])
+def test_doclen_refuses_bad_numbers_naming_the_option(tmp_path, capsys, args, want):
+    from eval import doclen
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        doclen.main(args + ["--out", str(out), "--no-figure"])
+    assert e.value.code == 2
+    import re
+
+    assert re.search(want, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_report_refuses_a_directory_as_out(tmp_path, capsys):
+    """``eval.report --out <a directory>`` raised IsADirectoryError (after building the page); missing parent
+    directories of a file path are still created."""
+    from eval import report
+
+    for bad in (str(tmp_path), str(tmp_path / "new_dir") + "/"):
+        with pytest.raises(SystemExit) as e:
+            report.main(["--out", bad])
+        assert e.value.code == 2
+        assert "is a directory; give the HTML file to write, e.g. --out " in capsys.readouterr().err
+    assert not (tmp_path / "new_dir").exists()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit):
+        report.main(["--out", str(tmp_path / "r.html"), "--screenshots", str(tmp_path / "f")])
+    assert "--screenshots" in capsys.readouterr().err and not (tmp_path / "r.html").exists()
