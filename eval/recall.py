@@ -49,6 +49,10 @@ validation. ``select=last``: the last validation. Runs are read with :func:`eval
 metrics count as one more validation, its ``n_params`` as the parameter count) and the resolved config that
 ``train.py`` logs to ``csv/hparams.yaml`` (``.hydra/config.yaml`` keeps Hydra's interpolations).
 
+Steps: the ``step`` (of a validation) and ``steps_run`` columns count optimizer steps, as ``final_metrics.json``'s
+``steps`` and ``trainer.max_steps`` do (a finished 6-step run: ``steps_run`` 6; its validation after 3 steps:
+``step`` 3), not ``metrics.csv``'s 0-based logging step (:func:`optimizer_steps`).
+
 No matching run raises ``ValueError`` naming the argument (``runs``, ``kind``, ``seq_len``; ``ablation``: no run with
 a ``mqar_change`` option under ``runs``): no silent empty plot.
 """
@@ -130,15 +134,33 @@ def read_config(run_dir: str) -> dict:
     return _resolve_each(OmegaConf.load(os.path.join(run_dir, ".hydra", "config.yaml")))
 
 
+def optimizer_steps(step, final: Optional[dict] = None):
+    """The optimizer steps done at each ``step`` of a run's ``metrics.csv`` (a number or a pandas Series), the count
+    ``final_metrics.json``'s ``steps`` and ``trainer.max_steps`` use. Lightning logs the metrics of the k-th
+    optimizer step, and a validation run after it, at its 0-based ``step`` k - 1; ``train.py``'s own final validation
+    (logged when the fit did not validate the last step; every run before the final validation was logged once) is
+    logged at ``global_step`` itself, ``final["steps"]``. So: ``step + 1``, except a row at ``final["steps"]``, which
+    is kept, and nothing counts past ``final["steps"]`` (a run resumed under an older train.py logged its later
+    validations one step late); a run without ``final_metrics.json`` (cut off) has only fit rows: all ``+ 1``."""
+    fs = _f((final or {}).get("steps"))
+    if isinstance(step, pd.Series):
+        return (step + 1).where(~(step >= fs), fs) if math.isfinite(fs) else step + 1  # NaN stays NaN
+    step = _f(step)
+    return fs if math.isfinite(fs) and step >= fs else step + 1
+
+
 def val_points(rows, final: Optional[dict] = None) -> List[dict]:
     """One dict per validation (rows of the same ``step`` merged: Lightning may write a step's metrics in several
     rows), with every finite ``val/*`` value, sorted by step; ``final`` (``final_metrics.json``) adds its metrics
     as the validation at its ``steps`` when the CSV has none there. ``rows``: the metrics table
-    (:func:`eval.quality.read_metrics`) or its rows as dicts."""
+    (:func:`eval.quality.read_metrics`) or its rows as dicts. ``step``: the optimizer steps done before the
+    validation (:func:`optimizer_steps`: 1-based, as ``final_metrics.json`` counts; metrics.csv's ``step`` is
+    Lightning's 0-based logging step)."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     vals = df[[c for c in df.columns if str(c).startswith("val/")]].apply(pd.to_numeric, errors="coerce").astype(float)
     vals = vals.where(np.isfinite(vals))
     step = pd.to_numeric(df["step"], errors="coerce").astype(float) if "step" in df else pd.Series(np.nan, df.index)
+    step = optimizer_steps(step, final)
     merged = vals.groupby(step.where(np.isfinite(step), -1.0)).last()  # per step, the last value of each metric
     merged = merged.dropna(how="all")
     by_step = {float(s): r.dropna().to_dict() for s, r in merged.iterrows()}
@@ -249,8 +271,17 @@ def load_recall_run(run_dir: str) -> dict:
                 num_kv_pairs=_f(_get(cfg, "data.num_kv_pairs")), n_params=n_params,
                 batch_size=_f(_get(cfg, "data.batch_size")), max_steps=_f(_get(cfg, "trainer.max_steps")),
                 steps_done=_f(final.get("steps")) if final else float(base.get("steps") or "nan"),
-                finished=bool(final), steps_run=float(metrics["step"].max()) if "step" in metrics else float("nan"),
+                finished=bool(final), steps_run=_steps_run(metrics, final),
                 date=_run_date(run_dir))
+
+
+def _steps_run(metrics: pd.DataFrame, final: Optional[dict]) -> float:
+    """Optimizer steps a run's ``metrics.csv`` reaches (:func:`optimizer_steps` of its largest ``step``; NaN
+    without one): a finished run's ``trainer.max_steps`` / ``final_metrics.json`` ``steps``."""
+    if "step" not in metrics:
+        return float("nan")
+    last = pd.to_numeric(metrics["step"], errors="coerce").max()
+    return float(optimizer_steps(float(last), final)) if math.isfinite(_f(last)) else float("nan")
 
 
 _LOG_DATE = re.compile(r"^\[(\d{4}-\d{2}-\d{2}) ")

@@ -26,7 +26,9 @@ def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, atten
               feature_map=None, window=None, layers=None, n_layer=2, vals=(), final=None, batch_size=32,
               max_steps=100, n_params=1000, seed=0, path="data/tinyshakespeare/input.txt", hparams=False,
               vocab_size=128, overrides=None, choices=None):
-    """One run folder; ``vals``: [(step, {metric: value})] validation rows (metric names without ``val/``);
+    """One run folder; ``vals``: [(step, {metric: value})] validation rows (metric names without ``val/``) after
+    ``step`` optimizer steps, logged as Lightning logs them: at its 0-based logging step ``step - 1``, beside the
+    training row of that step;
     ``overrides`` (a list) / ``choices`` (a dict) written to ``.hydra/overrides.yaml`` / ``.hydra/hydra.yaml``."""
     run = root / name
     (run / ".hydra").mkdir(parents=True)
@@ -68,7 +70,7 @@ def write_run(root, name, *, data="mqar", seq_len=64, d_model=64, lr=1e-3, atten
         for step, m in vals:
             w.writerow({"epoch": 0, "perf/peak_mem_mb": 100, "perf/step_time_s": 0.01, "perf/tokens_per_s": 1e5,
                         "step": step - 1, "train/loss": 1.0})
-            w.writerow({"epoch": 0, "step": step, **{f"val/{k}": v for k, v in m.items()}})
+            w.writerow({"epoch": 0, "step": step - 1, **{f"val/{k}": v for k, v in m.items()}})
     if final is not None:
         write_final_metrics(run, {"job": {"num": 0, "overrides": [], "override_dirname": ""}, "variant": attention,
                                   "n_params": n_params, "steps": max_steps,
@@ -130,9 +132,33 @@ def test_resolved_config_from_hparams(tmp_path):
     assert cfg["paths"]["output_dir"] is None  # ${hydra:...} only resolves inside Hydra
 
 
+def test_steps_are_optimizer_steps_as_final_metrics_counts(tmp_path):
+    """A finished 6-step run (validations after steps 3 and 6, logged by Lightning at its 0-based steps 2 and 5):
+    fig2.csv said steps_run=5 and, for the best validation, step=2, where final_metrics.json says 6 and the
+    validation came after 3 optimizer steps. A run cut off (no final_metrics.json) counts the same way; a final
+    validation that train.py logged itself (at global_step, as every run before the final validation was logged
+    once did: rows at 5 and 6) is not moved."""
+    root = tmp_path / "runs"
+    write_run(root, "done", max_steps=6, vals=[(3, {"acc": 0.9}), (6, {"acc": 0.8})], final={"acc": 0.8})
+    write_run(root, "cut", d_model=128, max_steps=6, vals=[(3, {"acc": 0.7}), (4, {"acc": 0.6})])
+    old = write_run(root, "old", d_model=256, max_steps=6, vals=[(3, {"acc": 0.5}), (6, {"acc": 0.4})],
+                    final={"acc": 0.4})
+    with open(old / "csv" / "metrics.csv", "a", newline="") as f:  # the final validation logged again, at step 6
+        csv.DictWriter(f, fieldnames=COLUMNS).writerow({"epoch": 0, "step": 6, "val/acc": 0.4})
+    rows = {r["d_model"]: r for r in recall.run({"kind": "fig2", "runs": [str(root)],
+                                                  "out_dir": str(tmp_path / "o")})["rows"]}
+    assert (rows[64]["step"], rows[64]["steps_run"]) == (3, 6)
+    assert (rows[128]["step"], rows[128]["steps_run"]) == (3, 4)
+    assert (rows[256]["step"], rows[256]["steps_run"]) == (3, 6)
+    pts = recall.val_points(recall.read_metrics(str(old)), {"steps": 6})
+    assert [p["step"] for p in pts] == [3.0, 6.0]  # in-fit 5 -> 6 and train.py's own 6: one validation
+    assert recall.optimizer_steps(7.0, {"steps": 6}) == 6  # nothing past the last optimizer step
+
+
 def test_val_points_merge_rows_of_one_step_and_final():
-    rows = [{"step": "10", "val/acc": "0.5", "val/loss": ""}, {"step": "10", "val/acc_far": "0.1"},
-            {"step": "11", "train/loss": "1"}, {"step": "20", "val/acc": "0.7"}]
+    # metrics.csv's step is Lightning's 0-based logging step: the validation after 10 optimizer steps is at step 9
+    rows = [{"step": "9", "val/acc": "0.5", "val/loss": ""}, {"step": "9", "val/acc_far": "0.1"},
+            {"step": "10", "train/loss": "1"}, {"step": "19", "val/acc": "0.7"}]
     pts = recall.val_points(rows, {"steps": 30, "metrics": {"val/acc": 0.75, "train/loss": 0.1}})
     assert pts == [{"val/acc": 0.5, "val/acc_far": 0.1, "step": 10.0}, {"val/acc": 0.7, "step": 20.0},
                    {"val/acc": 0.75, "step": 30.0}]
