@@ -4,7 +4,7 @@ same, as a function of the mean (and tail) document length at a fixed sequence l
     python -m eval.doclen [--wikitext ../shared/data/wikitext-2] [--out results/doclen] [--N 4096 16384 65536]
     python -m eval.doclen --measure --time-budget-s 60 --N 16384 --out results/h200/doclen   # GPU: measured too
 
-Model (CPU, seconds). The constants come from a committed H200 sweep (default :data:`DEFAULT_KERNEL_CSV`, the
+Model (CPU; about 75-85 s with the WikiText rows on a 2-core machine, ``OMP_NUM_THREADS=1``). The constants come from a committed H200 sweep (default :data:`DEFAULT_KERNEL_CSV`, the
 2026-12-01 crossover sweep: bf16, causal, H = 16, D = 128, 16k tokens a step, fwd+bwd): ``t/token = c0 + c2 n``
 fitted on our exact kernel (``flash`` / ``triton``) from ``--fit-min-seq-len`` up and ``c_lin`` = the linear
 kernel's per-token time (``linear`` / ``triton``), with :func:`eval.crossover.constants_crossover` (the sweep's own
