@@ -1,7 +1,9 @@
 """Speed / memory sweep: variants x backends x N x D x causal x Hkv, and a layer/model-level sweep.
 
 Every point is one row of a CSV (:data:`COLUMNS`) appended as soon as it is measured, so an interrupted sweep
-loses nothing: with ``resume=True`` finished points (any status) are skipped. A point that runs out of memory
+loses nothing: with ``resume=True`` finished points (any status) are skipped when they were measured with the same
+settings (the ``settings`` column, :func:`point_settings`); a CSV holding rows of other settings is refused
+(:class:`SweepSettingsChanged`, naming them), never reported as this sweep's. A point that runs out of memory
 (``status="oom"``), fails (``"error"``, message in ``error``), is not supported by the backend
 (``"unsupported"``) or is skipped because the same series already failed / got too slow at a smaller N
 (``"skipped"``) is recorded as a row and the sweep continues.
