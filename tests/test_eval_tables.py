@@ -110,7 +110,8 @@ def test_read_metrics_and_val_points(tmp_path):
     m = read_metrics(run)
     assert list(m.columns) == ["epoch", "step", "val/acc", "val/loss", "train/loss"]
     assert math.isnan(m["val/acc"].iloc[2])  # not finite -> NaN
-    assert val_points(m) == [{"val/acc": 0.5, "val/loss": 2.0, "step": 10.0}, {"val/loss": 1.5, "step": 20.0}]
+    # metrics.csv's step is Lightning's 0-based logging step; val_points counts optimizer steps (logged 10 -> 11)
+    assert val_points(m) == [{"val/acc": 0.5, "val/loss": 2.0, "step": 11.0}, {"val/loss": 1.5, "step": 21.0}]
     assert val_points(pd.DataFrame()) == []
 
 
