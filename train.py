@@ -10,7 +10,8 @@
     python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt trainer.max_steps=2000   # resume / extend
     python train.py ckpt_path=last trainer.max_steps=2000                                          # the latest run
 
-Outputs: ``outputs/<date>/<time>/`` (``multirun/<date>/<time>/<overrides>/`` for sweeps, e.g.
+Outputs: ``outputs/<date>/<time>/``, one folder per launch (``<time>-1/`` for a second launch in the same second;
+``multirun/<date>/<time>/<overrides>/`` for sweeps, e.g.
 ``attention=flash``) with ``.hydra/`` (the composed config), ``csv/`` (metrics.csv, hparams.yaml), ``checkpoints/``
 (``last.ckpt``: written at validation, at the end of training and on Ctrl-C), ``wandb/`` (the run and its id,
 ``run_id.txt``) and ``final_metrics.json`` (the final table; a multirun prints all jobs' in one table).

@@ -30,7 +30,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .runs import FAILED, FINAL_METRICS, NOT_STARTED, RUN_STATE_KEY, mark_failed, read_sweep
+from .runs import (FAILED, FINAL_METRICS, NOT_STARTED, RUN_CONFIG, RUN_STATE_KEY, claimed_run_dir, mark_failed,
+                   read_sweep)
 
 __all__ = ["ModelCheckpoint", "StepProgressBar", "MultirunJobs", "RecallByDistance", "mqar_key_distance", "StopAt",
            "StopTraining", "RunState", "epochs_trained"]
@@ -551,23 +552,42 @@ class RemoveUnusedRunDir(HydraCallback):
     ``.hydra/`` and the job's log file before the job starts; the folder is removed when this launch created it
     (it did not exist as the run started, :meth:`on_run_start`) and it holds nothing else, and so are the folders
     above it that this launch created and that are left empty (``outputs/<date>/``). The job's error still ends the
-    command, with a non-zero exit status. A folder that was there before (``hydra.run.dir`` naming one of the user's,
-    a resumed run's) or that holds anything the job wrote (``run_config.json``, ``csv/``, checkpoints, ...) is left
-    as it is, and so is every job folder of a multirun (the multirun summary reads them, :class:`MultirunJobs`)."""
+    command, with a non-zero exit status. The folder the run dir resolver claimed for this launch
+    (:func:`harness.runs.claim_run_dir`, made before the run starts) counts as created by it. A folder that was there
+    before (``hydra.run.dir`` naming one of the user's, a resumed run's) or that holds anything the job wrote
+    (``run_config.json``, ``csv/``, checkpoints, ...) is left as it is, and so is every job folder of a multirun (the
+    multirun summary reads them, :class:`MultirunJobs`).
+
+    A folder that was there before and that the job refused before it started (a refused resume: ``ckpt_path`` of
+    another model, optimizer or data settings, ...; it writes ``run_config.json`` as it starts) gets back what this
+    launch added: the config folder Hydra wrote for it (``.hydra/resume-<time>/``, or ``.hydra/``, when it was not
+    there), and the lines it appended to the job's log file (``train.log``, cut back to its length at the
+    start, removed when it was new)."""
 
     HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
     def __init__(self) -> None:
         self._run: Optional[Path] = None      # the run folder hydra.run.dir names, when this launch creates it
         self._created: Optional[Path] = None  # the topmost folder of it that did not exist yet
+        # a run folder that was there (a resume): (folder, its .hydra/ entries (None: no .hydra/), run_config.json's
+        # mtime, the sizes of its log files)
+        self._existing: Optional[Tuple[Path, Optional[set], Optional[int], Dict[str, int]]] = None
 
     def on_run_start(self, config, **kwargs: Any) -> None:
-        self._run = self._created = None
+        self._run = self._created = self._existing = None
         try:
             run = Path(os.path.abspath(str(config.hydra.run.dir)))
         except Exception:  # noqa: BLE001 - an unresolvable run dir: Hydra reports it; nothing is removed
             return
         if run.exists():
+            claimed = claimed_run_dir(run)  # made for this launch by the run dir resolver (conf/train.yaml)
+            if claimed is not None:
+                self._run, self._created = run, Path(claimed)
+            elif run.is_dir():
+                hydra_dir = run / ".hydra"
+                entries = {p.name for p in hydra_dir.iterdir()} if hydra_dir.is_dir() else None
+                logs = {p.name: p.stat().st_size for p in run.glob("*.log") if p.is_file()}
+                self._existing = (run, entries, _mtime_ns(run / RUN_CONFIG), logs)
             return
         created = run
         while not created.parent.exists():
@@ -580,7 +600,12 @@ class RemoveUnusedRunDir(HydraCallback):
         from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
-        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN or self._run is None:
+        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
+            return
+        if self._existing is not None:
+            self._undo_in_existing(config)
+            return
+        if self._run is None:
             return
         run = Path(os.path.abspath(str(config.hydra.runtime.output_dir)))
         if run != self._run or not run.is_dir():
@@ -603,3 +628,45 @@ class RemoveUnusedRunDir(HydraCallback):
             if folder == self._created:
                 break
             folder = folder.parent
+
+    def _undo_in_existing(self, config) -> None:
+        """A failed job in a run folder that was there: when it did not start (``run_config.json`` as it was), remove
+        the ``hydra.output_subdir`` Hydra made for it and cut its log file back (see the class docstring)."""
+        import shutil
+
+        run, entries, run_config_mtime, logs = self._existing
+        if Path(os.path.abspath(str(config.hydra.runtime.output_dir))) != run:
+            return
+        if _mtime_ns(run / RUN_CONFIG) != run_config_mtime:  # the job started (a resume that failed later)
+            return
+        try:
+            subdir = config.hydra.output_subdir
+        except Exception:  # noqa: BLE001 - an unresolvable subdir: nothing of it to remove
+            subdir = None
+        if subdir is not None:
+            sub = Path(os.path.abspath(run / str(subdir)))
+            hydra_dir = run / ".hydra"
+            new = entries is None if sub == hydra_dir else (
+                sub.parent == hydra_dir and (entries is None or sub.name not in entries))
+            if new and sub.is_dir() and all(p.name in self.HYDRA_FILES for p in sub.iterdir()):
+                shutil.rmtree(sub, ignore_errors=True)
+                if entries is None:  # .hydra/ itself was made for it
+                    try:
+                        hydra_dir.rmdir()
+                    except OSError:
+                        pass
+        log_file = run / f"{config.hydra.job.name}.log"
+        if log_file.is_file() and not log_file.is_symlink():
+            before = logs.get(log_file.name)
+            if before is None:
+                log_file.unlink(missing_ok=True)
+            elif log_file.stat().st_size > before:
+                os.truncate(log_file, before)
+
+
+def _mtime_ns(path: Path) -> Optional[int]:
+    """``path``'s modification time in ns, None when it is not there."""
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None

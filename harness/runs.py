@@ -1,6 +1,10 @@
 """Run directories of ``train.py``: where a run writes, how a checkpoint resumes it, how a multirun names and
 summarises its jobs.
 
+A new single run writes to ``outputs/<date>/<time>/``, a folder of its own: the run dir resolver claims it with an
+atomic ``mkdir`` (:func:`claim_run_dir`), so a launch started in the same second as another gets ``<time>-1/``
+(``-2``, ...). A launch refused before training removes it (:class:`harness.callbacks.RemoveUnusedRunDir`).
+
 Resume semantics (``ckpt_path=<run dir>/checkpoints/last.ckpt`` or ``ckpt_path=last``)
     * the run continues in the checkpoint's run directory (the folder above ``checkpoints/``): Hydra's run dir
       is that folder (resolver ``attn_zoo.run_dir`` in ``conf/train.yaml``), the resumed run's composed config
@@ -52,7 +56,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed", "model_fits", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
+           "FAILED", "mark_failed", "model_fits", "claim_run_dir", "claimed_run_dir", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -284,15 +288,82 @@ def model_fits(cfg) -> Optional[Callable[[CheckpointInfo], Optional[str]]]:
     return lambda info: architecture_diff(info.hparams, built)
 
 
+_CLAIMED: Dict[str, Tuple[str, str]] = {}
+"""The run folders this process claimed (:func:`claim_run_dir`): absolute ``default`` -> (the folder as returned,
+the topmost folder the claim created: the run folder itself, or ``outputs/<date>/`` when that was new)."""
+
+
+def claim_run_dir(default: str) -> str:
+    """A new run folder for ``default`` (``outputs/<date>/<time>``) that no other launch uses: ``default`` when this
+    call creates it, else the first of ``<default>-1``, ``<default>-2``, ... that it creates. ``os.mkdir`` is atomic,
+    so two launches started in the same second get a folder each (the folders above are made as needed).
+
+    Memoised per process and ``default``: Hydra resolves ``hydra.run.dir`` more than once in a launch (its ``now``
+    is fixed for the launch) and each time gets the folder of the first call. Returned as ``default`` is spelled
+    (relative to the cwd when ``default`` is). :func:`claimed_run_dir` says whether a folder was claimed here.
+
+    Raises:
+        OSError: the folder cannot be created (no permission, a file in the way, ...).
+    """
+    default = str(default).rstrip("/\\") or str(default)
+    key = os.path.abspath(default)
+    if key in _CLAIMED:
+        return _CLAIMED[key][0]
+    top, p = None, Path(key).parent
+    while not p.exists():  # the topmost missing folder above the run folder (outputs/<date>/ of a new day)
+        top, p = p, p.parent
+    Path(key).parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        name = default if n == 0 else f"{default}-{n}"
+        try:
+            os.mkdir(name)
+            break
+        except FileExistsError:  # another launch (or an earlier run) has it
+            n += 1
+    _CLAIMED[key] = (name, str(top) if top is not None else os.path.abspath(name))
+    return name
+
+
+def claimed_run_dir(run_dir) -> Optional[str]:
+    """The topmost folder that :func:`claim_run_dir` created for ``run_dir`` in this process (the run folder, or a
+    folder above it that was new), None when ``run_dir`` was not claimed here."""
+    path = os.path.abspath(str(run_dir))
+    for name, top in _CLAIMED.values():
+        if os.path.abspath(name) == path:
+            return top
+    return None
+
+
 def _run_dir_resolver(ckpt_path, default, *, _root_=None):
     """``hydra.run.dir``: the run folder of ``ckpt_path`` (``last``: of the newest run on this launch's data
-    settings that fits its model, as ``train.py`` resolves it), else ``default``."""
+    settings that fits its model, as ``train.py`` resolves it), else ``default``.
+
+    A single run that Hydra is running (``hydra.mode`` RUN in ``_root_``) gets a new folder of its own for
+    ``default``, :func:`claim_run_dir` (``outputs/<date>/<time>``, ``<time>-1``, ...: launches started in the same
+    second do not share one); otherwise (a resume, no ``_root_``, a config only composed) the name is returned and
+    nothing is created."""
     try:
         fits = model_fits(_root_) if str(ckpt_path) == "last" and _root_ is not None else None
         ckpt = resolve_ckpt_path(ckpt_path, data=_launch_data(_root_), fits=fits)
     except (FileNotFoundError, ValueError):  # train.py raises the error naming ckpt_path; Hydra only needs a dir
-        return default
-    return run_dir_of(ckpt) or default
+        ckpt = None
+    run_dir = run_dir_of(ckpt)
+    if run_dir is not None or default is None:
+        return run_dir or default
+    return claim_run_dir(default) if _single_run(_root_) else default
+
+
+def _single_run(root) -> bool:
+    """Whether ``root`` (a resolver's ``_root_``) is the config of a single run Hydra is running (``hydra.mode``
+    RUN; a config composed by ``hydra.compose`` has none)."""
+    from omegaconf import OmegaConf
+
+    try:
+        mode = OmegaConf.select(root, "hydra.mode", default=None) if root is not None else None
+    except Exception:  # noqa: BLE001 - a config without a readable hydra node
+        return False
+    return getattr(mode, "name", str(mode)) == "RUN"
 
 
 RERUN_SUBDIR = ".hydra/rerun-"
