@@ -60,7 +60,7 @@ from harness.lit import LitLM, architecture_diff, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
                            data_links, finished_run, job_dirname, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
-                           resumable_checkpoint, run_dir_of, write_final_metrics, write_run_config)
+                           resumable_checkpoint, resume_hint, run_dir_of, write_final_metrics, write_run_config)
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 log = logging.getLogger("attn_zoo.train")
@@ -691,8 +691,9 @@ def _stopped_unfinished(cfg: DictConfig, trainer: L.Trainer, output_dir: str, ma
     ckpt = Path(output_dir) / CKPT_DIR / "last.ckpt"
     if trainer.is_global_zero:
         if ckpt.is_file() and checkpoint_info(ckpt).step == trainer.global_step:
-            how = (f"{ckpt} resumes it: run the same command again (skip_finished=true), or pass ckpt_path={ckpt} "
-                   f"with the same trainer.max_steps={max_steps}")
+            from hydra.core.hydra_config import HydraConfig
+
+            how = resume_hint(ckpt, max_steps, HydraConfig.get() if HydraConfig.initialized() else None)
         else:
             how = "no checkpoint of this step was written (callbacks.checkpoint is off): a re-run starts it over"
         print_table(f"{table_title(cfg)} (stopped at stop_at, unfinished)",

@@ -56,7 +56,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed", "model_fits", "claim_run_dir", "claimed_run_dir", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
+           "FAILED", "mark_failed", "model_fits", "claim_run_dir", "claimed_run_dir", "resume_hint", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -364,6 +364,37 @@ def _single_run(root) -> bool:
     except Exception:  # noqa: BLE001 - a config without a readable hydra node
         return False
     return getattr(mode, "name", str(mode)) == "RUN"
+
+
+def _shell_overrides(hydra_cfg) -> List[str]:
+    """The launch's command-line overrides (``hydra.overrides.task``), each quoted for a shell."""
+    import shlex
+
+    return [shlex.quote(str(o)) for o in (hydra_cfg.overrides.task or [])]
+
+
+def resume_hint(ckpt, max_steps: int, hydra_cfg=None) -> str:
+    """How to continue a run that ``stop_at`` stopped with checkpoint ``ckpt`` (``hydra_cfg``: the launch's ``hydra``
+    node, None outside Hydra).
+
+    A single run: ``python train.py <its overrides> ckpt_path=<ckpt>`` (``stop_at`` left out: a deadline that has
+    passed starts nothing), which continues it in its run folder; re-running the same command would start a new run
+    from step 0 in a new folder. A multirun job: the same command with ``skip_finished=true`` and the same
+    ``hydra.sweep.dir`` (named), which skips the finished jobs and resumes this one, or ``ckpt_path=<ckpt>``."""
+    import shlex
+
+    steps = f"trainer.max_steps={max_steps} counts all steps"
+    if hydra_cfg is None:
+        return f"{ckpt} resumes it: pass ckpt_path={ckpt} with the same config ({steps})"
+    if getattr(hydra_cfg.mode, "name", str(hydra_cfg.mode)) == "MULTIRUN":
+        return (f"{ckpt} resumes it: run the same command again with skip_finished=true and "
+                f"hydra.sweep.dir={hydra_cfg.sweep.dir} (a later stop_at or none; finished jobs are skipped, unfinished "
+                f"ones resume), or pass ckpt_path={ckpt} with this job's overrides")
+    keep = [o for o in _shell_overrides(hydra_cfg)
+            if o.lstrip("'+~").split("=", 1)[0] not in ("stop_at", "ckpt_path", "skip_finished")]
+    return (f"{ckpt} resumes it in its run folder: python train.py {' '.join(keep + [shlex.quote(f'ckpt_path={ckpt}')])} (the "
+            f"same overrides; stop_at left out or set later; {steps}). The same command again would start a new run "
+            f"from step 0")
 
 
 RERUN_SUBDIR = ".hydra/rerun-"

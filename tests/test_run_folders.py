@@ -1,7 +1,9 @@
-"""Run folders (a newcomer's findings); each test failed before its fix.
+"""Run folders and stopped runs (a newcomer's findings); each test failed before its fix.
 
 1. Two runs started in the same second shared ``outputs/<date>/<time>``: the second overwrote the first's
    checkpoints and final table. Each launch now claims its own folder (``<time>``, ``<time>-1``, ...).
+2. A run stopped at ``stop_at`` told a single run to "run the same command again (skip_finished=true)", which starts
+   over in a new folder: a single run's hint is now its ``ckpt_path=`` command.
 5. A refused resume left ``.hydra/resume-<time>/`` in the run it refused.
 """
 
@@ -9,13 +11,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict, read_write
 
+import train as train_mod
+from harness import callbacks as cb_mod
 from harness import runs as runs_mod
-from test_train import FAST, ROOT
+from test_train import FAST, ROOT, make_cfg
 
+main = train_mod.main.__wrapped__  # the job function under @hydra.main
 SHORT = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
 # hydra.run.dir as conf/train.yaml has it, with a fixed default: a second launch meets the first's folder, as two
 # launches in the same second do
@@ -71,6 +77,63 @@ def test_two_launches_on_the_same_default_folder_get_one_folder_each(tmp_path):
     assert _output_dir(r.stdout) == [str(same)]
     assert json.loads((same / "final_metrics.json").read_text())["steps"] == 3
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["same", "same-1"]
+
+
+# ------------------------------------------------------------------------------------------ hydra's config in a test
+class _Hydra:
+    """HydraConfig set to the composed ``hydra`` node of ``overrides`` in ``mode`` (RUN or MULTIRUN), as a launch
+    has it; restored on exit."""
+
+    def __init__(self, tmp_path, overrides, mode, **hydra_values):
+        from hydra.types import RunMode
+
+        self.cfg = make_cfg(tmp_path, overrides, return_hydra_config=True)
+        with read_write(self.cfg.hydra), open_dict(self.cfg.hydra):
+            self.cfg.hydra.mode = getattr(RunMode, mode)
+            for key, value in hydra_values.items():
+                OmegaConf.update(self.cfg.hydra, key, value, merge=False)
+
+    def __enter__(self):
+        from hydra.core.hydra_config import HydraConfig
+
+        self.saved = HydraConfig.instance().cfg
+        HydraConfig.instance().set_config(self.cfg)
+        return self.cfg.hydra
+
+    def __exit__(self, *exc):
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = self.saved
+
+
+# ------------------------------------------------------------------------------------------ 2: the stop_at hint
+def _stop_at_first_check(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cb_mod, "_clock", lambda: calls.append(1) or (float("inf") if len(calls) > 1 else 0.0))
+
+
+def _stopped_hint(tmp_path, monkeypatch, overrides, mode, **hydra_values):
+    rows = {}
+    monkeypatch.setattr(train_mod, "print_table", lambda title, r: rows.update(r))
+    _stop_at_first_check(monkeypatch)
+    with _Hydra(tmp_path, overrides, mode, **hydra_values):
+        assert main(make_cfg(tmp_path / "run", overrides)) is None
+    return rows["resume"]
+
+
+def test_a_stopped_single_run_is_told_its_ckpt_path_command(tmp_path, monkeypatch):
+    overrides = FAST + ["attention=linear", "trainer.max_steps=30", f"stop_at={time.time() + 3600:.0f}"]
+    hint = _stopped_hint(tmp_path, monkeypatch, overrides, "RUN")
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert "run the same command again" not in hint and "skip_finished=true" not in hint
+    assert f"python train.py {' '.join(FAST)} attention=linear trainer.max_steps=30 ckpt_path={ckpt}" in hint
+    assert "stop_at=" not in hint.split("(")[0], "a passed deadline would start nothing: left out"
+
+
+def test_a_stopped_multirun_job_is_told_to_rerun_with_skip_finished_and_its_sweep_dir(tmp_path, monkeypatch):
+    overrides = FAST + ["trainer.max_steps=30", f"stop_at={time.time() + 3600:.0f}"]
+    hint = _stopped_hint(tmp_path, monkeypatch, overrides, "MULTIRUN", **{"sweep.dir": str(tmp_path / "sweep")})
+    assert f"run the same command again with skip_finished=true and hydra.sweep.dir={tmp_path / 'sweep'}" in hint
 
 
 # ------------------------------------------------------------------------------------------ 5: a refused resume
