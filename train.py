@@ -60,7 +60,8 @@ from harness.lit import LitLM, architecture_diff, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
                            data_links, finished_run, job_dirname, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
-                           resumable_checkpoint, resume_hint, run_dir_of, write_final_metrics, write_run_config)
+                           resumable_checkpoint, resume_hint, run_dir_of, single_run_notes, write_final_metrics,
+                           write_run_config)
 from harness.tracking import import_wandb, resolve_wandb_mode, wandb_disabled_by_env, wandb_run_id
 
 log = logging.getLogger("attn_zoo.train")
@@ -710,11 +711,22 @@ def main(cfg: DictConfig) -> Optional[float]:
     reports apart from stopped or failed jobs. ``skip_finished=true`` (and no
     ``ckpt_path``): a job whose folder holds a finished run of the same config is skipped (its stored metric is
     returned); an unfinished one resumes from its ``checkpoints/last.ckpt`` when that was written under the same
-    config (:func:`harness.runs.resumable_checkpoint`), else it starts over (the log says why).
+    config (:func:`harness.runs.resumable_checkpoint`), else it starts over (the log says why); a folder holding a
+    finished run of another config is refused (:class:`harness.config.ConfigError`, printed as its message alone).
+
+    A single run (no ``-m``) of a config that defines a sweep (``hydra.sweeper.params``, e.g.
+    ``experiment=shakespeare_all``), or with ``skip_finished=true`` in a new run folder, starts with a warning saying
+    what it does instead and how to get what was meant (:func:`harness.runs.single_run_notes`).
     """
+    from hydra.core.hydra_config import HydraConfig
+
     mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
     with config_errors():
         validate_config(cfg)
+    # a sweep's config or skip_finished=true without -m: what the single run does instead (once: not in DDP children)
+    if "LOCAL_RANK" not in os.environ:
+        for note in single_run_notes(cfg, HydraConfig.get() if HydraConfig.initialized() else None):
+            log.warning(note)
     stop_at = cfg.get("stop_at")
     # one process decides here (a DDP run's children, started by it, and peers of a launcher that set WORLD_SIZE go
     # on to StopAt.on_train_start, where all ranks decide together: no rank waits for one that left)
@@ -725,7 +737,8 @@ def main(cfg: DictConfig) -> Optional[float]:
         mark_not_started(cfg.paths.output_dir, stop_at)
         return None
     if cfg.get("skip_finished", False) and cfg.get("ckpt_path") is None:
-        done = finished_run(cfg.paths.output_dir, cfg)
+        with config_errors():  # a finished run of another config in the folder: refused, the message alone
+            done = finished_run(cfg.paths.output_dir, cfg)
         if done is None and (Path(cfg.paths.output_dir) / FINAL_METRICS).is_file():
             log.warning(f"skip_finished: {cfg.paths.output_dir} holds a finished run whose config cannot be compared "
                         f"(its {FINAL_METRICS} has no result_config: an older train.py wrote it, or it is unreadable); "

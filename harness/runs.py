@@ -56,7 +56,7 @@ __all__ = ["RUNS_ROOT", "CKPT_DIR", "FINAL_METRICS", "find_last_checkpoint", "re
            "CheckpointInfo", "checkpoint_info", "job_dirname", "swept_keys", "sweep_swept_keys", "MULTIRUN_CONFIG", "write_final_metrics", "read_sweep",
            "ContinuedCSVLogger", "register_resolvers", "finished_run", "result_config", "RUN_CONFIG",
            "write_run_config", "resumable_checkpoint", "RUN_STATE_KEY", "NOT_STARTED", "mark_not_started",
-           "FAILED", "mark_failed", "model_fits", "claim_run_dir", "claimed_run_dir", "resume_hint", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
+           "FAILED", "mark_failed", "model_fits", "claim_run_dir", "claimed_run_dir", "single_run_notes", "resume_hint", "RERUN_SUBDIR", "RESUME_FREE_DATA_KEYS", "resume_data_config", "check_resume_data"]
 
 RUNS_ROOT = "outputs"          # hydra.run.dir is outputs/<date>/<time>
 CKPT_DIR = "checkpoints"
@@ -364,6 +364,59 @@ def _single_run(root) -> bool:
     except Exception:  # noqa: BLE001 - a config without a readable hydra node
         return False
     return getattr(mode, "name", str(mode)) == "RUN"
+
+
+def single_run_notes(cfg, hydra_cfg) -> List[str]:
+    """Warnings for a single run (``hydra_cfg.mode`` RUN, no ``-m``) of settings that act only in a multirun; []
+    otherwise. ``hydra_cfg``: the ``hydra`` node of the launch (``HydraConfig.get()``), ``cfg``: the job's config.
+
+    * a config that defines a sweep (``hydra.sweeper.params``, e.g. ``experiment=shakespeare_all``): Hydra runs
+      one job with the config's own values (not one of the sweep's jobs); the note names the sweep, the values this
+      job has and says to add ``-m``;
+    * ``skip_finished=true`` in a new run folder (:func:`claim_run_dir`): it makes a multirun resumable (finished
+      jobs skipped, unfinished ones resumed, in the same ``hydra.sweep.dir``); a new folder holds nothing to skip or
+      resume, so the run starts from step 0; the note says so and how a single run is resumed (``ckpt_path``). Not
+      repeated when the sweep note is given (an experiment's ``skip_finished``)."""
+    from omegaconf import OmegaConf
+
+    if hydra_cfg is None or getattr(hydra_cfg.mode, "name", str(hydra_cfg.mode)) != "RUN":
+        return []
+    notes = []
+    params = OmegaConf.select(hydra_cfg, "sweeper.params", default=None)
+    params = {str(k): str(v) for k, v in (params.items() if params else [])}
+    if params:
+        choices = OmegaConf.select(hydra_cfg, "runtime.choices", default=None) or {}
+        experiment = choices.get("experiment")
+        where = f"experiment={experiment}" if experiment else "the config"
+        values = " ".join(f"{k}={choices[k] if k in choices else OmegaConf.select(cfg, k, default=None)}"
+                          for k in params)
+        jobs = _sweep_jobs(params)
+        notes.append(f"{where} defines a sweep (hydra.sweeper.params: {'; '.join(f'{k}={v}' for k, v in params.items())}"
+                     f"{f'; {jobs} jobs' if jobs else ''}) that only a multirun runs: without -m this launch runs one "
+                     f"job with the config's own values ({values}). Add -m to run the sweep: python train.py -m "
+                     f"{' '.join(_shell_overrides(hydra_cfg))}".rstrip())
+    output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None)
+    if cfg.get("skip_finished") is True and cfg.get("ckpt_path") is None and not params and output_dir \
+            and claimed_run_dir(output_dir) is not None:
+        notes.append(f"skip_finished=true does nothing in a single run (no -m) in a new folder: it makes a multirun "
+                     f"resumable (re-running python train.py -m ... with the same hydra.sweep.dir skips its finished "
+                     f"jobs and resumes the unfinished ones). This run starts from step 0 in {output_dir}; to continue "
+                     f"a run, pass ckpt_path=<run dir>/{CKPT_DIR}/last.ckpt (or ckpt_path=last) instead")
+    return notes
+
+
+def _sweep_jobs(params: Dict[str, str]) -> Optional[int]:
+    """The number of jobs of a ``hydra.sweeper.params`` sweep (the product of each key's values), None when a value
+    cannot be counted here (``glob(...)``, a parse error)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    n = 1
+    try:
+        for o in OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()]):
+            n *= len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    except Exception:  # noqa: BLE001 - only a count for a message
+        return None
+    return n
 
 
 def _shell_overrides(hydra_cfg) -> List[str]:

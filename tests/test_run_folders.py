@@ -1,9 +1,12 @@
-"""Run folders and stopped runs (a newcomer's findings); each test failed before its fix.
+"""Run folders and single runs (a newcomer's findings); each test failed before its fix.
 
 1. Two runs started in the same second shared ``outputs/<date>/<time>``: the second overwrote the first's
    checkpoints and final table. Each launch now claims its own folder (``<time>``, ``<time>-1``, ...).
 2. A run stopped at ``stop_at`` told a single run to "run the same command again (skip_finished=true)", which starts
    over in a new folder: a single run's hint is now its ``ckpt_path=`` command.
+3. ``skip_finished=true`` on a single run in a new folder did nothing, silently: a warning says what it is for. Its
+   refusal (a finished run of another config in the folder) was a ValueError with a traceback: a ConfigError.
+4. A sweep experiment without ``-m`` ran one job silently: a warning names the sweep and says to add ``-m``.
 5. A refused resume left ``.hydra/resume-<time>/`` in the run it refused.
 """
 
@@ -14,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf, open_dict, read_write
 
 import train as train_mod
 from harness import callbacks as cb_mod
 from harness import runs as runs_mod
-from test_train import FAST, ROOT, make_cfg
+from harness.config import ConfigError
+from test_train import COMMON, FAST, ROOT, make_cfg
 
 main = train_mod.main.__wrapped__  # the job function under @hydra.main
 SHORT = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
@@ -134,6 +139,59 @@ def test_a_stopped_multirun_job_is_told_to_rerun_with_skip_finished_and_its_swee
     overrides = FAST + ["trainer.max_steps=30", f"stop_at={time.time() + 3600:.0f}"]
     hint = _stopped_hint(tmp_path, monkeypatch, overrides, "MULTIRUN", **{"sweep.dir": str(tmp_path / "sweep")})
     assert f"run the same command again with skip_finished=true and hydra.sweep.dir={tmp_path / 'sweep'}" in hint
+
+
+# ------------------------------------------------------------------------------------------ 3: skip_finished
+def test_skip_finished_on_a_new_single_run_warns_what_it_is_for(tmp_path):
+    r = _cli(tmp_path, *SHORT, "skip_finished=true")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "skip_finished=true does nothing in a single run (no -m) in a new folder: it makes a multirun resumable" in out
+    assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in out
+    r = _cli(tmp_path, *SHORT)  # without it: no such warning
+    assert r.returncode == 0 and "skip_finished=true does nothing" not in r.stdout + r.stderr
+
+
+def test_a_skip_finished_refusal_is_a_config_error_printed_without_a_traceback(tmp_path):
+    run = tmp_path / "run"
+    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    with pytest.raises(ConfigError, match=r"^skip_finished: .* holds a finished run of another config"):
+        main(make_cfg(run, FAST + SHORT + ["skip_finished=true", "optim.lr=1e-3"]))
+    hydra_before = sorted(p.name for p in (run / ".hydra").iterdir())
+    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run", "skip_finished=true", "optim.lr=1e-3")
+    assert r.returncode != 0 and "holds a finished run of another config" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == hydra_before, "the refused launch left nothing"
+
+
+# ------------------------------------------------------------------------------------------ 4: a sweep without -m
+def test_a_sweep_experiment_without_m_warns_and_names_the_sweep(tmp_path):
+    cfg = make_cfg(tmp_path, ["experiment=shakespeare_all", "trainer.max_steps=7"], return_hydra_config=True)
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.mode = "RUN"
+    notes = runs_mod.single_run_notes(cfg, cfg.hydra)
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("experiment=shakespeare_all defines a sweep (hydra.sweeper.params: "
+                               "attention=flash,sliding_window,sparse,linear,gqa,mqa; 6 jobs)")
+    assert "this launch runs one job with the config's own values (attention=flash)" in notes[0]
+    assert notes[0].endswith("python train.py -m experiment=shakespeare_all trainer.max_steps=7")
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.mode = "MULTIRUN"
+    assert runs_mod.single_run_notes(cfg, cfg.hydra) == []
+    plain = make_cfg(tmp_path, [], return_hydra_config=True)
+    with read_write(plain.hydra), open_dict(plain.hydra):
+        plain.hydra.mode = "RUN"
+    assert runs_mod.single_run_notes(plain, plain.hydra) == []
+
+    text = tmp_path / "tiny.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 400)
+    r = _cli(tmp_path, "experiment=shakespeare_all", f"data.path={text}", "model.d_model=32", "model.n_layer=1",
+             "model.n_head=2", "data.seq_len=32", *SHORT, base=COMMON)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "experiment=shakespeare_all defines a sweep" in out and "Add -m to run the sweep" in out
+    assert len(_output_dir(r.stdout)) == 1
 
 
 # ------------------------------------------------------------------------------------------ 5: a refused resume
