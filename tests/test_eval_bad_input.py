@@ -101,7 +101,7 @@ def test_plots_cli_exits_non_zero_with_the_message(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ eval.quality
 def _quality_runs(root):
-    from tests.test_eval_pipeline import _fake_run
+    from test_eval_pipeline import _fake_run  # as pytest named it: a second copy re-registers its backends
 
     i = 0
     for n in (64, 128):
