@@ -1,24 +1,6 @@
 """Benchmarks, sweeps, crossover analysis, figures and reports of attn-zoo (run as ``python -m eval.<module>``)."""
 
-import contextlib
-
-
-@contextlib.contextmanager
-def config_errors():
-    """Inside, a ``ValueError`` / ``FileNotFoundError`` (a bad value of a Hydra ``eval`` app's config, a path it
-    names that is not there) is raised again as :class:`harness.config.ConfigError` / ``ConfigFileError`` with the
-    same message, which Hydra prints alone (exit status 1), not after a traceback. The Hydra apps wrap their checks
-    before any work in it. ``harness.config`` is imported only when an error is raised (it imports Lightning)."""
-    try:
-        yield
-    except (ValueError, FileNotFoundError) as e:
-        from harness.config import ConfigError, ConfigFileError
-
-        if isinstance(e, (ConfigError, ConfigFileError)):
-            raise
-        if isinstance(e, FileNotFoundError):
-            raise ConfigFileError(str(e)) from None
-        raise ConfigError(str(e)) from None
+from harness.errors import config_errors  # noqa: F401 - the Hydra apps' checks: a bad value's message alone
 
 
 def hydra_cli(config_name: str, entry, prog=None) -> None:

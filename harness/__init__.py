@@ -9,4 +9,5 @@ the training stack; ``train.py`` (the Hydra entry point) and :mod:`eval` import 
 * :mod:`harness.data`: the MQAR and text data modules.
 * :mod:`harness.runs`: run directories, resume, finished/failed markers, stored configs, resolvers.
 * :mod:`harness.tracking`: the W&B mode rule and run ids.
+* :mod:`harness.errors`: the config errors Hydra prints as their message alone (shared with the ``eval`` apps).
 """

@@ -4,10 +4,9 @@ before anything is built or written (:func:`validate_config`, :func:`layer_specs
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,44 +18,7 @@ from attn_zoo.spec import AttentionSpec
 from .callbacks import StopAt
 from .lit import validate_optim_config
 
-try:
-    from hydra.errors import CompactHydraException
-
-    _COMPACT = (CompactHydraException,)
-except ImportError:  # harness.config without Hydra (eval.bench_model): only how Hydra prints the errors changes
-    _COMPACT = ()
-
-
-class ConfigError(*_COMPACT, ValueError):
-    """A config value a run cannot start with (:func:`config_errors`). A ``ValueError``; Hydra prints its message
-    alone, without the traceback of a fault in the code (``HYDRA_FULL_ERROR=1`` shows it)."""
-
-
-class ConfigFileError(*_COMPACT, FileNotFoundError):
-    """A file the config names that is not there (:func:`config_errors`); a ``FileNotFoundError``, printed as
-    :class:`ConfigError`."""
-
-
-class ConfigImportError(*_COMPACT, ImportError):
-    """A module the config names (``plugins=[...]``) that cannot be imported (:func:`layer_specs`); an
-    ``ImportError``, printed as :class:`ConfigError`."""
-
-
-@contextlib.contextmanager
-def config_errors() -> Iterator[None]:
-    """Inside, a ``ValueError`` / ``FileNotFoundError`` (the checks of a run's config, its data paths, its checkpoint)
-    is raised again as :class:`ConfigError` / :class:`ConfigFileError` with the same message (a plugin that cannot be
-    imported is a :class:`ConfigImportError` already), so that ``python
-    train.py <bad value>`` prints the message naming the key and what to pass, not a traceback first. ``train.py``
-    wraps its checks before training in it, nothing after training starts."""
-    try:
-        yield
-    except (ConfigError, ConfigFileError, ConfigImportError):
-        raise
-    except FileNotFoundError as e:
-        raise ConfigFileError(str(e)) from None
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+from .errors import ConfigError, ConfigFileError, ConfigImportError, config_errors  # noqa: F401
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
