@@ -8,9 +8,10 @@ the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with 
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
 registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
 ``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
-``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, band masks (no sparse / dilation), D 64 / 128; other
-cases are error rows); the backward is the default one (``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel
-with the Triton dQ where :func:`kernels.flash.gluon.choose_bwd_impl` picks it, else Triton) in all but
+``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, band masks and block-sparse layouts of whole
+128-token tiles (no dilation), D 64 / 128; other cases are error rows); the backward is the default one
+(``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel with the Triton dQ where
+:func:`kernels.flash.gluon.choose_bwd_impl` picks it, else Triton) in all but
 ``ours_triton_bwd`` (the Triton backward forced), ``ours_gluon_bwd`` (``FlashConfig(bwd_impl="gluon")``: the atomic
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with
 ``gluon_bwd_consumers=2``) and ``ours_gluon_dq`` (that with ``gluon_bwd_dq="gluon"``: the Gluon dQ kernel), each with
@@ -291,7 +292,8 @@ def ours_fwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=
     mi = mask_info(spec, q.shape[2], k.shape[2])
     window = None if mi.window_left is None and mi.window_right is None else (mi.window_left, mi.window_right)
     return resolve_fwd_impl(ours_config(impl, config), q, k, v, causal=mi.causal, window_size=window,
-                            dilation=mi.dilation, block_layout=mi.layout, doc_ids=doc_ids)
+                            dilation=mi.dilation, block_layout=mi.layout, doc_ids=doc_ids,
+                            block_size=mi.block_size if mi.layout is not None else 0)
 
 
 def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):

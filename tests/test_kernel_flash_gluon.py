@@ -74,7 +74,8 @@ def test_unknown_and_removed_fwd_impl_refused(impl):
         FlashConfig(fwd_impl=impl)
 
 
-ALLOWED_MASKS = r"supports only dense, causal, sliding-window and document masks \(no block-sparse layout or dilation\)"
+ALLOWED_MASKS = (r"supports only dense, causal, sliding-window and document masks, and block-sparse layouts of whole "
+                 r"128 x 128 tiles \(no dilation\)")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -92,8 +93,9 @@ def test_unsupported_calls_refused(impl, case):
         kw.update(window_size=(8, 0), dilation=2)
     expect = {"sparse": "block-sparse", "dilation": "dilation=2", "D32": "D=32, Dv=32", "Dv": "D=64, Dv=32",
               "fp32": "dtype torch.float32"}[case]
-    if case == "sparse":  # flash_attn builds the block table first; the forward refuses the layout
-        with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {ALLOWED_MASKS}.*{expect}"):
+    if case == "sparse":  # flash_attn builds the block table first; the forward refuses a layout of 16-token blocks
+        with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' takes a block-sparse layout only when every 128 x "
+                                             rf"128 tile lies inside one layout block.*got block_size=16"):
             F.flash_attn_fwd(q, k, v, 0.125, -1, 0, layout=torch.ones(1, 1, dtype=torch.int8), layout_bs=16,
                              config=FlashConfig(fwd_impl=impl))
         return
@@ -127,8 +129,120 @@ def test_band_masks_pass_the_mask_check(monkeypatch, impl, case):
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)
     assert G.check_gluon_fwd(impl, q, k, v, wl, wr, None, 1, docs) is (wr == 0)
     for bad in (dict(layout=torch.ones(1, 1, dtype=torch.int8)), dict(dilation=2)):  # still refused
-        with pytest.raises(ValueError, match=ALLOWED_MASKS):
+        with pytest.raises(ValueError, match=rf"{ALLOWED_MASKS}|takes a block-sparse layout only when"):
             G.check_gluon_fwd(impl, q, k, v, wl, wr, bad.get("layout"), bad.get("dilation", 1), docs)
+
+
+SPARSE_CASES = {  # (spec fields, Nq, Nk): layouts of whole 128 x 128 tiles
+    "bigbird_causal": (dict(causal=True, sparse_pattern="bigbird", block_size=128, num_random_blocks=2), 1000, 1000),
+    "bigbird_full": (dict(sparse_pattern="bigbird", block_size=256, num_random_blocks=1), 1100, 1100),
+    "strided_causal_nq_lt_nk": (dict(causal=True, sparse_pattern="strided", block_size=128, stride_blocks=3), 384,
+                                1280),
+    "strided_full_nq_gt_nk": (dict(sparse_pattern="strided", block_size=128, stride_blocks=2), 1280, 1024),
+}
+
+
+def _sparse_mask(case):
+    from attn_zoo.masks import mask_info
+
+    fields, Nq, Nk = SPARSE_CASES[case]
+    spec = AttentionSpec(kind="sparse", **fields)
+    return spec, mask_info(spec, Nq, Nk), Nq, Nk
+
+
+@pytest.mark.parametrize("case", sorted(SPARSE_CASES))
+def test_layout_tables_match_mask_info(case):
+    """The Gluon forward's own block table (kernels.flash.sparse.layout_tables, read from the layout at 128 x 128
+    tiles) visits exactly the tiles MaskInfo.block_table visits, with the same full tiles, per query tile (rows in
+    schedule order: heaviest first, column 0 the query tile, full tiles first); empty rows have count 0."""
+    from kernels.flash.sparse import layout_tables
+
+    spec, mi, Nq, Nk = _sparse_mask(case)
+    wr = 0 if mi.causal else -1
+    idx, cnt, nfull = layout_tables(mi.layout, mi.block_size, Nq, Nk, -1, wr, 128, 128)
+    want = mi.block_table(128, 128)
+    visited, full = want[3], want[4] & want[3]
+    assert idx.dtype == cnt.dtype == nfull.dtype == torch.int32 and idx.shape[0] == visited.shape[0]
+    assert sorted(idx[:, 0].tolist()) == list(range(visited.shape[0]))  # every query tile once
+    assert cnt.tolist() == sorted(cnt.tolist(), reverse=True)  # heaviest first
+    for r in range(idx.shape[0]):
+        qt, c, f = int(idx[r, 0]), int(cnt[r]), int(nfull[r])
+        tiles = idx[r, 1:1 + c].tolist()
+        assert set(tiles) == set(torch.nonzero(visited[qt]).flatten().tolist()), (case, qt)
+        assert set(tiles[:f]) == set(torch.nonzero(full[qt]).flatten().tolist()), (case, qt)
+    assert int(cnt.sum()) == int(visited.sum()) > 0 and (cnt < visited.shape[1]).any()  # sparse: some tiles skipped
+
+
+def test_layout_tables_refuse_tiles_across_blocks():
+    from kernels.flash.sparse import layout_tables, tiles_whole
+
+    lay = torch.ones(8, 8, dtype=torch.bool)
+    assert tiles_whole(128, 1024, 1024, 128, 128) and tiles_whole(256, 896, 1024, 128, 128)
+    assert not tiles_whole(64, 1024, 1024, 128, 128) and not tiles_whole(128, 1000, 1024, 128, 128)
+    with pytest.raises(ValueError, match=r"block_size=64 a multiple of 128 and 128"):
+        layout_tables(lay, 64, 512, 512, -1, 0, 128, 128)
+    with pytest.raises(ValueError, match=r"Nk - Nq = 24 a multiple of 128"):
+        layout_tables(lay, 128, 1000, 1024, -1, 0, 128, 128)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_whole_tile_layouts_pass_the_mask_check(monkeypatch, impl):
+    """A layout of whole 128 x 128 tiles passes check_gluon_fwd (device and Gluon checks stubbed as on a Hopper
+    GPU); 64-token blocks, an unaligned Nk - Nq, a layout with documents and a layout with dilation are refused,
+    each naming what it got."""
+    q, k, v, _ = _qkv(1, 2, 2, 256, 256, 64, device="cpu")
+    lay = torch.ones(2, 2, dtype=torch.int8)
+    monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(G, "_gluon_modules", lambda: None)
+    assert G.check_gluon_fwd(impl, q, k, v, -1, 0, lay, 1, None, 128) is True
+    assert G.check_gluon_fwd(impl, q, k, v, -1, -1, lay, 1, None, 256) is False
+    with pytest.raises(ValueError, match=r"only when every 128 x 128 tile.*got block_size=64, Nk - Nq = 0; use "
+                                         r"fwd_impl='triton'"):
+        G.check_gluon_fwd(impl, q, k, v, -1, 0, lay, 1, None, 64)
+    with pytest.raises(ValueError, match=r"got block_size=128, Nk - Nq = 64"):
+        G.check_gluon_fwd(impl, q[:, :, :192], k, v, -1, 0, lay, 1, None, 128)
+    docs = torch.zeros(1, 3 * 512, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"got a block-sparse layout with doc_ids"):
+        G.check_gluon_fwd(impl, q, k, v, -1, 0, lay, 1, docs, 128)
+    with pytest.raises(ValueError, match=rf"{ALLOWED_MASKS}.*got dilation=2"):
+        G.check_gluon_fwd(impl, q, k, v, 7, 0, lay, 2, None, 128)
+
+
+def test_auto_takes_gluon_for_whole_tile_layouts_behind_the_flag(monkeypatch):
+    """fwd_impl="auto" with a block-sparse layout: gluon_ws3a while GLUON_AUTO_SPARSE is on (the default since the
+    H100 measured it ahead of the Triton sparse forward), for whole-tile layouts at D 128 only (not 64-token blocks,
+    D 64, with documents or dilation); Triton with the flag off."""
+    _all_hold(monkeypatch)
+    q, k, v = _fake_qkv()
+    lay = torch.ones(2, 2, dtype=torch.int8)
+    cfg = FlashConfig(tma_min_pairs=0)
+    assert G.GLUON_AUTO_SPARSE is True
+    assert G.choose_fwd_impl(cfg, q, k, v, -1, 0, lay, 1, None, 128) == "gluon_ws3a"
+    monkeypatch.setattr(G, "GLUON_AUTO_SPARSE", False)
+    assert G.choose_fwd_impl(cfg, q, k, v, -1, 0, lay, 1, None, 128) == "triton"
+    monkeypatch.setattr(G, "GLUON_AUTO_SPARSE", True)
+    assert G.choose_fwd_impl(cfg, q, k, v, -1, 0, lay, 1, None, 64) == "triton"
+    assert G.choose_fwd_impl(cfg, q, k, v, -1, 0, lay, 1, object(), 128) == "triton"
+    assert G.choose_fwd_impl(cfg, q, k, v, -1, 0, lay, 2, None, 128) == "triton"
+    assert G.choose_fwd_impl(cfg, *_fake_qkv(D=64), -1, 0, lay, 1, None, 128) == "triton"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, block_layout=lay, block_size=128) == "gluon_ws3a"
+    small = _fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024)  # far below the pair threshold of a band mask
+    assert G.choose_fwd_impl(FlashConfig(), *small, -1, 0) == "triton"
+    assert G.choose_fwd_impl(FlashConfig(), *small, -1, 0, lay, 1, None, 128) == "gluon_ws3a"  # layouts: any size
+
+
+def test_gluon_layout_tables_cached_per_layout():
+    """The table is built once per layout object (and in-place version), not per call."""
+    from kernels.flash.sparse import layout_tables
+
+    lay = torch.ones(4, 4, dtype=torch.int8).tril()
+    a = G.gluon_layout_tables(lay, 128, 512, 512, -1, 0, 128, 128)
+    assert G.gluon_layout_tables(lay, 128, 512, 512, -1, 0, 128, 128) is a
+    assert G.gluon_layout_tables(lay.clone(), 128, 512, 512, -1, 0, 128, 128) is not a
+    lay[3, 0] = 0  # in place: a new version, a new table
+    b = G.gluon_layout_tables(lay, 128, 512, 512, -1, 0, 128, 128)
+    assert b is not a and int(b[1].sum()) == int(a[1].sum()) - 1
+    assert all(torch.equal(x, y) for x, y in zip(b, layout_tables(lay, 128, 512, 512, -1, 0, 128, 128)))
 
 
 @pytest.mark.skipif(_hopper(), reason="the device refusal needs a device that is not Hopper")
@@ -375,7 +489,7 @@ def test_flash_attn_fwd_runs_what_auto_picks(monkeypatch):
     asked, ran = [], []
     monkeypatch.setattr(F, "choose_fwd_impl", lambda cfg, *a: asked.append((cfg, a[3:5])) or "gluon_ws3a")
     monkeypatch.setattr(F, "check_gluon_fwd", lambda impl, *a: a[4] == 0)
-    monkeypatch.setattr(F, "gluon_flash_fwd", lambda q_, k_, v_, scale, wl, wr, impl, documents=None:
+    monkeypatch.setattr(F, "gluon_flash_fwd", lambda q_, k_, v_, scale, wl, wr, impl, documents=None, **_:
                         ran.append((wl, wr, impl, documents)) or ("out", "lse"))
     assert F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig()) == ("out", "lse")
     assert asked == [(FlashConfig(), (-1, 0))] and ran == [(-1, 0, "gluon_ws3a", None)]
@@ -408,7 +522,7 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384)
     expect = {"causal": "gluon_ws3a", "noncausal": "gluon_ws3a", "gqa4": "gluon_ws3a", "win1024": "gluon_ws3a",
-              "bigbird": "triton", "dil512x2": "triton"}
+              "bigbird": "gluon_ws3a", "strided": "gluon_ws3a", "dil512x2": "triton"}  # 128-token blocks: whole tiles
     for name, want in expect.items():
         spec = AttentionSpec(**bf.VARIANTS[name])
         assert bf.ours_fwd_impl("ours", spec, q, k, v) == want, name
@@ -571,3 +685,44 @@ def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
         gb = 3 * (p.float() - r).abs().max().item() + 1e-4
         assert (a.float() - r).abs().max().item() <= gb, name
         assert (a.float() - b.float()).abs().max().item() <= gb, name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(SPARSE_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_block_sparse_forward(impl, case):
+    """The Gluon forward on block-sparse layouts of whole 128 x 128 tiles (BigBird, strided; causal and not; Nq
+    != Nk; ragged N): out and lse against the fp32 reference within 2x plain PyTorch's error, -inf lse exactly on
+    the rows that see no key; through the registry's triton backend with FlashConfig(fwd_impl=impl), out and the
+    gradients (Triton backward on the Gluon out / lse) close to the Triton-forward path's."""
+    from attn_zoo.backends.triton_flash import triton_softmax_attention
+
+    spec, mi, Nq, Nk = _sparse_mask(case)
+    q, k, v, do = _qkv(2, 4, 2, Nq, Nk, 128, bnhd=True)
+    scale = 128 ** -0.5
+    layout = mi.layout.to(device=DEV, dtype=torch.int8).contiguous()
+    out, lse = F.flash_attn_fwd(q, k, v, scale, -1, 0 if mi.causal else -1, layout=layout,
+                                layout_bs=mi.block_size, config=FlashConfig(fwd_impl=impl))
+    ref, ref_lse = softmax_attention_reference(q.float(), k.float(), v.float(), spec, return_lse=True)
+    dense = mi.dense(q.device)
+    s = (q @ repeat_kv(k, 2).transpose(-1, -2)) * scale
+    plain = torch.nan_to_num(torch.softmax(s.float().masked_fill(~dense, float("-inf")), -1).to(q.dtype)) \
+        @ repeat_kv(v, 2)
+    bound = 2 * (plain.float() - ref).abs().max().item() + 1e-5
+    assert (out.float() - ref).abs().max().item() <= bound
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], ref_lse[finite].float(), atol=2e-3, rtol=1e-3)
+    if (~finite).any():  # rows that see no key: zero output
+        assert out[~finite[..., None].expand_as(out)].abs().max().item() == 0
+
+    def grads(cfg):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        o = triton_softmax_attention(*leaves, spec, config=cfg)  # the registry's "triton" backend
+        o.backward(do)
+        return [o.detach()] + [t.grad for t in leaves]
+
+    ours, tri = grads(FlashConfig(fwd_impl=impl)), grads(FlashConfig(fwd_impl="triton"))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, tri):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2e-2, msg=name)

@@ -47,15 +47,16 @@ def _partial_tile(t, flo, fhi, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, t, flo, fhi, start_m, Nk, offset, win_left, win_right, d_first, d_last, qk_scale,
-                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+def _softmax_tile(s, m_i, l_i, t, tp, flo, fhi, start_m, Nk, offset, win_left, win_right, d_first, d_last,
+                  qk_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """One tile's online-softmax step on the scores ``s`` (fp32, wgmma layout) of key tile ``t`` against rows
     ``start_m + [0, BLOCK_M)``: returns ``(p, alpha, m_new, l_new)`` with ``p`` unnormalised probabilities and
-    ``alpha`` the rescale of the running accumulator. Tiles outside ``[flo, fhi)`` run the element rule
-    (:func:`_tile_ok`; a row with no visible key in the tile gets ``p = 0`` and keeps its
-    running max: no NaN)."""
-    if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
+    ``alpha`` the rescale of the running accumulator. The tile runs the element rule (:func:`_tile_ok`; a row with
+    no visible key in the tile gets ``p = 0`` and keeps its running max: no NaN) when ``tp`` lies outside ``[flo,
+    fhi)``: ``tp = t`` for band masks (the full band); the round number for a block-sparse table row (its first
+    ``fhi`` tiles are the full ones)."""
+    if _partial_tile(tp, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         ok = _tile_ok(rows, cols, Nk, offset, win_left, win_right, d_first, d_last, HAS_LEFT, HAS_RIGHT, DOCS)
@@ -326,46 +327,72 @@ def _pp_pass(other_turn, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
-                  b, h, hk, start_m, lo, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Producer partition (1 warp): Q once, then per key tile (``lo`` to ``lo + n_tiles - 1``) its K (slot free once
-    both consumers' S of the tile ``STAGES`` back completed) and its V (free once both consumers' PV product of that
-    tile completed)."""
+                  b, h, hk, start_m, lo, n_tiles, Row, SPARSE: gl.constexpr, STAGES: gl.constexpr,
+                  BLOCK_N: gl.constexpr):
+    """Producer partition (1 warp): Q once, then per key tile (``lo`` to ``lo + n_tiles - 1``, or the block-sparse
+    table row ``Row``'s) its K (slot free once both consumers' S of the tile ``STAGES`` back completed) and its V
+    (free once both consumers' PV product of that tile completed)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, STAGES,
-                  BLOCK_N)
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, Row,
+                  SPARSE, STAGES, BLOCK_N)
 
 
 @gluon.jit
-def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles,
-                  STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The producer's key loop (the forward's and the dQ kernel's): K and V of key tiles ``lo + [0, n_tiles)`` of
-    head ``hk`` into ``STAGES``-deep rings (ring position ``t``, counted from 0, holds tile ``lo + t``); a K (V) slot
-    is refilled once its empty barrier completed the release of the tile ``STAGES`` back (both consumers'
-    arrives)."""
+def _key_tile(lo, t, Row, SPARSE: gl.constexpr):
+    """The key tile of ring position ``t``: ``lo + t`` (band masks), or column ``1 + t`` of the block-sparse table
+    row ``Row`` (``SPARSE``)."""
+    if SPARSE:
+        kt = gl.load(Row + 1 + t)
+    else:
+        kt = lo + t
+    return kt
+
+
+@gluon.jit
+def _full_pos(j, t, SPARSE: gl.constexpr):
+    """What :func:`_softmax_tile` tests against the full range ``[flo, fhi)``: round ``j`` of a block-sparse table
+    row (full tiles first), else key tile ``t``."""
+    if SPARSE:
+        r = j
+    else:
+        r = t
+    return r
+
+
+@gluon.jit
+def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, Row,
+                  SPARSE: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The producer's key loop (the forward's and the dQ kernel's): K and V of ``n_tiles`` key tiles of head ``hk``
+    into ``STAGES``-deep rings (ring position ``t``, counted from 0, holds tile :func:`_key_tile`: ``lo + t``, or
+    the block-sparse table row's ``t``-th); a K (V) slot is refilled once its empty barrier completed the release
+    of the tile ``STAGES`` back (both consumers' arrives)."""
     for t in range(0, n_tiles):
+        kt = _key_tile(lo, t, Row, SPARSE)
         slot = t % STAGES
         phase = ((t // STAGES) & 1) ^ 1  # the release of tile t - STAGES: completion t // STAGES - 1 of the slot
         reuse = t >= STAGES
         mbarrier.wait(k_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, (lo + t) * BLOCK_N, 0], k_bars.index(slot),
+        tma.async_copy_global_to_shared(k_desc, [b, hk, kt * BLOCK_N, 0], k_bars.index(slot),
                                         k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, (lo + t) * BLOCK_N, 0], v_bars.index(slot),
+        tma.async_copy_global_to_shared(v_desc, [b, hk, kt * BLOCK_N, 0], v_bars.index(slot),
                                         v_smem.index(slot))
 
 
 @gluon.jit
 def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, Out, Lse, Doc,
                   stride_ob, stride_oh, stride_on, b, h, bh, start_m, lo, n_tiles, flo, fhi, Nq, Nk, offset, qk_scale,
-                  win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  win_left, win_right, Row, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                  SPARSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
     """Consumer ``WG`` (0 or 1; one warpgroup): ``BLOCK_M`` rows from ``start_m`` (``q2`` their Q tile in shared
     memory) against the program's key tiles ``lo + [0, n_tiles)`` (ring position ``j`` holds tile ``lo + j``; the
-    element mask outside the program's full band ``[flo, fhi)``), the schedule described above, then the epilogue.
+    element mask outside the program's full band ``[flo, fhi)``) or, with ``SPARSE``, the table row ``Row``'s
+    (position ``j`` holds its tile ``j``; the element mask from position ``fhi``, its count of full tiles), the
+    schedule described above, then the epilogue.
     Releases (K_j and V_{j-1} after round j's PV wait) follow a barrier over the partition's warps: each empty
     barrier expects one arrive per consumer."""
     dtype: gl.constexpr = q2.dtype
@@ -392,13 +419,15 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
         s = warpgroup_mma_wait(0, deps=(s_t, ))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo, flo, fhi, start_m, Nk, offset, win_left, win_right,
-                                           d_first, d_last, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N,
-                                           s_layout)
+        t0 = _key_tile(lo, 0, Row, SPARSE)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t0, _full_pos(0, t0, SPARSE), flo, fhi, start_m, Nk, offset,
+                                           win_left, win_right, d_first, d_last, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS,
+                                           BLOCK_M, BLOCK_N, s_layout)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_tiles):
             slot = j % STAGES
             pslot = (j - 1) % STAGES
+            tj = _key_tile(lo, j, Row, SPARSE)  # (a table load with SPARSE: issued before the waits)
             _pp_wait(my_turn, j, WG, PINGPONG)
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
             s_t = warpgroup_mma(q2, k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
@@ -407,9 +436,9 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
             acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pp_pass(other_turn, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, lo + j, flo, fhi, start_m, Nk, offset, win_left,
-                                               win_right, d_first, d_last, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS,
-                                               BLOCK_M, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tj, _full_pos(j, tj, SPARSE), flo, fhi, start_m, Nk,
+                                               offset, win_left, win_right, d_first, d_last, qk_scale, HAS_LEFT,
+                                               HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, s_layout)
             p_next = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
             gl.thread_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
@@ -430,22 +459,38 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
 
 @gluon.jit
 def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
-                       Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, Doc,
-                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                       Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, Doc, KvIdx, KvCnt, KvNfull,
+                       stride_tbl, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                       STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True):
+                       STAGES: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
+                       SPARSE: gl.constexpr = False):
     """``gluon_ws3a`` (``PINGPONG=False``) / ``gluon_ws3b`` (``PINGPONG=True``): FA3's layout (``num_warps = 4``: the
     default partition is consumer 0, a 4-warp worker consumer 1, a 1-warp worker the producer) with FA3's
     intra-warpgroup overlap, split K / V barriers and optional ping-pong of the consumers. Grid ``(cdiv(Nq,
     BLOCK_M), B * Hq)``. The mask: ``win_left`` / ``win_right`` (>= 0; read only with ``HAS_LEFT`` / ``HAS_RIGHT``;
     causal is ``HAS_RIGHT`` with ``win_right = 0``) and, with ``DOCS``, the int32 document table ``Doc (B, 3 * Nq
-    + 3 * Nk)`` of kernels/flash/documents.py (never read otherwise); ``offset = Nk - Nq`` (bottom-right)."""
+    + 3 * Nk)`` of kernels/flash/documents.py (never read otherwise); ``offset = Nk - Nq`` (bottom-right).
+
+    ``SPARSE`` (a block-sparse layout whose blocks are whole ``BLOCK_M x BLOCK_N`` tiles; not with ``DOCS``): program
+    ``(r, bh)`` runs row ``r`` of the int32 table ``KvIdx (n_q_tiles, stride_tbl)`` of
+    :func:`kernels.flash.sparse.layout_tables` (column 0: its query tile; then ``KvCnt[r]`` visited key tiles, the
+    ``KvNfull[r]`` full ones first), the band mask applying inside the partial ones; never read otherwise."""
     dtype: gl.constexpr = q_desc.dtype
     start_m, bh, b, h, hk = _program_coords(Hq, group, HAS_RIGHT, BLOCK_M)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
-    lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT,
-                                      HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
-    n_tiles = hi - lo
+    if SPARSE:  # table rows in schedule order (heaviest first)
+        r = gl.program_id(0)
+        Row = KvIdx + r * stride_tbl
+        start_m = gl.load(Row) * BLOCK_M
+        lo = 0
+        n_tiles = gl.load(KvCnt + r)
+        flo = 0
+        fhi = gl.load(KvNfull + r)
+    else:
+        Row = KvIdx
+        lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
+                                          HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+        n_tiles = hi - lo
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -472,14 +517,14 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
     gl.warp_specialize(
         [(_ws3_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn0, turn1,
                           Out, Lse, Doc, stride_ob, stride_oh, stride_on, b, h, bh, start_m, lo, n_tiles, flo, fhi, Nq,
-                          Nk, offset, qk_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS, HALF, BLOCK_N, HEAD_D,
-                          STAGES, 0, PINGPONG, num_warps)),
+                          Nk, offset, qk_scale, win_left, win_right, Row, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, HALF,
+                          BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, num_warps)),
          (_ws3_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, turn1,
                           turn0, Out, Lse, Doc, stride_ob, stride_oh, stride_on, b, h, bh, start_m + HALF, lo, n_tiles,
-                          flo, fhi, Nq, Nk, offset, qk_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS, HALF,
-                          BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, 4)),
+                          flo, fhi, Nq, Nk, offset, qk_scale, win_left, win_right, Row, HAS_LEFT, HAS_RIGHT, DOCS,
+                          SPARSE, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, 4)),
          (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
-                          b, h, hk, start_m, lo, n_tiles, STAGES, BLOCK_N))],
+                          b, h, hk, start_m, lo, n_tiles, Row, SPARSE, STAGES, BLOCK_N))],
         [4, 1], [240, 24])
 
 
@@ -962,8 +1007,8 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sme
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
-    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, STAGES,
-                  BLOCK_N)
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, 0, False,
+                  STAGES, BLOCK_N)
 
 
 @gluon.jit

@@ -60,7 +60,8 @@ def _check_dilation(dilation) -> None:
 
 def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
-                     block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None) -> str:
+                     block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
+                     block_size: int = 0) -> str:
     """The forward kernel (``"triton"``, ``"gluon_ws3a"`` or ``"gluon_ws3b"``) that :func:`flash_attn` runs for
     ``q, k, v`` and these mask arguments (as :func:`flash_attn` takes them) with ``config`` (``None``: the current
     settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
@@ -73,7 +74,7 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
         return config.fwd_impl
     wl, wr = _window_bounds(causal, window_size)
     _check_dilation(dilation)
-    return choose_fwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids)
+    return choose_fwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
 
 
 @torch.compiler.assume_constant_result

@@ -125,7 +125,7 @@ class FlashConfig:
             (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``): ``"gluon_ws3a"`` (FA3's
             layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
             ``"gluon_ws3b"`` (plus ping-pong of the consumers): band masks (dense, causal, sliding windows,
-            documents; no block-sparse layout or dilation), D in {64, 128}, fp16 /
+            documents) and block-sparse layouts of whole 128 x 128 tiles (no dilation), D in {64, 128}, fp16 /
             bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
             either way unless ``bwd_impl`` says otherwise.
         bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`: on

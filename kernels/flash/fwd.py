@@ -200,7 +200,8 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     (MLA; TMA only when ``Dv == D``). ``config.fwd_impl``: ``"auto"`` picks the kernel per call
     (:func:`~kernels.flash.gluon.choose_fwd_impl`); ``"gluon_ws3a"`` / ``"gluon_ws3b"`` run the Gluon kernel of
     :mod:`kernels.flash.gluon` instead of the Triton one (band masks: dense, causal, windows, documents; a
-    block-sparse layout or dilation raises ``ValueError``, see
+    block-sparse layout of whole 128 x 128 tiles without documents, from its own cached table; another layout or
+    dilation raises ``ValueError``, see
     :func:`~kernels.flash.gluon.check_gluon_fwd`). ``documents``: the document table of :func:`kernels.flash.documents.
     document_table` (packed documents: tiles across documents skipped, ``doc_q == doc_k`` on straddling tiles). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
     Nq) fp32)``.
@@ -209,10 +210,11 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
         config = current_flash_config()
     impl = config.fwd_impl
     if impl == "auto":
-        impl = choose_fwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents)
-    if impl != "triton":  # the Gluon kernel (Hopper; band masks only, else ValueError)
-        check_gluon_fwd(impl, q, k, v, win_left, win_right, layout, dilation, documents)
-        return gluon_flash_fwd(q, k, v, softmax_scale, win_left, win_right, impl, documents=documents)
+        impl = choose_fwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
+    if impl != "triton":  # the Gluon kernel (Hopper; band masks and whole-tile layouts, else ValueError)
+        check_gluon_fwd(impl, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
+        return gluon_flash_fwd(q, k, v, softmax_scale, win_left, win_right, impl, documents=documents,
+                               layout=layout, layout_bs=layout_bs)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)

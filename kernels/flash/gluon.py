@@ -27,6 +27,7 @@ from .common import INTERPRET
 from .config import BWD_IMPLS, FWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_FWD_IMPLS, FlashConfig
 from .._host import launch
 from .launch import visited_pairs
+from .sparse import layout_tables, tiles_whole
 
 GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
 # what fwd_impl="auto" gives the Gluon kernel: head dim -> the fewest visited pairs (beside config.tma_min_pairs)
@@ -45,6 +46,15 @@ GLUON_AUTO_BAND_HEAD_DIMS = (128,)
 a1/gluon_band_bench.csv``, ``python -m lab.gluon_band_bench --dq``, forward alone, bf16, 16k tokens per call, one
 process): D 128 ``gluon_ws3a`` against the Triton forward: window 1024 at 4k 1.07x, at 16k 1.01x; documents of 1024
 at 16k 1.02x, of 4096 1.15x. D 64: 0.85x / 0.87x (window 4k / 16k), 0.83x (documents 1024), 1.02x (4096): Triton."""
+GLUON_AUTO_SPARSE = True
+"""Whether ``fwd_impl="auto"`` takes the Gluon forward for a block-sparse layout whose blocks are whole Gluon tiles
+(:func:`~kernels.flash.sparse.tiles_whole` at :func:`gluon_tiles`: ``block_size`` a multiple of 128, ``Nk - Nq`` a
+multiple of 128; no documents, no dilation) at the head dims of :data:`GLUON_AUTO_BAND_HEAD_DIMS`, at any size (no
+pair threshold). H100 80GB (no H200 was lent), 2026-12-06, ``results/h100/2026-12-06b/sparse/`` (``python -m
+eval.bench_flash --variants bigbird,strided --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_ws3a,flex_fa4
+--rounds 3``, causal, 128-token blocks, bf16, 16k tokens per call, one process, two calls): forward 1.19-1.32x the
+Triton sparse forward at every N (1k included), forward+backward 1.00-1.07x. A module-level knob read at every call, as
+:data:`GLUON_AUTO_BANDS`."""
 _LOG2E = 1.4426950408889634
 
 # one kernel (_gl_fwd_ws3_kernel): FA3's intra-warpgroup overlap and split K / V barriers in both; ping-pong of the
@@ -194,17 +204,21 @@ def _beyond_causal(win_left: int, win_right: int, documents) -> bool:
 
 def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
                     win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
-                    documents: Optional[torch.Tensor] = None) -> str:
+                    documents: Optional[torch.Tensor] = None, layout_bs: int = 0) -> str:
     """The forward kernel a call with ``config`` runs: ``config.fwd_impl`` unless it is ``"auto"``, which gives
     ``AUTO_GLUON_IMPL`` (``"gluon_ws3a"``) when all of these hold, else ``"triton"``:
 
     * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
       importable with the Hopper API (:func:`gluon_available`; both checks cached);
-    * a band mask: no block-sparse ``layout``, ``dilation == 1``; and, unless :data:`GLUON_AUTO_BANDS` and ``D`` in
-      :data:`GLUON_AUTO_BAND_HEAD_DIMS`, a dense or causal one (``win_left < 0``, ``win_right`` -1 (dense) or 0 (causal), no ``documents`` table);
+    * a band mask: ``dilation == 1``; no block-sparse ``layout`` unless :data:`GLUON_AUTO_SPARSE` is on, ``D`` in
+      :data:`GLUON_AUTO_BAND_HEAD_DIMS`, no ``documents`` and the layout's blocks (``layout_bs`` tokens) are whole
+      Gluon tiles (:func:`~kernels.flash.sparse.tiles_whole`); and, unless :data:`GLUON_AUTO_BANDS` and ``D`` in
+      :data:`GLUON_AUTO_BAND_HEAD_DIMS`, a dense or causal one (``win_left < 0``, ``win_right`` -1 (dense) or 0
+      (causal), no ``documents`` table);
     * ``D = q.shape[3]`` a key of ``GLUON_AUTO_HEAD_DIMS`` and ``v.shape[3] == D``; q, k, v float16 / bfloat16;
     * ``config``: no forced ``fwd`` tile, ``autotune`` off, ``tma`` not ``False`` (the Gluon kernel reads by TMA);
-    * at least ``max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])`` visited query-key pairs (:func:`~kernels.flash.visited_pairs`, the count
+    * without a layout, at least ``max(config.tma_min_pairs, GLUON_AUTO_HEAD_DIMS[D])`` visited query-key pairs
+      (:func:`~kernels.flash.visited_pairs`, the count
       of the Triton forward's TMA ``"auto"``).
 
     ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``; the mask arguments as
@@ -217,9 +231,11 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return impl
     if INTERPRET or q.device.type != "cuda":
         return "triton"
-    if layout is not None or dilation != 1:
-        return "triton"
     D = q.shape[3]
+    if dilation != 1 or (layout is not None and not (
+            GLUON_AUTO_SPARSE and D in GLUON_AUTO_BAND_HEAD_DIMS and documents is None
+            and tiles_whole(layout_bs, q.shape[2], k.shape[2], *gluon_tiles(AUTO_GLUON_IMPL, D)[:2]))):
+        return "triton"
     if _beyond_causal(win_left, win_right, documents) and not (
             GLUON_AUTO_BANDS and D in GLUON_AUTO_BAND_HEAD_DIMS):
         return "triton"
@@ -231,7 +247,7 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     if config.fwd is not None or config.autotune or config.tma is False:
         return "triton"
     B, Hq, Nq = q.shape[:3]
-    if visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right) < min_pairs:
+    if layout is None and visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right) < min_pairs:
         return "triton"
     if not _hopper(q.device) or not gluon_available():
         return "triton"
@@ -338,21 +354,23 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
 
 def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
-                 win_right: int, layout, dilation: int, documents, fix: str, bands: bool = False) -> bool:
+                 win_right: int, layout, dilation: int, documents, fix: str, bands: bool = False,
+                 masks: Optional[str] = None) -> bool:
     """The checks the Gluon kernels share: raise ``ValueError`` naming ``arg`` (e.g. ``"fwd_impl='gluon'"``) when the
     mask, head dims (``D`` in ``head_dims``, ``Dv == D``), dtypes (fp16 / bf16, one for q, k, v) or device (Hopper)
     rule it out, or Gluon does not import; returns whether the call is causal. ``bands``: the kernel takes band
     masks (sliding windows, ``doc_ids``; see ``_gluon_kernels``); a block-sparse layout and dilation are refused
-    either way."""
+    either way (the forward checks its layouts first). ``masks``: the masks the message says are allowed (default:
+    those of ``bands``)."""
     if bands:
-        masks = "dense, causal, sliding-window and document masks (no block-sparse layout or dilation)"
+        masks = masks or "dense, causal, sliding-window and document masks (no block-sparse layout or dilation)"
         refused = layout is not None or dilation != 1
     else:
         masks = "dense or causal masks (no window_size left edge, block-sparse layout, dilation or doc_ids)"
         refused = layout is not None or dilation != 1 or _beyond_causal(win_left, win_right, documents)
     allowed = f"{masks}, head dim D in {head_dims} with Dv == D, float16 / bfloat16, a Hopper (sm_90) CUDA device"
     if refused:
-        what = ("a block-sparse layout" if layout is not None else f"dilation={dilation}" if dilation != 1 else
+        what = (f"dilation={dilation}" if dilation != 1 else "a block-sparse layout" if layout is not None else
                 "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})")
         raise ValueError(f"{arg} supports only {allowed}; got {what}; {fix}")
     D, Dv = q.shape[3], v.shape[3]
@@ -368,16 +386,32 @@ def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch
     return win_right == 0
 
 
+GLUON_FWD_MASKS = ("dense, causal, sliding-window and document masks, and block-sparse layouts of whole 128 x 128 "
+                   "tiles (no dilation)")
+
+
 def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int,
-                    layout, dilation: int, documents) -> bool:
+                    layout, dilation: int, documents, layout_bs: int = 0) -> bool:
     """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call (band masks pass: windows, documents; a
-    block-sparse layout or dilation does not); returns whether it is causal (``win_right == 0``)."""
+    block-sparse ``layout`` of ``layout_bs``-token blocks passes when each Gluon tile lies inside one block
+    (:func:`~kernels.flash.sparse.tiles_whole`: ``layout_bs`` and ``Nk - Nq`` multiples of 128) and there are no
+    ``documents``; dilation does not); returns whether it is causal (``win_right == 0``)."""
     if impl not in GLUON_FWD_IMPLS:
         raise ValueError(f"fwd_impl={impl!r} is not a Gluon forward; allowed values: "
                          f"{', '.join(map(repr, GLUON_FWD_IMPLS))} (FlashConfig takes "
                          f"{', '.join(map(repr, FWD_IMPLS))})")
+    if layout is not None and dilation == 1:
+        bm, bn = gluon_tiles(impl, 128)[:2]
+        Nq, Nk = q.shape[2], k.shape[2]
+        if documents is not None or not tiles_whole(layout_bs, Nq, Nk, bm, bn):
+            got = ("a block-sparse layout with doc_ids" if documents is not None else
+                   f"block_size={layout_bs}, Nk - Nq = {Nk - Nq}")
+            raise ValueError(f"fwd_impl={impl!r} takes a block-sparse layout only when every {bm} x {bn} tile lies "
+                             f"inside one layout block (block_size a multiple of {bm}, Nk - Nq a multiple of {bm}) "
+                             f"and without doc_ids; got {got}; use fwd_impl='triton'")
+        layout = None  # the rest as for its band
     return _check_gluon(f"fwd_impl={impl!r}", GLUON_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
-                        documents, "use fwd_impl='triton'", bands=True)
+                        documents, "use fwd_impl='triton'", bands=True, masks=GLUON_FWD_MASKS)
 
 
 def _tma_view(t: torch.Tensor) -> torch.Tensor:
@@ -451,14 +485,17 @@ def _band_args(win_left: int, win_right: int, documents: Optional[torch.Tensor],
 
 def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, win_left: int,
                     win_right: int, impl: str = "gluon_ws3a", out: Optional[torch.Tensor] = None,
-                    lse: Optional[torch.Tensor] = None,
-                    documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                    lse: Optional[torch.Tensor] = None, documents: Optional[torch.Tensor] = None,
+                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward of band-masked attention (bottom-right aligned: query ``i`` sits at key position ``i + Nk - Nq``)
     with the Gluon kernel ``impl``: key ``j`` visible to query ``i`` iff ``j <= i + Nk - Nq + win_right`` (when
     ``win_right >= 0``), ``j >= i + Nk - Nq - win_left`` (when ``win_left >= 0``) and, with ``documents`` (the int32
     ``(B, 3 * Nq + 3 * Nk)`` table of :func:`kernels.flash.documents.document_table`), both in one document. Dense
     is ``win_left = win_right = -1``, causal ``win_left = -1, win_right = 0``. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv,
-    Nk, D)`` fp16 / bf16 on a Hopper GPU, ``D`` in {64, 128} (call :func:`check_gluon_fwd` first). Returns ``out
+    Nk, D)`` fp16 / bf16 on a Hopper GPU, ``D`` in {64, 128} (call :func:`check_gluon_fwd` first). ``layout``: a
+    block-sparse layout ``(nb, nb)`` at ``layout_bs`` tokens (``MaskInfo``'s rule) whose blocks are whole tiles
+    (:func:`~kernels.flash.sparse.tiles_whole`), run from the block table of :func:`gluon_layout_tables` (built on
+    the host at the first call with this layout, then cached); not with ``documents``. Returns ``out
     (B, Hq, Nq, D)`` in q.dtype (``out`` if given, any strides, else stored as ``(B, Nq, Hq, D)``) and ``lse (B,
     Hq, Nq)`` fp32, natural log (``-inf`` and a zero output row on rows that see no key). Raises ``ValueError`` for a
     malformed ``documents`` table."""
@@ -477,12 +514,41 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     kernel, extra = gluon_kernel(impl, GK)
     grid = (triton_cdiv(Nq, block_m), B * Hq)
+    tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
+    if layout is not None:
+        idx, cnt, nfull = gluon_layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n)
+        tbl = (idx, cnt, nfull, idx.stride(0))
+    # every constexpr by name: a kept launch (kernels._host.launch) needs the whole constexpr tail
+    extra = dict(extra, SPARSE=layout is not None)
     _gl_launch(kernel, grid,
                (_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
                 out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
-                softmax_scale * _LOG2E, wl, wr, doc),
+                softmax_scale * _LOG2E, wl, wr, doc, *tbl),
                num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, **extra)
     return out, lse
+
+
+_LAYOUT_TABLES: dict = {}
+"""Cache of :func:`gluon_layout_tables`: key -> ``(layout, tables)``; the layout is held so that its ``id`` is not
+reused while cached."""
+LAYOUT_TABLES_KEPT = 16
+
+
+def gluon_layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, win_left: int, win_right: int,
+                        block_m: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~kernels.flash.sparse.layout_tables` of ``layout`` (the same arguments), cached per layout object
+    (and its in-place version) and call shape: the table is read on the host once per layout, not per call (the
+    backends pass the same cached layout tensor at every step). Keeps the newest :data:`LAYOUT_TABLES_KEPT`."""
+    key = (id(layout), layout._version, tuple(layout.shape), layout_bs, Nq, Nk, win_left, win_right, block_m,
+           block_n)
+    hit = _LAYOUT_TABLES.get(key)
+    if hit is not None and hit[0] is layout:
+        return hit[1]
+    tables = layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n)
+    while len(_LAYOUT_TABLES) >= LAYOUT_TABLES_KEPT:
+        _LAYOUT_TABLES.pop(next(iter(_LAYOUT_TABLES)))
+    _LAYOUT_TABLES[key] = (layout, tables)
+    return tables
 
 
 def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,

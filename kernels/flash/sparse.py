@@ -121,3 +121,46 @@ def check_tables(tables, Nq: int, Nk: int, D: int, config: FlashConfig):
             raise ValueError(f"block_tables do not fit this call: {rows} {side} tiles at the sparse tiles "
                              f"{tiles} (Nq={Nq}, Nk={Nk}, D={D}) need {rows} rows of >= 2 columns, got "
                              f"{tuple(idx.shape)}; rebuild them with build_sparse_tables")
+
+
+def tiles_whole(layout_bs: int, Nq: int, Nk: int, block_m: int, block_n: int) -> bool:
+    """Whether every ``block_m x block_n`` tile lies inside one layout block of ``layout_bs`` tokens (bottom-right
+    aligned: query ``i`` at absolute position ``i + Nk - Nq``): ``layout_bs`` a multiple of both tile sides and
+    ``Nk - Nq`` a multiple of ``block_m``. The Gluon block-sparse forward needs it (its element rule is the band
+    mask alone)."""
+    return layout_bs > 0 and layout_bs % block_m == 0 and layout_bs % block_n == 0 and (Nk - Nq) % block_m == 0
+
+
+def layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, win_left: int, win_right: int,
+                  block_m: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query-tile block table ``(kv_idx, kv_cnt, kv_nfull)`` (int32, on ``layout``'s device; the format of
+    :func:`build_sparse_tables`' first three: rows in schedule order, column 0 the query tile, full tiles first) of
+    a block-sparse ``layout`` (bool / int ``(nb, nb)`` at ``layout_bs`` tokens, queries at absolute positions ``i +
+    Nk - Nq``, keys past the layout in its last block, rows at negative positions see nothing: ``MaskInfo``'s rule)
+    under the band ``win_left`` / ``win_right`` (< 0: no edge; causal is ``win_right = 0``), at tiles ``block_m x
+    block_n`` that lie inside one layout block each (:func:`tiles_whole`), so that a tile is visited iff its layout
+    block is on and the band reaches it, and full iff also the band covers it and it is not ragged. Reads the layout
+    on the host (one device sync: cache the result). Raises ``ValueError`` when the tiles are not whole."""
+    if not tiles_whole(layout_bs, Nq, Nk, block_m, block_n):
+        raise ValueError(f"layout_tables needs tiles inside one layout block: block_size={layout_bs} a multiple of "
+                         f"{block_m} and {block_n}, and Nk - Nq = {Nk - Nq} a multiple of {block_m}")
+    lay = layout.detach().to("cpu").bool()
+    nb = lay.shape[0]
+    offset = Nk - Nq
+    r0 = torch.arange(cdiv(Nq, block_m)).view(-1, 1) * block_m
+    r1 = torch.clamp(r0 + block_m, max=Nq) - 1
+    c0 = torch.arange(cdiv(Nk, block_n)).view(1, -1) * block_n
+    c1 = torch.clamp(c0 + block_n, max=Nk) - 1
+    a0, a1 = r0 + offset, r1 + offset
+    qb = torch.clamp(torch.clamp(a0, min=0) // layout_bs, max=nb - 1)
+    kb = torch.clamp(c0 // layout_bs, max=nb - 1)
+    visited = lay[qb, kb] & (a0 >= 0)  # (n_q_tiles, n_k_tiles)
+    full = (r1 - r0 + 1 == block_m) & (c1 - c0 + 1 == block_n)
+    if win_right >= 0:
+        visited = visited & (c0 <= a1 + win_right)
+        full = full & (c1 <= a0 + win_right)
+    if win_left >= 0:
+        visited = visited & (c1 >= a0 - win_left)
+        full = full & (c0 >= a1 - win_left)
+    idx, cnt, nfull = _full_first_table(visited, full & visited)
+    return tuple(x.to(layout.device).contiguous() for x in (idx, cnt, nfull))
