@@ -1,6 +1,6 @@
 """Gluon (``triton.experimental.gluon``) forward kernel for Hopper (sm_90a): exact attention under band masks (dense,
-causal, sliding windows with a left and / or right edge, packed documents; see "band masks" below) with GQA, D in
-{64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a call runs
+causal, sliding windows with a left and / or right edge, packed documents; see "band masks" below) and block-sparse
+layouts of whole tiles (``SPARSE``: the key tiles of a block-table row) with GQA, D in {64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a call runs
 ``fwd_impl="gluon_ws3a"`` / ``"gluon_ws3b"``, explicitly or through ``"auto"``): this module needs Gluon's Hopper
 API as triton 3.6 spells it, so importing it elsewhere (CI's triton) is never required.
 
