@@ -72,10 +72,10 @@ def compile_case(impl: str, mask, D: int, dtype: str = "bf16", ptx: bool = False
         lay = nvmma_layout([1, 1, rows, D], gdt)
         types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
     types.update(Out=f"*{dtype}", Lse="*fp32", Doc="*i32", stride_ob="i32", stride_oh="i32", stride_on="i32",
-                 Hq="i32", Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32",
-                 **{n: "i32" for n in BAND_INTS})
+                 Hq="i32", Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32", KvIdx="*i32",
+                 KvCnt="*i32", KvNfull="*i32", stride_tbl="i32", **{n: "i32" for n in BAND_INTS})
     const = dict(**mask_flags(mask), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps,
-                 **extra)
+                 **extra, SPARSE=mask in SPARSE_MASKS)
     sig, attrs = signature(fn, types, const,
                            lambda name, t: t.startswith("*") or name in ("stride_ob", "stride_oh", "stride_on"))
     with warnings.catch_warnings():
@@ -142,11 +142,14 @@ def partition_registers(sass: str) -> str:
 
 MASKS = {"full": (False, False, False), "causal": (False, True, False), "window": (True, True, False),
          "window_full": (True, False, False), "right": (False, True, False), "docs": (False, True, True),
-         "docs_full": (False, False, True), "window_docs": (True, True, True)}
+         "docs_full": (False, False, True), "window_docs": (True, True, True), "sparse": (False, True, False),
+         "sparse_full": (False, False, False)}
 """``--masks`` name -> the band constexprs ``(HAS_LEFT, HAS_RIGHT, DOCS)`` of the kernels taking band masks:
 ``window`` a sliding window with a causal right edge, ``window_full`` a left edge only, ``right`` a right edge only
 (compiles as ``causal``: the edge is a runtime value), ``docs`` causal packed documents, ``docs_full`` documents
-alone, ``window_docs`` both. Kernels with a ``CAUSAL`` constexpr take ``full`` / ``causal`` only."""
+alone, ``window_docs`` both; ``sparse`` / ``sparse_full`` a block-sparse table (``SPARSE``), causal / not (the
+forward only). Kernels with a ``CAUSAL`` constexpr take ``full`` / ``causal`` only."""
+SPARSE_MASKS = ("sparse", "sparse_full")
 
 
 def parse_masks(text: str) -> list:
@@ -285,6 +288,8 @@ def main():
                         band = impl not in BWD_IMPLS or BWD_IMPLS[impl][1] == 2  # (forward, dQ, two-consumer dK / dV)
                         if mask not in ("full", "causal") and not band:
                             continue  # (a kernel with the CAUSAL constexpr: no band masks)
+                        if mask in SPARSE_MASKS and impl in BWD_IMPLS or mask in SPARSE_MASKS and impl == "gluon_bwd_dq":
+                            continue  # (block-sparse tables: the forward only)
                         try:
                             if impl == "gluon_bwd_dq":
                                 r = compile_dq_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
