@@ -62,7 +62,8 @@ BACKEND_STYLE = {
     "auto": ("tab:cyan", "o", "auto"),
 }
 # One colour, marker and line style per attention variant (quality / recall figures); the line style says the family
-# (solid: exact softmax, dashed: sparse / windowed softmax, dotted: linear).
+# (solid: exact softmax, dashed: sparse / windowed softmax, dotted: linear; dash-dot: the recurrent / latent mixers
+# below and any name outside the table).
 VARIANT_STYLE = {
     "flash": ("black", "o", "-"),
     "gqa": ("tab:blue", "s", "-"),
@@ -74,6 +75,13 @@ VARIANT_STYLE = {
     "linear_taylor": ("tab:purple", "P", ":"),
     "linear_favor": ("tab:pink", "h", ":"),
     "linear_relu": ("tab:olive", "p", ":"),
+    # the recurrent / latent mixers: the colour, marker and dash-dot line the first four extra styles gave them in
+    # ``python -m eval.figures`` (met in this order by its mqar_fig2 job), now fixed so that a process drawing only some
+    # of them (``python -m eval.recall hybrid ...``: mamba2 alone) draws them as the committed figures do
+    "deltanet": ("#17becf", "*", "-."),
+    "gated_deltanet": ("#bcbd22", "8", "-."),
+    "mamba2": ("#8c564b", "H", "-."),
+    "mla": ("#e377c2", "d", "-."),
 }
 _EXTRA = [("#17becf", "*"), ("#bcbd22", "8"), ("#8c564b", "H"), ("#e377c2", "d"), ("#7f7f7f", ">"),
           ("#1f77b4", "<"), ("#ff7f0e", "p"), ("#2ca02c", "h"), ("#d62728", "P"), ("#9467bd", "X")]

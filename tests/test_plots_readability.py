@@ -273,3 +273,23 @@ def test_crossover_note_gives_range_and_a_near_tie():
     assert crossover_note(short, 32768) == "slower at every N (N ≤ 2.0k)"
     assert crossover_note(dict(short, n_max=32768.0), 32768) == "slower at every N"
     assert crossover_note(None) == ""
+
+
+RECURRENT = ["deltanet", "gated_deltanet", "mamba2", "mla"]
+
+
+@pytest.mark.parametrize("order", [RECURRENT, RECURRENT[::-1], ["mamba2"], ["mla", "backend-first", "deltanet"]])
+def test_recurrent_variant_styles_do_not_depend_on_draw_order(monkeypatch, order):
+    """mamba2 / deltanet / gated_deltanet / mla keep one style whatever a process draws first (``eval.recall hybrid``
+    alone meets only mamba2; ``eval.figures`` meets all four in its mqar_fig2 job first): the styles the committed
+    figures have, i.e. the extra styles in the order eval.figures handed them out."""
+    monkeypatch.setattr(plots, "_ASSIGNED", {})  # a fresh process
+    for name in order:
+        if name == "backend-first":
+            plots.backend_style("some_new_backend")  # an extra style taken by something else first
+        else:
+            plots.variant_style(name)
+    expected = {"deltanet": ("#17becf", "*"), "gated_deltanet": ("#bcbd22", "8"), "mamba2": ("#8c564b", "H"),
+                "mla": ("#e377c2", "d")}
+    for name, (color, marker) in expected.items():
+        assert plots.variant_style(name) == {"color": color, "marker": marker, "ls": "-."}, name
