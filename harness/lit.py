@@ -244,8 +244,12 @@ def _layers_diff(old: List[AttentionSpec], new: List[AttentionSpec]) -> str:
     for i, (a, b) in enumerate(zip(old, new)):
         if a == b:
             continue
-        what = ", ".join(f"{f.name} {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}" for f in fields(a)
-                         if getattr(a, f.name) != getattr(b, f.name))
+        if isinstance(a, AttentionSpec) != isinstance(b, AttentionSpec):  # an attention layer against a mixer
+            what = f"{a.label!r} -> {b.label!r}"
+        else:  # the fields of both (a variant's spec class may add some: dilated_window's dilation)
+            names = dict.fromkeys(f.name for s in (a, b) for f in fields(s))
+            what = ", ".join(f"{n} {getattr(a, n, None)!r} -> {getattr(b, n, None)!r}" for n in names
+                             if getattr(a, n, None) != getattr(b, n, None))
         if parts and parts[-1][1] == i - 1 and parts[-1][2] == what:
             parts[-1] = (parts[-1][0], i, what)
         else:

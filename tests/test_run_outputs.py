@@ -334,6 +334,25 @@ def test_ckpt_path_last_with_no_run_of_this_model_says_how_each_differs(tmp_path
     assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in msg
 
 
+def test_architecture_diff_names_fields_of_a_variant_spec_class_and_mixers():
+    """A dilated_window run (its spec class adds ``dilation``) or a mamba2 run under ``outputs/`` made
+    ``python train.py ckpt_path=last`` (flash) fail with a traceback: ``'AttentionSpec' object has no attribute
+    'dilation'`` (``'mixer'`` for a mixer layer) while the error naming how the layers differ was written."""
+    from attn_zoo.mixers import layer_to_dict, make_layer_spec
+    from attn_zoo.model import GPTConfig, ModelConfig
+    from harness.lit import architecture_diff
+
+    flash = ModelConfig(GPTConfig(n_layer=2), make_layer_spec(kind="flash"))
+    dilated = [layer_to_dict(make_layer_spec(kind="dilated_window", window_size=[15, 0], dilation=3))] * 2
+    msg = architecture_diff({"layer_specs": dilated}, flash)
+    assert "layers 0-1: kind 'dilated_window' -> 'flash', window_size (15, 0) -> None, dilation 3 -> None" in msg
+    back = architecture_diff({"layer_specs": [layer_to_dict(s) for s in flash.layers]},
+                             ModelConfig(GPTConfig(n_layer=2), make_layer_spec(**dilated[0])))
+    assert "dilation None -> 3" in back
+    mamba = [layer_to_dict(make_layer_spec(mixer="mamba2"))] * 2
+    assert "layers 0-1: 'mamba2' -> 'flash'" in architecture_diff({"layer_specs": mamba}, flash)
+
+
 def test_a_resume_on_another_seed_asks_for_seed_not_data_seed(tmp_path, monkeypatch):
     """data.seed follows the top-level seed (${seed}); a resume of a seed=1 run from a seed=0 launch said "pass its
     values (data.seed=1)", and following it resumed with seed=0 recorded in final_metrics.json's result_config while
