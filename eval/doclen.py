@@ -418,8 +418,16 @@ def main(argv=None):
                      f"model only)")
     if (a.c0 is None or a.c2 is None or a.c_lin is None) and not os.path.exists(a.kernel_csv):
         ap.error(f"--kernel-csv {a.kernel_csv} does not exist (or pass --c0, --c2 and --c-lin)")
-    fit = fit_costs(a.kernel_csv, fit_min_seq_len=a.fit_min_seq_len) if os.path.exists(a.kernel_csv) else {}
     over = {k: v for k, v in (("c0", a.c0), ("c2", a.c2), ("c_lin", a.c_lin)) if v is not None}
+    fit = {}
+    if os.path.exists(a.kernel_csv):
+        try:
+            fit = fit_costs(a.kernel_csv, fit_min_seq_len=a.fit_min_seq_len)
+        except ValueError as e:  # not a GPU sweep of our kernels (a CPU sweep has no triton rows), or too few points
+            if len(over) < 3:
+                ap.error(f"--kernel-csv {a.kernel_csv}: {e}; pass an eval.sweep kernel.csv with flash/triton and "
+                         f"linear/triton rows (head_dim 128, causal), a smaller --fit-min-seq-len, or --c0, --c2 "
+                         f"and --c-lin")
     if over:
         fit.update(over)
         fit["source"] = fit.get("source", "") + f"; overridden on the command line: {over}"

@@ -163,6 +163,9 @@ def test_quality_cli_bad_value_is_the_message_alone(tmp_path):
     (["--tokens", "0"], r"argument --tokens: 0: must be an integer >= 1"),
     (["--means", "0"], r"argument --means: 0: must be a number > 0"),
     (["--time-budget-s", "nan"], r"argument --time-budget-s: nan: must be a number > 0"),
+    # were a ValueError traceback from fit_costs: a file without our GPU kernels' rows (a CPU sweep), too few points
+    (["--kernel-csv", "README.md"], r"--kernel-csv README.md: exact=.*fewer than two .*or --c0, --c2 and --c-lin"),
+    (["--fit-min-seq-len", "1e9"], r"--kernel-csv .*kernel.csv: exact=.*fit_min_seq_len=1000000000.0"),
 ])
 def test_doclen_refuses_bad_numbers_naming_the_option(tmp_path, capsys, args, want):
     from eval import doclen
