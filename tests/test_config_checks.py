@@ -142,3 +142,14 @@ def test_the_shared_mqar_recipe_is_not_offered_as_an_experiment(tmp_path):
     for exp in ("mqar_recall", "mqar_fig2", "mqar_old_recipe", "mqar_window_cliff", "mqar_hybrid", "mqar_ablation"):
         cfg = make_cfg(tmp_path, [f"experiment={exp}"])
         assert cfg.trainer.accelerator == "gpu" and cfg.data.max_memory_gb == 16, exp  # mqar_base's values
+
+
+def test_cfg_hydra_resolve_prints_the_hydra_config(tmp_path):
+    """``python train.py --cfg hydra --resolve`` failed with a traceback (InterpolationKeyError: 'ckpt_path' not
+    found): Hydra resolves the hydra node alone, and hydra.run.dir / hydra.output_subdir read the job's ckpt_path and
+    skip_finished. They read them through oc.select now, with the defaults of conf/train.yaml."""
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--cfg", "hydra", "--resolve"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "  output_subdir: .hydra" in r.stdout and "    dir: outputs/" in r.stdout
+    assert not (tmp_path / "outputs").exists(), "printing the config made a run folder"
