@@ -782,6 +782,11 @@ def check_plots_config(cfg: dict) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised through the CLI
+    import sys
+
     from eval import hydra_cli
 
+    # one module: eval.figspec.to_png and eval.quality import eval.plots (FORMATS, set by set_formats), which would
+    # otherwise be a second copy of this file, with the default formats
+    sys.modules.setdefault("eval.plots", sys.modules[__name__])
     hydra_cli("plots", main_from_cfg)

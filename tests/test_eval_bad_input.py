@@ -99,6 +99,17 @@ def test_plots_cli_exits_non_zero_with_the_message(tmp_path):
     assert r.returncode != 0 and "results_dir=/nonexistent: no such directory" in r.stderr
 
 
+def test_plots_cli_writes_the_formats_asked_for(tmp_path):
+    """``python -m eval.plots ... 'formats=[png]'`` (docs/crossover.md's command) wrote .svg files too: set_formats set
+    the FORMATS of the ``__main__`` copy of eval/plots.py, and eval.figspec.to_png read eval.plots' (png, svg)."""
+    figs = tmp_path / "figs"
+    r = _cli("eval.plots", f"quality_csv={ROOT}/results/cpu/crossover_quality/quality.csv", f"figures_dir={figs}",
+             "formats=[png]", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    written = sorted(p.suffix for p in figs.iterdir())
+    assert written and set(written) == {".png"}, written
+
+
 # ------------------------------------------------------------------------------------------------ eval.quality
 def _quality_runs(root):
     from test_eval_pipeline import _fake_run  # as pytest named it: a second copy re-registers its backends
