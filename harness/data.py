@@ -350,6 +350,11 @@ class TextDataModule(L.LightningDataModule):
         if self.val_path is not None:  # a separate validation file: the whole data.path trains
             train, val = self.load_tokens(), self.load_tokens(self._paths(self.val_path))
             limit = max_text_seq_len(train.numel(), val.numel(), self.batch_size)
+            if limit < 1:
+                raise ValueError(
+                    f"these files are too small to train: no data.seq_len fills one batch of "
+                    f"data.batch_size={self.batch_size} windows in data.path ({train.numel()} tokens) and one window "
+                    f"in data.val_path ({val.numel()} tokens); pass larger files")
             if self.seq_len > limit:
                 raise ValueError(
                     f"data.seq_len={self.seq_len} is too long for these files: the longest data.seq_len they can "
@@ -453,6 +458,15 @@ class TextDataModule(L.LightningDataModule):
         tr = pack_documents(train_docs, self.seq_len, self.eos)
         va = pack_documents(val_docs, self.seq_len, self.eos)
         n_tr, n_va = tr["tokens"].shape[0], va["tokens"].shape[0]
+        n_tr_tokens, n_va_tokens = (d["tokens_kept"] + d["tokens_dropped"] for d in (tr, va))
+        if n_tr_tokens // 2 < self.batch_size or n_va_tokens < 2:  # not even rows of 2 tokens (data.seq_len=1) fill
+            val_only = self.val_path is not None and n_tr_tokens // 2 >= self.batch_size
+            short = f"data.val_path={self.val_path!r}" if val_only else f"data.path={what!r}"
+            raise ValueError(
+                f"{short} is too small to train packed (data.pack=true): no data.seq_len fills one batch of "
+                f"data.batch_size={self.batch_size} rows in the train split ({len(train_docs)} documents, "
+                f"{n_tr_tokens} tokens) and one row in the validation split ({val_key}, {len(val_docs)} documents, "
+                f"{n_va_tokens} tokens); pass a larger corpus")
         if n_tr < self.batch_size or n_va < 1:
             raise ValueError(
                 f"data.seq_len={self.seq_len} is too long for this corpus packed (data.pack=true): the train split "

@@ -256,6 +256,29 @@ def test_text_file_that_cannot_train_names_data_path(tmp_path, content, match):
         dm.setup("fit")
 
 
+@pytest.mark.parametrize("train, val, kw, match", [
+    (b"ok text " * 100, b"", {}, r"these files are too small to train: .*data.val_path \(0 tokens\); pass larger files"),
+    (b"", None, dict(pack=True), r"data.path=.* is too small to train packed .*0 tokens.*pass a larger corpus"),
+    (b"\n\n\n\n", None, dict(pack=True), r"data.path=.* is too small to train packed .*0 documents, 0 tokens"),
+    (b"ok text " * 100, b"", dict(pack=True), r"data.val_path=.* is too small to train packed .*pass a larger corpus"),
+], ids=["empty_val_path", "packed_empty", "packed_blank_lines", "packed_empty_val_path"])
+def test_files_too_small_for_any_seq_len_say_so(tmp_path, train, val, kw, match):
+    """With data.val_path, an empty validation file said "the longest data.seq_len they can train is 0 ... pass
+    data.seq_len<=1"; packed (data.pack=true), an empty corpus said "pass a smaller data.seq_len". No seq_len trains
+    on these files: the error says the file is too small."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(train)
+    val_path = None
+    if val is not None:
+        val_path = tmp_path / "val.txt"
+        val_path.write_bytes(val)
+    dm = TextDataModule(path=str(path), seq_len=32, batch_size=4, val_path=str(val_path) if val_path else None,
+                        cache_dir=str(tmp_path / "cache"), **kw)
+    with pytest.raises(ValueError, match=match) as e:
+        dm.setup("fit")
+    assert "seq_len<=" not in str(e.value) and "smaller data.seq_len" not in str(e.value)
+
+
 def test_mqar_random_non_queries_must_be_a_bool():
     """data.random_non_queries=maybe counted as true."""
     with pytest.raises(ValueError, match=r"data.random_non_queries must be true or false, got 'maybe'"):
