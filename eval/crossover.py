@@ -323,6 +323,11 @@ def run(cfg: dict) -> Dict[str, object]:
         check_config(cfg)
     sw = dict(cfg["sweep"])
     out_dir = cfg.get("out_dir") or os.path.join("results", sw.get("name", "sweep"))
+    if not cfg.get("run_sweep", True) and not any(os.path.isfile(os.path.join(out_dir, f))
+                                                  for f in ("kernel.csv", "model.csv")):
+        with config_errors():  # re-analysis of nothing: it wrote empty tables and 0 figures, and exited 0
+            raise ValueError(f"run_sweep=false: out_dir={out_dir} holds no kernel.csv or model.csv to analyse; pass "
+                             f"the out_dir of a finished sweep, or run_sweep=true to measure")
     os.makedirs(out_dir, exist_ok=True)
     env = env_info(date=cfg.get("date"))
     env_path = os.path.join(out_dir, "env.json")

@@ -57,6 +57,16 @@ def test_crossover_refuses_bad_settings_before_measuring(tmp_path, change, want)
     assert not out.exists()
 
 
+def test_crossover_without_sweep_refuses_an_out_dir_with_no_results(tmp_path):
+    """``run_sweep=false`` on an out_dir without kernel.csv / model.csv wrote empty crossover tables, drew 0 figures,
+    named a kernel.csv that was not there and exited 0."""
+    out = tmp_path / "res"
+    cfg = {"sweep": TINY, "out_dir": str(out), "run_sweep": False, "progress": False, "wandb": {"enabled": False}}
+    with pytest.raises(_config_error(), match=r"run_sweep=false: out_dir=.*res holds no kernel.csv or model.csv"):
+        crossover_run(cfg)
+    assert not out.exists()
+
+
 def test_crossover_cli_prints_the_message_alone(tmp_path):
     r = _cli("eval.crossover", "sweep=cpu_tiny", f"out_dir={tmp_path / 'res'}", "compare=bst", "sweep.backends=[torch]",
              cwd=tmp_path)
