@@ -732,6 +732,12 @@ def main(cfg: DictConfig) -> Optional[float]:
     # on to StopAt.on_train_start, where all ranks decide together: no rank waits for one that left)
     alone = "LOCAL_RANK" not in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1
     if stop_at is not None and alone and time.time() >= float(stop_at):
+        mode = HydraConfig.get().mode if HydraConfig.initialized() else None
+        if getattr(mode, "name", str(mode)) == "RUN":  # a single run that does nothing must not exit 0
+            with config_errors():
+                raise ValueError(f"stop_at={stop_at}: that time passed {time.time() - float(stop_at):.0f} s ago, so "
+                                 f"this run would not start; pass a later stop_at (e.g. stop_at=$(( $(date +%s) + "
+                                 f"540 ))) or none")
         log.warning(f"stop_at={stop_at}: that time passed {time.time() - float(stop_at):.0f} s ago; "
                     f"{cfg.paths.output_dir} not started")
         mark_not_started(cfg.paths.output_dir, stop_at)

@@ -141,6 +141,16 @@ def test_a_stopped_multirun_job_is_told_to_rerun_with_skip_finished_and_its_swee
     assert f"run the same command again with skip_finished=true and hydra.sweep.dir={tmp_path / 'sweep'}" in hint
 
 
+def test_a_single_run_with_a_passed_stop_at_fails_instead_of_doing_nothing(tmp_path):
+    """A single run (no -m) with stop_at in the past exited 0, trained nothing and left outputs/<date>/<time>/ with a
+    not_started.json (what a multirun job records for its summary). It is refused now, the message alone, and leaves
+    no folder; a multirun's jobs are still marked not started (test_resume_unfinished.py)."""
+    r = _cli(tmp_path, *SHORT, f"stop_at={time.time() - 60:.0f}")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "s ago, so this run would not start; pass a later stop_at" in r.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
 # ------------------------------------------------------------------------------------------ 3: skip_finished
 def test_skip_finished_on_a_new_single_run_warns_what_it_is_for(tmp_path):
     r = _cli(tmp_path, *SHORT, "skip_finished=true")
