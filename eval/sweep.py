@@ -1092,7 +1092,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=None, help="wall-clock budget of this call (overrides the "
                                                                      "config's deadline_s; resume finishes later)")
     a = ap.parse_args(argv)
-    cfg = load_config(a.config)
+    if not os.path.isfile(a.config):
+        ap.error(f"--config {a.config}: no such file (a sweep YAML, e.g. eval/conf/sweep/cpu_tiny.yaml)")
+    try:
+        cfg = load_config(a.config)
+    except Exception as e:  # noqa: BLE001 - yaml's parse errors: not a sweep YAML
+        ap.error(f"--config {a.config}: not a YAML file ({type(e).__name__}: {e})")
+    if not isinstance(cfg, dict):
+        ap.error(f"--config {a.config}: not a sweep config (a YAML mapping of seq_lens, variants, backends, ...)")
     if a.variants:
         names = [v.strip() for v in a.variants.split(",") if v.strip()]
         bad = [v for v in names if v not in (cfg.get("variants") or {})]
@@ -1103,6 +1110,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg["deadline_s"] = a.deadline_s
     if a.plugins:
         cfg["plugins"] = list(_as_list(cfg.get("plugins") or [])) + [m for m in a.plugins.split(",") if m.strip()]
+    try:  # bad values, plugins that do not import: the message alone, before anything is written
+        check_sweep_config(cfg)
+        if cfg.get("model_sweep") and cfg["model_sweep"].get("enabled", True):
+            check_model_sweep_config(dict(cfg["model_sweep"], plugins=cfg["model_sweep"].get("plugins",
+                                                                                            cfg.get("plugins"))))
+    except (ValueError, ImportError) as e:
+        ap.error(f"--config {a.config}: {e}")
     os.makedirs(a.out, exist_ok=True)
     try:
         rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,

@@ -201,6 +201,29 @@ def test_doclen_refuses_bad_numbers_naming_the_option(tmp_path, capsys, args, wa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("config,extra,want", [
+    ("/nope.yaml", [], r"--config /nope.yaml: no such file"),  # was FileNotFoundError
+    ("README.md", [], r"--config README.md: not a YAML file"),  # was a yaml ScannerError
+    ("BAD", [], r"--config .*bad.yaml: seq_lens=\[0\]: must be a non-empty list of integers >= 1"),  # ValueError
+    ("eval/conf/sweep/cpu_tiny.yaml", ["--plugins", "no_such_module"],
+     r"--config .*: plugins: cannot import 'no_such_module'"),  # ImportError
+])
+def test_sweep_cli_refuses_bad_configs_without_a_traceback(tmp_path, capsys, config, extra, want):
+    """``python -m eval.sweep`` (the sweep without Hydra) ended in a traceback for a missing or unreadable
+    ``--config``, a bad value in it or a plugin that does not import; the last two after making ``--out``."""
+    import re
+
+    from eval import sweep
+
+    (tmp_path / "bad.yaml").write_text("name: x\nseq_lens: [0]\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--config", str(tmp_path / "bad.yaml") if config == "BAD" else config, "--out", str(out), *extra])
+    assert e.value.code == 2
+    assert re.search(want, capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_report_refuses_a_directory_as_out(tmp_path, capsys):
     """``eval.report --out <a directory>`` raised IsADirectoryError (after building the page); missing parent
     directories of a file path are still created."""
