@@ -94,6 +94,11 @@ case $call in
     timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
       --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
     grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
+    # the Gluon backward on the block-sparse layouts' own tables (by name until timed: ours_gluon_dq is two consumers
+    # and the Gluon dQ) against the default (Triton backward) and Flex+FA4
+    timeout -k 5 100 python3 -m eval.bench_flash --out "$W" --tag sparse_bwd --variants bigbird,strided --N 4096,16384 \
+      --D 128 --impls ours,ours_gluon_dq,flex_fa4 --rounds 3 --check --time-budget-s 90 > "$W/sparse_bwd.log" 2>&1
+    b sparse_bwd $?; grep -E "^ *(bigbird|strided) " "$W/sparse_bwd.log" | cut -c1-170
     timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag where_fa4 --cases causal:16384:128,win1024:16384:128 \
       --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1; b where_fa4 $?
     grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160

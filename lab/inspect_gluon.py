@@ -148,7 +148,8 @@ MASKS = {"full": (False, False, False), "causal": (False, True, False), "window"
 ``window`` a sliding window with a causal right edge, ``window_full`` a left edge only, ``right`` a right edge only
 (compiles as ``causal``: the edge is a runtime value), ``docs`` causal packed documents, ``docs_full`` documents
 alone, ``window_docs`` both; ``sparse`` / ``sparse_full`` a block-sparse table (``SPARSE``), causal / not (the
-forward only). Kernels with a ``CAUSAL`` constexpr take ``full`` / ``causal`` only."""
+forward, the two-consumer dK / dV and the dQ kernels). Kernels with a ``CAUSAL`` constexpr take ``full`` / ``causal``
+only."""
 SPARSE_MASKS = ("sparse", "sparse_full")
 
 
@@ -201,12 +202,14 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
     ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
             "offset", "group", "lse_stride")
     types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
-                 sm_scale="fp32", Doc="*i32", win_left="i32", win_right="i32", **{n: "i32" for n in ints})
+                 sm_scale="fp32", Doc="*i32", win_left="i32", win_right="i32", QIdx="*i32", QCnt="*i32",
+                 QNfull="*i32", stride_tbl="i32", **{n: "i32" for n in ints})
     const = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma, num_warps=warps)
     if consumers == 1:
         const.update(CAUSAL=mask == "causal", WRITE_DQ=write_dq)
     else:
-        const.update(HAS_LEFT=has_left, HAS_RIGHT=has_right, DOCS=docs, PINGPONG=pingpong)
+        const.update(HAS_LEFT=has_left, HAS_RIGHT=has_right, DOCS=docs, PINGPONG=pingpong,
+                     SPARSE=mask in SPARSE_MASKS)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -238,9 +241,11 @@ def compile_dq_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages
         lay = nvmma_layout([1, 1, rows, D], gdt)
         types[name] = f"tensordesc<{dtype}[1, 1, {rows}, {D}],{lay!r}>"
     types.update(Lse2="*fp32", Delta="*fp32", DQ=f"*{dtype}", Doc="*i32", qk_scale="fp32", sm_scale="fp32",
+                 KvIdx="*i32", KvCnt="*i32", KvNfull="*i32", stride_tbl="i32",
                  **{n: "i32" for n in ("stride_qb", "stride_qh", "stride_qn", "Hq", "Nq", "Nk", "offset", "group")
                     + BAND_INTS})
-    const = dict(**mask_flags(mask), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps)
+    const = dict(**mask_flags(mask), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps,
+                 SPARSE=mask in SPARSE_MASKS)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -288,8 +293,8 @@ def main():
                         band = impl not in BWD_IMPLS or BWD_IMPLS[impl][1] == 2  # (forward, dQ, two-consumer dK / dV)
                         if mask not in ("full", "causal") and not band:
                             continue  # (a kernel with the CAUSAL constexpr: no band masks)
-                        if mask in SPARSE_MASKS and impl in BWD_IMPLS or mask in SPARSE_MASKS and impl == "gluon_bwd_dq":
-                            continue  # (block-sparse tables: the forward only)
+                        if mask in SPARSE_MASKS and impl in BWD_IMPLS and BWD_IMPLS[impl][1] != 2:
+                            continue  # (block-sparse tables: the forward, the two-consumer dK / dV and the dQ kernels)
                         try:
                             if impl == "gluon_bwd_dq":
                                 r = compile_dq_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,

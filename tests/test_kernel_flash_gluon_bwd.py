@@ -288,10 +288,11 @@ def test_flash_attn_bwd_dispatches_to_gluon(monkeypatch):
     "triton" neither is called."""
     q, k, v, do = _qkv(1, 4, 2, 32, 48, 64, device="cpu")
     seen = []
-    monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs, cfg: seen.append(
+    monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs, cfg, lay_bs=0: seen.append(
         ("check", wl, wr, lay, dil, docs, cfg)) or wr == 0)
     monkeypatch.setattr(G, "gluon_flash_bwd", lambda do_, q_, k_, v_, o_, l_, scale, wl, wr, dlse, like, config,
-                        documents: seen.append(("run", scale, wl, wr, dlse, like, config, documents)) or ("dq", "dk", "dv"))
+                        documents, layout=None, layout_bs=0: seen.append(
+                            ("run", scale, wl, wr, dlse, like, config, documents)) or ("dq", "dk", "dv"))
     lse = torch.zeros(1, 4, 32)
     dlse = torch.ones(1, 4, 32)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
@@ -434,7 +435,8 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     assert (bm, bn, warps) == (64, 128, 4) and grid == (-(-Nk // bn), B * Hkv)
     assert "WRITE_DQ" not in kw and kw["PINGPONG"] is pingpong and kw["num_warps"] == 4 and "CAUSAL" not in kw
     assert (kw["HAS_LEFT"], kw["HAS_RIGHT"], kw["DOCS"]) == (False, causal, False)
-    assert args[11].dtype == torch.int32 and tuple(args[-2:]) == (0, 0)  # Doc: a placeholder; win_left / win_right
+    assert args[11].dtype == torch.int32 and tuple(args[-6:-4]) == (0, 0)  # Doc: a placeholder; win_left / win_right
+    assert kw["SPARSE"] is False and all(a is args[11] for a in args[-4:-1]) and args[-1] == 0  # (no block table)
     assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"], kw["HEAD_D"]) == (bm, bn, stages, D)
     assert args[6] is args[8]  # no dQ buffer
     assert (dk == 1).all() and (dv == 2).all()
@@ -444,11 +446,12 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     # and the WRITE_DQ / PINGPONG constexprs
     G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=cfg.replace(gluon_bwd_consumers=1))
     grid1, args1, kw1 = kern.calls[-1]
-    assert grid1 == grid and len(args1) == len(args) - 3 and kw1["WRITE_DQ"] is False and kw1["num_warps"] == 8
-    assert tuple(args1[11:]) == tuple(args[12:-2]) and kw1["CAUSAL"] is causal  # strides, sizes, scales
+    assert grid1 == grid and len(args1) == len(args) - 7 and kw1["WRITE_DQ"] is False and kw1["num_warps"] == 8
+    assert tuple(args1[11:]) == tuple(args[12:-6]) and kw1["CAUSAL"] is causal  # strides, sizes, scales
     assert [type(a) for a in args1[:11]] == [type(a) for a in args[:11]]  # descriptors, buffers, dK, dV
     assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL")} == \
-        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps", "HAS_LEFT", "HAS_RIGHT", "DOCS")}
+        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps", "HAS_LEFT", "HAS_RIGHT", "DOCS",
+                                                         "SPARSE")}
     for bad in (SimpleNamespace(gluon_bwd_dq="atomic", gluon_bwd_consumers=2),
                 SimpleNamespace(gluon_bwd_dq="triton", gluon_bwd_consumers=3)):
         with pytest.raises(ValueError, match=rf"gluon_bwd_consumers={bad.gluon_bwd_consumers} is not supported with "
@@ -483,13 +486,14 @@ def test_gluon_flash_bwd_gluon_dq_dispatch(monkeypatch, causal, consumers):
     bm, bn, stages, warps = G.gluon_bwd_dq_tiles(D)
     assert grid == (-(-Nq // bm), B * Hq) and (bm, warps) == (128, 4)
     assert kw == dict(HAS_LEFT=False, HAS_RIGHT=causal, DOCS=False, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=stages,
-                      num_warps=warps)
+                      num_warps=warps, SPARSE=False)
     assert args[4] is dargs[7] and args[5] is dargs[8]  # lse2, delta: the preprocess's (B, Hq, Nq) buffers
     torch.testing.assert_close(args[4], lse * 1.4426950408889634)
     assert args[6] is dq and tuple(args[7:10]) == dq.stride()[:3]
     assert tuple(args[10:15]) == (Hq, Nq, Nk, Nk - Nq, Hq // Hkv)
     assert args[15] == pytest.approx(scale * 1.4426950408889634) and args[16] == scale
     assert tuple(args[17:19]) == (0, 0) and args[19].dtype == torch.int32  # windows (none), the Doc placeholder
+    assert all(a is args[19] for a in args[20:23]) and args[23] == 0 and len(args) == 24  # (no block table)
     for i, t, rows in ((0, q, bm), (1, k, bn), (2, v, bn), (3, do, bm)):
         base, shape, strides, block, _ = descs[args[i][1]]
         assert base.data_ptr() == t.data_ptr() and shape == list(t.shape) and block == [1, 1, rows, D]

@@ -1,8 +1,9 @@
 """Gluon (``triton.experimental.gluon``) forward kernel for Hopper (sm_90a): exact attention under band masks (dense,
 causal, sliding windows with a left and / or right edge, packed documents; see "band masks" below) and block-sparse
-layouts of whole tiles (``SPARSE``: the key tiles of a block-table row) with GQA, D in {64, 128}, fp16 / bf16. Imported lazily by :mod:`kernels.flash.gluon` (only when a call runs
-``fwd_impl="gluon_ws3a"`` / ``"gluon_ws3b"``, explicitly or through ``"auto"``): this module needs Gluon's Hopper
-API as triton 3.6 spells it, so importing it elsewhere (CI's triton) is never required.
+layouts of whole tiles (``SPARSE``: the tiles of a block-table row) with GQA, D in {64, 128}, fp16 / bf16; and the
+backward's dK / dV and dQ kernels under the same masks. Imported lazily by :mod:`kernels.flash.gluon` (only when a
+call runs ``fwd_impl="gluon_ws3a"`` / ``"gluon_ws3b"``, explicitly or through ``"auto"``): this module needs Gluon's
+Hopper API as triton 3.6 spells it, so importing it elsewhere (CI's triton) is never required.
 
 One kernel, ``_gl_fwd_ws3_kernel`` (FA3's layout and consumer schedule, described above it): per program one query
 tile of ``BLOCK_M = 128`` rows of one (batch, query head), split between two 1-warpgroup consumer partitions of 64
@@ -581,18 +582,19 @@ def _bwd_q_range(start_n, Nq, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexp
 
 @gluon.jit
 def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-                  delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo, cnt,
-                  STAGES: gl.constexpr, BLOCK_M: gl.constexpr, LSE_TMA: gl.constexpr):
+                  delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo, cnt, Row,
+                  SPARSE: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, LSE_TMA: gl.constexpr):
     """Producer partition (1 warp): K and V once, then the (Q, dO) tile (and with ``LSE_TMA`` its lse2 / delta
-    rows) of every (query head of the group, visited query tile), in the consumer's order; a slot is refilled once
-    the consumer released the tile ``STAGES`` back."""
+    rows) of every (query head of the group, visited query tile: ``m_lo + [0, cnt)``, or with ``SPARSE`` the
+    block-table row ``Row``'s), in the consumer's order; a slot is refilled once the consumer released the tile
+    ``STAGES`` back."""
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
     nbytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     for i in range(0, group * cnt):
         h = hk * group + i // cnt
-        start_m = (m_lo + i % cnt) * BLOCK_M
+        start_m = _key_tile(m_lo, i % cnt, Row, SPARSE) * BLOCK_M  # (the row's query tile with SPARSE)
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
         if LSE_TMA:
@@ -759,7 +761,7 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
                           BLOCK_M, BLOCK_N, HEAD_D, STAGES, WRITE_DQ, LSE_TMA, num_warps)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
-                          cnt, STAGES, BLOCK_M, LSE_TMA))],
+                          cnt, 0, False, STAGES, BLOCK_M, LSE_TMA))],
         [1], [24])
 
 
@@ -813,14 +815,16 @@ def _key_row_span(keys, Nq, Nk, offset, win_left, win_right, KLob, KHib, HAS_LEF
 @gluon.jit
 def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, my_turn, other_turn,
                    Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk,
-                   group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, qk_scale, sm_scale,
-                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr,
-                   WG: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                   group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row, qk_scale,
+                   sm_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                   SPARSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                   STAGES: gl.constexpr, LSE_TMA: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+                   num_warps: gl.constexpr):
     """Consumer ``WG`` (0 or 1, one warpgroup) of ``_gl_bwd_dkdv2_kernel``: key rows ``[start_n + WG * BLOCK_N, +
     BLOCK_N)`` (``BLOCK_N``: the consumer's rows, half the program's) against the ring's slots (query tiles ``[m_lo,
-    m_lo + cnt)`` of each query head of the group, in the producer's order), computing those its keys see, then
-    ``dK * sm_scale`` / ``dV`` stored (rows < Nk)."""
+    m_lo + cnt)`` of each query head of the group, in the producer's order; with ``SPARSE`` the block-table row
+    ``Row``'s ``cnt`` tiles, its first ``nfull`` full), computing those its keys see, then ``dK * sm_scale`` / ``dV``
+    stored (rows < Nk)."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
@@ -830,7 +834,12 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query column (replicated over keys)
     start_w = start_n + WG * BLOCK_N
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (read with DOCS only)
-    if HAS_LEFT or HAS_RIGHT or DOCS:
+    if SPARSE:  # every tile of the row (the band's element rule inside the partial ones: positions >= nfull)
+        lo_w = m_lo * 0
+        hi_w = lo_w + cnt
+        flo_w = lo_w
+        fhi_w = nfull
+    elif HAS_LEFT or HAS_RIGHT or DOCS:
         # this consumer's query tiles [lo_w, hi_w), full ones [flo_w, fhi_w) (start clamped below Nk so the document
         # spans are read in range; a consumer whose keys all lie past Nk computes nothing)
         lo_w, hi_w, flo_w, fhi_w = _band_q_range(gl.minimum(start_w, Nk - 1), Nq, Nk, offset, win_left, win_right,
@@ -855,8 +864,8 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
     mbarrier.wait(kv_bar, 0)  # also when no tile is visited: the program must not exit with the copy in flight
     for i in range(0, group * cnt):
         h = hk * group + i // cnt
-        t = m_lo + i % cnt
-        start_m = t * BLOCK_M
+        t = m_lo + i % cnt  # (with SPARSE: the position in the table row, tested against [0, nfull))
+        start_m = _key_tile(m_lo, i % cnt, Row, SPARSE) * BLOCK_M
         row0 = (b * Hq + h).to(gl.int64) * Nq
         slot = i % STAGES
         _pp_wait(my_turn, i, WG, PINGPONG)
@@ -912,27 +921,44 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
 def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, Lse2, Delta, DK, DV, Doc,
                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                          Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale, win_left, win_right,
+                         QIdx, QCnt, QNfull, stride_tbl,
                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr,
-                         num_warps: gl.constexpr, PINGPONG: gl.constexpr = False):
+                         num_warps: gl.constexpr, PINGPONG: gl.constexpr = False, SPARSE: gl.constexpr = False):
     """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` / ``"gluon"`` and ``gluon_bwd_consumers=2``: the
     arguments of ``_gl_bwd_kernel`` (``DQA`` never read), dK / dV only, plus the mask: ``win_left`` / ``win_right``
     (>= 0; read with ``HAS_LEFT`` / ``HAS_RIGHT``; causal is ``HAS_RIGHT`` with ``win_right = 0``) and ``Doc`` the
     int32 document table ``(B, 3 * Nq + 3 * Nk)`` of kernels.flash.documents (read with ``DOCS`` only, else any
     pointer). ``BLOCK_N`` the program's key rows (even: two consumers of ``BLOCK_N // 2``), ``num_warps = 4`` (the
     default partition is consumer 0; a 4-warp worker consumer 1 and a 1-warp producer follow). Grid ``(cdiv(Nk,
-    BLOCK_N), B * Hkv)``."""
+    BLOCK_N), B * Hkv)``.
+
+    ``SPARSE`` (a block-sparse layout whose blocks are whole ``BLOCK_M x BLOCK_N`` tiles; not with ``DOCS``):
+    program ``(r, bhk)`` runs row ``r`` of the key-tile table ``QIdx (n_k_tiles, stride_tbl)`` of
+    :func:`kernels.flash.sparse.layout_tables` (``keys=True``: column 0 its key tile, then ``QCnt[r]`` visited query
+    tiles, the ``QNfull[r]`` full ones first), the band mask applying inside the partial ones; never read
+    otherwise."""
     dtype: gl.constexpr = q_desc.dtype
     HALF: gl.constexpr = BLOCK_N // 2
-    start_n = gl.program_id(0) * BLOCK_N  # (causal: low key tiles have the most query tiles: heaviest first)
     bhk = gl.program_id(1)
     b = bhk // Hkv
     hk = bhk % Hkv
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (read with DOCS only)
-    lo, hi, flo, fhi = _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHib, HAS_LEFT,
-                                     HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
-    m_lo = lo  # the query tiles [lo, hi) of every query head of the group stream through the ring
-    cnt = hi - lo
+    if SPARSE:  # table rows in schedule order (heaviest first)
+        r = gl.program_id(0)
+        Row = QIdx + r * stride_tbl
+        start_n = gl.load(Row) * BLOCK_N
+        m_lo = 0
+        cnt = gl.load(QCnt + r)
+        nfull = gl.load(QNfull + r)
+    else:
+        Row = QIdx
+        start_n = gl.program_id(0) * BLOCK_N  # (causal: low key tiles have the most query tiles: heaviest first)
+        lo, hi, flo, fhi = _band_q_range(start_n, Nq, Nk, offset, win_left, win_right, DocKb, KLob, KHib, HAS_LEFT,
+                                         HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+        m_lo = lo  # the query tiles [lo, hi) of every query head of the group stream through the ring
+        cnt = hi - lo
+        nfull = cnt
     k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -959,17 +985,17 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     gl.warp_specialize(
         [(_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn0, turn1,
                            Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                           b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, qk_scale,
-                           sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, HEAD_D, STAGES, LSE_TMA, 0, PINGPONG,
-                           num_warps)),
+                           b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row,
+                           qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, HALF, HEAD_D, STAGES,
+                           LSE_TMA, 0, PINGPONG, num_warps)),
          (_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn1, turn0,
                            Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                           b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, qk_scale,
-                           sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, HEAD_D, STAGES, LSE_TMA, 1, PINGPONG,
-                           4)),
+                           b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row,
+                           qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, HALF, HEAD_D, STAGES,
+                           LSE_TMA, 1, PINGPONG, 4)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
-                          cnt, STAGES, BLOCK_M, LSE_TMA))],
+                          cnt, Row, SPARSE, STAGES, BLOCK_M, LSE_TMA))],
         [4, 1], [240, 24])
 
 
@@ -1001,24 +1027,25 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
 
 @gluon.jit
 def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
-                 v_empty, b, h, hk, start_m, lo, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+                 v_empty, b, h, hk, start_m, lo, n_tiles, Row, SPARSE: gl.constexpr, STAGES: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
     """Producer partition (1 warp) of ``_gl_bwd_dq_kernel``: Q and dO once (one barrier), then the K / V rings
-    (key tiles ``lo + [0, n_tiles)``)."""
+    (key tiles ``lo + [0, n_tiles)``, or with ``SPARSE`` the block-table row ``Row``'s)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
-    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, 0, False,
+    _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, Row, SPARSE,
                   STAGES, BLOCK_N)
 
 
 @gluon.jit
-def _dq_probs(s, lse2, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
+def _dq_probs(s, lse2, t, tp, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexpr, DOCS: gl.constexpr,
               BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """``P = exp2(S * qk_scale - lse2)`` of key tile ``t`` (fp32, wgmma layout) against rows whose visible key spans
-    are ``[first, last]`` (:func:`_row_span`), zero where masked (:func:`_span_ok`, on tiles outside the full band
-    ``[flo, fhi)`` only)."""
+    are ``[first, last]`` (:func:`_row_span`), zero where masked (:func:`_span_ok`, only where ``tp`` lies outside
+    ``[flo, fhi)``: ``tp`` is ``t`` for band masks, the round for a block-sparse table row, :func:`_full_pos`)."""
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-    if _partial_tile(t, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
+    if _partial_tile(tp, flo, fhi, HAS_LEFT, DOCS):  # band edge / diagonal / document boundary / ragged end
         cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         p = gl.where(_span_ok(cols, first, last, HAS_LEFT, DOCS), p, 0.0)
     return p
@@ -1026,14 +1053,16 @@ def _dq_probs(s, lse2, t, flo, fhi, first, last, qk_scale, HAS_LEFT: gl.constexp
 
 @gluon.jit
 def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, Lse2, Delta, DQ, stride_qb,
-                 stride_qh, stride_qn, Doc, b, h, bh, start_m, lo, n_tiles, Nq, Nk, offset, qk_scale, sm_scale,
-                 win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                 stride_qh, stride_qn, Doc, b, h, bh, start_m, lo, n_tiles, nfull, Row, Nq, Nk, offset, qk_scale,
+                 sm_scale, win_left, win_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                 SPARSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                  STAGES: gl.constexpr, num_warps: gl.constexpr):
     """One consumer (one warpgroup) of ``_gl_bwd_dq_kernel``: ``BLOCK_M`` query rows from ``start_m`` (``q2`` /
     ``do2`` their Q / dO rows in shared memory) against key tiles ``lo + [0, n_w)``, the prefix of the program's
     ``lo + [0, n_tiles)`` its rows reach (the schedule above; ring position ``j`` holds tile ``lo + j``), then ``dQ *
-    sm_scale`` stored (rows < Nq) at DQ's strides (unit last stride)."""
+    sm_scale`` stored (rows < Nq) at DQ's strides (unit last stride). With ``SPARSE`` the key tiles are the block-table
+    row ``Row``'s ``n_tiles`` (its first ``nfull`` full), all of them computed (the band's element rule inside the
+    partial ones)."""
     dtype: gl.constexpr = q2.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])  # (BLOCK_M, BLOCK_N)
@@ -1043,9 +1072,14 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
     # this consumer's rows' key tiles (from a row < Nq: the range reads the document table at its first row)
-    lo_w, hi_w, flo, fhi = _band_kv_range(gl.minimum(start_m, Nq - 1), Nq, Nk, offset, win_left, win_right, DocQb,
-                                          QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
-    n_w = gl.minimum(gl.maximum(hi_w - lo, 0), n_tiles)  # the prefix [lo, hi_w) of the program's range
+    if SPARSE:
+        flo = lo * 0
+        fhi = nfull
+        n_w = n_tiles
+    else:
+        lo_w, hi_w, flo, fhi = _band_kv_range(gl.minimum(start_m, Nq - 1), Nq, Nk, offset, win_left, win_right,
+                                              DocQb, QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+        n_w = gl.minimum(gl.maximum(hi_w - lo, 0), n_tiles)  # the prefix [lo, hi_w) of the program's range
     n_w = gl.where(start_m < Nq, n_w, 0)  # (rows all past Nq: nothing to add)
     rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
     k_first, k_last = _row_span(rows, Nq, Nk, offset, win_left, win_right, QLob, QHib, HAS_LEFT, HAS_RIGHT, DOCS)
@@ -1063,7 +1097,9 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
         dp_t = warpgroup_mma(do2, v_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                              use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_t, ))
-        p = _dq_probs(s, lse2, lo, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS, BLOCK_N, s_layout)
+        t0 = _key_tile(lo, 0, Row, SPARSE)
+        p = _dq_probs(s, lse2, t0, _full_pos(0, t0, SPARSE), flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS,
+                      BLOCK_N, s_layout)
         dp = warpgroup_mma_wait(0, deps=(dp_t, ))
         gl.thread_barrier()  # every warp's wgmmas of V_0 are done: release it
         mbarrier.arrive(v_empty.index(0), count=1)
@@ -1071,6 +1107,7 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
         for j in range(1, n_w):
             slot = j % STAGES
             pslot = (j - 1) % STAGES
+            tj = _key_tile(lo, j, Row, SPARSE)  # (a table load with SPARSE: issued before the waits)
             dq_t = warpgroup_mma(ds, k_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), dq, is_async=True)
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
             s_t = warpgroup_mma(q2, k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
@@ -1081,7 +1118,8 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
             dq, ds, s = warpgroup_mma_wait(1, deps=(dq_t, ds, s_t))  # dQ_{j-1} and S_j done; dP_j may still run
             gl.thread_barrier()  # every warp's wgmmas of K_{j-1} are done: release it
             mbarrier.arrive(k_empty.index(pslot), count=1)
-            p = _dq_probs(s, lse2, lo + j, flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS, BLOCK_N, s_layout)
+            p = _dq_probs(s, lse2, tj, _full_pos(j, tj, SPARSE), flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS,
+                          BLOCK_N, s_layout)
             dp = warpgroup_mma_wait(0, deps=(dp_t, ))
             gl.thread_barrier()
             mbarrier.arrive(v_empty.index(slot), count=1)
@@ -1109,10 +1147,10 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
 
 @gluon.jit
 def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn,
-                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right, Doc,
-                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                      Hq, Nq, Nk, offset, group, qk_scale, sm_scale, win_left, win_right, Doc, KvIdx, KvCnt,
+                      KvNfull, stride_tbl, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, num_warps: gl.constexpr, SPARSE: gl.constexpr = False):
     """``gluon_bwd_dq="gluon"``: grid ``(cdiv(Nq, BLOCK_M), B * Hq)`` (``HAS_RIGHT``: heaviest query tiles first).
     The mask as the forward's (``_gl_fwd_ws3_kernel``): ``win_left`` / ``win_right`` with ``HAS_LEFT`` /
     ``HAS_RIGHT``, the document table ``Doc`` with ``DOCS``.
@@ -1121,14 +1159,26 @@ def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_q
     contiguous from the Triton preprocess (``lse2 = lse * log2(e)``, ``+inf`` on empty rows); ``DQ`` the
     ``(B, Hq, Nq, D)`` output (strides given, unit last stride). ``qk_scale = sm_scale * log2(e)``, ``offset = Nk -
     Nq``, ``group = Hq // Hkv``. ``num_warps = 4``: the default partition is consumer 0 (rows ``[0, BLOCK_M / 2)``
-    of the tile), a 4-warp worker consumer 1, a 1-warp worker the producer."""
+    of the tile), a 4-warp worker consumer 1, a 1-warp worker the producer. ``SPARSE``: the key tiles of row ``r``
+    of the query-tile table ``KvIdx`` (:func:`kernels.flash.sparse.layout_tables` at ``(BLOCK_M, BLOCK_N)``), as the
+    forward's (``_gl_fwd_ws3_kernel``)."""
     dtype: gl.constexpr = q_desc.dtype
     HALF: gl.constexpr = BLOCK_M // 2
     start_m, bh, b, h, hk = _program_coords(Hq, group, HAS_RIGHT, BLOCK_M)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
-    lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT,
-                                      HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
-    n_tiles = hi - lo
+    if SPARSE:  # table rows in schedule order (heaviest first)
+        r = gl.program_id(0)
+        Row = KvIdx + r * stride_tbl
+        start_m = gl.load(Row) * BLOCK_M
+        lo = 0
+        n_tiles = gl.load(KvCnt + r)
+        nfull = gl.load(KvNfull + r)
+    else:
+        Row = KvIdx
+        lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT,
+                                          HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+        n_tiles = hi - lo
+        nfull = n_tiles
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -1150,12 +1200,12 @@ def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_q
     gl.warp_specialize(
         [(_dq_consumer, (q2.slice(0, HALF), do2.slice(0, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
                          v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, Doc, b, h, bh, start_m, lo,
-                         n_tiles, Nq, Nk, offset, qk_scale, sm_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS,
-                         HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
+                         n_tiles, nfull, Row, Nq, Nk, offset, qk_scale, sm_scale, win_left, win_right, HAS_LEFT,
+                         HAS_RIGHT, DOCS, SPARSE, HALF, BLOCK_N, HEAD_D, STAGES, num_warps)),
          (_dq_consumer, (q2.slice(HALF, HALF), do2.slice(HALF, HALF), k_smem, v_smem, q_bar, k_bars, v_bars, k_empty,
                          v_empty, Lse2, Delta, DQ, stride_qb, stride_qh, stride_qn, Doc, b, h, bh, start_m + HALF, lo,
-                         n_tiles, Nq, Nk, offset, qk_scale, sm_scale, win_left, win_right, HAS_LEFT, HAS_RIGHT, DOCS,
-                         HALF, BLOCK_N, HEAD_D, STAGES, 4)),
+                         n_tiles, nfull, Row, Nq, Nk, offset, qk_scale, sm_scale, win_left, win_right, HAS_LEFT,
+                         HAS_RIGHT, DOCS, SPARSE, HALF, BLOCK_N, HEAD_D, STAGES, 4)),
          (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                         k_empty, v_empty, b, h, hk, start_m, lo, n_tiles, STAGES, BLOCK_N))],
+                         k_empty, v_empty, b, h, hk, start_m, lo, n_tiles, Row, SPARSE, STAGES, BLOCK_N))],
         [4, 1], [240, 24])

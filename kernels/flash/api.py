@@ -186,7 +186,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             q.requires_grad or k.requires_grad or v.requires_grad):  # refuse before the forward, not at backward
         from .gluon import check_gluon_bwd
 
-        check_gluon_bwd(q, k, v, wl, wr, layout, dilation, documents, cfg)
+        check_gluon_bwd(q, k, v, wl, wr, layout, dilation, documents, cfg, int(block_size))
     if compiling:
         out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key,
                                  documents)

@@ -425,9 +425,9 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; band masks with two consumers, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 
-        check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents, config)
+        check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents, config, layout_bs)
         return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, dlse, grads_like_inputs,
-                               config=config, documents=documents)
+                               config=config, documents=documents, layout=layout, layout_bs=layout_bs)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None

@@ -316,7 +316,7 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     / bf16 dtype, the Triton backward's settings at their defaults (``dq_mode="separate"``, ``dkdv_split=None``, no
     forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per
     (batch, head)."""
-    if layout is not None or dilation != 1:
+    if layout is not None or dilation != 1:  # (block-sparse: by name only, until a GPU has timed it)
         return False
     if not GLUON_AUTO_BWD_BANDS and _beyond_causal(win_left, win_right, documents):
         return False
@@ -531,20 +531,21 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
 _LAYOUT_TABLES: dict = {}
 """Cache of :func:`gluon_layout_tables`: key -> ``(layout, tables)``; the layout is held so that its ``id`` is not
 reused while cached."""
-LAYOUT_TABLES_KEPT = 16
+LAYOUT_TABLES_KEPT = 32
 
 
 def gluon_layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, win_left: int, win_right: int,
-                        block_m: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        block_m: int, block_n: int,
+                        keys: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`~kernels.flash.sparse.layout_tables` of ``layout`` (the same arguments), cached per layout object
     (and its in-place version) and call shape: the table is read on the host once per layout, not per call (the
     backends pass the same cached layout tensor at every step). Keeps the newest :data:`LAYOUT_TABLES_KEPT`."""
     key = (id(layout), layout._version, tuple(layout.shape), layout_bs, Nq, Nk, win_left, win_right, block_m,
-           block_n)
+           block_n, keys)
     hit = _LAYOUT_TABLES.get(key)
     if hit is not None and hit[0] is layout:
         return hit[1]
-    tables = layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n)
+    tables = layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n, keys=keys)
     while len(_LAYOUT_TABLES) >= LAYOUT_TABLES_KEPT:
         _LAYOUT_TABLES.pop(next(iter(_LAYOUT_TABLES)))
     _LAYOUT_TABLES[key] = (layout, tables)
@@ -552,16 +553,31 @@ def gluon_layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, 
 
 
 def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,
-                    dilation: int, documents, config: Optional[FlashConfig] = None) -> bool:
+                    dilation: int, documents, config: Optional[FlashConfig] = None, layout_bs: int = 0) -> bool:
     """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call; returns whether
     it is causal. The mask: with ``config.gluon_bwd_consumers == 2`` (``_gl_bwd_dkdv2_kernel``, dQ ``"triton"`` or
     ``"gluon"``) dense, causal, sliding windows (``win_left`` / ``win_right``, either edge) and packed ``documents``
     (the document table); with ``gluon_bwd_consumers=1`` (``config`` ``None``: ``FlashConfig()``'s) dense or causal
-    only (the error names ``gluon_bwd_consumers`` and its allowed values); never a block-sparse ``layout`` or
-    ``dilation > 1``. Then ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device; Gluon
-    importable. ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+    only (the error names ``gluon_bwd_consumers`` and its allowed values); a block-sparse ``layout`` of
+    ``layout_bs``-token blocks only with two consumers and ``gluon_bwd_dq="gluon"``, no ``documents`` and blocks of
+    whole 128 x 128 tiles (:func:`~kernels.flash.sparse.tiles_whole`, as the forward's); never ``dilation > 1``.
+    Then ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device; Gluon importable. ``q (B,
+    Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
     consumers = getattr(config, "gluon_bwd_consumers", 1) if config is not None else 1
     bands = consumers == 2
+    if layout is not None and dilation == 1:
+        dq_path = getattr(config, "gluon_bwd_dq", None) if config is not None else None
+        Nq, Nk = q.shape[2], k.shape[2]
+        if consumers != 2 or dq_path != "gluon" or documents is not None or not tiles_whole(layout_bs, Nq, Nk, 128,
+                                                                                                 128):
+            got = (f"gluon_bwd_consumers={consumers!r}, gluon_bwd_dq={dq_path!r}" if consumers != 2 or dq_path !=
+                   "gluon" else "a block-sparse layout with doc_ids" if documents is not None else
+                   f"block_size={layout_bs}, Nk - Nq = {Nk - Nq}")
+            raise ValueError(f"bwd_impl='gluon' takes a block-sparse layout only with gluon_bwd_consumers=2 and "
+                             f"gluon_bwd_dq='gluon', when every 128 x 128 tile lies inside one layout block "
+                             f"(block_size a multiple of 128, Nk - Nq a multiple of 128) and without doc_ids; got "
+                             f"{got}; use bwd_impl='triton'")
+        layout = None  # the rest as for its band
     if not bands and layout is None and dilation == 1 and _beyond_causal(win_left, win_right, documents):
         what = "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})"
         raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
@@ -613,8 +629,9 @@ independently and drift apart on their own). A module-level knob read at every c
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
                     dlse: Optional[torch.Tensor] = None, grads_like_inputs: bool = True,
-                    config: Optional[FlashConfig] = None,
-                    documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    config: Optional[FlashConfig] = None, documents: Optional[torch.Tensor] = None,
+                    layout: Optional[torch.Tensor] = None,
+                    layout_bs: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of attention with the Gluon kernel (``bwd_impl="gluon"``; call :func:`check_gluon_bwd` first).
     ``do, out (B, Hq, Nq, D)``, ``q (B, Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)`` fp16 / bf16 on a Hopper GPU, ``lse
     (B, Hq, Nq)`` fp32 natural log from the forward, ``dlse`` its gradient or ``None``; ``config`` (default
@@ -622,7 +639,9 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     kernel). The mask, bottom-right aligned as :func:`~kernels.flash.flash_attn_fwd` takes it: ``win_left`` /
     ``win_right`` (-1: no such edge; causal is ``(-1, 0)``, dense ``(-1, -1)``) and ``documents`` (the int32
     document table ``(B, 3 * Nq + 3 * Nk)`` of :func:`kernels.flash.documents.document_table`, or ``None``); with
-    ``config.gluon_bwd_consumers=1`` dense / causal only.
+    ``config.gluon_bwd_consumers=1`` dense / causal only. ``layout`` (``layout_bs``-token blocks of whole 128 x 128
+    tiles; two consumers and ``gluon_bwd_dq="gluon"`` only): the dK / dV and dQ kernels walk the layout's own block
+    tables (:func:`gluon_layout_tables`, per key tile and per query tile) as the forward does.
 
     Steps: the Triton preprocess of bwd.py (``delta = rowsum(dO * O) - dlse``, ``lse2 = lse * log2(e)``, ``+inf`` on
     empty rows); ``_gl_bwd_kernel`` over ``(cdiv(Nk, 128), B * Hkv)`` (GQA: the group's query heads summed in
@@ -705,16 +724,24 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     sizes = (Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, lse_stride, softmax_scale * _LOG2E, softmax_scale)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma)
     grid = (triton_cdiv(Nk, block_n), B * Hkv)
+    if layout is not None and (consumers != 2 or config.gluon_bwd_dq != "gluon"):
+        raise ValueError("bwd_impl='gluon' takes a block-sparse layout only with gluon_bwd_consumers=2 and "
+                         f"gluon_bwd_dq='gluon'; got {consumers!r}, {config.gluon_bwd_dq!r}")
     if consumers == 1:  # dense / causal (checked above)
         _gl_launch(GK._gl_bwd_kernel, grid, (*descs, *strides, *sizes), num_warps=warps, CAUSAL=win_right == 0,
                    WRITE_DQ=write_dq, **tiles)
-    else:  # dK / dV only (write_dq is False), any band mask
-        _gl_launch(GK._gl_bwd_dkdv2_kernel, grid, (*descs, doc, *strides, *sizes, wl, wr), num_warps=warps,
-                   **band_flags, PINGPONG=bool(GLUON_BWD_PINGPONG), **tiles)
+    else:  # dK / dV only (write_dq is False), any band mask, or a block-sparse layout's key-tile table
+        tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
+        if layout is not None:
+            idx, cnt, nfull = gluon_layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n,
+                                                  keys=True)
+            tbl = (idx, cnt, nfull, idx.stride(0))
+        _gl_launch(GK._gl_bwd_dkdv2_kernel, grid, (*descs, doc, *strides, *sizes, wl, wr, *tbl), num_warps=warps,
+                   **band_flags, PINGPONG=bool(GLUON_BWD_PINGPONG), SPARSE=layout is not None, **tiles)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     elif config.gluon_bwd_dq == "gluon":
-        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, win_left, win_right, documents)
+        gluon_dq(do_, q_, k_, v_, lse2, delta, dq, softmax_scale, win_left, win_right, documents, layout, layout_bs)
     else:
         triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale, win_left, win_right, config, documents)
     return dq, dk, dv
@@ -722,7 +749,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse2: torch.Tensor,
              delta: torch.Tensor, dq: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
-             documents: Optional[torch.Tensor] = None) -> None:
+             documents: Optional[torch.Tensor] = None, layout: Optional[torch.Tensor] = None,
+             layout_bs: int = 0) -> None:
     """dQ of band-masked (bottom-right) attention by the Gluon dQ kernel ``_gl_bwd_dq_kernel``
     (``gluon_bwd_dq="gluon"``: FA3's forward layout, a TMA producer warp streaming K / V through a ring and two
     1-warpgroup consumers of 64 query rows each, dQ in fp32 registers, no atomics: deterministic).
@@ -730,8 +758,10 @@ def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     :data:`GLUON_BWD_HEAD_DIMS`; :func:`check_gluon_bwd` first), ``lse2`` / ``delta`` fp32 ``(B, Hq, Nq)``
     contiguous from ``_bwd_preprocess`` (``lse2 = lse * log2(e)``, ``+inf`` on rows that see no key); writes ``dq
     (B, Hq, Nq, D)`` (any strides) in place. The mask as :func:`gluon_flash_fwd` takes it (``win_left`` /
-    ``win_right``, -1: unbounded; ``documents`` the document table or ``None``). Grid ``(cdiv(Nq, BLOCK_M), B *
-    Hq)`` at :func:`gluon_bwd_dq_tiles`. Raises ``ValueError`` for a malformed ``documents`` table."""
+    ``win_right``, -1: unbounded; ``documents`` the document table or ``None``; ``layout``: a block-sparse layout of
+    whole tiles, run from its query-tile table at this kernel's tiles, :func:`gluon_layout_tables`). Grid
+    ``(cdiv(Nq, BLOCK_M), B * Hq)`` at :func:`gluon_bwd_dq_tiles`. Raises ``ValueError`` for a malformed
+    ``documents`` table."""
     from .launch import _bnhd_empty
 
     GK, TD, gl = _gluon_modules()
@@ -742,11 +772,16 @@ def gluon_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q, k, v, do = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     out = dq if dq.stride(3) == 1 else _bnhd_empty(B, Hq, Nq, D, dq.dtype, dq.device)
+    tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
+    if layout is not None:
+        idx, cnt, nfull = gluon_layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n)
+        tbl = (idx, cnt, nfull, idx.stride(0))
     _gl_launch(GK._gl_bwd_dq_kernel, (triton_cdiv(Nq, block_m), B * Hq),
                (_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
                 _descriptor(do, block_m, TD, gdt), lse2, delta, out, out.stride(0), out.stride(1), out.stride(2), Hq,
-                Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, doc),
-               num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages)
+                Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * _LOG2E, softmax_scale, wl, wr, doc, *tbl),
+               num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages,
+               SPARSE=layout is not None)
     if out is not dq:
         dq.copy_(out)
 

@@ -132,9 +132,10 @@ def tiles_whole(layout_bs: int, Nq: int, Nk: int, block_m: int, block_n: int) ->
 
 
 def layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, win_left: int, win_right: int,
-                  block_m: int, block_n: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  block_m: int, block_n: int, keys: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Query-tile block table ``(kv_idx, kv_cnt, kv_nfull)`` (int32, on ``layout``'s device; the format of
-    :func:`build_sparse_tables`' first three: rows in schedule order, column 0 the query tile, full tiles first) of
+    :func:`build_sparse_tables`' first three: rows in schedule order, column 0 the query tile, full tiles first;
+    ``keys=True``: the key-tile table ``(q_idx, q_cnt, q_nfull)``, one row per key tile listing its query tiles) of
     a block-sparse ``layout`` (bool / int ``(nb, nb)`` at ``layout_bs`` tokens, queries at absolute positions ``i +
     Nk - Nq``, keys past the layout in its last block, rows at negative positions see nothing: ``MaskInfo``'s rule)
     under the band ``win_left`` / ``win_right`` (< 0: no edge; causal is ``win_right = 0``), at tiles ``block_m x
@@ -162,5 +163,6 @@ def layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, win_le
     if win_left >= 0:
         visited = visited & (c1 >= a0 - win_left)
         full = full & (c0 >= a1 - win_left)
-    idx, cnt, nfull = _full_first_table(visited, full & visited)
+    full = full & visited
+    idx, cnt, nfull = _full_first_table(visited.t(), full.t()) if keys else _full_first_table(visited, full)
     return tuple(x.to(layout.device).contiguous() for x in (idx, cnt, nfull))
