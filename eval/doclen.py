@@ -430,7 +430,8 @@ def main(argv=None):
                          f"and --c-lin")
     if over:
         fit.update(over)
-        fit["source"] = fit.get("source", "") + f"; overridden on the command line: {over}"
+        fit["source"] = (f"{fit['source']}; overridden on the command line: {over}" if fit.get("source") else
+                         f"the command line: {over}")
         fit["n_star_const"] = fit["c_lin"] / fit["c2"]
         fit["n_star_fit"] = (fit["c_lin"] - fit["c0"]) / fit["c2"]
     print(f"constants (us/token): c0 = {fit['c0']:.4g}, c2 = {fit['c2']:.4g} per token of context, "

@@ -77,6 +77,11 @@ def test_cli_end_to_end_tiny_grid(tmp_path, capsys):
               "--out", str(tmp_path / "o2"), "--no-figure"])
     r = next(csv.DictReader(open(tmp_path / "o2" / "doclen.csv")))
     assert float(r["piece_size_biased_at_n_star"]) == pytest.approx(500, rel=0.02)
+    assert "kernel.csv" in capsys.readouterr().out  # the fit's source, then the override
+    # all three constants given, no kernel.csv: the source is the command line alone
+    cli.main(["--kernel-csv", str(tmp_path / "none.csv"), "--c0", "0", "--c2", "4e-5", "--c-lin", "0.04", "--N",
+              "4096", "--families", "fixed", "--tokens", "65536", "--out", str(tmp_path / "o3"), "--no-figure"])
+    assert "\n  from the command line: {'c0': 0.0, 'c2': 4e-05, 'c_lin': 0.04}" in capsys.readouterr().out
 
 
 def test_figure_marks_n_star_and_takes_measured_points(tmp_path):
