@@ -340,6 +340,16 @@ def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars,
 
 
 @gluon.jit
+def _sparse_row(Idx, Cnt, Nfull, stride_tbl, BLOCK: gl.constexpr):
+    """Program ``r = program_id(0)``'s block-table row (:func:`kernels.flash.sparse.layout_tables`): ``(Row, start,
+    count, nfull)``, a pointer to the row, the first index of its own tile (column 0, times ``BLOCK``), its count of
+    visited tiles and of full ones (listed first)."""
+    r = gl.program_id(0)
+    Row = Idx + r * stride_tbl
+    return Row, gl.load(Row) * BLOCK, gl.load(Cnt + r), gl.load(Nfull + r)
+
+
+@gluon.jit
 def _key_tile(lo, t, Row, SPARSE: gl.constexpr):
     """The key tile of ring position ``t``: ``lo + t`` (band masks), or column ``1 + t`` of the block-sparse table
     row ``Row`` (``SPARSE``)."""
@@ -480,13 +490,9 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
     start_m, bh, b, h, hk = _program_coords(Hq, group, HAS_RIGHT, BLOCK_M)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
     if SPARSE:  # table rows in schedule order (heaviest first)
-        r = gl.program_id(0)
-        Row = KvIdx + r * stride_tbl
-        start_m = gl.load(Row) * BLOCK_M
+        Row, start_m, n_tiles, fhi = _sparse_row(KvIdx, KvCnt, KvNfull, stride_tbl, BLOCK_M)
         lo = 0
-        n_tiles = gl.load(KvCnt + r)
         flo = 0
-        fhi = gl.load(KvNfull + r)
     else:
         Row = KvIdx
         lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
@@ -945,12 +951,8 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     hk = bhk % Hkv
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (read with DOCS only)
     if SPARSE:  # table rows in schedule order (heaviest first)
-        r = gl.program_id(0)
-        Row = QIdx + r * stride_tbl
-        start_n = gl.load(Row) * BLOCK_N
+        Row, start_n, cnt, nfull = _sparse_row(QIdx, QCnt, QNfull, stride_tbl, BLOCK_N)
         m_lo = 0
-        cnt = gl.load(QCnt + r)
-        nfull = gl.load(QNfull + r)
     else:
         Row = QIdx
         start_n = gl.program_id(0) * BLOCK_N  # (causal: low key tiles have the most query tiles: heaviest first)
@@ -1167,12 +1169,8 @@ def _gl_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, Lse2, Delta, DQ, stride_q
     start_m, bh, b, h, hk = _program_coords(Hq, group, HAS_RIGHT, BLOCK_M)
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
     if SPARSE:  # table rows in schedule order (heaviest first)
-        r = gl.program_id(0)
-        Row = KvIdx + r * stride_tbl
-        start_m = gl.load(Row) * BLOCK_M
+        Row, start_m, n_tiles, nfull = _sparse_row(KvIdx, KvCnt, KvNfull, stride_tbl, BLOCK_M)
         lo = 0
-        n_tiles = gl.load(KvCnt + r)
-        nfull = gl.load(KvNfull + r)
     else:
         Row = KvIdx
         lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib, HAS_LEFT,
