@@ -1144,3 +1144,36 @@ def test_gpu_kept_gluon_launches_match(monkeypatch, mask):
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), runs[False, seed], runs[True, seed]):
             assert torch.equal(a, b), (mask, seed, name)
     _host.clear_launches()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_gluon_flash_bwd_block_sparse_dispatch(monkeypatch, causal):
+    """A block-sparse layout of whole tiles on the Gluon backward (two consumers, Gluon dQ): the dK / dV kernel runs
+    with SPARSE=True over one program per key tile, given the layout's key-tile table at its tiles (64 x 128:
+    layout_tables(keys=True)) and its row stride; the dQ kernel with SPARSE=True and the query-tile table at its own
+    tiles; one consumer or the Triton dQ is refused by name before any launch."""
+    from kernels.flash.sparse import layout_tables
+
+    B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 384, 640, 128
+    q, k, v, do = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float32, device="cpu", seed=7)
+    scale = D ** -0.5
+    out, lse = _fwd(q, k, v, scale, causal)
+    kern, _ = _fake_gluon(monkeypatch)
+    lay = torch.ones(5, 5, dtype=torch.int8).tril() if causal else (torch.rand(5, 5) > 0.5).to(torch.int8)
+    wr = 0 if causal else -1
+    cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2)
+    G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=cfg, layout=lay, layout_bs=128)
+    (grid, args, kw), = kern.two.calls
+    assert grid == (Nk // 128, B * Hkv) and kw["SPARSE"] is True
+    want = layout_tables(lay, 128, Nq, Nk, -1, wr, 64, 128, keys=True)
+    assert all(torch.equal(a, b) for a, b in zip(args[-4:-1], want)) and args[-1] == want[0].stride(0)
+    (grid, args, kw), = kern.dq.calls
+    bm, bn = G.gluon_bwd_dq_tiles(D)[:2]
+    assert grid == (Nq // bm, B * Hq) and kw["SPARSE"] is True
+    want = layout_tables(lay, 128, Nq, Nk, -1, wr, bm, bn)
+    assert all(torch.equal(a, b) for a, b in zip(args[-4:-1], want)) and args[-1] == want[0].stride(0)
+    for bad in (cfg.replace(gluon_bwd_dq="triton"), cfg.replace(gluon_bwd_consumers=1, gluon_bwd_dq="gluon")):
+        with pytest.raises(ValueError, match=r"takes a block-sparse layout only with gluon_bwd_consumers=2 and "
+                                             r"gluon_bwd_dq='gluon'"):
+            G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=bad, layout=lay, layout_bs=128)
+    assert len(kern.two.calls) == len(kern.dq.calls) == 1 and kern.calls == []
