@@ -163,6 +163,5 @@ def layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, win_le
     if win_left >= 0:
         visited = visited & (c1 >= a0 - win_left)
         full = full & (c0 >= a1 - win_left)
-    full = full & visited
     idx, cnt, nfull = _full_first_table(visited.t(), full.t()) if keys else _full_first_table(visited, full)
     return tuple(x.to(layout.device).contiguous() for x in (idx, cnt, nfull))
