@@ -128,6 +128,40 @@ def test_auto_bwd_rule(monkeypatch):
         _all_hold(monkeypatch, **hold)
         assert G.choose_bwd_impl(auto, *big, -1, 0) == "triton", hold
     _all_hold(monkeypatch)
+
+
+def test_auto_bwd_sparse_knob(monkeypatch):
+    """A block-sparse layout: "auto" keeps the Triton backward while GLUON_AUTO_BWD_SPARSE is off; on, the Gluon one
+    exactly where check_gluon_bwd takes it under auto's settings (whole 128 x 128 tiles, D 128 for the Gluon dQ, no
+    documents, MHA), at any size (no pair threshold)."""
+    from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
+
+    _all_hold(monkeypatch)
+    auto = FlashConfig()
+    small = _fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024)  # 0.5M causal pairs: below the dense threshold
+    lay = dict(win_left=-1, win_right=0, layout=object(), layout_bs=128)
+    assert not G.GLUON_AUTO_BWD_SPARSE and G.choose_bwd_impl(auto, *small, **lay) == "triton"
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE", True)
+    assert G.choose_bwd_impl(auto, *small, **lay) == "gluon"
+    assert G.choose_bwd_impl(auto, *small, **(lay | dict(layout_bs=256))) == "gluon"
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=4, Hkv=4, Nq=768, Nk=1024), **lay) == "gluon"  # Nk - Nq 256
+    refused = [(small, dict(layout_bs=64)), (small, dict(layout_bs=192)),  # blocks not whole 128 x 128 tiles
+               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=960, Nk=1024), {}),  # Nk - Nq = 64
+               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024, D=64), {}),  # D 64: no Gluon dQ
+               (_fake_qkv(B=4, Hq=16, Hkv=4, Nq=4096, Nk=4096), {}),  # GQA
+               (small, dict(documents=object())), (small, dict(dilation=2)),
+               (small, dict(layout_bs=0))]
+    for args, kw in refused:
+        assert G.choose_bwd_impl(auto, *args, **(lay | kw)) == "triton", (args[0].shape, kw)
+    # where auto takes it, the explicit check passes with auto's settings (and fails without whole tiles)
+    cfg = G.auto_gluon_bwd_config(auto, 128)
+    q, k, v = small
+    assert cfg.gluon_bwd_dq == "gluon" and cfg.gluon_bwd_consumers == 2
+    monkeypatch.setattr(G, "_capability", lambda device: (8, 0))
+    with pytest.raises(ValueError, match="got device"):  # past every mask / shape check: only the device is wrong
+        G.check_gluon_bwd(q, k, v, -1, 0, object(), 1, None, cfg, 128)
+    with pytest.raises(ValueError, match="block_size=64"):
+        G.check_gluon_bwd(q, k, v, -1, 0, object(), 1, None, cfg, 64)
     assert G.choose_bwd_impl(auto, *_fake_qkv(Hkv=8, Nq=4096, Nk=4096, device="cpu"), -1, 0) == "triton"
     run = G.auto_gluon_bwd_config(FlashConfig(deterministic=True), 64)
     assert (run.bwd_impl, run.gluon_bwd_dq, run.gluon_bwd_consumers, run.deterministic) == ("gluon", "triton", 2, True)

@@ -420,7 +420,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     if config.bwd_impl == "auto" and q.is_cuda:  # Gluon (two consumers; Gluon dQ at D 128) where it is the faster one
         from .gluon import auto_gluon_bwd_config, choose_bwd_impl
 
-        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents) == "gluon":
+        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs) == "gluon":
             config = auto_gluon_bwd_config(config, q.shape[3])
     if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; band masks with two consumers, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd

@@ -308,15 +308,28 @@ layout or dilation. ``False`` keeps the Triton backward for every band mask. H20
 16k 1.05x; documents of 1024 / 4096 at 16k 1.15x / 1.14x; D 64 (Triton dQ): 0.995-1.01x."""
 
 
+GLUON_AUTO_BWD_SPARSE = False
+"""Whether ``bwd_impl="auto"`` takes the Gluon backward (two consumers, Gluon dQ) for a block-sparse layout whose
+blocks are whole 128 x 128 tiles (:func:`~kernels.flash.sparse.tiles_whole`, as :data:`GLUON_AUTO_SPARSE` for the
+forward) at the head dims of :data:`AUTO_GLUON_DQ_HEAD_DIMS`, MHA, no documents, at any size. Off until a GPU run
+has timed it against the Triton sparse backward (``bwd_impl="gluon"`` runs it by name). A module-level knob read at
+every call."""
+
+
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
-                      win_right: int, layout, dilation: int, documents) -> bool:
+                      win_right: int, layout, dilation: int, documents, layout_bs: int = 0) -> bool:
     """The device-independent part of :func:`choose_bwd_impl`: the mask (dense, causal and, while
-    :data:`GLUON_AUTO_BWD_BANDS`, sliding windows and documents; never a block-sparse layout or dilation), ``D`` in
-    :data:`GLUON_BWD_HEAD_DIMS` with ``Dv == D``, ``Hq == Hkv`` or GQA where :func:`gqa_bwd_measured` holds, one fp16
-    / bf16 dtype, the Triton backward's settings at their defaults (``dq_mode="separate"``, ``dkdv_split=None``, no
-    forced ``dq`` / ``dkdv`` tile, ``autotune`` off) and at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per
+    :data:`GLUON_AUTO_BWD_BANDS`, sliding windows and documents; a block-sparse layout of ``layout_bs``-token blocks
+    only while :data:`GLUON_AUTO_BWD_SPARSE`, see there; never dilation), ``D`` in :data:`GLUON_BWD_HEAD_DIMS` with
+    ``Dv == D``, ``Hq == Hkv`` or GQA where :func:`gqa_bwd_measured` holds, one fp16 / bf16 dtype, the Triton
+    backward's settings at their defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv``
+    tile, ``autotune`` off) and, without a layout, at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per
     (batch, head)."""
-    if layout is not None or dilation != 1:  # (block-sparse: by name only, until a GPU has timed it)
+    if dilation != 1:
+        return False
+    if layout is not None and not (
+            GLUON_AUTO_BWD_SPARSE and q.shape[3] in AUTO_GLUON_DQ_HEAD_DIMS and documents is None
+            and q.shape[1] == k.shape[1] and tiles_whole(layout_bs, q.shape[2], k.shape[2], 128, 128)):
         return False
     if not GLUON_AUTO_BWD_BANDS and _beyond_causal(win_left, win_right, documents):
         return False
@@ -331,12 +344,13 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     if (config.dq_mode != "separate" or config.dkdv_split is not None or config.dq is not None
             or config.dkdv is not None or config.autotune):
         return False
-    return visited_pairs(1, 1, q.shape[2], k.shape[2], win_left, win_right) >= GLUON_BWD_AUTO_MIN_PAIRS
+    return layout is not None or (visited_pairs(1, 1, q.shape[2], k.shape[2], win_left, win_right)
+                                  >= GLUON_BWD_AUTO_MIN_PAIRS)
 
 
 def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
                     win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
-                    documents: Optional[torch.Tensor] = None) -> str:
+                    documents: Optional[torch.Tensor] = None, layout_bs: int = 0) -> str:
     """The backward kernel a call with ``config`` runs: ``config.bwd_impl`` unless it is ``"auto"``, which gives
     ``"gluon"`` (run with :data:`AUTO_GLUON_BWD`) when :func:`auto_bwd_shape_ok` holds, ``q`` is on a Hopper CUDA
     device, not under ``TRITON_INTERPRET=1``, and Gluon imports with the Hopper API (:func:`gluon_available`), else
@@ -346,7 +360,7 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return impl
     if INTERPRET or q.device.type != "cuda":
         return "triton"
-    if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents):
+    if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs):
         return "triton"
     if not _hopper(q.device) or not gluon_available():
         return "triton"
