@@ -131,28 +131,35 @@ def test_auto_bwd_rule(monkeypatch):
 
 
 def test_auto_bwd_sparse_knob(monkeypatch):
-    """A block-sparse layout: "auto" keeps the Triton backward while GLUON_AUTO_BWD_SPARSE is off; on, the Gluon one
-    exactly where check_gluon_bwd takes it under auto's settings (whole 128 x 128 tiles, D 128 for the Gluon dQ, no
-    documents, MHA), at any size (no pair threshold)."""
+    """A block-sparse layout: "auto" takes the Gluon backward while GLUON_AUTO_BWD_SPARSE is on exactly where
+    check_gluon_bwd takes it under auto's settings (whole 128 x 128 tiles, D 128 for the Gluon dQ, no documents, MHA)
+    from GLUON_AUTO_BWD_SPARSE_MIN_N queries; off (or shorter), the Triton backward."""
     from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
 
     _all_hold(monkeypatch)
     auto = FlashConfig()
-    small = _fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024)  # 0.5M causal pairs: below the dense threshold
+    assert G.GLUON_AUTO_BWD_SPARSE and G.GLUON_AUTO_BWD_SPARSE_MIN_N == 16384
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 1024)  # the rule at small stand-in shapes
+    small = _fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024)
     lay = dict(win_left=-1, win_right=0, layout=object(), layout_bs=128)
-    assert not G.GLUON_AUTO_BWD_SPARSE and G.choose_bwd_impl(auto, *small, **lay) == "triton"
-    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE", True)
     assert G.choose_bwd_impl(auto, *small, **lay) == "gluon"
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE", False)
+    assert G.choose_bwd_impl(auto, *small, **lay) == "triton"
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE", True)
     assert G.choose_bwd_impl(auto, *small, **(lay | dict(layout_bs=256))) == "gluon"
-    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=4, Hkv=4, Nq=768, Nk=1024), **lay) == "gluon"  # Nk - Nq 256
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1280), **lay) == "gluon"  # Nk - Nq 256
     refused = [(small, dict(layout_bs=64)), (small, dict(layout_bs=192)),  # blocks not whole 128 x 128 tiles
-               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=960, Nk=1024), {}),  # Nk - Nq = 64
+               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1088), {}),  # Nk - Nq = 64
+               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=896, Nk=1024), {}),  # below the (patched) minimum
                (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024, D=64), {}),  # D 64: no Gluon dQ
                (_fake_qkv(B=4, Hq=16, Hkv=4, Nq=4096, Nk=4096), {}),  # GQA
                (small, dict(documents=object())), (small, dict(dilation=2)),
                (small, dict(layout_bs=0))]
     for args, kw in refused:
         assert G.choose_bwd_impl(auto, *args, **(lay | kw)) == "triton", (args[0].shape, kw)
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 16384)
+    assert G.choose_bwd_impl(auto, *small, **lay) == "triton"
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384), **lay) == "gluon"
     # where auto takes it, the explicit check passes with auto's settings (and fails without whole tiles)
     cfg = G.auto_gluon_bwd_config(auto, 128)
     q, k, v = small

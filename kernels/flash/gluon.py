@@ -308,12 +308,19 @@ layout or dilation. ``False`` keeps the Triton backward for every band mask. H20
 16k 1.05x; documents of 1024 / 4096 at 16k 1.15x / 1.14x; D 64 (Triton dQ): 0.995-1.01x."""
 
 
-GLUON_AUTO_BWD_SPARSE = False
+GLUON_AUTO_BWD_SPARSE = True
 """Whether ``bwd_impl="auto"`` takes the Gluon backward (two consumers, Gluon dQ) for a block-sparse layout whose
 blocks are whole 128 x 128 tiles (:func:`~kernels.flash.sparse.tiles_whole`, as :data:`GLUON_AUTO_SPARSE` for the
-forward) at the head dims of :data:`AUTO_GLUON_DQ_HEAD_DIMS`, MHA, no documents, at any size. Off until a GPU run
-has timed it against the Triton sparse backward (``bwd_impl="gluon"`` runs it by name). A module-level knob read at
-every call."""
+forward) at the head dims of :data:`AUTO_GLUON_DQ_HEAD_DIMS`, MHA, no documents, from
+:data:`GLUON_AUTO_BWD_SPARSE_MIN_N` queries. H100 80GB (no H200 was lent), 2026-12-06, ``results/h100/2026-12-06c/``
+(``eval.bench_flash --variants bigbird,strided --impls ours,ours_gluon_dq,flex_fa4``, causal, 128-token blocks, D 128,
+bf16, 16k tokens per call, one process; four calls): forward+backward against the Triton sparse backward at N 16k,
+strided 1.08-1.10x in all four, BigBird 1.04x in three and 0.95x in one; at 1k / 4k 1.02-1.05x in two calls (and in
+the kernel-by-kernel profile, ``lab.where_time``) but 0.64-0.94x with a round-to-round spread of 0.12-0.42 in two
+others, where the Triton rows' spread stayed <= 0.13: unexplained, so shorter sequences keep the Triton backward.
+A module-level knob read at every call."""
+GLUON_AUTO_BWD_SPARSE_MIN_N = 16384
+"""Queries (``Nq``) from which :data:`GLUON_AUTO_BWD_SPARSE` applies."""
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
@@ -328,8 +335,9 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     if dilation != 1:
         return False
     if layout is not None and not (
-            GLUON_AUTO_BWD_SPARSE and q.shape[3] in AUTO_GLUON_DQ_HEAD_DIMS and documents is None
-            and q.shape[1] == k.shape[1] and tiles_whole(layout_bs, q.shape[2], k.shape[2], 128, 128)):
+            GLUON_AUTO_BWD_SPARSE and q.shape[2] >= GLUON_AUTO_BWD_SPARSE_MIN_N
+            and q.shape[3] in AUTO_GLUON_DQ_HEAD_DIMS and documents is None and q.shape[1] == k.shape[1]
+            and tiles_whole(layout_bs, q.shape[2], k.shape[2], 128, 128)):
         return False
     if not GLUON_AUTO_BWD_BANDS and _beyond_causal(win_left, win_right, documents):
         return False
