@@ -770,5 +770,22 @@ def main(cfg: DictConfig) -> Optional[float]:
     return None if value is None or math.isnan(value) else float(value)
 
 
+def hydra_mode_conflict(argv: List[str]) -> Optional[str]:
+    """The usage error for a command line that asks Hydra for two modes at once (``-m`` / ``--multirun`` with
+    ``--cfg`` / ``-c``, ``--info``, ``--run`` / ``-r``, ...), which Hydra refuses with a traceback; ``None`` otherwise."""
+    flags = {"-m": "--multirun", "--multirun": "--multirun", "-r": "--run", "--run": "--run", "-c": "--cfg",
+             "--cfg": "--cfg", "-i": "--info", "--info": "--info", "--shell-completion": "--shell-completion",
+             "-sc": "--shell-completion"}
+    modes = sorted({flags[a.split("=", 1)[0]] for a in argv if a.split("=", 1)[0] in flags})
+    if len(modes) < 2:
+        return None
+    return (f"train.py: {' and '.join(modes)} cannot be combined (Hydra runs one mode at a time); to see one job's "
+            f"config: python train.py --cfg job <overrides>; to run a sweep: python train.py -m <overrides>")
+
+
 if __name__ == "__main__":
+    import sys
+
+    if (conflict := hydra_mode_conflict(sys.argv[1:])) is not None:
+        sys.exit(conflict)
     main()

@@ -180,6 +180,21 @@ def test_cli_max_steps_zero_fails_naming_the_key(tmp_path):
     assert not (tmp_path / "run" / "final_metrics.json").exists() and not (tmp_path / "run" / "csv").exists()
 
 
+def test_two_hydra_modes_are_a_usage_error(tmp_path):
+    """``-m`` with ``--cfg`` (or two other Hydra modes) is refused with one line naming both, not Hydra's traceback;
+    one mode alone passes through."""
+    f = train_mod.hydra_mode_conflict
+    assert f(["-m", "--cfg", "job"]) == f(["--multirun", "-c", "job", "seed=1"])
+    assert "--cfg and --multirun cannot be combined" in f(["-m", "--cfg", "job"])
+    assert "--info and --run" in f(["--run", "--info"])
+    for one in (["-m", "seed=0,1"], ["--cfg", "job", "seed=1"], ["--cfg=job"], [], ["attention=flash"]):
+        assert f(one) is None, one
+    r = subprocess.run([sys.executable, "train.py", "-m", "--cfg", "job"], cwd=ROOT,
+                       env=dict(os.environ, WANDB_MODE="disabled"), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "--cfg and --multirun cannot be combined" in r.stderr
+
+
 # ------------------------------------------------------------------------------------------ 5: progress bar
 def _bar_callbacks(tmp_path, monkeypatch, tty, extra=()):
     from lightning.pytorch.callbacks import ProgressBar
