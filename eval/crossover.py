@@ -280,11 +280,12 @@ COMPARE = ("ours", "best")
 def check_config(cfg: dict) -> None:
     """The settings of :func:`run`, before anything is measured or written: ``compare`` (:data:`COMPARE`),
     ``machine`` (null or a roofline preset of :mod:`attn_zoo.cost_model`), ``formats``, and with ``run_sweep`` the
-    sweep itself (:func:`eval.sweep.check_sweep_config`: axes, dtype, device, registered backends, variants) and
-    its model sweep's backends. Raises ``ValueError`` naming the key and the allowed values."""
+    sweep itself (:func:`eval.sweep.check_sweep_config`: axes, dtype, device, registered backends, variants;
+    :func:`eval.sweep.check_sweep_device`: a visible GPU for device=cuda) and its model sweep's backends. Raises
+    ``ValueError`` naming the key and the allowed values."""
     from attn_zoo import cost_model as cm
     from eval.plots import check_formats
-    from eval.sweep import check_model_sweep_config, check_sweep_config
+    from eval.sweep import check_model_sweep_config, check_sweep_config, check_sweep_device
 
     compare = str(cfg.get("compare") or "ours")
     if compare not in COMPARE:
@@ -296,6 +297,7 @@ def check_config(cfg: dict) -> None:
         sw = dict(cfg["sweep"])
         try:
             check_sweep_config(sw)
+            check_sweep_device(sw)
             ms = sw.get("model_sweep") or {}
             if cfg.get("model_sweep", True) and ms and ms.get("enabled", True):
                 try:

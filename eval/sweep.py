@@ -791,6 +791,16 @@ def _progress(total: int, enabled: bool, desc: str):
         return None
 
 
+def check_sweep_device(cfg: dict) -> None:
+    """``device=cuda`` (or ``cuda:<i>``) where no CUDA GPU is visible (a GPU sweep such as ``speed_h200`` on a CPU):
+    ``ValueError`` naming the key and what to pass, before anything is written (it was a ``RuntimeError`` from
+    :func:`run_sweep`, with its traceback, after the output folder was made)."""
+    dev = cfg.get("device")
+    if dev is not None and str(dev).split(":")[0] == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={dev!r}: no CUDA GPU is visible here; allowed values on this machine: cpu, null "
+                         f"(cuda when available); a CPU sweep: sweep=cpu_tiny (eval/conf/sweep/cpu_tiny.yaml)")
+
+
 def check_sweep_config(cfg: dict) -> None:
     """The axes and settings of a kernel sweep, before anything runs or is written: ``seq_lens`` / ``head_dims``
     non-empty lists of integers >= 1, ``n_heads`` an integer >= 1, ``kv_heads`` null or integers dividing it,
@@ -858,9 +868,8 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
     :class:`CudaContextLost` is raised, so that a new process resumes (one failing anchor does not fail the others).
     """
     check_sweep_config(cfg)
+    check_sweep_device(cfg)
     device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("sweep config asks for device=cuda but CUDA is not available")
     torch.manual_seed(int(cfg.get("seed", 0)))
     try:  # compiled backwards (flex, torch.compile) donate buffers and then refuse the timed repeated backward
         import torch._functorch.config as _fc
@@ -1110,8 +1119,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg["deadline_s"] = a.deadline_s
     if a.plugins:
         cfg["plugins"] = list(_as_list(cfg.get("plugins") or [])) + [m for m in a.plugins.split(",") if m.strip()]
-    try:  # bad values, plugins that do not import: the message alone, before anything is written
+    try:  # bad values, plugins that do not import, device=cuda without a GPU: the message alone, nothing written
         check_sweep_config(cfg)
+        check_sweep_device(cfg)
         if cfg.get("model_sweep") and cfg["model_sweep"].get("enabled", True):
             check_model_sweep_config(dict(cfg["model_sweep"], plugins=cfg["model_sweep"].get("plugins",
                                                                                             cfg.get("plugins"))))

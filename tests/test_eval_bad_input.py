@@ -239,3 +239,29 @@ def test_report_refuses_a_directory_as_out(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main(["--out", str(tmp_path / "r.html"), "--screenshots", str(tmp_path / "f")])
     assert "--screenshots" in capsys.readouterr().err and not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU only: device=cuda without a GPU")
+def test_a_cuda_sweep_on_a_cpu_machine_is_refused_naming_the_device(tmp_path, capsys):
+    """``python -m eval.crossover sweep=speed_h200`` (a README command) and ``python -m eval.sweep --config
+    eval/conf/sweep/speed_h200.yaml`` on a machine without a GPU ended in ``RuntimeError: sweep config asks for
+    device=cuda but CUDA is not available`` with its traceback, after making the output folder."""
+    out = tmp_path / "res"
+    cfg = {"sweep": dict(TINY, device="cuda"), "out_dir": str(out), "progress": False, "wandb": {"enabled": False}}
+    with pytest.raises(_config_error(), match=r"^sweep\.device='cuda': no CUDA GPU is visible here; allowed values "
+                                              r"on this machine: cpu, null"):
+        crossover_run(cfg)
+    assert not out.exists()
+
+    from eval import sweep
+
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--config", "eval/conf/sweep/speed_h200.yaml", "--out", str(out)])
+    assert e.value.code == 2
+    assert "--config eval/conf/sweep/speed_h200.yaml: device='cuda': no CUDA GPU is visible here" in \
+        capsys.readouterr().err
+    assert not out.exists()
+
+    r = _cli("eval.crossover", "sweep=speed_h200", f"out_dir={out}", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "sweep.device='cuda': no CUDA GPU is visible here" in r.stderr and not out.exists()
