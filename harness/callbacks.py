@@ -312,6 +312,7 @@ class MultirunJobs(HydraCallback):
       final table is left out of this launch's table and ``summary.csv`` is then left as it was.
     * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
       without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
+      A sweep Hydra refuses before its first job (a bad option in a sweep list) gets one line saying no job ran.
 
     Args:
         columns: metric keys to show (default: ``steps``, every ``val/*`` metric, ``train/loss``, ``wall_s``).
@@ -354,6 +355,13 @@ class MultirunJobs(HydraCallback):
 
     def _summary_at_exit(self, sweep_dir: Path) -> None:
         if getattr(self, "_summarized", True):
+            return
+        if not any(next(sweep_dir.glob(pattern), None) for pattern in ("*/.hydra", f"*/{FAILED}", f"*/{NOT_STARTED}",
+                                                                        f"*/{FINAL_METRICS}")):
+            # no job folder: Hydra's sweeper composes every job's config before launching any (a bad option in a
+            # sweep list, -m attention=flash,flsh), and its error ends the command before the first job
+            print(f"attn-zoo multirun: no job ran in {sweep_dir}: Hydra refused the sweep before its first job (the "
+                  f"error above; exit status 1)")
             return
         # Hydra's launchers run every job of the batch, then raise the first failure: the sweep was not cut short
         print(f"attn-zoo multirun: a job failed, so Hydra ends with its error after the sweep (exit status 1); what "

@@ -469,3 +469,18 @@ def test_bad_data_seq_len_is_named_not_model_max_seq_len(tmp_path, bad):
     """model.max_seq_len is ${data.seq_len}: a bad data.seq_len was reported as 'model.max_seq_len must be ...'."""
     with pytest.raises(ValueError, match=rf"^data\.seq_len={bad}: must be a positive integer"):
         train_mod.validate_config(make_cfg(tmp_path, [f"data.seq_len={bad}"]))
+
+
+def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_path):
+    """A bad option in a sweep list (``-m attention=flash,flsh``): Hydra checks every job's config before launching
+    any and ends with the error; the summary said "a job failed, so Hydra ends with its error after the sweep ...
+    0 jobs (no final_metrics.json found)" although no job ran."""
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "train.py", "-m", "attention=flash,flsh", "logger=csv",
+                        f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "Could not find 'attention/flsh'" in r.stderr
+    assert "a job failed" not in r.stdout and "no final_metrics.json found" not in r.stdout, r.stdout
+    assert f"attn-zoo multirun: no job ran in {sweep}: Hydra refused the sweep before its first job" in r.stdout
+    assert not [p for p in sweep.iterdir() if p.is_dir()]
