@@ -243,6 +243,20 @@ def error_line(e: BaseException, limit: int = 160) -> str:
     return f"{type(e).__name__}: {msg.splitlines()[0][:limit] if msg else ''}"
 
 
+def check_out_dir(path, key: str) -> None:
+    """An output folder (``out_dir=``, ``--out``) that cannot be one: ``path`` or a folder above it is an existing
+    file. Raises ``ValueError`` naming ``key`` (it was a FileExistsError / NotADirectoryError traceback from
+    ``os.makedirs``, in ``eval.crossover`` after the sweep had been measured)."""
+    if not path:
+        return
+    p = os.path.abspath(str(path))
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise ValueError(f"{key}{' ' if key.startswith('-') else '='}{path}: {p} is a file, not a folder; pass the "
+                         f"folder to write into (missing folders are created)")
+
+
 def write_csv(rows: Iterable[Dict[str, object]], path: str, columns: Optional[Sequence[str]] = None) -> str:
     """Write dict rows to ``path``; returns the path. Header: ``columns``, else the union of the keys in first-seen
     order. Cells as the results always had them: ``str`` of each value (floats at full precision), an explicit NaN

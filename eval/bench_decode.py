@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets
 from attn_zoo.variants import get_variant
-from eval.bench_common import env_info, format_table, time_cuda, time_cuda_graph, try_call, write_csv, write_json
+from eval.bench_common import check_out_dir, env_info, format_table, time_cuda, time_cuda_graph, try_call, write_csv, write_json
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
              flex_points=2, flex_budget_s=60.0)
@@ -373,7 +373,12 @@ def parse_args(argv=None):
     p.add_argument("--weights-gb", type=float, default=14.0, help="model weights kept beside the cache (7B in bf16)")
     p.add_argument("--memory-gb", type=float, default=None, help="device memory (default: the GPU's, else 141)")
     p.add_argument("--mem-batch", type=int, default=1)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        check_out_dir(args.out, "--out")
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 def main(argv=None) -> dict:

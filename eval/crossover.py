@@ -284,6 +284,7 @@ def check_config(cfg: dict) -> None:
     :func:`eval.sweep.check_sweep_device`: a visible GPU for device=cuda) and its model sweep's backends. Raises
     ``ValueError`` naming the key and the allowed values."""
     from attn_zoo import cost_model as cm
+    from eval.bench_common import check_out_dir
     from eval.plots import check_formats
     from eval.sweep import check_model_sweep_config, check_sweep_config, check_sweep_device
 
@@ -293,6 +294,8 @@ def check_config(cfg: dict) -> None:
     if cfg.get("machine") is not None:
         cm.get_machine(str(cfg["machine"]))  # raises naming machine= and the presets
     check_formats(cfg.get("formats"))
+    check_out_dir(cfg.get("out_dir"), "out_dir")
+    check_out_dir(cfg.get("figures_dir"), "figures_dir")
     if cfg.get("run_sweep", True):
         sw = dict(cfg["sweep"])
         try:

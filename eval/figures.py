@@ -155,6 +155,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--list", action="store_true", help="print the jobs and their commands, run nothing")
     p.add_argument("--out-root", help="write every output under this folder instead of in place")
     args = p.parse_args(argv)
+    from eval.bench_common import check_out_dir
+
+    try:
+        check_out_dir(args.out_root, "--out-root")
+    except ValueError as e:
+        p.error(str(e))
     try:
         jobs = select(args.only)
     except ValueError as e:

@@ -755,7 +755,10 @@ def check_plots_config(cfg: dict) -> None:
     exists (``results_dir`` with a ``kernel.csv`` or ``model.csv``, ``doclen_dir`` with ``fit.json``; ``speed_csv``
     / ``speed`` files); ``formats`` and ``machine`` allowed values. Raises ``ValueError`` / ``FileNotFoundError``
     naming the argument."""
+    from eval.bench_common import check_out_dir
+
     check_formats(cfg.get("formats"))
+    check_out_dir(cfg.get("figures_dir"), "figures_dir")
     if cfg.get("machine"):
         cm.get_machine(str(cfg["machine"]))
     if not any(cfg.get(k) for k in PLOT_INPUTS):

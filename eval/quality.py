@@ -50,7 +50,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from eval.bench_common import write_csv
+from eval.bench_common import check_out_dir, write_csv
 from eval.crossover import _f, find_crossover
 
 QUALITY_METRICS = {"mqar": ("val_acc", "val_loss"), "text": ("val_bpb", "val_loss")}
@@ -702,6 +702,8 @@ def check_config(cfg: dict) -> None:
     if compare not in ("ours", BEST):
         raise ValueError(f"compare={compare!r} is not supported; allowed values: ours, {BEST}")
     check_formats(cfg.get("formats"))
+    check_out_dir(cfg.get("out_dir"), "out_dir")
+    check_out_dir(cfg.get("figures_dir"), "figures_dir")
     n_boot = cfg.get("n_boot")
     if n_boot is not None and not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and n_boot >= 1):
         raise ValueError(f"n_boot={n_boot!r}: must be an integer >= 1 (bootstrap resamples)")

@@ -70,7 +70,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from eval.bench_common import write_csv
+from eval.bench_common import check_out_dir, write_csv
 from eval.crossover import _f
 from eval.quality import find_runs, load_run, read_metrics
 
@@ -1003,9 +1003,10 @@ def run(cfg: dict) -> dict:
             except (TypeError, ValueError, OverflowError):
                 raise ValueError(f"{key}={cfg[key]!r}: must be an integer (a {field} of the runs), or left out "
                                  f"for all") from None
+    out_dir = cfg.get("out_dir") or "results/recall"
+    check_out_dir(out_dir, "out_dir")
     roots = cfg.get("runs")
     recs = load_runs(roots)
-    out_dir = cfg.get("out_dir") or "results/recall"
     plots.set_formats(cfg.get("formats") or ["png"])
     base = os.path.join(out_dir, kind)
     notes: List[str] = []

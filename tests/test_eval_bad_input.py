@@ -265,3 +265,29 @@ def test_a_cuda_sweep_on_a_cpu_machine_is_refused_naming_the_device(tmp_path, ca
     r = _cli("eval.crossover", "sweep=speed_h200", f"out_dir={out}", cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "sweep.device='cuda': no CUDA GPU is visible here" in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("args,want", [
+    (["eval.recall", "fig2", "runs=[{runs}]", "out_dir={f}"], "eval.recall: error: out_dir={f}: {f} is a file"),
+    (["eval.quality", "runs=[{runs}]", "out_dir={f}", "wandb.enabled=false"], "out_dir={f}: {f} is a file"),
+    (["eval.crossover", "sweep=cpu_tiny", "out_dir={f}/sub", "sweep.backends=[torch]", "wandb.enabled=false"],
+     "out_dir={f}/sub: {f} is a file"),
+    (["eval.sweep", "--config", os.path.join(ROOT, "eval/conf/sweep/cpu_tiny.yaml"), "--out", "{f}"],
+     "--out {f}: {f} is a file"),
+    (["eval.doclen", "--out", "{f}", "--no-figure"], "--out {f}: {f} is a file"),
+    (["eval.bench_decode", "--quick", "--out", "{f}/x"], "--out {f}/x: {f} is a file"),
+    (["eval.figures", "--only", "mqar_recall", "--out-root", "{f}"], "--out-root {f}: {f} is a file"),
+])
+def test_an_output_folder_naming_a_file_is_refused_naming_the_option(tmp_path, args, want):
+    """``out_dir=`` / ``--out`` naming an existing file (or a folder under one) ended in a FileExistsError /
+    NotADirectoryError traceback from ``os.makedirs`` (``eval.crossover``: after the sweep had been measured)."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    runs = tmp_path / "runs"
+    (runs / "job" / ".hydra").mkdir(parents=True)
+    (runs / "job" / "csv").mkdir()
+    args = [a.format(f=f, runs=runs) for a in args]
+    r = _cli(*args, cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert want.format(f=f) in r.stderr, r.stderr[-2000:]
+    assert f.read_text() == "x"
