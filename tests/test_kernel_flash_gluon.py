@@ -177,6 +177,106 @@ def test_layout_tables_match_mask_info(case, tiles, keys):
     assert int(cnt.sum()) == int(visited.sum()) > 0 and (cnt < visited.shape[1]).any()  # sparse: some tiles skipped
 
 
+def _brute_mask(lay, bs, Nq, Nk, wl, wr):
+    """The element rule written out (not MaskInfo's code): query ``i`` at absolute position ``i + Nk - Nq`` sees key
+    ``j`` iff its position is >= 0, the layout block (query / key positions past the layout in its last block) is on
+    and the band holds (``wr`` / ``wl`` < 0: no such edge)."""
+    nb = lay.shape[0]
+    a = torch.arange(Nq).view(-1, 1) + (Nk - Nq)  # absolute query positions
+    j = torch.arange(Nk).view(1, -1)
+    on = lay.bool()[torch.clamp(a.clamp(min=0) // bs, max=nb - 1), torch.clamp(j // bs, max=nb - 1)]
+    return (a >= 0) & on & ((j <= a + wr) if wr >= 0 else True) & ((j >= a - wl) if wl >= 0 else True)
+
+
+def _check_layout_tables(lay, bs, Nq, Nk, wl, wr, bm, bn, keys):
+    """layout_tables against the element mask: every (query tile, key tile) pair with an allowed element listed
+    exactly once in its row (no pair without one), the full ones first and really full (every element of a whole
+    tile allowed), and what the kernels compute from the table (full tiles: every element; the others: the band's
+    element rule inside the sequence) is the mask itself."""
+    from kernels.flash.sparse import layout_tables
+
+    want = _brute_mask(lay, bs, Nq, Nk, wl, wr)
+    i = torch.arange(Nq).view(-1, 1)
+    j = torch.arange(Nk).view(1, -1)
+    band = torch.ones(Nq, Nk, dtype=torch.bool)
+    if wr >= 0:
+        band &= j <= i + Nk - Nq + wr
+    if wl >= 0:
+        band &= j >= i + Nk - Nq - wl
+    nq, nk = -(-Nq // bm), -(-Nk // bn)
+    pad = torch.zeros(nq * bm, nk * bn, dtype=torch.bool)
+    pad[:Nq, :Nk] = want
+    seen = pad.view(nq, bm, nk, bn).any(3).any(1)  # (query tile, key tile) pairs with an allowed element
+    pad[:Nq, :Nk] = ~want
+    whole = torch.zeros(nq, nk, dtype=torch.bool)
+    whole[:Nq // bm, :Nk // bn] = True
+    all_on = whole & ~pad.view(nq, bm, nk, bn).any(3).any(1)  # whole tiles with every element allowed
+    idx, cnt, nfull = layout_tables(lay, bs, Nq, Nk, wl, wr, bm, bn, keys=keys)
+    rows = nk if keys else nq
+    assert idx.dtype == cnt.dtype == nfull.dtype == torch.int32 and cnt.shape == nfull.shape == (rows,)
+    assert idx.shape == (rows, 1 + max(int(cnt.max()), 1)) and idx.is_contiguous()
+    assert sorted(idx[:, 0].tolist()) == list(range(rows)) and cnt.tolist() == sorted(cnt.tolist(), reverse=True)
+    listed = torch.zeros(nq, nk, dtype=torch.int64)  # times each pair is listed
+    full = torch.zeros(nq, nk, dtype=torch.bool)
+    for r in range(rows):
+        own, c, f = int(idx[r, 0]), int(cnt[r]), int(nfull[r])
+        assert 0 <= f <= c and (idx[r, 1 + c:] == 0).all()
+        row = idx[r, 1:1 + c].tolist()
+        assert row[:f] == sorted(row[:f]) and row[f:] == sorted(row[f:])
+        for pos, other in enumerate(row):
+            qt, kt = (other, own) if keys else (own, other)
+            listed[qt, kt] += 1
+            full[qt, kt] |= pos < f
+    assert torch.equal(listed, seen.long())  # every pair with an allowed element exactly once, no other pair
+    assert not (full & ~all_on).any()  # full: a whole tile whose every element is allowed (no element rule)
+    # what the kernels compute: every element of a full tile, the band's element rule (inside the sequence) elsewhere
+    up = lambda m: m.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:Nq, :Nk]  # noqa: E731
+    i = torch.arange(Nq).view(-1, 1) + (Nk - Nq)
+    j = torch.arange(Nk).view(1, -1)
+    band = ((j <= i + wr) if wr >= 0 else True) & ((j >= i - wl) if wl >= 0 else True)
+    assert torch.equal(up(full) | (up(listed > 0) & band), want)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("tiles", [(128, 128), (128, 64), (64, 128)])
+def test_layout_tables_brute_force_edges(tiles, keys):
+    """Hand-picked edges: rows / columns of the layout with no block on (query / key tiles visiting nothing), a
+    last layout block the sequence fills partly, a layout shorter than the sequence (positions past it in its last
+    block), ragged Nq / Nk, Nq < Nk and Nq > Nk (rows at negative positions), causal, windows of either edge, 384-token
+    blocks."""
+    bm, bn = tiles
+    lay = torch.tensor([[1, 0, 0, 1], [0, 0, 0, 0], [1, 0, 1, 0], [0, 0, 1, 1]], dtype=torch.int8)
+    for bs, Nq, Nk in ((128, 512, 512), (128, 448, 448), (128, 300, 300 + bm), (256, 1000 - bm, 1000),
+                       (256, 700 + 2 * bm, 700), (384, 1100, 1100), (128, 900, 900), (256, 130, 130 + 3 * bm)):
+        for wl, wr in ((-1, -1), (-1, 0), (100, 0), (-1, 200), (bm, -1), (0, 0), (200, 50)):
+            _check_layout_tables(lay, bs, Nq, Nk, wl, wr, bm, bn, keys)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_layout_tables_brute_force_random(seed):
+    """Random layouts (empty to full, lower-triangular or not, shorter / longer than the sequence), block sizes 128 /
+    256 / 384, every kernel tile, both tables, Nk - Nq any multiple of the query tile, ragged lengths, windows."""
+    from kernels.flash.sparse import tiles_whole
+
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda n: int(torch.randint(n, (1,), generator=g))  # noqa: E731
+    done = 0
+    while done < 12:
+        bs = (128, 256, 384)[rnd(3)]
+        bm, bn = ((128, 128), (128, 64), (64, 128))[rnd(3)]
+        Nk = 1 + rnd(700) if rnd(2) else 128 * (1 + rnd(5))
+        Nq = Nk + bm * (rnd(7) - 3)
+        if Nq <= 0 or not tiles_whole(bs, Nq, Nk, bm, bn):
+            continue
+        nb = max(1, -(-max(Nq, Nk) // bs) + rnd(3) - 1)
+        lay = torch.rand(nb, nb, generator=g) < (0.0, 0.3, 0.7, 1.0)[rnd(4)]
+        if rnd(2):
+            lay = lay.tril()
+        wl, wr = (-1, -1, 0, 64, 257)[rnd(5)], (-1, 0, 0, 1, 130)[rnd(5)]
+        _check_layout_tables(lay, bs, Nq, Nk, wl, wr, bm, bn, bool(rnd(2)))
+        done += 1
+
+
 def test_layout_tables_refuse_tiles_across_blocks():
     from kernels.flash.sparse import layout_tables, tiles_whole
 
