@@ -135,11 +135,12 @@ def test_band_masks_pass_the_mask_check(monkeypatch, impl, case):
 
 SPARSE_CASES = {  # (spec fields, Nq, Nk): layouts of whole 128 x 128 tiles
     "bigbird_causal": (dict(causal=True, sparse_pattern="bigbird", block_size=128, num_random_blocks=2), 1000, 1000),
-    "bigbird_full": (dict(sparse_pattern="bigbird", block_size=256, num_random_blocks=1), 1100, 1100),
+    "bigbird_full": (dict(causal=False, sparse_pattern="bigbird", block_size=256, num_random_blocks=1), 1100, 1100),
     "strided_causal_nq_lt_nk": (dict(causal=True, sparse_pattern="strided", block_size=128, stride_blocks=3), 384,
                                 1280),
-    "strided_full_nq_gt_nk": (dict(sparse_pattern="strided", block_size=128, stride_blocks=2), 1280, 1024),
-}
+    "strided_full_nq_gt_nk": (dict(causal=False, sparse_pattern="strided", block_size=128, stride_blocks=2), 1280,
+                              1024),
+}  # (AttentionSpec's causal defaults to True: the "_full" cases say causal=False)
 
 
 def _sparse_mask(case):
@@ -148,6 +149,19 @@ def _sparse_mask(case):
     fields, Nq, Nk = SPARSE_CASES[case]
     spec = AttentionSpec(kind="sparse", **fields)
     return spec, mask_info(spec, Nq, Nk), Nq, Nk
+
+
+def test_sparse_cases_are_what_they_are_named():
+    """The GPU tests' block-sparse cases (test_gpu_block_sparse_forward / _gluon_backward) cover the masks their
+    names say: "_causal" ones causal, "_full" ones not (the Gluon kernels' SPARSE paths without HAS_RIGHT: no element
+    rule at all in the dK / dV kernel's partial tiles, only the ragged end in the forward and dQ), "nq_lt_nk" /
+    "nq_gt_nk" the lengths; and a non-causal layout still skips tiles."""
+    for case in SPARSE_CASES:
+        spec, mi, Nq, Nk = _sparse_mask(case)
+        assert mi.causal is ("_causal" in case) and mi.causal is not ("_full" in case), case
+        assert mi.window_left is None and mi.window_right is None, case
+        assert (Nq < Nk) is ("nq_lt_nk" in case) and (Nq > Nk) is ("nq_gt_nk" in case), case
+        assert not bool(mi.layout.all()), case
 
 
 @pytest.mark.parametrize("tiles,keys", [((128, 128), False), ((128, 64), False), ((64, 128), True)])
