@@ -895,3 +895,81 @@ def test_gpu_block_sparse_gluon_backward(case):
         bound = 3 * (p.float() - r).abs().max().item() + 1e-4
         assert (a.float() - r).abs().max().item() <= bound, name
         assert (a.float() - b.float()).abs().max().item() <= bound, name
+
+
+# block-sparse layouts with a sliding window, empty layout rows / columns, layouts shorter than the sequence:
+# (causal, window_size, block_size, layout blocks, empty layout row / column or None, Nq, Nk, Hq, Hkv)
+LAYOUT_BAND_CASES = {
+    "causal_window_empty_tiles": (True, (300, 0), 128, 8, (2, 5), 1000, 1000, 4, 4),
+    "window_both_nq_lt_nk_gqa": (False, (200, 100), 128, 8, (2, 6), 700, 956, 4, 2),
+    "left_window_nq_gt_nk_short_layout": (False, (500, None), 256, 3, None, 1100, 844, 4, 4),
+    "full_empty_tiles_gqa": (False, None, 128, 8, (3, 4), 1000, 1000, 8, 2),
+}
+
+
+def _layout_band_case(case):
+    """``(mask_kw for flash_attn, MaskInfo, Nq, Nk, Hq, Hkv)`` of a :data:`LAYOUT_BAND_CASES` entry (a fixed random
+    layout, seed 5, with the given layout row and column off: query / key tiles that visit nothing)."""
+    from attn_zoo.masks import MaskInfo
+    from kernels.flash.api import _window_bounds
+
+    causal, window, bs, nb, empty, Nq, Nk, Hq, Hkv = LAYOUT_BAND_CASES[case]
+    lay = torch.rand(nb, nb, generator=torch.Generator().manual_seed(5)) < 0.6
+    lay |= torch.eye(nb, dtype=torch.bool)
+    if empty is not None:
+        lay[empty[0], :] = False
+        lay[:, empty[1]] = False
+    wl, wr = _window_bounds(causal, window)
+    mi = MaskInfo(Nq, Nk, causal, None if wl < 0 else wl, None if wr < 0 else wr, lay, bs)
+    kw = dict(causal=causal, window_size=window, block_layout=lay, block_size=bs, block_table_fn=mi.block_table)
+    return kw, mi, Nq, Nk, Hq, Hkv
+
+
+def _masked_attention_grads(q, k, v, do, mask, scale, dtype=None):
+    """out, dq, dk, dv of ``softmax(scale q k^T)`` under the bool ``(Nq, Nk)`` ``mask`` in plain PyTorch (in
+    ``dtype``, default the inputs'; rows that see no key: zero output, no gradient)."""
+    leaves = [t.detach().clone().to(dtype or t.dtype).requires_grad_(True) for t in (q, k, v)]
+    qq, kk, vv = leaves
+    group = qq.shape[1] // kk.shape[1]
+    empty = ~mask.any(-1, keepdim=True)
+    s = (qq @ repeat_kv(kk, group).transpose(-1, -2)) * scale
+    s = s.masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0)
+    p = torch.softmax(s.float(), -1).masked_fill(empty, 0.0).to(qq.dtype)
+    o = p @ repeat_kv(vv, group)
+    o.backward(do.to(o.dtype))
+    return [o.detach()] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("D", [128, 64])  # (D 64: the dQ kernel's 128 x 128 tiles, its table at them; untimed, by name)
+@pytest.mark.parametrize("case", sorted(LAYOUT_BAND_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_block_sparse_gluon_with_windows(case, D):
+    """The Gluon forward and backward (two consumers, Gluon dQ) on block-sparse layouts of whole tiles together with
+    sliding windows (either edge: the element rule inside the tables' partial tiles), layout rows / columns with no
+    block on (query tiles and key tiles whose table row is empty: zero output and gradients written), a layout
+    shorter than the sequence (positions past it in its last block), GQA, ragged Nq / Nk both ways: out and every
+    gradient within 3x plain PyTorch's error of the fp32 reference, and close to the Triton kernels'."""
+    kw, mi, Nq, Nk, Hq, Hkv = _layout_band_case(case)
+    q, k, v, do = _qkv(2, Hq, Hkv, Nq, Nk, D, bnhd=True)
+    scale = D ** -0.5
+    mask = mi.dense(q.device)
+
+    def run(cfg):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        o = flash_attn(*leaves, config=cfg, **kw)
+        o.backward(do)
+        return [o.detach()] + [t.grad for t in leaves]
+
+    ours = run(FlashConfig(fwd_impl="gluon_ws3a", bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq="gluon"))
+    tri = run(FlashConfig(fwd_impl="triton", bwd_impl="triton"))
+    ref = _masked_attention_grads(q, k, v, do, mask, scale, torch.float32)
+    plain = _masked_attention_grads(q, k, v, do, mask, scale)
+    for name, a, b, r, p in zip(("out", "dq", "dk", "dv"), ours, tri, ref, plain):
+        bound = 3 * (p.float() - r).abs().max().item() + 1e-4
+        assert (a.float() - r).abs().max().item() <= bound, (case, name)
+        assert (a.float() - b.float()).abs().max().item() <= bound, (case, name)
+    seen_q, seen_k = mask.any(1), mask.any(0)
+    assert (~seen_q).any() and ours[1][:, :, ~seen_q].abs().max().item() == 0  # rows that see nothing: dq = 0
+    if (~seen_k).any():  # keys no row sees: dk = dv = 0
+        assert ours[2][:, :, ~seen_k].abs().max().item() == 0 and ours[3][:, :, ~seen_k].abs().max().item() == 0
