@@ -176,6 +176,35 @@ def test_auto_bwd_sparse_knob(monkeypatch):
     assert (run.bwd_impl, run.gluon_bwd_dq, run.gluon_bwd_consumers, run.deterministic) == ("gluon", "gluon", 2, True)
 
 
+def test_auto_bwd_gluon_choices_pass_the_check(monkeypatch):
+    """Wherever "auto" takes the Gluon backward (layouts at the patched minimum N and beyond, bands, dense; ragged
+    N, Nq != Nk, GQA, every head dim / Dv / dtype / setting it may see), check_gluon_bwd accepts the call with auto's
+    settings (auto_gluon_bwd_config), so a training step never meets the check's ValueError; the grid does reach
+    "gluon" for layouts, windows and GQA."""
+    import itertools
+
+    from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
+
+    _all_hold(monkeypatch)
+    monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(G, "_gluon_modules", lambda: None)
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 4096)
+    cfgs = (FlashConfig(), FlashConfig(deterministic=True), FlashConfig(dq_mode="atomic"), FlashConfig(tma=False),
+            FlashConfig(gluon_bwd_dq="triton"), FlashConfig(gluon_bwd_consumers=2, gluon_bwd_dq="triton"))
+    took = set()
+    for (Hq, Hkv), (Nq, dn), (D, Dv), dt, (lay, bs), (wl, wr), docs, dil, cfg in itertools.product(
+            ((8, 8), (8, 2)), ((4096, 0), (4100, 0), (4096, 128), (4224, -128), (4096, 64), (4000, 0)),
+            ((128, 128), (64, 64), (128, 64), (256, 256)), (torch.bfloat16, torch.float16, torch.float32),
+            ((None, 0), (object(), 128), (object(), 256), (object(), 64), (object(), 0)),
+            ((-1, -1), (-1, 0), (1500, 0), (-1, 7)), (None, object()), (1, 2), cfgs):
+        q, k, v = _fake_qkv(8, Hq, Hkv, Nq, Nq + dn, D, Dv, dt)
+        if G.choose_bwd_impl(cfg, q, k, v, wl, wr, lay, dil, docs, bs) != "gluon":
+            continue
+        took.add((lay is not None, wl >= 0, Hq != Hkv))
+        G.check_gluon_bwd(q, k, v, wl, wr, lay, dil, docs, G.auto_gluon_bwd_config(cfg, D), bs)
+    assert {(True, False, False), (True, True, False), (False, False, True), (False, True, False)} <= took
+
+
 def test_auto_bwd_is_triton_on_cpu():
     """Real CPU tensors: the default config's backward is the Triton one's, bit for bit."""
     q, k, v, do = _qkv(1, 2, 2, 40, 40, 64, device="cpu")
