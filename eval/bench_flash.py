@@ -445,13 +445,15 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
 
 def _set_times(row, mode, times, B, Hq, N, D, frac):
     """``row``'s ``<mode>_ms`` (the median of ``times``, ms), ``<mode>_tflops`` (FlashAttention FLOPs over the visited
-    fraction ``frac``), and with more than one time ``<mode>_spread`` and ``rounds``."""
+    fraction ``frac``), and with more than one time ``<mode>_spread``, ``rounds`` and ``<mode>_rounds_ms`` (every
+    round's time in ms in the order they ran, ``;``-separated: a spread's outlier is named, not only counted)."""
     ms, spread = median_spread(times)
     row[f"{mode}_ms"] = round(ms, 4)
     row[f"{mode}_tflops"] = round(tflops(flash_flops(B, Hq, N, D, visited_fraction=frac, mode=mode), ms), 1)
     if len(times) > 1:
         row[f"{mode}_spread"] = round(spread, 4)
         row["rounds"] = len(times)
+        row[f"{mode}_rounds_ms"] = ";".join(f"{t:.4f}" for t in times)
 
 
 def _check_doc_err(f, q, k, vv, spec, doc_ids, rows: int = 128):

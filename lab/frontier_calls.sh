@@ -29,7 +29,9 @@
 # shares that fit the 1,800 s: PYTEST_S=300 TAYLOR_S=150 ELU_S=300 SOFTMAX_BUDGET_S=330 (~1,700 s with a
 # 200 s start). Eighteenth session (H100, started in ~30 s): 222 / 255 / 259 / 267 s, and 126 s for call 4 again.
 # Nineteenth (H100, ~100 s to start): 338 / 323 / 345 / 363 s (the GPU suite took 260 s of call 1; DOCS_S was 240,
-# and the limit cut the window rows: 300 since).
+# and the limit cut the window rows: 300 since). Twenty-second (H100, ~300 s to start): call 1 358 s, call 4 102 s
+# without FA4 (calls 2-3 install it: run them before 4, or the anchors' rows are errors). Source lab/gpu_env.sh in
+# the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
 case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
@@ -94,10 +96,12 @@ case $call in
     timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
       --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
     grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
-    # the Gluon backward on the block-sparse layouts' own tables (by name until timed: ours_gluon_dq is two consumers
-    # and the Gluon dQ) against the default (Triton backward) and Flex+FA4
-    timeout -k 5 100 python3 -m eval.bench_flash --out "$W" --tag sparse_bwd --variants bigbird,strided --N 4096,16384 \
-      --D 128 --impls ours,ours_gluon_dq,flex_fa4 --rounds 3 --check --time-budget-s 90 > "$W/sparse_bwd.log" 2>&1
+    # the Gluon backward on the block-sparse layouts' own tables (ours_gluon_dq: two consumers and the Gluon dQ;
+    # "auto" from 16k queries) against the Triton backward (ours below 16k) and Flex+FA4; 5 rounds, each kept in the
+    # JSON's fwd_bwd_rounds_ms: the 22nd session saw 0.64-0.84x readings at 1k / 4k with spreads up to 0.42
+    timeout -k 5 130 python3 -m eval.bench_flash --out "$W" --tag sparse_bwd --variants bigbird,strided \
+      --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_dq,flex_fa4 --rounds 5 --check --time-budget-s 120 \
+      > "$W/sparse_bwd.log" 2>&1
     b sparse_bwd $?; grep -E "^ *(bigbird|strided) " "$W/sparse_bwd.log" | cut -c1-170
     timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag where_fa4 --cases causal:16384:128,win1024:16384:128 \
       --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1; b where_fa4 $?

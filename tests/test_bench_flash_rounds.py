@@ -68,6 +68,8 @@ def test_bench_case_rounds_share_a_drift_between_impls(monkeypatch):
     assert (t["fwd_bwd_ms"], r["fwd_bwd_ms"]) == (12.0, 11.0)
     assert t["rounds"] == r["rounds"] == 3
     assert t["fwd_bwd_spread"] == pytest.approx((13 - 3) / 12, abs=1e-4)
+    assert t["fwd_bwd_rounds_ms"] == "3.0000;12.0000;13.0000" and r["fwd_rounds_ms"] == "4.0000;7.0000;10.0000"
+    assert "fwd_bwd_rounds_ms" not in once["torch"]
     assert r["fwd_spread"] == pytest.approx((10 - 4) / 7, abs=1e-4)
     assert t["bwd_ms"] == 2.0  # the backward alone is timed once
     ratio_once = once["reference"]["fwd_bwd_ms"] / once["torch"]["fwd_bwd_ms"]
