@@ -157,6 +157,16 @@ def test_auto_bwd_sparse_knob(monkeypatch):
                (small, dict(layout_bs=0))]
     for args, kw in refused:
         assert G.choose_bwd_impl(auto, *args, **(lay | kw)) == "triton", (args[0].shape, kw)
+    # while GLUON_AUTO_SPARSE_CAUSAL_ONLY (the default): only causal layouts without a window, forward and backward
+    assert G.GLUON_AUTO_SPARSE_CAUSAL_ONLY
+    for mask in (dict(win_right=-1), dict(win_left=511), dict(win_right=5)):
+        assert G.choose_bwd_impl(auto, *small, **(lay | mask)) == "triton", mask
+        assert G.choose_fwd_impl(auto, *small, **(lay | mask)) == "triton", mask
+        monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", False)
+        assert G.choose_bwd_impl(auto, *small, **(lay | mask)) == "gluon", mask
+        assert G.choose_fwd_impl(auto, *small, **(lay | mask)) == G.AUTO_GLUON_IMPL, mask
+        monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", True)
+    assert G.choose_fwd_impl(auto, *small, **lay) == G.AUTO_GLUON_IMPL
     monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 16384)
     assert G.choose_bwd_impl(auto, *small, **lay) == "triton"
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384), **lay) == "gluon"
@@ -189,6 +199,7 @@ def test_auto_bwd_gluon_choices_pass_the_check(monkeypatch):
     monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)
     monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 4096)
+    monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", False)  # the rule once the other masks have run
     cfgs = (FlashConfig(), FlashConfig(deterministic=True), FlashConfig(dq_mode="atomic"), FlashConfig(tma=False),
             FlashConfig(gluon_bwd_dq="triton"), FlashConfig(gluon_bwd_consumers=2, gluon_bwd_dq="triton"))
     took = set()
