@@ -49,8 +49,8 @@ at 16k 1.02x, of 4096 1.15x. D 64: 0.85x / 0.87x (window 4k / 16k), 0.83x (docum
 GLUON_AUTO_SPARSE = True
 """Whether ``fwd_impl="auto"`` takes the Gluon forward for a block-sparse layout whose blocks are whole Gluon tiles
 (:func:`~kernels.flash.sparse.tiles_whole` at :func:`gluon_tiles`: ``block_size`` a multiple of 128, ``Nk - Nq`` a
-multiple of 128; no documents, no dilation) at the head dims of :data:`GLUON_AUTO_BAND_HEAD_DIMS`, at any size (no
-pair threshold). H100 80GB (no H200 was lent), 2026-12-06, ``results/h100/2026-12-06b/sparse/`` (``python -m
+multiple of 128; no documents, no dilation; causal while :data:`GLUON_AUTO_SPARSE_CAUSAL_ONLY`) at the head dims of
+:data:`GLUON_AUTO_BAND_HEAD_DIMS`, at any size (no pair threshold). H100 80GB (no H200 was lent), 2026-12-06, ``results/h100/2026-12-06b/sparse/`` (``python -m
 eval.bench_flash --variants bigbird,strided --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_ws3a,flex_fa4
 --rounds 3``, causal, 128-token blocks, bf16, 16k tokens per call, one process, two calls): forward 1.19-1.32x the
 Triton sparse forward at every N (1k included), forward+backward 1.00-1.07x. A module-level knob read at every call, as
