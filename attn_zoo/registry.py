@@ -55,12 +55,22 @@ _DERIVED: List[Callable[[], None]] = []  # the clear() of every cache derived fr
 def derived_cache(maxsize: Optional[int] = 128):
     """``functools.lru_cache(maxsize)`` whose entries :func:`forget_derived` clears: for any cache keyed by a spec
     (or a kind) whose value depends on what is registered (a mask, a backend choice, tables built from a mask).
-    Use as ``@derived_cache(64)``."""
+    Use as ``@derived_cache(64)``.
+
+    Under ``torch.compile`` the function is not traced (``torch.compiler.disable``): it runs eagerly, once per key,
+    at a graph break, and its tensors (a layout, block tables, a mask) reach the graph as inputs, the same objects
+    at every step. Traced, Dynamo would drop the cache and rebuild them inside every compiled step (with a graph
+    break at each ``.item()`` of the mask code), and a kernel's own cache keyed by such a tensor
+    (:func:`kernels.flash.gluon.gluon_layout_tables`) would miss at every call."""
 
     def deco(fn):
+        import torch
+
         cached = lru_cache(maxsize=maxsize)(fn)
         _DERIVED.append(cached.cache_clear)
-        return cached
+        eager = torch.compiler.disable(cached)
+        eager.cache_clear, eager.cache_info = cached.cache_clear, cached.cache_info
+        return eager
 
     return deco
 

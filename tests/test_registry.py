@@ -222,3 +222,25 @@ def test_bench_flash_binds_registry_backends():
     with pytest.raises(ValueError, match="impl='nope' is not a backend of kind='flash'; allowed values: ours, triton"):
         bf.make_impl("nope", "causal", 32, 16, AttentionSpec(kind="flash"), inputs=(q, k, v))
     assert bf.visited_fraction("causal", 64) == 0.5 and 0 < bf.visited_fraction("dil512x2", 4096) < 0.11
+
+
+def test_mask_derivations_are_not_traced_by_torch_compile(monkeypatch):
+    """Under torch.compile a block-sparse call through the triton backend is one graph whose layout and block tables
+    are inputs (derived_cache runs its function eagerly, once): traced, the BigBird mask code rebuilt them inside
+    every compiled step, with a graph break at each .item(). The kernel sees the same layout object at every call
+    (the Gluon table cache is keyed by it)."""
+    import kernels.flash.autograd as A
+    from attn_zoo.backends.triton_flash import triton_softmax_attention
+
+    spec = AttentionSpec(kind="sparse", causal=True, block_size=16)
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+    ex = torch._dynamo.explain(lambda a, b, c: triton_softmax_attention(a, b, c, spec))(q, k, v)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), [str(r.reason)[:120] for r in ex.break_reasons[:3]]
+    seen, fwd = [], A.flash_attn_fwd
+    monkeypatch.setattr(A, "flash_attn_fwd", lambda *a, **kw: (seen.append(a[6]), fwd(*a, **kw))[1])
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b, c: triton_softmax_attention(a, b, c, spec), backend="aot_eager")
+    outs = [f(q, k, v) for _ in range(3)]
+    assert len(seen) == 3 and all(t is seen[0] for t in seen) and seen[0].dtype == torch.int8
+    torch.testing.assert_close(outs[-1], attention(q, k, v, spec, backend="reference"), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
