@@ -59,9 +59,9 @@ def derived_cache(maxsize: Optional[int] = 128):
 
     Under ``torch.compile`` the function is not traced (``torch.compiler.disable``): it runs eagerly, once per key,
     at a graph break, and its tensors (a layout, block tables, a mask) reach the graph as inputs, the same objects
-    at every step. Traced, Dynamo would drop the cache and rebuild them inside every compiled step (with a graph
-    break at each ``.item()`` of the mask code), and a kernel's own cache keyed by such a tensor
-    (:func:`kernels.flash.gluon.gluon_layout_tables`) would miss at every call."""
+    at every step (a kernel's own cache keyed by such a tensor, :func:`kernels.flash.gluon.gluon_layout_tables`,
+    relies on it). Traced, Dynamo drops the cache wrapper and the mask code enters the compiled graph, with a graph
+    break at each ``.item()``."""
 
     def deco(fn):
         import torch
