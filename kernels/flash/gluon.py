@@ -50,8 +50,8 @@ GLUON_AUTO_SPARSE = True
 """Whether ``fwd_impl="auto"`` takes the Gluon forward for a block-sparse layout whose blocks are whole Gluon tiles
 (:func:`~kernels.flash.sparse.tiles_whole` at :func:`gluon_tiles`: ``block_size`` a multiple of 128, ``Nk - Nq`` a
 multiple of 128; no documents, no dilation; causal while :data:`GLUON_AUTO_SPARSE_CAUSAL_ONLY`) at the head dims of
-:data:`GLUON_AUTO_BAND_HEAD_DIMS`, at any size (no pair threshold). H100 80GB (no H200 was lent), 2026-12-06, ``results/h100/2026-12-06b/sparse/`` (``python -m
-eval.bench_flash --variants bigbird,strided --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_ws3a,flex_fa4
+:data:`GLUON_AUTO_BAND_HEAD_DIMS`, at any size (no pair threshold). H100 80GB (no H200 was lent), 2026-12-06,
+``results/h100/2026-12-06b/sparse/`` (``python -m eval.bench_flash --variants bigbird,strided --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_ws3a,flex_fa4
 --rounds 3``, causal, 128-token blocks, bf16, 16k tokens per call, one process, two calls): forward 1.19-1.32x the
 Triton sparse forward at every N (1k included), forward+backward 1.00-1.07x. A module-level knob read at every call, as
 :data:`GLUON_AUTO_BANDS`."""
@@ -331,9 +331,9 @@ forward) at the head dims of :data:`AUTO_GLUON_DQ_HEAD_DIMS`, MHA, no documents,
 :data:`GLUON_AUTO_BWD_SPARSE_MIN_N` queries. H100 80GB (no H200 was lent), 2026-12-06, ``results/h100/2026-12-06c/``
 (``eval.bench_flash --variants bigbird,strided --impls ours,ours_gluon_dq,flex_fa4``, causal, 128-token blocks, D 128,
 bf16, 16k tokens per call, one process; four calls): forward+backward against the Triton sparse backward at N 16k,
-strided 1.08-1.10x in all four, BigBird 1.04x in three and 0.95x in one; at 1k / 4k 1.02-1.05x in two calls (and in
-the kernel-by-kernel profile, ``lab.where_time``) but 0.64-0.94x with a round-to-round spread of 0.12-0.42 in two
-others, where the Triton rows' spread stayed <= 0.13: unexplained, so shorter sequences keep the Triton backward.
+strided 1.08-1.10x in all four, BigBird 1.04x in three and 0.95x in one; at 1k / 4k 1.02-1.06x in two calls and in
+the kernel-by-kernel profile (``lab.where_time``), but 0.64-1.00x in three others (some rounds' spread up to 0.42,
+the Triton rows' <= 0.13): unexplained, so shorter sequences keep the Triton backward.
 A module-level knob read at every call."""
 GLUON_AUTO_BWD_SPARSE_MIN_N = 16384
 """Queries (``Nq``) from which :data:`GLUON_AUTO_BWD_SPARSE` applies."""
