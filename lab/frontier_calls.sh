@@ -98,7 +98,7 @@ case $call in
     grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
     # the Gluon backward on the block-sparse layouts' own tables (ours_gluon_dq: two consumers and the Gluon dQ;
     # "auto" from 16k queries) against the Triton backward (ours below 16k) and Flex+FA4; 5 rounds, each kept in the
-    # JSON's fwd_bwd_rounds_ms: the 22nd session saw 0.64-0.84x readings at 1k / 4k with spreads up to 0.42
+    # JSON's fwd_bwd_rounds_ms: the 22nd session saw 0.64-1.00x readings at 1k / 4k (spreads up to 0.42)
     timeout -k 5 130 python3 -m eval.bench_flash --out "$W" --tag sparse_bwd --variants bigbird,strided \
       --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_dq,flex_fa4 --rounds 5 --check --time-budget-s 120 \
       > "$W/sparse_bwd.log" 2>&1
