@@ -312,7 +312,8 @@ class MultirunJobs(HydraCallback):
       final table is left out of this launch's table and ``summary.csv`` is then left as it was.
     * A failed job: Hydra runs the other jobs of the sweep, then raises the first failure and exits with status 1
       without calling ``on_multirun_end``; the summary is then written at interpreter exit (the status stays 1).
-      A sweep Hydra refuses before its first job (a bad option in a sweep list) gets one line saying no job ran.
+      A sweep Hydra refuses before its first job (a bad option in a sweep list) gets one line saying no job ran,
+      also in a sweep folder that holds an earlier launch's jobs.
 
     Args:
         columns: metric keys to show (default: ``steps``, every ``val/*`` metric, ``train/loss``, ``wall_s``).
@@ -325,9 +326,13 @@ class MultirunJobs(HydraCallback):
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         self._summarized = False
+        self._started_at = time.time()  # a reused sweep folder may hold an earlier launch's jobs
         self._refused: List[Tuple[Path, str]] = []  # (job folder, error) of jobs refused in a finished run's folder
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
+
+    def on_job_start(self, config, **kwargs: Any) -> None:
+        self._jobs_started = getattr(self, "_jobs_started", 0) + 1  # in this process: Hydra's basic launcher
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
         """Record a failed job's error in its folder (``failed.json``); a job that returned clears an earlier one."""
@@ -356,10 +361,15 @@ class MultirunJobs(HydraCallback):
     def _summary_at_exit(self, sweep_dir: Path) -> None:
         if getattr(self, "_summarized", True):
             return
-        if not any(next(sweep_dir.glob(pattern), None) for pattern in ("*/.hydra", f"*/{FAILED}", f"*/{NOT_STARTED}",
-                                                                        f"*/{FINAL_METRICS}")):
-            # no job folder: Hydra's sweeper composes every job's config before launching any (a bad option in a
-            # sweep list, -m attention=flash,flsh), and its error ends the command before the first job
+        since = getattr(self, "_started_at", 0.0) - 1.0  # a launcher running jobs in other processes (joblib): a
+        # job of this launch (re)wrote its folder's files
+        started = getattr(self, "_jobs_started", 0) or any(
+            p.stat().st_mtime >= since for pattern in ("*/.hydra/*.yaml", f"*/{FAILED}", f"*/{NOT_STARTED}",
+                                                       f"*/{FINAL_METRICS}") for p in sweep_dir.glob(pattern))
+        if not started:
+            # no job of this launch started: Hydra's sweeper composes every job's config before launching any (a bad
+            # option in a sweep list, -m attention=flash,flsh), and its error ends the command before the first job
+            # (a reused sweep folder's earlier jobs are not this launch's)
             print(f"attn-zoo multirun: no job ran in {sweep_dir}: Hydra refused the sweep before its first job (the "
                   f"error above; exit status 1)")
             return
@@ -601,6 +611,9 @@ class RemoveUnusedRunDir(HydraCallback):
         while not created.parent.exists():
             created = created.parent
         self._run, self._created = run, created
+
+    def on_job_start(self, config, **kwargs: Any) -> None:
+        self._jobs_started = getattr(self, "_jobs_started", 0) + 1  # in this process: Hydra's basic launcher
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
         import shutil

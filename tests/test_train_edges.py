@@ -484,3 +484,14 @@ def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_pat
     assert "a job failed" not in r.stdout and "no final_metrics.json found" not in r.stdout, r.stdout
     assert f"attn-zoo multirun: no job ran in {sweep}: Hydra refused the sweep before its first job" in r.stdout
     assert not [p for p in sweep.iterdir() if p.is_dir()]
+    # the same refusal in a sweep folder that holds an earlier launch's job: still "no job ran", not "a job failed"
+    # with the earlier job's table
+    old = sweep / "attention=flash" / ".hydra"
+    old.mkdir(parents=True)
+    (old / "config.yaml").write_text("{}\n")
+    os.utime(old / "config.yaml", (1e9, 1e9))  # written long before this launch
+    r = subprocess.run([sys.executable, "train.py", "-m", "attention=flash,flsh", "logger=csv",
+                        f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1 and "a job failed" not in r.stdout, r.stdout
+    assert f"attn-zoo multirun: no job ran in {sweep}" in r.stdout
