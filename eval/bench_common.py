@@ -257,6 +257,16 @@ def check_out_dir(path, key: str) -> None:
                          f"folder to write into (missing folders are created)")
 
 
+def check_out_dirs_or_exit(parser, *pairs) -> None:
+    """:func:`check_out_dir` for each ``(option, path)`` of a command line: its ``ValueError`` becomes ``parser``'s
+    usage error (exit status 2, the message alone)."""
+    for key, path in pairs:
+        try:
+            check_out_dir(path, key)
+        except ValueError as e:
+            parser.error(str(e))
+
+
 def write_csv(rows: Iterable[Dict[str, object]], path: str, columns: Optional[Sequence[str]] = None) -> str:
     """Write dict rows to ``path``; returns the path. Header: ``columns``, else the union of the keys in first-seen
     order. Cells as the results always had them: ``str`` of each value (floats at full precision), an explicit NaN

@@ -48,7 +48,8 @@ import torch.nn.functional as F
 
 from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets
 from attn_zoo.variants import get_variant
-from eval.bench_common import check_out_dir, env_info, format_table, time_cuda, time_cuda_graph, try_call, write_csv, write_json
+from eval.bench_common import (check_out_dirs_or_exit, env_info, format_table, time_cuda, time_cuda_graph, try_call,
+                               write_csv, write_json)
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
              flex_points=2, flex_budget_s=60.0)
@@ -374,10 +375,7 @@ def parse_args(argv=None):
     p.add_argument("--memory-gb", type=float, default=None, help="device memory (default: the GPU's, else 141)")
     p.add_argument("--mem-batch", type=int, default=1)
     args = p.parse_args(argv)
-    try:
-        check_out_dir(args.out, "--out")
-    except ValueError as e:
-        p.error(str(e))
+    check_out_dirs_or_exit(p, ("--out", args.out))
     return args
 
 

@@ -406,13 +406,9 @@ def main(argv=None):
                     help="measured grid of mean document lengths (those <= 2N are run)")
     ap.add_argument("--bench-tokens", type=POSITIVE_INT, default=16384, help="measured: B = max(1, bench_tokens // N)")
     a = ap.parse_args(argv)
-    from eval.bench_common import check_out_dir
+    from eval.bench_common import check_out_dirs_or_exit
 
-    for key, path in (("--out", a.out), ("--figures-dir", a.figures_dir)):
-        try:
-            check_out_dir(path, key)
-        except ValueError as e:
-            ap.error(str(e))
+    check_out_dirs_or_exit(ap, ("--out", a.out), ("--figures-dir", a.figures_dir))
     for fam in a.families:
         if fam not in dl.FAMILIES:
             ap.error(f"--families entry {fam!r} is not supported; allowed values: {', '.join(dl.FAMILIES)}")

@@ -155,12 +155,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--list", action="store_true", help="print the jobs and their commands, run nothing")
     p.add_argument("--out-root", help="write every output under this folder instead of in place")
     args = p.parse_args(argv)
-    from eval.bench_common import check_out_dir
+    from eval.bench_common import check_out_dirs_or_exit
 
-    try:
-        check_out_dir(args.out_root, "--out-root")
-    except ValueError as e:
-        p.error(str(e))
+    check_out_dirs_or_exit(p, ("--out-root", args.out_root))
     try:
         jobs = select(args.only)
     except ValueError as e:

@@ -333,7 +333,7 @@ def batch_for(cfg: dict, N: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------- csv io
-from eval.bench_common import check_out_dir, read_rows  # noqa: E402,F401 (read_rows: re-exported)
+from eval.bench_common import check_out_dirs_or_exit, read_rows  # noqa: E402,F401 (read_rows: re-exported)
 
 
 # --------------------------------------------------------------------------------------------- resume: same settings
@@ -1127,10 +1127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                                                             cfg.get("plugins"))))
     except (ValueError, ImportError) as e:
         ap.error(f"--config {a.config}: {e}")
-    try:
-        check_out_dir(a.out, "--out")
-    except ValueError as e:
-        ap.error(str(e))
+    check_out_dirs_or_exit(ap, ("--out", a.out))
     os.makedirs(a.out, exist_ok=True)
     try:
         rows = run_sweep(cfg, os.path.join(a.out, "kernel.csv"), resume=not a.no_resume, progress=not a.no_progress,

@@ -327,12 +327,15 @@ class MultirunJobs(HydraCallback):
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         self._summarized = False
         self._started_at = time.time()  # a reused sweep folder may hold an earlier launch's jobs
+        self._jobs_started = 0
         self._refused: List[Tuple[Path, str]] = []  # (job folder, error) of jobs refused in a finished run's folder
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
 
     def on_job_start(self, config, **kwargs: Any) -> None:
-        self._jobs_started = getattr(self, "_jobs_started", 0) + 1  # in this process: Hydra's basic launcher
+        # in this process: Hydra's basic launcher (joblib runs jobs, and this hook, in workers that saw no
+        # on_multirun_start)
+        self._jobs_started = getattr(self, "_jobs_started", 0) + 1
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
         """Record a failed job's error in its folder (``failed.json``); a job that returned clears an earlier one."""
@@ -613,7 +616,9 @@ class RemoveUnusedRunDir(HydraCallback):
         self._run, self._created = run, created
 
     def on_job_start(self, config, **kwargs: Any) -> None:
-        self._jobs_started = getattr(self, "_jobs_started", 0) + 1  # in this process: Hydra's basic launcher
+        # in this process: Hydra's basic launcher (joblib runs jobs, and this hook, in workers that saw no
+        # on_multirun_start)
+        self._jobs_started = getattr(self, "_jobs_started", 0) + 1
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
         import shutil
