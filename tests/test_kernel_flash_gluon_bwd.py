@@ -138,8 +138,7 @@ def test_auto_bwd_sparse_knob(monkeypatch):
 
     _all_hold(monkeypatch)
     auto = FlashConfig()
-    assert G.GLUON_AUTO_BWD_SPARSE and G.GLUON_AUTO_BWD_SPARSE_MIN_N == 16384
-    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 1024)  # the rule at small stand-in shapes
+    assert G.GLUON_AUTO_BWD_SPARSE and G.GLUON_AUTO_BWD_SPARSE_MIN_N == 1024  # the default (H100, 2026-12-06)
     small = _fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024)
     lay = dict(win_left=-1, win_right=0, layout=object(), layout_bs=128)
     assert G.choose_bwd_impl(auto, *small, **lay) == "gluon"
@@ -150,22 +149,23 @@ def test_auto_bwd_sparse_knob(monkeypatch):
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1280), **lay) == "gluon"  # Nk - Nq 256
     refused = [(small, dict(layout_bs=64)), (small, dict(layout_bs=192)),  # blocks not whole 128 x 128 tiles
                (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1088), {}),  # Nk - Nq = 64
-               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=896, Nk=1024), {}),  # below the (patched) minimum
+               (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=896, Nk=1024), {}),  # below the minimum
                (_fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024, D=64), {}),  # D 64: no Gluon dQ
                (_fake_qkv(B=4, Hq=16, Hkv=4, Nq=4096, Nk=4096), {}),  # GQA
                (small, dict(documents=object())), (small, dict(dilation=2)),
                (small, dict(layout_bs=0))]
     for args, kw in refused:
         assert G.choose_bwd_impl(auto, *args, **(lay | kw)) == "triton", (args[0].shape, kw)
-    # while GLUON_AUTO_SPARSE_CAUSAL_ONLY (the default): only causal layouts without a window, forward and backward
-    assert G.GLUON_AUTO_SPARSE_CAUSAL_ONLY
+    # non-causal and windowed layouts too by default; while GLUON_AUTO_SPARSE_CAUSAL_ONLY, only causal ones without a
+    # window, forward and backward
+    assert not G.GLUON_AUTO_SPARSE_CAUSAL_ONLY
     for mask in (dict(win_right=-1), dict(win_left=511), dict(win_right=5)):
-        assert G.choose_bwd_impl(auto, *small, **(lay | mask)) == "triton", mask
-        assert G.choose_fwd_impl(auto, *small, **(lay | mask)) == "triton", mask
-        monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", False)
         assert G.choose_bwd_impl(auto, *small, **(lay | mask)) == "gluon", mask
         assert G.choose_fwd_impl(auto, *small, **(lay | mask)) == G.AUTO_GLUON_IMPL, mask
         monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", True)
+        assert G.choose_bwd_impl(auto, *small, **(lay | mask)) == "triton", mask
+        assert G.choose_fwd_impl(auto, *small, **(lay | mask)) == "triton", mask
+        monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", False)
     assert G.choose_fwd_impl(auto, *small, **lay) == G.AUTO_GLUON_IMPL
     monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 16384)
     assert G.choose_bwd_impl(auto, *small, **lay) == "triton"
@@ -199,7 +199,7 @@ def test_auto_bwd_gluon_choices_pass_the_check(monkeypatch):
     monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)
     monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 4096)
-    monkeypatch.setattr(G, "GLUON_AUTO_SPARSE_CAUSAL_ONLY", False)  # the rule once the other masks have run
+    assert not G.GLUON_AUTO_SPARSE_CAUSAL_ONLY  # the default: every mask on a layout
     cfgs = (FlashConfig(), FlashConfig(deterministic=True), FlashConfig(dq_mode="atomic"), FlashConfig(tma=False),
             FlashConfig(gluon_bwd_dq="triton"), FlashConfig(gluon_bwd_consumers=2, gluon_bwd_dq="triton"))
     took = set()

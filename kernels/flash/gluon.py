@@ -55,13 +55,14 @@ multiple of 128; no documents, no dilation; causal while :data:`GLUON_AUTO_SPARS
 --rounds 3``, causal, 128-token blocks, bf16, 16k tokens per call, one process, two calls): forward 1.19-1.32x the
 Triton sparse forward at every N (1k included), forward+backward 1.00-1.07x. A module-level knob read at every call, as
 :data:`GLUON_AUTO_BANDS`."""
-GLUON_AUTO_SPARSE_CAUSAL_ONLY = True
+GLUON_AUTO_SPARSE_CAUSAL_ONLY = False
 """Whether ``"auto"`` (:data:`GLUON_AUTO_SPARSE` forward, :data:`GLUON_AUTO_BWD_SPARSE` backward) takes the Gluon
 kernels for a block-sparse layout only when the call is causal without a window (``win_left < 0``,
-``win_right == 0``): the masks whose Gluon ``SPARSE`` paths have run on a GPU (H100, 2026-12-06: every block-sparse
-GPU case then was causal; the non-causal and windowed cases of ``tests/test_kernel_flash_gluon.py`` were written
-after and have not run). Set ``False`` once ``pytest -m gpu -k block_sparse`` passes with them. By name
-(``fwd_impl="gluon_ws3a"``, ``bwd_impl="gluon"``) every whole-tile layout runs."""
+``win_right == 0``). ``False`` (the default since 2026-12-06): every mask on a whole-tile layout. H100 80GB (no H200
+was lent), 2026-12-06, ``results/h100/2026-12-06d/``: ``pytest -m gpu -k block_sparse`` passed its non-causal,
+windowed, GQA, ragged and empty-row cases (D 64 / 128); non-causal BigBird / strided with 128-token blocks, D 128,
+bf16, 16k tokens per call (``noncausal/``, ``auto/``): the Gluon forward 1.35-1.53x the Triton sparse forward at
+1k / 4k / 16k, the Gluon backward 1.09-1.19x the Triton one. Windowed layouts: tested, not timed."""
 
 
 def _sparse_auto_mask_ok(win_left: int, win_right: int) -> bool:
@@ -333,10 +334,13 @@ forward) at the head dims of :data:`AUTO_GLUON_DQ_HEAD_DIMS`, MHA, no documents,
 bf16, 16k tokens per call, one process; four calls): forward+backward against the Triton sparse backward at N 16k,
 strided 1.08-1.10x in all four, BigBird 1.04x in three and 0.95x in one; at 1k / 4k 1.02-1.06x in two calls and in
 the kernel-by-kernel profile (``lab.where_time``), but 0.64-1.00x in three others (some rounds' spread up to 0.42,
-the Triton rows' <= 0.13): unexplained, so shorter sequences keep the Triton backward.
-A module-level knob read at every call."""
-GLUON_AUTO_BWD_SPARSE_MIN_N = 16384
-"""Queries (``Nq``) from which :data:`GLUON_AUTO_BWD_SPARSE` applies."""
+the Triton rows' <= 0.13). Twenty-third session (H100, ``results/h100/2026-12-06d/``: ``4/``, ``sparse_bwd2/``,
+``auto/``, ``noncausal/``, 5 rounds each), the Gluon backward against the Triton one at 1k / 4k / 16k, causal (three
+calls): the backward alone BigBird 1.01-1.06x, strided 1.04-1.15x, the forward+backward step 1.02-1.04x / 1.03-1.10x;
+non-causal (two calls): the backward 1.09-1.19x, the step 1.07-1.10x; no reading below 1. So ``"auto"`` takes it from
+1k queries (the shortest measured). A module-level knob read at every call."""
+GLUON_AUTO_BWD_SPARSE_MIN_N = 1024
+"""Queries (``Nq``) from which :data:`GLUON_AUTO_BWD_SPARSE` applies (16,384 until 2026-12-06; below 1,024 untimed)."""
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
