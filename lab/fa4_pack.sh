@@ -2,7 +2,8 @@
 # FlashAttention-4 for the GPU machine in fewer bytes (lab: not installed):
 #
 #   bash lab/fa4_pack.sh pack [WHEELS] [OUT] [PARTS]    here, no GPU (~3 min on 2 cores); defaults: .fa4 .fa4x 3
-#   bash lab/fa4_pack.sh unpack PARTS_DIR SITE          there (lab/gpu_env.sh): the parts into SITE, once all are in
+#   bash lab/fa4_pack.sh unpack PARTS_DIR SITE [NAME]   there (lab/gpu_env.sh): the parts into SITE, once all are in
+#                                                       (NAME: the parts' prefix, fa4site; tritonsite for lab/triton_pack.sh)
 #
 # WHEELS is what `bash ../shared/tools/fa4-wheels.sh WHEELS` leaves (WHEELS/1..K/: the CUDA-13 library wheel cut
 # into part_* files, the other wheels in the last folder; ~102 MB in all, zip-deflated). `pack` installs them here
@@ -25,12 +26,14 @@ mode=${1:-}
 case $mode in
   pack) src=${2:-.fa4}; out=${3:-.fa4x}; parts=${4:-3} ;;
   unpack)
-    pdir=${2:-}; site=${3:-}
-    [ -n "$pdir" ] && [ -n "$site" ] || die "usage: bash lab/fa4_pack.sh unpack PARTS_DIR SITE"
+    pdir=${2:-}; site=${3:-}; name=${4:-fa4site}
+    [ -n "$pdir" ] && [ -n "$site" ] || die "usage: bash lab/fa4_pack.sh unpack PARTS_DIR SITE [NAME]"
+    case $name in *[!a-z0-9]*|'') die "NAME must be lower-case letters and digits, got '$name'" ;; esac
+    ok=.fa4x_ok; [ "$name" = fa4site ] || ok=.${name}_ok   # the mark lab/gpu_env.sh reads
     shopt -s nullglob
-    have=("$pdir"/fa4site.of*.part_*)
-    [ ${#have[@]} -gt 0 ] || die "no $pdir/fa4site.of*.part_* (made by: bash lab/fa4_pack.sh pack)"
-    counts=$(printf '%s\n' "${have[@]##*/}" | sed -E 's/^fa4site\.of([0-9]+)\.part_.*/\1/' | sort -u)
+    have=("$pdir"/"$name".of*.part_*)
+    [ ${#have[@]} -gt 0 ] || die "no $pdir/$name.of*.part_* (made by: bash lab/fa4_pack.sh pack, lab/triton_pack.sh)"
+    counts=$(printf '%s\n' "${have[@]##*/}" | sed -E "s/^$name\\.of([0-9]+)\\.part_.*/\\1/" | sort -u)
     [ "$(echo "$counts" | wc -l)" -eq 1 ] || die "$pdir holds parts of different packs (of $(echo $counts)): keep one"
     if [ "${#have[@]}" -lt "$((10#$counts))" ]; then
       echo "fa4_pack: ${#have[@]} of $((10#$counts)) parts in $pdir; unpacking once all are there"; exit 3
@@ -46,7 +49,7 @@ case $mode in
       die "the parts in $pdir do not read as one archive (a truncated or corrupt part?); $site left as it was"
     fi
     rm -f "$stage.err"
-    cp -a "$stage"/. "$site"/ && touch "$site/.fa4x_ok"
+    cp -a "$stage"/. "$site"/ && touch "$site/$ok"
     echo "fa4_pack: unpacked ${#have[@]} parts into $site"
     exit ;;
   *) die "mode must be pack or unpack, got '$mode'" ;;

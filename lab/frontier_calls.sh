@@ -3,6 +3,7 @@
 # machine (it keeps /tmp while warm; idle release is 30 s, so start the next call as soon as one returns):
 #
 #   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
+#                                    K = 5, 6: carry .t39/1, .t39/2 (bash lab/triton_pack.sh): the kernels on triton 3.9
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
@@ -20,6 +21,9 @@
 #   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
+#   5, 6: triton 3.9 (lab/triton_pack.sh, two ~53 MB parts: one per call, nothing else carried) unpacked to
+#      /tmp/t39; call 6 runs the Gluon GPU tests on it, the fused dQ by TMA reduce-add (gluon_bwd_dq="tma") and the
+#      D 128 backward on 3.9 and 3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq / cuDNN)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -34,11 +38,12 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4, 5, 6"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
-. lab/gpu_env.sh "$([ "$call" -le 3 ] && echo "$call")"
+case $call in 1|2|3) part=$call ;; 5) part=1 ;; 6) part=2 ;; *) part= ;; esac
+. lab/gpu_env.sh "$part"
 W=/tmp/w/$call; mkdir -p "$W"
 b() { echo "== $1 rc=$2 ($(date +%T))"; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -96,11 +101,11 @@ case $call in
     timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
       --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
     grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
-    # the Gluon backward on the block-sparse layouts' own tables (ours_gluon_dq: two consumers and the Gluon dQ;
-    # "auto" from 16k queries) against the Triton backward (ours below 16k) and Flex+FA4; 5 rounds, each kept in the
-    # JSON's fwd_bwd_rounds_ms: the 22nd session saw 0.64-1.00x readings at 1k / 4k (spreads up to 0.42)
+    # the Gluon backward on the block-sparse layouts' own tables ("auto" from 1k queries since the 23rd session: ours)
+    # against the Triton backward (ours_triton_bwd) and Flex+FA4; 5 rounds, each kept in the JSON's
+    # fwd_bwd_rounds_ms: the 22nd session saw 0.64-1.00x readings at 1k / 4k (spreads up to 0.42), the 23rd none
     timeout -k 5 130 python3 -m eval.bench_flash --out "$W" --tag sparse_bwd --variants bigbird,strided \
-      --N 1024,4096,16384 --D 128 --impls ours,ours_gluon_dq,flex_fa4 --rounds 5 --check --time-budget-s 120 \
+      --N 1024,4096,16384 --D 128 --impls ours,ours_triton_bwd,flex_fa4 --rounds 5 --check --time-budget-s 120 \
       > "$W/sparse_bwd.log" 2>&1
     b sparse_bwd $?; grep -E "^ *(bigbird|strided) " "$W/sparse_bwd.log" | cut -c1-170
     timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag where_fa4 --cases causal:16384:128,win1024:16384:128 \
@@ -112,5 +117,26 @@ case $call in
       --D 128 --tokens 65536 --docs "${DOCS:-wikitext:real,fixed:2048}" --impls ours,fa4_varlen,flex_fa4 --rounds 3 \
       --check --time-budget-s $(( ${DOCS_S:-300} - 15 )) > "$W/docs.log" 2>&1; b docs $?
     grep -E "^ *(causal|win1024) " "$W/docs.log" | cut -c1-170 ;;
+  5)
+    echo "carried .t39/1 (triton 3.9, part 1 of 2): call 6 carries part 2 and runs" ;;
+  6)
+    # triton 3.9 (what `pip install torch` brings) beside the image's 3.6: the Gluon kernels by name (the GPU tests
+    # of both Gluon test files) and the fused dQ by TMA reduce-add (gluon_bwd_dq="tma": 3.7+ only), then the
+    # D 128 backward against ours on 3.6 in the same call (ours_gluon_dq: what "auto" runs on 3.6; on 3.9 "auto"
+    # keeps the Triton kernels, GLUON_AUTO_TRITON) and cuDNN
+    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 6: triton 3.9 is not unpacked (carry .t39/1 in call 5 first)"; exit 3; }
+    PYTHONPATH=$T39_SITE:$PYTHONPATH python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
+      triton.__version__, 'tma reduce-add', g.gluon_tma_reduce_ok())" 2>&1 | tail -n 2 | tee "$W/t39_env.txt"
+    PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 "${T39_PYTEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+      -n "${PYTEST_N:-14}" -rfE tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py \
+      > "$W/pytest_gluon_t39.txt" 2>&1; b pytest_gluon_t39 $?
+    tail -n 2 "$W/pytest_gluon_t39.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gluon_t39.txt" | head -12
+    for tv in 39 36; do
+      pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
+      impls=ours_gluon_dq,ours_triton_all,sdpa_cudnn; [ $tv = 39 ] && impls=ours_gluon_tmadq,$impls
+      PYTHONPATH=$pp timeout -k 5 120 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
+        --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 110 > "$W/bwd_t$tv.log" 2>&1
+      b "bwd_t$tv" $?; grep -E "^ *(causal|noncausal) " "$W/bwd_t$tv.log" | cut -c1-150
+    done ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .

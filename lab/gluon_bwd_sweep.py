@@ -64,8 +64,8 @@ def main(argv=None):
     ap.add_argument("--D", type=_ints, default=[128, 64])
     ap.add_argument("--N", type=_ints, default=[4096, 16384])
     ap.add_argument("--causal", type=_ints, default=[1, 0])
-    ap.add_argument("--dq", type=_choices(GLUON_BWD_DQ), default=list(GLUON_BWD_DQ),
-                    help="FlashConfig.gluon_bwd_dq values: atomic, triton, gluon")
+    ap.add_argument("--dq", type=_choices(GLUON_BWD_DQ), default=["atomic", "triton", "gluon"],
+                    help="FlashConfig.gluon_bwd_dq values: atomic, triton, gluon, tma (triton 3.7+)")
     ap.add_argument("--lse", type=_choices(tuple(LSE_MODES)), default=list(LSE_MODES),
                     help="how the kernel reads lse2 / delta: tma (shared memory), load (registers)")
     ap.add_argument("--consumers", type=_choices(tuple(str(c) for c in GLUON_BWD_CONSUMERS)), default=["1"],

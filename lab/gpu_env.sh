@@ -6,6 +6,8 @@
 #            copied to /tmp/fa4 (kept while the machine stays warm); once every part is there, FA4 is installed.
 #   .fa4x/K/ the same packages in ~23 MB parts (bash lab/fa4_pack.sh pack .fa4 .fa4x 3): unpacked into /tmp/site
 #            once every part is in /tmp/fa4x (each part's name says how many). Either works; .fa4x leaves more room.
+#   .t39/K/  the K-th part of a newer triton (bash lab/triton_pack.sh): unpacked into /tmp/t39 once all parts are in
+#            /tmp/t39x; exported as T39_SITE, for commands that opt in (PYTHONPATH=$T39_SITE:$PYTHONPATH)
 #   .data/wikitext-2/valid.txt  a copy of ../shared/data/wikitext-2/valid.txt (../shared does not travel): exported as
 #            ATTN_ZOO_WIKITEXT for `eval.bench_flash --docs wikitext:...` unless that is set already.
 # Exports PYTHONPATH (/tmp/site, the FA4 DSL packages, the repo), WANDB_MODE=disabled, PYTHONUNBUFFERED=1,
@@ -35,6 +37,17 @@ if [ ! -f /tmp/site/.fa4x_ok ] && ls /tmp/fa4x/fa4site.of*.part_* >/dev/null 2>&
   bash lab/fa4_pack.sh unpack /tmp/fa4x /tmp/site
   case $? in 0|3) ;; *) echo "gpu_env: unpacking .fa4x failed" ;; esac
 fi
+# a newer triton (bash lab/triton_pack.sh: .t39/K/tritonsite.ofN.part_*), unpacked into /tmp/t39 once all N parts are
+# in /tmp/t39x; not on PYTHONPATH: a command opts in with PYTHONPATH=$T39_SITE:$PYTHONPATH (T39_SITE is exported once
+# it is unpacked)
+if [ -n "$_part" ] && [ -d ".t39/$_part" ]; then
+  mkdir -p /tmp/t39x && cp ".t39/$_part"/* /tmp/t39x/
+fi
+if [ ! -f /tmp/t39/.tritonsite_ok ] && ls /tmp/t39x/tritonsite.of*.part_* >/dev/null 2>&1; then
+  bash lab/fa4_pack.sh unpack /tmp/t39x /tmp/t39 tritonsite
+  case $? in 0|3) ;; *) echo "gpu_env: unpacking .t39 failed" ;; esac
+fi
+[ -f /tmp/t39/.tritonsite_ok ] && export T39_SITE=/tmp/t39
 
 # the cut library wheel's name, version included, from nvidia_cutlass_dsl's wheel (pinned alike; as lab/fa4_pack.sh)
 _dsl=$(ls /tmp/fa4/nvidia_cutlass_dsl-*.whl 2>/dev/null | head -n 1); _ver=${_dsl##*/nvidia_cutlass_dsl-}
@@ -55,5 +68,7 @@ try:
     have["flash_attn.cute"] = True
 except Exception as e:  # noqa: BLE001
     have["flash_attn.cute"] = f"no ({type(e).__name__})"
+import os
+have["triton39"] = bool(os.environ.get("T39_SITE"))
 print("gpu_env:", ", ".join(f"{k}={v}" for k, v in have.items()))
 EOF

@@ -164,10 +164,11 @@ def parse_masks(text: str) -> list:
 
 def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
                      write_dq: bool = True, lse_tma: bool = True, consumers: int = 1, pingpong: bool = False,
-                     block_m_override: int = 0, block_n_override: int = 0) -> dict:
+                     block_m_override: int = 0, block_n_override: int = 0, dq_tma: bool = False) -> dict:
     """Compile the Gluon backward (``bwd_impl="gluon"``) at the launcher's tiles
     (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a: ``consumers=1``: ``_gl_bwd_kernel`` with
-    ``WRITE_DQ=write_dq`` (the atomic dQ; ``mask`` ``"full"`` / ``"causal"`` only); ``consumers=2``:
+    ``WRITE_DQ=write_dq`` (the atomic dQ, by TMA reduce-add with ``dq_tma``: triton 3.7+; ``mask`` ``"full"`` /
+    ``"causal"`` only); ``consumers=2``:
     ``_gl_bwd_dkdv2_kernel`` (dK / dV only, ``write_dq`` must be False) with ``PINGPONG=pingpong`` and the band
     constexprs of ``mask`` (a name of :data:`MASKS`; ``False`` / ``True`` mean ``"full"`` / ``"causal"``);
     ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way. ``block_m_override`` / ``block_n_override`` (0:
@@ -176,10 +177,15 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
-    from kernels.flash.gluon import gluon_bwd_tiles, lse_layout, nvmma_layout
+    from kernels.flash.gluon import dq_tma_layout, gluon_bwd_tiles, lse_layout, nvmma_layout
 
     if consumers != 1 and write_dq:
         raise ValueError("consumers=2 computes dK / dV only: write_dq must be False")
+    if dq_tma and not write_dq:
+        raise ValueError("dq_tma is the TMA reduce-add of the fused dQ: it needs write_dq")
+    if dq_tma and GK._tma_reduce_add is None:
+        raise ValueError(f"dq_tma needs Gluon's TMA reduce-add (tma.async_atomic_add, triton 3.7+); this triton is "
+                         f"{triton.__version__}")
     mask = {False: "full", True: "causal"}.get(mask, mask) if isinstance(mask, bool) else mask
     if mask not in MASKS or (consumers == 1 and mask not in ("full", "causal")):
         allowed = ", ".join(MASKS) if consumers != 1 else "full, causal"
@@ -201,12 +207,12 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
         types[name] = f"tensordesc<fp32[{block_m}],{lse_layout()!r}>"
     ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
             "offset", "group", "lse_stride")
-    types.update(DQA="*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
+    types.update(DQA=f"tensordesc<fp32[1, 1, {block_m}, {D}],{dq_tma_layout()!r}>" if dq_tma else "*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
                  sm_scale="fp32", Doc="*i32", win_left="i32", win_right="i32", QIdx="*i32", QCnt="*i32",
                  QNfull="*i32", stride_tbl="i32", **{n: "i32" for n in ints})
     const = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma, num_warps=warps)
     if consumers == 1:
-        const.update(CAUSAL=mask == "causal", WRITE_DQ=write_dq)
+        const.update(CAUSAL=mask == "causal", WRITE_DQ=write_dq, DQ_TMA=dq_tma)
     else:
         const.update(HAS_LEFT=has_left, HAS_RIGHT=has_right, DOCS=docs, PINGPONG=pingpong,
                      SPARSE=mask in SPARSE_MASKS)
@@ -254,15 +260,17 @@ def compile_dq_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages
     return _report(ck, f"{block_m}x{block_n}x{stages}st/2x{warps}w", ptx)
 
 
-# inspect name -> compile_bwd_case's (write_dq, consumers, pingpong)
-BWD_IMPLS = {"gluon_bwd": (True, 1, False), "gluon_bwd_dkdv": (False, 1, False),
-             "gluon_bwd_dkdv2": (False, 2, False), "gluon_bwd_dkdv2pp": (False, 2, True)}
+# inspect name -> compile_bwd_case's (write_dq, consumers, pingpong, dq_tma)
+BWD_IMPLS = {"gluon_bwd": (True, 1, False, False), "gluon_bwd_dkdv": (False, 1, False, False),
+             "gluon_bwd_dkdv2": (False, 2, False, False), "gluon_bwd_dkdv2pp": (False, 2, True, False),
+             "gluon_bwd_tmadq": (True, 1, False, True)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv",
                     help="forward impls and / or the backward kernel (bwd_impl='gluon'): gluon_bwd (atomic dQ), "
+                         "gluon_bwd_tmadq (the fused dQ by TMA reduce-add: gluon_bwd_dq='tma', triton 3.7+), "
                          "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton'), gluon_bwd_dkdv2 (the same with "
                          "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG), gluon_bwd_dq (the Gluon "
                          "dQ kernel, gluon_bwd_dq='gluon'; --stages / --bwd-block-n apply)")
@@ -302,9 +310,10 @@ def main():
                             elif impl in BWD_IMPLS:
                                 if lse not in ("tma", "load"):
                                     raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
-                                wdq, cons, pp = BWD_IMPLS[impl]
+                                wdq, cons, pp, dqt = BWD_IMPLS[impl]
                                 r = compile_bwd_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
                                                      write_dq=wdq, lse_tma=lse == "tma", consumers=cons, pingpong=pp,
+                                                     dq_tma=dqt,
                                                      block_m_override=args.bwd_block_m,
                                                      block_n_override=args.bwd_block_n)
                             else:

@@ -159,6 +159,8 @@ def test_wheels_without_cutlass_dsl_are_refused(tmp_path):
     (("pack", ".fa4", ".fa4/out"), "must not be WHEELS"),
     (("unpack",), "usage: bash lab/fa4_pack.sh unpack PARTS_DIR SITE"),
     (("unpack", "empty", "site"), "no empty/fa4site.of*.part_*"),
+    (("unpack", "empty", "site", "tritonsite"), "no empty/tritonsite.of*.part_*"),
+    (("unpack", "empty", "site", "../x"), "NAME must be lower-case letters and digits, got '../x'"),
 ])
 def test_bad_arguments_exit_2_naming_the_problem(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
@@ -166,3 +168,40 @@ def test_bad_arguments_exit_2_naming_the_problem(tmp_path, args, message):
     r = _run(*args, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stdout, r.stdout + r.stderr
     assert (tmp_path / ".fa4" / "2" / "part_aa").is_file()  # the wheels untouched
+
+
+def test_unpack_takes_another_packs_name(tmp_path):
+    """``unpack PARTS_DIR SITE NAME``: the parts of lab/triton_pack.sh (``tritonsite.ofN.part_NN``), unpacked once all
+    N are in, marked ``SITE/.tritonsite_ok`` (not ``.fa4x_ok``); an fa4site part beside them is not counted."""
+    import tarfile
+
+    src = tmp_path / "src" / "triton"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("__version__ = '3.9.0'\n")
+    with tarfile.open(tmp_path / "t.tar.xz", "w:xz") as t:
+        t.add(src, arcname="triton")
+    data = (tmp_path / "t.tar.xz").read_bytes()
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    (gpu / "tritonsite.of2.part_00").write_bytes(data[:len(data) // 2])
+    (gpu / "fa4site.of1.part_00").write_bytes(b"not this pack")
+    site = tmp_path / "site"
+    r = _run("unpack", str(gpu), str(site), "tritonsite", cwd=tmp_path)
+    assert r.returncode == 3 and "1 of 2 parts" in r.stdout, r.stdout + r.stderr
+    (gpu / "tritonsite.of2.part_01").write_bytes(data[len(data) // 2:])
+    r = _run("unpack", str(gpu), str(site), "tritonsite", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (site / "triton" / "__init__.py").read_text() == "__version__ = '3.9.0'\n"
+    assert (site / ".tritonsite_ok").is_file() and not (site / ".fa4x_ok").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("3.x",), "VERSION must look like 3.9.0, got '3.x'"),
+    (("3.9.0", ".t39", "0"), "PARTS must be an integer in 1-100, got '0'"),
+    (("3.9.0", ".t39", "two"), "PARTS must be an integer in 1-100, got 'two'"),
+])
+def test_triton_pack_bad_arguments_exit_2(tmp_path, args, message):
+    r = subprocess.run(["bash", os.path.join(ROOT, "lab", "triton_pack.sh"), *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / ".t39").exists()

@@ -16,6 +16,7 @@ Gluon dQ kernel ``_gl_bwd_dq_kernel``, after either dK / dV kernel; a spy proves
 """
 
 import os
+import re
 from types import SimpleNamespace
 
 import torch
@@ -37,6 +38,13 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+# the dQ paths of the GPU tests: "tma" only where this triton's Gluon has the TMA reduce-add (3.7+; the GPU image's
+# 3.6 has none: gluon_flash_bwd would raise the ValueError test_gluon_bwd_dq_tma_validation checks)
+GPU_DQ = [pytest.param(d, marks=pytest.mark.skipif(d == "tma" and not G.gluon_tma_reduce_ok(),
+                                                   reason="gluon_bwd_dq='tma' needs triton >= 3.7's Gluon TMA "
+                                                          "reduce-add")) for d in GLUON_BWD_DQ]
 
 
 def _qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.bfloat16, device=DEV, seed=0, bnhd=False, requires_grad=False):
@@ -226,7 +234,7 @@ def test_auto_bwd_is_triton_on_cpu():
 
 
 def test_gluon_bwd_dq_validation_and_key():
-    assert GLUON_BWD_DQ == ("atomic", "triton", "gluon")
+    assert GLUON_BWD_DQ == ("atomic", "triton", "gluon", "tma")
     assert FlashConfig().gluon_bwd_dq == "atomic" and FlashConfig(bwd_impl="gluon").key == '{"bwd_impl": "gluon"}'
     t = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
     assert t != FlashConfig(bwd_impl="gluon") and FlashConfig.from_key(t.key) == t
@@ -235,8 +243,37 @@ def test_gluon_bwd_dq_validation_and_key():
     assert FlashConfig(bwd_impl="triton", gluon_bwd_dq="triton").bwd_impl == "triton"  # accepted (and ignored)
     for bad in ("Triton", "separate", "", None, 0):
         with pytest.raises(ValueError, match=r"gluon_bwd_dq=.* is not supported; allowed values: 'atomic', "
-                                             r"'triton', 'gluon'$"):
+                                             r"'triton', 'gluon', 'tma'$"):
             FlashConfig(bwd_impl="gluon", gluon_bwd_dq=bad)
+
+
+def test_gluon_bwd_dq_tma_validation(monkeypatch):
+    """gluon_bwd_dq="tma" (the fused dQ by TMA reduce-add): one consumer only, refused by deterministic=True (its
+    partial sums are added in an arbitrary order, as "atomic"'s); on a triton whose Gluon lacks the reduce-add,
+    check_gluon_bwd and gluon_flash_bwd raise a ValueError naming gluon_bwd_dq, this triton and the values allowed."""
+    t = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="tma")
+    assert FlashConfig.from_key(t.key) == t and t.gluon_bwd_consumers == 1
+    with pytest.raises(ValueError, match=r"gluon_bwd_consumers=2 is not supported with gluon_bwd_dq='tma'"):
+        t.replace(gluon_bwd_consumers=2)
+    with pytest.raises(ValueError, match=r"deterministic=True needs .*gluon_bwd_dq='tma' adds its fp32 dQ"):
+        t.replace(deterministic=True)
+    import triton
+
+    has = hasattr(__import__("triton.experimental.gluon.language.nvidia.hopper", fromlist=["tma"]).tma,
+                  "async_atomic_add")
+    assert G.gluon_tma_reduce_ok() is has  # (triton 3.9 here: True; the GPU image's 3.6: False)
+    monkeypatch.setattr(G, "gluon_tma_reduce_ok", lambda: False)
+    q, k, v, do = _qkv(1, 2, 2, 128, 128, 128, device="cpu")
+    msg = rf"gluon_bwd_dq='tma' needs the TMA reduce-add .* this triton is {re.escape(triton.__version__)}; " \
+          r"allowed values here: 'atomic', 'triton', 'gluon'"
+    with pytest.raises(ValueError, match=msg):
+        G.gluon_flash_bwd(do, q, k, v, do, torch.zeros(1, 2, 128), 0.1, -1, 0, config=t)
+    monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(G, "_gluon_modules", lambda: None)
+    with pytest.raises(ValueError, match=msg):  # past the mask / shape / device checks
+        G.check_gluon_bwd(q, k, v, -1, 0, None, 1, None, t)
+    monkeypatch.setattr(G, "gluon_tma_reduce_ok", lambda: True)
+    assert G.check_gluon_bwd(q, k, v, -1, 0, None, 1, None, t) is True  # causal
 
 
 def test_gluon_bwd_dq_gluon_validation_and_key():
@@ -407,6 +444,8 @@ class _FakeKernel:
         def launch(*args, **kw):
             self.calls.append((grid, args, kw))
             dqa, dk, dv = args[6], args[9], args[10]
+            if kw.get("DQ_TMA"):  # a descriptor over the buffer (_fake_gluon's: ("desc", index))
+                dqa = self.descs[dqa[1]][0]
             if kw.get("WRITE_DQ"):  # (the two-consumer kernel has no WRITE_DQ: dK / dV only)
                 dqa.fill_(self.fill)
             dk.fill_(1.0)
@@ -440,9 +479,11 @@ def _fake_gluon(monkeypatch):
     monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern, _gl_bwd_dkdv2_kernel=kern2,
                                                                       _gl_bwd_dq_kernel=kdq), td, gl))
     kern.two = kern2  # (the two-consumer kernel, gluon_bwd_consumers=2)
+    kern.descs = descs  # (gluon_bwd_dq="tma": DQA is a descriptor)
     kern.dq = kdq  # (the dQ kernel, gluon_bwd_dq="gluon")
     monkeypatch.setattr(G, "nvmma_layout", lambda block, dt: ("nvmma", tuple(block), dt))
     monkeypatch.setattr(G, "lse_layout", lambda: "lse_layout")
+    monkeypatch.setattr(G, "dq_tma_layout", lambda: "dq_tma_layout")
     return kern, descs
 
 
@@ -476,6 +517,19 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
         base, shape, strides, block, layout = descs[args[i][1]]
         assert base.data_ptr() == buf.data_ptr() and base.dim() == 1 and buf.is_contiguous()
         assert (shape, strides, block, layout) == ([B * Hq * Nq], [1], [bm], "lse_layout")
+
+    # "tma": the same kernel with DQ_TMA, DQA a descriptor over the zeroed fp32 buffer (box [1, 1, BLOCK_M, D],
+    # unswizzled), dq that buffer * scale
+    monkeypatch.setattr(G, "gluon_tma_reduce_ok", lambda: True)
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr,
+                                   config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="tma"))
+    grid, args, kw = kern.calls[-1]
+    assert kw["WRITE_DQ"] is True and kw["DQ_TMA"] is True and kw["CAUSAL"] is causal and tdq == []
+    base, shape, strides, block, layout = descs[args[6][1]]
+    assert base.shape == (B, Hq, Nq, D) and base.dtype == torch.float32 and base.is_contiguous()
+    assert (shape, strides, block, layout) == ([B, Hq, Nq, D], list(base.stride()), [1, 1, bm, D], "dq_tma_layout")
+    torch.testing.assert_close(dq, torch.full_like(q, 0.5 * scale))
+    assert (dk == 1).all() and (dv == 2).all()
 
     monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", False)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
@@ -530,7 +584,8 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     assert grid1 == grid and len(args1) == len(args) - 7 and kw1["WRITE_DQ"] is False and kw1["num_warps"] == 8
     assert tuple(args1[11:]) == tuple(args[12:-6]) and kw1["CAUSAL"] is causal  # strides, sizes, scales
     assert [type(a) for a in args1[:11]] == [type(a) for a in args[:11]]  # descriptors, buffers, dK, dV
-    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL")} == \
+    assert kw1["DQ_TMA"] is False
+    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL", "DQ_TMA")} == \
         {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps", "HAS_LEFT", "HAS_RIGHT", "DOCS",
                                                          "SPARSE")}
     for bad in (SimpleNamespace(gluon_bwd_dq="atomic", gluon_bwd_consumers=2),
@@ -716,7 +771,7 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
     assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq", "ours_gluon_bwd_2c", "ours_gluon_dq",
-                                "ours_triton_bwd", "ours_triton_all"}
+                                "ours_gluon_tmadq", "ours_triton_bwd", "ours_triton_all"}
     assert set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
@@ -728,6 +783,8 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     assert cfg.fwd_impl == "triton" and cfg.bwd_impl == "triton"
     cfg = bf.ours_config("ours_gluon_dq")
     assert cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "gluon" and cfg.gluon_bwd_consumers == 2
+    cfg = bf.ours_config("ours_gluon_tmadq")
+    assert cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "tma" and cfg.gluon_bwd_consumers == 1
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
 
 
@@ -805,7 +862,7 @@ def _very_negative_lse_qkv(D):
     (2, 2, 2048, 2048, torch.bfloat16, True),  # whole tiles
     (2, 2, 1, 200, torch.float16, False),  # one query row
 ])
-@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
+@pytest.mark.parametrize("dq", GPU_DQ)
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_grads_match_reference_and_triton(monkeypatch, lse_tma, dq, causal, D, Hq, Hkv, Nq, Nk, dtype, bnhd):
@@ -822,7 +879,7 @@ def test_gpu_grads_match_reference_and_triton(monkeypatch, lse_tma, dq, causal, 
         assert ours[0][:, :, :Nq - Nk].abs().max().item() == 0
 
 
-@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
+@pytest.mark.parametrize("dq", GPU_DQ)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
@@ -836,7 +893,7 @@ def test_gpu_lse_gradient_and_gluon_forward(lse_tma, causal, dq):
     _assert_grads_close(ours, tri)
 
 
-@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
+@pytest.mark.parametrize("dq", GPU_DQ)
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_large_causal_close_to_triton(lse_tma, dq):

@@ -34,6 +34,15 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_init, warpgroup_mma_wait
 
 LN2 = gl.constexpr(0.6931471805599453)
+# Gluon's API moves between triton versions; the kernels run on 3.6 (the GPU image) and compile on 3.9 (what
+# `pip install torch` brings) through these two names:
+# a barrier across the CTA's threads: ``gl.thread_barrier`` in triton 3.6's Gluon, ``gl.barrier`` from 3.7 on
+_cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# a TMA copy global -> shared: ``tma.async_copy_global_to_shared`` in 3.6, ``tma.async_load`` from 3.7 on
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+# a TMA bulk reduce-add shared -> global (``tma.async_atomic_add``, triton 3.7+ Gluon; 3.6 has none): the fused dQ
+# of the backward (``DQ_TMA``) only, never traced on a triton without it (kernels.flash.gluon.gluon_tma_reduce_ok)
+_tma_reduce_add = getattr(tma, "async_atomic_add", None)
 
 
 @gluon.jit
@@ -322,7 +331,7 @@ def _pp_wait(my_turn, r, WG: gl.constexpr, PINGPONG: gl.constexpr):
 def _pp_pass(other_turn, PINGPONG: gl.constexpr):
     """Ping-pong: hand the turn to the other consumer, once every warp of this one has passed its wait."""
     if PINGPONG:
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(other_turn, count=1)
 
 
@@ -334,7 +343,7 @@ def _ws3_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars,
     table row ``Row``'s) its K (slot free once both consumers' S of the tile ``STAGES`` back completed) and its V
     (free once both consumers' PV product of that tile completed)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
     _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, Row,
                   SPARSE, STAGES, BLOCK_N)
 
@@ -385,11 +394,11 @@ def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_emp
         reuse = t >= STAGES
         mbarrier.wait(k_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, kt * BLOCK_N, 0], k_bars.index(slot),
+        _tma_load(k_desc, [b, hk, kt * BLOCK_N, 0], k_bars.index(slot),
                                         k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, kt * BLOCK_N, 0], v_bars.index(slot),
+        _tma_load(v_desc, [b, hk, kt * BLOCK_N, 0], v_bars.index(slot),
                                         v_smem.index(slot))
 
 
@@ -428,7 +437,7 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
                             is_async=True)
         _pp_pass(other_turn, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_t, ))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
         t0 = _key_tile(lo, 0, Row, SPARSE)
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t0, _full_pos(0, t0, SPARSE), flo, fhi, start_m, Nk, offset,
@@ -452,7 +461,7 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
                                                HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, s_layout)
             p_next = gl.convert_layout(p.to(dtype), p_layout)
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
-            gl.thread_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
+            _cta_barrier()  # every warp's wgmmas of K_j and V_{j-1} are done: release both slots
             mbarrier.arrive(k_empty.index(slot), count=1)
             mbarrier.arrive(v_empty.index(pslot), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -595,8 +604,8 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
     block-table row ``Row``'s), in the consumer's order; a slot is refilled once the consumer released the tile
     ``STAGES`` back."""
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
+    _tma_load(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
+    _tma_load(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
     nbytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     for i in range(0, group * cnt):
         h = hk * group + i // cnt
@@ -607,14 +616,14 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
             mbarrier.expect(ready.index(slot), nbytes + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         else:
             mbarrier.expect(ready.index(slot), nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+        _tma_load(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
+        _tma_load(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
         if LSE_TMA:
             # a multiple of 4 (lse_stride is, and start_m): TMA's innermost coordinate must be 16-byte aligned, else
             # the copy raises an illegal instruction (int32: the buffers hold B * Hq * lse_stride < 2^31 values)
             row = (b * Hq + h) * lse_stride + start_m
-            tma.async_copy_global_to_shared(lse_desc, [row], ready.index(slot), lse_smem.index(slot))
-            tma.async_copy_global_to_shared(delta_desc, [row], ready.index(slot), delta_smem.index(slot))
+            _tma_load(lse_desc, [row], ready.index(slot), lse_smem.index(slot))
+            _tma_load(delta_desc, [row], ready.index(slot), delta_smem.index(slot))
 
 
 @gluon.jit
@@ -638,11 +647,14 @@ def _store_dkdv(dk, dv, sm_scale, start, Nk, DK, DV, b, hk, stride_kb, stride_kh
 @gluon.jit
 def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, DQA, Lse2,
                   Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq,
-                  Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+                  Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, dq_smem, CAUSAL: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                  WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
+                  WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, DQ_TMA: gl.constexpr, num_warps: gl.constexpr):
     """Default partition (``num_warps`` = 8, two warpgroups): the per-tile schedule above, then ``dK * sm_scale``
-    and ``dV`` stored (rows < Nk) in DK's / DV's dtype at the given strides (unit last stride)."""
+    and ``dV`` stored (rows < Nk) in DK's / DV's dtype at the given strides (unit last stride). ``DQ_TMA``
+    (``WRITE_DQ`` only): ``DQA`` is a TMA descriptor over the fp32 ``(B, Hq, Nq, D)`` buffer and each tile's dQ goes
+    to ``dq_smem`` then by one bulk reduce-add into the buffer (no per-element atomics; rows past Nq clipped by the
+    descriptor)."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
@@ -703,7 +715,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
         dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
         ds_smem.store(dst)  # (the previous tile's wgmmas that read ds_smem were waited for: see the barrier below)
         fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either warpgroup's wgmma reads all
+        _cta_barrier()  # both warpgroups' halves of dS^T are written before either warpgroup's wgmma reads all
         dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
         if WRITE_DQ:
             dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
@@ -711,12 +723,23 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
             dk, dq = warpgroup_mma_wait(0, deps=(dk, dq_t))
         else:
             dk = warpgroup_mma_wait(0, deps=(dk, ))
-        gl.thread_barrier()  # every warp's wgmmas of this slot (and of ds_smem) are done: release the slot
+        if DQ_TMA:
+            tma.store_wait(0)  # the previous tile's reduce-add has read dq_smem (the issuing thread waits; the
+            # barrier below makes every thread wait for it)
+        _cta_barrier()  # every warp's wgmmas of this slot (and of ds_smem) are done: release the slot
         mbarrier.arrive(empty.index(slot), count=1)
         if WRITE_DQ:
-            rows = start_m + dq_rows
-            offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
-            gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+            if DQ_TMA:
+                dq_smem.reshape([BLOCK_M, HEAD_D]).store(dq)
+                fence_async_shared()
+                _cta_barrier()  # every warp's rows are in dq_smem before the copy engine reads it
+                _tma_reduce_add(DQA, [b, h, start_m, 0], dq_smem)
+            else:
+                rows = start_m + dq_rows
+                offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
+                gl.atomic_add(DQA + row0 * HEAD_D + offs, dq, mask=gl.expand_dims(rows < Nq, 1), sem="relaxed")
+    if DQ_TMA:
+        tma.store_wait(0)  # the last reduce-add has read dq_smem before the program ends
     _store_dkdv(dk, dv, sm_scale, start_n, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
                 stride_vn, BLOCK_N, HEAD_D, kv_layout)
 
@@ -726,9 +749,11 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    Hq, Hkv, Nq, Nk, offset, group, lse_stride, qk_scale, sm_scale,
                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                   STAGES: gl.constexpr, WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
+                   STAGES: gl.constexpr, WRITE_DQ: gl.constexpr, LSE_TMA: gl.constexpr, DQ_TMA: gl.constexpr,
+                   num_warps: gl.constexpr):
     """``bwd_impl="gluon"``: grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``. ``DQA`` fp32 ``(B, Hq, Nq, D)`` zeroed (gets
-    ``dS K`` unscaled; ``WRITE_DQ`` only, else never read), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` contiguous
+    ``dS K`` unscaled; ``WRITE_DQ`` only, else never read; with ``DQ_TMA`` a TMA descriptor over it, a block of
+    ``[1, 1, BLOCK_M, HEAD_D]`` in an unswizzled layout, added to by TMA reduce-add), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` contiguous
     from the Triton preprocess, and ``lse_desc`` / ``delta_desc`` 1-D TMA descriptors with a box of ``BLOCK_M`` over
     the same values laid out with a row stride of ``lse_stride`` (a multiple of 4, ``>= Nq``: padded copies when
     ``Nq % 4 != 0``, kernels.flash.gluon.lse_tma_rows; read with ``LSE_TMA``, else the pointers are), ``DK`` / ``DV``
@@ -752,6 +777,10 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
     else:  # (placeholders, never touched)
         lse_smem = ds_smem
         delta_smem = ds_smem
+    if DQ_TMA:
+        dq_smem = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
+    else:
+        dq_smem = ds_smem  # (placeholder, never touched)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -763,8 +792,8 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
     gl.warp_specialize(
         [(_bwd_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, DQA,
                           Lse2, Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk,
-                          group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, CAUSAL,
-                          BLOCK_M, BLOCK_N, HEAD_D, STAGES, WRITE_DQ, LSE_TMA, num_warps)),
+                          group, Hq, Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, dq_smem,
+                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WRITE_DQ, LSE_TMA, DQ_TMA, num_warps)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
                           cnt, 0, False, STAGES, BLOCK_M, LSE_TMA))],
@@ -917,7 +946,7 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         else:
             _pp_pass(other_turn, PINGPONG)
-        gl.thread_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
+        _cta_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
         mbarrier.arrive(empty.index(slot), count=1)
     _store_dkdv(dk, dv, sm_scale, start_w, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
                 stride_vn, BLOCK_N, HEAD_D, kv_layout)
@@ -1034,8 +1063,8 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sme
     """Producer partition (1 warp) of ``_gl_bwd_dq_kernel``: Q and dO once (one barrier), then the K / V rings
     (key tiles ``lo + [0, n_tiles)``, or with ``SPARSE`` the block-table row ``Row``'s)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_bar, do_smem)
+    _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    _tma_load(do_desc, [b, h, start_m, 0], q_bar, do_smem)
     _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_tiles, Row, SPARSE,
                   STAGES, BLOCK_N)
 
@@ -1103,7 +1132,7 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
         p = _dq_probs(s, lse2, t0, _full_pos(0, t0, SPARSE), flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS,
                       BLOCK_N, s_layout)
         dp = warpgroup_mma_wait(0, deps=(dp_t, ))
-        gl.thread_barrier()  # every warp's wgmmas of V_0 are done: release it
+        _cta_barrier()  # every warp's wgmmas of V_0 are done: release it
         mbarrier.arrive(v_empty.index(0), count=1)
         ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), ds_layout)
         for j in range(1, n_w):
@@ -1118,25 +1147,25 @@ def _dq_consumer(q2, do2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empt
             dp_t = warpgroup_mma(do2, v_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                                  use_acc=False, is_async=True)
             dq, ds, s = warpgroup_mma_wait(1, deps=(dq_t, ds, s_t))  # dQ_{j-1} and S_j done; dP_j may still run
-            gl.thread_barrier()  # every warp's wgmmas of K_{j-1} are done: release it
+            _cta_barrier()  # every warp's wgmmas of K_{j-1} are done: release it
             mbarrier.arrive(k_empty.index(pslot), count=1)
             p = _dq_probs(s, lse2, tj, _full_pos(j, tj, SPARSE), flo, fhi, k_first, k_last, qk_scale, HAS_LEFT, DOCS,
                           BLOCK_N, s_layout)
             dp = warpgroup_mma_wait(0, deps=(dp_t, ))
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(v_empty.index(slot), count=1)
             ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), ds_layout)
         # last round: dQ += dS_{n-1} K_{n-1}
         lslot = (n_w - 1) % STAGES
         dq_t = warpgroup_mma(ds, k_smem.index(lslot).reshape([BLOCK_N, HEAD_D]), dq, is_async=True)
         dq, ds = warpgroup_mma_wait(0, deps=(dq_t, ds))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(k_empty.index(lslot), count=1)
     for t in range(n_w, n_tiles):  # (band / rows past Nq) the program's tiles this consumer's rows do not see
         slot = t % STAGES
         mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
         mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(k_empty.index(slot), count=1)
         mbarrier.arrive(v_empty.index(slot), count=1)
     out = (dq * sm_scale).to(DQ.dtype.element_ty)

@@ -35,8 +35,11 @@ FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
 BWD_IMPLS = ("auto", "triton", "gluon")
 # the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
 # Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic) or "gluon"
-# (dK / dV likewise, then the Gluon dQ kernel of kernels.flash._gluon_kernels: no atomics, deterministic)
-GLUON_BWD_DQ = ("atomic", "triton", "gluon")
+# (dK / dV likewise, then the Gluon dQ kernel of kernels.flash._gluon_kernels: no atomics, deterministic) or "tma"
+# (as "atomic", each tile's dQ added by one TMA bulk reduce-add from shared memory: triton 3.7+ Gluon)
+GLUON_BWD_DQ = ("atomic", "triton", "gluon", "tma")
+# the dQ paths whose partial sums are added in an arbitrary order (deterministic=True refuses them)
+GLUON_BWD_DQ_ATOMIC = ("atomic", "tma")
 # the Gluon backward's consumer partitions (FlashConfig.gluon_bwd_consumers): 1 (one 8-warp partition) or 2 (two
 # 1-warpgroup partitions of 64 key rows each; dK / dV only, so gluon_bwd_dq="triton" or "gluon" only)
 GLUON_BWD_CONSUMERS = (1, 2)
@@ -153,7 +156,10 @@ class FlashConfig:
             warp streaming K / V, two 1-warpgroup consumers of 64 query rows, dQ in registers; deterministic too;
             :func:`kernels.flash.gluon.gluon_dq`). ``bwd_impl="auto"``, where it picks the Gluon backward, runs its
             dK / dV with the Gluon dQ at D 128 and the Triton dQ at D 64 (:data:`kernels.flash.gluon.AUTO_GLUON_BWD`,
-            :data:`~kernels.flash.gluon.AUTO_GLUON_DQ_HEAD_DIMS`).
+            :data:`~kernels.flash.gluon.AUTO_GLUON_DQ_HEAD_DIMS`). ``"tma"``: as ``"atomic"`` (one kernel, 5 GEMMs
+            per tile pair), each query tile's ``dS K`` written to shared memory and added into the fp32 buffer by one
+            TMA bulk reduce-add (FA3's dQ; Gluon's ``tma.async_atomic_add``, triton 3.7+: on an older triton the call
+            raises ``ValueError``); one consumer only; not deterministic; untimed (docs/kernels.md).
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
@@ -205,14 +211,15 @@ class FlashConfig:
                              f"{', '.join(map(repr, GLUON_BWD_DQ))}")
         c = self.gluon_bwd_consumers
         if (not isinstance(c, int) or isinstance(c, bool) or c not in GLUON_BWD_CONSUMERS
-                or (c != 1 and self.gluon_bwd_dq == "atomic")):
+                or (c != 1 and self.gluon_bwd_dq in GLUON_BWD_DQ_ATOMIC)):
             raise ValueError(f"gluon_bwd_consumers={self.gluon_bwd_consumers!r} is not supported with gluon_bwd_dq="
                              f"{self.gluon_bwd_dq!r}; allowed values: 1, 2 (2 only with gluon_bwd_dq='triton' or "
                              "'gluon': the two-consumer kernel computes dK / dV only)")
-        if self.deterministic and self.bwd_impl == "gluon" and self.gluon_bwd_dq == "atomic":
+        if self.deterministic and self.bwd_impl == "gluon" and self.gluon_bwd_dq in GLUON_BWD_DQ_ATOMIC:
             raise ValueError("deterministic=True needs bwd_impl='triton', or bwd_impl='gluon' with "
-                             "gluon_bwd_dq='triton' or 'gluon' (bwd_impl='gluon' with gluon_bwd_dq='atomic' adds its "
-                             "fp32 dQ partial sums with atomics, in an arbitrary order)")
+                             f"gluon_bwd_dq='triton' or 'gluon' (bwd_impl='gluon' with gluon_bwd_dq="
+                             f"{self.gluon_bwd_dq!r} adds its fp32 dQ partial sums with atomics, in an arbitrary "
+                             "order)")
         if not (self.tma is True or self.tma is False or self.tma == "auto"):
             raise ValueError(f"tma={self.tma!r} is not supported; allowed values: 'auto', True, False")
         if not isinstance(self.tma_min_pairs, int) or isinstance(self.tma_min_pairs, bool) or self.tma_min_pairs < 0:

@@ -152,8 +152,10 @@ def _gluon_modules():
 
 GLUON_AUTO_TRITON = ((3, 6),)
 """The triton versions (major, minor) ``"auto"`` takes the Gluon forward on: the ones it was written for and tested
-on (the H200's triton 3.6). Gluon is experimental and its API moves between versions (triton 3.9 imports the module
-but the kernels do not compile there), so on any other version ``"auto"`` keeps the Triton forward; an explicit
+on (the H200's triton 3.6). Gluon is experimental and its API moves between versions: triton 3.9 renamed two calls
+the kernels make (``_gluon_kernels._cta_barrier`` / ``_tma_load`` pick either name; every kernel compiles for sm_90a
+on 3.9 since 2026-12-06, ``lab/inspect_gluon.py``) but no GPU has run them there yet (``lab/frontier_calls.sh 5, 6``
+carry a triton 3.9 to do so), so on any other version ``"auto"`` keeps the Triton forward; an explicit
 ``fwd_impl="gluon_ws3a"`` still tries."""
 
 
@@ -195,6 +197,35 @@ def lse_layout():
     import triton.experimental.gluon.language as gl
 
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+
+
+def gluon_tma_reduce_ok() -> bool:
+    """Whether this triton's Gluon has the TMA bulk reduce-add (``tma.async_atomic_add``: triton 3.7+; not 3.6) that
+    ``gluon_bwd_dq="tma"`` needs."""
+    try:
+        GK = _gluon_modules()[0]
+    except ValueError:
+        return False
+    return GK._tma_reduce_add is not None
+
+
+def check_tma_reduce() -> None:
+    """Raise ``ValueError`` naming ``gluon_bwd_dq`` when :func:`gluon_tma_reduce_ok` does not hold."""
+    if not gluon_tma_reduce_ok():
+        import triton
+
+        raise ValueError(f"gluon_bwd_dq='tma' needs the TMA reduce-add of triton's Gluon (tma.async_atomic_add, "
+                         f"triton 3.7 or later); this triton is {triton.__version__}; allowed values here: 'atomic', "
+                         f"'triton', 'gluon'")
+
+
+def dq_tma_layout():
+    """The shared layout of the fused dQ's tile (``gluon_bwd_dq="tma"``: fp32 ``[1, 1, BLOCK_M, D]``, the box of the
+    TMA reduce-add into the ``(B, Hq, Nq, D)`` buffer): unswizzled, as a 128-byte swizzle would cap the box's rows at
+    32 fp32 values and D is 64 / 128."""
+    import triton.experimental.gluon.language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -628,8 +659,11 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
                          f"masks; got {what}; sliding windows and doc_ids need gluon_bwd_consumers=2 (allowed values: "
                          f"{', '.join(map(str, GLUON_BWD_CONSUMERS))}; 2 with gluon_bwd_dq='triton' or 'gluon'), or "
                          f"use bwd_impl='triton'")
-    return _check_gluon("bwd_impl='gluon'", GLUON_BWD_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
-                        documents, "use bwd_impl='triton'", bands=bands)
+    causal = _check_gluon("bwd_impl='gluon'", GLUON_BWD_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
+                          documents, "use bwd_impl='triton'", bands=bands)
+    if getattr(config, "gluon_bwd_dq", None) == "tma":
+        check_tma_reduce()
+    return causal
 
 
 LSE_TMA_ALIGN = 4
@@ -694,6 +728,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     * ``gluon_bwd_dq="atomic"``: the kernel also adds ``dS K`` into a zeroed fp32 ``(B, Hq, Nq, D)`` buffer by
       atomics (``WRITE_DQ=True``), then ``dq = buffer * softmax_scale`` cast to q's dtype; not bitwise
       deterministic;
+    * ``gluon_bwd_dq="tma"``: as ``"atomic"``, each query tile's ``dS K`` stored to shared memory and added into the
+      buffer by one TMA bulk reduce-add (``DQ_TMA=True``; :func:`check_tma_reduce`: triton 3.7+);
     * ``gluon_bwd_dq="triton"``: the kernel computes dK / dV only (``WRITE_DQ=False``: no ``dS K`` product, no
       atomics, no buffer) and the Triton dQ kernel of bwd.py runs as the Triton backward launches it for this mask
       (:func:`kernels.flash.bwd.triton_dq`); deterministic.
@@ -708,14 +744,17 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     ``documents`` with ``gluon_bwd_consumers=1``, ``win_left`` / ``win_right`` not integers >= -1, or ``documents``
     not an int32 ``(B, 3 * Nq + 3 * Nk)`` contiguous tensor on q's device."""
     from .bwd import _bwd_preprocess, triton_dq
-    from .config import GLUON_BWD_DQ
+    from .config import GLUON_BWD_DQ, GLUON_BWD_DQ_ATOMIC
     from .launch import _bnhd_empty
 
     config = FlashConfig() if config is None else config
     if config.gluon_bwd_dq not in GLUON_BWD_DQ:
         raise ValueError(f"gluon_bwd_dq={config.gluon_bwd_dq!r} is not supported; allowed values: "
                          f"{', '.join(map(repr, GLUON_BWD_DQ))}")
-    write_dq = config.gluon_bwd_dq == "atomic"
+    write_dq = config.gluon_bwd_dq in GLUON_BWD_DQ_ATOMIC
+    dq_tma = config.gluon_bwd_dq == "tma"
+    if dq_tma:
+        check_tma_reduce()
     consumers = getattr(config, "gluon_bwd_consumers", 1)
     if consumers not in GLUON_BWD_CONSUMERS or (consumers != 1 and write_dq):
         raise ValueError(f"gluon_bwd_consumers={consumers!r} is not supported with gluon_bwd_dq="
@@ -749,6 +788,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if dk.stride(3) != 1 or dv.stride(3) != 1:  # (empty_like of a tensor with a non-unit last stride)
         dk, dv = _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if write_dq else delta
+    dqa_arg = TD(dqa, list(dqa.shape), list(dqa.stride()), [1, 1, block_m, D], dq_tma_layout()) if dq_tma else dqa
     # 1-D descriptors over flat lse2 / delta buffers whose (batch, head) rows start every lse_stride values, a box of
     # block_m values (read with LSE_TMA only; its coordinates are int32): lse_tma_rows says why lse_stride is Nq
     # rounded up to a multiple of 4
@@ -763,7 +803,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     delta_desc = TD(delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     descs = (_descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
-             _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa, lse2, delta, dk, dv)
+             _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa_arg, lse2, delta, dk, dv)
     strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
     sizes = (Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, lse_stride, softmax_scale * _LOG2E, softmax_scale)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma)
@@ -773,7 +813,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                          f"gluon_bwd_dq='gluon'; got {consumers!r}, {config.gluon_bwd_dq!r}")
     if consumers == 1:  # dense / causal (checked above)
         _gl_launch(GK._gl_bwd_kernel, grid, (*descs, *strides, *sizes), num_warps=warps, CAUSAL=win_right == 0,
-                   WRITE_DQ=write_dq, **tiles)
+                   WRITE_DQ=write_dq, DQ_TMA=dq_tma, **tiles)
     else:  # dK / dV only (write_dq is False), any band mask, or a block-sparse layout's key-tile table
         tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
         if layout is not None:
