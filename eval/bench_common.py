@@ -346,3 +346,8 @@ def budget_spent(t_start: float, seconds: float, case: str) -> bool:
         return False
     print(f"time budget reached, skipping {case}", flush=True)
     return True
+
+
+if __name__ == "__main__":  # a library module: running it would do nothing, so say what to run instead
+    raise SystemExit("eval.bench_common is a library module, not a command; run python -m eval.bench_flash --help "
+                     "(or another eval.bench_* that uses it)")

@@ -310,3 +310,7 @@ def analyse_best(out_dir: str, sweep_cfg: dict, plots: bool = True, formats: Seq
     figs = plot_best(best, os.path.join(out_dir, f"{prefix}best_time_vs_n"), metric, sweep_cfg.get("name"),
                      formats) if plots and best else []
     return {"best": best, "crossover_best": cross, "nstar": table, "figures": figs, "metric": metric}
+
+
+if __name__ == "__main__":  # a library module: running it would do nothing, so say what to run instead
+    raise SystemExit("eval.best is a library module, not a command; run python -m eval.crossover sweep=<sweep> compare=best")

@@ -617,3 +617,8 @@ def to_wandb(fig: Figure, prefix: str) -> dict:
 def as_dict(fig: Figure) -> dict:
     """The definition itself as plain data (for tests and debugging)."""
     return asdict(fig)
+
+
+if __name__ == "__main__":  # a library module: running it would do nothing, so say what to run instead
+    raise SystemExit("eval.figspec is a library module, not a command; run python -m eval.figures (every figure) "
+                     "or python -m eval.report")

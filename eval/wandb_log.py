@@ -154,3 +154,8 @@ def log_results(name: str, group: str, tables: Dict[str, Sequence[dict]], images
     finally:
         run.finish()
     return run_dir
+
+
+if __name__ == "__main__":  # a library module: running it would do nothing, so say what to run instead
+    raise SystemExit("eval.wandb_log is a library module, not a command; run python -m eval.crossover "
+                     "sweep=<sweep> (it logs to W&B unless wandb.enabled=false)")

@@ -153,3 +153,22 @@ def test_cfg_hydra_resolve_prints_the_hydra_config(tmp_path):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "  output_subdir: .hydra" in r.stdout and "    dir: outputs/" in r.stdout
     assert not (tmp_path / "outputs").exists(), "printing the config made a run folder"
+
+
+def test_every_eval_module_run_as_a_command_does_something_or_says_what_to_run():
+    """``python -m eval.<module>`` never exits 0 having done nothing: each module under eval/ is a command (a
+    ``__main__`` block) or, for the library modules, refuses with a message naming the command to run instead."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    mods = sorted(p.stem for p in (root / "eval").glob("*.py") if p.stem != "__init__")
+    assert {"best", "bench_common", "figspec", "wandb_log"} <= set(mods)
+    for m in mods:
+        assert 'if __name__ == "__main__":' in (root / "eval" / f"{m}.py").read_text(), m
+    for m in ("best", "bench_common", "figspec", "wandb_log"):
+        r = subprocess.run([sys.executable, "-m", f"eval.{m}", "--help"], cwd=root, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode != 0 and f"eval.{m} is a library module, not a command; run python -m eval." in r.stderr, \
+            (m, r.stdout, r.stderr)
