@@ -15,8 +15,8 @@ registered backend (``all``: every one), and every backend a ``--plugins`` modul
 ``ours_triton_bwd`` (the Triton backward forced), ``ours_gluon_bwd`` (``FlashConfig(bwd_impl="gluon")``: the atomic
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with
 ``gluon_bwd_consumers=2``), ``ours_gluon_dq`` (that with ``gluon_bwd_dq="gluon"``: the Gluon dQ kernel) and
-``ours_gluon_tmadq`` (one kernel, dQ by TMA reduce-add, ``gluon_bwd_dq="tma"``: triton 3.7+), each with the default
-forward.
+``ours_gluon_tmadq`` (one kernel, dQ by TMA reduce-add, ``gluon_bwd_dq="tma"``: triton 3.7+; ``ours_gluon_tmadq2``
+the same in the two-consumer kernel), each with the default forward.
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, causal strided block-sparse
 (Child et al. 2019's fixed pattern, 1024-token windows: ``stride_blocks`` 8 of 128), GQA Hkv = Hq/4 and MQA
@@ -83,7 +83,8 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 # ways), the others force one kernel
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
         "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto",
-        "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto", "ours_triton_bwd": "auto", "ours_triton_all": "triton"}
+        "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto", "ours_gluon_tmadq2": "auto",
+        "ours_triton_bwd": "auto", "ours_triton_all": "triton"}
 # the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq, .gluon_bwd_consumers) of the OURS entries that do not
 # run the default backward ("auto"): the Gluon backward with its atomic dQ, its dK / dV kernel with the Triton dQ
 # kernel ("tdq"), that with two consumer partitions ("2c"), that with the Gluon dQ kernel ("gluon_dq"), the
@@ -93,6 +94,7 @@ OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_bwd_2c": dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2),
             "ours_gluon_dq": dict(bwd_impl="gluon", gluon_bwd_dq="gluon", gluon_bwd_consumers=2),
             "ours_gluon_tmadq": dict(bwd_impl="gluon", gluon_bwd_dq="tma"),
+            "ours_gluon_tmadq2": dict(bwd_impl="gluon", gluon_bwd_dq="tma", gluon_bwd_consumers=2),
             "ours_triton_bwd": dict(bwd_impl="triton"), "ours_triton_all": dict(bwd_impl="triton")}
 DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)

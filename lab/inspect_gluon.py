@@ -179,8 +179,8 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
     from kernels.flash import _gluon_kernels as GK
     from kernels.flash.gluon import dq_tma_layout, gluon_bwd_tiles, lse_layout, nvmma_layout
 
-    if consumers != 1 and write_dq:
-        raise ValueError("consumers=2 computes dK / dV only: write_dq must be False")
+    if consumers != 1 and write_dq and not dq_tma:
+        raise ValueError("consumers=2 computes dK / dV only (or dQ with dq_tma): write_dq must be False")
     if dq_tma and not write_dq:
         raise ValueError("dq_tma is the TMA reduce-add of the fused dQ: it needs write_dq")
     if dq_tma and GK._tma_reduce_add is None:
@@ -215,7 +215,7 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
         const.update(CAUSAL=mask == "causal", WRITE_DQ=write_dq, DQ_TMA=dq_tma)
     else:
         const.update(HAS_LEFT=has_left, HAS_RIGHT=has_right, DOCS=docs, PINGPONG=pingpong,
-                     SPARSE=mask in SPARSE_MASKS)
+                     SPARSE=mask in SPARSE_MASKS, DQ_TMA=dq_tma)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -263,14 +263,15 @@ def compile_dq_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages
 # inspect name -> compile_bwd_case's (write_dq, consumers, pingpong, dq_tma)
 BWD_IMPLS = {"gluon_bwd": (True, 1, False, False), "gluon_bwd_dkdv": (False, 1, False, False),
              "gluon_bwd_dkdv2": (False, 2, False, False), "gluon_bwd_dkdv2pp": (False, 2, True, False),
-             "gluon_bwd_tmadq": (True, 1, False, True)}
+             "gluon_bwd_tmadq": (True, 1, False, True), "gluon_bwd_dkdv2tma": (True, 2, False, True)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv",
                     help="forward impls and / or the backward kernel (bwd_impl='gluon'): gluon_bwd (atomic dQ), "
-                         "gluon_bwd_tmadq (the fused dQ by TMA reduce-add: gluon_bwd_dq='tma', triton 3.7+), "
+                         "gluon_bwd_tmadq (the fused dQ by TMA reduce-add: gluon_bwd_dq='tma', triton 3.7+), gluon_bwd_dkdv2tma "
+                         "(the same in the two-consumer kernel: gluon_bwd_consumers=2), "
                          "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton'), gluon_bwd_dkdv2 (the same with "
                          "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG), gluon_bwd_dq (the Gluon "
                          "dQ kernel, gluon_bwd_dq='gluon'; --stages / --bwd-block-n apply)")

@@ -181,6 +181,14 @@ def test_gpu_band_grads_with_gluon_dq(monkeypatch, name):
     _check(monkeypatch, name, 128, torch.bfloat16, dq="gluon")
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["left_causal", "right_only", "docs_full", "docs_window", "left_causal_nq_gt_nk"])
+@pytest.mark.skipif(not G.gluon_tma_reduce_ok(), reason="gluon_bwd_dq='tma' needs triton >= 3.7's Gluon TMA reduce-add")
+def test_gpu_band_grads_with_tma_dq(monkeypatch, name, D):
+    """The two-consumer kernel's dQ by TMA reduce-add (gluon_bwd_dq="tma") on windows and documents."""
+    _check(monkeypatch, name, D, torch.bfloat16, dq="tma")
+
+
 @pytest.mark.parametrize("name", ["left_causal", "docs_window"])
 def test_gpu_gluon_flash_bwd_direct_matches_triton_bwd(name):
     """gluon_flash_bwd called directly (win_left / win_right / documents) against flash_attn_bwd's Triton path on

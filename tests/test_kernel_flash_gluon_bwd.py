@@ -248,15 +248,18 @@ def test_gluon_bwd_dq_validation_and_key():
 
 
 def test_gluon_bwd_dq_tma_validation(monkeypatch):
-    """gluon_bwd_dq="tma" (the fused dQ by TMA reduce-add): one consumer only, refused by deterministic=True (its
+    """gluon_bwd_dq="tma" (the fused dQ by TMA reduce-add): one or two consumers, refused by deterministic=True (its
     partial sums are added in an arbitrary order, as "atomic"'s); on a triton whose Gluon lacks the reduce-add,
     check_gluon_bwd and gluon_flash_bwd raise a ValueError naming gluon_bwd_dq, this triton and the values allowed."""
     t = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="tma")
     assert FlashConfig.from_key(t.key) == t and t.gluon_bwd_consumers == 1
-    with pytest.raises(ValueError, match=r"gluon_bwd_consumers=2 is not supported with gluon_bwd_dq='tma'"):
-        t.replace(gluon_bwd_consumers=2)
-    with pytest.raises(ValueError, match=r"deterministic=True needs .*gluon_bwd_dq='tma' adds its fp32 dQ"):
-        t.replace(deterministic=True)
+    two = t.replace(gluon_bwd_consumers=2)
+    assert FlashConfig.from_key(two.key) == two
+    with pytest.raises(ValueError, match=r"gluon_bwd_consumers=3 is not supported with gluon_bwd_dq='tma'"):
+        t.replace(gluon_bwd_consumers=3)
+    for c in (t, two):
+        with pytest.raises(ValueError, match=r"deterministic=True needs .*gluon_bwd_dq='tma' adds its fp32 dQ"):
+            c.replace(deterministic=True)
     import triton
 
     has = hasattr(__import__("triton.experimental.gluon.language.nvidia.hopper", fromlist=["tma"]).tma,
@@ -291,7 +294,8 @@ def test_gluon_bwd_dq_gluon_validation_and_key():
     with pytest.raises(ValueError, match=r"gluon_bwd_consumers=2 is not supported with gluon_bwd_dq='atomic'"):
         two.replace(gluon_bwd_dq="atomic")
     with pytest.raises(ValueError, match=r"gluon_bwd_consumers=3 is not supported with gluon_bwd_dq='gluon'; "
-                                         r"allowed values: 1, 2 \(2 only with gluon_bwd_dq='triton' or 'gluon'"):
+                                         r"allowed values: 1, 2 \(2 only with gluon_bwd_dq='triton', 'gluon' or "
+                                         r"'tma'"):
         g.replace(gluon_bwd_consumers=3)
     assert G.AUTO_GLUON_DQ_HEAD_DIMS == (128,)
     assert G.auto_gluon_bwd_config(FlashConfig(), 128).gluon_bwd_dq == "gluon"
@@ -446,7 +450,7 @@ class _FakeKernel:
             dqa, dk, dv = args[6], args[9], args[10]
             if kw.get("DQ_TMA"):  # a descriptor over the buffer (_fake_gluon's: ("desc", index))
                 dqa = self.descs[dqa[1]][0]
-            if kw.get("WRITE_DQ"):  # (the two-consumer kernel has no WRITE_DQ: dK / dV only)
+            if kw.get("WRITE_DQ") or kw.get("DQ_TMA"):  # (the two-consumer kernel: no WRITE_DQ, dQ only by TMA)
                 dqa.fill_(self.fill)
             dk.fill_(1.0)
             dv.fill_(2.0)
@@ -479,7 +483,7 @@ def _fake_gluon(monkeypatch):
     monkeypatch.setattr(G, "_gluon_modules", lambda: (SimpleNamespace(_gl_bwd_kernel=kern, _gl_bwd_dkdv2_kernel=kern2,
                                                                       _gl_bwd_dq_kernel=kdq), td, gl))
     kern.two = kern2  # (the two-consumer kernel, gluon_bwd_consumers=2)
-    kern.descs = descs  # (gluon_bwd_dq="tma": DQA is a descriptor)
+    kern.descs = kern2.descs = descs  # (gluon_bwd_dq="tma": DQA is a descriptor)
     kern.dq = kdq  # (the dQ kernel, gluon_bwd_dq="gluon")
     monkeypatch.setattr(G, "nvmma_layout", lambda block, dt: ("nvmma", tuple(block), dt))
     monkeypatch.setattr(G, "lse_layout", lambda: "lse_layout")
@@ -530,6 +534,14 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
     assert (shape, strides, block, layout) == ([B, Hq, Nq, D], list(base.stride()), [1, 1, bm, D], "dq_tma_layout")
     torch.testing.assert_close(dq, torch.full_like(q, 0.5 * scale))
     assert (dk == 1).all() and (dv == 2).all()
+    # "tma" with two consumers: the two-consumer kernel with DQ_TMA and the same descriptor
+    dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=FlashConfig(
+        bwd_impl="gluon", gluon_bwd_dq="tma", gluon_bwd_consumers=2))
+    grid2, args2, kw2 = kern.two.calls[-1]
+    assert kw2["DQ_TMA"] is True and "WRITE_DQ" not in kw2 and grid2 == grid and tdq == []
+    base, shape, strides, block, layout = descs[args2[6][1]]
+    assert base.shape == (B, Hq, Nq, D) and (shape, block, layout) == ([B, Hq, Nq, D], [1, 1, bm, D], "dq_tma_layout")
+    torch.testing.assert_close(dq, torch.full_like(q, 0.5 * scale))
 
     monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", False)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton")
@@ -585,7 +597,8 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     assert tuple(args1[11:]) == tuple(args[12:-6]) and kw1["CAUSAL"] is causal  # strides, sizes, scales
     assert [type(a) for a in args1[:11]] == [type(a) for a in args[:11]]  # descriptors, buffers, dK, dV
     assert kw1["DQ_TMA"] is False
-    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL", "DQ_TMA")} == \
+    assert kw["DQ_TMA"] is False
+    assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL")} == \
         {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps", "HAS_LEFT", "HAS_RIGHT", "DOCS",
                                                          "SPARSE")}
     for bad in (SimpleNamespace(gluon_bwd_dq="atomic", gluon_bwd_consumers=2),
@@ -771,7 +784,7 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     from eval import bench_flash as bf
 
     assert set(bf.OURS_BWD) == {"ours_gluon_bwd", "ours_gluon_bwd_tdq", "ours_gluon_bwd_2c", "ours_gluon_dq",
-                                "ours_gluon_tmadq", "ours_triton_bwd", "ours_triton_all"}
+                                "ours_gluon_tmadq", "ours_gluon_tmadq2", "ours_triton_bwd", "ours_triton_all"}
     assert set(bf.OURS_BWD) <= set(bf.OURS)
     cfg = bf.ours_config("ours_gluon_bwd")
     assert cfg.fwd_impl == "auto" and cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "atomic"
@@ -785,6 +798,7 @@ def test_bench_flash_ours_gluon_bwd_and_tdq():
     assert cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "gluon" and cfg.gluon_bwd_consumers == 2
     cfg = bf.ours_config("ours_gluon_tmadq")
     assert cfg.bwd_impl == "gluon" and cfg.gluon_bwd_dq == "tma" and cfg.gluon_bwd_consumers == 1
+    assert bf.ours_config("ours_gluon_tmadq2").gluon_bwd_consumers == 2
     assert bf.ours_config("ours_gluon_bwd", FlashConfig(autotune=True)).autotune
 
 
@@ -1003,6 +1017,39 @@ def test_gpu_two_consumers_grads_match_reference_and_triton(monkeypatch, two_mod
     ours = _grads(q, k, v, do, causal, _TWO)
     assert ran == [2]
     _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("Hq,Hkv,Nq,Nk,dtype,bnhd", [
+    (8, 2, 1000, 1000, torch.bfloat16, False),  # GQA 4:1: four query heads' tiles reduced into dQ per program
+    (4, 4, 300, 1000, torch.bfloat16, True),  # Nq < Nk: a ragged last query tile (rows past Nq clipped by TMA)
+    (4, 1, 1000, 333, torch.float16, False),  # Nq > Nk, MQA
+    (2, 2, 2048, 2048, torch.bfloat16, True),  # whole tiles
+    (2, 2, 1, 200, torch.float16, False),  # one query row
+    (2, 2, 200, 50, torch.bfloat16, False),  # consumer 1's keys all past Nk: it adds nothing
+])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+@pytest.mark.skipif(not G.gluon_tma_reduce_ok(), reason="gluon_bwd_dq='tma' needs triton >= 3.7's Gluon TMA reduce-add")
+def test_gpu_tma_dq_grads_match_reference_and_triton(monkeypatch, causal, D, Hq, Hkv, Nq, Nk, dtype, bnhd):
+    """gluon_bwd_dq="tma" with one and with two consumers: dq (both consumers' parts reduce-added into one buffer),
+    dk, dv against the fp32 reference and the Triton backward; no Triton or Gluon dQ kernel runs."""
+    q, k, v, do = _qkv(2, Hq, Hkv, Nq, Nk, D, dtype=dtype, bnhd=bnhd)
+    from kernels.flash import _gluon_kernels as GK
+
+    class _Refuse:
+        def __getitem__(self, grid):
+            raise AssertionError("a separate dQ kernel ran with gluon_bwd_dq='tma'")
+
+    monkeypatch.setattr(GK, "_gl_bwd_dq_kernel", _Refuse())
+    monkeypatch.setattr(BW, "triton_dq", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("triton_dq ran")))
+    for consumers in (1, 2):
+        cfg = FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq="tma", gluon_bwd_consumers=consumers)
+        ours = _grads(q, k, v, do, causal, cfg)
+        _assert_grads_match_reference_and_triton(ours, q, k, v, do, causal)
+        if causal and Nq > Nk:  # rows that see no key: dq exactly 0
+            assert ours[0][:, :, :Nq - Nk].abs().max().item() == 0
 
 
 @pytest.mark.gpu

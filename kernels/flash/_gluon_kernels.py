@@ -854,12 +854,15 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                    sm_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                    SPARSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                    STAGES: gl.constexpr, LSE_TMA: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   num_warps: gl.constexpr, DQA, ds_smem, dq_smem, DQ_TMA: gl.constexpr):
     """Consumer ``WG`` (0 or 1, one warpgroup) of ``_gl_bwd_dkdv2_kernel``: key rows ``[start_n + WG * BLOCK_N, +
     BLOCK_N)`` (``BLOCK_N``: the consumer's rows, half the program's) against the ring's slots (query tiles ``[m_lo,
     m_lo + cnt)`` of each query head of the group, in the producer's order; with ``SPARSE`` the block-table row
     ``Row``'s ``cnt`` tiles, its first ``nfull`` full), computing those its keys see, then ``dK * sm_scale`` / ``dV``
-    stored (rows < Nk)."""
+    stored (rows < Nk). ``DQ_TMA``: also this consumer's part of each tile's dQ, ``dS K`` over its keys: dS^T to
+    ``ds_smem`` (its own ``(BLOCK_N, BLOCK_M)``), the product into registers, then to ``dq_smem`` (its own fp32
+    ``[1, 1, BLOCK_M, HEAD_D]``) and by one TMA reduce-add into the buffer ``DQA`` describes (both consumers add
+    into the same rows); else those three are placeholders, never touched."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
@@ -867,6 +870,8 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                                                         instr_shape=[16, HEAD_D, 16])  # (BLOCK_N, HEAD_D)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # P^T, dS^T
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query column (replicated over keys)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_D, 16])  # (BLOCK_M, HEAD_D), DQ_TMA
     start_w = start_n + WG * BLOCK_N
     DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (read with DOCS only)
     if SPARSE:  # every tile of the row (the band's element rule inside the partial ones: positions >= nfull)
@@ -941,13 +946,30 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                 cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
                 delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
                 dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
-            ds_op = gl.convert_layout((pt * (dpt - gl.expand_dims(delta, 0))).to(dtype), op_layout)
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            ds_op = gl.convert_layout(dst, op_layout)
             dk = warpgroup_mma(ds_op, q2, dk, is_async=True)  # dS^T from registers: no shared memory, no barrier
-            dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
+            if DQ_TMA:
+                # dQ_part = dS K_w: dS^T through shared memory (the transposed A operand), M = BLOCK_M query rows
+                ds_smem.store(dst)  # (the previous tile's dQ wgmma that read it was waited for)
+                fence_async_shared()
+                tma.store_wait(0)  # the previous tile's reduce-add has read dq_smem (its issuing thread waits; the
+                _cta_barrier()  # barrier: every warp of this warpgroup, and every row of dS^T is in ds_smem)
+                dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
+                dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
+                dk, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, ds_op, dq_t))
+                dq_smem.reshape([BLOCK_M, HEAD_D]).store(dq)
+                fence_async_shared()
+                _cta_barrier()  # every warp's rows are in dq_smem before the copy engine reads it
+                _tma_reduce_add(DQA, [b, h, start_m, 0], dq_smem)
+            else:
+                dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         else:
             _pp_pass(other_turn, PINGPONG)
         _cta_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
         mbarrier.arrive(empty.index(slot), count=1)
+    if DQ_TMA:
+        tma.store_wait(0)  # the last reduce-add has read dq_smem before the partition ends
     _store_dkdv(dk, dv, sm_scale, start_w, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
                 stride_vn, BLOCK_N, HEAD_D, kv_layout)
 
@@ -959,9 +981,11 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          QIdx, QCnt, QNfull, stride_tbl,
                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr,
-                         num_warps: gl.constexpr, PINGPONG: gl.constexpr = False, SPARSE: gl.constexpr = False):
-    """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` / ``"gluon"`` and ``gluon_bwd_consumers=2``: the
-    arguments of ``_gl_bwd_kernel`` (``DQA`` never read), dK / dV only, plus the mask: ``win_left`` / ``win_right``
+                         num_warps: gl.constexpr, PINGPONG: gl.constexpr = False, SPARSE: gl.constexpr = False,
+                         DQ_TMA: gl.constexpr = False):
+    """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` / ``"gluon"`` / ``"tma"`` and ``gluon_bwd_consumers=2``:
+    the arguments of ``_gl_bwd_kernel`` (``DQA`` never read but with ``DQ_TMA``: then the TMA descriptor of the fp32
+    dQ buffer both consumers reduce-add their parts into), dK / dV (and with ``DQ_TMA`` dQ), plus the mask: ``win_left`` / ``win_right``
     (>= 0; read with ``HAS_LEFT`` / ``HAS_RIGHT``; causal is ``HAS_RIGHT`` with ``win_right = 0``) and ``Doc`` the
     int32 document table ``(B, 3 * Nq + 3 * Nk)`` of kernels.flash.documents (read with ``DOCS`` only, else any
     pointer). ``BLOCK_N`` the program's key rows (even: two consumers of ``BLOCK_N // 2``), ``num_warps = 4`` (the
@@ -1001,6 +1025,17 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:  # (placeholders, never touched)
         lse_smem = q_smem
         delta_smem = q_smem
+    if DQ_TMA:  # each consumer's own dS^T and dQ tiles
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_M], dtype)
+        ds0 = gl.allocate_shared_memory(dtype, [HALF, BLOCK_M], ds_layout)
+        ds1 = gl.allocate_shared_memory(dtype, [HALF, BLOCK_M], ds_layout)
+        dq0 = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
+        dq1 = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
+    else:  # (placeholders, never touched)
+        ds0 = q_smem
+        ds1 = q_smem
+        dq0 = q_smem
+        dq1 = q_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -1018,12 +1053,12 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                            Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row,
                            qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, HALF, HEAD_D, STAGES,
-                           LSE_TMA, 0, PINGPONG, num_warps)),
+                           LSE_TMA, 0, PINGPONG, num_warps, DQA, ds0, dq0, DQ_TMA)),
          (_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn1, turn0,
                            Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row,
                            qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, HALF, HEAD_D, STAGES,
-                           LSE_TMA, 1, PINGPONG, 4)),
+                           LSE_TMA, 1, PINGPONG, 4, DQA, ds1, dq1, DQ_TMA)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
                           cnt, Row, SPARSE, STAGES, BLOCK_M, LSE_TMA))],

@@ -36,7 +36,8 @@ BWD_IMPLS = ("auto", "triton", "gluon")
 # the Gluon backward's dQ (FlashConfig.gluon_bwd_dq): "atomic" (fp32 atomics from the Gluon kernel) or "triton" (the
 # Gluon kernel computes dK / dV only, the Triton dQ kernel of bwd.py computes dQ: no atomics, deterministic) or "gluon"
 # (dK / dV likewise, then the Gluon dQ kernel of kernels.flash._gluon_kernels: no atomics, deterministic) or "tma"
-# (as "atomic", each tile's dQ added by one TMA bulk reduce-add from shared memory: triton 3.7+ Gluon)
+# (as "atomic", each tile's dQ added by one TMA bulk reduce-add from shared memory, with one or two consumers:
+# triton 3.7+ Gluon)
 GLUON_BWD_DQ = ("atomic", "triton", "gluon", "tma")
 # the dQ paths whose partial sums are added in an arbitrary order (deterministic=True refuses them)
 GLUON_BWD_DQ_ATOMIC = ("atomic", "tma")
@@ -159,7 +160,8 @@ class FlashConfig:
             :data:`~kernels.flash.gluon.AUTO_GLUON_DQ_HEAD_DIMS`). ``"tma"``: as ``"atomic"`` (one kernel, 5 GEMMs
             per tile pair), each query tile's ``dS K`` written to shared memory and added into the fp32 buffer by one
             TMA bulk reduce-add (FA3's dQ; Gluon's ``tma.async_atomic_add``, triton 3.7+: on an older triton the call
-            raises ``ValueError``); one consumer only; not deterministic; untimed (docs/kernels.md).
+            raises ``ValueError``); with ``gluon_bwd_consumers=2`` each consumer adds its keys' part (and band masks
+            / ``doc_ids`` are taken); not deterministic; untimed (docs/kernels.md).
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
@@ -211,10 +213,10 @@ class FlashConfig:
                              f"{', '.join(map(repr, GLUON_BWD_DQ))}")
         c = self.gluon_bwd_consumers
         if (not isinstance(c, int) or isinstance(c, bool) or c not in GLUON_BWD_CONSUMERS
-                or (c != 1 and self.gluon_bwd_dq in GLUON_BWD_DQ_ATOMIC)):
+                or (c != 1 and self.gluon_bwd_dq == "atomic")):
             raise ValueError(f"gluon_bwd_consumers={self.gluon_bwd_consumers!r} is not supported with gluon_bwd_dq="
-                             f"{self.gluon_bwd_dq!r}; allowed values: 1, 2 (2 only with gluon_bwd_dq='triton' or "
-                             "'gluon': the two-consumer kernel computes dK / dV only)")
+                             f"{self.gluon_bwd_dq!r}; allowed values: 1, 2 (2 only with gluon_bwd_dq='triton', "
+                             "'gluon' or 'tma': the two-consumer kernel computes dK / dV, and dQ only by TMA)")
         if self.deterministic and self.bwd_impl == "gluon" and self.gluon_bwd_dq in GLUON_BWD_DQ_ATOMIC:
             raise ValueError("deterministic=True needs bwd_impl='triton', or bwd_impl='gluon' with "
                              f"gluon_bwd_dq='triton' or 'gluon' (bwd_impl='gluon' with gluon_bwd_dq="

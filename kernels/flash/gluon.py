@@ -657,7 +657,7 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
         what = "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})"
         raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
                          f"masks; got {what}; sliding windows and doc_ids need gluon_bwd_consumers=2 (allowed values: "
-                         f"{', '.join(map(str, GLUON_BWD_CONSUMERS))}; 2 with gluon_bwd_dq='triton' or 'gluon'), or "
+                         f"{', '.join(map(str, GLUON_BWD_CONSUMERS))}; 2 with gluon_bwd_dq='triton', 'gluon' or 'tma'), or "
                          f"use bwd_impl='triton'")
     causal = _check_gluon("bwd_impl='gluon'", GLUON_BWD_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
                           documents, "use bwd_impl='triton'", bands=bands)
@@ -729,7 +729,9 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
       atomics (``WRITE_DQ=True``), then ``dq = buffer * softmax_scale`` cast to q's dtype; not bitwise
       deterministic;
     * ``gluon_bwd_dq="tma"``: as ``"atomic"``, each query tile's ``dS K`` stored to shared memory and added into the
-      buffer by one TMA bulk reduce-add (``DQ_TMA=True``; :func:`check_tma_reduce`: triton 3.7+);
+      buffer by one TMA bulk reduce-add (``DQ_TMA=True``; :func:`check_tma_reduce`: triton 3.7+); with
+      ``gluon_bwd_consumers=2`` in ``_gl_bwd_dkdv2_kernel``, each consumer adding its 64 keys' part (band masks and
+      documents too; not block-sparse layouts);
     * ``gluon_bwd_dq="triton"``: the kernel computes dK / dV only (``WRITE_DQ=False``: no ``dS K`` product, no
       atomics, no buffer) and the Triton dQ kernel of bwd.py runs as the Triton backward launches it for this mask
       (:func:`kernels.flash.bwd.triton_dq`); deterministic.
@@ -756,10 +758,10 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if dq_tma:
         check_tma_reduce()
     consumers = getattr(config, "gluon_bwd_consumers", 1)
-    if consumers not in GLUON_BWD_CONSUMERS or (consumers != 1 and write_dq):
+    if consumers not in GLUON_BWD_CONSUMERS or (consumers != 1 and config.gluon_bwd_dq == "atomic"):
         raise ValueError(f"gluon_bwd_consumers={consumers!r} is not supported with gluon_bwd_dq="
                          f"{config.gluon_bwd_dq!r}; allowed values: {GLUON_BWD_CONSUMERS} (2 only with "
-                         f"gluon_bwd_dq='triton' or 'gluon')")
+                         f"gluon_bwd_dq='triton', 'gluon' or 'tma')")
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     for name, w in (("win_left", win_left), ("win_right", win_right)):
@@ -814,14 +816,15 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if consumers == 1:  # dense / causal (checked above)
         _gl_launch(GK._gl_bwd_kernel, grid, (*descs, *strides, *sizes), num_warps=warps, CAUSAL=win_right == 0,
                    WRITE_DQ=write_dq, DQ_TMA=dq_tma, **tiles)
-    else:  # dK / dV only (write_dq is False), any band mask, or a block-sparse layout's key-tile table
+    else:  # dK / dV (and with dq_tma dQ by TMA reduce-add), any band mask, or a block-sparse layout's key-tile table
         tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
         if layout is not None:
             idx, cnt, nfull = gluon_layout_tables(layout, layout_bs, Nq, Nk, win_left, win_right, block_m, block_n,
                                                   keys=True)
             tbl = (idx, cnt, nfull, idx.stride(0))
         _gl_launch(GK._gl_bwd_dkdv2_kernel, grid, (*descs, doc, *strides, *sizes, wl, wr, *tbl), num_warps=warps,
-                   **band_flags, PINGPONG=bool(GLUON_BWD_PINGPONG), SPARSE=layout is not None, **tiles)
+                   **band_flags, PINGPONG=bool(GLUON_BWD_PINGPONG), SPARSE=layout is not None, DQ_TMA=dq_tma,
+                   **tiles)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     elif config.gluon_bwd_dq == "gluon":
