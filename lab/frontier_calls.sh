@@ -127,7 +127,7 @@ case $call in
     [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 6: triton 3.9 is not unpacked (carry .t39/1 in call 5 first)"; exit 3; }
     PYTHONPATH=$T39_SITE:$PYTHONPATH python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
       triton.__version__, 'tma reduce-add', g.gluon_tma_reduce_ok())" 2>&1 | tail -n 2 | tee "$W/t39_env.txt"
-    PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 "${T39_PYTEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+    PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 "${T39_PYTEST_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
       -n "${PYTEST_N:-14}" -rfE tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py \
       tests/test_gluon_band_bwd.py tests/test_gluon_band_fwd.py \
       > "$W/pytest_gluon_t39.txt" 2>&1; b pytest_gluon_t39 $?
@@ -135,8 +135,8 @@ case $call in
     for tv in 39 36; do
       pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
       impls=ours_gluon_dq,ours_triton_all,sdpa_cudnn; [ $tv = 39 ] && impls=ours_gluon_tmadq,ours_gluon_tmadq2,$impls
-      PYTHONPATH=$pp timeout -k 5 120 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
-        --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 110 > "$W/bwd_t$tv.log" 2>&1
+      PYTHONPATH=$pp timeout -k 5 110 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
+        --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 100 > "$W/bwd_t$tv.log" 2>&1
       b "bwd_t$tv" $?; grep -E "^ *(causal|noncausal) " "$W/bwd_t$tv.log" | cut -c1-150
     done ;;
 esac

@@ -90,7 +90,7 @@ def _report(ck, tile: str, ptx: bool) -> dict:
     text = ck.asm["ptx"]
     out = {"tile": tile, "shared_kib": round(ck.metadata.shared / 1024, 1),
            "wgmma": len(re.findall(r"wgmma\.mma_async", text)),
-           "tma": len(re.findall(r"cp\.async\.bulk\.tensor", text)),
+           "tma": len(re.findall(r"cp\.(?:reduce\.)?async\.bulk\.tensor", text)),  # loads, stores, reduce-adds
            "bar_sync": len(re.findall(r"\bbar\.sync|barrier\.sync", text)),
            "mbar_arrive": len(re.findall(r"mbarrier\.arrive", text)), "setmaxnreg": len(re.findall("setmaxnreg", text))}
     out.update(resource_usage(ck.asm["cubin"])[0])
@@ -207,7 +207,8 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
         types[name] = f"tensordesc<fp32[{block_m}],{lse_layout()!r}>"
     ints = ("stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn", "Hq", "Hkv", "Nq", "Nk",
             "offset", "group", "lse_stride")
-    types.update(DQA=f"tensordesc<fp32[1, 1, {block_m}, {D}],{dq_tma_layout()!r}>" if dq_tma else "*fp32", Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
+    dqa = f"tensordesc<fp32[1, 1, {block_m}, {D}],{dq_tma_layout()!r}>" if dq_tma else "*fp32"
+    types.update(DQA=dqa, Lse2="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", qk_scale="fp32",
                  sm_scale="fp32", Doc="*i32", win_left="i32", win_right="i32", QIdx="*i32", QCnt="*i32",
                  QNfull="*i32", stride_tbl="i32", **{n: "i32" for n in ints})
     const = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma, num_warps=warps)

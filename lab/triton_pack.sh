@@ -7,9 +7,10 @@
 # calls the kernels use (kernels/flash/_gluon_kernels.py picks either) and added the TMA reduce-add
 # (`tma.async_atomic_add`) that the fused dQ (`gluon_bwd_dq="tma"`) needs. This downloads the CPython 3.12 manylinux
 # wheel of triton VERSION, installs it (no dependencies) into a folder, drops what an NVIDIA Hopper run does not
-# load (the AMD backend, the Blackwell ptxas, CUPTI: ~200 MB of the ~1 GB), packs the rest as one tar.xz (~95 MB for
-# 3.9.0) and cuts it into PARTS equal parts OUT/1..PARTS/tritonsite.ofPARTS.part_NN. One call carries one part
-# (`carry: [".t39/K"]`, each ~48 MB with the ~7 MB tree: under the 64 MiB a call may send), calls back to back on a
+# load (the AMD backend, the Blackwell ptxas, CUPTI: ~400 MB of the ~1 GB), packs the rest as one tar.xz (110.7 MB
+# for 3.9.0) and cuts it into PARTS equal parts OUT/1..PARTS/tritonsite.ofPARTS.part_NN. One call carries one part
+# (`carry: [".t39/K"]`: 55.3 MB each, ~63 MB with the ~7.5 MB tracked tree, under the 64 MiB = 67.1 MB a call may
+# send; a tree past ~11 MB needs PARTS=3 and a third call), calls back to back on a
 # warm machine; `. lab/gpu_env.sh` copies each to /tmp/t39x and, once all are there, unpacks them into /tmp/t39
 # (lab/fa4_pack.sh unpack /tmp/t39x /tmp/t39 tritonsite; the mark /tmp/t39/.tritonsite_ok). Run with it:
 #
@@ -35,7 +36,9 @@ t=$tmp/site/triton
 [ -f "$t/_C/libtriton.so" ] || die "the wheel has no triton/_C/libtriton.so"
 rm -rf "$t/backends/amd" "$t/backends/nvidia/bin/ptxas-blackwell" "$t"/backends/nvidia/lib/cupti*
 # triton finds its backends by the dist-info's entry points too: drop the one whose folder is gone
-sed -i '/^amd = triton.backends.amd$/d' "$tmp"/site/triton-*.dist-info/entry_points.txt
+for ep in "$tmp"/site/triton-*.dist-info/entry_points.txt; do
+  [ -f "$ep" ] && sed -i '/^amd = triton.backends.amd$/d' "$ep"
+done
 tar -C "$tmp/site" -cf - . | xz -6 -T"${XZ_THREADS:-2}" > "$tmp/tritonsite.tar.xz"
 size=$(stat -c %s "$tmp/tritonsite.tar.xz")
 mkdir "$tmp/parts"

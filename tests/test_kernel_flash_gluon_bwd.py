@@ -523,7 +523,7 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
         assert (shape, strides, block, layout) == ([B * Hq * Nq], [1], [bm], "lse_layout")
 
     # "tma": the same kernel with DQ_TMA, DQA a descriptor over the zeroed fp32 buffer (box [1, 1, BLOCK_M, D],
-    # unswizzled), dq that buffer * scale
+    # 128-byte swizzle), dq that buffer * scale
     monkeypatch.setattr(G, "gluon_tma_reduce_ok", lambda: True)
     dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr,
                                    config=FlashConfig(bwd_impl="gluon", gluon_bwd_dq="tma"))

@@ -394,12 +394,10 @@ def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_emp
         reuse = t >= STAGES
         mbarrier.wait(k_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [b, hk, kt * BLOCK_N, 0], k_bars.index(slot),
-                                        k_smem.index(slot))
+        _tma_load(k_desc, [b, hk, kt * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [b, hk, kt * BLOCK_N, 0], v_bars.index(slot),
-                                        v_smem.index(slot))
+        _tma_load(v_desc, [b, hk, kt * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
@@ -753,7 +751,8 @@ def _gl_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, L
                    num_warps: gl.constexpr):
     """``bwd_impl="gluon"``: grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``. ``DQA`` fp32 ``(B, Hq, Nq, D)`` zeroed (gets
     ``dS K`` unscaled; ``WRITE_DQ`` only, else never read; with ``DQ_TMA`` a TMA descriptor over it, a block of
-    ``[1, 1, BLOCK_M, HEAD_D]`` in an unswizzled layout, added to by TMA reduce-add), ``Lse2`` / ``Delta`` fp32 ``(B, Hq, Nq)`` contiguous
+    ``[1, 1, BLOCK_M, HEAD_D]`` with a 128-byte swizzle, added to by TMA reduce-add), ``Lse2`` / ``Delta`` fp32
+    ``(B, Hq, Nq)`` contiguous
     from the Triton preprocess, and ``lse_desc`` / ``delta_desc`` 1-D TMA descriptors with a box of ``BLOCK_M`` over
     the same values laid out with a row stride of ``lse_stride`` (a multiple of 4, ``>= Nq``: padded copies when
     ``Nq % 4 != 0``, kernels.flash.gluon.lse_tma_rows; read with ``LSE_TMA``, else the pointers are), ``DK`` / ``DV``

@@ -135,7 +135,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         ``softmax_scale`` not ``None`` or a finite float > 0, ``block_size`` not an int >= 0 (>= 1 with a
         layout), a layout without ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``,
         ``dkdv_split`` not dividing the group, ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"`` with
-        ``gluon_bwd_dq="atomic"``, ``dilation < 1``; ``config.bwd_impl="gluon"`` on a call it does not cover
+        ``gluon_bwd_dq="atomic"`` / ``"tma"``, ``gluon_bwd_dq="tma"`` on a triton without Gluon's TMA reduce-add,
+        ``dilation < 1``; ``config.bwd_impl="gluon"`` on a call it does not cover
         (:func:`kernels.flash.gluon.check_gluon_bwd`) when an input requires grad.
     """
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
