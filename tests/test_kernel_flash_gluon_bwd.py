@@ -918,7 +918,7 @@ def test_gpu_large_causal_close_to_triton(lse_tma, dq):
     _assert_grads_near(ours, tri)
 
 
-@pytest.mark.parametrize("dq", GLUON_BWD_DQ)
+@pytest.mark.parametrize("dq", GPU_DQ)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
