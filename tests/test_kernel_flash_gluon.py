@@ -305,7 +305,7 @@ def test_layout_tables_refuse_tiles_across_blocks():
 
 def test_whole_tile_layouts_pass_the_gluon_backward_check(monkeypatch):
     """bwd_impl="gluon" takes a layout of whole 128 x 128 tiles with two consumers and the Gluon dQ only; one
-    consumer, the Triton / atomic dQ, 64-token blocks, an unaligned Nk - Nq and documents are refused by name."""
+    consumer, the Triton / atomic / TMA dQ, 64-token blocks, an unaligned Nk - Nq and documents are refused by name."""
     q, k, v, _ = _qkv(1, 2, 2, 256, 256, 64, device="cpu")
     lay = torch.ones(2, 2, dtype=torch.int8)
     monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
@@ -313,6 +313,7 @@ def test_whole_tile_layouts_pass_the_gluon_backward_check(monkeypatch):
     ok = FlashConfig(bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq="gluon")
     assert G.check_gluon_bwd(q, k, v, -1, 0, lay, 1, None, ok, 128) is True
     for cfg, got in ((ok.replace(gluon_bwd_dq="triton"), "gluon_bwd_consumers=2, gluon_bwd_dq='triton'"),
+                     (ok.replace(gluon_bwd_dq="tma"), "gluon_bwd_consumers=2, gluon_bwd_dq='tma'"),
                      (FlashConfig(bwd_impl="gluon"), "gluon_bwd_consumers=1, gluon_bwd_dq='atomic'")):
         with pytest.raises(ValueError, match=rf"bwd_impl='gluon' takes a block-sparse layout only with "
                                              rf"gluon_bwd_consumers=2 and gluon_bwd_dq='gluon'.*got {got}"):
