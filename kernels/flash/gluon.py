@@ -631,10 +631,10 @@ def gluon_layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, 
 def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,
                     dilation: int, documents, config: Optional[FlashConfig] = None, layout_bs: int = 0) -> bool:
     """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call; returns whether
-    it is causal. The mask: with ``config.gluon_bwd_consumers == 2`` (``_gl_bwd_dkdv2_kernel``, dQ ``"triton"`` or
-    ``"gluon"``) dense, causal, sliding windows (``win_left`` / ``win_right``, either edge) and packed ``documents``
-    (the document table); with ``gluon_bwd_consumers=1`` (``config`` ``None``: ``FlashConfig()``'s) dense or causal
-    only (the error names ``gluon_bwd_consumers`` and its allowed values); a block-sparse ``layout`` of
+    it is causal. The mask: with ``config.gluon_bwd_consumers == 2`` (``_gl_bwd_dkdv2_kernel``, dQ ``"triton"``,
+    ``"gluon"`` or ``"tma"``) dense, causal, sliding windows (``win_left`` / ``win_right``, either edge) and packed
+    ``documents`` (the document table); with ``gluon_bwd_consumers=1`` (``config`` ``None``: ``FlashConfig()``'s)
+    dense or causal only (the error names ``gluon_bwd_consumers`` and its allowed values); a block-sparse ``layout`` of
     ``layout_bs``-token blocks only with two consumers and ``gluon_bwd_dq="gluon"``, no ``documents`` and blocks of
     whole 128 x 128 tiles (:func:`~kernels.flash.sparse.tiles_whole`, as the forward's); never ``dilation > 1``.
     Then ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device; Gluon importable. ``q (B,
