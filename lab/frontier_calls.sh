@@ -21,10 +21,12 @@
 #   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
-#   5, 6: triton 3.9 (lab/triton_pack.sh, two ~53 MB parts: one per call, nothing else carried) unpacked to
+#   5, 6: triton 3.9 (lab/triton_pack.sh, two 55.3 MB parts: one per call, nothing else carried) unpacked to
 #      /tmp/t39; call 6 runs the Gluon GPU tests on it, the fused dQ by TMA reduce-add (gluon_bwd_dq="tma") and the
 #      D 128 backward on 3.9 and 3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq / cuDNN)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
+# Order when the session's 1,800 s cannot hold all six (~1,500 s for 1-4, ~450 s for 5-6): 1, 5, 6 first (call 1
+# installs .whl, which 6's test collection needs), then 2, 3, 4.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
 # 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
