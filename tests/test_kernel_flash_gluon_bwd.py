@@ -935,6 +935,29 @@ def test_gpu_ragged_tail_next_head_with_very_negative_lse(lse_tma, dq, D):
     _assert_grads_close(ours, tri, finite=True)
 
 
+@pytest.mark.parametrize("dq,consumers", [
+    pytest.param(p.values[0], c, marks=p.marks, id=f"{p.values[0]}-{c}") for p in GPU_DQ for c in (1, 2)
+    if not (p.values[0] == "atomic" and c == 2)])  # (the atomic dQ has one consumer only)
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_keys_past_nk_with_very_negative_lse_non_causal(dq, consumers):
+    """Non-causal, Nk = 100 (the key tile's rows 100..127 are TMA's zeros: S = 0 there, P = 2^-lse2): head 1's rows
+    see only scores near -20 |u|^2 (every key of head 1 is u), so 2^-lse2 overflows fp32 and, unmasked, reaches the
+    fused dQ as inf * 0 = NaN. Gradients finite and close to the Triton backward's."""
+    q, k, v, do = _qkv(1, 2, 2, 100, 100, 128, dtype=torch.float32, device="cpu", seed=3)
+    u = torch.randn(128, generator=torch.Generator().manual_seed(4))
+    k[:, 1] = u
+    q[:, 1] = -20 * u
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+    _, lse = flash_attn(q, k, v, causal=False, return_lse=True,
+                        config=FlashConfig(fwd_impl="triton", bwd_impl="triton"))
+    assert lse[0, 1].max().item() * 1.4426950408889634 < -128  # 2^-lse2 is past fp32's range
+    cfg = FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq=dq, gluon_bwd_consumers=consumers)
+    ours = _grads(q, k, v, do, False, cfg)
+    tri = _grads(q, k, v, do, False, FlashConfig(fwd_impl="triton", bwd_impl="triton"))
+    _assert_grads_close(ours, tri, finite=True)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("Nq,Nk", [(130, 130), (257, 200)])
 @pytest.mark.gpu

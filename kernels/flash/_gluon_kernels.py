@@ -701,6 +701,9 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
                 cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
                 ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
                 pt = gl.where(ok, pt, 0.0)
+        if WRITE_DQ:
+            if start_n + BLOCK_N > Nk:  # key rows past Nk (TMA's zeros): P = 0 there, else exp2(-lse2) can overflow
+                pt = gl.where(gl.expand_dims(keys < Nk, 1), pt, 0.0)  # for a very negative lse2 and reach dQ as inf * 0
         pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
         dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
         if LSE_TMA:
@@ -936,6 +939,9 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                         ok = _band_ok(i2, gl.expand_dims(keys, 1), Nq, Nk, offset, win_left, win_right, Doc, Doc,
                                       HAS_LEFT, HAS_RIGHT, False)
                     pt = gl.where(ok, pt, 0.0)
+            if DQ_TMA:
+                if start_w + BLOCK_N > Nk:  # key rows past Nk (TMA's zeros): P = 0 there, else exp2(-lse2) can
+                    pt = gl.where(gl.expand_dims(keys < Nk, 1), pt, 0.0)  # overflow and reach dQ as inf * 0
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
             if LSE_TMA:
