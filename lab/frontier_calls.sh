@@ -3,7 +3,8 @@
 # machine (it keeps /tmp while warm; idle release is 30 s, so start the next call as soon as one returns):
 #
 #   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
-#                                    K = 5, 6: carry .t39/1, .t39/2 (bash lab/triton_pack.sh): the kernels on triton 3.9
+#                                    K = 5, 6: carry .t39/1, .t39/2 (bash lab/triton_pack.sh): the kernels on triton 3.9;
+#                                    K = 7: nothing carried (after 5, 6)
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
@@ -23,10 +24,11 @@
 #      where the time goes against FA4 (lab.where_time)
 #   5, 6: triton 3.9 (lab/triton_pack.sh, two 55.3 MB parts: one per call, nothing else carried) unpacked to
 #      /tmp/t39; call 6 runs the Gluon GPU tests on it, the fused dQ by TMA reduce-add (gluon_bwd_dq="tma") and the
-#      D 128 backward on 3.9 and 3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq / cuDNN)
+#      D 128 backward on 3.9 and 3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq(2) / cuDNN)
+#   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
-# Order when the session's 1,800 s cannot hold all six (~1,500 s for 1-4, ~450 s for 5-6): 1, 5, 6 first (call 1
-# installs .whl, which 6's test collection needs), then 2, 3, 4.
+# Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~450 s for 5-6, ~200 s for 7): 1, 5, 6,
+# 7 first (call 1 installs .whl, which 6's test collection needs), then 2, 3, 4.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
 # 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
@@ -40,7 +42,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4, 5, 6"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4, 5, 6, 7"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -140,6 +142,18 @@ case $call in
       PYTHONPATH=$pp timeout -k 5 110 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
         --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 100 > "$W/bwd_t$tv.log" 2>&1
       b "bwd_t$tv" $?; grep -E "^ *(causal|noncausal) " "$W/bwd_t$tv.log" | cut -c1-150
+    done ;;
+  7)
+    # the TMA dQ on block-sparse layouts (two consumers walking the key-tile table) against the Gluon dQ kernel, on
+    # triton 3.9 (the forward there: Triton, as "auto" keeps it), then the same rows on 3.6 (the Gluon forward)
+    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 7: triton 3.9 is not unpacked (calls 5, 6 first)"; exit 3; }
+    for tv in 39 36; do
+      pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
+      impls=ours_gluon_dq,ours_triton_bwd; [ $tv = 39 ] && impls=ours_gluon_tmadq2,$impls
+      PYTHONPATH=$pp timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag "sparse_t$tv" \
+        --variants bigbird,strided --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 140 \
+        > "$W/sparse_t$tv.log" 2>&1
+      b "sparse_t$tv" $?; grep -E "^ *(bigbird|strided) " "$W/sparse_t$tv.log" | cut -c1-150
     done ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .

@@ -304,19 +304,21 @@ def test_layout_tables_refuse_tiles_across_blocks():
 
 
 def test_whole_tile_layouts_pass_the_gluon_backward_check(monkeypatch):
-    """bwd_impl="gluon" takes a layout of whole 128 x 128 tiles with two consumers and the Gluon dQ only; one
-    consumer, the Triton / atomic / TMA dQ, 64-token blocks, an unaligned Nk - Nq and documents are refused by name."""
+    """bwd_impl="gluon" takes a layout of whole 128 x 128 tiles with two consumers and the Gluon or TMA dQ only; one
+    consumer, the Triton / atomic dQ, 64-token blocks, an unaligned Nk - Nq and documents are refused by name."""
     q, k, v, _ = _qkv(1, 2, 2, 256, 256, 64, device="cpu")
     lay = torch.ones(2, 2, dtype=torch.int8)
     monkeypatch.setattr(G, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)
     ok = FlashConfig(bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq="gluon")
     assert G.check_gluon_bwd(q, k, v, -1, 0, lay, 1, None, ok, 128) is True
+    monkeypatch.setattr(G, "gluon_tma_reduce_ok", lambda: True)
+    assert G.check_gluon_bwd(q, k, v, -1, 0, lay, 1, None, ok.replace(gluon_bwd_dq="tma"), 128) is True
     for cfg, got in ((ok.replace(gluon_bwd_dq="triton"), "gluon_bwd_consumers=2, gluon_bwd_dq='triton'"),
-                     (ok.replace(gluon_bwd_dq="tma"), "gluon_bwd_consumers=2, gluon_bwd_dq='tma'"),
+                     (FlashConfig(bwd_impl="gluon", gluon_bwd_dq="tma"), "gluon_bwd_consumers=1, gluon_bwd_dq='tma'"),
                      (FlashConfig(bwd_impl="gluon"), "gluon_bwd_consumers=1, gluon_bwd_dq='atomic'")):
         with pytest.raises(ValueError, match=rf"bwd_impl='gluon' takes a block-sparse layout only with "
-                                             rf"gluon_bwd_consumers=2 and gluon_bwd_dq='gluon'.*got {got}"):
+                                             rf"gluon_bwd_consumers=2 and gluon_bwd_dq='gluon' or 'tma'.*got {got}"):
             G.check_gluon_bwd(q, k, v, -1, 0, lay, 1, None, cfg, 128)
     with pytest.raises(ValueError, match=r"got block_size=64, Nk - Nq = 0; use bwd_impl='triton'"):
         G.check_gluon_bwd(q, k, v, -1, 0, lay, 1, None, ok, 64)
@@ -869,13 +871,21 @@ def test_gpu_block_sparse_forward(impl, case):
         torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2e-2, msg=name)
 
 
+# the dQ paths that take a block-sparse layout (kernels.flash.gluon.GLUON_BWD_DQ_LAYOUT): "tma" only where this
+# triton's Gluon has the TMA reduce-add (3.7+)
+LAYOUT_DQ = ["gluon", pytest.param("tma", marks=pytest.mark.skipif(
+    not G.gluon_tma_reduce_ok(), reason="gluon_bwd_dq='tma' needs triton >= 3.7's Gluon TMA reduce-add"))]
+
+
+@pytest.mark.parametrize("dq", LAYOUT_DQ)
 @pytest.mark.parametrize("case", sorted(SPARSE_CASES))
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_block_sparse_gluon_backward(case):
-    """The Gluon backward on block-sparse layouts of whole tiles (two consumers, the Gluon dQ: both kernels walk the
-    layout's own tables): dq, dk, dv (GQA 2:1, D 128) within 3x plain PyTorch's error of the fp32 reference's and
-    close to the Triton backward's, through the registry's backend."""
+def test_gpu_block_sparse_gluon_backward(case, dq):
+    """The Gluon backward on block-sparse layouts of whole tiles (two consumers; the Gluon dQ: both kernels walk the
+    layout's own tables; the TMA dQ: the dK / dV kernel adds dQ walking its key-tile table): dq, dk, dv (GQA 2:1,
+    D 128) within 3x plain PyTorch's error of the fp32 reference's and close to the Triton backward's, through the
+    registry's backend."""
     from attn_zoo.backends.triton_flash import triton_softmax_attention
 
     spec, mi, Nq, Nk = _sparse_mask(case)
@@ -888,7 +898,7 @@ def test_gpu_block_sparse_gluon_backward(case):
         o.backward(do.to(o.dtype))
         return [t.grad for t in leaves]
 
-    ours = grads(FlashConfig(bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq="gluon"))
+    ours = grads(FlashConfig(bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq=dq))
     tri = grads(FlashConfig(bwd_impl="triton"))
     ref = grads(None, torch.float32)
     plain = grads(None)  # the reference in bf16: plain PyTorch's rounding
@@ -943,9 +953,10 @@ def _masked_attention_grads(q, k, v, do, mask, scale, dtype=None):
 
 @pytest.mark.parametrize("D", [128, 64])  # (D 64: the dQ kernel's 128 x 128 tiles, its table at them; untimed, by name)
 @pytest.mark.parametrize("case", sorted(LAYOUT_BAND_CASES))
+@pytest.mark.parametrize("dq", LAYOUT_DQ)
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_block_sparse_gluon_with_windows(case, D):
+def test_gpu_block_sparse_gluon_with_windows(case, D, dq):
     """The Gluon forward and backward (two consumers, Gluon dQ) on block-sparse layouts of whole tiles together with
     sliding windows (either edge: the element rule inside the tables' partial tiles), layout rows / columns with no
     block on (query tiles and key tiles whose table row is empty: zero output and gradients written), a layout
@@ -962,7 +973,7 @@ def test_gpu_block_sparse_gluon_with_windows(case, D):
         o.backward(do)
         return [o.detach()] + [t.grad for t in leaves]
 
-    ours = run(FlashConfig(fwd_impl="gluon_ws3a", bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq="gluon"))
+    ours = run(FlashConfig(fwd_impl="gluon_ws3a", bwd_impl="gluon", gluon_bwd_consumers=2, gluon_bwd_dq=dq))
     tri = run(FlashConfig(fwd_impl="triton", bwd_impl="triton"))
     ref = _masked_attention_grads(q, k, v, do, mask, scale, torch.float32)
     plain = _masked_attention_grads(q, k, v, do, mask, scale)

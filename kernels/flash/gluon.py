@@ -628,6 +628,11 @@ def gluon_layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, 
     return tables
 
 
+GLUON_BWD_DQ_LAYOUT = ("gluon", "tma")
+"""The dQ paths of ``bwd_impl="gluon"`` (with two consumers) that take a block-sparse layout: the Gluon dQ kernel on
+the layout's query-tile table, and the TMA reduce-add from the dK / dV kernel walking its key-tile table."""
+
+
 def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,
                     dilation: int, documents, config: Optional[FlashConfig] = None, layout_bs: int = 0) -> bool:
     """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call; returns whether
@@ -644,13 +649,13 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     if layout is not None and dilation == 1:
         dq_path = getattr(config, "gluon_bwd_dq", None) if config is not None else None
         Nq, Nk = q.shape[2], k.shape[2]
-        if consumers != 2 or dq_path != "gluon" or documents is not None or not tiles_whole(layout_bs, Nq, Nk, 128,
-                                                                                                 128):
-            got = (f"gluon_bwd_consumers={consumers!r}, gluon_bwd_dq={dq_path!r}" if consumers != 2 or dq_path !=
-                   "gluon" else "a block-sparse layout with doc_ids" if documents is not None else
+        dq_ok = consumers == 2 and dq_path in GLUON_BWD_DQ_LAYOUT
+        if not dq_ok or documents is not None or not tiles_whole(layout_bs, Nq, Nk, 128, 128):
+            got = (f"gluon_bwd_consumers={consumers!r}, gluon_bwd_dq={dq_path!r}" if not dq_ok else
+                   "a block-sparse layout with doc_ids" if documents is not None else
                    f"block_size={layout_bs}, Nk - Nq = {Nk - Nq}")
             raise ValueError(f"bwd_impl='gluon' takes a block-sparse layout only with gluon_bwd_consumers=2 and "
-                             f"gluon_bwd_dq='gluon', when every 128 x 128 tile lies inside one layout block "
+                             f"gluon_bwd_dq='gluon' or 'tma', when every 128 x 128 tile lies inside one layout block "
                              f"(block_size a multiple of 128, Nk - Nq a multiple of 128) and without doc_ids; got "
                              f"{got}; use bwd_impl='triton'")
         layout = None  # the rest as for its band
@@ -732,7 +737,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     * ``gluon_bwd_dq="tma"``: as ``"atomic"``, each query tile's ``dS K`` stored to shared memory and added into the
       buffer by one TMA bulk reduce-add (``DQ_TMA=True``; :func:`check_tma_reduce`: triton 3.7+); with
       ``gluon_bwd_consumers=2`` in ``_gl_bwd_dkdv2_kernel``, each consumer adding its 64 keys' part (band masks and
-      documents too; not block-sparse layouts);
+      documents and block-sparse layouts too: the dK / dV kernel walks the layout's key-tile table, so no dQ
+      kernel and no query-tile table run);
     * ``gluon_bwd_dq="triton"``: the kernel computes dK / dV only (``WRITE_DQ=False``: no ``dS K`` product, no
       atomics, no buffer) and the Triton dQ kernel of bwd.py runs as the Triton backward launches it for this mask
       (:func:`kernels.flash.bwd.triton_dq`); deterministic.
@@ -811,9 +817,9 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     sizes = (Hq, Hkv, Nq, Nk, Nk - Nq, Hq // Hkv, lse_stride, softmax_scale * _LOG2E, softmax_scale)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, LSE_TMA=lse_tma)
     grid = (triton_cdiv(Nk, block_n), B * Hkv)
-    if layout is not None and (consumers != 2 or config.gluon_bwd_dq != "gluon"):
+    if layout is not None and (consumers != 2 or config.gluon_bwd_dq not in GLUON_BWD_DQ_LAYOUT):
         raise ValueError("bwd_impl='gluon' takes a block-sparse layout only with gluon_bwd_consumers=2 and "
-                         f"gluon_bwd_dq='gluon'; got {consumers!r}, {config.gluon_bwd_dq!r}")
+                         f"gluon_bwd_dq='gluon' or 'tma'; got {consumers!r}, {config.gluon_bwd_dq!r}")
     if consumers == 1:  # dense / causal (checked above)
         _gl_launch(GK._gl_bwd_kernel, grid, (*descs, *strides, *sizes), num_warps=warps, CAUSAL=win_right == 0,
                    WRITE_DQ=write_dq, DQ_TMA=dq_tma, **tiles)
