@@ -640,7 +640,8 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     ``"gluon"`` or ``"tma"``) dense, causal, sliding windows (``win_left`` / ``win_right``, either edge) and packed
     ``documents`` (the document table); with ``gluon_bwd_consumers=1`` (``config`` ``None``: ``FlashConfig()``'s)
     dense or causal only (the error names ``gluon_bwd_consumers`` and its allowed values); a block-sparse ``layout`` of
-    ``layout_bs``-token blocks only with two consumers and ``gluon_bwd_dq="gluon"``, no ``documents`` and blocks of
+    ``layout_bs``-token blocks only with two consumers and ``gluon_bwd_dq="gluon"`` or ``"tma"``
+    (:data:`GLUON_BWD_DQ_LAYOUT`), no ``documents`` and blocks of
     whole 128 x 128 tiles (:func:`~kernels.flash.sparse.tiles_whole`, as the forward's); never ``dilation > 1``.
     Then ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device; Gluon importable. ``q (B,
     Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
@@ -663,8 +664,8 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
         what = "doc_ids" if documents is not None else f"window (left={win_left}, right={win_right})"
         raise ValueError(f"bwd_impl='gluon' with gluon_bwd_consumers={consumers!r} supports only dense or causal "
                          f"masks; got {what}; sliding windows and doc_ids need gluon_bwd_consumers=2 (allowed values: "
-                         f"{', '.join(map(str, GLUON_BWD_CONSUMERS))}; 2 with gluon_bwd_dq='triton', 'gluon' or 'tma'), or "
-                         f"use bwd_impl='triton'")
+                         f"{', '.join(map(str, GLUON_BWD_CONSUMERS))}; 2 with gluon_bwd_dq='triton', 'gluon' or "
+                         f"'tma'), or use bwd_impl='triton'")
     causal = _check_gluon("bwd_impl='gluon'", GLUON_BWD_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
                           documents, "use bwd_impl='triton'", bands=bands)
     if getattr(config, "gluon_bwd_dq", None) == "tma":
