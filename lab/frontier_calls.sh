@@ -4,7 +4,7 @@
 #
 #   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
 #                                    K = 5, 6: carry .t39/1, .t39/2 (bash lab/triton_pack.sh): the kernels on triton 3.9;
-#                                    K = 7: nothing carried (after 5, 6)
+#                                    K = 7: carry .data (after 5, 6)
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
@@ -25,7 +25,8 @@
 #   5, 6: triton 3.9 (lab/triton_pack.sh, two 55.3 MB parts: one per call, nothing else carried) unpacked to
 #      /tmp/t39; call 6 runs the Gluon GPU tests on it, the fused dQ by TMA reduce-add (gluon_bwd_dq="tma") and the
 #      D 128 backward on 3.9 and 3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq(2) / cuDNN)
-#   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6)
+#   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
+#      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
 # Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~450 s for 5-6, ~200 s for 7): 1, 5, 6,
 # 7 first (call 1 installs .whl, which 6's test collection needs), then 2, 3, 4.
@@ -154,6 +155,13 @@ case $call in
         --variants bigbird,strided --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 140 \
         > "$W/sparse_t$tv.log" 2>&1
       b "sparse_t$tv" $?; grep -E "^ *(bigbird|strided) " "$W/sparse_t$tv.log" | cut -c1-150
-    done ;;
+    done
+    # packed documents (issue 27's gap to FA4 varlen is the backward): the TMA dQ against the Gluon dQ kernel, both
+    # with the two-consumer dK / dV kernel, on 3.9 (real articles with .data carried, else the fixed grid only)
+    docs=fixed:2048; [ -n "${ATTN_ZOO_WIKITEXT:-}" ] && docs=wikitext:real,$docs
+    PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag docs_t39 \
+      --variants causal,win1024 --N 16384 --D 128 --tokens 65536 --docs "$docs" \
+      --impls ours_gluon_tmadq2,ours_gluon_dq --rounds 3 --check --time-budget-s 140 > "$W/docs_t39.log" 2>&1
+    b docs_t39 $?; grep -E "^ *(causal|win1024) " "$W/docs_t39.log" | cut -c1-150 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .
