@@ -993,9 +993,9 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     dQ buffer both consumers reduce-add their parts into), dK / dV (and with ``DQ_TMA`` dQ), plus the mask:
     ``win_left`` / ``win_right`` (>= 0; read with ``HAS_LEFT`` / ``HAS_RIGHT``; causal is ``HAS_RIGHT`` with
     ``win_right = 0``) and ``Doc`` the int32 document table ``(B, 3 * Nq + 3 * Nk)`` of kernels.flash.documents (read
-    with ``DOCS`` only, else any pointer). ``BLOCK_N`` the program's key rows (even: two consumers of ``BLOCK_N // 2``), ``num_warps = 4`` (the
-    default partition is consumer 0; a 4-warp worker consumer 1 and a 1-warp producer follow). Grid ``(cdiv(Nk,
-    BLOCK_N), B * Hkv)``.
+    with ``DOCS`` only, else any pointer). ``BLOCK_N`` the program's key rows (even: two consumers of
+    ``BLOCK_N // 2``), ``num_warps = 4`` (the default partition is consumer 0; a 4-warp worker consumer 1 and a 1-warp
+    producer follow). Grid ``(cdiv(Nk, BLOCK_N), B * Hkv)``.
 
     ``SPARSE`` (a block-sparse layout whose blocks are whole ``BLOCK_M x BLOCK_N`` tiles; not with ``DOCS``):
     program ``(r, bhk)`` runs row ``r`` of the key-tile table ``QIdx (n_k_tiles, stride_tbl)`` of
