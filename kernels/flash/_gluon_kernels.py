@@ -643,6 +643,27 @@ def _store_dkdv(dk, dv, sm_scale, start, Nk, DK, DV, b, hk, stride_kb, stride_kh
 
 
 @gluon.jit
+def _zero_keys_past_nk(pt, keys, start, Nk, BLOCK_N: gl.constexpr):
+    """The fused dQ's guard: ``P^T`` (keys on the rows) zero on the key rows past ``Nk`` of a last, ragged key tile
+    (TMA's zero rows: S = 0 there, P = 2^-lse2, which overflows for a very negative lse2 and would reach dQ as
+    inf * 0 without a causal edge to mask it); other tiles unchanged."""
+    if start + BLOCK_N > Nk:
+        pt = gl.where(gl.expand_dims(keys < Nk, 1), pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _dq_reduce_add(dq, dq_smem, DQA, b, h, start_m, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
+    """The fused dQ's add (``DQ_TMA``): the query tile's dQ (fp32 registers, ``(BLOCK_M, HEAD_D)``) to ``dq_smem``,
+    then one TMA reduce-add into the buffer ``DQA`` describes (rows past Nq clipped by the descriptor). The caller
+    waits for the previous add (``tma.store_wait(0)`` and a barrier) before calling again."""
+    dq_smem.reshape([BLOCK_M, HEAD_D]).store(dq)
+    fence_async_shared()
+    _cta_barrier()  # every warp's rows are in dq_smem before the copy engine reads it
+    _tma_reduce_add(DQA, [b, h, start_m, 0], dq_smem)
+
+
+@gluon.jit
 def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, DQA, Lse2,
                   Delta, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk, group, Hq,
                   Nq, Nk, offset, start_n, m_lo, cnt, m_mask_hi, qk_scale, sm_scale, dq_smem, CAUSAL: gl.constexpr,
@@ -702,8 +723,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
                 ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + offset, 0)
                 pt = gl.where(ok, pt, 0.0)
         if WRITE_DQ:
-            if start_n + BLOCK_N > Nk:  # key rows past Nk (TMA's zeros): P = 0 there, else exp2(-lse2) can overflow
-                pt = gl.where(gl.expand_dims(keys < Nk, 1), pt, 0.0)  # for a very negative lse2 and reach dQ as inf * 0
+            pt = _zero_keys_past_nk(pt, keys, start_n, Nk, BLOCK_N)
         pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
         dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
         if LSE_TMA:
@@ -731,10 +751,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem
         mbarrier.arrive(empty.index(slot), count=1)
         if WRITE_DQ:
             if DQ_TMA:
-                dq_smem.reshape([BLOCK_M, HEAD_D]).store(dq)
-                fence_async_shared()
-                _cta_barrier()  # every warp's rows are in dq_smem before the copy engine reads it
-                _tma_reduce_add(DQA, [b, h, start_m, 0], dq_smem)
+                _dq_reduce_add(dq, dq_smem, DQA, b, h, start_m, BLOCK_M, HEAD_D)
             else:
                 rows = start_m + dq_rows
                 offs = gl.expand_dims(rows, 1) * HEAD_D + gl.expand_dims(dq_cols, 0)  # int32 within one head's rows
@@ -940,8 +957,7 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                                       HAS_LEFT, HAS_RIGHT, False)
                     pt = gl.where(ok, pt, 0.0)
             if DQ_TMA:
-                if start_w + BLOCK_N > Nk:  # key rows past Nk (TMA's zeros): P = 0 there, else exp2(-lse2) can
-                    pt = gl.where(gl.expand_dims(keys < Nk, 1), pt, 0.0)  # overflow and reach dQ as inf * 0
+                pt = _zero_keys_past_nk(pt, keys, start_w, Nk, BLOCK_N)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
             if LSE_TMA:
@@ -963,10 +979,7 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                 dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
                 dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
                 dk, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, ds_op, dq_t))
-                dq_smem.reshape([BLOCK_M, HEAD_D]).store(dq)
-                fence_async_shared()
-                _cta_barrier()  # every warp's rows are in dq_smem before the copy engine reads it
-                _tma_reduce_add(DQA, [b, h, start_m, 0], dq_smem)
+                _dq_reduce_add(dq, dq_smem, DQA, b, h, start_m, BLOCK_M, HEAD_D)
             else:
                 dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         else:
