@@ -3,8 +3,9 @@
 # machine (it keeps /tmp while warm; idle release is 30 s, so start the next call as soon as one returns):
 #
 #   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
-#                                    K = 5, 6: carry .t39/1, .t39/2 (bash lab/triton_pack.sh): the kernels on triton 3.9;
-#                                    K = 7: carry .data (after 5, 6)
+#                                    K = 5: carry .t39/1, then .t39/2 (with .whl on a fresh machine), .t39/3
+#                                    (bash lab/triton_pack.sh: four parts); K = 6, 8, 9: carry .t39/4 and run on
+#                                    triton 3.9; K = 7: carry .data (after 6)
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
@@ -22,14 +23,20 @@
 #   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
-#   5, 6: triton 3.9 (lab/triton_pack.sh, two 55.3 MB parts: one per call, nothing else carried) unpacked to
-#      /tmp/t39; call 6 runs the Gluon GPU tests on it, the fused dQ by TMA reduce-add (gluon_bwd_dq="tma") and the
-#      D 128 backward on 3.9 and 3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq(2) / cuDNN)
+#   5, 6: triton 3.9 (lab/triton_pack.sh, four 27.7 MB parts: one per call) unpacked to /tmp/t39 once all four
+#      are there (calls 5, 5, 5 copy parts 1-3; the first with .whl where call 1 has not run); call 6 runs the
+#      Gluon GPU tests on it, the fused dQ by TMA reduce-add (gluon_bwd_dq="tma") and the D 128 backward on 3.9 and
+#      3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq(2) / cuDNN); results/h100/2026-12-06e
+#   8: the Gluon forward / backward forced on 3.9 (and 3.9 with 3.6's ptxas) and on 3.6: what GLUON_AUTO_TRITON /
+#      GLUON_AUTO_BWD_TRITON rest on (results/h100/2026-12-06e/8)
+#   9: "auto" on 3.9 as it now resolves (the Gluon forward, the Triton backward): train.py trainer=gpu, the "auto"
+#      GPU tests, the bench against Triton alone and cuDNN (not yet run: the next session's first 3.9 call)
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
-# Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~450 s for 5-6, ~200 s for 7): 1, 5, 6,
-# 7 first (call 1 installs .whl, which 6's test collection needs), then 2, 3, 4.
+# Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~150 s for 5 x 3 and 9, ~300 s for 6,
+# ~200 s for 7): 1, 5 x 3, 9 first (call 1 installs .whl, which the test collection of 6 and 9 needs), then 2, 3, 4.
+# A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
 # 363 / 339 / 408 / 331 s with PYTEST_S=300, LINEAR_BUDGET_S=330, SOFTMAX_BUDGET_S=370. Calls 2-4 need not carry
@@ -43,7 +50,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4, 5, 6, 7"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4, 5, 6, 7, 8, 9"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -123,13 +130,13 @@ case $call in
       --check --time-budget-s $(( ${DOCS_S:-300} - 15 )) > "$W/docs.log" 2>&1; b docs $?
     grep -E "^ *(causal|win1024) " "$W/docs.log" | cut -c1-170 ;;
   5)
-    echo "carried .t39/1 (triton 3.9, part 1 of 2): call 6 carries part 2 and runs" ;;
+    echo "triton 3.9 parts here: $(ls /tmp/t39x 2>/dev/null | tr '\n' ' ')(the call that carries the last one unpacks)" ;;
   6)
     # triton 3.9 (what `pip install torch` brings) beside the image's 3.6: the Gluon kernels by name (the GPU tests
     # of both Gluon test files) and the fused dQ by TMA reduce-add (gluon_bwd_dq="tma": 3.7+ only), then the
     # D 128 backward against ours on 3.6 in the same call (ours_gluon_dq: what "auto" runs on 3.6; on 3.9 "auto"
     # keeps the Triton kernels, GLUON_AUTO_TRITON) and cuDNN
-    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 6: triton 3.9 is not unpacked (carry .t39/1 in call 5 first)"; exit 3; }
+    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 6: triton 3.9 is not unpacked (carry .t39/1..3 in calls 5 first)"; exit 3; }
     PYTHONPATH=$T39_SITE:$PYTHONPATH python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
       triton.__version__, 'tma reduce-add', g.gluon_tma_reduce_ok())" 2>&1 | tail -n 2 | tee "$W/t39_env.txt"
     PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 "${T39_PYTEST_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
@@ -163,5 +170,42 @@ case $call in
       --variants causal,win1024 --N 16384 --D 128 --tokens 65536 --docs "$docs" \
       --impls ours_gluon_tmadq2,ours_gluon_dq --rounds 3 --check --time-budget-s 140 > "$W/docs_t39.log" 2>&1
     b docs_t39 $?; grep -E "^ *(causal|win1024) " "$W/docs_t39.log" | cut -c1-150 ;;
+  8)
+    # whether "auto" should take the Gluon kernels on triton 3.9 too (GLUON_AUTO_TRITON): the Gluon forward forced
+    # (ours_gluon_ws3a; its backward "auto"), the Gluon backward forced (ours_gluon_dq; its forward "auto"), Triton
+    # alone and cuDNN, on 3.9, on 3.9 with 3.6's ptxas (39p: ptxas or triton's code generation?) and on 3.6
+    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 8: triton 3.9 is not unpacked (carry .t39/1..4 first)"; exit 3; }
+    px36=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
+    "$px36" --version | tail -n 1 | tee "$W/ptxas36.txt"
+    for tv in 39 39p 36; do
+      pp=$PYTHONPATH; px=${TRITON_PTXAS_BLACKWELL_PATH:-}; ds=64,128
+      case $tv in 39) pp=$T39_SITE:$PYTHONPATH ;; 39p) pp=$T39_SITE:$PYTHONPATH; px=$px36; ds=128 ;; esac
+      PYTHONPATH=$pp TRITON_PTXAS_BLACKWELL_PATH=$px timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash \
+        --out "$W" --tag "auto_t$tv" --variants causal,noncausal --N 4096,16384 --D "$ds" \
+        --impls ours_gluon_ws3a,ours_gluon_dq,ours_triton_all,sdpa_cudnn --rounds 3 --check \
+        --time-budget-s $(( ${AUTO39_S:-130} - 10 )) > "$W/auto_t$tv.log" 2>&1
+      b "auto_t$tv" $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/auto_t$tv.log" | cut -c1-120
+    done
+    for tv in 39 36; do
+      pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
+      PYTHONPATH=$pp timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+        tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py -k "auto_runs_gluon or auto_bwd_runs" \
+        > "$W/pytest_auto_t$tv.txt" 2>&1; b "pytest_auto_t$tv" $?; tail -n 1 "$W/pytest_auto_t$tv.txt"
+    done ;;
+  9)
+    # "auto" on triton 3.9 since GLUON_AUTO_TRITON holds it (the Gluon forward, the Triton backward): the README's
+    # train.py trainer=gpu, the "auto" GPU tests, and ours against Triton alone, the auto backward's Gluon config at
+    # D 64 (ours_gluon_bwd_2c) and cuDNN
+    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 9: triton 3.9 is not unpacked (carry .t39/1..4 first)"; exit 3; }
+    export PYTHONPATH=$T39_SITE:$PYTHONPATH
+    timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu39 > "$W/train_gpu_t39.log" 2>&1
+    b train_gpu_t39 $?; grep -E "learned|val/acc by" "$W/train_gpu_t39.log" | tail -2
+    timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -n 4 tests/test_kernel_flash_gluon.py \
+      tests/test_kernel_flash_gluon_bwd.py -k "auto" > "$W/pytest_auto_t39.txt" 2>&1
+    b pytest_auto_t39 $?; tail -n 1 "$W/pytest_auto_t39.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_auto_t39.txt" | head
+    timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash --out "$W" --tag auto9_t39 --variants causal,noncausal \
+      --N 4096,16384 --D 64,128 --impls ours,ours_gluon_bwd_2c,ours_triton_all,sdpa_cudnn --rounds 3 --check \
+      --time-budget-s $(( ${AUTO39_S:-130} - 10 )) > "$W/auto9_t39.log" 2>&1
+    b auto9_t39 $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/auto9_t39.log" | cut -c1-120 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .

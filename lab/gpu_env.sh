@@ -40,14 +40,20 @@ fi
 # a newer triton (bash lab/triton_pack.sh: .t39/K/tritonsite.ofN.part_*), unpacked into /tmp/t39 once all N parts are
 # in /tmp/t39x; not on PYTHONPATH: a command opts in with PYTHONPATH=$T39_SITE:$PYTHONPATH (T39_SITE is exported once
 # it is unpacked)
-if [ -n "$_part" ] && [ -d ".t39/$_part" ]; then
-  mkdir -p /tmp/t39x && cp ".t39/$_part"/* /tmp/t39x/
-fi
+# (every .t39/K carried in this call: the part's number need not match the call's)
+for _d in .t39/*/; do
+  [ -d "$_d" ] && mkdir -p /tmp/t39x && cp "$_d"* /tmp/t39x/
+done
 if [ ! -f /tmp/t39/.tritonsite_ok ] && ls /tmp/t39x/tritonsite.of*.part_* >/dev/null 2>&1; then
   bash lab/fa4_pack.sh unpack /tmp/t39x /tmp/t39 tritonsite
   case $? in 0|3) ;; *) echo "gpu_env: unpacking .t39 failed" ;; esac
 fi
 [ -f /tmp/t39/.tritonsite_ok ] && export T39_SITE=/tmp/t39
+# triton >= 3.7 runs sm_90 through the "ptxas-blackwell" binary too (only the name is Blackwell's), which
+# lab/triton_pack.sh drops to fit: point that name at the wheel's other ptxas (CUDA 12.9 for 3.9.0; sm_90a is fine)
+if [ -n "${T39_SITE:-}" ] && [ ! -x "$T39_SITE/triton/backends/nvidia/bin/ptxas-blackwell" ]; then
+  export TRITON_PTXAS_BLACKWELL_PATH=$T39_SITE/triton/backends/nvidia/bin/ptxas
+fi
 
 # the cut library wheel's name, version included, from nvidia_cutlass_dsl's wheel (pinned alike; as lab/fa4_pack.sh)
 _dsl=$(ls /tmp/fa4/nvidia_cutlass_dsl-*.whl 2>/dev/null | head -n 1); _ver=${_dsl##*/nvidia_cutlass_dsl-}

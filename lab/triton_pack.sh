@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A newer triton for the GPU machine, in parts small enough to carry (lab: not installed):
 #
-#   bash lab/triton_pack.sh [VERSION] [OUT] [PARTS]     here, no GPU (~5 min on 2 cores); defaults: 3.9.0 .t39 2
+#   bash lab/triton_pack.sh [VERSION] [OUT] [PARTS]     here, no GPU (~5 min on 2 cores); defaults: 3.9.0 .t39 4
 #
 # The GPU image has torch 2.11 with triton 3.6; `pip install torch` today brings triton 3.9, whose Gluon renamed two
 # calls the kernels use (kernels/flash/_gluon_kernels.py picks either) and added the TMA reduce-add
@@ -9,8 +9,8 @@
 # wheel of triton VERSION, installs it (no dependencies) into a folder, drops what an NVIDIA Hopper run does not
 # load (the AMD backend, the Blackwell ptxas, CUPTI: ~400 MB of the ~1 GB), packs the rest as one tar.xz (110.7 MB
 # for 3.9.0) and cuts it into PARTS equal parts OUT/1..PARTS/tritonsite.ofPARTS.part_NN. One call carries one part
-# (`carry: [".t39/K"]`: 55.3 MB each, ~63 MB with the ~7.5 MB tracked tree, under the 64 MiB = 67.1 MB a call may
-# send; a tree past ~11 MB needs PARTS=3 and a third call), calls back to back on a
+# (`carry: [".t39/K"]`: 27.7 MB each with PARTS=4; the tracked tree counts ~35 MiB on disk and 64 MiB is all a call
+# may send: two parts of 55.3 MB were refused on 2026-12-06, three of 36.9 MB too), calls back to back on a
 # warm machine; `. lab/gpu_env.sh` copies each to /tmp/t39x and, once all are there, unpacks them into /tmp/t39
 # (lab/fa4_pack.sh unpack /tmp/t39x /tmp/t39 tritonsite; the mark /tmp/t39/.tritonsite_ok). Run with it:
 #
@@ -20,7 +20,7 @@
 # inductor, are not expected to.) Exit 2, with a message, for a bad argument or a download that fails.
 set -euo pipefail
 die() { echo "triton_pack: $*"; exit 2; }
-ver=${1:-3.9.0}; out=${2:-.t39}; parts=${3:-2}
+ver=${1:-3.9.0}; out=${2:-.t39}; parts=${3:-4}
 case $ver in ''|*[!0-9.]*) die "VERSION must look like 3.9.0, got '$ver'" ;; esac
 case $parts in ''|*[!0-9]*) die "PARTS must be an integer in 1-100, got '$parts'" ;; esac
 n=$((10#$parts))

@@ -400,6 +400,7 @@ def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
     to use 'triton'; "auto" resolves to "triton" without raising, and the failure is cached."""
     G._gluon_modules.cache_clear()
     G.gluon_available.cache_clear()
+    G.gluon_bwd_available.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.nvidia.hopper", None)  # import raises
     try:
         with pytest.raises(ValueError, match=r"fwd_impl='gluon_ws3a' / 'gluon_ws3b' needs "
@@ -415,19 +416,25 @@ def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
     finally:
         G._gluon_modules.cache_clear()
         G.gluon_available.cache_clear()
+        G.gluon_bwd_available.cache_clear()
 
 
-def test_auto_takes_gluon_only_on_the_triton_versions_it_was_written_for(monkeypatch):
-    """Gluon's API moves between triton versions (3.9 imports it, the kernels do not compile): "auto" takes the
-    Gluon forward only on GLUON_AUTO_TRITON, whatever the import says."""
+def test_auto_takes_gluon_only_on_the_triton_versions_it_was_measured_on(monkeypatch):
+    """Gluon's API moves between triton versions: "auto" takes the Gluon forward only on GLUON_AUTO_TRITON (3.6,
+    3.9) and the Gluon backward only on GLUON_AUTO_BWD_TRITON (3.6: on 3.9 it was no faster than Triton's),
+    whatever the import says; and the backward's versions are a subset of the forward's."""
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)  # the import "succeeds" on every version
+    assert set(G.GLUON_AUTO_BWD_TRITON) <= set(G.GLUON_AUTO_TRITON)
     try:
-        for version, want in (((3, 6), True), ((3, 9), False), ((3, 5), False), ((4, 0), False)):
+        for version, fwd, bwd in (((3, 6), True, True), ((3, 9), True, False), ((3, 5), False, False),
+                                  ((3, 7), False, False), ((4, 0), False, False)):
             G.gluon_available.cache_clear()
+            G.gluon_bwd_available.cache_clear()
             monkeypatch.setattr(G, "_triton_version", lambda v=version: v)
-            assert G.gluon_available() is want, version
+            assert (G.gluon_available(), G.gluon_bwd_available()) == (fwd, bwd), version
     finally:
         G.gluon_available.cache_clear()
+        G.gluon_bwd_available.cache_clear()
 
 
 def test_tile_choice_fits_shared_memory():
@@ -475,6 +482,7 @@ def _all_hold(monkeypatch, hopper=True, gluon=True, interpret=False):
         monkeypatch.setattr(G, "_hopper", lambda device: hopper)
     if gluon is not None:
         monkeypatch.setattr(G, "gluon_available", lambda: gluon)
+        monkeypatch.setattr(G, "gluon_bwd_available", lambda: gluon)
 
 
 def test_auto_is_triton_on_cpu_tensors():
@@ -790,11 +798,16 @@ def test_gpu_growing_scores(impl, causal):
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
     """The default config (fwd_impl="auto") on an H200: a dense causal D 128 problem above tma_min_pairs runs
-    gluon_ws3a (the resolver says so and the Gluon launcher is called with it), a small one the Triton forward;
+    gluon_ws3a (the resolver says so and the Gluon launcher is called with it; on a triton outside
+    ``GLUON_AUTO_TRITON`` the Triton forward), a small one the Triton forward;
     out, lse and the gradients (Triton backward) match the fp32 reference within the usual bounds, the out the
     explicit gluon_ws3a call's bit for bit (the kernel is deterministic), the gradients the Triton-forward path's."""
     q, k, v, do = _qkv(2, 8, 2, 6000, 6000, 128, bnhd=True)  # GQA 4:1, N not a multiple of the tile
     assert visited_pairs(2, 8, 6000, 6000, -1, 0) >= FlashConfig().tma_min_pairs
+    if not G.gluon_available():  # a triton outside GLUON_AUTO_TRITON: "auto" keeps the Triton forward, by design
+        assert G._triton_version() not in G.GLUON_AUTO_TRITON
+        assert resolve_fwd_impl(None, q, k, v, causal=True) == "triton"
+        return
     assert resolve_fwd_impl(None, q, k, v, causal=True) == "gluon_ws3a"
     assert resolve_fwd_impl(None, q[:, :, :1000], k[:, :, :1000], v[:, :, :1000], causal=True) == "triton"
     launched = []

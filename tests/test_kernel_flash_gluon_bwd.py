@@ -1080,7 +1080,7 @@ def test_gpu_tma_dq_grads_match_reference_and_triton(monkeypatch, causal, D, Hq,
 def test_gpu_auto_bwd_runs_two_consumers_where_chosen(monkeypatch):
     """The default config (bwd_impl="auto") runs the two-consumer Gluon kernel at causal N 4096 with the Gluon dQ at
     D 128 and the Triton dQ at D 64 (gradients within 3x plain PyTorch's error of the reference and of the Triton
-    backward), and the Triton backward at N 1024."""
+    backward), and the Triton backward at N 1024 (and at every N on a triton outside ``GLUON_AUTO_BWD_TRITON``)."""
     ran, dq_ran = [], []
     real, real_dq = G.gluon_flash_bwd, G.gluon_dq
     monkeypatch.setattr(G, "gluon_flash_bwd",
@@ -1088,6 +1088,10 @@ def test_gpu_auto_bwd_runs_two_consumers_where_chosen(monkeypatch):
     monkeypatch.setattr(G, "gluon_dq", lambda *a: dq_ran.append(a[1].shape[-1]) or real_dq(*a))
     q, k, v, do = _qkv(1, 2, 2, 4096, 4096, 128)
     ours = _grads(q, k, v, do, True, FlashConfig())
+    if not G.gluon_bwd_available():  # a triton outside GLUON_AUTO_BWD_TRITON: "auto" keeps the Triton backward
+        assert G._triton_version() not in G.GLUON_AUTO_BWD_TRITON and ran == [] and dq_ran == []
+        _assert_grads_match_reference_and_triton(ours, q, k, v, do, True)
+        return
     assert ran == [2] and dq_ran == [128]
     _assert_grads_match_reference_and_triton(ours, q, k, v, do, True)
     q, k, v, do = _qkv(1, 2, 2, 4096, 4096, 64)

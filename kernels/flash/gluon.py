@@ -150,13 +150,18 @@ def _gluon_modules():
     return GK, TensorDescriptor, gl
 
 
-GLUON_AUTO_TRITON = ((3, 6),)
-"""The triton versions (major, minor) ``"auto"`` takes the Gluon forward on: the ones it was written for and tested
-on (the H200's triton 3.6). Gluon is experimental and its API moves between versions: triton 3.9 renamed two calls
-the kernels make (``_gluon_kernels._cta_barrier`` / ``_tma_load`` pick either name; every kernel compiles for sm_90a
-on 3.9 since 2026-12-06, ``lab/inspect_gluon.py``) but no GPU has run them there yet (``lab/frontier_calls.sh 5, 6``
-carry a triton 3.9 to do so), so on any other version ``"auto"`` keeps the Triton forward; an explicit
-``fwd_impl="gluon_ws3a"`` still tries."""
+GLUON_AUTO_TRITON = ((3, 6), (3, 9))
+"""The triton versions (major, minor) ``"auto"`` takes the Gluon forward on: those the GPU tests passed on and the
+forward was measured faster than the Triton one. Gluon is experimental and its API moves between versions (3.9
+renamed two calls the kernels make: ``_gluon_kernels._cta_barrier`` / ``_tma_load`` pick either name), so on any
+other version ``"auto"`` keeps the Triton forward; an explicit ``fwd_impl="gluon_ws3a"`` still tries. H100,
+2026-12-06 (``results/h100/2026-12-06e``, torch 2.11): on triton 3.9 the Gluon GPU tests 593 of 595 passed (the two
+others asserted 3.6's ``"auto"``), the Gluon forward D 128 1.13-1.18x the Triton forward (3.6: 1.11-1.23x)."""
+
+GLUON_AUTO_BWD_TRITON = ((3, 6),)
+"""The triton versions ``"auto"`` takes the Gluon backward on (a subset of :data:`GLUON_AUTO_TRITON`). On triton 3.9
+the same Gluon backward ran 0.99-1.08x the Triton backward at D 128 (3.6: 1.09-1.14x; 3.9's own ptxas or 3.6's, the
+same), so ``"auto"`` keeps the Triton backward there (``results/h100/2026-12-06e/8``)."""
 
 
 def _triton_version() -> tuple:
@@ -176,6 +181,16 @@ def gluon_available() -> bool:
     except Exception:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_bwd_available() -> bool:
+    """Whether ``"auto"`` may take the Gluon backward: :func:`gluon_available` and a triton version in
+    :data:`GLUON_AUTO_BWD_TRITON` (cached)."""
+    try:
+        return _triton_version() in GLUON_AUTO_BWD_TRITON and gluon_available()
+    except Exception:
+        return False
 
 
 def nvmma_layout(block_shape, gl_dtype):
@@ -415,8 +430,9 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
                     documents: Optional[torch.Tensor] = None, layout_bs: int = 0) -> str:
     """The backward kernel a call with ``config`` runs: ``config.bwd_impl`` unless it is ``"auto"``, which gives
     ``"gluon"`` (run with :data:`AUTO_GLUON_BWD`) when :func:`auto_bwd_shape_ok` holds, ``q`` is on a Hopper CUDA
-    device, not under ``TRITON_INTERPRET=1``, and Gluon imports with the Hopper API (:func:`gluon_available`), else
-    ``"triton"``. Arguments as :func:`choose_fwd_impl`'s. Never raises for ``"auto"``."""
+    device, not under ``TRITON_INTERPRET=1``, and Gluon imports with the Hopper API on a triton that ``"auto"`` runs
+    the Gluon backward on (:func:`gluon_bwd_available`), else ``"triton"``. Arguments as :func:`choose_fwd_impl`'s.
+    Never raises for ``"auto"``."""
     impl = config.bwd_impl
     if impl != "auto":
         return impl
@@ -424,7 +440,7 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return "triton"
     if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs):
         return "triton"
-    if not _hopper(q.device) or not gluon_available():
+    if not _hopper(q.device) or not gluon_bwd_available():
         return "triton"
     return "gluon"
 
