@@ -124,8 +124,8 @@ class FlashConfig:
         fwd_impl: the forward kernel: ``"auto"`` (default: per call, :func:`~kernels.flash.resolve_fwd_impl`:
             ``"gluon_ws3a"`` on Hopper for large band-mask (dense / causal / window / documents) fp16 / bf16
             problems at the head dims of
-            ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable, else ``"triton"``; never
-            raises), ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper
+            ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable on a triton of
+            ``kernels.flash.gluon.GLUON_AUTO_TRITON`` (3.6, 3.9), else ``"triton"``; never raises), ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper
             (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``): ``"gluon_ws3a"`` (FA3's
             layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
             ``"gluon_ws3b"`` (plus ping-pong of the consumers): band masks (dense, causal, sliding windows,
@@ -140,7 +140,8 @@ class FlashConfig:
             at their defaults, the Gluon dK / dV kernel with two consumers and the Gluon dQ kernel at D 128, the
             Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton", gluon_bwd_consumers=2``: with the
             Triton dQ 1.01-1.05x the Triton backward at N 4k / 16k on the H200, 2026-12-04; the Gluon dQ 1.04-1.09x
-            more at D 128, 2026-12-05; docs/kernels.md), else ``"triton"``; never raises),
+            more at D 128, 2026-12-05; docs/kernels.md) on a triton of ``kernels.flash.gluon.GLUON_AUTO_BWD_TRITON``
+            (3.6: 3.9's build of it ran 8 % slower, 2026-12-06), else ``"triton"``; never raises),
             ``"triton"`` (bwd.py, every mask, ``dq_mode`` / ``dkdv_split`` apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``
             says; dense or causal masks (with ``gluon_bwd_consumers=2`` also sliding windows and ``doc_ids``; never
@@ -161,7 +162,9 @@ class FlashConfig:
             per tile pair), each query tile's ``dS K`` written to shared memory and added into the fp32 buffer by one
             TMA bulk reduce-add (FA3's dQ; Gluon's ``tma.async_atomic_add``, triton 3.7+: on an older triton the call
             raises ``ValueError``); with ``gluon_bwd_consumers=2`` each consumer adds its keys' part (and band masks
-            / ``doc_ids`` are taken); not deterministic; untimed (docs/kernels.md).
+            / ``doc_ids`` are taken); not deterministic; on an H100 (triton 3.9, 2026-12-06) 0.93-1.00x the two
+            kernels of ``"gluon"`` at causal 4k / 16k and full 4k (full 16k 1.06-1.13x against a slow reading of
+            the two kernels), so ``"auto"`` does not take it (docs/kernels.md).
         gluon_bwd_consumers: the consumer partitions of the Gluon dK / dV kernel (ignored by ``bwd_impl="triton"``):
             1 (default: one 8-warp partition, ``_gl_bwd_kernel``) or 2 (``_gl_bwd_dkdv2_kernel``: two 1-warpgroup
             partitions of 64 key rows each sharing the Q / dO ring, dS^T kept in registers; dK / dV only, so it
