@@ -54,10 +54,22 @@ case $call in 1|2|3|4|5|6|7|8|9) ;; *) echo "frontier_calls: call '$call' is not
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
-case $call in 1|2|3) part=$call ;; 5) part=1 ;; 6) part=2 ;; *) part= ;; esac
+case $call in 1|2|3) part=$call ;; *) part= ;; esac
 . lab/gpu_env.sh "$part"
 W=/tmp/w/$call; mkdir -p "$W"
 b() { echo "== $1 rc=$2 ($(date +%T))"; }
+# calls 6-9: run a command on triton TV = 36 (the image's), 39 (the carried 3.9: lab/gpu_env.sh's T39_SITE) or 39p
+# (3.9 compiling through 3.6's ptxas); need39 stops the call where 3.9 is not unpacked yet
+px36=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))" 2>/dev/null)/backends/nvidia/bin/ptxas
+tri() {
+  local tv=$1; shift
+  case $tv in
+    36) "$@" ;;
+    39) PYTHONPATH=$T39_SITE:$PYTHONPATH "$@" ;;
+    39p) PYTHONPATH=$T39_SITE:$PYTHONPATH TRITON_PTXAS_BLACKWELL_PATH=$px36 "$@" ;;
+  esac
+}
+need39() { [ -n "${T39_SITE:-}" ] || { echo "frontier_calls $call: triton 3.9 is not unpacked (carry .t39/1..4 first)"; exit 3; }; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 -c "import kernels.flash.gluon as g; print('GLUON_KEPT_LAUNCH', g.GLUON_KEPT_LAUNCH)"
@@ -136,29 +148,27 @@ case $call in
     # of both Gluon test files) and the fused dQ by TMA reduce-add (gluon_bwd_dq="tma": 3.7+ only), then the
     # D 128 backward against ours on 3.6 in the same call (ours_gluon_dq: what "auto" runs on 3.6; on 3.9 "auto"
     # runs the Triton backward, GLUON_AUTO_BWD_TRITON) and cuDNN
-    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 6: triton 3.9 is not unpacked (carry .t39/1..3 in calls 5 first)"; exit 3; }
-    PYTHONPATH=$T39_SITE:$PYTHONPATH python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
+    need39
+    tri 39 python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
       triton.__version__, 'tma reduce-add', g.gluon_tma_reduce_ok())" 2>&1 | tail -n 2 | tee "$W/t39_env.txt"
-    PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 "${T39_PYTEST_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tri 39 timeout -k 5 "${T39_PYTEST_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
       -n "${PYTEST_N:-14}" -rfE tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py \
       tests/test_gluon_band_bwd.py tests/test_gluon_band_fwd.py \
       > "$W/pytest_gluon_t39.txt" 2>&1; b pytest_gluon_t39 $?
     tail -n 2 "$W/pytest_gluon_t39.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gluon_t39.txt" | head -12
     for tv in 39 36; do
-      pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
       impls=ours_gluon_dq,ours_triton_all,sdpa_cudnn; [ $tv = 39 ] && impls=ours_gluon_tmadq,ours_gluon_tmadq2,$impls
-      PYTHONPATH=$pp timeout -k 5 110 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
+      tri $tv timeout -k 5 110 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
         --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 100 > "$W/bwd_t$tv.log" 2>&1
       b "bwd_t$tv" $?; grep -E "^ *(causal|noncausal) " "$W/bwd_t$tv.log" | cut -c1-150
     done ;;
   7)
     # the TMA dQ on block-sparse layouts (two consumers walking the key-tile table) against the Gluon dQ kernel, on
     # triton 3.9 (the forward there: Triton, as "auto" keeps it), then the same rows on 3.6 (the Gluon forward)
-    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 7: triton 3.9 is not unpacked (calls 5, 6 first)"; exit 3; }
+    need39
     for tv in 39 36; do
-      pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
       impls=ours_gluon_dq,ours_triton_bwd; [ $tv = 39 ] && impls=ours_gluon_tmadq2,$impls
-      PYTHONPATH=$pp timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag "sparse_t$tv" \
+      tri $tv timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag "sparse_t$tv" \
         --variants bigbird,strided --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check --time-budget-s 140 \
         > "$W/sparse_t$tv.log" 2>&1
       b "sparse_t$tv" $?; grep -E "^ *(bigbird|strided) " "$W/sparse_t$tv.log" | cut -c1-150
@@ -166,7 +176,7 @@ case $call in
     # packed documents (issue 27's gap to FA4 varlen is the backward): the TMA dQ against the Gluon dQ kernel, both
     # with the two-consumer dK / dV kernel, on 3.9 (real articles with .data carried, else the fixed grid only)
     docs=fixed:2048; [ -n "${ATTN_ZOO_WIKITEXT:-}" ] && docs=wikitext:real,$docs
-    PYTHONPATH=$T39_SITE:$PYTHONPATH timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag docs_t39 \
+    tri 39 timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag docs_t39 \
       --variants causal,win1024 --N 16384 --D 128 --tokens 65536 --docs "$docs" \
       --impls ours_gluon_tmadq2,ours_gluon_dq --rounds 3 --check --time-budget-s 140 > "$W/docs_t39.log" 2>&1
     b docs_t39 $?; grep -E "^ *(causal|win1024) " "$W/docs_t39.log" | cut -c1-150 ;;
@@ -174,21 +184,18 @@ case $call in
     # whether "auto" should take the Gluon kernels on triton 3.9 too (GLUON_AUTO_TRITON): the Gluon forward forced
     # (ours_gluon_ws3a; its backward "auto"), the Gluon backward forced (ours_gluon_dq; its forward "auto"), Triton
     # alone and cuDNN, on 3.9, on 3.9 with 3.6's ptxas (39p: ptxas or triton's code generation?) and on 3.6
-    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 8: triton 3.9 is not unpacked (carry .t39/1..4 first)"; exit 3; }
-    px36=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
+    need39
     "$px36" --version | tail -n 1 | tee "$W/ptxas36.txt"
     for tv in 39 39p 36; do
-      pp=$PYTHONPATH; px=${TRITON_PTXAS_BLACKWELL_PATH:-}; ds=64,128
-      case $tv in 39) pp=$T39_SITE:$PYTHONPATH ;; 39p) pp=$T39_SITE:$PYTHONPATH; px=$px36; ds=128 ;; esac
-      PYTHONPATH=$pp TRITON_PTXAS_BLACKWELL_PATH=$px timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash \
+      ds=64,128; [ $tv = 39p ] && ds=128
+      tri $tv timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash \
         --out "$W" --tag "auto_t$tv" --variants causal,noncausal --N 4096,16384 --D "$ds" \
         --impls ours_gluon_ws3a,ours_gluon_dq,ours_triton_all,sdpa_cudnn --rounds 3 --check \
         --time-budget-s $(( ${AUTO39_S:-130} - 10 )) > "$W/auto_t$tv.log" 2>&1
       b "auto_t$tv" $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/auto_t$tv.log" | cut -c1-120
     done
     for tv in 39 36; do
-      pp=$PYTHONPATH; [ $tv = 39 ] && pp=$T39_SITE:$PYTHONPATH
-      PYTHONPATH=$pp timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+      tri $tv timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
         tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py -k "auto_runs_gluon or auto_bwd_runs" \
         > "$W/pytest_auto_t$tv.txt" 2>&1; b "pytest_auto_t$tv" $?; tail -n 1 "$W/pytest_auto_t$tv.txt"
     done ;;
@@ -196,14 +203,13 @@ case $call in
     # "auto" on triton 3.9 since GLUON_AUTO_TRITON holds it (the Gluon forward, the Triton backward): the README's
     # train.py trainer=gpu, the "auto" GPU tests, and ours against Triton alone, the auto backward's Gluon config at
     # D 64 (ours_gluon_bwd_2c) and cuDNN
-    [ -n "${T39_SITE:-}" ] || { echo "frontier_calls 9: triton 3.9 is not unpacked (carry .t39/1..4 first)"; exit 3; }
-    export PYTHONPATH=$T39_SITE:$PYTHONPATH
-    timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu39 > "$W/train_gpu_t39.log" 2>&1
+    need39
+    tri 39 timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu39 > "$W/train_gpu_t39.log" 2>&1
     b train_gpu_t39 $?; grep -E "learned|val/acc by" "$W/train_gpu_t39.log" | tail -2
-    timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -n 4 tests/test_kernel_flash_gluon.py \
+    tri 39 timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -n 4 tests/test_kernel_flash_gluon.py \
       tests/test_kernel_flash_gluon_bwd.py -k "auto" > "$W/pytest_auto_t39.txt" 2>&1
     b pytest_auto_t39 $?; tail -n 1 "$W/pytest_auto_t39.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_auto_t39.txt" | head
-    timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash --out "$W" --tag auto9_t39 --variants causal,noncausal \
+    tri 39 timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash --out "$W" --tag auto9_t39 --variants causal,noncausal \
       --N 4096,16384 --D 64,128 --impls ours,ours_gluon_bwd_2c,ours_triton_all,sdpa_cudnn --rounds 3 --check \
       --time-budget-s $(( ${AUTO39_S:-130} - 10 )) > "$W/auto9_t39.log" 2>&1
     b auto9_t39 $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/auto9_t39.log" | cut -c1-120
@@ -211,8 +217,7 @@ case $call in
     # the compiled code differs by a doubled barrier per slot release and longer wgmma descriptor set-up:
     # docs/kernels.md); the branch proto/release-slot-39 removes the first
     for tv in 39 36; do
-      pp=$PYTHONPATH; [ $tv = 36 ] && pp=${PYTHONPATH#"$T39_SITE":}
-      PYTHONPATH=$pp timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag "where_bwd_t$tv" \
+      tri $tv timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag "where_bwd_t$tv" \
         --cases causal:16384:128,noncausal:4096:128 --impls ours_gluon_dq,ours_triton_all > "$W/where_bwd_t$tv.log" 2>&1
       b "where_bwd_t$tv" $?; grep -iE "dkdv|dq|_bwd" "$W/where_bwd_t$tv.md" 2>/dev/null | head -8 | cut -c1-140
     done ;;
