@@ -2,7 +2,7 @@
 
 In ONE process and run: ours (the registry's ``triton`` backend: ``kernels.flash_attn`` through its adapter, with
 ``FlashConfig()``: ``fwd_impl="auto"``, so on Hopper the Gluon forward where :func:`kernels.flash.resolve_fwd_impl`
-picks it; the forward that ran is the row's ``fwd_impl``), and
+picks it; the forward that ran is the row's ``fwd_impl``, the backward its ``bwd_impl``), and
 the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with the flash backend
 (FlashAttention-2), SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
@@ -10,8 +10,8 @@ registered backend (``all``: every one), and every backend a ``--plugins`` modul
 ``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
 ``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, band masks and block-sparse layouts of whole
 128-token tiles (no dilation), D 64 / 128; other cases are error rows); the backward is the default one
-(``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel with the Triton dQ where
-:func:`kernels.flash.gluon.choose_bwd_impl` picks it, else Triton) in all but
+(``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel with the Gluon dQ at D 128, the Triton dQ at D 64, where
+:func:`kernels.flash.gluon.choose_bwd_impl` picks it, triton version included, else Triton) in all but
 ``ours_triton_bwd`` (the Triton backward forced), ``ours_gluon_bwd`` (``FlashConfig(bwd_impl="gluon")``: the atomic
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with
 ``gluon_bwd_consumers=2``), ``ours_gluon_dq`` (that with ``gluon_bwd_dq="gluon"``: the Gluon dQ kernel) and
@@ -288,17 +288,29 @@ def ours_config(impl: str, config=None):
     return cfg.replace(fwd_impl=OURS.get(impl, "auto"))
 
 
-def ours_fwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None) -> str:
-    """The forward kernel ``impl`` (a key of ``OURS``) runs on ``q, k, v`` under ``spec`` (``"triton"``,
-    ``"gluon_ws3a"``, ``"gluon_ws3b"``): :func:`kernels.flash.resolve_fwd_impl` with the mask arguments the registry's
-    ``triton`` backend passes (:func:`attn_zoo.masks.mask_info`)."""
-    from kernels.flash import resolve_fwd_impl
-
+def _mask_args(spec: AttentionSpec, q, k, doc_ids=None) -> dict:
+    """The mask arguments the registry's ``triton`` backend passes :func:`kernels.flash.flash_attn` for ``spec``
+    (:func:`attn_zoo.masks.mask_info`), as :func:`kernels.flash.resolve_fwd_impl` / ``resolve_bwd_impl`` take them."""
     mi = mask_info(spec, q.shape[2], k.shape[2])
     window = None if mi.window_left is None and mi.window_right is None else (mi.window_left, mi.window_right)
-    return resolve_fwd_impl(ours_config(impl, config), q, k, v, causal=mi.causal, window_size=window,
-                            dilation=mi.dilation, block_layout=mi.layout, doc_ids=doc_ids,
-                            block_size=mi.block_size if mi.layout is not None else 0)
+    return dict(causal=mi.causal, window_size=window, dilation=mi.dilation, block_layout=mi.layout, doc_ids=doc_ids,
+                block_size=mi.block_size if mi.layout is not None else 0)
+
+
+def ours_fwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None) -> str:
+    """The forward kernel ``impl`` (a key of ``OURS``) runs on ``q, k, v`` under ``spec`` (``"triton"``,
+    ``"gluon_ws3a"``, ``"gluon_ws3b"``): :func:`kernels.flash.resolve_fwd_impl`."""
+    from kernels.flash import resolve_fwd_impl
+
+    return resolve_fwd_impl(ours_config(impl, config), q, k, v, **_mask_args(spec, q, k, doc_ids))
+
+
+def ours_bwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None) -> str:
+    """The backward kernel ``impl`` (a key of ``OURS``) runs (``"triton"`` or ``"gluon"``; ``"auto"`` resolves by
+    device, shape and triton version): :func:`kernels.flash.resolve_bwd_impl`."""
+    from kernels.flash import resolve_bwd_impl
+
+    return resolve_bwd_impl(ours_config(impl, config), q, k, v, **_mask_args(spec, q, k, doc_ids))
 
 
 def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
@@ -382,6 +394,8 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
         try:
             if impl in OURS:
                 row["fwd_impl"] = ours_fwd_impl(impl, spec, q, k, vv, config, doc_ids)
+                if not fwd_only:
+                    row["bwd_impl"] = ours_bwd_impl(impl, spec, q, k, vv, config, doc_ids)
             if impl in NATIVE:
                 if doc_ids is None:
                     raise ValueError(f"impl {impl!r} runs packed documents only (--docs)")
@@ -568,7 +582,8 @@ def main(argv=None):
                       + f"  ({time.time() - t0:.0f}s)", flush=True)
                 write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
     ours = [r for r in rows if r["impl"] in OURS and "fwd_ms" in r]
-    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_impl", "fwd_tflops"] + (
+    cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_impl"] + (
+        [] if a.fwd_only else ["bwd_impl"]) + ["fwd_tflops"] + (
         [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"]) + [
         c for c in ("fwd_spread",) + (() if a.fwd_only else ("fwd_bwd_spread",)) if any(c in r for r in ours)]
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",

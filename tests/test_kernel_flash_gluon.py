@@ -400,7 +400,6 @@ def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
     to use 'triton'; "auto" resolves to "triton" without raising, and the failure is cached."""
     G._gluon_modules.cache_clear()
     G.gluon_available.cache_clear()
-    G.gluon_bwd_available.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.nvidia.hopper", None)  # import raises
     try:
         with pytest.raises(ValueError, match=r"fwd_impl='gluon_ws3a' / 'gluon_ws3b' needs "
@@ -416,25 +415,23 @@ def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
     finally:
         G._gluon_modules.cache_clear()
         G.gluon_available.cache_clear()
-        G.gluon_bwd_available.cache_clear()
 
 
 def test_auto_takes_gluon_only_on_the_triton_versions_it_was_measured_on(monkeypatch):
     """Gluon's API moves between triton versions: "auto" takes the Gluon forward only on GLUON_AUTO_TRITON (3.6,
-    3.9) and the Gluon backward only on GLUON_AUTO_BWD_TRITON (3.6: on 3.9 it was no faster than Triton's),
-    whatever the import says; and the backward's versions are a subset of the forward's."""
+    3.9) and the Gluon backward only on GLUON_AUTO_BWD_TRITON (3.6: on 3.9 its lead over Triton's was within the
+    noise), whatever the import says; the backward's versions are a subset of the forward's, and a version change
+    reaches gluon_bwd_available without clearing its cache (it has none)."""
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)  # the import "succeeds" on every version
     assert set(G.GLUON_AUTO_BWD_TRITON) <= set(G.GLUON_AUTO_TRITON)
     try:
         for version, fwd, bwd in (((3, 6), True, True), ((3, 9), True, False), ((3, 5), False, False),
                                   ((3, 7), False, False), ((4, 0), False, False)):
             G.gluon_available.cache_clear()
-            G.gluon_bwd_available.cache_clear()
             monkeypatch.setattr(G, "_triton_version", lambda v=version: v)
             assert (G.gluon_available(), G.gluon_bwd_available()) == (fwd, bwd), version
     finally:
         G.gluon_available.cache_clear()
-        G.gluon_bwd_available.cache_clear()
 
 
 def test_tile_choice_fits_shared_memory():
@@ -654,7 +651,8 @@ def test_flash_attn_fwd_runs_what_auto_picks(monkeypatch):
 
 def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
     """eval/bench_flash: "ours" is the default ("auto"), "ours_triton" forces Triton, the removed variants are no
-    longer impl names; ours_fwd_impl records what the registry's triton backend would run for each mask."""
+    longer impl names; ours_fwd_impl / ours_bwd_impl record what the registry's triton backend would run for each
+    mask."""
     from eval import bench_flash as bf
 
     assert bf.OURS == {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a",
@@ -682,6 +680,19 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
     assert bf.ours_fwd_impl("ours", AttentionSpec(**bf.VARIANTS["causal"]), q, k, v,
                             doc_ids=torch.zeros(1, 16384, dtype=torch.int32)) == "gluon_ws3a"  # GLUON_AUTO_BANDS
     assert bf.ours_fwd_impl("ours", AttentionSpec(**bf.VARIANTS["causal"]), *_fake_qkv(Nq=1024, Nk=1024)) == "triton"
+    # the backward the row records (bwd_impl): what choose_bwd_impl picks, forced names as they are
+    for name, want in {"causal": "gluon", "noncausal": "gluon", "dil512x2": "triton"}.items():
+        spec = AttentionSpec(**bf.VARIANTS[name])
+        assert bf.ours_bwd_impl("ours", spec, q, k, v) == want, name
+        assert bf.ours_bwd_impl("ours_triton_bwd", spec, q, k, v) == "triton"
+        assert bf.ours_bwd_impl("ours_gluon_dq", spec, q, k, v) == "gluon"
+    causal = AttentionSpec(**bf.VARIANTS["causal"])
+    assert bf.ours_bwd_impl("ours", causal, *_fake_qkv(Nq=1024, Nk=1024)) == "triton"  # below the pairs threshold
+    monkeypatch.setattr(G, "gluon_bwd_available", lambda: False)  # a triton outside GLUON_AUTO_BWD_TRITON
+    assert bf.ours_bwd_impl("ours", causal, q, k, v) == "triton"
+    assert bf.ours_fwd_impl("ours", causal, q, k, v) == "gluon_ws3a"  # the forward asks gluon_available alone
+    cpu = _qkv(1, 2, 2, 16, 16, 128, device="cpu")[:3]
+    assert bf.ours_bwd_impl("ours", causal, *cpu) == "triton"
 
 
 # ----------------------------------------------------------------------------------------------- GPU: the kernels

@@ -10,7 +10,7 @@ from .._host import check_bool, check_scale, check_window_size, is_int
 from .autograd import _flash_fwd_op, _FlashFn
 from .config import _CURRENT, FlashConfig
 from .documents import cached_document_table
-from .gluon import choose_fwd_impl
+from .gluon import choose_bwd_impl, choose_fwd_impl
 from .launch import _check
 from .sparse import build_sparse_tables, check_tables
 
@@ -75,6 +75,23 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     wl, wr = _window_bounds(causal, window_size)
     _check_dilation(dilation)
     return choose_fwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+
+
+def resolve_bwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
+                     block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
+                     block_size: int = 0) -> str:
+    """The backward kernel (``"triton"`` or ``"gluon"``) that :func:`flash_attn`'s backward runs for ``q, k, v`` and
+    these mask arguments with ``config`` (``None``: the current settings): ``config.bwd_impl``, or for ``"auto"``
+    the choice of :func:`kernels.flash.gluon.choose_bwd_impl` (``"triton"`` off CUDA; on Hopper it depends on the
+    shape, the mask and the triton version: ``GLUON_AUTO_BWD_TRITON``). The counterpart of :func:`resolve_fwd_impl`, for benchmarks that
+    record which kernels ran; arguments and errors as there."""
+    config = _call_config(config, None, None, None)
+    if config.bwd_impl != "auto":
+        return config.bwd_impl
+    wl, wr = _window_bounds(causal, window_size)
+    _check_dilation(dilation)
+    return choose_bwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
 
 
 @torch.compiler.assume_constant_result

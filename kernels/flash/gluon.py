@@ -159,9 +159,11 @@ other version ``"auto"`` keeps the Triton forward; an explicit ``fwd_impl="gluon
 others asserted 3.6's ``"auto"``), the Gluon forward D 128 1.13-1.18x the Triton forward (3.6: 1.11-1.23x)."""
 
 GLUON_AUTO_BWD_TRITON = ((3, 6),)
-"""The triton versions ``"auto"`` takes the Gluon backward on (a subset of :data:`GLUON_AUTO_TRITON`). On triton 3.9
-the same Gluon backward ran 0.99-1.08x the Triton backward at D 128 (3.6: 1.09-1.14x; 3.9's own ptxas or 3.6's, the
-same), so ``"auto"`` keeps the Triton backward there (``results/h100/2026-12-06e/8``)."""
+"""The triton versions ``"auto"`` takes the Gluon backward on (a subset of :data:`GLUON_AUTO_TRITON`). H100,
+2026-12-06 (``results/h100/2026-12-06e``, calls 6 and 8): on triton 3.9 the same Gluon backward (D 128, backward
+alone) ran 0.96-1.08x the Triton backward over three readings (causal 0.99-1.03x; on 3.6 1.09-1.15x): 3.9 builds it
+8 % slower than 3.6 does, with 3.9's ptxas or 3.6's. No clear lead, and its D 64 form untimed there, so ``"auto"``
+keeps the Triton backward on 3.9 (docs/kernels.md: what differs in the compiled code)."""
 
 
 def _triton_version() -> tuple:
@@ -183,10 +185,9 @@ def gluon_available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
 def gluon_bwd_available() -> bool:
-    """Whether ``"auto"`` may take the Gluon backward: :func:`gluon_available` and a triton version in
-    :data:`GLUON_AUTO_BWD_TRITON` (cached)."""
+    """Whether ``"auto"`` may take the Gluon backward: :func:`gluon_available` (cached) and a triton version in
+    :data:`GLUON_AUTO_BWD_TRITON` (read at every call)."""
     try:
         return _triton_version() in GLUON_AUTO_BWD_TRITON and gluon_available()
     except Exception:
@@ -271,7 +272,8 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     ``AUTO_GLUON_IMPL`` (``"gluon_ws3a"``) when all of these hold, else ``"triton"``:
 
     * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
-      importable with the Hopper API (:func:`gluon_available`; both checks cached);
+      importable with the Hopper API on a triton of :data:`GLUON_AUTO_TRITON` (:func:`gluon_available`; both checks
+      cached);
     * a band mask: ``dilation == 1``; no block-sparse ``layout`` unless :data:`GLUON_AUTO_SPARSE` is on, ``D`` in
       :data:`GLUON_AUTO_BAND_HEAD_DIMS`, no ``documents``, the layout's blocks (``layout_bs`` tokens) are whole
       Gluon tiles (:func:`~kernels.flash.sparse.tiles_whole`) and, while :data:`GLUON_AUTO_SPARSE_CAUSAL_ONLY`, the
