@@ -38,7 +38,8 @@ import torch
 
 from eval.bench_common import (env_info, error_line, flash_flops, tflops, time_cuda, time_cuda_graph, write_csv,
                                write_json)
-from eval.bench_flash import NATIVE, OURS, VARIANTS, case_setup, fa4_varlen_native, make_impl, ours_fwd_impl
+from eval.bench_flash import (NATIVE, OURS, VARIANTS, case_setup, fa4_varlen_native, make_impl, ours_bwd_impl,
+                              ours_fwd_impl)
 
 
 def parse_cases(text: str):
@@ -102,6 +103,7 @@ def profile_case(name, N, D, impls, tokens, iters, docs=None):
                 f = make_impl(impl, name, N, D, spec, inputs=(q, k, v), doc_ids=doc_ids)
             if impl in OURS:
                 base["fwd_impl"] = ours_fwd_impl(impl, spec, q, k, v, doc_ids=doc_ids)
+                base["bwd_impl"] = ours_bwd_impl(impl, spec, q, k, v, doc_ids=doc_ids)
             grads = getattr(f, "leaves", [q, k, v])
 
             def step():
@@ -150,7 +152,8 @@ def markdown(summary, kernels, top: int = 6) -> str:
             lines.append(f"| {case} | {r['impl']} | {err} | | | | | | |")
             continue
         graph = f"{r['graph_ms']:.3f}" if r.get("graph_ms") is not None else ("failed" if r.get("graph_error") else "-")
-        lines.append(f"| {case} | {r['impl']}{' (' + r['fwd_impl'] + ')' if r.get('fwd_impl') else ''} | "
+        kinds = f" ({r['fwd_impl']} / {r.get('bwd_impl', '-')})" if r.get("fwd_impl") else ""  # ours: fwd / bwd kernels
+        lines.append(f"| {case} | {r['impl']}{kinds} | "
                      f"{r['wall_ms']:.3f} | {graph} | {r['kernel_ms']:.3f} | {r['busy']:.2f} | {r['tflops_wall']} | "
                      f"{r['tflops_kernels']} | {r['launches']} |")
     lines += ["", "| case | impl | kernel | us / step | share | launches |", "|---|---|---|---|---|---|"]
