@@ -31,8 +31,8 @@ def test_kernel_table_keeps_gpu_kernels_per_step():
 
 
 def test_markdown_lists_errors_and_the_top_kernels():
-    summary = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", fwd_impl="gluon_ws3a", wall_ms=1.0,
-                    kernel_ms=0.9, busy=0.9, tflops_wall=400.0, tflops_kernels=444.4, launches=4),
+    summary = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", fwd_impl="gluon_ws3a", bwd_impl="gluon",
+                    wall_ms=1.0, kernel_ms=0.9, busy=0.9, tflops_wall=400.0, tflops_kernels=444.4, launches=4),
                dict(variant="causal", N=4096, D=128, impl="sdpa_cudnn", docs="", wall_ms=1.2, graph_ms=1.1,
                     kernel_ms=1.05, busy=0.875, tflops_wall=333.3, tflops_kernels=380.9, launches=5),
                dict(variant="causal", N=4096, D=128, impl="flex_fa4", docs="", wall_ms=1.5, graph_error="RuntimeError: x",
@@ -41,7 +41,7 @@ def test_markdown_lists_errors_and_the_top_kernels():
     kernels = [dict(variant="causal", N=4096, D=128, impl="ours", docs="", kernel=f"k{i}", us_per_step=10.0 - i,
                     share=0.1, launches=1) for i in range(8)]
     md = W.markdown(summary, kernels, top=3)
-    assert "| causal N 4096 D 128 | ours (gluon_ws3a) | 1.000 | - | 0.900 | 0.90 | 400.0 | 444.4 | 4 |" in md
+    assert "| causal N 4096 D 128 | ours (gluon_ws3a / gluon) | 1.000 | - | 0.900 | 0.90 | 400.0 | 444.4 | 4 |" in md
     assert "| causal N 4096 D 128 | sdpa_cudnn | 1.200 | 1.100 | 1.050 | 0.88 | 333.3 | 380.9 | 5 |" in md
     assert "| flex_fa4 | 1.500 | failed | 1.400 |" in md
     assert "ImportError: no flash_attn \\| x | | | | | | |" in md
