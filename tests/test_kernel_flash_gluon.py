@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 from attn_zoo import AttentionSpec, softmax_attention_reference  # noqa: E402
 from attn_zoo.reference import repeat_kv  # noqa: E402
 from kernels import FlashConfig, flash_attn  # noqa: E402
-from kernels.flash import FWD_IMPLS, resolve_fwd_impl, visited_pairs  # noqa: E402
+from kernels.flash import FWD_IMPLS, resolve_bwd_impl, resolve_fwd_impl, visited_pairs  # noqa: E402
 from kernels.flash import fwd as F  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 
@@ -595,7 +595,7 @@ def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
 def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):
     """resolve_fwd_impl reads the mask as flash_attn takes it: causal clips a right window edge to 0, windows and
     doc_ids take Gluon (GLUON_AUTO_BANDS) where the window's pair count is large enough; a layout or a dilation
-    mean Triton; bad windows raise."""
+    mean Triton; bad windows raise. resolve_bwd_impl likewise for the backward."""
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv()
     cfg = FlashConfig()
@@ -611,6 +611,19 @@ def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):
         resolve_fwd_impl(cfg, q, k, v, window_size=(1, 2, 3))
     with pytest.raises(TypeError, match="config must be a kernels.FlashConfig"):
         resolve_fwd_impl("auto", q, k, v)
+    # the backward's counterpart: the same arguments, checks and errors, choose_bwd_impl's answer
+    mha = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384)  # (the default fakes are GQA outside the measured case)
+    assert resolve_bwd_impl(cfg, *mha, causal=True) == "gluon"
+    assert resolve_bwd_impl(cfg, *mha, causal=True, dilation=2) == "triton"
+    assert resolve_bwd_impl(cfg, q, k, v, causal=True) == "triton"
+    assert resolve_bwd_impl(FlashConfig(bwd_impl="triton"), *mha, causal=True) == "triton"
+    assert resolve_bwd_impl(None, *_qkv(1, 2, 2, 16, 16, 128, device="cpu")[:3], causal=True) == "triton"
+    with pytest.raises(ValueError, match="window_size must be a pair"):
+        resolve_bwd_impl(cfg, q, k, v, window_size=(1, 2, 3))
+    with pytest.raises(ValueError, match="dilation=0 must be an integer >= 1"):
+        resolve_bwd_impl(cfg, q, k, v, dilation=0)
+    with pytest.raises(TypeError, match="config must be a kernels.FlashConfig"):
+        resolve_bwd_impl("auto", q, k, v)
 
 
 @pytest.mark.parametrize("dilation", [0, -1, 1.0, True])

@@ -58,6 +58,20 @@ def _check_dilation(dilation) -> None:
         raise ValueError(f"dilation={dilation!r} must be an integer >= 1")
 
 
+def _resolve_impl(which: str, config: Optional[FlashConfig], q, k, v, causal, window_size, dilation, block_layout,
+                  doc_ids, block_size) -> str:
+    """``config.<which>`` (``"fwd_impl"`` / ``"bwd_impl"``) of ``config`` or the current settings, and for ``"auto"``
+    the choice of :func:`kernels.flash.gluon.choose_fwd_impl` / ``choose_bwd_impl`` for these mask arguments."""
+    config = _call_config(config, None, None, None)
+    impl = getattr(config, which)
+    if impl != "auto":
+        return impl
+    wl, wr = _window_bounds(causal, window_size)
+    _check_dilation(dilation)
+    choose = choose_fwd_impl if which == "fwd_impl" else choose_bwd_impl
+    return choose(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+
+
 def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                      block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
@@ -65,16 +79,12 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     """The forward kernel (``"triton"``, ``"gluon_ws3a"`` or ``"gluon_ws3b"``) that :func:`flash_attn` runs for
     ``q, k, v`` and these mask arguments (as :func:`flash_attn` takes them) with ``config`` (``None``: the current
     settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
-    (Gluon on Hopper for large band-mask fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS``, else Triton). For
-    benchmarks that record which forward ran. ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``.
-    Raises ``ValueError`` / ``TypeError`` only for a malformed ``window_size``, ``dilation`` (not an int >= 1, as
-    :func:`flash_attn`) or ``config`` (an explicit Gluon name is returned as is: the call checks whether it can run)."""
-    config = _call_config(config, None, None, None)
-    if config.fwd_impl != "auto":
-        return config.fwd_impl
-    wl, wr = _window_bounds(causal, window_size)
-    _check_dilation(dilation)
-    return choose_fwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+    (Gluon on Hopper for large band-mask fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS`` on a triton of
+    ``GLUON_AUTO_TRITON``, else Triton). For benchmarks that record which forward ran. ``q (B, Hq, Nq, D)``,
+    ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``. Raises ``ValueError`` / ``TypeError`` only for a malformed
+    ``window_size``, ``dilation`` (not an int >= 1, as :func:`flash_attn`) or ``config`` (an explicit Gluon name is
+    returned as is: the call checks whether it can run)."""
+    return _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
 
 
 def resolve_bwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -84,14 +94,9 @@ def resolve_bwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     """The backward kernel (``"triton"`` or ``"gluon"``) that :func:`flash_attn`'s backward runs for ``q, k, v`` and
     these mask arguments with ``config`` (``None``: the current settings): ``config.bwd_impl``, or for ``"auto"``
     the choice of :func:`kernels.flash.gluon.choose_bwd_impl` (``"triton"`` off CUDA; on Hopper it depends on the
-    shape, the mask and the triton version: ``GLUON_AUTO_BWD_TRITON``). The counterpart of :func:`resolve_fwd_impl`, for benchmarks that
-    record which kernels ran; arguments and errors as there."""
-    config = _call_config(config, None, None, None)
-    if config.bwd_impl != "auto":
-        return config.bwd_impl
-    wl, wr = _window_bounds(causal, window_size)
-    _check_dilation(dilation)
-    return choose_bwd_impl(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+    shape, the mask and the triton version: ``GLUON_AUTO_BWD_TRITON``). The counterpart of
+    :func:`resolve_fwd_impl`, for benchmarks that record which kernels ran; arguments and errors as there."""
+    return _resolve_impl("bwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
 
 
 @torch.compiler.assume_constant_result
