@@ -123,10 +123,10 @@ class FlashConfig:
             or register check). ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16, ``num_warps`` a power of two.
         fwd_impl: the forward kernel: ``"auto"`` (default: per call, :func:`~kernels.flash.resolve_fwd_impl`:
             ``"gluon_ws3a"`` on Hopper for large band-mask (dense / causal / window / documents) fp16 / bf16
-            problems at the head dims of
-            ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable on a triton of
-            ``kernels.flash.gluon.GLUON_AUTO_TRITON`` (3.6, 3.9), else ``"triton"``; never raises), ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper
-            (:mod:`kernels.flash.gluon`, triton 3.6's ``triton.experimental.gluon``): ``"gluon_ws3a"`` (FA3's
+            problems at the head dims of ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable on a
+            triton of ``kernels.flash.gluon.GLUON_AUTO_TRITON`` (3.6, 3.9), else ``"triton"``; never raises),
+            ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper (:mod:`kernels.flash.gluon`,
+            ``triton.experimental.gluon`` of triton 3.6 or 3.9): ``"gluon_ws3a"`` (FA3's
             layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
             ``"gluon_ws3b"`` (plus ping-pong of the consumers): band masks (dense, causal, sliding windows,
             documents) and block-sparse layouts of whole 128 x 128 tiles (no dilation), D in {64, 128}, fp16 /
