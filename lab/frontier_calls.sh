@@ -59,8 +59,9 @@ case $call in 1|2|3) part=$call ;; *) part= ;; esac
 W=/tmp/w/$call; mkdir -p "$W"
 b() { echo "== $1 rc=$2 ($(date +%T))"; }
 # calls 6-9: run a command on triton TV = 36 (the image's), 39 (the carried 3.9: lab/gpu_env.sh's T39_SITE) or 39p
-# (3.9 compiling through 3.6's ptxas); need39 stops the call where 3.9 is not unpacked yet
-px36=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))" 2>/dev/null)/backends/nvidia/bin/ptxas
+# (3.9 compiling through 3.6's ptxas, px36: set by call 8, the one that asks for it); need39 stops the call where
+# 3.9 is not unpacked yet
+px36=
 tri() {
   local tv=$1; shift
   case $tv in
@@ -185,6 +186,7 @@ case $call in
     # (ours_gluon_ws3a; its backward "auto"), the Gluon backward forced (ours_gluon_dq; its forward "auto"), Triton
     # alone and cuDNN, on 3.9, on 3.9 with 3.6's ptxas (39p: ptxas or triton's code generation?) and on 3.6
     need39
+    px36=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
     "$px36" --version | tail -n 1 | tee "$W/ptxas36.txt"
     for tv in 39 39p 36; do
       ds=64,128; [ $tv = 39p ] && ds=128
