@@ -4,8 +4,8 @@
 #
 #   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
 #                                    K = 5: carry .t39/1, then .t39/2 (with .whl on a fresh machine), .t39/3
-#                                    (bash lab/triton_pack.sh: four parts); K = 6, 8, 9: carry .t39/4 and run on
-#                                    triton 3.9; K = 7: carry .data (after 6)
+#                                    (bash lab/triton_pack.sh: four parts); K = 6, 8, 9, 10: carry .t39/4 and
+#                                    run on triton 3.9; K = 7: carry .data (after 6)
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
@@ -20,7 +20,8 @@
 #   2: the linear family against fla (fla autotunes each new shape for 50-150 s: its own call): Taylor at the
 #      issue's shape (eval.bench_linear --taylor, TAYLOR_S=150), then elu+1 at the issue's N (eval.bench_linear,
 #      ELU_S=300); the sweep's linear rows only with LINEAR_BUDGET_S > 0
-#   3: FA4 installed: the softmax family against FA4, Flex+FA4, cuDNN, Flex, FA2 (lab/h200_anchors.sh)
+#   3: FA4 installed: the GPU tests that need it (FA4 required), then the softmax family against FA4, Flex+FA4,
+#      cuDNN, Flex, FA2 (lab/h200_anchors.sh)
 #   4: masks (window, BigBird, strided) against Flex+FA4 / FA4, packed documents against FA4 varlen / Flex+FA4,
 #      where the time goes against FA4 (lab.where_time)
 #   5, 6: triton 3.9 (lab/triton_pack.sh, four 27.7 MB parts: one per call) unpacked to /tmp/t39 once all four
@@ -30,12 +31,15 @@
 #   8: the Gluon forward / backward forced on 3.9 (and 3.9 with 3.6's ptxas) and on 3.6: what GLUON_AUTO_TRITON /
 #      GLUON_AUTO_BWD_TRITON rest on (results/h100/2026-12-06e/8)
 #   9: "auto" on 3.9 as it now resolves (the Gluon forward, the Triton backward): train.py trainer=gpu, the "auto"
-#      GPU tests, the bench against Triton alone and cuDNN (not yet run: the next session's first 3.9 call)
+#      GPU tests, the bench against Triton alone and cuDNN (results/h100/2026-12-06f/9)
+#  10: the whole GPU suite on 3.9, each failure named (after 3 where FA4's tests should run too)
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
 # Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~150 s for 5 x 3 and 9, ~300 s for 6,
-# ~200 s for 7): 1, 5 x 3, 9 first (call 1 installs .whl, which the test collection of 6 and 9 needs), then 2, 3, 4.
+# ~200 s for 7, ~320 s for 10): 1, 5 x 3, 9 first (call 1 installs .whl, which the test collection of 6, 9 and 10
+# needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to start after two refusals that cost ~270 s): 1 (307 s),
+# 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0 (11 s: FA4's part 2 only), 3 (334 s).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -50,7 +54,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7|8|9) ;; *) echo "frontier_calls: call '$call' is not one of 1, 2, 3, 4, 5, 6, 7, 8, 9"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9|10) ;; *) echo "frontier_calls: call '$call' is not one of 1-10"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -71,6 +75,25 @@ tri() {
   esac
 }
 need39() { [ -n "${T39_SITE:-}" ] || { echo "frontier_calls $call: triton 3.9 is not unpacked (carry .t39/1..4 first)"; exit 3; }; }
+# gpytest LOG LIMIT_S [pytest args]: the GPU tests with one line per finished test (-v: "[gwN] [ x%] PASSED tests/..."),
+# so a run its limit cuts still names every failure so far (the -q dots did not: the ninth and twenty-fifth sessions
+# each lost one failure's name that way); prints the summary (or the counts so far) and the failures
+gpytest() {
+  local log=$1 lim=$2; shift 2
+  timeout -k 5 "$lim" python3 -m pytest -m gpu -v -p no:cacheprovider -rfE "$@" > "$W/$log.txt" 2>&1
+  local rc=$? st
+  b "$log" $rc
+  if grep -qE "^=+ .* in [0-9.]+s" "$W/$log.txt"; then
+    grep -E "^=+ .* in [0-9.]+s" "$W/$log.txt" | tail -n 1
+  else  # per-test lines: "[gw3] [ 12%] PASSED tests/..." (xdist) or "tests/... PASSED [ 12%]"
+    for st in PASSED FAILED SKIPPED ERROR; do
+      printf '%s %s  ' "$(grep -cE "(\] $st tests/|^tests/[^ ]+ $st)" "$W/$log.txt")" "$st"
+    done
+    case $rc in 124|137) echo "(so far: cut by its ${lim} s limit)" ;; *) echo "(so far: no summary line, rc $rc)" ;; esac
+  fi
+  grep -oE "(FAILED|ERROR) tests/[^ ]+|tests/[^ ]+ (FAILED|ERROR)" "$W/$log.txt" | grep -oE "tests/[^ ]+" | sort -u | head -n 20
+  return $rc
+}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 -c "import kernels.flash.gluon as g; print('GLUON_KEPT_LAUNCH', g.GLUON_KEPT_LAUNCH)"
@@ -80,9 +103,7 @@ case $call in
   1)
     timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu > "$W/train_gpu.log" 2>&1
     b train_gpu $?; grep -E "learned|val/acc by" "$W/train_gpu.log" | tail -2
-    timeout -k 5 "${PYTEST_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -n "${PYTEST_N:-14}" \
-      > "$W/pytest_gpu.txt" 2>&1; b pytest_gpu $?
-    tail -n 3 "$W/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gpu.txt" | head -20
+    gpytest pytest_gpu "${PYTEST_S:-300}" -n "${PYTEST_N:-14}"
     # issue 30's model level (>= 1.05x SDPA's default, cuDNN here, at d_model 1024, N 4k); MODEL_S=0 skips it
     if [ "${MODEL_S:-90}" -gt 0 ]; then
       timeout -k 5 "${MODEL_S:-90}" python3 -m eval.bench_model --out "$W/model" --sizes large --variants flash \
@@ -116,6 +137,10 @@ case $call in
       tail -n 6 "$W/anchors_linear.log"
     fi ;;
   3)
+    # the GPU tests that need FA4 (skipped in call 1, which runs before FA4 is unpacked: no pytest -m gpu had run them
+    # with it until the twenty-fifth session's, on 3.9, which failed one test it could not name), FA4 required
+    ATTN_ZOO_REQUIRE_FA4=1 gpytest pytest_fa4 "${FA4_PYTEST_S:-120}" -n "${PYTEST_N:-14}" tests/test_anchors_fa4.py \
+      tests/test_documents.py tests/test_flex_block_mask.py
     BUDGET_S=${SOFTMAX_BUDGET_S:-330} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-330} + 15 )) \
       bash lab/h200_anchors.sh "$W/anchors_softmax" > "$W/anchors_softmax.log" 2>&1; b anchors_softmax $?
     tail -n 6 "$W/anchors_softmax.log" ;;
@@ -152,11 +177,8 @@ case $call in
     need39
     tri 39 python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
       triton.__version__, 'tma reduce-add', g.gluon_tma_reduce_ok())" 2>&1 | tail -n 2 | tee "$W/t39_env.txt"
-    tri 39 timeout -k 5 "${T39_PYTEST_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-      -n "${PYTEST_N:-14}" -rfE tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py \
-      tests/test_gluon_band_bwd.py tests/test_gluon_band_fwd.py \
-      > "$W/pytest_gluon_t39.txt" 2>&1; b pytest_gluon_t39 $?
-    tail -n 2 "$W/pytest_gluon_t39.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_gluon_t39.txt" | head -12
+    tri 39 gpytest pytest_gluon_t39 "${T39_PYTEST_S:-200}" -n "${PYTEST_N:-14}" tests/test_kernel_flash_gluon.py \
+      tests/test_kernel_flash_gluon_bwd.py tests/test_gluon_band_bwd.py tests/test_gluon_band_fwd.py
     for tv in 39 36; do
       impls=ours_gluon_dq,ours_triton_all,sdpa_cudnn; [ $tv = 39 ] && impls=ours_gluon_tmadq,ours_gluon_tmadq2,$impls
       tri $tv timeout -k 5 110 python3 -m eval.bench_flash --out "$W" --tag "bwd_t$tv" --variants causal,noncausal \
@@ -197,9 +219,8 @@ case $call in
       b "auto_t$tv" $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/auto_t$tv.log" | cut -c1-120
     done
     for tv in 39 36; do
-      tri $tv timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
-        tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py -k "auto_runs_gluon or auto_bwd_runs" \
-        > "$W/pytest_auto_t$tv.txt" 2>&1; b "pytest_auto_t$tv" $?; tail -n 1 "$W/pytest_auto_t$tv.txt"
+      tri $tv gpytest "pytest_auto_t$tv" 120 tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py \
+        -k "auto_runs_gluon or auto_bwd_runs"
     done ;;
   9)
     # "auto" on triton 3.9 since GLUON_AUTO_TRITON holds it (the Gluon forward, the Triton backward): the README's
@@ -208,9 +229,7 @@ case $call in
     need39
     tri 39 timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu39 > "$W/train_gpu_t39.log" 2>&1
     b train_gpu_t39 $?; grep -E "learned|val/acc by" "$W/train_gpu_t39.log" | tail -2
-    tri 39 timeout -k 5 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -n 4 tests/test_kernel_flash_gluon.py \
-      tests/test_kernel_flash_gluon_bwd.py -k "auto" > "$W/pytest_auto_t39.txt" 2>&1
-    b pytest_auto_t39 $?; tail -n 1 "$W/pytest_auto_t39.txt"; grep -E "^(FAILED|ERROR)" "$W/pytest_auto_t39.txt" | head
+    tri 39 gpytest pytest_auto_t39 120 -n 4 tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py -k "auto"
     tri 39 timeout -k 5 "${AUTO39_S:-130}" python3 -m eval.bench_flash --out "$W" --tag auto9_t39 --variants causal,noncausal \
       --N 4096,16384 --D 64,128 --impls ours,ours_gluon_bwd_2c,ours_triton_all,sdpa_cudnn --rounds 3 --check \
       --time-budget-s $(( ${AUTO39_S:-130} - 10 )) > "$W/auto9_t39.log" 2>&1
@@ -223,5 +242,10 @@ case $call in
         --cases causal:16384:128,noncausal:4096:128 --impls ours_gluon_dq,ours_triton_all > "$W/where_bwd_t$tv.log" 2>&1
       b "where_bwd_t$tv" $?; grep -iE "dkdv|dq|_bwd" "$W/where_bwd_t$tv.md" 2>/dev/null | head -8 | cut -c1-140
     done ;;
+  10)
+    # the whole GPU suite on triton 3.9 (what `pip install torch` brings), naming each failure: the twenty-fifth
+    # session's run (FA4 installed) failed one test in its first tenth and was cut at ~96 % by its limit
+    need39
+    tri 39 gpytest pytest_gpu_t39 "${PYTEST_S:-300}" -n "${PYTEST_N:-14}" ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .
