@@ -37,7 +37,7 @@
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
 # Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~150 s for 5 x 3 and 9, ~300 s for 6,
-# ~200 s for 7, ~320 s for 10): 1, 5 x 3, 9 first (call 1 installs .whl, which the test collection of 6, 9 and 10
+# ~200 s for 7, ~450 s for 10): 1, 5 x 3, 9 first (call 1 installs .whl, which the test collection of 6, 9 and 10
 # needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to start after two refusals that cost ~270 s): 1 (307 s),
 # 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0 (11 s: FA4's part 2 only), 3 (334 s).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
@@ -137,8 +137,8 @@ case $call in
       tail -n 6 "$W/anchors_linear.log"
     fi ;;
   3)
-    # the GPU tests that need FA4 (skipped in call 1, which runs before FA4 is unpacked: no pytest -m gpu had run them
-    # with it until the twenty-fifth session's, on 3.9, which failed one test it could not name), FA4 required
+    # the GPU tests that need FA4 (skipped in call 1, which runs before FA4 is unpacked; they last passed in the
+    # twenty-first session), with FA4 required
     ATTN_ZOO_REQUIRE_FA4=1 gpytest pytest_fa4 "${FA4_PYTEST_S:-120}" -n "${PYTEST_N:-14}" tests/test_anchors_fa4.py \
       tests/test_documents.py tests/test_flex_block_mask.py
     BUDGET_S=${SOFTMAX_BUDGET_S:-330} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-330} + 15 )) \
@@ -244,8 +244,12 @@ case $call in
     done ;;
   10)
     # the whole GPU suite on triton 3.9 (what `pip install torch` brings), naming each failure: the twenty-fifth
-    # session's run (FA4 installed) failed one test in its first tenth and was cut at ~96 % by its limit
+    # session's run (FA4 installed) failed one test at about its 46th completion, unnamed, and was cut at ~96 %; first
+    # the files its candidates are in (read, not run: the document anchors' compiled Flex, which has no fallback;
+    # fla's kernels; the decode plans; the warnings summary shows any Flex fallback), then everything
     need39
+    tri 39 gpytest pytest_cand_t39 150 -n 8 tests/test_documents.py tests/test_anchors_fa4.py tests/test_families.py \
+      tests/test_decode_plan.py
     tri 39 gpytest pytest_gpu_t39 "${PYTEST_S:-300}" -n "${PYTEST_N:-14}" ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .
