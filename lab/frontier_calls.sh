@@ -4,8 +4,9 @@
 #
 #   bash lab/frontier_calls.sh K     K = 1, 2, 3, 4: carry .whl and .fa4x/1 in call 1, .fa4x/K in calls 2, 3, .data in 4
 #                                    K = 5: carry .t39/1, then .t39/2 (with .whl on a fresh machine), .t39/3
-#                                    (bash lab/triton_pack.sh: four parts); K = 6, 8, 9, 10: carry .t39/4 and
-#                                    run on triton 3.9; K = 7: carry .data (after 6)
+#                                    (bash lab/triton_pack.sh: four parts); K = 6, 8, 9, 10, 12: carry .t39/4
+#                                    and run on triton 3.9 (a later one on the same machine need not); K = 7:
+#                                    carry .data (after 6); K = 11: nothing
 #
 # Before the first call, here (no device time):
 #   bash ../shared/tools/gpu-wheels.sh .whl && PART_MB=34 bash ../shared/tools/fa4-wheels.sh .fa4
@@ -35,14 +36,17 @@
 #  10: the whole GPU suite on 3.9, each failure named: first the files of the 25th session's unnamed failure
 #  11: N 1k / 2k: the Gluon forward and backward forced against "auto", cuDNN, FA4 (after 3): are the thresholds,
 #      set before kept launches, still right at short N (issue 30's N 1k target)
+#  12: on 3.9, "auto" (the Triton backward) against the Gluon backward 3.6's "auto" runs: GLUON_AUTO_BWD_TRITON
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
 # Order when the session's 1,800 s cannot hold them all (~1,500 s for 1-4, ~150 s for 5 x 3 and 9, ~300 s for 6,
-# ~200 s for 7, ~450 s for 10): 1, 5 x 3, 9 first (call 1 installs .whl, which the test collection of 6, 9 and 10
-# needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to start after two refusals that cost ~270 s): 1 (307 s),
-# 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0 (11 s: FA4's part 2 only), 3 (334 s). Next: 1, 5 x 3,
-# 10 (carry .t39/4), 2 (TAYLOR_S=0 ELU_S=0 unless the linear rows are wanted), 3, 11, then 4.
+# ~200 s for 7, ~450 s for 10, ~150 / ~170 s for 11 / 12; call 3 ~120 s more with its tests): 1, 5 x 3, 9 first (call
+# 1 installs .whl, which the test collection of 6, 9, 10 needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to
+# start after two refusals that cost ~270 s): 1 (307 s), 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0
+# (11 s: FA4's part 2 only), 3 (334 s). Next: 1, 5 x 3, 2 (TAYLOR_S=0 ELU_S=0 unless the linear rows are wanted), 3
+# (FA4 unpacked from here on), 10 (carry .t39/4: after 3, so the FA4 tests run, as in the 25th's failing run), 12, 11,
+# then 4.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -57,7 +61,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7|8|9|10|11) ;; *) echo "frontier_calls: call '$call' is not one of 1-11"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9|10|11|12) ;; *) echo "frontier_calls: call '$call' is not one of 1-12"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -141,7 +145,8 @@ case $call in
     fi ;;
   3)
     # the GPU tests that need FA4 (skipped in call 1, which runs before FA4 is unpacked; they last passed in the
-    # twenty-first session), with FA4 required
+    # twenty-first session); ATTN_ZOO_REQUIRE_FA4=1 turns a missing FA4 into failures in test_anchors_fa4.py (the
+    # other two files skip their FA4 cases without it)
     ATTN_ZOO_REQUIRE_FA4=1 gpytest pytest_fa4 "${FA4_PYTEST_S:-120}" -n "${PYTEST_N:-14}" tests/test_anchors_fa4.py \
       tests/test_documents.py tests/test_flex_block_mask.py
     BUDGET_S=${SOFTMAX_BUDGET_S:-330} FAMILIES=softmax SOFTMAX_SHARE=92 timeout -k 5 $(( ${SOFTMAX_BUDGET_S:-330} + 15 )) \
@@ -252,17 +257,26 @@ case $call in
     # fla's kernels; the decode plans; the warnings summary shows any Flex fallback), then everything
     need39
     tri 39 gpytest pytest_cand_t39 150 -n 8 tests/test_documents.py tests/test_anchors_fa4.py tests/test_families.py \
-      tests/test_decode_plan.py
+      tests/test_decode_plan.py tests/test_flex_block_mask.py
     tri 39 gpytest pytest_gpu_t39 "${PYTEST_S:-300}" -n "${PYTEST_N:-14}" ;;
   11)
     # issue 30's N 1k target (>= 0.9x cuDNN; 0.84x): "auto" keeps the Triton forward below tma_min_pairs (2^28) and
     # the Triton backward below 4M pairs per (batch, head), thresholds set on the H200 before kept launches
     # (GLUON_KEPT_LAUNCH, sixteenth session), when the Gluon forward ran causal 1k at 0.79x the Triton one; with kept
-    # launches it ran block-sparse 1k at 1.20-1.25x (21st). The Gluon kernels forced at 1k / 2k against "auto",
+    # launches it ran block-sparse 1k at 1.19-1.25x (21st). The Gluon kernels forced at 1k / 2k against "auto",
     # cuDNN and FA4 (FA4 from call 3 on), triton 3.6
     timeout -k 5 "${SHORT_S:-150}" python3 -m eval.bench_flash --out "$W" --tag short --variants causal,noncausal \
       --N 1024,2048 --D 64,128 --impls ours,ours_gluon_ws3a,ours_gluon_dq,sdpa_cudnn,fa4 --rounds 3 --check \
       --time-budget-s $(( ${SHORT_S:-150} - 10 )) > "$W/short.log" 2>&1
     b short $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/short.log" | cut -c1-120 ;;
+  12)
+    # GLUON_AUTO_BWD_TRITON on 3.9: "auto" there runs the Triton backward (ours); 3.6's "auto" backward (ours_gluon_dq
+    # at D 128, ours_gluon_bwd_2c at D 64) ran 0.96-1.08x it in the 24th (three readings), 1.03 / 1.07x kernel by
+    # kernel in the 25th: one process, 5 rounds, to decide whether 3.9 joins GLUON_AUTO_BWD_TRITON
+    need39
+    tri 39 timeout -k 5 "${BWD39_S:-170}" python3 -m eval.bench_flash --out "$W" --tag bwd39 --variants causal,noncausal \
+      --N 4096,16384 --D 64,128 --impls ours,ours_gluon_dq,ours_gluon_bwd_2c,ours_triton_all --rounds 5 --check \
+      --time-budget-s $(( ${BWD39_S:-170} - 10 )) > "$W/bwd39.log" 2>&1
+    b bwd39 $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/bwd39.log" | cut -c1-120 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .
