@@ -46,8 +46,8 @@ its kernel module ``_gluon_kernels`` is imported on first use only).
 Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :func:`resolve_bwd_impl`, :class:`FlashConfig`,
 :class:`TileConfig`, :func:`flash_settings`, :func:`current_flash_config`, :func:`flash_attn_fwd`,
 :func:`flash_attn_bwd`, :func:`sparse_tiles`, :func:`build_sparse_tables`, :func:`choose_dkdv_split`,
-:func:`resolve_dkdv_split`, :func:`pick_config`, :func:`clear_plans`, :func:`clear_caches`, :func:`launch_plans`, :func:`autotune_results`,
-``KERNELS``.
+:func:`resolve_dkdv_split`, :func:`pick_config`, :func:`clear_plans`, :func:`clear_caches`, :func:`launch_plans`,
+:func:`autotune_results`, ``KERNELS``.
 """
 
 from .api import flash_attn, resolve_bwd_impl, resolve_fwd_impl
@@ -62,6 +62,6 @@ from .sparse import build_sparse_tables, sparse_mode, sparse_tiles
 
 __all__ = ["flash_attn", "resolve_fwd_impl", "resolve_bwd_impl", "FWD_IMPLS", "BWD_IMPLS", "FlashConfig", "TileConfig",
            "flash_settings", "current_flash_config", "flash_attn_fwd", "flash_attn_bwd", "sparse_tiles",
-           "build_sparse_tables", "sparse_mode", "choose_dkdv_split", "resolve_dkdv_split", "pick_config", "clear_plans",
-           "clear_caches", "launch_plans", "autotune_results", "tma_ok", "visited_pairs", "KERNELS", "MAX_HEAD_DIM", "DQ_MODES",
-           "GLUON_BWD_DQ", "GLUON_BWD_CONSUMERS"]
+           "build_sparse_tables", "sparse_mode", "choose_dkdv_split", "resolve_dkdv_split", "pick_config",
+           "clear_plans", "clear_caches", "launch_plans", "autotune_results", "tma_ok", "visited_pairs", "KERNELS",
+           "MAX_HEAD_DIM", "DQ_MODES", "GLUON_BWD_DQ", "GLUON_BWD_CONSUMERS"]
