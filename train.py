@@ -405,6 +405,13 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             bytes_per_token=dm.bytes_per_token, task=type(dm).__name__, compile=bool(cfg.get("compile", False)),
             total_steps=total_steps, doc_mask=bool(getattr(dm, "model_documents", False)),
         )
+        warmup = int(lit.hparams.warmup_steps)
+        if total_steps and warmup > total_steps:  # cosine_with_warmup caps it: say so, the run is not as written
+            log.warning(f"optim.warmup_steps={warmup} is longer than the LR schedule ({total_steps} steps, "
+                        f"trainer.max_steps{' of the resumed run' if resume is not None else ''}): the warmup ramps "
+                        f"to the full LR over those {total_steps} steps and the cosine decay never runs; pass "
+                        f"optim.warmup_steps < {total_steps} (final_metrics.json records lr_schedule.warmup_steps="
+                        f"{total_steps}, the warmup that ran)")
         start_step, complete, finished = 0, False, None
         if resume is not None:
             try:
@@ -520,7 +527,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             "output_dir": output_dir, "date": time.strftime("%Y-%m-%d"),  # the day the run ended (figure captions)
             "resumed_from": ckpt_path, "result_config": result_config(cfg),
             # the LR schedule that ran: a resumed run keeps the checkpoint's length (its first run's max_steps)
-            "lr_schedule": {"total_steps": lit.schedule_total_steps, "warmup_steps": int(lit.hparams.warmup_steps),
+            # (warmup_steps: as it ran, capped at total_steps by cosine_with_warmup; result_config.optim has the setting)
+            "lr_schedule": {"total_steps": lit.schedule_total_steps,
+                            "warmup_steps": min(int(lit.hparams.warmup_steps), lit.schedule_total_steps or 1 << 62),
                             "min_lr_ratio": float(lit.hparams.min_lr_ratio)},
         })
         # the full folder on its own line (a plain line: a table or rich's 80-column wrapping of a log would cut it)

@@ -18,6 +18,8 @@ def hydra_cli(config_name: str, entry, prog=None) -> None:
     @functools.wraps(entry)  # Hydra unwraps it: the config path and the job name are the entry module's
     def main(cfg):
         try:
+            with config_errors():  # +foo=1 / +seq_len=[32] (a typo) was ignored and the default run made
+                check_top_level_keys(config_name, cfg)
             entry(OmegaConf.to_container(cfg, resolve=True))
         except ValueError as e:
             if prog is None:
@@ -26,3 +28,29 @@ def hydra_cli(config_name: str, entry, prog=None) -> None:
             sys.exit(2)
 
     main()
+
+
+def top_level_keys(config_name: str) -> list:
+    """The top-level keys of ``eval/conf/<config_name>.yaml``: its own (but ``defaults``) and the groups its
+    ``defaults`` list names (``sweep``), in the file's order."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(OmegaConf.load(Path(__file__).parent / "conf" / f"{config_name}.yaml"))
+    groups = [next(iter(d)) for d in spec.get("defaults") or [] if isinstance(d, dict)]
+    return [k for k in spec if k not in ("defaults", "hydra")] + groups
+
+
+def check_top_level_keys(config_name: str, cfg) -> None:
+    """Every top-level key of the composed ``cfg`` is one of :func:`top_level_keys` (what the ``eval`` module reads);
+    else ``ValueError`` naming the key, the closest known key and all of them."""
+    import difflib
+
+    known = top_level_keys(config_name)
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, 1)
+            raise ValueError(f"{key}={cfg.get(key)!r} is not a key eval.{config_name} reads"
+                             f"{' (did you mean ' + close[0] + '?)' if close else ''}; top-level keys: "
+                             f"{', '.join(known)} (a group's key is set under it, e.g. sweep.seq_lens=[64,128])")

@@ -801,8 +801,34 @@ def check_sweep_device(cfg: dict) -> None:
                          f"(cuda when available); a CPU sweep: sweep=cpu_tiny (eval/conf/sweep/cpu_tiny.yaml)")
 
 
+SWEEP_KEYS = ("name", "variants", "backends", "plugins", "exclude", "seq_lens", "head_dims", "n_heads", "kv_heads",
+              "causal", "modes", "dtype", "device", "tokens", "batch", "warmup", "rep", "repeats", "seed", "check",
+              "check_rows", "check_tol", "deadline_s", "max_point_s", "bench_at_least", "run_last", "verbose_errors",
+              "baseline", "naive", "extra_baselines", "fit_min_seq_len", "ours", "n_boot", "level", "model_sweep")
+"""The keys a sweep config (``eval/conf/sweep/<name>.yaml``) may hold: those :func:`run_sweep`, :mod:`eval.crossover`
+and :mod:`eval.best` read. Any other key (``+sweep.seq_len=[32]``, a typo of ``seq_lens``) would be ignored, the
+default sweep run in its place: :func:`check_sweep_config` refuses it."""
+MODEL_SWEEP_KEYS = ("enabled", "name", "variants", "backends", "plugins", "seq_lens", "tokens", "batch", "d_model",
+                    "n_layer", "n_heads", "vocab_size", "dtype", "device", "warmup", "rep")
+"""The keys of a sweep's ``model_sweep`` (:func:`run_model_sweep`, with ``enabled``); :func:`check_model_sweep_config`
+refuses any other."""
+
+
+def check_known_keys(cfg: dict, known, what: str) -> None:
+    """Each key of ``cfg`` is one of ``known``; else ``ValueError`` naming the key, the closest known one and all of
+    them (``what`` says whose keys they are). An unread key was ignored silently."""
+    import difflib
+
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), 1)
+            raise ValueError(f"{key}={cfg[key]!r} is not a key {what} reads"
+                             f"{' (did you mean ' + close[0] + '?)' if close else ''}; allowed keys: {', '.join(known)}")
+
+
 def check_sweep_config(cfg: dict) -> None:
-    """The axes and settings of a kernel sweep, before anything runs or is written: ``seq_lens`` / ``head_dims``
+    """The axes and settings of a kernel sweep, before anything runs or is written: every key one of
+    :data:`SWEEP_KEYS`, ``seq_lens`` / ``head_dims``
     non-empty lists of integers >= 1, ``n_heads`` an integer >= 1, ``kv_heads`` null or integers dividing it,
     ``causal`` bools, ``modes`` of :data:`MODES`, ``dtype`` of ``_DTYPES``, ``device`` cpu / cuda[:i], ``warmup``
     >= 0, ``rep`` >= 1, ``tokens`` >= 1, ``batch`` null or >= 1 (integers). Raises ``ValueError`` naming the key
@@ -810,6 +836,7 @@ def check_sweep_config(cfg: dict) -> None:
     def whole(x, lo):
         return isinstance(x, int) and not isinstance(x, bool) and x >= lo
 
+    check_known_keys(cfg, SWEEP_KEYS, "a sweep")
     for key in ("seq_lens", "head_dims"):
         vals = _as_list(cfg.get(key, [64] if key == "head_dims" else None))
         if not vals or not all(whole(x, 1) for x in vals):
@@ -969,7 +996,8 @@ def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = Tru
 def check_model_sweep_config(cfg: dict) -> None:
     """The settings of a model sweep before it runs: ``seq_lens`` integers >= 1, ``dtype`` of ``_DTYPES``,
     ``backends`` ``auto`` or registered (after its ``plugins``), ``variants`` valid specs. ``ValueError`` naming the
-    key and the allowed values."""
+    key and the allowed values; a key not in :data:`MODEL_SWEEP_KEYS` too."""
+    check_known_keys(cfg, MODEL_SWEEP_KEYS, "a model sweep")
     vals = _as_list(cfg.get("seq_lens"))
     if not vals or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in vals):
         raise ValueError(f"seq_lens={vals!r}: must be a non-empty list of integers >= 1")

@@ -227,6 +227,9 @@ class TextDataModule(L.LightningDataModule):
         if doc_split != "auto" and not pack:  # else silently unused: the run would train on unsplit text
             raise ValueError(f"data.doc_split={doc_split!r} cuts the text into packed documents: it needs "
                              f"data.pack=true (or data.doc_split=auto)")
+        if not doc_mask and not pack:  # else silently unused: unpacked windows have no documents to mask between
+            raise ValueError("data.doc_mask=false lets attention cross packed documents: it needs data.pack=true (or "
+                             "data.doc_mask=true, the default)")
         self.pack, self.doc_split, self.doc_mask, self.eos = pack, doc_split, doc_mask, eos
         self.val_path = val_path
         self.pack_stats: Dict[str, float] = {}

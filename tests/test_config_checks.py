@@ -121,6 +121,11 @@ def test_settings_that_do_not_act_as_written_are_said_once(tmp_path, caplog):
         train_mod.train(make_cfg(tmp_path / "run", FAST + ["attention=sliding_window", "attention.window_size=[15,15]",
                                                            "trainer.max_steps=2", "trainer.val_check_interval=2"]))
     assert sum("causal clips the right side" in r.getMessage() for r in caplog.records) == 1
+    # a warmup (FAST: 5 steps) longer than the run's 2 steps was capped silently, final_metrics.json saying 5
+    (warm,) = [r.getMessage() for r in caplog.records if "optim.warmup_steps" in r.getMessage()]
+    assert warm.startswith("optim.warmup_steps=5 is longer than the LR schedule (2 steps, trainer.max_steps)"), warm
+    final = __import__("json").loads((tmp_path / "run" / "final_metrics.json").read_text())
+    assert final["lr_schedule"]["warmup_steps"] == 2 and final["result_config"]["optim"]["warmup_steps"] == 5
 
 
 def test_zero_steps_says_how_many_batches_without_inf(tmp_path):

@@ -45,6 +45,11 @@ def _config_error():
     (dict(sweep=dict(TINY, model_sweep={"variants": {"flash": {"kind": "flash"}}, "backends": ["trition"],
                                         "seq_lens": [16]})),
      r"sweep.model_sweep.backends=\['trition'\]: 'trition' is not registered; allowed values: auto, "),
+    # a key no code reads (a typo of seq_lens) ran the sweep without it and exited 0
+    (dict(sweep=dict(TINY, seq_len=[32])),
+     r"sweep.seq_len=\[32\] is not a key a sweep reads \(did you mean seq_lens\?\); allowed keys: name, variants, "),
+    (dict(sweep=dict(TINY, model_sweep={"variants": {"flash": {"kind": "flash"}}, "seq_lens": [16], "layers": 2})),
+     r"sweep.model_sweep.layers=2 is not a key a model sweep reads \(did you mean n_layer\?\); allowed keys: enabled, "),
 ])
 def test_crossover_refuses_bad_settings_before_measuring(tmp_path, change, want):
     """``sweep.backends=[trition]`` recorded every point as unsupported and exited 0 with an empty table;
@@ -73,6 +78,41 @@ def test_crossover_cli_prints_the_message_alone(tmp_path):
     assert r.returncode != 0
     assert "compare='bst' is not supported; allowed values: ours, best" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()
+
+
+def test_eval_clis_refuse_keys_they_do_not_read(tmp_path):
+    """``+sweep.seq_len=[32]`` (a typo of seq_lens) and ``+foo=1`` ran the default sweep and exited 0 (train.py
+    refused both); every eval CLI's top-level keys are its yaml's."""
+    from eval import top_level_keys
+
+    r = _cli("eval.crossover", "sweep=cpu_tiny", f"out_dir={tmp_path / 'res'}", "+sweep.seq_len=[32]", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "sweep.seq_len=[32] is not a key a sweep reads (did you mean seq_lens?)" in r.stderr
+    r = _cli("eval.plots", "+formt=[png]", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "formt=['png'] is not a key eval.plots reads (did you mean formats?); top-level keys: results_dir," in r.stderr
+    assert not (tmp_path / "res").exists()
+    assert "sweep" in top_level_keys("crossover") and "defaults" not in top_level_keys("crossover")
+    assert {"speed", "speed_backend", "speed_size"} <= set(top_level_keys("plots"))  # read by eval.plots
+
+
+def test_every_sweep_configs_keys_are_read():
+    """The sweep configs use only keys of SWEEP_KEYS / MODEL_SWEEP_KEYS (else the check would refuse a shipped
+    config)."""
+    import glob
+
+    import yaml
+
+    from eval.sweep import MODEL_SWEEP_KEYS, SWEEP_KEYS, check_sweep_config
+
+    files = sorted(glob.glob(os.path.join(ROOT, "eval", "conf", "sweep", "*.yaml")))
+    assert len(files) >= 4
+    for f in files:
+        cfg = yaml.safe_load(open(f))
+        assert set(cfg) <= set(SWEEP_KEYS), (f, set(cfg) - set(SWEEP_KEYS))
+        assert set(cfg.get("model_sweep") or {}) <= set(MODEL_SWEEP_KEYS), f
+    with pytest.raises(ValueError, match=r"check_row=1 is not a key a sweep reads \(did you mean check_rows\?\)"):
+        check_sweep_config(dict(TINY, check_row=1))
 
 
 # ------------------------------------------------------------------------------------------------ eval.plots

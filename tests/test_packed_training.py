@@ -159,7 +159,8 @@ def test_bad_options_name_the_option(wiki_files):
     tr, va = wiki_files
     for kw, key in ((dict(pack="yes"), "data.pack"), (dict(pack=True, doc_split="lines"), "data.doc_split"),
                     (dict(pack=True, doc_mask=1), "data.doc_mask"), (dict(pack=True, eos=300), "data.eos"),
-                    (dict(eos=0), "data.eos"), (dict(doc_split="blank_line"), "data.doc_split=.blank_line.*data.pack=true")):
+                    (dict(eos=0), "data.eos"), (dict(doc_split="blank_line"), "data.doc_split=.blank_line.*data.pack=true"),
+                    (dict(doc_mask=False), "data.doc_mask=false .*it needs data.pack=true")):
         with pytest.raises(ValueError, match=key):
             TextDataModule(path=str(tr), **kw)
     with pytest.raises(ValueError, match="allowed values: auto, rows, wikitext, blank_line, whole"):

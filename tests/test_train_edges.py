@@ -82,7 +82,9 @@ def test_resume_refuses_other_optimizer_settings_and_a_short_run_extends_at_the_
         "past the first run's 4 steps the LR is lr * min_lr_ratio, not the full LR"
     final = json.loads((run / "final_metrics.json").read_text())
     assert final["steps"] == 8 and final["result_config"]["optim"]["lr"] == 1e-2
-    assert final["lr_schedule"] == {"total_steps": 4, "warmup_steps": 5, "min_lr_ratio": 0.1}
+    # the warmup that ran: 5 steps asked, capped at the schedule's 4 (result_config keeps the setting)
+    assert final["lr_schedule"] == {"total_steps": 4, "warmup_steps": 4, "min_lr_ratio": 0.1}
+    assert final["result_config"]["optim"]["warmup_steps"] == 5
 
 
 def test_checkpoint_hparams_of_an_older_run_compare_folded():
