@@ -43,7 +43,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import hydra
 import lightning as L
@@ -487,6 +487,13 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {batches}); check data.seq_len, "
                 f"data.batch_size and trainer.limit_train_batches")
+        if (max_steps > 0 and trainer.global_step < max_steps and not complete
+                and not (max_epochs > 0 and trainer.current_epoch >= max_epochs)):
+            # trainer.max_time, or a callback's trainer.should_stop: the run ends like a finished one, shorter
+            log.warning(f"training stopped at step {trainer.global_step} of trainer.max_steps={max_steps} "
+                        f"(trainer.max_time={cfg.trainer.get('max_time')}, or a callback that set "
+                        f"trainer.should_stop, e.g. EarlyStopping): the final table and final_metrics.json are of "
+                        f"step {trainer.global_step}")
         # the last logged train/* values, read before validate() resets the callback metrics (a launch that logged
         # none, complete or ended before its first logged step: the checkpoint's)
         last_train = run_state.last_train_metrics(trainer)
@@ -518,7 +525,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             rows["guess over all values val/acc"] = dm.chance_levels()["uniform"]
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         print_table(table_title(cfg), rows)
-        _print_curve_and_verdict(curve.points, base, metrics)
+        _print_curve_and_verdict(curve.points, base, metrics, diverged=_nonfinite_losses(metrics))
         diverged = bool(_warn_if_diverged(cfg, metrics))
         write_final_metrics(output_dir, {
             "diverged": diverged,  # a non-finite train/loss or val/loss: its metrics (null there) are of a broken model
@@ -584,9 +591,11 @@ class _Curve(L.Callback):
 _BARS = "▁▂▃▄▅▆▇█"
 
 
-def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object]], metrics: Dict[str, float]) -> None:
+def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object]], metrics: Dict[str, float],
+                             diverged: Sequence[str] = ()) -> None:
     """A few lines after the final table: the headline metric by step (a sparkline and its values), the result
-    beside its baseline in words, and what to try next."""
+    beside its baseline in words (``diverged``: the non-finite losses of a run that diverged, said first, whatever the
+    metric), and what to try next (a GPU run where CUDA is visible)."""
     if base is None:
         return
     key = str(base["metric"])
@@ -603,6 +612,8 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
     margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
     clearly = better and margin >= 0.1 * abs(float(base["value"]))
     verdict = "learned" if clearly else "not learned yet"
+    if diverged:  # a broken model: its metric beside the baseline says nothing of learning
+        verdict = f"diverged ({', '.join(f'{k}={metrics[k]}' for k in diverged)})"
     _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
     import importlib.util
 
@@ -612,15 +623,22 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         report = "eval.figures"
     recipe = ("the recall recipe (experiment=mqar_recall, README)" if key == "val/acc" else
               "a language-model recipe (experiment=lm_shakespeare or lm_wikitext, README)")
-    _say(f"next: a GPU run (python train.py trainer=gpu), variants compared (python train.py -m "
-          f"attention=flash,linear,sliding_window), {recipe}, the report (python -m {report})")
+    gpu = ("a GPU run (python train.py trainer=gpu)" if torch.cuda.is_available() else
+           "on a CUDA machine, a GPU run (python train.py trainer=gpu)")
+    _say(f"next: {gpu}, variants compared (python train.py -m attention=flash,linear,sliding_window), {recipe}, "
+         f"the report (python -m {report})")
+
+
+def _nonfinite_losses(metrics: Dict[str, float]) -> List[str]:
+    """The final losses (``train/loss``, ``val/loss``) that are NaN / inf: a run that diverged."""
+    return [k for k in ("train/loss", "val/loss") if k in metrics and not math.isfinite(metrics[k])]
 
 
 def _warn_if_diverged(cfg: DictConfig, metrics: Dict[str, float]) -> List[str]:
     """A run whose final loss is NaN / inf trained a broken model (its table says nan, ``final_metrics.json`` null and
     ``"diverged": true``): say so in one warning naming the learning rate, instead of ending like a good run (the exit
     status stays 0: a learning-rate sweep records its diverged points). Returns the non-finite keys."""
-    bad = [k for k in ("train/loss", "val/loss") if k in metrics and not math.isfinite(metrics[k])]
+    bad = _nonfinite_losses(metrics)
     if bad:
         log.warning(f"training diverged: {', '.join(f'{k}={metrics[k]}' for k in bad)} (not finite); the metrics "
                     f"above are of a broken model. Lower optim.lr (this run: {cfg.optim.get('lr')}) or raise "

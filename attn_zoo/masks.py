@@ -20,6 +20,7 @@ Which terms a kind uses is its variant's mask rule (:mod:`attn_zoo.variants`, ``
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -177,9 +178,13 @@ class MaskInfo:
 def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys: the terms of its variant's mask
     rule (:mod:`attn_zoo.variants`), with ``causal`` clipping a window's right side to 0. Cached per
-    (spec, Nq, Nk): treat the result (and its ``layout``) as read-only."""
+    (spec, Nq, Nk): treat the result (and its ``layout``) as read-only. ``ValueError`` for a kind outside the softmax
+    family or ``Nq`` / ``Nk`` not integers >= 1."""
     from .variants import get_variant, kinds_of
 
+    for name, n in (("Nq", Nq), ("Nk", Nk)):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"mask_info: {name}={n!r} must be an integer >= 1 (the number of queries / keys)")
     v = get_variant(spec.kind)
     if v.family != "softmax":
         raise ValueError(f"mask_info needs a softmax kind {kinds_of('softmax')}, got kind={spec.kind!r}")

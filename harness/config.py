@@ -486,6 +486,11 @@ def check_trainer_options(trainer: DictConfig) -> None:
         if not known[accelerator]:
             raise ValueError(f"trainer.accelerator={accelerator!r} is not available on this machine; available "
                              f"here: {here}")
+    on_cpu = accelerator == "cpu" or (accelerator in ("auto", None) and not torch.cuda.is_available())
+    if on_cpu and str(precision) in ("16-mixed", "16"):  # Lightning runs bf16-mixed there, the config saying fp16
+        raise ValueError(f"trainer.precision={precision!r}: fp16 mixed precision runs on CUDA only (on the CPU "
+                         f"Lightning would train bf16-mixed instead); allowed values here: auto (32-true on the CPU), "
+                         f"32-true, bf16-mixed")
     strategy = trainer.get("strategy", "auto")
     if isinstance(strategy, str) and strategy != "auto":
         from lightning.pytorch.strategies import StrategyRegistry

@@ -25,6 +25,11 @@ from test_train import CONF, FAST, ROOT, make_cfg
     ("trainer.precision=fp8", r"^trainer\.precision='fp8' is not supported; allowed values: auto \(bf16-mixed on "
                               r"CUDA, else 32-true\), .*bf16-mixed, 32-true"),
     ("trainer.precision=true", r"^trainer\.precision=True is not supported"),
+    # on the CPU Lightning trained bf16-mixed, the saved config saying 16-mixed
+    pytest.param("trainer.precision=16-mixed", r"^trainer\.precision='16-mixed': fp16 mixed precision runs on CUDA "
+                                               r"only .*allowed values here: auto \(32-true on the CPU\), 32-true, "
+                                               r"bf16-mixed", marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                                                                      reason="CPU only")),
     pytest.param("trainer.accelerator=tpu", r"^trainer\.accelerator='tpu' is not available on this machine; available "
                                             r"here: auto, cpu", marks=pytest.mark.skipif(
                                                 torch.cuda.is_available(), reason="CPU only")),
@@ -134,6 +139,17 @@ def test_zero_steps_says_how_many_batches_without_inf(tmp_path):
     with pytest.raises(RuntimeError, match=r"training ran 0 optimizer steps \(trainer\.max_steps=3, 32 training "
                                            r"batches per epoch\)"):
         train_mod.train(make_cfg(tmp_path, FAST + ["trainer.max_steps=3", "+trainer.max_time={seconds:0}"]))
+
+
+def test_a_run_cut_short_by_max_time_says_so(tmp_path, caplog):
+    """``+trainer.max_time`` stopped a run at step 21 of 100,000 and it ended like a finished one: the summary did not
+    say it stopped before max_steps (only Lightning's own "Time limit reached" line did)."""
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        train_mod.train(make_cfg(tmp_path / "run", FAST + ["trainer.max_steps=100000", "+trainer.max_time={seconds:2}"]))
+    steps = __import__("json").loads((tmp_path / "run" / "final_metrics.json").read_text())["steps"]
+    assert 0 < steps < 100000
+    (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training stopped at step")]
+    assert said.startswith(f"training stopped at step {steps} of trainer.max_steps=100000 (trainer.max_time=")
 
 
 def test_the_shared_mqar_recipe_is_not_offered_as_an_experiment(tmp_path):

@@ -293,3 +293,11 @@ def test_the_plugin_decodes_with_its_own_mask_on_the_triton_kernel():
     assert (got - causal).abs().max() > 0.1
     assert get_variant("chunked_local").cache_policy(spec).kind == "full"  # a layout in absolute positions
     assert attn_zoo.mask_info(spec, 1, 40).layout.shape == (5, 5)
+
+
+def test_mask_info_refuses_a_count_that_is_not_a_length():
+    """The exported ``attn_zoo.mask_info`` accepted ``Nq=-1`` / ``Nq=0`` and returned a mask of nothing."""
+    for Nq, Nk, name in ((-1, 8, "Nq=-1"), (0, 8, "Nq=0"), (8, 0, "Nk=0"), (2.5, 8, "Nq=2.5"), (True, 8, "Nq=True")):
+        with pytest.raises(ValueError, match=rf"mask_info: {name} must be an integer >= 1"):
+            attn_zoo.mask_info(AttentionSpec(kind="flash"), Nq, Nk)
+    assert attn_zoo.mask_info(AttentionSpec(kind="flash"), 1, 1).Nq == 1

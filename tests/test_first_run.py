@@ -34,3 +34,18 @@ def test_the_verdict_is_said_in_words_beside_the_baseline(capsys):
     bpb = {"metric": "val/bpb", "value": 4.5, "higher_is_better": False, "what": "unigram"}
     train_mod._print_curve_and_verdict([], bpb, {"val/bpb": 2.5})
     assert "learned: val/bpb 2.50 vs 4.50 by unigram" in capsys.readouterr().out
+    # a diverged run (non-finite loss) said "not learned yet" first, the divergence only in a later warning
+    train_mod._print_curve_and_verdict(curve, base, {"val/acc": 0.97, "train/loss": float("nan")},
+                                       diverged=train_mod._nonfinite_losses({"train/loss": float("nan")}))
+    out = capsys.readouterr().out
+    assert "diverged (train/loss=nan): val/acc 0.97 vs 0.50" in out and "learned:" not in out
+
+
+def test_the_gpu_hint_says_where_it_runs(capsys, monkeypatch):
+    """On a machine without CUDA the next-step hint offered trainer=gpu, which is refused there."""
+    base = {"metric": "val/acc", "value": 0.5, "higher_is_better": True, "what": "guessing"}
+    for cuda, want in ((False, "next: on a CUDA machine, a GPU run (python train.py trainer=gpu)"),
+                       (True, "next: a GPU run (python train.py trainer=gpu)")):
+        monkeypatch.setattr(train_mod.torch.cuda, "is_available", lambda c=cuda: c)
+        train_mod._print_curve_and_verdict([], base, {"val/acc": 0.9})
+        assert want in capsys.readouterr().out
