@@ -405,13 +405,6 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             bytes_per_token=dm.bytes_per_token, task=type(dm).__name__, compile=bool(cfg.get("compile", False)),
             total_steps=total_steps, doc_mask=bool(getattr(dm, "model_documents", False)),
         )
-        warmup = int(lit.hparams.warmup_steps)
-        if total_steps and warmup > total_steps:  # cosine_with_warmup caps it: say so, the run is not as written
-            log.warning(f"optim.warmup_steps={warmup} is longer than the LR schedule ({total_steps} steps, "
-                        f"trainer.max_steps{' of the resumed run' if resume is not None else ''}): the warmup ramps "
-                        f"to the full LR over those {total_steps} steps and the cosine decay never runs; pass "
-                        f"optim.warmup_steps < {total_steps} (final_metrics.json records lr_schedule.warmup_steps="
-                        f"{total_steps}, the warmup that ran)")
         start_step, complete, finished = 0, False, None
         if resume is not None:
             try:
@@ -487,7 +480,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             raise RuntimeError(
                 f"training ran 0 optimizer steps (trainer.max_steps={max_steps}, {batches}); check data.seq_len, "
                 f"data.batch_size and trainer.limit_train_batches")
-        if (max_steps > 0 and trainer.global_step < max_steps and not complete
+        if (max_steps > 0 and trainer.global_step < max_steps and not complete and not trainer.fast_dev_run
                 and not (max_epochs > 0 and trainer.current_epoch >= max_epochs)):
             # trainer.max_time, or a callback's trainer.should_stop: the run ends like a finished one, shorter
             log.warning(f"training stopped at step {trainer.global_step} of trainer.max_steps={max_steps} "
@@ -606,15 +599,18 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
         _say(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
     value = metrics.get(key)
-    if value is None or not math.isfinite(value):
+    if diverged:  # a broken model: its metric (NaN or not) beside the baseline says nothing of learning
+        shown = f"{value:.2f}" if value is not None and math.isfinite(value) else str(value)
+        _say(f"diverged ({', '.join(f'{k}={metrics[k]}' for k in diverged)}): {key} {shown} vs "
+             f"{base['value']:.2f} by {base['what']}")
+    elif value is None or not math.isfinite(value):
         return
-    better = value > base["value"] if base["higher_is_better"] else value < base["value"]
-    margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
-    clearly = better and margin >= 0.1 * abs(float(base["value"]))
-    verdict = "learned" if clearly else "not learned yet"
-    if diverged:  # a broken model: its metric beside the baseline says nothing of learning
-        verdict = f"diverged ({', '.join(f'{k}={metrics[k]}' for k in diverged)})"
-    _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
+    else:
+        better = value > base["value"] if base["higher_is_better"] else value < base["value"]
+        margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
+        clearly = better and margin >= 0.1 * abs(float(base["value"]))
+        verdict = "learned" if clearly else "not learned yet"
+        _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
     import importlib.util
 
     try:  # the interactive report where this checkout has it, else the committed tables and figures

@@ -174,17 +174,22 @@ class MaskInfo:
         return BlockTable(kv_idx.to(device), kv_count.to(device), kv_full.to(device), visited.to(device), full.to(device))
 
 
-@derived_cache(256)
 def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys: the terms of its variant's mask
     rule (:mod:`attn_zoo.variants`), with ``causal`` clipping a window's right side to 0. Cached per
     (spec, Nq, Nk): treat the result (and its ``layout``) as read-only. ``ValueError`` for a kind outside the softmax
-    family or ``Nq`` / ``Nk`` not integers >= 1."""
-    from .variants import get_variant, kinds_of
-
+    family or ``Nq`` / ``Nk`` not integers >= 1 (checked before the cache, which takes ``True`` for ``1``)."""
     for name, n in (("Nq", Nq), ("Nk", Nk)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"mask_info: {name}={n!r} must be an integer >= 1 (the number of queries / keys)")
+    return _mask_info(spec, int(Nq), int(Nk))
+
+
+@derived_cache(256)
+def _mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
+    """:func:`mask_info`, cached, its counts checked."""
+    from .variants import get_variant, kinds_of
+
     v = get_variant(spec.kind)
     if v.family != "softmax":
         raise ValueError(f"mask_info needs a softmax kind {kinds_of('softmax')}, got kind={spec.kind!r}")

@@ -804,7 +804,8 @@ def check_sweep_device(cfg: dict) -> None:
 SWEEP_KEYS = ("name", "variants", "backends", "plugins", "exclude", "seq_lens", "head_dims", "n_heads", "kv_heads",
               "causal", "modes", "dtype", "device", "tokens", "batch", "warmup", "rep", "repeats", "seed", "check",
               "check_rows", "check_tol", "deadline_s", "max_point_s", "bench_at_least", "run_last", "verbose_errors",
-              "baseline", "naive", "extra_baselines", "fit_min_seq_len", "ours", "n_boot", "level", "model_sweep")
+              "baseline", "naive", "extra_baselines", "fit_min_seq_len", "ours", "best_metric", "n_boot", "level",
+              "model_sweep")
 """The keys a sweep config (``eval/conf/sweep/<name>.yaml``) may hold: those :func:`run_sweep`, :mod:`eval.crossover`
 and :mod:`eval.best` read. Any other key (``+sweep.seq_len=[32]``, a typo of ``seq_lens``) would be ignored, the
 default sweep run in its place: :func:`check_sweep_config` refuses it."""

@@ -21,6 +21,7 @@ Logged metrics
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import time
 from dataclasses import asdict, fields
@@ -577,6 +578,12 @@ class LitLM(L.LightningModule):
         if not total:
             total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
         warm, mlr = int(self.hparams.warmup_steps), float(self.hparams.min_lr_ratio)
+        if 0 < total <= warm:  # cosine_with_warmup caps the warmup: say so, the run is not as written
+            logging.getLogger(__name__).warning(
+                f"optim.warmup_steps={warm} is not shorter than the LR schedule ({total} steps: trainer.max_steps, "
+                f"or the epochs' batches, or a resumed run's first max_steps): the warmup ramps to the full LR over "
+                f"those {total} steps and the cosine decay never runs; pass optim.warmup_steps < {total} "
+                f"(final_metrics.json records lr_schedule.warmup_steps={total}, the warmup that ran)")
         self.schedule_total_steps = int(total)  # recorded in final_metrics.json (lr_schedule)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, warm, total, mlr))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "train"}}

@@ -122,15 +122,24 @@ def test_settings_that_do_not_act_as_written_are_said_once(tmp_path, caplog):
     assert notes(["attention=linear_favor", "model.redraw_interval=5"]) == []
     assert notes(["model.layers=[linear_favor,flash]", "model.redraw_interval=5"]) == []
     # train.py logs each once, before training
-    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+    with caplog.at_level(logging.WARNING):
         train_mod.train(make_cfg(tmp_path / "run", FAST + ["attention=sliding_window", "attention.window_size=[15,15]",
                                                            "trainer.max_steps=2", "trainer.val_check_interval=2"]))
     assert sum("causal clips the right side" in r.getMessage() for r in caplog.records) == 1
     # a warmup (FAST: 5 steps) longer than the run's 2 steps was capped silently, final_metrics.json saying 5
     (warm,) = [r.getMessage() for r in caplog.records if "optim.warmup_steps" in r.getMessage()]
-    assert warm.startswith("optim.warmup_steps=5 is longer than the LR schedule (2 steps, trainer.max_steps)"), warm
+    assert warm.startswith("optim.warmup_steps=5 is not shorter than the LR schedule (2 steps"), warm
     final = __import__("json").loads((tmp_path / "run" / "final_metrics.json").read_text())
     assert final["lr_schedule"]["warmup_steps"] == 2 and final["result_config"]["optim"]["warmup_steps"] == 5
+    # an epoch-bounded run: the schedule's length (3 batches) is known only when the fit starts
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train_mod.train(make_cfg(tmp_path / "ep", FAST + ["trainer.max_steps=-1", "+trainer.max_epochs=1",
+                                                          "+trainer.limit_train_batches=3"]))
+    assert any(r.getMessage().startswith("optim.warmup_steps=5 is not shorter than the LR schedule (3 steps")
+               for r in caplog.records)
+    assert __import__("json").loads((tmp_path / "ep" / "final_metrics.json").read_text())["lr_schedule"][
+        "warmup_steps"] == 3
 
 
 def test_zero_steps_says_how_many_batches_without_inf(tmp_path):
@@ -150,6 +159,10 @@ def test_a_run_cut_short_by_max_time_says_so(tmp_path, caplog):
     assert 0 < steps < 100000
     (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training stopped at step")]
     assert said.startswith(f"training stopped at step {steps} of trainer.max_steps=100000 (trainer.max_time=")
+    caplog.clear()  # fast_dev_run's one step is what was asked
+    with caplog.at_level(logging.WARNING, logger="attn_zoo.train"):
+        train_mod.train(make_cfg(tmp_path / "dev", FAST + ["+trainer.fast_dev_run=true"]))
+    assert not [r for r in caplog.records if r.getMessage().startswith("training stopped at step")]
 
 
 def test_the_shared_mqar_recipe_is_not_offered_as_an_experiment(tmp_path):

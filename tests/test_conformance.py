@@ -296,8 +296,25 @@ def test_the_plugin_decodes_with_its_own_mask_on_the_triton_kernel():
 
 
 def test_mask_info_refuses_a_count_that_is_not_a_length():
-    """The exported ``attn_zoo.mask_info`` accepted ``Nq=-1`` / ``Nq=0`` and returned a mask of nothing."""
+    """The exported ``attn_zoo.mask_info`` accepted ``Nq=-1`` / ``Nq=0`` and returned a mask of nothing; the check runs
+    before the cache (which takes ``True`` for a cached ``1``)."""
+    attn_zoo.mask_info(AttentionSpec(kind="flash"), 1, 8)  # cached: (spec, True, 8) must still be refused
     for Nq, Nk, name in ((-1, 8, "Nq=-1"), (0, 8, "Nq=0"), (8, 0, "Nk=0"), (2.5, 8, "Nq=2.5"), (True, 8, "Nq=True")):
         with pytest.raises(ValueError, match=rf"mask_info: {name} must be an integer >= 1"):
             attn_zoo.mask_info(AttentionSpec(kind="flash"), Nq, Nk)
     assert attn_zoo.mask_info(AttentionSpec(kind="flash"), 1, 1).Nq == 1
+
+
+
+def test_decode_with_an_empty_slot_sees_nothing_on_every_backend():
+    """A padded batch row with cache_seqlens 0: the torch backend raised through mask_info (Nk=0) where the Triton
+    kernel returns zeros for it."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 1, 16, generator=g)
+    k, v = (torch.randn(2, 2, 8, 16, generator=g) for _ in range(2))
+    lens = torch.tensor([0, 5], dtype=torch.int32)
+    outs = {b: decode_attention(q, k, v, AttentionSpec(kind="flash"), lens, backend=b, check_values=False)
+            for b in ("torch", "triton")}
+    for b, out in outs.items():
+        assert torch.isfinite(out).all() and out[0].abs().max() == 0, b
+    torch.testing.assert_close(outs["torch"], outs["triton"], atol=2e-3, rtol=2e-3)

@@ -113,6 +113,7 @@ def test_every_sweep_configs_keys_are_read():
         assert set(cfg.get("model_sweep") or {}) <= set(MODEL_SWEEP_KEYS), f
     with pytest.raises(ValueError, match=r"check_row=1 is not a key a sweep reads \(did you mean check_rows\?\)"):
         check_sweep_config(dict(TINY, check_row=1))
+    check_sweep_config(dict(TINY, best_metric="fwd_ms"))  # read by eval.best, in no shipped yaml
 
 
 # ------------------------------------------------------------------------------------------------ eval.plots

@@ -39,6 +39,11 @@ def test_the_verdict_is_said_in_words_beside_the_baseline(capsys):
                                        diverged=train_mod._nonfinite_losses({"train/loss": float("nan")}))
     out = capsys.readouterr().out
     assert "diverged (train/loss=nan): val/acc 0.97 vs 0.50" in out and "learned:" not in out
+    nan = float("nan")  # a diverged LM run: its headline metric is NaN too; it printed no verdict at all
+    train_mod._print_curve_and_verdict([], bpb, {"val/bpb": nan, "val/loss": nan, "train/loss": nan},
+                                       diverged=["train/loss", "val/loss"])
+    out = capsys.readouterr().out
+    assert "diverged (train/loss=nan, val/loss=nan): val/bpb nan vs 4.50 by unigram" in out and "next:" in out
 
 
 def test_the_gpu_hint_says_where_it_runs(capsys, monkeypatch):

@@ -146,14 +146,15 @@ def decode_attention_reference(q, k_cache, v_cache, spec, cache_seqlens, block_t
 def _rows_mask(spec: AttentionSpec, Nq: int, L: int, width: int, device: str) -> torch.Tensor:
     """``(Nq, width)`` bool: the ``mask_info(spec, Nq, L)`` rule, False past ``L``."""
     m = torch.zeros(Nq, width, dtype=torch.bool, device=device)
-    m[:, :L] = mask_info(spec, Nq, L).dense(device)
+    if L > 0:  # an empty slot (cache_seqlens 0, a padded batch row) sees nothing
+        m[:, :L] = mask_info(spec, Nq, L).dense(device)
     return m
 
 
 @derived_cache(256)
 def _sees_all(spec: AttentionSpec, Nq: int, L: int, width: int) -> bool:
     """Whether the ``Nq`` queries of a sequence of ``L`` tokens see every one of ``width`` cache slots."""
-    return L == width and bool(mask_info(spec, Nq, L).dense("cpu").any(0).all())
+    return L == width and L > 0 and bool(mask_info(spec, Nq, L).dense("cpu").any(0).all())
 
 
 def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table=None, cache_leftpad=None):
