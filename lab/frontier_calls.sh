@@ -44,7 +44,7 @@
 # ~200 s for 7, ~450 s for 10, ~150 / ~170 s for 11 / 12; call 3 ~120 s more with its tests): 1, 5 x 3, 9 first (call
 # 1 installs .whl, which the test collection of 6, 9, 10 needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to
 # start after two refusals that cost ~270 s): 1 (307 s), 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0
-# (11 s: FA4's part 2 only), 3 (334 s). Twenty-sixth (H100 after eight refusals that cost 916 s): 5 x 3 (16 / 14 /
+# (11 s: FA4's part 2 only), 3 (334 s). Twenty-sixth (H100 after nine refusals that cost 916 s): 5 x 3 (16 / 14 /
 # 12 s), 12 (135 s), 11 (92 s, FA4 not installed), 10 with PYTEST_S=230 (393 s). Next, with the branch
 # auto-bwd-39-d128 checked out (git merge main into it first): 1, 5 x 3, 9 (its tests and timing decide the merge),
 # 10, 2 (TAYLOR_S=0 ELU_S=0), 3, 4.
