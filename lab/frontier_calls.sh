@@ -45,9 +45,10 @@
 # 1 installs .whl, which the test collection of 6, 9, 10 needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to
 # start after two refusals that cost ~270 s): 1 (307 s), 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0
 # (11 s: FA4's part 2 only), 3 (334 s). Twenty-sixth (H100 after nine refusals that cost 916 s): 5 x 3 (16 / 14 /
-# 12 s), 12 (135 s), 11 (92 s, FA4 not installed), 10 with PYTEST_S=230 (393 s). Next, with the branch
-# auto-bwd-39-d128 checked out (git merge main into it first): 1, 5 x 3, 9 (its tests and timing decide the merge),
-# 10, 2 (TAYLOR_S=0 ELU_S=0), 3, 4.
+# 12 s), 12 (135 s), 11 (92 s, FA4 not installed), 10 with PYTEST_S=230 (393 s). Next, with
+# lab/pending/auto-bwd-39-d128.patch applied (`git am`: the branch's five commits; branches do not outlive a
+# session): 1, 5 x 3, 9 with WHERE39_S=0 (its tests and timing decide whether it stays), 10, 2 (TAYLOR_S=0
+# ELU_S=0), 3, 4.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -232,9 +233,9 @@ case $call in
         -k "auto_runs_gluon or auto_bwd_runs"
     done ;;
   9)
-    # "auto" on triton 3.9 as the checked-out code resolves it (main: the Gluon forward, the Triton backward; the
-    # branch auto-bwd-39-d128: the Gluon backward at D 128, GLUON_AUTO_BWD_TRITON by head dim): the README's
-    # train.py trainer=gpu, the Gluon GPU tests ("auto" first, then every one: WHERE39_S=0 skips the kernel timing
+    # "auto" on triton 3.9 as the checked-out code resolves it (main: the Gluon forward, the Triton backward;
+    # lab/pending/auto-bwd-39-d128.patch: the Gluon backward at D 128, GLUON_AUTO_BWD_TRITON by head dim): the
+    # README's train.py trainer=gpu, the Gluon GPU tests ("auto" first, then every one: WHERE39_S=0 skips the kernel timing
     # below), and ours against the Triton backward (ours_triton_bwd), Triton alone, the Gluon backward at D 64
     # (ours_gluon_bwd_2c) and cuDNN
     need39
