@@ -45,12 +45,7 @@ def top_level_keys(config_name: str) -> list:
 def check_top_level_keys(config_name: str, cfg) -> None:
     """Every top-level key of the composed ``cfg`` is one of :func:`top_level_keys` (what the ``eval`` module reads);
     else ``ValueError`` naming the key, the closest known key and all of them."""
-    import difflib
+    from harness.config import check_known_keys
 
-    known = top_level_keys(config_name)
-    for key in cfg:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, 1)
-            raise ValueError(f"{key}={cfg.get(key)!r} is not a key eval.{config_name} reads"
-                             f"{' (did you mean ' + close[0] + '?)' if close else ''}; top-level keys: "
-                             f"{', '.join(known)} (a group's key is set under it, e.g. sweep.seq_lens=[64,128])")
+    check_known_keys(cfg, top_level_keys(config_name), f"eval.{config_name}", "top-level keys",
+                     " (a group's key is set under it, e.g. sweep.seq_lens=[64,128])")

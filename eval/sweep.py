@@ -815,18 +815,6 @@ MODEL_SWEEP_KEYS = ("enabled", "name", "variants", "backends", "plugins", "seq_l
 refuses any other."""
 
 
-def check_known_keys(cfg: dict, known, what: str) -> None:
-    """Each key of ``cfg`` is one of ``known``; else ``ValueError`` naming the key, the closest known one and all of
-    them (``what`` says whose keys they are). An unread key was ignored silently."""
-    import difflib
-
-    for key in cfg:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), 1)
-            raise ValueError(f"{key}={cfg[key]!r} is not a key {what} reads"
-                             f"{' (did you mean ' + close[0] + '?)' if close else ''}; allowed keys: {', '.join(known)}")
-
-
 def check_sweep_config(cfg: dict) -> None:
     """The axes and settings of a kernel sweep, before anything runs or is written: every key one of
     :data:`SWEEP_KEYS`, ``seq_lens`` / ``head_dims``
@@ -836,6 +824,8 @@ def check_sweep_config(cfg: dict) -> None:
     (bad values failed deep inside the run, or measured nothing and failed in a plot)."""
     def whole(x, lo):
         return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+    from harness.config import check_known_keys
 
     check_known_keys(cfg, SWEEP_KEYS, "a sweep")
     for key in ("seq_lens", "head_dims"):
@@ -998,6 +988,8 @@ def check_model_sweep_config(cfg: dict) -> None:
     """The settings of a model sweep before it runs: ``seq_lens`` integers >= 1, ``dtype`` of ``_DTYPES``,
     ``backends`` ``auto`` or registered (after its ``plugins``), ``variants`` valid specs. ``ValueError`` naming the
     key and the allowed values; a key not in :data:`MODEL_SWEEP_KEYS` too."""
+    from harness.config import check_known_keys
+
     check_known_keys(cfg, MODEL_SWEEP_KEYS, "a model sweep")
     vals = _as_list(cfg.get("seq_lens"))
     if not vals or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in vals):

@@ -383,20 +383,27 @@ def top_level_keys() -> List[str]:
     return keys + ["plugins", "hydra"]
 
 
+def check_known_keys(cfg, known, what: str, listed: str = "allowed keys", hint: str = "") -> None:
+    """Each key of the mapping ``cfg`` is one of ``known``, else ``ValueError``: ``<key>=<value> is not a key <what>
+    reads (did you mean <closest>?); <listed>: <known but hydra><hint>``. A key no code reads was ignored silently
+    (``+sed=1``, a typo of ``seed``). Shared by ``train.py``'s top-level keys and the ``eval`` CLIs' and sweeps'."""
+    import difflib
+
+    for key in cfg.keys():
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), list(known), 1)
+        raise ValueError(f"{key}={cfg.get(key)!r} is not a key {what} reads"
+                         f"{' (did you mean ' + close[0] + '?)' if close else ''}; {listed}: "
+                         f"{', '.join(k for k in known if k != 'hydra')}{hint}")
+
+
 def check_top_level_keys(cfg: DictConfig) -> None:
     """Every top-level key of ``cfg`` is one ``train.py`` reads (:func:`top_level_keys`): ``+sed=1`` (a typo of
     ``seed``) or ``+foo=1`` was accepted and ignored. Raises ``ValueError`` naming the key, the closest known key
     and the keys ``train.py`` reads."""
-    import difflib
-
-    known = top_level_keys()
-    for key in cfg.keys():
-        if key in known:
-            continue
-        close = difflib.get_close_matches(str(key), known, 1)
-        raise ValueError(f"{key}={cfg.get(key)!r} is not a key train.py reads{' (did you mean ' + close[0] + '?)' if close else ''}"
-                         f"; top-level keys: {', '.join(k for k in known if k != 'hydra')} (a group's key is "
-                         f"set under it, e.g. trainer.max_steps=1000, +model.<key>=...)")
+    check_known_keys(cfg, top_level_keys(), "train.py", "top-level keys",
+                     " (a group's key is set under it, e.g. trainer.max_steps=1000, +model.<key>=...)")
 
 
 def lightning_precisions() -> List:
