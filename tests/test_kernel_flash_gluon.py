@@ -419,17 +419,22 @@ def test_missing_gluon_refused_by_name_and_auto_falls_back(monkeypatch):
 
 def test_auto_takes_gluon_only_on_the_triton_versions_it_was_measured_on(monkeypatch):
     """Gluon's API moves between triton versions: "auto" takes the Gluon forward only on GLUON_AUTO_TRITON (3.6,
-    3.9) and the Gluon backward only on GLUON_AUTO_BWD_TRITON (3.6: on 3.9 its lead over Triton's was within the
-    noise), whatever the import says; the backward's versions are a subset of the forward's, and a version change
-    reaches gluon_bwd_available without clearing its cache (it has none)."""
+    3.9) and the Gluon backward only on GLUON_AUTO_BWD_TRITON, at its head dims (3.6: D 64 and 128; 3.9: D 128, where
+    it led the Triton backward; at D 64 its lead was within the noise), whatever the import says; the backward's
+    versions are a subset of the forward's, and a version change reaches gluon_bwd_available without clearing its
+    cache (it has none)."""
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)  # the import "succeeds" on every version
     assert set(G.GLUON_AUTO_BWD_TRITON) <= set(G.GLUON_AUTO_TRITON)
+    assert all(set(d) <= set(G.GLUON_BWD_HEAD_DIMS) for d in G.GLUON_AUTO_BWD_TRITON.values())
     try:
-        for version, fwd, bwd in (((3, 6), True, True), ((3, 9), True, False), ((3, 5), False, False),
-                                  ((3, 7), False, False), ((4, 0), False, False)):
+        for version, fwd, bwd, d64, d128 in (((3, 6), True, True, True, True), ((3, 9), True, True, False, True),
+                                             ((3, 5), False, False, False, False), ((3, 7), False, False, False, False),
+                                             ((4, 0), False, False, False, False)):
             G.gluon_available.cache_clear()
             monkeypatch.setattr(G, "_triton_version", lambda v=version: v)
             assert (G.gluon_available(), G.gluon_bwd_available()) == (fwd, bwd), version
+            assert (G.gluon_bwd_available(64), G.gluon_bwd_available(128), G.gluon_bwd_available(96)) == \
+                (d64, d128, False), version
     finally:
         G.gluon_available.cache_clear()
 
@@ -479,7 +484,7 @@ def _all_hold(monkeypatch, hopper=True, gluon=True, interpret=False):
         monkeypatch.setattr(G, "_hopper", lambda device: hopper)
     if gluon is not None:
         monkeypatch.setattr(G, "gluon_available", lambda: gluon)
-        monkeypatch.setattr(G, "gluon_bwd_available", lambda: gluon)
+        monkeypatch.setattr(G, "gluon_bwd_available", lambda D=None: gluon)
 
 
 def test_auto_is_triton_on_cpu_tensors():
@@ -701,7 +706,7 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
         assert bf.ours_bwd_impl("ours_gluon_dq", spec, q, k, v) == "gluon"
     causal = AttentionSpec(**bf.VARIANTS["causal"])
     assert bf.ours_bwd_impl("ours", causal, *_fake_qkv(Nq=1024, Nk=1024)) == "triton"  # below the pairs threshold
-    monkeypatch.setattr(G, "gluon_bwd_available", lambda: False)  # a triton outside GLUON_AUTO_BWD_TRITON
+    monkeypatch.setattr(G, "gluon_bwd_available", lambda D=None: False)  # a triton outside GLUON_AUTO_BWD_TRITON
     assert bf.ours_bwd_impl("ours", causal, q, k, v) == "triton"
     assert bf.ours_fwd_impl("ours", causal, q, k, v) == "gluon_ws3a"  # the forward asks gluon_available alone
     cpu = _qkv(1, 2, 2, 16, 16, 128, device="cpu")[:3]

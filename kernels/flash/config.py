@@ -141,7 +141,8 @@ class FlashConfig:
             Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton", gluon_bwd_consumers=2``: with the
             Triton dQ 1.01-1.05x the Triton backward at N 4k / 16k on the H200, 2026-12-04; the Gluon dQ 1.04-1.09x
             more at D 128, 2026-12-05; docs/kernels.md) on a triton of ``kernels.flash.gluon.GLUON_AUTO_BWD_TRITON``
-            (3.6: 3.9's build of it ran 8 % slower, no clear lead over Triton's, 2026-12-06), else ``"triton"``;
+            at the head dims listed there (3.6: D 64 / 128; 3.9: D 128, 1.03-1.05x the Triton backward at 16k and
+            full 4k on an H100, 2026-12-06; its D 64 build had no lead), else ``"triton"``;
             never raises),
             ``"triton"`` (bwd.py, every mask, ``dq_mode`` / ``dkdv_split`` apply) or ``"gluon"`` (:func:`kernels.flash.gluon.gluon_flash_bwd`, FA3's backward layout on Hopper:
             one program per key tile holding K, V, dK, dV on chip, Q / dO streamed by TMA, dQ as ``gluon_bwd_dq``

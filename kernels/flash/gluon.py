@@ -158,12 +158,18 @@ other version ``"auto"`` keeps the Triton forward; an explicit ``fwd_impl="gluon
 2026-12-06 (``results/h100/2026-12-06e``, torch 2.11): on triton 3.9 the Gluon GPU tests 593 of 595 passed (the two
 others asserted 3.6's ``"auto"``), the Gluon forward D 128 1.13-1.18x the Triton forward (3.6: 1.11-1.23x)."""
 
-GLUON_AUTO_BWD_TRITON = ((3, 6),)
-"""The triton versions ``"auto"`` takes the Gluon backward on (a subset of :data:`GLUON_AUTO_TRITON`). H100,
-2026-12-06 (``results/h100/2026-12-06e``, calls 6 and 8): on triton 3.9 the same Gluon backward (D 128, backward
-alone) ran 0.96-1.08x the Triton backward over three readings (causal 0.99-1.03x; on 3.6 1.09-1.15x): 3.9 builds it
-8 % slower than 3.6 does, with 3.9's ptxas or 3.6's. No clear lead, and its D 64 form untimed there, so ``"auto"``
-keeps the Triton backward on 3.9 (docs/kernels.md: what differs in the compiled code)."""
+GLUON_AUTO_BWD_TRITON = {(3, 6): (64, 128), (3, 9): (128,)}
+"""The triton versions ``"auto"`` takes the Gluon backward on (keys: a subset of :data:`GLUON_AUTO_TRITON`), each with
+the head dims it takes it at. H100 80GB (no H200 was lent), torch 2.11, forward+backward, bf16, 16k tokens per call,
+one process:
+
+* 3.9, D 128: the Gluon backward (two consumers, Gluon dQ: what 3.6 runs) against the Triton backward, causal 4k /
+  16k, full 4k / 16k: 0.99 / 1.03 / 1.04 / 1.05x (backward alone 1.02 / 1.03 / 1.05 / 1.09x; 5 rounds,
+  ``results/h100/2026-12-06g/12``); kernel by kernel 1.03 / 1.07x (causal 16k / full 4k, ``results/h100/
+  2026-12-06f/9``).
+* 3.9, D 64: the Gluon backward (Triton dQ) 0.98 / 0.98 / 1.02 / 1.00x the Triton one (same run): no lead, so the
+  Triton backward. 3.9 builds the Gluon backward ~8 % slower than 3.6 does (``results/h100/2026-12-06e``, calls 6
+  and 8; docs/kernels.md: what differs in the compiled code); on 3.6 it leads at both head dims."""
 
 
 def _triton_version() -> tuple:
@@ -185,11 +191,12 @@ def gluon_available() -> bool:
     return True
 
 
-def gluon_bwd_available() -> bool:
-    """Whether ``"auto"`` may take the Gluon backward: :func:`gluon_available` (cached) and a triton version in
-    :data:`GLUON_AUTO_BWD_TRITON` (read at every call)."""
+def gluon_bwd_available(D: Optional[int] = None) -> bool:
+    """Whether ``"auto"`` may take the Gluon backward (at head dim ``D``; ``None``: at any): :func:`gluon_available`
+    (cached) and a triton version in :data:`GLUON_AUTO_BWD_TRITON` (read at every call) whose head dims hold ``D``."""
     try:
-        return _triton_version() in GLUON_AUTO_BWD_TRITON and gluon_available()
+        dims = GLUON_AUTO_BWD_TRITON.get(_triton_version())
+        return dims is not None and (D is None or D in dims) and gluon_available()
     except Exception:
         return False
 
@@ -433,8 +440,8 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     """The backward kernel a call with ``config`` runs: ``config.bwd_impl`` unless it is ``"auto"``, which gives
     ``"gluon"`` (run with :data:`AUTO_GLUON_BWD`) when :func:`auto_bwd_shape_ok` holds, ``q`` is on a Hopper CUDA
     device, not under ``TRITON_INTERPRET=1``, and Gluon imports with the Hopper API on a triton that ``"auto"`` runs
-    the Gluon backward on (:func:`gluon_bwd_available`), else ``"triton"``. Arguments as :func:`choose_fwd_impl`'s.
-    Never raises for ``"auto"``."""
+    the Gluon backward on at this head dim (:func:`gluon_bwd_available`), else ``"triton"``. Arguments as
+    :func:`choose_fwd_impl`'s. Never raises for ``"auto"``."""
     impl = config.bwd_impl
     if impl != "auto":
         return impl
@@ -442,7 +449,7 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return "triton"
     if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs):
         return "triton"
-    if not _hopper(q.device) or not gluon_bwd_available():
+    if not _hopper(q.device) or not gluon_bwd_available(q.shape[3]):
         return "triton"
     return "gluon"
 
