@@ -487,6 +487,19 @@ def _all_hold(monkeypatch, hopper=True, gluon=True, interpret=False):
         monkeypatch.setattr(G, "gluon_bwd_available", lambda D=None: gluon)
 
 
+def test_auto_backward_on_triton_39_takes_gluon_at_d128_only(monkeypatch):
+    """GLUON_AUTO_BWD_TRITON by head dim: choose_bwd_impl passes q's head dim, so on 3.9 "auto" runs the Gluon
+    backward at D 128 and the Triton one at D 64 (3.6: both); the real gluon_bwd_available, the import faked."""
+    _all_hold(monkeypatch, gluon=None)
+    monkeypatch.setattr(G, "gluon_available", lambda: True)
+    for version, want in (((3, 9), {128: "gluon", 64: "triton"}), ((3, 6), {128: "gluon", 64: "gluon"}),
+                          ((3, 7), {128: "triton", 64: "triton"})):
+        monkeypatch.setattr(G, "_triton_version", lambda v=version: v)
+        for D, impl in want.items():
+            q, k, v = _fake_qkv(Hkv=8, D=D)  # MHA, 6000 x 6000: past GLUON_BWD_AUTO_MIN_PAIRS
+            assert G.choose_bwd_impl(FlashConfig(), q, k, v, -1, 0) == impl, (version, D)
+
+
 def test_auto_is_triton_on_cpu_tensors():
     """Real CPU tensors (and the interpreter CI runs): "auto" is "triton" at any size, and the default config's
     forward is the Triton one's, bit for bit."""
