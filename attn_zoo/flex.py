@@ -10,10 +10,13 @@ them run the same compiled function and the same block mask:
 * :func:`flex_block_mask` -- a ``BlockMask`` from :meth:`attn_zoo.masks.MaskInfo.allowed`, the element rule
   every backend shares (bottom-right alignment when ``Nq != Nk``); ``None`` for full attention. Cached.
 * :func:`flex_document_block_mask` -- the same rule AND one document (packed documents, ``doc_ids``).
+* :func:`flex_decoding_unsupported` -- why this torch's Flex decoding kernel (queries < 128) cannot compile with
+  the installed triton, or ``None``.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import replace
 from typing import Optional
@@ -23,7 +26,8 @@ import torch
 from .masks import MaskInfo, mask_info
 from .registry import _DERIVED, derived_cache
 
-__all__ = ["compiled_flex_attention", "flex_block_mask", "flex_document_block_mask", "allow_retain_graph"]
+__all__ = ["compiled_flex_attention", "flex_block_mask", "flex_document_block_mask", "allow_retain_graph",
+           "flex_decoding_unsupported"]
 
 _COMPILED = {}
 _LIMITS = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
@@ -50,6 +54,53 @@ def compiled_flex_attention(device_type: str = "cuda", kernel_backend: str = "AU
         else:
             _COMPILED[key] = flex_attention
     return _COMPILED[key]
+
+
+FLEX_DECODING_MAX_NQ = 128  # torch's inductor takes its Flex decoding template for fewer queries than this
+
+
+def _templates_use_block_ptr(root: str) -> bool:
+    """Whether a Flex decoding template under ``root`` (torch's ``_inductor/kernel/flex``) calls
+    ``tl.make_block_ptr``."""
+    import os
+
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if "decod" in name and name.endswith((".py", ".jinja")):
+                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                    if "make_block_ptr" in f.read():
+                        return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def flex_decoding_unsupported() -> Optional[str]:
+    """Why compiled FlexAttention cannot run fewer than :data:`FLEX_DECODING_MAX_NQ` queries here, or ``None``.
+
+    For short queries torch's inductor compiles its Flex *decoding* template. In torch 2.11 that template builds
+    ``tl.make_block_ptr`` block pointers, which triton 3.9 removed (its ``make_block_ptr`` only raises): such a
+    pair fails at compile time with ``InductorError: ... Block pointers have been removed``. ``pip install torch``
+    brings the triton torch was built with (2.11: 3.6), so only a triton installed over torch's pin meets this.
+    Returns a one-line reason naming both versions, else ``None`` (also when torch or triton is missing: the
+    caller's own availability check names those).
+    """
+    import os
+
+    try:
+        import triton
+        import triton.language as tl
+        import torch._inductor.kernel as kernels
+    except ImportError:
+        return None
+    stub = getattr(tl, "make_block_ptr", None)
+    if stub is not None and "removed" not in (getattr(stub, "__doc__", None) or ""):
+        return None  # this triton still has block pointers
+    root = os.path.join(os.path.dirname(kernels.__file__), "flex")
+    if not (os.path.isdir(root) and _templates_use_block_ptr(root)):
+        return None
+    return (f"torch {torch.__version__}'s Flex decoding kernel (fewer than {FLEX_DECODING_MAX_NQ} queries) uses "
+            f"tl.make_block_ptr, which triton {triton.__version__} removed: install the triton this torch was built "
+            f"with (pip install torch brings it), or pass {FLEX_DECODING_MAX_NQ} or more queries")
 
 
 def allow_retain_graph() -> None:

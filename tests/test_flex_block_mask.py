@@ -121,3 +121,47 @@ def test_gpu_flex_layout_lists_forward_and_grads(backend, pattern, causal, Nq, N
     for name, a, b, c in zip(("dq", "dk", "dv"), g_out, g_low, g_ref):
         assert torch.isfinite(a).all(), name
         assert (a.float() - c).abs().max() <= 3 * (b.float() - c).abs().max() + 1e-3, name
+
+
+def test_flex_decoding_refused_where_its_template_needs_removed_block_pointers(tmp_path, monkeypatch):
+    """torch 2.11's Flex decoding template (queries < 128) calls ``tl.make_block_ptr``, which triton 3.9 removed
+    (H100, results/h100/2026-12-06h/10: ``InductorError ... Block pointers have been removed``): the ``flex`` backend
+    names the pair for short queries instead of failing in the compiler; a triton with block pointers, or templates
+    without them, are fine."""
+    import types
+
+    import triton.language as tl
+
+    from attn_zoo import flex as F
+    from attn_zoo.backends.torch_anchors import _flex_supports
+
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "flex_attention.py.jinja").write_text("p = tl.make_block_ptr(base=X)\n")
+    assert not F._templates_use_block_ptr(str(tmp_path))  # only a decoding template counts
+    (tmp_path / "templates" / "flex_decode.py.jinja").write_text("M_block_ptr = tl.make_block_ptr(base=M)\n")
+    assert F._templates_use_block_ptr(str(tmp_path))
+
+    def removed(*a, **kw):
+        """Block pointers have been removed. Use a tensor descriptor instead."""
+        raise NotImplementedError
+
+    def present(*a, **kw):
+        """Returns a pointer to a block in a parent tensor."""
+
+    spec = AttentionSpec(kind="flash")
+    cuda = types.SimpleNamespace(type="cuda")
+    cuda_q = types.SimpleNamespace(is_cuda=True, device=cuda, dtype=torch.bfloat16, shape=(1, 4, 35, 64))
+    long_q = types.SimpleNamespace(is_cuda=True, device=cuda, dtype=torch.bfloat16, shape=(1, 4, 128, 64))
+    for stub, uses, refused in ((removed, True, True), (present, True, False), (removed, False, False)):
+        monkeypatch.setattr(tl, "make_block_ptr", stub)
+        monkeypatch.setattr(F, "_templates_use_block_ptr", lambda root, uses=uses: uses)
+        F.flex_decoding_unsupported.cache_clear()
+        why = F.flex_decoding_unsupported()
+        assert (why is not None) == refused
+        assert _flex_supports(cuda_q, None, None, spec, False) == why
+        assert _flex_supports(long_q, None, None, spec, False) is None  # 128 queries: not the decoding kernel
+        if refused:
+            import triton
+
+            assert f"torch {torch.__version__}" in why and f"triton {triton.__version__}" in why and "128" in why
+    F.flex_decoding_unsupported.cache_clear()
