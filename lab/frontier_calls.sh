@@ -45,10 +45,11 @@
 # 1 installs .whl, which the test collection of 6, 9, 10 needs), then 2, 3, 4. Twenty-fifth session (H100, ~200 s to
 # start after two refusals that cost ~270 s): 1 (307 s), 5 x 3 (11 s each), 9 (183 s), 2 with TAYLOR_S=0 ELU_S=0
 # (11 s: FA4's part 2 only), 3 (334 s). Twenty-sixth (H100 after nine refusals that cost 916 s): 5 x 3 (16 / 14 /
-# 12 s), 12 (135 s), 11 (92 s, FA4 not installed), 10 with PYTEST_S=230 (393 s). Next, with
-# lab/pending/auto-bwd-39-d128.patch applied (`git am`: the branch's five commits; branches do not outlive a
-# session): 1, 5 x 3, 9 with WHERE39_S=0 (its tests and timing decide whether it stays), 10, 2 (TAYLOR_S=0
-# ELU_S=0), 3, 4.
+# 12 s), 12 (135 s), 11 (92 s, FA4 not installed), 10 with PYTEST_S=230 (393 s). Twenty-seventh (H100 on the
+# first try): 1 (386 s), 5 x 3 (15-17 s), 9 with WHERE39_S=0 GLUON39_S=170 AUTO39_S=120 (383 s), 10 with PYTEST_S=180
+# (219 s), 2 with TAYLOR_S=0 ELU_S=0 (16 s), 3 with SOFTMAX_BUDGET_S=250 (367 s); call 4 did not fit. Next: 1, 2
+# (TAYLOR_S=0 ELU_S=0), 3, 4 (the anchors with FA4), then 5 x 3 and 10 (the 3.9 suite: the Flex decoding test now
+# skips with its reason there).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -233,8 +234,8 @@ case $call in
         -k "auto_runs_gluon or auto_bwd_runs"
     done ;;
   9)
-    # "auto" on triton 3.9 as the checked-out code resolves it (main: the Gluon forward, the Triton backward;
-    # lab/pending/auto-bwd-39-d128.patch: the Gluon backward at D 128, GLUON_AUTO_BWD_TRITON by head dim): the
+    # "auto" on triton 3.9 as the checked-out code resolves it (the Gluon forward; the Gluon backward at D 128 and
+    # the Triton one at D 64, GLUON_AUTO_BWD_TRITON by head dim since the 27th, results/h100/2026-12-06h/9): the
     # README's train.py trainer=gpu, the Gluon GPU tests ("auto" first, then every one: WHERE39_S=0 skips the kernel timing
     # below), and ours against the Triton backward (ours_triton_bwd), Triton alone, the Gluon backward at D 64
     # (ours_gluon_bwd_2c) and cuDNN
