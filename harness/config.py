@@ -494,6 +494,7 @@ def check_trainer_options(trainer: DictConfig) -> None:
             raise ValueError(f"trainer.accelerator={accelerator!r} is not available on this machine; available "
                              f"here: {here}")
     on_cpu = accelerator == "cpu" or (accelerator in ("auto", None) and not torch.cuda.is_available())
+    _check_devices(trainer.get("devices", "auto"), on_cpu)
     if on_cpu and str(precision) in ("16-mixed", "16"):  # Lightning runs bf16-mixed there, the config saying fp16
         raise ValueError(f"trainer.precision={precision!r}: fp16 mixed precision runs on CUDA only (on the CPU "
                          f"Lightning would train bf16-mixed instead); allowed values here: auto (32-true on the CPU), "
@@ -507,6 +508,36 @@ def check_trainer_options(trainer: DictConfig) -> None:
             close = difflib.get_close_matches(strategy, names, 1)
             raise ValueError(f"trainer.strategy={strategy!r} is not supported{' (did you mean ' + close[0] + '?)' if close else ''}; "
                              f"allowed values: auto, {', '.join(names)}")
+
+
+def _check_devices(devices, on_cpu: bool) -> None:
+    """``trainer.devices`` as Lightning takes it (``devices=0`` / ``abc`` / ``[]`` raised ``MisconfigurationException``
+    / ``TypeError`` with a traceback when the Trainer was built): ``auto``, a positive integer (or its string), and
+    off the CPU also -1 (every visible GPU) or a non-empty list of distinct GPU indices (a list or ``"0,1"``)."""
+    def count(v) -> bool:  # a number of devices
+        return (_is_int(v) and v >= 1) or (isinstance(v, str) and v.strip().isdigit() and int(v) >= 1)
+
+    def indices(v) -> bool:  # GPU indices
+        if isinstance(v, str):
+            v = [p for p in v.split(",") if p.strip()] if "," in v else None
+            if v is None or not all(p.strip().isdigit() for p in v):
+                return False
+            v = [int(p) for p in v]
+        elif not (OmegaConf.is_list(v) or isinstance(v, (list, tuple))):
+            return False
+        v = list(v)
+        return bool(v) and all(_is_int(i) and i >= 0 for i in v) and len(set(v)) == len(v)
+
+    if devices in ("auto", None) or count(devices):
+        return
+    if not on_cpu and (devices in (-1, "-1") or indices(devices)):
+        return
+    shown = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
+    allowed = ("auto or a positive integer (the processes to run on the CPU)" if on_cpu else
+               "auto, a positive integer (the number of GPUs), -1 (every visible GPU) or a non-empty list of "
+               "distinct GPU indices (e.g. [0,1])")
+    raise ValueError(f"trainer.devices={shown!r} is not supported{' on the CPU' if on_cpu else ''}; allowed values: "
+                     f"{allowed}")
 
 
 def _world_size(trainer: DictConfig) -> int:

@@ -44,6 +44,12 @@ from test_train import CONF, FAST, ROOT, make_cfg
     # was "RuntimeError: training ran 0 optimizer steps (..., inf training batches per epoch)" after the run started
     ("+trainer.limit_train_batches=0", r"^trainer\.limit_train_batches=0: must be an integer >= 1 .*\(0 would train "
                                        r"no step\)$"),
+    # were Lightning's MisconfigurationException / TypeError with a traceback, not naming trainer.devices
+    pytest.param("trainer.devices=0", r"^trainer\.devices=0 is not supported on the CPU; allowed values: auto or a "
+                                      r"positive integer", marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                                                                     reason="CPU only")),
+    ("trainer.devices=abc", r"^trainer\.devices='abc' is not supported.*; allowed values: auto"),
+    ("trainer.devices=[]", r"^trainer\.devices=\[\] is not supported.*; allowed values: auto"),
     ("+foo=1", r"^foo=1 is not a key train\.py reads; top-level keys: seed, .*trainer, logger, plugins"),
     ("+sed=1", r"^sed=1 is not a key train\.py reads \(did you mean seed\?\)"),
 ])
@@ -57,7 +63,8 @@ def test_bad_trainer_and_top_level_keys_are_config_errors_before_anything_is_wri
 def test_good_trainer_values_and_every_experiment_pass(tmp_path):
     for override in ("trainer.precision=32-true", "trainer.precision=bf16-mixed", "trainer.precision=32",
                      "trainer.accelerator=cpu", "trainer=ddp", "+trainer.strategy=ddp_spawn",
-                     "+trainer.fast_dev_run=true", "+plugins=[]"):
+                     "+trainer.fast_dev_run=true", "+plugins=[]", "trainer.devices=1", "trainer.devices=auto",
+                     "trainer.devices=2"):
         cfg = make_cfg(tmp_path, FAST + [override])
         check_top_level_keys(cfg)
         check_trainer_options(cfg.trainer)
