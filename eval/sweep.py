@@ -836,12 +836,12 @@ def check_sweep_config(cfg: dict) -> None:
     if not whole(H, 1):
         raise ValueError(f"n_heads={H!r}: must be an integer >= 1")
     kv = _as_list(cfg.get("kv_heads", [None]))
-    if not all(x is None or (whole(x, 1) and H % x == 0) for x in kv):
-        raise ValueError(f"kv_heads={kv!r}: each entry must be null (= n_heads) or an integer >= 1 that divides "
-                         f"n_heads={H}")
+    if not kv or not all(x is None or (whole(x, 1) and H % x == 0) for x in kv):
+        raise ValueError(f"kv_heads={kv!r}: must be a non-empty list, each entry null (= n_heads) or an integer "
+                         f">= 1 that divides n_heads={H}")
     causal = _as_list(cfg.get("causal", [True]))
-    if not all(isinstance(c, bool) for c in causal):
-        raise ValueError(f"causal={causal!r}: must be a list of true / false")
+    if not causal or not all(isinstance(c, bool) for c in causal):  # []: no point, a sweep that measured nothing
+        raise ValueError(f"causal={causal!r}: must be a non-empty list of true / false")
     modes = _as_list(cfg.get("modes", list(MODES)))
     if not modes or not all(m in MODES for m in modes):
         raise ValueError(f"modes={modes!r}: allowed values: {', '.join(MODES)}")
@@ -857,7 +857,13 @@ def check_sweep_config(cfg: dict) -> None:
             raise ValueError(f"{key}={cfg[key]!r}: must be an integer >= {lo}")
     if cfg.get("batch") is not None and not whole(cfg["batch"], 1):
         raise ValueError(f"batch={cfg['batch']!r}: must be null (tokens // N) or an integer >= 1")
+    for key, what in (("max_point_s", "no limit"), ("deadline_s", "no deadline")):  # -1 cut every series / the
+        val = cfg.get(key)  # whole sweep at its first point; 0 meant no limit: both silently
+        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 < val < math.inf):
+            raise ValueError(f"{key}={val!r}: must be null ({what}) or a number of seconds > 0")
     known = list(BENCH_BACKENDS)  # after sweep_backends imported the plugins (their backends are registered)
+    if not sweep_backends(cfg):  # backends=[]: no point, a sweep that measured nothing and exited 0
+        raise ValueError(f"backends=[]: the sweep names no backend; allowed values: all, {', '.join(known)}")
     bad = [b for b in sweep_backends(cfg) if b not in known]
     if bad:  # a misspelt backend recorded every point as unsupported and measured nothing
         raise ValueError(f"backends={[str(b) for b in _as_list(cfg.get('backends'))]!r}: {', '.join(map(repr, bad))} "
@@ -865,6 +871,9 @@ def check_sweep_config(cfg: dict) -> None:
     if not cfg.get("variants"):
         raise ValueError("variants: the sweep names no variant (a mapping name: {kind: ..., ...})")
     variant_specs(cfg["variants"])  # an unknown kind / field, named with its variant
+    if not expand_points(cfg):  # every point dropped by the exclude rules: nothing would be measured
+        raise ValueError(f"exclude={cfg.get('exclude')!r}: the rules drop every point of the sweep (variants x "
+                         f"backends x head_dims x causal x kv_heads x seq_lens), so nothing would be measured")
 
 
 def run_sweep(cfg: dict, out_csv: str, resume: bool = True, progress: bool = True, retry_failed: bool = False,

@@ -48,6 +48,15 @@ def _config_error():
     # a key no code reads (a typo of seq_lens) ran the sweep without it and exited 0
     (dict(sweep=dict(TINY, seq_len=[32])),
      r"sweep.seq_len=\[32\] is not a key a sweep reads \(did you mean seq_lens\?\); allowed keys: name, variants, "),
+    # empty axes / rules that drop every point: an empty crossover table, "results: ... kernel.csv" (not written),
+    # exit 0; max_point_s=-1 stopped every series after its first N, 0 meant no limit
+    (dict(sweep=dict(TINY, causal=[])), r"sweep.causal=\[\]: must be a non-empty list of true / false"),
+    (dict(sweep=dict(TINY, kv_heads=[])), r"sweep.kv_heads=\[\]: must be a non-empty list"),
+    (dict(sweep=dict(TINY, backends=[])), r"sweep.backends=\[\]: the sweep names no backend; allowed values: all, "),
+    (dict(sweep=dict(TINY, exclude=[{"backend": "torch"}])), r"sweep.exclude=.*drop every point of the sweep"),
+    (dict(sweep=dict(TINY, max_point_s=-1)), r"sweep.max_point_s=-1: must be null \(no limit\) or a number of "),
+    (dict(sweep=dict(TINY, max_point_s=0)), r"sweep.max_point_s=0: must be null"),
+    (dict(sweep=dict(TINY, deadline_s=-5)), r"sweep.deadline_s=-5: must be null \(no deadline\) or a number of "),
     (dict(sweep=dict(TINY, model_sweep={"variants": {"flash": {"kind": "flash"}}, "seq_lens": [16], "layers": 2})),
      r"sweep.model_sweep.layers=2 is not a key a model sweep reads \(did you mean n_layer\?\); allowed keys: enabled, "),
 ])
