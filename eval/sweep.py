@@ -1010,6 +1010,8 @@ def check_model_sweep_config(cfg: dict) -> None:
     known = backend_names()
     listed = [str(b) for b in _as_list(cfg.get("backends", ["auto"]))]
     bad = [b for b in listed if b != "auto" and b not in known]
+    if not listed:  # backends=[]: the model sweep measured nothing, silently
+        raise ValueError(f"backends=[]: the model sweep names no backend; allowed values: auto, {', '.join(known)}")
     if bad:
         raise ValueError(f"backends={listed!r}: {', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not "
                          f"registered; allowed values: auto, {', '.join(known)}")

@@ -54,6 +54,8 @@ def _config_error():
     (dict(sweep=dict(TINY, kv_heads=[])), r"sweep.kv_heads=\[\]: must be a non-empty list"),
     (dict(sweep=dict(TINY, backends=[])), r"sweep.backends=\[\]: the sweep names no backend; allowed values: all, "),
     (dict(sweep=dict(TINY, exclude=[{"backend": "torch"}])), r"sweep.exclude=.*drop every point of the sweep"),
+    (dict(sweep=dict(TINY, model_sweep={"variants": {"flash": {"kind": "flash"}}, "backends": [], "seq_lens": [16]})),
+     r"sweep.model_sweep.backends=\[\]: the model sweep names no backend; allowed values: auto, "),
     (dict(sweep=dict(TINY, max_point_s=-1)), r"sweep.max_point_s=-1: must be null \(no limit\) or a number of "),
     (dict(sweep=dict(TINY, max_point_s=0)), r"sweep.max_point_s=0: must be null"),
     (dict(sweep=dict(TINY, deadline_s=-5)), r"sweep.deadline_s=-5: must be null \(no deadline\) or a number of "),
