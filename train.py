@@ -382,7 +382,13 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         output_dir = str(cfg.paths.output_dir)
         run_dir = run_dir_of(ckpt_path)
         if run_dir is not None and os.path.abspath(run_dir) != os.path.abspath(output_dir):
-            log.info(f"ckpt_path: resuming {ckpt_path} in its run directory {run_dir}")
+            # a folder the command named (hydra.run.dir, a job folder): only Hydra's copy of the config and
+            # train.log go there, which a resumed run's folder then lacks (.hydra/resume-<time>/)
+            log.warning(f"ckpt_path: resuming {ckpt_path} in its run directory {run_dir}, not in {output_dir} (the "
+                        f"folder this command named: hydra.run.dir, paths.output_dir or a multirun job's folder): "
+                        f"checkpoints, CSV, W&B and final_metrics.json go to {run_dir}; Hydra's copy of this "
+                        f"command's config and train.log stay in {output_dir}. Leave hydra.run.dir out to keep "
+                        f"them with the run")
             cfg.paths.output_dir = output_dir = run_dir  # checkpoints, CSV, W&B of the resumed run go there
         Path(output_dir).mkdir(parents=True, exist_ok=True)
 

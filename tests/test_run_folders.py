@@ -221,3 +221,19 @@ def test_a_refused_resume_leaves_nothing_in_the_run_it_refused(tmp_path):
              f"ckpt_path={ckpt}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(list((run / ".hydra").glob("resume-*"))) == 1
+
+
+def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path):
+    """``ckpt_path=<run>/checkpoints/last.ckpt hydra.run.dir=<other>`` trained on in <run> while Hydra's config copy
+    (.hydra/resume-<time>/) and train.log went to <other>, said only at INFO level ("resuming ... in its run
+    directory"): the run's folder silently lacked this launch's config and log."""
+    run = tmp_path / "run"
+    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
+             f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "hydra.run.dir=other")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "WARNING" in out and f"in its run directory {run}, not in " in out, out[-3000:]
+    assert "Hydra's copy of this command's config and train.log stay in" in out
+    assert (run / "final_metrics.json").is_file() and (tmp_path / "other" / "train.log").is_file()
