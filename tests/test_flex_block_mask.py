@@ -165,3 +165,39 @@ def test_flex_decoding_refused_where_its_template_needs_removed_block_pointers(t
 
             assert f"torch {torch.__version__}" in why and f"triton {triton.__version__}" in why and "128" in why
     F.flex_decoding_unsupported.cache_clear()
+
+
+def test_torch_backend_keeps_short_queries_off_flex_where_its_decoding_kernel_cannot_compile(monkeypatch):
+    """backend='flex' names the torch 2.11 + triton 3.9 pair for fewer than 128 queries; the ``torch`` backend's Flex
+    path (window / block-sparse / documents on CUDA) met the same InductorError: a warning naming only the
+    exception's type before the dense fallback, and with ``return_lse`` the InductorError itself. Now it goes to SDPA
+    with the dense mask directly and refuses ``return_lse`` with the reason."""
+    import types
+
+    import triton.language as tl
+
+    from attn_zoo import flex as F
+    from attn_zoo.backends import torch_softmax as TS
+
+    def removed(*a, **kw):
+        """Block pointers have been removed. Use a tensor descriptor instead."""
+        raise NotImplementedError
+
+    monkeypatch.setattr(tl, "make_block_ptr", removed)
+    monkeypatch.setattr(F, "_templates_use_block_ptr", lambda root: True)
+    F.flex_decoding_unsupported.cache_clear()
+    try:
+        spec = AttentionSpec(kind="sliding_window", window_size=(3, 0))
+        cuda = types.SimpleNamespace(type="cuda")
+
+        def mk(n):
+            return types.SimpleNamespace(is_cuda=True, device=cuda, dtype=torch.bfloat16, shape=(1, 4, n, 64))
+
+        why = TS._supports(mk(35), mk(300), mk(300), spec, True)
+        assert why is not None and why.startswith("return_lse needs the FlexAttention path, and torch ")
+        assert "tl.make_block_ptr" in why and "use backend='reference' or 'triton'" in why
+        assert TS._supports(mk(128), mk(300), mk(300), spec, True) is None  # not the decoding kernel
+        assert TS._supports(mk(35), mk(300), mk(300), spec, False) is None  # the forward: SDPA, dense mask
+        assert TS._flex_refusal(mk(35)) == F.flex_decoding_unsupported() and TS._flex_refusal(mk(128)) is None
+    finally:
+        F.flex_decoding_unsupported.cache_clear()
