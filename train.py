@@ -58,7 +58,7 @@ from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _sp
 from harness.data import missing_file_error
 from harness.lit import LitLM, architecture_diff, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
-                           data_links, finished_run, job_dirname, resume_data_config,
+                           data_links, finished_run, job_dirname, repeated_sweep_value, resume_data_config,
                            mark_not_started, register_resolvers, resolve_ckpt_path, result_config,
                            resumable_checkpoint, resume_hint, run_dir_of, single_run_notes, write_final_metrics,
                            write_run_config)
@@ -752,6 +752,10 @@ def main(cfg: DictConfig) -> Optional[float]:
     mark_not_started(cfg.paths.output_dir, None)  # an earlier launch's mark: this launch starts the job (or fails)
     with config_errors():
         validate_config(cfg)
+        if HydraConfig.initialized() and getattr(HydraConfig.get().mode, "name", "") == "MULTIRUN":
+            why = repeated_sweep_value(HydraConfig.get().sweep.dir)  # a callback's error would only be a warning
+            if why is not None:
+                raise ValueError(why)
     # a sweep's config or skip_finished=true without -m: what the single run does instead (once: not in DDP children)
     if "LOCAL_RANK" not in os.environ:
         for note in single_run_notes(cfg, HydraConfig.get() if HydraConfig.initialized() else None):

@@ -506,6 +506,38 @@ def sweep_swept_keys(sweep_dir) -> List[str]:
     return swept_keys((hydra.get("overrides") or {}).get("task") or [], (hydra.get("sweeper") or {}).get("params"))
 
 
+def repeated_sweep_value(sweep_dir) -> Optional[str]:
+    """Why the multirun whose sweep folder is ``sweep_dir`` lists one value of a command-line sweep twice
+    (``attention=flash,flash``, ``optim.lr=1e-3,0.001``), read from its :data:`MULTIRUN_CONFIG`, or ``None``. Hydra
+    runs such jobs as asked: one config twice, and when written alike in one job folder, where the later job moved
+    the earlier one's results aside and the summary listed one job. Choice sweeps only (a range has distinct values;
+    a glob needs the config loader)."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    f = Path(str(sweep_dir)) / MULTIRUN_CONFIG if sweep_dir else None
+    if f is None or not f.is_file():
+        return None
+    try:
+        task = (((yaml.safe_load(f.read_text()) or {}).get("hydra") or {}).get("overrides") or {}).get("task") or []
+        parsed = OverridesParser.create().parse_overrides([str(t) for t in task])
+    except Exception:  # noqa: BLE001 - unreadable, or an override Hydra reports itself
+        return None
+    for o in parsed:
+        try:
+            if not (o.is_sweep_override() and o.is_choice_sweep()):
+                continue
+            values = list(o.sweep_iterator())
+        except Exception:  # noqa: BLE001 - values Hydra resolves later (glob): not compared
+            continue
+        for i, a in enumerate(values):
+            if any(type(a) is type(b) and a == b for b in values[:i]):
+                return (f"{o.input_line}: the sweep lists {a!r} more than once, so two of its jobs would run one "
+                        f"config (written alike, they share a job folder and the later one moves the earlier one's "
+                        f"results aside); give each value once (repeats of a config: seed=0,1,2)")
+    return None
+
+
 def job_dirname(overrides, exclude_keys=(), num=0, sweep_dir=None, max_len: int = 96) -> str:
     """A multirun job's folder name from its overrides (``hydra.overrides.task``), e.g. ``attention=flash,optim.lr=0.001``.
 

@@ -237,3 +237,27 @@ def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path):
     assert "WARNING" in out and f"in its run directory {run}, not in " in out, out[-3000:]
     assert "Hydra's copy of this command's config and train.log stay in" in out
     assert (run / "final_metrics.json").is_file() and (tmp_path / "other" / "train.log").is_file()
+
+
+def test_a_sweep_listing_one_value_twice_is_refused(tmp_path):
+    """``-m attention=flash,flash`` ran both jobs in one folder ``attention=flash``: the second moved the first's
+    results aside (*.replaced-<time>) and the summary listed one job, exit 0. Each job now refuses, naming the value."""
+    import yaml
+
+    def why(task):
+        d = tmp_path / f"sweep{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / runs_mod.MULTIRUN_CONFIG).write_text(yaml.safe_dump({"hydra": {"overrides": {"task": task}}}))
+        return runs_mod.repeated_sweep_value(d)
+
+    assert why(["attention=flash,flash", "logger=csv"]).startswith(
+        "attention=flash,flash: the sweep lists 'flash' more than once")
+    assert "lists 0.001 more than once" in why(["optim.lr=1e-3,0.001"])  # one value, two spellings
+    assert "lists ['flash', 'linear'] more" in why(["model.layers=[flash,linear],[flash,linear]"])
+    for fine in (["optim.lr=1e-3,2e-3", "attention=flash,linear"], ["seed=range(0,3)"], ["seed=0"], []):
+        assert why(fine) is None, fine
+    assert runs_mod.repeated_sweep_value(tmp_path / "none") is None  # no multirun.yaml
+    r = _cli(tmp_path, *SHORT, "attention=flash,flash", "hydra.sweep.dir=sw", base=["-m", *FAST])
+    assert r.returncode != 0
+    assert "attention=flash,flash: the sweep lists 'flash' more than once" in r.stderr + r.stdout
+    assert not list((tmp_path / "sw").rglob("final_metrics*.json"))
