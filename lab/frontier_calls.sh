@@ -31,12 +31,13 @@
 #      3.6 in one call (eval.bench_flash, ours_gluon_dq / ours_gluon_tmadq(2) / cuDNN); results/h100/2026-12-06e
 #   8: the Gluon forward / backward forced on 3.9 (and 3.9 with 3.6's ptxas) and on 3.6: what GLUON_AUTO_TRITON /
 #      GLUON_AUTO_BWD_TRITON rest on (results/h100/2026-12-06e/8)
-#   9: "auto" on 3.9 as it now resolves (the Gluon forward, the Triton backward): train.py trainer=gpu, the "auto"
-#      GPU tests, the bench against Triton alone and cuDNN (results/h100/2026-12-06f/9)
+#   9: "auto" on 3.9 as it now resolves (the Gluon forward; the Gluon backward at D 128, the Triton one at D 64):
+#      train.py trainer=gpu, the "auto" GPU tests, the bench against the Triton backward, Triton alone and cuDNN
+#      (results/h100/2026-12-06f/9, 2026-12-06h/9)
 #  10: the whole GPU suite on 3.9, each failure named: first the files of the 25th session's unnamed failure
 #  11: N 1k / 2k: the Gluon forward and backward forced against "auto", cuDNN, FA4 (after 3): are the thresholds,
 #      set before kept launches, still right at short N (issue 30's N 1k target)
-#  12: on 3.9, "auto" (the Triton backward) against the Gluon backward 3.6's "auto" runs: GLUON_AUTO_BWD_TRITON
+#  12: on 3.9, "auto" against the Triton backward and the Gluon backward 3.6's "auto" runs: GLUON_AUTO_BWD_TRITON
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
@@ -280,12 +281,12 @@ case $call in
       --time-budget-s $(( ${SHORT_S:-150} - 10 )) > "$W/short.log" 2>&1
     b short $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/short.log" | cut -c1-120 ;;
   12)
-    # GLUON_AUTO_BWD_TRITON on 3.9: "auto" there runs the Triton backward (ours); 3.6's "auto" backward (ours_gluon_dq
-    # at D 128, ours_gluon_bwd_2c at D 64) ran 0.96-1.08x it in the 24th (three readings), 1.03 / 1.07x kernel by
-    # kernel in the 25th: one process, 5 rounds, to decide whether 3.9 joins GLUON_AUTO_BWD_TRITON
+    # GLUON_AUTO_BWD_TRITON on 3.9: "auto" there (ours) runs the Gluon backward at D 128 and the Triton one at D 64
+    # since the 27th; ours_triton_bwd is the Triton backward at every D, ours_gluon_dq / ours_gluon_bwd_2c 3.6's
+    # "auto" backward at D 128 / 64 (26th, 5 rounds: D 128 0.99-1.05x the Triton one, D 64 0.98-1.02x)
     need39
     tri 39 timeout -k 5 "${BWD39_S:-170}" python3 -m eval.bench_flash --out "$W" --tag bwd39 --variants causal,noncausal \
-      --N 4096,16384 --D 64,128 --impls ours,ours_gluon_dq,ours_gluon_bwd_2c,ours_triton_all --rounds 5 --check \
+      --N 4096,16384 --D 64,128 --impls ours,ours_triton_bwd,ours_gluon_dq,ours_gluon_bwd_2c,ours_triton_all --rounds 5 --check \
       --time-budget-s $(( ${BWD39_S:-170} - 10 )) > "$W/bwd39.log" 2>&1
     b bwd39 $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/bwd39.log" | cut -c1-120 ;;
 esac
