@@ -594,7 +594,7 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
                              diverged: Sequence[str] = ()) -> None:
     """A few lines after the final table: the headline metric by step (a sparkline and its values), the result
     beside its baseline in words (``diverged``: the non-finite losses of a run that diverged, said first, whatever the
-    metric), and what to try next (a GPU run where CUDA is visible)."""
+    metric), and what to try next (a GPU run where CUDA is visible; after a divergence, a lower learning rate)."""
     if base is None:
         return
     key = str(base["metric"])
@@ -609,6 +609,8 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         shown = f"{value:.2f}" if value is not None and math.isfinite(value) else str(value)
         _say(f"diverged ({', '.join(f'{k}={metrics[k]}' for k in diverged)}): {key} {shown} vs "
              f"{base['value']:.2f} by {base['what']}")
+        _say("next: the same run with a lower optim.lr or a longer optim.warmup_steps (the warning above)")
+        return
     elif value is None or not math.isfinite(value):
         return
     else:

@@ -43,7 +43,8 @@ def test_the_verdict_is_said_in_words_beside_the_baseline(capsys):
     train_mod._print_curve_and_verdict([], bpb, {"val/bpb": nan, "val/loss": nan, "train/loss": nan},
                                        diverged=["train/loss", "val/loss"])
     out = capsys.readouterr().out
-    assert "diverged (train/loss=nan, val/loss=nan): val/bpb nan vs 4.50 by unigram" in out and "next:" in out
+    assert "diverged (train/loss=nan, val/loss=nan): val/bpb nan vs 4.50 by unigram" in out
+    assert "next: the same run with a lower optim.lr" in out and "trainer=gpu" not in out  # not a GPU run
 
 
 def test_the_gpu_hint_says_where_it_runs(capsys, monkeypatch):
