@@ -204,7 +204,12 @@ def bench_kernel(args, cfg, copy_gbps: float) -> List[dict]:
                             N in (cfg["contexts"][1], cfg["contexts"][-1]) and not args.no_flex:
                         if flex_fn is None:
                             flex_fn = _try(lambda: __import__("attn_zoo.flex", fromlist=["x"]).compiled_flex_attention("cuda"))
-                        if callable(flex_fn):
+                        from attn_zoo.flex import flex_decoding_unsupported
+
+                        why_not_flex = flex_decoding_unsupported()  # one query: Flex's decoding kernel
+                        if why_not_flex is not None:  # e.g. torch 2.11 on triton 3.9: the row names the pair
+                            methods["flex"] = lambda: (_ for _ in ()).throw(RuntimeError(why_not_flex))
+                        elif callable(flex_fn):
                             methods["flex"] = lambda: flex_fn(q, k, v, enable_gqa=Hkv != Hq)
                     ref = None
                     for name, fn in methods.items():
