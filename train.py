@@ -524,8 +524,9 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             rows["guess over all values val/acc"] = dm.chance_levels()["uniform"]
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         print_table(table_title(cfg), rows)
-        _print_curve_and_verdict(curve.points, base, metrics, diverged=_nonfinite_losses(metrics))
-        diverged = bool(_warn_if_diverged(cfg, metrics))
+        bad = _warn_if_diverged(cfg, metrics)  # before the verdict, whose next-step hint points at this warning
+        _print_curve_and_verdict(curve.points, base, metrics, diverged=bad)
+        diverged = bool(bad)
         write_final_metrics(output_dir, {
             "diverged": diverged,  # a non-finite train/loss or val/loss: its metrics (null there) are of a broken model
             "job": _job_info(), "variant": rows["variant"], "n_params": rows["n_params"], "steps": rows["steps"],

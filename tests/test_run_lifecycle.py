@@ -88,6 +88,9 @@ def test_diverged_run_writes_standard_json_flag_and_full_output_dir(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "training diverged" in r.stdout + r.stderr
+    # the verdict's next-step hint says "(the warning above)": the warning comes before it
+    hint = r.stdout.find("next: the same run with a lower optim.lr")
+    assert 0 <= r.stdout.find("training diverged") < hint, r.stdout[-2000:]
     done = _strict_json(run / "final_metrics.json")
     assert done["diverged"] is True
     assert done["metrics"].get("train/loss", 0) is None or done["metrics"].get("val/loss") is None
