@@ -513,7 +513,9 @@ def check_trainer_options(trainer: DictConfig) -> None:
 def _check_devices(devices, on_cpu: bool) -> None:
     """``trainer.devices`` as Lightning takes it (``devices=0`` / ``abc`` / ``[]`` raised ``MisconfigurationException``
     / ``TypeError`` with a traceback when the Trainer was built): ``auto``, a positive integer (or its string), and
-    off the CPU also -1 (every visible GPU) or a non-empty list of distinct GPU indices (a list or ``"0,1"``)."""
+    off the CPU also -1 (every visible GPU) or a non-empty list of distinct GPU indices (a list or ``"0,1"``).
+    ``on_cpu``: the run trains on the CPU (Lightning's ``CPUAccelerator`` takes a count only). Raises ``ValueError``
+    naming the value and the allowed ones (``null`` included: Lightning raises ``TypeError`` for it)."""
     def count(v) -> bool:  # a number of devices
         return (_is_int(v) and v >= 1) or (isinstance(v, str) and v.strip().isdigit() and int(v) >= 1)
 
@@ -528,7 +530,7 @@ def _check_devices(devices, on_cpu: bool) -> None:
         v = list(v)
         return bool(v) and all(_is_int(i) and i >= 0 for i in v) and len(set(v)) == len(v)
 
-    if devices in ("auto", None) or count(devices):
+    if devices == "auto" or count(devices):  # not null: Lightning's TypeError on the CPU and on GPUs
         return
     if not on_cpu and (devices in (-1, "-1") or indices(devices)):
         return

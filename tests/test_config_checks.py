@@ -60,6 +60,25 @@ def test_bad_trainer_and_top_level_keys_are_config_errors_before_anything_is_wri
     assert not out.exists()
 
 
+def test_trainer_devices_as_lightning_takes_them_on_the_cpu_and_on_gpus():
+    """What Lightning 2 accepts (``_parse_cpu_cores`` on the CPU; ``_parse_gpu_ids`` on GPUs) passes, the rest is
+    refused naming trainer.devices; ``null`` too (Lightning: ``TypeError: devices selected with CPUAccelerator should
+    be an int > 0``, and a TypeError iterating None on GPUs)."""
+    from omegaconf import OmegaConf
+
+    from harness.config import _check_devices
+
+    for on_cpu, good, bad in (
+            (True, ["auto", 1, 2, "1", " 2"], [None, 0, "0", -1, "-1", [0], "0,1", "abc", []]),
+            (False, ["auto", 1, "1", -1, "-1", [0], [0, 1], OmegaConf.create([1]), "0,1", "1,"],
+             [None, 0, "0", "abc", [], [0, 0], "0,0", [-1], "[0,1]", -2])):
+        for v in good:
+            _check_devices(v, on_cpu)
+        for v in bad:
+            with pytest.raises(ValueError, match=r"^trainer\.devices="):
+                _check_devices(v, on_cpu)
+
+
 def test_good_trainer_values_and_every_experiment_pass(tmp_path):
     for override in ("trainer.precision=32-true", "trainer.precision=bf16-mixed", "trainer.precision=32",
                      "trainer.accelerator=cpu", "trainer=ddp", "+trainer.strategy=ddp_spawn",
