@@ -527,7 +527,7 @@ def repeated_sweep_value(sweep_dir) -> Optional[str]:
         try:
             if not (o.is_sweep_override() and o.is_choice_sweep()):
                 continue
-            values = list(o.sweep_iterator())
+            values = [o._convert_value(x) for x in o.sweep_iterator()]  # 'a' / "a": QuotedString, the string a
         except Exception:  # noqa: BLE001 - values Hydra resolves later (glob): not compared
             continue
         for i, a in enumerate(values):

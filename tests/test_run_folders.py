@@ -254,6 +254,10 @@ def test_a_sweep_listing_one_value_twice_is_refused(tmp_path):
         "attention=flash,flash: the sweep lists 'flash' more than once")
     assert "lists 0.001 more than once" in why(["optim.lr=1e-3,0.001"])  # one value, two spellings
     assert "lists ['flash', 'linear'] more" in why(["model.layers=[flash,linear],[flash,linear]"])
+    # quoted values: the string itself (was QuotedString(text='flash', quote=...) in the message; "a",'a' unseen)
+    assert "lists 'flash' more than once" in why(["attention='flash','flash'"])
+    assert "lists 'flash' more than once" in why(["attention=\"flash\",'flash'"])
+    assert why(["attention='flash,linear'"]) is None and why(["+x=1,'1'"]) is None  # one value; int and string
     for fine in (["optim.lr=1e-3,2e-3", "attention=flash,linear"], ["seed=range(0,3)"], ["seed=0"], []):
         assert why(fine) is None, fine
     assert runs_mod.repeated_sweep_value(tmp_path / "none") is None  # no multirun.yaml
