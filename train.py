@@ -387,8 +387,8 @@ def train(cfg: DictConfig) -> Dict[str, float]:
             log.warning(f"ckpt_path: resuming {ckpt_path} in its run directory {run_dir}, not in {output_dir} (the "
                         f"folder this command named: hydra.run.dir, paths.output_dir or a multirun job's folder): "
                         f"checkpoints, CSV, W&B and final_metrics.json go to {run_dir}; Hydra's copy of this "
-                        f"command's config and train.log stay in {output_dir}. Leave hydra.run.dir out to keep "
-                        f"them with the run")
+                        f"command's config and train.log stay in {output_dir}. To keep them with the run, resume it "
+                        f"as a single run (no -m) naming neither hydra.run.dir nor paths.output_dir")
             cfg.paths.output_dir = output_dir = run_dir  # checkpoints, CSV, W&B of the resumed run go there
         Path(output_dir).mkdir(parents=True, exist_ok=True)
 

@@ -11,7 +11,7 @@ them run the same compiled function and the same block mask:
   every backend shares (bottom-right alignment when ``Nq != Nk``); ``None`` for full attention. Cached.
 * :func:`flex_document_block_mask` -- the same rule AND one document (packed documents, ``doc_ids``).
 * :func:`flex_decoding_unsupported` -- why this torch's Flex decoding kernel (queries < 128) cannot compile with
-  the installed triton, or ``None``.
+  the installed triton, or ``None``; :func:`flex_decoding_refusal` -- the same for one query tensor.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .masks import MaskInfo, mask_info
 from .registry import _DERIVED, derived_cache
 
 __all__ = ["compiled_flex_attention", "flex_block_mask", "flex_document_block_mask", "allow_retain_graph",
-           "flex_decoding_unsupported"]
+           "flex_decoding_unsupported", "flex_decoding_refusal"]
 
 _COMPILED = {}
 _LIMITS = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
@@ -90,7 +90,7 @@ def flex_decoding_unsupported() -> Optional[str]:
         import triton
         import triton.language as tl
         import torch._inductor.kernel as kernels
-    except ImportError:
+    except Exception:  # noqa: BLE001 - no triton / inductor here (ImportError, or a broken install): nothing to name
         return None
     stub = getattr(tl, "make_block_ptr", None)
     if stub is not None and "removed" not in (getattr(stub, "__doc__", None) or ""):
@@ -101,6 +101,15 @@ def flex_decoding_unsupported() -> Optional[str]:
     return (f"torch {torch.__version__}'s Flex decoding kernel (fewer than {FLEX_DECODING_MAX_NQ} queries) uses "
             f"tl.make_block_ptr, which triton {triton.__version__} removed: install the triton this torch was built "
             f"with (pip install torch brings it), or pass {FLEX_DECODING_MAX_NQ} or more queries")
+
+
+def flex_decoding_refusal(q) -> Optional[str]:
+    """Why compiled FlexAttention cannot run the queries ``q`` ``(B, H, Nq, D)`` here: on CUDA, fewer than
+    :data:`FLEX_DECODING_MAX_NQ` queries on a torch / triton pair whose Flex decoding kernel cannot compile
+    (:func:`flex_decoding_unsupported`); else ``None``."""
+    if q.is_cuda and q.shape[2] < FLEX_DECODING_MAX_NQ:
+        return flex_decoding_unsupported()
+    return None
 
 
 def allow_retain_graph() -> None:

@@ -184,8 +184,8 @@ case $call in
   6)
     # triton 3.9 (what `pip install torch` brings) beside the image's 3.6: the Gluon kernels by name (the GPU tests
     # of both Gluon test files) and the fused dQ by TMA reduce-add (gluon_bwd_dq="tma": 3.7+ only), then the
-    # D 128 backward against ours on 3.6 in the same call (ours_gluon_dq: what "auto" runs on 3.6; on 3.9 "auto"
-    # runs the Triton backward, GLUON_AUTO_BWD_TRITON) and cuDNN
+    # D 128 backward against ours on 3.6 in the same call (ours_gluon_dq: what "auto" runs on 3.6, and on 3.9 at
+    # D 128 since the 27th, GLUON_AUTO_BWD_TRITON) and cuDNN
     need39
     tri 39 python3 -c "import triton, kernels.flash.gluon as g; print('triton', \
       triton.__version__, 'tma reduce-add', g.gluon_tma_reduce_ok())" 2>&1 | tail -n 2 | tee "$W/t39_env.txt"

@@ -152,19 +152,21 @@ def test_flex_decoding_refused_where_its_template_needs_removed_block_pointers(t
     cuda = types.SimpleNamespace(type="cuda")
     cuda_q = types.SimpleNamespace(is_cuda=True, device=cuda, dtype=torch.bfloat16, shape=(1, 4, 35, 64))
     long_q = types.SimpleNamespace(is_cuda=True, device=cuda, dtype=torch.bfloat16, shape=(1, 4, 128, 64))
-    for stub, uses, refused in ((removed, True, True), (present, True, False), (removed, False, False)):
-        monkeypatch.setattr(tl, "make_block_ptr", stub)
-        monkeypatch.setattr(F, "_templates_use_block_ptr", lambda root, uses=uses: uses)
-        F.flex_decoding_unsupported.cache_clear()
-        why = F.flex_decoding_unsupported()
-        assert (why is not None) == refused
-        assert _flex_supports(cuda_q, None, None, spec, False) == why
-        assert _flex_supports(long_q, None, None, spec, False) is None  # 128 queries: not the decoding kernel
-        if refused:
-            import triton
+    try:
+        for stub, uses, refused in ((removed, True, True), (present, True, False), (removed, False, False)):
+            monkeypatch.setattr(tl, "make_block_ptr", stub)
+            monkeypatch.setattr(F, "_templates_use_block_ptr", lambda root, uses=uses: uses)
+            F.flex_decoding_unsupported.cache_clear()
+            why = F.flex_decoding_unsupported()
+            assert (why is not None) == refused
+            assert _flex_supports(cuda_q, None, None, spec, False) == why
+            assert _flex_supports(long_q, None, None, spec, False) is None  # 128 queries: not the decoding kernel
+            if refused:
+                import triton
 
-            assert f"torch {torch.__version__}" in why and f"triton {triton.__version__}" in why and "128" in why
-    F.flex_decoding_unsupported.cache_clear()
+                assert f"torch {torch.__version__}" in why and f"triton {triton.__version__}" in why and "128" in why
+    finally:  # a faked refusal must not stay cached for later tests
+        F.flex_decoding_unsupported.cache_clear()
 
 
 def test_torch_backend_keeps_short_queries_off_flex_where_its_decoding_kernel_cannot_compile(monkeypatch):
@@ -198,6 +200,6 @@ def test_torch_backend_keeps_short_queries_off_flex_where_its_decoding_kernel_ca
         assert "tl.make_block_ptr" in why and "use backend='reference' or 'triton'" in why
         assert TS._supports(mk(128), mk(300), mk(300), spec, True) is None  # not the decoding kernel
         assert TS._supports(mk(35), mk(300), mk(300), spec, False) is None  # the forward: SDPA, dense mask
-        assert TS._flex_refusal(mk(35)) == F.flex_decoding_unsupported() and TS._flex_refusal(mk(128)) is None
+        assert F.flex_decoding_refusal(mk(35)) == F.flex_decoding_unsupported() and F.flex_decoding_refusal(mk(128)) is None
     finally:
         F.flex_decoding_unsupported.cache_clear()

@@ -174,12 +174,11 @@ def _flex_grad_reason(q, k, v) -> Optional[str]:
 def _flex_supports(q, k, v, spec, return_lse):
     if q.dtype == torch.float64 and q.is_cuda:
         return "float64 is not supported on CUDA"
-    from ..flex import FLEX_DECODING_MAX_NQ, flex_decoding_unsupported
+    from ..flex import flex_decoding_refusal
 
-    if q.is_cuda and q.shape[2] < FLEX_DECODING_MAX_NQ:
-        why = flex_decoding_unsupported()
-        if why is not None:
-            return why
+    why = flex_decoding_refusal(q)
+    if why is not None:
+        return why
     return _flex_grad_reason(q, k, v)
 
 

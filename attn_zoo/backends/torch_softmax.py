@@ -31,25 +31,13 @@ everything inside SDPA and are zeroed afterwards). ``backend="reference"`` is ex
 from __future__ import annotations
 
 import warnings
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..flex import (FLEX_DECODING_MAX_NQ, compiled_flex_attention, flex_block_mask, flex_decoding_unsupported,
-                    flex_document_block_mask)
+from ..flex import compiled_flex_attention, flex_block_mask, flex_decoding_refusal, flex_document_block_mask
 from ..masks import mask_info, unseen_keys
 from ..registry import derived_cache, family, register_backend
-
-
-def _flex_refusal(q) -> Optional[str]:
-    """Why compiled FlexAttention cannot run ``q``'s queries here (:func:`attn_zoo.flex.flex_decoding_unsupported`:
-    fewer than ``FLEX_DECODING_MAX_NQ`` queries on a torch / triton pair whose Flex decoding kernel cannot compile),
-    else ``None``: the forward then takes SDPA with the dense mask (small: fewer than 128 rows) instead of failing in
-    the compiler and warning with the exception's name only."""
-    if q.is_cuda and q.shape[2] < FLEX_DECODING_MAX_NQ:
-        return flex_decoding_unsupported()
-    return None
 
 
 def _supports(q, k, v, spec, return_lse):
@@ -58,7 +46,7 @@ def _supports(q, k, v, spec, return_lse):
     if q.dtype == torch.float64 and q.is_cuda:
         return "float64 is not supported by SDPA / FlexAttention on CUDA"
     if return_lse:  # only Flex gives the lse here: an InductorError from the compiler otherwise
-        why = _flex_refusal(q)
+        why = flex_decoding_refusal(q)
         if why is not None:
             return f"return_lse needs the FlexAttention path, and {why}; use backend='reference' or 'triton'"
     return None
@@ -106,7 +94,7 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False, doc_ids=None, q_pos
     scale = spec.scale(D)
     if doc_ids is not None:
         fkey = (spec, Nq, Nk, D, q.dtype, "documents")
-        if q.is_cuda and fkey not in _FLEX_FAILED and _flex_refusal(q) is None:
+        if q.is_cuda and fkey not in _FLEX_FAILED and flex_decoding_refusal(q) is None:
             bm = flex_document_block_mask(spec, doc_ids, Nq, Nk, q_pos=q_pos, q_doc=q_doc)
             try:
                 return compiled_flex_attention("cuda")(q, k, v, block_mask=bm, scale=scale,
@@ -138,7 +126,7 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False, doc_ids=None, q_pos
     unseen = unseen_keys(spec, Nq, Nk, str(q.device))
     if unseen is not None:  # keys no row may see contribute nothing, not even 0 * NaN (module docstring)
         k, v = k.masked_fill(unseen, 0.0), v.masked_fill(unseen, 0.0)
-    if q.is_cuda and (spec, Nq, Nk, D, q.dtype) not in _FLEX_FAILED and _flex_refusal(q) is None:
+    if q.is_cuda and (spec, Nq, Nk, D, q.dtype) not in _FLEX_FAILED and flex_decoding_refusal(q) is None:
         bm = flex_block_mask(spec, Nq, Nk, str(q.device))
         try:
             return compiled_flex_attention("cuda")(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)

@@ -171,8 +171,9 @@ one process:
   Triton backward. 3.9 builds the Gluon backward ~8 % slower than 3.6 does (``results/h100/2026-12-06e``, calls 6
   and 8; docs/kernels.md: what differs in the compiled code); on 3.6 it leads at both head dims.
 
-Timed on 3.9 for dense and causal masks only: the windows, documents, block-sparse layouts and GQA that
-:func:`auto_bwd_shape_ok` sends to the Gluon backward at D 128 follow untimed there (their GPU tests passed on 3.9)."""
+Timed on 3.9 for dense and causal masks, and at N 16k for window 1024 (0.99x) and BigBird (1.01x;
+``results/h100/2026-12-06h/masks39``): documents, other layouts and GQA that :func:`auto_bwd_shape_ok` sends to the
+Gluon backward at D 128 follow untimed there."""
 
 
 def _triton_version() -> tuple:
