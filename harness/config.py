@@ -510,29 +510,39 @@ def check_trainer_options(trainer: DictConfig) -> None:
                              f"allowed values: auto, {', '.join(names)}")
 
 
+def _parse_devices(devices):
+    """``trainer.devices`` read as Lightning reads it: ``"auto"``; a count (an integer >= 1 or its string); -1 (every
+    visible GPU); a list of distinct GPU indices (a non-empty list, or ``"0,1"``); ``None`` for anything else."""
+    if devices == "auto":
+        return "auto"
+    if devices in (-1, "-1"):
+        return -1
+    if _is_int(devices) and devices >= 1:
+        return devices
+    if isinstance(devices, str):
+        if devices.strip().isdigit() and int(devices) >= 1:
+            return int(devices)
+        parts = [p.strip() for p in devices.split(",") if p.strip()] if "," in devices else []
+        if not parts or not all(p.isdigit() for p in parts):
+            return None
+        devices = [int(p) for p in parts]
+    elif not (OmegaConf.is_list(devices) or isinstance(devices, (list, tuple))):
+        return None
+    ids = list(devices)
+    ok = bool(ids) and all(_is_int(i) and i >= 0 for i in ids) and len(set(ids)) == len(ids)
+    return ids if ok else None
+
+
 def _check_devices(devices, on_cpu: bool) -> None:
     """``trainer.devices`` as Lightning takes it (``devices=0`` / ``abc`` / ``[]`` raised ``MisconfigurationException``
     / ``TypeError`` with a traceback when the Trainer was built): ``auto``, a positive integer (or its string), and
     off the CPU also -1 (every visible GPU) or a non-empty list of distinct GPU indices (a list or ``"0,1"``).
     ``on_cpu``: the run trains on the CPU (Lightning's ``CPUAccelerator`` takes a count only). Raises ``ValueError``
     naming the value and the allowed ones (``null`` included: Lightning raises ``TypeError`` for it)."""
-    def count(v) -> bool:  # a number of devices
-        return (_is_int(v) and v >= 1) or (isinstance(v, str) and v.strip().isdigit() and int(v) >= 1)
-
-    def indices(v) -> bool:  # GPU indices
-        if isinstance(v, str):
-            v = [p for p in v.split(",") if p.strip()] if "," in v else None
-            if v is None or not all(p.strip().isdigit() for p in v):
-                return False
-            v = [int(p) for p in v]
-        elif not (OmegaConf.is_list(v) or isinstance(v, (list, tuple))):
-            return False
-        v = list(v)
-        return bool(v) and all(_is_int(i) and i >= 0 for i in v) and len(set(v)) == len(v)
-
-    if devices == "auto" or count(devices):  # not null: Lightning's TypeError on the CPU and on GPUs
+    parsed = _parse_devices(devices)
+    if parsed == "auto" or (_is_int(parsed) and parsed >= 1):  # not null: Lightning's TypeError on CPU and GPUs
         return
-    if not on_cpu and (devices in (-1, "-1") or indices(devices)):
+    if not on_cpu and parsed is not None:  # -1 or GPU indices
         return
     shown = OmegaConf.to_container(devices) if OmegaConf.is_list(devices) else devices
     allowed = ("auto or a positive integer (the processes to run on the CPU)" if on_cpu else
@@ -545,13 +555,11 @@ def _check_devices(devices, on_cpu: bool) -> None:
 def _world_size(trainer: DictConfig) -> int:
     """The processes a run of ``trainer`` starts (``trainer.devices`` x ``trainer.num_nodes``; ``auto`` / -1: the
     visible CUDA GPUs unless ``trainer.accelerator=cpu``, else 1), as far as the config says it."""
-    devices = trainer.get("devices", "auto")
-    if _is_int(devices) and devices > 0:
-        n = devices
-    elif OmegaConf.is_list(devices) or isinstance(devices, (list, tuple)):
-        n = max(len(devices), 1)
-    elif isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
-        n = int(devices)
+    parsed = _parse_devices(trainer.get("devices", "auto"))
+    if isinstance(parsed, list):
+        n = len(parsed)
+    elif _is_int(parsed) and parsed >= 1:
+        n = parsed
     elif str(trainer.get("accelerator", "auto")) != "cpu" and torch.cuda.is_available():
         n = torch.cuda.device_count()
     else:

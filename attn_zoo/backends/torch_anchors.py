@@ -44,6 +44,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..flex import flex_decoding_refusal
 from ..masks import mask_info, unseen_keys
 from ..registry import derived_cache, family, register_backend
 
@@ -174,8 +175,6 @@ def _flex_grad_reason(q, k, v) -> Optional[str]:
 def _flex_supports(q, k, v, spec, return_lse):
     if q.dtype == torch.float64 and q.is_cuda:
         return "float64 is not supported on CUDA"
-    from ..flex import flex_decoding_refusal
-
     why = flex_decoding_refusal(q)
     if why is not None:
         return why
