@@ -476,3 +476,32 @@ def test_auto_state_pass_follows_the_h200_measurements():
     assert [_use_sequential("auto", B, 16, blk, 128, 64) for B in (16, 4, 2, 1)] == [True, True, True, False]
     assert _use_sequential("parallel", 16, 16, blk, 128, 64) is False
     assert _use_sequential("sequential", 1, 1, blk, 128, 64) is True
+
+
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+@pytest.mark.parametrize("change, msg", [
+    (dict(G=3), r"ssd: the number of groups G=3 \(B.shape\[2\]\) must divide H=4"),
+    (dict(x3d=True), r"ssd: x must be 4-D \(B, T, H, P\)"),
+    (dict(dt_T=5), r"ssd: dt must have shape \(B, T, H\) = \(1, 8, 4\), got \(1, 5, 4\)"),
+    (dict(A_H=2), r"ssd: A must have shape \(H,\) = \(4,\), got \(2,\)"),
+    (dict(s0_P=5), r"ssd: initial_state must have shape \(B, H, N, P\) = \(1, 4, 6, 4\)"),
+    (dict(T=0), r"ssd: x must have B, T, H, P >= 1"),
+    (dict(int_x=True), r"ssd: x.dtype=torch.int64 is not supported; allowed values"),
+])
+def test_ssd_checks_its_arguments_on_every_backend(backend, change, msg):
+    """Before: the PyTorch forms checked nothing (the Triton kernel does): B / C with G=3 groups for H=4 heads
+    were reshaped into d_state 6 instead of 8 and returned a wrong y and state (torch), a 3-D x broadcast against
+    dt and returned, int x ran, and the other shapes failed with raw RuntimeErrors (or, T=0, 'stack expects a
+    non-empty TensorList')."""
+    G, T = change.get("G", 2), change.get("T", 8)
+    x = torch.randn(1, T, 4, 4)
+    if change.get("int_x"):
+        x = x.long()
+    if change.get("x3d"):
+        x = x[0]
+    dt = torch.rand(1, change.get("dt_T", T), 4)
+    A = -torch.rand(change.get("A_H", 4))
+    Bm, Cm = torch.randn(1, T, G, 6), torch.randn(1, T, G, 6)
+    s0 = torch.zeros(1, 4, 6, 5) if "s0_P" in change else None
+    with pytest.raises((ValueError, TypeError), match=msg):
+        ssd(x, dt, A, Bm, Cm, None, s0, chunk_size=16, backend=backend)

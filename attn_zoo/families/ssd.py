@@ -154,6 +154,46 @@ def ssd_step(x, dt, A, B, C, D, state) -> Tuple[torch.Tensor, torch.Tensor]:
     return y.to(x.dtype), S
 
 
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_ssd_inputs(x, dt, A, B, C, D, initial_state) -> None:
+    """Shapes, dtypes and devices of :func:`ssd`'s arguments, checked before any backend runs (the Triton kernel
+    checks its own, the PyTorch forms none: a ``G`` that does not divide ``H`` was reshaped into a wrong ``d_state``
+    and returned); raises ``ValueError`` / ``TypeError`` naming the argument and the expected shape."""
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("initial_state", initial_state)):
+        if t is None and name in ("D", "initial_state"):
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ssd: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _FLOATS:
+            raise TypeError(f"ssd: {name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, "
+                            f"float32, float64")
+        if t.device != x.device:
+            raise ValueError(f"ssd: {name} must be on x's device {x.device}, got {t.device}")
+    if x.dim() != 4:
+        raise ValueError(f"ssd: x must be 4-D (B, T, H, P), got shape {tuple(x.shape)}")
+    Bsz, T, H, P = x.shape
+    if min(Bsz, T, H, P) < 1:
+        raise ValueError(f"ssd: x must have B, T, H, P >= 1, got shape {tuple(x.shape)}")
+    if tuple(dt.shape) != (Bsz, T, H):
+        raise ValueError(f"ssd: dt must have shape (B, T, H) = {(Bsz, T, H)}, got {tuple(dt.shape)}")
+    if tuple(A.shape) != (H,):
+        raise ValueError(f"ssd: A must have shape (H,) = ({H},), got {tuple(A.shape)}")
+    if B.dim() != 4 or tuple(B.shape[:2]) != (Bsz, T) or C.shape != B.shape:
+        raise ValueError(f"ssd: B and C must have one shape (B, T, G, N) with (B, T) = {(Bsz, T)}, got "
+                         f"B={tuple(B.shape)}, C={tuple(C.shape)}")
+    G, N = B.shape[2], B.shape[3]
+    if G < 1 or N < 1 or H % G:
+        raise ValueError(f"ssd: the number of groups G={G} (B.shape[2]) must divide H={H} (x.shape[2]), and "
+                         f"N={N} (B.shape[3]) must be >= 1")
+    if D is not None and tuple(D.shape) != (H,):
+        raise ValueError(f"ssd: D must have shape (H,) = ({H},) or be None, got {tuple(D.shape)}")
+    if initial_state is not None and tuple(initial_state.shape) != (Bsz, H, N, P):
+        raise ValueError(f"ssd: initial_state must have shape (B, H, N, P) = {(Bsz, H, N, P)} or be None, got "
+                         f"{tuple(initial_state.shape)}")
+
+
 def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backend: str = "auto", doc_ids=None):
     """Mamba-2's SSD: ``x (B, T, H, P)``, ``dt (B, T, H)`` (positive, after softplus), ``A (H,)`` (negative),
     ``B, C (B, T, G, N)``, ``D (H,)`` or None, ``initial_state (B, H, N, P)`` or None.
@@ -163,13 +203,15 @@ def ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size: int = 64, backen
     and the final state ``(B, H, N, P)`` fp32. Differentiable in every tensor argument.
     ``doc_ids (B, T)`` int or None: the state restarts at each document start (``initial_state`` belongs to the
     document at position 0), in every backend.
-    Raises ``ValueError`` naming ``backend`` for an unknown one, ``doc_ids`` for a dtype other than int32 / int64,
-    a shape other than ``(B, T)`` or decreasing ids (as attention does), ``chunk_size`` for a non-positive one
-    (``triton``: one of :data:`kernels.ssd.CHUNK_SIZES`). ``a = dt * A`` must be finite: an infinite decay (a full
+    Raises ``ValueError`` / ``TypeError`` naming the argument for a shape other than the above (``G`` must divide
+    ``H``; ``T >= 1``), a non-float dtype or another device than x's; ``backend`` for an unknown one, ``doc_ids``
+    for a dtype other than int32 / int64, a shape other than ``(B, T)`` or decreasing ids (as attention does),
+    ``chunk_size`` for a non-positive one (``triton``: one of :data:`kernels.ssd.CHUNK_SIZES`). ``a = dt * A`` must be finite: an infinite decay (a full
     reset) gives NaN in the chunked forms (their within-chunk cumulative sums), unchecked (no host sync in the
     hot path); a reset is a document start (``doc_ids``)."""
     if backend not in SSD_BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(SSD_BACKENDS)}")
+    _check_ssd_inputs(x, dt, A, B, C, D, initial_state)
     _check_docs(doc_ids, x)
     if backend == "auto":
         backend = "triton" if x.is_cuda and x.dtype != torch.float64 else "torch"
