@@ -360,3 +360,17 @@ def test_gated_deltanet_loads_a_checkpoint_from_before_dt_bias():
     g_old = -torch.exp(old["A_log"]) * F.softplus(x @ old["a_proj.weight"].T + old["a_proj.bias"])
     g_new = -torch.exp(fresh.A_log) * F.softplus(fresh.a_proj(x) + fresh.dt_bias)
     torch.testing.assert_close(g_new, g_old)
+
+
+@pytest.mark.parametrize("backend", ["chunk", "naive", "auto"])
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf"), "0.5", True])
+def test_bad_scale_raises_naming_it(backend, scale):
+    """Before: scale=0 returned an all-zero output, a negative one flipped its sign (AttentionSpec refuses both for
+    softmax_scale), and a string failed inside the loop ('only integer tensors of a single element ...')."""
+    with pytest.raises(ValueError, match=r"scale must be a positive finite float or None"):
+        delta_rule(**_f32(), backend=backend, scale=scale, chunk_size=4)
+    fn = delta_rule_chunk if backend == "chunk" else delta_rule_naive
+    with pytest.raises(ValueError, match=r"scale must be a positive finite float or None"):
+        fn(**_f32(), scale=scale)
+    delta_rule(**_f32(), backend=backend, scale=0.7, chunk_size=4)  # a positive one runs (and an int)
+    delta_rule(**_f32(), backend=backend, scale=1, chunk_size=4)

@@ -47,6 +47,13 @@ def _starts(doc_ids: torch.Tensor) -> torch.Tensor:
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _check_scale(fn: str, scale) -> None:
+    """``scale`` is ``None`` (``Dk ** -0.5``) or a positive finite real, as ``AttentionSpec.softmax_scale``."""
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{fn}: scale must be a positive finite float or None (Dk ** -0.5), got {scale!r}")
+
+
 def _check_inputs(fn: str, q, k, v, beta, g, initial_state, doc_ids, check_g: bool = True) -> None:
     """Shapes, dtypes and devices of the delta rule's arguments (see :func:`delta_rule_naive`); raises
     ``ValueError`` naming the argument, its expected shape / allowed values and ``fn``. ``check_g``: also refuse
@@ -119,9 +126,10 @@ def delta_rule_naive(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     unchanged.
 
     Raises ``ValueError`` naming the argument for a shape other than the above, a non-float ``q, k, v``
-    dtype, tensors on different devices, bad ``doc_ids`` (int32 / int64, nondecreasing) or a ``g`` that is not
-    finite and ``<= 0``."""
+    dtype, tensors on different devices, bad ``doc_ids`` (int32 / int64, nondecreasing), a ``g`` that is not
+    finite and ``<= 0`` or a ``scale`` that is not a positive finite number (or None)."""
     _check_inputs("delta_rule_naive", q, k, v, beta, g, initial_state, doc_ids)
+    _check_scale("delta_rule_naive", scale)
     return _delta_rule_naive(q, k, v, beta, g, scale, initial_state, doc_ids)
 
 
@@ -178,6 +186,7 @@ def delta_rule_chunk(q, k, v, beta, g=None, scale: Optional[float] = None, initi
     mask: no ``-inf`` enters the cumulative sum of ``g``)."""
     _check_chunk_size(chunk_size)
     _check_inputs("delta_rule_chunk", q, k, v, beta, g, initial_state, doc_ids)
+    _check_scale("delta_rule_chunk", scale)
     return _delta_rule_chunk_checked(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
 
 
@@ -337,6 +346,7 @@ def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, backend: s
     ``chunk_size`` as in :func:`delta_rule_chunk` whatever the backend."""
     _check_chunk_size(chunk_size)
     _check_inputs("delta_rule", q, k, v, beta, g, initial_state, doc_ids)
+    _check_scale("delta_rule", scale)
     return _delta_rule(q, k, v, beta, g, scale, initial_state, backend, doc_ids, chunk_size)
 
 
