@@ -147,15 +147,20 @@ class AttentionSpec:
 
     def __new__(cls, *args, **kwargs):
         # AttentionSpec(kind=k, ...) of a variant with its own fields builds that variant's subclass
-        if cls is AttentionSpec:
-            kind = kwargs["kind"] if "kind" in kwargs else (args[0] if args else "flash")
-            if isinstance(kind, str):
-                from .variants import spec_class_of
+        target = cls
+        kind = kwargs["kind"] if "kind" in kwargs else (args[0] if args else "flash")
+        if cls is AttentionSpec and isinstance(kind, str):
+            from .variants import spec_class_of
 
-                sub = spec_class_of(kind)
-                if sub is not None and sub is not cls:
-                    return object.__new__(sub)
-        return object.__new__(cls)
+            sub = spec_class_of(kind)
+            if sub is not None:
+                target = sub
+        unknown = set(kwargs) - set(target.__dataclass_fields__)
+        if unknown:  # a misspelled or another kind's field: make_spec's ValueError, not dataclass's TypeError
+            from .variants import get_variant
+
+            _refuse_unknown_fields(get_variant(kind) if isinstance(kind, str) else get_variant(""), kind, unknown)
+        return object.__new__(target)
 
     def __post_init__(self):
         from .variants import get_variant
@@ -255,9 +260,15 @@ def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
 
     variant = get_variant(kind) if isinstance(kind, str) else None
     cls = variant.spec_class if variant is not None else AttentionSpec
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(kwargs) - known)
-    if unknown:  # allowed: the fields this kind reads (its variant's, its family's, the common ones)
-        reads = sorted(n for n in known - {"kind"} if variant is None or _reads(variant, n))
-        raise ValueError(f"unknown fields {unknown} for kind={kind!r}; allowed: {', '.join(reads)}")
+    unknown = set(kwargs) - set(cls.__dataclass_fields__)
+    if unknown:
+        _refuse_unknown_fields(variant, kind, unknown)
     return AttentionSpec(kind=kind, **kwargs)
+
+
+def _refuse_unknown_fields(variant, kind, unknown) -> None:
+    """``ValueError`` naming the ``unknown`` fields and those ``kind`` reads (its variant's, its family's, the common
+    ones): the one message of :func:`make_spec` and ``AttentionSpec(...)`` / ``spec.replace(...)``."""
+    cls = variant.spec_class if variant is not None else AttentionSpec
+    reads = sorted(n for n in set(cls.__dataclass_fields__) - {"kind"} if variant is None or _reads(variant, n))
+    raise ValueError(f"unknown fields {sorted(unknown)} for kind={kind!r}; allowed: {', '.join(reads)}")

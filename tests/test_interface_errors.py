@@ -139,3 +139,20 @@ def test_bool_is_not_a_number(field, value):
     with pytest.raises(ValueError, match=rf"{field} must be .*got {value}"):
         AttentionSpec(**kw, **{field: value})
     assert AttentionSpec(**kw, **{field: 1}).scale(4) == (1.0 if field == "softmax_scale" else 0.5)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: AttentionSpec(kind="sliding_window", window_size=(3, 0), dilation=2),
+    lambda: AttentionSpec(kind="sliding_window", window_size=(3, 0)).replace(dilation=2),
+])
+def test_constructor_and_replace_refuse_unknown_fields_as_make_spec_does(build):
+    """Before: AttentionSpec(...) and spec.replace(...) raised dataclass's TypeError ("__init__() got an unexpected
+    keyword argument 'dilation'"), naming neither the kind nor the fields it reads; make_spec named both."""
+    with pytest.raises(ValueError) as e:
+        build()
+    assert str(e.value) == ("unknown fields ['dilation'] for kind='sliding_window'; allowed: causal, kv_group_size, "
+                            "n_kv_heads, name, softmax_scale, window_size")
+    with pytest.raises(ValueError, match=r"unknown fields \['blocksize'\] for kind='sparse'; allowed: block_size"):
+        AttentionSpec(kind="sparse", blocksize=16)
+    with pytest.raises(ValueError, match=r"kind='flsh' is not supported"):  # an unknown kind is named first
+        AttentionSpec(kind="flsh", windowsize=(3, 0))
