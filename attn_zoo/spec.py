@@ -159,7 +159,7 @@ class AttentionSpec:
         if unknown:  # a misspelled or another kind's field: make_spec's ValueError, not dataclass's TypeError
             from .variants import get_variant
 
-            _refuse_unknown_fields(get_variant(kind) if isinstance(kind, str) else get_variant(""), kind, unknown)
+            _refuse_unknown_fields(get_variant(kind), kind, unknown)  # a bad kind: get_variant names it
         return object.__new__(target)
 
     def __post_init__(self):
