@@ -596,10 +596,15 @@ def test_auto_takes_gluon_for_band_masks_behind_the_flag(monkeypatch, case):
 
 def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
     """D 64 takes Gluon only from GLUON_AUTO_HEAD_DIMS[64] visited pairs (measured: below it the Triton forward is
-    as fast or faster), D 128 from config.tma_min_pairs; other head dims never; the table is the one knob."""
+    as fast or faster), D 128 from GLUON_AUTO_HEAD_DIMS[128]; both above config.tma_min_pairs (the Triton kernels'
+    TMA threshold); other head dims never; the table is the one knob."""
     _all_hold(monkeypatch)
     thr = G.GLUON_AUTO_HEAD_DIMS[64]
-    assert thr > FlashConfig().tma_min_pairs and G.GLUON_AUTO_HEAD_DIMS[128] <= FlashConfig().tma_min_pairs
+    assert thr > G.GLUON_AUTO_HEAD_DIMS[128] > FlashConfig().tma_min_pairs
+    d128 = _fake_qkv(D=128, Nq=4096, Nk=4096)  # above tma_min_pairs, below the D 128 entry: Triton (with TMA)
+    pairs128 = visited_pairs(d128[0].shape[0], d128[0].shape[1], 4096, 4096, -1, 0)
+    assert FlashConfig().tma_min_pairs <= pairs128 < G.GLUON_AUTO_HEAD_DIMS[128]
+    assert G.choose_fwd_impl(FlashConfig(), *d128, -1, 0) == "triton"
     below = _fake_qkv(D=64, Nq=8192, Nk=8192)  # B * H * N^2 / 2 causal pairs of the fake shape
     pairs = visited_pairs(below[0].shape[0], below[0].shape[1], 8192, 8192, -1, 0)
     assert pairs < thr and G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "triton"

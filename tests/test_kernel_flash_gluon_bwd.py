@@ -893,13 +893,20 @@ def test_gpu_grads_match_reference_and_triton(monkeypatch, lse_tma, dq, causal, 
         assert ours[0][:, :, :Nq - Nk].abs().max().item() == 0
 
 
+def _auto_gluon_forward_at_any_size(monkeypatch):
+    """``fwd_impl="auto"`` takes the Gluon forward at these tests' small shapes (with ``tma_min_pairs=0``): its
+    pair thresholds (``GLUON_AUTO_HEAD_DIMS``) at 0."""
+    monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", {d: 0 for d in G.GLUON_AUTO_HEAD_DIMS})
+
+
 @pytest.mark.parametrize("dq", GPU_DQ)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_lse_gradient_and_gluon_forward(lse_tma, causal, dq):
+def test_gpu_lse_gradient_and_gluon_forward(monkeypatch, lse_tma, causal, dq):
     """The lse gradient path (delta - dlse in the preprocess) with the default forward ("auto": Gluon on Hopper)
     and the Gluon backward, against the Triton backward on the Triton forward."""
+    _auto_gluon_forward_at_any_size(monkeypatch)
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, FlashConfig(bwd_impl="gluon", gluon_bwd_dq=dq, tma_min_pairs=0),
                   lse_grad=True)
@@ -1112,6 +1119,7 @@ def test_gpu_two_consumers_lse_gradient_and_outputs(monkeypatch, two_mode, causa
     """The lse gradient path and the outputs (out, lse equal to the one-consumer run's: the forward is shared) with
     gluon_bwd_consumers=2, against the Triton backward."""
     _only_two_consumer_kernel(monkeypatch)
+    _auto_gluon_forward_at_any_size(monkeypatch)
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, _TWO.replace(fwd_impl="auto", tma_min_pairs=0), lse_grad=True)
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"), lse_grad=True)
@@ -1226,6 +1234,7 @@ def test_gpu_gluon_dq_grads_match_reference_and_triton(monkeypatch, consumers, c
 def test_gpu_gluon_dq_lse_gradient(monkeypatch, causal):
     """The lse gradient path (delta - dlse) with the Gluon forward and the Gluon dQ, against the Triton backward."""
     grids = _spy_gluon_dq(monkeypatch)
+    _auto_gluon_forward_at_any_size(monkeypatch)
     q, k, v, do = _qkv(2, 8, 2, 777, 777, 128, bnhd=True)
     ours = _grads(q, k, v, do, causal, _GDQ.replace(fwd_impl="auto", tma_min_pairs=0), lse_grad=True)
     tri = _grads(q, k, v, do, causal, FlashConfig(fwd_impl="triton", bwd_impl="triton"), lse_grad=True)
