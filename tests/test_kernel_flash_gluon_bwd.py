@@ -899,6 +899,26 @@ def _auto_gluon_forward_at_any_size(monkeypatch):
     monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", {d: 0 for d in G.GLUON_AUTO_HEAD_DIMS})
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_auto_gluon_forward_at_any_size_reaches_choose_fwd_impl(monkeypatch, causal):
+    """The configs of the three GPU tests that take the Gluon forward by ``fwd_impl="auto"`` at 2 x 8 heads, 777 x
+    777, D 128 (``test_gpu_lse_gradient_and_gluon_forward``, ``test_gpu_two_consumers_lse_gradient_and_outputs``,
+    ``test_gpu_gluon_dq_lse_gradient``): ``tma_min_pairs=0`` alone keeps the Triton forward (the D 128 entry of
+    ``GLUON_AUTO_HEAD_DIMS``, 2^28, decides), and :func:`_auto_gluon_forward_at_any_size`'s table, read by
+    ``choose_fwd_impl`` at call time, gives the Gluon one. Those GPU tests do not check which forward ran (a
+    silent Triton forward passes them), so this is their guard; no GPU: the device checks mocked."""
+    from tests.test_kernel_flash_gluon import _all_hold, _fake_qkv
+
+    _all_hold(monkeypatch)
+    qkv = _fake_qkv(B=2, Hq=8, Hkv=2, Nq=777, Nk=777, D=128)
+    wr = 0 if causal else -1
+    cfgs = (FlashConfig(bwd_impl="gluon", tma_min_pairs=0), _TWO.replace(fwd_impl="auto", tma_min_pairs=0),
+            _GDQ.replace(fwd_impl="auto", tma_min_pairs=0))
+    assert [G.choose_fwd_impl(c, *qkv, -1, wr) for c in cfgs] == ["triton"] * 3
+    _auto_gluon_forward_at_any_size(monkeypatch)
+    assert [G.choose_fwd_impl(c, *qkv, -1, wr) for c in cfgs] == [G.AUTO_GLUON_IMPL] * 3
+
+
 @pytest.mark.parametrize("dq", GPU_DQ)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.gpu
