@@ -156,3 +156,13 @@ def test_constructor_and_replace_refuse_unknown_fields_as_make_spec_does(build):
         AttentionSpec(kind="sparse", blocksize=16)
     with pytest.raises(ValueError, match=r"kind='flsh' is not supported"):  # an unknown kind is named first
         AttentionSpec(kind="flsh", windowsize=(3, 0))
+
+
+@pytest.mark.parametrize("kind", [["flash"], {"kind": "flash"}, 5])
+def test_unknown_fields_with_a_kind_that_is_no_string_name_the_kind(kind):
+    """AttentionSpec(kind=<not a string>, <unknown field>) looks the kind up in __new__: an unhashable one (a list)
+    raised a bare TypeError ('unhashable type: list') instead of the ValueError naming the registered kinds."""
+    with pytest.raises(ValueError, match=r"kind=.* is not supported; allowed values: flash"):
+        AttentionSpec(kind=kind, windowsize=(3, 0))
+    with pytest.raises(ValueError, match=r"is not supported; allowed values: flash"):
+        AttentionSpec(kind=kind)

@@ -234,12 +234,20 @@ def variant_kinds() -> Tuple[str, ...]:
     return tuple(_VARIANTS)
 
 
+def _lookup(kind) -> Optional[Variant]:
+    try:
+        return _VARIANTS.get(kind)
+    except TypeError:  # unhashable (e.g. a list): no registered kind
+        return None
+
+
 def get_variant(kind: str) -> Variant:
-    """The :class:`Variant` of ``kind``; raises ``ValueError`` naming the registered kinds."""
-    v = _VARIANTS.get(kind)
+    """The :class:`Variant` of ``kind``; raises ``ValueError`` naming the registered kinds (also for an unhashable
+    ``kind``, e.g. a list: ``AttentionSpec(kind=[...], <unknown field>)`` looks it up before any validation)."""
+    v = _lookup(kind)
     if v is None:
         _load_builtin()
-        v = _VARIANTS.get(kind)
+        v = _lookup(kind)
         if v is None:
             raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(_VARIANTS)}")
     return v
