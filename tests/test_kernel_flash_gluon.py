@@ -519,7 +519,8 @@ def test_auto_picks_gluon_ws3a_when_all_hold(monkeypatch, causal):
     q, k, v = _fake_qkv()
     wr = 0 if causal else -1
     pairs = visited_pairs(2, 8, 6000, 6000, -1, wr)
-    assert pairs >= FlashConfig().tma_min_pairs  # the default threshold: the shape of the GPU test below
+    # the default threshold (the D 128 entry, above tma_min_pairs since 2026-12-06): the shape of the GPU test below
+    assert pairs >= max(FlashConfig().tma_min_pairs, G.GLUON_AUTO_HEAD_DIMS[128])
     assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, wr) == "gluon_ws3a" == G.AUTO_GLUON_IMPL
     assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal) == "gluon_ws3a"
     assert resolve_fwd_impl(None, q, k, v, causal=causal) == "gluon_ws3a"  # the default config
@@ -844,13 +845,13 @@ def test_gpu_growing_scores(impl, causal):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
 def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
-    """The default config (fwd_impl="auto") on an H200: a dense causal D 128 problem above tma_min_pairs runs
+    """The default config (fwd_impl="auto") on an H200: a dense causal D 128 problem above the Gluon threshold runs
     gluon_ws3a (the resolver says so and the Gluon launcher is called with it; on a triton outside
     ``GLUON_AUTO_TRITON`` the Triton forward), a small one the Triton forward;
     out, lse and the gradients (Triton backward) match the fp32 reference within the usual bounds, the out the
     explicit gluon_ws3a call's bit for bit (the kernel is deterministic), the gradients the Triton-forward path's."""
     q, k, v, do = _qkv(2, 8, 2, 6000, 6000, 128, bnhd=True)  # GQA 4:1, N not a multiple of the tile
-    assert visited_pairs(2, 8, 6000, 6000, -1, 0) >= FlashConfig().tma_min_pairs
+    assert visited_pairs(2, 8, 6000, 6000, -1, 0) >= max(FlashConfig().tma_min_pairs, G.GLUON_AUTO_HEAD_DIMS[128])
     if not G.gluon_available():  # a triton outside GLUON_AUTO_TRITON: "auto" keeps the Triton forward, by design
         assert G._triton_version() not in G.GLUON_AUTO_TRITON
         assert resolve_fwd_impl(None, q, k, v, causal=True) == "triton"
