@@ -271,7 +271,7 @@ case $call in
     b pytest_flexdoc_t39 $?; grep -E "^E |Error|^=+ .* in " "$W/pytest_flexdoc_t39.txt" | head -n 25 | cut -c1-200
     tri 39 gpytest pytest_gpu_t39 "${PYTEST_S:-300}" -n "${PYTEST_N:-14}" ;;
   11)
-    # issue 30's N 1k target (>= 0.9x cuDNN; 0.84x): "auto" keeps the Triton forward below tma_min_pairs (2^28) and
+    # issue 30's N 1k target (>= 0.9x cuDNN; 0.84x): "auto" keeps the Triton forward below GLUON_AUTO_HEAD_DIMS[128] (2^28; tma_min_pairs until the 28th) and
     # the Triton backward below 4M pairs per (batch, head), thresholds set on the H200 before kept launches
     # (GLUON_KEPT_LAUNCH, sixteenth session), when the Gluon forward ran causal 1k at 0.79x the Triton one; with kept
     # launches it ran block-sparse 1k at 1.19-1.25x (21st). The Gluon kernels forced at 1k / 2k against "auto",

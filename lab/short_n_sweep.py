@@ -60,6 +60,7 @@ def main(argv=None):
         if m not in ("causal", "full"):
             raise SystemExit(f"--masks: {m!r} is not supported; allowed values: causal, full")
     t_end = time.time() + a.time_budget_s
+    env = env_info()
     rows = []
     for D in (int(x) for x in a.D.split(",")):
         for N in (int(x) for x in a.N.split(",")):
@@ -125,7 +126,7 @@ def main(argv=None):
                                                              f"({r[f'{p}_x_cudnn']}x cuDNN)" for r in best))
                 del q, k, v, do
                 torch.cuda.empty_cache()
-    write_results(rows, a.out, "short_n_sweep", env=env_info())
+                write_results(rows, a.out, "short_n_sweep", env=env)  # after every case: a cut run keeps them
 
 
 if __name__ == "__main__":

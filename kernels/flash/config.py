@@ -112,9 +112,9 @@ class FlashConfig:
         tma: TMA descriptors for the streamed operands: ``"auto"`` (Hopper, dense / causal / window problems of at
             least ``tma_min_pairs`` visited pairs), ``True`` (always where the layout allows, also in the
             interpreter: tests), ``False`` (pointer loads).
-        tma_min_pairs: the ``"auto"`` threshold (descriptors cost ~0.1 ms of host time per launch). 2^25 since
-            2026-12-06 (2^28 before): on an H100, TMA in the Triton forward and backward ran causal D 128 512 / 1k
-            (16k tokens per call, 0.7-1.3e8 pairs) 1.07x / 1.08x forward+backward, full 512 1.03x
+        tma_min_pairs: the ``"auto"`` threshold (descriptors cost ~0.1 ms of host time per launch). 2^26 since
+            2026-12-06 (2^28 before; 2^26 is the smallest size measured): on an H100, TMA in the Triton forward and backward ran causal D 128 512 / 1k
+            (16k tokens per call, 6.7e7-1.3e8 pairs) 1.07x / 1.08x forward+backward, full 512 1.03x
             (``results/h100/2026-12-06i/t1k/``). The Gluon forward reads by TMA, so ``fwd_impl="auto"`` gives it
             at least this many pairs and its own threshold, ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS``.
         sparse_aligned_no_gather: block-sparse partial tiles that lie inside one layout block skip the per-element
@@ -184,7 +184,7 @@ class FlashConfig:
     dkdv_split: Optional[int] = None
     deterministic: bool = False
     tma: Union[str, bool] = "auto"
-    tma_min_pairs: int = 1 << 25
+    tma_min_pairs: int = 1 << 26
     sparse_aligned_no_gather: bool = True
     autotune: bool = False
     fwd_impl: str = "auto"

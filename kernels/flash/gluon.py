@@ -34,7 +34,7 @@ GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
 # where it was measured ahead of the Triton forward on the H200 (results/h200/2026-12-04f/flash_fwd/, forward alone,
 # 16k tokens per call): D 128 from 2^28 pairs (2k-16k: 1.04-1.20x; at 1k causal it is 0.81x and stays below
 # 2^28; on an H100 with TMA in the Triton forward, 2026-12-06, causal 512 / 1k ran the Gluon forward 0.70x / 0.96x
-# the Triton one, results/h100/2026-12-06i/t1k/); D 64 from 2^31 (full 4k: 1.15x, 16k: 1.09-1.13x; causal / GQA
+# the Triton one, separate processes: results/h100/2026-12-06i/NOTES.md, c4's console rows); D 64 from 2^31 (full 4k: 1.15x, 16k: 1.09-1.13x; causal / GQA
 # 4k, 1.07e9 pairs: 0.97-0.99x; 1k: 0.76x)
 GLUON_AUTO_HEAD_DIMS = {128: 1 << 28, 64: 1 << 31}
 AUTO_GLUON_IMPL = "gluon_ws3a"  # the Gluon kernel "auto" picks: ahead of gluon_ws3b in 5 of the 6 measured cases
