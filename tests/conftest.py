@@ -18,6 +18,54 @@ except Exception:  # pragma: no cover
 
 if not _cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _vectorized_generic_scan(self, input):
+    """Triton's interpreter runs ``tl.associative_scan`` with a user combine function one element at a time in
+    Python (``ScanOps.generic_scan``: one ``combine_fn`` call per element of the block, ~2,000 per program of
+    kernels.ssd's state pass, 15 s of the 17 s of one test_ssd case). This is the same scan, one combine call per
+    position along the axis over the whole slice across the other axes: the same elementwise operations in the same
+    order, each partial result stored in (and read back from) the output dtype as the original does, so the same
+    numbers (tests/test_interpreter_scan.py checks it against the original)."""
+    import numpy as np
+    import triton.language as tl
+
+    datas = [arg.handle.data for arg in input]
+    dtypes = [arg.dtype for arg in input]
+    shape, axis = datas[0].shape, self.axis
+    outs = [np.zeros(shape, dtype=d.dtype) for d in datas]
+
+    def at(k):
+        return (slice(None),) * axis + (k,)
+
+    for out, data in zip(outs, datas):
+        out[at(0)] = data[at(0)]
+    for k in range(1, shape[axis]):
+        acc = tuple(self.to_tensor(o[at(k - 1)], dt) for o, dt in zip(outs, dtypes))
+        cur = tuple(self.to_tensor(d[at(k)], dt) for d, dt in zip(datas, dtypes))
+        ret = self.combine_fn.fn(*acc, *cur)
+        ret = ret if isinstance(ret, tuple) else (ret,)
+        for out, r in zip(outs, ret):  # a 0-d slot (a 1-D block) takes a scalar tensor's 1-element array
+            out[at(k)] = np.reshape(r.handle.data, out[at(k)].shape) if isinstance(r, tl.core.tensor) else r
+    return [self.to_tensor(o, dt) for o, dt in zip(outs, dtypes)]
+
+
+def _speed_up_interpreter_scan():
+    """Install :func:`_vectorized_generic_scan` (the original kept as ``ScanOps._elementwise_generic_scan``); a
+    Triton whose interpreter has no ``ScanOps.generic_scan`` is left as it is."""
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # pragma: no cover
+        return
+    ops = getattr(interpreter, "ScanOps", None)
+    if ops is None or not hasattr(ops, "generic_scan") or hasattr(ops, "_elementwise_generic_scan"):
+        return
+    ops._elementwise_generic_scan = ops.generic_scan
+    ops.generic_scan = _vectorized_generic_scan
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _speed_up_interpreter_scan()
 # W&B: the tests set the mode they exercise. A caller's W&B settings (CI may export WANDB_MODE=disabled, a user
 # WANDB_PROJECT or WANDB_DIR) would change what they check, so none is inherited; the default is offline.
 for _key in [k for k in os.environ if k.startswith("WANDB_")]:
@@ -55,3 +103,4 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
