@@ -164,3 +164,74 @@ def _patch_the_language_once_per_launch():
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_the_language_once_per_launch()
+
+
+@pytest.fixture
+def train_py_in_process(monkeypatch):
+    """``launch(cwd, *args, env=None)``: ``python train.py <args>`` run from ``cwd`` in this interpreter (``runpy``,
+    as ``__main__``: Hydra's launch, its callbacks and its error report as on the command line, with
+    ``WANDB_MODE=disabled`` unless ``env`` (variables set for the launch) says otherwise, and no
+    ``HYDRA_FULL_ERROR``), returning a ``CompletedProcess`` with the exit status and
+    what it printed. For launches that are refused before training: a subprocess spends ~6 s importing Lightning
+    first. What a launch sets in this process is undone after it: the logging Hydra configured, the run folders
+    :func:`harness.runs.claim_run_dir` claimed (a new launch is a new process), Hydra's global state; what it registers
+    with ``atexit`` runs at its end, as at a process's exit. Keep a real subprocess where the process itself is the
+    point."""
+    import atexit
+    import contextlib
+    import io
+    import logging
+    import runpy
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness import runs as runs_mod
+
+    script = str(Path(__file__).resolve().parents[1] / "train.py")
+
+    def launch(cwd, *args, env=None):
+        loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                           if isinstance(lg, logging.Logger)]
+        saved = [(lg, list(lg.handlers), list(lg.filters), lg.level, lg.propagate, lg.disabled) for lg in loggers]
+        out, err, code = io.StringIO(), io.StringIO(), 0
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            m.setattr(sys, "argv", [script, *map(str, args)])
+            m.setattr(runs_mod, "_CLAIMED", {})
+            m.delenv("HYDRA_FULL_ERROR", raising=False)
+            for key, value in dict({"WANDB_MODE": "disabled"}, **(env or {})).items():
+                m.setenv(key, value)
+            at_exit = []  # what the launch registers to run at its process's exit runs at the end of the launch
+            m.setattr(atexit, "register", lambda fn, *a, **kw: at_exit.append((fn, a, kw)) or fn)
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    try:
+                        runpy.run_path(script, run_name="__main__")
+                    except SystemExit as e:  # sys.exit(message): printed to stderr, status 1, as Python does
+                        if isinstance(e.code, str):
+                            err.write(e.code + "\n")
+                        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                    finally:
+                        for fn, a, kw in reversed(at_exit):
+                            fn(*a, **kw)
+            finally:
+                for lg, handlers, filters, level, propagate, disabled in saved:
+                    for h in lg.handlers:
+                        if h not in handlers:
+                            h.close()
+                    lg.handlers[:], lg.filters[:] = handlers, filters
+                    lg.setLevel(level)
+                    lg.propagate, lg.disabled = propagate, disabled
+                known = {id(s[0]) for s in saved}
+                for lg in list(logging.Logger.manager.loggerDict.values()):  # loggers the launch created
+                    if isinstance(lg, logging.Logger) and id(lg) not in known:
+                        for h in list(lg.handlers):
+                            h.close()
+                            lg.removeHandler(h)
+                GlobalHydra.instance().clear()
+        return subprocess.CompletedProcess(["train.py", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+    return launch
