@@ -139,7 +139,7 @@ def test_experiment_configs_resolve_pairs_and_sweeps():
         assert cfg.data.batch_size * cfg.data.seq_len == 16384
 
 
-def test_multirun_skips_finished_jobs(tmp_path):
+def test_multirun_skips_finished_jobs(tmp_path, train_py_in_process):
     sweep = tmp_path / "sweep"
     args = ["train.py", "-m", "experiment=mqar_recall", "trainer=default", "data.vocab_size=64", "data.num_train=64",
             "data.num_val=16", "data.batch_size=16", "model.d_model=16", "trainer.max_steps=2",
@@ -149,13 +149,13 @@ def test_multirun_skips_finished_jobs(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     job = next(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     first = (job / "final_metrics.json").read_text()
-    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    # the second and third launches, in this interpreter (neither trains: skipped, refused)
+    r = train_py_in_process(ROOT, *args[1:])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr
     assert (job / "final_metrics.json").read_text() == first  # not trained again
     # the same folders with another config: refused, naming what differs (never another config's numbers)
-    r = subprocess.run([sys.executable, *args, "model.d_model=32"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=240)
+    r = train_py_in_process(ROOT, *args[1:], "model.d_model=32")
     assert r.returncode != 0 and "model.d_model" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     assert (job / "final_metrics.json").read_text() == first
 
