@@ -167,16 +167,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 
 @pytest.fixture
-def train_py_in_process(monkeypatch):
-    """``launch(cwd, *args, env=None)``: ``python train.py <args>`` run from ``cwd`` in this interpreter (``runpy``,
-    as ``__main__``: Hydra's launch, its callbacks and its error report as on the command line, with
-    ``WANDB_MODE=disabled`` unless ``env`` (variables set for the launch) says otherwise, and no
-    ``HYDRA_FULL_ERROR``), returning a ``CompletedProcess`` with the exit status and
-    what it printed. For launches that are refused before training: a subprocess spends ~6 s importing Lightning
-    first. What a launch sets in this process is undone after it: the logging Hydra configured, the run folders
-    :func:`harness.runs.claim_run_dir` claimed (a new launch is a new process), Hydra's global state; what it registers
-    with ``atexit`` runs at its end, as at a process's exit. Keep a real subprocess where the process itself is the
-    point."""
+def cli_in_process(monkeypatch):
+    """``launch(cwd, *argv, env=None)``: ``python <argv>`` (a script and its arguments, or ``-m <module>`` and its
+    arguments) run from ``cwd`` in this interpreter (``runpy``, as ``__main__``: for train.py Hydra's launch, its
+    callbacks and its error report as on the command line), with ``WANDB_MODE=disabled`` unless ``env`` (variables
+    set for the launch) says otherwise and no ``HYDRA_FULL_ERROR``; returns a ``CompletedProcess`` with the exit
+    status and what it printed. For commands that do not need a process of their own (a refusal, a rerun that skips
+    its jobs): a subprocess spends ~5 s importing torch, Lightning, ... first. What a launch sets in this process is
+    undone after it: the logging it configured, the run folders :func:`harness.runs.claim_run_dir` claimed (a new
+    launch is a new process), Hydra's global state; what it registers with ``atexit`` runs at its end, as at a
+    process's exit. Every command keeps a test that runs it as a real process."""
     import atexit
     import contextlib
     import io
@@ -184,22 +184,21 @@ def train_py_in_process(monkeypatch):
     import runpy
     import subprocess
     import sys
-    from pathlib import Path
+    import warnings
 
     from hydra.core.global_hydra import GlobalHydra
 
     from harness import runs as runs_mod
 
-    script = str(Path(__file__).resolve().parents[1] / "train.py")
-
-    def launch(cwd, *args, env=None):
+    def launch(cwd, *argv, env=None):
+        argv = [str(a) for a in argv]
         loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
                                            if isinstance(lg, logging.Logger)]
         saved = [(lg, list(lg.handlers), list(lg.filters), lg.level, lg.propagate, lg.disabled) for lg in loggers]
         out, err, code = io.StringIO(), io.StringIO(), 0
         with monkeypatch.context() as m:
             m.chdir(cwd)
-            m.setattr(sys, "argv", [script, *map(str, args)])
+            m.setattr(sys, "argv", list(argv[1:] if argv[0] == "-m" else argv))  # run_module sets argv[0]
             m.setattr(runs_mod, "_CLAIMED", {})
             m.delenv("HYDRA_FULL_ERROR", raising=False)
             for key, value in dict({"WANDB_MODE": "disabled"}, **(env or {})).items():
@@ -209,7 +208,14 @@ def train_py_in_process(monkeypatch):
             try:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                     try:
-                        runpy.run_path(script, run_name="__main__")
+                        if argv[0] == "-m":
+                            with warnings.catch_warnings():  # the module imported already (by a test): a new copy
+                                # runs as __main__ all the same, as in a process where something imports it again
+                                warnings.filterwarnings("ignore", r".* found in sys\.modules after import of package",
+                                                        RuntimeWarning)
+                                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+                        else:
+                            runpy.run_path(argv[0], run_name="__main__")
                     except SystemExit as e:  # sys.exit(message): printed to stderr, status 1, as Python does
                         if isinstance(e.code, str):
                             err.write(e.code + "\n")
@@ -232,6 +238,16 @@ def train_py_in_process(monkeypatch):
                             h.close()
                             lg.removeHandler(h)
                 GlobalHydra.instance().clear()
-        return subprocess.CompletedProcess(["train.py", *map(str, args)], code, out.getvalue(), err.getvalue())
+        return subprocess.CompletedProcess(["python", *argv], code, out.getvalue(), err.getvalue())
 
     return launch
+
+
+@pytest.fixture
+def train_py_in_process(cli_in_process):
+    """``launch(cwd, *args, env=None)``: :func:`cli_in_process` of ``train.py <args>``, for train.py launches refused
+    before training (or that train nothing); the launches that train stay processes."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "train.py"
+    return lambda cwd, *args, env=None: cli_in_process(cwd, script, *args, env=env)
