@@ -18,6 +18,9 @@ except Exception:  # pragma: no cover
 
 if not _cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # CPU session: torch ops in the test process single-threaded (the tests' tensors are tiny; on a shared 2-core
+    # machine a second thread mostly waits: train.py's busy_cpu_note). Subprocesses keep their own setting.
+    torch.set_num_threads(1)
 
 
 def _vectorized_generic_scan(self, input):
