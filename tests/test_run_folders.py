@@ -93,8 +93,8 @@ def test_two_launches_on_the_same_default_folder_get_one_folder_each(tmp_path):
     assert json.loads((same / "final_metrics.json").read_text())["variant"] == "flash+flash", "not overwritten"
     assert json.loads((other / "final_metrics.json").read_text())["variant"] == "linear+linear"
     assert "attention=linear" not in (same / ".hydra" / "overrides.yaml").read_text()
-    # a refused launch leaves no folder of its own (a resume claims none either:
-    # test_a_refused_resume_leaves_nothing_in_the_run_it_refused)
+    # a refused launch leaves no folder of its own (a resume claims none either: the resume of
+    # test_a_refused_resume_leaves_nothing_in_the_run_it_refused_and_a_resume_continues_it)
     r = _cli(tmp_path, SAME_DEFAULT, "trainer.max_steps=0")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["same", "same-1"]
