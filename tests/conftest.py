@@ -182,18 +182,24 @@ def cli_in_process(monkeypatch):
     status and what it printed. For commands that do not need a process of their own (a refusal, a rerun that skips
     its jobs): a subprocess spends ~5 s importing torch, Lightning, ... first. What a launch sets in this process is
     undone after it: the logging it configured, the run folders :func:`harness.runs.claim_run_dir` claimed (a new
-    launch is a new process), Hydra's global state; what it registers with ``atexit`` runs at its end, as at a
-    process's exit. Every command keeps a test that runs it as a real process."""
+    launch is a new process), Hydra's global state (GlobalHydra, HydraConfig, JobRuntime), the environment,
+    ``sys.path``, torch's threads and the random generators; what it registers with ``atexit`` runs at its end, as
+    at a process's exit. Every command keeps a test that runs it as a real process."""
     import atexit
     import contextlib
     import io
     import logging
+    import random
     import runpy
     import subprocess
     import sys
     import warnings
 
+    import numpy as np
+
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobRuntime
 
     from harness import runs as runs_mod
 
@@ -203,6 +209,10 @@ def cli_in_process(monkeypatch):
                                            if isinstance(lg, logging.Logger)]
         saved = [(lg, list(lg.handlers), list(lg.filters), lg.level, lg.propagate, lg.disabled) for lg in loggers]
         out, err, code = io.StringIO(), io.StringIO(), 0
+        hydra_state = (HydraConfig.instance().cfg, JobRuntime.instance().conf)  # a launch sets both (the job's config,
+        # its name): to_absolute_path and get_original_cwd would read the launch's cwd after it
+        environ, path, threads = dict(os.environ), list(sys.path), torch.get_num_threads()
+        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # seed_everything, when it gets there
         with monkeypatch.context() as m:
             m.chdir(cwd)
             m.setattr(sys, "argv", list(argv[1:] if argv[0] == "-m" else argv))  # run_module sets argv[0]
@@ -245,6 +255,14 @@ def cli_in_process(monkeypatch):
                             h.close()
                             lg.removeHandler(h)
                 GlobalHydra.instance().clear()
+                HydraConfig.instance().cfg, JobRuntime.instance().conf = hydra_state
+                os.environ.clear()
+                os.environ.update(environ)
+                sys.path[:] = path
+                torch.set_num_threads(threads)
+                random.setstate(rng[0])
+                np.random.set_state(rng[1])
+                torch.set_rng_state(rng[2])
         return subprocess.CompletedProcess(["python", *argv], code, out.getvalue(), err.getvalue())
 
     return launch
