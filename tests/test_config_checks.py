@@ -4,9 +4,6 @@ that gives no batch, ``+plugins=[no_such_module]``), messages that explained the
 and ignored (``+foo=1``, a causal window's right side, ``model.redraw_interval`` without a FAVOR+ layer)."""
 
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,7 +11,7 @@ import torch
 import train as train_mod
 from harness.config import (ConfigError, ConfigImportError, check_top_level_keys, check_trainer_options, layer_notes,
                             model_config, top_level_keys)
-from test_train import CONF, FAST, ROOT, make_cfg
+from test_train import CONF, FAST, make_cfg
 
 
 @pytest.mark.parametrize("override, want", [
@@ -113,14 +110,12 @@ def test_a_fraction_that_gives_no_batch_is_refused_naming_the_batches(tmp_path):
                                           "trainer.val_check_interval=2"]))  # 1 batch: runs
 
 
-def test_a_plugin_that_cannot_be_imported_is_a_config_error(tmp_path):
+def test_a_plugin_that_cannot_be_imported_is_a_config_error(tmp_path, train_py_in_process):
     cfg = make_cfg(tmp_path / "out", FAST + ["+plugins=[no_such_module]"])
     with pytest.raises(ConfigImportError, match=r"^plugins: cannot import 'no_such_module' \(No module named") as e:
         train_mod.train(cfg)
     assert isinstance(e.value, ImportError) and e.value.__cause__ is None
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "+plugins=[no_such_module]",
-                        f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=300, env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
+    r = train_py_in_process(tmp_path, "+plugins=[no_such_module]", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "plugins: cannot import 'no_such_module'" in r.stderr, r.stderr[-2000:]
 
@@ -191,12 +186,11 @@ def test_a_run_cut_short_by_max_time_says_so(tmp_path, caplog):
     assert not [r for r in caplog.records if r.getMessage().startswith("training stopped at step")]
 
 
-def test_the_shared_mqar_recipe_is_not_offered_as_an_experiment(tmp_path):
+def test_the_shared_mqar_recipe_is_not_offered_as_an_experiment(tmp_path, train_py_in_process):
     """experiment=mqar_base appeared in --help although it is not run on its own; it now sits beside train.yaml and
     the mqar_* experiments include it as /mqar_base, composing as before."""
     assert not (CONF / "experiment" / "mqar_base.yaml").exists() and (CONF / "mqar_base.yaml").is_file()
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=300)
+    r = train_py_in_process(tmp_path, "--help")
     line = next(x for x in r.stdout.splitlines() if x.startswith("experiment: "))
     assert "mqar_recall" in line and "mqar_base" not in line
     for exp in ("mqar_recall", "mqar_fig2", "mqar_old_recipe", "mqar_window_cliff", "mqar_hybrid", "mqar_ablation"):
@@ -204,18 +198,17 @@ def test_the_shared_mqar_recipe_is_not_offered_as_an_experiment(tmp_path):
         assert cfg.trainer.accelerator == "gpu" and cfg.data.max_memory_gb == 16, exp  # mqar_base's values
 
 
-def test_cfg_hydra_resolve_prints_the_hydra_config(tmp_path):
+def test_cfg_hydra_resolve_prints_the_hydra_config(tmp_path, train_py_in_process):
     """``python train.py --cfg hydra --resolve`` failed with a traceback (InterpolationKeyError: 'ckpt_path' not
     found): Hydra resolves the hydra node alone, and hydra.run.dir / hydra.output_subdir read the job's ckpt_path and
     skip_finished. They read them through oc.select now, with the defaults of conf/train.yaml."""
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--cfg", "hydra", "--resolve"], capture_output=True,
-                       text=True, cwd=tmp_path, timeout=300)
+    r = train_py_in_process(tmp_path, "--cfg", "hydra", "--resolve")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "  output_subdir: .hydra" in r.stdout and "    dir: outputs/" in r.stdout
     assert not (tmp_path / "outputs").exists(), "printing the config made a run folder"
 
 
-def test_every_eval_module_run_as_a_command_does_something_or_says_what_to_run():
+def test_every_eval_module_run_as_a_command_does_something_or_says_what_to_run(cli_in_process):
     """``python -m eval.<module>`` never exits 0 having done nothing: each module under eval/ is a command (a
     ``__main__`` block) or, for the library modules, refuses with a message naming the command to run instead."""
     import pathlib
@@ -228,7 +221,10 @@ def test_every_eval_module_run_as_a_command_does_something_or_says_what_to_run()
     for m in mods:
         assert 'if __name__ == "__main__":' in (root / "eval" / f"{m}.py").read_text(), m
     for m in ("best", "bench_common", "figspec", "wandb_log"):
-        r = subprocess.run([sys.executable, "-m", f"eval.{m}", "--help"], cwd=root, capture_output=True, text=True,
-                           timeout=120)
+        if m == "best":  # as a process
+            r = subprocess.run([sys.executable, "-m", f"eval.{m}", "--help"], cwd=root, capture_output=True,
+                               text=True, timeout=120)
+        else:  # the same __main__ block in this interpreter
+            r = cli_in_process(root, "-m", f"eval.{m}", "--help")
         assert r.returncode != 0 and f"eval.{m} is a library module, not a command; run python -m eval." in r.stderr, \
             (m, r.stdout, r.stderr)

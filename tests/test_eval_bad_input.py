@@ -91,15 +91,17 @@ def test_crossover_cli_prints_the_message_alone(tmp_path):
     assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()
 
 
-def test_eval_clis_refuse_keys_they_do_not_read(tmp_path):
+def test_eval_clis_refuse_keys_they_do_not_read(tmp_path, cli_in_process):
     """``+sweep.seq_len=[32]`` (a typo of seq_lens) and ``+foo=1`` ran the default sweep and exited 0 (train.py
-    refused both); every eval CLI's top-level keys are its yaml's."""
+    refused both); every eval CLI's top-level keys are its yaml's. (The commands in this interpreter: each CLI's
+    process is run by another test of this file.)"""
     from eval import top_level_keys
 
-    r = _cli("eval.crossover", "sweep=cpu_tiny", f"out_dir={tmp_path / 'res'}", "+sweep.seq_len=[32]", cwd=tmp_path)
+    r = cli_in_process(tmp_path, "-m", "eval.crossover", "sweep=cpu_tiny", f"out_dir={tmp_path / 'res'}",
+                       "+sweep.seq_len=[32]")
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "sweep.seq_len=[32] is not a key a sweep reads (did you mean seq_lens?)" in r.stderr
-    r = _cli("eval.plots", "+formt=[png]", cwd=tmp_path)
+    r = cli_in_process(tmp_path, "-m", "eval.plots", "+formt=[png]")
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "formt=['png'] is not a key eval.plots reads (did you mean formats?); top-level keys: results_dir," in r.stderr
     assert not (tmp_path / "res").exists()
@@ -154,10 +156,11 @@ def test_plots_refuses_nothing_to_plot_and_bad_values(tmp_path, cfg, want):
     assert not (tmp_path / "figs").exists()
 
 
-def test_plots_cli_exits_non_zero_with_the_message(tmp_path):
-    r = _cli("eval.plots", cwd=tmp_path)
+def test_plots_cli_exits_non_zero_with_the_message(tmp_path, cli_in_process):
+    """(In this interpreter: eval.plots' process is test_plots_cli_writes_the_formats_asked_for's.)"""
+    r = cli_in_process(tmp_path, "-m", "eval.plots")
     assert r.returncode != 0 and "nothing to plot: give results_dir=" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("eval.plots", "results_dir=/nonexistent", cwd=tmp_path)
+    r = cli_in_process(tmp_path, "-m", "eval.plots", "results_dir=/nonexistent")
     assert r.returncode != 0 and "results_dir=/nonexistent: no such directory" in r.stderr
 
 
@@ -294,7 +297,7 @@ def test_report_refuses_a_directory_as_out(tmp_path, capsys):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU only: device=cuda without a GPU")
-def test_a_cuda_sweep_on_a_cpu_machine_is_refused_naming_the_device(tmp_path, capsys):
+def test_a_cuda_sweep_on_a_cpu_machine_is_refused_naming_the_device(tmp_path, capsys, cli_in_process):
     """``python -m eval.crossover sweep=speed_h200`` (a README command) and ``python -m eval.sweep --config
     eval/conf/sweep/speed_h200.yaml`` on a machine without a GPU ended in ``RuntimeError: sweep config asks for
     device=cuda but CUDA is not available`` with its traceback, after making the output folder."""
@@ -314,23 +317,27 @@ def test_a_cuda_sweep_on_a_cpu_machine_is_refused_naming_the_device(tmp_path, ca
         capsys.readouterr().err
     assert not out.exists()
 
-    r = _cli("eval.crossover", "sweep=speed_h200", f"out_dir={out}", cwd=tmp_path)
+    # the command, in this interpreter (eval.crossover's process: test_crossover_cli_prints_the_message_alone)
+    r = cli_in_process(tmp_path, "-m", "eval.crossover", "sweep=speed_h200", f"out_dir={out}")
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "sweep.device='cuda': no CUDA GPU is visible here" in r.stderr and not out.exists()
 
 
+# in_process: the commands whose process another test runs (eval.quality: test_quality_cli_bad_value_is_the_message_
+# alone; eval.crossover: test_crossover_cli_prints_the_message_alone) run in this interpreter; the others as processes
 @pytest.mark.parametrize("args,want", [
     (["eval.recall", "fig2", "runs=[{runs}]", "out_dir={f}"], "eval.recall: error: out_dir={f}: {f} is a file"),
-    (["eval.quality", "runs=[{runs}]", "out_dir={f}", "wandb.enabled=false"], "out_dir={f}: {f} is a file"),
-    (["eval.crossover", "sweep=cpu_tiny", "out_dir={f}/sub", "sweep.backends=[torch]", "wandb.enabled=false"],
-     "out_dir={f}/sub: {f} is a file"),
+    (["in_process", "eval.quality", "runs=[{runs}]", "out_dir={f}", "wandb.enabled=false"],
+     "out_dir={f}: {f} is a file"),
+    (["in_process", "eval.crossover", "sweep=cpu_tiny", "out_dir={f}/sub", "sweep.backends=[torch]",
+      "wandb.enabled=false"], "out_dir={f}/sub: {f} is a file"),
     (["eval.sweep", "--config", os.path.join(ROOT, "eval/conf/sweep/cpu_tiny.yaml"), "--out", "{f}"],
      "--out {f}: {f} is a file"),
     (["eval.doclen", "--out", "{f}", "--no-figure"], "--out {f}: {f} is a file"),
     (["eval.bench_decode", "--quick", "--out", "{f}/x"], "--out {f}/x: {f} is a file"),
     (["eval.figures", "--only", "mqar_recall", "--out-root", "{f}"], "--out-root {f}: {f} is a file"),
 ])
-def test_an_output_folder_naming_a_file_is_refused_naming_the_option(tmp_path, args, want):
+def test_an_output_folder_naming_a_file_is_refused_naming_the_option(tmp_path, args, want, cli_in_process):
     """``out_dir=`` / ``--out`` naming an existing file (or a folder under one) ended in a FileExistsError /
     NotADirectoryError traceback from ``os.makedirs`` (``eval.crossover``: after the sweep had been measured)."""
     f = tmp_path / "afile"
@@ -339,7 +346,7 @@ def test_an_output_folder_naming_a_file_is_refused_naming_the_option(tmp_path, a
     (runs / "job" / ".hydra").mkdir(parents=True)
     (runs / "job" / "csv").mkdir()
     args = [a.format(f=f, runs=runs) for a in args]
-    r = _cli(*args, cwd=tmp_path)
+    r = cli_in_process(tmp_path, "-m", *args[1:]) if args[0] == "in_process" else _cli(*args, cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert want.format(f=f) in r.stderr, r.stderr[-2000:]
     assert f.read_text() == "x"

@@ -139,7 +139,7 @@ def test_experiment_configs_resolve_pairs_and_sweeps():
         assert cfg.data.batch_size * cfg.data.seq_len == 16384
 
 
-def test_multirun_skips_finished_jobs(tmp_path):
+def test_multirun_skips_finished_jobs(tmp_path, train_py_in_process):
     sweep = tmp_path / "sweep"
     args = ["train.py", "-m", "experiment=mqar_recall", "trainer=default", "data.vocab_size=64", "data.num_train=64",
             "data.num_val=16", "data.batch_size=16", "model.d_model=16", "trainer.max_steps=2",
@@ -149,13 +149,13 @@ def test_multirun_skips_finished_jobs(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     job = next(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     first = (job / "final_metrics.json").read_text()
-    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    # the second and third launches, in this interpreter (neither trains: skipped, refused)
+    r = train_py_in_process(ROOT, *args[1:])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr
     assert (job / "final_metrics.json").read_text() == first  # not trained again
     # the same folders with another config: refused, naming what differs (never another config's numbers)
-    r = subprocess.run([sys.executable, *args, "model.d_model=32"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=240)
+    r = train_py_in_process(ROOT, *args[1:], "model.d_model=32")
     assert r.returncode != 0 and "model.d_model" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     assert (job / "final_metrics.json").read_text() == first
 
@@ -163,7 +163,9 @@ def test_multirun_skips_finished_jobs(tmp_path):
 def test_tiny_model_learns_recall_on_cpu(tmp_path):
     """The recipe of the mqar_* experiments, shrunk to a CPU: 2 layers, d_model 32, (seq_len, pairs) = (16, 2).
     Attention must reach 0.8 on the query positions, where guessing one of the example's two values gives 0.5: the
-    model recalls the value bound to each key (the induction-head circuit forms, about 1,000 steps here)."""
+    model recalls the value bound to each key (the induction-head circuit forms within trainer.max_steps=3000; when
+    it does depends on the seed: 300 / 1,000 / 600 / 1,400 / 1,600 / 1,900 steps at seed 3 / 4 / 2 / 0 / 1 / 5 on
+    a shared 2-core CPU, 2026-12-06, all six learned; seed 3 here: the sooner the early stop, the shorter the test)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
@@ -173,7 +175,7 @@ def test_tiny_model_learns_recall_on_cpu(tmp_path):
                  "data.vocab_size=16", "data.num_train=20000", "data.num_val=256", "data.batch_size=256",
                  "model.d_model=32", "model.n_head=2", "optim.lr=1e-2", "optim.warmup_steps=30",
                  "trainer.max_steps=3000", "trainer.val_check_interval=100", "trainer.log_every_n_steps=100",
-                 "callbacks.early_stop.stopping_threshold=0.8", "skip_finished=false"]
+                 "callbacks.early_stop.stopping_threshold=0.8", "skip_finished=false", "seed=3"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     with open_dict(cfg):

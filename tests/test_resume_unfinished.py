@@ -134,7 +134,7 @@ def test_step_metrics_only_on_the_steps_lightning_writes(tmp_path):
     assert all(v > 0 for _, v in column(rows, "perf/step_time_s"))
 
 
-def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_them(tmp_path):
+def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_them(tmp_path, train_py_in_process):
     import os
     import subprocess
     import sys
@@ -145,8 +145,8 @@ def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_
     sweep = tmp_path / "sweep"
     args = JOB + ["trainer.max_steps=3", "trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}",
                   "attention=flash,linear"]
-    first = subprocess.run([sys.executable, "train.py", "-m", *args, f"stop_at={time.time() - 1:.0f}"], cwd=root,
-                           env=env, capture_output=True, text=True, timeout=240)
+    # the launch that starts no job, in this interpreter; the one that runs them is a process
+    first = train_py_in_process(root, "-m", *args, f"stop_at={time.time() - 1:.0f}", env={"COLUMNS": "400"})
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "2 job(s)" in first.stdout and "not started (stop_at had passed" in first.stdout, first.stdout[-2000:]
     assert "unfinished" not in first.stdout, "jobs that never started are not called stopped or failed"

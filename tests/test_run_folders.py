@@ -12,6 +12,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,6 +42,25 @@ def _cli(cwd, *args, base=FAST, timeout=240):
 
 def _output_dir(stdout):
     return [line.split("output_dir: ", 1)[1] for line in stdout.splitlines() if line.startswith("output_dir: ")]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One single run launched as ``train.py <FAST> <SHORT> hydra.run.dir=run`` (no skip_finished), finished: its
+    folder and its CompletedProcess. Each test that resumes it or is refused by it works on its own copy
+    (:func:`_copy_of`): one launch instead of one per test."""
+    cwd = tmp_path_factory.mktemp("finished")
+    r = _cli(cwd, *SHORT, "hydra.run.dir=run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _output_dir(r.stdout) == [str(cwd / "run")] and (cwd / "run" / "final_metrics.json").is_file()
+    return cwd / "run", r
+
+
+def _copy_of(finished_run, tmp_path):
+    """A copy of the finished run in ``tmp_path / "run"`` (what ``hydra.run.dir=run`` names from ``tmp_path``)."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run[0], run)
+    return run
 
 
 # ------------------------------------------------------------------------------------------ 1: one folder per launch
@@ -73,14 +93,10 @@ def test_two_launches_on_the_same_default_folder_get_one_folder_each(tmp_path):
     assert json.loads((same / "final_metrics.json").read_text())["variant"] == "flash+flash", "not overwritten"
     assert json.loads((other / "final_metrics.json").read_text())["variant"] == "linear+linear"
     assert "attention=linear" not in (same / ".hydra" / "overrides.yaml").read_text()
-    # a refused launch leaves no folder of its own; a resume continues its run's folder and claims none
+    # a refused launch leaves no folder of its own (a resume claims none either: the resume of
+    # test_a_refused_resume_leaves_nothing_in_the_run_it_refused_and_a_resume_continues_it)
     r = _cli(tmp_path, SAME_DEFAULT, "trainer.max_steps=0")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
-    r = _cli(tmp_path, SAME_DEFAULT, "trainer.max_steps=3", "trainer.val_check_interval=3",
-             "trainer.limit_val_batches=1", f"ckpt_path={same / 'checkpoints' / 'last.ckpt'}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert _output_dir(r.stdout) == [str(same)]
-    assert json.loads((same / "final_metrics.json").read_text())["steps"] == 3
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["same", "same-1"]
 
 
@@ -152,24 +168,24 @@ def test_a_single_run_with_a_passed_stop_at_fails_instead_of_doing_nothing(tmp_p
 
 
 # ------------------------------------------------------------------------------------------ 3: skip_finished
-def test_skip_finished_on_a_new_single_run_warns_what_it_is_for(tmp_path):
+def test_skip_finished_on_a_new_single_run_warns_what_it_is_for(tmp_path, finished_run):
     r = _cli(tmp_path, *SHORT, "skip_finished=true")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "skip_finished=true does nothing in a single run (no -m) in a new folder: it makes a multirun resumable" in out
     assert "ckpt_path=<run dir>/checkpoints/last.ckpt" in out
-    r = _cli(tmp_path, *SHORT)  # without it: no such warning
+    r = finished_run[1]  # the same single run in a new folder without it: no such warning
     assert r.returncode == 0 and "skip_finished=true does nothing" not in r.stdout + r.stderr
 
 
-def test_a_skip_finished_refusal_is_a_config_error_printed_without_a_traceback(tmp_path):
-    run = tmp_path / "run"
-    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run")
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_a_skip_finished_refusal_is_a_config_error_printed_without_a_traceback(tmp_path, finished_run,
+                                                                             train_py_in_process):
+    run = _copy_of(finished_run, tmp_path)  # a finished run of train.py <FAST> <SHORT> hydra.run.dir=run
     with pytest.raises(ConfigError, match=r"^skip_finished: .* holds a finished run of another config"):
         main(make_cfg(run, FAST + SHORT + ["skip_finished=true", "optim.lr=1e-3"]))
     hydra_before = sorted(p.name for p in (run / ".hydra").iterdir())
-    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run", "skip_finished=true", "optim.lr=1e-3")
+    # the launch through Hydra, in this interpreter (refused before training: no subprocess needed)
+    r = train_py_in_process(tmp_path, *FAST, *SHORT, "hydra.run.dir=run", "skip_finished=true", "optim.lr=1e-3")
     assert r.returncode != 0 and "holds a finished run of another config" in r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in (run / ".hydra").iterdir()) == hydra_before, "the refused launch left nothing"
@@ -205,31 +221,33 @@ def test_a_sweep_experiment_without_m_warns_and_names_the_sweep(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ 5: a refused resume
-def test_a_refused_resume_leaves_nothing_in_the_run_it_refused(tmp_path):
-    run = tmp_path / "run"
-    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run")
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_a_refused_resume_leaves_nothing_in_the_run_it_refused_and_a_resume_continues_it(tmp_path, finished_run,
+                                                                                         train_py_in_process):
+    run = _copy_of(finished_run, tmp_path)  # a finished run of train.py <FAST> <SHORT> hydra.run.dir=run
     before = {p.relative_to(run): p.stat().st_size for p in run.rglob("*")}
     ckpt = run / "checkpoints" / "last.ckpt"
     for refused in (["attention=linear"], ["optim.lr=1e-3"], ["trainer.max_steps=2"]):
-        r = _cli(tmp_path, *SHORT, f"ckpt_path={ckpt}", *refused)
+        # the launches through Hydra, in this interpreter (refused before training); the resume below is a process
+        r = train_py_in_process(tmp_path, *FAST, *SHORT, f"ckpt_path={ckpt}", *refused)
         assert r.returncode != 0 and "ckpt_path" in r.stderr, r.stderr[-3000:]
         after = {p.relative_to(run): p.stat().st_size for p in run.rglob("*")}
         assert after == before, (refused, set(after) ^ set(before))
-    # a resume that runs keeps its config folder
+    # a resume that runs continues its run's folder, keeps its config folder and claims no folder of its own (the
+    # default hydra.run.dir, outputs/<date>/<time>, stays unmade)
     r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
              f"ckpt_path={ckpt}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(list((run / ".hydra").glob("resume-*"))) == 1
+    assert _output_dir(r.stdout) == [str(run)]
+    assert json.loads((run / "final_metrics.json").read_text())["steps"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "the resume made a folder of its own"
 
 
-def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path):
+def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path, finished_run):
     """``ckpt_path=<run>/checkpoints/last.ckpt hydra.run.dir=<other>`` trained on in <run> while Hydra's config copy
     (.hydra/resume-<time>/) and train.log went to <other>, said only at INFO level ("resuming ... in its run
     directory"): the run's folder silently lacked this launch's config and log."""
-    run = tmp_path / "run"
-    r = _cli(tmp_path, *SHORT, "hydra.run.dir=run")
-    assert r.returncode == 0, r.stderr[-3000:]
+    run = _copy_of(finished_run, tmp_path)  # a finished run of train.py <FAST> <SHORT> hydra.run.dir=run
     r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
              f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "hydra.run.dir=other")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -239,7 +257,7 @@ def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path):
     assert (run / "final_metrics.json").is_file() and (tmp_path / "other" / "train.log").is_file()
 
 
-def test_a_sweep_listing_one_value_twice_is_refused(tmp_path):
+def test_a_sweep_listing_one_value_twice_is_refused(tmp_path, train_py_in_process):
     """``-m attention=flash,flash`` ran both jobs in one folder ``attention=flash``: the second moved the first's
     results aside (*.replaced-<time>) and the summary listed one job, exit 0. Each job now refuses, naming the value."""
     import yaml
@@ -261,7 +279,8 @@ def test_a_sweep_listing_one_value_twice_is_refused(tmp_path):
     for fine in (["optim.lr=1e-3,2e-3", "attention=flash,linear"], ["seed=range(0,3)"], ["seed=0"], []):
         assert why(fine) is None, fine
     assert runs_mod.repeated_sweep_value(tmp_path / "none") is None  # no multirun.yaml
-    r = _cli(tmp_path, *SHORT, "attention=flash,flash", "hydra.sweep.dir=sw", base=["-m", *FAST])
+    # the multirun through Hydra, in this interpreter (each job is refused before training)
+    r = train_py_in_process(tmp_path, "-m", *FAST, *SHORT, "attention=flash,flash", "hydra.sweep.dir=sw")
     assert r.returncode != 0
     assert "attention=flash,flash: the sweep lists 'flash' more than once" in r.stderr + r.stdout
     assert not list((tmp_path / "sw").rglob("final_metrics*.json"))

@@ -117,7 +117,8 @@ def test_the_multirun_summary_marks_diverged_jobs(tmp_path):
     assert rows[1][header.index("val/loss")] == "nan"
 
 
-def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_they_were(tmp_path):
+def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_they_were(tmp_path,
+                                                                                      train_py_in_process):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "train.py", "-m", "attention=flash,linear", *TINY, "skip_finished=true",
            f"hydra.sweep.dir={sweep}"]
@@ -126,7 +127,7 @@ def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_the
     jobs = [sweep / "attention=flash", sweep / "attention=linear"]
     kept = {p: p.read_bytes() for j in jobs for p in (j / "final_metrics.json", j / ".hydra" / "config.yaml")}
     summary = (sweep / "summary.csv").read_bytes()
-    r = subprocess.run(cmd + ["optim.lr=1e-2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = train_py_in_process(ROOT, *cmd[2:], "optim.lr=1e-2")  # the refused rerun, in this interpreter
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert "2 job(s)" in out and "refused" in out and "attention=flash:" in out and "attention=linear:" in out, out[-3000:]

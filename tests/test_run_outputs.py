@@ -142,18 +142,17 @@ def test_local_text_files_are_cached_by_datasets_under_data_cache_dir(tmp_path, 
 
 
 # ------------------------------------------------------------------------------ eval.recall --help
-def test_recall_help_names_the_kinds_and_not_the_sweep_group():
+def test_recall_help_names_the_kinds_and_not_the_sweep_group(cli_in_process):
     """`python -m eval.recall --help` listed crossover's sweep: group (eval/conf/sweep, not used by recall) and did
-    not say that the first argument is the report kind: it now gives the command line and every kind of the code."""
+    not say that the first argument is the report kind: it now gives the command line and every kind of the code.
+    (The command in this interpreter, 80 columns as a process's piped output; eval.recall as a process:
+    test_eval_bad_input's output-folder test.)"""
     import re
-    import subprocess
-    import sys
 
     from eval.recall import FILTER_KINDS, KINDS
     from test_train import ROOT
 
-    r = subprocess.run([sys.executable, "-m", "eval.recall", "--help"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = cli_in_process(ROOT, "-m", "eval.recall", "--help", env={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert "sweep:" not in out and "Configuration groups" not in out
@@ -241,6 +240,13 @@ def _cli(tmp_path, *args):
                           capture_output=True, text=True, timeout=240)
 
 
+def _in_process(train_py_in_process, tmp_path, *args):
+    """:func:`_cli`'s launch in this interpreter (``train_py_in_process``), for launches refused before training."""
+    from test_train import FAST
+
+    return train_py_in_process(tmp_path, *FAST, *args)
+
+
 def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
     """train.log of a run was empty: the final table, the curve, the verdict and the output folder were printed to
     stdout only (and Lightning's lines, the packing summary among them, to stderr only)."""
@@ -264,7 +270,7 @@ def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "output_dir: " in r.stdout and "val/acc by step:" in r.stdout
 
-def test_a_refused_run_leaves_no_run_folder(tmp_path):
+def test_a_refused_run_leaves_no_run_folder(tmp_path, train_py_in_process):
     """A config refused by validate_config left outputs/<date>/<time>/ holding Hydra's files and an empty train.log:
     the folder is removed (and its empty date folder), the command still fails with the message."""
     r = _cli(tmp_path, "trainer.max_steps=0")
@@ -272,19 +278,21 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path):
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder holding anything else is left as it is
-    r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=kept")
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0", "hydra.run.dir=kept")
     assert r.returncode != 0 and (tmp_path / "kept" / "notes.txt").read_text() == "mine"
 
 
-def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path):
+def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path, train_py_in_process):
     """hydra.run.dir naming a folder the user had made (empty, or holding only an earlier launch's train.log) was
     deleted by RemoveUnusedRunDir when the config was refused: only a folder this launch created is removed
-    (hydra.output_subdir=null too: it left its new folder behind)."""
+    (hydra.output_subdir=null too: it left its new folder behind). (The launches in this interpreter; as a process:
+    test_a_refused_run_leaves_no_run_folder.)"""
     (tmp_path / "mine").mkdir()
-    r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=mine")
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0", "hydra.run.dir=mine")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
     assert (tmp_path / "mine").is_dir()
-    r = _cli(tmp_path, "trainer.max_steps=0", "hydra.run.dir=new/run", "hydra.output_subdir=null")
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0", "hydra.run.dir=new/run",
+                    "hydra.output_subdir=null")
     assert r.returncode != 0 and not (tmp_path / "new" / "run").exists()
 
 

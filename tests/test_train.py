@@ -273,7 +273,7 @@ def _bar_counts(out):
     return [(int(x), int(y)) for x, y in re.findall(r"step:[^|]*\|[^|]*\| (\d+)/(\d+)", out)]
 
 
-def test_cli_resume_same_dir_same_wandb_run_and_step_progress_bar(tmp_path):
+def test_cli_resume_same_dir_same_wandb_run_and_step_progress_bar(tmp_path, train_py_in_process):
     """Through Hydra: the resumed run's directory is the checkpoint's, its W&B run id is reused, the bar counts steps."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
@@ -300,8 +300,8 @@ def test_cli_resume_same_dir_same_wandb_run_and_step_progress_bar(tmp_path):
         assert counts and counts[-1] == (total, total), counts[-3:]
         assert all(y == total and start <= x <= y for x, y in counts), counts
         assert not re.search(r"Epoch \d+/-", out)
-    r3 = subprocess.run([sys.executable, "train.py", *base, "trainer.max_steps=6", f"ckpt_path={ckpt}"], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=240)
+    # a third launch to the same step: refused (before training: run in this interpreter)
+    r3 = train_py_in_process(ROOT, *base, "trainer.max_steps=6", f"ckpt_path={ckpt}", env={"WANDB_MODE": "offline"})
     assert r3.returncode != 0 and "trainer.max_steps > 6" in r3.stderr + r3.stdout
 
 

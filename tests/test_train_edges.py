@@ -172,17 +172,15 @@ def test_max_steps_minus_one_with_max_epochs_trains_epochs(tmp_path):
     assert json.loads((tmp_path / "final_metrics.json").read_text())["lr_schedule"]["total_steps"] == 32
 
 
-def test_cli_max_steps_zero_fails_naming_the_key(tmp_path):
-    env = dict(os.environ, WANDB_MODE="disabled")
-    r = subprocess.run([sys.executable, "train.py", "logger=csv", "trainer.max_steps=0",
-                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=240)
+def test_cli_max_steps_zero_fails_naming_the_key(tmp_path, train_py_in_process):
+    """(The launch in this interpreter; as a process: test_run_folders' two-launches test.)"""
+    r = train_py_in_process(ROOT, "logger=csv", "trainer.max_steps=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode != 0
     assert "trainer.max_steps=0: must be a positive integer" in r.stderr + r.stdout
     assert not (tmp_path / "run" / "final_metrics.json").exists() and not (tmp_path / "run" / "csv").exists()
 
 
-def test_two_hydra_modes_are_a_usage_error(tmp_path):
+def test_two_hydra_modes_are_a_usage_error(tmp_path, train_py_in_process):
     """``-m`` with ``--cfg`` (or two other Hydra modes) is refused with one line naming both, not Hydra's traceback;
     one mode alone passes through."""
     f = train_mod.hydra_mode_conflict
@@ -191,8 +189,7 @@ def test_two_hydra_modes_are_a_usage_error(tmp_path):
     assert "--info and --run" in f(["--run", "--info"])
     for one in (["-m", "seed=0,1"], ["--cfg", "job", "seed=1"], ["--cfg=job"], [], ["attention=flash"]):
         assert f(one) is None, one
-    r = subprocess.run([sys.executable, "train.py", "-m", "--cfg", "job"], cwd=ROOT,
-                       env=dict(os.environ, WANDB_MODE="disabled"), capture_output=True, text=True, timeout=240)
+    r = train_py_in_process(ROOT, "-m", "--cfg", "job")  # train.py's __main__ block, in this interpreter
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "--cfg and --multirun cannot be combined" in r.stderr
 
@@ -473,7 +470,7 @@ def test_bad_data_seq_len_is_named_not_model_max_seq_len(tmp_path, bad):
         train_mod.validate_config(make_cfg(tmp_path, [f"data.seq_len={bad}"]))
 
 
-def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_path):
+def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_path, train_py_in_process):
     """A bad option in a sweep list (``-m attention=flash,flsh``): Hydra checks every job's config before launching
     any and ends with the error; the summary said "a job failed, so Hydra ends with its error after the sweep ...
     0 jobs (no final_metrics.json found)" although no job ran."""
@@ -487,13 +484,11 @@ def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_pat
     assert f"attn-zoo multirun: no job ran in {sweep}: Hydra refused the sweep before its first job" in r.stdout
     assert not [p for p in sweep.iterdir() if p.is_dir()]
     # the same refusal in a sweep folder that holds an earlier launch's job: still "no job ran", not "a job failed"
-    # with the earlier job's table
+    # with the earlier job's table (this launch in this interpreter)
     old = sweep / "attention=flash" / ".hydra"
     old.mkdir(parents=True)
     (old / "config.yaml").write_text("{}\n")
     os.utime(old / "config.yaml", (1e9, 1e9))  # written long before this launch
-    r = subprocess.run([sys.executable, "train.py", "-m", "attention=flash,flsh", "logger=csv",
-                        f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"),
-                       capture_output=True, text=True, timeout=240)
+    r = train_py_in_process(ROOT, "-m", "attention=flash,flsh", "logger=csv", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 1 and "a job failed" not in r.stdout, r.stdout
     assert f"attn-zoo multirun: no job ran in {sweep}" in r.stdout
