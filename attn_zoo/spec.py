@@ -159,7 +159,9 @@ class AttentionSpec:
         if unknown:  # a misspelled or another kind's field: make_spec's ValueError, not dataclass's TypeError
             from .variants import get_variant
 
-            _refuse_unknown_fields(get_variant(kind), kind, unknown)  # a bad kind: get_variant names it
+            variant = get_variant(kind)  # a bad kind: get_variant names it
+            reads = sorted(n for n in set(variant.spec_class.__dataclass_fields__) - {"kind"} if _reads(variant, n))
+            raise ValueError(f"unknown fields {sorted(unknown)} for kind={kind!r}; allowed: {', '.join(reads)}")
         return object.__new__(target)
 
     def __post_init__(self):
@@ -256,19 +258,5 @@ def make_spec(kind: str = "flash", **kwargs) -> AttentionSpec:
                 kwargs[key] = tuple(val)
             except TypeError:
                 pass
-    from .variants import get_variant
+    return AttentionSpec(kind=kind, **kwargs)  # unknown fields and kinds: refused by AttentionSpec.__new__
 
-    variant = get_variant(kind) if isinstance(kind, str) else None
-    cls = variant.spec_class if variant is not None else AttentionSpec
-    unknown = set(kwargs) - set(cls.__dataclass_fields__)
-    if unknown:
-        _refuse_unknown_fields(variant, kind, unknown)
-    return AttentionSpec(kind=kind, **kwargs)
-
-
-def _refuse_unknown_fields(variant, kind, unknown) -> None:
-    """``ValueError`` naming the ``unknown`` fields and those ``kind`` reads (its variant's, its family's, the common
-    ones): the one message of :func:`make_spec` and ``AttentionSpec(...)`` / ``spec.replace(...)``."""
-    cls = variant.spec_class if variant is not None else AttentionSpec
-    reads = sorted(n for n in set(cls.__dataclass_fields__) - {"kind"} if variant is None or _reads(variant, n))
-    raise ValueError(f"unknown fields {sorted(unknown)} for kind={kind!r}; allowed: {', '.join(reads)}")
