@@ -230,10 +230,51 @@ def test_tma_rules():
     assert not kf.tma_ok(32, 32, 1 << 40, True, auto, xd, xd)
     assert not kf.tma_ok(32, 32, auto.tma_min_pairs - 1, False, auto, xd, xd)
     assert kf.visited_pairs(2, 4, 100, 100, -1, -1) == 2 * 4 * 100 * 100
-    assert kf.visited_pairs(1, 1, 100, 100, 9, 0) == 100 * 10
-    assert kf.visited_pairs(1, 1, 100, 100, -1, 0) == 100 * 50  # causal: half the square
+    assert kf.visited_pairs(1, 1, 100, 100, 9, 0) == 100 * 10  # a window's band, 10 keys a row
+    assert kf.visited_pairs(1, 1, 100, 100, -1, 0) == 100 * 101 // 2  # causal: the triangle, diagonal included
     assert kf.visited_pairs(1, 1, 1, 100, -1, 0) == 100  # causal decoding: the last row sees every key
-    assert kf.visited_pairs(1, 1, 100, 100, 20, -1) == 100 * 70
+    assert kf.visited_pairs(1, 1, 100, 100, 20, -1) == 100 * 100 - 79 * 80 // 2
+
+
+SPECS_FOR_PAIRS = [dict(kind="flash", causal=False), dict(kind="flash", causal=True),
+                   dict(kind="sliding_window", causal=True, window_size=(3, 0)),
+                   dict(kind="sliding_window", causal=False, window_size=(3, 2)),
+                   dict(kind="sliding_window", causal=False, window_size=(None, 2)),
+                   dict(kind="sliding_window", causal=False, window_size=(5, None)),
+                   dict(kind="sliding_window", causal=True, window_size=(5, None))]
+
+
+@pytest.mark.parametrize("Nq, Nk", [(1, 40), (16, 40), (40, 40), (40, 16), (40, 1), (33, 7), (7, 33)])
+@pytest.mark.parametrize("kw", SPECS_FOR_PAIRS, ids=lambda kw: f"{kw['kind']}-{kw['causal']}-{kw.get('window_size')}")
+def test_visited_pairs_counts_the_dense_mask(kw, Nq, Nk):
+    """``visited_pairs`` (what the ``"auto"`` thresholds of TMA and the Gluon kernels compare) against the dense mask
+    of the spec (``mask_info``, bottom-right aligned) with the window arguments ``flash_attn`` derives from it. Dense,
+    causal and one-edge windows: exactly the pairs the mask keeps; a window with both edges: its band, ``min(left +
+    right + 1, Nk)`` keys for every row that sees a key (never fewer than the mask keeps). Before: a causal call with
+    ``Nq > Nk`` counted ``max(1, Nk - Nq // 2)`` keys a row, about one pair per row (``Nq = 4096, Nk = 1024``: 4,096
+    pairs instead of 524,800), so such calls stayed below every threshold."""
+    from kernels.flash import visited_pairs
+    from kernels.flash.api import _window_bounds
+
+    mi = mask_info(AttentionSpec(**kw), Nq, Nk)
+    window = None if mi.window_left is None and mi.window_right is None else (mi.window_left, mi.window_right)
+    wl, wr = _window_bounds(mi.causal, window)
+    dense = mi.dense()
+    kept, rows = int(dense.sum()), int(dense.any(1).sum())
+    got = visited_pairs(1, 1, Nq, Nk, wl, wr)
+    if wl >= 0 and wr >= 0:
+        assert got == rows * min(Nk, wl + wr + 1) and got >= kept
+    else:
+        assert got == kept
+    assert visited_pairs(3, 2, Nq, Nk, wl, wr) == 6 * got
+
+
+def test_visited_pairs_causal_with_more_queries_than_keys():
+    """Causal ``Nq > Nk``: the rows before the first key keep nothing, the last ``Nk`` rows the triangle."""
+    from kernels.flash import visited_pairs
+
+    assert visited_pairs(1, 1, 4096, 1024, -1, 0) == 1024 * 1025 // 2
+    assert visited_pairs(2, 8, 8192, 4096, -1, 0) == 16 * 4096 * 4097 // 2
 
 
 @pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])

@@ -417,20 +417,38 @@ def tma_ok(D: int, block_d: int, pairs: int, sparse: bool, config: FlashConfig, 
     return True
 
 
-def visited_pairs(B: int, Hq: int, Nq: int, Nk: int, win_left: int, win_right: int) -> int:
-    """Visited query-key pairs of a dense / causal / window problem, estimated (for :func:`tma_ok`): rows see
-    ``left + right + 1`` keys with both window edges, on average ``Nk - Nq / 2 + right`` with only a right edge
-    (causal: ``right = 0``), ``Nq / 2 + left`` with only a left edge, each clipped to ``[1, Nk]``."""
-    if win_left >= 0 and win_right >= 0:
-        width = win_left + win_right + 1
-    elif win_right >= 0:
-        width = Nk - Nq // 2 + win_right
-    elif win_left >= 0:
-        width = Nq // 2 + win_left
-    else:
-        width = Nk
-    return B * Hq * Nq * max(1, min(Nk, width))
+def _clamped_sum(n: int, cap: int) -> int:
+    """``sum(min(x, cap) for x in range(1, n + 1))`` in O(1) (0 for ``n <= 0``)."""
+    if n <= 0:
+        return 0
+    if n <= cap:
+        return n * (n + 1) // 2
+    return cap * (cap + 1) // 2 + (n - cap) * cap
 
+
+def _pairs_up_to(Nq: int, Nk: int, d: int) -> int:
+    """``#{(i, j): 0 <= i < Nq, 0 <= j < Nk, j <= i + Nk - Nq + d}``: row ``i`` (absolute position ``i + Nk - Nq``)
+    keeps ``clamp(i + Nk - Nq + d + 1, 0, Nk)`` keys, consecutive integers over the rows."""
+    return _clamped_sum(Nk + d, Nk) - _clamped_sum(Nk - Nq + d, Nk)
+
+
+def visited_pairs(B: int, Hq: int, Nq: int, Nk: int, win_left: int, win_right: int) -> int:
+    """Visited query-key pairs of a dense / causal / window problem (``win_left`` / ``win_right`` < 0: no such edge;
+    causal is ``win_right = 0``), bottom-right aligned (query row ``i`` at position ``i + Nk - Nq``): what the
+    ``"auto"`` thresholds compare (:func:`tma_ok`, the Gluon choices). Dense, one window edge (causal) and its
+    absence: exactly the pairs the mask keeps (rows before the first key under a causal mask when ``Nq > Nk`` keep
+    none). Both edges: ``min(left + right + 1, Nk)`` keys for every row that sees a key, the band the kernels'
+    tiles walk away from the sequence ends (the pairs kept, plus the corners the band loses at the ends)."""
+    if win_left >= 0 and win_right >= 0:
+        rows = min(Nq, Nk + win_right)  # rows at positions >= -right see a key
+        per_head = rows * min(Nk, win_left + win_right + 1)
+    elif win_right >= 0:
+        per_head = _pairs_up_to(Nq, Nk, win_right)
+    elif win_left >= 0:
+        per_head = Nq * Nk - _pairs_up_to(Nq, Nk, -win_left - 1)
+    else:
+        per_head = Nq * Nk
+    return B * Hq * per_head
 
 
 def _mode_args(q, layout, tables, documents=None):
