@@ -2,7 +2,9 @@
 
 In ONE process and run: ours (the registry's ``triton`` backend: ``kernels.flash_attn`` through its adapter, with
 ``FlashConfig()``: ``fwd_impl="auto"``, so on Hopper the Gluon forward where :func:`kernels.flash.resolve_fwd_impl`
-picks it; the forward that ran is the row's ``fwd_impl``, the backward its ``bwd_impl``), and
+picks it; the forward that ran is the row's ``fwd_impl``, the backward its ``bwd_impl``; whether they stream their
+operands by TMA descriptors, ``fwd_tma``, ``bwd_dkdv_tma`` and ``bwd_dq_tma``: :func:`kernels.flash.resolve_fwd_tma` /
+``resolve_bwd_tma``, the rule the launches apply, ``FlashConfig.tma`` / ``tma_min_pairs``), and
 the registry's anchors (:mod:`attn_zoo.registry`): by default PyTorch SDPA with the flash backend
 (FlashAttention-2), SDPA with the cuDNN backend, and compiled FlexAttention (``torch.compile(flex_attention)`` with
 dynamo's recompile limit raised, else it falls back to eager and materialises N x N); ``--impls`` takes any
@@ -97,6 +99,7 @@ OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_tmadq2": dict(bwd_impl="gluon", gluon_bwd_dq="tma", gluon_bwd_consumers=2),
             "ours_triton_bwd": dict(bwd_impl="triton"), "ours_triton_all": dict(bwd_impl="triton")}
 DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
+DTYPE = torch.bfloat16  # the inputs' dtype (the tests' CPU runs of ours take float32: the interpreter refuses bf16)
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
 
 
@@ -313,6 +316,20 @@ def ours_bwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=
     return resolve_bwd_impl(ours_config(impl, config), q, k, v, **_mask_args(spec, q, k, doc_ids))
 
 
+def ours_tma(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None, fwd_only=False) -> dict:
+    """The row fields saying whether ``impl``'s kernels (a key of ``OURS``) stream their operands by TMA on ``q, k,
+    v`` under ``spec``: ``fwd_tma`` (:func:`kernels.flash.resolve_fwd_tma`: the Gluon forward always, the Triton one
+    by its launch's rule, ``FlashConfig.tma`` / ``tma_min_pairs``) and, unless ``fwd_only``, ``bwd_dkdv_tma`` /
+    ``bwd_dq_tma`` (:func:`kernels.flash.resolve_bwd_tma`: the backward's dK/dV pass and its dQ)."""
+    from kernels.flash import resolve_bwd_tma, resolve_fwd_tma
+
+    cfg, mask = ours_config(impl, config), _mask_args(spec, q, k, doc_ids)
+    row = {"fwd_tma": resolve_fwd_tma(cfg, q, k, v, **mask)}
+    if not fwd_only:
+        row["bwd_dkdv_tma"], row["bwd_dq_tma"] = resolve_bwd_tma(cfg, q, k, v, **mask)
+    return row
+
+
 def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
     """FA4's ``flash_attn_varlen_func`` in its own packed layout: ``(B*N, H, D)`` leaves (copies of ``q, k, v``,
     ``requires_grad``) and ``cu_seqlens`` built here, once; returns ``f(*_)`` (arguments ignored) giving the output
@@ -371,10 +388,10 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
     if docs is not None:
         n_docs = int((doc_ids[:, 1:] != doc_ids[:, :-1]).sum()) + B
     g = torch.Generator(device=DEVICE).manual_seed(N + D)
-    q = torch.randn(B, Hq, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    k = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    vv = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    do = torch.randn(B, Hq, N, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    q = torch.randn(B, Hq, N, D, device=DEVICE, dtype=DTYPE, generator=g).requires_grad_(True)
+    k = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=DTYPE, generator=g).requires_grad_(True)
+    vv = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=DTYPE, generator=g).requires_grad_(True)
+    do = torch.randn(B, Hq, N, D, device=DEVICE, dtype=DTYPE, generator=g)
     res, timers = {}, {}
     for impl in impls:
         row = dict(variant=name, N=N, D=D, B=B, Hq=Hq, Hkv=Hkv, impl=impl, visited_fraction=round(frac, 5))
@@ -396,6 +413,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
                 row["fwd_impl"] = ours_fwd_impl(impl, spec, q, k, vv, config, doc_ids)
                 if not fwd_only:
                     row["bwd_impl"] = ours_bwd_impl(impl, spec, q, k, vv, config, doc_ids)
+                row.update(ours_tma(impl, spec, q, k, vv, config, doc_ids, fwd_only))
             if impl in NATIVE:
                 if doc_ids is None:
                     raise ValueError(f"impl {impl!r} runs packed documents only (--docs)")
@@ -583,7 +601,8 @@ def main(argv=None):
                 write_results(rows, a.out, a.tag, env)  # after every case: a killed run keeps what it measured
     ours = [r for r in rows if r["impl"] in OURS and "fwd_ms" in r]
     cols = ["variant"] + (["docs"] if a.docs else []) + ["N", "D", "impl", "fwd_impl"] + (
-        [] if a.fwd_only else ["bwd_impl"]) + ["fwd_tflops"] + (
+        [] if a.fwd_only else ["bwd_impl"]) + ["fwd_tma"] + (
+        [] if a.fwd_only else ["bwd_dkdv_tma", "bwd_dq_tma"]) + ["fwd_tflops"] + (
         [] if a.fwd_only else ["bwd_tflops", "fwd_bwd_tflops", "peak_mem_mib"]) + [
         c for c in ("fwd_spread",) + (() if a.fwd_only else ("fwd_bwd_spread",)) if any(c in r for r in ours)]
     cols += [c for c in ("x_sdpa_flash_fwd_bwd", "x_sdpa_cudnn_fwd_bwd", "x_flex_fwd_bwd", "x_fa4_fwd_bwd",

@@ -43,14 +43,14 @@ choice, launch plans, TMA policy), ``sparse`` (block tables), ``autograd`` (auto
 ``fwd_impl="auto"`` choice;
 its kernel module ``_gluon_kernels`` is imported on first use only).
 
-Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :func:`resolve_bwd_impl`, :class:`FlashConfig`,
-:class:`TileConfig`, :func:`flash_settings`, :func:`current_flash_config`, :func:`flash_attn_fwd`,
-:func:`flash_attn_bwd`, :func:`sparse_tiles`, :func:`build_sparse_tables`, :func:`choose_dkdv_split`,
-:func:`resolve_dkdv_split`, :func:`pick_config`, :func:`clear_plans`, :func:`clear_caches`, :func:`launch_plans`,
-:func:`autotune_results`, ``KERNELS``.
+Public API: :func:`flash_attn`, :func:`resolve_fwd_impl`, :func:`resolve_bwd_impl`, :func:`resolve_fwd_tma`,
+:func:`resolve_bwd_tma`, :class:`FlashConfig`, :class:`TileConfig`, :func:`flash_settings`,
+:func:`current_flash_config`, :func:`flash_attn_fwd`, :func:`flash_attn_bwd`, :func:`sparse_tiles`,
+:func:`build_sparse_tables`, :func:`choose_dkdv_split`, :func:`resolve_dkdv_split`, :func:`pick_config`,
+:func:`clear_plans`, :func:`clear_caches`, :func:`launch_plans`, :func:`autotune_results`, ``KERNELS``.
 """
 
-from .api import flash_attn, resolve_bwd_impl, resolve_fwd_impl
+from .api import flash_attn, resolve_bwd_impl, resolve_bwd_tma, resolve_fwd_impl, resolve_fwd_tma
 from .bwd import choose_dkdv_split, flash_attn_bwd, resolve_dkdv_split
 from .common import MAX_HEAD_DIM
 from .config import BWD_IMPLS, DQ_MODES, FWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_BWD_DQ, FlashConfig, TileConfig, \
@@ -60,7 +60,8 @@ from .launch import KERNELS, autotune_results, clear_caches, clear_plans, launch
     visited_pairs
 from .sparse import build_sparse_tables, sparse_mode, sparse_tiles
 
-__all__ = ["flash_attn", "resolve_fwd_impl", "resolve_bwd_impl", "FWD_IMPLS", "BWD_IMPLS", "FlashConfig", "TileConfig",
+__all__ = ["flash_attn", "resolve_fwd_impl", "resolve_bwd_impl", "resolve_fwd_tma", "resolve_bwd_tma", "FWD_IMPLS",
+           "BWD_IMPLS", "FlashConfig", "TileConfig",
            "flash_settings", "current_flash_config", "flash_attn_fwd", "flash_attn_bwd", "sparse_tiles",
            "build_sparse_tables", "sparse_mode", "choose_dkdv_split", "resolve_dkdv_split", "pick_config",
            "clear_plans", "clear_caches", "launch_plans", "autotune_results", "tma_ok", "visited_pairs", "KERNELS",

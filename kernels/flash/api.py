@@ -8,8 +8,10 @@ import torch
 
 from .._host import check_bool, check_scale, check_window_size, is_int
 from .autograd import _flash_fwd_op, _FlashFn
+from .bwd import bwd_run_config, bwd_tma
 from .config import _CURRENT, FlashConfig
 from .documents import cached_document_table
+from .fwd import fwd_tma
 from .gluon import choose_bwd_impl, choose_fwd_impl
 from .launch import _check
 from .sparse import build_sparse_tables, check_tables
@@ -97,6 +99,43 @@ def resolve_bwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     shape, the mask and the triton version: ``GLUON_AUTO_BWD_TRITON``). The counterpart of
     :func:`resolve_fwd_impl`, for benchmarks that record which kernels ran; arguments and errors as there."""
     return _resolve_impl("bwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
+
+
+def resolve_fwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
+                    block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
+                    block_size: int = 0) -> bool:
+    """Whether the forward that :func:`flash_attn` runs for ``q, k, v`` and these mask arguments with ``config``
+    (``None``: the current settings) streams K / V by TMA descriptors: the Gluon forward (where
+    :func:`resolve_fwd_impl` names it) reads by TMA only; the Triton forward where its launch decides so
+    (:func:`kernels.flash.fwd.fwd_tma`: :func:`~kernels.flash.tma_ok` with ``config.tma``, ``"auto"`` on Hopper from
+    ``config.tma_min_pairs`` :func:`~kernels.flash.visited_pairs`, the layout rules on ``k`` / ``v``). For benchmark
+    rows; a TMA build the compiler rejects still falls back to pointer loads at the launch. Arguments and errors as
+    :func:`resolve_fwd_impl`."""
+    config = _call_config(config, None, None, None)
+    impl = _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
+    if impl != "triton":
+        return True
+    wl, wr = _window_bounds(causal, window_size)
+    return fwd_tma(q, k, v, wl, wr, block_layout, config)
+
+
+def resolve_bwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
+                    block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
+                    block_size: int = 0, do: Optional[torch.Tensor] = None) -> Tuple[bool, bool]:
+    """``(dkdv, dq)``: whether the backward of that :func:`flash_attn` call streams its operands by TMA in its
+    dK/dV pass and in its dQ, as the backward decides (:func:`kernels.flash.bwd.bwd_run_config`, the config it runs
+    with, then :func:`kernels.flash.bwd.bwd_tma`): the Gluon backward's dK/dV kernel reads by TMA only, its dQ by
+    ``gluon_bwd_dq``; the Triton backward's kernels by the rule of their launches (``config.tma``, ``"auto"`` from
+    ``config.tma_min_pairs`` visited pairs on Hopper; dK/dV streams Q / dO, dQ K / V; no dQ kernel with
+    ``dq_mode="atomic"``). ``do``: the output's gradient (``None``: laid out as ``q``, whose layout rules it then
+    meets). The counterpart of :func:`resolve_fwd_tma`; arguments and errors as :func:`resolve_bwd_impl`."""
+    config = _call_config(config, None, None, None)
+    wl, wr = _window_bounds(causal, window_size)
+    _check_dilation(dilation)
+    run = bwd_run_config(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+    return bwd_tma(run, q, k, v, q if do is None else do, wl, wr, block_layout)
 
 
 @torch.compiler.assume_constant_result

@@ -417,11 +417,7 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     """
     if config is None:
         config = current_flash_config()
-    if config.bwd_impl == "auto" and q.is_cuda:  # Gluon (two consumers; Gluon dQ at D 128) where it is the faster one
-        from .gluon import auto_gluon_bwd_config, choose_bwd_impl
-
-        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs) == "gluon":
-            config = auto_gluon_bwd_config(config, q.shape[3])
+    config = bwd_run_config(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
     if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; band masks with two consumers, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 
@@ -478,6 +474,38 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     return dq, dk, dv
 
 
+def bwd_run_config(config: FlashConfig, q, k, v, win_left: int, win_right: int, layout, dilation: int, documents,
+                   layout_bs: int = 0) -> FlashConfig:
+    """The config :func:`flash_attn_bwd` runs with: ``config``, or for ``bwd_impl="auto"`` where
+    :func:`kernels.flash.gluon.choose_bwd_impl` takes the Gluon backward (two consumers; the Gluon dQ at the head
+    dims of ``AUTO_GLUON_DQ_HEAD_DIMS``), ``config`` with :func:`~kernels.flash.gluon.auto_gluon_bwd_config`'s
+    settings (``bwd_impl="gluon"``). Arguments as :func:`flash_attn_bwd`'s."""
+    if config.bwd_impl == "auto" and q.device.type == "cuda":  # Gluon where it is the faster one
+        from .gluon import auto_gluon_bwd_config, choose_bwd_impl
+
+        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs) == "gluon":
+            return auto_gluon_bwd_config(config, q.shape[3])
+    return config
+
+
+def bwd_tma(config: FlashConfig, q, k, v, do, win_left: int, win_right: int, layout) -> Tuple[bool, bool]:
+    """``(dK/dV, dQ)``: whether the backward that runs with ``config`` (:func:`bwd_run_config`'s) streams its
+    operands by TMA in its dK/dV pass and in its dQ. ``bwd_impl="gluon"``: the Gluon dK/dV kernel reads by TMA only;
+    its dQ by TMA for the ``gluon_bwd_dq`` paths of :data:`kernels.flash.gluon.GLUON_BWD_DQ_BY_TMA`, for
+    ``"triton"`` where the Triton dQ kernel's rule says so (:func:`dq_tma`, as :func:`triton_dq` launches it), not
+    for ``"atomic"`` (atomics into a buffer). The Triton backward: :func:`dkdv_tma` and, unless ``dq_mode="atomic"``
+    (dQ by atomics inside the dK/dV kernel), :func:`dq_tma`. A TMA build the compiler rejects still falls back to
+    pointer loads at the launch (with a warning)."""
+    if config.bwd_impl == "gluon":
+        from .gluon import GLUON_BWD_DQ_BY_TMA
+
+        path = config.gluon_bwd_dq
+        return True, path in GLUON_BWD_DQ_BY_TMA or (
+            path == "triton" and dq_tma(q, k, v, win_left, win_right, None, config))
+    return (dkdv_tma(q, k, v, do, win_left, win_right, layout, config),
+            config.dq_mode != "atomic" and dq_tma(q, k, v, win_left, win_right, layout, config))
+
+
 def _launch_dq(plan, q, k, v, do, lse2, delta, dq, softmax_scale, win_left, win_right, dilation, mk, layout_bs,
                config):
     """Launch the dQ kernel (``plan.meta["dq"]``) over ``(cdiv(Nq, BLOCK_M), B * Hq)``: ``dq`` (any strides) from
@@ -523,13 +551,28 @@ def _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, confi
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", DILATED=dilation > 1, DOCS=docs)
 
 
+def dq_tma(q, k, v, win_left, win_right, layout, config) -> bool:
+    """Whether the Triton dQ kernel streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over
+    the visited pairs, only when ``Dv == D``. The mask as :func:`flash_attn_bwd` takes it."""
+    B, Hq, Nq, D = q.shape
+    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
+    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, k, v)
+
+
+def dkdv_tma(q, k, v, do, win_left, win_right, layout, config) -> bool:
+    """Whether the Triton dK/dV kernel streams Q / dO by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok`
+    over the visited pairs, only when ``Dv == D``. The mask as :func:`flash_attn_bwd` takes it."""
+    B, Hq, Nq, D = q.shape
+    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
+    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, q, do)
+
+
 def _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):
     """The dQ kernel's constexprs (a plan's ``meta["dq"]``)."""
-    B, Hq, Nq, D = q.shape
+    D = q.shape[3]
     f_tile = sparse_tiles(D, config)[0] if layout is not None else (1, 1)
     common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile)
-    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
-    return dict(common, TMA=v.shape[3] == D and tma_ok(D, common["BLOCK_D"], pairs, layout is not None, config, k, v))
+    return dict(common, TMA=dq_tma(q, k, v, win_left, win_right, layout, config))
 
 
 def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dilation, config, docs=False):
@@ -538,14 +581,12 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     Dv = v.shape[3]
-    block_d = max(16, next_pow2(D))
     block_dv = max(16, next_pow2(Dv))
-    pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
     f_tile, b_tile = sparse_tiles(D, config) if layout is not None else ((1, 1), (1, 1))
     common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile)
     atomic = config.dq_mode == "atomic"
     meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=sparse_mode(layout, layout_bs, b_tile, Nq, Nk, config),
-                     TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, q, do))
+                     TMA=dkdv_tma(q, k, v, do, win_left, win_right, layout, config))
     n_tiles = cdiv(Nk, _block_n_dkdv(meta_dkdv, q.dtype, config))
     n_split = resolve_dkdv_split(config.dkdv_split, group, n_tiles * B * Hkv, q.device)
     # the preprocess reads O and dO: v's head dim

@@ -170,17 +170,24 @@ def _fwd_kernel(Q, K, V, Out, Lse,
 KERNELS["fwd"] = _fwd_kernel
 
 
+def fwd_tma(q, k, v, win_left, win_right, layout, config) -> bool:
+    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over the
+    visited pairs (:func:`visited_pairs`), only when ``Dv == D``. The mask as :func:`flash_attn_fwd` takes it."""
+    B, Hq, Nq, D = q.shape
+    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
+    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, k, v)
+
+
 def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     Dv = v.shape[3]
     block_d = max(16, next_pow2(D))
-    pairs = visited_pairs(B, Hq, Nq, Nk, win_left, win_right)
     return dict(HEAD_D=D, BLOCK_D=block_d, HEAD_DV=Dv, BLOCK_DV=max(16, next_pow2(Dv)), HAS_LEFT=win_left >= 0,
                 HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                TMA=Dv == D and tma_ok(D, block_d, pairs, layout is not None, config, k, v), DILATED=dilation > 1,
+                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config), DILATED=dilation > 1,
                 DOCS=docs)
 
 

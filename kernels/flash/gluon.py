@@ -659,6 +659,10 @@ def gluon_layout_tables(layout: torch.Tensor, layout_bs: int, Nq: int, Nk: int, 
     return tables
 
 
+GLUON_BWD_DQ_BY_TMA = ("gluon", "tma")
+"""The ``gluon_bwd_dq`` paths whose dQ goes through TMA: the Gluon dQ kernel (K / V streamed by TMA) and the TMA
+reduce-add of the dK / dV kernel (``"atomic"`` adds by pointer atomics; ``"triton"`` follows the Triton dQ kernel's
+rule, :func:`kernels.flash.bwd.dq_tma`). Read by :func:`kernels.flash.bwd.bwd_tma`."""
 GLUON_BWD_DQ_LAYOUT = ("gluon", "tma")
 """The dQ paths of ``bwd_impl="gluon"`` (with two consumers) that take a block-sparse layout: the Gluon dQ kernel on
 the layout's query-tile table, and the TMA reduce-add from the dK / dV kernel walking its key-tile table."""
