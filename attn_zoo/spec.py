@@ -148,6 +148,7 @@ class AttentionSpec:
     def __new__(cls, *args, **kwargs):
         # AttentionSpec(kind=k, ...) of a variant with its own fields builds that variant's subclass
         target = cls
+        given = "kind" in kwargs or bool(args)
         kind = kwargs["kind"] if "kind" in kwargs else (args[0] if args else "flash")
         if cls is AttentionSpec and isinstance(kind, str):
             from .variants import spec_class_of
@@ -157,8 +158,14 @@ class AttentionSpec:
                 target = sub
         unknown = set(kwargs) - set(target.__dataclass_fields__)
         if unknown:  # a misspelled or another kind's field: make_spec's ValueError, not dataclass's TypeError
-            from .variants import get_variant
+            from .variants import get_variant, kind_of_spec_class
 
+            if not given and cls is not AttentionSpec:  # a variant's subclass built without kind: its own kind
+                kind = kind_of_spec_class(cls)
+                if kind is None:
+                    own = sorted(set(cls.__dataclass_fields__) - {"kind"})
+                    raise ValueError(f"unknown fields {sorted(unknown)} for {cls.__name__} (no registered kind builds "
+                                     f"it); its fields: {', '.join(own)}")
             variant = get_variant(kind)  # a bad kind: get_variant names it
             reads = sorted(n for n in set(variant.spec_class.__dataclass_fields__) - {"kind"} if _reads(variant, n))
             raise ValueError(f"unknown fields {sorted(unknown)} for kind={kind!r}; allowed: {', '.join(reads)}")
@@ -171,8 +178,13 @@ class AttentionSpec:
             get_variant("")  # raises, naming the registered kinds
         v = get_variant(self.kind)
         if type(self) is not v.spec_class:
-            raise ValueError(f"kind={self.kind!r} is built by {v.spec_class.__name__}, not {type(self).__name__}; "
-                             f"use AttentionSpec(kind={self.kind!r}, ...) or attn_zoo.make_spec")
+            from .variants import kind_of_spec_class
+
+            own = kind_of_spec_class(type(self))
+            stands_for = f" (the spec class of kind={own!r})" if own is not None and own != self.kind else ""
+            raise ValueError(f"kind={self.kind!r} is built by {v.spec_class.__name__}, not {type(self).__name__}"
+                             f"{stands_for}; use AttentionSpec(kind={self.kind!r}, ...) or attn_zoo.make_spec"
+                             + (f", or pass kind={own!r}" if stands_for else ""))
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal must be a bool, got {self.causal!r}")
         if self.softmax_scale is not None and not (

@@ -158,6 +158,47 @@ def test_constructor_and_replace_refuse_unknown_fields_as_make_spec_does(build):
         AttentionSpec(kind="flsh", windowsize=(3, 0))
 
 
+def test_a_subclass_built_without_kind_names_its_own_kind_and_fields():
+    """A variant's spec subclass built without ``kind`` named flash's fields in the unknown-field error (``kind``'s
+    dataclass default): ``DilatedWindowSpec(dilation=2, foo=1)`` said "for kind='flash'; allowed: causal,
+    kv_group_size, n_kv_heads, name, softmax_scale", leaving out ``dilation`` and ``window_size``. It names the kind
+    the subclass is registered for (a plugin's too), or the class when no kind is registered with it; and refusing
+    the default kind, it names the subclass's own."""
+    from dataclasses import dataclass
+
+    from attn_zoo.variants import register_variant, unregister_variant
+    from attn_zoo.variants.dilated_window import DilatedWindowSpec
+
+    with pytest.raises(ValueError) as e:
+        DilatedWindowSpec(window_size=(3, 0), dilation=2, foo=1)
+    assert str(e.value) == ("unknown fields ['foo'] for kind='dilated_window'; allowed: causal, dilation, "
+                            "kv_group_size, n_kv_heads, name, softmax_scale, window_size")
+    with pytest.raises(ValueError, match=r"unknown fields \['foo'\] for kind='flash'; allowed: causal, kv_group_size"):
+        DilatedWindowSpec(kind="flash", foo=1)  # a kind given is the kind named
+    with pytest.raises(ValueError, match=r"^kind='flash' is built by AttentionSpec, not DilatedWindowSpec \(the spec "
+                                         r"class of kind='dilated_window'\); .*, or pass kind='dilated_window'$"):
+        DilatedWindowSpec(window_size=(3, 0), dilation=2)
+    assert DilatedWindowSpec(kind="dilated_window", window_size=(3, 0), dilation=2).dilation == 2
+
+    @dataclass(frozen=True)
+    class StrideSpec(AttentionSpec):
+        stride: int = 2
+
+    with pytest.raises(ValueError, match=r"^unknown fields \['strid'\] for StrideSpec \(no registered kind builds "
+                                         r"it\); its fields: .*, stride, .*$"):
+        StrideSpec(strid=3)
+    register_variant("strided_toy", "softmax", spec_class=StrideSpec, fields=("stride",),
+                     mask=lambda spec, Nq, Nk: {"dilation": spec.stride})
+    try:
+        with pytest.raises(ValueError) as e:
+            StrideSpec(strid=3)
+        assert str(e.value) == ("unknown fields ['strid'] for kind='strided_toy'; allowed: causal, kv_group_size, "
+                                "n_kv_heads, name, softmax_scale, stride")
+        assert AttentionSpec(kind="strided_toy", stride=3) == StrideSpec(kind="strided_toy", stride=3)
+    finally:
+        unregister_variant("strided_toy")
+
+
 @pytest.mark.parametrize("kind", [["flash"], {"kind": "flash"}, 5])
 def test_unknown_fields_with_a_kind_that_is_no_string_name_the_kind(kind):
     """AttentionSpec(kind=<not a string>, <unknown field>) looks the kind up in __new__: an unhashable one (a list)

@@ -267,6 +267,13 @@ def spec_class_of(kind) -> Optional[type]:
         return None
 
 
+def kind_of_spec_class(spec_class: type) -> Optional[str]:
+    """The first registered kind whose spec class is ``spec_class`` (``None`` when no registered kind builds it):
+    the kind a subclass of :class:`attn_zoo.AttentionSpec` stands for when it is built without ``kind``."""
+    _load_builtin()
+    return next((k for k, v in _VARIANTS.items() if v.spec_class is spec_class), None)
+
+
 def is_subquadratic(kind: str) -> bool:
     """Whether ``kind`` has ~constant time per token (``False`` for unknown kinds, e.g. an old CSV's)."""
     try:
