@@ -6,7 +6,7 @@ A backend is ``fn(q, k, v, spec, return_lse=False)`` returning ``out`` or ``(out
 * ``supports(q, k, v, spec, return_lse) -> Optional[str]``: ``None`` when it can run the input, else a one-line
   reason (shown in the error of an explicit ``backend=`` request, collected by ``auto``);
 * ``available() -> Optional[str]``: ``None`` when it can run in this process at all (its package imports, a GPU is
-  present), else the reason; asked once per process;
+  present), else the reason; asked once per process (:func:`forget_availability` forgets the answers);
 * ``priority``: ``auto`` tries the backends with a priority, highest first, and takes the first that is available
   and supports the input; ``None`` = never picked by ``auto`` (the anchors: a benchmark or an explicit
   ``backend=`` runs them). ``devices``: device types ``auto`` uses it for (``None`` = any).
@@ -174,6 +174,15 @@ class Backend:
 
 _REGISTRY: Dict[str, Dict[str, Backend]] = {}
 _AVAILABLE: Dict[Tuple[str, str], Optional[str]] = {}
+
+
+def forget_availability() -> None:
+    """Forget every backend's ``available()`` answer (each is asked again at its next use) and the caches derived
+    from the registrations (:func:`forget_derived`: remembered dispatch decisions rest on those answers). For a process
+    in which an answer changed: a test that fakes ``torch.cuda.is_available`` (``tests/conftest.py`` calls it after
+    such a test, so the fake's answers do not outlive it)."""
+    _AVAILABLE.clear()
+    forget_derived()
 
 
 def _check_name(name) -> None:

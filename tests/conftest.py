@@ -57,6 +57,24 @@ def _give_back_gpu_cache(request):
         torch.cuda.empty_cache()
 
 
+_REAL_CUDA_IS_AVAILABLE = torch.cuda.is_available
+
+
+@pytest.fixture(autouse=True)
+def _no_faked_backend_availability(monkeypatch):
+    """A test that fakes ``torch.cuda.is_available`` (``monkeypatch.setattr(torch.cuda, "is_available", ...)``, e.g.
+    ``tests/test_bench_model_check.py``) leaves no backend availability answered under the fake: the registry asks
+    each backend's ``available()`` once per process (``attn_zoo.registry``), so an answer cached during such a test
+    ("CUDA present") outlived it, and ``test_registry.py``'s anchors test, run later in the same process, found
+    ``sdpa_cudnn`` available on a machine without CUDA. This fixture depends on ``monkeypatch``, so its teardown runs
+    before the fake is undone: it sees the fake and forgets the answers (``attn_zoo.registry.forget_availability``)."""
+    yield
+    if torch.cuda.is_available is not _REAL_CUDA_IS_AVAILABLE:
+        from attn_zoo.registry import forget_availability
+
+        forget_availability()
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda:
         return

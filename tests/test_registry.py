@@ -49,6 +49,25 @@ def test_product_backends_keep_autos_order():
     assert attn_zoo.resolve_backend(q, k, v, AttentionSpec(kind="flash")).name == "torch"  # off CUDA
 
 
+def test_availability_under_a_faked_cuda(monkeypatch):
+    """Runs just before the next test, which checks that this answer did not outlive the fake: the registry asks each
+    backend's ``available()`` once per process, and ``tests/conftest.py`` forgets the answers after a test that fakes
+    ``torch.cuda.is_available`` (before: ``sdpa_cudnn`` stayed available on a CPU machine for the rest of the
+    session, and the anchors test below failed when it ran after ``tests/test_bench_model_check.py``)."""
+    from attn_zoo import registry
+
+    real = torch.cuda.is_available()
+    b = get_backends("flash")["sdpa_cudnn"]
+    monkeypatch.delitem(registry._AVAILABLE, (b.kind, b.name), raising=False)  # asked afresh, under the fake
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: not real)
+    assert (b.unavailable() is None) is (not real)
+
+
+def test_availability_is_the_real_one_after_a_faked_cuda():
+    why = get_backends("flash")["sdpa_cudnn"].unavailable()
+    assert (why is None) is torch.cuda.is_available(), why
+
+
 def test_anchors_are_registered_without_priority_and_degrade_cleanly():
     names = backend_names()
     for n in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex", "naive", "fa2", "fa3", "fla", "mine"):
