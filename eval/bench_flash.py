@@ -18,12 +18,13 @@ registered backend (``all``: every one), and every backend a ``--plugins`` modul
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with
 ``gluon_bwd_consumers=2``), ``ours_gluon_dq`` (that with ``gluon_bwd_dq="gluon"``: the Gluon dQ kernel) and
 ``ours_gluon_tmadq`` (one kernel, dQ by TMA reduce-add, ``gluon_bwd_dq="tma"``: triton 3.7+; ``ours_gluon_tmadq2``
-the same in the two-consumer kernel), each with the default forward.
+the same in the two-consumer kernel), each with the default forward; ``ours_no_tma`` is the default with the Triton
+kernels' TMA off (``FlashConfig(tma=False)``), the pair that times ``tma_min_pairs`` in one process.
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, causal strided block-sparse
 (Child et al. 2019's fixed pattern, 1024-token windows: ``stride_blocks`` 8 of 128), GQA Hkv = Hq/4 and MQA
 Hkv = 1 (causal), and a dilated window (512 keys every 2 tokens, ``dil512x2``). bf16, 16k tokens per batch
-(B = 16384 // N), hidden 2048 (H = 2048 // D). FLOPs by the FlashAttention formula (4 B H N^2 D times the visited
+(B = 16384 // N), hidden 2048 (H = 2048 // D; ``--hidden 1024``: the sweep's H 16 at D 64). FLOPs by the FlashAttention formula (4 B H N^2 D times the visited
 fraction; causal 1/2; backward 2.5x). SDPA cannot skip window / sparse tiles: for those variants its anchor runs
 dense causal attention (what SDPA's fast paths can run), marked in the row.
 
@@ -86,7 +87,7 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
         "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto",
         "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto", "ours_gluon_tmadq2": "auto",
-        "ours_triton_bwd": "auto", "ours_triton_all": "triton"}
+        "ours_triton_bwd": "auto", "ours_triton_all": "triton", "ours_no_tma": "auto"}
 # the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq, .gluon_bwd_consumers) of the OURS entries that do not
 # run the default backward ("auto"): the Gluon backward with its atomic dQ, its dK / dV kernel with the Triton dQ
 # kernel ("tdq"), that with two consumer partitions ("2c"), that with the Gluon dQ kernel ("gluon_dq"), the
@@ -98,6 +99,9 @@ OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_tmadq": dict(bwd_impl="gluon", gluon_bwd_dq="tma"),
             "ours_gluon_tmadq2": dict(bwd_impl="gluon", gluon_bwd_dq="tma", gluon_bwd_consumers=2),
             "ours_triton_bwd": dict(bwd_impl="triton"), "ours_triton_all": dict(bwd_impl="triton")}
+# the other settings of an OURS entry: ``ours_no_tma`` is the default with the Triton kernels' TMA off (pointer
+# loads; the Gluon kernels read by TMA whatever ``tma`` says), the pair that times ``FlashConfig.tma_min_pairs``
+OURS_SETTINGS = {"ours_no_tma": dict(tma=False)}
 DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
 DTYPE = torch.bfloat16  # the inputs' dtype (the tests' CPU runs of ours take float32: the interpreter refuses bf16)
 NATIVE = ("fa4_varlen",)  # not registry backends: an anchor called in its own layout (--docs only)
@@ -221,8 +225,13 @@ def _exact(spec: AttentionSpec, N: int) -> bool:
     return mi.is_full or mi.is_plain_causal
 
 
+HIDDEN = 2048  # the model width every case keeps: H = HIDDEN // D query heads (``--hidden``)
+
+
 def heads(name: str, D: int):
-    H = 2048 // D
+    """``(Hq, Hkv)`` of variant ``name`` at head dim ``D``: ``HIDDEN // D`` query heads; GQA a quarter of them as
+    K / V heads, MQA one."""
+    H = HIDDEN // D
     if name == "gqa4":
         return H, H // 4
     if name == "mqa":
@@ -282,13 +291,14 @@ def ours_config(impl: str, config=None):
     ``ours_gluon_bwd_tdq`` the same with ``gluon_bwd_dq="triton"``: Gluon dK / dV, Triton dQ; ``ours_gluon_bwd_2c``
     that with two consumers; ``ours_gluon_dq`` that with the Gluon dQ kernel; ``ours_gluon_tmadq`` the one-kernel
     backward with the dQ by TMA reduce-add; ``ours_triton_bwd`` the Triton
-    backward; ``ours_triton_all`` the Triton forward and backward, no Gluon kernel at all)."""
+    backward; ``ours_triton_all`` the Triton forward and backward, no Gluon kernel at all; ``ours_no_tma`` the
+    default with ``tma=False``: ``OURS_SETTINGS``)."""
     from kernels import FlashConfig
 
     cfg = config if config is not None else FlashConfig()
     if impl in OURS_BWD:
         return cfg.replace(fwd_impl=OURS[impl], **OURS_BWD[impl])
-    return cfg.replace(fwd_impl=OURS.get(impl, "auto"))
+    return cfg.replace(fwd_impl=OURS.get(impl, "auto"), **OURS_SETTINGS.get(impl, {}))
 
 
 def _mask_args(spec: AttentionSpec, q, k, doc_ids=None) -> dict:
@@ -518,6 +528,7 @@ def _check_err(f, q, k, vv, name):
 
 
 def main(argv=None):
+    global HIDDEN
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/h200")
     ap.add_argument("--tag", default="bench_flash")
@@ -528,6 +539,8 @@ def main(argv=None):
                                                                "registered backend")
     ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too)")
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048,
+                    help="model width: H = hidden // D query heads (default 2048; the sweep's H 16 at D 64 is 1024)")
     ap.add_argument("--quick", action="store_true", help="D=128, N in {4096, 16384}, causal/noncausal/win1024/bigbird")
     ap.add_argument("--flex-max-cases", type=int, default=1000, help="compile FlexAttention for at most this many cases")
     ap.add_argument("--flex-min-n", type=int, default=0, help="run Flex only for N >= this")
@@ -564,6 +577,11 @@ def main(argv=None):
     Ds = [int(x) for x in a.D.split(",")]
     if a.quick:
         variants, Ns, Ds = ["noncausal", "causal", "win1024", "bigbird"], [4096, 16384], [128]
+    bad_d = [D for D in Ds if D < 1 or a.hidden < D or a.hidden % D or ("gqa4" in variants and (a.hidden // D) % 4)]
+    if bad_d:
+        raise SystemExit(f"--hidden {a.hidden} is not supported with --D {bad_d}; allowed values: a multiple of every "
+                         f"head dim (of 4 x the head dim with gqa4), so that H = hidden // D query heads")
+    HIDDEN = a.hidden  # every main() sets it (default 2048), so one in-process call does not leak into the next
     plugins = load_plugins(a.plugins)
     names = backend_names()
     impls = ["ours"] + [n for n in names if n != "triton"] if a.impls == "all" else a.impls.split(",")

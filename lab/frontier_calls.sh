@@ -50,7 +50,9 @@
 # first try): 1 (386 s), 5 x 3 (15-17 s), 9 with WHERE39_S=0 GLUON39_S=170 AUTO39_S=120 (383 s), 10 with PYTEST_S=180
 # (219 s), 2 with TAYLOR_S=0 ELU_S=0 (16 s), 3 with SOFTMAX_BUDGET_S=250 (367 s); call 4 did not fit. Next: 1, 2
 # (TAYLOR_S=0 ELU_S=0), 3, 4 (the anchors with FA4), then 5 x 3 and 10 (the 3.9 suite: the Flex decoding test now
-# skips with its reason there).
+# skips with its reason there). Twenty-ninth (H100 after two refusals): 1 with PYTEST_S=250 plus the N 512 / 1k rows
+# (401 s), 2 (19 s), 3 with SOFTMAX_BUDGET_S=300 (435 s), 4 with DOCS_S=220 after the flash GPU tests (cut at 580 s
+# in the documents step). Next: 1 (now with SHORT_S: TMA on / off at N 512 / 1k), 2, 3, 4 with DOCS_S=300 first.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -121,6 +123,16 @@ case $call in
         --seq-lens 4096 --tokens 65536 --backends triton,sdpa_cudnn --rounds 3 --steps 5 \
         --time-budget-s $(( ${MODEL_S:-90} - 10 )) > "$W/model.log" 2>&1; b model $?
       tail -n 4 "$W/model.log"
+    fi
+    # issue 30's N 512 / 1k with "auto" against TMA off (ours_no_tma: tma_min_pairs, 2^26 since 2026-12-06) and
+    # cuDNN, one process per head dim at the sweep's H 16 (D 128: hidden 2048; D 64: hidden 1024); SHORT_S=0 skips it
+    if [ "${SHORT_S:-120}" -gt 0 ]; then
+      for hd in 128:2048 64:1024; do
+        timeout -k 5 $(( ${SHORT_S:-120} / 2 )) python3 -m eval.bench_flash --variants causal,noncausal --N 512,1024 \
+          --D "${hd%:*}" --hidden "${hd#*:}" --impls ours,ours_no_tma,sdpa_cudnn --rounds 3 --check --out "$W/short" \
+          --tag "short_d${hd%:*}" > "$W/short_d${hd%:*}.log" 2>&1; b "short_d${hd%:*}" $?
+        grep -E "^ *(causal|noncausal) " "$W/short_d${hd%:*}.log" | tail -n 6
+      done
     fi ;;
   2)
     # the Taylor map first, at issue 30's shape (qk dim 16, v dim 64; the sweep's rows have v dim = head dim = 16, not

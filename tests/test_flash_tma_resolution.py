@@ -211,3 +211,45 @@ def test_bench_flash_rows_record_tma(monkeypatch, tma):
     res = _bench_rows(monkeypatch, FlashConfig(tma=tma), fwd_only=True)
     assert res["ours"]["fwd_tma"] is (tma is True) and "bwd_dkdv_tma" not in res["ours"]
     assert "bwd_dq_tma" not in res["ours"] and "bwd_impl" not in res["ours"]
+
+
+@cpu_only
+def test_ours_no_tma_is_the_same_call_without_tma(monkeypatch):
+    """``ours_no_tma`` (the pair that times ``tma_min_pairs`` in one process) runs the given config with the Triton
+    kernels' TMA off, whatever the config says, and its row says so; its output is ours'."""
+    from eval import bench_flash as bf
+
+    assert bf.ours_config("ours_no_tma", FlashConfig(tma=True)) == FlashConfig(tma=False)
+    assert bf.ours_config("ours_no_tma").replace(tma="auto") == bf.ours_config("ours")
+    monkeypatch.setattr(bf, "DEVICE", "cpu")
+    monkeypatch.setattr(bf, "DTYPE", torch.float32)
+    monkeypatch.setattr(bf, "heads", lambda name, D: (2, 2))
+    monkeypatch.setattr(bf, "time_cuda", lambda fn, grad_to_none=None, **_: (fn(), 1.0)[1])
+    monkeypatch.setattr(bf, "peak_memory", lambda fn: (fn(), 2**20)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    rows = []
+    res = bf.bench_case("causal", 32, 32, ["ours", "ours_no_tma"], 32, True, rows, [0], config=FlashConfig(tma=True))
+    assert all("error" not in r for r in rows), rows
+    got = {i: (r["fwd_tma"], r["bwd_dkdv_tma"], r["bwd_dq_tma"]) for i, r in res.items()}
+    assert got == {"ours": (True, True, True), "ours_no_tma": (False, False, False)}
+
+
+@cpu_only  # a good width runs on into require_cuda, which stops it only off the GPU
+def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monkeypatch):
+    """``--hidden``: ``H = hidden // D`` query heads (GQA a quarter of them as K / V heads); a width that is not a
+    multiple of every head dim (of 4 head dims with ``gqa4``) is refused before any GPU work, naming the argument."""
+    from eval import bench_flash as bf
+
+    monkeypatch.setattr(bf, "HIDDEN", 1024)
+    assert bf.heads("causal", 64) == (16, 16) and bf.heads("gqa4", 64) == (16, 4) and bf.heads("mqa", 128) == (8, 1)
+    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"],
+                 ["--hidden", "0", "--D", "64"]):
+        with pytest.raises(SystemExit, match=r"--hidden .* is not supported with --D \[64\]; allowed values"):
+            bf.main(argv)
+    with pytest.raises(SystemExit, match="CUDA"):  # a good width passes its check (then no GPU here)
+        bf.main(["--hidden", "1024", "--D", "64", "--N", "512", "--variants", "causal"])
+    assert bf.HIDDEN == 1024  # set from the argument
+    with pytest.raises(SystemExit, match="CUDA"):
+        bf.main(["--D", "64", "--N", "512", "--variants", "causal"])
+    assert bf.HIDDEN == 2048  # every main() sets it: the default, not the last call's

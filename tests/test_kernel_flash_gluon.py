@@ -695,7 +695,8 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
     assert bf.OURS == {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a",
                        "ours_gluon_ws3b": "gluon_ws3b", "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto",
                        "ours_gluon_bwd_2c": "auto", "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto",
-                       "ours_gluon_tmadq2": "auto", "ours_triton_bwd": "auto", "ours_triton_all": "triton"}
+                       "ours_gluon_tmadq2": "auto", "ours_triton_bwd": "auto", "ours_triton_all": "triton",
+                       "ours_no_tma": "auto"}
     assert bf.ours_config("ours_triton_bwd") == FlashConfig(bwd_impl="triton")
     assert bf.ours_config("ours_gluon_bwd_2c").gluon_bwd_consumers == 2
     assert bf.ours_config("ours") == FlashConfig() == bf.ours_config("triton")  # the registry name: as ours
