@@ -157,6 +157,21 @@ def test_gluon_kernels_resolve_to_tma(hopper):
     assert kf.resolve_bwd_tma(FlashConfig(tma=False), q, k, v, causal=True) == (False, False)
 
 
+@pytest.mark.parametrize("impls", [{}, dict(fwd_impl="triton", bwd_impl="triton"),
+                                   dict(fwd_impl="gluon_ws3a", bwd_impl="gluon")], ids=["auto", "triton", "gluon"])
+@pytest.mark.parametrize("bad, match", [(dict(dilation=0), "dilation"), (dict(window_size=(-2, 0)), "window_size"),
+                                        (dict(causal="yes"), "causal")])
+def test_resolvers_refuse_malformed_mask_arguments_with_any_impl(impls, bad, match):
+    """Every resolver refuses the mask arguments ``flash_attn`` refuses, also where the config names its kernels (an
+    explicit ``fwd_impl`` / ``bwd_impl`` once returned before the checks: ``resolve_fwd_tma`` answered ``dilation=0``
+    where ``resolve_bwd_tma`` refused it)."""
+    q, k, v = _qkv(8, 8)
+    config = FlashConfig(**impls)
+    for resolve in (kf.resolve_fwd_impl, kf.resolve_bwd_impl, kf.resolve_fwd_tma, kf.resolve_bwd_tma):
+        with pytest.raises(ValueError, match=match):
+            resolve(config, q, k, v, **bad)
+
+
 def test_resolvers_refuse_what_flash_attn_refuses():
     q, k, v = _qkv(8, 8)
     with pytest.raises(ValueError, match="dilation"):
