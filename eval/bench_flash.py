@@ -18,8 +18,10 @@ registered backend (``all``: every one), and every backend a ``--plugins`` modul
 dQ), ``ours_gluon_bwd_tdq`` (the same with ``gluon_bwd_dq="triton"``), ``ours_gluon_bwd_2c`` (that with
 ``gluon_bwd_consumers=2``), ``ours_gluon_dq`` (that with ``gluon_bwd_dq="gluon"``: the Gluon dQ kernel) and
 ``ours_gluon_tmadq`` (one kernel, dQ by TMA reduce-add, ``gluon_bwd_dq="tma"``: triton 3.7+; ``ours_gluon_tmadq2``
-the same in the two-consumer kernel), each with the default forward; ``ours_no_tma`` is the default with the Triton
-kernels' TMA off (``FlashConfig(tma=False)``), the pair that times ``tma_min_pairs`` in one process.
+the same in the two-consumer kernel), each with the default forward; ``ours_no_tma`` is the default with
+``FlashConfig(tma=False)``: the Triton kernels' TMA off, the pair that times ``tma_min_pairs`` in one process where
+``ours`` runs the Triton kernels (``tma=False`` also keeps ``"auto"`` off the Gluon forward, while the backward's
+choice ignores it: on Hopper its Gluon backward still reads by TMA; the rows' ``fwd_impl`` / ``fwd_tma`` say which).
 ``--fwd-only`` times the forward alone (no backward is run). Variants:
 non-causal, causal, causal sliding window w = 1024 / 4096, causal BigBird block-sparse, causal strided block-sparse
 (Child et al. 2019's fixed pattern, 1024-token windows: ``stride_blocks`` 8 of 128), GQA Hkv = Hq/4 and MQA
@@ -99,8 +101,9 @@ OURS_BWD = {"ours_gluon_bwd": dict(bwd_impl="gluon"),
             "ours_gluon_tmadq": dict(bwd_impl="gluon", gluon_bwd_dq="tma"),
             "ours_gluon_tmadq2": dict(bwd_impl="gluon", gluon_bwd_dq="tma", gluon_bwd_consumers=2),
             "ours_triton_bwd": dict(bwd_impl="triton"), "ours_triton_all": dict(bwd_impl="triton")}
-# the other settings of an OURS entry: ``ours_no_tma`` is the default with the Triton kernels' TMA off (pointer
-# loads; the Gluon kernels read by TMA whatever ``tma`` says), the pair that times ``FlashConfig.tma_min_pairs``
+# the other settings of an OURS entry: ``ours_no_tma`` is the default with ``tma=False``: the Triton kernels' TMA off
+# (pointer loads), the pair that times ``FlashConfig.tma_min_pairs``; ``tma=False`` also keeps ``fwd_impl="auto"``
+# on the Triton forward, while ``bwd_impl="auto"`` may still take the Gluon backward, which reads by TMA
 OURS_SETTINGS = {"ours_no_tma": dict(tma=False)}
 DEVICE = "cuda"  # where bench_case puts its inputs (the tests run it on the CPU with fake timers)
 DTYPE = torch.bfloat16  # the inputs' dtype (the tests' CPU runs of ours take float32: the interpreter refuses bf16)
@@ -292,7 +295,7 @@ def ours_config(impl: str, config=None):
     that with two consumers; ``ours_gluon_dq`` that with the Gluon dQ kernel; ``ours_gluon_tmadq`` the one-kernel
     backward with the dQ by TMA reduce-add; ``ours_triton_bwd`` the Triton
     backward; ``ours_triton_all`` the Triton forward and backward, no Gluon kernel at all; ``ours_no_tma`` the
-    default with ``tma=False``: ``OURS_SETTINGS``)."""
+    default with ``tma=False``: ``OURS_SETTINGS``, which also keeps ``"auto"`` on the Triton forward)."""
     from kernels import FlashConfig
 
     cfg = config if config is not None else FlashConfig()

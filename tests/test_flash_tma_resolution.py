@@ -157,6 +157,21 @@ def test_gluon_kernels_resolve_to_tma(hopper):
     assert kf.resolve_bwd_tma(FlashConfig(tma=False), q, k, v, causal=True) == (False, False)
 
 
+@pytest.mark.parametrize("impls", [{}, dict(fwd_impl="triton", bwd_impl="triton"),
+                                   dict(fwd_impl="gluon_ws3a", bwd_impl="gluon")], ids=["auto", "triton", "gluon"])
+@pytest.mark.parametrize("bad, match", [(dict(dilation=0), "dilation"), (dict(window_size=(-2, 0)), "window_size"),
+                                        (dict(causal="yes"), "causal")])
+def test_resolvers_refuse_malformed_mask_arguments_with_any_impl(impls, bad, match):
+    """Every resolver refuses the mask arguments ``flash_attn`` refuses, also where the config names its kernels (an
+    explicit ``fwd_impl`` / ``bwd_impl`` once returned before the checks: ``resolve_fwd_tma`` answered ``dilation=0``
+    where ``resolve_bwd_tma`` refused it)."""
+    q, k, v = _qkv(8, 8)
+    config = FlashConfig(**impls)
+    for resolve in (kf.resolve_fwd_impl, kf.resolve_bwd_impl, kf.resolve_fwd_tma, kf.resolve_bwd_tma):
+        with pytest.raises(ValueError, match=match):
+            resolve(config, q, k, v, **bad)
+
+
 def test_resolvers_refuse_what_flash_attn_refuses():
     q, k, v = _qkv(8, 8)
     with pytest.raises(ValueError, match="dilation"):
@@ -253,3 +268,23 @@ def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monk
     with pytest.raises(SystemExit, match="CUDA"):
         bf.main(["--D", "64", "--N", "512", "--variants", "causal"])
     assert bf.HIDDEN == 2048  # every main() sets it: the default, not the last call's
+
+
+def test_ours_no_tma_on_hopper_keeps_the_triton_forward(hopper):
+    """On Hopper ``ours_no_tma`` is not ``ours`` less TMA alone: ``tma=False`` also keeps ``fwd_impl="auto"`` off the
+    Gluon forward (which reads by TMA only), while the backward's choice ignores ``tma`` and its Gluon kernels still
+    read by TMA. The rows say so (``fwd_impl``, ``fwd_tma``, ``bwd_impl``, ``bwd_dkdv_tma``)."""
+    from eval import bench_flash as bf
+
+    hopper.gluon(True)
+    q = k = v = _fake(2, 8, 6000, 128)
+    spec = AttentionSpec(**bf.VARIANTS["causal"])
+    assert bf.ours_fwd_impl("ours", spec, q, k, v) == "gluon_ws3a"
+    assert bf.ours_fwd_impl("ours_no_tma", spec, q, k, v) == "triton"
+    assert bf.ours_bwd_impl("ours", spec, q, k, v) == bf.ours_bwd_impl("ours_no_tma", spec, q, k, v) == "gluon"
+    assert bf.ours_tma("ours", spec, q, k, v) == dict(fwd_tma=True, bwd_dkdv_tma=True, bwd_dq_tma=True)
+    assert bf.ours_tma("ours_no_tma", spec, q, k, v) == dict(fwd_tma=False, bwd_dkdv_tma=True, bwd_dq_tma=True)
+    hopper.gluon(False)  # where "auto" runs the Triton kernels, the pair differs in TMA alone
+    assert bf.ours_fwd_impl("ours_no_tma", spec, q, k, v) == bf.ours_fwd_impl("ours", spec, q, k, v) == "triton"
+    assert bf.ours_tma("ours", spec, q, k, v) == dict(fwd_tma=True, bwd_dkdv_tma=True, bwd_dq_tma=True)
+    assert bf.ours_tma("ours_no_tma", spec, q, k, v) == dict(fwd_tma=False, bwd_dkdv_tma=False, bwd_dq_tma=False)

@@ -65,11 +65,11 @@ def _resolve_impl(which: str, config: Optional[FlashConfig], q, k, v, causal, wi
     """``config.<which>`` (``"fwd_impl"`` / ``"bwd_impl"``) of ``config`` or the current settings, and for ``"auto"``
     the choice of :func:`kernels.flash.gluon.choose_fwd_impl` / ``choose_bwd_impl`` for these mask arguments."""
     config = _call_config(config, None, None, None)
+    wl, wr = _window_bounds(causal, window_size)  # checked for an explicit impl too, as flash_attn checks them
+    _check_dilation(dilation)
     impl = getattr(config, which)
     if impl != "auto":
         return impl
-    wl, wr = _window_bounds(causal, window_size)
-    _check_dilation(dilation)
     choose = choose_fwd_impl if which == "fwd_impl" else choose_bwd_impl
     return choose(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
 
@@ -84,8 +84,9 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     (Gluon on Hopper for large band-mask fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS`` on a triton of
     ``GLUON_AUTO_TRITON``, else Triton). For benchmarks that record which forward ran. ``q (B, Hq, Nq, D)``,
     ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``. Raises ``ValueError`` / ``TypeError`` only for a malformed
-    ``window_size``, ``dilation`` (not an int >= 1, as :func:`flash_attn`) or ``config`` (an explicit Gluon name is
-    returned as is: the call checks whether it can run)."""
+    ``causal``, ``window_size``, ``dilation`` (not an int >= 1, as :func:`flash_attn`; with an explicit
+    ``fwd_impl`` too) or ``config`` (an explicit Gluon name is returned as is: the call checks whether it can
+    run)."""
     return _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
 
 
