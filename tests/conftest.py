@@ -2,8 +2,9 @@
 
 Without a GPU, Triton kernels run in its interpreter: ``TRITON_INTERPRET=1`` must be set before the first
 ``@triton.jit`` decoration (i.e. before ``kernels`` is imported anywhere), so it is set here; torch runs
-single-threaded in the test process, and two slow spots of the interpreter are replaced by equivalents
-(:func:`_speed_up_interpreter_scan`, :func:`_patch_the_language_once_per_launch`). The fixtures
+single-threaded in the test process, and three slow spots of the interpreter are replaced by equivalents
+(:func:`_speed_up_interpreter_scan`, :func:`_patch_the_language_once_per_launch`,
+:func:`_skip_the_discarded_overflow_checks`). The fixtures
 :func:`cli_in_process` / :func:`train_py_in_process` run a command (``python train.py ...``, ``python -m eval...``)
 in the test's interpreter where it needs no process of its own.
 """
@@ -167,9 +168,31 @@ def _patch_the_language_once_per_launch():
     executor.__call__ = call
 
 
+def _skip_the_discarded_overflow_checks():
+    """Triton's interpreter builds every integer ``+``, ``-`` and ``*`` of a kernel twice: the operation, and an
+    overflow check (``binary_op_sanitize_overflow_impl``: both operands cast to int64, the operation again, two
+    comparisons and an ``and``) whose result goes to ``device_assert``, which drops it unless the options have
+    ``debug`` on; the interpreter's options never do (``InterpreterOptions()``, debug off), so the check is computed
+    and discarded: about a third of an interpreted kernel's time (test_decode_split's fused merge: 34 s -> 22 s without
+    it). With ``debug`` off the interpreter's options ask for no such check (``sanitize_overflow=False``): the same
+    operations and results; with ``debug`` on they are left as they are (tests/test_interpreter_scan.py)."""
+    import dataclasses
+
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # pragma: no cover
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True) or not getattr(options, "sanitize_overflow", False):
+        return
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _speed_up_interpreter_scan()
     _patch_the_language_once_per_launch()
+    _skip_the_discarded_overflow_checks()
 
 
 # ---------------------------------------------------------------------- commands run in the test's interpreter
