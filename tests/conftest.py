@@ -203,7 +203,9 @@ def cli_in_process(monkeypatch):
     callbacks and its error report as on the command line), with ``WANDB_MODE=disabled`` unless ``env`` (variables
     set for the launch) says otherwise and no ``HYDRA_FULL_ERROR``; returns a ``CompletedProcess`` with the exit
     status and what it printed. For commands that do not need a process of their own (a refusal, a rerun that skips
-    its jobs): a subprocess spends ~5 s importing torch, Lightning, ... first. What a launch sets in this process is
+    its jobs, a short run whose files and printed lines a test reads): a subprocess spends ~5-8 s importing torch,
+    Lightning, ... first. Python warnings go to pytest's record, not to the result's stderr (a process prints
+    them). What a launch sets in this process is
     undone after it: the logging it configured, the run folders :func:`harness.runs.claim_run_dir` claimed (a new
     launch is a new process), Hydra's global state (GlobalHydra, HydraConfig, JobRuntime), the environment,
     ``sys.path``, torch's threads and the random generators; what it registers with ``atexit`` runs at its end, as
@@ -294,7 +296,9 @@ def cli_in_process(monkeypatch):
 @pytest.fixture
 def train_py_in_process(cli_in_process):
     """``launch(cwd, *args, env=None)``: :func:`cli_in_process` of ``train.py <args>``, for train.py launches refused
-    before training (or that train nothing); the launches that train stay processes."""
+    before training, that train nothing, or short runs (a few steps, single or ``-m``) whose outputs a test reads.
+    What needs a process stays one: DDP, W&B offline runs and their resume, stdout to a file, a multirun that runs
+    its jobs, a plugin registered at start-up."""
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "train.py"

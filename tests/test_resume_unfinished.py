@@ -158,22 +158,16 @@ def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_
     assert "attn-zoo multirun: 2 jobs" in again.stdout and "unfinished" not in again.stdout
 
 
-def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path):
+def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path, train_py_in_process):
     """Hydra runs every job, then raises the first failure (status 1) without calling on_multirun_end: the summary
     (table, summary.csv) is still written, the failed job is named with its error (failed.json), and a later launch
-    where the job runs to its end removes the mark."""
-    import os
-    import subprocess
-    import sys
-
+    where the job runs to its end removes the mark. (The launch in this interpreter: Hydra's exit status as the
+    process's; a multirun's process: the test above.)"""
     root = Path(train_mod.__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env["COLUMNS"] = "400"
     sweep = tmp_path / "sweep"
     # the failing job first: Hydra still runs the next one (the summary must not say the sweep was cut short)
     args = JOB + ["trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}", "trainer.max_steps=0,3"]
-    r = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=240)
+    r = train_py_in_process(root, "-m", *args, env={"COLUMNS": "400"})
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     ok, bad = sweep / "trainer.max_steps=3", sweep / "trainer.max_steps=0"
     assert (ok / "final_metrics.json").is_file() and not (ok / "failed.json").exists()

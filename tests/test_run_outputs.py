@@ -241,16 +241,19 @@ def _cli(tmp_path, *args):
 
 
 def _in_process(train_py_in_process, tmp_path, *args):
-    """:func:`_cli`'s launch in this interpreter (``train_py_in_process``), for launches refused before training."""
+    """:func:`_cli`'s launch in this interpreter (``train_py_in_process``); the file's process: the first refused
+    launch of :func:`test_a_refused_run_leaves_no_run_folder`."""
     from test_train import FAST
 
     return train_py_in_process(tmp_path, *FAST, *args)
 
 
-def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
+def test_the_summary_lands_in_train_log_and_still_prints(tmp_path, train_py_in_process):
     """train.log of a run was empty: the final table, the curve, the verdict and the output folder were printed to
-    stdout only (and Lightning's lines, the packing summary among them, to stderr only)."""
-    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "hydra.run.dir=run")
+    stdout only (and Lightning's lines, the packing summary among them, to stderr only). (The launch in this
+    interpreter.)"""
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                    "hydra.run.dir=run")
     assert r.returncode == 0, r.stderr[-3000:]
     log = (tmp_path / "run" / "train.log").read_text()
     for text in ("attn-zoo: default", "val/loss", "val/acc by step:", "learned", "output_dir: "):
@@ -261,12 +264,13 @@ def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
 
 
 @pytest.mark.parametrize("job_logging", ["disabled", "stdout"])
-def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging):
+def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging, train_py_in_process):
     """hydra/job_logging=disabled (or stdout) failed every run with "Unable to configure logger 'attn_zoo.summary'":
     the summary loggers were merged into whichever job_logging was chosen and named its file handler. They are an
-    option of the group (conf/hydra/job_logging/attn_zoo.yaml), replaced as a whole by another one."""
-    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "hydra.run.dir=run",
-             f"hydra/job_logging={job_logging}")
+    option of the group (conf/hydra/job_logging/attn_zoo.yaml), replaced as a whole by another one. (The launches in
+    this interpreter.)"""
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                    "hydra.run.dir=run", f"hydra/job_logging={job_logging}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "output_dir: " in r.stdout and "val/acc by step:" in r.stdout
 
