@@ -58,6 +58,21 @@ def _give_back_gpu_cache(request):
         torch.cuda.empty_cache()
 
 
+def pytest_collection_finish(session):
+    """What exists once the tests are collected (the imported libraries: torch, Lightning, Hydra, triton, pandas, ...;
+    ~600,000 objects the collector tracks) is moved out of the garbage collector's reach (``gc.freeze``): a
+    ``gc.collect()`` (eval.sweep runs one after every point it measures: 0.27 s each before, 0.05 s after) and each
+    automatic full collection then visit only the objects made since, which are collected as before
+    (test_eval_pipeline: 64 s -> 42 s). Undone at the end (:func:`pytest_unconfigure`), so the interpreter's exit
+    frees everything as usual."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda:
         return
