@@ -313,7 +313,7 @@ def train_py_in_process(cli_in_process):
     """``launch(cwd, *args, env=None)``: :func:`cli_in_process` of ``train.py <args>``, for train.py launches refused
     before training, that train nothing, or short runs (a few steps, single or ``-m``) whose outputs a test reads.
     What needs a process stays one: DDP, W&B offline runs and their resume, stdout to a file, a multirun that runs
-    its jobs, a plugin registered at start-up."""
+    its jobs, a refused multirun, a plugin registered at start-up."""
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "train.py"

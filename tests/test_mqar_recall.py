@@ -142,7 +142,7 @@ def test_multirun_skips_finished_jobs(tmp_path, train_py_in_process):
             "data.num_val=16", "data.batch_size=16", "model.d_model=16", "trainer.max_steps=2",
             "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}", "data.seq_len=32", "optim.lr=1e-3"]
     # the three launches in this interpreter (the first trains; the others are skipped, refused; a multirun's
-    # process: test_train.py, test_resume_unfinished.py)
+    # process: test_train.py's W&B multirun)
     r = train_py_in_process(ROOT, *args[1:], env={"COLUMNS": "300"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     job = next(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -135,24 +135,17 @@ def test_step_metrics_only_on_the_steps_lightning_writes(tmp_path):
 
 
 def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_them(tmp_path, train_py_in_process):
-    import os
-    import subprocess
-    import sys
-
     root = Path(train_mod.__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env["COLUMNS"] = "400"
     sweep = tmp_path / "sweep"
     args = JOB + ["trainer.max_steps=3", "trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}",
                   "attention=flash,linear"]
-    # the launch that starts no job, in this interpreter; the one that runs them is a process
+    # both launches in this interpreter (a multirun's process: test_train.py's W&B multirun)
     first = train_py_in_process(root, "-m", *args, f"stop_at={time.time() - 1:.0f}", env={"COLUMNS": "400"})
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "2 job(s)" in first.stdout and "not started (stop_at had passed" in first.stdout, first.stdout[-2000:]
     assert "unfinished" not in first.stdout, "jobs that never started are not called stopped or failed"
     assert not list(sweep.glob("*/final_metrics.json")) and not list(sweep.glob("*/csv"))
-    again = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True,
-                           text=True, timeout=240)
+    again = train_py_in_process(root, "-m", *args, env={"COLUMNS": "400"})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert sorted(p.parent.name for p in sweep.glob("*/final_metrics.json")) == ["attention=flash", "attention=linear"]
     assert "attn-zoo multirun: 2 jobs" in again.stdout and "unfinished" not in again.stdout

@@ -119,7 +119,7 @@ def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_the
                                                                                       train_py_in_process):
     sweep = tmp_path / "sweep"
     args = ["-m", "attention=flash,linear", *TINY, "skip_finished=true", f"hydra.sweep.dir={sweep}"]
-    # both launches in this interpreter (a multirun's process: test_train.py, test_resume_unfinished.py)
+    # both launches in this interpreter (a multirun's process: test_train.py's W&B multirun)
     r = train_py_in_process(ROOT, *args)
     assert r.returncode == 0, r.stderr[-2000:]
     jobs = [sweep / "attention=flash", sweep / "attention=linear"]

@@ -228,21 +228,8 @@ def test_ckpt_path_last_resumes_the_newest_run_on_this_launchs_data(tmp_path, mo
 
 
 # ------------------------------------------------------------------------------ train.log, refused runs
-def _cli(tmp_path, *args):
-    import os
-    import subprocess
-    import sys
-
-    from test_train import FAST, ROOT
-
-    env = dict(os.environ, WANDB_MODE="disabled")
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *FAST, *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
-
-
 def _in_process(train_py_in_process, tmp_path, *args):
-    """:func:`_cli`'s launch in this interpreter (``train_py_in_process``); the file's process: the first refused
-    launch of :func:`test_a_refused_run_leaves_no_run_folder`."""
+    """``python train.py <FAST> <args>`` from ``tmp_path``, in this interpreter (``train_py_in_process``)."""
     from test_train import FAST
 
     return train_py_in_process(tmp_path, *FAST, *args)
@@ -276,8 +263,9 @@ def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging, train
 
 def test_a_refused_run_leaves_no_run_folder(tmp_path, train_py_in_process):
     """A config refused by validate_config left outputs/<date>/<time>/ holding Hydra's files and an empty train.log:
-    the folder is removed (and its empty date folder), the command still fails with the message."""
-    r = _cli(tmp_path, "trainer.max_steps=0")
+    the folder is removed (and its empty date folder), the command still fails with the message. (The launches in
+    this interpreter; a refusal's process: test_train_edges.py's refused multirun.)"""
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
     (tmp_path / "kept").mkdir()
@@ -289,8 +277,8 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path, train_py_in_process):
 def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path, train_py_in_process):
     """hydra.run.dir naming a folder the user had made (empty, or holding only an earlier launch's train.log) was
     deleted by RemoveUnusedRunDir when the config was refused: only a folder this launch created is removed
-    (hydra.output_subdir=null too: it left its new folder behind). (The launches in this interpreter; as a process:
-    test_a_refused_run_leaves_no_run_folder.)"""
+    (hydra.output_subdir=null too: it left its new folder behind). (The launches in this interpreter; a refusal's
+    process: test_train_edges.py's refused multirun.)"""
     (tmp_path / "mine").mkdir()
     r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0", "hydra.run.dir=mine")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr

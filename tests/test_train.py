@@ -420,7 +420,7 @@ def test_ddp_validation_counts_every_example_once(tmp_path):
 def test_config_errors_print_without_a_traceback(tmp_path, train_py_in_process):
     """A bad value is a ConfigError (a ValueError Hydra prints alone, no traceback); a missing data file is named as
     typed, and the command exits 1 with the message last (the launch in this interpreter: refused before training;
-    refusals as processes: test_run_outputs.py, test_train_edges.py)."""
+    a refusal as a process: test_train_edges.py's refused multirun)."""
     from hydra.errors import CompactHydraException
 
     from harness.config import ConfigError, ConfigFileError
