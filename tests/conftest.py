@@ -134,7 +134,6 @@ def _patch_the_language_once_per_launch():
     patched members are no longer builtins; the rest are set again to equal closures, and the launch restores the
     originals at its end). Inside a launch, a device call seeing only modules already patched in it skips the
     repeat; any other call patches as before."""
-    import inspect
 
     try:
         import triton.language as tl
@@ -146,8 +145,10 @@ def _patch_the_language_once_per_launch():
         return
     state = {"pending": False, "langs": None}
 
-    def langs(fn):
-        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+    lang_ids = frozenset((id(tl), id(tl.core)))
+
+    def langs(fn):  # the ids of tl / tl.core among fn's globals (a set intersection: no Python loop over them)
+        return lang_ids.intersection(map(id, fn.__globals__.values()))
 
     class _NothingToRestore:
         def restore(self):
