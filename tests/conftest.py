@@ -5,7 +5,7 @@ Without a GPU, Triton kernels run in its interpreter: ``TRITON_INTERPRET=1`` mus
 single-threaded in the test process, and three slow spots of the interpreter are replaced by equivalents
 (:func:`_speed_up_interpreter_scan`, :func:`_patch_the_language_once_per_launch`,
 :func:`_skip_the_discarded_overflow_checks`). The fixtures
-:func:`cli_in_process` / :func:`train_py_in_process` run a command (``python train.py ...``, ``python -m eval...``)
+:func:`cli_in_process` / :func:`train_py_in_process` (``train_py_in_process_module`` for a module's fixture) run a command (``python train.py ...``, ``python -m eval...``)
 in the test's interpreter where it needs no process of its own.
 """
 
@@ -213,8 +213,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 
 # ---------------------------------------------------------------------- commands run in the test's interpreter
-@pytest.fixture
-def cli_in_process(monkeypatch):
+def _launcher(monkeypatch):
     """``launch(cwd, *argv, env=None)``: ``python <argv>`` (a script and its arguments, or ``-m <module>`` and its
     arguments) run from ``cwd`` in this interpreter (``runpy``, as ``__main__``: for train.py Hydra's launch, its
     callbacks and its error report as on the command line), with ``WANDB_MODE=disabled`` unless ``env`` (variables
@@ -311,12 +310,29 @@ def cli_in_process(monkeypatch):
 
 
 @pytest.fixture
+def cli_in_process(monkeypatch):
+    """:func:`_launcher`: ``launch(cwd, *argv, env=None)`` runs ``python <argv>`` in this interpreter."""
+    return _launcher(monkeypatch)
+
+
+def _train_py(launch):
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "train.py"
+    return lambda cwd, *args, env=None: launch(cwd, script, *args, env=env)
+
+
+@pytest.fixture
 def train_py_in_process(cli_in_process):
     """``launch(cwd, *args, env=None)``: :func:`cli_in_process` of ``train.py <args>``, for train.py launches refused
     before training, that train nothing, or short runs (a few steps, single or ``-m``) whose outputs a test reads.
     What needs a process stays one: DDP, W&B offline runs and their resume, stdout to a file, a multirun that runs
     its jobs, a refused multirun, a plugin registered at start-up."""
-    from pathlib import Path
+    return _train_py(cli_in_process)
 
-    script = Path(__file__).resolve().parents[1] / "train.py"
-    return lambda cwd, *args, env=None: cli_in_process(cwd, script, *args, env=env)
+
+@pytest.fixture(scope="module")
+def train_py_in_process_module():
+    """:func:`train_py_in_process` for a module's shared fixture (a run that several tests read or copy)."""
+    with pytest.MonkeyPatch.context() as mp:
+        yield _train_py(_launcher(mp))

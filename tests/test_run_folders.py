@@ -11,12 +11,8 @@
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf, open_dict, read_write
@@ -25,7 +21,7 @@ import train as train_mod
 from harness import callbacks as cb_mod
 from harness import runs as runs_mod
 from harness.config import ConfigError
-from test_train import COMMON, FAST, ROOT, make_cfg
+from test_train import COMMON, FAST, make_cfg
 
 main = train_mod.main.__wrapped__  # the job function under @hydra.main
 SHORT = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
@@ -34,15 +30,9 @@ SHORT = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_v
 SAME_DEFAULT = "hydra.run.dir='${attn_zoo.run_dir:${ckpt_path},runs/same}'"
 
 
-def _cli(cwd, *args, base=FAST, timeout=240):
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *base, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _in_process(train_py_in_process, cwd, *args, base=FAST):
-    """:func:`_cli`'s launch in this interpreter (``train_py_in_process``: each launch claims its folders as a new
-    process does); the module's process is :func:`finished_run`'s."""
+    """``python train.py <base> <args>`` from ``cwd``, in this interpreter (``train_py_in_process``: each launch claims
+    its folders as a new process does)."""
     return train_py_in_process(cwd, *base, *args)
 
 
@@ -51,12 +41,13 @@ def _output_dir(stdout):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(tmp_path_factory, train_py_in_process_module):
     """One single run launched as ``train.py <FAST> <SHORT> hydra.run.dir=run`` (no skip_finished), finished: its
     folder and its CompletedProcess. Each test that resumes it or is refused by it works on its own copy
-    (:func:`_copy_of`): one launch instead of one per test."""
+    (:func:`_copy_of`): one launch instead of one per test. (In this interpreter; train.py's single runs as a process:
+    test_train.py, test_train_edges.py.)"""
     cwd = tmp_path_factory.mktemp("finished")
-    r = _cli(cwd, *SHORT, "hydra.run.dir=run")
+    r = train_py_in_process_module(cwd, *FAST, *SHORT, "hydra.run.dir=run")
     assert r.returncode == 0, r.stderr[-3000:]
     assert _output_dir(r.stdout) == [str(cwd / "run")] and (cwd / "run" / "final_metrics.json").is_file()
     return cwd / "run", r
