@@ -4,9 +4,10 @@ Without a GPU, Triton kernels run in its interpreter: ``TRITON_INTERPRET=1`` mus
 ``@triton.jit`` decoration (i.e. before ``kernels`` is imported anywhere), so it is set here; torch runs
 single-threaded in the test process, and three slow spots of the interpreter are replaced by equivalents
 (:func:`_speed_up_interpreter_scan`, :func:`_patch_the_language_once_per_launch`,
-:func:`_skip_the_discarded_overflow_checks`). The fixtures
-:func:`cli_in_process` / :func:`train_py_in_process` (``train_py_in_process_module`` for a module's fixture) run a command (``python train.py ...``, ``python -m eval...``)
-in the test's interpreter where it needs no process of its own.
+:func:`_skip_the_discarded_overflow_checks`); the objects that exist once the tests are collected are frozen out of
+the garbage collector's scans (:func:`pytest_collection_finish`). The fixtures :func:`cli_in_process` /
+:func:`train_py_in_process` (``train_py_in_process_module`` for a module's fixture) run a command (``python train.py
+...``, ``python -m eval...``) in the test's interpreter where it needs no process of its own.
 """
 
 import gc
