@@ -2,10 +2,12 @@
 
 Without a GPU, Triton kernels run in its interpreter: ``TRITON_INTERPRET=1`` must be set before the first
 ``@triton.jit`` decoration (i.e. before ``kernels`` is imported anywhere), so it is set here; torch runs
-single-threaded in the test process, and two slow spots of the interpreter are replaced by equivalents
-(:func:`_speed_up_interpreter_scan`, :func:`_patch_the_language_once_per_launch`). The fixtures
-:func:`cli_in_process` / :func:`train_py_in_process` run a command (``python train.py ...``, ``python -m eval...``)
-in the test's interpreter where it needs no process of its own.
+single-threaded in the test process, and three slow spots of the interpreter are replaced by equivalents
+(:func:`_speed_up_interpreter_scan`, :func:`_patch_the_language_once_per_launch`,
+:func:`_skip_the_discarded_overflow_checks`); the objects that exist once the tests are collected are frozen out of
+the garbage collector's scans (:func:`pytest_collection_finish`). The fixtures :func:`cli_in_process` /
+:func:`train_py_in_process` (``train_py_in_process_module`` for a module's fixture) run a command (``python train.py
+...``, ``python -m eval...``) in the test's interpreter where it needs no process of its own.
 """
 
 import gc
@@ -75,6 +77,22 @@ def _no_faked_backend_availability(monkeypatch):
         forget_availability()
 
 
+def pytest_collection_finish(session):
+    """What exists once the tests are collected (the imported libraries: torch, Lightning, Hydra, triton, pandas, ...;
+    ~600,000 objects the collector tracks) is moved out of the garbage collector's reach (``gc.freeze``): a
+    ``gc.collect()`` (eval.sweep runs one after every point it measures: 0.27 s each before, 0.05 s after) and each
+    automatic full collection then visit only the objects made since, which are collected as before
+    (test_eval_pipeline: 64 s -> 42 s). Undone at the very end (:func:`pytest_configure`'s cleanup, after pytest's
+    own last collections), so the interpreter's exit frees everything as usual."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    config.add_cleanup(gc.unfreeze)  # added before pytest's own cleanups: run after them
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda:
         return
@@ -136,7 +154,6 @@ def _patch_the_language_once_per_launch():
     patched members are no longer builtins; the rest are set again to equal closures, and the launch restores the
     originals at its end). Inside a launch, a device call seeing only modules already patched in it skips the
     repeat; any other call patches as before."""
-    import inspect
 
     try:
         import triton.language as tl
@@ -148,8 +165,10 @@ def _patch_the_language_once_per_launch():
         return
     state = {"pending": False, "langs": None}
 
-    def langs(fn):
-        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+    lang_ids = frozenset((id(tl), id(tl.core)))
+
+    def langs(fn):  # the ids of tl / tl.core among fn's globals (a set intersection: no Python loop over them)
+        return lang_ids.intersection(map(id, fn.__globals__.values()))
 
     class _NothingToRestore:
         def restore(self):
@@ -185,20 +204,43 @@ def _patch_the_language_once_per_launch():
     executor.__call__ = call
 
 
+def _skip_the_discarded_overflow_checks():
+    """Triton's interpreter builds every integer ``+``, ``-`` and ``*`` of a kernel twice: the operation, and an
+    overflow check (``binary_op_sanitize_overflow_impl``: both operands cast to int64, the operation again, two
+    comparisons and an ``and``) whose result goes to ``device_assert``, which drops it unless the options have
+    ``debug`` on; the interpreter's options never do (``InterpreterOptions()``, debug off), so the check is computed
+    and discarded: about a third of an interpreted kernel's time (test_decode_split's fused merge: 34 s -> 22 s without
+    it). With ``debug`` off the interpreter's options ask for no such check (``sanitize_overflow=False``): the same
+    operations and results; with ``debug`` on they are left as they are (tests/test_interpreter_scan.py)."""
+    import dataclasses
+
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # pragma: no cover
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True) or not getattr(options, "sanitize_overflow", False):
+        return
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _speed_up_interpreter_scan()
     _patch_the_language_once_per_launch()
+    _skip_the_discarded_overflow_checks()
 
 
 # ---------------------------------------------------------------------- commands run in the test's interpreter
-@pytest.fixture
-def cli_in_process(monkeypatch):
+def _launcher(monkeypatch):
     """``launch(cwd, *argv, env=None)``: ``python <argv>`` (a script and its arguments, or ``-m <module>`` and its
     arguments) run from ``cwd`` in this interpreter (``runpy``, as ``__main__``: for train.py Hydra's launch, its
     callbacks and its error report as on the command line), with ``WANDB_MODE=disabled`` unless ``env`` (variables
     set for the launch) says otherwise and no ``HYDRA_FULL_ERROR``; returns a ``CompletedProcess`` with the exit
     status and what it printed. For commands that do not need a process of their own (a refusal, a rerun that skips
-    its jobs): a subprocess spends ~5 s importing torch, Lightning, ... first. What a launch sets in this process is
+    its jobs, a short run whose files and printed lines a test reads): a subprocess spends ~5-8 s importing torch,
+    Lightning, ... first. Python warnings go to pytest's record, not to the result's stderr (a process prints
+    them). What a launch sets in this process is
     undone after it: the logging it configured, the run folders :func:`harness.runs.claim_run_dir` claimed (a new
     launch is a new process), Hydra's global state (GlobalHydra, HydraConfig, JobRuntime), the environment,
     ``sys.path``, torch's threads and the random generators; what it registers with ``atexit`` runs at its end, as
@@ -287,10 +329,29 @@ def cli_in_process(monkeypatch):
 
 
 @pytest.fixture
-def train_py_in_process(cli_in_process):
-    """``launch(cwd, *args, env=None)``: :func:`cli_in_process` of ``train.py <args>``, for train.py launches refused
-    before training (or that train nothing); the launches that train stay processes."""
+def cli_in_process(monkeypatch):
+    """:func:`_launcher`: ``launch(cwd, *argv, env=None)`` runs ``python <argv>`` in this interpreter."""
+    return _launcher(monkeypatch)
+
+
+def _train_py(launch):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "train.py"
-    return lambda cwd, *args, env=None: cli_in_process(cwd, script, *args, env=env)
+    return lambda cwd, *args, env=None: launch(cwd, script, *args, env=env)
+
+
+@pytest.fixture
+def train_py_in_process(cli_in_process):
+    """``launch(cwd, *args, env=None)``: :func:`cli_in_process` of ``train.py <args>``, for train.py launches refused
+    before training, that train nothing, or short runs (a few steps, single or ``-m``) whose outputs a test reads.
+    What needs a process stays one: DDP, W&B offline runs and their resume, stdout to a file, a multirun that runs
+    its jobs, a refused multirun, a plugin registered at start-up."""
+    return _train_py(cli_in_process)
+
+
+@pytest.fixture(scope="module")
+def train_py_in_process_module():
+    """:func:`train_py_in_process` for a module's shared fixture (a run that several tests read or copy)."""
+    with pytest.MonkeyPatch.context() as mp:
+        yield _train_py(_launcher(mp))

@@ -194,11 +194,14 @@ def test_a_planned_step_through_decode_attention_never_syncs_with_the_host(monke
         decode_attention(q, k, v, WIN, lens + 1, bt, backend="triton")
 
 
-@pytest.mark.parametrize("page_size", [None, 16, 32], ids=["contiguous", "page16", "page32"])
-@pytest.mark.parametrize("Nq", [2, 5, 8])
+@pytest.mark.parametrize("page_size,Nq", [(None, 2), (None, 5), (None, 8), (16, 5), (16, 8), (32, 2), (32, 8)],
+                         ids=["2-contiguous", "5-contiguous", "8-contiguous", "5-page16", "8-page16", "2-page32",
+                              "8-page32"])
 def test_several_queries_gqa_packed_several_pages_per_tile(page_size, Nq):
     """Nq queries x G = 4 heads per K/V head in one tile's M dim; tiles of 64 keys over pages of 16 / 32 (4 / 2
-    pages per tile); a window whose first and last queries start in different tiles; ragged lengths."""
+    pages per tile); a window whose first and last queries start in different tiles; ragged lengths. Every Nq
+    contiguous; each page size with Nq 8 (32 packed rows) and a partial block (5 or 2: the query packing is the M
+    side, the page gather the K side)."""
     g = torch.Generator().manual_seed(10 + Nq)
     B, Hq, Hkv, D = 3, 8, 2, 16
     k, v, bt = _cache(g, B, Hkv, D, 192, page_size)

@@ -244,7 +244,8 @@ def test_fused_merge_of_a_row_block_matches_the_reference(page_size, Nq):
     """The fused merge of a multi-row program (GQA G = 4 x Nq 1 / 2 / 4: 4 / 8 / 16 rows, so 4 / 2 / 1 splits per
     16-row block), 3-5 splits, with and without a left window, contiguous and pages of 32 read in 16-key tiles (a
     tile starts mid-page), ragged lengths (one with a split left empty), output and lse against the reference and
-    the merge kernel; a second run gives the identical result and leaves the arrival counter at 0."""
+    the merge kernel; every run leaves the arrival counter at 0, and a second run (5 splits, each window: the counter
+    every earlier run also left at 0) gives the identical result."""
     g = torch.Generator().manual_seed(20 + Nq)
     B, Hq, Hkv, D = 3, 8, 2, 16
     k, v, bt = _cache(g, B, Hkv, D, 96, page_size)
@@ -263,10 +264,11 @@ def test_fused_merge_of_a_row_block_matches_the_reference(page_size, Nq):
             torch.testing.assert_close(o1, want, atol=3e-5, rtol=3e-5, msg=msg)
             torch.testing.assert_close(l1, want_lse, atol=3e-5, rtol=3e-5, msg=msg)
             assert int(plan.counter.abs().sum()) == 0
-            plan.out.fill_(float("nan"))
-            o, lse = decode_run(plan, q, k, v, lens, bt)
-            assert torch.equal(o, o1) and torch.equal(lse, l1), msg  # the counter reset: the second run merges too
-            assert int(plan.counter.abs().sum()) == 0
+            if S == 5:
+                plan.out.fill_(float("nan"))
+                o, lse = decode_run(plan, q, k, v, lens, bt)
+                assert torch.equal(o, o1) and torch.equal(lse, l1), msg  # the counter reset: the second run merges too
+                assert int(plan.counter.abs().sum()) == 0
             if S == 4:
                 ok, lk = decode_run(decode_plan(q, k, v, bt, block_n=16, num_splits=S, window_size=window,
                                                 return_lse=True, merge="kernel"), q, k, v, lens, bt)

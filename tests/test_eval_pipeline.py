@@ -382,10 +382,11 @@ def test_reanalysis_keeps_the_measured_sweep_settings(tmp_path):
     """``run_sweep=false`` re-analyses what ``out_dir`` holds: ``env.json`` keeps where (GPU, versions, date) and how
     (the sweep config, e.g. its ``deadline_s``) the points were measured, not the settings of the re-analysis."""
     out = tmp_path / "res"
-    measured = dict(TINY, deadline_s=175)
-    crossover_run({"sweep": measured, "out_dir": str(out), "progress": False, "model_sweep": False, "plots": False,
-                   "wandb": {"enabled": False}, "date": "2026-12-01"})
-    crossover_run({"sweep": dict(TINY, deadline_s=None), "out_dir": str(out), "progress": False, "plots": False,
+    small = dict(TINY, variants={"flash": {"kind": "flash"}, "linear": {"kind": "linear", "chunk_size": 8}},
+                 backends=["torch"], seq_lens=[16, 32])  # what a crossover needs (test_end_to_end_pipeline: all)
+    crossover_run({"sweep": dict(small, deadline_s=175), "out_dir": str(out), "progress": False,
+                   "model_sweep": False, "plots": False, "wandb": {"enabled": False}, "date": "2026-12-01"})
+    crossover_run({"sweep": dict(small, deadline_s=None), "out_dir": str(out), "progress": False, "plots": False,
                    "run_sweep": False, "wandb": {"enabled": False}, "date": "2030-01-01"})
     env = json.load(open(out / "env.json"))["env"]
     assert env["sweep"]["deadline_s"] == 175 and env["date"] == "2026-12-01"

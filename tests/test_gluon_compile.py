@@ -6,7 +6,8 @@ cases compile the kernels ``"auto"`` runs at D 128 (the forward, the two-consume
 the fused dQ by TMA reduce-add where this triton has it, and check the report: no spills at the defaults, the
 wgmma / TMA instructions present. Skipped where triton has no Gluon (the CPU-only runs of other platforms).
 
-Each compile runs in a fresh interpreter without ``TRITON_INTERPRET``: the CPU test session sets it
+The compiles run in a fresh interpreter without ``TRITON_INTERPRET`` (one for all the cases: ~4.5 s of start-up
+each): the CPU test session sets it
 (tests/conftest.py) before triton is imported, which makes triton.language's own ``@triton.jit`` helpers (the
 combine functions behind ``gl.max`` / ``gl.sum``) interpreter functions that the Gluon compiler refuses ("Unsupported
 function referenced: InterpretedFunction"): the forward failed so on a clean CPU runner, and passed only where the
@@ -40,16 +41,45 @@ def _inspect():
     return inspect_gluon
 
 
-def _compile(fn: str, *args, **kw) -> dict:
-    """``lab.inspect_gluon.<fn>(*args, **kw)``'s report, compiled in a subprocess without ``TRITON_INTERPRET``."""
+def _tma_reduce_ok() -> bool:
+    from kernels.flash import gluon as G
+
+    return G.gluon_tma_reduce_ok()
+
+
+# name: (lab.inspect_gluon function, args, keyword args); the TMA dQ cases only where this triton has the reduce-add
+CASES = {
+    "fwd_ws3a": ("compile_case", ["gluon_ws3a", "causal", 128], {}),
+    "dkdv2": ("compile_bwd_case", ["causal", 128], dict(write_dq=False, consumers=2)),
+    "dq": ("compile_dq_case", ["causal", 128], {}),
+    "tma_dq_one": ("compile_bwd_case", ["causal", 128], dict(write_dq=True, dq_tma=True, ptx=True)),
+    "tma_dq_two": ("compile_bwd_case", ["full", 128], dict(write_dq=True, consumers=2, dq_tma=True, ptx=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """Every case of :data:`CASES` compiled in one subprocess without ``TRITON_INTERPRET``: ``name -> report``, or
+    ``name -> [error, traceback]`` for a case that failed (the others still compile)."""
+    cases = {k: c for k, c in CASES.items() if not k.startswith("tma_") or _tma_reduce_ok()}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    code = ("import json, sys\nfrom lab import inspect_gluon as ig\na = json.loads(sys.argv[1])\n"
-            f"print({_MARK!r} + json.dumps(getattr(ig, a['fn'])(*a['args'], **a['kw'])))")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(dict(fn=fn, args=args, kw=kw))], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0 and _MARK in p.stdout, (fn, args, kw, p.stdout[-2000:], p.stderr[-4000:])
+    code = ("import json, sys, traceback\nfrom lab import inspect_gluon as ig\nout = {}\n"
+            "for name, (fn, args, kw) in json.loads(sys.argv[1]).items():\n"
+            "    try:\n        out[name] = getattr(ig, fn)(*args, **kw)\n"
+            "    except Exception as e:\n        out[name] = [repr(e), traceback.format_exc()]\n"
+            f"print({_MARK!r} + json.dumps(out))")
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0 and _MARK in p.stdout, (p.stdout[-2000:], p.stderr[-4000:])
     return json.loads(p.stdout.rsplit(_MARK, 1)[1])
+
+
+def _compile(reports: dict, name: str) -> dict:
+    """Case ``name``'s report (``lab.inspect_gluon.<fn>(*args, **kw)`` of :data:`CASES`)."""
+    r = reports[name]
+    assert isinstance(r, dict), (name, CASES[name], r)
+    return r
 
 
 def _checked(r: dict, stack_max: int = 0) -> dict:
@@ -59,28 +89,26 @@ def _checked(r: dict, stack_max: int = 0) -> dict:
     return r
 
 
-def test_forward_ws3a_compiles_causal_d128():
-    _checked(_compile("compile_case", "gluon_ws3a", "causal", 128))
+def test_forward_ws3a_compiles_causal_d128(reports):
+    _checked(_compile(reports, "fwd_ws3a"))
 
 
-def test_two_consumer_dkdv_and_dq_kernels_compile_causal_d128():
-    _checked(_compile("compile_bwd_case", "causal", 128, write_dq=False, consumers=2))
-    _checked(_compile("compile_dq_case", "causal", 128))
+def test_two_consumer_dkdv_and_dq_kernels_compile_causal_d128(reports):
+    _checked(_compile(reports, "dkdv2"))
+    _checked(_compile(reports, "dq"))
 
 
-def test_tma_dq_kernels_compile_where_triton_has_the_reduce_add():
+def test_tma_dq_kernels_compile_where_triton_has_the_reduce_add(reports):
     """gluon_bwd_dq="tma": one reduce-add site per consumer in the PTX (one-consumer kernel: 1; two: 2); on a
     triton without the reduce-add the compile helper refuses, naming the version."""
     import re
 
-    from kernels.flash import gluon as G
-
-    if not G.gluon_tma_reduce_ok():  # (refused before anything is compiled: in this process)
+    if not _tma_reduce_ok():  # (refused before anything is compiled: in this process)
         with pytest.raises(ValueError, match=r"dq_tma needs Gluon's TMA reduce-add .* this triton is"):
             _inspect().compile_bwd_case("causal", 128, write_dq=True, dq_tma=True)
         return
-    one = _checked(_compile("compile_bwd_case", "causal", 128, write_dq=True, dq_tma=True, ptx=True))
-    two = _checked(_compile("compile_bwd_case", "full", 128, write_dq=True, consumers=2, dq_tma=True, ptx=True))
+    one = _checked(_compile(reports, "tma_dq_one"))
+    two = _checked(_compile(reports, "tma_dq_two"))
     for r, sites in ((one, 1), (two, 2)):
         assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.4d\S*\.add", r["ptx"])) == sites
         assert "red.global" not in r["ptx"]  # no per-element atomics left

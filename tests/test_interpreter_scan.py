@@ -1,7 +1,11 @@
 """The test session's faster ``tl.associative_scan`` for Triton's interpreter (tests/conftest.py,
 ``_vectorized_generic_scan``) gives what the interpreter's own element-by-element scan gives, bit for bit: kernels
 with user combine functions (kernels.ssd's state-pass combine, one with a single output, an integer one) over
-both axes of a block and a 1-D block, forward and reversed, each run under both implementations."""
+both axes of a block and a 1-D block, forward and reversed, each run under both implementations. The session's
+interpreter builds no integer overflow checks (``_skip_the_discarded_overflow_checks``): the interpreter's own
+options compute them and drop them (debug off), with the same results, and only debug makes them act."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -95,3 +99,40 @@ def test_vectorized_scan_equals_the_interpreters_scan(monkeypatch, axis, reverse
 
     ref, got = _both(monkeypatch, ints)
     assert torch.equal(got, ref) and not torch.equal(ref, n)
+
+
+@triton.jit
+def _int_arith_kernel(X, Y, O, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(X + offs)
+    y = tl.load(Y + offs)
+    tl.store(O + offs, x * y + x - y)
+
+
+def test_skipped_overflow_checks_were_computed_and_dropped(monkeypatch):
+    from triton.runtime import interpreter
+
+    options = interpreter.interpreter_builder.options
+    assert not options.debug and not options.sanitize_overflow, "the session's interpreter builds no overflow checks"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-2**31, 2**31 - 1, (32,), generator=g, dtype=torch.int32)
+    y = torch.randint(-2**31, 2**31 - 1, (32,), generator=g, dtype=torch.int32)
+    x[:2], y[:2] = torch.tensor([3, -5], dtype=torch.int32), torch.tensor([4, 6], dtype=torch.int32)
+
+    def run():
+        o = torch.empty_like(x)
+        _int_arith_kernel[(1,)](x, y, o, N=32)
+        return o
+
+    got = run()
+    x64, y64 = x.long(), y.long()
+    wrapped = ((x64 * y64 + x64 - y64 + 2**31) % 2**32 - 2**31).int()  # int32 arithmetic wraps around
+    assert torch.equal(got, wrapped) and got[:2].tolist() == [11, -41]
+    with monkeypatch.context() as m:  # the interpreter's own options: the checks built, and dropped
+        m.setattr(interpreter.interpreter_builder, "options", dataclasses.replace(options, sanitize_overflow=True))
+        assert torch.equal(run(), got)
+        # debug on: the checks act (the values above overflow int32), so they were not skipped there
+        m.setattr(interpreter.interpreter_builder, "options",
+                  dataclasses.replace(options, sanitize_overflow=True, debug=True))
+        with pytest.raises(Exception, match="overflow detected"):
+            run()

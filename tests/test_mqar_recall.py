@@ -2,9 +2,6 @@
 and a tiny model that really learns recall on the CPU (a regression of the recipe shows here)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -144,12 +141,12 @@ def test_multirun_skips_finished_jobs(tmp_path, train_py_in_process):
     args = ["train.py", "-m", "experiment=mqar_recall", "trainer=default", "data.vocab_size=64", "data.num_train=64",
             "data.num_val=16", "data.batch_size=16", "model.d_model=16", "trainer.max_steps=2",
             "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}", "data.seq_len=32", "optim.lr=1e-3"]
-    env = dict(os.environ, WANDB_MODE="disabled", COLUMNS="300")
-    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    # the three launches in this interpreter (the first trains; the others are skipped, refused; a multirun's
+    # process: test_train.py's W&B multirun)
+    r = train_py_in_process(ROOT, *args[1:], env={"COLUMNS": "300"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     job = next(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     first = (job / "final_metrics.json").read_text()
-    # the second and third launches, in this interpreter (neither trains: skipped, refused)
     r = train_py_in_process(ROOT, *args[1:])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr

@@ -135,45 +135,32 @@ def test_step_metrics_only_on_the_steps_lightning_writes(tmp_path):
 
 
 def test_cli_multirun_past_its_deadline_starts_no_job_and_the_same_command_runs_them(tmp_path, train_py_in_process):
-    import os
-    import subprocess
-    import sys
-
     root = Path(train_mod.__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env["COLUMNS"] = "400"
     sweep = tmp_path / "sweep"
     args = JOB + ["trainer.max_steps=3", "trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}",
                   "attention=flash,linear"]
-    # the launch that starts no job, in this interpreter; the one that runs them is a process
+    # both launches in this interpreter (a multirun's process: test_train.py's W&B multirun)
     first = train_py_in_process(root, "-m", *args, f"stop_at={time.time() - 1:.0f}", env={"COLUMNS": "400"})
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "2 job(s)" in first.stdout and "not started (stop_at had passed" in first.stdout, first.stdout[-2000:]
     assert "unfinished" not in first.stdout, "jobs that never started are not called stopped or failed"
     assert not list(sweep.glob("*/final_metrics.json")) and not list(sweep.glob("*/csv"))
-    again = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True,
-                           text=True, timeout=240)
+    again = train_py_in_process(root, "-m", *args, env={"COLUMNS": "400"})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert sorted(p.parent.name for p in sweep.glob("*/final_metrics.json")) == ["attention=flash", "attention=linear"]
     assert "attn-zoo multirun: 2 jobs" in again.stdout and "unfinished" not in again.stdout
 
 
-def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path):
+def test_cli_multirun_with_a_failing_job_still_summarizes_and_exits_1(tmp_path, train_py_in_process):
     """Hydra runs every job, then raises the first failure (status 1) without calling on_multirun_end: the summary
     (table, summary.csv) is still written, the failed job is named with its error (failed.json), and a later launch
-    where the job runs to its end removes the mark."""
-    import os
-    import subprocess
-    import sys
-
+    where the job runs to its end removes the mark. (The launch in this interpreter: Hydra's exit status as the
+    process's; a multirun's process: the test above.)"""
     root = Path(train_mod.__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env["COLUMNS"] = "400"
     sweep = tmp_path / "sweep"
     # the failing job first: Hydra still runs the next one (the summary must not say the sweep was cut short)
     args = JOB + ["trainer.val_check_interval=3", f"hydra.sweep.dir={sweep}", "trainer.max_steps=0,3"]
-    r = subprocess.run([sys.executable, "train.py", "-m", *args], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=240)
+    r = train_py_in_process(root, "-m", *args, env={"COLUMNS": "400"})
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     ok, bad = sweep / "trainer.max_steps=3", sweep / "trainer.max_steps=0"
     assert (ok / "final_metrics.json").is_file() and not (ok / "failed.json").exists()

@@ -11,12 +11,8 @@
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf, open_dict, read_write
@@ -25,7 +21,7 @@ import train as train_mod
 from harness import callbacks as cb_mod
 from harness import runs as runs_mod
 from harness.config import ConfigError
-from test_train import COMMON, FAST, ROOT, make_cfg
+from test_train import COMMON, FAST, make_cfg
 
 main = train_mod.main.__wrapped__  # the job function under @hydra.main
 SHORT = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
@@ -34,10 +30,10 @@ SHORT = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_v
 SAME_DEFAULT = "hydra.run.dir='${attn_zoo.run_dir:${ckpt_path},runs/same}'"
 
 
-def _cli(cwd, *args, base=FAST, timeout=240):
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *base, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def _in_process(train_py_in_process, cwd, *args, base=FAST):
+    """``python train.py <base> <args>`` from ``cwd``, in this interpreter (``train_py_in_process``: each launch claims
+    its folders as a new process does)."""
+    return train_py_in_process(cwd, *base, *args)
 
 
 def _output_dir(stdout):
@@ -45,12 +41,13 @@ def _output_dir(stdout):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(tmp_path_factory, train_py_in_process_module):
     """One single run launched as ``train.py <FAST> <SHORT> hydra.run.dir=run`` (no skip_finished), finished: its
     folder and its CompletedProcess. Each test that resumes it or is refused by it works on its own copy
-    (:func:`_copy_of`): one launch instead of one per test."""
+    (:func:`_copy_of`): one launch instead of one per test. (In this interpreter; train.py's single runs as a process:
+    test_train.py, test_train_edges.py.)"""
     cwd = tmp_path_factory.mktemp("finished")
-    r = _cli(cwd, *SHORT, "hydra.run.dir=run")
+    r = train_py_in_process_module(cwd, *FAST, *SHORT, "hydra.run.dir=run")
     assert r.returncode == 0, r.stderr[-3000:]
     assert _output_dir(r.stdout) == [str(cwd / "run")] and (cwd / "run" / "final_metrics.json").is_file()
     return cwd / "run", r
@@ -83,10 +80,10 @@ def test_claim_run_dir_takes_the_next_free_name_once_per_process(tmp_path, monke
     assert not (tmp_path / "outputs/d/14-00-00").exists()
 
 
-def test_two_launches_on_the_same_default_folder_get_one_folder_each(tmp_path):
-    a = _cli(tmp_path, *SHORT, SAME_DEFAULT)
+def test_two_launches_on_the_same_default_folder_get_one_folder_each(tmp_path, train_py_in_process):
+    a = _in_process(train_py_in_process, tmp_path, *SHORT, SAME_DEFAULT)
     assert a.returncode == 0, a.stderr[-3000:]
-    b = _cli(tmp_path, *SHORT, SAME_DEFAULT, "attention=linear")
+    b = _in_process(train_py_in_process, tmp_path, *SHORT, SAME_DEFAULT, "attention=linear")
     assert b.returncode == 0, b.stderr[-3000:]
     same, other = tmp_path / "runs" / "same", tmp_path / "runs" / "same-1"
     assert _output_dir(a.stdout) == [str(same)] and _output_dir(b.stdout) == [str(other)]
@@ -95,7 +92,7 @@ def test_two_launches_on_the_same_default_folder_get_one_folder_each(tmp_path):
     assert "attention=linear" not in (same / ".hydra" / "overrides.yaml").read_text()
     # a refused launch leaves no folder of its own (a resume claims none either: the resume of
     # test_a_refused_resume_leaves_nothing_in_the_run_it_refused_and_a_resume_continues_it)
-    r = _cli(tmp_path, SAME_DEFAULT, "trainer.max_steps=0")
+    r = _in_process(train_py_in_process, tmp_path, SAME_DEFAULT, "trainer.max_steps=0")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["same", "same-1"]
 
@@ -157,19 +154,19 @@ def test_a_stopped_multirun_job_is_told_to_rerun_with_skip_finished_and_its_swee
     assert f"run the same command again with skip_finished=true and hydra.sweep.dir={tmp_path / 'sweep'}" in hint
 
 
-def test_a_single_run_with_a_passed_stop_at_fails_instead_of_doing_nothing(tmp_path):
+def test_a_single_run_with_a_passed_stop_at_fails_instead_of_doing_nothing(tmp_path, train_py_in_process):
     """A single run (no -m) with stop_at in the past exited 0, trained nothing and left outputs/<date>/<time>/ with a
     not_started.json (what a multirun job records for its summary). It is refused now, the message alone, and leaves
     no folder; a multirun's jobs are still marked not started (test_resume_unfinished.py)."""
-    r = _cli(tmp_path, *SHORT, f"stop_at={time.time() - 60:.0f}")
+    r = _in_process(train_py_in_process, tmp_path, *SHORT, f"stop_at={time.time() - 60:.0f}")
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "s ago, so this run would not start; pass a later stop_at" in r.stderr
     assert not (tmp_path / "outputs").exists()
 
 
 # ------------------------------------------------------------------------------------------ 3: skip_finished
-def test_skip_finished_on_a_new_single_run_warns_what_it_is_for(tmp_path, finished_run):
-    r = _cli(tmp_path, *SHORT, "skip_finished=true")
+def test_skip_finished_on_a_new_single_run_warns_what_it_is_for(tmp_path, finished_run, train_py_in_process):
+    r = _in_process(train_py_in_process, tmp_path, *SHORT, "skip_finished=true")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "skip_finished=true does nothing in a single run (no -m) in a new folder: it makes a multirun resumable" in out
@@ -192,7 +189,7 @@ def test_a_skip_finished_refusal_is_a_config_error_printed_without_a_traceback(t
 
 
 # ------------------------------------------------------------------------------------------ 4: a sweep without -m
-def test_a_sweep_experiment_without_m_warns_and_names_the_sweep(tmp_path):
+def test_a_sweep_experiment_without_m_warns_and_names_the_sweep(tmp_path, train_py_in_process):
     cfg = make_cfg(tmp_path, ["experiment=shakespeare_all", "trainer.max_steps=7"], return_hydra_config=True)
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.mode = "RUN"
@@ -212,8 +209,8 @@ def test_a_sweep_experiment_without_m_warns_and_names_the_sweep(tmp_path):
 
     text = tmp_path / "tiny.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 400)
-    r = _cli(tmp_path, "experiment=shakespeare_all", f"data.path={text}", "model.d_model=32", "model.n_layer=1",
-             "model.n_head=2", "data.seq_len=32", *SHORT, base=COMMON)
+    r = _in_process(train_py_in_process, tmp_path, "experiment=shakespeare_all", f"data.path={text}",
+                    "model.d_model=32", "model.n_layer=1", "model.n_head=2", "data.seq_len=32", *SHORT, base=COMMON)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "experiment=shakespeare_all defines a sweep" in out and "Add -m to run the sweep" in out
@@ -227,15 +224,15 @@ def test_a_refused_resume_leaves_nothing_in_the_run_it_refused_and_a_resume_cont
     before = {p.relative_to(run): p.stat().st_size for p in run.rglob("*")}
     ckpt = run / "checkpoints" / "last.ckpt"
     for refused in (["attention=linear"], ["optim.lr=1e-3"], ["trainer.max_steps=2"]):
-        # the launches through Hydra, in this interpreter (refused before training); the resume below is a process
+        # the launches through Hydra, in this interpreter (refused before training), as is the resume below
         r = train_py_in_process(tmp_path, *FAST, *SHORT, f"ckpt_path={ckpt}", *refused)
         assert r.returncode != 0 and "ckpt_path" in r.stderr, r.stderr[-3000:]
         after = {p.relative_to(run): p.stat().st_size for p in run.rglob("*")}
         assert after == before, (refused, set(after) ^ set(before))
     # a resume that runs continues its run's folder, keeps its config folder and claims no folder of its own (the
     # default hydra.run.dir, outputs/<date>/<time>, stays unmade)
-    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
-             f"ckpt_path={ckpt}")
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                    "trainer.limit_val_batches=1", f"ckpt_path={ckpt}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(list((run / ".hydra").glob("resume-*"))) == 1
     assert _output_dir(r.stdout) == [str(run)]
@@ -243,13 +240,14 @@ def test_a_refused_resume_leaves_nothing_in_the_run_it_refused_and_a_resume_cont
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "the resume made a folder of its own"
 
 
-def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path, finished_run):
+def test_a_resume_into_another_named_folder_says_what_goes_where(tmp_path, finished_run, train_py_in_process):
     """``ckpt_path=<run>/checkpoints/last.ckpt hydra.run.dir=<other>`` trained on in <run> while Hydra's config copy
     (.hydra/resume-<time>/) and train.log went to <other>, said only at INFO level ("resuming ... in its run
     directory"): the run's folder silently lacked this launch's config and log."""
     run = _copy_of(finished_run, tmp_path)  # a finished run of train.py <FAST> <SHORT> hydra.run.dir=run
-    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
-             f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "hydra.run.dir=other")
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                    "trainer.limit_val_batches=1", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+                    "hydra.run.dir=other")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "WARNING" in out and f"in its run directory {run}, not in " in out, out[-3000:]

@@ -9,8 +9,6 @@
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -80,12 +78,12 @@ def _strict_json(path):
     return json.loads(Path(path).read_text(), parse_constant=refuse)
 
 
-def test_diverged_run_writes_standard_json_flag_and_full_output_dir(tmp_path):
+def test_diverged_run_writes_standard_json_flag_and_full_output_dir(tmp_path, train_py_in_process):
     """A diverged run (optim.lr=1e6) exits 0, its final_metrics.json is standard JSON with null for the non-finite
-    metrics and ``"diverged": true``; stdout (not a terminal) ends with the whole output folder on its own line."""
+    metrics and ``"diverged": true``; stdout (not a terminal) ends with the whole output folder on its own line.
+    (The launch in this interpreter; train.py's processes: test_train.py, test_run_folders.py.)"""
     run = tmp_path / ("a-long-folder-name-so-that-the-path-exceeds-eighty-columns-" * 2) / "run"
-    r = subprocess.run([sys.executable, "train.py", *TINY, "optim.lr=1e6", f"hydra.run.dir={run}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = train_py_in_process(ROOT, *TINY, "optim.lr=1e6", f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "training diverged" in r.stdout + r.stderr
     # the verdict's next-step hint says "(the warning above)": the warning comes before it
@@ -120,14 +118,14 @@ def test_the_multirun_summary_marks_diverged_jobs(tmp_path):
 def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_they_were(tmp_path,
                                                                                       train_py_in_process):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "train.py", "-m", "attention=flash,linear", *TINY, "skip_finished=true",
-           f"hydra.sweep.dir={sweep}"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    args = ["-m", "attention=flash,linear", *TINY, "skip_finished=true", f"hydra.sweep.dir={sweep}"]
+    # both launches in this interpreter (a multirun's process: test_train.py's W&B multirun)
+    r = train_py_in_process(ROOT, *args)
     assert r.returncode == 0, r.stderr[-2000:]
     jobs = [sweep / "attention=flash", sweep / "attention=linear"]
     kept = {p: p.read_bytes() for j in jobs for p in (j / "final_metrics.json", j / ".hydra" / "config.yaml")}
     summary = (sweep / "summary.csv").read_bytes()
-    r = train_py_in_process(ROOT, *cmd[2:], "optim.lr=1e-2")  # the refused rerun, in this interpreter
+    r = train_py_in_process(ROOT, *args, "optim.lr=1e-2")  # the refused rerun
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert "2 job(s)" in out and "refused" in out and "attention=flash:" in out and "attention=linear:" in out, out[-3000:]
@@ -138,19 +136,20 @@ def test_a_refused_skip_finished_rerun_names_the_jobs_and_leaves_the_runs_as_the
     assert (sweep / "summary.csv").read_bytes() == summary
 
 
-def test_a_skip_finished_job_that_replaces_an_old_run_has_its_config_in_hydra_dir(tmp_path):
+def test_a_skip_finished_job_that_replaces_an_old_run_has_its_config_in_hydra_dir(tmp_path, train_py_in_process):
     """A finished run without result_config (older train.py) is run again: the new run's composed config, written to
-    .hydra/rerun-<time>/ while the job could still be skipped or refused, ends in .hydra/config.yaml."""
+    .hydra/rerun-<time>/ while the job could still be skipped or refused, ends in .hydra/config.yaml. (Both launches
+    in this interpreter.)"""
     import yaml
 
     run = tmp_path / "run"
-    cmd = [sys.executable, "train.py", *TINY, "skip_finished=true", f"hydra.run.dir={run}"]
-    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    args = [*TINY, "skip_finished=true", f"hydra.run.dir={run}"]
+    assert train_py_in_process(ROOT, *args).returncode == 0
     f = run / "final_metrics.json"
     rec = json.loads(f.read_text())
     rec.pop("result_config")
     f.write_text(json.dumps(rec))
-    r = subprocess.run(cmd + ["optim.lr=1e-2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = train_py_in_process(ROOT, *args, "optim.lr=1e-2")
     assert r.returncode == 0, r.stderr[-2000:]
     assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["optim"]["lr"] == 1e-2
     old = list((run / ".hydra").glob("config.replaced-*.yaml"))

@@ -228,29 +228,19 @@ def test_ckpt_path_last_resumes_the_newest_run_on_this_launchs_data(tmp_path, mo
 
 
 # ------------------------------------------------------------------------------ train.log, refused runs
-def _cli(tmp_path, *args):
-    import os
-    import subprocess
-    import sys
-
-    from test_train import FAST, ROOT
-
-    env = dict(os.environ, WANDB_MODE="disabled")
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *FAST, *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
-
-
 def _in_process(train_py_in_process, tmp_path, *args):
-    """:func:`_cli`'s launch in this interpreter (``train_py_in_process``), for launches refused before training."""
+    """``python train.py <FAST> <args>`` from ``tmp_path``, in this interpreter (``train_py_in_process``)."""
     from test_train import FAST
 
     return train_py_in_process(tmp_path, *FAST, *args)
 
 
-def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
+def test_the_summary_lands_in_train_log_and_still_prints(tmp_path, train_py_in_process):
     """train.log of a run was empty: the final table, the curve, the verdict and the output folder were printed to
-    stdout only (and Lightning's lines, the packing summary among them, to stderr only)."""
-    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "hydra.run.dir=run")
+    stdout only (and Lightning's lines, the packing summary among them, to stderr only). (The launch in this
+    interpreter.)"""
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                    "hydra.run.dir=run")
     assert r.returncode == 0, r.stderr[-3000:]
     log = (tmp_path / "run" / "train.log").read_text()
     for text in ("attn-zoo: default", "val/loss", "val/acc by step:", "learned", "output_dir: "):
@@ -261,19 +251,21 @@ def test_the_summary_lands_in_train_log_and_still_prints(tmp_path):
 
 
 @pytest.mark.parametrize("job_logging", ["disabled", "stdout"])
-def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging):
+def test_hydras_other_job_logging_configs_still_run(tmp_path, job_logging, train_py_in_process):
     """hydra/job_logging=disabled (or stdout) failed every run with "Unable to configure logger 'attn_zoo.summary'":
     the summary loggers were merged into whichever job_logging was chosen and named its file handler. They are an
-    option of the group (conf/hydra/job_logging/attn_zoo.yaml), replaced as a whole by another one."""
-    r = _cli(tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3", "hydra.run.dir=run",
-             f"hydra/job_logging={job_logging}")
+    option of the group (conf/hydra/job_logging/attn_zoo.yaml), replaced as a whole by another one. (The launches in
+    this interpreter.)"""
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=3", "trainer.val_check_interval=3",
+                    "hydra.run.dir=run", f"hydra/job_logging={job_logging}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "output_dir: " in r.stdout and "val/acc by step:" in r.stdout
 
 def test_a_refused_run_leaves_no_run_folder(tmp_path, train_py_in_process):
     """A config refused by validate_config left outputs/<date>/<time>/ holding Hydra's files and an empty train.log:
-    the folder is removed (and its empty date folder), the command still fails with the message."""
-    r = _cli(tmp_path, "trainer.max_steps=0")
+    the folder is removed (and its empty date folder), the command still fails with the message. (The launches in
+    this interpreter; a refusal's process: test_train_edges.py's refused multirun.)"""
+    r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
     (tmp_path / "kept").mkdir()
@@ -285,8 +277,8 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path, train_py_in_process):
 def test_a_refused_run_keeps_a_run_folder_that_was_there_before(tmp_path, train_py_in_process):
     """hydra.run.dir naming a folder the user had made (empty, or holding only an earlier launch's train.log) was
     deleted by RemoveUnusedRunDir when the config was refused: only a folder this launch created is removed
-    (hydra.output_subdir=null too: it left its new folder behind). (The launches in this interpreter; as a process:
-    test_a_refused_run_leaves_no_run_folder.)"""
+    (hydra.output_subdir=null too: it left its new folder behind). (The launches in this interpreter; a refusal's
+    process: test_train_edges.py's refused multirun.)"""
     (tmp_path / "mine").mkdir()
     r = _in_process(train_py_in_process, tmp_path, "trainer.max_steps=0", "hydra.run.dir=mine")
     assert r.returncode != 0 and "trainer.max_steps=0: must be a positive integer" in r.stderr

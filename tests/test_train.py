@@ -417,9 +417,10 @@ def test_ddp_validation_counts_every_example_once(tmp_path):
         assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
 
 
-def test_config_errors_print_without_a_traceback(tmp_path):
+def test_config_errors_print_without_a_traceback(tmp_path, train_py_in_process):
     """A bad value is a ConfigError (a ValueError Hydra prints alone, no traceback); a missing data file is named as
-    typed, and the process exits 1 with the message last."""
+    typed, and the command exits 1 with the message last (the launch in this interpreter: refused before training;
+    a refusal as a process: test_train_edges.py's refused multirun)."""
     from hydra.errors import CompactHydraException
 
     from harness.config import ConfigError, ConfigFileError
@@ -431,10 +432,8 @@ def test_config_errors_print_without_a_traceback(tmp_path):
     cfg = make_cfg(tmp_path, COMMON + ["data=text", "data.path=no/such/file.txt"])
     with pytest.raises(ConfigFileError, match=r"data.path='no/such/file.txt' does not exist .*absolute: /"):
         train_mod.train(cfg)
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "attention=sliding_window",
-                        "attention.window_size=[-3,0]", f"hydra.run.dir={tmp_path / 'run'}"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
+    r = train_py_in_process(tmp_path, "attention=sliding_window", "attention.window_size=[-3,0]",
+                            f"hydra.run.dir={tmp_path / 'run'}", env={"WANDB_MODE": "offline"})
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "window_size left=-3 must be an integer >= 0" in r.stderr, r.stderr[-2000:]
 

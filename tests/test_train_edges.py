@@ -173,7 +173,7 @@ def test_max_steps_minus_one_with_max_epochs_trains_epochs(tmp_path):
 
 
 def test_cli_max_steps_zero_fails_naming_the_key(tmp_path, train_py_in_process):
-    """(The launch in this interpreter; as a process: test_run_folders' two-launches test.)"""
+    """(The launch in this interpreter; a refusal as a process: the refused multirun below.)"""
     r = train_py_in_process(ROOT, "logger=csv", "trainer.max_steps=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode != 0
     assert "trainer.max_steps=0: must be a positive integer" in r.stderr + r.stdout
