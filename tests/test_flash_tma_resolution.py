@@ -187,9 +187,8 @@ def test_resolvers_refuse_what_flash_attn_refuses():
 # ----------------------------------------------------------------------------------------------- eval.bench_flash
 
 
-def _bench_rows(monkeypatch, config, fwd_only=False):
-    """bench_case on the CPU (causal, N 32, D 32, 2 heads, float32, fake timers): ours and the torch backend; returns
-    impl -> row."""
+def _bench_on_cpu(monkeypatch):
+    """``eval.bench_flash``'s cases on the CPU: float32 inputs (the interpreter refuses bf16), 2 heads, fake timers."""
     from eval import bench_flash as bf
 
     monkeypatch.setattr(bf, "DEVICE", "cpu")
@@ -199,6 +198,14 @@ def _bench_rows(monkeypatch, config, fwd_only=False):
     monkeypatch.setattr(bf, "peak_memory", lambda fn: (fn(), 2**20)[1])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+
+
+def _bench_rows(monkeypatch, config, fwd_only=False):
+    """bench_case on the CPU (causal, N 32, D 32, 2 heads, float32, fake timers): ours and the torch backend; returns
+    impl -> row."""
+    from eval import bench_flash as bf
+
+    _bench_on_cpu(monkeypatch)
     kf.clear_plans()
     rows = []
     res = bf.bench_case("causal", 32, 32, ["ours", "torch"], 32, False, rows, [0], config=config, fwd_only=fwd_only)
@@ -236,13 +243,7 @@ def test_ours_no_tma_is_the_same_call_without_tma(monkeypatch):
 
     assert bf.ours_config("ours_no_tma", FlashConfig(tma=True)) == FlashConfig(tma=False)
     assert bf.ours_config("ours_no_tma").replace(tma="auto") == bf.ours_config("ours")
-    monkeypatch.setattr(bf, "DEVICE", "cpu")
-    monkeypatch.setattr(bf, "DTYPE", torch.float32)
-    monkeypatch.setattr(bf, "heads", lambda name, D: (2, 2))
-    monkeypatch.setattr(bf, "time_cuda", lambda fn, grad_to_none=None, **_: (fn(), 1.0)[1])
-    monkeypatch.setattr(bf, "peak_memory", lambda fn: (fn(), 2**20)[1])
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    _bench_on_cpu(monkeypatch)
     rows = []
     res = bf.bench_case("causal", 32, 32, ["ours", "ours_no_tma"], 32, True, rows, [0], config=FlashConfig(tma=True))
     assert all("error" not in r for r in rows), rows
