@@ -16,7 +16,7 @@ from .common import INTERPRET, LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptr
     _table_row
 from .config import FlashConfig, current_flash_config
 from .launch import KERNELS, _PLANS, _aligned, _block_n_dkdv, _bnhd_empty, _bucket, _get_plan, _mode_args, \
-    _plan_launch, tma_ok, visited_pairs
+    _plan_launch, streams_by_tma
 from .sparse import sparse_mode, sparse_tiles
 
 
@@ -552,19 +552,15 @@ def _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, confi
 
 
 def dq_tma(q, k, v, win_left, win_right, layout, config) -> bool:
-    """Whether the Triton dQ kernel streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over
-    the visited pairs, only when ``Dv == D``. The mask as :func:`flash_attn_bwd` takes it."""
-    B, Hq, Nq, D = q.shape
-    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
-    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, k, v)
+    """Whether the Triton dQ kernel streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`streams_by_tma`.
+    The mask as :func:`flash_attn_bwd` takes it."""
+    return streams_by_tma(q, k, v, win_left, win_right, layout, config, k, v)
 
 
 def dkdv_tma(q, k, v, do, win_left, win_right, layout, config) -> bool:
-    """Whether the Triton dK/dV kernel streams Q / dO by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok`
-    over the visited pairs, only when ``Dv == D``. The mask as :func:`flash_attn_bwd` takes it."""
-    B, Hq, Nq, D = q.shape
-    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
-    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, q, do)
+    """Whether the Triton dK/dV kernel streams Q / dO by TMA descriptors (its ``TMA`` constexpr):
+    :func:`streams_by_tma`. The mask as :func:`flash_attn_bwd` takes it."""
+    return streams_by_tma(q, k, v, win_left, win_right, layout, config, q, do)
 
 
 def _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):

@@ -13,8 +13,8 @@ from .._host import next_pow2
 from .common import LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _kv_range, _table_row
 from .config import FlashConfig, current_flash_config
 from .gluon import check_gluon_fwd, choose_fwd_impl, gluon_flash_fwd
-from .launch import KERNELS, _PLANS, _aligned, _bnhd_empty, _bucket, _get_plan, _mode_args, _plan_launch, tma_ok, \
-    visited_pairs
+from .launch import KERNELS, _PLANS, _aligned, _bnhd_empty, _bucket, _get_plan, _mode_args, _plan_launch, \
+    streams_by_tma
 from .sparse import sparse_mode, sparse_tiles
 
 
@@ -171,11 +171,9 @@ KERNELS["fwd"] = _fwd_kernel
 
 
 def fwd_tma(q, k, v, win_left, win_right, layout, config) -> bool:
-    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over the
-    visited pairs (:func:`visited_pairs`), only when ``Dv == D``. The mask as :func:`flash_attn_fwd` takes it."""
-    B, Hq, Nq, D = q.shape
-    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
-    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, k, v)
+    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`streams_by_tma`.
+    The mask as :func:`flash_attn_fwd` takes it."""
+    return streams_by_tma(q, k, v, win_left, win_right, layout, config, k, v)
 
 
 def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):

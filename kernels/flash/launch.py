@@ -19,7 +19,7 @@ try:
 except ImportError:  # older triton: pointer loads only
     TensorDescriptor = None
 
-from .._host import CompiledLaunch, cdiv
+from .._host import CompiledLaunch, cdiv, next_pow2
 from .common import INTERPRET, MAX_HEAD_DIM, _cfg
 from .config import FlashConfig
 from .sparse import _sparse_configs, sparse_tiles
@@ -415,6 +415,16 @@ def tma_ok(D: int, block_d: int, pairs: int, sparse: bool, config: FlashConfig, 
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st <= 0 or (st * el) % 16 for st in t.stride()[:-1]):
             return False
     return True
+
+
+def streams_by_tma(q, k, v, win_left: int, win_right: int, layout, config: FlashConfig, *streamed) -> bool:
+    """Whether a Triton kernel of the call ``q, k, v`` (mask as :func:`kernels.flash.flash_attn_fwd` takes it) streams
+    the tensors ``streamed`` by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over the call's
+    :func:`visited_pairs`, only when ``Dv == D``. The one rule of the forward (K / V), dQ (K / V) and dK/dV (Q / dO)
+    launches and of :func:`kernels.flash.resolve_fwd_tma` / ``resolve_bwd_tma``."""
+    B, Hq, Nq, D = q.shape
+    pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
+    return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, *streamed)
 
 
 def _clamped_sum(n: int, cap: int) -> int:
