@@ -131,6 +131,28 @@ def test_auto_follows_tma_min_pairs_on_hopper(hopper):
     assert kf.resolve_bwd_tma(None, small, small, small, causal=True) == (False, False)
 
 
+def test_auto_keeps_the_dense_d64_triton_forward_off_tma(hopper):
+    """``"auto"`` on Hopper: the Triton forward of a dense call at D <= ``FWD_DENSE_NO_TMA_MAX_D`` (64) reads K / V by
+    pointer loads at any size (measured slower with TMA at N 512-4k); causal, window, dilated and document masks at
+    D 64, dense at D 128, ``tma=True`` and the backward keep the pairs rule."""
+    from kernels.flash.fwd import FWD_DENSE_NO_TMA_MAX_D
+    assert FWD_DENSE_NO_TMA_MAX_D == 64
+    big = lambda D: [_fake(2, 16, 4096, D) for _ in range(3)]  # noqa: E731  (5.4e8 pairs >> 2^26)
+    q64, q128 = big(64), big(128)
+    dense = dict(causal=False)
+    assert kf.resolve_fwd_impl(None, *q64, **dense) == "triton"
+    assert kf.resolve_fwd_tma(None, *q64, **dense) is False
+    assert kf.resolve_fwd_tma(FlashConfig(tma=True), *q64, **dense) is True
+    assert kf.resolve_bwd_tma(None, *q64, **dense) == (True, True)
+    assert kf.resolve_fwd_tma(None, *big(32), **dense) is False
+    assert kf.resolve_fwd_tma(None, *q128, **dense) is True
+    docs = torch.zeros(2, 4096, dtype=torch.int32)
+    for kw in (dict(causal=True), dict(causal=False, window_size=(512, 512)), dict(causal=False, dilation=2),
+               dict(causal=False, doc_ids=docs)):
+        assert kf.resolve_fwd_impl(None, *q64, **kw) == "triton", kw
+        assert kf.resolve_fwd_tma(None, *q64, **kw) is True, kw
+
+
 def test_gluon_kernels_resolve_to_tma(hopper):
     """The Gluon forward and the Gluon backward's dK/dV kernel read by TMA only (at any ``tma_min_pairs`` when asked
     by name); the Gluon backward's dQ by TMA for ``gluon_bwd_dq="gluon"`` / ``"tma"``, by the Triton dQ kernel's rule

@@ -170,9 +170,20 @@ def _fwd_kernel(Q, K, V, Out, Lse,
 KERNELS["fwd"] = _fwd_kernel
 
 
-def fwd_tma(q, k, v, win_left, win_right, layout, config) -> bool:
-    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`streams_by_tma`.
-    The mask as :func:`flash_attn_fwd` takes it."""
+#: ``"auto"`` keeps the Triton forward off TMA for dense (no causal, no window, no block-sparse) calls at head dims
+#: up to this: at D 64 its K / V descriptors made the forward slower at every N the Triton forward runs
+#: (H100, 2026-12-07: 255 / 309 / 342 / 365 TFLOP/s with TMA against 305 / 373 / 405 / 424 without at N 512 / 1k /
+#: 2k / 4k, H 16; causal and window D 64, and every D 128 mask, gain from TMA: results/h100/2026-12-07b/6-8).
+FWD_DENSE_NO_TMA_MAX_D = 64
+
+
+def fwd_tma(q, k, v, win_left, win_right, layout, config, dilation: int = 1, docs: bool = False) -> bool:
+    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`streams_by_tma`,
+    except that ``config.tma == "auto"`` never does for a dense mask (no window edge, block layout, dilation or
+    documents) at ``D <= FWD_DENSE_NO_TMA_MAX_D``. The mask as :func:`flash_attn_fwd` takes it."""
+    dense = win_left < 0 and win_right < 0 and layout is None and dilation <= 1 and not docs
+    if config.tma == "auto" and dense and q.shape[3] <= FWD_DENSE_NO_TMA_MAX_D:
+        return False
     return streams_by_tma(q, k, v, win_left, win_right, layout, config, k, v)
 
 
@@ -185,7 +196,7 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config,
                 HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config), DILATED=dilation > 1,
+                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config, dilation, docs), DILATED=dilation > 1,
                 DOCS=docs)
 
 
