@@ -228,13 +228,13 @@ def _exact(spec: AttentionSpec, N: int) -> bool:
     return mi.is_full or mi.is_plain_causal
 
 
-HIDDEN = 2048  # the model width every case keeps: H = HIDDEN // D query heads (``--hidden``)
+HIDDEN = 2048  # the default model width every case keeps: H = hidden // D query heads (``--hidden``)
 
 
-def heads(name: str, D: int):
-    """``(Hq, Hkv)`` of variant ``name`` at head dim ``D``: ``HIDDEN // D`` query heads; GQA a quarter of them as
+def heads(name: str, D: int, hidden: int = HIDDEN):
+    """``(Hq, Hkv)`` of variant ``name`` at head dim ``D``: ``hidden // D`` query heads; GQA a quarter of them as
     K / V heads, MQA one."""
-    H = HIDDEN // D
+    H = hidden // D
     if name == "gqa4":
         return H, H // 4
     if name == "mqa":
@@ -373,13 +373,13 @@ def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
     return f
 
 
-def case_setup(name: str, N: int, D: int, tokens: int, docs=None):
+def case_setup(name: str, N: int, D: int, tokens: int, docs=None, hidden: int = HIDDEN):
     """One case's ``(B, Hq, Hkv, spec, visited_fraction, doc_ids)``: ``B = tokens // N`` rows (at least 1), the
-    variant's heads (:func:`heads`) and spec, the kept fraction of ``N^2`` (with ``docs``, a ``--docs`` entry: the
+    variant's heads at model width ``hidden`` (:func:`heads`) and spec, the kept fraction of ``N^2`` (with ``docs``, a ``--docs`` entry: the
     packed rows' ``doc_ids`` on ``DEVICE`` and the smaller of the mask's and the documents' fractions; else
     ``doc_ids`` is ``None``)."""
     B = max(tokens // N, 1)
-    Hq, Hkv = heads(name, D)
+    Hq, Hkv = heads(name, D, hidden)
     spec = AttentionSpec(**VARIANTS[name])
     frac = visited_fraction(name, N)
     doc_ids = None
@@ -390,14 +390,14 @@ def case_setup(name: str, N: int, D: int, tokens: int, docs=None):
 
 
 def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False,
-               rounds=1):
+               rounds=1, hidden=HIDDEN):
     """Time every impl of ``impls`` on one case (variant ``name``, ``N``, ``D``, ``docs``), append a row each to
     ``rows`` and return impl -> row. Each impl is compiled, checked and timed once in turn (fwd, bwd, fwd+bwd, peak
     memory); with ``rounds > 1`` the forward and the forward+backward of every impl that ran are timed ``rounds - 1``
     more times in rotating order (:func:`eval.bench_common.interleaved_rounds`), and the row reports the median of its
     ``rounds`` timings with their spread (``fwd_spread``, ``fwd_bwd_spread``: (max - min) / median), so a drift of
     the shared GPU is not charged to one impl."""
-    B, Hq, Hkv, spec, frac, doc_ids = case_setup(name, N, D, tokens, docs)
+    B, Hq, Hkv, spec, frac, doc_ids = case_setup(name, N, D, tokens, docs, hidden)
     if docs is not None:
         n_docs = int((doc_ids[:, 1:] != doc_ids[:, :-1]).sum()) + B
     g = torch.Generator(device=DEVICE).manual_seed(N + D)
@@ -531,7 +531,6 @@ def _check_err(f, q, k, vv, name):
 
 
 def main(argv=None):
-    global HIDDEN
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/h200")
     ap.add_argument("--tag", default="bench_flash")
@@ -576,15 +575,19 @@ def main(argv=None):
         raise SystemExit(f"--flash-config {a.flash_config!r}: {e}; allowed: a JSON object of kernels.FlashConfig "
                          f"fields") from None
     variants = a.variants.split(",")
-    Ns = [int(x) for x in a.N.split(",")]
-    Ds = [int(x) for x in a.D.split(",")]
+    try:
+        Ns = [int(x) for x in a.N.split(",")]
+        Ds = [int(x) for x in a.D.split(",")]
+    except ValueError:
+        raise SystemExit(f"--N {a.N!r} / --D {a.D!r}: allowed values: comma-separated integers") from None
     if a.quick:
         variants, Ns, Ds = ["noncausal", "causal", "win1024", "bigbird"], [4096, 16384], [128]
-    bad_d = [D for D in Ds if D < 1 or a.hidden < D or a.hidden % D or ("gqa4" in variants and (a.hidden // D) % 4)]
+    if any(D < 1 for D in Ds):
+        raise SystemExit(f"--D {a.D}: head dims must be integers >= 1")
+    bad_d = [D for D in Ds if a.hidden < D or a.hidden % D or ("gqa4" in variants and (a.hidden // D) % 4)]
     if bad_d:
         raise SystemExit(f"--hidden {a.hidden} is not supported with --D {bad_d}; allowed values: a multiple of every "
                          f"head dim (of 4 x the head dim with gqa4), so that H = hidden // D query heads")
-    HIDDEN = a.hidden  # every main() sets it (default 2048), so one in-process call does not leak into the next
     plugins = load_plugins(a.plugins)
     names = backend_names()
     impls = ["ours"] + [n for n in names if n != "triton"] if a.impls == "all" else a.impls.split(",")
@@ -611,7 +614,7 @@ def main(argv=None):
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
                 res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs, a.fwd_only,
-                                 a.rounds)
+                                 a.rounds, a.hidden)
                 o = res.get("ours", {})
                 mode = "fwd" if a.fwd_only else "fwd_bwd"
                 tf = lambda r: r.get(mode + "_tflops", float("nan"))  # noqa: E731

@@ -215,7 +215,7 @@ def _bench_on_cpu(monkeypatch):
 
     monkeypatch.setattr(bf, "DEVICE", "cpu")
     monkeypatch.setattr(bf, "DTYPE", torch.float32)
-    monkeypatch.setattr(bf, "heads", lambda name, D: (2, 2))
+    monkeypatch.setattr(bf, "heads", lambda name, D, hidden=2048: (2, 2))
     monkeypatch.setattr(bf, "time_cuda", lambda fn, grad_to_none=None, **_: (fn(), 1.0)[1])
     monkeypatch.setattr(bf, "peak_memory", lambda fn: (fn(), 2**20)[1])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -275,22 +275,29 @@ def test_ours_no_tma_is_the_same_call_without_tma(monkeypatch):
 
 @cpu_only  # a good width runs on into require_cuda, which stops it only off the GPU
 def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monkeypatch):
-    """``--hidden``: ``H = hidden // D`` query heads (GQA a quarter of them as K / V heads); a width that is not a
-    multiple of every head dim (of 4 head dims with ``gqa4``) is refused before any GPU work, naming the argument."""
+    """``--hidden``: ``H = hidden // D`` query heads (GQA a quarter of them as K / V heads), passed to every case
+    (no module state: a direct ``bench_case`` call keeps the default width); a width that is not a multiple of every
+    head dim (of 4 head dims with ``gqa4``) is refused before any GPU work, naming the argument, and a head dim < 1
+    or a list that is not integers names ``--D``."""
     from eval import bench_flash as bf
 
-    monkeypatch.setattr(bf, "HIDDEN", 1024)
-    assert bf.heads("causal", 64) == (16, 16) and bf.heads("gqa4", 64) == (16, 4) and bf.heads("mqa", 128) == (8, 1)
-    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"],
-                 ["--hidden", "0", "--D", "64"]):
+    assert bf.heads("causal", 64, 1024) == (16, 16) and bf.heads("gqa4", 64, 1024) == (16, 4)
+    assert bf.heads("mqa", 128, 1024) == (8, 1) and bf.heads("causal", 64) == (32, 32)
+    assert bf.case_setup("causal", 64, 64, 128, hidden=1024)[1:3] == (16, 16)
+    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"]):
         with pytest.raises(SystemExit, match=r"--hidden .* is not supported with --D \[64\]; allowed values"):
             bf.main(argv)
-    with pytest.raises(SystemExit, match="CUDA"):  # a good width passes its check (then no GPU here)
-        bf.main(["--hidden", "1024", "--D", "64", "--N", "512", "--variants", "causal"])
-    assert bf.HIDDEN == 1024  # set from the argument
-    with pytest.raises(SystemExit, match="CUDA"):
-        bf.main(["--D", "64", "--N", "512", "--variants", "causal"])
-    assert bf.HIDDEN == 2048  # every main() sets it: the default, not the last call's
+    for argv in (["--hidden", "1024", "--D", "0"], ["--D", "64,x"]):
+        with pytest.raises(SystemExit, match=r"--D .*(>= 1|integers)"):
+            bf.main(argv)
+    seen = []
+    monkeypatch.setattr(bf, "require_cuda", lambda name: None)
+    monkeypatch.setattr(bf, "bench_case", lambda *a, **kw: seen.append(a[-1]) or {})
+    monkeypatch.setattr(bf, "write_results", lambda *a, **kw: None)
+    for argv, want in ((["--hidden", "1024"], 1024), ([], 2048)):  # each main() passes its own width
+        seen.clear()
+        bf.main(argv + ["--D", "64", "--N", "512", "--variants", "causal", "--impls", "ours"])
+        assert seen == [want], (argv, seen)
 
 
 def test_ours_no_tma_on_hopper_keeps_the_triton_forward(hopper):
