@@ -52,7 +52,9 @@
 # (TAYLOR_S=0 ELU_S=0), 3, 4 (the anchors with FA4), then 5 x 3 and 10 (the 3.9 suite: the Flex decoding test now
 # skips with its reason there). Twenty-ninth (H100 after two refusals): 1 with PYTEST_S=250 plus the N 512 / 1k rows
 # (401 s), 2 (19 s), 3 with SOFTMAX_BUDGET_S=300 (435 s), 4 with DOCS_S=220 after the flash GPU tests (cut at 580 s
-# in the documents step). Next: 1 (now with SHORT_S: TMA on / off at N 512 / 1k), 2, 3, 4 with DOCS_S=300 first.
+# in the documents step). Thirtieth (kind nvidia-h200, came as an H100): 1 (375 s; the GPU suite complete in 232 s), 2
+# (12 s), 3 (382 s), 4 with DOCS_S=300 (422 s), then three bench_flash calls (TMA on / off at D 64; 75 / 33 / 36 s).
+# Next: 1 (SHORT_S now also times D 64 at 2k / 4k: the dense forward's TMA rule), 2, 3, 4.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -125,13 +127,16 @@ case $call in
       tail -n 4 "$W/model.log"
     fi
     # issue 30's N 512 / 1k with "auto" against TMA off (ours_no_tma: tma_min_pairs, 2^26 since 2026-12-06) and
-    # cuDNN, one process per head dim at the sweep's H 16 (D 128: hidden 2048; D 64: hidden 1024); SHORT_S=0 skips it
-    if [ "${SHORT_S:-120}" -gt 0 ]; then
-      for hd in 128:2048 64:1024; do
-        timeout -k 5 $(( ${SHORT_S:-120} / 2 )) python3 -m eval.bench_flash --variants causal,noncausal --N 512,1024 \
-          --D "${hd%:*}" --hidden "${hd#*:}" --impls ours,ours_no_tma,sdpa_cudnn --rounds 3 --check --out "$W/short" \
-          --tag "short_d${hd%:*}" > "$W/short_d${hd%:*}.log" 2>&1; b "short_d${hd%:*}" $?
-        grep -E "^ *(causal|noncausal) " "$W/short_d${hd%:*}.log" | tail -n 6
+    # cuDNN, one process per head dim at the sweep's H 16 (D 128: hidden 2048; D 64: hidden 1024), and at D 64 2k / 4k,
+    # where "auto" keeps the dense Triton forward off TMA since the 30th (FWD_DENSE_NO_TMA_MAX_D: its forward should
+    # now read as ours_no_tma's); SHORT_S=0 skips it
+    if [ "${SHORT_S:-160}" -gt 0 ]; then
+      for hd in 128:2048:512,1024 64:1024:512,1024,2048,4096; do
+        IFS=: read -r D hid Ns <<< "$hd"
+        timeout -k 5 $(( ${SHORT_S:-160} / 2 )) python3 -m eval.bench_flash --variants causal,noncausal --N "$Ns" \
+          --D "$D" --hidden "$hid" --impls ours,ours_no_tma,sdpa_cudnn --rounds 3 --check --out "$W/short" \
+          --tag "short_d$D" > "$W/short_d$D.log" 2>&1; b "short_d$D" $?
+        grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16
       done
     fi ;;
   2)
