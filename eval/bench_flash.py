@@ -530,6 +530,17 @@ def _check_err(f, q, k, vv, name):
     return round((o - r).abs().max().item(), 5)
 
 
+def _int_list(text: str, flag: str, what: str) -> list:
+    """The integers of ``flag``'s comma list ``text``; ``SystemExit`` naming ``flag`` unless each is an int >= 1."""
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: {what} must be comma-separated integers >= 1") from None
+    if any(x < 1 for x in vals):
+        raise SystemExit(f"{flag} {text}: {what} must be integers >= 1")
+    return vals
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/h200")
@@ -575,20 +586,20 @@ def main(argv=None):
         raise SystemExit(f"--flash-config {a.flash_config!r}: {e}; allowed: a JSON object of kernels.FlashConfig "
                          f"fields") from None
     variants = a.variants.split(",")
-    try:
-        Ns = [int(x) for x in a.N.split(",")]
-        Ds = [int(x) for x in a.D.split(",")]
-    except ValueError:
-        raise SystemExit(f"--N {a.N!r} / --D {a.D!r}: allowed values: comma-separated integers") from None
+    Ns, Ds = _int_list(a.N, "--N", "sequence lengths"), _int_list(a.D, "--D", "head dims")
     if a.quick:
         variants, Ns, Ds = ["noncausal", "causal", "win1024", "bigbird"], [4096, 16384], [128]
-    if any(D < 1 for D in Ds):
-        raise SystemExit(f"--D {a.D}: head dims must be integers >= 1")
+    bad_v = [v for v in variants if v not in VARIANTS]
+    if bad_v:
+        raise SystemExit(f"--variants: {bad_v} not supported; allowed values: {', '.join(VARIANTS)}")
     bad_d = [D for D in Ds if a.hidden < D or a.hidden % D or ("gqa4" in variants and (a.hidden // D) % 4)]
     if bad_d:
         raise SystemExit(f"--hidden {a.hidden} is not supported with --D {bad_d}; allowed values: a multiple of every "
                          f"head dim (of 4 x the head dim with gqa4), so that H = hidden // D query heads")
-    plugins = load_plugins(a.plugins)
+    try:
+        plugins = load_plugins(a.plugins)
+    except ImportError as e:
+        raise SystemExit(f"--plugins {a.plugins!r}: {e}") from None
     names = backend_names()
     impls = ["ours"] + [n for n in names if n != "triton"] if a.impls == "all" else a.impls.split(",")
     bad = [i for i in impls if i not in OURS and i not in names and i not in NATIVE]
@@ -599,7 +610,10 @@ def main(argv=None):
     if any(i in NATIVE for i in impls) and a.docs is None:
         raise SystemExit(f"--impls: {', '.join(NATIVE)} run packed documents only; give --docs")
     impls += [n for n in backends_from(plugins) if n not in impls]
-    dists = [None] if a.docs is None else document_dists(a.docs)  # a bad entry (or WikiText file) fails on CPU too
+    try:
+        dists = [None] if a.docs is None else document_dists(a.docs)  # a bad entry (or WikiText file) fails on CPU too
+    except ValueError as e:  # a bad entry, a missing WikiText file
+        raise SystemExit(str(e) if str(e).startswith("--docs") else f"--docs {a.docs!r}: {e}") from None
     require_cuda("bench_flash")
     env = env_info(a.date)
     print({k: env[k] for k in ("date", "gpu", "torch", "triton", "cuda")}, flush=True)

@@ -276,7 +276,7 @@ def test_benchmark_bad_docs_entry_fails_before_the_cuda_check(tmp_path, monkeypa
     monkeypatch.setattr(bf, "WIKITEXT", str(tmp_path / "none.txt"))
     for docs, match in [("wikitext:0", "allowed values: fixed:<L>, geometric:<L>, wikitext:<L>, wikitext:real"),
                         ("fixed:64,", "allowed values"), ("wikitext:real", "ATTN_ZOO_WIKITEXT")]:
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(SystemExit, match=f"--docs.*{match}"):
             bf.main(["--docs", docs, "--variants", "causal", "--N", "256", "--D", "64", "--out", str(tmp_path)])
 
 

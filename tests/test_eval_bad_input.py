@@ -350,3 +350,33 @@ def test_an_output_folder_naming_a_file_is_refused_naming_the_option(tmp_path, a
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert want.format(f=f) in r.stderr, r.stderr[-2000:]
     assert f.read_text() == "x"
+
+
+class _ReachedCuda(Exception):
+    """``eval.bench_flash`` got past its argument checks (to the CUDA check, which stops it on this machine)."""
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["--N", "0"], r"--N 0: sequence lengths must be integers >= 1"),
+    (["--N", "512,-1024"], r"--N 512,-1024: sequence lengths"),
+    (["--N", "512", "--D", "64,x"], r"^--D '64,x': head dims must be comma-separated integers"),
+    (["--D", "0"], r"--D 0: head dims"),
+    (["--variants", "foo"], r"--variants: \['foo'\] not supported; allowed values: .*causal"),
+    (["--variants", "causal, gqa4"], r"--variants: \[' gqa4'\] not supported"),
+    (["--docs", "bogus"], r"--docs entry 'bogus' is not supported; allowed values"),
+    (["--plugins", "no_such_module_for_the_test"], r"--plugins 'no_such_module_for_the_test'"),
+])
+def test_bench_flash_refuses_bad_arguments_before_the_gpu(monkeypatch, argv, want):
+    """``python -m eval.bench_flash``: a bad list, variant, document distribution or plugin stops with one message
+    naming the argument, before any GPU work (once such values reached the cases: ``ZeroDivisionError`` for N 0,
+    ``KeyError`` for a variant name, a traceback for --docs / --plugins)."""
+    from eval import bench_flash as bf
+
+    def reached(name):
+        raise _ReachedCuda(name)
+
+    monkeypatch.setattr(bf, "require_cuda", reached)
+    with pytest.raises(SystemExit, match=want):
+        bf.main(argv)
+    with pytest.raises(_ReachedCuda):  # the same command line without the bad value is accepted
+        bf.main(["--N", "512", "--D", "64", "--variants", "causal"])

@@ -172,8 +172,9 @@ KERNELS["fwd"] = _fwd_kernel
 
 #: ``"auto"`` keeps the Triton forward off TMA for dense (no causal, no window, no block-sparse) calls at head dims
 #: up to this: at D 64 its K / V descriptors made the forward slower at every N the Triton forward runs
-#: (H100, 2026-12-07: 255 / 309 / 342 / 365 TFLOP/s with TMA against 305 / 373 / 405 / 424 without at N 512 / 1k /
+#: (H100, 2026-12-07: 255 / 309 / 342 / 365 TFLOP/s with TMA against 305 / 373 / 412 / 424 without at N 512 / 1k /
 #: 2k / 4k, H 16; causal and window D 64, and every D 128 mask, gain from TMA: results/h100/2026-12-07b/6-8).
+#: D 16 / 32 were not timed: their smaller K / V tiles are taken to behave as D 64's.
 FWD_DENSE_NO_TMA_MAX_D = 64
 
 
