@@ -53,8 +53,8 @@
 # skips with its reason there). Twenty-ninth (H100 after two refusals): 1 with PYTEST_S=250 plus the N 512 / 1k rows
 # (401 s), 2 (19 s), 3 with SOFTMAX_BUDGET_S=300 (435 s), 4 with DOCS_S=220 after the flash GPU tests (cut at 580 s
 # in the documents step). Thirtieth (kind nvidia-h200, came as an H100): 1 (375 s; the GPU suite complete in 232 s), 2
-# (12 s), 3 (382 s), 4 with DOCS_S=300 (422 s), then three bench_flash calls (TMA on / off at D 64; 75 / 33 / 36 s).
-# Next: 1 (SHORT_S now also times D 64 at 2k / 4k: the dense forward's TMA rule), 2, 3, 4.
+# (12 s), 3 (382 s), 4 with DOCS_S=300 (422 s), then three bench_flash calls (TMA on / off: D 64 and 128 at 512-2k, D 64 at 4k-16k and window; 75 / 33 / 36 s).
+# Next: 1 (SHORT_S now also times D 64 at 2k / 4k, the dense forward's TMA rule, and TMA with the 8-warp tile), 2, 3, 4.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -138,6 +138,12 @@ case $call in
           --tag "short_d$D" > "$W/short_d$D.log" 2>&1; b "short_d$D" $?
         grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16
       done
+      # the dense D 64 forward: TMA with the pointer build's tile (128 x 64, 8 warps, 3 stages) against pointer loads,
+      # which separates the descriptors from the TMA table's 4-warp tile (the 30th's rows changed both)
+      timeout -k 5 $(( ${SHORT_S:-160} / 2 )) python3 -m eval.bench_flash --variants noncausal --N 512,1024,2048,4096 \
+        --D 64 --hidden 1024 --impls ours,ours_no_tma --flash-config '{"tma": true, "fwd": [128, 64, 8, 3]}' \
+        --rounds 3 --out "$W/short" --tag tile_d64 > "$W/tile_d64.log" 2>&1; b tile_d64 $?
+      grep -E "^ *noncausal " "$W/tile_d64.log" | tail -n 8
     fi ;;
   2)
     # the Taylor map first, at issue 30's shape (qk dim 16, v dim 64; the sweep's rows have v dim = head dim = 16, not

@@ -151,6 +151,17 @@ def test_auto_keeps_the_dense_d64_triton_forward_off_tma(hopper):
                dict(causal=False, doc_ids=docs)):
         assert kf.resolve_fwd_impl(None, *q64, **kw) == "triton", kw
         assert kf.resolve_fwd_tma(None, *q64, **kw) is True, kw
+    # the launch's own constexpr (what flash_attn_fwd builds) for the same calls: dense, dilated, documents, causal,
+    # window (win_left, win_right, dilation, documents as the launch takes them)
+    from kernels.flash.fwd import _fwd_meta
+    cfg = FlashConfig()
+    for (wl, wr, dil, has_docs), kw in (((-1, -1, 1, False), dense), ((-1, -1, 2, False), dict(dilation=2)),
+                                        ((-1, -1, 1, True), dict(doc_ids=docs)), ((-1, 0, 1, False), dict(causal=True)),
+                                        ((512, 512, 1, False), dict(window_size=(512, 512)))):
+        for qkv in (q64, q128):
+            launch = _fwd_meta(*qkv, wl, wr, None, 0, dil, cfg, has_docs)["TMA"]
+            assert launch is kf.resolve_fwd_tma(cfg, *qkv, **kw), (kw, qkv[0].shape)
+            assert launch is (qkv is q128 or kw is not dense), kw
 
 
 def test_gluon_kernels_resolve_to_tma(hopper):
