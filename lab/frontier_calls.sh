@@ -131,12 +131,13 @@ case $call in
     # where "auto" keeps the dense Triton forward off TMA since the 30th (FWD_DENSE_NO_TMA_MAX_D: its forward should
     # now read as ours_no_tma's); SHORT_S=0 skips it
     if [ "${SHORT_S:-160}" -gt 0 ]; then
-      for hd in 128:2048:512,1024 64:1024:512,1024,2048,4096; do
-        IFS=: read -r D hid Ns <<< "$hd"
+      # (D 128 also with the Gluon backward forced below its pairs threshold: full 1k read 1.05x fwd+bwd once, 26th)
+      for hd in 128:2048:512,1024:,ours_gluon_dq 64:1024:512,1024,2048,4096:; do
+        IFS=: read -r D hid Ns extra <<< "$hd"
         timeout -k 5 $(( ${SHORT_S:-160} / 2 )) python3 -m eval.bench_flash --variants causal,noncausal --N "$Ns" \
-          --D "$D" --hidden "$hid" --impls ours,ours_no_tma,sdpa_cudnn --rounds 3 --check --out "$W/short" \
+          --D "$D" --hidden "$hid" --impls "ours,ours_no_tma,sdpa_cudnn$extra" --rounds 3 --check --out "$W/short" \
           --tag "short_d$D" > "$W/short_d$D.log" 2>&1; b "short_d$D" $?
-        grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16
+        grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16  # the table's rows of ours
       done
       # the dense D 64 forward: TMA with the pointer build's tile (128 x 64, 8 warps, 3 stages) against pointer loads,
       # which separates the descriptors from the TMA table's 4-warp tile (the 30th's rows changed both)
