@@ -375,9 +375,9 @@ def fa4_varlen_native(q, k, v, spec: AttentionSpec, doc_ids: torch.Tensor):
 
 def case_setup(name: str, N: int, D: int, tokens: int, docs=None, hidden: int = HIDDEN):
     """One case's ``(B, Hq, Hkv, spec, visited_fraction, doc_ids)``: ``B = tokens // N`` rows (at least 1), the
-    variant's heads at model width ``hidden`` (:func:`heads`) and spec, the kept fraction of ``N^2`` (with ``docs``, a ``--docs`` entry: the
-    packed rows' ``doc_ids`` on ``DEVICE`` and the smaller of the mask's and the documents' fractions; else
-    ``doc_ids`` is ``None``)."""
+    variant's heads at model width ``hidden`` (:func:`heads`) and spec, the kept fraction of ``N^2`` (with ``docs``,
+    a ``--docs`` entry: the packed rows' ``doc_ids`` on ``DEVICE`` and the smaller of the mask's and the documents'
+    fractions; else ``doc_ids`` is ``None``)."""
     B = max(tokens // N, 1)
     Hq, Hkv = heads(name, D, hidden)
     spec = AttentionSpec(**VARIANTS[name])

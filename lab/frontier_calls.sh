@@ -53,7 +53,8 @@
 # skips with its reason there). Twenty-ninth (H100 after two refusals): 1 with PYTEST_S=250 plus the N 512 / 1k rows
 # (401 s), 2 (19 s), 3 with SOFTMAX_BUDGET_S=300 (435 s), 4 with DOCS_S=220 after the flash GPU tests (cut at 580 s
 # in the documents step). Thirtieth (kind nvidia-h200, came as an H100): 1 (375 s; the GPU suite complete in 232 s), 2
-# (12 s), 3 (382 s), 4 with DOCS_S=300 (422 s), then three bench_flash calls (TMA on / off: D 64 and 128 at 512-2k, D 64 at 4k-16k and window; 75 / 33 / 36 s).
+# (12 s), 3 (382 s), 4 with DOCS_S=300 (422 s), then three bench_flash calls (TMA on / off: D 64 and 128 at 512-2k,
+# D 64 at 4k-16k and window; 75 / 33 / 36 s).
 # Next: 1 (SHORT_S now also times D 64 at 2k / 4k, the dense forward's TMA rule, and TMA with the 8-warp tile), 2, 3, 4.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #

@@ -295,7 +295,8 @@ def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monk
     assert bf.heads("causal", 64, 1024) == (16, 16) and bf.heads("gqa4", 64, 1024) == (16, 4)
     assert bf.heads("mqa", 128, 1024) == (8, 1) and bf.heads("causal", 64) == (32, 32)
     assert bf.case_setup("causal", 64, 64, 128, hidden=1024)[1:3] == (16, 16)
-    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"]):
+    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"],
+                 ["--hidden", "0", "--D", "64"]):
         with pytest.raises(SystemExit, match=r"--hidden .* is not supported with --D \[64\]; allowed values"):
             bf.main(argv)
     for argv in (["--hidden", "1024", "--D", "0"], ["--D", "64,x"]):

@@ -200,8 +200,8 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config,
                 HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config, dilation=dilation, docs=docs), DILATED=dilation > 1,
-                DOCS=docs)
+                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config, dilation=dilation, docs=docs),
+                DILATED=dilation > 1, DOCS=docs)
 
 
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
