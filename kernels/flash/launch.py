@@ -420,8 +420,9 @@ def tma_ok(D: int, block_d: int, pairs: int, sparse: bool, config: FlashConfig, 
 def streams_by_tma(q, k, v, win_left: int, win_right: int, layout, config: FlashConfig, *streamed) -> bool:
     """Whether a Triton kernel of the call ``q, k, v`` (mask as :func:`kernels.flash.flash_attn_fwd` takes it) streams
     the tensors ``streamed`` by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over the call's
-    :func:`visited_pairs`, only when ``Dv == D``. The one rule of the forward (K / V), dQ (K / V) and dK/dV (Q / dO)
-    launches and of :func:`kernels.flash.resolve_fwd_tma` / ``resolve_bwd_tma``."""
+    :func:`visited_pairs`, only when ``Dv == D``. The rule of the dQ (K / V) and dK/dV (Q / dO) launches and of the
+    forward's (K / V; :func:`kernels.flash.fwd.fwd_tma` adds its dense D <= 64 exception), which
+    :func:`kernels.flash.resolve_fwd_tma` / ``resolve_bwd_tma`` ask too."""
     B, Hq, Nq, D = q.shape
     pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
     return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, *streamed)
