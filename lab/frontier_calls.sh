@@ -55,7 +55,9 @@
 # in the documents step). Thirtieth (kind nvidia-h200, came as an H100): 1 (375 s; the GPU suite complete in 232 s), 2
 # (12 s), 3 (382 s), 4 with DOCS_S=300 (422 s), then three bench_flash calls (TMA on / off: D 64 and 128 at 512-2k,
 # D 64 at 4k-16k and window; 75 / 33 / 36 s).
-# Next: 1 (SHORT_S now also times D 64 at 2k / 4k, the dense forward's TMA rule, and TMA with the 8-warp tile), 2, 3, 4.
+# Thirty-first (kind nvidia-h200 refused after 91 s; nvidia-h100-x1 came): 1 (470 s; the GPU suite cut at 250 s, 615
+# passed), 2 (13 s), 3 (414 s; the sweep reached 88 of 121 points), 4 with DOCS_S=300 cut by the call's 480 s limit in
+# the documents step (masks, sparse_bwd, where_fa4 in its log only). Next: 1, 2, 3, 4 (call 4 with a 600 s limit).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -129,8 +131,9 @@ case $call in
     fi
     # issue 30's N 512 / 1k with "auto" against TMA off (ours_no_tma: tma_min_pairs, 2^26 since 2026-12-06) and
     # cuDNN, one process per head dim at the sweep's H 16 (D 128: hidden 2048; D 64: hidden 1024), and at D 64 2k / 4k,
-    # where "auto" keeps the dense Triton forward off TMA since the 30th (FWD_DENSE_NO_TMA_MAX_D: its forward should
-    # now read as ours_no_tma's); SHORT_S=0 skips it
+    # where a TMA build takes the pointer tiles since the 31st (launch._TMA_TILES_MIN_D: the dense forward's TMA tile
+    # ran 0.83-0.86x, TMA with the pointer tile 0.99-1.00x, results/h100/2026-12-07c/short/tile_d64.csv: "auto"
+    # should now read as ours_no_tma there); SHORT_S=0 skips it
     if [ "${SHORT_S:-160}" -gt 0 ]; then
       # (D 128 also with the Gluon backward forced below its pairs threshold: full 1k read 1.05x fwd+bwd once, 26th)
       for hd in 128:2048:512,1024:,ours_gluon_dq 64:1024:512,1024,2048,4096:; do
@@ -140,12 +143,16 @@ case $call in
           --tag "short_d$D" > "$W/short_d$D.log" 2>&1; b "short_d$D" $?
         grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16  # the table's rows of ours
       done
-      # the dense D 64 forward: TMA with the pointer build's tile (128 x 64, 8 warps, 3 stages) against pointer loads,
-      # which separates the descriptors from the TMA table's 4-warp tile (the 30th's rows changed both)
-      timeout -k 5 $(( ${SHORT_S:-160} / 2 )) python3 -m eval.bench_flash --variants noncausal --N 512,1024,2048,4096 \
-        --D 64 --hidden 1024 --impls ours,ours_no_tma --flash-config '{"tma": true, "fwd": [128, 64, 8, 3]}' \
-        --rounds 3 --out "$W/short" --tag tile_d64 > "$W/tile_d64.log" 2>&1; b tile_d64 $?
-      grep -E "^ *noncausal " "$W/tile_d64.log" | tail -n 8
+    fi
+    # the Gluon backward below GLUON_BWD_AUTO_MIN_PAIRS (2^22 pairs per head) at D 128, as "auto" would run it
+    # (ours_gluon_dq): full 1k read 1.05x fwd+bwd in the 26th and the 31st (388.1 / 368.6, 382.4 / 363.3), causal 2k
+    # 1.05x once (its backward alone 0.93x), causal 1k 0.96 / 1.06. The cases a 2^20 threshold would move, GQA and
+    # the window among them (full 2k is Gluon already: the control); BWDMIN_S=0 skips it
+    if [ "${BWDMIN_S:-100}" -gt 0 ]; then
+      timeout -k 5 "${BWDMIN_S:-100}" python3 -m eval.bench_flash --variants noncausal,causal,gqa4,win1024 \
+        --N 1024,2048 --D 128 --hidden 2048 --impls ours,ours_gluon_dq,sdpa_cudnn --rounds 5 --check --out "$W/short" \
+        --tag bwd_min_pairs > "$W/bwd_min_pairs.log" 2>&1; b bwd_min_pairs $?
+      grep -E "^ *(causal|noncausal|gqa4|win1024) " "$W/bwd_min_pairs.log" | tail -n 24
     fi ;;
   2)
     # the Taylor map first, at issue 30's shape (qk dim 16, v dim 64; the sweep's rows have v dim = head dim = 16, not

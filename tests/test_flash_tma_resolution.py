@@ -131,37 +131,40 @@ def test_auto_follows_tma_min_pairs_on_hopper(hopper):
     assert kf.resolve_bwd_tma(None, small, small, small, causal=True) == (False, False)
 
 
-def test_auto_keeps_the_dense_d64_triton_forward_off_tma(hopper):
-    """``"auto"`` on Hopper: the Triton forward of a dense call at D <= ``FWD_DENSE_NO_TMA_MAX_D`` (64) reads K / V by
-    pointer loads at any size (measured slower with TMA at N 512-4k); causal, window, dilated and document masks at
-    D 64, dense at D 128, ``tma=True`` and the backward keep the pairs rule."""
-    from kernels.flash.fwd import FWD_DENSE_NO_TMA_MAX_D
-    assert FWD_DENSE_NO_TMA_MAX_D == 64
-    big = lambda D: [_fake(2, 16, 4096, D) for _ in range(3)]  # noqa: E731  (5.4e8 pairs >> 2^26)
-    q64, q128 = big(64), big(128)
-    dense = dict(causal=False)
-    assert kf.resolve_fwd_impl(None, *q64, **dense) == "triton"
-    assert kf.resolve_fwd_tma(None, *q64, **dense) is False
-    assert kf.resolve_fwd_tma(FlashConfig(tma=True), *q64, **dense) is True
-    assert kf.resolve_bwd_tma(None, *q64, **dense) == (True, True)
-    assert kf.resolve_fwd_tma(None, *big(32), **dense) is False
-    assert kf.resolve_fwd_tma(None, *q128, **dense) is True
-    docs = torch.zeros(2, 4096, dtype=torch.int32)
-    for kw in (dict(causal=True), dict(causal=False, window_size=(512, 512)), dict(causal=False, dilation=2),
-               dict(causal=False, doc_ids=docs)):
-        assert kf.resolve_fwd_impl(None, *q64, **kw) == "triton", kw
-        assert kf.resolve_fwd_tma(None, *q64, **kw) is True, kw
-    # the launch's own constexpr (what flash_attn_fwd builds) for the same calls: dense, dilated, documents, causal,
-    # window (win_left, win_right, dilation, documents as the launch takes them)
+def test_launch_tma_constexpr_is_what_resolve_fwd_tma_reports(hopper):
+    """``"auto"`` on Hopper: the Triton forward launch's own ``TMA`` constexpr (what ``flash_attn_fwd`` builds) is what
+    :func:`kernels.flash.resolve_fwd_tma` reports, for dense, dilated, document, causal and window masks at D 64 and
+    128 (all large: TMA); ``tma=False`` turns both off."""
     from kernels.flash.fwd import _fwd_meta
-    cfg = FlashConfig()
-    for (wl, wr, dil, has_docs), kw in (((-1, -1, 1, False), dense), ((-1, -1, 2, False), dict(dilation=2)),
-                                        ((-1, -1, 1, True), dict(doc_ids=docs)), ((-1, 0, 1, False), dict(causal=True)),
-                                        ((512, 512, 1, False), dict(window_size=(512, 512)))):
-        for qkv in (q64, q128):
-            launch = _fwd_meta(*qkv, wl, wr, None, 0, dil, cfg, has_docs)["TMA"]
-            assert launch is kf.resolve_fwd_tma(cfg, *qkv, **kw), (kw, qkv[0].shape)
-            assert launch is (qkv is q128 or kw is not dense), kw
+    big = lambda D: [_fake(2, 16, 4096, D) for _ in range(3)]  # noqa: E731  (5.4e8 pairs >> 2^26)
+    docs = torch.zeros(2, 4096, dtype=torch.int32)
+    cases = (((-1, -1, 1, False), dict(causal=False)), ((-1, -1, 2, False), dict(dilation=2)),
+             ((-1, -1, 1, True), dict(doc_ids=docs)), ((-1, 0, 1, False), dict(causal=True)),
+             ((512, 512, 1, False), dict(window_size=(512, 512))))
+    for cfg, want in ((FlashConfig(), True), (FlashConfig(tma=False), False)):
+        for (wl, wr, dil, has_docs), kw in cases:
+            for qkv in (big(64), big(128)):
+                assert kf.resolve_fwd_impl(cfg, *qkv, **kw) == "triton", kw
+                launch = _fwd_meta(*qkv, wl, wr, None, 0, dil, cfg, has_docs)["TMA"]
+                assert launch is kf.resolve_fwd_tma(cfg, *qkv, **kw) is want, (kw, qkv[0].shape)
+
+
+def test_tma_builds_at_small_head_dims_take_the_pointer_tiles(monkeypatch):
+    """The TMA tile tables were tuned at D 128: a TMA build at a padded head dim below ``_TMA_TILES_MIN_D`` (128)
+    takes the pointer loads' tiles (the dense D 64 forward ran 0.83-0.86x with the TMA tile on an H100, 0.99-1.00x
+    with TMA and the pointer tile), from it the TMA ones. Distinct stand-in tables, since the interpreter's are one."""
+    assert L._TMA_TILES_MIN_D == 128
+    for d in (16, 32, 64):  # the real tables: a TMA forward at D <= 64 takes the pointer forward's tile
+        for masked in (False, True):
+            assert (L.pick_config("fwd", d, False, "tf32", masked=masked, tma=True)
+                    == L.pick_config("fwd", d, False, "tf32", masked=masked, tma=False)), (d, masked)
+    pointer, tma = {("fwd", False): (L._cfg(128, 64, 8, 3),)}, {("fwd", False): (L._cfg(128, 64, 4, 2),)}
+    monkeypatch.setattr(L, "_HEURISTIC", pointer)
+    monkeypatch.setattr(L, "_HEURISTIC_TMA", tma)
+    monkeypatch.setattr(L, "_HEURISTIC_SMALL_D", {})
+    warps = lambda d, t: L.pick_config("fwd", d, False, "tf32", tma=t)["num_warps"]  # noqa: E731
+    assert [warps(d, True) for d in (16, 32, 64, 128, 256)] == [8, 8, 8, 4, 4]
+    assert [warps(d, False) for d in (16, 32, 64, 128, 256)] == [8, 8, 8, 8, 8]
 
 
 def test_gluon_kernels_resolve_to_tma(hopper):

@@ -118,7 +118,7 @@ def resolve_fwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Ten
     if impl != "triton":
         return True
     wl, wr = _window_bounds(causal, window_size)
-    return fwd_tma(q, k, v, wl, wr, block_layout, config, dilation=dilation, docs=doc_ids is not None)
+    return fwd_tma(q, k, v, wl, wr, block_layout, config)
 
 
 def resolve_bwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

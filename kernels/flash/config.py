@@ -110,8 +110,7 @@ class FlashConfig:
             groups of >= 8 heads).
         deterministic: refuse settings whose backward is not bitwise reproducible (``dq_mode="atomic"``).
         tma: TMA descriptors for the streamed operands: ``"auto"`` (Hopper, dense / causal / window problems of at
-            least ``tma_min_pairs`` visited pairs; not the Triton forward of a dense call at D <= 64:
-            ``kernels.flash.fwd.FWD_DENSE_NO_TMA_MAX_D``), ``True`` (always where the layout allows, also in the
+            least ``tma_min_pairs`` visited pairs), ``True`` (always where the layout allows, also in the
             interpreter: tests), ``False`` (pointer loads).
         tma_min_pairs: the ``"auto"`` threshold (descriptors cost ~0.1 ms of host time per launch). 2^26 since
             2026-12-06 (2^28 before; 2^26 is the smallest size measured): on an H100, TMA in the Triton forward and backward ran causal D 128 512 / 1k

@@ -170,24 +170,9 @@ def _fwd_kernel(Q, K, V, Out, Lse,
 KERNELS["fwd"] = _fwd_kernel
 
 
-#: ``"auto"`` keeps the Triton forward off TMA for dense (no causal, no window, no block-sparse) calls at head dims
-#: up to this: at D 64 the TMA build (with its own tile, ``_HEURISTIC_TMA``: 128 x 64, 4 warps, 2 stages, tuned at
-#: D 128) ran 0.83-0.86x the pointer build (128 x 64, 8 warps, 3 stages) at every N where ``"auto"`` runs the Triton
-#: forward (H100, 2026-12-07: 255 / 309 / 342 / 365 TFLOP/s against 305 / 373 / 412 / 424 at N 512 / 1k / 2k / 4k,
-#: H 16; results/h100/2026-12-07b/6-7). The masked forward keeps one tile either way, and there causal and window
-#: D 64 tie or gain from TMA, as do causal / full D 128. Which of the two, the descriptors or the tile, costs the
-#: dense D 64 forward was not separated (``lab/frontier_calls.sh 1`` times TMA with the 8-warp tile); D 16 / 32 and
-#: a forced ``fwd_impl="triton"`` from 8k were not timed.
-FWD_DENSE_NO_TMA_MAX_D = 64
-
-
-def fwd_tma(q, k, v, win_left, win_right, layout, config, *, dilation: int, docs: bool) -> bool:
-    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`streams_by_tma`,
-    except that ``config.tma == "auto"`` never does for a dense mask (no window edge, block layout, dilation or
-    documents) at ``D <= FWD_DENSE_NO_TMA_MAX_D``. The mask as :func:`flash_attn_fwd` takes it."""
-    dense = win_left < 0 and win_right < 0 and layout is None and dilation <= 1 and not docs
-    if config.tma == "auto" and dense and q.shape[3] <= FWD_DENSE_NO_TMA_MAX_D:
-        return False
+def fwd_tma(q, k, v, win_left, win_right, layout, config) -> bool:
+    """Whether the Triton forward streams K / V by TMA descriptors (its ``TMA`` constexpr): :func:`streams_by_tma`.
+    The mask as :func:`flash_attn_fwd` takes it."""
     return streams_by_tma(q, k, v, win_left, win_right, layout, config, k, v)
 
 
@@ -200,8 +185,8 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config,
                 HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config, dilation=dilation, docs=docs),
-                DILATED=dilation > 1, DOCS=docs)
+                TMA=fwd_tma(q, k, v, win_left, win_right, layout, config), DILATED=dilation > 1,
+                DOCS=docs)
 
 
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,

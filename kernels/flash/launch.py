@@ -125,7 +125,8 @@ def _candidates(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bo
     elif block_d <= 64 and kind in _HEURISTIC_SMALL_D:
         prefs = _HEURISTIC_SMALL_D[kind]
     else:
-        table = _HEURISTIC_TMA if tma else _HEURISTIC
+        # the TMA tiles were tuned at D 128; at D <= 64 a TMA build takes the pointer tiles (_TMA_TILES_MIN_D)
+        table = _HEURISTIC_TMA if tma and block_d >= _TMA_TILES_MIN_D else _HEURISTIC
         prefs = table.get((kind, masked), table.get((kind, False)))
     return _make_prune(kind, config)(prefs, {"BLOCK_D": block_d, "SPARSE": sparse, "DOT_PREC": dot_prec})
 
@@ -165,6 +166,13 @@ else:
         ("dq", False): [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2),
                         _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
     })
+
+#: the smallest padded head dim (BLOCK_D) whose TMA builds take ``_HEURISTIC_TMA``'s tiles; below it they take the
+#: pointer loads' (``_HEURISTIC``). Only the dense forward differs: at D 64 its TMA tile (128 x 64, 4 warps, 2 stages)
+#: ran 0.83-0.86x the pointer build (8 warps, 3 stages) at N 512 / 1k / 2k / 4k, H 16, and TMA with the 8-warp tile
+#: 0.99-1.00x it (H100, 2026-12-07, forward TFLOP/s: 300 / 370 / 409 / 420 against 304 / 373 / 408 / 425;
+#: results/h100/2026-12-07b/6-7, 2026-12-07c/short/tile_d64.csv): the tile, not the descriptors, cost it.
+_TMA_TILES_MIN_D = 128
 
 # head dims <= 64 (the small models' D = 32 / 64): dQ on 64 x 64 tiles, 4 warps, 3 stages -- 5-10% faster than the
 # D = 128 choice (128 x 64, 8 warps) at causal N = 1024 / 4096, 16k tokens, H = 4 (H200 2026-12-01,
@@ -420,9 +428,8 @@ def tma_ok(D: int, block_d: int, pairs: int, sparse: bool, config: FlashConfig, 
 def streams_by_tma(q, k, v, win_left: int, win_right: int, layout, config: FlashConfig, *streamed) -> bool:
     """Whether a Triton kernel of the call ``q, k, v`` (mask as :func:`kernels.flash.flash_attn_fwd` takes it) streams
     the tensors ``streamed`` by TMA descriptors (its ``TMA`` constexpr): :func:`tma_ok` over the call's
-    :func:`visited_pairs`, only when ``Dv == D``. The rule of the dQ (K / V) and dK/dV (Q / dO) launches and of the
-    forward's (K / V; :func:`kernels.flash.fwd.fwd_tma` adds its dense D <= 64 exception), which
-    :func:`kernels.flash.resolve_fwd_tma` / ``resolve_bwd_tma`` ask too."""
+    :func:`visited_pairs`, only when ``Dv == D``. The one rule of the forward (K / V), dQ (K / V) and dK/dV (Q / dO)
+    launches and of :func:`kernels.flash.resolve_fwd_tma` / ``resolve_bwd_tma``."""
     B, Hq, Nq, D = q.shape
     pairs = visited_pairs(B, Hq, Nq, k.shape[2], win_left, win_right)
     return v.shape[3] == D and tma_ok(D, max(16, next_pow2(D)), pairs, layout is not None, config, *streamed)
