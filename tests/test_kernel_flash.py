@@ -269,6 +269,59 @@ def test_visited_pairs_counts_the_dense_mask(kw, Nq, Nk):
     assert visited_pairs(3, 2, Nq, Nk, wl, wr) == 6 * got
 
 
+def test_window_bounds_drop_an_edge_that_masks_nothing():
+    """``flash_attn``'s window edges with the call's ``Nq`` / ``Nk``: ``left >= Nk - 1`` and ``right >= Nq - 1``
+    (bottom-right aligned) mask nothing and become unbounded (-1); a narrower edge stays, and without the lengths
+    nothing changes."""
+    from kernels.flash.api import _window_bounds
+
+    assert _window_bounds(True, (39, 0), 40, 40) == (-1, 0)  # causal
+    assert _window_bounds(True, (38, 0), 40, 40) == (38, 0)
+    assert _window_bounds(True, (39, 0)) == (39, 0)
+    assert _window_bounds(False, (39, 39), 40, 40) == (-1, -1)  # dense
+    assert _window_bounds(False, (39, 38), 40, 40) == (-1, 38)
+    assert _window_bounds(False, (100, 15), 16, 40) == (-1, -1)  # Nq < Nk: the right edge from Nq - 1
+    assert _window_bounds(False, (100, 14), 16, 40) == (-1, 14)
+    assert _window_bounds(False, (15, None), 40, 16) == (-1, -1)  # Nq > Nk: the left edge from Nk - 1
+    assert _window_bounds(True, None, 1, 40) == (-1, -1)  # one query row: causal keeps every key
+    assert _window_bounds(True, None, 2, 40) == (-1, 0)
+
+
+@pytest.mark.parametrize("Nq, Nk, causal, window, same_as", [
+    (40, 40, True, (39, 0), dict(causal=True)),
+    (16, 40, False, (60, 15), dict(causal=False)),
+    (1, 40, True, None, dict(causal=False)),
+])
+def test_a_window_as_wide_as_the_sequence_runs_the_kernel_without_it(Nq, Nk, causal, window, same_as):
+    """A window that masks nothing at this ``Nq`` / ``Nk`` runs the causal / dense kernel (its launch compiles no
+    window edge: ``HAS_LEFT`` / ``HAS_RIGHT`` off), with the same output and gradients bit for bit as that call; one
+    key narrower keeps its edge and matches the reference."""
+    import kernels.flash as kf
+
+    q, k, v, do = _inputs(1, 2, 2, Nq, Nk, 16, torch.float32, seed=Nq)
+
+    def run(**kw):
+        kf.clear_plans()
+        got = _grads(lambda a, b, c: kf.flash_attn(a, b, c, **kw), q, k, v, do)
+        meta = [p.meta["fwd"] for key, p in kf.launch_plans().items() if key[0] == "fwd"]
+        assert len(meta) == 1, list(kf.launch_plans())
+        return got, (meta[0]["HAS_LEFT"], meta[0]["HAS_RIGHT"])
+
+    wide, edges = run(causal=causal, window_size=window)
+    plain, plain_edges = run(**same_as)
+    assert edges == plain_edges == (False, same_as["causal"])
+    for a, b in zip(wide, plain):
+        assert torch.equal(a, b)
+    if window is not None:  # one key narrower on the left: the edge stays, still exact
+        narrower = (Nk - 2, window[1])
+        got, edges = run(causal=causal, window_size=narrower)
+        assert edges[0] is True
+        spec = AttentionSpec(kind="sliding_window", causal=causal, window_size=narrower)
+        ref = _grads(lambda a, b, c: softmax_attention_reference(a, b, c, spec), q, k, v, do)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
 def test_visited_pairs_causal_with_more_queries_than_keys():
     """Causal ``Nq > Nk``: the rows before the first key keep nothing, the last ``Nk`` rows the triangle."""
     from kernels.flash import visited_pairs

@@ -44,14 +44,20 @@ def _call_config(config: Optional[FlashConfig], dq_mode, dkdv_split, determinist
     return got
 
 
-def _window_bounds(causal: bool, window_size) -> Tuple[int, int]:
+def _window_bounds(causal: bool, window_size, nq: Optional[int] = None, nk: Optional[int] = None) -> Tuple[int, int]:
     """``(win_left, win_right)`` of :func:`flash_attn`'s ``causal`` / ``window_size`` (-1: unbounded; causal clips
-    ``right`` to 0). Raises ``ValueError`` for a ``causal`` other than ``True`` / ``False`` or a malformed
-    ``window_size``."""
+    ``right`` to 0). With the call's ``nq`` / ``nk``, an edge that masks nothing there is unbounded too (``left >= nk
+    - 1``, ``right >= nq - 1``, bottom-right aligned), as FlashAttention-2 does: a window as wide as the sequence
+    runs the causal or dense kernel, its tiles and its ``"auto"`` choices. Raises ``ValueError`` for a ``causal``
+    other than ``True`` / ``False`` or a malformed ``window_size``."""
     check_bool("causal", causal)
     left, right = check_window_size(window_size)
     if causal:
         right = 0 if right is None else min(right, 0)
+    if left is not None and nk is not None and left >= nk - 1:
+        left = None
+    if right is not None and nq is not None and right >= nq - 1:  # (causal with one query row: dense)
+        right = None
     return -1 if left is None else int(left), -1 if right is None else int(right)
 
 
@@ -65,7 +71,8 @@ def _resolve_impl(which: str, config: Optional[FlashConfig], q, k, v, causal, wi
     """``config.<which>`` (``"fwd_impl"`` / ``"bwd_impl"``) of ``config`` or the current settings, and for ``"auto"``
     the choice of :func:`kernels.flash.gluon.choose_fwd_impl` / ``choose_bwd_impl`` for these mask arguments."""
     config = _call_config(config, None, None, None)
-    wl, wr = _window_bounds(causal, window_size)  # checked for an explicit impl too, as flash_attn checks them
+    wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])  # checked for an explicit impl too, as
+    # flash_attn checks them
     _check_dilation(dilation)
     impl = getattr(config, which)
     if impl != "auto":
@@ -117,7 +124,7 @@ def resolve_fwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Ten
     impl = _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
     if impl != "triton":
         return True
-    wl, wr = _window_bounds(causal, window_size)
+    wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     return fwd_tma(q, k, v, wl, wr, block_layout, config)
 
 
@@ -133,7 +140,7 @@ def resolve_bwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Ten
     ``dq_mode="atomic"``). ``do``: the output's gradient (``None``: laid out as ``q``, whose layout rules it then
     meets). The counterpart of :func:`resolve_fwd_tma`; arguments and errors as :func:`resolve_bwd_impl`."""
     config = _call_config(config, None, None, None)
-    wl, wr = _window_bounds(causal, window_size)
+    wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     _check_dilation(dilation)
     run = bwd_run_config(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
     return bwd_tma(run, q, k, v, q if do is None else do, wl, wr, block_layout)
@@ -215,7 +222,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     D = q.shape[-1]
     check_scale("softmax_scale", softmax_scale)
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
-    wl, wr = _window_bounds(causal, window_size)
+    wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     _check_dilation(dilation)
     check_bool("return_lse", return_lse)
     if not is_int(block_size) or block_size < 0:
