@@ -11,7 +11,8 @@
 * :func:`env_info` -- date, GPU name, torch / triton / CUDA versions (every results file records it).
 * :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout
   (the CSV and the text table through pandas); :func:`write_results` -- both files of one benchmark.
-* The bench scripts' shared command line: :func:`require_cuda`, :func:`add_time_budget`, :func:`budget_spent`.
+* The bench scripts' shared command line: :func:`require_cuda`, :func:`add_time_budget`, :func:`budget_spent`,
+  :func:`int_list` (a comma list of integers such as ``--lengths 512,1024``, checked before any GPU work).
 """
 
 from __future__ import annotations
@@ -318,6 +319,44 @@ def require_cuda(script: str) -> None:
     """``SystemExit("<script> needs a CUDA device")`` on a machine without one (the GPU benchmarks)."""
     if not torch.cuda.is_available():
         raise SystemExit(f"{script} needs a CUDA device")
+
+
+def int_list(text: str, flag: str, what: str, minimum: int = 1, maximum: Optional[int] = None) -> List[int]:
+    """The integers of a command line's comma list, e.g. ``--lengths 512,1024`` -> ``[512, 1024]``.
+
+    Every bench script parses its integer lists (sequence lengths, head dims, token counts) here, right after
+    ``parse_args`` and before any GPU work, so that a bad list stops with one message naming the option on any
+    machine (it was a ``ValueError`` traceback, or a 0 / negative length reaching the kernels).
+
+    Args:
+        text: the option's value as given, e.g. ``"512, 1024"``; spaces around each item are stripped.
+        flag: the option's name for the message, e.g. ``"--lengths"``.
+        what: what the integers are, plural, for the message, e.g. ``"sequence lengths"``.
+        minimum: the smallest allowed value (default 1).
+        maximum: the largest allowed value, or ``None`` for no upper bound.
+
+    Returns:
+        The integers in the order given (duplicates kept; a caller that wants them once drops them itself).
+
+    Raises:
+        SystemExit: an empty list, an empty item (``"512,,1024"``, ``"512,"``), an item that is not an integer or one
+            outside ``[minimum, maximum]``; the message names ``flag``, the text given, the allowed values and the
+            first bad item, e.g. ``--lengths '0,64': sequence lengths must be comma-separated integers >= 1 (not
+            '0')``.
+    """
+    allowed = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    vals = []
+    for item in (str(text).split(",") if text is not None else [""]):
+        item = item.strip()
+        try:
+            v = int(item)
+        except ValueError:
+            v = None
+        if v is None or v < minimum or (maximum is not None and v > maximum):
+            bad = f"not {item!r}" if item else "an empty item" if str(text or "").strip() else "an empty list"
+            raise SystemExit(f"{flag} {text!r}: {what} must be comma-separated integers {allowed} ({bad})")
+        vals.append(v)
+    return vals
 
 
 def _budget_seconds(text: str) -> float:

@@ -34,8 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cpu, time_cuda,
-                               try_call, write_csv, write_json)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, peak_memory, time_cpu,
+                               time_cuda, try_call, write_csv, write_json)
 
 
 def make_inputs(B, T, H, D, gated, dev, seed=0):
@@ -93,6 +93,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run only (wall-clock median of 3 calls, no fla)")
     args = ap.parse_args(argv)
+    lengths = int_list(args.lengths, "--lengths", "sequence lengths")  # before the CUDA check: fails on CPU too
     t_start = time.time()
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
@@ -106,7 +107,7 @@ def main(argv=None):
             raise SystemExit(f"--kinds: {kind!r} is not supported; allowed values: {', '.join(MIXER_GATED)}")
         gated = MIXER_GATED[kind]
         M = methods(gated, args.chunk_size, notes, dev)
-        for T in [int(n) for n in args.lengths.split(",")]:
+        for T in lengths:
             B = max(1, args.tokens // T)
             ins = make_inputs(B, T, args.heads, args.head_dim, gated, dev)
             auto = pick_backend(ins[0], gated)

@@ -68,8 +68,8 @@ import torch.nn.functional as F
 from attn_zoo import AttentionSpec, mask_info
 from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
 from eval.bench_common import (add_time_budget, budget_spent, env_info, error_line, flash_flops, format_table,
-                               interleaved_rounds, median_spread, peak_memory, require_cuda, tflops, time_cuda,
-                               write_results)
+                               int_list, interleaved_rounds, median_spread, peak_memory, require_cuda, tflops,
+                               time_cuda, write_results)
 
 VARIANTS = {
     "noncausal": dict(kind="flash", causal=False),
@@ -530,24 +530,14 @@ def _check_err(f, q, k, vv, name):
     return round((o - r).abs().max().item(), 5)
 
 
-def _int_list(text: str, flag: str, what: str) -> list:
-    """The integers of ``flag``'s comma list ``text``; ``SystemExit`` naming ``flag`` unless each is an int >= 1."""
-    try:
-        vals = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise SystemExit(f"{flag} {text!r}: {what} must be comma-separated integers >= 1") from None
-    if any(x < 1 for x in vals):
-        raise SystemExit(f"{flag} {text}: {what} must be integers >= 1")
-    return vals
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/h200")
     ap.add_argument("--tag", default="bench_flash")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--N", default="512,1024,2048,4096,8192,16384,32768")
-    ap.add_argument("--D", default="64,128")
+    ap.add_argument("--N", default="512,1024,2048,4096,8192,16384,32768", help="sequence lengths, comma list")
+    ap.add_argument("--D", default="64,128",
+                    help="head dims, comma list, each at most the kernels' kernels.flash.common.MAX_HEAD_DIM")
     ap.add_argument("--impls", default=",".join(IMPLS), help="registered backend names (ours = triton); all = every "
                                                                "registered backend")
     ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too)")
@@ -575,6 +565,10 @@ def main(argv=None):
         raise SystemExit(f"--rounds {a.rounds} is not supported; allowed values: an integer >= 1")
     from attn_zoo.flex import allow_retain_graph
     from kernels import FlashConfig
+    from kernels.flash.common import MAX_HEAD_DIM
+
+    Ns = int_list(a.N, "--N", "sequence lengths")
+    Ds = int_list(a.D, "--D", "head dims", maximum=MAX_HEAD_DIM)  # above it the kernels refuse the case
 
     allow_retain_graph()  # the compiled backwards (flex) are timed with retain_graph=True
     try:
@@ -586,7 +580,6 @@ def main(argv=None):
         raise SystemExit(f"--flash-config {a.flash_config!r}: {e}; allowed: a JSON object of kernels.FlashConfig "
                          f"fields") from None
     variants = a.variants.split(",")
-    Ns, Ds = _int_list(a.N, "--N", "sequence lengths"), _int_list(a.D, "--D", "head dims")
     if a.quick:
         variants, Ns, Ds = ["noncausal", "causal", "win1024", "bigbird"], [4096, 16384], [128]
     bad_v = [v for v in variants if v not in VARIANTS]

@@ -54,7 +54,7 @@ import time
 import torch
 import torch.nn.functional as Fn
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, interleaved_rounds,
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, interleaved_rounds,
                                linear_flops, median_spread, peak_memory, require_cuda, tflops, time_cuda, try_call,
                                write_csv, write_results)
 
@@ -321,7 +321,7 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
 
     rows, checks = [], []
     dists = document_dists(args.docs)
-    for N in [int(x) for x in args.docs_tokens.split(",")]:
+    for N in int_list(args.docs_tokens, "--docs-tokens", "token counts"):
         for dist in dists:
             if budget_spent(t_start, args.time_budget_s, f"docs={dist} N={N}"):
                 continue
@@ -465,7 +465,7 @@ def bench_taylor(args, dev, dtype, t_start, env):
           f"{TAYLOR_CHUNKED_MIN_N}, TAYLOR_FUSED_MIN_N={TAYLOR_FUSED_MIN_N}", flush=True)
     rows, checks = [], []
     env = dict(env, taylor_chunked_min_n=TAYLOR_CHUNKED_MIN_N, taylor_fused_min_n=TAYLOR_FUSED_MIN_N)
-    for N in [int(x) for x in args.taylor_ns.split(",")]:
+    for N in int_list(args.taylor_ns, "--taylor-ns", "sequence lengths"):
         if budget_spent(t_start, args.time_budget_s, f"taylor N={N}"):
             continue
         B = max(1, args.tokens // N)
@@ -559,6 +559,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds} is not supported; allowed values: an integer >= 1")
+    ns = int_list(args.ns, "--ns", "sequence lengths")  # the three lists before any GPU work (bench_docs and
+    int_list(args.docs_tokens, "--docs-tokens", "token counts")  # bench_taylor read theirs again from args)
+    int_list(args.taylor_ns, "--taylor-ns", "sequence lengths")
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     require_cuda("bench_linear")
@@ -582,7 +585,6 @@ def main(argv=None):
     print(format_table(checks, ["check", "dtype", "rel_err"], "{:.2e}"))
     rows = []
     os.makedirs(args.out, exist_ok=True)
-    ns = [int(x) for x in args.ns.split(",")]
     for N in ns:
         B = max(1, args.tokens // N)
         only = None if N == 4096 else ("exact", "torch", "fla_simple_gla")

@@ -56,8 +56,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, time_cpu, time_cuda,
-                               try_call, write_csv, write_json)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, peak_memory, time_cpu,
+                               time_cuda, try_call, write_csv, write_json)
 
 DEFAULT_LAYERS = "flash,sliding_window,linear,mamba2,deltanet,gated_deltanet,mla,linformer"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -100,16 +100,6 @@ def build_layer(spec, d_model: int, heads: int, seq_len: int, backend: str, devi
     mixer = build_mixer(spec, config, layer_idx=0, backend=backend, rotary=rotary)
     mixer.apply(lambda m: GPT._init_weights(types.SimpleNamespace(config=config), m))  # GPT's init, not a GPT
     return mixer.to(device)
-
-
-def _parse_ints(text: str, name: str) -> List[int]:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        vals = []
-    if not vals or any(v < 1 for v in vals):
-        raise ValueError(f"{name} {text!r}: give a comma list of integers >= 1 (e.g. 1024,4096,16384)")
-    return list(dict.fromkeys(vals))
 
 
 def bench_case(spec, N: int, args, dev: str) -> Dict[str, object]:
@@ -198,6 +188,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run only (wall-clock median of 3 calls, no peak memory)")
     args = ap.parse_args(argv)
+    seq_lens = list(dict.fromkeys(int_list(args.seq_lens, "--seq-lens", "sequence lengths")))  # each N once
     for name in ("tokens", "d_model", "heads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} is not supported; allowed values: an integer "
@@ -215,7 +206,6 @@ def main(argv=None) -> List[Dict[str, object]]:
 
     if args.backend not in backend_names():
         raise ValueError(f"--backend {args.backend!r} is not supported; allowed values: {', '.join(backend_names())}")
-    seq_lens = _parse_ints(args.seq_lens, "--seq-lens")
     names = list(dict.fromkeys(n.strip() for n in args.layers.split(",") if n.strip()))
     specs = layer_specs(names)
     env = env_info()

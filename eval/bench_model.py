@@ -87,7 +87,7 @@ from harness.lit import adamw_impl, clip_gradients_
 from attn_zoo.mixers import LayerSpec
 from attn_zoo.model import GPT, GPTConfig, ModelConfig
 from attn_zoo.spec import AttentionSpec
-from eval.bench_common import add_time_budget, budget_spent
+from eval.bench_common import add_time_budget, budget_spent, int_list
 
 SIZES = {
     "large": dict(d_model=1024, n_layer=8, n_head=8, mlp="swiglu", norm="rmsnorm"),
@@ -426,6 +426,7 @@ def main(argv=None) -> List[Dict[str, object]]:
     ap.add_argument("--check-tol", type=float, default=None,
                     help="check tolerance on max rel err (default: eval.sweep.CHECK_TOL of bf16, 0.05)")
     a = ap.parse_args(argv)
+    seq_lens = int_list(a.seq_lens, "--seq-lens", "sequence lengths")
     if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1 or a.rounds < 1:
         raise SystemExit("--steps, --warmup, --tokens, --vocab and --rounds must be >= 1")
     if a.check_tol is not None and not (math.isfinite(a.check_tol) and a.check_tol > 0):
@@ -445,10 +446,6 @@ def main(argv=None) -> List[Dict[str, object]]:
                 raise SystemExit(str(e)) from None
     backends = parse_list(a.backends, backend_names(), "backends") if a.backends else default_backends()
     backends += [b for b in backends_from(plugins) if b not in backends]
-    try:
-        seq_lens = [int(x) for x in parse_list(a.seq_lens)]
-    except ValueError:
-        raise SystemExit(f"--seq-lens must be a comma-separated list of integers, got {a.seq_lens!r}") from None
     kinds = {s.kind for size in sizes for variant in variants for s in variant_specs(size, variant, a.specs)
              if isinstance(s, AttentionSpec)}
     missing = not_installed(backends, kinds)

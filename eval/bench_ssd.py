@@ -54,8 +54,8 @@ import time
 
 import torch
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, peak_memory, require_cuda,
-                               time_cuda, try_call, write_results)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, peak_memory,
+                               require_cuda, time_cuda, try_call, write_results)
 
 
 class _FlaNoGuard:
@@ -263,16 +263,11 @@ def main(argv=None):
     ap.add_argument("--mamba-ssm-src", default=None,
                     help="a mamba_ssm source tree (the folder holding mamba_ssm/) to import its Triton SSD from")
     args = ap.parse_args(argv)
+    lengths = int_list(args.lengths, "--lengths", "sequence lengths")
     if args.mamba_ssm_src and not os.path.isdir(os.path.join(args.mamba_ssm_src, "mamba_ssm")):
         raise SystemExit(f"--mamba-ssm-src {args.mamba_ssm_src!r}: no mamba_ssm/ folder there")
     ours = ours_variants(parse_state_passes(args.state_pass), parse_seq_blocks(args.seq_blocks), args.legacy,
                          args.out_group)
-    try:
-        lengths = [int(n) for n in args.lengths.split(",")]
-    except ValueError:
-        lengths = []
-    if not lengths or min(lengths) < 1:
-        raise SystemExit(f"--lengths {args.lengths!r}: comma-separated positive ints (e.g. 512,1024) expected")
     t_start = time.time()
     require_cuda("bench_ssd")
     dev, dtype = "cuda", torch.bfloat16

@@ -41,7 +41,7 @@ def test_bad_layer_name_names_the_allowed_values(tmp_path):
 def test_bad_backend_and_seq_lens_refused(tmp_path):
     with pytest.raises(ValueError, match=r"--backend 'nope'.*allowed values:.*torch"):
         main(SMALL + ["--out", str(tmp_path), "--layers", "flash", "--backend", "nope"])
-    with pytest.raises(ValueError, match=r"--seq-lens"):
+    with pytest.raises(SystemExit, match=r"^--seq-lens '0,x': sequence lengths must be comma-separated integers"):
         main(["--device", "cpu", "--out", str(tmp_path), "--layers", "flash", "--seq-lens", "0,x"])
 
 

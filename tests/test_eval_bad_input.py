@@ -357,10 +357,10 @@ class _ReachedCuda(Exception):
 
 
 @pytest.mark.parametrize("argv, want", [
-    (["--N", "0"], r"--N 0: sequence lengths must be integers >= 1"),
-    (["--N", "512,-1024"], r"--N 512,-1024: sequence lengths"),
+    (["--N", "0"], r"--N '0': sequence lengths must be comma-separated integers >= 1"),
+    (["--N", "512,-1024"], r"--N '512,-1024': sequence lengths"),
     (["--N", "512", "--D", "64,x"], r"^--D '64,x': head dims must be comma-separated integers"),
-    (["--D", "0"], r"--D 0: head dims"),
+    (["--D", "0"], r"--D '0': head dims"),
     (["--variants", "foo"], r"--variants: \['foo'\] not supported; allowed values: .*causal"),
     (["--variants", "causal, gqa4"], r"--variants: \[' gqa4'\] not supported"),
     (["--docs", "bogus"], r"--docs entry 'bogus' is not supported; allowed values"),
@@ -380,3 +380,77 @@ def test_bench_flash_refuses_bad_arguments_before_the_gpu(monkeypatch, argv, wan
         bf.main(argv)
     with pytest.raises(_ReachedCuda):  # the same command line without the bad value is accepted
         bf.main(["--N", "512", "--D", "64", "--variants", "causal"])
+
+
+def test_int_list_parses_a_comma_list_and_names_the_flag_for_a_bad_one():
+    """``eval.bench_common.int_list``, the one checker of the bench scripts' integer lists: the integers in order
+    (spaces around items stripped, duplicates kept); an empty list or item, a non-integer or a value outside
+    ``[minimum, maximum]``: ``SystemExit`` naming the flag, the text given, the allowed values and the bad item."""
+    from eval.bench_common import int_list
+
+    assert int_list("512,1024", "--lengths", "sequence lengths") == [512, 1024]
+    assert int_list(" 512 , 64,512 ", "--lengths", "sequence lengths") == [512, 64, 512]
+    assert int_list("0,3", "--x", "counts", minimum=0, maximum=3) == [0, 3]
+    for text, bad in (("0,64", "not '0'"), ("64,x", "not 'x'"), ("64,,128", "an empty item"), ("64,", "an empty item"),
+                      ("", "an empty list"), (" ", "an empty list"), ("64,-1", "not '-1'"), ("1.5", "not '1.5'")):
+        with pytest.raises(SystemExit) as e:
+            int_list(text, "--lengths", "sequence lengths")
+        assert str(e.value) == f"--lengths {text!r}: sequence lengths must be comma-separated integers >= 1 ({bad})"
+    with pytest.raises(SystemExit) as e:
+        int_list("64,512", "--D", "head dims", maximum=256)
+    assert str(e.value) == "--D '64,512': head dims must be comma-separated integers from 1 to 256 (not '512')"
+
+
+# (module, its other arguments, the flag): every comma list of integers an eval bench script reads from argv
+INT_LIST_FLAGS = [
+    ("bench_flash", [], "--N"), ("bench_flash", [], "--D"),
+    ("bench_linear", [], "--ns"), ("bench_linear", ["--taylor"], "--taylor-ns"),
+    ("bench_linear", ["--docs", "fixed:64"], "--docs-tokens"),
+    ("bench_delta", ["--out", "OUT"], "--lengths"),
+    ("bench_ssd", ["--out", "OUT"], "--lengths"),
+    ("bench_model", ["--out", "OUT", "--sizes", "small", "--variants", "flash", "--backends", "torch"], "--seq-lens"),
+    ("bench_mixers", ["--out", "OUT", "--layers", "flash"], "--seq-lens"),
+]
+
+
+@pytest.mark.parametrize("bad", ["64,x", "0", "64,,128"], ids=["not_an_integer", "zero", "empty_item"])
+@pytest.mark.parametrize("module,argv,flag", INT_LIST_FLAGS, ids=[f"{m}{f}" for m, _, f in INT_LIST_FLAGS])
+def test_bench_int_lists_are_refused_naming_the_flag_before_the_gpu(tmp_path, monkeypatch, module, argv, flag, bad):
+    """A bad comma list of integers on an eval bench script's command line (a non-integer, a 0, an empty item) stops
+    with ``SystemExit`` naming the flag and the text (``eval.bench_common.int_list``), before the CUDA check, so on
+    a CPU machine too; it was a ``ValueError`` traceback, or a 0 reaching the cases (``ZeroDivisionError``), or (for
+    bench_linear's and bench_delta's lists) only after the CUDA check. The same command line with a good list gets
+    to the CUDA check (made to fail here on any machine)."""
+    import importlib
+
+    import torch
+
+    bench = importlib.import_module(f"eval.{module}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv + [flag, bad])
+    assert str(e.value).startswith(f"{flag} {bad!r}: "), e.value
+    assert "must be comma-separated integers " in str(e.value)
+    with pytest.raises(SystemExit, match="needs a CUDA device"):  # the good list passes the check
+        bench.main(argv + [flag, "64"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_flash_refuses_head_dims_above_the_kernels_maximum(monkeypatch):
+    """``--D`` above ``kernels.flash.common.MAX_HEAD_DIM`` reached the cases (each failed in the kernels' own check,
+    one row at a time); now refused up front naming --D and the allowed range. The maximum itself is accepted."""
+    from eval import bench_flash as bf
+    from kernels.flash.common import MAX_HEAD_DIM
+
+    def reached(name):
+        raise _ReachedCuda(name)
+
+    monkeypatch.setattr(bf, "require_cuda", reached)
+    hidden = str(8 * MAX_HEAD_DIM)  # a multiple of every head dim below: only the maximum can refuse them
+    with pytest.raises(SystemExit) as e:
+        bf.main(["--hidden", hidden, "--N", "512", "--variants", "causal", "--D", f"64,{2 * MAX_HEAD_DIM}"])
+    assert str(e.value) == (f"--D '64,{2 * MAX_HEAD_DIM}': head dims must be comma-separated integers from 1 to "
+                            f"{MAX_HEAD_DIM} (not '{2 * MAX_HEAD_DIM}')")
+    with pytest.raises(_ReachedCuda):
+        bf.main(["--hidden", hidden, "--N", "512", "--variants", "causal", "--D", f"64,{MAX_HEAD_DIM}"])
