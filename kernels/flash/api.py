@@ -46,17 +46,18 @@ def _call_config(config: Optional[FlashConfig], dq_mode, dkdv_split, determinist
 
 def _window_bounds(causal: bool, window_size, nq: Optional[int] = None, nk: Optional[int] = None) -> Tuple[int, int]:
     """``(win_left, win_right)`` of :func:`flash_attn`'s ``causal`` / ``window_size`` (-1: unbounded; causal clips
-    ``right`` to 0). With the call's ``nq`` / ``nk``, an edge that masks nothing there is unbounded too (``left >= nk
-    - 1``, ``right >= nq - 1``, bottom-right aligned), as FlashAttention-2 does: a window as wide as the sequence
-    runs the causal or dense kernel, its tiles and its ``"auto"`` choices. Raises ``ValueError`` for a ``causal``
-    other than ``True`` / ``False`` or a malformed ``window_size``."""
+    ``right`` to 0). With the call's ``nq`` / ``nk``, an edge that masks nothing there is unbounded too
+    (``left >= nk - 1``, ``right >= nq - 1``, bottom-right aligned; causal with one query row is dense), like
+    FlashAttention-2 but with exact thresholds: a window as wide as the sequence runs the causal or dense kernel,
+    its tiles and its ``"auto"`` choices. Raises ``ValueError`` for a ``causal`` other than ``True`` / ``False`` or a
+    malformed ``window_size``."""
     check_bool("causal", causal)
     left, right = check_window_size(window_size)
     if causal:
         right = 0 if right is None else min(right, 0)
     if left is not None and nk is not None and left >= nk - 1:
         left = None
-    if right is not None and nq is not None and right >= nq - 1:  # (causal with one query row: dense)
+    if right is not None and nq is not None and right >= nq - 1:
         right = None
     return -1 if left is None else int(left), -1 if right is None else int(right)
 
@@ -71,8 +72,8 @@ def _resolve_impl(which: str, config: Optional[FlashConfig], q, k, v, causal, wi
     """``config.<which>`` (``"fwd_impl"`` / ``"bwd_impl"``) of ``config`` or the current settings, and for ``"auto"``
     the choice of :func:`kernels.flash.gluon.choose_fwd_impl` / ``choose_bwd_impl`` for these mask arguments."""
     config = _call_config(config, None, None, None)
-    wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])  # checked for an explicit impl too, as
-    # flash_attn checks them
+    # checked for an explicit impl too, as flash_attn checks them
+    wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     _check_dilation(dilation)
     impl = getattr(config, which)
     if impl != "auto":

@@ -117,6 +117,14 @@ def autotune_results() -> dict:
     return {key: dict(getattr(tuner, "cache", {})) for key, tuner in _TUNED.items()}
 
 
+#: the smallest padded head dim (BLOCK_D) whose TMA builds take ``_HEURISTIC_TMA``'s tiles; below it they take the
+#: pointer loads' (``_HEURISTIC``). Only the dense forward differs: at D 64 its TMA tile (128 x 64, 4 warps, 2 stages)
+#: ran 0.83-0.86x the pointer build (8 warps, 3 stages) at N 512 / 1k / 2k / 4k, H 16, and TMA with the 8-warp tile
+#: 0.99-1.00x it (H100, 2026-12-07, forward TFLOP/s: 300 / 370 / 409 / 420 against 304 / 373 / 408 / 425;
+#: results/h100/2026-12-07b/6-7, 2026-12-07c/short/tile_d64.csv): the tile, not the descriptors, cost it.
+_TMA_TILES_MIN_D = 128
+
+
 def _candidates(kind: str, block_d: int, sparse: bool, dot_prec: str, masked: bool, tma: bool,
                 config: FlashConfig):
     """Heuristic configs in preference order, pruned to those that fit shared memory (first is used)."""
@@ -166,13 +174,6 @@ else:
         ("dq", False): [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2),
                         _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 1)],
     })
-
-#: the smallest padded head dim (BLOCK_D) whose TMA builds take ``_HEURISTIC_TMA``'s tiles; below it they take the
-#: pointer loads' (``_HEURISTIC``). Only the dense forward differs: at D 64 its TMA tile (128 x 64, 4 warps, 2 stages)
-#: ran 0.83-0.86x the pointer build (8 warps, 3 stages) at N 512 / 1k / 2k / 4k, H 16, and TMA with the 8-warp tile
-#: 0.99-1.00x it (H100, 2026-12-07, forward TFLOP/s: 300 / 370 / 409 / 420 against 304 / 373 / 408 / 425;
-#: results/h100/2026-12-07b/6-7, 2026-12-07c/short/tile_d64.csv): the tile, not the descriptors, cost it.
-_TMA_TILES_MIN_D = 128
 
 # head dims <= 64 (the small models' D = 32 / 64): dQ on 64 x 64 tiles, 4 warps, 3 stages -- 5-10% faster than the
 # D = 128 choice (128 x 64, 8 warps) at causal N = 1024 / 4096, 16k tokens, H = 4 (H200 2026-12-01,
