@@ -424,6 +424,12 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
         check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents, config, layout_bs)
         return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, dlse, grads_like_inputs,
                                config=config, documents=documents, layout=layout, layout_bs=layout_bs)
+    if INTERPRET and q.dtype == torch.bfloat16:  # as in flash_attn_fwd: fp32 under the CPU interpreter
+        grads = flash_attn_bwd(do.float(), q.float(), k.float(), v.float(), out.float(), lse, softmax_scale,
+                               win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
+                               q_nfull, dlse=dlse, grads_like_inputs=grads_like_inputs, dilation=dilation,
+                               config=config, documents=documents)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     has_dlse = dlse is not None

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .._host import next_pow2
-from .common import LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _kv_range, _table_row
+from .common import INTERPRET, LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _kv_range, _table_row
 from .config import FlashConfig, current_flash_config
 from .gluon import check_gluon_fwd, choose_fwd_impl, gluon_flash_fwd
 from .launch import KERNELS, _PLANS, _aligned, _bnhd_empty, _bucket, _get_plan, _mode_args, _plan_launch, \
@@ -220,6 +220,11 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
         check_gluon_fwd(impl, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
         return gluon_flash_fwd(q, k, v, softmax_scale, win_left, win_right, impl, documents=documents,
                                layout=layout, layout_bs=layout_bs)
+    if INTERPRET and q.dtype == torch.bfloat16:  # the CPU interpreter's bf16 tl.dot is wrong (triton 3.9): fp32
+        out, lse = flash_attn_fwd(q.float(), k.float(), v.float(), softmax_scale, win_left, win_right, layout,
+                                  layout_bs, kv_idx, kv_cnt, kv_nfull, dilation=dilation, config=config,
+                                  documents=documents)
+        return out.to(q.dtype), lse
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)
