@@ -611,13 +611,17 @@ def decode_plan(
     0.86 on GQA pages at batch 4 -- so it is off by default.
     Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the counter).
 
-    Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` naming ``page_gather``, ``merge``,
+    Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` for bf16 under the CPU interpreter
+    (``TRITON_INTERPRET=1``, whose bf16 ``tl.dot`` is wrong); ``ValueError`` naming ``page_gather``, ``merge``,
     ``split_rule``, ``max_registers`` or ``pdl`` for a value other than those above, ``num_warps`` other than 1, 2,
     4, 8, 16, 32, ``num_stages`` other than an integer >= 1, ``causal`` / ``return_lse`` / ``has_leftpad`` other
     than a bool, ``window_size`` other than ``None`` or a pair of ints >= 0 / ``None``, ``softmax_scale`` other
     than ``None`` or a finite float > 0, ``num_splits`` / ``block_n`` / ``sm_count`` other than ``None`` or an
     integer >= 1.
     """
+    if q.dtype == torch.bfloat16 and _interpreting():  # (decode_attn and every plan come here)
+        raise ValueError("q.dtype=torch.bfloat16 is not supported under the CPU interpreter (TRITON_INTERPRET=1: its "
+                         "bf16 tl.dot is wrong); allowed values there: float16, float32")
     if page_gather not in ("key", "page", "prefetch"):
         raise ValueError(f"page_gather={page_gather!r} is not supported; allowed values: 'key', 'page', 'prefetch'")
     if merge not in ("auto", "fused", "kernel"):

@@ -57,6 +57,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._host import _interpreting
+
 __all__ = ["ssd_scan", "CHUNK_SIZES", "MAX_DIM", "STATE_PASSES", "SEQ_BLOCKS", "OUT_BLOCKS", "OUT_MODES",
            "SNAPSHOT_DTYPES"]
 
@@ -749,6 +751,11 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         st = torch.ones_like(d, dtype=torch.int32)
         st[:, 1:] = (d[:, 1:] != d[:, :-1]).to(torch.int32)
         seg = st.cumsum(1, dtype=torch.int32).contiguous()  # 1-based document index per position
+    if x.dtype == torch.bfloat16 and _interpreting():  # the CPU interpreter's bf16 tl.dot is wrong (triton 3.9): the
+        # scan in fp32, y back in bf16 (autograd casts the gradients)
+        y, state = ssd_scan(x.float(), a, B.float(), C.float(), initial_state, chunk_size, block_p, doc_ids,
+                            state_pass, seq_block, state_dtype, out_block_n, out_mode)
+        return y.to(x.dtype), state
     return _SSDScan.apply(x, a.float(), B, C, initial_state, chunk_size, block_p, seg, sequential, sblk,
                           state_dtype if state_dtype is not None else x.dtype,
                           out_block_n if out_block_n is not None else _OUT_BLOCK_N, out_mode == "group")

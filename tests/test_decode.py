@@ -342,6 +342,10 @@ def test_bad_backend_and_options():
     if DEV == "cpu":
         with pytest.raises(ValueError, match="bfloat16 is not supported by the CPU interpreter"):
             decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), FLASH, sl, backend="triton")
+        import kernels  # the kernel itself, called directly, refuses too (its bf16 tl.dot there is wrong, silently)
+
+        with pytest.raises(ValueError, match="bfloat16 is not supported under the CPU interpreter"):
+            kernels.decode_attn(q.bfloat16(), k.bfloat16(), v.bfloat16(), sl.to(torch.int32))
 
 
 def test_kvcache_paged_on_demand_and_window_compaction():

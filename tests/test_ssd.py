@@ -57,6 +57,21 @@ def test_ssd_outputs_and_every_gradient_match_the_recurrence(backend, shape, use
         assert err <= 2e-4 * (1 + r.abs().max().item()), f"{backend} {name}: max error {err}"
 
 
+def test_ssd_triton_in_bf16_matches_the_recurrence():
+    """bf16 x / B / C through the Triton backend, outputs and every gradient against the fp32 recurrence, at bf16's
+    accuracy (the torch backend in bf16 sets the bar). On the CPU Triton's interpreter computes a bf16 ``tl.dot``
+    wrongly (triton 3.9: ~1e10 off, silently), so ``ssd_scan`` runs there in fp32 and returns bf16."""
+    shape = SHAPES[0]
+    ins = _inputs(*shape[:6], dtype=torch.bfloat16)
+    ref = _run("naive", [t.detach().float().requires_grad_() for t in ins], shape[6], True)
+    bar = _run("torch", ins, shape[6], True)
+    out = _run("triton", ins, shape[6], True)
+    assert out[0].dtype == torch.bfloat16 and out[2].dtype == torch.bfloat16
+    for name, o, b, r in zip(NAMES, out, bar, ref):
+        err, err_bar = ((t.float() - r.float()).abs().max().item() for t in (o, b))
+        assert err <= 2 * err_bar + 1e-3 * (1 + r.abs().max().item()), f"{name}: {err} (torch bf16: {err_bar})"
+
+
 @pytest.mark.parametrize("target", [1, 10], ids=["group-per-program", "group-split-in-2"])
 def test_ssd_triton_chunk_parallel_multi_chunk_documents_and_groups(monkeypatch, target):
     """kernels.ssd's chunk-parallel path on a multi-chunk case: T = 70 (not a multiple of the 16-chunk, 5 chunks),
