@@ -169,7 +169,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             ``Hq % Hkv == 0`` (GQA / MQA: query head ``h`` uses K/V head ``h // (Hq // Hkv)``).
         causal: key ``j`` visible to query row ``i`` only if ``j <= i + Nk - Nq`` (bottom-right alignment).
         window_size: ``(left, right)`` inclusive, ``None`` entries unbounded; causal clips ``right`` to 0. In
-            positions: with ``dilation`` the window of ``w`` dilated keys is ``left = w * dilation``.
+            positions: with ``dilation`` the window of ``w`` dilated keys is ``left = w * dilation``. An edge that
+            masks nothing at these lengths (``left >= Nk - 1``, ``right >= Nq - 1``) runs as unbounded: the same
+            mask, on the causal / dense kernel.
         softmax_scale: default ``D ** -0.5``.
         block_layout: bool ``(nb, nb)`` block-sparse layout over absolute positions at ``block_size`` tokens
             (rows with ``i + Nk - Nq < 0`` see nothing); pass it as int8 on ``q``'s device when calling in a loop
