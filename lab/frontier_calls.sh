@@ -57,7 +57,8 @@
 # D 64 at 4k-16k and window; 75 / 33 / 36 s).
 # Thirty-first (kind nvidia-h200 refused after 91 s; nvidia-h100-x1 came): 1 (470 s; the GPU suite cut at 250 s, 615
 # passed), 2 (13 s), 3 (414 s; the sweep reached 88 of 121 points), 4 with DOCS_S=300 cut by the call's 480 s limit in
-# the documents step (masks, sparse_bwd, where_fa4 in its log only). Next: 1, 2, 3, 4 (call 4 with a 600 s limit).
+# the documents step (masks, sparse_bwd, where_fa4 in its log only). Next: 1 with PYTEST_S=220 (BWDMIN_S adds ~100 s:
+# ~560 s of the 600), 2, 3, 4 (call 4 with the 600 s limit).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
