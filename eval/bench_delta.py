@@ -93,18 +93,21 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run only (wall-clock median of 3 calls, no fla)")
     args = ap.parse_args(argv)
+    from attn_zoo.families.deltanet import MIXER_GATED, pick_backend
+
     lengths = int_list(args.lengths, "--lengths", "sequence lengths")  # before the CUDA check: fails on CPU too
+    kinds = args.kinds.split(",")
+    for kind in kinds:
+        if kind not in MIXER_GATED:
+            raise SystemExit(f"--kinds: {kind!r} is not supported; allowed values: {', '.join(MIXER_GATED)}")
     t_start = time.time()
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_delta needs a CUDA device (or --device cpu for a smoke run)")
-    from attn_zoo.families.deltanet import MIXER_GATED, pick_backend
 
     timer = time_cuda if dev == "cuda" else time_cpu
     rows, notes = [], set()
-    for kind in args.kinds.split(","):
-        if kind not in MIXER_GATED:
-            raise SystemExit(f"--kinds: {kind!r} is not supported; allowed values: {', '.join(MIXER_GATED)}")
+    for kind in kinds:
         gated = MIXER_GATED[kind]
         M = methods(gated, args.chunk_size, notes, dev)
         for T in lengths:

@@ -437,6 +437,22 @@ def test_bench_int_lists_are_refused_naming_the_flag_before_the_gpu(tmp_path, mo
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_delta_refuses_an_unknown_kind_before_the_gpu(tmp_path, monkeypatch):
+    """``--kinds`` with a name that is not a delta-rule kind stops naming the flag and the allowed values before the
+    CUDA check (it was checked only inside the GPU loop); a good list gets to the CUDA check."""
+    import torch
+
+    from eval import bench_delta
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = str(tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"--kinds: 'nope' is not supported; allowed values: "):
+        bench_delta.main(["--out", out, "--kinds", "deltanet,nope"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench_delta.main(["--out", out, "--kinds", "deltanet"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_flash_refuses_head_dims_above_the_kernels_maximum(monkeypatch):
     """``--D`` above ``kernels.flash.common.MAX_HEAD_DIM`` reached the cases (each failed in the kernels' own check,
     one row at a time); now refused up front naming --D and the allowed range. The maximum itself is accepted."""
