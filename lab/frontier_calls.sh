@@ -145,10 +145,10 @@ case $call in
         grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16  # the table's rows of ours
       done
     fi
-    # the Gluon backward below GLUON_BWD_AUTO_MIN_PAIRS (2^22 pairs per head) at D 128, as "auto" would run it
-    # (ours_gluon_dq): full 1k read 1.05x fwd+bwd in the 26th and the 31st (388.1 / 368.6, 382.4 / 363.3), causal 2k
-    # 1.05x once (its backward alone 0.93x), causal 1k 0.96 / 1.06. The cases a 2^20 threshold would move, GQA and
-    # the window among them (full 2k is Gluon already: the control); BWDMIN_S=0 skips it
+    # the Gluon backward at D 128 forced (ours_gluon_dq, the settings "auto" runs) against "auto", which takes it
+    # from GLUON_BWD_AUTO_MIN_PAIRS[128] = 2^19 pairs per head since the 31st (2^22 before; forced it read 1.01-1.11x
+    # fwd+bwd at causal / full / GQA / window 1k-2k, results/h100/2026-12-07c/5/): the two should now tie from causal
+    # 1k, the threshold's first runs as "auto"; BWDMIN_S=0 skips it
     if [ "${BWDMIN_S:-100}" -gt 0 ]; then
       timeout -k 5 "${BWDMIN_S:-100}" python3 -m eval.bench_flash --variants noncausal,causal,gqa4,win1024 \
         --N 1024,2048 --D 128 --hidden 2048 --impls ours,ours_gluon_dq,sdpa_cudnn --rounds 5 --check --out "$W/short" \

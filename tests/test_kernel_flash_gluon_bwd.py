@@ -109,7 +109,14 @@ def test_auto_bwd_rule(monkeypatch):
     monkeypatch.setattr(G, "GLUON_AUTO_BWD_GQA_HEAD_DIMS", ())
     assert G.choose_bwd_impl(auto, *gqa, -1, 0) == "triton"
     monkeypatch.setattr(G, "GLUON_AUTO_BWD_GQA_HEAD_DIMS", (128,))
-    assert G.choose_bwd_impl(auto, *_fake_qkv(B=64, Hq=16, Hkv=16, Nq=2048, Nk=2048), -1, 0) == "triton"  # 2.1M
+    # GLUON_BWD_AUTO_MIN_PAIRS by head dim: D 128 from 2^19 pairs per head (causal 1k: 524,800; causal 1023 and
+    # dense 724 below; N 512 either way), D 64 from 2^22 (causal 2k: 2.1M below, dense 2k: exactly 2^22)
+    assert G.GLUON_BWD_AUTO_MIN_PAIRS == {64: 1 << 22, 128: 1 << 19}
+    mha = lambda N, D=128: _fake_qkv(B=16, Hq=16, Hkv=16, Nq=N, Nk=N, D=D)  # noqa: E731
+    for (N, D, wr), want in (((1024, 128, 0), "gluon"), ((1023, 128, 0), "triton"), ((725, 128, -1), "gluon"),
+                             ((724, 128, -1), "triton"), ((512, 128, 0), "triton"), ((512, 128, -1), "triton"),
+                             ((2048, 64, 0), "triton"), ((2048, 64, -1), "gluon"), ((1024, 64, -1), "triton")):
+        assert G.choose_bwd_impl(auto, *mha(N, D), -1, wr) == want, (N, D, wr)
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=16, Nq=1, Nk=1 << 22), -1, -1) == "gluon"  # decode-like
     bands = [dict(win_left=1023, win_right=0), dict(documents=object()), dict(win_right=5),
              dict(win_left=2047, win_right=-1), dict(win_left=1023, win_right=0, documents=object())]
@@ -121,8 +128,11 @@ def test_auto_bwd_rule(monkeypatch):
         assert G.choose_bwd_impl(auto, *big, **args) == "triton", kw
         assert G.choose_bwd_impl(auto, *big, -1, 0) == "gluon"  # (the flag leaves dense / causal alone)
         monkeypatch.setattr(G, "GLUON_AUTO_BWD_BANDS", True)
-    # the pairs threshold counts a window's band (visited_pairs): 4096 rows x 1024 keys = 2^22 pairs per head
-    assert G.choose_bwd_impl(auto, *big, 1023, 0) == "gluon" and G.choose_bwd_impl(auto, *big, 1022, 0) == "triton"
+    # the pairs threshold counts a window's band (visited_pairs): 4096 rows x 128 keys = 2^19 pairs per head at
+    # D 128, 4096 rows x 1024 keys = 2^22 at D 64
+    assert G.choose_bwd_impl(auto, *big, 127, 0) == "gluon" and G.choose_bwd_impl(auto, *big, 126, 0) == "triton"
+    big64 = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=4096, Nk=4096, D=64)
+    assert G.choose_bwd_impl(auto, *big64, 1023, 0) == "gluon" and G.choose_bwd_impl(auto, *big64, 1022, 0) == "triton"
     assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=16, Hkv=4, Nq=4096, Nk=4096), 1023, 0) == "triton"  # GQA
     for bad in (_fake_qkv(Hkv=8, Nq=4096, Nk=4096, D=96), _fake_qkv(Hkv=8, Nq=4096, Nk=4096, Dv=64),
                 _fake_qkv(Hkv=8, Nq=4096, Nk=4096, dtype=torch.float32)):

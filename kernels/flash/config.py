@@ -139,7 +139,8 @@ class FlashConfig:
             Hopper, for dense / causal / sliding-window / document fp16 / bf16 problems of D 64 / 128 without GQA, or
             with GQA where ``kernels.flash.gluon.gqa_bwd_measured`` holds (D 128, dense / causal, groups <= 4, >= 512
             dK / dV programs) (band masks while ``kernels.flash.gluon.GLUON_AUTO_BWD_BANDS``), with at least
-            ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head and the Triton backward's settings
+            ``kernels.flash.gluon.GLUON_BWD_AUTO_MIN_PAIRS`` visited pairs per head (2^22 at D 64, 2^19 at D 128: causal
+            N >= 1k) and the Triton backward's settings
             at their defaults, the Gluon dK / dV kernel with two consumers and the Gluon dQ kernel at D 128, the
             Triton one at D 64 (``bwd_impl="gluon", gluon_bwd_dq="gluon" / "triton", gluon_bwd_consumers=2``: with the
             Triton dQ 1.01-1.05x the Triton backward at N 4k / 16k on the H200, 2026-12-04; the Gluon dQ 1.04-1.09x

@@ -333,11 +333,18 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     return AUTO_GLUON_IMPL
 
 
-GLUON_BWD_AUTO_MIN_PAIRS = 1 << 22
-"""Visited query-key pairs per (batch, head) from which ``bwd_impl="auto"`` takes the Gluon backward (dense
-N >= 2048, causal N >= 4096). H200, 2026-12-04 (``results/h200/2026-12-04i``, ``python -m lab.gluon_bwd_sweep``,
-backward alone, bf16, 16k tokens per call): two consumers + Triton dQ against the Triton backward 1.01-1.05x at N
-4k / 16k (D 64 / 128, dense and causal), 1.00-1.04x at 2k, but 0.78 / 0.87x at causal 1k (D 128 / 64)."""
+GLUON_BWD_AUTO_MIN_PAIRS = {64: 1 << 22, 128: 1 << 19}
+"""Visited query-key pairs per (batch, head) from which ``bwd_impl="auto"`` takes the Gluon backward, by head dim.
+D 64: 2^22 (dense N >= 2048, causal N >= 4096). H200, 2026-12-04 (``results/h200/2026-12-04i``, ``python -m
+lab.gluon_bwd_sweep``, backward alone, bf16, 16k tokens per call): two consumers + Triton dQ against the Triton
+backward 1.01-1.05x at N 4k / 16k (D 64 / 128, dense and causal), 1.00-1.04x at 2k, but 0.78 / 0.87x at causal 1k
+(D 128 / 64). D 128: 2^19 since 2026-12-07 (causal N >= 1024, dense N >= 725), after the Gluon dQ became its
+default: on an H100 (same process, 16k tokens per call, H 16, fwd+bwd / backward alone against ``"auto"``'s Triton
+backward, ``results/h100/2026-12-07c/short/``, ``5/``) causal 1k 1.06 / 1.07x (the 26th: 0.96x fwd+bwd), full 1k
+1.05-1.07 / 1.07-1.12x (the 26th too: 1.05 / 1.09x), GQA 4:1 causal 1k / 2k 1.11 / 1.07x (backward 1.15 / 1.10x),
+window 1024 at 1k (the causal mask there) 1.01 / 1.14x, at 2k 1.07 / 1.08x, causal 2k 1.05x once (the 26th); at N
+512 0.60 / 0.81x, below the threshold. The settings were forced (``eval.bench_flash``'s ``ours_gluon_dq``: what
+``"auto"`` runs at D 128), not yet run as ``"auto"``."""
 AUTO_GLUON_BWD = dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
 """The settings ``bwd_impl="auto"`` runs where it picks the Gluon backward (the dQ: see :data:`AUTO_GLUON_DQ_HEAD_DIMS`)."""
 AUTO_GLUON_DQ_HEAD_DIMS = (128,)
@@ -413,8 +420,8 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
     never dilation), ``D`` in :data:`GLUON_BWD_HEAD_DIMS` with
     ``Dv == D``, ``Hq == Hkv`` or GQA where :func:`gqa_bwd_measured` holds, one fp16 / bf16 dtype, the Triton
     backward's settings at their defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv``
-    tile, ``autotune`` off) and, without a layout, at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` visited pairs per
-    (batch, head)."""
+    tile, ``autotune`` off) and, without a layout, at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` (by ``D``) visited pairs
+    per (batch, head)."""
     if dilation != 1:
         return False
     if layout is not None and not (
@@ -437,7 +444,7 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
             or config.dkdv is not None or config.autotune):
         return False
     return layout is not None or (visited_pairs(1, 1, q.shape[2], k.shape[2], win_left, win_right)
-                                  >= GLUON_BWD_AUTO_MIN_PAIRS)
+                                  >= GLUON_BWD_AUTO_MIN_PAIRS[D])
 
 
 def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
