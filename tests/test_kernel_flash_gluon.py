@@ -725,7 +725,8 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
         assert bf.ours_bwd_impl("ours_triton_bwd", spec, q, k, v) == "triton"
         assert bf.ours_bwd_impl("ours_gluon_dq", spec, q, k, v) == "gluon"
     causal = AttentionSpec(**bf.VARIANTS["causal"])
-    assert bf.ours_bwd_impl("ours", causal, *_fake_qkv(Nq=1024, Nk=1024)) == "triton"  # below the pairs threshold
+    assert bf.ours_bwd_impl("ours", causal, *_fake_qkv(Hkv=8, Nq=512, Nk=512)) == "triton"  # below the pairs threshold
+    assert bf.ours_bwd_impl("ours", causal, *_fake_qkv(Hkv=8, Nq=1024, Nk=1024)) == "gluon"  # D 128: from causal 1k
     monkeypatch.setattr(G, "gluon_bwd_available", lambda D=None: False)  # a triton outside GLUON_AUTO_BWD_TRITON
     assert bf.ours_bwd_impl("ours", causal, q, k, v) == "triton"
     assert bf.ours_fwd_impl("ours", causal, q, k, v) == "gluon_ws3a"  # the forward asks gluon_available alone
