@@ -88,7 +88,7 @@ def test_bf16_kernel_matches_the_reference(window):
     spec = AttentionSpec(kind="flash" if window is None else "sliding_window", causal=True, window_size=window)
     q, k, v, do = _inputs(1, 4, 2, 40, 48, 32, torch.bfloat16, seed=3)
     ours = _grads(lambda a, b, c: kernels.flash_attn(a, b, c, causal=True, window_size=window), q, k, v, do)
-    ref = _grads(lambda a, b, c: softmax_attention_reference(a, b, c, spec), q.float(), k.float(), v.float(), do.float())
+    ref = _grads(lambda a, b, c: softmax_attention_reference(a, b, c, spec), *(t.float() for t in (q, k, v, do)))
     pt = _grads(lambda a, b, c: _plain_torch(a, b, c, spec), q, k, v, do)
     for name, o, r, p, mult in zip(("out", "dq", "dk", "dv"), ours, ref, pt, (2, 3, 3, 3)):
         assert o.dtype == torch.bfloat16, name
