@@ -140,8 +140,8 @@ case $call in
       for hd in 128:2048:512,1024:,ours_gluon_dq 64:1024:512,1024,2048,4096:; do
         IFS=: read -r D hid Ns extra <<< "$hd"
         timeout -k 5 $(( (${SHORT_S:-160} + 1) / 2 )) python3 -m eval.bench_flash --variants causal,noncausal \
-          --N "$Ns" --D "$D" --hidden "$hid" --impls "ours,ours_no_tma,sdpa_cudnn$extra" --rounds 3 --check --out "$W/short" \
-          --tag "short_d$D" > "$W/short_d$D.log" 2>&1; b "short_d$D" $?
+          --N "$Ns" --D "$D" --hidden "$hid" --impls "ours,ours_no_tma,sdpa_cudnn$extra" --rounds 3 --check \
+          --out "$W/short" --tag "short_d$D" > "$W/short_d$D.log" 2>&1; b "short_d$D" $?
         grep -E "^ *(causal|noncausal) " "$W/short_d$D.log" | tail -n 16  # the table's rows of ours
       done
     fi
