@@ -59,6 +59,10 @@
 # passed), 2 (13 s), 3 (414 s; the sweep reached 88 of 121 points), 4 with DOCS_S=300 cut by the call's 480 s limit in
 # the documents step (masks, sparse_bwd, where_fa4 in its log only). Next: 1 with PYTEST_S=220 (BWDMIN_S adds ~100 s:
 # ~560 s of the 600), 2, 3, 4 (call 4 with the 600 s limit).
+# Thirty-second (kind nvidia-h200 came as an H100 at once): 1 with PYTEST_S=220 (436 s; the GPU suite cut at 99 %,
+# one failure, fixed), 2 (12 s), 3 with SOFTMAX_BUDGET_S=250 (344 s; 114 of 114 points), 4 with DOCS_S=300 (420 s),
+# then two bench_flash calls on the block-sparse backward at 1k-8k (45 / 52 s) and the Gluon GPU tests (55 / 43 s).
+# Next: the same four.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,

@@ -156,7 +156,12 @@ def test_auto_bwd_sparse_knob(monkeypatch):
 
     _all_hold(monkeypatch)
     auto = FlashConfig()
-    assert G.GLUON_AUTO_BWD_SPARSE and G.GLUON_AUTO_BWD_SPARSE_MIN_N == 1024  # the default (H100, 2026-12-06)
+    assert G.GLUON_AUTO_BWD_SPARSE and G.GLUON_AUTO_BWD_SPARSE_MIN_N == 4096  # the default (H100, 2026-12-07)
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=4, Hkv=4, Nq=2048, Nk=2048), -1, 0, object(), 1, None,
+                             128) == "triton"  # BigBird / strided at 1k-2k: the Gluon backward 0.64-1.03x
+    assert G.choose_bwd_impl(auto, *_fake_qkv(B=1, Hq=4, Hkv=4, Nq=4096, Nk=4096), -1, 0, object(), 1, None,
+                             128) == "gluon"
+    monkeypatch.setattr(G, "GLUON_AUTO_BWD_SPARSE_MIN_N", 1024)  # the grid below at the short shapes
     small = _fake_qkv(B=1, Hq=4, Hkv=4, Nq=1024, Nk=1024)
     lay = dict(win_left=-1, win_right=0, layout=object(), layout_bs=128)
     assert G.choose_bwd_impl(auto, *small, **lay) == "gluon"
@@ -1117,7 +1122,8 @@ def test_gpu_tma_dq_grads_match_reference_and_triton(monkeypatch, causal, D, Hq,
 def test_gpu_auto_bwd_runs_two_consumers_where_chosen(monkeypatch):
     """The default config (bwd_impl="auto") runs the two-consumer Gluon kernel at causal N 4096 with the Gluon dQ at
     D 128 and the Triton dQ at D 64 (gradients within 3x plain PyTorch's error of the reference and of the Triton
-    backward), and the Triton backward at N 1024 (and at every N on a triton outside ``GLUON_AUTO_BWD_TRITON``)."""
+    backward), and the Triton backward below ``GLUON_BWD_AUTO_MIN_PAIRS``: causal N 512 at D 128 (2^17 pairs per
+    head), N 1024 at D 64 (and at every N on a triton outside ``GLUON_AUTO_BWD_TRITON``)."""
     ran, dq_ran = [], []
     real, real_dq = G.gluon_flash_bwd, G.gluon_dq
     monkeypatch.setattr(G, "gluon_flash_bwd",
@@ -1137,9 +1143,10 @@ def test_gpu_auto_bwd_runs_two_consumers_where_chosen(monkeypatch):
     assert ran == ([2, 2] if G.gluon_bwd_available(64) else [2]) and dq_ran == [128]
     _assert_grads_match_reference_and_triton(ours, q, k, v, do, True)
     before = list(ran)
-    q, k, v, do = _qkv(1, 2, 2, 1024, 1024, 128)
-    _grads(q, k, v, do, True, FlashConfig())
-    assert ran == before and dq_ran == [128]  # 1024: the Triton backward (no Gluon kernel ran)
+    for n, d in ((512, 128), (1024, 64)):
+        q, k, v, do = _qkv(1, 2, 2, n, n, d)
+        _grads(q, k, v, do, True, FlashConfig())
+        assert ran == before and dq_ran == [128], (n, d)  # the Triton backward (no Gluon kernel ran)
 
 
 @pytest.mark.parametrize("causal", [True, False])

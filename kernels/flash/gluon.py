@@ -406,10 +406,17 @@ the kernel-by-kernel profile (``lab.where_time``), but 0.64-1.00x in three other
 the Triton rows' <= 0.13). Twenty-third session (H100, ``results/h100/2026-12-06d/``: ``4/``, ``sparse_bwd2/``,
 ``auto/``, ``noncausal/``, 5 rounds each), the Gluon backward against the Triton one at 1k / 4k / 16k, causal (three
 calls): the backward alone BigBird 1.01-1.06x, strided 1.04-1.15x, the forward+backward step 1.02-1.04x / 1.03-1.10x;
-non-causal (two calls): the backward 1.09-1.19x, the step 1.07-1.10x; no reading below 1. So ``"auto"`` takes it from
-1k queries (the shortest measured). A module-level knob read at every call."""
-GLUON_AUTO_BWD_SPARSE_MIN_N = 1024
-"""Queries (``Nq``) from which :data:`GLUON_AUTO_BWD_SPARSE` applies (16,384 until 2026-12-06; below 1,024 untimed)."""
+non-causal (two calls): the backward 1.09-1.19x, the step 1.07-1.10x; no reading below 1. So ``"auto"`` took it from
+1k queries (the shortest measured) until 2026-12-07; see :data:`GLUON_AUTO_BWD_SPARSE_MIN_N` for why 4k now. A
+module-level knob read at every call."""
+GLUON_AUTO_BWD_SPARSE_MIN_N = 4096
+"""Queries (``Nq``) from which :data:`GLUON_AUTO_BWD_SPARSE` applies: 16,384 until 2026-12-06, then 1,024, 4,096 since
+2026-12-07. Thirty-first and thirty-second sessions (H100, ``results/h100/2026-12-07c/call4_tail.log``,
+``results/h100/2026-12-07d/``: ``sparse_bwd.log``, ``sp/``, ``sp2/``; causal BigBird / strided, 128-token blocks, D
+128, bf16, 16k tokens per call, 5 rounds), the Gluon backward (Gluon dQ) against the Triton one, forward+backward: at
+N 1k 0.64-1.02x (ten readings, eight below 0.92), at 2k 0.70-1.03x (six, four below 0.8; its rounds' spread up to
+0.46 against the Triton rows' <= 0.04); at 4k 0.89-1.06x (twelve, eight >= 1.03), at 8k 1.02-1.07x (four), at 16k
+1.04-1.11x (four)."""
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
