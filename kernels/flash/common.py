@@ -44,6 +44,32 @@ def _allowed(i2, j2, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs
 
 
 @triton.jit
+def _tile_schedule(SECTION, LPT: tl.constexpr):
+    """``(rank, bh)`` of this program in a grid ``(n_tiles, n_bh)`` whose tile rank 0 is each head's heaviest tile.
+
+    ``LPT`` off: ``(program_id(0), program_id(1))``, so the launch order (x fastest) runs one (batch, head) after
+    another, heaviest tile first within each. ``LPT`` on: longest-processing-time first within sections of
+    ``SECTION`` (batch, head) pairs (the last section may be narrower): the launch runs rank 0 of every head of the
+    section, then rank 1, ..., so the lightest tiles end the grid (no heavy tile starts last), while a section's
+    K / V stay few enough for L2 (FlashAttention-3's causal scheduler does the same; ``SECTION >= n_bh`` is one
+    section). A bijection of the grid for any ``SECTION >= 1``."""
+    n_tiles = tl.num_programs(0)
+    if LPT:
+        n_bh = tl.num_programs(1)
+        pid = tl.program_id(1) * n_tiles + tl.program_id(0)  # the launch order
+        per = n_tiles * SECTION
+        sec = pid // per
+        r = pid - sec * per
+        width = tl.minimum(SECTION, n_bh - sec * SECTION)
+        rank = r // width
+        bh = sec * SECTION + (r - rank * width)
+    else:
+        rank = tl.program_id(0)
+        bh = tl.program_id(1)
+    return rank, bh
+
+
+@triton.jit
 def _table_row(IDX, CNT, NFULL, stride_tbl):
     """This program's block-table row: visited tile count, full tile count (listed first) and a pointer to the
     tile indices (column 0 of the row holds the program's own tile)."""
