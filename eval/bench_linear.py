@@ -315,13 +315,14 @@ def bench_docs(args, dev, dtype, H, D, t_start, env):
     call does) and, with ``--docs-torch``, ``torch_docs`` (the chunked PyTorch form). Correctness: every method
     against the fp32 reference (:func:`check_docs`), forward and ``dq, dk, dv``. ``x_fla_fwd_bwd``: fla's time over
     ours. Rows are rewritten to ``{prefix}_docs_bench.{csv,json}`` after every case; cases after
-    ``--time-budget-s`` are skipped."""
+    ``--time-budget-s`` are skipped. ``args.docs_tokens``: the token counts as a list of ints (:func:`main` parses
+    ``--docs-tokens`` with :func:`eval.bench_common.int_list`)."""
     from eval.bench_flash import document_dists
     from kernels.linear import linear_attention
 
     rows, checks = [], []
     dists = document_dists(args.docs)
-    for N in int_list(args.docs_tokens, "--docs-tokens", "token counts"):
+    for N in args.docs_tokens:
         for dist in dists:
             if budget_spent(t_start, args.time_budget_s, f"docs={dist} N={N}"):
                 continue
@@ -454,7 +455,9 @@ def bench_taylor(args, dev, dtype, t_start, env):
     """The Taylor map (Based) against fla's Based kernels (module docstring); returns the rows. Per ``N``: every
     method checked (:func:`check_taylor`, unless ``--no-check``), then timed (:func:`bench_one`: forward,
     forward+backward, peak memory); ``auto_backend``: what ``auto`` ran; ``x_best_fla_fwd_bwd`` on our rows: the
-    best fla time over ours (> 1: ours faster); ``x_parallel_over_chunked``: on the chunked row."""
+    best fla time over ours (> 1: ours faster); ``x_parallel_over_chunked``: on the chunked row. ``args.taylor_ns``:
+    the sequence lengths as a list of ints (:func:`main` parses ``--taylor-ns`` with
+    :func:`eval.bench_common.int_list`)."""
     from attn_zoo.backends.triton_taylor import TAYLOR_CHUNKED_MIN_N
     from attn_zoo.backends.triton_taylor_chunk import TAYLOR_FUSED_MIN_N
     from attn_zoo.functional import resolve_backend
@@ -465,7 +468,7 @@ def bench_taylor(args, dev, dtype, t_start, env):
           f"{TAYLOR_CHUNKED_MIN_N}, TAYLOR_FUSED_MIN_N={TAYLOR_FUSED_MIN_N}", flush=True)
     rows, checks = [], []
     env = dict(env, taylor_chunked_min_n=TAYLOR_CHUNKED_MIN_N, taylor_fused_min_n=TAYLOR_FUSED_MIN_N)
-    for N in int_list(args.taylor_ns, "--taylor-ns", "sequence lengths"):
+    for N in args.taylor_ns:
         if budget_spent(t_start, args.time_budget_s, f"taylor N={N}"):
             continue
         B = max(1, args.tokens // N)
@@ -559,9 +562,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds} is not supported; allowed values: an integer >= 1")
-    ns = int_list(args.ns, "--ns", "sequence lengths")  # the three lists before any GPU work (bench_docs and
-    int_list(args.docs_tokens, "--docs-tokens", "token counts")  # bench_taylor read theirs again from args)
-    int_list(args.taylor_ns, "--taylor-ns", "sequence lengths")
+    # the three lists, parsed here only and before any GPU work; bench_docs / bench_taylor take theirs from args
+    ns = int_list(args.ns, "--ns", "sequence lengths")
+    args.docs_tokens = int_list(args.docs_tokens, "--docs-tokens", "token counts")
+    args.taylor_ns = int_list(args.taylor_ns, "--taylor-ns", "sequence lengths")
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     require_cuda("bench_linear")

@@ -27,7 +27,7 @@ def test_bench_docs_checks_every_method_and_writes_its_files(tmp_path, monkeypat
         raise ImportError("fla made absent by the test")
 
     monkeypatch.setattr(bl, "_fla_varlen", no_fla)
-    args = types.SimpleNamespace(docs="fixed:24,geometric:20", docs_tokens="72", docs_torch=True,
+    args = types.SimpleNamespace(docs="fixed:24,geometric:20", docs_tokens=[72], docs_torch=True,
                                  docs_variants=False, no_check=False, time_budget_s=1e9, out=str(tmp_path),
                                  prefix="linear", rounds=3)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,7 +48,7 @@ def test_bench_docs_checks_every_method_and_writes_its_files(tmp_path, monkeypat
 
 
 def test_bench_docs_refuses_a_bad_distribution_before_running(tmp_path):
-    args = types.SimpleNamespace(docs="fixed:24,poisson:3", docs_tokens="72", docs_torch=False, docs_variants=False,
+    args = types.SimpleNamespace(docs="fixed:24,poisson:3", docs_tokens=[72], docs_torch=False, docs_variants=False,
                                  no_check=True, time_budget_s=1e9, out=str(tmp_path), prefix="linear",
                                  rounds=1)
     with pytest.raises(ValueError, match="poisson:3"):
@@ -79,7 +79,7 @@ def test_bench_taylor_checks_every_method_and_writes_its_files(tmp_path, monkeyp
         return real_im(name, *a)
 
     monkeypatch.setattr(importlib, "import_module", no_fla)
-    args = types.SimpleNamespace(heads=2, taylor_dim=16, taylor_dv=24, taylor_ns="32,48", tokens=64, methods="all",
+    args = types.SimpleNamespace(heads=2, taylor_dim=16, taylor_dv=24, taylor_ns=[32, 48], tokens=64, methods="all",
                                  no_check=False, time_budget_s=1e9, out=str(tmp_path), prefix="linear", rounds=1)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = bl.bench_taylor(args, dev, torch.float32, time.time(), {"gpu": None})
