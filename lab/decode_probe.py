@@ -47,7 +47,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eval.bench_common import env_info, time_cuda_graph, write_csv, write_json
+from eval.bench_common import env_info, int_list, time_cuda_graph, write_csv, write_json
 from eval.bench_decode import copy_bandwidth, kv_bytes_per_step, make_cache
 from kernels.decode import _sm_count, decode_attn, decode_block_n, decode_num_splits, decode_plan, decode_run
 
@@ -492,7 +492,7 @@ def main(argv=None):
         return
     os.makedirs(args.out, exist_ok=True)
     if args.matrix:
-        bns = tuple(int(x) for x in args.block_ns.split(",") if x) or (None,)
+        bns = tuple(int_list(args.block_ns, "--block-ns", "key tile sizes")) if args.block_ns else (None,)
         matrix(args.out, args.budget_s, tuple(args.gathers.split(",")), args.quick, bns)
         return
     t_end = time.time() + args.budget_s

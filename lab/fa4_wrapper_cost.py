@@ -17,7 +17,7 @@ import os
 import torch
 
 from attn_zoo.backends.torch_anchors import packed_cu_seqlens
-from eval.bench_common import env_info, time_cuda, write_csv, write_json
+from eval.bench_common import env_info, int_list, time_cuda, write_csv, write_json
 from eval.bench_flash import packed_doc_ids
 
 
@@ -44,7 +44,8 @@ def main(argv=None) -> None:
     ap.add_argument("--N", default="4096,16384")
     ap.add_argument("--docs", default="fixed:256,fixed:1024,geometric:256,geometric:1024")
     a = ap.parse_args(argv)
-    rows = [wrapper_cost(int(n), d) for n in a.N.split(",") for d in a.docs.split(",")]
+    Ns = int_list(a.N, "--N", "sequence lengths")  # before any GPU work
+    rows = [wrapper_cost(n, d) for n in Ns for d in a.docs.split(",")]
     for r in rows:
         print(f"N={r['N']:>6} {r['docs']:<15} cu_seqlens {r['cu_seqlens_ms']:.3f} ms  layout fwd+bwd "
               f"{r['layout_fwd_bwd_ms']:.3f} ms", flush=True)

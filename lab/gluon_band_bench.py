@@ -24,7 +24,8 @@ import os
 
 import torch
 
-from eval.bench_common import interleaved_rounds, median_spread, require_cuda, tflops, time_cuda, write_csv
+from eval.bench_common import (int_list, interleaved_rounds, median_spread, require_cuda, tflops, time_cuda,
+                               write_csv)
 
 TOKENS = 16384
 HEADS = 16
@@ -76,6 +77,7 @@ def main(argv=None):
     for impl in impls:
         if impl not in FWD_IMPLS or impl == "auto":
             raise SystemExit(f"--impls {impl!r}: allowed values: {', '.join(i for i in FWD_IMPLS if i != 'auto')}")
+    Ds = int_list(args.D, "--D", "head dims")  # before the CUDA check: fails on CPU too
     if args.device == "cuda":
         require_cuda("lab.gluon_band_bench")
     import triton
@@ -92,7 +94,7 @@ def main(argv=None):
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(f"triton {triton.__version__}, {gpu}; {args.tokens} tokens per call, Hq = {HEADS}, bf16, "
           f"causal; {args.rounds} rounds")
-    for D in [int(d) for d in args.D.split(",")]:
+    for D in Ds:
         for ci, (kind, length, N) in enumerate(cases):
             B = max(1, args.tokens // N)
             wl, wr, doc_ids, pairs = case_mask(kind, length, N, B, dev)

@@ -33,7 +33,7 @@ import os
 
 import torch
 
-from eval.bench_common import flash_flops, interleaved_rounds, median_spread, tflops, time_cuda
+from eval.bench_common import flash_flops, int_list, interleaved_rounds, median_spread, tflops, time_cuda
 from kernels import FlashConfig
 from kernels.flash import flash_attn_bwd, flash_attn_fwd
 from kernels.flash.documents import document_table
@@ -128,14 +128,15 @@ def bench_case(name: str, D: int, impls, rounds: int):
     return list(rows.values())
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--D", default="128,64")
     ap.add_argument("--cases", type=_choices(CASES), default=list(CASES))
     ap.add_argument("--impls", type=_choices(IMPLS), default=list(IMPLS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    Ds = int_list(a.D, "--D", "head dims")  # before the CUDA check: fails on CPU too
     if not torch.cuda.is_available():
         raise SystemExit("lab.gluon_band_bwd_bench needs a CUDA device")
     if a.rounds < 1:
@@ -143,7 +144,7 @@ def main():
     cols = ["case", "N", "B", "H", "D", "window", "doc_len", "impl", "pairs_per_head", "bwd_ms", "spread", "rounds",
             "bwd_tflops", "speedup", "rel_err", "error"]
     rows = []
-    for D in [int(d) for d in a.D.split(",") if d]:
+    for D in Ds:
         for name in a.cases:
             for r in bench_case(name, D, a.impls, a.rounds):
                 rows.append(r)

@@ -39,14 +39,17 @@ import torch
 import triton
 
 import kernels.flash.gluon as G
+from eval.bench_common import int_list
 from kernels import FlashConfig, flash_attn
 from kernels.flash import GLUON_BWD_CONSUMERS, GLUON_BWD_DQ
 
 LSE_MODES = {"tma": True, "load": False}  # --lse value -> GLUON_BWD_LSE_TMA
 
 
-def _ints(s):
-    return [int(x) for x in s.split(",") if x]
+def _ints(flag, what, minimum=1, maximum=None):
+    """An argparse ``type``: ``flag``'s comma list of integers (:func:`eval.bench_common.int_list`: a bad one stops
+    with a message naming ``flag`` and the allowed values)."""
+    return lambda s: int_list(s, flag, what, minimum, maximum)
 
 
 def _choices(allowed):
@@ -61,9 +64,9 @@ def _choices(allowed):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--D", type=_ints, default=[128, 64])
-    ap.add_argument("--N", type=_ints, default=[4096, 16384])
-    ap.add_argument("--causal", type=_ints, default=[1, 0])
+    ap.add_argument("--D", type=_ints("--D", "head dims"), default=[128, 64])
+    ap.add_argument("--N", type=_ints("--N", "sequence lengths"), default=[4096, 16384])
+    ap.add_argument("--causal", type=_ints("--causal", "causal flags", 0, 1), default=[1, 0])
     ap.add_argument("--dq", type=_choices(GLUON_BWD_DQ), default=["atomic", "triton", "gluon"],
                     help="FlashConfig.gluon_bwd_dq values: atomic, triton, gluon, tma (triton 3.7+)")
     ap.add_argument("--lse", type=_choices(tuple(LSE_MODES)), default=list(LSE_MODES),
@@ -72,10 +75,10 @@ def main(argv=None):
                     help="FlashConfig.gluon_bwd_consumers values: 1, 2 (2 only with --dq triton / gluon)")
     ap.add_argument("--pingpong", type=_choices(("0", "1")), default=["0"],
                     help="GLUON_BWD_PINGPONG values (two consumers only): 0, 1")
-    ap.add_argument("--stages", type=_ints, default=[2])
-    ap.add_argument("--dq-block-n", type=_ints, default=[0],
+    ap.add_argument("--stages", type=_ints("--stages", "ring depths"), default=[2])
+    ap.add_argument("--dq-block-n", type=_ints("--dq-block-n", "key tiles", 0), default=[0],
                     help="--dq gluon: the dQ kernel's key tile (64 / 128; 0: the launcher's)")
-    ap.add_argument("--dq-stages", type=_ints, default=[0],
+    ap.add_argument("--dq-stages", type=_ints("--dq-stages", "ring depths", 0), default=[0],
                     help="--dq gluon: the dQ kernel's K / V ring depth (0: the launcher's)")
     ap.add_argument("--auto", action="store_true", help="also time the default config (bwd_impl='auto')")
     ap.add_argument("--out", default=None)

@@ -36,6 +36,7 @@ import warnings
 import triton
 from triton.backends.compiler import GPUTarget
 
+from eval.bench_common import int_list
 from lab.inspect_kernels import resource_usage, signature
 
 BAND_INTS = ("win_left", "win_right")
@@ -267,7 +268,7 @@ BWD_IMPLS = {"gluon_bwd": (True, 1, False, False), "gluon_bwd_dkdv": (False, 1, 
              "gluon_bwd_tmadq": (True, 1, False, True), "gluon_bwd_dkdv2tma": (True, 2, False, True)}
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impls", default="gluon_ws3a,gluon_ws3b,gluon_bwd,gluon_bwd_dkdv",
                     help="forward impls and / or the backward kernel (bwd_impl='gluon'): gluon_bwd (atomic dQ), "
@@ -289,12 +290,13 @@ def main():
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ptx", default="", help="write each case's PTX into this folder")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     masks = parse_masks(args.masks)
+    Ds = int_list(args.D, "--D", "head dims")
     print(f"triton {triton.__version__}, target sm_90a")
     for impl in args.impls.split(","):
         lses = args.lse.split(",") if impl in BWD_IMPLS else [""]
-        for D in [int(d) for d in args.D.split(",")]:
+        for D in Ds:
             for dtype in args.dtypes.split(","):
                 for lse in lses:
                     for mask in masks:

@@ -44,6 +44,7 @@ from triton.compiler import ASTSource
 
 import kernels.flash as FL
 import kernels.linear as LN
+from eval.bench_common import int_list
 
 try:
     import kernels.ssd as SSD
@@ -383,7 +384,8 @@ def main(argv=None):
     bad = [k for k in names if k not in KERNELS]
     if bad:
         raise SystemExit(f"--kernels: unknown {bad}; allowed values: {', '.join(KERNELS)}")
-    tile = tuple(int(x) for x in args.tile.split(",")) if args.tile else None
+    # minimum 0: flash_pre's tiles have BLOCK_N 0
+    tile = tuple(int_list(args.tile, "--tile", "tile sizes", minimum=0)) if args.tile else None
     if tile is not None and len(tile) < 4:
         raise SystemExit(f"--tile={args.tile!r}: expected at least 4 comma-separated integers")
     for name in names:

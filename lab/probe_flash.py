@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
-from eval.bench_common import env_info, flash_flops, format_table, tflops, time_cuda, write_csv, write_json
+from eval.bench_common import env_info, flash_flops, format_table, int_list, tflops, time_cuda, write_csv, write_json
 from eval.bench_flash import VARIANTS, flex_block_mask, flex_fn, visited_fraction
 from kernels import FlashConfig
 
@@ -450,12 +450,12 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.rounds < 1:
         raise SystemExit(f"--rounds={a.rounds}: must be >= 1")
+    Ns = int_list(a.N, "--N", "sequence lengths")  # before the CUDA check: fails on CPU too
     if not torch.cuda.is_available():
         raise SystemExit("probe_flash needs a CUDA device")
     os.makedirs(a.out, exist_ok=True)
     env = env_info()
     log({k: env.get(k) for k in ("date", "gpu", "torch", "triton", "cuda")})
-    Ns = [int(x) for x in a.N.split(",")]
     rows, errs, anchor_cache = [], [], {}
 
     def save():

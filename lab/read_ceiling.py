@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eval.bench_common import env_info, time_cuda_graph
+from eval.bench_common import env_info, int_list, time_cuda_graph
 
 
 @triton.jit
@@ -52,6 +52,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.calls < 2:
         p.error(f"--calls must be >= 2, got {a.calls}")
+    sizes_mb = int_list(a.sizes_mb, "--sizes-mb", "sizes in MB")  # before the CUDA check: fails on CPU too
+    per_prog_kib = int_list(a.per_prog_kib, "--per-prog-kib", "KiB per program")
     if not torch.cuda.is_available():
         raise SystemExit("lab.read_ceiling needs a CUDA device")
     from eval.bench_decode import copy_bandwidth
@@ -59,10 +61,10 @@ def main(argv=None):
     copy_gbps = copy_bandwidth()
     print(f"copy bandwidth {copy_gbps:.0f} GB/s")
     rows = []
-    for mb in (int(s) for s in a.sizes_mb.split(",")):
+    for mb in sizes_mb:
         n = mb * 10**6 // 2
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        for kib in (int(s) for s in a.per_prog_kib.split(",")):
+        for kib in per_prog_kib:
             per = kib * 1024 // 2
             out = torch.empty(triton.cdiv(n, per), device="cuda", dtype=torch.float32)
             ref = x.float().sum()

@@ -44,7 +44,7 @@ def _cases(args):
 
 
 def main(argv=None):
-    from eval.bench_common import env_info, error_line, interleaved_rounds, time_cuda, write_results
+    from eval.bench_common import env_info, error_line, int_list, interleaved_rounds, time_cuda, write_results
     from kernels import flash_attn
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -59,11 +59,12 @@ def main(argv=None):
     for m in a.masks.split(","):
         if m not in ("causal", "full"):
             raise SystemExit(f"--masks: {m!r} is not supported; allowed values: causal, full")
+    Ds, Ns = int_list(a.D, "--D", "head dims"), int_list(a.N, "--N", "sequence lengths")  # before any GPU work
     t_end = time.time() + a.time_budget_s
     env = env_info()
     rows = []
-    for D in (int(x) for x in a.D.split(",")):
-        for N in (int(x) for x in a.N.split(",")):
+    for D in Ds:
+        for N in Ns:
             for mask in a.masks.split(","):
                 causal = mask == "causal"
                 B, H = a.tokens // N, 2048 // D

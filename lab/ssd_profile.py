@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from eval.bench_common import int_list
 from eval.bench_ssd import _FlaNoGuard, make_methods, ours_variants
 
 
@@ -35,17 +36,18 @@ def profile(fn, steps: int = 5):
         print(f"  {us / steps / 1e3:8.3f} ms  x{n // steps:<3d} {name[:110]}")
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="2048,16384")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--state-pass", default="parallel")
     ap.add_argument("--legacy", action="store_true", help="also ours_legacy (fp32 snapshots, one-step output kernel)")
     ap.add_argument("--out-group", action="store_true", help="also ours_group / ours_seq_group (out_mode='group')")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    lengths = int_list(a.lengths, "--lengths", "sequence lengths")  # before any GPU work
     dev = torch.device("cuda")
     ours = ours_variants(a.state_pass.split(","), [(64, 64)], a.legacy, a.out_group)
-    for N in (int(v) for v in a.lengths.split(",")):
+    for N in lengths:
         B = max(1, a.tokens // N)
         notes = set()
         M = make_methods(B, 16, N, 64, 128, torch.bfloat16, dev, notes, fla_noguard=True, ours=ours)

@@ -22,10 +22,6 @@ import json
 import os
 
 
-def _ints(s: str):
-    return [int(x) for x in s.split(",") if x]
-
-
 def _segs(s: str):
     return [None if x.strip() == "auto" else int(x) for x in s.split(",") if x.strip()]
 
@@ -49,17 +45,22 @@ def main(argv=None) -> int:
     import torch
 
     from attn_zoo import AttentionSpec, attention
-    from eval.bench_common import time_cuda
+    from eval.bench_common import int_list, time_cuda
     from kernels.taylor import taylor_parallel
     from kernels.taylor_chunk import TaylorChunkConfig, taylor_chunk
 
+    # the integer lists before the CUDA check: a bad one fails naming its flag on any machine
+    Ns = int_list(args.ns, "--ns", "sequence lengths")
+    lists = (int_list(args.chunks, "--chunks", "chunk sizes"), int_list(args.block_vs, "--block-vs", "value tiles"),
+             int_list(args.warps, "--warps", "warp counts"), int_list(args.stages, "--stages", "stage counts"),
+             int_list(args.fused, "--fused", "fused-backward flags", minimum=0, maximum=1))
     if not torch.cuda.is_available():
         raise SystemExit("lab.taylor_chunk_sweep needs a CUDA GPU")
     spec = AttentionSpec(kind="linear", causal=True, feature_map="taylor")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     H, D, Dv = args.heads, args.dim, args.dv
     rows = []
-    for N in _ints(args.ns):
+    for N in Ns:
         B = max(1, args.tokens // N)
         g = torch.Generator(device="cuda").manual_seed(N)
         q, k = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
@@ -83,8 +84,7 @@ def main(argv=None) -> int:
 
         cands = [("parallel", None, lambda a, b, c: taylor_parallel(a, b, c, eps=spec.eps))]
         seen = set()
-        for C, bv, nw, ns, fu, sg in itertools.product(_ints(args.chunks), _ints(args.block_vs), _ints(args.warps),
-                                                       _ints(args.stages), _ints(args.fused), _segs(args.segments)):
+        for C, bv, nw, ns, fu, sg in itertools.product(*lists, _segs(args.segments)):
             cfg = TaylorChunkConfig(chunk=C, block_v=bv, num_warps=nw, num_stages=ns, bwd_fused=bool(fu), segments=sg)
             nseg, L = cfg.resolve_segments(B * H, Dv, N, sms)
             key = (C, bv, nw, ns, fu, nseg, L)

@@ -1339,10 +1339,12 @@ def test_gluon_bwd_sweep_refuses_unknown_modes(capsys):
         with pytest.raises(SystemExit):
             sw.main([flag, bad])
         assert f"allowed values: {allowed}" in capsys.readouterr().err
-    for argv in (["--dq-block-n", "32"], ["--dq-stages", "-1"], ["--dq-stages", "1"]):
+    for argv in (["--dq-block-n", "32"], ["--dq-stages", "1"]):
         with pytest.raises(SystemExit):
             sw.main(argv)
         assert "--dq-block-n: allowed values: 0, 64, 128" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"^--dq-stages '-1': ring depths must be comma-separated integers >= 0"):
+        sw.main(["--dq-stages", "-1"])  # a negative value: refused by eval.bench_common.int_list
     for argv in (["--dq", "atomic", "--consumers", "2"], ["--consumers", "1", "--pingpong", "1"]):
         with pytest.raises(SystemExit):  # nothing to time: refused before any GPU work
             sw.main(argv)

@@ -13,7 +13,7 @@ import os
 import torch
 
 import kernels.flash as kf
-from eval.bench_common import time_cuda_graph
+from eval.bench_common import int_list, time_cuda_graph
 
 FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 4, 2),
        (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 2),
@@ -24,16 +24,17 @@ DKDV = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3), (64, 128
         (32, 128, 4, 2), (32, 128, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 8, 2)]
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--D", default="32,64")
     ap.add_argument("--N", default="1024,4096")
     ap.add_argument("--H", type=int, default=4)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    Ds, Ns = int_list(a.D, "--D", "head dims"), int_list(a.N, "--N", "sequence lengths")  # before any GPU work
     rows = []
-    for D in (int(x) for x in a.D.split(",")):
-        for N in (int(x) for x in a.N.split(",")):
+    for D in Ds:
+        for N in Ns:
             B = 16384 // N
             q, k, v, do = (torch.randn(B, a.H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             scale = D ** -0.5
