@@ -62,7 +62,7 @@
 # Thirty-second (kind nvidia-h200 came as an H100 at once): 1 with PYTEST_S=220 (436 s; the GPU suite cut at 99 %,
 # one failure, fixed), 2 (12 s), 3 with SOFTMAX_BUDGET_S=250 (344 s; 114 of 114 points), 4 with DOCS_S=300 (420 s),
 # then two bench_flash calls on the block-sparse backward at 1k-8k (45 / 52 s) and the Gluon GPU tests (55 / 43 s).
-# Next: the same four.
+# Next: the same four, call 1 with PYTEST_S=250 (the suite needs ~225 s on a warm host; call 1 then ~470 s).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
