@@ -32,10 +32,13 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     args = ap.parse_args(argv)
-    cases = [c for c in args.cases.split(",") if c]
+    cases = args.cases.split(",")
     bad = [c for c in cases if c not in CASES]
-    if bad:
-        raise SystemExit(f"--cases: unknown {bad}; allowed: {', '.join(CASES)}")
+    if bad or len(set(cases)) != len(cases):
+        raise SystemExit(f"--cases {args.cases!r}: {'unknown ' + repr(bad) if bad else 'a case twice'}; allowed: a "
+                         f"comma list of distinct names of {', '.join(CASES)}")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: allowed values: an integer >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("lab.lpt_ab needs a CUDA GPU")
     import triton.testing

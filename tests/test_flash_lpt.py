@@ -97,6 +97,25 @@ def test_lpt_forward_is_bitwise_the_default_order(monkeypatch, causal, window, H
     assert (out.float() - ref).abs().max().item() < (2e-2 if dtype == torch.float16 else 1e-4)
 
 
+def test_lpt_section_is_part_of_the_plan_key(monkeypatch):
+    """The section is an int argument Triton may specialise on (== 1): a plan's kept launch fixes it, so another
+    section for the same shapes builds another plan (else a section-1 launch would run for every later section)."""
+    q, k, v = (torch.randn(1, 4, 32, 16).to(DEVICE) for _ in range(3))
+    cfg = kf.FlashConfig(fwd=(16, 16, 4, 1), fwd_impl="triton")
+    monkeypatch.setattr(F, "FWD_LPT", True)
+    kf.clear_plans()
+    keys = []
+    for n_heads in (1, 2, 4, 2):
+        monkeypatch.setattr(F, "LPT_SECTION_BYTES", n_heads * 32 * 2 * 16 * q.element_size())
+        flash_attn(q, k, v, causal=True, config=cfg)
+        keys.append(sorted(key for key in kf.launch_plans() if key[0] == "fwd"))
+    assert [len(x) for x in keys] == [1, 2, 3, 3]
+    assert [key[-1] for key in keys[-1]] == [1, 2, 4]
+    monkeypatch.setattr(F, "FWD_LPT", False)  # without LPT the kernel ignores it: 1, one plan for every section
+    flash_attn(q, k, v, causal=True, config=cfg)
+    assert [key[-2:] for key in kf.launch_plans() if key[0] == "fwd" and key[-2] is False] == [(False, 1)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_lpt_forward_at_a_benchmark_shape(monkeypatch):
@@ -110,4 +129,18 @@ def test_gpu_lpt_forward_at_a_benchmark_shape(monkeypatch):
     monkeypatch.setattr(F, "LPT_SECTION_BYTES", 24 << 20)
     out = flash_attn(q, k, v, causal=True, config=cfg)
     out2 = flash_attn(q, k, v, causal=True, config=cfg)
-    assert torch.equal(out, base) and torch.equal(out2, base)
+    monkeypatch.setattr(F, "LPT_SECTION_BYTES", 512 << 10)  # section 1 (specialised), then 64 again: kept launches
+    out3 = flash_attn(q, k, v, causal=True, config=cfg)
+    monkeypatch.setattr(F, "LPT_SECTION_BYTES", 1 << 40)
+    out4 = flash_attn(q, k, v, causal=True, config=cfg)
+    assert all(torch.equal(o, base) for o in (out, out2, out3, out4))
+
+
+@pytest.mark.parametrize("argv,flag", [(["--cases", ","], "--cases"), (["--cases", "causal1k,causal1k"], "--cases"),
+                                       (["--cases", "bogus"], "--cases"), (["--rounds", "0"], "--rounds")])
+def test_lpt_ab_refuses_bad_arguments_before_the_gpu(argv, flag, tmp_path):
+    """``lab.lpt_ab``: an empty, repeated or unknown case, or no rounds, is refused by name before any GPU work."""
+    from lab import lpt_ab
+
+    with pytest.raises(SystemExit, match=f"^{flag} "):
+        lpt_ab.main(["--out", str(tmp_path), *argv])

@@ -251,9 +251,12 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sparse_key = None if layout is None else (layout.shape, layout_bs, kv_idx.shape)
+    # the section is an int argument Triton specialises on (== 1, % 16): a plan's kept launch fixes it, so it is
+    # part of the key; 1 without LPT (the kernel ignores it then)
+    section = lpt_section(B * Hq, Nk, D, v.shape[3], q.element_size(), Hq // Hkv) if FWD_LPT else 1
     key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale,
            win_left,
-           win_right, sparse_key, _aligned(q, k, v), config, dilation, documents is not None, FWD_LPT)
+           win_right, sparse_key, _aligned(q, k, v), config, dilation, documents is not None, FWD_LPT, section)
     plan = _PLANS.get(key) or _get_plan(key, lambda: {"fwd": _fwd_meta(q, k, v, win_left, win_right, layout,
                                                                         layout_bs, dilation, config,
                                                                         documents is not None)})
@@ -264,6 +267,6 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Nq, Nk, Nk - Nq, Hq // Hkv, softmax_scale * LOG2E, max(win_left, 0), max(win_right, 0), dilation,
         m["idx"], m["cnt"], m["nfull"], m["stride_tbl"], m["lay"], m["lay_nb"], max(layout_bs, 1), m["doc"],
-        _bucket(Nq), lpt_section(B * Hq, Nk, D, v.shape[3], q.element_size(), Hq // Hkv)),
+        _bucket(Nq), section),
         plan.meta["fwd"], (k, v), q.device, config)
     return out, lse

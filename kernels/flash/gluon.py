@@ -335,7 +335,7 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
 
 GLUON_BWD_AUTO_MIN_PAIRS = {64: 1 << 22, 128: 1 << 19}
 """Visited query-key pairs per (batch, head) from which ``bwd_impl="auto"`` takes the Gluon backward, by head dim.
-D 64: 2^22 (dense N >= 2048, causal N >= 4096). H200, 2026-12-04 (``results/h200/2026-12-04i``, ``python -m
+D 64: 2^22 (dense N >= 2048, causal N >= 2896). H200, 2026-12-04 (``results/h200/2026-12-04i``, ``python -m
 lab.gluon_bwd_sweep``, backward alone, bf16, 16k tokens per call): two consumers + Triton dQ against the Triton
 backward 1.01-1.05x at N 4k / 16k (D 64 / 128, dense and causal), 1.00-1.04x at 2k, but 0.78 / 0.87x at causal 1k
 (D 128 / 64). D 128: 2^19 since 2026-12-07 (causal N >= 1024, dense N >= 725), after the Gluon dQ became its
