@@ -343,8 +343,9 @@ default: on an H100 (same process, 16k tokens per call, H 16, fwd+bwd / backward
 backward, ``results/h100/2026-12-07c/short/``, ``5/``) causal 1k 1.06 / 1.07x (the 26th: 0.96x fwd+bwd), full 1k
 1.05-1.07 / 1.07-1.12x (the 26th too: 1.05 / 1.09x), GQA 4:1 causal 1k / 2k 1.11 / 1.07x (backward 1.15 / 1.10x),
 window 1024 at 1k (the causal mask there) 1.01 / 1.14x, at 2k 1.07 / 1.08x, causal 2k 1.05x once (the 26th); at N
-512 0.60 / 0.81x, below the threshold. The settings were forced (``eval.bench_flash``'s ``ours_gluon_dq``: what
-``"auto"`` runs at D 128), not yet run as ``"auto"``."""
+512 0.60 / 0.81x, below the threshold. Those settings were forced (``eval.bench_flash``'s ``ours_gluon_dq``: what
+``"auto"`` runs at D 128); run as ``"auto"`` (H100, ``results/h100/2026-12-07d/short/bwd_min_pairs.csv``) ours equals
+them at every 1k / 2k row (causal 1k 291.6 / 291.3 TFLOP/s, 0.95x cuDNN)."""
 AUTO_GLUON_BWD = dict(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
 """The settings ``bwd_impl="auto"`` runs where it picks the Gluon backward (the dQ: see :data:`AUTO_GLUON_DQ_HEAD_DIMS`)."""
 AUTO_GLUON_DQ_HEAD_DIMS = (128,)
