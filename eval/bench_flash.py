@@ -11,7 +11,8 @@ dynamo's recompile limit raised, else it falls back to eager and materialises N 
 registered backend (``all``: every one), and every backend a ``--plugins`` module registers is timed too;
 ``ours_triton`` is ours with the Triton forward forced (``FlashConfig(fwd_impl="triton")``), ``ours_gluon_ws3a`` /
 ``ours_gluon_ws3b`` ours with that Gluon forward forced (Hopper, band masks and block-sparse layouts of whole
-128-token tiles (no dilation), D 64 / 128; other cases are error rows); the backward is the default one
+128-token tiles (no dilation), D 64 / 128; other cases are error rows), ``ours_gluon_ws3p`` the persistent Gluon forward
+(band masks only); the backward is the default one
 (``bwd_impl="auto"``: on Hopper the Gluon dK / dV kernel with the Gluon dQ at D 128, the Triton dQ at D 64, where
 :func:`kernels.flash.gluon.choose_bwd_impl` picks it, triton version included, else Triton) in all but
 ``ours_triton_bwd`` (the Triton backward forced), ``ours_gluon_bwd`` (``FlashConfig(bwd_impl="gluon")``: the atomic
@@ -87,8 +88,8 @@ IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is t
 # ours and its forward kernel (FlashConfig.fwd_impl): "ours" is the default ("auto": Gluon or Triton per call, both
 # ways), the others force one kernel
 OURS = {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a", "ours_gluon_ws3b": "gluon_ws3b",
-        "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto",
-        "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto", "ours_gluon_tmadq2": "auto",
+        "ours_gluon_ws3p": "gluon_ws3p", "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto",
+        "ours_gluon_bwd_2c": "auto", "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto", "ours_gluon_tmadq2": "auto",
         "ours_triton_bwd": "auto", "ours_triton_all": "triton", "ours_no_tma": "auto"}
 # the backward settings (FlashConfig.bwd_impl, .gluon_bwd_dq, .gluon_bwd_consumers) of the OURS entries that do not
 # run the default backward ("auto"): the Gluon backward with its atomic dQ, its dK / dV kernel with the Triton dQ

@@ -1,4 +1,5 @@
-"""Band masks on the Gluon forward (``_gl_fwd_ws3_kernel``, ``fwd_impl="gluon_ws3a" | "gluon_ws3b"``) and the Gluon
+"""Band masks on the Gluon forward (``_gl_fwd_ws3_kernel``, ``fwd_impl="gluon_ws3a" | "gluon_ws3b"``; the persistent
+``_gl_fwd_ws3p_kernel``, ``"gluon_ws3p"``) and the Gluon
 dQ kernel (``_gl_bwd_dq_kernel``, ``gluon_bwd_dq="gluon"``): sliding windows (left and / or right edge) and packed
 documents (the table of :func:`kernels.flash.documents.document_table`), alone and together, on top of dense / causal.
 
@@ -135,7 +136,8 @@ def _case_args(case, seed=0):
 
 
 @pytest.mark.parametrize("impl,case", [("gluon_ws3a", c) for c in FWD_CASES]
-                         + [("gluon_ws3b", c) for c in FWD_CASES if c[0] in WS3B], ids=lambda x: x if isinstance(
+                         + [("gluon_ws3b", c) for c in FWD_CASES if c[0] in WS3B]
+                         + [("gluon_ws3p", c) for c in FWD_CASES], ids=lambda x: x if isinstance(
                              x, str) else x[0])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
@@ -164,6 +166,57 @@ def test_gpu_band_forward_matches_reference(impl, case):
     tri, tri_lse = flash_attn_fwd(q, k, v, scale, wl, wr, config=FlashConfig(fwd_impl="triton"), documents=table)
     assert (out.float() - tri.float()).abs().max().item() <= bound
     torch.testing.assert_close(lse, tri_lse, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("programs,sec", [(3, 3), (None, None), (None, 3)])
+@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: c[0])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_persistent_forward_equals_ws3a(monkeypatch, case, programs, sec):
+    """The persistent forward (``gluon_ws3p``) runs ws3a's per-tile arithmetic: out and lse bit for bit equal to
+    ``gluon_ws3a``'s, with 3 programs (each walks dozens of work items: the K / V ring phases and the Q buffer's
+    hand-over across items, items that see no key mixed in) and with one program per SM; with the default sections
+    (every head of these small cases in one) and with sections of 3 heads (the last one partial)."""
+    name, B, Hq, Hkv, Nq, Nk, D, dtype, wl, wr, docs = case
+    monkeypatch.setattr(G, "PERSISTENT_PROGRAMS", programs)
+    if sec is not None:
+        monkeypatch.setattr(G, "PERSISTENT_SECTION_BYTES", sec * 2 * Nk * D * 2 * Hkv // Hq)
+    assert G.persistent_section(Hq, Hkv, Nk, D, 2, B * Hq) == (B * Hq if sec is None else min(sec, B * Hq))
+    q, k, v, _, table, mask, scale = _case_args(case, seed=1)
+    out_a, lse_a = G.gluon_flash_fwd(q, k, v, scale, wl, wr, "gluon_ws3a", documents=table)
+    out_p, lse_p = G.gluon_flash_fwd(q, k, v, scale, wl, wr, "gluon_ws3p", documents=table)
+    items = -(-Nq // 128) * B * Hq
+    assert G.persistent_grid(items, q.device) == (min(items, programs) if programs else
+                                                  min(items, G.sm_count(q.device)))
+    assert torch.equal(out_p, out_a), (name, (out_p.float() - out_a.float()).abs().max().item())
+    assert torch.equal(lse_p, lse_a), name
+
+
+def test_persistent_section_sizes():
+    """Heads per section: the section's K / V (2 * Nk * D * esz per K / V head, shared by its query heads) within
+    PERSISTENT_SECTION_BYTES, at least 1, at most every head."""
+    mib = 1 << 20
+    assert G.PERSISTENT_SECTION_BYTES == 16 * mib
+    assert G.persistent_section(16, 16, 1024, 128, 2, 256) == 32  # 512 KiB per head
+    assert G.persistent_section(16, 16, 16384, 128, 2, 16) == 2  # 8 MiB per head
+    assert G.persistent_section(16, 4, 16384, 128, 2, 16) == 8  # GQA 4:1: 2 MiB per query head
+    assert G.persistent_section(16, 16, 65536, 128, 2, 16) == 1  # 32 MiB per head: one head
+    assert G.persistent_section(8, 8, 1024, 128, 2, 8) == 8  # every head
+
+
+def test_persistent_grid_knob(monkeypatch):
+    """The persistent forward's grid: one program per SM by default, capped by the work items and by
+    PERSISTENT_PROGRAMS; anything but None or an int >= 1 raises naming the knob and the allowed values."""
+    monkeypatch.setattr(G, "sm_count", lambda device: 132)
+    dev = torch.device("cpu")
+    assert G.persistent_grid(1000, dev) == 132 and G.persistent_grid(7, dev) == 7 and G.persistent_grid(0, dev) == 1
+    monkeypatch.setattr(G, "PERSISTENT_PROGRAMS", 3)
+    assert G.persistent_grid(1000, dev) == 3 and G.persistent_grid(2, dev) == 2
+    for bad in (0, -1, True, 2.0, "4"):
+        monkeypatch.setattr(G, "PERSISTENT_PROGRAMS", bad)
+        with pytest.raises(ValueError, match=r"PERSISTENT_PROGRAMS=.* is not supported; allowed values: None \(one "
+                                             r"program per SM\) or an int >= 1"):
+            G.persistent_grid(10, dev)
 
 
 DQ_CASES = [c for c in FWD_CASES if c[0] in {

@@ -30,7 +30,8 @@ from kernels.flash import fwd as F  # noqa: E402
 from kernels.flash import gluon as G  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-IMPLS = ("gluon_ws3a", "gluon_ws3b")
+IMPLS = ("gluon_ws3a", "gluon_ws3b", "gluon_ws3p")
+WS3 = ("gluon_ws3a", "gluon_ws3b")  # the one-tile-per-program kernel (block-sparse tables too)
 REMOVED = ("gluon", "gluon_ws", "gluon_ws2", "gluon_ws3")  # dominated on the H200 (issue 30), refused by name
 
 
@@ -70,12 +71,19 @@ def test_default_forward_is_auto_and_keys_round_trip():
 @pytest.mark.parametrize("impl", ("cuda", "Auto") + REMOVED)
 def test_unknown_and_removed_fwd_impl_refused(impl):
     with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' is not supported; allowed values: 'auto', 'triton', "
-                                         r"'gluon_ws3a', 'gluon_ws3b'$"):
+                                         r"'gluon_ws3a', 'gluon_ws3b', 'gluon_ws3p'$"):
         FlashConfig(fwd_impl=impl)
 
 
 ALLOWED_MASKS = (r"supports only dense, causal, sliding-window and document masks, and block-sparse layouts of whole "
                  r"128 x 128 tiles \(no dilation\)")
+PERSISTENT_MASKS = (r"supports only dense, causal, sliding-window and document masks \(no block-sparse layout or "
+                    r"dilation\)")
+
+
+def _allowed(impl: str) -> str:
+    """The masks the refusal of ``fwd_impl=impl`` names (the persistent forward takes no block-sparse table)."""
+    return PERSISTENT_MASKS if impl == G.PERSISTENT_IMPL else ALLOWED_MASKS
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -93,13 +101,19 @@ def test_unsupported_calls_refused(impl, case):
         kw.update(window_size=(8, 0), dilation=2)
     expect = {"sparse": "block-sparse", "dilation": "dilation=2", "D32": "D=32, Dv=32", "Dv": "D=64, Dv=32",
               "fp32": "dtype torch.float32"}[case]
+    if case == "sparse" and impl == G.PERSISTENT_IMPL:  # no block-sparse table at all
+        with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' takes no block-sparse layout \(band masks and "
+                                             r"doc_ids only\); use fwd_impl='gluon_ws3a' or 'triton'"):
+            F.flash_attn_fwd(q, k, v, 0.125, -1, 0, layout=torch.ones(1, 1, dtype=torch.int8), layout_bs=128,
+                             config=FlashConfig(fwd_impl=impl))
+        return
     if case == "sparse":  # flash_attn builds the block table first; the forward refuses a layout of 16-token blocks
         with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' takes a block-sparse layout only when every 128 x "
                                              rf"128 tile lies inside one layout block.*got block_size=16"):
             F.flash_attn_fwd(q, k, v, 0.125, -1, 0, layout=torch.ones(1, 1, dtype=torch.int8), layout_bs=16,
                              config=FlashConfig(fwd_impl=impl))
         return
-    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {ALLOWED_MASKS}.*got {expect}"):
+    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {_allowed(impl)}.*got {expect}"):
         flash_attn(q, k, v, config=FlashConfig(fwd_impl=impl), **kw)
 
 
@@ -118,7 +132,7 @@ def test_band_masks_pass_the_mask_check(monkeypatch, impl, case):
     kw = dict(BAND_CASES[case])
     if kw.get("doc_ids") == "two":
         kw["doc_ids"] = torch.tensor([[0] * 8 + [1] * 8])
-    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {ALLOWED_MASKS}.*got device cpu"):
+    with pytest.raises(ValueError, match=rf"fwd_impl='{impl}' {_allowed(impl)}.*got device cpu"):
         flash_attn(q, k, v, config=FlashConfig(fwd_impl=impl), **kw)
     from kernels.flash.api import _window_bounds
     from kernels.flash.documents import document_table
@@ -129,7 +143,8 @@ def test_band_masks_pass_the_mask_check(monkeypatch, impl, case):
     monkeypatch.setattr(G, "_gluon_modules", lambda: None)
     assert G.check_gluon_fwd(impl, q, k, v, wl, wr, None, 1, docs) is (wr == 0)
     for bad in (dict(layout=torch.ones(1, 1, dtype=torch.int8)), dict(dilation=2)):  # still refused
-        with pytest.raises(ValueError, match=rf"{ALLOWED_MASKS}|takes a block-sparse layout only when"):
+        with pytest.raises(ValueError, match=rf"{_allowed(impl)}|takes a block-sparse layout only when|takes no "
+                                             r"block-sparse layout"):
             G.check_gluon_fwd(impl, q, k, v, wl, wr, bad.get("layout"), bad.get("dilation", 1), docs)
 
 
@@ -328,7 +343,7 @@ def test_whole_tile_layouts_pass_the_gluon_backward_check(monkeypatch):
     assert G.auto_bwd_shape_ok(FlashConfig(), q, k, v, -1, 0, lay, 1, None, 128) is False
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", WS3)
 def test_whole_tile_layouts_pass_the_mask_check(monkeypatch, impl):
     """A layout of whole 128 x 128 tiles passes check_gluon_fwd (device and Gluon checks stubbed as on a Hopper
     GPU); 64-token blocks, an unaligned Nk - Nq, a layout with documents and a layout with dilation are refused,
@@ -460,9 +475,14 @@ def test_ws3_variants_differ_in_ping_pong_only():
     class GK:  # the kernels module stand-in: gluon_kernel only picks attributes
         _gl_fwd_ws3_kernel = "ws3"
 
-    for impl in IMPLS:
+    for impl in WS3:
         kernel, extra = G.gluon_kernel(impl, GK)
         assert kernel == "ws3" and extra == G.WS3_FLAGS[impl] and extra is not G.WS3_FLAGS[impl]
+
+    class GKP(GK):
+        _gl_fwd_ws3p_kernel = "ws3p"
+
+    assert G.gluon_kernel("gluon_ws3p", GKP) == ("ws3p", {})  # the persistent kernel: ws3a's schedule, no flags
     with pytest.raises(ValueError, match="impl='gluon_ws2' is not a Gluon forward"):
         G.gluon_kernel("gluon_ws2", GK)
 
@@ -693,10 +713,10 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
     from eval import bench_flash as bf
 
     assert bf.OURS == {"ours": "auto", "ours_triton": "triton", "ours_gluon_ws3a": "gluon_ws3a",
-                       "ours_gluon_ws3b": "gluon_ws3b", "ours_gluon_bwd": "auto", "ours_gluon_bwd_tdq": "auto",
-                       "ours_gluon_bwd_2c": "auto", "ours_gluon_dq": "auto", "ours_gluon_tmadq": "auto",
-                       "ours_gluon_tmadq2": "auto", "ours_triton_bwd": "auto", "ours_triton_all": "triton",
-                       "ours_no_tma": "auto"}
+                       "ours_gluon_ws3b": "gluon_ws3b", "ours_gluon_ws3p": "gluon_ws3p", "ours_gluon_bwd": "auto",
+                       "ours_gluon_bwd_tdq": "auto", "ours_gluon_bwd_2c": "auto", "ours_gluon_dq": "auto",
+                       "ours_gluon_tmadq": "auto", "ours_gluon_tmadq2": "auto", "ours_triton_bwd": "auto",
+                       "ours_triton_all": "triton", "ours_no_tma": "auto"}
     assert bf.ours_config("ours_triton_bwd") == FlashConfig(bwd_impl="triton")
     assert bf.ours_config("ours_gluon_bwd_2c").gluon_bwd_consumers == 2
     assert bf.ours_config("ours") == FlashConfig() == bf.ours_config("triton")  # the registry name: as ours
@@ -893,7 +913,7 @@ def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
         assert (a.float() - b.float()).abs().max().item() <= gb, name
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", WS3)
 @pytest.mark.parametrize("case", sorted(SPARSE_CASES))
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")

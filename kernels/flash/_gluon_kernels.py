@@ -387,11 +387,23 @@ def _kv_ring_fill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_emp
     into ``STAGES``-deep rings (ring position ``t``, counted from 0, holds tile :func:`_key_tile`: ``lo + t``, or
     the block-sparse table row's ``t``-th); a K (V) slot is refilled once its empty barrier completed the release
     of the tile ``STAGES`` back (both consumers' arrives)."""
-    for t in range(0, n_tiles):
+    _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, 0, n_tiles, 0, Row,
+                  SPARSE, STAGES, BLOCK_N)
+
+
+@gluon.jit
+def _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, t_begin, t_end, g0,
+                  Row, SPARSE: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """:func:`_kv_ring_fill` for key tiles ``t`` in ``[t_begin, t_end)`` of a query tile whose tile 0 sits at ring
+    position ``g0`` (the count of key tiles the program streamed before it: 0, except in the persistent forward):
+    tile ``t`` goes to position ``g = g0 + t``, slot ``g % STAGES``, refilled once position ``g - STAGES`` was
+    released."""
+    for t in range(t_begin, t_end):
         kt = _key_tile(lo, t, Row, SPARSE)
-        slot = t % STAGES
-        phase = ((t // STAGES) & 1) ^ 1  # the release of tile t - STAGES: completion t // STAGES - 1 of the slot
-        reuse = t >= STAGES
+        g = g0 + t
+        slot = g % STAGES
+        phase = ((g // STAGES) & 1) ^ 1  # the release of position g - STAGES: completion g // STAGES - 1 of the slot
+        reuse = g >= STAGES
         mbarrier.wait(k_empty.index(slot), phase, pred=reuse)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
         _tma_load(k_desc, [b, hk, kt * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
@@ -410,47 +422,71 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
     memory) against the program's key tiles ``lo + [0, n_tiles)`` (ring position ``j`` holds tile ``lo + j``; the
     element mask outside the program's full band ``[flo, fhi)``) or, with ``SPARSE``, the table row ``Row``'s
     (position ``j`` holds its tile ``j``; the element mask from position ``fhi``, its count of full tiles), the
-    schedule described above, then the epilogue.
-    Releases (K_j and V_{j-1} after round j's PV wait) follow a barrier over the partition's warps: each empty
-    barrier expects one arrive per consumer."""
+    schedule described above (:func:`_ws3_rounds`), then the epilogue."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
+    d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq, QLob,
+                                QHib, DOCS)
+    mbarrier.wait(q_bar, 0)  # also when no key is visited: the program must not exit with the Q copy in flight
+    acc, m_i, l_i = _ws3_rounds(q2, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, 0, start_m,
+                                lo, n_tiles, flo, fhi, Nk, offset, qk_scale, win_left, win_right, d_first, d_last, Row,
+                                HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WG, PINGPONG,
+                                False, num_warps)
+    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
+              s_layout, o_layout)
+
+
+@gluon.jit
+def _ws3_rounds(q2, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, my_turn, other_turn, g0, start_m, lo, n_tiles,
+                flo, fhi, Nk, offset, qk_scale, win_left, win_right, d_first, d_last, Row, HAS_LEFT: gl.constexpr,
+                HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, SPARSE: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr, num_warps: gl.constexpr):
+    """The ``n_tiles + 1`` issue rounds of one query tile (the schedule above; Q already in shared memory):
+    returns ``(acc, m_i, l_i)``, the unnormalised fp32 output ``(BLOCK_M, HEAD_D)`` and the running max / sum.
+    Key tile ``j`` sits at ring position ``g0 + j`` (``g0``: key tiles the program consumed before this query
+    tile). Releases (K_j and V_{j-1} after round j's PV wait) follow a barrier over the partition's warps: each
+    empty barrier expects one arrive per consumer. ``RELEASE_LAST``: also release the last V slot (the persistent
+    forward refills it for its next query tile; a one-tile program never does)."""
     dtype: gl.constexpr = q2.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)  # (DOCS only; never read otherwise)
-    d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq, QLob,
-                                QHib, DOCS)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar, 0)  # also when no key is visited: the program must not exit with the Q copy in flight
     if n_tiles > 0:  # (both consumers agree: no round at all when the rows see no key)
         # round 0: S_0 only
         _pp_wait(my_turn, 0, WG, PINGPONG)
-        mbarrier.wait(k_bars.index(0), 0)
-        s_t = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero, use_acc=False,
-                            is_async=True)
+        slot0 = g0 % STAGES
+        mbarrier.wait(k_bars.index(slot0), (g0 // STAGES) & 1)
+        s_t = warpgroup_mma(q2, k_smem.index(slot0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                            use_acc=False, is_async=True)
         _pp_pass(other_turn, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_t, ))
         _cta_barrier()
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(slot0), count=1)
         t0 = _key_tile(lo, 0, Row, SPARSE)
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, t0, _full_pos(0, t0, SPARSE), flo, fhi, start_m, Nk, offset,
                                            win_left, win_right, d_first, d_last, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS,
                                            BLOCK_M, BLOCK_N, s_layout)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_tiles):
-            slot = j % STAGES
-            pslot = (j - 1) % STAGES
+            g = g0 + j
+            slot = g % STAGES
+            pslot = (g - 1) % STAGES
             tj = _key_tile(lo, j, Row, SPARSE)  # (a table load with SPARSE: issued before the waits)
             _pp_wait(my_turn, j, WG, PINGPONG)
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(k_bars.index(slot), (g // STAGES) & 1)
             s_t = warpgroup_mma(q2, k_smem.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                                 use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(pslot), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_bars.index(pslot), ((g - 1) // STAGES) & 1)
             acc_t = warpgroup_mma(p_prev, v_smem.index(pslot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pp_pass(other_turn, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_t, ))  # S_j done; P_{j-1} V_{j-1} may still run
@@ -464,15 +500,17 @@ def _ws3_consumer(q2, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, m
             mbarrier.arrive(v_empty.index(pslot), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             p_prev = p_next
-        # last round: P_{n-1} V_{n-1} (its V slot is never refilled: no release)
-        last = n_tiles - 1
+        # last round: P_{n-1} V_{n-1} (a one-tile program never refills its V slot: released only with RELEASE_LAST)
+        glast = g0 + n_tiles - 1
         _pp_wait(my_turn, n_tiles, WG, PINGPONG)
-        mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-        acc_t = warpgroup_mma(p_prev, v_smem.index(last % STAGES).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+        mbarrier.wait(v_bars.index(glast % STAGES), (glast // STAGES) & 1)
+        acc_t = warpgroup_mma(p_prev, v_smem.index(glast % STAGES).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
         _pp_pass(other_turn, PINGPONG)
         acc, p_prev = warpgroup_mma_wait(0, deps=(acc_t, p_prev))
-    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M, HEAD_D,
-              s_layout, o_layout)
+        if RELEASE_LAST:
+            _cta_barrier()
+            mbarrier.arrive(v_empty.index(glast % STAGES), count=1)
+    return acc, m_i, l_i
 
 
 @gluon.jit
@@ -539,6 +577,162 @@ def _gl_fwd_ws3_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, s
                           SPARSE, HALF, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, 4)),
          (_ws3_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
                           b, h, hk, start_m, lo, n_tiles, Row, SPARSE, STAGES, BLOCK_N))],
+        [4, 1], [240, 24])
+
+
+# ------------------------------------------------------------------------------------------------ persistent forward
+# ``gluon_ws3p`` (issue 30: "persistent kernels with a causal-aware, longest-first tile order"): the ws3a schedule
+# (:func:`_ws3_rounds`, no ping-pong) in a persistent grid of at most one program per SM. The work items (one query
+# tile of one (batch, head) each) are listed in sections of ``sec`` heads (the host sizes a section so that its K / V
+# fit in a share of L2; the last section may hold fewer heads), and within a section by query tile, longest first
+# (causal / a right window edge: the last query tiles see the most keys), the section's heads inner (a GQA group's
+# heads side by side). Program ``p`` of ``P`` takes item ``k * P + p`` in even steps ``k`` and ``k * P + P - 1 - p``
+# in odd ones (a snake: the longest item of one step goes with the shortest of the next, so every program's items add
+# up to about the same work; a plain ``p + k * P`` gave program 0 three times program 64's work at causal 16k). The K
+# / V rings, their barriers and phases run on across a program's items (ring position ``g0 + j``), so the producer
+# streams the next item's first key tiles (``PREFETCH``) while the consumers finish the current one; Q has one
+# buffer, reloaded once both consumers' last ``S`` product of the item is done (``q_empty``); the epilogue of one item
+# overlaps the next item's loads. Not for block-sparse tables.
+
+
+@gluon.jit
+def _work_item(k, n_work):
+    """``(i, valid)``: the item program ``program_id(0)`` runs in step ``k`` (the snake above) and whether it
+    exists (``i < n_work``: the last step may be partial)."""
+    P = gl.num_programs(0)
+    p = gl.program_id(0)
+    i = k * P + p + (k & 1) * (P - 1 - 2 * p)
+    return i, i < n_work
+
+
+@gluon.jit
+def _work_coords(i, n_m, n_bh, sec, Hq, group, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr):
+    """``(start_m, bh, b, h, hk)`` of work item ``i`` of the persistent forward: ``n_m`` query tiles of ``BLOCK_M``
+    rows per head, ``n_bh = B * Hq`` heads in sections of ``sec``; in a section, query tile rank ``r`` (longest
+    first with ``HAS_RIGHT``: tile ``n_m - 1 - r``) of each of its heads, then rank ``r + 1``."""
+    per = sec * n_m
+    s = i // per
+    within = i - s * per
+    heads = gl.minimum(sec, n_bh - s * sec)
+    r = within // heads
+    bh = s * sec + within % heads
+    if HAS_RIGHT:
+        mblk = n_m - 1 - r
+    else:
+        mblk = r
+    b = bh // Hq
+    h = bh % Hq
+    return mblk * BLOCK_M, bh, b, h, h // group
+
+
+@gluon.jit
+def _ws3p_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
+                   Doc, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work, sec, HAS_LEFT: gl.constexpr,
+                   HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+    """Producer partition (1 warp) of the persistent forward: per work item, its first ``PREFETCH`` key tiles (as
+    ring slots free up), then its Q (once the previous item released the buffer), then its other key tiles."""
+    g0 = 0
+    c = 0
+    for k in range(0, gl.cdiv(n_work, gl.num_programs(0))):
+        i, valid = _work_item(k, n_work)
+        if valid:
+            start_m, bh, b, h, hk = _work_coords(i, n_m, n_work // n_m, sec, Hq, group, HAS_RIGHT, BLOCK_M)
+            DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
+            lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
+                                              HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+            n_tiles = hi - lo
+            n_pre = gl.minimum(n_tiles, PREFETCH)
+            _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, 0, n_pre, g0,
+                          Doc, False, STAGES, BLOCK_N)
+            mbarrier.wait(q_empty, (c & 1) ^ 1, pred=c > 0)  # completion c of q_empty: item c - 1 released Q
+            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+            _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+            _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_pre,
+                          n_tiles, g0, Doc, False, STAGES, BLOCK_N)
+            g0 += n_tiles
+            c += 1
+
+
+@gluon.jit
+def _ws3p_consumer(q2, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, Out, Lse, Doc, stride_ob,
+                   stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale, win_left, win_right, n_m, n_work, sec,
+                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, TILE_M: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                   WG: gl.constexpr, num_warps: gl.constexpr):
+    """Consumer ``WG`` of the persistent forward: rows ``WG * BLOCK_M + [0, BLOCK_M)`` of each work item's query
+    tile of ``TILE_M`` rows (:func:`_ws3_rounds` on ring positions from ``g0``), Q released before the epilogue."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    g0 = 0
+    c = 0
+    for k in range(0, gl.cdiv(n_work, gl.num_programs(0))):
+        i, valid = _work_item(k, n_work)
+        if valid:
+            tile_m, bh, b, h, hk = _work_coords(i, n_m, n_work // n_m, sec, Hq, group, HAS_RIGHT, TILE_M)
+            DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
+            lo, hi, flo, fhi = _band_kv_range(tile_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
+                                              HAS_LEFT, HAS_RIGHT, DOCS, TILE_M, BLOCK_N)
+            n_tiles = hi - lo
+            start_m = tile_m + WG * BLOCK_M
+            d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq,
+                                        QLob, QHib, DOCS)
+            mbarrier.wait(q_bar, c & 1)
+            acc, m_i, l_i = _ws3_rounds(q2, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, q_bar, q_bar, g0,
+                                        start_m, lo, n_tiles, flo, fhi, Nk, offset, qk_scale, win_left, win_right,
+                                        d_first, d_last, Doc, HAS_LEFT, HAS_RIGHT, DOCS, False, BLOCK_M, BLOCK_N,
+                                        HEAD_D, STAGES, WG, False, True, num_warps)
+            _cta_barrier()  # every warp's S products are done: Q may be reloaded
+            mbarrier.arrive(q_empty, count=1)
+            _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M,
+                      HEAD_D, s_layout, o_layout)
+            g0 += n_tiles
+            c += 1
+
+
+@gluon.jit
+def _gl_fwd_ws3p_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
+                        Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, Doc, n_m, n_work, sec,
+                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                        STAGES: gl.constexpr, num_warps: gl.constexpr, PREFETCH: gl.constexpr = 2):
+    """``gluon_ws3p``: the persistent forward described above. Grid ``(P,)`` with ``P <= n_work = n_m * B * Hq``
+    (``n_m = cdiv(Nq, BLOCK_M)``), one program per SM; ``sec``: heads per section (>= 1); the other arguments as
+    :func:`_gl_fwd_ws3_kernel`'s (band masks and documents; no block-sparse table)."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_empty, count=2)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+    q2 = q_smem.reshape([BLOCK_M, HEAD_D])
+    HALF: gl.constexpr = BLOCK_M // 2
+    gl.warp_specialize(
+        [(_ws3p_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, Out,
+                           Lse, Doc, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale, win_left,
+                           win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, BLOCK_N, HEAD_D,
+                           STAGES, 0, num_warps)),
+         (_ws3p_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
+                           Out, Lse, Doc, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale,
+                           win_left, win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF,
+                           BLOCK_N, HEAD_D, STAGES, 1, 4)),
+         (_ws3p_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty,
+                           v_empty, Doc, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work, sec,
+                           HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, STAGES, PREFETCH))],
         [4, 1], [240, 24])
 
 

@@ -28,7 +28,7 @@ import torch
 DQ_MODES = ("separate", "atomic")
 # the forward kernels (FlashConfig.fwd_impl): "auto" picks one per call (kernels.flash.gluon.resolve_fwd_impl),
 # "triton" is the Triton kernel of fwd.py, the Gluon ones run in kernels.flash.gluon (which imports Gluon lazily)
-GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b")
+GLUON_FWD_IMPLS = ("gluon_ws3a", "gluon_ws3b", "gluon_ws3p")
 FWD_IMPLS = ("auto", "triton") + GLUON_FWD_IMPLS
 # the backward kernels (FlashConfig.bwd_impl): "auto" picks one per call (kernels.flash.gluon.choose_bwd_impl),
 # "triton" (bwd.py) or "gluon" (Hopper, kernels.flash.gluon; with the atomic dQ, deterministic=True refuses it)

@@ -79,13 +79,20 @@ _LOG2E = 1.4426950408889634
 WS3_FLAGS = {"gluon_ws3a": dict(PINGPONG=False), "gluon_ws3b": dict(PINGPONG=True)}
 
 
+PERSISTENT_IMPL = "gluon_ws3p"
+"""The persistent Gluon forward (``_gl_fwd_ws3p_kernel``): ``gluon_ws3a``'s schedule, at most one program per SM
+walking the query tiles head by head, longest first, its K / V rings running on across tiles (band masks and
+documents; no block-sparse layout). By name only; ``"auto"`` does not pick it (not yet timed)."""
+
+
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` of ``impl`` (``"gluon_ws3a"`` / ``"gluon_ws3b"``) at head dim
     ``D`` (64 or 128). Shared memory: Q tile + STAGES K and V tiles, bf16 at D = 128: 32 + 3 * 64 = 224 KiB (224.5
     compiled), under the H200's 227 KiB. ``num_warps`` is the default partition's: the kernel runs a second 4-warp
     consumer as a worker partition (and a 1-warp producer). Raises ``ValueError`` for another ``impl``."""
-    if impl not in WS3_FLAGS:
-        raise ValueError(f"impl={impl!r} is not a Gluon forward; allowed values: {', '.join(map(repr, WS3_FLAGS))}")
+    if impl not in GLUON_FWD_IMPLS:
+        raise ValueError(f"impl={impl!r} is not a Gluon forward; allowed values: "
+                         f"{', '.join(map(repr, GLUON_FWD_IMPLS))}")
     return 128, 128, 3, 4
 
 
@@ -129,9 +136,49 @@ def gluon_bwd_dq_tiles(D: int) -> Tuple[int, int, int, int]:
 
 def gluon_kernel(impl: str, GK):
     """``(kernel, extra constexpr kwargs)`` that run ``impl`` (``GK``: the kernels module)."""
+    if impl == PERSISTENT_IMPL:
+        return GK._gl_fwd_ws3p_kernel, {}
     if impl not in WS3_FLAGS:
-        raise ValueError(f"impl={impl!r} is not a Gluon forward; allowed values: {', '.join(map(repr, WS3_FLAGS))}")
+        raise ValueError(f"impl={impl!r} is not a Gluon forward; allowed values: "
+                         f"{', '.join(map(repr, GLUON_FWD_IMPLS))}")
     return GK._gl_fwd_ws3_kernel, dict(WS3_FLAGS[impl])
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The number of SMs of CUDA ``device`` (cached): the persistent forward's largest grid."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+PERSISTENT_PROGRAMS: Optional[int] = None
+"""The persistent forward's grid: ``None`` (default) one program per SM (:func:`sm_count`), capped at the number of
+work items; an int ``P >= 1`` caps it at ``P`` instead (the GPU tests run a few programs that each walk many work
+items). A module-level knob read at every call."""
+
+
+PERSISTENT_SECTION_BYTES = 16 << 20
+"""The share of L2 one section of the persistent forward's work list may fill with K / V (bytes): a section holds as
+many (batch, query head) pairs as fit (:func:`persistent_section`), its query tiles listed longest first across its
+heads. 16 MiB: a third of the H100's / H200's 50 MiB L2."""
+
+
+def persistent_section(Hq: int, Hkv: int, Nk: int, D: int, esz: int, n_bh: int) -> int:
+    """Query heads per section of the persistent forward's work list: ``PERSISTENT_SECTION_BYTES`` over the K / V
+    bytes one query head adds (``2 * Nk * D * esz`` per K / V head, shared by its ``Hq / Hkv`` query heads), at least
+    1, at most ``n_bh`` (all heads)."""
+    per_head = 2 * Nk * D * esz * Hkv // Hq
+    return max(1, min(n_bh, PERSISTENT_SECTION_BYTES // max(per_head, 1)))
+
+
+def persistent_grid(n_work: int, device: torch.device) -> int:
+    """The persistent forward's number of programs for ``n_work`` work items (query tiles x heads x batch) on
+    ``device``: ``min(n_work, PERSISTENT_PROGRAMS or SMs)``, at least 1. Raises ``ValueError`` for a
+    :data:`PERSISTENT_PROGRAMS` that is not ``None`` or an int >= 1."""
+    cap = PERSISTENT_PROGRAMS
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ValueError(f"kernels.flash.gluon.PERSISTENT_PROGRAMS={cap!r} is not supported; allowed values: None "
+                         f"(one program per SM) or an int >= 1")
+    return max(1, min(n_work, cap if cap is not None else sm_count(device)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -522,6 +569,9 @@ def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"fwd_impl={impl!r} is not a Gluon forward; allowed values: "
                          f"{', '.join(map(repr, GLUON_FWD_IMPLS))} (FlashConfig takes "
                          f"{', '.join(map(repr, FWD_IMPLS))})")
+    if layout is not None and dilation == 1 and impl == PERSISTENT_IMPL:
+        raise ValueError(f"fwd_impl={impl!r} takes no block-sparse layout (band masks and doc_ids only); use "
+                         f"fwd_impl='gluon_ws3a' or 'triton'")
     if layout is not None and dilation == 1:
         bm, bn = gluon_tiles(impl, 128)[:2]
         Nq, Nk = q.shape[2], k.shape[2]
@@ -533,7 +583,8 @@ def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                              f"and without doc_ids; got {got}; use fwd_impl='triton'")
         layout = None  # the rest as for its band
     return _check_gluon(f"fwd_impl={impl!r}", GLUON_HEAD_DIMS, q, k, v, win_left, win_right, layout, dilation,
-                        documents, "use fwd_impl='triton'", bands=True, masks=GLUON_FWD_MASKS)
+                        documents, "use fwd_impl='triton'", bands=True,
+                        masks=None if impl == PERSISTENT_IMPL else GLUON_FWD_MASKS)
 
 
 def _tma_view(t: torch.Tensor) -> torch.Tensor:
@@ -635,6 +686,18 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
     if lse is None:
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     kernel, extra = gluon_kernel(impl, GK)
+    descs = (_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt))
+    common = (out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
+              softmax_scale * _LOG2E, wl, wr, doc)
+    if impl == PERSISTENT_IMPL:
+        if layout is not None:
+            raise ValueError(f"fwd_impl={impl!r} takes no block-sparse layout; use fwd_impl='gluon_ws3a'")
+        n_m = triton_cdiv(Nq, block_m)
+        n_work = n_m * B * Hq
+        sec = persistent_section(Hq, Hkv, Nk, D, q.element_size(), B * Hq)
+        _gl_launch(kernel, (persistent_grid(n_work, q.device),), (*descs, *common, n_m, n_work, sec),
+                   num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, PREFETCH=2)
+        return out, lse
     grid = (triton_cdiv(Nq, block_m), B * Hq)
     tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
     if layout is not None:
@@ -642,11 +705,7 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
         tbl = (idx, cnt, nfull, idx.stride(0))
     # every constexpr by name: a kept launch (kernels._host.launch) needs the whole constexpr tail
     extra = dict(extra, SPARSE=layout is not None)
-    _gl_launch(kernel, grid,
-               (_descriptor(q, block_m, TD, gdt), _descriptor(k, block_n, TD, gdt), _descriptor(v, block_n, TD, gdt),
-                out, lse, out.stride(0), out.stride(1), out.stride(2), Hq, Nq, Nk, Nk - Nq, Hq // Hkv,
-                softmax_scale * _LOG2E, wl, wr, doc, *tbl),
-               num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, **extra)
+    _gl_launch(kernel, grid, (*descs, *common, *tbl), num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, **extra)
     return out, lse
 
 
