@@ -602,7 +602,9 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
     pts = [(s, v[key]) for s, v in points if key in v and math.isfinite(v[key])]
     if pts:
         lo, hi = min(v for _, v in pts), max(v for _, v in pts)
-        spark = "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1)) if hi > lo else 0] for _, v in pts)
+        # at least 5 % of the values' size as the full height: a flat curve (0.2500 .. 0.2502) stays flat
+        span = max(hi - lo, 0.05 * max(abs(hi), abs(lo)))
+        spark = "".join(_BARS[int((v - lo) / span * (len(_BARS) - 1)) if span > 0 else 0] for _, v in pts)
         shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
         _say(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
     value = metrics.get(key)

@@ -364,3 +364,19 @@ def test_a_resume_on_another_seed_asks_for_seed_not_data_seed(tmp_path, monkeypa
         with pytest.raises(ValueError) as e:
             train_mod.train(make_cfg(tmp_path / "new", _fast("trainer.max_steps=4", f"ckpt_path={ckpt}")))
         assert "seed=1" in str(e.value) and "data.seed=1" not in str(e.value), str(e.value)
+
+
+def test_sparkline_keeps_a_flat_curve_flat(capsys):
+    """The closing sparkline scales to at least 5 % of the values' size: a curve flat at 0.25 (noise in the 4th
+    decimal) prints one bar height, a rising one spans the bars."""
+    import train
+
+    base = {"metric": "val/acc", "value": 0.12, "what": "guessing", "higher_is_better": True}
+    flat = [[250, {"val/acc": 0.2502}], [500, {"val/acc": 0.25}], [600, {"val/acc": 0.251}]]
+    train._print_curve_and_verdict(flat, base, {"val/acc": 0.251})
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "by step:" in ln)
+    assert line.split("by step: ")[1].split()[0] == "▁▁▁", line
+    rising = [[100, {"val/acc": 0.2}], [200, {"val/acc": 0.6}], [300, {"val/acc": 1.0}]]
+    train._print_curve_and_verdict(rising, base, {"val/acc": 1.0})
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "by step:" in ln)
+    assert line.split("by step: ")[1].split()[0] == "▁▄█", line
