@@ -1,0 +1,79 @@
+"""The persistent Gluon forward's work order, A/B on a GPU (lab: not installed): forward alone, bf16, 16k tokens per
+call, H 16, D 128, ``gluon_ws3a`` (one query tile per program; the hardware hands out tiles greedily) against
+``gluon_ws3p`` at several ``kernels.flash.gluon.PERSISTENT_SECTION_BYTES`` (``0`` in ``--sections`` means one
+section of every head: the whole list longest-first, the snake balances it, L2 reuse left to chance)::
+
+    python -m lab.ws3p_ab [--N 4096,16384] [--masks causal,full] [--sections 16777216,0] [--hkv 16] [--rounds 3]
+
+Prints one line per (mask, N): TFLOP/s of each, and ws3p over ws3a; outputs checked bit for bit against ws3a.
+Exits 2 for bad arguments, 1 without a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from eval.bench_common import int_list, time_cuda
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--N", default="4096,16384")
+    ap.add_argument("--masks", default="causal,full")
+    ap.add_argument("--sections", default=f"{16 << 20},0", help="section sizes in bytes (0: one section)")
+    ap.add_argument("--hkv", type=int, default=16, help="K / V heads (16: MHA; 4: GQA 4:1)")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args(argv)
+    try:
+        a.N = int_list(a.N, "--N", "sequence lengths")
+        a.sections = int_list(a.sections, "--sections", "section sizes in bytes", minimum=0)
+    except ValueError as e:
+        ap.error(str(e))
+    masks = a.masks.split(",")
+    bad = [m for m in masks if m not in ("causal", "full")]
+    if bad or a.rounds < 1 or a.hkv < 1 or 16 % a.hkv:
+        ap.error(f"--masks: allowed values causal, full (got {bad}); --rounds >= 1; --hkv a divisor of 16")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("ws3p_ab: needs a Hopper GPU")
+        return 1
+    from kernels.flash import gluon as G
+
+    H, D = 16, 128
+    print(f"# {torch.cuda.get_device_name()}; sections (bytes): {a.sections}")
+    for mask in masks:
+        wr = 0 if mask == "causal" else -1
+        for N in a.N:
+            B = max(1, 16384 // N)
+            q, k, v = (torch.randn(B, h, N, D, device="cuda", dtype=torch.bfloat16) for h in (H, a.hkv, a.hkv))
+            flops = 4 * B * H * N * N * D * (0.5 if mask == "causal" else 1.0)
+            ref = G.gluon_flash_fwd(q, k, v, D ** -0.5, -1, wr, "gluon_ws3a")[0]
+            runs = {"ws3a": lambda: G.gluon_flash_fwd(q, k, v, D ** -0.5, -1, wr, "gluon_ws3a")}
+            for sb in a.sections:
+                runs[f"ws3p@{sb}"] = (lambda sb=sb: _with_section(G, sb, lambda: G.gluon_flash_fwd(
+                    q, k, v, D ** -0.5, -1, wr, "gluon_ws3p")))
+            same = all(torch.equal(f()[0], ref) for name, f in runs.items() if name != "ws3a")
+            ms = {name: [] for name in runs}
+            for _ in range(a.rounds):  # rotating order, median of the rounds
+                for name, f in runs.items():
+                    ms[name].append(time_cuda(f, warmup=10, rep=50, at_least=False))
+            tf = {name: flops / (sorted(v)[len(v) // 2] * 1e-3) / 1e12 for name, v in ms.items()}
+            row = "  ".join(f"{n} {t:.1f} ({t / tf['ws3a']:.3f}x)" for n, t in tf.items())
+            print(f"{mask:6s} N {N:5d} B {B:2d} Hkv {a.hkv:2d}: {row}  bitwise={same}")
+    return 0
+
+
+def _with_section(G, section_bytes: int, fn):
+    """``fn()`` with ``PERSISTENT_SECTION_BYTES`` set (0: one section of every head), restored after."""
+    old = G.PERSISTENT_SECTION_BYTES
+    G.PERSISTENT_SECTION_BYTES = section_bytes if section_bytes > 0 else 1 << 60
+    try:
+        return fn()
+    finally:
+        G.PERSISTENT_SECTION_BYTES = old
+
+
+if __name__ == "__main__":
+    sys.exit(main())
