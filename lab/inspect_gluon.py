@@ -54,8 +54,9 @@ def mask_flags(mask) -> dict:
 
 
 def compile_case(impl: str, mask, D: int, dtype: str = "bf16", ptx: bool = False,
-                 stages_override: int = 0) -> dict:
-    """Compile the Gluon forward ``impl`` with ``mask`` (a :data:`MASKS` name, or a bool: causal) for sm_90a."""
+                 stages_override: int = 0, dynamic: bool = False) -> dict:
+    """Compile the Gluon forward ``impl`` with ``mask`` (a :data:`MASKS` name, or a bool: causal) for sm_90a
+    (``dynamic``: the persistent forward's ``DYNAMIC`` tile scheduler)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.flash import _gluon_kernels as GK
@@ -75,13 +76,14 @@ def compile_case(impl: str, mask, D: int, dtype: str = "bf16", ptx: bool = False
     types.update(Out=f"*{dtype}", Lse="*fp32", Doc="*i32", stride_ob="i32", stride_oh="i32", stride_on="i32",
                  Hq="i32", Nq="i32", Nk="i32", offset="i32", group="i32", qk_scale="fp32", KvIdx="*i32",
                  KvCnt="*i32", KvNfull="*i32", stride_tbl="i32", n_m="i32", n_work="i32", sec="i32",
+                 Counter="*i32", Sched="*i32",
                  **{n: "i32" for n in BAND_INTS})
     const = dict(**mask_flags(mask), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, num_warps=warps,
                  **extra)
     if "SPARSE" in fn.arg_names:  # (the persistent forward takes no block-sparse table)
         const["SPARSE"] = mask in SPARSE_MASKS
     if "PREFETCH" in fn.arg_names:
-        const["PREFETCH"] = 2
+        const.update(PREFETCH=2, DYNAMIC=dynamic)
     sig, attrs = signature(fn, types, const,
                            lambda name, t: t.startswith("*") or name in ("stride_ob", "stride_oh", "stride_on"))
     with warnings.catch_warnings():

@@ -1,9 +1,11 @@
 """The persistent Gluon forward's work order, A/B on a GPU (lab: not installed): forward alone, bf16, 16k tokens per
 call, H 16, D 128, ``gluon_ws3a`` (one query tile per program; the hardware hands out tiles greedily) against
 ``gluon_ws3p`` at several ``kernels.flash.gluon.PERSISTENT_SECTION_BYTES`` (``0`` in ``--sections`` means one
-section of every head: the whole list longest-first, the snake balances it, L2 reuse left to chance)::
+section of every head: the whole list longest-first, the snake balances it, L2 reuse left to chance), each with the
+static schedule and, with ``--dynamic``, the dynamic one too (``kernels.flash.gluon.PERSISTENT_SCHEDULE``)::
 
-    python -m lab.ws3p_ab [--N 4096,16384] [--masks causal,full] [--sections 16777216,0] [--hkv 16] [--rounds 3]
+    python -m lab.ws3p_ab [--N 4096,16384] [--masks causal,full] [--sections 16777216,0] [--dynamic] [--hkv 16]
+        [--rounds 3]
 
 Prints one line per (mask, N): TFLOP/s of each, and ws3p over ws3a; outputs checked bit for bit against ws3a.
 Exits 2 for bad arguments, 1 without a Hopper GPU.
@@ -25,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--masks", default="causal,full")
     ap.add_argument("--sections", default=f"{16 << 20},0", help="section sizes in bytes (0: one section)")
     ap.add_argument("--hkv", type=int, default=16, help="K / V heads (16: MHA; 4: GQA 4:1)")
+    ap.add_argument("--dynamic", action="store_true", help="also time the dynamic schedule at each section size")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     try:
@@ -52,8 +55,9 @@ def main(argv=None) -> int:
             ref = G.gluon_flash_fwd(q, k, v, D ** -0.5, -1, wr, "gluon_ws3a")[0]
             runs = {"ws3a": lambda: G.gluon_flash_fwd(q, k, v, D ** -0.5, -1, wr, "gluon_ws3a")}
             for sb in a.sections:
-                runs[f"ws3p@{sb}"] = (lambda sb=sb: _with_section(G, sb, lambda: G.gluon_flash_fwd(
-                    q, k, v, D ** -0.5, -1, wr, "gluon_ws3p")))
+                for sched in ("static", "dynamic") if a.dynamic else ("static",):
+                    runs[f"ws3p_{sched}@{sb}"] = (lambda sb=sb, sched=sched: _with(G, sb, sched, lambda: (
+                        G.gluon_flash_fwd(q, k, v, D ** -0.5, -1, wr, "gluon_ws3p"))))
             same = all(torch.equal(f()[0], ref) for name, f in runs.items() if name != "ws3a")
             ms = {name: [] for name in runs}
             for _ in range(a.rounds):  # rotating order, median of the rounds
@@ -65,14 +69,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def _with_section(G, section_bytes: int, fn):
-    """``fn()`` with ``PERSISTENT_SECTION_BYTES`` set (0: one section of every head), restored after."""
-    old = G.PERSISTENT_SECTION_BYTES
+def _with(G, section_bytes: int, schedule: str, fn):
+    """``fn()`` with ``PERSISTENT_SECTION_BYTES`` (0: one section of every head) and ``PERSISTENT_SCHEDULE`` set,
+    restored after."""
+    old = G.PERSISTENT_SECTION_BYTES, G.PERSISTENT_SCHEDULE
     G.PERSISTENT_SECTION_BYTES = section_bytes if section_bytes > 0 else 1 << 60
+    G.PERSISTENT_SCHEDULE = schedule
     try:
         return fn()
     finally:
-        G.PERSISTENT_SECTION_BYTES = old
+        G.PERSISTENT_SECTION_BYTES, G.PERSISTENT_SCHEDULE = old
 
 
 if __name__ == "__main__":

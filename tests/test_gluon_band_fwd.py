@@ -168,17 +168,21 @@ def test_gpu_band_forward_matches_reference(impl, case):
     torch.testing.assert_close(lse, tri_lse, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("programs,sec", [(3, 3), (None, None), (None, 3)])
+@pytest.mark.parametrize("programs,sec,schedule", [(3, 3, "static"), (None, None, "static"), (None, 3, "static"),
+                                                   (3, 3, "dynamic"), (None, None, "dynamic")])
 @pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: c[0])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_persistent_forward_equals_ws3a(monkeypatch, case, programs, sec):
+def test_gpu_persistent_forward_equals_ws3a(monkeypatch, case, programs, sec, schedule):
     """The persistent forward (``gluon_ws3p``) runs ws3a's per-tile arithmetic: out and lse bit for bit equal to
     ``gluon_ws3a``'s, with 3 programs (each walks dozens of work items: the K / V ring phases and the Q buffer's
     hand-over across items, items that see no key mixed in) and with one program per SM; with the default sections
-    (every head of these small cases in one) and with sections of 3 heads (the last one partial)."""
+    (every head of these small cases in one) and with sections of 3 heads (the last one partial); with the static
+    snake and the dynamic schedule (items claimed from a counter; two calls in a row: the counter is zeroed per
+    launch)."""
     name, B, Hq, Hkv, Nq, Nk, D, dtype, wl, wr, docs = case
     monkeypatch.setattr(G, "PERSISTENT_PROGRAMS", programs)
+    monkeypatch.setattr(G, "PERSISTENT_SCHEDULE", schedule)
     if sec is not None:
         monkeypatch.setattr(G, "PERSISTENT_SECTION_BYTES", sec * 2 * Nk * D * 2 * Hkv // Hq)
     assert G.persistent_section(Hq, Hkv, Nk, D, 2, B * Hq) == (B * Hq if sec is None else min(sec, B * Hq))
@@ -190,6 +194,8 @@ def test_gpu_persistent_forward_equals_ws3a(monkeypatch, case, programs, sec):
                                                   min(items, G.sm_count(q.device)))
     assert torch.equal(out_p, out_a), (name, (out_p.float() - out_a.float()).abs().max().item())
     assert torch.equal(lse_p, lse_a), name
+    again, lse_again = G.gluon_flash_fwd(q, k, v, scale, wl, wr, "gluon_ws3p", documents=table)
+    assert torch.equal(again, out_a) and torch.equal(lse_again, lse_a), name
 
 
 def test_persistent_section_sizes():
@@ -202,6 +208,21 @@ def test_persistent_section_sizes():
     assert G.persistent_section(16, 4, 16384, 128, 2, 16) == 8  # GQA 4:1: 2 MiB per query head
     assert G.persistent_section(16, 16, 65536, 128, 2, 16) == 1  # 32 MiB per head: one head
     assert G.persistent_section(8, 8, 1024, 128, 2, 8) == 8  # every head
+
+
+def test_persistent_schedule_knob(monkeypatch):
+    """PERSISTENT_SCHEDULE: "static" (the default) or "dynamic"; anything else raises naming the knob and the allowed
+    values, from gluon_flash_fwd before any GPU work (here on CPU tensors)."""
+    assert G.PERSISTENT_SCHEDULE == "static" and G.PERSISTENT_SCHEDULES == ("static", "dynamic")
+    assert G.persistent_dynamic() is False
+    monkeypatch.setattr(G, "PERSISTENT_SCHEDULE", "dynamic")
+    assert G.persistent_dynamic() is True
+    q, k, v, _ = _qkv(1, 2, 2, 64, 64, 64, torch.bfloat16, device="cpu")
+    for bad in ("Dynamic", "greedy", None):
+        monkeypatch.setattr(G, "PERSISTENT_SCHEDULE", bad)
+        with pytest.raises(ValueError, match=r"PERSISTENT_SCHEDULE=.* is not supported; allowed values: 'static', "
+                                             r"'dynamic'"):
+            G.gluon_flash_fwd(q, k, v, 0.125, -1, 0, "gluon_ws3p")
 
 
 def test_persistent_grid_knob(monkeypatch):

@@ -50,6 +50,8 @@ def _tma_reduce_ok() -> bool:
 # name: (lab.inspect_gluon function, args, keyword args); the TMA dQ cases only where this triton has the reduce-add
 CASES = {
     "fwd_ws3a": ("compile_case", ["gluon_ws3a", "causal", 128], {}),
+    "fwd_ws3p": ("compile_case", ["gluon_ws3p", "causal", 128], dict(ptx=True)),
+    "fwd_ws3p_dynamic": ("compile_case", ["gluon_ws3p", "causal", 128], dict(dynamic=True, ptx=True)),
     "dkdv2": ("compile_bwd_case", ["causal", 128], dict(write_dq=False, consumers=2)),
     "dq": ("compile_dq_case", ["causal", 128], {}),
     "tma_dq_one": ("compile_bwd_case", ["causal", 128], dict(write_dq=True, dq_tma=True, ptx=True)),
@@ -91,6 +93,18 @@ def _checked(r: dict, stack_max: int = 0) -> dict:
 
 def test_forward_ws3a_compiles_causal_d128(reports):
     _checked(_compile(reports, "fwd_ws3a"))
+
+
+def test_persistent_forward_compiles_static_and_dynamic(reports):
+    """gluon_ws3p, causal D 128, both schedules: no spills; the dynamic one claims items with one global atomic
+    add and reads the hand-over slot with volatile loads; the static one has neither."""
+    import re
+
+    static = _checked(_compile(reports, "fwd_ws3p"))
+    dynamic = _checked(_compile(reports, "fwd_ws3p_dynamic"))
+    assert len(re.findall(r"atom\.global\.\S*add", dynamic["ptx"])) == 1
+    assert re.search(r"ld\.volatile", dynamic["ptx"])
+    assert not re.search(r"atom\.global", static["ptx"]) and not re.search(r"ld\.volatile", static["ptx"])
 
 
 def test_two_consumer_dkdv_and_dq_kernels_compile_causal_d128(reports):

@@ -626,81 +626,147 @@ def _work_coords(i, n_m, n_bh, sec, Hq, group, HAS_RIGHT: gl.constexpr, BLOCK_M:
 
 
 @gluon.jit
-def _ws3p_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
-                   Doc, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work, sec, HAS_LEFT: gl.constexpr,
-                   HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, PREFETCH: gl.constexpr):
-    """Producer partition (1 warp) of the persistent forward: per work item, its first ``PREFETCH`` key tiles (as
-    ring slots free up), then its Q (once the previous item released the buffer), then its other key tiles."""
-    g0 = 0
-    c = 0
-    for k in range(0, gl.cdiv(n_work, gl.num_programs(0))):
-        i, valid = _work_item(k, n_work)
-        if valid:
-            start_m, bh, b, h, hk = _work_coords(i, n_m, n_work // n_m, sec, Hq, group, HAS_RIGHT, BLOCK_M)
-            DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
-            lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
-                                              HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
-            n_tiles = hi - lo
-            n_pre = gl.minimum(n_tiles, PREFETCH)
-            _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, 0, n_pre, g0,
-                          Doc, False, STAGES, BLOCK_N)
-            mbarrier.wait(q_empty, (c & 1) ^ 1, pred=c > 0)  # completion c of q_empty: item c - 1 released Q
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-            _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-            _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_pre,
-                          n_tiles, g0, Doc, False, STAGES, BLOCK_N)
-            g0 += n_tiles
-            c += 1
+def _ws3p_produce(i, c, g0, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty,
+                  v_empty, Doc, Sched, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work, sec,
+                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr, DYNAMIC: gl.constexpr):
+    """The producer's part of work item ``i``, the program's ``c``-th, its key tile 0 at ring position ``g0``: the
+    first ``PREFETCH`` key tiles (as ring slots free up), then (once item ``c - 1`` released the buffer) its Q, with
+    ``DYNAMIC`` after writing ``i`` to ``Sched[program]`` for the consumers, then its other key tiles. Returns the
+    next item's ring position."""
+    start_m, bh, b, h, hk = _work_coords(i, n_m, n_work // n_m, sec, Hq, group, HAS_RIGHT, BLOCK_M)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
+    lo, hi, flo, fhi = _band_kv_range(start_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
+                                      HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N)
+    n_tiles = hi - lo
+    n_pre = gl.minimum(n_tiles, PREFETCH)
+    _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, 0, n_pre, g0, Doc,
+                  False, STAGES, BLOCK_N)
+    mbarrier.wait(q_empty, (c & 1) ^ 1, pred=c > 0)  # completion c of q_empty: item c - 1 released Q
+    if DYNAMIC:  # (released by the expect's arrive below, read once the consumers' wait on q_bar returns)
+        gl.store(Sched + gl.program_id(0), i)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    _kv_ring_span(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, b, hk, lo, n_pre, n_tiles, g0,
+                  Doc, False, STAGES, BLOCK_N)
+    return g0 + n_tiles
 
 
 @gluon.jit
-def _ws3p_consumer(q2, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, Out, Lse, Doc, stride_ob,
-                   stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale, win_left, win_right, n_m, n_work, sec,
-                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, TILE_M: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                   WG: gl.constexpr, num_warps: gl.constexpr):
-    """Consumer ``WG`` of the persistent forward: rows ``WG * BLOCK_M + [0, BLOCK_M)`` of each work item's query
-    tile of ``TILE_M`` rows (:func:`_ws3_rounds` on ring positions from ``g0``), Q released before the epilogue."""
+def _ws3p_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
+                   Doc, Counter, Sched, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work, sec,
+                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr, DYNAMIC: gl.constexpr):
+    """Producer partition (1 warp) of the persistent forward: the program's work items in turn
+    (:func:`_ws3p_produce`). Static: the snake's items (:func:`_work_item`). ``DYNAMIC``: item ``program_id`` first,
+    then each next one claimed from the int32 counter ``Counter`` (zeroed by the host before the launch: the
+    ``n``-th claim gets item ``P + n``), handed to the consumers through ``Sched[program]``; past the list, the
+    index ``n_work`` with a plain arrive on ``q_bar`` tells them to stop."""
+    g0 = 0
+    c = 0
+    if DYNAMIC:
+        i = gl.program_id(0)
+        while i < n_work:
+            g0 = _ws3p_produce(i, c, g0, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars,
+                               v_bars, k_empty, v_empty, Doc, Sched, Hq, group, Nq, Nk, offset, win_left, win_right,
+                               n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, STAGES, PREFETCH,
+                               DYNAMIC)
+            c += 1
+            i = gl.atomic_add(Counter, 1) + gl.num_programs(0)
+        mbarrier.wait(q_empty, (c & 1) ^ 1, pred=c > 0)
+        gl.store(Sched + gl.program_id(0), n_work)
+        mbarrier.arrive(q_bar, count=1)
+    else:
+        for k in range(0, gl.cdiv(n_work, gl.num_programs(0))):
+            i, valid = _work_item(k, n_work)
+            if valid:
+                g0 = _ws3p_produce(i, c, g0, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars,
+                                   v_bars, k_empty, v_empty, Doc, Sched, Hq, group, Nq, Nk, offset, win_left,
+                                   win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, STAGES,
+                                   PREFETCH, DYNAMIC)
+                c += 1
+
+
+@gluon.jit
+def _ws3p_consume(i, c, g0, q2, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, Out, Lse, Doc,
+                  stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale, win_left, win_right, n_m,
+                  n_work, sec, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                  TILE_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                  STAGES: gl.constexpr, WG: gl.constexpr, num_warps: gl.constexpr, WAIT_Q: gl.constexpr):
+    """Consumer ``WG``'s part of work item ``i``, the program's ``c``-th: rows ``WG * BLOCK_M + [0, BLOCK_M)`` of
+    the item's query tile of ``TILE_M`` rows (:func:`_ws3_rounds` from ring position ``g0``), Q released before the
+    epilogue. ``WAIT_Q``: wait for the item's Q here (after the item's ranges); else the caller has. Returns the next
+    item's ring position."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_D, 16])
+    tile_m, bh, b, h, hk = _work_coords(i, n_m, n_work // n_m, sec, Hq, group, HAS_RIGHT, TILE_M)
+    DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
+    lo, hi, flo, fhi = _band_kv_range(tile_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
+                                      HAS_LEFT, HAS_RIGHT, DOCS, TILE_M, BLOCK_N)
+    n_tiles = hi - lo
+    start_m = tile_m + WG * BLOCK_M
+    d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq,
+                                QLob, QHib, DOCS)
+    if WAIT_Q:
+        mbarrier.wait(q_bar, c & 1)
+    acc, m_i, l_i = _ws3_rounds(q2, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, q_bar, q_bar, g0,
+                                start_m, lo, n_tiles, flo, fhi, Nk, offset, qk_scale, win_left, win_right,
+                                d_first, d_last, Doc, HAS_LEFT, HAS_RIGHT, DOCS, False, BLOCK_M, BLOCK_N,
+                                HEAD_D, STAGES, WG, False, True, num_warps)
+    _cta_barrier()  # every warp's S products are done: Q may be reloaded
+    mbarrier.arrive(q_empty, count=1)
+    _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M,
+              HEAD_D, s_layout, o_layout)
+    return g0 + n_tiles
+
+
+@gluon.jit
+def _ws3p_consumer(q2, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, Out, Lse, Doc, Sched,
+                   stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale, win_left, win_right, n_m,
+                   n_work, sec, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                   TILE_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                   STAGES: gl.constexpr, WG: gl.constexpr, num_warps: gl.constexpr, DYNAMIC: gl.constexpr):
+    """Consumer ``WG`` of the persistent forward: the program's work items in turn (:func:`_ws3p_consume`), the
+    same ones as the producer's (static: the snake; ``DYNAMIC``: the index the producer wrote to
+    ``Sched[program]`` before its Q load, read once ``q_bar`` says that load (or the stop) arrived)."""
     g0 = 0
     c = 0
-    for k in range(0, gl.cdiv(n_work, gl.num_programs(0))):
-        i, valid = _work_item(k, n_work)
-        if valid:
-            tile_m, bh, b, h, hk = _work_coords(i, n_m, n_work // n_m, sec, Hq, group, HAS_RIGHT, TILE_M)
-            DocQb, QLob, QHib, DocKb, KLob, KHib = _doc_rows(Doc, b, Nq, Nk)
-            lo, hi, flo, fhi = _band_kv_range(tile_m, Nq, Nk, offset, win_left, win_right, DocQb, QLob, QHib,
-                                              HAS_LEFT, HAS_RIGHT, DOCS, TILE_M, BLOCK_N)
-            n_tiles = hi - lo
-            start_m = tile_m + WG * BLOCK_M
-            d_first, d_last = _doc_span(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)), Nq,
-                                        QLob, QHib, DOCS)
-            mbarrier.wait(q_bar, c & 1)
-            acc, m_i, l_i = _ws3_rounds(q2, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, q_bar, q_bar, g0,
-                                        start_m, lo, n_tiles, flo, fhi, Nk, offset, qk_scale, win_left, win_right,
-                                        d_first, d_last, Doc, HAS_LEFT, HAS_RIGHT, DOCS, False, BLOCK_M, BLOCK_N,
-                                        HEAD_D, STAGES, WG, False, True, num_warps)
-            _cta_barrier()  # every warp's S products are done: Q may be reloaded
-            mbarrier.arrive(q_empty, count=1)
-            _epilogue(acc, m_i, l_i, Out, Lse, b, h, bh, start_m, Nq, stride_ob, stride_oh, stride_on, BLOCK_M,
-                      HEAD_D, s_layout, o_layout)
-            g0 += n_tiles
+    if DYNAMIC:
+        mbarrier.wait(q_bar, 0)
+        i = gl.load(Sched + gl.program_id(0), volatile=True)
+        while i < n_work:
+            g0 = _ws3p_consume(i, c, g0, q2, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
+                               Out, Lse, Doc, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale,
+                               win_left, win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, TILE_M, BLOCK_M,
+                               BLOCK_N, HEAD_D, STAGES, WG, num_warps, False)
             c += 1
+            mbarrier.wait(q_bar, c & 1)
+            i = gl.load(Sched + gl.program_id(0), volatile=True)
+    else:
+        for k in range(0, gl.cdiv(n_work, gl.num_programs(0))):
+            i, valid = _work_item(k, n_work)
+            if valid:
+                g0 = _ws3p_consume(i, c, g0, q2, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
+                                   Out, Lse, Doc, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset,
+                                   qk_scale, win_left, win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS,
+                                   TILE_M, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WG, num_warps, True)
+                c += 1
 
 
 @gluon.jit
 def _gl_fwd_ws3p_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, stride_on,
                         Hq, Nq, Nk, offset, group, qk_scale, win_left, win_right, Doc, n_m, n_work, sec,
-                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
+                        Counter, Sched, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                        STAGES: gl.constexpr, num_warps: gl.constexpr, PREFETCH: gl.constexpr = 2):
+                        STAGES: gl.constexpr, num_warps: gl.constexpr, PREFETCH: gl.constexpr = 2,
+                        DYNAMIC: gl.constexpr = False):
     """``gluon_ws3p``: the persistent forward described above. Grid ``(P,)`` with ``P <= n_work = n_m * B * Hq``
-    (``n_m = cdiv(Nq, BLOCK_M)``), one program per SM; ``sec``: heads per section (>= 1); the other arguments as
-    :func:`_gl_fwd_ws3_kernel`'s (band masks and documents; no block-sparse table)."""
+    (``n_m = cdiv(Nq, BLOCK_M)``), one program per SM; ``sec``: heads per section (>= 1); ``DYNAMIC``: items claimed
+    from the int32 counter ``Counter`` (zero at the launch) and handed over through the int32 ``Sched (P,)``
+    (neither read otherwise); the other arguments as :func:`_gl_fwd_ws3_kernel`'s (band masks and documents; no
+    block-sparse table)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -723,16 +789,16 @@ def _gl_fwd_ws3p_kernel(q_desc, k_desc, v_desc, Out, Lse, stride_ob, stride_oh, 
     HALF: gl.constexpr = BLOCK_M // 2
     gl.warp_specialize(
         [(_ws3p_consumer, (q2.slice(0, HALF), k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, Out,
-                           Lse, Doc, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale, win_left,
-                           win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, BLOCK_N, HEAD_D,
-                           STAGES, 0, num_warps)),
+                           Lse, Doc, Sched, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale,
+                           win_left, win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF, BLOCK_N,
+                           HEAD_D, STAGES, 0, num_warps, DYNAMIC)),
          (_ws3p_consumer, (q2.slice(HALF, HALF), k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
-                           Out, Lse, Doc, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset, qk_scale,
-                           win_left, win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF,
-                           BLOCK_N, HEAD_D, STAGES, 1, 4)),
+                           Out, Lse, Doc, Sched, stride_ob, stride_oh, stride_on, Hq, group, Nq, Nk, offset,
+                           qk_scale, win_left, win_right, n_m, n_work, sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, HALF,
+                           BLOCK_N, HEAD_D, STAGES, 1, 4, DYNAMIC)),
          (_ws3p_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_bars, v_bars, k_empty,
-                           v_empty, Doc, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work, sec,
-                           HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, STAGES, PREFETCH))],
+                           v_empty, Doc, Counter, Sched, Hq, group, Nq, Nk, offset, win_left, win_right, n_m, n_work,
+                           sec, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, BLOCK_N, STAGES, PREFETCH, DYNAMIC))],
         [4, 1], [240, 24])
 
 

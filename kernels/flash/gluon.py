@@ -170,6 +170,33 @@ def persistent_section(Hq: int, Hkv: int, Nk: int, D: int, esz: int, n_bh: int) 
     return max(1, min(n_bh, PERSISTENT_SECTION_BYTES // max(per_head, 1)))
 
 
+PERSISTENT_SCHEDULES = ("static", "dynamic")
+PERSISTENT_SCHEDULE = "static"
+"""How the persistent forward's programs share the work list: ``"static"`` (the default; timed on an H100 in the
+33rd session, ``results/h100/2026-12-07e``): the snake over the list, fixed at the launch; ``"dynamic"``: each program
+claims its next item from a global counter when it starts it (FA3's tile scheduler: the longest-first list then
+runs greedily, as the hardware hands out ws3a's tiles), the index handed from the producer to the consumers through
+global memory. ``"dynamic"`` compiles for sm_90a and has GPU tests (bit for bit against ws3a); written after the
+33rd session's GPU calls, not yet run on a GPU. A module-level knob read at every call."""
+
+
+def persistent_dynamic() -> bool:
+    """Whether :data:`PERSISTENT_SCHEDULE` is ``"dynamic"``; raises ``ValueError`` naming the knob and the allowed
+    values for anything but ``"static"`` / ``"dynamic"``."""
+    if PERSISTENT_SCHEDULE not in PERSISTENT_SCHEDULES:
+        raise ValueError(f"kernels.flash.gluon.PERSISTENT_SCHEDULE={PERSISTENT_SCHEDULE!r} is not supported; "
+                         f"allowed values: {', '.join(map(repr, PERSISTENT_SCHEDULES))}")
+    return PERSISTENT_SCHEDULE == "dynamic"
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule_buffers(device: torch.device, programs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The dynamic schedule's int32 work counter (one element, zeroed before every launch) and its hand-over slots
+    ``(programs,)``, one pair per (device, grid size): launches on one stream reuse them in order."""
+    return (torch.zeros(1, dtype=torch.int32, device=device),
+            torch.zeros(programs, dtype=torch.int32, device=device))
+
+
 def persistent_grid(n_work: int, device: torch.device) -> int:
     """The persistent forward's number of programs for ``n_work`` work items (query tiles x heads x batch) on
     ``device``: ``min(n_work, PERSISTENT_PROGRAMS or SMs)``, at least 1. Raises ``ValueError`` for a
@@ -674,9 +701,14 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
     malformed ``documents`` table."""
     from .launch import _bnhd_empty
 
-    GK, TD, gl = _gluon_modules()
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    if impl == PERSISTENT_IMPL:  # the knobs first: a bad value fails before any GPU work
+        dynamic = persistent_dynamic()
+        n_m = triton_cdiv(Nq, gluon_tiles(impl, D)[0])
+        n_work = n_m * B * Hq
+        programs = persistent_grid(n_work, q.device)
+    GK, TD, gl = _gluon_modules()
     doc, wl, wr, flags = _band_args(win_left, win_right, documents, B, Nq, Nk, q.device)
     block_m, block_n, stages, warps = gluon_tiles(impl, D)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
@@ -692,11 +724,13 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
     if impl == PERSISTENT_IMPL:
         if layout is not None:
             raise ValueError(f"fwd_impl={impl!r} takes no block-sparse layout; use fwd_impl='gluon_ws3a'")
-        n_m = triton_cdiv(Nq, block_m)
-        n_work = n_m * B * Hq
         sec = persistent_section(Hq, Hkv, Nk, D, q.element_size(), B * Hq)
-        _gl_launch(kernel, (persistent_grid(n_work, q.device),), (*descs, *common, n_m, n_work, sec),
-                   num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, PREFETCH=2)
+        counter, sched = _schedule_buffers(q.device, programs) if dynamic else (doc, doc)
+        if dynamic:
+            counter.zero_()
+        _gl_launch(kernel, (programs,), (*descs, *common, n_m, n_work, sec, counter, sched),
+                   num_warps=warps, **flags, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, STAGES=stages, PREFETCH=2,
+                   DYNAMIC=dynamic)
         return out, lse
     grid = (triton_cdiv(Nq, block_m), B * Hq)
     tbl = (doc, doc, doc, 0)  # (never read without SPARSE)
