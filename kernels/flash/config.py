@@ -133,7 +133,8 @@ class FlashConfig:
             layout: a TMA producer warp and two 1-warpgroup consumers, with FA3's intra-warpgroup overlap) or
             ``"gluon_ws3b"`` (plus ping-pong of the consumers): band masks (dense, causal, sliding windows,
             documents) and block-sparse layouts of whole 128 x 128 tiles (no dilation), D in {64, 128}, fp16 /
-            bf16, sm_90 only; anything else raises ``ValueError`` at the call. The backward is the Triton one
+            bf16, sm_90 only; or ``"gluon_ws3p"``, ws3a's schedule in a persistent grid (one program per SM; band
+            masks only, no block-sparse layout); anything else raises ``ValueError`` at the call. The backward is the Triton one
             either way unless ``bwd_impl`` says otherwise.
         bwd_impl: the backward kernel: ``"auto"`` (default: per call, :func:`kernels.flash.gluon.choose_bwd_impl`: on
             Hopper, for dense / causal / sliding-window / document fp16 / bf16 problems of D 64 / 128 without GQA, or
