@@ -63,7 +63,7 @@
 # one failure, fixed), 2 (12 s), 3 with SOFTMAX_BUDGET_S=250 (344 s; 114 of 114 points), 4 with DOCS_S=300 (420 s),
 # then two bench_flash calls on the block-sparse backward at 1k-8k (45 / 52 s) and the Gluon GPU tests (55 / 43 s).
 # Next: the same four, call 1 with PYTEST_S=250 (the suite needs ~225 s on a warm host; call 1 then ~470 s).
-# Thirty-third (seven refused starts, ~870 s of the 1,800): two calls on an H100, the persistent forward's tests and
+# Thirty-third (eleven refused tries, ~960 s of the 1,800): two calls on an H100, the persistent forward's tests and
 # bench (158 s), then that bench again with `SHORT_S=0 BWDMIN_S=0 MODEL_S=0 PYTEST_S=220 bash lab/frontier_calls.sh 1`
 # (354 s in all; the suite cut at 99 %, 0 failed). Next: first, in call 1's machine, the persistent forward's
 # schedules (`pytest -m gpu tests/test_gluon_band_fwd.py -k persistent`, then `python -m lab.ws3p_ab --dynamic --N
