@@ -59,6 +59,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def heads_per_section(budget: int, n_bh: int, Nk: int, D: int, Dv: int, elt: int, group: int) -> int:
+    """(batch, query head) pairs per section of a longest-first tile order (the Triton forward's LPT order, the
+    persistent Gluon forward's work list): as many query heads as keep their K / V (``Nk x (D + Dv)`` elements of
+    ``elt`` bytes per K / V head, shared by ``group`` query heads) within ``budget`` bytes of L2; at least 1, at most
+    ``n_bh``."""
+    per_head = max(1, Nk * (D + Dv) * elt // max(group, 1))
+    return max(1, min(n_bh, budget // per_head))
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= ``n`` (1 for ``n <= 1``)."""
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1

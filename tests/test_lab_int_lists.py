@@ -35,6 +35,8 @@ LAB_INT_LISTS = [
     ("taylor_chunk_sweep", [], "--warps", "0"),
     ("taylor_chunk_sweep", [], "--stages", "0"),
     ("taylor_chunk_sweep", [], "--fused", "2"),
+    ("ws3p_ab", [], "--N", "0"),
+    ("ws3p_ab", [], "--sections", "-1"),
 ]
 
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import next_pow2
+from .._host import heads_per_section, next_pow2
 from .common import INTERPRET, LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptrs, _kv_range, _table_row, \
     _tile_schedule
 from .config import FlashConfig, current_flash_config
@@ -189,8 +189,7 @@ def lpt_section(n_bh: int, Nk: int, D: int, Dv: int, elt: int, group: int) -> in
     """(batch, head) pairs per LPT section: as many query heads as keep their K / V (``Nk x (D + Dv)`` elements of
     ``elt`` bytes per KV head, shared by ``group`` query heads) within :data:`LPT_SECTION_BYTES`; at least 1, at
     most ``n_bh``."""
-    per_head = max(1, Nk * (D + Dv) * elt // max(group, 1))
-    return max(1, min(n_bh, LPT_SECTION_BYTES // per_head))
+    return heads_per_section(LPT_SECTION_BYTES, n_bh, Nk, D, Dv, elt, group)
 
 
 def fwd_tma(q, k, v, win_left, win_right, layout, config) -> bool:

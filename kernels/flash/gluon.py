@@ -25,7 +25,7 @@ import torch
 
 from .common import INTERPRET
 from .config import BWD_IMPLS, FWD_IMPLS, GLUON_BWD_CONSUMERS, GLUON_FWD_IMPLS, FlashConfig
-from .._host import launch
+from .._host import heads_per_section, launch
 from .launch import visited_pairs
 from .sparse import layout_tables, tiles_whole
 
@@ -169,8 +169,7 @@ def persistent_section(Hq: int, Hkv: int, Nk: int, D: int, esz: int, n_bh: int) 
     """Query heads per section of the persistent forward's work list: ``PERSISTENT_SECTION_BYTES`` over the K / V
     bytes one query head adds (``2 * Nk * D * esz`` per K / V head, shared by its ``Hq / Hkv`` query heads), at least
     1, at most ``n_bh`` (all heads)."""
-    per_head = 2 * Nk * D * esz * Hkv // Hq
-    return max(1, min(n_bh, PERSISTENT_SECTION_BYTES // max(per_head, 1)))
+    return heads_per_section(PERSISTENT_SECTION_BYTES, n_bh, Nk, D, D, esz, Hq // Hkv)
 
 
 PERSISTENT_SCHEDULES = ("static", "dynamic")
