@@ -68,6 +68,17 @@
 # (354 s in all; the suite cut at 99 %, 0 failed). Next: first, in call 1's machine, the persistent forward's
 # schedules (`pytest -m gpu tests/test_gluon_band_fwd.py -k persistent`, then `python -m lab.ws3p_ab --dynamic --N
 # 1024,4096,16384 --masks causal,full --sections 16777216,0`; the dynamic schedule is not yet run), then 1, 2, 3, 4.
+# Thirty-fourth (kind nvidia-h200: an H200 after one refusal, 91 s): the persistent forward's tests and `lab.ws3p_ab
+# --dynamic` (123 s; dynamic @16 MiB 1.02-1.13x ws3a everywhere timed, now the default schedule), 2 (330 s), 3 with
+# SOFTMAX_BUDGET_S=250 (413 s), 4 with DOCS_S=260 in a 440 s device call (its steps add up to ~600 s: cut, nothing
+# came back; CALL_S now caps every step), 1 with SHORT_S=0 BWDMIN_S=0 MODEL_S=0 PYTEST_S=200 (270 s; 0 failed).
+# Next, first: the dynamic persistent forward on what it has not run (`python -m lab.ws3p_ab --dynamic --masks
+# causal,full,win1024 --D 64,128 --N 1024,4096,16384 --sections 16777216`, ~150 s); if it holds, "auto" takes
+# gluon_ws3p where ws3a ran, then in the same machine `pytest -m gpu -n 16 tests/test_kernel_flash_gluon.py
+# tests/test_gluon_band_fwd.py -k "auto or persistent"`, `python train.py trainer=gpu` and `eval.bench_flash` "auto"
+# against cuDNN / FA4. Then N 1k on the H200 (the 34th sweep read causal 0.62x cuDNN, repeats spread 14-20 %):
+# `python -m lab.where_time --out $OUT/n1k --cases causal:1024:128 --impls ours,sdpa_cudnn,fa4` and `eval.bench_flash --N 1024`.
+# Then 4 with CALL_S=560 in a device call of timeout_s 580 (the masks, the documents, the profiles), then 1 whole.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -89,6 +100,18 @@ export FA4_PARTS=${FA4_PARTS:-3}
 case $call in 1|2|3) part=$call ;; *) part= ;; esac
 . lab/gpu_env.sh "$part"
 W=/tmp/w/$call; mkdir -p "$W"
+# the whole call's deadline: every step's limit is cut to what is left of CALL_S (less 15 s to pack $OUT/K.tgz), and
+# a step with nothing left is skipped with a line saying so. A call that the device's own limit cuts returns nothing
+# (thirty-fourth session: call 4's steps add up to ~600 s, the call's limit was 440 s, and all of it was lost), so
+# pass the device call a timeout_s above CALL_S
+CALL_S=${CALL_S:-580}; T0=$(date +%s)
+timeout() {  # timeout -k K LIMIT CMD...: the coreutils timeout, LIMIT capped by the call's deadline
+  local k=$1 ks=$2 lim=$3; shift 3
+  local left=$(( CALL_S - 15 - ($(date +%s) - T0) ))
+  if [ "$left" -lt 5 ]; then echo "frontier_calls $call: skipped, CALL_S=$CALL_S spent: ${*:1:4}"; return 124; fi
+  [ "$lim" -gt "$left" ] && lim=$left
+  command timeout "$k" "$ks" "$lim" "$@"
+}
 b() { echo "== $1 rc=$2 ($(date +%T))"; }
 # calls 6-9: run a command on triton TV = 36 (the image's), 39 (the carried 3.9: lab/gpu_env.sh's T39_SITE) or 39p
 # (3.9 compiling through 3.6's ptxas, px36: set by call 8, the one that asks for it); need39 stops the call where

@@ -210,13 +210,23 @@ def test_persistent_section_sizes():
     assert G.persistent_section(8, 8, 1024, 128, 2, 8) == 8  # every head
 
 
+def test_persistent_schedule_buffers_per_stream():
+    """The dynamic schedule's counter and hand-over slots: one pair per (device, grid size, stream), reused by
+    launches on one stream, never shared by two streams (which may run at once) or two grid sizes."""
+    cpu = torch.device("cpu")
+    a = G._schedule_buffers(cpu, 3, 11)
+    assert a[0] is G._schedule_buffers(cpu, 3, 11)[0]
+    assert a[0] is not G._schedule_buffers(cpu, 3, 12)[0] and a[0] is not G._schedule_buffers(cpu, 4, 11)[0]
+    assert a[0].shape == (1,) and a[1].shape == (3,) and a[0].dtype == a[1].dtype == torch.int32
+
+
 def test_persistent_schedule_knob(monkeypatch):
-    """PERSISTENT_SCHEDULE: "static" (the default) or "dynamic"; anything else raises naming the knob and the allowed
+    """PERSISTENT_SCHEDULE: "dynamic" (the default) or "static"; anything else raises naming the knob and the allowed
     values, from gluon_flash_fwd before any GPU work (here on CPU tensors)."""
-    assert G.PERSISTENT_SCHEDULE == "static" and G.PERSISTENT_SCHEDULES == ("static", "dynamic")
-    assert G.persistent_dynamic() is False
-    monkeypatch.setattr(G, "PERSISTENT_SCHEDULE", "dynamic")
+    assert G.PERSISTENT_SCHEDULE == "dynamic" and G.PERSISTENT_SCHEDULES == ("static", "dynamic")
     assert G.persistent_dynamic() is True
+    monkeypatch.setattr(G, "PERSISTENT_SCHEDULE", "static")
+    assert G.persistent_dynamic() is False
     q, k, v, _ = _qkv(1, 2, 2, 64, 64, 64, torch.bfloat16, device="cpu")
     for bad in ("Dynamic", "greedy", None):
         monkeypatch.setattr(G, "PERSISTENT_SCHEDULE", bad)

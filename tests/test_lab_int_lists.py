@@ -36,6 +36,7 @@ LAB_INT_LISTS = [
     ("taylor_chunk_sweep", [], "--stages", "0"),
     ("taylor_chunk_sweep", [], "--fused", "2"),
     ("ws3p_ab", [], "--N", "0"),
+    ("ws3p_ab", [], "--D", "0"),
     ("ws3p_ab", [], "--sections", "-1"),
 ]
 

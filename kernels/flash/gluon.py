@@ -83,9 +83,12 @@ PERSISTENT_IMPL = "gluon_ws3p"
 """The persistent Gluon forward (``_gl_fwd_ws3p_kernel``): ``gluon_ws3a``'s per-tile schedule, at most one program
 per SM (:func:`persistent_grid`) walking a work list of (query tile, head) items, longest first within sections of
 heads (:func:`persistent_section`), shared out by :data:`PERSISTENT_SCHEDULE`, its K / V rings running on across
-items (band masks and documents; no block-sparse layout). By name only; ``"auto"`` does not pick it: on an H100
-(33rd session, ``results/h100/2026-12-07e``) the static schedule ran the forward 1.00-1.07x ws3a's where items cost
-the same (full, window 1024 at 4k / 16k) and 0.69-0.88x on causal MHA."""
+items (band masks and documents; no block-sparse layout). By name only; ``"auto"`` does not pick it yet. On an H200
+(34th session, ``results/h200/2026-12-07/ws3p``) the dynamic schedule with 16 MiB sections ran the forward
+1.02-1.13x ws3a's on causal and full MHA at 1k / 4k / 16k and GQA 4:1 causal at 4k / 16k (causal 16k: 613 against
+581 TFLOP/s), bit for bit equal; windows and D 64 are not timed with it, and ``"auto"`` taking it waits for a GPU
+call that runs the "auto" tests and ``train.py trainer=gpu`` with it. The static schedule (the 33rd session's, on an
+H100, ``results/h100/2026-12-07e``) ran 0.69-0.89x ws3a on causal MHA."""
 
 
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
@@ -173,13 +176,14 @@ def persistent_section(Hq: int, Hkv: int, Nk: int, D: int, esz: int, n_bh: int) 
 
 
 PERSISTENT_SCHEDULES = ("static", "dynamic")
-PERSISTENT_SCHEDULE = "static"
-"""How the persistent forward's programs share the work list: ``"static"`` (the default; timed on an H100 in the
-33rd session, ``results/h100/2026-12-07e``): the snake over the list, fixed at the launch; ``"dynamic"``: each program
-claims its next item from a global counter when it starts it (FA3's tile scheduler: the longest-first list then
-runs greedily, as the hardware hands out ws3a's tiles), the index handed from the producer to the consumers through
-global memory. ``"dynamic"`` compiles for sm_90a and has GPU tests (bit for bit against ws3a); written after the
-33rd session's GPU calls, not yet run on a GPU. A module-level knob read at every call."""
+PERSISTENT_SCHEDULE = "dynamic"
+"""How the persistent forward's programs share the work list: ``"dynamic"`` (the default): each program claims its
+next item from a global counter when it starts it (FA3's tile scheduler: the longest-first list then runs greedily,
+as the hardware hands out ws3a's tiles), the index handed from the producer to the consumers through global memory;
+``"static"``: the snake over the list, fixed at the launch. Forward TFLOP/s against ws3a on an H200 (34th session,
+``results/h200/2026-12-07/ws3p``, 16 MiB sections, D 128): dynamic 1.08 / 1.13 / 1.06x on causal 1k / 4k / 16k and
+1.04 / 1.05 / 1.02x on full; static 0.89 / 0.78 / 0.71x on causal, 1.11 / 1.08 / 1.02x on full (items of one cost
+suit a fixed order). A module-level knob read at every call."""
 
 
 def persistent_dynamic() -> bool:
@@ -192,9 +196,10 @@ def persistent_dynamic() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _schedule_buffers(device: torch.device, programs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _schedule_buffers(device: torch.device, programs: int, stream: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """The dynamic schedule's int32 work counter (one element, zeroed before every launch) and its hand-over slots
-    ``(programs,)``, one pair per (device, grid size): launches on one stream reuse them in order."""
+    ``(programs,)``, one pair per (device, grid size, stream handle): launches on one stream reuse them in order, and
+    launches on two streams, which may run at once, never share a counter."""
     return (torch.zeros(1, dtype=torch.int32, device=device),
             torch.zeros(programs, dtype=torch.int32, device=device))
 
@@ -727,7 +732,8 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
         if layout is not None:
             raise ValueError(f"fwd_impl={impl!r} takes no block-sparse layout; use fwd_impl='gluon_ws3a'")
         sec = persistent_section(Hq, Hkv, Nk, D, q.element_size(), B * Hq)
-        counter, sched = _schedule_buffers(q.device, programs) if dynamic else (doc, doc)
+        stream = torch.cuda.current_stream(q.device).cuda_stream if dynamic and q.is_cuda else 0
+        counter, sched = _schedule_buffers(q.device, programs, stream) if dynamic else (doc, doc)
         if dynamic:
             counter.zero_()
         _gl_launch(kernel, (programs,), (*descs, *common, n_m, n_work, sec, counter, sched),
