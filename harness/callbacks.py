@@ -295,6 +295,21 @@ def _names(names: List[str], most: int = 6) -> str:
     return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
+def _remove_if_only_multirun_yaml(sweep_dir: Path) -> bool:
+    """Remove a sweep folder that holds nothing but Hydra's ``multirun.yaml`` (written when Hydra starts a sweep that
+    it then refused before any job), so a refused command leaves no empty sweep behind; a folder holding anything
+    else, or the working directory, is left as it is. Returns whether it was removed."""
+    try:
+        d = Path(sweep_dir)
+        if sorted(p.name for p in d.iterdir()) != ["multirun.yaml"] or d.resolve() == Path.cwd().resolve():
+            return False
+        (d / "multirun.yaml").unlink()
+        d.rmdir()
+        return True
+    except OSError:  # gone, unreadable, or written to meanwhile: left as it is
+        return False
+
+
 class MultirunJobs(HydraCallback):
     """Hydra callback for ``python train.py -m ...``.
 
@@ -373,8 +388,10 @@ class MultirunJobs(HydraCallback):
             # no job of this launch started: Hydra's sweeper composes every job's config before launching any (a bad
             # option in a sweep list, -m attention=flash,flsh), and its error ends the command before the first job
             # (a reused sweep folder's earlier jobs are not this launch's)
+            removed = _remove_if_only_multirun_yaml(sweep_dir)
             print(f"attn-zoo multirun: no job ran in {sweep_dir}: Hydra refused the sweep before its first job (the "
-                  f"error above; exit status 1)")
+                  f"error above; exit status 1)" + ("; the folder it had made (only its multirun.yaml) is removed"
+                                                    if removed else ""))
             return
         # Hydra's launchers run every job of the batch, then raise the first failure: the sweep was not cut short
         print(f"attn-zoo multirun: a job failed, so Hydra ends with its error after the sweep (exit status 1); what "

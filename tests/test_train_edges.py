@@ -482,7 +482,7 @@ def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_pat
     assert "Could not find 'attention/flsh'" in r.stderr
     assert "a job failed" not in r.stdout and "no final_metrics.json found" not in r.stdout, r.stdout
     assert f"attn-zoo multirun: no job ran in {sweep}: Hydra refused the sweep before its first job" in r.stdout
-    assert not [p for p in sweep.iterdir() if p.is_dir()]
+    assert "the folder it had made (only its multirun.yaml) is removed" in r.stdout and not sweep.exists()
     # the same refusal in a sweep folder that holds an earlier launch's job: still "no job ran", not "a job failed"
     # with the earlier job's table (this launch in this interpreter)
     old = sweep / "attention=flash" / ".hydra"
@@ -492,3 +492,4 @@ def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_pat
     r = train_py_in_process(ROOT, "-m", "attention=flash,flsh", "logger=csv", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 1 and "a job failed" not in r.stdout, r.stdout
     assert f"attn-zoo multirun: no job ran in {sweep}" in r.stdout
+    assert (old / "config.yaml").is_file() and "is removed" not in r.stdout  # an earlier launch's folder: kept
