@@ -37,7 +37,8 @@ BACKEND_LABELS = {"triton": "ours (triton)", "parallel": "ours (parallel)",
                   "taylor_chunk": "ours (taylor_chunk)", "torch": "ours (torch)", "fa4": "FA4",
                   "flex_fa4": "Flex+FA4", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA)", "flex": "Flex (Triton)",
                   "fla": "fla", "fa2": "FA2", "fa3": "FA3"}
-# the variants of each family process of lab/h200_anchors.sh (its run_family lines; a test keeps the two in step)
+# the variants of each family process of lab/h200_anchors.sh (its run_family lines; a test keeps the two in step), in
+# the tables' order (the script runs them in its own)
 FAMILIES = {"softmax": ("causal", "full", "gqa", "d64", "window", "bigbird"), "linear": ("linear", "linear_taylor")}
 ORDER = ("triton", "parallel", "taylor_chunk", "torch", "fa4", "flex_fa4", "sdpa_cudnn", "sdpa_flash", "flex", "fla",
          "fa2", "fa3")

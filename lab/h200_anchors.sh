@@ -10,7 +10,10 @@
 # each bounded by its share of BUDGET_S (default 420 s: softmax 68 %, linear 22 %, the rest for the tables; the shares
 # are SOFTMAX_SHARE / LINEAR_SHARE, in percent; FAMILIES="linear" runs one family alone, e.g. with
 # LINEAR_SHARE=90: fla's first autotuning calls can take most of a small share; LINEAR_VARIANTS orders the linear
-# family's variants, default linear,linear_taylor: the first runs first, so a deadline cuts the last) through
+# family's variants, default linear,linear_taylor: the first runs first, so a deadline cuts the last; SOFTMAX_VARIANTS
+# the softmax family's, default window,bigbird,causal,full,gqa,d64: the config's run_last backends (Flex+FA4 first)
+# run after every other point in that order, and the window and BigBird are the variants whose target is Flex+FA4 --
+# a 250 s share reached Flex+FA4 on causal, full and GQA only, 34th session) through
 # eval.sweep --deadline-s and a hard `timeout`. Every point is a CSV row: an anchor that fails, is missing or cannot
 # run a case records `error` / `unsupported` with the message and the others go on; a process that dies (segfault,
 # hang, a CUDA error that poisons the context: exit 3) is restarted and resumes after the point it died on (that
@@ -67,7 +70,7 @@ run_family() {  # name share_percent variants
 
 for fam in $families; do
   case $fam in
-    softmax) run_family softmax "${SOFTMAX_SHARE:-68}" causal,full,gqa,d64,window,bigbird ;;
+    softmax) run_family softmax "${SOFTMAX_SHARE:-68}" "${SOFTMAX_VARIANTS:-window,bigbird,causal,full,gqa,d64}" ;;
     linear) run_family linear "${LINEAR_SHARE:-22}" "${LINEAR_VARIANTS:-linear,linear_taylor}" ;;
   esac
 done
