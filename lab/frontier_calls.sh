@@ -77,7 +77,9 @@
 # gluon_ws3p where ws3a ran, then in the same machine `pytest -m gpu -n 16 tests/test_kernel_flash_gluon.py
 # tests/test_gluon_band_fwd.py -k "auto or persistent"`, `python train.py trainer=gpu` and `eval.bench_flash` "auto"
 # against cuDNN / FA4. Then N 1k on the H200 (the 34th sweep read causal 0.62x cuDNN, repeats spread 14-20 %):
-# `python -m lab.where_time --out $OUT/n1k --cases causal:1024:128 --impls ours,sdpa_cudnn,fa4` and `eval.bench_flash --N 1024`.
+# `python -m lab.where_time --out $OUT/n1k --cases causal:1024:128 --impls ours,sdpa_cudnn,fa4`, `python -m
+# lab.experiments.host_time` (host-bound? the Gluon backward's Python is ~430 us per call on the CPU machine) and
+# `eval.bench_flash --N 1024`.
 # Then 4 with CALL_S=560 in a device call of timeout_s 580 (the masks, the documents, the profiles), then 1 whole.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
