@@ -38,6 +38,8 @@
 #  11: N 1k / 2k: the Gluon forward and backward forced against "auto", cuDNN, FA4 (after 3): are the thresholds,
 #      set before kept launches, still right at short N (issue 30's N 1k target)
 #  12: on 3.9, "auto" against the Triton backward and the Gluon backward 3.6's "auto" runs: GLUON_AUTO_BWD_TRITON
+#  13: the persistent forward's dynamic schedule on windows and D 64 (lab.ws3p_ab), then N 1k: host enqueue time
+#      (lab.experiments.host_time) and the kernel-by-kernel profile (lab.where_time) of causal / full 1k
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
@@ -72,14 +74,11 @@
 # --dynamic` (123 s; dynamic @16 MiB 1.02-1.13x ws3a everywhere timed, now the default schedule), 2 (330 s), 3 with
 # SOFTMAX_BUDGET_S=250 (413 s), 4 with DOCS_S=260 in a 440 s device call (its steps add up to ~600 s: cut, nothing
 # came back; CALL_S now caps every step), 1 with SHORT_S=0 BWDMIN_S=0 MODEL_S=0 PYTEST_S=200 (270 s; 0 failed).
-# Next, first: the dynamic persistent forward on what it has not run (`python -m lab.ws3p_ab --dynamic --masks
-# causal,full,win1024 --D 64,128 --N 1024,4096,16384 --sections 16777216`, ~150 s); if it holds, "auto" takes
-# gluon_ws3p where ws3a ran, then in the same machine `pytest -m gpu -n 16 tests/test_kernel_flash_gluon.py
-# tests/test_gluon_band_fwd.py -k "auto or persistent"`, `python train.py trainer=gpu` and `eval.bench_flash` "auto"
-# against cuDNN / FA4. Then N 1k on the H200 (the 34th sweep read causal 0.62x cuDNN, repeats spread 14-20 %):
-# `python -m lab.where_time --out $OUT/n1k --cases causal:1024:128 --impls ours,sdpa_cudnn,fa4`, `python -m
-# lab.experiments.host_time` (host-bound? the Gluon backward's Python is ~430 us per call on the CPU machine) and
-# `eval.bench_flash --N 1024`.
+# Next, first: call 13 (the dynamic persistent forward on what it has not run, windows and D 64, ~100 s; then the N 1k
+# host time and profile: the 34th sweep read causal 1k 0.62x cuDNN, repeats spread 14-20 %, and the Gluon backward's
+# Python is ~430 us per call on the CPU machine); if the persistent forward holds, "auto" takes gluon_ws3p where ws3a
+# ran, then in the same machine `pytest -m gpu -n 16 tests/test_kernel_flash_gluon.py tests/test_gluon_band_fwd.py -k
+# "auto or persistent"`, `python train.py trainer=gpu` and `eval.bench_flash` "auto" against cuDNN / FA4.
 # Then 4 with CALL_S=560 in a device call of timeout_s 580 (the masks, the documents, the profiles), then 1 whole.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
@@ -95,7 +94,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7|8|9|10|11|12) ;; *) echo "frontier_calls: call '$call' is not one of 1-12"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13) ;; *) echo "frontier_calls: call '$call' is not one of 1-13"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -356,5 +355,16 @@ case $call in
       --N 4096,16384 --D 64,128 --impls ours,ours_triton_bwd,ours_gluon_dq,ours_gluon_bwd_2c,ours_triton_all --rounds 5 --check \
       --time-budget-s $(( ${BWD39_S:-170} - 10 )) > "$W/bwd39.log" 2>&1
     b bwd39 $?; grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/bwd39.log" | cut -c1-120 ;;
+  13)
+    # the persistent forward's dynamic schedule where it has not run (windows, D 64: "auto" could take it there
+    # too), then N 1k: is ours host-bound (the 34th sweep's 1.0-1.2 ms floor at 1k for causal, full, window, GQA)?
+    timeout -k 5 "${WS3P_S:-200}" python3 -m lab.ws3p_ab --dynamic --masks causal,full,win1024 --D 64,128 \
+      --N 1024,4096,16384 --sections 16777216 > "$W/ws3p_ab.log" 2>&1; b ws3p_ab $?
+    grep -E "^(causal|full|win)" "$W/ws3p_ab.log" | cut -c1-200
+    timeout -k 5 "${HOST_S:-100}" python3 -m lab.experiments.host_time > "$W/host_time.log" 2>&1; b host_time $?
+    grep -E "causal|bigbird" "$W/host_time.log" | cut -c1-160
+    timeout -k 5 90 python3 -m lab.where_time --out "$W" --tag where_n1k --cases causal:1024:128,noncausal:1024:128 \
+      --impls ours,sdpa_cudnn > "$W/where_n1k.log" 2>&1; b where_n1k $?
+    grep -E "wall|busy|Error" "$W/where_n1k.log" | cut -c1-160 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .
