@@ -9,7 +9,7 @@ static schedule and, with ``--dynamic``, the dynamic one too (``kernels.flash.gl
 
 ``win<W>``: a causal sliding window of ``W`` keys (``W - 1`` before the query and itself).
 
-Prints one line per (mask, N): TFLOP/s of each, and ws3p over ws3a; outputs checked bit for bit against ws3a.
+Prints one line per (D, mask, N): TFLOP/s of each, and ws3p over ws3a; outputs checked bit for bit against ws3a.
 Exits 2 for bad arguments, 1 without a Hopper GPU.
 """
 
