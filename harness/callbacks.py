@@ -295,19 +295,33 @@ def _names(names: List[str], most: int = 6) -> str:
     return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
-def _remove_if_only_multirun_yaml(sweep_dir: Path) -> bool:
-    """Remove a sweep folder that holds nothing but Hydra's ``multirun.yaml`` (written when Hydra starts a sweep that
-    it then refused before any job), so a refused command leaves no empty sweep behind; a folder holding anything
-    else, or the working directory, is left as it is. Returns whether it was removed."""
+def _new_folders(path: Path) -> List[Path]:
+    """The folders of ``path`` and its parents that do not exist yet (a link counts as existing), ``path`` first: what
+    a ``mkdir -p`` of it would make."""
+    made = []
+    for d in (path, *path.parents):
+        if d.exists() or d.is_symlink():
+            break
+        made.append(d)
+    return made
+
+
+def _remove_refused_sweep(made: List[Path]) -> bool:
+    """After a sweep Hydra refused before any job: remove the folders this launch made for it (``made``, from
+    :func:`_new_folders` before Hydra made them; the sweep folder first) when the sweep folder holds nothing but
+    Hydra's ``multirun.yaml``, and its new parents as far as they are empty. A folder that existed before the launch
+    is never touched, nor one holding anything else, nor the working directory. Returns whether the sweep folder was
+    removed."""
     try:
-        d = Path(sweep_dir)
-        if sorted(p.name for p in d.iterdir()) != ["multirun.yaml"] or d.resolve() == Path.cwd().resolve():
+        if not made or sorted(p.name for p in made[0].iterdir()) != ["multirun.yaml"] \
+                or made[0].resolve() == Path.cwd().resolve():
             return False
-        (d / "multirun.yaml").unlink()
-        d.rmdir()
-        return True
-    except OSError:  # gone, unreadable, or written to meanwhile: left as it is
-        return False
+        (made[0] / "multirun.yaml").unlink()
+        for d in made:  # the sweep folder, then the parents this launch made, while empty
+            d.rmdir()
+    except OSError:  # gone, unreadable, or not empty (written to meanwhile, a parent holding another sweep)
+        pass
+    return bool(made) and not made[0].exists()
 
 
 class MultirunJobs(HydraCallback):
@@ -345,6 +359,7 @@ class MultirunJobs(HydraCallback):
         self._jobs_started = 0
         self._refused: List[Tuple[Path, str]] = []  # (job folder, error) of jobs refused in a finished run's folder
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._made = _new_folders(sweep_dir.absolute())  # before Hydra makes them: a refused sweep removes only these
         atexit.register(self._summary_at_exit, sweep_dir)  # Hydra skips on_multirun_end when a job failed
 
     def on_job_start(self, config, **kwargs: Any) -> None:
@@ -388,7 +403,7 @@ class MultirunJobs(HydraCallback):
             # no job of this launch started: Hydra's sweeper composes every job's config before launching any (a bad
             # option in a sweep list, -m attention=flash,flsh), and its error ends the command before the first job
             # (a reused sweep folder's earlier jobs are not this launch's)
-            removed = _remove_if_only_multirun_yaml(sweep_dir)
+            removed = _remove_refused_sweep(getattr(self, "_made", []))
             print(f"attn-zoo multirun: no job ran in {sweep_dir}: Hydra refused the sweep before its first job (the "
                   f"error above; exit status 1)" + ("; the folder it had made (only its multirun.yaml) is removed"
                                                     if removed else ""))

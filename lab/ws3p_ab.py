@@ -10,7 +10,8 @@ static schedule and, with ``--dynamic``, the dynamic one too (``kernels.flash.gl
 ``win<W>``: a causal sliding window of ``W`` keys (``W - 1`` before the query and itself).
 
 Prints one line per (D, mask, N): TFLOP/s of each, and ws3p over ws3a; outputs checked bit for bit against ws3a.
-Exits 2 for bad arguments, 1 without a Hopper GPU.
+A bad argument stops with a message naming its flag (exit 2; a bad integer list exits 1, as in every lab script);
+exits 1 without a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -25,22 +26,27 @@ from eval.bench_common import int_list, time_cuda
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--N", default="4096,16384")
+    ap.add_argument("--N", default="4096,16384", help="sequence lengths (B = 16384 // N)")
     ap.add_argument("--masks", default="causal,full", help="causal, full or win<W> (a causal window of W keys)")
     ap.add_argument("--D", default="128", help="head dims (64, 128)")
     ap.add_argument("--sections", default=f"{16 << 20},0", help="section sizes in bytes (0: one section)")
     ap.add_argument("--hkv", type=int, default=16, help="K / V heads (16: MHA; 4: GQA 4:1)")
     ap.add_argument("--dynamic", action="store_true", help="also time the dynamic schedule at each section size")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds, in rotating order (the median is kept)")
     a = ap.parse_args(argv)
     a.N = int_list(a.N, "--N", "sequence lengths")  # (SystemExit naming the flag for a bad list)
     a.sections = int_list(a.sections, "--sections", "section sizes in bytes", minimum=0)
     a.D = int_list(a.D, "--D", "head dims")
     masks = a.masks.split(",")
     bad = [m for m in masks if _window(m) is None]
-    if bad or a.rounds < 1 or a.hkv < 1 or 16 % a.hkv or set(a.D) - {64, 128}:
-        ap.error(f"--masks: allowed values causal, full, win<W> with W >= 1 (got {bad}); --D: 64, 128 (got {a.D}); "
-                 f"--rounds >= 1; --hkv a divisor of 16")
+    if bad:
+        ap.error(f"--masks {a.masks!r}: {', '.join(bad)} unknown; allowed values: causal, full, win<W> with W >= 1")
+    if set(a.D) - {64, 128}:
+        ap.error(f"--D {a.D}: allowed values 64, 128")
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: must be >= 1")
+    if a.hkv < 1 or 16 % a.hkv:
+        ap.error(f"--hkv {a.hkv}: must divide the 16 query heads (1, 2, 4, 8, 16)")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("ws3p_ab: needs a Hopper GPU")
         return 1

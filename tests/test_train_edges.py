@@ -473,8 +473,9 @@ def test_bad_data_seq_len_is_named_not_model_max_seq_len(tmp_path, bad):
 def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_path, train_py_in_process):
     """A bad option in a sweep list (``-m attention=flash,flsh``): Hydra checks every job's config before launching
     any and ends with the error; the summary said "a job failed, so Hydra ends with its error after the sweep ...
-    0 jobs (no final_metrics.json found)" although no job ran."""
-    sweep = tmp_path / "sweep"
+    0 jobs (no final_metrics.json found)" although no job ran. The folders the launch made for the sweep (only
+    Hydra's multirun.yaml in them) are removed; a folder that existed before the launch is kept."""
+    sweep = tmp_path / "new" / "sweep"  # both made by this launch
     r = subprocess.run([sys.executable, "train.py", "-m", "attention=flash,flsh", "logger=csv",
                         f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"),
                        capture_output=True, text=True, timeout=240)
@@ -482,7 +483,8 @@ def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_pat
     assert "Could not find 'attention/flsh'" in r.stderr
     assert "a job failed" not in r.stdout and "no final_metrics.json found" not in r.stdout, r.stdout
     assert f"attn-zoo multirun: no job ran in {sweep}: Hydra refused the sweep before its first job" in r.stdout
-    assert "the folder it had made (only its multirun.yaml) is removed" in r.stdout and not sweep.exists()
+    assert "the folder it had made (only its multirun.yaml) is removed" in r.stdout
+    assert not (tmp_path / "new").exists()
     # the same refusal in a sweep folder that holds an earlier launch's job: still "no job ran", not "a job failed"
     # with the earlier job's table (this launch in this interpreter)
     old = sweep / "attention=flash" / ".hydra"
@@ -493,3 +495,8 @@ def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_pat
     assert r.returncode == 1 and "a job failed" not in r.stdout, r.stdout
     assert f"attn-zoo multirun: no job ran in {sweep}" in r.stdout
     assert (old / "config.yaml").is_file() and "is removed" not in r.stdout  # an earlier launch's folder: kept
+    # an empty folder the user made before the launch: kept (Hydra's multirun.yaml stays in it)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    r = train_py_in_process(ROOT, "-m", "attention=flash,flsh", "logger=csv", f"hydra.sweep.dir={mine}")
+    assert r.returncode == 1 and "is removed" not in r.stdout and mine.is_dir(), r.stdout
