@@ -408,9 +408,14 @@ class MultirunJobs(HydraCallback):
                   f"error above; exit status 1)" + ("; the folder it had made (only its multirun.yaml) is removed"
                                                     if removed else ""))
             return
-        # Hydra's launchers run every job of the batch, then raise the first failure: the sweep was not cut short
-        print(f"attn-zoo multirun: a job failed, so Hydra ends with its error after the sweep (exit status 1); what "
-              f"the jobs in {sweep_dir} wrote:")
+        failed = getattr(self, "_refused", []) or any(p.stat().st_mtime >= since for p in sweep_dir.glob(f"*/{FAILED}"))
+        if failed:
+            # Hydra's launchers run every job of the batch, then raise the first failure: the sweep was not cut short
+            print(f"attn-zoo multirun: a job failed, so Hydra ends with its error after the sweep (exit status 1); "
+                  f"what the jobs in {sweep_dir} wrote:")
+        else:  # e.g. hydra.sweeper.max_batch_size: a later batch's config refused after earlier batches ran
+            print(f"attn-zoo multirun: Hydra ended the sweep with the error above (exit status 1) after jobs had run, "
+                  f"and none of them failed (a later batch it refused, for one); what the jobs in {sweep_dir} wrote:")
         self._summarize(sweep_dir)
 
     def _columns(self, records: List[Dict]) -> List[str]:

@@ -470,6 +470,18 @@ def test_bad_data_seq_len_is_named_not_model_max_seq_len(tmp_path, bad):
         train_mod.validate_config(make_cfg(tmp_path, [f"data.seq_len={bad}"]))
 
 
+def test_multirun_refused_after_a_batch_ran_does_not_say_a_job_failed(tmp_path, train_py_in_process):
+    """hydra.sweeper.max_batch_size=1 with a bad option in the sweep list: job 0 trains, then Hydra refuses the next
+    batch's config and ends with that error. The summary said "a job failed", though none had."""
+    sweep = tmp_path / "sweep"
+    r = train_py_in_process(ROOT, "-m", "attention=flash,flsh", "hydra.sweeper.max_batch_size=1", "logger=csv",
+                            "trainer.max_steps=2", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1 and "a job failed" not in r.stdout, r.stdout
+    assert "Hydra ended the sweep with the error above (exit status 1) after jobs had run, and none of them failed" \
+        in r.stdout
+    assert (sweep / "attention=flash" / "final_metrics.json").is_file()
+
+
 def test_multirun_refused_before_its_first_job_does_not_say_a_job_failed(tmp_path, train_py_in_process):
     """A bad option in a sweep list (``-m attention=flash,flsh``): Hydra checks every job's config before launching
     any and ends with the error; the summary said "a job failed, so Hydra ends with its error after the sweep ...
