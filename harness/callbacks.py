@@ -408,7 +408,13 @@ class MultirunJobs(HydraCallback):
                   f"error above; exit status 1)" + ("; the folder it had made (only its multirun.yaml) is removed"
                                                     if removed else ""))
             return
-        failed = getattr(self, "_refused", []) or any(p.stat().st_mtime >= since for p in sweep_dir.glob(f"*/{FAILED}"))
+        # this launch's jobs (their .hydra written now, in this process or a joblib worker) all finished now: then
+        # Hydra's error is not a job's; anything else (a failed.json, a refused job, one without a fresh final table)
+        # is a failed job
+        fresh = lambda p: p.is_file() and p.stat().st_mtime >= since  # noqa: E731
+        jobs = {p.parent.parent for p in sweep_dir.glob("*/.hydra/config.yaml") if fresh(p)}
+        failed = (getattr(self, "_refused", []) or not jobs or any(fresh(p) for p in sweep_dir.glob(f"*/{FAILED}"))
+                  or not all(fresh(d / FINAL_METRICS) for d in jobs))
         if failed:
             # Hydra's launchers run every job of the batch, then raise the first failure: the sweep was not cut short
             print(f"attn-zoo multirun: a job failed, so Hydra ends with its error after the sweep (exit status 1); "
