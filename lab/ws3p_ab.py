@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             for N in a.N:
                 B = max(1, 16384 // N)
                 q, k, v = (torch.randn(B, h, N, D, device="cuda", dtype=torch.bfloat16) for h in (H, a.hkv, a.hkv))
-                flops = 4 * B * H * D * _pairs(N, wl, wr)
+                flops = 4 * B * H * N * N * D * _fraction(mask, N)
                 ref = G.gluon_flash_fwd(q, k, v, D ** -0.5, wl, wr, "gluon_ws3a")[0]
                 runs = {"ws3a": lambda: G.gluon_flash_fwd(q, k, v, D ** -0.5, wl, wr, "gluon_ws3a")}
                 for sb in a.sections:
@@ -87,13 +87,15 @@ def _window(mask: str):
     return (int(w) - 1, 0) if w.isdigit() and int(w) >= 1 else None
 
 
-def _pairs(N: int, wl: int, wr: int) -> int:
-    """Visited (query, key) pairs per (batch, head) of an N x N band mask: query ``i`` sees keys ``[i - wl, i + wr]``
-    (-1: unbounded) clipped to ``[0, N)``."""
-    i = torch.arange(N, dtype=torch.int64)
-    lo = torch.zeros_like(i) if wl < 0 else (i - wl).clamp(min=0)
-    hi = torch.full_like(i, N - 1) if wr < 0 else (i + wr).clamp(max=N - 1)
-    return int((hi - lo + 1).sum())
+def _fraction(mask: str, N: int) -> float:
+    """The fraction of the N x N pairs the FLOP count takes, as ``eval.bench_flash`` counts them: causal 1/2 (the
+    FlashAttention convention), full 1, a window the variant's own cost entry (``attn_zoo.variants.element_fraction``)."""
+    if mask in ("causal", "full"):
+        return 0.5 if mask == "causal" else 1.0
+    from attn_zoo import AttentionSpec
+    from attn_zoo.variants import element_fraction
+
+    return element_fraction(AttentionSpec(kind="sliding_window", causal=True, window_size=_window(mask)), N)
 
 
 def _with(G, section_bytes: int, schedule: str, fn):
