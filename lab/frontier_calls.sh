@@ -40,6 +40,10 @@
 #  12: on 3.9, "auto" against the Triton backward and the Gluon backward 3.6's "auto" runs: GLUON_AUTO_BWD_TRITON
 #  13: the persistent forward's dynamic schedule on windows and D 64 (lab.ws3p_ab), then N 1k: host enqueue time
 #      (lab.experiments.host_time) and the kernel-by-kernel profile (lab.where_time) of causal / full 1k
+#  14: "auto" with the persistent forward (AUTO_PERSISTENT, 35th): the "auto" / persistent / kept-launch GPU tests, the
+#      README's train.py trainer=gpu, fwd+bwd of ours ("auto": ws3p) against ws3a forced and cuDNN at 4k / 16k, and N 1k
+#      against cuDNN in 5 rounds (the 35th's where_time read causal 1k 0.95x cuDNN, GPU busy 0.99); carry .whl on a
+#      fresh machine
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
@@ -94,7 +98,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13) ;; *) echo "frontier_calls: call '$call' is not one of 1-13"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13|14) ;; *) echo "frontier_calls: call '$call' is not one of 1-14"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -298,7 +302,7 @@ case $call in
     done
     for tv in 39 36; do
       tri $tv gpytest "pytest_auto_t$tv" 120 tests/test_kernel_flash_gluon.py tests/test_kernel_flash_gluon_bwd.py \
-        -k "auto_runs_gluon or auto_bwd_runs"
+        -k "auto_runs_the_gluon or auto_bwd_runs"
     done ;;
   9)
     # "auto" on triton 3.9 as the checked-out code resolves it (the Gluon forward; the Gluon backward at D 128 and
@@ -366,5 +370,19 @@ case $call in
     timeout -k 5 90 python3 -m lab.where_time --out "$W" --tag where_n1k --cases causal:1024:128,noncausal:1024:128 \
       --impls ours,sdpa_cudnn > "$W/where_n1k.log" 2>&1; b where_n1k $?
     grep -E "wall|busy|Error" "$W/where_n1k.log" | cut -c1-160 ;;
+  14)
+    gpytest pytest_auto_ws3p "${AUTO_PYTEST_S:-150}" -n "${PYTEST_N:-14}" tests/test_kernel_flash_gluon.py \
+      tests/test_gluon_band_fwd.py tests/test_kernel_flash_gluon_bwd.py tests/test_kernel_flash.py \
+      -k "auto or persistent or kept or compiled_launches"
+    timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu > "$W/train_gpu.log" 2>&1
+    b train_gpu $?; grep -E "learned|val/acc by" "$W/train_gpu.log" | tail -2
+    timeout -k 5 "${AB_S:-150}" python3 -m eval.bench_flash --out "$W" --tag auto_ws3p \
+      --variants causal,noncausal,win1024,gqa4 --N 4096,16384 --D 128 --impls ours,ours_gluon_ws3a,sdpa_cudnn \
+      --rounds 3 --check --time-budget-s $(( ${AB_S:-150} - 10 )) > "$W/auto_ws3p.log" 2>&1; b auto_ws3p $?
+    grep -E "^ *(causal|noncausal|win1024|gqa4) +[0-9]+ +[0-9]+ " "$W/auto_ws3p.log" | cut -c1-150
+    timeout -k 5 "${N1K_S:-60}" python3 -m eval.bench_flash --out "$W" --tag n1k --variants causal,noncausal \
+      --N 1024 --D 128 --hidden 2048 --impls ours,sdpa_cudnn --rounds 5 --check \
+      --time-budget-s $(( ${N1K_S:-60} - 10 )) > "$W/n1k.log" 2>&1; b n1k $?
+    grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/n1k.log" | cut -c1-150 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .

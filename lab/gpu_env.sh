@@ -30,9 +30,11 @@ if [ -n "$_part" ] && [ -d ".fa4/$_part" ]; then
 fi
 # the same, packed smaller by lab/fa4_pack.sh (.fa4x/K/fa4site.ofN.part_*: one tar.xz of the installed packages, in N
 # parts): unpacked once all N are in /tmp/fa4x (before that, fa4_pack says "k of N parts"); .fa4x_ok marks it done
-if [ -n "$_part" ] && [ -d ".fa4x/$_part" ]; then
-  mkdir -p /tmp/fa4x && cp ".fa4x/$_part"/* /tmp/fa4x/
-fi
+# (every .fa4x/K carried in this call, whatever the call: a part rides along with any call, one per call, as the
+# tree plus one part is what fits the 64 MiB a call may carry)
+for _d in .fa4x/*/; do
+  [ -d "$_d" ] && mkdir -p /tmp/fa4x && cp "$_d"* /tmp/fa4x/
+done
 if [ ! -f /tmp/site/.fa4x_ok ] && ls /tmp/fa4x/fa4site.of*.part_* >/dev/null 2>&1; then
   bash lab/fa4_pack.sh unpack /tmp/fa4x /tmp/site
   case $? in 0|3) ;; *) echo "gpu_env: unpacking .fa4x failed" ;; esac

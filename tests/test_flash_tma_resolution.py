@@ -174,7 +174,7 @@ def test_gluon_kernels_resolve_to_tma(hopper):
     hopper.gluon(True)
     big = lambda D: (_fake(2, 8, 6000, D), _fake(2, 8, 6000, D), _fake(2, 8, 6000, D))  # noqa: E731
     q, k, v = big(128)
-    assert kf.resolve_fwd_impl(FlashConfig(), q, k, v, causal=True) == "gluon_ws3a"
+    assert kf.resolve_fwd_impl(FlashConfig(), q, k, v, causal=True) == "gluon_ws3p"
     assert kf.resolve_fwd_tma(FlashConfig(), q, k, v, causal=True) is True
     never = FlashConfig(fwd_impl="gluon_ws3a", tma_min_pairs=1 << 60)
     assert kf.resolve_fwd_tma(never, q, k, v, causal=True) is True
@@ -324,7 +324,7 @@ def test_ours_no_tma_on_hopper_keeps_the_triton_forward(hopper):
     hopper.gluon(True)
     q = k = v = _fake(2, 8, 6000, 128)
     spec = AttentionSpec(**bf.VARIANTS["causal"])
-    assert bf.ours_fwd_impl("ours", spec, q, k, v) == "gluon_ws3a"
+    assert bf.ours_fwd_impl("ours", spec, q, k, v) == "gluon_ws3p"
     assert bf.ours_fwd_impl("ours_no_tma", spec, q, k, v) == "triton"
     assert bf.ours_bwd_impl("ours", spec, q, k, v) == bf.ours_bwd_impl("ours_no_tma", spec, q, k, v) == "gluon"
     assert bf.ours_tma("ours", spec, q, k, v) == dict(fwd_tma=True, bwd_dkdv_tma=True, bwd_dq_tma=True)

@@ -117,3 +117,19 @@ def test_a_descriptor_argument_is_keyed_by_what_its_launch_encodes(fast, change)
         assert kern.direct_calls[0][9] is desc and kern.direct_calls[0][10:] == (4, 64, 8)
     else:
         assert len(kern.triton_calls) == 2 and not kern.direct_calls
+
+
+def test_a_descriptor_layout_is_keyed_by_value_hashable_or_not(fast):
+    """A hashable layout (Gluon's are frozen dataclasses) keys by value; an unhashable one by its repr: equal values
+    share the kept launcher, different ones launch through Triton again."""
+    kern = FakeKernel(["desc", "num_warps"], {"num_warps"})
+    base = torch.zeros(4, 64)
+    for layout, again, other in ((("nvmma", 128), ("nvmma", 128), ("nvmma", 64)), (["nvmma", 128], ["nvmma", 128],
+                                                                                   ["nvmma", 64])):
+        _host.clear_launches()
+        kern.triton_calls.clear(), kern.direct_calls.clear()
+        _host.launch(kern, (1,), (FakeDescriptor(base, [2, 64], layout=layout),))
+        _host.launch(kern, (1,), (FakeDescriptor(base.clone(), [2, 64], layout=again),))
+        assert len(kern.triton_calls) == 1 and len(kern.direct_calls) == 1, layout
+        _host.launch(kern, (1,), (FakeDescriptor(base, [2, 64], layout=other),))
+        assert len(kern.triton_calls) == 2 and len(kern.direct_calls) == 1, layout

@@ -534,22 +534,32 @@ def test_auto_is_triton_on_cpu_tensors():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_auto_picks_gluon_ws3a_when_all_hold(monkeypatch, causal):
+def test_auto_picks_the_gluon_forward_when_all_hold(monkeypatch, causal):
+    """Above the pair threshold "auto" takes the persistent Gluon forward (gluon_ws3p) for dense / causal / window
+    masks while AUTO_PERSISTENT; gluon_ws3a with the knob off, for block-sparse layouts (ws3p takes none) and for
+    documents (not timed with ws3p)."""
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv()
     wr = 0 if causal else -1
     pairs = visited_pairs(2, 8, 6000, 6000, -1, wr)
     # the default threshold (the D 128 entry, above tma_min_pairs since 2026-12-06): the shape of the GPU test below
     assert pairs >= max(FlashConfig().tma_min_pairs, G.GLUON_AUTO_HEAD_DIMS[128])
-    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, wr) == "gluon_ws3a" == G.AUTO_GLUON_IMPL
-    assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal) == "gluon_ws3a"
-    assert resolve_fwd_impl(None, q, k, v, causal=causal) == "gluon_ws3a"  # the default config
-    assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal, window_size=(None, None)) == "gluon_ws3a"
+    assert G.AUTO_PERSISTENT is True and G.PERSISTENT_IMPL == "gluon_ws3p" and G.AUTO_GLUON_IMPL == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, wr) == "gluon_ws3p"
+    assert G.choose_fwd_impl(FlashConfig(), q, k, v, 4095, wr) == "gluon_ws3p"  # a sliding window too
+    assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal) == "gluon_ws3p"
+    assert resolve_fwd_impl(None, q, k, v, causal=causal) == "gluon_ws3p"  # the default config
+    assert resolve_fwd_impl(FlashConfig(), q, k, v, causal=causal, window_size=(None, None)) == "gluon_ws3p"
+    docs = torch.zeros(2, 3 * 12000, dtype=torch.int32)
+    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, wr, documents=docs) == "gluon_ws3a"
+    monkeypatch.setattr(G, "AUTO_PERSISTENT", False)
+    assert G.choose_fwd_impl(FlashConfig(), q, k, v, -1, wr) == "gluon_ws3a"
+    monkeypatch.setattr(G, "AUTO_PERSISTENT", True)
     # the threshold is inclusive, and the same count as the Triton forward's TMA "auto"
-    assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=pairs), q, k, v, -1, wr) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=pairs), q, k, v, -1, wr) == "gluon_ws3p"
     assert G.choose_fwd_impl(FlashConfig(tma_min_pairs=pairs + 1), q, k, v, -1, wr) == "triton"
     for dtype in (torch.float16, torch.bfloat16):
-        assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(dtype=dtype), -1, wr) == "gluon_ws3a"
+        assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(dtype=dtype), -1, wr) == "gluon_ws3p"
     # explicit names are returned as they are (an explicit "triton" forces Triton)
     for impl in ("triton",) + IMPLS:
         assert resolve_fwd_impl(FlashConfig(fwd_impl=impl), q, k, v, causal=causal) == impl
@@ -581,7 +591,7 @@ def test_auto_is_triton_when_a_condition_fails(monkeypatch, case):
     call, fake, cfg, mocks = FAILS[case]
     kw = dict(win_left=-1, win_right=0)
     _all_hold(monkeypatch)
-    assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(), **kw) == "gluon_ws3a"  # the baseline holds
+    assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(), **kw) == "gluon_ws3p"  # the baseline holds
     _all_hold(monkeypatch, **mocks)
     assert G.choose_fwd_impl(FlashConfig(**cfg), *_fake_qkv(**fake), **{**kw, **call}) == "triton"
 
@@ -599,11 +609,12 @@ def test_auto_takes_gluon_for_band_masks_behind_the_flag(monkeypatch, case):
     _all_hold(monkeypatch)
     qkv = _fake_qkv(B=4, Hq=16, Hkv=16, Nq=8192, Nk=8192)
     kw = {**dict(win_left=-1, win_right=0), **BANDS[case]}
+    want = "gluon_ws3a" if "documents" in kw else "gluon_ws3p"  # (AUTO_PERSISTENT: not with documents)
     assert G.GLUON_AUTO_BANDS is True
-    assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw) == want
     monkeypatch.setattr(G, "GLUON_AUTO_BANDS", False)
     assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw) == "triton"
-    assert G.choose_fwd_impl(FlashConfig(), *qkv, win_left=-1, win_right=0) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(), *qkv, win_left=-1, win_right=0) == "gluon_ws3p"
     monkeypatch.setattr(G, "GLUON_AUTO_BANDS", True)
     for bad in (dict(dilation=2), dict(layout=torch.ones(2, 2, dtype=torch.int8))):  # never Gluon
         assert G.choose_fwd_impl(FlashConfig(), *qkv, **kw, **bad) == "triton"
@@ -612,7 +623,7 @@ def test_auto_takes_gluon_for_band_masks_behind_the_flag(monkeypatch, case):
     d64 = _fake_qkv(B=64, Hq=16, Hkv=16, Nq=8192, Nk=8192, D=64)  # D 64: the Triton forward ran ahead for bands
     assert G.choose_fwd_impl(FlashConfig(), *d64, **kw) == "triton"
     monkeypatch.setattr(G, "GLUON_AUTO_BAND_HEAD_DIMS", (64, 128))
-    assert G.choose_fwd_impl(FlashConfig(), *d64, **kw) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(), *d64, **kw) == want
 
 
 def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
@@ -629,9 +640,9 @@ def test_auto_head_dims_take_their_own_pair_threshold(monkeypatch):
     below = _fake_qkv(D=64, Nq=8192, Nk=8192)  # B * H * N^2 / 2 causal pairs of the fake shape
     pairs = visited_pairs(below[0].shape[0], below[0].shape[1], 8192, 8192, -1, 0)
     assert pairs < thr and G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "triton"
-    assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(D=128, Nq=8192, Nk=8192), -1, 0) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(), *_fake_qkv(D=128, Nq=8192, Nk=8192), -1, 0) == "gluon_ws3p"
     monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", {128: 0, 64: pairs})
-    assert G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "gluon_ws3a"
+    assert G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "gluon_ws3p"
     monkeypatch.setattr(G, "GLUON_AUTO_HEAD_DIMS", {128: 0})
     assert G.choose_fwd_impl(FlashConfig(), *below, -1, 0) == "triton"
 
@@ -643,10 +654,10 @@ def test_resolve_fwd_impl_takes_flash_attn_mask_arguments(monkeypatch):
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv()
     cfg = FlashConfig()
-    assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(None, 7)) == "gluon_ws3a"
-    assert resolve_fwd_impl(cfg, q, k, v, causal=False, window_size=(None, 7)) == "gluon_ws3a"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(None, 7)) == "gluon_ws3p"
+    assert resolve_fwd_impl(cfg, q, k, v, causal=False, window_size=(None, 7)) == "gluon_ws3p"
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, window_size=(1023, 0)) == "triton"  # 2^26.6 pairs: small
-    assert resolve_fwd_impl(cfg, *_fake_qkv(B=8), causal=True, window_size=(4095, 0)) == "gluon_ws3a"
+    assert resolve_fwd_impl(cfg, *_fake_qkv(B=8), causal=True, window_size=(4095, 0)) == "gluon_ws3p"
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, dilation=2) == "triton"
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, block_layout=torch.ones(2, 2, dtype=torch.int8)) == "triton"
     assert resolve_fwd_impl(cfg, q, k, v, causal=True, doc_ids=torch.zeros(2, 6000, dtype=torch.int32)) \
@@ -728,7 +739,7 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
             bf.main(["--impls", f"ours,ours_{removed}", "--variants", "causal", "--N", "256", "--D", "64"])
     _all_hold(monkeypatch)
     q, k, v = _fake_qkv(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384)
-    expect = {"causal": "gluon_ws3a", "noncausal": "gluon_ws3a", "gqa4": "gluon_ws3a", "win1024": "gluon_ws3a",
+    expect = {"causal": "gluon_ws3p", "noncausal": "gluon_ws3p", "gqa4": "gluon_ws3p", "win1024": "gluon_ws3p",
               "bigbird": "gluon_ws3a", "strided": "gluon_ws3a", "dil512x2": "triton"}  # 128-token blocks: whole tiles
     for name, want in expect.items():
         spec = AttentionSpec(**bf.VARIANTS[name])
@@ -749,7 +760,7 @@ def test_bench_flash_ours_names_and_recorded_forward(monkeypatch):
     assert bf.ours_bwd_impl("ours", causal, *_fake_qkv(Hkv=8, Nq=1024, Nk=1024)) == "gluon"  # D 128: from causal 1k
     monkeypatch.setattr(G, "gluon_bwd_available", lambda D=None: False)  # a triton outside GLUON_AUTO_BWD_TRITON
     assert bf.ours_bwd_impl("ours", causal, q, k, v) == "triton"
-    assert bf.ours_fwd_impl("ours", causal, q, k, v) == "gluon_ws3a"  # the forward asks gluon_available alone
+    assert bf.ours_fwd_impl("ours", causal, q, k, v) == "gluon_ws3p"  # the forward asks gluon_available alone
     cpu = _qkv(1, 2, 2, 16, 16, 128, device="cpu")[:3]
     assert bf.ours_bwd_impl("ours", causal, *cpu) == "triton"
 
@@ -866,19 +877,19 @@ def test_gpu_growing_scores(impl, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
+def test_gpu_auto_runs_the_gluon_forward(monkeypatch):
     """The default config (fwd_impl="auto") on an H200: a dense causal D 128 problem above the Gluon threshold runs
-    gluon_ws3a (the resolver says so and the Gluon launcher is called with it; on a triton outside
+    the persistent gluon_ws3p (AUTO_PERSISTENT; the resolver says so and the Gluon launcher is called with it; on a triton outside
     ``GLUON_AUTO_TRITON`` the Triton forward), a small one the Triton forward;
-    out, lse and the gradients (Triton backward) match the fp32 reference within the usual bounds, the out the
-    explicit gluon_ws3a call's bit for bit (the kernel is deterministic), the gradients the Triton-forward path's."""
+    out, lse and the gradients match the fp32 reference within the usual bounds, out and lse the explicit gluon_ws3a
+    call's bit for bit (ws3p runs ws3a's per-tile arithmetic), the gradients the Triton-forward path's."""
     q, k, v, do = _qkv(2, 8, 2, 6000, 6000, 128, bnhd=True)  # GQA 4:1, N not a multiple of the tile
     assert visited_pairs(2, 8, 6000, 6000, -1, 0) >= max(FlashConfig().tma_min_pairs, G.GLUON_AUTO_HEAD_DIMS[128])
     if not G.gluon_available():  # a triton outside GLUON_AUTO_TRITON: "auto" keeps the Triton forward, by design
         assert G._triton_version() not in G.GLUON_AUTO_TRITON
         assert resolve_fwd_impl(None, q, k, v, causal=True) == "triton"
         return
-    assert resolve_fwd_impl(None, q, k, v, causal=True) == "gluon_ws3a"
+    assert resolve_fwd_impl(None, q, k, v, causal=True) == "gluon_ws3p" == G.PERSISTENT_IMPL
     assert resolve_fwd_impl(None, q[:, :, :1000], k[:, :, :1000], v[:, :, :1000], causal=True) == "triton"
     launched = []
     real = F.gluon_flash_fwd
@@ -891,13 +902,13 @@ def test_gpu_auto_runs_gluon_ws3a(monkeypatch):
         return [out.detach(), lse.detach()] + [t.grad for t in leaves]
 
     auto = grads(None)  # the current settings: FlashConfig()
-    assert launched == ["gluon_ws3a"]
+    assert launched == ["gluon_ws3p"]
     small = flash_attn(q[:, :, :1000], k[:, :, :1000], v[:, :, :1000], causal=True)
-    assert launched == ["gluon_ws3a"] and small.shape == (2, 8, 1000, 128)  # below the threshold: Triton
-    explicit, _ = F.flash_attn_fwd(q, k, v, 128 ** -0.5, -1, 0, config=FlashConfig(fwd_impl="gluon_ws3a"))
-    assert torch.equal(auto[0], explicit)
+    assert launched == ["gluon_ws3p"] and small.shape == (2, 8, 1000, 128)  # below the threshold: Triton
+    explicit, explicit_lse = F.flash_attn_fwd(q, k, v, 128 ** -0.5, -1, 0, config=FlashConfig(fwd_impl="gluon_ws3a"))
+    assert torch.equal(auto[0], explicit) and torch.equal(auto[1], explicit_lse)
     tri = grads(FlashConfig(fwd_impl="triton"))
-    assert launched == ["gluon_ws3a", "gluon_ws3a"]  # the explicit call only; "triton" never launches Gluon
+    assert launched == ["gluon_ws3p", "gluon_ws3a"]  # the explicit call only; "triton" never launches Gluon
     ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     ref, ref_lse = softmax_attention_reference(*ref_leaves, AttentionSpec(kind="flash", causal=True), return_lse=True)
     rg = torch.autograd.grad(ref, ref_leaves, do.float())

@@ -931,7 +931,7 @@ def test_auto_gluon_forward_at_any_size_reaches_choose_fwd_impl(monkeypatch, cau
             _GDQ.replace(fwd_impl="auto", tma_min_pairs=0))
     assert [G.choose_fwd_impl(c, *qkv, -1, wr) for c in cfgs] == ["triton"] * 3
     _auto_gluon_forward_at_any_size(monkeypatch)
-    assert [G.choose_fwd_impl(c, *qkv, -1, wr) for c in cfgs] == [G.AUTO_GLUON_IMPL] * 3
+    assert [G.choose_fwd_impl(c, *qkv, -1, wr) for c in cfgs] == [G.PERSISTENT_IMPL] * 3  # (AUTO_PERSISTENT)
 
 
 @pytest.mark.parametrize("dq", GPU_DQ)
@@ -1440,3 +1440,35 @@ def test_gluon_flash_bwd_block_sparse_dispatch(monkeypatch, causal):
                                              r"gluon_bwd_dq='gluon'"):
             G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=bad, layout=lay, layout_bs=128)
     assert len(kern.two.calls) == len(kern.dq.calls) == 1 and kern.calls == []
+
+
+def test_descriptor_templates_copy_the_validated_descriptor(monkeypatch):
+    """While GLUON_KEPT_LAUNCH, a repeated descriptor key (dtype, shape, strides, box, layout) copies the descriptor
+    Triton validated at the key's first call with the new base tensor (same fields, same launch key); a new key, an
+    unaligned base or the knob off runs Triton's constructor and its checks."""
+    from kernels import _host
+
+    try:
+        _, TD, gl = G._gluon_modules()
+    except ValueError as e:
+        pytest.skip(f"no Gluon in this triton: {e}")
+    monkeypatch.setattr(G, "_TD_TEMPLATES", {})
+    built = []
+    real_init = TD.__init__
+    monkeypatch.setattr(TD, "__init__", lambda self, *a, **kw: built.append(a[0]) or real_init(self, *a, **kw))
+    t1, t2 = (torch.randn(2, 4, 256, 64, dtype=torch.bfloat16) for _ in range(2))
+    d1 = G._descriptor(t1, 128, TD, gl.bfloat16)
+    d2 = G._descriptor(t2, 128, TD, gl.bfloat16)
+    assert len(built) == 1 and built[0] is t1 and d1.base is t1 and d2.base is t2 and type(d2) is TD
+    assert (d2.shape, d2.strides, d2.block_shape, d2.layout) == (d1.shape, d1.strides, d1.block_shape, d1.layout)
+    assert _host._arg_key(d1) == _host._arg_key(d2)
+    d3 = G._descriptor(t2[:, :, :128], 128, TD, gl.bfloat16)  # another shape: a new key, validated
+    assert len(built) == 2 and built[1] is d3.base
+    assert d3.shape == [2, 4, 128, 64] and d3.base.data_ptr() == t2.data_ptr()
+    flat = torch.randn(2 * 4 * 256 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 256, 64)  # 2 bytes off: unaligned
+    with pytest.raises(Exception):
+        G._descriptor(flat, 128, TD, gl.bfloat16)  # Triton's own check runs (never a copy of the template)
+    monkeypatch.setattr(G, "GLUON_KEPT_LAUNCH", False)
+    n = len(built)
+    G._descriptor(t1, 128, TD, gl.bfloat16)
+    assert len(built) == n + 1  # the knob off: the constructor every call

@@ -37,7 +37,7 @@ GLUON_HEAD_DIMS = (64, 128)  # what the Gluon kernel runs when asked by name
 # the Triton one, separate processes: results/h100/2026-12-06i/NOTES.md, c4's console rows); D 64 from 2^31 (full 4k: 1.15x, 16k: 1.09-1.13x; causal / GQA
 # 4k, 1.07e9 pairs: 0.97-0.99x; 1k: 0.76x)
 GLUON_AUTO_HEAD_DIMS = {128: 1 << 28, 64: 1 << 31}
-AUTO_GLUON_IMPL = "gluon_ws3a"  # the Gluon kernel "auto" picks: ahead of gluon_ws3b in 5 of the 6 measured cases
+AUTO_GLUON_IMPL = "gluon_ws3a"  # "auto"'s Gluon kernel for layouts and documents (ahead of gluon_ws3b in 5 of 6 cases; AUTO_PERSISTENT)
 GLUON_AUTO_BANDS = True
 """Whether ``fwd_impl="auto"`` (:func:`choose_fwd_impl`) also takes the Gluon forward for sliding windows (a left edge,
 a right edge > 0) and packed documents, at the head dims of :data:`GLUON_AUTO_BAND_HEAD_DIMS`, as for dense / causal
@@ -83,12 +83,20 @@ PERSISTENT_IMPL = "gluon_ws3p"
 """The persistent Gluon forward (``_gl_fwd_ws3p_kernel``): ``gluon_ws3a``'s per-tile schedule, at most one program
 per SM (:func:`persistent_grid`) walking a work list of (query tile, head) items, longest first within sections of
 heads (:func:`persistent_section`), shared out by :data:`PERSISTENT_SCHEDULE`, its K / V rings running on across
-items (band masks and documents; no block-sparse layout). By name only; ``"auto"`` does not pick it yet. On an H200
-(34th session, ``results/h200/2026-12-07/ws3p``) the dynamic schedule with 16 MiB sections ran the forward
-1.02-1.13x ws3a's on causal and full MHA at 1k / 4k / 16k and GQA 4:1 causal at 4k / 16k (causal 16k: 613 against
-581 TFLOP/s), bit for bit equal; windows and D 64 are not timed with it, and ``"auto"`` taking it waits for a GPU
-call that runs the "auto" tests and ``train.py trainer=gpu`` with it. The static schedule (the 33rd session's, on an
-H100, ``results/h100/2026-12-07e``) ran 0.69-0.89x ws3a on causal MHA."""
+items (band masks and documents; no block-sparse layout). ``"auto"`` takes it where :data:`AUTO_PERSISTENT` says.
+On an H200 (34th session, ``results/h200/2026-12-07/ws3p``) the dynamic schedule with 16 MiB sections ran the
+forward 1.02-1.13x ws3a's on causal and full MHA at 1k / 4k / 16k and GQA 4:1 causal at 4k / 16k (causal 16k: 613
+against 581 TFLOP/s), bit for bit equal. On an H100 (35th, ``results/h100/2026-12-07f/13/ws3p_ab.log``, forward
+alone, bf16, 16k tokens per call): D 128 causal 1.04 / 1.08 / 1.14x at 1k / 4k / 16k, full 1.01 / 1.00 / 1.00x,
+window 1024 1.06 / 1.06 / 1.06x; D 64 causal 1.06 / 1.05 / 0.99x, full 1.06 / 1.05 / 1.01x, window 1.11 / 1.08 /
+1.06x; bit for bit equal everywhere. The static schedule (the 33rd session's, on an H100,
+``results/h100/2026-12-07e``) ran 0.69-0.89x ws3a on causal MHA."""
+AUTO_PERSISTENT = True
+"""Whether ``fwd_impl="auto"`` (:func:`choose_fwd_impl`), where it takes the Gluon forward, runs the persistent one
+(:data:`PERSISTENT_IMPL`) for dense, causal and sliding-window masks (no block-sparse layout, which it cannot run; no
+``documents``, not timed with it): ``AUTO_GLUON_IMPL`` (``gluon_ws3a``) otherwise. Since the 35th session (2026-12-07):
+the timings in :data:`PERSISTENT_IMPL`'s note, 0.99-1.14x ws3a, bit for bit equal. A module-level knob read at every
+call; not part of :class:`~kernels.flash.FlashConfig`."""
 
 
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
@@ -302,8 +310,10 @@ def _kept_nvmma_layout(block_shape: tuple, gl_dtype):
     return nvmma_layout(block_shape, gl_dtype)
 
 
+@functools.lru_cache(maxsize=None)
 def lse_layout():
-    """The shared layout of the backward's lse2 / delta boxes (1-D fp32, ``BLOCK_M`` values): unswizzled."""
+    """The shared layout of the backward's lse2 / delta boxes (1-D fp32, ``BLOCK_M`` values): unswizzled; one object
+    (a frozen dataclass, built once: two per backward cost ~20 us of host time each)."""
     import triton.experimental.gluon.language as gl
 
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
@@ -329,6 +339,7 @@ def check_tma_reduce() -> None:
                          f"'triton', 'gluon'")
 
 
+@functools.lru_cache(maxsize=None)
 def dq_tma_layout():
     """The shared layout of the fused dQ's tile (``gluon_bwd_dq="tma"``: fp32 ``[1, 1, BLOCK_M, D]``, the box of the
     TMA reduce-add into the ``(B, Hq, Nq, D)`` buffer): a 128-byte swizzle, so the tile is D / 32 column blocks of
@@ -363,7 +374,8 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
                     win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
                     documents: Optional[torch.Tensor] = None, layout_bs: int = 0) -> str:
     """The forward kernel a call with ``config`` runs: ``config.fwd_impl`` unless it is ``"auto"``, which gives
-    ``AUTO_GLUON_IMPL`` (``"gluon_ws3a"``) when all of these hold, else ``"triton"``:
+    a Gluon forward when all of these hold, else ``"triton"``: :data:`PERSISTENT_IMPL` (``"gluon_ws3p"``) without a
+    layout or ``documents`` while :data:`AUTO_PERSISTENT`, else ``AUTO_GLUON_IMPL`` (``"gluon_ws3a"``):
 
     * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
       importable with the Hopper API on a triton of :data:`GLUON_AUTO_TRITON` (:func:`gluon_available`; both checks
@@ -411,6 +423,8 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return "triton"
     if not _hopper(q.device) or not gluon_available():
         return "triton"
+    if AUTO_PERSISTENT and layout is None and documents is None:
+        return PERSISTENT_IMPL
     return AUTO_GLUON_IMPL
 
 
@@ -631,13 +645,46 @@ def _tma_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
+    """The 4-D host TMA descriptor of ``t (B, H, N, D)`` (as :func:`_tma_view` returns it) with ``[1, 1, rows, D]``
+    boxes, through :func:`_td`."""
     strides = list(t.stride())
     for i in range(3):  # a size-1 dim's stride is never used: give it a legal (16-byte aligned) value
         if t.shape[i] == 1:
             strides[i] = t.shape[3] * t.shape[2] if i < 2 else t.shape[3]
     block = [1, 1, rows, t.shape[3]]
     layout = _kept_nvmma_layout(tuple(block), gl_dtype) if GLUON_KEPT_LAUNCH else nvmma_layout(block, gl_dtype)
-    return TD(t, list(t.shape), strides, block, layout)
+    return _td(TD, t, list(t.shape), strides, block, layout)
+
+
+_TD_TEMPLATES: dict = {}
+"""Validated host TMA descriptors by (class, dtype, device type, shape, strides, block, layout): :func:`_td` copies one
+for another base tensor of the same key. Bounded by :data:`_TD_TEMPLATES_KEPT` (emptied when full)."""
+_TD_TEMPLATES_KEPT = 256
+
+
+def _td(TD, base: torch.Tensor, shape: list, strides: list, block: list, layout):
+    """``TD(base, shape, strides, block, layout)``, Gluon's host TMA descriptor. While :data:`GLUON_KEPT_LAUNCH`, a
+    repeated key (dtype, device type, shape, strides, block and layout; ``base`` 16-byte aligned, as every tensor
+    :func:`_tma_view` passes is) copies the descriptor built and validated at the key's first call and sets its
+    ``base`` (~0.5 us of host time instead of ~5 us: Triton's checks of shape, strides, block and layout ran on
+    that first one, and depend on nothing else of ``base``); otherwise, or for an unaligned base, the constructor
+    and its checks run (and raise what they raise)."""
+    if not GLUON_KEPT_LAUNCH or base.data_ptr() % 16:
+        return TD(base, shape, strides, block, layout)
+    key = (TD, base.dtype, base.device.type, tuple(shape), tuple(strides), tuple(block), layout)
+    tmpl = _TD_TEMPLATES.get(key)
+    if tmpl is None:
+        tmpl = TD(base, shape, strides, block, layout)
+        if len(_TD_TEMPLATES) >= _TD_TEMPLATES_KEPT:
+            _TD_TEMPLATES.clear()
+        _TD_TEMPLATES[key] = tmpl
+        return tmpl
+    if not hasattr(tmpl, "__dict__"):  # (a descriptor class with __slots__: no copy of that kind)
+        return TD(base, shape, strides, block, layout)
+    d = object.__new__(TD)
+    d.__dict__.update(tmpl.__dict__)
+    d.base = base
+    return d
 
 
 GLUON_KEPT_LAUNCH = True
@@ -949,7 +996,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if dk.stride(3) != 1 or dv.stride(3) != 1:  # (empty_like of a tensor with a non-unit last stride)
         dk, dv = _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device), _bnhd_empty(B, Hkv, Nk, D, v.dtype, v.device)
     dqa = torch.zeros((B, Hq, Nq, D), dtype=torch.float32, device=q.device) if write_dq else delta
-    dqa_arg = TD(dqa, list(dqa.shape), list(dqa.stride()), [1, 1, block_m, D], dq_tma_layout()) if dq_tma else dqa
+    dqa_arg = _td(TD, dqa, list(dqa.shape), list(dqa.stride()), [1, 1, block_m, D], dq_tma_layout()) if dq_tma else dqa
     # 1-D descriptors over flat lse2 / delta buffers whose (batch, head) rows start every lse_stride values, a box of
     # block_m values (read with LSE_TMA only; its coordinates are int32): lse_tma_rows says why lse_stride is Nq
     # rounded up to a multiple of 4
@@ -960,8 +1007,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if not lse_tma:  # (the descriptors are still encoded at launch: keep their extent within TMA's 2^32 limit)
         n = min(lse2.numel(), 2 ** 31 - 1)
         lse_buf, delta_buf, lse_stride = lse2.view(-1)[:n], delta.view(-1)[:n], Nq
-    lse_desc = TD(lse_buf, [lse_buf.numel()], [1], [block_m], lse_layout())
-    delta_desc = TD(delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
+    lse_desc = _td(TD, lse_buf, [lse_buf.numel()], [1], [block_m], lse_layout())
+    delta_desc = _td(TD, delta_buf, [delta_buf.numel()], [1], [block_m], lse_layout())
     q_, k_, v_, do_ = _tma_view(q), _tma_view(k), _tma_view(v), _tma_view(do)
     descs = (_descriptor(q_, block_m, TD, gdt), _descriptor(k_, block_n, TD, gdt), _descriptor(v_, block_n, TD, gdt),
              _descriptor(do_, block_m, TD, gdt), lse_desc, delta_desc, dqa_arg, lse2, delta, dk, dv)
