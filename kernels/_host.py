@@ -185,7 +185,9 @@ def _arg_key(a):
     base = getattr(a, "base", None)
     if hasattr(base, "data_ptr") and hasattr(a, "block_shape"):  # a host TMA descriptor (Gluon's / triton.tools')
         layout = getattr(a, "layout", None)  # Gluon's layouts are frozen dataclasses: hashed by value (repr: 4x dearer)
-        if layout is not None and getattr(type(layout), "__hash__", None) is None:
+        try:
+            hash(layout)
+        except TypeError:
             layout = repr(layout)
         return (type(a), base.dtype, base.data_ptr() % 16 == 0, base.get_device(), tuple(a.shape), tuple(a.strides),
                 tuple(a.block_shape), layout, getattr(a, "padding", None))

@@ -1443,9 +1443,13 @@ def test_gluon_flash_bwd_block_sparse_dispatch(monkeypatch, causal):
 
 
 def test_descriptor_templates_copy_the_validated_descriptor(monkeypatch):
-    """While GLUON_KEPT_LAUNCH, a repeated descriptor key (dtype, shape, strides, box, layout) copies the descriptor
-    Triton validated at the key's first call with the new base tensor (same fields, same launch key); a new key, an
-    unaligned base or the knob off runs Triton's constructor and its checks."""
+    """While GLUON_KEPT_LAUNCH, a repeated descriptor key (dtype, shape, strides, box, layout) copies the fields of the
+    descriptor Triton validated at the key's first call with the new base tensor (same fields, same launch key; no
+    tensor kept by the cache); a new key, an unaligned base or the knob off runs Triton's constructor and its
+    checks."""
+    import gc
+    import weakref
+
     from kernels import _host
 
     try:
@@ -1453,18 +1457,26 @@ def test_descriptor_templates_copy_the_validated_descriptor(monkeypatch):
     except ValueError as e:
         pytest.skip(f"no Gluon in this triton: {e}")
     monkeypatch.setattr(G, "_TD_TEMPLATES", {})
-    built = []
+    built = []  # ids of the base tensors the constructor ran on
     real_init = TD.__init__
-    monkeypatch.setattr(TD, "__init__", lambda self, *a, **kw: built.append(a[0]) or real_init(self, *a, **kw))
+    monkeypatch.setattr(TD, "__init__", lambda self, *a, **kw: built.append(id(a[0])) or real_init(self, *a, **kw))
     t1, t2 = (torch.randn(2, 4, 256, 64, dtype=torch.bfloat16) for _ in range(2))
     d1 = G._descriptor(t1, 128, TD, gl.bfloat16)
     d2 = G._descriptor(t2, 128, TD, gl.bfloat16)
-    assert len(built) == 1 and built[0] is t1 and d1.base is t1 and d2.base is t2 and type(d2) is TD
+    assert built == [id(t1)] and d1.base is t1 and d2.base is t2 and type(d2) is TD
     assert (d2.shape, d2.strides, d2.block_shape, d2.layout) == (d1.shape, d1.strides, d1.block_shape, d1.layout)
     assert _host._arg_key(d1) == _host._arg_key(d2)
-    d3 = G._descriptor(t2[:, :, :128], 128, TD, gl.bfloat16)  # another shape: a new key, validated
-    assert len(built) == 2 and built[1] is d3.base
-    assert d3.shape == [2, 4, 128, 64] and d3.base.data_ptr() == t2.data_ptr()
+    gone = torch.randn(2, 4, 256, 64, dtype=torch.bfloat16)
+    ref = weakref.ref(gone)
+    G._descriptor(gone, 64, TD, gl.bfloat16)  # a new key (a 64-row box): validated; its fields kept, not the tensor
+    assert len(built) == 2
+    del gone
+    gc.collect()
+    assert ref() is None
+    assert all(not isinstance(v, torch.Tensor) for f in G._TD_TEMPLATES.values() for v in f.values())
+    half = t2[:, :, :128]
+    d3 = G._descriptor(half, 128, TD, gl.bfloat16)  # another shape: a new key, validated
+    assert len(built) == 3 and built[2] == id(half) and d3.shape == [2, 4, 128, 64]
     flat = torch.randn(2 * 4 * 256 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 256, 64)  # 2 bytes off: unaligned
     with pytest.raises(Exception):
         G._descriptor(flat, 128, TD, gl.bfloat16)  # Triton's own check runs (never a copy of the template)

@@ -86,7 +86,7 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
                      causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                      block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
                      block_size: int = 0) -> str:
-    """The forward kernel (``"triton"``, ``"gluon_ws3a"`` or ``"gluon_ws3b"``) that :func:`flash_attn` runs for
+    """The forward kernel (``"triton"``, ``"gluon_ws3a"``, ``"gluon_ws3b"`` or ``"gluon_ws3p"``) that :func:`flash_attn` runs for
     ``q, k, v`` and these mask arguments (as :func:`flash_attn` takes them) with ``config`` (``None``: the current
     settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
     (Gluon on Hopper for large band-mask fp16 / bf16 problems at ``GLUON_AUTO_HEAD_DIMS`` on a triton of

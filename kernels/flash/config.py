@@ -125,8 +125,9 @@ class FlashConfig:
         fwd, dq, dkdv: forced tiles of each kernel in the dense / causal / window modes (tuning; no shared-memory
             or register check). ``BLOCK_M`` / ``BLOCK_N`` powers of two >= 16, ``num_warps`` a power of two.
         fwd_impl: the forward kernel: ``"auto"`` (default: per call, :func:`~kernels.flash.resolve_fwd_impl`:
-            ``"gluon_ws3a"`` on Hopper for large band-mask (dense / causal / window / documents) fp16 / bf16
-            problems at the head dims of ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable on a
+            the persistent ``"gluon_ws3p"`` on Hopper for large dense / causal / window fp16 / bf16 problems,
+            ``"gluon_ws3a"`` for documents and whole-tile block-sparse layouts (``kernels.flash.gluon.AUTO_PERSISTENT``),
+            at the head dims of ``kernels.flash.gluon.GLUON_AUTO_HEAD_DIMS`` when Gluon is importable on a
             triton of ``kernels.flash.gluon.GLUON_AUTO_TRITON`` (3.6, 3.9), else ``"triton"``; never raises),
             ``"triton"`` (the Triton kernel: every mask), or a Gluon kernel for Hopper (:mod:`kernels.flash.gluon`,
             ``triton.experimental.gluon`` of triton 3.6 or 3.9): ``"gluon_ws3a"`` (FA3's

@@ -657,32 +657,32 @@ def _descriptor(t: torch.Tensor, rows: int, TD, gl_dtype):
 
 
 _TD_TEMPLATES: dict = {}
-"""Validated host TMA descriptors by (class, dtype, device type, shape, strides, block, layout): :func:`_td` copies one
-for another base tensor of the same key. Bounded by :data:`_TD_TEMPLATES_KEPT` (emptied when full)."""
+"""The fields (all but ``base``) of validated host TMA descriptors by (class, dtype, device type, shape, strides, block,
+layout): :func:`_td` copies them for another base tensor of the same key. No tensor is held. Bounded by
+:data:`_TD_TEMPLATES_KEPT` (emptied when full)."""
 _TD_TEMPLATES_KEPT = 256
 
 
 def _td(TD, base: torch.Tensor, shape: list, strides: list, block: list, layout):
     """``TD(base, shape, strides, block, layout)``, Gluon's host TMA descriptor. While :data:`GLUON_KEPT_LAUNCH`, a
     repeated key (dtype, device type, shape, strides, block and layout; ``base`` 16-byte aligned, as every tensor
-    :func:`_tma_view` passes is) copies the descriptor built and validated at the key's first call and sets its
-    ``base`` (~0.5 us of host time instead of ~5 us: Triton's checks of shape, strides, block and layout ran on
-    that first one, and depend on nothing else of ``base``); otherwise, or for an unaligned base, the constructor
-    and its checks run (and raise what they raise)."""
+    :func:`_tma_view` passes is) copies the fields of the descriptor built and validated at the key's first call and
+    sets ``base`` (~0.5 us of host time instead of ~5 us: Triton's checks read only the base's alignment and dtype
+    besides the fields, and keep nothing derived from it); otherwise, or for an unaligned base, the constructor and
+    its checks run (and raise what they raise)."""
     if not GLUON_KEPT_LAUNCH or base.data_ptr() % 16:
         return TD(base, shape, strides, block, layout)
     key = (TD, base.dtype, base.device.type, tuple(shape), tuple(strides), tuple(block), layout)
-    tmpl = _TD_TEMPLATES.get(key)
-    if tmpl is None:
-        tmpl = TD(base, shape, strides, block, layout)
-        if len(_TD_TEMPLATES) >= _TD_TEMPLATES_KEPT:
-            _TD_TEMPLATES.clear()
-        _TD_TEMPLATES[key] = tmpl
-        return tmpl
-    if not hasattr(tmpl, "__dict__"):  # (a descriptor class with __slots__: no copy of that kind)
-        return TD(base, shape, strides, block, layout)
+    fields = _TD_TEMPLATES.get(key)
+    if fields is None:
+        d = TD(base, shape, strides, block, layout)
+        if hasattr(d, "__dict__"):  # (a descriptor class with __slots__: no copy of that kind)
+            if len(_TD_TEMPLATES) >= _TD_TEMPLATES_KEPT:
+                _TD_TEMPLATES.clear()
+            _TD_TEMPLATES[key] = {k: v for k, v in d.__dict__.items() if k != "base"}  # never the tensor itself
+        return d
     d = object.__new__(TD)
-    d.__dict__.update(tmpl.__dict__)
+    d.__dict__.update(fields)
     d.base = base
     return d
 
