@@ -376,11 +376,12 @@ case $call in
       -k "auto or persistent or kept or compiled_launches"
     timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu > "$W/train_gpu.log" 2>&1
     b train_gpu $?; grep -E "learned|val/acc by" "$W/train_gpu.log" | tail -2
-    timeout -k 5 "${AB_S:-150}" python3 -m eval.bench_flash --out "$W" --tag auto_ws3p \
+    # (AB_S=0 / N1K_S=0 skip a step)
+    [ "${AB_S:-150}" -gt 0 ] && timeout -k 5 "${AB_S:-150}" python3 -m eval.bench_flash --out "$W" --tag auto_ws3p \
       --variants causal,noncausal,win1024,gqa4 --N 4096,16384 --D 128 --impls ours,ours_gluon_ws3a,sdpa_cudnn \
       --rounds 3 --check --time-budget-s $(( ${AB_S:-150} - 10 )) > "$W/auto_ws3p.log" 2>&1; b auto_ws3p $?
     grep -E "^ *(causal|noncausal|win1024|gqa4) +[0-9]+ +[0-9]+ " "$W/auto_ws3p.log" | cut -c1-150
-    timeout -k 5 "${N1K_S:-60}" python3 -m eval.bench_flash --out "$W" --tag n1k --variants causal,noncausal \
+    [ "${N1K_S:-60}" -gt 0 ] && timeout -k 5 "${N1K_S:-60}" python3 -m eval.bench_flash --out "$W" --tag n1k --variants causal,noncausal \
       --N 1024 --D 128 --hidden 2048 --impls ours,sdpa_cudnn --rounds 5 --check \
       --time-budget-s $(( ${N1K_S:-60} - 10 )) > "$W/n1k.log" 2>&1; b n1k $?
     grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/n1k.log" | cut -c1-150 ;;
