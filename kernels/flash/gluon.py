@@ -95,8 +95,10 @@ AUTO_PERSISTENT = True
 """Whether ``fwd_impl="auto"`` (:func:`choose_fwd_impl`), where it takes the Gluon forward, runs the persistent one
 (:data:`PERSISTENT_IMPL`) for dense, causal and sliding-window masks (no block-sparse layout, which it cannot run; no
 ``documents``, not timed with it): ``AUTO_GLUON_IMPL`` (``gluon_ws3a``) otherwise. Since the 35th session (2026-12-07):
-the timings in :data:`PERSISTENT_IMPL`'s note, 0.99-1.14x ws3a, bit for bit equal. A module-level knob read at every
-call; not part of :class:`~kernels.flash.FlashConfig`."""
+the timings in :data:`PERSISTENT_IMPL`'s note, forward alone 0.99-1.14x ws3a, bit for bit equal; at this setting on an
+H100 (``results/h100/2026-12-07f/14``) the "auto" / persistent / kept-launch GPU tests passed (121), ``train.py
+trainer=gpu`` learned, and fwd+bwd read 0.98-1.02x ws3a forced (causal / full / window 1024 at 4k / 16k, D 128; within
+that bench's noise). A module-level knob read at every call; not part of :class:`~kernels.flash.FlashConfig`."""
 
 
 def gluon_tiles(impl: str, D: int) -> Tuple[int, int, int, int]:
