@@ -78,12 +78,14 @@
 # --dynamic` (123 s; dynamic @16 MiB 1.02-1.13x ws3a everywhere timed, now the default schedule), 2 (330 s), 3 with
 # SOFTMAX_BUDGET_S=250 (413 s), 4 with DOCS_S=260 in a 440 s device call (its steps add up to ~600 s: cut, nothing
 # came back; CALL_S now caps every step), 1 with SHORT_S=0 BWDMIN_S=0 MODEL_S=0 PYTEST_S=200 (270 s; 0 failed).
-# Next, first: call 13 (the dynamic persistent forward on what it has not run, windows and D 64, ~100 s; then the N 1k
-# host time and profile: the 34th sweep read causal 1k 0.62x cuDNN, repeats spread 14-20 %, and the Gluon backward's
-# Python is ~430 us per call on the CPU machine); if the persistent forward holds, "auto" takes gluon_ws3p where ws3a
-# ran, then in the same machine `pytest -m gpu -n 16 tests/test_kernel_flash_gluon.py tests/test_gluon_band_fwd.py -k
-# "auto or persistent"`, `python train.py trainer=gpu` and `eval.bench_flash` "auto" against cuDNN / FA4.
-# Then 4 with CALL_S=560 in a device call of timeout_s 580 (the masks, the documents, the profiles), then 1 whole.
+# Thirty-fifth (kind nvidia-h200 refused twice, nvidia-h100-x1 once: ~300 s; then H100s): 13 with CALL_S=440 (169 s;
+# carrying .fa4x/1: gpu_env.sh now copies every carried .fa4x part, whatever the call), 2 with TAYLOR_S=0 ELU_S=0
+# (12 s: FA4 part 2), 4 with CALL_S=420 DOCS_S=220 (422 s: masks, sparse_bwd, where_fa4; the documents step cut
+# before its first row), then, on a fresh H100 after more refusals, 14 with CALL_S=250 AUTO_PYTEST_S=110 AB_S=70
+# N1K_S=0 (216 s; 121 GPU tests passed, train.py learned). results/h100/2026-12-07f.
+# Next: 1 whole (PYTEST_S=250: the whole GPU suite at "auto" = ws3p; ~470 s), then 3 (the anchors with ws3p as
+# "auto"), then the documents alone with DOCS_S >= 400 in their own call (FA4 varlen and Flex+FA4 compile per
+# distribution: 220 s was not enough for the first row on the H100; carry .fa4x/3 and .data after calls 1-2).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
