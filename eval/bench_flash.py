@@ -391,14 +391,22 @@ def case_setup(name: str, N: int, D: int, tokens: int, docs=None, hidden: int = 
 
 
 def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None, docs=None, fwd_only=False,
-               rounds=1, hidden=HIDDEN):
+               rounds=1, hidden=HIDDEN, after_impl=None):
     """Time every impl of ``impls`` on one case (variant ``name``, ``N``, ``D``, ``docs``), append a row each to
     ``rows`` and return impl -> row. Each impl is compiled, checked and timed once in turn (fwd, bwd, fwd+bwd, peak
     memory); with ``rounds > 1`` the forward and the forward+backward of every impl that ran are timed ``rounds - 1``
     more times in rotating order (:func:`eval.bench_common.interleaved_rounds`), and the row reports the median of its
     ``rounds`` timings with their spread (``fwd_spread``, ``fwd_bwd_spread``: (max - min) / median), so a drift of
-    the shared GPU is not charged to one impl."""
+    the shared GPU is not charged to one impl. ``after_impl(row)``, if given, is called as each impl's row is
+    appended (its first-round times, or its error), before the rounds: ``main`` writes the results there, so a run
+    cut while a later anchor compiles keeps the rows before it."""
     B, Hq, Hkv, spec, frac, doc_ids = case_setup(name, N, D, tokens, docs, hidden)
+
+    def done(row):
+        rows.append(row)
+        if after_impl is not None:
+            after_impl(row)
+
     if docs is not None:
         n_docs = int((doc_ids[:, 1:] != doc_ids[:, :-1]).sum()) + B
     g = torch.Generator(device=DEVICE).manual_seed(N + D)
@@ -418,7 +426,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
         if impl == "flex":
             if flex_budget[0] <= 0:
                 row["error"] = "skipped (flex compile budget)"
-                rows.append(row)
+                done(row)
                 continue
             flex_budget[0] -= 1
         t0 = time.time()
@@ -451,7 +459,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
             if fwd_only:
                 _set_times(row, "fwd", [ms_f], B, Hq, N, D, frac)
                 res[impl], timers[impl] = row, dict(fwd=(timer["fwd"], [ms_f]))
-                rows.append(row)
+                done(row)
                 torch.cuda.empty_cache()
                 continue
             out = f(q, k, vv)
@@ -472,7 +480,7 @@ def bench_case(name, N, D, impls, tokens, check, rows, flex_budget, config=None,
             row["error"] = error_line(e)
             if os.environ.get("BENCH_TRACE"):
                 traceback.print_exc()
-        rows.append(row)
+        done(row)
         torch.cuda.empty_cache()
     if rounds > 1 and timers:
         for mode in ("fwd",) if fwd_only else ("fwd", "fwd_bwd"):
@@ -621,8 +629,16 @@ def main(argv=None):
                     continue
                 case_impls = [i for i in impls if not (i == "flex" and N < a.flex_min_n)]
                 t0 = time.time()
+
+                def after_impl(row, name=name, N=N, D=D, docs=docs):  # a line and the files as each impl finishes
+                    mode = "fwd" if a.fwd_only else "fwd_bwd"
+                    got = row.get("error") or f"{row.get(mode + '_tflops', float('nan')):.1f} TF/s {mode} (first round)"
+                    print(f"  {row['impl']}: {name} {docs or ''} N={N} D={D}: {got} (compile {row.get('compile_s', '-')} s, "
+                          f"{time.time() - t0:.0f} s into the case)", flush=True)
+                    write_results(rows, a.out, a.tag, env)
+
                 res = bench_case(name, N, D, case_impls, a.tokens, a.check, rows, flex_budget, config, docs, a.fwd_only,
-                                 a.rounds, a.hidden)
+                                 a.rounds, a.hidden, after_impl=after_impl)
                 o = res.get("ours", {})
                 mode = "fwd" if a.fwd_only else "fwd_bwd"
                 tf = lambda r: r.get(mode + "_tflops", float("nan"))  # noqa: E731

@@ -80,3 +80,45 @@ def test_bench_case_rounds_share_a_drift_between_impls(monkeypatch):
 def test_bench_flash_refuses_rounds_below_one():
     with pytest.raises(SystemExit, match=r"--rounds 0 is not supported; allowed values: an integer >= 1"):
         bf.main(["--rounds", "0"])
+
+
+def test_bench_case_reports_each_impl_as_it_finishes(monkeypatch):
+    """after_impl sees each impl's row as it is appended, in order and before the rounds (its first-round times, or
+    its error), so main can write the files then: a run cut while a later anchor compiles keeps the earlier rows."""
+    clock = itertools.count(1)
+    monkeypatch.setattr(bf, "DEVICE", "cpu")
+    monkeypatch.setattr(bf, "time_cuda", lambda fn, grad_to_none=None, **_: (fn(), float(next(clock)))[1])
+    monkeypatch.setattr(bf, "peak_memory", lambda fn: (fn(), 2**20)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    rows, seen = [], []
+
+    def after(row):
+        assert rows[-1] is row  # appended first
+        seen.append((row["impl"], row.get("fwd_bwd_ms"), "rounds" in row, "error" in row))
+
+    res = bf.bench_case("causal", 64, 64, ["torch", "no_such_impl", "reference"], 128, False, rows, [0], rounds=2,
+                        after_impl=after)
+    assert [s[0] for s in seen] == ["torch", "no_such_impl", "reference"]
+    assert seen[0] == ("torch", 3.0, False, False) and seen[2] == ("reference", 6.0, False, False)  # first round only
+    assert seen[1][3] and "fwd_bwd_ms" not in rows[1]  # an impl that cannot run is reported as its error
+    assert res["torch"]["rounds"] == 2  # the rounds still ran after the reports
+
+
+def test_main_writes_the_files_as_each_impl_finishes(monkeypatch, capsys):
+    """main hands bench_case a callback that prints a line and writes the CSV / JSON per impl (not only per case)."""
+    writes = []
+
+    def fake_case(*a, after_impl=None, **kw):
+        rows = a[6]
+        for impl in ("ours", "sdpa_cudnn"):
+            rows.append(dict(variant="causal", N=512, D=64, impl=impl, fwd_bwd_tflops=1.5, compile_s=0.1))
+            after_impl(rows[-1])
+        return {}
+
+    monkeypatch.setattr(bf, "require_cuda", lambda name: None)
+    monkeypatch.setattr(bf, "bench_case", fake_case)
+    monkeypatch.setattr(bf, "write_results", lambda rows, *a, **kw: writes.append(len(rows)))
+    bf.main(["--D", "64", "--N", "512", "--variants", "causal", "--impls", "ours,sdpa_cudnn"])
+    assert writes[:2] == [1, 2]  # after each impl, then after the case
+    out = capsys.readouterr().out
+    assert "  ours: causal  N=512 D=64: 1.5 TF/s fwd_bwd (first round)" in out and "  sdpa_cudnn: causal" in out
