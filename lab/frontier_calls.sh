@@ -85,7 +85,8 @@
 # N1K_S=0 (216 s; 121 GPU tests passed, train.py learned). results/h100/2026-12-07f.
 # Next: 1 whole (PYTEST_S=250: the whole GPU suite at "auto" = ws3p; ~470 s), then 3 (the anchors with ws3p as
 # "auto"), then the documents alone with DOCS_S >= 400 in their own call (FA4 varlen and Flex+FA4 compile per
-# distribution: 220 s was not enough for the first row on the H100; carry .fa4x/3 and .data after calls 1-2).
+# distribution: 220 s was not enough for the first row on the H100; carry .fa4x/3 and .data after calls 1-2):
+# `MASKS_S=0 SPARSE_S=0 WHERE_S=0 DOCS_S=500 CALL_S=560 bash lab/frontier_calls.sh 4` in a device call of timeout_s 580.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
@@ -232,19 +233,22 @@ case $call in
     # masks, then the profile, then the documents: the documents step compiles FA4 varlen, Flex+FA4 and our band
     # kernels per distribution (three were cut at 150 s in the seventeenth session, before the first case's row), so
     # it runs last with the longest limit and issue 27's two kinds of distribution: a real corpus's, a fixed grid
-    timeout -k 5 150 python3 -m eval.bench_flash --out "$W" --tag masks --variants win1024,bigbird,strided --N 1024,16384 \
-      --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check --time-budget-s 135 > "$W/masks.log" 2>&1; b masks $?
-    grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170
+    # (MASKS_S=0 SPARSE_S=0 WHERE_S=0 leave the documents alone: `MASKS_S=0 SPARSE_S=0 WHERE_S=0 DOCS_S=500 CALL_S=560`,
+    # the documents' own call, which they need on an H100: 220 s did not reach the first row in the 35th session)
+    [ "${MASKS_S:-150}" -gt 0 ] && { timeout -k 5 "${MASKS_S:-150}" python3 -m eval.bench_flash --out "$W" --tag masks \
+      --variants win1024,bigbird,strided --N 1024,16384 --D 128 --impls ours,flex_fa4,fa4 --rounds 3 --check \
+      --time-budget-s $(( ${MASKS_S:-150} - 15 )) > "$W/masks.log" 2>&1; b masks $?
+      grep -E "^ *(win1024|bigbird|strided) " "$W/masks.log" | cut -c1-170; }
     # the Gluon backward on the block-sparse layouts' own tables ("auto" from 1k queries since the 23rd session: ours)
     # against the Triton backward (ours_triton_bwd) and Flex+FA4; 5 rounds, each kept in the JSON's
     # fwd_bwd_rounds_ms: the 22nd session saw 0.64-1.00x readings at 1k / 4k (spreads up to 0.42), the 23rd none
-    timeout -k 5 130 python3 -m eval.bench_flash --out "$W" --tag sparse_bwd --variants bigbird,strided \
-      --N 1024,4096,16384 --D 128 --impls ours,ours_triton_bwd,flex_fa4 --rounds 5 --check --time-budget-s 120 \
-      > "$W/sparse_bwd.log" 2>&1
-    b sparse_bwd $?; grep -E "^ *(bigbird|strided) " "$W/sparse_bwd.log" | cut -c1-170
-    timeout -k 5 60 python3 -m lab.where_time --out "$W" --tag where_fa4 --cases causal:16384:128,win1024:16384:128 \
-      --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1; b where_fa4 $?
-    grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160
+    [ "${SPARSE_S:-130}" -gt 0 ] && { timeout -k 5 "${SPARSE_S:-130}" python3 -m eval.bench_flash --out "$W" \
+      --tag sparse_bwd --variants bigbird,strided --N 1024,4096,16384 --D 128 --impls ours,ours_triton_bwd,flex_fa4 \
+      --rounds 5 --check --time-budget-s $(( ${SPARSE_S:-130} - 10 )) > "$W/sparse_bwd.log" 2>&1
+      b sparse_bwd $?; grep -E "^ *(bigbird|strided) " "$W/sparse_bwd.log" | cut -c1-170; }
+    [ "${WHERE_S:-60}" -gt 0 ] && { timeout -k 5 "${WHERE_S:-60}" python3 -m lab.where_time --out "$W" --tag where_fa4 \
+      --cases causal:16384:128,win1024:16384:128 --impls ours,fa4,ours_triton_all > "$W/where_fa4.log" 2>&1
+      b where_fa4 $?; grep -E "wall|Error" "$W/where_fa4.log" | cut -c1-160; }
     # the window first: Flex+FA4 compiles the causal document mask on real articles for 130-185 s (18th, 19th
     # sessions), and a limit reached there (19th) lost the window rows that take 45 s
     timeout -k 5 "${DOCS_S:-300}" python3 -m eval.bench_flash --out "$W" --tag docs --variants win1024,causal --N 16384 \
