@@ -101,7 +101,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13|14) ;; *) echo "frontier_calls: call '$call' is not one of 1-14"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16) ;; *) echo "frontier_calls: call '$call' is not one of 1-16"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -162,7 +162,8 @@ case $call in
   1)
     timeout -k 5 100 python3 train.py trainer=gpu logger=csv hydra.run.dir=/tmp/w/readme_gpu > "$W/train_gpu.log" 2>&1
     b train_gpu $?; grep -E "learned|val/acc by" "$W/train_gpu.log" | tail -2
-    gpytest pytest_gpu "${PYTEST_S:-300}" -n "${PYTEST_N:-14}"
+    # (PYTEST_K: a -k expression, e.g. "not overlap" to leave a new kernel's tests to their own call)
+    gpytest pytest_gpu "${PYTEST_S:-300}" -n "${PYTEST_N:-14}" ${PYTEST_K:+-k "$PYTEST_K"}
     # issue 30's model level (>= 1.05x SDPA's default, cuDNN here, at d_model 1024, N 4k); MODEL_S=0 skips it
     if [ "${MODEL_S:-90}" -gt 0 ]; then
       timeout -k 5 "${MODEL_S:-90}" python3 -m eval.bench_model --out "$W/model" --sizes large --variants flash \
@@ -391,5 +392,32 @@ case $call in
       --N 1024 --D 128 --hidden 2048 --impls ours,sdpa_cudnn --rounds 5 --check \
       --time-budget-s $(( ${N1K_S:-60} - 10 )) > "$W/n1k.log" 2>&1; b n1k $?
     grep -E "^ *(causal|noncausal) +[0-9]+ +[0-9]+ " "$W/n1k.log" | cut -c1-150 ;;
+  15)
+    # where "auto" does not take the persistent forward yet, forward alone (36th): short N, below the Gluon forward's
+    # pairs threshold (GLUON_AUTO_HEAD_DIMS: causal 1k and 512 at 16k tokens run the Triton forward), and packed
+    # documents (gluon_ws3a: ws3p untimed there); 5 rounds each (SHORTF_S=0 / DOCF_S=0 skip a step)
+    [ "${SHORTF_S:-120}" -gt 0 ] && timeout -k 5 "${SHORTF_S:-120}" python3 -m eval.bench_flash --out "$W" --tag short_fwd \
+      --variants causal,noncausal,gqa4 --N 512,1024,2048 --D 128,64 --hidden 2048 --fwd-only --rounds 5 --check \
+      --impls ours,ours_triton,ours_gluon_ws3a,ours_gluon_ws3p,sdpa_cudnn --time-budget-s $(( ${SHORTF_S:-120} - 10 )) \
+      > "$W/short_fwd.log" 2>&1; b short_fwd $?
+    grep -E "^ *(causal|noncausal|gqa4) +[0-9]+ +[0-9]+ " "$W/short_fwd.log" | cut -c1-150
+    docs=fixed:2048,geometric:512; [ -n "${ATTN_ZOO_WIKITEXT:-}" ] && docs=wikitext:real,$docs
+    [ "${DOCF_S:-120}" -gt 0 ] && timeout -k 5 "${DOCF_S:-120}" python3 -m eval.bench_flash --out "$W" --tag docs_fwd \
+      --variants causal,win1024,noncausal --N 16384 --D 128 --tokens 65536 --docs "$docs" --fwd-only --rounds 5 --check \
+      --impls ours,ours_gluon_ws3p --time-budget-s $(( ${DOCF_S:-120} - 10 )) > "$W/docs_fwd.log" 2>&1; b docs_fwd $?
+    grep -E "^ *(causal|noncausal|win1024) +[0-9]+ +[0-9]+ " "$W/docs_fwd.log" | cut -c1-150 ;;
+  16)
+    # FA3's intra-warpgroup overlap in the two-consumer dK / dV kernel (GLUON_BWD_OVERLAP, 36th): its GPU tests, then
+    # the backward alone against the plain schedule at what "auto" runs (D 128: + Gluon dQ, D 64: + Triton dQ), each
+    # twice in alternation (0, 1, 0, 1) for the drift; then fwd+bwd with it on against off
+    gpytest pytest_overlap "${OV_PYTEST_S:-150}" -n "${PYTEST_N:-14}" tests/test_kernel_flash_gluon_bwd.py \
+      tests/test_gluon_band_bwd.py -k "overlap or two_consumers"
+    for dq in 128:gluon 64:triton; do
+      IFS=: read -r D dqk <<< "$dq"
+      timeout -k 5 "${OV_SWEEP_S:-90}" python3 -m lab.gluon_bwd_sweep --D "$D" --N 1024,4096,16384 --causal 1,0 \
+        --dq "$dqk" --lse tma --consumers 2 --overlap 0,1,0,1 --auto --out "$W/overlap_d$D.csv" \
+        > "$W/overlap_d$D.log" 2>&1; b "overlap_d$D" $?
+      grep -E "^D=" "$W/overlap_d$D.log" | cut -c1-150
+    done ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .

@@ -172,14 +172,16 @@ def parse_masks(text: str) -> list:
 
 def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages_override: int = 0,
                      write_dq: bool = True, lse_tma: bool = True, consumers: int = 1, pingpong: bool = False,
-                     block_m_override: int = 0, block_n_override: int = 0, dq_tma: bool = False) -> dict:
+                     block_m_override: int = 0, block_n_override: int = 0, dq_tma: bool = False,
+                     overlap: bool = False) -> dict:
     """Compile the Gluon backward (``bwd_impl="gluon"``) at the launcher's tiles
     (:func:`kernels.flash.gluon.gluon_bwd_tiles`) for sm_90a: ``consumers=1``: ``_gl_bwd_kernel`` with
     ``WRITE_DQ=write_dq`` (the atomic dQ, by TMA reduce-add with ``dq_tma``: triton 3.7+; ``mask`` ``"full"`` /
     ``"causal"`` only); ``consumers=2``:
     ``_gl_bwd_dkdv2_kernel`` (dK / dV only, ``write_dq`` must be False) with ``PINGPONG=pingpong`` and the band
     constexprs of ``mask`` (a name of :data:`MASKS`; ``False`` / ``True`` mean ``"full"`` / ``"causal"``);
-    ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way. ``block_m_override`` / ``block_n_override`` (0:
+    ``LSE_TMA=lse_tma`` (lse2 / delta through the ring) either way; ``overlap``: ``OVERLAP`` (two consumers, no
+    ``dq_tma``: :data:`kernels.flash.gluon.GLUON_BWD_OVERLAP`). ``block_m_override`` / ``block_n_override`` (0:
     the launcher's): other tiles, to see what they would cost (the program's key rows: with two consumers each gets
     half). The same report as :func:`compile_case`."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -224,7 +226,7 @@ def compile_bwd_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stage
         const.update(CAUSAL=mask == "causal", WRITE_DQ=write_dq, DQ_TMA=dq_tma)
     else:
         const.update(HAS_LEFT=has_left, HAS_RIGHT=has_right, DOCS=docs, PINGPONG=pingpong,
-                     SPARSE=mask in SPARSE_MASKS, DQ_TMA=dq_tma)
+                     SPARSE=mask in SPARSE_MASKS, DQ_TMA=dq_tma, OVERLAP=overlap)
     sig, attrs = signature(fn, types, const, lambda name, ty: ty.startswith("*") or name.startswith("stride_"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -269,10 +271,11 @@ def compile_dq_case(mask, D: int, dtype: str = "bf16", ptx: bool = False, stages
     return _report(ck, f"{block_m}x{block_n}x{stages}st/2x{warps}w", ptx)
 
 
-# inspect name -> compile_bwd_case's (write_dq, consumers, pingpong, dq_tma)
-BWD_IMPLS = {"gluon_bwd": (True, 1, False, False), "gluon_bwd_dkdv": (False, 1, False, False),
-             "gluon_bwd_dkdv2": (False, 2, False, False), "gluon_bwd_dkdv2pp": (False, 2, True, False),
-             "gluon_bwd_tmadq": (True, 1, False, True), "gluon_bwd_dkdv2tma": (True, 2, False, True)}
+# inspect name -> compile_bwd_case's (write_dq, consumers, pingpong, dq_tma, overlap)
+BWD_IMPLS = {"gluon_bwd": (True, 1, False, False, False), "gluon_bwd_dkdv": (False, 1, False, False, False),
+             "gluon_bwd_dkdv2": (False, 2, False, False, False), "gluon_bwd_dkdv2pp": (False, 2, True, False, False),
+             "gluon_bwd_dkdv2ov": (False, 2, False, False, True),
+             "gluon_bwd_tmadq": (True, 1, False, True, False), "gluon_bwd_dkdv2tma": (True, 2, False, True, False)}
 
 
 def main(argv=None):
@@ -282,7 +285,8 @@ def main(argv=None):
                          "gluon_bwd_tmadq (the fused dQ by TMA reduce-add: gluon_bwd_dq='tma', triton 3.7+), gluon_bwd_dkdv2tma "
                          "(the same in the two-consumer kernel: gluon_bwd_consumers=2), "
                          "gluon_bwd_dkdv (dK / dV only: gluon_bwd_dq='triton'), gluon_bwd_dkdv2 (the same with "
-                         "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG), gluon_bwd_dq (the Gluon "
+                         "gluon_bwd_consumers=2), gluon_bwd_dkdv2pp (and GLUON_BWD_PINGPONG), gluon_bwd_dkdv2ov (and "
+                         "GLUON_BWD_OVERLAP), gluon_bwd_dq (the Gluon "
                          "dQ kernel, gluon_bwd_dq='gluon'; --stages / --bwd-block-n apply)")
     ap.add_argument("--lse", default="tma,load",
                     help="backward only: how lse2 / delta are read: tma (ring, shared memory), load (gl.load)")
@@ -321,10 +325,10 @@ def main(argv=None):
                             elif impl in BWD_IMPLS:
                                 if lse not in ("tma", "load"):
                                     raise ValueError(f"--lse {lse!r}: allowed values: tma, load")
-                                wdq, cons, pp, dqt = BWD_IMPLS[impl]
+                                wdq, cons, pp, dqt, ov = BWD_IMPLS[impl]
                                 r = compile_bwd_case(mask, D, dtype, ptx=bool(args.ptx), stages_override=args.stages,
                                                      write_dq=wdq, lse_tma=lse == "tma", consumers=cons, pingpong=pp,
-                                                     dq_tma=dqt,
+                                                     dq_tma=dqt, overlap=ov,
                                                      block_m_override=args.bwd_block_m,
                                                      block_n_override=args.bwd_block_n)
                             else:

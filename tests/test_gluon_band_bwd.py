@@ -189,6 +189,15 @@ def test_gpu_band_grads_with_tma_dq(monkeypatch, name, D):
     _check(monkeypatch, name, D, torch.bfloat16, dq="tma")
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["left_causal", "right_only", "docs_full", "docs_window", "left_causal_nq_gt_nk"])
+def test_gpu_band_grads_with_overlap(monkeypatch, name, D):
+    """The two-consumer kernel with FA3's intra-warpgroup overlap (GLUON_BWD_OVERLAP) on windows and documents:
+    consumers that skip tiles before / after their band, and tiles of several heads (GQA)."""
+    monkeypatch.setattr(G, "GLUON_BWD_OVERLAP", True)
+    _check(monkeypatch, name, D, torch.bfloat16)
+
+
 @pytest.mark.parametrize("name", ["left_causal", "docs_window"])
 def test_gpu_gluon_flash_bwd_direct_matches_triton_bwd(name):
     """gluon_flash_bwd called directly (win_left / win_right / documents) against flash_attn_bwd's Triton path on

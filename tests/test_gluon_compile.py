@@ -53,6 +53,7 @@ CASES = {
     "fwd_ws3p": ("compile_case", ["gluon_ws3p", "causal", 128], dict(ptx=True)),
     "fwd_ws3p_dynamic": ("compile_case", ["gluon_ws3p", "causal", 128], dict(dynamic=True, ptx=True)),
     "dkdv2": ("compile_bwd_case", ["causal", 128], dict(write_dq=False, consumers=2)),
+    "dkdv2_overlap": ("compile_bwd_case", ["causal", 64], dict(write_dq=False, consumers=2, overlap=True)),
     "dq": ("compile_dq_case", ["causal", 128], {}),
     "tma_dq_one": ("compile_bwd_case", ["causal", 128], dict(write_dq=True, dq_tma=True, ptx=True)),
     "tma_dq_two": ("compile_bwd_case", ["full", 128], dict(write_dq=True, consumers=2, dq_tma=True, ptx=True)),
@@ -110,6 +111,12 @@ def test_persistent_forward_compiles_static_and_dynamic(reports):
 def test_two_consumer_dkdv_and_dq_kernels_compile_causal_d128(reports):
     _checked(_compile(reports, "dkdv2"))
     _checked(_compile(reports, "dq"))
+
+
+def test_two_consumer_dkdv_with_overlap_compiles_causal_d64(reports):
+    """GLUON_BWD_OVERLAP's schedule (the first visited tile peeled, then tiles that issue the previous tile's dK)
+    compiles without spills at D 64 (at D 128 it spills a little: ``lab.inspect_gluon --impls gluon_bwd_dkdv2ov``)."""
+    _checked(_compile(reports, "dkdv2_overlap"))
 
 
 def test_tma_dq_kernels_compile_where_triton_has_the_reduce_add(reports):

@@ -574,12 +574,13 @@ def test_gluon_flash_bwd_dq_paths(monkeypatch, causal):
                           config=SimpleNamespace(gluon_bwd_dq="x"))
 
 
-@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("pingpong,overlap", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
+def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong, overlap):
     """gluon_bwd_consumers=2 (with gluon_bwd_dq="triton"): _gl_bwd_dkdv2_kernel runs instead of _gl_bwd_kernel, on
     the same grid (cdiv(Nk, 128) key tiles of 128 rows: two consumers of 64) and arguments, with num_warps = 4 (the
-    default partition: one warpgroup), PINGPONG = GLUON_BWD_PINGPONG and no WRITE_DQ; dq from the Triton dQ kernel,
+    default partition: one warpgroup), PINGPONG = GLUON_BWD_PINGPONG, OVERLAP = GLUON_BWD_OVERLAP and no WRITE_DQ; dq
+    from the Triton dQ kernel,
     equal to the Triton backward's. The atomic dQ with two consumers is refused (FlashConfig first, then
     gluon_flash_bwd itself for a config object that skipped the check)."""
     B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 40, 200, 64
@@ -588,6 +589,7 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     out, lse = _fwd(q, k, v, scale, causal)
     kern, descs = _fake_gluon(monkeypatch)
     monkeypatch.setattr(G, "GLUON_BWD_PINGPONG", pingpong)
+    monkeypatch.setattr(G, "GLUON_BWD_OVERLAP", overlap)
     cfg = FlashConfig(bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
     wr = 0 if causal else -1
     dq, dk, dv = G.gluon_flash_bwd(do, q, k, v, out, lse, scale, -1, wr, config=cfg)
@@ -596,6 +598,7 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     bm, bn, stages, warps = G.gluon_bwd_tiles(D, 2)
     assert (bm, bn, warps) == (64, 128, 4) and grid == (-(-Nk // bn), B * Hkv)
     assert "WRITE_DQ" not in kw and kw["PINGPONG"] is pingpong and kw["num_warps"] == 4 and "CAUSAL" not in kw
+    assert kw["OVERLAP"] is overlap
     assert (kw["HAS_LEFT"], kw["HAS_RIGHT"], kw["DOCS"]) == (False, causal, False)
     assert args[11].dtype == torch.int32 and tuple(args[-6:-4]) == (0, 0)  # Doc: a placeholder; win_left / win_right
     assert kw["SPARSE"] is False and all(a is args[11] for a in args[-4:-1]) and args[-1] == 0  # (no block table)
@@ -614,8 +617,8 @@ def test_gluon_flash_bwd_two_consumers_dispatch(monkeypatch, causal, pingpong):
     assert kw1["DQ_TMA"] is False
     assert kw["DQ_TMA"] is False
     assert {k_: v_ for k_, v_ in kw1.items() if k_ not in ("WRITE_DQ", "num_warps", "CAUSAL")} == \
-        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "num_warps", "HAS_LEFT", "HAS_RIGHT", "DOCS",
-                                                         "SPARSE")}
+        {k_: v_ for k_, v_ in kw.items() if k_ not in ("PINGPONG", "OVERLAP", "num_warps", "HAS_LEFT", "HAS_RIGHT",
+                                                         "DOCS", "SPARSE")}
     for bad in (SimpleNamespace(gluon_bwd_dq="atomic", gluon_bwd_consumers=2),
                 SimpleNamespace(gluon_bwd_dq="triton", gluon_bwd_consumers=3)):
         with pytest.raises(ValueError, match=rf"gluon_bwd_consumers={bad.gluon_bwd_consumers} is not supported with "
@@ -1032,14 +1035,17 @@ def test_gpu_triton_dq_is_deterministic(lse_tma, causal):
 # ------------------------------------------------------------- GPU: the two-consumer dK / dV kernel (consumers=2)
 
 
-@pytest.fixture(params=[(True, False), (True, True), (False, False)], ids=["tma-nopp", "tma-pp", "load-nopp"])
+@pytest.fixture(params=[(True, False, False), (True, True, False), (False, False, False), (True, False, True),
+                        (False, False, True)], ids=["tma-nopp", "tma-pp", "load-nopp", "tma-overlap", "load-overlap"])
 def two_mode(request, monkeypatch):
-    """The two-consumer kernel's schedules (kernels.flash.gluon.GLUON_BWD_PINGPONG off / on) with lse2 / delta by
-    TMA (the default), and without ping-pong by gl.load (GLUON_BWD_LSE_TMA=False); ``(lse_tma, pingpong)``."""
-    lse_tma, pp = request.param
+    """The two-consumer kernel's schedules (kernels.flash.gluon.GLUON_BWD_PINGPONG off / on, GLUON_BWD_OVERLAP on
+    without ping-pong) with lse2 / delta by TMA (the default), and without ping-pong by gl.load
+    (GLUON_BWD_LSE_TMA=False); ``(lse_tma, pingpong)``."""
+    lse_tma, pp, overlap = request.param
     monkeypatch.setattr(G, "GLUON_BWD_LSE_TMA", lse_tma)
     monkeypatch.setattr(G, "GLUON_BWD_PINGPONG", pp)
-    return request.param
+    monkeypatch.setattr(G, "GLUON_BWD_OVERLAP", overlap)
+    return lse_tma, pp
 
 
 _TWO = FlashConfig(fwd_impl="triton", bwd_impl="gluon", gluon_bwd_dq="triton", gluon_bwd_consumers=2)
@@ -1210,6 +1216,49 @@ def test_gpu_two_consumers_deterministic_and_equal_to_one_consumer(monkeypatch, 
         assert torch.equal(a, b), name
         torch.testing.assert_close(a.float(), c.float(), atol=1e-2, rtol=1e-2, msg=name)
     assert torch.equal(first[0], one[0])  # dq: the same Triton dQ kernel on the same inputs
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_gpu_overlap_is_bitwise_the_plain_schedule(monkeypatch, causal, D):
+    """GLUON_BWD_OVERLAP (FA3's intra-warpgroup overlap: a tile's dK runs under the next tile's exponentials) sums
+    the same products in the same order as the plain schedule: dk / dv equal bit for bit (GQA 4:1, ragged N, Nq !=
+    Nk), and the kernel got the OVERLAP constexpr it was asked for."""
+    from kernels.flash import _gluon_kernels as GK
+
+    real, seen = GK._gl_bwd_dkdv2_kernel, []
+
+    class _Spy:
+        def __getitem__(self, grid):
+            launch = real[grid]
+
+            def run(*args, **kw):
+                seen.append(kw.get("OVERLAP"))
+                return launch(*args, **kw)
+            return run
+
+    q, k, v, do = _qkv(2, 8, 2, 1000, 1500, D, bnhd=True)
+    monkeypatch.setattr(G, "GLUON_BWD_OVERLAP", False)
+    plain = _grads(q, k, v, do, causal, _TWO)
+    monkeypatch.setattr(GK, "_gl_bwd_dkdv2_kernel", _Spy())
+    monkeypatch.setattr(G, "GLUON_BWD_OVERLAP", True)
+    over = _grads(q, k, v, do, causal, _TWO)
+    assert seen and all(seen), seen
+    for name, a, b in zip(("dq", "dk", "dv"), plain, over):
+        assert torch.equal(a, b), name
+
+
+def test_gluon_bwd_sweep_refuses_overlap_where_it_cannot_apply():
+    """CPU: lab/gluon_bwd_sweep.py --overlap 1 needs two consumers without ping-pong; values other than 0 / 1 stop
+    it before any GPU work."""
+    from lab import gluon_bwd_sweep as sw
+
+    with pytest.raises(SystemExit):
+        sw.main(["--overlap", "1", "--consumers", "1", "--dq", "triton"])
+    with pytest.raises(SystemExit):
+        sw.main(["--overlap", "2"])
 
 
 # ----------------------------------------------------------------- GPU: the Gluon dQ kernel (gluon_bwd_dq="gluon")

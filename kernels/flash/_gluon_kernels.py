@@ -1127,13 +1127,144 @@ def _key_row_span(keys, Nq, Nk, offset, win_left, win_right, KLob, KHib, HAS_LEF
 
 
 @gluon.jit
+def _dkdv_probs(st, lse2, t, start_m, flo_w, fhi_w, keys, rlo, rhi, Nq, Nk, offset, win_left, win_right, qk_scale,
+                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
+                col_layout: gl.constexpr):
+    """``P^T = exp2(S^T * qk_scale - lse2)`` of query tile ``t`` (rows from ``start_m``) against the consumer's
+    ``keys``, zero where the band / document rule hides a pair (on a partial tile only: ``t`` outside ``[flo_w,
+    fhi_w)``; with ``DOCS``, ``[rlo, rhi)`` the rows each key sees)."""
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    if HAS_LEFT or HAS_RIGHT or DOCS:
+        if (t < flo_w) | (t >= fhi_w):  # a partial tile of this consumer's band: the element rule
+            i2 = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=col_layout), 0)  # query rows
+            if DOCS:  # the rows that see each key, one span per key row (held: fewer registers)
+                ok = (i2 >= gl.expand_dims(rlo, 1)) & (i2 < gl.expand_dims(rhi, 1))
+            else:
+                ok = _band_ok(i2, gl.expand_dims(keys, 1), Nq, Nk, offset, win_left, win_right, rlo, rlo,
+                              HAS_LEFT, HAS_RIGHT, False)
+            pt = gl.where(ok, pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _dkdv_release(empty, i, STAGES: gl.constexpr):
+    """This consumer's arrive on ring position ``i``'s empty barrier, after a barrier over its warps (every wgmma
+    of theirs that read the slot was waited for)."""
+    _cta_barrier()
+    mbarrier.arrive(empty.index(i % STAGES), count=1)
+
+
+@gluon.jit
+def _dkdv_overlap_tile(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta_smem, ready, empty, Lse2, Delta,
+                       row0, i, t, start_m, Nq, Nk, offset, win_left, win_right, flo_w, fhi_w, keys, rlo, rhi,
+                       qk_scale, PREV: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                       DOCS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                       STAGES: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
+    """One visited query tile (ring position ``i``, query tile ``t`` from row ``start_m``) of
+    :func:`_dkdv_overlap_head`: issues ``S^T``, ``dP^T`` and, with ``PREV``, the previous visited tile's ``dK +=
+    dS^T Q`` (its dS^T in ``ds_smem``, ``Q`` of position ``i - 1``); forms ``P^T`` while ``dP^T`` (and that ``dK``)
+    run; issues ``dV += P^T dO``; waits for ``dP^T``, ``dV`` (and that ``dK``: then position ``i - 1`` is released
+    and ``ds_smem`` free); writes ``dS^T`` to ``ds_smem``. Returns ``(dk, dv)`` (this tile's dK is issued by the
+    next one, with ``PREV``). (Forming dS^T while dV runs as well keeps P^T's registers live: it spilled at D 128,
+    and triton 3.6's ptxas crashed on it.)"""
+    dtype: gl.constexpr = k2.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_D, 16])  # (BLOCK_N, HEAD_D)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # P^T
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    slot = i % STAGES
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+    do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+    st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if PREV:
+        dk_t = warpgroup_mma(ds_smem, q_smem.index((i - 1) % STAGES).reshape([BLOCK_M, HEAD_D]), dk, is_async=True)
+    if not LSE_TMA:
+        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+        lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
+    if PREV:
+        st = warpgroup_mma_wait(2, deps=(st_t, ))  # S^T done; dP^T and the previous dK may still run
+    else:
+        st = warpgroup_mma_wait(1, deps=(st_t, ))
+    if LSE_TMA:
+        lse2 = lse_smem.index(slot).load(col_layout)
+        if start_m + BLOCK_M > Nq:  # ragged last tile: columns past Nq read padding / another head's rows
+            cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            lse2 = gl.where(cols < Nq, lse2, float("inf"))
+    pt = _dkdv_probs(st, lse2, t, start_m, flo_w, fhi_w, keys, rlo, rhi, Nq, Nk, offset, win_left, win_right,
+                     qk_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, col_layout)
+    pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+    dv_t = warpgroup_mma(pt_op, do2, dv, is_async=True)
+    if LSE_TMA:
+        delta = delta_smem.index(slot).load(col_layout)
+    else:
+        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+        delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
+    if PREV:  # dP^T, the previous dK (ds_smem free) and dV done
+        dpt, dk, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dk_t, dv_t, pt_op))
+        _dkdv_release(empty, i - 1, STAGES)  # Q_{i-1} read by its dK
+    else:
+        dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv_t, pt_op))
+    ds_smem.store((pt * (dpt - gl.expand_dims(delta, 0))).to(dtype))
+    fence_async_shared()
+    _cta_barrier()  # every warp's rows of dS^T are in ds_smem for the next dK
+    return dk, dv
+
+
+@gluon.jit
+def _dkdv_overlap_head(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta_smem, ready, empty, Lse2, Delta, h,
+                       base, b, Hq, Nq, Nk, offset, win_left, win_right, m_lo, cnt, Row, lo_w, hi_w, flo_w, fhi_w,
+                       keys, rlo, rhi, qk_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                       DOCS: gl.constexpr, SPARSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr, num_warps: gl.constexpr):
+    """Query head ``h`` of a two-consumer dK / dV program with FA3's intra-warpgroup overlap
+    (``_gl_bwd_dkdv2_kernel``'s ``OVERLAP``; FlashAttention-3, sec. 3.2): the head's ``cnt`` ring positions ``base +
+    [0, cnt)`` (query tiles ``m_lo + [0, cnt)``, or the block-table row's with ``SPARSE``). Positions outside the
+    consumer's tiles ``[lo_w, hi_w)`` are released unread; each visited one runs :func:`_dkdv_overlap_tile`, whose
+    ``dK`` (dS^T through ``ds_smem``, the consumer's own ``(BLOCK_N, BLOCK_M)`` buffer) runs under the next tile's
+    exponentials; the last one's ``dK`` alone. The products and their order are the plain loop's: the same ``dk`` /
+    ``dv``. Returns them."""
+    row0 = (b * Hq + h).to(gl.int64) * Nq
+    v_lo = gl.minimum(gl.maximum(lo_w - m_lo, 0), cnt)  # the visited positions [v_lo, v_hi) of the head's cnt
+    v_hi = gl.maximum(gl.minimum(hi_w - m_lo, cnt), v_lo)
+    for p in range(0, v_lo):  # tiles before any of this consumer's keys is seen: released unread
+        mbarrier.wait(ready.index((base + p) % STAGES), ((base + p) // STAGES) & 1)
+        _dkdv_release(empty, base + p, STAGES)
+    if v_hi > v_lo:
+        dk, dv = _dkdv_overlap_tile(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
+                                    Lse2, Delta, row0, base + v_lo, m_lo + v_lo,
+                                    _key_tile(m_lo, v_lo, Row, SPARSE) * BLOCK_M, Nq, Nk, offset, win_left, win_right,
+                                    flo_w, fhi_w, keys, rlo, rhi, qk_scale, False, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M,
+                                    BLOCK_N, HEAD_D, STAGES, LSE_TMA, num_warps)
+        for p in range(v_lo + 1, v_hi):
+            dk, dv = _dkdv_overlap_tile(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta_smem, ready,
+                                        empty, Lse2, Delta, row0, base + p, m_lo + p,
+                                        _key_tile(m_lo, p, Row, SPARSE) * BLOCK_M, Nq, Nk, offset, win_left,
+                                        win_right, flo_w, fhi_w, keys, rlo, rhi, qk_scale, True, HAS_LEFT, HAS_RIGHT,
+                                        DOCS, BLOCK_M, BLOCK_N, HEAD_D, STAGES, LSE_TMA, num_warps)
+        last = base + v_hi - 1  # the last visited tile's dK
+        dk_t = warpgroup_mma(ds_smem, q_smem.index(last % STAGES).reshape([BLOCK_M, HEAD_D]), dk, is_async=True)
+        dk = warpgroup_mma_wait(0, deps=(dk_t, ))
+        _dkdv_release(empty, last, STAGES)
+    for p in range(v_hi, cnt):  # tiles after the last one seen: released unread
+        mbarrier.wait(ready.index((base + p) % STAGES), ((base + p) // STAGES) & 1)
+        _dkdv_release(empty, base + p, STAGES)
+    return dk, dv
+
+
+@gluon.jit
 def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, my_turn, other_turn,
                    Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, b, hk,
                    group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row, qk_scale,
                    sm_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr,
                    SPARSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                    STAGES: gl.constexpr, LSE_TMA: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-                   num_warps: gl.constexpr, DQA, ds_smem, dq_smem, DQ_TMA: gl.constexpr):
+                   num_warps: gl.constexpr, DQA, ds_smem, dq_smem, DQ_TMA: gl.constexpr,
+                   OVERLAP: gl.constexpr = False):
     """Consumer ``WG`` (0 or 1, one warpgroup) of ``_gl_bwd_dkdv2_kernel``: key rows ``[start_n + WG * BLOCK_N, +
     BLOCK_N)`` (``BLOCK_N``: the consumer's rows, half the program's) against the ring's slots (query tiles ``[m_lo,
     m_lo + cnt)`` of each query head of the group, in the producer's order; with ``SPARSE`` the block-table row
@@ -1141,7 +1272,8 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
     stored (rows < Nk). ``DQ_TMA``: also this consumer's part of each tile's dQ, ``dS K`` over its keys: dS^T to
     ``ds_smem`` (its own ``(BLOCK_N, BLOCK_M)``), the product into registers, then to ``dq_smem`` (its own fp32
     ``[1, 1, BLOCK_M, HEAD_D]``) and by one TMA reduce-add into the buffer ``DQA`` describes (both consumers add
-    into the same rows); else those three are placeholders, never touched."""
+    into the same rows); else those three are placeholders, never touched. ``OVERLAP`` (not with ``DQ_TMA`` or
+    ``PINGPONG``): each query head's tiles run by :func:`_dkdv_overlap_head` (FA3's intra-warpgroup overlap)."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
@@ -1181,71 +1313,79 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
         rlo = keys
         rhi = keys
     mbarrier.wait(kv_bar, 0)  # also when no tile is visited: the program must not exit with the copy in flight
-    for i in range(0, group * cnt):
-        h = hk * group + i // cnt
-        t = m_lo + i % cnt  # (with SPARSE: the position in the table row, tested against [0, nfull))
-        start_m = _key_tile(m_lo, i % cnt, Row, SPARSE) * BLOCK_M
-        row0 = (b * Hq + h).to(gl.int64) * Nq
-        slot = i % STAGES
-        _pp_wait(my_turn, i, WG, PINGPONG)
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        if (t >= lo_w) & (t < hi_w):  # (else: none of this consumer's keys is seen by the tile: nothing to add)
-            q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
-            do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
-            s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-            st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            _pp_pass(other_turn, PINGPONG)
-            if LSE_TMA:
-                st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
-                lse2 = lse_smem.index(slot).load(col_layout)
-                if start_m + BLOCK_M > Nq:  # ragged last tile: columns past Nq read padding / another head's rows
+    if OVERLAP and not DQ_TMA and not PINGPONG:
+        for hh in range(0, group):
+            dk, dv = _dkdv_overlap_head(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta_smem, ready,
+                                        empty, Lse2, Delta, hk * group + hh, hh * cnt, b, Hq, Nq, Nk, offset,
+                                        win_left, win_right, m_lo, cnt, Row, lo_w, hi_w, flo_w, fhi_w, keys, rlo,
+                                        rhi, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, BLOCK_N, HEAD_D,
+                                        STAGES, LSE_TMA, num_warps)
+    else:
+        for i in range(0, group * cnt):
+            h = hk * group + i // cnt
+            t = m_lo + i % cnt  # (with SPARSE: the position in the table row, tested against [0, nfull))
+            start_m = _key_tile(m_lo, i % cnt, Row, SPARSE) * BLOCK_M
+            row0 = (b * Hq + h).to(gl.int64) * Nq
+            slot = i % STAGES
+            _pp_wait(my_turn, i, WG, PINGPONG)
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            if (t >= lo_w) & (t < hi_w):  # (else: none of this consumer's keys is seen by the tile: nothing to add)
+                q2 = q_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+                do2 = do_smem.index(slot).reshape([BLOCK_M, HEAD_D])
+                s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+                st_t = warpgroup_mma(k2, q2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                dpt_t = warpgroup_mma(v2, do2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                _pp_pass(other_turn, PINGPONG)
+                if LSE_TMA:
+                    st = warpgroup_mma_wait(1, deps=(st_t, ))  # S^T done; dP^T may still run
+                    lse2 = lse_smem.index(slot).load(col_layout)
+                    if start_m + BLOCK_M > Nq:  # ragged last tile: columns past Nq read padding / another head's rows
+                        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                        lse2 = gl.where(cols < Nq, lse2, float("inf"))
+                else:
                     cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                    lse2 = gl.where(cols < Nq, lse2, float("inf"))
+                    lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
+                    st = warpgroup_mma_wait(1, deps=(st_t, ))
+                pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+                if HAS_LEFT or HAS_RIGHT or DOCS:
+                    if (t < flo_w) | (t >= fhi_w):  # a partial tile of this consumer's band: the element rule
+                        i2 = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=col_layout), 0)  # query rows
+                        if DOCS:  # the rows that see each key, one span per key row (held: fewer registers)
+                            ok = (i2 >= gl.expand_dims(rlo, 1)) & (i2 < gl.expand_dims(rhi, 1))
+                        else:
+                            ok = _band_ok(i2, gl.expand_dims(keys, 1), Nq, Nk, offset, win_left, win_right, Doc, Doc,
+                                          HAS_LEFT, HAS_RIGHT, False)
+                        pt = gl.where(ok, pt, 0.0)
+                if DQ_TMA:
+                    pt = _zero_keys_past_nk(pt, keys, start_w, Nk, BLOCK_N)
+                pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+                dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
+                if LSE_TMA:
+                    dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
+                    delta = delta_smem.index(slot).load(col_layout)
+                else:
+                    cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                    delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
+                    dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+                ds_op = gl.convert_layout(dst, op_layout)
+                dk = warpgroup_mma(ds_op, q2, dk, is_async=True)  # dS^T from registers: no shared memory, no barrier
+                if DQ_TMA:
+                    # dQ_part = dS K_w: dS^T through shared memory (the transposed A operand), M = BLOCK_M query rows
+                    ds_smem.store(dst)  # (the previous tile's dQ wgmma that read it was waited for)
+                    fence_async_shared()
+                    tma.store_wait(0)  # the previous tile's reduce-add has read dq_smem (its issuing thread waits; the
+                    _cta_barrier()  # barrier: every warp of this warpgroup, and every row of dS^T is in ds_smem)
+                    dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
+                    dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
+                    dk, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, ds_op, dq_t))
+                    _dq_reduce_add(dq, dq_smem, DQA, b, h, start_m, BLOCK_M, HEAD_D)
+                else:
+                    dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
             else:
-                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
-                st = warpgroup_mma_wait(1, deps=(st_t, ))
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-            if HAS_LEFT or HAS_RIGHT or DOCS:
-                if (t < flo_w) | (t >= fhi_w):  # a partial tile of this consumer's band: the element rule
-                    i2 = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=col_layout), 0)  # query rows
-                    if DOCS:  # the rows that see each key, one span per key row (held: fewer registers)
-                        ok = (i2 >= gl.expand_dims(rlo, 1)) & (i2 < gl.expand_dims(rhi, 1))
-                    else:
-                        ok = _band_ok(i2, gl.expand_dims(keys, 1), Nq, Nk, offset, win_left, win_right, Doc, Doc,
-                                      HAS_LEFT, HAS_RIGHT, False)
-                    pt = gl.where(ok, pt, 0.0)
-            if DQ_TMA:
-                pt = _zero_keys_past_nk(pt, keys, start_w, Nk, BLOCK_N)
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv = warpgroup_mma(pt_op, do2, dv, is_async=True)
-            if LSE_TMA:
-                dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
-                delta = delta_smem.index(slot).load(col_layout)
-            else:
-                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
-                dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv, pt_op))
-            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
-            ds_op = gl.convert_layout(dst, op_layout)
-            dk = warpgroup_mma(ds_op, q2, dk, is_async=True)  # dS^T from registers: no shared memory, no barrier
-            if DQ_TMA:
-                # dQ_part = dS K_w: dS^T through shared memory (the transposed A operand), M = BLOCK_M query rows
-                ds_smem.store(dst)  # (the previous tile's dQ wgmma that read it was waited for)
-                fence_async_shared()
-                tma.store_wait(0)  # the previous tile's reduce-add has read dq_smem (its issuing thread waits; the
-                _cta_barrier()  # barrier: every warp of this warpgroup, and every row of dS^T is in ds_smem)
-                dq_zero = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
-                dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
-                dk, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, ds_op, dq_t))
-                _dq_reduce_add(dq, dq_smem, DQA, b, h, start_m, BLOCK_M, HEAD_D)
-            else:
-                dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
-        else:
-            _pp_pass(other_turn, PINGPONG)
-        _cta_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
-        mbarrier.arrive(empty.index(slot), count=1)
+                _pp_pass(other_turn, PINGPONG)
+            _cta_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
+            mbarrier.arrive(empty.index(slot), count=1)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the partition ends
     _store_dkdv(dk, dv, sm_scale, start_w, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
@@ -1260,7 +1400,7 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DOCS: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, LSE_TMA: gl.constexpr,
                          num_warps: gl.constexpr, PINGPONG: gl.constexpr = False, SPARSE: gl.constexpr = False,
-                         DQ_TMA: gl.constexpr = False):
+                         DQ_TMA: gl.constexpr = False, OVERLAP: gl.constexpr = False):
     """``bwd_impl="gluon"`` with ``gluon_bwd_dq="triton"`` / ``"gluon"`` / ``"tma"`` and ``gluon_bwd_consumers=2``:
     the arguments of ``_gl_bwd_kernel`` (``DQA`` never read but with ``DQ_TMA``: then the TMA descriptor of the fp32
     dQ buffer both consumers reduce-add their parts into), dK / dV (and with ``DQ_TMA`` dQ), plus the mask:
@@ -1303,15 +1443,17 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:  # (placeholders, never touched)
         lse_smem = q_smem
         delta_smem = q_smem
-    if DQ_TMA:  # each consumer's own dS^T and dQ tiles
+    if DQ_TMA or (OVERLAP and not PINGPONG):  # each consumer's own dS^T tile
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_M], dtype)
         ds0 = gl.allocate_shared_memory(dtype, [HALF, BLOCK_M], ds_layout)
         ds1 = gl.allocate_shared_memory(dtype, [HALF, BLOCK_M], ds_layout)
-        dq0 = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
-        dq1 = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
     else:  # (placeholders, never touched)
         ds0 = q_smem
         ds1 = q_smem
+    if DQ_TMA:  # and dQ tile
+        dq0 = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
+        dq1 = gl.allocate_shared_memory(gl.float32, DQA.block_type.shape, DQA.layout)
+    else:  # (placeholders, never touched)
         dq0 = q_smem
         dq1 = q_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1331,12 +1473,12 @@ def _gl_bwd_dkdv2_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                            Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row,
                            qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, HALF, HEAD_D, STAGES,
-                           LSE_TMA, 0, PINGPONG, num_warps, DQA, ds0, dq0, DQ_TMA)),
+                           LSE_TMA, 0, PINGPONG, num_warps, DQA, ds0, dq0, DQ_TMA, OVERLAP)),
          (_bwd_consumer2, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, turn1, turn0,
                            Lse2, Delta, DK, DV, Doc, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            b, hk, group, Hq, Nq, Nk, offset, win_left, win_right, start_n, m_lo, cnt, nfull, Row,
                            qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, DOCS, SPARSE, BLOCK_M, HALF, HEAD_D, STAGES,
-                           LSE_TMA, 1, PINGPONG, 4, DQA, ds1, dq1, DQ_TMA)),
+                           LSE_TMA, 1, PINGPONG, 4, DQA, ds1, dq1, DQ_TMA, OVERLAP)),
          (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, kv_bar, ready, empty, b, hk, group, Hq, lse_stride, start_n, m_lo,
                           cnt, Row, SPARSE, STAGES, BLOCK_M, LSE_TMA))],

@@ -910,6 +910,14 @@ warpgroups take turns to issue each query tile's S^T / dP^T wgmmas (FA3's ping-p
 independently and drift apart on their own). A module-level knob read at every call, untimed so far
 (``lab/gluon_bwd_sweep.py --pingpong``); not part of :class:`~kernels.flash.FlashConfig`."""
 
+GLUON_BWD_OVERLAP = False
+"""``gluon_bwd_consumers=2`` without the TMA dQ (``_gl_bwd_dkdv2_kernel``'s ``OVERLAP`` constexpr): FA3's
+intra-warpgroup overlap in each consumer (FlashAttention-3, sec. 3.2): a query tile's ``dK += dS^T Q`` stays in
+flight while the next tile's ``S^T`` / ``dP^T`` are issued, and ``dV += P^T dO`` while ``dS^T`` is formed
+(``False``: each tile waits for its own dV and dK before the next). Outputs are bit for bit the same either way (the
+same products, summed in the same order). A module-level knob read at every call (``lab/gluon_bwd_sweep.py
+--overlap``); not part of :class:`~kernels.flash.FlashConfig`."""
+
 
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, softmax_scale: float, win_left: int, win_right: int,
@@ -1032,7 +1040,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
             tbl = (idx, cnt, nfull, idx.stride(0))
         _gl_launch(GK._gl_bwd_dkdv2_kernel, grid, (*descs, doc, *strides, *sizes, wl, wr, *tbl), num_warps=warps,
                    **band_flags, PINGPONG=bool(GLUON_BWD_PINGPONG), SPARSE=layout is not None, DQ_TMA=dq_tma,
-                   **tiles)
+                   OVERLAP=bool(GLUON_BWD_OVERLAP) and not dq_tma, **tiles)
     if write_dq:
         dq.copy_(dqa.mul_(softmax_scale))
     elif config.gluon_bwd_dq == "gluon":
