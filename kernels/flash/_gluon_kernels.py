@@ -1199,9 +1199,7 @@ def _dkdv_overlap_tile(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta
                      qk_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, col_layout)
     pt_op = gl.convert_layout(pt.to(dtype), op_layout)
     dv_t = warpgroup_mma(pt_op, do2, dv, is_async=True)
-    if LSE_TMA:
-        delta = delta_smem.index(slot).load(col_layout)
-    else:
+    if not LSE_TMA:
         cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
         delta = gl.load(Delta + row0 + cols, mask=cols < Nq, other=0.0)
     if PREV:  # dP^T, the previous dK (ds_smem free) and dV done
@@ -1209,6 +1207,8 @@ def _dkdv_overlap_tile(dk, dv, ds_smem, k2, v2, q_smem, do_smem, lse_smem, delta
         _dkdv_release(empty, i - 1, STAGES)  # Q_{i-1} read by its dK
     else:
         dpt, dv, pt_op = warpgroup_mma_wait(0, deps=(dpt_t, dv_t, pt_op))
+    if LSE_TMA:  # (read here, once P^T's operand registers are free)
+        delta = delta_smem.index(slot).load(col_layout)
     ds_smem.store((pt * (dpt - gl.expand_dims(delta, 0))).to(dtype))
     fence_async_shared()
     _cta_barrier()  # every warp's rows of dS^T are in ds_smem for the next dK
