@@ -78,15 +78,27 @@ def check_doc_ids(doc_ids, q: torch.Tensor, k: torch.Tensor) -> None:
 
 def query_documents(doc_ids: torch.Tensor, Nq: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(q_pos, q_doc)`` of the padded form: ``q_pos`` int64 ``(Nq,)`` absolute key positions ``Nk - Nq + i``,
-    ``q_doc`` int64 ``(B, Nq)`` the document of each query row (``min(doc_ids) - 1`` where ``q_pos < 0``, a
-    document no key has)."""
+    ``q_doc`` int64 ``(B, Nq)`` the document of each query row (where ``q_pos < 0``, an id no key has:
+    ``min(doc_ids) - 1``, or ``max(doc_ids) + 1`` when the minimum is ``-2**63``). Raises ``ValueError`` when ``Nq >
+    Nk`` and ``doc_ids`` holds both ``-2**63`` and ``2**63 - 1`` (no id is left for those rows: renumber them)."""
     d = doc_ids.long()
     B, Nk = d.shape
     q_pos = torch.arange(Nq, device=d.device) + (Nk - Nq)
     q_doc = d[:, q_pos.clamp(min=0)]
     if Nq > Nk:
-        none = d.min() - 1 if d.numel() else torch.tensor(-1, device=d.device)
-        q_doc = torch.where((q_pos >= 0).view(1, -1), q_doc, none)
+        none = -1
+        if d.numel():  # (a host sync, on this Nq > Nk path only)
+            lo, hi = int(d.min()), int(d.max())
+            i64 = torch.iinfo(torch.int64)
+            if lo > i64.min:
+                none = lo - 1
+            elif hi < i64.max:
+                none = hi + 1
+            else:
+                raise ValueError(f"doc_ids holds both {i64.min} and {i64.max}: with Nq = {Nq} > Nk = {Nk} the "
+                                 f"query rows before the first key need an id no key has; renumber the documents "
+                                 f"(e.g. 0, 1, 2, ...)")
+        q_doc = torch.where((q_pos >= 0).view(1, -1), q_doc, torch.tensor(none, device=d.device))
     return q_pos, q_doc
 
 

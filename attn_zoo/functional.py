@@ -73,6 +73,9 @@ def attention(
             variant's mask allows it (window / layout in absolute positions) and both are in one document; linear /
             recurrent kinds: the state restarts at each document start. Only backends registered with
             ``documents=True`` take it (:func:`attn_zoo.registry.document_backends`): ``auto`` skips the others.
+            Tables and checks derived from ``doc_ids`` are kept per tensor and its autograd version: change the ids
+            in place through PyTorch ops (``ids[:] = ...``, ``copy_``), not through ``.numpy()`` or ``.data``,
+            whose writes PyTorch's version counter does not see (the old table would be reused).
 
     Returns:
         ``(B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse`` if asked). Rows that see no key are 0.
@@ -213,7 +216,8 @@ def attention_varlen(
         return_lse: also return the log-sum-exp, fp32 ``(Hq, total_q)`` (softmax kinds).
 
     Returns:
-        ``(total_q, Hq, Dv)`` in ``q.dtype`` (and ``lse``).
+        ``(total_q, Hq, Dv)`` in ``q.dtype`` (and ``lse``). With ``total_q = 0`` or ``total_k = 0`` (no key at
+        all): zeros (lse ``-inf``), every kind and backend alike, as rows that see no key.
 
     Semantics: each document is its own sequence; inside document ``d``, query ``i`` sits at key ``Nk_d - Nq_d + i``
     (bottom-right, as ``causal``). With ``cu_seqlens_q == cu_seqlens_k`` this is exactly :func:`attention` with
@@ -233,6 +237,13 @@ def attention_varlen(
     hq, hk = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+    if return_lse and not spec.is_softmax:
+        raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
+    if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key at all: every query row sees nothing
+        out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])  # (zero output, lse -inf: the kernels' empty rows)
+        if return_lse:
+            return out, torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
+        return out
     qp, kp, vp = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, total, D) views
 
     def unpack(res):

@@ -174,7 +174,8 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: where the token array is cached, keyed by path, size, mtime and tokenizer, and where
             ``datasets`` caches the parsed text (``<cache_dir>/datasets``). None: no ``.pt`` cache; ``datasets``
             caches in its default folder (``~/.cache/huggingface/datasets``).
-        max_bytes: optional cap on the corpus size (quick runs).
+        max_bytes: optional cap on the corpus size (quick runs): the first that many bytes of the text (with
+            ``pack=True``, of the text before it is split into documents, separators included).
         pack: ``False`` (default): the corpus is one token stream cut into windows; attention and positions run on
             across documents. ``True``: the corpus is split into documents (``doc_split``), concatenated (optionally
             with ``eos`` after each) and cut into rows of ``seq_len + 1`` tokens (:func:`pack_documents`); batches
@@ -182,6 +183,10 @@ class TextDataModule(L.LightningDataModule):
             and counted: :attr:`pack_stats` (``data/{train,val}_{tokens,docs}_{kept,dropped}``, and the separator
             bytes the split rule removes, ``data/bytes_between_docs``, ``data/val_bytes_between_docs``; logged by ``LitLM``
             at the start of training) and one printed line. No ``.pt`` token cache (splitting is fast).
+            A local file's carriage returns: ``datasets``' text loader reads ``\\r\\n`` and ``\\r`` as ``\\n``;
+            the bytes that removes are counted in :attr:`bytes_normalised` (per list of files read;
+            ``data/bytes_normalised`` with ``pack=True``) and warned about, so tokens + separators + that count add up
+            to the files' sizes.
         doc_split: how ``pack=True`` finds documents (:data:`DOC_SPLITS`): ``rows`` (each dataset row: a hub
             dataset's rows, a local file whole), ``wikitext`` (articles, `` = Title = `` lines), ``blank_line``,
             ``whole`` (each file one document), ``auto`` (default: ``wikitext`` when the text has WikiText's
@@ -253,6 +258,7 @@ class TextDataModule(L.LightningDataModule):
             # -1 kept all but the last byte, 0 the whole corpus
             raise ValueError(f"data.max_bytes must be null (the whole corpus) or an integer >= 1, got {max_bytes!r}")
         self.tokenizer, self.cache_dir, self.max_bytes = tokenizer, cache_dir, max_bytes
+        self.bytes_normalised = {}  # (files read) -> carriage-return bytes datasets' text loader turned into newlines
         self.num_workers, self.shuffle, self.seed = _num_workers(num_workers), shuffle, seed
         self.vocab_size = 256
         self.bytes_per_token = 1.0
@@ -312,7 +318,17 @@ class TextDataModule(L.LightningDataModule):
                                        cache_dir=self._datasets_cache_dir())
         if self.text_column not in ds.column_names:
             raise ValueError(f"data.text_column={self.text_column!r} not in dataset columns {ds.column_names}")
-        return list(ds[self.text_column])
+        rows = list(ds[self.text_column])
+        if paths:  # datasets reads text files with universal newlines: "\r\n" and "\r" arrive as "\n"
+            lost = sum(os.path.getsize(p) for p in paths) - sum(len(r.encode("utf-8")) for r in rows)
+            self.bytes_normalised[tuple(os.path.abspath(p) for p in paths)] = lost
+            if lost:
+                from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+                rank_zero_warn(f"data.path: {lost:,} bytes of {[os.path.abspath(p) for p in paths]} are carriage "
+                               f"returns that datasets' text loader reads as newlines (\\r\\n -> \\n, \\r -> \\n): the "
+                               f"model sees the normalised text, and bpb is per byte of it")
+        return rows
 
     def load_tokens(self, paths: Optional[Sequence[str]] = None) -> torch.Tensor:
         """The whole corpus (``paths``, default ``data.path``) as a token tensor (uint8 for bytes), from the cache
@@ -408,9 +424,19 @@ class TextDataModule(L.LightningDataModule):
         bytes between documents (separators the rule removes: blank lines, whitespace-only pieces). ``rows``: each
         row of the dataset is a document (a local file is one row); the other rules split the rows' text
         (:func:`split_documents`; local files one by one, a hub dataset's rows joined with newlines).
-        ``data.max_bytes`` keeps the first that many tokens (the document at the cut is cut)."""
+        ``data.max_bytes`` keeps the first that many bytes of the text (the document at the cut is cut; a
+        character the cut splits is dropped), before splitting, so the separators counted are those read."""
         hub = not (self._paths() if paths is None else paths)
         rows = self._load_rows(paths)
+        if self.max_bytes:  # the first max_bytes bytes of the text (hub rows as they are joined below)
+            capped, left = [], int(self.max_bytes)
+            for r in rows:
+                if left <= 0:
+                    break
+                b = r.encode("utf-8")
+                capped.append(r if len(b) <= left else b[:left].decode("utf-8", errors="ignore"))
+                left -= len(b) + (1 if hub else 0)
+            rows = capped
         rule = self._split_rule("\n".join(rows[:1000]) if hub else "\n".join(rows), hub)
         if rule == "rows":
             texts = list(rows)
@@ -418,18 +444,16 @@ class TextDataModule(L.LightningDataModule):
             texts = split_documents("\n".join(rows), rule)
         else:
             texts = [d for r in rows for d in split_documents(r, rule)]
+        if rule == "wikitext" and texts and len(texts) <= (1 if hub else len(rows)):
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn(f"data.doc_split=wikitext found no article heading (a line ' = Title = ') in "
+                           f"{self.hub_name if hub else [str(p) for p in (paths or self._paths())]}: each file is one "
+                           f"document; pass data.doc_split=blank_line / whole / rows for text without WikiText headings")
         docs = [byte_tokenize(t) for t in texts]
         between = sum(len(r.encode("utf-8")) for r in rows) + (len(rows) - 1 if hub else 0) - sum(d.size for d in docs)
         if rule == "rows" and hub:
             between -= len(rows) - 1  # the rows are not joined
-        if self.max_bytes:
-            out, n = [], 0
-            for d in docs:
-                if n >= self.max_bytes:
-                    break
-                out.append(d[: self.max_bytes - n])
-                n += out[-1].size
-            docs = out
         return docs, rule, between
 
     def _setup_packed(self):
@@ -488,6 +512,7 @@ class TextDataModule(L.LightningDataModule):
         self.pack_stats = {f"data/{split}_{k}": float(d[k]) for split, d in (("train", tr), ("val", va))
                            for k in ("tokens_kept", "tokens_dropped", "docs_kept", "docs_dropped")}
         self.pack_stats.update({"data/train_rows": float(n_tr), "data/val_rows": float(n_va),
+                                "data/bytes_normalised": float(sum(self.bytes_normalised.values())),
                                 "data/bytes_between_docs": float(between),
                                 "data/val_bytes_between_docs": float(val_between)})
         self.doc_split_used = rule

@@ -857,12 +857,14 @@ def check_resume_data(ckpt_path, stored: Optional[Dict], current: Dict, links: O
     if not diff:
         return
 
-    def at(c, key):
+    def at(c, key):  # the value, or a note when the config has no such key (the data module's default applies)
         for part in key.split("."):
-            c = c.get(part) if isinstance(c, dict) else None
-        return c
+            if not (isinstance(c, dict) and part in c):
+                return "not set (the data module's default)"
+            c = c[part]
+        return repr(c)
 
-    what = "; ".join(f"data.{k}: checkpoint {at(stored, k)!r}, this run {at(current, k)!r}" for k in diff)
+    what = "; ".join(f"data.{k}: checkpoint {at(stored, k)}, this run {at(current, k)}" for k in diff)
     fix = " ".join(_resume_overrides(stored, diff, links))
     raise ValueError(
         f"ckpt_path={ckpt_path}: the data settings differ from the checkpoint's ({what}); a resumed run continues the "

@@ -299,3 +299,50 @@ def test_text_max_bytes_must_be_null_or_a_positive_integer(tmp_path, value):
 def test_text_sizes_must_be_integers(text_file, kw, name):
     with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*integer"):
         TextDataModule(path=str(text_file), **kw)
+
+
+def _pack_sum(dm) -> int:
+    st = dm.pack_stats
+    return int(sum(st[f"data/{s}_tokens_{k}"] for s in ("train", "val") for k in ("kept", "dropped"))
+               + st["data/bytes_between_docs"] + st["data/bytes_normalised"])
+
+
+def test_packed_counts_add_up_with_carriage_returns(tmp_path):
+    """datasets' text loader reads "\\r\\n" / "\\r" as "\\n": the bytes that removes are counted (and warned about),
+    so kept + dropped tokens + separators + normalised bytes are the file's size, and no byte 13 reaches a token."""
+    body = "".join(f"speech {i}: the quick brown fox\r\nand more words here\r\n\r\n" for i in range(120))
+    p = tmp_path / "crlf.txt"
+    p.write_bytes(body.encode("utf-8"))
+    dm = TextDataModule(path=str(p), seq_len=32, batch_size=2, pack=True, cache_dir=None)
+    with pytest.warns(UserWarning, match=r"carriage returns"):
+        dm.setup()
+    assert dm.pack_stats["data/bytes_normalised"] == body.count("\r") > 0
+    assert _pack_sum(dm) == p.stat().st_size
+    assert not (dm.train_packed["tokens"] == 13).any()
+
+
+def test_packed_max_bytes_reads_the_first_bytes_and_counts_their_separators(tmp_path):
+    """data.max_bytes with pack=true keeps the first max_bytes bytes of the text, separators included: the counts
+    (kept + dropped + between) add up to them, not to the whole file (the separators of the unread part were
+    counted before)."""
+    body = "".join(f"speech number {i}: the quick brown fox jumps\n\n\n" for i in range(400))
+    p = tmp_path / "blank.txt"
+    p.write_text(body, encoding="utf-8")
+    full = TextDataModule(path=str(p), seq_len=32, batch_size=2, pack=True, doc_split="blank_line", cache_dir=None)
+    full.setup()
+    assert _pack_sum(full) == len(body)
+    cap = 3001
+    dm = TextDataModule(path=str(p), seq_len=32, batch_size=2, pack=True, doc_split="blank_line", cache_dir=None,
+                        max_bytes=cap)
+    dm.setup()
+    assert _pack_sum(dm) == cap
+    assert 0 < dm.pack_stats["data/bytes_between_docs"] < full.pack_stats["data/bytes_between_docs"] / 5
+
+
+def test_packed_wikitext_split_without_headings_warns(tmp_path):
+    """data.doc_split=wikitext on a file with no ' = Title = ' line made the whole file one document silently."""
+    p = tmp_path / "plain.txt"
+    p.write_text("".join(f"line {i} of a play without headings\n" for i in range(300)), encoding="utf-8")
+    dm = TextDataModule(path=str(p), seq_len=16, batch_size=2, pack=True, doc_split="wikitext", cache_dir=None)
+    with pytest.warns(UserWarning, match=r"doc_split=wikitext found no article heading"):
+        dm.setup()

@@ -288,3 +288,43 @@ def test_benchmark_native_fa4_varlen_needs_docs_and_is_named():
         bf.main(["--impls", "ours,fa4_varlen", "--variants", "causal", "--N", "256", "--D", "64"])
     with pytest.raises(SystemExit, match="fa4_varlen"):
         bf.main(["--impls", "nope", "--variants", "causal", "--N", "256", "--D", "64"])
+
+
+@pytest.mark.parametrize("kind", ["flash", "linear"])
+@pytest.mark.parametrize("same", [True, False])
+def test_varlen_empty_totals_are_zeros_for_every_kind(kind, same):
+    """total_q = 0 or total_k = 0: zeros (lse -inf) whether or not cu_seqlens_q == cu_seqlens_k; before, softmax kinds
+    raised with a message about the internal 4-D view, linear kinds returned zeros only when the two differed."""
+    from attn_zoo import AttentionSpec, attention_varlen
+
+    spec = AttentionSpec(kind=kind, causal=False)
+    H, D = 2, 8
+    for tq, tk in ((0, 0), (5, 0), (0, 5)):
+        if same and tq != tk:
+            continue
+        q, k, v = torch.randn(tq, H, D), torch.randn(tk, H, D), torch.randn(tk, H, D)
+        cq = torch.tensor([0, tq], dtype=torch.int32)
+        ck = cq if same else torch.tensor([0, tk], dtype=torch.int32)
+        out = attention_varlen(q, k, v, cq, ck, max(tq, 1), max(tk, 1), spec, backend="reference")
+        assert out.shape == (tq, H, D) and (out == 0).all()
+        if kind == "flash":
+            out, lse = attention_varlen(q, k, v, cq, ck, max(tq, 1), max(tk, 1), spec, backend="reference",
+                                        return_lse=True)
+            assert lse.shape == (H, tq) and torch.isneginf(lse).all()
+
+
+def test_query_rows_before_the_first_key_see_nothing_at_the_int64_extremes():
+    """Nq > Nk: the rows before the first key were given the id min(doc_ids) - 1, which wrapped to 2**63 - 1 for
+    an id of -2**63 (those rows then saw that document); now max + 1 there, and a ValueError when both extremes are
+    taken."""
+    from attn_zoo import AttentionSpec, attention
+
+    spec = AttentionSpec(kind="flash", causal=False)
+    q, k, v = torch.randn(1, 1, 12, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8)
+    lo, hi = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+    for be in ("reference", "torch"):
+        for ids in ([lo] * 4 + [5] * 4, [0] * 4 + [hi] * 4):
+            out = attention(q, k, v, spec, be, doc_ids=torch.tensor([ids]))
+            assert (out[0, 0, :4] == 0).all() and (out[0, 0, 4:] != 0).any(), (be, ids)
+        with pytest.raises(ValueError, match=r"doc_ids holds both .* renumber the documents"):
+            attention(q, k, v, spec, be, doc_ids=torch.tensor([[lo] * 4 + [hi] * 4]))

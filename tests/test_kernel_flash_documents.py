@@ -109,3 +109,16 @@ def test_document_table():
     assert k_lo.tolist() == [0, 0, 0, 0, 0, 3] and k_hi.tolist() == [0, 0, 3, 3, 3, 4]
     t = document_table(doc, 8)  # two rows before the first key: no document, no keys
     assert t[0, :2].tolist() == [-1, -1] and t[0, 8:10].tolist() == [0, 0] and t[0, 16:18].tolist() == [0, 0]
+
+
+def test_flash_attn_refuses_doc_ids_that_are_not_int32_or_int64():
+    """Float ids were truncated (0.2 and 0.7 both became document 0: one document, silently); int16 too is
+    refused, naming the argument and the allowed dtypes."""
+    from kernels import flash_attn
+
+    q, k, v = _qkv()
+    for dt in (torch.float32, torch.int16, torch.bool):
+        bad = torch.zeros(q.shape[0], k.shape[2], dtype=dt)
+        with pytest.raises(ValueError, match=r"doc_ids must be int32 or int64 .*allowed dtypes: torch.int32, "
+                                             r"torch.int64"):
+            flash_attn(q, k, v, causal=True, doc_ids=bad)

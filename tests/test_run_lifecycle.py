@@ -172,3 +172,15 @@ def test_resume_data_check_compares_files_not_spellings(tmp_path):
         check_resume_data("last.ckpt", stored, {"path": str(tmp_path / "other.txt"), "seq_len": 64})
     with pytest.raises(ValueError, match="data.seq_len"):
         check_resume_data("last.ckpt", stored, {"path": str(f), "seq_len": 32})
+
+
+def test_resume_data_message_says_a_key_is_not_set():
+    """A key the checkpoint's data config has and this run's has not (e.g. data.pack, added by an override) read
+    'this run None'; it now says the key is not set (the data module's default applies)."""
+    from harness.runs import check_resume_data
+
+    with pytest.raises(ValueError, match=r"data\.pack: checkpoint True, this run not set \(the data module's "
+                                         r"default\)"):
+        check_resume_data("last.ckpt", {"path": "a.txt", "pack": True}, {"path": "a.txt"})
+    with pytest.raises(ValueError, match=r"data\.max_bytes: checkpoint None, this run 10"):
+        check_resume_data("last.ckpt", {"path": "a.txt", "max_bytes": None}, {"path": "a.txt", "max_bytes": 10})

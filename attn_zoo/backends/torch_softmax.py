@@ -42,13 +42,15 @@ from ..registry import derived_cache, family, register_backend
 
 def _supports(q, k, v, spec, return_lse):
     if return_lse and not (q.is_cuda and not mask_info(spec, q.shape[2], k.shape[2]).is_full):
-        return "return_lse needs the FlexAttention path (CUDA, masked kinds); use backend='reference' or 'triton'"
+        return ("return_lse needs the FlexAttention path (CUDA, masked kinds); use backend='reference' (or 'triton', "
+                "where it takes the call)")
     if q.dtype == torch.float64 and q.is_cuda:
         return "float64 is not supported by SDPA / FlexAttention on CUDA"
     if return_lse:  # only Flex gives the lse here: an InductorError from the compiler otherwise
         why = flex_decoding_refusal(q)
         if why is not None:
-            return f"return_lse needs the FlexAttention path, and {why}; use backend='reference' or 'triton'"
+            return (f"return_lse needs the FlexAttention path, and {why}; use backend='reference' (or 'triton', "
+                    f"where it takes the call)")
     return None
 
 

@@ -196,7 +196,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             ``Nk - Nq + i`` (none when negative) and sees only keys of its document, on top of the mask above. Part
             of the mask description (:func:`kernels.flash.documents.document_table`, built once per ``doc_ids``
             tensor): each query tile visits only the key tiles of its documents, and the element rule compares
-            documents only on tiles that straddle a boundary (forward, dQ and dK/dV alike).
+            documents only on tiles that straddle a boundary (forward, dQ and dK/dV alike). The table is kept per
+            tensor and autograd version: in-place writes through ``.numpy()`` / ``.data`` are not seen (use
+            PyTorch ops). int32 / int64 only (``ValueError`` otherwise).
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
@@ -254,6 +256,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         if not isinstance(doc_ids, torch.Tensor) or doc_ids.shape != (q.shape[0], k.shape[2]):
             raise ValueError(f"doc_ids must be a (B, Nk) = ({q.shape[0]}, {k.shape[2]}) integer tensor, got "
                              f"{tuple(getattr(doc_ids, 'shape', ()))}")
+        if doc_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"doc_ids must be int32 or int64 (document ids), got {doc_ids.dtype}; allowed dtypes: "
+                             f"torch.int32, torch.int64")
         documents = cached_document_table(doc_ids, q.shape[2])
     if cfg.bwd_impl == "gluon" and not compiling and torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad):  # refuse before the forward, not at backward
