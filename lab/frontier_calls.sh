@@ -44,6 +44,10 @@
 #      README's train.py trainer=gpu, fwd+bwd of ours ("auto": ws3p) against ws3a forced and cuDNN at 4k / 16k, and N 1k
 #      against cuDNN in 5 rounds (the 35th's where_time read causal 1k 0.95x cuDNN, GPU busy 0.99); carry .whl on a
 #      fresh machine
+#  15: forward alone where "auto" does not take the persistent forward: N 512-2k (below the pairs threshold) and packed
+#      documents (ws3a) against ws3p (SHORTF_S, DOCF_S; carry .data for WikiText's articles)
+#  16: FA3's intra-warpgroup overlap in the two-consumer dK / dV kernel (GLUON_BWD_OVERLAP): its GPU tests, then the
+#      backward alone against the plain schedule (lab.gluon_bwd_sweep --overlap 0,1,0,1) at D 128 / 64 (36th: 0.92-0.94x)
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
 #      then on packed documents (carry .data for WikiText-2's real articles)
 # Each writes /tmp/w/K/ and packs it as $OUT/K.tgz; unpack under results/<gpu>/<date>/ and commit the lean parts.
@@ -87,6 +91,10 @@
 # "auto"), then the documents alone with DOCS_S >= 400 in their own call (FA4 varlen and Flex+FA4 compile per
 # distribution: 220 s was not enough for the first row on the H100; carry .fa4x/3 and .data after calls 1-2):
 # `MASKS_S=0 SPARSE_S=0 WHERE_S=0 DOCS_S=500 CALL_S=560 bash lab/frontier_calls.sh 4` in a device call of timeout_s 580.
+# Thirty-sixth (six refusals first, ~900 s; then an H200, warm): 1 with SHORT_S=0 BWDMIN_S=0 MODEL_S=60 PYTEST_S=300
+# PYTEST_K="not overlap" (408 s; the suite cut at 300 s: 759 passed, 0 failed), 16 then 15 (322 s), then three
+# ad-hoc steps (n1k: where_time, lab/experiments/host_sleep.py): results/h200/2026-12-07b. Next: 1 with PYTEST_S >= 360
+# (the whole suite), 2, 3, then 4 for the documents alone (FA4 needs its three parts: calls 1, 2, 3 / 4 carry one each).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
