@@ -1346,16 +1346,8 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                     cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
                     lse2 = gl.load(Lse2 + row0 + cols, mask=cols < Nq, other=float("inf"))
                     st = warpgroup_mma_wait(1, deps=(st_t, ))
-                pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-                if HAS_LEFT or HAS_RIGHT or DOCS:
-                    if (t < flo_w) | (t >= fhi_w):  # a partial tile of this consumer's band: the element rule
-                        i2 = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=col_layout), 0)  # query rows
-                        if DOCS:  # the rows that see each key, one span per key row (held: fewer registers)
-                            ok = (i2 >= gl.expand_dims(rlo, 1)) & (i2 < gl.expand_dims(rhi, 1))
-                        else:
-                            ok = _band_ok(i2, gl.expand_dims(keys, 1), Nq, Nk, offset, win_left, win_right, Doc, Doc,
-                                          HAS_LEFT, HAS_RIGHT, False)
-                        pt = gl.where(ok, pt, 0.0)
+                pt = _dkdv_probs(st, lse2, t, start_m, flo_w, fhi_w, keys, rlo, rhi, Nq, Nk, offset, win_left,
+                                 win_right, qk_scale, HAS_LEFT, HAS_RIGHT, DOCS, BLOCK_M, col_layout)
                 if DQ_TMA:
                     pt = _zero_keys_past_nk(pt, keys, start_w, Nk, BLOCK_N)
                 pt_op = gl.convert_layout(pt.to(dtype), op_layout)
