@@ -84,6 +84,10 @@ class MLACache:
     def lengths(self) -> List[int]:
         return [self.length] * self.lat.shape[0]
 
+    def tokens_seen(self) -> List[int]:
+        """Tokens appended so far, per row (all equal)."""
+        return self.lengths
+
     @property
     def nbytes(self) -> int:
         """Bytes of the allocated latent cache (every slot, not only the valid tokens)."""

@@ -285,9 +285,8 @@ class Attention(nn.Module):
         elif max(cache.lengths) == 0:  # prefill: ordinary attention over the prompt, then fill the cache
             y = attention(q, k, v, spec, backend=self.backend)
             cache.append(k, v)  # (B, Hkv, N, D) after RoPE, so cached keys keep their absolute positions
-        else:  # decode: write the new keys / values, attend over the cache
-            cache.append(k, v)
-            y = cache.attend(q, spec, backend=self.backend)  # (B, Hq, N, D)
+        else:  # decode: write the new keys / values, attend over the cache (a window cache: in pieces it holds)
+            y = cache.append_attend(k, v, q, spec, backend=self.backend)  # (B, Hq, N, D)
         y = y.transpose(1, 2).reshape(B, N, self.n_head * self.head_dim)  # (B, N, Hq*D)
         return self.resid_dropout(self.o_proj(y))  # (B, N, d_model)
 
@@ -553,6 +552,16 @@ class GPT(nn.Module):
             )
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"caches: got {len(caches)} layer caches for n_layer={len(self.blocks)}")
+        if caches is not None:  # the chunk continues what every cache holds (host counts: no sync)
+            for i, c in enumerate(caches):
+                seen = c.tokens_seen()  # one count per batch row
+                if len(seen) != B:
+                    raise ValueError(f"caches: layer {i}'s cache was made for batch {len(seen)}, idx has batch {B}; "
+                                     f"make the caches for this batch (init_cache({B}))")
+                if any(n != pos for n in seen):
+                    raise ValueError(f"pos={pos}: layer {i}'s cache holds {sorted(set(seen))} tokens; pos must be the "
+                                     f"number of tokens the caches already hold (a new sequence needs new caches: "
+                                     f"init_cache)")
         sync_ok = idx.device.type == "cpu" or not self.training  # no host sync in a GPU training step
         if sync_ok:
             self._check_token_ids(idx, "idx")

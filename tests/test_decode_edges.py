@@ -230,3 +230,69 @@ def test_torch_backend_one_causal_query_with_ragged_lengths(paged):
         for backend in ("torch", "triton"):
             got = decode_attention(q, k, v, FLASH, seqlens, bt, backend=backend)
             torch.testing.assert_close(got, want, atol=2e-5, rtol=0, msg=lambda m: f"{backend} {lens}: {m}")
+
+
+# ---------------------------------------------------------------------- a fresh helper's decode findings (36th)
+def _tiny_gpt(spec, **kw):
+    from attn_zoo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=31, n_layer=2, n_head=4, d_model=32, max_seq_len=24, **kw), spec,
+            backend="reference").eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return m
+
+
+@pytest.mark.parametrize("kind,kw", [("sliding_window", dict(window_size=(3, 0))),
+                                     ("dilated_window", dict(window_size=(2, 0), dilation=2))])
+def test_window_cache_takes_a_chunk_of_any_length(kind, kw):
+    """A window layer's cache (2 W slots, keep_last W) refused a chunk of more than W + 1 tokens after the prefill
+    (with a message asking for a capacity init_cache had chosen), having appended to the first layer already; it now
+    takes the chunk in pieces it holds: cached logits equal the full forward's for chunks of 1 to 15."""
+    from attn_zoo import make_spec
+
+    m = _tiny_gpt(make_spec(kind=kind, **kw))
+    idx = torch.randint(0, 31, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(idx)
+        for chunk in (1, 5, 7, 13, 15):
+            c = m.init_cache(2, capacity=24)
+            m(idx[:, :5], caches=c, pos=0)
+            torch.testing.assert_close(m(idx[:, 5:5 + chunk], caches=c, pos=5), full[:, 5:5 + chunk], atol=1e-4,
+                                       rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["flash", "linear", "sliding_window"])
+def test_pos_and_batch_must_match_the_caches(kind):
+    """GPT.forward with caches: a pos other than the tokens the caches hold (e.g. re-prefilling a used cache with
+    pos=0), or a batch other than the caches', gave wrong logits (or a bare torch error) silently; now a ValueError
+    naming pos / the batch."""
+    from attn_zoo import make_spec
+
+    m = _tiny_gpt(make_spec(kind=kind, **(dict(window_size=(3, 0)) if kind == "sliding_window" else {})))
+    idx = torch.randint(0, 31, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        c = m.init_cache(2, capacity=24)
+        m(idx[:, :5], caches=c, pos=0)
+        for bad in (0, 3, 6):
+            with pytest.raises(ValueError, match=rf"pos={bad}: layer 0's cache holds \[5\] tokens"):
+                m(idx[:, 5:6], caches=c, pos=bad)
+        with pytest.raises(ValueError, match=r"made for batch 2, idx has batch 1"):
+            m(idx[:1, 5:6], caches=c, pos=5)
+        m(idx[:, 5:6], caches=c, pos=5)  # the right pos still runs
+
+
+def test_decode_plan_refuses_a_dilated_window():
+    """make_decode_plan built a plan for a dilated window and kernels.decode.decode_run then ran it without the
+    dilation (an undilated window's result); decode_attention(backend='triton') already refused it."""
+    from attn_zoo import AttentionSpec
+    from attn_zoo.decode import make_decode_plan
+
+    q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 32, 8), torch.randn(1, 2, 32, 8)
+    spec = AttentionSpec(kind="dilated_window", window_size=(2, 0), dilation=2)
+    with pytest.raises(ValueError, match=r"make_decode_plan: kind='dilated_window' \(dilation 2\): the decode kernel "
+                                         r"has no dilation rule"):
+        make_decode_plan(q, k, v, spec)

@@ -253,10 +253,14 @@ def make_decode_plan(q, k_cache, v_cache, spec, block_table=None, *, return_lse:
     ``plan=`` to :func:`decode_attention` at every step: no host work, no allocation, CUDA-graph safe).
     Arguments as :func:`decode_attention` (values of ``q`` / the caches are not read); ``has_leftpad``: the steps
     pass ``cache_leftpad``; ``sm_count``: SMs to fill (default the device's). Masks whose block layout depends
-    on each sequence's length (no ``decode_mask`` of the variant) have no plan: ``ValueError``."""
+    on each sequence's length (no ``decode_mask`` of the variant) and dilated windows have no plan: ``ValueError``."""
     from kernels.decode import decode_plan
 
     _check_kernel_options(kernel_options)
+    if mask_info(spec, 1, 1).dilation != 1:  # (decode_attention's triton backend refuses it too: _triton_reason)
+        raise ValueError(f"make_decode_plan: kind={spec.kind!r} (dilation {mask_info(spec, 1, 1).dilation}): the "
+                         f"decode kernel has no dilation rule; call decode_attention with backend='torch' or "
+                         f"'reference' for a dilated window")
     window, sparse, opts = _triton_terms(q, k_cache, spec, None, block_table, kernel_options)
     plan = decode_plan(q, k_cache, v_cache, block_table, causal=spec.causal, window_size=window,
                        softmax_scale=spec.scale(q.shape[-1]), sparse=sparse, return_lse=return_lse,

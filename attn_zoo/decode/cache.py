@@ -262,6 +262,10 @@ class KVCache:
         self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device)
 
     # ------------------------------------------------------------------ bookkeeping
+    def tokens_seen(self) -> List[int]:
+        """Tokens appended so far per row: those held plus those a ``keep_last`` cache dropped (host ints)."""
+        return [n + d for n, d in zip(self.lengths, self.dropped)]
+
     @property
     def nbytes(self) -> int:
         """Bytes of the K and V tensors (allocated, not only the valid tokens)."""
@@ -343,6 +347,25 @@ class KVCache:
         self.seqlens = append_kv(self.k, self.v, k_new, v_new, self.seqlens, self.block_table, check_values=False)
         self.lengths = new_lengths
         return self.seqlens
+
+    def append_attend(self, k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor, spec,
+                      backend: str = "auto") -> torch.Tensor:
+        """:meth:`append` then :meth:`attend` for ``Nq`` new tokens (``k_new`` / ``v_new`` ``(B, Hkv, Nq, D)``, ``q
+        (B, Hq, Nq, D)``). A ``keep_last`` cache takes the chunk in pieces of at most ``capacity - keep_last``
+        tokens, each appended then attended: every piece's queries find the last ``keep_last`` tokens before it
+        in the cache, which is exact for a window of at most ``keep_last + 1`` tokens (a window's cache policy keeps
+        ``W``), so a chunk of any length continues a window cache sized for one token at a time. Returns ``(B, Hq,
+        Nq, Dv)``; raises as :meth:`append` / :meth:`attend`."""
+        n = k_new.shape[2]
+        step = n if self.keep_last is None else max(self.capacity - self.keep_last, 1)
+        if n <= step:
+            self.append(k_new, v_new)
+            return self.attend(q, spec, backend)
+        outs = []
+        for s in range(0, n, step):
+            self.append(k_new[:, :, s:s + step], v_new[:, :, s:s + step])
+            outs.append(self.attend(q[:, :, s:s + step], spec, backend))
+        return torch.cat(outs, dim=2)
 
     def attend(self, q: torch.Tensor, spec, backend: str = "auto") -> torch.Tensor:
         """:func:`attn_zoo.decode_attention` of ``q (B, Hq, Nq, D)`` over this cache (the ``Nq`` new tokens must

@@ -26,7 +26,7 @@ Prefill ``N`` tokens then decode ``M`` equals causal linear attention over ``N +
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,10 @@ class LinearState:
     S: torch.Tensor
     z: torch.Tensor
     n: int = 0
+
+    def tokens_seen(self) -> List[int]:
+        """Tokens seen so far, per row (all ``n``)."""
+        return [self.n] * self.S.shape[0]
 
     @classmethod
     def zeros(cls, batch: int, n_kv_heads: int, feature_dim: int, value_dim: int, device=None,

@@ -398,6 +398,10 @@ class DeltaState:
     S: torch.Tensor
     n: int = 0
 
+    def tokens_seen(self) -> list:
+        """Tokens seen so far, per row (all ``n``)."""
+        return [self.n] * self.S.shape[0]
+
     @property
     def nbytes(self) -> int:
         return self.S.numel() * self.S.element_size()

@@ -239,6 +239,10 @@ class Mamba2State:
     ssm: torch.Tensor
     n: int = 0
 
+    def tokens_seen(self) -> list:
+        """Tokens seen so far, per row (all ``n``)."""
+        return [self.n] * self.ssm.shape[0]
+
     @property
     def nbytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
