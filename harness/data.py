@@ -303,11 +303,14 @@ class TextDataModule(L.LightningDataModule):
         import datasets
 
         paths = self._paths() if paths is None else list(paths)
+        crlf = bare_cr = 0
         if paths:
             for p in paths:  # datasets' text builder fails on other bytes with a DatasetGenerationError
                 with open(p, "rb") as f:  # that names neither the file nor the cause
+                    raw = f.read()
+                    crlf, bare_cr = crlf + raw.count(b"\r\n"), bare_cr + raw.count(b"\r") - raw.count(b"\r\n")
                     try:
-                        f.read().decode("utf-8")
+                        raw.decode("utf-8")
                     except UnicodeDecodeError as e:
                         raise ValueError(f"data.path={p!r} is not UTF-8 text (byte {e.start}: {e.reason}); the byte "
                                          f"tokenizer reads UTF-8 text files: pass a UTF-8 text file") from None
@@ -322,12 +325,12 @@ class TextDataModule(L.LightningDataModule):
         if paths:  # datasets reads text files with universal newlines: "\r\n" and "\r" arrive as "\n"
             lost = sum(os.path.getsize(p) for p in paths) - sum(len(r.encode("utf-8")) for r in rows)
             self.bytes_normalised[tuple(os.path.abspath(p) for p in paths)] = lost
-            if lost:
+            if lost or bare_cr:
                 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-                rank_zero_warn(f"data.path: {lost:,} bytes of {[os.path.abspath(p) for p in paths]} are carriage "
-                               f"returns that datasets' text loader reads as newlines (\\r\\n -> \\n, \\r -> \\n): the "
-                               f"model sees the normalised text, and bpb is per byte of it")
+                rank_zero_warn(f"data.path: {[os.path.abspath(p) for p in paths]} holds {crlf:,} \\r\\n line endings "
+                               f"and {bare_cr:,} bare \\r, which datasets' text loader reads as \\n ({lost:,} bytes "
+                               f"fewer): the model sees the normalised text, and bpb is per byte of it")
         return rows
 
     def load_tokens(self, paths: Optional[Sequence[str]] = None) -> torch.Tensor:
