@@ -554,6 +554,8 @@ class GPT(nn.Module):
             raise ValueError(f"caches: got {len(caches)} layer caches for n_layer={len(self.blocks)}")
         if caches is not None:  # the chunk continues what every cache holds (host counts: no sync)
             for i, c in enumerate(caches):
+                if not hasattr(c, "tokens_seen"):  # (a plugin mixer's state may not count: not checked)
+                    continue
                 seen = c.tokens_seen()  # one count per batch row
                 if len(seen) != B:
                     raise ValueError(f"caches: layer {i}'s cache was made for batch {len(seen)}, idx has batch {B}; "
