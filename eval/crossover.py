@@ -37,6 +37,7 @@ STATUS_CROSS = "crossover"
 STATUS_ALWAYS = "variant faster in whole range"
 STATUS_NEVER = "no crossover in range (baseline faster)"
 STATUS_NODATA = "insufficient data"
+STATUS_TIE = "equal in whole range"
 
 
 def _is_subquadratic(kind: str) -> bool:
@@ -67,7 +68,8 @@ def find_crossover(n_a: Sequence[float], t_a: Sequence[float], n_b: Sequence[flo
         n_a, t_a: lengths and values (time or memory; positive) of the variant; NaN / non-positive dropped.
         n_b, t_b: the same for the baseline. Only lengths present in both are compared.
 
-    Returns a dict: ``status`` (one of :data:`STATUS_CROSS`, :data:`STATUS_ALWAYS`, :data:`STATUS_NEVER`,
+    Returns a dict: ``status`` (one of :data:`STATUS_CROSS`, :data:`STATUS_ALWAYS` (never behind, equal lengths
+    allowed), :data:`STATUS_NEVER` (never ahead), :data:`STATUS_TIE` (equal at every common length),
     :data:`STATUS_NODATA`), ``n_star`` (the first length above which the variant is faster, NaN unless
     ``status == "crossover"``), ``crossings`` (every sign change: ``(n, "variant_wins" | "baseline_wins")``),
     ``n_min`` / ``n_max`` (common range), ``ratio_at_max`` (``t_a / t_b`` at the largest common length).
@@ -82,23 +84,33 @@ def find_crossover(n_a: Sequence[float], t_a: Sequence[float], n_b: Sequence[flo
     r = [math.log(a[n]) - math.log(b[n]) for n in common]
     res["ratio_at_max"] = math.exp(r[-1])
     if len(common) < 2:
-        res["status"] = STATUS_ALWAYS if r[0] < 0 else STATUS_NEVER
+        res["status"] = STATUS_ALWAYS if r[0] < 0 else (STATUS_NEVER if r[0] > 0 else STATUS_TIE)
+        return res
+    sign = [(x > 0) - (x < 0) for x in r]  # +1 baseline faster, -1 variant faster, 0 equal (a tie)
+    nz = [i for i, x in enumerate(sign) if x]
+    if not nz:
+        res["status"] = STATUS_TIE
         return res
     crossings = []
-    for i in range(len(common) - 1):
-        r0, r1 = r[i], r[i + 1]
-        if (r0 > 0 >= r1) or (r0 < 0 <= r1) or (r0 == 0 and r1 != 0 and i == 0):
-            x0, x1 = math.log(common[i]), math.log(common[i + 1])
-            frac = r0 / (r0 - r1) if r0 != r1 else 0.0
-            ns = math.exp(x0 + frac * (x1 - x0))
-            crossings.append((ns, "variant_wins" if r1 < r0 else "baseline_wins"))
+    if sign[0] == 0 and sign[nz[0]] < 0:  # equal, then the variant ahead: it wins from the last equal length on
+        crossings.append((common[nz[0] - 1], "variant_wins"))
+    for i, j in zip(nz, nz[1:]):  # consecutive lengths where one is ahead (equal ones between them skipped)
+        if sign[i] == sign[j]:
+            continue
+        if j == i + 1:  # interpolated in log-log space
+            x0, x1 = math.log(common[i]), math.log(common[j])
+            ns = math.exp(x0 + r[i] / (r[i] - r[j]) * (x1 - x0))
+        else:  # across equal lengths: from the last of them (variant ahead after) or the first (baseline after)
+            ns = common[j - 1] if sign[j] < 0 else common[i + 1]
+        crossings.append((ns, "variant_wins" if sign[j] < 0 else "baseline_wins"))
     res["crossings"] = crossings
     wins = [c for c in crossings if c[1] == "variant_wins"]
-    if r[-1] < 0 and wins:
+    last = sign[nz[-1]]
+    if sign[0] < 0 and all(x <= 0 for x in sign):  # never behind (equal lengths allowed)
+        res["status"] = STATUS_ALWAYS
+    elif last < 0 and wins:
         # the crossing after which the variant stays faster: the last "variant_wins" one
         res["status"], res["n_star"] = STATUS_CROSS, wins[-1][0]
-    elif all(x < 0 for x in r):
-        res["status"] = STATUS_ALWAYS
     elif wins:  # crosses to win and back: report the first winning crossing
         res["status"], res["n_star"] = STATUS_CROSS, wins[0][0]
     else:

@@ -87,7 +87,8 @@ _EXTRA = [("#17becf", "*"), ("#bcbd22", "8"), ("#8c564b", "H"), ("#e377c2", "d")
           ("#1f77b4", "<"), ("#ff7f0e", "p"), ("#2ca02c", "h"), ("#d62728", "P"), ("#9467bd", "X")]
 _ASSIGNED: Dict[str, tuple] = {}  # names outside the tables get the next extra style, stable within a process
 STATUS_SHORT = {"variant faster in whole range": "faster at every N",
-                "no crossover in range (baseline faster)": "slower at every N", "insufficient data": "no common N"}
+                "no crossover in range (baseline faster)": "slower at every N", "insufficient data": "no common N",
+                "equal in whole range": "equal at every N"}
 
 
 def _extra(name: str) -> tuple:

@@ -543,11 +543,12 @@ def compare_nstar(agg: Sequence[dict], bench, ours: Sequence[str] = ("triton", "
 def _nstar_cell(r: dict, tag: str, short: bool = False) -> str:
     """n* of one side of a :func:`compare_nstar` row with its interval, else its status (``short``: a few words)."""
     from eval.best import fmt_interval
-    from eval.crossover import STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER
+    from eval.crossover import STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER, STATUS_TIE
 
     status = str(r[f"{tag}_status"])
     if status != STATUS_CROSS:
-        return {STATUS_ALWAYS: "ahead everywhere", STATUS_NEVER: "never (behind)"}.get(status, status) if short \
+        return {STATUS_ALWAYS: "ahead everywhere", STATUS_NEVER: "never (behind)",
+                STATUS_TIE: "equal everywhere"}.get(status, status) if short \
             else status
     return fmt_interval(r[f"{tag}_n_star"], r[f"{tag}_lo"], r[f"{tag}_hi"])
 

@@ -120,3 +120,27 @@ def test_detect_crossovers_table():
     g = get[("exact", "gqa", "triton", "fwd_ms")]
     assert g["status"] == STATUS_ALWAYS and g["baseline_n_kv_heads"] == 2  # GQA compared with the MHA curve
     assert not any(r["backend"] == "torch" for r in out)  # failed series have no ok points
+
+
+@pytest.mark.parametrize("t_a,status,n_star", [
+    ([1, 1, 1, 1, 1], "equal in whole range", None),  # was "no crossover in range (baseline faster)"
+    ([1, 1, 0.5, 0.5, 0.5], "crossover", 512),  # equal, then ahead: n* at the last equal length (was: never)
+    ([2, 2, 2, 2, 1], "no crossover in range (baseline faster)", None),  # behind, then equal (was: n* ~4.1k)
+    ([0.5, 0.5, 1, 0.5, 0.5], "variant faster in whole range", None),  # never behind (was: never)
+    ([2, 1, 1, 0.5, 0.5], "crossover", 1024),  # behind, equal, ahead: from the last equal length
+    ([4, 2, 1.5, 0.5, 0.25], "crossover", None),  # an interpolated crossing between 1k and 2k, as before
+])
+def test_find_crossover_with_equal_lengths(t_a, status, n_star):
+    """Exact ties (common for modelled memory) counted as crossings only when they were sign changes away from
+    zero: an all-equal pair read "baseline faster" and a variant behind then equal got an n*."""
+    from eval.crossover import find_crossover
+
+    N = [256, 512, 1024, 2048, 4096]
+    r = find_crossover(N, t_a, N, [1] * 5)
+    assert r["status"] == status, r
+    if n_star is not None:
+        assert r["n_star"] == n_star
+    elif status == "crossover":
+        assert 1024 < r["n_star"] < 2048
+    else:
+        assert r["n_star"] != r["n_star"]  # NaN

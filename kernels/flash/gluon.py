@@ -915,8 +915,9 @@ GLUON_BWD_OVERLAP = False
 intra-warpgroup overlap in each consumer (FlashAttention-3, sec. 3.2): a query tile's ``dK += dS^T Q`` stays in
 flight while the next tile's ``S^T`` / ``dP^T`` are issued, and ``dV += P^T dO`` while ``dS^T`` is formed
 (``False``: each tile waits for its own dV and dK before the next). Outputs are bit for bit the same either way (the
-same products, summed in the same order). A module-level knob read at every call (``lab/gluon_bwd_sweep.py
---overlap``); not part of :class:`~kernels.flash.FlashConfig`."""
+same products, summed in the same order). Off: on an H200 (36th session, ``results/h200/2026-12-07b/16/``) the
+backward alone ran 0.92-0.94x the plain schedule at D 128 and 0.88-0.94x at D 64 (N 4k / 16k). A module-level knob
+read at every call (``lab/gluon_bwd_sweep.py --overlap``); not part of :class:`~kernels.flash.FlashConfig`."""
 
 
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
