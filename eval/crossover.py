@@ -6,7 +6,9 @@ kernel) and against naive standard attention (``naive:``), on time (per mode) an
 * ``n*`` (interpolated): the length where ``log t_variant - log t_baseline`` changes sign, linearly
   interpolated in ``(log n, log t)`` between the two bracketing measured lengths. The first crossing after
   which the variant is faster is reported; if there is none: ``"variant faster in whole range"``,
-  ``"no crossover in range (baseline faster)"`` or ``"insufficient data"``, stated explicitly.
+  ``"no crossover in range (baseline faster)"``, ``"equal in whole range"`` or ``"insufficient data"``, stated
+  explicitly. Equal lengths (exact ties, common for modelled memory) are not crossings by themselves: equal then
+  ahead crosses at the last equal length, behind then equal does not cross.
 * ``n*`` (constants): per-token time of the exact baseline grows like ``c2 * n`` (quadratic total time at
   fixed tokens), a linear / windowed variant's per-token time is a constant ``c_lin``. We fit
   ``t/token = c0 + c2 n`` to the baseline (least squares on relative error, over ``fit_min_seq_len`` and up)
