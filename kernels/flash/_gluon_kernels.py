@@ -1376,8 +1376,7 @@ def _bwd_consumer2(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar
                     dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
             else:
                 _pp_pass(other_turn, PINGPONG)
-            _cta_barrier()  # this warpgroup's wgmmas of the slot are done: its release (one of the two arrives)
-            mbarrier.arrive(empty.index(slot), count=1)
+            _dkdv_release(empty, i, STAGES)  # this warpgroup's wgmmas of the slot are done (one of the two arrives)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the partition ends
     _store_dkdv(dk, dv, sm_scale, start_w, Nk, DK, DV, b, hk, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
