@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from eval.crossover import STATUS_CROSS, _b, _f, find_crossover
+from eval.crossover import STATUS_CROSS, _b, _f, find_crossover, status_note
 
 OURS = ("triton", "parallel", "taylor_chunk")
 SERIES = ("variant", "head_dim", "causal", "n_kv_heads")
@@ -140,7 +140,8 @@ def nstar_interval(rows: Sequence[dict], variant_key: tuple, baseline_key: tuple
     """n* of the variant series ``variant_key`` (variant, D, causal, Hkv) against the baseline series, each side
     the best of its backends per N, with a bootstrap interval over the repeated timings (module docstring).
 
-    Returns ``status``, ``n_star`` (from the medians), ``lo`` / ``hi`` (NaN when fewer than 2 resamples cross),
+    Returns ``status``, ``n_star`` (from the medians), ``ahead_from`` / ``ahead_until`` (ahead then behind again:
+    where the variant is ahead, :func:`eval.crossover.find_crossover`), ``lo`` / ``hi`` (NaN when fewer than 2 resamples cross),
     ``p_cross``, ``impl_variant`` / ``impl_baseline`` (:func:`impl_summary`), ``ratio_at_max``, ``points``, ``reps``
     (the fewest repeats behind any point: 1 = no interval from repeats)."""
     pv = _series_points(rows, variant_key, variant_backends, metric)
@@ -149,7 +150,8 @@ def nstar_interval(rows: Sequence[dict], variant_key: tuple, baseline_key: tuple
     nb, tb, ib = _best_curve(pb)
     res = find_crossover(nv, tv, nb, tb)
     common = set(nv) & set(nb)
-    out = {"status": res["status"], "n_star": res["n_star"], "ratio_at_max": res["ratio_at_max"],
+    out = {"status": res["status"], "n_star": res["n_star"], "ahead_from": res["ahead_from"],
+           "ahead_until": res["ahead_until"], "ratio_at_max": res["ratio_at_max"],
            "points": res["points"],
            "impl_variant": impl_summary([(n, i) for n, i in zip(nv, iv) if n in common]),
            "impl_baseline": impl_summary([(n, i) for n, i in zip(nb, ib) if n in common]),
@@ -227,7 +229,7 @@ def conclusion(row: dict) -> str:
     """One line: how far n* moves from ours vs ours to best vs best, and whether the intervals overlap."""
     a, b = _f(row.get("ours_n_star")), _f(row.get("best_n_star"))
     if not (math.isfinite(a) and math.isfinite(b)):
-        return f"ours vs ours: {row.get('ours_status')}; best vs best: {row.get('best_status')}"
+        return f"ours vs ours: {status_note(row, 'ours_')}; best vs best: {status_note(row, 'best_')}"
     move = f"n* moves {b / a:.2f}x ({_fmt_n(a)} -> {_fmt_n(b)})"
     lo_a, hi_a, lo_b, hi_b = (_f(row.get(k)) for k in ("ours_lo", "ours_hi", "best_lo", "best_hi"))
     if all(math.isfinite(x) for x in (lo_a, hi_a, lo_b, hi_b)):
@@ -236,8 +238,9 @@ def conclusion(row: dict) -> str:
 
 
 NSTAR_COLUMNS = ("variant", "head_dim", "causal", "n_kv_heads", "baseline", "baseline_n_kv_heads", "metric",
-                 "ours_status", "ours_n_star", "ours_lo", "ours_hi", "ours_p_cross", "ours_impl_variant",
-                 "ours_impl_baseline", "best_status", "best_n_star", "best_lo", "best_hi", "best_p_cross",
+                 "ours_status", "ours_n_star", "ours_ahead_from", "ours_ahead_until", "ours_lo", "ours_hi",
+                 "ours_p_cross", "ours_impl_variant", "ours_impl_baseline", "best_status", "best_n_star",
+                 "best_ahead_from", "best_ahead_until", "best_lo", "best_hi", "best_p_cross",
                  "best_impl_variant", "best_impl_baseline", "shift", "ours_reps", "best_reps", "level", "conclusion")
 
 
@@ -248,9 +251,9 @@ def format_nstar_markdown(table: Sequence[dict]) -> str:
     for r in table:
         lines.append(
             f"| {r['variant']} | {r['head_dim']} | {r['n_kv_heads']} | "
-            f"{fmt_interval(r['ours_n_star'], r['ours_lo'], r['ours_hi']) if r['ours_status'] == STATUS_CROSS else r['ours_status']} | "
+            f"{fmt_interval(r['ours_n_star'], r['ours_lo'], r['ours_hi']) if r['ours_status'] == STATUS_CROSS else status_note(r, 'ours_')} | "
             f"{r['ours_impl_variant']} / {r['ours_impl_baseline']} | "
-            f"{fmt_interval(r['best_n_star'], r['best_lo'], r['best_hi']) if r['best_status'] == STATUS_CROSS else r['best_status']} | "
+            f"{fmt_interval(r['best_n_star'], r['best_lo'], r['best_hi']) if r['best_status'] == STATUS_CROSS else status_note(r, 'best_')} | "
             f"{r['best_impl_variant']} / {r['best_impl_baseline']} | "
             f"{'-' if not math.isfinite(_f(r['shift'])) else format(_f(r['shift']), '.2f') + 'x'} |")
     return "\n".join(lines)

@@ -4,11 +4,13 @@ For each variant / backend curve against the baseline curve (``baseline:`` in th
 kernel) and against naive standard attention (``naive:``), on time (per mode) and on peak memory:
 
 * ``n*`` (interpolated): the length where ``log t_variant - log t_baseline`` changes sign, linearly
-  interpolated in ``(log n, log t)`` between the two bracketing measured lengths. The first crossing after
-  which the variant is faster is reported; if there is none: ``"variant faster in whole range"``,
-  ``"no crossover in range (baseline faster)"``, ``"equal in whole range"`` or ``"insufficient data"``, stated
-  explicitly. Equal lengths (exact ties, common for modelled memory) are not crossings by themselves: equal then
-  ahead crosses at the last equal length, behind then equal does not cross.
+  interpolated in ``(log n, log t)`` between the two bracketing measured lengths. The crossing after which the
+  variant stays faster is reported; if there is none: ``"variant faster in whole range"``,
+  ``"no crossover in range (baseline faster)"``, ``"equal in whole range"``, ``"insufficient data"`` or, for a
+  variant that is ahead somewhere but behind again at the longest lengths, ``"ahead then behind (baseline faster
+  at the end of the range)"`` with the lengths it is ahead between (``ahead_from``, ``ahead_until``: the text says
+  "ahead only in [a, b]", no n*), stated explicitly. Equal lengths (exact ties, common for modelled memory) are not
+  crossings by themselves: equal then ahead crosses at the last equal length, behind then equal does not cross.
 * ``n*`` (constants): per-token time of the exact baseline grows like ``c2 * n`` (quadratic total time at
   fixed tokens), a linear / windowed variant's per-token time is a constant ``c_lin``. We fit
   ``t/token = c0 + c2 n`` to the baseline (least squares on relative error, over ``fit_min_seq_len`` and up)
@@ -40,6 +42,9 @@ STATUS_ALWAYS = "variant faster in whole range"
 STATUS_NEVER = "no crossover in range (baseline faster)"
 STATUS_NODATA = "insufficient data"
 STATUS_TIE = "equal in whole range"
+STATUS_AHEAD_THEN_BEHIND = "ahead then behind (baseline faster at the end of the range)"
+#: Every status :func:`find_crossover` gives (what a crossover row's ``status`` may hold).
+STATUSES = (STATUS_CROSS, STATUS_ALWAYS, STATUS_NEVER, STATUS_TIE, STATUS_AHEAD_THEN_BEHIND, STATUS_NODATA)
 
 
 def _is_subquadratic(kind: str) -> bool:
@@ -70,16 +75,21 @@ def find_crossover(n_a: Sequence[float], t_a: Sequence[float], n_b: Sequence[flo
         n_a, t_a: lengths and values (time or memory; positive) of the variant; NaN / non-positive dropped.
         n_b, t_b: the same for the baseline. Only lengths present in both are compared.
 
-    Returns a dict: ``status`` (one of :data:`STATUS_CROSS`, :data:`STATUS_ALWAYS` (never behind, equal lengths
-    allowed), :data:`STATUS_NEVER` (never ahead), :data:`STATUS_TIE` (equal at every common length),
-    :data:`STATUS_NODATA`), ``n_star`` (the first length above which the variant is faster, NaN unless
-    ``status == "crossover"``), ``crossings`` (every sign change: ``(n, "variant_wins" | "baseline_wins")``),
-    ``n_min`` / ``n_max`` (common range), ``ratio_at_max`` (``t_a / t_b`` at the largest common length).
+    Returns a dict: ``status`` (one of :data:`STATUS_CROSS` (behind or equal, then ahead to the end of the
+    range), :data:`STATUS_ALWAYS` (never behind, equal lengths allowed), :data:`STATUS_NEVER` (never ahead),
+    :data:`STATUS_TIE` (equal at every common length), :data:`STATUS_AHEAD_THEN_BEHIND` (ahead at some length,
+    behind again at the largest lengths: no n*), :data:`STATUS_NODATA`), ``n_star`` (the length above which the
+    variant stays faster, NaN unless ``status == "crossover"``), ``ahead_from`` / ``ahead_until`` (with
+    :data:`STATUS_AHEAD_THEN_BEHIND`: the first length where the variant is ahead, the smallest common length when
+    it starts ahead, and the crossing from which the baseline stays faster; else NaN), ``crossings`` (every sign
+    change: ``(n, "variant_wins" | "baseline_wins")``), ``n_min`` / ``n_max`` (common range), ``ratio_at_max``
+    (``t_a / t_b`` at the largest common length).
     """
     a, b = _clean(n_a, t_a), _clean(n_b, t_b)
     common = sorted(set(a) & set(b))
-    res = {"status": STATUS_NODATA, "n_star": float("nan"), "crossings": [], "n_min": float("nan"),
-           "n_max": float("nan"), "ratio_at_max": float("nan"), "points": len(common)}
+    res = {"status": STATUS_NODATA, "n_star": float("nan"), "ahead_from": float("nan"), "ahead_until": float("nan"),
+           "crossings": [], "n_min": float("nan"), "n_max": float("nan"), "ratio_at_max": float("nan"),
+           "points": len(common)}
     if not common:
         return res
     res["n_min"], res["n_max"] = common[0], common[-1]
@@ -113,11 +123,30 @@ def find_crossover(n_a: Sequence[float], t_a: Sequence[float], n_b: Sequence[flo
     elif last < 0 and wins:
         # the crossing after which the variant stays faster: the last "variant_wins" one
         res["status"], res["n_star"] = STATUS_CROSS, wins[-1][0]
-    elif wins:  # crosses to win and back: report the first winning crossing
-        res["status"], res["n_star"] = STATUS_CROSS, wins[0][0]
+    elif any(x < 0 for x in sign):  # ahead somewhere, behind at the end: no n*, the lengths it is ahead between
+        res["status"] = STATUS_AHEAD_THEN_BEHIND
+        res["ahead_from"] = common[0] if sign[0] < 0 else wins[0][0]
+        res["ahead_until"] = [c for c in crossings if c[1] == "baseline_wins"][-1][0]
     else:
         res["status"] = STATUS_NEVER
     return res
+
+
+def _fmt_len(x) -> str:
+    return f"{x:.0f}"
+
+
+def status_note(row: dict, prefix: str = "") -> str:
+    """The status of a crossover result or table row (``row[prefix + "status"]``) as text: the status string, and
+    for :data:`STATUS_AHEAD_THEN_BEHIND` where the variant is ahead (``"...: ahead only in [1200, 4096], baseline
+    faster from 4096"``, from ``ahead_from`` / ``ahead_until``; a CSV row's strings are read as numbers)."""
+    status = str(row.get(prefix + "status") or "")
+    if status != STATUS_AHEAD_THEN_BEHIND:
+        return status
+    a, b = _f(row.get(prefix + "ahead_from")), _f(row.get(prefix + "ahead_until"))
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return status
+    return f"{status}: ahead only in [{_fmt_len(a)}, {_fmt_len(b)}], baseline faster from {_fmt_len(b)}"
 
 
 def fit_quadratic_per_token(n: Sequence[float], t_per_token: Sequence[float]) -> Tuple[float, float]:
@@ -236,7 +265,8 @@ def detect_crossovers(rows: Sequence[dict], baselines: Dict[str, dict],
                 nb = [_f(r["seq_len"]) for r in bpts]
                 tb = [_f(r.get(metric)) for r in bpts]
                 res = find_crossover(na, ta, nb, tb)
-                row = dict(base, metric=metric, status=res["status"], n_star=res["n_star"], n_min=res["n_min"],
+                row = dict(base, metric=metric, status=res["status"], n_star=res["n_star"],
+                           ahead_from=res["ahead_from"], ahead_until=res["ahead_until"], n_min=res["n_min"],
                            n_max=res["n_max"], ratio_at_max=res["ratio_at_max"], points=res["points"],
                            crossings=";".join(f"{n:.0f}:{d}" for n, d in res["crossings"]))
                 if metric.endswith("_ms") and _is_subquadratic(pts[0].get("kind", "linear")):
@@ -251,8 +281,8 @@ def detect_crossovers(rows: Sequence[dict], baselines: Dict[str, dict],
 
 
 CROSSOVER_COLUMNS = ("reference", "baseline", "variant", "backend", "head_dim", "causal", "n_kv_heads",
-                     "baseline_n_kv_heads", "metric", "status", "n_star", "n_star_const", "n_star_fit", "c0", "c2",
-                     "c_lin", "n_min", "n_max", "ratio_at_max", "points", "crossings")
+                     "baseline_n_kv_heads", "metric", "status", "n_star", "ahead_from", "ahead_until", "n_star_const",
+                     "n_star_fit", "c0", "c2", "c_lin", "n_min", "n_max", "ratio_at_max", "points", "crossings")
 
 
 def format_crossovers(rows: Sequence[dict], metric: str = "fwd_bwd_ms", reference: str = "exact") -> str:
@@ -265,7 +295,7 @@ def format_crossovers(rows: Sequence[dict], metric: str = "fwd_bwd_ms", referenc
         nc = r.get("n_star_const", float("nan"))
         nc = "-" if not (isinstance(nc, float) and math.isfinite(nc)) else f"{nc:.0f}"
         lines.append(f"{r['variant'] + '/' + r['backend']:32s} {r['head_dim']:>4d} {r['n_kv_heads']:>4d} {ns:>12s} "
-                     f"{nc:>12s}  {r['status']}")
+                     f"{nc:>12s}  {status_note(r)}")
     return "\n".join(lines)
 
 

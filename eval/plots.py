@@ -39,7 +39,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from attn_zoo import cost_model as cm  # noqa: E402
 
 from eval import figspec  # noqa: E402
-from eval.crossover import _b, _f, series  # noqa: E402
+from eval.crossover import (STATUS_AHEAD_THEN_BEHIND, STATUS_ALWAYS, STATUS_NEVER, STATUS_NODATA,  # noqa: E402
+                            STATUS_TIE, _b, _f, series)
 
 _MATERIALISING = ("naive", "reference", "sdpa_math")
 
@@ -86,9 +87,8 @@ VARIANT_STYLE = {
 _EXTRA = [("#17becf", "*"), ("#bcbd22", "8"), ("#8c564b", "H"), ("#e377c2", "d"), ("#7f7f7f", ">"),
           ("#1f77b4", "<"), ("#ff7f0e", "p"), ("#2ca02c", "h"), ("#d62728", "P"), ("#9467bd", "X")]
 _ASSIGNED: Dict[str, tuple] = {}  # names outside the tables get the next extra style, stable within a process
-STATUS_SHORT = {"variant faster in whole range": "faster at every N",
-                "no crossover in range (baseline faster)": "slower at every N", "insufficient data": "no common N",
-                "equal in whole range": "equal at every N"}
+STATUS_SHORT = {STATUS_ALWAYS: "faster at every N", STATUS_NEVER: "slower at every N", STATUS_NODATA: "no common N",
+                STATUS_TIE: "equal at every N", STATUS_AHEAD_THEN_BEHIND: "faster only in part, slower at the end"}
 
 
 def _extra(name: str) -> tuple:
@@ -282,13 +282,21 @@ def _crossover_of(crossovers: Sequence[dict], k: tuple, metric: str, reference: 
 
 def crossover_note(c: Optional[dict], full_n_max: float = float("nan")) -> str:
     """What a crossover row says, short, for a legend or table: ``n*≈1.2k``, ``faster at every N``, ``slower at
-    every N``; with the compared range when it is shorter than the baseline's (``N = 512 only``, ``N <= 2.0k``), and
-    how much faster the variant is at the largest length when a crossing wins by less than 5 % (``1 % faster at
-    32.8k``: a crossing of two nearly equal curves is not a win)."""
+    every N``, ``faster only at N≈1.2k–4.1k, slower after`` / ``faster only up to N≈4.1k, slower after`` (ahead then
+    behind again: no n*); with the compared range when it is shorter than the baseline's (``N = 512 only``,
+    ``N <= 2.0k``), and how much faster the variant is at the largest length when a crossing wins by less than 5 %
+    (``1 % faster at 32.8k``: a crossing of two nearly equal curves is not a win)."""
     if not c:
         return ""
     ns, n_min, n_max = _f(c.get("n_star")), _f(c.get("n_min")), _f(c.get("n_max"))
-    text = f"n*≈{fmt_n(ns)}" if math.isfinite(ns) else STATUS_SHORT.get(c.get("status"), str(c.get("status") or ""))
+    a, b = _f(c.get("ahead_from")), _f(c.get("ahead_until"))
+    if c.get("status") == STATUS_AHEAD_THEN_BEHIND and math.isfinite(a) and math.isfinite(b):
+        text = (f"faster only up to N≈{fmt_n(b)}" if a == n_min else f"faster only at N≈{fmt_n(a)}–{fmt_n(b)}") \
+            + ", slower after"
+    elif math.isfinite(ns):
+        text = f"n*≈{fmt_n(ns)}"
+    else:
+        text = STATUS_SHORT.get(c.get("status"), str(c.get("status") or ""))
     ratio = _f(c.get("ratio_at_max"))
     if math.isfinite(ns) and math.isfinite(ratio) and 0.95 < ratio < 1:
         text += f" (only {100 * (1 - ratio):.0f} % faster at {fmt_n(n_max)})"

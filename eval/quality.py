@@ -451,8 +451,9 @@ COST = "cost_ms"  # step time per unit of quality (ms / quality_gain = 1e3 / qua
 NSTAR_BASELINE = "flash"
 NO_REPS = "no interval: the speed CSV has no per-step times (step_ms_reps; a bench_model run from before them)"
 NSTAR_COLUMNS = ("dataset", "variant", "baseline", "pair", "metric",
-                 "ours_status", "ours_n_star", "ours_lo", "ours_hi", "ours_p_cross", "ours_impl_variant",
-                 "ours_impl_baseline", "ours_check", "best_status", "best_n_star", "best_lo", "best_hi",
+                 "ours_status", "ours_n_star", "ours_ahead_from", "ours_ahead_until", "ours_lo", "ours_hi",
+                 "ours_p_cross", "ours_impl_variant", "ours_impl_baseline", "ours_check", "best_status", "best_n_star",
+                 "best_ahead_from", "best_ahead_until", "best_lo", "best_hi",
                  "best_p_cross", "best_impl_variant", "best_impl_baseline", "best_check", "shift", "ours_reps",
                  "best_reps", "level", "conclusion")
 
@@ -543,13 +544,17 @@ def compare_nstar(agg: Sequence[dict], bench, ours: Sequence[str] = ("triton", "
 def _nstar_cell(r: dict, tag: str, short: bool = False) -> str:
     """n* of one side of a :func:`compare_nstar` row with its interval, else its status (``short``: a few words)."""
     from eval.best import fmt_interval
-    from eval.crossover import STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER, STATUS_TIE
+    from eval.crossover import STATUS_AHEAD_THEN_BEHIND, STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER, STATUS_TIE, \
+        status_note
 
     status = str(r[f"{tag}_status"])
+    if status == STATUS_AHEAD_THEN_BEHIND and short:  # no n*: where it is ahead
+        a, b = _f(r.get(f"{tag}_ahead_from")), _f(r.get(f"{tag}_ahead_until"))
+        return f"ahead only in [{a:.0f}, {b:.0f}]" if math.isfinite(a) and math.isfinite(b) else "ahead, then behind"
     if status != STATUS_CROSS:
         return {STATUS_ALWAYS: "ahead everywhere", STATUS_NEVER: "never (behind)",
                 STATUS_TIE: "equal everywhere"}.get(status, status) if short \
-            else status
+            else status_note(r, f"{tag}_")
     return fmt_interval(r[f"{tag}_n_star"], r[f"{tag}_lo"], r[f"{tag}_hi"])
 
 

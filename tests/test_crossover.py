@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from eval.crossover import (STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER, STATUS_NODATA, constants_crossover,
-                            detect_crossovers, find_crossover, fit_constant_per_token, fit_quadratic_per_token)
+from eval.crossover import (STATUS_AHEAD_THEN_BEHIND, STATUS_ALWAYS, STATUS_CROSS, STATUS_NEVER, STATUS_NODATA,
+                            STATUSES, constants_crossover, detect_crossovers, find_crossover, fit_constant_per_token,
+                            fit_quadratic_per_token)
 
 NS = [2**i for i in range(8, 16)]  # 256 .. 32768
 
@@ -51,15 +52,99 @@ def test_nan_and_failed_points_are_dropped():
 
 
 def test_crossing_and_crossing_back():
-    # variant wins only in the middle of the range: the winning crossing is reported, both are listed
+    # variant wins only in the middle of the range: no n* (it does not stay ahead), the status says it ends behind,
+    # the lengths it is ahead between are given, both crossings are listed (was: "crossover" with n* ~ 362)
     ns = [256, 512, 1024, 2048, 4096]
     base = [1.0, 1.0, 1.0, 1.0, 1.0]
     var = [2.0, 0.5, 0.5, 0.5, 2.0]
     res = find_crossover(ns, var, ns, base)
-    assert res["status"] == STATUS_CROSS
+    assert res["status"] == STATUS_AHEAD_THEN_BEHIND
+    assert math.isnan(res["n_star"])
     assert [d for _, d in res["crossings"]] == ["variant_wins", "baseline_wins"]
-    assert 256 < res["n_star"] < 512
-    assert res["n_star"] == pytest.approx(math.exp(math.log(256) + 0.5 * math.log(2)), rel=1e-9)
+    assert res["ahead_from"] == pytest.approx(math.exp(math.log(256) + 0.5 * math.log(2)), rel=1e-9)
+    assert res["ahead_until"] == pytest.approx(math.exp(math.log(2048) + 0.5 * math.log(2)), rel=1e-9)
+
+
+@pytest.mark.parametrize("t_a,ahead_from,ahead_until", [
+    ([0.5, 0.5, 2, 2, 2], 256, None),  # ahead from the first length, behind from ~724 (was: "baseline faster")
+    ([0.5, 2, 1, 1, 1], 256, None),  # ahead, behind, then equal: ends behind (was: "baseline faster")
+    ([1, 0.5, 2, 2, 2], 256, None),  # equal, ahead, behind: ahead from the last equal length
+    ([2, 0.5, 2, 0.5, 2], None, None),  # wins and loses twice, ends behind (was: "crossover" at the first win)
+    ([2, 0.5, 1, 1, 2], None, 1024),  # equal lengths, then behind: not ahead from the first equal length on
+])
+def test_ahead_then_behind_is_its_own_status(t_a, ahead_from, ahead_until):
+    """A variant ahead somewhere but behind at the largest lengths has no n* and says so, with where it is ahead;
+    before, a win then a loss read "crossover" with the first winning length as n*, and one ahead from the first
+    length then behind read "no crossover in range (baseline faster)" (never ahead)."""
+    N = [256, 512, 1024, 2048, 4096]
+    r = find_crossover(N, t_a, N, [1] * 5)
+    assert r["status"] == STATUS_AHEAD_THEN_BEHIND, r
+    assert math.isnan(r["n_star"])
+    assert r["crossings"][-1][1] == "baseline_wins" and r["ahead_until"] == r["crossings"][-1][0]
+    assert N[0] <= r["ahead_from"] < r["ahead_until"] <= N[-1]
+    if ahead_from is not None:
+        assert r["ahead_from"] == ahead_from
+    if ahead_until is not None:
+        assert r["ahead_until"] == ahead_until
+    assert STATUS_AHEAD_THEN_BEHIND in STATUSES
+
+
+def test_ahead_then_behind_reaches_every_text():
+    """The status and where the variant is ahead reach the crossover table, its text, the plot legend / n* table,
+    the best-vs-best markdown and the quality n* cells; no n* star anywhere."""
+    from eval.best import conclusion, format_nstar_markdown
+    from eval.crossover import CROSSOVER_COLUMNS, format_crossovers, status_note
+    from eval.plots import STATUS_SHORT, crossover_note
+    from eval.quality import NSTAR_COLUMNS as Q_COLUMNS
+    from eval.quality import _nstar_cell
+
+    ns = [512, 1024, 2048, 4096, 8192]
+    # the variant is 2x faster from 1k to 2k, 2x slower at 512 and from 4k on
+    rows = (_rows("flash", "triton", ns, [1.0] * 5)
+            + _rows("mid", "triton", ns, [2.0, 0.5, 0.5, 2.0, 2.0]))
+    out = detect_crossovers(rows, {"exact": {"variant": "flash", "backend": "triton"}}, modes=("fwd",))
+    r = [x for x in out if x["variant"] == "mid" and x["metric"] == "fwd_ms"][0]
+    assert r["status"] == STATUS_AHEAD_THEN_BEHIND and math.isnan(r["n_star"])
+    assert 512 < r["ahead_from"] < 1024 and 2048 < r["ahead_until"] < 4096
+    assert {"ahead_from", "ahead_until"} <= set(CROSSOVER_COLUMNS)
+    text = format_crossovers(out, "fwd_ms")
+    line = [x for x in text.splitlines() if x.startswith("mid/")][0]
+    assert "ahead then behind" in line and f"ahead only in [{r['ahead_from']:.0f}, {r['ahead_until']:.0f}]" in line
+    assert status_note(r) in line
+    # a row read back from crossover.csv (strings) says the same
+    assert status_note({k: str(v) for k, v in r.items()}) == status_note(r)
+    note = crossover_note(r, 8192)
+    assert note.startswith("faster only at N≈") and note.endswith("slower after") and "n*" not in note
+    assert STATUS_SHORT[STATUS_AHEAD_THEN_BEHIND]  # every status has its short label
+    assert set(STATUS_SHORT) == set(STATUSES) - {STATUS_CROSS}
+    start = dict(r, ahead_from=512.0)  # ahead from the first compared length
+    assert crossover_note(start, 8192).startswith("faster only up to N≈")
+    cmp = {"variant": "mid", "head_dim": 64, "n_kv_heads": 2, "shift": float("nan"),
+           "ours_impl_variant": "triton", "ours_impl_baseline": "triton", "best_impl_variant": "triton",
+           "best_impl_baseline": "triton", "ours_check": "-", "best_check": "-"}
+    for tag in ("ours", "best"):
+        cmp.update({f"{tag}_{k}": r[k] for k in ("status", "n_star", "ahead_from", "ahead_until")},
+                   **{f"{tag}_{k}": float("nan") for k in ("lo", "hi")})
+        assert {f"{tag}_ahead_from", f"{tag}_ahead_until"} <= set(Q_COLUMNS)
+    md = format_nstar_markdown([cmp])
+    assert md.count("ahead only in [") == 2
+    assert "ahead only in [" in conclusion(cmp)
+    assert _nstar_cell(cmp, "ours", short=True) == f"ahead only in [{r['ahead_from']:.0f}, {r['ahead_until']:.0f}]"
+    assert _nstar_cell(cmp, "ours") == status_note(r)
+
+
+def test_best_interval_does_not_count_ahead_then_behind_as_crossing():
+    """eval.best's bootstrap counts a resample as crossing only when the variant stays ahead (was: a win then a
+    loss counted, with its first winning length as n*)."""
+    from eval.best import nstar_interval
+
+    ns = [512, 1024, 2048, 4096]
+    rows = [{"variant": v, "backend": "triton", "seq_len": str(n), "head_dim": "64", "causal": "True",
+             "n_kv_heads": "2", "status": "ok", "fwd_bwd_ms": repr(t)}
+            for v, ts in (("flash", [1.0] * 4), ("mid", [2.0, 0.5, 0.5, 2.0])) for n, t in zip(ns, ts)]
+    r = nstar_interval(rows, ("mid", 64, True, 2), ("flash", 64, True, 2), n_boot=5)
+    assert r["status"] == STATUS_AHEAD_THEN_BEHIND and math.isnan(r["n_star"]) and r["p_cross"] == 0
+    assert 512 < r["ahead_from"] < 1024 and 2048 < r["ahead_until"] < 4096
 
 
 def test_fit_c2_c_lin_recovers_constants():

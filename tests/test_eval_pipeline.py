@@ -219,9 +219,10 @@ def test_end_to_end_pipeline(tmp_path):
     assert ("exact", "linear", "torch", "fwd_bwd_ms") in metrics
     assert ("naive", "flash", "torch", "fwd_ms") in metrics
     assert ("exact", "sliding_window", "torch", "model_footprint_bytes") in metrics  # CPU: modelled memory
-    for c in cross["rows"]:
-        assert c["status"] in ("crossover", "variant faster in whole range",
-                               "no crossover in range (baseline faster)", "equal in whole range")
+    from eval.crossover import STATUS_NODATA, STATUSES
+
+    for c in cross["rows"]:  # any status but "insufficient data" (CPU timings may also win, then lose)
+        assert c["status"] in STATUSES and c["status"] != STATUS_NODATA, c["status"]
     assert (out / "crossover.csv").stat().st_size > 0
     # figures: PNG + SVG, non-empty
     for name in ("time_vs_n_fwd_bwd", "time_vs_n_fwd", "memory_vs_n", "roofline"):
