@@ -11,10 +11,13 @@ Conventions
     * Bytes are HBM (device memory) bytes, split into read and written; ``dtype_bytes`` is the element size of
       q, k, v, o and of materialised score matrices (2 for fp16 / bf16); softmax statistics (``lse``, ``m``,
       ``l``, ``Delta``) are fp32 (4 bytes).
-    * Shapes follow the package: q ``(B, Hq, Nq, D)``, k / v ``(B, Hkv, Nk, D)``. The models below count
-      per *query* head: the K/V of a shared (GQA / MQA) head is re-read by every query head of its group,
-      as the kernels do (cross-head reuse through L2 is not modelled); GQA shrinks the K/V *footprint* and
-      the KV cache, see :func:`kv_cache_bytes_per_token`.
+    * Shapes follow the package: q ``(B, Hq, Nq, D)``, k / v ``(B, Hkv, Nk, D)``; ``H`` is ``Hq`` and ``Hkv``
+      (default ``H``: MHA) must divide it. The models below count per *query* head, and per *K/V* head what
+      exists once per K/V head: K and V themselves and their gradients dK, dV (the compulsory bytes, the
+      footprint), the chunked linear form's K / V reads, and the backward's K/V read and dK/dV write of the FA2
+      loop order (our dK/dV kernel loops over the query heads of its group: K/V loaded once, dK/dV summed in
+      registers). The K/V tiles the loops re-read stay per query head, as the kernels do (a program per query
+      head; cross-head reuse through L2 is not modelled). KV cache: :func:`kv_cache_bytes_per_token`.
     * ``mode``: ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"``.
 
 Sources
@@ -58,6 +61,18 @@ def _pos_int(name: str, x) -> int:
     if not isinstance(x, (int,)) or isinstance(x, bool) or x < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
     return int(x)
+
+
+def _kv_ratio(H: int, Hkv: Optional[int], name: str = "Hkv") -> float:
+    """``Hkv / H``: the share of a query head's K/V terms (1.0 for MHA, ``Hkv=None``). Raises ``ValueError`` naming
+    ``name`` and the allowed values (the divisors of ``H``)."""
+    if Hkv is None:
+        return 1.0
+    if isinstance(Hkv, bool) or not isinstance(Hkv, int) or Hkv < 1 or H % Hkv:
+        allowed = ", ".join(str(d) for d in range(1, H + 1) if H % d == 0) if isinstance(H, int) and H >= 1 else "-"
+        raise ValueError(f"{name}={Hkv!r} is not supported: the K/V heads must divide the query heads H={H!r}; "
+                         f"allowed values: {allowed} (or None: H, i.e. MHA)")
+    return Hkv / H
 
 
 # --------------------------------------------------------------------------------------------- Cost
@@ -230,7 +245,7 @@ def flash_attention_cost(
     B: int, H: int, N: int, D: int, Nk: Optional[int] = None, Dv: Optional[int] = None, dtype_bytes: int = 2,
     mode: str = "fwd_bwd", causal: bool = False, visited_fraction: Optional[float] = None,
     sram_bytes: Optional[float] = None, block_m: Optional[int] = None, block_n: Optional[int] = None,
-    loop_order: str = "fa2", dropout: bool = False,
+    loop_order: str = "fa2", dropout: bool = False, Hkv: Optional[int] = None,
 ) -> Cost:
     """Tiled exact attention (FlashAttention): S and P never reach HBM; the backward recomputes them.
 
@@ -257,10 +272,15 @@ def flash_attention_cost(
     S, dV, dP, dQ, dK) + recompute / dS elementwise. For ``D = Dv`` that is the FA2 convention
     ``4 N^2 d`` / ``10 N^2 d`` (x f) plus O(N^2) elementwise. SRAM: Q, K, V tiles in ``dtype_bytes``, the
     fp32 O accumulator and the fp32 S/P tile. Footprint: O and lse (forward); + dQ, dK, dV (backward).
+
+    ``Hkv`` (GQA / MQA; default ``H``): K, V and dK, dV exist once per K/V head, so the compulsory bytes, the
+    footprint's dK, dV and (FA2 order) the backward's K/V-once read and dK/dV write count ``Hkv`` heads; the
+    tiles each query head's loop reads stay per query head. ``detail["kv_bytes"]``: the bytes of K and V.
     """
     _check_mode(mode)
     if loop_order not in ("fa1", "fa2"):
         raise ValueError(f"loop_order={loop_order!r} is not supported; allowed values: fa1, fa2")
+    g = _kv_ratio(H, Hkv)  # K/V heads per query head: the share of the per-K/V-head terms
     Nk = N if Nk is None else Nk
     Dv = D if Dv is None else Dv
     if block_m is None or block_n is None:
@@ -303,18 +323,19 @@ def flash_attention_cost(
             fw += Nk * (D + Dv) * e                               # dK_j, dV_j
         else:
             fr += 2 * N * Dv * e; fw += N * s                     # Delta = rowsum(dO * O)
-            fr += Nk * (D + Dv) * e                               # K_j, V_j once
+            fr += g * Nk * (D + Dv) * e                           # K_j, V_j once (per K/V head)
             fr += f * Tc * (N * D * e + N * Dv * e + 2 * N * s)   # Q_i, dO_i, lse_i, Delta_i per tile
             fr += f * Tc * N * D * s; fw += f * Tc * N * D * s    # fp32 dQ accumulate per tile
-            fw += Nk * (D + Dv) * e + N * D * e                   # dK, dV, final dQ cast
+            fw += g * Nk * (D + Dv) * e + N * D * e               # dK, dV (per K/V head), final dQ cast
     sram = (block_m * D + block_n * (D + Dv)) * e + block_m * Dv * 4 + block_m * block_n * 4 + 2 * block_m * s
-    footprint = N * Dv * e + N * s + ((N * D + Nk * D + Nk * Dv) * e if mode != "fwd" else 0.0)
-    io_fwd = (N * D + Nk * (D + Dv) + N * Dv) * e + N * s  # Q, K, V in; O, lse out
-    io_bwd = (N * D + Nk * (D + Dv) + 2 * N * Dv) * e + N * s + (N * D + Nk * (D + Dv)) * e  # + dO in; grads out
+    kv = g * Nk * (D + Dv)  # elements of K and V (or dK and dV) per query head's share
+    footprint = N * Dv * e + N * s + ((N * D + kv) * e if mode != "fwd" else 0.0)
+    io_fwd = (N * D + kv + N * Dv) * e + N * s  # Q, K, V in; O, lse out
+    io_bwd = (N * D + kv + 2 * N * Dv) * e + N * s + (N * D + kv) * e  # + dO in; grads out
     compulsory = (io_fwd if mode != "bwd" else 0.0) + (io_bwd if mode != "fwd" else 0.0)
     c = Cost(fl, fr, fw, sram, footprint, compulsory,
              {"score_elements": M, "Tr": Tr, "Tc": Tc, "block_m": block_m, "block_n": block_n,
-              "visited_fraction": f})
+              "visited_fraction": f, "kv_bytes": kv * e})
     out = c.scale(B * H)
     # per-block quantities are not batch-scaled
     out.detail.update({"Tr": Tr, "Tc": Tc, "block_m": block_m, "block_n": block_n, "visited_fraction": f})
@@ -395,6 +416,7 @@ def mask_fractions(spec, N: int, block_m: int = 128, block_n: int = 64, Nk: Opti
 def linear_attention_cost(
     B: int, H: int, N: int, D: int, F: Optional[int] = None, Dv: Optional[int] = None, chunk_size: int = 64,
     causal: bool = True, dtype_bytes: int = 2, mode: str = "fwd_bwd", materialize_states: bool = False,
+    Hkv: Optional[int] = None,
 ) -> Cost:
     """Chunked linear attention [LIN, GLA sec. 2]: ``O = phi(Q) S`` with running state ``S = sum phi(K)^T V``.
 
@@ -404,9 +426,12 @@ def linear_attention_cost(
     matmul has two gradient matmuls). HBM: read Q, K, V once, write O once (+ fp32 states per chunk,
     ``N / C * F * Dv * 4`` written and read back, if ``materialize_states``); backward reads Q, K, V, dO and
     writes dQ, dK, dV (+ states). SRAM: the fp32 ``F x Dv`` state, Q/K/V chunk tiles and the ``C x C``
-    intra-chunk tile. Everything is linear in ``N``: time per token is constant (``c_lin``).
+    intra-chunk tile. Everything is linear in ``N``: time per token is constant (``c_lin``). ``Hkv`` (GQA / MQA;
+    default ``H``): K, V and dK, dV are read / written and held once per K/V head (``detail["kv_bytes"]``: the bytes
+    of K and V).
     """
     _check_mode(mode)
+    g = _kv_ratio(H, Hkv)  # K/V heads per query head: the share of the per-K/V-head terms
     F = D if F is None else F
     Dv = D if Dv is None else Dv
     C = _pos_int("chunk_size", chunk_size)
@@ -417,17 +442,20 @@ def linear_attention_cost(
         fwd_fl = N * (4.0 * F * Dv + 2.0 * F)
     states = math.ceil(N / C) * F * Dv * 4.0 if materialize_states else 0.0
     fl = fr = fw = 0.0
+    kv = g * N * (D + Dv)  # elements of K and V (or dK and dV) per query head's share
     if mode in ("fwd", "fwd_bwd"):
         fl += fwd_fl
-        fr += N * (2 * D + Dv) * e + states
+        fr += (N * D + kv) * e + states                   # Q; K, V
         fw += N * Dv * e + states
     if mode in ("bwd", "fwd_bwd"):
         fl += 2.0 * fwd_fl
-        fr += N * (2 * D + 2 * Dv) * e + 2 * states
-        fw += N * (2 * D + Dv) * e + states
+        fr += (N * D + kv + N * Dv) * e + 2 * states      # Q; K, V; dO
+        fw += (N * D + kv) * e + states                   # dQ; dK, dV
     sram = F * Dv * 4.0 + C * (F + F + Dv) * e + C * C * 4.0
-    footprint = N * Dv * e + states + (N * (2 * D + Dv) * e if mode != "fwd" else 0.0)
-    return Cost(fl, fr, fw, sram, footprint, 0.0, {"chunk_size": C, "F": F}).scale(B * H)
+    footprint = N * Dv * e + states + ((N * D + kv) * e if mode != "fwd" else 0.0)
+    out = Cost(fl, fr, fw, sram, footprint, 0.0, {"chunk_size": C, "F": F, "kv_bytes": kv * e}).scale(B * H)
+    out.detail.update({"chunk_size": C, "F": F})  # not batch-scaled
+    return out
 
 
 # --------------------------------------------------------------------------------------------- KV cache
@@ -554,27 +582,66 @@ def get_machine(name: str) -> Machine:
 
 
 # --------------------------------------------------------------------------------------------- dispatch
+def resolve_kv_heads(spec, H: int, n_kv_heads: Optional[int] = None) -> int:
+    """The K/V heads of a cost at ``H`` query heads: ``n_kv_heads`` when given, else the spec's own
+    (``n_kv_heads`` / ``kv_group_size``: :meth:`attn_zoo.AttentionSpec.resolve_kv_heads`), else ``H`` (MHA).
+    Raises ``ValueError`` naming ``n_kv_heads`` and the allowed values (the divisors of ``H``), or both counts when
+    the argument and the spec disagree."""
+    _pos_int("H", H)
+    own = None
+    if getattr(spec, "n_kv_heads", None) is not None or getattr(spec, "kv_group_size", None) is not None:
+        own = spec.resolve_kv_heads(H)  # raises naming the spec's field
+    if n_kv_heads is None:
+        return H if own is None else own
+    _kv_ratio(H, n_kv_heads, "n_kv_heads")
+    if own is not None and own != n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} disagrees with the spec's K/V heads ({own} at H={H}, from its "
+                         f"n_kv_heads / kv_group_size); pass n_kv_heads={own} or None")
+    return int(n_kv_heads)
+
+
+def _takes(fn, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (by name or through ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: try it
+        return True
+    return any((p.name == name and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD for p in params)
+
+
 def spec_cost(spec, B: int, H: int, N: int, D: int, *, mode: str = "fwd_bwd", dtype_bytes: int = 2,
-              block_m: Optional[int] = None, block_n: Optional[int] = None) -> Cost:
-    """Cost of one registered variant's spec at ``Nq = Nk = N``: the variant's own cost entry
-    (``cost=`` of :func:`attn_zoo.register_variant`) when it has one, else its family's: the exact tiled kernel
-    over the kept fraction of the pairs (:func:`attn_zoo.variants.element_fraction`) for softmax kinds, the chunked
-    linear form (:func:`linear_attention_cost`, ``F`` from the feature map) for linear ones. No kind is named here.
-    Raises ``ValueError`` for an unregistered kind or a bad ``mode``."""
+              block_m: Optional[int] = None, block_n: Optional[int] = None,
+              n_kv_heads: Optional[int] = None) -> Cost:
+    """Cost of one registered variant's spec at ``Nq = Nk = N``, ``H`` query heads and ``n_kv_heads`` K/V heads
+    (default: the spec's own, else ``H``; :func:`resolve_kv_heads`): the variant's own cost entry (``cost=`` of
+    :func:`attn_zoo.register_variant`, given ``n_kv_heads=`` when it takes it) when it has one, else its family's:
+    the exact tiled kernel over the kept fraction of the pairs (:func:`attn_zoo.variants.element_fraction`) for
+    softmax kinds, the chunked linear form (:func:`linear_attention_cost`, ``F`` from the feature map) for linear
+    ones, both with ``Hkv``. No kind is named here. Raises ``ValueError`` for an unregistered kind, a bad ``mode``
+    or ``n_kv_heads``, or GQA / MQA (``n_kv_heads < H``) with a cost entry that does not take ``n_kv_heads``."""
     from .variants import element_fraction, get_variant
 
     _check_mode(mode)
     v = get_variant(spec.kind)
+    hkv = resolve_kv_heads(spec, H, n_kv_heads)
     if v.cost_fn is not None:
-        return v.cost_fn(spec, B, H, N, D, mode=mode, dtype_bytes=dtype_bytes, block_m=block_m, block_n=block_n)
+        kw = dict(mode=mode, dtype_bytes=dtype_bytes, block_m=block_m, block_n=block_n)
+        if _takes(v.cost_fn, "n_kv_heads"):
+            kw["n_kv_heads"] = hkv
+        elif hkv != H:  # it would model MHA: say so rather than give MHA numbers for a GQA / MQA point
+            raise ValueError(f"variant {spec.kind!r}: its cost entry takes no n_kv_heads, so it cannot model "
+                             f"n_kv_heads={hkv} < H={H}; give cost(...) an n_kv_heads=None keyword")
+        return v.cost_fn(spec, B, H, N, D, **kw)
     if v.family == "softmax":
         return flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode=mode, block_m=block_m, block_n=block_n,
-                                    visited_fraction=element_fraction(spec, N))
+                                    visited_fraction=element_fraction(spec, N), Hkv=hkv)
     from .feature_maps import feature_dim
 
     Fd = feature_dim(spec.feature_map, D, spec.num_features)
     return linear_attention_cost(B, H, N, D, F=Fd, chunk_size=spec.chunk_size, causal=spec.causal,
-                                 dtype_bytes=dtype_bytes, mode=mode)
+                                 dtype_bytes=dtype_bytes, mode=mode, Hkv=hkv)
 
 
 def _formula_flash(B, H, N, D, *, causal, mode, dtype_bytes, window, visited_fraction, chunk_size, F, block_m, block_n):

@@ -622,10 +622,15 @@ def element_fraction(spec: AttentionSpec, N: int) -> float:
     return fraction(spec, N)
 
 
-def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes: int, backend: str) -> dict:
-    """FLOPs (fwd / fwd+bwd), modelled HBM bytes, compulsory bytes and footprint of one point."""
-    f1 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd")  # the variant's cost entry
-    f2 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd")
+def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes: int, backend: str,
+                n_kv_heads: Optional[int] = None) -> dict:
+    """FLOPs (fwd / fwd+bwd), modelled HBM bytes, compulsory bytes and footprint of one point with ``H`` query and
+    ``n_kv_heads`` K/V heads (default: the spec's, else ``H``): the variant's cost entry, which counts K/V per K/V
+    head. The naive / reference / sdpa_math rows use standard attention per query head (those backends repeat K/V
+    to every query head)."""
+    hkv = cm.resolve_kv_heads(spec, H, n_kv_heads)
+    f1 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd", n_kv_heads=hkv)  # the variant's entry
+    f2 = cm.spec_cost(spec, B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", n_kv_heads=hkv)
     if not spec.is_softmax:
         frac = float("nan")
         if backend in ("naive", "reference"):
@@ -640,7 +645,7 @@ def model_costs(spec: AttentionSpec, B: int, H: int, N: int, D: int, dtype_bytes
             bm, bn = int(f2.detail["block_m"]), int(f2.detail["block_n"])
             tiles = cm.mask_fractions(spec, N, bm, bn, elements=False)["visited_fraction"]
             t2 = cm.flash_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", visited_fraction=tiles,
-                                         block_m=bm, block_n=bn)
+                                         block_m=bm, block_n=bn, Hkv=hkv)
             f2 = replace(f2, hbm_read=t2.hbm_read, hbm_write=t2.hbm_write)
         if backend in ("naive", "reference", "sdpa_math"):
             std = cm.standard_attention_cost(B, H, N, D, dtype_bytes=dtype_bytes, mode="fwd_bwd", mask_pass=masked)
@@ -677,7 +682,7 @@ def measure_point(p: dict, spec: AttentionSpec, cfg: dict, device: torch.device)
     row = dict(p, kind=spec.kind, n_heads=H, batch=B, dtype=str(dtype).replace("torch.", ""), device=str(device),
                tokens=B * N, status="ok", error="", timestamp=_now())
     try:
-        row.update(model_costs(spec, B, H, N, D, torch.empty((), dtype=dtype).element_size(), p["backend"]))
+        row.update(model_costs(spec, B, H, N, D, torch.empty((), dtype=dtype).element_size(), p["backend"], hkv))
     except Exception as e:  # noqa: BLE001 - model columns are optional
         row["error"] = f"cost model: {type(e).__name__}: {e}"[:200]
     modes = [m for m in _as_list(cfg.get("modes", list(MODES))) if m in MODES]

@@ -183,3 +183,117 @@ def test_variant_element_fractions_count_the_mask(N):
     for spec in specs:
         want = float(mask_info(spec, N, N).dense().to(torch.float64).mean())
         assert element_fraction(spec, N) == pytest.approx(want, rel=1e-12, abs=1e-15), spec
+
+
+# --------------------------------------------------------------------------------------------- GQA / MQA
+B_, H_, N_, D_ = 2, 8, 1024, 64
+KV_ELEMS = B_ * N_ * (D_ + D_)  # K and V (or dK and dV) of one K/V head, all batch elements
+
+
+@pytest.mark.parametrize("cost_of", ["flash", "linear"])
+def test_gqa_models_less_kv_memory_than_mha(cost_of):
+    """GQA 4:1 (8 query heads, 2 K/V heads) holds and moves K/V (and dK/dV) once per K/V head: footprint and
+    compulsory bytes drop by exactly the 6 K/V heads it does not have; FLOPs stay per query head. Before, the model
+    took no K/V heads and modelled every GQA / MQA point as MHA."""
+    fn = cm.flash_attention_cost if cost_of == "flash" else cm.linear_attention_cost
+    mha = fn(B_, H_, N_, D_, mode="fwd_bwd")
+    gqa = fn(B_, H_, N_, D_, mode="fwd_bwd", Hkv=2)
+    mqa = fn(B_, H_, N_, D_, mode="fwd_bwd", Hkv=1)
+    e = 2
+    assert gqa.footprint_bytes < mha.footprint_bytes
+    assert mha.footprint_bytes - gqa.footprint_bytes == (H_ - 2) * KV_ELEMS * e  # dK, dV
+    # K, V read by the forward and by the backward; dK, dV written
+    assert mha.compulsory_bytes - gqa.compulsory_bytes == 3 * (H_ - 2) * KV_ELEMS * e
+    assert gqa.detail["kv_bytes"] == 2 * KV_ELEMS * e and mha.detail["kv_bytes"] == H_ * KV_ELEMS * e
+    assert mqa.footprint_bytes < gqa.footprint_bytes and mqa.compulsory_bytes < gqa.compulsory_bytes
+    assert gqa.flops == mha.flops and gqa.hbm_bytes < mha.hbm_bytes
+    if cost_of == "flash":  # the forward's K/V tiles are re-read by every query head's programs (no L2 modelled)
+        f_mha, f_gqa = fn(B_, H_, N_, D_, mode="fwd"), fn(B_, H_, N_, D_, mode="fwd", Hkv=2)
+        assert f_gqa.hbm_bytes == f_mha.hbm_bytes and f_gqa.compulsory_bytes < f_mha.compulsory_bytes
+    assert fn(B_, H_, N_, D_, mode="fwd_bwd", Hkv=H_) == mha  # Hkv = H is MHA
+
+
+def test_mha_numbers_are_unchanged():
+    """The MHA numbers of before the K/V heads were modelled (pinned at B 2, H 8, N 1k, D 64, fp16)."""
+    from eval.sweep import model_costs
+
+    def five(c):
+        return (c.flops, c.hbm_read, c.hbm_write, c.footprint_bytes, c.compulsory_bytes)
+
+    assert five(cm.flash_attention_cost(B_, H_, N_, D_, mode="fwd", causal=True)) == (
+        2481979392.0, 20971520.0, 2162688.0, 2162688.0, 8454144.0)
+    assert five(cm.flash_attention_cost(B_, H_, N_, D_, mode="fwd_bwd", causal=True)) == (
+        8571060224.0, 106037248.0, 46268416.0, 8454144.0, 25296896.0)
+    assert five(cm.linear_attention_cost(B_, H_, N_, D_, mode="fwd")) == (
+        538968064.0, 6291456.0, 2097152.0, 2097152.0, 8388608.0)
+    assert five(cm.linear_attention_cost(B_, H_, N_, D_, mode="fwd_bwd")) == (
+        1616904192.0, 14680064.0, 8388608.0, 8388608.0, 23068672.0)
+    flash = model_costs(AttentionSpec(kind="flash"), B_, H_, N_, D_, 2, "triton")
+    assert (flash["model_hbm_bytes"], flash["model_min_bytes"], flash["model_footprint_bytes"]) == (
+        152305664.0, 25296896.0, 8454144.0)
+    win = model_costs(AttentionSpec(kind="sliding_window", window_size=(255, 0)), B_, H_, N_, D_, 2, "triton")
+    assert (win["model_hbm_bytes"], win["model_min_bytes"], win["model_footprint_bytes"]) == (
+        96763904.0, 25296896.0, 8454144.0)
+    lin = model_costs(AttentionSpec(kind="linear"), B_, H_, N_, D_, 2, "triton")
+    assert (lin["model_hbm_bytes"], lin["model_min_bytes"], lin["model_footprint_bytes"]) == (
+        23068672.0, 23068672.0, 8388608.0)
+    assert model_costs(AttentionSpec(kind="flash"), B_, H_, N_, D_, 2, "triton", n_kv_heads=H_) == flash
+
+
+@pytest.mark.parametrize("kind,kw", [("flash", {}), ("sliding_window", {"window_size": (255, 0)}),
+                                     ("linear", {})])
+def test_the_sweep_models_gqa_per_kv_head(kind, kw):
+    """eval.sweep.model_costs (the modelled memory the crossover uses off CUDA) passes the point's K/V heads to the
+    variant's cost entry: a GQA 4:1 point models less K/V memory than the MHA point of the same shape, and a spec
+    with its own n_kv_heads / kv_group_size is costed with them."""
+    from eval.sweep import model_costs
+
+    mha = model_costs(AttentionSpec(kind=kind, **kw), B_, H_, N_, D_, 2, "triton")
+    gqa = model_costs(AttentionSpec(kind=kind, **kw), B_, H_, N_, D_, 2, "triton", n_kv_heads=2)
+    assert gqa["model_footprint_bytes"] == mha["model_footprint_bytes"] - (H_ - 2) * KV_ELEMS * 2
+    assert gqa["model_min_bytes"] < mha["model_min_bytes"] and gqa["model_hbm_bytes"] < mha["model_hbm_bytes"]
+    assert gqa["flops_fwd_bwd"] == mha["flops_fwd_bwd"]
+    def same(a, b):  # NaN (linear's visited_fraction) equal to itself
+        return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
+
+    assert same(model_costs(AttentionSpec(kind=kind, n_kv_heads=2, **kw), B_, H_, N_, D_, 2, "triton"), gqa)
+    assert same(model_costs(AttentionSpec(kind=kind, kv_group_size=4, **kw), B_, H_, N_, D_, 2, "triton"), gqa)
+    spec = AttentionSpec(kind=kind, kv_group_size=8, **kw)  # MQA
+    assert cm.spec_cost(spec, B_, H_, N_, D_) == cm.spec_cost(AttentionSpec(kind=kind, **kw), B_, H_, N_, D_,
+                                                                n_kv_heads=1)
+
+
+def test_bad_kv_heads_name_the_argument_and_the_allowed_values():
+    spec = AttentionSpec(kind="flash")
+    with pytest.raises(ValueError, match=r"Hkv=3 .*allowed values: 1, 2, 4, 8"):
+        cm.flash_attention_cost(1, 8, 256, 64, Hkv=3)
+    with pytest.raises(ValueError, match=r"Hkv=0 .*allowed values: 1, 2, 4, 8"):
+        cm.linear_attention_cost(1, 8, 256, 64, Hkv=0)
+    with pytest.raises(ValueError, match=r"n_kv_heads=16 .*allowed values: 1, 2, 4, 8"):
+        cm.spec_cost(spec, 1, 8, 256, 64, n_kv_heads=16)
+    with pytest.raises(ValueError, match=r"n_kv_heads='2' .*allowed values"):
+        cm.spec_cost(spec, 1, 8, 256, 64, n_kv_heads="2")
+    with pytest.raises(ValueError, match=r"n_kv_heads=4 disagrees with the spec's K/V heads \(2"):
+        cm.spec_cost(AttentionSpec(kind="flash", n_kv_heads=2), 1, 8, 256, 64, n_kv_heads=4)
+
+
+def test_a_variants_own_cost_entry_gets_the_kv_heads():
+    """A plugin's cost entry is given n_kv_heads when it takes it; one that does not is refused for GQA (it would
+    give MHA numbers) and called as before for MHA."""
+    from attn_zoo.variants import register_variant, unregister_variant
+
+    seen, want = [], cm.Cost(flops=1.0)
+    register_variant("kv_costed", "softmax", mask=lambda spec, Nq, Nk: {"window_left": 2},
+                     cost=lambda spec, B, H, N, D, n_kv_heads=None, **kw: seen.append(n_kv_heads) or want)
+    register_variant("mha_costed", "softmax", mask=lambda spec, Nq, Nk: {"window_left": 2},
+                     cost=lambda spec, B, H, N, D, mode, dtype_bytes, block_m, block_n: want)
+    try:
+        assert cm.spec_cost(AttentionSpec(kind="kv_costed"), 1, 8, 256, 64, n_kv_heads=2) is want
+        assert cm.spec_cost(AttentionSpec(kind="kv_costed"), 1, 8, 256, 64) is want
+        assert seen == [2, 8]
+        assert cm.spec_cost(AttentionSpec(kind="mha_costed"), 1, 8, 256, 64) is want
+        with pytest.raises(ValueError, match=r"'mha_costed'.*takes no n_kv_heads.*n_kv_heads=2 < H=8"):
+            cm.spec_cost(AttentionSpec(kind="mha_costed"), 1, 8, 256, 64, n_kv_heads=2)
+    finally:
+        unregister_variant("kv_costed")
+        unregister_variant("mha_costed")

@@ -28,8 +28,10 @@ A variant is one folder, ``attn_zoo/variants/<kind>/__init__.py``, that calls :f
 * ``cache_bytes(spec, n_kv_heads, head_dim, context, dtype_bytes, state_bytes) -> int``: bytes one sequence of
   one layer keeps at ``context`` tokens (default from the policy: ``2 * Hkv * D * dtype_bytes`` per kept token;
   a ``"state"`` or ``"latent"`` policy must give its own);
-* ``cost(spec, B, H, N, D, mode, dtype_bytes, block_m, block_n) -> attn_zoo.cost_model.Cost`` (default: the
-  exact kernel's cost over the mask's visited tiles for softmax kinds, the chunked linear cost for linear ones);
+* ``cost(spec, B, H, N, D, mode, dtype_bytes, block_m, block_n, n_kv_heads) -> attn_zoo.cost_model.Cost``
+  (keywords after ``D``; ``n_kv_heads``: the K/V heads of GQA / MQA, ``H`` for MHA; an entry without that keyword
+  is refused for ``n_kv_heads < H``. Default: the exact kernel's cost over the mask's visited tiles for softmax
+  kinds, the chunked linear cost for linear ones, with K/V terms per K/V head);
 * optionally its own backends (``attn_zoo.register_backend(<kind>, name, ...)`` in the same folder: a torch form
   or a Triton adapter that the family's generic ones do not cover; a kind-specific backend overrides the
   family's of the same name).
