@@ -373,7 +373,7 @@ def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str =
                     "color": st["color"], "marker": "*", "ms": 14, "mec": "k", "zorder": 5}, lines=False))
         panels.append(p)
     if cross_rows:
-        cells = sorted(([c["variant"] + (f" Hkv={int(_f(c['n_kv_heads']))}" if c["variant"] in ("gqa", "mqa") else ""),
+        cells = sorted(([c["variant"] + _kv_heads_note(c),
                          backend_style(c["backend"])["label"], crossover_note(c, full_n_max).replace("n*≈", ""),
                          backend_style(c["backend"])["color"], _f(c.get("n_star"))] for c in cross_rows
                         if baseline is None or (c["variant"], c["backend"]) != tuple(baseline)),
@@ -389,6 +389,13 @@ def time_vs_n_spec(rows: Sequence[dict], crossovers: Sequence[dict], mode: str =
     what = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}.get(mode, mode)
     return figspec.Figure(f"Where does each variant become faster than exact attention? ({what} time vs N, log-log)\n"
                           + setup_caption(rows, env, title), panels, legend=legend, sharex=True, legend_ncol=3)
+
+
+def _kv_heads_note(c: dict) -> str:
+    """`` Hkv=<n>`` for a crossover row whose variant shares K / V heads (fewer K / V heads than its baseline has:
+    GQA / MQA, whatever the variant is called), else ``""``."""
+    kv, base_kv = _f(c.get("n_kv_heads")), _f(c.get("baseline_n_kv_heads"))
+    return f" Hkv={int(kv)}" if math.isfinite(kv) and math.isfinite(base_kv) and kv < base_kv else ""
 
 
 def group_identical(curves: Dict[tuple, Dict[float, float]], rtol: float = 0.02,

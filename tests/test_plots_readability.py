@@ -108,6 +108,19 @@ def test_time_vs_n_small_multiples_labels_and_stars():
              if isinstance(c, matplotlib.table.Table)][0]
     cells = {table[i, 2].get_text().get_text() for i in range(1, len(table.get_celld()) // 3)}
     assert "2.0k" in cells and "slower at every N" in cells
+    # a variant with fewer K / V heads than the baseline is labelled with its Hkv, whatever its name; others are not
+    names = {table[i, 0].get_text().get_text() for i in range(1, len(table.get_celld()) // 3)}
+    assert "gqa Hkv=2" in names and "linear" in names and not any("Hkv" in n for n in names if "gqa" not in n)
+    plt.close(fig)
+
+
+def test_nstar_table_names_shared_kv_heads_by_count_not_by_variant_name():
+    rows = [r if r["variant"] != "gqa" else dict(r, variant="grouped") for r in kernel_rows()]
+    fig = plots.time_vs_n_figure(rows, crossovers(rows), "fwd_bwd", env=ENV, title="synth")
+    table = [c for c in _panels(fig)["n* vs flash/triton (fwd_bwd_ms)"].get_children()
+             if isinstance(c, matplotlib.table.Table)][0]
+    names = {table[i, 0].get_text().get_text() for i in range(1, len(table.get_celld()) // 3)}
+    assert "grouped Hkv=2" in names, names
     plt.close(fig)
 
 
