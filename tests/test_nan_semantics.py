@@ -56,3 +56,41 @@ def test_causal_linear_never_reads_the_future():
             a = attention(q, k, v, spec, backend=backend)[:, :, :40]
             b = attention(q, k2, v, spec, backend=backend)[:, :, :40]
             torch.testing.assert_close(a, b, msg=f"{fm}/{backend}: past rows changed with future keys")
+
+
+@pytest.mark.parametrize("Nq,Nk,where", [(4, 8, "q"), (8, 8, "q"), (1, 15, "q"), (9, 4, "q"), (4, 1, "k"), (1, 1, "k")])
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_backend_keeps_nan_with_fewer_than_16_keys(Nq, Nk, where, causal):
+    """PyTorch's CPU flash SDPA kernel (what SDPA picks for full / causal attention without a mask) drops a NaN
+    query row to 0 when there are fewer than 16 keys, and ignores a NaN key when there is one key: ``torch`` (the
+    ``auto`` backend on CPU) returned finite rows where ``reference`` gives NaN. Gradients of those rows too."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, Nq, 16, generator=g)
+    k, v = (torch.randn(1, 2, Nk, 16, generator=g) for _ in range(2))
+    (q if where == "q" else k)[0, 0, -1 if where == "q" else 0, 3] = float("nan")
+    spec = AttentionSpec(causal=causal)
+    for backend in ("torch", "auto"):
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, want = attention(*ins, spec, backend=backend), attention(*ref, spec, backend="reference")
+        assert torch.equal(torch.isnan(out), torch.isnan(want)), (backend, "NaN rows differ from the reference")
+        torch.testing.assert_close(out, want, equal_nan=True, atol=1e-5, rtol=1e-4)
+        do = torch.randn(out.shape, generator=g)
+        for a, b in zip(torch.autograd.grad(out, ins, do), torch.autograd.grad(want, ref, do)):
+            assert torch.equal(torch.isnan(a), torch.isnan(b)), (backend, "NaN gradients differ from the reference")
+
+
+def test_torch_decode_keeps_nan_with_fewer_than_16_keys():
+    """The same SDPA kernel behind ``decode_attention(backend="torch")``: one new query over a short cache (the first
+    steps of every generation) came out 0 for a NaN query."""
+    from attn_zoo import decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 1, 16, generator=g)
+    q[1, 0, 0, 3] = float("nan")
+    kc, vc = (torch.randn(2, 2, 32, 16, generator=g) for _ in range(2))
+    lens = torch.tensor([9, 9], dtype=torch.int32)
+    out = decode_attention(q, kc, vc, AttentionSpec(), lens, backend="torch")
+    want = decode_attention(q, kc, vc, AttentionSpec(), lens, backend="reference")
+    assert torch.equal(torch.isnan(out), torch.isnan(want))
+    torch.testing.assert_close(out, want, equal_nan=True, atol=1e-5, rtol=1e-4)

@@ -25,7 +25,9 @@ inf there changes no output and no gradient. A non-finite key / value that *some
 rows that do not see it, and their gradients: SDPA adds a boolean mask as ``-inf`` to the scores
 (``NaN + -inf = NaN``) and multiplies masked weights of 0 by the values (``0 * NaN``), and FlexAttention does
 the same inside partially masked 128 x 128 tiles; the same holds for rows that see no key (they attend
-everything inside SDPA and are zeroed afterwards). ``backend="reference"`` is exact for every pair.
+everything inside SDPA and are zeroed afterwards). On the CPU with fewer than 16 keys SDPA runs its math kernel
+(:func:`sdpa`): the CPU flash kernel would return 0 for a NaN query row there. ``backend="reference"`` is exact
+for every pair.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..flex import compiled_flex_attention, flex_block_mask, flex_decoding_refusal, flex_document_block_mask
 from ..masks import mask_info, unseen_keys
@@ -54,9 +57,25 @@ def _supports(q, k, v, spec, return_lse):
     return None
 
 
-def _sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
+# PyTorch's CPU flash SDPA kernel (what SDPA picks on the CPU without a boolean mask) returns 0 for a NaN query row
+# with fewer than 16 keys and ignores a NaN key with one key (torch 2.13): below that many keys the math kernel runs
+# instead (same numbers, non-finite inputs kept; at that size it costs nothing).
+CPU_FLASH_MIN_KEYS = 16
+
+
+def sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
+    """``F.scaled_dot_product_attention`` with ``enable_gqa`` when ``Hq != Hkv``, and the math kernel on the CPU below
+    :data:`CPU_FLASH_MIN_KEYS` keys (NaN / inf inputs reach the rows that see them, as on every backend)."""
     gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+    if q.device.type == "cpu" and k.shape[2] < CPU_FLASH_MIN_KEYS:
+        with sdpa_kernel([SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                                  enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=gqa)
+
+
+_sdpa = sdpa
 
 
 @derived_cache(32)

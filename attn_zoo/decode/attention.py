@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
+from ..backends.torch_softmax import sdpa
 from ..masks import mask_info
 from ..registry import derived_cache
 from ..reference import softmax_attention_reference
@@ -166,12 +166,11 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
     padded = any(f > 0 for f in firsts)
     L = max(lens)
     k, v = gather_kv(k_cache, v_cache, block_table, L, cache_seqlens)
-    gqa = Hq != k.shape[1]
     scale = spec.scale(D)
     mi = mask_info(spec, Nq, L)
     plain = mi.is_plain_causal
     if plain and Nq == 1 and not padded and all(n == L for n in lens):  # one query at the end sees every key
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+        return sdpa(q, k, v, scale)
     dev = str(q.device)
     mask = torch.stack([_rows_mask(spec, Nq, n, L, dev) for n in lens]).unsqueeze(1)  # (B, 1, Nq, L)
     if padded:
@@ -184,7 +183,7 @@ def decode_attention_torch(q, k_cache, v_cache, spec, cache_seqlens, block_table
         seen = mask.any(2).unsqueeze(-1)  # (B, 1, L, 1)
         k, v = k.masked_fill(~seen, 0.0), v.masked_fill(~seen, 0.0)
     empty = ~mask.any(-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, scale=scale, enable_gqa=gqa)
+    out = sdpa(q, k, v, scale, attn_mask=mask | empty)
     return out.masked_fill(empty, 0.0) if bool(empty.any()) else out
 
 
