@@ -38,6 +38,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+import torch.nn as nn
+
 from .spec import AttentionSpec, make_spec
 
 _ATTENTION_TARGETS = (None, "attn_zoo.make_spec", "attn_zoo.spec.make_spec", "attn_zoo.AttentionSpec",
@@ -271,7 +273,8 @@ def _call(factory: Callable, what: str, context: dict, options: dict):
 
 def build_mixer(spec: LayerSpec, config, layer_idx: int = 0, backend: str = "auto", rotary=None):
     """The ``nn.Module`` of one layer: the ``attention`` mixer for an :class:`~attn_zoo.AttentionSpec`, else the
-    :class:`MixerSpec`'s factory. Raises ``ValueError`` / ``TypeError`` naming the mixer."""
+    :class:`MixerSpec`'s factory. Raises ``ValueError`` / ``TypeError`` naming the mixer (``ValueError`` too when
+    the factory returns something that is not an ``nn.Module``)."""
     context = {"d_model": config.d_model, "n_head": config.n_head, "head_dim": config.head_dim,
                "max_seq_len": config.max_seq_len, "dropout": config.dropout, "bias": config.bias,
                "layer_idx": layer_idx, "backend": backend, "config": config, "rotary": rotary}
@@ -284,4 +287,8 @@ def build_mixer(spec: LayerSpec, config, layer_idx: int = 0, backend: str = "aut
         return _call(entry.factory, "mixer 'attention'", dict(context, spec=spec), {})
     if not isinstance(spec, MixerSpec):
         raise TypeError(f"a layer must be an AttentionSpec or a MixerSpec, got {type(spec).__name__}")
-    return _call(spec.factory(), f"mixer {spec.mixer!r}", context, spec.kwargs())
+    mixer = _call(spec.factory(), f"mixer {spec.mixer!r}", context, spec.kwargs())
+    if not isinstance(mixer, nn.Module):  # a plain attribute of the block: no parameters, not callable as a layer
+        raise ValueError(f"mixer {spec.mixer!r} built a {type(mixer).__name__}, not an nn.Module; a sequence mixer is "
+                         f"an nn.Module mapping (B, N, d_model) to (B, N, d_model)")
+    return mixer

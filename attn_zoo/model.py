@@ -29,6 +29,7 @@ Readable in the spirit of nanoGPT (Karpathy): token embedding -> ``n_layer`` pre
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -159,13 +160,17 @@ def resolve_layer_specs(specs: Union[LayerSpec, Sequence[LayerSpec]], n_layer: i
     spec is repeated; a list must have ``n_layer`` entries."""
     if isinstance(specs, (AttentionSpec, MixerSpec)):
         return [specs] * n_layer
+    if isinstance(specs, (str, Mapping)) or not isinstance(specs, Iterable):  # a str: letter by letter
+        raise TypeError(f"layer specs must be an AttentionSpec or a MixerSpec, or a list of them (one per layer), got "
+                        f"{type(specs).__name__}" + (f" (for {specs!r}: attn_zoo.make_spec({specs!r}))"
+                                                     if isinstance(specs, str) else ""))
     specs = list(specs)
-    if len(specs) != n_layer:
-        raise ValueError(f"layer specs: got a list of {len(specs)} specs for n_layer={n_layer}; give a list of "
-                         f"{n_layer} (one per layer) or one spec not in a list (repeated on every layer)")
     for i, s in enumerate(specs):
         if not isinstance(s, (AttentionSpec, MixerSpec)):
             raise TypeError(f"layer specs[{i}] must be an AttentionSpec or a MixerSpec, got {type(s).__name__}")
+    if len(specs) != n_layer:
+        raise ValueError(f"layer specs: got a list of {len(specs)} specs for n_layer={n_layer}; give a list of "
+                         f"{n_layer} (one per layer) or one spec not in a list (repeated on every layer)")
     return specs
 
 
@@ -402,6 +407,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = make_norm(config)
         self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
+        self.where = f"layer {layer_idx} ({spec.label})"  # named when the mixer's output is not (B, N, d_model)
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
         # packed documents: the mixer says what it takes by its forward's keyword arguments (never by its kind)
         self.takes_doc_ids = forward_takes(self.attn, "doc_ids")  # its state / attention stays inside each document
@@ -430,10 +436,12 @@ class Block(nn.Module):
             kw["doc_ids"] = doc_ids
         if positions is not None and self.takes_positions:
             kw["positions"] = positions
-        if self.stateful:
-            x = x + self.attn(h, cache, pos, **kw)
-        else:
-            x = x + self.attn(h, **kw)
+        y = self.attn(h, cache, pos, **kw) if self.stateful else self.attn(h, **kw)
+        if not isinstance(y, torch.Tensor) or y.shape != h.shape:  # a plugin's: not left to the residual add
+            got = f"a tensor of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else f"a {type(y).__name__}"
+            raise ValueError(f"{self.where}: the mixer returned {got} for its input {tuple(h.shape)}; a sequence mixer "
+                             f"maps (B, N, d_model) to (B, N, d_model)")
+        x = x + y
         x = x + self.mlp(self.norm2(x))
         return x
 
@@ -542,9 +550,14 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 caches: Optional[List[LayerCache]] = None, pos: int = 0, sparse_targets: bool = False,
                 doc_ids: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None):
-        if idx.dim() != 2:
-            raise ValueError(f"idx must be (B, N) token ids, got shape {tuple(idx.shape)}")
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 1 \
+                or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise ValueError(f"idx must be (B, N) integer token ids with B, N >= 1, got "
+                             f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}")
         B, N = idx.shape
+        if targets is not None and (not isinstance(targets, torch.Tensor) or targets.shape != idx.shape):
+            got = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+            raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got {got}")
         if pos + N > self.config.max_seq_len:
             raise ValueError(
                 f"input seq_len={pos + N} exceeds the model's max_seq_len={self.config.max_seq_len}; "
@@ -567,6 +580,8 @@ class GPT(nn.Module):
         sync_ok = idx.device.type == "cpu" or not self.training  # no host sync in a GPU training step
         if sync_ok:
             self._check_token_ids(idx, "idx")
+            if targets is not None:
+                self._check_token_ids(targets, "targets", ignore_index=-100)
         if doc_ids is not None or positions is not None:
             doc_ids, positions = self._documents(idx, caches, doc_ids, positions, sync_ok)
         x = self.drop(self.wte(idx))  # (B, N, d_model)
@@ -633,16 +648,22 @@ class GPT(nn.Module):
         return [blk.attn.new_cache(batch_size, capacity, dtype or p.dtype, device or p.device, page_size, shuffle_pages)
                 for blk in self.blocks]
 
-    def _check_token_ids(self, idx: torch.Tensor, name: str) -> None:
-        """``ValueError`` naming ``name`` when a token id of ``idx`` is outside ``[0, vocab_size)`` (the embedding
-        would raise a bare ``IndexError`` on CPU, a device-side assert on CUDA)."""
+    def _check_token_ids(self, idx: torch.Tensor, name: str, ignore_index: Optional[int] = None) -> None:
+        """``ValueError`` naming ``name`` when a token id of ``idx`` (other than ``ignore_index``) is outside
+        ``[0, vocab_size)`` (the embedding / cross-entropy would raise a bare ``IndexError`` on CPU, a device-side
+        assert on CUDA)."""
         if idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
             return
+        if ignore_index is not None:
+            idx = idx[idx != ignore_index]
+            if idx.numel() == 0:
+                return
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = hi if hi >= self.config.vocab_size else lo
+            also = f" or {ignore_index} (ignored)" if ignore_index is not None else ""
             raise ValueError(f"{name} holds token id {bad}; allowed values: 0 .. vocab_size - 1 = "
-                             f"{self.config.vocab_size - 1} (model.vocab_size={self.config.vocab_size})")
+                             f"{self.config.vocab_size - 1}{also} (model.vocab_size={self.config.vocab_size})")
 
     @staticmethod
     def _next_token(logits: torch.Tensor, temperature: float, greedy: bool) -> torch.Tensor:

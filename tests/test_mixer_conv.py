@@ -145,3 +145,34 @@ def test_cli_plugins_register_the_mixer(tmp_path):
                        timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "conv+flash" in r.stdout
+
+
+def test_a_mixer_that_is_not_a_module_or_changes_the_shape_is_named():
+    """A factory that returns no ``nn.Module`` (``_target_: attn_zoo.model.GPTConfig``) was accepted by the build and
+    by train.py's config checks, and failed at the first forward (``'GPTConfig' object is not callable``, after
+    run_config.json and the CSV logger were written); a mixer whose output is not ``(B, N, d_model)`` (``nn.Linear(
+    d_model, 3)``, or a tuple as ``nn.GRU`` returns) failed inside the residual add naming no layer."""
+    register_mixer("not_a_module_toy", lambda d_model: GPTConfig(d_model=d_model))
+    register_mixer("narrow_toy", lambda d_model: nn.Linear(d_model, 3))
+    register_mixer("tuple_toy", lambda d_model: nn.GRU(d_model, d_model, batch_first=True))
+    cfg = GPTConfig(vocab_size=11, n_head=2, d_model=16, max_seq_len=8, n_layer=1)
+    with pytest.raises(ValueError, match=r"mixer 'not_a_module_toy' built a GPTConfig, not an nn\.Module"):
+        build_mixer(MixerSpec("not_a_module_toy"), cfg)
+    with pytest.raises(ValueError, match=r"mixer 'not_a_module_toy' built a GPTConfig"):
+        GPT(cfg, MixerSpec("not_a_module_toy"))
+    idx = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^layer 0 \(narrow_toy\): the mixer returned a tensor of shape \(2, 5, 3\) "
+                                         r"for its input \(2, 5, 16\); a sequence mixer maps \(B, N, d_model\) to \(B, "
+                                         r"N, d_model\)"):
+        GPT(cfg, MixerSpec("narrow_toy"))(idx)
+    with pytest.raises(ValueError, match=r"^layer 0 \(tuple_toy\): the mixer returned a tuple for its input"):
+        GPT(cfg, MixerSpec("tuple_toy"))(idx)
+
+
+def test_train_py_refuses_a_mixer_that_is_not_a_module_before_anything_is_written(tmp_path):
+    out = tmp_path / "out"
+    cfg = _cfg(out, FAST + ["model.n_layer=1", "model.layers=[{_target_: attn_zoo.model.GPTConfig}]"])
+    with pytest.raises(ValueError, match=r"^model\.layers\[0\]: mixer 'attn_zoo\.model\.GPTConfig' built a GPTConfig, "
+                                         r"not an nn\.Module"):
+        train_mod.train(cfg)
+    assert not out.exists()

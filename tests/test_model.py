@@ -187,3 +187,30 @@ def test_redraw_interval_must_be_a_non_negative_integer(value):
     cfg = GPTConfig(vocab_size=16, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
     with pytest.raises(ValueError, match=r"redraw_interval must be an integer >= 0"):
         GPT(cfg, AttentionSpec(kind="linear", feature_map="favor"), redraw_interval=value)
+
+
+def test_forward_and_layer_spec_errors_name_the_argument():
+    """``GPT(config, "flash")`` said "got a list of 5 specs" (the string's letters); float token ids, targets of
+    another shape and target ids outside the vocabulary failed inside the embedding / cross-entropy (``Expected input
+    batch_size (8) to match target batch_size (6)``, ``IndexError: Target 50 is out of bounds``)."""
+    with pytest.raises(TypeError, match=r"layer specs must be an AttentionSpec or a MixerSpec, or a list of them \(one "
+                                        r"per layer\), got str \(for 'flash': attn_zoo.make_spec\('flash'\)\)"):
+        GPT(tiny(), "flash")
+    with pytest.raises(TypeError, match=r"layer specs must be an AttentionSpec or a MixerSpec, or a list of them"):
+        GPT(tiny(), None)
+    model = GPT(tiny(), AttentionSpec())
+    with pytest.raises(ValueError, match=r"idx must be \(B, N\) integer token ids with B, N >= 1, got torch.float32"):
+        model(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"idx must be \(B, N\) integer token ids with B, N >= 1, got torch.int64 "
+                                         r"\(2, 0\)"):
+        model(torch.zeros(2, 0, dtype=torch.long))
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"targets must have idx's shape \(2, 4\), got \(2, 3\)"):
+        model(idx, torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"targets holds token id 50; allowed values: 0 \.\. vocab_size - 1 = 49 or "
+                                         r"-100 \(ignored\)"):
+        model(idx, torch.full((2, 4), 50, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"targets holds token id -2"):
+        model(idx, torch.full((2, 4), -2, dtype=torch.long), sparse_targets=True)
+    _, loss = model(idx, torch.tensor([[1, -100, 2, 3], [-100, -100, 4, 49]]))  # -100: ignored, still taken
+    assert torch.isfinite(loss)
