@@ -175,7 +175,7 @@ class AttentionSpec:
         from .variants import get_variant
 
         if not isinstance(self.kind, str):
-            get_variant("")  # raises, naming the registered kinds
+            get_variant(self.kind)  # raises, naming the kind given and the registered kinds
         v = get_variant(self.kind)
         if type(self) is not v.spec_class:
             from .variants import kind_of_spec_class

@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming the argument."""
 
+import re
+
 import pytest
 import torch
 
@@ -207,3 +209,12 @@ def test_unknown_fields_with_a_kind_that_is_no_string_name_the_kind(kind):
         AttentionSpec(kind=kind, windowsize=(3, 0))
     with pytest.raises(ValueError, match=r"is not supported; allowed values: flash"):
         AttentionSpec(kind=kind)
+
+
+@pytest.mark.parametrize("kind", [None, 5, ["flash"]])
+def test_a_kind_that_is_no_string_is_named_as_given(kind):
+    """``AttentionSpec(kind=None)`` (``kind: null`` in a yaml) said "kind='' is not supported": the value given is named."""
+    with pytest.raises(ValueError, match=rf"^kind={re.escape(repr(kind))} is not supported; allowed values: flash"):
+        AttentionSpec(kind=kind)
+    with pytest.raises(ValueError, match=rf"^kind={re.escape(repr(kind))} is not supported"):
+        make_spec(kind)
