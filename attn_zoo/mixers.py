@@ -160,11 +160,18 @@ class MixerSpec:
 
     @property
     def causal(self) -> bool:
-        """Whether position ``t``'s output depends on positions ``<= t`` only: the registration's ``causal`` and a
-        ``causal`` option of the spec (``MixerSpec("mla", {"causal": False})`` is non-causal although ``mla`` is
-        registered causal)."""
+        """Whether position ``t``'s output depends on positions ``<= t`` only: the registration's ``causal`` (also for
+        an import path of a registered mixer's class, ``attn_zoo.families.linformer.Linformer``) and a ``causal``
+        option of the spec (``MixerSpec("mla", {"causal": False})`` is non-causal although ``mla`` is registered
+        causal)."""
         _load_builtins()
         entry = _MIXERS.get(self.mixer)
+        if entry is None and "." in self.mixer:  # an import path of a registered mixer: its registration says
+            try:
+                factory = _import_path(self.mixer)
+            except ValueError:  # not importable: build_mixer names it
+                factory = None
+            entry = next((e for e in _MIXERS.values() if e.factory is factory), None)
         option = bool(dict(self.options).get("causal", True))
         return (entry.causal and option) if entry is not None else option
 

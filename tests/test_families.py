@@ -45,6 +45,19 @@ def test_linformer_refuses_causal_and_gpt_refuses_linformer():
     assert isinstance(build_mixer(MixerSpec("linformer", {"proj_dim": 4}), cfg), Linformer)  # usable alone
 
 
+def test_gpt_refuses_linformer_given_by_its_import_path():
+    """``MixerSpec(<import path of a registered non-causal mixer>)`` (``_target_: attn_zoo.families.linformer.Linformer``
+    in a config) counted as causal: GPT took Linformer and position 0 read the last token. The path's class is the
+    registered mixer: its registration says it is non-causal."""
+    spec = MixerSpec("attn_zoo.families.linformer.Linformer", {"proj_dim": 4})
+    assert spec.causal is False
+    cfg = GPTConfig(vocab_size=20, n_layer=1, n_head=2, d_model=16, max_seq_len=12)
+    with pytest.raises(ValueError, match=r"layer 0 \(Linformer\) is a non-causal mixer \(causal=False: Linformer's "):
+        GPT(cfg, spec)
+    assert MixerSpec("attn_zoo.families.ssd.Mamba2").causal  # a causal one by path stays causal
+    assert MixerSpec("no_such_pkg.Mixer").causal  # not importable: the build names it (build_mixer)
+
+
 @pytest.mark.parametrize("kw, msg", [(dict(proj_dim=2.5), r"linformer proj_dim=2.5 must be an integer >= 1"),
                                      (dict(proj_dim="abc"), r"linformer proj_dim='abc' must be an integer >= 1"),
                                      (dict(proj_dim=0), r"linformer proj_dim=0 must be an integer >= 1"),
