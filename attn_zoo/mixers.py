@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -104,11 +105,12 @@ def causal_mixer_names() -> List[str]:
 def _freeze(key: str, value):
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(key, x) for x in value)
-    if isinstance(value, dict) or (value is not None and not isinstance(value, (int, float, str, bool))):
-        try:  # ListConfig
-            return tuple(_freeze(key, x) for x in list(value))
-        except TypeError:
-            pass
+    if isinstance(value, Mapping) or (value is not None and not isinstance(value, (int, float, str, bool))):
+        if not isinstance(value, Mapping):  # a dict / DictConfig would become its keys
+            try:  # ListConfig
+                return tuple(_freeze(key, x) for x in list(value))
+            except TypeError:
+                pass
         raise ValueError(f"mixer option {key}={value!r}: options must be numbers, strings, bools, None or lists")
     return value
 

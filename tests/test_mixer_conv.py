@@ -176,3 +176,15 @@ def test_train_py_refuses_a_mixer_that_is_not_a_module_before_anything_is_writte
                                          r"not an nn\.Module"):
         train_mod.train(cfg)
     assert not out.exists()
+
+
+def test_a_mapping_option_is_refused_not_turned_into_its_keys():
+    """``MixerSpec("conv", {"kernel_size": {"a": 1}})`` (``{mixer: conv, kernel_size: {a: 1}}`` in a config) kept
+    the option as ``("a",)``, the mapping's keys, and built the mixer with them."""
+    from omegaconf import OmegaConf
+
+    for value in ({"a": 1}, OmegaConf.create({"a": 1})):
+        with pytest.raises(ValueError, match=r"mixer option kernel_size=.*: options must be numbers, strings, bools, None "
+                                             r"or lists"):
+            MixerSpec("conv", {"kernel_size": value})
+    assert MixerSpec("conv", {"kernel_size": OmegaConf.create([3])}).kwargs() == {"kernel_size": [3]}  # ListConfig
