@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
+from .registry import backend_names
 from .mixers import (LayerSpec, MixerSpec, build_mixer, forward_takes, layer_from_dict, layer_to_dict,  # noqa: F401
                      register_mixer)
 from .spec import AttentionSpec
@@ -486,6 +487,9 @@ class GPT(nn.Module):
             why = noncausal_layer_reason(i, s)
             if why is not None:
                 raise ValueError(why)
+        names = backend_names()
+        if not isinstance(backend, str) or (backend != "auto" and backend not in names):
+            raise ValueError(f"backend={backend!r} is not supported; allowed values: auto, {', '.join(names)}")
         self.backend = backend
         why = redraw_interval_reason(redraw_interval)
         if why is not None:

@@ -86,6 +86,13 @@ def test_per_layer_hybrid():
         GPT(tiny(n_layer=4), [lin, fl])
 
 
+def test_unknown_backend_refused_at_construction():
+    with pytest.raises(ValueError, match=r"backend='nope' is not supported; allowed values: auto, .*reference"):
+        GPT(tiny(), attn_zoo.make_spec("flash"), backend="nope")
+    with pytest.raises(ValueError, match="backend=None is not supported"):
+        GPT(tiny(), attn_zoo.make_spec("flash"), backend=None)
+
+
 def test_seq_len_above_max_raises():
     model = GPT(tiny(max_seq_len=16), attn_zoo.make_spec("flash"))
     model(torch.zeros(1, 16, dtype=torch.long))  # exactly max is fine
