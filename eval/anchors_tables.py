@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", default=None, help="lab/decode_probe.py CSV: the decode panel of the roofline")
     a = ap.parse_args(argv)
     from eval.bench_common import write_csv
-    from eval.sweep import COLUMNS, load_config
+    from eval.sweep import columns_of, load_config
 
     if not os.path.isfile(a.config):
         ap.error(f"--config {a.config}: no such file (the sweep config of the run, e.g. "
@@ -282,9 +282,12 @@ def main(argv=None) -> int:
     cfg = load_config(a.config)
     if a.n_boot is not None:
         cfg["n_boot"] = a.n_boot
-    rows = load(a.results_dir)
+    try:
+        rows = load(a.results_dir)
+    except (FileNotFoundError, ValueError) as e:  # not a run directory of lab/h200_anchors.sh: the message alone
+        ap.error(f"results_dir {a.results_dir}: {e}")
     comb = os.path.join(a.results_dir, "combined")
-    write_csv(rows, os.path.join(comb, "kernel.csv"), columns=list(COLUMNS) + ["family"])
+    write_csv(rows, os.path.join(comb, "kernel.csv"), columns=columns_of(rows) + ["family"])
     res = analyse_best(comb, cfg, plots=not a.no_plots)
     ours = list(cfg.get("ours") or OURS)
     ok = sum(r.get("status") == "ok" for r in rows)

@@ -289,7 +289,7 @@ def analyse_best(out_dir: str, sweep_cfg: dict, plots: bool = True, formats: Seq
     first mode's), ``n_boot`` (1000), ``level`` (0.95)."""
     from eval.bench_common import write_csv
     from eval.crossover import CROSSOVER_COLUMNS, detect_crossovers
-    from eval.sweep import COLUMNS, latest_rows, read_rows
+    from eval.sweep import columns_of, latest_rows, read_rows
 
     rows = latest_rows(read_rows(os.path.join(out_dir, "kernel.csv")))
     modes = list(sweep_cfg.get("modes") or ["fwd", "bwd", "fwd_bwd"])
@@ -297,7 +297,7 @@ def analyse_best(out_dir: str, sweep_cfg: dict, plots: bool = True, formats: Seq
     base_variant = (sweep_cfg.get("baseline") or {}).get("variant", "flash")
     ours = list(sweep_cfg.get("ours") or OURS)
     best = pick_best(rows, metric)
-    write_csv(best, os.path.join(out_dir, "best.csv"), columns=list(COLUMNS) + ["impl", "impl_check", "candidates"])
+    write_csv(best, os.path.join(out_dir, "best.csv"), columns=columns_of(rows) + ["impl", "impl_check", "candidates"])
     cross = detect_crossovers(best, {"best": {"variant": base_variant, "backend": "best"}}, [metric[:-3]])
     impl = {(_key(r), int(_f(r["seq_len"]))): r["impl"] for r in best}
     for c in cross:  # name the implementations on both sides of every crossover row

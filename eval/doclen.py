@@ -28,8 +28,9 @@ n*_doc first, new points stop after ``--time-budget-s``. The measured n*_doc is 
 Writes under ``--out``: ``fit.json``, ``doclen.csv`` / ``doclen.md`` (n*_doc per N and family), ``doclen_curves.csv``
 (modelled cost vs mean length), ``doclen_wikitext.csv`` (the real articles), ``wikitext2_article_lengths.csv``;
 measured: ``doclen_measured.csv`` (every point), ``doclen_measured_nstar.csv`` / ``.json``; and the figure
-``doclen_crossover.png`` (``--figures-dir``; :func:`eval.figspec.doclen`, drawn with the measured points when
-``doclen_measured.csv`` is there or ``--measured`` names one). Rebuild the committed figure:
+``doclen_crossover.png`` (``--figures-dir``; :func:`eval.figspec.doclen`, drawn with the measured points of
+``--measured``, else of ``--out``'s ``doclen_measured.csv``, else, with the default constants, of the committed H200
+run :data:`DEFAULT_MEASURED`; ``--measured none``: the model only). Rebuild the committed figure:
 ``python -m eval.plots doclen_dir=results/doclen doclen_measured=results/h200/doclen/doclen_measured.csv
 figures_dir=docs/figures 'formats=[png]'`` (job ``doclen_crossover`` of ``python -m eval.figures``).
 """
@@ -49,6 +50,9 @@ import numpy as np
 from attn_zoo import doclen as dl
 
 DEFAULT_KERNEL_CSV = "results/h200/crossover_speed_h200/kernel.csv"
+# the committed H200 measured points (``--measure --out results/h200/doclen``, fitted on DEFAULT_KERNEL_CSV): drawn on
+# the figure of a model with the default constants when ``--out`` holds no measured table of its own
+DEFAULT_MEASURED = "results/h200/doclen/doclen_measured.csv"
 FAMILY_KW = {"lognormal": {"sigma": 1.0}, "pareto": {"alpha": 1.5}}
 WIKI = "wikitext-2"
 NSTAR_COLUMNS = ("N", "family", "n_star_mean", "p90_at_n_star", "size_biased_at_n_star", "piece_size_biased_at_n_star",
@@ -344,16 +348,23 @@ def read_csv(path: str) -> List[dict]:
 def figure(doclen_dir: str, figures_dir: Optional[str] = None, measured: Optional[str] = None,
            formats: Sequence[str] = ("png",)) -> List[str]:
     """Draw ``doclen_crossover`` from the tables in ``doclen_dir`` (and the measured points of ``measured``, or of
-    ``doclen_dir/doclen_measured.csv``, when that file exists) with :func:`eval.figspec.doclen`; returns the
-    paths written."""
+    ``doclen_dir/doclen_measured.csv`` when that file exists; ``measured="none"``: the model only) with
+    :func:`eval.figspec.doclen`; returns the paths written. A ``measured`` file that is not there: ``FileNotFoundError``
+    naming it (it drew the model alone, the H200 points silently gone)."""
     from eval import figspec
 
     fit = json.load(open(os.path.join(doclen_dir, "fit.json")))
     wpath = os.path.join(doclen_dir, "doclen_wikitext.csv")
-    mpath = measured or os.path.join(doclen_dir, "doclen_measured.csv")
-    meas = read_csv(mpath) if os.path.exists(mpath) else None
-    if measured and meas is None:
-        print(f"doclen figure: no measured table at {measured}; drawing the model only")
+    if measured and str(measured).lower() == "none":
+        meas = None
+    elif measured:
+        if not os.path.isfile(measured):
+            raise FileNotFoundError(f"doclen measured table {measured}: no such file (eval.doclen --measure writes "
+                                    f"doclen_measured.csv; 'none': the model only)")
+        meas = read_csv(measured)
+    else:
+        mpath = os.path.join(doclen_dir, "doclen_measured.csv")
+        meas = read_csv(mpath) if os.path.exists(mpath) else None
     fig = figspec.doclen(read_csv(os.path.join(doclen_dir, "doclen_curves.csv")),
                          read_csv(os.path.join(doclen_dir, "doclen.csv")),
                          read_csv(wpath) if os.path.exists(wpath) else [], fit, measured=meas)
@@ -398,7 +409,9 @@ def main(argv=None):
     ap.add_argument("--block", type=NONNEG_INT, default=128, help="square tile of the tile model (0: pair model only)")
     ap.add_argument("--out", default="results/doclen")
     ap.add_argument("--figures-dir", default=None, help="where doclen_crossover.png goes (default --out)")
-    ap.add_argument("--measured", default=None, help="measured table for the figure (default --out's, if any)")
+    ap.add_argument("--measured", default=None,
+                    help="measured table for the figure; 'none': the model only (default: --out's doclen_measured.csv, "
+                         f"else {DEFAULT_MEASURED} when the constants are the default fit of {DEFAULT_KERNEL_CSV})")
     ap.add_argument("--no-figure", action="store_true")
     ap.add_argument("--measure", action="store_true", help="time the kernels on the GPU too")
     ap.add_argument("--time-budget-s", type=POSITIVE, default=60.0)
@@ -412,6 +425,8 @@ def main(argv=None):
     for fam in a.families:
         if fam not in dl.FAMILIES:
             ap.error(f"--families entry {fam!r} is not supported; allowed values: {', '.join(dl.FAMILIES)}")
+    if a.measured and a.measured.lower() != "none" and not os.path.isfile(a.measured):
+        ap.error(f"--measured {a.measured}: no such file (a doclen_measured.csv of eval.doclen --measure, or 'none')")
     if a.wikitext and not os.path.exists(a.wikitext):
         ap.error(f"--wikitext {a.wikitext}: no such file or folder (the WikiText-2 folder of *.txt, or a CSV of lengths)")
     if a.block:
@@ -468,8 +483,31 @@ def main(argv=None):
         f.write(md)
     print(md)
     if not a.no_figure:
-        print("figure:", ", ".join(figure(a.out, a.figures_dir, a.measured)))
+        default_fit = (os.path.abspath(a.kernel_csv) == os.path.abspath(DEFAULT_KERNEL_CSV) and not over
+                       and a.fit_min_seq_len == ap.get_default("fit_min_seq_len"))
+        print("figure:", ", ".join(figure(a.out, a.figures_dir, figure_measured(a.measured, a.out, default_fit))))
     return 0
+
+
+def figure_measured(measured: Optional[str], out: str, default_fit: bool) -> str:
+    """The measured table the figure of ``main`` draws, said on stdout: ``measured`` as given (``none``: no table),
+    else ``out``'s ``doclen_measured.csv``, else :data:`DEFAULT_MEASURED` (the committed H200 points; only with the
+    default constants ``default_fit``, which they were measured beside), else ``none``. The committed
+    ``docs/figures`` figure has them: ``--out results/doclen --figures-dir docs/figures`` dropped them when only
+    ``--out`` was looked at."""
+    if measured is not None:
+        if measured.lower() == "none":
+            print("doclen figure: --measured none: the model only")
+        return measured
+    own = os.path.join(out, "doclen_measured.csv")
+    if os.path.exists(own):
+        return own
+    if default_fit and os.path.exists(DEFAULT_MEASURED):
+        print(f"doclen figure: the measured points of {DEFAULT_MEASURED} (the committed H200 run; --measured none: "
+              f"the model only)")
+        return DEFAULT_MEASURED
+    print(f"doclen figure: no measured table ({own} is not there; --measured names one): the model only")
+    return "none"
 
 
 if __name__ == "__main__":

@@ -487,9 +487,13 @@ def _table(ax, p: Panel) -> None:
 
 def to_png(fig: Figure, base: str, formats: Optional[Sequence[str]] = None) -> List[str]:
     """Draw with :func:`to_matplotlib` and save ``base.<ext>`` for each of ``formats`` (default
-    :data:`eval.plots.FORMATS`, PNG first); returns the paths."""
+    :data:`eval.plots.FORMATS`, PNG first); returns the paths. The same figure gives the same bytes on one machine:
+    PNG at a fixed dpi (matplotlib writes no date in it), SVG / PDF without their creation date and with fixed
+    SVG ids (matplotlib stamped the date and drew random ids). Across machines the PNG pixels may differ (the note
+    below this function)."""
     import os
 
+    import matplotlib
     import matplotlib.pyplot as plt
 
     from eval.plots import FORMATS
@@ -497,10 +501,21 @@ def to_png(fig: Figure, base: str, formats: Optional[Sequence[str]] = None) -> L
     mfig = to_matplotlib(fig)
     os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
     paths = [f"{base}.{ext}" for ext in formats or FORMATS]
-    for path in paths:
-        mfig.savefig(path, dpi=110 if path.endswith(".png") else None)
+    no_date = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}
+    with matplotlib.rc_context({"svg.hashsalt": "attn-zoo"}):
+        for path in paths:
+            ext = path.rsplit(".", 1)[-1]
+            mfig.savefig(path, dpi=110 if ext == "png" else None, metadata=no_date.get(ext))
     plt.close(mfig)
     return paths
+
+
+# Why a rebuilt PNG can differ from the committed one on another machine (docs/results.md says it beside the rebuild
+# command): matplotlib's log axes go through numpy's log10, whose AVX-512 code path (numpy's X86_V4 / AVX512_ICL
+# dispatch) rounds some values one ulp apart from the AVX2 one; where a line's end sits on a sub-pixel boundary,
+# its anti-aliasing moves (41 grey levels of docs/figures/h200_roofline.png, each by 1). Same matplotlib, freetype and
+# numpy versions and the same dispatch give the same bytes: on an AVX-512 CPU, NPY_DISABLE_CPU_FEATURES="X86_V4
+# AVX512_ICL AVX512_SPR" draws what an AVX2 one does (the committed figures are drawn that way).
 
 
 # --------------------------------------------------------------------------------------------- plotly

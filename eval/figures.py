@@ -11,6 +11,10 @@ point (:data:`ENTRY`), its config composed by Hydra from ``eval/conf/<name>.yaml
 command line would. Paths are relative to the repository root (the command changes into it). ``--out-root DIR``
 prefixes the output keys (:data:`OUTPUT_KEYS`) of every job with ``DIR``. W&B stays off. A failed job does not stop
 the others; the command ends with a summary and exit status 1 when any job failed.
+
+The outputs equal the committed files byte for byte with the committed inputs and the same matplotlib / numpy
+versions; the command runs numpy on its AVX2 code path (:data:`SAME_PIXELS_ENV`) so that an AVX-512 CPU draws the
+same pixels as the machine that drew the committed PNGs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ import sys
 import time
 import traceback
 from typing import Dict, List, NamedTuple, Optional, Sequence
+
+# numpy's AVX-512 code path rounds some log10 values one ulp apart from the AVX2 one, which moves the anti-aliasing of
+# a few pixels of the log-axis figures (docs/figures/h200_roofline.png): the committed figures are numpy's AVX2 path,
+# so the command takes it on every x86 CPU (names a CPU lacks are ignored by numpy), before numpy is imported.
+# An explicit NPY_DISABLE_CPU_FEATURES wins; in-process callers (tests) are left alone.
+SAME_PIXELS_ENV = {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}
+if __name__ == "__main__" and "numpy" not in sys.modules:
+    for _k, _v in SAME_PIXELS_ENV.items():
+        os.environ.setdefault(_k, _v)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF_DIR = os.path.join(REPO, "eval", "conf")

@@ -474,6 +474,16 @@ def check_resume_settings(rows: Sequence[dict], expected: Callable[[dict], dict]
         f"measure every point again in this one (resume=false / --no-resume: the CSV is started over)")
 
 
+def columns_of(rows: Iterable[dict], columns: Sequence[str] = COLUMNS) -> List[str]:
+    """The ``columns`` that some row of ``rows`` has (rows read from a CSV have every column of its header), in
+    ``columns``' order; all of ``columns`` when there is no row. A table derived from a results CSV written by an
+    older version (no ``settings`` column) keeps that CSV's columns instead of gaining empty ones."""
+    have = set()
+    for r in rows:
+        have.update(r)
+    return [c for c in columns if c in have] if have else list(columns)
+
+
 def latest_rows(rows: Iterable[dict]) -> List[dict]:
     """One row per point (the last one written: ``retry_failed`` appends re-measured points)."""
     out: Dict[tuple, dict] = {}

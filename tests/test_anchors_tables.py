@@ -1,6 +1,7 @@
 """eval/anchors_tables.py on a synthetic RESULTS_DIR as lab/h200_anchors.sh leaves it (no GPU, no timing)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from eval.bench_common import write_csv
 from eval.sweep import COLUMNS
 
 NS = (1024, 4096, 16384)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _row(variant, backend, n, ms, status="ok", check=True, error="", D=128, hkv=16, causal=True, rng=None):
@@ -68,9 +70,63 @@ def test_tables_name_the_best_the_ratios_the_intervals_and_the_failures(results,
         assert os.path.getsize(comb / f) > 0
 
 
-def test_no_results_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no <family>/kernel.csv under .* \(written by lab/h200_anchors.sh\)"):
+def test_no_results_is_a_clear_error(tmp_path, capsys):
+    """(A FileNotFoundError traceback before: now the usage error, exit 2.)"""
+    with pytest.raises(SystemExit) as e:
         anchors_tables.main([str(tmp_path)])
+    assert e.value.code == 2
+    assert re.search(r"results_dir .*: no <family>/kernel.csv under .* \(written by lab/h200_anchors.sh\)",
+                     capsys.readouterr().err)
+
+
+def test_combined_tables_keep_the_columns_of_the_family_tables(tmp_path):
+    """The family tables of a run from before eval.sweep's ``settings`` column: combined/kernel.csv and best.csv
+    gained an empty ``settings`` column, so the documented rebuild rewrote the committed tables (every row changed).
+    They keep the families' columns (+ ``family`` / the pick's)."""
+    old = [c for c in COLUMNS if c != "settings"]
+    rng = np.random.default_rng(0)
+    rows = [_row("causal", b, n, f * n / 1000, rng=rng) for n in NS for b, f in (("triton", 1.0), ("fa4", 0.8))]
+    write_csv(rows, str(tmp_path / "softmax" / "kernel.csv"), columns=old)
+    assert anchors_tables.main([str(tmp_path), "--n-boot", "20", "--no-plots"]) == 0
+    header = lambda f: open(tmp_path / "combined" / f).readline().strip().split(",")  # noqa: E731
+    assert header("kernel.csv") == old + ["family"]
+    assert header("best.csv") == old + ["impl", "impl_check", "candidates"]
+    write_csv(rows, str(tmp_path / "softmax" / "kernel.csv"), columns=list(COLUMNS))  # a newer run: kept
+    anchors_tables.main([str(tmp_path), "--n-boot", "20", "--no-plots"])
+    assert header("kernel.csv") == list(COLUMNS) + ["family"]
+
+
+def _same_table(a, b, rel=1e-12):
+    """Two CSVs equal cell for cell, numbers within ``rel`` (a fit's last digits follow the BLAS kernels)."""
+    import csv
+    import math
+
+    ra, rb = list(csv.reader(open(a))), list(csv.reader(open(b)))
+    assert ra[0] == rb[0] and len(ra) == len(rb), (a, ra[0], rb[0])
+    for x, y in zip(ra[1:], rb[1:]):
+        for u, v in zip(x, y):
+            try:
+                fu, fv = float(u), float(v)
+            except ValueError:
+                assert u == v, (a, x, y)
+                continue
+            assert (math.isnan(fu) and math.isnan(fv)) or math.isclose(fu, fv, rel_tol=rel), (a, x, y)
+
+
+def test_the_documented_rebuild_reproduces_the_committed_tables(tmp_path):
+    """``python -m eval.anchors_tables results/h200/2026-12-03/anchors ...`` (docs/results.md) on a copy of the
+    committed run gives its committed combined/ tables (kernel.csv and best.csv byte for byte)."""
+    import shutil
+
+    src = os.path.join(ROOT, "results", "h200", "2026-12-03", "anchors")
+    for d in ("softmax", "linear"):
+        shutil.copytree(os.path.join(src, d), tmp_path / d)
+    assert anchors_tables.main([str(tmp_path), "--no-plots", "--config",
+                                os.path.join(ROOT, "eval", "conf", "sweep", "anchors_h200.yaml")]) == 0
+    for f in ("kernel.csv", "best.csv"):
+        assert open(tmp_path / "combined" / f, "rb").read() == open(os.path.join(src, "combined", f), "rb").read(), f
+    for f in ("crossover_best.csv", "nstar_compare.csv"):
+        _same_table(tmp_path / "combined" / f, os.path.join(src, "combined", f))
 
 
 def test_roofline_draws_every_correct_implementation_under_the_measured_roof(results):
@@ -163,9 +219,10 @@ def test_empty_kernel_csvs_are_refused_before_any_table(tmp_path, capsys):
     (tmp_path / "linear").mkdir()
     (tmp_path / "linear" / "kernel.csv").write_text("")
     write_csv([], str(tmp_path / "softmax" / "kernel.csv"), columns=list(COLUMNS))
-    with pytest.raises(ValueError, match="no rows in .*kernel.csv"):
+    with pytest.raises(SystemExit) as e:
         anchors_tables.main([str(tmp_path), "--no-plots", "--n-boot", "20"])
-    assert capsys.readouterr().out == ""
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and re.search("no rows in .*kernel.csv", err) and out == ""
 
 
 def test_a_missing_config_is_a_usage_error(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """eval.doclen: the fit on a committed-like sweep table, the measured interpolation, the figure and the CLI."""
 import csv
 import json
+import os
 
 import pytest
 
@@ -135,3 +136,38 @@ def test_measure_path_on_cpu_interpreter():
     rows, nrows = cli.measure(fit, [64], ["geometric"], [8], nst, time_budget_s=0, tokens=64, H=1, D=16,
                               device="cpu", timer=timer, dtype=torch.float32)
     assert [r["impl"] for r in rows] == ["linear"] and nrows[0]["status"] == "no points"
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_figure_of_the_default_fit_takes_the_committed_h200_points(tmp_path, monkeypatch, capsys):
+    """``python -m eval.doclen --wikitext ... --out results/doclen --figures-dir docs/figures`` (docs/crossover.md)
+    drew the figure without the H200 measured points (it looked for them in --out only) and so rewrote the committed
+    figure without them. With the default constants it now takes the committed ones, and says so; other constants,
+    or ``--measured none``: the model only."""
+    monkeypatch.chdir(ROOT)  # the default paths are the repository's
+    out = tmp_path / "out"
+    assert cli.main(["--N", "4096", "--families", "fixed", "--tokens", "65536", "--points-per-octave", "1",
+                     "--out", str(out), "--figures-dir", str(tmp_path / "figs")]) == 0
+    said = capsys.readouterr().out
+    assert f"doclen figure: the measured points of {cli.DEFAULT_MEASURED} (the committed H200 run" in said
+    assert cli.figure_measured(None, str(out), default_fit=False) == "none"
+    assert "no measured table" in capsys.readouterr().out
+    assert cli.figure_measured("none", str(out), default_fit=True) == "none"
+    (out / "doclen_measured.csv").write_text("N,family,impl,target_mean,us_per_token\n")
+    assert cli.figure_measured(None, str(out), default_fit=True) == str(out / "doclen_measured.csv")  # its own first
+
+
+def test_the_committed_figure_is_redrawn_with_its_measured_points(tmp_path, monkeypatch):
+    """The committed tables and the default choice of measured points give docs/figures/doclen_crossover.png byte for
+    byte (with the matplotlib that drew it)."""
+    import matplotlib
+    from PIL import Image
+
+    monkeypatch.chdir(ROOT)
+    committed = "docs/figures/doclen_crossover.png"
+    if Image.open(committed).info.get("Software") != f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/":
+        pytest.skip("another matplotlib than the one that drew the committed figure")
+    (path,) = cli.figure("results/doclen", str(tmp_path), cli.figure_measured(None, "results/doclen", True))
+    assert open(path, "rb").read() == open(committed, "rb").read()

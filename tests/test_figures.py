@@ -105,3 +105,37 @@ def test_failed_job_gives_nonzero_exit_and_names_it(tmp_path, monkeypatch, capsy
     assert "mqar_window_cliff" not in captured.err
     # the job after the failed one still ran
     assert (tmp_path / CLIFF / "cliff.csv").stat().st_size > 0
+
+
+def test_a_figure_saved_twice_is_the_same_bytes_in_every_format(tmp_path):
+    """SVG (the date and random ids) and PDF (the creation date) differed at every save, so no rebuild of them could
+    leave the tree clean; PNG already did not."""
+    from eval import figspec
+
+    fig = figspec.Figure("t", [figspec.Panel("p", "N", "ms", xlog=2, ylog=True,
+                                             traces=[figspec.Trace("a", [1, 2, 4], [1, 4, 16], {})])])
+    a = figspec.to_png(fig, str(tmp_path / "a" / "f"), ["png", "svg", "pdf"])
+    b = figspec.to_png(fig, str(tmp_path / "b" / "f"), ["png", "svg", "pdf"])
+    for x, y in zip(a, b):
+        assert open(x, "rb").read() == open(y, "rb").read(), x
+
+
+def test_the_command_redraws_the_committed_roofline_byte_for_byte(tmp_path):
+    """``python -m eval.figures`` left docs/figures/h200_roofline.png modified on a CPU with AVX-512 (numpy's AVX-512
+    log10 moved 41 anti-aliased pixels), and the committed file flipped with the machine of the last rebuild. The
+    command runs numpy on its AVX2 path (``figures.SAME_PIXELS_ENV``): the same bytes on either CPU, with the
+    matplotlib and numpy that drew the committed file."""
+    import subprocess
+    import sys
+
+    import matplotlib
+    from PIL import Image
+
+    committed = os.path.join(figures.REPO, "docs", "figures", "h200_roofline.png")
+    if Image.open(committed).info.get("Software") != f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/":
+        pytest.skip("another matplotlib than the one that drew the committed figure")
+    env = {k: v for k, v in os.environ.items() if k != "NPY_DISABLE_CPU_FEATURES"}
+    r = subprocess.run([sys.executable, "-m", "eval.figures", "--only", "h200_crossover_figures", "--out-root",
+                        str(tmp_path)], cwd=figures.REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert open(tmp_path / "docs" / "figures" / "h200_roofline.png", "rb").read() == open(committed, "rb").read()
