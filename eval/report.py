@@ -33,6 +33,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
 from attn_zoo import cost_model as cm
@@ -204,6 +205,37 @@ def doclen_figure(root: str = REPO) -> Optional[figspec.Figure]:
                           measured=read_rows(m) if os.path.exists(m) else None)
 
 
+def slider_rows(root: str = REPO) -> List[dict]:
+    """The crossovers the sliders start from (every ``results/**/crossover.csv`` row with ``c2`` and ``c_lin``):
+    ``{label, c0, c2, c_lin, n_star}``, each label unique. It names the pair (``linear/fla vs flash/sdpa_cudnn``),
+    the metric and head dim; where that is not enough, the causality and KV heads, then the sweep's folder, then a
+    count. (The label was ``variant/backend metric (d=...)``: the rows against the five baselines of a sweep had
+    one label, five options in the list that read the same.)"""
+    cross = []
+    for p in sorted(glob.glob(os.path.join(root, "results", "**", "crossover.csv"), recursive=True)):
+        where = os.path.relpath(os.path.dirname(p), os.path.join(root, "results"))
+        for c in read_rows(p):
+            if _f(c.get("c2")) > 0 and _f(c.get("c_lin")) > 0:
+                cross.append({"label": f"{c['variant']}/{c['backend']} vs {c.get('baseline') or '?'} {c['metric']} "
+                                       f"(d={c['head_dim']})",
+                              "more": [f"{'causal' if str(c.get('causal')).lower() in ('true', '1') else 'non-causal'}"
+                                       f", Hkv={c.get('n_kv_heads')}", where],
+                              "c0": _f(c.get("c0")), "c2": _f(c.get("c2")), "c_lin": _f(c.get("c_lin")),
+                              "n_star": _f(c.get("n_star"))})
+    for level in range(2):  # add what tells equal labels apart, only to those
+        count = Counter(c["label"] for c in cross)
+        for c in cross:
+            if count[c["label"]] > 1:
+                c["label"] = f"{c['label'][:-1]}, {c['more'][level]})"
+    seen: Counter = Counter()
+    for c in cross:
+        seen[c["label"]] += 1
+        if seen[c["label"]] > 1:  # the same crossover twice (copies of a sweep): numbered
+            c["label"] += f" #{seen[c['label']]}"
+        del c["more"]
+    return cross
+
+
 def build_data(root: str = REPO) -> dict:
     """Everything the page needs, JSON-ready: the figures (Plotly JSON) and the cost-model constants and tables."""
     charts = {}
@@ -220,12 +252,7 @@ def build_data(root: str = REPO) -> dict:
         charts[f"bubble{i}"] = figspec.to_plotly(f)
     if os.path.exists(os.path.join(root, FIG2)):
         charts["fig2"] = figspec.to_plotly(figspec.fig2(_fig2_rows(root), "H200 runs of experiment=mqar_fig2"))
-    cross = []
-    for p in sorted(glob.glob(os.path.join(root, "results", "**", "crossover.csv"), recursive=True)):
-        cross += [{"label": f"{c['variant']}/{c['backend']} {c['metric']} (d={c['head_dim']})",
-                   "c0": _f(c.get("c0")), "c2": _f(c.get("c2")), "c_lin": _f(c.get("c_lin")),
-                   "n_star": _f(c.get("n_star"))}
-                  for c in read_rows(p) if _f(c.get("c2")) > 0 and _f(c.get("c_lin")) > 0]
+    cross = slider_rows(root)
     constants = {k: getattr(cm, k) for k in ("STAT_BYTES", "SOFTMAX_STABLE_FLOPS", "SOFTMAX_BWD_FLOPS",
                                              "FLASH_RECOMPUTE_FLOPS", "FLASH_BWD_DS_FLOPS", "DROPOUT_FLOPS")}
     machines = {k: {"name": m.name, "peak_flops": m.peak_flops, "bandwidth": m.bandwidth,

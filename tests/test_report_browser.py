@@ -120,3 +120,9 @@ def test_filters_hide_other_implementations(page):
     assert any(v is not False for v, _ in vis)
     assert all((v is not False) == (b == "triton") for v, b in vis)
     page.select_option("#xf-backend", "*")
+
+
+def test_slider_start_options_are_unique(page):
+    """The n* sliders' "start from" list showed each crossover five times under one label (one per baseline)."""
+    texts = page.evaluate("[...document.querySelectorAll('#sl-row option')].map(o => o.textContent)")
+    assert len(texts) == len(report.slider_rows()) > 0 and len(set(texts)) == len(texts)
