@@ -238,6 +238,42 @@ def read_rows(path: str) -> List[dict]:
     return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
 
 
+def checked_rows(path: str, where: str, required: Sequence[str] = (), expected: str = "") -> List[dict]:
+    """The rows of the results CSV ``path`` (as :func:`read_rows`) that an eval tool was given, checked first:
+    ``ValueError`` starting with ``where`` (the argument and file, e.g. ``results_dir=DIR: kernel.csv``) when the
+    file is empty (0 bytes), is not a CSV pandas can read, or lacks a column of ``required``; ``expected`` says what
+    it should be (``the columns eval.sweep writes``). A header without rows is no error (``[]``): the caller says
+    whether that leaves nothing to do."""
+    tail = f"; expected {expected}" if expected else ""
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{where} is empty (0 bytes){tail}")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where} is not a readable CSV ({error_line(e, 100)}){tail}") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ValueError(f"{where} lacks columns {missing}{tail}")
+    return df.to_dict("records")
+
+
+def checked_json(path: str, where: str, expected: str = "", keys: Sequence[str] = ()) -> dict:
+    """The JSON object in ``path``, checked: ``ValueError`` starting with ``where`` when it is not valid JSON (a
+    truncated file), not an object, or lacks a key of ``keys``; ``expected`` says what it should be."""
+    tail = f"; expected {expected}" if expected else ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where} is not valid JSON ({error_line(e, 100)}){tail}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} holds a JSON {type(d).__name__}, not an object{tail}")
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise ValueError(f"{where} lacks keys {missing}{tail}")
+    return d
+
+
 def error_line(e: BaseException, limit: int = 160) -> str:
     """``"<type>: <first line of the message, at most limit characters>"``: an exception as one CSV / table cell."""
     msg = str(e)

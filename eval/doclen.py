@@ -345,6 +345,40 @@ def read_csv(path: str) -> List[dict]:
         return list(csv.DictReader(f))
 
 
+# what :func:`figure` (:func:`eval.figspec.doclen`) reads of each table: file -> (required columns / keys, optional)
+FIGURE_INPUTS = {"fit.json": (("c_lin",), False),
+                 "doclen_curves.csv": (("N", "family", "mean", "piece_size_biased", "exact_us_per_token"), False),
+                 "doclen.csv": (("N", "family", "n_star_mean"), False),
+                 "doclen_wikitext.csv": (("N", "mean", "p90", "exact_us_per_token", "exact_over_linear"), True)}
+MEASURED_REQUIRED = ("N", "family", "impl", "target_mean", "us_per_token")
+
+
+def check_figure_inputs(doclen_dir: str, where: str, measured: Optional[str] = None,
+                        measured_where: str = "--measured") -> None:
+    """The tables :func:`figure` draws from ``doclen_dir`` (``where`` names the argument in messages) and the
+    measured table ``measured`` (``none``: no table; ``measured_where`` names its argument), checked before drawing: ``FileNotFoundError`` for a missing
+    one, ``ValueError`` for an empty, unreadable or truncated one or one that lacks a column / key it needs."""
+    from eval.bench_common import checked_json, checked_rows
+
+    exp = "the tables eval.doclen --out writes"
+    for name, (need, optional) in FIGURE_INPUTS.items():
+        path = os.path.join(doclen_dir, name)
+        if not os.path.isfile(path):
+            if optional:
+                continue
+            raise FileNotFoundError(f"{where}: no {name} there ({exp}: fit.json, doclen.csv, doclen_curves.csv)")
+        if name.endswith(".json"):
+            checked_json(path, f"{where}: {name}", exp, need)
+        else:
+            checked_rows(path, f"{where}: {name}", need, exp)
+    if measured and str(measured).lower() != "none":
+        label = f"{measured_where}={measured}" if measured_where else f"measured table {measured}"
+        if not os.path.isfile(measured):
+            raise FileNotFoundError(f"{label}: no such file (eval.doclen --measure writes doclen_measured.csv; "
+                                    f"'none': the model only)")
+        checked_rows(measured, label, MEASURED_REQUIRED, "the doclen_measured.csv eval.doclen --measure writes")
+
+
 def figure(doclen_dir: str, figures_dir: Optional[str] = None, measured: Optional[str] = None,
            formats: Sequence[str] = ("png",)) -> List[str]:
     """Draw ``doclen_crossover`` from the tables in ``doclen_dir`` (and the measured points of ``measured``, or of

@@ -764,13 +764,34 @@ def main_from_cfg(cfg: dict) -> Dict[str, List[str]]:
 
 
 PLOT_INPUTS = ("results_dir", "quality_csv", "doclen_dir")
+QUALITY_REQUIRED = ("dataset", "variant", "seq_len", "metric", "value")
+
+
+def check_results_dir(rd: str, where: str) -> None:
+    """The sweep tables of ``rd`` that the figures read, checked (``where`` names the argument): ``kernel.csv`` /
+    ``model.csv`` with the columns eval.sweep writes, ``crossover.json`` / ``env.json`` valid JSON objects; else
+    ``ValueError`` naming the file and what was expected (it was a pandas / JSON traceback, a KeyError, or figures
+    silently missing)."""
+    from eval.bench_common import checked_json, checked_rows
+    from eval.sweep import COLUMNS, MODEL_COLUMNS
+
+    for name, cols in (("kernel.csv", COLUMNS), ("model.csv", MODEL_COLUMNS)):
+        need = cols[:cols.index("timestamp") + 1]  # what every version of eval.sweep wrote (later ones add more)
+        if os.path.exists(os.path.join(rd, name)):
+            checked_rows(os.path.join(rd, name), f"{where}: results CSV {name}", need,
+                         "the columns written by eval.sweep (a sweep's out_dir)")
+    for name in ("crossover.json", "env.json"):
+        if os.path.exists(os.path.join(rd, name)):
+            checked_json(os.path.join(rd, name), f"{where}: {name}",
+                         f"the {name} eval.crossover writes (or remove it: the figures are drawn without it)")
 
 
 def check_plots_config(cfg: dict) -> None:
     """``eval.plots``' arguments before anything is drawn: at least one of :data:`PLOT_INPUTS`; each path given
     exists (``results_dir`` with a ``kernel.csv`` or ``model.csv``, ``doclen_dir`` with ``fit.json``; ``speed_csv``
-    / ``speed`` files); ``formats`` and ``machine`` allowed values. Raises ``ValueError`` / ``FileNotFoundError``
-    naming the argument."""
+    / ``speed`` / ``doclen_measured`` files) and is readable with the columns the figures need (empty, truncated or
+    corrupt CSV / JSON files refused: :func:`check_results_dir`); ``formats`` and ``machine`` allowed values. Raises
+    ``ValueError`` / ``FileNotFoundError`` naming the argument and the file."""
     from eval.bench_common import check_out_dir
 
     check_formats(cfg.get("formats"))
@@ -786,18 +807,36 @@ def check_plots_config(cfg: dict) -> None:
             raise FileNotFoundError(f"results_dir={rd}: no such directory (a sweep's out_dir: kernel.csv, crossover.json)")
         if not any(os.path.exists(os.path.join(rd, f)) for f in ("kernel.csv", "model.csv")):
             raise FileNotFoundError(f"results_dir={rd}: holds neither kernel.csv nor model.csv (is it a sweep's out_dir?)")
+        check_results_dir(rd, f"results_dir={rd}")
     for key in ("quality_csv", "speed_csv", "speed"):
         path = cfg.get(key)
         if path and not os.path.isfile(path):
             raise FileNotFoundError(f"{key}={path}: no such file")
-    if cfg.get("quality_csv"):
-        from eval.bench_common import read_rows
+    from eval.bench_common import checked_rows
 
-        if not read_rows(cfg["quality_csv"]):
-            raise ValueError(f"quality_csv={cfg['quality_csv']}: the table has no rows; nothing to plot")
+    q = cfg.get("quality_csv")
+    if q:
+        if not checked_rows(q, f"quality_csv={q}", QUALITY_REQUIRED, "the quality.csv eval.quality writes"):
+            raise ValueError(f"quality_csv={q}: the table has no rows; nothing to plot")
+        agg = os.path.join(os.path.dirname(q), "runs_agg.csv")  # the bubble charts' table, beside it
+        if os.path.exists(agg):
+            checked_rows(agg, f"quality_csv={q}: runs_agg.csv beside it", ("dataset", "variant", "seq_len"),
+                         "the runs_agg.csv eval.quality writes")
+    if cfg.get("speed_csv"):
+        checked_rows(cfg["speed_csv"], f"speed_csv={cfg['speed_csv']}",
+                     ("variant", "seq_len", "train_tokens_per_s", "train_peak_mem_bytes"),
+                     "a model.csv of eval.sweep (an eval.bench_model CSV goes to speed=)")
+    if cfg.get("speed"):
+        from eval.quality import BENCH_COLUMNS
+
+        checked_rows(cfg["speed"], f"speed={cfg['speed']}", BENCH_COLUMNS, "an eval.bench_model CSV")
     dd = cfg.get("doclen_dir")
-    if dd and not os.path.isfile(os.path.join(dd, "fit.json")):
-        raise FileNotFoundError(f"doclen_dir={dd}: no fit.json there (eval.doclen --out writes it)")
+    if dd:
+        if not os.path.isfile(os.path.join(dd, "fit.json")):
+            raise FileNotFoundError(f"doclen_dir={dd}: no fit.json there (eval.doclen --out writes it)")
+        from eval.doclen import check_figure_inputs
+
+        check_figure_inputs(dd, f"doclen_dir={dd}", cfg.get("doclen_measured"), "doclen_measured")
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised through the CLI

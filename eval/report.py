@@ -2,6 +2,7 @@
 
     python -m eval.report                         # writes results/report.html
     python -m eval.report --out /tmp/report.html
+    python -m eval.report --root <a checkout> --out /tmp/report.html   # another checkout's results
 
 Sections (each a ``<section id="sec-...">``):
 
@@ -236,6 +237,58 @@ def slider_rows(root: str = REPO) -> List[dict]:
     return cross
 
 
+BENCH_FLASH_REQUIRED = ("variant", "impl", "N", "D", "Hkv", "fwd_ms", "fwd_bwd_ms")
+JOIN_REQUIRED = ("dataset", "variant", "seq_len", "tokens_per_s", "peak_mem_mb")
+FIG2_REQUIRED = ("variant", "seq_len", "d_model", "acc", "best_lr")
+
+
+def check_inputs(root: str = REPO) -> int:
+    """Every table the page is built from under ``root`` checked before it is built; returns how many there are.
+    ``FileNotFoundError`` when ``root`` is not a folder; ``ValueError`` naming the file and what was expected when
+    one is empty, not a readable CSV, truncated JSON, or lacks a column the page reads (they were a pandas / JSON
+    traceback or a KeyError), and when there is no table at all (the page had no chart and the command exited 0)."""
+    from eval.bench_common import checked_json, checked_rows
+    from eval.crossover import CROSSOVER_COLUMNS
+    from eval.doclen import check_figure_inputs
+    from eval.plots import QUALITY_REQUIRED, check_results_dir
+
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"--root {root}: no such directory (the repository root: its results/ are reported)")
+    rel = lambda p: os.path.relpath(p, root)  # noqa: E731
+    n = 0
+    for k in sorted(glob.glob(os.path.join(root, "results", "**", "kernel.csv"), recursive=True)):
+        check_results_dir(os.path.dirname(k), f"--root {root}: {rel(os.path.dirname(k))}")
+        n += 1
+    for p in sorted(glob.glob(os.path.join(root, "results", "**", "crossover.csv"), recursive=True)):
+        checked_rows(p, f"--root {root}: crossover CSV {rel(p)}", CROSSOVER_COLUMNS,
+                     "the crossover.csv eval.crossover writes")
+        n += 1
+    for p in BENCH_FLASH:
+        path = os.path.join(root, p)
+        if os.path.exists(path):
+            checked_rows(path, f"--root {root}: {p}", BENCH_FLASH_REQUIRED, "an eval.bench_flash table")
+            if os.path.exists(path[:-4] + ".json"):
+                checked_json(path[:-4] + ".json", f"--root {root}: {p[:-4]}.json", "the JSON eval.bench_flash writes")
+            n += 1
+    checks = [(QUALITY_CSV, QUALITY_REQUIRED, "the quality.csv eval.quality writes"),
+              (FIG2, FIG2_REQUIRED, "the fig2.csv eval.recall kind=fig2 writes")]
+    checks += [(rel(p), JOIN_REQUIRED, "the quality_speed_memory.csv eval.quality writes")
+               for p in sorted(glob.glob(os.path.join(root, JOINS)))]
+    for p, need, what in checks:
+        if os.path.exists(os.path.join(root, p)):
+            checked_rows(os.path.join(root, p), f"--root {root}: {p}", need, what)
+            n += 1
+    if os.path.exists(os.path.join(root, DOCLEN, "doclen_curves.csv")):
+        m = os.path.join(root, DOCLEN_MEASURED)
+        check_figure_inputs(os.path.join(root, DOCLEN), f"--root {root}: {DOCLEN}", m if os.path.exists(m) else None,
+                            "")
+        n += 1
+    if not n:
+        raise ValueError(f"--root {root}: nothing to report: no results/**/kernel.csv, {QUALITY_CSV}, {DOCLEN}/, "
+                         f"{JOINS} or {FIG2} under it (the repository root, whose committed results the page shows)")
+    return n
+
+
 def build_data(root: str = REPO) -> dict:
     """Everything the page needs, JSON-ready: the figures (Plotly JSON) and the cost-model constants and tables."""
     charts = {}
@@ -310,6 +363,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "results", "report.html"),
                    help="the HTML file to write (a file path, not a directory; missing parent directories are created)")
+    p.add_argument("--root", default=REPO, help="the repository root whose results/ the page shows (default: this "
+                   "checkout); its tables are checked before the page is built")
     p.add_argument("--screenshots", metavar="DIR", help="also save report_<section>.png of each section in DIR "
                    "(needs playwright and chromium)")
     args = p.parse_args(argv)
@@ -318,7 +373,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"--out {os.path.join(args.out, 'report.html')}")
     if args.screenshots and os.path.exists(args.screenshots) and not os.path.isdir(args.screenshots):
         p.error(f"--screenshots {args.screenshots}: is a file, not a directory")
-    path = write(args.out)
+    try:
+        check_inputs(args.root)
+    except (ValueError, FileNotFoundError) as e:  # a bad or missing table: the message alone, nothing written
+        p.error(str(e))
+    path = write(args.out, args.root)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB); open it in a browser (no server needed)")
     if args.screenshots:
         for s in screenshots(path, args.screenshots):

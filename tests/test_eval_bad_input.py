@@ -144,15 +144,103 @@ def test_every_sweep_configs_keys_are_read():
 def test_plots_refuses_nothing_to_plot_and_bad_values(tmp_path, cfg, want):
     """``eval.plots`` with no arguments or ``results_dir=/nonexistent`` exited 0 having written nothing;
     ``quality_csv=/nonexistent.csv`` drew a "no rows to draw" figure; ``machine=h300`` dropped the roofline."""
+    from eval.sweep import COLUMNS
+
     res = tmp_path / "res"
     res.mkdir()
-    (res / "kernel.csv").write_text("variant,backend,seq_len,head_dim,causal,n_kv_heads,status\n")
+    (res / "kernel.csv").write_text(",".join(COLUMNS) + "\n")  # a sweep's header, no row
     (tmp_path / "empty").mkdir()
-    (tmp_path / "q.csv").write_text("variant,seq_len\n")
+    (tmp_path / "q.csv").write_text("dataset,variant,seq_len,metric,value\n")
     subst = {"RES": str(res), "EMPTY": str(tmp_path / "empty"), "EMPTY_CSV": str(tmp_path / "q.csv")}
     cfg = {k: subst.get(v, v) if isinstance(v, str) else v for k, v in cfg.items()}
     with pytest.raises((_config_error(), FileNotFoundError), match=want):
         plots.main_from_cfg(dict(cfg, figures_dir=str(tmp_path / "figs")))
+    assert not (tmp_path / "figs").exists()
+
+
+SWEEP = os.path.join(ROOT, "results", "h200", "crossover_speed_h200")
+
+
+def _broken_inputs(tmp_path, case):
+    """A copy of a committed input with one defect: the folder / file to pass and nothing else changed."""
+    import shutil
+
+    if case.startswith("doclen"):
+        d = tmp_path / "doclen"
+        shutil.copytree(os.path.join(ROOT, "results", "doclen"), d)
+        if case == "doclen_fit_truncated":
+            (d / "fit.json").write_text((d / "fit.json").read_text()[:40])
+        elif case == "doclen_no_curves":
+            (d / "doclen_curves.csv").unlink()
+        elif case == "doclen_curves_columns":
+            (d / "doclen_curves.csv").write_text("N,family\n4096,fixed\n")
+        return str(d)
+    if case.startswith("quality"):
+        q = tmp_path / "quality.csv"
+        q.write_text("" if case == "quality_empty" else "variant,value\nflash,1\n")
+        return str(q)
+    d = tmp_path / "res"
+    d.mkdir()
+    kernel = open(os.path.join(SWEEP, "kernel.csv")).read()
+    if case == "kernel_empty":
+        (d / "kernel.csv").write_text("")
+    elif case == "kernel_no_ms":  # the timing columns gone: only the memory figure was drawn, exit 0
+        import pandas as pd
+
+        pd.read_csv(os.path.join(SWEEP, "kernel.csv")).drop(columns=["fwd_ms", "bwd_ms", "fwd_bwd_ms"]).to_csv(
+            d / "kernel.csv", index=False)
+    elif case == "kernel_corrupt":
+        (d / "kernel.csv").write_text(kernel[:300] + '"unterminated\n1,2')
+    else:
+        (d / "kernel.csv").write_text(kernel)
+    if case == "crossover_json_truncated":
+        (d / "crossover.json").write_text(open(os.path.join(SWEEP, "crossover.json")).read()[:200])
+    elif case == "env_json_truncated":
+        (d / "env.json").write_text(open(os.path.join(SWEEP, "env.json")).read()[:50])
+    elif case == "model_columns":
+        (d / "model.csv").write_text("variant,seq_len\nflash,512\n")
+    return str(d)
+
+
+@pytest.mark.parametrize("case,key,want", [
+    ("kernel_empty", "results_dir", r"results_dir=.*: results CSV kernel.csv is empty \(0 bytes\); expected the "
+                                    r"columns written by eval.sweep"),
+    ("kernel_no_ms", "results_dir", r"results_dir=.*: results CSV kernel.csv lacks columns \['fwd_ms', 'bwd_ms', "
+                                    r"'fwd_bwd_ms'\]; expected the columns written by eval.sweep"),
+    ("kernel_corrupt", "results_dir", r"results CSV kernel.csv is not a readable CSV \(ParserError: .*\); expected"),
+    ("crossover_json_truncated", "results_dir", r"results_dir=.*: crossover.json is not valid JSON \(JSONDecodeError: "
+                                                r".*\); expected the crossover.json eval.crossover writes"),
+    ("env_json_truncated", "results_dir", r"results_dir=.*: env.json is not valid JSON"),
+    ("model_columns", "results_dir", r"results CSV model.csv lacks columns \['sweep', 'backend', "),
+    ("quality_empty", "quality_csv", r"quality_csv=.*quality.csv is empty \(0 bytes\); expected the quality.csv"),
+    ("quality_columns", "quality_csv", r"quality_csv=.* lacks columns \['dataset', 'seq_len', 'metric'\]"),
+    ("doclen_fit_truncated", "doclen_dir", r"doclen_dir=.*: fit.json is not valid JSON"),
+    ("doclen_no_curves", "doclen_dir", r"doclen_dir=.*: no doclen_curves.csv there"),
+    ("doclen_curves_columns", "doclen_dir", r"doclen_dir=.*: doclen_curves.csv lacks columns \['mean', "),
+])
+def test_plots_refuses_missing_empty_and_corrupt_inputs_naming_the_file(tmp_path, case, key, want):
+    """An empty or corrupt kernel.csv, a truncated crossover.json / env.json / fit.json, a model.csv or quality.csv
+    lacking columns, a doclen folder without its curves: a pandas / JSON traceback, a KeyError, or figures silently
+    left out with exit 0. Now refused before drawing, naming the argument, the file and what was expected."""
+    cfg = {key: _broken_inputs(tmp_path, case), "figures_dir": str(tmp_path / "figs"), "formats": ["png"]}
+    with pytest.raises((_config_error(), FileNotFoundError), match=want):
+        plots.main_from_cfg(cfg)
+    assert not (tmp_path / "figs").exists()
+
+
+def test_plots_refuses_a_doclen_measured_table_that_is_not_there(tmp_path):
+    """``doclen_measured=<missing>`` drew the model alone (the H200 points silently gone) and exited 0."""
+    cfg = {"doclen_dir": os.path.join(ROOT, "results", "doclen"), "doclen_measured": str(tmp_path / "m.csv"),
+           "figures_dir": str(tmp_path / "figs"), "formats": ["png"]}
+    with pytest.raises(FileNotFoundError, match=r"doclen_measured=.*m.csv: no such file"):
+        plots.main_from_cfg(cfg)
+    assert not (tmp_path / "figs").exists()
+
+
+def test_plots_cli_corrupt_input_is_the_message_alone(tmp_path, cli_in_process):
+    r = cli_in_process(tmp_path, "-m", "eval.plots", f"results_dir={_broken_inputs(tmp_path, 'env_json_truncated')}",
+                       f"figures_dir={tmp_path / 'figs'}")
+    assert r.returncode != 0 and "env.json is not valid JSON" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "figs").exists()
 
 
@@ -229,6 +317,7 @@ def test_quality_cli_bad_value_is_the_message_alone(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ argparse tools
 @pytest.mark.parametrize("args,want", [
+    (["--measured", "/nope.csv"], r"--measured /nope.csv: no such file"),  # was: the model only, the points gone
     (["--N", "0"], r"argument --N: 0: must be an integer >= 1"),  # was ZeroDivisionError
     (["--wikitext", "/nope"], r"--wikitext /nope: no such file or folder"),  # was a bare FileNotFoundError
     (["--c2", "-1"], r"argument --c2: -1: must be a number > 0"),  # was accepted: negative n_star_by_N
@@ -294,6 +383,64 @@ def test_report_refuses_a_directory_as_out(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main(["--out", str(tmp_path / "r.html"), "--screenshots", str(tmp_path / "f")])
     assert "--screenshots" in capsys.readouterr().err and not (tmp_path / "r.html").exists()
+
+
+def _report_root(tmp_path, case):
+    """A repository root for ``eval.report --root`` with one committed input copied and broken."""
+    import shutil
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    if case == "empty":
+        return str(root)
+    if case == "no_results":
+        (root / "results").mkdir()
+        return str(root)
+    if case.startswith("doclen"):
+        shutil.copytree(os.path.join(ROOT, "results", "doclen"), root / "results" / "doclen")
+        (root / "results" / "doclen" / "fit.json").write_text("{\"c0\": 0.02,")
+        return str(root)
+    if case == "quality_empty":
+        (root / "results" / "cpu" / "crossover_quality").mkdir(parents=True)
+        (root / "results" / "cpu" / "crossover_quality" / "quality.csv").write_text("")
+        return str(root)
+    d = root / "results" / "x"
+    d.mkdir(parents=True)
+    if case == "kernel_columns":
+        (d / "kernel.csv").write_text("variant,seq_len\nflash,512\n")
+    else:
+        shutil.copy(os.path.join(SWEEP, "kernel.csv"), d / "kernel.csv")
+        (d / "env.json").write_text(open(os.path.join(SWEEP, "env.json")).read()[:60])
+    return str(root)
+
+
+@pytest.mark.parametrize("case,want", [
+    ("missing", r"--root .*missing: no such directory"),
+    # nothing under it: the page was written with no chart, exit 0
+    ("empty", r"--root .*repo: nothing to report: no results/\*\*/kernel.csv, "),
+    ("no_results", r"--root .*repo: nothing to report"),
+    ("kernel_columns", r"--root .*repo: results/x: results CSV kernel.csv lacks columns \['sweep', 'kind', "
+                       r"'backend', .*\]; expected the columns written by eval.sweep"),
+    ("env_truncated", r"--root .*repo: results/x: env.json is not valid JSON \(JSONDecodeError: .*\); expected"),
+    ("quality_empty", r"--root .*repo: results/cpu/crossover_quality/quality.csv is empty \(0 bytes\)"),
+    ("doclen_fit_truncated", r"--root .*repo: results/doclen: fit.json is not valid JSON"),
+])
+def test_report_refuses_missing_empty_and_corrupt_results_naming_the_file(tmp_path, capsys, case, want):
+    """The report's inputs missing, empty or corrupt: a pandas / JSON traceback after part of the page was built, or
+    (no results at all) a page without a chart and exit 0. Now ``--root`` (the checkout whose results/ it shows)
+    is checked first: exit 2 with the file and what was expected, nothing written."""
+    import re
+
+    from eval import report
+
+    root = str(tmp_path / "missing") if case == "missing" else _report_root(tmp_path, case)
+    out = tmp_path / "r.html"
+    with pytest.raises(SystemExit) as e:
+        report.main(["--root", root, "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(want, err), err
+    assert not out.exists()
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU only: device=cuda without a GPU")
