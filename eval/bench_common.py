@@ -12,7 +12,9 @@
 * :func:`write_csv`, :func:`write_json`, :func:`format_table` -- result rows (list of dicts) to disk / stdout
   (the CSV and the text table through pandas); :func:`write_results` -- both files of one benchmark.
 * The bench scripts' shared command line: :func:`require_cuda`, :func:`add_time_budget`, :func:`budget_spent`,
-  :func:`int_list` (a comma list of integers such as ``--lengths 512,1024``, checked before any GPU work).
+  :func:`int_list` (a comma list of integers such as ``--lengths 512,1024``, checked before any GPU work),
+  :func:`name_list` (a comma list of names), :func:`number_type` (an argparse ``type=`` for a scalar size:
+  :data:`POSITIVE_INT`, :data:`NONNEG_INT`, :data:`POSITIVE`, :data:`NONNEG`).
 """
 
 from __future__ import annotations
@@ -393,6 +395,55 @@ def int_list(text: str, flag: str, what: str, minimum: int = 1, maximum: Optiona
             raise SystemExit(f"{flag} {text!r}: {what} must be comma-separated integers {allowed} ({bad})")
         vals.append(v)
     return vals
+
+
+def name_list(text: str, flag: str, what: str, allowed: Optional[Sequence[str]] = None, more: str = "") -> List[str]:
+    """The names of a command line's comma list, e.g. ``--layers flash,linear`` -> ``["flash", "linear"]`` (spaces
+    around each item stripped, order kept, duplicates dropped): :func:`int_list` for names.
+
+    Raises ``SystemExit`` naming ``flag`` and the text for an empty list or an empty item (``"flash,,linear"``, which
+    was dropped in silence, or ``""``, which ran nothing and exited 0) and, with ``allowed``, for a name not in it:
+    ``--sizes: ['huge'] not supported; allowed values: large, small`` (``more``: appended to the allowed values,
+    e.g. ``", or a hybrid ..."``)."""
+    choices = f"; allowed values: {', '.join(map(str, allowed))}{more}" if allowed is not None else more
+    items = [x.strip() for x in str(text if text is not None else "").split(",")]
+    if not any(items) or "" in items:
+        bad = "an empty item" if any(items) else "an empty list"
+        raise SystemExit(f"{flag} {text!r}: give comma-separated {what} ({bad}){choices}")
+    if allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise SystemExit(f"{flag}: {bad} not supported{choices}")
+    return list(dict.fromkeys(items))
+
+
+def number_type(kind, lo: float, strict: bool = False, what: Optional[str] = None, hi: Optional[float] = None):
+    """An argparse ``type=`` for a scalar option: ``kind`` (``int`` / ``float``), finite, ``> lo`` (``strict``) or
+    ``>= lo``, and ``<= hi`` when given; else argparse's usage error naming the option and the allowed values
+    (``argument --heads: 0: must be an integer >= 1``), before any work. :data:`POSITIVE_INT` and its siblings are
+    the common ones (a 0 / negative head count, batch or token count reached the cases: a ZeroDivisionError, empty
+    tensors timed, or a silent ``max(1, ...)``)."""
+    noun = "an integer" if kind is int else "a number"
+    if what is None:
+        what = f"{noun} {'>' if strict else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}; allowed values: {what}") from None
+        if not math.isfinite(x) or (x <= lo if strict else x < lo) or (hi is not None and x > hi):
+            raise argparse.ArgumentTypeError(f"{text}: must be {what}")
+        return x
+
+    parse.__name__ = what  # argparse names the type in "invalid <name> value"
+    return parse
+
+
+POSITIVE_INT = number_type(int, 0, True, "an integer >= 1")
+NONNEG_INT = number_type(int, 0, False, "an integer >= 0")
+POSITIVE = number_type(float, 0, True, "a number > 0")
+NONNEG = number_type(float, 0, False, "a number >= 0")
 
 
 def _budget_seconds(text: str) -> float:

@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from attn_zoo.decode.memory import cache_bytes, memory_table, variant_presets
 from attn_zoo.variants import get_variant
-from eval.bench_common import (check_out_dirs_or_exit, env_info, format_table, time_cuda, time_cuda_graph, try_call,
-                               write_csv, write_json)
+from eval.bench_common import (NONNEG, POSITIVE, POSITIVE_INT, check_out_dirs_or_exit, env_info, format_table,
+                               time_cuda, time_cuda_graph, try_call, write_csv, write_json)
 
 QUICK = dict(contexts=[1024, 8192, 32768, 131072], batches=[1, 16], variant_contexts=[1024, 4096, 16384, 65536, 131072],
              flex_points=2, flex_budget_s=60.0)
@@ -360,6 +360,9 @@ def plot_bench(kernel_rows: List[dict], variant_rows: List[dict], copy_gbps: flo
 
 # --------------------------------------------------------------------------------------------- main
 def parse_args(argv=None):
+    """The command line, every value checked here, before any file or GPU work (:func:`check_args`)."""
+    from attn_zoo.spec import FEATURE_MAPS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/decode")
     p.add_argument("--quick", action="store_true", help="a small grid (< 3 minutes)")
@@ -367,28 +370,58 @@ def parse_args(argv=None):
     p.add_argument("--no-flex", action="store_true", help="skip the FlexAttention anchor")
     p.add_argument("--flex-graph", action="store_true",
                    help="also time FlexAttention as a CUDA graph (off by default: a failed capture can poison the stream)")
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--gqa-group", type=int, default=8)
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--window", type=int, default=4096)
-    p.add_argument("--feature-map", default="elu1")
-    p.add_argument("--variant-batch", type=int, default=8)
-    p.add_argument("--model-layers", type=int, default=32)
-    p.add_argument("--model-heads", type=int, default=32)
-    p.add_argument("--weights-gb", type=float, default=14.0, help="model weights kept beside the cache (7B in bf16)")
-    p.add_argument("--memory-gb", type=float, default=None, help="device memory (default: the GPU's, else 141)")
-    p.add_argument("--mem-batch", type=int, default=1)
+    p.add_argument("--heads", type=POSITIVE_INT, default=32, help="query heads of the timed layer (a multiple of "
+                                                                 "--gqa-group)")
+    p.add_argument("--head-dim", type=POSITIVE_INT, default=128,
+                   help="head dim D (at most the decode kernel's kernels.decode.MAX_HEAD_DIM_QK unless --memory-only)")
+    p.add_argument("--gqa-group", type=POSITIVE_INT, default=8,
+                   help="query heads per K/V head of the GQA rows (divides --heads and --model-heads)")
+    p.add_argument("--page-size", type=POSITIVE_INT, default=64, help="tokens per page of the paged cache")
+    p.add_argument("--window", type=POSITIVE_INT, default=4096, help="tokens of the causal window variant")
+    p.add_argument("--feature-map", default="elu1", choices=FEATURE_MAPS, help="feature map of the linear variant")
+    p.add_argument("--variant-batch", type=POSITIVE_INT, default=8)
+    p.add_argument("--model-layers", type=POSITIVE_INT, default=32)
+    p.add_argument("--model-heads", type=POSITIVE_INT, default=32)
+    p.add_argument("--weights-gb", type=NONNEG, default=14.0, help="model weights kept beside the cache (7B in bf16)")
+    p.add_argument("--memory-gb", type=POSITIVE, default=None,
+                   help="device memory (default: the GPU's, else 141); more than --weights-gb")
+    p.add_argument("--mem-batch", type=POSITIVE_INT, default=1)
     args = p.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        p.error(str(e))
     check_out_dirs_or_exit(p, ("--out", args.out))
     return args
+
+
+def check_args(args) -> None:
+    """What argparse's types cannot check alone (each size is an integer >= 1 there): ``--gqa-group`` divides
+    ``--model-heads`` and, for the GPU sections, ``--heads``; ``--head-dim`` at most the decode kernel's
+    ``kernels.decode.MAX_HEAD_DIM_QK`` when the GPU sections run; ``--memory-gb`` above ``--weights-gb`` (else the
+    memory left for the cache was <= 0 and every "longest context that fits" came out 0 or negative). Raises
+    ``ValueError`` naming the flags. (A 0 / negative size, an unknown feature map: a traceback from deep in the
+    memory model or the kernel section, after ``--out`` was made; ``--heads 0``, ``--page-size 0``, ``--weights-gb
+    -1``: accepted, exit 0.)"""
+    timed = [] if args.memory_only else [("--heads", args.heads)]  # the timed layer's heads (GPU sections only)
+    for flag, heads in timed + [("--model-heads", args.model_heads)]:
+        if heads % args.gqa_group:
+            raise ValueError(f"--gqa-group {args.gqa_group} does not divide {flag} {heads}; allowed values: a "
+                             f"divisor of {flag} ({', '.join(str(g) for g in range(1, heads + 1) if heads % g == 0)})")
+    if not args.memory_only:
+        from kernels.decode import MAX_HEAD_DIM_QK
+
+        if args.head_dim > MAX_HEAD_DIM_QK:
+            raise ValueError(f"--head-dim {args.head_dim} is not supported by the decode kernel; allowed values: 1 to "
+                             f"{MAX_HEAD_DIM_QK} (any >= 1 with --memory-only)")
+    if args.memory_gb is not None and args.memory_gb <= args.weights_gb:
+        raise ValueError(f"--memory-gb {args.memory_gb:g} leaves no memory for the cache beside --weights-gb "
+                         f"{args.weights_gb:g}; allowed values: --memory-gb > --weights-gb")
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    os.makedirs(args.out, exist_ok=True)
-    env = env_info()
     t_start = time.time()
     cuda = torch.cuda.is_available()
     if args.memory_gb is not None:
@@ -398,6 +431,11 @@ def main(argv=None) -> dict:
     else:
         mem = 141e9
     budget = mem - args.weights_gb * 1e9
+    if budget <= 0:  # the GPU's memory (--memory-gb checked in parse_args): no room for any cache
+        raise SystemExit(f"--weights-gb {args.weights_gb:g} fills the device's {mem / 1e9:.0f} GB; allowed values: "
+                         f"less than the device memory (or give --memory-gb)")
+    os.makedirs(args.out, exist_ok=True)
+    env = env_info()
     L, H, D = args.model_layers, args.model_heads, args.head_dim
     preset_kw = dict(window=args.window, gqa_groups=(args.gqa_group,), feature_map=args.feature_map)
     # + an MLA row at DeepSeek-V2's ratios (kv_lora_rank = 4 D, qk_rope_dim = D / 2; attn_zoo/mla.py)

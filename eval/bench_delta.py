@@ -34,8 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, peak_memory, time_cpu,
-                               time_cuda, try_call, write_csv, write_json)
+from eval.bench_common import (NONNEG_INT, POSITIVE_INT, add_time_budget, budget_spent, env_info, format_table,
+                               int_list, peak_memory, time_cpu, time_cuda, try_call, write_csv, write_json)
 
 
 def make_inputs(B, T, H, D, gated, dev, seed=0):
@@ -83,12 +83,13 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output folder (delta_bench.csv / .json)")
     ap.add_argument("--kinds", default="deltanet,gated_deltanet")
     ap.add_argument("--lengths", default="256,512,1024,2048,4096")
-    ap.add_argument("--tokens", type=int, default=16384, help="B * T per shape")
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--chunk-size", type=int, default=64)
-    ap.add_argument("--naive-max-t", type=int, default=1024, help="time the naive loop up to this T")
-    ap.add_argument("--check-max-t", type=int, default=1024, help="max_rel_err of chunk / fla up to this T (0: off)")
+    ap.add_argument("--tokens", type=POSITIVE_INT, default=16384, help="B * T per shape")
+    ap.add_argument("--heads", type=POSITIVE_INT, default=4)
+    ap.add_argument("--head-dim", type=POSITIVE_INT, default=64)
+    ap.add_argument("--chunk-size", type=POSITIVE_INT, default=64)
+    ap.add_argument("--naive-max-t", type=NONNEG_INT, default=1024, help="time the naive loop up to this T (0: off)")
+    ap.add_argument("--check-max-t", type=NONNEG_INT, default=1024,
+                    help="max_rel_err of chunk / fla up to this T (0: off)")
     add_time_budget(ap, 240.0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run only (wall-clock median of 3 calls, no fla)")

@@ -68,9 +68,9 @@ import torch.nn.functional as F
 
 from attn_zoo import AttentionSpec, mask_info
 from attn_zoo.registry import backend_names, backends_from, get_backends, load_plugins
-from eval.bench_common import (add_time_budget, budget_spent, env_info, error_line, flash_flops, format_table,
-                               int_list, interleaved_rounds, median_spread, peak_memory, require_cuda, tflops,
-                               time_cuda, write_results)
+from eval.bench_common import (NONNEG_INT, POSITIVE_INT, add_time_budget, budget_spent, env_info, error_line,
+                               flash_flops, format_table, int_list, interleaved_rounds, median_spread, peak_memory,
+                               require_cuda, tflops, time_cuda, write_results)
 
 VARIANTS = {
     "noncausal": dict(kind="flash", causal=False),
@@ -550,12 +550,13 @@ def main(argv=None):
     ap.add_argument("--impls", default=",".join(IMPLS), help="registered backend names (ours = triton); all = every "
                                                                "registered backend")
     ap.add_argument("--plugins", default=None, help="comma-separated modules that register backends (timed too)")
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--hidden", type=int, default=2048,
+    ap.add_argument("--tokens", type=POSITIVE_INT, default=16384, help="B * N per case (B = max(1, tokens // N))")
+    ap.add_argument("--hidden", type=POSITIVE_INT, default=2048,
                     help="model width: H = hidden // D query heads (default 2048; the sweep's H 16 at D 64 is 1024)")
     ap.add_argument("--quick", action="store_true", help="D=128, N in {4096, 16384}, causal/noncausal/win1024/bigbird")
-    ap.add_argument("--flex-max-cases", type=int, default=1000, help="compile FlexAttention for at most this many cases")
-    ap.add_argument("--flex-min-n", type=int, default=0, help="run Flex only for N >= this")
+    ap.add_argument("--flex-max-cases", type=NONNEG_INT, default=1000,
+                    help="compile FlexAttention for at most this many cases")
+    ap.add_argument("--flex-min-n", type=NONNEG_INT, default=0, help="run Flex only for N >= this")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--fwd-only", action="store_true", help="time the forward alone (no backward runs)")
     ap.add_argument("--tune", action="store_true", help="ours with FlashConfig(autotune=True); print the winning configs")

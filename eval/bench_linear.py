@@ -54,10 +54,19 @@ import time
 import torch
 import torch.nn.functional as Fn
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, interleaved_rounds,
-                               linear_flops, median_spread, peak_memory, require_cuda, tflops, time_cuda, try_call,
-                               write_csv, write_results)
+from eval.bench_common import (POSITIVE_INT, add_time_budget, budget_spent, env_info, format_table, int_list,
+                               interleaved_rounds, linear_flops, median_spread, name_list, peak_memory, require_cuda,
+                               tflops, time_cuda, try_call, write_csv, write_results)
 
+
+
+METHODS = ("ours", "ours_fused_elu1", "ours_torch_elu1", "ours_C32", "ours_C128", "fla_linear", "fla_simple_gla",
+           "torch", "sdpa_cudnn", "flash_triton")
+"""The names :func:`make_methods` builds (``--methods``; the ``ours_*`` variants and fla_simple_gla / torch /
+exact anchors only at some lengths)."""
+TAYLOR_METHODS = ("ours_parallel", "ours_taylor_chunk", "ours_chunked", "ours_auto", "torch", "fla_parallel_based",
+                  "fla_fused_chunk_based")
+"""The names :func:`_taylor_methods` builds (``--methods`` with ``--taylor``)."""
 
 
 def make_methods(B, H, N, D, dtype, dev, only=None):
@@ -532,14 +541,15 @@ def bench_taylor(args, dev, dtype, t_start, env):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/h200")
-    p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--tokens", type=POSITIVE_INT, default=16384)
+    p.add_argument("--heads", type=POSITIVE_INT, default=16)
+    p.add_argument("--dim", type=POSITIVE_INT, default=128)
     p.add_argument("--ns", default="512,1024,2048,4096,8192,16384,32768,65536")
-    p.add_argument("--flat-tokens", type=int, default=65536)
+    p.add_argument("--flat-tokens", type=POSITIVE_INT, default=65536)
     p.add_argument("--prefix", default="linear")
     p.add_argument("--methods", default="all",
-                   help="comma list to keep (ours,fla_linear,fla_simple_gla,torch,sdpa_cudnn,flash_triton,ours_*) or 'all'")
+                   help=f"comma list to keep ({','.join(METHODS)}; with --taylor: {','.join(TAYLOR_METHODS)}) "
+                        f"or 'all'")
     p.add_argument("--no-flat", action="store_true", help="skip the fixed B*N=64k flatness rows")
     p.add_argument("--docs", "--varlen", dest="docs", default=None,
                    help="packed documents only (bench_docs): comma list of fixed:<L> / geometric:<L>, e.g. "
@@ -553,8 +563,9 @@ def main(argv=None):
                    help="the Taylor (Based) map only (bench_taylor): ours parallel / chunked / auto / torch vs fla's "
                         "parallel_based and fused_chunk_based")
     p.add_argument("--taylor-ns", default="1024,4096,16384", help="--taylor: sequence lengths, comma list")
-    p.add_argument("--taylor-dim", type=int, default=16, help="--taylor: qk head dim (fla's Based kernels: <= 16)")
-    p.add_argument("--taylor-dv", type=int, default=64, help="--taylor: value head dim")
+    p.add_argument("--taylor-dim", type=POSITIVE_INT, default=16,
+                   help="--taylor: qk head dim (fla's Based kernels: <= 16)")
+    p.add_argument("--taylor-dv", type=POSITIVE_INT, default=64, help="--taylor: value head dim")
     p.add_argument("--rounds", type=int, default=3,
                    help="time each method's fwd and fwd+bwd this many times per shape, in rotating order across the "
                         "methods, and report the median with its spread (1: once each, back to back)")
@@ -566,6 +577,21 @@ def main(argv=None):
     ns = int_list(args.ns, "--ns", "sequence lengths")
     args.docs_tokens = int_list(args.docs_tokens, "--docs-tokens", "token counts")
     args.taylor_ns = int_list(args.taylor_ns, "--taylor-ns", "sequence lengths")
+    if args.docs is not None and args.taylor:  # --docs ran alone, --taylor was ignored
+        p.error("--docs and --taylor are separate runs; give one of them")
+    if args.docs is not None:  # --docs '' ran the main benchmark instead
+        from eval.bench_flash import document_dists
+
+        try:  # a bad entry stopped the run only after the CUDA check
+            document_dists(args.docs)
+        except ValueError as e:
+            p.error(str(e) if str(e).startswith("--docs") else f"--docs {args.docs!r}: {e}")
+        if args.methods != "all":
+            p.error(f"--methods {args.methods!r} is not used with --docs (it times ours_docs, ours_nodocs, fla's "
+                    f"varlen kernel and with --docs-torch torch_docs); leave it out")
+    if args.methods != "all":  # a misspelt name kept no method: nothing timed, exit 0
+        args.methods = ",".join(name_list(args.methods, "--methods", "method names",
+                                          TAYLOR_METHODS if args.taylor else METHODS, ", or all"))
     t_start = time.time()
     keep = None if args.methods == "all" else set(args.methods.split(","))
     require_cuda("bench_linear")

@@ -56,8 +56,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, peak_memory, time_cpu,
-                               time_cuda, try_call, write_csv, write_json)
+from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, name_list, peak_memory,
+                               time_cpu, time_cuda, try_call, write_csv, write_json)
 
 DEFAULT_LAYERS = "flash,sliding_window,linear,mamba2,deltanet,gated_deltanet,mla,linformer"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -196,18 +196,24 @@ def main(argv=None) -> List[Dict[str, object]]:
     if args.d_model % args.heads or (args.d_model // args.heads) % 2:  # every layer's GPTConfig would refuse it
         ap.error(f"--d-model {args.d_model} with --heads {args.heads} is not supported: head_dim = d_model / heads "
                  "must be an even integer (RoPE)")
-    t_start = time.time()
     dev = args.device
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench_mixers needs a CUDA device (or --device cpu for a smoke run)")
     args.dtype = args.dtype or ("bf16" if dev == "cuda" else "fp32")
     args.backend = args.backend or ("triton" if dev == "cuda" else "torch")
     from attn_zoo.registry import backend_names
 
+    # names before the CUDA check, as argparse's errors (they were ValueError tracebacks, after it; an empty item of
+    # --layers was dropped in silence)
     if args.backend not in backend_names():
-        raise ValueError(f"--backend {args.backend!r} is not supported; allowed values: {', '.join(backend_names())}")
-    names = list(dict.fromkeys(n.strip() for n in args.layers.split(",") if n.strip()))
-    specs = layer_specs(names)
+        ap.error(f"--backend {args.backend!r} is not supported; allowed values: {', '.join(backend_names())}")
+    names = name_list(args.layers, "--layers", "layer names",
+                      more="; each a conf/attention/<name> or a registered mixer")
+    try:
+        specs = layer_specs(names)
+    except ValueError as e:
+        ap.error(str(e))
+    t_start = time.time()
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_mixers needs a CUDA device (or --device cpu for a smoke run)")
     env = env_info()
     rows: List[Dict[str, object]] = []
     for N in seq_lens:  # every layer at one N before the next: a budget cut drops the longest N, not a family

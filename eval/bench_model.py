@@ -385,13 +385,13 @@ def add_ratios(rows: List[Dict[str, object]], backends) -> None:
                 r[f"ratio_vs_{b}"] = round(r["tokens_per_s"] / o["tokens_per_s"], 3)
 
 
-def parse_list(s: str, allowed=None, name: str = "") -> List[str]:
-    items = [x.strip() for x in s.split(",") if x.strip()]
-    if allowed is not None:
-        bad = [x for x in items if x not in allowed]
-        if bad:
-            raise SystemExit(f"--{name}: {bad} not supported; allowed values: {', '.join(allowed)}")
-    return items
+def parse_list(s: str, allowed=None, name: str = "variants") -> List[str]:
+    """The names of ``--<name>`` (:func:`eval.bench_common.name_list`): an empty list or item (``large,,small``:
+    dropped in silence; ``--sizes ''``: nothing run, exit 0) or, with ``allowed``, a name not in it: ``SystemExit``
+    naming the flag and the allowed values."""
+    from eval.bench_common import name_list
+
+    return name_list(s, f"--{name}", name, allowed)
 
 
 def main(argv=None) -> List[Dict[str, object]]:
@@ -429,13 +429,19 @@ def main(argv=None) -> List[Dict[str, object]]:
     seq_lens = int_list(a.seq_lens, "--seq-lens", "sequence lengths")
     if a.steps < 1 or a.warmup < 1 or a.tokens < 1 or a.vocab < 1 or a.rounds < 1:
         raise SystemExit("--steps, --warmup, --tokens, --vocab and --rounds must be >= 1")
+    if not a.name.strip() or "/" in a.name or os.sep in a.name:  # '' wrote the hidden files <out>/.csv, .json
+        raise SystemExit(f"--name {a.name!r} is not supported; allowed values: a file stem (no folder), e.g. "
+                         f"model_speed")
     if a.check_tol is not None and not (math.isfinite(a.check_tol) and a.check_tol > 0):
         raise SystemExit(f"--check-tol must be a finite number > 0 (max rel err allowed; default 0.05 for bf16), got "
                          f"{a.check_tol}")
     from attn_zoo.registry import backend_names, backends_from, load_plugins
     from eval.bench_common import env_info, format_table, require_cuda, write_results
 
-    plugins = load_plugins(a.plugins)  # before the variants: a hybrid may name a mixer a plugin registers
+    try:
+        plugins = load_plugins(a.plugins)  # before the variants: a hybrid may name a mixer a plugin registers
+    except ImportError as e:  # was an ImportError traceback
+        raise SystemExit(f"--plugins {a.plugins!r}: {e}") from None
     sizes = parse_list(a.sizes, SIZES, "sizes")
     variants = parse_list(a.variants)
     for size in sizes:  # every variant at every size, before any GPU work
@@ -444,7 +450,8 @@ def main(argv=None) -> List[Dict[str, object]]:
                 variant_specs(size, variant, a.specs)
             except ValueError as e:
                 raise SystemExit(str(e)) from None
-    backends = parse_list(a.backends, backend_names(), "backends") if a.backends else default_backends()
+    backends = parse_list(a.backends, backend_names(), "backends") if a.backends is not None else \
+        default_backends()
     backends += [b for b in backends_from(plugins) if b not in backends]
     kinds = {s.kind for size in sizes for variant in variants for s in variant_specs(size, variant, a.specs)
              if isinstance(s, AttentionSpec)}

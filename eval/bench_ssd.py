@@ -54,8 +54,8 @@ import time
 
 import torch
 
-from eval.bench_common import (add_time_budget, budget_spent, env_info, format_table, int_list, peak_memory,
-                               require_cuda, time_cuda, try_call, write_results)
+from eval.bench_common import (POSITIVE_INT, add_time_budget, budget_spent, env_info, format_table, int_list,
+                               name_list, peak_memory, require_cuda, time_cuda, try_call, write_results)
 
 
 class _FlaNoGuard:
@@ -131,12 +131,9 @@ def ours_variants(state_passes, seq_blocks, legacy=False, out_group=False):
 
 
 def parse_state_passes(text):
-    """``--state-pass``: a comma list of :data:`STATE_PASSES`; raises SystemExit naming the flag otherwise."""
-    vals = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in vals if v not in STATE_PASSES]
-    if bad or not vals:
-        raise SystemExit(f"--state-pass {text!r}: allowed values (comma list): {', '.join(STATE_PASSES)}")
-    return list(dict.fromkeys(vals))
+    """``--state-pass``: a comma list of :data:`STATE_PASSES` (:func:`eval.bench_common.name_list`: an empty item, as
+    in ``parallel,,auto``, is refused too); raises SystemExit naming the flag otherwise."""
+    return name_list(text, "--state-pass", "state passes", STATE_PASSES)
 
 
 def parse_seq_blocks(text):
@@ -144,7 +141,12 @@ def parse_seq_blocks(text):
     from kernels.ssd import SEQ_BLOCKS
 
     out = []
-    for item in (v.strip() for v in text.split(",") if v.strip()):
+    for item in (v.strip() for v in text.split(",")):
+        if not item and text.strip():  # 64x64,,32x32: an empty item, dropped in silence
+            raise SystemExit(f"--seq-blocks {text!r}: give comma-separated <N-block>x<P-block> (an empty item), "
+                             f"each one of {', '.join(map(str, SEQ_BLOCKS))}")
+        if not item:
+            continue
         try:
             bn, bp = (int(u) for u in item.split("x"))
         except ValueError:
@@ -154,7 +156,8 @@ def parse_seq_blocks(text):
                              f"{', '.join(map(str, SEQ_BLOCKS))}")
         out.append((bn, bp))
     if not out:
-        raise SystemExit(f"--seq-blocks {text!r}: empty")
+        raise SystemExit(f"--seq-blocks {text!r}: give comma-separated <N-block>x<P-block> (an empty list), each "
+                         f"one of {', '.join(map(str, SEQ_BLOCKS))}")
     return list(dict.fromkeys(out))
 
 
@@ -238,11 +241,11 @@ def check_ours(B, H, N, P, NS, dev, **kw):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder (ssd_bench.csv / .json)")
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=32768, help="B * N per shape")
+    ap.add_argument("--heads", type=POSITIVE_INT, default=16)
+    ap.add_argument("--tokens", type=POSITIVE_INT, default=32768, help="B * N per shape")
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384,32768")
-    ap.add_argument("--d-state", type=int, default=128)
-    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--d-state", type=POSITIVE_INT, default=128)
+    ap.add_argument("--head-dim", type=POSITIVE_INT, default=64)
     add_time_budget(ap, 300.0)
     ap.add_argument("--state-pass", default="parallel",
                     help="comma list of our kernel's state passes to time: parallel (row ours), sequential "

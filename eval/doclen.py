@@ -48,6 +48,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from attn_zoo import doclen as dl
+from eval.bench_common import NONNEG, NONNEG_INT, POSITIVE, POSITIVE_INT  # argparse types: the option and its range
 
 DEFAULT_KERNEL_CSV = "results/h200/crossover_speed_h200/kernel.csv"
 # the committed H200 measured points (``--measure --out results/h200/doclen``, fitted on DEFAULT_KERNEL_CSV): drawn on
@@ -403,28 +404,6 @@ def figure(doclen_dir: str, figures_dir: Optional[str] = None, measured: Optiona
                          read_csv(os.path.join(doclen_dir, "doclen.csv")),
                          read_csv(wpath) if os.path.exists(wpath) else [], fit, measured=meas)
     return figspec.to_png(fig, os.path.join(figures_dir or doclen_dir, "doclen_crossover"), formats)
-
-
-def _number(kind, lo: float, strict: bool, what: str):
-    """An argparse ``type``: ``kind`` (int / float) that is finite and ``> lo`` (``strict``) or ``>= lo``; otherwise
-    argparse's error naming the option and the allowed range."""
-    def parse(text: str):
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not math.isfinite(x) or (x <= lo if strict else x < lo):
-            raise argparse.ArgumentTypeError(f"{text}: must be {what}")
-        return x
-
-    parse.__name__ = what  # argparse names the type in "invalid <name> value"
-    return parse
-
-
-POSITIVE_INT = _number(int, 0, True, "an integer >= 1")
-NONNEG_INT = _number(int, 0, False, "an integer >= 0")
-POSITIVE = _number(float, 0, True, "a number > 0")
-NONNEG = _number(float, 0, False, "a number >= 0")
 
 
 def main(argv=None):

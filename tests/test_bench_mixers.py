@@ -29,18 +29,29 @@ def test_cpu_smoke_run_times_every_layer_and_writes_csv(tmp_path):
     assert lin[64] > lin[32]
 
 
-def test_bad_layer_name_names_the_allowed_values(tmp_path):
-    with pytest.raises(ValueError, match=r"--layers.*nosuchmixer.*allowed values:") as e:
-        main(SMALL + ["--out", str(tmp_path), "--layers", "flash,nosuchmixer"])
-    allowed = str(e.value).split("allowed values:")[1]
+def test_bad_layer_name_names_the_allowed_values(tmp_path, capsys, monkeypatch):
+    """An unknown layer / backend was a ValueError traceback, and only after the CUDA check: now argparse's error
+    (exit 2) on any machine."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path), "--layers", "flash,nosuchmixer"])  # --device cuda: named before the CUDA check
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search(r"error: --layers.*nosuchmixer.*allowed values:", err)
+    allowed = err.split("allowed values:")[1]
     for name in ("flash", "sliding_window", "mamba2", "deltanet", "mla", "linformer"):
         assert name in allowed, name
+    with pytest.raises(SystemExit, match=r"^--layers 'flash,,linear': give comma-separated layer names \(an empty "
+                                         r"item\)"):  # the empty item was dropped in silence
+        main(SMALL + ["--out", str(tmp_path), "--layers", "flash,,linear"])
     assert not (tmp_path / "mixers_bench.csv").exists()
 
 
-def test_bad_backend_and_seq_lens_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"--backend 'nope'.*allowed values:.*torch"):
+def test_bad_backend_and_seq_lens_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
         main(SMALL + ["--out", str(tmp_path), "--layers", "flash", "--backend", "nope"])
+    assert e.value.code == 2 and re.search(r"error: --backend 'nope'.*allowed values:.*torch", capsys.readouterr().err)
     with pytest.raises(SystemExit, match=r"^--seq-lens '0,x': sequence lengths must be comma-separated integers"):
         main(["--device", "cpu", "--out", str(tmp_path), "--layers", "flash", "--seq-lens", "0,x"])
 

@@ -617,3 +617,158 @@ def test_bench_flash_refuses_head_dims_above_the_kernels_maximum(monkeypatch):
                             f"{MAX_HEAD_DIM} (not '{2 * MAX_HEAD_DIM}')")
     with pytest.raises(_ReachedCuda):
         bf.main(["--hidden", hidden, "--N", "512", "--variants", "causal", "--D", f"64,{MAX_HEAD_DIM}"])
+
+
+# (module, its other arguments, the flag, a bad value, the smallest allowed): scalar sizes of the eval bench scripts
+SIZE_FLAGS = [
+    ("bench_flash", ["--N", "512", "--D", "64", "--variants", "causal"], "--tokens", "0", 1),
+    ("bench_flash", ["--N", "512", "--D", "64", "--variants", "causal"], "--flex-max-cases", "-1", 0),
+    ("bench_flash", ["--N", "512", "--D", "64", "--variants", "causal"], "--flex-min-n", "-1", 0),
+    ("bench_linear", [], "--tokens", "0", 1), ("bench_linear", [], "--heads", "0", 1),
+    ("bench_linear", [], "--dim", "-1", 1), ("bench_linear", [], "--flat-tokens", "0", 1),
+    ("bench_linear", ["--taylor"], "--taylor-dim", "0", 1), ("bench_linear", ["--taylor"], "--taylor-dv", "0", 1),
+    ("bench_ssd", ["--out", "OUT"], "--heads", "0", 1), ("bench_ssd", ["--out", "OUT"], "--tokens", "-5", 1),
+    ("bench_ssd", ["--out", "OUT"], "--d-state", "0", 1), ("bench_ssd", ["--out", "OUT"], "--head-dim", "-1", 1),
+    ("bench_delta", ["--out", "OUT"], "--tokens", "0", 1), ("bench_delta", ["--out", "OUT"], "--heads", "0", 1),
+    ("bench_delta", ["--out", "OUT"], "--head-dim", "0", 1), ("bench_delta", ["--out", "OUT"], "--chunk-size", "0", 1),
+    ("bench_delta", ["--out", "OUT"], "--naive-max-t", "-1", 0),
+    ("bench_delta", ["--out", "OUT"], "--check-max-t", "-1", 0),
+]
+
+
+@pytest.mark.parametrize("module,argv,flag,bad,lo", SIZE_FLAGS, ids=[f"{m}{f}" for m, _, f, _, _ in SIZE_FLAGS])
+def test_bench_sizes_are_refused_naming_the_flag_before_the_gpu(tmp_path, monkeypatch, capsys, module, argv, flag,
+                                                                bad, lo):
+    """A 0 / negative size (``--tokens 0``, ``--heads 0``, ``--chunk-size 0``) passed every check: on a GPU it
+    reached the cases (empty tensors timed, a ZeroDivisionError, or ``max(1, tokens // N)`` made it 1 in silence;
+    ``bench_delta --device cpu`` ran and exited 0). Now argparse's error naming the flag and the allowed values
+    (exit 2, :data:`eval.bench_common.POSITIVE_INT` / ``NONNEG_INT``), before the CUDA check; the smallest allowed
+    value gets to the CUDA check (made to fail here on any machine)."""
+    import importlib
+
+    import torch
+
+    bench = importlib.import_module(f"eval.{module}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv + [flag, bad])
+    assert e.value.code == 2
+    assert f"argument {flag}: {bad}: must be an integer >= {lo}" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench.main(argv + [flag, str(lo)])
+    assert not (tmp_path / "out").exists()
+
+
+# (module, its other arguments, the flag, a bad comma list, what the message says)
+NAME_LISTS = [
+    ("bench_model", ["--out", "OUT"], "--sizes", "large,,small", "an empty item"),
+    ("bench_model", ["--out", "OUT"], "--sizes", "", "an empty list"),
+    ("bench_model", ["--out", "OUT", "--sizes", "small"], "--variants", "flash,,linear", "an empty item"),
+    ("bench_model", ["--out", "OUT", "--sizes", "small", "--variants", "flash"], "--backends", "torch,",
+     "an empty item"),
+    ("bench_model", ["--out", "OUT", "--sizes", "small", "--variants", "flash"], "--backends", "", "an empty list"),
+    ("bench_mixers", ["--out", "OUT"], "--layers", "flash,,linear", "an empty item"),
+    ("bench_ssd", ["--out", "OUT"], "--state-pass", "parallel,,auto", "an empty item"),
+    ("bench_ssd", ["--out", "OUT"], "--seq-blocks", "64x64,,32x32", "an empty item"),
+    ("bench_linear", [], "--methods", "ours,,torch", "an empty item"),
+    ("bench_linear", [], "--methods", "ourz", "['ourz'] not supported; allowed values: ours, "),
+    ("bench_linear", ["--taylor"], "--methods", "ours", "['ours'] not supported; allowed values: ours_parallel, "),
+    ("bench_linear", ["--docs", "fixed:64"], "--methods", "ours", "is not used with --docs"),
+    ("bench_linear", [], "--docs", "", "--docs entry '' is not supported; allowed values: fixed:<L>"),
+]
+
+
+@pytest.mark.parametrize("module,argv,flag,bad,want", NAME_LISTS, ids=[f"{m}{f}={b}" for m, _, f, b, _ in NAME_LISTS])
+def test_bench_name_lists_are_refused_naming_the_flag_before_the_gpu(tmp_path, monkeypatch, capsys, module, argv,
+                                                                     flag, bad, want):
+    """A comma list of names with an empty item (``--sizes large,,small``, ``--layers flash,,linear``) lost the item
+    in silence; an empty one (``--backends ''``) fell back to the defaults; ``bench_linear --methods ourz`` kept no
+    method (nothing timed, exit 0); ``--docs ''`` ran the main benchmark instead. Now each stops naming the flag
+    (:func:`eval.bench_common.name_list`), before the CUDA check."""
+    import importlib
+
+    import torch
+
+    bench = importlib.import_module(f"eval.{module}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv + [flag, bad])
+    said = str(e.value) + capsys.readouterr().err
+    assert "needs a CUDA device" not in said and want in said, said
+    if want.startswith("an empty"):
+        assert str(e.value).startswith(f"{flag} {bad!r}: ") and f"({want})" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_name_list_parses_a_comma_list_and_names_the_flag_for_a_bad_one():
+    from eval.bench_common import name_list
+
+    assert name_list(" a, b ,a", "--x", "names") == ["a", "b"]
+    assert name_list("a", "--x", "names", ("a", "b")) == ["a"]
+    for text, bad in (("a,,b", "an empty item"), ("a,", "an empty item"), ("", "an empty list"),
+                      (" ", "an empty list")):
+        with pytest.raises(SystemExit) as e:
+            name_list(text, "--x", "names", ("a", "b"))
+        assert str(e.value) == f"--x {text!r}: give comma-separated names ({bad}); allowed values: a, b"
+    with pytest.raises(SystemExit) as e:
+        name_list("a,c", "--x", "names", ("a", "b"), more=", or all")
+    assert str(e.value) == "--x: ['c'] not supported; allowed values: a, b, or all"
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["--heads", "0"], "argument --heads: 0: must be an integer >= 1"),  # was accepted, exit 0
+    (["--heads", "-4"], "argument --heads: -4: must be an integer >= 1"),
+    (["--head-dim", "0"], "argument --head-dim: 0: must be an integer >= 1"),  # was a ValueError traceback
+    (["--gqa-group", "0"], "argument --gqa-group: 0: must be an integer >= 1"),  # was ZeroDivisionError
+    (["--gqa-group", "5"], "--gqa-group 5 does not divide --model-heads 32; allowed values: a divisor of "
+                           "--model-heads (1, 2, 4, 8, 16, 32)"),  # was a ValueError traceback
+    (["--model-heads", "30"], "--gqa-group 8 does not divide --model-heads 30"),
+    (["--model-heads", "0"], "argument --model-heads: 0: must be an integer >= 1"),  # was ZeroDivisionError
+    (["--model-layers", "0"], "argument --model-layers: 0: must be an integer >= 1"),
+    (["--page-size", "0"], "argument --page-size: 0: must be an integer >= 1"),  # was accepted
+    (["--window", "0"], "argument --window: 0: must be an integer >= 1"),  # was a ValueError traceback
+    (["--feature-map", "foo"], "argument --feature-map: invalid choice: 'foo'"),  # was a ValueError traceback
+    (["--variant-batch", "0"], "argument --variant-batch: 0: must be an integer >= 1"),  # was accepted
+    (["--mem-batch", "-1"], "argument --mem-batch: -1: must be an integer >= 1"),  # was a ValueError traceback
+    (["--mem-batch", "x"], "argument --mem-batch: 'x' is not an integer; allowed values: an integer >= 1"),
+    (["--weights-gb", "-1"], "argument --weights-gb: -1: must be a number >= 0"),  # was accepted
+    (["--memory-gb", "0"], "argument --memory-gb: 0: must be a number > 0"),  # was accepted: max_context <= 0
+    (["--memory-gb", "10"], "--memory-gb 10 leaves no memory for the cache beside --weights-gb 14; allowed values: "
+                            "--memory-gb > --weights-gb"),  # was accepted: a negative "longest context that fits"
+    (["--gqa-group", "3", "--model-heads", "24", "--timed"], "--gqa-group 3 does not divide --heads 32"),
+    (["--head-dim", "4096", "--timed"], "--head-dim 4096 is not supported by the decode kernel; allowed values: 1 "
+                                        "to 1024 (any >= 1 with --memory-only)"),  # was one error row per case
+])
+def test_bench_decode_checks_its_arguments_before_any_work(tmp_path, capsys, argv, want):
+    """``python -m eval.bench_decode`` had no checks of its own: a 0 / negative size, an unknown feature map, a GQA
+    group that does not divide the heads, device memory below the weights either crashed with a traceback after
+    ``--out`` was made or ran and exited 0 with a wrong table (``--memory-gb 10``: a negative longest context).
+    Now argparse's error naming the flag and the allowed values (exit 2), before anything is written. (``--timed``
+    here: without ``--memory-only``, where the GPU sections' limits apply too.)"""
+    from eval import bench_decode as bd
+
+    timed = "--timed" in argv
+    argv = [a for a in argv if a != "--timed"] + ([] if timed else ["--memory-only"])
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        bd.main(argv + ["--out", str(out)])
+    assert e.value.code == 2
+    assert want in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bench_decode_refuses_weights_that_fill_the_device_before_writing(tmp_path):
+    from eval import bench_decode as bd
+
+    out = tmp_path / "out"
+    if not __import__("torch").cuda.is_available():  # 141 GB assumed without a GPU
+        with pytest.raises(SystemExit, match=r"^--weights-gb 500 fills the device's 141 GB; allowed values: less "):
+            bd.main(["--memory-only", "--weights-gb", "500", "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"^--weights-gb 5000 fills the device's "):
+        bd.main(["--memory-only", "--weights-gb", "5000", "--out", str(out)])
+    assert not out.exists()
+    s = bd.main(["--memory-only", "--heads", "16", "--gqa-group", "16", "--model-heads", "16", "--head-dim", "2000",
+                 "--out", str(out)])  # any head dim for the memory model; the timed --heads unused
+    assert {r["variant"] for r in s["memory"]} >= {"mha", "gqa1", "mqa"}
