@@ -3,11 +3,13 @@
 from harness.errors import config_errors  # noqa: F401 - the Hydra apps' checks: a bad value's message alone
 
 
-def hydra_cli(config_name: str, entry, prog=None) -> None:
+def hydra_cli(config_name: str, entry, prog=None, check_overrides=None) -> None:
     """The command line of a Hydra-configured ``eval`` module: ``eval/conf/<config_name>.yaml`` composed with the
     command's overrides, resolved, and passed to ``entry`` as a dict (Hydra's job name, output folder and log file are
     those of ``entry``'s module). ``prog``: a ``ValueError`` (bad arguments, nothing matching) prints
-    ``<prog>: error: <message>`` and exits with status 2 instead of a traceback."""
+    ``<prog>: error: <message>`` and exits with status 2 instead of a traceback. ``check_overrides(cfg, overrides)``:
+    raises ``ValueError`` for overrides of the command line (``key=value`` strings as given) that the composed
+    ``cfg`` would ignore, before ``entry`` runs."""
     import functools
     import sys
 
@@ -20,7 +22,13 @@ def hydra_cli(config_name: str, entry, prog=None) -> None:
         try:
             with config_errors():  # +foo=1 / +seq_len=[32] (a typo) was ignored and the default run made
                 check_top_level_keys(config_name, cfg)
-            entry(OmegaConf.to_container(cfg, resolve=True))
+            plain = OmegaConf.to_container(cfg, resolve=True)
+            if check_overrides is not None:
+                from hydra.core.hydra_config import HydraConfig
+
+                with config_errors():
+                    check_overrides(plain, list(HydraConfig.get().overrides.task))
+            entry(plain)
         except ValueError as e:
             if prog is None:
                 raise

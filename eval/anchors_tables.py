@@ -26,7 +26,8 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from eval.best import OURS, analyse_best, check_state, eligible, format_nstar_markdown, impl_summary
+from eval.bench_common import POSITIVE_INT
+from eval.best import OURS, analyse_best, check_bootstrap, check_state, eligible, format_nstar_markdown, impl_summary
 from eval.best import _short as _n  # N as 1k, 16k, 640
 from eval.crossover import _f
 
@@ -268,7 +269,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results_dir")
     ap.add_argument("--config", default="eval/conf/sweep/anchors_h200.yaml", help="the sweep config of the run")
-    ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (default: the config's n_boot)")
+    ap.add_argument("--n-boot", type=POSITIVE_INT, default=None,
+                    help="bootstrap resamples, an integer >= 1 (default: the config's n_boot)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--ceilings", default=None, help="lab/ceilings.py JSON: draw RESULTS_DIR/combined/roofline.png")
     ap.add_argument("--decode", default=None, help="lab/decode_probe.py CSV: the decode panel of the roofline")
@@ -282,6 +284,10 @@ def main(argv=None) -> int:
     cfg = load_config(a.config)
     if a.n_boot is not None:
         cfg["n_boot"] = a.n_boot
+    try:
+        check_bootstrap(cfg.get("n_boot"), cfg.get("level"))
+    except ValueError as e:  # the config's own n_boot: 0 was taken as 1000, a negative count gave NaN intervals
+        ap.error(f"--config {a.config}: {e} (or pass --n-boot)")
     try:
         rows = load(a.results_dir)
     except (FileNotFoundError, ValueError) as e:  # not a run directory of lab/h200_anchors.sh: the message alone

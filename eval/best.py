@@ -280,17 +280,36 @@ def plot_best(best_rows: Sequence[dict], path: str, metric: str = "fwd_bwd_ms", 
                                          panel_w=8, panel_h=5), path, formats=formats)
 
 
+def _default(value, default):
+    """``value``, or ``default`` where it is None (not where it is 0: ``n_boot=0`` is refused, never 1000)."""
+    return default if value is None else value
+
+
+def check_bootstrap(n_boot, level=None, n_boot_key: str = "n_boot", level_key: str = "level") -> None:
+    """The bootstrap settings of the n* intervals (:func:`nstar_interval`): ``n_boot`` null (the default, 1000) or an
+    integer >= 1 (resamples; 0 was taken as the default and a negative count made no resample, an interval of NaN),
+    ``level`` null (0.95) or a number in (0, 1). Raises ``ValueError`` naming the key (``n_boot_key``, e.g.
+    ``--n-boot``) and the allowed values."""
+    sep = " " if n_boot_key.startswith("-") else "="
+    if n_boot is not None and not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and n_boot >= 1):
+        raise ValueError(f"{n_boot_key}{sep}{n_boot!r}: must be an integer >= 1 (bootstrap resamples)")
+    if level is not None and not (isinstance(level, (int, float)) and not isinstance(level, bool) and 0 < level < 1):
+        raise ValueError(f"{level_key}={level!r}: must be a number in (0, 1), e.g. 0.95")
+
+
 def analyse_best(out_dir: str, sweep_cfg: dict, plots: bool = True, formats: Sequence[str] = ("png",),
                  prefix: str = "") -> dict:
     """``compare=best`` on ``<out_dir>/kernel.csv``: ``best.csv`` (the picked rows, ``impl`` named),
     ``crossover_best.csv`` (:func:`eval.crossover.detect_crossovers` on them against the best exact baseline),
     ``nstar_compare.csv`` (:func:`compare_nstar`) and the ``best_time_vs_n`` figure. Sweep config keys: ``baseline``
     (its ``variant``), ``ours`` (default ``[triton, parallel]``), ``best_metric`` (default ``fwd_bwd_ms``, else the
-    first mode's), ``n_boot`` (1000), ``level`` (0.95)."""
+    first mode's), ``n_boot`` (1000), ``level`` (0.95); a bad ``n_boot`` / ``level`` raises ``ValueError``
+    (:func:`check_bootstrap`) before anything is written."""
     from eval.bench_common import write_csv
     from eval.crossover import CROSSOVER_COLUMNS, detect_crossovers
     from eval.sweep import columns_of, latest_rows, read_rows
 
+    check_bootstrap(sweep_cfg.get("n_boot"), sweep_cfg.get("level"))  # before anything is written
     rows = latest_rows(read_rows(os.path.join(out_dir, "kernel.csv")))
     modes = list(sweep_cfg.get("modes") or ["fwd", "bwd", "fwd_bwd"])
     metric = sweep_cfg.get("best_metric") or ("fwd_bwd_ms" if "fwd_bwd" in modes else f"{modes[0]}_ms")
@@ -307,8 +326,8 @@ def analyse_best(out_dir: str, sweep_cfg: dict, plots: bool = True, formats: Seq
         c["impl_baseline"] = impl_summary([(n, i) for (k, n), i in impl.items() if k == bk])
     write_csv(cross, os.path.join(out_dir, "crossover_best.csv"),
               columns=list(CROSSOVER_COLUMNS) + ["impl_variant", "impl_baseline"])
-    table = compare_nstar(rows, base_variant, ours, metric, int(sweep_cfg.get("n_boot") or 1000),
-                          float(sweep_cfg.get("level") or 0.95))
+    table = compare_nstar(rows, base_variant, ours, metric, int(_default(sweep_cfg.get("n_boot"), 1000)),
+                          float(_default(sweep_cfg.get("level"), 0.95)))
     write_csv(table, os.path.join(out_dir, "nstar_compare.csv"), columns=NSTAR_COLUMNS)
     figs = plot_best(best, os.path.join(out_dir, f"{prefix}best_time_vs_n"), metric, sweep_cfg.get("name"),
                      formats) if plots and best else []

@@ -33,6 +33,7 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -319,14 +320,102 @@ def analyse(out_dir: str, sweep_cfg: dict, env: Optional[dict] = None) -> Dict[s
 
 
 COMPARE = ("ours", "best")
+REFERENCE_KEYS = ("variant", "backend")
+ANALYSIS_KEYS = ("name", "baseline", "naive", "extra_baselines", "modes", "fit_min_seq_len", "ours", "best_metric",
+                 "n_boot", "level", "plugins")
+"""The sweep keys a re-analysis (``run_sweep=false``) reads: every other one only shapes what is measured."""
+MEASURE_ONLY = ("resume", "retry_failed")
+"""Top-level keys that only change how a sweep is measured (ignored by ``run_sweep=false``; ``model_sweep=false``
+asks for nothing a re-analysis would do, so it may stay)."""
+
+
+def references(sweep_cfg: dict) -> Dict[str, object]:
+    """``{"exact": baseline, "naive": naive, <name>: ref of extra_baselines, ...}`` of a sweep config, as given (a
+    ``null`` reference is left out; :func:`check_references` checks the rest)."""
+    refs = {"exact": sweep_cfg.get("baseline"), "naive": sweep_cfg.get("naive")}
+    extra = sweep_cfg.get("extra_baselines") or {}
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"extra_baselines={extra!r}: must be a mapping name: {{variant: ..., backend: ...}}, e.g. "
+                         f"{{fa2: {{variant: flash, backend: sdpa_flash}}}}")
+    refs.update({str(k): v for k, v in extra.items()})
+    return {k: v for k, v in refs.items() if v is not None}
+
+
+def _ref_key(name: str) -> str:
+    return {"exact": "baseline", "naive": "naive"}.get(name, f"extra_baselines.{name}")
+
+
+def check_references(sweep_cfg: dict, pairs: Iterable[tuple], where: str,
+                     registered: Sequence[str] = ()) -> List[str]:
+    """The crossover references of a sweep config (``baseline``, ``naive``, ``extra_baselines``) against the
+    ``(variant, backend)`` pairs there are to analyse (``where`` says whose: the sweep's grid or a kernel.csv).
+
+    ``baseline`` (the exact reference) must be set and name a measured pair; ``naive`` / ``extra_baselines``
+    entries a variant there and a backend there or registered (``registered``), a pair not measured being only a
+    note (returned) — a sweep may leave out the naive backend. Each is a mapping of exactly ``variant`` and
+    ``backend``. Raises ``ValueError`` naming the key and the allowed values: a misspelt baseline detected no
+    crossover at all and exited 0 (the whole sweep measured for nothing)."""
+    pairs = sorted({(str(v), str(b)) for v, b in pairs})
+    variants = list(dict.fromkeys(v for v, _ in pairs))
+    backends = list(dict.fromkeys(b for _, b in pairs))
+    refs = references(sweep_cfg)
+    if "exact" not in refs:
+        raise ValueError(f"baseline is not set: the exact reference every curve is compared with; allowed values: "
+                         f"{{variant: <one of {', '.join(variants) or '-'}>, backend: <one of "
+                         f"{', '.join(backends) or '-'}>}}")
+    notes = []
+    for name, ref in refs.items():
+        key = _ref_key(name)
+        if not isinstance(ref, Mapping) or set(ref) != set(REFERENCE_KEYS) or \
+                not all(isinstance(ref[k], str) for k in REFERENCE_KEYS):
+            raise ValueError(f"{key}={ref!r}: must be a mapping of exactly variant and backend (names), e.g. "
+                             f"{{variant: {variants[0] if variants else 'flash'}, backend: "
+                             f"{backends[0] if backends else 'torch'}}}" + (" or null" if name != "exact" else ""))
+        v, b = ref["variant"], ref["backend"]
+        shown = f"{key}={{variant: {v}, backend: {b}}}"
+        if v not in variants:
+            raise ValueError(f"{shown}: variant {v!r} is not one of {where} variants; allowed values: "
+                             f"{', '.join(variants) or '(none)'}")
+        allowed_b = backends if name == "exact" else list(dict.fromkeys(backends + list(registered)))
+        if b not in allowed_b:
+            raise ValueError(f"{shown}: backend {b!r} is not one of {where} backends"
+                             f"{'' if name == 'exact' else ' or the registered ones'}; allowed values: "
+                             f"{', '.join(allowed_b) or '(none)'}")
+        if (v, b) not in pairs:
+            if name == "exact":
+                raise ValueError(f"{shown}: {where} points have no {v}/{b} (the exclude rules drop it); allowed "
+                                 f"values: {', '.join(f'{x}/{y}' for x, y in pairs)}")
+            notes.append(f"{shown}: {where} points have no {v}/{b}, so no crossovers against it")
+    return notes
+
+
+def check_overrides(cfg: dict, overrides: Sequence[str]) -> None:
+    """The command line's overrides (Hydra's ``overrides.task``) against ``run_sweep``: with ``run_sweep=false``
+    nothing is measured, so an override of a key that only shapes the measurement (``sweep.seq_lens=[...]``,
+    ``'~sweep.variants.gqa'``, ``resume=false``: :data:`ANALYSIS_KEYS`, :data:`MEASURE_ONLY`) would be ignored and
+    the run exit 0 having done nothing it asked for: ``ValueError`` naming them."""
+    if cfg.get("run_sweep", True):
+        return
+    unused = []
+    for o in overrides:
+        key = str(o).lstrip("~+").split("=", 1)[0].strip()
+        part = key.split(".")
+        if (part[0] == "sweep" and len(part) > 1 and part[1] not in ANALYSIS_KEYS) or key in MEASURE_ONLY:
+            unused.append(str(o))
+    if unused:
+        raise ValueError(f"run_sweep=false measures nothing, so {', '.join(unused)} would be ignored; a re-analysis "
+                         f"reads only sweep.{{{', '.join(ANALYSIS_KEYS)}}} (and the sweep=<name> that chose them): "
+                         f"drop {'it' if len(unused) == 1 else 'them'}, or run_sweep=true to measure")
 
 
 def check_config(cfg: dict) -> None:
     """The settings of :func:`run`, before anything is measured or written: ``compare`` (:data:`COMPARE`),
     ``machine`` (null or a roofline preset of :mod:`attn_zoo.cost_model`), ``formats``, and with ``run_sweep`` the
     sweep itself (:func:`eval.sweep.check_sweep_config`: axes, dtype, device, registered backends, variants;
-    :func:`eval.sweep.check_sweep_device`: a visible GPU for device=cuda) and its model sweep's backends. Raises
-    ``ValueError`` naming the key and the allowed values."""
+    :func:`eval.sweep.check_sweep_device`: a visible GPU for device=cuda), its model sweep's backends and its
+    crossover references (:func:`check_references`: against the grid's points and, resumed, kernel.csv's), and with
+    ``compare=best`` ``sweep.n_boot`` / ``sweep.level`` (:func:`eval.best.check_bootstrap`). Raises ``ValueError``
+    naming the key and the allowed values."""
     from attn_zoo import cost_model as cm
     from eval.bench_common import check_out_dir
     from eval.plots import check_formats
@@ -353,6 +442,26 @@ def check_config(cfg: dict) -> None:
                     raise ValueError(f"model_sweep.{e}") from None
         except ValueError as e:
             raise ValueError(f"sweep.{e}") from None
+        # the crossover references against the grid (a re-analysis: against kernel.csv, in run())
+        from eval.sweep import BENCH_BACKENDS, expand_points, read_rows
+
+        pairs = [(p["variant"], p["backend"]) for p in expand_points(sw)]
+        kcsv = os.path.join(cfg.get("out_dir") or os.path.join("results", sw.get("name", "sweep")), "kernel.csv")
+        if cfg.get("resume", True) and os.path.isfile(kcsv):  # its rows are analysed too (a sweep that adds to them)
+            pairs += [(r.get("variant"), r.get("backend")) for r in read_rows(kcsv)]
+        try:
+            notes = check_references(sw, pairs, "the sweep's", list(BENCH_BACKENDS))  # (and kernel.csv's)
+        except ValueError as e:
+            raise ValueError(f"sweep.{e}") from None
+        for note in notes:
+            print(f"note: sweep.{note}")
+    if compare == "best":  # n_boot=0 was taken as 1000, a negative n_boot gave NaN intervals
+        from eval.best import check_bootstrap
+
+        try:
+            check_bootstrap(dict(cfg["sweep"]).get("n_boot"), dict(cfg["sweep"]).get("level"))
+        except ValueError as e:
+            raise ValueError(f"sweep.{e}") from None
 
 
 def run(cfg: dict) -> Dict[str, object]:
@@ -377,6 +486,20 @@ def run(cfg: dict) -> Dict[str, object]:
         with config_errors():  # re-analysis of nothing: it wrote empty tables and 0 figures, and exited 0
             raise ValueError(f"run_sweep=false: out_dir={out_dir} holds no kernel.csv or model.csv to analyse; pass "
                              f"the out_dir of a finished sweep, or run_sweep=true to measure")
+    kcsv = os.path.join(out_dir, "kernel.csv")
+    if not cfg.get("run_sweep", True) and os.path.isfile(kcsv):  # the references against what is there to analyse
+        from eval.sweep import BENCH_BACKENDS, load_plugins, read_rows
+
+        with config_errors():
+            load_plugins(sw.get("plugins"))
+            try:
+                notes = check_references(sw, [(r.get("variant"), r.get("backend")) for r in read_rows(kcsv)],
+                                         f"{kcsv}'s", list(BENCH_BACKENDS))
+            except ValueError as e:  # e.g. sweep=taylor_h200 over cpu_tiny's out_dir: no crossover, exit 0
+                raise ValueError(f"sweep.{e} (run_sweep=false analyses out_dir={out_dir}: pass the sweep=<name> "
+                                 f"it was measured with)") from None
+        for note in notes:
+            print(f"note: sweep.{note}")
     os.makedirs(out_dir, exist_ok=True)
     env = env_info(date=cfg.get("date"))
     env_path = os.path.join(out_dir, "env.json")
@@ -386,7 +509,7 @@ def run(cfg: dict) -> Dict[str, object]:
             stored = json.load(f).get("env") or {}
         env = {k: v for k, v in stored.items() if k != "sweep"}
         measured_sweep = stored.get("sweep") or sw
-    kcsv, mcsv = os.path.join(out_dir, "kernel.csv"), os.path.join(out_dir, "model.csv")
+    mcsv = os.path.join(out_dir, "model.csv")
     if cfg.get("run_sweep", True):
         with config_errors():  # settings the sweep refuses (resume over rows measured with other settings)
             run_sweep(sw, kcsv, resume=cfg.get("resume", True), progress=cfg.get("progress", True),
@@ -441,4 +564,4 @@ def run(cfg: dict) -> Dict[str, object]:
 if __name__ == "__main__":  # pragma: no cover - exercised through the CLI
     from eval import hydra_cli
 
-    hydra_cli("crossover", run)
+    hydra_cli("crossover", run, check_overrides=check_overrides)

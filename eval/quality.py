@@ -710,12 +710,9 @@ def check_config(cfg: dict) -> None:
     check_formats(cfg.get("formats"))
     check_out_dir(cfg.get("out_dir"), "out_dir")
     check_out_dir(cfg.get("figures_dir"), "figures_dir")
-    n_boot = cfg.get("n_boot")
-    if n_boot is not None and not (isinstance(n_boot, int) and not isinstance(n_boot, bool) and n_boot >= 1):
-        raise ValueError(f"n_boot={n_boot!r}: must be an integer >= 1 (bootstrap resamples)")
-    level = cfg.get("level")
-    if level is not None and not (isinstance(level, (int, float)) and not isinstance(level, bool) and 0 < level < 1):
-        raise ValueError(f"level={level!r}: must be a number in (0, 1), e.g. 0.95")
+    from eval.best import check_bootstrap
+
+    check_bootstrap(cfg.get("n_boot"), cfg.get("level"))
     roots = cfg.get("runs") or []
     missing = [r for r in ([roots] if isinstance(roots, str) else list(roots)) if not os.path.isdir(str(r))]
     if missing and not cfg.get("wandb_project"):

@@ -232,3 +232,23 @@ def test_a_missing_config_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         anchors_tables.main([str(tmp_path), "--config", str(tmp_path / "nope.yaml"), "--no-plots"])
     assert e.value.code == 2 and "--config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, conf_n_boot, want", [
+    (["--n-boot", "0"], None, "argument --n-boot: 0: must be an integer >= 1"),  # was taken as n_boot 1000
+    (["--n-boot", "-3"], None, "argument --n-boot: -3: must be an integer >= 1"),  # was 0 resamples: NaN intervals
+    (["--n-boot", "x"], None, "argument --n-boot: 'x' is not an integer; allowed values: an integer >= 1"),
+    ([], 0, "n_boot=0: must be an integer >= 1 (bootstrap resamples) (or pass --n-boot)"),  # the config's own
+])
+def test_a_bad_n_boot_is_refused_before_any_table(results, tmp_path, capsys, argv, conf_n_boot, want):
+    """``--n-boot 0`` ran every table with 1000 resamples (``n_boot or 1000``), a negative one with none (every
+    interval NaN), exit 0 both; now argparse's error naming the flag, before anything is read or written."""
+    import yaml
+
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump({"name": "anchors_h200", "baseline": {"variant": "causal", "backend": "triton"},
+                                    "n_boot": conf_n_boot}))
+    with pytest.raises(SystemExit) as e:
+        anchors_tables.main([str(results), "--config", str(conf), "--no-plots"] + argv)
+    assert e.value.code == 2 and want in capsys.readouterr().err
+    assert not (results / "combined").exists()

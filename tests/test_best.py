@@ -116,6 +116,29 @@ def test_analyse_best_writes_the_named_tables_and_figure(tmp_path):
     assert res["figures"] and all(os.path.getsize(f) > 0 for f in res["figures"])
 
 
+@pytest.mark.parametrize("n_boot, level, want", [
+    (0, None, r"^n_boot=0: must be an integer >= 1 \(bootstrap resamples\)$"),  # was `or 1000`: 1000 resamples
+    (-2, None, r"^n_boot=-2: must be an integer >= 1"),  # was range(-2): no resample, every interval NaN
+    (2.5, None, r"^n_boot=2.5: must be an integer >= 1"), (True, None, r"^n_boot=True: "),
+    (None, 0, r"^level=0: must be a number in \(0, 1\), e.g. 0.95$"),  # was `or 0.95`
+    (None, 1.5, r"^level=1.5: must be a number in \(0, 1\)"),
+])
+def test_analyse_best_refuses_a_bootstrap_that_would_not_be_the_one_asked_for(tmp_path, n_boot, level, want):
+    from eval.bench_common import write_csv
+    from eval.sweep import COLUMNS
+
+    write_csv(_table(), str(tmp_path / "kernel.csv"), columns=list(COLUMNS))
+    cfg = {"name": "synthetic", "modes": ["fwd_bwd"], "baseline": {"variant": "flash", "backend": "triton"},
+           "ours": ["triton"], "n_boot": n_boot, "level": level}
+    with pytest.raises(ValueError, match=want):
+        best.analyse_best(str(tmp_path), cfg, plots=False)
+    assert sorted(os.listdir(tmp_path)) == ["kernel.csv"]
+    with pytest.raises(ValueError, match=r"^--n-boot 0: must be an integer >= 1"):
+        best.check_bootstrap(0, n_boot_key="--n-boot")
+    best.check_bootstrap(None, None)
+    best.check_bootstrap(1, 0.5)
+
+
 def test_crossover_run_refuses_an_unknown_compare(tmp_path):
     from eval import crossover
 

@@ -61,6 +61,35 @@ def _config_error():
     (dict(sweep=dict(TINY, deadline_s=-5)), r"sweep.deadline_s=-5: must be null \(no deadline\) or a number of "),
     (dict(sweep=dict(TINY, model_sweep={"variants": {"flash": {"kind": "flash"}}, "seq_lens": [16], "layers": 2})),
      r"sweep.model_sweep.layers=2 is not a key a model sweep reads \(did you mean n_layer\?\); allowed keys: enabled, "),
+    # a crossover reference that names no measured curve: the sweep ran, no crossover was detected, exit 0
+    (dict(sweep=dict(TINY, baseline={"variant": "flsh", "backend": "torch"})),
+     r"^sweep.baseline=\{variant: flsh, backend: torch\}: variant 'flsh' is not one of the sweep's variants; "
+     r"allowed values: flash$"),
+    (dict(sweep=dict(TINY, baseline={"variant": "flash", "backend": "trch"})),
+     r"^sweep.baseline=\{variant: flash, backend: trch\}: backend 'trch' is not one of the sweep's backends; allowed "
+     r"values: torch$"),
+    (dict(sweep=dict(TINY, baseline={"variant": "flash", "backend": "naive"})),  # registered, but not swept
+     r"backend 'naive' is not one of the sweep's backends; allowed values: torch$"),
+    (dict(sweep=dict(TINY, backends=["torch", "naive"], exclude=[{"backend": "naive", "variant": "flash"}],
+                     variants={"flash": {"kind": "flash"}, "linear": {"kind": "linear"}},
+                     baseline={"variant": "flash", "backend": "naive"})),
+     r"the sweep's points have no flash/naive \(the exclude rules drop it\); allowed values: flash/torch, "
+     r"linear/naive, linear/torch$"),
+    (dict(sweep=dict(TINY, naive={"variant": "flash", "backend": "naiv"})),
+     r"^sweep.naive=\{variant: flash, backend: naiv\}: backend 'naiv' is not one of the sweep's backends or the "
+     r"registered ones; allowed values: torch, triton, .*naive"),
+    (dict(sweep=dict(TINY, extra_baselines={"fa2": {"variant": "flsh", "backend": "sdpa_flash"}})),
+     r"^sweep.extra_baselines.fa2=\{variant: flsh, backend: sdpa_flash\}: variant 'flsh' is not one of"),
+    (dict(sweep=dict(TINY, baseline=None)), r"^sweep.baseline is not set: the exact reference every curve is "
+                                            r"compared with; allowed values: \{variant: <one of flash>, backend: "
+                                            r"<one of torch>\}"),
+    (dict(sweep=dict(TINY, baseline={"variant": "flash", "backend": "torch", "n_kv_heads": 1})),
+     r"sweep.baseline=.*: must be a mapping of exactly variant and backend"),
+    (dict(sweep=dict(TINY, baseline="flash")), r"sweep.baseline='flash': must be a mapping of exactly variant and "),
+    # compare=best: n_boot=0 was taken as 1000, a negative one gave no resample (NaN intervals)
+    (dict(compare="best", sweep=dict(TINY, n_boot=0)), r"^sweep.n_boot=0: must be an integer >= 1 \(bootstrap "),
+    (dict(compare="best", sweep=dict(TINY, n_boot=-5)), r"^sweep.n_boot=-5: must be an integer >= 1"),
+    (dict(compare="best", sweep=dict(TINY, level=1)), r"^sweep.level=1: must be a number in \(0, 1\)"),
 ])
 def test_crossover_refuses_bad_settings_before_measuring(tmp_path, change, want):
     """``sweep.backends=[trition]`` recorded every point as unsupported and exited 0 with an empty table;
@@ -81,6 +110,92 @@ def test_crossover_without_sweep_refuses_an_out_dir_with_no_results(tmp_path):
     with pytest.raises(_config_error(), match=r"run_sweep=false: out_dir=.*res holds no kernel.csv or model.csv"):
         crossover_run(cfg)
     assert not out.exists()
+
+
+def _kernel_csv(out_dir, pairs):
+    """A kernel.csv of ok rows (``N`` 16, 32) of each (variant, backend) of ``pairs``, as a finished sweep leaves it."""
+    from eval.bench_common import write_csv
+    from eval.sweep import COLUMNS
+
+    rows = [dict(sweep="tiny", variant=v, kind="flash" if v == "flash" else "linear", backend=b, seq_len=n,
+                 head_dim=8, causal=True, n_kv_heads=2, n_heads=2, batch=1, status="ok", fwd_ms=0.001 * n,
+                 model_footprint_bytes=100 * n, tokens=n)
+            for v, b in pairs for n in (16, 32)]
+    return write_csv(rows, os.path.join(str(out_dir), "kernel.csv"), columns=COLUMNS)
+
+
+@pytest.mark.parametrize("change,want", [
+    (dict(baseline={"variant": "flsh", "backend": "torch"}),  # a typo
+     r"^sweep.baseline=\{variant: flsh, backend: torch\}: variant 'flsh' is not one of .*res/kernel.csv's variants; "
+     r"allowed values: flash, linear \(run_sweep=false analyses out_dir=.*res: pass the sweep=<name> it was measured "
+     r"with\)$"),
+    # another sweep's config over this out_dir (sweep=taylor_h200 on cpu_tiny's results): its baseline is not there
+    (dict(baseline={"variant": "flash", "backend": "sdpa_flash"}),
+     r"^sweep.baseline=\{variant: flash, backend: sdpa_flash\}: backend 'sdpa_flash' is not one of .*kernel.csv's "
+     r"backends; allowed values: torch \("),
+    (dict(naive={"variant": "flash", "backend": "naiv"}), r"^sweep.naive=.*backend 'naiv' is not one of "),
+])
+def test_crossover_reanalysis_refuses_references_its_kernel_csv_lacks(tmp_path, change, want):
+    """``run_sweep=false`` with a misspelt ``sweep.baseline`` (or the ``sweep=<name>`` of another sweep than the one
+    out_dir holds) detected no crossover, wrote empty tables and exited 0. Now the references are checked against
+    the rows of out_dir's kernel.csv, before anything is written; the right ones still analyse it."""
+    out = tmp_path / "res"
+    _kernel_csv(out, [("flash", "torch"), ("linear", "torch")])
+    cfg = {"sweep": dict(TINY, **change), "out_dir": str(out), "run_sweep": False, "plots": False,
+           "wandb": {"enabled": False}}
+    with pytest.raises(_config_error(), match=want):
+        crossover_run(cfg)
+    assert sorted(os.listdir(out)) == ["kernel.csv"]
+    res = crossover_run(dict(cfg, sweep=TINY))  # naive flash/naive not measured here: a note, not an error
+    assert {(r["variant"], r["reference"]) for r in res["crossovers"]} == {("linear", "exact")}
+
+
+@pytest.mark.parametrize("override", ["sweep.seq_lens=[128]", "~sweep.variants.gqa", "+sweep.batch=2",
+                                      "sweep.backends=[torch]", "resume=false", "retry_failed=true"])
+def test_crossover_reanalysis_refuses_options_it_would_ignore(tmp_path, cli_in_process, override):
+    """``run_sweep=false`` with an option that only shapes what is measured (``sweep.seq_lens=[128]``,
+    ``resume=false``) ignored it, re-analysed out_dir as it was and exited 0. Now refused naming the option, before
+    anything is read or written; the analysis keys (``sweep.baseline...``) and ``sweep=<name>`` are taken."""
+    from eval.crossover import check_overrides
+
+    out = tmp_path / "res"
+    r = cli_in_process(tmp_path, "-m", "eval.crossover", "sweep=cpu_tiny", f"out_dir={out}", "run_sweep=false",
+                       override)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"run_sweep=false measures nothing, so {override} would be ignored; a re-analysis reads only " \
+           f"sweep.{{name, baseline, naive, extra_baselines, modes, fit_min_seq_len, ours, best_metric, n_boot, " \
+           f"level, plugins}}" in r.stderr, r.stderr[-2000:]
+    assert not out.exists()
+    ok = ["sweep=cpu_tiny", "run_sweep=false", "sweep.baseline.backend=naive", "+sweep.n_boot=10", "plots=false",
+          "model_sweep=false", "'sweep.modes=[fwd]'", "+sweep.extra_baselines={}", "sweep.naive=null"]
+    check_overrides({"run_sweep": False}, ok)
+    check_overrides({"run_sweep": True}, [override])  # measured: every option is used
+
+
+def test_crossover_cli_refuses_a_misspelt_baseline_before_measuring(tmp_path, cli_in_process):
+    """``python -m eval.crossover sweep=cpu_tiny sweep.baseline.variant=flsh`` measured the whole sweep, detected no
+    crossover and exited 0."""
+    out = tmp_path / "res"
+    r = cli_in_process(tmp_path, "-m", "eval.crossover", "sweep=cpu_tiny", f"out_dir={out}",
+                       "sweep.baseline.variant=flsh")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert ("sweep.baseline={variant: flsh, backend: torch}: variant 'flsh' is not one of the sweep's variants; "
+            "allowed values: flash, gqa, linear, sliding_window, sparse") in r.stderr
+    assert not out.exists()
+
+
+def test_every_sweep_configs_references_name_measured_curves():
+    """The shipped sweep configs pass :func:`eval.crossover.check_references` against their own grid (else the check
+    would refuse a shipped config): each baseline names a measured (variant, backend)."""
+    import glob
+
+    from eval.crossover import check_references
+    from eval.sweep import BENCH_BACKENDS, expand_points, load_config
+
+    for f in sorted(glob.glob(os.path.join(ROOT, "eval", "conf", "sweep", "*.yaml"))):
+        cfg = load_config(f)
+        pairs = [(p["variant"], p["backend"]) for p in expand_points(cfg)]
+        assert check_references(cfg, pairs, "the sweep's", list(BENCH_BACKENDS)) == [], f
 
 
 def test_crossover_cli_prints_the_message_alone(tmp_path):
