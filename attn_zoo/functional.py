@@ -13,21 +13,27 @@ from .spec import AttentionSpec
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> None:
-    """Validate shapes, dtypes and devices; raises ``ValueError`` / ``TypeError`` naming the argument."""
-    if not isinstance(spec, AttentionSpec):
-        raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+def _check_tensors(q, k, v, ndim: int, layout: str) -> None:
+    """q, k, v are tensors of ``ndim`` dimensions (``layout``), one supported dtype, one device; raises
+    ``TypeError`` / ``ValueError`` naming the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.dim() != ndim:
+            raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
         if t.dtype not in _DTYPES:
             raise TypeError(f"{name}.dtype={t.dtype} is not supported; allowed values: float16, bfloat16, float32, float64")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> None:
+    """Validate shapes, dtypes and devices; raises ``ValueError`` / ``TypeError`` naming the argument."""
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+    _check_tensors(q, k, v, 4, "(B, H, N, D)")
     B, Hq, Nq, D = q.shape
     if B < 1:
         raise ValueError(f"batch size must be >= 1, got B={B} (q.shape[0])")
@@ -86,6 +92,8 @@ def attention(
         bad ``doc_ids`` (dtype, shape, device, decreasing ids: the message names ``doc_ids``), or a backend asked
         for by name that does not take documents (the message names those that do).
     """
+    if return_lse is not True and return_lse is not False:
+        raise ValueError(f"return_lse={return_lse!r} is not supported; allowed values: True, False")
     docs = doc_ids is not None
     try:
         key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
@@ -165,12 +173,7 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Att
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """Validate the packed inputs of :func:`attention_varlen`; returns the host copies of both ``cu_seqlens``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (total_tokens, H, D) in attention_varlen, got shape "
-                             f"{tuple(t.shape)}")
+    _check_tensors(q, k, v, 3, "(total_tokens, H, D) in attention_varlen")
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v must have the same number of tokens, got k={k.shape[0]}, v={v.shape[0]}")
     host = []
@@ -239,6 +242,8 @@ def attention_varlen(
         raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
     if return_lse and not spec.is_softmax:
         raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
+    if return_lse is not True and return_lse is not False:
+        raise ValueError(f"return_lse={return_lse!r} is not supported; allowed values: True, False")
     if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key at all: every query row sees nothing
         out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])  # (zero output, lse -inf: the kernels' empty rows)
         if return_lse:

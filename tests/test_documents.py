@@ -169,6 +169,10 @@ def test_varlen_errors():
         attention_varlen(q, k, v, CU, CU, 10, 3, spec)
     with pytest.raises(ValueError, match="must be 3-D"):
         attention_varlen(q[None], k, v, CU, CU, 10, 10, spec)
+    with pytest.raises(TypeError, match="q, k, v must share one dtype"):  # the empty path too (it returns early)
+        attention_varlen(q[:0], k.half(), v, torch.tensor([0, 0], dtype=torch.int32), CU, 10, 10, spec)
+    with pytest.raises(ValueError, match="return_lse='yes' is not supported; allowed values: True, False"):
+        attention_varlen(q, k, v, CU, CU, 10, 10, spec, return_lse="yes")
     cu_q = torch.tensor([0, 2, 3, 3, 3, 12, 14, 35], dtype=torch.int32)
     with pytest.raises(ValueError, match="runs softmax kinds on backend='reference' or 'torch' only"):
         attention_varlen(q, k, v, cu_q, CU, 21, 10, spec, backend="triton")

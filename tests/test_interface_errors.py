@@ -84,6 +84,9 @@ def test_unknown_backend_and_unsupported_request():
         attention(q, k, v, AttentionSpec(), backend="cuda")
     with pytest.raises(ValueError, match="return_lse"):
         attention(q, k, v, AttentionSpec(kind="linear"), backend="reference", return_lse=True)
+    for bad in ("yes", 1, None):  # a truthy / falsy stand-in changed what came back (a tuple or not)
+        with pytest.raises(ValueError, match=f"return_lse={bad!r} is not supported; allowed values: True, False"):
+            attention(q, k, v, AttentionSpec(), return_lse=bad)
     assert "reference" in available_backends("linear") and "torch" in available_backends("flash")
 
 
