@@ -95,6 +95,9 @@
 # PYTEST_K="not overlap" (408 s; the suite cut at 300 s: 759 passed, 0 failed), 16 then 15 (322 s), then three
 # ad-hoc steps (n1k: where_time, lab/experiments/host_sleep.py): results/h200/2026-12-07b. Next: 1 with PYTEST_S >= 360
 # (the whole suite), 2, 3, then 4 for the documents alone (FA4 needs its three parts: calls 1, 2, 3 / 4 carry one each).
+# Thirty-seventh (no call ran: the first machine was taken back mid-call, ~340 s; three refusals, ~360 s; then "no
+# new device machine is lent at present"). Next: the same as the 36th's next (1 whole, 2, 3, 4), and the NaN rows of
+# SDPA / Flex with fewer than 16 keys on CUDA (the CPU's flash SDPA kernel zeroed them: attn_zoo.backends.torch_softmax).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,
