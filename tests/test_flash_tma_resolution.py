@@ -288,7 +288,7 @@ def test_ours_no_tma_is_the_same_call_without_tma(monkeypatch):
 
 
 @cpu_only  # a good width runs on into require_cuda, which stops it only off the GPU
-def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monkeypatch):
+def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monkeypatch, capsys):
     """``--hidden``: ``H = hidden // D`` query heads (GQA a quarter of them as K / V heads), passed to every case
     (no module state: a direct ``bench_case`` call keeps the default width); a width that is not a multiple of every
     head dim (of 4 head dims with ``gqa4``) is refused before any GPU work, naming the argument, and a head dim < 1
@@ -298,10 +298,12 @@ def test_bench_flash_hidden_sets_the_heads_and_refuses_what_does_not_divide(monk
     assert bf.heads("causal", 64, 1024) == (16, 16) and bf.heads("gqa4", 64, 1024) == (16, 4)
     assert bf.heads("mqa", 128, 1024) == (8, 1) and bf.heads("causal", 64) == (32, 32)
     assert bf.case_setup("causal", 64, 64, 128, hidden=1024)[1:3] == (16, 16)
-    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"],
-                 ["--hidden", "0", "--D", "64"]):
+    for argv in (["--hidden", "1000", "--D", "64"], ["--hidden", "128", "--D", "64", "--variants", "gqa4"]):
         with pytest.raises(SystemExit, match=r"--hidden .* is not supported with --D \[64\]; allowed values"):
             bf.main(argv)
+    with pytest.raises(SystemExit) as e:  # argparse's own error (exit 2), naming the flag
+        bf.main(["--hidden", "0", "--D", "64"])
+    assert e.value.code == 2 and "argument --hidden: 0: must be an integer >= 1" in capsys.readouterr().err
     for argv in (["--hidden", "1024", "--D", "0"], ["--D", "64,x"]):
         with pytest.raises(SystemExit, match=r"--D .*(>= 1|integers)"):
             bf.main(argv)
