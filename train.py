@@ -525,7 +525,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         rows["wall_s"] = round(run_state.elapsed(), 1)  # all launches of a resumed run
         print_table(table_title(cfg), rows)
         bad = _warn_if_diverged(cfg, metrics)  # before the verdict, whose next-step hint points at this warning
-        _print_curve_and_verdict(curve.points, base, metrics, diverged=bad)
+        _print_curve_and_verdict(curve.points, base, metrics, diverged=bad, steps=trainer.global_step)
         diverged = bool(bad)
         write_final_metrics(output_dir, {
             "diverged": diverged,  # a non-finite train/loss or val/loss: its metrics (null there) are of a broken model
@@ -591,22 +591,32 @@ class _Curve(L.Callback):
 _BARS = "▁▂▃▄▅▆▇█"
 
 
+LEARNED_MARGIN = 0.1
+"""How far past its baseline a run's headline metric must be to read "learned": a tenth of the baseline's value."""
+
+
 def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object]], metrics: Dict[str, float],
-                             diverged: Sequence[str] = ()) -> None:
-    """A few lines after the final table: the headline metric by step (a sparkline and its values), the result
-    beside its baseline in words (``diverged``: the non-finite losses of a run that diverged, said first, whatever the
-    metric), and what to try next (a GPU run where CUDA is visible; after a divergence, a lower learning rate)."""
+                             diverged: Sequence[str] = (), steps: Optional[int] = None) -> None:
+    """A few lines after the final table: the headline metric by step (a sparkline scaled from the lowest to the
+    highest of the values and the baseline, and the values), the result beside its baseline in words (``diverged``:
+    the non-finite losses of a run that diverged, said first, whatever the metric; past the baseline by less than
+    :data:`LEARNED_MARGIN` is "not learned yet" and says so), and what to try next, by verdict: after a divergence a
+    lower learning rate; a run that did not learn a longer run (``steps``: this run's) or variants beside it; one
+    that learned, the comparisons; commands this machine can run first, a GPU run last."""
     if base is None:
         return
     key = str(base["metric"])
     pts = [(s, v[key]) for s, v in points if key in v and math.isfinite(v[key])]
     if pts:
-        lo, hi = min(v for _, v in pts), max(v for _, v in pts)
-        # at least 5 % of the values' size as the full height: a flat curve (0.2500 .. 0.2502) stays flat
+        # the scale takes in the baseline: a run that stays below it (0.04 -> 0.06 against 0.12) does not fill the
+        # bars as if it learned; at least 5 % of the values' size as the full height: a flat curve stays flat
+        b = float(base["value"])
+        lo, hi = min([v for _, v in pts] + [b]), max([v for _, v in pts] + [b])
         span = max(hi - lo, 0.05 * max(abs(hi), abs(lo)))
-        spark = "".join(_BARS[int((v - lo) / span * (len(_BARS) - 1)) if span > 0 else 0] for _, v in pts)
+        spark = "".join(_BARS[round((v - lo) / span * (len(_BARS) - 1)) if span > 0 else 0] for _, v in pts)
         shown = pts if len(pts) <= 8 else [pts[round(i * (len(pts) - 1) / 7)] for i in range(8)]
-        _say(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown))
+        _say(f"{key} by step: {spark}  " + "  ".join(f"{s}: {v:.2f}" for s, v in shown)
+             + f"  (bars from {lo:.2f} to {lo + span:.2f}, the baseline {b:.2f} among them)")
     value = metrics.get(key)
     if diverged:  # a broken model: its metric (NaN or not) beside the baseline says nothing of learning
         shown = f"{value:.2f}" if value is not None and math.isfinite(value) else str(value)
@@ -619,9 +629,13 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
     else:
         better = value > base["value"] if base["higher_is_better"] else value < base["value"]
         margin = (value - base["value"]) if base["higher_is_better"] else (base["value"] - value)
-        clearly = better and margin >= 0.1 * abs(float(base["value"]))
+        clearly = better and margin >= LEARNED_MARGIN * abs(float(base["value"]))
         verdict = "learned" if clearly else "not learned yet"
-        _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}")
+        why = ""
+        if better and not clearly:
+            why = (f" (past the baseline by {margin:.2f}, under the {LEARNED_MARGIN:.0%} of it "
+                   f"({LEARNED_MARGIN * abs(float(base['value'])):.2f}) that 'learned' needs)")
+        _say(f"{verdict}: {key} {value:.2f} vs {base['value']:.2f} by {base['what']}{why}")
     import importlib.util
 
     try:  # the interactive report where this checkout has it, else the committed tables and figures
@@ -630,10 +644,19 @@ def _print_curve_and_verdict(points: List[list], base: Optional[Dict[str, object
         report = "eval.figures"
     recipe = ("the recall recipe (experiment=mqar_recall, README)" if key == "val/acc" else
               "a language-model recipe (experiment=lm_shakespeare or lm_wikitext, README)")
-    gpu = ("a GPU run (python train.py trainer=gpu)" if torch.cuda.is_available() else
-           "on a CUDA machine, a GPU run (python train.py trainer=gpu)")
-    _say(f"next: {gpu}, variants compared (python train.py -m attention=flash,linear,sliding_window), {recipe}, "
-         f"the report (python -m {report})")
+    if clearly:
+        hints = ["variants compared (python train.py -m attention=flash,linear,sliding_window)", recipe,
+                 f"the report (python -m {report})"]
+    else:
+        longer = f"trainer.max_steps={4 * steps}" if steps else "a larger trainer.max_steps"
+        hints = [f"a longer run ({longer}; a resumed run continues: README)",
+                 "variants compared beside it (python train.py -m attention=flash,linear,sliding_window)",
+                 "why some variants cannot learn this task (README: More runs)"]
+    if torch.cuda.is_available():  # what this machine can run first
+        hints.insert(0, "a GPU run (python train.py trainer=gpu)")
+    else:
+        hints.append("on a CUDA machine, a GPU run (python train.py trainer=gpu)")
+    _say("next: " + ", ".join(hints))
 
 
 def _nonfinite_losses(metrics: Dict[str, float]) -> List[str]:

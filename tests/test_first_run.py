@@ -30,7 +30,11 @@ def test_the_verdict_is_said_in_words_beside_the_baseline(capsys):
     assert "100: 0.50" in out and "300: 0.97" in out and "▁" in out and "█" in out
     assert "next:" in out and "trainer=gpu" in out
     train_mod._print_curve_and_verdict(curve[:1], base, {"val/acc": 0.52})  # within 10 % of the baseline
-    assert "not learned yet: val/acc 0.52 vs 0.50" in capsys.readouterr().out
+    out = capsys.readouterr().out  # it says why, past the baseline as it is (the bare verdict read as a contradiction)
+    assert "not learned yet: val/acc 0.52 vs 0.50 by guessing one of the example's 2 values (past the baseline by " \
+           "0.02, under the 10% of it (0.05) that 'learned' needs)" in out
+    train_mod._print_curve_and_verdict(curve[:1], base, {"val/acc": 0.40})  # behind it: no such note
+    assert "not learned yet: val/acc 0.40 vs 0.50 by guessing one of the example's 2 values\n" in capsys.readouterr().out
     bpb = {"metric": "val/bpb", "value": 4.5, "higher_is_better": False, "what": "unigram"}
     train_mod._print_curve_and_verdict([], bpb, {"val/bpb": 2.5})
     assert "learned: val/bpb 2.50 vs 4.50 by unigram" in capsys.readouterr().out
@@ -50,8 +54,8 @@ def test_the_verdict_is_said_in_words_beside_the_baseline(capsys):
 def test_the_gpu_hint_says_where_it_runs(capsys, monkeypatch):
     """On a machine without CUDA the next-step hint offered trainer=gpu, which is refused there."""
     base = {"metric": "val/acc", "value": 0.5, "higher_is_better": True, "what": "guessing"}
-    for cuda, want in ((False, "next: on a CUDA machine, a GPU run (python train.py trainer=gpu)"),
-                       (True, "next: a GPU run (python train.py trainer=gpu)")):
+    for cuda, want in ((False, ", on a CUDA machine, a GPU run (python train.py trainer=gpu)\n"),  # last
+                       (True, "next: a GPU run (python train.py trainer=gpu), ")):  # first: it runs here
         monkeypatch.setattr(train_mod.torch.cuda, "is_available", lambda c=cuda: c)
         train_mod._print_curve_and_verdict([], base, {"val/acc": 0.9})
         assert want in capsys.readouterr().out
