@@ -581,7 +581,9 @@ class GPT(nn.Module):
                     raise ValueError(f"pos={pos}: layer {i}'s cache holds {sorted(set(seen))} tokens; pos must be the "
                                      f"number of tokens the caches already hold (a new sequence needs new caches: "
                                      f"init_cache)")
-        sync_ok = idx.device.type == "cpu" or not self.training  # no host sync in a GPU training step
+        # no host sync in a GPU training step, nor in a GPU decode step (generate checks its prompt once; the steps
+        # feed back the model's own ids)
+        sync_ok = idx.device.type == "cpu" or (not self.training and caches is None)
         if sync_ok:
             self._check_token_ids(idx, "idx")
             if targets is not None:
