@@ -29,6 +29,12 @@ def _check_tensors(q, k, v, ndim: int, layout: str) -> None:
         raise ValueError(f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
 
 
+def _check_return_lse(return_lse) -> None:
+    """Refuse a ``return_lse`` that is not ``True`` / ``False`` (a truthy stand-in changes what comes back)."""
+    if return_lse is not True and return_lse is not False:
+        raise ValueError(f"return_lse={return_lse!r} is not supported; allowed values: True, False")
+
+
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> None:
     """Validate shapes, dtypes and devices; raises ``ValueError`` / ``TypeError`` naming the argument."""
     if not isinstance(spec, AttentionSpec):
@@ -92,8 +98,7 @@ def attention(
         bad ``doc_ids`` (dtype, shape, device, decreasing ids: the message names ``doc_ids``), or a backend asked
         for by name that does not take documents (the message names those that do).
     """
-    if return_lse is not True and return_lse is not False:
-        raise ValueError(f"return_lse={return_lse!r} is not supported; allowed values: True, False")
+    _check_return_lse(return_lse)
     docs = doc_ids is not None
     try:
         key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
@@ -242,8 +247,7 @@ def attention_varlen(
         raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
     if return_lse and not spec.is_softmax:
         raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
-    if return_lse is not True and return_lse is not False:
-        raise ValueError(f"return_lse={return_lse!r} is not supported; allowed values: True, False")
+    _check_return_lse(return_lse)
     if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key at all: every query row sees nothing
         out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])  # (zero output, lse -inf: the kernels' empty rows)
         if return_lse:

@@ -32,6 +32,7 @@ for every pair.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -66,16 +67,10 @@ CPU_FLASH_MIN_KEYS = 16
 def sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
     """``F.scaled_dot_product_attention`` with ``enable_gqa`` when ``Hq != Hkv``, and the math kernel on the CPU below
     :data:`CPU_FLASH_MIN_KEYS` keys (NaN / inf inputs reach the rows that see them, as on every backend)."""
-    gqa = q.shape[1] != k.shape[1]
-    if q.device.type == "cpu" and k.shape[2] < CPU_FLASH_MIN_KEYS:
-        with sdpa_kernel([SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                                  enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=gqa)
-
-
-_sdpa = sdpa
+    math_only = q.device.type == "cpu" and k.shape[2] < CPU_FLASH_MIN_KEYS
+    with sdpa_kernel([SDPBackend.MATH]) if math_only else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
 
 
 @derived_cache(32)
@@ -88,7 +83,7 @@ def _dense_mask(spec, Nq: int, Nk: int, device: str):
 
 def _sdpa_dense_mask(q, k, v, scale, spec):
     attn_mask, empty = _dense_mask(spec, q.shape[2], k.shape[2], str(q.device))
-    out = _sdpa(q, k, v, scale, attn_mask=attn_mask)
+    out = sdpa(q, k, v, scale, attn_mask=attn_mask)
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
@@ -102,7 +97,7 @@ def _sdpa_documents(q, k, v, scale, spec, doc_ids, q_pos=None, q_doc=None):
 
     allowed = document_allowed(spec, q.shape[2], k.shape[2], doc_ids, q_pos, q_doc).unsqueeze(1)  # (B, 1, Nq, Nk)
     empty = ~allowed.any(-1, keepdim=True)
-    out = _sdpa(q, k, v, scale, attn_mask=allowed | empty)
+    out = sdpa(q, k, v, scale, attn_mask=allowed | empty)
     return out.masked_fill(empty, 0.0)
 
 
@@ -134,16 +129,16 @@ def torch_softmax_attention(q, k, v, spec, return_lse=False, doc_ids=None, q_pos
         return _sdpa_documents(q, k, v, scale, spec, doc_ids, q_pos, q_doc)
     mi = mask_info(spec, Nq, Nk)
     if mi.is_full and not return_lse:
-        return _sdpa(q, k, v, scale)
+        return sdpa(q, k, v, scale)
     if mi.is_plain_causal and not return_lse:
         if Nq == Nk:
-            return _sdpa(q, k, v, scale, is_causal=True)
+            return sdpa(q, k, v, scale, is_causal=True)
         if Nq < Nk:
             from torch.nn.attention.bias import causal_lower_right
 
-            return _sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
+            return sdpa(q, k, v, scale, attn_mask=causal_lower_right(Nq, Nk))
         top = q.new_zeros(q.shape[0], q.shape[1], Nq - Nk, v.shape[-1])  # rows with i' < 0 see nothing
-        return torch.cat([top, _sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
+        return torch.cat([top, sdpa(q[:, :, Nq - Nk:], k, v, scale, is_causal=True)], dim=2)
     unseen = unseen_keys(spec, Nq, Nk, str(q.device))
     if unseen is not None:  # keys no row may see contribute nothing, not even 0 * NaN (module docstring)
         k, v = k.masked_fill(unseen, 0.0), v.masked_fill(unseen, 0.0)
