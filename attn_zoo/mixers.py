@@ -265,19 +265,21 @@ def _call(factory: Callable, what: str, context: dict, options: dict):
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):  # builtins / C extensions: options only
-        params, var_kw = {}, True
+        sig, params, var_kw = None, {}, True
     else:
         params = sig.parameters
         var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kw = {k: v for k, v in context.items() if k in params and k not in options}
     if var_kw and "d_model" not in kw and "d_model" not in options:
         kw["d_model"] = context["d_model"]
-    try:
-        return factory(**options, **kw)
-    except TypeError as e:
-        accepted = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        raise ValueError(f"{what} cannot be built with options {sorted(options)} ({e}); its parameters: "
-                         f"{', '.join(accepted)} (context arguments given by name: {', '.join(CONTEXT)})") from e
+    if sig is not None:  # the arguments are checked against the signature: a TypeError raised inside the
+        try:             # factory (a bug in it) reaches the user as it is, not as "cannot be built with options"
+            sig.bind(**options, **kw)
+        except TypeError as e:
+            accepted = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            raise ValueError(f"{what} cannot be built with options {sorted(options)} ({e}); its parameters: "
+                             f"{', '.join(accepted)} (context arguments given by name: {', '.join(CONTEXT)})") from e
+    return factory(**options, **kw)
 
 
 def build_mixer(spec: LayerSpec, config, layer_idx: int = 0, backend: str = "auto", rotary=None):

@@ -169,6 +169,23 @@ def test_a_mixer_that_is_not_a_module_or_changes_the_shape_is_named():
         GPT(cfg, MixerSpec("tuple_toy"))(idx)
 
 
+def test_a_type_error_inside_a_factory_is_not_called_an_option_error():
+    """A ``TypeError`` raised inside a mixer's factory (a bug in it) was caught and re-raised as "cannot be built
+    with options []", sending the user to their config; it reaches them as it is, while a wrong option still
+    names the factory's parameters."""
+    def broken(d_model):
+        return nn.Linear(d_model, "16")  # the bug: a str size
+
+    register_mixer("broken_factory_toy", broken)
+    cfg = GPTConfig(vocab_size=11, n_head=2, d_model=16, max_seq_len=8, n_layer=1)
+    with pytest.raises(TypeError) as info:
+        build_mixer(MixerSpec("broken_factory_toy"), cfg)
+    assert "cannot be built" not in str(info.value)
+    with pytest.raises(ValueError, match=r"mixer 'broken_factory_toy' cannot be built with options \['width'\].*"
+                                         r"its parameters: d_model"):
+        build_mixer(MixerSpec("broken_factory_toy", {"width": 3}), cfg)
+
+
 def test_train_py_refuses_a_mixer_that_is_not_a_module_before_anything_is_written(tmp_path):
     out = tmp_path / "out"
     cfg = _cfg(out, FAST + ["model.n_layer=1", "model.layers=[{_target_: attn_zoo.model.GPTConfig}]"])
