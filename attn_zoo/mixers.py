@@ -11,7 +11,8 @@ context arguments its signature names: ``d_model``, ``n_head``, ``head_dim``, ``
 mixers (``attention``, ``mamba2``, ``deltanet``, ``gated_deltanet``, ``linformer``, ``mla``) are registered when the
 registry is first queried, whichever modules the caller imported. A mixer need
 not be registered: ``MixerSpec("my_pkg.layers.MyMixer", ...)`` (or ``_target_: my_pkg.layers.MyMixer`` in a
-config) imports it by path.
+config) imports it by path; with no registration and no ``causal`` option, :class:`~attn_zoo.model.GPT` checks that
+it is causal by a probe (:func:`causality_probe`) and refuses it if not.
 
 The ``attention`` mixer (:class:`attn_zoo.model.Attention`) is built from an :class:`~attn_zoo.AttentionSpec`; every
 other mixer from a :class:`MixerSpec`. In configs (``model.layers`` of ``train.py``) a layer is the name of a
@@ -39,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+import torch
 import torch.nn as nn
 
 from .spec import AttentionSpec, make_spec
@@ -166,6 +168,19 @@ class MixerSpec:
         an import path of a registered mixer's class, ``attn_zoo.families.linformer.Linformer``) and a ``causal``
         option of the spec (``MixerSpec("mla", {"causal": False})`` is non-causal although ``mla`` is registered
         causal)."""
+        entry = self._entry()
+        option = bool(dict(self.options).get("causal", True))
+        return (entry.causal and option) if entry is not None else option
+
+    @property
+    def causal_declared(self) -> bool:
+        """Whether :attr:`causal` is said by a registration or a ``causal`` option; ``False`` for an import path of
+        an unregistered class given without ``causal``, whose causality :class:`~attn_zoo.model.GPT` checks by a
+        probe (:func:`causality_probe`)."""
+        return self._entry() is not None or "causal" in dict(self.options)
+
+    def _entry(self) -> Optional[MixerEntry]:
+        """The registration of :attr:`mixer` (a registered name, or an import path of a registered factory)."""
         _load_builtins()
         entry = _MIXERS.get(self.mixer)
         if entry is None and "." in self.mixer:  # an import path of a registered mixer: its registration says
@@ -174,8 +189,7 @@ class MixerSpec:
             except ValueError:  # not importable: build_mixer names it
                 factory = None
             entry = next((e for e in _MIXERS.values() if e.factory is factory), None)
-        option = bool(dict(self.options).get("causal", True))
-        return (entry.causal and option) if entry is not None else option
+        return entry
 
     def kwargs(self) -> dict:
         return {k: _thaw(v) for k, v in self.options}
@@ -280,6 +294,36 @@ def _call(factory: Callable, what: str, context: dict, options: dict):
             raise ValueError(f"{what} cannot be built with options {sorted(options)} ({e}); its parameters: "
                              f"{', '.join(accepted)} (context arguments given by name: {', '.join(CONTEXT)})") from e
     return factory(**options, **kw)
+
+
+def causality_probe(mixer: nn.Module, d_model: int, seq_len: int = 8) -> Optional[float]:
+    """How much ``mixer``'s output at positions ``0 .. seq_len - 2`` moves when only the input at the last position
+    changes: the max abs difference over the max abs output (0 for a causal mixer, ~1e-7 for one that is causal
+    in exact arithmetic only, an FFT convolution), on one random ``(1, seq_len, d_model)`` input in eval mode
+    and without gradients, on the device and dtype of its first parameter. ``None`` when the probe cannot say: the
+    forward raised, returned no tensor of the input's shape, or is not deterministic (two calls on the same input
+    differ). Used for mixers whose causality no registration or option declares (:attr:`MixerSpec.causal_declared`).
+    """
+    p = next(iter(mixer.parameters()), None)
+    device, dtype = (p.device, p.dtype) if p is not None and p.is_floating_point() else ("cpu", torch.float32)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, seq_len, d_model, generator=g)  # (1, N, d_model)
+    x2 = x.clone()
+    x2[:, -1] = torch.randn(d_model, generator=g)  # only the last position differs
+    was_training = mixer.training
+    mixer.eval()
+    try:
+        with torch.no_grad():
+            y, y_again, y2 = (mixer(t.to(device, dtype)) for t in (x, x, x2))
+    except Exception:  # noqa: BLE001 - a mixer that needs a GPU, a cache, other arguments: the probe cannot say
+        return None
+    finally:
+        mixer.train(was_training)
+    if not all(isinstance(t, torch.Tensor) and t.shape == x.shape for t in (y, y_again, y2)) \
+            or not torch.equal(y, y_again):
+        return None
+    scale = float(y.float().abs().max()) or 1.0
+    return float((y[:, :-1].float() - y2[:, :-1].float()).abs().max()) / scale
 
 
 def build_mixer(spec: LayerSpec, config, layer_idx: int = 0, backend: str = "auto", rotary=None):

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
 from .registry import backend_names
-from .mixers import (LayerSpec, MixerSpec, build_mixer, forward_takes, layer_from_dict, layer_to_dict,  # noqa: F401
-                     register_mixer)
+from .mixers import (LayerSpec, MixerSpec, build_mixer, causality_probe, forward_takes, layer_from_dict,  # noqa: F401
+                     layer_to_dict, register_mixer)
 from .spec import AttentionSpec
 from .variants import get_variant
 
@@ -400,6 +400,9 @@ def doc_ids_refusal(layers: Sequence[str]) -> str:
             f"doc_ids); train it without doc_ids (data.doc_mask=false)")
 
 
+CAUSALITY_PROBE_TOL = 1e-3  # relative change of earlier outputs above which an unregistered mixer is not causal
+
+
 class Block(nn.Module):
     """Pre-norm block ``x + mixer(norm(x))``, ``x + mlp(norm(x))``; the mixer is built from the layer spec by the
     mixer registry (:func:`attn_zoo.mixers.build_mixer`). It is kept as ``attn`` (the checkpoints' key)."""
@@ -409,6 +412,15 @@ class Block(nn.Module):
         self.norm1 = make_norm(config)
         self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
         self.where = f"layer {layer_idx} ({spec.label})"  # named when the mixer's output is not (B, N, d_model)
+        if isinstance(spec, MixerSpec) and not spec.causal_declared:  # an unregistered class: asked by a probe
+            moved = causality_probe(self.attn, config.d_model, min(8, config.max_seq_len))
+            if moved is not None and moved > CAUSALITY_PROBE_TOL:
+                raise ValueError(
+                    f"{self.where} is not causal: {spec.mixer} is not registered and has no causal option, and "
+                    f"changing its input at the last of {min(8, config.max_seq_len)} positions moved its output at "
+                    f"earlier positions by {moved:.3g} of its scale; GPT is a causal language model, so position t "
+                    f"may not see later positions. If it is causal, register it: attn_zoo.register_mixer(name, "
+                    f"{spec.mixer.rsplit('.', 1)[-1]}, causal=True)")
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
         # packed documents: the mixer says what it takes by its forward's keyword arguments (never by its kind)
         self.takes_doc_ids = forward_takes(self.attn, "doc_ids")  # its state / attention stays inside each document

@@ -58,6 +58,48 @@ def test_gpt_refuses_linformer_given_by_its_import_path():
     assert MixerSpec("no_such_pkg.Mixer").causal  # not importable: the build names it (build_mixer)
 
 
+class MeanOverSequence(torch.nn.Module):
+    """Not registered, not causal: every position gets the mean over the whole sequence (also the later ones)."""
+
+    def __init__(self, d_model):
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x):  # (B, N, d_model)
+        return self.proj(x.mean(dim=1, keepdim=True).expand_as(x))
+
+
+class CumulativeMean(MeanOverSequence):
+    """Not registered, causal: position t gets the mean over positions <= t."""
+
+    def forward(self, x):  # (B, N, d_model)
+        n = torch.arange(1, x.shape[1] + 1, dtype=x.dtype, device=x.device)[:, None]
+        return self.proj(x.cumsum(dim=1) / n)
+
+
+def test_an_unregistered_mixer_by_import_path_is_probed_for_causality():
+    """An import path of a class that is not registered and has no ``causal`` option counted as causal: GPT took a
+    mixer that averages over the whole sequence and position 0 read the last token. Its causality is now asked by
+    a probe (change the last input, watch the earlier outputs); a causal one builds, a ``causal`` option or a
+    registration is believed."""
+    cfg = GPTConfig(vocab_size=20, n_layer=2, n_head=2, d_model=16, max_seq_len=12)
+    path = f"{__name__}.MeanOverSequence"
+    assert not MixerSpec(path).causal_declared
+    with pytest.raises(ValueError, match=r"^layer 1 \(MeanOverSequence\) is not causal: .*MeanOverSequence is not "
+                                         r"registered and has no causal option, and changing its input at the last "
+                                         r"of 8 positions moved its output.*register_mixer\(name, MeanOverSequence, "
+                                         r"causal=True\)"):
+        GPT(cfg, [attn_zoo.make_spec("flash"), MixerSpec(path)])
+    model = GPT(cfg, MixerSpec(f"{__name__}.CumulativeMean"))  # causal: built, and it predicts from the past only
+    assert model.blocks[0].attn.training  # the probe (in eval mode) gave the mixer back in training mode
+    model.eval()
+    idx = torch.randint(0, 20, (1, 10))
+    idx2 = idx.clone()
+    idx2[0, -1] = (idx[0, -1] + 1) % 20
+    torch.testing.assert_close(model(idx)[:, :-1], model(idx2)[:, :-1])
+    assert MixerSpec(path, {"causal": True}).causal_declared  # an explicit option is believed (not probed)
+
+
 @pytest.mark.parametrize("kw, msg", [(dict(proj_dim=2.5), r"linformer proj_dim=2.5 must be an integer >= 1"),
                                      (dict(proj_dim="abc"), r"linformer proj_dim='abc' must be an integer >= 1"),
                                      (dict(proj_dim=0), r"linformer proj_dim=0 must be an integer >= 1"),
