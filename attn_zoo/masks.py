@@ -20,6 +20,7 @@ Which terms a kind uses is its variant's mask rule (:mod:`attn_zoo.variants`, ``
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -202,7 +203,24 @@ def _mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     return MaskInfo(Nq, Nk, spec.causal, **terms)
 
 
+def meta_via_cpu(fn):
+    """``fn(spec, Nq, Nk, device)``, a mask built from the spec and the shape only, for ``device="meta"`` (a model
+    traced for its shapes, FLOP counts): built on the CPU (the ``.item()`` calls it makes need values) and returned
+    on the meta device (tensors, also inside a tuple; other values as they are)."""
+
+    @functools.wraps(fn)
+    def wrapped(spec, Nq: int, Nk: int, device: str = "cpu"):
+        if torch.device(device).type != "meta":
+            return fn(spec, Nq, Nk, device)
+        out = fn(spec, Nq, Nk, "cpu")
+        to_meta = (lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t)
+        return tuple(map(to_meta, out)) if isinstance(out, tuple) else to_meta(out)
+
+    return wrapped
+
+
 @derived_cache(64)
+@meta_via_cpu
 def unseen_keys(spec: AttentionSpec, Nq: int, Nk: int, device: str = "cpu") -> Optional[torch.Tensor]:
     """``(Nk, 1)`` bool on ``device``, True at the keys that no query row may see under ``spec``'s mask, or ``None``
     when every key is seen by some row (no causal training shape has any; decoding-like ``Nq < Nk`` windows and

@@ -41,6 +41,8 @@ def _masked_contract(a: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor) ->
     ``~allowed`` ``(M, K)`` are treated as exact zeros that never multiply ``x``: rows of ``x`` holding a NaN or
     inf are added only where allowed (per element, in chunks no larger than ``a``), the others by one matmul."""
     a = torch.where(allowed, a, 0.0)
+    if x.device.type == "meta":  # shapes only (no values to look at): the product's shape and dtype
+        return a @ x
     bad = ~torch.isfinite(x).all(-1)  # (..., K)
     bad = bad.reshape(-1, bad.shape[-1]).any(0)  # (K,): one row set for every batch / head
     if not bool(bad.any()):

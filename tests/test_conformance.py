@@ -160,6 +160,22 @@ def test_forward_and_every_gradient_match_the_reference(spec, backend):
         torch.testing.assert_close(lse[fin], ref[fin], atol=2e-3, rtol=2e-3)
 
 
+# ------------------------------------------------------------------------------------ shapes only (meta tensors)
+META_BACKENDS = ("reference", "torch", "naive")  # the PyTorch backends (Triton kernels need values on a device)
+META_CASES = [(s, b) for s, _ in SPECS for b in META_BACKENDS if b == "reference" or b in _claims(s)]
+
+
+@pytest.mark.parametrize("spec, backend", META_CASES, ids=[f"{IDS[s]}-{b}" for s, b in META_CASES])
+def test_meta_tensors_give_the_output_shape_and_every_gradient(spec, backend):
+    """A model traced on the meta device (shapes, FLOP counts) crashed on masked kinds: the masks' ``.item()`` calls
+    (``unseen_keys``, the dense masks, the reference's NaN check) need values. They are built on the CPU."""
+    q, k, v = (t.to("meta").requires_grad_(True) for t in _inputs())
+    o = attention(q, k, v, spec, backend=backend)
+    assert o.device.type == "meta" and o.shape == q.shape and o.dtype == q.dtype
+    o.sum().backward()
+    assert [tuple(t.grad.shape) for t in (q, k, v)] == [tuple(t.shape) for t in (q, k, v)]
+
+
 # ------------------------------------------------------------------------------------ packed documents (issue 27)
 # Two rows: a length-1 document, skipped ids (empty documents), boundaries inside the kernels' tiles; one document.
 DOC_IDS = torch.tensor([[3] * 7 + [5] + [6] * 17 + [9] * 15, [0] * 40])

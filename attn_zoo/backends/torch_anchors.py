@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..flex import flex_decoding_refusal
-from ..masks import mask_info, unseen_keys
+from ..masks import mask_info, meta_via_cpu, unseen_keys
 from ..registry import derived_cache, family, register_backend
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -202,6 +202,7 @@ def flex_attention(q, k, v, spec, return_lse=False, doc_ids=None):
 
 # --------------------------------------------------------------------------------------------- naive
 @derived_cache(32)
+@meta_via_cpu
 def _naive_mask(spec, Nq: int, Nk: int, device: str):
     """``(allowed or None, has empty rows)`` of the spec's mask on ``device``."""
     mi = mask_info(spec, Nq, Nk)

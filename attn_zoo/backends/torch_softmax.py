@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..flex import compiled_flex_attention, flex_block_mask, flex_decoding_refusal, flex_document_block_mask
-from ..masks import mask_info, unseen_keys
+from ..masks import mask_info, meta_via_cpu, unseen_keys
 from ..registry import derived_cache, family, register_backend
 
 
@@ -74,6 +74,7 @@ def sdpa(q, k, v, scale, attn_mask=None, is_causal=False):
 
 
 @derived_cache(32)
+@meta_via_cpu
 def _dense_mask(spec, Nq: int, Nk: int, device: str):
     """``(attn_mask, empty_rows or None)`` for SDPA: empty rows attend everything and are zeroed afterwards."""
     allowed = mask_info(spec, Nq, Nk).dense(device)  # (Nq, Nk)
