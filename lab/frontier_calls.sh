@@ -98,6 +98,13 @@
 # Thirty-seventh (no call ran: the first machine was taken back mid-call, ~340 s; three refusals, ~360 s; then "no
 # new device machine is lent at present"). Next: the same as the 36th's next (1 whole, 2, 3, 4), and the NaN rows of
 # SDPA / Flex with fewer than 16 keys on CUDA (the CPU's flash SDPA kernel zeroed them: attn_zoo.backends.torch_softmax).
+# Thirty-eighth (kind nvidia-h200 refused, ~180 s, then four 15-s refusals; then an H100): 1 with CALL_S=540
+# SHORT_S=0 BWDMIN_S=0 MODEL_S=60 PYTEST_S=390 (421 s; the whole suite, 855 passed, 0 failed, in 318 s), 2 with
+# TAYLOR_S=0 ELU_S=0 (11 s), 3 with SOFTMAX_BUDGET_S=250 (369 s; 77 of 121 points: Flex+FA4, Flex and FA2 mostly not
+# reached), 4 with MASKS_S=0 SPARSE_S=0 WHERE_S=0 DOCS_S=420 CALL_S=480 (371 s; the documents complete in ~320 s).
+# results/h100/2026-12-07g. Next: the same four (3 with SOFTMAX_BUDGET_S >= 400 so that Flex+FA4 is reached: it
+# compiles per shape), on an H200 where one comes; the NaN rows with < 16 keys on CUDA are now a GPU test
+# (tests/test_nan_semantics.py::test_every_gpu_backend_keeps_nan_with_fewer_than_16_keys, in call 1's suite).
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,

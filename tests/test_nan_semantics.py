@@ -94,3 +94,29 @@ def test_torch_decode_keeps_nan_with_fewer_than_16_keys():
     want = decode_attention(q, kc, vc, AttentionSpec(), lens, backend="reference")
     assert torch.equal(torch.isnan(out), torch.isnan(want))
     torch.testing.assert_close(out, want, equal_nan=True, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Nq,Nk,where", [(4, 8, "q"), (1, 15, "q"), (9, 4, "q"), (4, 1, "k"), (1, 1, "k")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_gpu_backend_keeps_nan_with_fewer_than_16_keys(Nq, Nk, where, dtype):
+    """The CPU's flash SDPA kernel dropped a NaN query row to 0 below 16 keys (fixed on the CPU by the math kernel,
+    ``CPU_FLASH_MIN_KEYS``); this asks every softmax backend that takes the shape on CUDA (SDPA's kernels, Flex,
+    cuDNN, FA4, ours) the same: the NaN rows are the reference's."""
+    from attn_zoo.registry import get_backends
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, Nq, 64, generator=g)
+    k, v = (torch.randn(1, 2, Nk, 64, generator=g) for _ in range(2))
+    (q if where == "q" else k)[0, 0, -1 if where == "q" else 0, 3] = float("nan")
+    q, k, v = (t.to("cuda", dtype) for t in (q, k, v))
+    spec = AttentionSpec(causal=Nq <= Nk)
+    want = torch.isnan(attention(q.double(), k.double(), v.double(), spec, backend="reference"))
+    ran = []
+    for name, b in get_backends("flash").items():
+        if name == "reference" or b.why_not(q, k, v, spec) is not None:
+            continue
+        out = attention(q, k, v, spec, backend=name)
+        assert torch.equal(torch.isnan(out), want), f"{name}: NaN rows differ from the reference"
+        ran.append(name)
+    assert "torch" in ran, ran
