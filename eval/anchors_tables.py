@@ -47,14 +47,27 @@ ORDER = ("triton", "parallel", "taylor_chunk", "torch", "fa4", "flex_fa4", "sdpa
 
 def load(results_dir: str) -> List[dict]:
     """The latest row of every point of every ``<family>/kernel.csv`` under ``results_dir`` (``combined/`` left
-    out). Raises ``FileNotFoundError`` naming the folder when there is none, ``ValueError`` when they hold no row."""
+    out); where no family folder kept its ``kernel.csv`` (committed runs keep ``combined/kernel.csv`` alone, the
+    same rows with a ``family`` column), ``combined/kernel.csv``'s rows, so that such a run's tables can be rebuilt.
+    Raises ``FileNotFoundError`` naming the folder when there is neither, ``ValueError`` when they hold no row."""
     from eval.sweep import latest_rows, read_rows
 
     fam_of = lambda p: os.path.basename(os.path.dirname(p))  # noqa: E731
     paths = sorted((p for p in glob.glob(os.path.join(results_dir, "*", "kernel.csv")) if fam_of(p) != "combined"),
                    key=lambda p: (fam_of(p) != "softmax", fam_of(p)))  # softmax first, then the others
+    combined = os.path.join(results_dir, "combined", "kernel.csv")
+    if not paths and os.path.isfile(combined):
+        rows = read_rows(combined)
+        if rows and not all(r.get("family") for r in rows):
+            raise ValueError(f"{combined}: rows without a family column (not written by eval.anchors_tables)")
+        fams = sorted({r["family"] for r in rows}, key=lambda f: (f != "softmax", f))
+        rows = [r for f in fams for r in latest_rows([r for r in rows if r["family"] == f])]
+        if not rows:
+            raise ValueError(f"no rows in {combined}")
+        return rows
     if not paths:
-        raise FileNotFoundError(f"no <family>/kernel.csv under {results_dir} (written by lab/h200_anchors.sh)")
+        raise FileNotFoundError(f"no <family>/kernel.csv under {results_dir} (written by lab/h200_anchors.sh), and no "
+                                f"combined/kernel.csv")
     rows = []
     for p in paths:
         fam = os.path.basename(os.path.dirname(p))

@@ -79,6 +79,25 @@ def test_no_results_is_a_clear_error(tmp_path, capsys):
                      capsys.readouterr().err)
 
 
+def test_a_run_that_kept_only_combined_is_rebuilt_from_it(results, capsys):
+    """Committed runs keep ``combined/kernel.csv`` alone (the family tables are the same rows): anchors_tables
+    refused them ("no <family>/kernel.csv"), so their tables kept the statuses of the day they were made. It now
+    reads the combined rows, family by family, and writes the same tables as from the family folders."""
+    assert anchors_tables.main([str(results), "--n-boot", "50", "--no-plots"]) == 0
+    first = capsys.readouterr().out
+    before = {f: open(results / "combined" / f).read() for f in ("kernel.csv", "best.csv", "nstar_compare.csv")}
+    for fam in ("softmax", "linear"):
+        os.remove(results / fam / "kernel.csv")
+    assert anchors_tables.main([str(results), "--n-boot", "50", "--no-plots"]) == 0
+    assert capsys.readouterr().out == first
+    assert {f: open(results / "combined" / f).read() for f in before} == before
+    lines = open(results / "combined" / "kernel.csv").read().splitlines()
+    open(results / "combined" / "kernel.csv", "w").write("\n".join(l.rsplit(",", 1)[0] for l in lines) + "\n")
+    with pytest.raises(SystemExit):  # a table without the family column: not one of ours
+        anchors_tables.main([str(results), "--no-plots"])
+    assert "rows without a family column" in capsys.readouterr().err
+
+
 def test_combined_tables_keep_the_columns_of_the_family_tables(tmp_path):
     """The family tables of a run from before eval.sweep's ``settings`` column: combined/kernel.csv and best.csv
     gained an empty ``settings`` column, so the documented rebuild rewrote the committed tables (every row changed).
