@@ -306,11 +306,13 @@ def causality_probe(mixer: nn.Module, d_model: int, seq_len: int = 8) -> Optiona
     """
     p = next(iter(mixer.parameters()), None)
     device, dtype = (p.device, p.dtype) if p is not None and p.is_floating_point() else ("cpu", torch.float32)
+    if torch.device(device).type == "meta":  # a model built for its shapes: no values to compare
+        return None
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, seq_len, d_model, generator=g)  # (1, N, d_model)
     x2 = x.clone()
     x2[:, -1] = torch.randn(d_model, generator=g)  # only the last position differs
-    was_training = mixer.training
+    modes = [(m, m.training) for m in mixer.modules()]  # each submodule's own mode, given back as it was
     mixer.eval()
     try:
         with torch.no_grad():
@@ -318,7 +320,8 @@ def causality_probe(mixer: nn.Module, d_model: int, seq_len: int = 8) -> Optiona
     except Exception:  # noqa: BLE001 - a mixer that needs a GPU, a cache, other arguments: the probe cannot say
         return None
     finally:
-        mixer.train(was_training)
+        for m, training in modes:
+            m.training = training
     if not all(isinstance(t, torch.Tensor) and t.shape == x.shape for t in (y, y_again, y2)) \
             or not torch.equal(y, y_again):
         return None
