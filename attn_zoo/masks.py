@@ -194,7 +194,10 @@ def _mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     v = get_variant(spec.kind)
     if v.family != "softmax":
         raise ValueError(f"mask_info needs a softmax kind {kinds_of('softmax')}, got kind={spec.kind!r}")
-    terms = dict(v.mask(spec, Nq, Nk))
+    # on the CPU, whatever the default device: the result is cached for every later call, and a layout made under
+    # ``with torch.device("meta")`` (a model traced for its shapes) had no values for the calls after it
+    with torch.device("cpu"):
+        terms = dict(v.mask(spec, Nq, Nk))
     right = terms.get("window_right")
     if spec.causal and right is not None:
         terms["window_right"] = min(right, 0)  # (None stays None: the causal rule bounds the right side)
@@ -212,7 +215,8 @@ def meta_via_cpu(fn):
     def wrapped(spec, Nq: int, Nk: int, device: str = "cpu"):
         if torch.device(device).type != "meta":
             return fn(spec, Nq, Nk, device)
-        out = fn(spec, Nq, Nk, "cpu")
+        with torch.device("cpu"):  # under ``with torch.device("meta")`` the tensors fn makes without a device too
+            out = fn(spec, Nq, Nk, "cpu")
         to_meta = (lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t)
         return tuple(map(to_meta, out)) if isinstance(out, tuple) else to_meta(out)
 

@@ -293,40 +293,73 @@ def _call(factory: Callable, what: str, context: dict, options: dict):
             accepted = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
             raise ValueError(f"{what} cannot be built with options {sorted(options)} ({e}); its parameters: "
                              f"{', '.join(accepted)} (context arguments given by name: {', '.join(CONTEXT)})") from e
-    return factory(**options, **kw)
+    try:
+        return factory(**options, **kw)
+    except TypeError as e:  # raised inside the factory: kept as it is (a bug in it, or an option of a wrong type
+        # that it passed on), with a note naming the mixer and what it was given (shown under the traceback)
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
+        e.add_note(f"(raised inside the factory of {what}, built with {given}"
+                   f"{' and ' + ', '.join(sorted(kw)) if kw else ''})")
+        raise
 
 
-def causality_probe(mixer: nn.Module, d_model: int, seq_len: int = 8) -> Optional[float]:
-    """How much ``mixer``'s output at positions ``0 .. seq_len - 2`` moves when only the input at the last position
-    changes: the max abs difference over the max abs output (0 for a causal mixer, ~1e-7 for one that is causal
-    in exact arithmetic only, an FFT convolution), on one random ``(1, seq_len, d_model)`` input in eval mode
-    and without gradients, on the device and dtype of its first parameter. ``None`` when the probe cannot say: the
-    forward raised, returned no tensor of the input's shape, or is not deterministic (two calls on the same input
-    differ). Used for mixers whose causality no registration or option declares (:attr:`MixerSpec.causal_declared`).
-    """
-    p = next(iter(mixer.parameters()), None)
-    device, dtype = (p.device, p.dtype) if p is not None and p.is_floating_point() else ("cpu", torch.float32)
-    if torch.device(device).type == "meta":  # a model built for its shapes: no values to compare
+def causality_probe(mixer: nn.Module, d_model: int, seq_len: int = 8, every_position: bool = False) -> Optional[float]:
+    """How much ``mixer``'s output at earlier positions moves when the input at one later position changes: the max
+    abs difference over the max abs output (0 for a causal mixer, ~1e-7 for one that is causal in exact arithmetic
+    only, an FFT convolution; a few units of the dtype's eps in bf16). The changed position is the last one, or,
+    with ``every_position``, each position ``j >= 1`` in turn (one batched forward of ``seq_len`` rows: row ``j``
+    has position ``j`` changed, its outputs before ``j`` are compared), which also finds a mixer that leaks from a
+    position other than the last. On random ``(B, seq_len, d_model)`` inputs in eval mode and without gradients,
+    on the device and dtype of its first floating-point parameter (:func:`probe_device_dtype`). Each forward starts
+    from the same seeded RNG state inside :func:`torch.random.fork_rng` (a mixer that draws random numbers as it
+    runs draws the same ones each time), and every submodule gets its own training mode back: the probe leaves the
+    global RNG and the modes as they were. ``None`` when the probe cannot say: meta parameters (no values), the
+    forward raised (a length it does not take, a GPU it needs), returned no tensor of the input's shape, or is not
+    deterministic (two calls on the same input differ). Used for mixers whose causality no registration or option
+    declares (:attr:`MixerSpec.causal_declared`)."""
+    device, dtype = probe_device_dtype(mixer)
+    if device.type == "meta":  # shapes only: nothing to compare
         return None
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, seq_len, d_model, generator=g)  # (1, N, d_model)
-    x2 = x.clone()
-    x2[:, -1] = torch.randn(d_model, generator=g)  # only the last position differs
-    modes = [(m, m.training) for m in mixer.modules()]  # each submodule's own mode, given back as it was
+    base = torch.randn(1, seq_len, d_model, generator=g, device="cpu")  # (1, N, d_model); not the default device
+    changed = torch.randn(1, seq_len, d_model, generator=g, device="cpu")
+    rows = range(1, seq_len) if every_position else [seq_len - 1]
+    x = base.repeat(1 + len(rows), 1, 1)  # row 0: the base input; row r: one position changed
+    for r, j in enumerate(rows, start=1):
+        x[r, j] = changed[0, j]
+    modes = [(m, m.training) for m in mixer.modules()]
+    cuda = [device] if device.type == "cuda" else []
+
+    def run(t):
+        with torch.random.fork_rng(devices=cuda):
+            torch.default_generator.manual_seed(0)
+            if cuda:
+                with torch.cuda.device(device):
+                    torch.cuda.manual_seed(0)
+            return mixer(t.to(device, dtype))
+
     mixer.eval()
     try:
         with torch.no_grad():
-            y, y_again, y2 = (mixer(t.to(device, dtype)) for t in (x, x, x2))
+            y, y_again = run(x), run(x)
     except Exception:  # noqa: BLE001 - a mixer that needs a GPU, a cache, other arguments: the probe cannot say
         return None
     finally:
         for m, training in modes:
             m.training = training
-    if not all(isinstance(t, torch.Tensor) and t.shape == x.shape for t in (y, y_again, y2)) \
-            or not torch.equal(y, y_again):
+    if not all(isinstance(t, torch.Tensor) and t.shape == x.shape for t in (y, y_again)) or not torch.equal(y, y_again):
         return None
-    scale = float(y.float().abs().max()) or 1.0
-    return float((y[:, :-1].float() - y2[:, :-1].float()).abs().max()) / scale
+    y = y.float()
+    scale = float(y.abs().max()) or 1.0
+    moved = max(float((y[r, :j] - y[0, :j]).abs().max()) for r, j in enumerate(rows, start=1))
+    return moved / scale
+
+
+def probe_device_dtype(mixer: nn.Module) -> Tuple[torch.device, torch.dtype]:
+    """The device and dtype :func:`causality_probe` runs ``mixer`` in: its first floating-point parameter's, else
+    the CPU in float32."""
+    p = next((p for p in mixer.parameters() if p.is_floating_point()), None)
+    return (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
 
 
 def build_mixer(spec: LayerSpec, config, layer_idx: int = 0, backend: str = "auto", rotary=None):

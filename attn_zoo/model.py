@@ -401,6 +401,37 @@ def doc_ids_refusal(layers: Sequence[str]) -> str:
 
 
 CAUSALITY_PROBE_TOL = 1e-3  # relative change of earlier outputs above which an unregistered mixer is not causal
+CAUSALITY_PROBE_LENGTHS = (8, 128)  # probed at these lengths (at most max_seq_len), at max_seq_len when neither can say
+
+
+def probe_causality(block: "Block", spec: "MixerSpec", config: GPTConfig) -> None:
+    """Refuse ``block``'s mixer, an unregistered class without a ``causal`` option, when
+    :func:`~attn_zoo.mixers.causality_probe` finds its earlier outputs moved by a later input. Probed with the
+    weights the model trains from (after :meth:`GPT._init_weights`: a zero-initialised projection hid every
+    dependence), changing each position in turn, at 8 tokens and at ``min(128, max_seq_len)`` (a dilated or
+    chunked mixer leaks only past its reach), and at ``max_seq_len`` (the last position changed) when neither could
+    say (a mixer that takes that length only). The tolerance is
+    :data:`CAUSALITY_PROBE_TOL`, or 4 eps of a half-precision mixer's dtype (rounding, not a leak)."""
+    from .mixers import probe_device_dtype
+
+    L = config.max_seq_len
+    tol = max(CAUSALITY_PROBE_TOL, 4 * torch.finfo(probe_device_dtype(block.attn)[1]).eps)
+    lengths = list(dict.fromkeys(min(n, L) for n in CAUSALITY_PROBE_LENGTHS))
+    last = [] if L in lengths else [L]  # max_seq_len itself only when the shorter probes could not say
+    said = False
+    for n in lengths + last:
+        if said and n in last:
+            break
+        moved = causality_probe(block.attn, config.d_model, n, every_position=n not in last)
+        said = said or moved is not None
+        if moved is not None and moved > tol:
+            where = "one" if n not in last else "the last"
+            raise ValueError(
+                f"{block.where} is not causal: {spec.mixer} is not registered and has no causal option, and "
+                f"changing its input at {where} of {n} positions moved its output at earlier positions by "
+                f"{moved:.3g} of its scale; GPT is a causal language model, so position t may not see later "
+                f"positions. If it is causal, register it: attn_zoo.register_mixer(name, "
+                f"{spec.mixer.rsplit('.', 1)[-1]}, causal=True)")
 
 
 class Block(nn.Module):
@@ -412,15 +443,6 @@ class Block(nn.Module):
         self.norm1 = make_norm(config)
         self.attn = build_mixer(spec, config, layer_idx=layer_idx, backend=backend, rotary=rotary)
         self.where = f"layer {layer_idx} ({spec.label})"  # named when the mixer's output is not (B, N, d_model)
-        if isinstance(spec, MixerSpec) and not spec.causal_declared:  # an unregistered class: asked by a probe
-            moved = causality_probe(self.attn, config.d_model, min(8, config.max_seq_len))
-            if moved is not None and moved > CAUSALITY_PROBE_TOL:
-                raise ValueError(
-                    f"{self.where} is not causal: {spec.mixer} is not registered and has no causal option, and "
-                    f"changing its input at the last of {min(8, config.max_seq_len)} positions moved its output at "
-                    f"earlier positions by {moved:.3g} of its scale; GPT is a causal language model, so position t "
-                    f"may not see later positions. If it is causal, register it: attn_zoo.register_mixer(name, "
-                    f"{spec.mixer.rsplit('.', 1)[-1]}, causal=True)")
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
         # packed documents: the mixer says what it takes by its forward's keyword arguments (never by its kind)
         self.takes_doc_ids = forward_takes(self.attn, "doc_ids")  # its state / attention stays inside each document
@@ -517,6 +539,9 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
         self.apply(self._init_weights)
+        for blk, s in zip(self.blocks, self.specs):  # an unregistered class: asked by a probe, with these weights
+            if isinstance(s, MixerSpec) and not s.causal_declared:
+                probe_causality(blk, s, config)
 
     @classmethod
     def from_config(cls, model_config: ModelConfig, backend: str = "auto") -> "GPT":

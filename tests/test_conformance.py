@@ -176,6 +176,24 @@ def test_meta_tensors_give_the_output_shape_and_every_gradient(spec, backend):
     assert [tuple(t.grad.shape) for t in (q, k, v)] == [tuple(t.shape) for t in (q, k, v)]
 
 
+@pytest.mark.parametrize("backend", META_BACKENDS)
+def test_a_meta_device_context_leaves_the_cached_masks_on_the_cpu(backend):
+    """Under ``with torch.device("meta")`` (a model built and run on the meta device) the sparse kinds' layout was
+    made on the meta device and cached by ``mask_info``: the torch backend failed there ("Cannot copy out of meta
+    tensor"), and every later call with the same spec and shape failed on the CPU too."""
+    spec = make_spec("sparse", block_size=8, num_local_blocks=1, num_global_blocks=1, num_random_blocks=1,
+                     seed=1234 + META_BACKENDS.index(backend))  # a layout no other test made (the variant caches it)
+    with torch.device("meta"):
+        q, k, v = (t.to("meta").requires_grad_(True) for t in _inputs())
+        o = attention(q, k, v, spec, backend=backend)
+        o.sum().backward()
+    assert o.device.type == "meta" and q.grad.shape == q.shape
+    assert attn_zoo.mask_info(spec, N, N).layout.device.type == "cpu"
+    q, k, v = _inputs()
+    torch.testing.assert_close(attention(q, k, v, spec, backend=backend), attention(q, k, v, spec, backend="reference"),
+                               **_tol(spec))
+
+
 # ------------------------------------------------------------------------------------ packed documents (issue 27)
 # Two rows: a length-1 document, skipped ids (empty documents), boundaries inside the kernels' tiles; one document.
 DOC_IDS = torch.tensor([[3] * 7 + [5] + [6] * 17 + [9] * 15, [0] * 40])

@@ -181,6 +181,8 @@ def test_a_type_error_inside_a_factory_is_not_called_an_option_error():
     with pytest.raises(TypeError) as info:
         build_mixer(MixerSpec("broken_factory_toy"), cfg)
     assert "cannot be built" not in str(info.value)
+    assert "raised inside the factory of mixer 'broken_factory_toy', built with no options and d_model" in \
+        "".join(getattr(info.value, "__notes__", []))  # the traceback names the mixer
     with pytest.raises(ValueError, match=r"mixer 'broken_factory_toy' cannot be built with options \['width'\].*"
                                          r"its parameters: d_model"):
         build_mixer(MixerSpec("broken_factory_toy", {"width": 3}), cfg)

@@ -198,6 +198,8 @@ def _check_chunk_size(chunk_size) -> None:
 def _delta_rule_chunk_checked(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size):
     if q.shape[1] == 0:
         return _empty(q, v, initial_state)
+    if not torch.amp.is_autocast_available(q.device.type):  # meta (shapes only): torch.autocast refuses the device
+        return _delta_rule_chunk(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
     with torch.autocast(device_type=q.device.type, enabled=False):  # fp32 products under bf16-mixed too
         return _delta_rule_chunk(q, k, v, beta, g, scale, initial_state, doc_ids, chunk_size)
 
@@ -415,6 +417,10 @@ class _DeltaBase(nn.Module):
         if kernel not in DELTA_BACKENDS:
             raise ValueError(f"{self.mixer_name} kernel={kernel!r} is not supported; allowed values: "
                              f"{', '.join(DELTA_BACKENDS)}")
+        for name, value, what in (("n_head", n_head, "the heads of the delta rule"),
+                                  ("head_dim", head_dim, "the key / value width of each head")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{self.mixer_name} {name}={value!r} must be an integer >= 1 ({what})")
         if kernel == "fla":
             _fla(self.gated)  # a missing package is named when the model is built, not at its first forward
         self.n_head, self.head_dim, self.kernel = n_head, head_dim, kernel
