@@ -159,10 +159,20 @@ def fit_quadratic_per_token(n: Sequence[float], t_per_token: Sequence[float]) ->
     d = _clean(n, t_per_token)
     if len(d) < 2:
         raise ValueError(f"need at least two (n, t) points to fit c2, got {len(d)}")
-    x = np.array(sorted(d), dtype=np.float64)
-    y = np.array([d[v] for v in x], dtype=np.float64)
-    A = np.stack([np.ones_like(x), x], 1) / y[:, None]
-    c0, c2 = np.linalg.lstsq(A, np.ones_like(y), rcond=None)[0]
+    # The 2 x 2 normal equations of min sum_i ((c0 + c2 x_i) / y_i - 1)^2, x scaled to (0, 1] for conditioning,
+    # summed exactly (math.fsum): the same bits on every CPU (a LAPACK lstsq moved the last digits of the committed
+    # fits with the BLAS kernel the machine picked).
+    xs = sorted(d)
+    top = xs[-1]
+    a = [1.0 / d[v] for v in xs]  # column of c0, relative weights
+    b = [(v / top) / d[v] for v in xs]  # column of c2 * top
+    saa, sab, sbb = math.fsum(u * u for u in a), math.fsum(u * w for u, w in zip(a, b)), math.fsum(w * w for w in b)
+    sa, sb = math.fsum(a), math.fsum(b)
+    det = saa * sbb - sab * sab
+    if not det > 0:  # every point at one length (not reached: at least two distinct lengths are kept)
+        raise ValueError(f"need two distinct lengths to fit c2, got {xs}")
+    c0 = (sbb * sa - sab * sb) / det
+    c2 = (saa * sb - sab * sa) / det / top
     return float(c0), float(c2)
 
 
