@@ -175,6 +175,22 @@ def test_noisy_fit_is_close():
     assert a2 == pytest.approx(c2, rel=0.1)
 
 
+def test_the_fit_is_the_least_squares_solution_in_the_same_bits_whatever_the_order():
+    """The fit is the weighted least-squares solution (against numpy's lstsq, 1e-11 relative) and its bits do not
+    depend on the order of the points or on a BLAS (exact sums): the committed crossover tables are rebuilt the same
+    on every CPU (np.linalg.lstsq moved their last digits with the machine's OpenBLAS kernels)."""
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        ns = np.sort(rng.choice([2.0 ** i for i in range(7, 16)], int(rng.integers(2, 8)), replace=False))
+        tb = np.abs((rng.uniform(1e-4, 1e-2) + rng.uniform(1e-8, 1e-6) * ns) * (1 + 0.1 * rng.standard_normal(len(ns))))
+        A = np.stack([np.ones_like(ns), ns], 1) / tb[:, None]
+        want = np.linalg.lstsq(A, np.ones_like(tb), rcond=None)[0]
+        got = fit_quadratic_per_token(ns, tb)
+        assert got == pytest.approx(tuple(want), rel=1e-11)
+        perm = rng.permutation(len(ns))
+        assert fit_quadratic_per_token(ns[perm], tb[perm]) == got  # the same bits
+
+
 def _rows(variant, backend, ns, times, mem=None, hkv=2, status="ok"):
     kind = "linear" if variant == "linear" else "flash"
     return [{"variant": variant, "kind": kind, "backend": backend, "seq_len": str(n), "head_dim": "64",
