@@ -286,19 +286,42 @@ def is_subquadratic(kind: str) -> bool:
 
 def element_fraction(spec, N: int) -> float:
     """Fraction of the ``N x N`` (query, key) pairs a spec keeps (``Nq = Nk = N``; linear kinds: the causal
-    fraction). The variant's own formula when it has one, else counted from the mask in row chunks (block-sparse
-    layouts above ``N = 4096``: the visited-tile fraction at ``block_size`` tiles, no element count)."""
+    fraction). The variant's own formula when it has one, else counted from the mask in row chunks up to ``N = 4096``;
+    above: exact in block coordinates for a mask that is a block layout (+ causal) alone
+    (:func:`layout_element_fraction`), else the visited-tile fraction at the mask's tiles (a layout's
+    ``block_size``, else 64; never the spec's ``block_size`` field, which a kind may not read)."""
     v = get_variant(spec.kind)
     if v.element_fraction is not None:
         return float(v.element_fraction(spec, N))
     if v.family != "softmax":
         return (N + 1) / (2 * N) if spec.causal else 1.0
     from .. import cost_model as cm
+    from ..masks import mask_info
 
-    bs = getattr(spec, "block_size", 64) or 64
     if N <= 4096:
-        return cm.mask_fractions(spec, N, bs, bs)["element_fraction"]
+        return cm.mask_fractions(spec, N, 64, 64)["element_fraction"]
+    mi = mask_info(spec, N, N)
+    if mi.layout is not None and mi.window_left is None and mi.window_right in (None, 0) and mi.dilation == 1:
+        return layout_element_fraction(mi.layout, mi.block_size, N, spec.causal)
+    # the mask's own tiles (a layout's block size; not the spec's ``block_size`` field, which a kind may not read)
+    bs = mi.block_size if mi.layout is not None else 64
     return cm.mask_fractions(spec, N, bs, bs, elements=False)["visited_fraction"]
+
+
+def layout_element_fraction(layout, block_size: int, N: int, causal: bool) -> float:
+    """Exact kept fraction at ``Nq = Nk = N`` of a mask made of a block layout (over absolute blocks of
+    ``block_size`` tokens, the last one possibly ragged) and, when ``causal``, the causal rule, in O(nb^2): every
+    block pair of the layout keeps all its elements except the diagonal blocks under causality (lower triangles)."""
+    import torch
+
+    nb = -(-N // block_size)
+    lay = layout[:nb, :nb].to(torch.float64)
+    sizes = torch.full((nb,), float(block_size), dtype=torch.float64)
+    sizes[-1] = N - block_size * (nb - 1)
+    kept = float((lay * sizes.view(-1, 1) * sizes.view(1, -1)).sum())
+    if causal:
+        kept -= float((lay.diagonal() * (sizes * sizes - sizes * (sizes + 1) / 2)).sum())
+    return kept / (N * N)
 
 
 def window_element_fraction(N: int, left: Optional[int], right: Optional[int], causal: bool, dilation: int = 1) -> float:

@@ -1,0 +1,52 @@
+"""A plugin variant without an ``element_fraction`` of its own gets its kept fraction from its mask. Above
+N = 4096 the fallback used the visited-tile fraction at ``spec.block_size`` tiles -- the ``block_size`` field of
+``AttentionSpec`` that such a kind does not read (default 64) -- so a chunked-local plugin (chunks of 8) jumped from
+0.0011 at N = 4096 to 0.0154 at N = 4097 (14x the FLOPs in ``spec_cost`` and the sweep's columns)."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from attn_zoo import AttentionSpec, make_spec
+from attn_zoo.cost_model import mask_fractions, spec_cost
+from attn_zoo.variants import element_fraction, register_variant, unregister_variant
+
+
+@dataclass(frozen=True)
+class _ChunkSpec(AttentionSpec):
+    chunk: int = 8
+
+
+def _mask(spec, Nq, Nk):
+    nb = max(-(-Nk // spec.chunk), 1)
+    return {"layout": torch.eye(nb, dtype=torch.bool), "block_size": spec.chunk}
+
+
+@pytest.fixture
+def chunk_kind():
+    register_variant("chunk_cost_probe", "softmax", spec_class=_ChunkSpec, fields=("chunk",), mask=_mask,
+                     subquadratic=True)
+    yield "chunk_cost_probe"
+    unregister_variant("chunk_cost_probe")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_layout_plugin_keeps_its_exact_fraction_above_4096(chunk_kind, causal):
+    spec = make_spec(chunk_kind, chunk=8, causal=causal)
+    N = 4097
+    exact = mask_fractions(spec, N, 64, 64)["element_fraction"]  # the element rule, counted
+    assert element_fraction(spec, N) == pytest.approx(exact, rel=1e-9)
+    assert element_fraction(spec, 4096) == pytest.approx(element_fraction(spec, N), rel=0.01)  # no jump at 4096
+
+
+def test_the_cost_model_does_not_jump_at_4096(chunk_kind):
+    spec = make_spec(chunk_kind, chunk=8)
+    a, b = (spec_cost(spec, 1, 8, N, 64, mode="fwd").flops for N in (4096, 4097))
+    assert b == pytest.approx(a, rel=0.01)
+
+
+def test_sparse_keeps_its_own_formula():
+    spec = make_spec("sparse", block_size=16)
+    N = 4097
+    assert element_fraction(spec, N) == pytest.approx(mask_fractions(spec, N, 64, 64)["element_fraction"], rel=1e-9)
