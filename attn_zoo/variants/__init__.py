@@ -49,7 +49,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..registry import forget_derived
+from ..registry import derived_cache, forget_derived
 
 FAMILIES = ("softmax", "linear")
 CACHE_POLICIES = ("full", "window", "state", "latent")
@@ -158,6 +158,12 @@ class Variant:
             pol = self.cache_policy_fn(spec)
             if not isinstance(pol, CachePolicy):
                 raise TypeError(f"cache_policy of variant {self.kind!r} must return a CachePolicy, got {pol!r}")
+            if pol.kind == "window" and self.family == "softmax":
+                why = _window_policy_mismatch(spec, pol.window)
+                if why is not None:
+                    raise ValueError(f"cache_policy of variant {self.kind!r} gives CachePolicy('window', {pol.window}) "
+                                     f"for {spec!r}, but its mask {why}: a rolling cache of the last {pol.window} "
+                                     f"tokens would decode wrong; return CachePolicy('full') (or a larger window)")
             return pol
         if self.family != "softmax":
             return CachePolicy("state")
@@ -178,6 +184,39 @@ class Variant:
         if pol.kind in ("state", "latent"):
             raise ValueError(f"variant {self.kind!r} has a {pol.kind!r} cache policy but no cache_bytes(...) entry")
         return 2 * n_kv_heads * head_dim * dtype_bytes * pol.kept_tokens(context)
+
+
+def _window_offsets(spec, L: int) -> frozenset:
+    """Distances ``i' - j`` of the keys the last of ``L`` tokens sees under ``spec``'s mask."""
+    import torch
+
+    from ..masks import mask_info
+
+    mi = mask_info(spec, 1, L)
+    row = mi.allowed(torch.zeros(1, 1, dtype=torch.long), torch.arange(L).view(1, -1))[0]
+    return frozenset((L - 1 - row.nonzero().view(-1)).tolist())
+
+
+@derived_cache(64)
+def _window_policy_mismatch(spec, window: int) -> Optional[str]:
+    """``None`` when a rolling cache of the last ``window`` tokens decodes ``spec`` exactly (checked on the decode
+    row at many lengths: causal, no key ``window`` or more tokens back, the same distances at every length, so the
+    rule is translation invariant: a rolling cache re-bases positions), else why not."""
+    if not spec.causal:
+        return "is not causal"
+    lengths = sorted(set(range(1, min(window, 64) + 1)) | set(range(window, window + 130)) |
+                     {2 * window, 2 * window + 1, 3 * window + 7})
+    seen = {L: _window_offsets(spec, L) for L in lengths}
+    ref = seen[lengths[-1]]
+    for L, got in seen.items():
+        far = [d for d in got if d >= window]
+        if far:
+            return f"lets the last of {L} tokens see a key {max(far)} tokens back"
+    for L, got in seen.items():
+        if got != frozenset(d for d in ref if d < L):
+            return (f"depends on absolute positions (the last of {L} tokens sees other distances than the last of "
+                    f"{lengths[-1]})")
+    return None
 
 
 _VARIANTS: Dict[str, Variant] = {}
