@@ -40,6 +40,27 @@ def test_a_layout_plugin_keeps_its_exact_fraction_above_4096(chunk_kind, causal)
     assert element_fraction(spec, 4096) == pytest.approx(element_fraction(spec, N), rel=0.01)  # no jump at 4096
 
 
+def _band_mask(spec, Nq, Nk):  # a symmetric block band (the block before, its own, the block after)
+    nb = max(-(-Nk // spec.chunk), 1)
+    i = torch.arange(nb)
+    return {"layout": (i[:, None] - i[None, :]).abs() <= 1, "block_size": spec.chunk}
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_layout_with_blocks_above_the_diagonal_is_counted_exactly(causal):
+    """A layout with blocks above the diagonal under ``causal=True``: the causal rule removes those blocks whole
+    (they were counted as kept)."""
+    register_variant("band_cost_probe", "softmax", spec_class=_ChunkSpec, fields=("chunk",), mask=_band_mask,
+                     subquadratic=True)
+    try:
+        spec = make_spec("band_cost_probe", chunk=8, causal=causal)
+        N = 4097
+        assert element_fraction(spec, N) == pytest.approx(mask_fractions(spec, N, 64, 64)["element_fraction"],
+                                                          rel=1e-9)
+    finally:
+        unregister_variant("band_cost_probe")
+
+
 def test_the_cost_model_does_not_jump_at_4096(chunk_kind):
     spec = make_spec(chunk_kind, chunk=8)
     a, b = (spec_cost(spec, 1, 8, N, 64, mode="fwd").flops for N in (4096, 4097))

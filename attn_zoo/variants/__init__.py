@@ -355,6 +355,8 @@ def layout_element_fraction(layout, block_size: int, N: int, causal: bool) -> fl
 
     nb = -(-N // block_size)
     lay = layout[:nb, :nb].to(torch.float64)
+    if causal:  # blocks above the diagonal keep nothing under the causal rule, whatever the layout says
+        lay = torch.tril(lay)
     sizes = torch.full((nb,), float(block_size), dtype=torch.float64)
     sizes[-1] = N - block_size * (nb - 1)
     kept = float((lay * sizes.view(-1, 1) * sizes.view(1, -1)).sum())
