@@ -160,6 +160,38 @@ def test_forward_and_every_gradient_match_the_reference(spec, backend):
         torch.testing.assert_close(lse[fin], ref[fin], atol=2e-3, rtol=2e-3)
 
 
+# ------------------------------------------------------------------------------------ the model's own caches
+CAUSAL_SPECS = [(s, i) for s, i in SPECS if s.causal]
+
+
+@pytest.mark.parametrize("spec", [s for s, _ in CAUSAL_SPECS], ids=[i for _, i in CAUSAL_SPECS])
+def test_decoding_through_the_variants_own_cache_equals_the_full_forward(spec):
+    """The decode tests above hand every kind a full cache; the model builds the cache the variant's policy asks for
+    (a rolling window cache, a linear state). A 2-layer GPT of every causal kind, 80 tokens (past twice the yamls'
+    windows, so a window cache rolls), paged and shuffled: a prefill of 7 tokens, then one token at a time, gives
+    the rows of the full forward."""
+    from attn_zoo.model import GPT, GPTConfig
+
+    N = 80
+    cfg = GPTConfig(vocab_size=37, n_layer=2, n_head=HQ, d_model=HQ * D, max_seq_len=N)
+    torch.manual_seed(0)
+    model = GPT(cfg, spec, backend="reference").eval()
+    with torch.no_grad():
+        for p in model.parameters():  # larger weights than the 0.02 init, so that the attention pattern matters
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    idx = torch.randint(0, 37, (2, N), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)  # (B, N, vocab)
+        caches = model.init_cache(2, capacity=N, page_size=4, shuffle_pages=True)
+        steps = [model(idx[:, :7], caches=caches, pos=0)] + [model(idx[:, t:t + 1], caches=caches, pos=t)
+                                                            for t in range(7, N)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=5e-5, rtol=1e-5)
+    policy = get_variant(spec.kind).cache_policy(spec)
+    if policy.kind == "window":  # the rolling cache was exercised: it holds fewer slots than the sequence
+        assert all(c.capacity < N for c in caches), [c.capacity for c in caches]
+
+
 # ------------------------------------------------------------------------------------ shapes only (meta tensors)
 META_BACKENDS = ("reference", "torch", "naive")  # the PyTorch backends (Triton kernels need values on a device)
 META_CASES = [(s, b) for s, _ in SPECS for b in META_BACKENDS if b == "reference" or b in _claims(s)]
