@@ -163,12 +163,18 @@ def _flex_available() -> Optional[str]:
     return _importable("torch.nn.attention.flex_attention")()
 
 
-def _flex_grad_reason(q, k, v) -> Optional[str]:
-    """FlexAttention runs eagerly off CUDA, forward only (torch raises NotImplementedError at the backward)."""
+def _flex_grad_reason(q, k, v, spec) -> Optional[str]:
+    """FlexAttention runs eagerly off CUDA, forward only (torch raises NotImplementedError at the backward). The
+    message names the backends that take these inputs instead (asked of the registry: under the Triton
+    interpreter ``triton`` is one)."""
     if q.device.type != "cuda" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        from ..registry import get_backends
+
+        others = [n for n, b in get_backends(spec.kind).items()
+                  if not n.startswith("flex") and b.why_not(q, k, v, spec) is None]
         return (f"FlexAttention has no backward off CUDA (got {q.device.type} inputs that require grad); run it "
-                f"under torch.no_grad(), or for gradients on the CPU pick another backend; allowed values: torch, "
-                f"naive, reference")
+                f"under torch.no_grad(), or for gradients on the {q.device.type.upper()} pick another backend; "
+                f"allowed values: {', '.join(others)}")
     return None
 
 
@@ -178,7 +184,7 @@ def _flex_supports(q, k, v, spec, return_lse):
     why = flex_decoding_refusal(q)
     if why is not None:
         return why
-    return _flex_grad_reason(q, k, v)
+    return _flex_grad_reason(q, k, v, spec)
 
 
 @register_backend(family("softmax"), "flex", supports=_flex_supports, priority=None, available=_flex_available,
@@ -188,7 +194,7 @@ def flex_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     ``BlockMask`` of :func:`attn_zoo.flex.flex_document_block_mask`)."""
     from ..flex import compiled_flex_attention, flex_block_mask, flex_document_block_mask
 
-    why = _flex_grad_reason(q, k, v)  # also here: attention()'s dispatch cache does not key on requires_grad
+    why = _flex_grad_reason(q, k, v, spec)  # also here: attention()'s dispatch cache does not key on requires_grad
     if why is not None:
         raise ValueError(f"backend='flex' cannot run this input for kind={spec.kind!r}: {why}")
     if doc_ids is not None:
