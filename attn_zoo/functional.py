@@ -181,6 +181,9 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     _check_tensors(q, k, v, 3, "(total_tokens, H, D) in attention_varlen")
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v must have the same number of tokens, got k={k.shape[0]}, v={v.shape[0]}")
+    if q.device.type == "meta":
+        raise ValueError("attention_varlen: cu_seqlens' values are the document boundaries, which meta tensors do "
+                         "not have; trace on the meta device with the padded attention() instead")
     host = []
     for name, cu, total, mx in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                 ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):

@@ -332,3 +332,17 @@ def test_query_rows_before_the_first_key_see_nothing_at_the_int64_extremes():
             assert (out[0, 0, :4] == 0).all() and (out[0, 0, 4:] != 0).any(), (be, ids)
         with pytest.raises(ValueError, match=r"doc_ids holds both .* renumber the documents"):
             attention(q, k, v, spec, be, doc_ids=torch.tensor([[lo] * 4 + [hi] * 4]))
+
+
+def test_packed_documents_on_the_meta_device_are_refused_naming_the_argument():
+    """A model traced on the meta device with ``doc_ids`` failed inside torch ("Cannot copy out of meta tensor",
+    ``.item()``) or with "doc_ids must be on q's device meta" for CPU ids: the boundaries are values, which meta
+    tensors do not have. Refused by name, for ``attention`` and ``attention_varlen``."""
+    q = torch.randn(1, 2, 8, 16, device="meta")
+    for ids in (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long, device="meta")):
+        with pytest.raises(ValueError, match=r"^doc_ids: packed documents need the document ids' values"):
+            attention(q, q, q, AttentionSpec(), doc_ids=ids, backend="reference")
+    qv = torch.randn(8, 2, 16, device="meta")
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^attention_varlen: cu_seqlens' values are the document boundaries"):
+        attention_varlen(qv, qv, qv, cu, cu, 8, 8, AttentionSpec())
