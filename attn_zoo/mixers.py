@@ -318,7 +318,7 @@ def causality_probe(mixer: nn.Module, d_model: int, seq_len: int = 8, every_posi
     deterministic (two calls on the same input differ). Used for mixers whose causality no registration or option
     declares (:attr:`MixerSpec.causal_declared`)."""
     device, dtype = probe_device_dtype(mixer)
-    if device.type == "meta":  # shapes only: nothing to compare
+    if device.type == "meta" or seq_len < 2:  # shapes only, or no earlier position: nothing to compare
         return None
     g = torch.Generator().manual_seed(0)
     base = torch.randn(1, seq_len, d_model, generator=g, device="cpu")  # (1, N, d_model); not the default device

@@ -98,6 +98,8 @@ def test_an_unregistered_mixer_by_import_path_is_probed_for_causality():
     idx2[0, -1] = (idx[0, -1] + 1) % 20
     torch.testing.assert_close(model(idx)[:, :-1], model(idx2)[:, :-1])
     assert MixerSpec(path, {"causal": True}).causal_declared  # an explicit option is believed (not probed)
+    # one position: nothing earlier to watch (the probe's max over no position raised ValueError)
+    GPT(GPTConfig(vocab_size=20, n_layer=1, n_head=2, d_model=16, max_seq_len=1), MixerSpec(path))
 
 
 class ZeroInitOutMean(MeanOverSequence):
