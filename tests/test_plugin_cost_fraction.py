@@ -71,3 +71,27 @@ def test_sparse_keeps_its_own_formula():
     spec = make_spec("sparse", block_size=16)
     N = 4097
     assert element_fraction(spec, N) == pytest.approx(mask_fractions(spec, N, 64, 64)["element_fraction"], rel=1e-9)
+
+
+def _band_right0_mask(spec, Nq, Nk):  # the band layout and no key to the right of the query, without causal=True
+    return dict(_band_mask(spec, Nq, Nk), window_right=0)
+
+
+def test_a_layout_with_a_right_window_edge_is_not_counted_as_the_layout_alone():
+    """``window_right=0`` on a non-causal spec keeps the lower half of each block: counted as the whole layout
+    (the fast path took any ``window_right`` of 0 as the causal clip)."""
+    register_variant("band_right0_probe", "softmax", spec_class=_ChunkSpec, fields=("chunk",), mask=_band_right0_mask,
+                     subquadratic=True)
+    register_variant("band_cost_probe_free", "softmax", spec_class=_ChunkSpec, fields=("chunk",), mask=_band_mask,
+                     subquadratic=True)
+    try:
+        spec = make_spec("band_right0_probe", chunk=8, causal=False)
+        N = 4097
+        exact = mask_fractions(spec, N, 64, 64)["element_fraction"]
+        layout_alone = mask_fractions(make_spec("band_cost_probe_free", chunk=8, causal=False), N, 64, 64)
+        # the visited tiles of the layout (partial tiles counted whole): at least the exact count, well under the
+        # layout alone (~2x: each diagonal block counted whole)
+        assert exact <= element_fraction(spec, N) < 1.5 * exact < layout_alone["element_fraction"]
+    finally:
+        unregister_variant("band_right0_probe")
+        unregister_variant("band_cost_probe_free")

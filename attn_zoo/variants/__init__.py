@@ -340,7 +340,8 @@ def element_fraction(spec, N: int) -> float:
     if N <= 4096:
         return cm.mask_fractions(spec, N, 64, 64)["element_fraction"]
     mi = mask_info(spec, N, N)
-    if mi.layout is not None and mi.window_left is None and mi.window_right in (None, 0) and mi.dilation == 1:
+    right_free = mi.window_right is None or (mi.causal and mi.window_right == 0)  # no window term beyond causal
+    if mi.layout is not None and mi.window_left is None and right_free and mi.dilation == 1:
         return layout_element_fraction(mi.layout, mi.block_size, N, spec.causal)
     # the mask's own tiles (a layout's block size; not the spec's ``block_size`` field, which a kind may not read)
     bs = mi.block_size if mi.layout is not None else 64
