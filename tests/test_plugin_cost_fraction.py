@@ -95,3 +95,57 @@ def test_a_layout_with_a_right_window_edge_is_not_counted_as_the_layout_alone():
     finally:
         unregister_variant("band_right0_probe")
         unregister_variant("band_cost_probe_free")
+
+
+@pytest.mark.parametrize("terms", [
+    {"window_right": 0},                      # causal by its window, on a spec that says causal=False
+    {"window_left": 10},                      # a layout with a window
+    {"dilation": 3},                          # a layout with a dilation
+    {"window_left": 50, "dilation": 3, "window_right": 7},
+])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_layout_with_other_terms_is_counted_exactly(terms, causal):
+    """Above N = 4096 a layout with a window / dilation got the visited-tile fraction at its block size (up to 18x
+    the kept elements, a jump in spec_cost at 4097), and a non-causal spec whose mask says window_right=0 was counted
+    without the causal triangle (2x)."""
+    register_variant("band_terms_probe", "softmax", spec_class=_ChunkSpec, fields=("chunk",),
+                     mask=lambda s, Nq, Nk: {**_band_mask(s, Nq, Nk), **terms}, subquadratic=True)
+    try:
+        spec = make_spec("band_terms_probe", chunk=100, causal=causal)
+        for N in (4097, 5000):
+            exact = mask_fractions(spec, N, 64, 64)["element_fraction"]
+            assert element_fraction(spec, N) == pytest.approx(exact, rel=1e-9)
+    finally:
+        unregister_variant("band_terms_probe")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_layout_smaller_than_the_blocks_reads_its_last_block(causal):
+    """A layout of fixed size (fewer blocks than N / block_size): the element rule clamps block indices to its last
+    row / column; element_fraction raised a RuntimeError (shape mismatch) above N = 4096."""
+    def small(s, Nq, Nk):
+        i = torch.arange(16)
+        return {"layout": (i[:, None] - i[None, :]).abs() <= 1, "block_size": s.chunk}
+
+    register_variant("small_layout_probe", "softmax", spec_class=_ChunkSpec, fields=("chunk",), mask=small)
+    try:
+        spec = make_spec("small_layout_probe", chunk=100, causal=causal)
+        N = 5000
+        assert element_fraction(spec, N) == pytest.approx(mask_fractions(spec, N, 64, 64)["element_fraction"],
+                                                          rel=1e-9)
+    finally:
+        unregister_variant("small_layout_probe")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_window_plugin_is_counted_exactly(causal):
+    """A plugin whose mask is a window (+ dilation) without a layout: the 64-token visited tiles gave 11x the kept
+    elements of a window of 10 above N = 4096."""
+    register_variant("win_frac_probe", "softmax", mask=lambda s, Nq, Nk: {"window_left": 10, "dilation": 2})
+    try:
+        spec = make_spec("win_frac_probe", causal=causal)
+        N = 4097
+        assert element_fraction(spec, N) == pytest.approx(mask_fractions(spec, N, 64, 64)["element_fraction"],
+                                                          rel=1e-9)
+    finally:
+        unregister_variant("win_frac_probe")

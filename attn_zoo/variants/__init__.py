@@ -340,12 +340,48 @@ def element_fraction(spec, N: int) -> float:
     if N <= 4096:
         return cm.mask_fractions(spec, N, 64, 64)["element_fraction"]
     mi = mask_info(spec, N, N)
-    right_free = mi.window_right is None or (mi.causal and mi.window_right == 0)  # no window term beyond causal
-    if mi.layout is not None and mi.window_left is None and right_free and mi.dilation == 1:
-        return layout_element_fraction(mi.layout, mi.block_size, N, spec.causal)
-    # the mask's own tiles (a layout's block size; not the spec's ``block_size`` field, which a kind may not read)
-    bs = mi.block_size if mi.layout is not None else 64
-    return cm.mask_fractions(spec, N, bs, bs, elements=False)["visited_fraction"]
+    # window_right=0 keeps j <= i: the causal rule, whether the spec says causal or not
+    tril = spec.causal or mi.window_right == 0
+    if mi.layout is not None and mi.window_left is None and mi.window_right in (None, 0) and mi.dilation == 1:
+        return layout_element_fraction(mi.layout, mi.block_size, N, tril)
+    if (mi.layout is None and (mi.window_left is None or mi.window_left >= 0)
+            and (mi.window_right is None or mi.window_right >= 0)):  # a window (+ dilation) alone: exact in O(N)
+        return window_element_fraction(N, mi.window_left, mi.window_right, tril, mi.dilation)
+    if mi.layout is not None:  # a layout with a window and / or dilation: exact, per block pair in O(1)
+        return _layout_rule_element_fraction(mi, N)
+    return cm.mask_fractions(spec, N, 64, 64, elements=False)["visited_fraction"]
+
+
+def _layout_rule_element_fraction(mi, N: int) -> float:
+    """Exact kept fraction at ``Nq = Nk = N`` of a mask made of a block layout and a rule on the distance
+    ``d = i - j`` alone (causal, window, dilation), in O(N + nb^2): with ``P(x)`` the kept distances ``<= x`` and
+    ``Q`` its prefix sum, the block pair of queries ``[q0, q1]`` and keys ``[k0, k0 + sk)`` keeps
+    ``Q(q1 - k0) - Q(q0 - 1 - k0) - Q(q1 - k0 - sk) + Q(q0 - 1 - k0 - sk)``."""
+    import torch
+
+    bs = mi.block_size
+    nb = -(-N // bs)
+    idx = torch.arange(nb).clamp(max=mi.layout.shape[0] - 1)
+    lay = mi.layout.to("cpu")[idx][:, idx].bool()
+    lo = -(N + bs + 1)  # x in [lo, N + bs]: every argument of Q below
+    d = torch.arange(lo, N + bs + 1, dtype=torch.int64)
+    keep = torch.ones_like(d, dtype=torch.bool)
+    if mi.causal:
+        keep &= d >= 0
+    if mi.window_left is not None:
+        keep &= d <= mi.window_left
+    if mi.window_right is not None:
+        keep &= d >= -mi.window_right
+    if mi.dilation != 1:
+        keep &= d % mi.dilation == 0
+    Q = torch.cumsum(torch.cumsum(keep.to(torch.int64), 0), 0)  # Q[x - lo] = sum_{y <= x} P(y)
+    qb, kb = lay.nonzero(as_tuple=True)
+    start = torch.arange(nb, dtype=torch.int64) * bs
+    size = torch.clamp(N - start, max=bs)
+    q0, q1, k0, sk = start[qb], start[qb] + size[qb] - 1, start[kb], size[kb]
+    at = lambda x: Q[x - lo]  # noqa: E731
+    kept = at(q1 - k0) - at(q0 - 1 - k0) - at(q1 - k0 - sk) + at(q0 - 1 - k0 - sk)
+    return int(kept.sum()) / (N * N)
 
 
 def layout_element_fraction(layout, block_size: int, N: int, causal: bool) -> float:
@@ -355,7 +391,9 @@ def layout_element_fraction(layout, block_size: int, N: int, causal: bool) -> fl
     import torch
 
     nb = -(-N // block_size)
-    lay = layout[:nb, :nb].to(torch.float64)
+    # blocks past the layout's own size read its last row / column (the element rule clamps block indices)
+    idx = torch.arange(nb).clamp(max=layout.shape[0] - 1)
+    lay = layout.to("cpu")[idx][:, idx].to(torch.float64)
     if causal:  # blocks above the diagonal keep nothing under the causal rule, whatever the layout says
         lay = torch.tril(lay)
     sizes = torch.full((nb,), float(block_size), dtype=torch.float64)
