@@ -175,20 +175,21 @@ class MaskInfo:
         return BlockTable(kv_idx.to(device), kv_count.to(device), kv_full.to(device), visited.to(device), full.to(device))
 
 
-def mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
+def mask_info(spec: AttentionSpec, Nq: int, Nk: int, cached: bool = True) -> MaskInfo:
     """The :class:`MaskInfo` of a softmax spec for ``Nq`` queries and ``Nk`` keys: the terms of its variant's mask
     rule (:mod:`attn_zoo.variants`), with ``causal`` clipping a window's right side to 0. Cached per
     (spec, Nq, Nk): treat the result (and its ``layout``) as read-only. ``ValueError`` for a kind outside the softmax
-    family or ``Nq`` / ``Nk`` not integers >= 1 (checked before the cache, which takes ``True`` for ``1``)."""
+    family or ``Nq`` / ``Nk`` not integers >= 1 (checked before the cache, which takes ``True`` for ``1``).
+    ``cached=False`` builds it without reading or filling the cache (a probe over many lengths, which would evict
+    the masks in use and hold every layout it made)."""
     for name, n in (("Nq", Nq), ("Nk", Nk)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"mask_info: {name}={n!r} must be an integer >= 1 (the number of queries / keys)")
-    return _mask_info(spec, int(Nq), int(Nk))
+    return (_mask_info if cached else _build_mask_info)(spec, int(Nq), int(Nk))
 
 
-@derived_cache(256)
-def _mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
-    """:func:`mask_info`, cached, its counts checked."""
+def _build_mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
+    """:func:`mask_info`, uncached, its counts checked."""
     from .variants import get_variant, kinds_of
 
     v = get_variant(spec.kind)
@@ -204,6 +205,9 @@ def _mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
     if terms.get("layout") is None:
         terms["block_size"] = 0
     return MaskInfo(Nq, Nk, spec.causal, **terms)
+
+
+_mask_info = derived_cache(256)(_build_mask_info)
 
 
 def meta_via_cpu(fn):

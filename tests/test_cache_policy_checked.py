@@ -79,3 +79,32 @@ def test_a_true_window_policy_is_kept(kinds):
         outs += [model(idx[:, t:t + 1], caches=caches, pos=t) for t in range(9, 40)]
     inc = torch.cat([o[0] if isinstance(o, tuple) else o for o in outs], 1)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_within_long_chunks_is_refused():
+    """Chunks of 1000 tokens intersected with a window of 8 declared as CachePolicy("window", 8): translation
+    invariant at every length the check probed (at most 3 W + 7 and W + 129), but the first token of the second
+    chunk (position 1000) sees only itself, where a rolling cache re-based to 8 tokens sees all 8."""
+    def mask(s, Nq, Nk):
+        nb = max(-(-Nk // s.chunk), 1)
+        return {"layout": torch.eye(nb, dtype=torch.bool), "block_size": s.chunk, "window_left": 7}
+
+    register_variant("chunk_window_policy_probe", "softmax", spec_class=_ChunkSpec, fields=("chunk",), mask=mask,
+                     cache_policy=lambda s: CachePolicy("window", 8))
+    try:
+        with pytest.raises(ValueError, match="depends on absolute positions"):
+            get_variant("chunk_window_policy_probe").cache_policy(make_spec("chunk_window_policy_probe", chunk=1000))
+    finally:
+        unregister_variant("chunk_window_policy_probe")
+
+
+def test_the_check_leaves_the_mask_cache_alone(kinds):
+    """The check builds ~200 masks (one per probed length): through mask_info's cache of 256 it evicted the masks in
+    use and held every layout it made (2.6 GB after a token-level layout's check at W = 4096)."""
+    from attn_zoo.masks import _mask_info, mask_info
+
+    spec = make_spec("window_policy_probe", window_size=(63, 0))
+    mask_info(spec, 16, 16)
+    before = _mask_info.cache_info().currsize
+    get_variant("window_policy_probe").cache_policy(spec)
+    assert _mask_info.cache_info().currsize == before

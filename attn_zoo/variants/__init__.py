@@ -192,7 +192,7 @@ def _window_offsets(spec, L: int) -> frozenset:
 
     from ..masks import mask_info
 
-    mi = mask_info(spec, 1, L)
+    mi = mask_info(spec, 1, L, cached=False)  # ~200 lengths: not through (and not evicting) the masks' cache
     row = mi.allowed(torch.zeros(1, 1, dtype=torch.long), torch.arange(L).view(1, -1))[0]
     return frozenset((L - 1 - row.nonzero().view(-1)).tolist())
 
@@ -204,8 +204,14 @@ def _window_policy_mismatch(spec, window: int) -> Optional[str]:
     rule is translation invariant: a rolling cache re-bases positions), else why not."""
     if not spec.causal:
         return "is not causal"
-    lengths = sorted(set(range(1, min(window, 64) + 1)) | set(range(window, window + 130)) |
-                     {2 * window, 2 * window + 1, 3 * window + 7})
+    lengths = set(range(1, min(window, 64) + 1)) | set(range(window, window + 130)) | {2 * window, 2 * window + 1,
+                                                                                         3 * window + 7}
+    from ..masks import mask_info
+
+    bs = mask_info(spec, 1, window, cached=False).block_size
+    if bs > 1:  # a layout on absolute blocks: the last token at the start of a block, and a window across its edge
+        lengths |= {k * bs + r for k in (1, 2, 3) for r in range(min(bs, window + 2, 130))}
+    lengths = sorted(lengths)
     seen = {L: _window_offsets(spec, L) for L in lengths}
     ref = seen[lengths[-1]]
     for L, got in seen.items():
