@@ -164,15 +164,18 @@ def fit_quadratic_per_token(n: Sequence[float], t_per_token: Sequence[float]) ->
     # fits with the BLAS kernel the machine picked).
     xs = sorted(d)
     top = xs[-1]
-    a = [1.0 / d[v] for v in xs]  # column of c0, relative weights
-    b = [(v / top) / d[v] for v in xs]  # column of c2 * top
+    # the weights 1 / t scaled by a power of two near the median t: the same bits as unscaled (a power of two scales
+    # exactly), but no overflow / underflow of the products of 1 / t^4 for times far from 1 (1e-78 s, 1e77 ns)
+    s = math.ldexp(1.0, math.frexp(sorted(d.values())[len(d) // 2])[1])
+    a = [s / d[v] for v in xs]  # column of c0, relative weights
+    b = [((v / top) * s) / d[v] for v in xs]  # column of c2 * top
     saa, sab, sbb = math.fsum(u * u for u in a), math.fsum(u * w for u, w in zip(a, b)), math.fsum(w * w for w in b)
     sa, sb = math.fsum(a), math.fsum(b)
     det = saa * sbb - sab * sab
     if not det > 0:  # every point at one length (not reached: at least two distinct lengths are kept)
-        raise ValueError(f"need two distinct lengths to fit c2, got {xs}")
-    c0 = (sbb * sa - sab * sb) / det
-    c2 = (saa * sb - sab * sa) / det / top
+        raise ValueError(f"need two distinct lengths to fit c2 (lengths too close to tell apart count as one), got {xs}")
+    c0 = (sbb * sa - sab * sb) / det * s
+    c2 = (saa * sb - sab * sa) / det / top * s
     return float(c0), float(c2)
 
 

@@ -245,3 +245,12 @@ def test_find_crossover_with_equal_lengths(t_a, status, n_star):
         assert 1024 < r["n_star"] < 2048
     else:
         assert r["n_star"] != r["n_star"]  # NaN
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e-80, 1e80, 1e200])
+def test_fit_quadratic_per_token_any_time_scale(scale):
+    """The normal equations multiply four weights 1 / t: times below ~1e-77 or above ~1e77 (in whatever unit) gave
+    det = inf or 0 and a ValueError claiming two distinct lengths were missing; lstsq fitted them."""
+    n = [1024, 2048, 4096]
+    c0, c2 = fit_quadratic_per_token(n, [scale * (1 + x / 1000) for x in n])
+    assert c0 == pytest.approx(scale, rel=1e-9) and c2 == pytest.approx(scale / 1000, rel=1e-9)
