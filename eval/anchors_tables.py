@@ -47,24 +47,32 @@ ORDER = ("triton", "parallel", "taylor_chunk", "torch", "fa4", "flex_fa4", "sdpa
 
 def load(results_dir: str) -> List[dict]:
     """The latest row of every point of every ``<family>/kernel.csv`` under ``results_dir`` (``combined/`` left
-    out); where no family folder kept its ``kernel.csv`` (committed runs keep ``combined/kernel.csv`` alone, the
-    same rows with a ``family`` column), ``combined/kernel.csv``'s rows, so that such a run's tables can be rebuilt.
-    Raises ``FileNotFoundError`` naming the folder when there is neither, ``ValueError`` when they hold no row."""
+    out), and, for a family whose folder kept no ``kernel.csv`` (committed runs keep ``combined/kernel.csv`` alone,
+    the same rows with a ``family`` column), ``combined/kernel.csv``'s rows of that family: a run's tables can be
+    rebuilt, and rewriting ``combined/kernel.csv`` never drops a family. Raises ``FileNotFoundError`` naming the
+    folder when there is neither, ``ValueError`` when they hold no row."""
     from eval.sweep import latest_rows, read_rows
 
     fam_of = lambda p: os.path.basename(os.path.dirname(p))  # noqa: E731
+    order = lambda f: (f != "softmax", f)  # noqa: E731  (softmax first, then the others)
     paths = sorted((p for p in glob.glob(os.path.join(results_dir, "*", "kernel.csv")) if fam_of(p) != "combined"),
-                   key=lambda p: (fam_of(p) != "softmax", fam_of(p)))  # softmax first, then the others
+                   key=lambda p: order(fam_of(p)))
     combined = os.path.join(results_dir, "combined", "kernel.csv")
-    if not paths and os.path.isfile(combined):
-        rows = read_rows(combined)
-        if rows and not all(r.get("family") for r in rows):
+    if not paths and not os.path.isfile(combined):
+        raise FileNotFoundError(f"no <family>/kernel.csv under {results_dir} (written by lab/h200_anchors.sh), and no "
+                                f"combined/kernel.csv")
+    by_family = {fam_of(p): [dict(r, family=fam_of(p)) for r in latest_rows(read_rows(p))] for p in paths}
+    if os.path.isfile(combined):
+        kept = read_rows(combined)
+        if kept and not all(r.get("family") for r in kept):
             raise ValueError(f"{combined}: rows without a family column (not written by eval.anchors_tables)")
-        fams = sorted({r["family"] for r in rows}, key=lambda f: (f != "softmax", f))
-        rows = [r for f in fams for r in latest_rows([r for r in rows if r["family"] == f])]
-        if not rows:
-            raise ValueError(f"no rows in {combined}")
-        return rows
+        for f in {r["family"] for r in kept} - {f for f, rs in by_family.items() if rs}:
+            by_family[f] = latest_rows([r for r in kept if r["family"] == f])
+    rows = [r for f in sorted(by_family, key=order) for r in by_family[f]]
+    if not rows:  # every table empty (a family process that died before its first row): nothing to tabulate
+        raise ValueError(f"no rows in {', '.join(paths + [combined] * os.path.isfile(combined))}: every "
+                         f"<family>/kernel.csv under {results_dir} is empty")
+    return rows
     if not paths:
         raise FileNotFoundError(f"no <family>/kernel.csv under {results_dir} (written by lab/h200_anchors.sh), and no "
                                 f"combined/kernel.csv")
