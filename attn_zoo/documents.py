@@ -58,7 +58,7 @@ def check_doc_ids(doc_ids, q: torch.Tensor, k: torch.Tensor) -> None:
     B, Nk = q.shape[0], k.shape[2]
     if tuple(doc_ids.shape) != (B, Nk):
         raise ValueError(f"doc_ids must have shape (B, Nk) = ({B}, {Nk}), got {tuple(doc_ids.shape)}")
-    if q.device.type == "meta" or doc_ids.device.type == "meta":
+    if q.device.type == "meta":  # (meta ids beside real q: the device mismatch below names it)
         raise ValueError("doc_ids: packed documents need the document ids' values (their boundaries shape the mask), "
                          "which meta tensors do not have; trace the model on the meta device without doc_ids")
     if doc_ids.device != q.device:
