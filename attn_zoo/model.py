@@ -41,7 +41,7 @@ from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
 from .registry import backend_names
 from .mixers import (LayerSpec, MixerSpec, build_mixer, causality_probe, forward_takes, layer_from_dict,  # noqa: F401
-                     layer_to_dict, register_mixer)
+                     layer_to_dict, probe_device_dtype, register_mixer)
 from .spec import AttentionSpec
 from .variants import get_variant
 
@@ -412,8 +412,6 @@ def probe_causality(block: "Block", spec: "MixerSpec", config: GPTConfig) -> Non
     chunked mixer leaks only past its reach), and at ``max_seq_len`` (the last position changed) when neither could
     say (a mixer that takes that length only). The tolerance is
     :data:`CAUSALITY_PROBE_TOL`, or 4 eps of a half-precision mixer's dtype (rounding, not a leak)."""
-    from .mixers import probe_device_dtype
-
     L = config.max_seq_len
     tol = max(CAUSALITY_PROBE_TOL, 4 * torch.finfo(probe_device_dtype(block.attn)[1]).eps)
     lengths = list(dict.fromkeys(min(n, L) for n in CAUSALITY_PROBE_LENGTHS))

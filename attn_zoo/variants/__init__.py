@@ -332,9 +332,8 @@ def is_subquadratic(kind: str) -> bool:
 def element_fraction(spec, N: int) -> float:
     """Fraction of the ``N x N`` (query, key) pairs a spec keeps (``Nq = Nk = N``; linear kinds: the causal
     fraction). The variant's own formula when it has one, else counted from the mask in row chunks up to ``N = 4096``;
-    above: exact in block coordinates for a mask that is a block layout (+ causal) alone
-    (:func:`layout_element_fraction`), else the visited-tile fraction at the mask's tiles (a layout's
-    ``block_size``, else 64; never the spec's ``block_size`` field, which a kind may not read)."""
+    above: exact for a block layout with any distance rule (causal, window, dilation; per block pair) and for a
+    window alone (:func:`window_element_fraction`), else the visited-tile fraction at 64-token tiles."""
     v = get_variant(spec.kind)
     if v.element_fraction is not None:
         return float(v.element_fraction(spec, N))
@@ -346,15 +345,12 @@ def element_fraction(spec, N: int) -> float:
     if N <= 4096:
         return cm.mask_fractions(spec, N, 64, 64)["element_fraction"]
     mi = mask_info(spec, N, N)
-    # window_right=0 keeps j <= i: the causal rule, whether the spec says causal or not
-    tril = spec.causal or mi.window_right == 0
-    if mi.layout is not None and mi.window_left is None and mi.window_right in (None, 0) and mi.dilation == 1:
-        return layout_element_fraction(mi.layout, mi.block_size, N, tril)
-    if (mi.layout is None and (mi.window_left is None or mi.window_left >= 0)
-            and (mi.window_right is None or mi.window_right >= 0)):  # a window (+ dilation) alone: exact in O(N)
-        return window_element_fraction(N, mi.window_left, mi.window_right, tril, mi.dilation)
-    if mi.layout is not None:  # a layout with a window and / or dilation: exact, per block pair in O(1)
+    if mi.layout is not None:  # a layout (+ causal, window, dilation): exact, per block pair in O(1)
         return _layout_rule_element_fraction(mi, N)
+    if (mi.window_left is None or mi.window_left >= 0) and (mi.window_right is None or mi.window_right >= 0):
+        # a window (+ dilation) alone, exact in O(N); window_right=0 keeps j <= i, causal whatever the spec says
+        return window_element_fraction(N, mi.window_left, mi.window_right, spec.causal or mi.window_right == 0,
+                                       mi.dilation)
     return cm.mask_fractions(spec, N, 64, 64, elements=False)["visited_fraction"]
 
 
@@ -388,26 +384,6 @@ def _layout_rule_element_fraction(mi, N: int) -> float:
     at = lambda x: Q[x - lo]  # noqa: E731
     kept = at(q1 - k0) - at(q0 - 1 - k0) - at(q1 - k0 - sk) + at(q0 - 1 - k0 - sk)
     return int(kept.sum()) / (N * N)
-
-
-def layout_element_fraction(layout, block_size: int, N: int, causal: bool) -> float:
-    """Exact kept fraction at ``Nq = Nk = N`` of a mask made of a block layout (over absolute blocks of
-    ``block_size`` tokens, the last one possibly ragged) and, when ``causal``, the causal rule, in O(nb^2): every
-    block pair of the layout keeps all its elements except the diagonal blocks under causality (lower triangles)."""
-    import torch
-
-    nb = -(-N // block_size)
-    # blocks past the layout's own size read its last row / column (the element rule clamps block indices)
-    idx = torch.arange(nb).clamp(max=layout.shape[0] - 1)
-    lay = layout.to("cpu")[idx][:, idx].to(torch.float64)
-    if causal:  # blocks above the diagonal keep nothing under the causal rule, whatever the layout says
-        lay = torch.tril(lay)
-    sizes = torch.full((nb,), float(block_size), dtype=torch.float64)
-    sizes[-1] = N - block_size * (nb - 1)
-    kept = float((lay * sizes.view(-1, 1) * sizes.view(1, -1)).sum())
-    if causal:
-        kept -= float((lay.diagonal() * (sizes * sizes - sizes * (sizes + 1) / 2)).sum())
-    return kept / (N * N)
 
 
 def window_element_fraction(N: int, left: Optional[int], right: Optional[int], causal: bool, dilation: int = 1) -> float:
