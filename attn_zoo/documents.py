@@ -105,11 +105,31 @@ def query_documents(doc_ids: torch.Tensor, Nq: int) -> Tuple[torch.Tensor, torch
     return q_pos, q_doc
 
 
+def refuse_documents(spec, Nq: int, Nk: int) -> None:
+    """``ValueError`` for packed documents with a kind whose variant does not take them (``documents=False`` in
+    :func:`attn_zoo.register_variant`: ``streaming``, whose sinks are the first tokens of the row, not of each
+    document) or a softmax mask with attention sinks (``MaskInfo.sink_size``): no backend has a per-document form."""
+    from .variants import get_variant
+
+    if not get_variant(spec.kind).documents:
+        raise ValueError(f"kind={spec.kind!r} does not take doc_ids / cu_seqlens (packed documents): its variant has "
+                         f"no per-document rule ({get_variant(spec.kind).doc}); call it per document (one sequence "
+                         f"each) or without documents")
+    if spec.is_softmax:
+        from .masks import mask_info
+
+        sink = mask_info(spec, Nq, Nk).sink_size
+        if sink:
+            raise ValueError(f"kind={spec.kind!r} with sink_size={sink} does not take doc_ids / cu_seqlens (packed "
+                             f"documents): its sinks are the first tokens of the row, not of each document")
+
+
 def document_allowed(spec, Nq: int, Nk: int, doc_ids: torch.Tensor, q_pos: Optional[torch.Tensor] = None,
                      q_doc: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The full document-masked rule, bool ``(B, Nq, Nk)``: the variant's element rule at absolute query positions
     ``q_pos`` AND ``q_doc == doc_ids``. ``q_pos`` / ``q_doc`` default to the padded form (:func:`query_documents`).
     Softmax kinds: the spec's :class:`~attn_zoo.masks.MaskInfo`; any other kind: causal (``j <= q_pos``) or none."""
+    refuse_documents(spec, Nq, Nk)
     if q_pos is None or q_doc is None:
         q_pos, q_doc = query_documents(doc_ids, Nq)
     d = doc_ids.long()

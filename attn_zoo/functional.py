@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .documents import check_doc_ids
+from .documents import check_doc_ids, refuse_documents
 from .registry import auto_order, backend_names, derived_dict, document_backends, get_backends
 from .spec import AttentionSpec
 
@@ -100,6 +100,9 @@ def attention(
     """
     _check_return_lse(return_lse)
     docs = doc_ids is not None
+    if docs and isinstance(spec, AttentionSpec) and all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2]
+                                                        for t in (q, k)):
+        refuse_documents(spec, q.shape[2], k.shape[2])  # the kind's own answer, before any backend's
     try:
         key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
                v.device, docs)
@@ -248,6 +251,7 @@ def attention_varlen(
     hq, hk = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec must be an attn_zoo.AttentionSpec, got {type(spec).__name__}")
+    refuse_documents(spec, max(q.shape[0], 1), max(k.shape[0], 1))
     if return_lse and not spec.is_softmax:
         raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
     _check_return_lse(return_lse)

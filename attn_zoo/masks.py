@@ -12,7 +12,9 @@ Positions are absolute: query row ``i`` is at ``i' = i + offset`` with ``offset 
 alignment, the FlashAttention convention). The element rule is the conjunction of
 ``causal: j <= i'``, ``window: i' - left <= j <= i' + right``, ``dilation: (i' - j) % dilation == 0`` (dilated
 window, Beltagy et al. 2020) and ``layout[i' // bs, j // bs]`` (block-sparse); rows with ``i' < 0`` see nothing
-under a block layout.
+under a block layout. One term relaxes another: ``sink_size = S`` exempts the keys ``j < S`` from the window's
+left edge (attention sinks, Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"), so the
+window term reads ``j >= i' - left or j < S``; every other term still applies to them.
 
 Which terms a kind uses is its variant's mask rule (:mod:`attn_zoo.variants`, ``mask(spec, Nq, Nk)``);
 :func:`mask_info` asks the registry and adds the causal clip.
@@ -68,6 +70,9 @@ class MaskInfo:
 
     window_left / window_right: ``None`` = unbounded, in tokens. layout: bool ``(nb, nb)`` at ``block_size`` or
     None. dilation: keys every ``dilation`` tokens from the query (``(i' - j) % dilation == 0``); 1 = every key.
+    sink_size: the first ``sink_size`` keys (absolute positions ``j < sink_size``) are exempt from ``window_left``
+    (attention sinks); 0 = none. ``ValueError`` unless an integer >= 0, and with a ``layout`` or ``dilation != 1``
+    (not combined: no kernel walks both). With no left edge it changes nothing and :func:`mask_info` sets it to 0.
     """
 
     Nq: int
@@ -78,10 +83,16 @@ class MaskInfo:
     layout: Optional[torch.Tensor] = None
     block_size: int = 0
     dilation: int = 1
+    sink_size: int = 0
 
     def __post_init__(self):
         if not isinstance(self.dilation, int) or isinstance(self.dilation, bool) or self.dilation < 1:
             raise ValueError(f"dilation must be an integer >= 1, got {self.dilation!r}")
+        if not isinstance(self.sink_size, int) or isinstance(self.sink_size, bool) or self.sink_size < 0:
+            raise ValueError(f"sink_size must be an integer >= 0 (tokens), got {self.sink_size!r}")
+        if self.sink_size and (self.layout is not None or self.dilation != 1):
+            raise ValueError(f"sink_size={self.sink_size} does not combine with a block layout or dilation "
+                             f"(dilation={self.dilation}, layout {'set' if self.layout is not None else 'None'})")
 
     @property
     def offset(self) -> int:
@@ -106,7 +117,8 @@ class MaskInfo:
         if self.causal:
             ok = ok & (j <= ia)
         if self.window_left is not None:
-            ok = ok & (j >= ia - self.window_left)
+            in_window = j >= ia - self.window_left
+            ok = ok & ((in_window | (j < self.sink_size)) if self.sink_size else in_window)
         if self.window_right is not None:
             ok = ok & (j <= ia + self.window_right)
         if self.dilation != 1:
@@ -144,9 +156,9 @@ class MaskInfo:
         if self.causal:
             visited &= c0 <= a1
             full &= c1 <= a0
-        if self.window_left is not None:
-            visited &= c1 >= a0 - self.window_left
-            full &= c0 >= a1 - self.window_left
+        if self.window_left is not None:  # sinks: a tile with a key j < sink_size is visited, one of them only full
+            visited &= (c1 >= a0 - self.window_left) | (c0 < self.sink_size)
+            full &= (c0 >= a1 - self.window_left) | (c1 < self.sink_size)
         if self.window_right is not None:
             visited &= c0 <= a1 + self.window_right
             full &= c1 <= a0 + self.window_right
@@ -204,6 +216,8 @@ def _build_mask_info(spec: AttentionSpec, Nq: int, Nk: int) -> MaskInfo:
         terms["window_right"] = min(right, 0)  # (None stays None: the causal rule bounds the right side)
     if terms.get("layout") is None:
         terms["block_size"] = 0
+    if terms.get("window_left") is None and terms.get("sink_size"):
+        terms["sink_size"] = 0  # no left edge to be exempt from: the same mask
     return MaskInfo(Nq, Nk, spec.causal, **terms)
 
 

@@ -232,6 +232,8 @@ DOC_IDS = torch.tensor([[3] * 7 + [5] + [6] * 17 + [9] * 15, [0] * 40])
 
 
 def _doc_claims(spec):
+    if not get_variant(spec.kind).documents:  # the variant takes no packed documents: refused, tested below
+        return []
     q, k, v = _inputs(batch=2)
     return [n for n, b in get_backends(spec.kind).items()
             if n != "reference" and b.documents and b.why_not(q, k, v, spec) is None]
@@ -271,8 +273,24 @@ def test_documents_forward_and_every_gradient_match_the_reference(spec, backend)
 
 def test_every_softmax_kind_has_a_document_backend_besides_the_reference():
     for s, _ in SPECS:
-        if s.is_softmax:
+        if s.is_softmax and get_variant(s.kind).documents:
             assert _doc_claims(s), f"kind={s.kind!r}: no backend but the reference takes doc_ids"
+
+
+NO_DOC_CASES = [(s, b) for s, _ in SPECS if not get_variant(s.kind).documents for b in get_backends(s.kind)]
+
+
+@pytest.mark.parametrize("spec, backend", NO_DOC_CASES, ids=[f"{IDS[s]}-{b}" for s, b in NO_DOC_CASES])
+def test_a_kind_without_documents_is_refused_with_them_on_every_backend(spec, backend):
+    """A variant registered with ``documents=False`` (no per-document rule) is refused with ``doc_ids`` and with
+    ``cu_seqlens``, naming the kind and the argument, on every backend (none silently runs the row's rule)."""
+    q, k, v = _inputs(batch=2)
+    with pytest.raises(ValueError, match=f"kind='{spec.kind}' does not take doc_ids"):
+        attention(q, k, v, spec, backend=backend, doc_ids=DOC_IDS)
+    cu = torch.tensor([0, 7, 40], dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"kind='{spec.kind}' does not take doc_ids"):
+        attn_zoo.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 33, 33,
+                                  spec, backend=backend)
 
 
 # ------------------------------------------------------------------------------------ decode

@@ -281,8 +281,9 @@ def _fa_anchor(name: str):
         if q.shape[-1] > 256 or v.shape[-1] != q.shape[-1]:
             return f"head dims D={q.shape[-1]}, Dv={v.shape[-1]}: needs D <= 256 and Dv == D"
         mi = mask_info(spec, q.shape[2], k.shape[2])
-        if mi.layout is not None or mi.dilation != 1:
-            return f"kind={spec.kind!r}: a block layout / dilation is not expressible in {name}'s window_size"
+        if mi.layout is not None or mi.dilation != 1 or mi.sink_size:
+            return (f"kind={spec.kind!r}: a block layout / dilation / attention sinks are not expressible in "
+                    f"{name}'s window_size")
         return None
 
     def fn(q, k, v, spec, return_lse=False):
@@ -333,8 +334,9 @@ def _fa4_supports(q, k, v, spec, return_lse):
     if why is not None:
         return why
     mi = mask_info(spec, q.shape[2], k.shape[2])
-    if mi.layout is not None or mi.dilation != 1:
-        return f"kind={spec.kind!r}: a block layout / dilation is not expressible in FA4's window_size (use flex_fa4)"
+    if mi.layout is not None or mi.dilation != 1 or mi.sink_size:
+        return (f"kind={spec.kind!r}: a block layout / dilation / attention sinks are not expressible in FA4's "
+                f"window_size (use flex_fa4)")
     return _min_sm90()
 
 

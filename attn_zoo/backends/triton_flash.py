@@ -34,6 +34,8 @@ def _supports(q, k, v, spec, return_lse):
         return f"head dim D={D} > {MAX_HEAD_DIM} is not supported"
     if v.shape[-1] > MAX_HEAD_DIM:  # Dv != D is supported (MLA)
         return f"v head dim Dv={v.shape[-1]} > {MAX_HEAD_DIM} is not supported"
+    if mask_info(spec, q.shape[2], k.shape[2]).sink_size:
+        return "attention sinks (sink_size) are not in the Triton kernel"
     return None
 
 

@@ -88,6 +88,11 @@ def check_decode_inputs(q, k_cache, v_cache, spec, cache_seqlens, block_table=No
                             f"{tuple(getattr(cache_leftpad, 'shape', ()))}")
         if cache_leftpad.device != q.device:
             raise ValueError(f"cache_leftpad is on {cache_leftpad.device}, q on {q.device}")
+        sink = mask_info(spec, 1, 1).sink_size
+        if sink:
+            raise ValueError(f"cache_leftpad with kind={spec.kind!r} (sink_size={sink}) is not supported: the sinks "
+                             f"are the first {sink} cache slots, which left padding fills; keep the prompts "
+                             f"unpadded (cache_seqlens per sequence)")
     if check_values:
         check_cache_values(cache_seqlens, cap, block_table, k_cache.shape[0], k_cache.shape[2], min_len=Nq)
         if cache_leftpad is not None:
@@ -203,6 +208,8 @@ def _triton_reason(q, k_cache, spec, v_cache=None) -> Optional[str]:
         return "the head dim of q and the cache must be contiguous"
     if mask_info(spec, 1, 1).dilation != 1:
         return "the decode kernel has no dilation rule (dilated window); use backend='torch' or 'reference'"
+    if mask_info(spec, 1, 1).sink_size:
+        return "the decode kernel has no attention sinks (sink_size); use backend='torch' or 'reference'"
     return None
 
 

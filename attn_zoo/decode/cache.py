@@ -216,15 +216,21 @@ class KVCache:
             on it is exact for causal windows whose left extent is ``< keep_last`` when
             ``capacity >= keep_last + Nq`` (a window is translation invariant); :meth:`attend` refuses
             (``ValueError``) when a smaller capacity has dropped tokens the first query's window needs.
+        keep_first: with ``keep_last`` only; the first ``keep_first`` tokens of each sequence are never dropped
+            (attention sinks, StreamingLLM): a compaction keeps them in place and moves the last tokens behind
+            them, so the cache holds ``sinks + a contiguous tail`` and a mask whose keys ``j < keep_first`` are the
+            sinks (``MaskInfo.sink_size``) reads them at their own positions. ``keep_first + keep_last <=
+            capacity``.
 
     Attributes: ``k``, ``v`` (the cache tensors), ``seqlens`` (int32 ``(B,)`` on ``device``), ``block_table``
     (int32 ``(B, max_pages)`` or ``None``), ``lengths`` (host list), ``dropped`` (host list: tokens dropped from
-    the front by ``keep_last``).
+    the front by ``keep_last``), ``keep_first``.
     """
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, capacity: int, *, dtype=torch.float32,
                  device=None, page_size: Optional[int] = None, num_pages: Optional[int] = None,
-                 shuffle_pages: bool = False, seed: int = 0, keep_last: Optional[int] = None):
+                 shuffle_pages: bool = False, seed: int = 0, keep_last: Optional[int] = None,
+                 keep_first: Optional[int] = None):
         for name, x in (("batch", batch), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim), ("capacity", capacity)):
             if not isinstance(x, int) or isinstance(x, bool) or x < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
@@ -233,8 +239,16 @@ class KVCache:
                 raise ValueError("keep_last (a sliding-window cache) needs a contiguous cache (page_size=None)")
             if not isinstance(keep_last, int) or not 1 <= keep_last <= capacity:
                 raise ValueError(f"keep_last={keep_last!r} must be an integer in [1, capacity={capacity}]")
+        if keep_first is not None:
+            if keep_last is None:
+                raise ValueError("keep_first (the sinks of a sliding-window cache) needs keep_last")
+            if not isinstance(keep_first, int) or isinstance(keep_first, bool) or not 1 <= keep_first \
+                    or keep_first + keep_last > capacity:
+                raise ValueError(f"keep_first={keep_first!r} must be an integer >= 1 with keep_first + keep_last "
+                                 f"(={keep_last}) <= capacity={capacity}")
         self.batch, self.n_kv_heads, self.head_dim = batch, n_kv_heads, head_dim
         self.keep_last = keep_last
+        self.keep_first = keep_first or 0
         self.page_size = page_size
         self.lengths: List[int] = [0] * batch
         self.dropped: List[int] = [0] * batch
@@ -312,12 +326,13 @@ class KVCache:
         for b, n in enumerate(self.lengths):
             if n + n_new <= self.capacity:
                 continue
-            keep = max(min(n, self.keep_last, self.capacity - n_new), 0)
+            first = min(self.keep_first, n)  # the sinks stay where they are
+            keep = max(min(n - first, self.keep_last, self.capacity - n_new - first), 0)
             if keep:
-                self.k[b, :, :keep] = self.k[b, :, n - keep: n].clone()
-                self.v[b, :, :keep] = self.v[b, :, n - keep: n].clone()
-            self.dropped[b] += n - keep
-            self.lengths[b] = keep
+                self.k[b, :, first:first + keep] = self.k[b, :, n - keep: n].clone()
+                self.v[b, :, first:first + keep] = self.v[b, :, n - keep: n].clone()
+            self.dropped[b] += n - first - keep
+            self.lengths[b] = first + keep
         self._sync_lengths()
 
     # ------------------------------------------------------------------ append / attend
@@ -331,6 +346,10 @@ class KVCache:
         """
         check_new_kv(self.k, self.v, k_new, v_new, self.block_table)  # before anything changes
         n_new = k_new.shape[2]
+        if self.keep_first and n_new > self.capacity - self.keep_first:
+            raise ValueError(f"appending {n_new} tokens to a cache that keeps its first {self.keep_first} tokens "
+                             f"(capacity={self.capacity}) needs n_new <= capacity - keep_first = "
+                             f"{self.capacity - self.keep_first}; append_attend takes a longer chunk in pieces")
         if self.keep_last is not None:
             self._compact(n_new)
             if n_new > self.capacity:  # only the last `capacity` tokens can be kept
@@ -357,7 +376,7 @@ class KVCache:
         ``W``), so a chunk of any length continues a window cache sized for one token at a time. Returns ``(B, Hq,
         Nq, Dv)``; raises as :meth:`append` / :meth:`attend`."""
         n = k_new.shape[2]
-        step = n if self.keep_last is None else max(self.capacity - self.keep_last, 1)
+        step = n if self.keep_last is None else max(self.capacity - self.keep_last - self.keep_first, 1)
         if n <= step:
             self.append(k_new, v_new)
             return self.attend(q, spec, backend)
@@ -384,12 +403,13 @@ class KVCache:
             from ..variants import get_variant
 
             pol = get_variant(spec.kind).cache_policy(spec) if spec.is_softmax else None
-            if pol is None or pol.window is None or pol.window > self.keep_last:
-                raise ValueError(f"this cache keeps only the last {self.keep_last} tokens; kind={spec.kind!r} "
-                                 f"(cache policy {pol}) needs the dropped ones")
+            kept = f"the first {self.keep_first} and " if self.keep_first else ""
+            if pol is None or pol.window is None or pol.window > self.keep_last or pol.sink != self.keep_first:
+                raise ValueError(f"this cache keeps only {kept}the last {self.keep_last} tokens; kind={spec.kind!r} "
+                                 f"(cache policy {pol}) needs others (its sinks must be the cache's keep_first)")
             need = pol.window - 1 + (nq or 1)  # the first query's window: its left extent + the Nq new tokens
             for b in range(self.batch):
-                if self.dropped[b] and self.lengths[b] < need:
+                if self.dropped[b] and self.lengths[b] - self.keep_first < need:
                     raise ValueError(
                         f"this keep_last={self.keep_last} cache (capacity={self.capacity}) holds the last "
                         f"{self.lengths[b]} tokens of sequence {b}, but Nq={nq} queries with a window of "

@@ -32,6 +32,9 @@ A variant is one folder, ``attn_zoo/variants/<kind>/__init__.py``, that calls :f
   (keywords after ``D``; ``n_kv_heads``: the K/V heads of GQA / MQA, ``H`` for MHA; an entry without that keyword
   is refused for ``n_kv_heads < H``. Default: the exact kernel's cost over the mask's visited tiles for softmax
   kinds, the chunked linear cost for linear ones, with K/V terms per K/V head);
+* ``documents``: whether it takes packed documents (``doc_ids`` / ``cu_seqlens``, default ``True``): ``False``
+  for a rule with no per-document form (attention sinks: the first tokens of the row), which :func:`attn_zoo.attention`
+  then refuses with documents, naming the kind;
 * optionally its own backends (``attn_zoo.register_backend(<kind>, name, ...)`` in the same folder: a torch form
   or a Triton adapter that the family's generic ones do not cover; a kind-specific backend overrides the
   family's of the same name).
@@ -60,13 +63,16 @@ class CachePolicy:
     """What one layer of a variant keeps while decoding (:meth:`Variant.cache_policy`).
 
     kind: ``"full"`` (every token's K / V), ``"window"`` (only the last ``window`` tokens are ever read: a rolling
-        buffer), ``"state"`` (a fixed-size recurrent state, e.g. linear attention's ``S, z``) or ``"latent"`` (a
-        compressed per-token latent, e.g. MLA).
+        buffer, plus the first ``sink`` tokens), ``"state"`` (a fixed-size recurrent state, e.g. linear attention's
+        ``S, z``) or ``"latent"`` (a compressed per-token latent, e.g. MLA).
     window: tokens kept by a ``"window"`` policy (``>= 1``), else ``None``.
+    sink: the first tokens a ``"window"`` policy keeps as well (attention sinks, Xiao et al. 2023: StreamingLLM
+        keeps 4), ``>= 0``; 0 for the other kinds.
     """
 
     kind: str = "full"
     window: Optional[int] = None
+    sink: int = 0
 
     def __post_init__(self):
         if self.kind not in CACHE_POLICIES:
@@ -77,13 +83,18 @@ class CachePolicy:
                              f"window={self.window!r}")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
             raise ValueError(f"CachePolicy window must be an integer >= 1, got {self.window!r}")
+        if not isinstance(self.sink, int) or isinstance(self.sink, bool) or self.sink < 0:
+            raise ValueError(f"CachePolicy sink must be an integer >= 0, got {self.sink!r}")
+        if self.sink and self.kind != "window":
+            raise ValueError(f"CachePolicy sink= is set for kind='window' only, got kind={self.kind!r}, "
+                             f"sink={self.sink!r}")
 
     def kept_tokens(self, context: int) -> Optional[int]:
         """Tokens kept at ``context`` (``None`` for a ``"state"``: no per-token storage)."""
         if self.kind == "state":
             return None
         if self.kind == "window":
-            return min(int(context), self.window)
+            return min(int(context), self.window + self.sink)
         return int(context)
 
     @property
@@ -96,10 +107,11 @@ class CachePolicy:
         """An empty decode cache of one attention layer for ``batch_size`` sequences of up to ``capacity`` tokens:
         ``"full"`` -> a :class:`attn_zoo.decode.KVCache` of ``capacity`` tokens (``(B, Hkv, capacity, D)`` of
         ``dtype``, paged when ``page_size`` is set, pages shuffled when ``shuffle_pages``); ``"window"`` of ``W``
-        tokens -> a ``KVCache`` keeping the last ``min(W, capacity)`` tokens (``min(capacity, 2 W)`` slots, compacted
-        when full); ``"state"`` -> a :class:`attn_zoo.decode.LinearState` for ``spec`` (fp32, its size independent
-        of ``capacity``). Raises ``ValueError`` for ``"latent"``: the attention layer holds full / window / state
-        caches only, a latent cache belongs to a mixer of its own (:func:`attn_zoo.register_mixer`)."""
+        tokens -> a ``KVCache`` keeping the first ``sink`` and the last ``min(W, capacity)`` tokens (``min(capacity,
+        2 W + sink)`` slots, compacted when full); ``"state"`` -> a :class:`attn_zoo.decode.LinearState` for
+        ``spec`` (fp32, its size independent of ``capacity``). Raises ``ValueError`` for ``"latent"``: the
+        attention layer holds full / window / state caches only, a latent cache belongs to a mixer of its own
+        (:func:`attn_zoo.register_mixer`)."""
         return _NEW_CACHE[self.kind](self, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device,
                                      page_size, shuffle_pages)
 
@@ -114,9 +126,12 @@ def _full_cache(policy, spec, batch_size, n_kv_heads, head_dim, capacity, dtype,
 def _window_cache(policy, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device, page_size, shuffle_pages):
     from ..decode import KVCache
 
-    keep = min(policy.window, capacity)
-    return KVCache(batch_size, n_kv_heads, head_dim, min(capacity, 2 * keep), dtype=dtype, device=device,
-                   keep_last=keep)
+    sink = policy.sink
+    if sink >= capacity:  # the sinks fill the capacity: nothing is ever dropped
+        return KVCache(batch_size, n_kv_heads, head_dim, capacity, dtype=dtype, device=device)
+    keep = min(policy.window, capacity - sink)
+    return KVCache(batch_size, n_kv_heads, head_dim, min(capacity, 2 * keep + sink), dtype=dtype, device=device,
+                   keep_last=keep, keep_first=sink or None)
 
 
 def _state_cache(policy, spec, batch_size, n_kv_heads, head_dim, capacity, dtype, device, page_size, shuffle_pages):
@@ -151,6 +166,7 @@ class Variant:
     cache_policy_fn: Optional[Callable] = None
     cache_bytes_fn: Optional[Callable] = None
     cost_fn: Optional[Callable] = None
+    documents: bool = True
 
     def cache_policy(self, spec) -> CachePolicy:
         """The :class:`CachePolicy` of ``spec`` (the variant's own rule, else the default of the module docstring)."""
@@ -159,11 +175,12 @@ class Variant:
             if not isinstance(pol, CachePolicy):
                 raise TypeError(f"cache_policy of variant {self.kind!r} must return a CachePolicy, got {pol!r}")
             if pol.kind == "window" and self.family == "softmax":
-                why = _window_policy_mismatch(spec, pol.window)
+                why = _window_policy_mismatch(spec, pol.window, pol.sink)
                 if why is not None:
-                    raise ValueError(f"cache_policy of variant {self.kind!r} gives CachePolicy('window', {pol.window}) "
-                                     f"for {spec!r}, but its mask {why}: a rolling cache of the last {pol.window} "
-                                     f"tokens would decode wrong; return CachePolicy('full') (or a larger window)")
+                    kept = f"the first {pol.sink} and " if pol.sink else ""
+                    raise ValueError(f"cache_policy of variant {self.kind!r} gives {pol!r} for {spec!r}, but its mask "
+                                     f"{why}: a rolling cache of {kept}the last {pol.window} tokens would decode "
+                                     f"wrong; return CachePolicy('full') (or a larger window)")
             return pol
         if self.family != "softmax":
             return CachePolicy("state")
@@ -171,7 +188,7 @@ class Variant:
 
         mi = mask_info(spec, 1, 1)  # the terms do not depend on the length for a window rule
         if spec.causal and mi.window_left is not None and mi.layout is None:
-            return CachePolicy("window", mi.window_left + 1)
+            return CachePolicy("window", mi.window_left + 1, sink=mi.sink_size)
         return CachePolicy("full")
 
     def cache_bytes(self, spec, n_kv_heads: int, head_dim: int, context: int, dtype_bytes: int = 2,
@@ -186,40 +203,43 @@ class Variant:
         return 2 * n_kv_heads * head_dim * dtype_bytes * pol.kept_tokens(context)
 
 
-def _window_offsets(spec, L: int) -> frozenset:
-    """Distances ``i' - j`` of the keys the last of ``L`` tokens sees under ``spec``'s mask."""
+def _window_offsets(spec, L: int, sink: int = 0) -> frozenset:
+    """Distances ``i' - j`` of the keys ``j >= sink`` the last of ``L`` tokens sees under ``spec``'s mask."""
     import torch
 
     from ..masks import mask_info
 
     mi = mask_info(spec, 1, L, cached=False)  # ~200 lengths: not through (and not evicting) the masks' cache
     row = mi.allowed(torch.zeros(1, 1, dtype=torch.long), torch.arange(L).view(1, -1))[0]
+    row[:sink] = False
     return frozenset((L - 1 - row.nonzero().view(-1)).tolist())
 
 
 @derived_cache(64)
-def _window_policy_mismatch(spec, window: int) -> Optional[str]:
-    """``None`` when a rolling cache of the last ``window`` tokens decodes ``spec`` exactly (checked on the decode
-    row at many lengths: causal, no key ``window`` or more tokens back, the same distances at every length, so the
-    rule is translation invariant: a rolling cache re-bases positions), else why not."""
+def _window_policy_mismatch(spec, window: int, sink: int = 0) -> Optional[str]:
+    """``None`` when a rolling cache of the first ``sink`` and the last ``window`` tokens decodes ``spec`` exactly
+    (checked on the decode row at many lengths: causal, no key past the sinks ``window`` or more tokens back, the
+    same distances at every length for those keys, so their rule is translation invariant: a rolling cache
+    re-bases their positions while the sinks keep theirs), else why not."""
     if not spec.causal:
         return "is not causal"
     lengths = set(range(1, min(window, 64) + 1)) | set(range(window, window + 130)) | {2 * window, 2 * window + 1,
                                                                                          3 * window + 7}
+    lengths |= {sink + d for d in range(-1, 3) if sink + d >= 1} | {sink + window + d for d in range(-1, 3)}
     from ..masks import mask_info
 
     bs = mask_info(spec, 1, window, cached=False).block_size
     if bs > 1:  # a layout on absolute blocks: the last token at the start of a block, and a window across its edge
         lengths |= {k * bs + r for k in (1, 2, 3) for r in range(min(bs, window + 2, 130))}
     lengths = sorted(lengths)
-    seen = {L: _window_offsets(spec, L) for L in lengths}
+    seen = {L: _window_offsets(spec, L, sink) for L in lengths}
     ref = seen[lengths[-1]]
     for L, got in seen.items():
         far = [d for d in got if d >= window]
         if far:
             return f"lets the last of {L} tokens see a key {max(far)} tokens back"
     for L, got in seen.items():
-        if got != frozenset(d for d in ref if d < L):
+        if got != frozenset(d for d in ref if d < L - sink):
             return (f"depends on absolute positions (the last of {L} tokens sees other distances than the last of "
                     f"{lengths[-1]})")
     return None
@@ -242,7 +262,8 @@ def _load_builtin() -> None:
 
 def register_variant(kind: str, family: str, *, spec_class: Optional[type] = None, fields=(), validate=None,
                      mask=None, element_fraction=None, subquadratic: bool = False, doc: str = "",
-                     decode_mask=None, cache_policy=None, cache_bytes=None, cost=None) -> Variant:
+                     decode_mask=None, cache_policy=None, cache_bytes=None, cost=None,
+                     documents: bool = True) -> Variant:
     """Register (or replace) the variant ``kind``; returns its :class:`Variant`. (Re)registering clears every
     cache derived from registrations (:func:`attn_zoo.registry.forget_derived`).
 
@@ -262,8 +283,10 @@ def register_variant(kind: str, family: str, *, spec_class: Optional[type] = Non
     spec_class = spec_class or AttentionSpec
     if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)):
         raise TypeError(f"spec_class of variant {kind!r} must be a subclass of AttentionSpec, got {spec_class!r}")
+    if not isinstance(documents, bool):
+        raise ValueError(f"documents={documents!r} of variant {kind!r} must be True or False")
     v = Variant(kind, family, spec_class, tuple(fields), validate, mask, element_fraction, bool(subquadratic), doc,
-                decode_mask, cache_policy, cache_bytes, cost)
+                decode_mask, cache_policy, cache_bytes, cost, documents)
     _VARIANTS[kind] = v
     forget_derived()  # a (re)registered variant may change the mask or the backends of a kind
     return v

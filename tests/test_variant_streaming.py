@@ -1,0 +1,188 @@
+"""The ``streaming`` variant (StreamingLLM: a sliding window plus attention sinks): its mask rule and tile table, its
+cost, its rolling cache with the sinks kept in place, and what refuses it (packed documents, left padding, a cache
+that dropped its sinks, bad fields)."""
+
+import pytest
+import torch
+
+import attn_zoo
+from attn_zoo import MaskInfo, attention, make_spec, mask_info
+from attn_zoo.decode import KVCache, decode_attention
+from attn_zoo.variants import CachePolicy, element_fraction, get_variant, register_variant, unregister_variant
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _rule(Nq, Nk, left, right, sink, causal):
+    """The rule written out: ``j <= i' + right`` (causal ``j <= i'``) and (``j >= i' - left`` or ``j < sink``)."""
+    i = torch.arange(Nq).view(-1, 1) + (Nk - Nq)
+    j = torch.arange(Nk).view(1, -1)
+    ok = (j >= i - left) | (j < sink)
+    if right is not None:
+        ok &= j <= i + right
+    if causal:
+        ok &= j <= i
+    return ok
+
+
+@pytest.mark.parametrize("Nq, Nk", [(37, 37), (5, 37), (37, 20)])
+@pytest.mark.parametrize("left, right, sink, causal", [(3, 0, 2, True), (6, 0, 9, True), (4, 2, 3, False),
+                                                       (0, 0, 1, True), (10, 0, 0, True)])
+def test_mask_rule_and_tile_table(Nq, Nk, left, right, sink, causal):
+    spec = make_spec("streaming", window_size=(left, right), sink_size=sink, causal=causal)
+    mi = mask_info(spec, Nq, Nk)
+    dense = mi.dense()
+    assert torch.equal(dense, _rule(Nq, Nk, left, 0 if causal else right, sink, causal))
+    for bm, bn in ((4, 4), (8, 16), (16, 8)):
+        tab = mi.block_table(bm, bn)
+        for a in range(tab.visited.shape[0]):
+            for b in range(tab.visited.shape[1]):
+                tile = dense[a * bm:(a + 1) * bm, b * bn:(b + 1) * bn]
+                if tile.any():
+                    assert tab.visited[a, b], f"tile ({a}, {b}) holds allowed keys but is not visited"
+                if tab.full[a, b]:
+                    assert tile.all() and tile.shape == (bm, bn), f"tile ({a}, {b}) marked full is not"
+
+
+def test_element_fraction_is_exact():
+    for N in (1, 2, 7, 40, 129):
+        for left, sink in ((0, 1), (3, 2), (3, 50), (31, 4), (200, 4)):
+            for causal, right in ((True, 0), (False, 2)):
+                spec = make_spec("streaming", window_size=(left, right), sink_size=sink, causal=causal)
+                want = mask_info(spec, N, N).dense().double().mean().item()
+                assert element_fraction(spec, N) == pytest.approx(want, abs=1e-12), (N, left, sink, causal)
+
+
+def test_fields_are_checked():
+    with pytest.raises(ValueError, match="sink_size must be an integer >= 0"):
+        make_spec("streaming", window_size=(3, 0), sink_size=-1)
+    with pytest.raises(ValueError, match="sink_size must be an integer >= 0"):
+        make_spec("streaming", window_size=(3, 0), sink_size=True)
+    with pytest.raises(ValueError, match="needs window_size"):
+        make_spec("streaming")
+    with pytest.raises(ValueError, match="needs window_size"):
+        make_spec("streaming", window_size=(None, 0))
+    with pytest.raises(ValueError, match="sink_size"):  # a field the sliding window does not read
+        make_spec("sliding_window", window_size=(3, 0), sink_size=2)
+    with pytest.raises(ValueError, match="sink_size=2 does not combine with a block layout or dilation"):
+        MaskInfo(8, 8, True, window_left=3, dilation=2, sink_size=2)
+    with pytest.raises(ValueError, match="sink_size must be an integer >= 0"):
+        MaskInfo(8, 8, True, window_left=3, sink_size=1.5)
+
+
+def test_sink_size_zero_is_the_sliding_window():
+    q, k, v = (torch.randn(2, 2, 21, 8, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    a = attention(q, k, v, make_spec("streaming", window_size=(4, 0), sink_size=0, causal=True), backend="torch")
+    b = attention(q, k, v, make_spec("sliding_window", window_size=(4, 0), causal=True), backend="torch")
+    torch.testing.assert_close(a, b)
+
+
+def test_the_sinks_change_the_output_only_where_they_are_outside_the_window():
+    q, k, v = (torch.randn(1, 2, 30, 8, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    a = attention(q, k, v, make_spec("streaming", window_size=(4, 0), sink_size=3, causal=True), backend="reference")
+    b = attention(q, k, v, make_spec("sliding_window", window_size=(4, 0), causal=True), backend="reference")
+    torch.testing.assert_close(a[:, :, :5], b[:, :, :5])  # rows 0-4 see the three sinks inside their window
+    assert (a[:, :, 5:] - b[:, :, 5:]).abs().amax(-1).min() > 1e-4  # every later row reads a sink its window drops
+
+
+def test_cache_policy_keeps_the_sinks():
+    spec = make_spec("streaming", window_size=(7, 0), sink_size=4, causal=True)
+    pol = get_variant("streaming").cache_policy(spec)
+    assert pol == CachePolicy("window", 8, sink=4)
+    assert pol.kept_tokens(3) == 3 and pol.kept_tokens(1000) == 12
+    assert get_variant("streaming").cache_bytes(spec, 2, 16, 1000) == 2 * 2 * 16 * 2 * 12
+    with pytest.raises(ValueError, match="sink= is set for kind='window' only"):
+        CachePolicy("full", sink=2)
+    with pytest.raises(ValueError, match="CachePolicy sink must be an integer >= 0"):
+        CachePolicy("window", 4, sink=-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_streaming_decode_through_its_rolling_cache_equals_the_full_forward(chunk):
+    """Token by token (and 3 at a time) far past the window: the cache holds the sinks and the tail only, yet every
+    step equals the last rows of the reference's full forward over every token so far."""
+    left, sink, L, H, Hkv, D = 5, 3, 41, 4, 2, 8
+    spec = make_spec("streaming", window_size=(left, 0), sink_size=sink, causal=True)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, H, L, D, generator=g)
+    k, v = torch.randn(2, Hkv, L, D, generator=g), torch.randn(2, Hkv, L, D, generator=g)
+    want = attention(q, k, v, spec, backend="reference")
+    cache = get_variant("streaming").cache_policy(spec).new_cache(spec, 2, Hkv, D, capacity=1000,
+                                                                   dtype=torch.float32, device="cpu")
+    assert cache.capacity == 2 * (left + 1) + sink and cache.keep_first == sink
+    for s in range(0, L, chunk):
+        e = min(s + chunk, L)
+        out = cache.append_attend(k[:, :, s:e], v[:, :, s:e], q[:, :, s:e], spec, backend="torch")
+        torch.testing.assert_close(out, want[:, :, s:e], atol=1e-5, rtol=1e-5, msg=lambda m: f"step {s}: {m}")
+        assert max(cache.lengths) <= cache.capacity
+    assert cache.dropped[0] > 0 and torch.equal(cache.k[:, :, :sink], k[:, :, :sink])  # the sinks stayed in place
+
+
+def test_a_cache_without_the_sinks_is_refused_after_it_dropped_tokens():
+    stream = make_spec("streaming", window_size=(3, 0), sink_size=2, causal=True)
+    window = make_spec("sliding_window", window_size=(3, 0), causal=True)
+    k = torch.randn(1, 1, 30, 8)
+    plain = get_variant("sliding_window").cache_policy(window).new_cache(window, 1, 1, 8, 100, torch.float32, "cpu")
+    plain.append(k, k)
+    with pytest.raises(ValueError, match="its sinks must be the cache's keep_first"):
+        plain.attend(torch.randn(1, 1, 1, 8), stream)
+    sinks = get_variant("streaming").cache_policy(stream).new_cache(stream, 1, 1, 8, 100, torch.float32, "cpu")
+    for t in range(30):
+        sinks.append(k[:, :, t:t + 1], k[:, :, t:t + 1])
+    with pytest.raises(ValueError, match="its sinks must be the cache's keep_first"):
+        sinks.attend(torch.randn(1, 1, 1, 8), window)  # the front slots are the sinks, not the window's keys
+
+
+def test_keep_first_arguments_are_checked():
+    with pytest.raises(ValueError, match="keep_first .* needs keep_last"):
+        KVCache(1, 1, 8, 16, keep_first=2)
+    with pytest.raises(ValueError, match="keep_first=12 must be an integer >= 1 with keep_first \\+ keep_last"):
+        KVCache(1, 1, 8, 16, keep_last=8, keep_first=12)
+    cache = KVCache(1, 1, 8, 16, keep_last=8, keep_first=4)
+    with pytest.raises(ValueError, match="needs n_new <= capacity - keep_first = 12; append_attend"):
+        cache.append(torch.randn(1, 1, 13, 8), torch.randn(1, 1, 13, 8))
+
+
+def test_packed_documents_and_left_padding_are_refused():
+    spec = make_spec("streaming", window_size=(3, 0), sink_size=2, causal=True)
+    q = torch.randn(1, 2, 10, 8)
+    with pytest.raises(ValueError, match="kind='streaming' does not take doc_ids"):
+        attention(q, q, q, spec, doc_ids=torch.zeros(1, 10, dtype=torch.int32))
+    cache = torch.randn(1, 2, 10, 8)
+    with pytest.raises(ValueError, match="cache_leftpad with kind='streaming' \\(sink_size=2\\) is not supported"):
+        decode_attention(q[:, :, :1], cache, cache, spec, torch.tensor([10], dtype=torch.int32),
+                         cache_leftpad=torch.tensor([2], dtype=torch.int32))
+
+
+def test_fa4_refuses_the_sinks(monkeypatch):
+    """FA4 takes a window_size alone: past its input checks (faked here: no CUDA), its rule names the sinks."""
+    from attn_zoo.backends import torch_anchors
+
+    monkeypatch.setattr(torch_anchors, "_fa4_input_reason", lambda *a: None)
+    monkeypatch.setattr(torch_anchors, "_min_sm90", lambda: None)
+    x = torch.zeros(1, 1, 16, 8)
+    spec = make_spec("streaming", window_size=(3, 0), sink_size=2, causal=True)
+    assert "attention sinks are not expressible in FA4's window_size" in torch_anchors._fa4_supports(x, x, x, spec, False)
+    window = make_spec("sliding_window", window_size=(3, 0), causal=True)
+    assert torch_anchors._fa4_supports(x, x, x, window, False) is None
+
+
+def test_a_plugin_window_policy_with_sinks_is_checked_against_its_mask():
+    """A plugin's own ``CachePolicy('window', W, sink=S)`` is checked against its mask: the streaming rule with the
+    right sinks passes, one that forgets them (sink=0) is refused, as is one that keeps too few."""
+
+    def mask(spec, Nq, Nk):
+        return {"window_left": 5, "window_right": 0, "sink_size": 3}
+
+    try:
+        for sink, ok in ((3, True), (0, False), (2, False)):
+            register_variant("streaming_plugin", "softmax", mask=mask,
+                             cache_policy=lambda spec, s=sink: CachePolicy("window", 6, sink=s))
+            spec = attn_zoo.AttentionSpec(kind="streaming_plugin", causal=True)
+            if ok:
+                assert get_variant("streaming_plugin").cache_policy(spec) == CachePolicy("window", 6, sink=3)
+            else:
+                with pytest.raises(ValueError, match="would decode wrong"):
+                    get_variant("streaming_plugin").cache_policy(spec)
+    finally:
+        unregister_variant("streaming_plugin")
