@@ -83,6 +83,7 @@ VARIANTS = {
     "gqa4": dict(kind="flash", causal=True),
     "mqa": dict(kind="flash", causal=True),
     "dil512x2": dict(kind="dilated_window", causal=True, window_size=(511, 0), dilation=2),
+    "stream1024": dict(kind="streaming", causal=True, window_size=(1023, 0), sink_size=4),  # StreamingLLM's 4 sinks
 }
 IMPLS = ("ours", "sdpa_flash", "sdpa_cudnn", "flex")  # the default; "ours" is the registry's "triton"
 # ours and its forward kernel (FlashConfig.fwd_impl): "ours" is the default ("auto": Gluon or Triton per call, both

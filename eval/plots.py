@@ -71,6 +71,7 @@ VARIANT_STYLE = {
     "mqa": ("tab:cyan", "D", "-"),
     "sliding_window": ("tab:orange", "^", "--"),
     "dilated_window": ("tab:brown", "<", "--"),
+    "streaming": ("dimgray", "+", "--"),
     "sparse": ("tab:green", "v", "--"),
     "linear": ("tab:red", "X", ":"),
     "linear_taylor": ("tab:purple", "P", ":"),
