@@ -17,6 +17,7 @@ from attn_zoo.model import GPT, GPTConfig  # noqa: E402
 VARIANTS = {
     "flash": [dict(kind="flash")],
     "sliding_window": [dict(kind="sliding_window", window_size=(5, 0))],
+    "streaming": [dict(kind="streaming", window_size=(4, 0), sink_size=3)],
     "sparse": [dict(kind="sparse", block_size=4, num_local_blocks=1, num_global_blocks=1, num_random_blocks=1)],
     "strided": [dict(kind="sparse", sparse_pattern="strided", block_size=4, stride_blocks=2)],
     "linear": [dict(kind="linear", feature_map="elu1", chunk_size=8)],
@@ -56,7 +57,7 @@ def test_greedy_with_cache_equals_without(name, backend):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["flash", "sliding_window", "sparse", "linear", "hybrid"])
+@pytest.mark.parametrize("name", ["flash", "sliding_window", "streaming", "sparse", "linear", "hybrid"])
 def test_incremental_logits_equal_full_forward(name):
     """Prefill 7 tokens, then feed the rest one at a time (paged KV caches, shuffled pages): every step's logits
     equal the full forward's row for that position."""
