@@ -186,3 +186,18 @@ def test_a_plugin_window_policy_with_sinks_is_checked_against_its_mask():
                     get_variant("streaming_plugin").cache_policy(spec)
     finally:
         unregister_variant("streaming_plugin")
+
+
+def test_the_triton_decode_kernel_refuses_the_sinks_it_does_not_have():
+    """Until the decode kernel takes ``sink_size``, no path into it may drop the sinks: the registry's reason, the
+    backend called by name and a plan all refuse (the window alone would decode wrong)."""
+    from attn_zoo.decode.attention import _triton_reason, decode_attention_triton, make_decode_plan
+
+    spec = make_spec("streaming", window_size=(3, 0), sink_size=2, causal=True)
+    q, cache = torch.randn(1, 2, 1, 16, dtype=torch.float16), torch.randn(1, 2, 20, 16, dtype=torch.float16)
+    lens = torch.tensor([20], dtype=torch.int32)
+    assert "sink" in (_triton_reason(q, cache, spec, cache) or "")
+    with pytest.raises(ValueError, match="the decode kernel has no attention sinks"):
+        decode_attention_triton(q, cache, cache, spec, lens)
+    with pytest.raises(ValueError, match="the decode kernel has no attention sinks"):
+        make_decode_plan(q, cache, cache, spec)

@@ -280,6 +280,9 @@ def _triton_terms(q, k_cache, spec, cache_seqlens, block_table, kernel_options):
     from kernels.decode import DecodeSparse, decode_block_n, decode_sparse_tables
 
     B, _, Nq, D = q.shape
+    if mask_info(spec, 1, 1).sink_size:  # (decode_attention's triton backend refuses it too: _triton_reason)
+        raise ValueError(f"kind={spec.kind!r} (sink_size {mask_info(spec, 1, 1).sink_size}): the decode kernel has no "
+                         f"attention sinks; call decode_attention with backend='torch' or 'reference'")
     cap = cache_capacity(k_cache, block_table)
     shared = decode_mask_terms(spec, Nq, cap)
     sparse = None
