@@ -46,6 +46,7 @@
 #      fresh machine
 #  15: forward alone where "auto" does not take the persistent forward: N 512-2k (below the pairs threshold) and packed
 #      documents (ws3a) against ws3p (SHORTF_S, DOCF_S; carry .data for WikiText's articles)
+#  17: the streaming variant (window + attention sinks): its GPU tests, then stream1024 against win1024 and Flex
 #  16: FA3's intra-warpgroup overlap in the two-consumer dK / dV kernel (GLUON_BWD_OVERLAP): its GPU tests, then the
 #      backward alone against the plain schedule (lab.gluon_bwd_sweep --overlap 0,1,0,1) at D 128 / 64 (36th: 0.92-0.94x)
 #   7: the TMA dQ on BigBird / strided (ours_gluon_tmadq2) against the Gluon dQ kernel, on 3.9 and 3.6 (after 5, 6),
@@ -119,7 +120,7 @@
 # the command's own shell (`. lab/gpu_env.sh 3 >/dev/null 2>&1;`), never inside a pipe (its exports are lost).
 set -u
 call=${1:-}
-case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16) ;; *) echo "frontier_calls: call '$call' is not one of 1-16"; exit 2 ;; esac
+case $call in 1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|16|17) ;; *) echo "frontier_calls: call '$call' is not one of 1-17"; exit 2 ;; esac
 [ -n "${OUT:-}" ] || { echo "frontier_calls: OUT (the device call's output folder) is not set"; exit 2; }
 export FA4_PARTS=${FA4_PARTS:-3}
 # shellcheck disable=SC1091
@@ -437,5 +438,16 @@ case $call in
         > "$W/overlap_d$D.log" 2>&1; b "overlap_d$D" $?
       grep -E "^D=" "$W/overlap_d$D.log" | cut -c1-150
     done ;;
+  17)
+    # the streaming variant (a window plus attention sinks, 39th): its GPU tests (the Triton kernels' sink tiles, the
+    # variant on every CUDA backend), then window 1024 + 4 sinks against the plain window and Flex (Triton backend;
+    # with FA4 unpacked, flex_fa4 as well) at 4k / 16k: what the sinks cost, and ours against Flex on them
+    gpytest pytest_sink "${SINK_PYTEST_S:-150}" -n "${PYTEST_N:-14}" tests/test_kernel_flash_sink.py \
+      tests/test_variant_streaming.py tests/test_conformance.py tests/test_generate.py -k "sink or streaming"
+    impls=ours,flex; python3 -c "import flash_attn.cute" 2>/dev/null && impls=$impls,flex_fa4
+    timeout -k 5 "${SINK_BENCH_S:-150}" python3 -m eval.bench_flash --out "$W" --tag stream \
+      --variants win1024,stream1024 --N 4096,16384 --D 128 --impls "$impls" --rounds 3 --check \
+      --time-budget-s $(( ${SINK_BENCH_S:-150} - 10 )) > "$W/stream.log" 2>&1; b stream $?
+    grep -E "^ *(win1024|stream1024) " "$W/stream.log" | cut -c1-170 ;;
 esac
 tar czf "$OUT/$call.tgz" -C "$W" .
