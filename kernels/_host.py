@@ -44,6 +44,15 @@ def check_window_size(window_size):
     return left, right
 
 
+def check_sink_size(value) -> int:
+    """``sink_size`` (StreamingLLM attention sinks: keys ``j < sink_size`` stay visible left of a window) as an int;
+    raises ``ValueError`` unless it is an integer >= 0 (not a bool)."""
+    if not is_int(value) or value < 0:
+        raise ValueError(f"sink_size={value!r} is not supported; allowed values: an integer >= 0 (0, the default: no "
+                         "attention sinks)")
+    return int(value)
+
+
 def check_eps(value) -> None:
     """Refuse an ``eps`` (normaliser offset) that is not a finite real number > 0 (a bool included): a row whose
     normaliser is 0 would be NaN."""

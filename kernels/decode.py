@@ -28,8 +28,9 @@ dimension of one tile (row ``r = hh * Nq + i``), so every K/V tile is read from 
 
 Mask (the rule of ``attn_zoo.masks.MaskInfo.allowed`` with ``Nk = cache_seqlens[b]``), the conjunction of
 ``j < seqlen``, causal ``j <= i'``, window ``i' - left <= j <= i' + right`` and the block layout
-``layout[i' // bs, j // bs]``. Tiles outside ``[i'_first - left, i'_last + right]`` are never visited (window
-block skipping); block-sparse visits only the key tiles listed for the query's layout row
+``layout[i' // bs, j // bs]``; with ``sink_size`` (attention sinks, StreamingLLM) the window's left term is
+``j >= i' - left or j < sink_size``. Tiles outside ``[i'_first - left, i'_last + right]``, sink tiles aside, are
+never visited (window block skipping); block-sparse visits only the key tiles listed for the query's layout row
 (:func:`decode_sparse_tables`; a query span that crosses a layout-block boundary makes one pass per layout
 row, each pass restricted to that row's queries, so every (query, key) pair is counted once).
 
@@ -52,7 +53,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._host import _interpreting, cdiv, check_bool, check_scale, check_window_size, is_int, next_pow2
+from ._host import _interpreting, cdiv, check_bool, check_scale, check_sink_size, check_window_size, is_int, \
+    next_pow2
 
 NUM_WARPS = (1, 2, 4, 8, 16, 32)  # decode_plan's num_warps: Triton launches powers of two
 
@@ -100,9 +102,10 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, k_row_in, v_row_in, start, b, 
                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MULTI_PAGE: tl.constexpr,
                  CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                  LEFTPAD: tl.constexpr, ROWS_GIVEN: tl.constexpr,
-                 BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DOT_PREC: tl.constexpr):
+                 BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DOT_PREC: tl.constexpr, SINK: tl.constexpr):
     """Online-softmax update of (acc, m_i, l_i) with the key tile ``[start, start + BN)`` of sequence ``b``.
-    ``ROWS_GIVEN``: the tile's K/V row offsets are ``k_row_in`` / ``v_row_in`` (looked up one tile ahead)."""
+    ``ROWS_GIVEN``: the tile's K/V row offsets are ``k_row_in`` / ``v_row_in`` (looked up one tile ahead). ``SINK``
+    > 0 (with ``HAS_LEFT``): attention sinks, keys ``j < SINK`` pass the window's left edge."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
@@ -126,7 +129,10 @@ def _attend_tile(acc, m_i, l_i, q, K, V, BT, LAY, k_row_in, v_row_in, start, b, 
     if CAUSAL:
         ok = ok & (j[None, :] <= pos[:, None])
     if HAS_LEFT:
-        ok = ok & (j[None, :] >= pos[:, None] - window_left)
+        if SINK > 0:
+            ok = ok & ((j[None, :] >= pos[:, None] - window_left) | (j[None, :] < SINK))
+        else:
+            ok = ok & (j[None, :] >= pos[:, None] - window_left)
     if HAS_RIGHT:
         ok = ok & (j[None, :] <= pos[:, None] + window_right)
     if SPARSE:
@@ -158,11 +164,14 @@ def _decode_fwd(
     PREFETCH: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_RP: tl.constexpr, MERGE_NU: tl.constexpr, MERGE_SC: tl.constexpr,
     STORE_LSE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    DOT_PREC: tl.constexpr, PDL: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, PDL: tl.constexpr = False, SINK: tl.constexpr = 0,
 ):
     """Grid ``(S, B * Hkv, cdiv(G * Nq, BM))``: split ``s`` of the visited key tiles of one K/V head of one
     sequence, for ``BM`` packed (query head, query) rows. Writes the output (``S == 1``) or fp32 partials
-    ``OP (S, R, D)`` normalised by their own sum and ``LP (S, R)`` their lse in log2 units, ``R = B*Hq*Nq``."""
+    ``OP (S, R, D)`` normalised by their own sum and ``LP (S, R)`` their lse in log2 units, ``R = B*Hq*Nq``.
+    ``SINK`` > 0 (attention sinks, only with ``HAS_LEFT`` and without ``SPARSE``): the key tiles of ``j < SINK`` left
+    of the visited range are spread over the splits too (each split its share of them, then its share of the
+    range)."""
     if PDL:  # the merge kernel (launched with programmatic dependent launch) may start; it waits for this grid
         gdc_launch_dependents()
     pid_s = tl.program_id(0)
@@ -207,7 +216,7 @@ def _decode_fwd(
                         skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                         sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
                         LEFTPAD, False, BN, BD, BDV,
-                        DOT_PREC)
+                        DOT_PREC, SINK)
     else:
         lo = kfirst
         if HAS_LEFT:  # the FIRST query's window starts the visited range (the last query's starts later)
@@ -215,6 +224,15 @@ def _decode_fwd(
         t0 = lo // BN
         t1 = tl.cdiv(hi, BN)
         nt = tl.maximum(t1 - t0, 0)
+        if SINK > 0:  # the sink tiles [kfirst // BN, cdiv(SINK, BN)) left of t0, split as evenly (looked up per tile)
+            s0 = kfirst // BN
+            ns = tl.maximum(tl.minimum((SINK + BN - 1) // BN, t0) - s0, 0)
+            for t in range(s0 + (ns * pid_s) // n_splits, s0 + (ns * (pid_s + 1)) // n_splits):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, K, V, BT, LAY, 0, 0, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
+                    skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
+                    sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
+                    LEFTPAD, False, BN, BD, BDV, DOT_PREC, SINK)
         ta = t0 + (nt * pid_s) // n_splits  # balanced: the splits' shares differ by at most one tile
         tb = t0 + (nt * (pid_s + 1)) // n_splits
         if PREFETCH:  # page-table lookups one tile ahead: a tile's K/V addresses come from the previous iteration
@@ -227,7 +245,7 @@ def _decode_fwd(
                     acc, m_i, l_i, q, K, V, BT, LAY, k_row, v_row, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
                     skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                     sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
-                    LEFTPAD, True, BN, BD, BDV, DOT_PREC)
+                    LEFTPAD, True, BN, BD, BDV, DOT_PREC, SINK)
                 k_row = k_nx
                 v_row = v_nx
         else:
@@ -236,7 +254,7 @@ def _decode_fwd(
                     acc, m_i, l_i, q, K, V, BT, LAY, 0, 0, t * BN, b, g, seqlen, kfirst, pos, row_ok, 0,
                     skb, skh, skn, svb, svh, svn, sbt_b, slay_b, slay_q, qk_scale, window_left, window_right,
                     sparse_bs, D, DV, PAGED, PAGE_SIZE, PAGE_TILE, MULTI_PAGE, CAUSAL, HAS_LEFT, HAS_RIGHT, SPARSE,
-                    LEFTPAD, False, BN, BD, BDV, DOT_PREC)
+                    LEFTPAD, False, BN, BD, BDV, DOT_PREC, SINK)
 
     has = l_i > 0
     inv = 1.0 / tl.where(has, l_i, 1.0)
@@ -539,7 +557,7 @@ class DecodePlan:
                  "block_n", "block_m", "BD", "BDV", "n_m", "num_splits", "causal", "left", "right", "scale", "has_leftpad",
                  "return_lse", "is_sparse", "sparse_bs", "lay", "tidx", "tcnt", "out", "lse", "scratch", "num_warps", "num_stages",
                  "sm_count", "page_gather", "merge", "split_rule", "counter", "max_registers", "merge_rows", "merge_rp", "pdl",
-                 "merge_sc", "owner")
+                 "merge_sc", "owner", "sink")
 
     def __repr__(self):
         return (f"DecodePlan(B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Nq={self.Nq}, D={self.D}, Dv={self.Dv}, "
@@ -558,7 +576,7 @@ def decode_plan(
     softmax_scale: Optional[float] = None, sparse: Optional["DecodeSparse"] = None, num_splits: Optional[int] = None,
     block_n: Optional[int] = None, return_lse: bool = False, has_leftpad: bool = False,
     sm_count: Optional[int] = None, num_warps: int = 4, num_stages: int = 3, page_gather: str = "prefetch",
-    merge: str = "auto", split_rule: str = "auto", max_registers="auto", pdl=False,
+    merge: str = "auto", split_rule: str = "auto", max_registers="auto", pdl=False, sink_size: int = 0,
 ) -> DecodePlan:
     """Host-side plan of :func:`decode_run`, made once per batch shape / cache layout / mask (no device sync).
 
@@ -609,6 +627,7 @@ def decode_plan(
     under the interpreter). Measured on the H200 (2026-12-04, ``lab.decode_probe --compare --set pdl``, 10 calls
     per CUDA graph): no gain -- within +-0.01 of copy bandwidth on contiguous caches, and 0.80-0.82 against
     0.86 on GQA pages at batch 4 -- so it is off by default.
+    ``sink_size``: attention sinks (as :func:`decode_attn`); the plan's ``sink`` (0 without a left window edge).
     Other arguments as :func:`decode_attn`. Allocates the output, lse and split-K buffers (and the counter).
 
     Raises ``ValueError`` / ``TypeError`` as :func:`decode_attn`; ``ValueError`` for bf16 under the CPU interpreter
@@ -617,7 +636,7 @@ def decode_plan(
     4, 8, 16, 32, ``num_stages`` other than an integer >= 1, ``causal`` / ``return_lse`` / ``has_leftpad`` other
     than a bool, ``window_size`` other than ``None`` or a pair of ints >= 0 / ``None``, ``softmax_scale`` other
     than ``None`` or a finite float > 0, ``num_splits`` / ``block_n`` / ``sm_count`` other than ``None`` or an
-    integer >= 1.
+    integer >= 1; ``sink_size`` other than an integer >= 0, or > 0 with ``sparse``.
     """
     if q.dtype == torch.bfloat16 and _interpreting():  # (decode_attn and every plan come here)
         raise ValueError("q.dtype=torch.bfloat16 is not supported under the CPU interpreter (TRITON_INTERPRET=1: its "
@@ -640,6 +659,12 @@ def decode_plan(
     check_scale("softmax_scale", softmax_scale)
     check_bool("return_lse", return_lse)
     check_bool("has_leftpad", has_leftpad)
+    sink = check_sink_size(sink_size)
+    if sink and sparse is not None:
+        raise ValueError(f"sink_size={sink} cannot be combined with sparse (a block layout): attention sinks run with "
+                         f"causal and sliding-window masks only; allowed: sink_size=0 with sparse")
+    if left is None:  # no left window edge: the sinks change nothing
+        sink = 0
     for name, val in (("num_splits", num_splits), ("block_n", block_n), ("sm_count", sm_count)):
         if val is not None and (not is_int(val) or val < 1):
             raise ValueError(f"{name}={val!r} is not supported; allowed values: None (chosen here) or an integer >= 1")
@@ -680,7 +705,7 @@ def decode_plan(
     else:
         max_tiles = cdiv(capacity, BN)
         if left is not None:
-            max_tiles = min(max_tiles, cdiv(left + Nq + (right or 0), BN) + 1)
+            max_tiles = min(max_tiles, cdiv(left + Nq + (right or 0), BN) + 1 + cdiv(sink, BN))
     sms = int(sm_count) if sm_count is not None else _sm_count(dev)
     if sms < 1:
         raise ValueError(f"sm_count={sm_count} must be >= 1")
@@ -699,7 +724,7 @@ def decode_plan(
     p.paged, p.page_size, p.capacity = paged, page_size, capacity
     p.max_pages = block_table.shape[1] if paged else 0
     p.block_n, p.block_m, p.BD, p.BDV, p.n_m, p.num_splits = BN, BM, max(16, next_pow2(D)), max(16, next_pow2(Dv)), n_m, S
-    p.causal, p.left, p.right = bool(causal), left, right
+    p.causal, p.left, p.right, p.sink = bool(causal), left, right, sink
     p.scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     p.has_leftpad, p.return_lse, p.sm_count = bool(has_leftpad), bool(return_lse), sms
     p.num_warps, p.num_stages, p.page_gather = num_warps, num_stages, page_gather
@@ -806,7 +831,7 @@ def decode_run(
         MERGE_NU=p.block_m // p.merge_rp,
         MERGE_SC=p.merge_sc,
         STORE_LSE=p.return_lse, BM=p.block_m, BN=p.block_n, BD=p.BD, BDV=p.BDV,
-        DOT_PREC=dot_prec, PDL=p.pdl, num_warps=p.num_warps, num_stages=p.num_stages,
+        DOT_PREC=dot_prec, PDL=p.pdl, SINK=p.sink, num_warps=p.num_warps, num_stages=p.num_stages,
         **({"maxnreg": p.max_registers} if p.max_registers and not _interpreting() else {}),
     )
     if S > 1 and p.merge == "kernel":
@@ -823,7 +848,7 @@ def decode_attn(
     sparse: Optional[DecodeSparse] = None, num_splits: Optional[int] = None, block_n: Optional[int] = None,
     return_lse: bool = False, num_warps: int = 4, num_stages: int = 3, cache_leftpad: Optional[torch.Tensor] = None,
     plan: Optional[DecodePlan] = None, page_gather: str = "prefetch", merge: str = "auto", split_rule: str = "auto",
-    max_registers="auto", pdl=False,
+    max_registers="auto", pdl=False, sink_size: int = 0,
 ):
     """Decode attention of ``Nq`` new queries against a KV cache (FlashDecoding split-K + lse merge).
 
@@ -851,6 +876,11 @@ def decode_attn(
         plan: a :func:`decode_plan` to run (then the mask / tile arguments above are the plan's and must be
             left at their defaults); default: a fresh plan per call (fresh output buffers).
         page_gather, merge, split_rule, max_registers, pdl: as :func:`decode_plan`.
+        sink_size: attention sinks (StreamingLLM, Xiao et al. 2023), an int ``>= 0`` (default 0: none): keys at
+            absolute positions ``j < sink_size`` stay visible left of the window's left edge (``j >= i' - left or
+            j < sink_size``; causal, the right edge, ``seqlen`` and ``cache_leftpad`` still hold); the splits visit
+            the ``cdiv(sink_size, block_n)`` sink tiles left of each window. A no-op without a left edge; not with
+            ``sparse``. One compile per value (the kernel's ``SINK`` constexpr).
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (and ``lse``).
@@ -865,7 +895,7 @@ def decode_attn(
                            softmax_scale=softmax_scale, sparse=sparse, num_splits=num_splits, block_n=block_n,
                            return_lse=return_lse, has_leftpad=cache_leftpad is not None, num_warps=num_warps,
                            num_stages=num_stages, page_gather=page_gather, merge=merge, split_rule=split_rule,
-                           max_registers=max_registers, pdl=pdl)
+                           max_registers=max_registers, pdl=pdl, sink_size=sink_size)
     return decode_run(plan, q, k_cache, v_cache, cache_seqlens.contiguous(), block_table,
                       None if cache_leftpad is None else cache_leftpad.contiguous())
 
@@ -887,7 +917,7 @@ def decode_attn_reference(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor] = None, *, causal: bool = True,
     window_size: Optional[Tuple[Optional[int], Optional[int]]] = None, softmax_scale: Optional[float] = None,
-    sparse: Optional[DecodeSparse] = None, return_lse: bool = False,
+    sparse: Optional[DecodeSparse] = None, return_lse: bool = False, sink_size: int = 0,
 ):
     """Plain-PyTorch fp32 reference of :func:`decode_attn` (same arguments; dense mask per sequence).
 
@@ -919,7 +949,7 @@ def decode_attn_reference(
         if causal:
             ok &= j <= i
         if left is not None:
-            ok &= j >= i - left
+            ok &= (j >= i - left) | (j < sink_size)
         if right is not None:
             ok &= j <= i + (min(right, 0) if causal else right)
         if sparse is not None:

@@ -703,8 +703,8 @@ def test_flash_attn_fwd_runs_what_auto_picks(monkeypatch):
     here: no GPU), an explicit "triton" never asks and runs the Triton kernel."""
     q, k, v, _ = _qkv(1, 2, 2, 16, 16, 16, dtype=torch.float32, device="cpu")
     asked, ran = [], []
-    monkeypatch.setattr(F, "choose_fwd_impl", lambda cfg, *a: asked.append((cfg, a[3:5])) or "gluon_ws3a")
-    monkeypatch.setattr(F, "check_gluon_fwd", lambda impl, *a: a[4] == 0)
+    monkeypatch.setattr(F, "choose_fwd_impl", lambda cfg, *a, **_: asked.append((cfg, a[3:5])) or "gluon_ws3a")
+    monkeypatch.setattr(F, "check_gluon_fwd", lambda impl, *a, **_: a[4] == 0)
     monkeypatch.setattr(F, "gluon_flash_fwd", lambda q_, k_, v_, scale, wl, wr, impl, documents=None, **_:
                         ran.append((wl, wr, impl, documents)) or ("out", "lse"))
     assert F.flash_attn_fwd(q, k, v, 0.25, -1, 0, config=FlashConfig()) == ("out", "lse")

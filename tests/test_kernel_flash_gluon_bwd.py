@@ -425,7 +425,7 @@ def test_flash_attn_bwd_dispatches_to_gluon(monkeypatch):
     "triton" neither is called."""
     q, k, v, do = _qkv(1, 4, 2, 32, 48, 64, device="cpu")
     seen = []
-    monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs, cfg, lay_bs=0: seen.append(
+    monkeypatch.setattr(G, "check_gluon_bwd", lambda q_, k_, v_, wl, wr, lay, dil, docs, cfg, lay_bs=0, **_: seen.append(
         ("check", wl, wr, lay, dil, docs, cfg)) or wr == 0)
     monkeypatch.setattr(G, "gluon_flash_bwd", lambda do_, q_, k_, v_, o_, l_, scale, wl, wr, dlse, like, config,
                         documents, layout=None, layout_bs=0: seen.append(

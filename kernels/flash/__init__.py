@@ -10,6 +10,8 @@ on rows that see no key (those rows output 0 and get zero gradients).
 Mask (bottom-right aligned: query row ``i`` sits at ``i' = i + Nk - Nq``), the conjunction of
   * ``window_size = (left, right)``: ``i' - left <= j <= i' + right`` (``None`` = unbounded side); causal is
     ``right = 0`` (``causal=True`` clips ``right`` to ``min(right, 0)``);
+  * ``sink_size``: attention sinks (StreamingLLM): keys ``j < sink_size`` pass the window's left edge, the left term
+    becoming ``j >= i' - left or j < sink_size`` (default 0: none; a compile-time ``SINK`` of its own);
   * ``dilation``: ``(i' - j) % dilation == 0`` (default 1: no condition);
   * block-sparse: ``layout[i' // block_size, j // block_size]`` and ``i' >= 0``, with the visited key
     blocks of every query tile given by a block table (``kv_idx``, ``kv_cnt``, ``kv_nfull`` per query tile,

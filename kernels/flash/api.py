@@ -13,7 +13,7 @@ from .config import _CURRENT, FlashConfig
 from .documents import cached_document_table
 from .fwd import fwd_tma
 from .gluon import choose_bwd_impl, choose_fwd_impl
-from .launch import _check
+from .launch import _check, sink_tokens
 from .sparse import build_sparse_tables, check_tables
 
 _CHECKED = set()  # cache: (shapes, dtypes) that passed _check
@@ -67,25 +67,39 @@ def _check_dilation(dilation) -> None:
         raise ValueError(f"dilation={dilation!r} must be an integer >= 1")
 
 
+def _sink_bounds(sink_size, win_left: int, nk: int, block_layout=None, dilation: int = 1,
+                 doc_ids=None) -> Tuple[int, int]:
+    """``(win_left, sink)`` that :func:`flash_attn` runs for ``sink_size`` attention sinks: ``sink`` is the
+    kernels' ``SINK`` (:func:`~kernels.flash.launch.sink_tokens`: 0 without a left window edge); sinks that reach
+    every row's left edge (``sink_size >= nk - 1 - left``: no key is then masked by it) run as no left edge at all
+    (the causal / dense kernel, as :func:`_window_bounds` does for a wide window). Raises ``ValueError`` as
+    ``sink_tokens``."""
+    sink = sink_tokens(sink_size, win_left, block_layout, dilation, doc_ids)
+    if sink and sink >= nk - 1 - win_left:
+        return -1, 0
+    return win_left, sink
+
+
 def _resolve_impl(which: str, config: Optional[FlashConfig], q, k, v, causal, window_size, dilation, block_layout,
-                  doc_ids, block_size) -> str:
+                  doc_ids, block_size, sink_size=0) -> str:
     """``config.<which>`` (``"fwd_impl"`` / ``"bwd_impl"``) of ``config`` or the current settings, and for ``"auto"``
     the choice of :func:`kernels.flash.gluon.choose_fwd_impl` / ``choose_bwd_impl`` for these mask arguments."""
     config = _call_config(config, None, None, None)
     # checked for an explicit impl too, as flash_attn checks them
     wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     _check_dilation(dilation)
+    wl, sink = _sink_bounds(sink_size, wl, k.shape[2], block_layout, dilation, doc_ids)
     impl = getattr(config, which)
     if impl != "auto":
         return impl
     choose = choose_fwd_impl if which == "fwd_impl" else choose_bwd_impl
-    return choose(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+    return choose(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size, sink_size=sink)
 
 
 def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                      block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
-                     block_size: int = 0) -> str:
+                     block_size: int = 0, sink_size: int = 0) -> str:
     """The forward kernel (``"triton"``, ``"gluon_ws3a"``, ``"gluon_ws3b"`` or ``"gluon_ws3p"``) that :func:`flash_attn` runs for
     ``q, k, v`` and these mask arguments (as :func:`flash_attn` takes them) with ``config`` (``None``: the current
     settings): ``config.fwd_impl``, or for ``"auto"`` the choice of :func:`kernels.flash.gluon.choose_fwd_impl`
@@ -94,26 +108,29 @@ def resolve_fwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Te
     ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)``. Raises ``ValueError`` / ``TypeError`` only for a malformed
     ``causal``, ``window_size``, ``dilation`` (not an int >= 1, as :func:`flash_attn`; with an explicit
     ``fwd_impl`` too) or ``config`` (an explicit Gluon name is returned as is: the call checks whether it can
-    run)."""
-    return _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
+    run). ``sink_size``: as :func:`flash_attn` (``"auto"`` never picks Gluon for attention sinks; ``ValueError`` as
+    there for a bad value or combination)."""
+    return _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size,
+                         sink_size)
 
 
 def resolve_bwd_impl(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                      block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
-                     block_size: int = 0) -> str:
+                     block_size: int = 0, sink_size: int = 0) -> str:
     """The backward kernel (``"triton"`` or ``"gluon"``) that :func:`flash_attn`'s backward runs for ``q, k, v`` and
     these mask arguments with ``config`` (``None``: the current settings): ``config.bwd_impl``, or for ``"auto"``
     the choice of :func:`kernels.flash.gluon.choose_bwd_impl` (``"triton"`` off CUDA; on Hopper it depends on the
     shape, the mask and the triton version: ``GLUON_AUTO_BWD_TRITON``). The counterpart of
     :func:`resolve_fwd_impl`, for benchmarks that record which kernels ran; arguments and errors as there."""
-    return _resolve_impl("bwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
+    return _resolve_impl("bwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size,
+                         sink_size)
 
 
 def resolve_fwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                     block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
-                    block_size: int = 0) -> bool:
+                    block_size: int = 0, sink_size: int = 0) -> bool:
     """Whether the forward that :func:`flash_attn` runs for ``q, k, v`` and these mask arguments with ``config``
     (``None``: the current settings) streams K / V by TMA descriptors: the Gluon forward (where
     :func:`resolve_fwd_impl` names it) reads by TMA only; the Triton forward where its launch decides so
@@ -122,17 +139,19 @@ def resolve_fwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Ten
     rows; a TMA build the compiler rejects still falls back to pointer loads at the launch. Arguments and errors as
     :func:`resolve_fwd_impl`."""
     config = _call_config(config, None, None, None)
-    impl = _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size)
+    impl = _resolve_impl("fwd_impl", config, q, k, v, causal, window_size, dilation, block_layout, doc_ids, block_size,
+                         sink_size)
     if impl != "triton":
         return True
     wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
+    wl = _sink_bounds(sink_size, wl, k.shape[2], block_layout, dilation, doc_ids)[0]
     return fwd_tma(q, k, v, wl, wr, block_layout, config)
 
 
 def resolve_bwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     causal: bool = False, window_size: Optional[Sequence[Optional[int]]] = None, dilation: int = 1,
                     block_layout: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
-                    block_size: int = 0, do: Optional[torch.Tensor] = None) -> Tuple[bool, bool]:
+                    block_size: int = 0, do: Optional[torch.Tensor] = None, sink_size: int = 0) -> Tuple[bool, bool]:
     """``(dkdv, dq)``: whether the backward of that :func:`flash_attn` call streams its operands by TMA in its
     dK/dV pass and in its dQ, as the backward decides (:func:`kernels.flash.bwd.bwd_run_config`, the config it runs
     with, then :func:`kernels.flash.bwd.bwd_tma`): the Gluon backward's dK/dV kernel reads by TMA only, its dQ by
@@ -143,7 +162,8 @@ def resolve_bwd_tma(config: Optional[FlashConfig], q: torch.Tensor, k: torch.Ten
     config = _call_config(config, None, None, None)
     wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     _check_dilation(dilation)
-    run = bwd_run_config(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size)
+    wl, sink = _sink_bounds(sink_size, wl, k.shape[2], block_layout, dilation, doc_ids)
+    run = bwd_run_config(config, q, k, v, wl, wr, block_layout, dilation, doc_ids, block_size, sink_size=sink)
     return bwd_tma(run, q, k, v, q if do is None else do, wl, wr, block_layout)
 
 
@@ -160,7 +180,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
                block_table_fn: Optional[Callable] = None, return_lse: bool = False,
                block_tables: Optional[Sequence[torch.Tensor]] = None, dq_mode: Optional[str] = None,
                dkdv_split: Optional[int] = None, deterministic: Optional[bool] = None, dilation: int = 1,
-               config: Optional[FlashConfig] = None, doc_ids: Optional[torch.Tensor] = None):
+               config: Optional[FlashConfig] = None, doc_ids: Optional[torch.Tensor] = None, sink_size: int = 0):
     """Exact attention ``softmax(scale * q k^T + mask) v`` (FlashAttention-2, Dao 2023), differentiable.
 
     Args:
@@ -199,6 +219,17 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             documents only on tiles that straddle a boundary (forward, dQ and dK/dV alike). The table is kept per
             tensor and autograd version: in-place writes through ``.numpy()`` / ``.data`` are not seen (use
             PyTorch ops). int32 / int64 only (``ValueError`` otherwise).
+        sink_size: attention sinks (StreamingLLM: Xiao et al. 2023, "Efficient Streaming Language Models with
+            Attention Sinks"), in tokens, an int ``>= 0`` (default 0: none): keys at absolute positions ``j <
+            sink_size`` stay visible left of the window's left edge (``j >= i' - left or j < sink_size``); every
+            other term still holds (causal ``j <= i'``, the right edge, bounds). Without a left edge (``left``
+            ``None`` or as wide as the keys) a no-op; sinks reaching every row's left edge (``sink_size >= Nk - 1 -
+            left``) run as no left edge. Each query tile visits the ``cdiv(sink_size, block_n)`` sink tiles and its
+            band (cost ``O(Nq * (window + sink_size))``); each key tile of sinks is visited by every query tile from
+            its causal start in dK/dV. One compile per value. Triton kernels only: ``"auto"`` never picks a Gluon
+            kernel for it and a Gluon ``fwd_impl`` / ``bwd_impl`` asked by name refuses it. ``ValueError`` for a
+            value other than an int ``>= 0`` (a bool included) and with ``block_layout``, ``dilation != 1`` or
+            ``doc_ids``.
 
     Returns:
         ``out (B, Hq, Nq, Dv)`` in ``q.dtype`` (rows that see no key are 0), and ``lse`` if asked.
@@ -210,7 +241,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         layout), a layout without ``block_table_fn``, malformed ``block_tables``, unknown ``dq_mode``,
         ``dkdv_split`` not dividing the group, ``deterministic`` with the atomic dQ or ``bwd_impl="gluon"`` with
         ``gluon_bwd_dq="atomic"`` / ``"tma"``, ``gluon_bwd_dq="tma"`` on a triton without Gluon's TMA reduce-add,
-        ``dilation < 1``; ``config.bwd_impl="gluon"`` on a call it does not cover
+        ``dilation < 1``, ``sink_size`` (see there); ``config.bwd_impl="gluon"`` on a call it does not cover
         (:func:`kernels.flash.gluon.check_gluon_bwd`) when an input requires grad.
     """
     sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
@@ -229,6 +260,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     wl, wr = _window_bounds(causal, window_size, q.shape[2], k.shape[2])
     _check_dilation(dilation)
+    wl, sink = _sink_bounds(sink_size, wl, k.shape[2], block_layout, dilation, doc_ids)
     check_bool("return_lse", return_lse)
     if not is_int(block_size) or block_size < 0:
         raise ValueError(f"block_size={block_size!r} is not supported; allowed values: an integer >= 1 with a "
@@ -264,11 +296,11 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
             q.requires_grad or k.requires_grad or v.requires_grad):  # refuse before the forward, not at backward
         from .gluon import check_gluon_bwd
 
-        check_gluon_bwd(q, k, v, wl, wr, layout, dilation, documents, cfg, int(block_size))
+        check_gluon_bwd(q, k, v, wl, wr, layout, dilation, documents, cfg, int(block_size), sink_size=sink)
     if compiling:
         out, lse = _flash_fwd_op(q, k, v, scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg.key,
-                                 documents)
+                                 documents, sink)
     else:
         out, lse = _FlashFn.apply(q, k, v, (scale, wl, wr, layout, int(block_size), *tables, int(dilation), cfg,
-                                            documents))
+                                            documents, sink))
     return (out, lse) if return_lse else out

@@ -24,14 +24,15 @@ def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sca
                   win_right: int, layout: Optional[torch.Tensor], layout_bs: int, kv_idx: Optional[torch.Tensor],
                   kv_cnt: Optional[torch.Tensor], kv_nfull: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
                   q_cnt: Optional[torch.Tensor], q_nfull: Optional[torch.Tensor], dilation: int,
-                  config: str, documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                  config: str, documents: Optional[torch.Tensor] = None,
+                  sink_size: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     return flash_attn_fwd(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull,
-                          dilation=dilation, config=_config(config), documents=documents)
+                          dilation=dilation, config=_config(config), documents=documents, sink_size=sink_size)
 
 
 @_flash_fwd_op.register_fake
 def _(q, k, v, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
-      q_nfull, dilation, config, documents=None):
+      q_nfull, dilation, config, documents=None, sink_size=0):
     B, Hq, Nq, D = q.shape
     return _bnhd_empty(B, Hq, Nq, v.shape[3], q.dtype, q.device), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
@@ -42,20 +43,21 @@ def _flash_bwd_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tenso
                   layout: Optional[torch.Tensor], layout_bs: int, kv_idx: Optional[torch.Tensor],
                   kv_cnt: Optional[torch.Tensor], kv_nfull: Optional[torch.Tensor], q_idx: Optional[torch.Tensor],
                   q_cnt: Optional[torch.Tensor], q_nfull: Optional[torch.Tensor], dilation: int, config: str,
-                  documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  documents: Optional[torch.Tensor] = None,
+                  sink_size: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _flash_bwd_impl(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
-                           kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dilation, config, documents)
+                           kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dilation, config, documents, sink_size)
 
 
 def _flash_bwd_impl(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx,
-                    kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dilation, config, documents=None,
+                    kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dilation, config, documents=None, sink_size=0,
                     grads_like_inputs=False):
     """The backward in the custom op's argument order (the eager ``_FlashFn`` calls it with
     ``grads_like_inputs=True`` and the config object instead of its key)."""
     return flash_attn_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs,
                           kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt, q_nfull, dlse=dlse,
                           grads_like_inputs=grads_like_inputs, dilation=dilation, config=_config(config),
-                          documents=documents)
+                          documents=documents, sink_size=sink_size)
 
 
 def _flash_bwd_eager(*args):
@@ -64,7 +66,7 @@ def _flash_bwd_eager(*args):
 
 @_flash_bwd_op.register_fake
 def _(do, dlse, q, k, v, out, lse, softmax_scale, win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull,
-      q_idx, q_cnt, q_nfull, dilation, config, documents=None):
+      q_idx, q_cnt, q_nfull, dilation, config, documents=None, sink_size=0):
     (B, Hq, Nq, D), (Hkv, Nk) = q.shape, k.shape[1:3]
     return (_bnhd_empty(B, Hq, Nq, D, q.dtype, q.device), _bnhd_empty(B, Hkv, Nk, D, k.dtype, k.device),
             _bnhd_empty(B, Hkv, Nk, v.shape[3], v.dtype, v.device))
@@ -74,7 +76,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.cfg = tuple(inputs[3:])  # scale, wl, wr, layout, bs, 6 tables, dilation, config key, document table
+    ctx.cfg = tuple(inputs[3:])  # scale, wl, wr, layout, bs, 6 tables, dilation, config key, document table, sinks
 
 
 def _run_backward(ctx, dout, dlse, bwd):
@@ -99,7 +101,8 @@ class _FlashFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cfg):  # cfg: the custom op's other arguments, one tuple (with the FlashConfig itself)
-        out, lse = flash_attn_fwd(q, k, v, *cfg[:8], dilation=cfg[11], config=cfg[12], documents=cfg[13])
+        out, lse = flash_attn_fwd(q, k, v, *cfg[:8], dilation=cfg[11], config=cfg[12], documents=cfg[13],
+                                  sink_size=cfg[14])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = cfg
         ctx.set_materialize_grads(False)

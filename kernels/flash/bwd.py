@@ -16,7 +16,7 @@ from .common import INTERPRET, LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptr
     _table_row
 from .config import FlashConfig, current_flash_config
 from .launch import KERNELS, _PLANS, _aligned, _block_n_dkdv, _bnhd_empty, _bucket, _get_plan, _mode_args, \
-    _plan_launch, streams_by_tma
+    _plan_launch, sink_tokens, streams_by_tma
 from .sparse import sparse_mode, sparse_tiles
 
 
@@ -52,7 +52,8 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                DOT_PREC: tl.constexpr, Qd, DOd, b, h, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
-               offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr):
+               offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr,
+               SINK: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_ptrs = Qb + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
     do_ptrs = DOb + offs_m[:, None] * stride_dn + offs_dv[None, :] * stride_dd  # (BLOCK_M, BLOCK_DV)
@@ -81,7 +82,7 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2b, Deltab, DQAb, stride_qn, stride_qd,
     pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
     if MASKED:
         ok = _allowed(offs_m[None, :], offs_n[:, None], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
-                      dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED)
+                      dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED, SINK)
         if DOCS:
             ok = _doc_ok(ok, DocQb, DocKb, offs_m[None, :], offs_n[:, None], Nq, Nk)
         pT = tl.where(ok, pT, 0.0)
@@ -114,7 +115,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                      HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                      DOT_PREC: tl.constexpr, TMA: tl.constexpr,
-                     DILATED: tl.constexpr, DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     DILATED: tl.constexpr, DOCS: tl.constexpr, SINK: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
     """One program per (key tile, batch, K/V head, split): the ``group // n_split`` query heads of split ``s``.
 
     With ``n_split > 1`` DK / DV point at fp32 partial buffers ``(n_split, B, Hkv, Nk, D)`` (split stride
@@ -151,7 +153,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                                 BLOCK_M, BLOCK_N)
     else:
         lo, hi, flo, fhi = _q_range(start_n, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
-                                    HAS_LEFT, HAS_RIGHT)
+                                    HAS_LEFT, HAS_RIGHT, SINK)
         if DOCS:  # only the query tiles of this key tile's documents
             lo, hi, flo, fhi = _doc_q_range(lo, hi, flo, fhi, start_n, Nk, DocKb, KLob, KHib, BLOCK_M, BLOCK_N)
     for g in range(0, heads):  # query heads sharing this K/V head: dK/dV summed in registers
@@ -169,14 +171,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                         sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                                         DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D,
                                         DOT_PREC, Qd, DOd, b, h, TMA, dilation, DILATED,
-                                        offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                        offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
                 elif (mblk >= dlo) & (mblk < dhi):
                     dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn,
                                         stride_qd, stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale,
                                         sm_scale, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
                                         True, HAS_LEFT, HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D,
                                         DOT_PREC, Qd, DOd, b, h, TMA, dilation, DILATED,
-                                        offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                        offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
         elif SPARSE:
             for t in range(0, nfull):
                 mblk = tl.load(tbl + t)
@@ -185,7 +187,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
             for t in range(nfull, cnt):
                 mblk = tl.load(tbl + t)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
@@ -193,7 +195,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
         else:
             for mblk in range(lo, flo):  # (empty without a right window edge or documents)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
@@ -201,21 +203,21 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse2, Delta, DK, DV, DQA,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
             for mblk in range(flo, fhi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
             for mblk in range(fhi, hi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lse2 + row0, Delta + row0, DQAb, stride_qn, stride_qd,
                                     stride_dn, stride_dd, mblk * BLOCK_M, offs_n, offs_d, qk_scale, sm_scale, Nq, Nk,
                                     offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT,
                                     HAS_RIGHT, SPARSE, ATOMIC_DQ, BLOCK_M, HEAD_D, BLOCK_D, DOT_PREC,
                                     Qd, DOd, b, h, TMA, dilation, DILATED,
-                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                    offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * stride_dks + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mk)
@@ -229,7 +231,8 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, st
              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
              BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
              Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
-             offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr):
+             offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr,
+             SINK: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kT_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     vT_ptrs = Vb + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd  # (BLOCK_DV, BLOCK_N)
@@ -252,7 +255,7 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, st
     p = tl.math.exp2(qk * qk_scale - lse2[:, None])
     if MASKED:
         ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
-                      dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED)
+                      dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED, SINK)
         if DOCS:
             ok = _doc_ok(ok, DocQb, DocKb, offs_m[:, None], offs_n[None, :], Nq, Nk)
         p = tl.where(ok, p, 0.0)
@@ -273,7 +276,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                    KV_IDX, KV_CNT, KV_NFULL, stride_tbl, LAYOUT, lay_nb, lay_bs, DOC, N_BUCKET, Kd, Vd,
                    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DOT_PREC: tl.constexpr,
-                   TMA: tl.constexpr, DILATED: tl.constexpr, DOCS: tl.constexpr,
+                   TMA: tl.constexpr, DILATED: tl.constexpr, DOCS: tl.constexpr, SINK: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
@@ -312,13 +315,13 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
                               nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                               LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
                               DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
-                              DocQb, DocKb, DOCS)
+                              DocQb, DocKb, DOCS, SINK)
             elif (nblk >= dlo) & (nblk < dhi):
                 dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                               nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                               LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
                               DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
-                              DocQb, DocKb, DOCS)
+                              DocQb, DocKb, DOCS, SINK)
     elif SPARSE:  # table row ordered full tiles first: two branch-free loops
         cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
         for t in range(0, nfull):
@@ -326,34 +329,46 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse2, Delta, DQ,
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                          DocQb, DocKb, DOCS, SINK)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                          DocQb, DocKb, DOCS, SINK)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
         if DOCS:  # only the key tiles of this query tile's documents
             lo, hi, flo, fhi = _doc_kv_range(lo, hi, flo, fhi, start_m, Nq, DocQb, QLob, QHib, BLOCK_M, BLOCK_N)
+        if SINK > 0:  # attention sinks: the tiles of keys j < SINK left of the band, masked (as the forward)
+            for nblk in range(0, tl.minimum((SINK + BLOCK_N - 1) // BLOCK_N, lo)):
+                dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                              nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
+                              LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
+                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                              DocQb, DocKb, DOCS, SINK)
         if HAS_LEFT or DOCS:  # partial tiles left of the full band (none without a left window edge / documents)
             for nblk in range(lo, flo):
                 dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                               nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                               LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                              DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                              DocQb, DocKb, DOCS, SINK)
         for nblk in range(flo, fhi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                          DocQb, DocKb, DOCS, SINK)
         for nblk in range(fhi, hi):
             dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                           LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE, BLOCK_N, HEAD_D, BLOCK_D,
-                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                          DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED, offs_dv, HEAD_DV, BLOCK_DV,
+                          DocQb, DocKb, DOCS, SINK)
     dq = dq * sm_scale
     tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqn
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mq)
@@ -399,8 +414,8 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
                    layout: Optional[torch.Tensor] = None, layout_bs: int = 0,
                    kv_idx=None, kv_cnt=None, kv_nfull=None, q_idx=None, q_cnt=None, q_nfull=None,
                    dlse: Optional[torch.Tensor] = None, grads_like_inputs: bool = True, *, dilation: int = 1,
-                   config: Optional[FlashConfig] = None,
-                   documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   config: Optional[FlashConfig] = None, documents: Optional[torch.Tensor] = None,
+                   sink_size: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launches: preprocess (delta, lse2), dK/dV (per key tile, GQA group summed), dQ (per query tile).
 
     Block-sparse needs the query-tile table (``kv_*`` at ``sparse_tiles(D)[0]``) and the key-tile table
@@ -413,22 +428,25 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     op, whose fake kernel cannot see the runtime strides). ``config.bwd_impl == "auto"``: the Gluon backward where
     :func:`kernels.flash.gluon.choose_bwd_impl` picks it, else the Triton one. ``"gluon"``: the Gluon backward
     (:func:`kernels.flash.gluon.gluon_flash_bwd`; ``ValueError`` from :func:`~kernels.flash.gluon.check_gluon_bwd`
-    for a call it does not cover). Returns ``(dq, dk, dv)``.
+    for a call it does not cover). ``sink_size``: the forward's attention sinks (:func:`flash_attn_fwd`; the Gluon
+    backward refuses them). Returns ``(dq, dk, dv)``.
     """
     if config is None:
         config = current_flash_config()
-    config = bwd_run_config(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
+    sink = sink_tokens(sink_size, win_left, layout, dilation, documents) if sink_size else 0
+    config = bwd_run_config(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs,
+                            sink_size=sink)
     if config.bwd_impl == "gluon":  # the Gluon backward (Hopper; band masks with two consumers, else ValueError)
         from .gluon import check_gluon_bwd, gluon_flash_bwd
 
-        check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents, config, layout_bs)
+        check_gluon_bwd(q, k, v, win_left, win_right, layout, dilation, documents, config, layout_bs, sink_size=sink)
         return gluon_flash_bwd(do, q, k, v, out, lse, softmax_scale, win_left, win_right, dlse, grads_like_inputs,
                                config=config, documents=documents, layout=layout, layout_bs=layout_bs)
     if INTERPRET and q.dtype == torch.bfloat16:  # as in flash_attn_fwd: fp32 under the CPU interpreter
         grads = flash_attn_bwd(do.float(), q.float(), k.float(), v.float(), out.float(), lse, softmax_scale,
                                win_left, win_right, layout, layout_bs, kv_idx, kv_cnt, kv_nfull, q_idx, q_cnt,
                                q_nfull, dlse=dlse, grads_like_inputs=grads_like_inputs, dilation=dilation,
-                               config=config, documents=documents)
+                               config=config, documents=documents, sink_size=sink)
         return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -437,9 +455,10 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
     key = ("bwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
            q.device,
            softmax_scale, win_left, win_right, sparse_key, _aligned(q, k, v, do, out), has_dlse, grads_like_inputs,
-           config, dilation, documents is not None)
+           config, dilation, documents is not None, sink)
     plan = _PLANS.get(key) or _get_plan(key, lambda: _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs,
-                                                                has_dlse, dilation, config, documents is not None))
+                                                                has_dlse, dilation, config, documents is not None,
+                                                                sink))
     pm = plan.meta
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
@@ -481,15 +500,16 @@ def flash_attn_bwd(do, q, k, v, out, lse, softmax_scale: float, win_left: int = 
 
 
 def bwd_run_config(config: FlashConfig, q, k, v, win_left: int, win_right: int, layout, dilation: int, documents,
-                   layout_bs: int = 0) -> FlashConfig:
+                   layout_bs: int = 0, *, sink_size: int = 0) -> FlashConfig:
     """The config :func:`flash_attn_bwd` runs with: ``config``, or for ``bwd_impl="auto"`` where
     :func:`kernels.flash.gluon.choose_bwd_impl` takes the Gluon backward (two consumers; the Gluon dQ at the head
     dims of ``AUTO_GLUON_DQ_HEAD_DIMS``), ``config`` with :func:`~kernels.flash.gluon.auto_gluon_bwd_config`'s
-    settings (``bwd_impl="gluon"``). Arguments as :func:`flash_attn_bwd`'s."""
+    settings (``bwd_impl="gluon"``; never with ``sink_size > 0``). Arguments as :func:`flash_attn_bwd`'s."""
     if config.bwd_impl == "auto" and q.device.type == "cuda":  # Gluon where it is the faster one
         from .gluon import auto_gluon_bwd_config, choose_bwd_impl
 
-        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs) == "gluon":
+        if choose_bwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs,
+                           sink_size=sink_size) == "gluon":
             return auto_gluon_bwd_config(config, q.shape[3])
     return config
 
@@ -547,14 +567,15 @@ def triton_dq(do, q, k, v, lse2, delta, dq, softmax_scale: float, win_left: int,
                _mode_args(q, None, (None,) * 3, documents), 0, config)
 
 
-def _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, tile):
-    """The constexprs the dK/dV and dQ kernels share (``SPARSE`` at the block-sparse ``tile``)."""
+def _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, tile, sink=0):
+    """The constexprs the dK/dV and dQ kernels share (``SPARSE`` at the block-sparse ``tile``; ``sink``: ``SINK``,
+    :func:`~kernels.flash.launch.sink_tokens`)."""
     Nq, D = q.shape[2], q.shape[3]
     Nk, Dv = k.shape[2], v.shape[3]
     return dict(HEAD_D=D, BLOCK_D=max(16, next_pow2(D)), HEAD_DV=Dv, BLOCK_DV=max(16, next_pow2(Dv)),
                 HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
                 SPARSE=sparse_mode(layout, layout_bs, tile, Nq, Nk, config),
-                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", DILATED=dilation > 1, DOCS=docs)
+                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", DILATED=dilation > 1, DOCS=docs, SINK=sink)
 
 
 def dq_tma(q, k, v, win_left, win_right, layout, config) -> bool:
@@ -569,15 +590,15 @@ def dkdv_tma(q, k, v, do, win_left, win_right, layout, config) -> bool:
     return streams_by_tma(q, k, v, win_left, win_right, layout, config, q, do)
 
 
-def _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):
+def _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False, sink=0):
     """The dQ kernel's constexprs (a plan's ``meta["dq"]``)."""
     D = q.shape[3]
     f_tile = sparse_tiles(D, config)[0] if layout is not None else (1, 1)
-    common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile)
+    common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile, sink)
     return dict(common, TMA=dq_tma(q, k, v, win_left, win_right, layout, config))
 
 
-def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dilation, config, docs=False):
+def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dilation, config, docs=False, sink=0):
     """The backward's launch options (a plan's ``meta``): preprocess, dK/dV and dQ constexprs, the split."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -585,7 +606,7 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     Dv = v.shape[3]
     block_dv = max(16, next_pow2(Dv))
     f_tile, b_tile = sparse_tiles(D, config) if layout is not None else ((1, 1), (1, 1))
-    common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile)
+    common = _bwd_common(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, f_tile, sink)
     atomic = config.dq_mode == "atomic"
     meta_dkdv = dict(common, ATOMIC_DQ=atomic, SPARSE=sparse_mode(layout, layout_bs, b_tile, Nq, Nk, config),
                      TMA=dkdv_tma(q, k, v, do, win_left, win_right, layout, config))
@@ -594,5 +615,5 @@ def _bwd_meta(q, k, v, do, win_left, win_right, layout, layout_bs, has_dlse, dil
     # the preprocess reads O and dO: v's head dim
     return {"pre": dict(HAS_DLSE=has_dlse, HEAD_D=Dv, BLOCK_D=block_dv, BLOCK_M=64 if not INTERPRET else 32),
             "dkdv": meta_dkdv,
-            "dq": _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs),
+            "dq": _dq_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs, sink),
             "n_split": n_split, "atomic": atomic}

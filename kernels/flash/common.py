@@ -19,17 +19,23 @@ def _cfg(bm, bn, w, s):
 
 @triton.jit
 def _allowed(i2, j2, Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs, dilation,
-             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DILATED: tl.constexpr):
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr, DILATED: tl.constexpr,
+             SINK: tl.constexpr):
     """Element rule of MaskInfo.allowed on broadcastable row / column index tensors. ``SPARSE``: 0 no layout; 1
     the layout byte of every element (gathered); 2 the tile lies inside one layout block, whose bit the block
     table's visit already implies (the launcher checks the alignment): no gather. ``DILATED``: also
-    ``(i' - j) % dilation == 0``."""
+    ``(i' - j) % dilation == 0``. ``SINK``: attention sinks (StreamingLLM), the first ``SINK`` keys pass the
+    window's left edge (``j >= i' - left or j < SINK``; every other term still holds); 0: none (only with
+    ``HAS_LEFT``: without a left edge the launchers pass 0)."""
     ia = i2 + offset
     ok = (j2 < Nk) & (i2 < Nq)
     if HAS_RIGHT:
         ok = ok & (j2 <= ia + win_right)
     if HAS_LEFT:
-        ok = ok & (j2 >= ia - win_left)
+        if SINK > 0:
+            ok = ok & ((j2 >= ia - win_left) | (j2 < SINK))
+        else:
+            ok = ok & (j2 >= ia - win_left)
     if DILATED:
         ok = ok & ((ia - j2) % dilation == 0)
     if SPARSE == 2:
@@ -104,8 +110,11 @@ def _kv_range(start_m, Nq, Nk, offset, win_left, win_right,
 
 @triton.jit
 def _q_range(start_n, Nq, Nk, offset, win_left, win_right,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Query tiles [lo, hi) that see key tile ``start_n`` and the full sub-range [flo, fhi)."""
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+             SINK: tl.constexpr):
+    """Query tiles [lo, hi) that see key tile ``start_n`` and the full sub-range [flo, fhi). ``SINK`` > 0 (attention
+    sinks, the keys ``j < SINK``): a key tile that holds sink keys is seen by every query tile from its causal start
+    (the right edge's) to the end; one of sink keys only is full wherever the right edge and the bounds allow."""
     c1 = tl.minimum(start_n + BLOCK_N, Nk) - 1
     lo_row = start_n * 0
     hi_row = lo_row + Nq - 1
@@ -116,7 +125,11 @@ def _q_range(start_n, Nq, Nk, offset, win_left, win_right,
         flo = (tl.maximum(c1 - win_right - offset, 0) + BLOCK_M - 1) // BLOCK_M
     if HAS_LEFT:  # j >= i' - left  ->  i <= j + left - offset
         hi_row = tl.minimum(c1 + win_left - offset, Nq - 1)
-        fhi = tl.minimum(fhi, tl.maximum(start_n + win_left - offset + 1, 0) // BLOCK_M)
+        fhi_band = tl.minimum(fhi, tl.maximum(start_n + win_left - offset + 1, 0) // BLOCK_M)
+        if SINK > 0:  # sink keys pass the left edge: the rows to the end see them
+            hi_row = tl.where(start_n < SINK, Nq - 1, hi_row)
+            fhi_band = tl.where(c1 < SINK, fhi, fhi_band)
+        fhi = fhi_band
     lo = lo_row // BLOCK_M
     hi = tl.where(hi_row >= lo_row, tl.maximum(hi_row, 0) // BLOCK_M + 1, lo)
     fhi = tl.where(c1 - start_n + 1 == BLOCK_N, fhi, 0)

@@ -15,7 +15,7 @@ from .common import INTERPRET, LOG2E, _allowed, _doc_kv_range, _doc_ok, _doc_ptr
 from .config import FlashConfig, current_flash_config
 from .gluon import check_gluon_fwd, choose_fwd_impl, gluon_flash_fwd
 from .launch import KERNELS, _PLANS, _aligned, _bnhd_empty, _bucket, _get_plan, _mode_args, _plan_launch, \
-    streams_by_tma
+    sink_tokens, streams_by_tma
 from .sparse import sparse_mode, sparse_tiles
 
 
@@ -25,7 +25,8 @@ def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_
               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
               BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
               Kd, Vd, b, hk, TMA: tl.constexpr, dilation, DILATED: tl.constexpr,
-              offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr):
+              offs_dv, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, DocQb, DocKb, DOCS: tl.constexpr,
+              SINK: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_ptrs = Kb + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = Vb + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd  # (BLOCK_N, BLOCK_DV)
@@ -47,7 +48,7 @@ def _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_
     qk = tl.dot(q, k, input_precision=DOT_PREC)
     if MASKED:
         ok = _allowed(offs_m[:, None], offs_n[None, :], Nq, Nk, offset, win_left, win_right, LAYOUT, lay_nb, lay_bs,
-                      dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED)
+                      dilation, HAS_LEFT, HAS_RIGHT, SPARSE, DILATED, SINK)
         if DOCS:
             ok = _doc_ok(ok, DocQb, DocKb, offs_m[:, None], offs_n[None, :], Nq, Nk)
         qk = tl.where(ok, qk * qk_scale, float("-inf"))
@@ -76,7 +77,8 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 SPARSE: tl.constexpr, DOT_PREC: tl.constexpr, TMA: tl.constexpr, DILATED: tl.constexpr,
-                DOCS: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                DOCS: tl.constexpr, LPT: tl.constexpr, SINK: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     n_mblocks = tl.cdiv(Nq, BLOCK_M)
     if SPARSE:  # table rows are in schedule order (heaviest first); column 0 holds the query tile
         mblk = tl.load(KV_IDX + tl.program_id(0) * stride_tbl)
@@ -112,13 +114,13 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                           win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
                                           BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
             elif (nblk >= dlo) & (nblk < dhi):
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                           win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                           BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
     elif SPARSE:  # table row ordered full tiles first: two branch-free loops
         cnt, nfull, tbl = _table_row(KV_IDX, KV_CNT, KV_NFULL, stride_tbl)
         for t in range(0, nfull):
@@ -127,38 +129,45 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
         for t in range(nfull, cnt):
             nblk = tl.load(tbl + t)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                       win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
     else:
         lo, hi, flo, fhi = _kv_range(start_m, Nq, Nk, offset, win_left, win_right, BLOCK_M, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
         if DOCS:  # only the key tiles of this query tile's documents
             lo, hi, flo, fhi = _doc_kv_range(lo, hi, flo, fhi, start_m, Nq, DocQb, QLob, QHib, BLOCK_M, BLOCK_N)
+        if SINK > 0:  # attention sinks: the tiles of keys j < SINK left of the band, masked (the band's own below)
+            for nblk in range(0, tl.minimum((SINK + BLOCK_N - 1) // BLOCK_N, lo)):
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
+                                          nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
+                                          win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
+                                          BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
+                                          offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
         if HAS_LEFT or DOCS:  # partial tiles left of the full band (none without a left window edge / documents)
             for nblk in range(lo, flo):
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                           nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left,
                                           win_right, LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                           BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
         for nblk in range(flo, fhi):  # full tiles: no element mask, no bounds checks
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, DILATED, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
         for nblk in range(fhi, hi):  # partial tiles right of the band (causal diagonal, ragged tail)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, Kb, Vb, stride_kn, stride_kd, stride_vn, stride_vd,
                                       nblk * BLOCK_N, offs_m, offs_d, qk_scale, Nq, Nk, offset, win_left, win_right,
                                       LAYOUT, lay_nb, lay_bs, True, HAS_LEFT, HAS_RIGHT, SPARSE,
                                       BLOCK_N, HEAD_D, BLOCK_D, DOT_PREC, Kd, Vd, b, hk, TMA, dilation, DILATED,
-                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS)
+                                      offs_dv, HEAD_DV, BLOCK_DV, DocQb, DocKb, DOCS, SINK)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
@@ -198,7 +207,7 @@ def fwd_tma(q, k, v, win_left, win_right, layout, config) -> bool:
     return streams_by_tma(q, k, v, win_left, win_right, layout, config, k, v)
 
 
-def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False):
+def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config, docs=False, sink=0):
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     Dv = v.shape[3]
@@ -208,7 +217,7 @@ def _fwd_meta(q, k, v, win_left, win_right, layout, layout_bs, dilation, config,
                 SPARSE=sparse_mode(layout, layout_bs, sparse_tiles(D, config)[0], Nq, Nk, config),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
                 TMA=fwd_tma(q, k, v, win_left, win_right, layout, config), DILATED=dilation > 1,
-                DOCS=docs, LPT=FWD_LPT)
+                DOCS=docs, LPT=FWD_LPT, SINK=sink)
 
 
 def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right: int = -1,
@@ -216,7 +225,7 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
                    kv_idx: Optional[torch.Tensor] = None, kv_cnt: Optional[torch.Tensor] = None,
                    kv_nfull: Optional[torch.Tensor] = None, *, dilation: int = 1,
                    config: Optional[FlashConfig] = None,
-                   documents: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                   documents: Optional[torch.Tensor] = None, sink_size: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward launch. ``win_left`` / ``win_right`` < 0 mean unbounded (causal is ``win_right = 0``); ``dilation``
     > 1 keeps only keys with ``(i + Nk - Nq - j) % dilation == 0`` (every visited tile masked).
 
@@ -232,20 +241,24 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     :func:`~kernels.flash.gluon.check_gluon_fwd`). ``documents``: the document table of :func:`kernels.flash.documents.
     document_table` (packed documents: tiles across documents skipped, ``doc_q == doc_k`` on straddling tiles). Returns ``(out (B, Hq, Nq, Dv) q.dtype, stored as (B, Nq, Hq, Dv), lse (B, Hq,
     Nq) fp32)``.
+    ``sink_size``: attention sinks (StreamingLLM), keys ``j < sink_size`` pass the left window edge (a no-op without
+    one); Triton only: no layout, dilation or documents with it (:func:`sink_tokens`, ``ValueError``).
     """
     if config is None:
         config = current_flash_config()
+    sink = sink_tokens(sink_size, win_left, layout, dilation, documents) if sink_size else 0
     impl = config.fwd_impl
     if impl == "auto":
-        impl = choose_fwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
+        impl = choose_fwd_impl(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs,
+                               sink_size=sink)
     if impl != "triton":  # the Gluon kernel (Hopper; band masks and whole-tile layouts, else ValueError)
-        check_gluon_fwd(impl, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs)
+        check_gluon_fwd(impl, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs, sink_size=sink)
         return gluon_flash_fwd(q, k, v, softmax_scale, win_left, win_right, impl, documents=documents,
                                layout=layout, layout_bs=layout_bs)
     if INTERPRET and q.dtype == torch.bfloat16:  # the CPU interpreter's bf16 tl.dot is wrong (triton 3.9): fp32
         out, lse = flash_attn_fwd(q.float(), k.float(), v.float(), softmax_scale, win_left, win_right, layout,
                                   layout_bs, kv_idx, kv_cnt, kv_nfull, dilation=dilation, config=config,
-                                  documents=documents)
+                                  documents=documents, sink_size=sink)
         return out.to(q.dtype), lse
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -255,10 +268,10 @@ def flash_attn_fwd(q, k, v, softmax_scale: float, win_left: int = -1, win_right:
     section = lpt_section(B * Hq, Nk, D, v.shape[3], q.element_size(), Hq // Hkv) if FWD_LPT else 1
     key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, softmax_scale,
            win_left,
-           win_right, sparse_key, _aligned(q, k, v), config, dilation, documents is not None, FWD_LPT, section)
+           win_right, sparse_key, _aligned(q, k, v), config, dilation, documents is not None, sink, FWD_LPT, section)
     plan = _PLANS.get(key) or _get_plan(key, lambda: {"fwd": _fwd_meta(q, k, v, win_left, win_right, layout,
                                                                         layout_bs, dilation, config,
-                                                                        documents is not None)})
+                                                                        documents is not None, sink)})
     out = _bnhd_empty(B, Hq, Nq, v.shape[3], q.dtype, q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     m = _mode_args(q, layout, (kv_idx, kv_cnt, kv_nfull), documents)

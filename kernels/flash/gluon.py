@@ -374,7 +374,7 @@ def _beyond_causal(win_left: int, win_right: int, documents) -> bool:
 
 def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
                     win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
-                    documents: Optional[torch.Tensor] = None, layout_bs: int = 0) -> str:
+                    documents: Optional[torch.Tensor] = None, layout_bs: int = 0, *, sink_size: int = 0) -> str:
     """The forward kernel a call with ``config`` runs: ``config.fwd_impl`` unless it is ``"auto"``, which gives
     a Gluon forward when all of these hold, else ``"triton"``: :data:`PERSISTENT_IMPL` (``"gluon_ws3p"``) without a
     layout or ``documents`` while :data:`AUTO_PERSISTENT`, else ``AUTO_GLUON_IMPL`` (``"gluon_ws3a"``):
@@ -382,6 +382,7 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     * ``q`` on a CUDA device of compute capability 9.x (Hopper), not under ``TRITON_INTERPRET=1``, and Gluon
       importable with the Hopper API on a triton of :data:`GLUON_AUTO_TRITON` (:func:`gluon_available`; both checks
       cached);
+    * no attention sinks (``sink_size == 0``: the Gluon kernels have none);
     * a band mask: ``dilation == 1``; no block-sparse ``layout`` unless :data:`GLUON_AUTO_SPARSE` is on, ``D`` in
       :data:`GLUON_AUTO_BAND_HEAD_DIMS`, no ``documents``, the layout's blocks (``layout_bs`` tokens) are whole
       Gluon tiles (:func:`~kernels.flash.sparse.tiles_whole`) and, while :data:`GLUON_AUTO_SPARSE_CAUSAL_ONLY`, the
@@ -402,7 +403,7 @@ def choose_fwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
     impl = config.fwd_impl
     if impl != "auto":
         return impl
-    if INTERPRET or q.device.type != "cuda":
+    if INTERPRET or q.device.type != "cuda" or sink_size:
         return "triton"
     D = q.shape[3]
     if dilation != 1 or (layout is not None and not (
@@ -518,16 +519,17 @@ N 1k 0.64-1.02x (ten readings, eight below 0.92), at 2k 0.70-1.03x (six, four be
 
 
 def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int,
-                      win_right: int, layout, dilation: int, documents, layout_bs: int = 0) -> bool:
+                      win_right: int, layout, dilation: int, documents, layout_bs: int = 0, *,
+                      sink_size: int = 0) -> bool:
     """The device-independent part of :func:`choose_bwd_impl`: the mask (dense, causal and, while
     :data:`GLUON_AUTO_BWD_BANDS`, sliding windows and documents; a block-sparse layout of ``layout_bs``-token blocks
     only while :data:`GLUON_AUTO_BWD_SPARSE`, see there, and causal while :data:`GLUON_AUTO_SPARSE_CAUSAL_ONLY`;
-    never dilation), ``D`` in :data:`GLUON_BWD_HEAD_DIMS` with
+    never dilation, never attention sinks: ``sink_size > 0``), ``D`` in :data:`GLUON_BWD_HEAD_DIMS` with
     ``Dv == D``, ``Hq == Hkv`` or GQA where :func:`gqa_bwd_measured` holds, one fp16 / bf16 dtype, the Triton
     backward's settings at their defaults (``dq_mode="separate"``, ``dkdv_split=None``, no forced ``dq`` / ``dkdv``
     tile, ``autotune`` off) and, without a layout, at least :data:`GLUON_BWD_AUTO_MIN_PAIRS` (by ``D``) visited pairs
     per (batch, head)."""
-    if dilation != 1:
+    if dilation != 1 or sink_size:
         return False
     if layout is not None and not (
             GLUON_AUTO_BWD_SPARSE and q.shape[2] >= GLUON_AUTO_BWD_SPARSE_MIN_N
@@ -554,7 +556,7 @@ def auto_bwd_shape_ok(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: 
 
 def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int = -1,
                     win_right: int = -1, layout: Optional[torch.Tensor] = None, dilation: int = 1,
-                    documents: Optional[torch.Tensor] = None, layout_bs: int = 0) -> str:
+                    documents: Optional[torch.Tensor] = None, layout_bs: int = 0, *, sink_size: int = 0) -> str:
     """The backward kernel a call with ``config`` runs: ``config.bwd_impl`` unless it is ``"auto"``, which gives
     ``"gluon"`` (run with :data:`AUTO_GLUON_BWD`) when :func:`auto_bwd_shape_ok` holds, ``q`` is on a Hopper CUDA
     device, not under ``TRITON_INTERPRET=1``, and Gluon imports with the Hopper API on a triton that ``"auto"`` runs
@@ -565,7 +567,8 @@ def choose_bwd_impl(config: FlashConfig, q: torch.Tensor, k: torch.Tensor, v: to
         return impl
     if INTERPRET or q.device.type != "cuda":
         return "triton"
-    if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs):
+    if not auto_bwd_shape_ok(config, q, k, v, win_left, win_right, layout, dilation, documents, layout_bs,
+                             sink_size=sink_size):
         return "triton"
     if not _hopper(q.device) or not gluon_bwd_available(q.shape[3]):
         return "triton"
@@ -605,20 +608,30 @@ def _check_gluon(arg: str, head_dims, q: torch.Tensor, k: torch.Tensor, v: torch
     return win_right == 0
 
 
+def _refuse_sinks(arg: str, sink_size: int, fix: str) -> None:
+    """Raise ``ValueError`` naming ``arg`` and ``sink_size`` when ``sink_size > 0``: the Gluon kernels have no
+    attention sinks (the Triton ones do)."""
+    if sink_size:
+        raise ValueError(f"{arg} has no attention sinks; got sink_size={sink_size!r} (allowed there: sink_size=0); "
+                         f"{fix}")
+
+
 GLUON_FWD_MASKS = ("dense, causal, sliding-window and document masks, and block-sparse layouts of whole 128 x 128 "
                    "tiles (no dilation)")
 
 
 def check_gluon_fwd(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int,
-                    layout, dilation: int, documents, layout_bs: int = 0) -> bool:
+                    layout, dilation: int, documents, layout_bs: int = 0, *, sink_size: int = 0) -> bool:
     """Raise ``ValueError`` when ``fwd_impl=impl`` cannot run this call (band masks pass: windows, documents; a
     block-sparse ``layout`` of ``layout_bs``-token blocks passes when each Gluon tile lies inside one block
     (:func:`~kernels.flash.sparse.tiles_whole`: ``layout_bs`` and ``Nk - Nq`` multiples of 128) and there are no
-    ``documents``; dilation does not); returns whether it is causal (``win_right == 0``)."""
+    ``documents``; dilation does not, nor attention sinks, ``sink_size > 0``); returns whether it is causal
+    (``win_right == 0``)."""
     if impl not in GLUON_FWD_IMPLS:
         raise ValueError(f"fwd_impl={impl!r} is not a Gluon forward; allowed values: "
                          f"{', '.join(map(repr, GLUON_FWD_IMPLS))} (FlashConfig takes "
                          f"{', '.join(map(repr, FWD_IMPLS))})")
+    _refuse_sinks(f"fwd_impl={impl!r}", sink_size, "use fwd_impl='triton' (or 'auto')")
     if layout is not None and dilation == 1 and impl == PERSISTENT_IMPL:
         raise ValueError(f"fwd_impl={impl!r} takes no block-sparse layout (band masks and doc_ids only); use "
                          f"fwd_impl='gluon_ws3a' or 'triton'")
@@ -834,7 +847,8 @@ the layout's query-tile table, and the TMA reduce-add from the dK / dV kernel wa
 
 
 def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left: int, win_right: int, layout,
-                    dilation: int, documents, config: Optional[FlashConfig] = None, layout_bs: int = 0) -> bool:
+                    dilation: int, documents, config: Optional[FlashConfig] = None, layout_bs: int = 0, *,
+                    sink_size: int = 0) -> bool:
     """Raise ``ValueError`` naming ``bwd_impl='gluon'`` when the Gluon backward cannot run this call; returns whether
     it is causal. The mask: with ``config.gluon_bwd_consumers == 2`` (``_gl_bwd_dkdv2_kernel``, dQ ``"triton"``,
     ``"gluon"`` or ``"tma"``) dense, causal, sliding windows (``win_left`` / ``win_right``, either edge) and packed
@@ -844,7 +858,8 @@ def check_gluon_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win_left:
     (:data:`GLUON_BWD_DQ_LAYOUT`), no ``documents`` and blocks of
     whole 128 x 128 tiles (:func:`~kernels.flash.sparse.tiles_whole`, as the forward's); never ``dilation > 1``.
     Then ``D`` in :data:`GLUON_BWD_HEAD_DIMS`, ``Dv == D``; fp16 / bf16; a Hopper device; Gluon importable. ``q (B,
-    Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``."""
+    Hq, Nq, D)``, ``k, v (B, Hkv, Nk, D)``. Never attention sinks (``sink_size > 0``: ``ValueError`` naming it)."""
+    _refuse_sinks("bwd_impl='gluon'", sink_size, "use bwd_impl='triton' (or 'auto')")
     consumers = getattr(config, "gluon_bwd_consumers", 1) if config is not None else 1
     bands = consumers == 2
     if layout is not None and dilation == 1:

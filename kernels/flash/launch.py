@@ -19,7 +19,7 @@ try:
 except ImportError:  # older triton: pointer loads only
     TensorDescriptor = None
 
-from .._host import CompiledLaunch, cdiv, next_pow2
+from .._host import CompiledLaunch, cdiv, check_sink_size, next_pow2
 from .common import INTERPRET, MAX_HEAD_DIM, _cfg
 from .config import FlashConfig
 from .sparse import _sparse_configs, sparse_tiles
@@ -85,7 +85,7 @@ def _make_prune(kind: str, config: FlashConfig):
     return prune
 
 
-_KEY = ["N_BUCKET", "BLOCK_D", "BLOCK_DV", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC", "DILATED", "DOCS"]
+_KEY = ["N_BUCKET", "BLOCK_D", "BLOCK_DV", "HAS_LEFT", "HAS_RIGHT", "SPARSE", "DOT_PREC", "DILATED", "DOCS", "SINK"]
 _KEY_DKDV = _KEY + ["ATOMIC_DQ"]
 
 # Launch policy. Default: one heuristic config per (kernel, head dim, mode, dtype) -- the first of a preference
@@ -393,6 +393,24 @@ def _check(q, k, v):
         raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (k.shape[1]) for grouped-query attention")
     if Nq < 1 or k.shape[2] < 1:
         raise ValueError(f"sequence lengths must be >= 1, got Nq={Nq}, Nk={k.shape[2]}")
+
+
+def sink_tokens(sink_size, win_left: int, layout=None, dilation: int = 1, documents=None) -> int:
+    """The kernels' ``SINK`` constexpr for ``sink_size`` attention sinks (StreamingLLM, Xiao et al. 2023: keys
+    ``j < sink_size`` pass the window's left edge; every other term of the mask still holds): ``sink_size``, or 0
+    where it changes nothing (no left edge, ``win_left < 0``). A compile of its own per value (the tile loops' sink
+    range is a constant); 0 runs the kernels as without sinks. Raises ``ValueError`` naming ``sink_size`` for a value
+    other than an integer >= 0 (a bool included), and for sinks with a block-sparse ``layout``, ``dilation != 1``
+    or ``documents`` (``doc_ids``), which the kernels do not combine with them."""
+    sink = check_sink_size(sink_size)
+    if sink:
+        other = ("block_layout" if layout is not None else f"dilation={dilation!r}" if dilation != 1 else
+                 "doc_ids" if documents is not None else None)
+        if other is not None:
+            raise ValueError(f"sink_size={sink} cannot be combined with {other}: attention sinks run with dense, "
+                             f"causal and sliding-window masks only; allowed: sink_size=0 with block_layout, "
+                             f"dilation != 1 or doc_ids")
+    return sink if win_left >= 0 else 0
 
 
 _DUMMIES = {}  # cache: device -> placeholder pointers of the dense modes
