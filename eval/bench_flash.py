@@ -312,7 +312,7 @@ def _mask_args(spec: AttentionSpec, q, k, doc_ids=None) -> dict:
     mi = mask_info(spec, q.shape[2], k.shape[2])
     window = None if mi.window_left is None and mi.window_right is None else (mi.window_left, mi.window_right)
     return dict(causal=mi.causal, window_size=window, dilation=mi.dilation, block_layout=mi.layout, doc_ids=doc_ids,
-                block_size=mi.block_size if mi.layout is not None else 0)
+                block_size=mi.block_size if mi.layout is not None else 0, sink_size=mi.sink_size)
 
 
 def ours_fwd_impl(impl: str, spec: AttentionSpec, q, k, v, config=None, doc_ids=None) -> str:

@@ -2,13 +2,20 @@
 cost, its rolling cache with the sinks kept in place, and what refuses it (packed documents, left padding, a cache
 that dropped its sinks, bad fields)."""
 
-import pytest
+import os
+
 import torch
 
-import attn_zoo
-from attn_zoo import MaskInfo, attention, make_spec, mask_info
-from attn_zoo.decode import KVCache, decode_attention
-from attn_zoo.variants import CachePolicy, element_fraction, get_variant, register_variant, unregister_variant
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import attn_zoo  # noqa: E402
+from attn_zoo import MaskInfo, attention, make_spec, mask_info  # noqa: E402
+from attn_zoo.decode import KVCache, decode_attention  # noqa: E402
+from attn_zoo.variants import (CachePolicy, element_fraction, get_variant, register_variant,  # noqa: E402
+                               unregister_variant)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -188,16 +195,35 @@ def test_a_plugin_window_policy_with_sinks_is_checked_against_its_mask():
         unregister_variant("streaming_plugin")
 
 
-def test_the_triton_decode_kernel_refuses_the_sinks_it_does_not_have():
-    """Until the decode kernel takes ``sink_size``, no path into it may drop the sinks: the registry's reason, the
-    backend called by name and a plan all refuse (the window alone would decode wrong)."""
+def test_every_path_into_the_triton_decode_kernel_keeps_the_sinks():
+    """The registry's triton decode backend, the backend called by name and a plan all pass the sinks to the kernel
+    (the window alone would decode wrong: the check below fails without them)."""
     from attn_zoo.decode.attention import _triton_reason, decode_attention_triton, make_decode_plan
 
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton decode kernel needs CUDA or TRITON_INTERPRET=1")
     spec = make_spec("streaming", window_size=(3, 0), sink_size=2, causal=True)
-    q, cache = torch.randn(1, 2, 1, 16, dtype=torch.float16), torch.randn(1, 2, 20, 16, dtype=torch.float16)
+    window = make_spec("sliding_window", window_size=(3, 0), causal=True)
+    g = torch.Generator().manual_seed(0)
+    q, cache = torch.randn(1, 2, 1, 16, generator=g), torch.randn(1, 2, 20, 16, generator=g)
     lens = torch.tensor([20], dtype=torch.int32)
-    assert "sink" in (_triton_reason(q, cache, spec, cache) or "")
-    with pytest.raises(ValueError, match="the decode kernel has no attention sinks"):
-        decode_attention_triton(q, cache, cache, spec, lens)
-    with pytest.raises(ValueError, match="the decode kernel has no attention sinks"):
-        make_decode_plan(q, cache, cache, spec)
+    want = decode_attention(q, cache, cache, spec, lens, backend="reference")
+    assert not torch.allclose(want, decode_attention(q, cache, cache, window, lens, backend="reference"), atol=1e-3)
+    assert _triton_reason(q, cache, spec, cache) is None
+    torch.testing.assert_close(decode_attention(q, cache, cache, spec, lens, backend="triton"), want, atol=2e-3,
+                               rtol=2e-3)
+    torch.testing.assert_close(decode_attention_triton(q, cache, cache, spec, lens), want, atol=2e-3, rtol=2e-3)
+    plan = make_decode_plan(q, cache, cache, spec)
+    torch.testing.assert_close(decode_attention(q, cache, cache, spec, lens, backend="triton", plan=plan), want,
+                               atol=2e-3, rtol=2e-3)
+
+
+def test_the_triton_prefill_backend_runs_the_sinks():
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernel needs CUDA or TRITON_INTERPRET=1")
+    spec = make_spec("streaming", window_size=(5, 0), sink_size=3, causal=True)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g, requires_grad=True) for _ in range(3))
+    want = attention(q, k, v, spec, backend="reference")
+    got = attention(q, k, v, spec, backend="triton")
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)

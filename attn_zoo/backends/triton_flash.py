@@ -34,8 +34,6 @@ def _supports(q, k, v, spec, return_lse):
         return f"head dim D={D} > {MAX_HEAD_DIM} is not supported"
     if v.shape[-1] > MAX_HEAD_DIM:  # Dv != D is supported (MLA)
         return f"v head dim Dv={v.shape[-1]} > {MAX_HEAD_DIM} is not supported"
-    if mask_info(spec, q.shape[2], k.shape[2]).sink_size:
-        return "attention sinks (sink_size) are not in the Triton kernel"
     return None
 
 
@@ -87,6 +85,8 @@ def triton_softmax_attention(q, k, v, spec, return_lse=False, config=None, doc_i
         kw = dict(block_layout=layout, block_size=mi.block_size, block_tables=tables)
     if mi.dilation != 1:
         kw["dilation"] = mi.dilation
+    if mi.sink_size:
+        kw["sink_size"] = mi.sink_size
     if doc_ids is not None:
         kw["doc_ids"] = doc_ids
     return flash_attn(q, k, v, causal=mi.causal, window_size=window, softmax_scale=spec.scale(q.shape[-1]),

@@ -208,8 +208,6 @@ def _triton_reason(q, k_cache, spec, v_cache=None) -> Optional[str]:
         return "the head dim of q and the cache must be contiguous"
     if mask_info(spec, 1, 1).dilation != 1:
         return "the decode kernel has no dilation rule (dilated window); use backend='torch' or 'reference'"
-    if mask_info(spec, 1, 1).sink_size:
-        return "the decode kernel has no attention sinks (sink_size); use backend='torch' or 'reference'"
     return None
 
 
@@ -280,9 +278,6 @@ def _triton_terms(q, k_cache, spec, cache_seqlens, block_table, kernel_options):
     from kernels.decode import DecodeSparse, decode_block_n, decode_sparse_tables
 
     B, _, Nq, D = q.shape
-    if mask_info(spec, 1, 1).sink_size:  # (decode_attention's triton backend refuses it too: _triton_reason)
-        raise ValueError(f"kind={spec.kind!r} (sink_size {mask_info(spec, 1, 1).sink_size}): the decode kernel has no "
-                         f"attention sinks; call decode_attention with backend='torch' or 'reference'")
     cap = cache_capacity(k_cache, block_table)
     shared = decode_mask_terms(spec, Nq, cap)
     sparse = None
@@ -312,6 +307,9 @@ def _triton_terms(q, k_cache, spec, cache_seqlens, block_table, kernel_options):
         sparse = DecodeSparse(lay, bs, decode_sparse_tables(lay, bs, bn))
     if sparse is not None:
         kernel_options = dict(kernel_options, block_n=bn)
+    sink = mask_info(spec, 1, 1).sink_size  # (a window term: the same for every length; no layout beside it)
+    if sink:
+        kernel_options = dict(kernel_options, sink_size=sink)
     return window, sparse, kernel_options
 
 
