@@ -1,4 +1,4 @@
-"""Non-finite inputs never become finite outputs in the rows that see them (reference, torch, triton).
+"""Non-finite inputs never become finite outputs in the rows that see them (reference, torch, triton, naive).
 
 NaN in ``q`` row ``i`` makes output row ``i`` NaN; NaN in key ``p`` makes every row that sees ``p`` NaN. Here,
 rows that do not see a bad position are not required to stay finite (a kernel tile or chunk multiplies masked
@@ -120,3 +120,63 @@ def test_every_gpu_backend_keeps_nan_with_fewer_than_16_keys(Nq, Nk, where, dtyp
         assert torch.equal(torch.isnan(out), want), f"{name}: NaN rows differ from the reference"
         ran.append(name)
     assert "torch" in ran, ran
+
+
+# rows that see no key: through doc_ids (Nq > Nk: the rows before the first key), through Nq > Nk causal
+_DOCS = [[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]]  # per batch row: key 1 is seen by rows 1-2 / row 1 only
+NAIVE_CASES = [  # (Nq, Nk, doc_ids, the bad input, its row)
+    (6, 6, _DOCS, "k", 1),  # doc_ids, no empty row: rows 1-2 came out 0
+    (9, 6, _DOCS, "k", 1),  # doc_ids, rows 0-2 empty
+    (8, 6, None, "k", 1),  # causal Nq > Nk, rows 0-1 empty
+    (6, 6, _DOCS, "q", 4),  # a NaN query row with doc_ids came out finite
+    (8, 6, None, "q", 4),
+    (8, 6, None, "q", 0),  # a NaN query in an empty row: output 0, and no NaN gradient for the keys
+    (9, 6, _DOCS, "q", 1),
+    (9, 6, _DOCS, "v", 1),  # a NaN value: the empty rows stay 0 (not 0 * NaN)
+    (8, 6, None, "v", 1),
+]
+
+
+@pytest.mark.parametrize("Nq,Nk,docs,where,row", NAIVE_CASES, ids=lambda x: "docs" if isinstance(x, list) else str(x))
+def test_naive_zeroes_only_the_rows_that_see_no_key(Nq, Nk, docs, where, row):
+    """``naive`` applied ``nan_to_num`` to the whole probability matrix whenever some row could see no key (always
+    with ``doc_ids``): rows that see a NaN key, and NaN query rows, came out 0. Now: the output's NaN rows are the
+    reference's (a NaN value may also reach rows that do not see it, never an empty one), empty rows are exactly 0
+    with zero query gradients, and every gradient is NaN wherever the reference's is; where only an empty row's
+    query is bad, every gradient is the reference's (finite)."""
+    g = torch.Generator().manual_seed(Nq * 10 + row)
+    q = torch.randn(2, 2, Nq, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 1, Nk, 8, generator=g, dtype=torch.float64) for _ in range(2))  # GQA 2/1
+    do = torch.randn(2, 2, Nq, 8, generator=g, dtype=torch.float64)
+    {"q": q, "k": k, "v": v}[where][0, :, row, 3] = float("nan")  # batch row 0 only
+    spec = AttentionSpec()
+    kw = {"doc_ids": torch.tensor(docs)} if docs is not None else {}
+    if docs is not None:
+        from attn_zoo.documents import document_allowed
+
+        allowed = document_allowed(spec, Nq, Nk, kw["doc_ids"])  # (B, Nq, Nk)
+    else:
+        allowed = mask_info(spec, Nq, Nk).dense().expand(2, Nq, Nk)
+    empty = ~allowed.any(-1)  # (B, Nq)
+    assert empty.any() == (Nq > Nk)
+    got, want = _outputs_and_grads(q, k, v, do, spec, "naive", kw), _outputs_and_grads(q, k, v, do, spec, "reference", kw)
+    out, ref = got[0], want[0]
+    assert torch.isnan(ref).any() or (where == "q" and bool(empty[0, row]))  # the case bites
+    if where == "v":
+        assert (torch.isnan(out) | ~torch.isnan(ref)).all(), "a row that sees the NaN value came out finite"
+    else:
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN rows differ from the reference"
+        torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-10, atol=1e-12)
+    e = empty[:, None, :, None].expand_as(out)
+    assert (out[e] == 0).all(), "a row that sees no key is not 0"
+    assert (got[1][e.expand_as(got[1])] == 0).all(), "dq of a row that sees no key is not 0"
+    for n, a, b in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+        assert (torch.isnan(a) | ~torch.isnan(b)).all(), f"{n}: a NaN gradient of the reference came out finite"
+        if where == "q" and bool(empty[0, row]):  # an empty row's query contributes nothing, NaN or not
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=n)
+
+
+def _outputs_and_grads(q, k, v, do, spec, backend, kw):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, spec, backend=backend, **kw)
+    return (out.detach(),) + torch.autograd.grad(out, (q, k, v), do)

@@ -210,12 +210,14 @@ def flex_attention(q, k, v, spec, return_lse=False, doc_ids=None):
 @derived_cache(32)
 @meta_via_cpu
 def _naive_mask(spec, Nq: int, Nk: int, device: str):
-    """``(allowed or None, has empty rows)`` of the spec's mask on ``device``."""
+    """``(allowed, empty)`` of the spec's mask on ``device``: bool ``(Nq, Nk)`` or ``None`` (full), and bool
+    ``(Nq, 1)``, True at the rows that see no key, or ``None`` when every row sees one."""
     mi = mask_info(spec, Nq, Nk)
     if mi.is_full:
-        return None, False
+        return None, None
     allowed = mi.dense(device)
-    return allowed, bool((~allowed).all(-1).any())
+    empty = ~allowed.any(-1, keepdim=True)
+    return allowed, (empty if bool(empty.any()) else None)
 
 
 def _naive_supports(q, k, v, spec, return_lse):
@@ -226,7 +228,15 @@ def _naive_supports(q, k, v, spec, return_lse):
 @register_backend("linear", "naive", supports=_naive_supports, priority=None)
 def naive_attention(q, k, v, spec, return_lse=False, doc_ids=None):
     """Standard attention in the input dtype (S and P materialised); linear: the masked quadratic form, in fp32
-    (output in the input dtype). Softmax kinds take ``doc_ids`` (the dense document-masked rule)."""
+    (output in the input dtype). Softmax kinds take ``doc_ids`` (the dense document-masked rule).
+
+    Shapes: ``q (B, Hq, Nq, D)``, ``k (B, Hkv, Nk, D)``, ``v (B, Hkv, Nk, Dv)`` -> ``(B, Hq, Nq, Dv)``.
+    Non-finite inputs (docs/design.md): a NaN / inf in query row ``i`` makes output row ``i`` NaN, one in key /
+    value ``j`` every row that sees ``j``; in the gradients (and, for a bad value, in the outputs) it can also
+    reach rows / keys that do not see it (a masked weight of 0 times the bad row; ``reference`` is the exact one).
+    Rows that see no key output exactly 0, their queries get gradient 0 and add nothing to the others, whatever
+    their query and the keys hold.
+    """
     Nq, Nk = q.shape[2], k.shape[2]
     rep = q.shape[1] // k.shape[1]
     kk = k.repeat_interleave(rep, 1) if rep > 1 else k
@@ -236,19 +246,23 @@ def naive_attention(q, k, v, spec, return_lse=False, doc_ids=None):
             from ..documents import document_allowed
 
             allowed = document_allowed(spec, Nq, Nk, doc_ids).unsqueeze(1)  # (B, 1, Nq, Nk)
-            empty_rows = True
+            empty = ~allowed.any(-1, keepdim=True)  # (B, 1, Nq, 1); no host sync to ask whether any is True
         else:
-            allowed, empty_rows = _naive_mask(spec, Nq, Nk, str(q.device))
+            allowed, empty = _naive_mask(spec, Nq, Nk, str(q.device))  # (Nq, Nk), (Nq, 1) or None
             unseen = unseen_keys(spec, Nq, Nk, str(q.device))
             if unseen is not None:  # keys no row may see contribute nothing, not even 0 * NaN (docs/design.md)
                 kk, vv = kk.masked_fill(unseen, 0.0), vv.masked_fill(unseen, 0.0)
+        if empty is not None:  # rows that see no key: query 0 (its gradient exactly 0, no 0 * NaN key reaches it)
+            q = q.masked_fill(empty, 0.0)
         s = (q * spec.scale(q.shape[-1])) @ kk.transpose(-1, -2)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
-        p = torch.softmax(s, dim=-1)
-        if empty_rows:
-            p = torch.nan_to_num(p, nan=0.0)  # rows with no allowed key output 0
-        return p @ vv
+        if empty is None:
+            return torch.softmax(s, dim=-1) @ vv
+        # only the empty rows are zeroed (a NaN elsewhere stays NaN): their scores are set to 0 so the softmax
+        # stays finite there (no NaN in its backward), their weights and outputs to 0 (not 0 * a NaN value)
+        p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+        return (p @ vv).masked_fill(empty, 0.0)
     from ..feature_maps import apply_feature_map
 
     # in fp32 (as the kernels accumulate): a row whose features are all 0 has gradients of size |v| / eps (1e6),
