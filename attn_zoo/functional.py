@@ -95,10 +95,14 @@ def attention(
     Raises:
         ValueError / TypeError: bad shapes (any of ``B, Hq, Hkv, Nq, Nk, D, Dv`` zero), dtypes, devices,
         ``Hq % Hkv != 0``, unknown backend, or a backend that cannot run this input (the message says why);
+        ``return_lse`` not ``True`` / ``False``, or ``True`` for a kind outside the softmax family (before any
+        backend is asked: the message names ``return_lse`` and the kind);
         bad ``doc_ids`` (dtype, shape, device, decreasing ids: the message names ``doc_ids``), or a backend asked
         for by name that does not take documents (the message names those that do).
     """
     _check_return_lse(return_lse)
+    if return_lse and isinstance(spec, AttentionSpec) and not spec.is_softmax:  # the kind's answer, not a backend's
+        raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
     docs = doc_ids is not None
     if docs and isinstance(spec, AttentionSpec) and all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2]
                                                         for t in (q, k)):

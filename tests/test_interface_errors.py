@@ -91,6 +91,26 @@ def test_unknown_backend_and_unsupported_request():
     assert "reference" in available_backends("linear") and "torch" in available_backends("flash")
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference", "torch", "triton", "naive"])
+@pytest.mark.parametrize("docs", [False, True])
+def test_return_lse_for_a_linear_kind_says_so_first(backend, docs):
+    """``attention(..., kind="linear", return_lse=True)`` listed every backend's refusal, starting with "triton:
+    auto uses it on CUDA only", before the real reason; it now refuses up front, as ``attention_varlen`` does."""
+    from attn_zoo import attention_varlen
+
+    q, k, v = qkv()
+    spec = AttentionSpec(kind="linear")
+    want = "return_lse=True is only defined for softmax kinds, got kind='linear'"
+    kw = {"doc_ids": torch.zeros(1, 8, dtype=torch.int32)} if docs else {}
+    with pytest.raises(ValueError) as e:
+        attention(q, k, v, spec, backend=backend, return_lse=True, **kw)
+    assert str(e.value) == want
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError) as e:
+        attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), cu, cu, 8, 8, spec, return_lse=True)
+    assert str(e.value) == want  # the same words as the varlen form
+
+
 def test_auto_on_cpu_never_silently_wrong():
     q, k, v = qkv(Nq=5, Nk=11)
     for spec in (AttentionSpec(), AttentionSpec(kind="sparse", block_size=4), AttentionSpec(kind="linear")):
