@@ -5,13 +5,24 @@ under the given roots, e.g. ``multirun/2026-11-29/10-00-00``) and, when ``wandb_
 ``WANDB_API_KEY`` is set, the summaries of W&B runs. Per run: dataset (``mqar`` / ``text``), variant
 (``attention.name``, or ``a+b`` for per-layer hybrids), ``seq_len``, the last ``val/loss``, ``val/bpb``,
 ``val/acc`` (MQAR: accuracy on the query positions), the median training ``perf/tokens_per_s`` and step time,
-and the largest ``perf/peak_mem_mb``.
+the largest ``perf/peak_mem_mb``, and ``optim.lr`` (``lr``).
 
-Outputs (``<out_dir>/``): ``runs.csv`` (one row per run), ``quality.csv`` (long form: dataset, variant,
-seq_len, metric, value), ``leaders.csv`` (per dataset and length: the variant with the best quality per unit
-time, and the lengths where the leader changes, interpolated in log-log space like :mod:`eval.crossover`; with
-``speed=``, ``impl`` names the implementation behind each leader's speed: the point of ``compare=best``),
-and the figures ``quality_vs_n`` and ``bubble_<dataset>``.
+One point per (dataset, variant, seq_len) (:func:`aggregate`), as ``eval.recall`` reports: runs of the same
+``optim.lr`` are averaged (seeds, repeats), then the lr with the best mean quality is taken (MQAR highest
+``val_acc``, text lowest ``val_bpb``: :func:`quality_gain`), its speed and memory with it; ``runs_agg.csv`` says
+how many runs were averaged (``runs``), at which lr (``best_lr``) and which lrs were tried (``lrs``). Runs of one
+point that differ in any other setting of their config (:func:`run_settings`: the result config without paths,
+loggers, logging cadence; ``seed`` / ``*.seed`` ignored), e.g. ``model.d_model``, ``trainer.max_steps``,
+``attention.window_size``, are refused before anything is written, naming the point, the keys that differ, their
+values and a run of each: pass roots that hold one setting. ``nstar_baseline`` must name a variant of the runs,
+else it is refused naming the variants present (checked for any value but the default ``flash``, and for that one
+too when ``speed=`` makes the n* table).
+
+Outputs (``<out_dir>/``): ``runs.csv`` (one row per run), ``runs_agg.csv`` (one row per point), ``quality.csv``
+(long form: dataset, variant, seq_len, metric, value), ``leaders.csv`` (per dataset and length: the variant with
+the best quality per unit time, and the lengths where the leader changes, interpolated in log-log space like
+:mod:`eval.crossover`; with ``speed=``, ``impl`` names the implementation behind each leader's speed: the point of
+``compare=best``), and the figures ``quality_vs_n`` and ``bubble_<dataset>``.
 
 Speed and memory: by default the runs' own median ``perf/tokens_per_s`` and largest ``perf/peak_mem_mb``. With
 ``speed=<eval.bench_model CSV>`` they come from that serial model-level benchmark instead (runs trained in
@@ -129,10 +140,10 @@ def load_run(run_dir: str) -> dict:
     skip = min(len(tps) // 5, 3)  # first steps include compilation / warm-up
     return {
         "run_dir": run_dir, **_run_setup(cfg), "experiment": cfg.get("experiment_name"), "seed": cfg.get("seed"),
-        "val_loss": last("val/loss"), "val_bpb": last("val/bpb"), "val_acc": last("val/acc"),
+        "lr": _lr(cfg), "val_loss": last("val/loss"), "val_bpb": last("val/bpb"), "val_acc": last("val/acc"),
         "tokens_per_s": float(tps.iloc[skip:].median()), "step_time_s": float(stt.iloc[skip:].median()),
         "peak_mem_mb": float(col("perf/peak_mem_mb").max()),
-        "steps": int(steps.max()) if len(steps) else 0, "source": "csv",
+        "steps": int(steps.max()) if len(steps) else 0, "source": "csv", "settings": run_settings(cfg),
     }
 
 
@@ -152,11 +163,12 @@ def load_wandb_runs(project: str, group: Optional[str] = None, entity: Optional[
     for r in runs:
         c, s = r.config or {}, r.summary or {}
         out.append({
-            "run_dir": f"wandb:{r.path}", **_run_setup(c), "experiment": r.group, "seed": c.get("seed"), "val_loss": _f(s.get("val/loss")),
+            "run_dir": f"wandb:{r.path}", **_run_setup(c), "experiment": r.group, "seed": c.get("seed"), "lr": _lr(c),
+            "val_loss": _f(s.get("val/loss")),
             "val_bpb": _f(s.get("val/bpb")), "val_acc": _f(s.get("val/acc")),
             "tokens_per_s": _f(s.get("perf/tokens_per_s")), "step_time_s": _f(s.get("perf/step_time_s")),
             "peak_mem_mb": _f(s.get("perf/peak_mem_mb")), "steps": int(_f(s.get("trainer/global_step")) or 0),
-            "source": "wandb"})
+            "source": "wandb", "settings": run_settings(c)})
     return out
 
 
@@ -164,18 +176,122 @@ def load_wandb_runs(project: str, group: Optional[str] = None, entity: Optional[
 AGG_METRICS = ("val_loss", "val_bpb", "val_acc", "tokens_per_s", "step_time_s", "peak_mem_mb")
 
 
+LR_KEY = "optim.lr"  # the one setting a group may vary: the best lr is taken (eval.recall's best_over_lr)
+
+
+def _lr(cfg: dict) -> float:
+    """A run config's ``optim.lr`` (NaN without one)."""
+    return _f((cfg.get("optim") or {}).get("lr")) if isinstance(cfg.get("optim"), dict) else float("nan")
+
+
+def _flat(node, prefix: str = "") -> dict:
+    """A nested config as ``{"dotted.key": value}`` (lists are values)."""
+    if not isinstance(node, dict):
+        return {prefix: node} if prefix else {}
+    out = {}
+    for k, v in node.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
+def _is_seed(key: str) -> bool:
+    return key == "seed" or key.endswith(".seed")
+
+
+def run_settings(cfg: dict) -> dict:
+    """A run's settings for grouping: its flattened :func:`harness.runs.result_config` (no paths, loggers, logging /
+    checkpoint cadence: what changes a result) without the seeds (``seed``, ``data.seed``, any ``*.seed``)."""
+    from harness.runs import result_config
+
+    try:
+        flat = _flat(result_config(cfg or {}))
+    except Exception:  # noqa: BLE001 - a config that cannot be read as one: no settings to compare
+        return {}
+    return {k: v for k, v in flat.items() if not _is_seed(k)}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return "null" if v is None else str(v)
+
+
+def setting_differences(runs: Sequence[dict], ignore: Sequence[str] = (LR_KEY,)) -> Dict[str, list]:
+    """``{key: [its values]}`` of the settings (``settings``: :func:`run_settings`) on which ``runs`` differ,
+    keys sorted, values in first-seen order; keys in ``ignore`` and runs without ``settings`` left out."""
+    sets = [r["settings"] for r in runs if isinstance(r.get("settings"), dict)]
+    out: Dict[str, list] = {}
+    for k in sorted({k for s in sets for k in s} - set(ignore)):
+        vals = []
+        for s in sets:
+            v = s.get(k, "<unset>")
+            if v not in vals:
+                vals.append(v)
+        if len(vals) > 1:
+            out[k] = vals
+    return out
+
+
+def check_one_setting(runs: Sequence[dict]) -> None:
+    """Every (dataset, variant, seq_len) group of ``runs`` differs in nothing but its seeds and ``optim.lr``
+    (:func:`setting_differences`); else ``ValueError`` naming each such group, the keys that differ and their
+    values, and a run of each value: averaging them would mix settings in silence."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in runs:
+        if _f(r.get("seq_len")) > 0:
+            groups.setdefault((r["dataset"], r["variant"], int(r["seq_len"])), []).append(r)
+    bad = []
+    for (ds, v, n), rs in sorted(groups.items()):
+        diff = setting_differences(rs)
+        if diff:
+            k0, vals = next(iter(diff.items()))
+            where = [next(r["run_dir"] for r in rs if (r.get("settings") or {}).get(k0, "<unset>") == x)
+                     for x in vals[:2]]
+            bad.append(f"{ds} / {v} at seq_len {n} ({len(rs)} runs) differ in "
+                       + ", ".join(f"{k} ({', '.join(_fmt(x) for x in xs)})" for k, xs in diff.items())
+                       + f" (e.g. {' vs '.join(where)})")
+    if bad:
+        more = f"; and {len(bad) - 3} more group(s)" if len(bad) > 3 else ""
+        raise ValueError(
+            "runs of one (dataset, variant, seq_len) differ in more than their seed and optim.lr, so eval.quality "
+            "would average different settings: " + "; ".join(bad[:3]) + more + ". Pass runs=[...] roots that hold "
+            "one value of each of these keys (one eval.quality call per value)")
+
+
 def aggregate(runs: Sequence[dict]) -> List[dict]:
-    """Mean over seeds / repeats of the same (dataset, variant, seq_len) (NaN / inf left out of the mean)."""
-    df = pd.DataFrame(list(runs), columns=["dataset", "variant", "seq_len", "vocab_size", *AGG_METRICS])
-    df = df[df["seq_len"] > 0]
-    if df.empty:
-        return []
-    num = df[list(AGG_METRICS)].apply(pd.to_numeric, errors="coerce").astype(float)
-    g = num.where(np.isfinite(num)).groupby([df["dataset"], df["variant"], df["seq_len"]])
-    first = df.groupby(["dataset", "variant", "seq_len"])["vocab_size"].first()
-    out = pd.concat([g.size().rename("runs"), first, g.mean()], axis=1).reset_index().to_dict("records")
-    for row in out:
+    """One row per (dataset, variant, seq_len): its runs of the same ``optim.lr`` averaged (seeds / repeats; NaN /
+    inf left out of the mean), then the lr whose mean has the highest :func:`quality_gain` (MQAR ``val_acc``; text
+    lowest ``val_bpb``; ties and all-NaN: the smallest lr), as :func:`eval.recall.best_over_lr` does. Columns:
+    ``dataset, variant, seq_len, runs`` (averaged, at that lr), ``best_lr`` (NaN: no ``optim.lr`` in the configs),
+    ``lrs`` (the lrs tried, ``;``-joined, ``?`` for an unknown one), ``vocab_size``, :data:`AGG_METRICS`,
+    ``quality_per_s``. Runs of a group that differ in any other setting (:func:`check_one_setting`) raise
+    ``ValueError`` naming the keys; runs without ``seq_len`` (-1) are left out."""
+    runs = [r for r in runs if _f(r.get("seq_len")) > 0]
+    check_one_setting(runs)
+    groups: Dict[tuple, Dict[Optional[float], List[dict]]] = {}
+    for r in runs:
+        lr = _f(r.get("lr"))
+        groups.setdefault((r["dataset"], r["variant"], int(r["seq_len"])), {}).setdefault(
+            lr if math.isfinite(lr) else None, []).append(r)  # None: no optim.lr in the config (one group)
+    out = []
+    for (ds, v, n), by_lr in sorted(groups.items()):
+        lrs = sorted(by_lr, key=lambda x: (x is None, x or 0.0))
+        rows = []
+        for lr in lrs:
+            rs = by_lr[lr]
+            num = pd.DataFrame([{m: r.get(m) for m in AGG_METRICS} for r in rs], columns=list(AGG_METRICS))
+            num = num.apply(pd.to_numeric, errors="coerce").astype(float)
+            mean = num.where(np.isfinite(num)).mean()
+            rows.append({"dataset": ds, "variant": v, "seq_len": n, "runs": len(rs),
+                         "best_lr": float("nan") if lr is None else lr,
+                         "lrs": ";".join("?" if x is None else _fmt(x) for x in lrs),
+                         "vocab_size": next((r["vocab_size"] for r in rs if r.get("vocab_size") is not None), None),
+                         **{m: float(mean[m]) for m in AGG_METRICS}})
+        gains = [quality_gain(r) for r in rows]
+        best = max(range(len(rows)), key=lambda i: (gains[i] if math.isfinite(gains[i]) else -math.inf, -i))
+        row = rows[best]
         row["quality_per_s"] = quality_per_time(row)
+        out.append(row)
     return out
 
 
@@ -723,6 +839,17 @@ def check_config(cfg: dict) -> None:
             raise FileNotFoundError(f"{key}={cfg[key]}: no such file")
 
 
+def check_nstar_baseline(baseline: str, agg: Sequence[dict], used: bool, given: bool = True) -> None:
+    """``nstar_baseline`` names a variant of the aggregated runs ``agg``, else ``ValueError`` naming it and the
+    variants present. Checked when the n* table is made (``used``: a ``speed=`` CSV) or the value is not the
+    default (``given``: a misspelt name was accepted in silence); without ``speed=`` the default (flash) may be
+    absent: nothing reads it."""
+    variants = sorted({str(r["variant"]) for r in agg})
+    if (used or given) and baseline not in variants:
+        raise ValueError(f"nstar_baseline={baseline!r} is not a variant of the runs; allowed values: "
+                         f"{', '.join(variants) or '(no run with a seq_len)'}")
+
+
 def run(cfg: dict) -> dict:
     """Collect runs (``runs``: list of roots; ``wandb_project`` / ``wandb_group`` optional), write the tables to
     ``out_dir``, draw the figures (``plots``), log to W&B (``wandb.enabled``); print where the tables went and a
@@ -750,9 +877,16 @@ def run(cfg: dict) -> dict:
     if speed:
         with config_errors():  # speed_backend / speed_size not in the table: named, before anything is written
             bench_speed, bench = load_bench_speed(speed, sb, ss), bench_rows(speed, ss)
+    baseline = str(cfg.get("nstar_baseline") or NSTAR_BASELINE)
+    with config_errors():  # runs of one group with different settings, an unknown baseline: before anything is written
+        try:
+            agg = aggregate(runs)
+        except ValueError as e:
+            raise ValueError(f"runs={[str(r) for r in roots]}: {e}") from None
+        check_nstar_baseline(baseline, agg, bool(speed), cfg.get("nstar_baseline") is not None
+                             and baseline != NSTAR_BASELINE)
     out_dir = cfg.get("out_dir") or "results/quality"
     os.makedirs(out_dir, exist_ok=True)
-    agg = aggregate(runs)
     long = long_form(agg)
     ours = cfg.get("ours") or ["triton", "parallel"]
     ours = [ours] if isinstance(ours, str) else list(ours)
@@ -764,13 +898,13 @@ def run(cfg: dict) -> dict:
             print(f"speed={speed}: {note}")
         write_csv(joined, os.path.join(out_dir, "quality_speed_memory.csv"))
         # n* of quality per unit time both ways: ours vs ours, best vs best, bootstrap intervals over the steps
-        nstar = compare_nstar(agg, bench, ours, cfg.get("nstar_baseline") or NSTAR_BASELINE,
+        nstar = compare_nstar(agg, bench, ours, baseline,
                               int(cfg.get("n_boot") or 1000), float(cfg.get("level") or 0.95))
         write_csv(nstar, os.path.join(out_dir, "nstar_compare.csv"), columns=NSTAR_COLUMNS)
         for r in nstar:
             print(nstar_line(r))
     lead = leaders(joined if joined is not None else agg)
-    write_csv(runs, os.path.join(out_dir, "runs.csv"))
+    write_csv([{k: v for k, v in r.items() if k != "settings"} for r in runs], os.path.join(out_dir, "runs.csv"))
     write_csv(agg, os.path.join(out_dir, "runs_agg.csv"))
     qcsv = write_csv(long, os.path.join(out_dir, "quality.csv"))
     write_csv(lead, os.path.join(out_dir, "leaders.csv"))

@@ -396,6 +396,8 @@ def _quality_runs(root):
     (dict(runs=["/nonexistent"]), r"runs=\['/nonexistent'\]: no such folder"),
     (dict(speed="/nonexistent.csv"), r"speed=/nonexistent.csv: no such file"),
     (dict(speed_csv="/nonexistent.csv"), r"speed_csv=/nonexistent.csv: no such file"),
+    # an unknown n* baseline was accepted in silence (exit 0, the same tables)
+    (dict(nstar_baseline="nope"), r"^nstar_baseline='nope' is not a variant of the runs; allowed values: flash, linear$"),
 ])
 def test_quality_refuses_bad_values_before_writing(tmp_path, change, want):
     """``compare=bst`` / ``formats=[pgn]`` failed with a traceback after the tables were written; a missing root or
@@ -423,6 +425,64 @@ def test_quality_says_where_the_tables_went(tmp_path, capsys):
     said = capsys.readouterr().out
     assert f"4 runs (4 variant x length x dataset points; datasets: mqar;" in said
     assert f"-> tables in {out} (runs.csv, runs_agg.csv, quality.csv, leaders.csv); 0 figure files in {out}" in said
+
+
+def _lr_run(root, name, variant, lr, seed, acc, d_model=64):
+    """A finished MQAR run folder at seq_len 64 with its optim.lr, seed and model.d_model (as train.py writes them)."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / "csv").mkdir()
+    (run / ".hydra" / "config.yaml").write_text(
+        f"seed: {seed}\nexperiment_name: q\npaths:\n  output_dir: ${{hydra:runtime.output_dir}}\n"
+        f"optim:\n  lr: {lr}\n  weight_decay: 0.1\ndata:\n  _target_: harness.data.MQARDataModule\n  seq_len: 64\n"
+        f"  vocab_size: 128\n  seed: ${{seed}}\nmodel:\n  d_model: {d_model}\n  layers: null\n"
+        f"attention:\n  name: {variant}\n  kind: {variant}\ntrainer:\n  max_steps: 5\n")
+    lines = ["epoch,perf/peak_mem_mb,perf/step_time_s,perf/tokens_per_s,step,val/acc,val/loss"]
+    lines += [f"0,100,0.1,1000,{s},," for s in range(1, 6)] + [f"0,,,,5,{acc},1.0"]
+    (run / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_quality_takes_the_best_lr_per_variant_not_the_mean(tmp_path):
+    """``train.py -m attention=flash,linear optim.lr=1e-3,3e-3``: quality.csv gave flash's val_acc as the mean of
+    its lr=1e-3 and lr=3e-3 runs ("mean over seeds"). Now, as eval.recall: seeds of one lr averaged, then the best
+    lr, named in runs_agg.csv with the lrs tried."""
+    import pandas as pd
+
+    from eval.quality import run as quality_run
+
+    root = tmp_path / "multirun"
+    for name, variant, lr, seed, acc in [("f1", "flash", 1e-3, 0, 0.2), ("f2", "flash", 1e-3, 1, 0.4),
+                                         ("f3", "flash", 3e-3, 0, 0.8), ("f4", "flash", 3e-3, 1, 1.0),
+                                         ("l1", "linear", 1e-3, 0, 0.5), ("l2", "linear", 3e-3, 0, 0.1)]:
+        _lr_run(root, name, variant, lr, seed, acc)
+    out = tmp_path / "q"
+    res = quality_run({"runs": [str(root)], "out_dir": str(out), "wandb": {"enabled": False}, "plots": False})
+    q = pd.read_csv(out / "quality.csv")
+    acc = dict(zip(q[q["metric"] == "val_acc"]["variant"], q[q["metric"] == "val_acc"]["value"]))
+    assert acc == pytest.approx({"flash": 0.9, "linear": 0.5})  # was flash 0.6, linear 0.3: means over the lrs
+    agg = pd.read_csv(out / "runs_agg.csv").set_index("variant")
+    assert agg.loc["flash", "best_lr"] == pytest.approx(3e-3) and agg.loc["flash", "runs"] == 2
+    assert agg.loc["linear", "best_lr"] == pytest.approx(1e-3) and agg.loc["linear", "runs"] == 1
+    assert list(agg["lrs"]) == ["0.001;0.003", "0.001;0.003"]
+    assert sorted(pd.read_csv(out / "runs.csv")["lr"]) == pytest.approx([1e-3] * 3 + [3e-3] * 3)
+    assert [r["quality_per_s"] for r in res["agg"]] == pytest.approx([0.9 / 0.1, 0.5 / 0.1])
+
+
+def test_quality_refuses_runs_of_one_point_with_other_settings(tmp_path):
+    """Runs of one (dataset, variant, seq_len) that differ in a setting other than the seed and optim.lr (here
+    model.d_model) were averaged in silence; now refused before anything is written, naming the keys and values."""
+    from eval.quality import run as quality_run
+
+    root = tmp_path / "multirun"
+    _lr_run(root, "a", "flash", 1e-3, 0, 0.2, d_model=64)
+    _lr_run(root, "b", "flash", 1e-3, 1, 0.9, d_model=128)
+    _lr_run(root, "c", "linear", 1e-3, 0, 0.3)
+    out = tmp_path / "q"
+    with pytest.raises(_config_error(), match=r"^runs=\[.*\]: runs of one \(dataset, variant, seq_len\) differ in more "
+                       r"than their seed and optim.lr.*: mqar / flash at seq_len 64 \(2 runs\) differ in "
+                       r"model.d_model \(64, 128\) \(e.g. .*/a vs .*/b\)\. Pass runs="):
+        quality_run({"runs": [str(root)], "out_dir": str(out), "wandb": {"enabled": False}, "plots": False})
+    assert not out.exists()
 
 
 def test_quality_cli_bad_value_is_the_message_alone(tmp_path):

@@ -125,8 +125,8 @@ def test_aggregate_means_over_seeds():
                  val_acc=0.25, tokens_per_s=50.0, step_time_s=0.5, peak_mem_mb=5.0)]
     agg = aggregate(runs)
     assert [(r["variant"], r["seq_len"], r["runs"]) for r in agg] == [("a_first", 128, 1), ("flash", 64, 2)]
-    assert list(agg[0]) == ["dataset", "variant", "seq_len", "runs", "vocab_size", "val_loss", "val_bpb", "val_acc",
-                            "tokens_per_s", "step_time_s", "peak_mem_mb", "quality_per_s"]
+    assert list(agg[0]) == ["dataset", "variant", "seq_len", "runs", "best_lr", "lrs", "vocab_size", "val_loss",
+                            "val_bpb", "val_acc", "tokens_per_s", "step_time_s", "peak_mem_mb", "quality_per_s"]
     f = agg[1]
     assert f["val_loss"] == 2.0 and f["val_acc"] == 0.5 and math.isnan(f["val_bpb"])  # inf / NaN left out
     assert f["step_time_s"] == pytest.approx(0.2) and f["quality_per_s"] == pytest.approx(0.5 / 0.2)
