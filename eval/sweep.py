@@ -334,6 +334,7 @@ def batch_for(cfg: dict, N: int) -> int:
 
 # --------------------------------------------------------------------------------------------- csv io
 from eval.bench_common import check_out_dirs_or_exit, read_rows  # noqa: E402,F401 (read_rows: re-exported)
+from eval.bench_common import name_list, number_type  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------- resume: same settings
@@ -1145,8 +1146,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                       "(their backends join every sweep)")
     ap.add_argument("--variants", default=None, help="comma-separated subset of the config's variants (e.g. one "
                                                        "family per process)")
-    ap.add_argument("--deadline-s", type=float, default=None, help="wall-clock budget of this call (overrides the "
-                                                                     "config's deadline_s; resume finishes later)")
+    ap.add_argument("--deadline-s", type=number_type(float, 0, True, "a number of seconds > 0"), default=None,
+                    help="wall-clock budget of this call in seconds, > 0 (overrides the config's deadline_s; resume "
+                         "finishes later)")
     a = ap.parse_args(argv)
     if not os.path.isfile(a.config):
         ap.error(f"--config {a.config}: no such file (a sweep YAML, e.g. eval/conf/sweep/cpu_tiny.yaml)")
@@ -1156,12 +1158,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error(f"--config {a.config}: not a YAML file ({type(e).__name__}: {e})")
     if not isinstance(cfg, dict):
         ap.error(f"--config {a.config}: not a sweep config (a YAML mapping of seq_lens, variants, backends, ...)")
-    if a.variants:
-        names = [v.strip() for v in a.variants.split(",") if v.strip()]
-        bad = [v for v in names if v not in (cfg.get("variants") or {})]
-        if bad:
-            ap.error(f"--variants: {bad} not in {a.config}; allowed values: {', '.join(cfg.get('variants') or {})}")
-        cfg["variants"] = {v: cfg["variants"][v] for v in names}
+    if a.variants is not None:  # "" ran every variant; "flash,,linear" dropped the empty item in silence
+        variants = cfg.get("variants") or {}
+        mapping = hasattr(variants, "items")  # name: {kind: ...}, or a list of {name: ..., kind: ...}
+        known = [str(v) for v in variants] if mapping else [str(v.get("name")) for v in variants]
+        try:
+            names = name_list(a.variants, "--variants", f"variant names of {a.config}", known)
+        except SystemExit as e:
+            ap.error(str(e))
+        cfg["variants"] = ({v: variants[v] for v in names} if mapping
+                           else [v for v in variants if str(v.get("name")) in names])
     if a.deadline_s is not None:
         cfg["deadline_s"] = a.deadline_s
     if a.plugins:

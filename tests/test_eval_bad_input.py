@@ -2,6 +2,7 @@
 traceback, nothing measured or written; and no run that "succeeds" having done nothing."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -488,6 +489,36 @@ def test_quality_refuses_runs_of_one_point_with_other_settings(tmp_path):
 def test_quality_cli_bad_value_is_the_message_alone(tmp_path):
     r = _cli("eval.quality", f"runs=[{tmp_path}/none]", f"out_dir={tmp_path}/q", "wandb.enabled=false", cwd=tmp_path)
     assert r.returncode != 0 and "no such folder" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ eval.sweep
+SWEEP_ARGS = [
+    # "" ran every variant of the config; an empty item was dropped in silence
+    (["--variants", ""], r"--variants '': give comma-separated variant names of .*cpu_tiny.yaml \(an empty "
+                         r"list\); allowed values: flash, sliding_window, sparse, linear, gqa"),
+    (["--variants", "flash,,linear"], r"--variants 'flash,,linear': give comma-separated .* \(an empty item\)"),
+    (["--variants", "flsh"], r"--variants: \['flsh'\] not supported; allowed values: flash, sliding_window, "),
+    # was blamed on the config: "--config ...: deadline_s=-5.0: must be null (no deadline) ..."
+    (["--deadline-s", "-5"], r"argument --deadline-s: -5: must be a number of seconds > 0"),
+    (["--deadline-s", "0"], r"argument --deadline-s: 0: must be a number of seconds > 0"),
+    (["--deadline-s", "inf"], r"argument --deadline-s: inf: must be a number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize("args,want", SWEEP_ARGS, ids=[" ".join(a) for a, _ in SWEEP_ARGS])
+def test_sweep_cli_refuses_bad_variants_and_deadline_naming_the_flag(tmp_path, capsys, args, want):
+    """``eval.sweep --variants ""`` ran every variant of the config instead of refusing; ``--deadline-s -5`` was
+    blamed on ``--config ...: deadline_s=-5.0``. Both are argparse's usage error naming the flag (exit 2), nothing
+    written."""
+    from eval.sweep import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main(["--config", os.path.join(ROOT, "eval", "conf", "sweep", "cpu_tiny.yaml"), "--out", str(out), *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(want, err), err
+    assert "--config" not in err.split("error:", 1)[1] and not out.exists()
 
 
 # ------------------------------------------------------------------------------------------------ argparse tools
