@@ -106,6 +106,9 @@
 # results/h100/2026-12-07g. Next: the same four (3 with SOFTMAX_BUDGET_S >= 400 so that Flex+FA4 is reached: it
 # compiles per shape), on an H200 where one comes; the NaN rows with < 16 keys on CUDA are now a GPU test
 # (tests/test_nan_semantics.py::test_every_gpu_backend_keeps_nan_with_fewer_than_16_keys, in call 1's suite).
+# Thirty-ninth (twelve requests, four tried at ~180 s each, then "no new device machine is lent"): no call ran. Next:
+# 1 (the whole GPU suite at the code since b59ab59, with tests/test_kernel_flash_sink.py's GPU cases: the Triton
+# kernels' attention sinks have not run on a GPU), then 17 (the streaming bench), then 2, 3, 4 as the 38th's next.
 # A machine given back loses /tmp: the 3.9 parts must be carried again.
 #
 # Device time (seventeenth session, 2026-12-05, H100): the start took ~200 s of the 1,800 s; the calls, back to back,

@@ -210,7 +210,10 @@ def _compile(tree, launches_file, outdir):
 
 def _worker(cmd, cwd, env_extra=None, log=None):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=cwd, **(env_extra or {}))
+    # the tree first, then the caller's PYTHONPATH (a triton there, e.g. the GPU image's 3.6 unpacked to /tmp/t36,
+    # is the one both revisions record and compile with)
+    env.update(PYTHONPATH=os.pathsep.join([cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                   if p]), **(env_extra or {}))
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"] + cmd, cwd=cwd, env=env,
                             stdout=log, stderr=subprocess.STDOUT if log else None)
 
