@@ -54,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.callbacks import RunState, StepProgressBar, StopAt, StopTraining
 from harness.config import (CONF_DIR, _is_int, dense_mask_notes, _qualified, _spec_from_cfg, check_attention_backend,  # noqa: F401
                             check_batch_limits, check_model_config, config_errors, layer_notes, layer_specs,
-                            model_config, validate_config)
+                            model_config, run_label, validate_config)
 from harness.data import missing_file_error
 from harness.lit import LitLM, architecture_diff, split_optim_config
 from harness.runs import (CKPT_DIR, FINAL_METRICS, ContinuedCSVLogger, check_resume_data, checkpoint_info,
@@ -368,6 +368,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         validate_config(cfg)
         # the one model config; spec errors, plugins, and a backend the layers lack, before anything is written
         model_cfg = model_config(cfg)
+        variant = run_label(cfg, model_cfg)  # what the run trains, never only the yaml's name (attention_label)
         check_attention_backend(cfg.get("attention_backend", "auto"), list(model_cfg.layers))
         L.seed_everything(int(cfg.seed), workers=True)
         data_settings = resume_data_config(cfg.data, abs_path=_abs)  # kept in the checkpoints (RunState)
@@ -453,7 +454,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
                 log.info(f"ckpt_path: {ckpt_path} ended training at step {resume.step} but the run has no "
                          f"{FINAL_METRICS} (stopped in its final validation): no step is trained, it is validated and "
                          f"finalised")
-    variant_tags = sorted({s.label for s in model_cfg.layers})
+    variant_tags = sorted(set(variant.split("+")))  # W&B tags / run name: each label once
     loggers = build_loggers(cfg, output_dir, variant_tags, resume_step=start_step if resume is not None else None)
     run_state = RunState(started_at=t_start, wall_s_before=resume.wall_s if resume is not None else 0.0,
                          train_metrics=resume.train_metrics if resume is not None else None, data=data_settings)
@@ -472,7 +473,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
     write_run_config(output_dir, cfg)  # what skip_finished compares before it resumes this run's last.ckpt
     full_cfg = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
-        lg.log_hyperparams({"config": full_cfg, "n_params": lit.gpt.num_params(), "variant": "+".join(lit.gpt.layer_labels)})
+        lg.log_hyperparams({"config": full_cfg, "n_params": lit.gpt.num_params(), "variant": variant})
 
     try:
         try:
@@ -514,7 +515,7 @@ def train(cfg: DictConfig) -> Dict[str, float]:
         metrics.setdefault(k, v)
 
     if trainer.is_global_zero:
-        rows = {"variant": "+".join(lit.gpt.layer_labels), "n_params": lit.gpt.num_params(),
+        rows = {"variant": variant, "n_params": lit.gpt.num_params(),
                 "steps": trainer.global_step}
         rows.update({k: metrics[k] for k in sorted(metrics)})
         base = baseline_of(dm, metrics)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attn_zoo.model import (GPTConfig, ModelConfig, config_from_dict, doc_ids_refusal, noncausal_layer_reason,
                             redraw_interval_reason)
@@ -69,17 +69,32 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
                 if entry in mixer_names() and entry != "attention":  # a registered sequence mixer, default options
                     specs.append(MixerSpec(entry))
                     continue
-                names = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
-                names += [m for m in mixer_names() if m != "attention" and m not in names]  # once each
                 raise ValueError(f"model.layers[{i}]={entry!r} is not an attention config or a registered mixer; "
-                                 f"allowed values: {', '.join(names)}")
+                                 f"allowed values: {', '.join(_layer_names())}")
             where = f"model.layers[{i}] (conf/attention/{entry}.yaml)"
             specs.append(_qualified(where, _spec_from_cfg, OmegaConf.load(f)))
-        else:
+        elif isinstance(entry, (dict, DictConfig)):
             specs.append(_qualified(f"model.layers[{i}]", _spec_from_cfg, entry))
+        else:  # a number, null, a list, ...: neither a config name nor an inline dict of spec fields
+            raise ValueError(f"model.layers[{i}]={'null' if entry is None else repr(_plain(entry))} is not an attention config or a registered "
+                             f"mixer; allowed values: {', '.join(_layer_names())} (or an inline dict of spec "
+                             f"fields, {{kind: linear, ...}})")
     if len(layers) != n_layer:
         raise ValueError(f"model.layers has {len(layers)} entries but model.n_layer={n_layer}; give one per layer")
     return specs
+
+
+def _layer_names() -> List[str]:
+    """What a string entry of ``model.layers`` may name: ``conf/attention/<name>.yaml``, then the registered mixers."""
+    from attn_zoo.mixers import mixer_names
+
+    names = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
+    return names + [m for m in mixer_names() if m != "attention" and m not in names]  # once each
+
+
+def _plain(v):
+    """``v`` as plain Python (an OmegaConf list / dict as a list / dict) for messages."""
+    return OmegaConf.to_container(v, resolve=False) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
 def check_attention_backend(backend, specs, model: Optional[GPTConfig] = None, seq_len: Optional[int] = None,
@@ -149,6 +164,113 @@ def _qualified(where: str, fn, *args):
         return fn(*args)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None  # the message carries e's: a chain would print it twice
+
+
+def _attention_yaml(cfg: DictConfig) -> Optional[Path]:
+    """The ``conf/attention/<choice>.yaml`` the run's ``attention`` group was composed from: Hydra's choice of the
+    group when Hydra runs (``attention=flash``, an experiment's ``override /attention: ...``), else (a config composed
+    without Hydra's runtime, e.g. by the tests) the file named after ``attention.name``; ``None`` when there is none."""
+    choice = None
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            choice = HydraConfig.get().runtime.choices.get("attention")
+    except Exception:  # noqa: BLE001 (no Hydra runtime: the name decides)
+        choice = None
+    if choice is None:
+        choice = cfg.attention.get("name") if isinstance(cfg.get("attention"), DictConfig) else None
+    if not isinstance(choice, str) or not choice:
+        return None
+    f = CONF_DIR / "attention" / f"{choice}.yaml"
+    return f if f.is_file() else None
+
+
+def _label_value(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join("null" if x is None else str(x) for x in v) + "]"
+    return "null" if v is None else str(v)
+
+
+def attention_label(cfg: DictConfig) -> Optional[str]:
+    """The label of the ``attention`` group's layers as trained: ``attention.name``, with the fields that differ from
+    the group's yaml (``conf/attention/<choice>.yaml``, :func:`_attention_yaml`) while ``attention.name`` is the yaml's
+    own, so that two runs of a sweep over a field (``-m attention.window_size=[15,0],[31,0]``) stay apart in the final
+    table and ``final_metrics.json``. The suffixes follow ``eval.recall.variant_label``: ``(w=<left>)`` for
+    ``window_size``, ``(<feature map>)`` for ``feature_map``, ``(<field>=<value>)`` for any other field:
+    ``sliding_window (w=15)``, ``linear (relu)``, ``dilated_window (dilation=4)``.
+
+    ``None`` when the group has no yaml here (a plugin's config, an inline node). Raises ``ValueError`` when a label
+    would name something the run does not train: ``attention.kind`` (or ``mixer``) changed from the yaml's without
+    ``attention.name`` (``attention=flash attention.kind=linear`` trains linear attention), or a field whose yaml value
+    the name spells (``attention=linear_taylor attention.feature_map=elu1``): the message names the overridden fields
+    and asks for ``attention.name=<label>``."""
+    from attn_zoo.mixers import layer_to_dict
+
+    node = cfg.get("attention")
+    f = _attention_yaml(cfg) if isinstance(node, DictConfig) else None
+    if f is None:
+        return None
+    try:
+        base = _spec_from_cfg(OmegaConf.load(f))
+        spec = _spec_from_cfg(node)
+    except Exception:  # noqa: BLE001 (a bad field: layer_specs names it; a yaml this check cannot read: no check)
+        return None
+    label = spec.label
+    if spec.name != base.name or spec.name is None:
+        return label  # the user's own label (attention.name=...): theirs to choose
+    a, b = layer_to_dict(base), layer_to_dict(spec)
+    changed = [k for k in sorted(set(a) | set(b)) if k != "name" and a.get(k) != b.get(k)]
+    if not changed:
+        return label
+    what = ", ".join(f"attention.{k}={_label_value(b.get(k))} (the yaml's: {_label_value(a.get(k))})" for k in changed)
+    words = set(str(spec.name).split("_"))
+    spelled = [k for k in changed if k in ("kind", "mixer")
+               or (isinstance(a.get(k), str) and (a[k] == spec.name or a[k] in words))]
+    if spelled:
+        raise ValueError(
+            f"attention.name={spec.name!r} (conf/attention/{f.name}) would label a run that does not train it: "
+            f"{what} overrides what the name says, while attention.name stays; the final table, final_metrics.json "
+            f"and the eval reports would call this run {spec.name!r}. Pass attention.name=<label> saying what it "
+            f"trains (e.g. attention.name={_suggest_name(b)}), or pick the config of that variant "
+            f"(attention=<name>; allowed values: {', '.join(sorted(p.stem for p in f.parent.glob('*.yaml')))})")
+    first = [k for k in ("feature_map", "window_size") if k in changed]
+    parts = []
+    for k in first + [k for k in changed if k not in first]:
+        v = b.get(k)
+        if k == "feature_map" and v is not None:
+            parts.append(str(v))
+        elif k == "window_size" and isinstance(v, (list, tuple)) and v:
+            right = "" if spec.causal or len(v) < 2 or v[1] == 0 else f",{_label_value(v[1])}"  # causal: right is 0
+            parts.append(f"w={_label_value(v[0])}{right}")
+        else:
+            parts.append(f"{k}={_label_value(v)}")
+    return label + "".join(f" ({p})" for p in parts)
+
+
+def _suggest_name(d: dict) -> str:
+    """A label for a spec's fields (the ``attention.name`` suggested when the yaml's would be wrong)."""
+    kind = str(d.get("kind") or d.get("mixer") or "attention")
+    fm = d.get("feature_map")
+    return f"{kind}_{fm}" if isinstance(fm, str) and fm and fm not in kind and kind != "linear" else \
+        (f"linear_{fm}" if kind == "linear" and fm not in (None, "elu1") else kind)
+
+
+def run_label(cfg: DictConfig, model: ModelConfig) -> str:
+    """The run's ``variant`` in the final table, ``final_metrics.json``, the logged hyperparameters and the W&B run
+    name: the layers' labels joined by ``+`` (``flash+flash``), each :func:`attention_label` when every layer is the
+    ``attention`` group's (``model.layers`` null: ``sliding_window (w=15)+sliding_window (w=15)``), else the
+    ``model.layers`` entries' labels (as ``eval.recall`` labels a hybrid). Raises
+    ``ValueError`` (:func:`attention_label`) for a label that would name another variant than the one trained, also
+    when only some layers (``model.layers`` entries naming the group) are the group's."""
+    layers = cfg.model.get("layers")
+    name = cfg.attention.get("name") if isinstance(cfg.get("attention"), DictConfig) else None
+    if layers is None:
+        label = attention_label(cfg)
+        return "+".join(label or s.label for s in model.layers)
+    if any(isinstance(e, str) and e == name for e in layers):
+        attention_label(cfg)  # the group serves those entries: refused when its name would be wrong
+    return "+".join(s.label for s in model.layers)
 
 
 def check_model_config(model_cfg: Dict) -> None:
@@ -222,7 +344,9 @@ def dense_mask_notes(layers, seq_len: int, max_len: int = 4096) -> List[str]:
     """One note per distinct layer spec whose mask (window, block layout, dilation) allows every pair that plain
     (causal) attention allows at ``seq_len`` tokens: such a "lossy" variant is exact attention at that length, and a
     comparison there measures nothing of its sparsity (e.g. ``attention=sparse``, block_size 16 with 1 local + 1
-    global + 1 random block, covers all 4 blocks of a 64-token sequence). Checked exactly up to ``max_len`` tokens;
+    global + 1 random block, covers all 4 blocks of a 64-token sequence); and, the other way, one whose mask lets no
+    query see more than one key (itself): ``attention=dilated_window attention.dilation=100`` at 64 tokens, a layer
+    that mixes no tokens. Checked exactly up to ``max_len`` tokens;
     longer lengths are skipped (a pattern that is dense there is not a plausible config)."""
     from attn_zoo import mask_info
     from attn_zoo.variants import get_variant
@@ -239,13 +363,31 @@ def dense_mask_notes(layers, seq_len: int, max_len: int = 4096) -> List[str]:
         mi = mask_info(spec, seq_len, seq_len)
         if mi.is_full or mi.is_plain_causal:
             continue  # exact by design (flash, gqa, ...)
-        allowed = int(mi.dense().sum())
+        dense = mi.dense()
+        allowed = int(dense.sum())
         plain = seq_len * (seq_len + 1) // 2 if spec.causal else seq_len * seq_len
-        if allowed >= plain:
+        per_query = int(dense.sum(-1).max()) if seq_len > 1 else 2
+        if per_query <= 1:
+            notes.append(f"attention {spec.label} lets every query see at most {per_query} key (its own token) at "
+                         f"seq_len={seq_len}: its mask{_mask_fields(spec)} reaches no earlier key; the layer mixes no "
+                         f"tokens, it trains as a per-token MLP and a comparison there measures nothing of attention; "
+                         f"take a smaller dilation / a larger window or block pattern, or a longer data.seq_len")
+        elif allowed >= plain:
             notes.append(f"attention {spec.label} attends to every pair at seq_len={seq_len} (its mask covers the "
                          f"whole {'causal ' if spec.causal else ''}square): it runs as exact attention here; take a "
                          f"longer data.seq_len or a smaller window / block pattern to measure the variant")
     return notes
+
+
+def _mask_fields(spec: AttentionSpec) -> str:
+    """`` (window_size=[15,0], dilation=100)``: the mask fields of ``spec`` its variant reads, for a note."""
+    from attn_zoo.spec import _reads
+    from attn_zoo.variants import get_variant
+
+    v = get_variant(spec.kind)
+    got = [f"{k}={_label_value(getattr(spec, k))}" for k in ("window_size", "dilation", "block_size", "sink_size")
+           if hasattr(spec, k) and _reads(v, k) and getattr(spec, k) is not None]
+    return f" ({', '.join(got)})" if got else ""
 
 
 def _is_int(v) -> bool:

@@ -150,6 +150,19 @@ def max_text_seq_len(n_train_tokens: int, n_val_tokens: int, batch_size: int) ->
     return max(min((int(n_train_tokens) - 1) // max(int(batch_size), 1), int(n_val_tokens) - 1), 0)
 
 
+def _connection_errors() -> tuple:
+    """The exceptions of a Hub that cannot be reached: ``ConnectionError`` (``datasets``' "Couldn't reach ... on the
+    Hub", ``huggingface_hub``'s offline mode) and ``requests``' connection / timeout errors."""
+    errs = [ConnectionError, TimeoutError]
+    try:
+        import requests
+
+        errs += [requests.exceptions.ConnectionError, requests.exceptions.Timeout]
+    except ImportError:  # pragma: no cover (datasets needs requests)
+        pass
+    return tuple(errs)
+
+
 def missing_file_error(key: str, given: str, absolute: str) -> FileNotFoundError:
     """The error for a ``data.path`` / ``data.val_path`` entry that is not a file: ``given`` as the user wrote it,
     ``absolute`` where it was looked for."""
@@ -238,6 +251,7 @@ class TextDataModule(L.LightningDataModule):
         self.pack, self.doc_split, self.doc_mask, self.eos = pack, doc_split, doc_mask, eos
         self.val_path = val_path
         self.pack_stats: Dict[str, float] = {}
+        self.doc_sources: list = []
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"data.tokenizer={tokenizer!r} is not supported; allowed values: {', '.join(TOKENIZERS)}")
         if not 0.0 < float(val_fraction) < 1.0:
@@ -278,6 +292,15 @@ class TextDataModule(L.LightningDataModule):
             for p in self._paths(path):
                 if not os.path.isfile(p):
                     raise missing_file_error(key, p, os.path.abspath(p))
+        train = self._paths()
+        same = [v for v in self._paths(self.val_path) if any(os.path.samefile(v, t) for t in train)]
+        if same:  # validating on text the model trains on: val/* measure memorisation
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn(f"data.val_path={self.val_path!r} is the same file as data.path ({', '.join(same)}): the "
+                           f"run validates on its own training text, so val/loss and val/bpb measure memorisation, not "
+                           f"generalisation; pass another file as data.val_path, or data.val_path=null to hold out the "
+                           f"tail data.val_fraction={self.val_fraction} of data.path")
 
     def _cache_file(self, paths: Sequence[str]) -> Optional[Path]:
         if self.cache_dir is None or not paths:
@@ -317,8 +340,19 @@ class TextDataModule(L.LightningDataModule):
             ds = datasets.load_dataset("text", data_files=list(paths), sample_by="document", split="train",
                                        cache_dir=self._datasets_cache_dir())
         else:  # hub dataset (network on first use)
-            ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split,
-                                       cache_dir=self._datasets_cache_dir())
+            try:
+                ds = datasets.load_dataset(self.hub_name, self.hub_config, split=self.hub_split,
+                                           cache_dir=self._datasets_cache_dir())
+            except _connection_errors() as e:  # datasets' own message after retries and a traceback: say what to do
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                from .errors import ConfigConnectionError
+
+                raise ConfigConnectionError(
+                    f"data.hub_name={self.hub_name!r}: the Hugging Face Hub could not be reached to load it "
+                    f"(hub_config={self.hub_config!r}, hub_split={self.hub_split!r}; {type(e).__name__}: {why}), and "
+                    f"no copy is cached under {self._datasets_cache_dir() or '~/.cache/huggingface/datasets'}; run "
+                    f"where the Hub is reachable once, or train on a local text file: data.path=<file> (e.g. "
+                    f"data.path=../shared/data/wikitext-2/valid.txt) with data.hub_name=null") from None
         if self.text_column not in ds.column_names:
             raise ValueError(f"data.text_column={self.text_column!r} not in dataset columns {ds.column_names}")
         rows = list(ds[self.text_column])
@@ -421,7 +455,33 @@ class TextDataModule(L.LightningDataModule):
             return "wikitext"
         return "rows" if hub else "blank_line"
 
-    def load_documents(self, paths: Optional[Sequence[str]] = None) -> Tuple[List[np.ndarray], str, int]:
+    def _check_single_documents(self, rule: str, sources, key: str) -> None:
+        """A split that finds one document in a source (a file, or the hub dataset) of more than one packed row
+        (``seq_len + 1`` tokens): its documents are not found (``wikitext`` without a `` = Title = `` line,
+        ``blank_line`` without a blank line), so packing (``data.pack=true``) trains it as one stream. With
+        ``data.doc_mask=true`` (the document mask asked for, and it would mask nothing) a ``ValueError``, else a
+        warning. ``whole`` (and ``rows`` of a local file: each file whole) asks for that and is not checked."""
+        if rule == "whole":
+            return
+        why = {"wikitext": "no article heading (a line ' = Title = ')", "blank_line": "no blank line between documents",
+               "rows": "a single non-empty row"}.get(rule, f"one document by the {rule!r} rule")
+        for name, size, n_docs in sources:
+            if n_docs != 1 or size <= self.seq_len + 1:
+                continue
+            split = f"data.doc_split={self.doc_split}" + (f" (-> {rule})" if self.doc_split != rule else "")
+            msg = (f"{split} found {why} in {key}={name!r} ({size:,} bytes, more than one row of data.seq_len + 1 = "
+                   f"{self.seq_len + 1} tokens): the whole text is one document")
+            fix = (f"pass the data.doc_split that finds this text's documents (allowed values: "
+                   f"{', '.join(DOC_SPLITS)}), data.doc_split=whole to pack it as one document on purpose")
+            if self.doc_mask:
+                raise ValueError(f"{msg}, so the document mask (data.doc_mask=true) would separate nothing; {fix}, "
+                                 f"or data.pack=false for one unsplit stream")
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn(f"{msg}; {fix}")
+
+    def load_documents(self, paths: Optional[Sequence[str]] = None,
+                       key: Optional[str] = None) -> Tuple[List[np.ndarray], str, int]:
         """The corpus (``paths``, default ``data.path`` or the hub dataset) as tokenized documents (uint8 arrays for
         bytes), the split rule used (:attr:`doc_split`, ``auto`` resolved by :meth:`_split_rule`) and the number of
         bytes between documents (separators the rule removes: blank lines, whitespace-only pieces). ``rows``: each
@@ -443,16 +503,18 @@ class TextDataModule(L.LightningDataModule):
         rule = self._split_rule("\n".join(rows[:1000]) if hub else "\n".join(rows), hub)
         if rule == "rows":
             texts = list(rows)
+            sources = [(self.hub_name, sum(len(r.encode("utf-8")) for r in rows), len([r for r in rows if r]))] \
+                if hub else []  # rows of a local file: each file whole, as data.doc_split=rows says
         elif hub:
             texts = split_documents("\n".join(rows), rule)
+            sources = [(self.hub_name, sum(len(r.encode("utf-8")) for r in rows), len(texts))]
         else:
-            texts = [d for r in rows for d in split_documents(r, rule)]
-        if rule == "wikitext" and texts and len(texts) <= (1 if hub else len(rows)):
-            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-            rank_zero_warn(f"data.doc_split=wikitext found no article heading (a line ' = Title = ') in "
-                           f"{self.hub_name if hub else [str(p) for p in (paths or self._paths())]}: each file is one "
-                           f"document; pass data.doc_split=blank_line / whole / rows for text without WikiText headings")
+            per_file = [split_documents(r, rule) for r in rows]
+            texts = [d for ds in per_file for d in ds]
+            sources = [(str(p), len(r.encode("utf-8")), len(ds))
+                       for p, r, ds in zip(paths or self._paths(), rows, per_file)]
+        # checked by _setup_packed after the size checks (a file too small to train is said first)
+        self.doc_sources.append((rule, sources, key or ("data.hub_name" if hub else "data.path")))
         docs = [byte_tokenize(t) for t in texts]
         between = sum(len(r.encode("utf-8")) for r in rows) + (len(rows) - 1 if hub else 0) - sum(d.size for d in docs)
         if rule == "rows" and hub:
@@ -460,11 +522,12 @@ class TextDataModule(L.LightningDataModule):
         return docs, rule, between
 
     def _setup_packed(self):
+        self.doc_sources = []  # (rule, [(file or hub name, bytes, documents found)], key) of each load_documents
         docs, rule, between = self.load_documents()
         val_between = 0
         what = self.path if self.path is not None else self.hub_name
         if self.val_path is not None:
-            val_docs, _, val_between = self.load_documents(self._paths(self.val_path))
+            val_docs, _, val_between = self.load_documents(self._paths(self.val_path), key="data.val_path")
             train_docs, val_key = docs, "data.val_path"
         else:  # the last val_fraction of the tokens; the document at the cut is split in two
             n = sum(d.size for d in docs)
@@ -504,6 +567,8 @@ class TextDataModule(L.LightningDataModule):
                 f"{n_tr} rows of seq_len + 1 tokens, data.batch_size={self.batch_size} are needed; the validation split "
                 f"({val_key}, {len(val_docs)} documents) packs {n_va}, 1 is needed; pass a smaller data.seq_len, a "
                 f"smaller data.batch_size or a larger corpus")
+        for split_rule, sources, key in self.doc_sources:  # a split that found one document in a large file
+            self._check_single_documents(split_rule, sources, key)
         for d in (tr, va):  # positions restart at each row: a document continued from the row before starts at 0
             d["positions"] = row_positions(d["doc_ids"])
         self.train_packed, self.val_packed = tr, va

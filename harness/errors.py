@@ -30,6 +30,11 @@ class ConfigImportError(*_COMPACT, ImportError):
     ``ImportError``, printed as :class:`ConfigError`."""
 
 
+class ConfigConnectionError(*_COMPACT, ConnectionError):
+    """A service the config names that cannot be reached (``data.hub_name``: the Hugging Face Hub offline); a
+    ``ConnectionError``, printed as :class:`ConfigError`."""
+
+
 @contextlib.contextmanager
 def config_errors() -> Iterator[None]:
     """Inside, a ``ValueError`` / ``FileNotFoundError`` (the checks of a run's config, its data paths, its checkpoint)
@@ -39,7 +44,7 @@ def config_errors() -> Iterator[None]:
     wraps its checks before training in it, nothing after training starts."""
     try:
         yield
-    except (ConfigError, ConfigFileError, ConfigImportError):
+    except (ConfigError, ConfigFileError, ConfigImportError, ConfigConnectionError):
         raise
     except FileNotFoundError as e:
         raise ConfigFileError(str(e)) from None

@@ -341,10 +341,77 @@ def test_packed_max_bytes_reads_the_first_bytes_and_counts_their_separators(tmp_
     assert 0 < dm.pack_stats["data/bytes_between_docs"] < full.pack_stats["data/bytes_between_docs"] / 5
 
 
-def test_packed_wikitext_split_without_headings_warns(tmp_path):
-    """data.doc_split=wikitext on a file with no ' = Title = ' line made the whole file one document silently."""
+def test_packed_split_into_one_document_is_refused(tmp_path):
+    """data.doc_split=wikitext on a file with no ' = Title = ' line made the whole file one document, shown only in
+    the stats line: with the document mask asked for (data.doc_mask=true) it would mask nothing, refused naming the
+    split, the file and what to pass; with data.doc_mask=false a warning; data.doc_split=whole asks for one."""
     p = tmp_path / "plain.txt"
     p.write_text("".join(f"line {i} of a play without headings\n" for i in range(300)), encoding="utf-8")
-    dm = TextDataModule(path=str(p), seq_len=16, batch_size=2, pack=True, doc_split="wikitext", cache_dir=None)
+    for split, found in (("wikitext", "no article heading"), ("blank_line", "no blank line"),
+                         ("auto", r"\(-> blank_line\) found no blank line")):
+        dm = TextDataModule(path=str(p), seq_len=16, batch_size=2, pack=True, doc_split=split, cache_dir=None)
+        with pytest.raises(ValueError, match=rf"^data.doc_split={split}.* {found} .*data.path='.*plain.txt' .*one "
+                                             rf"document, so the document mask \(data.doc_mask=true\) would separate "
+                                             rf"nothing; .*allowed values: auto, rows, wikitext, blank_line, whole"):
+            dm.setup()
+    dm = TextDataModule(path=str(p), seq_len=16, batch_size=2, pack=True, doc_split="wikitext", doc_mask=False,
+                        cache_dir=None)
     with pytest.warns(UserWarning, match=r"doc_split=wikitext found no article heading"):
         dm.setup()
+    whole = TextDataModule(path=str(p), seq_len=16, batch_size=2, pack=True, doc_split="whole", cache_dir=None)
+    whole.setup()  # one document on purpose
+    # a file of one row (seq_len + 1 tokens) cannot hold several: not refused (the validation file here)
+    small = tmp_path / "small.txt"
+    small.write_text("x" * 32 + "\n", encoding="utf-8")
+    body = "".join(f"speech {i}: the quick brown fox\n\n" for i in range(100))
+    big = tmp_path / "speeches.txt"
+    big.write_text(body, encoding="utf-8")
+    TextDataModule(path=str(big), val_path=str(small), seq_len=32, batch_size=2, pack=True, doc_split="blank_line",
+                   cache_dir=None).setup()
+    # the validation file is checked too, named as data.val_path
+    dm = TextDataModule(path=str(big), val_path=str(p), seq_len=16, batch_size=2, pack=True,
+                        doc_split="blank_line", cache_dir=None)
+    with pytest.raises(ValueError, match=r"found no blank line between documents in data.val_path='.*plain.txt'"):
+        dm.setup()
+
+
+def test_val_path_same_as_path_warns(tmp_path):
+    """data.val_path equal to data.path (the same file, however spelled) validated on the training text silently."""
+    p = tmp_path / "corpus.txt"
+    p.write_text("".join(f"To be or not to be, line {i}.\n" for i in range(400)), encoding="utf-8")
+    other = tmp_path / "other.txt"
+    other.write_text("".join(f"Another text, line {i}.\n" for i in range(100)), encoding="utf-8")
+    spelled = str(tmp_path / "." / "corpus.txt")
+    for path, val in ((str(p), spelled), ([str(other), str(p)], str(p))):
+        with pytest.warns(UserWarning, match=r"data.val_path=.* is the same file as data.path .*validates on its own "
+                                             r"training text.*data.val_path=null"):
+            TextDataModule(path=path, val_path=val, seq_len=16, batch_size=2, cache_dir=None)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TextDataModule(path=str(p), val_path=str(other), seq_len=16, batch_size=2, cache_dir=None)
+
+
+def test_hub_unreachable_names_hub_name(monkeypatch, tmp_path):
+    """data.path=null data.hub_name=wikitext without network printed datasets' ConnectionError traceback."""
+    import datasets
+
+    from harness.errors import ConfigConnectionError
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'wikitext' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    for pack in (False, True):
+        dm = TextDataModule(path=None, hub_name="wikitext", seq_len=16, batch_size=2, pack=pack,
+                            cache_dir=str(tmp_path))
+        with pytest.raises(ConnectionError, match=r"^data.hub_name='wikitext': the Hugging Face Hub could not be "
+                                                  r"reached.*Couldn't reach.*data.path=<file>") as e:
+            dm.setup()
+        assert isinstance(e.value, ConfigConnectionError) and e.value.__cause__ is None
+    from harness.errors import config_errors
+
+    with pytest.raises(ConfigConnectionError):  # train.py's checks print it as the message alone
+        with config_errors():
+            TextDataModule(path=None, hub_name="wikitext", seq_len=16, batch_size=2, cache_dir=None).setup()

@@ -70,6 +70,9 @@ def test_train_smoke_every_variant(tmp_path, variant):
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
     hp = OmegaConf.load(tmp_path / "csv" / "hparams.yaml")
     assert hp.config.attention.name == variant and hp.n_params == metrics.get("n_params", hp.n_params)
+    # the run's label carries the fields overridden on the yaml (eval.recall's line label: sliding_window (w=7))
+    label = {"sliding_window": "sliding_window (w=7)", "sparse": "sparse (block_size=8)"}.get(variant, variant)
+    assert json.loads((tmp_path / "final_metrics.json").read_text())["variant"] == f"{label}+{label}" == hp.variant
 
 
 def test_text_training_logs_bpb(tmp_path):
@@ -99,6 +102,79 @@ def test_hybrid_layers_from_one_config_line(tmp_path):
         train_mod.layer_specs(make_cfg(tmp_path, FAST + ["model.layers=[flash]"]))
     with pytest.raises(ValueError, match=r"model.layers\[0\]='bogus'"):  # the unknown name before the count
         train_mod.layer_specs(make_cfg(tmp_path, FAST + ["model.layers=[bogus]"]))
+    # an entry that is no name and no dict of spec fields: the same one-line message as an unknown name (it was
+    # "Input cfg is not an OmegaConf config object (int)", or a TypeError traceback of make_layer_spec for a list)
+    for entry, shown in (("3", "3"), ("null", "null"), ("[linear]", r"\['linear'\]"), ("2.5", "2.5"), ("true", "True")):
+        with pytest.raises(ValueError, match=rf"^model.layers\[1\]={shown} is not an attention config or a registered "
+                                             rf"mixer; allowed values: .*flash.*linear"):
+            train_mod.layer_specs(make_cfg(tmp_path, FAST + [f"model.layers=[flash,{entry}]"]))
+    assert [s.kind for s in train_mod.layer_specs(make_cfg(tmp_path, FAST + ["model.layers=[flash,{kind: linear}]"]))] \
+        == ["flash", "linear"], "an inline dict of spec fields stays a layer"
+
+
+def test_run_label_says_what_the_run_trains(tmp_path, train_py_in_process):
+    """attention=flash attention.kind=linear trained linear attention labelled flash (final table, final_metrics.json,
+    eval.recall); attention=linear_taylor attention.feature_map=elu1 stayed linear_taylor. A label that would name
+    another variant is refused, asking for attention.name; other overridden fields join the label, so a sweep's runs
+    stay apart (-m attention.window_size=[15,0],[31,0])."""
+    from harness.config import run_label
+
+    def label(*over, base=FAST):  # the label of one layer (FAST: 2 layers, joined by +)
+        cfg = make_cfg(tmp_path, list(base) + list(over))
+        got = run_label(cfg, train_mod.model_config(cfg))
+        if cfg.model.get("layers") is None:
+            parts = got.split("+")
+            assert parts == [parts[0]] * int(cfg.model.n_layer), got
+            return parts[0]
+        return got
+
+    for over, changed in ((["attention=flash", "attention.kind=linear"], r"attention.kind=linear \(the yaml's: flash\)"),
+                          (["attention=linear_taylor", "attention.feature_map=elu1"],
+                           r"attention.feature_map=elu1 \(the yaml's: taylor\)"),
+                          (["attention=linear_favor", "attention.feature_map=relu"], "attention.feature_map=relu"),
+                          (["attention=flash", "attention.kind=linear", "model.layers=[flash,linear]"],
+                           "attention.kind=linear")):
+        with pytest.raises(ValueError, match=rf"^attention.name='\w+' .*{changed}.*Pass attention.name=<label>"):
+            label(*over)
+        with pytest.raises(ValueError, match="attention.name=<label>"):
+            train_mod.train(make_cfg(tmp_path / "refused", FAST + over))
+        assert not (tmp_path / "refused" / "final_metrics.json").exists()
+    assert label("attention=flash", "attention.kind=linear", "attention.name=linear") == "linear"  # named: the user's
+    assert label("attention=linear_taylor", "attention.feature_map=elu1", "attention.name=lin_elu") == "lin_elu"
+    assert label("attention=sliding_window", "attention.window_size=[15,0]") == "sliding_window (w=15)"
+    assert label("attention=sliding_window", "attention.window_size=[31,0]") == "sliding_window"  # the yaml's own
+    assert label("attention=linear", "attention.feature_map=relu") == "linear (relu)"
+    assert label("attention=dilated_window", "attention.dilation=4") == "dilated_window (dilation=4)"
+    assert label("attention=mamba2", "attention.d_state=32") == "mamba2 (d_state=32)"
+    assert label("attention=gqa") == "gqa" and label("attention=linear_taylor") == "linear_taylor"
+    # a hybrid keeps its entries' names (as eval.recall labels it), the group's overrides included
+    assert label("attention=linear", "attention.feature_map=relu", "model.n_layer=3",
+                 "model.layers=[linear,flash,mqa]") == "linear+flash+mqa"
+    # every experiment composes to a label (their sweeps of attention fields: mqar_window_cliff's window_size)
+    for exp in sorted(f.stem for f in (CONF / "experiment").glob("*.yaml")):
+        assert label(f"experiment={exp}", base=[])
+    assert label("experiment=mqar_window_cliff", "attention.window_size=[8,0]", base=[]) == "sliding_window (w=8)"
+    # through Hydra (the attention group's choice names the yaml): the message alone, no traceback
+    r = train_py_in_process(tmp_path, "attention=flash", "attention.kind=linear", f"hydra.run.dir={tmp_path / 'run'}",
+                            env={"WANDB_MODE": "offline"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "attention.kind=linear" in r.stderr and "attention.name=<label>" in r.stderr, r.stderr[-2000:]
+
+
+def test_mask_that_sees_only_itself_is_noted(tmp_path):
+    """attention=dilated_window attention.dilation=100 at seq_len 64: every query sees itself only (no token mixing)
+    and trained without a word, while a mask covering every pair got a note (dense_mask_notes)."""
+    def spec(*over):
+        return train_mod._spec_from_cfg(make_cfg(tmp_path, list(over)).attention)
+
+    lone = spec("attention=dilated_window", "attention.dilation=100")
+    (note,) = train_mod.dense_mask_notes([lone, lone], 64)
+    assert "dilated_window" in note and "at most 1 key" in note and "seq_len=64" in note and "dilation=100" in note
+    assert train_mod.dense_mask_notes([lone], 256) == []  # 100 back is in reach at 256 tokens
+    (note,) = train_mod.dense_mask_notes([spec("attention=sliding_window", "attention.window_size=[0,0]")], 64)
+    assert "at most 1 key" in note and "window_size=[0,0]" in note
+    assert train_mod.dense_mask_notes([spec("attention=sliding_window", "attention.window_size=[1,0]")], 64) == []
+    assert train_mod.dense_mask_notes([spec("attention=dilated_window")], 64) == []
 
 
 def test_every_config_composes(tmp_path):
