@@ -212,8 +212,8 @@ def _worker(cmd, cwd, env_extra=None, log=None):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # the tree first, then the caller's PYTHONPATH (a triton there, e.g. the GPU image's 3.6 unpacked to /tmp/t36,
     # is the one both revisions record and compile with)
-    env.update(PYTHONPATH=os.pathsep.join([cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                   if p]), **(env_extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join([cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(env_extra or {})
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"] + cmd, cwd=cwd, env=env,
                             stdout=log, stderr=subprocess.STDOUT if log else None)
 
@@ -245,6 +245,9 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a constexpr in every recorded launch (e.g. UP=False); repeatable")
     p.add_argument("--keep", help="keep the base worktree, launches and PTX in this new folder")
+    p.add_argument("--compile-path", help="a folder put after the tree on the compile workers' PYTHONPATH only: "
+                   "record with this environment's triton, compile with another (e.g. the GPU image's 3.6 unpacked "
+                   "to /tmp/t36, whose interpreter may not run the tests)")
     a = p.parse_args(argv)
     if not a.tests:
         p.error("--tests is required: a pytest selection whose tests launch the kernels to compare")
@@ -266,6 +269,8 @@ def parse_args(argv=None):
     if rev.returncode:
         p.error(f"--base {a.base!r}: not a commit of {a.tree}")
     a.base_sha = rev.stdout.strip()
+    if a.compile_path and not os.path.isdir(a.compile_path):
+        p.error(f"--compile-path {a.compile_path!r}: not a folder")
     if a.keep and os.path.exists(a.keep) and os.listdir(a.keep):
         p.error(f"--keep {a.keep!r}: exists and is not empty")
     return a
@@ -325,7 +330,8 @@ def main(argv=None):
         print(f"same_ptx: compiling {len(launches)} launches for sm_{ARCH} at the working tree and at {a.base}",
               flush=True)
         try:
-            procs = [_worker(["compile", t, todo, os.path.join(work, "ptx", tag)], t)
+            extra = lambda t: {"PYTHONPATH": os.pathsep.join([t, a.compile_path])} if a.compile_path else None  # noqa: E731
+            procs = [_worker(["compile", t, todo, os.path.join(work, "ptx", tag)], t, extra(t))
                      for tag, t in (("new", a.tree), ("base", base_tree))]
             if any([p.wait() for p in procs]):
                 print("same_ptx: a compile worker failed (output above)")
