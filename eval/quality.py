@@ -184,13 +184,13 @@ def _lr(cfg: dict) -> float:
     return _f((cfg.get("optim") or {}).get("lr")) if isinstance(cfg.get("optim"), dict) else float("nan")
 
 
-def _flat(node, prefix: str = "") -> dict:
-    """A nested config as ``{"dotted.key": value}`` (lists are values)."""
+def flat_config(node, prefix: str = "") -> dict:
+    """A nested config as ``{"dotted.key": value}`` (lists are values; also :mod:`eval.recall`'s)."""
     if not isinstance(node, dict):
         return {prefix: node} if prefix else {}
     out = {}
     for k, v in node.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+        out.update(flat_config(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
     return out
 
 
@@ -204,7 +204,7 @@ def run_settings(cfg: dict) -> dict:
     from harness.runs import result_config
 
     try:
-        flat = _flat(result_config(cfg or {}))
+        flat = flat_config(result_config(cfg or {}))
     except Exception:  # noqa: BLE001 - a config that cannot be read as one: no settings to compare
         return {}
     return {k: v for k, v in flat.items() if not _is_seed(k)}

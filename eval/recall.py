@@ -72,7 +72,7 @@ import pandas as pd
 
 from eval.bench_common import check_out_dir, write_csv
 from eval.crossover import _f
-from eval.quality import find_runs, load_run, read_metrics
+from eval.quality import find_runs, flat_config, load_run, read_metrics
 
 KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation", "curves")
 MQAR_KINDS = ("fig2", "cliff", "hybrid", "curves")  # the reports of MQAR runs (data=mqar)
@@ -763,16 +763,6 @@ def group_choice(run_dir: str, group: str = ABLATION_GROUP) -> Optional[str]:
     return None
 
 
-def _flat(node, prefix: str = "") -> dict:
-    """A nested config as ``{"dotted.key": value}`` (lists are values)."""
-    if not isinstance(node, dict):
-        return {prefix: node} if prefix else {}
-    out = {}
-    for k, v in node.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
-    return out
-
-
 def _settings(cfg: dict) -> dict:
     """A run's settings for comparing runs: its flattened :func:`harness.runs.result_config` (what changes a result:
     no paths, loggers, checkpoint / logging cadence, deadlines), its own output folder in a value written as
@@ -781,7 +771,7 @@ def _settings(cfg: dict) -> dict:
 
     out_dir = _get(cfg, "paths.output_dir")
     out = {}
-    for k, v in _flat(result_config(cfg)).items():
+    for k, v in flat_config(result_config(cfg)).items():
         if isinstance(out_dir, str) and out_dir and isinstance(v, str):
             v = v.replace(out_dir, "${paths.output_dir}")
         out[k] = v
@@ -812,7 +802,7 @@ def option_settings(option: str) -> Optional[dict]:
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return _flat(yaml.safe_load(f) or {})
+        return flat_config(yaml.safe_load(f) or {})
 
 
 def describe_change(rec: dict, ref: Optional[dict], ignore=()) -> dict:
