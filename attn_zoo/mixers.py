@@ -269,7 +269,13 @@ def mixer_class(spec: LayerSpec) -> Optional[type]:
 def layer_takes(spec: LayerSpec, name: str) -> Optional[bool]:
     """Whether the mixer of ``spec`` takes the keyword argument ``name`` in its ``forward`` (:func:`forward_takes`
     of :func:`mixer_class`), asked before the model is built (config validation); ``None`` when its class is not
-    known without building it."""
+    known without building it. ``"doc_ids"`` of an attention layer also asks its variant (``documents=False``:
+    ``streaming``, whose sinks have no per-document form, is refused with documents whatever its mixer takes)."""
+    if name == "doc_ids" and isinstance(spec, AttentionSpec):
+        from .variants import get_variant
+
+        if not get_variant(spec.kind).documents:
+            return False
     cls = mixer_class(spec)
     return None if cls is None else forward_takes(cls, name)
 

@@ -41,7 +41,7 @@ from .decode import KVCache, LinearState, linear_decode, linear_prefill
 from .functional import attention
 from .registry import backend_names
 from .mixers import (LayerSpec, MixerSpec, build_mixer, causality_probe, forward_takes, layer_from_dict,  # noqa: F401
-                     layer_to_dict, probe_device_dtype, register_mixer)
+                     layer_takes, layer_to_dict, probe_device_dtype, register_mixer)
 from .spec import AttentionSpec
 from .variants import get_variant
 
@@ -397,7 +397,8 @@ def doc_ids_refusal(layers: Sequence[str]) -> str:
     ``forward`` takes no ``doc_ids``): raised by :meth:`GPT.forward` and, before any data work, by
     :func:`harness.config.validate_config`."""
     return (f"doc_ids: {', '.join(layers)} cannot keep packed documents apart (its mixer's forward takes no "
-            f"doc_ids); train it without doc_ids (data.doc_mask=false)")
+            f"doc_ids, or its attention variant takes no documents); train it without doc_ids "
+            f"(data.doc_mask=false)")
 
 
 CAUSALITY_PROBE_TOL = 1e-3  # relative change of earlier outputs above which an unregistered mixer is not causal
@@ -443,7 +444,8 @@ class Block(nn.Module):
         self.where = f"layer {layer_idx} ({spec.label})"  # named when the mixer's output is not (B, N, d_model)
         self.stateful = hasattr(self.attn, "new_cache")  # takes (x, cache, pos): decodes from a state
         # packed documents: the mixer says what it takes by its forward's keyword arguments (never by its kind)
-        self.takes_doc_ids = forward_takes(self.attn, "doc_ids")  # its state / attention stays inside each document
+        self.takes_doc_ids = forward_takes(self.attn, "doc_ids") and layer_takes(spec, "doc_ids") is not False
+        # (its state / attention stays inside each document; an attention variant may take none: it says so)
         self.takes_positions = forward_takes(self.attn, "positions")  # it has positions of its own (RoPE)
         self.short_conv = ShortConv(config.d_model, config.short_conv) if config.short_conv else None
         self.norm2 = make_norm(config)

@@ -138,6 +138,11 @@ def test_a_cache_without_the_sinks_is_refused_after_it_dropped_tokens():
         sinks.append(k[:, :, t:t + 1], k[:, :, t:t + 1])
     with pytest.raises(ValueError, match="its sinks must be the cache's keep_first"):
         sinks.attend(torch.randn(1, 1, 1, 8), window)  # the front slots are the sinks, not the window's keys
+    small = get_variant("streaming").cache_policy(stream).new_cache(stream, 1, 1, 8, 5, torch.float32, "cpu")
+    for t in range(8):
+        small.append(k[:, :, t:t + 1], k[:, :, t:t + 1])
+    with pytest.raises(ValueError, match="reads a window of the last 4: size it with keep_last >= 4"):
+        small.attend(torch.randn(1, 1, 1, 8), stream)  # 2 sinks + 3 of the window's 4 tokens: the message says so
 
 
 def test_keep_first_arguments_are_checked():
@@ -145,9 +150,57 @@ def test_keep_first_arguments_are_checked():
         KVCache(1, 1, 8, 16, keep_first=2)
     with pytest.raises(ValueError, match="keep_first=12 must be an integer >= 1 with keep_first \\+ keep_last"):
         KVCache(1, 1, 8, 16, keep_last=8, keep_first=12)
-    cache = KVCache(1, 1, 8, 16, keep_last=8, keep_first=4)
-    with pytest.raises(ValueError, match="needs n_new <= capacity - keep_first = 12; append_attend"):
-        cache.append(torch.randn(1, 1, 13, 8), torch.randn(1, 1, 13, 8))
+
+
+@pytest.mark.parametrize("n", [9, 13, 30])
+def test_a_long_append_keeps_the_sinks_and_the_tail(n):
+    """A prompt longer than the slots beside the sinks (a prefill) is taken in pieces: the sinks stay the first
+    tokens, the tail holds at least the last ``keep_last``, all contiguous, as when appended one by one."""
+    k = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).expand(1, 1, n, 8).contiguous()
+    whole, one = KVCache(1, 1, 8, 12, keep_last=4, keep_first=2), KVCache(1, 1, 8, 12, keep_last=4, keep_first=2)
+    whole.append(k, k)
+    for t in range(n):
+        one.append(k[:, :, t:t + 1], k[:, :, t:t + 1])
+    for c in (whole, one):
+        L = c.lengths[0]
+        held = c.k[0, 0, :L, 0].tolist()
+        assert held[:2] == [0.0, 1.0] and L - 2 >= 4, held
+        assert held[2:] == [float(x) for x in range(n - (L - 2), n)], held  # a contiguous tail up to the last token
+        assert c.tokens_seen() == [n]
+
+
+def test_generate_with_a_long_prompt_and_past_max_seq_len():
+    """The prefill of a prompt longer than the cache's slots beside the sinks, and the re-prefill of a context
+    cropped to ``max_seq_len``, both fill the sink cache; the tokens equal the uncached run's."""
+    from attn_zoo.model import GPT, GPTConfig
+
+    spec = make_spec("streaming", window_size=(3, 0), sink_size=2, causal=True)
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, max_seq_len=24), spec,
+            backend="reference").eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    idx = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(2))
+    want = m.generate(idx, 30, greedy=True, use_cache=False)
+    assert torch.equal(m.generate(idx, 30, greedy=True, use_cache=True), want)
+
+
+def test_memory_saturates_at_the_window_and_the_sinks():
+    from attn_zoo.decode.memory import max_context
+
+    spec = make_spec("streaming", window_size=(99, 0), sink_size=50, causal=True)
+    per_token = get_variant("streaming").cache_bytes(spec, 4, 16, 1)  # one token of one layer, one sequence
+    assert max_context([spec], 4, 16, budget_bytes=120 * per_token) == 120  # 150 kept tokens do not fit
+    assert max_context([spec], 4, 16, budget_bytes=150 * per_token) is None  # the whole stream fits
+
+
+def test_packed_training_is_refused_before_the_run():
+    from attn_zoo.mixers import layer_takes
+
+    assert layer_takes(make_spec("streaming", window_size=(3, 0), sink_size=2), "doc_ids") is False
+    assert layer_takes(make_spec("sliding_window", window_size=(3, 0)), "doc_ids") is not False
 
 
 def test_packed_documents_and_left_padding_are_refused():

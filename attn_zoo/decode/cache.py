@@ -346,10 +346,11 @@ class KVCache:
         """
         check_new_kv(self.k, self.v, k_new, v_new, self.block_table)  # before anything changes
         n_new = k_new.shape[2]
-        if self.keep_first and n_new > self.capacity - self.keep_first:
-            raise ValueError(f"appending {n_new} tokens to a cache that keeps its first {self.keep_first} tokens "
-                             f"(capacity={self.capacity}) needs n_new <= capacity - keep_first = "
-                             f"{self.capacity - self.keep_first}; append_attend takes a longer chunk in pieces")
+        step = self.capacity - self.keep_first
+        if self.keep_first and n_new > step:  # in pieces that fit beside the sinks (a long prompt's prefill)
+            for s in range(0, n_new, step):
+                self.append(k_new[:, :, s:s + step], v_new[:, :, s:s + step])
+            return self.seqlens
         if self.keep_last is not None:
             self._compact(n_new)
             if n_new > self.capacity:  # only the last `capacity` tokens can be kept
@@ -404,9 +405,13 @@ class KVCache:
 
             pol = get_variant(spec.kind).cache_policy(spec) if spec.is_softmax else None
             kept = f"the first {self.keep_first} and " if self.keep_first else ""
-            if pol is None or pol.window is None or pol.window > self.keep_last or pol.sink != self.keep_first:
+            if pol is None or pol.window is None or pol.sink != self.keep_first:
                 raise ValueError(f"this cache keeps only {kept}the last {self.keep_last} tokens; kind={spec.kind!r} "
                                  f"(cache policy {pol}) needs others (its sinks must be the cache's keep_first)")
+            if pol.window > self.keep_last:
+                raise ValueError(f"this cache keeps only {kept}the last {self.keep_last} tokens (capacity="
+                                 f"{self.capacity}); kind={spec.kind!r} reads a window of the last {pol.window}: "
+                                 f"size it with keep_last >= {pol.window} (capacity >= {pol.window + self.keep_first})")
             need = pol.window - 1 + (nq or 1)  # the first query's window: its left extent + the Nq new tokens
             for b in range(self.batch):
                 if self.dropped[b] and self.lengths[b] - self.keep_first < need:

@@ -85,7 +85,8 @@ def max_context(specs, n_head: int, head_dim: int, budget_bytes: float, batch: i
     if not fits(1):
         return 0
     if cache_bytes_per_token(layers, n_head, head_dim, dtype_bytes) == 0:
-        sat = max([p.window for p in (get_variant(s.kind).cache_policy(s) for s in layers) if p.window] + [1])
+        sat = max([p.window + p.sink for p in (get_variant(s.kind).cache_policy(s) for s in layers) if p.window]
+                  + [1])  # (the sinks are kept beside the window)
         return None if fits(sat) else _search(fits, 1, sat)
     return _search(fits, 1, limit)
 
