@@ -76,9 +76,10 @@ def layer_specs(cfg: DictConfig) -> List[AttentionSpec]:
         elif isinstance(entry, (dict, DictConfig)):
             specs.append(_qualified(f"model.layers[{i}]", _spec_from_cfg, entry))
         else:  # a number, null, a list, ...: neither a config name nor an inline dict of spec fields
-            raise ValueError(f"model.layers[{i}]={'null' if entry is None else repr(_plain(entry))} is not an attention config or a registered "
-                             f"mixer; allowed values: {', '.join(_layer_names())} (or an inline dict of spec "
-                             f"fields, {{kind: linear, ...}})")
+            shown = "null" if entry is None else repr(_plain(entry))
+            raise ValueError(f"model.layers[{i}]={shown} is not an attention config or a registered mixer; allowed "
+                             f"values: {', '.join(_layer_names())} (or an inline dict of spec fields, "
+                             f"{{kind: linear, ...}})")
     if len(layers) != n_layer:
         raise ValueError(f"model.layers has {len(layers)} entries but model.n_layer={n_layer}; give one per layer")
     return specs
