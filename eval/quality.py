@@ -198,19 +198,34 @@ def _is_seed(key: str) -> bool:
     return key == "seed" or key.endswith(".seed")
 
 
-def run_settings(cfg: dict) -> dict:
-    """A run's settings for grouping: its flattened :func:`harness.runs.result_config` (no paths, loggers, logging /
-    checkpoint cadence: what changes a result) without the seeds (``seed``, ``data.seed``, any ``*.seed``)."""
+def result_settings(cfg: dict) -> dict:
+    """A run's settings for comparing runs: its flattened :func:`harness.runs.result_config` (what changes a result:
+    no paths, loggers, checkpoint / logging cadence, deadlines), its own output folder in a value written as
+    ``${paths.output_dir}`` (also :mod:`eval.recall`'s)."""
     from harness.runs import result_config
 
+    out_dir = (cfg.get("paths") or {}).get("output_dir") if isinstance(cfg.get("paths"), dict) else None
+    out = {}
+    for k, v in flat_config(result_config(cfg)).items():
+        if isinstance(out_dir, str) and out_dir and isinstance(v, str):
+            v = v.replace(out_dir, "${paths.output_dir}")
+        out[k] = v
+    return out
+
+
+def run_settings(cfg: dict) -> dict:
+    """:func:`result_settings` for grouping, without the seeds (``seed``, ``data.seed``, any ``*.seed``)."""
     try:
-        flat = flat_config(result_config(cfg or {}))
+        flat = result_settings(cfg or {})
     except Exception:  # noqa: BLE001 - a config that cannot be read as one: no settings to compare
         return {}
     return {k: v for k, v in flat.items() if not _is_seed(k)}
 
 
-def _fmt(v) -> str:
+def fmt_value(v) -> str:
+    """A setting's value as a message or table writes it (``true``, ``0.001``, ``null``; also :mod:`eval.recall`'s)."""
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, float):
         return f"{v:g}"
     return "null" if v is None else str(v)
@@ -248,7 +263,7 @@ def check_one_setting(runs: Sequence[dict]) -> None:
             where = [next(r["run_dir"] for r in rs if (r.get("settings") or {}).get(k0, "<unset>") == x)
                      for x in vals[:2]]
             bad.append(f"{ds} / {v} at seq_len {n} ({len(rs)} runs) differ in "
-                       + ", ".join(f"{k} ({', '.join(_fmt(x) for x in xs)})" for k, xs in diff.items())
+                       + ", ".join(f"{k} ({', '.join(fmt_value(x) for x in xs)})" for k, xs in diff.items())
                        + f" (e.g. {' vs '.join(where)})")
     if bad:
         more = f"; and {len(bad) - 3} more group(s)" if len(bad) > 3 else ""
@@ -284,7 +299,7 @@ def aggregate(runs: Sequence[dict]) -> List[dict]:
             mean = num.where(np.isfinite(num)).mean()
             rows.append({"dataset": ds, "variant": v, "seq_len": n, "runs": len(rs),
                          "best_lr": float("nan") if lr is None else lr,
-                         "lrs": ";".join("?" if x is None else _fmt(x) for x in lrs),
+                         "lrs": ";".join("?" if x is None else fmt_value(x) for x in lrs),
                          "vocab_size": next((r["vocab_size"] for r in rs if r.get("vocab_size") is not None), None),
                          **{m: float(mean[m]) for m in AGG_METRICS}})
         gains = [quality_gain(r) for r in rows]

@@ -72,7 +72,7 @@ import pandas as pd
 
 from eval.bench_common import check_out_dir, write_csv
 from eval.crossover import _f
-from eval.quality import find_runs, flat_config, load_run, read_metrics
+from eval.quality import find_runs, flat_config, fmt_value, load_run, read_metrics, result_settings
 
 KINDS = ("fig2", "cliff", "hybrid", "lm", "ablation", "curves")
 MQAR_KINDS = ("fig2", "cliff", "hybrid", "curves")  # the reports of MQAR runs (data=mqar)
@@ -763,33 +763,10 @@ def group_choice(run_dir: str, group: str = ABLATION_GROUP) -> Optional[str]:
     return None
 
 
-def _settings(cfg: dict) -> dict:
-    """A run's settings for comparing runs: its flattened :func:`harness.runs.result_config` (what changes a result:
-    no paths, loggers, checkpoint / logging cadence, deadlines), its own output folder in a value written as
-    ``${paths.output_dir}``."""
-    from harness.runs import result_config
-
-    out_dir = _get(cfg, "paths.output_dir")
-    out = {}
-    for k, v in flat_config(result_config(cfg)).items():
-        if isinstance(out_dir, str) and out_dir and isinstance(v, str):
-            v = v.replace(out_dir, "${paths.output_dir}")
-        out[k] = v
-    return out
-
-
-def _fmt_value(v) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        return f"{v:g}"
-    return "null" if v is None else str(v)
-
-
 def setting_changes(cfg: dict, ref: dict, ignore=()) -> List[tuple]:
-    """``[(key, ref value, cfg value)]`` of the settings (:func:`_settings`) where ``cfg`` differs from ``ref``,
-    sorted by key; keys in ``ignore`` are left out."""
-    a, b = _settings(ref), _settings(cfg)
+    """``[(key, ref value, cfg value)]`` of the settings (:func:`eval.quality.result_settings`) where ``cfg`` differs
+    from ``ref``, sorted by key; keys in ``ignore`` are left out."""
+    a, b = result_settings(ref), result_settings(cfg)
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in set(ignore) and a.get(k) != b.get(k)]
 
@@ -827,8 +804,8 @@ def describe_change(rec: dict, ref: Optional[dict], ignore=()) -> dict:
                     "label": option}
         diffs = [(k, None, _get(rec["cfg"], k)) for k in sorted(keys)]
     keys = [k for k, _, _ in diffs]
-    old = [_fmt_value(o) if ref is not None else "" for _, o, _ in diffs]
-    new = [_fmt_value(n) for _, _, n in diffs]
+    old = [fmt_value(o) if ref is not None else "" for _, o, _ in diffs]
+    new = [fmt_value(n) for _, _, n in diffs]
     says = [f"{o} -> {n}" if ref is not None else f"= {n}" for o, n in zip(old, new)]
     change = [f"{k}: {x}" if ref is not None else f"{k} {x}" for k, x in zip(keys, says)]
     labels = dict.fromkeys(f"{k.rsplit('.', 1)[-1]} {x}" for k, x in zip(keys, says))  # data. / model.vocab_size: one
