@@ -104,16 +104,16 @@ def attention(
     if return_lse and isinstance(spec, AttentionSpec) and not spec.is_softmax:  # the kind's answer, not a backend's
         raise ValueError(f"return_lse=True is only defined for softmax kinds, got kind={spec.kind!r}")
     docs = doc_ids is not None
-    if docs and isinstance(spec, AttentionSpec) and all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2]
-                                                        for t in (q, k)):
-        refuse_documents(spec, q.shape[2], k.shape[2])  # the kind's own answer, before any backend's
     try:
         key = (spec, backend, return_lse, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
                v.device, docs)
         b = _DISPATCH.get(key)
     except (TypeError, AttributeError):  # an unhashable spec, or q / k / v not tensors: check_inputs names it
         key, b = None, None
-    if b is None:
+    if b is None:  # (spec and shapes are in the key: what is checked here holds for every call that finds it)
+        if docs and isinstance(spec, AttentionSpec) and all(isinstance(t, torch.Tensor) and t.dim() == 4
+                                                            and t.shape[2] for t in (q, k)):
+            refuse_documents(spec, q.shape[2], k.shape[2])  # the kind's own answer, before any backend's
         b = resolve_backend(q, k, v, spec, backend, return_lse, documents=docs)
         if key is not None:
             if len(_DISPATCH) >= 1024:
